@@ -1,0 +1,215 @@
+"""`roundtrip`: run the fleet, one service, or talk to it.
+
+Configuration comes from ROUNDTRIP_* environment variables (see `roundtrip config`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import runpy
+import signal
+import sys
+import time
+import uuid
+from typing import Annotated, Optional
+
+import typer
+
+from services.kernel.settings import get_settings
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+topics_app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True)
+broker_app = typer.Typer(help="The embedded Apache Kafka broker (KRaft, from Maven Central).", no_args_is_help=True)
+turns_app = typer.Typer(help="Turns in the guard's ledger: list them, cancel one.", invoke_without_command=True)
+app.add_typer(topics_app, name="topics")
+app.add_typer(turns_app, name="turns")
+app.add_typer(broker_app, name="broker")
+
+FLEET_SERVICES = ("gateway", "model", "guard", "gate", "executor")
+ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
+
+
+def _logging() -> None:
+    level = get_settings().log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("aiokafka", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@app.command()
+def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUNNABLE)}")]) -> None:
+    """Run one service in the foreground (Ctrl-C stops it)."""
+    if service not in ALL_RUNNABLE:
+        raise typer.BadParameter(f"unknown service {service!r}; choose one of {', '.join(ALL_RUNNABLE)}")
+    _logging()
+    settings = get_settings()
+    if service in ("simulator", "shop"):
+        sys.argv = [f"roundtrip run {service}"]  # its own argument parser reads settings, not our argv
+        runpy.run_module(f"services.{service}", run_name="__main__")
+        return
+    from services.kernel.telemetry import setup_telemetry
+
+    setup_telemetry(service, settings)
+    module = importlib.import_module(f"services.{service}.app")
+    stream = module.build(settings)
+    log = logging.getLogger(f"roundtrip.{service}")
+
+    async def announce() -> None:
+        log.info("roundtrip %s started (broker %s)", service, settings.bootstrap_servers)
+
+    stream.after_startup(announce)
+
+    async def main() -> None:
+        from services.kernel.telemetry import shutdown_telemetry
+
+        try:
+            await stream.run(sleep_time=0.5)
+        finally:
+            shutdown_telemetry()
+
+    asyncio.run(main())
+
+
+@app.command()
+def up(
+    executors: Annotated[int, typer.Option(help="executor replicas to start")] = 1,
+) -> None:
+    """Start everything on this machine: broker, simulator, shop and the five services."""
+    from services.fleet import Fleet, FleetError
+
+    settings = get_settings()
+    typer.echo("roundtrip: starting the fleet")
+    fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
+    try:
+        fleet.start()
+    except FleetError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        "\nReady. Publish to support.requests, read support.replies, or try:\n"
+        '  roundtrip ask "cancel my last order" --customer cus_1001\n'
+        "Ctrl-C stops everything."
+    )
+    stop = {"now": False}
+    for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
+        signal.signal(signum, lambda *_: stop.update(now=True))
+    while not stop["now"]:
+        time.sleep(0.5)
+        dead = fleet.exited()
+        if dead:
+            typer.secho(f"error: {dead[0].name} exited (code {dead[0].process.returncode}); see {dead[0].log_path}", fg="red", err=True)
+            break
+    typer.echo("\nroundtrip: stopping")
+    fleet.stop()
+    typer.echo("roundtrip: stopped")
+
+
+@app.command()
+def ask(
+    text: Annotated[str, typer.Argument(help="what the customer writes")],
+    customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
+    persona: Annotated[Optional[str], typer.Option(help="simulator persona: careful, careless, stubborn, sloppy, parallel, ...")] = None,
+    conversation: Annotated[Optional[str], typer.Option(help="conversation id (default: a new one)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the reply")] = 120.0,
+) -> None:
+    """Publish one support request and show each step of its turn, then the reply."""
+    from services.console import ask as do_ask
+
+    code = asyncio.run(do_ask(get_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    raise typer.Exit(code)
+
+
+@app.command()
+def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:
+    """Show the spans of one turn from the local span file, as a tree."""
+    from services.console import show_trace
+
+    raise typer.Exit(show_trace(get_settings(), turn_or_trace_id))
+
+
+@app.command()
+def config() -> None:
+    """Print the effective configuration (secrets hidden)."""
+    settings = get_settings()
+    for name, value in settings.model_dump().items():
+        if name in ("anthropic_api_key", "approval_keys") and value:
+            value = "***"
+        typer.echo(f"ROUNDTRIP_{name.upper():<28} {value}")
+
+
+@app.command()
+def contracts() -> None:
+    """Regenerate contracts/ (event JSON Schemas, AsyncAPI) from the code."""
+    from services.contracts import write
+
+    for path in write():
+        typer.echo(f"wrote {path}")
+
+
+@turns_app.callback()
+def turns(
+    ctx: typer.Context,
+    status: Annotated[Optional[str], typer.Option(help="running, stuck or ended")] = None,
+    customer: Annotated[Optional[str], typer.Option(help="only this customer's turns")] = None,
+    limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
+) -> None:
+    """List running, stuck and ended turns with their trace ids (newest first)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if status and status not in ("running", "stuck", "ended"):
+        raise typer.BadParameter("status must be running, stuck or ended")
+    from services.console import list_turns
+
+    asyncio.run(list_turns(get_settings(), status, customer, limit))
+
+
+@turns_app.command("cancel")
+def turns_cancel(
+    turn_id: Annotated[str, typer.Argument(help="the turn to stop")],
+    reason: Annotated[str, typer.Option(help="recorded with the turn")] = "cancelled by an operator",
+) -> None:
+    """Stop a running turn now (a kill switch): the customer gets a polite reply."""
+    from services.console import cancel_turn
+
+    raise typer.Exit(asyncio.run(cancel_turn(get_settings(), turn_id, reason)))
+
+
+@topics_app.command("create")
+def topics_create(
+    partitions: Annotated[Optional[int], typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
+    executor_partitions: Annotated[Optional[int], typer.Option(help="partitions of the executor topic")] = None,
+) -> None:
+    """Create every topic of the fleet; topics that exist are left alone."""
+    from services.kernel.admin import create_topics
+
+    s = get_settings()
+    created = asyncio.run(
+        create_topics(s.bootstrap_servers, s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions)
+    )
+    typer.echo(f"created: {', '.join(created) if created else 'nothing (all topics exist)'}")
+
+
+@broker_app.command("fetch")
+def broker_fetch() -> None:
+    """Fetch the Kafka jars from Maven Central into the cache (once)."""
+    from services.broker.embedded import fetch_kafka
+
+    typer.echo(str(fetch_kafka(get_settings().kafka_version, progress=typer.echo)))
+
+
+@broker_app.command("run")
+def broker_run() -> None:
+    """Run the embedded broker in the foreground."""
+    from services.broker.embedded import main as broker_main
+
+    broker_main()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

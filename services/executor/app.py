@@ -1,0 +1,50 @@
+"""The executor service: turn.tool_batches -> (run approved calls) -> turn.model_calls.
+
+Scale it on its own: more replicas in the same consumer group, more partitions of
+turn.tool_batches (`ROUNDTRIP_EXECUTOR_PARTITIONS`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from faststream import FastStream
+
+from services.executor.handlers import BatchExpired, execute
+from services.executor.runner import Runner
+from services.kernel import topics
+from services.kernel.approvals import Signer, parse_keys
+from services.kernel.dedupe import SeenIds
+from services.kernel.events import CallModel, ExecuteToolBatch
+from services.kernel.messaging import ACK_POLICY, group, Outlet, make_broker
+from services.kernel.settings import Settings
+from services.tools.registry import load_registry
+from services.tools.shop_client import ShopClient
+
+log = logging.getLogger("roundtrip.executor")
+
+
+def build(settings: Settings) -> FastStream:
+    broker = make_broker("executor", settings)
+    shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
+    runner = Runner(load_registry(), shop, settings.tool_timeout_s, settings.parallel_tools)
+    signer = Signer(parse_keys(settings.approval_keys))
+    seen = SeenIds()
+    call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
+
+    @broker.subscriber(topics.t(topics.TOOL_BATCHES), group_id=group("executor"), ack_policy=ACK_POLICY)
+    async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
+        if f"{batch.turn.turn_id}:{batch.step}" in seen:
+            log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)
+            return
+        try:
+            command = await execute(batch, signer, runner)
+        except BatchExpired as exc:
+            log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
+            return
+        seen.add(f"{batch.turn.turn_id}:{batch.step}")
+        await call_model(command, batch.turn.conversation_id)
+
+    app = FastStream(broker, logger=log)
+    app.after_shutdown(shop.aclose)
+    return app

@@ -1,0 +1,66 @@
+"""Runs the approved calls of one step, concurrently, each under a timeout.
+
+Every call yields a tool_result block (in the order of the tool_use blocks); a failing,
+slow or rejected call yields one with `is_error: true` and a sentence saying why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from opentelemetry import trace
+
+from services.kernel.events import CheckedCall, Turn
+from services.kernel.telemetry import tracer
+from services.tools.context import ToolContext, ToolError
+from services.tools.registry import Registry
+
+log = logging.getLogger("roundtrip.executor")
+
+
+def tool_result(call_id: str, content: str, is_error: bool = False) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id, "content": content}
+    if is_error:
+        block["is_error"] = True
+    return block
+
+
+class Runner:
+    def __init__(self, registry: Registry, shop: Any, timeout_s: float, parallel: bool) -> None:
+        self.registry, self.shop, self.timeout_s, self.parallel = registry, shop, timeout_s, parallel
+
+    async def run_one(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
+        if not call.approved:
+            return tool_result(call.id, call.error or "This call was rejected.", is_error=True)
+        with tracer().start_as_current_span(f"tool {call.name}") as span:
+            span.set_attributes({"roundtrip.tool": call.name, "roundtrip.tool_use_id": call.id})
+            ctx = ToolContext(
+                customer_id=turn.customer_id,
+                tool_use_id=call.id,
+                idempotency_key=f"{turn.turn_id}:{call.id}",
+                shop=self.shop,
+            )
+            try:
+                result = await asyncio.wait_for(self.registry.handler(call.name)(call.input, ctx), self.timeout_s)
+                return tool_result(call.id, json.dumps(result, ensure_ascii=False, default=str))
+            except ToolError as exc:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
+                return tool_result(call.id, str(exc), is_error=True)
+            except TimeoutError:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "timeout"))
+                return tool_result(
+                    call.id, f"{call.name} did not answer within {self.timeout_s:g} s; it may be unavailable.", is_error=True
+                )
+            except Exception as exc:  # noqa: BLE001 - a tool bug becomes an error result, not a dead service
+                span.record_exception(exc)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+                log.exception("tool %s failed", call.name)
+                return tool_result(call.id, f"{call.name} failed with an internal error; nothing more is known.", is_error=True)
+
+    async def run(self, calls: list[CheckedCall], turn: Turn) -> list[dict[str, Any]]:
+        if self.parallel:
+            return list(await asyncio.gather(*(self.run_one(c, turn) for c in calls)))
+        return [await self.run_one(c, turn) for c in calls]

@@ -1,0 +1,44 @@
+"""The gate service: turn.tool_calls -> (validate, authorize, sign) -> turn.tool_batches."""
+
+from __future__ import annotations
+
+import logging
+
+from faststream import FastStream
+
+from services.gate.handlers import Gate
+from services.kernel import topics
+from services.kernel.approvals import Signer, parse_keys
+from services.kernel.events import CheckToolCalls, ExecuteToolBatch
+from services.kernel.messaging import ACK_POLICY, group, Outlet, make_broker
+from services.kernel.settings import Settings
+from services.tools.registry import load_registry
+from services.tools.shop_client import ShopClient
+
+log = logging.getLogger("roundtrip.gate")
+
+
+def build(settings: Settings) -> FastStream:
+    broker = make_broker("gate", settings)
+    execute = Outlet(broker, topics.TOOL_BATCHES, ExecuteToolBatch)
+    shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
+
+    async def lookup(kind: str, entity_id: str, customer_id: str):
+        if kind != "order":
+            raise ValueError(f"no lookup for entity kind {kind!r}")
+        return await shop.get_order(customer_id, entity_id)
+
+    gate = Gate(registry=load_registry(), lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), shop=shop,
+                batch_ttl_s=settings.stuck_after_s)
+
+    @broker.subscriber(topics.t(topics.TOOL_CALLS), group_id=group("gate"), ack_policy=ACK_POLICY)
+    async def on_check_tool_calls(command: CheckToolCalls) -> None:
+        batch = await gate.check(command)
+        rejected = [c.name for c in batch.calls if not c.approved]
+        if rejected:
+            log.info("turn %s step %d: rejected %s", command.turn.turn_id, command.step, rejected)
+        await execute(batch, command.turn.conversation_id)
+
+    app = FastStream(broker, logger=log)
+    app.after_shutdown(shop.aclose)
+    return app

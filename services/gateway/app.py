@@ -1,0 +1,48 @@
+"""The gateway service: support.requests -> turn.starts, turn.outcomes -> support.replies."""
+
+from __future__ import annotations
+
+import logging
+
+from faststream import FastStream
+
+from services.gateway.handlers import reply_for, start_turn
+from services.kernel import topics
+from services.kernel.dedupe import SeenIds
+from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
+from services.kernel.messaging import ACK_POLICY, group, Outlet, make_broker
+from services.kernel.settings import Settings
+from services.kernel.telemetry import current_trace_id, tracer
+
+log = logging.getLogger("roundtrip.gateway")
+
+
+def build(settings: Settings) -> FastStream:
+    broker = make_broker("gateway", settings)
+    started, replied = SeenIds(), SeenIds()
+    start = Outlet(broker, topics.TURN_STARTS, StartTurn)
+    reply = Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)
+
+    @broker.subscriber(topics.t(topics.SUPPORT_REQUESTS), group_id=group("gateway"), ack_policy=ACK_POLICY)
+    async def on_support_request(request: SupportRequest) -> None:
+        with tracer().start_as_current_span("turn.start") as span:
+            command = start_turn(request, current_trace_id())
+            turn = command.turn
+            span.set_attributes({"roundtrip.turn_id": turn.turn_id, "roundtrip.customer_id": turn.customer_id})
+            if not started.add(turn.turn_id):
+                span.add_event("duplicate request dropped")
+                log.info("duplicate request %s (turn %s) dropped", request.request_id, turn.turn_id)
+                return
+            log.info("turn %s started for %s (trace %s)", turn.turn_id, turn.customer_id, turn.trace_id)
+            await start(command, turn.conversation_id)
+
+    @broker.subscriber(topics.t(topics.OUTCOMES), group_id=group("gateway"), ack_policy=ACK_POLICY)
+    async def on_turn_ended(ended: TurnEnded) -> None:
+        with tracer().start_as_current_span("turn.reply") as span:
+            span.set_attributes({"roundtrip.turn_id": ended.turn.turn_id, "roundtrip.outcome": ended.outcome.value})
+            if not replied.add(ended.turn.turn_id):
+                span.add_event("duplicate outcome dropped")
+                return
+            await reply(reply_for(ended), ended.turn.conversation_id)
+
+    return FastStream(broker, logger=log)

@@ -1,0 +1,42 @@
+"""Gateway: a support request starts a turn; an ended turn becomes its one reply."""
+
+from __future__ import annotations
+
+import uuid
+
+from services.kernel.events import StartTurn, SupportReply, SupportRequest, Turn, TurnEnded
+
+TURN_NAMESPACE = uuid.UUID("6f1c2b8e-3a4d-4e0f-9b7a-52c1d0e8a901")
+
+
+def turn_id_for(request: SupportRequest) -> str:
+    """Deterministic, so a redelivered request maps to the same turn."""
+    return "turn_" + uuid.uuid5(TURN_NAMESPACE, f"{request.conversation_id}\x00{request.request_id}").hex[:24]
+
+
+def start_turn(request: SupportRequest, trace_id: str) -> StartTurn:
+    turn = Turn(
+        turn_id=turn_id_for(request),
+        request_id=request.request_id,
+        conversation_id=request.conversation_id,
+        customer_id=request.customer_id,
+        persona=request.persona,
+        trace_id=trace_id,
+    )
+    return StartTurn(turn=turn, text=request.text)
+
+
+def reply_for(ended: TurnEnded) -> SupportReply:
+    turn = ended.turn
+    return SupportReply(
+        request_id=turn.request_id,
+        conversation_id=turn.conversation_id,
+        customer_id=turn.customer_id,
+        turn_id=turn.turn_id,
+        text=ended.text,
+        outcome=ended.outcome,
+        steps=ended.step,
+        usage=ended.spent,
+        cost_usd=ended.cost_usd,
+        trace_id=turn.trace_id,
+    )

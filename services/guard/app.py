@@ -1,0 +1,106 @@
+"""The guard service: turn.starts, turn.iterations, turn.controls -> turn.model_calls | turn.tool_calls | turn.outcomes.
+
+Also sweeps the ledger for stuck turns (a timer, not a busy loop) and announces them on turn.events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from faststream import FastStream
+from pydantic import BaseModel
+
+from services.guard.handlers import Guard
+from services.guard.ledger import Ledger
+from services.guard.pricing import PriceTable
+from services.guard.rules import Policy
+from services.kernel import topics
+from services.kernel.events import CallModel, CancelTurn, CheckToolCalls, ModelResponded, StartTurn, TurnEnded, TurnFlagged
+from services.kernel.messaging import ACK_POLICY, Outlet, group, make_broker
+from services.kernel.settings import Settings
+from services.kernel.telemetry import tracer
+
+log = logging.getLogger("roundtrip.guard")
+
+
+def policy_from(settings: Settings) -> Policy:
+    return Policy(
+        max_steps=settings.max_steps, loop_rules=settings.loop_rules, max_identical_calls=settings.max_identical_calls,
+        cycle_max_period=settings.cycle_max_period, cycle_repeats=settings.cycle_repeats,
+        failure_streak=settings.failure_streak, budget_usd=settings.turn_budget_usd,
+    )
+
+
+def build(settings: Settings) -> FastStream:
+    broker = make_broker("guard", settings)
+    outlets = {
+        topics.MODEL_CALLS: Outlet(broker, topics.MODEL_CALLS, CallModel),
+        topics.TOOL_CALLS: Outlet(broker, topics.TOOL_CALLS, CheckToolCalls),
+        topics.OUTCOMES: Outlet(broker, topics.OUTCOMES, TurnEnded),
+    }
+    flagged = Outlet(broker, topics.TURN_EVENTS, TurnFlagged)
+    prices = PriceTable.from_json(settings.prices)
+    state: dict[str, Guard] = {}
+
+    async def publish(topic: str, message: BaseModel, conversation_id: str) -> None:
+        await outlets[topic](message, conversation_id)
+
+    @broker.subscriber(topics.t(topics.TURN_STARTS), group_id=group("guard"), ack_policy=ACK_POLICY)
+    async def on_start_turn(command: StartTurn) -> None:
+        with tracer().start_as_current_span("guard.start") as span:
+            span.set_attribute("roundtrip.turn_id", command.turn.turn_id)
+            span.set_attribute("roundtrip.result", await state["guard"].on_start(command))
+
+    @broker.subscriber(topics.t(topics.ITERATIONS), group_id=group("guard"), ack_policy=ACK_POLICY)
+    async def on_iteration(event: ModelResponded) -> None:
+        with tracer().start_as_current_span("guard.decide") as span:
+            span.set_attributes({
+                "roundtrip.turn_id": event.turn.turn_id, "roundtrip.step": event.step,
+                "roundtrip.stop_reason": event.stop_reason or "",
+                "roundtrip.fingerprints": [c.fingerprint for c in event.tool_calls],
+            })
+            span.set_attribute("roundtrip.result", await state["guard"].on_iteration(event))
+
+    @broker.subscriber(topics.t(topics.TURN_CONTROLS), group_id=group("guard"), ack_policy=ACK_POLICY)
+    async def on_cancel_turn(command: CancelTurn) -> None:
+        with tracer().start_as_current_span("guard.cancel") as span:
+            span.set_attribute("roundtrip.turn_id", command.turn_id)
+            span.set_attribute("roundtrip.result", await state["guard"].on_cancel(command))
+
+    async def sweeper() -> None:
+        while True:
+            await asyncio.sleep(settings.sweep_interval_s)
+            try:
+                await state["guard"].sweep(flagged)
+            except Exception:  # noqa: BLE001 - the sweeper must outlive a database hiccup
+                log.exception("sweeping for stuck turns failed; will retry")
+
+    app = FastStream(broker, logger=log)
+
+    @app.on_startup
+    async def open_ledger() -> None:
+        ledger = await Ledger.open(settings.ledger_db_url)
+        state["guard"] = Guard(
+            ledger=ledger, policy=policy_from(settings), prices=prices, publish=publish, model=settings.model,
+            stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
+        )
+
+    @app.after_startup
+    async def start_sweeper() -> None:
+        state["sweeper"] = asyncio.create_task(sweeper())
+
+    @app.on_shutdown
+    async def stop() -> None:
+        task = state.pop("sweeper", None)
+        if task:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @app.after_shutdown
+    async def close_ledger() -> None:
+        await state["guard"].ledger.close()
+
+    return app

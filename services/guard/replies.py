@@ -1,0 +1,49 @@
+"""The polite words the fleet says when it, not the model, ends a turn."""
+
+from __future__ import annotations
+
+from services.kernel.events import Outcome
+
+POLITE = {
+    Outcome.STEP_LIMIT: (
+        "I'm sorry, I wasn't able to finish this request within the steps I'm allowed. "
+        "I've stopped here so nothing is done twice; a member of our team can pick it up if you reply."
+    ),
+    Outcome.REPEATED_CALL: (
+        "I'm sorry, I keep running into the same problem with this request, so I've stopped rather than keep trying. "
+        "A member of our support team can look into it if you reply here."
+    ),
+    Outcome.CYCLE: (
+        "I'm sorry, I was going round in circles on this request, so I've stopped. "
+        "A member of our support team can look into it if you reply here."
+    ),
+    Outcome.FAILURE_STREAK: (
+        "I'm sorry, several of the steps needed for this request failed, so I've stopped. "
+        "A member of our support team can look into it if you reply here."
+    ),
+    Outcome.BUDGET: (
+        "I'm sorry, this request needed more work than I'm allowed to spend on one question, so I've stopped here. "
+        "A member of our support team can pick it up if you reply."
+    ),
+    Outcome.DEADLINE: (
+        "I'm sorry, this is taking much longer than it should: one of our systems is not responding. "
+        "I've stopped working on your request; please try again in a few minutes."
+    ),
+    Outcome.CANCELLED: "I'm sorry, our support team has stopped this request. Please reply if you still need help.",
+    Outcome.MODEL_ERROR: (
+        "I'm sorry, our assistant is temporarily unavailable and I couldn't complete your request. "
+        "Nothing was changed after the error. Please try again in a few minutes."
+    ),
+    Outcome.MAX_TOKENS: "I'm sorry, my answer was cut off before I could finish. Could you ask again, perhaps more specifically?",
+    Outcome.REFUSAL: "I'm sorry, but I can't help with that request.",
+    Outcome.CONTEXT_WINDOW_EXCEEDED: (
+        "I'm sorry, this conversation has grown too long for me to continue. Please start a new one and I'll be glad to help."
+    ),
+    Outcome.STOP_SEQUENCE: "I'm sorry, I couldn't finish my answer.",
+    Outcome.UNKNOWN_STOP_REASON: "I'm sorry, something unexpected happened and I couldn't finish your request.",
+    Outcome.END_TURN: "Is there anything else I can help you with?",
+}
+
+
+def polite(outcome: Outcome) -> str:
+    return POLITE[outcome]

@@ -1,0 +1,208 @@
+"""The messages that flow between the services: pydantic models, JSON on the wire.
+
+Commands are imperative (CallModel, CheckToolCalls, ExecuteToolBatch), events are past
+tense (ModelResponded, TurnEnded, DeadLettered). Every internal message carries the
+`Turn` (who asked, under which principal) and is keyed by conversation id on Kafka.
+The transcript travels with the turn, so every service is stateless but for the
+guard's ledger and the shop's database.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- public contract ---------------------------------------------------------------------
+
+
+class SupportRequest(Message):
+    """What a client publishes to `support.requests`."""
+
+    request_id: str = Field(min_length=1, max_length=200, description="Client's id of this request; a duplicate gets no second reply")
+    conversation_id: str = Field(min_length=1, max_length=200, description="Kafka key; a conversation's turns stay in order")
+    customer_id: str = Field(min_length=1, max_length=200, description="The authenticated customer: the only principal tools act for")
+    text: str = Field(min_length=1, max_length=8000, description="What the customer wrote")
+    persona: str | None = Field(None, max_length=40, description="Simulator persona for this request (ignored by the real API)")
+
+
+class Usage(Message):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(**{k: getattr(self, k) + getattr(other, k) for k in Usage.model_fields})
+
+
+class Outcome(StrEnum):
+    """How a turn ended. The first six mirror the model's stop_reason."""
+
+    END_TURN = "end_turn"
+    MAX_TOKENS = "max_tokens"
+    STOP_SEQUENCE = "stop_sequence"
+    REFUSAL = "refusal"
+    CONTEXT_WINDOW_EXCEEDED = "model_context_window_exceeded"
+    UNKNOWN_STOP_REASON = "unknown_stop_reason"
+    STEP_LIMIT = "step_limit"
+    REPEATED_CALL = "repeated_call"
+    CYCLE = "cycle"
+    FAILURE_STREAK = "failure_streak"
+    BUDGET = "budget"
+    DEADLINE = "deadline"
+    CANCELLED = "cancelled"
+    MODEL_ERROR = "model_error"
+
+
+class SupportReply(Message):
+    """What the fleet publishes to `support.replies`, exactly once per turn."""
+
+    request_id: str
+    conversation_id: str
+    customer_id: str
+    turn_id: str
+    text: str = Field(description="The answer shown to the customer")
+    outcome: Outcome
+    steps: int = Field(description="Model calls the turn made")
+    usage: Usage
+    cost_usd: float = Field(description="What the turn's model calls cost, from the configured price table")
+    trace_id: str = Field(description="W3C trace id of the turn (find it in Jaeger)")
+
+
+# -- the turn and its loop ----------------------------------------------------------------
+
+
+class Turn(Message):
+    """Identity and principal of one turn; copied into every internal message."""
+
+    turn_id: str
+    request_id: str
+    conversation_id: str
+    customer_id: str = Field(description="Principal, from the request envelope only")
+    persona: str | None = None
+    trace_id: str = ""
+
+
+class ToolCall(Message):
+    """One tool_use block the model emitted, as untrusted input."""
+
+    id: str
+    name: str
+    input: Any
+    fingerprint: str = Field(description="tool name + hash of the canonical JSON of the input")
+
+
+class StartTurn(Message):
+    """Command: register a new turn with the guard, which makes its first model call."""
+
+    turn: Turn
+    text: str
+
+
+class CancelTurn(Message):
+    """Command (operators): end a running turn now, politely."""
+
+    turn_id: str
+    reason: str = "cancelled by an operator"
+
+
+class CallModel(Message):
+    """Command: make the next model call of a turn with this transcript."""
+
+    turn: Turn
+    step: int = Field(description="Model calls already made in this turn")
+    messages: list[dict[str, Any]] = Field(description="Anthropic MessageParam list: the whole transcript")
+    spent: Usage = Field(default_factory=Usage, description="Tokens spent by the turn so far")
+
+
+class ModelResponded(Message):
+    """Event: one loop iteration, i.e. one model response."""
+
+    turn: Turn
+    step: int = Field(description="1-based number of this model call in the turn")
+    messages: list[dict[str, Any]] = Field(description="Transcript sent to the model (without this response)")
+    content: list[dict[str, Any]] = Field(default_factory=list, description="The response's content blocks")
+    stop_reason: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage, description="Tokens of this call")
+    spent: Usage = Field(default_factory=Usage, description="Tokens of the turn, this call included")
+    model: str = ""
+    error: str | None = Field(None, description="Set when the call failed after the SDK's retries")
+
+
+class CheckToolCalls(Message):
+    """Command: validate and authorize the tool calls of one step."""
+
+    turn: Turn
+    step: int
+    messages: list[dict[str, Any]] = Field(description="Transcript including the assistant message with the calls")
+    calls: list[ToolCall]
+    spent: Usage = Field(default_factory=Usage)
+    blocked: dict[str, str] = Field(
+        default_factory=dict, description="tool_use id -> why the guard refuses to run it (a repeat of a failed call)"
+    )
+
+
+class CheckedCall(Message):
+    id: str
+    name: str
+    input: Any
+    approved: bool
+    error: str | None = Field(None, description="Why the call was rejected (becomes an is_error tool_result)")
+
+
+class ExecuteToolBatch(Message):
+    """Command: run the approved calls of one step. Signed by the gate."""
+
+    turn: Turn
+    step: int
+    messages: list[dict[str, Any]]
+    calls: list[CheckedCall]
+    spent: Usage = Field(default_factory=Usage)
+    expires_at: float = Field(0.0, description="Unix time after which the executor must not run the batch (0: never)")
+    key_id: str = ""
+    signature: str = ""
+
+
+class TurnEnded(Message):
+    """Event: the guard ended the turn; the gateway turns it into the one reply."""
+
+    turn: Turn
+    step: int
+    outcome: Outcome
+    text: str
+    spent: Usage = Field(default_factory=Usage)
+    cost_usd: float = 0.0
+
+
+class TurnFlagged(Message):
+    """Event (operators): a turn made no progress for too long; it will be ended after a grace period."""
+
+    turn: Turn
+    step: int
+    status: str = "stuck"
+    idle_s: float
+    detail: str
+
+
+class DeadLettered(Message):
+    """Event: a message no service could process, with why."""
+
+    service: str
+    topic: str
+    reason: str
+    payload: str = Field(description="The original bytes, decoded as UTF-8 with replacement")
+    key: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+
+PUBLIC = (SupportRequest, SupportReply)
+INTERNAL = (StartTurn, CancelTurn, CallModel, ModelResponded, CheckToolCalls, ExecuteToolBatch, TurnEnded, TurnFlagged, DeadLettered)

@@ -1,0 +1,100 @@
+"""The broker factory and the dead-letter middleware every service shares.
+
+Delivery is at least once: subscribers commit after the handler returns
+(`AckPolicy.ACK`), so a crash mid-handler redelivers the message. A message that
+cannot be processed (bad JSON, schema violation, a bug) never kills the service:
+`DeadLetterMiddleware` publishes it with the reason to the dead-letter topic and the
+offset moves on.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+from faststream import AckPolicy
+from faststream._internal.middlewares import BaseMiddleware
+from faststream.kafka import KafkaBroker
+from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
+from pydantic import BaseModel, ValidationError
+
+from services.kernel import topics
+from services.kernel.events import DeadLettered
+from services.kernel.settings import Settings
+
+log = logging.getLogger("roundtrip")
+
+ACK_POLICY = AckPolicy.ACK  # commit after processing: at least once
+
+
+def describe_error(exc: BaseException) -> str:
+    if isinstance(exc, ValidationError):
+        return "schema violation: " + "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:10]
+        )
+    if isinstance(exc, (ValueError,)) and "JSON" in type(exc).__name__ + str(exc):
+        return f"malformed JSON: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class DeadLetterMiddleware(BaseMiddleware):
+    """Sends any message whose handling raised to the dead-letter topic, with the reason."""
+
+    service = "unknown"
+
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        try:
+            return await call_next(msg)
+        except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
+            reason = describe_error(exc)
+            raw = getattr(msg, "raw_message", None)
+            topic = getattr(raw, "topic", "?")
+            log.error("dead-lettering a message from %s: %s", topic, reason)
+            log.debug("%s", traceback.format_exc())
+            body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode()
+            key = getattr(raw, "key", None)
+            letter = DeadLettered(
+                service=self.service,
+                topic=topic,
+                reason=reason,
+                payload=body.decode("utf-8", errors="replace")[:100_000],
+                key=key.decode("utf-8", errors="replace") if isinstance(key, bytes) else key,
+                partition=getattr(raw, "partition", None),
+                offset=getattr(raw, "offset", None),
+            )
+            broker = self.context.get("broker")
+            await broker.publish(letter, topic=topics.t(topics.DEAD_LETTERS), key=key)
+            return None
+
+
+def make_broker(service: str, settings: Settings) -> KafkaBroker:
+    """The service's broker; spans go to the process's tracer provider (see telemetry.setup_telemetry)."""
+    dead_letters = type(f"{service.title()}DeadLetters", (DeadLetterMiddleware,), {"service": service})
+    return KafkaBroker(
+        settings.bootstrap_servers,
+        client_id=f"roundtrip-{service}",
+        middlewares=[KafkaTelemetryMiddleware(), dead_letters],
+        enable_idempotence=True,
+        linger_ms=0,
+        logger=logging.getLogger(f"roundtrip.{service}"),
+        graceful_timeout=10.0,
+    )
+
+
+def group(service: str) -> str:
+    return f"roundtrip-{service}"
+
+
+def key_of(conversation_id: str) -> bytes:
+    return conversation_id.encode()
+
+
+class Outlet:
+    """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id."""
+
+    def __init__(self, broker: KafkaBroker, topic: str, schema: type[BaseModel], description: str = "") -> None:
+        self._publisher = broker.publisher(topics.t(topic), schema=schema, description=description or schema.__doc__)
+
+    async def __call__(self, message: BaseModel, conversation_id: str) -> None:
+        await self._publisher.publish(message, key=key_of(conversation_id))

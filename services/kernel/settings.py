@@ -1,0 +1,132 @@
+"""Configuration: environment variables with the prefix ROUNDTRIP_ (pydantic-settings).
+
+Every knob of the fleet lives here, once. `roundtrip config` prints the effective values.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Demo signing key: fine for a laptop, replaced in production via ROUNDTRIP_APPROVAL_KEYS.
+DEV_APPROVAL_KEYS = "dev1:roundtrip-dev-only-approval-key"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
+
+    # -- where things live -------------------------------------------------------------
+    state_dir: Path = Field(Path(".roundtrip"), description="Folder for embedded broker data, SQLite files, span files, logs")
+
+    # -- broker ------------------------------------------------------------------------
+    kafka_bootstrap_servers: str | None = Field(
+        None, description="Kafka bootstrap servers; unset means the embedded broker on kafka_port"
+    )
+    kafka_port: int = Field(9092, description="Port of the embedded broker (client listener)")
+    kafka_controller_port: int = Field(9093, description="Port of the embedded broker's KRaft controller")
+    kafka_version: str = Field("4.1.1", description="Apache Kafka version fetched from Maven Central for the embedded broker")
+    topic_prefix: str = Field("", description="Prefix of every topic name (to share a cluster)")
+    partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
+    executor_partitions: int | None = Field(None, ge=1, description="Partitions of the executor topic (defaults to `partitions`)")
+
+    # -- model -------------------------------------------------------------------------
+    anthropic_api_key: str | None = Field(
+        None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_API_KEY")
+    )
+    anthropic_base_url: str | None = Field(None, description="Override the API base URL (the simulator is used when no key is set)")
+    model: str = Field("claude-sonnet-4-5", description="Model name sent to the Messages API")
+    max_tokens: int = Field(1024, ge=1, description="max_tokens of each model call")
+    model_max_retries: int = Field(2, ge=0, description="SDK retries of a failed model call before the turn ends")
+    model_timeout_s: float = Field(60.0, gt=0, description="Timeout of one model call")
+    simulator_port: int = Field(8801, description="Port of the local Messages API simulator")
+    simulator_persona: str = Field("careful", description="Persona the simulator plays when a request names none (or 'mix')")
+    simulator_latency_ms: float = Field(0.0, ge=0, description="Latency the simulator adds to each response")
+
+    # -- shop (the demo backend the tools call) -----------------------------------------
+    shop_url: str | None = Field(None, description="Base URL of the shop API; unset means the embedded shop on shop_port")
+    shop_port: int = Field(8802, description="Port of the embedded demo shop")
+    shop_database_url: str | None = Field(
+        None, description="SQLAlchemy URL of the shop database; unset means a SQLite file in state_dir"
+    )
+
+    # -- guard -------------------------------------------------------------------------
+    max_steps: int = Field(10, ge=1, description="Model calls a turn may make before it is stopped")
+    loop_rules: bool = Field(True, description="Repeat, cycle and failure-streak detection (off: step limit only)")
+    max_identical_calls: int = Field(3, ge=2, description="Identical calls (same fingerprint) a turn may make, even succeeding ones")
+    cycle_max_period: int = Field(4, ge=2, description="Longest cycle of steps (A,B,A,B has period 2) the guard looks for")
+    cycle_repeats: int = Field(2, ge=2, description="Repetitions of a cycle that end the turn")
+    failure_streak: int = Field(4, ge=2, description="Consecutive failing calls that end the turn")
+    turn_budget_usd: float = Field(0.50, gt=0, description="Cost a turn may spend on model calls")
+    prices: str = Field(
+        '{"default": [3.0, 15.0, 3.75, 0.30]}',
+        description="JSON: model -> USD per million tokens [input, output, cache write, cache read]; 'default' for the rest",
+    )
+    stuck_after_s: float = Field(60.0, gt=0, description="A turn with no progress for this long is flagged stuck")
+    stuck_grace_s: float = Field(30.0, ge=0, description="A stuck turn is ended this long after it was flagged")
+    turn_deadline_s: float = Field(300.0, gt=0, description="A turn is ended when it runs longer than this")
+    ledger_database_url: str | None = Field(
+        None, description="SQLAlchemy URL of the guard's turn ledger; unset means a SQLite file in state_dir"
+    )
+
+    # -- gate / executor ---------------------------------------------------------------
+    approval_keys: str = Field(
+        DEV_APPROVAL_KEYS,
+        description="Comma-separated key_id:secret pairs for signing approved batches; the first one signs",
+    )
+    tool_timeout_s: float = Field(10.0, gt=0, description="Timeout of one tool execution")
+    parallel_tools: bool = Field(True, description="Run the calls of one step concurrently")
+
+    # -- telemetry ---------------------------------------------------------------------
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint (e.g. http://localhost:4318) for traces")
+    span_file: Path | None = Field(None, description="JSON-lines span file; defaults to state_dir/spans.jsonl when no OTLP endpoint")
+    log_level: str = Field("INFO", description="Log level of the services")
+
+    # -- derived -----------------------------------------------------------------------
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka_bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def embedded_broker(self) -> bool:
+        return not self.kafka_bootstrap_servers
+
+    @property
+    def use_simulator(self) -> bool:
+        return not self.anthropic_api_key
+
+    @property
+    def model_base_url(self) -> str | None:
+        if self.anthropic_base_url:
+            return self.anthropic_base_url
+        return f"http://127.0.0.1:{self.simulator_port}" if self.use_simulator else None
+
+    @property
+    def shop_base_url(self) -> str:
+        return self.shop_url or f"http://127.0.0.1:{self.shop_port}"
+
+    @property
+    def shop_db_url(self) -> str:
+        return self.shop_database_url or f"sqlite+aiosqlite:///{(self.state_dir / 'shop.db').resolve()}"
+
+    @property
+    def ledger_db_url(self) -> str:
+        return self.ledger_database_url or f"sqlite+aiosqlite:///{(self.state_dir / 'ledger.db').resolve()}"
+
+    @property
+    def sweep_interval_s(self) -> float:
+        """How often the guard looks for stuck turns: a quarter of the shortest wait, at most 5 s."""
+        return max(0.2, min(5.0, self.stuck_after_s / 4, max(self.stuck_grace_s, 0.8) / 4))
+
+    @property
+    def effective_span_file(self) -> Path | None:
+        if self.otlp_endpoint and self.span_file is None:
+            return None
+        return self.span_file or self.state_dir / "spans.jsonl"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,36 @@
+"""Topic names. The public contract is the first two; the rest are internal to the fleet."""
+
+from __future__ import annotations
+
+from services.kernel.settings import get_settings
+
+SUPPORT_REQUESTS = "support.requests"  # public: clients publish SupportRequest
+SUPPORT_REPLIES = "support.replies"  # public: clients read SupportReply
+TURN_STARTS = "turn.starts"  # StartTurn: gateway -> guard
+TURN_CONTROLS = "turn.controls"  # CancelTurn: operators -> guard
+MODEL_CALLS = "turn.model_calls"  # CallModel: guard/executor -> model
+ITERATIONS = "turn.iterations"  # ModelResponded: model -> guard
+TOOL_CALLS = "turn.tool_calls"  # CheckToolCalls: guard -> gate
+TOOL_BATCHES = "turn.tool_batches"  # ExecuteToolBatch (signed): gate -> executor
+OUTCOMES = "turn.outcomes"  # TurnEnded: guard -> gateway
+TURN_EVENTS = "turn.events"  # TurnFlagged (stuck turns): guard -> operators
+DEAD_LETTERS = "roundtrip.dead_letters"  # DeadLettered: any service
+
+ALL = (
+    SUPPORT_REQUESTS,
+    SUPPORT_REPLIES,
+    TURN_STARTS,
+    TURN_CONTROLS,
+    MODEL_CALLS,
+    ITERATIONS,
+    TOOL_CALLS,
+    TOOL_BATCHES,
+    OUTCOMES,
+    TURN_EVENTS,
+    DEAD_LETTERS,
+)
+
+
+def t(name: str) -> str:
+    """The topic's name on the wire (with the configured prefix)."""
+    return get_settings().topic_prefix + name

@@ -1,0 +1,3 @@
+from services.shop.app import main
+
+main()

@@ -1,0 +1,35 @@
+"""`python -m services.simulator`: serve the Messages API simulator on 127.0.0.1:$ROUNDTRIP_SIMULATOR_PORT."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.kernel.settings import get_settings
+
+from .personas import NAMES
+from .server import serve
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = get_settings()
+    parser = argparse.ArgumentParser(prog="python -m services.simulator", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=settings.simulator_port)
+    parser.add_argument("--persona", default=settings.simulator_persona, choices=NAMES)
+    parser.add_argument("--latency-ms", type=float, default=settings.simulator_latency_ms)
+    parser.add_argument("--fault-rate", type=float, default=0.0, help="share of requests answered 529")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    serve(
+        host=args.host,
+        port=args.port,
+        log_level=settings.log_level,
+        default_persona=args.persona,
+        latency_ms=args.latency_ms,
+        fault_rate=args.fault_rate,
+        seed=args.seed,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""The HTTP side of the simulator: routes, persona choice, latency and faults.
+
+Routes: POST /v1/messages, POST /v1/messages/count_tokens, GET /health.
+
+Request headers a test or a load run may send (the SDK passes them via
+`default_headers=` or `extra_headers=`):
+  x-roundtrip-persona          careful | careless | stubborn | looping | flailing | sloppy |
+                               parallel | refusing | terse | mix   (else the app's default)
+  x-roundtrip-fault            429 | 529 | 500 | 502 | 503 | 504 | timeout: force that fault
+  x-roundtrip-fault-attempts   N: fault only the first N attempts (the SDK numbers its
+                               attempts in `x-stainless-retry-count`); default: every attempt
+  x-roundtrip-fault-delay      seconds the `timeout` fault sleeps (default 30); set it above
+                               the client's timeout
+  x-roundtrip-latency-ms       latency of this response (else the app's latency_ms)
+  x-roundtrip-retry-after-ms   `retry-after-ms` sent with 429/5xx (else the app's retry_after_ms)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from . import personas
+from .engine import respond
+from .errors import ApiError, invalid
+from .usage import PromptCache, estimate_tokens, prompt_of
+from .validation import validate_count_tokens, validate_create
+
+PERSONA_HEADER = "x-roundtrip-persona"
+FAULT_HEADER = "x-roundtrip-fault"
+FAULT_ATTEMPTS_HEADER = "x-roundtrip-fault-attempts"
+FAULT_DELAY_HEADER = "x-roundtrip-fault-delay"
+LATENCY_HEADER = "x-roundtrip-latency-ms"
+RETRY_AFTER_HEADER = "x-roundtrip-retry-after-ms"
+
+FAULTS: dict[str, tuple[int, str]] = {
+    "429": (429, "Number of request tokens has exceeded your per-minute rate limit (simulated fault)."),
+    "500": (500, "Internal server error (simulated fault)."),
+    "502": (502, "Bad gateway (simulated fault)."),
+    "503": (503, "Service unavailable (simulated fault)."),
+    "504": (504, "Gateway timeout (simulated fault)."),
+    "529": (529, "Overloaded (simulated fault)."),
+}
+DEFAULT_TIMEOUT_FAULT_S = 30.0
+
+
+@dataclass
+class _State:
+    default_persona: str
+    latency_ms: float
+    fault_rate: float
+    retry_after_ms: float
+    rng: random.Random
+    cache: PromptCache = field(default_factory=PromptCache)
+    served: int = 0
+
+
+def create_app(
+    default_persona: str = "careful",
+    latency_ms: float = 0.0,
+    fault_rate: float = 0.0,
+    seed: int = 0,
+    retry_after_ms: float = 20.0,
+) -> Starlette:
+    """The simulator as an ASGI app. fault_rate: share of requests answered 529 (seeded RNG)."""
+    if default_persona not in personas.NAMES:
+        raise ValueError(f"unknown persona {default_persona!r}; expected one of {', '.join(personas.NAMES)}")
+    if not 0.0 <= fault_rate <= 1.0:
+        raise ValueError("fault_rate must be between 0 and 1")
+    state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed))
+
+    async def messages(request: Request) -> Response:
+        request_id = _request_id()
+        try:
+            _authenticate(request)
+            body = await _json_body(request)
+            validate_create(body)
+            persona = _persona(request, body, state)
+            await _latency(request, state)
+            await _fault(request, state)
+            message = respond(body, persona, state.cache)
+        except ApiError as error:
+            return _error_response(error, request_id)
+        state.served += 1
+        return JSONResponse(message, headers={"request-id": request_id, "x-roundtrip-persona": persona})
+
+    async def count_tokens(request: Request) -> Response:
+        request_id = _request_id()
+        try:
+            _authenticate(request)
+            body = await _json_body(request)
+            validate_count_tokens(body)
+        except ApiError as error:
+            return _error_response(error, request_id)
+        return JSONResponse({"input_tokens": estimate_tokens(prompt_of(body))}, headers={"request-id": request_id})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "default_persona": state.default_persona,
+                "personas": list(personas.NAMES),
+                "served": state.served,
+            }
+        )
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        status = exc.status_code if isinstance(exc, HTTPException) else 500
+        message = "Not found" if status == 404 else str(getattr(exc, "detail", "")) or "error"
+        return _error_response(ApiError(status, message), _request_id())
+
+    return Starlette(
+        routes=[
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: http_error},
+    )
+
+
+def _request_id() -> str:
+    return f"req_sim_{uuid.uuid4().hex[:24]}"
+
+
+def _error_response(error: ApiError, request_id: str) -> Response:
+    headers = {"request-id": request_id, **error.headers}
+    return JSONResponse(error.body(request_id), status_code=error.status, headers=headers)
+
+
+def _authenticate(request: Request) -> None:
+    if not request.headers.get("x-api-key") and not request.headers.get("authorization"):
+        raise ApiError(401, "x-api-key header is required")
+
+
+async def _json_body(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise invalid(f"There was an error parsing the body of your request: {exc}") from None
+
+
+def _persona(request: Request, body: dict, state: _State) -> str:
+    wanted = request.headers.get(PERSONA_HEADER, state.default_persona).strip().lower()
+    first = body["messages"][0]["content"]
+    first_text = first if isinstance(first, str) else "\n".join(b.get("text", "") for b in first if b.get("type") == "text")
+    try:
+        return personas.resolve(wanted, first_text)
+    except KeyError:
+        raise invalid(
+            f"{PERSONA_HEADER}: unknown simulator persona {wanted!r}; expected one of {', '.join(personas.NAMES)}"
+        ) from None
+
+
+def _number(request: Request, header: str, default: float) -> float:
+    value = request.headers.get(header)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise invalid(f"{header}: expected a number, got {value!r}") from None
+    if number < 0 or math.isnan(number):
+        raise invalid(f"{header}: expected a non-negative number, got {value!r}")
+    return number
+
+
+async def _latency(request: Request, state: _State) -> None:
+    latency = _number(request, LATENCY_HEADER, state.latency_ms)
+    if latency > 0:
+        await asyncio.sleep(latency / 1000)
+
+
+async def _fault(request: Request, state: _State) -> None:
+    """Raise the forced (or randomly injected) fault of this request, or sleep for `timeout`."""
+    fault = request.headers.get(FAULT_HEADER, "").strip().lower()
+    if fault:
+        attempts = request.headers.get(FAULT_ATTEMPTS_HEADER)
+        attempt = int(request.headers.get("x-stainless-retry-count", "0") or 0)
+        if attempts is not None and attempt >= int(_number(request, FAULT_ATTEMPTS_HEADER, 0)):
+            fault = ""
+    elif state.fault_rate and state.rng.random() < state.fault_rate:
+        fault = "529"
+    if not fault:
+        return
+    if fault == "timeout":
+        await _sleep_unless_disconnected(request, _number(request, FAULT_DELAY_HEADER, DEFAULT_TIMEOUT_FAULT_S))
+        return
+    if fault not in FAULTS:
+        raise invalid(f"{FAULT_HEADER}: unknown fault {fault!r}; expected one of {', '.join([*FAULTS, 'timeout'])}")
+    status, message = FAULTS[fault]
+    retry_after_ms = _number(request, RETRY_AFTER_HEADER, state.retry_after_ms)
+    headers = {"retry-after-ms": f"{retry_after_ms:g}", "retry-after": str(max(1, math.ceil(retry_after_ms / 1000)))}
+    raise ApiError(status, message, headers=headers)
+
+
+async def _sleep_unless_disconnected(request: Request, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while (remaining := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(0.1, remaining))
+        if await request.is_disconnected():
+            return

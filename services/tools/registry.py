@@ -1,0 +1,246 @@
+"""The tool registry: schemas/tools/*.json bound to the handlers and policies in code.
+
+Each schema file is exactly what the model sees ({"name", "description", "input_schema"}),
+with JSON Schema 2020-12 input schemas that are strict (every object closes with
+`additionalProperties: false`). Fields that reference an entity carry `"x-entity": kind`;
+the gate resolves them for the principal before any policy or handler runs. `api_tools()`
+strips the `x-` keywords and marks the last tool for prompt caching.
+
+Loading fails loudly (RegistryError) when a schema has no handler, a handler has no
+schema, a policy or entity kind is unbound, or a schema is invalid or not strict.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from services.tools.context import ToolContext
+from services.tools.support import (
+    ENTITY_RESOLVERS,
+    HANDLERS,
+    POLICIES,
+    EntityResolver,
+    Handler,
+    Policy,
+    allow,
+)
+
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+SCHEMA_KEYS = {"name", "description", "input_schema"}
+# Keywords whose value maps *names* (not keywords) to subschemas.
+_NAMED_SUBSCHEMAS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+
+
+class RegistryError(Exception):
+    """The tool schemas and the code do not fit together."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    entity_refs: dict[str, str] = field(default_factory=dict)  # top-level field -> entity kind
+
+    def api_tool(self) -> dict[str, Any]:
+        """This tool as an element of the Messages API `tools` array (no `x-` keywords)."""
+        return {"name": self.name, "description": self.description, "input_schema": strip_extensions(self.input_schema)}
+
+
+def strip_extensions(schema: Any, top: bool = True) -> Any:
+    """A copy of a JSON Schema without custom `x-` keywords (and without `$schema`)."""
+    if isinstance(schema, list):
+        return [strip_extensions(s, top=False) for s in schema]
+    if not isinstance(schema, dict):
+        return copy.deepcopy(schema)
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key.startswith("x-") or (top and key == "$schema"):
+            continue
+        if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+            out[key] = {name: strip_extensions(sub, top=False) for name, sub in value.items()}
+        elif isinstance(value, (dict, list)) and key not in ("enum", "const", "examples", "default"):
+            out[key] = strip_extensions(value, top=False)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _object_schemas(schema: Any, path: str = "#") -> list[tuple[str, dict[str, Any]]]:
+    """Every (path, subschema) that describes an object, for the strictness check."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(schema, list):
+        for i, sub in enumerate(schema):
+            found += _object_schemas(sub, f"{path}/{i}")
+        return found
+    if not isinstance(schema, dict):
+        return found
+    if schema.get("type") == "object" or "properties" in schema:
+        found.append((path, schema))
+    for key, value in schema.items():
+        if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+            for name, sub in value.items():
+                found += _object_schemas(sub, f"{path}/{key}/{name}")
+        elif key in ("items", "additionalItems", "contains", "not", "if", "then", "else", "prefixItems",
+                     "allOf", "anyOf", "oneOf", "unevaluatedItems", "propertyNames"):
+            found += _object_schemas(value, f"{path}/{key}")
+    return found
+
+
+def check_tool_document(doc: Any, source: str = "<tool>") -> ToolSpec:
+    """Validate one tool document and build its ToolSpec (RegistryError when it is not fit)."""
+    if not isinstance(doc, dict) or set(doc) != SCHEMA_KEYS:
+        keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
+        raise RegistryError(f"{source}: a tool document has exactly the keys {sorted(SCHEMA_KEYS)}, got {keys}")
+    name, description, schema = doc["name"], doc["description"], doc["input_schema"]
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise RegistryError(f"{source}: tool name {name!r} must match {TOOL_NAME.pattern}")
+    if not isinstance(description, str) or len(description) < 20:
+        raise RegistryError(f"{source}: tool {name} needs a real description")
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise RegistryError(f"{source}: input_schema of {name} must be a JSON Schema with type 'object'")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise RegistryError(f"{source}: input_schema of {name} is not valid JSON Schema 2020-12: {exc.message}") from exc
+    if "required" not in schema:
+        raise RegistryError(f"{source}: input_schema of {name} must list 'required' (possibly empty)")
+    for path, sub in _object_schemas(schema):
+        if sub.get("additionalProperties") is not False:
+            raise RegistryError(f"{source}: {name} {path} must set additionalProperties: false")
+    entity_refs: dict[str, str] = {}
+    for prop, sub in schema.get("properties", {}).items():
+        if isinstance(sub, dict) and "x-entity" in sub:
+            if not isinstance(sub["x-entity"], str) or not sub["x-entity"]:
+                raise RegistryError(f"{source}: {name}.{prop} x-entity must be a non-empty string")
+            entity_refs[prop] = sub["x-entity"]
+    return ToolSpec(name=name, description=description, input_schema=schema, entity_refs=entity_refs)
+
+
+class Registry:
+    def __init__(
+        self,
+        specs: Mapping[str, ToolSpec],
+        handlers: Mapping[str, Handler],
+        policies: Mapping[str, Policy] | None = None,
+        entity_resolvers: Mapping[str, EntityResolver] | None = None,
+    ) -> None:
+        self.specs: dict[str, ToolSpec] = dict(specs)
+        self._handlers = dict(handlers)
+        self._policies = dict(policies or {})
+        self._resolvers = dict(entity_resolvers or {})
+        self._validators: dict[str, Draft202012Validator] = {}
+        problems = []
+        if missing := sorted(set(self.specs) - set(self._handlers)):
+            problems.append(f"schemas without a handler: {missing}")
+        if orphans := sorted(set(self._handlers) - set(self.specs)):
+            problems.append(f"handlers without a schema: {orphans}")
+        if stray := sorted(set(self._policies) - set(self.specs)):
+            problems.append(f"policies for unknown tools: {stray}")
+        kinds = {kind for spec in self.specs.values() for kind in spec.entity_refs.values()}
+        if unbound := sorted(kinds - set(self._resolvers)):
+            problems.append(f"x-entity kinds without a resolver: {unbound}")
+        if problems:
+            raise RegistryError("tool registry does not fit together: " + "; ".join(problems))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.specs
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.specs)
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self.specs.get(name)
+
+    def handler(self, name: str) -> Handler:
+        """The async handler of a tool (KeyError for an unknown tool)."""
+        return self._handlers[name]
+
+    def policy(self, name: str) -> Policy:
+        """The authorization policy of a tool; tools without one get `allow` (KeyError if unknown)."""
+        if name not in self.specs:
+            raise KeyError(name)
+        return self._policies.get(name, allow)
+
+    def validator(self, name: str) -> Draft202012Validator:
+        """A cached 2020-12 validator (with format checks) of a tool's input_schema."""
+        if name not in self._validators:
+            schema = self.specs[name].input_schema
+            self._validators[name] = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        return self._validators[name]
+
+    def entity_resolver(self, kind: str) -> EntityResolver:
+        """`async (entity_id, ctx) -> entity | None`, scoped to ctx.customer_id."""
+        return self._resolvers[kind]
+
+    async def resolve_entities(self, name: str, args: Mapping[str, Any], ctx: ToolContext) -> dict[str, dict[str, Any] | None]:
+        """{field: entity or None} for every x-entity field present in `args` (None: missing or not the principal's)."""
+        resolved: dict[str, dict[str, Any] | None] = {}
+        for prop, kind in self.specs[name].entity_refs.items():
+            if prop in args:
+                resolved[prop] = await self._resolvers[kind](str(args[prop]), ctx)
+        return resolved
+
+    def api_tools(self, cache: bool = True) -> list[dict[str, Any]]:
+        """The `tools` parameter of messages.create, in a stable order (prompt caching needs it)."""
+        tools = [self.specs[name].api_tool() for name in self.names]
+        if cache and tools:
+            tools[-1]["cache_control"] = {"type": "ephemeral"}
+        return tools
+
+
+def default_schemas_dir() -> Path:
+    """The repository's schemas/tools (the package is installed editable from the repo)."""
+    here = Path(__file__).resolve()
+    for base in [*here.parents, Path.cwd(), *Path.cwd().parents]:
+        candidate = base / "schemas" / "tools"
+        if candidate.is_dir() and any(candidate.glob("*.json")):
+            return candidate
+    raise RegistryError(f"cannot find schemas/tools above {here} or the working directory")
+
+
+def load_specs(schemas_dir: Path) -> dict[str, ToolSpec]:
+    specs: dict[str, ToolSpec] = {}
+    files = sorted(Path(schemas_dir).glob("*.json"))
+    if not files:
+        raise RegistryError(f"no tool schemas in {schemas_dir}")
+    for path in files:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise RegistryError(f"{path}: invalid JSON: {exc}") from exc
+        spec = check_tool_document(doc, source=str(path))
+        if spec.name != path.stem:
+            raise RegistryError(f"{path}: tool name {spec.name!r} must match the file name")
+        specs[spec.name] = spec
+    return specs
+
+
+def load_registry(
+    schemas_dir: Path | None = None,
+    *,
+    handlers: Mapping[str, Handler] | None = None,
+    policies: Mapping[str, Policy] | None = None,
+    entity_resolvers: Mapping[str, EntityResolver] | None = None,
+) -> Registry:
+    """Load schemas/tools/*.json and bind them to the support tool pack (or the given bindings)."""
+    specs = load_specs(Path(schemas_dir) if schemas_dir is not None else default_schemas_dir())
+    return Registry(
+        specs,
+        HANDLERS if handlers is None else handlers,
+        POLICIES if policies is None else policies,
+        ENTITY_RESOLVERS if entity_resolvers is None else entity_resolvers,
+    )

@@ -1,0 +1,141 @@
+"""The whole fleet as processes against the session's Kafka broker, driven like a user's app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from services.broker.embedded import free_port
+from services.fleet import Fleet
+from services.kernel import topics
+from services.kernel.events import SupportReply
+from services.kernel.settings import Settings
+
+
+def fleet_env(**values) -> dict[str, str]:
+    return {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
+
+
+class FleetClient:
+    """Publishes support requests and records every message of the turn's topics."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.seen: dict[str, list[dict]] = defaultdict(list)  # logical topic -> messages
+        self.replies: dict[str, list[SupportReply]] = defaultdict(list)
+        self._arrived = asyncio.Event()
+
+    def topic(self, name: str) -> str:
+        return self.settings.topic_prefix + name
+
+    async def start(self) -> None:
+        watched = [self.topic(n) for n in topics.ALL if n != topics.SUPPORT_REQUESTS]
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers)
+        self.consumer = AIOKafkaConsumer(
+            *watched, bootstrap_servers=self.settings.bootstrap_servers, group_id=f"test-{uuid.uuid4().hex[:6]}",
+            auto_offset_reset="earliest", enable_auto_commit=False,
+        )
+        await self.producer.start()
+        await self.consumer.start()
+        self._task = asyncio.create_task(self._collect())
+
+    async def _collect(self) -> None:
+        prefix = self.settings.topic_prefix
+        async for record in self.consumer:
+            name = record.topic[len(prefix):]
+            try:
+                data = json.loads(record.value)
+            except ValueError:
+                continue
+            self.seen[name].append(data)
+            if name == topics.SUPPORT_REPLIES:
+                reply = SupportReply.model_validate(data)
+                self.replies[reply.request_id].append(reply)
+            self._arrived.set()
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def publish_raw(self, value: bytes, key: bytes | None = b"raw") -> None:
+        await self.producer.send_and_wait(self.topic(topics.SUPPORT_REQUESTS), value, key=key)
+
+    async def ask(self, text: str, customer: str, persona: str | None = None, request_id: str | None = None) -> str:
+        request_id = request_id or f"req_{uuid.uuid4().hex[:10]}"
+        body = {"request_id": request_id, "conversation_id": f"conv_{request_id}", "customer_id": customer, "text": text}
+        if persona:
+            body["persona"] = persona
+        await self.publish_raw(json.dumps(body).encode(), key=body["conversation_id"].encode())
+        return request_id
+
+    async def wait_for(self, predicate, timeout: float = 60.0):
+        async def loop():
+            while True:
+                result = predicate()
+                if result:
+                    return result
+                self._arrived.clear()
+                await self._arrived.wait()
+
+        return await asyncio.wait_for(loop(), timeout)
+
+    async def reply(self, request_id: str, timeout: float = 60.0) -> SupportReply:
+        return (await self.wait_for(lambda: self.replies.get(request_id), timeout))[0]
+
+    def of_turn(self, name: str, request_id: str) -> list[dict]:
+        return [m for m in self.seen[name] if m.get("turn", {}).get("request_id") == request_id]
+
+
+@pytest.fixture(scope="session")
+def fleet_settings(kafka_bootstrap, tmp_path_factory) -> tuple[Settings, dict[str, str]]:
+    state = tmp_path_factory.mktemp("fleet")
+    values = dict(
+        kafka_bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"e2e{uuid.uuid4().hex[:6]}.",
+        state_dir=state,
+        simulator_port=free_port(),
+        shop_port=free_port(),
+        partitions=4,
+        max_steps=10,
+        log_level="INFO",
+    )
+    return Settings(**values), fleet_env(**values)
+
+
+@pytest.fixture(scope="session")
+def fleet(fleet_settings):
+    settings, env = fleet_settings
+    with Fleet(settings, env=env) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+async def client(fleet, fleet_settings):
+    c = FleetClient(fleet_settings[0])
+    await c.start()
+    yield c
+    await c.stop()
+
+
+@pytest.fixture
+def shop_orders(fleet_settings):
+    """Snapshot of every order in the shop's database: order_id -> (customer_id, status)."""
+    settings = fleet_settings[0]
+
+    def snapshot() -> dict[str, tuple[str, str]]:
+        orders = httpx.get(f"{settings.shop_base_url}/admin/orders", timeout=5).json()["orders"]
+        return {o["order_id"]: (o["customer_id"], o["status"]) for o in orders}
+
+    return snapshot
+
+
+def span_file(settings: Settings) -> Path:
+    return settings.effective_span_file
