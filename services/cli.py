@@ -181,14 +181,17 @@ def topics_create(
     partitions: Annotated[Optional[int], typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
     executor_partitions: Annotated[Optional[int], typer.Option(help="partitions of the executor topic")] = None,
 ) -> None:
-    """Create every topic of the fleet; topics that exist are left alone."""
-    from services.kernel.admin import create_topics
+    """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
+    from services.kernel.admin import ensure_topics
 
     s = get_settings()
-    created = asyncio.run(
-        create_topics(s.bootstrap_servers, s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions)
+    report = asyncio.run(
+        ensure_topics(s.bootstrap_servers, s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
+                      s.replication_factor)
     )
-    typer.echo(f"created: {', '.join(created) if created else 'nothing (all topics exist)'}")
+    typer.echo(str(report))
+    for name in report.created:
+        typer.echo(f"  created {name}")
 
 
 @broker_app.command("fetch")
@@ -204,7 +207,7 @@ def broker_run() -> None:
     """Run the embedded broker in the foreground."""
     from services.broker.embedded import main as broker_main
 
-    broker_main()
+    raise typer.Exit(broker_main(["run"]))
 
 
 def main() -> None:

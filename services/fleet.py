@@ -111,6 +111,26 @@ class Fleet:
                 child.process.kill()
                 child.process.wait()
 
+    def respawn(self, name: str, env: dict[str, str] | None = None) -> None:
+        """Start a killed service (all its replicas) again, optionally with changed settings, and wait until it runs."""
+        dead = [c for c in self.children if (c.name == name or c.name.startswith(f"{name}-")) and c.process.poll() is not None]
+        if not dead:
+            raise FleetError(f"{name} is not stopped")
+        if env:
+            self.env = {**self.env, **env}
+        since = {}
+        for child in dead:
+            self.children.remove(child)
+            since[child.name] = child.log_path.stat().st_size if child.log_path.exists() else 0
+            self._spawn(child.name, list(child.process.args), child.where)
+            if child.name in ("simulator", "shop"):
+                self._wait_http(f"{child.where}/health", child.name)
+        self._wait_services(names=set(since), since=since)
+
+    def restart(self, name: str, env: dict[str, str] | None = None) -> None:
+        self.kill(name)
+        self.respawn(name, env)
+
     def exited(self) -> list[Child]:
         return [c for c in self.children if c.process.poll() is not None]
 
@@ -145,10 +165,11 @@ class Fleet:
         self.say(f"  kafka      {s.bootstrap_servers}  (Apache Kafka {s.kafka_version}, KRaft; log {self.logs / 'kafka.log'})")
 
     def _create_topics(self) -> None:
-        from services.kernel.admin import create_topics
+        from services.kernel.admin import ensure_topics
 
         s = self.settings
-        asyncio.run(create_topics(s.bootstrap_servers, s.topic_prefix, s.partitions, s.executor_partitions))
+        report = asyncio.run(ensure_topics(s.bootstrap_servers, s.topic_prefix, s.partitions, s.executor_partitions))
+        self.say(f"  {report}")
 
     def _spawn(self, name: str, argv: list[str], where: str) -> None:
         log_path = self.logs / f"{name}.log"
@@ -171,14 +192,15 @@ class Fleet:
             time.sleep(0.1)
         raise FleetError(f"{name} did not answer {url} within {timeout:g} s")
 
-    def _wait_services(self, timeout: float = 60) -> None:
-        """A service is ready when FastStream logs its startup."""
+    def _wait_services(self, timeout: float = 60, names: set[str] | None = None, since: dict[str, int] | None = None) -> None:
+        """A service is ready when it logs that it started (after `since` bytes of its log)."""
         deadline = time.monotonic() + timeout
-        pending = {c.name: c for c in self.children if c.name.split("-")[0] in SERVICES}
+        pending = {c.name: c for c in self.children if c.name.split("-")[0] in SERVICES and (names is None or c.name in names)}
+        since = since or {}
         while pending and time.monotonic() < deadline:
             self._check_alive()
             for name, child in list(pending.items()):
-                if b"started" in child.log_path.read_bytes():
+                if b" started (broker" in child.log_path.read_bytes()[since.get(name, 0):]:
                     del pending[name]
             time.sleep(0.1)
         if pending:

@@ -32,7 +32,7 @@ def build(settings: Settings) -> FastStream:
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
 
-    @broker.subscriber(topics.t(topics.TOOL_BATCHES), group_id=group("executor"), ack_policy=ACK_POLICY)
+    @broker.subscriber(topics.t(topics.TOOL_BATCHES), group_id=group("executor"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
     async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
         if f"{batch.turn.turn_id}:{batch.step}" in seen:
             log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)

@@ -31,7 +31,7 @@ def build(settings: Settings) -> FastStream:
     gate = Gate(registry=load_registry(), lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), shop=shop,
                 batch_ttl_s=settings.stuck_after_s)
 
-    @broker.subscriber(topics.t(topics.TOOL_CALLS), group_id=group("gate"), ack_policy=ACK_POLICY)
+    @broker.subscriber(topics.t(topics.TOOL_CALLS), group_id=group("gate"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
     async def on_check_tool_calls(command: CheckToolCalls) -> None:
         batch = await gate.check(command)
         rejected = [c.name for c in batch.calls if not c.approved]

@@ -1,20 +1,36 @@
-"""Gate handler: check every call of a step, sign the batch, hand it to the executors."""
+"""Gate handler: check every call of a step, sign the batch, hand it to the executors.
+
+`check_call` never raises: any input, however hostile, becomes either an approval or a
+rejection with a sentence the model can act on. Calls of one step are checked
+concurrently (their look-ups overlap) and share a per-step memo of look-ups; see
+authorization.py for the caching rules and docs/gate.md for the figures behind them.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import difflib
+import logging
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
 
-from services.gate.authorization import EntityLookup, LookupFailed, authorize
-from services.gate.validation import InputValidator
+from services.gate.authorization import EntityLookup, LookupFailed, OwnershipCache, StepLookups, authorize
+from services.gate.validation import SAFE_INTEGER, InputValidator
 from services.kernel.approvals import Signer
 from services.kernel.events import CheckedCall, CheckToolCalls, ExecuteToolBatch, ToolCall
 from services.kernel.telemetry import tracer
 from services.tools.context import ToolContext
 from services.tools.registry import Registry
+from services.tools.support import allow
+
+log = logging.getLogger("roundtrip.gate")
+security = logging.getLogger("roundtrip.security")
+
+OWNERSHIP_TTL_S = 30.0  # see docs/gate.md: how long a positive (customer, order) answer is reused by policy-free tools
 
 
 @dataclass
@@ -24,44 +40,112 @@ class Gate:
     signer: Signer
     shop: Any = None  # handed to policies through ToolContext
     batch_ttl_s: float = 60.0  # an approval is void after this (the guard gives up on a stuck turn later)
+    ownership_ttl_s: float = OWNERSHIP_TTL_S  # 0 turns the cross-step ownership cache off
+    step_memo: bool = True  # one look-up per (kind, id, customer) within a step
+    concurrent: bool = True  # check the calls of a step concurrently
+    ownership: OwnershipCache | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.validators = {name: InputValidator(spec.input_schema) for name, spec in self.registry.specs.items()}
+        self.ownership = OwnershipCache(self.ownership_ttl_s) if self.ownership_ttl_s > 0 else None
 
-    async def check_call(self, call: ToolCall, customer_id: str, turn_id: str, blocked: str | None = None) -> CheckedCall:
+    # -- one call ------------------------------------------------------------------------------
+
+    async def check_call(
+        self,
+        call: ToolCall,
+        customer_id: str,
+        turn_id: str,
+        blocked: str | None = None,
+        lookups: StepLookups | None = None,
+    ) -> CheckedCall:
+        try:
+            return await self._check_call(call, customer_id, turn_id, blocked, lookups)
+        except Exception:  # noqa: BLE001 - the gate fails closed and keeps serving
+            log.exception("gate failed while checking %s (%s); rejecting it", str(call.name)[:80], call.id)
+            return CheckedCall(
+                id=call.id, name=call.name, input=call.input, approved=False,
+                error="This call could not be checked (an internal error in the gate); nothing was done. Try again.",
+            )
+
+    async def _check_call(
+        self, call: ToolCall, customer_id: str, turn_id: str, blocked: str | None, lookups: StepLookups | None
+    ) -> CheckedCall:
         def reject(why: str) -> CheckedCall:
             return CheckedCall(id=call.id, name=call.name, input=call.input, approved=False, error=why)
 
         if blocked:
             return reject(blocked)
-        spec = self.registry.get(call.name)
+        name = call.name if isinstance(call.name, str) else str(call.name)
+        spec = self.registry.get(name)
         if spec is None:
             known = ", ".join(sorted(self.registry.specs))
-            return reject(f"Unknown tool {call.name[:80]!r}. Available tools: {known}.")
-        problems = self.validators[call.name].problems(call.input)
+            close = difflib.get_close_matches(name.strip().lower()[:80], list(self.registry.specs), n=1, cutoff=0.75)
+            hint = f" Did you mean {close[0]}?" if close else ""
+            return reject(f"Unknown tool {name[:80]!r}.{hint} Available tools: {known}.")
+        problems = self.validators[name].problems(call.input)
         if problems:
-            return reject(f"Invalid input for {call.name}: " + "; ".join(problems) + ". Fix these fields and call again.")
+            return reject(f"Invalid input for {name}: " + "; ".join(problems) + ". Fix these fields and call again.")
+        if not customer_id:
+            security.error("turn %s: no principal on the turn; call %s refused", turn_id, call.id)
+            return reject("This request has no signed-in customer, so no tool may act on an account.")
+        policy = self.registry.policy(name)
+        lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
         ctx = ToolContext(customer_id=customer_id, tool_use_id=call.id, idempotency_key=f"{turn_id}:{call.id}", shop=self.shop)
         try:
-            denial = await authorize(spec, call.input, ctx, self.lookup, self.registry.policy(call.name))
-        except LookupFailed:
+            denial = await authorize(spec, call.input, ctx, lookups.for_call(state_free=policy is allow), policy)
+        except LookupFailed as exc:
+            log.warning("turn %s: %s", turn_id, exc)
             return reject("The order system could not be reached to verify this call; nothing was done. Try again shortly.")
         if denial:
             return reject(f"Not allowed: {denial}")
-        return CheckedCall(id=call.id, name=call.name, input=call.input, approved=True)
+        return CheckedCall(id=call.id, name=name, input=call.input, approved=True)
+
+    # -- one step ------------------------------------------------------------------------------
+
+    async def _traced(self, call: ToolCall, command: CheckToolCalls, lookups: StepLookups) -> CheckedCall:
+        with tracer().start_as_current_span("gate.check_call") as span:
+            span.set_attributes({
+                "roundtrip.tool": str(call.name)[:80], "roundtrip.tool_use_id": call.id, "roundtrip.fingerprint": call.fingerprint,
+                "roundtrip.turn_id": command.turn.turn_id,
+            })
+            result = await self.check_call(
+                call, command.turn.customer_id, command.turn.turn_id, command.blocked.get(call.id), lookups
+            )
+            span.set_attribute("roundtrip.approved", result.approved)
+            if not result.approved:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, (result.error or "")[:200]))
+            return result
 
     async def check(self, command: CheckToolCalls) -> ExecuteToolBatch:
-        checked = []
-        for call in command.calls:
-            with tracer().start_as_current_span("gate.check_call") as span:
-                span.set_attributes({"roundtrip.tool": call.name[:80], "roundtrip.tool_use_id": call.id, "roundtrip.fingerprint": call.fingerprint})
-                result = await self.check_call(call, command.turn.customer_id, command.turn.turn_id, command.blocked.get(call.id))
-                span.set_attribute("roundtrip.approved", result.approved)
-                if not result.approved:
-                    span.set_status(trace.Status(trace.StatusCode.ERROR, (result.error or "")[:200]))
-                checked.append(result)
+        lookups = StepLookups(self.lookup, self.ownership, self.step_memo)
+        if self.concurrent and len(command.calls) > 1:
+            checked = list(await asyncio.gather(*(self._traced(c, command, lookups) for c in command.calls)))
+        else:
+            checked = [await self._traced(c, command, lookups) for c in command.calls]
         batch = ExecuteToolBatch(
             turn=command.turn, step=command.step, messages=command.messages, calls=checked, spent=command.spent,
             expires_at=round(time.time() + self.batch_ttl_s, 3),
         )
-        return self.signer.sign(batch)
+        try:
+            return self.signer.sign(batch)
+        except Exception as exc:  # noqa: BLE001 - e.g. a number canonical JSON cannot carry, in the transcript
+            log.warning("turn %s step %d: batch not canonical (%s); signing a JSON-safe copy", command.turn.turn_id, command.step, exc)
+            return self.signer.sign(ExecuteToolBatch.model_validate(json_safe(batch.model_dump(mode="json"))))
+
+
+def json_safe(value: Any) -> Any:
+    """A copy that canonical JSON can carry: huge integers as floats, NaN/Infinity as null, lone surrogates replaced."""
+    if isinstance(value, dict):
+        return {json_safe(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8") if any(0xD800 <= ord(c) <= 0xDFFF for c in value) else value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int) and abs(value) > SAFE_INTEGER:
+        return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -23,7 +23,7 @@ def build(settings: Settings) -> FastStream:
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
     reply = Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)
 
-    @broker.subscriber(topics.t(topics.SUPPORT_REQUESTS), group_id=group("gateway"), ack_policy=ACK_POLICY)
+    @broker.subscriber(topics.t(topics.SUPPORT_REQUESTS), group_id=group("gateway"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
     async def on_support_request(request: SupportRequest) -> None:
         with tracer().start_as_current_span("turn.start") as span:
             command = start_turn(request, current_trace_id())
@@ -36,7 +36,7 @@ def build(settings: Settings) -> FastStream:
             log.info("turn %s started for %s (trace %s)", turn.turn_id, turn.customer_id, turn.trace_id)
             await start(command, turn.conversation_id)
 
-    @broker.subscriber(topics.t(topics.OUTCOMES), group_id=group("gateway"), ack_policy=ACK_POLICY)
+    @broker.subscriber(topics.t(topics.OUTCOMES), group_id=group("gateway"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
     async def on_turn_ended(ended: TurnEnded) -> None:
         with tracer().start_as_current_span("turn.reply") as span:
             span.set_attributes({"roundtrip.turn_id": ended.turn.turn_id, "roundtrip.outcome": ended.outcome.value})

@@ -47,13 +47,13 @@ def build(settings: Settings) -> FastStream:
     async def publish(topic: str, message: BaseModel, conversation_id: str) -> None:
         await outlets[topic](message, conversation_id)
 
-    @broker.subscriber(topics.t(topics.TURN_STARTS), group_id=group("guard"), ack_policy=ACK_POLICY)
+    @broker.subscriber(topics.t(topics.TURN_STARTS), group_id=group("guard"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
     async def on_start_turn(command: StartTurn) -> None:
         with tracer().start_as_current_span("guard.start") as span:
             span.set_attribute("roundtrip.turn_id", command.turn.turn_id)
             span.set_attribute("roundtrip.result", await state["guard"].on_start(command))
 
-    @broker.subscriber(topics.t(topics.ITERATIONS), group_id=group("guard"), ack_policy=ACK_POLICY)
+    @broker.subscriber(topics.t(topics.ITERATIONS), group_id=group("guard"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
     async def on_iteration(event: ModelResponded) -> None:
         with tracer().start_as_current_span("guard.decide") as span:
             span.set_attributes({
@@ -63,7 +63,7 @@ def build(settings: Settings) -> FastStream:
             })
             span.set_attribute("roundtrip.result", await state["guard"].on_iteration(event))
 
-    @broker.subscriber(topics.t(topics.TURN_CONTROLS), group_id=group("guard"), ack_policy=ACK_POLICY)
+    @broker.subscriber(topics.t(topics.TURN_CONTROLS), group_id=group("guard"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
     async def on_cancel_turn(command: CancelTurn) -> None:
         with tracer().start_as_current_span("guard.cancel") as span:
             span.set_attribute("roundtrip.turn_id", command.turn_id)

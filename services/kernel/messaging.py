@@ -9,6 +9,7 @@ offset moves on.
 
 from __future__ import annotations
 
+import json
 import logging
 import traceback
 from typing import Any
@@ -28,13 +29,16 @@ log = logging.getLogger("roundtrip")
 ACK_POLICY = AckPolicy.ACK  # commit after processing: at least once
 
 
-def describe_error(exc: BaseException) -> str:
+def describe_error(exc: BaseException, body: Any = None) -> str:
+    if isinstance(body, (bytes, str)):
+        try:
+            json.loads(body)
+        except ValueError as bad:
+            return f"malformed JSON: {bad}"
     if isinstance(exc, ValidationError):
         return "schema violation: " + "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:10]
         )
-    if isinstance(exc, (ValueError,)) and "JSON" in type(exc).__name__ + str(exc):
-        return f"malformed JSON: {exc}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -47,7 +51,7 @@ class DeadLetterMiddleware(BaseMiddleware):
         try:
             return await call_next(msg)
         except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
-            reason = describe_error(exc)
+            reason = describe_error(exc, msg.body)
             raw = getattr(msg, "raw_message", None)
             topic = getattr(raw, "topic", "?")
             log.error("dead-lettering a message from %s: %s", topic, reason)

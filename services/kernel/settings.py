@@ -31,16 +31,18 @@ class Settings(BaseSettings):
     topic_prefix: str = Field("", description="Prefix of every topic name (to share a cluster)")
     partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
     executor_partitions: int | None = Field(None, ge=1, description="Partitions of the executor topic (defaults to `partitions`)")
+    replication_factor: int = Field(1, ge=1, description="Replication factor of the topics `roundtrip topics create` makes")
 
     # -- model -------------------------------------------------------------------------
     anthropic_api_key: str | None = Field(
         None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_API_KEY")
     )
     anthropic_base_url: str | None = Field(None, description="Override the API base URL (the simulator is used when no key is set)")
-    model: str = Field("claude-sonnet-4-5", description="Model name sent to the Messages API")
+    model: str = Field("claude-sonnet-4-6", description="Model name sent to the Messages API")
     max_tokens: int = Field(1024, ge=1, description="max_tokens of each model call")
     model_max_retries: int = Field(2, ge=0, description="SDK retries of a failed model call before the turn ends")
     model_timeout_s: float = Field(60.0, gt=0, description="Timeout of one model call")
+    listen_host: str = Field("127.0.0.1", description="Address the simulator and the shop listen on (0.0.0.0 in containers)")
     simulator_port: int = Field(8801, description="Port of the local Messages API simulator")
     simulator_persona: str = Field("careful", description="Persona the simulator plays when a request names none (or 'mix')")
     simulator_latency_ms: float = Field(0.0, ge=0, description="Latency the simulator adds to each response")

@@ -22,7 +22,7 @@ def build(settings: Settings) -> FastStream:
     responded = Outlet(broker, topics.ITERATIONS, ModelResponded)
     client = ModelClient(settings, load_registry().api_tools(cache=True))
 
-    @broker.subscriber(topics.t(topics.MODEL_CALLS), group_id=group("model"), ack_policy=ACK_POLICY)
+    @broker.subscriber(topics.t(topics.MODEL_CALLS), group_id=group("model"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
     async def on_call_model(command: CallModel) -> None:
         event = await call_model(command, client)
         if event.error:

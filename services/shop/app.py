@@ -216,11 +216,12 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     parser = argparse.ArgumentParser(prog="python -m services.shop", description="Serve the demo shop API")
+    parser.add_argument("--host", default=settings.listen_host)
     parser.add_argument("--port", type=int, default=settings.shop_port)
     parser.add_argument("--database-url", default=settings.shop_db_url)
     parser.add_argument("--no-seed", action="store_true", help="do not insert the demo data")
     args = parser.parse_args(argv)
-    asyncio.run(serve(args.database_url, args.port, seed=not args.no_seed))
+    asyncio.run(serve(args.database_url, args.port, host=args.host, seed=not args.no_seed))
 
 
 @asynccontextmanager

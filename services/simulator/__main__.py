@@ -13,7 +13,7 @@ from .server import serve
 def main(argv: list[str] | None = None) -> None:
     settings = get_settings()
     parser = argparse.ArgumentParser(prog="python -m services.simulator", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default=settings.listen_host)
     parser.add_argument("--port", type=int, default=settings.simulator_port)
     parser.add_argument("--persona", default=settings.simulator_persona, choices=NAMES)
     parser.add_argument("--latency-ms", type=float, default=settings.simulator_latency_ms)

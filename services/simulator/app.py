@@ -187,9 +187,8 @@ async def _fault(request: Request, state: _State) -> None:
     """Raise the forced (or randomly injected) fault of this request, or sleep for `timeout`."""
     fault = request.headers.get(FAULT_HEADER, "").strip().lower()
     if fault:
-        attempts = request.headers.get(FAULT_ATTEMPTS_HEADER)
-        attempt = int(request.headers.get("x-stainless-retry-count", "0") or 0)
-        if attempts is not None and attempt >= int(_number(request, FAULT_ATTEMPTS_HEADER, 0)):
+        attempt = _number(request, "x-stainless-retry-count", 0)  # 0 on the first try, 1 on the first retry...
+        if attempt >= _number(request, FAULT_ATTEMPTS_HEADER, math.inf):
             fault = ""
     elif state.fault_rate and state.rng.random() < state.fault_rate:
         fault = "529"

@@ -11,17 +11,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from anthropic.types import message_count_tokens_params, message_create_params
-
 from .errors import ApiError, invalid
 
-CREATE_PARAMS = frozenset(message_create_params.MessageCreateParamsBase.__annotations__) | {
-    "stream",
-    "temperature",
-    "top_p",
-    "top_k",
+# The parameters the SDK (anthropic 2.10) can send; a test checks them against the SDK's own
+# type definitions. Spelled out here so the simulator starts without importing the SDK.
+COUNT_TOKENS_PARAMS = frozenset(
+    {"cache_control", "messages", "model", "output_config", "speed", "system", "thinking", "tool_choice", "tools",
+     "user_profile_id", "workspace_id"}
+)
+CREATE_PARAMS = COUNT_TOKENS_PARAMS | {
+    "container", "diagnostics", "inference_geo", "max_tokens", "metadata", "service_tier", "stop_sequences",
+    "stream", "temperature", "top_k", "top_p",
 }
-COUNT_TOKENS_PARAMS = frozenset(message_count_tokens_params.MessageCountTokensParams.__annotations__)
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 TOOL_USE_ID = re.compile(r"^[a-zA-Z0-9_-]+$")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from services.broker.embedded import free_port
 from services.fleet import Fleet
@@ -38,12 +38,17 @@ class FleetClient:
     async def start(self) -> None:
         watched = [self.topic(n) for n in topics.ALL if n != topics.SUPPORT_REQUESTS]
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers)
-        self.consumer = AIOKafkaConsumer(
-            *watched, bootstrap_servers=self.settings.bootstrap_servers, group_id=f"test-{uuid.uuid4().hex[:6]}",
-            auto_offset_reset="earliest", enable_auto_commit=False,
-        )
+        # No consumer group: nothing to rebalance or time out while a test blocks, and every record is seen once.
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers, enable_auto_commit=False)
         await self.producer.start()
         await self.consumer.start()
+        partitions = [TopicPartition(t, p) for t in watched for p in self.consumer.partitions_for_topic(t) or ()]
+        if not partitions:
+            metadata = await self.consumer._client.fetch_all_metadata()
+            partitions = [TopicPartition(t, p) for t in watched for p in metadata.partitions_for_topic(t) or ()]
+        assert len({tp.topic for tp in partitions}) == len(watched), "the fleet's topics should exist"
+        self.consumer.assign(partitions)
+        await self.consumer.seek_to_beginning(*partitions)
         self._task = asyncio.create_task(self._collect())
 
     async def _collect(self) -> None:
@@ -110,11 +115,27 @@ def fleet_settings(kafka_bootstrap, tmp_path_factory) -> tuple[Settings, dict[st
     return Settings(**values), fleet_env(**values)
 
 
+class AsyncFleet:
+    """The session's Fleet, with its blocking controls run off the event loop."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.sync = fleet
+
+    async def restart(self, name: str, env: dict[str, str] | None = None) -> None:
+        await asyncio.to_thread(self.sync.restart, name, env)
+
+    async def respawn(self, name: str, env: dict[str, str] | None = None) -> None:
+        await asyncio.to_thread(self.sync.respawn, name, env)
+
+    async def kill(self, name: str) -> None:
+        await asyncio.to_thread(self.sync.kill, name)
+
+
 @pytest.fixture(scope="session")
 def fleet(fleet_settings):
     settings, env = fleet_settings
     with Fleet(settings, env=env) as running:
-        yield running
+        yield AsyncFleet(running)
 
 
 @pytest.fixture(scope="session")

@@ -130,9 +130,15 @@ def base_url():
         yield url
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def client(base_url):
     return anthropic.AsyncAnthropic(base_url=base_url, api_key="sim", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+async def http(base_url):
+    async with httpx.AsyncClient(base_url=base_url, headers={"x-api-key": "sim"}) as client:
+        yield client
 
 
 # -- personas ----------------------------------------------------------------------------
@@ -227,12 +233,11 @@ async def test_only_offered_tools_are_called(client):
 # -- protocol ----------------------------------------------------------------------------
 
 
-async def test_same_request_gives_the_same_body(base_url):
+async def test_same_request_gives_the_same_body(http):
     body = {"model": MODEL, "max_tokens": 300, "tools": TOOLS, "messages": [{"role": "user", "content": "cancel it"}]}
-    headers = {"x-api-key": "sim", "x-roundtrip-persona": "mix"}
-    async with httpx.AsyncClient(base_url=base_url) as http:
-        first = await http.post("/v1/messages", json=body, headers=headers)
-        second = await http.post("/v1/messages", json=body, headers=headers)
+    headers = {"x-roundtrip-persona": "mix"}
+    first = await http.post("/v1/messages", json=body, headers=headers)
+    second = await http.post("/v1/messages", json=body, headers=headers)
     assert first.status_code == 200 and first.content == second.content
     message = first.json()
     assert message["id"].startswith("msg_") and message["type"] == "message" and message["role"] == "assistant"
@@ -311,29 +316,36 @@ async def test_unanswered_tool_use_is_a_400(client):
         ({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}, "model: Field required"),
     ],
 )
-async def test_invalid_requests(base_url, body, fragment):
-    async with httpx.AsyncClient(base_url=base_url) as http:
-        response = await http.post("/v1/messages", json=body, headers={"x-api-key": "sim"})
+async def test_invalid_requests(http, body, fragment):
+    response = await http.post("/v1/messages", json=body)
     assert response.status_code == 400
     error = response.json()
     assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
     assert fragment in error["error"]["message"]
 
 
-async def test_unknown_model_persona_route_and_missing_key(base_url, client):
+async def test_unknown_model_persona_route_and_missing_key(http, client):
     with pytest.raises(anthropic.NotFoundError):
         await client.messages.create(model="gpt-4", max_tokens=9, messages=[{"role": "user", "content": "x"}])
     with pytest.raises(anthropic.BadRequestError, match="unknown simulator persona"):
         await client.messages.create(
             model=MODEL, max_tokens=9, messages=[{"role": "user", "content": "x"}], extra_headers={"x-roundtrip-persona": "nope"}
         )
-    async with httpx.AsyncClient(base_url=base_url) as http:
-        missing = await http.post("/v1/messages", json={})
-        nowhere = await http.get("/v1/nowhere")
-        health = await http.get("/health")
+    missing = await http.post("/v1/messages", json={}, headers={"x-api-key": ""})
+    nowhere = await http.get("/v1/nowhere")
+    health = await http.get("/health")
     assert missing.status_code == 401 and missing.json()["error"]["type"] == "authentication_error"
     assert nowhere.status_code == 404 and nowhere.json()["error"]["type"] == "not_found_error"
     assert health.json()["status"] == "ok" and "stubborn" in health.json()["personas"]
+
+
+def test_accepted_parameters_match_the_sdk():
+    from anthropic.types import message_count_tokens_params, message_create_params
+
+    from services.simulator.validation import COUNT_TOKENS_PARAMS, CREATE_PARAMS
+
+    assert set(message_create_params.MessageCreateParamsBase.__annotations__) <= CREATE_PARAMS
+    assert set(message_count_tokens_params.MessageCountTokensParams.__annotations__) == COUNT_TOKENS_PARAMS
 
 
 # -- faults and latency ------------------------------------------------------------------
@@ -347,7 +359,7 @@ async def test_forced_529_is_retried_by_the_sdk(base_url):
         messages=[{"role": "user", "content": "hi"}],
         extra_headers={"x-roundtrip-fault": "529", "x-roundtrip-fault-attempts": "1"},
     )
-    assert response.retries_taken == 1 and response.parse().stop_reason == "end_turn"
+    assert response.retries_taken == 1 and (await response.parse()).stop_reason == "end_turn"
 
 
 @pytest.mark.parametrize(

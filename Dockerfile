@@ -1,0 +1,37 @@
+# One image for the whole fleet: `roundtrip run <service>` picks the service
+# (gateway, model, guard, gate, executor, simulator, shop); `roundtrip topics create`
+# creates the topics. Build: docker build -t roundtrip .
+
+# -- build: a wheel of the package (no test extras) ------------------------------------
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+# README* matches nothing when the repository has no README; pyproject.toml always matches.
+COPY pyproject.toml README* ./
+COPY services ./services
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+# -- runtime ------------------------------------------------------------------------------
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+COPY --from=build /wheels /wheels
+RUN pip install /wheels/*.whl && rm -rf /wheels
+
+# The tool registry finds schemas/tools/*.json above the working directory
+# (services/tools/registry.py: default_schemas_dir), so the schemas live in /app.
+WORKDIR /app
+COPY schemas ./schemas
+
+RUN useradd --system --uid 10001 --gid 0 --home-dir /app --shell /usr/sbin/nologin roundtrip \
+    && mkdir -p /var/lib/roundtrip \
+    && chown 10001:0 /var/lib/roundtrip \
+    && chmod 0770 /var/lib/roundtrip
+# state_dir: SQLite files and span files when no database / OTLP endpoint is configured.
+ENV ROUNDTRIP_STATE_DIR=/var/lib/roundtrip
+
+USER 10001
+CMD ["roundtrip", "--help"]

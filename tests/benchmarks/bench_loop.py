@@ -1,0 +1,311 @@
+"""Benchmark: the tool-use loop through the fleet vs. the same loop in one process.
+
+    bash scripts/bench.sh            (= .venv/bin/python -m tests.benchmarks.bench_loop)
+
+One run starts its own fleet with services.fleet.Fleet (embedded Apache Kafka, simulator,
+shop and the five services as processes, on free ports, in a temporary state dir), then
+drives the same scripted turns
+
+    careful persona, "where is my order?" for the demo customers cus_1001..cus_1003:
+    list_orders -> get_shipping_status -> end_turn = three model calls per turn,
+    read-only, so every turn makes exactly three calls whatever ran before
+
+(a) through the fleet (a Kafka client publishing to support.requests and reading
+support.replies) and (b) through a plain in-process loop (tests/benchmarks/inprocess.py:
+the same anthropic SDK client, the same simulator, the same shop, gate checks and tool
+handlers, no Kafka), each at 1 and at 50 concurrent turns, with the simulator's latency at 0.
+
+It prints per variant and concurrency: p50/p99 latency per loop iteration (one model call
+and the tools of the step before it), p50/p99 per turn, turns per second; the fleet's
+overhead per iteration over the in-process loop; CPU seconds per turn of every process;
+and the per-hop latencies the services wrote to <state_dir>/spans.jsonl. Every turn is
+checked (three model calls, outcome end_turn). A plot goes to docs/benchmarks-loop.png
+when matplotlib is installed. Everything it started is stopped when it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from services.broker.embedded import free_port
+from services.fleet import Fleet
+from services.kernel.settings import Settings
+from tests.benchmarks.fleet_driver import FleetDriver
+from tests.benchmarks.inprocess import InProcessLoop, TurnTiming
+from tests.benchmarks.profiling import CpuMeter, hop_profile, named_span_profile, percentile, read_spans
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = "where is my order?"
+PERSONA = "careful"
+CUSTOMERS = ("cus_1001", "cus_1002", "cus_1003")
+CALLS_PER_TURN = 3
+TARGET_OVERHEAD_MS = 10.0
+TARGET_TURNS_PER_S = 100.0
+
+
+@dataclass
+class Run:
+    variant: str  # "in-process" | "fleet"
+    concurrency: int
+    turns: int
+    seconds: float
+    iteration_ms: list[float] = field(default_factory=list)  # steady-state iterations (step >= 2)
+    first_iteration_ms: list[float] = field(default_factory=list)
+    turn_ms: list[float] = field(default_factory=list)
+    wrong: int = 0  # turns that did not make exactly three calls and end with end_turn
+    cpu_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def turns_per_s(self) -> float:
+        return self.turns / self.seconds if self.seconds else 0.0
+
+    def p(self, which: str, q: float) -> float:
+        return percentile(getattr(self, which), q)
+
+
+def fmt(v: float, digits: int = 1) -> str:
+    return "n/a" if v != v else f"{v:.{digits}f}"  # noqa: PLR0124 - NaN check
+
+
+async def closed_loop(turn: Callable[[int], Awaitable[TurnTiming]], concurrency: int, total: int,
+                      max_seconds: float) -> tuple[list[TurnTiming], float]:
+    """`concurrency` workers, each starting its next turn when the last one ended, until `total`."""
+    issued = 0
+    timings: list[TurnTiming] = []
+    deadline = time.perf_counter() + max_seconds
+
+    async def worker() -> None:
+        nonlocal issued
+        while issued < total and time.perf_counter() < deadline:
+            i = issued
+            issued += 1
+            timings.append(await turn(i))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return timings, time.perf_counter() - start
+
+
+def summarise(variant: str, concurrency: int, timings: list[TurnTiming], seconds: float) -> Run:
+    run = Run(variant, concurrency, len(timings), seconds)
+    for t in timings:
+        if t.steps != CALLS_PER_TURN or t.outcome != "end_turn" or len(t.responses) != CALLS_PER_TURN:
+            run.wrong += 1
+            continue
+        its = [x * 1000 for x in t.iterations()]
+        run.first_iteration_ms.append(its[0])
+        run.iteration_ms += its[1:]
+        run.turn_ms.append(t.latency * 1000)
+    return run
+
+
+def bench_settings(state: Path, partitions: int) -> tuple[Settings, dict[str, str]]:
+    kafka_port = free_port()
+    controller_port = free_port()
+    while controller_port == kafka_port:
+        controller_port = free_port()
+    values = dict(
+        state_dir=state, kafka_port=kafka_port, kafka_controller_port=controller_port,
+        simulator_port=free_port(), shop_port=free_port(), partitions=partitions,
+        simulator_latency_ms=0, simulator_persona=PERSONA, log_level="INFO",
+    )
+    env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
+    for k in list(os.environ):  # this run's settings only: nothing from the caller's shell
+        if k.startswith("ROUNDTRIP_") and k not in env and k not in ("ROUNDTRIP_KAFKA_CACHE", "ROUNDTRIP_KAFKA_JAVA_OPTS"):
+            os.environ.pop(k)
+    os.environ.update(env)  # topics.t() in this process reads the same settings
+    return Settings(**values), env
+
+
+async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, say: Callable[[str], None]) -> list[Run]:
+    pids = {c.name: c.process.pid for c in fleet.children}
+    if fleet.broker is not None and fleet.broker.pid:
+        pids["kafka"] = fleet.broker.pid
+    pids["bench (this process)"] = os.getpid()
+    meter = CpuMeter(pids)
+
+    local = InProcessLoop(settings)
+    driver = FleetDriver(settings)
+    await driver.start()
+    variants: dict[str, Callable[[int], Awaitable[TurnTiming]]] = {
+        "in-process": lambda i: local.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA),
+        "fleet": lambda i: driver.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA),
+    }
+    runs: list[Run] = []
+    try:
+        say("warming up (JVM, connections, consumer assignments)")
+        for name, turn in variants.items():
+            await closed_loop(turn, 10, args.warmup, 60)
+        for concurrency in args.concurrency:
+            total = args.turns_single if concurrency == 1 else args.turns
+            for name, turn in variants.items():
+                meter.start()
+                timings, seconds = await closed_loop(turn, concurrency, total, args.max_seconds)
+                run = summarise(name, concurrency, timings, seconds)
+                run.cpu_s = meter.stop()
+                runs.append(run)
+                say(f"  {name:<10} c={concurrency:<3} {run.turns} turns in {seconds:.1f} s: {run.turns_per_s:.1f} turns/s, "
+                    f"iteration p50 {fmt(run.p('iteration_ms', 0.5))} ms, turn p50 {fmt(run.p('turn_ms', 0.5))} ms"
+                    + (f", {run.wrong} WRONG turns" if run.wrong else ""))
+    finally:
+        await driver.stop()
+        await local.aclose()
+    return runs
+
+
+def report(runs: list[Run], hops: dict, named: dict, meta: dict) -> str:
+    lines = []
+    w = lines.append
+    w(f"roundtrip loop benchmark: {meta['turn']}; simulator latency 0; {meta['cores']} cores; "
+      f"{meta['partitions']} partitions per topic")
+    w("")
+    w(f"{'variant':<11}{'conc':>5}{'turns':>7}{'turns/s':>9}{'iter p50':>10}{'iter p99':>10}"
+      f"{'1st it p50':>11}{'turn p50':>10}{'turn p99':>10}{'wrong':>7}")
+    for r in runs:
+        w(f"{r.variant:<11}{r.concurrency:>5}{r.turns:>7}{fmt(r.turns_per_s):>9}{fmt(r.p('iteration_ms', .5)):>10}"
+          f"{fmt(r.p('iteration_ms', .99)):>10}{fmt(r.p('first_iteration_ms', .5)):>11}{fmt(r.p('turn_ms', .5)):>10}"
+          f"{fmt(r.p('turn_ms', .99)):>10}{r.wrong:>7}")
+    w("  (ms; an iteration is one model call plus the tools of the step before it, measured between")
+    w("   consecutive model responses; '1st it' is request -> first response)")
+    w("")
+    by = {(r.variant, r.concurrency): r for r in runs}
+    for c in sorted({r.concurrency for r in runs}):
+        f, i = by.get(("fleet", c)), by.get(("in-process", c))
+        if not (f and i):
+            continue
+        it = f.p("iteration_ms", .5) - i.p("iteration_ms", .5)
+        per_turn = (f.p("turn_ms", .5) - i.p("turn_ms", .5)) / CALLS_PER_TURN
+        verdict = ""
+        if c == 1:
+            verdict = f"   target <= {TARGET_OVERHEAD_MS:g} ms: {'MET' if it <= TARGET_OVERHEAD_MS else 'NOT MET'}"
+        w(f"fleet overhead per iteration at c={c}: p50 {fmt(it)} ms (iteration p50 difference); "
+          f"{fmt(per_turn)} ms (turn p50 difference / {CALLS_PER_TURN}){verdict}")
+    f50 = by.get(("fleet", 50))
+    if f50:
+        w(f"fleet throughput at 50 concurrent turns: {fmt(f50.turns_per_s)} turns/s   target >= {TARGET_TURNS_PER_S:g}: "
+          f"{'MET' if f50.turns_per_s >= TARGET_TURNS_PER_S else 'NOT MET'}")
+    w("")
+    w("CPU ms per turn by process (run at the highest concurrency):")
+    top = max((r.concurrency for r in runs), default=0)
+    for r in runs:
+        if r.concurrency != top or not r.turns:
+            continue
+        used = {k: v for k, v in r.cpu_s.items() if v * 1000 / r.turns >= 0.05}
+        total = sum(r.cpu_s.values())
+        parts = ", ".join(f"{k} {v * 1000 / r.turns:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]))
+        w(f"  {r.variant:<10} total {total * 1000 / r.turns:.1f} ms/turn ({total / r.seconds:.2f} cores busy): {parts}")
+    if hops:
+        w("")
+        w("Kafka hops of the fleet (from spans.jsonl; hop = publish span start -> consume span start):")
+        w(f"  {'topic':<28}{'msgs':>7}{'hop p50':>9}{'hop p99':>9}{'handler p50':>13}{'handler p99':>13}{'publish p50':>13}")
+        for topic, h in hops.items():
+            w(f"  {topic:<28}{h['n']:>7}{fmt(h['hop_p50_ms']):>9}{fmt(h['hop_p99_ms']):>9}{fmt(h['handler_p50_ms']):>13}"
+              f"{fmt(h['handler_p99_ms']):>13}{fmt(h['publish_p50_ms']):>13}")
+    if named:
+        w("")
+        w("Handler spans of the fleet (p50 / p99 ms):")
+        for name, v in named.items():
+            w(f"  {name:<44}{v['n']:>7}{fmt(v['p50_ms'], 2):>9}{fmt(v['p99_ms'], 2):>9}")
+    return "\n".join(lines)
+
+
+def plot(runs: list[Run], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install -e '.[bench]'): no plot"
+    concurrencies = sorted({r.concurrency for r in runs})
+    fig, axes = plt.subplots(1, len(concurrencies) + 1, figsize=(5 * (len(concurrencies) + 1), 4))
+    for ax, c in zip(axes, concurrencies, strict=False):
+        for r in runs:
+            if r.concurrency == c and r.iteration_ms:
+                xs = sorted(r.iteration_ms)
+                ax.plot(xs, [i / len(xs) for i in range(len(xs))], label=r.variant)
+        ax.set_xscale("log")
+        ax.set_xlabel("latency per loop iteration (ms, log)")
+        ax.set_ylabel("fraction of iterations")
+        ax.set_title(f"{c} concurrent turn{'s' if c > 1 else ''}")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    ax = axes[-1]
+    for variant in ("in-process", "fleet"):
+        rs = [r for r in runs if r.variant == variant]
+        ax.plot([r.concurrency for r in rs], [r.turns_per_s for r in rs], marker="o", label=variant)
+    ax.axhline(TARGET_TURNS_PER_S, color="grey", linestyle="--", label="target")
+    ax.set_xlabel("concurrent turns")
+    ax.set_ylabel("turns per second")
+    ax.set_title("throughput")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"plot written to {path}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_loop", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=1500, help="turns per run at concurrency > 1 (default 1500)")
+    parser.add_argument("--turns-single", type=int, default=150, help="turns per run at concurrency 1 (default 150)")
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 50],
+                        help="comma-separated concurrency levels (default 1,50)")
+    parser.add_argument("--warmup", type=int, default=60, help="warm-up turns per variant (default 60)")
+    parser.add_argument("--max-seconds", type=float, default=60.0, help="cap of one run in seconds (default 60)")
+    parser.add_argument("--partitions", type=int, default=6, help="partitions per topic (default 6, as configured)")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks-loop.png", help="where the plot goes")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument("--keep-state", action="store_true", help="keep the temporary state dir (logs, spans)")
+    args = parser.parse_args(argv)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    state = Path(tempfile.mkdtemp(prefix="roundtrip-bench-"))
+    settings, env = bench_settings(state, args.partitions)
+    say(f"starting the fleet in {state} (embedded Kafka, simulator, shop, 5 services)")
+    started = time.perf_counter()
+    fleet = Fleet(settings, env=env, say=say)
+    try:
+        fleet.start()
+        say(f"fleet up in {time.perf_counter() - started:.1f} s")
+        since_ns = time.time_ns()
+        runs = asyncio.run(measure(fleet, settings, args, say))
+    finally:
+        fleet.stop()
+    spans = read_spans(settings.effective_span_file)
+    hops, named = hop_profile(spans, since_ns), named_span_profile(spans, since_ns)
+    meta = {"turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn', "cores": os.cpu_count(),
+            "partitions": args.partitions}
+    text = report(runs, hops, named, meta)
+    say("")
+    say(text)
+    if not args.no_plot:
+        say(plot(runs, args.plot))
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "runs": [asdict(r) | {"turns_per_s": r.turns_per_s} for r in runs],
+                                         "hops": hops, "spans": named}, indent=1, default=str))
+    if args.keep_state:
+        say(f"state kept in {state}")
+    else:
+        import shutil
+
+        shutil.rmtree(state, ignore_errors=True)
+    return 1 if any(r.wrong for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

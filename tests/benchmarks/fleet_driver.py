@@ -1,0 +1,114 @@
+"""Drives the running fleet like a client app: publish to support.requests, read support.replies.
+
+It also watches turn.iterations, but reads only each record's key (the conversation id,
+which the benchmark chooses) and its Kafka timestamp (set by the model service's producer
+when it published the iteration), so watching costs almost nothing and the iteration
+times do not depend on how fast this process reads. Records of one key stay in one
+partition, so the n-th iteration record of a conversation is its step n.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from services.kernel import topics
+from services.kernel.settings import Settings
+from tests.benchmarks.inprocess import TurnTiming
+
+
+class FleetDriver:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._waiting: dict[str, tuple[TurnTiming, asyncio.Future[None]]] = {}  # conversation id -> ...
+        self._iterations: dict[str, list[float]] = {}
+
+    def topic(self, name: str) -> str:
+        return self.settings.topic_prefix + name
+
+    async def start(self) -> None:
+        servers = self.settings.bootstrap_servers
+        self.producer = AIOKafkaProducer(bootstrap_servers=servers, linger_ms=0, enable_idempotence=True)
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=servers, group_id=None, enable_auto_commit=False,
+                                         fetch_max_wait_ms=100)
+        await self.producer.start()
+        await self.consumer.start()
+        wanted = [self.topic(topics.SUPPORT_REPLIES), self.topic(topics.ITERATIONS)]
+        parts = []
+        for name in wanted:
+            for _ in range(100):  # metadata may lag just after the topics were created
+                found = self.consumer.partitions_for_topic(name)
+                if found:
+                    break
+                await self.consumer._client.force_metadata_update()  # noqa: SLF001 - no public way to wait for it
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError(f"topic {name} has no partitions")
+            parts += [TopicPartition(name, p) for p in found]
+        self.consumer.assign(parts)
+        await self.consumer.seek_to_end(*parts)
+        for tp in parts:
+            await self.consumer.position(tp)
+        self._task = asyncio.create_task(self._read())
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def _read(self) -> None:
+        replies = self.topic(topics.SUPPORT_REPLIES)
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=1000)
+            now = time.perf_counter()
+            for tp, records in batches.items():
+                for record in records:
+                    key = record.key.decode() if record.key else ""
+                    if tp.topic != replies:
+                        if key in self._iterations:
+                            self._iterations[key].append(record.timestamp / 1000)
+                        continue
+                    waiting = self._waiting.pop(key, None)
+                    if waiting is None:
+                        continue
+                    timing, done = waiting
+                    reply = json.loads(record.value)
+                    timing.ended = now
+                    timing.steps = int(reply.get("steps", 0))
+                    timing.outcome = str(reply.get("outcome", ""))
+                    if not done.done():
+                        done.set_result(None)
+
+    async def turn(self, text: str, customer_id: str, persona: str | None, timeout: float = 60.0) -> TurnTiming:
+        request_id = f"req_{uuid.uuid4().hex[:12]}"
+        conversation_id = f"conv_{request_id}"
+        body = {"request_id": request_id, "conversation_id": conversation_id, "customer_id": customer_id, "text": text}
+        if persona:
+            body["persona"] = persona
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        wall0, timing = time.time(), TurnTiming(started=time.perf_counter())
+        self._waiting[conversation_id] = (timing, done)
+        self._iterations[conversation_id] = []
+        await self.producer.send_and_wait(self.topic(topics.SUPPORT_REQUESTS), json.dumps(body).encode(),
+                                          key=conversation_id.encode())
+        try:
+            await asyncio.wait_for(done, timeout)
+        except TimeoutError:
+            self._waiting.pop(conversation_id, None)
+            timing.outcome = "timeout"
+            timing.ended = time.perf_counter()
+        # the last iteration record may be read a moment after the reply (another topic)
+        deadline = time.perf_counter() + 2.0
+        while len(self._iterations[conversation_id]) < timing.steps and time.perf_counter() < deadline:
+            await asyncio.sleep(0.005)
+        # iteration records carry wall-clock ms; put them on this turn's perf_counter axis
+        walls = self._iterations.pop(conversation_id, [])
+        timing.responses = [timing.started + (w - wall0) for w in walls]
+        return timing

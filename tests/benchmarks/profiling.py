@@ -1,0 +1,100 @@
+"""Where the time goes: CPU per process (from /proc) and per-hop latency (from the span file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process (all its threads), or None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime (fields 14 and 15 of stat)
+
+
+@dataclass
+class CpuMeter:
+    """CPU seconds spent by named processes between start() and stop()."""
+
+    pids: dict[str, int]
+
+    def start(self) -> None:
+        self._before = {name: cpu_seconds(pid) or 0.0 for name, pid in self.pids.items()}
+
+    def stop(self) -> dict[str, float]:
+        return {name: max(0.0, (cpu_seconds(pid) or 0.0) - self._before[name]) for name, pid in self.pids.items()}
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def read_spans(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    spans = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            spans.append(json.loads(line))
+        except ValueError:
+            continue
+    return spans
+
+
+def hop_profile(spans: list[dict], since_ns: int = 0) -> dict[str, dict[str, float]]:
+    """Per topic: Kafka hop latency (producer span start -> consumer span start) and handler time.
+
+    FastStream's telemetry middleware writes a PRODUCER span ("<topic> publish") in the sending
+    service and a CONSUMER span ("<topic> process"), child of it, in the receiving one; the
+    consumer span lasts as long as the handler (including its own publish).
+    """
+    spans = [s for s in spans if (s.get("start_ns") or 0) >= since_ns]
+    by_id = {s["span_id"]: s for s in spans}
+    hop: dict[str, list[float]] = defaultdict(list)
+    handler: dict[str, list[float]] = defaultdict(list)
+    publish: dict[str, list[float]] = defaultdict(list)
+    for s in spans:
+        topic = s.get("attributes", {}).get("messaging.destination.name") or s["name"].rsplit(" ", 1)[0]
+        if s.get("kind") == "PRODUCER":
+            publish[topic].append((s["end_ns"] - s["start_ns"]) / 1e6)
+        if s.get("kind") != "CONSUMER":
+            continue
+        handler[topic].append((s["end_ns"] - s["start_ns"]) / 1e6)
+        parent = by_id.get(s.get("parent_id") or "")
+        if parent is not None and parent.get("kind") == "PRODUCER":
+            hop[topic].append((s["start_ns"] - parent["start_ns"]) / 1e6)
+    out: dict[str, dict[str, float]] = {}
+    for topic in sorted(set(hop) | set(handler)):
+        out[topic] = {
+            "n": len(handler[topic]),
+            "hop_p50_ms": percentile(hop[topic], 0.5),
+            "hop_p99_ms": percentile(hop[topic], 0.99),
+            "handler_p50_ms": percentile(handler[topic], 0.5),
+            "handler_p99_ms": percentile(handler[topic], 0.99),
+            "publish_p50_ms": percentile(publish[topic], 0.5),
+        }
+    return out
+
+
+def named_span_profile(spans: list[dict], since_ns: int = 0) -> dict[str, dict[str, float]]:
+    """p50 duration of the handlers' own (INTERNAL/CLIENT) spans, by service and name."""
+    durations: dict[str, list[float]] = defaultdict(list)
+    for s in spans:
+        if (s.get("start_ns") or 0) < since_ns or s.get("kind") in ("PRODUCER", "CONSUMER"):
+            continue
+        durations[f"{s.get('service')}: {s['name']}"].append((s["end_ns"] - s["start_ns"]) / 1e6)
+    return {k: {"n": len(v), "p50_ms": statistics.median(v), "p99_ms": percentile(v, 0.99)} for k, v in sorted(durations.items())}

@@ -1,0 +1,156 @@
+"""The guard end to end: runaway turns end quickly and politely; every turn gets exactly one reply."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from services.kernel import topics
+from services.kernel.events import Outcome
+from tests.e2e.conftest import fleet_env
+
+
+def executed(client, request_id: str, tool: str) -> int:
+    """How many calls of `tool` the gate approved for the executors in this turn."""
+    return sum(1 for b in client.of_turn(topics.TOOL_BATCHES, request_id) for c in b["calls"] if c["name"] == tool and c["approved"])
+
+
+def emitted(client, request_id: str, tool: str) -> int:
+    return sum(1 for it in client.of_turn(topics.ITERATIONS, request_id) for c in it["tool_calls"] if c["name"] == tool)
+
+
+def roundtrip_cli(fleet_settings, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **fleet_settings[1]}
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+async def test_the_40_call_incident_ends_within_two_identical_calls_with_cost_in_the_reply(client, fleet, fleet_settings, capsys):
+    request_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
+    reply = await client.reply(request_id)
+
+    assert reply.outcome is Outcome.REPEATED_CALL
+    assert "sorry" in reply.text.lower()
+    assert emitted(client, request_id, "lookup_order") == 3  # fails, its first repeat is blocked, the second ends the turn
+    errors = [c["error"] for b in client.of_turn(topics.TOOL_BATCHES, request_id) for c in b["calls"]]
+    assert len(errors) == 2 and "not found" in errors[0]
+    assert "already failed at step 1" in errors[1] and "not found" in errors[1]
+    assert executed(client, request_id, "lookup_order") == 0
+    assert reply.usage.input_tokens > 0 and reply.cost_usd > 0
+
+    # The same scenario with the loop rules off: only the step limit stops it.
+    await fleet.restart("guard", fleet_env(loop_rules="false"))
+    try:
+        off_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
+        off = await client.reply(off_id)
+    finally:
+        await fleet.restart("guard", fleet_env(loop_rules="true"))
+    assert off.outcome is Outcome.STEP_LIMIT and off.steps == fleet_settings[0].max_steps
+    assert emitted(client, off_id, "lookup_order") == fleet_settings[0].max_steps
+
+    def tokens(r):
+        return r.usage.input_tokens + r.usage.cache_creation_input_tokens + r.usage.cache_read_input_tokens + r.usage.output_tokens
+
+    with capsys.disabled():
+        print(f"\n[guard] stubborn lookup_order: guard on  -> {reply.outcome.value}, {reply.steps} model calls, "
+              f"{tokens(reply)} tokens, ${reply.cost_usd:.4f}")
+        print(f"[guard] stubborn lookup_order: guard off -> {off.outcome.value}, {off.steps} model calls, "
+              f"{tokens(off)} tokens, ${off.cost_usd:.4f} ({off.cost_usd / reply.cost_usd:.1f}x)")
+    assert off.cost_usd > 2 * reply.cost_usd
+
+
+@pytest.mark.parametrize("persona,outcome", [("looping", Outcome.CYCLE), ("flailing", Outcome.FAILURE_STREAK)])
+async def test_alternating_loops_and_failure_streaks_are_caught_by_their_own_rule(client, persona, outcome):
+    request_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona=persona)
+    reply = await client.reply(request_id)
+    assert reply.outcome is outcome
+    assert "sorry" in reply.text.lower()
+    if persona == "looping":
+        names = [it["tool_calls"][0]["name"] for it in client.of_turn(topics.ITERATIONS, request_id)]
+        assert names == ["lookup_order", "get_shipping_status", "lookup_order", "get_shipping_status"]
+    else:
+        ids = [it["tool_calls"][0]["input"]["order_id"] for it in client.of_turn(topics.ITERATIONS, request_id)]
+        assert len(ids) == len(set(ids)) == 5  # all different calls, all failing
+
+
+async def test_a_duplicated_support_request_gets_one_reply_and_one_side_effect(client, shop_orders):
+    before = shop_orders()
+    body = {"request_id": "req_dup_1", "conversation_id": "conv_dup_1", "customer_id": "cus_1001",
+            "text": "cancel my last order", "persona": "careful"}
+    for _ in range(2):
+        await client.publish_raw(json.dumps(body).encode(), key=b"conv_dup_1")
+    await client.reply("req_dup_1")
+    await asyncio.sleep(3)
+    assert len(client.replies["req_dup_1"]) == 1
+    changed = [oid for oid in before if before[oid] != shop_orders()[oid]]
+    assert len(changed) <= 1
+    assert len(client.of_turn(topics.ITERATIONS, "req_dup_1")) == client.replies["req_dup_1"][0].steps
+
+
+async def test_duplicated_iteration_events_are_dropped(client, shop_orders):
+    request_id = await client.ask("where is my order?", customer="cus_1001", persona="careful")
+    reply = await client.reply(request_id)
+    before = shop_orders()
+    iterations = client.of_turn(topics.ITERATIONS, request_id)
+    assert len(iterations) == reply.steps
+    for iteration in iterations:  # redeliver every iteration of the turn, first to last
+        await client.producer.send_and_wait(client.topic(topics.ITERATIONS), json.dumps(iteration).encode(), key=iteration["turn"]["conversation_id"].encode())
+    await asyncio.sleep(3)
+    assert len(client.replies[request_id]) == 1
+    assert len(client.of_turn(topics.TOOL_CALLS, request_id)) == reply.steps - 1  # no step was checked twice
+    assert shop_orders() == before
+
+
+async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(client, fleet, fleet_settings):
+    short = fleet_env(stuck_after_s=2, stuck_grace_s=3)
+    await fleet.restart("guard", short)
+    await fleet.restart("gate", short)
+    await fleet.kill("executor")
+    try:
+        started = time.monotonic()
+        request_id = await client.ask("where is my order?", customer="cus_1001", persona="careful")
+        await client.wait_for(lambda: client.of_turn(topics.TOOL_BATCHES, request_id), timeout=30)
+
+        stuck = await client.wait_for(lambda: [e for e in client.seen[topics.TURN_EVENTS] if e["turn"]["request_id"] == request_id], timeout=15)
+        assert stuck[0]["status"] == "stuck" and stuck[0]["idle_s"] >= 2
+        listing = roundtrip_cli(fleet_settings, "turns", "--status", "stuck")
+        assert listing.returncode == 0, listing.stderr
+        assert stuck[0]["turn"]["turn_id"] in listing.stdout and stuck[0]["turn"]["trace_id"] in listing.stdout
+
+        reply = await client.reply(request_id, timeout=30)
+        elapsed = time.monotonic() - started
+        assert reply.outcome is Outcome.DEADLINE
+        assert "sorry" in reply.text.lower()
+        assert elapsed < 2 + 3 + 10  # stuck_after + grace + sweeping and start-up slack
+    finally:
+        await fleet.respawn("executor")
+        normal = fleet_env(stuck_after_s=fleet_settings[0].stuck_after_s, stuck_grace_s=fleet_settings[0].stuck_grace_s)
+        await fleet.restart("guard", normal)
+        await fleet.restart("gate", normal)
+    # The stale batch the executors find on their return has expired: it never runs, and no second reply comes.
+    await asyncio.sleep(3)
+    assert len(client.replies[request_id]) == 1
+
+
+async def test_turns_cancel_stops_a_stubborn_turn_mid_loop(client, fleet, fleet_settings):
+    await fleet.restart("simulator", fleet_env(simulator_latency_ms=700))
+    await fleet.restart("guard", fleet_env(loop_rules="false"))
+    try:
+        request_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
+        first = await client.wait_for(lambda: client.of_turn(topics.ITERATIONS, request_id), timeout=30)
+        result = roundtrip_cli(fleet_settings, "turns", "cancel", first[0]["turn"]["turn_id"])
+        assert result.returncode == 0, result.stderr
+        reply = await client.reply(request_id, timeout=30)
+    finally:
+        await fleet.restart("simulator", fleet_env(simulator_latency_ms=0))
+        await fleet.restart("guard", fleet_env(loop_rules="true"))
+    assert reply.outcome is Outcome.CANCELLED
+    assert reply.steps < fleet_settings[0].max_steps
+    assert "sorry" in reply.text.lower()
+    await asyncio.sleep(2)
+    assert len(client.replies[request_id]) == 1

@@ -1,0 +1,387 @@
+"""The deployment artifacts (Dockerfile, docker-compose.yml, deploy/k8s) agree with the code.
+
+Checked offline: no Docker engine or cluster is needed. PyYAML parses the files when it is
+installed; otherwise a small loader for the YAML subset these files use (block mappings and
+sequences, flow sequences, quoted scalars, anchors, aliases and `<<` merges) does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.cli import ALL_RUNNABLE, FLEET_SERVICES
+from services.kernel.settings import DEV_APPROVAL_KEYS, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "Dockerfile"
+K8S = ROOT / "deploy" / "k8s"
+README = ROOT / "deploy" / "README.md"
+
+SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in Settings.model_fields} | {"ANTHROPIC_API_KEY"}
+HTTP_SERVICES = {"simulator": "simulator_port", "shop": "shop_port"}
+
+
+# -- a YAML subset loader (used only when PyYAML is missing) ------------------------------------
+
+def _strip_comment(line: str) -> str:
+    quote = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'" and (i == 0 or line[i - 1] in " [,:-"):
+            quote = c
+        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
+            return line[:i]
+        i += 1
+    return line
+
+
+_KEY = re.compile(r"^([^\s\"'\[\]{}#,:][^:]*?|<<):(?:\s+(.*))?$")
+
+
+def _split_flow(inner: str) -> list[str]:
+    items, current, quote = [], "", None
+    for c in inner:
+        if quote:
+            current += c
+            if c == quote and not current.endswith("\\" + quote):
+                quote = None
+        elif c in "\"'":
+            quote = c
+            current += c
+        elif c == ",":
+            items.append(current.strip())
+            current = ""
+        else:
+            current += c
+    if current.strip():
+        items.append(current.strip())
+    return items
+
+
+class _MiniYaml:
+    def __init__(self, text: str) -> None:
+        self.lines: list[tuple[int, str]] = []
+        for raw in text.splitlines():
+            line = _strip_comment(raw).rstrip()
+            if line.strip():
+                self.lines.append((len(line) - len(line.lstrip(" ")), line.strip()))
+        self.i = 0
+        self.anchors: dict[str, Any] = {}
+
+    def load(self) -> Any:
+        return self.block(self.lines[0][0]) if self.lines else None
+
+    def block(self, indent: int) -> Any:
+        content = self.lines[self.i][1]
+        return self.sequence(indent) if content == "-" or content.startswith("- ") else self.mapping(indent)
+
+    def sequence(self, indent: int) -> list[Any]:
+        out: list[Any] = []
+        while self.i < len(self.lines):
+            ind, content = self.lines[self.i]
+            if ind != indent or not (content == "-" or content.startswith("- ")):
+                break
+            rest = content[1:].strip()
+            if not rest:
+                self.i += 1
+                out.append(self.block(self.lines[self.i][0]))
+            elif _KEY.match(rest):  # "- key: value" starts a mapping at the item's column
+                self.lines[self.i] = (indent + 2, rest)
+                out.append(self.mapping(indent + 2))
+            else:
+                self.i += 1
+                out.append(self.scalar(rest))
+        return out
+
+    def mapping(self, indent: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        explicit: set[str] = set()
+        while self.i < len(self.lines):
+            ind, content = self.lines[self.i]
+            if ind != indent or content.startswith("- "):
+                break
+            match = _KEY.match(content)
+            if not match:
+                raise ValueError(f"unsupported YAML line: {content!r}")
+            key, rest = match.group(1), (match.group(2) or "").strip()
+            self.i += 1
+            anchor = None
+            if rest.startswith("&"):
+                anchor, _, rest = rest.partition(" ")
+                anchor, rest = anchor[1:], rest.strip()
+            if rest:
+                value = self.scalar(rest)
+            elif self.i < len(self.lines) and (
+                self.lines[self.i][0] > indent
+                or (self.lines[self.i][0] == indent and self.lines[self.i][1].startswith("- "))
+            ):
+                value = self.block(self.lines[self.i][0])
+            else:
+                value = None
+            if anchor:
+                self.anchors[anchor] = value
+            if key == "<<":
+                for k, v in value.items():
+                    if k not in explicit:
+                        out[k] = v
+            else:
+                out[key] = value
+                explicit.add(key)
+        return out
+
+    def scalar(self, text: str) -> Any:
+        if text.startswith("*"):
+            return self.anchors[text[1:]]
+        if text.startswith('"'):
+            return json.loads(text)
+        if text.startswith("'"):
+            return text[1:-1].replace("''", "'")
+        if text.startswith("["):
+            return [self.scalar(item) for item in _split_flow(text[1:-1])]
+        if text == "{}":
+            return {}
+        if text[0] in "|>{":
+            raise ValueError(f"unsupported YAML value: {text!r}")
+        if text in ("true", "false"):
+            return text == "true"
+        if text in ("null", "~"):
+            return None
+        if re.fullmatch(r"-?\d+", text):
+            return int(text)
+        if re.fullmatch(r"-?\d+\.\d*", text):
+            return float(text)
+        return text
+
+
+def mini_yaml_load_all(text: str) -> list[Any]:
+    return [_MiniYaml(doc).load() for doc in re.split(r"(?m)^---\s*$", text) if _MiniYaml(doc).lines]
+
+
+def load_all(path: Path) -> list[Any]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        import yaml
+    except ImportError:
+        return mini_yaml_load_all(text)
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    (doc,) = load_all(COMPOSE)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def k8s() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name != "kustomization.yaml":
+            docs += load_all(path)
+    return docs
+
+
+def kinds(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def full_command(c: dict[str, Any]) -> list[str]:
+    return [*c.get("command", []), *c.get("args", [])]
+
+
+def roundtrip_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The compose services that run the roundtrip image."""
+    return {name: s for name, s in compose["services"].items() if s.get("build") == "."}
+
+
+# -- the fleet appears everywhere ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", FLEET_SERVICES)
+def test_compose_runs_every_fleet_service(compose, name):
+    assert compose["services"][name]["command"] == ["roundtrip", "run", name]
+
+
+@pytest.mark.parametrize("name", FLEET_SERVICES)
+def test_k8s_has_a_deployment_per_fleet_service(k8s, name):
+    deployment = kinds(k8s, "Deployment")[name]
+    c = container(deployment)
+    assert full_command(c) == ["roundtrip", "run", name]
+    # FastStream services have no HTTP endpoint: no HTTP probes that would always fail
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert "httpGet" not in c.get(probe, {}), f"{name} has no HTTP endpoint to probe"
+
+
+@pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
+def test_http_services_listen_on_every_interface(compose, k8s, name):
+    assert name in ALL_RUNNABLE
+    port = Settings.model_fields[HTTP_SERVICES[name]].default
+    k8s_container = container(kinds(k8s, "Deployment")[name])
+    assert compose["services"][name]["command"] == ["roundtrip", "run", name]
+    assert full_command(k8s_container) == ["roundtrip", "run", name]
+    # inside a container 127.0.0.1 is unreachable from the other containers
+    assert compose["services"][name]["environment"]["ROUNDTRIP_LISTEN_HOST"] == "0.0.0.0"
+    assert {"name": "ROUNDTRIP_LISTEN_HOST", "value": "0.0.0.0"} in k8s_container["env"]
+    service = kinds(k8s, "Service")[name]
+    assert [p["port"] for p in service["spec"]["ports"]] == [port]
+    assert service["spec"]["selector"] == kinds(k8s, "Deployment")[name]["spec"]["selector"]["matchLabels"]
+
+
+def test_service_urls_point_at_the_services(compose, k8s):
+    s = Settings.model_fields
+    shop = f"http://shop:{s['shop_port'].default}"
+    simulator = f"http://simulator:{s['simulator_port'].default}"
+    env = compose["x-roundtrip-env"]
+    assert env["ROUNDTRIP_SHOP_URL"] == shop
+    assert env["ROUNDTRIP_OTLP_ENDPOINT"] == "http://jaeger:4318"
+    assert simulator in compose["services"]["model"]["environment"]["ROUNDTRIP_ANTHROPIC_BASE_URL"]
+    config = kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
+    assert config["ROUNDTRIP_SHOP_URL"] == shop
+    assert config["ROUNDTRIP_ANTHROPIC_BASE_URL"] == simulator
+
+
+# -- configuration names are real settings ---------------------------------------------------------
+
+def test_every_roundtrip_variable_is_a_setting():
+    files = [COMPOSE, DOCKERFILE, README, *sorted(K8S.glob("*.yaml"))]
+    used = {m for path in files for m in re.findall(r"\bROUNDTRIP_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8"))}
+    assert used, "no ROUNDTRIP_ variables found"
+    assert used - SETTINGS_ENV == set()
+
+
+def test_compose_environment_names_are_settings(compose):
+    for name, service in roundtrip_services(compose).items():
+        extra = set(service["environment"]) - SETTINGS_ENV
+        assert extra == set(), f"{name}: {extra}"
+
+
+def test_k8s_environment_names_are_settings(k8s):
+    config = kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
+    secret = kinds(k8s, "Secret")["roundtrip-secrets"]["stringData"]
+    assert set(config) - SETTINGS_ENV == set()
+    assert set(secret) - SETTINGS_ENV == set()
+    workloads = [*kinds(k8s, "Deployment").values(), *kinds(k8s, "Job").values()]
+    for workload in workloads:
+        c = container(workload)
+        assert {"configMapRef": {"name": "roundtrip-config"}} in c["envFrom"]
+        for var in c.get("env", []):
+            assert var["name"] in SETTINGS_ENV
+            if "valueFrom" in var:
+                ref = var["valueFrom"]["secretKeyRef"]
+                assert ref["name"] == "roundtrip-secrets" and ref["key"] in secret
+
+
+def test_compose_kafka_is_the_settings_kafka_version(compose):
+    image = compose["services"]["kafka"]["image"]
+    assert image == f"apache/kafka:{Settings.model_fields['kafka_version'].default}"
+
+
+def test_approval_keys_must_be_supplied(compose, k8s):
+    for name in ("gate", "executor"):
+        value = compose["services"][name]["environment"]["ROUNDTRIP_APPROVAL_KEYS"]
+        assert value.startswith("${ROUNDTRIP_APPROVAL_KEYS:?"), "compose must refuse to start without a key"
+    texts = [COMPOSE.read_text(), *(p.read_text() for p in K8S.glob("*.yaml"))]
+    assert not any(DEV_APPROVAL_KEYS.split(":", 1)[1] in t for t in texts), "the dev signing key must not ship"
+
+
+# -- shape of compose ------------------------------------------------------------------------------
+
+def test_compose_dependencies_exist_and_wait_for_topics(compose):
+    services = compose["services"]
+    for name, service in services.items():
+        for dependency in service.get("depends_on", {}):
+            assert dependency in services, f"{name} depends on unknown {dependency}"
+    assert services["topics"]["command"] == ["roundtrip", "topics", "create"]
+    assert services["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
+    for name in FLEET_SERVICES:
+        assert services[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+    for name in ("kafka", "postgres", "simulator", "shop"):
+        assert "healthcheck" in services[name], name
+
+
+def test_compose_databases_are_postgres(compose):
+    services = compose["services"]
+    assert services["postgres"]["image"].startswith("postgres:16")
+    shop = services["shop"]["environment"]["ROUNDTRIP_SHOP_DATABASE_URL"]
+    ledger = services["guard"]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"]
+    assert shop.startswith("postgresql+asyncpg://") and shop.endswith("@postgres:5432/shop")
+    assert ledger.startswith("postgresql+asyncpg://") and ledger.endswith("@postgres:5432/ledger")
+
+
+# -- kustomize -------------------------------------------------------------------------------------
+
+def test_kustomization_lists_every_manifest():
+    (kustomization,) = load_all(K8S / "kustomization.yaml")
+    listed = kustomization["resources"]
+    on_disk = sorted(p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(listed) == on_disk
+    assert len(listed) == len(set(listed))
+
+
+def test_k8s_workloads_have_resources_and_run_as_non_root(k8s):
+    workloads = [*kinds(k8s, "Deployment").values(), *kinds(k8s, "Job").values()]
+    assert len(workloads) == len(ALL_RUNNABLE) + 1
+    for workload in workloads:
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        resources = container(workload)["resources"]
+        assert {"cpu", "memory"} <= set(resources["requests"]) and {"cpu", "memory"} <= set(resources["limits"])
+
+
+def test_k8s_topics_job(k8s):
+    (job,) = kinds(k8s, "Job").values()
+    assert full_command(container(job)) == ["roundtrip", "topics", "create"]
+
+
+# -- executors scale -------------------------------------------------------------------------------
+
+def test_executors_scale(compose, k8s):
+    assert compose["services"]["executor"]["deploy"]["replicas"] > 1
+    deployment = kinds(k8s, "Deployment")["executor"]
+    hpas = [h for h in kinds(k8s, "HorizontalPodAutoscaler").values() if h["spec"]["scaleTargetRef"]["name"] == "executor"]
+    assert deployment["spec"].get("replicas", 1) > 1 or hpas
+    config = kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
+    partitions = int(config.get("ROUNDTRIP_EXECUTOR_PARTITIONS") or config["ROUNDTRIP_PARTITIONS"])
+    for hpa in hpas:
+        assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+        # replicas beyond the partitions of turn.tool_batches would idle
+        assert 1 < hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] <= partitions
+
+
+# -- the image -------------------------------------------------------------------------------------
+
+def test_dockerfile():
+    text = DOCKERFILE.read_text(encoding="utf-8")
+    froms = re.findall(r"(?m)^FROM\s+(\S+)", text)
+    assert froms and all(image == "python:3.11-slim" for image in froms)
+    assert "[test]" not in text and "[bench]" not in text
+    users = re.findall(r"(?m)^USER\s+(\S+)", text)
+    assert users and users[-1] not in ("root", "0")
+    assert re.search(r'(?m)^CMD \["roundtrip", "--help"\]$', text)
+    assert re.search(r"(?m)^COPY schemas ", text), "the tool registry reads schemas/tools at run time"
+
+
+def test_the_mini_loader_handles_anchors_and_merges():
+    doc = mini_yaml_load_all(
+        'x-a: &a\n  K: "v"  # c\n  N: 2\ns:\n  one:\n    env:\n      <<: *a\n      N: 3\n    cmd: ["a", "b c"]\n'
+        "    list:\n      - name: p\n        port: 80\n      - 'q'\n"
+    )[0]
+    assert doc["s"]["one"] == {"env": {"K": "v", "N": 3}, "cmd": ["a", "b c"], "list": [{"name": "p", "port": 80}, "q"]}
