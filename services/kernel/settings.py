@@ -28,6 +28,8 @@ class Settings(BaseSettings):
     kafka_port: int = Field(9092, description="Port of the embedded broker (client listener)")
     kafka_controller_port: int = Field(9093, description="Port of the embedded broker's KRaft controller")
     kafka_version: str = Field("4.1.1", description="Apache Kafka version fetched from Maven Central for the embedded broker")
+    kafka_java_opts: str | None = Field(None, description="JVM options of the embedded broker (default: small heap, serial GC)")
+    kafka_log_level: str = Field("INFO", description="Log level of the embedded broker (its log is state_dir/logs/kafka.log)")
     topic_prefix: str = Field("", description="Prefix of every topic name (to share a cluster)")
     partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
     executor_partitions: int | None = Field(None, ge=1, description="Partitions of the executor topic (defaults to `partitions`)")

@@ -1,0 +1,41 @@
+"""The README's configuration table, topics and commands must say what the code does."""
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from services.cli import app
+from services.kernel import topics
+from services.kernel.settings import Settings
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+
+
+def test_every_setting_is_documented():
+    for name in Settings.model_fields:
+        env = "ANTHROPIC_API_KEY" if name == "anthropic_api_key" else f"ROUNDTRIP_{name.upper()}"
+        assert f"`{env}`" in README, env
+
+
+def test_every_topic_is_documented():
+    for name in topics.ALL:
+        assert f"`{name}`" in README, name
+
+
+def test_the_two_commands_exist_and_every_cli_command_is_documented():
+    assert "bash scripts/up.sh" in README and "bash scripts/test.sh" in README
+    for script in ("scripts/up.sh", "scripts/test.sh", "scripts/setup.sh", ".ci/run"):
+        assert (Path(__file__).resolve().parents[2] / script).exists()
+    for command in app.registered_commands:
+        assert f"roundtrip {command.name or command.callback.__name__}" in README
+    for group in app.registered_groups:
+        assert f"roundtrip {group.name}" in README
+
+
+def test_help_tells_the_truth():
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for word in ("up", "run", "ask", "turns", "trace", "topics", "broker", "contracts", "config"):
+        assert word in result.output
+    bad = CliRunner().invoke(app, ["run", "nonsense"])
+    assert bad.exit_code != 0 and "unknown service" in bad.output
