@@ -34,7 +34,7 @@ async def ask(settings: Settings, text: str, customer: str, persona: str | None,
         request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer, text=text, persona=persona
     )
     watched = {topics.t(n): n for n in (topics.ITERATIONS, topics.TOOL_BATCHES, topics.MODEL_CALLS, topics.SUPPORT_REPLIES)}
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, isolation_level="read_committed")
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
     try:
         await consumer.start()

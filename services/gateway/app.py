@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 
 from faststream import FastStream
+from faststream.kafka import KafkaMessage
 
 from services.gateway.handlers import reply_for, start_turn
 from services.kernel import topics
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
-from services.kernel.messaging import ACK_POLICY, group, Outlet, make_broker
+from services.kernel.messaging import ACK_POLICY, Outlet, group, key_of, make_broker
+from services.kernel.transactions import TransactionalOutlet, transactional_id
 from services.kernel.settings import Settings
 from services.kernel.telemetry import current_trace_id, tracer
 
@@ -21,7 +23,11 @@ def build(settings: Settings) -> FastStream:
     broker = make_broker("gateway", settings)
     started, replied = SeenIds(), SeenIds()
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
-    reply = Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)
+    Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # declared so the AsyncAPI document shows the replies
+    replies = TransactionalOutlet(
+        settings.bootstrap_servers, topics.t(topics.SUPPORT_REPLIES), group("gateway"),
+        transactional_id("gateway", topics.t(topics.SUPPORT_REPLIES)),
+    )
 
     @broker.subscriber(topics.t(topics.SUPPORT_REQUESTS), group_id=group("gateway"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
     async def on_support_request(request: SupportRequest) -> None:
@@ -37,12 +43,16 @@ def build(settings: Settings) -> FastStream:
             await start(command, turn.conversation_id)
 
     @broker.subscriber(topics.t(topics.OUTCOMES), group_id=group("gateway"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
-    async def on_turn_ended(ended: TurnEnded) -> None:
+    async def on_turn_ended(ended: TurnEnded, message: KafkaMessage) -> None:
         with tracer().start_as_current_span("turn.reply") as span:
             span.set_attributes({"roundtrip.turn_id": ended.turn.turn_id, "roundtrip.outcome": ended.outcome.value})
             if not replied.add(ended.turn.turn_id):
                 span.add_event("duplicate outcome dropped")
                 return
-            await reply(reply_for(ended), ended.turn.conversation_id)
+            # the reply and this message's offset commit together: no second reply after a crash
+            await replies.publish_consumed(reply_for(ended), key_of(ended.turn.conversation_id), message.raw_message)
 
-    return FastStream(broker, logger=log)
+    app = FastStream(broker, logger=log)
+    app.on_startup(replies.start)
+    app.after_shutdown(replies.stop)
+    return app

@@ -29,6 +29,8 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +43,15 @@ from services.fleet import Fleet
 from services.kernel.settings import Settings
 from tests.benchmarks.fleet_driver import FleetDriver
 from tests.benchmarks.inprocess import InProcessLoop, TurnTiming
-from tests.benchmarks.profiling import CpuMeter, hop_profile, named_span_profile, percentile, read_spans
+from tests.benchmarks.profiling import (
+    CpuMeter,
+    hop_profile,
+    machine_cpu_seconds,
+    named_span_profile,
+    percentile,
+    py_spy_summary,
+    read_spans,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "where is my order?"
@@ -63,6 +73,8 @@ class Run:
     turn_ms: list[float] = field(default_factory=list)
     wrong: int = 0  # turns that did not make exactly three calls and end with end_turn
     cpu_s: dict[str, float] = field(default_factory=dict)
+    others_cores: float = 0.0  # CPU used meanwhile by processes this benchmark did not start
+    window_ns: tuple[int, int] = (0, 0)
 
     @property
     def turns_per_s(self) -> float:
@@ -148,32 +160,68 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
         for concurrency in args.concurrency:
             total = args.turns_single if concurrency == 1 else args.turns
             for name, turn in variants.items():
+                spies = []
+                if args.py_spy and name == "fleet" and concurrency == max(args.concurrency):
+                    spies = start_py_spy(pids, args.py_spy, args.py_spy_seconds)
                 meter.start()
+                machine0, t0 = machine_cpu_seconds(), time.time_ns()
                 timings, seconds = await closed_loop(turn, concurrency, total, args.max_seconds)
+                t1 = time.time_ns()
                 run = summarise(name, concurrency, timings, seconds)
                 run.cpu_s = meter.stop()
+                run.others_cores = max(0.0, (machine_cpu_seconds() - machine0) - sum(run.cpu_s.values())) / seconds
+                run.window_ns = (t0, t1)
+                for spy in spies:
+                    spy.wait()
                 runs.append(run)
                 say(f"  {name:<10} c={concurrency:<3} {run.turns} turns in {seconds:.1f} s: {run.turns_per_s:.1f} turns/s, "
                     f"iteration p50 {fmt(run.p('iteration_ms', 0.5))} ms, turn p50 {fmt(run.p('turn_ms', 0.5))} ms"
-                    + (f", {run.wrong} WRONG turns" if run.wrong else ""))
+                    + (f", {run.wrong} WRONG turns" if run.wrong else "")
+                    + (f"  [other processes busy: {run.others_cores:.2f} cores]" if run.others_cores > 0.1 else ""))
     finally:
         await driver.stop()
         await local.aclose()
     return runs
 
 
-def report(runs: list[Run], hops: dict, named: dict, meta: dict) -> str:
+def start_py_spy(pids: dict[str, int], out: Path, seconds: float) -> list[subprocess.Popen]:
+    """Sample every Python process of the fleet for `seconds` (py-spy exits by itself)."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        print("py-spy not found (pip install py-spy): no sampling profiles", flush=True)
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    spies = []
+    for name, pid in pids.items():
+        if name == "kafka" or pid == os.getpid():
+            continue
+        cmd = [exe, "record", "--nonblocking", "-r", "100", "-d", str(int(seconds)), "--format", "raw",
+               "-o", str(out / f"{name}.txt"), "-p", str(pid)]
+        spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return spies
+
+
+def spy_report(out: Path) -> str:
+    lines = [f"Sampling profiles (py-spy, busy samples only; % of a process's samples with the package on the stack), {out}:"]
+    for path in sorted(out.glob("*.txt")):
+        total, ranked = py_spy_summary(path)
+        lines.append(f"  {path.stem:<10} {total:>6} samples: " + ", ".join(f"{k} {v:.0f}%" for k, v in ranked))
+    return "\n".join(lines)
+
+
+def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) -> str:
     lines = []
     w = lines.append
     w(f"roundtrip loop benchmark: {meta['turn']}; simulator latency 0; {meta['cores']} cores; "
       f"{meta['partitions']} partitions per topic")
+    w(f"load average before the run: {meta['load']}; CPU of other processes during each run is shown as 'others'")
     w("")
     w(f"{'variant':<11}{'conc':>5}{'turns':>7}{'turns/s':>9}{'iter p50':>10}{'iter p99':>10}"
-      f"{'1st it p50':>11}{'turn p50':>10}{'turn p99':>10}{'wrong':>7}")
+      f"{'1st it p50':>11}{'turn p50':>10}{'turn p99':>10}{'wrong':>7}{'others':>8}")
     for r in runs:
         w(f"{r.variant:<11}{r.concurrency:>5}{r.turns:>7}{fmt(r.turns_per_s):>9}{fmt(r.p('iteration_ms', .5)):>10}"
           f"{fmt(r.p('iteration_ms', .99)):>10}{fmt(r.p('first_iteration_ms', .5)):>11}{fmt(r.p('turn_ms', .5)):>10}"
-          f"{fmt(r.p('turn_ms', .99)):>10}{r.wrong:>7}")
+          f"{fmt(r.p('turn_ms', .99)):>10}{r.wrong:>7}{r.others_cores:>8.2f}")
     w("  (ms; an iteration is one model call plus the tools of the step before it, measured between")
     w("   consecutive model responses; '1st it' is request -> first response)")
     w("")
@@ -203,18 +251,16 @@ def report(runs: list[Run], hops: dict, named: dict, meta: dict) -> str:
         total = sum(r.cpu_s.values())
         parts = ", ".join(f"{k} {v * 1000 / r.turns:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]))
         w(f"  {r.variant:<10} total {total * 1000 / r.turns:.1f} ms/turn ({total / r.seconds:.2f} cores busy): {parts}")
-    if hops:
+    for label, (hops, named) in profiles.items():
         w("")
-        w("Kafka hops of the fleet (from spans.jsonl; hop = publish span start -> consume span start):")
-        w(f"  {'topic':<28}{'msgs':>7}{'hop p50':>9}{'hop p99':>9}{'handler p50':>13}{'handler p99':>13}{'publish p50':>13}")
+        w(f"Kafka hops of the fleet at {label} (from spans.jsonl; hop = publish span start -> consume span start; ms):")
+        w(f"  {'topic':<24}{'msgs':>7}{'hop p50':>9}{'hop p99':>9}{'handler p50':>13}{'handler p99':>13}{'publish p50':>13}")
         for topic, h in hops.items():
-            w(f"  {topic:<28}{h['n']:>7}{fmt(h['hop_p50_ms']):>9}{fmt(h['hop_p99_ms']):>9}{fmt(h['handler_p50_ms']):>13}"
+            w(f"  {topic:<24}{h['n']:>7}{fmt(h['hop_p50_ms']):>9}{fmt(h['hop_p99_ms']):>9}{fmt(h['handler_p50_ms']):>13}"
               f"{fmt(h['handler_p99_ms']):>13}{fmt(h['publish_p50_ms']):>13}")
-    if named:
-        w("")
-        w("Handler spans of the fleet (p50 / p99 ms):")
+        w(f"  handler spans at {label} (count, p50, p99 ms):")
         for name, v in named.items():
-            w(f"  {name:<44}{v['n']:>7}{fmt(v['p50_ms'], 2):>9}{fmt(v['p99_ms'], 2):>9}")
+            w(f"    {name:<44}{v['n']:>7}{fmt(v['p50_ms'], 2):>9}{fmt(v['p99_ms'], 2):>9}")
     return "\n".join(lines)
 
 
@@ -268,12 +314,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks-loop.png", help="where the plot goes")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument("--py-spy", type=Path, metavar="DIR",
+                        help="sample the fleet's processes with py-spy during the busiest fleet run; profiles go to DIR")
+    parser.add_argument("--py-spy-seconds", type=float, default=10.0)
     parser.add_argument("--keep-state", action="store_true", help="keep the temporary state dir (logs, spans)")
     args = parser.parse_args(argv)
 
     def say(line: str) -> None:
         print(line, flush=True)
 
+    load = os.getloadavg()
     state = Path(tempfile.mkdtemp(prefix="roundtrip-bench-"))
     settings, env = bench_settings(state, args.partitions)
     say(f"starting the fleet in {state} (embedded Kafka, simulator, shop, 5 services)")
@@ -282,27 +332,28 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fleet.start()
         say(f"fleet up in {time.perf_counter() - started:.1f} s")
-        since_ns = time.time_ns()
         runs = asyncio.run(measure(fleet, settings, args, say))
     finally:
         fleet.stop()
     spans = read_spans(settings.effective_span_file)
-    hops, named = hop_profile(spans, since_ns), named_span_profile(spans, since_ns)
+    profiles = {f"{r.concurrency} concurrent": (hop_profile(spans, *r.window_ns), named_span_profile(spans, *r.window_ns))
+                for r in runs if r.variant == "fleet"}
     meta = {"turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn', "cores": os.cpu_count(),
-            "partitions": args.partitions}
-    text = report(runs, hops, named, meta)
+            "partitions": args.partitions, "load": " ".join(f"{x:.2f}" for x in load)}
+    text = report(runs, profiles, meta)
     say("")
     say(text)
+    if args.py_spy:
+        say("")
+        say(spy_report(args.py_spy))
     if not args.no_plot:
         say(plot(runs, args.plot))
     if args.json:
         args.json.write_text(json.dumps({"meta": meta, "runs": [asdict(r) | {"turns_per_s": r.turns_per_s} for r in runs],
-                                         "hops": hops, "spans": named}, indent=1, default=str))
+                                         "profiles": profiles}, indent=1, default=str))
     if args.keep_state:
         say(f"state kept in {state}")
     else:
-        import shutil
-
         shutil.rmtree(state, ignore_errors=True)
     return 1 if any(r.wrong for r in runs) else 0
 

@@ -34,6 +34,16 @@ class CpuMeter:
         return {name: max(0.0, (cpu_seconds(pid) or 0.0) - self._before[name]) for name, pid in self.pids.items()}
 
 
+def machine_cpu_seconds() -> float:
+    """CPU seconds (user+nice+system+irq+softirq+steal) of the whole machine since boot."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / TICKS
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -55,14 +65,14 @@ def read_spans(path: Path) -> list[dict]:
     return spans
 
 
-def hop_profile(spans: list[dict], since_ns: int = 0) -> dict[str, dict[str, float]]:
+def hop_profile(spans: list[dict], since_ns: int = 0, until_ns: int | None = None) -> dict[str, dict[str, float]]:
     """Per topic: Kafka hop latency (producer span start -> consumer span start) and handler time.
 
     FastStream's telemetry middleware writes a PRODUCER span ("<topic> publish") in the sending
     service and a CONSUMER span ("<topic> process"), child of it, in the receiving one; the
     consumer span lasts as long as the handler (including its own publish).
     """
-    spans = [s for s in spans if (s.get("start_ns") or 0) >= since_ns]
+    spans = [s for s in spans if since_ns <= (s.get("start_ns") or 0) <= (until_ns or 1 << 63)]
     by_id = {s["span_id"]: s for s in spans}
     hop: dict[str, list[float]] = defaultdict(list)
     handler: dict[str, list[float]] = defaultdict(list)
@@ -90,11 +100,45 @@ def hop_profile(spans: list[dict], since_ns: int = 0) -> dict[str, dict[str, flo
     return out
 
 
-def named_span_profile(spans: list[dict], since_ns: int = 0) -> dict[str, dict[str, float]]:
+def named_span_profile(spans: list[dict], since_ns: int = 0, until_ns: int | None = None) -> dict[str, dict[str, float]]:
     """p50 duration of the handlers' own (INTERNAL/CLIENT) spans, by service and name."""
     durations: dict[str, list[float]] = defaultdict(list)
     for s in spans:
-        if (s.get("start_ns") or 0) < since_ns or s.get("kind") in ("PRODUCER", "CONSUMER"):
+        if not since_ns <= (s.get("start_ns") or 0) <= (until_ns or 1 << 63) or s.get("kind") in ("PRODUCER", "CONSUMER"):
             continue
         durations[f"{s.get('service')}: {s['name']}"].append((s["end_ns"] - s["start_ns"]) / 1e6)
     return {k: {"n": len(v), "p50_ms": statistics.median(v), "p99_ms": percentile(v, 0.99)} for k, v in sorted(durations.items())}
+
+
+# -- sampling profiles of the services (optional: needs py-spy, not a project dependency) ---------
+
+PACKAGES = (
+    "faststream", "aiokafka", "opentelemetry", "pydantic", "anthropic", "httpx2", "httpx", "httpcore", "h11",
+    "sqlalchemy", "aiosqlite", "sqlite3", "jsonschema", "logging", "json", "uvicorn", "starlette", "services",
+)
+
+
+def _package_of(frame: str) -> str | None:
+    """py-spy raw frames look like 'function (path/to/module.py:123)'."""
+    path = frame.rsplit("(", 1)[-1]
+    for pkg in PACKAGES:
+        if f"/{pkg}/" in path or path.startswith(f"{pkg}/") or f"/{pkg}.py" in path or f"/{pkg}/__init__" in path:
+            return pkg
+    return None
+
+
+def py_spy_summary(path: Path, top: int = 8) -> tuple[int, list[tuple[str, float]]]:
+    """(samples, [(package, % of the process's busy samples with that package on the stack)])."""
+    if not path.is_file():
+        return 0, []
+    total = 0
+    counts: dict[str, int] = defaultdict(int)
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not n.isdigit():
+            continue
+        total += int(n)
+        for pkg in {_package_of(f) for f in stack.split(";")} - {None}:
+            counts[pkg] += int(n)  # type: ignore[index]
+    ranked = sorted(((k, 100 * v / total) for k, v in counts.items()), key=lambda kv: -kv[1]) if total else []
+    return total, ranked[:top]

@@ -39,7 +39,9 @@ class FleetClient:
         watched = [self.topic(n) for n in topics.ALL if n != topics.SUPPORT_REQUESTS]
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers)
         # No consumer group: nothing to rebalance or time out while a test blocks, and every record is seen once.
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers, enable_auto_commit=False)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap_servers, enable_auto_commit=False, isolation_level="read_committed"
+        )
         await self.producer.start()
         await self.consumer.start()
         partitions = [TopicPartition(t, p) for t in watched for p in self.consumer.partitions_for_topic(t) or ()]

@@ -1,0 +1,86 @@
+"""Consume-produce-commit in one Kafka transaction, against the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from services.kernel.events import SupportReply, Outcome, Usage
+from services.kernel.transactions import TransactionalOutlet
+
+REPLY = SupportReply(request_id="r", conversation_id="c", customer_id="cus_1001", turn_id="t", text="hi",
+                     outcome=Outcome.END_TURN, steps=1, usage=Usage(), cost_usd=0.0, trace_id="")
+
+
+async def read_all(bootstrap, topic, isolation):
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        records = await consumer.getmany(tp, timeout_ms=2000)
+        return [r.value for r in records.get(tp, [])]
+    finally:
+        await consumer.stop()
+
+
+async def committed_offset(consumer, record, timeout=15.0):
+    """The group's committed offset, once the transaction's markers are in (Kafka withholds it until then)."""
+    tp = TopicPartition(record.topic, record.partition)
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        offset = await consumer.committed(tp)
+        if offset is not None or asyncio.get_running_loop().time() > deadline:
+            return offset
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def source(kafka_bootstrap, topic_prefix):
+    topic_in, topic_out = f"{topic_prefix}in", f"{topic_prefix}out"
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    await producer.start()
+    await producer.send_and_wait(topic_in, b"turn ended", partition=0)
+    await producer.send_and_wait(topic_out, b"warm-up", partition=0)  # both topics exist (auto-created)
+    await producer.stop()
+    consumer = AIOKafkaConsumer(topic_in, bootstrap_servers=kafka_bootstrap, group_id=f"g-{uuid.uuid4().hex[:6]}",
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    record = (await consumer.getone())
+    yield kafka_bootstrap, topic_out, consumer, record
+    await consumer.stop()
+
+
+async def test_the_output_and_the_consumed_offset_commit_together(source):
+    bootstrap, topic_out, consumer, record = source
+    outlet = TransactionalOutlet(bootstrap, topic_out, consumer._group_id, f"txn-{uuid.uuid4().hex[:8]}")
+    await outlet.start()
+    try:
+        await outlet.publish_consumed(REPLY, b"c", record)
+    finally:
+        await outlet.stop()
+    assert await committed_offset(consumer, record) == record.offset + 1
+    values = await read_all(bootstrap, topic_out, "read_committed")
+    assert values[1:] == [REPLY.model_dump_json().encode()]
+
+
+async def test_an_aborted_attempt_is_invisible_to_read_committed_readers_and_commits_nothing(source):
+    bootstrap, topic_out, consumer, record = source
+    outlet = TransactionalOutlet(bootstrap, topic_out, consumer._group_id, f"txn-{uuid.uuid4().hex[:8]}")
+    await outlet.start()
+    try:
+        with pytest.raises(RuntimeError):
+            async with outlet._producer.transaction():
+                await outlet._producer.send(topic_out, b"half-done reply", key=b"c")
+                raise RuntimeError("crash before the offset commit")
+        await outlet.publish_consumed(REPLY, b"c", record)  # the redelivered attempt
+    finally:
+        await outlet.stop()
+    committed = await read_all(bootstrap, topic_out, "read_committed")
+    assert b"half-done reply" not in committed
+    assert committed.count(REPLY.model_dump_json().encode()) == 1
+    assert b"half-done reply" in await read_all(bootstrap, topic_out, "read_uncommitted")

@@ -1,0 +1,120 @@
+"""The guard's handlers with a real (SQLite) ledger and a recording publisher in place of Kafka."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.guard.handlers import Guard
+from services.guard.ledger import Ledger
+from services.guard.pricing import PriceTable
+from services.guard.rules import Policy
+from services.kernel import topics
+from services.kernel.events import CancelTurn, ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
+from services.kernel.fingerprints import fingerprint
+
+TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="0" * 32)
+PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
+
+
+class Recorder:
+    def __init__(self):
+        self.sent: list[tuple[str, object]] = []
+        self.flags: list[object] = []
+
+    async def __call__(self, topic, message, conversation_id):
+        self.sent.append((topic, message))
+
+    async def flag(self, message, conversation_id):
+        self.flags.append(message)
+
+
+@pytest.fixture
+async def guard(tmp_path):
+    ledger = await Ledger.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    recorder = Recorder()
+    g = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, model="claude-sonnet-4-6",
+              stuck_after_s=60, stuck_grace_s=30, turn_deadline_s=300)
+    g.recorder = recorder
+    yield g
+    await ledger.close()
+
+
+def iteration(step, stop_reason="tool_use", calls=(), messages=None):
+    calls = list(calls)
+    content = [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.input} for c in calls] or [{"type": "text", "text": "Done."}]
+    usage = Usage(input_tokens=100, output_tokens=10)
+    return ModelResponded(turn=TURN, step=step, messages=messages or [{"role": "user", "content": "hi"}], content=content,
+                          stop_reason=stop_reason, tool_calls=calls, usage=usage, spent=Usage(input_tokens=100 * step, output_tokens=10 * step),
+                          model="claude-sonnet-4-6")
+
+
+LIST = ToolCall(id="toolu_1", name="list_orders", input={}, fingerprint=fingerprint("list_orders", {}))
+
+
+async def test_a_turn_starts_once_even_when_the_request_is_duplicated(guard):
+    assert await guard.on_start(StartTurn(turn=TURN, text="hi")) == "started"
+    assert await guard.on_start(StartTurn(turn=TURN, text="hi")) == "duplicate"
+    assert [t for t, _ in guard.recorder.sent] == [topics.MODEL_CALLS]
+
+
+async def test_an_iteration_moves_the_turn_once(guard):
+    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "CheckToolCalls"
+    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "duplicate"
+    assert await guard.on_iteration(iteration(2, stop_reason="end_turn")) == "end_turn"
+    assert await guard.on_iteration(iteration(3, stop_reason="end_turn")) == "duplicate"
+    sent = [t for t, _ in guard.recorder.sent]
+    assert sent == [topics.MODEL_CALLS, topics.TOOL_CALLS, topics.OUTCOMES]
+    ended = guard.recorder.sent[-1][1]
+    assert ended.outcome is Outcome.END_TURN and ended.text == "Done." and ended.cost_usd == pytest.approx((200 * 3 + 20 * 15) / 1e6)
+    row = await guard.ledger.get("turn_1")
+    assert (row.status, row.step, row.outcome, row.input_tokens) == ("ended", 2, "end_turn", 200)
+
+
+async def test_a_decision_recorded_but_not_published_is_republished_on_redelivery(guard):
+    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+
+    async def crash(topic, message, conversation_id):
+        raise ConnectionError("broker gone")
+
+    guard.publish = crash
+    with pytest.raises(ConnectionError):
+        await guard.on_iteration(iteration(1, calls=[LIST]))
+    guard.publish = guard.recorder
+    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "republished"
+    assert [t for t, _ in guard.recorder.sent][-1] == topics.TOOL_CALLS
+    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "duplicate"  # published now: a plain duplicate
+
+
+async def test_stuck_turns_are_flagged_then_ended_politely_once(guard):
+    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    row = await guard.ledger.get("turn_1")
+    t0 = row.last_progress_at
+    assert await guard.sweep(guard.recorder.flag, now=t0 + 10) == (0, 0)
+    assert await guard.sweep(guard.recorder.flag, now=t0 + 61) == (1, 0)
+    assert guard.recorder.flags[0].idle_s >= 61 and guard.recorder.flags[0].turn.turn_id == "turn_1"
+    assert await guard.sweep(guard.recorder.flag, now=t0 + 62) == (0, 0)
+    assert await guard.sweep(guard.recorder.flag, now=t0 + 92) == (0, 1)
+    topic, ended = guard.recorder.sent[-1]
+    assert topic == topics.OUTCOMES and ended.outcome is Outcome.DEADLINE and "sorry" in ended.text.lower()
+    assert await guard.sweep(guard.recorder.flag, now=t0 + 200) == (0, 0)
+    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "duplicate"  # a late iteration cannot revive it
+
+
+async def test_cancel_ends_a_running_turn_once(guard):
+    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
+    assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
+    assert await guard.on_cancel(CancelTurn(turn_id="turn_nope")) == "unknown turn"
+    assert guard.recorder.sent[-1][1].outcome is Outcome.CANCELLED
+
+
+async def test_budget_outcome_carries_the_cost(guard):
+    guard.policy = Policy(budget_usd=0.0005)
+    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "budget"
+    ended = guard.recorder.sent[-1][1]
+    assert ended.outcome is Outcome.BUDGET and ended.cost_usd > 0
+    assert json.loads(ended.model_dump_json())["spent"]["input_tokens"] == 100

@@ -1,0 +1,61 @@
+"""The model service's handler with the real anthropic SDK against the simulator over HTTP."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.kernel.events import CallModel, Turn, Usage
+from services.kernel.settings import Settings
+from services.model.client import ModelClient
+from services.model.handlers import call_model
+from services.simulator.server import running_simulator
+from services.tools.registry import load_registry
+
+TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", persona="careful")
+
+
+@pytest.fixture(scope="module")
+def simulator():
+    with running_simulator() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def failing_simulator():
+    with running_simulator(fault_rate=1.0) as url:
+        yield url
+
+
+def client_for(url: str, **overrides) -> ModelClient:
+    settings = Settings(_env_file=None, anthropic_api_key=None, anthropic_base_url=url, model_max_retries=1, **overrides)
+    return ModelClient(settings, load_registry().api_tools(cache=True))
+
+
+async def test_a_tool_use_response_becomes_an_iteration_with_fingerprints_and_usage(simulator):
+    client = client_for(simulator)
+    command = CallModel(turn=TURN, step=0, messages=[{"role": "user", "content": "cancel my last order"}], spent=Usage(input_tokens=7))
+    event = await call_model(command, client)
+    await client.aclose()
+    assert event.step == 1 and event.stop_reason == "tool_use" and event.error is None
+    assert [c.name for c in event.tool_calls] == ["list_orders"]
+    assert event.tool_calls[0].fingerprint.startswith("list_orders:")
+    assert event.usage.input_tokens > 0 and event.usage.cache_creation_input_tokens + event.usage.cache_read_input_tokens > 0
+    assert event.spent.input_tokens == event.usage.input_tokens + 7
+    assert event.content[0]["type"] in ("text", "tool_use")
+
+
+async def test_the_static_prefix_is_cached_across_calls(simulator):
+    client = client_for(simulator)
+    command = CallModel(turn=TURN, step=0, messages=[{"role": "user", "content": "what are my orders?"}])
+    await call_model(command, client)
+    second = await call_model(command, client)
+    await client.aclose()
+    assert second.usage.cache_read_input_tokens > 0
+
+
+async def test_api_failures_after_the_sdks_retries_become_an_iteration_with_an_error(failing_simulator):
+    client = client_for(failing_simulator)
+    event = await call_model(CallModel(turn=TURN, step=2, messages=[{"role": "user", "content": "hi"}]), client)
+    await client.aclose()
+    assert event.step == 3 and event.stop_reason is None
+    assert "529" in event.error and "Overloaded" in event.error
