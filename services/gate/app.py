@@ -12,6 +12,7 @@ from services.kernel.approvals import Signer, parse_keys
 from services.kernel.events import CheckToolCalls, ExecuteToolBatch
 from services.kernel.messaging import ACK_POLICY, group, Outlet, make_broker
 from services.kernel.settings import Settings
+from services.tools.context import ToolContext
 from services.tools.registry import load_registry
 from services.tools.shop_client import ShopClient
 
@@ -23,12 +24,14 @@ def build(settings: Settings) -> FastStream:
     execute = Outlet(broker, topics.TOOL_BATCHES, ExecuteToolBatch)
     shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
 
-    async def lookup(kind: str, entity_id: str, customer_id: str):
-        if kind != "order":
-            raise ValueError(f"no lookup for entity kind {kind!r}")
-        return await shop.get_order(customer_id, entity_id)
+    registry = load_registry()
 
-    gate = Gate(registry=load_registry(), lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), shop=shop,
+    async def lookup(kind: str, entity_id: str, customer_id: str):
+        """The tool pack's resolver of that entity kind, scoped to the request's principal."""
+        ctx = ToolContext(customer_id=customer_id, tool_use_id="", idempotency_key="", shop=shop)
+        return await registry.entity_resolver(kind)(entity_id, ctx)
+
+    gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), shop=shop,
                 batch_ttl_s=settings.stuck_after_s)
 
     @broker.subscriber(topics.t(topics.TOOL_CALLS), group_id=group("gate"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from services.shop import db
 from services.shop.help_articles import search as search_articles
 
-ORDER_ID = re.compile(r"^ord_[0-9a-f]{8}$")
+ORDER_ID = re.compile(r"ord_[0-9a-f]{8}")
 URGENCIES = ("low", "normal", "high")
 
 
@@ -87,7 +87,7 @@ async def list_orders(request: Request) -> JSONResponse:
 async def get_order(request: Request) -> JSONResponse:
     customer_id = _principal(request)
     order_id = request.path_params["order_id"]
-    order = await db.get_order(_engine(request), customer_id, order_id) if ORDER_ID.match(order_id) else None
+    order = await db.get_order(_engine(request), customer_id, order_id) if ORDER_ID.fullmatch(order_id) else None
     return JSONResponse(order) if order is not None else _not_found()
 
 
@@ -99,7 +99,7 @@ async def cancel_order(request: Request) -> JSONResponse:
     reason = body.get("reason")
     if not isinstance(reason, str) or not 1 <= len(reason) <= 500:
         return _error(400, "bad_request", "reason must be a string of 1..500 characters")
-    if not ORDER_ID.match(order_id):
+    if not ORDER_ID.fullmatch(order_id):
         return _not_found()
     outcome = await db.cancel_order(_engine(request), customer_id, order_id, reason, key)
     headers = {"Idempotent-Replayed": "true"} if outcome.replayed else None
@@ -109,7 +109,7 @@ async def cancel_order(request: Request) -> JSONResponse:
 async def shipping(request: Request) -> JSONResponse:
     customer_id = _principal(request)
     order_id = request.path_params["order_id"]
-    info = await db.shipping_status(_engine(request), customer_id, order_id) if ORDER_ID.match(order_id) else None
+    info = await db.shipping_status(_engine(request), customer_id, order_id) if ORDER_ID.fullmatch(order_id) else None
     return JSONResponse(info) if info is not None else _not_found()
 
 

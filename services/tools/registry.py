@@ -138,7 +138,6 @@ class Registry:
         self._handlers = dict(handlers)
         self._policies = dict(policies or {})
         self._resolvers = dict(entity_resolvers or {})
-        self._validators: dict[str, Draft202012Validator] = {}
         problems = []
         if missing := sorted(set(self.specs) - set(self._handlers)):
             problems.append(f"schemas without a handler: {missing}")
@@ -174,13 +173,6 @@ class Registry:
         if name not in self.specs:
             raise KeyError(name)
         return self._policies.get(name, allow)
-
-    def validator(self, name: str) -> Draft202012Validator:
-        """A cached 2020-12 validator (with format checks) of a tool's input_schema."""
-        if name not in self._validators:
-            schema = self.specs[name].input_schema
-            self._validators[name] = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-        return self._validators[name]
 
     def entity_resolver(self, kind: str) -> EntityResolver:
         """`async (entity_id, ctx) -> entity | None`, scoped to ctx.customer_id."""

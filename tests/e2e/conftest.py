@@ -136,7 +136,7 @@ class AsyncFleet:
 @pytest.fixture(scope="session")
 def fleet(fleet_settings):
     settings, env = fleet_settings
-    with Fleet(settings, env=env) as running:
+    with Fleet(settings, env=env, executor_replicas=2) as running:  # executors scale on their own
         yield AsyncFleet(running)
 
 

@@ -7,6 +7,7 @@ import json
 import httpx
 import pytest
 
+from services.gate.validation import InputValidator  # the validator the fleet uses
 from services.shop.app import in_process
 from services.shop.help_articles import INJECTION_ORDER_ID
 from services.tools import ShopClient, ToolContext, ToolError, load_registry
@@ -33,7 +34,7 @@ def ctx_for(shop: ShopClient, customer_id: str = ALICE, tool_use_id: str = "tool
 
 
 async def call(registry, name, args, ctx):
-    assert registry.validator(name).is_valid(args), args
+    assert InputValidator(registry.get(name).input_schema).problems(args) == [], args
     result = await registry.handler(name)(args, ctx)
     json.dumps(result)  # JSON-able
     return result
