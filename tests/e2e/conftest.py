@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import threading
 import uuid
 from collections import defaultdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 
 from services.broker.embedded import free_port
 from services.fleet import Fleet
@@ -101,10 +105,51 @@ class FleetClient:
         return [m for m in self.seen[name] if m.get("turn", {}).get("request_id") == request_id]
 
 
+class OtlpReceiver:
+    """A minimal OTLP/HTTP trace receiver (what Jaeger listens on at :4318), decoding the protobuf requests."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for resource_spans in request.resource_spans:
+                    attrs = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+                    for scope in resource_spans.scope_spans:
+                        for span in scope.spans:
+                            receiver.spans.append({"trace_id": span.trace_id.hex(), "name": span.name, "service": attrs.get("service.name")})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.end_headers()
+                self.wfile.write(ExportTraceServiceResponse().SerializeToString())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 @pytest.fixture(scope="session")
-def fleet_settings(kafka_bootstrap, tmp_path_factory) -> tuple[Settings, dict[str, str]]:
+def otlp_receiver():
+    receiver = OtlpReceiver()
+    yield receiver
+    receiver.server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def fleet_settings(kafka_bootstrap, tmp_path_factory, otlp_receiver) -> tuple[Settings, dict[str, str]]:
     state = tmp_path_factory.mktemp("fleet")
     values = dict(
+        otlp_endpoint=otlp_receiver.endpoint,  # spans go both to an OTLP receiver and to the local span file
+        span_file=state / "spans.jsonl",
         kafka_bootstrap_servers=kafka_bootstrap,
         topic_prefix=f"e2e{uuid.uuid4().hex[:6]}.",
         state_dir=state,

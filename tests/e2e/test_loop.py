@@ -132,7 +132,7 @@ async def test_malformed_and_schema_violating_requests_are_dead_lettered_and_the
     assert (await client.reply(request_id)).outcome is Outcome.END_TURN
 
 
-async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client, fleet_settings):
+async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client, fleet_settings, otlp_receiver):
     settings = fleet_settings[0]
     request_id = await client.ask("cancel my last order", customer="cus_1003", persona="careful")
     reply = await client.reply(request_id)
@@ -153,3 +153,11 @@ async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client,
     assert {"turn.start", "guard.decide", "gate.check_call", "turn.reply"} <= names
     assert any(n.startswith("tool ") for n in names)
     assert sum(1 for s in in_trace if s["attributes"].get("gen_ai.provider.name") == "anthropic") == reply.steps
+
+    # The same turn as Jaeger would receive it over OTLP/HTTP.
+    deadline = time.monotonic() + 15
+    while not wanted <= {s["service"] for s in otlp_receiver.spans if s["trace_id"] == reply.trace_id}:
+        assert time.monotonic() < deadline, "every service should export the turn's spans over OTLP"
+        await asyncio.sleep(0.5)
+    exported = {s["name"] for s in otlp_receiver.spans if s["trace_id"] == reply.trace_id}
+    assert {"turn.start", "guard.decide", "gate.check_call", "turn.reply"} <= exported
