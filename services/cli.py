@@ -129,6 +129,16 @@ def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace
     raise typer.Exit(show_trace(get_settings(), turn_or_trace_id))
 
 
+@app.command("dead-letters")
+def dead_letters(
+    limit: Annotated[int, typer.Option(help="the last N dead letters")] = 20,
+) -> None:
+    """Show the messages no service could process, newest last, with the reason."""
+    from services.console import show_dead_letters
+
+    raise typer.Exit(asyncio.run(show_dead_letters(get_settings(), limit)))
+
+
 @app.command()
 def config() -> None:
     """Print the effective configuration (secrets hidden)."""

@@ -189,3 +189,40 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
         await producer.stop()
     console.print(f"cancel sent for turn {turn_id} (customer {row.customer_id}); the guard ends it with a polite reply")
     return 0
+
+
+async def show_dead_letters(settings: Settings, limit: int) -> int:
+    from services.kernel.events import DeadLettered
+
+    topic = topics.t(topics.DEAD_LETTERS)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or ()]
+        if not partitions:
+            console.print(f"[red]error:[/] no topic {topic}; is the fleet up? (roundtrip up)")
+            return 2
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            consumer.seek(tp, max(0, ends[tp] - limit))
+        letters = []
+
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < ends[tp] for tp in partitions])
+
+        while await behind():
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                letters.extend(records)
+    finally:
+        await consumer.stop()
+    letters.sort(key=lambda r: r.timestamp)
+    if not letters:
+        console.print("no dead letters")
+    for record in letters[-limit:]:
+        letter = DeadLettered.model_validate_json(record.value)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.timestamp / 1000))
+        console.print(f"[bold]{when}[/] {letter.service} could not process {letter.topic}"
+                      f" (partition {letter.partition}, offset {letter.offset}, key {letter.key}): [red]{letter.reason}[/]")
+        console.print(f"  {_short(letter.payload, 300)}")
+    return 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
+import sys
 import time
 
 from services.broker.embedded import kafka_libs_dir
@@ -116,7 +118,7 @@ async def test_a_plain_kafka_client_gets_exactly_one_reply(client, fleet_setting
     assert len(client.replies["req_console_1"]) == 1
 
 
-async def test_malformed_and_schema_violating_requests_are_dead_lettered_and_the_gateway_keeps_serving(client):
+async def test_malformed_and_schema_violating_requests_are_dead_lettered_and_the_gateway_keeps_serving(client, fleet_settings):
     await client.publish_raw(b"{not json at all", key=b"bad1")
     await client.publish_raw(json.dumps({"request_id": "req_bad", "customer_id": "cus_1001"}).encode(), key=b"bad2")
 
@@ -130,6 +132,11 @@ async def test_malformed_and_schema_violating_requests_are_dead_lettered_and_the
 
     request_id = await client.ask("what are my orders?", customer="cus_1002")
     assert (await client.reply(request_id)).outcome is Outcome.END_TURN
+
+    shown = subprocess.run([sys.executable, "-m", "services.cli", "dead-letters", "--limit", "50"], env={**os.environ, **fleet_settings[1]},
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "{not json at all" in shown.stdout and "malformed JSON" in shown.stdout and "schema violation" in shown.stdout
 
 
 async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client, fleet_settings, otlp_receiver):
