@@ -34,7 +34,7 @@ ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
 def _logging() -> None:
     level = get_settings().log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("aiokafka", "httpx", "httpcore"):
+    for noisy in ("aiokafka", "httpx", "httpx2", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -16,7 +16,7 @@ from services.kernel import topics
 from services.kernel.approvals import Signer, parse_keys
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import CallModel, ExecuteToolBatch
-from services.kernel.messaging import ACK_POLICY, group, Outlet, make_broker
+from services.kernel.messaging import Outlet, make_broker, subscriber_options
 from services.kernel.settings import Settings
 from services.tools.registry import load_registry
 from services.tools.shop_client import ShopClient
@@ -32,7 +32,7 @@ def build(settings: Settings) -> FastStream:
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
 
-    @broker.subscriber(topics.t(topics.TOOL_BATCHES), group_id=group("executor"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
+    @broker.subscriber(topics.t(topics.TOOL_BATCHES), **subscriber_options("executor", settings, workers=settings.consumer_workers, topic=topics.TOOL_BATCHES))
     async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
         if f"{batch.turn.turn_id}:{batch.step}" in seen:
             log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)

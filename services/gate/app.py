@@ -10,7 +10,7 @@ from services.gate.handlers import Gate
 from services.kernel import topics
 from services.kernel.approvals import Signer, parse_keys
 from services.kernel.events import CheckToolCalls, ExecuteToolBatch
-from services.kernel.messaging import ACK_POLICY, group, Outlet, make_broker
+from services.kernel.messaging import Outlet, make_broker, subscriber_options
 from services.kernel.settings import Settings
 from services.tools.context import ToolContext
 from services.tools.registry import load_registry
@@ -34,7 +34,7 @@ def build(settings: Settings) -> FastStream:
     gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), shop=shop,
                 batch_ttl_s=settings.stuck_after_s)
 
-    @broker.subscriber(topics.t(topics.TOOL_CALLS), group_id=group("gate"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
+    @broker.subscriber(topics.t(topics.TOOL_CALLS), **subscriber_options("gate", settings, workers=settings.consumer_workers))
     async def on_check_tool_calls(command: CheckToolCalls) -> None:
         batch = await gate.check(command)
         rejected = [c.name for c in batch.calls if not c.approved]

@@ -11,7 +11,7 @@ from services.gateway.handlers import reply_for, start_turn
 from services.kernel import topics
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
-from services.kernel.messaging import ACK_POLICY, Outlet, group, key_of, make_broker
+from services.kernel.messaging import Outlet, group, key_of, make_broker, subscriber_options
 from services.kernel.transactions import TransactionalOutlet, transactional_id
 from services.kernel.settings import Settings
 from services.kernel.telemetry import current_trace_id, tracer
@@ -29,7 +29,7 @@ def build(settings: Settings) -> FastStream:
         transactional_id("gateway", topics.t(topics.SUPPORT_REPLIES)),
     )
 
-    @broker.subscriber(topics.t(topics.SUPPORT_REQUESTS), group_id=group("gateway"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
+    @broker.subscriber(topics.t(topics.SUPPORT_REQUESTS), **subscriber_options("gateway", settings))
     async def on_support_request(request: SupportRequest) -> None:
         with tracer().start_as_current_span("turn.start") as span:
             command = start_turn(request, current_trace_id())
@@ -42,7 +42,7 @@ def build(settings: Settings) -> FastStream:
             log.info("turn %s started for %s (trace %s)", turn.turn_id, turn.customer_id, turn.trace_id)
             await start(command, turn.conversation_id)
 
-    @broker.subscriber(topics.t(topics.OUTCOMES), group_id=group("gateway"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
+    @broker.subscriber(topics.t(topics.OUTCOMES), **subscriber_options("gateway", settings))
     async def on_turn_ended(ended: TurnEnded, message: KafkaMessage) -> None:
         with tracer().start_as_current_span("turn.reply") as span:
             span.set_attributes({"roundtrip.turn_id": ended.turn.turn_id, "roundtrip.outcome": ended.outcome.value})

@@ -18,7 +18,7 @@ from services.guard.pricing import PriceTable
 from services.guard.rules import Policy
 from services.kernel import topics
 from services.kernel.events import CallModel, CancelTurn, CheckToolCalls, ModelResponded, StartTurn, TurnEnded, TurnFlagged
-from services.kernel.messaging import ACK_POLICY, Outlet, group, make_broker
+from services.kernel.messaging import Outlet, make_broker, subscriber_options
 from services.kernel.settings import Settings
 from services.kernel.telemetry import tracer
 
@@ -47,13 +47,13 @@ def build(settings: Settings) -> FastStream:
     async def publish(topic: str, message: BaseModel, conversation_id: str) -> None:
         await outlets[topic](message, conversation_id)
 
-    @broker.subscriber(topics.t(topics.TURN_STARTS), group_id=group("guard"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
+    @broker.subscriber(topics.t(topics.TURN_STARTS), **subscriber_options("guard", settings))
     async def on_start_turn(command: StartTurn) -> None:
         with tracer().start_as_current_span("guard.start") as span:
             span.set_attribute("roundtrip.turn_id", command.turn.turn_id)
             span.set_attribute("roundtrip.result", await state["guard"].on_start(command))
 
-    @broker.subscriber(topics.t(topics.ITERATIONS), group_id=group("guard"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
+    @broker.subscriber(topics.t(topics.ITERATIONS), **subscriber_options("guard", settings, workers=settings.consumer_workers))
     async def on_iteration(event: ModelResponded) -> None:
         with tracer().start_as_current_span("guard.decide") as span:
             span.set_attributes({
@@ -63,7 +63,7 @@ def build(settings: Settings) -> FastStream:
             })
             span.set_attribute("roundtrip.result", await state["guard"].on_iteration(event))
 
-    @broker.subscriber(topics.t(topics.TURN_CONTROLS), group_id=group("guard"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
+    @broker.subscriber(topics.t(topics.TURN_CONTROLS), **subscriber_options("guard", settings))
     async def on_cancel_turn(command: CancelTurn) -> None:
         with tracer().start_as_current_span("guard.cancel") as span:
             span.set_attribute("roundtrip.turn_id", command.turn_id)
@@ -101,6 +101,7 @@ def build(settings: Settings) -> FastStream:
 
     @app.after_shutdown
     async def close_ledger() -> None:
+        await state["guard"].drain()
         await state["guard"].ledger.close()
 
     return app

@@ -7,6 +7,7 @@ one next message: CallModel, CheckToolCalls or TurnEnded.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -65,9 +66,25 @@ class Guard:
     stuck_grace_s: float = 30.0
     turn_deadline_s: float = 300.0
 
-    async def _emit(self, turn_id: str, message: BaseModel, conversation_id: str) -> None:
+    def __post_init__(self) -> None:
+        self._clearing: set[asyncio.Task] = set()
+
+    async def _emit(self, turn_id: str, step: int, message: BaseModel, conversation_id: str) -> None:
+        """Publish, then clear the ledger's pending copy off the hot path (a crash before that only republishes)."""
         await self.publish(TOPIC_OF[type(message)], message, conversation_id)
-        await self.ledger.published(turn_id)
+        task = asyncio.create_task(self.ledger.published(turn_id, step))
+        self._clearing.add(task)
+        task.add_done_callback(self._cleared)
+
+    def _cleared(self, task: asyncio.Task) -> None:
+        self._clearing.discard(task)
+        if not task.cancelled() and task.exception():
+            log.warning("could not clear a published decision: %s", task.exception())
+
+    async def drain(self) -> None:
+        """Wait for the pending-copy clean-ups (shutdown, tests)."""
+        if self._clearing:
+            await asyncio.gather(*self._clearing, return_exceptions=True)
 
     async def _republish(self, row: TurnRow) -> None:
         """Crash recovery: the decision was recorded but maybe not published."""
@@ -75,14 +92,14 @@ class Guard:
         if pending:
             message = MODEL_OF[pending["topic"]].model_validate(pending["message"])
             log.warning("turn %s: republishing the pending %s after a redelivery", row.turn_id, type(message).__name__)
-            await self._emit(row.turn_id, message, row.conversation_id)
+            await self._emit(row.turn_id, row.step, message, row.conversation_id)
 
     # -- a new turn ---------------------------------------------------------------------
     async def on_start(self, command: StartTurn) -> str:
         turn = command.turn
         call = CallModel(turn=turn, step=0, messages=[{"role": "user", "content": command.text}])
         if await self.ledger.start(turn.model_dump(mode="json"), _pending(call), _traceparent()):
-            await self._emit(turn.turn_id, call, turn.conversation_id)
+            await self._emit(turn.turn_id, 0, call, turn.conversation_id)
             return "started"
         row = await self.ledger.get(turn.turn_id)
         if row is not None and row.step == 0 and row.pending:
@@ -93,20 +110,8 @@ class Guard:
 
     # -- one iteration ------------------------------------------------------------------
     async def on_iteration(self, event: ModelResponded) -> str:
+        """Decide, then record the step with one conditional update; only a refused update reads the ledger."""
         span = trace.get_current_span()
-        row = await self.ledger.get(event.turn.turn_id)
-        if row is None:
-            log.warning("turn %s: iteration for a turn the ledger does not know; dropped", event.turn.turn_id)
-            return "unknown turn"
-        if row.status == ENDED or event.step <= row.step:
-            if event.step == row.step and row.pending:
-                await self._republish(row)
-                return "republished"
-            span.add_event("duplicate or late iteration dropped", {"ledger.step": row.step, "ledger.status": row.status})
-            return "duplicate"
-        if event.step != row.step + 1:
-            log.warning("turn %s: iteration %d arrived after %d; dropped", event.turn.turn_id, event.step, row.step)
-            return "out of order"
         model = event.model or self.model
         cost = self.prices.cost(model, event.spent)
         decision = decide(event, self.policy, cost, self.prices.cost(model, event.usage))
@@ -129,12 +134,26 @@ class Guard:
             if decision.outcome not in (Outcome.END_TURN,):
                 log.warning("turn %s ended at step %d: %s (%s) trace %s", event.turn.turn_id, event.step, outcome,
                             decision.detail, event.turn.trace_id)
-        if not await self.ledger.advance(event.turn.turn_id, event.step, usage_columns(event.spent), cost, _pending(message),
-                                         outcome=outcome, traceparent=_traceparent()):
-            span.add_event("lost the race for this step; dropped")
+        if await self.ledger.advance(event.turn.turn_id, event.step, usage_columns(event.spent), cost, _pending(message),
+                                     outcome=outcome, traceparent=_traceparent()):
+            await self._emit(event.turn.turn_id, event.step, message, event.turn.conversation_id)
+            return outcome or type(message).__name__
+        return await self._not_advanced(event, span)
+
+    async def _not_advanced(self, event: ModelResponded, span: trace.Span) -> str:
+        """Why the ledger refused the step: a redelivery (republish if its decision may be unpublished), a duplicate, a gap."""
+        row = await self.ledger.get(event.turn.turn_id)
+        if row is None:
+            log.warning("turn %s: iteration for a turn the ledger does not know; dropped", event.turn.turn_id)
+            return "unknown turn"
+        if event.step == row.step and row.pending:
+            await self._republish(row)
+            return "republished"
+        if row.status == ENDED or event.step <= row.step:
+            span.add_event("duplicate or late iteration dropped", {"ledger.step": row.step, "ledger.status": row.status})
             return "duplicate"
-        await self._emit(event.turn.turn_id, message, event.turn.conversation_id)
-        return outcome or type(message).__name__
+        log.warning("turn %s: iteration %d arrived after %d; dropped", event.turn.turn_id, event.step, row.step)
+        return "out of order"
 
     @staticmethod
     def _ended(turn: Turn, step: int, decision: Finish, spent: Usage, cost: float) -> TurnEnded:
@@ -150,7 +169,7 @@ class Guard:
             if not await self.ledger.end(row.turn_id, outcome.value, _pending(ended)):
                 return False
             log.warning("turn %s ended from outside the loop: %s (%s) trace %s", row.turn_id, outcome.value, detail, row.trace_id)
-            await self._emit(row.turn_id, ended, row.conversation_id)
+            await self._emit(row.turn_id, row.step, ended, row.conversation_id)
             return True
 
     async def on_cancel(self, command: CancelTurn) -> str:

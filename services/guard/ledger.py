@@ -160,9 +160,10 @@ class Ledger:
             )
         return result.rowcount == 1
 
-    async def published(self, turn_id: str) -> None:
+    async def published(self, turn_id: str, step: int) -> None:
+        """The decision taken at `step` is out; a later step's pending message is left alone."""
         async with self.engine.begin() as conn:
-            await conn.execute(update(turns).where(turns.c.turn_id == turn_id).values(pending=None))
+            await conn.execute(update(turns).where(turns.c.turn_id == turn_id, turns.c.step == step).values(pending=None))
 
     # -- reads ----------------------------------------------------------------------------
     async def get(self, turn_id: str) -> TurnRow | None:

@@ -28,6 +28,32 @@ log = logging.getLogger("roundtrip")
 
 ACK_POLICY = AckPolicy.ACK  # commit after processing: at least once
 
+# FastStream logs "Received" and "Processed" for every message at this level. At INFO that is
+# two formatted log lines per hop in every service (measured: a few percent of each service's
+# CPU, see docs/benchmarks.md); at DEBUG they show only with ROUNDTRIP_LOG_LEVEL=DEBUG.
+MESSAGE_LOG_LEVEL = logging.DEBUG
+
+
+def subscriber_options(service: str, settings: Settings, *, workers: int | None = None, topic: str | None = None) -> dict[str, Any]:
+    """Keyword arguments for `broker.subscriber(topic, **subscriber_options(...))`.
+
+    Always: the service's consumer group, ACK after processing (at least once), and
+    auto_offset_reset="earliest" (a new group reads what was published before it joined).
+    `workers` > 1 processes that many partitions at once (FastStream's
+    ConcurrentBetweenPartitionsSubscriber: one consumer per worker in the same group, each
+    handling its partitions one message at a time, so per-partition, i.e. per-conversation,
+    order and commit-after-processing are kept). It is capped at the topic's partition
+    count; the subscriber must take exactly one topic. Use it for handlers that wait on I/O
+    (the model API, the shop), not for handlers whose state is not safe to run concurrently.
+    """
+    options: dict[str, Any] = {"group_id": group(service), "ack_policy": ACK_POLICY, "auto_offset_reset": "earliest"}
+    if workers and workers > 1:
+        partitions = settings.partitions
+        if topic is not None and topic.endswith(topics.TOOL_BATCHES) and settings.executor_partitions:
+            partitions = settings.executor_partitions
+        options["max_workers"] = max(1, min(workers, partitions))
+    return options
+
 
 def describe_error(exc: BaseException, body: Any = None) -> str:
     if isinstance(body, (bytes, str)):
@@ -82,6 +108,7 @@ def make_broker(service: str, settings: Settings) -> KafkaBroker:
         enable_idempotence=True,
         linger_ms=0,
         logger=logging.getLogger(f"roundtrip.{service}"),
+        log_level=MESSAGE_LOG_LEVEL,
         graceful_timeout=10.0,
     )
 

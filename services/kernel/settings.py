@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     topic_prefix: str = Field("", description="Prefix of every topic name (to share a cluster)")
     partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
     executor_partitions: int | None = Field(None, ge=1, description="Partitions of the executor topic (defaults to `partitions`)")
+    consumer_workers: int = Field(
+        4, ge=1, description="Partitions each service processes at once (order within a partition is kept)"
+    )
     replication_factor: int = Field(1, ge=1, description="Replication factor of the topics `roundtrip topics create` makes")
 
     # -- model -------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from faststream import FastStream
 
 from services.kernel import topics
 from services.kernel.events import CallModel, ModelResponded
-from services.kernel.messaging import ACK_POLICY, group, Outlet, make_broker
+from services.kernel.messaging import Outlet, make_broker, subscriber_options
 from services.kernel.settings import Settings
 from services.model.client import ModelClient
 from services.model.handlers import call_model
@@ -22,7 +22,7 @@ def build(settings: Settings) -> FastStream:
     responded = Outlet(broker, topics.ITERATIONS, ModelResponded)
     client = ModelClient(settings, load_registry().api_tools(cache=True))
 
-    @broker.subscriber(topics.t(topics.MODEL_CALLS), group_id=group("model"), ack_policy=ACK_POLICY, auto_offset_reset="earliest")
+    @broker.subscriber(topics.t(topics.MODEL_CALLS), **subscriber_options("model", settings, workers=settings.consumer_workers))
     async def on_call_model(command: CallModel) -> None:
         event = await call_model(command, client)
         if event.error:

@@ -120,7 +120,7 @@ def summarise(variant: str, concurrency: int, timings: list[TurnTiming], seconds
     return run
 
 
-def bench_settings(state: Path, partitions: int) -> tuple[Settings, dict[str, str]]:
+def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0) -> tuple[Settings, dict[str, str]]:
     kafka_port = free_port()
     controller_port = free_port()
     while controller_port == kafka_port:
@@ -128,7 +128,7 @@ def bench_settings(state: Path, partitions: int) -> tuple[Settings, dict[str, st
     values = dict(
         state_dir=state, kafka_port=kafka_port, kafka_controller_port=controller_port,
         simulator_port=free_port(), shop_port=free_port(), partitions=partitions,
-        simulator_latency_ms=0, simulator_persona=PERSONA, log_level="INFO",
+        simulator_latency_ms=latency_ms, simulator_persona=PERSONA, log_level="INFO",
     )
     env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
     for k in list(os.environ):  # this run's settings only: nothing from the caller's shell
@@ -202,7 +202,7 @@ def start_py_spy(pids: dict[str, int], out: Path, seconds: float) -> list[subpro
 
 
 def spy_report(out: Path) -> str:
-    lines = [f"Sampling profiles (py-spy, busy samples only; % of a process's samples with the package on the stack), {out}:"]
+    lines = [f"Sampling profiles (py-spy; % of a process's samples by the innermost library on the stack), {out}:"]
     for path in sorted(out.glob("*.txt")):
         total, ranked = py_spy_summary(path)
         lines.append(f"  {path.stem:<10} {total:>6} samples: " + ", ".join(f"{k} {v:.0f}%" for k, v in ranked))
@@ -212,7 +212,7 @@ def spy_report(out: Path) -> str:
 def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) -> str:
     lines = []
     w = lines.append
-    w(f"roundtrip loop benchmark: {meta['turn']}; simulator latency 0; {meta['cores']} cores; "
+    w(f"roundtrip loop benchmark: {meta['turn']}; simulator latency {meta['latency']:g} ms; {meta['cores']} cores; "
       f"{meta['partitions']} partitions per topic")
     w(f"load average before the run: {meta['load']}; CPU of other processes during each run is shown as 'others'")
     w("")
@@ -302,6 +302,38 @@ def plot(runs: list[Run], path: Path) -> str:
     return f"plot written to {path}"
 
 
+def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say: Callable[[str], None]) -> list[Run]:
+    """Start the fleet in `state`, measure, stop it (whatever happens), print the report."""
+    settings, env = bench_settings(state, args.partitions, args.simulator_latency_ms)
+    say(f"starting the fleet in {state} (embedded Kafka, simulator, shop, 5 services)")
+    started = time.perf_counter()
+    fleet = Fleet(settings, env=env, say=say)
+    try:
+        fleet.start()
+        say(f"fleet up in {time.perf_counter() - started:.1f} s")
+        runs = asyncio.run(measure(fleet, settings, args, say))
+    finally:
+        fleet.stop()
+    spans = read_spans(settings.effective_span_file)
+    profiles = {f"{r.concurrency} concurrent": (hop_profile(spans, *r.window_ns), named_span_profile(spans, *r.window_ns))
+                for r in runs if r.variant == "fleet"}
+    meta = {"turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn',
+            "latency": args.simulator_latency_ms, "cores": os.cpu_count(),
+            "partitions": args.partitions, "load": " ".join(f"{x:.2f}" for x in load)}
+    text = report(runs, profiles, meta)
+    say("")
+    say(text)
+    if args.py_spy:
+        say("")
+        say(spy_report(args.py_spy))
+    if not args.no_plot:
+        say(plot(runs, args.plot))
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "runs": [asdict(r) | {"turns_per_s": r.turns_per_s} for r in runs],
+                                         "profiles": profiles}, indent=1, default=str))
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_loop", description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=1500, help="turns per run at concurrency > 1 (default 1500)")
@@ -311,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=60, help="warm-up turns per variant (default 60)")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="cap of one run in seconds (default 60)")
     parser.add_argument("--partitions", type=int, default=6, help="partitions per topic (default 6, as configured)")
+    parser.add_argument("--simulator-latency-ms", type=float, default=0.0,
+                        help="latency the simulator adds to each model call (default 0, the benchmark's setting)")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks-loop.png", help="where the plot goes")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
@@ -325,36 +359,13 @@ def main(argv: list[str] | None = None) -> int:
 
     load = os.getloadavg()
     state = Path(tempfile.mkdtemp(prefix="roundtrip-bench-"))
-    settings, env = bench_settings(state, args.partitions)
-    say(f"starting the fleet in {state} (embedded Kafka, simulator, shop, 5 services)")
-    started = time.perf_counter()
-    fleet = Fleet(settings, env=env, say=say)
     try:
-        fleet.start()
-        say(f"fleet up in {time.perf_counter() - started:.1f} s")
-        runs = asyncio.run(measure(fleet, settings, args, say))
+        runs = run_all(state, args, load, say)
     finally:
-        fleet.stop()
-    spans = read_spans(settings.effective_span_file)
-    profiles = {f"{r.concurrency} concurrent": (hop_profile(spans, *r.window_ns), named_span_profile(spans, *r.window_ns))
-                for r in runs if r.variant == "fleet"}
-    meta = {"turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn', "cores": os.cpu_count(),
-            "partitions": args.partitions, "load": " ".join(f"{x:.2f}" for x in load)}
-    text = report(runs, profiles, meta)
-    say("")
-    say(text)
-    if args.py_spy:
-        say("")
-        say(spy_report(args.py_spy))
-    if not args.no_plot:
-        say(plot(runs, args.plot))
-    if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "runs": [asdict(r) | {"turns_per_s": r.turns_per_s} for r in runs],
-                                         "profiles": profiles}, indent=1, default=str))
-    if args.keep_state:
-        say(f"state kept in {state}")
-    else:
-        shutil.rmtree(state, ignore_errors=True)
+        if args.keep_state:
+            say(f"state kept in {state}")
+        else:
+            shutil.rmtree(state, ignore_errors=True)
     return 1 if any(r.wrong for r in runs) else 0
 
 

@@ -113,22 +113,23 @@ def named_span_profile(spans: list[dict], since_ns: int = 0, until_ns: int | Non
 # -- sampling profiles of the services (optional: needs py-spy, not a project dependency) ---------
 
 PACKAGES = (
-    "faststream", "aiokafka", "opentelemetry", "pydantic", "anthropic", "httpx2", "httpx", "httpcore", "h11",
-    "sqlalchemy", "aiosqlite", "sqlite3", "jsonschema", "logging", "json", "uvicorn", "starlette", "services",
+    "faststream", "aiokafka", "opentelemetry", "pydantic", "pydantic_core", "anthropic", "httpx2", "httpx", "httpcore",
+    "h11", "sqlalchemy", "aiosqlite", "sqlite3", "jsonschema", "logging", "json", "uvicorn", "starlette", "selectors",
 )
 
 
 def _package_of(frame: str) -> str | None:
     """py-spy raw frames look like 'function (path/to/module.py:123)'."""
-    path = frame.rsplit("(", 1)[-1]
+    path = "/" + frame.rsplit("(", 1)[-1]  # py-spy shortens paths to "package/module.py:line"
     for pkg in PACKAGES:
-        if f"/{pkg}/" in path or path.startswith(f"{pkg}/") or f"/{pkg}.py" in path or f"/{pkg}/__init__" in path:
+        if f"/{pkg}/" in path or f"/{pkg}.py" in path:
             return pkg
     return None
 
 
 def py_spy_summary(path: Path, top: int = 8) -> tuple[int, list[tuple[str, float]]]:
-    """(samples, [(package, % of the process's busy samples with that package on the stack)])."""
+    """(samples, [(library, % of samples)]): each sample goes to the innermost frame of a known
+    library ('selectors' is the event loop waiting; 'own code/stdlib' is everything else)."""
     if not path.is_file():
         return 0, []
     total = 0
@@ -138,7 +139,8 @@ def py_spy_summary(path: Path, top: int = 8) -> tuple[int, list[tuple[str, float
         if not n.isdigit():
             continue
         total += int(n)
-        for pkg in {_package_of(f) for f in stack.split(";")} - {None}:
-            counts[pkg] += int(n)  # type: ignore[index]
+        frames = stack.split(";")  # outermost first
+        owner = next((pkg for f in reversed(frames) if (pkg := _package_of(f))), "own code/stdlib")
+        counts[owner] += int(n)
     ranked = sorted(((k, 100 * v / total) for k, v in counts.items()), key=lambda kv: -kv[1]) if total else []
     return total, ranked[:top]

@@ -47,7 +47,9 @@ async def test_each_step_advances_once_and_only_in_order(ledger):
     assert await ledger.advance(t["turn_id"], 3, USAGE, 0.03, pending="z") is False  # ended turns do not move
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.step, row.outcome, row.cost_usd, row.input_tokens, row.pending) == (ENDED, 2, "end_turn", 0.02, 10, "y")
-    await ledger.published(t["turn_id"])
+    await ledger.published(t["turn_id"], 1)  # a late clean-up of an earlier step leaves the newer decision alone
+    assert (await ledger.get(t["turn_id"])).pending == "y"
+    await ledger.published(t["turn_id"], 2)
     assert (await ledger.get(t["turn_id"])).pending is None
 
 

@@ -38,6 +38,7 @@ async def guard(tmp_path):
               stuck_after_s=60, stuck_grace_s=30, turn_deadline_s=300)
     g.recorder = recorder
     yield g
+    await g.drain()
     await ledger.close()
 
 
@@ -55,6 +56,7 @@ LIST = ToolCall(id="toolu_1", name="list_orders", input={}, fingerprint=fingerpr
 
 async def test_a_turn_starts_once_even_when_the_request_is_duplicated(guard):
     assert await guard.on_start(StartTurn(turn=TURN, text="hi")) == "started"
+    await guard.drain()
     assert await guard.on_start(StartTurn(turn=TURN, text="hi")) == "duplicate"
     assert [t for t, _ in guard.recorder.sent] == [topics.MODEL_CALLS]
 
@@ -62,9 +64,12 @@ async def test_a_turn_starts_once_even_when_the_request_is_duplicated(guard):
 async def test_an_iteration_moves_the_turn_once(guard):
     await guard.on_start(StartTurn(turn=TURN, text="hi"))
     assert await guard.on_iteration(iteration(1, calls=[LIST])) == "CheckToolCalls"
+    await guard.drain()
     assert await guard.on_iteration(iteration(1, calls=[LIST])) == "duplicate"
     assert await guard.on_iteration(iteration(2, stop_reason="end_turn")) == "end_turn"
+    await guard.drain()
     assert await guard.on_iteration(iteration(3, stop_reason="end_turn")) == "duplicate"
+    assert await guard.on_iteration(iteration(2, stop_reason="end_turn")) == "duplicate"
     sent = [t for t, _ in guard.recorder.sent]
     assert sent == [topics.MODEL_CALLS, topics.TOOL_CALLS, topics.OUTCOMES]
     ended = guard.recorder.sent[-1][1]
@@ -85,6 +90,7 @@ async def test_a_decision_recorded_but_not_published_is_republished_on_redeliver
     guard.publish = guard.recorder
     assert await guard.on_iteration(iteration(1, calls=[LIST])) == "republished"
     assert [t for t, _ in guard.recorder.sent][-1] == topics.TOOL_CALLS
+    await guard.drain()
     assert await guard.on_iteration(iteration(1, calls=[LIST])) == "duplicate"  # published now: a plain duplicate
 
 
@@ -100,6 +106,7 @@ async def test_stuck_turns_are_flagged_then_ended_politely_once(guard):
     topic, ended = guard.recorder.sent[-1]
     assert topic == topics.OUTCOMES and ended.outcome is Outcome.DEADLINE and "sorry" in ended.text.lower()
     assert await guard.sweep(guard.recorder.flag, now=t0 + 200) == (0, 0)
+    await guard.drain()
     assert await guard.on_iteration(iteration(1, calls=[LIST])) == "duplicate"  # a late iteration cannot revive it
 
 
