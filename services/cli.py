@@ -22,7 +22,7 @@ from services.kernel.settings import get_settings
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 topics_app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True)
 broker_app = typer.Typer(help="The embedded Apache Kafka broker (KRaft, from Maven Central).", no_args_is_help=True)
-turns_app = typer.Typer(help="Turns in the guard's ledger: list them, cancel one.", invoke_without_command=True)
+turns_app = typer.Typer(help="Turns in the guard's ledger: list them (with trace ids), cancel one.", invoke_without_command=True)
 app.add_typer(topics_app, name="topics")
 app.add_typer(turns_app, name="turns")
 app.add_typer(broker_app, name="broker")
@@ -123,7 +123,7 @@ def ask(
 
 @app.command()
 def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:
-    """Show the spans of one turn from the local span file, as a tree."""
+    """Show the spans of one turn from the local span file, as an indented timeline."""
     from services.console import show_trace
 
     raise typer.Exit(show_trace(get_settings(), turn_or_trace_id))
@@ -172,7 +172,7 @@ def turns(
         raise typer.BadParameter("status must be running, stuck or ended")
     from services.console import list_turns
 
-    asyncio.run(list_turns(get_settings(), status, customer, limit))
+    raise typer.Exit(asyncio.run(list_turns(get_settings(), status, customer, limit)))
 
 
 @turns_app.command("cancel")
@@ -221,7 +221,16 @@ def broker_run() -> None:
 
 
 def main() -> None:
-    app()
+    from aiokafka.errors import KafkaConnectionError
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # client commands say it once, below; `run` resets it
+    try:
+        app()
+    except KafkaConnectionError as exc:
+        s = get_settings()
+        typer.secho(f"error: cannot reach Kafka at {s.bootstrap_servers} ({exc}). Is the fleet up (`roundtrip up`), "
+                    "or ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS set?", fg="red", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -142,9 +143,21 @@ def show_trace(settings: Settings, wanted: str) -> int:
     return 0
 
 
-async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int) -> None:
+def _ledger_missing(settings: Settings) -> bool:
+    """A SQLite ledger that does not exist means the wrong folder, not an empty fleet: say so, create nothing."""
+    url = settings.ledger_db_url
+    if url.startswith("sqlite") and not Path(url.split(":///", 1)[-1]).exists():
+        console.print(f"[red]error:[/] no turn ledger at {url.split(':///', 1)[-1]}; run this where the fleet runs, "
+                      "or set ROUNDTRIP_STATE_DIR / ROUNDTRIP_LEDGER_DATABASE_URL")
+        return True
+    return False
+
+
+async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int) -> int:
     from services.guard.ledger import Ledger
 
+    if _ledger_missing(settings):
+        return 2
     ledger = await Ledger.open(settings.ledger_db_url)
     try:
         rows = await ledger.list(status=status, customer_id=customer, limit=limit)
@@ -163,12 +176,15 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
             f"{now - r.started_at:.0f}", idle, r.trace_id,
         )
     console.print(table if rows else "no turns")
+    return 0
 
 
 async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     from services.guard.ledger import ENDED, Ledger
     from services.kernel.events import CancelTurn
 
+    if _ledger_missing(settings):
+        return 2
     ledger = await Ledger.open(settings.ledger_db_url)
     try:
         row = await ledger.get(turn_id)
@@ -181,8 +197,8 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
         console.print(f"turn {turn_id} already ended ({row.outcome})")
         return 0
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
-    await producer.start()
     try:
+        await producer.start()
         command = CancelTurn(turn_id=turn_id, reason=reason)
         await producer.send_and_wait(topics.t(topics.TURN_CONTROLS), command.model_dump_json().encode(), key=row.conversation_id.encode())
     finally:
@@ -196,8 +212,8 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
 
     topic = topics.t(topics.DEAD_LETTERS)
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
-    await consumer.start()
     try:
+        await consumer.start()
         partitions = [TopicPartition(topic, p) for p in (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or ()]
         if not partitions:
             console.print(f"[red]error:[/] no topic {topic}; is the fleet up? (roundtrip up)")
