@@ -1,0 +1,74 @@
+"""The README's main job, as a user runs it: `roundtrip up`, then `roundtrip ask` in another terminal, then Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from services.broker.embedded import free_port, port_is_free
+
+
+@pytest.fixture
+def up(tmp_path):
+    env = {
+        **os.environ,
+        "ROUNDTRIP_STATE_DIR": str(tmp_path / "state"),
+        "ROUNDTRIP_KAFKA_PORT": str(free_port()),
+        "ROUNDTRIP_KAFKA_CONTROLLER_PORT": str(free_port()),
+        "ROUNDTRIP_SIMULATOR_PORT": str(free_port()),
+        "ROUNDTRIP_SHOP_PORT": str(free_port()),
+    }
+    for var in ("ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS", "ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_BASE_URL", "ROUNDTRIP_SHOP_URL"):
+        env.pop(var, None)
+    log = open(tmp_path / "up.log", "w+")  # noqa: SIM115
+    process = subprocess.Popen([sys.executable, "-m", "services.cli", "up"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while "Ready." not in (tmp_path / "up.log").read_text():
+        assert process.poll() is None, (tmp_path / "up.log").read_text()
+        assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
+        time.sleep(0.2)
+    yield process, env, tmp_path / "up.log"
+    if process.poll() is None:
+        process.kill()
+    log.close()
+
+
+def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everything(up):
+    process, env, log = up
+    output = log.read_text()
+    for name in ("kafka", "simulator", "shop", "gateway", "model", "guard", "gate", "executor"):
+        assert f"  {name}" in output  # says where each listens
+    pids = [int(pid) for pid in re.findall(r"\(pid (\d+),", output)]
+    assert len(pids) == 7  # simulator, shop and the five services (the broker's port is checked below)
+
+    shop = f"http://127.0.0.1:{env['ROUNDTRIP_SHOP_PORT']}"
+    before = {o["order_id"]: o["status"] for o in httpx.get(f"{shop}/admin/orders").json()["orders"]}
+    ask = subprocess.run([sys.executable, "-m", "services.cli", "ask", "cancel my last order", "--customer", "cus_1001"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    after = {o["order_id"]: o["status"] for o in httpx.get(f"{shop}/admin/orders").json()["orders"]}
+
+    assert ask.returncode == 0, ask.stdout + ask.stderr
+    assert "step 1 model" in ask.stdout and "calls list_orders" in ask.stdout and "approved" in ask.stdout
+    assert "end_turn" in ask.stdout and "I've cancelled order ord_a1000003" in ask.stdout
+    assert {oid for oid in before if before[oid] != after[oid]} == {"ord_a1000003"}  # Alice's newest cancellable, nothing else
+    assert after["ord_a1000003"] == "cancelled"
+
+    process.send_signal(signal.SIGINT)  # Ctrl-C
+    assert process.wait(timeout=60) == 0
+    assert "roundtrip: stopped" in log.read_text()
+    assert not [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+    assert port_is_free(int(env["ROUNDTRIP_KAFKA_PORT"])) and port_is_free(int(env["ROUNDTRIP_SHOP_PORT"]))
+
+
+def test_a_second_fleet_on_the_same_ports_fails_with_a_clear_message(up):
+    _, env, _ = up
+    second = subprocess.run([sys.executable, "-m", "services.cli", "up"], env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1
+    assert "is already in use" in second.stderr and "ROUNDTRIP_KAFKA_PORT" in second.stderr
