@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from services.broker.embedded import die_with_parent_preexec
 from services.kernel.settings import Settings
 
 SERVICES = ("gateway", "model", "guard", "gate", "executor")
@@ -159,6 +160,7 @@ class Fleet:
             controller_port=s.kafka_controller_port,
             version=s.kafka_version,
             log_file=self.logs / "kafka.log",
+            die_with_parent=True,
         )
         self.broker.start()
         self.broker.wait_ready(60)
@@ -175,7 +177,10 @@ class Fleet:
         log_path = self.logs / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=die_with_parent_preexec(),  # a killed `roundtrip up` leaves no orphans behind
+        )
         out.close()
         self.children.append(Child(name, process, log_path, where))
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")

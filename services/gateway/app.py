@@ -25,7 +25,7 @@ def build(settings: Settings) -> FastStream:
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
     Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # declared so the AsyncAPI document shows the replies
     replies = TransactionalOutlet(
-        settings.bootstrap_servers, topics.t(topics.SUPPORT_REPLIES), group("gateway"),
+        settings.bootstrap_servers, topics.t(topics.SUPPORT_REPLIES), group("gateway", "replies"),
         transactional_id("gateway", topics.t(topics.SUPPORT_REPLIES)),
     )
 
@@ -42,7 +42,7 @@ def build(settings: Settings) -> FastStream:
             log.info("turn %s started for %s (trace %s)", turn.turn_id, turn.customer_id, turn.trace_id)
             await start(command, turn.conversation_id)
 
-    @broker.subscriber(topics.t(topics.OUTCOMES), **subscriber_options("gateway", settings))
+    @broker.subscriber(topics.t(topics.OUTCOMES), **subscriber_options("gateway", settings, role="replies"))
     async def on_turn_ended(ended: TurnEnded, message: KafkaMessage) -> None:
         with tracer().start_as_current_span("turn.reply") as span:
             span.set_attributes({"roundtrip.turn_id": ended.turn.turn_id, "roundtrip.outcome": ended.outcome.value})

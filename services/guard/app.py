@@ -47,7 +47,7 @@ def build(settings: Settings) -> FastStream:
     async def publish(topic: str, message: BaseModel, conversation_id: str) -> None:
         await outlets[topic](message, conversation_id)
 
-    @broker.subscriber(topics.t(topics.TURN_STARTS), **subscriber_options("guard", settings))
+    @broker.subscriber(topics.t(topics.TURN_STARTS), **subscriber_options("guard", settings, role="starts"))
     async def on_start_turn(command: StartTurn) -> None:
         with tracer().start_as_current_span("guard.start") as span:
             span.set_attribute("roundtrip.turn_id", command.turn.turn_id)
@@ -63,7 +63,7 @@ def build(settings: Settings) -> FastStream:
             })
             span.set_attribute("roundtrip.result", await state["guard"].on_iteration(event))
 
-    @broker.subscriber(topics.t(topics.TURN_CONTROLS), **subscriber_options("guard", settings))
+    @broker.subscriber(topics.t(topics.TURN_CONTROLS), **subscriber_options("guard", settings, role="controls"))
     async def on_cancel_turn(command: CancelTurn) -> None:
         with tracer().start_as_current_span("guard.cancel") as span:
             span.set_attribute("roundtrip.turn_id", command.turn_id)

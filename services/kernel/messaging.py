@@ -27,6 +27,7 @@ from services.kernel.settings import Settings
 log = logging.getLogger("roundtrip")
 
 ACK_POLICY = AckPolicy.ACK  # commit after processing: at least once
+IDLE_FETCH_WAIT_MS = 5000
 
 # FastStream logs "Received" and "Processed" for every message at this level. At INFO that is
 # two formatted log lines per hop in every service (measured: a few percent of each service's
@@ -34,7 +35,9 @@ ACK_POLICY = AckPolicy.ACK  # commit after processing: at least once
 MESSAGE_LOG_LEVEL = logging.DEBUG
 
 
-def subscriber_options(service: str, settings: Settings, *, workers: int | None = None, topic: str | None = None) -> dict[str, Any]:
+def subscriber_options(
+    service: str, settings: Settings, *, role: str | None = None, workers: int | None = None, topic: str | None = None
+) -> dict[str, Any]:
     """Keyword arguments for `broker.subscriber(topic, **subscriber_options(...))`.
 
     Always: the service's consumer group, ACK after processing (at least once), and
@@ -46,7 +49,14 @@ def subscriber_options(service: str, settings: Settings, *, workers: int | None 
     count; the subscriber must take exactly one topic. Use it for handlers that wait on I/O
     (the model API, the shop), not for handlers whose state is not safe to run concurrently.
     """
-    options: dict[str, Any] = {"group_id": group(service), "ack_policy": ACK_POLICY, "auto_offset_reset": "earliest"}
+    options: dict[str, Any] = {
+        "group_id": group(service, role),
+        "ack_policy": ACK_POLICY,
+        "auto_offset_reset": "earliest",
+        # Kafka answers a waiting fetch as soon as a record arrives, so a long wait costs no latency;
+        # it only makes an idle consumer ask less often (idle CPU of the fleet and the broker).
+        "fetch_max_wait_ms": IDLE_FETCH_WAIT_MS,
+    }
     if workers and workers > 1:
         partitions = settings.partitions
         if topic is not None and topic.endswith(topics.TOOL_BATCHES) and settings.executor_partitions:
@@ -113,8 +123,11 @@ def make_broker(service: str, settings: Settings) -> KafkaBroker:
     )
 
 
-def group(service: str) -> str:
-    return f"roundtrip-{service}"
+def group(service: str, role: str | None = None) -> str:
+    """The consumer group of a service's subscription: `roundtrip-<service>` for its main input,
+    `roundtrip-<service>-<role>` for another one. One group per subscription, so subscriptions
+    join (and rebalance) independently: a service with three inputs starts in one rebalance, not three."""
+    return f"roundtrip-{service}" + (f"-{role}" if role else "")
 
 
 def key_of(conversation_id: str) -> bytes:

@@ -36,7 +36,11 @@ def up(tmp_path):
         time.sleep(0.2)
     yield process, env, tmp_path / "up.log"
     if process.poll() is None:
-        process.kill()
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
     log.close()
 
 
