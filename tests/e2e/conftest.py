@@ -8,6 +8,7 @@ import json
 import threading
 import uuid
 from collections import defaultdict
+from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -176,6 +177,18 @@ class AsyncFleet:
 
     async def kill(self, name: str) -> None:
         await asyncio.to_thread(self.sync.kill, name)
+
+    @asynccontextmanager
+    async def reconfigured(self, services: tuple[str, ...], **values):
+        """Restart `services` with changed settings; afterwards restart them with the session's settings again."""
+        for name in services:
+            await self.restart(name, fleet_env(**values))
+        try:
+            yield
+        finally:
+            original = fleet_env(**{key: getattr(self.sync.settings, key) for key in values})
+            for name in services:
+                await self.restart(name, original)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ import pytest
 
 from services.kernel import topics
 from services.kernel.events import Outcome
-from tests.e2e.conftest import fleet_env
 
 
 def executed(client, request_id: str, tool: str) -> int:
@@ -44,12 +43,9 @@ async def test_the_40_call_incident_ends_within_two_identical_calls_with_cost_in
     assert reply.usage.input_tokens > 0 and reply.cost_usd > 0
 
     # The same scenario with the loop rules off: only the step limit stops it.
-    await fleet.restart("guard", fleet_env(loop_rules="false"))
-    try:
+    async with fleet.reconfigured(("guard",), loop_rules=False):
         off_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
         off = await client.reply(off_id)
-    finally:
-        await fleet.restart("guard", fleet_env(loop_rules="true"))
     assert off.outcome is Outcome.STEP_LIMIT and off.steps == fleet_settings[0].max_steps
     assert emitted(client, off_id, "lookup_order") == fleet_settings[0].max_steps
 
@@ -107,48 +103,38 @@ async def test_duplicated_iteration_events_are_dropped(client, shop_orders):
 
 
 async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(client, fleet, fleet_settings):
-    short = fleet_env(stuck_after_s=2, stuck_grace_s=3)
-    await fleet.restart("guard", short)
-    await fleet.restart("gate", short)
-    await fleet.kill("executor")
-    try:
-        started = time.monotonic()
-        request_id = await client.ask("where is my order?", customer="cus_1001", persona="careful")
-        await client.wait_for(lambda: client.of_turn(topics.TOOL_BATCHES, request_id), timeout=30)
+    async with fleet.reconfigured(("guard", "gate"), stuck_after_s=2, stuck_grace_s=3):
+        await fleet.kill("executor")
+        try:
+            started = time.monotonic()
+            request_id = await client.ask("where is my order?", customer="cus_1001", persona="careful")
+            await client.wait_for(lambda: client.of_turn(topics.TOOL_BATCHES, request_id), timeout=30)
 
-        stuck = await client.wait_for(lambda: [e for e in client.seen[topics.TURN_EVENTS] if e["turn"]["request_id"] == request_id], timeout=15)
-        assert stuck[0]["status"] == "stuck" and stuck[0]["idle_s"] >= 2
-        listing = roundtrip_cli(fleet_settings, "turns", "--status", "stuck")
-        assert listing.returncode == 0, listing.stderr
-        assert stuck[0]["turn"]["turn_id"] in listing.stdout and stuck[0]["turn"]["trace_id"] in listing.stdout
+            stuck = await client.wait_for(lambda: [e for e in client.seen[topics.TURN_EVENTS] if e["turn"]["request_id"] == request_id], timeout=15)
+            assert stuck[0]["status"] == "stuck" and stuck[0]["idle_s"] >= 2
+            listing = roundtrip_cli(fleet_settings, "turns", "--status", "stuck")
+            assert listing.returncode == 0, listing.stderr
+            assert stuck[0]["turn"]["turn_id"] in listing.stdout and stuck[0]["turn"]["trace_id"] in listing.stdout
 
-        reply = await client.reply(request_id, timeout=30)
-        elapsed = time.monotonic() - started
-        assert reply.outcome is Outcome.DEADLINE
-        assert "sorry" in reply.text.lower()
-        assert elapsed < 2 + 3 + 10  # stuck_after + grace + sweeping and start-up slack
-    finally:
-        await fleet.respawn("executor")
-        normal = fleet_env(stuck_after_s=fleet_settings[0].stuck_after_s, stuck_grace_s=fleet_settings[0].stuck_grace_s)
-        await fleet.restart("guard", normal)
-        await fleet.restart("gate", normal)
+            reply = await client.reply(request_id, timeout=30)
+            elapsed = time.monotonic() - started
+            assert reply.outcome is Outcome.DEADLINE
+            assert "sorry" in reply.text.lower()
+            assert elapsed < 2 + 3 + 10  # stuck_after + grace + sweeping and start-up slack
+        finally:
+            await fleet.respawn("executor")
     # The stale batch the executors find on their return has expired: it never runs, and no second reply comes.
     await asyncio.sleep(3)
     assert len(client.replies[request_id]) == 1
 
 
 async def test_turns_cancel_stops_a_stubborn_turn_mid_loop(client, fleet, fleet_settings):
-    await fleet.restart("simulator", fleet_env(simulator_latency_ms=700))
-    await fleet.restart("guard", fleet_env(loop_rules="false"))
-    try:
+    async with fleet.reconfigured(("simulator",), simulator_latency_ms=700), fleet.reconfigured(("guard",), loop_rules=False):
         request_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
         first = await client.wait_for(lambda: client.of_turn(topics.ITERATIONS, request_id), timeout=30)
         result = roundtrip_cli(fleet_settings, "turns", "cancel", first[0]["turn"]["turn_id"])
         assert result.returncode == 0, result.stderr
         reply = await client.reply(request_id, timeout=30)
-    finally:
-        await fleet.restart("simulator", fleet_env(simulator_latency_ms=0))
-        await fleet.restart("guard", fleet_env(loop_rules="true"))
     assert reply.outcome is Outcome.CANCELLED
     assert reply.steps < fleet_settings[0].max_steps
     assert "sorry" in reply.text.lower()

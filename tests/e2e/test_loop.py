@@ -12,7 +12,6 @@ import time
 from services.broker.embedded import kafka_libs_dir
 from services.kernel import topics
 from services.kernel.events import Outcome
-from tests.e2e.conftest import fleet_env
 
 CANCELLABLE = {"pending", "processing"}
 
@@ -71,12 +70,9 @@ async def test_careless_persona_invented_id_changes_nothing_and_the_model_is_tol
 
 async def test_stubborn_persona_is_stopped_at_the_step_limit_with_a_polite_reply(client, fleet, fleet_settings):
     """With the loop rules off the step limit is the last line; with them on, see test_guard_e2e."""
-    await fleet.restart("guard", fleet_env(loop_rules="false"))
-    try:
+    async with fleet.reconfigured(("guard",), loop_rules=False):
         request_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
         reply = await client.reply(request_id)
-    finally:
-        await fleet.restart("guard", fleet_env(loop_rules="true"))
     assert reply.outcome is Outcome.STEP_LIMIT
     assert reply.steps == fleet_settings[0].max_steps
     assert "sorry" in reply.text.lower()
