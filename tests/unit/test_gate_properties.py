@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import string
 from collections import Counter
 from typing import Any
 
