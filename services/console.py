@@ -30,6 +30,12 @@ def _short(value: Any, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+async def partitions_of(consumer: AIOKafkaConsumer, names) -> list[TopicPartition]:
+    """Every partition of these topics, from one metadata request (for a consumer without a group)."""
+    metadata = await consumer._client.fetch_all_metadata()
+    return [TopicPartition(name, p) for name in names for p in metadata.partitions_for_topic(name) or ()]
+
+
 async def ask(settings: Settings, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
     request = SupportRequest(
         request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer, text=text, persona=persona
@@ -39,7 +45,7 @@ async def ask(settings: Settings, text: str, customer: str, persona: str | None,
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
     try:
         await consumer.start()
-        partitions = [TopicPartition(t, p) for t in watched for p in (await consumer._client.fetch_all_metadata()).partitions_for_topic(t) or ()]
+        partitions = await partitions_of(consumer, watched)
         if not partitions:
             console.print("[red]error:[/] the fleet's topics do not exist; is the fleet up? (roundtrip up)")
             return 2
@@ -214,7 +220,7 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
     try:
         await consumer.start()
-        partitions = [TopicPartition(topic, p) for p in (await consumer._client.fetch_all_metadata()).partitions_for_topic(topic) or ()]
+        partitions = await partitions_of(consumer, [topic])
         if not partitions:
             console.print(f"[red]error:[/] no topic {topic}; is the fleet up? (roundtrip up)")
             return 2

@@ -170,7 +170,9 @@ class Fleet:
         from services.kernel.admin import ensure_topics
 
         s = self.settings
-        report = asyncio.run(ensure_topics(s.bootstrap_servers, s.topic_prefix, s.partitions, s.executor_partitions))
+        report = asyncio.run(
+            ensure_topics(s.bootstrap_servers, s.topic_prefix, s.partitions, s.executor_partitions, s.replication_factor)
+        )
         self.say(f"  {report}")
 
     def _spawn(self, name: str, argv: list[str], where: str) -> None:

@@ -44,6 +44,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from services.kernel.settings import get_settings
+
 DEFAULT_VERSION = "4.1.1"
 # Small on purpose: the embedded broker shares a laptop (or a 2-core CI box) with the fleet.
 DEFAULT_JAVA_OPTS = (
@@ -302,7 +304,7 @@ class EmbeddedKafka:
         self.host = host
         self.log_file = Path(log_file).resolve() if log_file else self.data_dir / "broker.log"
         self.libs_dir = Path(libs_dir) if libs_dir else None
-        self.java_opts = java_opts if java_opts is not None else os.environ.get("ROUNDTRIP_KAFKA_JAVA_OPTS", DEFAULT_JAVA_OPTS)
+        self.java_opts = java_opts if java_opts is not None else (get_settings().kafka_java_opts or DEFAULT_JAVA_OPTS)
         self.extra_properties = dict(properties or {})
         # Linux: the JVM gets SIGTERM when the thread that started it exits. Only for callers that
         # start the broker from the main thread and want no orphan if they are killed (tests).
@@ -379,7 +381,7 @@ class EmbeddedKafka:
             find_java(),
             *shlex.split(java_opts),
             f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
-            f"-Droundtrip.kafka.log.level={os.environ.get('ROUNDTRIP_KAFKA_LOG_LEVEL', 'INFO')}",
+            f"-Droundtrip.kafka.log.level={get_settings().kafka_log_level}",
             "-cp",
             str(self.libs_dir / "*"),
             main_class,
@@ -529,8 +531,6 @@ def die_with_parent_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | N
 
 def main(argv: list[str] | None = None) -> int:
     """Fetch the jars, or run the broker in the foreground until SIGINT/SIGTERM."""
-    from services.kernel.settings import get_settings
-
     settings = get_settings()
     parser = argparse.ArgumentParser(prog="python -m services.broker.embedded", description=main.__doc__)
     parser.add_argument("command", nargs="?", choices=("run", "fetch"), default="run")

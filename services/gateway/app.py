@@ -12,9 +12,9 @@ from services.kernel import topics
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
 from services.kernel.messaging import Outlet, group, key_of, make_broker, subscriber_options
-from services.kernel.transactions import TransactionalOutlet, transactional_id
 from services.kernel.settings import Settings
 from services.kernel.telemetry import current_trace_id, tracer
+from services.kernel.transactions import TransactionalOutlet, transactional_id
 
 log = logging.getLogger("roundtrip.gateway")
 

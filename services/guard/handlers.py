@@ -33,7 +33,7 @@ log = logging.getLogger("roundtrip.guard")
 
 Publish = Callable[[str, BaseModel, str], Awaitable[None]]  # (logical topic, message, conversation id)
 TOPIC_OF = {CallModel: topics.MODEL_CALLS, CheckToolCalls: topics.TOOL_CALLS, TurnEnded: topics.OUTCOMES}
-MODEL_OF = {topics.MODEL_CALLS: CallModel, topics.TOOL_CALLS: CheckToolCalls, topics.OUTCOMES: TurnEnded}
+MODEL_OF = {topic: model for model, topic in TOPIC_OF.items()}
 
 
 def _pending(message: BaseModel) -> str:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 
 from services.broker.embedded import free_port
+from services.console import partitions_of
 from services.fleet import Fleet
 from services.kernel import topics
 from services.kernel.events import SupportReply
@@ -49,10 +50,7 @@ class FleetClient:
         )
         await self.producer.start()
         await self.consumer.start()
-        partitions = [TopicPartition(t, p) for t in watched for p in self.consumer.partitions_for_topic(t) or ()]
-        if not partitions:
-            metadata = await self.consumer._client.fetch_all_metadata()
-            partitions = [TopicPartition(t, p) for t in watched for p in metadata.partitions_for_topic(t) or ()]
+        partitions = await partitions_of(self.consumer, watched)
         assert len({tp.topic for tp in partitions}) == len(watched), "the fleet's topics should exist"
         self.consumer.assign(partitions)
         await self.consumer.seek_to_beginning(*partitions)
