@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import logging
 
-from faststream import FastStream
-
 from services.executor.handlers import BatchExpired, execute
 from services.executor.runner import Runner
+from faststream import FastStream
+
 from services.kernel import topics
 from services.kernel.approvals import Signer, parse_keys
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import CallModel, ExecuteToolBatch
-from services.kernel.messaging import Outlet, make_broker, subscriber_options
+from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.tools.registry import load_registry
 from services.tools.shop_client import ShopClient
@@ -32,7 +32,7 @@ def build(settings: Settings) -> FastStream:
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
 
-    @broker.subscriber(topics.t(topics.TOOL_BATCHES), **subscriber_options("executor", settings, workers=settings.consumer_workers, topic=topics.TOOL_BATCHES))
+    @subscribe(broker, topics.TOOL_BATCHES, "executor", settings)
     async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
         if f"{batch.turn.turn_id}:{batch.step}" in seen:
             log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)
@@ -45,6 +45,6 @@ def build(settings: Settings) -> FastStream:
         seen.add(f"{batch.turn.turn_id}:{batch.step}")
         await call_model(command, batch.turn.conversation_id)
 
-    app = FastStream(broker, logger=log)
+    app = service_app(broker, log)
     app.after_shutdown(shop.aclose)
     return app

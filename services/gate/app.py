@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import logging
 
+from services.gate.handlers import Gate
 from faststream import FastStream
 
-from services.gate.handlers import Gate
 from services.kernel import topics
 from services.kernel.approvals import Signer, parse_keys
 from services.kernel.events import CheckToolCalls, ExecuteToolBatch
-from services.kernel.messaging import Outlet, make_broker, subscriber_options
+from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.tools.context import ToolContext
 from services.tools.registry import load_registry
@@ -34,7 +34,7 @@ def build(settings: Settings) -> FastStream:
     gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), shop=shop,
                 batch_ttl_s=settings.stuck_after_s)
 
-    @broker.subscriber(topics.t(topics.TOOL_CALLS), **subscriber_options("gate", settings, workers=settings.consumer_workers))
+    @subscribe(broker, topics.TOOL_CALLS, "gate", settings)
     async def on_check_tool_calls(command: CheckToolCalls) -> None:
         batch = await gate.check(command)
         rejected = [c.name for c in batch.calls if not c.approved]
@@ -42,6 +42,6 @@ def build(settings: Settings) -> FastStream:
             log.info("turn %s step %d: rejected %s", command.turn.turn_id, command.step, rejected)
         await execute(batch, command.turn.conversation_id)
 
-    app = FastStream(broker, logger=log)
+    app = service_app(broker, log)
     app.after_shutdown(shop.aclose)
     return app

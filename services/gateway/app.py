@@ -7,11 +7,12 @@ import logging
 from faststream import FastStream
 from faststream.kafka import KafkaMessage
 
+from services.gateway.admission import Admission
 from services.gateway.handlers import reply_for, start_turn
 from services.kernel import topics
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
-from services.kernel.messaging import Outlet, group, key_of, make_broker, subscriber_options
+from services.kernel.messaging import Outlet, group, key_of, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.telemetry import current_trace_id, tracer
 from services.kernel.transactions import TransactionalOutlet, transactional_id
@@ -22,6 +23,7 @@ log = logging.getLogger("roundtrip.gateway")
 def build(settings: Settings) -> FastStream:
     broker = make_broker("gateway", settings)
     started, replied = SeenIds(), SeenIds()
+    admission = Admission(settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60)
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
     Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # declared so the AsyncAPI document shows the replies
     replies = TransactionalOutlet(
@@ -29,7 +31,7 @@ def build(settings: Settings) -> FastStream:
         transactional_id("gateway", topics.t(topics.SUPPORT_REPLIES)),
     )
 
-    @broker.subscriber(topics.t(topics.SUPPORT_REQUESTS), **subscriber_options("gateway", settings))
+    @subscribe(broker, topics.SUPPORT_REQUESTS, "gateway", settings)
     async def on_support_request(request: SupportRequest) -> None:
         with tracer().start_as_current_span("turn.start") as span:
             command = start_turn(request, current_trace_id())
@@ -39,20 +41,27 @@ def build(settings: Settings) -> FastStream:
                 span.add_event("duplicate request dropped")
                 log.info("duplicate request %s (turn %s) dropped", request.request_id, turn.turn_id)
                 return
+            waited = await admission.admit(turn.turn_id)
+            if waited > 0.001:
+                span.set_attribute("roundtrip.admission_wait_s", round(waited, 3))
             log.info("turn %s started for %s (trace %s)", turn.turn_id, turn.customer_id, turn.trace_id)
             await start(command, turn.conversation_id)
 
-    @broker.subscriber(topics.t(topics.OUTCOMES), **subscriber_options("gateway", settings, role="replies"))
+    # Replies are committed with the offsets that cover their outcomes, one transaction per commit
+    # (services/kernel/transactions.py): commit as soon as something finished, batching while busy.
+    @subscribe(broker, topics.OUTCOMES, "gateway", settings, role="replies",
+               commit=replies.commit, forget=replies.forget, commit_interval_s=0)
     async def on_turn_ended(ended: TurnEnded, message: KafkaMessage) -> None:
+        admission.release(ended.turn.turn_id)
         with tracer().start_as_current_span("turn.reply") as span:
             span.set_attributes({"roundtrip.turn_id": ended.turn.turn_id, "roundtrip.outcome": ended.outcome.value})
             if not replied.add(ended.turn.turn_id):
                 span.add_event("duplicate outcome dropped")
                 return
-            # the reply and this message's offset commit together: no second reply after a crash
-            await replies.publish_consumed(reply_for(ended), key_of(ended.turn.conversation_id), message.raw_message)
+            # the reply becomes visible with the commit of this message's offset: no second reply after a crash
+            replies.stage(reply_for(ended), key_of(ended.turn.conversation_id), message.raw_message)
 
-    app = FastStream(broker, logger=log)
+    app = service_app(broker, log)
     app.on_startup(replies.start)
     app.after_shutdown(replies.stop)
     return app

@@ -18,7 +18,7 @@ from services.guard.pricing import PriceTable
 from services.guard.rules import Policy
 from services.kernel import topics
 from services.kernel.events import CallModel, CancelTurn, CheckToolCalls, ModelResponded, StartTurn, TurnEnded, TurnFlagged
-from services.kernel.messaging import Outlet, make_broker, subscriber_options
+from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.telemetry import tracer
 
@@ -47,13 +47,13 @@ def build(settings: Settings) -> FastStream:
     async def publish(topic: str, message: BaseModel, conversation_id: str) -> None:
         await outlets[topic](message, conversation_id)
 
-    @broker.subscriber(topics.t(topics.TURN_STARTS), **subscriber_options("guard", settings, role="starts"))
+    @subscribe(broker, topics.TURN_STARTS, "guard", settings, role="starts")
     async def on_start_turn(command: StartTurn) -> None:
         with tracer().start_as_current_span("guard.start") as span:
             span.set_attribute("roundtrip.turn_id", command.turn.turn_id)
             span.set_attribute("roundtrip.result", await state["guard"].on_start(command))
 
-    @broker.subscriber(topics.t(topics.ITERATIONS), **subscriber_options("guard", settings, workers=settings.consumer_workers))
+    @subscribe(broker, topics.ITERATIONS, "guard", settings)
     async def on_iteration(event: ModelResponded) -> None:
         with tracer().start_as_current_span("guard.decide") as span:
             span.set_attributes({
@@ -63,7 +63,7 @@ def build(settings: Settings) -> FastStream:
             })
             span.set_attribute("roundtrip.result", await state["guard"].on_iteration(event))
 
-    @broker.subscriber(topics.t(topics.TURN_CONTROLS), **subscriber_options("guard", settings, role="controls"))
+    @subscribe(broker, topics.TURN_CONTROLS, "guard", settings, role="controls")
     async def on_cancel_turn(command: CancelTurn) -> None:
         with tracer().start_as_current_span("guard.cancel") as span:
             span.set_attribute("roundtrip.turn_id", command.turn_id)
@@ -77,7 +77,7 @@ def build(settings: Settings) -> FastStream:
             except Exception:  # noqa: BLE001 - the sweeper must outlive a database hiccup
                 log.exception("sweeping for stuck turns failed; will retry")
 
-    app = FastStream(broker, logger=log)
+    app = service_app(broker, log)
 
     @app.on_startup
     async def open_ledger() -> None:

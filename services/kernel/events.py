@@ -198,8 +198,11 @@ class DeadLettered(Message):
     service: str
     topic: str
     reason: str
-    payload: str = Field(description="The original bytes, decoded as UTF-8 with replacement")
-    key: str | None = None
+    payload: str = Field(description="The original bytes for people to read: UTF-8 with replacement, the first 100,000 bytes")
+    payload_base64: str = Field("", description="The original bytes, all of them, base64 (lossless)")
+    key: str | None = Field(None, description="The record's key as UTF-8 with replacement")
+    key_base64: str | None = Field(None, description="The record's key bytes, base64 (lossless)")
+    headers: list[dict[str, str]] = Field(default_factory=list, description="The record's headers: key and value_base64")
     partition: int | None = None
     offset: int | None = None
 

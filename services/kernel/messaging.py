@@ -1,32 +1,38 @@
-"""The broker factory and the dead-letter middleware every service shares.
+"""The broker factory, the kernel's subscriptions and the dead-letter path every service shares.
 
-Delivery is at least once: subscribers commit after the handler returns
-(`AckPolicy.ACK`), so a crash mid-handler redelivers the message. A message that
-cannot be processed (bad JSON, schema violation, a bug) never kills the service:
-`DeadLetterMiddleware` publishes it with the reason to the dead-letter topic and the
-offset moves on.
+Delivery is at least once. Every subscription runs on `KeyOrderedConsumer`
+(services/kernel/consumer.py): many messages in flight per partition, one conversation
+at a time, offsets committed (batched) only up to the first unfinished message. A
+message that cannot be processed (bad JSON, schema violation, a bug) never kills the
+service: `DeadLetterMiddleware` publishes it with the reason to the dead-letter topic,
+and whatever escapes even that (undecodable headers, a failed dead-letter publish) is
+dead-lettered by the consumer's rescue from the raw record, retried until it is.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import traceback
 from typing import Any
 
-from faststream import AckPolicy
+from faststream import AckPolicy, FastStream
 from faststream._internal.middlewares import BaseMiddleware
 from faststream.kafka import KafkaBroker
 from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 from pydantic import BaseModel, ValidationError
 
 from services.kernel import topics
+from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
 from services.kernel.settings import Settings
 
 log = logging.getLogger("roundtrip")
 
-ACK_POLICY = AckPolicy.ACK  # commit after processing: at least once
+# An idle consumer's fetch waits this long at the broker. Kafka answers a waiting fetch as soon
+# as a record arrives, and the key-ordered consumer drains whatever was fetched at once, so a
+# long wait costs no latency; it only makes an idle consumer ask less often (idle CPU).
 IDLE_FETCH_WAIT_MS = 5000
 
 # FastStream logs "Received" and "Processed" for every message at this level. At INFO that is
@@ -34,48 +40,158 @@ IDLE_FETCH_WAIT_MS = 5000
 # CPU, see docs/benchmarks.md); at DEBUG they show only with ROUNDTRIP_LOG_LEVEL=DEBUG.
 MESSAGE_LOG_LEVEL = logging.DEBUG
 
+_CONSUMERS = "_roundtrip_consumers"
 
-def subscriber_options(
-    service: str, settings: Settings, *, role: str | None = None, workers: int | None = None, topic: str | None = None
-) -> dict[str, Any]:
-    """Keyword arguments for `broker.subscriber(topic, **subscriber_options(...))`.
 
-    Always: the service's consumer group, ACK after processing (at least once), and
-    auto_offset_reset="earliest" (a new group reads what was published before it joined).
-    `workers` > 1 processes that many partitions at once (FastStream's
-    ConcurrentBetweenPartitionsSubscriber: one consumer per worker in the same group, each
-    handling its partitions one message at a time, so per-partition, i.e. per-conversation,
-    order and commit-after-processing are kept). It is capped at the topic's partition
-    count; the subscriber must take exactly one topic. Use it for handlers that wait on I/O
-    (the model API, the shop), not for handlers whose state is not safe to run concurrently.
+def subscribe(
+    broker: KafkaBroker,
+    topic: str,
+    service: str,
+    settings: Settings,
+    *,
+    role: str | None = None,
+    max_in_flight: int | None = None,
+    commit: Commit | None = None,
+    forget: Any = None,
+    commit_interval_s: float | None = None,
+    description: str | None = None,
+) -> Any:
+    """A FastStream subscriber of `topic` (logical name) that consumes key-ordered and concurrently.
+
+    Use it as the decorator of the handler: `@subscribe(broker, topics.MODEL_CALLS, "model", settings)`.
+    The subscriber is FastStream's own (pydantic body, middlewares, AsyncAPI); only its fetch
+    loop is replaced by a `KeyOrderedConsumer` in the service's consumer group (`group()`),
+    holding up to `max_in_flight` messages (default `settings.max_in_flight`). `commit`
+    replaces the consumer's offset commit (the gateway commits its replies with the offsets in
+    one transaction) and `forget` hears of partitions given up in a rebalance.
     """
-    options: dict[str, Any] = {
-        "group_id": group(service, role),
-        "ack_policy": ACK_POLICY,
-        "auto_offset_reset": "earliest",
-        # Kafka answers a waiting fetch as soon as a record arrives, so a long wait costs no latency;
-        # it only makes an idle consumer ask less often (idle CPU of the fleet and the broker).
-        "fetch_max_wait_ms": IDLE_FETCH_WAIT_MS,
-    }
-    if workers and workers > 1:
-        partitions = settings.partitions
-        if topic is not None and topic.endswith(topics.TOOL_BATCHES) and settings.executor_partitions:
-            partitions = settings.executor_partitions
-        options["max_workers"] = max(1, min(workers, partitions))
-    return options
+    consumer = KeyOrderedConsumer(
+        process=_not_started,
+        name=f"{service}{'-' + role if role else ''}",
+        max_in_flight=max_in_flight or settings.max_in_flight,
+        commit_interval_s=settings.commit_interval_ms / 1000 if commit_interval_s is None else commit_interval_s,
+        commit=commit,
+        forget=forget,
+        idle_wait_ms=IDLE_FETCH_WAIT_MS,
+    )
+    subscriber = broker.subscriber(
+        topics.t(topic),
+        group_id=group(service, role),
+        ack_policy=AckPolicy.MANUAL,  # the key-ordered consumer commits, never past an unfinished message
+        auto_offset_reset="earliest",  # a new group reads what was published before it joined
+        fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+        max_poll_records=None,
+        listener=consumer,
+        description=description,
+    )
+    consumer._process = subscriber.process_message  # noqa: SLF001 - FastStream's whole chain for one record
+    consumer._rescue = _rescuer(broker, service)  # noqa: SLF001
+
+    async def run(kafka_consumer: Any) -> None:
+        await consumer.run(kafka_consumer)
+
+    subscriber._run_consume_loop = run  # noqa: SLF001 - FastStream's fetch loop, replaced by ours
+    consumers_of(broker).append(consumer)
+    return subscriber
+
+
+async def _not_started(record: Any) -> None:  # pragma: no cover - replaced in subscribe()
+    raise RuntimeError("subscriber not wired")
+
+
+def consumers_of(broker: KafkaBroker) -> list[KeyOrderedConsumer]:
+    """The key-ordered consumers of a service's broker (health, metrics, graceful stop)."""
+    if not hasattr(broker, _CONSUMERS):
+        setattr(broker, _CONSUMERS, [])
+    return getattr(broker, _CONSUMERS)
+
+
+def service_app(broker: KafkaBroker, logger: logging.Logger) -> FastStream:
+    """The service's FastStream app; on shutdown its consumers finish what runs and commit first."""
+    app = FastStream(broker, logger=logger)
+
+    @app.on_shutdown
+    async def drain_consumers() -> None:
+        for consumer in consumers_of(broker):
+            await consumer.drain()
+
+    return app
 
 
 def describe_error(exc: BaseException, body: Any = None) -> str:
-    if isinstance(body, (bytes, str)):
-        try:
-            json.loads(body)
-        except ValueError as bad:
-            return f"malformed JSON: {bad}"
-    if isinstance(exc, ValidationError):
-        return "schema violation: " + "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:10]
-        )
-    return f"{type(exc).__name__}: {exc}"
+    """Why a message could not be processed, in one line; never raises (any input, any depth)."""
+    try:
+        if isinstance(body, (bytes, str)):
+            try:
+                json.loads(body)
+            except RecursionError:
+                return "malformed JSON: nested too deep"
+            except ValueError as bad:
+                return f"malformed JSON: {bad}"
+        if isinstance(exc, ValidationError):
+            return "schema violation: " + "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:10]
+            )[:2000]
+        if isinstance(exc, RecursionError):
+            return "RecursionError: message nested too deep"
+        return f"{type(exc).__name__}: {_text(exc)}"[:2000]
+    except BaseException:  # noqa: BLE001 - describing a failure must not fail
+        return f"{type(exc).__name__} (undescribable)"
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException:  # noqa: BLE001
+        return "<unprintable>"
+
+
+def dead_letter_of(service: str, record: Any, reason: str) -> DeadLettered:
+    """The dead letter of a raw Kafka record: its bytes, key and headers kept losslessly (base64)."""
+    value = record.value if isinstance(record.value, (bytes, type(None))) else str(record.value).encode()
+    value = value or b""
+    key = record.key if isinstance(record.key, (bytes, type(None))) else str(record.key).encode()
+    headers = [
+        {"key": str(k), "value_base64": base64.b64encode(v if isinstance(v, bytes) else str(v).encode()).decode()}
+        for k, v in (record.headers or ())
+    ]
+    return DeadLettered(
+        service=service,
+        topic=record.topic,
+        reason=reason,
+        payload=value[:100_000].decode("utf-8", errors="replace"),
+        payload_base64=base64.b64encode(value).decode(),
+        key=key.decode("utf-8", errors="replace") if key is not None else None,
+        key_base64=base64.b64encode(key).decode() if key is not None else None,
+        headers=headers,
+        partition=record.partition,
+        offset=record.offset,
+    )
+
+
+class DeadLetterFailed(Exception):
+    """Publishing a dead letter failed; the consumer's rescue retries it with the original reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def _publish_dead_letter(broker: KafkaBroker, service: str, record: Any, reason: str) -> None:
+    letter = dead_letter_of(service, record, reason)
+    log.error("dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, reason)
+    key = record.key if isinstance(record.key, bytes) else None
+    await broker.publish(letter, topic=topics.t(topics.DEAD_LETTERS), key=key)
+
+
+def _rescuer(broker: KafkaBroker, service: str):
+    """The consumer's last resort: dead-letter the raw record when handling it raised past the middleware."""
+
+    async def rescue(record: Any, exc: BaseException) -> None:
+        reason = exc.reason if isinstance(exc, DeadLetterFailed) else describe_error(exc, record.value)
+        await _publish_dead_letter(broker, service, record, reason)
+
+    return rescue
 
 
 class DeadLetterMiddleware(BaseMiddleware):
@@ -88,23 +204,11 @@ class DeadLetterMiddleware(BaseMiddleware):
             return await call_next(msg)
         except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
             reason = describe_error(exc, msg.body)
-            raw = getattr(msg, "raw_message", None)
-            topic = getattr(raw, "topic", "?")
-            log.error("dead-lettering a message from %s: %s", topic, reason)
             log.debug("%s", traceback.format_exc())
-            body = msg.body if isinstance(msg.body, bytes) else str(msg.body).encode()
-            key = getattr(raw, "key", None)
-            letter = DeadLettered(
-                service=self.service,
-                topic=topic,
-                reason=reason,
-                payload=body.decode("utf-8", errors="replace")[:100_000],
-                key=key.decode("utf-8", errors="replace") if isinstance(key, bytes) else key,
-                partition=getattr(raw, "partition", None),
-                offset=getattr(raw, "offset", None),
-            )
-            broker = self.context.get("broker")
-            await broker.publish(letter, topic=topics.t(topics.DEAD_LETTERS), key=key)
+            try:
+                await _publish_dead_letter(self.context.get("broker"), self.service, msg.raw_message, reason)
+            except Exception as failed:  # noqa: BLE001 - the consumer retries the dead letter
+                raise DeadLetterFailed(reason) from failed
             return None
 
 

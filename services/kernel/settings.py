@@ -33,8 +33,14 @@ class Settings(BaseSettings):
     topic_prefix: str = Field("", description="Prefix of every topic name (to share a cluster)")
     partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
     executor_partitions: int | None = Field(None, ge=1, description="Partitions of the executor topic (defaults to `partitions`)")
-    consumer_workers: int = Field(
-        4, ge=1, description="Partitions each service processes at once (order within a partition is kept)"
+    max_in_flight: int = Field(
+        500, ge=1,
+        description="Messages each subscription of a service holds at once (one conversation at a time, "
+        "many conversations concurrently); at the limit it pauses fetching",
+    )
+    commit_interval_ms: float = Field(100.0, ge=0, description="How often a consumer commits its finished offsets (batched)")
+    max_running_turns: int = Field(
+        200, ge=1, description="Turns the gateway runs at once; more requests wait in support.requests (admission)"
     )
     replication_factor: int = Field(1, ge=1, description="Replication factor of the topics `roundtrip topics create` makes")
 

@@ -1,8 +1,8 @@
 """Exactly-once from one topic to another: consume, produce and commit in one Kafka transaction.
 
-Used where a duplicate would be visible to a user (the gateway's replies): the reply and the
-consumer offset of the message that caused it are committed atomically, so a crash between
-publishing and committing cannot publish the reply twice. Readers must use
+Used where a duplicate would be visible to a user (the gateway's replies): a reply and the
+consumer offset that covers the message that caused it are committed atomically, so a crash
+between publishing and committing cannot publish the reply twice. Readers must use
 `isolation.level=read_committed` to skip the output of aborted transactions.
 """
 
@@ -23,10 +23,23 @@ def transactional_id(service: str, topic: str) -> str:
 
 
 class TransactionalOutlet:
+    """Messages that become visible together with the consumer offsets that cover them.
+
+    A handler `stage()`s its output for the record it consumed; the key-ordered consumer then
+    calls `commit(offsets)` (it is that subscription's commit function) with the safe offset of
+    each partition, and every staged message whose record lies below its partition's safe
+    offset is published in the same transaction as those offsets. So a message is committed
+    exactly when its input is: a crash before the commit publishes nothing and the input is
+    read again; after it, the input is never read again. Concurrent handlers share one
+    transaction per commit (a group commit), so replies need not queue one transaction each.
+    """
+
     def __init__(self, bootstrap_servers: str, topic: str, group_id: str, txn_id: str) -> None:
         self.topic, self.group_id = topic, group_id
         self._options = dict(bootstrap_servers=bootstrap_servers, transactional_id=txn_id, enable_idempotence=True, linger_ms=0)
         self._producer: AIOKafkaProducer | None = None
+        # partition -> offset of the consumed record -> (value, key, headers); a record read again replaces its own
+        self._staged: dict[TopicPartition, dict[int, tuple[bytes, bytes, list[tuple[str, bytes]]]]] = {}
 
     async def start(self) -> None:
         """Connect and register the transactional id (fencing an earlier producer with the same id)."""
@@ -37,13 +50,32 @@ class TransactionalOutlet:
         if self._producer is not None:
             await self._producer.stop()
 
-    async def publish_consumed(self, message: BaseModel, key: bytes, consumed) -> None:
-        """Publish `message` and commit the offset of `consumed` (a ConsumerRecord) atomically."""
+    def stage(self, message: BaseModel, key: bytes, consumed) -> None:
+        """Publish `message` with the commit that covers `consumed` (a ConsumerRecord)."""
         carrier: dict[str, str] = {}
         inject(carrier)  # the turn's trace continues in the reply, as with every other hop
         headers = [(k, v.encode()) for k, v in carrier.items()] + [("content-type", b"application/json")]
+        tp = TopicPartition(consumed.topic, consumed.partition)
+        self._staged.setdefault(tp, {})[consumed.offset] = (message.model_dump_json().encode(), key, headers)
+
+    def forget(self, partitions: list[TopicPartition]) -> None:
+        """Partitions given up in a rebalance: their uncommitted records are read again by the next owner."""
+        for tp in partitions:
+            self._staged.pop(tp, None)
+
+    @property
+    def staged(self) -> int:
+        return sum(len(v) for v in self._staged.values())
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """One transaction: the staged messages below `offsets`, and `offsets` for the consumer group."""
+        ready = {tp: sorted(o for o in self._staged.get(tp, {}) if o < offset) for tp, offset in offsets.items()}
         async with self._producer.transaction():
-            await self._producer.send(self.topic, message.model_dump_json().encode(), key=key, headers=headers)
-            await self._producer.send_offsets_to_transaction(
-                {TopicPartition(consumed.topic, consumed.partition): consumed.offset + 1}, self.group_id
-            )
+            for tp, offsets_ready in ready.items():
+                for o in offsets_ready:
+                    value, key, headers = self._staged[tp][o]
+                    await self._producer.send(self.topic, value, key=key, headers=headers)
+            await self._producer.send_offsets_to_transaction(offsets, self.group_id)
+        for tp, sent in ready.items():
+            for o in sent:
+                self._staged[tp].pop(o, None)

@@ -60,12 +60,34 @@ async def test_the_output_and_the_consumed_offset_commit_together(source):
     outlet = TransactionalOutlet(bootstrap, topic_out, consumer._group_id, f"txn-{uuid.uuid4().hex[:8]}")
     await outlet.start()
     try:
-        await outlet.publish_consumed(REPLY, b"c", record)
+        outlet.stage(REPLY, b"c", record)
+        assert await read_all(bootstrap, topic_out, "read_committed") == [b"warm-up"]  # staged: nothing visible yet
+        await outlet.commit({TopicPartition(record.topic, record.partition): record.offset + 1})
     finally:
         await outlet.stop()
     assert await committed_offset(consumer, record) == record.offset + 1
     values = await read_all(bootstrap, topic_out, "read_committed")
     assert values[1:] == [REPLY.model_dump_json().encode()]
+
+
+async def test_a_reply_waits_for_the_commit_that_covers_its_input(source):
+    """With concurrent handlers, a finished record beyond an unfinished one must not be replied yet:
+    the committed offset would not cover it, and a restart would reply to it again."""
+    bootstrap, topic_out, consumer, record = source
+    tp = TopicPartition(record.topic, record.partition)
+    outlet = TransactionalOutlet(bootstrap, topic_out, consumer._group_id, f"txn-{uuid.uuid4().hex[:8]}")
+    await outlet.start()
+    try:
+        outlet.stage(REPLY, b"c", record)
+        await outlet.commit({tp: record.offset})  # an earlier record is still running: offset stays below ours
+        assert await read_all(bootstrap, topic_out, "read_committed") == [b"warm-up"]
+        assert outlet.staged == 1
+        outlet.stage(REPLY, b"c", record)  # read again (say, after a rebalance): replaces, never doubles
+        await outlet.commit({tp: record.offset + 1})
+        assert outlet.staged == 0
+    finally:
+        await outlet.stop()
+    assert (await read_all(bootstrap, topic_out, "read_committed")).count(REPLY.model_dump_json().encode()) == 1
 
 
 async def test_an_aborted_attempt_is_invisible_to_read_committed_readers_and_commits_nothing(source):
@@ -77,7 +99,8 @@ async def test_an_aborted_attempt_is_invisible_to_read_committed_readers_and_com
             async with outlet._producer.transaction():
                 await outlet._producer.send(topic_out, b"half-done reply", key=b"c")
                 raise RuntimeError("crash before the offset commit")
-        await outlet.publish_consumed(REPLY, b"c", record)  # the redelivered attempt
+        outlet.stage(REPLY, b"c", record)  # the redelivered attempt
+        await outlet.commit({TopicPartition(record.topic, record.partition): record.offset + 1})
     finally:
         await outlet.stop()
     committed = await read_all(bootstrap, topic_out, "read_committed")
