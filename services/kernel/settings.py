@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     simulator_port: int = Field(8801, description="Port of the local Messages API simulator")
     simulator_persona: str = Field("careful", description="Persona the simulator plays when a request names none (or 'mix')")
     simulator_latency_ms: float = Field(0.0, ge=0, description="Latency the simulator adds to each response")
+    simulator_latency_jitter: float = Field(
+        0.0, ge=0, le=1, description="Spread of that latency: 0.3 draws each response's latency from latency_ms ±30 %"
+    )
 
     # -- shop (the demo backend the tools call) -----------------------------------------
     shop_url: str | None = Field(None, description="Base URL of the shop API; unset means the embedded shop on shop_port")

@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=settings.simulator_port)
     parser.add_argument("--persona", default=settings.simulator_persona, choices=NAMES)
     parser.add_argument("--latency-ms", type=float, default=settings.simulator_latency_ms)
+    parser.add_argument("--latency-jitter", type=float, default=settings.simulator_latency_jitter,
+                        help="spread of the latency: 0.3 = ±30 %% (uniform)")
     parser.add_argument("--fault-rate", type=float, default=0.0, help="share of requests answered 529")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -26,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         log_level=settings.log_level,
         default_persona=args.persona,
         latency_ms=args.latency_ms,
+        latency_jitter=args.latency_jitter,
         fault_rate=args.fault_rate,
         seed=args.seed,
     )

@@ -64,6 +64,7 @@ class _State:
     rng: random.Random
     cache: PromptCache = field(default_factory=PromptCache)
     served: int = 0
+    latency_jitter: float = 0.0
 
 
 def create_app(
@@ -72,13 +73,16 @@ def create_app(
     fault_rate: float = 0.0,
     seed: int = 0,
     retry_after_ms: float = 20.0,
+    latency_jitter: float = 0.0,
 ) -> Starlette:
     """The simulator as an ASGI app. fault_rate: share of requests answered 529 (seeded RNG)."""
     if default_persona not in personas.NAMES:
         raise ValueError(f"unknown persona {default_persona!r}; expected one of {', '.join(personas.NAMES)}")
     if not 0.0 <= fault_rate <= 1.0:
         raise ValueError("fault_rate must be between 0 and 1")
-    state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed))
+    if not 0.0 <= latency_jitter <= 1.0:
+        raise ValueError("latency_jitter must be between 0 and 1")
+    state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed), latency_jitter=latency_jitter)
 
     async def messages(request: Request) -> Response:
         request_id = _request_id()
@@ -179,6 +183,8 @@ def _number(request: Request, header: str, default: float) -> float:
 
 async def _latency(request: Request, state: _State) -> None:
     latency = _number(request, LATENCY_HEADER, state.latency_ms)
+    if latency > 0 and state.latency_jitter:
+        latency *= state.rng.uniform(1 - state.latency_jitter, 1 + state.latency_jitter)
     if latency > 0:
         await asyncio.sleep(latency / 1000)
 

@@ -75,6 +75,7 @@ class Run:
     cpu_s: dict[str, float] = field(default_factory=dict)
     others_cores: float = 0.0  # CPU used meanwhile by processes this benchmark did not start
     window_ns: tuple[int, int] = (0, 0)
+    model_replicas: int = 1
 
     @property
     def turns_per_s(self) -> float:
@@ -120,7 +121,7 @@ def summarise(variant: str, concurrency: int, timings: list[TurnTiming], seconds
     return run
 
 
-def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0) -> tuple[Settings, dict[str, str]]:
+def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter: float = 0.0) -> tuple[Settings, dict[str, str]]:
     kafka_port = free_port()
     controller_port = free_port()
     while controller_port == kafka_port:
@@ -128,7 +129,7 @@ def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0) -> tup
     values = dict(
         state_dir=state, kafka_port=kafka_port, kafka_controller_port=controller_port,
         simulator_port=free_port(), shop_port=free_port(), partitions=partitions,
-        simulator_latency_ms=latency_ms, simulator_persona=PERSONA, log_level="INFO",
+        simulator_latency_ms=latency_ms, simulator_latency_jitter=jitter, simulator_persona=PERSONA, log_level="INFO",
     )
     env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
     for k in list(os.environ):  # this run's settings only: nothing from the caller's shell
@@ -146,42 +147,75 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
     meter = CpuMeter(pids)
 
     local = InProcessLoop(settings)
-    driver = FleetDriver(settings)
+    driver = FleetDriver(settings, timeout=args.turn_timeout)
     await driver.start()
     variants: dict[str, Callable[[int], Awaitable[TurnTiming]]] = {
         "in-process": lambda i: local.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA),
         "fleet": lambda i: driver.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA),
     }
     runs: list[Run] = []
+
+    async def one_run(name: str, concurrency: int, total: int, replicas: int = 1) -> None:
+        turn = variants[name]
+        spies = []
+        if args.py_spy and name == "fleet" and concurrency == max(args.concurrency) and replicas == 1:
+            spies = start_py_spy(pids, args.py_spy, args.py_spy_seconds)
+        meter.start()
+        machine0, t0 = machine_cpu_seconds(), time.time_ns()
+        timings, seconds = await closed_loop(turn, concurrency, total, args.max_seconds)
+        t1 = time.time_ns()
+        run = summarise(name, concurrency, timings, seconds)
+        run.model_replicas = replicas
+        run.cpu_s = meter.stop()
+        run.others_cores = max(0.0, (machine_cpu_seconds() - machine0) - sum(run.cpu_s.values())) / seconds
+        run.window_ns = (t0, t1)
+        for spy in spies:
+            spy.wait()
+        runs.append(run)
+        label = f"{name} x{replicas} model" if replicas > 1 else name
+        say(f"  {label:<16} c={concurrency:<3} {run.turns} turns in {seconds:.1f} s: {run.turns_per_s:.1f} turns/s, "
+            f"iteration p50 {fmt(run.p('iteration_ms', 0.5))} ms, turn p50 {fmt(run.p('turn_ms', 0.5))} ms"
+            + (f", {run.wrong} WRONG turns" if run.wrong else "")
+            + (f"  [other processes busy: {run.others_cores:.2f} cores]" if run.others_cores > 0.1 else ""))
+
     try:
         say("warming up (JVM, connections, consumer assignments)")
-        for name, turn in variants.items():
-            await closed_loop(turn, 10, args.warmup, 60)
+        for turn in variants.values():
+            await closed_loop(turn, 10, args.warmup, 120)
         for concurrency in args.concurrency:
-            total = args.turns_single if concurrency == 1 else args.turns
-            for name, turn in variants.items():
-                spies = []
-                if args.py_spy and name == "fleet" and concurrency == max(args.concurrency):
-                    spies = start_py_spy(pids, args.py_spy, args.py_spy_seconds)
-                meter.start()
-                machine0, t0 = machine_cpu_seconds(), time.time_ns()
-                timings, seconds = await closed_loop(turn, concurrency, total, args.max_seconds)
-                t1 = time.time_ns()
-                run = summarise(name, concurrency, timings, seconds)
-                run.cpu_s = meter.stop()
-                run.others_cores = max(0.0, (machine_cpu_seconds() - machine0) - sum(run.cpu_s.values())) / seconds
-                run.window_ns = (t0, t1)
-                for spy in spies:
-                    spy.wait()
-                runs.append(run)
-                say(f"  {name:<10} c={concurrency:<3} {run.turns} turns in {seconds:.1f} s: {run.turns_per_s:.1f} turns/s, "
-                    f"iteration p50 {fmt(run.p('iteration_ms', 0.5))} ms, turn p50 {fmt(run.p('turn_ms', 0.5))} ms"
-                    + (f", {run.wrong} WRONG turns" if run.wrong else "")
-                    + (f"  [other processes busy: {run.others_cores:.2f} cores]" if run.others_cores > 0.1 else ""))
+            total = args.turns_single if concurrency == 1 else turns_for(args, concurrency)
+            for name in variants:
+                await one_run(name, concurrency, total)
+        top = max(args.concurrency)
+        for replicas in sorted(r for r in args.model_replicas if r > 1):
+            added = add_model_replicas(fleet, replicas, say)
+            pids.update(added)
+            meter = CpuMeter(pids)
+            await asyncio.sleep(3.0)  # the group rebalances; let it settle
+            await closed_loop(variants["fleet"], 10, 20, 60)
+            await one_run("fleet", top, turns_for(args, top), replicas)
     finally:
         await driver.stop()
         await local.aclose()
     return runs
+
+
+def turns_for(args: argparse.Namespace, concurrency: int) -> int:
+    """--turns, or 1500 at zero latency, or four rounds of the concurrency when the model takes time."""
+    return args.turns or (4 * concurrency if args.simulator_latency_ms else 1500)
+
+
+def add_model_replicas(fleet: Fleet, replicas: int, say: Callable[[str], None]) -> dict[str, int]:
+    """Grow the model service to `replicas` processes (same consumer group); returns the new ones' pids."""
+    have = [c for c in fleet.children if c.name == "model" or c.name.startswith("model-")]
+    names = []
+    for i in range(len(have), replicas):
+        name = f"model-{i + 1}"
+        fleet._spawn(name, [sys.executable, "-m", "services.cli", "run", "model"], "consumer group roundtrip-model")  # noqa: SLF001
+        names.append(name)
+    fleet._wait_services(names=set(names))  # noqa: SLF001
+    say(f"model service scaled to {replicas} replicas")
+    return {c.name: c.process.pid for c in fleet.children if c.name in names}
 
 
 def start_py_spy(pids: dict[str, int], out: Path, seconds: float) -> list[subprocess.Popen]:
@@ -212,20 +246,24 @@ def spy_report(out: Path) -> str:
 def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) -> str:
     lines = []
     w = lines.append
-    w(f"roundtrip loop benchmark: {meta['turn']}; simulator latency {meta['latency']:g} ms; {meta['cores']} cores; "
+    w(f"roundtrip loop benchmark: {meta['turn']}; simulator latency {meta['latency']:g} ms"
+      + (f" ±{meta['jitter'] * 100:g} %" if meta.get("jitter") else "") + f"; {meta['cores']} cores; "
       f"{meta['partitions']} partitions per topic")
     w(f"load average before the run: {meta['load']}; CPU of other processes during each run is shown as 'others'")
     w("")
-    w(f"{'variant':<11}{'conc':>5}{'turns':>7}{'turns/s':>9}{'iter p50':>10}{'iter p99':>10}"
-      f"{'1st it p50':>11}{'turn p50':>10}{'turn p99':>10}{'wrong':>7}{'others':>8}")
+    w(f"{'variant':<11}{'model':>6}{'conc':>5}{'turns':>7}{'turns/s':>9}{'iter p50':>10}{'iter p99':>10}"
+      f"{'1st it p50':>11}{'turn p50':>10}{'turn p99':>10}{'wrong':>7}{'CPU/turn':>9}{'others':>8}")
     for r in runs:
-        w(f"{r.variant:<11}{r.concurrency:>5}{r.turns:>7}{fmt(r.turns_per_s):>9}{fmt(r.p('iteration_ms', .5)):>10}"
+        cpu = sum(r.cpu_s.values()) * 1000 / r.turns if r.turns else float("nan")
+        w(f"{r.variant:<11}{r.model_replicas:>6}{r.concurrency:>5}{r.turns:>7}{fmt(r.turns_per_s):>9}{fmt(r.p('iteration_ms', .5)):>10}"
           f"{fmt(r.p('iteration_ms', .99)):>10}{fmt(r.p('first_iteration_ms', .5)):>11}{fmt(r.p('turn_ms', .5)):>10}"
-          f"{fmt(r.p('turn_ms', .99)):>10}{r.wrong:>7}{r.others_cores:>8.2f}")
+          f"{fmt(r.p('turn_ms', .99)):>10}{r.wrong:>7}{fmt(cpu):>9}{r.others_cores:>8.2f}")
     w("  (ms; an iteration is one model call plus the tools of the step before it, measured between")
     w("   consecutive model responses; '1st it' is request -> first response)")
     w("")
-    by = {(r.variant, r.concurrency): r for r in runs}
+    w("  ('model' = model-service replicas; CPU/turn = ms of CPU of every process of the run per turn)")
+    w("")
+    by = {(r.variant, r.concurrency): r for r in runs if r.model_replicas == 1}
     for c in sorted({r.concurrency for r in runs}):
         f, i = by.get(("fleet", c)), by.get(("in-process", c))
         if not (f and i):
@@ -237,20 +275,24 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
             verdict = f"   target <= {TARGET_OVERHEAD_MS:g} ms: {'MET' if it <= TARGET_OVERHEAD_MS else 'NOT MET'}"
         w(f"fleet overhead per iteration at c={c}: p50 {fmt(it)} ms (iteration p50 difference); "
           f"{fmt(per_turn)} ms (turn p50 difference / {CALLS_PER_TURN}){verdict}")
+        if c > 1 and i.turns and f.turns:
+            cpu_f, cpu_i = sum(f.cpu_s.values()) / f.turns, sum(i.cpu_s.values()) / i.turns
+            w(f"  c={c}: fleet/in-process turns/s {f.turns_per_s / i.turns_per_s:.2f}x, CPU per turn "
+              f"{cpu_f / cpu_i:.2f}x ({cpu_f * 1000:.1f} vs {cpu_i * 1000:.1f} ms), wrong turns {f.wrong}")
     f50 = by.get(("fleet", 50))
     if f50:
         w(f"fleet throughput at 50 concurrent turns: {fmt(f50.turns_per_s)} turns/s   target >= {TARGET_TURNS_PER_S:g}: "
           f"{'MET' if f50.turns_per_s >= TARGET_TURNS_PER_S else 'NOT MET'}")
     w("")
-    w("CPU ms per turn by process (run at the highest concurrency):")
-    top = max((r.concurrency for r in runs), default=0)
+    w("CPU ms per turn by process:")
     for r in runs:
-        if r.concurrency != top or not r.turns:
+        if not r.turns or r.concurrency == 1:
             continue
         used = {k: v for k, v in r.cpu_s.items() if v * 1000 / r.turns >= 0.05}
         total = sum(r.cpu_s.values())
         parts = ", ".join(f"{k} {v * 1000 / r.turns:.1f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]))
-        w(f"  {r.variant:<10} total {total * 1000 / r.turns:.1f} ms/turn ({total / r.seconds:.2f} cores busy): {parts}")
+        label = f"{r.variant} c={r.concurrency}" + (f" x{r.model_replicas} model" if r.model_replicas > 1 else "")
+        w(f"  {label:<26} total {total * 1000 / r.turns:.1f} ms/turn ({total / r.seconds:.2f} cores busy): {parts}")
     for label, (hops, named) in profiles.items():
         w("")
         w(f"Kafka hops of the fleet at {label} (from spans.jsonl; hop = publish span start -> consume span start; ms):")
@@ -304,7 +346,7 @@ def plot(runs: list[Run], path: Path) -> str:
 
 def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say: Callable[[str], None]) -> list[Run]:
     """Start the fleet in `state`, measure, stop it (whatever happens), print the report."""
-    settings, env = bench_settings(state, args.partitions, args.simulator_latency_ms)
+    settings, env = bench_settings(state, args.partitions, args.simulator_latency_ms, args.simulator_latency_jitter)
     say(f"starting the fleet in {state} (embedded Kafka, simulator, shop, 5 services)")
     started = time.perf_counter()
     fleet = Fleet(settings, env=env, say=say)
@@ -315,10 +357,11 @@ def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say:
     finally:
         fleet.stop()
     spans = read_spans(settings.effective_span_file)
-    profiles = {f"{r.concurrency} concurrent": (hop_profile(spans, *r.window_ns), named_span_profile(spans, *r.window_ns))
+    profiles = {f"{r.concurrency} concurrent" + (f", {r.model_replicas} model replicas" if r.model_replicas > 1 else ""):
+                (hop_profile(spans, *r.window_ns), named_span_profile(spans, *r.window_ns))
                 for r in runs if r.variant == "fleet"}
     meta = {"turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn',
-            "latency": args.simulator_latency_ms, "cores": os.cpu_count(),
+            "latency": args.simulator_latency_ms, "jitter": args.simulator_latency_jitter, "cores": os.cpu_count(),
             "partitions": args.partitions, "load": " ".join(f"{x:.2f}" for x in load)}
     text = report(runs, profiles, meta)
     say("")
@@ -336,15 +379,25 @@ def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_loop", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=1500, help="turns per run at concurrency > 1 (default 1500)")
+    parser.add_argument("--profile", choices=("zero", "realistic"), default="zero",
+                        help="zero: simulator latency 0, concurrency 1,50 (the default); realistic: 1000 ms ±30 %% "
+                             "latency, concurrency 100,500, then the model service at 3 replicas at 500")
+    parser.add_argument("--turns", type=int, default=None,
+                        help="turns per run at concurrency > 1 (default 1500 at zero latency, 4 x concurrency otherwise)")
     parser.add_argument("--turns-single", type=int, default=150, help="turns per run at concurrency 1 (default 150)")
-    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 50],
-                        help="comma-separated concurrency levels (default 1,50)")
+    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="comma-separated concurrency levels (default 1,50; realistic: 100,500)")
+    parser.add_argument("--model-replicas", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="after the runs, grow the model service to these replica counts and run the fleet again at "
+                             "the highest concurrency (default none; realistic: 1,3)")
     parser.add_argument("--warmup", type=int, default=60, help="warm-up turns per variant (default 60)")
-    parser.add_argument("--max-seconds", type=float, default=60.0, help="cap of one run in seconds (default 60)")
+    parser.add_argument("--max-seconds", type=float, default=None, help="cap of one run in seconds (default 60; realistic 150)")
+    parser.add_argument("--turn-timeout", type=float, default=180.0, help="a fleet turn with no reply after this counts as wrong")
     parser.add_argument("--partitions", type=int, default=6, help="partitions per topic (default 6, as configured)")
-    parser.add_argument("--simulator-latency-ms", type=float, default=0.0,
-                        help="latency the simulator adds to each model call (default 0, the benchmark's setting)")
+    parser.add_argument("--simulator-latency-ms", type=float, default=None,
+                        help="latency the simulator adds to each model call (default 0; realistic 1000)")
+    parser.add_argument("--simulator-latency-jitter", type=float, default=None,
+                        help="spread of that latency, 0.3 = ±30 %% (default 0; realistic 0.3)")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks-loop.png", help="where the plot goes")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
@@ -353,6 +406,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--py-spy-seconds", type=float, default=10.0)
     parser.add_argument("--keep-state", action="store_true", help="keep the temporary state dir (logs, spans)")
     args = parser.parse_args(argv)
+    realistic = args.profile == "realistic"
+    defaults = {"concurrency": [100, 500] if realistic else [1, 50], "model_replicas": [1, 3] if realistic else [1],
+                "max_seconds": 150.0 if realistic else 60.0, "simulator_latency_ms": 1000.0 if realistic else 0.0,
+                "simulator_latency_jitter": 0.3 if realistic else 0.0}
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
     def say(line: str) -> None:
         print(line, flush=True)

@@ -23,8 +23,9 @@ from tests.benchmarks.inprocess import TurnTiming
 
 
 class FleetDriver:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, timeout: float = 60.0) -> None:
         self.settings = settings
+        self.timeout = timeout
         self._waiting: dict[str, tuple[TurnTiming, asyncio.Future[None]]] = {}  # conversation id -> ...
         self._iterations: dict[str, list[float]] = {}
 
@@ -86,7 +87,7 @@ class FleetDriver:
                     if not done.done():
                         done.set_result(None)
 
-    async def turn(self, text: str, customer_id: str, persona: str | None, timeout: float = 60.0) -> TurnTiming:
+    async def turn(self, text: str, customer_id: str, persona: str | None, timeout: float | None = None) -> TurnTiming:
         request_id = f"req_{uuid.uuid4().hex[:12]}"
         conversation_id = f"conv_{request_id}"
         body = {"request_id": request_id, "conversation_id": conversation_id, "customer_id": customer_id, "text": text}
@@ -99,7 +100,7 @@ class FleetDriver:
         await self.producer.send_and_wait(self.topic(topics.SUPPORT_REQUESTS), json.dumps(body).encode(),
                                           key=conversation_id.encode())
         try:
-            await asyncio.wait_for(done, timeout)
+            await asyncio.wait_for(done, timeout or self.timeout)
         except TimeoutError:
             self._waiting.pop(conversation_id, None)
             timing.outcome = "timeout"
