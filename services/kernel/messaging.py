@@ -20,7 +20,7 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 from pydantic import BaseModel, ValidationError
 
-from services.kernel import topics
+from services.kernel import metrics, topics
 from services.kernel.events import DeadLettered
 from services.kernel.settings import Settings
 
@@ -114,7 +114,8 @@ def make_broker(service: str, settings: Settings) -> KafkaBroker:
     return KafkaBroker(
         settings.bootstrap_servers,
         client_id=f"roundtrip-{service}",
-        middlewares=[KafkaTelemetryMiddleware(), dead_letters],
+        # metrics inside the dead letters: a message that raised counts as an exception, then is dead-lettered
+        middlewares=[KafkaTelemetryMiddleware(), dead_letters, *metrics.broker_middlewares(service)],
         enable_idempotence=True,
         linger_ms=0,
         logger=logging.getLogger(f"roundtrip.{service}"),
