@@ -156,6 +156,23 @@ def dead_letters(
 
 
 @app.command()
+def lag(
+    group: Annotated[Optional[str], typer.Option(help="only this consumer group (e.g. executor or roundtrip-executor)")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON document (per refresh with --watch)")] = False,
+    watch: Annotated[Optional[float], typer.Option(help="refresh every SECONDS until Ctrl-C")] = None,
+) -> None:
+    """Each consumer group's lag per topic and partition (committed, log end, lag), totals and members."""
+    from services.console import show_lag
+
+    if watch is not None and watch <= 0:
+        raise typer.BadParameter("--watch takes a number of seconds > 0")
+    try:
+        raise typer.Exit(asyncio.run(show_lag(get_settings(), group, json_output, watch)))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command()
 def config() -> None:
     """Print the effective configuration (secrets hidden)."""
     settings = get_settings()
