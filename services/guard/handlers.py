@@ -108,8 +108,8 @@ class Guard:
         turn = command.turn
         call = CallModel(turn=turn, step=0, messages=[{"role": "user", "content": command.text}])
         if await self.ledger.start(turn.model_dump(mode="json"), _pending(call), _traceparent()):
-            await self._emit(turn.turn_id, 0, call, turn.conversation_id)
             self._stepped(turn.turn_id, ended=False)
+            await self._emit(turn.turn_id, 0, call, turn.conversation_id)
             return "started"
         row = await self.ledger.get(turn.turn_id)
         if row is not None and row.step == 0 and row.pending:
@@ -147,13 +147,14 @@ class Guard:
                             decision.detail, event.turn.trace_id)
         if await self.ledger.advance(event.turn.turn_id, event.step, usage_columns(event.spent), cost, _pending(message),
                                      outcome=outcome, traceparent=_traceparent()):
-            await self._emit(event.turn.turn_id, event.step, message, event.turn.conversation_id)
+            # counted once, when the ledger records the step (a redelivery that republishes counts nothing again)
             metrics.count_usage(model, event.usage, step_cost)
             if isinstance(message, CheckToolCalls) and message.blocked:
                 metrics.guard_blocked_calls.inc(len(message.blocked))
             if outcome:
                 metrics.count_turn_end(outcome, event.step)
             self._stepped(event.turn.turn_id, ended=bool(outcome))
+            await self._emit(event.turn.turn_id, event.step, message, event.turn.conversation_id)
             return outcome or type(message).__name__
         return await self._not_advanced(event, span)
 
@@ -186,9 +187,9 @@ class Guard:
             if not await self.ledger.end(row.turn_id, outcome.value, _pending(ended)):
                 return False
             log.warning("turn %s ended from outside the loop: %s (%s) trace %s", row.turn_id, outcome.value, detail, row.trace_id)
-            await self._emit(row.turn_id, row.step, ended, row.conversation_id)
             metrics.count_turn_end(outcome, row.step)
             self._last_decision.pop(row.turn_id, None)
+            await self._emit(row.turn_id, row.step, ended, row.conversation_id)
             return True
 
     async def on_cancel(self, command: CancelTurn) -> str:
