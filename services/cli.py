@@ -49,11 +49,13 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         sys.argv = [f"roundtrip run {service}"]  # its own argument parser reads settings, not our argv
         runpy.run_module(f"services.{service}", run_name="__main__")
         return
+    from services.kernel import health
     from services.kernel.telemetry import setup_telemetry
 
     setup_telemetry(service, settings)
     module = importlib.import_module(f"services.{service}.app")
     stream = module.build(settings)
+    health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
     log = logging.getLogger(f"roundtrip.{service}")
 
     async def announce() -> None:
@@ -75,10 +77,21 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
 @app.command()
 def up(
     executors: Annotated[int, typer.Option(help="executor replicas to start")] = 1,
+    health_port: Annotated[Optional[int], typer.Option(
+        help="serve /healthz /readyz /metrics from each service on this port + its index "
+             "(gateway +0, model +1, guard +2, gate +3, executor +4, more executors +5 each)")] = None,
 ) -> None:
     """Start everything on this machine: broker, simulator, shop and the five services."""
-    from services.fleet import Fleet, FleetError
+    import os
 
+    from services.fleet import Fleet, FleetError
+    from services.kernel.health import SERVICE_INDEX
+
+    port = health_port if health_port is not None else get_settings().health_port
+    if port:  # five services on one host: each takes its own port (the children read these from the environment)
+        os.environ["ROUNDTRIP_HEALTH_PORT"] = str(port)
+        os.environ["ROUNDTRIP_HEALTH_PORT_PER_SERVICE"] = "true"
+        get_settings.cache_clear()
     settings = get_settings()
     typer.echo("roundtrip: starting the fleet")
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
@@ -87,6 +100,9 @@ def up(
     except FleetError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
+    if port:
+        typer.echo("  health and metrics: " + ", ".join(f"{name} :{port + i}" for name, i in SERVICE_INDEX.items())
+                   + " (/healthz /readyz /metrics)")
     typer.echo(
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
         '  roundtrip ask "cancel my last order" --customer cus_1001\n'
@@ -137,6 +153,23 @@ def dead_letters(
     from services.console import show_dead_letters
 
     raise typer.Exit(asyncio.run(show_dead_letters(get_settings(), limit)))
+
+
+@app.command()
+def lag(
+    group: Annotated[Optional[str], typer.Option(help="only this consumer group (e.g. executor or roundtrip-executor)")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON document (per refresh with --watch)")] = False,
+    watch: Annotated[Optional[float], typer.Option(help="refresh every SECONDS until Ctrl-C")] = None,
+) -> None:
+    """Each consumer group's lag per topic and partition (committed, log end, lag), totals and members."""
+    from services.console import show_lag
+
+    if watch is not None and watch <= 0:
+        raise typer.BadParameter("--watch takes a number of seconds > 0")
+    try:
+        raise typer.Exit(asyncio.run(show_lag(get_settings(), group, json_output, watch)))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
 
 
 @app.command()

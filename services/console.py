@@ -248,3 +248,50 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
                       f" (partition {letter.partition}, offset {letter.offset}, key {letter.key}): [red]{letter.reason}[/]")
         console.print(f"  {_short(letter.payload, 300)}")
     return 0
+
+
+async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: float | None) -> int:
+    """Each consumer group's lag per topic and partition, its total, and its members; refreshed every `watch` s."""
+    import asyncio
+
+    from services.kernel.admin import consumer_lag
+
+    while True:
+        report = await consumer_lag(settings.bootstrap_servers, settings.topic_prefix, group)
+        if as_json:
+            print(json.dumps({"at": round(time.time(), 3), "bootstrap": settings.bootstrap_servers,
+                              "groups": [g.as_dict() for g in report]}), flush=True)
+        else:
+            if watch:
+                console.clear()
+            _render_lag(report, settings)
+        if not watch:
+            return 0
+        await asyncio.sleep(watch)
+
+
+def _render_lag(report, settings: Settings) -> None:
+    table = Table(box=None, pad_edge=False, title=f"consumer lag at {time.strftime('%H:%M:%S')} ({settings.bootstrap_servers})")
+    for column, justify in (("group", "left"), ("state", "left"), ("topic", "left"), ("partition", "right"),
+                            ("committed", "right"), ("end", "right"), ("lag", "right")):
+        table.add_column(column, justify=justify)
+    for g in report:
+        state = g.state if g.state == "Stable" else f"[yellow]{g.state}[/]"
+        for i, p in enumerate(g.partitions):
+            committed = "-" if p.committed is None else str(p.committed)
+            lag = f"[red]{p.lag}[/]" if p.lag else "0"
+            table.add_row(g.group if i == 0 else "", state if i == 0 else "", p.topic, str(p.partition), committed, str(p.end), lag)
+        total = f"[bold red]{g.lag}[/]" if g.lag else "[bold]0[/]"
+        table.add_row("" if g.partitions else g.group, "" if g.partitions else state, "[bold]total[/]", "", "", "", total,
+                      end_section=True)
+    console.print(table)
+    members = Table(box=None, pad_edge=False, title="members")
+    for column in ("group", "client id", "host", "assigned partitions"):
+        members.add_column(column)
+    for g in report:
+        for m in g.members:
+            assigned = ", ".join(f"{t}[{n}]" for t, n in m.partitions) or "-"
+            members.add_row(g.group, m.client_id, m.host, assigned)
+        if not g.members:
+            members.add_row(g.group, "[yellow](no members)[/]", "", "")
+    console.print(members)

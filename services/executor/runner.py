@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from opentelemetry import trace
 
+from services.kernel import metrics
 from services.kernel.events import CheckedCall, Turn
 from services.kernel.telemetry import tracer
 from services.tools.context import ToolContext, ToolError
@@ -35,6 +37,13 @@ class Runner:
     async def run_one(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
         if not call.approved:
             return tool_result(call.id, call.error or "This call was rejected.", is_error=True)
+        started = time.perf_counter()
+        result = await self._execute(call, turn)
+        metrics.tool_duration.labels(call.name).observe(time.perf_counter() - started)
+        metrics.tool_executions.labels(call.name, "error" if result.get("is_error") else "ok").inc()
+        return result
+
+    async def _execute(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
         with tracer().start_as_current_span(f"tool {call.name}") as span:
             span.set_attributes({"roundtrip.tool": call.name, "roundtrip.tool_use_id": call.id})
             ctx = ToolContext(

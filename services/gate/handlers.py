@@ -20,6 +20,7 @@ from opentelemetry import trace
 
 from services.gate.authorization import EntityLookup, LookupFailed, OwnershipCache, StepLookups, authorize
 from services.gate.validation import SAFE_INTEGER, InputValidator
+from services.kernel import metrics
 from services.kernel.approvals import Signer
 from services.kernel.events import CheckedCall, CheckToolCalls, ExecuteToolBatch, ToolCall
 from services.kernel.telemetry import tracer
@@ -63,6 +64,7 @@ class Gate:
             return await self._check_call(call, customer_id, turn_id, blocked, lookups)
         except Exception:  # noqa: BLE001 - the gate fails closed and keeps serving
             log.exception("gate failed while checking %s (%s); rejecting it", str(call.name)[:80], call.id)
+            metrics.gate_rejections.labels(self._tool_label(call.name), "internal_error").inc()
             return CheckedCall(
                 id=call.id, name=call.name, input=call.input, approved=False,
                 error="This call could not be checked (an internal error in the gate); nothing was done. Try again.",
@@ -71,24 +73,25 @@ class Gate:
     async def _check_call(
         self, call: ToolCall, customer_id: str, turn_id: str, blocked: str | None, lookups: StepLookups | None
     ) -> CheckedCall:
-        def reject(why: str) -> CheckedCall:
+        def reject(why: str, reason: str) -> CheckedCall:
+            metrics.gate_rejections.labels(self._tool_label(call.name), reason).inc()
             return CheckedCall(id=call.id, name=call.name, input=call.input, approved=False, error=why)
 
         if blocked:
-            return reject(blocked)
+            return reject(blocked, "blocked_repeat")
         name = call.name if isinstance(call.name, str) else str(call.name)
         spec = self.registry.get(name)
         if spec is None:
             known = ", ".join(sorted(self.registry.specs))
             close = difflib.get_close_matches(name.strip().lower()[:80], list(self.registry.specs), n=1, cutoff=0.75)
             hint = f" Did you mean {close[0]}?" if close else ""
-            return reject(f"Unknown tool {name[:80]!r}.{hint} Available tools: {known}.")
+            return reject(f"Unknown tool {name[:80]!r}.{hint} Available tools: {known}.", "unknown_tool")
         problems = self.validators[name].problems(call.input)
         if problems:
-            return reject(f"Invalid input for {name}: " + "; ".join(problems) + ". Fix these fields and call again.")
+            return reject(f"Invalid input for {name}: " + "; ".join(problems) + ". Fix these fields and call again.", "invalid_input")
         if not customer_id:
             security.error("turn %s: no principal on the turn; call %s refused", turn_id, call.id)
-            return reject("This request has no signed-in customer, so no tool may act on an account.")
+            return reject("This request has no signed-in customer, so no tool may act on an account.", "no_principal")
         policy = self.registry.policy(name)
         lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
         ctx = ToolContext(customer_id=customer_id, tool_use_id=call.id, idempotency_key=f"{turn_id}:{call.id}", shop=self.shop)
@@ -96,10 +99,14 @@ class Gate:
             denial = await authorize(spec, call.input, ctx, lookups.for_call(state_free=policy is allow), policy)
         except LookupFailed as exc:
             log.warning("turn %s: %s", turn_id, exc)
-            return reject("The order system could not be reached to verify this call; nothing was done. Try again shortly.")
+            return reject("The order system could not be reached to verify this call; nothing was done. Try again shortly.", "lookup_failed")
         if denial:
-            return reject(f"Not allowed: {denial}")
+            return reject(f"Not allowed: {denial}", "not_allowed")
         return CheckedCall(id=call.id, name=name, input=call.input, approved=True)
+
+    def _tool_label(self, name: object) -> str:
+        """The tool as a metric label: a name the model made up is not a new time series."""
+        return name if isinstance(name, str) and name in self.registry.specs else "unknown"
 
     # -- one step ------------------------------------------------------------------------------
 

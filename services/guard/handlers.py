@@ -23,7 +23,7 @@ from services.guard.ledger import ENDED, Ledger, TurnRow
 from services.guard.pricing import PriceTable
 from services.guard.replies import polite
 from services.guard.rules import Continue, Finish, Policy, decide
-from services.kernel import topics
+from services.kernel import metrics, topics
 from services.kernel.events import (
     CallModel, CancelTurn, CheckToolCalls, ModelResponded, Outcome, StartTurn, Turn, TurnEnded, TurnFlagged, Usage,
 )
@@ -68,6 +68,15 @@ class Guard:
 
     def __post_init__(self) -> None:
         self._clearing: set[asyncio.Task] = set()
+        self._last_decision: dict[str, float] = {}  # turn id -> monotonic time of its last decision (step latency)
+
+    def _stepped(self, turn_id: str, ended: bool) -> None:
+        """Observe one round trip of the loop: from this turn's previous decision (on this replica) to this one."""
+        now = time.monotonic()
+        if (last := self._last_decision.pop(turn_id, None)) is not None:
+            metrics.step_seconds.observe(now - last)
+        if not ended and len(self._last_decision) < 100_000:
+            self._last_decision[turn_id] = now
 
     async def _emit(self, turn_id: str, step: int, message: BaseModel, conversation_id: str) -> None:
         """Publish, then clear the ledger's pending copy off the hot path (a crash before that only republishes)."""
@@ -99,6 +108,7 @@ class Guard:
         turn = command.turn
         call = CallModel(turn=turn, step=0, messages=[{"role": "user", "content": command.text}])
         if await self.ledger.start(turn.model_dump(mode="json"), _pending(call), _traceparent()):
+            self._stepped(turn.turn_id, ended=False)
             await self._emit(turn.turn_id, 0, call, turn.conversation_id)
             return "started"
         row = await self.ledger.get(turn.turn_id)
@@ -114,7 +124,8 @@ class Guard:
         span = trace.get_current_span()
         model = event.model or self.model
         cost = self.prices.cost(model, event.spent)
-        decision = decide(event, self.policy, cost, self.prices.cost(model, event.usage))
+        step_cost = self.prices.cost(model, event.usage)
+        decision = decide(event, self.policy, cost, step_cost)
         span.set_attribute("roundtrip.decision", type(decision).__name__)
         message: BaseModel
         transcript = [*event.messages, {"role": "assistant", "content": event.content}]
@@ -136,6 +147,13 @@ class Guard:
                             decision.detail, event.turn.trace_id)
         if await self.ledger.advance(event.turn.turn_id, event.step, usage_columns(event.spent), cost, _pending(message),
                                      outcome=outcome, traceparent=_traceparent()):
+            # counted once, when the ledger records the step (a redelivery that republishes counts nothing again)
+            metrics.count_usage(model, event.usage, step_cost)
+            if isinstance(message, CheckToolCalls) and message.blocked:
+                metrics.guard_blocked_calls.inc(len(message.blocked))
+            if outcome:
+                metrics.count_turn_end(outcome, event.step)
+            self._stepped(event.turn.turn_id, ended=bool(outcome))
             await self._emit(event.turn.turn_id, event.step, message, event.turn.conversation_id)
             return outcome or type(message).__name__
         return await self._not_advanced(event, span)
@@ -169,6 +187,8 @@ class Guard:
             if not await self.ledger.end(row.turn_id, outcome.value, _pending(ended)):
                 return False
             log.warning("turn %s ended from outside the loop: %s (%s) trace %s", row.turn_id, outcome.value, detail, row.trace_id)
+            metrics.count_turn_end(outcome, row.step)
+            self._last_decision.pop(row.turn_id, None)
             await self._emit(row.turn_id, row.step, ended, row.conversation_id)
             return True
 

@@ -172,3 +172,154 @@ async def wait_for_broker(bootstrap: str, timeout: float = 60.0) -> None:
             await admin.close()
         await asyncio.sleep(0.25)
     raise TimeoutError(f"no Kafka broker answering at {bootstrap} after {timeout:.0f}s ({last})")
+
+
+# -- consumer lag ---------------------------------------------------------------------------
+
+# The fleet's consumer groups and the topic each one reads (README, Topology). `roundtrip lag` shows
+# them even before they exist or commit: a group that never committed lags from the start of the log.
+FLEET_GROUPS = {
+    "roundtrip-gateway": topics.SUPPORT_REQUESTS,
+    "roundtrip-guard-starts": topics.TURN_STARTS,
+    "roundtrip-model": topics.MODEL_CALLS,
+    "roundtrip-guard": topics.ITERATIONS,
+    "roundtrip-gate": topics.TOOL_CALLS,
+    "roundtrip-executor": topics.TOOL_BATCHES,
+    "roundtrip-gateway-replies": topics.OUTCOMES,
+    "roundtrip-guard-controls": topics.TURN_CONTROLS,
+}
+
+
+@dataclass
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int | None  # None: the group has not committed on this partition
+    start: int  # log start offset (where a group without a commit begins: auto_offset_reset=earliest)
+    end: int  # log end offset (high watermark)
+
+    @property
+    def lag(self) -> int:
+        position = self.start if self.committed is None else max(self.committed, self.start)
+        return max(0, self.end - position)
+
+
+@dataclass
+class GroupMember:
+    member_id: str
+    client_id: str
+    host: str
+    partitions: list[tuple[str, int]]
+
+
+@dataclass
+class GroupLag:
+    group: str
+    state: str  # Stable, Empty, PreparingRebalance, CompletingRebalance, Dead (never existed or expired)
+    partitions: list[PartitionLag] = field(default_factory=list)
+    members: list[GroupMember] = field(default_factory=list)
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    def as_dict(self) -> dict:
+        return {
+            "group": self.group,
+            "state": self.state,
+            "lag": self.lag,
+            "partitions": [{"topic": p.topic, "partition": p.partition, "committed": p.committed, "start": p.start,
+                            "end": p.end, "lag": p.lag} for p in self.partitions],
+            "members": [{"member_id": m.member_id, "client_id": m.client_id, "host": m.host,
+                         "partitions": [{"topic": t, "partition": n} for t, n in m.partitions]} for m in self.members],
+        }
+
+
+def _decode_members(members: list, protocol_type: str, wire: set[str]) -> tuple[list[GroupMember], set[str]]:
+    """Members of a group and the fleet topics they subscribe to (from the consumer protocol's metadata)."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
+
+    decoded, subscribed = [], set()
+    for member_id, client_id, host, metadata, assignment in (m[:5] for m in members):
+        partitions: list[tuple[str, int]] = []
+        if protocol_type == "consumer":
+            if assignment:
+                partitions = sorted((tp.topic, tp.partition) for tp in ConsumerProtocolMemberAssignment.decode(assignment).partitions())
+            if metadata:
+                subscribed |= set(ConsumerProtocolMemberMetadata.decode(metadata).subscription) & wire
+        decoded.append(GroupMember(member_id, client_id, host.lstrip("/"), [tp for tp in partitions if tp[0] in wire]))
+    return sorted(decoded, key=lambda m: (m.client_id, m.member_id)), subscribed
+
+
+async def _retrying(call, timeout: float):
+    """Retry a group request while the coordinator is not there yet (a fresh cluster creates __consumer_offsets first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await call()
+        except KafkaError as exc:
+            if not getattr(exc, "retriable", False) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def consumer_lag(bootstrap: str, prefix: str = "", group: str | None = None, timeout: float = 10.0) -> list[GroupLag]:
+    """Lag of the fleet's consumer groups (and any other `roundtrip-*` group) on this prefix's topics.
+
+    Per group: committed offset, log start and end offset and lag per partition, and its members with
+    their assigned partitions. `group` keeps one group ("executor" or "roundtrip-executor").
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    wire = {prefix + name for name in topics.ALL}
+    admin = _admin(bootstrap, int(timeout * 1000))
+    consumer = None
+    await admin.start()
+    try:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=int(timeout * 1000))
+        await consumer.start()
+        listed = {g[0] for g in await admin.list_consumer_groups() if str(g[0]).startswith("roundtrip-")}
+        names = sorted(set(FLEET_GROUPS) | listed)
+        if group is not None:
+            names = [n for n in names if group in (n, n.removeprefix("roundtrip-"))] or [group]
+        described: dict[str, tuple[str, list[GroupMember], set[str]]] = {}
+        # One group per request: aiokafka 0.14 misreads a DescribeGroups response that carries several groups
+        # (the second group's fields come out shifted, then the connection is dropped), so ask for each separately.
+        responses = await _retrying(lambda: asyncio.gather(*(admin.describe_consumer_groups([n]) for n in names)), timeout)
+        for response in (r for rs in responses for r in rs):
+            for error_code, name, state, protocol_type, _protocol, members, *_ in response.groups:
+                members_of, subscribed = _decode_members(members, protocol_type, wire) if error_code == 0 else ([], set())
+                described[name] = (state if error_code == 0 else f"error {error_code}", members_of, subscribed)
+        committed = dict(zip(names, await _retrying(
+            lambda: asyncio.gather(*(admin.list_consumer_group_offsets(n) for n in names)), timeout), strict=True))
+        topics_of: dict[str, set[str]] = {}
+        for name in names:
+            mine = {tp.topic for tp in committed[name] if tp.topic in wire} | described.get(name, ("", [], set()))[2]
+            mine |= {t for m in described.get(name, ("", [], set()))[1] for t, _ in m.partitions}
+            if name in FLEET_GROUPS:
+                mine.add(prefix + FLEET_GROUPS[name])
+            topics_of[name] = mine
+        all_topics = sorted(set().union(*topics_of.values())) if topics_of else []
+        partitions = [
+            TopicPartition(t["topic"], p["partition"])
+            for t in (await admin.describe_topics(all_topics) if all_topics else [])
+            if t["error_code"] == 0
+            for p in t["partitions"]
+        ]
+        starts = await consumer.beginning_offsets(partitions) if partitions else {}
+        ends = await consumer.end_offsets(partitions) if partitions else {}
+    finally:
+        if consumer is not None:
+            await consumer.stop()
+        await admin.close()
+    report = []
+    for name in names:
+        state, members, _ = described.get(name, ("Dead", [], set()))
+        rows = []
+        for tp in sorted(partitions):
+            if tp.topic in topics_of[name]:
+                meta = committed[name].get(tp)
+                offset = meta.offset if meta is not None and meta.offset >= 0 else None
+                rows.append(PartitionLag(tp.topic, tp.partition, offset, starts[tp], ends[tp]))
+        report.append(GroupLag(name, state, rows, members))
+    return report

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 import traceback
 from typing import Any
 
@@ -23,7 +24,7 @@ from faststream.kafka import KafkaBroker
 from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 from pydantic import BaseModel, ValidationError
 
-from services.kernel import topics
+from services.kernel import health, metrics, topics
 from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
 from services.kernel.settings import Settings
@@ -41,6 +42,7 @@ IDLE_FETCH_WAIT_MS = 5000
 MESSAGE_LOG_LEVEL = logging.DEBUG
 
 _CONSUMERS = "_roundtrip_consumers"
+LIVENESS_SILENCE_S = 60.0  # a consumer loop that has not polled for this long is wedged: restart the process
 
 
 def subscribe(
@@ -95,6 +97,10 @@ def subscribe(
     return subscriber
 
 
+def _polled_lately(consumer: KeyOrderedConsumer):
+    return lambda: time.monotonic() - consumer.last_poll < LIVENESS_SILENCE_S
+
+
 async def _not_started(record: Any) -> None:  # pragma: no cover - replaced in subscribe()
     raise RuntimeError("subscriber not wired")
 
@@ -110,9 +116,17 @@ def service_app(broker: KafkaBroker, logger: logging.Logger) -> FastStream:
     """The service's FastStream app; on shutdown its consumers finish what runs and commit first."""
     app = FastStream(broker, logger=logger)
 
+    @app.on_startup
+    async def report_health() -> None:
+        # live while its loop polls (at least every IDLE_FETCH_WAIT_MS, paused or not); ready once it has its partitions
+        for consumer in consumers_of(broker):
+            health.register_liveness(f"consumer {consumer.name}", _polled_lately(consumer))
+            health.register_readiness(f"consumer {consumer.name}", lambda c=consumer: c.assigned)
+
     @app.on_shutdown
     async def drain_consumers() -> None:
         for consumer in consumers_of(broker):
+            health.unregister(f"consumer {consumer.name}")
             await consumer.drain()
 
     return app
@@ -218,7 +232,8 @@ def make_broker(service: str, settings: Settings) -> KafkaBroker:
     return KafkaBroker(
         settings.bootstrap_servers,
         client_id=f"roundtrip-{service}",
-        middlewares=[KafkaTelemetryMiddleware(), dead_letters],
+        # metrics inside the dead letters: a message that raised counts as an exception, then is dead-lettered
+        middlewares=[KafkaTelemetryMiddleware(), dead_letters, *metrics.broker_middlewares(service)],
         enable_idempotence=True,
         linger_ms=0,
         logger=logging.getLogger(f"roundtrip.{service}"),

@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     max_tokens: int = Field(1024, ge=1, description="max_tokens of each model call")
     model_max_retries: int = Field(2, ge=0, description="SDK retries of a failed model call before the turn ends")
     model_timeout_s: float = Field(60.0, gt=0, description="Timeout of one model call")
-    listen_host: str = Field("127.0.0.1", description="Address the simulator and the shop listen on (0.0.0.0 in containers)")
+    listen_host: str = Field("127.0.0.1", description="Address the simulator, the shop and the health endpoints listen on (0.0.0.0 in containers)")
     simulator_port: int = Field(8801, description="Port of the local Messages API simulator")
     simulator_persona: str = Field("careful", description="Persona the simulator plays when a request names none (or 'mix')")
     simulator_latency_ms: float = Field(0.0, ge=0, description="Latency the simulator adds to each response")
@@ -99,6 +99,15 @@ class Settings(BaseSettings):
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint (e.g. http://localhost:4318) for traces")
     span_file: Path | None = Field(None, description="JSON-lines span file; defaults to state_dir/spans.jsonl when no OTLP endpoint")
     log_level: str = Field("INFO", description="Log level of the services")
+    health_port: int = Field(
+        0, ge=0, le=65535,
+        description="Port of each service's /healthz, /readyz and /metrics (8080 in containers); 0 = off",
+    )
+    health_port_per_service: bool = Field(
+        False,
+        description="Add the service's index to health_port (gateway +0, model +1, guard +2, gate +3, executor +4; "
+                    "another replica on the host takes the next free port in steps of 5); `roundtrip up --health-port` sets it",
+    )
 
     # -- derived -----------------------------------------------------------------------
     @property

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import anthropic
 
+from services.kernel import metrics
 from services.kernel.events import CallModel, ModelResponded, ToolCall, Usage
 from services.kernel.fingerprints import fingerprint
 from services.model.client import ModelClient
@@ -21,9 +24,11 @@ def usage_of(message: anthropic.types.Message) -> Usage:
 
 async def call_model(command: CallModel, client: ModelClient) -> ModelResponded:
     step = command.step + 1
+    started = time.perf_counter()
     try:
         message = await client.create(command.messages, command.turn.persona)
     except anthropic.APIError as exc:
+        metrics.model_call_duration.labels(client.model, "error").observe(time.perf_counter() - started)
         status = getattr(exc, "status_code", None)
         return ModelResponded(
             turn=command.turn,
@@ -33,6 +38,7 @@ async def call_model(command: CallModel, client: ModelClient) -> ModelResponded:
             model=client.model,
             error=f"{type(exc).__name__}{f' ({status})' if status else ''}: {exc.message if hasattr(exc, 'message') else exc}",
         )
+    metrics.model_call_duration.labels(client.model, "ok").observe(time.perf_counter() - started)
     content = [block.model_dump(mode="json", exclude_none=True) for block in message.content]
     calls = [
         ToolCall(id=b.id, name=b.name, input=b.input, fingerprint=fingerprint(b.name, b.input))
