@@ -1,5 +1,6 @@
 """`roundtrip up` supervises: an executor SIGKILLed while turns are in flight is reported and
-restarted, the rest of the fleet keeps running, and every turn in flight still gets exactly one reply."""
+restarted, the rest of the fleet keeps running, and every turn in flight still gets exactly one reply;
+a SIGKILLed embedded broker comes back on its data and the fleet answers again."""
 
 from __future__ import annotations
 
@@ -7,10 +8,14 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from aiokafka.partitioner import murmur2
 
+from services.broker.embedded import probe_metadata
 from services.kernel import topics
 from services.kernel.settings import Settings
 from tests.e2e.conftest import FleetClient
@@ -97,3 +102,46 @@ async def test_a_killed_executor_is_restarted_and_the_turns_in_flight_each_get_o
     assert process.wait(timeout=60) == 0
     assert "roundtrip: stopped" in log.read_text()
     assert not os.path.exists(f"/proc/{restarted}")
+
+
+def broker_pid(state_dir) -> int:
+    """The embedded broker's JVM: the java process started with this fleet's server.properties."""
+    properties = str((state_dir / "kafka" / "server.properties").resolve())
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if properties.encode() in argv and any(a.endswith(b"java") for a in argv[:1]):
+                return int(entry)
+    raise AssertionError(f"no broker running with {properties}")
+
+
+def test_a_killed_broker_is_restarted_on_its_data_and_the_fleet_answers_again(tmp_path):
+    with roundtrip_up(tmp_path) as (process, env, log):
+        victim = broker_pid(tmp_path / "state")
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while "roundtrip: kafka restarted" not in log.read_text():
+            assert time.monotonic() < deadline and process.poll() is None, log.read_text()
+            time.sleep(0.2)
+        output = log.read_text()
+        assert re.search(rf"(?m)^roundtrip: kafka \(pid {victim}\) died: killed by SIGKILL after [\d.]+ s up; restarting in 0.5 s", output)
+        assert broker_pid(tmp_path / "state") != victim
+        port = int(env["ROUNDTRIP_KAFKA_PORT"])
+        while True:  # the JVM takes a few seconds to serve again
+            try:
+                if probe_metadata("127.0.0.1", port):
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline + 60, "the restarted broker did not serve"
+            time.sleep(0.5)
+
+        # same data dir: the topics are still there, and the services (or their restarts) serve again
+        ask = subprocess.run([sys.executable, "-m", "services.cli", "ask", "where is my order?", "--customer", "cus_1001"],
+                             env=env, capture_output=True, text=True, timeout=150)
+        assert ask.returncode == 0, ask.stdout + ask.stderr + log.read_text()
+        assert "end_turn" in ask.stdout
+        assert process.poll() is None
