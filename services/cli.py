@@ -11,7 +11,6 @@ import logging
 import runpy
 import signal
 import sys
-import time
 import uuid
 from typing import Annotated, Optional
 
@@ -81,7 +80,11 @@ def up(
         help="serve /healthz /readyz /metrics from each service on this port + its index "
              "(gateway +0, model +1, guard +2, gate +3, executor +4, more executors +5 each)")] = None,
 ) -> None:
-    """Start everything on this machine: broker, simulator, shop and the five services."""
+    """Start everything on this machine: broker, simulator, shop and the five services.
+
+    Supervises them: a process that dies (any service, a replica, the simulator, the shop or
+    the embedded broker) is restarted with exponential backoff (0.5 s doubling to 30 s, reset
+    after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything."""
     import os
 
     from services.fleet import Fleet, FleetError
@@ -106,17 +109,13 @@ def up(
     typer.echo(
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
         '  roundtrip ask "cancel my last order" --customer cus_1001\n'
-        "Ctrl-C stops everything."
+        "Crashed processes are restarted. Ctrl-C stops everything."
     )
     stop = {"now": False}
     for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
         signal.signal(signum, lambda *_: stop.update(now=True))
-    while not stop["now"]:
-        time.sleep(0.5)
-        dead = fleet.exited()
-        if dead:
-            typer.secho(f"error: {dead[0].name} exited (code {dead[0].process.returncode}); see {dead[0].log_path}", fg="red", err=True)
-            break
+    # A child that dies is reported and restarted with backoff; the rest keep running.
+    fleet.supervise(lambda: stop["now"])
     typer.echo("\nroundtrip: stopping")
     fleet.stop()
     typer.echo("roundtrip: stopped")

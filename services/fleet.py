@@ -1,18 +1,26 @@
-"""Starts and stops the fleet as separate processes: what `roundtrip up` and the e2e tests run.
+"""Starts, supervises and stops the fleet as separate processes: what `roundtrip up` and the e2e tests run.
 
 Order: the embedded broker (unless bootstrap servers are configured), the topics, the
 simulator (unless an API key is set), the shop, then the five services. Each child's
 output goes to state_dir/logs/<name>.log. Ports are checked before anything starts.
+
+`Fleet.supervise` (what `roundtrip up` does once everything runs) restarts any child that
+dies, the embedded broker included (same data dir), with exponential backoff
+(`RestartPolicy`), reporting each death and restart, until it is told to stop. It sleeps
+in select() on the children's pidfds, so a death is seen at once without polling.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,12 +48,47 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Exponential backoff of the restarts of one child: `initial_s`, doubling up to `max_s`;
+    back to `initial_s` once the child had stayed up `reset_after_s` before it died."""
+
+    initial_s: float = 0.5
+    factor: float = 2.0
+    max_s: float = 30.0
+    reset_after_s: float = 60.0
+
+    def next_delay(self, previous: float | None, uptime: float) -> float:
+        if previous is None or uptime >= self.reset_after_s:
+            return self.initial_s
+        return min(previous * self.factor, self.max_s)
+
+
+def describe_exit(code: int | None) -> str:
+    """`killed by SIGKILL`, `exit code 1`, `exit code 143 (SIGTERM)` (how a JVM reports a signal)."""
+    if code is None:
+        return "running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            return f"exit code {code} ({signal.Signals(code - 128).name})"
+    return f"exit code {code}"
+
+
 @dataclass
 class Child:
     name: str
     process: subprocess.Popen
     log_path: Path
     where: str = ""
+    # supervision: when the current process started, the last backoff delay, the restart due time
+    started_at: float = field(default_factory=time.monotonic)
+    delay: float | None = None
+    restart_due: float | None = None
+    restarts: int = 0
 
 
 @dataclass
@@ -56,6 +99,8 @@ class Fleet:
     say: Callable[[str], None] = lambda line: None
     children: list[Child] = field(default_factory=list)
     broker: object | None = None
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    _kafka: Child | None = field(default=None, init=False, repr=False)  # the embedded broker's process, as supervise() sees it
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -97,6 +142,7 @@ class Fleet:
         if self.broker is not None:
             self.broker.stop()
             self.broker = None
+            self._kafka = None
 
     def __enter__(self) -> Fleet:
         self.start()
@@ -135,6 +181,89 @@ class Fleet:
     def exited(self) -> list[Child]:
         return [c for c in self.children if c.process.poll() is not None]
 
+    # -- supervision ------------------------------------------------------------------
+    def supervise(self, should_stop: Callable[[], bool]) -> None:
+        """Keep every child running until `should_stop()`: a child that dies (the embedded
+        broker too) is reported and started again after its backoff delay; the others keep
+        running. Blocks in select() on the children's pidfds (and, in the main thread, on a
+        signal wake-up fd, so a signal handler that makes `should_stop()` true ends the wait at
+        once); wakes at least every second. Call it from the thread that started the fleet: the
+        children get SIGTERM when that thread ends (die_with_parent_preexec)."""
+        wake_r, restore = self._signal_wakeup()
+        pidfds: dict[int, int] = {}  # pid -> pidfd of the running children
+        try:
+            while not should_stop():
+                now = time.monotonic()
+                for child in self._supervised():
+                    if child.restart_due is None and child.process.poll() is not None:
+                        self._schedule_restart(child, now)
+                    elif child.restart_due is not None and child.restart_due <= now:
+                        self._restart(child, now)
+                timeout = 1.0
+                for child in self._supervised():
+                    if child.restart_due is not None:
+                        timeout = min(timeout, max(0.0, child.restart_due - time.monotonic()))
+                live = {c.process.pid for c in self._supervised() if c.restart_due is None}
+                for pid in set(pidfds) - live:
+                    os.close(pidfds.pop(pid))
+                for pid in live - set(pidfds):
+                    with contextlib.suppress(AttributeError, OSError):  # no pidfd_open: the 1 s timeout does it
+                        pidfds[pid] = os.pidfd_open(pid)
+                readable, _, _ = select.select([*pidfds.values(), *([wake_r] if wake_r is not None else [])], [], [], timeout)
+                if wake_r is not None and wake_r in readable:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_r, 512)
+        finally:
+            for fd in pidfds.values():
+                os.close(fd)
+            restore()
+
+    def _supervised(self) -> list[Child]:
+        return [*([self._kafka] if self._kafka is not None else []), *self.children]
+
+    def _schedule_restart(self, child: Child, now: float) -> None:
+        uptime = now - child.started_at
+        child.delay = self.policy.next_delay(child.delay, uptime)
+        child.restart_due = now + child.delay
+        self.say(
+            f"roundtrip: {child.name} (pid {child.process.pid}) died: {describe_exit(child.process.returncode)} "
+            f"after {uptime:.1f} s up; restarting in {child.delay:g} s (log {child.log_path})"
+        )
+
+    def _restart(self, child: Child, now: float) -> None:
+        try:
+            if child is self._kafka:
+                self.broker.start()  # same data dir: the topics and offsets are kept
+                child.process = self.broker.proc
+            else:
+                child.process = self._popen(list(child.process.args), child.log_path)
+        except Exception as exc:  # noqa: BLE001 - a failed start is one more death to back off from
+            child.started_at = now
+            child.delay = self.policy.next_delay(child.delay, 0.0)
+            child.restart_due = now + child.delay
+            self.say(f"roundtrip: {child.name} could not be restarted ({exc}); trying again in {child.delay:g} s")
+            return
+        child.started_at, child.restart_due = now, None
+        child.restarts += 1
+        self.say(f"roundtrip: {child.name} restarted (pid {child.process.pid}, restart {child.restarts})")
+
+    @staticmethod
+    def _signal_wakeup() -> tuple[int | None, Callable[[], None]]:
+        """A pipe that signals write a byte to (signal.set_wakeup_fd), so select() returns on Ctrl-C."""
+        if threading.current_thread() is not threading.main_thread():
+            return None, lambda: None
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        previous = signal.set_wakeup_fd(w)
+
+        def restore() -> None:
+            signal.set_wakeup_fd(previous)
+            os.close(r)
+            os.close(w)
+
+        return r, restore
+
     # -- steps ----------------------------------------------------------------------
     def _check_ports(self) -> None:
         s = self.settings
@@ -164,6 +293,7 @@ class Fleet:
         )
         self.broker.start()
         self.broker.wait_ready(60)
+        self._kafka = Child("kafka", self.broker.proc, self.logs / "kafka.log", s.bootstrap_servers)
         self.say(f"  kafka      {s.bootstrap_servers}  (Apache Kafka {s.kafka_version}, KRaft; log {self.logs / 'kafka.log'})")
 
     def _create_topics(self) -> None:
@@ -177,15 +307,17 @@ class Fleet:
 
     def _spawn(self, name: str, argv: list[str], where: str) -> None:
         log_path = self.logs / f"{name}.log"
-        out = open(log_path, "ab")  # noqa: SIM115 - handed to the child
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        process = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            preexec_fn=die_with_parent_preexec(),  # a killed `roundtrip up` leaves no orphans behind
-        )
-        out.close()
+        process = self._popen(argv, log_path)
         self.children.append(Child(name, process, log_path, where))
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
+
+    def _popen(self, argv: list[str], log_path: Path) -> subprocess.Popen:
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        with open(log_path, "ab") as out:  # the child has its own copy of the fd
+            return subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                preexec_fn=die_with_parent_preexec(),  # a killed `roundtrip up` leaves no orphans behind
+            )
 
     def _wait_http(self, url: str, name: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

