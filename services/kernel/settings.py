@@ -75,8 +75,9 @@ class Settings(BaseSettings):
     stuck_grace_s: float = Field(30.0, ge=0, description="A stuck turn is ended this long after it was flagged")
     turn_deadline_s: float = Field(300.0, gt=0, description="A turn is ended when it runs longer than this")
     ledger_database_url: str | None = Field(
-        None, description="SQLAlchemy URL of the guard's turn ledger; unset means a SQLite file in state_dir"
+        None, description="SQLAlchemy URL of the turn ledger (guard; fence of executor and model); unset means a SQLite file in state_dir"
     )
+    outbox_after_s: float = Field(5.0, gt=0, description="The guard's sweeper republishes a recorded decision still unpublished after this long")
 
     # -- gate / executor ---------------------------------------------------------------
     approval_keys: str = Field(
@@ -84,6 +85,13 @@ class Settings(BaseSettings):
         description="Comma-separated key_id:secret pairs for signing approved batches; the first one signs",
     )
     tool_timeout_s: float = Field(10.0, gt=0, description="Timeout of one tool execution")
+    max_block_bytes: int = Field(
+        65536, ge=1024, description="Largest tool input, tool result or text block a transcript carries (larger: an error / cut)"
+    )
+    max_input_depth: int = Field(32, ge=2, description="Deepest nesting of a tool input (deeper: an is_error tool_result)")
+    max_transcript_bytes: int = Field(
+        524288, ge=65536, description="A turn's transcript is kept under this (largest old blocks replaced by markers)"
+    )
     parallel_tools: bool = Field(True, description="Run the calls of one step concurrently")
 
     # -- telemetry ---------------------------------------------------------------------
