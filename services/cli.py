@@ -52,8 +52,14 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     from services.kernel.telemetry import setup_telemetry
 
     setup_telemetry(service, settings)
+    from services.kernel.settings import InsecureConfiguration
+
     module = importlib.import_module(f"services.{service}.app")
-    stream = module.build(settings)
+    try:
+        stream = module.build(settings)
+    except InsecureConfiguration as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     log = logging.getLogger(f"roundtrip.{service}")
 
     async def announce() -> None:
@@ -147,6 +153,13 @@ def config() -> None:
         if name in ("anthropic_api_key", "approval_keys") and value:
             value = "***"
         typer.echo(f"ROUNDTRIP_{name.upper():<28} {value}")
+    if settings.dev_approval_key_in_use:
+        where = "development only" if settings.development else "the gate and the executor will REFUSE TO START here"
+        typer.secho(
+            "warning: ROUNDTRIP_APPROVAL_KEYS holds the published development key: anyone can sign batches with it "
+            f"({where}). Set it to a secret of your own, e.g. \"k1:$(openssl rand -hex 32)\".",
+            fg="yellow", err=True,
+        )
 
 
 @app.command()

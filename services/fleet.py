@@ -178,7 +178,8 @@ class Fleet:
     def _spawn(self, name: str, argv: list[str], where: str) -> None:
         log_path = self.logs / f"{name}.log"
         out = open(log_path, "ab")  # noqa: SIM115 - handed to the child
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        # a stable identity per replica (not the pid): a restarted gateway fences its predecessor's transaction at once
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", "ROUNDTRIP_INSTANCE_ID": f"{socket.gethostname()}-{name}"}
         process = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             preexec_fn=die_with_parent_preexec(),  # a killed `roundtrip up` leaves no orphans behind

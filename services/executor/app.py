@@ -26,6 +26,7 @@ log = logging.getLogger("roundtrip.executor")
 
 
 def build(settings: Settings) -> FastStream:
+    settings.refuse_dev_approval_key("executor")  # outside development, never with the published key
     broker = make_broker("executor", settings)
     shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
     runner = Runner(load_registry(), shop, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes)

@@ -20,6 +20,7 @@ log = logging.getLogger("roundtrip.gate")
 
 
 def build(settings: Settings) -> FastStream:
+    settings.refuse_dev_approval_key("gate")  # outside development, never with the published key
     broker = make_broker("gate", settings)
     execute = Outlet(broker, topics.TOOL_BATCHES, ExecuteToolBatch)
     shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)

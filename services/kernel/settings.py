@@ -12,13 +12,26 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Demo signing key: fine for a laptop, replaced in production via ROUNDTRIP_APPROVAL_KEYS.
+# It is published (README), so anyone can sign a batch with it: outside the embedded
+# development fleet the gate and the executor refuse to start while it is configured.
 DEV_APPROVAL_KEYS = "dev1:roundtrip-dev-only-approval-key"
+DEV_APPROVAL_SECRET = DEV_APPROVAL_KEYS.split(":", 1)[1]
+
+
+class InsecureConfiguration(RuntimeError):
+    """A setting that must not be used outside development (the published approval key)."""
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
 
     # -- where things live -------------------------------------------------------------
+    env: str | None = Field(
+        None, description="'development' or 'production'; unset: development only with the embedded broker"
+    )
+    instance_id: str | None = Field(
+        None, description="Stable id of this replica (gateway transactional id); default: pod name in Kubernetes, else host-service"
+    )
     state_dir: Path = Field(Path(".roundtrip"), description="Folder for embedded broker data, SQLite files, span files, logs")
 
     # -- broker ------------------------------------------------------------------------
@@ -107,6 +120,28 @@ class Settings(BaseSettings):
     @property
     def embedded_broker(self) -> bool:
         return not self.kafka_bootstrap_servers
+
+    @property
+    def development(self) -> bool:
+        """The embedded development fleet: ROUNDTRIP_ENV=development, or (unset) the embedded broker in use."""
+        if self.env:
+            return self.env.strip().lower() in ("development", "dev")
+        return self.embedded_broker
+
+    @property
+    def dev_approval_key_in_use(self) -> bool:
+        """True when any configured approval key (signing or verifying) has the published development secret."""
+        return any(part.partition(":")[2].strip() == DEV_APPROVAL_SECRET for part in self.approval_keys.split(","))
+
+    def refuse_dev_approval_key(self, service: str) -> None:
+        """Raise InsecureConfiguration when the published development key is configured outside development."""
+        if self.dev_approval_key_in_use and not self.development:
+            raise InsecureConfiguration(
+                f"{service} refuses to start: ROUNDTRIP_APPROVAL_KEYS contains the published development key, which anyone "
+                f"can sign batches with, and this is not the embedded development fleet (ROUNDTRIP_ENV={self.env or 'unset'}, "
+                f"Kafka at {self.kafka_bootstrap_servers}). Set ROUNDTRIP_APPROVAL_KEYS to a secret of your own, e.g. "
+                '"k1:$(openssl rand -hex 32)", or ROUNDTRIP_ENV=development on a laptop.'
+            )
 
     @property
     def use_simulator(self) -> bool:
