@@ -174,15 +174,15 @@ def contracts() -> None:
 @turns_app.callback()
 def turns(
     ctx: typer.Context,
-    status: Annotated[Optional[str], typer.Option(help="running, stuck or ended")] = None,
+    status: Annotated[Optional[str], typer.Option(help="running, stuck, ending (an end waiting for running calls) or ended")] = None,
     customer: Annotated[Optional[str], typer.Option(help="only this customer's turns")] = None,
     limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
 ) -> None:
     """List running, stuck and ended turns with their trace ids (newest first)."""
     if ctx.invoked_subcommand is not None:
         return
-    if status and status not in ("running", "stuck", "ended"):
-        raise typer.BadParameter("status must be running, stuck or ended")
+    if status and status not in ("running", "stuck", "ending", "ended"):
+        raise typer.BadParameter("status must be running, stuck, ending or ended")
     from services.console import list_turns
 
     raise typer.Exit(asyncio.run(list_turns(get_settings(), status, customer, limit)))
