@@ -54,12 +54,14 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     setup_telemetry(service, settings)
     from services.kernel.settings import InsecureConfiguration
 
-    module = importlib.import_module(f"services.{service}.app")
     try:
-        stream = module.build(settings)
+        if service in ("gate", "executor"):  # they hold the approval keys (the app checks again when it starts)
+            settings.refuse_dev_approval_key(service)
     except InsecureConfiguration as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
+    module = importlib.import_module(f"services.{service}.app")
+    stream = module.build(settings)
     log = logging.getLogger(f"roundtrip.{service}")
 
     async def announce() -> None:

@@ -26,7 +26,6 @@ log = logging.getLogger("roundtrip.executor")
 
 
 def build(settings: Settings) -> FastStream:
-    settings.refuse_dev_approval_key("executor")  # outside development, never with the published key
     broker = make_broker("executor", settings)
     shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
     runner = Runner(load_registry(), shop, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes)
@@ -54,6 +53,7 @@ def build(settings: Settings) -> FastStream:
         await call_model(command, batch.turn.conversation_id)
 
     app = FastStream(broker, logger=log)
+    app.on_startup(lambda: settings.refuse_dev_approval_key("executor"))  # outside development, never the published key
 
     @app.on_startup
     async def open_fence() -> None:

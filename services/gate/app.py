@@ -20,7 +20,6 @@ log = logging.getLogger("roundtrip.gate")
 
 
 def build(settings: Settings) -> FastStream:
-    settings.refuse_dev_approval_key("gate")  # outside development, never with the published key
     broker = make_broker("gate", settings)
     execute = Outlet(broker, topics.TOOL_BATCHES, ExecuteToolBatch)
     shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
@@ -44,5 +43,6 @@ def build(settings: Settings) -> FastStream:
         await execute(batch, command.turn.conversation_id)
 
     app = FastStream(broker, logger=log)
+    app.on_startup(lambda: settings.refuse_dev_approval_key("gate"))  # outside development, never the published key
     app.after_shutdown(shop.aclose)
     return app

@@ -90,3 +90,12 @@ def test_the_local_fleet_gives_every_replica_its_own_stable_identity(tmp_path, m
     fleet._spawn("gateway", ["x", "gateway"], "")
     fleet._spawn("executor-2", ["x", "executor-2"], "")
     assert spawned["gateway"].endswith("-gateway") and spawned["executor-2"].endswith("-executor-2")
+
+
+@pytest.mark.parametrize("service", ["gate", "executor"])
+async def test_the_apps_themselves_refuse_to_start_with_the_published_key_in_production(service):
+    import importlib
+
+    app = importlib.import_module(f"services.{service}.app").build(settings(kafka_bootstrap_servers="127.0.0.1:1"))
+    with pytest.raises(InsecureConfiguration):
+        await app.start()  # before the broker is even contacted
