@@ -52,6 +52,14 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     from services.kernel.telemetry import setup_telemetry
 
     setup_telemetry(service, settings)
+    from services.kernel.settings import InsecureConfiguration
+
+    try:
+        if service in ("gate", "executor"):  # they hold the approval keys (the app checks again when it starts)
+            settings.refuse_dev_approval_key(service)
+    except InsecureConfiguration as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     module = importlib.import_module(f"services.{service}.app")
     stream = module.build(settings)
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
@@ -179,6 +187,13 @@ def config() -> None:
         if name in ("anthropic_api_key", "approval_keys") and value:
             value = "***"
         typer.echo(f"ROUNDTRIP_{name.upper():<28} {value}")
+    if settings.dev_approval_key_in_use:
+        where = "development only" if settings.development else "the gate and the executor will REFUSE TO START here"
+        typer.secho(
+            "warning: ROUNDTRIP_APPROVAL_KEYS holds the published development key: anyone can sign batches with it "
+            f"({where}). Set it to a secret of your own, e.g. \"k1:$(openssl rand -hex 32)\".",
+            fg="yellow", err=True,
+        )
 
 
 @app.command()
@@ -193,15 +208,15 @@ def contracts() -> None:
 @turns_app.callback()
 def turns(
     ctx: typer.Context,
-    status: Annotated[Optional[str], typer.Option(help="running, stuck or ended")] = None,
+    status: Annotated[Optional[str], typer.Option(help="running, stuck, ending (an end waiting for running calls) or ended")] = None,
     customer: Annotated[Optional[str], typer.Option(help="only this customer's turns")] = None,
     limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
 ) -> None:
     """List running, stuck and ended turns with their trace ids (newest first)."""
     if ctx.invoked_subcommand is not None:
         return
-    if status and status not in ("running", "stuck", "ended"):
-        raise typer.BadParameter("status must be running, stuck or ended")
+    if status and status not in ("running", "stuck", "ending", "ended"):
+        raise typer.BadParameter("status must be running, stuck, ending or ended")
     from services.console import list_turns
 
     raise typer.Exit(asyncio.run(list_turns(get_settings(), status, customer, limit)))

@@ -312,7 +312,9 @@ class Fleet:
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
 
     def _popen(self, argv: list[str], log_path: Path) -> subprocess.Popen:
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        # a stable identity per replica (not the pid): a restarted gateway fences its predecessor's transaction at once
+        identity = f"{socket.gethostname()}-{log_path.stem}"
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", "ROUNDTRIP_INSTANCE_ID": identity}
         with open(log_path, "ab") as out:  # the child has its own copy of the fd
             return subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,

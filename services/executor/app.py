@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import logging
 
-from services.executor.handlers import BatchExpired, execute
-from services.executor.runner import Runner
 from faststream import FastStream
 
+from services.executor.handlers import BatchNotRun, execute, verify
+from services.executor.runner import Runner
 from services.kernel import topics
 from services.kernel.approvals import Signer, parse_keys
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import CallModel, ExecuteToolBatch
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
+from services.kernel.turnstore import Fence
 from services.tools.registry import load_registry
 from services.tools.shop_client import ShopClient
 
@@ -27,24 +28,41 @@ log = logging.getLogger("roundtrip.executor")
 def build(settings: Settings) -> FastStream:
     broker = make_broker("executor", settings)
     shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
-    runner = Runner(load_registry(), shop, settings.tool_timeout_s, settings.parallel_tools)
+    runner = Runner(load_registry(), shop, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes)
     signer = Signer(parse_keys(settings.approval_keys))
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
 
+    state: dict[str, Fence] = {}
+
     @subscribe(broker, topics.TOOL_BATCHES, "executor", settings)
     async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
+        # the signature first: a forged batch reusing a real turn and step is refused (dead-lettered and
+        # logged on roundtrip.security by the raise), never mistaken for a duplicate
+        verify(batch, signer)
         if f"{batch.turn.turn_id}:{batch.step}" in seen:
             log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)
             return
         try:
-            command = await execute(batch, signer, runner)
-        except BatchExpired as exc:
+            command = await execute(batch, signer, runner, state["fence"], verified=True,
+                                    max_transcript_bytes=settings.max_transcript_bytes)
+        except BatchNotRun as exc:
             log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
             return
         seen.add(f"{batch.turn.turn_id}:{batch.step}")
         await call_model(command, batch.turn.conversation_id)
 
     app = service_app(broker, log)
-    app.after_shutdown(shop.aclose)
+    app.on_startup(lambda: settings.refuse_dev_approval_key("executor"))  # outside development, never the published key
+
+    @app.on_startup
+    async def open_fence() -> None:
+        state["fence"] = await Fence.open(settings.ledger_db_url)
+
+    @app.after_shutdown
+    async def close() -> None:
+        await shop.aclose()
+        if "fence" in state:
+            await state["fence"].close()
+
     return app

@@ -1,22 +1,38 @@
-"""Executor handler: verify the gate's signature, run the batch, produce the next model call."""
+"""Executor handler: verify the gate's signature, claim the step in the turn's fence, run the batch,
+produce the next model call.
+
+Order matters: the signature is checked first (a forged batch is refused, dead-lettered and
+logged on `roundtrip.security` even when it reuses a real turn and step), then duplicates,
+then the approval's expiry (the turn's deadline), then the fence: one conditional UPDATE that
+succeeds only while the turn is live at this step and before its deadline. Only then do the
+calls run.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 
+from opentelemetry import trace
+
 from services.executor.runner import Runner
 from services.kernel.approvals import Signer
 from services.kernel.events import CallModel, ExecuteToolBatch
+from services.kernel.limits import fit_transcript
+from services.kernel.turnstore import Fence
 
+log = logging.getLogger("roundtrip.executor")
 security = logging.getLogger("roundtrip.security")
 
-
-class BatchExpired(Exception):
-    """An approved batch that arrived too late to run (its turn is stuck or over)."""
+LEASE_MARGIN_S = 5.0  # beyond the tools' own timeouts: publishing the next call, a slow shop answer
 
 
-async def execute(batch: ExecuteToolBatch, signer: Signer, runner: Runner) -> CallModel:
+class BatchNotRun(Exception):
+    """An approved batch that must not run any more: its approval expired, or its turn ended or moved on."""
+
+
+def verify(batch: ExecuteToolBatch, signer: Signer) -> None:
+    """Raise (ApprovalError) for a batch the gate did not sign as it is, with a `roundtrip.security` line."""
     try:
         signer.verify(batch)
     except Exception as exc:
@@ -24,13 +40,31 @@ async def execute(batch: ExecuteToolBatch, signer: Signer, runner: Runner) -> Ca
             "refused batch for turn %s step %d (customer %s): %s",
             batch.turn.turn_id, batch.step, batch.turn.customer_id, exc,
         )
+        trace.get_current_span().add_event("batch refused", {"roundtrip.reason": str(exc)[:200]})
         raise
-    if batch.expires_at and time.time() > batch.expires_at:
-        raise BatchExpired(f"approval expired {time.time() - batch.expires_at:.1f} s ago; the guard ends the turn")
+
+
+def lease_for(batch: ExecuteToolBatch, runner: Runner) -> float:
+    """How long the claimed calls may take at most: one tool timeout (in parallel) or one per call."""
+    approved = sum(1 for c in batch.calls if c.approved)
+    return runner.timeout_s * (1 if runner.parallel else max(1, approved)) + LEASE_MARGIN_S
+
+
+async def execute(batch: ExecuteToolBatch, signer: Signer, runner: Runner, fence: Fence | None = None,
+                  verified: bool = False, max_transcript_bytes: int = 524288) -> CallModel:
+    """Run a batch (verified here unless `verified`); BatchNotRun when it arrived too late or its turn may not act any more."""
+    if not verified:
+        verify(batch, signer)
+    span = trace.get_current_span()
+    now = time.time()
+    if batch.expires_at and now > batch.expires_at:
+        span.add_event("batch not run: approval expired", {"roundtrip.late_s": now - batch.expires_at})
+        raise BatchNotRun(f"approval expired {now - batch.expires_at:.1f} s ago (the turn's deadline); the guard ends the turn")
+    if fence is not None and not await fence.claim_batch(batch.turn.turn_id, batch.step, lease_for(batch, runner), now):
+        span.add_event("batch not run: the turn has ended or moved on", {"roundtrip.step": batch.step})
+        raise BatchNotRun("the turn has ended, been cancelled, moved past this step or passed its deadline; nothing was run")
     results = await runner.run(batch.calls, batch.turn)
-    return CallModel(
-        turn=batch.turn,
-        step=batch.step,
-        messages=[*batch.messages, {"role": "user", "content": results}],
-        spent=batch.spent,
-    )
+    messages, replaced = fit_transcript([*batch.messages, {"role": "user", "content": results}], max_transcript_bytes)
+    if replaced:
+        log.warning("turn %s step %d: %d large blocks of the transcript replaced by markers", batch.turn.turn_id, batch.step, replaced)
+    return CallModel(turn=batch.turn, step=batch.step, messages=messages, spent=batch.spent)

@@ -16,6 +16,7 @@ from opentelemetry import trace
 
 from services.kernel import metrics
 from services.kernel.events import CheckedCall, Turn
+from services.kernel.limits import cap_text
 from services.kernel.telemetry import tracer
 from services.tools.context import ToolContext, ToolError
 from services.tools.registry import Registry
@@ -31,8 +32,9 @@ def tool_result(call_id: str, content: str, is_error: bool = False) -> dict[str,
 
 
 class Runner:
-    def __init__(self, registry: Registry, shop: Any, timeout_s: float, parallel: bool) -> None:
+    def __init__(self, registry: Registry, shop: Any, timeout_s: float, parallel: bool, max_result_bytes: int = 65536) -> None:
         self.registry, self.shop, self.timeout_s, self.parallel = registry, shop, timeout_s, parallel
+        self.max_result_bytes = max_result_bytes  # a larger result is cut with a marker (services/kernel/limits.py)
 
     async def run_one(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
         if not call.approved:
@@ -54,10 +56,13 @@ class Runner:
             )
             try:
                 result = await asyncio.wait_for(self.registry.handler(call.name)(call.input, ctx), self.timeout_s)
-                return tool_result(call.id, json.dumps(result, ensure_ascii=False, default=str))
+                text = json.dumps(result, ensure_ascii=False, default=str)
+                if len(text) > self.max_result_bytes // 4:  # only a long text can be over the limit in bytes
+                    text = cap_text(text, self.max_result_bytes, "result")
+                return tool_result(call.id, text)
             except ToolError as exc:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
-                return tool_result(call.id, str(exc), is_error=True)
+                return tool_result(call.id, cap_text(str(exc), self.max_result_bytes, "error"), is_error=True)
             except TimeoutError:
                 span.set_status(trace.Status(trace.StatusCode.ERROR, "timeout"))
                 return tool_result(

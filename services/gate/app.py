@@ -43,5 +43,6 @@ def build(settings: Settings) -> FastStream:
         await execute(batch, command.turn.conversation_id)
 
     app = service_app(broker, log)
+    app.on_startup(lambda: settings.refuse_dev_approval_key("gate"))  # outside development, never the published key
     app.after_shutdown(shop.aclose)
     return app

@@ -40,7 +40,7 @@ class Gate:
     lookup: EntityLookup
     signer: Signer
     shop: Any = None  # handed to policies through ToolContext
-    batch_ttl_s: float = 60.0  # an approval is void after this (the guard gives up on a stuck turn later)
+    batch_ttl_s: float = 60.0  # only for a turn without a deadline (an older guard); otherwise the turn's deadline
     ownership_ttl_s: float = OWNERSHIP_TTL_S  # 0 turns the cross-step ownership cache off
     step_memo: bool = True  # one look-up per (kind, id, customer) within a step
     concurrent: bool = True  # check the calls of a step concurrently
@@ -132,7 +132,8 @@ class Gate:
             checked = [await self._traced(c, command, lookups) for c in command.calls]
         batch = ExecuteToolBatch(
             turn=command.turn, step=command.step, messages=command.messages, calls=checked, spent=command.spent,
-            expires_at=round(time.time() + self.batch_ttl_s, 3),
+            # bound to the turn's own deadline, never a fresh TTL: stale work signed late stays stale
+            expires_at=command.turn.deadline_at or round(time.time() + self.batch_ttl_s, 3),
         )
         try:
             return self.signer.sign(batch)

@@ -28,7 +28,7 @@ def build(settings: Settings) -> FastStream:
     Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # declared so the AsyncAPI document shows the replies
     replies = TransactionalOutlet(
         settings.bootstrap_servers, topics.t(topics.SUPPORT_REPLIES), group("gateway", "replies"),
-        transactional_id("gateway", topics.t(topics.SUPPORT_REPLIES)),
+        transactional_id("gateway", topics.t(topics.SUPPORT_REPLIES), settings.instance_id),
     )
 
     @subscribe(broker, topics.SUPPORT_REQUESTS, "gateway", settings)

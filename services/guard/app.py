@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from faststream import FastStream
 from pydantic import BaseModel
@@ -85,10 +86,17 @@ def build(settings: Settings) -> FastStream:
         state["guard"] = Guard(
             ledger=ledger, policy=policy_from(settings), prices=prices, publish=publish, model=settings.model,
             stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
+            outbox_after_s=settings.outbox_after_s,
         )
 
     @app.after_startup
     async def start_sweeper() -> None:
+        try:  # decisions recorded before a crash but never published go out now, not on some redelivery
+            republished = await state["guard"].republish_outbox(older_than=time.time())
+            if republished:
+                log.warning("republished %d decisions left unpublished by an earlier run", republished)
+        except Exception:  # noqa: BLE001 - the sweeper retries
+            log.exception("republishing the outbox at start-up failed; the sweeper retries")
         state["sweeper"] = asyncio.create_task(sweeper())
 
     @app.on_shutdown

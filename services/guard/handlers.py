@@ -19,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from pydantic import BaseModel
 
-from services.guard.ledger import ENDED, Ledger, TurnRow
+from services.guard.ledger import ENDED, ENDING, STUCK, Ledger, TurnRow
 from services.guard.pricing import PriceTable
 from services.guard.replies import polite
 from services.guard.rules import Continue, Finish, Policy, decide
@@ -65,6 +65,7 @@ class Guard:
     stuck_after_s: float = 60.0
     stuck_grace_s: float = 30.0
     turn_deadline_s: float = 300.0
+    outbox_after_s: float = 5.0  # the sweeper republishes a decision still unpublished after this long
 
     def __post_init__(self) -> None:
         self._clearing: set[asyncio.Task] = set()
@@ -78,10 +79,10 @@ class Guard:
         if not ended and len(self._last_decision) < 100_000:
             self._last_decision[turn_id] = now
 
-    async def _emit(self, turn_id: str, step: int, message: BaseModel, conversation_id: str) -> None:
+    async def _emit(self, turn_id: str, pending: str, message: BaseModel, conversation_id: str) -> None:
         """Publish, then clear the ledger's pending copy off the hot path (a crash before that only republishes)."""
         await self.publish(TOPIC_OF[type(message)], message, conversation_id)
-        task = asyncio.create_task(self.ledger.published(turn_id, step))
+        task = asyncio.create_task(self.ledger.published(turn_id, pending))
         self._clearing.add(task)
         task.add_done_callback(self._cleared)
 
@@ -95,21 +96,37 @@ class Guard:
         if self._clearing:
             await asyncio.gather(*self._clearing, return_exceptions=True)
 
-    async def _republish(self, row: TurnRow) -> None:
+    async def _republish(self, row: TurnRow, why: str = "a redelivery") -> None:
         """Crash recovery: the decision was recorded but maybe not published."""
         pending = json.loads(row.pending or "null")
         if pending:
             message = MODEL_OF[pending["topic"]].model_validate(pending["message"])
-            log.warning("turn %s: republishing the pending %s after a redelivery", row.turn_id, type(message).__name__)
-            await self._emit(row.turn_id, row.step, message, row.conversation_id)
+            log.warning("turn %s: republishing the pending %s after %s", row.turn_id, type(message).__name__, why)
+            await self._emit(row.turn_id, row.pending, message, row.conversation_id)
+
+    async def republish_outbox(self, older_than: float | None = None) -> int:
+        """Publish every recorded decision still not published (at start-up, and from the sweeper)."""
+        older_than = time.time() - self.outbox_after_s if older_than is None else older_than
+        count = 0
+        for row in await self.ledger.outbox(older_than):
+            try:
+                await self._republish(row, "a restart or a failed publish")
+                count += 1
+            except Exception:  # noqa: BLE001 - the rest of the outbox still goes out; this row stays pending
+                log.exception("turn %s: republishing its pending decision failed; will retry", row.turn_id)
+        return count
 
     # -- a new turn ---------------------------------------------------------------------
     async def on_start(self, command: StartTurn) -> str:
+        now = time.time()
         turn = command.turn
+        if not turn.deadline_at:  # the turn's deadline travels with it: the gate signs it into every approval
+            turn = turn.model_copy(update={"deadline_at": round(now + self.turn_deadline_s, 3)})
         call = CallModel(turn=turn, step=0, messages=[{"role": "user", "content": command.text}])
-        if await self.ledger.start(turn.model_dump(mode="json"), _pending(call), _traceparent()):
+        pending = _pending(call)
+        if await self.ledger.start(turn.model_dump(mode="json"), pending, _traceparent(), now=now, deadline_at=turn.deadline_at):
             self._stepped(turn.turn_id, ended=False)
-            await self._emit(turn.turn_id, 0, call, turn.conversation_id)
+            await self._emit(turn.turn_id, pending, call, turn.conversation_id)
             return "started"
         row = await self.ledger.get(turn.turn_id)
         if row is not None and row.step == 0 and row.pending:
@@ -145,7 +162,8 @@ class Guard:
             if decision.outcome not in (Outcome.END_TURN,):
                 log.warning("turn %s ended at step %d: %s (%s) trace %s", event.turn.turn_id, event.step, outcome,
                             decision.detail, event.turn.trace_id)
-        if await self.ledger.advance(event.turn.turn_id, event.step, usage_columns(event.spent), cost, _pending(message),
+        pending = _pending(message)
+        if await self.ledger.advance(event.turn.turn_id, event.step, usage_columns(event.spent), cost, pending,
                                      outcome=outcome, traceparent=_traceparent()):
             # counted once, when the ledger records the step (a redelivery that republishes counts nothing again)
             metrics.count_usage(model, event.usage, step_cost)
@@ -154,7 +172,7 @@ class Guard:
             if outcome:
                 metrics.count_turn_end(outcome, event.step)
             self._stepped(event.turn.turn_id, ended=bool(outcome))
-            await self._emit(event.turn.turn_id, event.step, message, event.turn.conversation_id)
+            await self._emit(event.turn.turn_id, pending, message, event.turn.conversation_id)
             return outcome or type(message).__name__
         return await self._not_advanced(event, span)
 
@@ -178,38 +196,69 @@ class Guard:
         return TurnEnded(turn=turn, step=step, outcome=decision.outcome, text=decision.text, spent=spent, cost_usd=round(cost, 6))
 
     # -- from outside the loop ------------------------------------------------------------
-    async def end_from_outside(self, row: TurnRow, outcome: Outcome, detail: str) -> bool:
-        """Stuck past its grace, past its deadline, or cancelled: end it politely, once."""
+    async def end_from_outside(self, row: TurnRow, outcome: Outcome, detail: str, **seen) -> str | None:
+        """Stuck past its grace, past its deadline, or cancelled: end it politely, once.
+
+        Conditional on the state it was decided from (`row.step`, and whatever `seen` adds), so
+        a turn that moved meanwhile is not ended. While an executor holds a lease on the turn
+        (its calls are running), the turn becomes ENDING: nothing can claim it any more, and the
+        end is recorded and published once the lease is released (`sweep`). Returns ENDED,
+        ENDING, or None (the turn was not in the state decided from)."""
         turn = Turn.model_validate(row.turn)
         ended = TurnEnded(turn=turn, step=row.step, outcome=outcome, text=polite(outcome), spent=spent_of(row), cost_usd=round(row.cost_usd, 6))
+        pending = _pending(ended)
         with self._in_turn_trace(row, f"guard.{outcome.value}") as span:
             span.set_attributes({"roundtrip.turn_id": row.turn_id, "roundtrip.outcome": outcome.value, "roundtrip.detail": detail})
-            if not await self.ledger.end(row.turn_id, outcome.value, _pending(ended)):
-                return False
+            result = await self.ledger.end(row.turn_id, outcome.value, pending, step=row.step, now=time.time(), defer=True, **seen)
+            if result is None:
+                span.add_event("not ended: the turn moved since the decision", {"roundtrip.step": row.step})
+                return None
+            if result == ENDING:
+                span.add_event("end deferred: an executor is running this step's calls", {"roundtrip.step": row.step})
+                log.warning("turn %s: %s decided (%s); waiting for the running step %d to finish", row.turn_id, outcome.value, detail, row.step)
+                return ENDING
             log.warning("turn %s ended from outside the loop: %s (%s) trace %s", row.turn_id, outcome.value, detail, row.trace_id)
             metrics.count_turn_end(outcome, row.step)
             self._last_decision.pop(row.turn_id, None)
-            await self._emit(row.turn_id, row.step, ended, row.conversation_id)
-            return True
+            await self._emit(row.turn_id, pending, ended, row.conversation_id)
+            return ENDED
 
     async def on_cancel(self, command: CancelTurn) -> str:
-        row = await self.ledger.get(command.turn_id)
-        if row is None:
-            return "unknown turn"
-        if row.status == ENDED:
-            return "already ended"
-        return "cancelled" if await self.end_from_outside(row, Outcome.CANCELLED, command.reason) else "already ended"
+        for _ in range(10):  # re-read and retry while the turn keeps moving under the cancel
+            row = await self.ledger.get(command.turn_id)
+            if row is None:
+                return "unknown turn"
+            if row.status in (ENDED, ENDING):
+                return "already ended"
+            result = await self.end_from_outside(row, Outcome.CANCELLED, command.reason)
+            if result == ENDED:
+                return "cancelled"
+            if result == ENDING:
+                return "cancelling"
+        log.warning("turn %s: cancel gave up: the turn kept moving", command.turn_id)
+        return "not cancelled"
+
+    async def finish_ending(self, row: TurnRow) -> bool:
+        """An end that waited for a running step: record it and publish it once the lease is gone."""
+        if not await self.ledger.finish_ending(row.turn_id, time.time()):
+            return False
+        done = await self.ledger.get(row.turn_id)
+        if done is not None and done.pending:
+            await self._republish(done, "the running step finished")
+        return True
 
     async def sweep(self, flag: Callable[[TurnFlagged, str], Awaitable[None]], now: float | None = None) -> tuple[int, int]:
-        """Flag turns idle past stuck_after_s; end those past their grace or their deadline."""
+        """Flag turns idle past stuck_after_s; end those past their grace or their deadline; finish deferred ends;
+        republish decisions left unpublished. Every change is conditional on the row as read, with the current time."""
         now = now or time.time()
-        idle, expired = await self.ledger.overdue(now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s)
+        idle, expired, ending = await self.ledger.overdue(now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s)
         flagged = 0
         for row in idle:
-            if not await self.ledger.flag_stuck(row.turn_id, now):
+            at = max(now, time.time())  # never a stale timestamp: it would shorten the grace
+            if not await self.ledger.flag_stuck(row.turn_id, at, self.stuck_after_s, step=row.step):
                 continue
             flagged += 1
-            idle_s = now - row.last_progress_at
+            idle_s = at - row.last_progress_at
             detail = f"no progress for {idle_s:.1f} s after step {row.step}; ending in {self.stuck_grace_s:g} s unless it moves"
             with self._in_turn_trace(row, "guard.turn_stuck") as span:
                 span.add_event("turn stuck", {"roundtrip.turn_id": row.turn_id, "roundtrip.idle_s": idle_s, "roundtrip.step": row.step})
@@ -218,9 +267,16 @@ class Guard:
                 await flag(TurnFlagged(turn=Turn.model_validate(row.turn), step=row.step, idle_s=round(idle_s, 3), detail=detail), row.conversation_id)
         ended = 0
         for row in expired:
-            over_deadline = row.started_at < now - self.turn_deadline_s
-            detail = f"turn older than {self.turn_deadline_s:g} s" if over_deadline else f"stuck for more than {self.stuck_grace_s:g} s"
-            ended += await self.end_from_outside(row, Outcome.DEADLINE, detail)
+            deadline_at = row.deadline_at or row.started_at + self.turn_deadline_s
+            if deadline_at <= now:
+                result = await self.end_from_outside(row, Outcome.DEADLINE, f"turn older than {self.turn_deadline_s:g} s")
+            else:  # stuck past its grace: only if still stuck since that very flag
+                result = await self.end_from_outside(row, Outcome.DEADLINE, f"stuck for more than {self.stuck_grace_s:g} s",
+                                                     status=STUCK, flagged_at=row.flagged_at)
+            ended += result == ENDED
+        for row in ending:
+            ended += await self.finish_ending(row)
+        await self.republish_outbox()
         return flagged, ended
 
     @staticmethod

@@ -1,55 +1,30 @@
 """The turn ledger: one row per turn with its status, step, progress, usage, cost and outcome.
 
 SQLite file by default, PostgreSQL by URL (SQLAlchemy Core: the same statements on both,
-run inline on SQLite and through asyncpg on PostgreSQL). Every change
+run inline on SQLite and through asyncpg on PostgreSQL). The table and the fence the
+executor and the model service check live in services/kernel/turnstore.py. Every change
 is a conditional UPDATE, so a redelivered event or a second guard replica cannot move
-a turn twice: the caller that gets rowcount 1 owns the transition. `pending` holds the
-message a transition decided to publish until it is published (a tiny outbox): a crash
-between the two republishes it on redelivery instead of losing it.
+a turn twice: the caller that gets rowcount 1 owns the transition. Every end is conditional
+on the state it was decided from and on no executor holding a lease on the turn.
+
+`pending` is the outbox: the message a transition decided to publish, kept until it is
+published (`pending_at` says since when). A crash between the two republishes it: on
+redelivery, when the guard starts, and from the sweeper.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Column, Connection, Engine, Float, Integer, MetaData, String, Table, Text, create_engine, event, insert, select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-RUNNING, STUCK, ENDED = "running", "stuck", "ended"
-LIVE = (RUNNING, STUCK)
+from services.kernel.turnstore import ENDED, ENDING, LIVE, RUNNING, STUCK, TurnStore, make_engine, no_live_lease, turns
 
-metadata = MetaData()
-turns = Table(
-    "turns",
-    metadata,
-    Column("turn_id", String(64), primary_key=True),
-    Column("request_id", String(200), nullable=False),
-    Column("conversation_id", String(200), nullable=False),
-    Column("customer_id", String(200), nullable=False, index=True),
-    Column("status", String(16), nullable=False, index=True),
-    Column("step", Integer, nullable=False, default=0),
-    Column("started_at", Float, nullable=False),
-    Column("last_progress_at", Float, nullable=False),
-    Column("flagged_at", Float),
-    Column("ended_at", Float),
-    Column("outcome", String(40)),
-    Column("input_tokens", Integer, nullable=False, default=0),
-    Column("output_tokens", Integer, nullable=False, default=0),
-    Column("cache_creation_input_tokens", Integer, nullable=False, default=0),
-    Column("cache_read_input_tokens", Integer, nullable=False, default=0),
-    Column("cost_usd", Float, nullable=False, default=0.0),
-    Column("trace_id", String(32), nullable=False, default=""),
-    Column("traceparent", String(64)),
-    Column("turn_json", Text, nullable=False),
-    Column("pending", Text),
-)
-
+__all__ = ["ENDED", "ENDING", "LIVE", "RUNNING", "STUCK", "Ledger", "TurnRow", "make_engine", "turns"]
 
 @dataclass
 class TurnRow:
@@ -73,70 +48,30 @@ class TurnRow:
     traceparent: str | None
     turn_json: str
     pending: str | None
+    deadline_at: float | None = None
+    lease_step: int | None = None
+    lease_until: float | None = None
+    pending_at: float | None = None
 
     @property
     def turn(self) -> dict[str, Any]:
         return json.loads(self.turn_json)
 
 
-def make_engine(url: str) -> Engine | AsyncEngine:
-    """SQLite: a plain engine, used inline on the event loop (a WAL commit without fsync takes
-    microseconds; a thread hop per statement costs more than the statement). PostgreSQL: asyncpg."""
-    if url.startswith("sqlite"):
-        path = url.split(":///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url.replace("+aiosqlite", ""), connect_args={"timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(conn, _record):  # WAL: readers (roundtrip turns) never block the guard
-            cur = conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
-        return engine
-    return create_async_engine(url, pool_size=5, max_overflow=5)
-
-
-class Ledger:
-    def __init__(self, engine: Engine | AsyncEngine) -> None:
-        self.engine = engine
-
-    @classmethod
-    async def open(cls, url: str) -> Ledger:
-        ledger = cls(make_engine(url))
-        await ledger._run(metadata.create_all, write=True)
-        return ledger
-
-    async def close(self) -> None:
-        result = self.engine.dispose()
-        if isinstance(self.engine, AsyncEngine):
-            await result
-
-    async def _run(self, work: Callable[[Connection], Any], write: bool = False) -> Any:
-        """Run `work(connection)` in a transaction (write) or a plain connection, on either engine."""
-        if isinstance(self.engine, AsyncEngine):
-            async with (self.engine.begin() if write else self.engine.connect()) as conn:
-                return await conn.run_sync(work)
-        with (self.engine.begin() if write else self.engine.connect()) as conn:
-            return work(conn)
-
-    async def _update(self, statement: Any) -> bool:
-        """A conditional update; True when it changed the one row (the caller owns the transition)."""
-        return await self._run(lambda conn: conn.execute(statement).rowcount == 1, write=True)
-
+class Ledger(TurnStore):
     async def _rows(self, statement: Any) -> list[TurnRow]:
         return await self._run(lambda conn: [TurnRow(**r) for r in conn.execute(statement).mappings().all()])
 
     # -- transitions --------------------------------------------------------------------
-    async def start(self, turn: dict[str, Any], pending: str, traceparent: str | None = None, now: float | None = None) -> bool:
+    async def start(self, turn: dict[str, Any], pending: str, traceparent: str | None = None, now: float | None = None,
+                    deadline_at: float | None = None) -> bool:
         """Register a new turn; False when it exists already (a duplicated request)."""
         now = now or time.time()
         statement = insert(turns).values(
             turn_id=turn["turn_id"], request_id=turn["request_id"], conversation_id=turn["conversation_id"],
             customer_id=turn["customer_id"], status=RUNNING, step=0, started_at=now, last_progress_at=now,
             trace_id=turn.get("trace_id", ""), traceparent=traceparent, turn_json=json.dumps(turn), pending=pending,
+            pending_at=now, deadline_at=deadline_at or turn.get("deadline_at"),
             input_tokens=0, output_tokens=0, cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=0.0,
         )
         try:
@@ -147,33 +82,62 @@ class Ledger:
 
     async def advance(self, turn_id: str, step: int, usage: dict[str, int], cost_usd: float, pending: str,
                       outcome: str | None = None, traceparent: str | None = None, now: float | None = None) -> bool:
-        """Record iteration `step` (and the end, with an outcome). Only from step-1 and a live turn."""
+        """Record iteration `step` (and the end, with an outcome). Only from step-1 and a live turn.
+        The model answered, so the executor's lease of the previous step is over."""
         now = now or time.time()
         values: dict[str, Any] = dict(step=step, last_progress_at=now, flagged_at=None, cost_usd=cost_usd, pending=pending,
-                                      status=ENDED if outcome else RUNNING, traceparent=traceparent, **usage)
+                                      pending_at=now, status=ENDED if outcome else RUNNING, traceparent=traceparent,
+                                      lease_step=None, lease_until=None, **usage)
         if outcome:
             values.update(outcome=outcome, ended_at=now)
         return await self._update(
             update(turns).where(turns.c.turn_id == turn_id, turns.c.step == step - 1, turns.c.status.in_(LIVE)).values(**values)
         )
 
-    async def end(self, turn_id: str, outcome: str, pending: str, now: float | None = None) -> bool:
-        """End a live turn from outside the loop (stuck, deadline, cancel)."""
+    async def end(self, turn_id: str, outcome: str, pending: str, *, step: int | None = None, status: str | None = None,
+                  flagged_at: float | None = None, now: float | None = None, defer: bool = False) -> str | None:
+        """End a live turn from outside the loop (stuck, deadline, cancel), conditional on what the caller saw.
+
+        `step` / `status` / `flagged_at`: the turn must still be at that step, in that status,
+        flagged at that time (a turn that moved since the decision is not ended). An executor's
+        live lease always blocks the end: with `defer`, the turn becomes ENDING instead (no
+        claim can succeed any more; `finish_ending` ends it once the lease is released or runs
+        out). Returns ENDED, ENDING, or None when the turn was not in the state the caller saw."""
+        now = now or time.time()
+        seen = [turns.c.turn_id == turn_id, turns.c.status.in_(LIVE)]
+        if step is not None:
+            seen.append(turns.c.step == step)
+        if status is not None:
+            seen.append(turns.c.status == status)
+        if flagged_at is not None:
+            seen.append(turns.c.flagged_at == flagged_at)
+        if await self._update(update(turns).where(*seen, no_live_lease(now))
+                              .values(status=ENDED, outcome=outcome, ended_at=now, pending=pending, pending_at=now)):
+            return ENDED
+        if defer and await self._update(update(turns).where(*seen).values(status=ENDING, outcome=outcome, pending=pending, pending_at=now)):
+            return ENDING
+        return None
+
+    async def finish_ending(self, turn_id: str, now: float | None = None) -> bool:
+        """ENDING -> ENDED once no executor lease is live (its side effects are done, or it ran out)."""
         now = now or time.time()
         return await self._update(
-            update(turns).where(turns.c.turn_id == turn_id, turns.c.status.in_(LIVE))
-            .values(status=ENDED, outcome=outcome, ended_at=now, pending=pending)
+            update(turns).where(turns.c.turn_id == turn_id, turns.c.status == ENDING, no_live_lease(now))
+            .values(status=ENDED, ended_at=now, pending_at=now)
         )
 
-    async def flag_stuck(self, turn_id: str, now: float | None = None) -> bool:
+    async def flag_stuck(self, turn_id: str, now: float | None = None, stuck_after_s: float = 0.0, step: int | None = None) -> bool:
+        """Flag a running turn with no progress for `stuck_after_s` (checked in the update, with the current time)."""
         now = now or time.time()
-        return await self._update(
-            update(turns).where(turns.c.turn_id == turn_id, turns.c.status == RUNNING).values(status=STUCK, flagged_at=now)
-        )
+        conditions = [turns.c.turn_id == turn_id, turns.c.status == RUNNING, turns.c.last_progress_at <= now - stuck_after_s]
+        if step is not None:
+            conditions.append(turns.c.step == step)
+        return await self._update(update(turns).where(*conditions).values(status=STUCK, flagged_at=now))
 
-    async def published(self, turn_id: str, step: int) -> None:
-        """The decision taken at `step` is out; a later step's pending message is left alone."""
-        await self._update(update(turns).where(turns.c.turn_id == turn_id, turns.c.step == step).values(pending=None))
+    async def published(self, turn_id: str, pending: str) -> None:
+        """The decision `pending` is out; a newer decision written meanwhile is left alone."""
+        await self._update(update(turns).where(turns.c.turn_id == turn_id, turns.c.pending == pending,
+                                               turns.c.status != ENDING).values(pending=None, pending_at=None))
 
     # -- reads ----------------------------------------------------------------------------
     async def get(self, turn_id: str) -> TurnRow | None:
@@ -188,13 +152,26 @@ class Ledger:
             query = query.where(turns.c.customer_id == customer_id)
         return await self._rows(query)
 
-    async def overdue(self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float) -> tuple[list[TurnRow], list[TurnRow]]:
-        """(running turns idle past stuck_after_s, live turns past their grace or the turn deadline)."""
+    async def overdue(self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float
+                      ) -> tuple[list[TurnRow], list[TurnRow], list[TurnRow]]:
+        """(running turns idle past stuck_after_s, live turns past their grace or deadline, ending turns)."""
         idle = await self._rows(select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s))
+        past_deadline = turns.c.started_at < now - deadline_s
+        if deadline_s:
+            past_deadline = past_deadline | (turns.c.deadline_at <= now)
         expired = await self._rows(
             select(turns).where(
                 turns.c.status.in_(LIVE),
-                ((turns.c.status == STUCK) & (turns.c.flagged_at < now - grace_s)) | (turns.c.started_at < now - deadline_s),
+                ((turns.c.status == STUCK) & (turns.c.flagged_at < now - grace_s)) | past_deadline,
             )
         )
-        return idle, expired
+        ending = await self._rows(select(turns).where(turns.c.status == ENDING))
+        return idle, expired, ending
+
+    async def outbox(self, older_than: float, limit: int = 500) -> list[TurnRow]:
+        """Turns whose decided message may not be out yet (written before `older_than`), oldest first."""
+        return await self._rows(
+            select(turns).where(turns.c.pending.is_not(None), turns.c.status != ENDING,
+                                turns.c.pending_at.is_(None) | (turns.c.pending_at < older_than))
+            .order_by(turns.c.pending_at).limit(limit)
+        )

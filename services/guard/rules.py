@@ -164,9 +164,11 @@ def decide(event: ModelResponded, policy: Policy, cost_usd: float = 0.0, next_ca
         return Finish(Outcome.BUDGET, polite(Outcome.BUDGET), f"${cost_usd:.4f} spent, next call ~${next_call_usd:.4f}, budget ${policy.budget_usd:.2f}")
     if reason == "pause_turn":
         return Continue(resume_model=True)
+    # calls whose input could not be carried (too large, too deep) are answered with their error, never run
+    unfit = {c.id: f"Not run: {c.error}. Send a smaller, flatter input." for c in event.tool_calls if c.error}
     if policy.loop_rules:
         checked = loop_check(event, policy)
         if isinstance(checked, Finish):
             return checked
-        return Continue(blocked=checked)
-    return Continue()
+        return Continue(blocked={**checked, **unfit})
+    return Continue(blocked=unfit)

@@ -88,6 +88,7 @@ class Turn(Message):
     customer_id: str = Field(description="Principal, from the request envelope only")
     persona: str | None = None
     trace_id: str = ""
+    deadline_at: float = Field(0.0, description="Unix time after which the turn may cause nothing more (set by the guard)")
 
 
 class ToolCall(Message):
@@ -97,6 +98,7 @@ class ToolCall(Message):
     name: str
     input: Any
     fingerprint: str = Field(description="tool name + hash of the canonical JSON of the input")
+    error: str | None = Field(None, description="Why the input was not kept (too large or too deep): the call becomes an is_error result")
 
 
 class StartTurn(Message):

@@ -12,13 +12,26 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Demo signing key: fine for a laptop, replaced in production via ROUNDTRIP_APPROVAL_KEYS.
+# It is published (README), so anyone can sign a batch with it: outside the embedded
+# development fleet the gate and the executor refuse to start while it is configured.
 DEV_APPROVAL_KEYS = "dev1:roundtrip-dev-only-approval-key"
+DEV_APPROVAL_SECRET = DEV_APPROVAL_KEYS.split(":", 1)[1]
+
+
+class InsecureConfiguration(RuntimeError):
+    """A setting that must not be used outside development (the published approval key)."""
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
 
     # -- where things live -------------------------------------------------------------
+    env: str | None = Field(
+        None, description="'development' or 'production'; unset: development only with the embedded broker"
+    )
+    instance_id: str | None = Field(
+        None, description="Stable id of this replica (gateway transactional id); default: pod name in Kubernetes, else host-service"
+    )
     state_dir: Path = Field(Path(".roundtrip"), description="Folder for embedded broker data, SQLite files, span files, logs")
 
     # -- broker ------------------------------------------------------------------------
@@ -84,8 +97,9 @@ class Settings(BaseSettings):
     stuck_grace_s: float = Field(30.0, ge=0, description="A stuck turn is ended this long after it was flagged")
     turn_deadline_s: float = Field(300.0, gt=0, description="A turn is ended when it runs longer than this")
     ledger_database_url: str | None = Field(
-        None, description="SQLAlchemy URL of the guard's turn ledger; unset means a SQLite file in state_dir"
+        None, description="SQLAlchemy URL of the turn ledger (guard; fence of executor and model); unset means a SQLite file in state_dir"
     )
+    outbox_after_s: float = Field(5.0, gt=0, description="The guard's sweeper republishes a recorded decision still unpublished after this long")
 
     # -- gate / executor ---------------------------------------------------------------
     approval_keys: str = Field(
@@ -93,6 +107,13 @@ class Settings(BaseSettings):
         description="Comma-separated key_id:secret pairs for signing approved batches; the first one signs",
     )
     tool_timeout_s: float = Field(10.0, gt=0, description="Timeout of one tool execution")
+    max_block_bytes: int = Field(
+        65536, ge=1024, description="Largest tool input, tool result or text block a transcript carries (larger: an error / cut)"
+    )
+    max_input_depth: int = Field(32, ge=2, description="Deepest nesting of a tool input (deeper: an is_error tool_result)")
+    max_transcript_bytes: int = Field(
+        524288, ge=65536, description="A turn's transcript is kept under this (largest old blocks replaced by markers)"
+    )
     parallel_tools: bool = Field(True, description="Run the calls of one step concurrently")
 
     # -- telemetry ---------------------------------------------------------------------
@@ -117,6 +138,28 @@ class Settings(BaseSettings):
     @property
     def embedded_broker(self) -> bool:
         return not self.kafka_bootstrap_servers
+
+    @property
+    def development(self) -> bool:
+        """The embedded development fleet: ROUNDTRIP_ENV=development, or (unset) the embedded broker in use."""
+        if self.env:
+            return self.env.strip().lower() in ("development", "dev")
+        return self.embedded_broker
+
+    @property
+    def dev_approval_key_in_use(self) -> bool:
+        """True when any configured approval key (signing or verifying) has the published development secret."""
+        return any(part.partition(":")[2].strip() == DEV_APPROVAL_SECRET for part in self.approval_keys.split(","))
+
+    def refuse_dev_approval_key(self, service: str) -> None:
+        """Raise InsecureConfiguration when the published development key is configured outside development."""
+        if self.dev_approval_key_in_use and not self.development:
+            raise InsecureConfiguration(
+                f"{service} refuses to start: ROUNDTRIP_APPROVAL_KEYS contains the published development key, which anyone "
+                f"can sign batches with, and this is not the embedded development fleet (ROUNDTRIP_ENV={self.env or 'unset'}, "
+                f"Kafka at {self.kafka_bootstrap_servers}). Set ROUNDTRIP_APPROVAL_KEYS to a secret of your own, e.g. "
+                '"k1:$(openssl rand -hex 32)", or ROUNDTRIP_ENV=development on a laptop.'
+            )
 
     @property
     def use_simulator(self) -> bool:

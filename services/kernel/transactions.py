@@ -16,9 +16,17 @@ from opentelemetry.propagate import inject
 from pydantic import BaseModel
 
 
-def transactional_id(service: str, topic: str) -> str:
-    """Stable per process slot: ROUNDTRIP_INSTANCE_ID (e.g. a StatefulSet pod name) or host + pid."""
-    instance = os.environ.get("ROUNDTRIP_INSTANCE_ID") or f"{socket.gethostname()}-{os.getpid()}"
+def transactional_id(service: str, topic: str, instance_id: str | None = None) -> str:
+    """Stable per replica, so a restarted replica fences the transaction its dead predecessor left
+    open at once (Kafka aborts it when the same id registers again) instead of readers waiting
+    for the transaction timeout (~60 s). The replica's identity, first found:
+    `instance_id` (Settings.instance_id, ROUNDTRIP_INSTANCE_ID: a StatefulSet pod name, or what
+    `roundtrip up` gives each child); in Kubernetes the pod name (HOSTNAME); else host + service.
+    Two replicas must never share one: give a second replica on one host its own ROUNDTRIP_INSTANCE_ID."""
+    instance = instance_id or os.environ.get("ROUNDTRIP_INSTANCE_ID")
+    if not instance and os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("HOSTNAME"):
+        instance = os.environ["HOSTNAME"]
+    instance = instance or f"{socket.gethostname()}-{service}"
     return f"roundtrip-{service}-{topic}-{instance}"
 
 

@@ -1,15 +1,36 @@
-"""Model service: one CallModel command in, one ModelResponded iteration event out."""
+"""Model service: one CallModel command in, one ModelResponded iteration event out.
+
+Before calling the model it asks the turn's fence (services/kernel/turnstore.py): no model call
+for a turn that has ended, been cancelled, moved on or passed its deadline. Whatever the model
+returns, the event stays under the broker's message limit (services/kernel/limits.py): a tool
+input too large or too deep is replaced by a marker and its call carries the error, so the
+guard turns it into an is_error tool_result and the loop continues; the call is billed either way.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
 import anthropic
+from opentelemetry import trace
 
 from services.kernel import metrics
 from services.kernel.events import CallModel, ModelResponded, ToolCall, Usage
 from services.kernel.fingerprints import fingerprint
+from services.kernel.limits import cap_text, fit_transcript, input_problem, json_size, omitted
+from services.kernel.turnstore import Fence
 from services.model.client import ModelClient
+
+log = logging.getLogger("roundtrip.model")
+
+
+class Limits:
+    """The size policy's numbers (Settings.max_block_bytes, max_input_depth, max_transcript_bytes)."""
+
+    def __init__(self, block_bytes: int = 65536, input_depth: int = 32, transcript_bytes: int = 524288) -> None:
+        self.block_bytes, self.input_depth, self.transcript_bytes = block_bytes, input_depth, transcript_bytes
 
 
 def usage_of(message: anthropic.types.Message) -> Usage:
@@ -22,7 +43,33 @@ def usage_of(message: anthropic.types.Message) -> Usage:
     )
 
 
-async def call_model(command: CallModel, client: ModelClient) -> ModelResponded:
+def _blocks(message: anthropic.types.Message, limits: Limits) -> tuple[list[dict[str, Any]], list[ToolCall]]:
+    """The response's content as plain blocks and its tool calls, within the size policy."""
+    content: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
+    for block in message.content:
+        if block.type == "tool_use":
+            problem = input_problem(block.input, limits.block_bytes, limits.input_depth)
+            tool_input = omitted(problem) if problem else block.input
+            if problem:
+                log.warning("tool_use %s (%s): %s", block.id, str(block.name)[:80], problem)
+                trace.get_current_span().add_event("tool input not kept", {"roundtrip.tool_use_id": block.id, "roundtrip.reason": problem})
+            content.append({"type": "tool_use", "id": block.id, "name": block.name, "input": tool_input})
+            calls.append(ToolCall(id=block.id, name=block.name, input=tool_input, fingerprint=fingerprint(block.name, tool_input), error=problem))
+        elif block.type == "text":
+            content.append({"type": "text", "text": cap_text(block.text, limits.block_bytes)})
+        else:
+            content.append(block.model_dump(mode="json", exclude_none=True))
+    return content, calls
+
+
+async def call_model(command: CallModel, client: ModelClient, fence: Fence | None = None,
+                     limits: Limits | None = None) -> ModelResponded | None:
+    """The next iteration of the turn, or None when the fence refuses the call (the turn may not act any more)."""
+    limits = limits or Limits()
+    if fence is not None and not await fence.claim_model_call(command.turn.turn_id, command.step):
+        trace.get_current_span().add_event("model not called: the turn has ended or moved on", {"roundtrip.step": command.step})
+        return None
     step = command.step + 1
     started = time.perf_counter()
     try:
@@ -39,17 +86,20 @@ async def call_model(command: CallModel, client: ModelClient) -> ModelResponded:
             error=f"{type(exc).__name__}{f' ({status})' if status else ''}: {exc.message if hasattr(exc, 'message') else exc}",
         )
     metrics.model_call_duration.labels(client.model, "ok").observe(time.perf_counter() - started)
-    content = [block.model_dump(mode="json", exclude_none=True) for block in message.content]
-    calls = [
-        ToolCall(id=b.id, name=b.name, input=b.input, fingerprint=fingerprint(b.name, b.input))
-        for b in message.content
-        if b.type == "tool_use"
-    ]
-    usage = usage_of(message)
+    usage = usage_of(message)  # billed whatever the content: counted before anything else can go wrong
+    try:
+        content, calls = _blocks(message, limits)
+        messages, replaced = fit_transcript(command.messages, max(0, limits.transcript_bytes - json_size(content)))
+    except Exception as exc:  # noqa: BLE001 - a response we cannot carry still ends the turn with its cost counted
+        log.exception("turn %s step %d: the model's response could not be processed", command.turn.turn_id, step)
+        return ModelResponded(turn=command.turn, step=step, messages=command.messages, usage=usage, spent=command.spent + usage,
+                              model=message.model, error=f"the model's response could not be processed ({type(exc).__name__})")
+    if replaced:
+        log.warning("turn %s step %d: %d large blocks of the transcript replaced by markers", command.turn.turn_id, step, replaced)
     return ModelResponded(
         turn=command.turn,
         step=step,
-        messages=command.messages,
+        messages=messages,
         content=content,
         stop_reason=message.stop_reason,
         tool_calls=calls,
@@ -57,3 +107,4 @@ async def call_model(command: CallModel, client: ModelClient) -> ModelResponded:
         spent=command.spent + usage,
         model=message.model,
     )
+

@@ -157,6 +157,8 @@ def fleet_settings(kafka_bootstrap, tmp_path_factory, otlp_receiver) -> tuple[Se
         partitions=4,
         max_steps=10,
         log_level="INFO",
+        # not the embedded broker, so not "development": the published development key would be refused
+        approval_keys=f"e2e1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
     )
     return Settings(**values), fleet_env(**values)
 

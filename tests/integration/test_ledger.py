@@ -1,4 +1,4 @@
-"""The guard's turn ledger on both databases it supports: a SQLite file and PostgreSQL."""
+"""The guard's turn ledger and the turn fence on both databases they support: a SQLite file and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import uuid
 
 import pytest
 
-from services.guard.ledger import ENDED, RUNNING, STUCK, Ledger
+from services.guard.ledger import ENDED, ENDING, RUNNING, STUCK, Ledger
+from services.kernel.turnstore import Fence
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -17,8 +18,17 @@ async def ledger(request, tmp_path):
     else:
         url = request.getfixturevalue("postgres_url")
     ledger = await Ledger.open(url)
+    ledger.url = url
     yield ledger
     await ledger.close()
+
+
+@pytest.fixture
+async def fence(ledger):
+    """The fence as the executor and the model service open it: its own engine on the same database."""
+    fence = await Fence.open(ledger.url)
+    yield fence
+    await fence.close()
 
 
 def turn(**extra):
@@ -47,9 +57,9 @@ async def test_each_step_advances_once_and_only_in_order(ledger):
     assert await ledger.advance(t["turn_id"], 3, USAGE, 0.03, pending="z") is False  # ended turns do not move
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.step, row.outcome, row.cost_usd, row.input_tokens, row.pending) == (ENDED, 2, "end_turn", 0.02, 10, "y")
-    await ledger.published(t["turn_id"], 1)  # a late clean-up of an earlier step leaves the newer decision alone
+    await ledger.published(t["turn_id"], "x")  # a late clean-up of an earlier decision leaves the newer one alone
     assert (await ledger.get(t["turn_id"])).pending == "y"
-    await ledger.published(t["turn_id"], 2)
+    await ledger.published(t["turn_id"], "y")
     assert (await ledger.get(t["turn_id"])).pending is None
 
 
@@ -63,15 +73,15 @@ async def test_racing_replicas_cannot_both_take_a_step(ledger):
 async def test_idle_turns_are_flagged_then_expire_and_end_once(ledger):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0)
-    idle, expired = await ledger.overdue(now=1061.0, stuck_after_s=60, grace_s=30, deadline_s=300)
-    assert [r.turn_id for r in idle] == [t["turn_id"]] and expired == []
+    idle, expired, _ = await ledger.overdue(now=1061.0, stuck_after_s=60, grace_s=30, deadline_s=300)
+    assert t["turn_id"] in [r.turn_id for r in idle] and t["turn_id"] not in [r.turn_id for r in expired]
     assert await ledger.flag_stuck(t["turn_id"], now=1061.0) is True
     assert await ledger.flag_stuck(t["turn_id"], now=1062.0) is False
     assert (await ledger.get(t["turn_id"])).status == STUCK
-    _, expired = await ledger.overdue(now=1092.0, stuck_after_s=60, grace_s=30, deadline_s=300)
-    assert [r.turn_id for r in expired] == [t["turn_id"]]
-    assert await ledger.end(t["turn_id"], "deadline", pending="e") is True
-    assert await ledger.end(t["turn_id"], "deadline", pending="e") is False
+    _, expired, _ = await ledger.overdue(now=1092.0, stuck_after_s=60, grace_s=30, deadline_s=300)
+    assert t["turn_id"] in [r.turn_id for r in expired]
+    assert await ledger.end(t["turn_id"], "deadline", pending="e") == ENDED
+    assert await ledger.end(t["turn_id"], "deadline", pending="e") is None
     assert (await ledger.get(t["turn_id"])).outcome == "deadline"
 
 
@@ -93,3 +103,109 @@ async def test_listing_filters_by_status_and_customer(ledger):
     mine = {r.turn_id for r in await ledger.list(customer_id="cus_1002")}
     assert b["turn_id"] in mine and a["turn_id"] not in mine
     assert a["turn_id"] in {r.turn_id for r in await ledger.list(status="ended", limit=500)}
+
+
+# -- the fence: claims by the executor and the model service, ends conditional on what was decided from --
+
+
+async def test_a_claim_succeeds_only_while_the_turn_is_live_at_that_step_and_before_its_deadline(ledger, fence):
+    t = turn()
+    await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
+    assert await fence.claim_model_call(t["turn_id"], 0, now=1001.0) is True
+    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1002.0) is False  # the turn is not at step 1 yet
+    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1003.0)
+    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1004.0) is True
+    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1005.0) is True  # a redelivery re-claims (idempotent calls)
+    assert await fence.claim_batch(t["turn_id"], 0, lease_s=15, now=1005.0) is False  # a step the turn has left
+    row = await ledger.get(t["turn_id"])
+    assert (row.lease_step, row.lease_until) == (1, 1020.0)
+    assert await fence.claim_model_call(t["turn_id"], 1, now=1006.0) is True  # the calls are done: lease released
+    assert (await ledger.get(t["turn_id"])).lease_until is None
+    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1300.0) is False  # at the deadline
+    assert await fence.claim_model_call(t["turn_id"], 1, now=1300.5) is False
+    assert await fence.claim_batch("turn_unknown", 1, lease_s=15) is False
+
+
+async def test_nothing_can_be_claimed_after_the_end(ledger, fence):
+    t = turn()
+    await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
+    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1001.0)
+    assert await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1002.0) == ENDED  # the end wins
+    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1003.0) is False
+    assert await fence.claim_model_call(t["turn_id"], 1, now=1003.0) is False
+
+
+async def test_an_end_waits_for_a_claimed_batch_then_lands_after_it(ledger, fence):
+    t = turn()
+    await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
+    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1001.0)
+    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1002.0) is True  # the claim wins
+    assert await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1003.0) is None  # no end under a live lease
+    assert await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1003.0, defer=True) == ENDING
+    row = await ledger.get(t["turn_id"])
+    assert (row.status, row.outcome, row.pending) == (ENDING, "cancelled", "e")
+    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1004.0) is False  # no new claim, not even a redelivery
+    assert await ledger.finish_ending(t["turn_id"], now=1005.0) is False  # the claimed calls may still be running
+    await ledger.published(t["turn_id"], "e")
+    assert (await ledger.get(t["turn_id"])).pending == "e"  # an ENDING turn's end is not out yet
+    assert await fence.claim_model_call(t["turn_id"], 1, now=1006.0) is False  # the executor is done: no model call, lease released
+    assert await ledger.finish_ending(t["turn_id"], now=1006.5) is True
+    row = await ledger.get(t["turn_id"])
+    assert (row.status, row.outcome, row.ended_at, row.pending) == (ENDED, "cancelled", 1006.5, "e")
+
+
+async def test_a_lease_that_runs_out_no_longer_holds_the_end_back(ledger, fence):
+    t = turn()
+    await ledger.start(t, pending="{}", now=1000.0)
+    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1001.0)
+    await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1002.0)
+    assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, now=1016.9) is None
+    assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, now=1017.0) == ENDED
+
+
+async def test_ends_are_conditional_on_the_state_they_were_decided_from(ledger):
+    t = turn()
+    await ledger.start(t, pending="{}", now=1000.0)
+    await ledger.flag_stuck(t["turn_id"], now=1061.0, stuck_after_s=60)
+    stale = await ledger.get(t["turn_id"])
+    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1095.0)  # it moved after the sweeper read it
+    assert await ledger.end(t["turn_id"], "deadline", pending="e", step=stale.step, status=STUCK, flagged_at=stale.flagged_at,
+                            now=1095.1, defer=True) is None
+    row = await ledger.get(t["turn_id"])
+    assert (row.status, row.step) == (RUNNING, 1)
+    # flagged again later: an end decided from the earlier flag does not end it either
+    await ledger.flag_stuck(t["turn_id"], now=1160.0, stuck_after_s=60)
+    assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, status=STUCK, flagged_at=stale.flagged_at,
+                            now=1200.0) is None
+    current = await ledger.get(t["turn_id"])
+    assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, status=STUCK, flagged_at=current.flagged_at,
+                            now=1200.0) == ENDED
+
+
+async def test_a_turn_is_flagged_only_when_still_idle_at_the_moment_of_the_flag(ledger):
+    t = turn()
+    await ledger.start(t, pending="{}", now=1000.0)
+    assert await ledger.flag_stuck(t["turn_id"], now=1059.0, stuck_after_s=60) is False
+    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1050.0)
+    assert await ledger.flag_stuck(t["turn_id"], now=1070.0, stuck_after_s=60, step=0) is False  # decided at step 0
+    assert await ledger.flag_stuck(t["turn_id"], now=1110.0, stuck_after_s=60, step=1) is True
+
+
+async def test_the_outbox_lists_unpublished_decisions_until_they_are_published(ledger):
+    a, b = turn(), turn()
+    await ledger.start(a, pending="call-a", now=1000.0)
+    await ledger.start(b, pending="call-b", now=1000.0)
+    await ledger.published(b["turn_id"], "call-b")
+    await ledger.end(a["turn_id"], "cancelled", pending="end-a", now=1010.0)
+    pending = {r.turn_id: r.pending for r in await ledger.outbox(older_than=1011.0, limit=10_000)}
+    assert pending.get(a["turn_id"]) == "end-a" and b["turn_id"] not in pending
+    assert a["turn_id"] not in {r.turn_id for r in await ledger.outbox(older_than=1009.0, limit=10_000)}  # too fresh
+
+
+async def test_a_ledger_of_an_older_version_gets_the_new_columns(ledger):
+    """Opening the fence again on an existing table is harmless (several processes open it)."""
+    again = await Fence.open(ledger.url)
+    await again.close()
+    t = turn()
+    assert await ledger.start(t, pending="{}", deadline_at=5.0)
+    assert (await ledger.get(t["turn_id"])).deadline_at == 5.0

@@ -125,3 +125,77 @@ async def test_budget_outcome_carries_the_cost(guard):
     ended = guard.recorder.sent[-1][1]
     assert ended.outcome is Outcome.BUDGET and ended.cost_usd > 0
     assert json.loads(ended.model_dump_json())["spent"]["input_tokens"] == 100
+
+
+async def test_a_turn_gets_its_deadline_when_it_starts_and_carries_it(guard):
+    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    call = guard.recorder.sent[0][1]
+    row = await guard.ledger.get("turn_1")
+    assert call.turn.deadline_at == pytest.approx(row.started_at + 300, abs=0.01) and row.deadline_at == call.turn.deadline_at
+
+
+async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_done(guard, tmp_path):
+    from services.kernel.turnstore import Fence
+
+    fence = await Fence.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")  # what the executor and model service open
+    try:
+        await guard.on_start(StartTurn(turn=TURN, text="hi"))
+        await guard.on_iteration(iteration(1, calls=[LIST]))
+        assert await fence.claim_batch("turn_1", 1, lease_s=30)  # an executor is running step 1's calls
+        assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelling"
+        assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
+        assert guard.recorder.sent[-1][0] == topics.TOOL_CALLS  # no end published while the calls may still run
+        assert await guard.sweep(guard.recorder.flag) == (0, 0)
+        assert await fence.claim_model_call("turn_1", 1) is False  # the executor is done; no model call for this turn
+        assert await guard.sweep(guard.recorder.flag) == (0, 1)
+        topic, ended = guard.recorder.sent[-1]
+        assert topic == topics.OUTCOMES and ended.outcome is Outcome.CANCELLED and ended.step == 1
+        assert await guard.sweep(guard.recorder.flag) == (0, 0)
+        assert [t for t, _ in guard.recorder.sent].count(topics.OUTCOMES) == 1
+    finally:
+        await fence.close()
+
+
+async def test_an_end_the_sweeper_could_not_publish_is_republished_by_a_later_sweep(guard):
+    guard.outbox_after_s = 0.0
+    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    await guard.drain()
+    t0 = (await guard.ledger.get("turn_1")).last_progress_at
+    await guard.sweep(guard.recorder.flag, now=t0 + 61)
+
+    async def broker_down(topic, message, conversation_id):
+        raise ConnectionError("broker gone")
+
+    guard.publish = broker_down
+    with pytest.raises(ConnectionError):
+        await guard.sweep(guard.recorder.flag, now=t0 + 92)  # ended in the ledger, the end not published
+    assert (await guard.ledger.get("turn_1")).status == "ended"
+    guard.publish = guard.recorder
+    await guard.sweep(guard.recorder.flag, now=t0 + 93)  # the outbox: nothing is lost
+    await guard.drain()
+    outcomes = [m for t, m in guard.recorder.sent if t == topics.OUTCOMES]
+    assert len(outcomes) == 1 and outcomes[0].outcome is Outcome.DEADLINE
+    assert (await guard.ledger.get("turn_1")).pending is None
+    await guard.sweep(guard.recorder.flag, now=t0 + 94)
+    assert len([m for t, m in guard.recorder.sent if t == topics.OUTCOMES]) == 1
+
+
+async def test_a_stuck_turn_that_moves_before_its_grace_ends_is_not_ended(guard):
+    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    t0 = (await guard.ledger.get("turn_1")).last_progress_at
+    assert await guard.sweep(guard.recorder.flag, now=t0 + 61) == (1, 0)
+    stale = await guard.ledger.get("turn_1")
+    await guard.on_iteration(iteration(1, calls=[LIST]))  # progress, after the sweeper read the row
+    assert await guard.end_from_outside(stale, Outcome.DEADLINE, "stuck", status="stuck", flagged_at=stale.flagged_at) is None
+    assert (await guard.ledger.get("turn_1")).status == "running"
+    assert Outcome.DEADLINE not in [getattr(m, "outcome", None) for _, m in guard.recorder.sent]
+
+
+async def test_an_unfit_tool_input_becomes_an_error_result_and_the_loop_goes_on(guard):
+    big = ToolCall(id="toolu_big", name="search_help_center", input={"roundtrip_omitted": "input too large"},
+                   fingerprint=fingerprint("search_help_center", {"roundtrip_omitted": "input too large"}),
+                   error="input too large: 614400 bytes, limit 65536")
+    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    assert await guard.on_iteration(iteration(1, calls=[big, LIST])) == "CheckToolCalls"
+    check = guard.recorder.sent[-1][1]
+    assert list(check.blocked) == ["toolu_big"] and "input too large: 614400 bytes, limit 65536" in check.blocked["toolu_big"]

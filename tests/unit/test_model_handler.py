@@ -59,3 +59,33 @@ async def test_api_failures_after_the_sdks_retries_become_an_iteration_with_an_e
     await client.aclose()
     assert event.step == 3 and event.stop_reason is None
     assert "529" in event.error and "Overloaded" in event.error
+
+
+@pytest.mark.parametrize("persona,problem", [("bloated", "input too large: "), ("deep", "input nested too deep: more than 32 levels")])
+async def test_a_tool_input_no_event_could_carry_becomes_a_call_with_an_error_and_is_still_billed(simulator, persona, problem):
+    client = client_for(simulator, max_tokens=200_000)  # a model allowed to write that much
+    turn = TURN.model_copy(update={"persona": persona})
+    command = CallModel(turn=turn, step=0, messages=[{"role": "user", "content": "help me"}], spent=Usage(input_tokens=7))
+    event = await call_model(command, client)
+    await client.aclose()
+    (call,) = event.tool_calls
+    assert call.error.startswith(problem), call.error
+    if persona == "bloated":
+        assert call.error.endswith("limit 65536") and int(call.error.split()[3]) > 600_000
+    assert call.input == {"roundtrip_omitted": f"{call.error}; the input was not kept"}
+    assert [b for b in event.content if b["type"] == "tool_use"][0]["input"] == call.input
+    assert len(event.model_dump_json().encode()) < 10_000  # the event is small: it is published
+    assert event.usage.output_tokens > (100_000 if persona == "bloated" else 100) and event.spent.input_tokens > 7
+
+
+async def test_no_model_call_for_a_turn_the_fence_refuses(simulator, tmp_path):
+    from services.kernel.turnstore import Fence
+
+    fence = await Fence.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    client = client_for(simulator)
+    try:
+        command = CallModel(turn=TURN, step=0, messages=[{"role": "user", "content": "hi"}])
+        assert await call_model(command, client, fence) is None  # a turn the ledger does not know (or ended) is never called
+    finally:
+        await client.aclose()
+        await fence.close()

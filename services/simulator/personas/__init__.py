@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Callable
 
 from ..transcript import Transcript
-from . import careful, careless, oddities, parallel, runaway, sloppy
+from . import careful, careless, oddities, oversized, parallel, runaway, sloppy
 from ._common import Reply
 
 Persona = Callable[[Transcript], Reply]
@@ -25,6 +25,8 @@ PERSONAS: dict[str, Persona] = {
     "parallel": parallel.decide,
     "refusing": oddities.refusing,
     "terse": oddities.terse,
+    "bloated": oversized.bloated,
+    "deep": oversized.deep,
 }
 MIX = ("careful", "careless", "stubborn", "sloppy", "parallel")
 NAMES = (*PERSONAS, "mix")

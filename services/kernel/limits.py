@@ -1,0 +1,104 @@
+"""The size policy that keeps every event under the broker's message limit, whatever the model
+or a tool returns.
+
+* A tool input larger than `max_block_bytes` or nested deeper than `max_input_depth` is not
+  carried: the tool_use block keeps its id and name, its input becomes a small marker, and
+  the call becomes an `is_error` tool_result ("input too large: N bytes, limit M").
+* A tool result or a text block larger than `max_block_bytes` is cut, with a marker saying so.
+* The transcript of an event (the messages plus the newest response) is kept under
+  `max_transcript_bytes`: when it grows past it, the largest tool inputs, tool results and
+  texts (oldest first among equals) are replaced by markers until it fits.
+
+Everything here is iterative (no recursion), so no input depth can crash it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+OMITTED_KEY = "roundtrip_omitted"
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    """True when `value` nests more than `limit` containers deep (walked iteratively)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = node.values()
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list, tuple)))
+    return False
+
+
+def json_size(value: Any) -> int:
+    """Bytes of the compact UTF-8 JSON of `value` (only for values already known not to be too deep)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str).encode())
+
+
+def input_problem(value: Any, max_bytes: int, max_depth: int) -> str | None:
+    """Why a tool input cannot be carried ("input too large: N bytes, limit M"), or None."""
+    if too_deep(value, max_depth):
+        return f"input nested too deep: more than {max_depth} levels, limit {max_depth}"
+    size = json_size(value)
+    if size > max_bytes:
+        return f"input too large: {size} bytes, limit {max_bytes}"
+    return None
+
+
+def omitted(problem: str) -> dict[str, str]:
+    """What an input that could not be carried is replaced with in the transcript."""
+    return {OMITTED_KEY: f"{problem}; the input was not kept"}
+
+
+def cap_text(text: str, max_bytes: int, what: str = "text") -> str:
+    """`text` cut to about `max_bytes` UTF-8 bytes, with a marker saying how much was cut."""
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    marker = f"\n[{what} truncated by roundtrip: {len(data)} bytes, limit {max_bytes}]"
+    head = data[: max(0, max_bytes - len(marker.encode()))].decode("utf-8", "ignore")
+    return head + marker
+
+
+def _slots(messages: list[dict]) -> list[tuple[int, dict, str]]:
+    """(size, block, field) of every tool input, tool result and text in the transcript, in order."""
+    found = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            found.append((len(content.encode()), message, "content"))
+            continue
+        for block in content or []:
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            field = {"tool_use": "input", "tool_result": "content", "text": "text"}.get(kind)
+            if field and field in block:
+                found.append((json_size(block[field]), block, field))
+    return found
+
+
+def fit_transcript(messages: list[dict], max_bytes: int) -> tuple[list[dict], int]:
+    """`messages` (a copy, when changed) under `max_bytes` of JSON; (messages, blocks replaced)."""
+    size = json_size(messages)
+    if size <= max_bytes:
+        return messages, 0
+    messages = json.loads(json.dumps(messages))  # never change the caller's copy
+    slots = sorted(enumerate(_slots(messages)), key=lambda item: (-item[1][0], item[0]))
+    replaced = 0
+    for _, (block_size, block, field) in slots:
+        if size <= max_bytes:
+            break
+        note = f"[removed by roundtrip: {block_size} bytes, to keep the turn under the message size limit]"
+        replacement: Any = {OMITTED_KEY: note} if field == "input" else note
+        size -= block_size - json_size(replacement)
+        block[field] = replacement
+        replaced += 1
+    return messages, replaced

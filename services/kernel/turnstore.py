@@ -1,0 +1,173 @@
+"""The turn table every service that acts for a turn shares, and the fence that guards side effects.
+
+The guard owns the turn's life (services/guard/ledger.py: start, advance, end); the executor
+and the model service only ask the fence, right before they act, whether the turn may still
+act at this step. SQLite file by default (one file in state_dir, shared by the local
+processes), PostgreSQL by URL; SQLAlchemy Core, the same statements on both.
+
+The fence (see the README, "When things go wrong"):
+* `claim_batch` (executor, before running a step's calls): ONE conditional UPDATE that takes a
+  short lease on (turn, step) only while the turn is live, at that step, and before its
+  deadline. Rowcount 1: the calls may run. Rowcount 0: the turn has ended, been cancelled,
+  moved on, or passed its deadline: nothing runs.
+* `claim_model_call` (model service, before calling the model): ONE conditional UPDATE with the
+  same conditions; it also releases the executor's lease of that step (its side effects are done).
+* Every end from outside the loop (cancel, deadline, stuck) is conditional on no live lease,
+  so an end never lands while a claimed batch is running: either the claim wins (the side
+  effect happens, and the end is recorded after it) or the end wins (the claim fails).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Column, Connection, Engine, Float, Integer, MetaData, String, Table, Text, create_engine, event, inspect, text, update,
+)
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+log = logging.getLogger("roundtrip.fence")
+
+RUNNING, STUCK, ENDING, ENDED = "running", "stuck", "ending", "ended"
+LIVE = (RUNNING, STUCK)  # may still act: claims succeed only in these states
+
+metadata = MetaData()
+turns = Table(
+    "turns",
+    metadata,
+    Column("turn_id", String(64), primary_key=True),
+    Column("request_id", String(200), nullable=False),
+    Column("conversation_id", String(200), nullable=False),
+    Column("customer_id", String(200), nullable=False, index=True),
+    Column("status", String(16), nullable=False, index=True),
+    Column("step", Integer, nullable=False, default=0),
+    Column("started_at", Float, nullable=False),
+    Column("last_progress_at", Float, nullable=False),
+    Column("flagged_at", Float),
+    Column("ended_at", Float),
+    Column("outcome", String(40)),
+    Column("input_tokens", Integer, nullable=False, default=0),
+    Column("output_tokens", Integer, nullable=False, default=0),
+    Column("cache_creation_input_tokens", Integer, nullable=False, default=0),
+    Column("cache_read_input_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("trace_id", String(32), nullable=False, default=""),
+    Column("traceparent", String(64)),
+    Column("turn_json", Text, nullable=False),
+    Column("pending", Text),
+    # -- added by the fence and the outbox (old ledgers get them by ALTER TABLE on open) --
+    Column("deadline_at", Float),  # the turn may not act after this (Unix time)
+    Column("lease_step", Integer),  # the step an executor claimed ...
+    Column("lease_until", Float),  # ... and until when its calls may still be running
+    Column("pending_at", Float),  # when `pending` was written (the outbox republishes old ones)
+)
+ADDED_COLUMNS = {"deadline_at": "FLOAT", "lease_step": "INTEGER", "lease_until": "FLOAT", "pending_at": "FLOAT"}
+
+
+def no_live_lease(now: float) -> Any:
+    """SQL condition: no executor holds a lease on the turn at `now`."""
+    return turns.c.lease_until.is_(None) | (turns.c.lease_until <= now)
+
+
+def make_engine(url: str) -> Engine | AsyncEngine:
+    """SQLite: a plain engine, used inline on the event loop (a WAL commit without fsync takes
+    microseconds; a thread hop per statement costs more than the statement). PostgreSQL: asyncpg."""
+    if url.startswith("sqlite"):
+        path = url.split(":///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url.replace("+aiosqlite", ""), connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn, _record):  # WAL: readers (roundtrip turns) never block the guard
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    return create_async_engine(url, pool_size=5, max_overflow=5)
+
+
+def _create_schema(conn: Connection) -> None:
+    metadata.create_all(conn)
+    present = {c["name"] for c in inspect(conn).get_columns("turns")}
+    for name, sql_type in ADDED_COLUMNS.items():
+        if name not in present:
+            conn.execute(text(f"ALTER TABLE turns ADD COLUMN {name} {sql_type}"))
+
+
+class TurnStore:
+    """An engine on the turn table; `open` creates or upgrades the table (safe in several processes at once)."""
+
+    def __init__(self, engine: Engine | AsyncEngine) -> None:
+        self.engine = engine
+
+    @classmethod
+    async def open(cls, url: str):
+        store = cls(make_engine(url))
+        for attempt in range(5):
+            try:
+                await store._run(_create_schema, write=True)
+                break
+            except DBAPIError:  # another process created the table or a column at the same moment
+                if attempt == 4:
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+        return store
+
+    async def close(self) -> None:
+        result = self.engine.dispose()
+        if isinstance(self.engine, AsyncEngine):
+            await result
+
+    async def _run(self, work: Callable[[Connection], Any], write: bool = False) -> Any:
+        """Run `work(connection)` in a transaction (write) or a plain connection, on either engine."""
+        if isinstance(self.engine, AsyncEngine):
+            async with (self.engine.begin() if write else self.engine.connect()) as conn:
+                return await conn.run_sync(work)
+        with (self.engine.begin() if write else self.engine.connect()) as conn:
+            return work(conn)
+
+    async def _update(self, statement: Any) -> bool:
+        """A conditional update; True when it changed the one row (the caller owns the transition)."""
+        return await self._run(lambda conn: conn.execute(statement).rowcount == 1, write=True)
+
+
+class Fence(TurnStore):
+    """What the executor and the model service ask right before they act for a turn."""
+
+    async def claim_batch(self, turn_id: str, step: int, lease_s: float, now: float | None = None) -> bool:
+        """Take a lease on (turn, step) for `lease_s`, only while the turn is live, at `step`, before its deadline.
+
+        A redelivered batch of the same step may claim again (its calls are idempotent by
+        tool_use_id); a batch of a step the turn has left, or of a turn that ended, cannot."""
+        now = now or time.time()
+        return await self._update(
+            update(turns)
+            .where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status.in_(LIVE),
+                   turns.c.deadline_at.is_(None) | (turns.c.deadline_at > now))
+            .values(lease_step=step, lease_until=now + lease_s)
+        )
+
+    async def claim_model_call(self, turn_id: str, step: int, now: float | None = None) -> bool:
+        """True when the turn is live at `step` before its deadline (and the step's executor lease is released)."""
+        now = now or time.time()
+        if await self._update(
+            update(turns)
+            .where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status.in_(LIVE),
+                   turns.c.deadline_at.is_(None) | (turns.c.deadline_at > now))
+            .values(lease_until=None)
+        ):
+            return True
+        # Refused (the rare path): if an end is waiting for this step's lease, let it go now.
+        await self._update(
+            update(turns).where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status == ENDING)
+            .values(lease_until=None)
+        )
+        return False
