@@ -31,7 +31,9 @@ def build(settings: Settings) -> FastStream:
         transactional_id("gateway", topics.t(topics.SUPPORT_REPLIES), settings.instance_id),
     )
 
-    @subscribe(broker, topics.SUPPORT_REQUESTS, "gateway", settings)
+    # a request waiting for admission holds nothing but its place: a rebalance or a stop interrupts it
+    # (it is read again), instead of waiting for a turn to end
+    @subscribe(broker, topics.SUPPORT_REQUESTS, "gateway", settings, cancel_on_revoke=True)
     async def on_support_request(request: SupportRequest) -> None:
         with tracer().start_as_current_span("turn.start") as span:
             command = start_turn(request, current_trace_id())

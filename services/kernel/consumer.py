@@ -99,6 +99,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
         forget: Callable[[list[TopicPartition]], None] | None = None,
         idle_wait_ms: int = 5000,
         drain_timeout_s: float = 10.0,
+        cancel_on_revoke: bool = False,
     ) -> None:
         self.name = name
         self._process = process
@@ -109,10 +110,13 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
         self._forget = forget  # told which partitions we gave up (after their last commit)
         self._idle_wait_ms = idle_wait_ms
         self._drain_timeout = drain_timeout_s
+        # the handler only waits (say, for admission) and is safe to interrupt: a rebalance or a stop
+        # cancels it at once instead of waiting for it, and the record is read again by the next owner
+        self._cancel_on_revoke = cancel_on_revoke
         self._consumer: AIOKafkaConsumer | None = None
         self._parts: dict[TopicPartition, _Partition] = {}
         self._keys: dict[tuple[TopicPartition, Any], deque] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[tuple[TopicPartition, Any], asyncio.Task] = {}  # key -> the task running its records
         self._held = 0
         self._running = 0
         self._paused = False
@@ -196,9 +200,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             queue.append((record, slot))
             return
         self._keys[key] = deque([(record, slot)])
-        task = asyncio.create_task(self._run_key(key, part))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[key] = asyncio.create_task(self._run_key(key, part))
 
     async def _run_key(self, key: tuple[TopicPartition, Any], part: _Partition) -> None:
         queue = self._keys[key]
@@ -223,6 +225,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
                 self._finished(part, len(queue))
                 queue.clear()
             del self._keys[key]
+            self._tasks.pop(key, None)
 
     async def _handle(self, record: Any, part: _Partition) -> bool:
         """Process one record; True when it is finished (handled or dead-lettered)."""
@@ -317,6 +320,11 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
         """Let the running records of `parts` finish (bounded), then commit what they finished."""
         if not parts:
             return
+        if self._cancel_on_revoke:
+            gone = {p.tp for p in parts}
+            for key, task in list(self._tasks.items()):
+                if key[0] in gone:
+                    task.cancel()
         waits = [asyncio.ensure_future(p.idle.wait()) for p in parts]
         done, pending = await asyncio.wait(waits, timeout=self._drain_timeout)
         for w in pending:
@@ -338,7 +346,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             self._committer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._committer
-        for task in list(self._tasks):
+        for task in list(self._tasks.values()):
             task.cancel()
 
 

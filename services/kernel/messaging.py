@@ -56,6 +56,7 @@ def subscribe(
     commit: Commit | None = None,
     forget: Any = None,
     commit_interval_s: float | None = None,
+    cancel_on_revoke: bool = False,
     description: str | None = None,
 ) -> Any:
     """A FastStream subscriber of `topic` (logical name) that consumes key-ordered and concurrently.
@@ -65,7 +66,8 @@ def subscribe(
     loop is replaced by a `KeyOrderedConsumer` in the service's consumer group (`group()`),
     holding up to `max_in_flight` messages (default `settings.max_in_flight`). `commit`
     replaces the consumer's offset commit (the gateway commits its replies with the offsets in
-    one transaction) and `forget` hears of partitions given up in a rebalance.
+    one transaction) and `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`:
+    the handler only waits and is safe to interrupt, so a rebalance or a stop cancels it at once.
     """
     consumer = KeyOrderedConsumer(
         process=_not_started,
@@ -75,6 +77,7 @@ def subscribe(
         commit=commit,
         forget=forget,
         idle_wait_ms=IDLE_FETCH_WAIT_MS,
+        cancel_on_revoke=cancel_on_revoke,
     )
     subscriber = broker.subscriber(
         topics.t(topic),

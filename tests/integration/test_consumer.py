@@ -222,3 +222,29 @@ async def test_at_the_limit_it_pauses_instead_of_buffering(kafka_bootstrap, topi
         await koc.drain()
         task.cancel()
         await consumer.stop()
+
+
+async def test_waiting_handlers_are_interrupted_on_stop_when_safe_and_read_again(kafka_bootstrap, topic_prefix):
+    """The gateway's requests wait for admission: a stop must not wait for turns to end, and must not commit them."""
+    topic = await new_topic(kafka_bootstrap, topic_prefix, partitions=1)
+    await produce(kafka_bootstrap, topic, [(f"conv_{i}", str(i)) for i in range(5)])
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    admitted = asyncio.Event()
+
+    async def process(record) -> None:
+        if record.value != b"0":
+            await admitted.wait()  # never admitted
+
+    koc = KeyOrderedConsumer(process, commit_interval_s=0.02, cancel_on_revoke=True, drain_timeout_s=30)
+    consumer = consumer_for(kafka_bootstrap, topic, group, koc)
+    await consumer.start()
+    task = asyncio.create_task(koc.run(consumer))
+    try:
+        await wait_until(lambda: koc.processed == 1 and koc.running == 4, what="four waiting handlers")
+        started = asyncio.get_running_loop().time()
+        await koc.drain()
+        assert asyncio.get_running_loop().time() - started < 5  # not the 30 s drain timeout
+    finally:
+        task.cancel()
+        await consumer.stop()
+    assert (await committed(kafka_bootstrap, group, topic, 1))[0] == 1  # the waiting ones are read again
