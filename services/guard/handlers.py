@@ -34,6 +34,7 @@ log = logging.getLogger("roundtrip.guard")
 Publish = Callable[[str, BaseModel, str], Awaitable[None]]  # (logical topic, message, conversation id)
 TOPIC_OF = {CallModel: topics.MODEL_CALLS, CheckToolCalls: topics.TOOL_CALLS, TurnEnded: topics.OUTCOMES}
 MODEL_OF = {topic: model for model, topic in TOPIC_OF.items()}
+CLEAR_BATCH_S = 0.05  # published decisions are cleared from the outbox together, this often
 
 
 def _pending(message: BaseModel) -> str:
@@ -68,7 +69,8 @@ class Guard:
     outbox_after_s: float = 5.0  # the sweeper republishes a decision still unpublished after this long
 
     def __post_init__(self) -> None:
-        self._clearing: set[asyncio.Task] = set()
+        self._clearing: asyncio.Task | None = None
+        self._to_clear: list[tuple[str, str]] = []
         self._last_decision: dict[str, float] = {}  # turn id -> monotonic time of its last decision (step latency)
 
     def _stepped(self, turn_id: str, ended: bool) -> None:
@@ -80,21 +82,28 @@ class Guard:
             self._last_decision[turn_id] = now
 
     async def _emit(self, turn_id: str, pending: str, message: BaseModel, conversation_id: str) -> None:
-        """Publish, then clear the ledger's pending copy off the hot path (a crash before that only republishes)."""
-        await self.publish(TOPIC_OF[type(message)], message, conversation_id)
-        task = asyncio.create_task(self.ledger.published(turn_id, pending))
-        self._clearing.add(task)
-        task.add_done_callback(self._cleared)
+        """Publish, then clear the ledger's pending copy off the hot path (a crash before that only republishes).
 
-    def _cleared(self, task: asyncio.Task) -> None:
-        self._clearing.discard(task)
-        if not task.cancelled() and task.exception():
-            log.warning("could not clear a published decision: %s", task.exception())
+        Clears are batched: one transaction for all the decisions published meanwhile (under load,
+        one write instead of one per step)."""
+        await self.publish(TOPIC_OF[type(message)], message, conversation_id)
+        self._to_clear.append((turn_id, pending))
+        if self._clearing is None or self._clearing.done():
+            self._clearing = asyncio.create_task(self._clear())
+
+    async def _clear(self) -> None:
+        await asyncio.sleep(CLEAR_BATCH_S)
+        while self._to_clear:
+            batch, self._to_clear = self._to_clear, []
+            try:
+                await self.ledger.published_many(batch)
+            except Exception as exc:  # noqa: BLE001 - only means a republish later (the sweeper's outbox)
+                log.warning("could not clear %d published decisions: %s", len(batch), exc)
 
     async def drain(self) -> None:
         """Wait for the pending-copy clean-ups (shutdown, tests)."""
-        if self._clearing:
-            await asyncio.gather(*self._clearing, return_exceptions=True)
+        if self._clearing is not None:
+            await asyncio.gather(self._clearing, return_exceptions=True)
 
     async def _republish(self, row: TurnRow, why: str = "a redelivery") -> None:
         """Crash recovery: the decision was recorded but maybe not published."""

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from services.kernel.turnstore import ENDED, ENDING, LIVE, RUNNING, STUCK, TurnStore, make_engine, no_live_lease, turns
@@ -136,8 +136,16 @@ class Ledger(TurnStore):
 
     async def published(self, turn_id: str, pending: str) -> None:
         """The decision `pending` is out; a newer decision written meanwhile is left alone."""
-        await self._update(update(turns).where(turns.c.turn_id == turn_id, turns.c.pending == pending,
-                                               turns.c.status != ENDING).values(pending=None, pending_at=None))
+        await self.published_many([(turn_id, pending)])
+
+    async def published_many(self, decisions: list[tuple[str, str]]) -> None:
+        """`published` for many decisions in one transaction (the guard clears its outbox in batches)."""
+        if not decisions:
+            return
+        statement = update(turns).where(turns.c.turn_id == bindparam("t"), turns.c.pending == bindparam("p"),
+                                        turns.c.status != ENDING).values(pending=None, pending_at=None)
+        rows = [{"t": turn_id, "p": pending} for turn_id, pending in decisions]
+        await self._run(lambda conn: conn.execute(statement, rows), write=True)
 
     # -- reads ----------------------------------------------------------------------------
     async def get(self, turn_id: str) -> TurnRow | None:
