@@ -11,6 +11,7 @@ import logging
 from services.executor.handlers import BatchExpired, execute
 from services.executor.runner import Runner
 from faststream import FastStream
+from opentelemetry import trace
 
 from services.kernel import topics
 from services.kernel.approvals import Signer, parse_keys
@@ -18,6 +19,7 @@ from services.kernel.dedupe import SeenIds
 from services.kernel.events import CallModel, ExecuteToolBatch
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
+from services.kernel.telemetry import mark_error
 from services.tools.registry import load_registry
 from services.tools.shop_client import ShopClient
 
@@ -36,11 +38,15 @@ def build(settings: Settings) -> FastStream:
     async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
         if f"{batch.turn.turn_id}:{batch.step}" in seen:
             log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)
+            trace.get_current_span().add_event("duplicate batch dropped")
             return
         try:
             command = await execute(batch, signer, runner)
         except BatchExpired as exc:
             log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
+            span = trace.get_current_span()  # the hop's consumer span says why nothing ran
+            span.set_attribute("roundtrip.detail", f"batch not run: {exc}")
+            mark_error(span, f"approval expired: {exc}", "approval_expired")
             return
         seen.add(f"{batch.turn.turn_id}:{batch.step}")
         await call_model(command, batch.turn.conversation_id)

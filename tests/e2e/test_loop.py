@@ -154,7 +154,7 @@ async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client,
     assert {s["trace_id"] for s in turn_spans} == {reply.trace_id}
     names = {s["name"] for s in in_trace}
     assert {"turn.start", "guard.decide", "gate.check_call", "turn.reply"} <= names
-    assert any(n.startswith("tool ") for n in names)
+    assert any(n.startswith("execute_tool ") for n in names)
     assert sum(1 for s in in_trace if s["attributes"].get("gen_ai.provider.name") == "anthropic") == reply.steps
 
     # The same turn as Jaeger would receive it over OTLP/HTTP.
