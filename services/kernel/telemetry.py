@@ -247,7 +247,7 @@ class TurnIdGenerator(IdGenerator):
 
 
 def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_usd: float, model: str = "",
-                     end_time: float | None = None) -> trace.Span:
+                     end_time: float | None = None, using: trace.Tracer | None = None) -> trace.Span:
     """Record the finished turn span (the root of the turn's trace) with the ids and start fixed when the turn began."""
     started = turn.started_at or time.time()
     attributes: dict[str, Any] = {
@@ -279,14 +279,19 @@ def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_us
     forced = [int(turn.trace_id, 16), int(turn.span_id, 16)] if turn.span_id and turn.trace_id else None
     token = _forced_ids.set(forced)
     try:
-        span = tracer().start_span(TURN_SPAN_NAME, context=otel_context.Context(), kind=SpanKind.INTERNAL,
-                                   attributes=attributes, start_time=int(started * 1e9))
+        span = (using or tracer()).start_span(TURN_SPAN_NAME, context=otel_context.Context(), kind=SpanKind.INTERNAL,
+                                   attributes=attributes, start_time=_ns(started))
     finally:
         _forced_ids.reset(token)
     if outcome in ERROR_OUTCOMES:
         mark_error(span, f"turn ended: {outcome}", outcome)
-    span.end(end_time=int((end_time or time.time()) * 1e9))
+    span.end(end_time=_ns(end_time or time.time()))
     return span
+
+
+def _ns(unix_seconds: float) -> int:
+    """Unix seconds (a float) as nanoseconds, exact to the microsecond a float holds."""
+    return round(unix_seconds * 1e6) * 1000
 
 
 def turn_context(turn: Any) -> otel_context.Context | None:
@@ -360,7 +365,7 @@ class JsonLinesSpanExporter(SpanExporter):
         if current is None or current.st_ino != mine.st_ino:  # rotated (or removed) by someone else
             os.close(self._fd)
             self._fd = self._open()
-            return
+            mine = current = os.fstat(self._fd)
         if not self.max_bytes or current.st_size < self.max_bytes:
             return
         with open(f"{self.path}.lock", "a") as lock:
