@@ -204,11 +204,10 @@ class TurnSpanProcessor(SpanProcessor):
         if hop is None:
             return
         span.set_attributes(hop.attributes)
-        kind = span.kind
-        if kind is SpanKind.CONSUMER or kind is SpanKind.PRODUCER:
+        if span.kind is SpanKind.CONSUMER:  # the hop's own span (producer spans get it from the Outlet's correlation id)
             span.set_attribute("messaging.message.conversation_id", hop.conversation_id)
-            if kind is SpanKind.CONSUMER and hop.cause is not None:
-                span.add_link(hop.cause, {"roundtrip.link": "previous hop"})
+            if hop.cause is not None:
+                span.add_link(hop.cause)
                 hop.cause = None
 
     def on_end(self, span: ReadableSpan) -> None:
