@@ -4,6 +4,7 @@
 #
 #   bash scripts/jaeger.sh build   # build once into the cache if missing (~6-7 min on 2 cores), print its path
 #   bash scripts/jaeger.sh path    # print the path of the cached binary (exit 1 if not built)
+#   bash scripts/jaeger.sh check-go  # exit 0 if the Go here can build it, else say why on stdout and exit 1
 #   bash scripts/jaeger.sh run     # build if missing, then run it in the foreground
 #
 # Jaeger v2 is released as Go module github.com/jaegertracing/jaeger v1.x (v1.76.0 = Jaeger 2.13.0,
@@ -26,13 +27,30 @@ VERSION=${ROUNDTRIP_JAEGER_VERSION:-v1.76.0}
 CACHE=${ROUNDTRIP_JAEGER_CACHE:-$HOME/.cache/roundtrip/jaeger-$VERSION}
 BIN=$CACHE/jaeger
 MODULE=github.com/jaegertracing/jaeger
+GO_NEEDED=${ROUNDTRIP_JAEGER_GO:-1.24.6}   # the go directive of the module's go.mod (v1.76.0)
+
+# Go from go.dev/dl lives in /usr/local/go/bin, which a non-login shell (CI) may not have on PATH
+if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
+  PATH="$PATH:/usr/local/go/bin"
+fi
+
+check_go() {
+  command -v go >/dev/null 2>&1 || { echo "no Go toolchain (needs Go >= $GO_NEEDED: go.dev/dl, or Debian's golang-go where it is that recent)"; return 1; }
+  local have
+  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
+  if [ "$(printf '%s\n%s\n' "$GO_NEEDED" "${have:-0}" | sort -V | head -1)" != "$GO_NEEDED" ]; then
+    echo "Go ${have:-?} is older than the $GO_NEEDED the Jaeger module needs"
+    return 1
+  fi
+}
 
 build() {
   if [ -x "$BIN" ]; then
     echo "$BIN"
     return
   fi
-  command -v go >/dev/null || { echo "jaeger.sh: needs Go (https://go.dev/dl or apt-get install golang-go)" >&2; exit 1; }
+  local why
+  why=$(check_go) || { echo "jaeger.sh: cannot build: $why" >&2; exit 1; }
   echo "==> building Jaeger v2 ($MODULE@$VERSION) into $BIN; takes several minutes once" >&2
   local started src
   started=$(date +%s)
@@ -54,6 +72,7 @@ build() {
 
 case "${1:-}" in
   build) build ;;
+  check-go) check_go ;;
   path) [ -x "$BIN" ] && echo "$BIN" || { echo "jaeger.sh: not built yet; run: bash scripts/jaeger.sh build" >&2; exit 1; } ;;
   run)
     build >/dev/null
@@ -61,5 +80,5 @@ case "${1:-}" in
     echo "==> Jaeger v2 (in memory): OTLP http://$h:${JAEGER_OTLP_HTTP_PORT:-4318} (ROUNDTRIP_OTLP_ENDPOINT) and $h:${JAEGER_OTLP_GRPC_PORT:-4317} (gRPC), query API and UI http://$h:${JAEGER_QUERY_PORT:-16686}" >&2
     exec "$BIN" --config "file:$PWD/deploy/jaeger/config.yaml"
     ;;
-  *) echo "usage: $0 build|path|run" >&2; exit 2 ;;
+  *) echo "usage: $0 build|path|run|check-go" >&2; exit 2 ;;
 esac

@@ -146,7 +146,7 @@ def ask(
 
 @app.command()
 def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:
-    """Show the spans of one turn from the local span file, as an indented timeline."""
+    """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or the local span files."""
     from services.console import show_trace
 
     raise typer.Exit(show_trace(get_settings(), turn_or_trace_id))

@@ -14,13 +14,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from rich.console import Console
 from rich.table import Table
 
 from services.kernel import topics
-from services.kernel.events import CallModel, ExecuteToolBatch, ModelResponded, SupportReply, SupportRequest
+from services.kernel.events import CallModel, ExecuteToolBatch, ModelResponded, SupportReply, SupportRequest, TurnFlagged
 from services.kernel.settings import Settings
+from services.kernel.telemetry import span_files
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
@@ -40,7 +42,9 @@ async def ask(settings: Settings, text: str, customer: str, persona: str | None,
     request = SupportRequest(
         request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer, text=text, persona=persona
     )
-    watched = {topics.t(n): n for n in (topics.ITERATIONS, topics.TOOL_BATCHES, topics.MODEL_CALLS, topics.SUPPORT_REPLIES)}
+    watched = {topics.t(n): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
+                                        topics.TURN_EVENTS, topics.SUPPORT_REPLIES)}
+    seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, isolation_level="read_committed")
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
     try:
@@ -61,7 +65,7 @@ async def ask(settings: Settings, text: str, customer: str, persona: str | None,
             batches = await consumer.getmany(timeout_ms=500)
             for records in batches.values():
                 for record in records:
-                    reply = _render(watched[record.topic], record.value, request.request_id)
+                    reply = _render(watched[record.topic], record.value, request.request_id, seen)
                     if reply is not None:
                         colour = "green" if reply.outcome.value == "end_turn" else "yellow"
                         console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {reply.steps} steps, "
@@ -77,7 +81,18 @@ async def ask(settings: Settings, text: str, customer: str, persona: str | None,
         await producer.stop()
 
 
-def _render(topic: str, value: bytes, request_id: str) -> SupportReply | None:
+# where a turn waits, by the last hop of it that was published (the one whose consumer has not answered)
+WAITING_ON = {
+    None: "the gateway or the guard (support.requests, turn.starts)",
+    topics.MODEL_CALLS: "the model service (turn.model_calls)",
+    topics.ITERATIONS: "the guard (turn.iterations)",
+    topics.TOOL_CALLS: "the gate (turn.tool_calls)",
+    topics.TOOL_BATCHES: "an executor (turn.tool_batches)",
+}
+
+
+def _render(topic: str, value: bytes, request_id: str, seen: dict[str, str | None] | None = None) -> SupportReply | None:
+    seen = {} if seen is None else seen
     try:
         data = json.loads(value)
     except ValueError:
@@ -85,6 +100,15 @@ def _render(topic: str, value: bytes, request_id: str) -> SupportReply | None:
     if topic == topics.SUPPORT_REPLIES:
         return SupportReply.model_validate(data) if data.get("request_id") == request_id else None
     if data.get("turn", {}).get("request_id") != request_id:
+        return None
+    if topic == topics.TURN_EVENTS:
+        flagged = TurnFlagged.model_validate(data)
+        console.print(f"[bold red]turn {flagged.turn.turn_id} is {flagged.status}[/]: {flagged.detail}")
+        console.print(f"  waiting on {WAITING_ON.get(seen.get('last'), seen.get('last'))} since step {flagged.step}; "
+                      f"trace {flagged.turn.trace_id}")
+        return None
+    seen["last"] = topic
+    if topic == topics.TOOL_CALLS:
         return None
     if topic == topics.ITERATIONS:
         event = ModelResponded.model_validate(data)
@@ -111,18 +135,75 @@ def _render(topic: str, value: bytes, request_id: str) -> SupportReply | None:
 
 
 def show_trace(settings: Settings, wanted: str) -> int:
-    path = settings.effective_span_file
-    if path is None or not path.exists():
-        console.print(f"[red]no span file[/] at {path}; with ROUNDTRIP_OTLP_ENDPOINT set, look the trace up in Jaeger")
+    """The spans of one turn (turn id or trace id): from Jaeger's query API when one is configured, else the span files."""
+    url = settings.effective_jaeger_query_url
+    if url:
+        try:
+            trace_id, mine = _spans_from_jaeger(url, wanted)
+        except httpx.HTTPError as exc:
+            console.print(f"[red]cannot read Jaeger[/] at {url} ({exc}); is it up? (ROUNDTRIP_JAEGER_QUERY_URL)")
+            return 2
+        where = f"Jaeger at {url}"
+    else:
+        path = settings.effective_span_file
+        files = span_files(path, settings.span_file_backups) if path is not None else []
+        if not files:
+            console.print(f"[red]no span file[/] at {path}; with ROUNDTRIP_OTLP_ENDPOINT set, set ROUNDTRIP_JAEGER_QUERY_URL "
+                          "to read the trace from Jaeger")
+            return 1
+        trace_id, mine = _spans_from_files(files, wanted)
+        where = ", ".join(str(f) for f in files)
+    if not mine:
+        console.print(f"[red]no spans[/] for {wanted} in {where}")
         return 1
-    spans = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    _print_trace(trace_id, mine)
+    return 0
+
+
+def _spans_from_files(files: list[Path], wanted: str) -> tuple[str, list[dict]]:
+    spans = [json.loads(line) for path in files for line in path.read_text().splitlines() if line.strip()]
     trace_id = wanted
     if not any(s["trace_id"] == wanted for s in spans):
         trace_id = next((s["trace_id"] for s in spans if s["attributes"].get("roundtrip.turn_id") == wanted), "")
-    mine = sorted((s for s in spans if s["trace_id"] == trace_id), key=lambda s: s["start_ns"])
-    if not mine:
-        console.print(f"[red]no spans[/] for {wanted} in {path}")
-        return 1
+    return trace_id, [s for s in spans if s["trace_id"] == trace_id]
+
+
+def _spans_from_jaeger(url: str, wanted: str) -> tuple[str, list[dict]]:
+    """GET /api/traces/<id>, or search the gateway's turn spans by tag roundtrip.turn_id; spans in the span file's shape."""
+    data: list[dict] = []
+    if len(wanted) == 32 and all(c in "0123456789abcdef" for c in wanted.lower()):
+        response = httpx.get(f"{url}/api/traces/{wanted.lower()}", timeout=10)
+        if response.status_code != 404:
+            response.raise_for_status()
+            data = response.json().get("data") or []
+    if not data:
+        response = httpx.get(f"{url}/api/traces", timeout=10, params={
+            "service": "roundtrip-gateway", "tags": json.dumps({"roundtrip.turn_id": wanted}), "limit": 5, "lookback": "7d"})
+        response.raise_for_status()
+        data = response.json().get("data") or []
+    if not data:
+        return wanted, []
+    found = data[0]
+    return found["traceID"], [jaeger_span(span, found.get("processes", {})) for span in found["spans"]]
+
+
+def jaeger_span(span: dict, processes: dict) -> dict:
+    """A span of Jaeger's JSON API in the shape of the span file's records."""
+    tags = {t["key"]: t["value"] for t in span.get("tags", [])}
+    parent = next((r["spanID"] for r in span.get("references", []) if r.get("refType") == "CHILD_OF"), None)
+    error = tags.get("error") in (True, "true") or tags.get("otel.status_code") == "ERROR"
+    return {
+        "trace_id": span["traceID"], "span_id": span["spanID"], "parent_id": parent, "name": span["operationName"],
+        "service": processes.get(span.get("processID"), {}).get("serviceName", "?"),
+        "start_ns": span["startTime"] * 1000, "end_ns": (span["startTime"] + span["duration"]) * 1000,
+        "status": "ERROR" if error else "UNSET", "status_message": tags.get("otel.status_description"),
+        "attributes": tags,
+        "links": [r["spanID"] for r in span.get("references", []) if r.get("refType") == "FOLLOWS_FROM"],
+    }
+
+
+def _print_trace(trace_id: str, spans: list[dict]) -> None:
+    mine = sorted(spans, key=lambda s: s["start_ns"])
     children: dict[str | None, list[dict]] = defaultdict(list)
     ids = {s["span_id"] for s in mine}
     for s in mine:
@@ -136,17 +217,18 @@ def show_trace(settings: Settings, wanted: str) -> int:
         took = (span["end_ns"] - span["start_ns"]) / 1e6
         name = ("  " * min(depth, 12)) + span["name"]
         if span["status"] == "ERROR":
-            name += " [red]ERROR[/]"
+            name += " [red]ERROR[/]" + (f" [red]{_short(span['status_message'], 80)}[/]" if span.get("status_message") else "")
         attrs = span["attributes"]
-        extra = " ".join(f"{k.split('.')[-1]}={attrs[k]}" for k in ("roundtrip.decision", "roundtrip.outcome", "roundtrip.approved") if k in attrs)
-        table.add_row(f"{(span['start_ns'] - t0) / 1e6:.1f}", f"{took:.1f}", span["service"].removeprefix("roundtrip-"), f"{name} [dim]{extra}[/]")
+        extra = " ".join(f"{k.split('.')[-1]}={attrs[k]}" for k in (
+            "roundtrip.step", "roundtrip.decision", "roundtrip.outcome", "roundtrip.approved", "roundtrip.detail") if k in attrs)
+        table.add_row(f"{(span['start_ns'] - t0) / 1e6:.1f}", f"{took:.1f}", str(span["service"]).removeprefix("roundtrip-"),
+                      f"{name} [dim]{extra}[/]")
         for child in children.get(span["span_id"], []):
             add(child, depth + 1)
 
     for root in children[None]:
         add(root, 0)
     console.print(table)
-    return 0
 
 
 def _ledger_missing(settings: Settings) -> bool:

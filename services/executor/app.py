@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from faststream import FastStream
+from opentelemetry import trace
 
 from services.executor.handlers import BatchNotRun, execute, verify
 from services.executor.runner import Runner
@@ -19,6 +20,7 @@ from services.kernel.events import CallModel, ExecuteToolBatch
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.turnstore import Fence
+from services.kernel.telemetry import mark_error
 from services.tools.registry import load_registry
 from services.tools.shop_client import ShopClient
 
@@ -42,12 +44,16 @@ def build(settings: Settings) -> FastStream:
         verify(batch, signer)
         if f"{batch.turn.turn_id}:{batch.step}" in seen:
             log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)
+            trace.get_current_span().add_event("duplicate batch dropped")
             return
         try:
             command = await execute(batch, signer, runner, state["fence"], verified=True,
                                     max_transcript_bytes=settings.max_transcript_bytes)
         except BatchNotRun as exc:
             log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
+            span = trace.get_current_span()  # the hop's consumer span says why nothing ran
+            span.set_attribute("roundtrip.detail", f"batch not run: {exc}")
+            mark_error(span, f"approval expired: {exc}", "approval_expired")
             return
         seen.add(f"{batch.turn.turn_id}:{batch.step}")
         await call_model(command, batch.turn.conversation_id)

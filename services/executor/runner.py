@@ -12,12 +12,11 @@ import logging
 import time
 from typing import Any
 
-from opentelemetry import trace
 
 from services.kernel import metrics
 from services.kernel.events import CheckedCall, Turn
 from services.kernel.limits import cap_text
-from services.kernel.telemetry import tracer
+from services.kernel.telemetry import mark_error, tracer
 from services.tools.context import ToolContext, ToolError
 from services.tools.registry import Registry
 
@@ -46,8 +45,11 @@ class Runner:
         return result
 
     async def _execute(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
-        with tracer().start_as_current_span(f"tool {call.name}") as span:
-            span.set_attributes({"roundtrip.tool": call.name, "roundtrip.tool_use_id": call.id})
+        with tracer().start_as_current_span(f"execute_tool {call.name}") as span:  # the GenAI execute_tool span
+            span.set_attributes({
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id,
+                "gen_ai.tool.type": "function",
+            })
             ctx = ToolContext(
                 customer_id=turn.customer_id,
                 tool_use_id=call.id,
@@ -61,16 +63,16 @@ class Runner:
                     text = cap_text(text, self.max_result_bytes, "result")
                 return tool_result(call.id, text)
             except ToolError as exc:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
+                mark_error(span, str(exc), "tool_error")
                 return tool_result(call.id, cap_text(str(exc), self.max_result_bytes, "error"), is_error=True)
             except TimeoutError:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, "timeout"))
+                mark_error(span, f"no answer within {self.timeout_s:g} s", "timeout")
                 return tool_result(
                     call.id, f"{call.name} did not answer within {self.timeout_s:g} s; it may be unavailable.", is_error=True
                 )
             except Exception as exc:  # noqa: BLE001 - a tool bug becomes an error result, not a dead service
                 span.record_exception(exc)
-                span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+                mark_error(span, f"{type(exc).__name__}: {exc}", type(exc).__name__)
                 log.exception("tool %s failed", call.name)
                 return tool_result(call.id, f"{call.name} failed with an internal error; nothing more is known.", is_error=True)
 

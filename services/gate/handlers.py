@@ -16,14 +16,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import trace
-
 from services.gate.authorization import EntityLookup, LookupFailed, OwnershipCache, StepLookups, authorize
 from services.gate.validation import SAFE_INTEGER, InputValidator
 from services.kernel import metrics
 from services.kernel.approvals import Signer
 from services.kernel.events import CheckedCall, CheckToolCalls, ExecuteToolBatch, ToolCall
-from services.kernel.telemetry import tracer
+from services.kernel.telemetry import mark_error, tracer
 from services.tools.context import ToolContext
 from services.tools.registry import Registry
 from services.tools.support import allow
@@ -121,7 +119,7 @@ class Gate:
             )
             span.set_attribute("roundtrip.approved", result.approved)
             if not result.approved:
-                span.set_status(trace.Status(trace.StatusCode.ERROR, (result.error or "")[:200]))
+                mark_error(span, f"rejected: {result.error or ''}", "rejected")
             return result
 
     async def check(self, command: CheckToolCalls) -> ExecuteToolBatch:

@@ -14,14 +14,14 @@ from services.kernel.dedupe import SeenIds
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
 from services.kernel.messaging import Outlet, group, key_of, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
-from services.kernel.telemetry import current_trace_id, tracer
+from services.kernel.telemetry import bind_turn, new_turn_ids, record_turn_span, tracer
 from services.kernel.transactions import TransactionalOutlet, transactional_id
 
 log = logging.getLogger("roundtrip.gateway")
 
 
 def build(settings: Settings) -> FastStream:
-    broker = make_broker("gateway", settings)
+    broker = make_broker("gateway", settings, turn_roots=(topics.SUPPORT_REQUESTS,))
     started, replied = SeenIds(), SeenIds()
     admission = Admission(settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60)
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
@@ -35,9 +35,10 @@ def build(settings: Settings) -> FastStream:
     # (it is read again), instead of waiting for a turn to end
     @subscribe(broker, topics.SUPPORT_REQUESTS, "gateway", settings, cancel_on_revoke=True)
     async def on_support_request(request: SupportRequest) -> None:
+        command = start_turn(request, *new_turn_ids())  # the turn span's ids, fixed by the hop that brought the request
+        turn = command.turn
+        bind_turn(turn.turn_id)
         with tracer().start_as_current_span("turn.start") as span:
-            command = start_turn(request, current_trace_id())
-            turn = command.turn
             span.set_attributes({"roundtrip.turn_id": turn.turn_id, "roundtrip.customer_id": turn.customer_id})
             if not started.add(turn.turn_id):
                 span.add_event("duplicate request dropped")
@@ -60,6 +61,9 @@ def build(settings: Settings) -> FastStream:
             if not replied.add(ended.turn.turn_id):
                 span.add_event("duplicate outcome dropped")
                 return
+            # the root of the turn's trace: from the request to this reply, with the ids fixed at the request
+            record_turn_span(ended.turn, outcome=ended.outcome.value, steps=ended.step, usage=ended.spent,
+                             cost_usd=ended.cost_usd, model=settings.model)
             # the reply becomes visible with the commit of this message's offset: no second reply after a crash
             replies.stage(reply_for(ended), key_of(ended.turn.conversation_id), message.raw_message)
 

@@ -14,7 +14,8 @@ def turn_id_for(request: SupportRequest) -> str:
     return "turn_" + uuid.uuid5(TURN_NAMESPACE, f"{request.conversation_id}\x00{request.request_id}").hex[:24]
 
 
-def start_turn(request: SupportRequest, trace_id: str) -> StartTurn:
+def start_turn(request: SupportRequest, trace_id: str, span_id: str = "", started_at: float = 0.0) -> StartTurn:
+    """The turn a request starts; `trace_id`/`span_id` are the ids of its turn span (the root of its trace)."""
     turn = Turn(
         turn_id=turn_id_for(request),
         request_id=request.request_id,
@@ -22,6 +23,8 @@ def start_turn(request: SupportRequest, trace_id: str) -> StartTurn:
         customer_id=request.customer_id,
         persona=request.persona,
         trace_id=trace_id,
+        span_id=span_id,
+        started_at=started_at,
     )
     return StartTurn(turn=turn, text=request.text)
 

@@ -14,9 +14,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.propagate import extract, inject
+from opentelemetry.propagate import inject
 from pydantic import BaseModel
 
 from services.guard.ledger import ENDED, ENDING, STUCK, Ledger, TurnRow
@@ -27,7 +26,7 @@ from services.kernel import metrics, topics
 from services.kernel.events import (
     CallModel, CancelTurn, CheckToolCalls, ModelResponded, Outcome, StartTurn, Turn, TurnEnded, TurnFlagged, Usage,
 )
-from services.kernel.telemetry import tracer
+from services.kernel.telemetry import ERROR_OUTCOMES, mark_error, span_in_turn
 
 log = logging.getLogger("roundtrip.guard")
 
@@ -168,6 +167,8 @@ class Guard:
             message = self._ended(event.turn, event.step, decision, event.spent, cost)
             outcome = decision.outcome.value
             span.set_attributes({"roundtrip.outcome": outcome, "roundtrip.detail": decision.detail})
+            if outcome in ERROR_OUTCOMES:
+                mark_error(span, f"{outcome}: {decision.detail}", outcome)
             if decision.outcome not in (Outcome.END_TURN,):
                 log.warning("turn %s ended at step %d: %s (%s) trace %s", event.turn.turn_id, event.step, outcome,
                             decision.detail, event.turn.trace_id)
@@ -218,6 +219,8 @@ class Guard:
         pending = _pending(ended)
         with self._in_turn_trace(row, f"guard.{outcome.value}") as span:
             span.set_attributes({"roundtrip.turn_id": row.turn_id, "roundtrip.outcome": outcome.value, "roundtrip.detail": detail})
+            if outcome.value in ERROR_OUTCOMES:
+                mark_error(span, f"{outcome.value}: {detail}", outcome.value)
             result = await self.ledger.end(row.turn_id, outcome.value, pending, step=row.step, now=time.time(), defer=True, **seen)
             if result is None:
                 span.add_event("not ended: the turn moved since the decision", {"roundtrip.step": row.step})
@@ -271,7 +274,8 @@ class Guard:
             detail = f"no progress for {idle_s:.1f} s after step {row.step}; ending in {self.stuck_grace_s:g} s unless it moves"
             with self._in_turn_trace(row, "guard.turn_stuck") as span:
                 span.add_event("turn stuck", {"roundtrip.turn_id": row.turn_id, "roundtrip.idle_s": idle_s, "roundtrip.step": row.step})
-                span.set_status(trace.Status(trace.StatusCode.ERROR, "stuck"))
+                span.set_attribute("roundtrip.detail", detail)
+                mark_error(span, f"stuck: {detail}", "stuck")
                 log.warning("turn %s is stuck: %s (customer %s, trace %s)", row.turn_id, detail, row.customer_id, row.trace_id)
                 await flag(TurnFlagged(turn=Turn.model_validate(row.turn), step=row.step, idle_s=round(idle_s, 3), detail=detail), row.conversation_id)
         ended = 0
@@ -290,6 +294,5 @@ class Guard:
 
     @staticmethod
     def _in_turn_trace(row: TurnRow, name: str):
-        """A span in the turn's own trace (child of its last recorded hop), so Jaeger shows it with the turn."""
-        parent = extract({"traceparent": row.traceparent}) if row.traceparent else otel_context.get_current()
-        return tracer().start_as_current_span(name, context=parent)
+        """A span in the turn's own trace (under the turn span, linked to its last recorded hop), so Jaeger shows it with the turn."""
+        return span_in_turn(name, Turn.model_validate(row.turn), row.traceparent, row.step)

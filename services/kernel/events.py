@@ -87,7 +87,9 @@ class Turn(Message):
     conversation_id: str
     customer_id: str = Field(description="Principal, from the request envelope only")
     persona: str | None = None
-    trace_id: str = ""
+    trace_id: str = Field("", description="W3C trace id of the turn's trace")
+    span_id: str = Field("", description="Id of the turn span, the root of that trace (recorded by the gateway at the reply)")
+    started_at: float = Field(0.0, description="Unix time the gateway received the request: the start of the turn span")
     deadline_at: float = Field(0.0, description="Unix time after which the turn may cause nothing more (set by the guard)")
 
 

@@ -19,6 +19,7 @@ import traceback
 from typing import Any
 
 from faststream import AckPolicy, FastStream
+from opentelemetry import trace
 from faststream._internal.middlewares import BaseMiddleware
 from faststream.kafka import KafkaBroker
 from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
@@ -28,6 +29,7 @@ from services.kernel import health, metrics, topics
 from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
 from services.kernel.settings import Settings
+from services.kernel.telemetry import HopMiddleware, mark_error
 
 log = logging.getLogger("roundtrip")
 
@@ -222,6 +224,7 @@ class DeadLetterMiddleware(BaseMiddleware):
         except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
             reason = describe_error(exc, msg.body)
             log.debug("%s", traceback.format_exc())
+            mark_error(trace.get_current_span(), f"dead-lettered: {reason}", type(exc).__name__)
             try:
                 await _publish_dead_letter(self.context.get("broker"), self.service, msg.raw_message, reason)
             except Exception as failed:  # noqa: BLE001 - the consumer retries the dead letter
@@ -229,14 +232,18 @@ class DeadLetterMiddleware(BaseMiddleware):
             return None
 
 
-def make_broker(service: str, settings: Settings) -> KafkaBroker:
-    """The service's broker; spans go to the process's tracer provider (see telemetry.setup_telemetry)."""
+def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = ()) -> KafkaBroker:
+    """The service's broker; spans go to the process's tracer provider (see telemetry.setup_telemetry).
+
+    `turn_roots`: the (logical) topics whose messages start turns: their hops open the turn's trace."""
     dead_letters = type(f"{service.title()}DeadLetters", (DeadLetterMiddleware,), {"service": service})
+    hops = type(f"{service.title()}Hops", (HopMiddleware,), {"roots": frozenset(topics.t(t) for t in turn_roots)})
     return KafkaBroker(
         settings.bootstrap_servers,
         client_id=f"roundtrip-{service}",
+        # hops outermost: a turn's consumer span is parented to the turn span, its publishes carry the turn's headers;
         # metrics inside the dead letters: a message that raised counts as an exception, then is dead-lettered
-        middlewares=[KafkaTelemetryMiddleware(), dead_letters, *metrics.broker_middlewares(service)],
+        middlewares=[hops, KafkaTelemetryMiddleware(), dead_letters, *metrics.broker_middlewares(service)],
         enable_idempotence=True,
         linger_ms=0,
         logger=logging.getLogger(f"roundtrip.{service}"),
@@ -263,4 +270,5 @@ class Outlet:
         self._publisher = broker.publisher(topics.t(topic), schema=schema, description=description or schema.__doc__)
 
     async def __call__(self, message: BaseModel, conversation_id: str) -> None:
-        await self._publisher.publish(message, key=key_of(conversation_id))
+        # correlation id = conversation id: FastStream's spans say `messaging.message.conversation_id` from it
+        await self._publisher.publish(message, key=key_of(conversation_id), correlation_id=conversation_id)

@@ -119,6 +119,12 @@ class Settings(BaseSettings):
     # -- telemetry ---------------------------------------------------------------------
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint (e.g. http://localhost:4318) for traces")
     span_file: Path | None = Field(None, description="JSON-lines span file; defaults to state_dir/spans.jsonl when no OTLP endpoint")
+    span_file_max_mb: float = Field(20.0, ge=0, description="The span file is rotated past this size (MB; 0 = never)")
+    span_file_backups: int = Field(3, ge=0, description="Rotated span files kept (spans.jsonl.1 … .N; `roundtrip trace` reads them too)")
+    jaeger_query_url: str | None = Field(
+        None, description="Jaeger's query API (e.g. http://localhost:16686) for `roundtrip trace`; "
+                          "unset: derived from an OTLP endpoint on the standard port 4318, else the span file is read",
+    )
     log_level: str = Field("INFO", description="Log level of the services")
     health_port: int = Field(
         0, ge=0, le=65535,
@@ -187,6 +193,19 @@ class Settings(BaseSettings):
     def sweep_interval_s(self) -> float:
         """How often the guard looks for stuck turns: a quarter of the shortest wait, at most 5 s."""
         return max(0.2, min(5.0, self.stuck_after_s / 4, max(self.stuck_grace_s, 0.8) / 4))
+
+    @property
+    def effective_jaeger_query_url(self) -> str | None:
+        """Where `roundtrip trace` asks Jaeger: the setting, or the query port (16686) of an OTLP endpoint on :4318."""
+        if self.jaeger_query_url:
+            return self.jaeger_query_url.rstrip("/")
+        if self.otlp_endpoint:
+            from urllib.parse import urlsplit
+
+            url = urlsplit(self.otlp_endpoint)
+            if url.port == 4318 and url.hostname:
+                return f"{url.scheme}://{url.hostname}:16686"
+        return None
 
     @property
     def effective_span_file(self) -> Path | None:

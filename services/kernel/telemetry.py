@@ -1,36 +1,390 @@
-"""OpenTelemetry set-up: one tracer provider per process, OTLP to Jaeger or a span file.
+"""OpenTelemetry set-up: one tracer provider per process, OTLP to Jaeger or a span file; the shape of a turn's trace.
 
-The Kafka hops are traced by FastStream's KafkaTelemetryMiddleware (W3C trace context in
-the message headers); model calls by the anthropic SDK's own span; the rest by the
-handlers through `tracer()`. `JsonLinesSpanExporter` is the local fallback when no
-Jaeger is around: `roundtrip trace` reads it back.
+A turn is one trace whose root is the **turn span** (`invoke_agent support-agent`, the
+OpenTelemetry GenAI agent span): it lasts from the request to the reply, and every hop of the
+turn sits right under it, so a 10-step turn is as shallow as a 1-step one:
+
+    invoke_agent support-agent              gateway: recorded at the reply, ids fixed at the request
+      turn.starts process                   guard    ─┐ each hop: FastStream's consumer span,
+        guard.start                                    │ parented to the turn span, LINKED to the
+          turn.model_calls create / publish            │ publish of the hop before it (the cause)
+      turn.model_calls process              model     │
+        anthropic.messages.create           (the SDK's own chat span)
+      turn.iterations process               guard    ─┘
+      ...
+
+How: the gateway fixes the turn span's trace id and span id when the request arrives (derived
+from the request record's coordinates, so a redelivery gets the same ones) and carries them in
+the `Turn` of every event. `HopMiddleware` (outermost of every broker's middlewares) puts them
+in the `roundtrip-turn-*` headers of every publish; on consume it makes the turn span the
+parent (`traceparent`) and keeps the previous hop's context as a span link. At the reply, the
+gateway records the finished turn span with those ids (`record_turn_span`, through
+`TurnIdGenerator`, a public SDK extension point) and the time the request arrived as start.
+`TurnSpanProcessor` stamps `roundtrip.turn_id`, `gen_ai.conversation.id` and `roundtrip.step`
+on every span a hop starts (the SDK's model span and FastStream's spans included).
+
+Kafka hops are traced by FastStream's KafkaTelemetryMiddleware; model calls by the anthropic
+SDK's own span; the rest by the handlers through `tracer()`. Without an OTLP endpoint spans go
+to a JSON-lines file (`JsonLinesSpanExporter`, rotated and bounded) that `roundtrip trace` reads.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import fcntl
+import hashlib
 import json
 import os
-from collections.abc import Sequence
+import random
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+from faststream._internal.middlewares import BaseMiddleware
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from services.kernel.settings import Settings
+
+AGENT_NAME = "support-agent"
+TURN_SPAN_NAME = f"invoke_agent {AGENT_NAME}"
+
+# headers of every message of a turn (next to FastStream's traceparent and correlation_id)
+TURN_ID_HEADER = "roundtrip-turn-id"
+TURN_SPAN_HEADER = "roundtrip-turn-span"  # traceparent of the turn span: the parent of every hop
+STEP_HEADER = "roundtrip-step"
+_TRACEPARENT = "traceparent"
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+# outcomes that are failures of the turn (Jaeger's error filter finds them); the rest ended as the model or an operator chose
+ERROR_OUTCOMES = frozenset({
+    "step_limit", "repeated_call", "cycle", "failure_streak", "budget", "deadline", "model_error",
+})
 
 _provider: TracerProvider | None = None
 
 
-class JsonLinesSpanExporter(SpanExporter):
-    """Appends one JSON object per finished span to a file (safe across processes: O_APPEND)."""
+# -- the hop: which turn the current message belongs to -------------------------------------------
 
-    def __init__(self, path: Path) -> None:
+
+class Hop:
+    """What every span started while handling one message of a turn carries."""
+
+    __slots__ = ("attributes", "cause", "conversation_id", "new_turn")
+
+    def __init__(self, attributes: dict[str, Any], conversation_id: str, cause: SpanContext | None = None,
+                 new_turn: tuple[str, str, float] | None = None) -> None:
+        self.attributes = attributes
+        self.conversation_id = conversation_id
+        self.cause = cause  # the previous hop (linked from this hop's consumer span)
+        self.new_turn = new_turn  # (trace id, span id, received at) fixed for a turn that starts with this message
+
+
+_hop: contextvars.ContextVar[Hop | None] = contextvars.ContextVar("roundtrip_hop", default=None)
+_forced_ids: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("roundtrip_forced_ids", default=None)
+
+
+def traceparent(trace_id: str, span_id: str) -> str:
+    return f"00-{trace_id}-{span_id}-01"
+
+
+def _span_context(value: str | bytes | None) -> SpanContext | None:
+    """A W3C traceparent header as a (remote) span context; None when absent or malformed."""
+    if not value:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    parts = value.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        ctx = SpanContext(int(parts[1], 16), int(parts[2], 16), is_remote=True, trace_flags=TraceFlags(int(parts[3], 16) & 0xFF))
+    except ValueError:
+        return None
+    return ctx if ctx.is_valid else None
+
+
+def turn_ids_for_record(topic: str, partition: int, offset: int, timestamp: int) -> tuple[str, str]:
+    """Trace id and turn span id of the turn a request record starts: the same for a redelivery of that record."""
+    digest = hashlib.blake2b(f"{topic}\x00{partition}\x00{offset}\x00{timestamp}".encode(), digest_size=24).digest()
+    trace_id, span_id = digest[:16].hex(), digest[16:].hex()
+    if int(trace_id, 16) == 0 or int(span_id, 16) == 0:  # pragma: no cover - 2**-64
+        trace_id, span_id = format(random.getrandbits(128), "032x"), format(random.getrandbits(64), "016x")
+    return trace_id, span_id
+
+
+def new_turn_ids() -> tuple[str, str, float]:
+    """(trace id, turn span id, start time) of the turn the current message starts.
+
+    Fixed by `HopMiddleware` for a message of a turn-starting topic (the request); fresh random
+    ones otherwise (a handler called outside the broker, in tests)."""
+    hop = _hop.get()
+    if hop is not None and hop.new_turn is not None:
+        return hop.new_turn
+    return format(random.getrandbits(128) or 1, "032x"), format(random.getrandbits(64) or 1, "016x"), time.time()
+
+
+def bind_turn(turn_id: str) -> None:
+    """The current message turned out to start `turn_id`: say so on the spans already started and those to come."""
+    hop = _hop.get()
+    if hop is not None:
+        hop.attributes = {**hop.attributes, "roundtrip.turn_id": turn_id}
+    trace.get_current_span().set_attribute("roundtrip.turn_id", turn_id)
+
+
+def _step_of(message: Any) -> int | None:
+    step = getattr(message, "step", None)
+    if not isinstance(step, int):
+        return None
+    return step + 1 if type(message).__name__ == "CallModel" else step  # a CallModel starts the next model call
+
+
+class HopMiddleware(BaseMiddleware):
+    """Outermost broker middleware: turn headers on publish; turn span as parent and the previous hop as link on consume.
+
+    `roots` (per service, see `make_broker`) are the topics whose messages start turns (support.requests):
+    there the turn's ids are fixed before FastStream's consumer span starts, so it is already in the turn's trace.
+    """
+
+    roots: frozenset[str] = frozenset()
+
+    async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
+        turn = getattr(cmd.body, "turn", None)
+        span_id = getattr(turn, "span_id", "")
+        if span_id:
+            headers = cmd.headers
+            headers[TURN_ID_HEADER] = turn.turn_id
+            headers[TURN_SPAN_HEADER] = traceparent(turn.trace_id, span_id)
+            step = _step_of(cmd.body)
+            if step is not None:
+                headers[STEP_HEADER] = str(step)
+        return await call_next(cmd)
+
+    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
+        headers = msg.headers
+        record = msg.raw_message
+        key = record.key
+        conversation_id = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key or "")
+        turn_span = headers.get(TURN_SPAN_HEADER)
+        if turn_span:
+            cause = _span_context(headers.get(_TRACEPARENT))
+            headers[_TRACEPARENT] = turn_span  # FastStream's consumer span becomes a child of the turn span
+            attributes: dict[str, Any] = {"roundtrip.turn_id": headers.get(TURN_ID_HEADER, ""), "gen_ai.conversation.id": conversation_id}
+            if step := headers.get(STEP_HEADER):
+                with contextlib.suppress(ValueError):
+                    attributes["roundtrip.step"] = int(step)
+            hop = Hop(attributes, conversation_id, cause)
+        elif record.topic in self.roots:
+            trace_id, span_id = turn_ids_for_record(record.topic, record.partition, record.offset, record.timestamp)
+            cause = _span_context(headers.get(_TRACEPARENT))  # the client's span, if it sent one: linked, not the parent
+            headers[_TRACEPARENT] = traceparent(trace_id, span_id)
+            hop = Hop({"gen_ai.conversation.id": conversation_id}, conversation_id, cause,
+                      new_turn=(trace_id, span_id, time.time()))
+        else:
+            return await call_next(msg)
+        token = _hop.set(hop)
+        try:
+            return await call_next(msg)
+        finally:
+            _hop.reset(token)
+
+
+class TurnSpanProcessor(SpanProcessor):
+    """Stamps the current hop's turn id, conversation id and step on every span it starts; links its consumer span to the cause."""
+
+    def on_start(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
+        hop = _hop.get()
+        if hop is None:
+            return
+        span.set_attributes(hop.attributes)
+        if span.kind is SpanKind.CONSUMER:  # the hop's own span (producer spans get it from the Outlet's correlation id)
+            span.set_attribute("messaging.message.conversation_id", hop.conversation_id)
+            if hop.cause is not None:
+                span.add_link(hop.cause)
+                hop.cause = None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class TurnIdGenerator(IdGenerator):
+    """Random ids, except for the one span `record_turn_span` starts with ids fixed when its turn began."""
+
+    def generate_span_id(self) -> int:
+        forced = _forced_ids.get()
+        if forced:
+            return forced.pop()
+        span_id = random.getrandbits(64)
+        while span_id == trace.INVALID_SPAN_ID:
+            span_id = random.getrandbits(64)
+        return span_id
+
+    def generate_trace_id(self) -> int:
+        forced = _forced_ids.get()
+        if forced and len(forced) == 2:
+            return forced.pop(0)
+        trace_id = random.getrandbits(128)
+        while trace_id == trace.INVALID_TRACE_ID:
+            trace_id = random.getrandbits(128)
+        return trace_id
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
+def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_usd: float, model: str = "",
+                     end_time: float | None = None, using: trace.Tracer | None = None) -> trace.Span:
+    """Record the finished turn span (the root of the turn's trace) with the ids and start fixed when the turn began."""
+    started = turn.started_at or time.time()
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": "anthropic",
+        "gen_ai.agent.name": AGENT_NAME,
+        "gen_ai.conversation.id": turn.conversation_id,
+        "roundtrip.turn_id": turn.turn_id,
+        "roundtrip.request_id": turn.request_id,
+        "roundtrip.customer_id": turn.customer_id,
+        "roundtrip.outcome": outcome,
+        "roundtrip.steps": steps,
+        "roundtrip.cost_usd": cost_usd,
+    }
+    if model:
+        attributes["gen_ai.request.model"] = model
+    if usage is not None:
+        cache_write, cache_read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
+        attributes.update({
+            "gen_ai.usage.input_tokens": usage.input_tokens + cache_write + cache_read,  # semconv: cached tokens included
+            "gen_ai.usage.output_tokens": usage.output_tokens,
+            "gen_ai.usage.cache_creation.input_tokens": cache_write,
+            "gen_ai.usage.cache_read.input_tokens": cache_read,
+        })
+    if outcome not in ERROR_OUTCOMES and outcome not in ("cancelled",):
+        attributes["gen_ai.response.finish_reasons"] = [outcome]
+    if turn.persona:
+        attributes["roundtrip.persona"] = turn.persona
+    forced = [int(turn.trace_id, 16), int(turn.span_id, 16)] if turn.span_id and turn.trace_id else None
+    token = _forced_ids.set(forced)
+    try:
+        span = (using or tracer()).start_span(TURN_SPAN_NAME, context=otel_context.Context(), kind=SpanKind.INTERNAL,
+                                   attributes=attributes, start_time=_ns(started))
+    finally:
+        _forced_ids.reset(token)
+    if outcome in ERROR_OUTCOMES:
+        mark_error(span, f"turn ended: {outcome}", outcome)
+    span.end(end_time=_ns(end_time or time.time()))
+    return span
+
+
+def _ns(unix_seconds: float) -> int:
+    """Unix seconds (a float) as nanoseconds, exact to the microsecond a float holds."""
+    return round(unix_seconds * 1e6) * 1000
+
+
+def turn_context(turn: Any) -> otel_context.Context | None:
+    """A context whose current span is the turn span (for spans of a turn started outside its hops), or None."""
+    if not (getattr(turn, "span_id", "") and turn.trace_id):
+        return None
+    parent = SpanContext(int(turn.trace_id, 16), int(turn.span_id, 16), is_remote=True, trace_flags=_SAMPLED)
+    return trace.set_span_in_context(NonRecordingSpan(parent), otel_context.Context())
+
+
+@contextlib.contextmanager
+def span_in_turn(name: str, turn: Any, cause: str | None = None, step: int | None = None) -> Iterator[trace.Span]:
+    """A span under the turn span (linked to `cause`, a traceparent), outside any hop: the guard's sweeper, a cancel."""
+    parent = turn_context(turn)
+    if parent is None:  # a turn from before turn spans: continue its last hop
+        from opentelemetry.propagate import extract
+
+        parent = extract({_TRACEPARENT: cause}) if cause else otel_context.get_current()
+        with tracer().start_as_current_span(name, context=parent) as span:
+            yield span
+        return
+    attributes: dict[str, Any] = {"roundtrip.turn_id": turn.turn_id, "gen_ai.conversation.id": turn.conversation_id}
+    if step is not None:
+        attributes["roundtrip.step"] = step
+    cause_ctx = _span_context(cause)
+    token = _hop.set(Hop(attributes, turn.conversation_id))
+    try:
+        links = [Link(cause_ctx, {"roundtrip.link": "last hop"})] if cause_ctx else None
+        with tracer().start_as_current_span(name, context=parent, links=links) as span:
+            yield span
+    finally:
+        _hop.reset(token)
+
+
+def mark_error(span: trace.Span, reason: str, error_type: str | None = None) -> None:
+    """Status ERROR with the reason (what Jaeger's error filter and a reader need), `error.type`, and `roundtrip.error`.
+
+    `roundtrip.error=true` is a plain attribute every Jaeger storage can search; Jaeger 2.13's in-memory
+    storage cannot search `error=true` (its query API hands the tag over as a string, the store reads a boolean)."""
+    span.set_status(Status(StatusCode.ERROR, reason[:200]))
+    span.set_attribute("roundtrip.error", True)
+    if error_type:
+        span.set_attribute("error.type", error_type)
+
+
+# -- exporters and the provider -------------------------------------------------------------------------
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one JSON object per finished span to a file (safe across processes: O_APPEND), rotated and bounded.
+
+    When the file passes `max_bytes` it becomes `<file>.1` (`.1` becomes `.2`, … up to `backups`; the
+    oldest is dropped), under an flock so two processes do not rotate twice; a process whose file was
+    rotated by another reopens the new one. So the spans take at most (backups + 1) x max_bytes.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = 0, backups: int = 3) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.path, self.max_bytes, self.backups = path, max_bytes, backups
+        self._fd = self._open()
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _rotate_if_needed(self) -> None:
+        mine = os.fstat(self._fd)
+        try:
+            current = os.stat(self.path)
+        except FileNotFoundError:
+            current = None
+        if current is None or current.st_ino != mine.st_ino:  # rotated (or removed) by someone else
+            os.close(self._fd)
+            self._fd = self._open()
+            mine = current = os.fstat(self._fd)
+        if not self.max_bytes or current.st_size < self.max_bytes:
+            return
+        with open(f"{self.path}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = os.stat(self.path)
+            if current.st_ino == mine.st_ino and current.st_size >= self.max_bytes:  # nobody rotated it meanwhile
+                for n in range(self.backups - 1, 0, -1):
+                    older = Path(f"{self.path}.{n}")
+                    if older.exists():
+                        os.replace(older, f"{self.path}.{n + 1}")
+                if self.backups:
+                    os.replace(self.path, f"{self.path}.1")
+                else:
+                    os.truncate(self.path, 0)
+            os.close(self._fd)
+            self._fd = self._open()
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._rotate_if_needed()
+        lines = []
         for span in spans:
             ctx = span.get_span_context()
             record = {
@@ -43,22 +397,31 @@ class JsonLinesSpanExporter(SpanExporter):
                 "start_ns": span.start_time,
                 "end_ns": span.end_time,
                 "status": span.status.status_code.name,
+                "status_message": span.status.description,
                 "attributes": {k: v if isinstance(v, (str, int, float, bool)) else list(v) for k, v in (span.attributes or {}).items()},
                 "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events],
+                "links": [format(link.context.span_id, "016x") for link in span.links],
             }
-            os.write(self._fd, (json.dumps(record, default=str) + "\n").encode())
+            lines.append(json.dumps(record, default=str) + "\n")
+        if lines:
+            os.write(self._fd, "".join(lines).encode())
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
         os.close(self._fd)
 
 
-def setup_telemetry(service: str, settings: Settings) -> TracerProvider:
-    """Install the process's tracer provider (idempotent)."""
-    global _provider
-    if _provider is not None:
-        return _provider
-    provider = TracerProvider(resource=Resource.create({"service.name": f"roundtrip-{service}"}))
+def span_files(path: Path, backups: int) -> list[Path]:
+    """The span file and its rotated copies that exist, oldest first."""
+    return [p for p in (*(Path(f"{path}.{n}") for n in range(backups, 0, -1)), path) if p.exists()]
+
+
+def make_provider(service: str, settings: Settings | None = None) -> TracerProvider:
+    """A tracer provider that shapes turns (turn span ids, turn attributes on every span); exporters per `settings`."""
+    provider = TracerProvider(resource=Resource.create({"service.name": f"roundtrip-{service}"}), id_generator=TurnIdGenerator())
+    provider.add_span_processor(TurnSpanProcessor())
+    if settings is None:
+        return provider
     if settings.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -68,7 +431,17 @@ def setup_telemetry(service: str, settings: Settings) -> TracerProvider:
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     span_file = settings.effective_span_file
     if span_file is not None:
-        provider.add_span_processor(BatchSpanProcessor(JsonLinesSpanExporter(span_file), schedule_delay_millis=500))
+        exporter = JsonLinesSpanExporter(span_file, int(settings.span_file_max_mb * 1024 * 1024), settings.span_file_backups)
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    return provider
+
+
+def setup_telemetry(service: str, settings: Settings) -> TracerProvider:
+    """Install the process's tracer provider (idempotent)."""
+    global _provider
+    if _provider is not None:
+        return _provider
+    provider = make_provider(service, settings)
     trace.set_tracer_provider(provider)
     _provider = provider
     return provider
