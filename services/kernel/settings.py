@@ -51,7 +51,10 @@ class Settings(BaseSettings):
         description="Messages each subscription of a service holds at once (one conversation at a time, "
         "many conversations concurrently); at the limit it pauses fetching",
     )
-    commit_interval_ms: float = Field(100.0, ge=0, description="How often a consumer commits its finished offsets (batched)")
+    commit_interval_ms: float = Field(
+        500.0, ge=0,
+        description="How often a consumer commits its finished offsets (batched; a crash redelivers at most this much finished work)",
+    )
     max_running_turns: int = Field(
         200, ge=1, description="Turns the gateway runs at once; more requests wait in support.requests (admission)"
     )

@@ -185,8 +185,9 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
 
     try:
         say("warming up (JVM, connections, consumer assignments)")
+        warm_concurrency = max(10, min(max(args.concurrency), 100))
         for turn in variants.values():
-            await closed_loop(turn, 10, args.warmup, 120)
+            await closed_loop(turn, warm_concurrency, args.warmup, 120)
         for concurrency in args.concurrency:
             total = args.turns_single if concurrency == 1 else turns_for(args, concurrency)
             for name in variants:
@@ -406,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-replicas", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="after the runs, grow the model service to these replica counts and run the fleet again at "
                              "the highest concurrency (default none; realistic: 1,3)")
-    parser.add_argument("--warmup", type=int, default=60, help="warm-up turns per variant (default 60)")
+    parser.add_argument("--warmup", type=int, default=300,
+                        help="warm-up turns per variant (default 300: the broker's JIT compiles for a minute or so)")
     parser.add_argument("--max-seconds", type=float, default=None, help="cap of one run in seconds (default 60; realistic 150)")
     parser.add_argument("--turn-timeout", type=float, default=180.0, help="a fleet turn with no reply after this counts as wrong")
     parser.add_argument("--partitions", type=int, default=6, help="partitions per topic (default 6, as configured)")
