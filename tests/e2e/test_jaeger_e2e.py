@@ -89,6 +89,8 @@ def traced(kafka_bootstrap, tmp_path_factory, jaeger):
         otlp_endpoint=jaeger.otlp_http_endpoint, jaeger_query_url=jaeger.query_url, kafka_bootstrap_servers=kafka_bootstrap,
         topic_prefix=f"jg{uuid.uuid4().hex[:6]}.", state_dir=state, simulator_port=free_port(), shop_port=free_port(),
         partitions=2, stuck_after_s=STUCK_AFTER_S, stuck_grace_s=STUCK_GRACE_S, log_level="INFO",
+        # not the embedded broker, so not "development": the published development key would be refused
+        approval_keys=f"jg1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
     )
     # spans leave each process within 0.3 s (the SDK's default is 5 s): a SIGKILLed executor loses less, tests wait less
     settings, env = Settings(**values), {**fleet_env(**values), "OTEL_BSP_SCHEDULE_DELAY": "300"}
