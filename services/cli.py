@@ -23,7 +23,10 @@ topics_app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True
 broker_app = typer.Typer(help="The embedded Apache Kafka broker (KRaft, from Maven Central).", no_args_is_help=True)
 turns_app = typer.Typer(help="Turns in the guard's ledger: list them (with trace ids), cancel one.", invoke_without_command=True)
 app.add_typer(topics_app, name="topics")
+conversations_app = typer.Typer(help="Conversations in the guard's store: list them, forget one (erasure).",
+                                invoke_without_command=True)
 app.add_typer(turns_app, name="turns")
+app.add_typer(conversations_app, name="conversations")
 app.add_typer(broker_app, name="broker")
 
 FLEET_SERVICES = ("gateway", "model", "guard", "gate", "executor")
@@ -137,10 +140,24 @@ def ask(
     conversation: Annotated[Optional[str], typer.Option(help="conversation id (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the reply")] = 120.0,
 ) -> None:
-    """Publish one support request and show each step of its turn, then the reply."""
+    """Publish one support request and show each step of its turn, then the reply (--conversation continues one)."""
     from services.console import ask as do_ask
 
     code = asyncio.run(do_ask(get_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    raise typer.Exit(code)
+
+
+@app.command()
+def chat(
+    customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
+    persona: Annotated[Optional[str], typer.Option(help="simulator persona for every request")] = None,
+    conversation: Annotated[Optional[str], typer.Option(help="conversation id to continue (default: a new one)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
+) -> None:
+    """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
+    from services.console import chat as do_chat
+
+    code = asyncio.run(do_chat(get_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
 
 
@@ -220,6 +237,28 @@ def turns(
     from services.console import list_turns
 
     raise typer.Exit(asyncio.run(list_turns(get_settings(), status, customer, limit)))
+
+
+@conversations_app.callback()
+def conversations(
+    ctx: typer.Context,
+    customer: Annotated[Optional[str], typer.Option(help="only this customer's conversations")] = None,
+    limit: Annotated[int, typer.Option(help="most recently active N")] = 30,
+) -> None:
+    """List conversations (newest activity first) with their turns, history kept and when they expire."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from services.console import list_conversations
+
+    raise typer.Exit(asyncio.run(list_conversations(get_settings(), customer, limit)))
+
+
+@conversations_app.command("forget")
+def conversations_forget(conversation_id: Annotated[str, typer.Argument(help="the conversation to erase")]) -> None:
+    """Delete a conversation and its history now (a customer's right to erasure)."""
+    from services.console import forget_conversation
+
+    raise typer.Exit(asyncio.run(forget_conversation(get_settings(), conversation_id)))
 
 
 @turns_app.command("cancel")

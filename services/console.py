@@ -1,8 +1,9 @@
-"""What `roundtrip ask` and `roundtrip trace` show in a terminal.
+"""What `roundtrip ask`, `chat` and `trace` show in a terminal.
 
 `ask` is a plain Kafka client like a user's app: it publishes a SupportRequest and
 reads support.replies, and meanwhile follows the internal topics (without a consumer
-group, from their ends) to show each step of the turn as it happens.
+group, from their ends) to show each step of the turn as it happens. `chat` does the same
+for each line typed, all in one conversation (the guard keeps its history).
 """
 
 from __future__ import annotations
@@ -38,34 +39,47 @@ async def partitions_of(consumer: AIOKafkaConsumer, names) -> list[TopicPartitio
     return [TopicPartition(name, p) for name in names for p in metadata.partitions_for_topic(name) or ()]
 
 
-async def ask(settings: Settings, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
-    request = SupportRequest(
-        request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer, text=text, persona=persona
-    )
-    watched = {topics.t(n): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
-                                        topics.TURN_EVENTS, topics.SUPPORT_REPLIES)}
-    seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, isolation_level="read_committed")
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
-    try:
-        await consumer.start()
-        partitions = await partitions_of(consumer, watched)
+class Session:
+    """A producer of support requests and a reader (no consumer group) of the turn's topics."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.watched = {topics.t(n): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
+                                                 topics.TURN_EVENTS, topics.SUPPORT_REPLIES)}
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
+                                         isolation_level="read_committed")
+        self.producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+
+    async def start(self) -> bool:
+        await self.consumer.start()
+        partitions = await partitions_of(self.consumer, self.watched)
         if not partitions:
             console.print("[red]error:[/] the fleet's topics do not exist; is the fleet up? (roundtrip up)")
-            return 2
-        consumer.assign(partitions)
-        await consumer.seek_to_end(*partitions)
+            return False
+        self.consumer.assign(partitions)
+        await self.consumer.seek_to_end(*partitions)
         for tp in partitions:  # resolve positions now, so nothing published after this is missed
-            await consumer.position(tp)
-        await producer.start()
-        await producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS), request.model_dump_json().encode(), key=conversation.encode())
+            await self.consumer.position(tp)
+        await self.producer.start()
+        return True
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def ask(self, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
+        """Publish one request, show each step of its turn, then the reply; 0 when it came, 1 on timeout."""
+        request = SupportRequest(request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer,
+                                 text=text, persona=persona)
+        await self.producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS), request.model_dump_json().encode(), key=conversation.encode())
         console.print(f"[bold]{customer}[/] asks: {text}" + (f"  [dim](persona {persona})[/]" if persona else ""))
+        seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            batches = await consumer.getmany(timeout_ms=500)
+            batches = await self.consumer.getmany(timeout_ms=500)
             for records in batches.values():
                 for record in records:
-                    reply = _render(watched[record.topic], record.value, request.request_id, seen)
+                    reply = _render(self.watched[record.topic], record.value, request.request_id, seen)
                     if reply is not None:
                         colour = "green" if reply.outcome.value == "end_turn" else "yellow"
                         console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {reply.steps} steps, "
@@ -74,11 +88,42 @@ async def ask(settings: Settings, text: str, customer: str, persona: str | None,
                         console.print(reply.text)
                         console.print(f"[dim]turn {reply.turn_id}  trace {reply.trace_id}[/]")
                         return 0
-        console.print(f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {settings.state_dir / 'logs'})")
+        console.print(f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {self.settings.state_dir / 'logs'})")
         return 1
+
+
+async def ask(settings: Settings, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
+    session = Session(settings)
+    try:
+        if not await session.start():
+            return 2
+        return await session.ask(text, customer, persona, conversation, timeout)
     finally:
-        await consumer.stop()
-        await producer.stop()
+        await session.stop()
+
+
+async def chat(settings: Settings, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
+    """One conversation in the terminal: each line typed is the next request (an empty line or EOF ends it)."""
+    import asyncio
+
+    session = Session(settings)
+    try:
+        if not await session.start():
+            return 2
+        console.print(f"[dim]conversation {conversation} as {customer}; an empty line or Ctrl-D ends it[/]")
+        while True:
+            try:
+                text = (await asyncio.to_thread(input, "> ")).strip()
+            except (EOFError, KeyboardInterrupt):
+                break
+            if not text:
+                break
+            await session.ask(text, customer, persona, conversation, timeout)
+            console.print()
+        console.print(f"[dim]resume it with: roundtrip chat --customer {customer} --conversation {conversation}[/]")
+        return 0
+    finally:
+        await session.stop()
 
 
 # where a turn waits, by the last hop of it that was published (the one whose consumer has not answered)
@@ -231,9 +276,9 @@ def _print_trace(trace_id: str, spans: list[dict]) -> None:
     console.print(table)
 
 
-def _ledger_missing(settings: Settings) -> bool:
+def _ledger_missing(settings: Settings, url: str | None = None) -> bool:
     """A SQLite ledger that does not exist means the wrong folder, not an empty fleet: say so, create nothing."""
-    url = settings.ledger_db_url
+    url = url or settings.ledger_db_url
     if url.startswith("sqlite") and not Path(url.split(":///", 1)[-1]).exists():
         console.print(f"[red]error:[/] no turn ledger at {url.split(':///', 1)[-1]}; run this where the fleet runs, "
                       "or set ROUNDTRIP_STATE_DIR / ROUNDTRIP_LEDGER_DATABASE_URL")
@@ -264,6 +309,44 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
             f"{now - r.started_at:.0f}", idle, r.trace_id,
         )
     console.print(table if rows else "no turns")
+    return 0
+
+
+async def list_conversations(settings: Settings, customer: str | None, limit: int) -> int:
+    from services.guard.conversations import Conversations
+
+    if _ledger_missing(settings, settings.conversations_db_url):
+        return 2
+    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s)
+    try:
+        rows = await store.list(customer_id=customer, limit=limit)
+    finally:
+        await store.close()
+    table = Table(box=None, pad_edge=False)
+    for column in ("conversation", "customer", "turns", "in history", "dropped", "history tokens", "idle s", "expires in h"):
+        table.add_column(column)
+    now = time.time()
+    for r in rows:
+        table.add_row(r.conversation_id, r.customer_id, str(r.turns), str(r.history_turns), str(r.dropped_turns), str(r.history_tokens),
+                      f"{now - r.updated_at:.0f}", f"{(r.updated_at + settings.conversation_retention_s - now) / 3600:.1f}")
+    console.print(table if rows else "no conversations")
+    return 0
+
+
+async def forget_conversation(settings: Settings, conversation_id: str) -> int:
+    from services.guard.conversations import Conversations
+
+    if _ledger_missing(settings, settings.conversations_db_url):
+        return 2
+    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s)
+    try:
+        forgotten = await store.forget(conversation_id)
+    finally:
+        await store.close()
+    if not forgotten:
+        console.print(f"[red]no conversation {conversation_id}[/]")
+        return 1
+    console.print(f"conversation {conversation_id} forgotten: its history is deleted (a turn still running in it saves nothing)")
     return 0
 
 

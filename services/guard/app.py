@@ -13,6 +13,7 @@ import time
 from faststream import FastStream
 from pydantic import BaseModel
 
+from services.guard.conversations import Conversations
 from services.guard.handlers import Guard
 from services.guard.ledger import Ledger
 from services.guard.pricing import PriceTable
@@ -71,10 +72,15 @@ def build(settings: Settings) -> FastStream:
             span.set_attribute("roundtrip.result", await state["guard"].on_cancel(command))
 
     async def sweeper() -> None:
+        expired_at = 0.0
         while True:
             await asyncio.sleep(settings.sweep_interval_s)
             try:
                 await state["guard"].sweep(flagged)
+                if time.monotonic() - expired_at > 60:  # retention: conversations idle past it are deleted
+                    expired_at = time.monotonic()
+                    if expired := await state["guard"].conversations.expire():
+                        log.info("deleted %d conversations idle for more than %g s", expired, settings.conversation_retention_s)
             except Exception:  # noqa: BLE001 - the sweeper must outlive a database hiccup
                 log.exception("sweeping for stuck turns failed; will retry")
 
@@ -83,10 +89,12 @@ def build(settings: Settings) -> FastStream:
     @app.on_startup
     async def open_ledger() -> None:
         ledger = await Ledger.open(settings.ledger_db_url)
+        conversations = await Conversations.open(settings.conversations_db_url, settings.history_tokens,
+                                                 settings.conversation_retention_s)
         state["guard"] = Guard(
             ledger=ledger, policy=policy_from(settings), prices=prices, publish=publish, model=settings.model,
             stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
-            outbox_after_s=settings.outbox_after_s,
+            outbox_after_s=settings.outbox_after_s, conversations=conversations,
         )
 
     @app.after_startup
@@ -111,5 +119,6 @@ def build(settings: Settings) -> FastStream:
     async def close_ledger() -> None:
         await state["guard"].drain()
         await state["guard"].ledger.close()
+        await state["guard"].conversations.close()
 
     return app

@@ -3,6 +3,12 @@
 Each handler decides, records the decision in the ledger with a conditional update
 (so a duplicate or a racing replica is recognised and dropped), then publishes exactly
 one next message: CallModel, CheckToolCalls or TurnEnded.
+
+Conversations (services/guard/conversations.py): a turn starts only for the customer who owns
+its conversation (anyone else gets a refusal and sees nothing), only once the conversation's
+previous turn has ended (a second request waits for it: the starts consumer holds it, other
+conversations go on), and with the conversation's history at the head of its transcript. When
+a turn ends, its exchange is stored before the end is recorded, so the next turn sees it.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import inject
 from pydantic import BaseModel
 
+from services.guard.conversations import Conversations
 from services.guard.ledger import ENDED, ENDING, STUCK, Ledger, TurnRow
 from services.guard.pricing import PriceTable
 from services.guard.replies import polite
@@ -29,6 +36,7 @@ from services.kernel.events import (
 from services.kernel.telemetry import ERROR_OUTCOMES, mark_error, span_in_turn
 
 log = logging.getLogger("roundtrip.guard")
+security = logging.getLogger("roundtrip.security")
 
 Publish = Callable[[str, BaseModel, str], Awaitable[None]]  # (logical topic, message, conversation id)
 TOPIC_OF = {CallModel: topics.MODEL_CALLS, CheckToolCalls: topics.TOOL_CALLS, TurnEnded: topics.OUTCOMES}
@@ -66,11 +74,14 @@ class Guard:
     stuck_grace_s: float = 30.0
     turn_deadline_s: float = 300.0
     outbox_after_s: float = 5.0  # the sweeper republishes a decision still unpublished after this long
+    conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
+    wait_poll_s: float = 0.5  # a start waiting for its conversation's running turn looks again this often
 
     def __post_init__(self) -> None:
         self._clearing: asyncio.Task | None = None
         self._to_clear: list[tuple[str, str]] = []
         self._last_decision: dict[str, float] = {}  # turn id -> monotonic time of its last decision (step latency)
+        self._turn_ended: dict[str, asyncio.Event] = {}  # conversation id -> set when this replica ends one of its turns
 
     def _stepped(self, turn_id: str, ended: bool) -> None:
         """Observe one round trip of the loop: from this turn's previous decision (on this replica) to this one."""
@@ -86,6 +97,8 @@ class Guard:
         Clears are batched: one transaction for all the decisions published meanwhile (under load,
         one write instead of one per step)."""
         await self.publish(TOPIC_OF[type(message)], message, conversation_id)
+        if isinstance(message, TurnEnded) and (ended := self._turn_ended.get(conversation_id)) is not None:
+            ended.set()  # a start of the same conversation waits for this
         self._to_clear.append((turn_id, pending))
         if self._clearing is None or self._clearing.done():
             self._clearing = asyncio.create_task(self._clear())
@@ -126,22 +139,87 @@ class Guard:
 
     # -- a new turn ---------------------------------------------------------------------
     async def on_start(self, command: StartTurn) -> str:
-        now = time.time()
         turn = command.turn
+        if (row := await self.ledger.get(turn.turn_id)) is not None:
+            return await self._started_before(row)
+        history: list[dict] = []
+        if self.conversations is not None:
+            owner = await self.conversations.claim(turn.conversation_id, turn.customer_id)
+            if owner != turn.customer_id:
+                return await self._refuse(turn)
+            await self._wait_for_earlier_turns(turn)
+            history = await self.conversations.history(turn.conversation_id)
+            await self.conversations.open_turn(turn.conversation_id, turn.turn_id, command.text)
+        now = time.time()
+        changes: dict[str, float | int] = {"history_messages": len(history)}
         if not turn.deadline_at:  # the turn's deadline travels with it: the gate signs it into every approval
-            turn = turn.model_copy(update={"deadline_at": round(now + self.turn_deadline_s, 3)})
-        call = CallModel(turn=turn, step=0, messages=[{"role": "user", "content": command.text}])
+            changes["deadline_at"] = round(now + self.turn_deadline_s, 3)
+        turn = turn.model_copy(update=changes)
+        call = CallModel(turn=turn, step=0, messages=[*history, {"role": "user", "content": command.text}])
+        if history:
+            trace.get_current_span().set_attribute("roundtrip.history_messages", len(history))
         pending = _pending(call)
         if await self.ledger.start(turn.model_dump(mode="json"), pending, _traceparent(), now=now, deadline_at=turn.deadline_at):
             self._stepped(turn.turn_id, ended=False)
             await self._emit(turn.turn_id, pending, call, turn.conversation_id)
             return "started"
         row = await self.ledger.get(turn.turn_id)
-        if row is not None and row.step == 0 and row.pending:
+        return await self._started_before(row) if row is not None else "duplicate"
+
+    async def _started_before(self, row: TurnRow) -> str:
+        """A start the ledger has seen: republish its first decision if that may not be out, else drop it."""
+        if row.step == 0 and row.pending:
             await self._republish(row)
             return "republished"
-        log.info("turn %s: duplicate request %s dropped", turn.turn_id, turn.request_id)
+        log.info("turn %s: duplicate request %s dropped", row.turn_id, row.request_id)
         return "duplicate"
+
+    async def _refuse(self, turn: Turn) -> str:
+        """A request naming another customer's conversation: a polite refusal, no history, no model call."""
+        now = time.time()
+        outcome = Outcome.CONVERSATION_REFUSED
+        ended = TurnEnded(turn=turn, step=0, outcome=outcome, text=polite(outcome))
+        pending = _pending(ended)
+        if not await self.ledger.start(turn.model_dump(mode="json"), pending, _traceparent(), now=now, outcome=outcome.value):
+            row = await self.ledger.get(turn.turn_id)
+            return await self._started_before(row) if row is not None else "duplicate"
+        security.warning("turn %s refused: customer %s named conversation %s of another customer (request %s)",
+                         turn.turn_id, turn.customer_id, turn.conversation_id, turn.request_id)
+        trace.get_current_span().add_event("conversation refused: it belongs to another customer")
+        metrics.count_turn_end(outcome.value, 0)
+        await self._emit(turn.turn_id, pending, ended, turn.conversation_id)
+        return "refused"
+
+    async def _wait_for_earlier_turns(self, turn: Turn) -> float:
+        """Block this start until no other turn of its conversation is live (turns of one conversation run one
+        after another). Woken at once when this replica ends that turn, else it looks again every wait_poll_s;
+        gives up (and starts anyway) past the longest a turn can live. Returns the seconds waited."""
+        started = time.monotonic()
+        give_up = started + self.turn_deadline_s + self.stuck_grace_s + 60
+        conversation = turn.conversation_id
+        announced = False
+        while True:
+            ended = self._turn_ended.setdefault(conversation, asyncio.Event())  # before the read: no lost wake-up
+            live = await self.ledger.live_turns(conversation, but=turn.turn_id)
+            if not live:
+                break
+            if not announced:
+                announced = True
+                log.info("turn %s waits for turn %s of conversation %s to end", turn.turn_id, live[0].turn_id, conversation)
+                trace.get_current_span().add_event("waiting for the conversation's running turn", {"roundtrip.waits_for": live[0].turn_id})
+            if time.monotonic() > give_up:
+                log.warning("turn %s: turn %s of its conversation is still not ended; starting anyway", turn.turn_id, live[0].turn_id)
+                break
+            try:
+                await asyncio.wait_for(ended.wait(), self.wait_poll_s)
+            except TimeoutError:
+                pass
+            self._turn_ended.pop(conversation, None)
+        self._turn_ended.pop(conversation, None)
+        waited = time.monotonic() - started
+        if announced:
+            trace.get_current_span().set_attribute("roundtrip.conversation_wait_s", round(waited, 3))
+        return waited
 
     # -- one iteration ------------------------------------------------------------------
     async def on_iteration(self, event: ModelResponded) -> str:
@@ -169,6 +247,9 @@ class Guard:
             span.set_attributes({"roundtrip.outcome": outcome, "roundtrip.detail": decision.detail})
             if outcome in ERROR_OUTCOMES:
                 mark_error(span, f"{outcome}: {decision.detail}", outcome)
+            if self.conversations is not None:  # stored before the end is recorded: the next turn waits for the end
+                await self.conversations.close_turn(event.turn.conversation_id, event.turn.turn_id,
+                                                    event.messages[event.turn.history_messages:], event.content, message.text, outcome)
             if decision.outcome not in (Outcome.END_TURN,):
                 log.warning("turn %s ended at step %d: %s (%s) trace %s", event.turn.turn_id, event.step, outcome,
                             decision.detail, event.turn.trace_id)
@@ -221,6 +302,8 @@ class Guard:
             span.set_attributes({"roundtrip.turn_id": row.turn_id, "roundtrip.outcome": outcome.value, "roundtrip.detail": detail})
             if outcome.value in ERROR_OUTCOMES:
                 mark_error(span, f"{outcome.value}: {detail}", outcome.value)
+            if self.conversations is not None:  # the customer's words and this reply (a fuller end later replaces it)
+                await self.conversations.close_turn_with_reply(row.conversation_id, row.turn_id, ended.text, outcome.value)
             result = await self.ledger.end(row.turn_id, outcome.value, pending, step=row.step, now=time.time(), defer=True, **seen)
             if result is None:
                 span.add_event("not ended: the turn moved since the decision", {"roundtrip.step": row.step})

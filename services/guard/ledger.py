@@ -64,14 +64,15 @@ class Ledger(TurnStore):
 
     # -- transitions --------------------------------------------------------------------
     async def start(self, turn: dict[str, Any], pending: str, traceparent: str | None = None, now: float | None = None,
-                    deadline_at: float | None = None) -> bool:
-        """Register a new turn; False when it exists already (a duplicated request)."""
+                    deadline_at: float | None = None, outcome: str | None = None) -> bool:
+        """Register a new turn (already ended with `outcome`, for a refused one); False when it exists already
+        (a duplicated request)."""
         now = now or time.time()
         statement = insert(turns).values(
             turn_id=turn["turn_id"], request_id=turn["request_id"], conversation_id=turn["conversation_id"],
-            customer_id=turn["customer_id"], status=RUNNING, step=0, started_at=now, last_progress_at=now,
+            customer_id=turn["customer_id"], status=ENDED if outcome else RUNNING, step=0, started_at=now, last_progress_at=now,
             trace_id=turn.get("trace_id", ""), traceparent=traceparent, turn_json=json.dumps(turn), pending=pending,
-            pending_at=now, deadline_at=deadline_at or turn.get("deadline_at"),
+            pending_at=now, deadline_at=deadline_at or turn.get("deadline_at"), outcome=outcome, ended_at=now if outcome else None,
             input_tokens=0, output_tokens=0, cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=0.0,
         )
         try:
@@ -151,6 +152,13 @@ class Ledger(TurnStore):
     async def get(self, turn_id: str) -> TurnRow | None:
         rows = await self._rows(select(turns).where(turns.c.turn_id == turn_id))
         return rows[0] if rows else None
+
+    async def live_turns(self, conversation_id: str, but: str | None = None) -> list[TurnRow]:
+        """The turns of a conversation that have not ended (running, stuck, ending), except `but`."""
+        query = select(turns).where(turns.c.conversation_id == conversation_id, turns.c.status != ENDED)
+        if but:
+            query = query.where(turns.c.turn_id != but)
+        return await self._rows(query)
 
     async def list(self, status: str | None = None, customer_id: str | None = None, limit: int = 50) -> list[TurnRow]:
         query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)

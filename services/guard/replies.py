@@ -42,6 +42,10 @@ POLITE = {
     Outcome.STOP_SEQUENCE: "I'm sorry, I couldn't finish my answer.",
     Outcome.UNKNOWN_STOP_REASON: "I'm sorry, something unexpected happened and I couldn't finish your request.",
     Outcome.END_TURN: "Is there anything else I can help you with?",
+    Outcome.CONVERSATION_REFUSED: (
+        "I'm sorry, I can't continue this conversation: it belongs to another account. "
+        "Please start a new conversation and I'll be glad to help."
+    ),
 }
 
 

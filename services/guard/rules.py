@@ -117,7 +117,7 @@ def _streak(past: list[PastCall]) -> list[PastCall]:
 
 def loop_check(event: ModelResponded, policy: Policy) -> Finish | dict[str, str]:
     """Finish for a runaway turn; otherwise the calls to block (first repeats of failed calls)."""
-    past = history(event.messages)
+    past = history(event.messages[event.turn.history_messages:])  # this turn's calls, not the conversation's earlier turns
     period = _cycle(past, event.tool_calls, policy)
     if period:
         return Finish(Outcome.CYCLE, polite(Outcome.CYCLE), f"the same {period} steps repeated {policy.cycle_repeats} times")

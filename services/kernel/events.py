@@ -4,7 +4,8 @@ Commands are imperative (CallModel, CheckToolCalls, ExecuteToolBatch), events ar
 tense (ModelResponded, TurnEnded, DeadLettered). Every internal message carries the
 `Turn` (who asked, under which principal) and is keyed by conversation id on Kafka.
 The transcript travels with the turn, so every service is stateless but for the
-guard's ledger and the shop's database.
+guard's ledger, its conversation store (the history of earlier turns, which the guard puts
+at the head of the first CallModel, bounded by a token budget) and the shop's database.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Outcome(StrEnum):
     DEADLINE = "deadline"
     CANCELLED = "cancelled"
     MODEL_ERROR = "model_error"
+    CONVERSATION_REFUSED = "conversation_refused"
 
 
 class SupportReply(Message):
@@ -91,6 +93,9 @@ class Turn(Message):
     span_id: str = Field("", description="Id of the turn span, the root of that trace (recorded by the gateway at the reply)")
     started_at: float = Field(0.0, description="Unix time the gateway received the request: the start of the turn span")
     deadline_at: float = Field(0.0, description="Unix time after which the turn may cause nothing more (set by the guard)")
+    history_messages: int = Field(
+        0, ge=0, description="Messages of the conversation's earlier turns at the head of the transcript (set by the guard)"
+    )
 
 
 class ToolCall(Message):

@@ -104,6 +104,22 @@ class Settings(BaseSettings):
     )
     outbox_after_s: float = Field(5.0, gt=0, description="The guard's sweeper republishes a recorded decision still unpublished after this long")
 
+    # -- conversations (the guard's history of earlier turns) -------------------------------
+    conversations_database_url: str | None = Field(
+        None, description="SQLAlchemy URL of the conversation store (history per conversation); unset means the ledger's database"
+    )
+    history_tokens: int = Field(
+        20000, ge=0,
+        description="Token budget of a conversation's history (estimate: 4 characters a token); the oldest turns are dropped "
+                    "past it, never splitting a tool_use from its tool_result; 0 = requests stand alone",
+    )
+    conversation_retention_s: float = Field(
+        30 * 86400.0, gt=0, description="A conversation idle for this long is deleted with its history (expiry)"
+    )
+    cache_history: bool = Field(
+        True, description="Prompt caching of the history: cache breakpoints on the last message and on the previous request's last message"
+    )
+
     # -- gate / executor ---------------------------------------------------------------
     approval_keys: str = Field(
         DEV_APPROVAL_KEYS,
@@ -191,6 +207,10 @@ class Settings(BaseSettings):
     @property
     def ledger_db_url(self) -> str:
         return self.ledger_database_url or f"sqlite+aiosqlite:///{(self.state_dir / 'ledger.db').resolve()}"
+
+    @property
+    def conversations_db_url(self) -> str:
+        return self.conversations_database_url or self.ledger_db_url
 
     @property
     def sweep_interval_s(self) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    Column, Connection, Engine, Float, Integer, MetaData, String, Table, Text, create_engine, event, inspect, text, update,
+    Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, create_engine, event, inspect, text, update,
 )
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -66,6 +66,7 @@ turns = Table(
     Column("lease_until", Float),  # ... and until when its calls may still be running
     Column("pending_at", Float),  # when `pending` was written (the outbox republishes old ones)
 )
+CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)  # the guard: is a turn of it running?
 ADDED_COLUMNS = {"deadline_at": "FLOAT", "lease_step": "INTEGER", "lease_until": "FLOAT", "pending_at": "FLOAT"}
 
 
@@ -100,6 +101,7 @@ def _create_schema(conn: Connection) -> None:
     for name, sql_type in ADDED_COLUMNS.items():
         if name not in present:
             conn.execute(text(f"ALTER TABLE turns ADD COLUMN {name} {sql_type}"))
+    CONVERSATION_INDEX.create(conn, checkfirst=True)  # also on ledgers made before it existed
 
 
 class TurnStore:

@@ -2,7 +2,9 @@
 
 A turn opens with the latest user message that carries words rather than tool results;
 each later assistant `tool_use` message plus the user message of `tool_result`s that
-answers it is one `Step`. Personas are pure functions of this `Transcript`.
+answers it is one `Step`. Messages before the opener are the conversation's earlier turns:
+their steps are `earlier`, and `said_before` is the last thing the assistant said in them.
+Personas are pure functions of this `Transcript`.
 """
 
 from __future__ import annotations
@@ -80,6 +82,8 @@ class Transcript:
     steps: tuple[Step, ...]
     tools: frozenset[str]
     stop_sequences: tuple[str, ...] = ()
+    earlier: tuple[Step, ...] = ()  # steps of the conversation's earlier turns (the history), oldest first
+    said_before: str = ""  # the assistant's last words before this turn
 
     @property
     def intent(self) -> str:
@@ -103,24 +107,32 @@ class Transcript:
         for i, message in enumerate(messages):
             if message["role"] == "user" and not _tool_results(message):
                 opener = i
-        steps = []
-        for i in range(opener + 1, len(messages) - 1):
-            assistant, user = messages[i], messages[i + 1]
-            if assistant["role"] != "assistant":
-                continue
-            uses = [b for b in _blocks(assistant) if b.get("type") == "tool_use"]
-            if not uses:
-                continue
-            results = {b["tool_use_id"]: b for b in _tool_results(user)}
-            steps.append(Step(tuple(_result(use, results.get(use["id"])) for use in uses)))
         tools = frozenset(t["name"] for t in body.get("tools") or [])
+        said = [text_of(m) for m in messages[:opener] if m["role"] == "assistant" and text_of(m).strip()]
         return cls(
             request=text_of(messages[opener]),
             first_user_text=text_of(messages[0]),
-            steps=tuple(steps),
+            steps=_steps(messages, opener + 1, len(messages)),
             tools=tools,
             stop_sequences=tuple(body.get("stop_sequences") or ()),
+            earlier=_steps(messages, 0, opener),
+            said_before=said[-1] if said else "",
         )
+
+
+def _steps(messages: list[dict], start: int, stop: int) -> tuple[Step, ...]:
+    """The steps (a tool_use message and the tool_result message after it) in messages[start:stop]."""
+    steps = []
+    for i in range(max(0, start), min(stop, len(messages)) - 1):
+        assistant, user = messages[i], messages[i + 1]
+        if assistant["role"] != "assistant":
+            continue
+        uses = [b for b in _blocks(assistant) if b.get("type") == "tool_use"]
+        if not uses:
+            continue
+        results = {b["tool_use_id"]: b for b in _tool_results(user)}
+        steps.append(Step(tuple(_result(use, results.get(use["id"])) for use in uses)))
+    return tuple(steps)
 
 
 def text_of(message: dict) -> str:

@@ -1,10 +1,17 @@
 """Token accounting like the real API, with a crude estimate: ceil(len(JSON text) / 4).
 
-Prompt caching: the prompt is read in the API's order (tools, system, messages). The prefix
-up to and including the last block marked `cache_control` (or everything, when the request
-sets a top-level `cache_control`) is cached. The first time a prefix is seen it is billed
-as `cache_creation_input_tokens`, while it lives (5 minutes, or 1 hour for `ttl: "1h"`,
-refreshed on every hit) as `cache_read_input_tokens`; `input_tokens` counts only the rest.
+Prompt caching, as the Messages API documents it: the prompt is read in the API's order
+(tools, system, messages), one block at a time. Each block marked `cache_control` (at most 4;
+a top-level `cache_control` marks the last block) is a breakpoint: the prefix up to and
+including it is written to the cache if it is not there yet. A request reads the longest
+cached prefix it can find: at each breakpoint, and at the block boundaries up to 20 blocks
+before it (the API's lookback). A prefix shorter than the model's minimum cacheable length
+(1024 tokens for Sonnet and Opus 4.1 and older, 4096 for Haiku 4.5 and Opus 4.5/4.6) is not
+cached. Billing: `cache_read_input_tokens` is the prefix read, `cache_creation_input_tokens`
+the rest up to the last breakpoint (written), `input_tokens` what follows the last
+breakpoint. An entry lives 5 minutes (or 1 hour with `ttl: "1h"`), refreshed on every hit.
+`cache_control` itself is not part of the prefix, and a string content is the same as one
+text block.
 """
 
 from __future__ import annotations
@@ -15,6 +22,17 @@ import math
 import time
 from collections.abc import Callable
 from typing import Any
+
+LOOKBACK_BLOCKS = 20
+
+
+def minimum_cacheable_tokens(model: str) -> int:
+    model = model.lower()
+    if "haiku-4-5" in model or "opus-4-5" in model or "opus-4-6" in model:
+        return 4096
+    if "haiku" in model:
+        return 2048
+    return 1024
 
 
 def estimate_tokens(value: Any) -> int:
@@ -39,13 +57,31 @@ def _prompt_items(body: dict) -> list[Any]:
     items: list[Any] = list(body.get("tools") or [])
     system = body.get("system")
     if isinstance(system, str):
-        items.append(system)
+        items.append({"type": "text", "text": system})
     elif isinstance(system, list):
         items.extend(system)
     for message in body["messages"]:
         content = message["content"]
-        items.extend(content if isinstance(content, list) else [content])
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        items.extend({"role": message["role"], **block} if isinstance(block, dict) else block for block in blocks)
     return items
+
+
+MESSAGE_OVERHEAD_TOKENS = 8  # about len('{"role":"assistant","content":[]},') / 4
+
+
+def _message_starts(body: dict) -> set[int]:
+    """Indexes (in _prompt_items) of the first block of each message."""
+    index = len(body.get("tools") or []) + (1 if isinstance(body.get("system"), str) else len(body.get("system") or []))
+    starts = set()
+    for message in body["messages"]:
+        starts.add(index)
+        index += len(message["content"]) if isinstance(message["content"], list) else 1
+    return starts
+
+
+def _without_control(item: Any) -> Any:
+    return {k: v for k, v in item.items() if k != "cache_control"} if isinstance(item, dict) else item
 
 
 class PromptCache:
@@ -53,7 +89,7 @@ class PromptCache:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, max_entries: int = 100_000):
         self._clock = clock
-        self._expiry: dict[str, float] = {}
+        self._expiry: dict[str, tuple[float, int]] = {}  # prefix hash -> (expires at, its tokens)
         self._max_entries = max_entries
 
     def input_usage(self, body: dict) -> dict[str, Any]:
@@ -61,25 +97,57 @@ class PromptCache:
         total = estimate_tokens(prompt_of(body))
         items = _prompt_items(body)
         marked = [i for i, item in enumerate(items) if isinstance(item, dict) and item.get("cache_control")]
-        if body.get("cache_control"):
-            breakpoint_, control = len(items) - 1, body["cache_control"]
-        elif marked:
-            breakpoint_, control = marked[-1], items[marked[-1]]["cache_control"]
-        else:
+        if body.get("cache_control") and items:
+            marked = sorted({*marked, len(items) - 1})
+        if not marked:
             return _usage(total, 0, 0, "5m")
-        ttl = "1h" if isinstance(control, dict) and control.get("ttl") == "1h" else "5m"
-        prefix = items[: breakpoint_ + 1]
-        prefix_tokens = min(total, estimate_tokens(prefix))
-        key = hashlib.sha256(json.dumps([body["model"], prefix], sort_keys=True).encode()).hexdigest()
+        controls = {i: (items[i].get("cache_control") if i != len(items) - 1 or not body.get("cache_control") else body["cache_control"])
+                    for i in marked}
+        # running prefix hashes and token counts, one per block boundary
+        digest = hashlib.sha256(str(body["model"]).encode())
+        hashes: list[str] = []
+        tokens: list[int] = []
+        running = 0
+        starts = _message_starts(body)
+        for index, item in enumerate(items):
+            clean = _without_control(item)
+            digest.update(json.dumps(clean, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode())
+            hashes.append(digest.copy().hexdigest())
+            running += estimate_tokens({k: v for k, v in clean.items() if k != "role"} if isinstance(clean, dict) else clean)
+            running += MESSAGE_OVERHEAD_TOKENS if index in starts else 0
+            tokens.append(min(total, running))
+        tokens[-1] = total  # the JSON around the blocks: the whole prompt is the prefix up to its last block
         now = self._clock()
-        hit = self._expiry.get(key, 0.0) > now
+        minimum = minimum_cacheable_tokens(str(body["model"]))
+        read_at = -1  # the last block of the longest cached prefix found
+        for point in marked:
+            for i in range(point, max(-1, point - LOOKBACK_BLOCKS - 1), -1):
+                if i > read_at and self._expiry.get(hashes[i], (0.0, 0))[0] > now:
+                    read_at = i
+                    break
+        written_to = read_at
+        ttl = "5m"
+        for point in marked:
+            control = controls[point]
+            point_ttl = "1h" if isinstance(control, dict) and control.get("ttl") == "1h" else "5m"
+            if tokens[point] < minimum:
+                continue  # too short to cache: no entry, billed as input
+            if point > read_at:
+                written_to, ttl = point, point_ttl
+            if point > read_at:
+                self._remember(hashes[point], now + (3600.0 if point_ttl == "1h" else 300.0), tokens[point], now)
+        read = 0
+        if read_at >= 0:  # a hit reads what was written (its size as billed then) and refreshes the entry
+            until, read = self._expiry[hashes[read_at]]
+            read = min(read, total)
+            self._remember(hashes[read_at], max(until, now + 300.0), read, now)
+        written = max(0, tokens[written_to] - read) if written_to > read_at else 0
+        return _usage(total - read - written, written, read, ttl)
+
+    def _remember(self, key: str, until: float, tokens: int, now: float) -> None:
         if len(self._expiry) >= self._max_entries:
-            self._expiry = {k: v for k, v in self._expiry.items() if v > now}
-        self._expiry[key] = now + (3600.0 if ttl == "1h" else 300.0)
-        rest = total - prefix_tokens
-        if hit:
-            return _usage(rest, 0, prefix_tokens, ttl)
-        return _usage(rest, prefix_tokens, 0, ttl)
+            self._expiry = {k: v for k, v in self._expiry.items() if v[0] > now}
+        self._expiry[key] = (max(until, self._expiry.get(key, (0.0, 0))[0]), tokens)
 
 
 def _usage(input_tokens: int, creation: int, read: int, ttl: str) -> dict[str, Any]:

@@ -78,9 +78,10 @@ class FleetClient:
     async def publish_raw(self, value: bytes, key: bytes | None = b"raw") -> None:
         await self.producer.send_and_wait(self.topic(topics.SUPPORT_REQUESTS), value, key=key)
 
-    async def ask(self, text: str, customer: str, persona: str | None = None, request_id: str | None = None) -> str:
+    async def ask(self, text: str, customer: str, persona: str | None = None, request_id: str | None = None,
+                  conversation_id: str | None = None) -> str:
         request_id = request_id or f"req_{uuid.uuid4().hex[:10]}"
-        body = {"request_id": request_id, "conversation_id": f"conv_{request_id}", "customer_id": customer, "text": text}
+        body = {"request_id": request_id, "conversation_id": conversation_id or f"conv_{request_id}", "customer_id": customer, "text": text}
         if persona:
             body["persona"] = persona
         await self.publish_raw(json.dumps(body).encode(), key=body["conversation_id"].encode())

@@ -40,7 +40,7 @@ async def test_the_40_call_incident_ends_within_two_identical_calls_with_cost_in
     assert len(errors) == 2 and "not found" in errors[0]
     assert "already failed at step 1" in errors[1] and "not found" in errors[1]
     assert executed(client, request_id, "lookup_order") == 0
-    assert reply.usage.input_tokens > 0 and reply.cost_usd > 0
+    assert reply.usage.cache_creation_input_tokens + reply.usage.cache_read_input_tokens + reply.usage.input_tokens > 0 and reply.cost_usd > 0
 
     # The same scenario with the loop rules off: only the step limit stops it.
     async with fleet.reconfigured(("guard",), loop_rules=False):

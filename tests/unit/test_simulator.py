@@ -246,7 +246,8 @@ async def test_same_request_gives_the_same_body(http):
 
 
 async def test_prompt_cache_creation_then_read(client):
-    system = [{"type": "text", "text": f"{SYSTEM} Run {uuid.uuid4()}.", "cache_control": {"type": "ephemeral"}}]
+    # over the minimum cacheable length of the model (1024 tokens for Sonnet): a prefix shorter is not cached
+    system = [{"type": "text", "text": f"{SYSTEM} Run {uuid.uuid4()}. " + "Our policies apply. " * 250, "cache_control": {"type": "ephemeral"}}]
     tools = [*TOOLS[:-1], {**TOOLS[-1], "cache_control": {"type": "ephemeral"}}]
     usages = []
     for text in ("cancel my order", "where is my order"):

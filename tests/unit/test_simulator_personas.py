@@ -158,7 +158,7 @@ def test_validation_of_tools_and_cache_breakpoints():
 def test_one_hour_cache_and_expiry():
     now = [0.0]
     cache = PromptCache(clock=lambda: now[0])
-    system = [{"type": "text", "text": "a" * 400, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
+    system = [{"type": "text", "text": "a" * 8000, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
     request = body(user("hello"), system=system)
     first = cache.input_usage(request)
     assert first["cache_creation"]["ephemeral_1h_input_tokens"] == first["cache_creation_input_tokens"] > 100

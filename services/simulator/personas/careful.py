@@ -6,9 +6,15 @@ track:  list_orders {} -> get_shipping_status {newest shipped/processing order} 
 help:   search_help_center {query: the customer's words} -> article titles
 human:  escalate_to_human {summary, urgency normal} -> confirmation
 list:   list_orders {} -> summary
+
+A follow-up in a conversation ("cancel the second one you listed") uses the history: when the
+assistant's last words before this turn listed orders and those ids came from an earlier
+list_orders result, the N-th listed order is cancelled at once, with no second list_orders.
 """
 
 from __future__ import annotations
+
+import re
 
 from ..transcript import Transcript
 from ._common import (
@@ -36,9 +42,30 @@ def decide(t: Transcript) -> Reply:
     return {"cancel": cancel, "track": track, "help": help_, "human": human, "list": list_}[t.intent](t)
 
 
+ORDINALS = {"first": 1, "1st": 1, "second": 2, "2nd": 2, "third": 3, "3rd": 3, "fourth": 4, "4th": 4, "fifth": 5, "5th": 5}
+ORDINAL = re.compile(r"\b(" + "|".join(ORDINALS) + r")\b")
+ORDER_ID = re.compile(r"\bord_[0-9a-z]+\b")
+
+
+def listed_before(t: Transcript) -> str | None:
+    """The order the customer points at ("the second one you listed"), from the conversation's history:
+    the N-th order id in the assistant's last words, if an earlier list_orders result showed it."""
+    wanted = ORDINAL.search(t.request.lower())
+    if wanted is None or not t.said_before:
+        return None
+    listed = list(dict.fromkeys(ORDER_ID.findall(t.said_before)))
+    looked_up = {o["order_id"] for step in t.earlier for r in step.results if r.name == "list_orders" for o in orders_in(r)}
+    position = ORDINALS[wanted.group(1)]
+    if position > len(listed) or listed[position - 1] not in looked_up:
+        return None
+    return listed[position - 1]
+
+
 def cancel(t: Transcript) -> Reply:
     last = t.last
     if last is None:
+        if (order_id := listed_before(t)) is not None:
+            return act(call("cancel_order", {"order_id": order_id, "reason": CANCEL_REASON}))
         return act(call("list_orders"))
     if last.failed:
         return answer(sorry(last))

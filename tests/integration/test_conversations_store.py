@@ -1,0 +1,53 @@
+"""The conversation store on both databases it supports: a SQLite file and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from services.guard.conversations import Conversations, estimate_tokens
+from services.guard.ledger import Ledger
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def url(request, tmp_path):
+    return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+
+
+def _exchange(n: int, payload: str) -> tuple[list[dict], list[dict]]:
+    messages = [{"role": "user", "content": f"question {n}"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": "list_orders", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": payload}]}]
+    return messages, [{"type": "text", "text": f"answer {n}"}]
+
+
+async def test_ownership_history_budget_erasure_and_expiry(url):
+    store = await Conversations.open(url, budget_tokens=3000, retention_s=3600)
+    ledger = await Ledger.open(url)  # the same database as the ledger by default: both schemas side by side
+    conversation = f"conv_{uuid.uuid4().hex[:8]}"
+    try:
+        # two customers name a new conversation at the same moment: exactly one owns it
+        owners = await asyncio.gather(*(store.claim(conversation, c) for c in ("cus_1001", "cus_1002", "cus_1001", "cus_1002")))
+        assert len(set(owners)) == 1
+        owner = owners[0]
+        for n in range(8):
+            turn_id = f"turn_{conversation}_{n}"
+            await store.open_turn(conversation, turn_id, f"question {n}", now=1000.0 + n)
+            messages, final = _exchange(n, "z" * 4000)
+            assert await store.close_turn(conversation, turn_id, messages, final, f"answer {n}", "end_turn")
+        history = await store.history(conversation)
+        assert estimate_tokens(history) <= 3000 and history[0]["role"] == "user" and history[-1]["content"][0]["text"] == "answer 7"
+        uses = [b["id"] for m in history for b in m["content"] if b.get("type") == "tool_use"]
+        results = [b["tool_use_id"] for m in history for b in m["content"] if b.get("type") == "tool_result"]
+        assert uses == results and uses[-1] == "toolu_7"
+        row = await store.get(conversation)
+        assert row.customer_id == owner and row.turns == 8 and row.dropped_turns == 8 - row.history_turns
+        assert conversation in {r.conversation_id for r in await store.list(customer_id=owner)}
+        assert await store.forget(conversation) and await store.history(conversation) == [] and await store.get(conversation) is None
+        await store.claim(conversation, "cus_1003", now=1.0)
+        assert await store.expire() >= 1 and await store.get(conversation) is None
+    finally:
+        await store.close()
+        await ledger.close()
