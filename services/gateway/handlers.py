@@ -22,6 +22,7 @@ def start_turn(request: SupportRequest, trace_id: str) -> StartTurn:
         customer_id=request.customer_id,
         persona=request.persona,
         trace_id=trace_id,
+        disable_parallel_tool_use=request.disable_parallel_tool_use,
     )
     return StartTurn(turn=turn, text=request.text)
 
