@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 import time
 import uuid
 
@@ -107,11 +109,27 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
 
 async def test_denied_the_order_is_not_cancelled_and_the_model_explains(approvals_on, client, fleet_settings, shop_orders):
     _reset_shop(fleet_settings[0])
-    request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
-    request = await _waiting(client, request_id)
-    denied = await asyncio.to_thread(roundtrip_cli, fleet_settings, "approvals", "deny", request["approval_id"],
-                                     "--reason", "a fraud review is open on this order", "--by", "bob@support")
-    assert denied.returncode == 0, denied.stderr
+    conversation = f"conv_{uuid.uuid4().hex[:10]}"
+    # asked with `roundtrip ask`, which shows the wait and the decision as they happen
+    ask = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "ask", "cancel my last order", "--customer", "cus_1001", "--persona", "careful",
+        "--conversation", conversation, "--timeout", "60", env={**os.environ, **fleet_settings[1]},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        (request,) = await client.wait_for(lambda: [r for r in client.seen[topics.APPROVAL_REQUESTS]
+                                                    if r["turn"]["conversation_id"] == conversation], timeout=60)
+        request_id = request["turn"]["request_id"]
+        denied = await asyncio.to_thread(roundtrip_cli, fleet_settings, "approvals", "deny", request["approval_id"],
+                                         "--reason", "a fraud review is open on this order", "--by", "bob@support")
+        assert denied.returncode == 0, denied.stderr
+        out, err = await asyncio.wait_for(ask.communicate(), 60)
+    finally:
+        if ask.returncode is None:
+            ask.kill()
+            await ask.wait()
+    shown = out.decode()
+    assert ask.returncode == 0, shown + err.decode()
+    assert f"waiting for approval of cancel_order({ORDER})" in shown and "denied by bob@support" in shown, shown
     reply = await client.reply(request_id)
     assert reply.outcome is Outcome.END_TURN
     assert "a fraud review is open on this order" in reply.text and "sorry" in reply.text.lower()
