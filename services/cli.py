@@ -196,6 +196,13 @@ def config() -> None:
             f"({where}). Set it to a secret of your own, e.g. \"k1:$(openssl rand -hex 32)\".",
             fg="yellow", err=True,
         )
+    if settings.approvals_configured and settings.dev_decision_key_in_use:
+        where = "development only" if settings.development else "the gate and the guard will REFUSE TO START here"
+        typer.secho(
+            "warning: approvals are on and ROUNDTRIP_DECISION_KEYS holds the published development key: anyone can approve "
+            f"a call with it ({where}). Set it to a secret of your own, e.g. \"ops1:$(openssl rand -hex 32)\".",
+            fg="yellow", err=True,
+        )
 
 
 @app.command()

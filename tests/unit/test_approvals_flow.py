@@ -375,3 +375,36 @@ async def test_parallel_use_is_disabled_per_deployment_or_per_request_and_the_re
     assert [c.name for c in event.tool_calls] == (["list_orders"] if expected else ["list_orders", "search_help_center"])
     assert client.tool_choice(request_flag if request_flag is not None else None) == (
         {"type": "auto", "disable_parallel_tool_use": True} if expected else None)
+
+
+# -- configuration and the simulator's validation -----------------------------------------------------------
+
+
+def test_the_published_decision_key_is_refused_outside_development_only_while_approvals_are_on():
+    from services.kernel.settings import DEV_DECISION_KEYS, InsecureConfiguration
+
+    production = dict(_env_file=None, kafka_bootstrap_servers="kafka:9092", decision_keys=DEV_DECISION_KEYS)
+    Settings(**production).refuse_dev_decision_key("guard")  # approvals off: the key is never used
+    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_DECISION_KEYS"):
+        Settings(**production, approval_cancel_above_cents=5000).refuse_dev_decision_key("guard")
+    Settings(**production | {"decision_keys": f"ops1:{'ab' * 32}"}, approval_cancel_above_cents=5000).refuse_dev_decision_key("gate")
+    Settings(_env_file=None, decision_keys=DEV_DECISION_KEYS, approval_cancel_above_cents=5000).refuse_dev_decision_key("gate")
+
+
+@pytest.mark.parametrize("choice, problem", [
+    ({"type": "auto", "disable_parallel_tool_use": True}, None),
+    ({"type": "any", "disable_parallel_tool_use": False}, None),
+    ({"type": "auto", "disable_parallel_tool_use": "yes"}, "valid boolean"),
+    ({"type": "none", "disable_parallel_tool_use": True}, "Extra inputs"),
+])
+def test_the_simulator_validates_disable_parallel_tool_use_as_the_api_does(choice, problem):
+    from services.simulator.errors import ApiError
+    from services.simulator.validation import validate_create
+
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], "tool_choice": choice,
+            "tools": [{"name": "t", "description": "a tool", "input_schema": {"type": "object"}}]}
+    if problem is None:
+        validate_create(body)
+    else:
+        with pytest.raises(ApiError, match=problem):
+            validate_create(body)
