@@ -28,6 +28,8 @@ conversations_app = typer.Typer(help="Conversations in the guard's store: list t
 app.add_typer(turns_app, name="turns")
 app.add_typer(conversations_app, name="conversations")
 app.add_typer(broker_app, name="broker")
+approvals_app = typer.Typer(help="Calls waiting for a person's approval: list them, approve or deny one.", invoke_without_command=True)
+app.add_typer(approvals_app, name="approvals")
 
 FLEET_SERVICES = ("gateway", "model", "guard", "gate", "executor")
 ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
@@ -201,7 +203,7 @@ def config() -> None:
     """Print the effective configuration (secrets hidden)."""
     settings = get_settings()
     for name, value in settings.model_dump().items():
-        if name in ("anthropic_api_key", "approval_keys") and value:
+        if name in ("anthropic_api_key", "approval_keys", "decision_keys") and value:
             value = "***"
         typer.echo(f"ROUNDTRIP_{name.upper():<28} {value}")
     if settings.dev_approval_key_in_use:
@@ -209,6 +211,13 @@ def config() -> None:
         typer.secho(
             "warning: ROUNDTRIP_APPROVAL_KEYS holds the published development key: anyone can sign batches with it "
             f"({where}). Set it to a secret of your own, e.g. \"k1:$(openssl rand -hex 32)\".",
+            fg="yellow", err=True,
+        )
+    if settings.approvals_configured and settings.dev_decision_key_in_use:
+        where = "development only" if settings.development else "the gate and the guard will REFUSE TO START here"
+        typer.secho(
+            "warning: approvals are on and ROUNDTRIP_DECISION_KEYS holds the published development key: anyone can approve "
+            f"a call with it ({where}). Set it to a secret of your own, e.g. \"ops1:$(openssl rand -hex 32)\".",
             fg="yellow", err=True,
         )
 
@@ -225,15 +234,16 @@ def contracts() -> None:
 @turns_app.callback()
 def turns(
     ctx: typer.Context,
-    status: Annotated[Optional[str], typer.Option(help="running, stuck, ending (an end waiting for running calls) or ended")] = None,
+    status: Annotated[Optional[str], typer.Option(
+        help="running, stuck, awaiting (a call waits for a person's approval), ending (an end waiting for running calls) or ended")] = None,
     customer: Annotated[Optional[str], typer.Option(help="only this customer's turns")] = None,
     limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
 ) -> None:
     """List running, stuck and ended turns with their trace ids (newest first)."""
     if ctx.invoked_subcommand is not None:
         return
-    if status and status not in ("running", "stuck", "ending", "ended"):
-        raise typer.BadParameter("status must be running, stuck, ending or ended")
+    if status and status not in ("running", "stuck", "awaiting", "ending", "ended"):
+        raise typer.BadParameter("status must be running, stuck, awaiting, ending or ended")
     from services.console import list_turns
 
     raise typer.Exit(asyncio.run(list_turns(get_settings(), status, customer, limit)))
@@ -270,6 +280,54 @@ def turns_cancel(
     from services.console import cancel_turn
 
     raise typer.Exit(asyncio.run(cancel_turn(get_settings(), turn_id, reason)))
+
+
+def _me() -> str:
+    import getpass
+    import socket
+
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except Exception:  # noqa: BLE001 - no user name: still a decision, by the host
+        return f"operator@{socket.gethostname()}"
+
+
+@approvals_app.callback()
+def approvals(
+    ctx: typer.Context,
+    all_: Annotated[bool, typer.Option("--all", help="every approval, decided ones too (who decided and when)")] = False,
+    limit: Annotated[int, typer.Option(help="most recent N")] = 30,
+) -> None:
+    """List the calls waiting for a person's approval (who, what, why, deadline, trace id)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from services.console import list_approvals
+
+    raise typer.Exit(asyncio.run(list_approvals(get_settings(), all_, limit)))
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    approval_id: Annotated[str, typer.Argument(help="the approval (roundtrip approvals lists them)")],
+    by: Annotated[Optional[str], typer.Option(help="who decides (default: user@host)")] = None,
+    reason: Annotated[str, typer.Option(help="kept with the turn")] = "",
+) -> None:
+    """Approve one waiting call: it runs once, with exactly the arguments shown, and the turn goes on."""
+    from services.console import decide
+
+    raise typer.Exit(asyncio.run(decide(get_settings(), approval_id, True, reason, by or _me())))
+
+
+@approvals_app.command("deny")
+def approvals_deny(
+    approval_id: Annotated[str, typer.Argument(help="the approval (roundtrip approvals lists them)")],
+    reason: Annotated[str, typer.Option(help="why: the model is told and explains it to the customer")],
+    by: Annotated[Optional[str], typer.Option(help="who decides (default: user@host)")] = None,
+) -> None:
+    """Deny one waiting call: it never runs; the model gets an error result with the reason and goes on."""
+    from services.console import decide
+
+    raise typer.Exit(asyncio.run(decide(get_settings(), approval_id, False, reason, by or _me())))
 
 
 @topics_app.command("create")

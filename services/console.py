@@ -21,7 +21,9 @@ from rich.console import Console
 from rich.table import Table
 
 from services.kernel import topics
-from services.kernel.events import CallModel, ExecuteToolBatch, ModelResponded, SupportReply, SupportRequest, TurnFlagged
+from services.kernel.events import (
+    ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, SupportReply, SupportRequest, TurnFlagged,
+)
 from services.kernel.settings import Settings
 from services.kernel.telemetry import span_files
 
@@ -31,6 +33,12 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 def _short(value: Any, limit: int = 100) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def call_label(name: str, tool_input: Any) -> str:
+    """`cancel_order(ord_a1000003)`: the ids a call names, else its input in short."""
+    ids = [str(v) for k, v in tool_input.items() if k.endswith("_id")] if isinstance(tool_input, dict) else []
+    return f"{name}({', '.join(ids) if ids else _short(tool_input, 60)})"
 
 
 async def partitions_of(consumer: AIOKafkaConsumer, names) -> list[TopicPartition]:
@@ -45,7 +53,8 @@ class Session:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.watched = {topics.t(n): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
-                                                 topics.TURN_EVENTS, topics.SUPPORT_REPLIES)}
+                                                 topics.TURN_EVENTS, topics.SUPPORT_REPLIES, topics.APPROVAL_REQUESTS,
+                                                 topics.APPROVAL_DECISIONS)}
         self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
                                          isolation_level="read_committed")
         self.producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
@@ -74,12 +83,13 @@ class Session:
         await self.producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS), request.model_dump_json().encode(), key=conversation.encode())
         console.print(f"[bold]{customer}[/] asks: {text}" + (f"  [dim](persona {persona})[/]" if persona else ""))
         seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
+        waiting: set[str] = set()  # approval ids of this turn
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             batches = await self.consumer.getmany(timeout_ms=500)
             for records in batches.values():
                 for record in records:
-                    reply = _render(self.watched[record.topic], record.value, request.request_id, seen)
+                    reply = _render(self.watched[record.topic], record.value, request.request_id, seen, waiting)
                     if reply is not None:
                         colour = "green" if reply.outcome.value == "end_turn" else "yellow"
                         console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {reply.steps} steps, "
@@ -136,14 +146,22 @@ WAITING_ON = {
 }
 
 
-def _render(topic: str, value: bytes, request_id: str, seen: dict[str, str | None] | None = None) -> SupportReply | None:
+def _render(topic: str, value: bytes, request_id: str, seen: dict[str, str | None] | None = None,
+            waiting: set[str] | None = None) -> SupportReply | None:
     seen = {} if seen is None else seen
+    waiting = set() if waiting is None else waiting
     try:
         data = json.loads(value)
     except ValueError:
         return None
     if topic == topics.SUPPORT_REPLIES:
         return SupportReply.model_validate(data) if data.get("request_id") == request_id else None
+    if topic == topics.APPROVAL_DECISIONS:
+        if data.get("approval_id") in waiting:
+            decision = ApprovalDecided.model_validate(data)
+            verdict = "[green]approved[/]" if decision.decision.value == "approve" else "[red]denied[/]"
+            console.print(f"  {verdict} by {decision.decided_by}" + (f": {decision.reason}" if decision.reason else ""))
+        return None
     if data.get("turn", {}).get("request_id") != request_id:
         return None
     if topic == topics.TURN_EVENTS:
@@ -167,7 +185,18 @@ def _render(topic: str, value: bytes, request_id: str, seen: dict[str, str | Non
         batch = ExecuteToolBatch.model_validate(data)
         for call in batch.calls:
             verdict = "[green]approved[/]" if call.approved else f"[red]rejected[/]: {_short(call.error, 160)}"
+            if call.hold:
+                verdict = f"[yellow]held for a person[/]: {_short(call.hold.reason, 160)}"
+            elif call.approved_by:
+                verdict += f" (approved by {call.approved_by})"
             console.print(f"  gate  {call.name}: {verdict}")
+    elif topic == topics.APPROVAL_REQUESTS:
+        event = ApprovalRequested.model_validate(data)
+        waiting.add(event.approval_id)
+        console.print(f"  [yellow]waiting for approval of {call_label(event.call.name, event.call.input)}[/] "
+                      f"(approval {event.approval_id}, deadline in {max(0.0, event.expires_at - time.time()):.0f} s)")
+        console.print(f"  [dim]decide: roundtrip approvals approve {event.approval_id}  |  "
+                      f"roundtrip approvals deny {event.approval_id} --reason TEXT[/]")
     elif topic == topics.MODEL_CALLS:
         command = CallModel.model_validate(data)
         last = command.messages[-1] if command.messages else {}
@@ -300,7 +329,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
     for column in ("turn", "status", "customer", "step", "outcome", "cost $", "tokens in/out", "age s", "idle s", "trace id"):
         table.add_column(column)
     now = time.time()
-    colours = {"running": "cyan", "stuck": "red", "ended": "dim"}
+    colours = {"running": "cyan", "stuck": "red", "awaiting": "yellow", "ending": "magenta", "ended": "dim"}
     for r in rows:
         idle = "" if r.status == "ended" else f"{now - r.last_progress_at:.0f}"
         table.add_row(
@@ -347,6 +376,72 @@ async def forget_conversation(settings: Settings, conversation_id: str) -> int:
         console.print(f"[red]no conversation {conversation_id}[/]")
         return 1
     console.print(f"conversation {conversation_id} forgotten: its history is deleted (a turn still running in it saves nothing)")
+    return 0
+
+
+async def list_approvals(settings: Settings, everything: bool, limit: int) -> int:
+    """Calls waiting for a person (or, with everything, every approval with who decided and when)."""
+    from services.guard.ledger import PENDING, Ledger
+
+    if _ledger_missing(settings):
+        return 2
+    ledger = await Ledger.open(settings.ledger_db_url)
+    try:
+        rows = await ledger.list_approvals(status=None if everything else PENDING, limit=limit)
+    finally:
+        await ledger.close()
+    now = time.time()
+    table = Table(box=None, pad_edge=False)
+    for column in ("approval", "status", "customer", "call", "why", "waiting s", "deadline in s", "decided by", "turn", "trace id"):
+        table.add_column(column)
+    for r in rows:
+        request = ApprovalRequested.model_validate_json(r.request_json)
+        decided = f"{r.decided_by} at {time.strftime('%H:%M:%S', time.localtime(r.decided_at))}" if r.decided_by and r.decided_at else ""
+        table.add_row(
+            r.approval_id, r.status, r.customer_id, call_label(r.tool, request.call.input), _short(r.reason, 90),
+            f"{(r.decided_at or now) - r.requested_at:.0f}", f"{r.expires_at - now:.0f}" if r.status == PENDING else "",
+            decided, r.turn_id, request.turn.trace_id,
+        )
+    console.print(table if rows else ("no approvals" if everything else "no calls are waiting for approval"))
+    return 0
+
+
+async def decide(settings: Settings, approval_id: str, approve: bool, reason: str, decided_by: str) -> int:
+    """Sign a decision with the first decision key and publish it to turn.approval_decisions (keyed by conversation)."""
+    from services.guard.ledger import AWAITING, PENDING, Ledger
+    from services.kernel.approvals import DecisionSigner, parse_keys
+    from services.kernel.events import Decision
+
+    if _ledger_missing(settings):
+        return 2
+    ledger = await Ledger.open(settings.ledger_db_url)
+    try:
+        row = await ledger.approval(approval_id)
+        turn = await ledger.get(row.turn_id) if row else None
+    finally:
+        await ledger.close()
+    if row is None:
+        console.print(f"[red]no approval {approval_id}[/] (see `roundtrip approvals`)")
+        return 1
+    if row.status != PENDING or turn is None or turn.status != AWAITING:
+        console.print(f"[red]approval {approval_id} is {row.status}[/]" + (f" by {row.decided_by}" if row.decided_by else "")
+                      + (f"; its turn is {turn.status}" if turn else "") + ": nothing sent")
+        return 1
+    decision = DecisionSigner(parse_keys(settings.decision_keys)).sign(ApprovalDecided(
+        approval_id=row.approval_id, turn_id=row.turn_id, tool_use_id=row.tool_use_id, input_sha256=row.input_sha256,
+        decision=Decision.APPROVE if approve else Decision.DENY, reason=reason, decided_by=decided_by,
+        decided_at=round(time.time(), 3),
+    ))
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    try:
+        await producer.start()
+        await producer.send_and_wait(topics.t(topics.APPROVAL_DECISIONS), decision.model_dump_json().encode(),
+                                     key=row.conversation_id.encode())
+    finally:
+        await producer.stop()
+    request = ApprovalRequested.model_validate_json(row.request_json)
+    console.print(f"{'approved' if approve else 'denied'} {call_label(row.tool, request.call.input)} for {row.customer_id} "
+                  f"(approval {approval_id}, turn {row.turn_id}) as {decided_by}; the guard resumes the turn")
     return 0
 
 

@@ -16,7 +16,7 @@ from services.executor.runner import Runner
 from services.kernel import topics
 from services.kernel.approvals import Signer, parse_keys
 from services.kernel.dedupe import SeenIds
-from services.kernel.events import CallModel, ExecuteToolBatch
+from services.kernel.events import ApprovalRequested, CallModel, ExecuteToolBatch
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.turnstore import Fence
@@ -34,6 +34,7 @@ def build(settings: Settings) -> FastStream:
     signer = Signer(parse_keys(settings.approval_keys))
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
+    request_approval = Outlet(broker, topics.APPROVAL_REQUESTS, ApprovalRequested)
 
     state: dict[str, Fence] = {}
 
@@ -42,7 +43,9 @@ def build(settings: Settings) -> FastStream:
         # the signature first: a forged batch reusing a real turn and step is refused (dead-lettered and
         # logged on roundtrip.security by the raise), never mistaken for a duplicate
         verify(batch, signer)
-        if f"{batch.turn.turn_id}:{batch.step}" in seen:
+        # a step resumed after a person's approval is a second batch of the same step
+        key = f"{batch.turn.turn_id}:{batch.step}" + ":resumed" * any(c.approved_by for c in batch.calls)
+        if key in seen:
             log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)
             trace.get_current_span().add_event("duplicate batch dropped")
             return
@@ -55,7 +58,12 @@ def build(settings: Settings) -> FastStream:
             span.set_attribute("roundtrip.detail", f"batch not run: {exc}")
             mark_error(span, f"approval expired: {exc}", "approval_expired")
             return
-        seen.add(f"{batch.turn.turn_id}:{batch.step}")
+        seen.add(key)
+        if isinstance(command, ApprovalRequested):
+            log.info("turn %s step %d: %s(%s) waits for approval %s", batch.turn.turn_id, batch.step, command.call.name,
+                     command.call.id, command.approval_id)
+            await request_approval(command, batch.turn.conversation_id)
+            return
         await call_model(command, batch.turn.conversation_id)
 
     app = service_app(broker, log)

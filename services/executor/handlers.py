@@ -6,6 +6,11 @@ logged on `roundtrip.security` even when it reuses a real turn and step), then d
 then the approval's expiry (the turn's deadline), then the fence: one conditional UPDATE that
 succeeds only while the turn is live at this step and before its deadline. Only then do the
 calls run.
+
+A batch with a call held for a person's approval runs its other calls, then becomes an
+ApprovalRequested (the guard records the turn as awaiting; nothing waits in a thread). A
+batch resumed after the decision carries the results of those calls and runs the approved
+one; the next model call gets all the step's results together, in tool_use order.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ import time
 from opentelemetry import trace
 
 from services.executor.runner import Runner
-from services.kernel.approvals import Signer
-from services.kernel.events import CallModel, ExecuteToolBatch
+from services.kernel.approvals import Signer, approval_id_for, in_tool_use_order
+from services.kernel.events import ApprovalRequested, CallModel, ExecuteToolBatch
 from services.kernel.limits import fit_transcript
 from services.kernel.turnstore import Fence
 
@@ -47,11 +52,11 @@ def verify(batch: ExecuteToolBatch, signer: Signer) -> None:
 def lease_for(batch: ExecuteToolBatch, runner: Runner) -> float:
     """How long the claimed calls may take at most: one tool timeout (in parallel) or one per call."""
     approved = sum(1 for c in batch.calls if c.approved)
-    return runner.timeout_s * (1 if runner.parallel else max(1, approved)) + LEASE_MARGIN_S
+    return runner.timeout_s * (1 if runner.concurrent(batch.calls) else max(1, approved)) + LEASE_MARGIN_S
 
 
 async def execute(batch: ExecuteToolBatch, signer: Signer, runner: Runner, fence: Fence | None = None,
-                  verified: bool = False, max_transcript_bytes: int = 524288) -> CallModel:
+                  verified: bool = False, max_transcript_bytes: int = 524288) -> CallModel | ApprovalRequested:
     """Run a batch (verified here unless `verified`); BatchNotRun when it arrived too late or its turn may not act any more."""
     if not verified:
         verify(batch, signer)
@@ -63,7 +68,17 @@ async def execute(batch: ExecuteToolBatch, signer: Signer, runner: Runner, fence
     if fence is not None and not await fence.claim_batch(batch.turn.turn_id, batch.step, lease_for(batch, runner), now):
         span.add_event("batch not run: the turn has ended or moved on", {"roundtrip.step": batch.step})
         raise BatchNotRun("the turn has ended, been cancelled, moved past this step or passed its deadline; nothing was run")
-    results = await runner.run(batch.calls, batch.turn)
+    results = [*batch.results, *await runner.run(batch.calls, batch.turn)]
+    held = next((c for c in batch.calls if c.hold), None)
+    if held is not None:
+        span.add_event("waiting for a person's approval", {"roundtrip.tool": held.name, "roundtrip.tool_use_id": held.id})
+        return ApprovalRequested(
+            approval_id=approval_id_for(batch.turn.turn_id, batch.step, held.id), turn=batch.turn, step=batch.step, call=held,
+            reason=held.hold.reason, entities=held.hold.entities, input_sha256=held.hold.input_sha256,
+            requested_at=round(time.time(), 3), expires_at=held.hold.expires_at, messages=batch.messages, results=results,
+            spent=batch.spent,
+        )
+    results = in_tool_use_order(batch.messages, results)
     messages, replaced = fit_transcript([*batch.messages, {"role": "user", "content": results}], max_transcript_bytes)
     if replaced:
         log.warning("turn %s step %d: %d large blocks of the transcript replaced by markers", batch.turn.turn_id, batch.step, replaced)

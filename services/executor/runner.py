@@ -1,7 +1,11 @@
 """Runs the approved calls of one step, concurrently, each under a timeout.
 
 Every call yields a tool_result block (in the order of the tool_use blocks); a failing,
-slow or rejected call yields one with `is_error: true` and a sentence saying why.
+slow or rejected call yields one with `is_error: true` and a sentence saying why. A call
+held for a person's approval yields nothing yet (it runs when the step resumes).
+
+A step holding a tool the pack declares serial (services/tools/support.py SERIAL) runs its
+calls one after another in tool_use order, whatever `parallel` says.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import logging
 import time
 from typing import Any
 
+
+from opentelemetry import trace
 
 from services.kernel import metrics
 from services.kernel.events import CheckedCall, Turn
@@ -76,7 +82,15 @@ class Runner:
                 log.exception("tool %s failed", call.name)
                 return tool_result(call.id, f"{call.name} failed with an internal error; nothing more is known.", is_error=True)
 
+    def concurrent(self, calls: list[CheckedCall]) -> bool:
+        """Whether this step's calls may run at the same time."""
+        return self.parallel and not any(c.approved and self.registry.is_serial(c.name) for c in calls)
+
     async def run(self, calls: list[CheckedCall], turn: Turn) -> list[dict[str, Any]]:
-        if self.parallel:
-            return list(await asyncio.gather(*(self.run_one(c, turn) for c in calls)))
-        return [await self.run_one(c, turn) for c in calls]
+        """The tool_result blocks of every call but the held ones, in tool_use order."""
+        todo = [c for c in calls if not c.hold]
+        if self.concurrent(todo):
+            return list(await asyncio.gather(*(self.run_one(c, turn) for c in todo)))
+        if len(todo) > 1:
+            trace.get_current_span().add_event("calls run one after another", {"roundtrip.order": [c.name for c in todo]})
+        return [await self.run_one(c, turn) for c in todo]

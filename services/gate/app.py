@@ -8,13 +8,14 @@ from services.gate.handlers import Gate
 from faststream import FastStream
 
 from services.kernel import topics
-from services.kernel.approvals import Signer, parse_keys
+from services.kernel.approvals import DecisionSigner, Signer, parse_keys
 from services.kernel.events import CheckToolCalls, ExecuteToolBatch
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.tools.context import ToolContext
 from services.tools.registry import load_registry
 from services.tools.shop_client import ShopClient
+from services.tools.support import ApprovalLimits
 
 log = logging.getLogger("roundtrip.gate")
 
@@ -32,7 +33,9 @@ def build(settings: Settings) -> FastStream:
         return await registry.entity_resolver(kind)(entity_id, ctx)
 
     gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), shop=shop,
-                batch_ttl_s=settings.stuck_after_s)
+                batch_ttl_s=settings.stuck_after_s,
+                approval_limits=ApprovalLimits(cancel_above_cents=settings.approval_cancel_above_cents),
+                decisions=DecisionSigner(parse_keys(settings.decision_keys)), approval_timeout_s=settings.approval_timeout_s)
 
     @subscribe(broker, topics.TOOL_CALLS, "gate", settings)
     async def on_check_tool_calls(command: CheckToolCalls) -> None:
@@ -44,5 +47,6 @@ def build(settings: Settings) -> FastStream:
 
     app = service_app(broker, log)
     app.on_startup(lambda: settings.refuse_dev_approval_key("gate"))  # outside development, never the published key
+    app.on_startup(lambda: settings.refuse_dev_decision_key("gate"))
     app.after_shutdown(shop.aclose)
     return app

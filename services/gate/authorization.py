@@ -57,9 +57,10 @@ async def authorize(
     ctx: ToolContext,
     lookup: EntityLookup,
     policy: Policy | None,
+    resolved: dict[str, dict[str, Any]] | None = None,
 ) -> str | None:
-    """None when the call may run; otherwise the reason it may not."""
-    entities: dict[str, dict[str, Any]] = {}
+    """None when the call may run; otherwise the reason it may not. `resolved` receives the entities it read."""
+    entities: dict[str, dict[str, Any]] = {} if resolved is None else resolved
     for field, kind in spec.entity_refs.items():
         if field not in tool_input:
             continue

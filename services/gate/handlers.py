@@ -1,7 +1,10 @@
 """Gate handler: check every call of a step, sign the batch, hand it to the executors.
 
 `check_call` never raises: any input, however hostile, becomes either an approval or a
-rejection with a sentence the model can act on. Calls of one step are checked
+rejection with a sentence the model can act on. A call that passed everything but whose tool's
+approval rule asks for a person is approved with a `hold` (the executor runs the step's other
+calls and requests the approval); it runs only when the command carries a person's signed
+decision for exactly that call (turn, tool_use id, input digest), checked here again. Calls of one step are checked
 concurrently (their look-ups overlap) and share a per-step memo of look-ups; see
 authorization.py for the caching rules and docs/gate.md for the figures behind them.
 """
@@ -19,12 +22,12 @@ from typing import Any
 from services.gate.authorization import EntityLookup, LookupFailed, OwnershipCache, StepLookups, authorize
 from services.gate.validation import SAFE_INTEGER, InputValidator
 from services.kernel import metrics
-from services.kernel.approvals import Signer
-from services.kernel.events import CheckedCall, CheckToolCalls, ExecuteToolBatch, ToolCall
+from services.kernel.approvals import ApprovalError, DecisionSigner, Signer, input_digest
+from services.kernel.events import ApprovalDecided, ApprovalHold, CheckedCall, CheckToolCalls, Decision, ExecuteToolBatch, ToolCall
 from services.kernel.telemetry import mark_error, tracer
 from services.tools.context import ToolContext
 from services.tools.registry import Registry
-from services.tools.support import allow
+from services.tools.support import ApprovalLimits, allow
 
 log = logging.getLogger("roundtrip.gate")
 security = logging.getLogger("roundtrip.security")
@@ -42,6 +45,9 @@ class Gate:
     ownership_ttl_s: float = OWNERSHIP_TTL_S  # 0 turns the cross-step ownership cache off
     step_memo: bool = True  # one look-up per (kind, id, customer) within a step
     concurrent: bool = True  # check the calls of a step concurrently
+    approval_limits: ApprovalLimits = field(default_factory=ApprovalLimits)  # thresholds of the approval rules
+    decisions: DecisionSigner | None = None  # verifies people's decisions (None: no decision is ever accepted)
+    approval_timeout_s: float = 900.0  # how long a held call waits for a person
     ownership: OwnershipCache | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -57,9 +63,10 @@ class Gate:
         turn_id: str,
         blocked: str | None = None,
         lookups: StepLookups | None = None,
+        decision: ApprovalDecided | None = None,
     ) -> CheckedCall:
         try:
-            return await self._check_call(call, customer_id, turn_id, blocked, lookups)
+            return await self._check_call(call, customer_id, turn_id, blocked, lookups, decision)
         except Exception:  # noqa: BLE001 - the gate fails closed and keeps serving
             log.exception("gate failed while checking %s (%s); rejecting it", str(call.name)[:80], call.id)
             metrics.gate_rejections.labels(self._tool_label(call.name), "internal_error").inc()
@@ -69,7 +76,8 @@ class Gate:
             )
 
     async def _check_call(
-        self, call: ToolCall, customer_id: str, turn_id: str, blocked: str | None, lookups: StepLookups | None
+        self, call: ToolCall, customer_id: str, turn_id: str, blocked: str | None, lookups: StepLookups | None,
+        decision: ApprovalDecided | None = None,
     ) -> CheckedCall:
         def reject(why: str, reason: str) -> CheckedCall:
             metrics.gate_rejections.labels(self._tool_label(call.name), reason).inc()
@@ -93,14 +101,44 @@ class Gate:
         policy = self.registry.policy(name)
         lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
         ctx = ToolContext(customer_id=customer_id, tool_use_id=call.id, idempotency_key=f"{turn_id}:{call.id}", shop=self.shop)
-        try:
-            denial = await authorize(spec, call.input, ctx, lookups.for_call(state_free=policy is allow), policy)
+        entities: dict[str, dict[str, Any]] = {}
+        rule = self.registry.approval_rule(name)
+        try:  # a tool with an approval rule reads entity state (a total), so it never uses the ownership cache
+            denial = await authorize(spec, call.input, ctx, lookups.for_call(state_free=policy is allow and rule is None), policy,
+                                     resolved=entities)
         except LookupFailed as exc:
             log.warning("turn %s: %s", turn_id, exc)
             return reject("The order system could not be reached to verify this call; nothing was done. Try again shortly.", "lookup_failed")
         if denial:
             return reject(f"Not allowed: {denial}", "not_allowed")
-        return CheckedCall(id=call.id, name=name, input=call.input, approved=True)
+        why = rule(call.input, entities, self.approval_limits) if rule is not None else None
+        if not why:
+            return CheckedCall(id=call.id, name=name, input=call.input, approved=True)
+        digest = input_digest(name, call.input)
+        if decision is None:
+            hold = ApprovalHold(reason=why, entities=entities, input_sha256=digest, expires_at=round(time.time() + self.approval_timeout_s, 3))
+            return CheckedCall(id=call.id, name=name, input=call.input, approved=True, hold=hold)
+        problem = self._decision_problem(decision, call, turn_id, digest)
+        if problem:
+            security.error("turn %s: approval %s refused for call %s: %s", turn_id, decision.approval_id, call.id, problem)
+            return reject(f"Not run: {problem}. Nothing was done.", "not_allowed")
+        return CheckedCall(id=call.id, name=name, input=call.input, approved=True, approved_by=decision.decided_by)
+
+    def _decision_problem(self, decision: ApprovalDecided, call: ToolCall, turn_id: str, digest: str) -> str | None:
+        """Why a decision does not let exactly this call run (None: it does)."""
+        if self.decisions is None:
+            return "this gate accepts no approval decisions (no decision keys)"
+        try:
+            self.decisions.verify(decision)
+        except ApprovalError as exc:
+            return f"the approval is not valid ({exc})"
+        if decision.decision is not Decision.APPROVE:
+            return "the call was not approved"
+        if (decision.turn_id, decision.tool_use_id) != (turn_id, call.id):
+            return "the approval was given for another call"
+        if decision.input_sha256 != digest:
+            return "the approval was given for other arguments than these"
+        return None
 
     def _tool_label(self, name: object) -> str:
         """The tool as a metric label: a name the model made up is not a new time series."""
@@ -114,10 +152,15 @@ class Gate:
                 "roundtrip.tool": str(call.name)[:80], "roundtrip.tool_use_id": call.id, "roundtrip.fingerprint": call.fingerprint,
                 "roundtrip.turn_id": command.turn.turn_id,
             })
+            decision = next((d for d in command.decisions if d.tool_use_id == call.id), None)
             result = await self.check_call(
-                call, command.turn.customer_id, command.turn.turn_id, command.blocked.get(call.id), lookups
+                call, command.turn.customer_id, command.turn.turn_id, command.blocked.get(call.id), lookups, decision
             )
             span.set_attribute("roundtrip.approved", result.approved)
+            if result.hold:
+                span.set_attribute("roundtrip.hold", result.hold.reason[:200])
+            if result.approved_by:
+                span.set_attribute("roundtrip.approved_by", result.approved_by)
             if not result.approved:
                 mark_error(span, f"rejected: {result.error or ''}", "rejected")
             return result
@@ -128,8 +171,10 @@ class Gate:
             checked = list(await asyncio.gather(*(self._traced(c, command, lookups) for c in command.calls)))
         else:
             checked = [await self._traced(c, command, lookups) for c in command.calls]
+        checked = one_hold_per_step(checked)
         batch = ExecuteToolBatch(
             turn=command.turn, step=command.step, messages=command.messages, calls=checked, spent=command.spent,
+            results=command.results,
             # bound to the turn's own deadline, never a fresh TTL: stale work signed late stays stale
             expires_at=command.turn.deadline_at or round(time.time() + self.batch_ttl_s, 3),
         )
@@ -138,6 +183,21 @@ class Gate:
         except Exception as exc:  # noqa: BLE001 - e.g. a number canonical JSON cannot carry, in the transcript
             log.warning("turn %s step %d: batch not canonical (%s); signing a JSON-safe copy", command.turn.turn_id, command.step, exc)
             return self.signer.sign(ExecuteToolBatch.model_validate(json_safe(batch.model_dump(mode="json"))))
+
+
+def one_hold_per_step(checked: list[CheckedCall]) -> list[CheckedCall]:
+    """A step waits for at most one person's decision: a second held call is answered, not held."""
+    out, held = [], None
+    for call in checked:
+        if call.hold and held is not None:
+            metrics.gate_rejections.labels(call.name, "approval_pending").inc()
+            call = CheckedCall(id=call.id, name=call.name, input=call.input, approved=False, error=(
+                f"Not run: this call needs a person's approval and another call of this step ({held}) is already waiting "
+                "for one. Make this call again, on its own, once that one is decided."))
+        elif call.hold:
+            held = f"{call.name} {call.id}"
+        out.append(call)
+    return out
 
 
 def json_safe(value: Any) -> Any:

@@ -25,6 +25,7 @@ def start_turn(request: SupportRequest, trace_id: str, span_id: str = "", starte
         trace_id=trace_id,
         span_id=span_id,
         started_at=started_at,
+        disable_parallel_tool_use=request.disable_parallel_tool_use,
     )
     return StartTurn(turn=turn, text=request.text)
 

@@ -1,5 +1,8 @@
 """The guard service: turn.starts, turn.iterations, turn.controls -> turn.model_calls | turn.tool_calls | turn.outcomes.
 
+Also records calls waiting for a person (turn.approval_requests) and resumes their turns on a
+signed decision (turn.approval_decisions).
+
 Also sweeps the ledger for stuck turns (a timer, not a busy loop) and announces them on turn.events.
 """
 
@@ -19,7 +22,10 @@ from services.guard.ledger import Ledger
 from services.guard.pricing import PriceTable
 from services.guard.rules import Policy
 from services.kernel import topics
-from services.kernel.events import CallModel, CancelTurn, CheckToolCalls, ModelResponded, StartTurn, TurnEnded, TurnFlagged
+from services.kernel.approvals import DecisionSigner, parse_keys
+from services.kernel.events import (
+    ApprovalDecided, ApprovalRequested, CallModel, CancelTurn, CheckToolCalls, ModelResponded, StartTurn, TurnEnded, TurnFlagged,
+)
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.telemetry import tracer
@@ -71,6 +77,20 @@ def build(settings: Settings) -> FastStream:
             span.set_attribute("roundtrip.turn_id", command.turn_id)
             span.set_attribute("roundtrip.result", await state["guard"].on_cancel(command))
 
+    @subscribe(broker, topics.APPROVAL_REQUESTS, "guard", settings, role="approvals")
+    async def on_approval_requested(event: ApprovalRequested) -> None:
+        with tracer().start_as_current_span("guard.await_approval") as span:
+            span.set_attribute("roundtrip.turn_id", event.turn.turn_id)
+            span.set_attribute("roundtrip.result", await state["guard"].on_approval_requested(event))
+
+    @subscribe(broker, topics.APPROVAL_DECISIONS, "guard", settings, role="decisions",
+               description="A person's signed decision on a waiting call (ApprovalDecided); a forged one, one for another "
+                           "call or for a turn that has ended is dead-lettered with the reason")
+    async def on_approval_decided(decision: ApprovalDecided) -> None:
+        with tracer().start_as_current_span("guard.decision") as span:
+            span.set_attribute("roundtrip.turn_id", decision.turn_id)
+            span.set_attribute("roundtrip.result", await state["guard"].on_decision(decision))
+
     async def sweeper() -> None:
         expired_at = 0.0
         while True:
@@ -85,6 +105,7 @@ def build(settings: Settings) -> FastStream:
                 log.exception("sweeping for stuck turns failed; will retry")
 
     app = service_app(broker, log)
+    app.on_startup(lambda: settings.refuse_dev_decision_key("guard"))  # approvals on outside development: never the published key
 
     @app.on_startup
     async def open_ledger() -> None:
@@ -95,6 +116,7 @@ def build(settings: Settings) -> FastStream:
             ledger=ledger, policy=policy_from(settings), prices=prices, publish=publish, model=settings.model,
             stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
             outbox_after_s=settings.outbox_after_s, conversations=conversations,
+            decisions=DecisionSigner(parse_keys(settings.decision_keys)),
         )
 
     @app.after_startup

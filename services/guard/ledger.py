@@ -22,9 +22,17 @@ from typing import Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from services.kernel.turnstore import ENDED, ENDING, LIVE, RUNNING, STUCK, TurnStore, make_engine, no_live_lease, turns
+from services.kernel.turnstore import (
+    AWAITING, ENDED, ENDING, LIVE, OPEN, RUNNING, STUCK, TurnStore, approvals, make_engine, no_live_lease, turns,
+)
 
-__all__ = ["ENDED", "ENDING", "LIVE", "RUNNING", "STUCK", "Ledger", "TurnRow", "make_engine", "turns"]
+__all__ = ["AWAITING", "ENDED", "ENDING", "LIVE", "RUNNING", "STUCK", "ApprovalRow", "Ledger", "TurnRow", "make_engine", "turns"]
+
+PENDING = "pending"
+
+
+class _Refused(Exception):
+    """Rolls a two-statement transition back when its second statement changes nothing."""
 
 @dataclass
 class TurnRow:
@@ -56,6 +64,27 @@ class TurnRow:
     @property
     def turn(self) -> dict[str, Any]:
         return json.loads(self.turn_json)
+
+
+@dataclass
+class ApprovalRow:
+    approval_id: str
+    turn_id: str
+    step: int
+    tool_use_id: str
+    tool: str
+    input_sha256: str
+    customer_id: str
+    conversation_id: str
+    status: str
+    reason: str
+    requested_at: float
+    expires_at: float
+    decided_by: str | None
+    decided_at: float | None
+    decision_reason: str | None
+    traceparent: str | None
+    request_json: str
 
 
 class Ledger(TurnStore):
@@ -105,7 +134,7 @@ class Ledger(TurnStore):
         claim can succeed any more; `finish_ending` ends it once the lease is released or runs
         out). Returns ENDED, ENDING, or None when the turn was not in the state the caller saw."""
         now = now or time.time()
-        seen = [turns.c.turn_id == turn_id, turns.c.status.in_(LIVE)]
+        seen = [turns.c.turn_id == turn_id, turns.c.status.in_(OPEN)]
         if step is not None:
             seen.append(turns.c.step == step)
         if status is not None:
@@ -148,6 +177,101 @@ class Ledger(TurnStore):
         rows = [{"t": turn_id, "p": pending} for turn_id, pending in decisions]
         await self._run(lambda conn: conn.execute(statement, rows), write=True)
 
+    # -- approvals by a person -------------------------------------------------------------
+    async def await_approval(self, approval: dict[str, Any], now: float | None = None) -> bool:
+        """Record a held call and the turn as AWAITING (from live at that step), in one transaction.
+
+        While it waits the turn may not act (no claim succeeds), the stuck rule skips it, the executor's
+        lease of the step is released (its other calls are done), and its deadline is the approval's."""
+        now = now or time.time()
+
+        def work(conn: Any) -> bool:
+            moved = conn.execute(
+                update(turns).where(turns.c.turn_id == approval["turn_id"], turns.c.step == approval["step"],
+                                    turns.c.status.in_(LIVE))
+                .values(status=AWAITING, last_progress_at=now, flagged_at=None, lease_step=None, lease_until=None,
+                        deadline_at=approval["expires_at"], pending=None, pending_at=None)
+            ).rowcount
+            if moved != 1:
+                return False
+            conn.execute(insert(approvals).values(status=PENDING, **approval))
+            return True
+
+        try:
+            return await self._run(work, write=True)
+        except IntegrityError:  # the approval exists already: the same request twice
+            return False
+
+    async def decide(self, approval_id: str, status: str, decided_by: str, decided_at: float, decision_reason: str,
+                     pending: str, deadline_at: float | None, now: float | None = None) -> bool:
+        """PENDING -> approved/denied and the turn AWAITING -> RUNNING with its next message in the outbox, together.
+        False (nothing changed) when the approval was decided already or the turn no longer waits for it."""
+        now = now or time.time()
+
+        def work(conn: Any) -> bool:
+            row = conn.execute(select(approvals.c.turn_id, approvals.c.step).where(approvals.c.approval_id == approval_id)).first()
+            if row is None:
+                return False
+            if conn.execute(update(approvals).where(approvals.c.approval_id == approval_id, approvals.c.status == PENDING)
+                            .values(status=status, decided_by=decided_by, decided_at=decided_at,
+                                    decision_reason=decision_reason)).rowcount != 1:
+                return False
+            values: dict[str, Any] = dict(status=RUNNING, last_progress_at=now, pending=pending, pending_at=now)
+            if deadline_at:
+                values["deadline_at"] = deadline_at
+            if conn.execute(update(turns).where(turns.c.turn_id == row.turn_id, turns.c.step == row.step,
+                                                turns.c.status == AWAITING).values(**values)).rowcount != 1:
+                raise _Refused  # the turn ended meanwhile: the approval stays pending (then closed with the turn)
+            return True
+
+        try:
+            return await self._run(work, write=True)
+        except _Refused:
+            return False
+
+    async def close_approvals(self, turn_id: str, status: str, now: float | None = None) -> int:
+        """Pending approvals of a turn that ended without them (expired, ended)."""
+        now = now or time.time()
+        return await self._run(lambda conn: conn.execute(
+            update(approvals).where(approvals.c.turn_id == turn_id, approvals.c.status == PENDING)
+            .values(status=status, decided_at=now)).rowcount, write=True)
+
+    async def release_ending_lease(self, turn_id: str, step: int) -> bool:
+        """An end waits for this step's calls, which are done: let it go now."""
+        return await self._update(update(turns).where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status == ENDING)
+                                  .values(lease_until=None))
+
+    async def approval(self, approval_id: str) -> ApprovalRow | None:
+        rows = await self._approval_rows(select(approvals).where(approvals.c.approval_id == approval_id))
+        return rows[0] if rows else None
+
+    async def list_approvals(self, status: str | None = PENDING, turn_id: str | None = None, limit: int = 50) -> list[ApprovalRow]:
+        """Approvals, newest first; pending ones only while their turn still waits."""
+        query = select(approvals).order_by(approvals.c.requested_at.desc()).limit(limit)
+        if status:
+            query = query.where(approvals.c.status == status)
+        if status == PENDING:
+            query = query.where(approvals.c.turn_id.in_(select(turns.c.turn_id).where(turns.c.status == AWAITING)))
+        if turn_id:
+            query = query.where(approvals.c.turn_id == turn_id)
+        return await self._approval_rows(query)
+
+    async def overdue_approvals(self, now: float) -> list[tuple[ApprovalRow, TurnRow]]:
+        """Pending approvals past their deadline whose turn still waits, with the turn."""
+        pending = await self._approval_rows(
+            select(approvals).where(approvals.c.status == PENDING, approvals.c.expires_at <= now)
+            .where(approvals.c.turn_id.in_(select(turns.c.turn_id).where(turns.c.status == AWAITING)))
+        )
+        out = []
+        for row in pending:
+            turn = await self.get(row.turn_id)
+            if turn is not None:
+                out.append((row, turn))
+        return out
+
+    async def _approval_rows(self, statement: Any) -> list[ApprovalRow]:
+        return await self._run(lambda conn: [ApprovalRow(**r) for r in conn.execute(statement).mappings().all()])
+
     # -- reads ----------------------------------------------------------------------------
     async def get(self, turn_id: str) -> TurnRow | None:
         rows = await self._rows(select(turns).where(turns.c.turn_id == turn_id))
@@ -172,7 +296,9 @@ class Ledger(TurnStore):
                       ) -> tuple[list[TurnRow], list[TurnRow], list[TurnRow]]:
         """(running turns idle past stuck_after_s, live turns past their grace or deadline, ending turns)."""
         idle = await self._rows(select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s))
-        past_deadline = turns.c.started_at < now - deadline_s
+        # a turn with a deadline (every turn since the fence) is judged by it alone: a turn resumed after a
+        # person's approval had its deadline moved by the time it waited
+        past_deadline = turns.c.deadline_at.is_(None) & (turns.c.started_at < now - deadline_s)
         if deadline_s:
             past_deadline = past_deadline | (turns.c.deadline_at <= now)
         expired = await self._rows(

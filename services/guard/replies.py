@@ -41,6 +41,10 @@ POLITE = {
     ),
     Outcome.STOP_SEQUENCE: "I'm sorry, I couldn't finish my answer.",
     Outcome.UNKNOWN_STOP_REASON: "I'm sorry, something unexpected happened and I couldn't finish your request.",
+    Outcome.APPROVAL_TIMEOUT: (
+        "I'm sorry, part of your request needs a review by a member of our team, and it could not be reviewed in time. "
+        "Nothing was changed on your account. Please reply here and we'll pick it up."
+    ),
     Outcome.END_TURN: "Is there anything else I can help you with?",
     Outcome.CONVERSATION_REFUSED: (
         "I'm sorry, I can't continue this conversation: it belongs to another account. "

@@ -187,6 +187,8 @@ FLEET_GROUPS = {
     "roundtrip-executor": topics.TOOL_BATCHES,
     "roundtrip-gateway-replies": topics.OUTCOMES,
     "roundtrip-guard-controls": topics.TURN_CONTROLS,
+    "roundtrip-guard-approvals": topics.APPROVAL_REQUESTS,
+    "roundtrip-guard-decisions": topics.APPROVAL_DECISIONS,
 }
 
 

@@ -31,6 +31,9 @@ class SupportRequest(Message):
     customer_id: str = Field(min_length=1, max_length=200, description="The authenticated customer: the only principal tools act for")
     text: str = Field(min_length=1, max_length=8000, description="What the customer wrote")
     persona: str | None = Field(None, max_length=40, description="Simulator persona for this request (ignored by the real API)")
+    disable_parallel_tool_use: bool | None = Field(
+        None, description="At most one tool call per model response for this request (null: the deployment's setting)"
+    )
 
 
 class Usage(Message):
@@ -61,6 +64,7 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     MODEL_ERROR = "model_error"
     CONVERSATION_REFUSED = "conversation_refused"
+    APPROVAL_TIMEOUT = "approval_timeout"
 
 
 class SupportReply(Message):
@@ -96,6 +100,7 @@ class Turn(Message):
     history_messages: int = Field(
         0, ge=0, description="Messages of the conversation's earlier turns at the head of the transcript (set by the guard)"
     )
+    disable_parallel_tool_use: bool | None = Field(None, description="The request's override of the deployment's setting")
 
 
 class ToolCall(Message):
@@ -157,6 +162,21 @@ class CheckToolCalls(Message):
     blocked: dict[str, str] = Field(
         default_factory=dict, description="tool_use id -> why the guard refuses to run it (a repeat of a failed call)"
     )
+    results: list[dict[str, Any]] = Field(
+        default_factory=list, description="tool_result blocks of this step's calls that already ran (a step resumed after an approval)"
+    )
+    decisions: list[ApprovalDecided] = Field(
+        default_factory=list, description="Signed approvals by a person that the held calls of this step run under"
+    )
+
+
+class ApprovalHold(Message):
+    """Why a call the gate would run waits for a person first, and what the person is shown."""
+
+    reason: str = Field(description="The tool pack's rule that asks for a person, in words")
+    entities: dict[str, Any] = Field(default_factory=dict, description="Referenced entities as resolved for the principal (e.g. the order)")
+    input_sha256: str = Field(description="SHA-256 of the canonical JSON of {name, input}: what an approval binds")
+    expires_at: float = Field(description="Unix time after which the turn ends without the call (the approval deadline)")
 
 
 class CheckedCall(Message):
@@ -165,6 +185,8 @@ class CheckedCall(Message):
     input: Any
     approved: bool
     error: str | None = Field(None, description="Why the call was rejected (becomes an is_error tool_result)")
+    hold: ApprovalHold | None = Field(None, description="Set when the call may run only once a person approves it")
+    approved_by: str | None = Field(None, description="The person whose signed approval this call runs under")
 
 
 class ExecuteToolBatch(Message):
@@ -176,6 +198,51 @@ class ExecuteToolBatch(Message):
     calls: list[CheckedCall]
     spent: Usage = Field(default_factory=Usage)
     expires_at: float = Field(0.0, description="Unix time after which the executor must not run the batch (0: never)")
+    results: list[dict[str, Any]] = Field(
+        default_factory=list, description="tool_result blocks of this step's calls that already ran before an approval"
+    )
+    key_id: str = ""
+    signature: str = ""
+
+
+class ApprovalRequested(Message):
+    """Event (operators, and the guard, which records the turn as awaiting): a call waits for a person's decision.
+
+    Decide with `roundtrip approvals approve|deny ID`, or publish an ApprovalDecided to
+    turn.approval_decisions (key: the conversation id) signed with a decision key."""
+
+    approval_id: str
+    turn: Turn = Field(description="Who asked (customer_id is the principal), the turn and its trace id")
+    step: int
+    call: CheckedCall = Field(description="The call waiting: tool name, tool_use id and the exact input the approval binds")
+    reason: str = Field(description="Why a person must decide")
+    entities: dict[str, Any] = Field(default_factory=dict, description="The referenced entities as resolved for the customer (the order)")
+    input_sha256: str = Field(description="SHA-256 of the canonical JSON of {name, input}; a decision must name it")
+    requested_at: float
+    expires_at: float = Field(description="Unix time the turn ends with a polite reply unless decided")
+    messages: list[dict[str, Any]] = Field(description="Transcript including the assistant message with the calls")
+    results: list[dict[str, Any]] = Field(default_factory=list, description="tool_result blocks of the step's calls that already ran")
+    spent: Usage = Field(default_factory=Usage)
+
+
+class Decision(StrEnum):
+    APPROVE = "approve"
+    DENY = "deny"
+
+
+class ApprovalDecided(Message):
+    """Command (people, any Kafka client): approve or deny one waiting call. Publish to turn.approval_decisions,
+    keyed by the conversation id, signed: `signature` = hex HMAC-SHA256 with the decision key `key_id` over the
+    RFC 8785 canonical JSON of every other field. It binds the exact call: turn, tool_use id and input digest."""
+
+    approval_id: str
+    turn_id: str
+    tool_use_id: str
+    input_sha256: str = Field(description="The input_sha256 of the ApprovalRequested: the arguments the person saw")
+    decision: Decision
+    reason: str = Field("", max_length=2000, description="Why (a denial's reason is shown to the model)")
+    decided_by: str = Field(min_length=1, max_length=200, description="Who decided")
+    decided_at: float = Field(description="Unix time of the decision")
     key_id: str = ""
     signature: str = ""
 
@@ -217,4 +284,7 @@ class DeadLettered(Message):
 
 
 PUBLIC = (SupportRequest, SupportReply)
-INTERNAL = (StartTurn, CancelTurn, CallModel, ModelResponded, CheckToolCalls, ExecuteToolBatch, TurnEnded, TurnFlagged, DeadLettered)
+INTERNAL = (StartTurn, CancelTurn, CallModel, ModelResponded, CheckToolCalls, ExecuteToolBatch, TurnEnded, TurnFlagged, DeadLettered,
+            ApprovalRequested, ApprovalDecided)
+
+CheckToolCalls.model_rebuild()  # it names ApprovalDecided, defined after it

@@ -16,6 +16,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # development fleet the gate and the executor refuse to start while it is configured.
 DEV_APPROVAL_KEYS = "dev1:roundtrip-dev-only-approval-key"
 DEV_APPROVAL_SECRET = DEV_APPROVAL_KEYS.split(":", 1)[1]
+# Demo key people sign approval decisions with (roundtrip approvals); published too, so refused outside
+# development while approvals are configured.
+DEV_DECISION_KEYS = "ops1:roundtrip-dev-only-decision-key"
+DEV_DECISION_SECRET = DEV_DECISION_KEYS.split(":", 1)[1]
 
 
 class InsecureConfiguration(RuntimeError):
@@ -134,6 +138,21 @@ class Settings(BaseSettings):
         524288, ge=65536, description="A turn's transcript is kept under this (largest old blocks replaced by markers)"
     )
     parallel_tools: bool = Field(True, description="Run the calls of one step concurrently")
+    disable_parallel_tool_use: bool = Field(
+        False, description="Send tool_choice.disable_parallel_tool_use: at most one tool call per model response (a request may override it)"
+    )
+
+    # -- approvals by a person -----------------------------------------------------------
+    approval_cancel_above_cents: int | None = Field(
+        None, ge=0, description="cancel_order waits for a person's approval when the order's total is above this (cents); unset: never"
+    )
+    approval_timeout_s: float = Field(
+        900.0, gt=0, description="How long a call waits for a decision; then the turn ends with a polite reply (approval_timeout)"
+    )
+    decision_keys: str = Field(
+        DEV_DECISION_KEYS,
+        description="Comma-separated key_id:secret pairs approval decisions are signed with (roundtrip approvals signs with the first)",
+    )
 
     # -- telemetry ---------------------------------------------------------------------
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint (e.g. http://localhost:4318) for traces")
@@ -184,6 +203,23 @@ class Settings(BaseSettings):
                 f"can sign batches with, and this is not the embedded development fleet (ROUNDTRIP_ENV={self.env or 'unset'}, "
                 f"Kafka at {self.kafka_bootstrap_servers}). Set ROUNDTRIP_APPROVAL_KEYS to a secret of your own, e.g. "
                 '"k1:$(openssl rand -hex 32)", or ROUNDTRIP_ENV=development on a laptop.'
+            )
+
+    @property
+    def approvals_configured(self) -> bool:
+        return self.approval_cancel_above_cents is not None
+
+    @property
+    def dev_decision_key_in_use(self) -> bool:
+        return any(part.partition(":")[2].strip() == DEV_DECISION_SECRET for part in self.decision_keys.split(","))
+
+    def refuse_dev_decision_key(self, service: str) -> None:
+        """Raise InsecureConfiguration when approvals are on outside development with the published decision key."""
+        if self.approvals_configured and self.dev_decision_key_in_use and not self.development:
+            raise InsecureConfiguration(
+                f"{service} refuses to start: approvals are configured and ROUNDTRIP_DECISION_KEYS contains the published "
+                "development key, with which anyone could approve a call. Set ROUNDTRIP_DECISION_KEYS to a secret of your "
+                'own, e.g. "ops1:$(openssl rand -hex 32)", and give it to the people who decide.'
             )
 
     @property

@@ -15,6 +15,8 @@ TOOL_BATCHES = "turn.tool_batches"  # ExecuteToolBatch (signed): gate -> executo
 OUTCOMES = "turn.outcomes"  # TurnEnded: guard -> gateway
 TURN_EVENTS = "turn.events"  # TurnFlagged (stuck turns): guard -> operators
 DEAD_LETTERS = "roundtrip.dead_letters"  # DeadLettered: any service
+APPROVAL_REQUESTS = "turn.approval_requests"  # ApprovalRequested: executor -> guard and operators
+APPROVAL_DECISIONS = "turn.approval_decisions"  # ApprovalDecided (signed): people, any Kafka client -> guard
 
 ALL = (
     SUPPORT_REQUESTS,
@@ -28,6 +30,8 @@ ALL = (
     OUTCOMES,
     TURN_EVENTS,
     DEAD_LETTERS,
+    APPROVAL_REQUESTS,
+    APPROVAL_DECISIONS,
 )
 
 

@@ -34,7 +34,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 log = logging.getLogger("roundtrip.fence")
 
 RUNNING, STUCK, ENDING, ENDED = "running", "stuck", "ending", "ended"
+AWAITING = "awaiting"  # a call waits for a person's decision: nothing may act, the stuck rule does not apply
 LIVE = (RUNNING, STUCK)  # may still act: claims succeed only in these states
+OPEN = (*LIVE, AWAITING)  # not ended: an end from outside (cancel, deadline) may still end these
 
 metadata = MetaData()
 turns = Table(
@@ -67,6 +69,29 @@ turns = Table(
     Column("pending_at", Float),  # when `pending` was written (the outbox republishes old ones)
 )
 CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)  # the guard: is a turn of it running?
+# One row per call held for a person's approval (the guard writes it; `roundtrip approvals` reads it).
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("approval_id", String(64), primary_key=True),
+    Column("turn_id", String(64), nullable=False, index=True),
+    Column("step", Integer, nullable=False),
+    Column("tool_use_id", String(200), nullable=False),
+    Column("tool", String(64), nullable=False),
+    Column("input_sha256", String(64), nullable=False),
+    Column("customer_id", String(200), nullable=False),
+    Column("conversation_id", String(200), nullable=False),
+    Column("status", String(16), nullable=False, index=True),  # pending, approved, denied, expired, ended
+    Column("reason", Text, nullable=False),
+    Column("requested_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("decided_by", String(200)),
+    Column("decided_at", Float),
+    Column("decision_reason", Text),
+    Column("traceparent", String(64)),
+    Column("request_json", Text, nullable=False),
+)
+
 ADDED_COLUMNS = {"deadline_at": "FLOAT", "lease_step": "INTEGER", "lease_until": "FLOAT", "pending_at": "FLOAT"}
 
 

@@ -83,8 +83,16 @@ class ModelClient:
             return messages
         return with_history_breakpoints(messages, MAX_BREAKPOINTS - self.static_breakpoints)
 
-    async def create(self, messages: list[dict[str, Any]], persona: str | None) -> anthropic.types.Message:
+    def tool_choice(self, disable_parallel_tool_use: bool | None = None) -> dict[str, Any] | None:
+        """`tool_choice` of a call: {"type": "auto", "disable_parallel_tool_use": true} when parallel use is off
+        (the request's override, else the deployment's setting); otherwise none is sent (the API's default, auto)."""
+        disabled = self._settings.disable_parallel_tool_use if disable_parallel_tool_use is None else disable_parallel_tool_use
+        return {"type": "auto", "disable_parallel_tool_use": True} if disabled else None
+
+    async def create(self, messages: list[dict[str, Any]], persona: str | None,
+                     disable_parallel_tool_use: bool | None = None) -> anthropic.types.Message:
         headers = {"x-roundtrip-persona": persona} if persona and self._settings.use_simulator else None
+        choice = self.tool_choice(disable_parallel_tool_use)
         messages = self.prepared(messages)
         return await self._client.messages.create(
             model=self._settings.model,
@@ -93,6 +101,7 @@ class ModelClient:
             tools=self._tools,
             messages=messages,
             extra_headers=headers,
+            **({"tool_choice": choice} if choice else {}),
         )
 
     async def aclose(self) -> None:

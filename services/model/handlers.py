@@ -73,7 +73,7 @@ async def call_model(command: CallModel, client: ModelClient, fence: Fence | Non
     step = command.step + 1
     started = time.perf_counter()
     try:
-        message = await client.create(command.messages, command.turn.persona)
+        message = await client.create(command.messages, command.turn.persona, command.turn.disable_parallel_tool_use)
     except anthropic.APIError as exc:
         metrics.model_call_duration.labels(client.model, "error").observe(time.perf_counter() - started)
         status = getattr(exc, "status_code", None)

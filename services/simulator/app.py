@@ -64,6 +64,7 @@ class _State:
     rng: random.Random
     cache: PromptCache = field(default_factory=PromptCache)
     served: int = 0
+    parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
     latency_jitter: float = 0.0
 
 
@@ -97,6 +98,7 @@ def create_app(
         except ApiError as error:
             return _error_response(error, request_id)
         state.served += 1
+        state.parallel_disabled += bool((body.get("tool_choice") or {}).get("disable_parallel_tool_use"))
         return JSONResponse(message, headers={"request-id": request_id, "x-roundtrip-persona": persona})
 
     async def count_tokens(request: Request) -> Response:
@@ -116,6 +118,7 @@ def create_app(
                 "default_persona": state.default_persona,
                 "personas": list(personas.NAMES),
                 "served": state.served,
+                "parallel_disabled": state.parallel_disabled,
             }
         )
 

@@ -134,6 +134,11 @@ def _tool_choice(choice: Any, tool_names: set[str]) -> None:
         return
     if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
         raise invalid("tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'")
+    if "disable_parallel_tool_use" in choice:
+        if choice["type"] == "none":
+            raise invalid("tool_choice.none.disable_parallel_tool_use: Extra inputs are not permitted")
+        if not isinstance(choice["disable_parallel_tool_use"], bool):
+            raise invalid(f"tool_choice.{choice['type']}.disable_parallel_tool_use: Input should be a valid boolean")
     if choice["type"] == "tool":
         name = choice.get("name")
         if not isinstance(name, str):

@@ -25,9 +25,12 @@ from jsonschema.exceptions import SchemaError
 
 from services.tools.context import ToolContext
 from services.tools.support import (
+    APPROVALS,
     ENTITY_RESOLVERS,
     HANDLERS,
     POLICIES,
+    SERIAL,
+    ApprovalRule,
     EntityResolver,
     Handler,
     Policy,
@@ -133,12 +136,18 @@ class Registry:
         handlers: Mapping[str, Handler],
         policies: Mapping[str, Policy] | None = None,
         entity_resolvers: Mapping[str, EntityResolver] | None = None,
+        approvals: Mapping[str, ApprovalRule] | None = None,
+        serial: frozenset[str] | set[str] | None = None,
     ) -> None:
         self.specs: dict[str, ToolSpec] = dict(specs)
         self._handlers = dict(handlers)
         self._policies = dict(policies or {})
         self._resolvers = dict(entity_resolvers or {})
+        self._approvals = dict(approvals or {})
+        self.serial = frozenset(serial or ())
         problems = []
+        if stray := sorted((set(self._approvals) | self.serial) - set(self.specs)):
+            problems.append(f"approval rules or serial declarations for unknown tools: {stray}")
         if missing := sorted(set(self.specs) - set(self._handlers)):
             problems.append(f"schemas without a handler: {missing}")
         if orphans := sorted(set(self._handlers) - set(self.specs)):
@@ -173,6 +182,14 @@ class Registry:
         if name not in self.specs:
             raise KeyError(name)
         return self._policies.get(name, allow)
+
+    def approval_rule(self, name: str) -> ApprovalRule | None:
+        """When a call of this tool needs a person's approval first (None: never)."""
+        return self._approvals.get(name)
+
+    def is_serial(self, name: str) -> bool:
+        """The tool must not run concurrently with other calls of its step."""
+        return name in self.serial
 
     def entity_resolver(self, kind: str) -> EntityResolver:
         """`async (entity_id, ctx) -> entity | None`, scoped to ctx.customer_id."""
@@ -227,6 +244,8 @@ def load_registry(
     handlers: Mapping[str, Handler] | None = None,
     policies: Mapping[str, Policy] | None = None,
     entity_resolvers: Mapping[str, EntityResolver] | None = None,
+    approvals: Mapping[str, ApprovalRule] | None = None,
+    serial: frozenset[str] | set[str] | None = None,
 ) -> Registry:
     """Load schemas/tools/*.json and bind them to the support tool pack (or the given bindings)."""
     specs = load_specs(Path(schemas_dir) if schemas_dir is not None else default_schemas_dir())
@@ -235,4 +254,6 @@ def load_registry(
         HANDLERS if handlers is None else handlers,
         POLICIES if policies is None else policies,
         ENTITY_RESOLVERS if entity_resolvers is None else entity_resolvers,
+        APPROVALS if approvals is None else approvals,
+        SERIAL if serial is None else serial,
     )

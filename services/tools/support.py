@@ -9,13 +9,23 @@ A policy gets the input, the referenced entities as resolved for the principal
 ({field name: entity}, e.g. {"order_id": {...order...}}) and the context, and returns a
 denial reason (shown to the model) or None to allow.
 
-Everything is bound to tool names once, in HANDLERS, POLICIES and ENTITY_RESOLVERS at
-the bottom.
+An approval rule says when a call the gate would run must first be approved by a person:
+it gets the same input and resolved entities plus the deployment's ApprovalLimits, and
+returns the reason to ask (shown to the person) or None. It runs only after validation,
+ownership and the policy passed, so nobody is asked about a call the gate would reject.
+`always(reason)` holds every call of a tool.
+
+A tool in SERIAL must not run concurrently with other calls (two side effects on one
+order): a step that holds one runs all its calls one after another, in tool_use order.
+
+Everything is bound to tool names once, in HANDLERS, POLICIES, APPROVALS, SERIAL and
+ENTITY_RESOLVERS at the bottom.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from services.tools.context import ToolContext, ToolError
@@ -24,6 +34,16 @@ from services.tools.shop_client import IdempotencyConflict, OrderNotCancellable,
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
 Policy = Callable[[dict[str, Any], dict[str, dict[str, Any]], ToolContext], Awaitable[str | None]]
 EntityResolver = Callable[[str, ToolContext], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass(frozen=True)
+class ApprovalLimits:
+    """The deployment's thresholds the approval rules read (Settings.approval_*)."""
+
+    cancel_above_cents: int | None = None  # None: cancellations never wait for a person
+
+
+ApprovalRule = Callable[[dict[str, Any], dict[str, dict[str, Any]], ApprovalLimits], str | None]
 
 CANCELLABLE = ("pending", "processing")
 
@@ -146,6 +166,32 @@ async def cancel_order_policy(args: dict[str, Any], entities: dict[str, dict[str
     return None
 
 
+# -- approval rules (when a person must approve a call first) -------------------------------------
+
+
+def always(reason: str) -> ApprovalRule:
+    """A rule that holds every call of the tool for a person."""
+
+    def rule(args: dict[str, Any], entities: dict[str, dict[str, Any]], limits: ApprovalLimits) -> str | None:
+        return reason
+
+    return rule
+
+
+def cancel_order_approval(args: dict[str, Any], entities: dict[str, dict[str, Any]], limits: ApprovalLimits) -> str | None:
+    if limits.cancel_above_cents is None:
+        return None
+    order = entities.get("order_id") or {}
+    total = order.get("total_cents")
+    if not isinstance(total, int) or total <= limits.cancel_above_cents:
+        return None
+    currency = str(order.get("currency", ""))
+    return (
+        f"cancelling order {order.get('order_id', args.get('order_id'))} of {_money(total, currency)} refunds more than "
+        f"{_money(limits.cancel_above_cents, currency)}, which needs a person's approval"
+    )
+
+
 # -- entity resolvers (x-entity kind -> lookup scoped to the principal) ------------------------------
 
 
@@ -167,6 +213,12 @@ HANDLERS: dict[str, Handler] = {
 POLICIES: dict[str, Policy] = {
     "cancel_order": cancel_order_policy,
 }
+
+APPROVALS: dict[str, ApprovalRule] = {
+    "cancel_order": cancel_order_approval,
+}
+
+SERIAL: frozenset[str] = frozenset({"cancel_order", "escalate_to_human"})  # side effects: never next to another call
 
 ENTITY_RESOLVERS: dict[str, EntityResolver] = {
     "order": resolve_order,

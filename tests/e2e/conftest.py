@@ -160,6 +160,7 @@ def fleet_settings(kafka_bootstrap, tmp_path_factory, otlp_receiver) -> tuple[Se
         log_level="INFO",
         # not the embedded broker, so not "development": the published development key would be refused
         approval_keys=f"e2e1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # likewise for people's approval decisions
     )
     return Settings(**values), fleet_env(**values)
 
@@ -187,7 +188,10 @@ class AsyncFleet:
         try:
             yield
         finally:
-            original = fleet_env(**{key: getattr(self.sync.settings, key) for key in values})
+            originals = {key: getattr(self.sync.settings, key) for key in values}
+            for key in [k for k, v in originals.items() if v is None]:  # unset again (not the string "None")
+                self.sync.env.pop(f"ROUNDTRIP_{key.upper()}", None)
+            original = fleet_env(**{k: v for k, v in originals.items() if v is not None})
             for name in services:
                 await self.restart(name, original)
 

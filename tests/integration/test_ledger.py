@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -209,3 +210,56 @@ async def test_a_ledger_of_an_older_version_gets_the_new_columns(ledger):
     t = turn()
     assert await ledger.start(t, pending="{}", deadline_at=5.0)
     assert (await ledger.get(t["turn_id"])).deadline_at == 5.0
+
+
+# -- approvals by a person (issue 11) ---------------------------------------------------------------
+
+
+def approval_of(t: dict, step: int = 1, expires_in: float = 60.0) -> dict:
+    now = time.time()
+    return dict(approval_id=f"appr_{t['turn_id'][5:]}", turn_id=t["turn_id"], step=step, tool_use_id="toolu_c", tool="cancel_order",
+                input_sha256="d" * 64, customer_id=t["customer_id"], conversation_id=t["conversation_id"], reason="above 50.00 EUR",
+                requested_at=now, expires_at=now + expires_in, traceparent=None, request_json="{}")
+
+
+async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence):
+    from services.guard.ledger import AWAITING
+
+    t = turn()
+    await ledger.start(t, "{}", deadline_at=time.time() + 300)
+    assert await ledger.advance(t["turn_id"], 1, USAGE, 0.01, "{}")
+    assert await fence.claim_batch(t["turn_id"], 1, 30)  # the executor runs the step's other calls ...
+    approval = approval_of(t)
+    assert await ledger.await_approval(approval)  # ... and its held call waits
+    assert not await ledger.await_approval(approval)  # the same request twice
+    row = await ledger.get(t["turn_id"])
+    assert row.status == AWAITING and row.lease_until is None and row.deadline_at == pytest.approx(approval["expires_at"])
+    assert not await fence.claim_batch(t["turn_id"], 1, 30) and not await fence.claim_model_call(t["turn_id"], 1)
+    assert not await ledger.flag_stuck(t["turn_id"], time.time() + 3600)  # the stuck rule does not apply
+    idle, expired, _ = await ledger.overdue(time.time() + 3600, 1, 1, 300)
+    assert t["turn_id"] not in {r.turn_id for r in idle + expired}
+    assert [r.approval_id for r in await ledger.list_approvals(turn_id=t["turn_id"])] == [approval["approval_id"]]
+    assert approval["approval_id"] in [a.approval_id for a, _ in await ledger.overdue_approvals(time.time() + 61)]
+
+    decided = [ledger.decide(approval["approval_id"], "approved", f"person{i}", time.time(), "", f'{{"n": {i}}}', time.time() + 400)
+               for i in range(4)]
+    assert sorted(await asyncio.gather(*decided)) == [False, False, False, True]  # one decision wins, however many race
+    row = await ledger.get(t["turn_id"])
+    assert row.status == RUNNING and row.pending.startswith('{"n": ')
+    (kept,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
+    assert kept.status == "approved" and kept.decided_by == f"person{row.pending[6]}"
+    assert await fence.claim_batch(t["turn_id"], 1, 30)  # the approved call may run now
+
+
+async def test_a_decision_for_a_turn_that_ended_while_waiting_changes_nothing(ledger):
+    t = turn()
+    await ledger.start(t, "{}", deadline_at=time.time() + 300)
+    await ledger.advance(t["turn_id"], 1, USAGE, 0.01, "{}")
+    approval = approval_of(t)
+    assert await ledger.await_approval(approval)
+    assert await ledger.end(t["turn_id"], "cancelled", "{}", step=1) == ENDED  # a waiting turn can be cancelled
+    assert not await ledger.decide(approval["approval_id"], "approved", "alice", time.time(), "", "{}", None)
+    (still,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
+    assert still.status == "pending" and await ledger.list_approvals(turn_id=t["turn_id"]) == []  # no longer listed as waiting
+    assert await ledger.close_approvals(t["turn_id"], "ended") == 1
+    assert (await ledger.get(t["turn_id"])).status == ENDED

@@ -213,7 +213,7 @@ async def test_tool_executions_are_counted_ok_or_error_with_their_latency():
         raise ToolError("order not found")
 
     handlers = {"t_ok": ok, "t_fails": fails}
-    runner = Runner(SimpleNamespace(handler=lambda name: handlers[name]), shop=None, timeout_s=1, parallel=True)
+    runner = Runner(SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False), shop=None, timeout_s=1, parallel=True)
     before = {(t, r): sample("roundtrip_tool_executions_total", tool=t, result=r) for t in handlers for r in ("ok", "error")}
     timed = sample("roundtrip_tool_duration_seconds_count", tool="t_ok")
     calls = [CheckedCall(id="a", name="t_ok", input={}, approved=True), CheckedCall(id="b", name="t_fails", input={}, approved=True),

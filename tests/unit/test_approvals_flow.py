@@ -1,0 +1,410 @@
+"""Approvals by a person and serial tools, piece by piece: the gate against the real shop app in-process,
+the executor's runner with recording handlers, the guard with a real SQLite ledger, the model client
+with the real SDK against the simulator over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from services.executor.handlers import execute
+from services.executor.runner import Runner
+from services.gate.handlers import Gate
+from services.guard.handlers import DecisionRefused, Guard
+from services.guard.ledger import AWAITING, ENDED, RUNNING, Ledger
+from services.guard.pricing import PriceTable
+from services.guard.rules import Policy
+from services.kernel import topics
+from services.kernel.approvals import DecisionSigner, Signer, approval_id_for, in_tool_use_order, input_digest, parse_keys
+from services.kernel.events import (
+    ApprovalDecided, ApprovalRequested, CallModel, CancelTurn, CheckedCall, CheckToolCalls, Decision, ExecuteToolBatch,
+    Outcome, ToolCall, Turn, TurnEnded,
+)
+from services.kernel.settings import Settings
+from services.kernel.turnstore import Fence
+from services.model.client import ModelClient
+from services.model.handlers import call_model
+from services.shop.app import in_process
+from services.simulator.server import running_simulator
+from services.tools.registry import load_registry
+from services.tools.shop_client import ShopClient
+from services.tools.support import ApprovalLimits, always
+
+REGISTRY = load_registry()
+SIGNER = Signer(parse_keys("k1:unit"))
+DECISIONS = DecisionSigner(parse_keys("ops1:unit-decisions"))
+FORGER = DecisionSigner(parse_keys("ops1:not-the-key"))
+CANCEL = {"order_id": "ord_a1000003", "reason": "customer_request"}  # Alice's pending order, 87.00 EUR
+
+
+def call(name: str, tool_input, id: str = "toolu_1") -> ToolCall:
+    return ToolCall(id=id, name=name, input=tool_input, fingerprint="fp")
+
+
+def turn(deadline_at: float = 0.0) -> Turn:
+    return Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="0" * 32,
+                deadline_at=deadline_at)
+
+
+def decided(decision: Decision = Decision.APPROVE, signer: DecisionSigner = DECISIONS, **overrides) -> ApprovalDecided:
+    values = dict(approval_id=approval_id_for("turn_1", 1, "toolu_c"), turn_id="turn_1", tool_use_id="toolu_c",
+                  input_sha256=input_digest("cancel_order", CANCEL), decision=decision, reason="checked with the customer",
+                  decided_by="alice@support", decided_at=time.time())
+    return signer.sign(ApprovalDecided(**(values | overrides)))
+
+
+@pytest.fixture
+async def shop(tmp_path):
+    async with in_process(f"sqlite+aiosqlite:///{tmp_path}/shop.db") as transport:
+        client = ShopClient("http://shop", transport=transport)
+        yield client
+        await client.aclose()
+
+
+def gate_for(shop, above: int | None = 5000) -> Gate:
+    async def lookup(kind, entity_id, customer_id):
+        return await shop.get_order(customer_id, entity_id)
+
+    return Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, shop=shop, approval_limits=ApprovalLimits(above),
+                decisions=DECISIONS, approval_timeout_s=60)
+
+
+# -- the gate: who is asked about what ----------------------------------------------------------------
+
+
+async def test_a_cancellation_above_the_threshold_is_held_with_the_order_and_a_digest_of_the_exact_arguments(shop):
+    held = await gate_for(shop, above=5000).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
+    assert held.approved and held.hold is not None and held.approved_by is None
+    assert "ord_a1000003 of 87.00 EUR" in held.hold.reason and "50.00 EUR" in held.hold.reason
+    assert held.hold.entities["order_id"]["total_cents"] == 8700 and held.hold.entities["order_id"]["customer_id"] == "cus_1001"
+    assert held.hold.input_sha256 == input_digest("cancel_order", CANCEL) != input_digest("cancel_order", CANCEL | {"reason": "other"})
+    assert time.time() + 55 < held.hold.expires_at <= time.time() + 61
+    below = await gate_for(shop, above=10000).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
+    off = await gate_for(shop, above=None).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
+    assert below.approved and below.hold is None and off.approved and off.hold is None
+
+
+async def test_nobody_is_asked_about_a_call_the_gate_would_reject(shop):
+    gate = gate_for(shop, above=0)  # every cancellation needs a person
+    foreign = await gate.check_call(call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other"}), "cus_1001", "t")
+    shipped = await gate.check_call(call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t")
+    invalid = await gate.check_call(call("cancel_order", {"order_id": "ord_a1000003", "reason": "why_not"}), "cus_1001", "t")
+    for result in (foreign, shipped, invalid):
+        assert not result.approved and result.hold is None
+
+
+async def test_a_tool_can_always_need_a_person(shop):
+    registry = load_registry(approvals={"escalate_to_human": always("a person decides every escalation")})
+
+    async def lookup(kind, entity_id, customer_id):
+        return await shop.get_order(customer_id, entity_id)
+
+    gate = Gate(registry=registry, lookup=lookup, signer=SIGNER, shop=shop)
+    result = await gate.check_call(call("escalate_to_human", {"summary": "customer wants a person", "urgency": "normal"}), "cus_1001", "t")
+    assert result.approved and result.hold.reason == "a person decides every escalation"
+
+
+async def test_the_held_call_runs_only_under_a_valid_decision_for_exactly_that_call(shop):
+    gate = gate_for(shop)
+    cancel = call("cancel_order", CANCEL, id="toolu_c")
+    ok = await gate.check_call(cancel, "cus_1001", "turn_1", decision=decided())
+    assert ok.approved and ok.hold is None and ok.approved_by == "alice@support"
+    refused = {
+        "forged": decided(signer=FORGER),
+        "denied": decided(Decision.DENY),
+        "another turn": decided(turn_id="turn_2"),
+        "another call": decided(tool_use_id="toolu_x"),
+        "other arguments": decided(input_sha256=input_digest("cancel_order", CANCEL | {"order_id": "ord_a1000004"})),
+    }
+    for why, decision in refused.items():
+        result = await gate.check_call(cancel, "cus_1001", "turn_1", decision=decision)
+        assert not result.approved and result.hold is None and "Nothing was done" in result.error, why
+    # the same decision does not carry over to other arguments the model may send later
+    other = await gate.check_call(call("cancel_order", {**CANCEL, "reason": "other"}, id="toolu_c"), "cus_1001", "turn_1",
+                                  decision=decided())
+    assert not other.approved and "other arguments" in other.error
+
+
+async def test_one_call_per_step_waits_for_a_person_the_second_is_told_to_come_back(shop):
+    command = CheckToolCalls(turn=turn(), step=1, messages=[], calls=[
+        call("cancel_order", CANCEL, id="toolu_a"), call("cancel_order", {"order_id": "ord_a1000004", "reason": "other"}, id="toolu_b"),
+        call("list_orders", {}, id="toolu_l")])
+    batch = await gate_for(shop, above=1000).check(command)
+    held, second, listed = batch.calls
+    assert held.hold and not second.approved and "already waiting" in second.error and listed.approved and not listed.hold
+    SIGNER.verify(batch)
+
+
+# -- the executor: the others run, the held one waits; serial tools run in order ---------------------------
+
+
+class Recording:
+    """Handlers that record when each call starts and ends."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def handler(self, name: str, seconds: float):
+        async def run(args, ctx):
+            self.events.append(("start", ctx.tool_use_id))
+            await asyncio.sleep(seconds)
+            self.events.append(("end", ctx.tool_use_id))
+            return {"tool": name}
+
+        return run
+
+
+def recording_registry(recording: Recording, **options):
+    handlers = {name: recording.handler(name, 0.05 if name == "search_help_center" else 0.01) for name in REGISTRY.names}
+    return load_registry(handlers=handlers, **options)
+
+
+def checked(name: str, id: str, **fields) -> CheckedCall:
+    return CheckedCall(id=id, name=name, input={}, approved=True, **fields)
+
+
+async def test_a_step_holding_a_serial_tool_runs_its_calls_one_after_another_in_tool_use_order():
+    recording = Recording()
+    runner = Runner(recording_registry(recording), shop=None, timeout_s=5, parallel=True)
+    calls = [checked("search_help_center", "c1"), checked("cancel_order", "c2"), checked("lookup_order", "c3")]
+    results = await runner.run(calls, turn())
+    assert [r["tool_use_id"] for r in results] == ["c1", "c2", "c3"]
+    # the slow first call ends before the second starts, and so on: no overlap, the model's order
+    assert recording.events == [("start", "c1"), ("end", "c1"), ("start", "c2"), ("end", "c2"), ("start", "c3"), ("end", "c3")]
+
+
+async def test_without_a_serial_tool_the_calls_of_a_step_overlap():
+    recording = Recording()
+    runner = Runner(recording_registry(recording), shop=None, timeout_s=5, parallel=True)
+    await runner.run([checked("search_help_center", "c1"), checked("lookup_order", "c2")], turn())
+    assert recording.events[:2] == [("start", "c1"), ("start", "c2")]  # both started before either ended
+    # and a serial declaration of a rejected call does not serialise the step
+    recording.events.clear()
+    await runner.run([checked("search_help_center", "c1"), CheckedCall(id="c2", name="cancel_order", input={}, approved=False,
+                                                                         error="no"), checked("lookup_order", "c3")], turn())
+    assert recording.events[:2] == [("start", "c1"), ("start", "c3")]
+
+
+def transcript(*ids_names) -> list[dict]:
+    return [{"role": "user", "content": "cancel my orders"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": i, "name": n, "input": {}} for i, n in ids_names]}]
+
+
+async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resumed_batch_completes_the_step_in_order():
+    recording = Recording()
+    runner = Runner(recording_registry(recording), shop=None, timeout_s=5, parallel=True)
+    messages = transcript(("c1", "cancel_order"), ("c2", "lookup_order"))
+    hold = {"reason": "above 50.00 EUR", "entities": {"order_id": {"total_cents": 8700}}, "input_sha256": "d" * 64, "expires_at": 9e9}
+    batch = SIGNER.sign(ExecuteToolBatch(turn=turn(), step=1, messages=messages,
+                                         calls=[checked("cancel_order", "c1", hold=hold), checked("lookup_order", "c2")]))
+    asked = await execute(batch, SIGNER, runner)
+    assert isinstance(asked, ApprovalRequested)
+    assert recording.events == [("start", "c2"), ("end", "c2")]  # only the other call ran
+    assert asked.approval_id == approval_id_for("turn_1", 1, "c1") and asked.call.id == "c1" and asked.input_sha256 == "d" * 64
+    assert [r["tool_use_id"] for r in asked.results] == ["c2"] and asked.entities["order_id"]["total_cents"] == 8700
+    resumed = SIGNER.sign(ExecuteToolBatch(turn=turn(), step=1, messages=messages, results=asked.results,
+                                           calls=[checked("cancel_order", "c1", approved_by="alice")]))
+    command = await execute(resumed, SIGNER, runner)
+    assert isinstance(command, CallModel)
+    assert [b["tool_use_id"] for b in command.messages[-1]["content"]] == ["c1", "c2"]  # the model's order, one message
+    assert recording.events[2:] == [("start", "c1"), ("end", "c1")]
+    assert in_tool_use_order(messages, [{"tool_use_id": "c2"}, {"tool_use_id": "c1"}]) == [{"tool_use_id": "c1"}, {"tool_use_id": "c2"}]
+
+
+# -- the guard: awaiting, deciding, expiring -----------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self):
+        self.sent: list[tuple[str, object]] = []
+        self.flags: list[object] = []
+
+    async def __call__(self, topic, message, conversation_id):
+        self.sent.append((topic, message))
+
+    async def flag(self, message, conversation_id):
+        self.flags.append(message)
+
+
+@pytest.fixture
+async def guard(tmp_path):
+    ledger = await Ledger.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    recorder = Recorder()
+    g = Guard(ledger=ledger, policy=Policy(), prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
+              publish=recorder, stuck_after_s=0.01, stuck_grace_s=0.01, turn_deadline_s=300, decisions=DECISIONS)
+    g.recorder = recorder
+    yield g
+    await g.drain()
+    await ledger.close()
+
+
+async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalRequested:
+    """A turn at step 1 (list_orders and cancel_order called) whose cancel waits for a person."""
+    from services.kernel.events import ModelResponded, StartTurn, Usage
+
+    await guard.on_start(StartTurn(turn=turn(), text="cancel my last order"))
+    messages = transcript(("toolu_c", "cancel_order"), ("toolu_l", "list_orders"))
+    calls = [ToolCall(id="toolu_c", name="cancel_order", input=CANCEL, fingerprint="a"), ToolCall(id="toolu_l", name="list_orders", input={}, fingerprint="b")]
+    await guard.on_iteration(ModelResponded(turn=turn(), step=1, messages=messages[:1], content=messages[1]["content"],
+                                            stop_reason="tool_use", tool_calls=calls, usage=Usage(input_tokens=10), spent=Usage(input_tokens=10)))
+    row = await guard.ledger.get("turn_1")
+    assert row.status == RUNNING and row.step == 1
+    now = time.time()
+    event = ApprovalRequested(
+        approval_id=approval_id_for("turn_1", 1, "toolu_c"), turn=turn(deadline_at=row.deadline_at), step=1,
+        call=CheckedCall(id="toolu_c", name="cancel_order", input=CANCEL, approved=True), reason="above 50.00 EUR",
+        entities={"order_id": {"order_id": "ord_a1000003", "total_cents": 8700}}, input_sha256=input_digest("cancel_order", CANCEL),
+        requested_at=now, expires_at=now + expires_in, messages=messages,
+        results=[{"type": "tool_result", "tool_use_id": "toolu_l", "content": "{}"}])
+    assert await guard.on_approval_requested(event) == "awaiting"
+    assert await guard.on_approval_requested(event) == "duplicate"
+    await guard.drain()
+    return event
+
+
+async def test_a_waiting_turn_is_never_flagged_stuck_and_nothing_can_act_for_it(guard):
+    await waiting_turn(guard)
+    await asyncio.sleep(0.05)
+    assert await guard.sweep(guard.recorder.flag) == (0, 0)
+    assert not guard.recorder.flags and (await guard.ledger.get("turn_1")).status == AWAITING
+    fence = Fence(guard.ledger.engine)  # what the executor and the model service ask
+    assert not await fence.claim_batch("turn_1", 1, 10)  # no executor may run anything now
+    assert not await fence.claim_model_call("turn_1", 1)
+    (pending,) = await guard.ledger.list_approvals()
+    assert pending.tool == "cancel_order" and pending.customer_id == "cus_1001" and pending.status == "pending"
+
+
+async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_and_the_earlier_results(guard):
+    event = await waiting_turn(guard)
+    before = len(guard.recorder.sent)
+    decision = decided()
+    assert await guard.on_decision(decision) == "approved"
+    topic, message = guard.recorder.sent[-1]
+    assert topic == topics.TOOL_CALLS and isinstance(message, CheckToolCalls)
+    assert [c.id for c in message.calls] == ["toolu_c"] and message.calls[0].input == CANCEL and message.decisions == [decision]
+    assert message.results == event.results and message.step == 1
+    assert message.turn.deadline_at >= event.turn.deadline_at  # the wait does not count against the turn's deadline
+    row = await guard.ledger.get("turn_1")
+    assert row.status == RUNNING and await Fence(guard.ledger.engine).claim_batch("turn_1", 1, 10)
+    # the same decision again (redelivered or published twice): nothing is sent again
+    assert await guard.on_decision(decision) == "duplicate"
+    assert await guard.on_decision(decided(decided_by="bob@support")) == "duplicate"
+    assert len(guard.recorder.sent) == before + 1
+    with pytest.raises(DecisionRefused, match="already approved by alice@support"):
+        await guard.on_decision(decided(Decision.DENY))
+    (kept,) = await guard.ledger.list_approvals(status=None)
+    assert kept.status == "approved" and kept.decided_by == "alice@support" and kept.decided_at
+
+
+async def test_denied_the_model_gets_an_error_result_with_the_reason_and_all_results_in_order(guard):
+    await waiting_turn(guard)
+    assert await guard.on_decision(decided(Decision.DENY, reason="order flagged for fraud review")) == "denied"
+    topic, message = guard.recorder.sent[-1]
+    assert topic == topics.MODEL_CALLS and isinstance(message, CallModel) and message.step == 1
+    results = message.messages[-1]["content"]
+    assert [r["tool_use_id"] for r in results] == ["toolu_c", "toolu_l"]
+    assert results[0]["is_error"] and "declined it: order flagged for fraud review" in results[0]["content"]
+    assert (await guard.ledger.get("turn_1")).status == RUNNING
+
+
+@pytest.mark.parametrize("case", ["forged", "unknown", "another call", "other arguments"])
+async def test_forged_unknown_or_foreign_decisions_are_refused_and_change_nothing(guard, case):
+    await waiting_turn(guard)
+    decision = {
+        "forged": decided(signer=FORGER),
+        "unknown": decided(approval_id="appr_nope"),
+        "another call": decided(tool_use_id="toolu_l"),
+        "other arguments": decided(input_sha256=input_digest("cancel_order", {**CANCEL, "order_id": "ord_a1000004"})),
+    }[case]
+    before = len(guard.recorder.sent)
+    with pytest.raises(DecisionRefused):
+        await guard.on_decision(decision)
+    assert len(guard.recorder.sent) == before and (await guard.ledger.get("turn_1")).status == AWAITING
+
+
+async def test_no_decision_in_time_ends_the_turn_politely_and_a_late_decision_is_refused(guard):
+    await waiting_turn(guard, expires_in=0.05)
+    await asyncio.sleep(0.1)
+    await guard.sweep(guard.recorder.flag)
+    await guard.drain()
+    topic, ended = guard.recorder.sent[-1]
+    assert topic == topics.OUTCOMES and isinstance(ended, TurnEnded) and ended.outcome is Outcome.APPROVAL_TIMEOUT
+    assert "could not be reviewed in time" in ended.text and "Nothing was changed" in ended.text
+    row = await guard.ledger.get("turn_1")
+    assert row.status == ENDED and row.outcome == "approval_timeout"
+    (expired,) = await guard.ledger.list_approvals(status=None)
+    assert expired.status == "expired"
+    with pytest.raises(DecisionRefused, match="already expired"):
+        await guard.on_decision(decided())
+
+
+async def test_a_waiting_turn_can_be_cancelled_and_a_decision_for_it_is_then_refused(guard):
+    await waiting_turn(guard)
+    assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
+    with pytest.raises(DecisionRefused):
+        await guard.on_decision(decided())
+    assert (await guard.ledger.get("turn_1")).outcome == "cancelled"
+
+
+# -- parallel use: the flag in tool_choice ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def simulator():
+    with running_simulator() as url:
+        yield url
+
+
+@pytest.mark.parametrize("deployment, request_flag, expected", [
+    (False, None, False), (True, None, True), (False, True, True), (True, False, False)])
+async def test_parallel_use_is_disabled_per_deployment_or_per_request_and_the_request_carries_the_flag(
+        simulator, deployment, request_flag, expected):
+    settings = Settings(_env_file=None, anthropic_api_key=None, anthropic_base_url=simulator, disable_parallel_tool_use=deployment)
+    client = ModelClient(settings, REGISTRY.api_tools(cache=True))
+    t = turn().model_copy(update={"persona": "parallel", "disable_parallel_tool_use": request_flag})
+    before = httpx.get(f"{simulator}/health").json()["parallel_disabled"]
+    try:
+        event = await call_model(CallModel(turn=t, step=0, messages=[{"role": "user", "content": "cancel my last order"}]), client)
+    finally:
+        await client.aclose()
+    after = httpx.get(f"{simulator}/health").json()["parallel_disabled"]
+    assert after - before == int(expected)  # the simulator saw tool_choice.disable_parallel_tool_use: true
+    assert [c.name for c in event.tool_calls] == (["list_orders"] if expected else ["list_orders", "search_help_center"])
+    assert client.tool_choice(request_flag if request_flag is not None else None) == (
+        {"type": "auto", "disable_parallel_tool_use": True} if expected else None)
+
+
+# -- configuration and the simulator's validation -----------------------------------------------------------
+
+
+def test_the_published_decision_key_is_refused_outside_development_only_while_approvals_are_on():
+    from services.kernel.settings import DEV_DECISION_KEYS, InsecureConfiguration
+
+    production = dict(_env_file=None, kafka_bootstrap_servers="kafka:9092", decision_keys=DEV_DECISION_KEYS)
+    Settings(**production).refuse_dev_decision_key("guard")  # approvals off: the key is never used
+    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_DECISION_KEYS"):
+        Settings(**production, approval_cancel_above_cents=5000).refuse_dev_decision_key("guard")
+    Settings(**production | {"decision_keys": f"ops1:{'ab' * 32}"}, approval_cancel_above_cents=5000).refuse_dev_decision_key("gate")
+    Settings(_env_file=None, decision_keys=DEV_DECISION_KEYS, approval_cancel_above_cents=5000).refuse_dev_decision_key("gate")
+
+
+@pytest.mark.parametrize("choice, problem", [
+    ({"type": "auto", "disable_parallel_tool_use": True}, None),
+    ({"type": "any", "disable_parallel_tool_use": False}, None),
+    ({"type": "auto", "disable_parallel_tool_use": "yes"}, "valid boolean"),
+    ({"type": "none", "disable_parallel_tool_use": True}, "Extra inputs"),
+])
+def test_the_simulator_validates_disable_parallel_tool_use_as_the_api_does(choice, problem):
+    from services.simulator.errors import ApiError
+    from services.simulator.validation import validate_create
+
+    body = {"model": "claude-sonnet-4-6", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], "tool_choice": choice,
+            "tools": [{"name": "t", "description": "a tool", "input_schema": {"type": "object"}}]}
+    if problem is None:
+        validate_create(body)
+    else:
+        with pytest.raises(ApiError, match=problem):
+            validate_create(body)
