@@ -94,7 +94,7 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
     await asyncio.sleep(4)
     resumed = [b for b in client.of_turn(topics.TOOL_BATCHES, request_id) if any(c.get("approved_by") for c in b["calls"])]
     assert len(resumed) == 1 and resumed[0]["calls"][0]["approved_by"] == "alice@support"
-    assert len(await _spans(settings, reply.trace_id, "tool cancel_order")) == 1  # executed exactly once
+    assert len(await _spans(settings, reply.trace_id, "execute_tool cancel_order")) == 1  # executed exactly once
     assert len(client.replies[request_id]) == 1
 
     # who decided and when: with the turn (ledger) and on its trace, where the wait is one span
@@ -204,6 +204,6 @@ async def test_a_step_holding_a_serial_tool_runs_its_calls_in_tool_use_order(cli
     assert reply.outcome is Outcome.END_TURN
     (step,) = [i for i in client.of_turn(topics.ITERATIONS, request_id) if len(i["tool_calls"]) > 1]
     assert [c["name"] for c in step["tool_calls"]] == ["escalate_to_human", "search_help_center"]
-    (escalate,) = await _spans(settings, reply.trace_id, "tool escalate_to_human")
-    (search,) = await _spans(settings, reply.trace_id, "tool search_help_center")
+    (escalate,) = await _spans(settings, reply.trace_id, "execute_tool escalate_to_human")
+    (search,) = await _spans(settings, reply.trace_id, "execute_tool search_help_center")
     assert escalate["end_ns"] <= search["start_ns"]  # one after the other, in the model's order

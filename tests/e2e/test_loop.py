@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import httpx
+
 from services.broker.embedded import kafka_libs_dir
 from services.kernel import topics
 from services.kernel.events import Outcome
@@ -16,7 +18,8 @@ from services.kernel.events import Outcome
 CANCELLABLE = {"pending", "processing"}
 
 
-async def test_careful_persona_cancels_exactly_the_customers_most_recent_cancellable_order(client, shop_orders):
+async def test_careful_persona_cancels_exactly_the_customers_most_recent_cancellable_order(client, shop_orders, fleet_settings):
+    httpx.post(f"{fleet_settings[0].shop_base_url}/admin/reset", timeout=10).raise_for_status()  # earlier tests cancel orders too
     before = shop_orders()
     request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
     reply = await client.reply(request_id)
