@@ -44,6 +44,9 @@ CONSUMED = (
     topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.OUTCOMES,
 )
 
+# internal topics whose records the observer keeps as they were (to deliver them again)
+RAW_TOPICS = (topics.TOOL_BATCHES, topics.MODEL_CALLS, topics.OUTCOMES)
+
 # (persona, what the customer writes): side effects come from the cancels and the escalation
 MIX = (
     ("careful", "Please cancel my last order"),
@@ -118,6 +121,7 @@ class Seen:
     replies: dict[str, list[tuple[dict, float]]] = field(default_factory=lambda: defaultdict(list))  # request id -> (reply, ts)
     dead_letters: list[dict] = field(default_factory=list)
     batches: list[dict] = field(default_factory=list)
+    raw: list[tuple[str, bytes | None, bytes, list]] = field(default_factory=list)  # (logical topic, key, value, headers) of RAW_TOPICS
 
 
 class Observer:
@@ -132,7 +136,7 @@ class Observer:
         return self.settings.topic_prefix + name
 
     async def start(self) -> None:
-        watched = [self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, topics.TOOL_BATCHES)]
+        watched = [self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, *RAW_TOPICS)]
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers, acks="all",
                                          enable_idempotence=True, max_request_size=1_000_000)
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers, enable_auto_commit=False,
@@ -148,7 +152,12 @@ class Observer:
 
     async def _collect(self) -> None:
         replies, letters, batches = (self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, topics.TOOL_BATCHES))
+        raw = {self.topic(n): n for n in RAW_TOPICS}
         async for record in self.consumer:
+            if record.topic in raw:
+                self.seen.raw.append((raw[record.topic], record.key, record.value, list(record.headers or ())))
+                if record.topic != batches:
+                    continue
             try:
                 data = json.loads(record.value)
                 if record.topic == replies:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 import pytest
 
@@ -60,13 +61,12 @@ async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, obs
     customers = await seed_customers(settings, tag, 16)
     plan = plan_load(tag, customers, conversations=40, requests=120)
     turn_ids = {p.turn_id for p in plan}
-    load = asyncio.create_task(observer.drive(plan, rate_per_s=5))
+    load = asyncio.create_task(observer.drive(plan, rate_per_s=4))  # ~30 s of load; each kill + respawn takes ~5 s
     await asyncio.sleep(2)
     live_at_kill = {}
-    for name in ("gateway", "model", "guard", "gate", "executor"):  # both executor replicas at once
+    for name in ("executor", "model", "guard", "gate", "gateway"):  # both executor replicas at once
         live_at_kill[name] = sum(1 for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] != "ended")
         await chaos_fleet.kill_and_respawn(name)
-        await asyncio.sleep(1)
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     result = await audit("every service SIGKILLed mid-load", settings, observer, plan, started)
@@ -90,6 +90,32 @@ async def test_broker_sigkilled_mid_load_and_restarted_on_its_data(chaos_fleet, 
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     report(await audit("broker SIGKILLed mid-load", settings, observer, plan, started), capsys)
+
+
+async def test_every_internal_message_delivered_again_after_its_consumers_restarted(chaos_fleet, chaos_settings, observer, capsys):
+    """At least once means any message may come again, also after its consumer restarted (its memory of
+    what it handled is gone): the model calls, signed batches and turn ends of finished turns, delivered
+    again, must cause no second reply, no model call and no side effect."""
+    settings = chaos_settings[0]
+    started = time.monotonic()
+    tag = new_tag("again")
+    customers = await seed_customers(settings, tag, 6)
+    plan = plan_load(tag, customers, conversations=12, requests=16)
+    await observer.drive(plan, rate_per_s=10)
+    await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S, linger_s=1)
+    conversations = {p.request.conversation_id.encode() for p in plan}
+    again = [r for r in observer.seen.raw if r[1] in conversations]
+    for name in ("gateway", "model", "executor"):
+        await chaos_fleet.kill_and_respawn(name)
+    for topic, key, value, headers in again:
+        await observer.send(topic, value, key, headers)
+    await asyncio.sleep(8)
+    result = await audit("internal messages delivered again after restarts", settings, observer, plan, started)
+    report(result, capsys)
+    with capsys.disabled():
+        kinds = Counter(topic for topic, *_ in again)
+        print("[chaos]   delivered again: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())), flush=True)
+    assert all(kinds[t] for t in (topics.MODEL_CALLS, topics.TOOL_BATCHES, topics.OUTCOMES))
 
 
 async def _executor_logged(settings, text: str, timeout: float) -> list[str]:
