@@ -13,6 +13,7 @@ Run: .venv/bin/python -m pytest -q tests/chaos -s
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 
@@ -61,7 +62,7 @@ async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, obs
     customers = await seed_customers(settings, tag, 16)
     plan = plan_load(tag, customers, conversations=40, requests=120)
     turn_ids = {p.turn_id for p in plan}
-    load = asyncio.create_task(observer.drive(plan, rate_per_s=4))  # ~30 s of load; each kill + respawn takes ~5 s
+    load = asyncio.create_task(observer.drive(plan, rate_per_s=5))  # ~24 s of load; each kill + respawn takes ~4-5 s
     await asyncio.sleep(2)
     live_at_kill = {}
     for name in ("executor", "model", "guard", "gate", "gateway"):  # both executor replicas at once
@@ -109,13 +110,19 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
         await chaos_fleet.kill_and_respawn(name)
     for topic, key, value, headers in again:
         await observer.send(topic, value, key, headers)
-    await asyncio.sleep(8)
+    await asyncio.sleep(6)
     result = await audit("internal messages delivered again after restarts", settings, observer, plan, started)
     report(result, capsys)
     with capsys.disabled():
         kinds = Counter(topic for topic, *_ in again)
         print("[chaos]   delivered again: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())), flush=True)
     assert all(kinds[t] for t in (topics.MODEL_CALLS, topics.TOOL_BATCHES, topics.OUTCOMES))
+    logs = settings.state_dir / "logs"
+    for topic, log_glob, refusal in ((topics.MODEL_CALLS, "model.log", "model not called"), (topics.TOOL_BATCHES, "executor*.log", "not run")):
+        steps = {(json.loads(value)["turn"]["turn_id"], json.loads(value)["step"]) for t, _, value, _ in again if t == topic}
+        text = "".join(p.read_text(errors="replace") for p in logs.glob(log_glob))
+        missing = [f"{t} step {n}" for t, n in steps if f"turn {t} step {n}: {refusal}" not in text]
+        assert not missing, f"{topic} delivered again was not refused by the fence: {missing[:5]}"
 
 
 async def _executor_logged(settings, text: str, timeout: float) -> list[str]:
@@ -139,9 +146,9 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
                                    text="cancel my last order", persona="careful")) for i in range(count)]
     turn_ids = [p.turn_id for p in plan]
     # a model call takes ~1.5 s, so the executors can be paused between step 1's results and step 2's signed cancel;
-    # turns get a 12 s deadline, which the ones not cancelled pass while their signed cancel waits
+    # turns get a 10 s deadline, which the ones not cancelled pass while their signed cancel waits
     await chaos_fleet.restart("simulator", simulator_latency_ms=1500, simulator_latency_jitter=0)
-    await chaos_fleet.restart("guard", turn_deadline_s=12)
+    await chaos_fleet.restart("guard", turn_deadline_s=10)
     paused = []
     try:
         for p in plan:
