@@ -477,7 +477,10 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
     from services.kernel.events import DeadLettered
 
     topic = topics.t(topics.DEAD_LETTERS)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False)
+    from services.kernel.admin import DEAD_LETTER_MAX_BYTES
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
+                                max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES, fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES)
     try:
         await consumer.start()
         partitions = await partitions_of(consumer, [topic])

@@ -50,7 +50,7 @@ from services.kernel.settings import get_settings
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).parts
-        for marker in ("integration", "e2e"):
+        for marker in ("integration", "e2e", "chaos"):
             if marker in parts:
                 item.add_marker(marker)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 
+from aiokafka import TopicPartition
 from faststream import FastStream
 from faststream.kafka import KafkaMessage
 
 from services.gateway.admission import Admission
 from services.gateway.handlers import reply_for, start_turn
+from services.gateway.replied import RepliedTurns
 from services.kernel import topics
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
@@ -22,7 +24,7 @@ log = logging.getLogger("roundtrip.gateway")
 
 def build(settings: Settings) -> FastStream:
     broker = make_broker("gateway", settings, turn_roots=(topics.SUPPORT_REQUESTS,))
-    started, replied = SeenIds(), SeenIds()
+    started = SeenIds()
     admission = Admission(settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60)
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
     Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # declared so the AsyncAPI document shows the replies
@@ -30,6 +32,16 @@ def build(settings: Settings) -> FastStream:
         settings.bootstrap_servers, topics.t(topics.SUPPORT_REPLIES), group("gateway", "replies"),
         transactional_id("gateway", topics.t(topics.SUPPORT_REPLIES), settings.instance_id),
     )
+    # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
+    replied = RepliedTurns(settings.bootstrap_servers, topics.t(topics.SUPPORT_REPLIES))
+
+    async def commit(offsets: dict[TopicPartition, int]) -> None:
+        await replies.commit(offsets)
+        replied.committed_up_to(offsets)
+
+    def forget(partitions: list[TopicPartition]) -> None:
+        replies.forget(partitions)
+        replied.forget(partitions)
 
     # a request waiting for admission holds nothing but its place: a rebalance or a stop interrupts it
     # (it is read again), instead of waiting for a turn to end
@@ -53,12 +65,13 @@ def build(settings: Settings) -> FastStream:
     # Replies are committed with the offsets that cover their outcomes, one transaction per commit
     # (services/kernel/transactions.py): commit as soon as something finished, batching while busy.
     @subscribe(broker, topics.OUTCOMES, "gateway", settings, role="replies",
-               commit=replies.commit, forget=replies.forget, commit_interval_s=0)
+               commit=commit, forget=forget, commit_interval_s=0)
     async def on_turn_ended(ended: TurnEnded, message: KafkaMessage) -> None:
         admission.release(ended.turn.turn_id)
         with tracer().start_as_current_span("turn.reply") as span:
             span.set_attributes({"roundtrip.turn_id": ended.turn.turn_id, "roundtrip.outcome": ended.outcome.value})
-            if not replied.add(ended.turn.turn_id):
+            raw = message.raw_message
+            if not await replied.claim(ended.turn.turn_id, TopicPartition(raw.topic, raw.partition), raw.offset):
                 span.add_event("duplicate outcome dropped")
                 return
             # the root of the turn's trace: from the request to this reply, with the ids fixed at the request

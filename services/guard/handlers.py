@@ -418,7 +418,7 @@ class Guard:
                                      results=request.results, decisions=[decision])
         else:
             denied = {"type": "tool_result", "tool_use_id": request.call.id, "is_error": True, "content": (
-                f"Not run: a member of staff reviewed this call and declined it"
+                "Not run: a member of staff reviewed this call and declined it"
                 + (f": {decision.reason}" if decision.reason else "") + ". Nothing was changed. Explain this to the customer "
                 "and do not make this call again.")}
             content = in_tool_use_order(request.messages, [*request.results, denied])

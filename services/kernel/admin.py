@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
 
 from services.kernel import topics
@@ -23,6 +24,10 @@ from services.kernel import topics
 log = logging.getLogger(__name__)
 
 DEAD_LETTER_PARTITIONS = 1  # dead letters are for people to read, in order
+# A dead letter carries the original record base64-encoded (4/3 of its size) plus a readable copy,
+# so the dead letter of a record near the broker's 1 MB default limit is ~1.4-2.7 MB: the dead-letter
+# topic accepts records up to this size (and the services' producers send them: messaging.make_broker).
+DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 
 
 @dataclass
@@ -36,6 +41,13 @@ class TopicsReport:
         if self.grown:
             parts.append(f"grown {', '.join(self.grown)}")
         return "topics: " + ", ".join(parts)
+
+
+def topic_configs(name: str, prefix: str = "") -> dict[str, str]:
+    """Per-topic configuration the fleet needs: a large enough message limit on the dead-letter topic."""
+    if name == prefix + topics.DEAD_LETTERS:
+        return {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)}
+    return {}
 
 
 def desired_topics(prefix: str, partitions: int, executor_partitions: int | None = None) -> dict[str, int]:
@@ -102,7 +114,7 @@ async def ensure_topics(
         report.existing = [name for name in wanted if name in existing]
         if missing:
             response = await admin.create_topics(
-                [NewTopic(name, wanted[name], replication_factor) for name in missing],
+                [NewTopic(name, wanted[name], replication_factor, topic_configs=topic_configs(name, prefix)) for name in missing],
                 timeout_ms=int(timeout * 1000),
             )
             for topic_error in response.topic_errors:
@@ -119,6 +131,7 @@ async def ensure_topics(
         counts = await _partition_counts(admin, list(wanted), timeout)
         if missing_now := [name for name in wanted if name not in counts]:
             raise KafkaError(f"topics not available after {timeout:.0f}s: {', '.join(missing_now)}")
+        await _raise_message_limits(admin, [n for n in report.existing if topic_configs(n, prefix)], prefix)
         to_grow = {n: NewPartitions(wanted[n]) for n in report.existing if counts[n] < wanted[n]}
         if grow and to_grow:
             await admin.create_partitions(to_grow, timeout_ms=int(timeout * 1000))
@@ -136,6 +149,22 @@ async def ensure_topics(
     if report.grown:
         log.info("added partitions to %s", ", ".join(report.grown))
     return report
+
+
+async def _raise_message_limits(admin: AIOKafkaAdminClient, names: list[str], prefix: str) -> None:
+    """An existing dead-letter topic (made before the limit existed) gets the larger limit, other settings kept."""
+    if not names:
+        return
+    described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    for response in described:
+        for _code, _msg, _type, name, entries in response.resources:
+            # AlterConfigs replaces the topic's settings: keep those set on the topic (v0: not default; v1+: source 1, the topic)
+            current = {e[0]: e[1] for e in entries if not e[2] and e[1] is not None
+                       and ((e[3] == 1) if response.API_VERSION >= 1 else not e[3])}
+            limit = int({e[0]: e[1] for e in entries}.get("max.message.bytes") or 0)
+            if limit < DEAD_LETTER_MAX_BYTES:
+                await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, {**current, **topic_configs(name, prefix)})])
+                log.info("raised max.message.bytes of %s to %d", name, DEAD_LETTER_MAX_BYTES)
 
 
 async def create_topics(

@@ -26,6 +26,7 @@ from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 from pydantic import BaseModel, ValidationError
 
 from services.kernel import health, metrics, topics
+from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
 from services.kernel.settings import Settings
@@ -246,6 +247,9 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
         middlewares=[hops, KafkaTelemetryMiddleware(), dead_letters, *metrics.broker_middlewares(service)],
         enable_idempotence=True,
         linger_ms=0,
+        # the dead letter of a record near the broker's limit is larger than the record (base64); the other
+        # topics keep the broker's own limit, which the broker enforces (services/kernel/admin.py)
+        max_request_size=DEAD_LETTER_MAX_BYTES,
         logger=logging.getLogger(f"roundtrip.{service}"),
         log_level=MESSAGE_LOG_LEVEL,
         graceful_timeout=10.0,

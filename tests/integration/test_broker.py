@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from services.broker.embedded import (
     EmbeddedKafka,
@@ -21,7 +22,7 @@ from services.broker.embedded import (
     probe_metadata,
 )
 from services.kernel import topics
-from services.kernel.admin import create_topics, ensure_topics, wait_for_broker
+from services.kernel.admin import DEAD_LETTER_MAX_BYTES, create_topics, ensure_topics, wait_for_broker
 from services.kernel.settings import get_settings
 
 
@@ -82,6 +83,48 @@ async def test_more_executor_partitions_grow_the_executor_topic(kafka_bootstrap:
     assert (await _partitions(kafka_bootstrap, [topic_prefix + topics.TOOL_BATCHES])) == {
         topic_prefix + topics.TOOL_BATCHES: 4
     }
+
+
+async def _topic_config(bootstrap: str, name: str) -> dict[str, str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+        return {e[0]: e[1] for e in response.resources[0][4]}
+    finally:
+        await admin.close()
+
+
+async def test_the_dead_letter_topic_takes_the_dead_letter_of_a_record_near_the_limit(kafka_bootstrap: str, topic_prefix: str) -> None:
+    """A dead letter is the original record base64-encoded plus a readable copy: ~1.3 MB for a 900 kB record."""
+    await create_topics(kafka_bootstrap, topic_prefix, partitions=1)
+    name = topic_prefix + topics.DEAD_LETTERS
+    assert int((await _topic_config(kafka_bootstrap, name))["max.message.bytes"]) == DEAD_LETTER_MAX_BYTES
+    assert int((await _topic_config(kafka_bootstrap, topic_prefix + topics.SUPPORT_REQUESTS))["max.message.bytes"]) < 2**20 + 100
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=DEAD_LETTER_MAX_BYTES)
+    await producer.start()
+    try:
+        await producer.send_and_wait(name, b"x" * 1_400_000, key=b"k")
+    finally:
+        await producer.stop()
+
+
+async def test_an_existing_dead_letter_topic_gets_the_larger_limit_and_keeps_its_settings(kafka_bootstrap: str, topic_prefix: str) -> None:
+    name = topic_prefix + topics.DEAD_LETTERS
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:  # made by an older fleet: the default limit, and a retention an operator chose
+        await admin.create_topics([NewTopic(name, 1, 1, topic_configs={"retention.ms": "123456789"})])
+    finally:
+        await admin.close()
+    report = await ensure_topics(kafka_bootstrap, topic_prefix, partitions=1)
+    assert name in report.existing
+    for _ in range(100):  # the controller has it at once; the broker's metadata follows a moment later
+        config = await _topic_config(kafka_bootstrap, name)
+        if int(config["max.message.bytes"]) == DEAD_LETTER_MAX_BYTES:
+            break
+        await asyncio.sleep(0.1)
+    assert int(config["max.message.bytes"]) == DEAD_LETTER_MAX_BYTES and config["retention.ms"] == "123456789"
 
 
 async def test_make_topics_fixture_helper(kafka_bootstrap: str, topic_prefix: str, make_topics) -> None:

@@ -1,0 +1,118 @@
+"""The chaos suite's fleet: its own Apache Kafka broker (so it may be SIGKILLed without hurting the
+rest of the test session), the whole fleet as processes on it, and an app-like observer.
+
+Settings chosen so a fault costs seconds, not minutes: a turn with no progress is flagged after
+15 s and ended 5 s later; the simulator answers in ~300 ms (±30 %) like a (fast) real model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import uuid
+
+import pytest
+
+from services.broker.embedded import EmbeddedKafka, fetch_kafka, free_port
+from services.fleet import Fleet
+from services.kernel.settings import Settings, get_settings
+from tests.chaos.harness import Observer
+
+
+def _env(**values) -> dict[str, str]:
+    return {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
+
+
+class ChaosFleet:
+    """The fleet and its broker, with the faults the scenarios inject."""
+
+    def __init__(self, fleet: Fleet, kafka: EmbeddedKafka) -> None:
+        self.sync, self.kafka = fleet, kafka
+
+    def processes(self, name: str) -> list:
+        return [c.process for c in self.sync.children if c.name == name or c.name.startswith(f"{name}-")]
+
+    async def kill_and_respawn(self, name: str) -> None:
+        """SIGKILL every process of a service, then start it again and wait until it runs."""
+        await asyncio.to_thread(self.sync.kill, name)
+        await asyncio.to_thread(self.sync.respawn, name)
+
+    async def restart(self, name: str, **values) -> None:
+        await asyncio.to_thread(self.sync.restart, name, _env(**values) if values else None)
+
+    async def kill_broker(self) -> None:
+        """SIGKILL the broker's JVM (its whole process group): no clean shutdown."""
+        proc = self.kafka.proc
+        assert proc is not None and proc.poll() is None
+        os.killpg(proc.pid, signal.SIGKILL)
+        await asyncio.to_thread(proc.wait)
+
+    async def start_broker(self) -> None:
+        """Start the broker again on the same data dir (topics, offsets and transactions kept)."""
+        self.kafka.start()
+        await self.kafka.wait_ready_async(90)
+
+    def pause(self, name: str) -> list:
+        procs = self.processes(name)
+        for p in procs:
+            os.kill(p.pid, signal.SIGSTOP)
+        return procs
+
+    @staticmethod
+    def resume(procs: list) -> None:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+
+
+@pytest.fixture(scope="session")
+def chaos_kafka(tmp_path_factory):
+    libs = fetch_kafka(get_settings().kafka_version, progress=lambda m: print(m, file=sys.__stderr__))
+    port, controller = free_port(), free_port()
+    while controller == port:
+        controller = free_port()
+    kafka = EmbeddedKafka(tmp_path_factory.mktemp("chaos-kafka"), port, controller, get_settings().kafka_version,
+                          libs_dir=libs, die_with_parent=True)
+    kafka.start()
+    try:
+        kafka.wait_ready(120)
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def chaos_settings(chaos_kafka, tmp_path_factory) -> tuple[Settings, dict[str, str]]:
+    state = tmp_path_factory.mktemp("chaos-fleet")
+    values = dict(
+        kafka_bootstrap_servers=chaos_kafka.bootstrap,
+        topic_prefix=f"chaos{uuid.uuid4().hex[:6]}.",
+        state_dir=state,
+        simulator_port=free_port(),
+        shop_port=free_port(),
+        partitions=4,
+        simulator_latency_ms=300,
+        simulator_latency_jitter=0.3,
+        stuck_after_s=15,
+        stuck_grace_s=5,
+        log_level="INFO",
+        approval_keys=f"chaos1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # not the published development key
+    )
+    return Settings(**values), _env(**values)
+
+
+@pytest.fixture(scope="session")
+def chaos_fleet(chaos_kafka, chaos_settings):
+    settings, env = chaos_settings
+    with Fleet(settings, env=env, executor_replicas=2) as fleet:
+        yield ChaosFleet(fleet, chaos_kafka)
+
+
+@pytest.fixture(scope="session")
+async def observer(chaos_fleet, chaos_settings):
+    o = Observer(chaos_settings[0])
+    await o.start()
+    yield o
+    await o.stop()

@@ -1,0 +1,419 @@
+"""The chaos suite's tools: load like a user's app, poison of every kind, and the audit.
+
+* `Observer` publishes to support.requests (and anywhere else) and reads `support.replies`
+  (read_committed, with each record's timestamp), `roundtrip.dead_letters` and the signed
+  batches on `turn.tool_batches`, without a consumer group (nothing to rebalance).
+* `plan_load` builds a bounded mix of personas over many conversations, some with several
+  requests, some requests published twice (an app retrying); `seed_customers` gives the
+  scenario its own customers with cancellable orders in the shop's real database.
+* `poison_messages` makes every kind of bad message for a topic; `check_dead_letters` finds
+  each one's dead letter by (topic, partition, offset) and compares the original bytes.
+* `audit` reads the shop database (orders, one idempotency record per tool_use_id) and the
+  turn ledger, and counts what the issue asks: replies, lost, duplicated, duplicate side
+  effects, side effects after their turn's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import sqlite3
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from sqlalchemy import insert, select
+
+from services.console import partitions_of
+from services.gateway.handlers import turn_id_for
+from services.kernel import topics
+from services.kernel.events import SupportRequest
+from services.kernel.settings import Settings
+from services.shop import db as shopdb
+
+# Topics a fleet service consumes (poison there must be dead-lettered). support.replies, turn.events
+# and roundtrip.dead_letters are outputs only: no service of the fleet reads them.
+CONSUMED = (
+    topics.SUPPORT_REQUESTS, topics.TURN_STARTS, topics.TURN_CONTROLS, topics.MODEL_CALLS,
+    topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.OUTCOMES,
+)
+
+# internal topics whose records the observer keeps as they were (to deliver them again)
+RAW_TOPICS = (topics.TOOL_BATCHES, topics.MODEL_CALLS, topics.OUTCOMES)
+
+# (persona, what the customer writes): side effects come from the cancels and the escalation
+MIX = (
+    ("careful", "Please cancel my last order"),
+    ("careless", "cancel my last order"),
+    ("stubborn", "where is my order ord_0000dead?"),
+    ("sloppy", "cancel my last order, I changed my mind"),
+    ("parallel", "cancel my last order"),
+    ("careful", "I need to talk to a human agent"),
+    ("parallel", "where are my orders?"),
+    ("parallel", "I want a person to call me"),
+)
+
+
+@dataclass
+class Planned:
+    request: SupportRequest
+    twice: bool = False  # the app publishes it again (a retry): still exactly one reply
+
+    @property
+    def turn_id(self) -> str:
+        return turn_id_for(self.request)
+
+
+def plan_load(tag: str, customers: list[str], conversations: int, requests: int, twice_every: int = 13) -> list[Planned]:
+    """`requests` requests over `conversations` conversations (round robin, so most have several),
+    personas from MIX, customers shared by several conversations (racing cancels of one order)."""
+    plan = []
+    mix = itertools.cycle(MIX)
+    for n in range(requests):
+        c = n % conversations
+        persona, text = next(mix)
+        request = SupportRequest(
+            request_id=f"{tag}-r{n:04d}", conversation_id=f"{tag}-c{c:03d}", customer_id=customers[c % len(customers)],
+            text=text, persona=persona,
+        )
+        plan.append(Planned(request, twice=n % twice_every == 5))
+    return plan
+
+
+async def seed_customers(settings: Settings, tag: str, count: int, cancellable: int = 3) -> list[str]:
+    """`count` new customers, each with `cancellable` pending/processing orders and one shipped order."""
+    engine = shopdb.make_engine(settings.shop_db_url)
+    ids = [f"cus_{tag}{i:03d}" for i in range(count)]
+    prefix = uuid.uuid4().hex[:4]  # order ids must look like ord_ + 8 hex digits (the tools' schema)
+    now = datetime.now(UTC)
+    rows_c, rows_o = [], []
+    for i, cid in enumerate(ids):
+        rows_c.append({"customer_id": cid, "name": f"Chaos {tag} {i}", "email": f"{cid}@example.com"})
+        for j in range(cancellable + 1):
+            status = ("pending", "processing")[j % 2] if j < cancellable else "shipped"
+            rows_o.append({
+                "order_id": f"ord_{prefix}{i:03x}{j:x}", "customer_id": cid, "status": status,
+                "placed_at": now - timedelta(days=j + 1), "total_cents": 1000 + j, "currency": "EUR",
+                "items": [{"sku": "SKU-CHAOS", "name": "Chaos monkey plush", "quantity": 1, "unit_price_cents": 1000 + j}],
+                "carrier": "DHL" if status == "shipped" else None, "tracking_number": None, "eta": None,
+                "cancel_reason": None, "cancelled_at": None,
+            })
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(insert(shopdb.customers), rows_c)
+            await conn.execute(insert(shopdb.orders), rows_o)
+    finally:
+        await engine.dispose()
+    return ids
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    replies: dict[str, list[tuple[dict, float]]] = field(default_factory=lambda: defaultdict(list))  # request id -> (reply, ts)
+    dead_letters: list[dict] = field(default_factory=list)
+    batches: list[dict] = field(default_factory=list)
+    raw: list[tuple[str, bytes | None, bytes, list]] = field(default_factory=list)  # (logical topic, key, value, headers) of RAW_TOPICS
+
+
+class Observer:
+    """A user's app (publishes requests, reads replies) plus an operator's view of dead letters and batches."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.seen = Seen()
+        self._arrived = asyncio.Event()
+
+    def topic(self, name: str) -> str:
+        return self.settings.topic_prefix + name
+
+    async def start(self) -> None:
+        watched = [self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, *RAW_TOPICS)]
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers, acks="all",
+                                         enable_idempotence=True, max_request_size=1_000_000)
+        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers, enable_auto_commit=False,
+                                         isolation_level="read_committed", fetch_max_bytes=32 * 1024 * 1024,
+                                         max_partition_fetch_bytes=16 * 1024 * 1024)
+        await self.producer.start()
+        await self.consumer.start()
+        partitions = await partitions_of(self.consumer, watched)
+        assert len({tp.topic for tp in partitions}) == len(watched), "the fleet's topics should exist"
+        self.consumer.assign(partitions)
+        await self.consumer.seek_to_beginning(*partitions)
+        self._task = asyncio.create_task(self._collect())
+
+    async def _collect(self) -> None:
+        replies, letters, batches = (self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, topics.TOOL_BATCHES))
+        raw = {self.topic(n): n for n in RAW_TOPICS}
+        async for record in self.consumer:
+            if record.topic in raw:
+                self.seen.raw.append((raw[record.topic], record.key, record.value, list(record.headers or ())))
+                if record.topic != batches:
+                    continue
+            try:
+                data = json.loads(record.value)
+                if record.topic == replies:
+                    self.seen.replies[data["request_id"]].append((data, record.timestamp / 1000))
+                elif record.topic == letters:
+                    self.seen.dead_letters.append(data)
+                elif record.topic == batches:
+                    self.seen.batches.append({"turn_id": data["turn"]["turn_id"], "step": data["step"],
+                                              "calls": [(c["name"], c["approved"]) for c in data["calls"]]})
+            except (ValueError, TypeError, KeyError, RecursionError):
+                continue  # poison (on turn.tool_batches) is the fleet's to dead-letter, not ours to read
+            self._arrived.set()
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def send(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]] | None = None):
+        """Publish one record to a logical topic; returns its RecordMetadata (partition, offset). Retried
+        while the broker is away, as an app would (the producer is idempotent: no duplicate)."""
+        for attempt in range(60):
+            try:
+                return await self.producer.send_and_wait(self.topic(topic), value, key=key, headers=headers or None)
+            except Exception:  # noqa: BLE001 - the broker is being killed under us: wait and retry
+                if attempt == 59:
+                    raise
+                await asyncio.sleep(0.5)
+        raise AssertionError("unreachable")
+
+    async def ask(self, planned: Planned) -> None:
+        r = planned.request
+        await self.send(topics.SUPPORT_REQUESTS, r.model_dump_json(exclude_none=True).encode(), r.conversation_id.encode())
+
+    async def drive(self, plan: list[Planned], rate_per_s: float) -> None:
+        """Publish the plan at `rate_per_s`, the retries of `twice` requests a little later."""
+        retries = []
+        for i, planned in enumerate(plan):
+            await self.ask(planned)
+            if planned.twice:
+                retries.append(planned)
+            if len(retries) > 2:
+                await self.ask(retries.pop(0))
+            await asyncio.sleep(1 / rate_per_s)
+        for planned in retries:
+            await self.ask(planned)
+
+    async def wait_for(self, predicate, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            result = predicate()
+            if result or time.monotonic() > deadline:
+                return result
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+            except TimeoutError:
+                pass
+
+    async def wait_for_replies(self, request_ids: list[str], timeout: float, linger_s: float = 4.0) -> None:
+        """Until every request has a reply (or `timeout`), then `linger_s` more to catch a late duplicate."""
+        await self.wait_for(lambda: all(rid in self.seen.replies for rid in request_ids), timeout)
+        await asyncio.sleep(linger_s)
+
+
+# -- poison ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Poison:
+    topic: str
+    kind: str
+    value: bytes
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+    partition: int = -1
+    offset: int = -1
+
+
+def poison_messages(topic: str, tag: str) -> list[Poison]:
+    """Every kind of bad message for `topic` (each with its own key, so none waits behind another)."""
+    def key(kind: str) -> bytes:
+        return f"{tag}-{topic}-{kind}".encode()
+
+    huge = b'{"poison": "' + b"x" * 900_000 + b'"}'  # ~900 kB: under the broker's 1 MB limit, so Kafka accepts it
+    return [
+        Poison(topic, "malformed_json", b'{"request_id": "p1", "text": oops', key("malformed_json"), []),
+        Poison(topic, "deep_json", b"[" * 100_000 + b"]" * 100_000, key("deep_json"), []),
+        Poison(topic, "wrong_schema", json.dumps({"unexpected": True, "poison": topic, "n": [1, 2, 3]}).encode(), key("wrong_schema"), []),
+        Poison(topic, "empty_value", b"", key("empty_value"), []),
+        Poison(topic, "binary", bytes(range(256)) + b"\xff\xfe\xc3\x28\x80" * 20, key("binary"), []),
+        Poison(topic, "bad_header", json.dumps({"poison": "header"}).encode(), key("bad_header"),
+               [("x-poison", b"\xff\xfe\xfd\x00"), ("traceparent", b"\xc3\x28\xa0\xa1")]),
+        Poison(topic, "huge", huge, key("huge"), []),
+        Poison(topic, "null_key", json.dumps({"poison": "null key"}).encode(), None, []),
+    ]
+
+
+async def send_poison(observer: Observer, poison: list[Poison]) -> None:
+    for p in poison:
+        meta = await observer.send(p.topic, p.value, p.key, p.headers)
+        p.partition, p.offset = meta.partition, meta.offset
+
+
+def check_dead_letters(observer: Observer, poison: list[Poison]) -> tuple[list[Poison], list[str]]:
+    """(poison dead-lettered intact, problems): each poison's dead letter found by topic/partition/offset,
+    its payload_base64, key and headers equal to what was sent, and a reason."""
+    by_position: dict[tuple[str, int, int], list[dict]] = defaultdict(list)
+    for letter in observer.seen.dead_letters:
+        by_position[(letter["topic"], letter.get("partition"), letter.get("offset"))].append(letter)
+    intact, problems = [], []
+    for p in poison:
+        letters = by_position.get((observer.topic(p.topic), p.partition, p.offset), [])
+        where = f"{p.kind} on {p.topic}"
+        if not letters:
+            problems.append(f"{where}: no dead letter")
+            continue
+        letter = letters[0]
+        wrong = []
+        if base64.b64decode(letter.get("payload_base64", "")) != p.value:
+            wrong.append("payload bytes differ")
+        key = base64.b64decode(letter["key_base64"]) if letter.get("key_base64") is not None else None
+        if key != p.key:
+            wrong.append(f"key {key!r} != {p.key!r}")
+        headers = [(h["key"], base64.b64decode(h["value_base64"])) for h in letter.get("headers", [])]
+        if any(h not in headers for h in p.headers):
+            wrong.append(f"headers {headers!r} lack {p.headers!r}")
+        if not letter.get("reason"):
+            wrong.append("no reason")
+        if wrong:
+            problems.append(f"{where}: " + "; ".join(wrong))
+        else:
+            intact.append(p)
+    return intact, problems
+
+
+# -- the audit -------------------------------------------------------------------------------
+
+
+def _epoch(value: Any) -> float:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:  # SQLite keeps no offset; the shop stores UTC
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
+
+
+@dataclass
+class Audit:
+    scenario: str
+    requests: int
+    turns: int = 0
+    replies: int = 0
+    lost: list[str] = field(default_factory=list)
+    duplicated: list[str] = field(default_factory=list)
+    strays: list[str] = field(default_factory=list)  # replies to requests nobody sent
+    side_effects: int = 0
+    duplicate_side_effects: list[str] = field(default_factory=list)
+    late_side_effects: list[str] = field(default_factory=list)
+    outcomes: Counter = field(default_factory=Counter)
+    poison_sent: int = 0
+    poison_dead_lettered: int = 0
+    poison_problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        top = ", ".join(f"{k} {v}" for k, v in self.outcomes.most_common())
+        return (f"[chaos] {self.scenario}: turns {self.turns}, replies {self.replies}, lost {len(self.lost)}, "
+                f"duplicated {len(self.duplicated)}, side effects {self.side_effects} (duplicate {len(self.duplicate_side_effects)}, "
+                f"late {len(self.late_side_effects)}), poison dead-lettered {self.poison_dead_lettered}/{self.poison_sent}, "
+                f"{self.seconds:.0f} s; outcomes: {top}")
+
+    def problems(self) -> list[str]:
+        out = []
+        for label, items in (("lost (no reply)", self.lost), ("duplicated replies", self.duplicated), ("stray replies", self.strays),
+                             ("duplicate side effects", self.duplicate_side_effects), ("side effects after the turn's end", self.late_side_effects),
+                             ("poison", self.poison_problems)):
+            if items:
+                out.append(f"{label}: {len(items)}: " + "; ".join(items[:8]))
+        return out
+
+
+def ledger_rows(settings: Settings) -> dict[str, dict]:
+    """turn id -> row of the guard's ledger (read-only)."""
+    path = settings.state_dir / "ledger.db"
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    conn.row_factory = sqlite3.Row
+    try:
+        return {r["turn_id"]: dict(r) for r in conn.execute("SELECT turn_id, request_id, status, step, ended_at, outcome FROM turns")}
+    finally:
+        conn.close()
+
+
+async def side_effects(settings: Settings) -> list[dict]:
+    """Every side effect the shop performed: a cancel that changed an order (200) or a ticket opened (201),
+    from its idempotency record (one per customer and `turn_id:tool_use_id`, written in the same transaction)."""
+    engine = shopdb.make_engine(settings.shop_db_url)
+    try:
+        async with engine.connect() as conn:
+            rows = (await conn.execute(select(shopdb.idempotency))).mappings().all()
+    finally:
+        await engine.dispose()
+    effects = []
+    for r in rows:
+        if (r["endpoint"], r["status_code"]) in (("cancel_order", 200), ("escalate", 201)):
+            turn_id, _, tool_use_id = r["key"].partition(":")
+            effects.append({"turn_id": turn_id, "tool_use_id": tool_use_id, "endpoint": r["endpoint"], "customer_id": r["customer_id"],
+                            "order_id": r["request"].get("order_id"), "at": _epoch(r["created_at"])})
+    return effects
+
+
+async def audit(scenario: str, settings: Settings, observer: Observer, plan: list[Planned], started: float,
+                poison: list[Poison] = ()) -> Audit:
+    expected = {p.request.request_id: p for p in plan}
+    result = Audit(scenario, requests=len(expected))
+    tag = scenario_tag(plan)
+    for rid, got in observer.seen.replies.items():
+        if rid in expected:
+            result.replies += 1
+            result.outcomes[got[0][0]["outcome"]] += 1
+            if len(got) > 1:
+                result.duplicated.append(f"{rid} x{len(got)} ({', '.join(g[0]['outcome'] for g in got)})")
+        elif tag and rid.startswith(tag + "-"):
+            result.strays.append(rid)
+    result.lost = sorted(rid for rid in expected if rid not in observer.seen.replies)
+    ledger = ledger_rows(settings)
+    turn_of = {p.turn_id: p.request.request_id for p in plan}
+    result.turns = sum(1 for t in turn_of if t in ledger)
+    reply_at = {rid: min(ts for _, ts in got) for rid, got in observer.seen.replies.items()}
+
+    effects = [e for e in await side_effects(settings) if e["turn_id"] in turn_of]
+    result.side_effects = len(effects)
+    per_order = Counter(e["order_id"] for e in effects if e["endpoint"] == "cancel_order")
+    result.duplicate_side_effects += [f"order {o} cancelled {n} times" for o, n in per_order.items() if n > 1]
+    per_call = Counter((e["turn_id"], e["tool_use_id"]) for e in effects)
+    result.duplicate_side_effects += [f"{t}:{u} ran {n} times" for (t, u), n in per_call.items() if n > 1]
+    for e in effects:
+        row = ledger.get(e["turn_id"])
+        rid = turn_of[e["turn_id"]]
+        ended = row["ended_at"] if row else None
+        replied = reply_at.get(rid)
+        if ended is not None and e["at"] > ended:
+            result.late_side_effects.append(f"{e['endpoint']} {e['order_id'] or ''} of {e['turn_id']} {e['at'] - ended:.3f} s after the ledger's end ({row['outcome']})")
+        elif replied is not None and e["at"] > replied:
+            result.late_side_effects.append(f"{e['endpoint']} {e['order_id'] or ''} of {e['turn_id']} {e['at'] - replied:.3f} s after its reply")
+    if poison:
+        intact, problems = check_dead_letters(observer, list(poison))
+        result.poison_sent, result.poison_dead_lettered, result.poison_problems = len(poison), len(intact), problems
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def scenario_tag(plan: list[Planned]) -> str:
+    return plan[0].request.request_id.rsplit("-", 1)[0] if plan else ""
+
+
+def new_tag(name: str) -> str:
+    return f"{name}{uuid.uuid4().hex[:4]}"
