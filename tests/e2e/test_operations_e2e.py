@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
 
@@ -17,28 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.kernel import topics
 from services.kernel.admin import consumer_lag
 from services.kernel.events import Outcome
+from tests.ports import free_port_run
 
 REQUESTS = 40
 SIMULATOR_LATENCY_MS = 300  # the model service (4 workers) takes ~3 s to bring all first steps to the executors
-
-
-def _free_run(count: int) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count < 65535 and all(_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError("no run of free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 async def _scrape(http: httpx.AsyncClient, port: int) -> dict[tuple[str, tuple], float]:
@@ -77,7 +58,7 @@ async def _until(predicate, timeout: float, every: float = 0.25):
 async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_gets_one_reply(client, fleet, fleet_settings):
     settings, env = fleet_settings
     batches = settings.topic_prefix + topics.TOOL_BATCHES
-    base = _free_run(10)  # guard: base + 2, executors: base + 4 and base + 9
+    base = free_port_run(10)  # guard: base + 2, executors: base + 4 and base + 9
     async with fleet.reconfigured(("simulator",), simulator_latency_ms=SIMULATOR_LATENCY_MS), \
             fleet.reconfigured(("guard",), health_port=base, health_port_per_service=True), \
             httpx.AsyncClient(timeout=5) as http:

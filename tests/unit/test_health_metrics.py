@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
 from types import SimpleNamespace
 
 import httpx
@@ -16,6 +15,7 @@ from services.kernel import health, metrics
 from services.kernel.events import CheckedCall, Outcome, StartTurn
 from services.kernel.settings import Settings
 from services.tools.context import ToolError
+from tests.ports import free_port_run
 from tests.unit.test_gate import call, gate, lookup, shop, turn  # noqa: F401 - fixtures
 from tests.unit.test_guard_handlers import LIST, TURN, guard, iteration  # noqa: F401 - fixtures
 
@@ -101,26 +101,6 @@ async def test_metrics_are_the_prometheus_exposition_with_process_metrics(server
     assert (await server.http.post("/metrics")).status_code == 405
 
 
-def _free_run(count: int) -> int:
-    """A base port with `count` free ports from it."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count < 65535 and all(_free(base + i) for i in range(count)):
-            return base
-    raise RuntimeError("no run of free ports")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def test_the_port_is_off_by_default_exact_when_given_and_spread_per_service_on_one_host():
     assert health.port_candidates("guard", Settings()) == []
     assert health.port_candidates("guard", Settings(health_port=8080)) == [8080]
@@ -130,7 +110,7 @@ def test_the_port_is_off_by_default_exact_when_given_and_spread_per_service_on_o
 
 
 async def test_a_second_replica_on_the_host_takes_the_next_port_and_an_exact_port_in_use_is_a_clear_error():
-    base = _free_run(10)
+    base = free_port_run(10)
     settings = Settings(health_port=base, health_port_per_service=True)
     first = health.HealthServer("executor", "127.0.0.1", health.port_candidates("executor", settings))
     second = health.HealthServer("executor", "127.0.0.1", health.port_candidates("executor", settings))
