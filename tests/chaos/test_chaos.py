@@ -204,7 +204,9 @@ async def test_compound_stuck_turns_end_while_the_broker_is_down_and_the_guard_i
     started = time.monotonic()
     tag = new_tag("stuck")
     customers = await seed_customers(settings, tag, 5)
-    plan = plan_load(tag, customers, conversations=10, requests=20, twice_every=7)
+    # one request per conversation: a conversation's second request waits for its first turn to end (the guard
+    # runs a conversation's turns one after another), so it would not be running, nor stuck, meanwhile
+    plan = plan_load(tag, customers, conversations=20, requests=20, twice_every=7)
     turn_ids = {p.turn_id for p in plan}
     hung = chaos_fleet.pause("model")
     try:
