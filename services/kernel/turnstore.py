@@ -19,6 +19,7 @@ The fence (see the README, "When things go wrong"):
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -28,10 +29,11 @@ from typing import Any
 from sqlalchemy import (
     Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, create_engine, event, inspect, text, update,
 )
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 log = logging.getLogger("roundtrip.fence")
+SQLITE_LOCK_WAIT_MS = 30_000  # how long a write that found the file locked waits for it, in a thread
 
 RUNNING, STUCK, ENDING, ENDED = "running", "stuck", "ending", "ended"
 AWAITING = "awaiting"  # a call waits for a person's decision: nothing may act, the stuck rule does not apply
@@ -102,7 +104,10 @@ def no_live_lease(now: float) -> Any:
 
 def make_engine(url: str) -> Engine | AsyncEngine:
     """SQLite: a plain engine, used inline on the event loop (a WAL commit without fsync takes
-    microseconds; a thread hop per statement costs more than the statement). PostgreSQL: asyncpg."""
+    microseconds; a thread hop per statement costs more than the statement), without waiting for
+    a lock there: the guard, the executors and the model service write to one file, and a write
+    that finds it locked is retried in a thread that may wait (`TurnStore._run`), so another
+    process's write never stalls this one's event loop. PostgreSQL: asyncpg."""
     if url.startswith("sqlite"):
         path = url.split(":///", 1)[-1]
         if path and path != ":memory:":
@@ -114,6 +119,7 @@ def make_engine(url: str) -> Engine | AsyncEngine:
             cur = conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=0")  # on the event loop: fail at once when locked (see TurnStore._run)
             cur.close()
 
         return engine
@@ -158,8 +164,21 @@ class TurnStore:
         if isinstance(self.engine, AsyncEngine):
             async with (self.engine.begin() if write else self.engine.connect()) as conn:
                 return await conn.run_sync(work)
+        try:
+            with (self.engine.begin() if write else self.engine.connect()) as conn:
+                return work(conn)
+        except OperationalError as exc:  # another process holds the write lock: wait for it off the event loop
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+        return await asyncio.to_thread(self._run_waiting, work, write)
+
+    def _run_waiting(self, work: Callable[[Connection], Any], write: bool) -> Any:
         with (self.engine.begin() if write else self.engine.connect()) as conn:
-            return work(conn)
+            conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_LOCK_WAIT_MS}")
+            try:
+                return work(conn)
+            finally:
+                conn.exec_driver_sql("PRAGMA busy_timeout=0")
 
     async def _update(self, statement: Any) -> bool:
         """A conditional update; True when it changed the one row (the caller owns the transition)."""

@@ -135,6 +135,7 @@ def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter
         state_dir=state, kafka_port=kafka_port, kafka_controller_port=controller_port,
         simulator_port=free_port(), shop_port=free_port(), partitions=partitions,
         simulator_latency_ms=latency_ms, simulator_latency_jitter=jitter, simulator_persona=PERSONA, log_level="INFO",
+        span_file_max_mb=4096,  # one file for the whole run: the hop profile reads it back
     )
     env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
     for k in list(os.environ):  # this run's settings only: nothing from the caller's shell

@@ -69,8 +69,9 @@ def hop_profile(spans: list[dict], since_ns: int = 0, until_ns: int | None = Non
     """Per topic: Kafka hop latency (producer span start -> consumer span start) and handler time.
 
     FastStream's telemetry middleware writes a PRODUCER span ("<topic> publish") in the sending
-    service and a CONSUMER span ("<topic> process"), child of it, in the receiving one; the
-    consumer span lasts as long as the handler (including its own publish).
+    service and a CONSUMER span ("<topic> process") in the receiving one, under the turn span and
+    linked to that producer span; the consumer span lasts as long as the handler (including its
+    own publish).
     """
     spans = [s for s in spans if since_ns <= (s.get("start_ns") or 0) <= (until_ns or 1 << 63)]
     by_id = {s["span_id"]: s for s in spans}
@@ -84,9 +85,11 @@ def hop_profile(spans: list[dict], since_ns: int = 0, until_ns: int | None = Non
         if s.get("kind") != "CONSUMER":
             continue
         handler[topic].append((s["end_ns"] - s["start_ns"]) / 1e6)
-        parent = by_id.get(s.get("parent_id") or "")
-        if parent is not None and parent.get("kind") == "PRODUCER":
-            hop[topic].append((s["start_ns"] - parent["start_ns"]) / 1e6)
+        # the hop's cause: the producer span it links to (spans under the turn span), or its parent (older traces)
+        causes = [by_id.get(i) for i in (*(s.get("links") or ()), s.get("parent_id") or "")]
+        producer = next((c for c in causes if c is not None and c.get("kind") == "PRODUCER"), None)
+        if producer is not None:
+            hop[topic].append((s["start_ns"] - producer["start_ns"]) / 1e6)
     out: dict[str, dict[str, float]] = {}
     for topic in sorted(set(hop) | set(handler)):
         out[topic] = {
