@@ -19,22 +19,45 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
+from aiokafka.errors import KafkaError
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from pydantic import BaseModel
 
 from services.guard.conversations import Conversations
-from services.guard.ledger import AWAITING, ENDED, ENDING, PENDING, STUCK, ApprovalRow, Ledger, TurnRow
+from services.guard.ledger import (
+    AWAITING,
+    ENDED,
+    ENDING,
+    PENDING,
+    STUCK,
+    ApprovalRow,
+    Ledger,
+    TurnRow,
+)
 from services.guard.pricing import PriceTable
 from services.guard.replies import polite
 from services.guard.rules import Continue, Finish, Policy, decide
 from services.kernel import metrics, topics
 from services.kernel.approvals import ApprovalError, DecisionSigner, in_tool_use_order
 from services.kernel.events import (
-    ApprovalDecided, ApprovalRequested, CallModel, CancelTurn, CheckToolCalls, Decision, ModelResponded, Outcome, StartTurn,
-    ToolCall, Turn, TurnEnded, TurnFlagged, Usage,
+    ApprovalDecided,
+    ApprovalRequested,
+    CallModel,
+    CancelTurn,
+    CheckToolCalls,
+    Decision,
+    ModelResponded,
+    Outcome,
+    StartTurn,
+    ToolCall,
+    Turn,
+    TurnEnded,
+    TurnFlagged,
+    Usage,
 )
 from services.kernel.fingerprints import fingerprint
 from services.kernel.telemetry import ERROR_OUTCOMES, mark_error, span_in_turn, tracer
@@ -45,6 +68,7 @@ security = logging.getLogger("roundtrip.security")
 Publish = Callable[[str, BaseModel, str], Awaitable[None]]  # (logical topic, message, conversation id)
 TOPIC_OF = {CallModel: topics.MODEL_CALLS, CheckToolCalls: topics.TOOL_CALLS, TurnEnded: topics.OUTCOMES}
 MODEL_OF = {topic: model for model, topic in TOPIC_OF.items()}
+SWEEP_PUBLISH_TIMEOUT_S = 5.0  # the sweeper's publishes: longer means the broker is away
 CLEAR_BATCH_S = 0.05  # published decisions are cleared from the outbox together, this often
 
 
@@ -297,7 +321,7 @@ class Guard:
         return TurnEnded(turn=turn, step=step, outcome=decision.outcome, text=decision.text, spent=spent, cost_usd=round(cost, 6))
 
     # -- from outside the loop ------------------------------------------------------------
-    async def end_from_outside(self, row: TurnRow, outcome: Outcome, detail: str, **seen) -> str | None:
+    async def end_from_outside(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen) -> str | None:
         """Stuck past its grace, past its deadline, or cancelled: end it politely, once.
 
         Conditional on the state it was decided from (`row.step`, and whatever `seen` adds), so
@@ -325,7 +349,8 @@ class Guard:
             log.warning("turn %s ended from outside the loop: %s (%s) trace %s", row.turn_id, outcome.value, detail, row.trace_id)
             metrics.count_turn_end(outcome, row.step)
             self._last_decision.pop(row.turn_id, None)
-            await self._emit(row.turn_id, pending, ended, row.conversation_id)
+            if announce:  # else (the broker is away) the ledger keeps it pending: the outbox publishes it later
+                await self._emit(row.turn_id, pending, ended, row.conversation_id)
             return ENDED
 
     async def on_cancel(self, command: CancelTurn) -> str:
@@ -474,6 +499,20 @@ class Guard:
         republish decisions left unpublished. Every change is conditional on the row as read, with the current time."""
         now = now or time.time()
         idle, expired, ending = await self.ledger.overdue(now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s)
+        # a publish that does not get through in SWEEP_PUBLISH_TIMEOUT_S means the broker is away: the sweep goes on
+        # recording (ends stay pending in the ledger, the outbox publishes them once the broker is back)
+        reachable = True
+
+        async def announced(work: Awaitable[Any], what: str) -> Any:
+            nonlocal reachable
+            try:
+                return await asyncio.wait_for(work, SWEEP_PUBLISH_TIMEOUT_S)
+            except (TimeoutError, KafkaError) as exc:
+                reachable = False
+                log.warning("sweep: %s not published (%s); recording the rest, the outbox publishes them later",
+                            what, type(exc).__name__)
+                return None
+
         flagged = 0
         for row in idle:
             at = max(now, time.time())  # never a stale timestamp: it would shorten the grace
@@ -487,20 +526,25 @@ class Guard:
                 span.set_attribute("roundtrip.detail", detail)
                 mark_error(span, f"stuck: {detail}", "stuck")
                 log.warning("turn %s is stuck: %s (customer %s, trace %s)", row.turn_id, detail, row.customer_id, row.trace_id)
-                await flag(TurnFlagged(turn=Turn.model_validate(row.turn), step=row.step, idle_s=round(idle_s, 3), detail=detail), row.conversation_id)
+                if reachable:
+                    await announced(flag(TurnFlagged(turn=Turn.model_validate(row.turn), step=row.step, idle_s=round(idle_s, 3),
+                                                     detail=detail), row.conversation_id), f"the stuck flag of {row.turn_id}")
         ended = 0
         for row in expired:
             deadline_at = row.deadline_at or row.started_at + self.turn_deadline_s
             if deadline_at <= now:
-                result = await self.end_from_outside(row, Outcome.DEADLINE, f"turn older than {self.turn_deadline_s:g} s")
+                ending_it = self.end_from_outside(row, Outcome.DEADLINE, f"turn older than {self.turn_deadline_s:g} s",
+                                                  announce=reachable)
             else:  # stuck past its grace: only if still stuck since that very flag
-                result = await self.end_from_outside(row, Outcome.DEADLINE, f"stuck for more than {self.stuck_grace_s:g} s",
-                                                     status=STUCK, flagged_at=row.flagged_at)
+                ending_it = self.end_from_outside(row, Outcome.DEADLINE, f"stuck for more than {self.stuck_grace_s:g} s",
+                                                  announce=reachable, status=STUCK, flagged_at=row.flagged_at)
+            result = await announced(ending_it, f"the end of {row.turn_id}")
             ended += result == ENDED
         for row in ending:
             ended += await self.finish_ending(row)
         ended += await self.expire_approvals(now)
-        await self.republish_outbox()
+        if reachable:
+            await self.republish_outbox()
         return flagged, ended
 
     @staticmethod

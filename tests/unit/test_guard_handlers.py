@@ -199,3 +199,39 @@ async def test_an_unfit_tool_input_becomes_an_error_result_and_the_loop_goes_on(
     assert await guard.on_iteration(iteration(1, calls=[big, LIST])) == "CheckToolCalls"
     check = guard.recorder.sent[-1][1]
     assert list(check.blocked) == ["toolu_big"] and "input too large: 614400 bytes, limit 65536" in check.blocked["toolu_big"]
+
+
+async def test_with_the_broker_away_the_sweeper_records_every_end_and_the_outbox_publishes_them_later(guard, monkeypatch):
+    """Kafka down while turns pass their deadline: the ends are recorded (none blocks the others), and
+    published once the broker is back, by the outbox."""
+    import asyncio
+
+    import services.guard.handlers as handlers
+
+    monkeypatch.setattr(handlers, "SWEEP_PUBLISH_TIMEOUT_S", 0.2)
+    turns = [TURN.model_copy(update={"turn_id": f"turn_{i}", "request_id": f"req_{i}", "conversation_id": f"conv_{i}"})
+             for i in range(5)]
+    for turn in turns:
+        await guard.on_start(StartTurn(turn=turn, text="hi"))
+    await guard.drain()
+    sent_before = len(guard.recorder.sent)
+    broker_back = asyncio.Event()
+    real_publish = guard.publish
+
+    async def hanging(topic, message, conversation_id):  # what a publish does while the broker is down
+        await broker_back.wait()
+        await real_publish(topic, message, conversation_id)
+
+    guard.publish = hanging
+    t0 = (await guard.ledger.get("turn_0")).started_at
+    started = asyncio.get_running_loop().time()
+    await guard.sweep(guard.recorder.flag, now=t0 + 301)  # past every turn's deadline
+    assert asyncio.get_running_loop().time() - started < 2  # one publish timed out, the rest were only recorded
+    rows = [await guard.ledger.get(t.turn_id) for t in turns]
+    assert all(r.status == "ended" and r.outcome == "deadline" and r.pending for r in rows)
+    assert len(guard.recorder.sent) == sent_before  # nothing got through
+    guard.publish = real_publish  # the broker is back
+    assert await guard.republish_outbox(older_than=t0 + 10_000) == 5
+    await guard.drain()
+    ends = [m for topic, m in guard.recorder.sent[sent_before:] if topic == topics.OUTCOMES]
+    assert sorted(m.turn.turn_id for m in ends) == sorted(t.turn_id for t in turns)
