@@ -68,7 +68,7 @@ security = logging.getLogger("roundtrip.security")
 Publish = Callable[[str, BaseModel, str], Awaitable[None]]  # (logical topic, message, conversation id)
 TOPIC_OF = {CallModel: topics.MODEL_CALLS, CheckToolCalls: topics.TOOL_CALLS, TurnEnded: topics.OUTCOMES}
 MODEL_OF = {topic: model for model, topic in TOPIC_OF.items()}
-SWEEP_PUBLISH_TIMEOUT_S = 5.0  # the sweeper's publishes: longer means the broker is away
+SWEEP_PUBLISH_TIMEOUT_S = 1.0  # a sweeper publish taking longer means the broker is away (a healthy one acks in ms)
 CLEAR_BATCH_S = 0.05  # published decisions are cleared from the outbox together, this often
 
 
@@ -499,7 +499,7 @@ class Guard:
         republish decisions left unpublished. Every change is conditional on the row as read, with the current time."""
         now = now or time.time()
         idle, expired, ending = await self.ledger.overdue(now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s)
-        # a publish that does not get through in SWEEP_PUBLISH_TIMEOUT_S means the broker is away: the sweep goes on
+        # a publish that does not get through within SWEEP_PUBLISH_TIMEOUT_S means the broker is away: the sweep goes on
         # recording (ends stay pending in the ledger, the outbox publishes them once the broker is back)
         reachable = True
 
