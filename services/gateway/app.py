@@ -6,7 +6,6 @@ import logging
 
 from aiokafka import TopicPartition
 from faststream import FastStream
-from faststream.kafka import KafkaMessage
 
 from services.gateway.admission import Admission
 from services.gateway.handlers import reply_for, start_turn
@@ -14,7 +13,7 @@ from services.gateway.replied import RepliedTurns
 from services.kernel import topics
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
-from services.kernel.messaging import Outlet, group, key_of, make_broker, service_app, subscribe
+from services.kernel.messaging import Outlet, current_record, group, key_of, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.telemetry import bind_turn, new_turn_ids, record_turn_span, tracer
 from services.kernel.transactions import TransactionalOutlet, transactional_id
@@ -66,11 +65,11 @@ def build(settings: Settings) -> FastStream:
     # (services/kernel/transactions.py): commit as soon as something finished, batching while busy.
     @subscribe(broker, topics.OUTCOMES, "gateway", settings, role="replies",
                commit=commit, forget=forget, commit_interval_s=0)
-    async def on_turn_ended(ended: TurnEnded, message: KafkaMessage) -> None:
+    async def on_turn_ended(ended: TurnEnded) -> None:
         admission.release(ended.turn.turn_id)
         with tracer().start_as_current_span("turn.reply") as span:
             span.set_attributes({"roundtrip.turn_id": ended.turn.turn_id, "roundtrip.outcome": ended.outcome.value})
-            raw = message.raw_message
+            raw = current_record()
             if not await replied.claim(ended.turn.turn_id, TopicPartition(raw.topic, raw.partition), raw.offset):
                 span.add_event("duplicate outcome dropped")
                 return
@@ -78,7 +77,7 @@ def build(settings: Settings) -> FastStream:
             record_turn_span(ended.turn, outcome=ended.outcome.value, steps=ended.step, usage=ended.spent,
                              cost_usd=ended.cost_usd, model=settings.model)
             # the reply becomes visible with the commit of this message's offset: no second reply after a crash
-            replies.stage(reply_for(ended), key_of(ended.turn.conversation_id), message.raw_message)
+            replies.stage(reply_for(ended), key_of(ended.turn.conversation_id), raw)
 
     app = service_app(broker, log)
     app.on_startup(replies.start)

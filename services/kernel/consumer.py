@@ -20,8 +20,8 @@ Confluent Parallel Consumer (key-ordering mode) and LINE's Decaton do, small:
   the dead-letter path; if even that raises (say Kafka is down), the record is retried with
   backoff while its key waits: nothing after it in that conversation overtakes it.
 
-It drives any callable; `services.kernel.messaging.subscribe` runs FastStream's subscriber
-chain (decoding, middlewares, the handler) through it.
+It drives any callable; `services.kernel.messaging.subscribe` runs the kernel's message path
+(decode, consumer span, metrics, the handler, dead letters) through it.
 """
 
 from __future__ import annotations

@@ -2,25 +2,37 @@
 
 Delivery is at least once. Every subscription runs on `KeyOrderedConsumer`
 (services/kernel/consumer.py): many messages in flight per partition, one conversation
-at a time, offsets committed (batched) only up to the first unfinished message. A
-message that cannot be processed (bad JSON, schema violation, a bug) never kills the
-service: `DeadLetterMiddleware` publishes it with the reason to the dead-letter topic,
-and whatever escapes even that (undecodable headers, a failed dead-letter publish) is
-dead-lettered by the consumer's rescue from the raw record, retried until it is.
+at a time, offsets committed (batched) only up to the first unfinished message.
+
+The message path is the kernel's own and short (`_message_path`): decode the record into
+the handler's pydantic model (`model_validate_json`), one consumer span in the turn's trace
+(`telemetry.consuming`), FastStream's Prometheus metrics, the handler. An `Outlet`
+publishes the same way: one producer span, the JSON bytes, straight to the broker's
+producer. FastStream keeps what it is good at: the connection, the consumer groups, the
+app's lifecycle and the AsyncAPI document; its per-message middleware chain cost about a
+fifth of every service's CPU (docs/benchmarks.md).
+
+A message that cannot be processed (bad JSON, schema violation, a bug) never kills the
+service: it is published with the reason to the dead-letter topic, and whatever escapes
+even that (a failed dead-letter publish) is dead-lettered by the consumer's rescue,
+retried until it is.
 """
 
 from __future__ import annotations
 
 import base64
+import contextvars
+import inspect
 import json
 import logging
 import time
 import traceback
+import typing
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from faststream import AckPolicy, FastStream
-from opentelemetry import trace
-from faststream._internal.middlewares import BaseMiddleware
 from faststream.kafka import KafkaBroker
 from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 from pydantic import BaseModel, ValidationError
@@ -30,7 +42,7 @@ from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
 from services.kernel.settings import Settings
-from services.kernel.telemetry import HopMiddleware, mark_error
+from services.kernel.telemetry import HopMiddleware, consuming, mark_error, publishing
 
 log = logging.getLogger("roundtrip")
 
@@ -45,6 +57,8 @@ IDLE_FETCH_WAIT_MS = 5000
 MESSAGE_LOG_LEVEL = logging.DEBUG
 
 _CONSUMERS = "_roundtrip_consumers"
+_SERVICE = "_roundtrip_service"  # (service name, turn-starting topics) of a broker made by make_broker
+_record: contextvars.ContextVar[Any] = contextvars.ContextVar("roundtrip_record", default=None)
 LIVENESS_SILENCE_S = 60.0  # a consumer loop that has not polled for this long is wedged: restart the process
 
 
@@ -62,14 +76,15 @@ def subscribe(
     cancel_on_revoke: bool = False,
     description: str | None = None,
 ) -> Any:
-    """A FastStream subscriber of `topic` (logical name) that consumes key-ordered and concurrently.
+    """The decorator of a handler of `topic` (logical name), consumed key-ordered and concurrently.
 
-    Use it as the decorator of the handler: `@subscribe(broker, topics.MODEL_CALLS, "model", settings)`.
-    The subscriber is FastStream's own (pydantic body, middlewares, AsyncAPI); only its fetch
-    loop is replaced by a `KeyOrderedConsumer` in the service's consumer group (`group()`),
-    holding up to `max_in_flight` messages (default `settings.max_in_flight`). `commit`
-    replaces the consumer's offset commit (the gateway commits its replies with the offsets in
-    one transaction) and `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`:
+    `@subscribe(broker, topics.MODEL_CALLS, "model", settings)` on `async def on_call_model(command: CallModel)`:
+    the handler takes one pydantic message (its annotation says which); `current_record()` gives the
+    Kafka record when it needs the coordinates. A `KeyOrderedConsumer` in the service's consumer group
+    (`group()`) holds up to `max_in_flight` messages (default `settings.max_in_flight`) and runs each
+    through `_message_path`. The handler is also FastStream's subscriber (AsyncAPI, start and stop).
+    `commit` replaces the consumer's offset commit (the gateway commits its replies with the offsets
+    in one transaction) and `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`:
     the handler only waits and is safe to interrupt, so a rebalance or a stop cancels it at once.
     """
     consumer = KeyOrderedConsumer(
@@ -92,7 +107,6 @@ def subscribe(
         listener=consumer,
         description=description,
     )
-    consumer._process = subscriber.process_message  # noqa: SLF001 - FastStream's whole chain for one record
     consumer._rescue = _rescuer(broker, service)  # noqa: SLF001
 
     async def run(kafka_consumer: Any) -> None:
@@ -100,7 +114,56 @@ def subscribe(
 
     subscriber._run_consume_loop = run  # noqa: SLF001 - FastStream's fetch loop, replaced by ours
     consumers_of(broker).append(consumer)
-    return subscriber
+
+    def register(handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        consumer._process = _message_path(broker, service, group(service, role), handler)  # noqa: SLF001
+        return subscriber(handler)
+
+    return register
+
+
+def current_record() -> Any:
+    """The aiokafka ConsumerRecord whose handler is running (None outside one)."""
+    return _record.get()
+
+
+def _message_model(handler: Callable[..., Any]) -> type[BaseModel]:
+    params = list(inspect.signature(handler).parameters)
+    hints = typing.get_type_hints(handler)
+    model = hints.get(params[0]) if len(params) == 1 else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(f"{handler.__qualname__}: a handler takes exactly one parameter annotated with a pydantic model")
+    return model
+
+
+def _message_path(broker: KafkaBroker, service: str, group_id: str, handler: Callable[[Any], Awaitable[Any]]):
+    """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
+    model = _message_model(handler)
+    roots = getattr(broker, _SERVICE, (service, frozenset()))[1]
+    counted = metrics.kafka_metrics(service)
+
+    async def process(record: Any) -> None:
+        count = counted.received(record.topic, len(record.value or b""))
+        token = _record.set(record)
+        started = time.perf_counter()
+        try:
+            with consuming(record, group_id, roots) as span:
+                try:
+                    await handler(model.model_validate_json(record.value or b""))
+                except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
+                    reason = describe_error(exc, record.value)
+                    log.debug("%s", traceback.format_exc())
+                    mark_error(span, f"dead-lettered: {reason}", type(exc).__name__)
+                    count.failed(type(exc).__name__)
+                    try:
+                        await _publish_dead_letter(broker, service, record, reason)
+                    except Exception as failed:  # noqa: BLE001 - the consumer's rescue retries the dead letter
+                        raise DeadLetterFailed(reason) from failed
+        finally:
+            count.done(time.perf_counter() - started)
+            _record.reset(token)
+
+    return process
 
 
 def _polled_lately(consumer: KeyOrderedConsumer):
@@ -201,7 +264,7 @@ async def _publish_dead_letter(broker: KafkaBroker, service: str, record: Any, r
     letter = dead_letter_of(service, record, reason)
     log.error("dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, reason)
     key = record.key if isinstance(record.key, bytes) else None
-    await broker.publish(letter, topic=topics.t(topics.DEAD_LETTERS), key=key)
+    await publish(broker, topics.t(topics.DEAD_LETTERS), letter, key)
 
 
 def _rescuer(broker: KafkaBroker, service: str):
@@ -214,37 +277,47 @@ def _rescuer(broker: KafkaBroker, service: str):
     return rescue
 
 
-class DeadLetterMiddleware(BaseMiddleware):
-    """Sends any message whose handling raised to the dead-letter topic, with the reason."""
+async def publish(broker: KafkaBroker, topic: str, message: BaseModel, key: bytes | None = None) -> None:
+    """Publish one message (JSON) and wait for the broker's ack: one producer span, counted, on the broker's producer."""
+    conversation_id = key.decode("utf-8", "replace") if key is not None else ""
+    started = time.perf_counter()
+    try:
+        with publishing(topic, message, conversation_id) as headers:
+            await (await _producer(broker).send(topic, message.model_dump_json().encode(), key=key, headers=headers))
+    except Exception as exc:
+        metrics.kafka_metrics(_service_of(broker)).published(topic, time.perf_counter() - started, type(exc).__name__)
+        raise
+    metrics.kafka_metrics(_service_of(broker)).published(topic, time.perf_counter() - started)
 
-    service = "unknown"
 
-    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
-        try:
-            return await call_next(msg)
-        except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
-            reason = describe_error(exc, msg.body)
-            log.debug("%s", traceback.format_exc())
-            mark_error(trace.get_current_span(), f"dead-lettered: {reason}", type(exc).__name__)
-            try:
-                await _publish_dead_letter(self.context.get("broker"), self.service, msg.raw_message, reason)
-            except Exception as failed:  # noqa: BLE001 - the consumer retries the dead letter
-                raise DeadLetterFailed(reason) from failed
-            return None
+def _service_of(broker: KafkaBroker) -> str:
+    return getattr(broker, _SERVICE, ("unknown", frozenset()))[0]
+
+
+def _producer(broker: KafkaBroker) -> AIOKafkaProducer:
+    """The aiokafka producer FastStream's broker connected (idempotent, linger 0; see make_broker)."""
+    try:
+        producer = broker.config.producer._producer.producer  # noqa: SLF001 - FastStream 0.7's AioKafkaFastProducerImpl
+    except AttributeError as missing:
+        raise RuntimeError("the broker is not connected (or FastStream changed its producer's shape)") from missing
+    if not isinstance(producer, AIOKafkaProducer):
+        raise RuntimeError("the broker is not connected")
+    return producer
 
 
 def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = ()) -> KafkaBroker:
     """The service's broker; spans go to the process's tracer provider (see telemetry.setup_telemetry).
 
-    `turn_roots`: the (logical) topics whose messages start turns: their hops open the turn's trace."""
-    dead_letters = type(f"{service.title()}DeadLetters", (DeadLetterMiddleware,), {"service": service})
-    hops = type(f"{service.title()}Hops", (HopMiddleware,), {"roots": frozenset(topics.t(t) for t in turn_roots)})
-    return KafkaBroker(
+    `turn_roots`: the (logical) topics whose messages start turns: their hops open the turn's trace.
+    The kernel's subscriptions and Outlets do not go through FastStream's middlewares (see the module's
+    docstring); the two here trace whatever else does (a `broker.publish` of a script or a test)."""
+    roots = frozenset(topics.t(t) for t in turn_roots)
+    metrics.set_service(service)
+    hops = type(f"{service.title()}Hops", (HopMiddleware,), {"roots": roots})
+    broker = KafkaBroker(
         settings.bootstrap_servers,
         client_id=f"roundtrip-{service}",
-        # hops outermost: a turn's consumer span is parented to the turn span, its publishes carry the turn's headers;
-        # metrics inside the dead letters: a message that raised counts as an exception, then is dead-lettered
-        middlewares=[hops, KafkaTelemetryMiddleware(), dead_letters, *metrics.broker_middlewares(service)],
+        middlewares=[hops, KafkaTelemetryMiddleware()],
         enable_idempotence=True,
         linger_ms=0,
         # the dead letter of a record near the broker's limit is larger than the record (base64); the other
@@ -254,6 +327,8 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
         log_level=MESSAGE_LOG_LEVEL,
         graceful_timeout=10.0,
     )
+    setattr(broker, _SERVICE, (service, roots))
+    return broker
 
 
 def group(service: str, role: str | None = None) -> str:
@@ -271,8 +346,8 @@ class Outlet:
     """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id."""
 
     def __init__(self, broker: KafkaBroker, topic: str, schema: type[BaseModel], description: str = "") -> None:
-        self._publisher = broker.publisher(topics.t(topic), schema=schema, description=description or schema.__doc__)
+        self._broker, self._topic = broker, topics.t(topic)
+        broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)
 
     async def __call__(self, message: BaseModel, conversation_id: str) -> None:
-        # correlation id = conversation id: FastStream's spans say `messaging.message.conversation_id` from it
-        await self._publisher.publish(message, key=key_of(conversation_id), correlation_id=conversation_id)
+        await publish(self._broker, self._topic, message, key_of(conversation_id))

@@ -3,8 +3,9 @@
 Served per process on /metrics by services/kernel/health.py, from prometheus_client's default
 registry (which also carries the process collector: CPU seconds, resident memory, open fds).
 The Kafka side (messages received/processed/published per topic, handler duration, in process)
-comes from FastStream's KafkaPrometheusMiddleware, added in messaging.make_broker; its metrics
-are prefixed `faststream_` and labelled `app_name="roundtrip-<service>"`.
+are FastStream's own Prometheus metrics (its `MetricsContainer`: prefixed `faststream_`, labelled
+`app_name="roundtrip-<service>"`, `broker="kafka"`, `handler`/`destination` = the topic), recorded
+by the kernel's message path (`kafka_metrics`) instead of FastStream's per-message middleware.
 
 | metric | type | labels | where |
 | --- | --- | --- | --- |
@@ -28,8 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from faststream._internal.middlewares import BaseMiddleware
-from faststream.kafka.prometheus import KafkaPrometheusMiddleware
+from faststream.prometheus.container import MetricsContainer
+from faststream.prometheus.types import ProcessingStatus, PublishingStatus
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from services.kernel.events import Outcome, Usage
@@ -105,15 +106,91 @@ def count_turn_end(outcome: Outcome | str, steps: int) -> None:
         guard_drops.labels(outcome.value).inc()
 
 
-class InFlightMiddleware(BaseMiddleware):
-    """Counts each consumed message in `roundtrip_in_flight{subscription=<topic>}` while its handler runs."""
+class _Received:
+    """The metrics of one subscription's records, children resolved once (a label look-up per message costs more than the count)."""
 
-    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
-        with in_flight(getattr(getattr(msg, "raw_message", None), "topic", "?")):
-            return await call_next(msg)
+    __slots__ = ("_duration", "_exceptions", "_in_flight", "_in_process", "_labels", "_processed", "_size", "_total")
+
+    def __init__(self, container: MetricsContainer, labels: dict[str, str], topic: str) -> None:
+        self._labels = labels
+        self._total = container.received_messages_total.labels(**labels)
+        self._size = container.received_messages_size_bytes.labels(**labels)
+        self._in_process = container.received_messages_in_process.labels(**labels)
+        self._duration = container.received_processed_messages_duration_seconds.labels(**labels)
+        self._exceptions = container.received_processed_messages_exceptions_total
+        self._processed = {s: container.received_processed_messages_total.labels(**labels, status=s.value)
+                           for s in (ProcessingStatus.acked, ProcessingStatus.error)}
+        self._in_flight = in_flight_gauge(topic)
+
+    def __call__(self, size: int) -> _Record:
+        self._total.inc()
+        self._size.observe(size)
+        self._in_process.inc()
+        self._in_flight.inc()
+        return _Record(self)
 
 
-def broker_middlewares(service: str) -> list[Any]:
-    """What make_broker adds for metrics: FastStream's Kafka metrics (faststream_*) and the in-flight gauge."""
-    set_service(service)
-    return [KafkaPrometheusMiddleware(registry=REGISTRY, app_name=f"roundtrip-{service}"), InFlightMiddleware]
+class _Record:
+    __slots__ = ("_of", "_status")
+
+    def __init__(self, of: _Received) -> None:
+        self._of, self._status = of, ProcessingStatus.acked
+
+    def failed(self, exception_type: str) -> None:
+        """The handler raised (the record is dead-lettered)."""
+        self._status = ProcessingStatus.error
+        self._of._exceptions.labels(**self._of._labels, exception_type=exception_type).inc()
+
+    def done(self, seconds: float) -> None:
+        of = self._of
+        of._duration.observe(seconds)
+        of._in_process.dec()
+        of._in_flight.dec()
+        of._processed[self._status].inc()
+
+
+class KafkaMetrics:
+    """FastStream's Kafka metrics of one service, recorded by the kernel's message path."""
+
+    def __init__(self, service: str) -> None:
+        self._container = MetricsContainer(REGISTRY, metrics_prefix="faststream", custom_label_names=())
+        self._app = f"roundtrip-{service}"
+        self._received: dict[str, _Received] = {}
+        self._published: dict[str, tuple[Any, Any, Any]] = {}
+
+    def received(self, topic: str, size: int) -> _Record:
+        """A record of `topic` arrived; `.done(seconds)` when handled, `.failed(type)` first if it raised."""
+        counted = self._received.get(topic)
+        if counted is None:
+            labels = {"app_name": self._app, "broker": "kafka", "handler": topic}
+            counted = self._received[topic] = _Received(self._container, labels, topic)
+        return counted(size)
+
+    def published(self, topic: str, seconds: float, exception_type: str | None = None) -> None:
+        children = self._published.get(topic)
+        if children is None:
+            labels = {"app_name": self._app, "broker": "kafka", "destination": topic}
+            c = self._container
+            children = self._published[topic] = (
+                c.published_messages_duration_seconds.labels(**labels),
+                c.published_messages_total.labels(**labels, status=PublishingStatus.success.value),
+                c.published_messages_total.labels(**labels, status=PublishingStatus.error.value),
+            )
+        duration, ok, failed = children
+        duration.observe(seconds)
+        if exception_type is None:
+            ok.inc()
+        else:
+            failed.inc()
+            self._container.published_messages_exceptions_total.labels(
+                app_name=self._app, broker="kafka", destination=topic, exception_type=exception_type).inc()
+
+
+_kafka: dict[str, KafkaMetrics] = {}
+
+
+def kafka_metrics(service: str) -> KafkaMetrics:
+    """The Kafka metrics of `service` in this process (one per service: tests run several)."""
+    if service not in _kafka:
+        _kafka[service] = KafkaMetrics(service)
+    return _kafka[service]

@@ -5,9 +5,9 @@ OpenTelemetry GenAI agent span): it lasts from the request to the reply, and eve
 turn sits right under it, so a 10-step turn is as shallow as a 1-step one:
 
     invoke_agent support-agent              gateway: recorded at the reply, ids fixed at the request
-      turn.starts process                   guard    ─┐ each hop: FastStream's consumer span,
+      turn.starts process                   guard    ─┐ each hop: the kernel's consumer span,
         guard.start                                    │ parented to the turn span, LINKED to the
-          turn.model_calls create / publish            │ publish of the hop before it (the cause)
+          turn.model_calls publish                     │ publish of the hop before it (the cause)
       turn.model_calls process              model     │
         anthropic.messages.create           (the SDK's own chat span)
       turn.iterations process               guard    ─┘
@@ -15,16 +15,18 @@ turn sits right under it, so a 10-step turn is as shallow as a 1-step one:
 
 How: the gateway fixes the turn span's trace id and span id when the request arrives (derived
 from the request record's coordinates, so a redelivery gets the same ones) and carries them in
-the `Turn` of every event. `HopMiddleware` (outermost of every broker's middlewares) puts them
-in the `roundtrip-turn-*` headers of every publish; on consume it makes the turn span the
-parent (`traceparent`) and keeps the previous hop's context as a span link. At the reply, the
+the `Turn` of every event. `publishing` (every Outlet's publish) puts them in the
+`roundtrip-turn-*` headers; `consuming` (the kernel's message path, around every handler)
+makes the turn span the parent of the hop's consumer span and the previous hop's publish a
+span link. (`HopMiddleware` does the same for what goes through FastStream's own chain.) At the reply, the
 gateway records the finished turn span with those ids (`record_turn_span`, through
 `TurnIdGenerator`, a public SDK extension point) and the time the request arrived as start.
 `TurnSpanProcessor` stamps `roundtrip.turn_id`, `gen_ai.conversation.id` and `roundtrip.step`
-on every span a hop starts (the SDK's model span and FastStream's spans included).
+on every span a hop starts (the SDK's model span included).
 
-Kafka hops are traced by FastStream's KafkaTelemetryMiddleware; model calls by the anthropic
-SDK's own span; the rest by the handlers through `tracer()`. Without an OTLP endpoint spans go
+Kafka hops are traced by `consuming` / `publishing` (OpenTelemetry's messaging conventions:
+`<topic> process`, `<topic> publish`); model calls by the anthropic SDK's own span; the rest by
+the handlers through `tracer()`. Without an OTLP endpoint spans go
 to a JSON-lines file (`JsonLinesSpanExporter`, rotated and bounded) that `roundtrip trace` reads.
 """
 
@@ -146,49 +148,126 @@ def _step_of(message: Any) -> int | None:
     return step + 1 if type(message).__name__ == "CallModel" else step  # a CallModel starts the next model call
 
 
-class HopMiddleware(BaseMiddleware):
-    """Outermost broker middleware: turn headers on publish; turn span as parent and the previous hop as link on consume.
+def turn_headers(message: Any) -> dict[str, str]:
+    """The `roundtrip-turn-*` headers of a message of a turn (empty for a message outside turns)."""
+    turn = getattr(message, "turn", None)
+    span_id = getattr(turn, "span_id", "")
+    if not span_id:
+        return {}
+    headers = {TURN_ID_HEADER: turn.turn_id, TURN_SPAN_HEADER: traceparent(turn.trace_id, span_id)}
+    step = _step_of(message)
+    if step is not None:
+        headers[STEP_HEADER] = str(step)
+    return headers
 
-    `roots` (per service, see `make_broker`) are the topics whose messages start turns (support.requests):
-    there the turn's ids are fixed before FastStream's consumer span starts, so it is already in the turn's trace.
+
+def hop_of(topic: str, partition: int, offset: int, timestamp: int, key: Any, headers: dict[str, Any],
+           roots: frozenset[str]) -> tuple[Hop | None, str | None]:
+    """The hop a consumed record is (None outside turns) and the traceparent its consumer span continues.
+
+    A record of a turn: the turn span is the parent, the sender's span (the previous hop) the cause.
+    A record of a turn-starting topic (`roots`): the turn's ids are fixed from the record's coordinates.
+    Anything else (an operator's cancel) continues the sender's trace."""
+    conversation_id = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key or "")
+    sender = headers.get(_TRACEPARENT)
+    turn_span = headers.get(TURN_SPAN_HEADER)
+    if turn_span:
+        attributes: dict[str, Any] = {"roundtrip.turn_id": headers.get(TURN_ID_HEADER, ""), "gen_ai.conversation.id": conversation_id}
+        if step := headers.get(STEP_HEADER):
+            with contextlib.suppress(ValueError):
+                attributes["roundtrip.step"] = int(step)
+        return Hop(attributes, conversation_id, _span_context(sender)), turn_span
+    if topic in roots:
+        trace_id, span_id = turn_ids_for_record(topic, partition, offset, timestamp)
+        # the client's span, if it sent one: linked, not the parent
+        return (Hop({"gen_ai.conversation.id": conversation_id}, conversation_id, _span_context(sender),
+                    new_turn=(trace_id, span_id, time.time())), traceparent(trace_id, span_id))
+    return None, sender
+
+
+# the hops' spans; a proxy until the process installs its provider, then that provider's tracer
+_KAFKA_TRACER = trace.get_tracer("roundtrip.kafka")
+
+
+@contextlib.contextmanager
+def consuming(record: Any, group: str, roots: frozenset[str] = frozenset(), using: trace.Tracer | None = None) -> Iterator[trace.Span]:
+    """The consumer span of one record (`<topic> process`), current while its handler runs, in its turn's trace.
+
+    What the kernel's message path opens around every handler (services/kernel/messaging.py): the
+    OpenTelemetry messaging attributes, the turn span as parent, the previous hop as a link, and
+    the turn's ids on every span the handler starts (`TurnSpanProcessor`)."""
+    headers = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in (record.headers or ())}
+    hop, parent = hop_of(record.topic, record.partition, record.offset, record.timestamp, record.key, headers, roots)
+    parent_ctx = otel_context.Context()
+    remote = _span_context(parent)
+    if remote is not None:
+        parent_ctx = trace.set_span_in_context(NonRecordingSpan(remote), parent_ctx)
+    attributes: dict[str, Any] = {
+        "messaging.system": "kafka",
+        "messaging.operation": "process",
+        "messaging.destination.name": record.topic,
+        "messaging.consumer.group.name": group,
+        "messaging.kafka.destination.partition": record.partition,
+        "messaging.kafka.message.offset": record.offset,
+        "messaging.message.body.size": len(record.value or b""),
+    }
+    correlation = headers.get("correlation_id")
+    if correlation:
+        attributes["messaging.message.conversation_id"] = correlation
+    if record.key is not None:
+        attributes["messaging.kafka.message.key"] = hop.conversation_id if hop else str(record.key)
+    token = _hop.set(hop) if hop is not None else None
+    try:
+        span = (using or _KAFKA_TRACER).start_span(f"{record.topic} process", context=parent_ctx, kind=SpanKind.CONSUMER, attributes=attributes)
+        with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+            yield span
+    finally:
+        if token is not None:
+            _hop.reset(token)
+
+
+@contextlib.contextmanager
+def publishing(topic: str, message: Any, conversation_id: str, using: trace.Tracer | None = None) -> Iterator[list[tuple[str, bytes]]]:
+    """The producer span of one publish (`<topic> publish`); yields the record's headers: the turn's
+    headers, `traceparent` of this span (the next hop links to it), `correlation_id` and the content type."""
+    attributes = {
+        "messaging.system": "kafka",
+        "messaging.operation": "publish",
+        "messaging.destination.name": topic,
+        "messaging.kafka.message.key": conversation_id,
+        "messaging.message.conversation_id": conversation_id,
+    }
+    with (using or _KAFKA_TRACER).start_as_current_span(f"{topic} publish", kind=SpanKind.PRODUCER, attributes=attributes,
+                                             record_exception=False) as span:
+        headers = [(k, v.encode()) for k, v in turn_headers(message).items()]
+        ctx = span.get_span_context()
+        if ctx.is_valid:
+            headers.append((_TRACEPARENT, f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags) & 1:02x}".encode()))
+        headers.append(("correlation_id", conversation_id.encode()))
+        headers.append(("content-type", b"application/json"))
+        yield headers
+
+
+class HopMiddleware(BaseMiddleware):
+    """The same for what goes through FastStream's own chain (a publish with `broker.publish`, a plain subscriber):
+    turn headers on publish; turn span as parent and the previous hop as link on consume.
+
+    `roots` (per service, see `make_broker`) are the topics whose messages start turns (support.requests).
     """
 
     roots: frozenset[str] = frozenset()
 
     async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
-        turn = getattr(cmd.body, "turn", None)
-        span_id = getattr(turn, "span_id", "")
-        if span_id:
-            headers = cmd.headers
-            headers[TURN_ID_HEADER] = turn.turn_id
-            headers[TURN_SPAN_HEADER] = traceparent(turn.trace_id, span_id)
-            step = _step_of(cmd.body)
-            if step is not None:
-                headers[STEP_HEADER] = str(step)
+        cmd.headers.update(turn_headers(cmd.body))
         return await call_next(cmd)
 
     async def consume_scope(self, call_next: Any, msg: Any) -> Any:
         headers = msg.headers
         record = msg.raw_message
-        key = record.key
-        conversation_id = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key or "")
-        turn_span = headers.get(TURN_SPAN_HEADER)
-        if turn_span:
-            cause = _span_context(headers.get(_TRACEPARENT))
-            headers[_TRACEPARENT] = turn_span  # FastStream's consumer span becomes a child of the turn span
-            attributes: dict[str, Any] = {"roundtrip.turn_id": headers.get(TURN_ID_HEADER, ""), "gen_ai.conversation.id": conversation_id}
-            if step := headers.get(STEP_HEADER):
-                with contextlib.suppress(ValueError):
-                    attributes["roundtrip.step"] = int(step)
-            hop = Hop(attributes, conversation_id, cause)
-        elif record.topic in self.roots:
-            trace_id, span_id = turn_ids_for_record(record.topic, record.partition, record.offset, record.timestamp)
-            cause = _span_context(headers.get(_TRACEPARENT))  # the client's span, if it sent one: linked, not the parent
-            headers[_TRACEPARENT] = traceparent(trace_id, span_id)
-            hop = Hop({"gen_ai.conversation.id": conversation_id}, conversation_id, cause,
-                      new_turn=(trace_id, span_id, time.time()))
-        else:
+        hop, parent = hop_of(record.topic, record.partition, record.offset, record.timestamp, record.key, headers, self.roots)
+        if hop is None:
             return await call_next(msg)
+        headers[_TRACEPARENT] = parent  # FastStream's consumer span becomes a child of the turn span
         token = _hop.set(hop)
         try:
             return await call_next(msg)

@@ -17,8 +17,8 @@ from services.kernel import telemetry
 from services.kernel.events import CallModel, ModelResponded, Turn, TurnFlagged, Usage
 from services.kernel.settings import Settings
 from services.kernel.telemetry import (
-    STEP_HEADER, TURN_ID_HEADER, TURN_SPAN_HEADER, TURN_SPAN_NAME, HopMiddleware, JsonLinesSpanExporter, make_provider,
-    new_turn_ids, record_turn_span, span_files, traceparent,
+    STEP_HEADER, TURN_ID_HEADER, TURN_SPAN_HEADER, TURN_SPAN_NAME, HopMiddleware, JsonLinesSpanExporter, consuming,
+    make_provider, new_turn_ids, publishing, record_turn_span, span_files, traceparent,
 )
 
 TRACE_ID, SPAN_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -82,7 +82,26 @@ class FakeCommand:
         self.body, self.headers = body, {}
 
 
-async def test_publishing_a_message_of_a_turn_puts_the_turn_span_in_its_headers():
+def test_publishing_a_message_of_a_turn_puts_the_turn_span_and_the_publish_span_in_its_headers(traced):
+    tracer, exporter = traced
+    sent = []
+    for message in (CallModel(turn=TURN, step=1, messages=[]), ModelResponded(turn=TURN, step=2, messages=[]),
+                    TurnFlagged(turn=TURN.model_copy(update={"span_id": ""}), step=1, idle_s=1, detail="")):
+        with publishing("t.turn.x", message, "conv_7", using=tracer) as headers:
+            sent.append(dict((k, v.decode()) for k, v in headers))
+    publishes = exporter.get_finished_spans()
+    assert [s.name for s in publishes] == ["t.turn.x publish"] * 3 and publishes[0].kind is SpanKind.PRODUCER
+    assert publishes[0].attributes["messaging.destination.name"] == "t.turn.x"
+    assert publishes[0].attributes["messaging.message.conversation_id"] == "conv_7"
+    first = sent[0]
+    assert (first[TURN_ID_HEADER], first[TURN_SPAN_HEADER], first[STEP_HEADER]) == ("turn_1", f"00-{TRACE_ID}-{SPAN_ID}-01", "2")  # the next call
+    assert first["traceparent"] == traceparent(*hex_ids(publishes[0]))  # the next hop links to this publish
+    assert first["correlation_id"] == "conv_7" and first["content-type"] == "application/json"
+    assert sent[1][STEP_HEADER] == "2"
+    assert TURN_ID_HEADER not in sent[2] and "traceparent" in sent[2]  # a turn from before turn spans: a plain trace
+
+
+async def test_what_goes_through_fastStreams_chain_gets_the_turn_headers_too():
     hop = HopMiddleware(None, context=None)
     sent = []
 
@@ -90,42 +109,38 @@ async def test_publishing_a_message_of_a_turn_puts_the_turn_span_in_its_headers(
         sent.append(dict(cmd.headers))
 
     await hop.publish_scope(send, FakeCommand(CallModel(turn=TURN, step=1, messages=[])))
-    await hop.publish_scope(send, FakeCommand(ModelResponded(turn=TURN, step=2, messages=[])))
     await hop.publish_scope(send, FakeCommand(TurnFlagged(turn=TURN.model_copy(update={"span_id": ""}), step=1, idle_s=1, detail="")))
-    assert sent[0] == {TURN_ID_HEADER: "turn_1", TURN_SPAN_HEADER: f"00-{TRACE_ID}-{SPAN_ID}-01", STEP_HEADER: "2"}  # the next call
-    assert sent[1][STEP_HEADER] == "2"
-    assert sent[2] == {}  # a turn from before turn spans: FastStream's headers only
+    assert sent == [{TURN_ID_HEADER: "turn_1", TURN_SPAN_HEADER: f"00-{TRACE_ID}-{SPAN_ID}-01", STEP_HEADER: "2"}, {}]
 
 
-def record(topic="t.turn.iterations", key=b"conv_7", offset=42):
-    return SimpleNamespace(topic=topic, partition=1, offset=offset, timestamp=1_700_000_000_123, key=key)
+def record(topic="t.turn.iterations", key=b"conv_7", offset=42, headers=None):
+    return SimpleNamespace(topic=topic, partition=1, offset=offset, timestamp=1_700_000_000_123, key=key, value=b"{}",
+                           headers=[(k, v.encode()) for k, v in (headers or {}).items()])
 
 
-async def consume(hop_cls, msg, tracer):
-    """What FastStream's telemetry middleware does inside ours: a consumer span from the headers, the handler's spans."""
+def consume(rec, tracer, roots=frozenset()):
+    """The kernel's consumer span around a handler that starts a span and publishes."""
     seen = {}
-
-    async def telemetry_and_handler(m):
-        parent = TraceContextTextMapPropagator().extract(m.headers)
-        with tracer.start_as_current_span("x process", context=parent, kind=SpanKind.CONSUMER):
-            with tracer.start_as_current_span("guard.decide"):
-                seen["new_turn"] = new_turn_ids()
-                with tracer.start_as_current_span("x create", kind=SpanKind.PRODUCER):
-                    pass
-
-    await hop_cls(msg, context=None).consume_scope(telemetry_and_handler, msg)
+    with consuming(rec, "roundtrip-guard", roots, using=tracer):
+        with tracer.start_as_current_span("guard.decide"):
+            seen["new_turn"] = new_turn_ids()
+            with tracer.start_as_current_span("x create", kind=SpanKind.PRODUCER):
+                pass
     return seen
 
 
-async def test_a_hop_of_a_turn_is_parented_to_the_turn_span_and_linked_to_the_hop_before(traced):
+def test_a_hop_of_a_turn_is_parented_to_the_turn_span_and_linked_to_the_hop_before(traced):
     tracer, exporter = traced
     cause = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01"  # the previous hop's publish
-    msg = SimpleNamespace(headers={"traceparent": cause, TURN_ID_HEADER: "turn_1", TURN_SPAN_HEADER: traceparent(TRACE_ID, SPAN_ID),
-                                   STEP_HEADER: "2"}, raw_message=record())
-    await consume(HopMiddleware, msg, tracer)
+    consume(record(headers={"traceparent": cause, TURN_ID_HEADER: "turn_1", TURN_SPAN_HEADER: traceparent(TRACE_ID, SPAN_ID),
+                            STEP_HEADER: "2", "correlation_id": "conv_7"}), tracer)
     spans = {s.name: s for s in exporter.get_finished_spans()}
-    process, decide, create = spans["x process"], spans["guard.decide"], spans["x create"]
+    process, decide, create = spans["t.turn.iterations process"], spans["guard.decide"], spans["x create"]
+    assert process.kind is SpanKind.CONSUMER and process.attributes["messaging.operation"] == "process"
+    assert process.attributes["messaging.destination.name"] == "t.turn.iterations"
+    assert process.attributes["messaging.kafka.message.offset"] == 42
     assert format(process.parent.span_id, "016x") == SPAN_ID  # the turn span, not the previous hop
+    assert format(decide.parent.span_id, "016x") == hex_ids(process)[1]  # the handler's spans sit in the hop
     assert [format(link.context.span_id, "016x") for link in process.links] == ["1111111111111111"]
     assert decide.links == () and create.links == ()  # only the hop's consumer span is linked
     for span in (process, decide, create):
@@ -141,22 +156,25 @@ async def test_a_hop_of_a_turn_is_parented_to_the_turn_span_and_linked_to_the_ho
     assert "roundtrip.turn_id" not in exporter.get_finished_spans()[-1].attributes
 
 
-async def test_a_request_opens_its_turn_trace_with_ids_the_same_for_a_redelivery(traced):
+def test_a_request_opens_its_turn_trace_with_ids_the_same_for_a_redelivery(traced):
     tracer, exporter = traced
-    roots = type("Roots", (HopMiddleware,), {"roots": frozenset({"t.support.requests"})})
+    roots = frozenset({"t.support.requests"})
     client = "00-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa-2222222222222222-01"  # the app's own span: linked, not the parent
-    first = await consume(roots, SimpleNamespace(headers={"traceparent": client}, raw_message=record("t.support.requests")), tracer)
-    again = await consume(roots, SimpleNamespace(headers={}, raw_message=record("t.support.requests")), tracer)
-    other = await consume(roots, SimpleNamespace(headers={}, raw_message=record("t.support.requests", offset=43)), tracer)
+    first = consume(record("t.support.requests", headers={"traceparent": client}), tracer, roots)
+    again = consume(record("t.support.requests"), tracer, roots)
+    other = consume(record("t.support.requests", offset=43), tracer, roots)
     trace_id, span_id, received = first["new_turn"]
     assert (trace_id, span_id) == again["new_turn"][:2] != other["new_turn"][:2]
     assert abs(received - time.time()) < 5
-    process = next(s for s in exporter.get_finished_spans() if s.name == "x process")
+    process = next(s for s in exporter.get_finished_spans() if s.name == "t.support.requests process")
     assert hex_ids(process)[0] == trace_id and format(process.parent.span_id, "016x") == span_id
     assert [format(link.context.span_id, "016x") for link in process.links] == ["2222222222222222"]
-    # a message of another topic without turn headers (an operator's cancel) is left to FastStream
-    plain = await consume(roots, SimpleNamespace(headers={}, raw_message=record("t.turn.controls")), tracer)
+    # a message of another topic without turn headers (an operator's cancel) continues its sender's trace
+    cancel = "00-cccccccccccccccccccccccccccccccc-3333333333333333-01"
+    plain = consume(record("t.turn.controls", headers={"traceparent": cancel}), tracer, roots)
     assert plain["new_turn"][:2] != (trace_id, span_id)
+    control = next(s for s in exporter.get_finished_spans() if s.name == "t.turn.controls process")
+    assert hex_ids(control)[0] == "c" * 32 and format(control.parent.span_id, "016x") == "3" * 16
 
 
 def test_the_span_file_is_rotated_and_bounded_across_writers(tmp_path, traced):

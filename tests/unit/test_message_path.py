@@ -1,0 +1,110 @@
+"""The kernel's message path (services/kernel/messaging.py) with a fake producer: decode, handle, dead-letter.
+
+The real thing runs in every integration and e2e test; these pin what a record goes through."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from types import SimpleNamespace
+
+import pytest
+from faststream.kafka import KafkaBroker
+from prometheus_client import REGISTRY
+
+from services.kernel import messaging, topics
+from services.kernel.events import CancelTurn, DeadLettered
+from services.kernel.settings import Settings
+
+
+class FakeProducer:
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[tuple[str, bytes, bytes | None, list]] = []
+        self.fail = fail
+
+    async def send(self, topic, value, key=None, headers=None):
+        if self.fail:
+            raise ConnectionError("broker away")
+        self.sent.append((topic, value, key, headers))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+@pytest.fixture
+def wired(monkeypatch):
+    """A broker with one subscription whose handler records what it got; the producer is a fake."""
+    producer = FakeProducer()
+    monkeypatch.setattr(messaging, "_producer", lambda broker: producer)
+    broker = messaging.make_broker("unitpath", Settings())
+    got: list = []
+    behaviour = {"raise": None}
+
+    @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", Settings())
+    async def on_cancel(command: CancelTurn) -> None:
+        got.append((command, messaging.current_record()))
+        if behaviour["raise"]:
+            raise behaviour["raise"]
+
+    (consumer,) = messaging.consumers_of(broker)
+    return SimpleNamespace(process=consumer._process, got=got, producer=producer, behaviour=behaviour)
+
+
+def record(value: bytes, offset: int = 7):
+    return SimpleNamespace(topic=topics.t(topics.TURN_CONTROLS), partition=0, offset=offset, timestamp=1_700_000_000_000,
+                           key=b"conv_1", value=value, headers=[("x-app", b"\xffraw")])
+
+
+def errors(topic: str) -> float:
+    return REGISTRY.get_sample_value("faststream_received_processed_messages_total",
+                                     {"app_name": "roundtrip-unitpath", "broker": "kafka", "handler": topic, "status": "error"}) or 0.0
+
+
+def letter_of(producer: FakeProducer) -> DeadLettered:
+    ((topic, value, key, headers),) = producer.sent
+    assert topic == topics.t(topics.DEAD_LETTERS) and key == b"conv_1"
+    return DeadLettered.model_validate_json(value)
+
+
+async def test_a_record_reaches_its_handler_as_the_model_with_the_record_at_hand(wired):
+    rec = record(CancelTurn(turn_id="turn_1", reason="operator").model_dump_json().encode())
+    await wired.process(rec)
+    ((command, current),) = wired.got
+    assert isinstance(command, CancelTurn) and command.turn_id == "turn_1" and current is rec
+    assert messaging.current_record() is None and wired.producer.sent == []
+
+
+@pytest.mark.parametrize("value,reason", [
+    (b"{not json", "malformed JSON: "),
+    (json.dumps({"turn_id": 5}).encode(), "schema violation: turn_id: Input should be a valid string"),
+])
+async def test_a_record_its_handler_cannot_read_is_dead_lettered_with_the_reason_and_its_bytes(wired, value, reason):
+    before = errors(topics.t(topics.TURN_CONTROLS))
+    await wired.process(record(value))
+    assert wired.got == []
+    letter = letter_of(wired.producer)
+    assert letter.reason.startswith(reason) and letter.service == "unitpath" and letter.offset == 7
+    assert base64.b64decode(letter.payload_base64) == value
+    assert letter.headers == [{"key": "x-app", "value_base64": base64.b64encode(b"\xffraw").decode()}]  # kept losslessly
+    assert errors(topics.t(topics.TURN_CONTROLS)) == before + 1
+
+
+async def test_a_handler_that_raises_dead_letters_its_record_and_the_service_goes_on(wired):
+    wired.behaviour["raise"] = ValueError("order ord_1 is not yours")
+    await wired.process(record(CancelTurn(turn_id="turn_2").model_dump_json().encode()))
+    assert letter_of(wired.producer).reason == "ValueError: order ord_1 is not yours"
+
+
+async def test_a_dead_letter_that_cannot_be_published_is_left_to_the_consumers_rescue_with_its_reason(wired):
+    wired.producer.fail = True
+    with pytest.raises(messaging.DeadLetterFailed) as failed:
+        await wired.process(record(b"[]"))
+    assert failed.value.reason.startswith("schema violation")
+
+
+def test_a_handler_must_take_one_message_model():
+    broker = KafkaBroker("127.0.0.1:1")
+    with pytest.raises(TypeError, match="exactly one parameter annotated with a pydantic model"):
+        @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", Settings())
+        async def on_two(command: CancelTurn, other: int) -> None: ...
