@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column, Connection, Float, Index, Integer, MetaData, String, Table, Text, delete, insert, select, update
+from sqlalchemy import Column, Connection, Float, Index, Integer, MetaData, String, Table, Text, bindparam, delete, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from services.kernel.limits import OMITTED_KEY
@@ -57,6 +57,25 @@ exchanges = Table(
     Column("outcome", String(40)),
     Index("ix_conversation_turns_conversation", "conversation_id", "started_at"),
 )
+
+
+# the statements of every turn, built once (see services/kernel/turnstore.py); `b_` names are the conditions
+_OF_CONVERSATION = conversations.c.conversation_id == bindparam("b_conversation_id")
+_OWNER = select(conversations.c.customer_id, conversations.c.updated_at).where(_OF_CONVERSATION)
+_TOUCH = update(conversations).where(_OF_CONVERSATION)
+_NEW_CONVERSATION = insert(conversations)
+_NEW_EXCHANGE = insert(exchanges)
+_STORED = (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.messages)
+           .where(exchanges.c.conversation_id == bindparam("b_conversation_id"), exchanges.c.messages.is_not(None))
+           .order_by(exchanges.c.started_at, exchanges.c.turn_id))
+_STORED_TOKENS = (select(exchanges.c.turn_id, exchanges.c.tokens)
+                  .where(exchanges.c.conversation_id == bindparam("b_conversation_id"), exchanges.c.messages.is_not(None))
+                  .order_by(exchanges.c.started_at, exchanges.c.turn_id))
+_ENDED_AT = select(exchanges.c.ended_at).where(exchanges.c.turn_id == bindparam("b_turn_id"))
+_STORE = update(exchanges).where(exchanges.c.turn_id == bindparam("b_turn_id"), exchanges.c.conversation_id == bindparam("b_conversation_id"))
+_COUNT = update(conversations).where(_OF_CONVERSATION).values(
+    updated_at=bindparam("b_now"), turns=conversations.c.turns + bindparam("b_turns"),
+    dropped_turns=conversations.c.dropped_turns + bindparam("b_dropped"))
 
 
 def estimate_tokens(value: Any) -> int:
@@ -197,17 +216,16 @@ class Conversations(TurnStore):
         now = now or time.time()
 
         def work(conn: Connection) -> str:
-            row = conn.execute(select(conversations.c.customer_id, conversations.c.updated_at)
-                               .where(conversations.c.conversation_id == conversation_id)).first()
+            row = conn.execute(_OWNER, {"b_conversation_id": conversation_id}).first()
             if row is not None and row.updated_at < now - self.retention_s:  # expired: as if it never existed
                 _delete(conn, conversation_id)
                 row = None
             if row is not None:
                 if row.customer_id == customer_id:  # in use: not idle any more
-                    conn.execute(update(conversations).where(conversations.c.conversation_id == conversation_id).values(updated_at=now))
+                    conn.execute(_TOUCH, {"b_conversation_id": conversation_id, "updated_at": now})
                 return row.customer_id
-            conn.execute(insert(conversations).values(conversation_id=conversation_id, customer_id=customer_id,
-                                                      created_at=now, updated_at=now, turns=0, dropped_turns=0))
+            conn.execute(_NEW_CONVERSATION, {"conversation_id": conversation_id, "customer_id": customer_id,
+                                             "created_at": now, "updated_at": now, "turns": 0, "dropped_turns": 0})
             return customer_id
 
         for _ in range(3):
@@ -221,17 +239,14 @@ class Conversations(TurnStore):
         """Remember that `turn_id` runs in the conversation (idempotent); it becomes history when it ends."""
         now = now or time.time()
         try:
-            await self._run(lambda conn: conn.execute(insert(exchanges).values(
-                turn_id=turn_id, conversation_id=conversation_id, started_at=now, text=text, tokens=0)), write=True)
+            await self._run(lambda conn: conn.execute(_NEW_EXCHANGE, {
+                "turn_id": turn_id, "conversation_id": conversation_id, "started_at": now, "text": text, "tokens": 0}), write=True)
         except IntegrityError:
             pass
 
     async def history(self, conversation_id: str) -> list[dict]:
         """The stored exchanges of the conversation, oldest first, as one transcript within the budget."""
-        rows = await self._run(lambda conn: conn.execute(
-            select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.messages)
-            .where(exchanges.c.conversation_id == conversation_id, exchanges.c.messages.is_not(None))
-            .order_by(exchanges.c.started_at, exchanges.c.turn_id)).all())
+        rows = await self._run(lambda conn: conn.execute(_STORED, {"b_conversation_id": conversation_id}).all())
         kept, _ = within_budget([(r.turn_id, r.tokens) for r in rows], self.budget_tokens)
         wanted = set(kept)
         return [m for r in rows if r.turn_id in wanted for m in json.loads(r.messages)]
@@ -248,20 +263,17 @@ class Conversations(TurnStore):
         tokens = estimate_tokens(exchange)
 
         def work(conn: Connection) -> bool:
-            before = conn.execute(select(exchanges.c.ended_at).where(exchanges.c.turn_id == turn_id)).first()
+            before = conn.execute(_ENDED_AT, {"b_turn_id": turn_id}).first()
             first = before is not None and before.ended_at is None  # a redelivery or a fuller end counts no second turn
-            stored = conn.execute(update(exchanges).where(exchanges.c.turn_id == turn_id, exchanges.c.conversation_id == conversation_id)
-                                  .values(messages=json.dumps(exchange), tokens=tokens, ended_at=now, outcome=outcome)).rowcount
+            stored = conn.execute(_STORE, {"b_turn_id": turn_id, "b_conversation_id": conversation_id, "messages": json.dumps(exchange),
+                                           "tokens": tokens, "ended_at": now, "outcome": outcome}).rowcount
             if stored != 1:
                 return False
-            rows = conn.execute(select(exchanges.c.turn_id, exchanges.c.tokens)
-                                .where(exchanges.c.conversation_id == conversation_id, exchanges.c.messages.is_not(None))
-                                .order_by(exchanges.c.started_at, exchanges.c.turn_id)).all()
+            rows = conn.execute(_STORED_TOKENS, {"b_conversation_id": conversation_id}).all()
             _, dropped = within_budget([(r.turn_id, r.tokens) for r in rows], self.budget_tokens)
             if dropped:
                 conn.execute(delete(exchanges).where(exchanges.c.turn_id.in_(dropped)))
-            conn.execute(update(conversations).where(conversations.c.conversation_id == conversation_id).values(
-                updated_at=now, turns=conversations.c.turns + int(first), dropped_turns=conversations.c.dropped_turns + len(dropped)))
+            conn.execute(_COUNT, {"b_conversation_id": conversation_id, "b_now": now, "b_turns": int(first), "b_dropped": len(dropped)})
             return True
 
         return await self._run(work, write=True)

@@ -23,7 +23,7 @@ from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from services.kernel.turnstore import (
-    AWAITING, ENDED, ENDING, LIVE, OPEN, RUNNING, STUCK, TurnStore, approvals, make_engine, no_live_lease, turns,
+    AWAITING, ENDED, ENDING, IS_LIVE, LIVE, OPEN, RUNNING, STUCK, TurnStore, approvals, make_engine, no_live_lease, turns,
 )
 
 __all__ = ["AWAITING", "ENDED", "ENDING", "LIVE", "RUNNING", "STUCK", "ApprovalRow", "Ledger", "TurnRow", "make_engine", "turns"]
@@ -33,6 +33,16 @@ PENDING = "pending"
 
 class _Refused(Exception):
     """Rolls a two-statement transition back when its second statement changes nothing."""
+
+
+# the statements of every step, built once (see services/kernel/turnstore.py); `b_` names are the conditions
+_START = insert(turns)
+_ADVANCE = update(turns).where(turns.c.turn_id == bindparam("b_turn_id"), turns.c.step == bindparam("b_step"), IS_LIVE)
+_GET = select(turns).where(turns.c.turn_id == bindparam("b_turn_id"))
+_LIVE_TURNS = select(turns).where(turns.c.conversation_id == bindparam("b_conversation_id"), turns.c.status != ENDED,
+                                  turns.c.turn_id != bindparam("b_but"))
+_PUBLISHED = update(turns).where(turns.c.turn_id == bindparam("b_turn_id"), turns.c.pending == bindparam("b_pending"),
+                                 turns.c.status != ENDING)
 
 @dataclass
 class TurnRow:
@@ -88,8 +98,8 @@ class ApprovalRow:
 
 
 class Ledger(TurnStore):
-    async def _rows(self, statement: Any) -> list[TurnRow]:
-        return await self._run(lambda conn: [TurnRow(**r) for r in conn.execute(statement).mappings().all()])
+    async def _rows(self, statement: Any, params: dict[str, Any] | None = None) -> list[TurnRow]:
+        return await self._run(lambda conn: [TurnRow(**r) for r in conn.execute(statement, params).mappings().all()])
 
     # -- transitions --------------------------------------------------------------------
     async def start(self, turn: dict[str, Any], pending: str, traceparent: str | None = None, now: float | None = None,
@@ -97,7 +107,7 @@ class Ledger(TurnStore):
         """Register a new turn (already ended with `outcome`, for a refused one); False when it exists already
         (a duplicated request)."""
         now = now or time.time()
-        statement = insert(turns).values(
+        row = dict(
             turn_id=turn["turn_id"], request_id=turn["request_id"], conversation_id=turn["conversation_id"],
             customer_id=turn["customer_id"], status=ENDED if outcome else RUNNING, step=0, started_at=now, last_progress_at=now,
             trace_id=turn.get("trace_id", ""), traceparent=traceparent, turn_json=json.dumps(turn), pending=pending,
@@ -105,7 +115,7 @@ class Ledger(TurnStore):
             input_tokens=0, output_tokens=0, cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=0.0,
         )
         try:
-            await self._run(lambda conn: conn.execute(statement), write=True)
+            await self._run(lambda conn: conn.execute(_START, row), write=True)
             return True
         except IntegrityError:
             return False
@@ -120,9 +130,7 @@ class Ledger(TurnStore):
                                       lease_step=None, lease_until=None, **usage)
         if outcome:
             values.update(outcome=outcome, ended_at=now)
-        return await self._update(
-            update(turns).where(turns.c.turn_id == turn_id, turns.c.step == step - 1, turns.c.status.in_(LIVE)).values(**values)
-        )
+        return await self._update(_ADVANCE, {"b_turn_id": turn_id, "b_step": step - 1, **values})
 
     async def end(self, turn_id: str, outcome: str, pending: str, *, step: int | None = None, status: str | None = None,
                   flagged_at: float | None = None, now: float | None = None, defer: bool = False) -> str | None:
@@ -172,10 +180,8 @@ class Ledger(TurnStore):
         """`published` for many decisions in one transaction (the guard clears its outbox in batches)."""
         if not decisions:
             return
-        statement = update(turns).where(turns.c.turn_id == bindparam("t"), turns.c.pending == bindparam("p"),
-                                        turns.c.status != ENDING).values(pending=None, pending_at=None)
-        rows = [{"t": turn_id, "p": pending} for turn_id, pending in decisions]
-        await self._run(lambda conn: conn.execute(statement, rows), write=True)
+        rows = [{"b_turn_id": turn_id, "b_pending": pending, "pending": None, "pending_at": None} for turn_id, pending in decisions]
+        await self._run(lambda conn: conn.execute(_PUBLISHED, rows), write=True)
 
     # -- approvals by a person -------------------------------------------------------------
     async def await_approval(self, approval: dict[str, Any], now: float | None = None) -> bool:
@@ -274,15 +280,12 @@ class Ledger(TurnStore):
 
     # -- reads ----------------------------------------------------------------------------
     async def get(self, turn_id: str) -> TurnRow | None:
-        rows = await self._rows(select(turns).where(turns.c.turn_id == turn_id))
+        rows = await self._rows(_GET, {"b_turn_id": turn_id})
         return rows[0] if rows else None
 
     async def live_turns(self, conversation_id: str, but: str | None = None) -> list[TurnRow]:
         """The turns of a conversation that have not ended (running, stuck, ending), except `but`."""
-        query = select(turns).where(turns.c.conversation_id == conversation_id, turns.c.status != ENDED)
-        if but:
-            query = query.where(turns.c.turn_id != but)
-        return await self._rows(query)
+        return await self._rows(_LIVE_TURNS, {"b_conversation_id": conversation_id, "b_but": but or ""})
 
     async def list(self, status: str | None = None, customer_id: str | None = None, limit: int = 50) -> list[TurnRow]:
         query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)

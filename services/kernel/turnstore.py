@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
-    Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, create_engine, event, inspect, text, update,
+    Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, bindparam, create_engine, event, inspect, or_,
+    text, update,
 )
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -95,6 +96,17 @@ approvals = Table(
 )
 
 ADDED_COLUMNS = {"deadline_at": "FLOAT", "lease_step": "INTEGER", "lease_until": "FLOAT", "pending_at": "FLOAT"}
+
+
+# The statements of the hot path (every step of every turn) are built once, with bind parameters:
+# SQLAlchemy then compiles each once and only binds values. Building a statement per call (and an
+# IN list, rendered at every execution) cost ~5x what the statement itself costs on SQLite
+# (docs/benchmarks.md). Bind names start with `b_`: a column's own name is its value in the SET.
+IS_LIVE = or_(turns.c.status == RUNNING, turns.c.status == STUCK)  # = status IN LIVE, compiled once
+BEFORE_DEADLINE = turns.c.deadline_at.is_(None) | (turns.c.deadline_at > bindparam("b_now"))
+AT_STEP = (turns.c.turn_id == bindparam("b_turn_id")) & (turns.c.step == bindparam("b_step"))
+_CLAIM = update(turns).where(AT_STEP, IS_LIVE, BEFORE_DEADLINE)
+_RELEASE_ENDING = update(turns).where(AT_STEP, turns.c.status == ENDING)
 
 
 def no_live_lease(now: float) -> Any:
@@ -180,9 +192,9 @@ class TurnStore:
             finally:
                 conn.exec_driver_sql("PRAGMA busy_timeout=0")
 
-    async def _update(self, statement: Any) -> bool:
+    async def _update(self, statement: Any, params: dict[str, Any] | None = None) -> bool:
         """A conditional update; True when it changed the one row (the caller owns the transition)."""
-        return await self._run(lambda conn: conn.execute(statement).rowcount == 1, write=True)
+        return await self._run(lambda conn: conn.execute(statement, params).rowcount == 1, write=True)
 
 
 class Fence(TurnStore):
@@ -194,26 +206,14 @@ class Fence(TurnStore):
         A redelivered batch of the same step may claim again (its calls are idempotent by
         tool_use_id); a batch of a step the turn has left, or of a turn that ended, cannot."""
         now = now or time.time()
-        return await self._update(
-            update(turns)
-            .where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status.in_(LIVE),
-                   turns.c.deadline_at.is_(None) | (turns.c.deadline_at > now))
-            .values(lease_step=step, lease_until=now + lease_s)
-        )
+        return await self._update(_CLAIM, {"b_turn_id": turn_id, "b_step": step, "b_now": now,
+                                           "lease_step": step, "lease_until": now + lease_s})
 
     async def claim_model_call(self, turn_id: str, step: int, now: float | None = None) -> bool:
         """True when the turn is live at `step` before its deadline (and the step's executor lease is released)."""
         now = now or time.time()
-        if await self._update(
-            update(turns)
-            .where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status.in_(LIVE),
-                   turns.c.deadline_at.is_(None) | (turns.c.deadline_at > now))
-            .values(lease_until=None)
-        ):
+        if await self._update(_CLAIM, {"b_turn_id": turn_id, "b_step": step, "b_now": now, "lease_until": None}):
             return True
         # Refused (the rare path): if an end is waiting for this step's lease, let it go now.
-        await self._update(
-            update(turns).where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status == ENDING)
-            .values(lease_until=None)
-        )
+        await self._update(_RELEASE_ENDING, {"b_turn_id": turn_id, "b_step": step, "lease_until": None})
         return False
