@@ -73,7 +73,8 @@ CLEAR_BATCH_S = 0.05  # published decisions are cleared from the outbox together
 
 
 def _pending(message: BaseModel) -> str:
-    return json.dumps({"topic": TOPIC_OF[type(message)], "message": message.model_dump(mode="json")})
+    """The outbox copy of a decision: {"topic": ..., "message": ...} (pydantic writes the message's JSON itself)."""
+    return f'{{"topic": {json.dumps(TOPIC_OF[type(message)])}, "message": {message.model_dump_json()}}}'
 
 
 class DecisionRefused(Exception):

@@ -208,8 +208,9 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
 
 
 def turns_for(args: argparse.Namespace, concurrency: int) -> int:
-    """--turns, or 1500 at zero latency, or four rounds of the concurrency when the model takes time."""
-    return args.turns or (4 * concurrency if args.simulator_latency_ms else 1500)
+    """--turns, or 1500, or at least four rounds of the concurrency when the model takes time (a run of ~50 s or more:
+    a shorter one at 1 s per model call measures the broker's JIT warming up as much as the fleet)."""
+    return args.turns or (max(1500, 4 * concurrency) if args.simulator_latency_ms else 1500)
 
 
 def add_model_replicas(fleet: Fleet, replicas: int, say: Callable[[str], None]) -> dict[str, int]:
@@ -401,15 +402,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="zero: simulator latency 0, concurrency 1,50 (the default); realistic: 1000 ms ±30 %% "
                              "latency, concurrency 100,500, then the model service at 3 replicas at 500")
     parser.add_argument("--turns", type=int, default=None,
-                        help="turns per run at concurrency > 1 (default 1500 at zero latency, 4 x concurrency otherwise)")
+                        help="turns per run at concurrency > 1 (default 1500; with a model latency, at least 4 x concurrency)")
     parser.add_argument("--turns-single", type=int, default=150, help="turns per run at concurrency 1 (default 150)")
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="comma-separated concurrency levels (default 1,50; realistic: 100,500)")
     parser.add_argument("--model-replicas", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="after the runs, grow the model service to these replica counts and run the fleet again at "
                              "the highest concurrency (default none; realistic: 1,3)")
-    parser.add_argument("--warmup", type=int, default=300,
-                        help="warm-up turns per variant (default 300: the broker's JIT compiles for a minute or so)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="warm-up turns per variant (default 300; realistic 900: the broker's JIT compiles for a minute "
+                             "or so, and at 1 s per model call 300 turns take only ~15 s)")
     parser.add_argument("--max-seconds", type=float, default=None, help="cap of one run in seconds (default 60; realistic 150)")
     parser.add_argument("--turn-timeout", type=float, default=180.0, help="a fleet turn with no reply after this counts as wrong")
     parser.add_argument("--partitions", type=int, default=6, help="partitions per topic (default 6, as configured)")
@@ -428,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     realistic = args.profile == "realistic"
     defaults = {"concurrency": [100, 500] if realistic else [1, 50], "model_replicas": [1, 3] if realistic else [1],
                 "max_seconds": 150.0 if realistic else 60.0, "simulator_latency_ms": 1000.0 if realistic else 0.0,
+                "warmup": 900 if realistic else 300,
                 "simulator_latency_jitter": 0.3 if realistic else 0.0}
     for name, value in defaults.items():
         if getattr(args, name) is None:

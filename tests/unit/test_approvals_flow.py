@@ -32,6 +32,7 @@ from services.simulator.server import running_simulator
 from services.tools.registry import load_registry
 from services.tools.shop_client import ShopClient
 from services.tools.support import ApprovalLimits, always
+from tests.unit.test_guard_handlers import Recorder
 
 REGISTRY = load_registry()
 SIGNER = Signer(parse_keys("k1:unit"))
@@ -215,18 +216,6 @@ async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resume
 
 
 # -- the guard: awaiting, deciding, expiring -----------------------------------------------------------------
-
-
-class Recorder:
-    def __init__(self):
-        self.sent: list[tuple[str, object]] = []
-        self.flags: list[object] = []
-
-    async def __call__(self, topic, message, conversation_id):
-        self.sent.append((topic, message))
-
-    async def flag(self, message, conversation_id):
-        self.flags.append(message)
 
 
 @pytest.fixture
