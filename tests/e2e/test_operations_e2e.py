@@ -19,7 +19,8 @@ from services.kernel.events import Outcome
 from tests.ports import free_port_run
 
 REQUESTS = 40
-SIMULATOR_LATENCY_MS = 300  # the model service (4 workers) takes ~3 s to bring all first steps to the executors
+SIMULATOR_LATENCY_MS = 300
+ASK_EVERY_S = 0.1  # requests arrive over ~4 s, as customers do: the backlog grows while it is watched
 
 
 async def _scrape(http: httpx.AsyncClient, port: int) -> dict[tuple[str, tuple], float]:
@@ -73,16 +74,19 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
         lag_before = await _executor_lag(settings)
 
         await fleet.kill("executor")
-        ids = [await client.ask("show me my orders", customer=f"cus_100{1 + i % 3}", persona="careful") for i in range(REQUESTS)]
-
-        # The backlog on turn.tool_batches builds up while the model service works through the first steps.
         seen = [lag_before]
 
         async def all_queued():
             seen.append(await _executor_lag(settings))
             return seen[-1] >= lag_before + REQUESTS
 
-        await _until(all_queued, 30, every=0.2)
+        # The backlog on turn.tool_batches builds up as the requests' first steps reach it, watched meanwhile.
+        watching = asyncio.create_task(_until(all_queued, 30, every=0.2))
+        ids = []
+        for i in range(REQUESTS):
+            ids.append(await client.ask("show me my orders", customer=f"cus_100{1 + i % 3}", persona="careful"))
+            await asyncio.sleep(ASK_EVERY_S)
+        await watching
         assert seen == sorted(seen), f"the backlog only grows while no executor runs: {seen}"
         assert len(set(seen)) >= 3, f"the backlog should be seen building up, not appear at once: {seen}"
 
