@@ -41,7 +41,6 @@ from faststream import FastStream
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 
-from services.kernel import metrics
 from services.kernel.settings import Settings
 
 log = logging.getLogger("roundtrip.health")
@@ -189,7 +188,6 @@ def subscribers_alive(app: FastStream, state: dict[str, bool]) -> Check:
 
 def attach(app: FastStream, service: str, settings: Settings) -> HealthServer | None:
     """Serve this service's endpoint from the app's start to its end (None when ROUNDTRIP_HEALTH_PORT is 0)."""
-    metrics.set_service(service)
     ports = port_candidates(service, settings)
     if not ports:
         return None

@@ -34,7 +34,6 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
-from faststream.kafka.opentelemetry import KafkaTelemetryMiddleware
 from pydantic import BaseModel, ValidationError
 
 from services.kernel import health, metrics, topics
@@ -42,7 +41,7 @@ from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
 from services.kernel.settings import Settings
-from services.kernel.telemetry import HopMiddleware, consuming, mark_error, publishing
+from services.kernel.telemetry import consuming, mark_error, publishing
 
 log = logging.getLogger("roundtrip")
 
@@ -280,14 +279,15 @@ def _rescuer(broker: KafkaBroker, service: str):
 async def publish(broker: KafkaBroker, topic: str, message: BaseModel, key: bytes | None = None) -> None:
     """Publish one message (JSON) and wait for the broker's ack: one producer span, counted, on the broker's producer."""
     conversation_id = key.decode("utf-8", "replace") if key is not None else ""
-    started = time.perf_counter()
+    started, failure = time.perf_counter(), None
     try:
         with publishing(topic, message, conversation_id) as headers:
             await (await _producer(broker).send(topic, message.model_dump_json().encode(), key=key, headers=headers))
     except Exception as exc:
-        metrics.kafka_metrics(_service_of(broker)).published(topic, time.perf_counter() - started, type(exc).__name__)
+        failure = type(exc).__name__
         raise
-    metrics.kafka_metrics(_service_of(broker)).published(topic, time.perf_counter() - started)
+    finally:
+        metrics.kafka_metrics(_service_of(broker)).published(topic, time.perf_counter() - started, failure)
 
 
 def _service_of(broker: KafkaBroker) -> str:
@@ -309,15 +309,11 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
     """The service's broker; spans go to the process's tracer provider (see telemetry.setup_telemetry).
 
     `turn_roots`: the (logical) topics whose messages start turns: their hops open the turn's trace.
-    The kernel's subscriptions and Outlets do not go through FastStream's middlewares (see the module's
-    docstring); the two here trace whatever else does (a `broker.publish` of a script or a test)."""
-    roots = frozenset(topics.t(t) for t in turn_roots)
-    metrics.set_service(service)
-    hops = type(f"{service.title()}Hops", (HopMiddleware,), {"roots": roots})
+    No FastStream middlewares: the kernel's subscriptions and Outlets trace, count and dead-letter
+    themselves (see the module's docstring)."""
     broker = KafkaBroker(
         settings.bootstrap_servers,
         client_id=f"roundtrip-{service}",
-        middlewares=[hops, KafkaTelemetryMiddleware()],
         enable_idempotence=True,
         linger_ms=0,
         # the dead letter of a record near the broker's limit is larger than the record (base64); the other
@@ -327,7 +323,7 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
         log_level=MESSAGE_LOG_LEVEL,
         graceful_timeout=10.0,
     )
-    setattr(broker, _SERVICE, (service, roots))
+    setattr(broker, _SERVICE, (service, frozenset(topics.t(t) for t in turn_roots)))
     return broker
 
 

@@ -20,13 +20,11 @@ by the kernel's message path (`kafka_metrics`) instead of FastStream's per-messa
 | roundtrip_tool_executions_total | counter | tool, result (ok, error) | executor, per approved call run |
 | roundtrip_tool_duration_seconds | histogram | tool | executor, per approved call run |
 | roundtrip_model_call_duration_seconds | histogram | model, result (ok, error) | model, per Messages API call (with the SDK's retries) |
-| roundtrip_in_flight | gauge | service, subscription | any consumer: messages being handled now |
+| roundtrip_in_flight | gauge | service, subscription (the topic) | any consumer: messages being handled now |
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from faststream.prometheus.container import MetricsContainer
@@ -67,30 +65,6 @@ model_call_duration = Histogram(
 )
 in_flight_messages = Gauge("roundtrip_in_flight", "Messages being handled right now", ["service", "subscription"])
 
-_service = {"name": "unknown"}
-
-
-def set_service(name: str) -> None:
-    """The `service` label of this process's in-flight gauge (health.attach sets it)."""
-    _service["name"] = name
-
-
-def in_flight_gauge(subscription: str) -> Gauge:
-    """The in-flight gauge of one subscription (a topic, or a consumer's name): `.set(n)`, `.inc()`, `.dec()`."""
-    return in_flight_messages.labels(_service["name"], subscription)
-
-
-@contextmanager
-def in_flight(subscription: str) -> Iterator[None]:
-    """`with metrics.in_flight("turn.tool_batches"): await handle(message)` counts the message while it is handled."""
-    gauge = in_flight_gauge(subscription)
-    gauge.inc()
-    try:
-        yield
-    finally:
-        gauge.dec()
-
-
 def count_usage(model: str, usage: Usage, cost: float) -> None:
     for field, kind in TOKEN_KINDS.items():
         if value := getattr(usage, field):
@@ -111,7 +85,7 @@ class _Received:
 
     __slots__ = ("_duration", "_exceptions", "_in_flight", "_in_process", "_labels", "_processed", "_size", "_total")
 
-    def __init__(self, container: MetricsContainer, labels: dict[str, str], topic: str) -> None:
+    def __init__(self, container: MetricsContainer, labels: dict[str, str], service: str, topic: str) -> None:
         self._labels = labels
         self._total = container.received_messages_total.labels(**labels)
         self._size = container.received_messages_size_bytes.labels(**labels)
@@ -120,7 +94,7 @@ class _Received:
         self._exceptions = container.received_processed_messages_exceptions_total
         self._processed = {s: container.received_processed_messages_total.labels(**labels, status=s.value)
                            for s in (ProcessingStatus.acked, ProcessingStatus.error)}
-        self._in_flight = in_flight_gauge(topic)
+        self._in_flight = in_flight_messages.labels(service, topic)
 
     def __call__(self, size: int) -> _Record:
         self._total.inc()
@@ -154,7 +128,7 @@ class KafkaMetrics:
 
     def __init__(self, service: str) -> None:
         self._container = MetricsContainer(REGISTRY, metrics_prefix="faststream", custom_label_names=())
-        self._app = f"roundtrip-{service}"
+        self._service, self._app = service, f"roundtrip-{service}"
         self._received: dict[str, _Received] = {}
         self._published: dict[str, tuple[Any, Any, Any]] = {}
 
@@ -163,7 +137,7 @@ class KafkaMetrics:
         counted = self._received.get(topic)
         if counted is None:
             labels = {"app_name": self._app, "broker": "kafka", "handler": topic}
-            counted = self._received[topic] = _Received(self._container, labels, topic)
+            counted = self._received[topic] = _Received(self._container, labels, self._service, topic)
         return counted(size)
 
     def published(self, topic: str, seconds: float, exception_type: str | None = None) -> None:

@@ -18,8 +18,7 @@ from the request record's coordinates, so a redelivery gets the same ones) and c
 the `Turn` of every event. `publishing` (every Outlet's publish) puts them in the
 `roundtrip-turn-*` headers; `consuming` (the kernel's message path, around every handler)
 makes the turn span the parent of the hop's consumer span and the previous hop's publish a
-span link. (`HopMiddleware` does the same for what goes through FastStream's own chain.) At the reply, the
-gateway records the finished turn span with those ids (`record_turn_span`, through
+span link. At the reply, the gateway records the finished turn span with those ids (`record_turn_span`, through
 `TurnIdGenerator`, a public SDK extension point) and the time the request arrived as start.
 `TurnSpanProcessor` stamps `roundtrip.turn_id`, `gen_ai.conversation.id` and `roundtrip.step`
 on every span a hop starts (the SDK's model span included).
@@ -44,7 +43,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from faststream._internal.middlewares import BaseMiddleware
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
@@ -58,7 +56,7 @@ from services.kernel.settings import Settings
 AGENT_NAME = "support-agent"
 TURN_SPAN_NAME = f"invoke_agent {AGENT_NAME}"
 
-# headers of every message of a turn (next to FastStream's traceparent and correlation_id)
+# headers of every message of a turn (next to the publish span's traceparent and correlation_id)
 TURN_ID_HEADER = "roundtrip-turn-id"
 TURN_SPAN_HEADER = "roundtrip-turn-span"  # traceparent of the turn span: the parent of every hop
 STEP_HEADER = "roundtrip-step"
@@ -85,7 +83,7 @@ class Hop:
                  new_turn: tuple[str, str, float] | None = None) -> None:
         self.attributes = attributes
         self.conversation_id = conversation_id
-        self.cause = cause  # the previous hop (linked from this hop's consumer span)
+        self.cause = cause  # the previous hop (the hop's consumer span links to it)
         self.new_turn = new_turn  # (trace id, span id, received at) fixed for a turn that starts with this message
 
 
@@ -125,7 +123,7 @@ def turn_ids_for_record(topic: str, partition: int, offset: int, timestamp: int)
 def new_turn_ids() -> tuple[str, str, float]:
     """(trace id, turn span id, start time) of the turn the current message starts.
 
-    Fixed by `HopMiddleware` for a message of a turn-starting topic (the request); fresh random
+    Fixed by `consuming` for a message of a turn-starting topic (the request); fresh random
     ones otherwise (a handler called outside the broker, in tests)."""
     hop = _hop.get()
     if hop is not None and hop.new_turn is not None:
@@ -185,10 +183,6 @@ def hop_of(topic: str, partition: int, offset: int, timestamp: int, key: Any, he
     return None, sender
 
 
-# the hops' spans; a proxy until the process installs its provider, then that provider's tracer
-_KAFKA_TRACER = trace.get_tracer("roundtrip.kafka")
-
-
 @contextlib.contextmanager
 def consuming(record: Any, group: str, roots: frozenset[str] = frozenset(), using: trace.Tracer | None = None) -> Iterator[trace.Span]:
     """The consumer span of one record (`<topic> process`), current while its handler runs, in its turn's trace.
@@ -211,14 +205,16 @@ def consuming(record: Any, group: str, roots: frozenset[str] = frozenset(), usin
         "messaging.kafka.message.offset": record.offset,
         "messaging.message.body.size": len(record.value or b""),
     }
-    correlation = headers.get("correlation_id")
-    if correlation:
-        attributes["messaging.message.conversation_id"] = correlation
+    conversation_id = hop.conversation_id if hop else headers.get("correlation_id")
+    if conversation_id:
+        attributes["messaging.message.conversation_id"] = conversation_id
     if record.key is not None:
         attributes["messaging.kafka.message.key"] = hop.conversation_id if hop else str(record.key)
+    links = [Link(hop.cause)] if hop is not None and hop.cause is not None else None
     token = _hop.set(hop) if hop is not None else None
     try:
-        span = (using or _KAFKA_TRACER).start_span(f"{record.topic} process", context=parent_ctx, kind=SpanKind.CONSUMER, attributes=attributes)
+        span = (using or tracer("roundtrip.kafka")).start_span(f"{record.topic} process", context=parent_ctx, kind=SpanKind.CONSUMER,
+                                                              attributes=attributes, links=links)
         with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
             yield span
     finally:
@@ -237,8 +233,8 @@ def publishing(topic: str, message: Any, conversation_id: str, using: trace.Trac
         "messaging.kafka.message.key": conversation_id,
         "messaging.message.conversation_id": conversation_id,
     }
-    with (using or _KAFKA_TRACER).start_as_current_span(f"{topic} publish", kind=SpanKind.PRODUCER, attributes=attributes,
-                                             record_exception=False) as span:
+    with (using or tracer("roundtrip.kafka")).start_as_current_span(f"{topic} publish", kind=SpanKind.PRODUCER,
+                                                                  attributes=attributes, record_exception=False) as span:
         headers = [(k, v.encode()) for k, v in turn_headers(message).items()]
         ctx = span.get_span_context()
         if ctx.is_valid:
@@ -248,46 +244,13 @@ def publishing(topic: str, message: Any, conversation_id: str, using: trace.Trac
         yield headers
 
 
-class HopMiddleware(BaseMiddleware):
-    """The same for what goes through FastStream's own chain (a publish with `broker.publish`, a plain subscriber):
-    turn headers on publish; turn span as parent and the previous hop as link on consume.
-
-    `roots` (per service, see `make_broker`) are the topics whose messages start turns (support.requests).
-    """
-
-    roots: frozenset[str] = frozenset()
-
-    async def publish_scope(self, call_next: Any, cmd: Any) -> Any:
-        cmd.headers.update(turn_headers(cmd.body))
-        return await call_next(cmd)
-
-    async def consume_scope(self, call_next: Any, msg: Any) -> Any:
-        headers = msg.headers
-        record = msg.raw_message
-        hop, parent = hop_of(record.topic, record.partition, record.offset, record.timestamp, record.key, headers, self.roots)
-        if hop is None:
-            return await call_next(msg)
-        headers[_TRACEPARENT] = parent  # FastStream's consumer span becomes a child of the turn span
-        token = _hop.set(hop)
-        try:
-            return await call_next(msg)
-        finally:
-            _hop.reset(token)
-
-
 class TurnSpanProcessor(SpanProcessor):
-    """Stamps the current hop's turn id, conversation id and step on every span it starts; links its consumer span to the cause."""
+    """Stamps the current hop's turn id, conversation id and step on every span it starts (the SDK's too)."""
 
     def on_start(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
         hop = _hop.get()
-        if hop is None:
-            return
-        span.set_attributes(hop.attributes)
-        if span.kind is SpanKind.CONSUMER:  # the hop's own span (producer spans get it from the Outlet's correlation id)
-            span.set_attribute("messaging.message.conversation_id", hop.conversation_id)
-            if hop.cause is not None:
-                span.add_link(hop.cause)
-                hop.cause = None
+        if hop is not None:
+            span.set_attributes(hop.attributes)
 
     def on_end(self, span: ReadableSpan) -> None:
         pass

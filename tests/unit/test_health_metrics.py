@@ -202,11 +202,3 @@ async def test_tool_executions_are_counted_ok_or_error_with_their_latency():
     assert sample("roundtrip_tool_executions_total", tool="t_ok", result="ok") == before[("t_ok", "ok")] + 1
     assert sample("roundtrip_tool_executions_total", tool="t_fails", result="error") == before[("t_fails", "error")] + 1
     assert sample("roundtrip_tool_duration_seconds_count", tool="t_ok") == timed + 1
-
-
-def test_the_in_flight_helper_counts_while_a_message_is_handled():
-    metrics.set_service("executor")
-    gauge = ("roundtrip_in_flight", {"service": "executor", "subscription": "t.topic"})
-    with metrics.in_flight("t.topic"), metrics.in_flight("t.topic"):
-        assert REGISTRY.get_sample_value(*gauge) == 2
-    assert REGISTRY.get_sample_value(*gauge) == 0

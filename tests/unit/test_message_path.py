@@ -43,7 +43,7 @@ def wired(monkeypatch):
 
     @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", Settings())
     async def on_cancel(command: CancelTurn) -> None:
-        got.append((command, messaging.current_record()))
+        got.append((command, messaging.current_record(), in_flight()))
         if behaviour["raise"]:
             raise behaviour["raise"]
 
@@ -54,6 +54,10 @@ def wired(monkeypatch):
 def record(value: bytes, offset: int = 7):
     return SimpleNamespace(topic=topics.t(topics.TURN_CONTROLS), partition=0, offset=offset, timestamp=1_700_000_000_000,
                            key=b"conv_1", value=value, headers=[("x-app", b"\xffraw")])
+
+
+def in_flight() -> float | None:
+    return REGISTRY.get_sample_value("roundtrip_in_flight", {"service": "unitpath", "subscription": topics.t(topics.TURN_CONTROLS)})
 
 
 def errors(topic: str) -> float:
@@ -67,11 +71,12 @@ def letter_of(producer: FakeProducer) -> DeadLettered:
     return DeadLettered.model_validate_json(value)
 
 
-async def test_a_record_reaches_its_handler_as_the_model_with_the_record_at_hand(wired):
+async def test_a_record_reaches_its_handler_as_the_model_with_the_record_at_hand_and_is_counted_while_handled(wired):
     rec = record(CancelTurn(turn_id="turn_1", reason="operator").model_dump_json().encode())
     await wired.process(rec)
-    ((command, current),) = wired.got
+    ((command, current, counted),) = wired.got
     assert isinstance(command, CancelTurn) and command.turn_id == "turn_1" and current is rec
+    assert counted == 1 and in_flight() == 0  # roundtrip_in_flight{service, subscription=topic}
     assert messaging.current_record() is None and wired.producer.sent == []
 
 

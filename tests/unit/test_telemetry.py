@@ -17,7 +17,7 @@ from services.kernel import telemetry
 from services.kernel.events import CallModel, ModelResponded, Turn, TurnFlagged, Usage
 from services.kernel.settings import Settings
 from services.kernel.telemetry import (
-    STEP_HEADER, TURN_ID_HEADER, TURN_SPAN_HEADER, TURN_SPAN_NAME, HopMiddleware, JsonLinesSpanExporter, consuming,
+    STEP_HEADER, TURN_ID_HEADER, TURN_SPAN_HEADER, TURN_SPAN_NAME, JsonLinesSpanExporter, consuming,
     make_provider, new_turn_ids, publishing, record_turn_span, span_files, traceparent,
 )
 
@@ -77,11 +77,6 @@ def test_a_turn_the_guard_stopped_is_an_error_for_jaegers_error_filter(traced, o
         assert outcome in span.status.description
 
 
-class FakeCommand:
-    def __init__(self, body) -> None:
-        self.body, self.headers = body, {}
-
-
 def test_publishing_a_message_of_a_turn_puts_the_turn_span_and_the_publish_span_in_its_headers(traced):
     tracer, exporter = traced
     sent = []
@@ -99,18 +94,6 @@ def test_publishing_a_message_of_a_turn_puts_the_turn_span_and_the_publish_span_
     assert first["correlation_id"] == "conv_7" and first["content-type"] == "application/json"
     assert sent[1][STEP_HEADER] == "2"
     assert TURN_ID_HEADER not in sent[2] and "traceparent" in sent[2]  # a turn from before turn spans: a plain trace
-
-
-async def test_what_goes_through_fastStreams_chain_gets_the_turn_headers_too():
-    hop = HopMiddleware(None, context=None)
-    sent = []
-
-    async def send(cmd):
-        sent.append(dict(cmd.headers))
-
-    await hop.publish_scope(send, FakeCommand(CallModel(turn=TURN, step=1, messages=[])))
-    await hop.publish_scope(send, FakeCommand(TurnFlagged(turn=TURN.model_copy(update={"span_id": ""}), step=1, idle_s=1, detail="")))
-    assert sent == [{TURN_ID_HEADER: "turn_1", TURN_SPAN_HEADER: f"00-{TRACE_ID}-{SPAN_ID}-01", STEP_HEADER: "2"}, {}]
 
 
 def record(topic="t.turn.iterations", key=b"conv_7", offset=42, headers=None):
