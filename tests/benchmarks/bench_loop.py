@@ -40,6 +40,7 @@ from pathlib import Path
 
 from services.broker.embedded import free_port
 from services.fleet import Fleet
+from services.kernel.runtime import settle_heap
 from services.kernel.settings import Settings
 from tests.benchmarks.fleet_driver import FleetDriver
 from tests.benchmarks.inprocess import InProcessLoop, TurnTiming
@@ -51,6 +52,7 @@ from tests.benchmarks.profiling import (
     percentile,
     py_spy_summary,
     read_spans,
+    response_times,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +83,8 @@ class Run:
     others_cores: float = 0.0  # CPU used meanwhile by processes this benchmark did not start
     window_ns: tuple[int, int] = (0, 0)
     model_replicas: int = 1
+    timings: list[TurnTiming] = field(default_factory=list, repr=False)  # the fleet's, for `precise_iterations`
+    kafka_iteration_p50_ms: float = float("nan")  # the fleet's iterations from Kafka timestamps (whole ms), a cross-check
 
     @property
     def turns_per_s(self) -> float:
@@ -126,6 +130,19 @@ def summarise(variant: str, concurrency: int, timings: list[TurnTiming], seconds
     return run
 
 
+def precise_iterations(run: Run, spans: list[dict]) -> None:
+    """The fleet's iteration times from the model service's publish spans (ns) instead of the Kafka
+    timestamps of the iteration records (ms); a turn whose spans are not all there keeps its Kafka times."""
+    published = response_times(spans)
+    run.kafka_iteration_p50_ms = run.p("iteration_ms", 0.5)
+    for t in run.timings:
+        marks = published.get(t.conversation_id, [])
+        if len(marks) == len(t.responses) and marks:
+            t.responses = [t.started + (ns / 1e9 - t.wall_started) for ns in marks]
+    precise = summarise(run.variant, run.concurrency, run.timings, run.seconds)
+    run.iteration_ms, run.first_iteration_ms = precise.iteration_ms, precise.first_iteration_ms
+
+
 def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter: float = 0.0) -> tuple[Settings, dict[str, str]]:
     kafka_port = free_port()
     controller_port = free_port()
@@ -160,6 +177,7 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
         "fleet": lambda i: driver.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA),
     }
     runs: list[Run] = []
+    settle_heap()  # the services' runtime settings (services/kernel/runtime.py), for the in-process loop too
 
     async def one_run(name: str, concurrency: int, total: int, replicas: int = 1) -> None:
         turn = variants[name]
@@ -172,6 +190,8 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
         t1 = time.time_ns()
         run = summarise(name, concurrency, timings, seconds)
         run.model_replicas = replicas
+        if name == "fleet":
+            run.timings = timings
         run.cpu_s = meter.stop()
         run.others_cores = max(0.0, (machine_cpu_seconds() - machine0) - sum(run.cpu_s.values())) / seconds
         run.window_ns = (t0, t1)
@@ -185,10 +205,7 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
             + (f"  [other processes busy: {run.others_cores:.2f} cores]" if run.others_cores > 0.1 else ""))
 
     try:
-        say("warming up (JVM, connections, consumer assignments)")
-        warm_concurrency = max(10, min(max(args.concurrency), 100))
-        for turn in variants.values():
-            await closed_loop(turn, warm_concurrency, args.warmup, 120)
+        await warm_up(variants, args, pids, say)
         for concurrency in args.concurrency:
             total = args.turns_single if concurrency == 1 else turns_for(args, concurrency)
             for name in variants:
@@ -205,6 +222,39 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
         await driver.stop()
         await local.aclose()
     return runs
+
+
+IN_PROCESS_WARMUP = 300  # connections and caches: the in-process loop has no JIT to wait for
+WARMUP_CHUNKS = 3
+
+
+async def warm_up(variants: dict[str, Callable[[int], Awaitable[TurnTiming]]], args: argparse.Namespace,
+                  pids: dict[str, int], say: Callable[[str], None]) -> None:
+    """Bring both variants to their steady state before anything is measured.
+
+    The in-process loop needs its connections. The fleet needs the embedded broker's JIT: Kafka's request
+    path compiles over its first ~20,000 records (~1,500 turns), and until then the broker spends two to
+    three times the CPU per record and adds latency to every hop (docs/benchmarks.md). The fleet's warm-up
+    runs in chunks and prints the broker's CPU per turn of each, so a reader sees it settle."""
+    top = max(args.concurrency)
+    warm_c = max(10, min(top, 100))
+    say(f"warming up: in-process {min(args.warmup, IN_PROCESS_WARMUP)} turns, fleet {args.warmup} turns "
+        "(connections, consumer assignments, the broker's JIT)")
+    await closed_loop(variants["in-process"], warm_c, min(args.warmup, IN_PROCESS_WARMUP), 120)
+    # with a model latency a turn takes seconds: more turns at once (within the gateway's admission) get through it sooner
+    fleet_c = max(warm_c, min(200, 2 * top)) if args.simulator_latency_ms else warm_c
+    broker = {k: v for k, v in pids.items() if k == "kafka"}
+    chunk = max(1, -(-args.warmup // WARMUP_CHUNKS))
+    done = 0
+    while done < args.warmup:
+        n = min(chunk, args.warmup - done)
+        meter = CpuMeter(broker)
+        meter.start()
+        timings, seconds = await closed_loop(variants["fleet"], fleet_c, n, 300)
+        cpu = meter.stop()
+        done += n
+        per_turn = f", broker {cpu['kafka'] * 1000 / len(timings):.1f} ms CPU per turn" if broker and timings else ""
+        say(f"  fleet warm-up {done}/{args.warmup} turns (c={fleet_c}, {seconds:.0f} s{per_turn})")
 
 
 def turns_for(args: argparse.Namespace, concurrency: int) -> int:
@@ -268,7 +318,9 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
           f"{fmt(r.p('iteration_ms', .99)):>10}{fmt(r.p('first_iteration_ms', .5)):>11}{fmt(r.p('turn_ms', .5)):>10}"
           f"{fmt(r.p('turn_ms', .99)):>10}{r.wrong:>7}{fmt(cpu):>9}{r.others_cores:>8.2f}")
     w("  (ms; an iteration is one model call plus the tools of the step before it, measured between")
-    w("   consecutive model responses; '1st it' is request -> first response)")
+    w("   consecutive model responses; '1st it' is request -> first response; the fleet's from the model")
+    w("   service's publish spans, in ns; iteration p50 from the Kafka timestamps, in whole ms: "
+      + ", ".join(f"c={r.concurrency} {fmt(r.kafka_iteration_p50_ms)}" for r in runs if r.variant == "fleet") + ")")
     w("")
     w("  ('model' = model-service replicas; CPU/turn = ms of CPU of every process of the run per turn)")
     w("")
@@ -376,6 +428,9 @@ def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say:
     finally:
         fleet.stop()
     spans = read_spans(settings.effective_span_file)
+    for run in runs:
+        if run.variant == "fleet":
+            precise_iterations(run, spans)
     profiles = {f"{r.concurrency} concurrent" + (f", {r.model_replicas} model replicas" if r.model_replicas > 1 else ""):
                 (hop_profile(spans, *r.window_ns), named_span_profile(spans, *r.window_ns))
                 for r in runs if r.variant == "fleet"}
@@ -391,7 +446,8 @@ def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say:
     if not args.no_plot:
         say(plot(runs, args.plot, args.simulator_latency_ms))
     if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "runs": [asdict(r) | {"turns_per_s": r.turns_per_s} for r in runs],
+        args.json.write_text(json.dumps({"meta": meta, "runs": [{k: v for k, v in asdict(r).items() if k != "timings"}
+                                                                 | {"turns_per_s": r.turns_per_s} for r in runs],
                                          "profiles": profiles}, indent=1, default=str))
     return runs
 
@@ -409,9 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-replicas", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="after the runs, grow the model service to these replica counts and run the fleet again at "
                              "the highest concurrency (default none; realistic: 1,3)")
-    parser.add_argument("--warmup", type=int, default=None,
-                        help="warm-up turns per variant (default 300; realistic 900: the broker's JIT compiles for a minute "
-                             "or so, and at 1 s per model call 300 turns take only ~15 s)")
+    parser.add_argument("--warmup", type=int, default=2000,
+                        help="warm-up turns of the fleet before anything is measured (default 2000: the embedded broker's JIT "
+                             "compiles its request path over the first ~20,000 records; the in-process loop warms up with "
+                             f"{IN_PROCESS_WARMUP} at most)")
     parser.add_argument("--max-seconds", type=float, default=None, help="cap of one run in seconds (default 60; realistic 150)")
     parser.add_argument("--turn-timeout", type=float, default=180.0, help="a fleet turn with no reply after this counts as wrong")
     parser.add_argument("--partitions", type=int, default=6, help="partitions per topic (default 6, as configured)")
@@ -430,7 +487,6 @@ def main(argv: list[str] | None = None) -> int:
     realistic = args.profile == "realistic"
     defaults = {"concurrency": [100, 500] if realistic else [1, 50], "model_replicas": [1, 3] if realistic else [1],
                 "max_seconds": 150.0 if realistic else 60.0, "simulator_latency_ms": 1000.0 if realistic else 0.0,
-                "warmup": 900 if realistic else 300,
                 "simulator_latency_jitter": 0.3 if realistic else 0.0}
     for name, value in defaults.items():
         if getattr(args, name) is None:

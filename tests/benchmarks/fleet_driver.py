@@ -95,6 +95,7 @@ class FleetDriver:
             body["persona"] = persona
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         wall0, timing = time.time(), TurnTiming(started=time.perf_counter())
+        timing.conversation_id, timing.wall_started = conversation_id, wall0
         self._waiting[conversation_id] = (timing, done)
         self._iterations[conversation_id] = []
         await self.producer.send_and_wait(self.topic(topics.SUPPORT_REQUESTS), json.dumps(body).encode(),

@@ -35,6 +35,8 @@ class TurnTiming:
     ended: float = 0.0
     steps: int = 0
     outcome: str = ""
+    conversation_id: str = ""  # the fleet's turns: whose spans say when each response was published
+    wall_started: float = 0.0  # time.time() at `started`
 
     @property
     def latency(self) -> float:

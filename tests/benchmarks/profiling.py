@@ -103,6 +103,19 @@ def hop_profile(spans: list[dict], since_ns: int = 0, until_ns: int | None = Non
     return out
 
 
+def response_times(spans: list[dict], service: str = "roundtrip-model", topic: str = "turn.iterations") -> dict[str, list[int]]:
+    """Per conversation: the start (ns) of each publish of a model response, in order.
+
+    The same moment the Kafka timestamp of the iteration record gives, with nanoseconds instead
+    of milliseconds (a record's timestamp is whole milliseconds: iteration times from them are
+    integers, +-1 ms each)."""
+    out: dict[str, list[int]] = defaultdict(list)
+    for s in spans:
+        if s.get("kind") == "PRODUCER" and s.get("service") == service and s["name"] == f"{topic} publish":
+            out[s.get("attributes", {}).get("messaging.kafka.message.key", "")].append(s["start_ns"])
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def named_span_profile(spans: list[dict], since_ns: int = 0, until_ns: int | None = None) -> dict[str, dict[str, float]]:
     """p50 duration of the handlers' own (INTERNAL/CLIENT) spans, by service and name."""
     durations: dict[str, list[float]] = defaultdict(list)
