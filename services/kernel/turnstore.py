@@ -148,10 +148,16 @@ def _create_schema(conn: Connection) -> None:
 
 
 class TurnStore:
-    """An engine on the turn table; `open` creates or upgrades the table (safe in several processes at once)."""
+    """An engine on the turn table; `open` creates or upgrades the table (safe in several processes at once).
+
+    On SQLite the statements run inline on the event loop through one connection the store keeps open
+    (checking a pooled connection out and back in, with its reset, cost about as much as the statement;
+    docs/benchmarks.md); every call is its own transaction, begun and ended before `_run` returns, so a
+    read never holds on to an old snapshot."""
 
     def __init__(self, engine: Engine | AsyncEngine) -> None:
         self.engine = engine
+        self._inline: Connection | None = None  # SQLite: the event loop's own connection
 
     @classmethod
     async def open(cls, url: str):
@@ -167,6 +173,9 @@ class TurnStore:
         return store
 
     async def close(self) -> None:
+        if self._inline is not None:
+            self._inline.close()
+            self._inline = None
         result = self.engine.dispose()
         if isinstance(self.engine, AsyncEngine):
             await result
@@ -176,9 +185,11 @@ class TurnStore:
         if isinstance(self.engine, AsyncEngine):
             async with (self.engine.begin() if write else self.engine.connect()) as conn:
                 return await conn.run_sync(work)
+        if self._inline is None or self._inline.closed or self._inline.invalidated:
+            self._inline = self.engine.connect()
         try:
-            with (self.engine.begin() if write else self.engine.connect()) as conn:
-                return work(conn)
+            with self._inline.begin():
+                return work(self._inline)
         except OperationalError as exc:  # another process holds the write lock: wait for it off the event loop
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise

@@ -29,3 +29,27 @@ async def test_a_locked_file_does_not_stall_the_event_loop(tmp_path):
     finally:
         other.close()
         await store.close()
+
+
+async def test_every_call_sees_what_another_process_committed_before_it(tmp_path):
+    """The store keeps one connection open on SQLite; each call is its own transaction, so a read never
+    answers from a snapshot older than the call (another process's commit in between is seen)."""
+    from services.guard.ledger import Ledger
+
+    path = tmp_path / "ledger.db"
+    ledger = await Ledger.open(f"sqlite:///{path}")
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert await ledger.start({"turn_id": "t1", "request_id": "r", "conversation_id": "c", "customer_id": "cus"}, "{}")
+        assert (await ledger.get("t1")).step == 0
+        other.execute("UPDATE turns SET step = 7 WHERE turn_id = 't1'")  # another process moves the turn
+        assert (await ledger.get("t1")).step == 7
+        other.execute("UPDATE turns SET step = 8 WHERE turn_id = 't1'")
+        assert not await ledger.advance("t1", 8, {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                                                  "cache_read_input_tokens": 0}, 0.0, "{}")  # from step 7: no longer there
+        assert await ledger.advance("t1", 9, {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
+                                              "cache_read_input_tokens": 0}, 0.0, "{}")
+        assert other.execute("SELECT step FROM turns WHERE turn_id = 't1'").fetchone() == (9,)
+    finally:
+        other.close()
+        await ledger.close()
