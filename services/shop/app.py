@@ -170,7 +170,7 @@ def create_app(database_url: str, seed: bool = True) -> Starlette:
                 await db.seed_demo_data(engine)
             yield
         finally:
-            await engine.dispose()
+            await db.dispose(engine)
 
     routes = [
         Route("/health", health),

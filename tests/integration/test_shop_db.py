@@ -11,7 +11,7 @@ import uuid
 import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.shop import db
@@ -215,3 +215,34 @@ async def test_reset_restores_the_demo_data(engine):
     await db.reset_demo_data(engine)
     assert (await db.get_order(engine, ALICE, "ord_a1000003"))["status"] == "pending"
     assert await _count(engine, db.idempotency) == 0
+
+
+async def test_sqlite_reads_run_inline_and_wait_in_the_async_engine_when_the_file_is_locked(tmp_path, monkeypatch):
+    """On a SQLite file reads run on the event loop through a plain engine (no thread hop); should SQLite
+    ever report the file locked to a reader, the async engine (which waits for the lock) answers instead."""
+    eng = db.make_engine(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}")
+    await db.create_schema(eng)
+    await db.seed_demo_data(eng)
+    try:
+        inline = db._inline_readers[eng]
+        used: list[str] = []
+        real_connect = inline.connect
+
+        def counted_connect():
+            used.append("inline")
+            return real_connect()
+
+        monkeypatch.setattr(inline, "connect", counted_connect)
+        assert [o["order_id"] for o in await db.list_orders(eng, CAROL)] == ["ord_c3000001", "ord_c3000002"]
+        assert used == ["inline"]
+
+        def locked():
+            raise OperationalError("SELECT", {}, Exception("database is locked"))
+
+        monkeypatch.setattr(inline, "connect", locked)
+        assert (await db.get_order(eng, ALICE, "ord_a1000002"))["status"] == "shipped"  # through aiosqlite's thread
+        outcome = await db.cancel_order(eng, ALICE, "ord_a1000003", "customer_request", "locked-k1")
+        assert outcome.status_code == 200 and not outcome.replayed
+    finally:
+        await db.dispose(eng)
+    assert eng not in db._inline_readers
