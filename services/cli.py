@@ -54,6 +54,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         runpy.run_module(f"services.{service}", run_name="__main__")
         return
     from services.kernel import health
+    from services.kernel.runtime import settle_heap
     from services.kernel.telemetry import setup_telemetry
 
     setup_telemetry(service, settings)
@@ -74,6 +75,11 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         log.info("roundtrip %s started (broker %s)", service, settings.bootstrap_servers)
 
     stream.after_startup(announce)
+
+    async def settle() -> None:  # start-up is done: what it left alive stays (services/kernel/runtime.py)
+        log.debug("%d start-up objects frozen out of the garbage collector's reach", settle_heap())
+
+    stream.after_startup(settle)
 
     async def main() -> None:
         from services.kernel.telemetry import shutdown_telemetry
