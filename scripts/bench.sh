@@ -4,7 +4,7 @@
 #   1. scripts/setup.sh (.venv, the Kafka jars), then matplotlib for the plot if it is missing
 #      (the '.[bench]' extra; the benchmark skips the plot when it cannot be installed)
 #   2. .venv/bin/python -m tests.benchmarks.bench_loop [args]   (--help lists them)
-# It starts everything it needs on free ports in a temporary folder, takes about three minutes,
+# It starts everything it needs on free ports in a temporary folder, takes about four minutes,
 # stops by itself and leaves no process behind. Figures and how to read them: docs/benchmarks.md.
 # Usage: scripts/bench.sh [--turns N] [--turns-single N] [--concurrency 1,50] [--py-spy DIR] ...
 set -euo pipefail
