@@ -1,4 +1,5 @@
-"""The demo shop's database: SQLAlchemy Core, async, one code path for SQLite and PostgreSQL.
+"""The demo shop's database: SQLAlchemy Core, async, one code path for SQLite and PostgreSQL
+(on a SQLite file the reads run inline on the event loop, see `_read`).
 
 Every query that touches customer data takes the principal's `customer_id` and filters on
 it, so an order of another customer is indistinguishable from a missing one (both: None).
