@@ -34,6 +34,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    create_engine,
     delete,
     event,
     func,
@@ -41,7 +42,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy import create_engine
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -297,13 +297,13 @@ def shipping_json(order: dict[str, Any]) -> dict[str, Any]:
 # -- queries (all scoped to the principal) ----------------------------------------------------
 
 
+def _order_query(customer_id: str, order_id: str) -> Any:
+    return select(orders).where(orders.c.order_id == order_id, orders.c.customer_id == customer_id)
+
+
 async def _get_order(conn: AsyncConnection, customer_id: str, order_id: str) -> dict[str, Any] | None:
     row = (await conn.execute(_order_query(customer_id, order_id))).first()
     return order_json(row) if row is not None else None
-
-
-def _order_query(customer_id: str, order_id: str) -> Any:
-    return select(orders).where(orders.c.order_id == order_id, orders.c.customer_id == customer_id)
 
 
 async def get_order(engine: AsyncEngine, customer_id: str, order_id: str) -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -16,6 +17,6 @@ def test_settle_heap_freezes_what_start_up_left_and_raises_the_young_threshold()
         "print(json.dumps([frozen, gc.get_freeze_count(), gc.get_threshold()[0], YOUNG_GENERATION_THRESHOLD]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    frozen, count, threshold, wanted = __import__("json").loads(out)
+    frozen, count, threshold, wanted = json.loads(out)
     assert frozen == count > 10_000
     assert threshold == wanted == 10_000
