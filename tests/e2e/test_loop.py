@@ -162,10 +162,16 @@ async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client,
     assert sum(1 for s in in_trace if s["attributes"].get("gen_ai.operation.name") == "chat") == reply.steps  # the SDK's spans
     assert [s["name"] for s in in_trace if s["parent_id"] is None] == ["invoke_agent support-agent"]  # the turn span is the root
 
-    # The same turn as Jaeger would receive it over OTLP/HTTP.
+    # The same turn as Jaeger would receive it over OTLP/HTTP. Each service exports in batches (every few
+    # seconds), so the gateway's turn.start may arrive a batch before its turn.reply: wait for the spans asked for.
+    required = {"turn.start", "guard.decide", "gate.check_call", "turn.reply"}
     deadline = time.monotonic() + 15
-    while not wanted <= {s["service"] for s in otlp_receiver.spans if s["trace_id"] == reply.trace_id}:
-        assert time.monotonic() < deadline, "every service should export the turn's spans over OTLP"
+    while True:
+        in_otlp = [s for s in otlp_receiver.spans if s["trace_id"] == reply.trace_id]
+        if wanted <= {s["service"] for s in in_otlp} and required <= {s["name"] for s in in_otlp}:
+            break
+        assert time.monotonic() < deadline, (f"every service should export the turn's spans over OTLP; got "
+                                             f"{sorted({(s['service'], s['name']) for s in in_otlp})}")
         await asyncio.sleep(0.5)
     exported = {s["name"] for s in otlp_receiver.spans if s["trace_id"] == reply.trace_id}
-    assert {"turn.start", "guard.decide", "gate.check_call", "turn.reply"} <= exported
+    assert required <= exported
