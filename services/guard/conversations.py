@@ -240,13 +240,13 @@ class Conversations(TurnStore):
         now = now or time.time()
         try:
             await self._run(lambda conn: conn.execute(_NEW_EXCHANGE, {
-                "turn_id": turn_id, "conversation_id": conversation_id, "started_at": now, "text": text, "tokens": 0}), write=True)
+                "turn_id": turn_id, "conversation_id": conversation_id, "started_at": now, "text": text, "tokens": 0}), write=True, single=True)
         except IntegrityError:
             pass
 
     async def history(self, conversation_id: str) -> list[dict]:
         """The stored exchanges of the conversation, oldest first, as one transcript within the budget."""
-        rows = await self._run(lambda conn: conn.execute(_STORED, {"b_conversation_id": conversation_id}).all())
+        rows = await self._run(lambda conn: conn.execute(_STORED, {"b_conversation_id": conversation_id}).all(), single=True)
         kept, _ = within_budget([(r.turn_id, r.tokens) for r in rows], self.budget_tokens)
         wanted = set(kept)
         return [m for r in rows if r.turn_id in wanted for m in json.loads(r.messages)]

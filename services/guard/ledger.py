@@ -99,7 +99,7 @@ class ApprovalRow:
 
 class Ledger(TurnStore):
     async def _rows(self, statement: Any, params: dict[str, Any] | None = None) -> list[TurnRow]:
-        return await self._run(lambda conn: [TurnRow(**r) for r in conn.execute(statement, params).mappings().all()])
+        return await self._run(lambda conn: [TurnRow(**r) for r in conn.execute(statement, params).mappings().all()], single=True)
 
     # -- transitions --------------------------------------------------------------------
     async def start(self, turn: dict[str, Any], pending: str, traceparent: str | None = None, now: float | None = None,
@@ -115,7 +115,7 @@ class Ledger(TurnStore):
             input_tokens=0, output_tokens=0, cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=0.0,
         )
         try:
-            await self._run(lambda conn: conn.execute(_START, row), write=True)
+            await self._run(lambda conn: conn.execute(_START, row), write=True, single=True)
             return True
         except IntegrityError:
             return False

@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 log = logging.getLogger("roundtrip.fence")
 SQLITE_LOCK_WAIT_MS = 30_000  # how long a write that found the file locked waits for it, in a thread
+LOCKED_RETRY_S = (0.0005, 0.002)  # before that: tried again on the event loop after these pauses (a lock lasts ~0.1 ms)
 
 RUNNING, STUCK, ENDING, ENDED = "running", "stuck", "ending", "ended"
 AWAITING = "awaiting"  # a call waits for a person's decision: nothing may act, the stuck rule does not apply
@@ -157,7 +158,8 @@ class TurnStore:
 
     def __init__(self, engine: Engine | AsyncEngine) -> None:
         self.engine = engine
-        self._inline: Connection | None = None  # SQLite: the event loop's own connection
+        self._inline: Connection | None = None  # SQLite: the event loop's own connection ...
+        self._inline_auto: Connection | None = None  # ... and one in autocommit mode, for single statements
 
     @classmethod
     async def open(cls, url: str):
@@ -173,29 +175,60 @@ class TurnStore:
         return store
 
     async def close(self) -> None:
-        if self._inline is not None:
-            self._inline.close()
-            self._inline = None
+        for conn in (self._inline, self._inline_auto):
+            if conn is not None:
+                conn.close()
+        self._inline = self._inline_auto = None
         result = self.engine.dispose()
         if isinstance(self.engine, AsyncEngine):
             await result
 
-    async def _run(self, work: Callable[[Connection], Any], write: bool = False) -> Any:
-        """Run `work(connection)` in a transaction (write) or a plain connection, on either engine."""
+    async def _run(self, work: Callable[[Connection], Any], write: bool = False, single: bool = False) -> Any:
+        """Run `work(connection)` in a transaction (write) or a plain connection, on either engine.
+
+        `single`: `work` is one statement, so on SQLite it runs in autocommit mode: SQLite commits
+        it inside the statement itself, without BEGIN and COMMIT round trips, and the write lock is
+        never held between two calls from Python (in a thread that waits for the GIL, that gap
+        held the lock for milliseconds and made the other processes' writes find it locked)."""
         if isinstance(self.engine, AsyncEngine):
             async with (self.engine.begin() if write else self.engine.connect()) as conn:
                 return await conn.run_sync(work)
-        if self._inline is None or self._inline.closed or self._inline.invalidated:
-            self._inline = self.engine.connect()
-        try:
-            with self._inline.begin():
-                return work(self._inline)
-        except OperationalError as exc:  # another process holds the write lock: wait for it off the event loop
-            if "locked" not in str(exc) and "busy" not in str(exc):
-                raise
-        return await asyncio.to_thread(self._run_waiting, work, write)
+        for pause in (*LOCKED_RETRY_S, None):
+            try:
+                if single:
+                    return work(self._connection(autocommit=True))
+                conn = self._connection()
+                with conn.begin():
+                    return work(conn)
+            except OperationalError as exc:  # another process holds the write lock: usually for microseconds
+                if "locked" not in str(exc) and "busy" not in str(exc):
+                    raise
+            if pause is None:
+                break
+            await asyncio.sleep(pause)
+        return await asyncio.to_thread(self._run_waiting, work, write, single)  # held longer: wait for it off the event loop
 
-    def _run_waiting(self, work: Callable[[Connection], Any], write: bool) -> Any:
+    def _connection(self, autocommit: bool = False) -> Connection:
+        """The event loop's own connection (one transactional, one in autocommit mode), opened once."""
+        conn = self._inline_auto if autocommit else self._inline
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self.engine.connect()
+            if autocommit:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                self._inline_auto = conn
+            else:
+                self._inline = conn
+        return conn
+
+    def _run_waiting(self, work: Callable[[Connection], Any], write: bool, single: bool = False) -> Any:
+        if single:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_LOCK_WAIT_MS}")
+                try:
+                    return work(conn)
+                finally:
+                    conn.exec_driver_sql("PRAGMA busy_timeout=0")
         with (self.engine.begin() if write else self.engine.connect()) as conn:
             conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_LOCK_WAIT_MS}")
             try:
@@ -205,7 +238,7 @@ class TurnStore:
 
     async def _update(self, statement: Any, params: dict[str, Any] | None = None) -> bool:
         """A conditional update; True when it changed the one row (the caller owns the transition)."""
-        return await self._run(lambda conn: conn.execute(statement, params).rowcount == 1, write=True)
+        return await self._run(lambda conn: conn.execute(statement, params).rowcount == 1, write=True, single=True)
 
 
 class Fence(TurnStore):

@@ -53,3 +53,30 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
     finally:
         other.close()
         await ledger.close()
+
+
+async def test_a_lock_held_for_an_instant_is_waited_for_on_the_event_loop_not_in_a_thread(tmp_path, monkeypatch):
+    """Under load the file is locked for ~0.1 ms at a time by the other processes' writes: a write tries again
+    after a short pause on the event loop; a thread (and its GIL hand-offs) only for a lock held longer."""
+    path = tmp_path / "ledger.db"
+    store = await TurnStore.open(f"sqlite:///{path}")
+    other = sqlite3.connect(path, isolation_level=None)
+    threads = []
+    real = store._run_waiting
+    monkeypatch.setattr(store, "_run_waiting", lambda *a: threads.append(a) or real(*a))
+    try:
+        other.execute("INSERT INTO turns (turn_id, request_id, conversation_id, customer_id, status, step, started_at,"
+                      " last_progress_at, turn_json, input_tokens, output_tokens, cache_creation_input_tokens,"
+                      " cache_read_input_tokens, cost_usd, trace_id) VALUES ('t', 'r', 'c', 'cus', 'running', 0, 0, 0, '{}',"
+                      " 0, 0, 0, 0, 0, '')")
+        other.execute("BEGIN IMMEDIATE")
+        asyncio.get_running_loop().call_later(0.0002, other.execute, "COMMIT")  # released while the write pauses
+        assert await store._update(update(turns).where(turns.c.turn_id == "t").values(step=1)) is True
+        assert threads == []
+        # a single statement commits by itself: no transaction is left open on the store's connection
+        other.execute("BEGIN IMMEDIATE")
+        assert other.execute("SELECT step FROM turns WHERE turn_id = 't'").fetchone() == (1,)
+        other.execute("COMMIT")
+    finally:
+        other.close()
+        await store.close()
