@@ -183,8 +183,11 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
     async def one_run(name: str, concurrency: int, total: int, replicas: int = 1) -> None:
         turn = variants[name]
         spies = []
-        if args.py_spy and name == "fleet" and concurrency == max(args.concurrency) and replicas == 1:
-            spies = start_py_spy(pids, args.py_spy, args.py_spy_seconds)
+        if args.py_spy and concurrency == max(args.concurrency) and replicas == 1:
+            if name == "fleet":
+                spies = start_py_spy(pids, args.py_spy, args.py_spy_seconds)
+            else:  # the in-process loop is this process: its profile to set the fleet's against
+                spies = start_py_spy({"in-process": os.getpid()}, args.py_spy, args.py_spy_seconds, include_self=True)
         meter.start()
         machine0, t0 = machine_cpu_seconds(), time.time_ns()
         timings, seconds = await closed_loop(turn, concurrency, total, args.max_seconds)
@@ -277,8 +280,8 @@ def add_model_replicas(fleet: Fleet, replicas: int, say: Callable[[str], None]) 
     return {c.name: c.process.pid for c in fleet.children if c.name in names}
 
 
-def start_py_spy(pids: dict[str, int], out: Path, seconds: float) -> list[subprocess.Popen]:
-    """Sample every Python process of the fleet for `seconds` (py-spy exits by itself)."""
+def start_py_spy(pids: dict[str, int], out: Path, seconds: float, include_self: bool = False) -> list[subprocess.Popen]:
+    """Sample every Python process of the fleet for `seconds` (py-spy exits by itself); this one only if asked."""
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
         print("py-spy not found (pip install py-spy): no sampling profiles", flush=True)
@@ -286,7 +289,7 @@ def start_py_spy(pids: dict[str, int], out: Path, seconds: float) -> list[subpro
     out.mkdir(parents=True, exist_ok=True)
     spies = []
     for name, pid in pids.items():
-        if name == "kafka" or pid == os.getpid():
+        if name == "kafka" or (pid == os.getpid() and not include_self):
             continue
         cmd = [exe, "record", "--nonblocking", "-r", "100", "-d", str(int(seconds)), "--format", "raw",
                "-o", str(out / f"{name}.txt"), "-p", str(pid)]
@@ -484,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument("--py-spy", type=Path, metavar="DIR",
-                        help="sample the fleet's processes with py-spy during the busiest fleet run; profiles go to DIR")
+                        help="sample the processes with py-spy during the busiest runs (the fleet's, and this one in the in-process run); profiles go to DIR")
     parser.add_argument("--py-spy-seconds", type=float, default=10.0)
     parser.add_argument("--keep-state", action="store_true", help="keep the temporary state dir (logs, spans)")
     args = parser.parse_args(argv)
