@@ -171,6 +171,36 @@ async def test_shop_5xx_and_unreachable_raise_shop_unavailable():
     await down.aclose()
 
 
+async def test_over_its_real_transport_a_refused_connection_is_unreachable_and_a_silent_shop_times_out():
+    """The default transport is aiohttp's: its errors come out as the same ShopUnavailable reasons."""
+    import asyncio
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    down = ShopClient(f"http://127.0.0.1:{closed_port}", timeout=2)
+    with pytest.raises(ShopUnavailable, match="unreachable"):
+        await down.list_orders(ALICE)
+    assert await down.health() is False
+    await down.aclose()
+
+    async def silent(reader, writer):  # accepts, reads the request, never answers
+        await reader.read(65536)
+        await asyncio.sleep(5)
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    slow = ShopClient(f"http://127.0.0.1:{port}", timeout=0.3)
+    try:
+        with pytest.raises(ShopUnavailable, match="timed out"):
+            await slow.get_order(ALICE, "ord_a1000003")
+    finally:
+        await slow.aclose()
+        server.close()
+
+
 async def test_shop_client_sends_the_principal_and_escapes_ids():
     seen = []
 
