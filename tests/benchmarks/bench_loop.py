@@ -144,7 +144,8 @@ def precise_iterations(run: Run, spans: list[dict]) -> None:
     run.iteration_ms, run.first_iteration_ms = precise.iteration_ms, precise.first_iteration_ms
 
 
-def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter: float = 0.0) -> tuple[Settings, dict[str, str]]:
+def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter: float = 0.0,
+                   max_running_turns: int | None = None) -> tuple[Settings, dict[str, str]]:
     kafka_port = free_port()
     controller_port = free_port()
     while controller_port == kafka_port:
@@ -155,6 +156,8 @@ def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter
         simulator_latency_ms=latency_ms, simulator_latency_jitter=jitter, simulator_persona=PERSONA, log_level="INFO",
         span_file_max_mb=4096,  # one file for the whole run: the hop profile reads it back
     )
+    if max_running_turns is not None:
+        values["max_running_turns"] = max_running_turns
     env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
     for k in list(os.environ):  # this run's settings only: nothing from the caller's shell
         if k.startswith("ROUNDTRIP_") and k not in env and k not in ("ROUNDTRIP_KAFKA_CACHE", "ROUNDTRIP_KAFKA_JAVA_OPTS"):
@@ -311,7 +314,7 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
     w = lines.append
     w(f"roundtrip loop benchmark: {meta['turn']}; simulator latency {meta['latency']:g} ms"
       + (f" ±{meta['jitter'] * 100:g} %" if meta.get("jitter") else "") + f"; {meta['cores']} cores; "
-      f"{meta['partitions']} partitions per topic")
+      f"{meta['partitions']} partitions per topic; the fleet runs at most {meta.get('admission', '?')} turns at once (admission)")
     w(f"load average before the run: {meta['load']}; CPU of other processes during each run is shown as 'others'")
     w("")
     w(f"{'variant':<11}{'model':>6}{'conc':>5}{'turns':>7}{'turns/s':>9}{'iter p50':>10}{'iter p99':>10}"
@@ -424,7 +427,8 @@ def plot(runs: list[Run], path: Path, latency: float = 0.0) -> str:
 
 def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say: Callable[[str], None]) -> list[Run]:
     """Start the fleet in `state`, measure, stop it (whatever happens), print the report."""
-    settings, env = bench_settings(state, args.partitions, args.simulator_latency_ms, args.simulator_latency_jitter)
+    settings, env = bench_settings(state, args.partitions, args.simulator_latency_ms, args.simulator_latency_jitter,
+                                   args.max_running_turns)
     say(f"starting the fleet in {state} (embedded Kafka, simulator, shop, 5 services)")
     started = time.perf_counter()
     fleet = Fleet(settings, env=env, say=say)
@@ -443,7 +447,7 @@ def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say:
                 for r in runs if r.variant == "fleet"}
     meta = {"turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn',
             "latency": args.simulator_latency_ms, "jitter": args.simulator_latency_jitter, "cores": os.cpu_count(),
-            "partitions": args.partitions, "load": " ".join(f"{x:.2f}" for x in load)}
+            "partitions": args.partitions, "admission": settings.max_running_turns, "load": " ".join(f"{x:.2f}" for x in load)}
     text = report(runs, profiles, meta)
     say("")
     say(text)
@@ -466,6 +470,10 @@ def main(argv: list[str] | None = None) -> int:
                              "latency, concurrency 100,500, then the model service at 3 replicas at 500")
     parser.add_argument("--turns", type=int, default=None,
                         help="turns per run at concurrency > 1 (default 1500; with a model latency, at least 4 x concurrency)")
+    parser.add_argument("--max-running-turns", type=int, default=None,
+                        help="the gateway's admission, turns the fleet runs at once (default "
+                             f"{Settings.model_fields['max_running_turns'].default}, the fleet's default: the benchmark "
+                             "ignores ROUNDTRIP_* variables of the caller's shell)")
     parser.add_argument("--turns-single", type=int, default=150, help="turns per run at concurrency 1 (default 150)")
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None,
                         help="comma-separated concurrency levels (default 1,50; realistic: 100,500)")
