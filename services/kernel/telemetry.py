@@ -432,11 +432,10 @@ class JsonLinesSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         self._rotate_if_needed()
         lines = []
-        encode = _encode_span
         for span in spans:
             ctx = span.get_span_context()
             status = span.status
-            lines.append(encode({
+            lines.append(_encode_span({
                 "trace_id": format(ctx.trace_id, "032x"),
                 "span_id": format(ctx.span_id, "016x"),
                 "parent_id": format(span.parent.span_id, "016x") if span.parent else None,

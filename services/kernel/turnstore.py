@@ -221,15 +221,9 @@ class TurnStore:
         return conn
 
     def _run_waiting(self, work: Callable[[Connection], Any], write: bool, single: bool = False) -> Any:
-        if single:
-            with self.engine.connect() as conn:
-                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-                conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_LOCK_WAIT_MS}")
-                try:
-                    return work(conn)
-                finally:
-                    conn.exec_driver_sql("PRAGMA busy_timeout=0")
-        with (self.engine.begin() if write else self.engine.connect()) as conn:
+        with (self.engine.begin() if write and not single else self.engine.connect()) as conn:
+            if single:
+                conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_LOCK_WAIT_MS}")
             try:
                 return work(conn)
