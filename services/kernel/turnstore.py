@@ -110,6 +110,11 @@ _CLAIM = update(turns).where(AT_STEP, IS_LIVE, BEFORE_DEADLINE)
 _RELEASE_ENDING = update(turns).where(AT_STEP, turns.c.status == ENDING)
 
 
+def sqlite_locked(exc: OperationalError) -> bool:
+    """SQLite's answer when another connection holds the lock the statement needs (busy_timeout ran out)."""
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
 def no_live_lease(now: float) -> Any:
     """SQL condition: no executor holds a lease on the turn at `now`."""
     return turns.c.lease_until.is_(None) | (turns.c.lease_until <= now)
@@ -201,7 +206,7 @@ class TurnStore:
                 with conn.begin():
                     return work(conn)
             except OperationalError as exc:  # another process holds the write lock: usually for microseconds
-                if "locked" not in str(exc) and "busy" not in str(exc):
+                if not sqlite_locked(exc):
                     raise
             if pause is None:
                 break

@@ -46,6 +46,8 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from services.kernel.turnstore import sqlite_locked
+
 STATUSES = ("pending", "processing", "shipped", "delivered", "cancelled")
 CANCELLABLE = ("pending", "processing")
 DEFAULT_LIMIT = 20
@@ -150,7 +152,7 @@ async def _read(engine: AsyncEngine, query: Any) -> list[Any]:
             with inline.connect() as conn:
                 return list(conn.execute(query))
         except OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc):
+            if not sqlite_locked(exc):
                 raise
     async with engine.connect() as conn:
         return list(await conn.execute(query))
