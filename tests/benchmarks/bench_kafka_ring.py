@@ -18,11 +18,11 @@ The broker is warmed up first (`--warmup` laps): its JIT compiles the request pa
 ~20,000 records, and a cold broker adds ~1 ms a hop. Whatever the fleet adds beyond the ring of
 processes at one concurrent turn is its own work (handlers, ledger, spans, decoding).
 
-`--cpu-rates` then measures the CPU floor of a hop at a steady rate (records per second into the
-ring, spread over 50 keys and 6 partitions; the last relay only reads): the CPU of the relays and
-of the publisher that feeds the ring, and the broker's, per hop. The fleet at 50 concurrent turns
-with no model latency makes ~1300 hops/s (~330 records/s into each of its four hops of an
-iteration); at 100 turns with 1 s it makes ~420. `--clients` compares aiokafka with librdkafka
+`--cpu-rates` then measures the CPU of a hop at a steady rate, records evenly spaced so that each
+travels alone (records per second into the ring, spread over 50 keys and 6 partitions; the last
+relay only reads): the CPU of the relays and of the publisher that feeds the ring, and the
+broker's, per hop. 330 records/s make ~1300 hops/s, the fleet's rate at 50 concurrent turns with
+no model latency; 105 make ~420, its rate at 100 turns with 1 s. `--clients` compares aiokafka with librdkafka
 (confluent-kafka, from the '.[bench]' extra): `confluent` is librdkafka under asyncio as a service
 would run it (its consumer polled in a thread, records and deliveries handed to the event loop),
 `confluent-sync` a plain blocking loop (librdkafka's own floor).
@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import multiprocessing
 import statistics
-import os
 import tempfile
 import threading
 import time
