@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import statistics
 import tempfile
 import threading
@@ -45,7 +46,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from services.broker.embedded import EmbeddedKafka, fetch_kafka, free_port
 from services.kernel.settings import get_settings
-from tests.benchmarks.profiling import cpu_seconds, percentile
+from tests.benchmarks.profiling import CpuMeter, percentile
 
 HOPS = 4
 GAP_S = 0.01  # between laps, as between a turn's iterations: each lap starts from an idle ring
@@ -272,19 +273,20 @@ def cpu_per_hop(bootstrap: str, broker_pid: int, client: str, rate: float, secon
     try:
         time.sleep(8)  # the groups join
         asyncio.run(_feed(bootstrap, names[0], rate, 5))  # connections, assignments
-        hops0, relays0, broker0 = sum(c.value for c in counts), sum(cpu_seconds(r.pid) or 0 for r in relays), cpu_seconds(broker_pid) or 0
-        feeder0, started = time.process_time(), time.perf_counter()
+        meter = CpuMeter({"broker": broker_pid, "feeder": os.getpid(), **{f"relay {i}": r.pid for i, r in enumerate(relays)}})
+        hops0, started = sum(c.value for c in counts), time.perf_counter()
+        meter.start()
         asyncio.run(_feed(bootstrap, names[0], rate, seconds))
-        feeder = time.process_time() - feeder0
         time.sleep(0.5)  # the last records go round
+        cpu = meter.stop()
         elapsed = time.perf_counter() - started
         hops = sum(c.value for c in counts) - hops0
-        relays_cpu = sum(cpu_seconds(r.pid) or 0 for r in relays) - relays0 + feeder
-        broker_cpu = (cpu_seconds(broker_pid) or 0) - broker0
+        broker_cpu = cpu.pop("broker")
+        clients_cpu = sum(cpu.values())  # the relays and the feeding publisher (this process)
     finally:
         for relay in relays:
             relay.kill()
-    return {"hops_per_s": hops / elapsed, "clients_us": relays_cpu / hops * 1e6, "broker_us": broker_cpu / hops * 1e6}
+    return {"hops_per_s": hops / elapsed, "clients_us": clients_cpu / hops * 1e6, "broker_us": broker_cpu / hops * 1e6}
 
 
 def _clients(requested: str) -> list[str]:
