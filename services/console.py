@@ -320,7 +320,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url)
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
     try:
         rows = await ledger.list(status=status, customer_id=customer, limit=limit)
     finally:
@@ -346,7 +346,8 @@ async def list_conversations(settings: Settings, customer: str | None, limit: in
 
     if _ledger_missing(settings, settings.conversations_db_url):
         return 2
-    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s)
+    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s,
+                                     read_only=True)
     try:
         rows = await store.list(customer_id=customer, limit=limit)
     finally:
@@ -385,7 +386,7 @@ async def list_approvals(settings: Settings, everything: bool, limit: int) -> in
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url)
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
     try:
         rows = await ledger.list_approvals(status=None if everything else PENDING, limit=limit)
     finally:
@@ -414,7 +415,7 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url)
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
     try:
         row = await ledger.approval(approval_id)
         turn = await ledger.get(row.turn_id) if row else None
@@ -451,7 +452,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url)
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
     try:
         row = await ledger.get(turn_id)
     finally:

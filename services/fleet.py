@@ -1,7 +1,8 @@
 """Starts, supervises and stops the fleet as separate processes: what `roundtrip up` and the e2e tests run.
 
-Order: the embedded broker (unless bootstrap servers are configured), the topics, the
-simulator (unless an API key is set), the shop, then the five services. Each child's
+Order: the fleet's databases brought to this code's revision (`roundtrip db upgrade`), the
+embedded broker (unless bootstrap servers are configured), the topics, the simulator (unless an
+API key is set), the shop, then the five services. Each child's
 output goes to state_dir/logs/<name>.log. Ports are checked before anything starts.
 
 `Fleet.supervise` (what `roundtrip up` does once everything runs) restarts any child that
@@ -109,6 +110,7 @@ class Fleet:
         self.logs.mkdir(parents=True, exist_ok=True)
         self._check_ports()
         try:
+            self._upgrade_databases()
             if s.embedded_broker:
                 self._start_broker()
             self._create_topics()
@@ -295,6 +297,12 @@ class Fleet:
         self.broker.wait_ready(60)
         self._kafka = Child("kafka", self.broker.proc, self.logs / "kafka.log", s.bootstrap_servers)
         self.say(f"  kafka      {s.bootstrap_servers}  (Apache Kafka {s.kafka_version}, KRaft; log {self.logs / 'kafka.log'})")
+
+    def _upgrade_databases(self) -> None:
+        from services.kernel.migrations.schema import upgrade_databases
+
+        for line in upgrade_databases(self.settings):
+            self.say(f"  {line}")
 
     def _create_topics(self) -> None:
         from services.kernel.admin import ensure_topics
