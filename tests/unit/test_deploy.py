@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from services.cli import ALL_RUNNABLE, FLEET_SERVICES
-from services.kernel import topics
+from services.kernel import topics, topology
 from services.kernel.messaging import group
 from services.kernel.settings import DEV_APPROVAL_KEYS, Settings
 
@@ -44,8 +44,7 @@ SCALED = {
     "model": (group("model"), topics.MODEL_CALLS, "ROUNDTRIP_PARTITIONS"),
 }
 # the services that open the fleet's tables (the ledger, the fence): they refuse a database not migrated to their code
-LEDGER_SERVICES = [name for name in FLEET_SERVICES
-                   if re.search(r"\b(Ledger|Fence)\.open\(", (ROOT / "services" / name / "app.py").read_text(encoding="utf-8"))]
+LEDGER_SERVICES = [name for name in FLEET_SERVICES if topology.service(name).shares_ledger]
 MIGRATE = ["roundtrip", "db", "upgrade"]
 
 
@@ -297,8 +296,10 @@ def test_k8s_the_ledger_is_migrated_before_a_service_that_opens_it_starts(k8s, n
     assert url["valueFrom"]["secretKeyRef"] == {"name": "roundtrip-secrets", "key": "ROUNDTRIP_LEDGER_DATABASE_URL"}
 
 
-def test_ledger_services_are_the_ones_that_open_it():
-    assert LEDGER_SERVICES == ["model", "guard", "executor"]
+def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_it():
+    opens = [name for name in FLEET_SERVICES
+             if re.search(r"\b(Ledger|Fence)\.open\(", (ROOT / "services" / name / "app.py").read_text(encoding="utf-8"))]
+    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["executor", "guard", "model"]
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
