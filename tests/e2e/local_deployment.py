@@ -81,24 +81,19 @@ class LocalWorld:
                              database=name)
         return local.render_as_string(hide_password=False)
 
-    async def _admin(self) -> asyncpg.Connection:
-        return await asyncpg.connect(make_url(self.postgres_url).set(drivername="postgresql").render_as_string(hide_password=False))
+    async def _each_database(self, statement: str) -> None:
+        connection = await asyncpg.connect(make_url(self.postgres_url).set(drivername="postgresql").render_as_string(hide_password=False))
+        try:
+            for name in self.databases.values():
+                await connection.execute(statement.format(name=name))
+        finally:
+            await connection.close()
 
     async def create_databases(self) -> None:
-        connection = await self._admin()
-        try:
-            for name in self.databases.values():
-                await connection.execute(f'CREATE DATABASE "{name}"')
-        finally:
-            await connection.close()
+        await self._each_database('CREATE DATABASE "{name}"')
 
     async def drop_databases(self) -> None:
-        connection = await self._admin()
-        try:
-            for name in self.databases.values():
-                await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await connection.close()
+        await self._each_database('DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @dataclass

@@ -58,20 +58,6 @@ def k8s() -> list[dict[str, Any]]:
     return k8s_documents()
 
 
-def container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (c,) = deployment["spec"]["template"]["spec"]["containers"]
-    return c
-
-
-def all_containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
-    pod = workload["spec"]["template"]["spec"]
-    return [*pod.get("initContainers", []), *pod["containers"]]
-
-
-def full_command(c: dict[str, Any]) -> list[str]:
-    return [*c.get("command", []), *c.get("args", [])]
-
-
 def roundtrip_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The compose services that run the roundtrip image."""
     return {name: s for name, s in compose["services"].items() if s.get("build") == "."}
