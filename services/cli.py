@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from services.kernel import topology
 from services.kernel.settings import get_settings
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
@@ -31,7 +32,7 @@ app.add_typer(broker_app, name="broker")
 approvals_app = typer.Typer(help="Calls waiting for a person's approval: list them, approve or deny one.", invoke_without_command=True)
 app.add_typer(approvals_app, name="approvals")
 
-FLEET_SERVICES = ("gateway", "model", "guard", "gate", "executor")
+FLEET_SERVICES = topology.names()
 ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
 
 
@@ -54,25 +55,27 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         runpy.run_module(f"services.{service}", run_name="__main__")
         return
     from services.kernel import health
-    from services.kernel.runtime import settle_heap
+    from services.kernel.runtime import announce_ready, settle_heap
+    from services.kernel.settings import ConfigurationError, InsecureConfiguration
     from services.kernel.telemetry import setup_telemetry
-
-    setup_telemetry(service, settings)
-    from services.kernel.settings import InsecureConfiguration
 
     try:
         if service in ("gate", "executor"):  # they hold the approval keys (the app checks again when it starts)
             settings.refuse_dev_approval_key(service)
-    except InsecureConfiguration as exc:
+        if topology.service(service).shares_ledger:
+            settings.refuse_private_ledger(service)
+    except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    module = importlib.import_module(f"services.{service}.app")
+        raise typer.Exit(2 if isinstance(exc, InsecureConfiguration) else 1) from None
+    setup_telemetry(service, settings)
+    module = importlib.import_module(topology.service(service).app_module)
     stream = module.build(settings)
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
     log = logging.getLogger(f"roundtrip.{service}")
 
     async def announce() -> None:
         log.info("roundtrip %s started (broker %s)", service, settings.bootstrap_servers)
+        announce_ready(service)  # to `roundtrip up`, when it started us (services/kernel/runtime.py)
 
     stream.after_startup(announce)
 
@@ -107,8 +110,6 @@ def up(
     import os
 
     from services.fleet import Fleet, FleetError
-    from services.kernel.health import SERVICE_INDEX
-
     port = health_port if health_port is not None else get_settings().health_port
     if port:  # five services on one host: each takes its own port (the children read these from the environment)
         os.environ["ROUNDTRIP_HEALTH_PORT"] = str(port)
@@ -123,7 +124,7 @@ def up(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     if port:
-        typer.echo("  health and metrics: " + ", ".join(f"{name} :{port + i}" for name, i in SERVICE_INDEX.items())
+        typer.echo("  health and metrics: " + ", ".join(f"{name} :{port + topology.index(name)}" for name in FLEET_SERVICES)
                    + " (/healthz /readyz /metrics)")
     typer.echo(
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
@@ -347,7 +348,7 @@ def topics_create(
     s = get_settings()
     report = asyncio.run(
         ensure_topics(s.bootstrap_servers, s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
-                      s.replication_factor)
+                      s.replication_factor, min_insync_replicas=s.min_insync_replicas)
     )
     typer.echo(str(report))
     for name in report.created:
@@ -372,10 +373,16 @@ def broker_run() -> None:
 
 def main() -> None:
     from aiokafka.errors import KafkaConnectionError
+    from pydantic import ValidationError
+
+    from services.kernel.settings import describe_invalid
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # client commands say it once, below; `run` resets it
     try:
         app()
+    except ValidationError as exc:  # a ROUNDTRIP_* setting that cannot work: one line, no traceback, no restart loop
+        typer.secho(f"error: invalid configuration: {describe_invalid(exc)}", fg="red", err=True)
+        raise SystemExit(1) from None
     except KafkaConnectionError as exc:
         s = get_settings()
         typer.secho(f"error: cannot reach Kafka at {s.bootstrap_servers} ({exc}). Is the fleet up (`roundtrip up`), "

@@ -12,11 +12,10 @@ from pathlib import Path
 
 from faststream.specification import AsyncAPI
 
-from services.kernel import events
+from services.kernel import events, topology
 from services.kernel.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent / "contracts"
-SERVICES = ("gateway", "model", "guard", "gate", "executor")
 
 
 def event_schemas() -> dict[str, dict]:
@@ -25,7 +24,7 @@ def event_schemas() -> dict[str, dict]:
 
 def asyncapi_document() -> dict:
     settings = Settings(_env_file=None, topic_prefix="", kafka_bootstrap_servers="localhost:9092")
-    brokers = [importlib.import_module(f"services.{name}.app").build(settings).broker for name in SERVICES]
+    brokers = [importlib.import_module(s.app_module).build(settings).broker for s in topology.SERVICES]
     spec = AsyncAPI(
         *brokers,
         title="roundtrip",

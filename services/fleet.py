@@ -4,6 +4,10 @@ Order: the embedded broker (unless bootstrap servers are configured), the topics
 simulator (unless an API key is set), the shop, then the five services. Each child's
 output goes to state_dir/logs/<name>.log. Ports are checked before anything starts.
 
+A service is ready when it says so: each is started with the write end of a pipe
+(`ROUNDTRIP_READY_FD`, services/kernel/runtime.py) and writes one line to it once it has
+started, whatever its log level; an earlier run's log can never count.
+
 `Fleet.supervise` (what `roundtrip up` does once everything runs) restarts any child that
 dies, the embedded broker included (same data dir), with exponential backoff
 (`RestartPolicy`), reporting each death and restart, until it is told to stop. It sleeps
@@ -29,9 +33,9 @@ from pathlib import Path
 import httpx
 
 from services.broker.embedded import die_with_parent_preexec
+from services.kernel import topology
+from services.kernel.runtime import READY_FD_ENV
 from services.kernel.settings import Settings
-
-SERVICES = ("gateway", "model", "guard", "gate", "executor")
 
 
 class FleetError(RuntimeError):
@@ -89,6 +93,7 @@ class Child:
     delay: float | None = None
     restart_due: float | None = None
     restarts: int = 0
+    ready_fd: int | None = None  # read end of the pipe this process says "ready" on (services only), until it has
 
 
 @dataclass
@@ -108,6 +113,8 @@ class Fleet:
         self.logs = s.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self._check_ports()
+        if s.ledger_database_url is None:  # the children share this folder, so its SQLite file is the fleet's one ledger
+            self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
         try:
             if s.embedded_broker:
                 self._start_broker()
@@ -118,7 +125,7 @@ class Fleet:
             if not s.shop_url:
                 self._spawn("shop", [sys.executable, "-m", "services.cli", "run", "shop"], s.shop_base_url)
                 self._wait_http(f"{s.shop_base_url}/health", "shop")
-            for name in SERVICES:
+            for name in topology.names():
                 for replica in range(self.executor_replicas if name == "executor" else 1):
                     label = name if replica == 0 else f"{name}-{replica + 1}"
                     self._spawn(label, [sys.executable, "-m", "services.cli", "run", name], f"consumer group roundtrip-{name}")
@@ -138,6 +145,8 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 child.process.kill()
                 child.process.wait()
+        for child in self.children:
+            self._close_ready(child)
         self.children.clear()
         if self.broker is not None:
             self.broker.stop()
@@ -165,14 +174,13 @@ class Fleet:
             raise FleetError(f"{name} is not stopped")
         if env:
             self.env = {**self.env, **env}
-        since = {}
         for child in dead:
             self.children.remove(child)
-            since[child.name] = child.log_path.stat().st_size if child.log_path.exists() else 0
+            self._close_ready(child)
             self._spawn(child.name, list(child.process.args), child.where)
             if child.name in ("simulator", "shop"):
                 self._wait_http(f"{child.where}/health", child.name)
-        self._wait_services(names=set(since), since=since)
+        self._wait_services(names={child.name for child in dead})
 
     def restart(self, name: str, env: dict[str, str] | None = None) -> None:
         self.kill(name)
@@ -236,7 +244,8 @@ class Fleet:
                 self.broker.start()  # same data dir: the topics and offsets are kept
                 child.process = self.broker.proc
             else:
-                child.process = self._popen(list(child.process.args), child.log_path)
+                self._close_ready(child)
+                child.process, _ = self._popen(list(child.process.args), child.log_path)
         except Exception as exc:  # noqa: BLE001 - a failed start is one more death to back off from
             child.started_at = now
             child.delay = self.policy.next_delay(child.delay, 0.0)
@@ -301,25 +310,48 @@ class Fleet:
 
         s = self.settings
         report = asyncio.run(
-            ensure_topics(s.bootstrap_servers, s.topic_prefix, s.partitions, s.executor_partitions, s.replication_factor)
+            ensure_topics(s.bootstrap_servers, s.topic_prefix, s.partitions, s.executor_partitions, s.replication_factor,
+                          min_insync_replicas=s.min_insync_replicas)
         )
         self.say(f"  {report}")
 
     def _spawn(self, name: str, argv: list[str], where: str) -> None:
         log_path = self.logs / f"{name}.log"
-        process = self._popen(argv, log_path)
-        self.children.append(Child(name, process, log_path, where))
+        process, ready_fd = self._popen(argv, log_path, ready_pipe=name.split("-")[0] in topology.names())
+        self.children.append(Child(name, process, log_path, where, ready_fd=ready_fd))
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
 
-    def _popen(self, argv: list[str], log_path: Path) -> subprocess.Popen:
+    def _popen(self, argv: list[str], log_path: Path, ready_pipe: bool = False) -> tuple[subprocess.Popen, int | None]:
+        """Start one child; with `ready_pipe`, also the pipe it says "ready" on (its read end is returned)."""
         # a stable identity per replica (not the pid): a restarted gateway fences its predecessor's transaction at once
         identity = f"{socket.gethostname()}-{log_path.stem}"
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", "ROUNDTRIP_INSTANCE_ID": identity}
-        with open(log_path, "ab") as out:  # the child has its own copy of the fd
-            return subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                preexec_fn=die_with_parent_preexec(),  # a killed `roundtrip up` leaves no orphans behind
-            )
+        env.pop(READY_FD_ENV, None)
+        read_fd = write_fd = None
+        if ready_pipe:
+            read_fd, write_fd = os.pipe()
+            env[READY_FD_ENV] = str(write_fd)
+        try:
+            with open(log_path, "ab") as out:  # the child has its own copy of the fd
+                process = subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                    pass_fds=() if write_fd is None else (write_fd,),
+                    preexec_fn=die_with_parent_preexec(),  # a killed `roundtrip up` leaves no orphans behind
+                )
+        except BaseException:
+            for fd in (read_fd, write_fd):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        if write_fd is not None:
+            os.close(write_fd)  # the child's copy is the only one: its exit ends the pipe
+        return process, read_fd
+
+    @staticmethod
+    def _close_ready(child: Child) -> None:
+        if child.ready_fd is not None:
+            os.close(child.ready_fd)
+            child.ready_fd = None
 
     def _wait_http(self, url: str, name: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
@@ -333,19 +365,30 @@ class Fleet:
             time.sleep(0.1)
         raise FleetError(f"{name} did not answer {url} within {timeout:g} s")
 
-    def _wait_services(self, timeout: float = 60, names: set[str] | None = None, since: dict[str, int] | None = None) -> None:
-        """A service is ready when it logs that it started (after `since` bytes of its log)."""
+    def _wait_services(self, timeout: float = 60, names: set[str] | None = None) -> None:
+        """Wait until every service (of `names`) has said "ready" on its pipe; a child that exits first is an error."""
         deadline = time.monotonic() + timeout
-        pending = {c.name: c for c in self.children if c.name.split("-")[0] in SERVICES and (names is None or c.name in names)}
-        since = since or {}
-        while pending and time.monotonic() < deadline:
+        pending = {c.ready_fd: c for c in self.children
+                   if c.ready_fd is not None and (names is None or c.name in names)}
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FleetError(f"services did not start within {timeout:g} s: "
+                                 f"{', '.join(sorted(c.name for c in pending.values()))}")
+            readable, _, _ = select.select(list(pending), [], [], min(left, 1.0))
+            for fd in readable:
+                child = pending[fd]
+                if os.read(fd, 256).startswith(b"ready"):
+                    del pending[fd]
+                    self._close_ready(child)
+                else:  # the end of the pipe without a word: the child has exited (or is exiting)
+                    del pending[fd]
+                    self._close_ready(child)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        child.process.wait(timeout=10)
+                    self._check_alive()
+                    raise FleetError(f"{child.name} closed its ready pipe without saying it started (log {child.log_path})")
             self._check_alive()
-            for name, child in list(pending.items()):
-                if b" started (broker" in child.log_path.read_bytes()[since.get(name, 0):]:
-                    del pending[name]
-            time.sleep(0.1)
-        if pending:
-            raise FleetError(f"services did not start within {timeout:g} s: {', '.join(pending)}")
 
     def _check_alive(self) -> None:
         for child in self.exited():

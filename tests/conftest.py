@@ -40,9 +40,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from services.broker.embedded import EmbeddedKafka, die_with_parent_preexec, fetch_kafka, free_port
+from services.broker.embedded import EmbeddedKafka, die_with_parent_preexec, free_port
 from services.kernel.admin import create_topics
-from services.kernel.settings import get_settings
+from tests.processes import embedded_kafka
 
 # -- markers by folder: `pytest -m "not e2e"` etc. ---------------------------------------------
 
@@ -60,13 +60,6 @@ def _say(msg: str) -> None:
     print(msg, file=sys.__stderr__, flush=True)
 
 
-def _two_free_ports() -> tuple[int, int]:
-    while True:
-        a, b = free_port(), free_port()
-        if a != b:
-            return a, b
-
-
 # -- Kafka ------------------------------------------------------------------------------------
 
 
@@ -76,18 +69,8 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedK
     if os.environ.get("ROUNDTRIP_TEST_KAFKA_BOOTSTRAP"):
         yield None
         return
-    version = get_settings().kafka_version
-    libs = fetch_kafka(version, progress=_say)  # cached across runs; a no-op once fetched
-    port, controller_port = _two_free_ports()
-    kafka = EmbeddedKafka(
-        tmp_path_factory.mktemp("kafka"), port, controller_port, version, libs_dir=libs, die_with_parent=True
-    )
-    kafka.start()
-    try:
-        kafka.wait_ready(120)
+    with embedded_kafka(tmp_path_factory.mktemp("kafka")) as kafka:
         yield kafka
-    finally:
-        kafka.stop()
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from aiokafka.errors import KafkaError
@@ -97,6 +98,23 @@ def spent_of(row: TurnRow) -> Usage:
                  cache_creation_input_tokens=row.cache_creation_input_tokens, cache_read_input_tokens=row.cache_read_input_tokens)
 
 
+class Bounded:
+    """The sweeper's publishes, each bounded by SWEEP_PUBLISH_TIMEOUT_S. The first that does not get through means the
+    broker is away: `reachable` turns false, and the rest of the sweep only records (ends stay pending in the ledger;
+    the outbox publishes them once the broker is back), so a sweep never waits on Kafka's retries."""
+
+    def __init__(self, timeout: float = SWEEP_PUBLISH_TIMEOUT_S) -> None:
+        self.timeout, self.reachable = timeout, True
+
+    async def __call__(self, work: Callable[[], Awaitable[Any]], what: str) -> Any:
+        try:
+            return await asyncio.wait_for(work(), self.timeout)
+        except (TimeoutError, KafkaError) as exc:
+            self.reachable = False
+            log.warning("sweep: %s not published (%s); recording the rest, the outbox publishes them later", what, type(exc).__name__)
+            return None
+
+
 @dataclass
 class Guard:
     ledger: Ledger
@@ -160,14 +178,21 @@ class Guard:
             log.warning("turn %s: republishing the pending %s after %s", row.turn_id, type(message).__name__, why)
             await self._emit(row.turn_id, row.pending, message, row.conversation_id)
 
-    async def republish_outbox(self, older_than: float | None = None) -> int:
-        """Publish every recorded decision still not published (at start-up, and from the sweeper)."""
+    async def republish_outbox(self, older_than: float | None = None, timeout: float = SWEEP_PUBLISH_TIMEOUT_S) -> int:
+        """Publish every recorded decision still not published (at start-up, and from the sweeper).
+
+        Each publish is bounded by `timeout`: one that does not get through means the broker is away, and the pass
+        stops there (the rows stay pending for the next one) instead of waiting for the producer's retries."""
         older_than = time.time() - self.outbox_after_s if older_than is None else older_than
         count = 0
         for row in await self.ledger.outbox(older_than):
             try:
-                await self._republish(row, "a restart or a failed publish")
+                await asyncio.wait_for(self._republish(row, "a restart or a failed publish"), timeout)
                 count += 1
+            except (TimeoutError, KafkaError) as exc:
+                log.warning("outbox: the pending decision of turn %s not published (%s); the broker looks away, "
+                            "the rest waits for the next pass", row.turn_id, type(exc).__name__)
+                break
             except Exception:  # noqa: BLE001 - the rest of the outbox still goes out; this row stays pending
                 log.exception("turn %s: republishing its pending decision failed; will retry", row.turn_id)
         return count
@@ -474,25 +499,30 @@ class Guard:
             span.set_status(trace.Status(trace.StatusCode.ERROR, status))
         return _EndAt(span, int(now * 1e9))
 
-    async def expire_approvals(self, now: float) -> int:
+    async def expire_approvals(self, now: float, announced: Bounded | None = None) -> int:
         """Approvals nobody decided in time: the turn ends politely (approval_timeout), the call never runs."""
+        announced = announced or Bounded()
         ended = 0
         for approval, row in await self.ledger.overdue_approvals(now):
             with self._waited(approval, "expired", now):
-                result = await self.end_from_outside(row, Outcome.APPROVAL_TIMEOUT,
-                                                     f"{approval.tool} not decided within its approval deadline", status=AWAITING)
+                result = await announced(
+                    lambda: self.end_from_outside(row, Outcome.APPROVAL_TIMEOUT, f"{approval.tool} not decided within its "
+                                                  "approval deadline", announce=announced.reachable, status=AWAITING),
+                    f"the end of {row.turn_id}")
             if result is not None:
                 await self.ledger.close_approvals(row.turn_id, "expired", now)
                 ended += result == ENDED
         return ended
 
-    async def finish_ending(self, row: TurnRow) -> bool:
-        """An end that waited for a running step: record it and publish it once the lease is gone."""
+    async def finish_ending(self, row: TurnRow, announced: Bounded | None = None) -> bool:
+        """An end that waited for a running step: record it and publish it once the lease is gone (when the broker is
+        away, the ledger keeps it pending and the outbox publishes it later)."""
+        announced = announced or Bounded()
         if not await self.ledger.finish_ending(row.turn_id, time.time()):
             return False
         done = await self.ledger.get(row.turn_id)
-        if done is not None and done.pending:
-            await self._republish(done, "the running step finished")
+        if done is not None and done.pending and announced.reachable:
+            await announced(lambda: self._republish(done, "the running step finished"), f"the end of {row.turn_id}")
         return True
 
     async def sweep(self, flag: Callable[[TurnFlagged, str], Awaitable[None]], now: float | None = None) -> tuple[int, int]:
@@ -500,20 +530,7 @@ class Guard:
         republish decisions left unpublished. Every change is conditional on the row as read, with the current time."""
         now = now or time.time()
         idle, expired, ending = await self.ledger.overdue(now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s)
-        # a publish that does not get through within SWEEP_PUBLISH_TIMEOUT_S means the broker is away: the sweep goes on
-        # recording (ends stay pending in the ledger, the outbox publishes them once the broker is back)
-        reachable = True
-
-        async def announced(work: Awaitable[Any], what: str) -> Any:
-            nonlocal reachable
-            try:
-                return await asyncio.wait_for(work, SWEEP_PUBLISH_TIMEOUT_S)
-            except (TimeoutError, KafkaError) as exc:
-                reachable = False
-                log.warning("sweep: %s not published (%s); recording the rest, the outbox publishes them later",
-                            what, type(exc).__name__)
-                return None
-
+        announced = Bounded()  # every publish of this sweep, bounded: the sweep never waits on Kafka
         flagged = 0
         for row in idle:
             at = max(now, time.time())  # never a stale timestamp: it would shorten the grace
@@ -527,24 +544,24 @@ class Guard:
                 span.set_attribute("roundtrip.detail", detail)
                 mark_error(span, f"stuck: {detail}", "stuck")
                 log.warning("turn %s is stuck: %s (customer %s, trace %s)", row.turn_id, detail, row.customer_id, row.trace_id)
-                if reachable:
-                    await announced(flag(TurnFlagged(turn=Turn.model_validate(row.turn), step=row.step, idle_s=round(idle_s, 3),
-                                                     detail=detail), row.conversation_id), f"the stuck flag of {row.turn_id}")
+                if announced.reachable:
+                    message = TurnFlagged(turn=Turn.model_validate(row.turn), step=row.step, idle_s=round(idle_s, 3), detail=detail)
+                    await announced(lambda: flag(message, row.conversation_id), f"the stuck flag of {row.turn_id}")
         ended = 0
         for row in expired:
             deadline_at = row.deadline_at or row.started_at + self.turn_deadline_s
             if deadline_at <= now:
-                ending_it = self.end_from_outside(row, Outcome.DEADLINE, f"turn older than {self.turn_deadline_s:g} s",
-                                                  announce=reachable)
+                ending_it = partial(self.end_from_outside, row, Outcome.DEADLINE, f"turn older than {self.turn_deadline_s:g} s",
+                                    announce=announced.reachable)
             else:  # stuck past its grace: only if still stuck since that very flag
-                ending_it = self.end_from_outside(row, Outcome.DEADLINE, f"stuck for more than {self.stuck_grace_s:g} s",
-                                                  announce=reachable, status=STUCK, flagged_at=row.flagged_at)
+                ending_it = partial(self.end_from_outside, row, Outcome.DEADLINE, f"stuck for more than {self.stuck_grace_s:g} s",
+                                    announce=announced.reachable, status=STUCK, flagged_at=row.flagged_at)
             result = await announced(ending_it, f"the end of {row.turn_id}")
             ended += result == ENDED
         for row in ending:
-            ended += await self.finish_ending(row)
-        ended += await self.expire_approvals(now)
-        if reachable:
+            ended += await self.finish_ending(row, announced)
+        ended += await self.expire_approvals(now, announced)
+        if announced.reachable:
             await self.republish_outbox()
         return flagged, ended
 

@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
 
-from services.kernel import topics
+from services.kernel import topics, topology
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def topic_configs(name: str, prefix: str = "") -> dict[str, str]:
 def desired_topics(prefix: str, partitions: int, executor_partitions: int | None = None) -> dict[str, int]:
     """Wire name -> partition count of every topic of the fleet."""
     counts = {}
-    for name in topics.ALL:
+    for name in topology.topic_names():
         if name == topics.TOOL_BATCHES:
             n = executor_partitions or partitions
         elif name == topics.DEAD_LETTERS:
@@ -100,10 +100,15 @@ async def ensure_topics(
     executor_partitions: int | None = None,
     replication_factor: int = 1,
     *,
+    min_insync_replicas: int | None = None,
     grow: bool = True,
     timeout: float = 30.0,
 ) -> TopicsReport:
-    """Create the fleet's topics that do not exist yet; report what was created and what existed."""
+    """Create the fleet's topics that do not exist yet; report what was created and what existed.
+
+    A topic is created with `replication_factor` replicas and, when given, `min.insync.replicas`; a topic that
+    exists keeps the replication and settings it has (only its partitions grow)."""
+    durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
     wanted = desired_topics(prefix, partitions, executor_partitions)
     report = TopicsReport()
     admin = _admin(bootstrap, int(timeout * 1000))
@@ -114,7 +119,8 @@ async def ensure_topics(
         report.existing = [name for name in wanted if name in existing]
         if missing:
             response = await admin.create_topics(
-                [NewTopic(name, wanted[name], replication_factor, topic_configs=topic_configs(name, prefix)) for name in missing],
+                [NewTopic(name, wanted[name], replication_factor, topic_configs={**topic_configs(name, prefix), **durability})
+                 for name in missing],
                 timeout_ms=int(timeout * 1000),
             )
             for topic_error in response.topic_errors:
@@ -174,7 +180,7 @@ async def create_topics(
     executor_partitions: int | None = None,
     replication_factor: int = 1,
 ) -> list[str]:
-    """Create every topic of `topics.ALL` (prefixed) that is missing; return the names created.
+    """Create every topic of the topology (prefixed) that is missing; return the names created.
 
     Safe to run twice: the second run creates nothing. The executor topic gets
     `executor_partitions or partitions` partitions, the dead-letter topic one.
@@ -204,22 +210,6 @@ async def wait_for_broker(bootstrap: str, timeout: float = 60.0) -> None:
 
 
 # -- consumer lag ---------------------------------------------------------------------------
-
-# The fleet's consumer groups and the topic each one reads (README, Topology). `roundtrip lag` shows
-# them even before they exist or commit: a group that never committed lags from the start of the log.
-FLEET_GROUPS = {
-    "roundtrip-gateway": topics.SUPPORT_REQUESTS,
-    "roundtrip-guard-starts": topics.TURN_STARTS,
-    "roundtrip-model": topics.MODEL_CALLS,
-    "roundtrip-guard": topics.ITERATIONS,
-    "roundtrip-gate": topics.TOOL_CALLS,
-    "roundtrip-executor": topics.TOOL_BATCHES,
-    "roundtrip-gateway-replies": topics.OUTCOMES,
-    "roundtrip-guard-controls": topics.TURN_CONTROLS,
-    "roundtrip-guard-approvals": topics.APPROVAL_REQUESTS,
-    "roundtrip-guard-decisions": topics.APPROVAL_DECISIONS,
-}
-
 
 @dataclass
 class PartitionLag:
@@ -298,11 +288,13 @@ async def consumer_lag(bootstrap: str, prefix: str = "", group: str | None = Non
     """Lag of the fleet's consumer groups (and any other `roundtrip-*` group) on this prefix's topics.
 
     Per group: committed offset, log start and end offset and lag per partition, and its members with
-    their assigned partitions. `group` keeps one group ("executor" or "roundtrip-executor").
+    their assigned partitions. `group` keeps one group ("executor" or "roundtrip-executor"). The topology's
+    groups are shown even before they exist or commit: a group that never committed lags from the start of the log.
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    wire = {prefix + name for name in topics.ALL}
+    wire = {prefix + name for name in topology.topic_names()}
+    fleet_groups = topology.groups()
     admin = _admin(bootstrap, int(timeout * 1000))
     consumer = None
     await admin.start()
@@ -310,7 +302,7 @@ async def consumer_lag(bootstrap: str, prefix: str = "", group: str | None = Non
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=int(timeout * 1000))
         await consumer.start()
         listed = {g[0] for g in await admin.list_consumer_groups() if str(g[0]).startswith("roundtrip-")}
-        names = sorted(set(FLEET_GROUPS) | listed)
+        names = sorted(set(fleet_groups) | listed)
         if group is not None:
             names = [n for n in names if group in (n, n.removeprefix("roundtrip-"))] or [group]
         described: dict[str, tuple[str, list[GroupMember], set[str]]] = {}
@@ -327,8 +319,8 @@ async def consumer_lag(bootstrap: str, prefix: str = "", group: str | None = Non
         for name in names:
             mine = {tp.topic for tp in committed[name] if tp.topic in wire} | described.get(name, ("", [], set()))[2]
             mine |= {t for m in described.get(name, ("", [], set()))[1] for t, _ in m.partitions}
-            if name in FLEET_GROUPS:
-                mine.add(prefix + FLEET_GROUPS[name])
+            if name in fleet_groups:
+                mine.add(prefix + fleet_groups[name])
             topics_of[name] = mine
         all_topics = sorted(set().union(*topics_of.values())) if topics_of else []
         partitions = [

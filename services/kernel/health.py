@@ -41,13 +41,13 @@ from faststream import FastStream
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 
+from services.kernel import topology
 from services.kernel.settings import Settings
 
 log = logging.getLogger("roundtrip.health")
 
 Check = Callable[[], bool | Awaitable[bool]]
-SERVICE_INDEX = {"gateway": 0, "model": 1, "guard": 2, "gate": 3, "executor": 4}
-PORT_STRIDE = len(SERVICE_INDEX)
+PORT_STRIDE = len(topology.SERVICES)  # each service's offset is its index in the topology
 REPLICA_PORTS = 20  # replicas of one service a host can serve with per-service ports
 CHECK_TIMEOUT_S = 2.0
 
@@ -104,7 +104,7 @@ def port_candidates(service: str, settings: Settings) -> list[int]:
         return []
     if not settings.health_port_per_service:
         return [settings.health_port]
-    first = settings.health_port + SERVICE_INDEX.get(service, 0)
+    first = settings.health_port + (topology.index(service) if service in topology.names() else 0)
     return [p for p in range(first, first + PORT_STRIDE * REPLICA_PORTS, PORT_STRIDE) if p <= 65535]
 
 

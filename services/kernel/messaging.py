@@ -36,12 +36,13 @@ from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel, ValidationError
 
-from services.kernel import health, metrics, topics
+from services.kernel import health, metrics, topics, topology
 from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
 from services.kernel.settings import Settings
 from services.kernel.telemetry import consuming, mark_error, publishing
+from services.kernel.topology import group  # one group per subscription: they join and rebalance independently
 
 log = logging.getLogger("roundtrip")
 
@@ -86,6 +87,7 @@ def subscribe(
     in one transaction) and `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`:
     the handler only waits and is safe to interrupt, so a rebalance or a stop cancels it at once.
     """
+    declared = _declared(service, topic, role)
     consumer = KeyOrderedConsumer(
         process=_not_started,
         name=f"{service}{'-' + role if role else ''}",
@@ -115,10 +117,19 @@ def subscribe(
     consumers_of(broker).append(consumer)
 
     def register(handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        if declared is not None and _message_model(handler) is not declared.message:
+            raise TypeError(f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
+                            f"{topic} carries {declared.message.__name__} (services/kernel/topology.py)")
         consumer._process = _message_path(broker, service, group(service, role), handler)  # noqa: SLF001
         return subscriber(handler)
 
     return register
+
+
+def _declared(service: str, topic: str, role: str | None) -> topology.Input | None:
+    """The topology's declaration of this subscription (LookupError if it has none); None for a service outside the
+    topology (a kernel test's own)."""
+    return topology.service(service).input(topic, role) if service in topology.names() else None
 
 
 def current_record() -> Any:
@@ -312,7 +323,7 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
     No FastStream middlewares: the kernel's subscriptions and Outlets trace, count and dead-letter
     themselves (see the module's docstring)."""
     broker = KafkaBroker(
-        settings.bootstrap_servers,
+        settings.bootstrap_list,  # a list: FastStream takes a string as one host, "h1:9092,h2:9092" included
         client_id=f"roundtrip-{service}",
         enable_idempotence=True,
         linger_ms=0,
@@ -327,13 +338,6 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
     return broker
 
 
-def group(service: str, role: str | None = None) -> str:
-    """The consumer group of a service's subscription: `roundtrip-<service>` for its main input,
-    `roundtrip-<service>-<role>` for another one. One group per subscription, so subscriptions
-    join (and rebalance) independently: a service with three inputs starts in one rebalance, not three."""
-    return f"roundtrip-{service}" + (f"-{role}" if role else "")
-
-
 def key_of(conversation_id: str) -> bytes:
     return conversation_id.encode()
 
@@ -342,6 +346,9 @@ class Outlet:
     """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id."""
 
     def __init__(self, broker: KafkaBroker, topic: str, schema: type[BaseModel], description: str = "") -> None:
+        if (service := _service_of(broker)) in topology.names() and topology.service(service).outputs.get(topic) is not schema:
+            raise LookupError(f"the topology declares no output {schema.__name__} of {service} to {topic} "
+                              "(services/kernel/topology.py)")
         self._broker, self._topic = broker, topics.t(topic)
         broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)
 

@@ -1,5 +1,12 @@
-"""What a long-running service process sets once it has started: the garbage collector.
+"""What a long-running service process does once it has started: say so to its supervisor, settle its heap.
 
+**Ready.** A supervisor that starts a service (`roundtrip up`, services/fleet.py) hands it the write end of a
+pipe in `ROUNDTRIP_READY_FD`; `announce_ready()` writes one line to it once the service has started and
+closes it. The supervisor waits on the read end: readiness is the service's own word, whatever the log level,
+and a line from an earlier run of the same folder can never count. Outside a supervisor nothing is set and
+nothing happens (Kubernetes and Compose ask /readyz instead).
+
+**The heap.**
 A service holds 70,000-230,000 objects from start-up on (the SDK, SQLAlchemy, OpenTelemetry,
 pydantic's schemas), alive as long as the process. CPython's full collection walks every one of
 them, with the event loop stopped: ~100 ms in the model service, every few seconds under load
@@ -11,8 +18,11 @@ collected, so most of a message's short-lived objects are gone by then.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 
+READY_FD_ENV = "ROUNDTRIP_READY_FD"
 YOUNG_GENERATION_THRESHOLD = 10_000
 
 
@@ -23,3 +33,14 @@ def settle_heap() -> int:
     _, middle, old = gc.get_threshold()
     gc.set_threshold(YOUNG_GENERATION_THRESHOLD, middle, old)
     return gc.get_freeze_count()
+
+
+def announce_ready(service: str) -> None:
+    """Tell the supervisor (if one handed us a pipe) that `service` has started; once per process."""
+    fd = os.environ.pop(READY_FD_ENV, None)
+    if fd is None or not fd.isdigit():
+        return
+    with contextlib.suppress(OSError):  # the supervisor went away: nobody to tell
+        os.write(int(fd), f"ready {service}\n".encode())
+    with contextlib.suppress(OSError):
+        os.close(int(fd))

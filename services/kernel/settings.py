@@ -5,10 +5,11 @@ Every knob of the fleet lives here, once. `roundtrip config` prints the effectiv
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Demo signing key: fine for a laptop, replaced in production via ROUNDTRIP_APPROVAL_KEYS.
@@ -22,8 +23,65 @@ DEV_DECISION_KEYS = "ops1:roundtrip-dev-only-decision-key"
 DEV_DECISION_SECRET = DEV_DECISION_KEYS.split(":", 1)[1]
 
 
-class InsecureConfiguration(RuntimeError):
+# The database drivers the fleet runs on (it is asyncio throughout): backend -> the URL scheme to write.
+ASYNC_DRIVERS = {
+    "postgresql": ("postgresql+asyncpg", "postgresql+asyncpg://user:password@host:5432/ledger"),
+    "sqlite": ("sqlite+aiosqlite", "sqlite+aiosqlite:////var/lib/roundtrip/ledger.db"),
+}
+
+
+class ConfigurationError(RuntimeError):
+    """Settings with which a service cannot work: it refuses to start, with one line naming the cause."""
+
+
+class InsecureConfiguration(ConfigurationError):
     """A setting that must not be used outside development (the published approval key)."""
+
+
+_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")  # a name, an IPv4 or a [IPv6] address
+
+
+def parse_bootstrap_servers(value: str) -> list[str]:
+    """`h1:9092,h2:9092` (spaces allowed) -> ["h1:9092", "h2:9092"]; ValueError naming the entry that is not host:port."""
+    entries = [entry.strip() for entry in value.split(",")]
+    if not any(entries):
+        raise ValueError("empty: give host:port[,host:port...], e.g. broker-1:9092,broker-2:9092")
+    for entry in entries:
+        host, colon, port = entry.rpartition(":")
+        if "://" in entry:
+            raise ValueError(f"{entry!r} has a scheme: give host:port (the security protocol is not part of the address)")
+        if not colon or not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{entry!r} is not host:port; give host:port[,host:port...], e.g. broker-1:9092,broker-2:9092")
+    return entries
+
+
+def check_database_url(value: str) -> str:
+    """A URL the fleet's async engines can open: postgresql+asyncpg:// or sqlite+aiosqlite://; ValueError saying which
+    form works otherwise. The message shows only the scheme, never the rest (it may carry a password)."""
+    scheme, sep, _ = value.partition("://")
+    if not sep:
+        raise ValueError("not a database URL; write " + " or ".join(example for _, example in ASYNC_DRIVERS.values()))
+    backend = scheme.split("+", 1)[0].lower()
+    if backend == "postgres":
+        backend = "postgresql"
+    if backend not in ASYNC_DRIVERS:
+        raise ValueError(f"{scheme}:// is not supported; write " + " or ".join(example for _, example in ASYNC_DRIVERS.values()))
+    wanted, example = ASYNC_DRIVERS[backend]
+    if scheme.lower() != wanted:
+        raise ValueError(f"{scheme}:// names a driver the fleet does not use (it is asyncio throughout); write {wanted}://..., "
+                         f"e.g. {example}")
+    return value
+
+
+def describe_invalid(error: ValidationError) -> str:
+    """One line per invalid setting, named by its environment variable: what `roundtrip` prints instead of a traceback."""
+    lines = []
+    for item in error.errors():
+        name = str(item["loc"][0]) if item.get("loc") else "?"
+        variable = "ANTHROPIC_API_KEY" if name == "anthropic_api_key" else f"ROUNDTRIP_{name.upper()}"
+        message = item.get("msg", "invalid").removeprefix("Value error, ")
+        lines.append(f"{variable}: {message}")
+    return "; ".join(lines)
 
 
 class Settings(BaseSettings):
@@ -63,6 +121,11 @@ class Settings(BaseSettings):
         200, ge=1, description="Turns the gateway runs at once; more requests wait in support.requests (admission)"
     )
     replication_factor: int = Field(1, ge=1, description="Replication factor of the topics `roundtrip topics create` makes")
+    min_insync_replicas: int | None = Field(
+        None, ge=1,
+        description="min.insync.replicas of the topics `roundtrip topics create` makes (production: 2 with replication "
+                    "factor 3); unset: the broker's default",
+    )
 
     # -- model -------------------------------------------------------------------------
     anthropic_api_key: str | None = Field(
@@ -174,10 +237,50 @@ class Settings(BaseSettings):
                     "another replica on the host takes the next free port in steps of 5); `roundtrip up --health-port` sets it",
     )
 
+    # -- checks ------------------------------------------------------------------------
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _broker_list(cls, value: str | None) -> str | None:
+        return None if value is None or not value.strip() else ",".join(parse_bootstrap_servers(value))
+
+    @field_validator("ledger_database_url", "conversations_database_url", "shop_database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        return None if value is None or not value.strip() else check_database_url(value.strip())
+
+    @field_validator("min_insync_replicas")
+    @classmethod
+    def _min_isr(cls, value: int | None, info) -> int | None:
+        factor = info.data.get("replication_factor", 1)
+        if value is not None and value > factor:
+            raise ValueError(f"{value} is more than ROUNDTRIP_REPLICATION_FACTOR ({factor}): no write could ever succeed")
+        return value
+
+    def refuse_private_ledger(self, service: str) -> None:
+        """Raise ConfigurationError when a service that shares the turn ledger would keep it in a file of its own.
+
+        Guard, model and executor meet in the ledger (the guard records each step; the model and the executors claim
+        it in the turn fence before they act). Unset, the ledger is a SQLite file in this process's state_dir: right
+        for the embedded development fleet, whose processes share one folder, and wrong wherever each process has its
+        own disk (a pod, a container), where every turn would fail."""
+        if self.ledger_database_url is None and not self.development:
+            raise ConfigurationError(
+                f"{service} refuses to start: ROUNDTRIP_LEDGER_DATABASE_URL is not set, so the turn ledger would be a "
+                f"private SQLite file in {self.state_dir} that the other services never see, and every turn would fail. "
+                "Give guard, model and executor the same database (e.g. postgresql+asyncpg://user:password@host:5432/ledger), "
+                "or set ROUNDTRIP_ENV=development for a fleet on one machine."
+            )
+
     # -- derived -----------------------------------------------------------------------
     @property
     def bootstrap_servers(self) -> str:
+        """The bootstrap servers as one string, `h1:9092,h2:9092` (for aiokafka's clients and for messages)."""
         return self.kafka_bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def bootstrap_list(self) -> list[str]:
+        """The bootstrap servers as a list (FastStream's KafkaBroker takes a string as one host)."""
+        return self.bootstrap_servers.split(",")
 
     @property
     def embedded_broker(self) -> bool:

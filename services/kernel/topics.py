@@ -1,4 +1,6 @@
-"""Topic names. The public contract is the first two; the rest are internal to the fleet."""
+"""Topic names. The public contract is the first two; the rest are internal to the fleet.
+
+Who reads and writes each is declared in services/kernel/topology.py (`topology.topic_names()` lists them all)."""
 
 from __future__ import annotations
 
@@ -17,23 +19,6 @@ TURN_EVENTS = "turn.events"  # TurnFlagged (stuck turns): guard -> operators
 DEAD_LETTERS = "roundtrip.dead_letters"  # DeadLettered: any service
 APPROVAL_REQUESTS = "turn.approval_requests"  # ApprovalRequested: executor -> guard and operators
 APPROVAL_DECISIONS = "turn.approval_decisions"  # ApprovalDecided (signed): people, any Kafka client -> guard
-
-ALL = (
-    SUPPORT_REQUESTS,
-    SUPPORT_REPLIES,
-    TURN_STARTS,
-    TURN_CONTROLS,
-    MODEL_CALLS,
-    ITERATIONS,
-    TOOL_CALLS,
-    TOOL_BATCHES,
-    OUTCOMES,
-    TURN_EVENTS,
-    DEAD_LETTERS,
-    APPROVAL_REQUESTS,
-    APPROVAL_DECISIONS,
-)
-
 
 def t(name: str) -> str:
     """The topic's name on the wire (with the configured prefix)."""

@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import uuid
 
 import pytest
 
-from services.broker.embedded import EmbeddedKafka, fetch_kafka, free_port
+from services.broker.embedded import EmbeddedKafka, free_port
 from services.fleet import Fleet
-from services.kernel.settings import Settings, get_settings
+from services.kernel.settings import Settings
 from tests.chaos.harness import Observer
 
 
@@ -69,18 +68,8 @@ class ChaosFleet:
 
 @pytest.fixture(scope="session")
 def chaos_kafka(tmp_path_factory):
-    libs = fetch_kafka(get_settings().kafka_version, progress=lambda m: print(m, file=sys.__stderr__))
-    port, controller = free_port(), free_port()
-    while controller == port:
-        controller = free_port()
-    kafka = EmbeddedKafka(tmp_path_factory.mktemp("chaos-kafka"), port, controller, get_settings().kafka_version,
-                          libs_dir=libs, die_with_parent=True)
-    kafka.start()
-    try:
-        kafka.wait_ready(120)
+    with embedded_kafka(tmp_path_factory.mktemp("chaos-kafka")) as kafka:
         yield kafka
-    finally:
-        kafka.stop()
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from services.broker.embedded import free_port
 from services.console import partitions_of
 from services.fleet import Fleet
-from services.kernel import topics
+from services.kernel import topics, topology
 from services.kernel.events import SupportReply
 from services.kernel.settings import Settings
 
@@ -54,7 +54,7 @@ class FleetClient:
         return self.settings.topic_prefix + name
 
     async def start(self) -> None:
-        watched = [self.topic(n) for n in topics.ALL if n != topics.SUPPORT_REQUESTS]
+        watched = [self.topic(n) for n in topology.topic_names() if n != topics.SUPPORT_REQUESTS]
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers)
         # No consumer group: nothing to rebalance or time out while a test blocks, and every record is seen once.
         self.consumer = AIOKafkaConsumer(

@@ -21,7 +21,7 @@ from services.broker.embedded import (
     port_is_free,
     probe_metadata,
 )
-from services.kernel import topics
+from services.kernel import topics, topology
 from services.kernel.admin import DEAD_LETTER_MAX_BYTES, create_topics, ensure_topics, wait_for_broker
 from services.kernel.settings import get_settings
 
@@ -62,7 +62,7 @@ async def _consume_one(bootstrap: str, topic: str) -> bytes:
 
 async def test_create_topics_is_idempotent(kafka_bootstrap: str, topic_prefix: str) -> None:
     created = await create_topics(kafka_bootstrap, topic_prefix, partitions=3, executor_partitions=5)
-    assert created == [topic_prefix + name for name in topics.ALL]
+    assert created == [topic_prefix + name for name in topology.topic_names()]
 
     again = await ensure_topics(kafka_bootstrap, topic_prefix, partitions=3, executor_partitions=5)
     assert again.created == []
@@ -128,7 +128,7 @@ async def test_an_existing_dead_letter_topic_gets_the_larger_limit_and_keeps_its
 
 
 async def test_make_topics_fixture_helper(kafka_bootstrap: str, topic_prefix: str, make_topics) -> None:
-    assert len(await make_topics(kafka_bootstrap, topic_prefix)) == len(topics.ALL)
+    assert len(await make_topics(kafka_bootstrap, topic_prefix)) == len(topology.topic_names())
     assert await make_topics(kafka_bootstrap, topic_prefix) == []
 
 
@@ -198,9 +198,27 @@ def test_restart_keeps_data_and_does_not_reformat(tmp_path: Path) -> None:
         assert not kafka.formatted_on_start
         assert (kafka.log_dirs / "meta.properties").read_text() == meta  # same cluster id
         report = asyncio.run(ensure_topics(kafka.bootstrap, "restart.", partitions=1))
-        assert report.created == [] and len(report.existing) == len(topics.ALL)
+        assert report.created == [] and len(report.existing) == len(topology.topic_names())
         assert asyncio.run(_consume_one(kafka.bootstrap, "restart." + topics.OUTCOMES)) == b"kept"
         print(f"first start (with format) {first_start:.1f}s")
     finally:
         kafka.stop()
     assert not kafka.running()
+
+
+async def test_topics_are_created_with_the_configured_min_insync_replicas(kafka_bootstrap: str, topic_prefix: str) -> None:
+    """ROUNDTRIP_MIN_INSYNC_REPLICAS is set on each topic it creates (one broker here: 1, the most RF 1 allows), the
+    dead-letter topic's own limit kept beside it."""
+    await ensure_topics(kafka_bootstrap, topic_prefix, partitions=1, replication_factor=1, min_insync_replicas=1)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        for name in (topic_prefix + topics.MODEL_CALLS, topic_prefix + topics.DEAD_LETTERS):
+            (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
+            entries = {e[0]: e for e in response.resources[0][4]}
+            value, source = entries["min.insync.replicas"][1], entries["min.insync.replicas"][3]
+            on_topic = source == 1 if response.API_VERSION >= 1 else not source  # v1+: config source 1 = the topic itself
+            assert (value, on_topic) == ("1", True), (name, entries["min.insync.replicas"])
+        assert int(entries["max.message.bytes"][1]) == DEAD_LETTER_MAX_BYTES
+    finally:
+        await admin.close()

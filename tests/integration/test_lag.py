@@ -9,8 +9,8 @@ import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from services.kernel import topics
-from services.kernel.admin import FLEET_GROUPS, consumer_lag
+from services.kernel import topics, topology
+from services.kernel.admin import consumer_lag, ensure_topics
 
 
 async def _produce(bootstrap: str, topic: str, per_partition: dict[int, int]) -> None:
@@ -64,7 +64,7 @@ async def test_lag_counts_from_the_start_of_the_log_until_a_commit_then_from_the
         assert result.returncode == 0, result.stderr
         document = json.loads(result.stdout)
         groups = {g["group"]: g for g in document["groups"]}
-        assert set(FLEET_GROUPS) <= set(groups)
+        assert set(topology.groups()) <= set(groups)
         executor = groups["roundtrip-executor"]
         rows = {(p["topic"], p["partition"]): p for p in executor["partitions"]}
         assert rows[(batches, 0)] == {"topic": batches, "partition": 0, "committed": 2, "start": 0, "end": 3, "lag": 1}
@@ -86,3 +86,14 @@ def test_lag_says_clearly_when_kafka_is_unreachable():
     assert result.returncode == 2
     assert "cannot reach Kafka" in result.stderr
     assert result.stdout == ""
+
+
+async def test_a_subscription_added_to_the_topology_shows_up_in_lag_before_its_group_exists(kafka_bootstrap, topic_prefix, monkeypatch):
+    from tests.unit.test_topology import ECHO, ECHOES
+
+    monkeypatch.setattr(topology, "SERVICES", (*topology.SERVICES, ECHO))
+    await ensure_topics(kafka_bootstrap, topic_prefix, partitions=2)  # topics create makes its topic too
+    await _produce(kafka_bootstrap, topic_prefix + ECHOES, {0: 2, 1: 1})
+    report = {g.group: g for g in await consumer_lag(kafka_bootstrap, topic_prefix)}
+    echo = report["roundtrip-echo"]
+    assert echo.lag == 3 and {p.topic for p in echo.partitions} == {topic_prefix + ECHOES}

@@ -1,0 +1,48 @@
+"""Processes tests start: an Apache Kafka broker of their own, a fleet service the way `roundtrip up` starts it."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from services.broker.embedded import EmbeddedKafka, fetch_kafka, free_port
+from services.kernel.runtime import READY_FD_ENV
+from services.kernel.settings import get_settings
+
+
+@contextmanager
+def embedded_kafka(data_dir: Path) -> Iterator[EmbeddedKafka]:
+    """A one-node Apache Kafka (KRaft) on free ports, data in `data_dir`, ready; stopped at the end."""
+    version = get_settings().kafka_version
+    libs = fetch_kafka(version, progress=lambda line: print(line, file=sys.__stderr__, flush=True))  # cached: a no-op once fetched
+    port = free_port()
+    while (controller := free_port()) == port:
+        pass
+    kafka = EmbeddedKafka(data_dir, port, controller, version, libs_dir=libs, die_with_parent=True)
+    kafka.start()
+    try:
+        kafka.wait_ready(120)
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+def start_service(name: str, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`roundtrip run NAME`, returned once it has said it started (the ready pipe `roundtrip up` uses)."""
+    read_fd, write_fd = os.pipe()
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "run", name], env={**env, READY_FD_ENV: str(write_fd)},
+                                stdout=out, stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True)
+    os.close(write_fd)
+    try:
+        readable, _, _ = select.select([read_fd], [], [], 90)
+        said = os.read(read_fd, 64) if readable else b""
+    finally:
+        os.close(read_fd)
+    assert said.startswith(b"ready"), f"{name} did not start:\n{log.read_text()[-3000:]}"
+    return proc

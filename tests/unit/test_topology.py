@@ -1,0 +1,86 @@
+"""The topology is declared once (services/kernel/topology.py) and everything else reads it (issue 18).
+
+A service added to the declaration, with an app of its own (this module's `build`), shows up in the AsyncAPI
+document, in the topics `roundtrip topics create` makes and in the consumer groups `roundtrip lag` shows, with
+no other edit; a subscription or an output the declaration does not have fails when the app is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from faststream import FastStream
+
+from services import contracts
+from services.kernel import events, health, topics, topology
+from services.kernel.admin import desired_topics
+from services.kernel.messaging import Outlet, make_broker, subscribe
+from services.kernel.settings import Settings
+
+ECHOES = "test.echoes"
+ECHOED = "test.echoed"
+ECHO = topology.Service("echo", "a test app: repeats what it hears", inputs=(topology.Input(ECHOES, events.CancelTurn),),
+                        outputs={ECHOED: events.CancelTurn}, app=__name__)
+
+
+def build(settings: Settings) -> FastStream:
+    broker = make_broker("echo", settings)
+    echoed = Outlet(broker, ECHOED, events.CancelTurn)
+
+    @subscribe(broker, ECHOES, "echo", settings)
+    async def on_echo(command: events.CancelTurn) -> None:
+        await echoed(command, command.turn_id)
+
+    return FastStream(broker)
+
+
+@pytest.fixture
+def with_echo(monkeypatch):
+    monkeypatch.setattr(topology, "SERVICES", (*topology.SERVICES, ECHO))
+
+
+def settings() -> Settings:
+    return Settings(_env_file=None)
+
+
+def test_a_service_added_to_the_declaration_shows_up_everywhere(with_echo):
+    channels = contracts.asyncapi_document()["channels"]
+    assert any(ECHOES in name for name in channels) and any(ECHOED in name for name in channels)
+    assert {"p." + ECHOES, "p." + ECHOED} <= set(desired_topics("p.", 3))  # topics create
+    assert topology.groups()["roundtrip-echo"] == ECHOES  # roundtrip lag
+    assert topology.names()[-1] == "echo" and health.port_candidates("echo", settings().model_copy(
+        update={"health_port": 9000, "health_port_per_service": True}))[0] == 9000 + len(topology.SERVICES) - 1
+
+
+def test_every_app_builds_against_its_declaration():
+    for declared in topology.SERVICES:
+        importlib.import_module(declared.app_module).build(settings())
+
+
+def test_a_subscription_the_topology_does_not_declare_fails_at_build():
+    broker = make_broker("model", settings())
+    with pytest.raises(LookupError, match="declares no subscription of model to turn.tool_calls"):
+        subscribe(broker, topics.TOOL_CALLS, "model", settings())
+
+
+def test_a_handler_for_another_message_than_declared_fails_at_build():
+    broker = make_broker("model", settings())
+
+    with pytest.raises(TypeError, match="the topology says turn.model_calls carries CallModel"):
+        @subscribe(broker, topics.MODEL_CALLS, "model", settings())
+        async def on_call(command: events.CancelTurn) -> None: ...
+
+
+def test_an_output_the_topology_does_not_declare_fails_at_build():
+    broker = make_broker("gate", settings())
+    with pytest.raises(LookupError, match="declares no output CallModel of gate to turn.model_calls"):
+        Outlet(broker, topics.MODEL_CALLS, events.CallModel)
+
+
+def test_every_topic_is_one_of_the_declared_names_and_the_ledger_sharers_are_declared():
+    assert len(set(topology.topic_names())) == len(topology.topic_names())
+    assert topics.DEAD_LETTERS in topology.topic_names() and topics.SUPPORT_REQUESTS in topology.topic_names()
+    assert {s.name for s in topology.SERVICES if s.shares_ledger} == {"model", "guard", "executor"}
+    with pytest.raises(LookupError, match="the fleet's services are gateway, model, guard, gate, executor"):
+        topology.service("nosuch")
