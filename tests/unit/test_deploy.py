@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from services.cli import ALL_RUNNABLE, FLEET_SERVICES
-from services.kernel import topics
+from services.kernel import topics, topology
 from services.kernel.messaging import group
 from services.kernel.settings import DEV_APPROVAL_KEYS, DEV_DECISION_KEYS, InsecureConfiguration, Settings
 from tests.manifests import (
@@ -197,9 +197,13 @@ MUST_BE_GIVEN = {
 
 
 def settings_read_by(service: str) -> set[str]:
-    """The Settings attributes the code of services/<service>/ reads (`settings.<name>`)."""
+    """The Settings attributes the code of services/<service>/ reads (`settings.<name>`), and the ledger when the
+    topology says the service shares it (`roundtrip run` refuses to start it without: services/cli.py)."""
     folder = ROOT / "services" / service
-    return {name for path in folder.rglob("*.py") for name in re.findall(r"\bsettings\.(\w+)", path.read_text())}
+    read = {name for path in folder.rglob("*.py") for name in re.findall(r"\bsettings\.(\w+)", path.read_text())}
+    if service in topology.names() and topology.service(service).shares_ledger:
+        read |= {"ledger_db_url", "refuse_private_ledger"}
+    return read
 
 
 def k8s_env(k8s, name: str) -> dict[str, str]:
@@ -209,6 +213,7 @@ def k8s_env(k8s, name: str) -> dict[str, str]:
 def test_the_scan_finds_what_the_services_read():
     assert {"ledger_db_url", "approval_keys"} <= settings_read_by("executor")
     assert {"ledger_db_url"} <= settings_read_by("model")
+    assert {s.name for s in topology.SERVICES if s.shares_ledger} == {"guard", "model", "executor"}
     assert {"ledger_db_url", "conversations_db_url", "decision_keys"} <= settings_read_by("guard")
     assert {"approval_keys", "decision_keys"} <= settings_read_by("gate")
     assert "ledger_db_url" not in settings_read_by("gateway")
@@ -245,19 +250,21 @@ def settings_of(env: dict[str, str], monkeypatch) -> Settings:
 
 
 def refusals_of(service: str) -> list[str]:
-    """The start-up refusals of the published keys the service's code makes (`settings.refuse_dev_*`)."""
-    return sorted(m for m in settings_read_by(service) if m.startswith("refuse_dev_"))
+    """The start-up refusals the service makes (`settings.refuse_*`: the published keys, a private ledger)."""
+    return sorted(m for m in settings_read_by(service) if m.startswith("refuse_"))
 
 
-def test_the_guard_the_gate_and_the_executor_refuse_the_published_keys():
-    assert refusals_of("guard") == ["refuse_dev_decision_key"]
+def test_the_guard_the_gate_and_the_executor_refuse_what_cannot_work():
+    assert refusals_of("guard") == ["refuse_dev_decision_key", "refuse_private_ledger"]
     assert refusals_of("gate") == ["refuse_dev_approval_key", "refuse_dev_decision_key"]
-    assert refusals_of("executor") == ["refuse_dev_approval_key"]
+    assert refusals_of("executor") == ["refuse_dev_approval_key", "refuse_private_ledger"]
+    assert refusals_of("model") == ["refuse_private_ledger"]
 
 
-@pytest.mark.parametrize("name", ("guard", "gate", "executor"))
-def test_the_shipped_keys_pass_the_start_up_checks_even_with_approvals_on(k8s, monkeypatch, name):
-    # k8s: the template's keys are not the published ones; compose: a development fleet (its own test below)
+@pytest.mark.parametrize("name", ALL_RUNNABLE)
+def test_the_shipped_configuration_passes_the_start_up_checks_even_with_approvals_on(k8s, monkeypatch, name):
+    # k8s: the template's keys are not the published ones, the ledger is shared; compose: a development fleet (below).
+    # Settings() itself checks the forms (broker list, database URLs, min ISR <= replication factor).
     settings = settings_of({**k8s_env(k8s, name), "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"}, monkeypatch)
     assert not settings.development
     for refusal in refusals_of(name):
@@ -449,7 +456,7 @@ def test_compose_v2_resolves_the_file_without_any_secret_set():
     assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")
 
 
-@pytest.mark.parametrize("name", ("guard", "gate", "executor"))
+@pytest.mark.parametrize("name", ALL_RUNNABLE)
 def test_compose_v2_starts_the_demo_without_any_secret_even_with_approvals_on(monkeypatch, name):
     env = compose_config(ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS="5000")["services"][name]["environment"]
     settings = settings_of({**env, "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"}, monkeypatch)
@@ -459,9 +466,11 @@ def test_compose_v2_starts_the_demo_without_any_secret_even_with_approvals_on(mo
     # and the operator's ROUNDTRIP_ENV=production refuses them (so the demo's keys never slip into production)
     env = compose_config(ROUNDTRIP_ENV="production")["services"][name]["environment"]
     settings = settings_of({**env, "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"}, monkeypatch)
-    for refusal in refusals_of(name):
+    for refusal in [r for r in refusals_of(name) if r.startswith("refuse_dev_")]:
         with pytest.raises(InsecureConfiguration):
             getattr(settings, refusal)(name)
+    if "refuse_private_ledger" in refusals_of(name):
+        settings.refuse_private_ledger(name)  # compose gives the shared ledger, development or not
 
 
 def test_compose_v2_topics_fit_its_one_kafka_node():
