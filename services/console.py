@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.console import Console
 from rich.table import Table
 
 from services.kernel import topics
+from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.events import (
     ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, SupportReply, SupportRequest, TurnFlagged,
 )
@@ -39,12 +40,6 @@ def call_label(name: str, tool_input: Any) -> str:
     """`cancel_order(ord_a1000003)`: the ids a call names, else its input in short."""
     ids = [str(v) for k, v in tool_input.items() if k.endswith("_id")] if isinstance(tool_input, dict) else []
     return f"{name}({', '.join(ids) if ids else _short(tool_input, 60)})"
-
-
-async def partitions_of(consumer: AIOKafkaConsumer, names) -> list[TopicPartition]:
-    """Every partition of these topics, from one metadata request (for a consumer without a group)."""
-    metadata = await consumer._client.fetch_all_metadata()
-    return [TopicPartition(name, p) for name in names for p in metadata.partitions_for_topic(name) or ()]
 
 
 class Session:
