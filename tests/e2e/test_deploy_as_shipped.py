@@ -1,0 +1,103 @@
+"""The fleet deployed the way its users deploy it, once from deploy/k8s and once from docker-compose.yml,
+and talked to like their app: turns get replies, and an executor scaled to three replicas all get work.
+
+Each workload runs as local processes with the command and the environment its manifest gives it (k8s:
+envFrom the ConfigMap and the Secret, env with secretKeyRef / configMapKeyRef; compose: resolved by the
+real Compose v2; both over the image's ENV), init containers and one-shot jobs first, so an init step
+added to the manifests later runs here too. Every replica has its own folder, state dir, HOSTNAME and
+ports: nothing is shared but Kafka and PostgreSQL, as between pods or containers with their own disks.
+
+Only addresses are replaced (tests/e2e/local_deployment.py has the list): Kafka -> the session's broker,
+database URLs -> databases of the session's PostgreSQL in the manifest's URL form, service URLs, ports
+and the listen host -> the local processes, the OTLP endpoint -> a local receiver, and the topics get a
+prefix of the run's own because the broker is shared with other tests. One substitution is not an
+address: the topics' replication factor and min.insync.replicas (3 and 2 in the ConfigMap) become 1,
+because the session's broker is a single node.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import httpx
+import pytest
+
+from services.console import partitions_of
+from services.kernel import topics
+from services.kernel.settings import Settings
+from tests.e2e.conftest import FleetClient, conversations_covering
+from tests.e2e.local_deployment import LocalDeployment, LocalWorld
+from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest
+from tests.manifests import compose_config, k8s_documents
+
+EXECUTORS = 3
+CUSTOMER = "cus_1001"
+START_TIMEOUT_S = 120  # every replica ready (2 busy cores, ~15 processes a shape)
+REPLY_TIMEOUT_S = 60  # the turns together; a turn with the simulator takes well under a second
+
+
+def manifest_of(shape: str):
+    if shape == "k8s":
+        return k8s_manifest(k8s_documents(), replicas={"executor": EXECUTORS})
+    return compose_manifest(compose_config(), scale={"executor": EXECUTORS})  # `docker compose up --scale executor=3`
+
+
+def tool_runs(metrics: str) -> float:
+    """The tool calls a process ran, from its /metrics (roundtrip_tool_executions_total, every tool and result)."""
+    return sum(float(v) for v in re.findall(r"(?m)^roundtrip_tool_executions_total\{[^}]*\} (\S+)$", metrics))
+
+
+@pytest.mark.parametrize("shape", ["k8s", "compose"])
+async def test_the_shipped_manifests_answer_turns_and_every_executor_works(shape, kafka_bootstrap, postgres_url,
+                                                                           otlp_receiver, tmp_path):
+    manifest = manifest_of(shape)
+    assert manifest.workloads["executor"].replicas == EXECUTORS
+    world = LocalWorld(kafka_bootstrap, postgres_url, otlp_receiver.endpoint, tag=f"ship_{shape}_{uuid.uuid4().hex[:8]}")
+    deployment = LocalDeployment(manifest, world, tmp_path)
+    try:
+        await deployment.start(timeout=START_TIMEOUT_S)
+        shop = deployment.replicas["executor"][0].envs[id(manifest.workloads["executor"].main)]["ROUNDTRIP_SHOP_URL"]
+        before = httpx.get(f"{shop}/admin/orders", timeout=5).json()["orders"]
+
+        client = FleetClient(Settings(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=world.topic_prefix))
+        await client.start()
+        try:
+            batches = await partitions_of(client.consumer, [world.topic_prefix + topics.TOOL_BATCHES])
+            # one turn per partition of turn.tool_batches (keyed by conversation): whichever partitions an executor holds, it gets a turn
+            conversations = conversations_covering(len(batches), f"conv_{shape}_")
+            asked = {}
+            for i, conversation in enumerate(conversations):
+                text = "cancel my last order" if i == 0 else "where is my order?"
+                asked[await client.ask(text, CUSTOMER, conversation_id=conversation)] = text
+            replies = {}
+            for request_id, text in asked.items():
+                try:
+                    replies[request_id] = await deployment.while_running(client.reply(request_id, timeout=REPLY_TIMEOUT_S))
+                except TimeoutError:
+                    pytest.fail(f"no reply to {text!r} ({request_id}) within {REPLY_TIMEOUT_S} s; "
+                                f"{sum(map(bool, client.replies.values()))} of {len(asked)} turns answered", pytrace=False)
+        finally:
+            await client.stop()
+
+        for request_id, reply in replies.items():
+            assert reply.outcome == "end_turn", (asked[request_id], reply)
+            assert reply.steps >= 2, (asked[request_id], reply)  # a tool ran before the answer
+            assert len(client.replies[request_id]) == 1, client.replies[request_id]
+        # the cancel happened, once: one open order of the customer's, and nothing else, is now cancelled
+        after = {o["order_id"]: o["status"] for o in httpx.get(f"{shop}/admin/orders", timeout=5).json()["orders"]}
+        changed = [(o["customer_id"], o["status"], after[o["order_id"]]) for o in before if after[o["order_id"]] != o["status"]]
+        assert len(changed) == 1 and changed[0][0] == CUSTOMER and changed[0][2] == "cancelled", changed
+        assert changed[0][1] in ("pending", "processing"), changed
+
+        runs = {}
+        async with httpx.AsyncClient() as http:
+            for replica in deployment.replicas["executor"]:
+                health = replica.workload.main.ready[1]  # the port of its probes serves /metrics too
+                runs[replica.label] = tool_runs((await http.get(replica.url("/metrics", health), timeout=5)).text)
+        assert len(runs) == EXECUTORS and all(n > 0 for n in runs.values()), f"tool calls run per executor: {runs}"
+    except BaseException:
+        print(f"deploy from {shape}: the last lines of every process's log\n{deployment.tails()}")
+        raise
+    finally:
+        await deployment.stop()
