@@ -39,7 +39,7 @@ class FakeProducer:
 def wired(monkeypatch):
     """A broker with one subscription whose handler records what it got; the producer is a fake."""
     producer = FakeProducer()
-    monkeypatch.setattr(messaging, "_producer", lambda broker: producer)
+    monkeypatch.setattr(messaging, "kafka_producer", lambda broker: producer)
     broker = messaging.make_broker("unitpath", SETTINGS)
     got: list = []
     behaviour = {"raise": None}
@@ -51,7 +51,7 @@ def wired(monkeypatch):
             raise behaviour["raise"]
 
     (consumer,) = messaging.consumers_of(broker)
-    return SimpleNamespace(process=consumer._process, got=got, producer=producer, behaviour=behaviour)
+    return SimpleNamespace(process=consumer.process, got=got, producer=producer, behaviour=behaviour)
 
 
 def record(value: bytes, offset: int = 7):

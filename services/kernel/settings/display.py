@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from services.kernel.settings import Settings
 
 HIDDEN = "***"
-_USERINFO = re.compile(r"(://[^/@:?#]*):[^/@?#]*@")  # scheme://user:password@host -> the password
+_AUTHORITY = re.compile(r"://([^/?#\s]*)")  # scheme://[user[:password]@]host[:port]
 _QUERY_SECRET = re.compile(r"([?&](?:password|passwd|pwd|secret|token|api_key|key)=)[^&#]*", re.IGNORECASE)
 
 
@@ -39,7 +39,14 @@ def masked(field: FieldInfo, value: Any) -> str:
 
 def without_passwords(text: str) -> str:
     """`text` with the password (or token) of any URL in it hidden: safe to print or log."""
-    return _QUERY_SECRET.sub(rf"\1{HIDDEN}", _USERINFO.sub(rf"\1:{HIDDEN}@", text))
+    return _QUERY_SECRET.sub(rf"\1{HIDDEN}", _AUTHORITY.sub(_hide_userinfo, text))
+
+
+def _hide_userinfo(match: re.Match[str]) -> str:
+    userinfo, at, host = match.group(1).rpartition("@")  # the last @ ends the user info (a password may hold one)
+    if not at or ":" not in userinfo:
+        return match.group(0)
+    return f"://{userinfo.partition(':')[0]}:{HIDDEN}@{host}"
 
 
 def grouped(settings: Concern) -> list[tuple[str, list[tuple[str, str]]]]:
