@@ -209,26 +209,13 @@ def lag(
 
 @app.command()
 def config() -> None:
-    """Print the effective configuration (secrets hidden)."""
+    """Print the effective configuration, grouped by concern (secrets hidden)."""
+    from services.kernel.settings import display
+
     settings = get_settings()
-    for name, value in settings.model_dump().items():
-        if name in ("anthropic_api_key", "approval_keys", "decision_keys") and value:
-            value = "***"
-        typer.echo(f"ROUNDTRIP_{name.upper():<28} {value}")
-    if settings.dev_approval_key_in_use:
-        where = "development only" if settings.development else "the gate and the executor will REFUSE TO START here"
-        typer.secho(
-            "warning: ROUNDTRIP_APPROVAL_KEYS holds the published development key: anyone can sign batches with it "
-            f"({where}). Set it to a secret of your own, e.g. \"k1:$(openssl rand -hex 32)\".",
-            fg="yellow", err=True,
-        )
-    if settings.approvals_configured and settings.dev_decision_key_in_use:
-        where = "development only" if settings.development else "the gate and the guard will REFUSE TO START here"
-        typer.secho(
-            "warning: approvals are on and ROUNDTRIP_DECISION_KEYS holds the published development key: anyone can approve "
-            f"a call with it ({where}). Set it to a secret of your own, e.g. \"ops1:$(openssl rand -hex 32)\".",
-            fg="yellow", err=True,
-        )
+    typer.echo(display.render(settings))
+    for warning in display.warnings(settings):
+        typer.secho(f"warning: {warning}", fg="yellow", err=True)
 
 
 @app.command()
@@ -386,9 +373,9 @@ def db_current() -> None:
 @broker_app.command("fetch")
 def broker_fetch() -> None:
     """Fetch the Kafka jars from Maven Central into the cache (once)."""
-    from services.broker.embedded import fetch_kafka
+    from services.broker.embedded import fetch_configured
 
-    typer.echo(str(fetch_kafka(get_settings().kafka_version, progress=typer.echo)))
+    typer.echo(str(fetch_configured(get_settings(), progress=typer.echo)))
 
 
 @broker_app.command("run")

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from services.kernel import topics
 from services.kernel.aiokafka_seam import partitions_of
+from services.kernel.database import shown
 from services.kernel.events import (
     ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, SupportReply, SupportRequest, TurnFlagged,
 )
@@ -47,7 +48,7 @@ class Session:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.watched = {topics.t(n): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
+        self.watched = {topics.t(n, settings.topic_prefix): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
                                                  topics.TURN_EVENTS, topics.SUPPORT_REPLIES, topics.APPROVAL_REQUESTS,
                                                  topics.APPROVAL_DECISIONS)}
         self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
@@ -75,7 +76,7 @@ class Session:
         """Publish one request, show each step of its turn, then the reply; 0 when it came, 1 on timeout."""
         request = SupportRequest(request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer,
                                  text=text, persona=persona)
-        await self.producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS), request.model_dump_json().encode(), key=conversation.encode())
+        await self.producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS, self.settings.topic_prefix), request.model_dump_json().encode(), key=conversation.encode())
         console.print(f"[bold]{customer}[/] asks: {text}" + (f"  [dim](persona {persona})[/]" if persona else ""))
         seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
         waiting: set[str] = set()  # approval ids of this turn
@@ -431,7 +432,7 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
     try:
         await producer.start()
-        await producer.send_and_wait(topics.t(topics.APPROVAL_DECISIONS), decision.model_dump_json().encode(),
+        await producer.send_and_wait(topics.t(topics.APPROVAL_DECISIONS, settings.topic_prefix), decision.model_dump_json().encode(),
                                      key=row.conversation_id.encode())
     finally:
         await producer.stop()
@@ -453,7 +454,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     finally:
         await ledger.close()
     if row is None:
-        console.print(f"[red]no turn {turn_id}[/] in the ledger ({settings.ledger_db_url})")
+        console.print(f"[red]no turn {turn_id}[/] in the ledger ({shown(settings.ledger_db_url)})")
         return 1
     if row.status == ENDED:
         console.print(f"turn {turn_id} already ended ({row.outcome})")
@@ -462,7 +463,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     try:
         await producer.start()
         command = CancelTurn(turn_id=turn_id, reason=reason)
-        await producer.send_and_wait(topics.t(topics.TURN_CONTROLS), command.model_dump_json().encode(), key=row.conversation_id.encode())
+        await producer.send_and_wait(topics.t(topics.TURN_CONTROLS, settings.topic_prefix), command.model_dump_json().encode(), key=row.conversation_id.encode())
     finally:
         await producer.stop()
     console.print(f"cancel sent for turn {turn_id} (customer {row.customer_id}); the guard ends it with a polite reply")
@@ -472,7 +473,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
 async def show_dead_letters(settings: Settings, limit: int) -> int:
     from services.kernel.events import DeadLettered
 
-    topic = topics.t(topics.DEAD_LETTERS)
+    topic = topics.t(topics.DEAD_LETTERS, settings.topic_prefix)
     from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,

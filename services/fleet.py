@@ -290,18 +290,11 @@ class Fleet:
             raise FleetError("cannot start the fleet: " + "; ".join(taken))
 
     def _start_broker(self) -> None:
-        from services.broker.embedded import EmbeddedKafka, fetch_kafka
+        from services.broker.embedded import EmbeddedKafka, fetch_configured
 
         s = self.settings
-        fetch_kafka(s.kafka_version, progress=self.say)
-        self.broker = EmbeddedKafka(
-            data_dir=s.state_dir / "kafka",
-            port=s.kafka_port,
-            controller_port=s.kafka_controller_port,
-            version=s.kafka_version,
-            log_file=self.logs / "kafka.log",
-            die_with_parent=True,
-        )
+        libs = fetch_configured(s, progress=self.say)
+        self.broker = EmbeddedKafka.of(s, s.state_dir / "kafka", libs_dir=libs, log_file=self.logs / "kafka.log", die_with_parent=True)
         self.broker.start()
         self.broker.wait_ready(60)
         self._kafka = Child("kafka", self.broker.proc, self.logs / "kafka.log", s.bootstrap_servers)

@@ -10,20 +10,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from services.broker.embedded import EmbeddedKafka, fetch_kafka, free_port
+from services.broker.embedded import EmbeddedKafka, fetch_configured, free_port
 from services.kernel.runtime import READY_FD_ENV
-from services.kernel.settings import get_settings
+from services.kernel.settings import Settings
 
 
 @contextmanager
 def embedded_kafka(data_dir: Path) -> Iterator[EmbeddedKafka]:
     """A one-node Apache Kafka (KRaft) on free ports, data in `data_dir`, ready; stopped at the end."""
-    version = get_settings().kafka_version
-    libs = fetch_kafka(version, progress=lambda line: print(line, file=sys.__stderr__, flush=True))  # cached: a no-op once fetched
+    defaults = Settings()  # the version, JVM options, log level and jar cache of the environment's embedded defaults
+    libs = fetch_configured(defaults, progress=lambda line: print(line, file=sys.__stderr__, flush=True))  # cached: a no-op once fetched
     port = free_port()
     while (controller := free_port()) == port:
         pass
-    kafka = EmbeddedKafka(data_dir, port, controller, version, libs_dir=libs, die_with_parent=True)
+    kafka = EmbeddedKafka.of(defaults.model_copy(update={"kafka_port": port, "kafka_controller_port": controller}), data_dir,
+                             libs_dir=libs, die_with_parent=True)
     kafka.start()
     try:
         kafka.wait_ready(120)

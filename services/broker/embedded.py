@@ -8,15 +8,13 @@ with `mvn` (deploy/kafka/pom.xml) into a cache folder, then every start is a pla
     with EmbeddedKafka(Path(".roundtrip/kafka"), port=9092, controller_port=9093) as kafka:
         kafka.wait_ready(60)
         print(kafka.bootstrap)                       # 127.0.0.1:9092
+    EmbeddedKafka.of(settings, data_dir)             # the broker the settings' embedded defaults describe
 
 `python -m services.broker.embedded [fetch|run]` does the same from a shell.
 
-Environment:
-  ROUNDTRIP_KAFKA_CACHE      folder of the fetched jars (default ~/.cache/roundtrip/kafka-<version>)
-  ROUNDTRIP_KAFKA_JAVA_OPTS  JVM options, replacing the small defaults (DEFAULT_JAVA_OPTS)
-  ROUNDTRIP_KAFKA_LOG_LEVEL  root log level of the broker (default INFO)
-  ROUNDTRIP_KAFKA_POM        another pom.xml to fetch with (default deploy/kafka/pom.xml)
-  JAVA_HOME                  used to find `java` when set
+Its knobs are settings of the embedded defaults (services/kernel/settings/concerns.py: ROUNDTRIP_KAFKA_PORT,
+_CONTROLLER_PORT, _VERSION, _JAVA_OPTS, _LOG_LEVEL, _CACHE, _POM), passed in by the caller; this module reads
+no settings itself. JAVA_HOME is used to find `java` when set.
 """
 
 from __future__ import annotations
@@ -44,9 +42,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from services.kernel.settings import get_settings
+from services.kernel.settings import EmbeddedDefaults
 
-DEFAULT_VERSION = "4.1.1"
+_DEFAULTS = EmbeddedDefaults.model_fields  # the embedded broker's defaults are declared once, with its settings
+DEFAULT_VERSION: str = _DEFAULTS["kafka_version"].default
+DEFAULT_LOG_LEVEL: str = _DEFAULTS["kafka_log_level"].default
 # Small on purpose: the embedded broker shares a laptop (or a 2-core CI box) with the fleet.
 DEFAULT_JAVA_OPTS = (
     "-Xms64m -Xmx512m -XX:+UseSerialGC -XX:MaxMetaspaceSize=128m -Xss512k "
@@ -82,22 +82,21 @@ class BrokerStartError(BrokerError):
 # ------------------------------------------------------------------------------------------
 
 
-def kafka_cache_dir(version: str = DEFAULT_VERSION) -> Path:
-    """Folder of the fetched Kafka jars: $ROUNDTRIP_KAFKA_CACHE or ~/.cache/roundtrip/kafka-<version>."""
-    env = os.environ.get("ROUNDTRIP_KAFKA_CACHE")
-    if env:
-        return Path(env).expanduser()
+def kafka_cache_dir(version: str = DEFAULT_VERSION, cache: Path | None = None) -> Path:
+    """Folder of the fetched Kafka jars: `cache` (ROUNDTRIP_KAFKA_CACHE) or ~/.cache/roundtrip/kafka-<version>."""
+    if cache:
+        return Path(cache).expanduser()
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "roundtrip" / f"kafka-{version}"
 
 
-def kafka_libs_dir(version: str = DEFAULT_VERSION) -> Path:
-    return kafka_cache_dir(version) / "libs"
+def kafka_libs_dir(version: str = DEFAULT_VERSION, cache: Path | None = None) -> Path:
+    return kafka_cache_dir(version, cache) / "libs"
 
 
-def is_fetched(version: str = DEFAULT_VERSION) -> bool:
-    cache = kafka_cache_dir(version)
-    return (cache / _MARKER).is_file() and any((cache / "libs").glob("kafka_2.13-*.jar"))
+def is_fetched(version: str = DEFAULT_VERSION, cache: Path | None = None) -> bool:
+    folder = kafka_cache_dir(version, cache)
+    return (folder / _MARKER).is_file() and any((folder / "libs").glob("kafka_2.13-*.jar"))
 
 
 def find_java() -> str:
@@ -115,14 +114,15 @@ def find_java() -> str:
     return java
 
 
-def find_mvn() -> str:
+def find_mvn(cache: Path | None = None) -> str:
     mvn = shutil.which("mvn")
     if not mvn:
+        cache = cache or kafka_cache_dir()
         raise BrokerSetupError(
             "`mvn` not found: Maven fetches the Apache Kafka jars from Maven Central (once). Install it "
             "(Debian/Ubuntu: `apt-get install maven`; macOS: `brew install maven`), or put the jars of "
             "org.apache.kafka:kafka_2.13 and its dependencies into "
-            f"{kafka_libs_dir()} yourself and create {kafka_cache_dir() / _MARKER}."
+            f"{cache / 'libs'} yourself and create {cache / _MARKER}."
         )
     return mvn
 
@@ -132,26 +132,28 @@ def fetch_kafka(
     progress: Callable[[str], object] | None = print,
     *,
     pom: Path | None = None,
+    cache: Path | None = None,
 ) -> Path:
     """Fetch the Kafka jars with mvn into the cache (once) and return the libs folder.
 
-    The download goes into a temporary folder next to the cache, which is renamed into place
-    when complete, so an interrupted fetch never leaves a half-filled cache. Concurrent callers
-    are serialised with a lock file.
+    `pom` (ROUNDTRIP_KAFKA_POM) and `cache` (ROUNDTRIP_KAFKA_CACHE) replace deploy/kafka/pom.xml and
+    ~/.cache/roundtrip/kafka-<version>. The download goes into a temporary folder next to the cache, which
+    is renamed into place when complete, so an interrupted fetch never leaves a half-filled cache.
+    Concurrent callers are serialised with a lock file.
     """
-    cache = kafka_cache_dir(version)
-    if is_fetched(version):
+    given_cache, cache = cache, kafka_cache_dir(version, cache)
+    if is_fetched(version, given_cache):
         return cache / "libs"
     say = progress or (lambda _msg: None)
-    pom = Path(pom or os.environ.get("ROUNDTRIP_KAFKA_POM") or DEFAULT_POM)
+    pom = Path(pom or DEFAULT_POM)
     if not pom.is_file():
         raise BrokerSetupError(f"Kafka fetch pom not found at {pom} (set ROUNDTRIP_KAFKA_POM)")
-    mvn = find_mvn()
+    mvn = find_mvn(cache)
     find_java()  # mvn needs it too, and the error message is better
     cache.parent.mkdir(parents=True, exist_ok=True)
     with open(cache.parent / f".{cache.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if is_fetched(version):  # another process fetched while we waited
+        if is_fetched(version, given_cache):  # another process fetched while we waited
             return cache / "libs"
         tmp = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
         try:
@@ -180,6 +182,11 @@ def fetch_kafka(
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return cache / "libs"
+
+
+def fetch_configured(settings: EmbeddedDefaults, progress: Callable[[str], object] | None = print) -> Path:
+    """fetch_kafka for the version, pom and cache the embedded defaults name; the libs folder."""
+    return fetch_kafka(settings.kafka_version, progress, pom=settings.kafka_pom, cache=settings.kafka_cache)
 
 
 # ------------------------------------------------------------------------------------------
@@ -294,6 +301,8 @@ class EmbeddedKafka:
         host: str = "127.0.0.1",
         libs_dir: Path | str | None = None,
         java_opts: str | None = None,
+        log_level: str = DEFAULT_LOG_LEVEL,
+        cache: Path | None = None,
         properties: Mapping[str, object] | None = None,
         die_with_parent: bool = False,
     ):
@@ -304,13 +313,21 @@ class EmbeddedKafka:
         self.host = host
         self.log_file = Path(log_file).resolve() if log_file else self.data_dir / "broker.log"
         self.libs_dir = Path(libs_dir) if libs_dir else None
-        self.java_opts = java_opts if java_opts is not None else (get_settings().kafka_java_opts or DEFAULT_JAVA_OPTS)
+        self.java_opts = java_opts if java_opts is not None else DEFAULT_JAVA_OPTS
+        self.log_level, self.cache = log_level, cache
         self.extra_properties = dict(properties or {})
         # Linux: the JVM gets SIGTERM when the thread that started it exits. Only for callers that
         # start the broker from the main thread and want no orphan if they are killed (tests).
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
         self.formatted_on_start = False  # did the last start() format the storage?
+
+    @classmethod
+    def of(cls, settings: EmbeddedDefaults, data_dir: Path | str, **options) -> EmbeddedKafka:
+        """The broker the embedded defaults describe: their ports, version, JVM options, log level and jar cache."""
+        return cls(data_dir, settings.kafka_port, settings.kafka_controller_port, settings.kafka_version,
+                   java_opts=settings.kafka_java_opts or None, log_level=settings.kafka_log_level, cache=settings.kafka_cache,
+                   **options)
 
     # -- paths and config --------------------------------------------------------------------
     @property
@@ -381,7 +398,7 @@ class EmbeddedKafka:
             find_java(),
             *shlex.split(java_opts),
             f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
-            f"-Droundtrip.kafka.log.level={get_settings().kafka_log_level}",
+            f"-Droundtrip.kafka.log.level={self.log_level}",
             "-cp",
             str(self.libs_dir / "*"),
             main_class,
@@ -419,7 +436,7 @@ class EmbeddedKafka:
             raise BrokerError("the client port and the controller port must differ")
         self.check_ports()
         if self.libs_dir is None:
-            self.libs_dir = fetch_kafka(self.version)
+            self.libs_dir = fetch_kafka(self.version, cache=self.cache)
         self.write_properties()
         self.formatted_on_start = False
         if not self.is_formatted:
@@ -531,7 +548,9 @@ def die_with_parent_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | N
 
 def main(argv: list[str] | None = None) -> int:
     """Fetch the jars, or run the broker in the foreground until SIGINT/SIGTERM."""
-    settings = get_settings()
+    from services.kernel.settings import Settings
+
+    settings = Settings()  # an entry point: the one place this module reads the environment
     parser = argparse.ArgumentParser(prog="python -m services.broker.embedded", description=main.__doc__)
     parser.add_argument("command", nargs="?", choices=("run", "fetch"), default="run")
     parser.add_argument("--fetch-only", action="store_true", help="same as the `fetch` command")
@@ -543,14 +562,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        libs = fetch_kafka(args.version)
+        configured = settings.model_copy(update={"kafka_port": args.port, "kafka_controller_port": args.controller_port,
+                                                 "kafka_version": args.version})
+        libs = fetch_configured(configured)
         if args.command == "fetch" or args.fetch_only:
             print(f"Kafka {args.version} jars: {libs}")
             return 0
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        kafka = EmbeddedKafka(args.data_dir, args.port, args.controller_port, args.version, libs_dir=libs)
+        kafka = EmbeddedKafka.of(configured, args.data_dir, libs_dir=libs)
         started = time.monotonic()
         with kafka:
             kafka.wait_ready(args.timeout)

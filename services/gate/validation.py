@@ -26,9 +26,12 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
 
+# The gate's own bounds of one tool input, before its schema is checked. Not settings: they are what the gate
+# accepts of any tool (ids and short texts), tighter than the transcript's ROUNDTRIP_MAX_BLOCK_BYTES and
+# ROUNDTRIP_MAX_INPUT_DEPTH, which only keep events under the broker's limit.
 MAX_INPUT_BYTES = 16_384
 MAX_DEPTH = 8
-MAX_ERRORS = 10
+MAX_ERRORS = 10  # problems of one input told to the model at once
 SAFE_INTEGER = 2**53 - 1
 
 

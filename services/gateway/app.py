@@ -13,7 +13,7 @@ from services.gateway.replied import RepliedTurns
 from services.kernel import topics
 from services.kernel.dedupe import SeenIds
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
-from services.kernel.messaging import Outlet, current_record, group, key_of, make_broker, service_app, subscribe
+from services.kernel.messaging import Outlet, current_record, group, key_of, make_broker, service_app, subscribe, topic_of
 from services.kernel.settings import Settings
 from services.kernel.telemetry import bind_turn, new_turn_ids, record_turn_span, tracer
 from services.kernel.transactions import TransactionalOutlet, transactional_id
@@ -27,12 +27,11 @@ def build(settings: Settings) -> FastStream:
     admission = Admission(settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60)
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
     Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # declared so the AsyncAPI document shows the replies
-    replies = TransactionalOutlet(
-        settings.bootstrap_servers, topics.t(topics.SUPPORT_REPLIES), group("gateway", "replies"),
-        transactional_id("gateway", topics.t(topics.SUPPORT_REPLIES), settings.instance_id),
-    )
+    replies_topic = topic_of(broker, topics.SUPPORT_REPLIES)
+    replies = TransactionalOutlet(settings.bootstrap_servers, replies_topic, group("gateway", "replies"),
+                                  transactional_id("gateway", replies_topic, settings.instance_id))
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
-    replied = RepliedTurns(settings.bootstrap_servers, topics.t(topics.SUPPORT_REPLIES))
+    replied = RepliedTurns(settings.bootstrap_servers, replies_topic)
 
     async def commit(offsets: dict[TopicPartition, int]) -> None:
         await replies.commit(offsets)

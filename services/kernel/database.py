@@ -15,14 +15,16 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from services.kernel.settings.display import without_passwords
+
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
 def shown(url: str) -> str:
-    """The URL as logs and messages may show it: its password hidden."""
-    return make_url(url).render_as_string(hide_password=True)
+    """The URL as logs and messages may show it: its password hidden (the rule `roundtrip config` follows too)."""
+    return without_passwords(url)
 
 
 def make_engine(url: str, read_only: bool = False) -> Engine | AsyncEngine:

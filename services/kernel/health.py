@@ -43,7 +43,7 @@ from prometheus_client.exposition import choose_encoder
 
 from services.kernel import topology
 from services.kernel.faststream_seam import consume_loops_alive
-from services.kernel.settings import Settings
+from services.kernel.settings import Settings, TelemetrySettings
 
 log = logging.getLogger("roundtrip.health")
 
@@ -99,7 +99,7 @@ async def evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
     return all(r is True for r in results.values()), results
 
 
-def port_candidates(service: str, settings: Settings) -> list[int]:
+def port_candidates(service: str, settings: TelemetrySettings) -> list[int]:
     """The ports this service may bind, in order ([] when the endpoint is off)."""
     if not settings.health_port:
         return []

@@ -59,6 +59,7 @@ MESSAGE_LOG_LEVEL = logging.DEBUG
 
 _CONSUMERS = "_roundtrip_consumers"
 _SERVICE = "_roundtrip_service"  # (service name, turn-starting topics) of a broker made by make_broker
+_PREFIX = "_roundtrip_topic_prefix"  # the topic prefix of the settings make_broker was given
 _record: contextvars.ContextVar[Any] = contextvars.ContextVar("roundtrip_record", default=None)
 LIVENESS_SILENCE_S = 60.0  # a consumer loop that has not polled for this long is wedged: restart the process
 
@@ -107,7 +108,7 @@ def subscribe(
             cancel_on_revoke=cancel_on_revoke,
         )
         subscriber = broker.subscriber(
-            topics.t(topic),
+            topics.t(topic, settings.topic_prefix),
             group_id=group_id,
             ack_policy=AckPolicy.MANUAL,  # the key-ordered consumer commits, never past an unfinished message
             auto_offset_reset="earliest",  # a new group reads what was published before it joined
@@ -267,7 +268,7 @@ async def _publish_dead_letter(broker: KafkaBroker, service: str, record: Any, r
     letter = dead_letter_of(service, record, reason)
     log.error("dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, reason)
     key = record.key if isinstance(record.key, bytes) else None
-    await publish(broker, topics.t(topics.DEAD_LETTERS), letter, key)
+    await publish(broker, topic_of(broker, topics.DEAD_LETTERS), letter, key)
 
 
 def _rescuer(broker: KafkaBroker, service: str):
@@ -316,8 +317,17 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
         log_level=MESSAGE_LOG_LEVEL,
         graceful_timeout=10.0,
     )
-    setattr(broker, _SERVICE, (service, frozenset(topics.t(t) for t in turn_roots)))
+    setattr(broker, _SERVICE, (service, frozenset(topics.t(t, settings.topic_prefix) for t in turn_roots)))
+    setattr(broker, _PREFIX, settings.topic_prefix)
     return broker
+
+
+def topic_of(broker: KafkaBroker, name: str) -> str:
+    """A (logical) topic's name on the wire for this service: with the prefix of the settings its broker was made with."""
+    try:
+        return topics.t(name, getattr(broker, _PREFIX))
+    except AttributeError:
+        raise TypeError("a broker made by messaging.make_broker(service, settings) is needed: it knows the topic prefix") from None
 
 
 def key_of(conversation_id: str) -> bytes:
@@ -331,7 +341,7 @@ class Outlet:
         if (service := _service_of(broker)) in topology.names() and topology.service(service).outputs.get(topic) is not schema:
             raise LookupError(f"the topology declares no output {schema.__name__} of {service} to {topic} "
                               "(services/kernel/topology.py)")
-        self._broker, self._topic = broker, topics.t(topic)
+        self._broker, self._topic = broker, topic_of(broker, topic)
         broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)
 
     async def __call__(self, message: BaseModel, conversation_id: str) -> None:

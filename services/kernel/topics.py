@@ -4,8 +4,6 @@ Who reads and writes each is declared in services/kernel/topology.py (`topology.
 
 from __future__ import annotations
 
-from services.kernel.settings import get_settings
-
 SUPPORT_REQUESTS = "support.requests"  # public: clients publish SupportRequest
 SUPPORT_REPLIES = "support.replies"  # public: clients read SupportReply
 TURN_STARTS = "turn.starts"  # StartTurn: gateway -> guard
@@ -20,6 +18,9 @@ DEAD_LETTERS = "roundtrip.dead_letters"  # DeadLettered: any service
 APPROVAL_REQUESTS = "turn.approval_requests"  # ApprovalRequested: executor -> guard and operators
 APPROVAL_DECISIONS = "turn.approval_decisions"  # ApprovalDecided (signed): people, any Kafka client -> guard
 
-def t(name: str) -> str:
-    """The topic's name on the wire (with the configured prefix)."""
-    return get_settings().topic_prefix + name
+
+
+def t(name: str, prefix: str) -> str:
+    """The topic's name on the wire: `prefix` is the topic prefix of the settings the caller was built with
+    (ROUNDTRIP_TOPIC_PREFIX); a service's broker carries its own (`messaging.topic_of`)."""
+    return prefix + name

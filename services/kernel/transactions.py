@@ -20,10 +20,10 @@ def transactional_id(service: str, topic: str, instance_id: str | None = None) -
     """Stable per replica, so a restarted replica fences the transaction its dead predecessor left
     open at once (Kafka aborts it when the same id registers again) instead of readers waiting
     for the transaction timeout (~60 s). The replica's identity, first found:
-    `instance_id` (Settings.instance_id, ROUNDTRIP_INSTANCE_ID: a StatefulSet pod name, or what
-    `roundtrip up` gives each child); in Kubernetes the pod name (HOSTNAME); else host + service.
+    `instance_id` (the service's Settings.instance_id, ROUNDTRIP_INSTANCE_ID: a StatefulSet pod name, or
+    what `roundtrip up` gives each child); in Kubernetes the pod name (HOSTNAME); else host + service.
     Two replicas must never share one: give a second replica on one host its own ROUNDTRIP_INSTANCE_ID."""
-    instance = instance_id or os.environ.get("ROUNDTRIP_INSTANCE_ID")
+    instance = instance_id
     if not instance and os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("HOSTNAME"):
         instance = os.environ["HOSTNAME"]
     instance = instance or f"{socket.gethostname()}-{service}"

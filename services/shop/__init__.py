@@ -1,5 +1,5 @@
 """The demo shop: the order system the support tools call (its own database, its own HTTP API)."""
 
-from services.shop.app import create_app, main, run
+from services.shop.app import create_app, main
 
-__all__ = ["create_app", "main", "run"]
+__all__ = ["create_app", "main"]

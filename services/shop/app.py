@@ -197,16 +197,6 @@ async def serve(database_url: str, port: int, host: str = "127.0.0.1", seed: boo
     await uvicorn.Server(config).serve()
 
 
-def run(settings: Any = None) -> None:
-    """Serve the shop on 127.0.0.1:shop_port with the configured database (blocking)."""
-    import asyncio
-
-    from services.kernel.settings import get_settings
-
-    settings = settings or get_settings()
-    asyncio.run(serve(settings.shop_db_url, settings.shop_port))
-
-
 def main(argv: list[str] | None = None) -> None:
     """`python -m services.shop [--port N] [--database-url URL] [--no-seed]`."""
     import argparse

@@ -57,7 +57,7 @@ async def conversation(settings: Settings, tag: str) -> list[SupportReply]:
     await producer.start()
     await consumer.start()
     try:
-        parts = await partitions_of(consumer, [topics.t(topics.SUPPORT_REPLIES)])
+        parts = await partitions_of(consumer, [topics.t(topics.SUPPORT_REPLIES, settings.topic_prefix)])
         consumer.assign(parts)
         await consumer.seek_to_end(*parts)
         for tp in parts:
@@ -68,7 +68,7 @@ async def conversation(settings: Settings, tag: str) -> list[SupportReply]:
             request_id = f"req_{tag}_{n}_{uuid.uuid4().hex[:6]}"
             body = {"request_id": request_id, "conversation_id": conversation_id, "customer_id": CUSTOMER,
                     "text": f"{text} [{tag}]", "persona": "careful"}
-            await producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS), json.dumps(body).encode(), key=conversation_id.encode())
+            await producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS, settings.topic_prefix), json.dumps(body).encode(), key=conversation_id.encode())
             deadline = time.monotonic() + 120
             reply = None
             while reply is None and time.monotonic() < deadline:

@@ -44,8 +44,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from services.broker.embedded import EmbeddedKafka, fetch_kafka, free_port
-from services.kernel.settings import get_settings
+from services.broker.embedded import EmbeddedKafka, fetch_configured, free_port
+from services.kernel.settings import Settings
 from tests.benchmarks.profiling import CpuMeter, percentile
 
 HOPS = 4
@@ -321,10 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(clients) - set(RATE_RELAYS))
     if unknown:
         parser.error(f"unknown client(s) {', '.join(unknown)}: choose from {', '.join(RATE_RELAYS)}")
-    version = get_settings().kafka_version
-    fetch_kafka(version)
+    defaults = Settings()
+    libs = fetch_configured(defaults)
     with tempfile.TemporaryDirectory(prefix="roundtrip-ring-") as state:
-        broker = EmbeddedKafka(Path(state) / "kafka", free_port(), free_port(), version, die_with_parent=True)
+        broker = EmbeddedKafka(Path(state) / "kafka", free_port(), free_port(), defaults.kafka_version, libs_dir=libs,
+                               die_with_parent=True)
         broker.start()
         try:
             broker.wait_ready(90)

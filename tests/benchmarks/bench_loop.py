@@ -162,7 +162,7 @@ def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter
     for k in list(os.environ):  # this run's settings only: nothing from the caller's shell
         if k.startswith("ROUNDTRIP_") and k not in env and k not in ("ROUNDTRIP_KAFKA_CACHE", "ROUNDTRIP_KAFKA_JAVA_OPTS"):
             os.environ.pop(k)
-    os.environ.update(env)  # topics.t() in this process reads the same settings
+    os.environ.update(env)  # what this process and the children of its Fleet read: this run's settings
     return Settings(**values), env
 
 

@@ -105,7 +105,7 @@ async def test_a_plain_kafka_client_gets_exactly_one_reply(client, fleet_setting
     settings = fleet_settings[0]
     request = {"request_id": "req_console_1", "conversation_id": "conv_console", "customer_id": "cus_1002", "text": "what are my orders?"}
     producer = subprocess.run(
-        ["java", "-cp", f"{kafka_libs_dir(settings.kafka_version)}/*", "org.apache.kafka.tools.ConsoleProducer",
+        ["java", "-cp", f"{kafka_libs_dir(settings.kafka_version, settings.kafka_cache)}/*", "org.apache.kafka.tools.ConsoleProducer",
          "--bootstrap-server", settings.bootstrap_servers, "--topic", settings.topic_prefix + topics.SUPPORT_REQUESTS,
          "--property", "parse.key=true", "--property", "key.separator=|"],
         input=f"conv_console|{json.dumps(request)}\n", text=True, capture_output=True, timeout=60,

@@ -16,14 +16,14 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from services.broker.embedded import (
     EmbeddedKafka,
     PortInUseError,
-    fetch_kafka,
+    fetch_configured,
     free_port,
     port_is_free,
     probe_metadata,
 )
 from services.kernel import topics, topology
 from services.kernel.admin import DEAD_LETTER_MAX_BYTES, create_topics, ensure_topics, wait_for_broker
-from services.kernel.settings import get_settings
+from services.kernel.settings import Settings
 
 
 async def _partitions(bootstrap: str, names: list[str]) -> dict[str, int]:
@@ -162,7 +162,7 @@ def test_refuses_to_start_when_the_port_is_taken(tmp_path: Path) -> None:
 
 
 def test_wait_ready_reports_the_broker_log_on_early_exit(tmp_path: Path) -> None:
-    libs = fetch_kafka(get_settings().kafka_version, progress=None)
+    libs = fetch_configured(Settings(), progress=None)
     # An invalid property makes Kafka exit during start-up: the error must carry its log.
     kafka = EmbeddedKafka(tmp_path, free_port(), free_port(), libs_dir=libs)
     kafka.write_properties()
@@ -177,7 +177,7 @@ def test_wait_ready_reports_the_broker_log_on_early_exit(tmp_path: Path) -> None
 
 
 def test_restart_keeps_data_and_does_not_reformat(tmp_path: Path) -> None:
-    libs = fetch_kafka(get_settings().kafka_version, progress=None)
+    libs = fetch_configured(Settings(), progress=None)
     port, cport = free_port(), free_port()
     while cport == port:
         cport = free_port()

@@ -21,9 +21,9 @@ pytestmark = pytest.mark.integration
 
 async def test_a_kernel_subscription_runs_on_the_key_ordered_consumer_and_publishes_on_the_connected_producer(
         kafka_bootstrap, topic_prefix):
-    wire = await new_topic(kafka_bootstrap, topics.t(topic_prefix), partitions=2)  # = topics.t(f"{topic_prefix}keyed")
-    service = f"seam{uuid.uuid4().hex[:6]}"
     settings = Settings(kafka_bootstrap_servers=kafka_bootstrap)
+    wire = await new_topic(kafka_bootstrap, topics.t(topic_prefix, settings.topic_prefix), partitions=2)  # its "keyed" topic
+    service = f"seam{uuid.uuid4().hex[:6]}"
     broker = messaging.make_broker(service, settings)
     got: list[tuple[str, object]] = []
 

@@ -17,6 +17,9 @@ from services.kernel import messaging, topics
 from services.kernel.events import CancelTurn, DeadLettered
 from services.kernel.settings import Settings
 
+PREFIX = "unit."  # the records come from, and the dead letters go to, the topics of the settings the broker was made with
+SETTINGS = Settings(_env_file=None, topic_prefix=PREFIX)
+
 
 class FakeProducer:
     def __init__(self, fail: bool = False) -> None:
@@ -37,11 +40,11 @@ def wired(monkeypatch):
     """A broker with one subscription whose handler records what it got; the producer is a fake."""
     producer = FakeProducer()
     monkeypatch.setattr(messaging, "kafka_producer", lambda broker: producer)
-    broker = messaging.make_broker("unitpath", Settings())
+    broker = messaging.make_broker("unitpath", SETTINGS)
     got: list = []
     behaviour = {"raise": None}
 
-    @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", Settings())
+    @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", SETTINGS)
     async def on_cancel(command: CancelTurn) -> None:
         got.append((command, messaging.current_record(), in_flight()))
         if behaviour["raise"]:
@@ -52,12 +55,12 @@ def wired(monkeypatch):
 
 
 def record(value: bytes, offset: int = 7):
-    return SimpleNamespace(topic=topics.t(topics.TURN_CONTROLS), partition=0, offset=offset, timestamp=1_700_000_000_000,
+    return SimpleNamespace(topic=topics.t(topics.TURN_CONTROLS, PREFIX), partition=0, offset=offset, timestamp=1_700_000_000_000,
                            key=b"conv_1", value=value, headers=[("x-app", b"\xffraw")])
 
 
 def in_flight() -> float | None:
-    return REGISTRY.get_sample_value("roundtrip_in_flight", {"service": "unitpath", "subscription": topics.t(topics.TURN_CONTROLS)})
+    return REGISTRY.get_sample_value("roundtrip_in_flight", {"service": "unitpath", "subscription": topics.t(topics.TURN_CONTROLS, PREFIX)})
 
 
 def errors(topic: str) -> float:
@@ -67,7 +70,7 @@ def errors(topic: str) -> float:
 
 def letter_of(producer: FakeProducer) -> DeadLettered:
     ((topic, value, key, headers),) = producer.sent
-    assert topic == topics.t(topics.DEAD_LETTERS) and key == b"conv_1"
+    assert topic == topics.t(topics.DEAD_LETTERS, PREFIX) and key == b"conv_1"
     return DeadLettered.model_validate_json(value)
 
 
@@ -85,14 +88,14 @@ async def test_a_record_reaches_its_handler_as_the_model_with_the_record_at_hand
     (json.dumps({"turn_id": 5}).encode(), "schema violation: turn_id: Input should be a valid string"),
 ])
 async def test_a_record_its_handler_cannot_read_is_dead_lettered_with_the_reason_and_its_bytes(wired, value, reason):
-    before = errors(topics.t(topics.TURN_CONTROLS))
+    before = errors(topics.t(topics.TURN_CONTROLS, PREFIX))
     await wired.process(record(value))
     assert wired.got == []
     letter = letter_of(wired.producer)
     assert letter.reason.startswith(reason) and letter.service == "unitpath" and letter.offset == 7
     assert base64.b64decode(letter.payload_base64) == value
     assert letter.headers == [{"key": "x-app", "value_base64": base64.b64encode(b"\xffraw").decode()}]  # kept losslessly
-    assert errors(topics.t(topics.TURN_CONTROLS)) == before + 1
+    assert errors(topics.t(topics.TURN_CONTROLS, PREFIX)) == before + 1
 
 
 async def test_a_handler_that_raises_dead_letters_its_record_and_the_service_goes_on(wired):
@@ -111,5 +114,5 @@ async def test_a_dead_letter_that_cannot_be_published_is_left_to_the_consumers_r
 def test_a_handler_must_take_one_message_model():
     broker = KafkaBroker("127.0.0.1:1")
     with pytest.raises(TypeError, match="exactly one parameter annotated with a pydantic model"):
-        @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", Settings())
+        @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", SETTINGS)
         async def on_two(command: CancelTurn, other: int) -> None: ...

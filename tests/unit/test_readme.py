@@ -6,15 +6,20 @@ from typer.testing import CliRunner
 
 from services.cli import app
 from services.kernel import topology
-from services.kernel.settings import Settings
+from services.kernel.settings import CONCERNS, Settings, env_name
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
-def test_every_setting_is_documented():
-    for name in Settings.model_fields:
-        env = "ANTHROPIC_API_KEY" if name == "anthropic_api_key" else f"ROUNDTRIP_{name.upper()}"
-        assert f"`{env}`" in README, env
+def test_every_setting_is_documented_under_its_concern():
+    configuration = README.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    sections = {part.split("\n", 1)[0]: part for part in configuration.split("\n### ")[1:]}
+    assert list(sections) == [concern.heading for concern in CONCERNS]  # the headings `roundtrip config` prints
+    for concern in CONCERNS:
+        for name in concern.model_fields:
+            assert f"| `{env_name(name)}` |" in sections[concern.heading], (concern.heading, env_name(name))
+    documented = [line for line in configuration.splitlines() if line.startswith("| `")]
+    assert len(documented) == len(Settings.model_fields)  # each once
 
 
 def test_every_topic_is_documented():

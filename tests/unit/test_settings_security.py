@@ -61,7 +61,8 @@ def test_roundtrip_config_warns_while_the_published_key_is_in_use(monkeypatch):
 def test_transactional_ids_are_stable_per_replica_not_per_process(monkeypatch):
     for var in ("ROUNDTRIP_INSTANCE_ID", "KUBERNETES_SERVICE_HOST", "HOSTNAME"):
         monkeypatch.delenv(var, raising=False)
-    code = "from services.kernel.transactions import transactional_id as t; print(t('gateway', 'support.replies'))"
+    code = ("from services.kernel.settings import Settings; from services.kernel.transactions import transactional_id as t; "
+            "print(t('gateway', 'support.replies', Settings().instance_id))")
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTRIP_INSTANCE_ID"}
     first, second = (subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
                      for _ in range(2))
@@ -70,8 +71,8 @@ def test_transactional_ids_are_stable_per_replica_not_per_process(monkeypatch):
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("HOSTNAME", "gateway-0")
     assert transactional_id("gateway", "r") == "roundtrip-gateway-r-gateway-0"  # the StatefulSet pod name
-    monkeypatch.setenv("ROUNDTRIP_INSTANCE_ID", "gw-a")
-    assert transactional_id("gateway", "r") == "roundtrip-gateway-r-gw-a"
+    monkeypatch.setenv("ROUNDTRIP_INSTANCE_ID", "gw-a")  # read with the settings the gateway is built with
+    assert transactional_id("gateway", "r", Settings().instance_id) == "roundtrip-gateway-r-gw-a"
 
 
 def test_the_local_fleet_gives_every_replica_its_own_stable_identity(tmp_path, monkeypatch):

@@ -1,0 +1,140 @@
+"""Settings by concern (issue 18): every knob in one concern, `roundtrip config` grouped and without a secret, and
+the topics a service uses named with the prefix of the settings it was built with, never a global's."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from services.cli import app
+from services.kernel import topics, topology
+from services.kernel.settings import CONCERNS, LoopRules, ModelSettings, Settings, env_name, get_settings
+from services.kernel.settings.display import grouped, without_passwords
+
+SERVICES = Path(__file__).resolve().parents[2] / "services"
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No ROUNDTRIP_* (or API key) from the shell; the CLI's cached settings read afresh before and after."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("ROUNDTRIP_") or name == "ANTHROPIC_API_KEY":
+            monkeypatch.delenv(name)
+    get_settings.cache_clear()
+    yield monkeypatch
+    get_settings.cache_clear()
+
+
+def test_every_setting_is_declared_in_exactly_one_concern():
+    owners: dict[str, list[str]] = {}
+    for concern in CONCERNS:
+        assert concern.heading and concern in Settings.__mro__
+        for name in concern.model_fields:
+            owners.setdefault(name, []).append(concern.__name__)
+    assert {name: where for name, where in owners.items() if len(where) > 1} == {}
+    assert set(owners) == set(Settings.model_fields)
+
+
+def test_a_concern_reads_its_own_variables_alone(clean_env):
+    clean_env.setenv("ROUNDTRIP_MAX_STEPS", "3")
+    clean_env.setenv("ANTHROPIC_API_KEY", "sk-test")
+    assert LoopRules().max_steps == 3 and Settings().max_steps == 3
+    assert ModelSettings().anthropic_api_key == "sk-test" and not ModelSettings().use_simulator
+    clean_env.delenv("ANTHROPIC_API_KEY")
+    clean_env.setenv("ROUNDTRIP_ANTHROPIC_API_KEY", "sk-other")
+    assert Settings().anthropic_api_key == "sk-other"
+    assert not hasattr(LoopRules(), "anthropic_api_key")  # a part given the loop rules gets only those
+
+
+SECRETS = {
+    "ROUNDTRIP_APPROVAL_KEYS": "k2:approvalsecret2,k1:approvalsecret1",
+    "ROUNDTRIP_DECISION_KEYS": "ops9:decisionsecret9",
+    "ANTHROPIC_API_KEY": "sk-ant-apikeysecret",
+    "ROUNDTRIP_LEDGER_DATABASE_URL": "postgresql+asyncpg://roundtrip:ledgerpassword@db:5432/ledger",
+    "ROUNDTRIP_CONVERSATIONS_DATABASE_URL": "postgresql+asyncpg://db:5432/conv?user=rt&password=querypassword",
+    "ROUNDTRIP_SHOP_DATABASE_URL": "postgresql+asyncpg://shop:shoppassword@db/shop",
+    "ROUNDTRIP_OTLP_ENDPOINT": "https://tracer:otlppassword@collector:4318",
+}
+
+
+def test_roundtrip_config_prints_every_setting_under_its_concern_and_no_secret(clean_env):
+    for name, value in SECRETS.items():
+        clean_env.setenv(name, value)
+    done = CliRunner().invoke(app, ["config"])
+    assert done.exit_code == 0, done.output
+    out = done.output
+    for secret in ("approvalsecret", "decisionsecret", "apikeysecret", "ledgerpassword", "querypassword", "shoppassword",
+                   "otlppassword"):
+        assert secret not in out
+    assert "k2:***,k1:***" in out and "ops9:***" in out  # which keys are configured shows, their secrets do not
+    assert "postgresql+asyncpg://roundtrip:***@db:5432/ledger" in out and "password=***" in out
+    headings = [line[2:] for line in out.splitlines() if line.startswith("# ")]
+    assert headings == [concern.heading for concern in CONCERNS]
+    blocks = {block.splitlines()[0][2:]: block for block in out.strip().split("\n\n")}
+    for concern in CONCERNS:
+        for name in concern.model_fields:
+            assert any(line.split()[0] == env_name(name) for line in blocks[concern.heading].splitlines()[1:]), name
+
+
+def test_roundtrip_config_help_says_what_it_prints():
+    done = CliRunner().invoke(app, ["config", "--help"])
+    assert done.exit_code == 0 and "grouped by concern" in done.output and "secrets hidden" in done.output
+
+
+def test_a_secret_field_is_hidden_whatever_its_value():
+    shown = dict(row for _, rows in grouped(Settings(_env_file=None, anthropic_api_key="nocolon", approval_keys="lonesecret"))
+                 for row in rows)
+    assert shown["ANTHROPIC_API_KEY"] == "***" and "lonesecret" not in shown["ROUNDTRIP_APPROVAL_KEYS"]
+    assert without_passwords("see postgresql+asyncpg://u:p4ss@h/db and http://x:tok@h?token=t0k") == \
+        "see postgresql+asyncpg://u:***@h/db and http://x:***@h?token=***"
+
+
+def test_the_contracts_are_generated_with_unprefixed_names_whatever_the_shell_says(clean_env):
+    from services.contracts import ROOT, asyncapi_document, rendered
+
+    clean_env.setenv("ROUNDTRIP_TOPIC_PREFIX", "staging.")
+    get_settings()  # a cached global with the prefix, which nothing may read
+    channels = asyncapi_document()["channels"]
+    assert channels and not any("staging." in name for name in channels)
+    assert rendered()["asyncapi.json"] == (ROOT / "asyncapi.json").read_text()
+
+
+def test_a_service_uses_the_prefix_it_was_built_with_not_the_environments(clean_env):
+    clean_env.setenv("ROUNDTRIP_TOPIC_PREFIX", "from-env.")
+    get_settings()
+    for declared in topology.SERVICES:
+        broker = importlib.import_module(declared.app_module).build(Settings(_env_file=None, topic_prefix="built.")).broker
+        names = [getattr(t, "name", t) for s in broker.subscribers for t in s.topics] + [p.topic for p in broker.publishers]
+        assert names and all(name.startswith("built.") for name in names), (declared.name, names)
+        assert {n.removeprefix("built.") for n in names} >= {i.topic for i in declared.inputs}
+    assert topics.t(topics.SUPPORT_REQUESTS, "p.") == "p.support.requests"
+
+
+def _calls_to_get_settings(path: Path) -> list[str]:
+    """The functions of a module that call get_settings()."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "get_settings":
+                    found.append(function.name)
+    module_level = [node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    found += ["<module>" for stmt in module_level for node in ast.walk(stmt)
+              if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "get_settings"]
+    return found
+
+
+def test_only_entry_points_read_the_cached_settings():
+    readers = {str(path.relative_to(SERVICES)): sorted(set(calls)) for path in SERVICES.rglob("*.py")
+               if path.parent.name != "settings" and (calls := _calls_to_get_settings(path))}
+    library = {module: functions for module, functions in readers.items()
+               if module != "cli.py" and functions != ["main"]}  # the CLI and `python -m ...`'s main() are entry points
+    assert library == {}
+    assert "cli.py" in readers
