@@ -31,6 +31,8 @@ app.add_typer(conversations_app, name="conversations")
 app.add_typer(broker_app, name="broker")
 approvals_app = typer.Typer(help="Calls waiting for a person's approval: list them, approve or deny one.", invoke_without_command=True)
 app.add_typer(approvals_app, name="approvals")
+db_app = typer.Typer(help="The fleet's own tables (turns, approvals, conversations): their migrations.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
 
 FLEET_SERVICES = topology.names()
 ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
@@ -39,7 +41,7 @@ ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
 def _logging() -> None:
     level = get_settings().log_level.upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("aiokafka", "httpx", "httpx2", "httpcore"):
+    for noisy in ("aiokafka", "httpx", "httpx2", "httpcore", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
@@ -355,6 +357,32 @@ def topics_create(
         typer.echo(f"  created {name}")
 
 
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Bring the ledger's and the conversations' tables to this code's revision (ROUNDTRIP_LEDGER_DATABASE_URL,
+    ROUNDTRIP_CONVERSATIONS_DATABASE_URL); a database made before migrations is adopted, rows kept.
+    Idempotent, and safe when several run at once."""
+    from services.kernel.migrations.schema import upgrade_databases
+
+    for line in upgrade_databases(get_settings()):
+        typer.echo(line)
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Show each store's revision in its database, against this code's (exit code 1 when one differs); writes nothing."""
+    from services.kernel.database import shown
+    from services.kernel.migrations.schema import current, databases, mismatch
+
+    code = 0
+    for url, stores in databases(get_settings()).items():
+        for store, found in asyncio.run(current(url, stores)).items():
+            why = mismatch(store, url, found)
+            typer.echo(why or f"{store} database {shown(url)}: at {found}, this code's revision")
+            code = code or int(why is not None)
+    raise typer.Exit(code)
+
+
 @broker_app.command("fetch")
 def broker_fetch() -> None:
     """Fetch the Kafka jars from Maven Central into the cache (once)."""
@@ -375,6 +403,7 @@ def main() -> None:
     from aiokafka.errors import KafkaConnectionError
     from pydantic import ValidationError
 
+    from services.kernel.migrations import DatabaseUnreachable, SchemaMismatch
     from services.kernel.settings import describe_invalid
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # client commands say it once, below; `run` resets it
@@ -382,6 +411,9 @@ def main() -> None:
         app()
     except ValidationError as exc:  # a ROUNDTRIP_* setting that cannot work: one line, no traceback, no restart loop
         typer.secho(f"error: invalid configuration: {describe_invalid(exc)}", fg="red", err=True)
+        raise SystemExit(1) from None
+    except (SchemaMismatch, DatabaseUnreachable) as exc:  # a service or a command on a database behind, ahead or out of reach
+        typer.secho(f"error: {exc}", fg="red", err=True)
         raise SystemExit(1) from None
     except KafkaConnectionError as exc:
         s = get_settings()

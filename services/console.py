@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.console import Console
 from rich.table import Table
 
 from services.kernel import topics
+from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.events import (
     ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, SupportReply, SupportRequest, TurnFlagged,
 )
@@ -39,12 +40,6 @@ def call_label(name: str, tool_input: Any) -> str:
     """`cancel_order(ord_a1000003)`: the ids a call names, else its input in short."""
     ids = [str(v) for k, v in tool_input.items() if k.endswith("_id")] if isinstance(tool_input, dict) else []
     return f"{name}({', '.join(ids) if ids else _short(tool_input, 60)})"
-
-
-async def partitions_of(consumer: AIOKafkaConsumer, names) -> list[TopicPartition]:
-    """Every partition of these topics, from one metadata request (for a consumer without a group)."""
-    metadata = await consumer._client.fetch_all_metadata()
-    return [TopicPartition(name, p) for name in names for p in metadata.partitions_for_topic(name) or ()]
 
 
 class Session:
@@ -320,7 +315,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url)
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
     try:
         rows = await ledger.list(status=status, customer_id=customer, limit=limit)
     finally:
@@ -346,7 +341,8 @@ async def list_conversations(settings: Settings, customer: str | None, limit: in
 
     if _ledger_missing(settings, settings.conversations_db_url):
         return 2
-    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s)
+    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s,
+                                     read_only=True)
     try:
         rows = await store.list(customer_id=customer, limit=limit)
     finally:
@@ -385,7 +381,7 @@ async def list_approvals(settings: Settings, everything: bool, limit: int) -> in
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url)
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
     try:
         rows = await ledger.list_approvals(status=None if everything else PENDING, limit=limit)
     finally:
@@ -414,7 +410,7 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url)
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
     try:
         row = await ledger.approval(approval_id)
         turn = await ledger.get(row.turn_id) if row else None
@@ -451,7 +447,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url)
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
     try:
         row = await ledger.get(turn_id)
     finally:

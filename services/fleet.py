@@ -1,7 +1,8 @@
 """Starts, supervises and stops the fleet as separate processes: what `roundtrip up` and the e2e tests run.
 
-Order: the embedded broker (unless bootstrap servers are configured), the topics, the
-simulator (unless an API key is set), the shop, then the five services. Each child's
+Order: the fleet's databases brought to this code's revision (`roundtrip db upgrade`), the
+embedded broker (unless bootstrap servers are configured), the topics, the simulator (unless an
+API key is set), the shop, then the five services. Each child's
 output goes to state_dir/logs/<name>.log. Ports are checked before anything starts.
 
 A service is ready when it says so: each is started with the write end of a pipe
@@ -116,6 +117,7 @@ class Fleet:
         if s.ledger_database_url is None:  # the children share this folder, so its SQLite file is the fleet's one ledger
             self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
         try:
+            self._upgrade_databases()
             if s.embedded_broker:
                 self._start_broker()
             self._create_topics()
@@ -304,6 +306,12 @@ class Fleet:
         self.broker.wait_ready(60)
         self._kafka = Child("kafka", self.broker.proc, self.logs / "kafka.log", s.bootstrap_servers)
         self.say(f"  kafka      {s.bootstrap_servers}  (Apache Kafka {s.kafka_version}, KRaft; log {self.logs / 'kafka.log'})")
+
+    def _upgrade_databases(self) -> None:
+        from services.kernel.migrations.schema import upgrade_databases
+
+        for line in upgrade_databases(self.settings):
+            self.say(f"  {line}")
 
     def _create_topics(self) -> None:
         from services.kernel.admin import ensure_topics

@@ -7,6 +7,7 @@ Session-scoped (started once, lazily, only when a test asks for them):
 
 Per test:
   topic_prefix     -> str                    unique "t<hex>." so tests sharing the broker never meet
+  postgres_database -> str                   URL of a new, empty database on that server (dropped after the test)
   make_topics      -> async (bootstrap, prefix, partitions=2, executor_partitions=None) -> list[str]
   kafka_topics     -> str                    the test's prefix, with every fleet topic created under it
 
@@ -251,3 +252,22 @@ def postgres_url() -> Iterator[str]:
     finally:
         server.stop()
 
+
+
+@pytest_asyncio.fixture
+async def postgres_database(postgres_url: str) -> AsyncIterator[str]:
+    """A new, empty database on the session's PostgreSQL server (migration tests need one of their own)."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    admin = create_async_engine(postgres_url, isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as conn:
+            await conn.execute(text(f"CREATE DATABASE {name}"))
+        yield make_url(postgres_url).set(database=name).render_as_string(hide_password=False)
+        async with admin.connect() as conn:
+            await conn.execute(text(f"DROP DATABASE {name} WITH (FORCE)"))
+    finally:
+        await admin.dispose()

@@ -23,6 +23,7 @@ import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.dedupe import SeenIds
 
 log = logging.getLogger("roundtrip.gateway")
@@ -80,8 +81,7 @@ class RepliedTurns:
                                     isolation_level="read_committed", auto_offset_reset="earliest")
         await consumer.start()
         try:
-            metadata = await consumer._client.fetch_all_metadata()  # noqa: SLF001 - one request, no group needed
-            partitions = [TopicPartition(self._topic, p) for p in metadata.partitions_for_topic(self._topic) or ()]
+            partitions = await partitions_of(consumer, [self._topic])  # one request, no group needed
             if not partitions:
                 return
             consumer.assign(partitions)

@@ -14,7 +14,8 @@ guard puts the history at the head of the turn's first CallModel, so every event
 carries at most the budget of history on top of the turn's own transcript.
 
 SQLite file by default (the ledger's), PostgreSQL by URL; SQLAlchemy Core, the same
-statements on both. Retention: a conversation idle longer than `retention_s` is deleted with
+statements on both; the tables are made by migrations (the `conversations` line of
+services/kernel/migrations). Retention: a conversation idle longer than `retention_s` is deleted with
 its exchanges (the guard's sweeper); `forget` deletes one now (erasure), and a turn still
 running in a forgotten conversation saves nothing when it ends.
 """
@@ -28,9 +29,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Column, Connection, Float, Index, Integer, MetaData, String, Table, Text, bindparam, delete, insert, select, update
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 
 from services.kernel.limits import OMITTED_KEY
+from services.kernel.migrations import CONVERSATIONS
 from services.kernel.turnstore import TurnStore
 
 metadata = MetaData()
@@ -185,30 +187,18 @@ class ConversationRow:
     history_tokens: int = 0
 
 
-def _create(conn: Connection) -> None:
-    metadata.create_all(conn)
-
-
 class Conversations(TurnStore):
     """The guard's conversation store (its own tables; by default in the ledger's database)."""
 
+    STORE = CONVERSATIONS
     budget_tokens: int = 20000
     retention_s: float = 30 * 86400.0
 
     @classmethod
-    async def open(cls, url: str, budget_tokens: int = 20000, retention_s: float = 30 * 86400.0) -> Conversations:
-        from services.kernel.turnstore import make_engine
-
-        store = cls(make_engine(url))
+    async def open(cls, url: str, budget_tokens: int = 20000, retention_s: float = 30 * 86400.0,
+                   read_only: bool = False) -> Conversations:
+        store = await super().open(url, read_only=read_only)
         store.budget_tokens, store.retention_s = budget_tokens, retention_s
-        for attempt in range(5):
-            try:
-                await store._run(_create, write=True)
-                break
-            except DBAPIError:  # another process created the tables at the same moment
-                if attempt == 4:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
         return store
 
     async def claim(self, conversation_id: str, customer_id: str, now: float | None = None) -> str:

@@ -132,6 +132,11 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
 
     # -- what operators and tests can see ---------------------------------------------------
     @property
+    def process(self) -> Process:
+        """What each record is handed to (the `process` it was made with)."""
+        return self._process
+
+    @property
     def in_flight(self) -> int:
         """Records held: running, or waiting behind an earlier record of their key."""
         return self._held

@@ -42,6 +42,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 
 from services.kernel import topology
+from services.kernel.faststream_seam import consume_loops_alive
 from services.kernel.settings import Settings
 
 log = logging.getLogger("roundtrip.health")
@@ -176,12 +177,7 @@ def subscribers_alive(app: FastStream, state: dict[str, bool]) -> Check:
     def check() -> bool:
         if not state["started"] or state["stopping"]:
             return True
-        for subscriber in app.broker.subscribers:
-            consumers = len(getattr(subscriber, "consumer_subgroup", None) or ()) or 1
-            live = sum(1 for task in getattr(subscriber, "tasks", ()) if not task.done())
-            if not subscriber.running or live < consumers:
-                return False
-        return True
+        return all(consume_loops_alive(subscriber) for subscriber in app.broker.subscribers)
 
     return check
 

@@ -9,8 +9,9 @@ the handler's pydantic model (`model_validate_json`), one consumer span in the t
 (`telemetry.consuming`), FastStream's Prometheus metrics, the handler. An `Outlet`
 publishes the same way: one producer span, the JSON bytes, straight to the broker's
 producer. FastStream keeps what it is good at: the connection, the consumer groups, the
-app's lifecycle and the AsyncAPI document; its per-message middleware chain cost about a
-fifth of every service's CPU (docs/benchmarks.md).
+app's lifecycle and the AsyncAPI document; its per-message loop and middleware chain cost a
+large share of every service's CPU (docs/benchmarks.md, "Figures the code points to"). What
+this takes of FastStream beyond its public API is in services/kernel/faststream_seam.py.
 
 A message that cannot be processed (bad JSON, schema violation, a bug) never kills the
 service: it is published with the reason to the dead-letter topic, and whatever escapes
@@ -31,7 +32,6 @@ import typing
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel, ValidationError
@@ -40,6 +40,7 @@ from services.kernel import health, metrics, topics, topology
 from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
+from services.kernel.faststream_seam import kafka_producer, replace_consume_loop
 from services.kernel.settings import Settings
 from services.kernel.telemetry import consuming, mark_error, publishing
 from services.kernel.topology import group  # one group per subscription: they join and rebalance independently
@@ -52,8 +53,8 @@ log = logging.getLogger("roundtrip")
 IDLE_FETCH_WAIT_MS = 5000
 
 # FastStream logs "Received" and "Processed" for every message at this level. At INFO that is
-# two formatted log lines per hop in every service (measured: a few percent of each service's
-# CPU, see docs/benchmarks.md); at DEBUG they show only with ROUNDTRIP_LOG_LEVEL=DEBUG.
+# two formatted log lines per hop in every service, for CPU and no news (docs/benchmarks.md,
+# "Figures the code points to"); at DEBUG they show only with ROUNDTRIP_LOG_LEVEL=DEBUG.
 MESSAGE_LOG_LEVEL = logging.DEBUG
 
 _CONSUMERS = "_roundtrip_consumers"
@@ -88,39 +89,35 @@ def subscribe(
     the handler only waits and is safe to interrupt, so a rebalance or a stop cancels it at once.
     """
     declared = _declared(service, topic, role)
-    consumer = KeyOrderedConsumer(
-        process=_not_started,
-        name=f"{service}{'-' + role if role else ''}",
-        max_in_flight=max_in_flight or settings.max_in_flight,
-        commit_interval_s=settings.commit_interval_ms / 1000 if commit_interval_s is None else commit_interval_s,
-        commit=commit,
-        forget=forget,
-        idle_wait_ms=IDLE_FETCH_WAIT_MS,
-        cancel_on_revoke=cancel_on_revoke,
-    )
-    subscriber = broker.subscriber(
-        topics.t(topic),
-        group_id=group(service, role),
-        ack_policy=AckPolicy.MANUAL,  # the key-ordered consumer commits, never past an unfinished message
-        auto_offset_reset="earliest",  # a new group reads what was published before it joined
-        fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
-        max_poll_records=None,
-        listener=consumer,
-        description=description,
-    )
-    consumer._rescue = _rescuer(broker, service)  # noqa: SLF001
-
-    async def run(kafka_consumer: Any) -> None:
-        await consumer.run(kafka_consumer)
-
-    subscriber._run_consume_loop = run  # noqa: SLF001 - FastStream's fetch loop, replaced by ours
-    consumers_of(broker).append(consumer)
+    group_id = group(service, role)
 
     def register(handler: Callable[[Any], Awaitable[Any]]) -> Any:
         if declared is not None and _message_model(handler) is not declared.message:
             raise TypeError(f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
                             f"{topic} carries {declared.message.__name__} (services/kernel/topology.py)")
-        consumer._process = _message_path(broker, service, group(service, role), handler)  # noqa: SLF001
+        consumer = KeyOrderedConsumer(
+            process=_message_path(broker, service, group_id, handler),
+            rescue=_rescuer(broker, service),
+            name=f"{service}{'-' + role if role else ''}",
+            max_in_flight=max_in_flight or settings.max_in_flight,
+            commit_interval_s=settings.commit_interval_ms / 1000 if commit_interval_s is None else commit_interval_s,
+            commit=commit,
+            forget=forget,
+            idle_wait_ms=IDLE_FETCH_WAIT_MS,
+            cancel_on_revoke=cancel_on_revoke,
+        )
+        subscriber = broker.subscriber(
+            topics.t(topic),
+            group_id=group_id,
+            ack_policy=AckPolicy.MANUAL,  # the key-ordered consumer commits, never past an unfinished message
+            auto_offset_reset="earliest",  # a new group reads what was published before it joined
+            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            max_poll_records=None,
+            listener=consumer,
+            description=description,
+        )
+        replace_consume_loop(subscriber, consumer.run)  # FastStream's fetch loop, replaced by ours
+        consumers_of(broker).append(consumer)
         return subscriber(handler)
 
     return register
@@ -178,10 +175,6 @@ def _message_path(broker: KafkaBroker, service: str, group_id: str, handler: Cal
 
 def _polled_lately(consumer: KeyOrderedConsumer):
     return lambda: time.monotonic() - consumer.last_poll < LIVENESS_SILENCE_S
-
-
-async def _not_started(record: Any) -> None:  # pragma: no cover - replaced in subscribe()
-    raise RuntimeError("subscriber not wired")
 
 
 def consumers_of(broker: KafkaBroker) -> list[KeyOrderedConsumer]:
@@ -293,7 +286,7 @@ async def publish(broker: KafkaBroker, topic: str, message: BaseModel, key: byte
     started, failure = time.perf_counter(), None
     try:
         with publishing(topic, message, conversation_id) as headers:
-            await (await _producer(broker).send(topic, message.model_dump_json().encode(), key=key, headers=headers))
+            await (await kafka_producer(broker).send(topic, message.model_dump_json().encode(), key=key, headers=headers))
     except Exception as exc:
         failure = type(exc).__name__
         raise
@@ -303,17 +296,6 @@ async def publish(broker: KafkaBroker, topic: str, message: BaseModel, key: byte
 
 def _service_of(broker: KafkaBroker) -> str:
     return getattr(broker, _SERVICE, ("unknown", frozenset()))[0]
-
-
-def _producer(broker: KafkaBroker) -> AIOKafkaProducer:
-    """The aiokafka producer FastStream's broker connected (idempotent, linger 0; see make_broker)."""
-    try:
-        producer = broker.config.producer._producer.producer  # noqa: SLF001 - FastStream 0.7's AioKafkaFastProducerImpl
-    except AttributeError as missing:
-        raise RuntimeError("the broker is not connected (or FastStream changed its producer's shape)") from missing
-    if not isinstance(producer, AIOKafkaProducer):
-        raise RuntimeError("the broker is not connected")
-    return producer
 
 
 def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = ()) -> KafkaBroker:

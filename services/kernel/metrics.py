@@ -27,11 +27,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from faststream.prometheus.container import MetricsContainer
-from faststream.prometheus.types import ProcessingStatus, PublishingStatus
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
 from services.kernel.events import Outcome, Usage
+from services.kernel.faststream_seam import MetricsContainer, ProcessingStatus, PublishingStatus
 
 # The outcomes that mean "the guard stopped the turn" (the rest mirror the model's stop_reason, or the API failed).
 GUARD_STOPS = frozenset({

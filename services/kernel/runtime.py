@@ -7,10 +7,10 @@ and a line from an earlier run of the same folder can never count. Outside a sup
 nothing happens (Kubernetes and Compose ask /readyz instead).
 
 **The heap.**
-A service holds 70,000-230,000 objects from start-up on (the SDK, SQLAlchemy, OpenTelemetry,
-pydantic's schemas), alive as long as the process. CPython's full collection walks every one of
-them, with the event loop stopped: ~100 ms in the model service, every few seconds under load
-(measured: 2.2 s of the model service's CPU in a 3,600-turn benchmark run, docs/benchmarks.md).
+A service holds a large heap from start-up on (the SDK, SQLAlchemy, OpenTelemetry, pydantic's
+schemas), alive as long as the process. CPython's full collection walks every object of it, with
+the event loop stopped, every few seconds under load: long pauses and seconds of CPU over a
+benchmark run (docs/benchmarks.md, "Figures the code points to").
 `settle_heap()`, called when start-up is done, moves them out of the collector's reach
 (`gc.freeze`) and lets the youngest generation grow to 10,000 objects (from 700) before it is
 collected, so most of a message's short-lived objects are gone by then.

@@ -503,8 +503,9 @@ _tracers: dict[str, trace.Tracer] = {}
 
 
 def tracer(name: str = "roundtrip") -> trace.Tracer:
-    """The process's tracer `name` (made once: a tracer per call cost ~2 % of a service's CPU; before the
-    provider is installed it is OpenTelemetry's proxy, which follows the provider once there is one)."""
+    """The process's tracer `name` (made once: a tracer per call showed in every service's profile,
+    docs/benchmarks.md "Figures the code points to"; before the provider is installed it is OpenTelemetry's proxy, which follows the
+    provider once there is one)."""
     if name not in _tracers:
         _tracers[name] = trace.get_tracer(name)
     return _tracers[name]

@@ -2,8 +2,10 @@
 
 The guard owns the turn's life (services/guard/ledger.py: start, advance, end); the executor
 and the model service only ask the fence, right before they act, whether the turn may still
-act at this step. SQLite file by default (one file in state_dir, shared by the local
-processes), PostgreSQL by URL; SQLAlchemy Core, the same statements on both.
+act at this step. SQLite file by default, PostgreSQL by URL (services/kernel/database.py);
+SQLAlchemy Core, the same statements on both. The tables are made by migrations
+(services/kernel/migrations, `roundtrip db upgrade`): a store's `open` only checks that they are
+at this code's revision, and never runs DDL.
 
 The fence (see the README, "When things go wrong"):
 * `claim_batch` (executor, before running a step's calls): ONE conditional UPDATE that takes a
@@ -23,19 +25,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (
-    Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, bindparam, create_engine, event, inspect, or_,
-    text, update,
-)
-from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy import Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, bindparam, or_, update
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.kernel.database import make_engine
+from services.kernel.migrations import LEDGER
+from services.kernel.migrations.schema import reaching, require
 
 log = logging.getLogger("roundtrip.fence")
 SQLITE_LOCK_WAIT_MS = 30_000  # how long a write that found the file locked waits for it, in a thread
-LOCKED_RETRY_S = (0.0005, 0.002)  # before that: tried again on the event loop after these pauses (a lock lasts ~0.1 ms)
+LOCKED_RETRY_S = (0.0005, 0.002)  # before that: tried again on the event loop after these pauses (docs/benchmarks.md)
 
 RUNNING, STUCK, ENDING, ENDED = "running", "stuck", "ending", "ended"
 AWAITING = "awaiting"  # a call waits for a person's decision: nothing may act, the stuck rule does not apply
@@ -66,7 +68,7 @@ turns = Table(
     Column("traceparent", String(64)),
     Column("turn_json", Text, nullable=False),
     Column("pending", Text),
-    # -- added by the fence and the outbox (old ledgers get them by ALTER TABLE on open) --
+    # -- added by the fence and the outbox (migration ledger_0002) --
     Column("deadline_at", Float),  # the turn may not act after this (Unix time)
     Column("lease_step", Integer),  # the step an executor claimed ...
     Column("lease_until", Float),  # ... and until when its calls may still be running
@@ -96,12 +98,10 @@ approvals = Table(
     Column("request_json", Text, nullable=False),
 )
 
-ADDED_COLUMNS = {"deadline_at": "FLOAT", "lease_step": "INTEGER", "lease_until": "FLOAT", "pending_at": "FLOAT"}
-
 
 # The statements of the hot path (every step of every turn) are built once, with bind parameters:
-# SQLAlchemy then compiles each once and only binds values. Building a statement per call (and an
-# IN list, rendered at every execution) cost ~5x what the statement itself costs on SQLite
+# SQLAlchemy then compiles each once and only binds values; building a statement per call (and an
+# IN list, rendered at every execution) cost several times what the statement itself costs on SQLite
 # (docs/benchmarks.md). Bind names start with `b_`: a column's own name is its value in the SET.
 IS_LIVE = or_(turns.c.status == RUNNING, turns.c.status == STUCK)  # = status IN LIVE, compiled once
 BEFORE_DEADLINE = turns.c.deadline_at.is_(None) | (turns.c.deadline_at > bindparam("b_now"))
@@ -120,46 +120,15 @@ def no_live_lease(now: float) -> Any:
     return turns.c.lease_until.is_(None) | (turns.c.lease_until <= now)
 
 
-def make_engine(url: str) -> Engine | AsyncEngine:
-    """SQLite: a plain engine, used inline on the event loop (a WAL commit without fsync takes
-    microseconds; a thread hop per statement costs more than the statement), without waiting for
-    a lock there: the guard, the executors and the model service write to one file, and a write
-    that finds it locked is retried in a thread that may wait (`TurnStore._run`), so another
-    process's write never stalls this one's event loop. PostgreSQL: asyncpg."""
-    if url.startswith("sqlite"):
-        path = url.split(":///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url.replace("+aiosqlite", ""), connect_args={"timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(conn, _record):  # WAL: readers (roundtrip turns) never block the guard
-            cur = conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=0")  # on the event loop: fail at once when locked (see TurnStore._run)
-            cur.close()
-
-        return engine
-    return create_async_engine(url, pool_size=5, max_overflow=5)
-
-
-def _create_schema(conn: Connection) -> None:
-    metadata.create_all(conn)
-    present = {c["name"] for c in inspect(conn).get_columns("turns")}
-    for name, sql_type in ADDED_COLUMNS.items():
-        if name not in present:
-            conn.execute(text(f"ALTER TABLE turns ADD COLUMN {name} {sql_type}"))
-    CONVERSATION_INDEX.create(conn, checkfirst=True)  # also on ledgers made before it existed
-
-
 class TurnStore:
-    """An engine on the turn table; `open` creates or upgrades the table (safe in several processes at once).
+    """An engine on the turn table; `open` checks that the database is at this code's revision of the store.
 
     On SQLite the statements run inline on the event loop through one connection the store keeps open
     (checking a pooled connection out and back in, with its reset, cost about as much as the statement;
     docs/benchmarks.md); every call is its own transaction, begun and ended before `_run` returns, so a
     read never holds on to an old snapshot."""
+
+    STORE = LEDGER  # the line of migrations of its tables (services/kernel/migrations)
 
     def __init__(self, engine: Engine | AsyncEngine) -> None:
         self.engine = engine
@@ -167,16 +136,17 @@ class TurnStore:
         self._inline_auto: Connection | None = None  # ... and one in autocommit mode, for single statements
 
     @classmethod
-    async def open(cls, url: str):
-        store = cls(make_engine(url))
-        for attempt in range(5):
-            try:
-                await store._run(_create_schema, write=True)
-                break
-            except DBAPIError:  # another process created the table or a column at the same moment
-                if attempt == 4:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
+    async def open(cls, url: str, read_only: bool = False):
+        """The store on `url` (`read_only`: one that cannot write, for the CLI's listings).
+        Raises SchemaMismatch when its tables are not at this code's revision (`roundtrip db upgrade`),
+        DatabaseUnreachable when it cannot reach the database."""
+        store = cls(make_engine(url, read_only=read_only))
+        try:
+            with reaching(url):
+                await store._run(lambda conn: require(conn, cls.STORE, url))
+        except BaseException:
+            await store.close()
+            raise
         return store
 
     async def close(self) -> None:
@@ -194,7 +164,7 @@ class TurnStore:
         `single`: `work` is one statement, so on SQLite it runs in autocommit mode: SQLite commits
         it inside the statement itself, without BEGIN and COMMIT round trips, and the write lock is
         never held between two calls from Python (in a thread that waits for the GIL, that gap
-        held the lock for milliseconds and made the other processes' writes find it locked)."""
+        held the lock across a GIL hand-off and made the other processes' writes find it locked)."""
         if isinstance(self.engine, AsyncEngine):
             async with (self.engine.begin() if write else self.engine.connect()) as conn:
                 return await conn.run_sync(work)

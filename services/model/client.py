@@ -12,8 +12,8 @@ prompt that is 4 breakpoints, the API's limit. The SDK emits its own span per
 
 Its HTTP transport is aiohttp (the SDK's `aiohttp` extra) rather than the default httpx pool,
 which walks every pooled connection on each request and response: with hundreds of calls in
-flight in one process that walk cost more than the rest of the call (docs/benchmarks.md:
-1.3 ms against 0.6 ms of CPU a call at 300 in flight, 0.88 against 0.58 ms at 50).
+flight in one process that walk cost more than the rest of the call (docs/benchmarks.md,
+"Figures the code points to").
 """
 
 from __future__ import annotations

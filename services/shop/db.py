@@ -141,11 +141,11 @@ def make_engine(database_url: str) -> AsyncEngine:
 async def _read(engine: AsyncEngine, query: Any) -> list[Any]:
     """The rows of a read-only query.
 
-    On a SQLite file it runs inline on the event loop: a read of the local file takes tens of
-    microseconds, while aiosqlite's hop to its thread and back costs ~0.5 ms per request, and ~2 ms
-    when the shop has been idle for a few milliseconds (both threads have to be woken; measured in
-    docs/benchmarks.md). In WAL mode a reader never waits for a writer; in the rare case SQLite
-    reports the file locked, the async engine (which waits for it in its thread) runs the query."""
+    On a SQLite file it runs inline on the event loop: a read of the local file is quick, while
+    aiosqlite's hop to its thread and back costs more than the read itself, and more again when the
+    shop has been idle (both threads have to be woken; docs/benchmarks.md, "Figures the code points to").
+    In WAL mode a reader never waits for a writer; in the rare case SQLite reports the file locked,
+    the async engine (which waits for it in its thread) runs the query."""
     inline = _inline_readers.get(engine)
     if inline is not None:
         try:

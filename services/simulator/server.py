@@ -24,7 +24,8 @@ def serve(host: str = "127.0.0.1", port: int = 8801, log_level: str = "info", **
 @contextmanager
 def running_simulator(host: str = "127.0.0.1", port: int = 0, **app_options: Any) -> Iterator[str]:
     """Serve in a daemon thread; yield the base URL (e.g. http://127.0.0.1:41234) for AsyncAnthropic(base_url=...)."""
-    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on such sockets (else +40 ms a request)
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on such sockets (else each response
+    # waits for the client's delayed ACK; docs/benchmarks.md, "Figures the code points to")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -1,8 +1,9 @@
 """Async client of the demo shop's HTTP API, over one shared httpx.AsyncClient on aiohttp.
 
 The transport is aiohttp's (httpx-aiohttp): httpx's own pool walks every pooled connection on
-each request and response, which at 50 calls in flight cost 1.2 ms of CPU a call against 0.2 ms
-(docs/benchmarks.md). Tests pass their own transport (httpx.ASGITransport, MockTransport).
+each request and response, which with many calls in flight costs more than the rest of the
+call (docs/benchmarks.md, "Figures the code points to"). Tests pass their own transport
+(httpx.ASGITransport, MockTransport).
 
 Every customer call takes the principal explicitly and sends it as `X-Customer-Id`.
 Lookups return None on 404 (missing and not-yours look the same). Failures raise:

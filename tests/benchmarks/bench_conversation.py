@@ -29,10 +29,10 @@ from pathlib import Path
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.console import partitions_of
 from services.fleet import Fleet
 from services.guard.pricing import PriceTable
 from services.kernel import topics
+from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.events import SupportReply, Usage
 from services.kernel.settings import Settings
 from tests.benchmarks.bench_loop import bench_settings

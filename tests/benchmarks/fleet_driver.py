@@ -15,9 +15,10 @@ import json
 import time
 import uuid
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from services.kernel import topics
+from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.settings import Settings
 from tests.benchmarks.inprocess import TurnTiming
 
@@ -43,14 +44,13 @@ class FleetDriver:
         parts = []
         for name in wanted:
             for _ in range(100):  # metadata may lag just after the topics were created
-                found = self.consumer.partitions_for_topic(name)
+                found = await partitions_of(self.consumer, [name])
                 if found:
                     break
-                await self.consumer._client.force_metadata_update()  # noqa: SLF001 - no public way to wait for it
                 await asyncio.sleep(0.1)
             else:
                 raise RuntimeError(f"topic {name} has no partitions")
-            parts += [TopicPartition(name, p) for p in found]
+            parts += found
         self.consumer.assign(parts)
         await self.consumer.seek_to_end(*parts)
         for tp in parts:

@@ -30,9 +30,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from sqlalchemy import insert, select
 
-from services.console import partitions_of
 from services.gateway.handlers import turn_id_for
 from services.kernel import topics
+from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.events import SupportRequest
 from services.kernel.settings import Settings
 from services.shop import db as shopdb

@@ -18,9 +18,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 
 from services.broker.embedded import free_port
-from services.console import partitions_of
 from services.fleet import Fleet
 from services.kernel import topics, topology
+from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.events import SupportReply
 from services.kernel.settings import Settings
 

@@ -10,8 +10,8 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from services.console import partitions_of
 from services.kernel import topics
+from services.kernel.aiokafka_seam import partitions_of
 
 pytestmark = pytest.mark.e2e
 

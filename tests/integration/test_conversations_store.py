@@ -9,11 +9,12 @@ import pytest
 
 from services.guard.conversations import Conversations, estimate_tokens
 from services.guard.ledger import Ledger
+from tests.databases import migrated
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def url(request, tmp_path):
-    return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url")
+    return await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url"))
 
 
 def _exchange(n: int, payload: str) -> tuple[list[dict], list[dict]]:

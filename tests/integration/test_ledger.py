@@ -10,6 +10,7 @@ import pytest
 
 from services.guard.ledger import ENDED, ENDING, RUNNING, STUCK, Ledger
 from services.kernel.turnstore import Fence
+from tests.databases import migrated
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -18,7 +19,7 @@ async def ledger(request, tmp_path):
         url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
     else:
         url = request.getfixturevalue("postgres_url")
-    ledger = await Ledger.open(url)
+    ledger = await Ledger.open(await migrated(url))
     ledger.url = url
     yield ledger
     await ledger.close()
@@ -201,15 +202,6 @@ async def test_the_outbox_lists_unpublished_decisions_until_they_are_published(l
     pending = {r.turn_id: r.pending for r in await ledger.outbox(older_than=1011.0, limit=10_000)}
     assert pending.get(a["turn_id"]) == "end-a" and b["turn_id"] not in pending
     assert a["turn_id"] not in {r.turn_id for r in await ledger.outbox(older_than=1009.0, limit=10_000)}  # too fresh
-
-
-async def test_a_ledger_of_an_older_version_gets_the_new_columns(ledger):
-    """Opening the fence again on an existing table is harmless (several processes open it)."""
-    again = await Fence.open(ledger.url)
-    await again.close()
-    t = turn()
-    assert await ledger.start(t, pending="{}", deadline_at=5.0)
-    assert (await ledger.get(t["turn_id"])).deadline_at == 5.0
 
 
 # -- approvals by a person (issue 11) ---------------------------------------------------------------

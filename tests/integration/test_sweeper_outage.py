@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from services.guard.ledger import Ledger
 from services.kernel import topics
 from services.kernel.admin import ensure_topics
+from tests.databases import migrated
 from tests.processes import embedded_kafka, start_service
 
 STUCK_AFTER_S = 3.0
@@ -53,6 +54,7 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
         "ROUNDTRIP_ENV": "development", "PYTHONUNBUFFERED": "1",
     }
     await ensure_topics(own_kafka.bootstrap, prefix, partitions=2)
+    await migrated(ledger_url)  # as `roundtrip db upgrade` does before the services start
     procs = []
     try:
         for name in ("guard", "gateway"):

@@ -33,6 +33,7 @@ from services.simulator.server import running_simulator
 from services.tools.registry import load_registry
 from services.tools.shop_client import ShopClient
 from services.tools.support import ApprovalLimits, always
+from tests.databases import migrated
 from tests.unit.test_guard_handlers import Recorder
 
 REGISTRY = load_registry()
@@ -221,7 +222,7 @@ async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resume
 
 @pytest.fixture
 async def guard(tmp_path):
-    ledger = await Ledger.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     recorder = Recorder()
     g = Guard(ledger=ledger, policy=Policy(), prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
               publish=recorder, stuck_after_s=0.01, stuck_grace_s=0.01, turn_deadline_s=300, decisions=DECISIONS)

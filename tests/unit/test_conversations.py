@@ -16,6 +16,7 @@ from services.kernel import topics
 from services.kernel.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
 from services.kernel.fingerprints import fingerprint
 from services.kernel.limits import OMITTED_KEY
+from tests.databases import migrated
 
 PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
 
@@ -103,7 +104,7 @@ def test_the_budget_keeps_the_newest_exchanges_that_fit():
 
 @pytest.fixture
 async def store(tmp_path):
-    s = await Conversations.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}", budget_tokens=2000, retention_s=3600)
+    s = await Conversations.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"), budget_tokens=2000, retention_s=3600)
     yield s
     await s.close()
 
@@ -173,7 +174,7 @@ class Recorder:
 
 @pytest.fixture
 async def guard(tmp_path):
-    url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger = await Ledger.open(url)
     store = await Conversations.open(url, budget_tokens=20000)
     g = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=Recorder(), model="claude-sonnet-4-6",

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from services.cli import ALL_RUNNABLE, FLEET_SERVICES
-from services.kernel import topics
+from services.kernel import topics, topology
 from services.kernel.messaging import group
 from services.kernel.settings import DEV_APPROVAL_KEYS, Settings
 
@@ -43,6 +43,9 @@ SCALED = {
     "executor": (group("executor"), topics.TOOL_BATCHES, "ROUNDTRIP_EXECUTOR_PARTITIONS"),
     "model": (group("model"), topics.MODEL_CALLS, "ROUNDTRIP_PARTITIONS"),
 }
+# the services that open the fleet's tables (the ledger, the fence): they refuse a database not migrated to their code
+LEDGER_SERVICES = [name for name in FLEET_SERVICES if topology.service(name).shares_ledger]
+MIGRATE = ["roundtrip", "db", "upgrade"]
 
 
 # -- a YAML subset loader (used only when PyYAML is missing) ------------------------------------
@@ -265,13 +268,38 @@ def test_k8s_fleet_services_are_probed_and_scraped_on_the_health_port(k8s, name)
     assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(HEALTH_PORT), "prometheus.io/path": "/metrics"}
 
 
+def init_containers(k8s: list[dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
+    """The init containers of a service's pod by name: each runs to completion before the service's container starts."""
+    return {c["name"]: c for c in kinds(k8s, "Deployment")[name]["spec"]["template"]["spec"].get("initContainers", [])}
+
+
 @pytest.mark.parametrize("name", FLEET_SERVICES)
 def test_k8s_topics_exist_before_the_consumers_start(k8s, name):
-    pod = kinds(k8s, "Deployment")[name]["spec"]["template"]["spec"]
-    (init,) = pod["initContainers"]  # runs to completion before the service's container starts
+    inits = init_containers(k8s, name)
+    init = inits["topics"]
     assert full_command(init) == ["roundtrip", "topics", "create"]
     assert init["image"] == container(kinds(k8s, "Deployment")[name])["image"]
     assert {"configMapRef": {"name": "roundtrip-config"}} in init["envFrom"]  # same brokers, prefix, partitions
+    assert set(inits) == ({"topics", "migrate"} if name in LEDGER_SERVICES else {"topics"})
+
+
+@pytest.mark.parametrize("name", FLEET_SERVICES)
+def test_k8s_the_ledger_is_migrated_before_a_service_that_opens_it_starts(k8s, name):
+    if name not in LEDGER_SERVICES:
+        assert not any(full_command(c) == MIGRATE for c in init_containers(k8s, name).values())
+        return
+    init = init_containers(k8s, name)["migrate"]  # idempotent, one pod at a time: every pod that opens the ledger runs it
+    assert full_command(init) == MIGRATE
+    assert init["image"] == container(kinds(k8s, "Deployment")[name])["image"]
+    assert {"configMapRef": {"name": "roundtrip-config"}} in init["envFrom"]
+    (url,) = [e for e in init["env"] if e["name"] == "ROUNDTRIP_LEDGER_DATABASE_URL"]
+    assert url["valueFrom"]["secretKeyRef"] == {"name": "roundtrip-secrets", "key": "ROUNDTRIP_LEDGER_DATABASE_URL"}
+
+
+def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_it():
+    opens = [name for name in FLEET_SERVICES
+             if re.search(r"\b(Ledger|Fence)\.open\(", (ROOT / "services" / name / "app.py").read_text(encoding="utf-8"))]
+    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["executor", "guard", "model"]
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
@@ -370,6 +398,13 @@ def test_compose_dependencies_exist_and_wait_for_topics(compose):
     assert services["topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
     for name in FLEET_SERVICES:
         assert services[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+    assert services["migrate"]["command"] == MIGRATE
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert services["migrate"]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"] == services["guard"]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"]
+    for name in FLEET_SERVICES:  # the services that open the ledger wait for its migration; the others need not
+        assert ("migrate" in services[name]["depends_on"]) == (name in LEDGER_SERVICES), name
+    for name in LEDGER_SERVICES:
+        assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     for name in ("kafka", "postgres", "jaeger", "simulator", "shop", *FLEET_SERVICES):
         assert "healthcheck" in services[name], name
 

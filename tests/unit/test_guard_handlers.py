@@ -13,6 +13,7 @@ from services.guard.rules import Policy
 from services.kernel import topics
 from services.kernel.events import CancelTurn, ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
 from services.kernel.fingerprints import fingerprint
+from tests.databases import migrated
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="0" * 32)
 PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
@@ -32,7 +33,7 @@ class Recorder:
 
 @pytest.fixture
 async def guard(tmp_path):
-    ledger = await Ledger.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     recorder = Recorder()
     g = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, model="claude-sonnet-4-6",
               stuck_after_s=60, stuck_grace_s=30, turn_deadline_s=300)

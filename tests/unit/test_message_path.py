@@ -36,7 +36,7 @@ class FakeProducer:
 def wired(monkeypatch):
     """A broker with one subscription whose handler records what it got; the producer is a fake."""
     producer = FakeProducer()
-    monkeypatch.setattr(messaging, "_producer", lambda broker: producer)
+    monkeypatch.setattr(messaging, "kafka_producer", lambda broker: producer)
     broker = messaging.make_broker("unitpath", Settings())
     got: list = []
     behaviour = {"raise": None}
@@ -48,7 +48,7 @@ def wired(monkeypatch):
             raise behaviour["raise"]
 
     (consumer,) = messaging.consumers_of(broker)
-    return SimpleNamespace(process=consumer._process, got=got, producer=producer, behaviour=behaviour)
+    return SimpleNamespace(process=consumer.process, got=got, producer=producer, behaviour=behaviour)
 
 
 def record(value: bytes, offset: int = 7):

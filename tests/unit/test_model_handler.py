@@ -10,6 +10,7 @@ from services.model.client import ModelClient
 from services.model.handlers import call_model
 from services.simulator.server import running_simulator
 from services.tools.registry import load_registry
+from tests.databases import migrated
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", persona="careful")
 
@@ -82,7 +83,7 @@ async def test_a_tool_input_no_event_could_carry_becomes_a_call_with_an_error_an
 async def test_no_model_call_for_a_turn_the_fence_refuses(simulator, tmp_path):
     from services.kernel.turnstore import Fence
 
-    fence = await Fence.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    fence = await Fence.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     client = client_for(simulator)
     try:
         command = CallModel(turn=TURN, step=0, messages=[{"role": "user", "content": "hi"}])

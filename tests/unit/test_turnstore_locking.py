@@ -10,11 +10,12 @@ import time
 from sqlalchemy import update
 
 from services.kernel.turnstore import TurnStore, turns
+from tests.databases import migrated
 
 
 async def test_a_locked_file_does_not_stall_the_event_loop(tmp_path):
     path = tmp_path / "ledger.db"
-    store = await TurnStore.open(f"sqlite:///{path}")
+    store = await TurnStore.open(await migrated(f"sqlite:///{path}"))
     other = sqlite3.connect(path, isolation_level=None)  # another process, as far as SQLite can tell
     try:
         other.execute("BEGIN IMMEDIATE")  # it holds the write lock
@@ -37,7 +38,7 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
     from services.guard.ledger import Ledger
 
     path = tmp_path / "ledger.db"
-    ledger = await Ledger.open(f"sqlite:///{path}")
+    ledger = await Ledger.open(await migrated(f"sqlite:///{path}"))
     other = sqlite3.connect(path, isolation_level=None)
     try:
         assert await ledger.start({"turn_id": "t1", "request_id": "r", "conversation_id": "c", "customer_id": "cus"}, "{}")
@@ -59,7 +60,7 @@ async def test_a_lock_held_for_an_instant_is_waited_for_on_the_event_loop_not_in
     """Under load the file is locked for ~0.1 ms at a time by the other processes' writes: a write tries again
     after a short pause on the event loop; a thread (and its GIL hand-offs) only for a lock held longer."""
     path = tmp_path / "ledger.db"
-    store = await TurnStore.open(f"sqlite:///{path}")
+    store = await TurnStore.open(await migrated(f"sqlite:///{path}"))
     other = sqlite3.connect(path, isolation_level=None)
     threads = []
     real = store._run_waiting
