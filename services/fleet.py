@@ -11,7 +11,7 @@ started, whatever its log level; an earlier run's log can never count.
 
 `Fleet.supervise` (what `roundtrip up` does once everything runs) restarts any child that
 dies, the embedded broker included (same data dir), with exponential backoff
-(`RestartPolicy`), reporting each death and restart, until it is told to stop. It sleeps
+(`RestartPolicy`, services/supervision.py), reporting each death and restart, until it is told to stop. It sleeps
 in select() on the children's pidfds, so a death is seen at once without polling.
 """
 
@@ -25,7 +25,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from services.broker.embedded import die_with_parent_preexec
 from services.kernel import topology
 from services.kernel.runtime import READY_FD_ENV
 from services.kernel.settings import Settings
+from services.supervision import Child, RestartPolicy, describe_exit, signal_wakeup
 
 
 class FleetError(RuntimeError):
@@ -51,50 +51,6 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
         return True
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """Exponential backoff of the restarts of one child: `initial_s`, doubling up to `max_s`;
-    back to `initial_s` once the child had stayed up `reset_after_s` before it died."""
-
-    initial_s: float = 0.5
-    factor: float = 2.0
-    max_s: float = 30.0
-    reset_after_s: float = 60.0
-
-    def next_delay(self, previous: float | None, uptime: float) -> float:
-        if previous is None or uptime >= self.reset_after_s:
-            return self.initial_s
-        return min(previous * self.factor, self.max_s)
-
-
-def describe_exit(code: int | None) -> str:
-    """`killed by SIGKILL`, `exit code 1`, `exit code 143 (SIGTERM)` (how a JVM reports a signal)."""
-    if code is None:
-        return "running"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-        return f"killed by signal {-code}"
-    if code > 128:
-        with contextlib.suppress(ValueError):
-            return f"exit code {code} ({signal.Signals(code - 128).name})"
-    return f"exit code {code}"
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen
-    log_path: Path
-    where: str = ""
-    # supervision: when the current process started, the last backoff delay, the restart due time
-    started_at: float = field(default_factory=time.monotonic)
-    delay: float | None = None
-    restart_due: float | None = None
-    restarts: int = 0
-    ready_fd: int | None = None  # read end of the pipe this process says "ready" on (services only), until it has
 
 
 @dataclass
@@ -199,7 +155,7 @@ class Fleet:
         signal wake-up fd, so a signal handler that makes `should_stop()` true ends the wait at
         once); wakes at least every second. Call it from the thread that started the fleet: the
         children get SIGTERM when that thread ends (die_with_parent_preexec)."""
-        wake_r, restore = self._signal_wakeup()
+        wake_r, restore = signal_wakeup()
         pidfds: dict[int, int] = {}  # pid -> pidfd of the running children
         try:
             while not should_stop():
@@ -257,23 +213,6 @@ class Fleet:
         child.started_at, child.restart_due = now, None
         child.restarts += 1
         self.say(f"roundtrip: {child.name} restarted (pid {child.process.pid}, restart {child.restarts})")
-
-    @staticmethod
-    def _signal_wakeup() -> tuple[int | None, Callable[[], None]]:
-        """A pipe that signals write a byte to (signal.set_wakeup_fd), so select() returns on Ctrl-C."""
-        if threading.current_thread() is not threading.main_thread():
-            return None, lambda: None
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        os.set_blocking(w, False)
-        previous = signal.set_wakeup_fd(w)
-
-        def restore() -> None:
-            signal.set_wakeup_fd(previous)
-            os.close(r)
-            os.close(w)
-
-        return r, restore
 
     # -- steps ----------------------------------------------------------------------
     def _check_ports(self) -> None:

@@ -6,6 +6,7 @@ import logging
 
 from aiokafka import TopicPartition
 from faststream import FastStream
+from faststream.kafka import KafkaBroker
 
 from services.gateway.admission import Admission
 from services.gateway.handlers import reply_for, start_turn
@@ -23,7 +24,6 @@ log = logging.getLogger("roundtrip.gateway")
 
 def build(settings: Settings) -> FastStream:
     broker = make_broker("gateway", settings, turn_roots=(topics.SUPPORT_REQUESTS,))
-    started = SeenIds()
     admission = Admission(settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60)
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
     Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # declared so the AsyncAPI document shows the replies
@@ -32,14 +32,17 @@ def build(settings: Settings) -> FastStream:
                                   transactional_id("gateway", replies_topic, settings.instance_id))
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
     replied = RepliedTurns(settings.bootstrap_servers, replies_topic)
+    subscribe_requests(broker, settings, admission, start)
+    subscribe_outcomes(broker, settings, admission, replies, replied)
+    app = service_app(broker, log)
+    app.on_startup(replies.start)
+    app.after_shutdown(replies.stop)
+    return app
 
-    async def commit(offsets: dict[TopicPartition, int]) -> None:
-        await replies.commit(offsets)
-        replied.committed_up_to(offsets)
 
-    def forget(partitions: list[TopicPartition]) -> None:
-        replies.forget(partitions)
-        replied.forget(partitions)
+def subscribe_requests(broker: KafkaBroker, settings: Settings, admission: Admission, start: Outlet) -> None:
+    """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it."""
+    started = SeenIds()
 
     # a request waiting for admission holds nothing but its place: a rebalance or a stop interrupts it
     # (it is read again), instead of waiting for a turn to end
@@ -60,8 +63,22 @@ def build(settings: Settings) -> FastStream:
             log.info("turn %s started for %s (trace %s)", turn.turn_id, turn.customer_id, turn.trace_id)
             await start(command, turn.conversation_id)
 
-    # Replies are committed with the offsets that cover their outcomes, one transaction per commit
-    # (services/kernel/transactions.py): commit as soon as something finished, batching while busy.
+
+def subscribe_outcomes(broker: KafkaBroker, settings: Settings, admission: Admission, replies: TransactionalOutlet,
+                       replied: RepliedTurns) -> None:
+    """turn.outcomes -> support.replies: the one reply of each turn.
+
+    Replies are committed with the offsets that cover their outcomes, one transaction per commit
+    (services/kernel/transactions.py): commit as soon as something finished, batching while busy."""
+
+    async def commit(offsets: dict[TopicPartition, int]) -> None:
+        await replies.commit(offsets)
+        replied.committed_up_to(offsets)
+
+    def forget(partitions: list[TopicPartition]) -> None:
+        replies.forget(partitions)
+        replied.forget(partitions)
+
     @subscribe(broker, topics.OUTCOMES, "gateway", settings, role="replies",
                commit=commit, forget=forget, commit_interval_s=0)
     async def on_turn_ended(ended: TurnEnded) -> None:
@@ -77,8 +94,3 @@ def build(settings: Settings) -> FastStream:
                              cost_usd=ended.cost_usd, model=settings.model)
             # the reply becomes visible with the commit of this message's offset: no second reply after a crash
             replies.stage(reply_for(ended), key_of(ended.turn.conversation_id), raw)
-
-    app = service_app(broker, log)
-    app.on_startup(replies.start)
-    app.after_shutdown(replies.stop)
-    return app

@@ -4,6 +4,10 @@ Also records calls waiting for a person (turn.approval_requests) and resumes the
 signed decision (turn.approval_decisions).
 
 Also sweeps the ledger for stuck turns (a timer, not a busy loop) and announces them on turn.events.
+
+This module only wires: each subscription to its part of the guard (services/guard/bootstrap.py
+names them), in a span of its own; the outlets are the topology's outputs of the guard; the
+stores open at start-up, the outbox left by an earlier run is published, then the sweeper runs.
 """
 
 from __future__ import annotations
@@ -12,20 +16,23 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from faststream import FastStream
+from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
+from services.guard import sweeper
+from services.guard.bootstrap import Guard
 from services.guard.conversations import Conversations
-from services.guard.handlers import Guard
 from services.guard.ledger import Ledger
+from services.guard.outbox import Publish
 from services.guard.pricing import PriceTable
 from services.guard.rules import Policy
-from services.kernel import topics
+from services.kernel import topics, topology
 from services.kernel.approvals import DecisionSigner, parse_keys
-from services.kernel.events import (
-    ApprovalDecided, ApprovalRequested, CallModel, CancelTurn, CheckToolCalls, ModelResponded, StartTurn, TurnEnded, TurnFlagged,
-)
+from services.kernel.events import ApprovalDecided, ApprovalRequested, CancelTurn, ModelResponded, StartTurn
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.telemetry import tracer
@@ -41,69 +48,69 @@ def policy_from(settings: Settings) -> Policy:
     )
 
 
-def build(settings: Settings) -> FastStream:
-    broker = make_broker("guard", settings)
-    outlets = {
-        topics.MODEL_CALLS: Outlet(broker, topics.MODEL_CALLS, CallModel),
-        topics.TOOL_CALLS: Outlet(broker, topics.TOOL_CALLS, CheckToolCalls),
-        topics.OUTCOMES: Outlet(broker, topics.OUTCOMES, TurnEnded),
-    }
-    flagged = Outlet(broker, topics.TURN_EVENTS, TurnFlagged)
-    prices = PriceTable.from_json(settings.prices)
-    state: dict[str, Guard] = {}
+def guard_of(settings: Settings, ledger: Ledger, conversations: Conversations, prices: PriceTable, publish: Publish) -> Guard:
+    return Guard(
+        ledger, policy_from(settings), prices, publish, model=settings.model,
+        stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
+        outbox_after_s=settings.outbox_after_s, conversations=conversations,
+        decisions=DecisionSigner(parse_keys(settings.decision_keys)),
+    )
 
-    async def publish(topic: str, message: BaseModel, conversation_id: str) -> None:
-        await outlets[topic](message, conversation_id)
+
+async def traced(name: str, turn_id: str, handle: Callable[[], Awaitable[str]], attributes: dict[str, Any] | None = None) -> None:
+    """A handler in a span of its own: the turn, what the message says (`attributes`), what the guard answered."""
+    with tracer().start_as_current_span(name) as span:
+        span.set_attributes({"roundtrip.turn_id": turn_id, **(attributes or {})})
+        span.set_attribute("roundtrip.result", await handle())
+
+
+def subscribe_handlers(broker: KafkaBroker, settings: Settings, guard: Callable[[], Guard]) -> None:
+    """Each input the topology declares for the guard, to its part; `guard()` is the guard of the running app."""
 
     @subscribe(broker, topics.TURN_STARTS, "guard", settings, role="starts")
     async def on_start_turn(command: StartTurn) -> None:
-        with tracer().start_as_current_span("guard.start") as span:
-            span.set_attribute("roundtrip.turn_id", command.turn.turn_id)
-            span.set_attribute("roundtrip.result", await state["guard"].on_start(command))
+        await traced("guard.start", command.turn.turn_id, lambda: guard().starts.on_start(command))
 
     @subscribe(broker, topics.ITERATIONS, "guard", settings)
     async def on_iteration(event: ModelResponded) -> None:
-        with tracer().start_as_current_span("guard.decide") as span:
-            span.set_attributes({
-                "roundtrip.turn_id": event.turn.turn_id, "roundtrip.step": event.step,
-                "roundtrip.stop_reason": event.stop_reason or "",
-                "roundtrip.fingerprints": [c.fingerprint for c in event.tool_calls],
-            })
-            span.set_attribute("roundtrip.result", await state["guard"].on_iteration(event))
+        await traced("guard.decide", event.turn.turn_id, lambda: guard().loop.on_iteration(event), {
+            "roundtrip.step": event.step, "roundtrip.stop_reason": event.stop_reason or "",
+            "roundtrip.fingerprints": [c.fingerprint for c in event.tool_calls]})
 
     @subscribe(broker, topics.TURN_CONTROLS, "guard", settings, role="controls")
     async def on_cancel_turn(command: CancelTurn) -> None:
-        with tracer().start_as_current_span("guard.cancel") as span:
-            span.set_attribute("roundtrip.turn_id", command.turn_id)
-            span.set_attribute("roundtrip.result", await state["guard"].on_cancel(command))
+        await traced("guard.cancel", command.turn_id, lambda: guard().outside.on_cancel(command))
 
     @subscribe(broker, topics.APPROVAL_REQUESTS, "guard", settings, role="approvals")
     async def on_approval_requested(event: ApprovalRequested) -> None:
-        with tracer().start_as_current_span("guard.await_approval") as span:
-            span.set_attribute("roundtrip.turn_id", event.turn.turn_id)
-            span.set_attribute("roundtrip.result", await state["guard"].on_approval_requested(event))
+        await traced("guard.await_approval", event.turn.turn_id, lambda: guard().approvals.on_requested(event))
 
     @subscribe(broker, topics.APPROVAL_DECISIONS, "guard", settings, role="decisions",
                description="A person's signed decision on a waiting call (ApprovalDecided); a forged one, one for another "
                            "call or for a turn that has ended is dead-lettered with the reason")
     async def on_approval_decided(decision: ApprovalDecided) -> None:
-        with tracer().start_as_current_span("guard.decision") as span:
-            span.set_attribute("roundtrip.turn_id", decision.turn_id)
-            span.set_attribute("roundtrip.result", await state["guard"].on_decision(decision))
+        await traced("guard.decision", decision.turn_id, lambda: guard().approvals.on_decision(decision))
 
-    async def sweeper() -> None:
-        expired_at = 0.0
-        while True:
-            await asyncio.sleep(settings.sweep_interval_s)
-            try:
-                await state["guard"].sweep(flagged)
-                if time.monotonic() - expired_at > 60:  # retention: conversations idle past it are deleted
-                    expired_at = time.monotonic()
-                    if expired := await state["guard"].conversations.expire():
-                        log.info("deleted %d conversations idle for more than %g s", expired, settings.conversation_retention_s)
-            except Exception:  # noqa: BLE001 - the sweeper must outlive a database hiccup
-                log.exception("sweeping for stuck turns failed; will retry")
 
+async def republish_left_over(guard: Guard) -> None:
+    """Decisions recorded before a crash but never published go out at start-up, not on some redelivery."""
+    try:
+        if republished := await guard.outbox.republish_all(older_than=time.time()):
+            log.warning("republished %d decisions left unpublished by an earlier run", republished)
+    except Exception:  # noqa: BLE001 - the sweeper retries
+        log.exception("republishing the outbox at start-up failed; the sweeper retries")
+
+
+def build(settings: Settings) -> FastStream:
+    broker = make_broker("guard", settings)
+    outlets = {topic: Outlet(broker, topic, model) for topic, model in topology.service("guard").outputs.items()}
+    prices = PriceTable.from_json(settings.prices)
+    state: dict[str, Any] = {}
+
+    async def publish(topic: str, message: BaseModel, conversation_id: str) -> None:
+        await outlets[topic](message, conversation_id)
+
+    subscribe_handlers(broker, settings, lambda: state["guard"])
     app = service_app(broker, log)
     app.on_startup(lambda: settings.refuse_dev_decision_key("guard"))  # approvals on outside development: never the published key
 
@@ -112,35 +119,24 @@ def build(settings: Settings) -> FastStream:
         ledger = await Ledger.open(settings.ledger_db_url)
         conversations = await Conversations.open(settings.conversations_db_url, settings.history_tokens,
                                                  settings.conversation_retention_s)
-        state["guard"] = Guard(
-            ledger=ledger, policy=policy_from(settings), prices=prices, publish=publish, model=settings.model,
-            stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
-            outbox_after_s=settings.outbox_after_s, conversations=conversations,
-            decisions=DecisionSigner(parse_keys(settings.decision_keys)),
-        )
+        state["guard"] = guard_of(settings, ledger, conversations, prices, publish)
 
     @app.after_startup
     async def start_sweeper() -> None:
-        try:  # decisions recorded before a crash but never published go out now, not on some redelivery
-            republished = await state["guard"].republish_outbox(older_than=time.time())
-            if republished:
-                log.warning("republished %d decisions left unpublished by an earlier run", republished)
-        except Exception:  # noqa: BLE001 - the sweeper retries
-            log.exception("republishing the outbox at start-up failed; the sweeper retries")
-        state["sweeper"] = asyncio.create_task(sweeper())
+        guard: Guard = state["guard"]
+        await republish_left_over(guard)
+        state["sweeper"] = asyncio.create_task(
+            sweeper.run(guard.sweeper, outlets[topics.TURN_EVENTS], settings.sweep_interval_s, guard.conversations))
 
     @app.on_shutdown
     async def stop() -> None:
-        task = state.pop("sweeper", None)
-        if task:
+        if task := state.pop("sweeper", None):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
     @app.after_shutdown
     async def close_ledger() -> None:
-        await state["guard"].drain()
-        await state["guard"].ledger.close()
-        await state["guard"].conversations.close()
+        await state["guard"].close()
 
     return app

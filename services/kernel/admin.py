@@ -118,20 +118,7 @@ async def ensure_topics(
         missing = [name for name in wanted if name not in existing]
         report.existing = [name for name in wanted if name in existing]
         if missing:
-            response = await admin.create_topics(
-                [NewTopic(name, wanted[name], replication_factor, topic_configs={**topic_configs(name, prefix), **durability})
-                 for name in missing],
-                timeout_ms=int(timeout * 1000),
-            )
-            for topic_error in response.topic_errors:
-                name, code = topic_error[0], topic_error[1]
-                message = topic_error[2] if len(topic_error) > 2 else None
-                if code == 0:
-                    report.created.append(name)
-                elif code == TopicAlreadyExistsError.errno:  # created concurrently by someone else
-                    report.existing.append(name)
-                else:
-                    raise for_code(code)(f"could not create topic {name}: {message}")
+            await _create(admin, {name: wanted[name] for name in missing}, replication_factor, prefix, durability, timeout, report)
         # Wait until the broker serves every topic (so producers and consumers started right after
         # this call find them), and grow the existing ones that have fewer partitions than asked.
         counts = await _partition_counts(admin, list(wanted), timeout)
@@ -155,6 +142,25 @@ async def ensure_topics(
     if report.grown:
         log.info("added partitions to %s", ", ".join(report.grown))
     return report
+
+
+async def _create(admin: AIOKafkaAdminClient, wanted: dict[str, int], replication_factor: int, prefix: str,
+                  durability: dict[str, str], timeout: float, report: TopicsReport) -> None:
+    """Create these topics (name -> partitions); one created meanwhile by someone else counts as existing."""
+    response = await admin.create_topics(
+        [NewTopic(name, partitions, replication_factor, topic_configs={**topic_configs(name, prefix), **durability})
+         for name, partitions in wanted.items()],
+        timeout_ms=int(timeout * 1000),
+    )
+    for topic_error in response.topic_errors:
+        name, code = topic_error[0], topic_error[1]
+        message = topic_error[2] if len(topic_error) > 2 else None
+        if code == 0:
+            report.created.append(name)
+        elif code == TopicAlreadyExistsError.errno:  # created concurrently by someone else
+            report.existing.append(name)
+        else:
+            raise for_code(code)(f"could not create topic {name}: {message}")
 
 
 async def _raise_message_limits(admin: AIOKafkaAdminClient, names: list[str], prefix: str) -> None:
@@ -305,14 +311,7 @@ async def consumer_lag(bootstrap: str, prefix: str = "", group: str | None = Non
         names = sorted(set(fleet_groups) | listed)
         if group is not None:
             names = [n for n in names if group in (n, n.removeprefix("roundtrip-"))] or [group]
-        described: dict[str, tuple[str, list[GroupMember], set[str]]] = {}
-        # One group per request: aiokafka 0.14 misreads a DescribeGroups response that carries several groups
-        # (the second group's fields come out shifted, then the connection is dropped), so ask for each separately.
-        responses = await _retrying(lambda: asyncio.gather(*(admin.describe_consumer_groups([n]) for n in names)), timeout)
-        for response in (r for rs in responses for r in rs):
-            for error_code, name, state, protocol_type, _protocol, members, *_ in response.groups:
-                members_of, subscribed = _decode_members(members, protocol_type, wire) if error_code == 0 else ([], set())
-                described[name] = (state if error_code == 0 else f"error {error_code}", members_of, subscribed)
+        described = await _describe_groups(admin, names, wire, timeout)
         committed = dict(zip(names, await _retrying(
             lambda: asyncio.gather(*(admin.list_consumer_group_offsets(n) for n in names)), timeout), strict=True))
         topics_of: dict[str, set[str]] = {}
@@ -346,3 +345,17 @@ async def consumer_lag(bootstrap: str, prefix: str = "", group: str | None = Non
                 rows.append(PartitionLag(tp.topic, tp.partition, offset, starts[tp], ends[tp]))
         report.append(GroupLag(name, state, rows, members))
     return report
+
+
+async def _describe_groups(admin: AIOKafkaAdminClient, names: list[str], wire: set[str],
+                           timeout: float) -> dict[str, tuple[str, list[GroupMember], set[str]]]:
+    """Each group's state, members and the topics it subscribes to (of `wire`, this prefix's fleet topics)."""
+    described: dict[str, tuple[str, list[GroupMember], set[str]]] = {}
+    # One group per request: aiokafka 0.14 misreads a DescribeGroups response that carries several groups
+    # (the second group's fields come out shifted, then the connection is dropped), so ask for each separately.
+    responses = await _retrying(lambda: asyncio.gather(*(admin.describe_consumer_groups([n]) for n in names)), timeout)
+    for response in (r for rs in responses for r in rs):
+        for error_code, name, state, protocol_type, _protocol, members, *_ in response.groups:
+            members_of, subscribed = _decode_members(members, protocol_type, wire) if error_code == 0 else ([], set())
+            described[name] = (state if error_code == 0 else f"error {error_code}", members_of, subscribed)
+    return described

@@ -57,6 +57,8 @@ DEFAULT_TIMEOUT_FAULT_S = 30.0
 
 @dataclass
 class _State:
+    """The simulator's one state (its counters, its prompt cache, its seeded RNG) and its routes."""
+
     default_persona: str
     latency_ms: float
     fault_rate: float
@@ -66,6 +68,43 @@ class _State:
     served: int = 0
     parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
     latency_jitter: float = 0.0
+
+    async def messages(self, request: Request) -> Response:
+        request_id = _request_id()
+        try:
+            _authenticate(request)
+            body = await _json_body(request)
+            validate_create(body)
+            persona = _persona(request, body, self)
+            await _latency(request, self)
+            await _fault(request, self)
+            message = respond(body, persona, self.cache)
+        except ApiError as error:
+            return _error_response(error, request_id)
+        self.served += 1
+        self.parallel_disabled += bool((body.get("tool_choice") or {}).get("disable_parallel_tool_use"))
+        return JSONResponse(message, headers={"request-id": request_id, "x-roundtrip-persona": persona})
+
+    async def count_tokens(self, request: Request) -> Response:
+        request_id = _request_id()
+        try:
+            _authenticate(request)
+            body = await _json_body(request)
+            validate_count_tokens(body)
+        except ApiError as error:
+            return _error_response(error, request_id)
+        return JSONResponse({"input_tokens": estimate_tokens(prompt_of(body))}, headers={"request-id": request_id})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "default_persona": self.default_persona,
+                "personas": list(personas.NAMES),
+                "served": self.served,
+                "parallel_disabled": self.parallel_disabled,
+            }
+        )
 
 
 def create_app(
@@ -84,57 +123,20 @@ def create_app(
     if not 0.0 <= latency_jitter <= 1.0:
         raise ValueError("latency_jitter must be between 0 and 1")
     state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed), latency_jitter=latency_jitter)
-
-    async def messages(request: Request) -> Response:
-        request_id = _request_id()
-        try:
-            _authenticate(request)
-            body = await _json_body(request)
-            validate_create(body)
-            persona = _persona(request, body, state)
-            await _latency(request, state)
-            await _fault(request, state)
-            message = respond(body, persona, state.cache)
-        except ApiError as error:
-            return _error_response(error, request_id)
-        state.served += 1
-        state.parallel_disabled += bool((body.get("tool_choice") or {}).get("disable_parallel_tool_use"))
-        return JSONResponse(message, headers={"request-id": request_id, "x-roundtrip-persona": persona})
-
-    async def count_tokens(request: Request) -> Response:
-        request_id = _request_id()
-        try:
-            _authenticate(request)
-            body = await _json_body(request)
-            validate_count_tokens(body)
-        except ApiError as error:
-            return _error_response(error, request_id)
-        return JSONResponse({"input_tokens": estimate_tokens(prompt_of(body))}, headers={"request-id": request_id})
-
-    async def health(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "status": "ok",
-                "default_persona": state.default_persona,
-                "personas": list(personas.NAMES),
-                "served": state.served,
-                "parallel_disabled": state.parallel_disabled,
-            }
-        )
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        status = exc.status_code if isinstance(exc, HTTPException) else 500
-        message = "Not found" if status == 404 else str(getattr(exc, "detail", "")) or "error"
-        return _error_response(ApiError(status, message), _request_id())
-
     return Starlette(
         routes=[
-            Route("/v1/messages", messages, methods=["POST"]),
-            Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-            Route("/health", health, methods=["GET"]),
+            Route("/v1/messages", state.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", state.count_tokens, methods=["POST"]),
+            Route("/health", state.health, methods=["GET"]),
         ],
-        exception_handlers={HTTPException: http_error},
+        exception_handlers={HTTPException: _http_error},
     )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    message = "Not found" if status == 404 else str(getattr(exc, "detail", "")) or "error"
+    return _error_response(ApiError(status, message), _request_id())
 
 
 def _request_id() -> str:

@@ -13,7 +13,8 @@ import pytest
 from services.executor.handlers import execute
 from services.executor.runner import Runner
 from services.gate.handlers import Gate
-from services.guard.handlers import DecisionRefused, Guard
+from services.guard.approvals import DecisionRefused
+from services.guard.bootstrap import Guard
 from services.guard.ledger import AWAITING, ENDED, RUNNING, Ledger
 from services.guard.pricing import PriceTable
 from services.guard.rules import Policy
@@ -227,7 +228,7 @@ async def guard(tmp_path):
               publish=recorder, stuck_after_s=0.01, stuck_grace_s=0.01, turn_deadline_s=300, decisions=DECISIONS)
     g.recorder = recorder
     yield g
-    await g.drain()
+    await g.outbox.drain()
     await ledger.close()
 
 
@@ -235,10 +236,10 @@ async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalReques
     """A turn at step 1 (list_orders and cancel_order called) whose cancel waits for a person."""
     from services.kernel.events import ModelResponded, StartTurn, Usage
 
-    await guard.on_start(StartTurn(turn=turn(), text="cancel my last order"))
+    await guard.starts.on_start(StartTurn(turn=turn(), text="cancel my last order"))
     messages = transcript(("toolu_c", "cancel_order"), ("toolu_l", "list_orders"))
     calls = [ToolCall(id="toolu_c", name="cancel_order", input=CANCEL, fingerprint="a"), ToolCall(id="toolu_l", name="list_orders", input={}, fingerprint="b")]
-    await guard.on_iteration(ModelResponded(turn=turn(), step=1, messages=messages[:1], content=messages[1]["content"],
+    await guard.loop.on_iteration(ModelResponded(turn=turn(), step=1, messages=messages[:1], content=messages[1]["content"],
                                             stop_reason="tool_use", tool_calls=calls, usage=Usage(input_tokens=10), spent=Usage(input_tokens=10)))
     row = await guard.ledger.get("turn_1")
     assert row.status == RUNNING and row.step == 1
@@ -249,16 +250,16 @@ async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalReques
         entities={"order_id": {"order_id": "ord_a1000003", "total_cents": 8700}}, input_sha256=input_digest("cancel_order", CANCEL),
         requested_at=now, expires_at=now + expires_in, messages=messages,
         results=[{"type": "tool_result", "tool_use_id": "toolu_l", "content": "{}"}])
-    assert await guard.on_approval_requested(event) == "awaiting"
-    assert await guard.on_approval_requested(event) == "duplicate"
-    await guard.drain()
+    assert await guard.approvals.on_requested(event) == "awaiting"
+    assert await guard.approvals.on_requested(event) == "duplicate"
+    await guard.outbox.drain()
     return event
 
 
 async def test_a_waiting_turn_is_never_flagged_stuck_and_nothing_can_act_for_it(guard):
     await waiting_turn(guard)
     await asyncio.sleep(0.05)
-    assert await guard.sweep(guard.recorder.flag) == (0, 0)
+    assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
     assert not guard.recorder.flags and (await guard.ledger.get("turn_1")).status == AWAITING
     fence = Fence(guard.ledger.engine)  # what the executor and the model service ask
     assert not await fence.claim_batch("turn_1", 1, 10)  # no executor may run anything now
@@ -271,7 +272,7 @@ async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_an
     event = await waiting_turn(guard)
     before = len(guard.recorder.sent)
     decision = decided()
-    assert await guard.on_decision(decision) == "approved"
+    assert await guard.approvals.on_decision(decision) == "approved"
     topic, message = guard.recorder.sent[-1]
     assert topic == topics.TOOL_CALLS and isinstance(message, CheckToolCalls)
     assert [c.id for c in message.calls] == ["toolu_c"] and message.calls[0].input == CANCEL and message.decisions == [decision]
@@ -280,18 +281,18 @@ async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_an
     row = await guard.ledger.get("turn_1")
     assert row.status == RUNNING and await Fence(guard.ledger.engine).claim_batch("turn_1", 1, 10)
     # the same decision again (redelivered or published twice): nothing is sent again
-    assert await guard.on_decision(decision) == "duplicate"
-    assert await guard.on_decision(decided(decided_by="bob@support")) == "duplicate"
+    assert await guard.approvals.on_decision(decision) == "duplicate"
+    assert await guard.approvals.on_decision(decided(decided_by="bob@support")) == "duplicate"
     assert len(guard.recorder.sent) == before + 1
     with pytest.raises(DecisionRefused, match="already approved by alice@support"):
-        await guard.on_decision(decided(Decision.DENY))
+        await guard.approvals.on_decision(decided(Decision.DENY))
     (kept,) = await guard.ledger.list_approvals(status=None)
     assert kept.status == "approved" and kept.decided_by == "alice@support" and kept.decided_at
 
 
 async def test_denied_the_model_gets_an_error_result_with_the_reason_and_all_results_in_order(guard):
     await waiting_turn(guard)
-    assert await guard.on_decision(decided(Decision.DENY, reason="order flagged for fraud review")) == "denied"
+    assert await guard.approvals.on_decision(decided(Decision.DENY, reason="order flagged for fraud review")) == "denied"
     topic, message = guard.recorder.sent[-1]
     assert topic == topics.MODEL_CALLS and isinstance(message, CallModel) and message.step == 1
     results = message.messages[-1]["content"]
@@ -311,15 +312,15 @@ async def test_forged_unknown_or_foreign_decisions_are_refused_and_change_nothin
     }[case]
     before = len(guard.recorder.sent)
     with pytest.raises(DecisionRefused):
-        await guard.on_decision(decision)
+        await guard.approvals.on_decision(decision)
     assert len(guard.recorder.sent) == before and (await guard.ledger.get("turn_1")).status == AWAITING
 
 
 async def test_no_decision_in_time_ends_the_turn_politely_and_a_late_decision_is_refused(guard):
     await waiting_turn(guard, expires_in=0.05)
     await asyncio.sleep(0.1)
-    await guard.sweep(guard.recorder.flag)
-    await guard.drain()
+    await guard.sweeper.sweep(guard.recorder.flag)
+    await guard.outbox.drain()
     topic, ended = guard.recorder.sent[-1]
     assert topic == topics.OUTCOMES and isinstance(ended, TurnEnded) and ended.outcome is Outcome.APPROVAL_TIMEOUT
     assert "could not be reviewed in time" in ended.text and "Nothing was changed" in ended.text
@@ -328,14 +329,14 @@ async def test_no_decision_in_time_ends_the_turn_politely_and_a_late_decision_is
     (expired,) = await guard.ledger.list_approvals(status=None)
     assert expired.status == "expired"
     with pytest.raises(DecisionRefused, match="already expired"):
-        await guard.on_decision(decided())
+        await guard.approvals.on_decision(decided())
 
 
 async def test_a_waiting_turn_can_be_cancelled_and_a_decision_for_it_is_then_refused(guard):
     await waiting_turn(guard)
-    assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
+    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
     with pytest.raises(DecisionRefused):
-        await guard.on_decision(decided())
+        await guard.approvals.on_decision(decided())
     assert (await guard.ledger.get("turn_1")).outcome == "cancelled"
 
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from services.guard.conversations import Conversations, compact, estimate_tokens, exchange_of, within_budget
-from services.guard.handlers import Guard
+from services.guard.bootstrap import Guard
 from services.guard.ledger import Ledger
 from services.guard.pricing import PriceTable
 from services.guard.rules import Policy
@@ -180,7 +180,7 @@ async def guard(tmp_path):
     g = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=Recorder(), model="claude-sonnet-4-6",
               conversations=store, wait_poll_s=0.05)
     yield g
-    await g.drain()
+    await g.outbox.drain()
     await ledger.close()
     await store.close()
 
@@ -197,15 +197,15 @@ def responded(t: Turn, step: int, messages: list[dict], content: list[dict], sto
 
 async def _run_turn(guard: Guard, t: Turn, text: str) -> list[dict]:
     """Start a turn, answer its first call with list_orders and its second with words; the first CallModel's messages."""
-    await guard.on_start(StartTurn(turn=t, text=text))
-    topic, call = guard.publish.sent[-1]
+    await guard.starts.on_start(StartTurn(turn=t, text=text))
+    topic, call = guard.outbox.publish.sent[-1]
     assert topic == topics.MODEL_CALLS
     started = call.turn
     list_call = ToolCall(id=f"toolu_{t.turn_id}", name="list_orders", input={}, fingerprint=fingerprint("list_orders", {}))
-    await guard.on_iteration(responded(started, 1, call.messages, [use(0) | {"id": list_call.id}], "tool_use", [list_call]))
+    await guard.loop.on_iteration(responded(started, 1, call.messages, [use(0) | {"id": list_call.id}], "tool_use", [list_call]))
     after = [*call.messages, {"role": "assistant", "content": [use(0) | {"id": list_call.id}]},
              {"role": "user", "content": [result(0) | {"tool_use_id": list_call.id}]}]
-    await guard.on_iteration(responded(started, 2, after, [{"type": "text", "text": f"answer to {text}"}], "end_turn"))
+    await guard.loop.on_iteration(responded(started, 2, after, [{"type": "text", "text": f"answer to {text}"}], "end_turn"))
     return call.messages
 
 
@@ -217,7 +217,7 @@ async def test_a_second_request_continues_from_the_first_turn(guard):
     assert second[-1] == {"role": "user", "content": "cancel the second one"}
     assert second[-2]["content"] == [{"type": "text", "text": "answer to what orders do I have?"}]
     assert paired(second)
-    started = guard.publish.sent[-3][1]  # the second turn's first CallModel
+    started = guard.outbox.publish.sent[-3][1]  # the second turn's first CallModel
     assert started.turn.history_messages == 4
 
 
@@ -225,40 +225,40 @@ async def test_the_loop_rules_count_only_this_turns_calls(guard):
     """list_orders three times in earlier turns is no repeat in this one."""
     for n in range(4):
         await _run_turn(guard, turn(n), f"question {n}")
-    assert [m.outcome for _, m in guard.publish.sent if _ == topics.OUTCOMES] == [Outcome.END_TURN] * 4
+    assert [m.outcome for _, m in guard.outbox.publish.sent if _ == topics.OUTCOMES] == [Outcome.END_TURN] * 4
 
 
 async def test_another_customer_naming_the_conversation_is_refused_and_sees_nothing(guard):
     await _run_turn(guard, turn(1), "what orders do I have?")
-    sent = len(guard.publish.sent)
-    assert await guard.on_start(StartTurn(turn=turn(9, customer="cus_1002"), text="what did they ask?")) == "refused"
-    (topic, ended), = guard.publish.sent[sent:]
+    sent = len(guard.outbox.publish.sent)
+    assert await guard.starts.on_start(StartTurn(turn=turn(9, customer="cus_1002"), text="what did they ask?")) == "refused"
+    (topic, ended), = guard.outbox.publish.sent[sent:]
     assert topic == topics.OUTCOMES and ended.outcome is Outcome.CONVERSATION_REFUSED and ended.step == 0
     assert "another account" in ended.text and "ord_" not in ended.text and "orders" not in ended.text
     row = await guard.ledger.get("turn_9")
     assert row.status == "ended" and row.outcome == "conversation_refused"
-    await guard.drain()
-    assert await guard.on_start(StartTurn(turn=turn(9, customer="cus_1002"), text="what did they ask?")) == "duplicate"
+    await guard.outbox.drain()
+    assert await guard.starts.on_start(StartTurn(turn=turn(9, customer="cus_1002"), text="what did they ask?")) == "duplicate"
     assert len(await guard.conversations.history("conv_1")) == 4  # the owner's history is untouched
 
 
 async def test_a_second_request_waits_for_the_running_turn_then_sees_it(guard):
-    await guard.on_start(StartTurn(turn=turn(1), text="what orders do I have?"))
-    call = guard.publish.sent[-1][1]
-    second = asyncio.create_task(guard.on_start(StartTurn(turn=turn(2), text="and the second?")))
+    await guard.starts.on_start(StartTurn(turn=turn(1), text="what orders do I have?"))
+    call = guard.outbox.publish.sent[-1][1]
+    second = asyncio.create_task(guard.starts.on_start(StartTurn(turn=turn(2), text="and the second?")))
     await asyncio.sleep(0.2)
     assert not second.done()  # waits: turn 1 is still running
-    await guard.on_iteration(responded(call.turn, 1, call.messages, [{"type": "text", "text": "You have two."}], "end_turn"))
+    await guard.loop.on_iteration(responded(call.turn, 1, call.messages, [{"type": "text", "text": "You have two."}], "end_turn"))
     assert await asyncio.wait_for(second, 2) == "started"
-    started = guard.publish.sent[-1][1]
+    started = guard.outbox.publish.sent[-1][1]
     assert [m["role"] for m in started.messages] == ["user", "assistant", "user"]
     assert started.messages[1]["content"] == [{"type": "text", "text": "You have two."}]
 
 
 async def test_a_turn_cancelled_from_outside_leaves_the_words_and_the_polite_reply(guard):
-    await guard.on_start(StartTurn(turn=turn(1), text="cancel everything"))
+    await guard.starts.on_start(StartTurn(turn=turn(1), text="cancel everything"))
     row = await guard.ledger.get("turn_1")
-    assert await guard.end_from_outside(row, Outcome.CANCELLED, "operator") == "ended"
+    assert await guard.outside.end(row, Outcome.CANCELLED, "operator") == "ended"
     history = await guard.conversations.history("conv_1")
     assert history[0]["content"] == [{"type": "text", "text": "cancel everything"}]
     assert "stopped this request" in history[-1]["content"][0]["text"]

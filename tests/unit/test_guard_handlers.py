@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from services.guard.handlers import Guard
+from services.guard.bootstrap import Guard
 from services.guard.ledger import Ledger
 from services.guard.pricing import PriceTable
 from services.guard.rules import Policy
@@ -39,7 +39,7 @@ async def guard(tmp_path):
               stuck_after_s=60, stuck_grace_s=30, turn_deadline_s=300)
     g.recorder = recorder
     yield g
-    await g.drain()
+    await g.outbox.drain()
     await ledger.close()
 
 
@@ -56,21 +56,21 @@ LIST = ToolCall(id="toolu_1", name="list_orders", input={}, fingerprint=fingerpr
 
 
 async def test_a_turn_starts_once_even_when_the_request_is_duplicated(guard):
-    assert await guard.on_start(StartTurn(turn=TURN, text="hi")) == "started"
-    await guard.drain()
-    assert await guard.on_start(StartTurn(turn=TURN, text="hi")) == "duplicate"
+    assert await guard.starts.on_start(StartTurn(turn=TURN, text="hi")) == "started"
+    await guard.outbox.drain()
+    assert await guard.starts.on_start(StartTurn(turn=TURN, text="hi")) == "duplicate"
     assert [t for t, _ in guard.recorder.sent] == [topics.MODEL_CALLS]
 
 
 async def test_an_iteration_moves_the_turn_once(guard):
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
-    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "CheckToolCalls"
-    await guard.drain()
-    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "duplicate"
-    assert await guard.on_iteration(iteration(2, stop_reason="end_turn")) == "end_turn"
-    await guard.drain()
-    assert await guard.on_iteration(iteration(3, stop_reason="end_turn")) == "duplicate"
-    assert await guard.on_iteration(iteration(2, stop_reason="end_turn")) == "duplicate"
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+    assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "CheckToolCalls"
+    await guard.outbox.drain()
+    assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "duplicate"
+    assert await guard.loop.on_iteration(iteration(2, stop_reason="end_turn")) == "end_turn"
+    await guard.outbox.drain()
+    assert await guard.loop.on_iteration(iteration(3, stop_reason="end_turn")) == "duplicate"
+    assert await guard.loop.on_iteration(iteration(2, stop_reason="end_turn")) == "duplicate"
     sent = [t for t, _ in guard.recorder.sent]
     assert sent == [topics.MODEL_CALLS, topics.TOOL_CALLS, topics.OUTCOMES]
     ended = guard.recorder.sent[-1][1]
@@ -80,56 +80,56 @@ async def test_an_iteration_moves_the_turn_once(guard):
 
 
 async def test_a_decision_recorded_but_not_published_is_republished_on_redelivery(guard):
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
 
     async def crash(topic, message, conversation_id):
         raise ConnectionError("broker gone")
 
-    guard.publish = crash
+    guard.outbox.publish = crash
     with pytest.raises(ConnectionError):
-        await guard.on_iteration(iteration(1, calls=[LIST]))
-    guard.publish = guard.recorder
-    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "republished"
+        await guard.loop.on_iteration(iteration(1, calls=[LIST]))
+    guard.outbox.publish = guard.recorder
+    assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "republished"
     assert [t for t, _ in guard.recorder.sent][-1] == topics.TOOL_CALLS
-    await guard.drain()
-    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "duplicate"  # published now: a plain duplicate
+    await guard.outbox.drain()
+    assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "duplicate"  # published now: a plain duplicate
 
 
 async def test_stuck_turns_are_flagged_then_ended_politely_once(guard):
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     row = await guard.ledger.get("turn_1")
     t0 = row.last_progress_at
-    assert await guard.sweep(guard.recorder.flag, now=t0 + 10) == (0, 0)
-    assert await guard.sweep(guard.recorder.flag, now=t0 + 61) == (1, 0)
+    assert await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 10) == (0, 0)
+    assert await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 61) == (1, 0)
     assert guard.recorder.flags[0].idle_s >= 61 and guard.recorder.flags[0].turn.turn_id == "turn_1"
-    assert await guard.sweep(guard.recorder.flag, now=t0 + 62) == (0, 0)
-    assert await guard.sweep(guard.recorder.flag, now=t0 + 92) == (0, 1)
+    assert await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 62) == (0, 0)
+    assert await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 92) == (0, 1)
     topic, ended = guard.recorder.sent[-1]
     assert topic == topics.OUTCOMES and ended.outcome is Outcome.DEADLINE and "sorry" in ended.text.lower()
-    assert await guard.sweep(guard.recorder.flag, now=t0 + 200) == (0, 0)
-    await guard.drain()
-    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "duplicate"  # a late iteration cannot revive it
+    assert await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 200) == (0, 0)
+    await guard.outbox.drain()
+    assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "duplicate"  # a late iteration cannot revive it
 
 
 async def test_cancel_ends_a_running_turn_once(guard):
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
-    assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
-    assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
-    assert await guard.on_cancel(CancelTurn(turn_id="turn_nope")) == "unknown turn"
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
+    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
+    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_nope")) == "unknown turn"
     assert guard.recorder.sent[-1][1].outcome is Outcome.CANCELLED
 
 
 async def test_budget_outcome_carries_the_cost(guard):
-    guard.policy = Policy(budget_usd=0.0005)
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
-    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "budget"
+    guard.loop.policy = Policy(budget_usd=0.0005)
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+    assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "budget"
     ended = guard.recorder.sent[-1][1]
     assert ended.outcome is Outcome.BUDGET and ended.cost_usd > 0
     assert json.loads(ended.model_dump_json())["spent"]["input_tokens"] == 100
 
 
 async def test_a_turn_gets_its_deadline_when_it_starts_and_carries_it(guard):
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     call = guard.recorder.sent[0][1]
     row = await guard.ledger.get("turn_1")
     assert call.turn.deadline_at == pytest.approx(row.started_at + 300, abs=0.01) and row.deadline_at == call.turn.deadline_at
@@ -140,54 +140,54 @@ async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_do
 
     fence = await Fence.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")  # what the executor and model service open
     try:
-        await guard.on_start(StartTurn(turn=TURN, text="hi"))
-        await guard.on_iteration(iteration(1, calls=[LIST]))
+        await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+        await guard.loop.on_iteration(iteration(1, calls=[LIST]))
         assert await fence.claim_batch("turn_1", 1, lease_s=30)  # an executor is running step 1's calls
-        assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelling"
-        assert await guard.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
+        assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelling"
+        assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
         assert guard.recorder.sent[-1][0] == topics.TOOL_CALLS  # no end published while the calls may still run
-        assert await guard.sweep(guard.recorder.flag) == (0, 0)
+        assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
         assert await fence.claim_model_call("turn_1", 1) is False  # the executor is done; no model call for this turn
-        assert await guard.sweep(guard.recorder.flag) == (0, 1)
+        assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 1)
         topic, ended = guard.recorder.sent[-1]
         assert topic == topics.OUTCOMES and ended.outcome is Outcome.CANCELLED and ended.step == 1
-        assert await guard.sweep(guard.recorder.flag) == (0, 0)
+        assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
         assert [t for t, _ in guard.recorder.sent].count(topics.OUTCOMES) == 1
     finally:
         await fence.close()
 
 
 async def test_an_end_the_sweeper_could_not_publish_is_republished_by_a_later_sweep(guard):
-    guard.outbox_after_s = 0.0
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
-    await guard.drain()
+    guard.outbox.after_s = 0.0
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+    await guard.outbox.drain()
     t0 = (await guard.ledger.get("turn_1")).last_progress_at
-    await guard.sweep(guard.recorder.flag, now=t0 + 61)
+    await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 61)
 
     async def broker_down(topic, message, conversation_id):
         raise ConnectionError("broker gone")
 
-    guard.publish = broker_down
+    guard.outbox.publish = broker_down
     with pytest.raises(ConnectionError):
-        await guard.sweep(guard.recorder.flag, now=t0 + 92)  # ended in the ledger, the end not published
+        await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 92)  # ended in the ledger, the end not published
     assert (await guard.ledger.get("turn_1")).status == "ended"
-    guard.publish = guard.recorder
-    await guard.sweep(guard.recorder.flag, now=t0 + 93)  # the outbox: nothing is lost
-    await guard.drain()
+    guard.outbox.publish = guard.recorder
+    await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 93)  # the outbox: nothing is lost
+    await guard.outbox.drain()
     outcomes = [m for t, m in guard.recorder.sent if t == topics.OUTCOMES]
     assert len(outcomes) == 1 and outcomes[0].outcome is Outcome.DEADLINE
     assert (await guard.ledger.get("turn_1")).pending is None
-    await guard.sweep(guard.recorder.flag, now=t0 + 94)
+    await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 94)
     assert len([m for t, m in guard.recorder.sent if t == topics.OUTCOMES]) == 1
 
 
 async def test_a_stuck_turn_that_moves_before_its_grace_ends_is_not_ended(guard):
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     t0 = (await guard.ledger.get("turn_1")).last_progress_at
-    assert await guard.sweep(guard.recorder.flag, now=t0 + 61) == (1, 0)
+    assert await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 61) == (1, 0)
     stale = await guard.ledger.get("turn_1")
-    await guard.on_iteration(iteration(1, calls=[LIST]))  # progress, after the sweeper read the row
-    assert await guard.end_from_outside(stale, Outcome.DEADLINE, "stuck", status="stuck", flagged_at=stale.flagged_at) is None
+    await guard.loop.on_iteration(iteration(1, calls=[LIST]))  # progress, after the sweeper read the row
+    assert await guard.outside.end(stale, Outcome.DEADLINE, "stuck", status="stuck", flagged_at=stale.flagged_at) is None
     assert (await guard.ledger.get("turn_1")).status == "running"
     assert Outcome.DEADLINE not in [getattr(m, "outcome", None) for _, m in guard.recorder.sent]
 
@@ -196,8 +196,8 @@ async def test_an_unfit_tool_input_becomes_an_error_result_and_the_loop_goes_on(
     big = ToolCall(id="toolu_big", name="search_help_center", input={"roundtrip_omitted": "input too large"},
                    fingerprint=fingerprint("search_help_center", {"roundtrip_omitted": "input too large"}),
                    error="input too large: 614400 bytes, limit 65536")
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
-    assert await guard.on_iteration(iteration(1, calls=[big, LIST])) == "CheckToolCalls"
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+    assert await guard.loop.on_iteration(iteration(1, calls=[big, LIST])) == "CheckToolCalls"
     check = guard.recorder.sent[-1][1]
     assert list(check.blocked) == ["toolu_big"] and "input too large: 614400 bytes, limit 65536" in check.blocked["toolu_big"]
 
@@ -207,32 +207,32 @@ async def test_with_the_broker_away_the_sweeper_records_every_end_and_the_outbox
     published once the broker is back, by the outbox."""
     import asyncio
 
-    import services.guard.handlers as handlers
+    import services.guard.outbox as outbox
 
-    monkeypatch.setattr(handlers, "SWEEP_PUBLISH_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(outbox, "SWEEP_PUBLISH_TIMEOUT_S", 0.2)
     turns = [TURN.model_copy(update={"turn_id": f"turn_{i}", "request_id": f"req_{i}", "conversation_id": f"conv_{i}"})
              for i in range(5)]
     for turn in turns:
-        await guard.on_start(StartTurn(turn=turn, text="hi"))
-    await guard.drain()
+        await guard.starts.on_start(StartTurn(turn=turn, text="hi"))
+    await guard.outbox.drain()
     sent_before = len(guard.recorder.sent)
     broker_back = asyncio.Event()
-    real_publish = guard.publish
+    real_publish = guard.outbox.publish
 
     async def hanging(topic, message, conversation_id):  # what a publish does while the broker is down
         await broker_back.wait()
         await real_publish(topic, message, conversation_id)
 
-    guard.publish = hanging
+    guard.outbox.publish = hanging
     t0 = (await guard.ledger.get("turn_0")).started_at
     started = asyncio.get_running_loop().time()
-    await guard.sweep(guard.recorder.flag, now=t0 + 301)  # past every turn's deadline
+    await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 301)  # past every turn's deadline
     assert asyncio.get_running_loop().time() - started < 2  # one publish timed out, the rest were only recorded
     rows = [await guard.ledger.get(t.turn_id) for t in turns]
     assert all(r.status == "ended" and r.outcome == "deadline" and r.pending for r in rows)
     assert len(guard.recorder.sent) == sent_before  # nothing got through
-    guard.publish = real_publish  # the broker is back
-    assert await guard.republish_outbox(older_than=t0 + 10_000) == 5
-    await guard.drain()
+    guard.outbox.publish = real_publish  # the broker is back
+    assert await guard.outbox.republish_all(older_than=t0 + 10_000) == 5
+    await guard.outbox.drain()
     ends = [m for topic, m in guard.recorder.sent[sent_before:] if topic == topics.OUTCOMES]
     assert sorted(m.turn.turn_id for m in ends) == sorted(t.turn_id for t in turns)

@@ -150,11 +150,11 @@ async def test_the_guard_counts_a_turn_once_with_its_steps_tokens_and_cost(guard
     tokens_in = sample("roundtrip_tokens_total", model="claude-sonnet-4-6", kind="input")
     cost = sample("roundtrip_cost_usd_total", model="claude-sonnet-4-6")
     step_latencies = sample("roundtrip_step_seconds_count")
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
-    await guard.on_iteration(iteration(1, calls=[LIST]))
-    await guard.on_iteration(iteration(2, stop_reason="end_turn"))
-    await guard.drain()
-    assert await guard.on_iteration(iteration(2, stop_reason="end_turn")) == "duplicate"  # counts nothing
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+    await guard.loop.on_iteration(iteration(1, calls=[LIST]))
+    await guard.loop.on_iteration(iteration(2, stop_reason="end_turn"))
+    await guard.outbox.drain()
+    assert await guard.loop.on_iteration(iteration(2, stop_reason="end_turn")) == "duplicate"  # counts nothing
 
     assert sample("roundtrip_turns_total", outcome="end_turn") == ended + 1
     assert sample("roundtrip_turn_steps_count") == steps + 1
@@ -165,9 +165,9 @@ async def test_the_guard_counts_a_turn_once_with_its_steps_tokens_and_cost(guard
 
 async def test_a_turn_the_guard_stops_is_a_drop_by_reason(guard):  # noqa: F811
     drops = sample("roundtrip_guard_drops_total", reason="step_limit")
-    guard.policy = dataclasses.replace(guard.policy, max_steps=1)
-    await guard.on_start(StartTurn(turn=TURN, text="hi"))
-    assert await guard.on_iteration(iteration(1, calls=[LIST])) == "step_limit"
+    guard.loop.policy = dataclasses.replace(guard.loop.policy, max_steps=1)
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+    assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "step_limit"
     assert sample("roundtrip_guard_drops_total", reason="step_limit") == drops + 1
     assert sample("roundtrip_turns_total", outcome="step_limit") >= 1
 

@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from services.fleet import Fleet, RestartPolicy, describe_exit
+from services.fleet import Fleet
 from services.kernel.settings import Settings
+from services.supervision import RestartPolicy, describe_exit
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 CRASHER = [sys.executable, "-c", "import sys; sys.exit(3)"]

@@ -1,0 +1,141 @@
+"""Turn start and conversation order (turn.starts): every turn starts here, once.
+
+Conversations (services/guard/conversations.py): a turn starts only for the customer who owns
+its conversation (anyone else gets a refusal and sees nothing), only once the conversation's
+previous turn has ended (a second request waits for it: the starts consumer holds it, other
+conversations go on), and with the conversation's history at the head of its transcript. When
+a turn ends, its exchange is stored before the end is recorded (services/guard/loop.py), so the
+next turn sees it.
+
+The start is recorded with its first decision (the first CallModel, or the refusal) in one
+conditional insert: a duplicate request is recognised and dropped, and a start recorded but
+maybe not published is published again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from services.guard.conversations import Conversations
+from services.guard.ledger import Ledger, TurnRow
+from services.guard.loop import StepClock
+from services.guard.outbox import Outbox, pending_copy, traceparent
+from services.guard.replies import polite
+from services.kernel import metrics
+from services.kernel.events import CallModel, Outcome, StartTurn, Turn, TurnEnded
+
+log = logging.getLogger("roundtrip.guard")
+security = logging.getLogger("roundtrip.security")
+
+
+class ConversationOrder:
+    """Turns of one conversation run one after another: a start waits while another turn of its conversation is live.
+
+    `ended(conversation_id)` wakes the starts waiting on that conversation at once (the outbox calls it when this
+    replica publishes an end); a turn ended by another replica is seen by polling the ledger every `poll_s`."""
+
+    def __init__(self, ledger: Ledger, give_up_after_s: float, poll_s: float = 0.5) -> None:
+        self.ledger, self.give_up_after_s, self.poll_s = ledger, give_up_after_s, poll_s
+        self._ended: dict[str, asyncio.Event] = {}  # conversation id -> set when this replica ends one of its turns
+
+    def ended(self, conversation_id: str) -> None:
+        if (event := self._ended.get(conversation_id)) is not None:
+            event.set()  # a start of the same conversation waits for this
+
+    async def wait_for_earlier_turns(self, turn: Turn) -> float:
+        """Block this start until no other turn of its conversation is live. Woken at once when this replica ends
+        that turn, else it looks again every poll_s; gives up (and starts anyway) past give_up_after_s, longer than
+        a turn can live. Returns the seconds waited."""
+        started = time.monotonic()
+        give_up = started + self.give_up_after_s
+        conversation = turn.conversation_id
+        announced = False
+        while True:
+            ended = self._ended.setdefault(conversation, asyncio.Event())  # before the read: no lost wake-up
+            live = await self.ledger.live_turns(conversation, but=turn.turn_id)
+            if not live:
+                break
+            if not announced:
+                announced = True
+                log.info("turn %s waits for turn %s of conversation %s to end", turn.turn_id, live[0].turn_id, conversation)
+                trace.get_current_span().add_event("waiting for the conversation's running turn", {"roundtrip.waits_for": live[0].turn_id})
+            if time.monotonic() > give_up:
+                log.warning("turn %s: turn %s of its conversation is still not ended; starting anyway", turn.turn_id, live[0].turn_id)
+                break
+            try:
+                await asyncio.wait_for(ended.wait(), self.poll_s)
+            except TimeoutError:
+                pass
+            self._ended.pop(conversation, None)
+        self._ended.pop(conversation, None)
+        waited = time.monotonic() - started
+        if announced:
+            trace.get_current_span().set_attribute("roundtrip.conversation_wait_s", round(waited, 3))
+        return waited
+
+
+@dataclass
+class Starts:
+    ledger: Ledger
+    outbox: Outbox
+    order: ConversationOrder
+    turn_deadline_s: float = 300.0  # a turn whose request names no deadline gets this one
+    conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
+    steps: StepClock = field(default_factory=StepClock)
+
+    async def on_start(self, command: StartTurn) -> str:
+        turn = command.turn
+        if (row := await self.ledger.get(turn.turn_id)) is not None:
+            return await self._started_before(row)
+        history: list[dict] = []
+        if self.conversations is not None:
+            owner = await self.conversations.claim(turn.conversation_id, turn.customer_id)
+            if owner != turn.customer_id:
+                return await self._refuse(turn)
+            await self.order.wait_for_earlier_turns(turn)
+            history = await self.conversations.history(turn.conversation_id)
+            await self.conversations.open_turn(turn.conversation_id, turn.turn_id, command.text)
+        now = time.time()
+        changes: dict[str, float | int] = {"history_messages": len(history)}
+        if not turn.deadline_at:  # the turn's deadline travels with it: the gate signs it into every approval
+            changes["deadline_at"] = round(now + self.turn_deadline_s, 3)
+        turn = turn.model_copy(update=changes)
+        call = CallModel(turn=turn, step=0, messages=[*history, {"role": "user", "content": command.text}])
+        if history:
+            trace.get_current_span().set_attribute("roundtrip.history_messages", len(history))
+        pending = pending_copy(call)
+        if await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, deadline_at=turn.deadline_at):
+            self.steps.stepped(turn.turn_id, ended=False)
+            await self.outbox.emit(turn.turn_id, pending, call, turn.conversation_id)
+            return "started"
+        row = await self.ledger.get(turn.turn_id)
+        return await self._started_before(row) if row is not None else "duplicate"
+
+    async def _started_before(self, row: TurnRow) -> str:
+        """A start the ledger has seen: republish its first decision if that may not be out, else drop it."""
+        if row.step == 0 and row.pending:
+            await self.outbox.republish(row)
+            return "republished"
+        log.info("turn %s: duplicate request %s dropped", row.turn_id, row.request_id)
+        return "duplicate"
+
+    async def _refuse(self, turn: Turn) -> str:
+        """A request naming another customer's conversation: a polite refusal, no history, no model call."""
+        now = time.time()
+        outcome = Outcome.CONVERSATION_REFUSED
+        ended = TurnEnded(turn=turn, step=0, outcome=outcome, text=polite(outcome))
+        pending = pending_copy(ended)
+        if not await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, outcome=outcome.value):
+            row = await self.ledger.get(turn.turn_id)
+            return await self._started_before(row) if row is not None else "duplicate"
+        security.warning("turn %s refused: customer %s named conversation %s of another customer (request %s)",
+                         turn.turn_id, turn.customer_id, turn.conversation_id, turn.request_id)
+        trace.get_current_span().add_event("conversation refused: it belongs to another customer")
+        metrics.count_turn_end(outcome.value, 0)
+        await self.outbox.emit(turn.turn_id, pending, ended, turn.conversation_id)
+        return "refused"

@@ -1,0 +1,68 @@
+"""The shape of services/: short functions, short classes, and a long module only with a reason in the README.
+
+A function of more than FUNCTION_LINES lines (from its `def` to its last line, decorators not
+counted) does more than one thing or hides its steps; a class of more than CLASS_LINES lines is
+several objects; a module of more than MODULE_LINES lines is named in the README's Layout
+section, with the reason it is one idea. Each failure lists every offender as file:line and its
+length, longest first.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FUNCTION_LINES, CLASS_LINES, MODULE_LINES = 60, 300, 400
+
+
+def _modules() -> list[Path]:
+    return sorted((ROOT / "services").rglob("*.py"))
+
+
+def _longer_than(kinds: tuple[type, ...], limit: int) -> list[tuple[int, str]]:
+    """(length, 'file:line name (length lines)') of every definition of these kinds over the limit, longest first."""
+    found = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, kinds) and (length := node.end_lineno - node.lineno + 1) > limit:
+                found.append((length, f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)"))
+    return sorted(found, reverse=True)
+
+
+def _layout() -> str:
+    """The README's Layout section, from its heading to the next one."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("\n## Layout\n")
+    end = readme.find("\n## ", start + 1)
+    return readme[start : end if end != -1 else None]
+
+
+def test_no_function_of_services_is_longer_than_a_screen():
+    offenders = [line for _, line in _longer_than((ast.FunctionDef, ast.AsyncFunctionDef), FUNCTION_LINES)]
+    assert not offenders, f"functions over {FUNCTION_LINES} lines (split them):\n  " + "\n  ".join(offenders)
+
+
+def test_no_class_of_services_is_longer_than_300_lines():
+    offenders = [line for _, line in _longer_than((ast.ClassDef,), CLASS_LINES)]
+    assert not offenders, f"classes over {CLASS_LINES} lines (split them):\n  " + "\n  ".join(offenders)
+
+
+def test_every_long_module_is_named_in_the_readme_layout_with_its_reason():
+    layout = _layout()
+    long_modules = sorted(((n, p) for p in _modules() if (n := len(p.read_text().splitlines())) > MODULE_LINES), reverse=True)
+    unnamed = [f"{p.relative_to(ROOT)} ({n} lines)" for n, p in long_modules if f"`{p.relative_to(ROOT)}`" not in layout]
+    assert not unnamed, (f"modules over {MODULE_LINES} lines that the README's Layout does not name with the reason they "
+                         "are one idea (split them, or name them there):\n  " + "\n  ".join(unnamed))
+    named = [line for line in layout.splitlines() if "`services/" in line and line.lstrip().startswith("- ")]
+    for n, path in long_modules:
+        (line,) = [line for line in named if f"`{path.relative_to(ROOT)}`" in line]
+        assert len(line.split(":", 1)[-1].split()) >= 4, f"the README names {path.relative_to(ROOT)} without a reason: {line!r}"
+
+
+def test_the_readme_names_no_long_module_that_is_no_longer_long():
+    """The list stays true: a module named as long that has been split is taken off it."""
+    layout = _layout()
+    named = {line.split("`")[1] for line in layout.splitlines() if line.lstrip().startswith("- `services/")}
+    short = [name for name in named if not (ROOT / name).exists() or len((ROOT / name).read_text().splitlines()) <= MODULE_LINES]
+    assert not short, f"the README's Layout names as over {MODULE_LINES} lines modules that are not: {', '.join(sorted(short))}"
