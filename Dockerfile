@@ -21,10 +21,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 COPY --from=build /wheels /wheels
 RUN pip install /wheels/*.whl && rm -rf /wheels
 
-# The tool registry finds schemas/tools/*.json above the working directory
-# (services/tools/registry.py: default_schemas_dir), so the schemas live in /app.
+# An agent's tool schemas are package data of the agent (the demo's: services/shop/agent/schemas).
 WORKDIR /app
-COPY schemas ./schemas
 
 RUN useradd --system --uid 10001 --gid 0 --home-dir /app --shell /usr/sbin/nologin roundtrip \
     && mkdir -p /var/lib/roundtrip \

@@ -61,9 +61,14 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     from services.kernel.settings import ConfigurationError, InsecureConfiguration
     from services.kernel.telemetry import setup_telemetry
 
+    from services.tools.agent import current_agent
+
     try:
+        agent = current_agent(settings.agent)  # the agent every service runs: found and checked once, here
         if service in ("gate", "executor"):  # they hold the approval keys (the app checks again when it starts)
             settings.refuse_dev_approval_key(service)
+        if service in ("gate", "guard"):  # they accept people's decisions (the app checks again when it starts)
+            settings.refuse_dev_decision_key(service, agent.holds_calls())
         if topology.service(service).shares_ledger:
             settings.refuse_private_ledger(service)
     except ConfigurationError as exc:
@@ -212,9 +217,17 @@ def config() -> None:
     """Print the effective configuration, grouped by concern (secrets hidden)."""
     from services.kernel.settings import display
 
+    from services.kernel.settings import ConfigurationError
+    from services.tools.agent import current_agent
+
     settings = get_settings()
     typer.echo(display.render(settings))
-    for warning in display.warnings(settings):
+    try:
+        approvals = current_agent(settings.agent).holds_calls()
+    except ConfigurationError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    for warning in display.warnings(settings, approvals):
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
 
 

@@ -21,16 +21,16 @@ from services.kernel.messaging import Outlet, make_broker, service_app, subscrib
 from services.kernel.settings import Settings
 from services.kernel.turnstore import Fence
 from services.kernel.telemetry import mark_error
-from services.tools.registry import load_registry
-from services.tools.shop_client import ShopClient
+from services.tools.agent import current_agent
 
 log = logging.getLogger("roundtrip.executor")
 
 
 def build(settings: Settings) -> FastStream:
     broker = make_broker("executor", settings)
-    shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
-    runner = Runner(load_registry(), shop, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes)
+    agent = current_agent(settings.agent)
+    deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
+    runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes)
     signer = Signer(parse_keys(settings.approval_keys))
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
@@ -75,7 +75,7 @@ def build(settings: Settings) -> FastStream:
 
     @app.after_shutdown
     async def close() -> None:
-        await shop.aclose()
+        await deps.aclose()
         if "fence" in state:
             await state["fence"].close()
 

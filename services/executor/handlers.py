@@ -29,7 +29,7 @@ from services.kernel.turnstore import Fence
 log = logging.getLogger("roundtrip.executor")
 security = logging.getLogger("roundtrip.security")
 
-LEASE_MARGIN_S = 5.0  # beyond the tools' own timeouts: publishing the next call, a slow shop answer
+LEASE_MARGIN_S = 5.0  # beyond the tools' own timeouts: publishing the next call, a slow backend answer
 
 
 class BatchNotRun(Exception):

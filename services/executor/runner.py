@@ -4,7 +4,7 @@ Every call yields a tool_result block (in the order of the tool_use blocks); a f
 slow or rejected call yields one with `is_error: true` and a sentence saying why. A call
 held for a person's approval yields nothing yet (it runs when the step resumes).
 
-A step holding a tool the pack declares serial (services/tools/support.py SERIAL) runs its
+A step holding a tool the agent declares serial (Agent.serial) runs its
 calls one after another in tool_use order, whatever `parallel` says.
 """
 
@@ -23,7 +23,7 @@ from services.kernel import metrics
 from services.kernel.events import CheckedCall, Turn
 from services.kernel.limits import cap_text
 from services.kernel.telemetry import mark_error, tracer
-from services.tools.context import ToolContext, ToolError
+from services.tools.context import Dependencies, ToolContext, ToolError
 from services.tools.registry import Registry
 
 log = logging.getLogger("roundtrip.executor")
@@ -37,8 +37,8 @@ def tool_result(call_id: str, content: str, is_error: bool = False) -> dict[str,
 
 
 class Runner:
-    def __init__(self, registry: Registry, shop: Any, timeout_s: float, parallel: bool, max_result_bytes: int = 65536) -> None:
-        self.registry, self.shop, self.timeout_s, self.parallel = registry, shop, timeout_s, parallel
+    def __init__(self, registry: Registry, deps: Dependencies, timeout_s: float, parallel: bool, max_result_bytes: int = 65536) -> None:
+        self.registry, self.deps, self.timeout_s, self.parallel = registry, deps, timeout_s, parallel
         self.max_result_bytes = max_result_bytes  # a larger result is cut with a marker (services/kernel/limits.py)
 
     async def run_one(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
@@ -60,7 +60,7 @@ class Runner:
                 customer_id=turn.customer_id,
                 tool_use_id=call.id,
                 idempotency_key=f"{turn.turn_id}:{call.id}",
-                shop=self.shop,
+                deps=self.deps,
             )
             try:
                 result = await asyncio.wait_for(self.registry.handler(call.name)(call.input, ctx), self.timeout_s)

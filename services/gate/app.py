@@ -12,10 +12,8 @@ from services.kernel.approvals import DecisionSigner, Signer, parse_keys
 from services.kernel.events import CheckToolCalls, ExecuteToolBatch
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
+from services.tools.agent import current_agent
 from services.tools.context import ToolContext
-from services.tools.registry import load_registry
-from services.tools.shop_client import ShopClient
-from services.tools.support import ApprovalLimits
 
 log = logging.getLogger("roundtrip.gate")
 
@@ -23,18 +21,17 @@ log = logging.getLogger("roundtrip.gate")
 def build(settings: Settings) -> FastStream:
     broker = make_broker("gate", settings)
     execute = Outlet(broker, topics.TOOL_BATCHES, ExecuteToolBatch)
-    shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
-
-    registry = load_registry()
+    agent = current_agent(settings.agent)
+    registry = agent.registry
+    deps = agent.open_dependencies(settings)
 
     async def lookup(kind: str, entity_id: str, customer_id: str):
-        """The tool pack's resolver of that entity kind, scoped to the request's principal."""
-        ctx = ToolContext(customer_id=customer_id, tool_use_id="", idempotency_key="", shop=shop)
+        """The agent's resolver of that entity kind, scoped to the request's principal."""
+        ctx = ToolContext(customer_id=customer_id, tool_use_id="", idempotency_key="", deps=deps)
         return await registry.entity_resolver(kind)(entity_id, ctx)
 
-    gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), shop=shop,
-                batch_ttl_s=settings.stuck_after_s,
-                approval_limits=ApprovalLimits(cancel_above_cents=settings.approval_cancel_above_cents),
+    gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), deps=deps,
+                batch_ttl_s=settings.stuck_after_s, agent_settings=agent.own_settings, messages=agent.message,
                 decisions=DecisionSigner(parse_keys(settings.decision_keys)), approval_timeout_s=settings.approval_timeout_s)
 
     @subscribe(broker, topics.TOOL_CALLS, "gate", settings)
@@ -47,6 +44,6 @@ def build(settings: Settings) -> FastStream:
 
     app = service_app(broker, log)
     app.on_startup(lambda: settings.refuse_dev_approval_key("gate"))  # outside development, never the published key
-    app.on_startup(lambda: settings.refuse_dev_decision_key("gate"))
-    app.after_shutdown(shop.aclose)
+    app.on_startup(lambda: settings.refuse_dev_decision_key("gate", agent.holds_calls()))
+    app.after_shutdown(deps.aclose)
     return app

@@ -9,8 +9,8 @@ Look-ups are cached in two ways (chosen from the figures in docs/gate.md):
 - a per-step memo: all calls of one step are checked before any of them runs, so one
   answer per (kind, id, customer) within the step is exactly as fresh as asking again;
 - an ownership cache across steps (short TTL, positive answers only), used only for calls
-  whose tool has no policy. Ownership never changes, but status does: a policy such as
-  cancel_order's reads the status, so its look-ups always go to the backend.
+  whose tool has no policy. Ownership never changes, but status does: a policy may
+  read it, so the look-ups of a tool with a policy always go to the backend.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import difflib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,14 +26,14 @@ from services.kernel import metrics
 from services.kernel.approvals import ApprovalError, DecisionSigner, Signer, input_digest
 from services.kernel.events import ApprovalDecided, ApprovalHold, CheckedCall, CheckToolCalls, Decision, ExecuteToolBatch, ToolCall
 from services.kernel.telemetry import mark_error, tracer
-from services.tools.context import ToolContext
-from services.tools.registry import Registry
-from services.tools.support import ApprovalLimits, allow
+from services.tools.agent import GATE_MESSAGES
+from services.tools.context import Dependencies, ToolContext
+from services.tools.registry import Registry, allow
 
 log = logging.getLogger("roundtrip.gate")
 security = logging.getLogger("roundtrip.security")
 
-OWNERSHIP_TTL_S = 30.0  # see docs/gate.md: how long a positive (customer, order) answer is reused by policy-free tools
+OWNERSHIP_TTL_S = 30.0  # see docs/gate.md: how long a positive (customer, entity) answer is reused by policy-free tools
 
 
 @dataclass
@@ -40,12 +41,13 @@ class Gate:
     registry: Registry
     lookup: EntityLookup
     signer: Signer
-    shop: Any = None  # handed to policies through ToolContext
+    deps: Dependencies = field(default_factory=Dependencies)  # the agent's clients, handed to policies through ToolContext
     batch_ttl_s: float = 60.0  # only for a turn without a deadline (an older guard); otherwise the turn's deadline
     ownership_ttl_s: float = OWNERSHIP_TTL_S  # 0 turns the cross-step ownership cache off
     step_memo: bool = True  # one look-up per (kind, id, customer) within a step
     concurrent: bool = True  # check the calls of a step concurrently
-    approval_limits: ApprovalLimits = field(default_factory=ApprovalLimits)  # thresholds of the approval rules
+    agent_settings: Any = None  # the agent's own settings, which its approval rules read
+    messages: Callable[[str], str] = GATE_MESSAGES.__getitem__  # the agent's wording of the gate's generic errors
     decisions: DecisionSigner | None = None  # verifies people's decisions (None: no decision is ever accepted)
     approval_timeout_s: float = 900.0  # how long a held call waits for a person
     ownership: OwnershipCache | None = field(init=False, default=None)
@@ -72,7 +74,7 @@ class Gate:
             metrics.gate_rejections.labels(self._tool_label(call.name), "internal_error").inc()
             return CheckedCall(
                 id=call.id, name=call.name, input=call.input, approved=False,
-                error="This call could not be checked (an internal error in the gate); nothing was done. Try again.",
+                error=self.messages("internal_error"),
             )
 
     async def _check_call(
@@ -100,7 +102,7 @@ class Gate:
             return reject("This request has no signed-in customer, so no tool may act on an account.", "no_principal")
         policy = self.registry.policy(name)
         lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
-        ctx = ToolContext(customer_id=customer_id, tool_use_id=call.id, idempotency_key=f"{turn_id}:{call.id}", shop=self.shop)
+        ctx = ToolContext(customer_id=customer_id, tool_use_id=call.id, idempotency_key=f"{turn_id}:{call.id}", deps=self.deps)
         entities: dict[str, dict[str, Any]] = {}
         rule = self.registry.approval_rule(name)
         try:  # a tool with an approval rule reads entity state (a total), so it never uses the ownership cache
@@ -108,10 +110,10 @@ class Gate:
                                      resolved=entities)
         except LookupFailed as exc:
             log.warning("turn %s: %s", turn_id, exc)
-            return reject("The order system could not be reached to verify this call; nothing was done. Try again shortly.", "lookup_failed")
+            return reject(self.messages("lookup_failed"), "lookup_failed")
         if denial:
             return reject(f"Not allowed: {denial}", "not_allowed")
-        why = rule(call.input, entities, self.approval_limits) if rule is not None else None
+        why = rule(call.input, entities, self.agent_settings) if rule is not None else None
         if not why:
             return CheckedCall(id=call.id, name=name, input=call.input, approved=True)
         digest = input_digest(name, call.input)

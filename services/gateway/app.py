@@ -18,6 +18,7 @@ from services.kernel.messaging import Outlet, current_record, group, key_of, mak
 from services.kernel.settings import Settings
 from services.kernel.telemetry import bind_turn, new_turn_ids, record_turn_span, tracer
 from services.kernel.transactions import TransactionalOutlet, transactional_id
+from services.tools.agent import current_agent
 
 log = logging.getLogger("roundtrip.gateway")
 
@@ -70,6 +71,7 @@ def subscribe_outcomes(broker: KafkaBroker, settings: Settings, admission: Admis
 
     Replies are committed with the offsets that cover their outcomes, one transaction per commit
     (services/kernel/transactions.py): commit as soon as something finished, batching while busy."""
+    agent = current_agent(settings.agent)  # its name and digest go on every turn span
 
     async def commit(offsets: dict[TopicPartition, int]) -> None:
         await replies.commit(offsets)
@@ -91,6 +93,7 @@ def subscribe_outcomes(broker: KafkaBroker, settings: Settings, admission: Admis
                 return
             # the root of the turn's trace: from the request to this reply, with the ids fixed at the request
             record_turn_span(ended.turn, outcome=ended.outcome.value, steps=ended.step, usage=ended.spent,
-                             cost_usd=ended.cost_usd, model=settings.model)
+                             cost_usd=ended.cost_usd, agent_name=agent.name, agent_digest=agent.digest,
+                             model=agent.model_for(settings))
             # the reply becomes visible with the commit of this message's offset: no second reply after a crash
             replies.stage(reply_for(ended), key_of(ended.turn.conversation_id), raw)

@@ -23,7 +23,7 @@ from faststream import FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
-from services.guard import sweeper
+from services.guard import replies, sweeper
 from services.guard.bootstrap import Guard
 from services.guard.conversations import Conversations
 from services.guard.ledger import Ledger
@@ -36,6 +36,7 @@ from services.kernel.events import ApprovalDecided, ApprovalRequested, CancelTur
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.telemetry import tracer
+from services.tools.agent import current_agent
 
 log = logging.getLogger("roundtrip.guard")
 
@@ -112,7 +113,10 @@ def build(settings: Settings) -> FastStream:
 
     subscribe_handlers(broker, settings, lambda: state["guard"])
     app = service_app(broker, log)
-    app.on_startup(lambda: settings.refuse_dev_decision_key("guard"))  # approvals on outside development: never the published key
+    agent = current_agent(settings.agent)
+    replies.use(dict(agent.replies))  # the customer reads the agent's own words when the fleet ends a turn
+    # approvals on outside development: never the published key
+    app.on_startup(lambda: settings.refuse_dev_decision_key("guard", agent.holds_calls()))
 
     @app.on_startup
     async def open_ledger() -> None:

@@ -1,4 +1,8 @@
-"""The polite words the fleet says when it, not the model, ends a turn."""
+"""The polite words the fleet says when it, not the model, ends a turn.
+
+POLITE holds the defaults; an agent words any of them its own way (`Agent.replies`, by outcome), which the guard
+applies once at start-up with `use()`.
+"""
 
 from __future__ import annotations
 
@@ -53,5 +57,14 @@ POLITE = {
 }
 
 
+_OWN: dict[Outcome, str] = {}  # the agent's wording, set once per process by use()
+
+
+def use(replies: dict[str, str]) -> None:
+    """Say these texts (Outcome value -> text) instead of the defaults, from now on in this process."""
+    _OWN.clear()
+    _OWN.update({Outcome(outcome): text for outcome, text in replies.items()})
+
+
 def polite(outcome: Outcome) -> str:
-    return POLITE[outcome]
+    return _OWN.get(outcome) or POLITE[outcome]

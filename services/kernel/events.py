@@ -5,7 +5,7 @@ tense (ModelResponded, TurnEnded, DeadLettered). Every internal message carries 
 `Turn` (who asked, under which principal) and is keyed by conversation id on Kafka.
 The transcript travels with the turn, so every service is stateless but for the
 guard's ledger, its conversation store (the history of earlier turns, which the guard puts
-at the head of the first CallModel, bounded by a token budget) and the shop's database.
+at the head of the first CallModel, bounded by a token budget) and the agent's own backends.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ class ApprovalHold(Message):
     """Why a call the gate would run waits for a person first, and what the person is shown."""
 
     reason: str = Field(description="The tool pack's rule that asks for a person, in words")
-    entities: dict[str, Any] = Field(default_factory=dict, description="Referenced entities as resolved for the principal (e.g. the order)")
+    entities: dict[str, Any] = Field(default_factory=dict, description="Referenced entities as resolved for the principal ({field: entity})")
     input_sha256: str = Field(description="SHA-256 of the canonical JSON of {name, input}: what an approval binds")
     expires_at: float = Field(description="Unix time after which the turn ends without the call (the approval deadline)")
 
@@ -216,7 +216,7 @@ class ApprovalRequested(Message):
     step: int
     call: CheckedCall = Field(description="The call waiting: tool name, tool_use id and the exact input the approval binds")
     reason: str = Field(description="Why a person must decide")
-    entities: dict[str, Any] = Field(default_factory=dict, description="The referenced entities as resolved for the customer (the order)")
+    entities: dict[str, Any] = Field(default_factory=dict, description="The referenced entities as resolved for the customer ({field: entity})")
     input_sha256: str = Field(description="SHA-256 of the canonical JSON of {name, input}; a decision must name it")
     requested_at: float
     expires_at: float = Field(description="Unix time the turn ends with a polite reply unless decided")

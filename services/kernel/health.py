@@ -16,9 +16,9 @@ further replica on the same host takes the next free port in steps of 5.
 
 A consumer that is not a FastStream subscriber reports its own state:
 
-    health.register_liveness("orders", lambda: consumer.alive)        # bool, or an awaitable of bool
-    health.register_readiness("orders", lambda: consumer.assigned)
-    beat = health.heartbeat("orders", max_silence_s=30)                # liveness: beat() at least every 30 s
+    health.register_liveness("replies", lambda: consumer.alive)       # bool, or an awaitable of bool
+    health.register_readiness("replies", lambda: consumer.assigned)
+    beat = health.heartbeat("replies", max_silence_s=30)               # liveness: beat() at least every 30 s
     ...; beat()                                                        # e.g. after each poll returns
 
 The server is asyncio's own (`asyncio.start_server`): three GET routes need no framework, it costs

@@ -1,7 +1,7 @@
 """OpenTelemetry set-up: one tracer provider per process, OTLP to Jaeger or a span file; the shape of a turn's trace.
 
-A turn is one trace whose root is the **turn span** (`invoke_agent support-agent`, the
-OpenTelemetry GenAI agent span): it lasts from the request to the reply, and every hop of the
+A turn is one trace whose root is the **turn span** (`invoke_agent <agent name>`, the
+OpenTelemetry GenAI agent span, with the agent's digest): it lasts from the request to the reply, and every hop of the
 turn sits right under it, so a 10-step turn is as shallow as a 1-step one:
 
     invoke_agent support-agent              gateway: recorded at the reply, ids fixed at the request
@@ -53,8 +53,12 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 
 from services.kernel.settings import Settings
 
-AGENT_NAME = "support-agent"
-TURN_SPAN_NAME = f"invoke_agent {AGENT_NAME}"
+
+
+def turn_span_name(agent_name: str) -> str:
+    """The name of a turn's root span: the GenAI agent span of the agent the fleet runs (Agent.name)."""
+    return f"invoke_agent {agent_name}"
+
 
 # headers of every message of a turn (next to the publish span's traceparent and correlation_id)
 TURN_ID_HEADER = "roundtrip-turn-id"
@@ -287,14 +291,16 @@ class TurnIdGenerator(IdGenerator):
         return True
 
 
-def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_usd: float, model: str = "",
-                     end_time: float | None = None, using: trace.Tracer | None = None) -> trace.Span:
-    """Record the finished turn span (the root of the turn's trace) with the ids and start fixed when the turn began."""
+def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_usd: float, agent_name: str,
+                     agent_digest: str = "", model: str = "", end_time: float | None = None,
+                     using: trace.Tracer | None = None) -> trace.Span:
+    """Record the finished turn span (the root of the turn's trace) with the ids and start fixed when the turn began;
+    `agent_digest` (Agent.digest: its prompt and tools) says which version of the agent the recording process runs."""
     started = turn.started_at or time.time()
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.provider.name": "anthropic",
-        "gen_ai.agent.name": AGENT_NAME,
+        "gen_ai.agent.name": agent_name,
         "gen_ai.conversation.id": turn.conversation_id,
         "roundtrip.turn_id": turn.turn_id,
         "roundtrip.request_id": turn.request_id,
@@ -303,6 +309,8 @@ def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_us
         "roundtrip.steps": steps,
         "roundtrip.cost_usd": cost_usd,
     }
+    if agent_digest:
+        attributes["roundtrip.agent.digest"] = agent_digest
     if model:
         attributes["gen_ai.request.model"] = model
     if usage is not None:
@@ -320,7 +328,7 @@ def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_us
     forced = [int(turn.trace_id, 16), int(turn.span_id, 16)] if turn.span_id and turn.trace_id else None
     token = _forced_ids.set(forced)
     try:
-        span = (using or tracer()).start_span(TURN_SPAN_NAME, context=otel_context.Context(), kind=SpanKind.INTERNAL,
+        span = (using or tracer()).start_span(turn_span_name(agent_name), context=otel_context.Context(), kind=SpanKind.INTERNAL,
                                    attributes=attributes, start_time=_ns(started))
     finally:
         _forced_ids.reset(token)

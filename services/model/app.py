@@ -13,7 +13,7 @@ from services.kernel.settings import Settings
 from services.kernel.turnstore import Fence
 from services.model.client import ModelClient
 from services.model.handlers import Limits, call_model
-from services.tools.registry import load_registry
+from services.tools.agent import current_agent
 
 log = logging.getLogger("roundtrip.model")
 
@@ -21,7 +21,8 @@ log = logging.getLogger("roundtrip.model")
 def build(settings: Settings) -> FastStream:
     broker = make_broker("model", settings)
     responded = Outlet(broker, topics.ITERATIONS, ModelResponded)
-    client = ModelClient(settings, load_registry().api_tools(cache=True))
+    agent = current_agent(settings.agent)
+    client = ModelClient(settings, agent.registry.api_tools(cache=True), agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
 
     state: dict[str, Fence] = {}

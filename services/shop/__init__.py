@@ -1,5 +1,2 @@
-"""The demo shop: the order system the support tools call (its own database, its own HTTP API)."""
-
-from services.shop.app import create_app, main
-
-__all__ = ["create_app", "main"]
+"""The demo shop: the order system the support tools call (its own database, its own HTTP API, app.py), and the
+support agent that serves its customers (agent/), declared like any other agent."""

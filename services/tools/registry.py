@@ -1,4 +1,4 @@
-"""The tool registry: schemas/tools/*.json bound to the handlers and policies in code.
+"""The tool registry: an agent's tool schemas (*.json in its folder) bound to its handlers and policies.
 
 Each schema file is exactly what the model sees ({"name", "description", "input_schema"}),
 with JSON Schema 2020-12 input schemas that are strict (every object closes with
@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,18 +24,17 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from services.tools.context import ToolContext
-from services.tools.support import (
-    APPROVALS,
-    ENTITY_RESOLVERS,
-    HANDLERS,
-    POLICIES,
-    SERIAL,
-    ApprovalRule,
-    EntityResolver,
-    Handler,
-    Policy,
-    allow,
-)
+
+Handler = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
+Policy = Callable[[dict[str, Any], dict[str, dict[str, Any]], ToolContext], Awaitable[str | None]]
+EntityResolver = Callable[[str, ToolContext], Awaitable[dict[str, Any] | None]]
+# (input, resolved entities, the agent's own settings) -> the reason a person must approve first, or None
+ApprovalRule = Callable[[dict[str, Any], dict[str, dict[str, Any]], Any], str | None]
+
+
+async def allow(args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: ToolContext) -> str | None:
+    """The policy of a tool that declares none."""
+    return None
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 SCHEMA_KEYS = {"name", "description", "input_schema"}
@@ -211,16 +210,6 @@ class Registry:
         return tools
 
 
-def default_schemas_dir() -> Path:
-    """The repository's schemas/tools (the package is installed editable from the repo)."""
-    here = Path(__file__).resolve()
-    for base in [*here.parents, Path.cwd(), *Path.cwd().parents]:
-        candidate = base / "schemas" / "tools"
-        if candidate.is_dir() and any(candidate.glob("*.json")):
-            return candidate
-    raise RegistryError(f"cannot find schemas/tools above {here} or the working directory")
-
-
 def load_specs(schemas_dir: Path) -> dict[str, ToolSpec]:
     specs: dict[str, ToolSpec] = {}
     files = sorted(Path(schemas_dir).glob("*.json"))
@@ -239,21 +228,13 @@ def load_specs(schemas_dir: Path) -> dict[str, ToolSpec]:
 
 
 def load_registry(
-    schemas_dir: Path | None = None,
+    schemas_dir: Path,
     *,
-    handlers: Mapping[str, Handler] | None = None,
+    handlers: Mapping[str, Handler],
     policies: Mapping[str, Policy] | None = None,
     entity_resolvers: Mapping[str, EntityResolver] | None = None,
     approvals: Mapping[str, ApprovalRule] | None = None,
     serial: frozenset[str] | set[str] | None = None,
 ) -> Registry:
-    """Load schemas/tools/*.json and bind them to the support tool pack (or the given bindings)."""
-    specs = load_specs(Path(schemas_dir) if schemas_dir is not None else default_schemas_dir())
-    return Registry(
-        specs,
-        HANDLERS if handlers is None else handlers,
-        POLICIES if policies is None else policies,
-        ENTITY_RESOLVERS if entity_resolvers is None else entity_resolvers,
-        APPROVALS if approvals is None else approvals,
-        SERIAL if serial is None else serial,
-    )
+    """Load `schemas_dir`/*.json and bind them to the given handlers, policies, resolvers and rules."""
+    return Registry(load_specs(Path(schemas_dir)), handlers, policies, entity_resolvers, approvals, serial)

@@ -27,10 +27,10 @@ from services.gate.handlers import Gate
 from services.gate.validation import InputValidator
 from services.kernel.approvals import Signer, parse_keys
 from services.kernel.events import CheckToolCalls, ToolCall, Turn
-from services.tools.registry import load_registry
-from services.tools.shop_client import ShopClient
+from services.shop.agent.client import ShopClient
+from tests.agents import SHOP, shop_deps
 
-REGISTRY = load_registry()
+REGISTRY = SHOP.registry
 
 # What models send: mostly valid calls, some with the usual mistakes.
 VALIDATION_MIX: list[tuple[str, Any]] = [
@@ -104,7 +104,7 @@ def make_gate(shop: ShopClient, **options: Any) -> Gate:
     async def lookup(kind: str, entity_id: str, customer_id: str):
         return await shop.get_order(customer_id, entity_id)
 
-    return Gate(registry=REGISTRY, lookup=lookup, signer=Signer(parse_keys("k1:bench")), shop=shop, **options)
+    return Gate(registry=REGISTRY, lookup=lookup, signer=Signer(parse_keys("k1:bench")), deps=shop_deps(shop), agent_settings=SHOP.own_settings, **options)
 
 
 CONFIGS: dict[str, dict[str, Any]] = {

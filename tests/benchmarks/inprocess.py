@@ -21,9 +21,8 @@ from services.kernel.approvals import Signer, parse_keys
 from services.kernel.events import CheckToolCalls, ToolCall, Turn
 from services.kernel.fingerprints import fingerprint
 from services.kernel.settings import Settings
-from services.model.client import ModelClient
-from services.tools.registry import load_registry
-from services.tools.shop_client import ShopClient
+from services.shop.agent.client import ShopClient
+from tests.agents import SHOP, shop_deps, shop_model_client
 
 
 @dataclass
@@ -50,9 +49,9 @@ class TurnTiming:
 
 class InProcessLoop:
     def __init__(self, settings: Settings) -> None:
-        registry = load_registry()
+        registry = SHOP.registry
         self.settings = settings
-        self.client = ModelClient(settings, registry.api_tools(cache=True))
+        self.client = shop_model_client(settings)
         self.shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
         shop = self.shop
 
@@ -61,8 +60,8 @@ class InProcessLoop:
                 raise ValueError(f"no lookup for entity kind {kind!r}")
             return await shop.get_order(customer_id, entity_id)
 
-        self.gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), shop=shop)
-        self.runner = Runner(registry, shop, settings.tool_timeout_s, settings.parallel_tools)
+        self.gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), deps=shop_deps(shop), agent_settings=SHOP.own_settings)
+        self.runner = Runner(registry, shop_deps(shop), settings.tool_timeout_s, settings.parallel_tools)
 
     async def aclose(self) -> None:
         await self.client.aclose()

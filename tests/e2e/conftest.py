@@ -200,7 +200,7 @@ class AsyncFleet:
         try:
             yield
         finally:
-            originals = {key: getattr(self.sync.settings, key) for key in values}
+            originals = {key: getattr(self.sync.settings, key, None) for key in values}  # None: not a fleet setting (an agent's)
             for key in [k for k, v in originals.items() if v is None]:  # unset again (not the string "None")
                 self.sync.env.pop(f"ROUNDTRIP_{key.upper()}", None)
             original = fleet_env(**{k: v for k, v in originals.items() if v is not None})

@@ -24,9 +24,11 @@ from services.broker.embedded import free_port
 from services.fleet import Fleet
 from services.kernel.events import Outcome
 from services.kernel.settings import Settings
-from services.kernel.telemetry import TURN_SPAN_NAME
+from services.kernel.telemetry import turn_span_name
 from tests.e2e.conftest import AsyncFleet, FleetClient, fleet_env
 from tests.jaeger import Jaeger, jaeger_binary
+
+TURN_SPAN_NAME = turn_span_name("support-agent")  # the demo agent the fleet runs
 
 UNAVAILABLE = os.environ.get("ROUNDTRIP_JAEGER_UNAVAILABLE")  # .ci/run says why when it could not build Jaeger (no usable Go)
 if jaeger_binary() is None and not UNAVAILABLE and os.environ.get("CI"):

@@ -26,17 +26,17 @@ from services.kernel.events import (
 )
 from services.kernel.settings import Settings
 from services.kernel.turnstore import Fence
-from services.model.client import ModelClient
 from services.model.handlers import call_model
 from services.shop.app import in_process
 from services.simulator.server import running_simulator
-from services.tools.registry import load_registry
-from services.tools.shop_client import ShopClient
-from services.tools.support import ApprovalLimits, always
+from services.agent import always
+from services.shop.agent.client import ShopClient
+from services.shop.agent.tools import ShopAgentSettings
+from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry
 from tests.databases import migrated
 from tests.unit.test_guard_handlers import Recorder
 
-REGISTRY = load_registry()
+REGISTRY = SHOP.registry
 SIGNER = Signer(parse_keys("k1:unit"))
 DECISIONS = DecisionSigner(parse_keys("ops1:unit-decisions"))
 FORGER = DecisionSigner(parse_keys("ops1:not-the-key"))
@@ -71,7 +71,8 @@ def gate_for(shop, above: int | None = 5000) -> Gate:
     async def lookup(kind, entity_id, customer_id):
         return await shop.get_order(customer_id, entity_id)
 
-    return Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, shop=shop, approval_limits=ApprovalLimits(above),
+    return Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop),
+                agent_settings=ShopAgentSettings(approval_cancel_above_cents=above),
                 decisions=DECISIONS, approval_timeout_s=60)
 
 
@@ -100,12 +101,12 @@ async def test_nobody_is_asked_about_a_call_the_gate_would_reject(shop):
 
 
 async def test_a_tool_can_always_need_a_person(shop):
-    registry = load_registry(approvals={"escalate_to_human": always("a person decides every escalation")})
+    registry = shop_registry(approvals={"escalate_to_human": always("a person decides every escalation")})
 
     async def lookup(kind, entity_id, customer_id):
         return await shop.get_order(customer_id, entity_id)
 
-    gate = Gate(registry=registry, lookup=lookup, signer=SIGNER, shop=shop)
+    gate = Gate(registry=registry, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
     result = await gate.check_call(call("escalate_to_human", {"summary": "customer wants a person", "urgency": "normal"}), "cus_1001", "t")
     assert result.approved and result.hold.reason == "a person decides every escalation"
 
@@ -162,7 +163,7 @@ class Recording:
 
 def recording_registry(recording: Recording, **options):
     handlers = {name: recording.handler(name, 0.05 if name == "search_help_center" else 0.01) for name in REGISTRY.names}
-    return load_registry(handlers=handlers, **options)
+    return shop_registry(handlers=handlers, **options)
 
 
 def checked(name: str, id: str, **fields) -> CheckedCall:
@@ -171,7 +172,7 @@ def checked(name: str, id: str, **fields) -> CheckedCall:
 
 async def test_a_step_holding_a_serial_tool_runs_its_calls_one_after_another_in_tool_use_order():
     recording = Recording()
-    runner = Runner(recording_registry(recording), shop=None, timeout_s=5, parallel=True)
+    runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
     calls = [checked("search_help_center", "c1"), checked("cancel_order", "c2"), checked("lookup_order", "c3")]
     results = await runner.run(calls, turn())
     assert [r["tool_use_id"] for r in results] == ["c1", "c2", "c3"]
@@ -181,7 +182,7 @@ async def test_a_step_holding_a_serial_tool_runs_its_calls_one_after_another_in_
 
 async def test_without_a_serial_tool_the_calls_of_a_step_overlap():
     recording = Recording()
-    runner = Runner(recording_registry(recording), shop=None, timeout_s=5, parallel=True)
+    runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
     await runner.run([checked("search_help_center", "c1"), checked("lookup_order", "c2")], turn())
     assert recording.events[:2] == [("start", "c1"), ("start", "c2")]  # both started before either ended
     # and a serial declaration of a rejected call does not serialise the step
@@ -198,7 +199,7 @@ def transcript(*ids_names) -> list[dict]:
 
 async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resumed_batch_completes_the_step_in_order():
     recording = Recording()
-    runner = Runner(recording_registry(recording), shop=None, timeout_s=5, parallel=True)
+    runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
     messages = transcript(("c1", "cancel_order"), ("c2", "lookup_order"))
     hold = {"reason": "above 50.00 EUR", "entities": {"order_id": {"total_cents": 8700}}, "input_sha256": "d" * 64, "expires_at": 9e9}
     batch = SIGNER.sign(ExecuteToolBatch(turn=turn(), step=1, messages=messages,
@@ -354,7 +355,7 @@ def simulator():
 async def test_parallel_use_is_disabled_per_deployment_or_per_request_and_the_request_carries_the_flag(
         simulator, deployment, request_flag, expected):
     settings = Settings(_env_file=None, anthropic_api_key=None, anthropic_base_url=simulator, disable_parallel_tool_use=deployment)
-    client = ModelClient(settings, REGISTRY.api_tools(cache=True))
+    client = shop_model_client(settings)
     t = turn().model_copy(update={"persona": "parallel", "disable_parallel_tool_use": request_flag})
     before = httpx.get(f"{simulator}/health").json()["parallel_disabled"]
     try:
@@ -375,11 +376,11 @@ def test_the_published_decision_key_is_refused_outside_development_only_while_ap
     from services.kernel.settings import DEV_DECISION_KEYS, InsecureConfiguration
 
     production = dict(_env_file=None, kafka_bootstrap_servers="kafka:9092", decision_keys=DEV_DECISION_KEYS)
-    Settings(**production).refuse_dev_decision_key("guard")  # approvals off: the key is never used
+    Settings(**production).refuse_dev_decision_key("guard", approvals=False)  # approvals off: the key is never used
     with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_DECISION_KEYS"):
-        Settings(**production, approval_cancel_above_cents=5000).refuse_dev_decision_key("guard")
-    Settings(**production | {"decision_keys": f"ops1:{'ab' * 32}"}, approval_cancel_above_cents=5000).refuse_dev_decision_key("gate")
-    Settings(_env_file=None, decision_keys=DEV_DECISION_KEYS, approval_cancel_above_cents=5000).refuse_dev_decision_key("gate")
+        Settings(**production).refuse_dev_decision_key("guard", approvals=True)
+    Settings(**production | {"decision_keys": f"ops1:{'ab' * 32}"}).refuse_dev_decision_key("gate", approvals=True)
+    Settings(_env_file=None, decision_keys=DEV_DECISION_KEYS).refuse_dev_decision_key("gate", approvals=True)
 
 
 @pytest.mark.parametrize("choice, problem", [

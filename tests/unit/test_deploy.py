@@ -293,10 +293,10 @@ def test_the_guard_the_gate_and_the_executor_refuse_what_cannot_work():
 def test_the_shipped_configuration_passes_the_start_up_checks_even_with_approvals_on(k8s, monkeypatch, name):
     # k8s: the template's keys are not the published ones, the ledger is shared; compose: a development fleet (below).
     # Settings() itself checks the forms (broker list, database URLs, min ISR <= replication factor).
-    settings = settings_of({**k8s_env(k8s, name), "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"}, monkeypatch)
+    settings = settings_of(k8s_env(k8s, name), monkeypatch)
     assert not settings.development
-    for refusal in refusals_of(name):
-        getattr(settings, refusal)(name)
+    for refusal in refusals_of(name):  # approvals on: the agent has a rule that can hold a call
+        getattr(settings, refusal)(name, *([True] if refusal == "refuse_dev_decision_key" else []))
 
 
 def test_k8s_topics_are_made_for_a_production_cluster(k8s):
@@ -494,16 +494,17 @@ def test_compose_v2_resolves_the_file_without_any_secret_set():
 @pytest.mark.parametrize("name", ALL_RUNNABLE)
 def test_compose_v2_starts_the_demo_without_any_secret_even_with_approvals_on(monkeypatch, name):
     env = compose_config(ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS="5000")["services"][name]["environment"]
-    settings = settings_of({**env, "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"}, monkeypatch)
+    settings = settings_of(env, monkeypatch)
     assert settings.development  # ROUNDTRIP_ENV=development: the development keys are accepted
+    approvals_on = {"refuse_dev_decision_key": [True]}  # the agent has a rule that can hold a call
     for refusal in refusals_of(name):
-        getattr(settings, refusal)(name)
+        getattr(settings, refusal)(name, *approvals_on.get(refusal, []))
     # and the operator's ROUNDTRIP_ENV=production refuses them (so the demo's keys never slip into production)
     env = compose_config(ROUNDTRIP_ENV="production")["services"][name]["environment"]
-    settings = settings_of({**env, "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"}, monkeypatch)
+    settings = settings_of(env, monkeypatch)
     for refusal in [r for r in refusals_of(name) if r.startswith("refuse_dev_")]:
         with pytest.raises(InsecureConfiguration):
-            getattr(settings, refusal)(name)
+            getattr(settings, refusal)(name, *approvals_on.get(refusal, []))
     if "refuse_private_ledger" in refusals_of(name):
         settings.refuse_private_ledger(name)  # compose gives the shared ledger, development or not
 
@@ -543,7 +544,17 @@ def test_dockerfile():
     users = re.findall(r"(?m)^USER\s+(\S+)", text)
     assert users and users[-1] not in ("root", "0")
     assert re.search(r'(?m)^CMD \["roundtrip", "--help"\]$', text)
-    assert re.search(r"(?m)^COPY schemas ", text), "the tool registry reads schemas/tools at run time"
+    assert not re.search(r"(?m)^COPY schemas ", text), "an agent's tool schemas are package data, in the wheel"
+
+
+def test_the_wheel_carries_the_demo_agents_tool_schemas():
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]
+    patterns = data["services.shop.agent"]
+    folder = ROOT / "services" / "shop" / "agent"
+    shipped = {p for pattern in patterns for p in folder.glob(pattern)}
+    assert shipped and shipped == set((folder / "schemas").glob("*.json"))
 
 
 def test_the_mini_loader_handles_anchors_and_merges():

@@ -35,8 +35,8 @@ from services.kernel.approvals import Signer, parse_keys
 from services.kernel.events import ToolCall
 from services.shop.app import in_process
 from services.tools.context import ToolContext, ToolError
-from services.tools.registry import load_registry
-from services.tools.shop_client import ShopClient
+from services.shop.agent.client import ShopClient
+from tests.agents import SHOP, shop_deps
 
 MAX_EXAMPLES = 420
 CALLS_PER_EXAMPLE = 24  # 420 x 24 = 10,080 calls
@@ -50,7 +50,7 @@ KNOWN_IDS = [
     "ord_9f3c4e21", "ord_b2000001", "ord_c3000001", "ord_c3000002",
 ]  # fmt: skip
 CANCELLABLE = ("pending", "processing")
-REGISTRY = load_registry()
+REGISTRY = SHOP.registry
 
 
 # -- strategies -------------------------------------------------------------------------------
@@ -230,7 +230,7 @@ def make_gate(shop: Shop) -> Gate:
         assert kind == "order"
         return await shop.client.get_order(customer_id, entity_id)
 
-    return Gate(registry=REGISTRY, lookup=lookup, signer=Signer(parse_keys("k1:prop")), shop=shop.client)
+    return Gate(registry=REGISTRY, lookup=lookup, signer=Signer(parse_keys("k1:prop")), deps=shop_deps(shop.client), agent_settings=SHOP.own_settings)
 
 
 # -- the property ------------------------------------------------------------------------------
@@ -291,7 +291,7 @@ async def check_and_execute(gate: Gate, shop: Shop, principal: str, drafted: lis
         approved.append(checked)
 
     for checked in approved:  # the real handlers, as the executor runs them
-        ctx = ToolContext(customer_id=principal, tool_use_id=checked.id, idempotency_key=f"turn_prop_{id(drafted)}:{checked.id}", shop=shop.client)
+        ctx = ToolContext(customer_id=principal, tool_use_id=checked.id, idempotency_key=f"turn_prop_{id(drafted)}:{checked.id}", deps=shop_deps(shop.client))
         try:
             await REGISTRY.handler(checked.name)(checked.input, ctx)
             tally["executed_" + checked.name.split("_")[0]] += 1

@@ -14,7 +14,7 @@ from services.executor.runner import Runner
 from services.kernel import health, metrics
 from services.kernel.events import CheckedCall, Outcome, StartTurn
 from services.kernel.settings import Settings
-from services.tools.context import ToolError
+from services.tools.context import Dependencies, ToolError
 from tests.ports import free_port_run
 from tests.unit.test_gate import call, gate, lookup, shop, turn  # noqa: F401 - fixtures
 from tests.unit.test_guard_handlers import LIST, TURN, guard, iteration  # noqa: F401 - fixtures
@@ -193,7 +193,7 @@ async def test_tool_executions_are_counted_ok_or_error_with_their_latency():
         raise ToolError("order not found")
 
     handlers = {"t_ok": ok, "t_fails": fails}
-    runner = Runner(SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False), shop=None, timeout_s=1, parallel=True)
+    runner = Runner(SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False), deps=Dependencies(), timeout_s=1, parallel=True)
     before = {(t, r): sample("roundtrip_tool_executions_total", tool=t, result=r) for t in handlers for r in ("ok", "error")}
     timed = sample("roundtrip_tool_duration_seconds_count", tool="t_ok")
     calls = [CheckedCall(id="a", name="t_ok", input={}, approved=True), CheckedCall(id="b", name="t_fails", input={}, approved=True),

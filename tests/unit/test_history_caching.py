@@ -12,7 +12,7 @@ from services.simulator import personas
 from services.simulator.transcript import Transcript
 from services.simulator.usage import PromptCache
 from services.simulator.validation import validate_create
-from services.tools.registry import load_registry
+from tests.agents import shop_model_client
 
 MODEL = "claude-sonnet-4-6"
 
@@ -37,7 +37,7 @@ def test_breakpoints_on_the_last_message_and_the_previous_requests_last_message(
 
 def test_the_client_stays_within_the_four_breakpoint_limit():
     settings = Settings(anthropic_api_key=None)
-    client = ModelClient(settings, load_registry().api_tools(cache=True))
+    client = shop_model_client(settings)
     transcript = [{"role": "user", "content": "a"}]
     for n in range(6):
         transcript += [{"role": "assistant", "content": [{"type": "text", "text": f"answer {n}"}]}, {"role": "user", "content": f"q {n}"}]
@@ -45,7 +45,7 @@ def test_the_client_stays_within_the_four_breakpoint_limit():
     assert client.static_breakpoints + len(marks(prepared)) == MAX_BREAKPOINTS
     body = {"model": MODEL, "max_tokens": 100, "tools": client._tools, "system": client._system, "messages": prepared}
     validate_create(body)  # the simulator's copy of the API's rules: at most 4 blocks with cache_control
-    assert ModelClient(Settings(cache_history=False), client._tools).prepared(transcript) is transcript
+    assert shop_model_client(Settings(cache_history=False), client._tools).prepared(transcript) is transcript
 
 
 def _request(messages: list[dict], system: str) -> dict:

@@ -9,7 +9,7 @@ from services.kernel.settings import Settings
 from services.model.client import ModelClient
 from services.model.handlers import call_model
 from services.simulator.server import running_simulator
-from services.tools.registry import load_registry
+from tests.agents import shop_model_client
 from tests.databases import migrated
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", persona="careful")
@@ -29,7 +29,7 @@ def failing_simulator():
 
 def client_for(url: str, **overrides) -> ModelClient:
     settings = Settings(_env_file=None, anthropic_api_key=None, anthropic_base_url=url, model_max_retries=1, **overrides)
-    return ModelClient(settings, load_registry().api_tools(cache=True))
+    return shop_model_client(settings)
 
 
 async def test_a_tool_use_response_becomes_an_iteration_with_fingerprints_and_usage(simulator):

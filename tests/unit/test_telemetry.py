@@ -17,7 +17,7 @@ from services.kernel import telemetry
 from services.kernel.events import CallModel, ModelResponded, Turn, TurnFlagged, Usage
 from services.kernel.settings import Settings
 from services.kernel.telemetry import (
-    STEP_HEADER, TURN_ID_HEADER, TURN_SPAN_HEADER, TURN_SPAN_NAME, JsonLinesSpanExporter, consuming,
+    STEP_HEADER, TURN_ID_HEADER, TURN_SPAN_HEADER, JsonLinesSpanExporter, consuming,
     make_provider, new_turn_ids, publishing, record_turn_span, span_files, traceparent,
 )
 
@@ -44,13 +44,14 @@ def test_the_turn_span_is_recorded_at_the_reply_with_the_ids_and_start_fixed_at_
     tracer, exporter = traced
     usage = Usage(input_tokens=100, output_tokens=20, cache_creation_input_tokens=1000, cache_read_input_tokens=2000)
     record_turn_span(TURN, outcome="end_turn", steps=3, usage=usage, cost_usd=0.0123, model="claude-x",
-                     end_time=1_700_000_002.75, using=tracer)
+                     agent_name="support-agent", agent_digest="0123456789abcdef", end_time=1_700_000_002.75, using=tracer)
     (span,) = exporter.get_finished_spans()
-    assert span.name == TURN_SPAN_NAME == "invoke_agent support-agent"
+    assert span.name == "invoke_agent support-agent"
     assert hex_ids(span) == (TRACE_ID, SPAN_ID) and span.parent is None  # the root of the turn's trace
     assert span.start_time == 1_700_000_000_250_000_000 and span.end_time == 1_700_000_002_750_000_000
     a = span.attributes
     assert a["gen_ai.operation.name"] == "invoke_agent" and a["gen_ai.agent.name"] == "support-agent"
+    assert a["roundtrip.agent.digest"] == "0123456789abcdef"  # which version of the agent ran the turn
     assert a["gen_ai.provider.name"] == "anthropic" and a["gen_ai.request.model"] == "claude-x"
     assert a["gen_ai.conversation.id"] == "conv_7" and a["roundtrip.turn_id"] == "turn_1" and a["roundtrip.customer_id"] == "cus_1001"
     assert a["roundtrip.outcome"] == "end_turn" and a["roundtrip.steps"] == 3 and a["roundtrip.cost_usd"] == 0.0123
@@ -69,7 +70,7 @@ def test_the_turn_span_is_recorded_at_the_reply_with_the_ids_and_start_fixed_at_
                                            ("cancelled", False), ("refusal", False)])
 def test_a_turn_the_guard_stopped_is_an_error_for_jaegers_error_filter(traced, outcome, error):
     tracer, exporter = traced
-    record_turn_span(TURN, outcome=outcome, steps=2, usage=Usage(), cost_usd=0.0, using=tracer)
+    record_turn_span(TURN, outcome=outcome, steps=2, usage=Usage(), cost_usd=0.0, agent_name="support-agent", using=tracer)
     (span,) = exporter.get_finished_spans()
     assert (span.status.status_code is StatusCode.ERROR) is error
     if error:
@@ -189,12 +190,12 @@ def test_roundtrip_trace_reads_the_rotated_span_files_too(tmp_path, capsys):
                            "kind": "INTERNAL", "start_ns": start, "end_ns": start + 1_000_000, "status": "UNSET",
                            "attributes": {"roundtrip.turn_id": "turn_9"}, "events": []}) + "\n"
 
-    (tmp_path / "spans.jsonl.1").write_text(line(SPAN_ID, None, TURN_SPAN_NAME, 0))
+    (tmp_path / "spans.jsonl.1").write_text(line(SPAN_ID, None, "invoke_agent support-agent", 0))
     path.write_text(line("1" * 16, SPAN_ID, "guard.decide", 1_000))
     settings = Settings(_env_file=None, span_file=path, otlp_endpoint=None, jaeger_query_url=None)
     assert console.show_trace(settings, "turn_9") == 0
     out = capsys.readouterr().out
-    assert TURN_SPAN_NAME in out and "  guard.decide" in out  # the child under its root from the older file
+    assert "invoke_agent support-agent" in out and "  guard.decide" in out  # the child under its root from the older file
 
 
 def test_a_jaeger_span_reads_like_a_span_file_record():

@@ -10,15 +10,16 @@ import pytest
 from services.gate.validation import InputValidator  # the validator the fleet uses
 from services.shop.app import in_process
 from services.shop.help_articles import INJECTION_ORDER_ID
-from services.tools import ShopClient, ToolContext, ToolError, load_registry
-from services.tools.shop_client import ShopError, ShopUnavailable
+from services.shop.agent.client import ShopClient, ShopError, ShopUnavailable
+from services.tools import ToolContext, ToolError
+from tests.agents import SHOP, shop_deps
 
 ALICE, BOB = "cus_1001", "cus_1002"
 
 
 @pytest.fixture(scope="module")
 def registry():
-    return load_registry()
+    return SHOP.registry
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ async def shop(tmp_path):
 
 
 def ctx_for(shop: ShopClient, customer_id: str = ALICE, tool_use_id: str = "toolu_01") -> ToolContext:
-    return ToolContext(customer_id=customer_id, tool_use_id=tool_use_id, idempotency_key=f"idem-{tool_use_id}", shop=shop)
+    return ToolContext(customer_id=customer_id, tool_use_id=tool_use_id, idempotency_key=f"idem-{tool_use_id}", deps=shop_deps(shop))
 
 
 async def call(registry, name, args, ctx):

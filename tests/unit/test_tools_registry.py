@@ -10,10 +10,10 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from services.gate.validation import InputValidator  # the validator the fleet uses
-from services.tools.registry import RegistryError, ToolSpec, default_schemas_dir, load_registry, strip_extensions
-from services.tools.support import HANDLERS, POLICIES
+from services.tools.registry import RegistryError, ToolSpec, strip_extensions
+from tests.agents import SCHEMAS, SHOP, shop_registry
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "tools"
+HANDLERS, POLICIES = SHOP.handlers, SHOP.policies
 TOOLS = {"list_orders", "lookup_order", "cancel_order", "get_shipping_status", "search_help_center", "escalate_to_human"}
 
 
@@ -30,11 +30,11 @@ def _walk(schema):
 
 @pytest.fixture(scope="module")
 def registry():
-    return load_registry()
+    return SHOP.registry
 
 
-def test_default_dir_is_the_repos(registry):
-    assert default_schemas_dir() == SCHEMAS
+def test_the_shop_agents_tools_are_the_schemas_in_its_own_folder(registry):
+    assert SCHEMAS == Path(__file__).resolve().parents[2] / "services" / "shop" / "agent" / "schemas"
     assert set(registry.names) == TOOLS == {p.stem for p in SCHEMAS.glob("*.json")}
 
 
@@ -142,14 +142,14 @@ def test_schema_without_handler_fails(tmp_path):
     doc = json.loads((folder / "lookup_order.json").read_text()) | {"name": "refund_order"}
     (folder / "refund_order.json").write_text(json.dumps(doc))
     with pytest.raises(RegistryError, match="schemas without a handler: \\['refund_order'\\]"):
-        load_registry(folder)
+        shop_registry(folder)
 
 
 def test_handler_without_schema_fails(tmp_path):
     folder = _copy_schemas(tmp_path)
     (folder / "escalate_to_human.json").unlink()
     with pytest.raises(RegistryError, match="handlers without a schema: \\['escalate_to_human'\\]"):
-        load_registry(folder)
+        shop_registry(folder)
 
 
 def test_loose_schema_fails(tmp_path):
@@ -158,7 +158,7 @@ def test_loose_schema_fails(tmp_path):
     del doc["input_schema"]["additionalProperties"]
     (folder / "lookup_order.json").write_text(json.dumps(doc))
     with pytest.raises(RegistryError, match="additionalProperties"):
-        load_registry(folder)
+        shop_registry(folder)
 
 
 def test_invalid_schema_fails(tmp_path):
@@ -167,17 +167,17 @@ def test_invalid_schema_fails(tmp_path):
     doc["input_schema"]["properties"]["limit"]["minimum"] = "one"
     (folder / "list_orders.json").write_text(json.dumps(doc))
     with pytest.raises(RegistryError, match="not valid JSON Schema 2020-12"):
-        load_registry(folder)
+        shop_registry(folder)
 
 
 def test_name_must_match_file(tmp_path):
     folder = _copy_schemas(tmp_path)
     (folder / "lookup_order.json").rename(folder / "find_order.json")
     with pytest.raises(RegistryError, match="must match the file name"):
-        load_registry(folder)
+        shop_registry(folder)
 
 
 def test_unbound_entity_kind_fails(tmp_path):
     folder = _copy_schemas(tmp_path)
     with pytest.raises(RegistryError, match="x-entity kinds without a resolver: \\['order'\\]"):
-        load_registry(folder, entity_resolvers={})
+        shop_registry(folder, entity_resolvers={})

@@ -112,11 +112,12 @@ class Settings(
                 '"k1:$(openssl rand -hex 32)", or ROUNDTRIP_ENV=development on a laptop.'
             )
 
-    def refuse_dev_decision_key(self, service: str) -> None:
-        """Raise InsecureConfiguration when approvals are on outside development with the published decision key."""
-        if self.approvals_configured and self.dev_decision_key_in_use and not self.development:
+    def refuse_dev_decision_key(self, service: str, approvals: bool) -> None:
+        """Raise InsecureConfiguration when approvals are on (`approvals`: the agent has a rule that can hold a call)
+        outside development with the published decision key."""
+        if approvals and self.dev_decision_key_in_use and not self.development:
             raise InsecureConfiguration(
-                f"{service} refuses to start: approvals are configured and ROUNDTRIP_DECISION_KEYS contains the published "
+                f"{service} refuses to start: the agent has approval rules and ROUNDTRIP_DECISION_KEYS contains the published "
                 "development key, with which anyone could approve a call. Set ROUNDTRIP_DECISION_KEYS to a secret of your "
                 'own, e.g. "ops1:$(openssl rand -hex 32)", and give it to the people who decide.'
             )

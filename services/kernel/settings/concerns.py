@@ -56,6 +56,10 @@ class Deployment(Concern):
     env: str | None = Field(
         None, description="'development' or 'production'; unset: development only with the embedded broker"
     )
+    agent: str | None = Field(
+        None, description="The agent the fleet runs: package.module:attribute, or a name in the entry-point group "
+                          "roundtrip.agents; unset: the demo agent (README: Your own agent)",
+    )
     instance_id: str | None = Field(
         None, description="Stable id of this replica (gateway transactional id); default: pod name in Kubernetes, else host-service"
     )
@@ -220,9 +224,6 @@ class TranscriptLimits(Concern):
 class ApprovalSettings(Concern):
     heading = "approvals by a person"
 
-    approval_cancel_above_cents: int | None = Field(
-        None, ge=0, description="cancel_order waits for a person's approval when the order's total is above this (cents); unset: never"
-    )
     approval_timeout_s: float = Field(
         900.0, gt=0, description="How long a call waits for a decision; then the turn ends with a polite reply (approval_timeout)"
     )
@@ -230,10 +231,6 @@ class ApprovalSettings(Concern):
         DEV_DECISION_KEYS, json_schema_extra=KEYS,
         description="Comma-separated key_id:secret pairs approval decisions are signed with (roundtrip approvals signs with the first)",
     )
-
-    @property
-    def approvals_configured(self) -> bool:
-        return self.approval_cancel_above_cents is not None
 
     @property
     def dev_decision_key_in_use(self) -> bool:

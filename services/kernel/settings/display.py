@@ -67,14 +67,15 @@ def render(settings: Concern) -> str:
                        for heading, rows in groups)
 
 
-def warnings(settings: Settings) -> list[str]:
-    """What a person should fix before this configuration leaves a laptop (the published development keys in use)."""
+def warnings(settings: Settings, approvals: bool = False) -> list[str]:
+    """What a person should fix before this configuration leaves a laptop (the published development keys in use;
+    `approvals`: the agent has an approval rule that can hold a call)."""
     found = []
     if settings.dev_approval_key_in_use:
         where = "development only" if settings.development else "the gate and the executor will REFUSE TO START here"
         found.append("ROUNDTRIP_APPROVAL_KEYS holds the published development key: anyone can sign batches with it "
                      f"({where}). Set it to a secret of your own, e.g. \"k1:$(openssl rand -hex 32)\".")
-    if settings.approvals_configured and settings.dev_decision_key_in_use:
+    if approvals and settings.dev_decision_key_in_use:
         where = "development only" if settings.development else "the gate and the guard will REFUSE TO START here"
         found.append("approvals are on and ROUNDTRIP_DECISION_KEYS holds the published development key: anyone can approve "
                      f"a call with it ({where}). Set it to a secret of your own, e.g. \"ops1:$(openssl rand -hex 32)\".")

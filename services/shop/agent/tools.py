@@ -1,49 +1,40 @@
-"""The support tool pack: async handlers and authorization policies of the six tools.
+"""The support agent's tools: async handlers, authorization policies, the approval rule and the resolver.
 
 A handler gets the model's input (already validated against its schema and authorized by
 the gate) and a ToolContext with the principal; it always acts for `ctx.customer_id`,
-never for a customer named in the input. It returns a JSON-able dict, or raises ToolError
-with a sentence the model can act on.
+never for a customer named in the input, through the shop client `ctx.deps.shop`. It
+returns a JSON-able dict, or raises ToolError with a sentence the model can act on.
 
 A policy gets the input, the referenced entities as resolved for the principal
 ({field name: entity}, e.g. {"order_id": {...order...}}) and the context, and returns a
 denial reason (shown to the model) or None to allow.
 
-An approval rule says when a call the gate would run must first be approved by a person:
-it gets the same input and resolved entities plus the deployment's ApprovalLimits, and
-returns the reason to ask (shown to the person) or None. It runs only after validation,
-ownership and the policy passed, so nobody is asked about a call the gate would reject.
-`always(reason)` holds every call of a tool.
+The approval rule of cancel_order gets the same input and resolved entities plus the agent's
+own settings (ShopAgentSettings: the threshold), and returns the reason to ask (shown to the
+person) or None. It runs only after validation, ownership and the policy passed.
 
-A tool in SERIAL must not run concurrently with other calls (two side effects on one
-order): a step that holds one runs all its calls one after another, in tool_use order.
-
-Everything is bound to tool names once, in HANDLERS, POLICIES, APPROVALS, SERIAL and
-ENTITY_RESOLVERS at the bottom.
+The binding of all of them to tool names is the agent, in __init__.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from services.tools.context import ToolContext, ToolError
-from services.tools.shop_client import IdempotencyConflict, OrderNotCancellable, OrderNotFound
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Handler = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
-Policy = Callable[[dict[str, Any], dict[str, dict[str, Any]], ToolContext], Awaitable[str | None]]
-EntityResolver = Callable[[str, ToolContext], Awaitable[dict[str, Any] | None]]
-
-
-@dataclass(frozen=True)
-class ApprovalLimits:
-    """The deployment's thresholds the approval rules read (Settings.approval_*)."""
-
-    cancel_above_cents: int | None = None  # None: cancellations never wait for a person
+from services.agent import ToolContext, ToolError, approval_rule
+from services.shop.agent.client import IdempotencyConflict, OrderNotCancellable, OrderNotFound
 
 
-ApprovalRule = Callable[[dict[str, Any], dict[str, dict[str, Any]], ApprovalLimits], str | None]
+class ShopAgentSettings(BaseSettings):
+    """The support agent's own settings (ROUNDTRIP_* like the fleet's)."""
+
+    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
+
+    approval_cancel_above_cents: int | None = Field(
+        None, ge=0, description="cancel_order waits for a person's approval when the order's total is above this (cents); unset: never"
+    )
 
 CANCELLABLE = ("pending", "processing")
 
@@ -96,12 +87,12 @@ def _detail(order: dict[str, Any]) -> dict[str, Any]:
 
 
 async def list_orders(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    orders = await ctx.shop.list_orders(ctx.customer_id, status=args.get("status"), limit=args.get("limit"))
+    orders = await ctx.deps.shop.list_orders(ctx.customer_id, status=args.get("status"), limit=args.get("limit"))
     return {"orders": [_summary(o) for o in orders], "count": len(orders)}
 
 
 async def lookup_order(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    order = await ctx.shop.get_order(ctx.customer_id, args["order_id"])
+    order = await ctx.deps.shop.get_order(ctx.customer_id, args["order_id"])
     if order is None:
         raise ToolError(not_found_message(args["order_id"]))
     return _detail(order)
@@ -110,7 +101,7 @@ async def lookup_order(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]
 async def cancel_order(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     order_id = args["order_id"]
     try:
-        order = await ctx.shop.cancel_order(ctx.customer_id, order_id, args["reason"], ctx.idempotency_key)
+        order = await ctx.deps.shop.cancel_order(ctx.customer_id, order_id, args["reason"], ctx.idempotency_key)
     except OrderNotFound:
         raise ToolError(not_found_message(order_id)) from None
     except OrderNotCancellable as exc:
@@ -124,7 +115,7 @@ async def cancel_order(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]
 
 
 async def get_shipping_status(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    info = await ctx.shop.shipping_status(ctx.customer_id, args["order_id"])
+    info = await ctx.deps.shop.shipping_status(ctx.customer_id, args["order_id"])
     if info is None:
         raise ToolError(not_found_message(args["order_id"]))
     if info["status"] in ("pending", "processing"):
@@ -135,23 +126,19 @@ async def get_shipping_status(args: dict[str, Any], ctx: ToolContext) -> dict[st
 
 
 async def search_help_center(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    articles = await ctx.shop.search_help(ctx.customer_id, args["query"])
+    articles = await ctx.deps.shop.search_help(ctx.customer_id, args["query"])
     return {"articles": articles, "count": len(articles)}
 
 
 async def escalate_to_human(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     try:
-        ticket = await ctx.shop.escalate(ctx.customer_id, args["summary"], args["urgency"], ctx.idempotency_key)
+        ticket = await ctx.deps.shop.escalate(ctx.customer_id, args["summary"], args["urgency"], ctx.idempotency_key)
     except IdempotencyConflict:
         raise ToolError("This escalation conflicts with an earlier request; no new ticket was opened.") from None
     return ticket | {"message": "A human agent will contact the customer; share the ticket id with them."}
 
 
 # -- authorization policies ------------------------------------------------------------------------
-
-
-async def allow(args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: ToolContext) -> str | None:
-    return None
 
 
 async def cancel_order_policy(args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: ToolContext) -> str | None:
@@ -169,26 +156,19 @@ async def cancel_order_policy(args: dict[str, Any], entities: dict[str, dict[str
 # -- approval rules (when a person must approve a call first) -------------------------------------
 
 
-def always(reason: str) -> ApprovalRule:
-    """A rule that holds every call of the tool for a person."""
-
-    def rule(args: dict[str, Any], entities: dict[str, dict[str, Any]], limits: ApprovalLimits) -> str | None:
-        return reason
-
-    return rule
-
-
-def cancel_order_approval(args: dict[str, Any], entities: dict[str, dict[str, Any]], limits: ApprovalLimits) -> str | None:
-    if limits.cancel_above_cents is None:
+@approval_rule(can_hold=lambda settings: settings.approval_cancel_above_cents is not None)
+def cancel_order_approval(args: dict[str, Any], entities: dict[str, dict[str, Any]], settings: ShopAgentSettings) -> str | None:
+    limit = settings.approval_cancel_above_cents
+    if limit is None:
         return None
     order = entities.get("order_id") or {}
     total = order.get("total_cents")
-    if not isinstance(total, int) or total <= limits.cancel_above_cents:
+    if not isinstance(total, int) or total <= limit:
         return None
     currency = str(order.get("currency", ""))
     return (
         f"cancelling order {order.get('order_id', args.get('order_id'))} of {_money(total, currency)} refunds more than "
-        f"{_money(limits.cancel_above_cents, currency)}, which needs a person's approval"
+        f"{_money(limit, currency)}, which needs a person's approval"
     )
 
 
@@ -196,30 +176,4 @@ def cancel_order_approval(args: dict[str, Any], entities: dict[str, dict[str, An
 
 
 async def resolve_order(order_id: str, ctx: ToolContext) -> dict[str, Any] | None:
-    return await ctx.shop.get_order(ctx.customer_id, order_id)
-
-
-# -- binding ---------------------------------------------------------------------------------------
-
-HANDLERS: dict[str, Handler] = {
-    "list_orders": list_orders,
-    "lookup_order": lookup_order,
-    "cancel_order": cancel_order,
-    "get_shipping_status": get_shipping_status,
-    "search_help_center": search_help_center,
-    "escalate_to_human": escalate_to_human,
-}
-
-POLICIES: dict[str, Policy] = {
-    "cancel_order": cancel_order_policy,
-}
-
-APPROVALS: dict[str, ApprovalRule] = {
-    "cancel_order": cancel_order_approval,
-}
-
-SERIAL: frozenset[str] = frozenset({"cancel_order", "escalate_to_human"})  # side effects: never next to another call
-
-ENTITY_RESOLVERS: dict[str, EntityResolver] = {
-    "order": resolve_order,
-}
+    return await ctx.deps.shop.get_order(ctx.customer_id, order_id)

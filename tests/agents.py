@@ -1,0 +1,32 @@
+"""The demo shop's agent for the tests, and its registry with some bindings replaced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from services.shop.agent import AGENT as SHOP
+from services.tools.context import Dependencies
+from services.tools.registry import Registry, load_registry
+
+SCHEMAS = Path(SHOP.tools_dir)
+
+
+def shop_registry(folder: Path | None = None, **overrides: Any) -> Registry:
+    """The shop agent's tools (from `folder`, else its own schemas), with any of its bindings replaced."""
+    bindings: dict[str, Any] = {"handlers": SHOP.handlers, "policies": SHOP.policies, "entity_resolvers": SHOP.entities,
+                                "approvals": SHOP.approvals, "serial": SHOP.serial}
+    return load_registry(folder or SCHEMAS, **(bindings | overrides))
+
+
+def shop_deps(client: Any) -> Dependencies:
+    """The shop agent's dependencies with this shop client."""
+    return Dependencies({"shop": client})
+
+
+def shop_model_client(settings: Any, tools: list[dict[str, Any]] | None = None) -> Any:
+    """The model service's client as it runs the shop agent (its tools, prompt and model)."""
+    from services.model.client import ModelClient
+
+    return ModelClient(settings, SHOP.registry.api_tools(cache=True) if tools is None else tools, SHOP.system_prompt,
+                       SHOP.model_for(settings))
