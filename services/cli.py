@@ -221,13 +221,13 @@ def config() -> None:
     from services.tools.agent import current_agent
 
     settings = get_settings()
-    typer.echo(display.render(settings))
     try:
-        approvals = current_agent(settings.agent).holds_calls()
+        agent = current_agent(settings.agent)
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
-    for warning in display.warnings(settings, approvals):
+    typer.echo(display.render(settings, display.own_group(f"the agent's own settings ({agent.name})", agent.own_settings)))
+    for warning in display.warnings(settings, agent.holds_calls()):
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
 
 

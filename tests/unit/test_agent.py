@@ -250,3 +250,14 @@ def test_the_kernel_and_the_five_services_name_no_shop_order_or_cancellation_of_
         for path in (ROOT / "services" / folder).rglob("*.py"):
             assert "services.shop" not in path.read_text(encoding="utf-8"), path
 
+
+
+def test_roundtrip_config_shows_the_agents_own_settings_and_warns_once_its_rule_can_hold_a_call(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {"ROUNDTRIP_STATE_DIR": str(tmp_path)}
+    quiet = subprocess.run([sys.executable, "-m", "services.cli", "config"], capture_output=True, text=True, env=env, timeout=60)
+    held = subprocess.run([sys.executable, "-m", "services.cli", "config"], capture_output=True, text=True, timeout=60,
+                          env=env | {"ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"})
+    assert quiet.returncode == held.returncode == 0
+    assert "# the agent's own settings (support-agent)" in held.stdout
+    assert re.search(r"(?m)^ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS +5000$", held.stdout)
+    assert "ROUNDTRIP_DECISION_KEYS" in held.stderr and "ROUNDTRIP_DECISION_KEYS" not in quiet.stderr

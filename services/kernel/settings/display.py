@@ -59,9 +59,19 @@ def grouped(settings: Concern) -> list[tuple[str, list[tuple[str, str]]]]:
     return groups
 
 
-def render(settings: Concern) -> str:
-    """The groups as text: `# heading`, then one `VARIABLE  value` line per setting; a blank line between groups."""
-    groups = grouped(settings)
+def own_group(heading: str, own: Any) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The group of an agent's own settings (a pydantic-settings object; none for anything else)."""
+    fields = getattr(type(own), "model_fields", None)
+    if not fields:
+        return []
+    prefix = str(getattr(own, "model_config", {}).get("env_prefix", ""))
+    return [(heading, [(f"{prefix}{name}".upper(), masked(field, getattr(own, name))) for name, field in fields.items()])]
+
+
+def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | None = None) -> str:
+    """The groups (and `extra` ones) as text: `# heading`, then one `VARIABLE  value` line per setting; a blank
+    line between groups."""
+    groups = grouped(settings) + (extra or [])
     width = max(len(variable) for _, rows in groups for variable, _ in rows)
     return "\n\n".join("\n".join([f"# {heading}", *(f"{variable:<{width}}  {value}" for variable, value in rows)])
                        for heading, rows in groups)
