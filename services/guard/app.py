@@ -36,7 +36,7 @@ from services.kernel.events import ApprovalDecided, ApprovalRequested, CancelTur
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.telemetry import tracer
-from services.tools.agent import current_agent
+from services.tools.agent import Agent, current_agent
 
 log = logging.getLogger("roundtrip.guard")
 
@@ -49,9 +49,10 @@ def policy_from(settings: Settings) -> Policy:
     )
 
 
-def guard_of(settings: Settings, ledger: Ledger, conversations: Conversations, prices: PriceTable, publish: Publish) -> Guard:
+def guard_of(settings: Settings, ledger: Ledger, conversations: Conversations, prices: PriceTable, publish: Publish,
+             agent: Agent) -> Guard:
     return Guard(
-        ledger, policy_from(settings), prices, publish, model=settings.model,
+        ledger, policy_from(settings), prices, publish, model=agent.model_for(settings), agent_digest=agent.digest,
         stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
         outbox_after_s=settings.outbox_after_s, conversations=conversations,
         decisions=DecisionSigner(parse_keys(settings.decision_keys)),
@@ -123,7 +124,7 @@ def build(settings: Settings) -> FastStream:
         ledger = await Ledger.open(settings.ledger_db_url)
         conversations = await Conversations.open(settings.conversations_db_url, settings.history_tokens,
                                                  settings.conversation_retention_s)
-        state["guard"] = guard_of(settings, ledger, conversations, prices, publish)
+        state["guard"] = guard_of(settings, ledger, conversations, prices, publish, agent)
 
     @app.after_startup
     async def start_sweeper() -> None:

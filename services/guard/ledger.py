@@ -70,6 +70,7 @@ class TurnRow:
     lease_step: int | None = None
     lease_until: float | None = None
     pending_at: float | None = None
+    agent_digest: str | None = None
 
     @property
     def turn(self) -> dict[str, Any]:
@@ -103,9 +104,9 @@ class Ledger(TurnStore):
 
     # -- transitions --------------------------------------------------------------------
     async def start(self, turn: dict[str, Any], pending: str, traceparent: str | None = None, now: float | None = None,
-                    deadline_at: float | None = None, outcome: str | None = None) -> bool:
-        """Register a new turn (already ended with `outcome`, for a refused one); False when it exists already
-        (a duplicated request)."""
+                    deadline_at: float | None = None, outcome: str | None = None, agent_digest: str | None = None) -> bool:
+        """Register a new turn (already ended with `outcome`, for a refused one) under the agent of that digest;
+        False when it exists already (a duplicated request)."""
         now = now or time.time()
         row = dict(
             turn_id=turn["turn_id"], request_id=turn["request_id"], conversation_id=turn["conversation_id"],
@@ -113,6 +114,7 @@ class Ledger(TurnStore):
             trace_id=turn.get("trace_id", ""), traceparent=traceparent, turn_json=json.dumps(turn), pending=pending,
             pending_at=now, deadline_at=deadline_at or turn.get("deadline_at"), outcome=outcome, ended_at=now if outcome else None,
             input_tokens=0, output_tokens=0, cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=0.0,
+            agent_digest=agent_digest,
         )
         try:
             await self._run(lambda conn: conn.execute(_START, row), write=True, single=True)

@@ -87,6 +87,7 @@ class Starts:
     turn_deadline_s: float = 300.0  # a turn whose request names no deadline gets this one
     conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
     steps: StepClock = field(default_factory=StepClock)
+    agent_digest: str | None = None  # recorded with each turn it starts (Agent.digest)
 
     async def on_start(self, command: StartTurn) -> str:
         turn = command.turn
@@ -109,7 +110,8 @@ class Starts:
         if history:
             trace.get_current_span().set_attribute("roundtrip.history_messages", len(history))
         pending = pending_copy(call)
-        if await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, deadline_at=turn.deadline_at):
+        if await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, deadline_at=turn.deadline_at,
+                                   agent_digest=self.agent_digest):
             self.steps.stepped(turn.turn_id, ended=False)
             await self.outbox.emit(turn.turn_id, pending, call, turn.conversation_id)
             return "started"
@@ -130,7 +132,8 @@ class Starts:
         outcome = Outcome.CONVERSATION_REFUSED
         ended = TurnEnded(turn=turn, step=0, outcome=outcome, text=polite(outcome))
         pending = pending_copy(ended)
-        if not await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, outcome=outcome.value):
+        if not await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, outcome=outcome.value,
+                                       agent_digest=self.agent_digest):
             row = await self.ledger.get(turn.turn_id)
             return await self._started_before(row) if row is not None else "duplicate"
         security.warning("turn %s refused: customer %s named conversation %s of another customer (request %s)",

@@ -73,6 +73,8 @@ turns = Table(
     Column("lease_step", Integer),  # the step an executor claimed ...
     Column("lease_until", Float),  # ... and until when its calls may still be running
     Column("pending_at", Float),  # when `pending` was written (the outbox republishes old ones)
+    # -- migration ledger_0003 --
+    Column("agent_digest", String(32)),  # Agent.digest of the guard that started the turn (its prompt and tools)
 )
 CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)  # the guard: is a turn of it running?
 # One row per call held for a person's approval (the guard writes it; `roundtrip approvals` reads it).

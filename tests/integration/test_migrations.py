@@ -28,7 +28,7 @@ from services.kernel.migrations.schema import current, head, upgrade, upgrade_da
 from services.kernel.settings import Settings
 from services.kernel.turnstore import Fence
 
-BEHIND = "ledger_0001"  # one migration behind this code's ledger_0002
+BEHIND = "ledger_0002"  # one migration behind this code's ledger_0003
 UPGRADE_LINE = "run `roundtrip db upgrade`"
 
 
@@ -125,7 +125,8 @@ async def test_a_ledger_of_the_first_fleet_is_upgraded_in_place_with_its_turns_k
 
 
 async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
-    """Today's tables, made by the code before migrations (create_all at open): stamped, nothing lost."""
+    """The tables the code made before migrations (create_all at open: today's, but for the columns of the revisions
+    after the adoption): stamped, the later revisions applied, nothing lost."""
     turn = {"turn_id": "turn_today", "request_id": "r", "conversation_id": "conv_today", "customer_id": "cus_1001",
             "status": "running", "step": 2, "started_at": 1.0, "last_progress_at": 2.0, "turn_json": "{}", "deadline_at": 99.0,
             "input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "cost_usd": 0.0,
@@ -134,7 +135,8 @@ async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
     def made_before(conn):
         turnstore.metadata.create_all(conn)
         conversation_store.metadata.create_all(conn)
-        conn.execute(insert(turnstore.turns), turn)
+        conn.execute(text("ALTER TABLE turns DROP COLUMN agent_digest"))  # ledger_0003: after the adoption
+        conn.execute(insert(turnstore.turns), turn)  # the columns it names only
         conn.execute(insert(conversation_store.conversations), {"conversation_id": "conv_today", "customer_id": "cus_1001",
                                                                  "created_at": 1.0, "updated_at": 2.0, "turns": 4, "dropped_turns": 1})
 
