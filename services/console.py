@@ -24,7 +24,8 @@ from services.kernel import topics
 from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.database import shown
 from services.kernel.events import (
-    ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, SupportReply, SupportRequest, TurnFlagged,
+    ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, SupportRequest,
+    TurnFlagged,
 )
 from services.kernel.settings import Settings
 from services.kernel.telemetry import span_files
@@ -73,7 +74,7 @@ class Session:
         await self.producer.stop()
 
     async def ask(self, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
-        """Publish one request, show each step of its turn, then the reply; 0 when it came, 1 on timeout."""
+        """Publish one request, show each step of its turn, then the reply; its exit code (`exit_code`), 1 on timeout."""
         request = SupportRequest(request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer,
                                  text=text, persona=persona)
         await self.producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS, self.settings.topic_prefix), request.model_dump_json().encode(), key=conversation.encode())
@@ -87,15 +88,41 @@ class Session:
                 for record in records:
                     reply = _render(self.watched[record.topic], record.value, request.request_id, seen, waiting)
                     if reply is not None:
-                        colour = "green" if reply.outcome.value == "end_turn" else "yellow"
-                        console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {reply.steps} steps, "
-                                      f"{reply.usage.input_tokens} in / {reply.usage.output_tokens} out tokens, "
-                                      f"cache {reply.usage.cache_creation_input_tokens} written / {reply.usage.cache_read_input_tokens} read)")
-                        console.print(reply.text)
-                        console.print(f"[dim]turn {reply.turn_id}  trace {reply.trace_id}[/]")
-                        return 0
+                        return show_reply(reply)
         console.print(f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {self.settings.state_dir / 'logs'})")
         return 1
+
+
+# `roundtrip ask`'s exit code by the reply's outcome (documented in its --help and the README); 1: no reply, 2: not asked
+EXIT_CODES = {
+    **dict.fromkeys((Outcome.STEP_LIMIT, Outcome.REPEATED_CALL, Outcome.CYCLE, Outcome.FAILURE_STREAK, Outcome.BUDGET,
+                     Outcome.DEADLINE, Outcome.CANCELLED, Outcome.APPROVAL_TIMEOUT), 3),  # the guard stopped the turn
+    **dict.fromkeys((Outcome.MAX_TOKENS, Outcome.STOP_SEQUENCE, Outcome.REFUSAL, Outcome.CONTEXT_WINDOW_EXCEEDED,
+                     Outcome.UNKNOWN_STOP_REASON), 4),  # the model stopped without its answer
+    Outcome.MODEL_ERROR: 5,
+    Outcome.CONVERSATION_REFUSED: 6, Outcome.INVALID_REQUEST: 6,  # the request was refused
+    Outcome.END_TURN: 0,
+}
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def show_reply(reply: SupportReply) -> int:
+    """Print a turn's reply; returns the exit code of its outcome (EXIT_CODES), with a line saying why when it is not 0."""
+    colour = "green" if reply.outcome is Outcome.END_TURN else "yellow"
+    console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {plural(reply.steps, 'step')}, "
+                  f"{reply.usage.input_tokens} in / {reply.usage.output_tokens} out tokens, "
+                  f"cache {reply.usage.cache_creation_input_tokens} written / {reply.usage.cache_read_input_tokens} read)")
+    console.print(reply.text)
+    if reply.reason:
+        console.print(f"[yellow]refused:[/] {reply.reason}")
+    console.print(f"[dim]turn {reply.turn_id or '(none)'}  trace {reply.trace_id}[/]")
+    code = EXIT_CODES[reply.outcome]
+    if code:
+        console.print(f"[yellow]the turn did not end with the model's answer: {reply.outcome.value} (exit code {code})[/]")
+    return code
 
 
 async def ask(settings: Settings, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
@@ -290,7 +317,8 @@ def _print_trace(trace_id: str, spans: list[dict]) -> None:
             name += " [red]ERROR[/]" + (f" [red]{_short(span['status_message'], 80)}[/]" if span.get("status_message") else "")
         attrs = span["attributes"]
         extra = " ".join(f"{k.split('.')[-1]}={attrs[k]}" for k in (
-            "roundtrip.step", "roundtrip.decision", "roundtrip.outcome", "roundtrip.approved", "roundtrip.detail") if k in attrs)
+            "roundtrip.step", "roundtrip.decision", "roundtrip.outcome", "roundtrip.approved", "roundtrip.detail")
+            if attrs.get(k) not in (None, ""))
         table.add_row(f"{(span['start_ns'] - t0) / 1e6:.1f}", f"{took:.1f}", str(span["service"]).removeprefix("roundtrip-"),
                       f"{name} [dim]{extra}[/]")
         for child in children.get(span["span_id"], []):
