@@ -15,22 +15,12 @@ import uuid
 from typing import Annotated, Optional
 
 import typer
-import typer.core
 
+from services.cli_help import flags_without_type, reflow_help
 from services.kernel import topology
 from services.kernel.settings import get_settings
 
-def _flag_type_shown(display_type_rich):
-    """typer shows a flag (--json, --help) as taking a `<bool>`; a flag takes no value, so its help shows none."""
-
-    def shown(option: typer.core.TyperOption, ctx) -> str | None:
-        return None if option.is_flag and option.metavar is None else display_type_rich(option, ctx)
-
-    return shown
-
-
-typer.core.TyperOption.display_type_rich = _flag_type_shown(typer.core.TyperOption.display_type_rich)
-
+flags_without_type()
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 topics_app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True)
 broker_app = typer.Typer(help="The embedded Apache Kafka broker (KRaft, from Maven Central).", no_args_is_help=True)
@@ -418,6 +408,9 @@ def broker_run() -> None:
     from services.broker.embedded import main as broker_main
 
     raise typer.Exit(broker_main(["run"]))
+
+
+reflow_help(app)  # after every command is declared (services/cli_help.py)
 
 
 def main() -> None:

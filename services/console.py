@@ -417,8 +417,10 @@ async def list_approvals(settings: Settings, everything: bool, limit: int) -> in
         await ledger.close()
     now = time.time()
     table = Table(box=None, pad_edge=False)
+    ids = {"approval": [r.approval_id for r in rows], "turn": [r.turn_id for r in rows]}  # never cut: people copy them
     for column in ("approval", "status", "customer", "call", "why", "waiting s", "deadline in s", "decided by", "turn", "trace id"):
-        table.add_column(column)
+        whole = max(map(len, ids[column]), default=0) if column in ids else 32 if column == "trace id" else None
+        table.add_column(column, no_wrap=whole is not None, min_width=whole)
     for r in rows:
         request = ApprovalRequested.model_validate_json(r.request_json)
         decided = f"{r.decided_by} at {time.strftime('%H:%M:%S', time.localtime(r.decided_at))}" if r.decided_by and r.decided_at else ""

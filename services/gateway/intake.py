@@ -65,19 +65,17 @@ def check_key(request: SupportRequest, key: bytes | None) -> None:
                                     f"{request.conversation_id!r}, so its conversation stays in order")
 
 
-def content_digest(request: SupportRequest) -> str:
+def content_digest(request: SupportRequest) -> bytes:
     """What a request asks, its ids aside: a redelivery has the same, a reused request id other content."""
-    content = request.model_dump(mode="json", exclude={"request_id", "conversation_id"}, exclude_unset=False)
-    for name in request.model_extra or {}:
-        content.pop(name, None)
-    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    content = request.model_dump(mode="json", exclude={"request_id", "conversation_id", *(request.model_extra or {})})
+    return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).digest()[:16]
 
 
 class SeenRequests:
     """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused with other content."""
 
     def __init__(self, capacity: int = REMEMBERED) -> None:
-        self._digests: OrderedDict[str, str] = OrderedDict()
+        self._digests: OrderedDict[str, bytes] = OrderedDict()
         self._capacity = capacity
 
     def add(self, turn_id: str, request: SupportRequest) -> bool:

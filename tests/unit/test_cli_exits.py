@@ -1,6 +1,10 @@
-"""`roundtrip` tells the truth in its exit code: unknown names are errors listing the known ones; `ask` fails unless the model answered."""
+"""`roundtrip` tells the truth: unknown names are errors listing the known ones, `ask` fails unless the model answered, and what it
+prints reads right (help without `<bool>` or cut paragraphs, "1 step", no empty `detail=`, whole ids in the approvals table)."""
 
 from __future__ import annotations
+
+import json
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -91,3 +95,62 @@ def test_flags_show_no_value_type_in_help():
         result = CliRunner().invoke(app, command)
         assert result.exit_code == 0 and "<bool>" not in result.output
     assert "<float>" in CliRunner().invoke(app, ["lag", "--help"]).output  # options that take a value still say which
+
+
+def test_help_paragraphs_wrap_only_at_the_terminals_width():
+    result = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "300"}, terminal_width=300)
+    assert result.exit_code == 0
+    assert ("Supervises them: a process that dies (any service, a replica, the simulator, the shop or the embedded broker) "
+            "is restarted with exponential backoff") in result.output
+
+
+def test_the_trace_view_shows_no_empty_attribute(tmp_path, capsys):
+    from services.kernel.settings import Settings
+
+    path = tmp_path / "spans.jsonl"
+    span = {"trace_id": "ab" * 16, "span_id": "1" * 16, "parent_id": None, "name": "guard.decide", "service": "roundtrip-guard",
+            "kind": "INTERNAL", "start_ns": 0, "end_ns": 1_000_000, "status": "UNSET", "events": [],
+            "attributes": {"roundtrip.turn_id": "turn_9", "roundtrip.outcome": "end_turn", "roundtrip.detail": ""}}
+    path.write_text(json.dumps(span) + "\n")
+    settings = Settings(_env_file=None, span_file=path, otlp_endpoint=None, jaeger_query_url=None)
+    assert console.show_trace(settings, "turn_9") == 0
+    out = capsys.readouterr().out
+    assert "outcome=end_turn" in out and "detail=" not in out
+
+
+async def test_the_approvals_table_never_cuts_an_id(tmp_path, monkeypatch):
+    import io
+    import time
+
+    from rich.console import Console
+
+    from services.guard import ledger as ledger_module
+    from services.kernel.events import ApprovalRequested, CheckedCall, Turn
+    from services.kernel.settings import Settings
+
+    turn = Turn(turn_id="turn_" + "7" * 24, request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="cd" * 16)
+    call = CheckedCall(id="toolu_1", name="cancel_order", input={"order_id": "ord_a1000003"}, approved=True)
+    request = ApprovalRequested(approval_id="appr_" + "9" * 24, turn=turn, step=1, call=call, reason="a long reason " * 8,
+                                input_sha256="0" * 64, requested_at=time.time(), expires_at=time.time() + 900, messages=[])
+    row = SimpleNamespace(approval_id=request.approval_id, status="pending", customer_id="cus_1001", tool="cancel_order",
+                          reason=request.reason, decided_by=None, decided_at=None, requested_at=request.requested_at,
+                          expires_at=request.expires_at, turn_id=turn.turn_id, request_json=request.model_dump_json())
+
+    class FakeLedger:
+        async def list_approvals(self, status, limit):
+            return [row]
+
+        async def close(self):
+            pass
+
+    async def open_ledger(url, read_only=False):
+        return FakeLedger()
+
+    monkeypatch.setattr(ledger_module.Ledger, "open", staticmethod(open_ledger))
+    out = io.StringIO()
+    monkeypatch.setattr(console, "console", Console(file=out, width=120, highlight=False))
+    (tmp_path / "ledger.db").touch()
+    settings = Settings(_env_file=None, state_dir=tmp_path)
+    assert await console.list_approvals(settings, everything=False, limit=10) == 0
+    shown = out.getvalue()
+    assert request.approval_id in shown and turn.turn_id in shown and turn.trace_id in shown
