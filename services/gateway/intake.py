@@ -10,9 +10,10 @@ keyed by its conversation id (its conversation's order would be lost), and a req
 in its conversation with other content. A record that names no request id and conversation id
 (malformed JSON, say) has no one to answer: it is only dead-lettered.
 
-The reuse check remembers the requests this replica saw since it started (the last
-`REMEMBERED` of them); every request of a conversation comes to the same replica (one key, one
-partition). A refusal's reply is published at least once: the record read again after a crash
+The reuse check remembers the requests this replica read since it started (the last
+`REMEMBERED` of them); the requests of a conversation come to one replica (one key, one
+partition), until a restart or a rebalance: then a reused id is taken for a duplicate (the
+guard's ledger drops it). A refusal's reply is published at least once: the record read again after a crash
 may be answered again.
 """
 
