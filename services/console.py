@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from services.kernel import topics
@@ -404,6 +405,9 @@ async def forget_conversation(settings: Settings, conversation_id: str) -> int:
     return 0
 
 
+APPROVAL_COLUMNS = ("approval", "status", "customer", "call", "why", "waiting s", "deadline in s", "decided by", "turn", "trace id")
+
+
 async def list_approvals(settings: Settings, everything: bool, limit: int) -> int:
     """Calls waiting for a person (or, with everything, every approval with who decided and when)."""
     from services.guard.ledger import PENDING, Ledger
@@ -416,20 +420,27 @@ async def list_approvals(settings: Settings, everything: bool, limit: int) -> in
     finally:
         await ledger.close()
     now = time.time()
-    table = Table(box=None, pad_edge=False)
-    ids = {"approval": [r.approval_id for r in rows], "turn": [r.turn_id for r in rows]}  # never cut: people copy them
-    for column in ("approval", "status", "customer", "call", "why", "waiting s", "deadline in s", "decided by", "turn", "trace id"):
-        whole = max(map(len, ids[column]), default=0) if column in ids else 32 if column == "trace id" else None
-        table.add_column(column, no_wrap=whole is not None, min_width=whole)
+    cells = []
     for r in rows:
         request = ApprovalRequested.model_validate_json(r.request_json)
         decided = f"{r.decided_by} at {time.strftime('%H:%M:%S', time.localtime(r.decided_at))}" if r.decided_by and r.decided_at else ""
-        table.add_row(
+        cells.append((
             r.approval_id, r.status, r.customer_id, call_label(r.tool, request.call.input), _short(r.reason, 90),
             f"{(r.decided_at or now) - r.requested_at:.0f}", f"{r.expires_at - now:.0f}" if r.status == PENDING else "",
             decided, r.turn_id, request.turn.trace_id,
-        )
-    console.print(table if rows else ("no approvals" if everything else "no calls are waiting for approval"))
+        ))
+    table = Table(box=None, pad_edge=False)
+    for i, column in enumerate(APPROVAL_COLUMNS):
+        whole = column != "why"  # only the reason wraps: the ids and the call are never cut (people copy them)
+        table.add_column(column, no_wrap=whole, min_width=max((len(c[i]) for c in cells), default=0) if whole else None)
+    for row in cells:
+        table.add_row(*row)
+    if not rows:
+        console.print("no approvals" if everything else "no calls are waiting for approval")
+        return 0
+    # wider than the terminal when it must be (the terminal wraps the lines) rather than an id cut short; 24 more for the reason
+    needed = Measurement.get(console, console.options.update(width=10_000), table).minimum + 24
+    console.print(table, width=max(console.width, needed), crop=False)
     return 0
 
 
