@@ -16,9 +16,11 @@ from typing import Annotated, Optional
 
 import typer
 
+from services.cli_help import flags_without_type, reflow_help
 from services.kernel import topology
 from services.kernel.settings import get_settings
 
+flags_without_type()
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 topics_app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True)
 broker_app = typer.Typer(help="The embedded Apache Kafka broker (KRaft, from Maven Central).", no_args_is_help=True)
@@ -156,9 +158,17 @@ def ask(
     conversation: Annotated[Optional[str], typer.Option(help="conversation id (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the reply")] = 120.0,
 ) -> None:
-    """Publish one support request and show each step of its turn, then the reply (--conversation continues one)."""
+    """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
+
+    Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, the
+    fleet's topics missing); 3 the guard stopped the turn (step_limit, repeated_call, cycle, failure_streak,
+    budget, deadline, cancelled, approval_timeout); 4 the model stopped without its answer (max_tokens,
+    stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error; 6 the request
+    was refused (conversation_refused, invalid_request).
+    """
     from services.console import ask as do_ask
 
+    _check_persona(persona)
     code = asyncio.run(do_ask(get_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
 
@@ -173,8 +183,18 @@ def chat(
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
     from services.console import chat as do_chat
 
+    _check_persona(persona)
     code = asyncio.run(do_chat(get_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
+
+
+def _check_persona(persona: str | None) -> None:
+    """Refuse a persona the simulator does not have before anything is published (no model call is spent on it)."""
+    from services.simulator.personas import NAMES
+
+    if persona is not None and persona not in NAMES:
+        raise typer.BadParameter(f"unknown persona {persona!r}; the simulator's personas are: {', '.join(NAMES)}",
+                                 param_hint="'--persona'")
 
 
 @app.command()
@@ -206,6 +226,10 @@ def lag(
 
     if watch is not None and watch <= 0:
         raise typer.BadParameter("--watch takes a number of seconds > 0")
+    known = topology.groups()
+    if group is not None and group not in known and f"roundtrip-{group}" not in known:
+        raise typer.BadParameter(f"unknown consumer group {group!r}; the fleet's groups are: {', '.join(sorted(known))} "
+                                 "(with or without the roundtrip- prefix)", param_hint="'--group'")
     try:
         raise typer.Exit(asyncio.run(show_lag(get_settings(), group, json_output, watch)))
     except KeyboardInterrupt:
@@ -397,6 +421,9 @@ def broker_run() -> None:
     from services.broker.embedded import main as broker_main
 
     raise typer.Exit(broker_main(["run"]))
+
+
+reflow_help(app)  # after every command is declared (services/cli_help.py)
 
 
 def main() -> None:

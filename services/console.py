@@ -18,13 +18,15 @@ from typing import Any
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from services.kernel import topics
 from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.database import shown
 from services.kernel.events import (
-    ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, SupportReply, SupportRequest, TurnFlagged,
+    ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, SupportRequest,
+    TurnFlagged,
 )
 from services.kernel.settings import Settings
 from services.kernel.telemetry import span_files
@@ -73,7 +75,7 @@ class Session:
         await self.producer.stop()
 
     async def ask(self, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
-        """Publish one request, show each step of its turn, then the reply; 0 when it came, 1 on timeout."""
+        """Publish one request, show each step of its turn, then the reply; its exit code (`exit_code`), 1 on timeout."""
         request = SupportRequest(request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer,
                                  text=text, persona=persona)
         await self.producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS, self.settings.topic_prefix), request.model_dump_json().encode(), key=conversation.encode())
@@ -87,15 +89,41 @@ class Session:
                 for record in records:
                     reply = _render(self.watched[record.topic], record.value, request.request_id, seen, waiting)
                     if reply is not None:
-                        colour = "green" if reply.outcome.value == "end_turn" else "yellow"
-                        console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {reply.steps} steps, "
-                                      f"{reply.usage.input_tokens} in / {reply.usage.output_tokens} out tokens, "
-                                      f"cache {reply.usage.cache_creation_input_tokens} written / {reply.usage.cache_read_input_tokens} read)")
-                        console.print(reply.text)
-                        console.print(f"[dim]turn {reply.turn_id}  trace {reply.trace_id}[/]")
-                        return 0
+                        return show_reply(reply)
         console.print(f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {self.settings.state_dir / 'logs'})")
         return 1
+
+
+# `roundtrip ask`'s exit code by the reply's outcome (documented in its --help and the README); 1: no reply, 2: not asked
+EXIT_CODES = {
+    **dict.fromkeys((Outcome.STEP_LIMIT, Outcome.REPEATED_CALL, Outcome.CYCLE, Outcome.FAILURE_STREAK, Outcome.BUDGET,
+                     Outcome.DEADLINE, Outcome.CANCELLED, Outcome.APPROVAL_TIMEOUT), 3),  # the guard stopped the turn
+    **dict.fromkeys((Outcome.MAX_TOKENS, Outcome.STOP_SEQUENCE, Outcome.REFUSAL, Outcome.CONTEXT_WINDOW_EXCEEDED,
+                     Outcome.UNKNOWN_STOP_REASON), 4),  # the model stopped without its answer
+    Outcome.MODEL_ERROR: 5,
+    Outcome.CONVERSATION_REFUSED: 6, Outcome.INVALID_REQUEST: 6,  # the request was refused
+    Outcome.END_TURN: 0,
+}
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def show_reply(reply: SupportReply) -> int:
+    """Print a turn's reply; returns the exit code of its outcome (EXIT_CODES), with a line saying why when it is not 0."""
+    colour = "green" if reply.outcome is Outcome.END_TURN else "yellow"
+    console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {plural(reply.steps, 'step')}, "
+                  f"{reply.usage.input_tokens} in / {reply.usage.output_tokens} out tokens, "
+                  f"cache {reply.usage.cache_creation_input_tokens} written / {reply.usage.cache_read_input_tokens} read)")
+    console.print(reply.text)
+    if reply.reason:
+        console.print(f"[yellow]refused:[/] {reply.reason}")
+    console.print(f"[dim]turn {reply.turn_id or '(none)'}  trace {reply.trace_id}[/]")
+    code = EXIT_CODES[reply.outcome]
+    if code:
+        console.print(f"[yellow]the turn did not end with the model's answer: {reply.outcome.value} (exit code {code})[/]")
+    return code
 
 
 async def ask(settings: Settings, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
@@ -290,7 +318,8 @@ def _print_trace(trace_id: str, spans: list[dict]) -> None:
             name += " [red]ERROR[/]" + (f" [red]{_short(span['status_message'], 80)}[/]" if span.get("status_message") else "")
         attrs = span["attributes"]
         extra = " ".join(f"{k.split('.')[-1]}={attrs[k]}" for k in (
-            "roundtrip.step", "roundtrip.decision", "roundtrip.outcome", "roundtrip.approved", "roundtrip.detail") if k in attrs)
+            "roundtrip.step", "roundtrip.decision", "roundtrip.outcome", "roundtrip.approved", "roundtrip.detail")
+            if attrs.get(k) not in (None, ""))
         table.add_row(f"{(span['start_ns'] - t0) / 1e6:.1f}", f"{took:.1f}", str(span["service"]).removeprefix("roundtrip-"),
                       f"{name} [dim]{extra}[/]")
         for child in children.get(span["span_id"], []):
@@ -376,6 +405,9 @@ async def forget_conversation(settings: Settings, conversation_id: str) -> int:
     return 0
 
 
+APPROVAL_COLUMNS = ("approval", "status", "customer", "call", "why", "waiting s", "deadline in s", "decided by", "turn", "trace id")
+
+
 async def list_approvals(settings: Settings, everything: bool, limit: int) -> int:
     """Calls waiting for a person (or, with everything, every approval with who decided and when)."""
     from services.guard.ledger import PENDING, Ledger
@@ -388,18 +420,27 @@ async def list_approvals(settings: Settings, everything: bool, limit: int) -> in
     finally:
         await ledger.close()
     now = time.time()
-    table = Table(box=None, pad_edge=False)
-    for column in ("approval", "status", "customer", "call", "why", "waiting s", "deadline in s", "decided by", "turn", "trace id"):
-        table.add_column(column)
+    cells = []
     for r in rows:
         request = ApprovalRequested.model_validate_json(r.request_json)
         decided = f"{r.decided_by} at {time.strftime('%H:%M:%S', time.localtime(r.decided_at))}" if r.decided_by and r.decided_at else ""
-        table.add_row(
+        cells.append((
             r.approval_id, r.status, r.customer_id, call_label(r.tool, request.call.input), _short(r.reason, 90),
             f"{(r.decided_at or now) - r.requested_at:.0f}", f"{r.expires_at - now:.0f}" if r.status == PENDING else "",
             decided, r.turn_id, request.turn.trace_id,
-        )
-    console.print(table if rows else ("no approvals" if everything else "no calls are waiting for approval"))
+        ))
+    table = Table(box=None, pad_edge=False)
+    for i, column in enumerate(APPROVAL_COLUMNS):
+        whole = column != "why"  # only the reason wraps: the ids and the call are never cut (people copy them)
+        table.add_column(column, no_wrap=whole, min_width=max((len(c[i]) for c in cells), default=0) if whole else None)
+    for row in cells:
+        table.add_row(*row)
+    if not rows:
+        console.print("no approvals" if everything else "no calls are waiting for approval")
+        return 0
+    # wider than the terminal when it must be (the terminal wraps the lines) rather than an id cut short; 24 more for the reason
+    needed = Measurement.get(console, console.options.update(width=10_000), table).minimum + 24
+    console.print(table, width=max(console.width, needed), crop=False)
     return 0
 
 

@@ -10,9 +10,9 @@ from faststream.kafka import KafkaBroker
 
 from services.gateway.admission import Admission
 from services.gateway.handlers import reply_for, start_turn
+from services.gateway.intake import SeenRequests, check_key, note_unknown_fields, refuser
 from services.gateway.replied import RepliedTurns
 from services.kernel import topics
-from services.kernel.dedupe import SeenIds
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
 from services.kernel.messaging import Outlet, current_record, group, key_of, make_broker, service_app, subscribe, topic_of
 from services.kernel.settings import Settings
@@ -27,13 +27,13 @@ def build(settings: Settings) -> FastStream:
     broker = make_broker("gateway", settings, turn_roots=(topics.SUPPORT_REQUESTS,))
     admission = Admission(settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60)
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
-    Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # declared so the AsyncAPI document shows the replies
+    refusals = Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # the replies to refused requests (turns' are transactional)
     replies_topic = topic_of(broker, topics.SUPPORT_REPLIES)
     replies = TransactionalOutlet(settings.bootstrap_servers, replies_topic, group("gateway", "replies"),
                                   transactional_id("gateway", replies_topic, settings.instance_id))
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
     replied = RepliedTurns(settings.bootstrap_servers, replies_topic)
-    subscribe_requests(broker, settings, admission, start)
+    subscribe_requests(broker, settings, admission, start, refusals)
     subscribe_outcomes(broker, settings, admission, replies, replied)
     app = service_app(broker, log)
     app.on_startup(replies.start)
@@ -41,20 +41,23 @@ def build(settings: Settings) -> FastStream:
     return app
 
 
-def subscribe_requests(broker: KafkaBroker, settings: Settings, admission: Admission, start: Outlet) -> None:
-    """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it."""
-    started = SeenIds()
+def subscribe_requests(broker: KafkaBroker, settings: Settings, admission: Admission, start: Outlet, refusals: Outlet) -> None:
+    """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it; a request it
+    refuses gets an invalid_request reply (services/gateway/intake.py)."""
+    started = SeenRequests()
 
     # a request waiting for admission holds nothing but its place: a rebalance or a stop interrupts it
     # (it is read again), instead of waiting for a turn to end
-    @subscribe(broker, topics.SUPPORT_REQUESTS, "gateway", settings, cancel_on_revoke=True)
+    @subscribe(broker, topics.SUPPORT_REQUESTS, "gateway", settings, cancel_on_revoke=True, on_failure=refuser(refusals))
     async def on_support_request(request: SupportRequest) -> None:
+        note_unknown_fields(request)
+        check_key(request, current_record().key)
         command = start_turn(request, *new_turn_ids())  # the turn span's ids, fixed by the hop that brought the request
         turn = command.turn
         bind_turn(turn.turn_id)
         with tracer().start_as_current_span("turn.start") as span:
             span.set_attributes({"roundtrip.turn_id": turn.turn_id, "roundtrip.customer_id": turn.customer_id})
-            if not started.add(turn.turn_id):
+            if not started.add(turn.turn_id, request):
                 span.add_event("duplicate request dropped")
                 log.info("duplicate request %s (turn %s) dropped", request.request_id, turn.turn_id)
                 return

@@ -10,7 +10,7 @@ TURN_NAMESPACE = uuid.UUID("6f1c2b8e-3a4d-4e0f-9b7a-52c1d0e8a901")
 
 
 def turn_id_for(request: SupportRequest) -> str:
-    """Deterministic, so a redelivered request maps to the same turn."""
+    """Deterministic, so a redelivered request maps to the same turn: a request id is unique within its conversation."""
     return "turn_" + uuid.uuid5(TURN_NAMESPACE, f"{request.conversation_id}\x00{request.request_id}").hex[:24]
 
 
@@ -26,6 +26,7 @@ def start_turn(request: SupportRequest, trace_id: str, span_id: str = "", starte
         span_id=span_id,
         started_at=started_at,
         disable_parallel_tool_use=request.disable_parallel_tool_use,
+        metadata=request.metadata,
     )
     return StartTurn(turn=turn, text=request.text)
 
@@ -43,4 +44,5 @@ def reply_for(ended: TurnEnded) -> SupportReply:
         usage=ended.spent,
         cost_usd=ended.cost_usd,
         trace_id=turn.trace_id,
+        metadata=turn.metadata,
     )

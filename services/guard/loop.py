@@ -102,9 +102,11 @@ class Loop:
         outcome = decision.outcome.value
         ended = TurnEnded(turn=event.turn, step=event.step, outcome=decision.outcome, text=decision.text, spent=event.spent,
                           cost_usd=round(cost, 6))
-        span.set_attributes({"roundtrip.outcome": outcome, "roundtrip.detail": decision.detail})
+        span.set_attribute("roundtrip.outcome", outcome)
+        if decision.detail:  # an end_turn has none: no empty attribute
+            span.set_attribute("roundtrip.detail", decision.detail)
         if outcome in ERROR_OUTCOMES:
-            mark_error(span, f"{outcome}: {decision.detail}", outcome)
+            mark_error(span, f"{outcome}: {decision.detail}" if decision.detail else outcome, outcome)
         if self.conversations is not None:  # stored before the end is recorded: the next turn waits for the end
             await self.conversations.close_turn(event.turn.conversation_id, event.turn.turn_id,
                                                 event.messages[event.turn.history_messages:], event.content, ended.text, outcome)

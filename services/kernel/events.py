@@ -10,23 +10,46 @@ at the head of the first CallModel, bounded by a token budget) and the agent's o
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, field_validator
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+METADATA_MAX_KEYS = 32
+METADATA_MAX_KEY_CHARS = 64
+METADATA_MAX_BYTES = 4096  # of its compact JSON
+
+
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=METADATA_MAX_KEY_CHARS)]
+
+
+def bounded_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A request's metadata as given, if its JSON stays within METADATA_MAX_BYTES (its keys are checked by the schema)."""
+    if value is None:
+        return None
+    if (size := len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())) > METADATA_MAX_BYTES:
+        raise ValueError(f"at most {METADATA_MAX_BYTES} bytes of JSON, got {size}")
+    return value
+
+
 # -- public contract ---------------------------------------------------------------------
 
 
 class SupportRequest(Message):
-    """What a client publishes to `support.requests`."""
+    """What a client publishes to `support.requests`. Fields it does not know are ignored (the gateway logs and counts them)."""
 
-    request_id: str = Field(min_length=1, max_length=200, description="Client's id of this request; a duplicate gets no second reply")
+    model_config = ConfigDict(extra="allow")  # a producer may add fields before the fleet knows them
+
+    request_id: str = Field(
+        min_length=1, max_length=200,
+        description="Client's id of this request, unique within its conversation; a duplicate gets no second reply",
+    )
     conversation_id: str = Field(min_length=1, max_length=200, description="Kafka key; a conversation's turns stay in order")
     customer_id: str = Field(min_length=1, max_length=200, description="The authenticated customer: the only principal tools act for")
     text: str = Field(min_length=1, max_length=8000, description="What the customer wrote")
@@ -34,6 +57,15 @@ class SupportRequest(Message):
     disable_parallel_tool_use: bool | None = Field(
         None, description="At most one tool call per model response for this request (null: the deployment's setting)"
     )
+    metadata: dict[MetadataKey, JsonValue] | None = Field(
+        None, max_length=METADATA_MAX_KEYS, description=f"The app's own facts about the request (locale, channel, tier, ...): at most {METADATA_MAX_KEYS} keys "
+        f"of 1 to {METADATA_MAX_KEY_CHARS} characters, {METADATA_MAX_BYTES} bytes of JSON; carried to the tools, the trace and the reply",
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return bounded_metadata(value)
 
 
 class Usage(Message):
@@ -47,7 +79,7 @@ class Usage(Message):
 
 
 class Outcome(StrEnum):
-    """How a turn ended. The first six mirror the model's stop_reason."""
+    """How a turn ended. The first six mirror the model's stop_reason; `invalid_request`: no turn started (see `reason`)."""
 
     END_TURN = "end_turn"
     MAX_TOKENS = "max_tokens"
@@ -65,10 +97,12 @@ class Outcome(StrEnum):
     MODEL_ERROR = "model_error"
     CONVERSATION_REFUSED = "conversation_refused"
     APPROVAL_TIMEOUT = "approval_timeout"
+    INVALID_REQUEST = "invalid_request"
 
 
 class SupportReply(Message):
-    """What the fleet publishes to `support.replies`, exactly once per turn."""
+    """What the fleet publishes to `support.replies`: exactly once per turn, and once for a request it refuses
+    (outcome `invalid_request`, no turn: `turn_id` is empty and `reason` says why)."""
 
     request_id: str
     conversation_id: str
@@ -80,6 +114,8 @@ class SupportReply(Message):
     usage: Usage
     cost_usd: float = Field(description="What the turn's model calls cost, from the configured price table")
     trace_id: str = Field(description="W3C trace id of the turn (find it in Jaeger)")
+    reason: str | None = Field(None, description="Why the request was not served (outcome invalid_request); null otherwise")
+    metadata: dict[str, JsonValue] | None = Field(None, description="The request's metadata, as it came")
 
 
 # -- the turn and its loop ----------------------------------------------------------------
@@ -101,6 +137,7 @@ class Turn(Message):
         0, ge=0, description="Messages of the conversation's earlier turns at the head of the transcript (set by the guard)"
     )
     disable_parallel_tool_use: bool | None = Field(None, description="The request's override of the deployment's setting")
+    metadata: dict[str, Any] | None = Field(None, description="The request's metadata (the app's own facts), as it came")
 
 
 class ToolCall(Message):

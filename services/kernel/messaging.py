@@ -61,6 +61,7 @@ _CONSUMERS = "_roundtrip_consumers"
 _SERVICE = "_roundtrip_service"  # (service name, turn-starting topics) of a broker made by make_broker
 _PREFIX = "_roundtrip_topic_prefix"  # the topic prefix of the settings make_broker was given
 _record: contextvars.ContextVar[Any] = contextvars.ContextVar("roundtrip_record", default=None)
+Failed = Callable[[Any, BaseException, str], Awaitable[None]]  # (record, exception, reason): see subscribe's on_failure
 LIVENESS_SILENCE_S = 60.0  # a consumer loop that has not polled for this long is wedged: restart the process
 
 
@@ -76,6 +77,7 @@ def subscribe(
     forget: Any = None,
     commit_interval_s: float | None = None,
     cancel_on_revoke: bool = False,
+    on_failure: Failed | None = None,
     description: str | None = None,
 ) -> Any:
     """The decorator of a handler of `topic` (logical name), consumed key-ordered and concurrently.
@@ -87,7 +89,8 @@ def subscribe(
     through `_message_path`. The handler is also FastStream's subscriber (AsyncAPI, start and stop).
     `commit` replaces the consumer's offset commit (the gateway commits its replies with the offsets
     in one transaction) and `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`:
-    the handler only waits and is safe to interrupt, so a rebalance or a stop cancels it at once.
+    the handler only waits and is safe to interrupt, so a rebalance or a stop cancels it at once. `on_failure(record,
+    exc, reason)` runs before a failed record's dead letter (the gateway answers a refused request); its failure is logged.
     """
     declared = _declared(service, topic, role)
     group_id = group(service, role)
@@ -97,7 +100,7 @@ def subscribe(
             raise TypeError(f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
                             f"{topic} carries {declared.message.__name__} (services/kernel/topology.py)")
         consumer = KeyOrderedConsumer(
-            process=_message_path(broker, service, group_id, handler),
+            process=_message_path(broker, service, group_id, handler, on_failure),
             rescue=_rescuer(broker, service),
             name=f"{service}{'-' + role if role else ''}",
             max_in_flight=max_in_flight or settings.max_in_flight,
@@ -144,7 +147,8 @@ def _message_model(handler: Callable[..., Any]) -> type[BaseModel]:
     return model
 
 
-def _message_path(broker: KafkaBroker, service: str, group_id: str, handler: Callable[[Any], Awaitable[Any]]):
+def _message_path(broker: KafkaBroker, service: str, group_id: str, handler: Callable[[Any], Awaitable[Any]],
+                  on_failure: Failed | None = None):
     """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
     model = _message_model(handler)
     roots = getattr(broker, _SERVICE, (service, frozenset()))[1]
@@ -163,6 +167,8 @@ def _message_path(broker: KafkaBroker, service: str, group_id: str, handler: Cal
                     log.debug("%s", traceback.format_exc())
                     mark_error(span, f"dead-lettered: {reason}", type(exc).__name__)
                     count.failed(type(exc).__name__)
+                    if on_failure is not None:
+                        await _tell(on_failure, record, exc, reason)
                     try:
                         await _publish_dead_letter(broker, service, record, reason)
                     except Exception as failed:  # noqa: BLE001 - the consumer's rescue retries the dead letter
@@ -172,6 +178,14 @@ def _message_path(broker: KafkaBroker, service: str, group_id: str, handler: Cal
             _record.reset(token)
 
     return process
+
+
+async def _tell(on_failure: Failed, record: Any, exc: BaseException, reason: str) -> None:
+    try:
+        await on_failure(record, exc, reason)
+    except Exception as failed:  # noqa: BLE001 - the dead letter goes out whatever the hook does
+        log.error("%s[%s]@%s: the failure hook failed (%s); dead-lettering anyway", record.topic, record.partition,
+                  record.offset, describe_error(failed))
 
 
 def _polled_lately(consumer: KeyOrderedConsumer):

@@ -21,6 +21,8 @@ by the kernel's message path (`kafka_metrics`) instead of FastStream's per-messa
 | roundtrip_tool_duration_seconds | histogram | tool | executor, per approved call run |
 | roundtrip_model_call_duration_seconds | histogram | model, result (ok, error) | model, per Messages API call (with the SDK's retries) |
 | roundtrip_in_flight | gauge | service, subscription (the topic) | any consumer: messages being handled now |
+| roundtrip_ignored_fields_total | counter | message | gateway, per unknown field of a request (ignored) |
+| roundtrip_refused_requests_total | counter | reason (schema, key, reused) | gateway, per request answered `invalid_request` |
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ model_call_duration = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120),
 )
 in_flight_messages = Gauge("roundtrip_in_flight", "Messages being handled right now", ["service", "subscription"])
+ignored_fields = Counter("roundtrip_ignored_fields", "Fields of public messages the fleet does not know, ignored", ["message"])
+refused_requests = Counter("roundtrip_refused_requests", "Requests answered invalid_request, by reason", ["reason"])
 
 def count_usage(model: str, usage: Usage, cost: float) -> None:
     for field, kind in TOKEN_KINDS.items():

@@ -35,6 +35,7 @@ import contextlib
 import contextvars
 import fcntl
 import hashlib
+import json
 import os
 import random
 import time
@@ -325,6 +326,8 @@ def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_us
         attributes["gen_ai.response.finish_reasons"] = [outcome]
     if turn.persona:
         attributes["roundtrip.persona"] = turn.persona
+    if metadata := getattr(turn, "metadata", None):
+        attributes["roundtrip.metadata"] = json.dumps(metadata, sort_keys=True, ensure_ascii=False)
     forced = [int(turn.trace_id, 16), int(turn.span_id, 16)] if turn.span_id and turn.trace_id else None
     token = _forced_ids.set(forced)
     try:

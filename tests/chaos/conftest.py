@@ -18,6 +18,7 @@ from services.broker.embedded import EmbeddedKafka, free_port
 from services.fleet import Fleet
 from services.kernel.settings import Settings
 from tests.chaos.harness import Observer
+from tests.processes import embedded_kafka
 
 
 def _env(**values) -> dict[str, str]:

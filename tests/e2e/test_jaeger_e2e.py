@@ -123,7 +123,8 @@ async def turns(traced, jaeger):
             stuck_wall = time.monotonic() - started
         finally:
             await fleet.respawn("executor")  # it finds the stale batch: the approval has expired, nothing runs
-        assert asked.returncode == 0, asked.stdout + asked.stderr
+        assert asked.returncode == 3, asked.stdout + asked.stderr  # the guard ended it (deadline): ask says so in its exit code
+        assert "the turn did not end with the model's answer: deadline (exit code 3)" in asked.stdout
         turn_id = re.search(r"turn (turn_[0-9a-f]+)\s+trace", asked.stdout).group(1)
         stuck = await client.wait_for(lambda: next((r for rs in client.replies.values() for r in rs if r.turn_id == turn_id), None), 30)
         yield {"normal": normal, "runaway": runaway, "stuck": stuck, "ask": asked.stdout, "stuck_wall": stuck_wall}

@@ -1,0 +1,44 @@
+"""How `roundtrip ... --help` reads: what typer 0.29 shows differently from what a person expects.
+
+* A flag (`--json`, `--help`) takes no value, but typer shows it as taking a `<bool>`: shown with no type.
+* A docstring's paragraph is wrapped at 100-odd columns in the source; typer keeps those line breaks and
+  then wraps again at the terminal's width, which cuts sentences in the middle: each paragraph is one line
+  for typer, wrapped once, at the terminal's width.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import typer
+import typer.core
+
+
+def _flag_type_shown(display_type_rich):
+    def shown(option: typer.core.TyperOption, ctx: Any) -> str | None:
+        return None if option.is_flag and option.metavar is None else display_type_rich(option, ctx)
+
+    return shown
+
+
+def flags_without_type() -> None:
+    if not getattr(typer.core.TyperOption.display_type_rich, "_roundtrip", False):
+        typer.core.TyperOption.display_type_rich = _flag_type_shown(typer.core.TyperOption.display_type_rich)
+        typer.core.TyperOption.display_type_rich._roundtrip = True
+
+
+def reflowed(text: str) -> str:
+    """Each paragraph (split on blank lines) on one line."""
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def reflow_help(app: typer.Typer) -> None:
+    """Give every command of `app` (and of its sub-apps) its docstring, reflowed, as its help."""
+    for command in app.registered_commands:
+        text = command.help or (command.callback.__doc__ if command.callback else None)
+        if text:
+            command.help = reflowed(text)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            reflow_help(group.typer_instance)

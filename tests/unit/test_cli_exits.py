@@ -1,0 +1,156 @@
+"""`roundtrip` tells the truth: unknown names are errors listing the known ones, `ask` fails unless the model answered, and what it
+prints reads right (help without `<bool>` or cut paragraphs, "1 step", no empty `detail=`, whole ids in the approvals table)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+import services.console as console
+from services.cli import app
+from services.kernel import topology
+from services.kernel.events import Outcome, SupportReply, Usage
+from services.simulator.personas import NAMES
+
+
+def _reply(outcome: Outcome, steps: int = 4, reason: str | None = None) -> SupportReply:
+    return SupportReply(request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", turn_id="turn_1", text="Sorry.",
+                        outcome=outcome, steps=steps, usage=Usage(input_tokens=10, output_tokens=2), cost_usd=0.001,
+                        trace_id="ab" * 16, reason=reason)
+
+
+@pytest.fixture
+def never_asked(monkeypatch):
+    """`ask` and `lag` must refuse before they talk to Kafka: reaching it fails the test."""
+    async def reached(*args, **kwargs):
+        raise AssertionError("the fleet was called")
+
+    monkeypatch.setattr(console, "ask", reached)
+    monkeypatch.setattr(console, "chat", reached)
+    monkeypatch.setattr(console, "show_lag", reached)
+
+
+def test_an_unknown_group_is_an_error_listing_the_fleets_groups(never_asked):
+    result = CliRunner().invoke(app, ["lag", "--group", "nosuch"])
+    assert result.exit_code != 0
+    assert "unknown consumer group 'nosuch'" in result.output
+    squeezed = "".join(result.output.replace("│", "").split())  # the error panel wraps anywhere
+    assert all(group in squeezed for group in topology.groups())
+
+
+def test_a_known_group_with_or_without_the_prefix_is_taken(monkeypatch):
+    asked = []
+
+    async def show_lag(settings, group, as_json, watch):
+        asked.append(group)
+        return 0
+
+    monkeypatch.setattr(console, "show_lag", show_lag)
+    for group in ("executor", "roundtrip-executor", "roundtrip-gateway-replies"):
+        assert CliRunner().invoke(app, ["lag", "--group", group]).exit_code == 0
+    assert asked == ["executor", "roundtrip-executor", "roundtrip-gateway-replies"]
+
+
+@pytest.mark.parametrize("command", [["ask", "hello", "--customer", "cus_1001"], ["chat", "--customer", "cus_1001"]])
+def test_an_unknown_persona_is_refused_before_any_model_call_with_the_personas(never_asked, command):
+    result = CliRunner().invoke(app, [*command, "--persona", "nosuch"])
+    assert result.exit_code != 0
+    assert "unknown persona 'nosuch'" in result.output
+    flat = " ".join(result.output.replace("│", " ").split())
+    assert all(name in flat for name in NAMES)
+
+
+def test_ask_exits_non_zero_with_a_clear_line_when_the_guard_stopped_the_turn(monkeypatch):
+    async def ask(*args, **kwargs):
+        return console.show_reply(_reply(Outcome.REPEATED_CALL))
+
+    monkeypatch.setattr(console, "ask", ask)
+    result = CliRunner().invoke(app, ["ask", "where is my order?", "--customer", "cus_1001", "--persona", "stubborn"])
+    assert result.exit_code == 3
+    assert "the turn did not end with the model's answer: repeated_call (exit code 3)" in result.output
+
+
+def test_every_outcome_has_its_documented_exit_code():
+    assert set(console.EXIT_CODES) == set(Outcome)
+    assert console.EXIT_CODES[Outcome.END_TURN] == 0 and all(c > 2 for o, c in console.EXIT_CODES.items() if o is not Outcome.END_TURN)
+    shown = " ".join(CliRunner().invoke(app, ["ask", "--help"]).output.replace("│", " ").split())
+    for outcome, code in console.EXIT_CODES.items():
+        assert outcome.value in shown, outcome
+    assert "Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout" in shown
+
+
+def test_a_refused_request_shows_its_reason_and_one_step_is_one_step(capsys):
+    assert console.show_reply(_reply(Outcome.INVALID_REQUEST, steps=0, reason="customer_id: Field required")) == 6
+    assert console.show_reply(_reply(Outcome.END_TURN, steps=1)) == 0
+    out = capsys.readouterr().out
+    assert "refused: customer_id: Field required" in out
+    assert "1 step," in out and "1 steps" not in out and "0 steps" in out
+
+
+def test_flags_show_no_value_type_in_help():
+    for command in (["--help"], ["lag", "--help"], ["approvals", "--help"]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 0 and "<bool>" not in result.output
+    assert "<float>" in CliRunner().invoke(app, ["lag", "--help"]).output  # options that take a value still say which
+
+
+def test_help_paragraphs_wrap_only_at_the_terminals_width():
+    result = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "300"}, terminal_width=300)
+    assert result.exit_code == 0
+    assert ("Supervises them: a process that dies (any service, a replica, the simulator, the shop or the embedded broker) "
+            "is restarted with exponential backoff") in result.output
+
+
+def test_the_trace_view_shows_no_empty_attribute(tmp_path, capsys):
+    from services.kernel.settings import Settings
+
+    path = tmp_path / "spans.jsonl"
+    span = {"trace_id": "ab" * 16, "span_id": "1" * 16, "parent_id": None, "name": "guard.decide", "service": "roundtrip-guard",
+            "kind": "INTERNAL", "start_ns": 0, "end_ns": 1_000_000, "status": "UNSET", "events": [],
+            "attributes": {"roundtrip.turn_id": "turn_9", "roundtrip.outcome": "end_turn", "roundtrip.detail": ""}}
+    path.write_text(json.dumps(span) + "\n")
+    settings = Settings(_env_file=None, span_file=path, otlp_endpoint=None, jaeger_query_url=None)
+    assert console.show_trace(settings, "turn_9") == 0
+    out = capsys.readouterr().out
+    assert "outcome=end_turn" in out and "detail=" not in out
+
+
+async def test_the_approvals_table_never_cuts_an_id(tmp_path, monkeypatch):
+    import io
+    import time
+
+    from rich.console import Console
+
+    from services.guard import ledger as ledger_module
+    from services.kernel.events import ApprovalRequested, CheckedCall, Turn
+    from services.kernel.settings import Settings
+
+    turn = Turn(turn_id="turn_" + "7" * 24, request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="cd" * 16)
+    call = CheckedCall(id="toolu_1", name="cancel_order", input={"order_id": "ord_a1000003"}, approved=True)
+    request = ApprovalRequested(approval_id="appr_" + "9" * 24, turn=turn, step=1, call=call, reason="a long reason " * 8,
+                                input_sha256="0" * 64, requested_at=time.time(), expires_at=time.time() + 900, messages=[])
+    row = SimpleNamespace(approval_id=request.approval_id, status="pending", customer_id="cus_1001", tool="cancel_order",
+                          reason=request.reason, decided_by=None, decided_at=None, requested_at=request.requested_at,
+                          expires_at=request.expires_at, turn_id=turn.turn_id, request_json=request.model_dump_json())
+
+    class FakeLedger:
+        async def list_approvals(self, status, limit):
+            return [row]
+
+        async def close(self):
+            pass
+
+    async def open_ledger(url, read_only=False):
+        return FakeLedger()
+
+    monkeypatch.setattr(ledger_module.Ledger, "open", staticmethod(open_ledger))
+    out = io.StringIO()
+    monkeypatch.setattr(console, "console", Console(file=out, width=120, highlight=False))
+    (tmp_path / "ledger.db").touch()
+    settings = Settings(_env_file=None, state_dir=tmp_path)
+    assert await console.list_approvals(settings, everything=False, limit=10) == 0
+    shown = out.getvalue()
+    assert request.approval_id in shown and turn.turn_id in shown and turn.trace_id in shown

@@ -1,0 +1,99 @@
+"""The gateway's door (services/gateway/intake.py): unknown fields ignored once-logged, refusals addressed with a reason."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import REGISTRY
+from pydantic import ValidationError
+
+from services.gateway import intake
+from services.gateway.handlers import reply_for, start_turn
+from services.kernel.events import Outcome, SupportRequest, TurnEnded, Usage
+
+
+def _request(**fields) -> SupportRequest:
+    return SupportRequest.model_validate({"request_id": "req_1", "conversation_id": "conv_1", "customer_id": "cus_1001",
+                                          "text": "hello", **fields})
+
+
+def _ignored() -> float:
+    return REGISTRY.get_sample_value("roundtrip_ignored_fields_total", {"message": "SupportRequest"}) or 0.0
+
+
+def test_unknown_fields_are_ignored_logged_once_per_name_and_counted(caplog):
+    before = _ignored()
+    with caplog.at_level(logging.WARNING, "roundtrip.gateway"):
+        for _ in range(3):
+            intake.note_unknown_fields(_request(locale_unit_test="de", channel_unit_test="web"))
+    logged = [r.getMessage() for r in caplog.records if "the fleet does not know" in r.getMessage()]
+    assert len(logged) == 2 and any("locale_unit_test" in m for m in logged)
+    assert _ignored() - before == 6
+
+
+def test_metadata_travels_with_the_turn_to_the_reply():
+    request = _request(metadata={"locale": "de", "tier": {"level": 2}})
+    turn = start_turn(request, "ab" * 16).turn
+    assert turn.metadata == {"locale": "de", "tier": {"level": 2}}
+    reply = reply_for(TurnEnded(turn=turn, step=1, outcome=Outcome.END_TURN, text="Hi"))
+    assert reply.metadata == request.metadata and reply.reason is None
+
+
+@pytest.mark.parametrize("metadata", [{str(i): i for i in range(33)}, {"": 1}, {"k" * 65: 1}, {"big": "x" * 5000}, ["not", "an object"]])
+def test_metadata_out_of_bounds_is_a_schema_violation(metadata):
+    with pytest.raises(ValidationError):
+        _request(metadata=metadata)
+
+
+def test_a_record_must_be_keyed_by_its_conversation_id():
+    intake.check_key(_request(), b"conv_1")
+    for key, shown in ((None, "no key"), (b"conv_2", "'conv_2'")):
+        with pytest.raises(intake.InvalidRequest, match=shown) as refused:
+            intake.check_key(_request(), key)
+        assert refused.value.kind == "key"
+
+
+def test_a_request_id_reused_with_other_content_is_refused_and_a_copy_is_a_duplicate():
+    seen = intake.SeenRequests()
+    assert seen.add("turn_1", _request(unknown_is_not_content=1)) is True
+    assert seen.add("turn_1", _request()) is False  # a copy (unknown fields are not its content)
+    for other in (_request(text="other"), _request(customer_id="cus_1002"), _request(metadata={"a": 1})):
+        with pytest.raises(intake.InvalidRequest, match="used before") as refused:
+            seen.add("turn_1", other)
+        assert refused.value.kind == "reused"
+    assert seen.add("turn_1", _request()) is False
+
+
+@pytest.mark.parametrize("value, ids", [
+    (b'{"request_id": "r", "conversation_id": "c"}', {"request_id": "r", "conversation_id": "c", "customer_id": ""}),
+    (b'{"request_id": "r", "conversation_id": "c", "customer_id": "cus_1"}', {"request_id": "r", "conversation_id": "c", "customer_id": "cus_1"}),
+    (b'{"request_id": "r", "conversation_id": "c", "customer_id": 7}', {"request_id": "r", "conversation_id": "c", "customer_id": ""}),
+    (b'{"request_id": "r"}', None), (b'{"request_id": "", "conversation_id": "c"}', None), (b"[1]", None),
+    (b"{not json", None), (b"", None), (b"[" * 10_000, None), (json.dumps({"request_id": "r" * 201, "conversation_id": "c"}).encode(), None),
+])
+def test_only_a_record_naming_its_request_and_conversation_is_answered(value, ids):
+    assert intake.addressed(value) == ids
+
+
+async def test_the_failure_hook_answers_schema_and_door_refusals_only():
+    sent = []
+
+    async def reply(message, conversation_id):
+        sent.append((message, conversation_id))
+
+    hook = intake.refuser(reply)
+    record = SimpleNamespace(value=b'{"request_id": "r", "conversation_id": "c", "text": ""}')
+    try:
+        SupportRequest.model_validate_json(record.value)
+    except ValidationError as exc:
+        await hook(record, exc, "schema violation: customer_id: Field required")
+    await hook(record, intake.InvalidRequest("key", "the record has no key"), "InvalidRequest: the record has no key")
+    await hook(record, ConnectionError("broker away"), "ConnectionError: broker away")  # the fleet's failure: no refusal
+    assert [(m.outcome, m.reason, c) for m, c in sent] == [
+        (Outcome.INVALID_REQUEST, "schema violation: customer_id: Field required", "c"),
+        (Outcome.INVALID_REQUEST, "the record has no key", "c"),
+    ]
+    assert all(m.turn_id == "" and m.steps == 0 and m.usage == Usage() and m.text for m, _ in sent)
