@@ -137,7 +137,7 @@ def up(
                    + " (/healthz /readyz /metrics)")
     typer.echo(
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
-        '  roundtrip ask "cancel my last order" --customer cus_1001\n'
+        f'  {_this_command()} ask "cancel my last order" --customer cus_1001\n'
         "Crashed processes are restarted. Ctrl-C stops everything."
     )
     stop = {"now": False}
@@ -148,6 +148,18 @@ def up(
     typer.echo("\nroundtrip: stopping")
     fleet.stop()
     typer.echo("roundtrip: stopped")
+
+
+def _this_command() -> str:
+    """How to run `roundtrip` from the user's shell: the bare name when PATH finds this installation, else its path."""
+    import shutil
+    from pathlib import Path
+
+    mine = Path(sys.executable).parent / "roundtrip"
+    found = shutil.which("roundtrip")
+    if found and mine.exists() and Path(found).resolve() == mine.resolve():
+        return "roundtrip"
+    return str(mine) if mine.exists() else f"{sys.executable} -m services.cli"
 
 
 @app.command()

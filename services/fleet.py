@@ -36,11 +36,9 @@ from services.broker.embedded import die_with_parent_preexec
 from services.kernel import topology
 from services.kernel.runtime import READY_FD_ENV
 from services.kernel.settings import Settings
-from services.supervision import Child, RestartPolicy, describe_exit, signal_wakeup
-
-
-class FleetError(RuntimeError):
-    pass
+from services.supervision import (  # FleetError: what `roundtrip up` prints, from here as ever
+    Child, FleetError, RestartPolicy, claim_folder, describe_exit, release_folder, signal_wakeup,
+)
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -63,13 +61,19 @@ class Fleet:
     broker: object | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     _kafka: Child | None = field(default=None, init=False, repr=False)  # the embedded broker's process, as supervise() sees it
+    _claimed: Path | None = field(default=None, init=False, repr=False)  # our RUNNING_FILE in the state folder
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
         self.logs = s.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
-        self._check_ports()
+        self._claimed = claim_folder(s.state_dir)
+        try:
+            self._check_ports()
+        except FleetError:
+            self._release_folder()
+            raise
         if s.ledger_database_url is None:  # the children share this folder, so its SQLite file is the fleet's one ledger
             self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
         try:
@@ -110,6 +114,7 @@ class Fleet:
             self.broker.stop()
             self.broker = None
             self._kafka = None
+        self._release_folder()
 
     def __enter__(self) -> Fleet:
         self.start()
@@ -215,6 +220,11 @@ class Fleet:
         self.say(f"roundtrip: {child.name} restarted (pid {child.process.pid}, restart {child.restarts})")
 
     # -- steps ----------------------------------------------------------------------
+    def _release_folder(self) -> None:
+        if self._claimed is not None:
+            release_folder(self._claimed)
+            self._claimed = None
+
     def _check_ports(self) -> None:
         s = self.settings
         wanted = []

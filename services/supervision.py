@@ -74,3 +74,38 @@ def signal_wakeup() -> tuple[int | None, Callable[[], None]]:
         os.close(w)
 
     return r, restore
+
+
+class FleetError(RuntimeError):
+    """The fleet cannot start or keep running: one line for `roundtrip up` to print."""
+
+
+RUNNING_FILE = "fleet.pid"  # in the state folder, while a fleet runs there: the pid of the process that runs it
+
+
+def claim_folder(state_dir: Path) -> Path:
+    """One fleet per state folder: claim it for this process, or raise FleetError naming the process that has it
+    (a second `up` there is told which fleet runs, not that a port is taken). A stale claim is taken over."""
+    path = state_dir / RUNNING_FILE
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pid = int(path.read_text().split()[0])
+        if pid != os.getpid() and _alive(pid):
+            raise FleetError(f"a fleet is already running in {state_dir.resolve()} (pid {pid}); stop it (Ctrl-C where it runs, "
+                             f"or kill {pid}), or give this one another folder with ROUNDTRIP_STATE_DIR")
+    path.write_text(f"{os.getpid()}\n")
+    return path
+
+
+def release_folder(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -48,8 +49,17 @@ def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everythin
     assert port_is_free(int(env["ROUNDTRIP_KAFKA_PORT"])) and port_is_free(int(env["ROUNDTRIP_SHOP_PORT"]))
 
 
-def test_a_second_fleet_on_the_same_ports_fails_with_a_clear_message(up):
-    _, env, _ = up
+def test_a_second_fleet_is_told_what_runs_there(up, tmp_path):
+    process, env, output = up
+    # the same state folder: which fleet runs there, not which port is taken
     second = subprocess.run([sys.executable, "-m", "services.cli", "up"], env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode == 1
-    assert "is already in use" in second.stderr and "ROUNDTRIP_KAFKA_PORT" in second.stderr
+    assert f"a fleet is already running in {(tmp_path / 'state').resolve()} (pid {process.pid})" in second.stderr
+    # another folder on the same ports: the ports, and the settings that move them
+    elsewhere = {**env, "ROUNDTRIP_STATE_DIR": str(tmp_path / "elsewhere")}
+    third = subprocess.run([sys.executable, "-m", "services.cli", "up"], env=elsewhere, capture_output=True, text=True, timeout=60)
+    assert third.returncode == 1
+    assert "is already in use" in third.stderr and "ROUNDTRIP_KAFKA_PORT" in third.stderr
+    # the banner's command runs from the user's shell as printed (PATH has no .venv/bin here)
+    command = re.search(r"^  (\S+) ask ", output.read_text(), re.M).group(1)
+    assert command == "roundtrip" or Path(command).is_file(), command
