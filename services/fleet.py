@@ -69,14 +69,10 @@ class Fleet:
         self.logs = s.state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self._claimed = claim_folder(s.state_dir)
-        try:
-            self._check_ports()
-        except FleetError:
-            self._release_folder()
-            raise
         if s.ledger_database_url is None:  # the children share this folder, so its SQLite file is the fleet's one ledger
             self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
-        try:
+        try:  # whatever fails, stop() undoes what started and releases the folder
+            self._check_ports()
             self._upgrade_databases()
             if s.embedded_broker:
                 self._start_broker()
@@ -327,13 +323,9 @@ class Fleet:
                                  f"{', '.join(sorted(c.name for c in pending.values()))}")
             readable, _, _ = select.select(list(pending), [], [], min(left, 1.0))
             for fd in readable:
-                child = pending[fd]
-                if os.read(fd, 256).startswith(b"ready"):
-                    del pending[fd]
-                    self._close_ready(child)
-                else:  # the end of the pipe without a word: the child has exited (or is exiting)
-                    del pending[fd]
-                    self._close_ready(child)
+                child, said = pending.pop(fd), os.read(fd, 256)
+                self._close_ready(child)
+                if not said.startswith(b"ready"):  # the end of the pipe without a word: the child has exited (or is exiting)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         child.process.wait(timeout=10)
                     self._check_alive()

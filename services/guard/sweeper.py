@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 
 from services.guard.approvals import Approvals
 from services.guard.conversations import Conversations
@@ -83,14 +82,13 @@ class Sweeper:
 
     async def _end_overdue(self, row: TurnRow, now: float, announced: Bounded) -> str | None:
         """End a turn past its deadline, or stuck past its grace (only if still stuck since that very flag)."""
-        deadline_at = row.deadline_at or row.started_at + self.turn_deadline_s
-        if deadline_at <= now:
-            ending_it = partial(self.outside.end, row, Outcome.DEADLINE, f"turn older than {self.turn_deadline_s:g} s",
-                                announce=announced.reachable)
+        if (row.deadline_at or row.started_at + self.turn_deadline_s) <= now:
+            detail, since = f"turn older than {self.turn_deadline_s:g} s", {}
         else:
-            ending_it = partial(self.outside.end, row, Outcome.DEADLINE, f"stuck for more than {self.stuck_grace_s:g} s",
-                                announce=announced.reachable, status=STUCK, flagged_at=row.flagged_at)
-        return await announced(ending_it, f"the end of {row.turn_id}")
+            detail, since = f"stuck for more than {self.stuck_grace_s:g} s", {"status": STUCK, "flagged_at": row.flagged_at}
+        announce = announced.reachable
+        return await announced(lambda: self.outside.end(row, Outcome.DEADLINE, detail, announce=announce, **since),
+                               f"the end of {row.turn_id}")
 
     async def finish_ending(self, row: TurnRow, announced: Bounded | None = None) -> bool:
         """An end that waited for a running step: record it and publish it once the lease is gone (when the broker is

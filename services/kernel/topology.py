@@ -65,6 +65,12 @@ class Service:
         raise LookupError(f"the topology declares no subscription of {self.name} to {topic}"
                           + (f" as {role!r}" if role else "") + " (services/kernel/topology.py)")
 
+    def output(self, topic: str, message: type[BaseModel]) -> None:
+        """LookupError unless this service is declared to publish `message` to `topic`."""
+        if self.outputs.get(topic) is not message:
+            raise LookupError(f"the topology declares no output {message.__name__} of {self.name} to {topic} "
+                              "(services/kernel/topology.py)")
+
 
 SERVICES: tuple[Service, ...] = (
     Service(

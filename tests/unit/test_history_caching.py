@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from services.kernel.settings import Settings
-from services.model.client import MAX_BREAKPOINTS, ModelClient, with_history_breakpoints
+from services.model.client import MAX_BREAKPOINTS, with_history_breakpoints
 from services.simulator import personas
 from services.simulator.transcript import Transcript
 from services.simulator.usage import PromptCache
