@@ -113,6 +113,10 @@ def up(
 ) -> None:
     """Start everything on this machine: broker, simulator, shop and the five services.
 
+    First the fleet's databases are brought to this code's revision (roundtrip db upgrade).
+    Ready. is printed once every service has said it started, whatever the log level. One
+    fleet per state folder (ROUNDTRIP_STATE_DIR): a second up there names the pid that runs it.
+
     Supervises them: a process that dies (any service, a replica, the simulator, the shop or
     the embedded broker) is restarted with exponential backoff (0.5 s doubling to 30 s, reset
     after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything."""
