@@ -22,13 +22,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
 
 from services.kernel import metrics
+from services.kernel.dedupe import SeenIds
 from services.kernel.events import Outcome, SupportReply, SupportRequest, Usage
 from services.kernel.telemetry import current_trace_id
 
@@ -76,23 +76,18 @@ class SeenRequests:
     """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused with other content."""
 
     def __init__(self, capacity: int = REMEMBERED) -> None:
-        self._digests: OrderedDict[str, bytes] = OrderedDict()
-        self._capacity = capacity
+        self._digests = SeenIds(capacity)
 
     def add(self, turn_id: str, request: SupportRequest) -> bool:
         """True: a new request. False: a copy of one seen. InvalidRequest: its id was used before with other content."""
         digest = content_digest(request)
-        seen = self._digests.get(turn_id)
-        if seen is not None:
-            self._digests.move_to_end(turn_id)
-            if seen != digest:
-                raise InvalidRequest("reused", f"request id {request.request_id!r} was used before in conversation "
-                                               f"{request.conversation_id!r} with other content; use a new request id")
-            return False
-        self._digests[turn_id] = digest
-        if len(self._digests) > self._capacity:
-            self._digests.popitem(last=False)
-        return True
+        seen = self._digests.first(turn_id, digest)
+        if seen is None:
+            return True
+        if seen != digest:
+            raise InvalidRequest("reused", f"request id {request.request_id!r} was used before in conversation "
+                                           f"{request.conversation_id!r} with other content; use a new request id")
+        return False
 
 
 def addressed(value: bytes | None) -> dict[str, Any] | None:
