@@ -179,7 +179,7 @@ def ask(
     Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, the
     fleet's topics missing); 3 the guard stopped the turn (step_limit, repeated_call, cycle, failure_streak,
     budget, deadline, cancelled, approval_timeout); 4 the model stopped without its answer (max_tokens,
-    stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error; 6 the request
+    stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error or model_busy; 6 the request
     was refused (conversation_refused, invalid_request).
     """
     from services.console import ask as do_ask
@@ -284,15 +284,15 @@ def contracts() -> None:
 def turns(
     ctx: typer.Context,
     status: Annotated[Optional[str], typer.Option(
-        help="running, stuck, awaiting (a call waits for a person's approval), ending (an end waiting for running calls) or ended")] = None,
+        help="running, stuck, waiting (a model call waits for the API's rate limits), awaiting (a call waits for a person's approval), ending (an end waiting for running calls) or ended")] = None,
     customer: Annotated[Optional[str], typer.Option(help="only this customer's turns")] = None,
     limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
 ) -> None:
     """List running, stuck and ended turns with their trace ids (newest first)."""
     if ctx.invoked_subcommand is not None:
         return
-    if status and status not in ("running", "stuck", "awaiting", "ending", "ended"):
-        raise typer.BadParameter("status must be running, stuck, awaiting, ending or ended")
+    if status and status not in ("running", "stuck", "waiting", "awaiting", "ending", "ended"):
+        raise typer.BadParameter("status must be running, stuck, waiting, awaiting, ending or ended")
     from services.console import list_turns
 
     raise typer.Exit(asyncio.run(list_turns(get_settings(), status, customer, limit)))

@@ -100,7 +100,7 @@ EXIT_CODES = {
                      Outcome.DEADLINE, Outcome.CANCELLED, Outcome.APPROVAL_TIMEOUT), 3),  # the guard stopped the turn
     **dict.fromkeys((Outcome.MAX_TOKENS, Outcome.STOP_SEQUENCE, Outcome.REFUSAL, Outcome.CONTEXT_WINDOW_EXCEEDED,
                      Outcome.UNKNOWN_STOP_REASON), 4),  # the model stopped without its answer
-    Outcome.MODEL_ERROR: 5,
+    Outcome.MODEL_ERROR: 5, Outcome.MODEL_BUSY: 5,
     Outcome.CONVERSATION_REFUSED: 6, Outcome.INVALID_REQUEST: 6,  # the request was refused
     Outcome.END_TURN: 0,
 }
@@ -354,7 +354,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
     for column in ("turn", "status", "customer", "step", "outcome", "cost $", "tokens in/out", "age s", "idle s", "trace id"):
         table.add_column(column)
     now = time.time()
-    colours = {"running": "cyan", "stuck": "red", "awaiting": "yellow", "ending": "magenta", "ended": "dim"}
+    colours = {"running": "cyan", "stuck": "red", "waiting": "blue", "awaiting": "yellow", "ending": "magenta", "ended": "dim"}
     for r in rows:
         idle = "" if r.status == "ended" else f"{now - r.last_progress_at:.0f}"
         table.add_row(

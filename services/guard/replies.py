@@ -38,6 +38,10 @@ POLITE = {
         "I'm sorry, our assistant is temporarily unavailable and I couldn't complete your request. "
         "Nothing was changed after the error. Please try again in a few minutes."
     ),
+    Outcome.MODEL_BUSY: (
+        "I'm sorry, our assistant is very busy right now and couldn't get to your request in time. "
+        "Please try again in a few minutes."
+    ),
     Outcome.MAX_TOKENS: "I'm sorry, my answer was cut off before I could finish. Could you ask again, perhaps more specifically?",
     Outcome.REFUSAL: "I'm sorry, but I can't help with that request.",
     Outcome.CONTEXT_WINDOW_EXCEEDED: (

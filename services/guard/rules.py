@@ -145,7 +145,8 @@ def loop_check(event: ModelResponded, policy: Policy) -> Finish | dict[str, str]
 
 def decide(event: ModelResponded, policy: Policy, cost_usd: float = 0.0, next_call_usd: float = 0.0) -> Continue | Finish:
     if event.error:
-        return Finish(Outcome.MODEL_ERROR, polite(Outcome.MODEL_ERROR), event.error)
+        outcome = Outcome.MODEL_BUSY if event.busy else Outcome.MODEL_ERROR
+        return Finish(outcome, polite(outcome), event.error)
     reason = event.stop_reason
     if reason in FINISHING:
         outcome = FINISHING[reason]

@@ -10,6 +10,9 @@ Confluent Parallel Consumer (key-ordering mode) and LINE's Decaton do, small:
 * **Bounded.** At most `max_in_flight` records are held (running or waiting for their key).
   At the limit the consumer *pauses* its partitions (it keeps polling, so it stays in the
   group) and resumes when there is room: an overload waits in Kafka, where lag shows it.
+* **Held back on demand.** `hold(True)` pauses fetching whatever the room (the handler's own resource
+  is at its limit: the model service's share of the API's rate limits), `hold(False)` resumes it, so
+  new work waits in Kafka as lag instead of in memory.
 * **Commits never pass an unfinished record.** Each partition commits the offset of its
   first unfinished record (or the next offset when all are done), batched: at most one
   commit per `commit_interval_s`, not one round trip per message.
@@ -120,6 +123,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
         self._held = 0
         self._running = 0
         self._paused = False
+        self._held_back = False  # hold(): the handler asked for no new records
         self._stopping = False
         self._room = asyncio.Event()
         self._room.set()
@@ -149,6 +153,12 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
     def paused(self) -> bool:
         return self._paused
 
+    def hold(self, held: bool) -> None:
+        """Stop (True) or resume (False) fetching new records, whatever the room; the running ones go on."""
+        self._held_back = held
+        if not held:
+            self._room.set()
+
     def committed(self) -> dict[TopicPartition, int | None]:
         return {tp: p.committed for tp, p in self._parts.items()}
 
@@ -161,7 +171,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             self._committer = asyncio.create_task(self._commit_loop(), name=f"{self.name}-commits")
         while not self._stopping:
             try:
-                if self._held >= self._limit:
+                if self._paused or self._held_back or self._held >= self._limit:
                     await self._wait_for_room(consumer)
                     continue
                 # never take more than there is room for: the rest stays in Kafka (or aiokafka's bounded prefetch)
@@ -181,18 +191,20 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
                     self._hand_out(part, record)
 
     async def _wait_for_room(self, consumer: AIOKafkaConsumer) -> None:
-        """At the limit: pause every partition, keep polling (membership), resume when there is room."""
+        """At the limit or held back: pause every partition, keep polling (membership), resume when there is room."""
         if not self._paused:
             self._paused = True
             self._room.clear()
             consumer.pause(*consumer.assignment())
-            log.info("%s: %d records in flight (the limit): paused fetching", self.name, self._held)
+            why = "held back by its handler" if self._held_back else "the limit"
+            log.info("%s: %d records in flight (%s): paused fetching", self.name, self._held, why)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._room.wait(), timeout=max(0.5, self._idle_wait_ms / 1000))
-        if self._held < self._limit:
+        if self._held < self._limit and not self._held_back:
             self._paused = False
             consumer.resume(*consumer.assignment())
         else:
+            self._room.clear()  # set by a finish while still held back: wait for the next one (or the hold's end)
             await consumer.getmany(timeout_ms=0)  # paused: returns nothing, but counts as a poll
             self.last_poll = time.monotonic()
 

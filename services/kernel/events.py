@@ -95,6 +95,7 @@ class Outcome(StrEnum):
     DEADLINE = "deadline"
     CANCELLED = "cancelled"
     MODEL_ERROR = "model_error"
+    MODEL_BUSY = "model_busy"  # the Messages API stayed at its rate limit (429, 529) until the turn's deadline
     CONVERSATION_REFUSED = "conversation_refused"
     APPROVAL_TIMEOUT = "approval_timeout"
     INVALID_REQUEST = "invalid_request"
@@ -185,7 +186,8 @@ class ModelResponded(Message):
     usage: Usage = Field(default_factory=Usage, description="Tokens of this call")
     spent: Usage = Field(default_factory=Usage, description="Tokens of the turn, this call included")
     model: str = ""
-    error: str | None = Field(None, description="Set when the call failed after the SDK's retries")
+    error: str | None = Field(None, description="Set when the call failed (after the retries its error allows)")
+    busy: bool = Field(False, description="The error is the API's capacity: refused (429, 529) until the turn's deadline")
 
 
 class CheckToolCalls(Message):

@@ -20,6 +20,10 @@ by the kernel's message path (`kafka_metrics`) instead of FastStream's per-messa
 | roundtrip_tool_executions_total | counter | tool, result (ok, error) | executor, per approved call run |
 | roundtrip_tool_duration_seconds | histogram | tool | executor, per approved call run |
 | roundtrip_model_call_duration_seconds | histogram | model, result (ok, error) | model, per Messages API call (with the SDK's retries) |
+| roundtrip_model_rate_limit | gauge | | model, calls per second this process may start (its adaptive limit; 0: not paced, no limit known) |
+| roundtrip_model_refusals_total | counter | | model, per 429 or 529 answer (the call waits and is tried again) |
+| roundtrip_model_capacity_wait_seconds | histogram | | model, per call: time it waited for the API's capacity (the limiter's slots and holds) |
+| roundtrip_model_waiting | gauge | | model, calls waiting for capacity now |
 | roundtrip_in_flight | gauge | service, subscription (the topic) | any consumer: messages being handled now |
 | roundtrip_ignored_fields_total | counter | message | gateway, per unknown field of a request (ignored) |
 | roundtrip_refused_requests_total | counter | reason (schema, key, reused) | gateway, per request answered `invalid_request` |
@@ -64,6 +68,13 @@ model_call_duration = Histogram(
     "roundtrip_model_call_duration_seconds", "Time of one Messages API call (the SDK's retries included)", ["model", "result"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120),
 )
+model_rate_limit = Gauge("roundtrip_model_rate_limit", "Calls per second this model service may start (0: not paced)")
+model_refusals = Counter("roundtrip_model_refusals", "Messages API answers 429 or 529 (the call waits and is tried again)")
+model_capacity_wait = Histogram(
+    "roundtrip_model_capacity_wait_seconds", "Time a model call waited for the API's capacity",
+    buckets=(0.01, 0.1, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300),
+)
+model_waiting = Gauge("roundtrip_model_waiting", "Model calls waiting for the API's capacity now")
 in_flight_messages = Gauge("roundtrip_in_flight", "Messages being handled right now", ["service", "subscription"])
 ignored_fields = Counter("roundtrip_ignored_fields", "Fields of public messages the fleet does not know, ignored", ["message"])
 refused_requests = Counter("roundtrip_refused_requests", "Requests answered invalid_request, by reason", ["reason"])

@@ -70,7 +70,7 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 # outcomes that are failures of the turn (Jaeger's error filter finds them); the rest ended as the model or an operator chose
 ERROR_OUTCOMES = frozenset({
-    "step_limit", "repeated_call", "cycle", "failure_streak", "budget", "deadline", "model_error",
+    "step_limit", "repeated_call", "cycle", "failure_streak", "budget", "deadline", "model_error", "model_busy",
 })
 
 _provider: TracerProvider | None = None

@@ -14,6 +14,9 @@ The fence (see the README, "When things go wrong"):
   moved on, or passed its deadline: nothing runs.
 * `claim_model_call` (model service, before calling the model): ONE conditional UPDATE with the
   same conditions; it also releases the executor's lease of that step (its side effects are done).
+* `wait_for_capacity` (model service, when a call must wait for the API's rate limits): the turn,
+  live at that step, becomes WAITING: still live (the guard's next step makes it RUNNING), never
+  flagged stuck, still ended at its deadline.
 * Every end from outside the loop (cancel, deadline, stuck) is conditional on no live lease,
   so an end never lands while a claimed batch is running: either the claim wins (the side
   effect happens, and the end is recorded after it) or the end wins (the claim fails).
@@ -41,7 +44,8 @@ LOCKED_RETRY_S = (0.0005, 0.002)  # before that: tried again on the event loop a
 
 RUNNING, STUCK, ENDING, ENDED = "running", "stuck", "ending", "ended"
 AWAITING = "awaiting"  # a call waits for a person's decision: nothing may act, the stuck rule does not apply
-LIVE = (RUNNING, STUCK)  # may still act: claims succeed only in these states
+WAITING = "waiting"  # its model call waits for the API's capacity (rate limits): it may act, the stuck rule does not apply
+LIVE = (RUNNING, STUCK, WAITING)  # may still act: claims succeed only in these states
 OPEN = (*LIVE, AWAITING)  # not ended: an end from outside (cancel, deadline) may still end these
 
 metadata = MetaData()
@@ -105,11 +109,12 @@ approvals = Table(
 # SQLAlchemy then compiles each once and only binds values; building a statement per call (and an
 # IN list, rendered at every execution) cost several times what the statement itself costs on SQLite
 # (docs/benchmarks.md). Bind names start with `b_`: a column's own name is its value in the SET.
-IS_LIVE = or_(turns.c.status == RUNNING, turns.c.status == STUCK)  # = status IN LIVE, compiled once
+IS_LIVE = or_(*(turns.c.status == status for status in LIVE))  # = status IN LIVE, compiled once
 BEFORE_DEADLINE = turns.c.deadline_at.is_(None) | (turns.c.deadline_at > bindparam("b_now"))
 AT_STEP = (turns.c.turn_id == bindparam("b_turn_id")) & (turns.c.step == bindparam("b_step"))
 _CLAIM = update(turns).where(AT_STEP, IS_LIVE, BEFORE_DEADLINE)
 _RELEASE_ENDING = update(turns).where(AT_STEP, turns.c.status == ENDING)
+_WAITING = update(turns).where(AT_STEP, IS_LIVE)
 
 
 def sqlite_locked(exc: OperationalError) -> bool:
@@ -232,3 +237,10 @@ class Fence(TurnStore):
         # Refused (the rare path): if an end is waiting for this step's lease, let it go now.
         await self._update(_RELEASE_ENDING, {"b_turn_id": turn_id, "b_step": step, "lease_until": None})
         return False
+
+    async def wait_for_capacity(self, turn_id: str, step: int, now: float | None = None) -> bool:
+        """The turn's call at `step` waits for the API's capacity: WAITING (not stuck, however long, up to its deadline).
+        False when the turn may not act any more (ended, cancelled, moved on)."""
+        now = now or time.time()
+        return await self._update(_WAITING, {"b_turn_id": turn_id, "b_step": step, "status": WAITING,
+                                             "last_progress_at": now, "flagged_at": None})

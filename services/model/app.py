@@ -1,4 +1,8 @@
-"""The model service: turn.model_calls -> (Messages API) -> turn.iterations."""
+"""The model service: turn.model_calls -> (Messages API) -> turn.iterations.
+
+One limiter per process (services/model/capacity.py) paces every call by what the API says of its rate
+limits; while it is at its limit (a 429's hold, or more calls waiting than it starts in a few seconds) the
+consumer of turn.model_calls is held back, so the waiting work is lag on that topic (`roundtrip lag`, KEDA)."""
 
 from __future__ import annotations
 
@@ -6,13 +10,14 @@ import logging
 
 from faststream import FastStream
 
-from services.kernel import topics
+from services.kernel import metrics, topics
 from services.kernel.events import CallModel, ModelResponded
-from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
+from services.kernel.messaging import Outlet, consumers_of, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
 from services.kernel.turnstore import Fence
 from services.model.client import ModelClient
-from services.model.handlers import Limits, call_model
+from services.model.capacity import Capacity
+from services.model.handlers import Limits, Retrying, call_model
 from services.tools.agent import current_agent
 
 log = logging.getLogger("roundtrip.model")
@@ -24,12 +29,16 @@ def build(settings: Settings) -> FastStream:
     agent = current_agent(settings.agent)
     client = ModelClient(settings, agent.registry.api_tools(cache=True), agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
+    held: list = []  # the consumer of turn.model_calls, once subscribed
+    capacity = Capacity(on_throttle=lambda throttled: [consumer.hold(throttled) for consumer in held])
+    retrying = Retrying(capacity, settings.model_max_retries, settings.turn_deadline_s)
+    metrics.model_waiting.set_function(lambda: capacity.waiting)
 
     state: dict[str, Fence] = {}
 
     @subscribe(broker, topics.MODEL_CALLS, "model", settings)
     async def on_call_model(command: CallModel) -> None:
-        event = await call_model(command, client, state["fence"], limits)
+        event = await call_model(command, client, state["fence"], limits, retrying)
         if event is None:
             log.warning("turn %s step %d: model not called: the turn has ended, been cancelled, moved on or passed its deadline",
                         command.turn.turn_id, command.step)
@@ -38,6 +47,7 @@ def build(settings: Settings) -> FastStream:
             log.warning("turn %s step %d: model call failed: %s", command.turn.turn_id, event.step, event.error)
         await responded(event, command.turn.conversation_id)
 
+    held.extend(consumers_of(broker))
     app = service_app(broker, log)
 
     @app.on_startup

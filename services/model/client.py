@@ -8,7 +8,9 @@ always messages[-3] (a request adds the model's response and the next user messa
 tool results of a step, or the customer's next words after the history of earlier turns), so
 this request reads everything up to there from the cache. With the tools and the system
 prompt that is 4 breakpoints, the API's limit. The SDK emits its own span per
-`messages.create` and retries 429/529/5xx itself; nothing here instruments it again.
+`messages.create`; nothing here instruments it again. The SDK retries nothing (`max_retries=0`):
+the model service does (services/model/attempts.py), so the process's limiter sees every 429 and
+every answer's rate-limit headers, which `create` returns with the message.
 
 Its HTTP transport is aiohttp (the SDK's `aiohttp` extra) rather than the default httpx pool,
 which walks every pooled connection on each request and response: with hundreds of calls in
@@ -19,6 +21,7 @@ flight in one process that walk cost more than the rest of the call (docs/benchm
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from typing import Any
 
 import anthropic
@@ -62,7 +65,7 @@ class ModelClient:
         self._client = anthropic.AsyncAnthropic(
             api_key=settings.anthropic_api_key or "simulator",
             base_url=settings.model_base_url,
-            max_retries=settings.model_max_retries,
+            max_retries=0,  # services/model/attempts.py retries, through the process's limiter
             timeout=settings.model_timeout_s,
             http_client=anthropic.DefaultAioHttpClient(timeout=settings.model_timeout_s),
         )
@@ -87,12 +90,16 @@ class ModelClient:
         disabled = self._settings.disable_parallel_tool_use if disable_parallel_tool_use is None else disable_parallel_tool_use
         return {"type": "auto", "disable_parallel_tool_use": True} if disabled else None
 
-    async def create(self, messages: list[dict[str, Any]], persona: str | None,
-                     disable_parallel_tool_use: bool | None = None) -> anthropic.types.Message:
-        headers = {"x-roundtrip-persona": persona} if persona and self._settings.use_simulator else None
+    async def create(self, messages: list[dict[str, Any]], persona: str | None, disable_parallel_tool_use: bool | None = None,
+                     attempt: int = 0) -> tuple[anthropic.types.Message, Mapping[str, str]]:
+        """The model's message and the answer's HTTP headers (the rate-limit headers among them).
+        `attempt`: retries of this call before this one (sent as the SDK would, `x-stainless-retry-count`)."""
+        headers = {"x-stainless-retry-count": str(attempt)}
+        if persona and self._settings.use_simulator:
+            headers["x-roundtrip-persona"] = persona
         choice = self.tool_choice(disable_parallel_tool_use)
         messages = self.prepared(messages)
-        return await self._client.messages.create(
+        raw = await self._client.messages.with_raw_response.create(
             model=self._model,
             max_tokens=self._settings.max_tokens,
             system=self._system,
@@ -101,6 +108,7 @@ class ModelClient:
             extra_headers=headers,
             **({"tool_choice": choice} if choice else {}),
         )
+        return await raw.parse(), raw.headers
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
@@ -21,7 +22,10 @@ from services.kernel.events import CallModel, ModelResponded, ToolCall, Usage
 from services.kernel.fingerprints import fingerprint
 from services.kernel.limits import cap_text, fit_transcript, input_problem, json_size, omitted
 from services.kernel.turnstore import Fence
+from services.model.attempts import attempt
+from services.model.capacity import Capacity
 from services.model.client import ModelClient
+from services.model.observed import observe
 
 log = logging.getLogger("roundtrip.model")
 
@@ -63,28 +67,41 @@ def _blocks(message: anthropic.types.Message, limits: Limits) -> tuple[list[dict
     return content, calls
 
 
+@dataclass
+class Retrying:
+    """How a call is retried (services/model/attempts.py): the process's limiter, the transient retries, the deadline of
+    a turn that has none."""
+
+    capacity: Capacity = field(default_factory=Capacity)
+    retries: int = 2
+    deadline_s: float = 300.0
+
+
 async def call_model(command: CallModel, client: ModelClient, fence: Fence | None = None,
-                     limits: Limits | None = None) -> ModelResponded | None:
+                     limits: Limits | None = None, retrying: Retrying | None = None) -> ModelResponded | None:
     """The next iteration of the turn, or None when the fence refuses the call (the turn may not act any more)."""
-    limits = limits or Limits()
-    if fence is not None and not await fence.claim_model_call(command.turn.turn_id, command.step):
+    limits, retrying = limits or Limits(), retrying or Retrying()
+    turn = command.turn
+    if fence is not None and not await fence.claim_model_call(turn.turn_id, command.step):
         trace.get_current_span().add_event("model not called: the turn has ended or moved on", {"roundtrip.step": command.step})
         return None
     step = command.step + 1
     started = time.perf_counter()
-    try:
-        message = await client.create(command.messages, command.turn.persona, command.turn.disable_parallel_tool_use)
-    except anthropic.APIError as exc:
+
+    async def waiting() -> bool:
+        trace.get_current_span().add_event("waiting for model capacity", {"roundtrip.step": command.step})
+        return await fence.wait_for_capacity(turn.turn_id, command.step) if fence is not None else True
+
+    out = await attempt(lambda n: client.create(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n),
+                        retrying.capacity, turn.deadline_at or time.time() + retrying.deadline_s, retrying.retries, waiting)
+    observe(out, retrying.capacity)
+    if out.gone:
+        return None
+    if out.error:
         metrics.model_call_duration.labels(client.model, "error").observe(time.perf_counter() - started)
-        status = getattr(exc, "status_code", None)
-        return ModelResponded(
-            turn=command.turn,
-            step=step,
-            messages=command.messages,
-            spent=command.spent,
-            model=client.model,
-            error=f"{type(exc).__name__}{f' ({status})' if status else ''}: {exc.message if hasattr(exc, 'message') else exc}",
-        )
+        return ModelResponded(turn=turn, step=step, messages=command.messages, spent=command.spent, model=client.model,
+                              error=out.error, busy=out.busy)
+    message = out.message
     metrics.model_call_duration.labels(client.model, "ok").observe(time.perf_counter() - started)
     usage = usage_of(message)  # billed whatever the content: counted before anything else can go wrong
     try:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from services.kernel.events import CallModel, Turn, Usage
 from services.kernel.settings import Settings
+from services.model.attempts import MARGIN_S
 from services.model.client import ModelClient
 from services.model.handlers import call_model
 from services.simulator.server import running_simulator
@@ -55,12 +58,13 @@ async def test_the_static_prefix_is_cached_across_calls(simulator):
     assert second.usage.cache_read_input_tokens > 0
 
 
-async def test_api_failures_after_the_sdks_retries_become_an_iteration_with_an_error(failing_simulator):
+async def test_an_api_overloaded_until_the_deadline_becomes_a_busy_iteration(failing_simulator):
     client = client_for(failing_simulator)
-    event = await call_model(CallModel(turn=TURN, step=2, messages=[{"role": "user", "content": "hi"}]), client)
+    turn = TURN.model_copy(update={"deadline_at": time.time() + MARGIN_S + 1.5})  # a 529 is "later" until then
+    event = await call_model(CallModel(turn=turn, step=2, messages=[{"role": "user", "content": "hi"}]), client)
     await client.aclose()
-    assert event.step == 3 and event.stop_reason is None
-    assert "529" in event.error and "Overloaded" in event.error
+    assert event.step == 3 and event.stop_reason is None and event.busy
+    assert "rate limited until the turn's deadline" in event.error and "529" in event.error and "Overloaded" in event.error
 
 
 @pytest.mark.parametrize("persona,problem", [("bloated", "input too large: "), ("deep", "input nested too deep: more than 32 levels")])

@@ -122,7 +122,9 @@ class ModelSettings(Concern):
     anthropic_base_url: str | None = Field(None, description="Override the API base URL (the simulator is used when no key is set)")
     model: str = Field("claude-sonnet-4-6", description="Model name sent to the Messages API")
     max_tokens: int = Field(1024, ge=1, description="max_tokens of each model call")
-    model_max_retries: int = Field(2, ge=0, description="SDK retries of a failed model call before the turn ends")
+    model_max_retries: int = Field(
+        2, ge=0, description="Retries of a model call after a transient error (timeout, connection, 5xx) before the turn ends; "
+        "429 and 529 are retried until the turn's deadline")
     model_timeout_s: float = Field(60.0, gt=0, description="Timeout of one model call")
     disable_parallel_tool_use: bool = Field(
         False, description="Send tool_choice.disable_parallel_tool_use: at most one tool call per model response (a request may override it)"

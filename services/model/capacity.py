@@ -1,0 +1,215 @@
+"""The model service's share of the Messages API's rate limits: one limiter per process, adapted from the API's answers.
+
+Every call waits here for its start (`acquire`), then says how the API answered: `answered` with the
+response's `anthropic-ratelimit-*` headers and usage, or `refused` with a 429's (or 529's) retry-after.
+The limiter keeps one number, the rate (calls per second) this process may start, and spaces the starts
+1/rate apart: each waiter sleeps until its own slot, so there is no burst and no polling.
+
+* **Ceiling.** The `-limit` headers say what the organisation may do per minute: requests-limit/60 calls
+  per second, and input-tokens-limit/60 (output likewise) divided by what an average call counts. Input
+  tokens count like the API counts them: uncached input plus cache writes; cache reads do not count.
+  The rate never passes the ceiling; the first ceiling known is the first rate.
+* **Multiplicative decrease.** A 429 or a 529, or an answer whose `-remaining` has fallen below LOW of the
+  most it has been seen to hold (the bucket is being drained: the fleet, or another app, starts more than
+  it refills), cuts the rate to BETA of itself, at most once per EPOCH_S, and never for a call started before the
+  last cut (its answer says nothing of the new rate). A 429 also **holds** the whole process until its
+  retry-after has passed, plus jitter of this process's own, then the waiting calls resume one slot apart.
+* **Additive increase.** An answer with room left raises the rate so that it would climb from zero to the
+  ceiling in RAMP_S seconds of calls, and only while calls wait here (a rate nobody uses is not tested).
+
+Replicas are not told about each other: each sees the same organisation-wide headers and 429s and cuts
+when they say so, and AIMD's cuts in proportion to each one's rate make them converge on equal shares of
+the one limit (Chiu and Jain, 1989), with no coordinator. With no header and no refusal, nothing is paced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+LOW = 0.5  # a dimension whose remaining is below this share of its peak is being drained: slow down
+BETA = 0.7  # multiplicative decrease
+RAMP_S = 20.0  # additive increase: the ceiling over this many seconds (ceiling / RAMP_S calls per second, per second)
+EPOCH_S = 2.0  # at most one cut per this long
+MIN_RATE = 0.05  # calls per second: never slower than this (a hold still stops everything)
+BACKLOG_S = 2.0  # more calls waiting than this many seconds of the rate: the process is at its limit (its consumer pauses)
+TOKEN_EWMA = 0.2  # weight of the newest call in the average tokens per call
+DIMENSIONS = ("requests", "input-tokens", "output-tokens")
+HEADER = "anthropic-ratelimit-{}-{}"
+
+
+class Busy(Exception):
+    """No capacity before the caller's deadline."""
+
+
+@dataclass
+class Reading:
+    """What one answer's `anthropic-ratelimit-*` headers said: per dimension, its per-minute limit and what remains."""
+
+    limit: dict[str, float] = field(default_factory=dict)
+    remaining: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, headers: Mapping[str, str] | None) -> Reading:
+        reading = cls()
+        for dimension in DIMENSIONS:
+            for kind, into in (("limit", reading.limit), ("remaining", reading.remaining)):
+                if (value := _number((headers or {}).get(HEADER.format(dimension, kind)))) is not None:
+                    into[dimension] = value
+        return reading
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+class Capacity:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
+                 on_throttle: Callable[[bool], None] | None = None) -> None:
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self.rate: float | None = None  # calls per second this process starts; None: not paced (no limit known)
+        self._next_at = 0.0  # the next free slot
+        self.hold_until = 0.0  # a 429 said stop until then
+        self._cut_at = -EPOCH_S  # when a 429 last cut the rate
+        self._epoch_at = 0.0  # answers since then decide the next adaptation
+        self._answers = self._drained_answers = 0
+        self._limited = False  # a call of this epoch waited for its slot: the rate is in use
+        self._limit: dict[str, float] = {}
+        self._peak: dict[str, float] = {}  # the most each dimension has been seen to hold
+        self._top_rate = 0.0  # the highest rate in use when a cut came (the ramp's top while no ceiling is known)
+        self._per_call = {"input-tokens": 0.0, "output-tokens": 0.0}  # average tokens counted per call
+        self._started: deque[float] = deque()  # starts of the last EPOCH_S: the rate in use before any is known
+        self.waiting = 0
+        self.throttled = False
+        self._on_throttle = on_throttle
+        self.refusals = 0
+
+    # -- the calls' side --------------------------------------------------------------------
+    async def acquire(self, deadline: float) -> float:
+        """Wait for this call's slot (FIFO, 1/rate apart, after any hold); the seconds waited.
+        Raises Busy, at once, when the slot would come after `deadline` (monotonic)."""
+        begun = now = self._clock()
+        self.waiting += 1
+        self._check_throttle()
+        try:
+            while True:
+                slot = max(now, self._next_at, self.hold_until)
+                if slot > deadline:
+                    raise Busy(f"no capacity for {slot - now:.1f} s, past the turn's deadline")
+                if self.rate is not None:
+                    self._next_at = slot + 1.0 / self.rate
+                if slot > now:
+                    await asyncio.sleep(slot - now)
+                now = self._clock()
+                if self.hold_until <= now:  # a 429 during the sleep moved every slot past its hold: take a new one
+                    break
+        finally:
+            self.waiting -= 1
+            self._check_throttle()
+        self._started.append(now)
+        self._forget_starts(now)
+        return now - begun
+
+    def answered(self, headers: Mapping[str, str] | None, input_tokens: int, output_tokens: int, started_at: float,
+                 waited: bool) -> None:
+        """A call started at `started_at` was answered: learn the limits; once per epoch, adapt the rate."""
+        reading = Reading.of(headers)
+        self._learn(reading, input_tokens, output_tokens)
+        ceiling = self.ceiling()
+        if ceiling is not None and self.rate is None:
+            self.rate = ceiling
+        self._answers += 1
+        self._drained_answers += self._drained(reading)
+        self._limited = self._limited or waited
+        now = self._clock()
+        if now - self._epoch_at >= EPOCH_S and self.rate is not None:
+            self._adapt(ceiling, now)
+        if ceiling is not None and self.rate is not None:
+            self.rate = min(self.rate, ceiling)
+
+    def _adapt(self, ceiling: float | None, now: float) -> None:
+        """The end of an epoch: cut in proportion to the share of answers that found the bucket drained (every replica
+        sees the same share, so each cuts the same fraction of its own rate), then, if calls waited, add the same
+        step to every replica's rate (DCTCP's rule for ECN marks: AIMD without waiting for a drop)."""
+        drained = self._drained_answers / self._answers if self._answers else 0.0
+        rate = self.rate * (1.0 - drained * (1.0 - BETA))
+        if self._limited and drained < 1.0:
+            rate += (ceiling or max(self._top_rate, rate)) * EPOCH_S / RAMP_S
+        self.rate = max(MIN_RATE, rate)
+        self._epoch_at, self._answers, self._drained_answers, self._limited = now, 0, 0, False
+
+    def refused(self, retry_after: float, started_at: float) -> None:
+        """A 429 or 529 for a call started at `started_at`: cut the rate, hold the process for `retry_after` plus jitter."""
+        self.refusals += 1
+        self._cut(started_at)
+        now = self._clock()
+        spacing = 1.0 / self.rate if self.rate else 0.0
+        until = now + retry_after + self._rng.uniform(0.0, 0.25 * retry_after + spacing)
+        if until > self.hold_until:
+            self.hold_until = until
+            self._next_at = max(self._next_at, until)
+            with contextlib.suppress(RuntimeError):  # no event loop runs (a simulation): nothing to wake
+                # the hold ends on its own: look again then, whether calls wait or not
+                asyncio.get_running_loop().call_later(until - now + 0.001, self._check_throttle)
+        self._check_throttle()
+
+    # -- what it knows --------------------------------------------------------------------
+    def delay(self) -> float:
+        """Seconds a call asking now would wait for its slot."""
+        return max(0.0, self._next_at - self._clock(), self.hold_until - self._clock())
+
+    def ceiling(self) -> float | None:
+        """Calls per second the organisation's limits allow (None: no limit known)."""
+        rates = []
+        for dimension, per_minute in self._limit.items():
+            per_call = 1.0 if dimension == "requests" else self._per_call.get(dimension, 0.0)
+            if per_call > 0:
+                rates.append(per_minute / 60.0 / per_call)
+        return max(MIN_RATE, min(rates)) if rates else None
+
+    def _learn(self, reading: Reading, input_tokens: int, output_tokens: int) -> None:
+        self._limit.update(reading.limit)
+        for dimension, left in reading.remaining.items():
+            self._peak[dimension] = max(self._peak.get(dimension, 0.0), left)
+        for dimension, counted in (("input-tokens", input_tokens), ("output-tokens", output_tokens)):
+            average = self._per_call[dimension]
+            self._per_call[dimension] = counted if average == 0 else average + TOKEN_EWMA * (counted - average)
+
+    def _drained(self, reading: Reading) -> bool:
+        return any(left < LOW * self._peak[d] for d, left in reading.remaining.items() if self._peak.get(d))
+
+    def _cut(self, started_at: float) -> None:
+        now = self._clock()
+        if started_at < self._cut_at or now - self._cut_at < EPOCH_S:
+            return
+        self._forget_starts(now)
+        in_use = self.rate if self.rate is not None else max(MIN_RATE, len(self._started) / EPOCH_S)
+        self._top_rate = max(self._top_rate, in_use)
+        self.rate = max(MIN_RATE, in_use * BETA)
+        self._cut_at = now
+
+    def _forget_starts(self, now: float) -> None:
+        while self._started and self._started[0] < now - EPOCH_S:
+            self._started.popleft()
+
+    def _check_throttle(self) -> None:
+        """Throttled while a hold lasts or more calls wait than BACKLOG_S of the rate; released at half that backlog."""
+        now = self._clock()
+        backlog = max(2.0, (self.rate or 0.0) * BACKLOG_S)
+        if self.hold_until > now or (self.rate is not None and self.waiting > backlog):
+            throttled = True
+        else:
+            throttled = self.throttled and self.rate is not None and self.waiting > backlog / 2
+        if throttled != self.throttled:
+            self.throttled = throttled
+            if self._on_throttle is not None:
+                self._on_throttle(throttled)

@@ -1,0 +1,175 @@
+"""The model service's limiter (services/model/capacity.py) and its retries (services/model/attempts.py), with fakes.
+
+The limiter is driven by what an API following Anthropic's rules would answer: a bucket refilled continuously
+at the per-minute limit, `anthropic-ratelimit-*` headers on every answer, a 429 with retry-after when empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import anthropic
+import httpx
+import pytest
+
+from services.model.attempts import MARGIN_S, attempt
+from services.model.capacity import BETA, EPOCH_S, Busy, Capacity, Reading
+
+
+def headers(limit: float, remaining: float, dimension: str = "requests") -> dict[str, str]:
+    return {f"anthropic-ratelimit-{dimension}-limit": str(limit), f"anthropic-ratelimit-{dimension}-remaining": str(remaining)}
+
+
+def status_error(status: int, extra: dict[str, str] | None = None) -> anthropic.APIStatusError:
+    request = httpx.Request("POST", "http://api/v1/messages")
+    response = httpx.Response(status, headers=extra or {}, request=request, json={"type": "error"})
+    cls = {400: anthropic.BadRequestError, 401: anthropic.AuthenticationError, 429: anthropic.RateLimitError}.get(
+        status, anthropic.APIStatusError)
+    return cls(f"error {status}", response=response, body=None)
+
+
+class Usage:
+    input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens = 100, 20, 0, 5000
+
+
+class Message:
+    usage = Usage()
+
+
+def test_the_headers_are_read_per_dimension_and_junk_is_ignored():
+    reading = Reading.of({**headers(600, 590), "anthropic-ratelimit-input-tokens-limit": "junk",
+                          "anthropic-ratelimit-output-tokens-remaining": "80"})
+    assert reading.limit == {"requests": 600.0} and reading.remaining == {"requests": 590.0, "output-tokens": 80.0}
+
+
+def test_the_first_rate_is_the_ceiling_of_the_headers_and_tokens_count_like_the_api():
+    capacity = Capacity()
+    capacity.answered(headers(600, 599), input_tokens=100, output_tokens=20, started_at=0.0, waited=False)
+    assert capacity.rate == pytest.approx(10.0)  # 600 requests a minute
+    tokens = Capacity()
+    # 120k input tokens a minute; a call counts its uncached input and cache writes (here 1000), not its cache reads
+    tokens.answered(headers(120_000, 119_000, "input-tokens"), input_tokens=1000, output_tokens=20, started_at=0.0, waited=False)
+    assert tokens.rate == pytest.approx(2.0)
+
+
+def test_a_429_cuts_the_rate_once_per_epoch_and_holds_the_whole_process():
+    now = [100.0]
+    capacity = Capacity(clock=lambda: now[0], rng=random.Random(1))
+    capacity.answered(headers(600, 599), 100, 20, started_at=99.0, waited=False)
+
+    async def refuse_twice():
+        capacity.refused(1.0, started_at=99.5)
+        capacity.refused(1.0, started_at=99.6)  # the same burst: no second cut
+
+    asyncio.run(refuse_twice())
+    assert capacity.rate == pytest.approx(10.0 * BETA)
+    assert 101.0 <= capacity.hold_until <= 101.0 + 0.25 + 1 / capacity.rate  # retry-after plus this process's jitter
+    assert capacity.delay() >= 1.0 and capacity.throttled
+
+
+def test_a_draining_bucket_cuts_before_any_429_and_room_ramps_the_rate_back():
+    now = [0.0]
+    capacity = Capacity(clock=lambda: now[0])
+    capacity.answered(headers(600, 600), 100, 20, started_at=0.0, waited=False)
+    for _ in range(9):  # an epoch in which all but the first answer found the bucket below half: someone drains it
+        capacity.answered(headers(600, 200), 100, 20, started_at=0.0, waited=False)
+    now[0] = EPOCH_S
+    capacity.answered(headers(600, 200), 100, 20, started_at=0.0, waited=False)
+    assert capacity.rate == pytest.approx(10.0 * (1 - 10 / 11 * (1 - BETA)))  # 10 answers of 11 drained, no 429 yet
+    for epoch in range(2, 40):
+        now[0] = epoch * EPOCH_S
+        capacity.answered(headers(600, 500), 100, 20, started_at=now[0], waited=True)
+    assert capacity.rate == pytest.approx(10.0)  # back to the ceiling, never above it
+
+
+async def test_waiting_calls_start_one_slot_apart_in_order_and_busy_past_the_deadline():
+    capacity = Capacity()
+    capacity.rate = 20.0  # 50 ms apart
+    starts: list[float] = []
+
+    async def one() -> None:
+        await capacity.acquire(time.monotonic() + 10)
+        starts.append(time.monotonic())
+
+    await asyncio.gather(*(one() for _ in range(5)))
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert all(gap > 0.03 for gap in gaps), gaps
+    with pytest.raises(Busy):
+        capacity.rate = 0.1  # the next slot is 10 s away
+        await capacity.acquire(time.monotonic() + 0.5)
+        await capacity.acquire(time.monotonic() + 0.5)
+
+
+def test_replicas_adapting_alone_converge_on_sharing_one_limit():
+    """Three limiters against one bucket (600 a minute, refilled continuously, 429 when empty), in simulated time:
+    after the start the replicas' rates sum to about the limit, their shares equal, with few 429s."""
+    dt, limit, capacity_ = 0.01, 10.0, 20.0  # 10 calls/s; a bucket of 2 s of them
+    clock = [0.0]
+    replicas = [Capacity(clock=lambda: clock[0], rng=random.Random(i)) for i in range(3)]
+    for r in replicas:
+        r.rate = limit * (0.5 + i) if (i := replicas.index(r)) else 1.0  # unequal starts: 1, 15, 25 calls/s
+    bucket, credit, ok, refused = capacity_, [0.0] * 3, 0, 0
+    if True:
+        for tick in range(int(120 / dt)):
+            clock[0] = tick * dt
+            bucket = min(capacity_, bucket + limit * dt)
+            for i, r in enumerate(replicas):
+                if r.hold_until > clock[0]:
+                    continue
+                credit[i] += r.rate * dt
+                while credit[i] >= 1:
+                    credit[i] -= 1
+                    if bucket >= 1:
+                        bucket -= 1
+                        ok += tick * dt > 60
+                        r.answered({"anthropic-ratelimit-requests-limit": "600",
+                                    "anthropic-ratelimit-requests-remaining": str(int(bucket * 30))}, 100, 20, clock[0], True)
+                    else:
+                        refused += tick * dt > 60
+                        r.refused(1.0, clock[0])
+    rates = [r.rate for r in replicas]
+    assert ok / 60 >= 0.85 * limit, (ok / 60, rates)  # the second minute: the limit used
+    assert refused <= 0.05 * (ok + refused), (refused, ok)
+    assert max(rates) - min(rates) < 0.5 * limit, rates  # about equal shares, no coordinator
+
+
+async def test_capacity_refusals_wait_and_errors_that_are_not_about_capacity_end_at_once():
+    answers = [status_error(429, {"retry-after": "0.05"}), status_error(529), (Message(), {})]
+    calls: list[int] = []
+    marked: list[bool] = []
+
+    async def call(n: int):
+        calls.append(n)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def on_wait() -> bool:
+        marked.append(True)
+        return True
+
+    capacity = Capacity()
+    out = await attempt(call, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=on_wait)
+    assert out.error is None and out.refusals == 2 and out.attempts == 3 and calls == [0, 1, 2] and marked == [True]
+    for status, extra in ((400, None), (401, None), (429, None)):  # a 429 without retry-after: a spend limit
+        answers[:] = [status_error(status, extra)]
+        out = await attempt(call, Capacity(), time.time() + MARGIN_S + 10, retries=3, on_wait=on_wait)
+        assert out.error and not out.busy and out.attempts == 1 and f"({status})" in out.error
+
+
+async def test_a_turn_that_ended_while_its_call_waited_is_not_called():
+    capacity = Capacity()
+    capacity.rate = 0.5  # the next slot 2 s away
+
+    async def never(n: int):
+        raise AssertionError("called")
+
+    async def ended() -> bool:
+        return False
+
+    await capacity.acquire(time.monotonic() + 5)
+    out = await attempt(never, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=ended)
+    assert out.gone and out.attempts == 0
