@@ -119,6 +119,7 @@ class _State:
                 "served": self.served,
                 "parallel_disabled": self.parallel_disabled,
                 "rate_limited": self.limits.refused,
+                "in_flight": self.limits.in_flight,
                 "overloaded": self.overload.answered,
             }
         )

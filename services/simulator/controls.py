@@ -3,7 +3,8 @@
   GET  /v1/_limits                      {"limits": {"rpm": 600, ...}, "remaining": {...}, "refused": n}
   POST /v1/_limits   {"rpm": 300}       change the limits named (null removes one); answers as GET
                                         ("another app took half": POST the halved limit)
-  POST /v1/_overload {"seconds": 5}     a burst of 529s from now for that long; answers {"overloaded": n}
+  POST /v1/_overload {"seconds": 5}     a burst of 529s from now for that long (0 ends it; "status": 500 a
+                                        burst of that 5xx instead); answers {"overloaded": n}
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .errors import ApiError, invalid
-from .overload import Overload
+from .overload import MESSAGES, Overload
 from .ratelimits import KINDS, RateLimits
 
 
@@ -33,12 +34,15 @@ def routes(limits: RateLimits, overload: Overload) -> list[Route]:
 
     async def start_overload(request: Request) -> Response:
         try:
-            seconds = (await _object(request)).get("seconds")
-            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
-                raise invalid(f"seconds: expected a positive number, got {seconds!r}")
+            body = await _object(request)
+            seconds, status = body.get("seconds"), body.get("status", 529)
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+                raise invalid(f"seconds: expected a number of seconds (0 ends the burst), got {seconds!r}")
+            if status not in MESSAGES or isinstance(status, bool):
+                raise invalid(f"status: expected one of {', '.join(map(str, MESSAGES))}, got {status!r}")
         except ApiError as error:
             return JSONResponse(error.body("req_sim_control"), status_code=error.status)
-        overload.start(float(seconds))
+        overload.start(float(seconds), status)
         return JSONResponse({"overloaded": overload.answered})
 
     return [

@@ -1,9 +1,11 @@
 """529 `overloaded_error` bursts on demand: the API is overloaded for everyone for a while, then is not.
 
-A burst is started by POST /v1/_overload {"seconds": N} (now, for N seconds), or comes back on its
-own every `every` seconds for `seconds` each (ROUNDTRIP_SIMULATOR_OVERLOAD_EVERY / _SECONDS; the
-first one `every` seconds after the start). During a burst every /v1/messages request is answered
-529 before it is admitted (it costs no rate limit) and, like the API's, without `retry-after`.
+A burst is started by POST /v1/_overload {"seconds": N} (now, for N seconds; {"seconds": 0} ends
+the one under way; "status": 500 makes it a burst of that 5xx instead, an outage rather than an
+overload), or comes back on its own every `every` seconds for `seconds` each
+(ROUNDTRIP_SIMULATOR_OVERLOAD_EVERY / _SECONDS; the first one `every` seconds after the start).
+During a burst every /v1/messages request is answered 529 before it is admitted (it costs no
+rate limit) and, like the API's, without `retry-after`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from collections.abc import Callable
 
 from .errors import ApiError
 
-MESSAGE = "Overloaded (simulated burst)."
+MESSAGES = {529: "Overloaded (simulated burst).", 500: "Internal server error (simulated burst).",
+            502: "Bad gateway (simulated burst).", 503: "Service unavailable (simulated burst).",
+            504: "Gateway timeout (simulated burst)."}
 
 
 class Overload:
@@ -23,21 +27,26 @@ class Overload:
         self._every, self._seconds, self._clock = every, seconds, clock
         self._origin = clock()
         self._until = -1.0
+        self._status = 529  # of the burst started on demand
         self.answered = 0  # requests answered 529 by a burst
 
-    def start(self, seconds: float) -> None:
-        """A burst from now for `seconds` (a burst under way lasts at least as long as it would have)."""
-        self._until = max(self._until, self._clock() + seconds)
+    def start(self, seconds: float, status: int = 529) -> None:
+        """A burst of `status` from now for `seconds`; 0 ends the one started on demand."""
+        if status not in MESSAGES:
+            raise ValueError(f"a burst answers one of {', '.join(map(str, MESSAGES))}, not {status}")
+        self._until, self._status = self._clock() + seconds, status
 
-    def active(self) -> bool:
+    def status(self) -> int | None:
+        """The status of the burst under way (None: no burst)."""
         now = self._clock()
         if now < self._until:
-            return True
+            return self._status
         elapsed = now - self._origin
-        return self._every is not None and elapsed >= self._every and elapsed % self._every < self._seconds
+        periodic = self._every is not None and elapsed >= self._every and elapsed % self._every < self._seconds
+        return 529 if periodic else None
 
     def check(self) -> None:
-        """Raise the 529 of a burst under way."""
-        if self.active():
+        """Raise the error of a burst under way."""
+        if (status := self.status()) is not None:
             self.answered += 1
-            raise ApiError(529, MESSAGE)
+            raise ApiError(status, MESSAGES[status])

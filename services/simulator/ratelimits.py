@@ -71,6 +71,7 @@ class Admitted:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self._limits.in_flight -= 1
         self._limits.give_back("output-tokens", self._reserved - (0 if kind else self._used))
 
 
@@ -82,6 +83,7 @@ class RateLimits:
         self._clock, self._wall = clock, wall
         self._buckets: dict[str, Bucket] = {}
         self.refused = 0
+        self.in_flight = 0  # requests admitted and not answered yet
         self.configure({"rpm": rpm, "itpm": itpm, "otpm": otpm})
 
     def configure(self, limits: dict[str, int | None]) -> None:
@@ -110,6 +112,7 @@ class RateLimits:
             raise self._refusal(max(short, key=short.__getitem__), max(short.values()))
         for kind, bucket in self._buckets.items():
             bucket.level -= cost[kind]
+        self.in_flight += 1
         return Admitted(self, body["max_tokens"] if "output-tokens" in self._buckets else 0)
 
     def give_back(self, kind: str, amount: float) -> None:

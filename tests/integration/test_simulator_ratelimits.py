@@ -71,6 +71,12 @@ async def test_an_overload_burst_answers_529_overloaded_to_everyone_until_it_end
                 await client(url).messages.create(**HI)
             assert caught.value.body["error"]["type"] == "overloaded_error"
             assert (await http.get("/health")).json()["overloaded"] == 1
+            await http.post("/v1/_overload", json={"seconds": 0})  # ends it
+            await client(url).messages.create(**HI)
+            await http.post("/v1/_overload", json={"seconds": 600, "status": 500})  # an outage rather than an overload
+            with pytest.raises(anthropic.InternalServerError):
+                await client(url).messages.create(**HI)
+            assert (await http.post("/v1/_overload", json={"seconds": 1, "status": 404})).status_code == 400
 
 
 def test_the_simulator_process_reads_its_limits_from_the_environment(tmp_path):

@@ -97,10 +97,11 @@ def test_output_tokens_are_reserved_as_max_tokens_then_the_unused_part_given_bac
     clock = Clock()
     rl = limits(clock, otpm=1000)
     with rl.admit(body(max_tokens=800), PromptCache()) as call:
+        assert rl.in_flight == 1
         assert rl.headers()["anthropic-ratelimit-output-tokens-remaining"] == "200"  # max_tokens taken up front
         refusal(rl, body(max_tokens=300))
         call.produced(50)
-    assert rl.headers()["anthropic-ratelimit-output-tokens-remaining"] == "950"
+    assert rl.headers()["anthropic-ratelimit-output-tokens-remaining"] == "950" and rl.in_flight == 0
 
 
 def test_a_call_that_fails_after_admission_gives_all_its_output_tokens_back():
@@ -166,16 +167,22 @@ def test_overload_burst_on_demand_and_every_period():
     clock.now = 3.0
     on_demand.check()
     assert on_demand.answered == 1
+    on_demand.start(60, status=500)
+    assert on_demand.status() == 500
+    on_demand.start(0)  # ends it
+    assert on_demand.status() is None
 
     clock.now = 0.0
     periodic = Overload(every=10, seconds=2, clock=clock)
     states = []
     for t in (0, 5, 9.9, 10, 11.9, 12, 20.5, 25):
         clock.now = t
-        states.append(periodic.active())
+        states.append(periodic.status() == 529)
     assert states == [False, False, False, True, True, False, True, False]
 
 
 def test_overload_refuses_nonsense():
     with pytest.raises(ValueError):
         Overload(every=0)
+    with pytest.raises(ValueError):
+        Overload().start(5, status=404)
