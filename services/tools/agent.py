@@ -5,7 +5,8 @@ included), the handlers, policies, entity resolvers, approval rules and serial d
 tool name, its own settings (a zero-argument factory, e.g. a pydantic-settings class, read once), the clients it
 needs (`dependencies`: name -> `factory(fleet_settings, own_settings)`, opened once per process, closed at
 shutdown, handed to handlers, resolvers and policies as `ctx.deps`), and the customer-facing texts of the
-guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`).
+guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`), and the words for what
+a side effect did (`describe_action`), said when a turn ends early after one.
 
 `load_agent(spec)` finds it: `package.module:attribute` (an Agent, or a zero-argument factory returning one), a
 name in the entry-point group `roundtrip.agents`, or, unset, the demo shop's support agent. Anything that does
@@ -85,6 +86,9 @@ class Agent:
     replies: Mapping[str, str] = field(default_factory=dict)  # Outcome value -> what the customer reads
     messages: Mapping[str, str] = field(default_factory=dict)  # GATE_MESSAGES key -> what the model reads
     model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
+    # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
+    # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded (<input>)"
+    describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
 
     @cached_property
     def registry(self) -> Registry:
@@ -146,6 +150,8 @@ class Agent:
             raise AgentError(f"{where}: replies for unknown outcomes {stray} (known: {sorted(outcomes)})")
         if stray := sorted(set(self.messages) - set(GATE_MESSAGES)):
             raise AgentError(f"{where}: messages for unknown keys {stray} (known: {sorted(GATE_MESSAGES)})")
+        if self.describe_action is not None and not callable(self.describe_action):
+            raise AgentError(f"{where}: describe_action must be a function (tool, input, result) -> str")
         if bad := sorted(n for n in self.dependencies if not n.isidentifier() or not callable(self.dependencies[n])):
             raise AgentError(f"{where}: dependencies {bad} need an identifier as name and a factory as value")
         self.registry  # noqa: B018 - builds and checks the tools
