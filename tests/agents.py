@@ -24,9 +24,9 @@ def shop_deps(client: Any) -> Dependencies:
     return Dependencies({"shop": client})
 
 
-def shop_model_client(settings: Any, tools: list[dict[str, Any]] | None = None) -> Any:
+def shop_model_client(settings: Any, tools: list[dict[str, Any]] | None = None, sdk_retries: int = 0) -> Any:
     """The model service's client as it runs the shop agent (its tools, prompt and model)."""
     from services.model.client import ModelClient
 
     return ModelClient(settings, SHOP.registry.api_tools(cache=True) if tools is None else tools, SHOP.system_prompt,
-                       SHOP.model_for(settings))
+                       SHOP.model_for(settings), sdk_retries=sdk_retries)

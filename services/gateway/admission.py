@@ -58,7 +58,7 @@ class Admission:
             except asyncio.CancelledError:
                 if waiter.done():  # a slot was handed to us: pass it on
                     self._handed -= 1
-                    self._wake()
+                    self.wake()
                 else:
                     self._waiting.remove(waiter)
                 raise
@@ -68,9 +68,9 @@ class Admission:
 
     def release(self, turn_id: str) -> None:
         if self._running.pop(turn_id, None) is not None:
-            self._wake()
+            self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         while self._waiting and len(self._running) + self._handed < self.limit:
             waiter = self._waiting.popleft()
             if not waiter.done():
@@ -81,4 +81,4 @@ class Admission:
         cutoff = time.monotonic() - self._forget_after
         for turn_id in [t for t, at in self._running.items() if at < cutoff]:
             del self._running[turn_id]
-        self._wake()
+        self.wake()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from typing import Any
 
 from aiokafka import TopicPartition
 from faststream import FastStream
@@ -12,12 +15,14 @@ from services.gateway.admission import Admission
 from services.gateway.handlers import reply_for, start_turn
 from services.gateway.intake import SeenRequests, check_key, note_unknown_fields, refuser
 from services.gateway.replied import RepliedTurns
+from services.gateway.throttle import Throttle
 from services.kernel import topics
 from services.kernel.events import StartTurn, SupportReply, SupportRequest, TurnEnded
 from services.kernel.messaging import Outlet, current_record, group, key_of, make_broker, service_app, subscribe, topic_of
 from services.kernel.settings import Settings
 from services.kernel.telemetry import bind_turn, new_turn_ids, record_turn_span, tracer
 from services.kernel.transactions import TransactionalOutlet, transactional_id
+from services.kernel.turnstore import TurnStore
 from services.tools.agent import current_agent
 
 log = logging.getLogger("roundtrip.gateway")
@@ -38,7 +43,33 @@ def build(settings: Settings) -> FastStream:
     app = service_app(broker, log)
     app.on_startup(replies.start)
     app.after_shutdown(replies.stop)
+    throttle_admission(app, admission, settings)
     return app
+
+
+def throttle_admission(app: FastStream, admission: Admission, settings: Settings) -> None:
+    """Admit fewer new turns while running turns wait for the model's capacity (services/gateway/throttle.py)."""
+    running: dict[str, Any] = {}
+
+    @app.on_startup
+    async def start_throttle() -> None:
+        try:
+            store = await TurnStore.open(settings.ledger_db_url, read_only=True)
+        except Exception as exc:  # noqa: BLE001 - the gateway runs without the signal rather than not at all
+            log.warning("the turn ledger cannot be read (%s: %s): admission will not follow the model's capacity",
+                        type(exc).__name__, exc)
+            return
+        running["store"] = store
+        running["task"] = asyncio.create_task(Throttle(admission, store).run(), name="gateway-throttle")
+
+    @app.after_shutdown
+    async def stop_throttle() -> None:
+        if "task" in running:
+            running["task"].cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running["task"]
+        if "store" in running:
+            await running["store"].close()
 
 
 def subscribe_requests(broker: KafkaBroker, settings: Settings, admission: Admission, start: Outlet, refusals: Outlet) -> None:

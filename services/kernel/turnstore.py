@@ -30,7 +30,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, bindparam, or_, update
+from sqlalchemy import (
+    Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, bindparam, func, or_, select, update,
+)
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -115,6 +117,7 @@ AT_STEP = (turns.c.turn_id == bindparam("b_turn_id")) & (turns.c.step == bindpar
 _CLAIM = update(turns).where(AT_STEP, IS_LIVE, BEFORE_DEADLINE)
 _RELEASE_ENDING = update(turns).where(AT_STEP, turns.c.status == ENDING)
 _WAITING = update(turns).where(AT_STEP, IS_LIVE)
+_COUNT_WAITING = select(func.count()).select_from(turns).where(turns.c.status == WAITING)
 
 
 def sqlite_locked(exc: OperationalError) -> bool:
@@ -211,6 +214,10 @@ class TurnStore:
                 return work(conn)
             finally:
                 conn.exec_driver_sql("PRAGMA busy_timeout=0")
+
+    async def waiting_for_capacity(self) -> int:
+        """Turns whose model call waits for the API's rate limits now (the gateway's signal to admit fewer)."""
+        return await self._run(lambda conn: conn.execute(_COUNT_WAITING).scalar_one(), single=True)
 
     async def _update(self, statement: Any, params: dict[str, Any] | None = None) -> bool:
         """A conditional update; True when it changed the one row (the caller owns the transition)."""

@@ -177,7 +177,9 @@ class Capacity:
         return max(MIN_RATE, min(rates)) if rates else None
 
     def _learn(self, reading: Reading, input_tokens: int, output_tokens: int) -> None:
-        self._limit.update(reading.limit)
+        if self._limit and not reading.limit:  # the limits that were announced are gone (a simulator's, lifted)
+            self.rate, self._peak = None, {}
+        self._limit = dict(reading.limit)
         for dimension, left in reading.remaining.items():
             self._peak[dimension] = max(self._peak.get(dimension, 0.0), left)
         for dimension, counted in (("input-tokens", input_tokens), ("output-tokens", output_tokens)):

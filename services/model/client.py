@@ -57,7 +57,10 @@ def with_history_breakpoints(messages: list[dict[str, Any]], available: int) -> 
 
 
 class ModelClient:
-    def __init__(self, settings: Settings, tools: list[dict[str, Any]], system_prompt: str, model: str) -> None:
+    def __init__(self, settings: Settings, tools: list[dict[str, Any]], system_prompt: str, model: str,
+                 sdk_retries: int = 0) -> None:
+        """`sdk_retries`: the SDK's own retries; 0 in the model service, whose limiter must see every 429 (a benchmark
+        gives the in-process loop the SDK's default to compare)."""
         self._settings = settings
         self._tools = tools
         self._system = [{"type": "text", "text": system_prompt, "cache_control": {"type": "ephemeral"}}]
@@ -65,7 +68,7 @@ class ModelClient:
         self._client = anthropic.AsyncAnthropic(
             api_key=settings.anthropic_api_key or "simulator",
             base_url=settings.model_base_url,
-            max_retries=0,  # services/model/attempts.py retries, through the process's limiter
+            max_retries=sdk_retries,  # the model service: services/model/attempts.py retries, through the process's limiter
             timeout=settings.model_timeout_s,
             http_client=anthropic.DefaultAioHttpClient(timeout=settings.model_timeout_s),
         )

@@ -2,7 +2,7 @@
 
 A burst is started by POST /v1/_overload {"seconds": N} (now, for N seconds; {"seconds": 0} ends
 the one under way; "status": 500 makes it a burst of that 5xx instead, an outage rather than an
-overload), or comes back on its own every `every` seconds for `seconds` each
+overload; 400 or 401, a burst of an error that is not about capacity), or comes back on its own every `every` seconds for `seconds` each
 (ROUNDTRIP_SIMULATOR_OVERLOAD_EVERY / _SECONDS; the first one `every` seconds after the start).
 During a burst every /v1/messages request is answered 529 before it is admitted (it costs no
 rate limit) and, like the API's, without `retry-after`.
@@ -17,7 +17,9 @@ from .errors import ApiError
 
 MESSAGES = {529: "Overloaded (simulated burst).", 500: "Internal server error (simulated burst).",
             502: "Bad gateway (simulated burst).", 503: "Service unavailable (simulated burst).",
-            504: "Gateway timeout (simulated burst)."}
+            504: "Gateway timeout (simulated burst).",
+            # errors that are not about capacity, for a while (a key revoked, a request the API stopped taking)
+            400: "Invalid request (simulated burst).", 401: "invalid x-api-key (simulated burst)."}
 
 
 class Overload:

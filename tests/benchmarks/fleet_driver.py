@@ -84,6 +84,7 @@ class FleetDriver:
                     timing.ended = now
                     timing.steps = int(reply.get("steps", 0))
                     timing.outcome = str(reply.get("outcome", ""))
+                    timing.usage = reply.get("usage") or {}
                     if not done.done():
                         done.set_result(None)
 

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import anthropic
+
 from services.executor.runner import Runner
 from services.gate.handlers import Gate
 from services.kernel.approvals import Signer, parse_keys
@@ -36,6 +38,7 @@ class TurnTiming:
     outcome: str = ""
     conversation_id: str = ""  # the fleet's turns: whose spans say when each response was published
     wall_started: float = 0.0  # time.time() at `started`
+    usage: dict = field(default_factory=dict)  # the fleet's turns: the reply's usage
 
     @property
     def latency(self) -> float:
@@ -51,7 +54,7 @@ class InProcessLoop:
     def __init__(self, settings: Settings) -> None:
         registry = SHOP.registry
         self.settings = settings
-        self.client = shop_model_client(settings)
+        self.client = shop_model_client(settings, sdk_retries=settings.model_max_retries)  # the SDK retries, as a plain loop would
         self.shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
         shop = self.shop
 
@@ -76,7 +79,11 @@ class InProcessLoop:
         timing = TurnTiming(started=time.perf_counter())
         messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
         for step in range(1, self.settings.max_steps + 1):
-            message = await self.client.create(messages, persona)
+            try:
+                message, _ = await self.client.create(messages, persona)
+            except anthropic.APIError:  # after the SDK's retries: the turn fails, as a plain loop's would
+                timing.outcome = "model_error"
+                break
             timing.responses.append(time.perf_counter())
             timing.steps = step
             content = [block.model_dump(mode="json", exclude_none=True) for block in message.content]

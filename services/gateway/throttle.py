@@ -1,0 +1,56 @@
+"""Fewer new turns while running turns wait for the model's capacity: the admission limit follows the ledger.
+
+The signal is the turn ledger. A turn whose model call waits for the Messages API's rate limits is
+`waiting` there (the model service marks it: services/kernel/turnstore.py, `wait_for_capacity`). Every
+CHECK_S the gateway counts them. While any wait, its admission limit is cut to BETA of the turns it
+runs now, so new requests wait in support.requests (where `roundtrip lag` shows them) and the capacity
+goes to the next steps of the turns already running; while none wait, the limit climbs back by STEP
+of ROUNDTRIP_MAX_RUNNING_TURNS per check. Every gateway replica reads the same ledger, so they close
+and open together, with no coordinator. A ledger that cannot be read leaves the admission as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.gateway.admission import Admission
+from services.kernel.turnstore import TurnStore
+
+log = logging.getLogger("roundtrip.gateway")
+
+CHECK_S = 1.0
+BETA = 0.8  # while turns wait for capacity: at most this share of the turns running now
+STEP = 0.05  # while none wait: the limit grows by this share of the configured one per check
+
+
+class Throttle:
+    def __init__(self, admission: Admission, store: TurnStore) -> None:
+        self.admission = admission
+        self.store = store
+        self.configured = admission.limit
+        self.waiting = 0
+
+    def adjust(self, waiting: int) -> None:
+        """One check's decision, from the count of turns waiting for capacity."""
+        self.waiting = waiting
+        admission = self.admission
+        if waiting:
+            admission.limit = max(1, min(admission.limit, int(admission.running * BETA)))
+        elif admission.limit < self.configured:
+            admission.limit = min(self.configured, admission.limit + max(1, int(self.configured * STEP)))
+            admission.wake()
+
+    async def run(self) -> None:
+        """Check every CHECK_S, for ever (cancel the task to stop it)."""
+        failing = False
+        while True:
+            await asyncio.sleep(CHECK_S)
+            try:
+                self.adjust(await self.store.waiting_for_capacity())
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - the admission goes on as it is; said once per outage
+                if not failing:
+                    log.warning("cannot read the turn ledger for turns waiting on the model's capacity (%s: %s); "
+                                "admission stays at %d", type(exc).__name__, exc, self.admission.limit)
+                failing = True

@@ -1,0 +1,144 @@
+"""Rate-limit benchmark: the fleet on its defaults against a simulator that enforces the Messages API's limits.
+
+One fleet (embedded Kafka, simulator at 1 s ± 30 %, shop, the five services), then phases of
+`--seconds` each, 60 turns in flight (closed loop, careful persona, 3 model calls per turn):
+
+  rpm        600 requests a minute
+  itpm       an input-token limit instead (`--itpm`, about as many calls as 600 requests a minute)
+  halved     600 requests a minute, then 300 from the middle of the phase (another app took half)
+  replicas   600 requests a minute with 3 model-service replicas, each adapting alone
+  inprocess  the same 600 against a plain in-process loop with the SDK's default retries (2)
+
+Each phase starts with full buckets (the limits unset, then set), as a fleet meets them after a quiet minute:
+a limiter that used a full bucket's minute of burst would show more successful calls than the limit, and one
+that drained it would show the 429s that follow. Per phase:
+turns by outcome, the share of calls answered 429 (the simulator's count), successful calls (or input tokens)
+per second against the limit, turn p50/p99. Figures go to docs/benchmarks.md by hand.
+
+    .venv/bin/python -m tests.benchmarks.bench_ratelimit [--phases rpm,itpm,halved,replicas,inprocess] [--seconds 90]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+from services.fleet import Fleet
+from tests.benchmarks.bench_loop import CUSTOMERS, PERSONA, TEXT, add_model_replicas, bench_settings, closed_loop
+from tests.benchmarks.fleet_driver import FleetDriver
+from tests.benchmarks.inprocess import InProcessLoop, TurnTiming
+
+RPM = 600
+
+
+def limits(base_url: str, **values: int | None) -> dict:
+    """POST /v1/_limits (values) or GET it (none)."""
+    url = f"{base_url.rstrip('/')}/v1/_limits"
+    body = json.dumps(values).encode() if values else None
+    request = urllib.request.Request(url, data=body, method="POST" if values else "GET",
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def set_full(base_url: str, **values: int | None) -> None:
+    """These limits, with full buckets (unset first: a limit set anew starts full)."""
+    limits(base_url, **dict.fromkeys(values))
+    limits(base_url, **values)
+
+
+def p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def summary(name: str, timings: list[TurnTiming], seconds: float, refused: int, per_s_limit: float, unit: str) -> dict:
+    outcomes = Counter(t.outcome for t in timings)
+    calls = sum(t.steps for t in timings)
+    tokens = sum((t.usage.get("input_tokens", 0) + t.usage.get("cache_creation_input_tokens", 0)) for t in timings)
+    used = (tokens if unit == "input tokens" else calls) / seconds
+    latencies = [t.latency for t in timings if t.outcome == "end_turn"]
+    return {"phase": name, "turns": len(timings), "outcomes": dict(outcomes), "calls": calls, "refused": refused,
+            "refused_share": refused / max(1, calls + refused), "used_per_s": used, "limit_per_s": per_s_limit,
+            "unit": unit, "used_share": used / per_s_limit, "p50_s": p(latencies, 0.5), "p99_s": p(latencies, 0.99),
+            "seconds": seconds}
+
+
+def line(s: dict) -> str:
+    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(s["outcomes"].items()))
+    return (f"  {s['phase']:<10} {s['turns']} turns ({outcomes}); {s['calls']} calls, {s['refused']} 429s "
+            f"({100 * s['refused_share']:.1f} %); {s['used_per_s']:.1f} {s['unit']}/s of {s['limit_per_s']:.1f} "
+            f"({100 * s['used_share']:.0f} %); turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s")
+
+
+async def phase(name: str, turn, base_url: str, args: argparse.Namespace) -> dict:
+    itpm = name == "itpm"
+    values = {"rpm": None, "itpm": args.itpm} if itpm else {"rpm": RPM, "itpm": None}
+    set_full(base_url, **values)
+    refused0 = limits(base_url)["refused"]
+    loop = asyncio.create_task(closed_loop(turn, args.concurrency, 10**9, args.seconds))
+    halved_at = None
+    if name == "halved":
+        await asyncio.sleep(args.seconds / 2)
+        limits(base_url, rpm=RPM // 2)
+        halved_at = time.perf_counter()
+    timings, seconds = await loop
+    refused = limits(base_url)["refused"] - refused0
+    limit_per_s = (args.itpm if itpm else RPM) / 60
+    if halved_at is not None:  # the limit in force, averaged over the phase
+        limit_per_s = (RPM / 60 + RPM / 120) / 2
+    return summary(name, timings, seconds, refused, limit_per_s, "input tokens" if itpm else "calls")
+
+
+async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list[dict]:
+    driver = FleetDriver(settings, timeout=settings.turn_deadline_s + 60)
+    await driver.start()
+    local = InProcessLoop(settings)
+    fleet_turn = lambda i: driver.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA)  # noqa: E731
+    results = []
+    try:
+        limits(settings.model_base_url, rpm=None, itpm=None)
+        await closed_loop(fleet_turn, 10, 30, 60)  # warm: connections, caches
+        for name in args.phases:
+            if name == "replicas":
+                add_model_replicas(fleet, 3, say)
+                await asyncio.sleep(5.0)  # the group rebalances
+            turn = (lambda i: local.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA)) if name == "inprocess" else fleet_turn
+            results.append(await phase(name, turn, settings.model_base_url, args))
+            say(line(results[-1]))
+    finally:
+        await driver.stop()
+        await local.aclose()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_ratelimit", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--phases", type=lambda s: s.split(","), default=["rpm", "itpm", "halved", "inprocess", "replicas"])
+    parser.add_argument("--seconds", type=float, default=90.0, help="length of each phase (default 90)")
+    parser.add_argument("--concurrency", type=int, default=60, help="turns in flight (default 60)")
+    parser.add_argument("--itpm", type=int, default=84_000, help="the itpm phase's input tokens a minute (default 84000)")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    args = parser.parse_args(argv)
+    say = lambda text: print(text, flush=True)  # noqa: E731
+    with tempfile.TemporaryDirectory(prefix="roundtrip-ratelimit-") as state:
+        settings, env = bench_settings(Path(state), 6, 1000.0, 0.3)
+        fleet = Fleet(settings, env=env, say=say)
+        try:
+            fleet.start()
+            results = asyncio.run(measure(fleet, settings, args, say))
+        finally:
+            fleet.stop()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The gateway admits fewer new turns while turns wait for the model's capacity (services/gateway/throttle.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from services.gateway.admission import Admission
+from services.gateway.throttle import BETA, Throttle
+
+
+async def test_turns_waiting_for_capacity_cut_admission_below_the_running_turns_and_none_let_it_climb_back():
+    admission = Admission(limit=100, forget_after_s=600)
+    for i in range(50):
+        await admission.admit(f"turn_{i}")
+    throttle = Throttle(admission, store=None)
+    throttle.adjust(waiting=12)
+    assert admission.limit == int(50 * BETA)  # new turns wait until running ones end and the model catches up
+    late = asyncio.create_task(admission.admit("turn_new"))
+    await asyncio.sleep(0.05)
+    assert not late.done()
+    for i in range(20):
+        admission.release(f"turn_{i}")
+    throttle.adjust(waiting=0)  # nothing waits any more: the limit climbs back, a step per check, to the configured one
+    await asyncio.wait_for(late, 1)
+    for _ in range(100):
+        throttle.adjust(waiting=0)
+    assert admission.limit == 100
+
+
+async def test_the_ledger_is_read_each_check_and_a_failing_read_leaves_admission_alone(monkeypatch):
+    import services.gateway.throttle as module
+
+    monkeypatch.setattr(module, "CHECK_S", 0.01)
+    answers = [3, RuntimeError("database is locked"), 0]
+
+    class Store:
+        async def waiting_for_capacity(self) -> int:
+            answer = answers.pop(0) if answers else 0
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    admission = Admission(limit=10, forget_after_s=600)
+    for i in range(10):
+        await admission.admit(f"turn_{i}")
+    throttle = Throttle(admission, Store())
+    task = asyncio.create_task(throttle.run())
+    while answers:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    assert throttle.waiting == 0 and 8 <= admission.limit <= 10
