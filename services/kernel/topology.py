@@ -51,7 +51,7 @@ class Service:
     summary: str
     inputs: tuple[Input, ...]
     outputs: dict[str, type[BaseModel]] = field(default_factory=dict)  # topic -> the message published there
-    shares_ledger: bool = False  # claims or records steps in the turn ledger: needs the fleet's one ledger database
+    shares_ledger: bool = False  # claims, records or counts turns in the turn ledger: needs the fleet's one ledger database
     app: str = ""  # module with `build(settings) -> FastStream`; default services.<name>.app
 
     @property
@@ -77,6 +77,7 @@ SERVICES: tuple[Service, ...] = (
         "gateway", "takes support requests, starts turns, replies",
         inputs=(Input(topics.SUPPORT_REQUESTS, events.SupportRequest), Input(topics.OUTCOMES, events.TurnEnded, "replies")),
         outputs={topics.TURN_STARTS: events.StartTurn, topics.SUPPORT_REPLIES: events.SupportReply},
+        shares_ledger=True,  # reads it: the turns waiting for the model's capacity (services/gateway/throttle.py)
     ),
     Service(
         "model", "calls the model, one iteration event per response",

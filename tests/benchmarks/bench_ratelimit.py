@@ -4,7 +4,7 @@ One fleet (embedded Kafka, simulator at 1 s ± 30 %, shop, the five services), t
 `--seconds` each, 60 turns in flight (closed loop, careful persona, 3 model calls per turn):
 
   rpm        600 requests a minute
-  itpm       an input-token limit instead (`--itpm`, about as many calls as 600 requests a minute)
+  itpm       an input-token limit instead (`--itpm`, 60,000 a minute: fewer calls than 600 requests a minute)
   halved     600 requests a minute, then 300 from the middle of the phase (another app took half)
   replicas   600 requests a minute with 3 model-service replicas, each adapting alone
   inprocess  the same 600 against a plain in-process loop with the SDK's default retries (2)
@@ -13,7 +13,8 @@ Each phase starts with full buckets (the limits unset, then set), as a fleet mee
 a limiter that used a full bucket's minute of burst would show more successful calls than the limit, and one
 that drained it would show the 429s that follow. Per phase:
 turns by outcome, the share of calls answered 429 (the simulator's count), successful calls (or input tokens)
-per second against the limit, turn p50/p99. Figures go to docs/benchmarks.md by hand.
+per second, how many of them the bucket's store paid for (its level at the start less at the end), the rest
+against the limit's rate, turn p50/p99. Figures go to docs/benchmarks.md by hand.
 
     .venv/bin/python -m tests.benchmarks.bench_ratelimit [--phases rpm,itpm,halved,replicas,inprocess] [--seconds 90]
 """
@@ -58,7 +59,10 @@ def p(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def summary(name: str, timings: list[TurnTiming], seconds: float, refused: int, per_s_limit: float, unit: str) -> dict:
+def summary(name: str, timings: list[TurnTiming], seconds: float, refused: int, per_s_limit: float, unit: str,
+            burst: float) -> dict:
+    """`burst`: what the phase took from the bucket's store (its level at the start less at the end, less what a
+    lowered limit cut off): the calls or tokens beyond the refill, which the limit's rate does not cover."""
     outcomes = Counter(t.outcome for t in timings)
     calls = sum(t.steps for t in timings)
     tokens = sum((t.usage.get("input_tokens", 0) + t.usage.get("cache_creation_input_tokens", 0)) for t in timings)
@@ -66,41 +70,46 @@ def summary(name: str, timings: list[TurnTiming], seconds: float, refused: int, 
     latencies = [t.latency for t in timings if t.outcome == "end_turn"]
     return {"phase": name, "turns": len(timings), "outcomes": dict(outcomes), "calls": calls, "refused": refused,
             "refused_share": refused / max(1, calls + refused), "used_per_s": used, "limit_per_s": per_s_limit,
-            "unit": unit, "used_share": used / per_s_limit, "p50_s": p(latencies, 0.5), "p99_s": p(latencies, 0.99),
-            "seconds": seconds}
+            "unit": unit, "refill_share": (used - burst / seconds) / per_s_limit, "burst": burst,
+            "p50_s": p(latencies, 0.5), "p99_s": p(latencies, 0.99), "seconds": seconds}
 
 
 def line(s: dict) -> str:
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(s["outcomes"].items()))
     return (f"  {s['phase']:<10} {s['turns']} turns ({outcomes}); {s['calls']} calls, {s['refused']} 429s "
-            f"({100 * s['refused_share']:.1f} %); {s['used_per_s']:.1f} {s['unit']}/s of {s['limit_per_s']:.1f} "
-            f"({100 * s['used_share']:.0f} %); turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s")
+            f"({100 * s['refused_share']:.1f} %); {s['used_per_s']:.1f} {s['unit']}/s, {s['burst']:.0f} of them from the "
+            f"bucket's store; the rest {100 * s['refill_share']:.0f} % of the limit ({s['limit_per_s']:.1f}/s); "
+            f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s; {s['seconds']:.0f} s")
 
 
 async def phase(name: str, turn, base_url: str, args: argparse.Namespace) -> dict:
     itpm = name == "itpm"
     values = {"rpm": None, "itpm": args.itpm} if itpm else {"rpm": RPM, "itpm": None}
+    kind = "itpm" if itpm else "rpm"
     set_full(base_url, **values)
-    refused0 = limits(base_url)["refused"]
+    start = limits(base_url)
     loop = asyncio.create_task(closed_loop(turn, args.concurrency, 10**9, args.seconds))
-    halved_at = None
+    cut = 0.0
     if name == "halved":
         await asyncio.sleep(args.seconds / 2)
-        limits(base_url, rpm=RPM // 2)
-        halved_at = time.perf_counter()
+        before = limits(base_url)["remaining"][kind]
+        cut = before - limits(base_url, rpm=RPM // 2)["remaining"][kind]
     timings, seconds = await loop
-    refused = limits(base_url)["refused"] - refused0
+    end = limits(base_url)
     limit_per_s = (args.itpm if itpm else RPM) / 60
-    if halved_at is not None:  # the limit in force, averaged over the phase
+    if name == "halved":  # the limit in force, averaged over the phase
         limit_per_s = (RPM / 60 + RPM / 120) / 2
-    return summary(name, timings, seconds, refused, limit_per_s, "input tokens" if itpm else "calls")
+    burst = start["remaining"][kind] - end["remaining"][kind] - cut
+    return summary(name, timings, seconds, end["refused"] - start["refused"], limit_per_s,
+                   "input tokens" if itpm else "calls", burst)
 
 
 async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list[dict]:
     driver = FleetDriver(settings, timeout=settings.turn_deadline_s + 60)
     await driver.start()
     local = InProcessLoop(settings)
-    fleet_turn = lambda i: driver.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA)  # noqa: E731
+    # a text of its own per turn: identical transcripts would all be cache reads, which no input-token limit counts
+    fleet_turn = lambda i: driver.turn(f"{TEXT} (ref {i})", CUSTOMERS[i % len(CUSTOMERS)], PERSONA)  # noqa: E731
     results = []
     try:
         limits(settings.model_base_url, rpm=None, itpm=None)
@@ -109,7 +118,8 @@ async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list
             if name == "replicas":
                 add_model_replicas(fleet, 3, say)
                 await asyncio.sleep(5.0)  # the group rebalances
-            turn = (lambda i: local.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA)) if name == "inprocess" else fleet_turn
+            turn = (lambda i: local.turn(f"{TEXT} (ref {i})", CUSTOMERS[i % len(CUSTOMERS)], PERSONA)) if name == "inprocess" \
+                else fleet_turn
             results.append(await phase(name, turn, settings.model_base_url, args))
             say(line(results[-1]))
     finally:
@@ -123,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", type=lambda s: s.split(","), default=["rpm", "itpm", "halved", "inprocess", "replicas"])
     parser.add_argument("--seconds", type=float, default=90.0, help="length of each phase (default 90)")
     parser.add_argument("--concurrency", type=int, default=60, help="turns in flight (default 60)")
-    parser.add_argument("--itpm", type=int, default=84_000, help="the itpm phase's input tokens a minute (default 84000)")
+    parser.add_argument("--itpm", type=int, default=60_000, help="the itpm phase's input tokens a minute (default 60000)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     args = parser.parse_args(argv)
     say = lambda text: print(text, flush=True)  # noqa: E731

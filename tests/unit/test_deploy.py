@@ -125,8 +125,8 @@ def test_k8s_the_ledger_is_migrated_before_a_service_that_opens_it_starts(k8s, n
 
 def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_it():
     opens = [name for name in FLEET_SERVICES
-             if re.search(r"\b(Ledger|Fence)\.open\(", (ROOT / "services" / name / "app.py").read_text(encoding="utf-8"))]
-    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["executor", "guard", "model"]
+             if re.search(r"\b(Ledger|Fence|TurnStore)\.open\(", (ROOT / "services" / name / "app.py").read_text(encoding="utf-8"))]
+    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["executor", "gateway", "guard", "model"]
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
@@ -241,10 +241,10 @@ def k8s_env(k8s, name: str) -> dict[str, str]:
 def test_the_scan_finds_what_the_services_read():
     assert {"ledger_db_url", "approval_keys"} <= settings_read_by("executor")
     assert {"ledger_db_url"} <= settings_read_by("model")
-    assert {s.name for s in topology.SERVICES if s.shares_ledger} == {"guard", "model", "executor"}
+    assert {s.name for s in topology.SERVICES if s.shares_ledger} == {"gateway", "guard", "model", "executor"}
     assert {"ledger_db_url", "conversations_db_url", "decision_keys"} <= settings_read_by("guard")
     assert {"approval_keys", "decision_keys"} <= settings_read_by("gate")
-    assert "ledger_db_url" not in settings_read_by("gateway")
+    assert "ledger_db_url" in settings_read_by("gateway")  # the turns waiting for the model's capacity
 
 
 @pytest.mark.parametrize("name", ALL_RUNNABLE)

@@ -1,0 +1,75 @@
+"""A turn whose model call waits for the API's capacity (services/kernel/turnstore.py, WAITING): still live, never
+flagged stuck however long it waits, still ended at its deadline, counted for the gateway; and the key-ordered
+consumer the model service holds back meanwhile (services/kernel/consumer.py, `hold`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from services.guard.ledger import Ledger
+from services.kernel.consumer import KeyOrderedConsumer
+from services.kernel.turnstore import RUNNING, WAITING, Fence
+from tests.databases import migrated
+
+
+def turn(turn_id: str) -> dict:
+    return {"turn_id": turn_id, "request_id": "r", "conversation_id": f"c_{turn_id}", "customer_id": "cus_1"}
+
+
+async def test_a_waiting_turn_is_live_never_stuck_ended_at_its_deadline_and_counted(tmp_path):
+    url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    ledger, fence = await Ledger.open(url), await Fence.open(url)
+    try:
+        start = time.time() - 1000  # long ago: an idle running turn would be stuck by now
+        await ledger.start(turn("t1"), pending="{}", now=start, deadline_at=start + 2000)
+        await ledger.start(turn("t2"), pending="{}", now=start, deadline_at=start + 2000)
+        assert await fence.claim_model_call("t1", 0, now=start)
+        assert await fence.wait_for_capacity("t1", 0, now=start)
+        assert not await fence.wait_for_capacity("t1", 3)  # not at that step: refused
+        assert await ledger.waiting_for_capacity() == 1
+        idle, expired, _ = await ledger.overdue(time.time(), stuck_after_s=60, grace_s=30, deadline_s=300)
+        assert [r.turn_id for r in idle] == ["t2"] and not expired  # only the running one is idle
+        assert not await ledger.flag_stuck("t1", stuck_after_s=60)
+        assert await ledger.advance("t1", 1, {}, 0.0, pending="{}")  # the call answered: the next step runs
+        assert (await ledger.get("t1")).status == RUNNING
+        assert await fence.wait_for_capacity("t1", 1)
+        _, expired, _ = await ledger.overdue(start + 2001, stuck_after_s=60, grace_s=30, deadline_s=300)
+        assert "t1" in [r.turn_id for r in expired] and (await ledger.get("t1")).status == WAITING  # its deadline still ends it
+    finally:
+        await ledger.close()
+        await fence.close()
+
+
+class FakeKafka:
+    def __init__(self) -> None:
+        self.paused = False
+
+    def assignment(self):
+        return {"tp"}
+
+    def pause(self, *parts):
+        self.paused = True
+
+    def resume(self, *parts):
+        self.paused = False
+
+    async def getmany(self, timeout_ms=0, max_records=None):
+        await asyncio.sleep(min(timeout_ms, 20) / 1000)
+        return {}
+
+
+async def test_a_held_back_consumer_pauses_fetching_and_resumes_when_released():
+    consumer = KeyOrderedConsumer(process=lambda record: asyncio.sleep(0), idle_wait_ms=50)
+    kafka = FakeKafka()
+    task = asyncio.create_task(consumer.run(kafka))
+    await asyncio.sleep(0.05)
+    assert not kafka.paused
+    consumer.hold(True)
+    await asyncio.sleep(0.1)
+    assert kafka.paused and consumer.paused
+    consumer.hold(False)
+    await asyncio.sleep(0.1)
+    assert not kafka.paused and not consumer.paused
+    await consumer.drain()
+    await asyncio.wait_for(task, 2)
