@@ -2,11 +2,14 @@
 
 The signal is the turn ledger. A turn whose model call waits for the Messages API's rate limits is
 `waiting` there (the model service marks it: services/kernel/turnstore.py, `wait_for_capacity`). Every
-CHECK_S the gateway counts them. While any wait, its admission limit is cut to BETA of the turns it
-runs now, so new requests wait in support.requests (where `roundtrip lag` shows them) and the capacity
-goes to the next steps of the turns already running; while none wait, the limit climbs back by STEP
-of ROUNDTRIP_MAX_RUNNING_TURNS per check. Every gateway replica reads the same ledger, so they close
-and open together, with no coordinator. A ledger that cannot be read leaves the admission as it is.
+CHECK_S the gateway counts them against the turns it runs. While more than HIGH of them wait, its
+admission limit is cut to BETA of the turns it runs now, so new requests wait in support.requests
+(where `roundtrip lag` shows them) and the capacity goes to the next steps of the turns already
+running; while fewer than LOW wait, the limit climbs back by STEP of ROUNDTRIP_MAX_RUNNING_TURNS per
+check; in between it holds. Some turns waiting is the point: the model service then always has a
+call ready for its next slot, so the limit is used to the full. Every gateway replica reads the same
+ledger, so they close and open together, with no coordinator. A ledger that cannot be read leaves the
+admission as it is.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from services.kernel.turnstore import TurnStore
 log = logging.getLogger("roundtrip.gateway")
 
 CHECK_S = 1.0
-BETA = 0.8  # while turns wait for capacity: at most this share of the turns running now
-STEP = 0.05  # while none wait: the limit grows by this share of the configured one per check
+HIGH, LOW = 0.5, 0.2  # shares of the running turns waiting for capacity: above HIGH cut, below LOW climb back
+BETA = 0.9  # a cut: at most this share of the turns running now
+STEP = 0.05  # a climb: this share of the configured limit per check
 
 
 class Throttle:
@@ -35,9 +39,9 @@ class Throttle:
         """One check's decision, from the count of turns waiting for capacity."""
         self.waiting = waiting
         admission = self.admission
-        if waiting:
+        if waiting > HIGH * admission.running:
             admission.limit = max(1, min(admission.limit, int(admission.running * BETA)))
-        elif admission.limit < self.configured:
+        elif waiting < LOW * admission.running and admission.limit < self.configured:
             admission.limit = min(self.configured, admission.limit + max(1, int(self.configured * STEP)))
             admission.wake()
 

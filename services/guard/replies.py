@@ -76,6 +76,7 @@ STOPPED = {
     Outcome.DEADLINE: "one of our systems is not responding",
     Outcome.CANCELLED: "our support team stopped it",
     Outcome.MODEL_ERROR: "our assistant became temporarily unavailable",
+    Outcome.MODEL_BUSY: "our assistant became too busy to finish it in time",
     Outcome.APPROVAL_TIMEOUT: "a step that needs a review by our team could not be reviewed in time",
 }
 

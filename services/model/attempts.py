@@ -34,7 +34,7 @@ Mark = Callable[[], Awaitable[bool]]  # marks the turn waiting for capacity; Fal
 
 
 @dataclass
-class Outcome:
+class Tried:
     """How the call ended: the message and its headers, or an error (`busy`: for capacity, until the deadline)."""
 
     message: Any = None
@@ -79,10 +79,10 @@ def _transient(exc: anthropic.APIError) -> bool:
 
 
 async def attempt(call: Callable[[int], Awaitable[tuple[Any, Mapping[str, str]]]], capacity: Capacity, deadline_at: float,
-                  retries: int, on_wait: Mark) -> Outcome:
+                  retries: int, on_wait: Mark) -> Tried:
     """Run `call(attempt_number)` through the limiter until it is answered (see the module's docstring).
     `deadline_at`: Unix time the turn may act until."""
-    out, marked, transient, last = Outcome(), False, 0, "waiting for its slot"
+    out, marked, transient, last = Tried(), False, 0, "waiting for its slot"
     give_up = time.monotonic() + (deadline_at - MARGIN_S - time.time())
     while True:
         if not marked and (out.refusals or capacity.delay() > MARK_AFTER_S):

@@ -38,7 +38,7 @@ RAMP_S = 20.0  # additive increase: the ceiling over this many seconds (ceiling 
 EPOCH_S = 2.0  # at most one cut per this long
 MIN_RATE = 0.05  # calls per second: never slower than this (a hold still stops everything)
 BACKLOG_S = 2.0  # more calls waiting than this many seconds of the rate: the process is at its limit (its consumer pauses)
-TOKEN_EWMA = 0.2  # weight of the newest call in the average tokens per call
+TOKEN_EWMA = 0.05  # weight of the newest call in the average tokens per call (calls of one turn differ a lot)
 DIMENSIONS = ("requests", "input-tokens", "output-tokens")
 HEADER = "anthropic-ratelimit-{}-{}"
 
@@ -96,14 +96,14 @@ class Capacity:
     # -- the calls' side --------------------------------------------------------------------
     async def acquire(self, deadline: float) -> float:
         """Wait for this call's slot (FIFO, 1/rate apart, after any hold); the seconds waited.
-        Raises Busy, at once, when the slot would come after `deadline` (monotonic)."""
+        Raises Busy, at once, when it would have to wait past `deadline` (monotonic)."""
         begun = now = self._clock()
         self.waiting += 1
         self._check_throttle()
         try:
             while True:
                 slot = max(now, self._next_at, self.hold_until)
-                if slot > deadline:
+                if slot > now and slot > deadline:  # no wait, no refusal: a call due now is never busy
                     raise Busy(f"no capacity for {slot - now:.1f} s, past the turn's deadline")
                 if self.rate is not None:
                     self._next_at = slot + 1.0 / self.rate
@@ -123,10 +123,11 @@ class Capacity:
                  waited: bool) -> None:
         """A call started at `started_at` was answered: learn the limits; once per epoch, adapt the rate."""
         reading = Reading.of(headers)
+        before = self.ceiling()
         self._learn(reading, input_tokens, output_tokens)
         ceiling = self.ceiling()
-        if ceiling is not None and self.rate is None:
-            self.rate = ceiling
+        if ceiling is not None and (self.rate is None or (before is not None and self.rate >= before)):
+            self.rate = ceiling  # the first ceiling known, or a rate at the ceiling follows it (it moves with the calls' sizes)
         self._answers += 1
         self._drained_answers += self._drained(reading)
         self._limited = self._limited or waited

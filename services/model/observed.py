@@ -6,11 +6,11 @@ from opentelemetry import trace
 
 from services.kernel import metrics
 from services.kernel.telemetry import mark_error
-from services.model.attempts import Outcome
+from services.model.attempts import Tried
 from services.model.capacity import Capacity
 
 
-def observe(out: Outcome, capacity: Capacity) -> None:
+def observe(out: Tried, capacity: Capacity) -> None:
     """Span attributes of the call (only what differs from a plain first-time answer) and the limiter's metrics."""
     span = trace.get_current_span()
     metrics.model_rate_limit.set(capacity.rate or 0.0)

@@ -13,7 +13,9 @@ async def test_turns_waiting_for_capacity_cut_admission_below_the_running_turns_
     for i in range(50):
         await admission.admit(f"turn_{i}")
     throttle = Throttle(admission, store=None)
-    throttle.adjust(waiting=12)
+    throttle.adjust(waiting=20)  # fewer than half of them: the model has calls ready, admission holds
+    assert admission.limit == 100
+    throttle.adjust(waiting=30)
     assert admission.limit == int(50 * BETA)  # new turns wait until running ones end and the model catches up
     late = asyncio.create_task(admission.admit("turn_new"))
     await asyncio.sleep(0.05)
@@ -31,7 +33,7 @@ async def test_the_ledger_is_read_each_check_and_a_failing_read_leaves_admission
     import services.gateway.throttle as module
 
     monkeypatch.setattr(module, "CHECK_S", 0.01)
-    answers = [3, RuntimeError("database is locked"), 0]
+    answers = [8, RuntimeError("database is locked"), 0]
 
     class Store:
         async def waiting_for_capacity(self) -> int:
@@ -49,4 +51,4 @@ async def test_the_ledger_is_read_each_check_and_a_failing_read_leaves_admission
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)
     task.cancel()
-    assert throttle.waiting == 0 and 8 <= admission.limit <= 10
+    assert throttle.waiting == 0 and 9 <= admission.limit <= 10
