@@ -31,6 +31,7 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from services.tools.context import ToolContext, ToolError
 from services.tools.registry import Handler, Registry, RegistryError, ToolSpec, _object_schemas, check_tool_document
@@ -96,6 +97,13 @@ def describe(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     text = str(exc).splitlines()[0][:200] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def shown(url: str) -> str:
+    """A URL as a log line may show it: without user, password or query (they may carry a credential)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
 def strict_copy(server: McpServer, tool: Any) -> dict[str, Any]:
@@ -171,7 +179,7 @@ class McpMount:
                 error = describe(exc)
                 if error != self.last_error:
                     log.warning("MCP server %s (%s) unavailable: %s; its tools are refused, asking again every %g s at most",
-                                self.server.name, self.url, error, self.server.retry_max_s)
+                                self.server.name, shown(self.url), error, self.server.retry_max_s)
                 self.last_error = error
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.server.retry_max_s)
@@ -212,8 +220,9 @@ class McpTools:
         self._tasks: list[asyncio.Task[None]] = []
 
     def owner(self, name: str) -> McpMount | None:
-        """The server a tool belongs to (declared by the agent, or listed), if any."""
-        return next((m for m in self.mounts if name in m.server.declared() or name in (m.listed or {})), None)
+        """The server a tool belongs to (declared by the agent, or listed by a server it mounts whole), if any."""
+        return next((m for m in self.mounts if name in m.server.declared()
+                     or (m.server.tools is None and name in (m.listed or {}))), None)
 
     def mount_listed(self, mount: McpMount) -> None:
         server, listed = mount.server, mount.listed or {}
@@ -229,7 +238,7 @@ class McpTools:
             log.error("MCP server %s does not list %s, which the agent declares; refused", server.name, missing)
         self.api_tools[:] = self.registry.api_tools(cache=True)
         mounted = sorted(n for n in wanted if n not in self.refused)
-        log.info("MCP server %s: %d tools listed, mounted %s", server.name, len(listed), mounted)
+        log.info("MCP server %s is up: mounted %s (%d listed)", server.name, mounted, len(listed))
 
     async def start(self) -> None:
         """List every server in the background; return once each has been asked once (at most its timeout)."""
