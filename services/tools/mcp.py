@@ -45,7 +45,7 @@ Connect = Callable[[str], Any]  # url -> an async context manager with list_tool
 
 
 def _client(url: str) -> Any:
-    from mcp import Client  # imported where used: a process without MCP servers never loads the SDK
+    from mcp import Client  # imported where used: the SDK takes seconds to import, only an agent with servers needs it
 
     return Client(url)
 
@@ -91,10 +91,16 @@ class McpServer:
         return found
 
 
-def describe(exc: BaseException) -> str:
-    """One line for a failure, the first leaf of an exception group (anyio's task groups wrap transport errors)."""
+def leaf(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (anyio's task groups wrap transport errors in them)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a failure."""
+    exc = leaf(exc)
     text = str(exc).splitlines()[0][:200] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -199,6 +205,10 @@ class McpMount:
                 result = await client.call_tool(name, args, meta=meta)
         except Exception as exc:  # noqa: BLE001 - the transport failed: the model reads it as an error result
             log.warning("MCP server %s: %s failed: %s", self.server.name, name, describe(exc))
+            from mcp.shared.exceptions import MCPError  # loaded already: the client was
+
+            if isinstance(refusal := leaf(exc), MCPError):  # the server answered with a protocol error
+                raise ToolError(f"{name} was refused by the {self.server.name} service: {refusal.message[:300]}") from None
             raise ToolError(f"{name} could not be completed: the {self.server.name} service could not be reached or "
                             "did not answer, so whether it acted is unknown. Tell the customer, do not retry at once.") from None
         return result_of(name, result)

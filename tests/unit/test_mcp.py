@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from services.executor.runner import Runner
 from services.gate.handlers import Gate
@@ -54,6 +55,8 @@ class FakeMcp:
 
     async def call_tool(self, name, arguments, meta=None):
         self.calls.append((name, arguments, meta))
+        if isinstance(self.answer, Exception):
+            raise self.answer
         return self.answer
 
 
@@ -233,6 +236,9 @@ async def test_is_error_results_and_transport_failures_are_is_error_tool_results
     fake.answer = SimpleNamespace(content=[SimpleNamespace(type="text", text="out of paper")], structured_content=None, is_error=True)
     failed = await runner.run_one(APPROVED, TURN)
     assert failed["is_error"] and failed["content"] == "out of paper"
+    fake.answer = MCPError(-32602, "Invalid params: order_id")
+    refused = await runner.run_one(APPROVED, TURN)
+    assert refused["is_error"] and refused["content"] == "gift_wrap_order was refused by the giftwrap service: Invalid params: order_id"
     fake.up = False
     down = await runner.run_one(APPROVED, TURN)
     assert down["is_error"] and "giftwrap service could not be reached" in down["content"]
