@@ -64,3 +64,11 @@ def test_render_prints_one_kafka_acls_command_per_resource() -> None:
         assert argv[:5] == ["kafka-acls.sh", "--bootstrap-server", "b1:9093,b2:9093", "--command-config", "admin.properties"]
         assert "--add" in argv and argv[argv.index("--allow-principal") + 1] == "User:roundtrip-executor"
     assert len(lines) - 1 == len({(a.kind, a.name) for a in acls.derive()["executor"]})
+
+
+def test_the_deploy_readme_shows_what_roundtrip_acls_prints() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "deploy" / "README.md").read_text()
+    printed = acls.render({"executor": acls.derive()["executor"]}, "kafka-1:9093", "admin.properties")
+    assert "$ roundtrip acls --command-config admin.properties --only executor\n" + printed in readme
