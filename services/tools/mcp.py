@@ -258,6 +258,21 @@ class McpTools:
             self._tasks.append(asyncio.create_task(mount.keep_listing(self.mount_listed, attempted), name=f"mcp-{mount.server.name}"))
         await asyncio.gather(*(event.wait() for event in asked))
 
+    async def problems(self) -> list[str]:
+        """Ask every server once (no retry) and mount what it lists; what does not fit, one line each (for a check
+        of the agent: a server that does not answer, a declared tool it does not list, a tool refused)."""
+        found = []
+        for mount in self.mounts:
+            try:
+                mount.listed = await asyncio.wait_for(mount.list_once(), mount.server.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - reported, like every other problem
+                found.append(f"MCP server {mount.server.name} ({shown(mount.url)}) does not answer: {describe(exc)}")
+                continue
+            self.mount_listed(mount)
+            if missing := sorted(mount.server.declared() - set(mount.listed)):
+                found.append(f"MCP server {mount.server.name} does not list {missing}, which the agent declares")
+        return found + [f"MCP tool {name} not mounted: {why}" for name, why in sorted(self.refused.items())]
+
     async def aclose(self) -> None:
         for task in self._tasks:
             task.cancel()

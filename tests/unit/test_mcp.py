@@ -158,6 +158,19 @@ async def test_a_listed_tool_named_like_a_local_one_is_refused():
     assert agent.registry.handler("list_orders") is SHOP.handlers["list_orders"]
 
 
+async def test_problems_name_a_server_that_does_not_answer_a_declared_tool_it_does_not_list_and_a_refused_one():
+    down = McpTools([McpMount(SERVER, "https://u:secret@mcp.test/mcp", connect=FakeMcp(up=False))], SHOP.registry)
+    assert await down.problems() == ["MCP server giftwrap (https://mcp.test/mcp) does not answer: "
+                                     "ConnectionRefusedError: All connection attempts failed"]
+    clash = SimpleNamespace(name="list_orders", description="Lists orders, the server's way of doing it.",
+                            input_schema={"type": "object", "properties": {}})
+    every_tool = McpServer("giftwrap", url="u", entities={"track_gift": {"order_id": "order"}})  # mounts all it lists
+    _, tools = mounted(FakeMcp(tools=[clash]), every_tool)
+    problems = await tools.problems()
+    assert problems[0] == "MCP server giftwrap does not list ['track_gift'], which the agent declares"
+    assert problems[1].startswith("MCP tool list_orders not mounted: tool list_orders is already declared")
+
+
 # -- the gate and the executor ---------------------------------------------------------------------
 
 
