@@ -117,7 +117,8 @@ class Agent:
     @cached_property
     def digest(self) -> str:
         """sha256 (first 16 hex digits) of the system prompt and the tools as the model sees them."""
-        seen: dict[str, Any] = {"system": self.system_prompt, "tools": self.registry.api_tools(cache=False)}
+        local = [tool for tool in self.registry.api_tools(cache=False) if tool["name"] in self.registry.local]
+        seen: dict[str, Any] = {"system": self.system_prompt, "tools": local}
         if self.mcp_servers:  # what it mounts, not what the servers list (that is known only at run time)
             seen["mcp"] = [[s.name, sorted(s.tools or []), {t: dict(a) for t, a in s.entities.items()}] for s in self.mcp_servers]
         return hashlib.sha256(json.dumps(seen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
@@ -174,8 +175,12 @@ class Agent:
         declared = [tool for server in self.mcp_servers for tool in server.declared()]
         if taken := sorted({t for t in declared if declared.count(t) > 1 or t in self.registry.specs}):
             problems.append(f"MCP tools declared by two servers or named like a local tool: {taken}")
-        for server in self.mcp_servers:
-            if not problems and not server.url_for(self.own_settings):
+        for server in [] if problems else self.mcp_servers:
+            try:
+                url = server.url_for(self.own_settings)
+            except Exception as exc:  # noqa: BLE001 - the author's function failed: one line
+                raise AgentError(f"{where}: the URL of MCP server {server.name} could not be read: {type(exc).__name__}: {exc}") from None
+            if not url:
                 problems.append(f"MCP server {server.name} has no URL: set {server.env_var} (or give McpServer a url)")
         if problems:
             raise AgentError(f"{where}: " + "; ".join(problems))

@@ -141,6 +141,7 @@ class Registry:
     ) -> None:
         self.specs: dict[str, ToolSpec] = dict(specs)
         self.mounted = frozenset(mounted or ())  # tools an MCP server brings later (services/tools/mcp.py): bindings may name them
+        self.local = frozenset(self.specs)  # the agent's own tools (not mounted ones)
         self._handlers = dict(handlers)
         self._policies = dict(policies or {})
         self._resolvers = dict(entity_resolvers or {})

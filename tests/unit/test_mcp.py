@@ -276,6 +276,14 @@ def test_an_mcp_server_without_a_url_names_the_variable_to_set(monkeypatch):
     assert dataclasses.replace(SHOP, mcp_servers=[McpServer("gift-wrap")]).check()
 
 
+def test_a_url_function_that_fails_is_one_line():
+    def broken(own):
+        raise KeyError("billing_url")
+
+    with pytest.raises(AgentError, match="the URL of MCP server w could not be read: KeyError: 'billing_url'"):
+        dataclasses.replace(SHOP, mcp_servers=[McpServer("w", url=broken)]).check()
+
+
 @pytest.mark.parametrize("servers, problem", [
     ([McpServer("w", url="u", entities={"t": {"a": "parcel"}})], "x-entity kinds without a resolver: ['parcel']"),
     ([McpServer("w", url="u", tools=["t"], entities={"s": {"a": "order"}})], "entities for tools it does not mount: ['s']"),
@@ -294,9 +302,13 @@ def test_a_policy_for_an_undeclared_tool_is_still_refused():
         dataclasses.replace(SHOP, mcp_servers=[McpServer("w", url="u")], policies={"gift_wrap_order": SHOP.policies["cancel_order"]}).check()
 
 
-def test_the_digest_names_what_the_agent_mounts_and_is_unchanged_without_mcp():
+async def test_the_digest_names_what_the_agent_mounts_not_what_is_listed_and_is_unchanged_without_mcp():
     assert dataclasses.replace(SHOP).digest == SHOP.digest
-    assert dataclasses.replace(SHOP, mcp_servers=[SERVER]).digest != SHOP.digest
+    agent, tools = mounted(FakeMcp())
+    before = dataclasses.replace(agent).digest  # a process that never lists (the gateway, the guard)
+    await tools.start()
+    await tools.aclose()
+    assert "gift_wrap_order" in agent.registry and agent.digest == before != SHOP.digest
 
 
 def test_a_logged_url_carries_no_credential():
