@@ -4,7 +4,7 @@ One fleet (embedded Kafka, simulator at 1 s ± 30 %, shop, the five services), t
 `--seconds` each, 60 turns in flight (closed loop, careful persona, 3 model calls per turn):
 
   rpm        600 requests a minute
-  itpm       an input-token limit instead (`--itpm`, 60,000 a minute: fewer calls than 600 requests a minute)
+  itpm       an input-token limit instead (`--itpm`, 15,000 a minute: about 7 calls a second of these turns)
   halved     600 requests a minute, then 300 from the middle of the phase (another app took half)
   replicas   600 requests a minute with 3 model-service replicas, each adapting alone
   inprocess  the same 600 against a plain in-process loop with the SDK's default retries (2)
@@ -60,26 +60,32 @@ def p(values: list[float], q: float) -> float:
 
 
 def summary(name: str, timings: list[TurnTiming], seconds: float, refused: int, per_s_limit: float, unit: str,
-            burst: float) -> dict:
-    """`burst`: what the phase took from the bucket's store (its level at the start less at the end, less what a
-    lowered limit cut off): the calls or tokens beyond the refill, which the limit's rate does not cover."""
+            window: tuple[float, float, float]) -> dict:
+    """`window`: (its start and end on the perf_counter axis, what the bucket's store paid for in it: its level at the
+    start less at the end, less what a lowered limit cut off). The window is the time turns were being started (60 in
+    flight); the phase goes on until the last of them ends, with fewer and fewer in flight."""
     outcomes = Counter(t.outcome for t in timings)
     calls = sum(t.steps for t in timings)
     tokens = sum((t.usage.get("input_tokens", 0) + t.usage.get("cache_creation_input_tokens", 0)) for t in timings)
-    used = (tokens if unit == "input tokens" else calls) / seconds
+    per_call = (tokens / calls if calls else 0.0) if unit == "input tokens" else 1.0
+    start, end, burst = window
+    in_window = sum(1 for t in timings for at in t.responses if start <= at <= end)
     latencies = [t.latency for t in timings if t.outcome == "end_turn"]
     return {"phase": name, "turns": len(timings), "outcomes": dict(outcomes), "calls": calls, "refused": refused,
-            "refused_share": refused / max(1, calls + refused), "used_per_s": used, "limit_per_s": per_s_limit,
-            "unit": unit, "refill_share": (used - burst / seconds) / per_s_limit, "burst": burst,
+            "refused_share": refused / max(1, calls + refused), "unit": unit, "limit_per_s": per_s_limit,
+            "used_per_s": calls * per_call / seconds, "window_s": end - start, "burst": burst,
+            "window_per_s": in_window * per_call / (end - start),
+            "refill_share": (in_window * per_call - burst) / (end - start) / per_s_limit,
             "p50_s": p(latencies, 0.5), "p99_s": p(latencies, 0.99), "seconds": seconds}
 
 
 def line(s: dict) -> str:
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(s["outcomes"].items()))
     return (f"  {s['phase']:<10} {s['turns']} turns ({outcomes}); {s['calls']} calls, {s['refused']} 429s "
-            f"({100 * s['refused_share']:.1f} %); {s['used_per_s']:.1f} {s['unit']}/s, {s['burst']:.0f} of them from the "
-            f"bucket's store; the rest {100 * s['refill_share']:.0f} % of the limit ({s['limit_per_s']:.1f}/s); "
-            f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s; {s['seconds']:.0f} s")
+            f"({100 * s['refused_share']:.1f} %); while 60 were in flight ({s['window_s']:.0f} s) {s['window_per_s']:.1f} "
+            f"{s['unit']}/s, {s['burst']:.0f} from the bucket's store, the rest {100 * s['refill_share']:.0f} % of the limit "
+            f"({s['limit_per_s']:.1f}/s); whole phase {s['used_per_s']:.1f}/s in {s['seconds']:.0f} s; "
+            f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s")
 
 
 async def phase(name: str, turn, base_url: str, args: argparse.Namespace) -> dict:
@@ -87,21 +93,23 @@ async def phase(name: str, turn, base_url: str, args: argparse.Namespace) -> dic
     values = {"rpm": None, "itpm": args.itpm} if itpm else {"rpm": RPM, "itpm": None}
     kind = "itpm" if itpm else "rpm"
     set_full(base_url, **values)
-    start = limits(base_url)
+    start, started = limits(base_url), time.perf_counter()
     loop = asyncio.create_task(closed_loop(turn, args.concurrency, 10**9, args.seconds))
     cut = 0.0
     if name == "halved":
         await asyncio.sleep(args.seconds / 2)
         before = limits(base_url)["remaining"][kind]
         cut = before - limits(base_url, rpm=RPM // 2)["remaining"][kind]
+    await asyncio.sleep(max(0.0, started + args.seconds - time.perf_counter()))
+    stopped, at_stop = time.perf_counter(), limits(base_url)
     timings, seconds = await loop
     end = limits(base_url)
     limit_per_s = (args.itpm if itpm else RPM) / 60
-    if name == "halved":  # the limit in force, averaged over the phase
+    if name == "halved":  # the limit in force, averaged over the window
         limit_per_s = (RPM / 60 + RPM / 120) / 2
-    burst = start["remaining"][kind] - end["remaining"][kind] - cut
+    burst = start["remaining"][kind] - at_stop["remaining"][kind] - cut
     return summary(name, timings, seconds, end["refused"] - start["refused"], limit_per_s,
-                   "input tokens" if itpm else "calls", burst)
+                   "input tokens" if itpm else "calls", (started, stopped, burst))
 
 
 async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list[dict]:
@@ -133,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phases", type=lambda s: s.split(","), default=["rpm", "itpm", "halved", "inprocess", "replicas"])
     parser.add_argument("--seconds", type=float, default=90.0, help="length of each phase (default 90)")
     parser.add_argument("--concurrency", type=int, default=60, help="turns in flight (default 60)")
-    parser.add_argument("--itpm", type=int, default=60_000, help="the itpm phase's input tokens a minute (default 60000)")
+    parser.add_argument("--itpm", type=int, default=15_000, help="the itpm phase's input tokens a minute (default 15000)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     args = parser.parse_args(argv)
     say = lambda text: print(text, flush=True)  # noqa: E731
