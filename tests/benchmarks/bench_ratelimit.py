@@ -60,22 +60,26 @@ def p(values: list[float], q: float) -> float:
 
 
 def summary(name: str, timings: list[TurnTiming], seconds: float, refused: int, per_s_limit: float, unit: str,
-            window: tuple[float, float, float]) -> dict:
+            window: tuple[float, float, float], counted: list[tuple[float, int]] = ()) -> dict:
     """`window`: (its start and end on the perf_counter axis, what the bucket's store paid for in it: its level at the
     start less at the end, less what a lowered limit cut off). The window is the time turns were being started (60 in
     flight); the phase goes on until the last of them ends, with fewer and fewer in flight."""
     outcomes = Counter(t.outcome for t in timings)
     calls = sum(t.steps for t in timings)
     tokens = sum((t.usage.get("input_tokens", 0) + t.usage.get("cache_creation_input_tokens", 0)) for t in timings)
-    per_call = (tokens / calls if calls else 0.0) if unit == "input tokens" else 1.0
     start, end, burst = window
-    in_window = sum(1 for t in timings for at in t.responses if start <= at <= end)
+    if unit == "input tokens":  # each iteration's own usage, by its wall-clock time
+        wall0 = time.time() - time.perf_counter()
+        in_window = sum(n for at, n in counted if start <= at - wall0 <= end)
+        per_call = tokens / calls if calls else 0.0
+    else:
+        in_window, per_call = sum(1 for t in timings for at in t.responses if start <= at <= end), 1.0
     latencies = [t.latency for t in timings if t.outcome == "end_turn"]
     return {"phase": name, "turns": len(timings), "outcomes": dict(outcomes), "calls": calls, "refused": refused,
             "refused_share": refused / max(1, calls + refused), "unit": unit, "limit_per_s": per_s_limit,
             "used_per_s": calls * per_call / seconds, "window_s": end - start, "burst": burst,
-            "window_per_s": in_window * per_call / (end - start),
-            "refill_share": (in_window * per_call - burst) / (end - start) / per_s_limit,
+            "window_per_s": in_window / (end - start),
+            "refill_share": (in_window - burst) / (end - start) / per_s_limit,
             "p50_s": p(latencies, 0.5), "p99_s": p(latencies, 0.99), "seconds": seconds}
 
 
@@ -88,7 +92,7 @@ def line(s: dict) -> str:
             f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s")
 
 
-async def phase(name: str, turn, base_url: str, args: argparse.Namespace) -> dict:
+async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counted: list | None = None) -> dict:
     itpm = name == "itpm"
     values = {"rpm": None, "itpm": args.itpm} if itpm else {"rpm": RPM, "itpm": None}
     kind = "itpm" if itpm else "rpm"
@@ -109,7 +113,7 @@ async def phase(name: str, turn, base_url: str, args: argparse.Namespace) -> dic
         limit_per_s = (RPM / 60 + RPM / 120) / 2
     burst = start["remaining"][kind] - at_stop["remaining"][kind] - cut
     return summary(name, timings, seconds, end["refused"] - start["refused"], limit_per_s,
-                   "input tokens" if itpm else "calls", (started, stopped, burst))
+                   "input tokens" if itpm else "calls", (started, stopped, burst), counted or [])
 
 
 async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list[dict]:
@@ -128,7 +132,8 @@ async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list
                 await asyncio.sleep(5.0)  # the group rebalances
             turn = (lambda i: local.turn(f"{TEXT} (ref {i})", CUSTOMERS[i % len(CUSTOMERS)], PERSONA)) if name == "inprocess" \
                 else fleet_turn
-            results.append(await phase(name, turn, settings.model_base_url, args))
+            driver.count_tokens, driver.tokens = name == "itpm", []
+            results.append(await phase(name, turn, settings.model_base_url, args, driver.tokens))
             say(line(results[-1]))
     finally:
         await driver.stop()

@@ -29,6 +29,8 @@ class FleetDriver:
         self.timeout = timeout
         self._waiting: dict[str, tuple[TurnTiming, asyncio.Future[None]]] = {}  # conversation id -> ...
         self._iterations: dict[str, list[float]] = {}
+        self.count_tokens = False  # parse each iteration's usage too (tests/benchmarks/bench_ratelimit.py)
+        self.tokens: list[tuple[float, int]] = []  # (wall time of the iteration, input tokens + cache writes)
 
     def topic(self, name: str) -> str:
         return self.settings.topic_prefix + name
@@ -75,6 +77,10 @@ class FleetDriver:
                     if tp.topic != replies:
                         if key in self._iterations:
                             self._iterations[key].append(record.timestamp / 1000)
+                            if self.count_tokens:  # what the call counts against an input-token limit
+                                usage = json.loads(record.value).get("usage") or {}
+                                self.tokens.append((record.timestamp / 1000, usage.get("input_tokens", 0)
+                                                    + usage.get("cache_creation_input_tokens", 0)))
                         continue
                     waiting = self._waiting.pop(key, None)
                     if waiting is None:
