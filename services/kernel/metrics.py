@@ -19,7 +19,7 @@ by the kernel's message path (`kafka_metrics`) instead of FastStream's per-messa
 | roundtrip_gate_rejections_total | counter | tool, reason | gate, per rejected call |
 | roundtrip_tool_executions_total | counter | tool, result (ok, error) | executor, per approved call run |
 | roundtrip_tool_duration_seconds | histogram | tool | executor, per approved call run |
-| roundtrip_model_call_duration_seconds | histogram | model, result (ok, error) | model, per Messages API call (with the SDK's retries) |
+| roundtrip_model_call_duration_seconds | histogram | model, result (ok, error) | model, per model call (its retries and its waits for capacity included) |
 | roundtrip_model_rate_limit | gauge | | model, calls per second this process may start (its adaptive limit; 0: not paced, no limit known) |
 | roundtrip_model_refusals_total | counter | | model, per 429 or 529 answer (the call waits and is tried again) |
 | roundtrip_model_capacity_wait_seconds | histogram | | model, per call: time it waited for the API's capacity (the limiter's slots and holds) |
@@ -65,7 +65,7 @@ tool_duration = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 model_call_duration = Histogram(
-    "roundtrip_model_call_duration_seconds", "Time of one Messages API call (the SDK's retries included)", ["model", "result"],
+    "roundtrip_model_call_duration_seconds", "Time of one model call (its retries and waits for capacity included)", ["model", "result"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120),
 )
 model_rate_limit = Gauge("roundtrip_model_rate_limit", "Calls per second this model service may start (0: not paced)")

@@ -5,6 +5,8 @@ for a turn that has ended, been cancelled, moved on or passed its deadline. What
 returns, the event stays under the broker's message limit (services/kernel/limits.py): a tool
 input too large or too deep is replaced by a marker and its call carries the error, so the
 guard turns it into an is_error tool_result and the loop continues; the call is billed either way.
+How a refused call is tried again (429 and 529 until the turn's deadline, through the process's
+limiter) is services/model/attempts.py; a call refused for capacity until then is `busy`.
 """
 
 from __future__ import annotations
