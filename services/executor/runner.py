@@ -61,6 +61,7 @@ class Runner:
                 tool_use_id=call.id,
                 idempotency_key=f"{turn.turn_id}:{call.id}",
                 deps=self.deps,
+                metadata=dict(turn.metadata or {}),
             )
             try:
                 result = await asyncio.wait_for(self.registry.handler(call.name)(call.input, ctx), self.timeout_s)
