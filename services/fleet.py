@@ -135,7 +135,7 @@ class Fleet:
             raise FleetError(f"{name} is not stopped")
         if env:
             self.env = {**self.env, **env}
-            fleet_state.record(self.settings.state_dir, {**os.environ, **self.env})
+        fleet_state.record(self.settings.state_dir, {**os.environ, **self.env})  # the settings it now runs with
         for child in dead:
             self.children.remove(child)
             self._close_ready(child)
