@@ -94,3 +94,27 @@ def test_the_readme_ask_example_reads_as_the_console_prints_it():
     assert Usage(**example["usage"]) == usage and example["steps"] == steps
     assert example["cost_usd"] == round(PriceTable.from_json(Settings(_env_file=None).prices).cost("any", usage), 4)
     assert all(matches_example(line, line) for line in shown)
+
+
+def test_no_blank_line_splits_a_table_of_the_readme():
+    """A blank line inside a Markdown table ends it: the rows after it render as a paragraph of pipes."""
+    lines = README.splitlines()
+    split = [i + 1 for i in range(1, len(lines) - 1)
+             if not lines[i].strip() and lines[i - 1].startswith("|") and lines[i + 1].startswith("|")]
+    assert not split, f"blank lines splitting a table at README.md lines {split}"
+
+
+def test_config_names_the_api_key_as_the_docs_do(monkeypatch):
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-secret")
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", "/nonexistent/roundtrip-state")  # no fleet runs there: this shell's settings
+    from services.kernel.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        shown = CliRunner().invoke(app, ["config"])
+    finally:
+        get_settings.cache_clear()
+    assert shown.exit_code == 0, shown.output
+    (line,) = [line for line in shown.stdout.splitlines() if "API_KEY" in line]
+    assert line.split() == ["ANTHROPIC_API_KEY", "***"] and "sk-ant-secret" not in shown.output
+    assert "| `ANTHROPIC_API_KEY` |" in README
