@@ -10,21 +10,11 @@ import time
 import pytest
 
 from services.agent import always
-from services.shop.agent.client import ShopClient
-from services.shop.app import in_process
 from services.testing import AWAITING_APPROVAL, FunctionModel, ScriptedModel, ScriptExhausted, arun_turn, call, reply, run_turn
-from tests.agents import SHOP
+from tests.agents import SHOP, shop  # noqa: F401 - shop: the fixture
 
 ALICE, BOB = "cus_1001", "cus_1002"
 PENDING = "ord_a1000003"  # Alice's pending order
-
-
-@pytest.fixture
-async def shop(tmp_path):
-    async with in_process(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}") as transport:
-        client = ShopClient("http://shop", timeout=5, transport=transport)
-        yield client
-        await client.aclose()
 
 
 def three_steps() -> ScriptedModel:
