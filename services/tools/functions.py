@@ -59,19 +59,12 @@ class FunctionTool:
     model: type[BaseModel] | None = None  # the input's model (None: it could not be made, see problems)
     ctx_param: str | None = None  # the parameter that gets the ToolContext
     as_model: str | None = None  # the one parameter the whole input is given to, as its pydantic model
-    problems: list[str] = field(default_factory=list)
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})  # the input's JSON Schema, by pydantic
+    problems: list[str] = field(default_factory=list)  # what keeps the function from being a tool
 
     def document(self) -> dict[str, Any]:
         """{"name", "description", "input_schema"}, as a JSON tool document says it."""
-        schema: dict[str, Any] = {"type": "object"}
-        if self.model is not None:
-            try:
-                schema = self.model.model_json_schema(schema_generator=_NoTitles)
-            except Exception as exc:  # noqa: BLE001 - a type pydantic cannot put in a schema is the author's to fix
-                self.problems.append(f"tool {self.name}: its arguments have no JSON Schema: {type(exc).__name__}: {_line(exc)}")
-            schema.pop("title", None)
-            schema.setdefault("required", [])  # pydantic leaves it out when every argument has a default
-        return {"name": self.name, "description": self.description, "input_schema": schema}
+        return {"name": self.name, "description": self.description, "input_schema": self.schema}
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         """The handler: the validated input (already checked by the gate) given to the function as it declares it."""
@@ -117,11 +110,20 @@ def function_tool(fn: Callable[..., Any], name: str | None = None, description: 
             fields[param.name] = (annotation, ... if param.default is param.empty else param.default)
     if len(fields) == 1 and isinstance(ann := next(iter(fields.values()))[0], type) and issubclass(ann, BaseModel):
         made.as_model, made.model = next(iter(fields)), ann
-        return made
+    else:
+        try:
+            made.model = create_model(f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields)
+        except Exception as exc:  # noqa: BLE001 - e.g. an argument named like a pydantic attribute
+            made.problems.append(f"tool {name}: its arguments cannot be a model: {type(exc).__name__}: {_line(exc)}")
+            return made
     try:
-        made.model = create_model(f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields)
-    except Exception as exc:  # noqa: BLE001 - e.g. an argument named like a pydantic attribute
-        made.problems.append(f"tool {name}: its arguments cannot be a model: {type(exc).__name__}: {_line(exc)}")
+        made.schema = made.model.model_json_schema(schema_generator=_NoTitles)
+    except Exception as exc:  # noqa: BLE001 - a type pydantic cannot put in a schema is the author's to fix
+        made.problems.append(f"tool {name}: its arguments have no JSON Schema: {type(exc).__name__}: {_line(exc)}")
+        made.model = None
+        return made
+    made.schema.pop("title", None)
+    made.schema.setdefault("required", [])  # pydantic leaves it out when every argument has a default
     return made
 
 
@@ -140,12 +142,15 @@ def function_specs(tools: Any) -> tuple[dict[str, ToolSpec], dict[str, FunctionT
     for fn in tools:
         made = fn if isinstance(fn, FunctionTool) else function_tool(fn)
         source = f"tool function {getattr(made.fn, '__module__', '?')}.{getattr(made.fn, '__qualname__', made.name)}"
+        problems += made.problems
+        if made.name in specs:
+            problems.append(f"{source}: tool {made.name} is declared twice")
+        if made.model is None:  # no schema to check
+            continue
         spec, found = document_problems(made.document(), source)
         if made.as_model and any("additionalProperties" in p for p in found):
             found.append(f"{source}: its model {made.model.__name__} needs model_config = ConfigDict(extra='forbid')")
-        problems += made.problems + found
-        if made.name in specs:
-            problems.append(f"{source}: tool {made.name} is declared twice")
-        if spec is not None and made.model is not None:
+        problems += found
+        if spec is not None:
             specs[spec.name], handlers[spec.name] = spec, made
     return specs, handlers, problems

@@ -113,6 +113,15 @@ async def untyped(ctx: ToolContext, ticket_id) -> dict:  # noqa: ANN001 - the po
     return {}
 
 
+class Opaque:
+    """A type pydantic knows nothing of."""
+
+
+async def opaque(ctx: ToolContext, thing: Opaque) -> dict:
+    """A tool whose argument's type has no JSON Schema."""
+    return {}
+
+
 class Loose(BaseModel):  # extra fields allowed: not strict
     ticket_id: str
 
@@ -133,6 +142,7 @@ LOOSE_DIR = {"name": "loose_doc", "description": "A schema document that does no
     ({"tools": [no_docstring]}, "tool no_docstring needs a real description"),
     ({"tools": [sync_tool]}, "tool sync_tool: the function must be `async def`"),
     ({"tools": [untyped]}, "tool untyped: argument 'ticket_id' has no type annotation"),
+    ({"tools": [opaque]}, "tool opaque: its arguments cannot be a model: PydanticSchemaGenerationError"),
     ({"entities": {}}, "x-entity kinds without a resolver: ['ticket']"),
     ({"policies": {"reopen": lambda a, e, c: None}}, "policies for unknown tools: ['reopen']"),
     ({"approvals": {"reopen": always("a person reopens")}}, "approval rules or serial declarations for unknown tools: ['reopen']"),

@@ -95,3 +95,19 @@ async def test_a_script_too_short_fails_the_test_saying_so_and_run_turn_wants_no
         await arun_turn(SHOP, ALICE, "Hi", ScriptedModel([call("list_orders")]), deps={"shop": shop})
     with pytest.raises(RuntimeError, match="use `await arun_turn"):
         run_turn(SHOP, ALICE, "Hi", ScriptedModel(["Hello"]))
+
+
+async def test_a_three_step_turn_of_an_agent_of_function_tools():
+    from tests.unit.test_agent_authoring import agent
+
+    desk = agent().check()
+    script = [call("refund", ticket_id="T-1", cents=250), call("close_ticket", ticket_id="T-1", note="refunded"), "Refunded and closed."]
+    started = time.perf_counter()
+    result = await arun_turn(desk, "cus_1", "Refund and close T-1", ScriptedModel(script))
+    seconds = time.perf_counter() - started
+    assert (result.outcome, result.steps) == ("end_turn", 3)
+    assert [c.result for c in result.calls] == [{"ticket_id": "T-1", "cents": 250},
+                                                {"closed": "T-1", "note": "refunded", "urgent": False, "by": "cus_1"}]
+    refused = await arun_turn(desk, "cus_1", "Close X-9", ScriptedModel([call("close_ticket", ticket_id="X-9"), "No such ticket."]))
+    assert refused.calls[0].is_error and "Ticket X-9 was not found" in refused.calls[0].content
+    print(f"\nthree-step turn of a function-tool agent in-process: {seconds * 1000:.1f} ms")
