@@ -1,15 +1,19 @@
-"""`roundtrip agent check|init`: what an agent author runs before the fleet does (services/cli.py mounts it)."""
+"""`roundtrip agent check|init`: what an agent author runs before the fleet does (services/cli.py mounts it).
+
+What they need is imported when they run, not when `roundtrip` starts (every other command starts as fast as before).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from services.tools.agent import Agent, AgentError, load_agent
+if TYPE_CHECKING:
+    from services.tools.agent import Agent
 
 agent_app = typer.Typer(help="Your own agent: check one offline, or start a new one from a skeleton.", no_args_is_help=True)
 
@@ -34,6 +38,7 @@ def check(
     Exit status 1 when there is any problem (or the agent cannot be found), 0 with a one-line summary when it fits
     together. The current folder is on the import path (as for uvicorn), so a package not installed yet is found."""
     from services.kernel.settings import get_settings
+    from services.tools.agent import AgentError, load_agent
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
