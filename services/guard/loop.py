@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
-from pydantic import BaseModel
 
 from services.guard.conversations import Conversations
 from services.guard.ledger import ENDED, Ledger
@@ -30,6 +29,17 @@ from services.kernel.events import CallModel, CheckToolCalls, ModelResponded, Ou
 from services.kernel.telemetry import ERROR_OUTCOMES, mark_error
 
 log = logging.getLogger("roundtrip.guard")
+
+
+def continued(event: ModelResponded, decision: Continue, span: trace.Span | None = None) -> CallModel | CheckToolCalls:
+    """The next hop of a turn that goes on: its tool calls to the gate, or (nothing to run) the model again."""
+    transcript = [*event.messages, {"role": "assistant", "content": event.content}]
+    if decision.resume_model:
+        return CallModel(turn=event.turn, step=event.step, messages=transcript, spent=event.spent)
+    if decision.blocked:
+        (span or trace.get_current_span()).add_event("repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)})
+    return CheckToolCalls(turn=event.turn, step=event.step, messages=transcript, calls=event.tool_calls,
+                          spent=event.spent, blocked=decision.blocked)
 
 
 class StepClock:
@@ -69,7 +79,7 @@ class Loop:
         decision = decide(event, self.policy, cost, step_cost)
         span.set_attribute("roundtrip.decision", type(decision).__name__)
         if isinstance(decision, Continue):
-            message, outcome = self._continued(event, decision, span), None
+            message, outcome = continued(event, decision, span), None
         else:
             message, outcome = await self._finished(event, decision, cost, span), decision.outcome.value
         pending = pending_copy(message)
@@ -85,17 +95,6 @@ class Loop:
             await self.outbox.emit(event.turn.turn_id, pending, message, event.turn.conversation_id)
             return outcome or type(message).__name__
         return await self._not_advanced(event, span)
-
-    @staticmethod
-    def _continued(event: ModelResponded, decision: Continue, span: trace.Span) -> BaseModel:
-        """The next hop of a turn that goes on: its tool calls to the gate, or (nothing to run) the model again."""
-        transcript = [*event.messages, {"role": "assistant", "content": event.content}]
-        if decision.resume_model:
-            return CallModel(turn=event.turn, step=event.step, messages=transcript, spent=event.spent)
-        if decision.blocked:
-            span.add_event("repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)})
-        return CheckToolCalls(turn=event.turn, step=event.step, messages=transcript, calls=event.tool_calls,
-                              spent=event.spent, blocked=decision.blocked)
 
     async def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
         """The end of a turn the rules finish; its exchange is stored first (the next turn waits for the end)."""
