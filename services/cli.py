@@ -178,6 +178,9 @@ def ask(
 ) -> None:
     """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
 
+    A turn waiting for a person's approval is followed to its end: ask waits up to the approval deadline plus
+    --timeout.
+
     Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, the
     fleet's topics missing); 3 the guard stopped the turn (step_limit, repeated_call, cycle, failure_streak,
     budget, deadline, cancelled, approval_timeout); 4 the model stopped without its answer (max_tokens,
