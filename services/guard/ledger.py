@@ -71,6 +71,7 @@ class TurnRow:
     lease_until: float | None = None
     pending_at: float | None = None
     agent_digest: str | None = None
+    acted: str | None = None  # the side effects the turn has had (services/kernel/sideeffects.py)
 
     @property
     def turn(self) -> dict[str, Any]:

@@ -102,7 +102,7 @@ class Loop:
     async def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
         """The end of a turn the rules finish; its exchange is stored first (the next turn waits for the end)."""
         outcome = decision.outcome.value
-        text = self.acts.reply(decision.outcome, decision.text, event.messages[event.turn.history_messages:])
+        text = self.acts.reply(decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages:]))
         ended = TurnEnded(turn=event.turn, step=event.step, outcome=decision.outcome, text=text, spent=event.spent,
                           cost_usd=round(cost, 6))
         span.set_attribute("roundtrip.outcome", outcome)

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 
+from services.guard.acted import Acts
 from services.guard.conversations import Conversations
 from services.guard.ledger import AWAITING, ENDED, ENDING, Ledger, TurnRow
 from services.guard.loop import StepClock
@@ -37,6 +38,7 @@ class Outside:
     outbox: Outbox
     conversations: Conversations | None = None
     steps: StepClock = field(default_factory=StepClock)
+    acts: Acts = field(default_factory=Acts)  # an end after a side effect says what was done (what the executor recorded)
 
     async def end(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen) -> str | None:
         """Stuck past its grace, past its deadline, or cancelled: end it politely, once.
@@ -47,7 +49,8 @@ class Outside:
         end is recorded and published once the lease is released (the sweeper). Returns ENDED,
         ENDING, or None (the turn was not in the state decided from). `announce` False (the
         broker is away) only records: the ledger keeps the end pending and the outbox publishes it."""
-        ended = TurnEnded(turn=Turn.model_validate(row.turn), step=row.step, outcome=outcome, text=polite(outcome),
+        text = self.acts.reply(outcome, polite(outcome), self.acts.recorded(row.acted))
+        ended = TurnEnded(turn=Turn.model_validate(row.turn), step=row.step, outcome=outcome, text=text,
                           spent=spent_of(row), cost_usd=round(row.cost_usd, 6))
         pending = pending_copy(ended)
         with in_turn_trace(row, f"guard.{outcome.value}") as span:
