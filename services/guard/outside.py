@@ -1,12 +1,14 @@
 """Ends from outside the loop: a cancel (turn.controls), a turn stuck past its grace or past its deadline,
-an approval nobody decided in time. Each ends the turn politely, once, and never while its calls run.
+an approval nobody decided in time. Each ends the turn politely, once, and never while its calls run;
+after a side effect the reply says what was done (from what the executor recorded in the turn's row).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 from services.guard.acted import Acts
@@ -73,6 +75,22 @@ class Outside:
             if announce:  # else (the broker is away) the ledger keeps it pending: the outbox publishes it later
                 await self.outbox.emit(row.turn_id, pending, ended, row.conversation_id)
             return ENDED
+
+    async def reworded(self, row: TurnRow) -> TurnRow:
+        """A deferred end (ENDING, now ended) whose running step had side effects: they were recorded after the end was
+        decided, so its reply is worded again from them before it goes out. The row as it is to be published."""
+        if not row.pending or not row.acted:
+            return row
+        ended = TurnEnded.model_validate(json.loads(row.pending)["message"])
+        text = self.acts.reply(ended.outcome, polite(ended.outcome), self.acts.recorded(row.acted))
+        if text == ended.text:
+            return row
+        pending = pending_copy(ended.model_copy(update={"text": text}))
+        if not await self.ledger.reword(row.turn_id, row.pending, pending):
+            return row
+        if self.conversations is not None:
+            await self.conversations.close_turn_with_reply(row.conversation_id, row.turn_id, text, ended.outcome.value)
+        return replace(row, pending=pending)
 
     async def on_cancel(self, command: CancelTurn) -> str:
         """A cancel ends the turn wherever it is (a waiting approval closes with it); retried while the turn moves."""

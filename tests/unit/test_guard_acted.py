@@ -181,3 +181,32 @@ async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_di
         await guard.outbox.drain()
         await fence.close()
         await ledger.close()
+
+
+async def test_a_cancel_decided_while_the_cancel_runs_says_what_it_did_once_the_step_is_done(tmp_path):
+    url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    ledger, fence = await Ledger.open(url), await Fence.open(url)
+    recorder = Recorder()
+    guard = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
+    try:
+        await guard.starts.on_start(StartTurn(turn=ALICE, text="cancel my last order"))
+        cancel = ToolCall(id="c1", name="cancel_order", input=CANCEL, fingerprint=fingerprint("cancel_order", CANCEL))
+        await guard.loop.on_iteration(ModelResponded(turn=ALICE, step=1, messages=[{"role": "user", "content": "cancel"}],
+                                                     content=[{"type": "tool_use", "id": "c1", "name": "cancel_order",
+                                                               "input": CANCEL}],
+                                                     stop_reason="tool_use", tool_calls=[cancel], usage=Usage(), spent=Usage()))
+        assert await fence.claim_batch(ALICE.turn_id, 1, lease_s=60)  # the executor runs the cancel...
+        assert await guard.outside.on_cancel(CancelTurn(turn_id=ALICE.turn_id)) == "cancelling"  # ...when the cancel lands
+        checked = CheckedCall(id="c1", name="cancel_order", input=CANCEL, approved=True)
+        await fence.record_acted(ALICE.turn_id, 1, sideeffects.lines(
+            [checked], [{"tool_use_id": "c1", "content": '{"cancelled": true}'}], SHOP.registry.is_serial))
+        assert not await fence.claim_model_call(ALICE.turn_id, 1)  # the turn is ending: the lease is let go
+        await guard.sweeper.sweep(recorder.flag)
+        await guard.outbox.drain()
+        (ended,) = [m for _, m in recorder.sent if isinstance(m, TurnEnded)]
+        assert ended.outcome is Outcome.CANCELLED and "I cancelled order ord_a1000003" in ended.text
+        assert (await ledger.get(ALICE.turn_id)).pending is None  # the reworded end went out and was cleared
+    finally:
+        await guard.outbox.drain()
+        await fence.close()
+        await ledger.close()
