@@ -153,60 +153,52 @@ def test_the_recorded_lines_keep_only_successful_serial_calls_each_once():
     assert sideeffects.lines(calls[1:2], results[1:2], SHOP.registry.is_serial) == "" and sideeffects.read(None) == []
 
 
-async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_did(tmp_path, shop):
+ASKED = [{"role": "user", "content": "cancel my last order"},
+         {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "cancel_order", "input": CANCEL}]}]
+CHECKED = CheckedCall(id="c1", name="cancel_order", input=CANCEL, approved=True)
+
+
+@pytest.fixture
+async def deciding(tmp_path):
+    """A guard, the fence and the recorder, with Alice's turn at step 1: the model asked to cancel ord_a1000003."""
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, fence = await Ledger.open(url), await Fence.open(url)
     recorder = Recorder()
     guard = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
-    try:
-        await guard.starts.on_start(StartTurn(turn=ALICE, text="cancel my last order"))
-        cancel = ToolCall(id="c1", name="cancel_order", input=CANCEL, fingerprint=fingerprint("cancel_order", CANCEL))
-        messages = [{"role": "user", "content": "cancel my last order"},
-                    {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "cancel_order", "input": CANCEL}]}]
-        await guard.loop.on_iteration(ModelResponded(turn=ALICE, step=1, messages=messages[:1], content=messages[1]["content"],
-                                                     stop_reason="tool_use", tool_calls=[cancel], usage=Usage(), spent=Usage()))
-        batch = SIGNER.sign(ExecuteToolBatch(turn=ALICE, step=1, messages=messages,
-                                             calls=[CheckedCall(id="c1", name="cancel_order", input=CANCEL, approved=True)]))
-        runner = Runner(SHOP.registry, deps=shop_deps(shop), timeout_s=5, parallel=True)
-        assert isinstance(await execute(batch, SIGNER, runner, fence), CallModel)
-        assert (await shop.get_order("cus_1001", "ord_a1000003"))["status"] == "cancelled"
-        assert await fence.claim_model_call(ALICE.turn_id, 1)  # the next model call is on its way (the lease released)
-        assert await guard.outside.on_cancel(CancelTurn(turn_id=ALICE.turn_id)) == "cancelled"
-        await guard.outbox.drain()
-        (ended,) = [m for _, m in recorder.sent if isinstance(m, TurnEnded)]
-        assert ended.outcome is Outcome.CANCELLED
-        assert "our support team stopped it" in ended.text and "I cancelled order ord_a1000003" in ended.text
-        assert POLITE[Outcome.CANCELLED] not in ended.text
-    finally:
-        await guard.outbox.drain()
-        await fence.close()
-        await ledger.close()
+    await guard.starts.on_start(StartTurn(turn=ALICE, text="cancel my last order"))
+    cancel = ToolCall(id="c1", name="cancel_order", input=CANCEL, fingerprint=fingerprint("cancel_order", CANCEL))
+    await guard.loop.on_iteration(ModelResponded(turn=ALICE, step=1, messages=ASKED[:1], content=ASKED[1]["content"],
+                                                 stop_reason="tool_use", tool_calls=[cancel], usage=Usage(), spent=Usage()))
+    yield guard, fence, recorder
+    await guard.outbox.drain()
+    await fence.close()
+    await ledger.close()
 
 
-async def test_a_cancel_decided_while_the_cancel_runs_says_what_it_did_once_the_step_is_done(tmp_path):
-    url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
-    ledger, fence = await Ledger.open(url), await Fence.open(url)
-    recorder = Recorder()
-    guard = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
-    try:
-        await guard.starts.on_start(StartTurn(turn=ALICE, text="cancel my last order"))
-        cancel = ToolCall(id="c1", name="cancel_order", input=CANCEL, fingerprint=fingerprint("cancel_order", CANCEL))
-        await guard.loop.on_iteration(ModelResponded(turn=ALICE, step=1, messages=[{"role": "user", "content": "cancel"}],
-                                                     content=[{"type": "tool_use", "id": "c1", "name": "cancel_order",
-                                                               "input": CANCEL}],
-                                                     stop_reason="tool_use", tool_calls=[cancel], usage=Usage(), spent=Usage()))
-        assert await fence.claim_batch(ALICE.turn_id, 1, lease_s=60)  # the executor runs the cancel...
-        assert await guard.outside.on_cancel(CancelTurn(turn_id=ALICE.turn_id)) == "cancelling"  # ...when the cancel lands
-        checked = CheckedCall(id="c1", name="cancel_order", input=CANCEL, approved=True)
-        await fence.record_acted(ALICE.turn_id, 1, sideeffects.lines(
-            [checked], [{"tool_use_id": "c1", "content": '{"cancelled": true}'}], SHOP.registry.is_serial))
-        assert not await fence.claim_model_call(ALICE.turn_id, 1)  # the turn is ending: the lease is let go
-        await guard.sweeper.sweep(recorder.flag)
-        await guard.outbox.drain()
-        (ended,) = [m for _, m in recorder.sent if isinstance(m, TurnEnded)]
-        assert ended.outcome is Outcome.CANCELLED and "I cancelled order ord_a1000003" in ended.text
-        assert (await ledger.get(ALICE.turn_id)).pending is None  # the reworded end went out and was cleared
-    finally:
-        await guard.outbox.drain()
-        await fence.close()
-        await ledger.close()
+async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_did(deciding, shop):
+    guard, fence, recorder = deciding
+    runner = Runner(SHOP.registry, deps=shop_deps(shop), timeout_s=5, parallel=True)
+    batch = SIGNER.sign(ExecuteToolBatch(turn=ALICE, step=1, messages=ASKED, calls=[CHECKED]))
+    assert isinstance(await execute(batch, SIGNER, runner, fence), CallModel)
+    assert (await shop.get_order("cus_1001", "ord_a1000003"))["status"] == "cancelled"
+    assert await fence.claim_model_call(ALICE.turn_id, 1)  # the next model call is on its way (the lease released)
+    assert await guard.outside.on_cancel(CancelTurn(turn_id=ALICE.turn_id)) == "cancelled"
+    await guard.outbox.drain()
+    (ended,) = [m for _, m in recorder.sent if isinstance(m, TurnEnded)]
+    assert ended.outcome is Outcome.CANCELLED
+    assert "our support team stopped it" in ended.text and "I cancelled order ord_a1000003" in ended.text
+    assert POLITE[Outcome.CANCELLED] not in ended.text
+
+
+async def test_a_cancel_decided_while_the_cancel_runs_says_what_it_did_once_the_step_is_done(deciding):
+    guard, fence, recorder = deciding
+    assert await fence.claim_batch(ALICE.turn_id, 1, lease_s=60)  # the executor runs the cancel...
+    assert await guard.outside.on_cancel(CancelTurn(turn_id=ALICE.turn_id)) == "cancelling"  # ...when the cancel lands
+    done = [{"tool_use_id": "c1", "content": '{"cancelled": true}'}]
+    await fence.record_acted(ALICE.turn_id, 1, sideeffects.lines([CHECKED], done, SHOP.registry.is_serial))
+    assert not await fence.claim_model_call(ALICE.turn_id, 1)  # the turn is ending: the lease is let go
+    await guard.sweeper.sweep(recorder.flag)
+    await guard.outbox.drain()
+    (ended,) = [m for _, m in recorder.sent if isinstance(m, TurnEnded)]
+    assert ended.outcome is Outcome.CANCELLED and "I cancelled order ord_a1000003" in ended.text
+    assert (await guard.ledger.get(ALICE.turn_id)).pending is None  # the reworded end went out and was cleared
