@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from services.kernel.settings import get_settings
 
 from .personas import NAMES
+from .scripted import ScriptError, Scripts, load_scripts
 from .server import serve
 
 
@@ -21,7 +23,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="spread of the latency: 0.3 = ±30 %% (uniform)")
     parser.add_argument("--fault-rate", type=float, default=0.0, help="share of requests answered 529")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--script", default=settings.simulator_script, help="JSON file of scripts (persona script:NAME)")
     args = parser.parse_args(argv)
+    try:
+        scripts = Scripts(load_scripts(args.script))
+    except ScriptError as exc:
+        sys.exit(f"error: {exc}")
     serve(
         host=args.host,
         port=args.port,
@@ -31,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         latency_jitter=args.latency_jitter,
         fault_rate=args.fault_rate,
         seed=args.seed,
+        scripts=scripts,
     )
 
 

@@ -13,6 +13,8 @@ Request headers a test or a load run may send (the SDK passes them via
                                the client's timeout
   x-roundtrip-latency-ms       latency of this response (else the app's latency_ms)
   x-roundtrip-retry-after-ms   `retry-after-ms` sent with 429/5xx (else the app's retry_after_ms)
+
+Scripted mode (persona `script:NAME`), PUT /v1/_scripts/NAME and GET /v1/_received: services/simulator/scripted.py.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from starlette.routing import Route
 from . import personas
 from .engine import respond
 from .errors import ApiError, invalid
+from .scripted import Scripts
 from .usage import PromptCache, estimate_tokens, prompt_of
 from .validation import validate_count_tokens, validate_create
 
@@ -68,6 +71,7 @@ class _State:
     served: int = 0
     parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
     latency_jitter: float = 0.0
+    scripts: Scripts = field(default_factory=Scripts)
 
     async def messages(self, request: Request) -> Response:
         request_id = _request_id()
@@ -75,10 +79,13 @@ class _State:
             _authenticate(request)
             body = await _json_body(request)
             validate_create(body)
-            persona = _persona(request, body, self)
+            wanted = request.headers.get(PERSONA_HEADER, "").strip()
+            scripted = self.scripts.reply_for(wanted, body)
+            persona = wanted if scripted else _persona(request, body, self)
+            self.scripts.record(persona, body)
             await _latency(request, self)
             await _fault(request, self)
-            message = respond(body, persona, self.cache)
+            message = respond(body, persona, self.cache, scripted)
         except ApiError as error:
             return _error_response(error, request_id)
         self.served += 1
@@ -114,6 +121,7 @@ def create_app(
     seed: int = 0,
     retry_after_ms: float = 20.0,
     latency_jitter: float = 0.0,
+    scripts: Scripts | None = None,
 ) -> Starlette:
     """The simulator as an ASGI app. fault_rate: share of requests answered 529 (seeded RNG)."""
     if default_persona not in personas.NAMES:
@@ -122,12 +130,15 @@ def create_app(
         raise ValueError("fault_rate must be between 0 and 1")
     if not 0.0 <= latency_jitter <= 1.0:
         raise ValueError("latency_jitter must be between 0 and 1")
-    state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed), latency_jitter=latency_jitter)
+    state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed), latency_jitter=latency_jitter,
+                   scripts=scripts or Scripts())
     return Starlette(
         routes=[
             Route("/v1/messages", state.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", state.count_tokens, methods=["POST"]),
             Route("/health", state.health, methods=["GET"]),
+            Route("/v1/_scripts/{name}", state.scripts.put, methods=["PUT"]),
+            Route("/v1/_received", state.scripts.list_received, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error},
     )

@@ -287,6 +287,9 @@ class EmbeddedDefaults(Concern):
     simulator_latency_jitter: float = Field(
         0.0, ge=0, le=1, description="Spread of that latency: 0.3 draws each response's latency from latency_ms ±30 %"
     )
+    simulator_script: Path | None = Field(
+        None, description="JSON file of scripts the simulator plays for persona script:NAME (services/simulator/scripted.py)"
+    )
     shop_url: str | None = Field(None, description="Base URL of the shop API; unset means the embedded shop on shop_port")
     shop_port: int = Field(8802, description="Port of the embedded demo shop")
     shop_database_url: DatabaseUrl = Field(
