@@ -19,6 +19,7 @@ from services.fleet import Fleet
 from services.kernel.settings import Settings
 from tests.chaos.harness import Observer
 from tests.processes import embedded_kafka
+from tests.agents import ShopFleetSettings
 
 
 def _env(**values) -> dict[str, str]:
@@ -90,7 +91,7 @@ def chaos_settings(chaos_kafka, tmp_path_factory) -> tuple[Settings, dict[str, s
         log_level="INFO",
         approval_keys=f"chaos1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # not the published development key
     )
-    return Settings(**values), _env(**values)
+    return ShopFleetSettings(**values), _env(**values)
 
 
 @pytest.fixture(scope="session")

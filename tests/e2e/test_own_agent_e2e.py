@@ -73,7 +73,7 @@ def telecom_fleet(kafka_bootstrap, tmp_path_factory, installed):
     scripts.write_text(json.dumps(SCRIPTS))
     values = dict(
         agent="telecom", kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=f"tc{uuid.uuid4().hex[:6]}.", state_dir=state,
-        simulator_port=free_port(), shop_port=free_port(), partitions=2, simulator_script=scripts, log_level="INFO",
+        simulator_port=free_port(), partitions=2, simulator_script=scripts, log_level="INFO",
         approval_keys=f"tc1:{uuid.uuid4().hex}{uuid.uuid4().hex}", decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
     )
     env = fleet_env(**values)  # the fleet's processes run the venv's python: the package is there, found by its entry point
