@@ -121,6 +121,10 @@ def test_the_package_is_its_own_distribution_found_by_its_entry_point(installed)
     assert name == "telco-support" and Path(module).resolve().is_relative_to(installed)
 
 
+def test_the_fleet_of_another_agent_runs_no_demo_shop(telecom_fleet):
+    assert "shop" not in {child.name for child in telecom_fleet.children}
+
+
 async def test_its_ownership_rule_rejects_another_customers_line_an_invented_one_and_a_members_change(client, telecom_fleet):
     settings = telecom_fleet.settings
     reply = await client.reply(await client.ask("show me these lines", customer=ALICE, persona="script:foreign"))
