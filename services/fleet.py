@@ -3,7 +3,7 @@
 Order: the fleet's databases brought to this code's revision (`roundtrip db upgrade`), the
 embedded broker (unless bootstrap servers are configured), the topics, the simulator (unless an
 API key is set), the demo shop (when the agent is the demo shop's and names no shop URL of its own:
-`demo_shop`), then the five services. Each child's
+`demo_shop()`), then the five services. Each child's
 output goes to state_dir/logs/<name>.log. Ports are checked before anything starts.
 
 A service is ready when it says so: each is started with the write end of a pipe
@@ -55,6 +55,23 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
+def demo_shop(settings: Settings, env: dict[str, str]) -> ShopAgentSettings | None:
+    """The demo shop's settings as the fleet's children read them (`env` over this process's), when the agent the
+    fleet runs is the demo shop's (its settings are ShopAgentSettings) and names no shop URL: the fleet runs the shop."""
+    try:
+        agent = current_agent(settings.agent)
+    except AgentError as exc:
+        raise FleetError(str(exc)) from None
+    if not (isinstance(agent.settings, type) and issubclass(agent.settings, ShopAgentSettings)):
+        return None
+    prefix = "ROUNDTRIP_"
+    try:
+        shop = agent.settings(**{k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(f"{prefix}SHOP_")})
+    except ValidationError as exc:
+        raise FleetError(f"the demo shop's settings: {describe_invalid(exc)}") from None
+    return None if shop.shop_url else shop
+
+
 @dataclass
 class Fleet:
     settings: Settings
@@ -77,7 +94,7 @@ class Fleet:
         if s.ledger_database_url is None:  # the children share this folder, so its SQLite file is the fleet's one ledger
             self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
         try:  # whatever fails, stop() undoes what started and releases the folder
-            self._shop = self.demo_shop()
+            self._shop = demo_shop(self.settings, self.env)
             self._check_ports()
             self._upgrade_databases()
             if s.embedded_broker:
@@ -222,22 +239,6 @@ class Fleet:
         self.say(f"roundtrip: {child.name} restarted (pid {child.process.pid}, restart {child.restarts})")
 
     # -- steps ----------------------------------------------------------------------
-    def demo_shop(self) -> ShopAgentSettings | None:
-        """The demo shop's settings, as the children read them (the fleet's env over this process's), when the
-        agent the fleet runs is the demo shop's (its settings are ShopAgentSettings) and names no shop URL."""
-        try:
-            agent = current_agent(self.settings.agent)
-        except AgentError as exc:
-            raise FleetError(str(exc)) from None
-        if not (isinstance(agent.settings, type) and issubclass(agent.settings, ShopAgentSettings)):
-            return None
-        prefix = "ROUNDTRIP_"
-        try:
-            shop = agent.settings(**{k[len(prefix):].lower(): v for k, v in self.env.items() if k.startswith(f"{prefix}SHOP_")})
-        except ValidationError as exc:
-            raise FleetError(f"the demo shop's settings: {describe_invalid(exc)}") from None
-        return None if shop.shop_url else shop
-
     def _release_folder(self) -> None:
         if self._claimed is not None:
             release_folder(self._claimed)
