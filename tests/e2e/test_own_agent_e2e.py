@@ -63,6 +63,10 @@ def installed() -> Path:
         pytest.fail("the example agent is not installed: run bash scripts/setup.sh")
     where = Path(dist.locate_file("telecom_agent")).resolve()
     assert where.is_dir() and not where.is_relative_to(SOURCE), f"telecom_agent should be installed by pip, not found at {where}"
+    sources = [p for p in (SOURCE / "telecom_agent").rglob("*") if p.suffix in (".py", ".json")]
+    copies = {p: where / p.relative_to(SOURCE / "telecom_agent") for p in sources}
+    stale = [p.name for p, copy in copies.items() if not copy.is_file() or copy.read_bytes() != p.read_bytes()]
+    assert not stale, f"the installed telecom-agent differs from examples/telecom-agent ({stale}): run bash scripts/setup.sh"
     return where.parent
 
 
