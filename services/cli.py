@@ -386,10 +386,11 @@ def topics_create(
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
     from services.kernel.admin import ensure_topics
+    from services.kernel.kafka_clients import kafka_clients
 
     s = get_settings()
     report = asyncio.run(
-        ensure_topics(s.bootstrap_servers, s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
+        ensure_topics(kafka_clients(s), s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
                       s.replication_factor, min_insync_replicas=s.min_insync_replicas)
     )
     typer.echo(str(report))

@@ -253,10 +253,11 @@ class Fleet:
 
     def _create_topics(self) -> None:
         from services.kernel.admin import ensure_topics
+        from services.kernel.kafka_clients import kafka_clients
 
         s = self.settings
         report = asyncio.run(
-            ensure_topics(s.bootstrap_servers, s.topic_prefix, s.partitions, s.executor_partitions, s.replication_factor,
+            ensure_topics(kafka_clients(s), s.topic_prefix, s.partitions, s.executor_partitions, s.replication_factor,
                           min_insync_replicas=s.min_insync_replicas)
         )
         self.say(f"  {report}")
