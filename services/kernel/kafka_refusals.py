@@ -40,6 +40,8 @@ async def refusal(kafka: KafkaClients, timeout: float = 10.0) -> str | None:
 
 
 def _cause(kafka: KafkaClients, exc: BaseException) -> str | None:
+    if isinstance(exc.__cause__, ssl.SSLError):  # aiokafka's "connection closed" after the broker's TLS alert
+        exc = exc.__cause__
     mechanism, user = kafka.security.get("sasl_mechanism"), kafka.security.get("sasl_plain_username")
     who = f"SASL {mechanism}" + (f" as {user!r}" if user else "")
     if isinstance(exc, (SaslAuthenticationFailed, AuthenticationFailedError)):
@@ -49,9 +51,11 @@ def _cause(kafka: KafkaClients, exc: BaseException) -> str | None:
     if isinstance(exc, ssl.SSLCertVerificationError):
         return (f"the broker's TLS certificate is not trusted ({exc.verify_message}); set ROUNDTRIP_KAFKA_SSL_CAFILE to the "
                 "CA that signed it")
+    if isinstance(exc, ssl.SSLError) and "CERTIFICATE" in str(exc.reason or ""):
+        return (f"the TLS handshake failed: the broker refused this client's certificate or its absence ({exc.reason}); "
+                "a listener that requires client certificates needs ROUNDTRIP_KAFKA_SSL_CERTFILE and _KEYFILE signed by a CA it trusts")
     if isinstance(exc, ssl.SSLError):
-        return f"the TLS handshake failed ({exc.reason or exc}); a listener asking for a client certificate needs " \
-               "ROUNDTRIP_KAFKA_SSL_CERTFILE and _KEYFILE, and SSL is for a TLS listener"
+        return f"the TLS handshake failed ({exc.reason or exc}); is this a TLS listener (SSL, SASL_SSL)?"
     if isinstance(exc, KafkaError) and not getattr(exc, "retriable", False):
         return f"{type(exc).__name__}: {_message(exc)}"
     return None

@@ -147,6 +147,23 @@ def test_the_fleet_serves_a_plain_client_over_each_secured_listener(way, secured
             time.sleep(max(0.0, started + 2.5 * TOKEN_LIFETIME_S - time.monotonic()))
             later = [asyncio.run(ask_and_wait(bootstrap, values["topic_prefix"], by_hand(listener, tls))) for _ in range(2)]
             assert all(reply.outcome == "end_turn" for reply in later)
-            issued = (state / "logs" / "gateway.log").read_text()
-            assert issued.count("OAUTHBEARER token") >= 2, issued  # a fresh token for the connections made again
+            gateway = (state / "logs" / "gateway.log").read_text()
+            assert f"Connection at {bootstrap} closed" in gateway  # the broker ended a session whose token had expired
+            assert gateway.count("OAUTHBEARER token") >= 2, gateway  # and the connection made again got a fresh token
     print(f"\n{way}: fleet ready in {ready_s:.1f}s, done in {time.monotonic() - started:.1f}s")
+
+
+def test_an_untrusted_certificate_or_a_missing_client_certificate_is_one_line(secured_broker, tmp_path):
+    listeners, tls = secured_broker
+    bootstrap = f"127.0.0.1:{listeners['mtls'].port}"
+    base = {"ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "ROUNDTRIP_STATE_DIR": str(tmp_path), "ROUNDTRIP_TOPIC_PREFIX": "untrusted."}
+    untrusted = {**base, "ROUNDTRIP_KAFKA_SSL_CERTFILE": str(tls.client_cert), "ROUNDTRIP_KAFKA_SSL_KEYFILE": str(tls.client_key)}
+    without_cert = {**base, "ROUNDTRIP_KAFKA_SSL_CAFILE": str(tls.ca)}
+    for env, cause in ((untrusted, "the broker's TLS certificate is not trusted (unable to get local issuer certificate)"),
+                       (without_cert, "the broker refused this client's certificate or its absence")):
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | env
+        done = subprocess.run([sys.executable, "-m", "services.cli", "topics", "create"], env=environ, capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1 and cause in lines[0], done.stderr
