@@ -146,10 +146,17 @@ class KafkaSecurity(Concern):
     kafka_ssl_keyfile: ExistingFile = Field(None, description="PEM file of this client's private key (mTLS)")
     kafka_ssl_key_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description="Password of that key, if it has one")
 
+    @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file",
+                     "kafka_sasl_oauth_token_provider", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile",
+                     "kafka_ssl_key_password", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:  # an empty key of a Secret or ConfigMap (deploy/k8s) sets nothing
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("kafka_sasl_oauth_token_provider")
     @classmethod
     def _import_string(cls, value: str | None) -> str | None:
-        return None if value is None or not value.strip() else check_import_string(value.strip())
+        return None if value is None else check_import_string(value.strip())
 
     @model_validator(mode="after")
     def _fits_together(self) -> KafkaSecurity:
