@@ -81,8 +81,12 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     stream = module.build(settings)
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
     log = logging.getLogger(f"roundtrip.{service}")
+    # until the service has started, a refused or failed connection is said once, by main() (one line naming
+    # the cause: services/kernel/kafka_refusals.py), not also by aiokafka
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
     async def announce() -> None:
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)  # from here on its reconnects are worth seeing
         log.info("roundtrip %s started (broker %s)", service, settings.bootstrap_servers)
         announce_ready(service)  # to `roundtrip up`, when it started us (services/kernel/runtime.py)
 
@@ -129,6 +133,7 @@ def up(
     after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything."""
     import os
 
+    from services.broker.embedded import BrokerError
     from services.fleet import Fleet, FleetError
     port = health_port if health_port is not None else get_settings().health_port
     if port:  # five services on one host: each takes its own port (the children read these from the environment)
@@ -140,7 +145,7 @@ def up(
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
         fleet.start()
-    except FleetError as exc:
+    except (FleetError, BrokerError) as exc:  # the embedded broker's error names its log's last lines
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     if port:
@@ -495,6 +500,7 @@ def main() -> None:
         s = get_settings()
         if cause := asyncio.run(refusal(kafka_clients(s))):  # refused (a password, a certificate), not out of reach
             typer.secho(f"error: Kafka at {s.bootstrap_servers} refused the connection: {cause}", fg="red", err=True)
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Unclosed AIOKafkaProducer" after the line
             raise SystemExit(2) from None
         typer.secho(f"error: cannot reach Kafka at {s.bootstrap_servers} ({exc}). Is the fleet up (`roundtrip up`), "
                     "or ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS set?", fg="red", err=True)

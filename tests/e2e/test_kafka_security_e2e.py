@@ -98,11 +98,15 @@ def test_roundtrip_up_on_sasl_ssl_scram_512_serves_a_plain_client_and_a_wrong_pa
         wrong = subprocess.run([sys.executable, "-m", "services.cli", "up"], env=refused_env, capture_output=True, text=True,
                                timeout=60, cwd=tmp_path)
         refused_s = time.monotonic() - at
+        service = subprocess.run([sys.executable, "-m", "services.cli", "run", "gateway"], env=refused_env, capture_output=True,
+                                 text=True, timeout=60, cwd=tmp_path)  # a service started alone (a pod) says the same
     errors = [line for line in wrong.stderr.splitlines() if line.strip()]
     assert wrong.returncode == 2, wrong.stdout + wrong.stderr
     assert len(errors) == 1 and "Traceback" not in wrong.stderr, wrong.stderr
     assert "refused the connection: authentication failed (SASL SCRAM-SHA-512 as 'app')" in errors[0], errors[0]
     assert "not-the-password" not in wrong.stdout + wrong.stderr
+    said = [line for line in service.stderr.splitlines() if "ERROR" in line or line.startswith("error:") or "Traceback" in line]
+    assert service.returncode == 2 and len(said) == 1 and said[0].startswith("error:") and "authentication failed" in said[0], service.stderr
     print(f"\nSASL_SSL up ready in {ready_s:.1f}s; wrong password refused in {refused_s:.1f}s")
 
 
