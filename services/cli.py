@@ -507,6 +507,7 @@ def main() -> None:
         raise SystemExit(2) from None
     except AUTHORIZATION_ERRORS as exc:  # an ACL the principal lacks: one line, not a retry loop
         typer.secho(f"error: {authorization(exc)}", fg="red", err=True)
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Unclosed AIOKafkaProducer" after the line
         raise SystemExit(2) from None
 
 

@@ -30,6 +30,7 @@ from services.broker.embedded import BrokerSetupError, EmbeddedKafka
 from services.kernel.kafka_security import sasl_password
 
 ADMIN_USER, ADMIN_PASSWORD = "admin", "admin-secret"  # the broker's own principal (inter-broker), a superuser
+BROKER_PRINCIPAL = "User:CN=broker"  # the same over an mTLS inter-broker listener (its certificate's subject)
 _LOGIN = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
@@ -106,7 +107,10 @@ def secured_properties(host: str, controller_port: int, listeners: Sequence[List
         "advertised.listeners": ",".join(f"{lst.name}://{host}:{lst.port}" for lst in listeners),
         "listener.security.protocol.map": ",".join([*(f"{lst.name}:{lst.protocol}" for lst in listeners), "CONTROLLER:PLAINTEXT"]),
         "inter.broker.listener.name": first.name,
-        "super.users": f"User:{ADMIN_USER}",  # for when an authorizer is configured
+        # for when an authorizer is configured: the broker itself (ADMIN_USER over SASL, CN=broker over mTLS: it checks
+        # transactions with itself on the inter-broker listener), and the controller listener's principal (PLAINTEXT on
+        # loopback: ANONYMOUS; no client listener here is ANONYMOUS, SSL ones require a certificate)
+        "super.users": f"User:{ADMIN_USER};{BROKER_PRINCIPAL};User:ANONYMOUS",
     }
     if first.mechanisms:
         props["sasl.mechanism.inter.broker.protocol"] = first.mechanisms[0]

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.helpers import create_ssl_context
 
 from services.broker.embedded import free_port
-from services.broker.secured import Listener, client_security, make_tls, secured_kafka
+from services.broker.secured import ADMIN_USER, BROKER_PRINCIPAL, Listener, client_security, make_tls, secured_kafka
 from services.broker.unsecured_token import UnsecuredTokenProvider
 from services.fleet import Fleet
 from services.kernel import topics
@@ -32,6 +32,7 @@ from tests.e2e.conftest import fleet_env
 from tests.e2e.up_process import roundtrip_up
 
 APP_USER, APP_PASSWORD = "app", "app-secret-pw"
+NOBODY = "nobody"  # a SCRAM user without any ACL
 TOKEN_LIFETIME_S = 8  # the OAUTHBEARER sessions end this often: every connection is closed and made again
 
 
@@ -123,11 +124,14 @@ def secured_broker(tmp_path_factory):
     folder = tmp_path_factory.mktemp("secured-kafka")
     tls = make_tls(folder / "tls")
     listeners = {name: Listener(lst.name, lst.protocol, free_port(), lst.mechanisms, lst.client_auth) for name, lst in LISTENERS.items()}
-    kafka = secured_kafka(folder / "kafka", list(listeners.values()), tls, {APP_USER: APP_PASSWORD}, controller_port=free_port(),
-                          die_with_parent=True,
-                          # a session lasts as long as its token: aiokafka does not re-authenticate (KIP-368), so the
-                          # broker closes the connection at the first request after the token expired
-                          properties={"listener.name.oauth.oauthbearer.connections.max.reauth.ms": 3_600_000})
+    kafka = secured_kafka(folder / "kafka", list(listeners.values()), tls, {APP_USER: APP_PASSWORD, NOBODY: APP_PASSWORD},
+                          controller_port=free_port(), die_with_parent=True, properties={
+                              # a session lasts as long as its token: aiokafka does not re-authenticate (KIP-368), so
+                              # the broker closes the connection at the first request after the token expired
+                              "listener.name.oauth.oauthbearer.connections.max.reauth.ms": 3_600_000,
+                              # ACLs: the fleet's principals may do anything, NOBODY nothing
+                              "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                              "super.users": f"User:{ADMIN_USER};{BROKER_PRINCIPAL};User:ANONYMOUS;User:{APP_USER};User:CN=client"})
     with kafka:
         kafka.wait_ready(120)
         yield listeners, tls
@@ -171,3 +175,16 @@ def test_an_untrusted_certificate_or_a_missing_client_certificate_is_one_line(se
                               text=True, timeout=60, cwd=tmp_path)
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode == 2 and len(lines) == 1 and cause in lines[0], done.stderr
+
+
+def test_a_principal_without_the_acls_it_needs_stops_at_start_in_one_line(secured_broker, tmp_path):
+    listeners, tls = secured_broker
+    listener = listeners["scram256"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | fleet_env(
+        kafka_bootstrap_servers=f"127.0.0.1:{listener.port}", topic_prefix="noacl.", state_dir=tmp_path, env="development",
+        **client_security(listener, tls, NOBODY, APP_PASSWORD))
+    for argv, refused in ((["topics", "create"], "TopicAuthorizationFailedError"), (["run", "gateway"], "AuthorizationFailed")):
+        done = subprocess.run([sys.executable, "-m", "services.cli", *argv], env=env, capture_output=True, text=True, timeout=60,
+                              cwd=tmp_path)
+        said = [line for line in done.stderr.splitlines() if "ERROR" in line or line.startswith("error:") or "Traceback" in line]
+        assert done.returncode == 2 and len(said) == 1 and refused in said[0] and "lacks an ACL" in said[0], done.stderr
