@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from services.agent_cli import agent_app
 from services.cli_help import flags_without_type, reflow_help
 from services.kernel import topology
 from services.kernel.settings import get_settings
@@ -35,6 +36,7 @@ approvals_app = typer.Typer(help="Calls waiting for a person's approval: list th
 app.add_typer(approvals_app, name="approvals")
 db_app = typer.Typer(help="The fleet's own tables (turns, approvals, conversations): their migrations.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(agent_app, name="agent")  # check | init: services/agent_cli.py
 
 FLEET_SERVICES = topology.names()
 ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")

@@ -18,6 +18,7 @@ from services.broker.embedded import EmbeddedKafka, free_port
 from services.fleet import Fleet
 from services.kernel.settings import Settings
 from tests.chaos.harness import Observer
+from tests.databases import new_database
 from tests.processes import embedded_kafka
 
 
@@ -73,9 +74,17 @@ def chaos_kafka(tmp_path_factory):
         yield kafka
 
 
+@pytest.fixture(scope="session", params=["sqlite"])
+def chaos_database(request) -> str:
+    """Where the fleet keeps ledger, fence and conversations: sqlite (the embedded default) or postgres (what the
+    shipped deployments run); a scenario runs on both with
+    `@pytest.mark.parametrize("chaos_database", ["sqlite", "postgres"], indirect=True)`."""
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def chaos_settings(chaos_kafka, tmp_path_factory) -> tuple[Settings, dict[str, str]]:
-    state = tmp_path_factory.mktemp("chaos-fleet")
+def chaos_settings(chaos_kafka, chaos_database, tmp_path_factory, request) -> tuple[Settings, dict[str, str]]:
+    state = tmp_path_factory.mktemp(f"chaos-fleet-{chaos_database}")
     values = dict(
         kafka_bootstrap_servers=chaos_kafka.bootstrap,
         topic_prefix=f"chaos{uuid.uuid4().hex[:6]}.",
@@ -90,6 +99,9 @@ def chaos_settings(chaos_kafka, tmp_path_factory) -> tuple[Settings, dict[str, s
         log_level="INFO",
         approval_keys=f"chaos1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # not the published development key
     )
+    if chaos_database == "postgres":  # a database of its own on the session's PostgreSQL server
+        url = new_database(request.getfixturevalue("postgres_url"))
+        values |= {"ledger_database_url": url, "conversations_database_url": url}
     return Settings(**values), _env(**values)
 
 

@@ -343,6 +343,11 @@ class EmbeddedDefaults(Concern):
     simulator_latency_jitter: float = Field(
         0.0, ge=0, le=1, description="Spread of that latency: 0.3 draws each response's latency from latency_ms ±30 %"
     )
+    simulator_rpm: int | None = Field(None, ge=1, description="Requests per minute the simulator admits (a bucket refilled continuously, like the API's); unset: no limit")
+    simulator_itpm: int | None = Field(None, ge=1, description="Input tokens per minute it admits (cache reads do not count); unset: no limit")
+    simulator_otpm: int | None = Field(None, ge=1, description="Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no limit")
+    simulator_overload_every: float | None = Field(None, gt=0, description="Seconds between the simulator's bursts of 529 overloaded errors; unset: none")
+    simulator_overload_seconds: float = Field(5.0, gt=0, description="How long each of those bursts lasts")
     shop_url: str | None = Field(None, description="Base URL of the shop API; unset means the embedded shop on shop_port")
     shop_port: int = Field(8802, description="Port of the embedded demo shop")
     shop_database_url: DatabaseUrl = Field(
