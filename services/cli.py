@@ -117,6 +117,13 @@ def up(
     Ready. is printed once every service has said it started, whatever the log level. One
     fleet per state folder (ROUNDTRIP_STATE_DIR): a second up there names the pid that runs it.
 
+    With ROUNDTRIP_KAFKA_SECURITY_PROTOCOL (and its SASL settings) set and no
+    ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS, the embedded broker is started secured that way:
+    its only listener speaks that protocol, with a throwaway CA (state folder, kafka-secured/tls),
+    the configured SCRAM or PLAIN user, a client certificate required for SSL, and Kafka's unsecured
+    validator for OAUTHBEARER (services.broker.unsecured_token:UnsecuredTokenProvider); the
+    services are given the CA (and the client certificate), and up prints them.
+
     Supervises them: a process that dies (any service, a replica, the simulator, the shop or
     the embedded broker) is restarted with exponential backoff (0.5 s doubling to 30 s, reset
     after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything."""
@@ -386,10 +393,11 @@ def topics_create(
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
     from services.kernel.admin import ensure_topics
+    from services.kernel.kafka_clients import kafka_clients
 
     s = get_settings()
     report = asyncio.run(
-        ensure_topics(s.bootstrap_servers, s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
+        ensure_topics(kafka_clients(s), s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
                       s.replication_factor, min_insync_replicas=s.min_insync_replicas)
     )
     typer.echo(str(report))
@@ -466,8 +474,10 @@ def main() -> None:
     from aiokafka.errors import KafkaConnectionError
     from pydantic import ValidationError
 
+    from services.kernel.kafka_clients import kafka_clients
+    from services.kernel.kafka_refusals import AUTHORIZATION_ERRORS, authorization, refusal
     from services.kernel.migrations import DatabaseUnreachable, SchemaMismatch
-    from services.kernel.settings import describe_invalid
+    from services.kernel.settings import ConfigurationError, describe_invalid
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # client commands say it once, below; `run` resets it
     try:
@@ -475,13 +485,22 @@ def main() -> None:
     except ValidationError as exc:  # a ROUNDTRIP_* setting that cannot work: one line, no traceback, no restart loop
         typer.secho(f"error: invalid configuration: {describe_invalid(exc)}", fg="red", err=True)
         raise SystemExit(1) from None
+    except ConfigurationError as exc:  # e.g. Kafka TLS files that do not load, a token provider that does not import
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise SystemExit(1) from None
     except (SchemaMismatch, DatabaseUnreachable) as exc:  # a service or a command on a database behind, ahead or out of reach
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise SystemExit(1) from None
     except KafkaConnectionError as exc:
         s = get_settings()
+        if cause := asyncio.run(refusal(kafka_clients(s))):  # refused (a password, a certificate), not out of reach
+            typer.secho(f"error: Kafka at {s.bootstrap_servers} refused the connection: {cause}", fg="red", err=True)
+            raise SystemExit(2) from None
         typer.secho(f"error: cannot reach Kafka at {s.bootstrap_servers} ({exc}). Is the fleet up (`roundtrip up`), "
                     "or ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS set?", fg="red", err=True)
+        raise SystemExit(2) from None
+    except AUTHORIZATION_ERRORS as exc:  # an ACL the principal lacks: one line, not a retry loop
+        typer.secho(f"error: {authorization(exc)}", fg="red", err=True)
         raise SystemExit(2) from None
 
 
