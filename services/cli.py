@@ -419,10 +419,15 @@ def acls(
     only: Annotated[Optional[str], typer.Option("--only", help="just this principal's: a service, operator or app")] = None,
     app_group: Annotated[Optional[str], typer.Option(help="also the user's app, reading replies in this consumer group")] = None,
     command_config: Annotated[Optional[str], typer.Option(help="the admin client's properties file, passed on to kafka-acls.sh")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="add them through the admin API instead, as the principal of the "
+                                        "ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)")] = False,
 ) -> None:
     """Print the Kafka ACLs each service's principal needs, and nothing more (derived from the topology), as
-    kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's."""
+    kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's.
+    `--apply` adds them to the cluster instead."""
+    from services.kernel.acls import apply as apply_acls
     from services.kernel.acls import derive, render
+    from services.kernel.kafka_clients import kafka_clients
 
     s = get_settings()
     derived = derive(s.topic_prefix, principal, app_group)
@@ -430,7 +435,24 @@ def acls(
         if only not in derived:
             raise typer.BadParameter(f"no principal {only!r}; known: {', '.join(derived)}", param_hint="--only")
         derived = {only: derived[only]}
-    typer.echo(render(derived, s.bootstrap_servers, command_config), nl=False)
+    if not apply:
+        typer.echo(render(derived, s.bootstrap_servers, command_config), nl=False)
+        return
+
+    async def add() -> int:
+        admin = kafka_clients(s).admin(client_id="roundtrip-acls")
+        await admin.start()
+        try:
+            return await apply_acls(admin, derived)
+        finally:
+            await admin.close()
+
+    try:
+        added = asyncio.run(add())
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{added} ACL bindings added for {', '.join(derived)} at {s.bootstrap_servers}")
 
 
 @db_app.command("upgrade")
