@@ -38,9 +38,7 @@ APP_GROUP = "acme-support-app"
 def authorizing_broker(tmp_path):
     listener = Listener("SCRAM", "SASL_PLAINTEXT", free_port(), (MECHANISM,))
     kafka = secured_kafka(tmp_path / "kafka", [listener], None, PASSWORDS, controller_port=free_port(), die_with_parent=True,
-                          properties={"authorizer.class.name": STANDARD_AUTHORIZER,
-                                      # the broker's own principal, and the KRaft controller listener's (PLAINTEXT, loopback only)
-                                      "super.users": f"User:{ADMIN_USER};User:ANONYMOUS"})
+                          properties={"authorizer.class.name": STANDARD_AUTHORIZER})  # super users: the broker's own (secured.py)
     kafka.start()
     try:
         kafka.wait_ready(120)
