@@ -1,4 +1,5 @@
-"""The demo shop's agent for the tests, its registry with some bindings replaced, and the `shop` fixture."""
+"""The demo shop's agent for the tests, its registry with some bindings replaced, the `shop` fixture, and the settings
+of a fleet that runs it (the fleet's and the shop agent's own: where the demo shop listens and keeps its data)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any
 
 import pytest
 
+from services.kernel.settings import Settings
 from services.shop.agent import AGENT as SHOP
 from services.shop.agent.client import ShopClient
+from services.shop.agent.settings import ShopAgentSettings
 from services.tools.context import Dependencies
 from services.tools.registry import Registry, load_registry
 
@@ -44,3 +47,11 @@ async def shop(tmp_path):
         client = ShopClient("http://shop", timeout=5, transport=transport)
         yield client
         await client.aclose()
+
+
+class ShopFleetSettings(Settings, ShopAgentSettings):
+    """The settings of a test's fleet of the demo shop agent: the fleet's, and the shop agent's own (ROUNDTRIP_SHOP_*)."""
+
+    @property
+    def shop_db_url(self) -> str:  # type: ignore[override] - the shop agent's URL in this fleet's state_dir
+        return ShopAgentSettings.shop_db_url(self, self.state_dir)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
+from services.guard.acted import Acts
 from services.guard.conversations import Conversations
 from services.guard.ledger import ENDED, Ledger
 from services.guard.outbox import Outbox, pending_copy, traceparent
@@ -70,6 +71,7 @@ class Loop:
     model: str = ""  # the model priced when an iteration does not name its own
     conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
     steps: StepClock = field(default_factory=StepClock)
+    acts: Acts = field(default_factory=Acts)  # the agent's side effects: an early end after one says what was done
 
     async def on_iteration(self, event: ModelResponded) -> str:
         """Decide, then record the step with one conditional update; only a refused update reads the ledger."""
@@ -99,7 +101,8 @@ class Loop:
     async def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
         """The end of a turn the rules finish; its exchange is stored first (the next turn waits for the end)."""
         outcome = decision.outcome.value
-        ended = TurnEnded(turn=event.turn, step=event.step, outcome=decision.outcome, text=decision.text, spent=event.spent,
+        text = self.acts.reply(decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages:]))
+        ended = TurnEnded(turn=event.turn, step=event.step, outcome=decision.outcome, text=text, spent=event.spent,
                           cost_usd=round(cost, 6))
         span.set_attribute("roundtrip.outcome", outcome)
         if decision.detail:  # an end_turn has none: no empty attribute

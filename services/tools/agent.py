@@ -7,7 +7,8 @@ needs (`dependencies`: name -> `factory(fleet_settings, own_settings)`, opened o
 shutdown, handed to handlers, resolvers and policies as `ctx.deps`), and the customer-facing texts of the
 guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`), and the MCP servers
 whose tools it mounts (`mcp_servers`: services/tools/mcp.py; their policies, approval rules and serial declarations
-are in the same mappings, by tool name).
+are in the same mappings, by tool name), and the words for what
+a side effect did (`describe_action`), said when a turn ends early after one.
 
 `load_agent(spec)` finds it: `package.module:attribute` (an Agent, or a zero-argument factory returning one), a
 name in the entry-point group `roundtrip.agents`, or, unset, the demo shop's support agent. Anything that does
@@ -96,6 +97,9 @@ class Agent:
     messages: Mapping[str, str] = field(default_factory=dict)  # GATE_MESSAGES key -> what the model reads
     model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
     mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/tools/mcp.py)
+    # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
+    # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded (<input>)"
+    describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
 
     @cached_property
     def tool_parts(self) -> tuple[dict[str, ToolSpec], dict[str, Handler], list[str]]:
@@ -106,8 +110,8 @@ class Agent:
             specs, problems = collect_specs(Path(self.tools_dir))
         elif self.tools_dir is not None:
             problems.append(f"tools_dir {self.tools_dir} is not a folder")
-        elif not self.tools:
-            problems.append("no tools: give tools_dir (JSON Schema documents) or tools (Python functions)")
+        elif not self.tools and not self.mcp_servers:
+            problems.append("no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers")
         fn_specs, fn_handlers, found = function_specs(self.tools)
         problems += found
         if twice := sorted(set(specs) & set(fn_specs)):
@@ -213,6 +217,8 @@ def _texts(agent: Agent) -> list[str]:
 
 
 def _dependencies(agent: Agent) -> list[str]:
+    if agent.describe_action is not None and not callable(agent.describe_action):
+        return ["describe_action must be a function (tool, input, result) -> str"]
     if bad := sorted(n for n in agent.dependencies if not n.isidentifier() or not callable(agent.dependencies[n])):
         return [f"dependencies {bad} need an identifier as name and a factory as value"]
     return []
