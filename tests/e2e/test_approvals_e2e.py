@@ -22,7 +22,7 @@ from services.kernel.approvals import DecisionSigner, parse_keys
 from services.kernel.events import ApprovalDecided, Decision, Outcome
 from tests.e2e.test_guard_e2e import roundtrip_cli
 
-APPROVAL_TIMEOUT_S = 15.0
+APPROVAL_TIMEOUT_S = 25.0  # the listing CLIs (processes of their own, seconds each on a busy machine) run within it
 ORDER = "ord_a1000003"
 
 
