@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from services.agent_cli import agent_app
 from services.cli_help import flags_without_type, reflow_help
 from services.kernel import topology
 from services.kernel.settings import get_settings
@@ -35,6 +36,7 @@ approvals_app = typer.Typer(help="Calls waiting for a person's approval: list th
 app.add_typer(approvals_app, name="approvals")
 db_app = typer.Typer(help="The fleet's own tables (turns, approvals, conversations): their migrations.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(agent_app, name="agent")  # check | init: services/agent_cli.py
 
 FLEET_SERVICES = topology.names()
 ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
@@ -58,7 +60,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         sys.argv = [f"roundtrip run {service}"]  # its own argument parser reads settings, not our argv
         runpy.run_module(f"services.{service}", run_name="__main__")
         return
-    from services.kernel import health
+    from services.kernel import agent_digest, health
     from services.kernel.runtime import announce_ready, settle_heap
     from services.kernel.settings import ConfigurationError, InsecureConfiguration
     from services.kernel.telemetry import setup_telemetry
@@ -67,6 +69,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
 
     try:
         agent = current_agent(settings.agent)  # the agent every service runs: found and checked once, here
+        agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
         if service in ("gate", "executor"):  # they hold the approval keys (the app checks again when it starts)
             settings.refuse_dev_approval_key(service)
         if service in ("gate", "guard"):  # they accept people's decisions (the app checks again when it starts)
@@ -81,8 +84,12 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     stream = module.build(settings)
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
     log = logging.getLogger(f"roundtrip.{service}")
+    # until the service has started, a refused or failed connection is said once, by main() (one line naming
+    # the cause: services/kernel/kafka_refusals.py), not also by aiokafka
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
     async def announce() -> None:
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)  # from here on its reconnects are worth seeing
         log.info("roundtrip %s started (broker %s)", service, settings.bootstrap_servers)
         announce_ready(service)  # to `roundtrip up`, when it started us (services/kernel/runtime.py)
 
@@ -117,11 +124,19 @@ def up(
     Ready. is printed once every service has said it started, whatever the log level. One
     fleet per state folder (ROUNDTRIP_STATE_DIR): a second up there names the pid that runs it.
 
+    With ROUNDTRIP_KAFKA_SECURITY_PROTOCOL (and its SASL settings) set and no
+    ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS, the embedded broker is started secured that way:
+    its only listener speaks that protocol, with a throwaway CA (state folder, kafka-secured/tls),
+    the configured SCRAM or PLAIN user, a client certificate required for SSL, and Kafka's unsecured
+    validator for OAUTHBEARER (services.broker.unsecured_token:UnsecuredTokenProvider); the
+    services are given the CA (and the client certificate), and up prints them.
+
     Supervises them: a process that dies (any service, a replica, the simulator, the shop or
     the embedded broker) is restarted with exponential backoff (0.5 s doubling to 30 s, reset
     after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything."""
     import os
 
+    from services.broker.embedded import BrokerError
     from services.fleet import Fleet, FleetError
     port = health_port if health_port is not None else get_settings().health_port
     if port:  # five services on one host: each takes its own port (the children read these from the environment)
@@ -133,7 +148,7 @@ def up(
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
         fleet.start()
-    except FleetError as exc:
+    except (FleetError, BrokerError) as exc:  # the embedded broker's error names its log's last lines
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     if port:
@@ -176,6 +191,9 @@ def ask(
 ) -> None:
     """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
 
+    A turn waiting for a person's approval is followed to its end: ask waits up to the approval deadline plus
+    --timeout.
+
     Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, the
     fleet's topics missing); 3 the guard stopped the turn (step_limit, repeated_call, cycle, failure_streak,
     budget, deadline, cancelled, approval_timeout); 4 the model stopped without its answer (max_tokens,
@@ -185,7 +203,7 @@ def ask(
     from services.console import ask as do_ask
 
     _check_persona(persona)
-    code = asyncio.run(do_ask(get_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    code = asyncio.run(do_ask(_fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
 
 
@@ -200,8 +218,22 @@ def chat(
     from services.console import chat as do_chat
 
     _check_persona(persona)
-    code = asyncio.run(do_chat(get_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    code = asyncio.run(do_chat(_fleet_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
+
+
+def _fleet_settings():
+    """The settings of the fleet this command talks to: the one running in the state folder (services/fleet_state.py),
+    else this shell's; which one is said on stderr, with the shell's variables that differ from the fleet's."""
+    from services.fleet_state import adopt
+    from services.kernel.database import shown
+
+    reading = adopt(get_settings().state_dir)
+    get_settings.cache_clear()
+    settings = get_settings()
+    for line in reading.lines(shown(settings.ledger_db_url)):
+        typer.secho(line, fg="yellow" if line.startswith("warning") else None, err=True)
+    return settings
 
 
 def _check_persona(persona: str | None) -> None:
@@ -218,7 +250,7 @@ def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace
     """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or the local span files."""
     from services.console import show_trace
 
-    raise typer.Exit(show_trace(get_settings(), turn_or_trace_id))
+    raise typer.Exit(show_trace(_fleet_settings(), turn_or_trace_id))
 
 
 @app.command("dead-letters")
@@ -228,7 +260,7 @@ def dead_letters(
     """Show the messages no service could process, newest last, with the reason."""
     from services.console import show_dead_letters
 
-    raise typer.Exit(asyncio.run(show_dead_letters(get_settings(), limit)))
+    raise typer.Exit(asyncio.run(show_dead_letters(_fleet_settings(), limit)))
 
 
 @app.command()
@@ -247,20 +279,21 @@ def lag(
         raise typer.BadParameter(f"unknown consumer group {group!r}; the fleet's groups are: {', '.join(sorted(known))} "
                                  "(with or without the roundtrip- prefix)", param_hint="'--group'")
     try:
-        raise typer.Exit(asyncio.run(show_lag(get_settings(), group, json_output, watch)))
+        raise typer.Exit(asyncio.run(show_lag(_fleet_settings(), group, json_output, watch)))
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 
 
 @app.command()
 def config() -> None:
-    """Print the effective configuration, grouped by concern (secrets hidden)."""
+    """Print the effective configuration, grouped by concern (secrets hidden): the running fleet's, when one runs in
+    the state folder, else this shell's."""
     from services.kernel.settings import display
 
     from services.kernel.settings import ConfigurationError
     from services.tools.agent import current_agent
 
-    settings = get_settings()
+    settings = _fleet_settings()
     try:
         agent = current_agent(settings.agent)
     except ConfigurationError as exc:
@@ -295,7 +328,7 @@ def turns(
         raise typer.BadParameter("status must be running, stuck, waiting, awaiting, ending or ended")
     from services.console import list_turns
 
-    raise typer.Exit(asyncio.run(list_turns(get_settings(), status, customer, limit)))
+    raise typer.Exit(asyncio.run(list_turns(_fleet_settings(), status, customer, limit)))
 
 
 @conversations_app.callback()
@@ -309,7 +342,7 @@ def conversations(
         return
     from services.console import list_conversations
 
-    raise typer.Exit(asyncio.run(list_conversations(get_settings(), customer, limit)))
+    raise typer.Exit(asyncio.run(list_conversations(_fleet_settings(), customer, limit)))
 
 
 @conversations_app.command("forget")
@@ -317,7 +350,7 @@ def conversations_forget(conversation_id: Annotated[str, typer.Argument(help="th
     """Delete a conversation and its history now (a customer's right to erasure)."""
     from services.console import forget_conversation
 
-    raise typer.Exit(asyncio.run(forget_conversation(get_settings(), conversation_id)))
+    raise typer.Exit(asyncio.run(forget_conversation(_fleet_settings(), conversation_id)))
 
 
 @turns_app.command("cancel")
@@ -328,7 +361,7 @@ def turns_cancel(
     """Stop a running turn now (a kill switch): the customer gets a polite reply."""
     from services.console import cancel_turn
 
-    raise typer.Exit(asyncio.run(cancel_turn(get_settings(), turn_id, reason)))
+    raise typer.Exit(asyncio.run(cancel_turn(_fleet_settings(), turn_id, reason)))
 
 
 def _me() -> str:
@@ -352,7 +385,7 @@ def approvals(
         return
     from services.console import list_approvals
 
-    raise typer.Exit(asyncio.run(list_approvals(get_settings(), all_, limit)))
+    raise typer.Exit(asyncio.run(list_approvals(_fleet_settings(), all_, limit)))
 
 
 @approvals_app.command("approve")
@@ -364,7 +397,7 @@ def approvals_approve(
     """Approve one waiting call: it runs once, with exactly the arguments shown, and the turn goes on."""
     from services.console import decide
 
-    raise typer.Exit(asyncio.run(decide(get_settings(), approval_id, True, reason, by or _me())))
+    raise typer.Exit(asyncio.run(decide(_fleet_settings(), approval_id, True, reason, by or _me())))
 
 
 @approvals_app.command("deny")
@@ -376,7 +409,7 @@ def approvals_deny(
     """Deny one waiting call: it never runs; the model gets an error result with the reason and goes on."""
     from services.console import decide
 
-    raise typer.Exit(asyncio.run(decide(get_settings(), approval_id, False, reason, by or _me())))
+    raise typer.Exit(asyncio.run(decide(_fleet_settings(), approval_id, False, reason, by or _me())))
 
 
 @topics_app.command("create")
@@ -386,10 +419,11 @@ def topics_create(
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
     from services.kernel.admin import ensure_topics
+    from services.kernel.kafka_clients import kafka_clients
 
     s = get_settings()
     report = asyncio.run(
-        ensure_topics(s.bootstrap_servers, s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
+        ensure_topics(kafka_clients(s), s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
                       s.replication_factor, min_insync_replicas=s.min_insync_replicas)
     )
     typer.echo(str(report))
@@ -403,10 +437,15 @@ def acls(
     only: Annotated[Optional[str], typer.Option("--only", help="just this principal's: a service, operator or app")] = None,
     app_group: Annotated[Optional[str], typer.Option(help="also the user's app, reading replies in this consumer group")] = None,
     command_config: Annotated[Optional[str], typer.Option(help="the admin client's properties file, passed on to kafka-acls.sh")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="add them through the admin API instead, as the principal of the "
+                                        "ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)")] = False,
 ) -> None:
     """Print the Kafka ACLs each service's principal needs, and nothing more (derived from the topology), as
-    kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's."""
+    kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's.
+    `--apply` adds them to the cluster instead."""
+    from services.kernel.acls import apply as apply_acls
     from services.kernel.acls import derive, render
+    from services.kernel.kafka_clients import kafka_clients
 
     s = get_settings()
     derived = derive(s.topic_prefix, principal, app_group)
@@ -414,7 +453,24 @@ def acls(
         if only not in derived:
             raise typer.BadParameter(f"no principal {only!r}; known: {', '.join(derived)}", param_hint="--only")
         derived = {only: derived[only]}
-    typer.echo(render(derived, s.bootstrap_servers, command_config), nl=False)
+    if not apply:
+        typer.echo(render(derived, s.bootstrap_servers, command_config), nl=False)
+        return
+
+    async def add() -> int:
+        admin = kafka_clients(s).admin(client_id="roundtrip-acls")
+        await admin.start()
+        try:
+            return await apply_acls(admin, derived)
+        finally:
+            await admin.close()
+
+    try:
+        added = asyncio.run(add())
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{added} ACL bindings added for {', '.join(derived)} at {s.bootstrap_servers}")
 
 
 @db_app.command("upgrade")
@@ -466,8 +522,10 @@ def main() -> None:
     from aiokafka.errors import KafkaConnectionError
     from pydantic import ValidationError
 
+    from services.kernel.kafka_clients import kafka_clients
+    from services.kernel.kafka_refusals import AUTHORIZATION_ERRORS, authorization, refusal
     from services.kernel.migrations import DatabaseUnreachable, SchemaMismatch
-    from services.kernel.settings import describe_invalid
+    from services.kernel.settings import ConfigurationError, describe_invalid
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # client commands say it once, below; `run` resets it
     try:
@@ -475,13 +533,24 @@ def main() -> None:
     except ValidationError as exc:  # a ROUNDTRIP_* setting that cannot work: one line, no traceback, no restart loop
         typer.secho(f"error: invalid configuration: {describe_invalid(exc)}", fg="red", err=True)
         raise SystemExit(1) from None
+    except ConfigurationError as exc:  # e.g. Kafka TLS files that do not load, a token provider that does not import
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise SystemExit(1) from None
     except (SchemaMismatch, DatabaseUnreachable) as exc:  # a service or a command on a database behind, ahead or out of reach
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise SystemExit(1) from None
     except KafkaConnectionError as exc:
         s = get_settings()
+        if cause := asyncio.run(refusal(kafka_clients(s))):  # refused (a password, a certificate), not out of reach
+            typer.secho(f"error: Kafka at {s.bootstrap_servers} refused the connection: {cause}", fg="red", err=True)
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Unclosed AIOKafkaProducer" after the line
+            raise SystemExit(2) from None
         typer.secho(f"error: cannot reach Kafka at {s.bootstrap_servers} ({exc}). Is the fleet up (`roundtrip up`), "
                     "or ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS set?", fg="red", err=True)
+        raise SystemExit(2) from None
+    except AUTHORIZATION_ERRORS as exc:  # an ACL the principal lacks: one line, not a retry loop
+        typer.secho(f"error: {authorization(exc)}", fg="red", err=True)
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Unclosed AIOKafkaProducer" after the line
         raise SystemExit(2) from None
 
 

@@ -8,6 +8,7 @@ for each line typed, all in one conversation (the guard keeps its history).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
@@ -24,12 +24,14 @@ from rich.table import Table
 from services.kernel import topics
 from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.database import shown
+from services.kernel.kafka_clients import kafka_clients
 from services.kernel.events import (
     ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, SupportRequest,
-    TurnFlagged,
+    SupportStatus, TurnFlagged,
 )
 from services.kernel.settings import Settings
 from services.kernel.telemetry import span_files
+from services.live_order import StepOrder
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
@@ -52,10 +54,10 @@ class Session:
         self.settings = settings
         self.watched = {topics.t(n, settings.topic_prefix): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
                                                  topics.TURN_EVENTS, topics.SUPPORT_REPLIES, topics.APPROVAL_REQUESTS,
-                                                 topics.APPROVAL_DECISIONS)}
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                         isolation_level="read_committed")
-        self.producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+                                                 topics.APPROVAL_DECISIONS, topics.SUPPORT_STATUS)}
+        kafka = kafka_clients(settings)
+        self.consumer = kafka.consumer(enable_auto_commit=False, isolation_level="read_committed")
+        self.producer = kafka.producer()
 
     async def start(self) -> bool:
         await self.consumer.start()
@@ -82,14 +84,19 @@ class Session:
         console.print(f"[bold]{customer}[/] asks: {text}" + (f"  [dim](persona {persona})[/]" if persona else ""))
         seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
         waiting: set[str] = set()  # approval ids of this turn
+        order = StepOrder(request.request_id)  # what Kafka's fetches return, in the order it happened
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            batches = await self.consumer.getmany(timeout_ms=500)
-            for records in batches.values():
+            for records in (await self.consumer.getmany(timeout_ms=500)).values():
                 for record in records:
-                    reply = _render(self.watched[record.topic], record.value, request.request_id, seen, waiting)
-                    if reply is not None:
-                        return show_reply(reply)
+                    with contextlib.suppress(ValueError):
+                        order.add(self.watched[record.topic], json.loads(record.value))
+            for topic, data in order.ready():
+                if topic == topics.SUPPORT_STATUS:  # the turn waits for a person: so does ask, up to the wait's end
+                    deadline = max(deadline, time.monotonic() + max(0.0, data.get("until", 0) - time.time()) + timeout)
+                reply = _render(topic, data, request.request_id, seen, waiting)
+                if reply is not None:
+                    return show_reply(reply)
         console.print(f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {self.settings.state_dir / 'logs'})")
         return 1
 
@@ -170,16 +177,21 @@ WAITING_ON = {
 }
 
 
-def _render(topic: str, value: bytes, request_id: str, seen: dict[str, str | None] | None = None,
+def _show_status(data: dict[str, Any]) -> None:
+    """What the app is told while its turn waits (support.status)."""
+    status = SupportStatus.model_validate(data)
+    console.print(f"  [yellow]{status.state.value}[/] until {time.strftime('%H:%M:%S', time.localtime(status.until))} "
+                  "(support.status): the reply comes once a person decides, or then")
+
+
+def _render(topic: str, data: dict[str, Any], request_id: str, seen: dict[str, str | None] | None = None,
             waiting: set[str] | None = None) -> SupportReply | None:
     seen = {} if seen is None else seen
     waiting = set() if waiting is None else waiting
-    try:
-        data = json.loads(value)
-    except ValueError:
-        return None
     if topic == topics.SUPPORT_REPLIES:
         return SupportReply.model_validate(data) if data.get("request_id") == request_id else None
+    if topic == topics.SUPPORT_STATUS:
+        return _show_status(data) if data.get("request_id") == request_id else None
     if topic == topics.APPROVAL_DECISIONS:
         if data.get("approval_id") in waiting:
             decision = ApprovalDecided.model_validate(data)
@@ -470,7 +482,7 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
         decision=Decision.APPROVE if approve else Decision.DENY, reason=reason, decided_by=decided_by,
         decided_at=round(time.time(), 3),
     ))
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = kafka_clients(settings).producer()
     try:
         await producer.start()
         await producer.send_and_wait(topics.t(topics.APPROVAL_DECISIONS, settings.topic_prefix), decision.model_dump_json().encode(),
@@ -500,7 +512,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     if row.status == ENDED:
         console.print(f"turn {turn_id} already ended ({row.outcome})")
         return 0
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = kafka_clients(settings).producer()
     try:
         await producer.start()
         command = CancelTurn(turn_id=turn_id, reason=reason)
@@ -517,8 +529,8 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
     topic = topics.t(topics.DEAD_LETTERS, settings.topic_prefix)
     from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES, fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES)
+    consumer = kafka_clients(settings).consumer(enable_auto_commit=False,
+                                                max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES, fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES)
     try:
         await consumer.start()
         partitions = await partitions_of(consumer, [topic])
@@ -558,7 +570,7 @@ async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: 
     from services.kernel.admin import consumer_lag
 
     while True:
-        report = await consumer_lag(settings.bootstrap_servers, settings.topic_prefix, group)
+        report = await consumer_lag(kafka_clients(settings), settings.topic_prefix, group)
         if as_json:
             print(json.dumps({"at": round(time.time(), 3), "bootstrap": settings.bootstrap_servers,
                               "groups": [g.as_dict() for g in report]}), flush=True)

@@ -1,21 +1,24 @@
-"""What a turn did: the side effects that succeeded, read back from its own transcript, for the reply that ends it early.
+"""What a turn did: the side effects that succeeded, for the reply that ends it early.
 
 A side effect is a call of a tool the agent declares serial (`Agent.serial`: it changes something, so it never runs
 next to another call) whose tool_result came back without `is_error`. When the fleet ends a turn early (any outcome
 but end_turn) after one, the reply says what was done and that nothing more was (`replies.acted`) instead of an
-apology that would have the customer ask for it again. What was done is worded by the agent
+apology that would have the customer ask for it again. The loop reads them from the turn's own transcript (`done`);
+an end from outside the loop, which has no transcript, from what the executor recorded in the turn's row
+(`recorded`, services/kernel/sideeffects.py). What was done is worded by the agent
 (`Agent.describe_action(tool, input, result text)`, None for the generic words), else "<tool> succeeded (<input>)".
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from services.guard.replies import acted, polite
 from services.guard.rules import results_of
+from services.kernel import sideeffects
 from services.kernel.events import Outcome
 
 log = logging.getLogger("roundtrip.guard")
@@ -38,7 +41,7 @@ class Acts:
     def done(self, messages: Sequence[dict]) -> list[str]:
         """What the successful side effects of these messages (one turn's) did, in the order they were called, once each."""
         results = results_of(list(messages))
-        said: list[str] = []
+        calls = []
         for message in messages:
             if message.get("role") != "assistant" or not isinstance(message.get("content"), list):
                 continue
@@ -46,18 +49,29 @@ class Acts:
                 if not isinstance(block, dict) or block.get("type") != "tool_use" or block.get("name") not in self.side_effects:
                     continue
                 failed, text = results.get(block.get("id", ""), (True, ""))  # no result yet: not known to be done
-                if not failed and (words := self._words(block["name"], block.get("input") or {}, text)) not in said:
-                    said.append(words)
-        return said
+                if not failed:
+                    calls.append((block["name"], block.get("input") or {}, text))
+        return self._said(calls)
 
-    def reply(self, outcome: Outcome, text: str, messages: Sequence[dict]) -> str:
-        """The text that ends a turn: as decided, unless the turn ends early after acting; then it says what was done
-        (the model's own words, if the decision kept them, stay in front)."""
-        if outcome is Outcome.END_TURN or not (done := self.done(messages)):
+    def recorded(self, acted: str | None) -> list[str]:
+        """What the side effects the executor recorded in the turn's row did (turns.acted)."""
+        return self._said((e["tool"], e.get("input") or {}, str(e.get("result", ""))) for e in sideeffects.read(acted))
+
+    def reply(self, outcome: Outcome, text: str, done: Sequence[str]) -> str:
+        """The text that ends a turn: as decided, unless the turn ends early after acting (`done`: what it did); then it
+        says what was done (the model's own words, if the decision kept them, stay in front)."""
+        if outcome is Outcome.END_TURN or not done:
             return text
         apology = polite(outcome)
         kept = text[: -len(apology)].strip() if text.endswith(apology) else text.strip()
-        return f"{kept}\n\n{acted(outcome, done)}".strip()
+        return f"{kept}\n\n{acted(outcome, list(done))}".strip()
+
+    def _said(self, calls: Iterable[tuple[str, dict[str, Any], str]]) -> list[str]:
+        said: list[str] = []
+        for tool, args, result in calls:
+            if (words := self._words(tool, args, result)) not in said:
+                said.append(words)
+        return said
 
     def _words(self, tool: str, args: dict[str, Any], result: str) -> str:
         if self.describe is not None:

@@ -41,8 +41,9 @@ class Guard:
         self.ledger, self.conversations = ledger, conversations
         self.outbox = Outbox(ledger, publish, outbox_after_s, on_ended=order.ended)
         self.starts = Starts(ledger, self.outbox, order, turn_deadline_s, conversations, steps, agent_digest)
-        self.loop = Loop(ledger, self.outbox, policy, prices, model, conversations, steps, acts or Acts())
-        self.outside = Outside(ledger, self.outbox, conversations, steps)
+        acts = acts or Acts()
+        self.loop = Loop(ledger, self.outbox, policy, prices, model, conversations, steps, acts)
+        self.outside = Outside(ledger, self.outbox, conversations, steps, acts)
         self.approvals = Approvals(ledger, self.outbox, self.outside, decisions, steps)
         self.sweeper = Sweeper(ledger, self.outbox, self.outside, self.approvals, stuck_after_s, stuck_grace_s, turn_deadline_s)
 

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
-from pydantic import BaseModel
 
 from services.guard.acted import Acts
 from services.guard.conversations import Conversations
@@ -31,6 +30,17 @@ from services.kernel.events import CallModel, CheckToolCalls, ModelResponded, Ou
 from services.kernel.telemetry import ERROR_OUTCOMES, mark_error
 
 log = logging.getLogger("roundtrip.guard")
+
+
+def continued(event: ModelResponded, decision: Continue, span: trace.Span | None = None) -> CallModel | CheckToolCalls:
+    """The next hop of a turn that goes on: its tool calls to the gate, or (nothing to run) the model again."""
+    transcript = [*event.messages, {"role": "assistant", "content": event.content}]
+    if decision.resume_model:
+        return CallModel(turn=event.turn, step=event.step, messages=transcript, spent=event.spent)
+    if decision.blocked:
+        (span or trace.get_current_span()).add_event("repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)})
+    return CheckToolCalls(turn=event.turn, step=event.step, messages=transcript, calls=event.tool_calls,
+                          spent=event.spent, blocked=decision.blocked)
 
 
 class StepClock:
@@ -71,7 +81,7 @@ class Loop:
         decision = decide(event, self.policy, cost, step_cost)
         span.set_attribute("roundtrip.decision", type(decision).__name__)
         if isinstance(decision, Continue):
-            message, outcome = self._continued(event, decision, span), None
+            message, outcome = continued(event, decision, span), None
         else:
             message, outcome = await self._finished(event, decision, cost, span), decision.outcome.value
         pending = pending_copy(message)
@@ -88,21 +98,10 @@ class Loop:
             return outcome or type(message).__name__
         return await self._not_advanced(event, span)
 
-    @staticmethod
-    def _continued(event: ModelResponded, decision: Continue, span: trace.Span) -> BaseModel:
-        """The next hop of a turn that goes on: its tool calls to the gate, or (nothing to run) the model again."""
-        transcript = [*event.messages, {"role": "assistant", "content": event.content}]
-        if decision.resume_model:
-            return CallModel(turn=event.turn, step=event.step, messages=transcript, spent=event.spent)
-        if decision.blocked:
-            span.add_event("repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)})
-        return CheckToolCalls(turn=event.turn, step=event.step, messages=transcript, calls=event.tool_calls,
-                              spent=event.spent, blocked=decision.blocked)
-
     async def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
         """The end of a turn the rules finish; its exchange is stored first (the next turn waits for the end)."""
         outcome = decision.outcome.value
-        text = self.acts.reply(decision.outcome, decision.text, event.messages[event.turn.history_messages:])
+        text = self.acts.reply(decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages:]))
         ended = TurnEnded(turn=event.turn, step=event.step, outcome=decision.outcome, text=text, spent=event.spent,
                           cost_usd=round(cost, 6))
         span.set_attribute("roundtrip.outcome", outcome)

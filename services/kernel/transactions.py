@@ -15,6 +15,8 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from opentelemetry.propagate import inject
 from pydantic import BaseModel
 
+from services.kernel.kafka_clients import KafkaClients, clients_of
+
 
 def transactional_id(service: str, topic: str, instance_id: str | None = None) -> str:
     """Stable per replica, so a restarted replica fences the transaction its dead predecessor left
@@ -42,16 +44,16 @@ class TransactionalOutlet:
     transaction per commit (a group commit), so replies need not queue one transaction each.
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str, group_id: str, txn_id: str) -> None:
+    def __init__(self, kafka: KafkaClients | str, topic: str, group_id: str, txn_id: str) -> None:
         self.topic, self.group_id = topic, group_id
-        self._options = dict(bootstrap_servers=bootstrap_servers, transactional_id=txn_id, enable_idempotence=True, linger_ms=0)
+        self._kafka, self._options = clients_of(kafka), dict(transactional_id=txn_id, enable_idempotence=True, linger_ms=0)
         self._producer: AIOKafkaProducer | None = None
         # partition -> offset of the consumed record -> (value, key, headers); a record read again replaces its own
         self._staged: dict[TopicPartition, dict[int, tuple[bytes, bytes, list[tuple[str, bytes]]]]] = {}
 
     async def start(self) -> None:
         """Connect and register the transactional id (fencing an earlier producer with the same id)."""
-        self._producer = AIOKafkaProducer(**self._options)  # aiokafka wants a running loop
+        self._producer = self._kafka.producer(**self._options)  # aiokafka wants a running loop
         await self._producer.start()
 
     async def stop(self) -> None:

@@ -17,6 +17,8 @@ The fence (see the README, "When things go wrong"):
 * `wait_for_capacity` (model service, when a call must wait for the API's rate limits): the turn,
   live at that step, becomes WAITING: still live (the guard's next step makes it RUNNING), never
   flagged stuck, still ended at its deadline.
+* `record_acted` (executor, after a step's calls ran): appends the side effects that succeeded
+  (services/kernel/sideeffects.py), still under the lease, for the reply of an end from outside.
 * Every end from outside the loop (cancel, deadline, stuck) is conditional on no live lease,
   so an end never lands while a claimed batch is running: either the claim wins (the side
   effect happens, and the end is recorded after it) or the end wins (the claim fails).
@@ -81,6 +83,8 @@ turns = Table(
     Column("pending_at", Float),  # when `pending` was written (the outbox republishes old ones)
     # -- migration ledger_0003 --
     Column("agent_digest", String(32)),  # Agent.digest of the guard that started the turn (its prompt and tools)
+    # -- migration ledger_0004 --
+    Column("acted", Text),  # the side effects the turn has had: JSON lines the executor appends (kernel/sideeffects.py)
 )
 CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)  # the guard: is a turn of it running?
 # One row per call held for a person's approval (the guard writes it; `roundtrip approvals` reads it).
@@ -118,6 +122,7 @@ _CLAIM = update(turns).where(AT_STEP, IS_LIVE, BEFORE_DEADLINE)
 _RELEASE_ENDING = update(turns).where(AT_STEP, turns.c.status == ENDING)
 _WAITING = update(turns).where(AT_STEP, IS_LIVE)
 _COUNT_WAITING = select(func.count()).select_from(turns).where(turns.c.status == WAITING)
+_ACTED = update(turns).where(AT_STEP).values(acted=func.coalesce(turns.c.acted, "") + bindparam("b_lines"))
 
 
 def sqlite_locked(exc: OperationalError) -> bool:
@@ -258,3 +263,7 @@ class Fence(TurnStore):
         now = now or time.time()
         return await self._update(_WAITING, {"b_turn_id": turn_id, "b_step": step, "status": WAITING,
                                              "last_progress_at": now, "flagged_at": None})
+    async def record_acted(self, turn_id: str, step: int, lines: str) -> None:
+        """Append the side effects this step had (services/kernel/sideeffects.py), whatever the turn's state now:
+        they happened. Under the step's lease, so an end from outside the loop reads them."""
+        await self._update(_ACTED, {"b_turn_id": turn_id, "b_step": step, "b_lines": lines})

@@ -93,7 +93,12 @@ class ModelClient:
         disabled = self._settings.disable_parallel_tool_use if disable_parallel_tool_use is None else disable_parallel_tool_use
         return {"type": "auto", "disable_parallel_tool_use": True} if disabled else None
 
-    async def create(self, messages: list[dict[str, Any]], persona: str | None, disable_parallel_tool_use: bool | None = None,
+    async def create(self, messages: list[dict[str, Any]], persona: str | None = None,
+                     disable_parallel_tool_use: bool | None = None) -> anthropic.types.Message:
+        """The model's message (the interface every model of services/inprocess.py has)."""
+        return (await self.answer(messages, persona, disable_parallel_tool_use))[0]
+
+    async def answer(self, messages: list[dict[str, Any]], persona: str | None, disable_parallel_tool_use: bool | None = None,
                      attempt: int = 0) -> tuple[anthropic.types.Message, Mapping[str, str]]:
         """The model's message and the answer's HTTP headers (the rate-limit headers among them).
         `attempt`: retries of this call before this one (sent as the SDK would, `x-stainless-retry-count`)."""

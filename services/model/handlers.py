@@ -94,8 +94,13 @@ async def call_model(command: CallModel, client: ModelClient, fence: Fence | Non
         trace.get_current_span().add_event("waiting for model capacity", {"roundtrip.step": command.step})
         return await fence.wait_for_capacity(turn.turn_id, command.step) if fence is not None else True
 
-    out = await attempt(lambda n: client.create(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n),
-                        retrying.capacity, turn.deadline_at or time.time() + retrying.deadline_s, retrying.retries, waiting)
+    async def call(n: int) -> tuple[Any, Any]:
+        if isinstance(client, ModelClient):  # the message and the answer's headers (the rate limits)
+            return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
+        return await client.create(command.messages, turn.persona, turn.disable_parallel_tool_use), {}  # a test's model
+
+    out = await attempt(call, retrying.capacity, turn.deadline_at or time.time() + retrying.deadline_s, retrying.retries,
+                        waiting)
     observe(out, retrying.capacity)
     if out.gone:
         return None

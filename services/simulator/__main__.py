@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from services.kernel.settings import get_settings
 
 from .overload import Overload
 from .personas import NAMES
 from .ratelimits import RateLimits
+from .scripted import ScriptError, Scripts, load_scripts
 from .server import serve
 
 
@@ -30,7 +32,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="seconds between bursts of 529 overloaded errors")
     parser.add_argument("--overload-seconds", type=_positive(float), default=settings.simulator_overload_seconds,
                         help="length of each burst")
+    parser.add_argument("--script", default=settings.simulator_script, help="JSON file of scripts (persona script:NAME)")
     args = parser.parse_args(argv)
+    try:
+        scripts = Scripts(load_scripts(args.script))
+    except ScriptError as exc:
+        sys.exit(f"error: {exc}")
     serve(
         host=args.host,
         port=args.port,
@@ -42,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         seed=args.seed,
         limits=RateLimits(rpm=args.rpm, itpm=args.itpm, otpm=args.otpm),
         overload=Overload(every=args.overload_every, seconds=args.overload_seconds),
+        scripts=scripts,
     )
 
 

@@ -23,6 +23,7 @@ from services.cli import ALL_RUNNABLE, FLEET_SERVICES
 from services.kernel import topics, topology
 from services.kernel.messaging import group
 from services.kernel.settings import DEV_APPROVAL_KEYS, DEV_DECISION_KEYS, InsecureConfiguration, Settings
+from services.shop.agent.settings import ShopAgentSettings
 from tests.manifests import (
     COMPOSE, DOCKERFILE, K8S, ROOT, all_containers, compose_binary, compose_config, container, container_env, full_command,
     k8s_documents,
@@ -33,8 +34,9 @@ README = ROOT / "deploy" / "README.md"
 KEDA_CRD = ROOT / "deploy" / "keda" / "keda.sh_scaledobjects.yaml"
 JAEGER_SCRIPT = ROOT / "scripts" / "jaeger.sh"
 
-SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in Settings.model_fields} | {"ANTHROPIC_API_KEY"}
-HTTP_SERVICES = {"simulator": "simulator_port", "shop": "shop_port"}
+# the fleet's settings and the demo shop agent's own (the agent the manifests run)
+SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in (*Settings.model_fields, *ShopAgentSettings.model_fields)} | {"ANTHROPIC_API_KEY"}
+HTTP_SERVICES = {"simulator": Settings.model_fields["simulator_port"], "shop": ShopAgentSettings.model_fields["shop_port"]}
 HEALTH_PORT = 8080
 # the Go module version of Jaeger v2 (scripts/jaeger.sh) -> its release (the image tag); Jaeger's CHANGELOG: "v1.76.0 / v2.13.0"
 JAEGER_RELEASE_OF_MODULE = {"v1.76.0": "2.13.0"}
@@ -132,7 +134,7 @@ def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_
 @pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
 def test_http_services_listen_on_every_interface(compose, k8s, name):
     assert name in ALL_RUNNABLE
-    port = Settings.model_fields[HTTP_SERVICES[name]].default
+    port = HTTP_SERVICES[name].default
     k8s_container = container(kinds(k8s, "Deployment")[name])
     assert compose["services"][name]["command"] == ["roundtrip", "run", name]
     assert full_command(k8s_container) == ["roundtrip", "run", name]
@@ -146,7 +148,7 @@ def test_http_services_listen_on_every_interface(compose, k8s, name):
 
 def test_service_urls_point_at_the_services(compose, k8s):
     s = Settings.model_fields
-    shop = f"http://shop:{s['shop_port'].default}"
+    shop = f"http://shop:{ShopAgentSettings.model_fields['shop_port'].default}"
     simulator = f"http://simulator:{s['simulator_port'].default}"
     env = compose["x-roundtrip-env"]
     assert env["ROUNDTRIP_SHOP_URL"] == shop
@@ -161,7 +163,8 @@ def test_service_urls_point_at_the_services(compose, k8s):
 
 def test_every_roundtrip_variable_is_a_setting():
     files = [COMPOSE, DOCKERFILE, README, *sorted(K8S.glob("*.yaml"))]
-    used = {m for path in files for m in re.findall(r"\bROUNDTRIP_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8"))}
+    # a family of names (ROUNDTRIP_KAFKA_*, ROUNDTRIP_MCP_<NAME>_URL) is not one variable
+    used = {m for path in files for m in re.findall(r"\bROUNDTRIP_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_<*])", path.read_text(encoding="utf-8"))}
     assert used, "no ROUNDTRIP_ variables found"
     assert used - SETTINGS_ENV == set()
 
@@ -225,10 +228,10 @@ MUST_BE_GIVEN = {
 
 
 def settings_read_by(service: str) -> set[str]:
-    """The Settings attributes the code of services/<service>/ reads (`settings.<name>`), and the ledger when the
+    """The Settings attributes the code of services/<service>/ reads (`settings.<name>`, an agent's `own.<name>`), and the ledger when the
     topology says the service shares it (`roundtrip run` refuses to start it without: services/cli.py)."""
     folder = ROOT / "services" / service
-    read = {name for path in folder.rglob("*.py") for name in re.findall(r"\bsettings\.(\w+)", path.read_text())}
+    read = {name for path in folder.rglob("*.py") for name in re.findall(r"\b(?:settings|own)\.(\w+)", path.read_text())}
     if service in topology.names() and topology.service(service).shares_ledger:
         read |= {"ledger_db_url", "refuse_private_ledger"}
     return read
@@ -241,6 +244,7 @@ def k8s_env(k8s, name: str) -> dict[str, str]:
 def test_the_scan_finds_what_the_services_read():
     assert {"ledger_db_url", "approval_keys"} <= settings_read_by("executor")
     assert {"ledger_db_url"} <= settings_read_by("model")
+    assert {"shop_db_url", "shop_port"} <= settings_read_by("shop")  # the demo shop agent's own settings
     assert {s.name for s in topology.SERVICES if s.shares_ledger} == {"gateway", "guard", "model", "executor"}
     assert {"ledger_db_url", "conversations_db_url", "decision_keys"} <= settings_read_by("guard")
     assert {"approval_keys", "decision_keys"} <= settings_read_by("gate")
@@ -304,8 +308,24 @@ def test_k8s_topics_are_made_for_a_production_cluster(k8s):
     # every partition on 3 brokers, a write acknowledged by 2: one broker may fail without a loss or a stop
     assert config["ROUNDTRIP_REPLICATION_FACTOR"] == "3"
     assert config["ROUNDTRIP_MIN_INSYNC_REPLICAS"] == "2"
-    assert all(c.get("envFrom") == [{"configMapRef": {"name": "roundtrip-config"}}]
+    # the init containers get those settings (and the Kafka user, to connect), nothing else
+    assert all(c.get("envFrom") == [{"configMapRef": {"name": "roundtrip-config"}}, {"secretRef": {"name": "roundtrip-kafka"}}]
                for d in kinds(k8s, "Deployment").values() for c in d["spec"]["template"]["spec"].get("initContainers", []))
+
+
+@pytest.mark.parametrize("name", topology.names())
+def test_every_kafka_client_and_keda_connect_as_the_same_kafka_user(k8s, name, monkeypatch):
+    (secret,) = [d for d in k8s if d["kind"] == "Secret" and d["metadata"]["name"] == "roundtrip-kafka"]
+    env = k8s_env(k8s, name)
+    assert {"ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD", "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL"} <= set(env)
+    settings_of({k: v for k, v in env.items() if k.startswith("ROUNDTRIP_KAFKA_")}, monkeypatch)  # as shipped: valid
+    (auth,) = [d for d in k8s if d["kind"] == "TriggerAuthentication"]
+    refs = {ref["parameter"]: ref for ref in auth["spec"]["secretTargetRef"]}
+    assert {ref["name"] for ref in refs.values()} == {"roundtrip-kafka"} and all(r["key"] in secret["stringData"] for r in refs.values())
+    assert (refs["username"]["key"], refs["password"]["key"]) == ("ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD")
+    for scaled in scaled_objects(k8s).values():
+        (trigger,) = scaled["spec"]["triggers"]
+        assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
 
 
 def test_one_default_model_everywhere(compose, k8s):

@@ -23,21 +23,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
 from services.agent import ToolContext, ToolError, approval_rule
 from services.shop.agent.client import IdempotencyConflict, OrderNotCancellable, OrderNotFound
-
-
-class ShopAgentSettings(BaseSettings):
-    """The support agent's own settings (ROUNDTRIP_* like the fleet's)."""
-
-    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
-
-    approval_cancel_above_cents: int | None = Field(
-        None, ge=0, description="cancel_order waits for a person's approval when the order's total is above this (cents); unset: never"
-    )
+from services.shop.agent.settings import ShopAgentSettings
 
 CANCELLABLE = ("pending", "processing")
 
