@@ -1,0 +1,131 @@
+"""Chaos on a three-broker cluster (issue 20, item 4): the fleet's topics with replication factor 3 and
+min.insync.replicas 2 on three KRaft nodes (services/broker/cluster.py), load through support.requests,
+and brokers failing under it: the leader SIGKILLed and restarted, a rolling restart of all three, one
+broker down for good, a majority down for 45 s. Each scenario sends one poison message to each consumed
+topic while a broker is away, and asserts what the single-broker scenarios (test_chaos.py) do: every
+request exactly one reply, no duplicate side effect, none after its turn's end, every poison message
+dead-lettered intact. It prints the stall: the longest time without a reply after each fault.
+
+Run: .venv/bin/python -m pytest -q tests/chaos/test_cluster.py -s   (marker `chaos_cluster`)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.kernel import topics
+from tests.chaos.harness import (
+    Observer, Planned, audit, drive_while, ledger_rows, new_tag, plan_load, poison_sampler, report, seed_customers,
+    send_poison, stall_s,
+)
+
+pytestmark = [pytest.mark.chaos, pytest.mark.chaos_cluster, pytest.mark.timeout(300)]
+
+REPLY_TIMEOUT_S = 150  # a step lost with a broker is ended by the stuck rule within ~25 s; the majority outage adds 45 s
+
+
+async def _finish(name: str, settings, observer: Observer, plan: list[Planned], poison: list, started: float, capsys,
+                  faults: list[tuple[str, float, float | None]]) -> None:
+    """Wait for every reply and dead letter, audit, print the scenario's line and the stall after each fault
+    (label, when, until when), assert."""
+    expected = {(observer.topic(p.topic), p.partition, p.offset) for p in poison}
+    await observer.wait_for(
+        lambda: expected <= {(d["topic"], d.get("partition"), d.get("offset")) for d in observer.seen.dead_letters}, timeout=60)
+    await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
+    result = await audit(name, settings, observer, plan, started, poison)
+    report(result, capsys)
+    with capsys.disabled():
+        stalls = ", ".join(f"{label} {stall_s(observer, plan, at, until):.1f} s" for label, at, until in faults)
+        print(f"[chaos]   longest wait for a reply after {stalls}", flush=True)
+
+
+def _live(settings, plan: list[Planned]) -> int:
+    turn_ids = {p.turn_id for p in plan}
+    return sum(1 for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] != "ended")
+
+
+async def test_the_leader_sigkilled_under_load_and_restarted(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
+    settings, observer, started = cluster_settings[0], cluster_observer, time.monotonic()
+    tag = new_tag("leader")
+    plan = plan_load(tag, await seed_customers(settings, tag, 10), conversations=24, requests=60)
+    poison = poison_sampler(tag, shift=0)
+    load = asyncio.create_task(observer.drive(plan, rate_per_s=5))
+    await asyncio.sleep(3)
+    leader = await cluster.leader_of(observer.topic(topics.SUPPORT_REQUESTS), 0)
+    live, at = _live(settings, plan), time.time()
+    cluster.node(leader).kill()
+    poisoned = asyncio.create_task(send_poison(observer, poison))
+    await asyncio.sleep(5)  # down past the moment it is missed; the controller fences it after the session timeout (9 s)
+    await asyncio.to_thread(cluster.start, leader)
+    await asyncio.gather(load, poisoned)
+    await _finish(f"leader (node {leader}) SIGKILLed under load, restarted 5 s later", settings, observer, plan, poison, started,
+                  capsys, [("the SIGKILL", at, None)])
+    assert live, "the kill should hit turns in flight"
+    await cluster.wait_in_sync()
+
+
+async def test_a_rolling_restart_of_every_broker_under_load(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
+    settings, observer, started = cluster_settings[0], cluster_observer, time.monotonic()
+    tag = new_tag("rolling")
+    plan = plan_load(tag, await seed_customers(settings, tag, 16), conversations=40, requests=400)
+    poison = poison_sampler(tag, shift=3)
+    stops: list[tuple[str, float, float | None]] = []
+
+    async def roll() -> None:
+        await asyncio.sleep(3)
+        for node in cluster.nodes:  # one at a time, each back in sync before the next, as an operator does
+            at = time.time()
+            await asyncio.to_thread(node.stop)
+            if node.node_id == 1:
+                await send_poison(observer, poison)
+            await asyncio.to_thread(cluster.start, node.node_id)
+            await cluster.wait_in_sync()
+            stops.append((f"node {node.node_id}'s restart", at, time.time()))
+
+    faults = asyncio.create_task(roll())
+    sent = await drive_while(observer, plan, 3, faults)
+    await faults
+    await _finish("rolling restart of the three brokers under load", settings, observer, sent, poison, started, capsys, stops)
+
+
+async def test_one_broker_down_for_good(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
+    settings, observer, started = cluster_settings[0], cluster_observer, time.monotonic()
+    tag = new_tag("down")
+    plan = plan_load(tag, await seed_customers(settings, tag, 10), conversations=24, requests=80)
+    poison = poison_sampler(tag, shift=5)
+    load = asyncio.create_task(observer.drive(plan, rate_per_s=5))
+    await asyncio.sleep(3)
+    gone = await cluster.leader_of(observer.topic(topics.TURN_STARTS), 0)
+    live, at = _live(settings, plan), time.time()
+    cluster.node(gone).kill()
+    await send_poison(observer, poison)
+    await load
+    await _finish(f"one broker (node {gone}) SIGKILLed under load, down for good", settings, observer, plan, poison, started,
+                  capsys, [("the SIGKILL", at, None)])
+    assert live, "the kill should hit turns in flight"
+    await asyncio.to_thread(cluster.start, gone)  # for the next scenario
+    await cluster.wait_in_sync()
+
+
+async def test_a_majority_down_for_45_s_then_back(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
+    settings, observer, started = cluster_settings[0], cluster_observer, time.monotonic()
+    tag = new_tag("majority")
+    plan = plan_load(tag, await seed_customers(settings, tag, 10), conversations=24, requests=60)
+    poison = poison_sampler(tag, shift=6)
+    load = asyncio.create_task(observer.drive(plan, rate_per_s=4))
+    await asyncio.sleep(4)
+    leader = await cluster.leader_of(observer.topic(topics.SUPPORT_REQUESTS), 0)
+    down = [leader, leader % 3 + 1]
+    live, at = _live(settings, plan), time.time()
+    for node_id in down:
+        cluster.node(node_id).kill()
+    poisoned = asyncio.create_task(send_poison(observer, poison))  # published (the app retrying) once the cluster is back
+    await asyncio.sleep(45)  # no quorum: no leader moves, no write reaches min ISR; turns in flight pass their stuck rule
+    await asyncio.to_thread(cluster.start)
+    await asyncio.gather(load, poisoned)
+    await _finish(f"a majority (nodes {down[0]}, {down[1]}) SIGKILLed under load, back after 45 s", settings, observer, plan,
+                  poison, started, capsys, [("the SIGKILLs (45 s down)", at, None)])
+    assert live, "the outage should hit turns in flight"
