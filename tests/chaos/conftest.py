@@ -108,10 +108,8 @@ def chaos_fleet(chaos_kafka, chaos_settings):
 
 @pytest.fixture(scope="module")
 async def observer(chaos_fleet, chaos_settings):
-    o = Observer(chaos_settings[0])
-    await o.start()
-    yield o
-    await o.stop()
+    async with Observer(chaos_settings[0]) as o:
+        yield o
 
 
 # -- the cluster scenarios (test_cluster.py): three brokers, replication factor 3, min ISR 2 --------------------------
@@ -139,7 +137,5 @@ def cluster_fleet(cluster, cluster_settings):
 
 @pytest.fixture(scope="module")
 async def cluster_observer(cluster_fleet, cluster_settings):
-    o = Observer(cluster_settings[0])
-    await o.start()
-    yield o
-    await o.stop()
+    async with Observer(cluster_settings[0]) as o:
+        yield o

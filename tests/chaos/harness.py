@@ -171,6 +171,13 @@ class Observer:
                 continue  # poison (on turn.tool_batches) is the fleet's to dead-letter, not ours to read
             self._arrived.set()
 
+    async def __aenter__(self) -> Observer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def stop(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)

@@ -47,23 +47,32 @@ def _live(settings, plan: list[Planned]) -> int:
     return sum(1 for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] != "ended")
 
 
-async def test_the_leader_sigkilled_under_load_and_restarted(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
-    settings, observer, started = cluster_settings[0], cluster_observer, time.monotonic()
-    tag = new_tag("leader")
-    plan = plan_load(tag, await seed_customers(settings, tag, 10), conversations=24, requests=60)
-    poison = poison_sampler(tag, shift=0)
+async def _leader_sigkilled_under_load(cluster, settings, observer: Observer, capsys, tag: str, topic: str, requests: int,
+                                      back_after_s: float | None, shift: int) -> None:
+    """SIGKILL the leader of the topic's partition 0 three seconds into the load, poison meanwhile (kinds paired
+    with topics by `shift`); start it again on its data `back_after_s` later (None: not in this scenario), audit."""
+    started = time.monotonic()
+    plan = plan_load(tag, await seed_customers(settings, tag, 10), conversations=24, requests=requests)
+    poison = poison_sampler(tag, shift)
     load = asyncio.create_task(observer.drive(plan, rate_per_s=5))
     await asyncio.sleep(3)
-    leader = await cluster.leader_of(observer.topic(topics.SUPPORT_REQUESTS), 0)
+    leader = await cluster.leader_of(observer.topic(topic), 0)
     live, at = _live(settings, plan), time.time()
     cluster.node(leader).kill()
-    poisoned = asyncio.create_task(send_poison(observer, poison))
-    await asyncio.sleep(5)  # down past the moment it is missed; the controller fences it after the session timeout (9 s)
-    await asyncio.to_thread(cluster.start, leader)
-    await asyncio.gather(load, poisoned)
-    await _finish(f"leader (node {leader}) SIGKILLed under load, restarted 5 s later", settings, observer, plan, poison, started,
-                  capsys, [("the SIGKILL", at, None)])
+    await send_poison(observer, poison)
+    if back_after_s is not None:
+        await asyncio.sleep(max(0.0, at + back_after_s - time.time()))  # the controller fences it after the session timeout (9 s)
+        await asyncio.to_thread(cluster.start, leader)
+    await load
+    then = f"restarted {back_after_s:.0f} s later" if back_after_s is not None else "down for good"
+    await _finish(f"the leader of {topic}/0 (node {leader}) SIGKILLed under load, {then}", settings, observer, plan, poison,
+                  started, capsys, [("the SIGKILL", at, None)])
     assert live, "the kill should hit turns in flight"
+
+
+async def test_the_leader_sigkilled_under_load_and_restarted(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
+    await _leader_sigkilled_under_load(cluster, cluster_settings[0], cluster_observer, capsys, new_tag("leader"),
+                                       topics.SUPPORT_REQUESTS, requests=60, back_after_s=5, shift=0)
     await cluster.wait_in_sync()
 
 
@@ -92,21 +101,9 @@ async def test_a_rolling_restart_of_every_broker_under_load(cluster, cluster_fle
 
 
 async def test_one_broker_down_for_good(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
-    settings, observer, started = cluster_settings[0], cluster_observer, time.monotonic()
-    tag = new_tag("down")
-    plan = plan_load(tag, await seed_customers(settings, tag, 10), conversations=24, requests=80)
-    poison = poison_sampler(tag, shift=5)
-    load = asyncio.create_task(observer.drive(plan, rate_per_s=5))
-    await asyncio.sleep(3)
-    gone = await cluster.leader_of(observer.topic(topics.TURN_STARTS), 0)
-    live, at = _live(settings, plan), time.time()
-    cluster.node(gone).kill()
-    await send_poison(observer, poison)
-    await load
-    await _finish(f"one broker (node {gone}) SIGKILLed under load, down for good", settings, observer, plan, poison, started,
-                  capsys, [("the SIGKILL", at, None)])
-    assert live, "the kill should hit turns in flight"
-    await asyncio.to_thread(cluster.start, gone)  # for the next scenario
+    await _leader_sigkilled_under_load(cluster, cluster_settings[0], cluster_observer, capsys, new_tag("down"),
+                                       topics.TURN_STARTS, requests=80, back_after_s=None, shift=5)
+    await asyncio.to_thread(cluster.start)  # for the next scenario
     await cluster.wait_in_sync()
 
 
