@@ -397,6 +397,26 @@ def topics_create(
         typer.echo(f"  created {name}")
 
 
+@app.command()
+def acls(
+    principal: Annotated[str, typer.Option(help="each principal, {name} standing for the service (or operator, app)")] = "User:roundtrip-{name}",
+    only: Annotated[Optional[str], typer.Option("--only", help="just this principal's: a service, operator or app")] = None,
+    app_group: Annotated[Optional[str], typer.Option(help="also the user's app, reading replies in this consumer group")] = None,
+    command_config: Annotated[Optional[str], typer.Option(help="the admin client's properties file, passed on to kafka-acls.sh")] = None,
+) -> None:
+    """Print the Kafka ACLs each service's principal needs, and nothing more (derived from the topology), as
+    kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's."""
+    from services.kernel.acls import derive, render
+
+    s = get_settings()
+    derived = derive(s.topic_prefix, principal, app_group)
+    if only is not None:
+        if only not in derived:
+            raise typer.BadParameter(f"no principal {only!r}; known: {', '.join(derived)}", param_hint="--only")
+        derived = {only: derived[only]}
+    typer.echo(render(derived, s.bootstrap_servers, command_config), nl=False)
+
+
 @db_app.command("upgrade")
 def db_upgrade() -> None:
     """Bring the ledger's and the conversations' tables to this code's revision (ROUNDTRIP_LEDGER_DATABASE_URL,

@@ -23,17 +23,8 @@ stay usable in tests).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import os
-import pwd
-import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -41,8 +32,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from services.broker.embedded import EmbeddedKafka, die_with_parent_preexec, free_port
+from services.broker.embedded import EmbeddedKafka
 from services.kernel.admin import create_topics
+from tests.databases import PostgresServer, find_pg_bindir
 from tests.processes import embedded_kafka
 
 # -- markers by folder: `pytest -m "not e2e"` etc. ---------------------------------------------
@@ -110,123 +102,6 @@ async def kafka_topics(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator
 
 # -- PostgreSQL -------------------------------------------------------------------------------
 
-PG_USER = "roundtrip"
-PG_DATABASE = "roundtrip_test"
-
-
-def find_pg_bindir() -> Path | None:
-    """Folder holding initdb and postgres: $ROUNDTRIP_TEST_PG_BINDIR, pg_config, Debian's layout, PATH."""
-    candidates: list[Path] = []
-    if os.environ.get("ROUNDTRIP_TEST_PG_BINDIR"):
-        candidates.append(Path(os.environ["ROUNDTRIP_TEST_PG_BINDIR"]))
-    if shutil.which("pg_config"):
-        with contextlib.suppress(OSError, subprocess.CalledProcessError):
-            out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True)
-            candidates.append(Path(out.stdout.strip()))
-
-    def version_key(p: Path) -> tuple[int, ...]:
-        return tuple(int(x) for x in re.findall(r"\d+", p.parent.name)) or (0,)
-
-    candidates += sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=version_key, reverse=True)
-    if shutil.which("initdb"):
-        candidates.append(Path(shutil.which("initdb")).resolve().parent)  # type: ignore[arg-type]
-    for d in candidates:
-        if (d / "initdb").is_file() and (d / "postgres").is_file():
-            return d
-    return None
-
-
-class _Postgres:
-    """A throwaway PostgreSQL server: initdb into a temp folder, postgres on a free port."""
-
-    def __init__(self, bindir: Path):
-        self.bindir = bindir
-        self.port = free_port()
-        self.root = Path(tempfile.mkdtemp(prefix="roundtrip-pg-"))  # not under pytest's 0700 tmp: see below
-        self.data = self.root / "data"
-        self.sockets = self.root / "sock"
-        self.log = self.root / "postgres.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.run_as: dict[str, object] = {}
-        if os.geteuid() == 0:  # postgres refuses to run as root: run it as the `postgres` user
-            try:
-                user = pwd.getpwnam("postgres")
-            except KeyError:
-                user = pwd.getpwnam("nobody")
-            self.run_as = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-            os.chown(self.root, user.pw_uid, user.pw_gid)
-        self.sockets.mkdir()
-        if self.run_as:
-            os.chown(self.sockets, self.run_as["user"], self.run_as["group"])  # type: ignore[arg-type]
-
-    def _run(self, *cmd: str) -> None:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=self.root, timeout=120, **self.run_as
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
-
-    def start(self) -> str:
-        self._run(
-            str(self.bindir / "initdb"), "-D", str(self.data), "-U", PG_USER, "--auth=trust",
-            "-E", "UTF8", "--no-locale", "--no-sync", "--no-instructions",
-        )  # fmt: skip
-        options = {
-            "listen_addresses": "127.0.0.1",
-            "port": self.port,
-            "unix_socket_directories": str(self.sockets),
-            "fsync": "off",
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
-            "shared_buffers": "32MB",
-            "max_connections": 200,
-            "logging_collector": "off",
-        }
-        cmd = [str(self.bindir / "postgres"), "-D", str(self.data)]
-        for k, v in options.items():
-            cmd += ["-c", f"{k}={v}"]
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.root,
-                start_new_session=True,
-                preexec_fn=die_with_parent_preexec(signal.SIGINT),  # fast shutdown if pytest dies
-                **self.run_as,  # type: ignore[arg-type]
-            )
-        atexit.register(self.stop)
-        self._wait_ready(60)
-        self._run(str(self.bindir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, PG_DATABASE)
-        return f"postgresql+asyncpg://{PG_USER}@127.0.0.1:{self.port}/{PG_DATABASE}"
-
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        isready = self.bindir / "pg_isready"
-        while True:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"postgres exited with code {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            args = [str(isready), "-q", "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, "-d", "postgres"]
-            if subprocess.run(args, stdin=subprocess.DEVNULL).returncode == 0:
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"postgres not ready after {timeout}s:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # "fast" shutdown
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """SQLAlchemy URL of a throwaway PostgreSQL database (a real server, started for the session)."""
@@ -241,7 +116,7 @@ def postgres_url() -> Iterator[str]:
             "ROUNDTRIP_TEST_PG_BINDIR to their folder, or set ROUNDTRIP_TEST_POSTGRES_URL to an existing database.",
             pytrace=False,
         )
-    server = _Postgres(bindir)
+    server = PostgresServer(bindir)
     try:
         url = server.start()
     except Exception as e:

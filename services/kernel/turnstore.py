@@ -134,6 +134,8 @@ class TurnStore:
 
     def __init__(self, engine: Engine | AsyncEngine) -> None:
         self.engine = engine
+        # PostgreSQL: the same pool, its connections in autocommit mode while checked out (single statements)
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT") if isinstance(engine, AsyncEngine) else None
         self._inline: Connection | None = None  # SQLite: the event loop's own connection ...
         self._inline_auto: Connection | None = None  # ... and one in autocommit mode, for single statements
 
@@ -163,11 +165,16 @@ class TurnStore:
     async def _run(self, work: Callable[[Connection], Any], write: bool = False, single: bool = False) -> Any:
         """Run `work(connection)` in a transaction (write) or a plain connection, on either engine.
 
-        `single`: `work` is one statement, so on SQLite it runs in autocommit mode: SQLite commits
+        `single`: `work` is one statement, so it runs in autocommit mode. On SQLite, SQLite commits
         it inside the statement itself, without BEGIN and COMMIT round trips, and the write lock is
         never held between two calls from Python (in a thread that waits for the GIL, that gap
-        held the lock across a GIL hand-off and made the other processes' writes find it locked)."""
+        held the lock across a GIL hand-off and made the other processes' writes find it locked).
+        On PostgreSQL the server commits it as it runs: one round trip instead of three (BEGIN, the
+        statement, COMMIT), on every step's claims and advance (docs/benchmarks.md, issue 23)."""
         if isinstance(self.engine, AsyncEngine):
+            if single:  # one statement: autocommit, one round trip instead of BEGIN, the statement and COMMIT
+                async with self._autocommit.connect() as conn:
+                    return await conn.run_sync(work)
             async with (self.engine.begin() if write else self.engine.connect()) as conn:
                 return await conn.run_sync(work)
         for pause in (*LOCKED_RETRY_S, None):

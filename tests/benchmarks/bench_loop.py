@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -34,12 +35,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from services.broker.embedded import free_port
 from services.fleet import Fleet
+from services.kernel.database import shown
 from services.kernel.runtime import settle_heap
 from services.kernel.settings import Settings
 from tests.benchmarks.fleet_driver import FleetDriver
@@ -54,6 +56,7 @@ from tests.benchmarks.profiling import (
     read_spans,
     response_times,
 )
+from tests.databases import PostgresServer, find_pg_bindir
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "where is my order?"
@@ -145,7 +148,7 @@ def precise_iterations(run: Run, spans: list[dict]) -> None:
 
 
 def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter: float = 0.0,
-                   max_running_turns: int | None = None) -> tuple[Settings, dict[str, str]]:
+                   max_running_turns: int | None = None, database_url: str | None = None) -> tuple[Settings, dict[str, str]]:
     kafka_port = free_port()
     controller_port = free_port()
     while controller_port == kafka_port:
@@ -158,6 +161,8 @@ def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter
     )
     if max_running_turns is not None:
         values["max_running_turns"] = max_running_turns
+    if database_url is not None:  # the production configuration: ledger, fence and conversations on PostgreSQL
+        values |= {"ledger_database_url": database_url, "conversations_database_url": database_url}
     env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
     for k in list(os.environ):  # this run's settings only: nothing from the caller's shell
         if k.startswith("ROUNDTRIP_") and k not in env and k not in ("ROUNDTRIP_KAFKA_CACHE", "ROUNDTRIP_KAFKA_JAVA_OPTS"):
@@ -315,6 +320,7 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
     w(f"roundtrip loop benchmark: {meta['turn']}; simulator latency {meta['latency']:g} ms"
       + (f" ±{meta['jitter'] * 100:g} %" if meta.get("jitter") else "") + f"; {meta['cores']} cores; "
       f"{meta['partitions']} partitions per topic; the fleet runs at most {meta.get('admission', '?')} turns at once (admission)")
+    w(f"database of ledger, fence and conversations: {meta.get('database', 'SQLite (the embedded default)')}")
     w(f"load average before the run: {meta['load']}; CPU of other processes during each run is shown as 'others'")
     w("")
     w(f"{'variant':<11}{'model':>6}{'conc':>5}{'turns':>7}{'turns/s':>9}{'iter p50':>10}{'iter p99':>10}"
@@ -425,10 +431,39 @@ def plot(runs: list[Run], path: Path, latency: float = 0.0) -> str:
     return f"plot written to {path}"
 
 
+@contextlib.contextmanager
+def database(args: argparse.Namespace, say: Callable[[str], None]) -> Iterator[str | None]:
+    """The URL the fleet's stores use: None (SQLite in the state folder, the embedded default), the one given, or a
+    throwaway PostgreSQL server with its durable defaults (fsync and synchronous commit on, as in production)."""
+    if args.database == "sqlite":
+        yield None
+        return
+    if args.database_url:
+        yield args.database_url
+        return
+    bindir = find_pg_bindir()
+    if bindir is None:
+        raise SystemExit("--database postgres: no PostgreSQL server binaries (initdb, postgres) found; install them "
+                         "(Debian: apt-get install postgresql) or pass --database-url")
+    server = PostgresServer(bindir, durable=True)
+    try:
+        url = server.start()
+        say(f"PostgreSQL {bindir.parent.name} on port {server.port} (durable defaults)")
+        yield url
+    finally:
+        server.stop()
+
+
 def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say: Callable[[str], None]) -> list[Run]:
-    """Start the fleet in `state`, measure, stop it (whatever happens), print the report."""
+    """Start the fleet in `state` (and its database), measure, stop them (whatever happens), print the report."""
+    with database(args, say) as url:
+        return _run_all(state, args, load, say, url)
+
+
+def _run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say: Callable[[str], None],
+             database_url: str | None) -> list[Run]:
     settings, env = bench_settings(state, args.partitions, args.simulator_latency_ms, args.simulator_latency_jitter,
-                                   args.max_running_turns)
+                                   args.max_running_turns, database_url)
     say(f"starting the fleet in {state} (embedded Kafka, simulator, shop, 5 services)")
     started = time.perf_counter()
     fleet = Fleet(settings, env=env, say=say)
@@ -447,7 +482,8 @@ def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say:
                 for r in runs if r.variant == "fleet"}
     meta = {"turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn',
             "latency": args.simulator_latency_ms, "jitter": args.simulator_latency_jitter, "cores": os.cpu_count(),
-            "partitions": args.partitions, "admission": settings.max_running_turns, "load": " ".join(f"{x:.2f}" for x in load)}
+            "partitions": args.partitions, "admission": settings.max_running_turns,
+            "database": "SQLite (the embedded default)" if database_url is None else f"PostgreSQL ({shown(database_url)})", "load": " ".join(f"{x:.2f}" for x in load)}
     text = report(runs, profiles, meta)
     say("")
     say(text)
@@ -491,6 +527,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="latency the simulator adds to each model call (default 0; realistic 1000)")
     parser.add_argument("--simulator-latency-jitter", type=float, default=None,
                         help="spread of that latency, 0.3 = ±30 %% (default 0; realistic 0.3)")
+    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite",
+                        help="where ledger, fence and conversations live: sqlite (the embedded default) or postgres (the "
+                             "production configuration: a throwaway PostgreSQL server with durable defaults, or --database-url)")
+    parser.add_argument("--database-url", help="with --database postgres: this database (postgresql+asyncpg://...) instead")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks-loop.png", help="where the plot goes")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")

@@ -1,0 +1,74 @@
+"""`roundtrip acls`: each service's principal gets what the topology says it reads and writes, and nothing more."""
+
+from __future__ import annotations
+
+import shlex
+
+from services.kernel import acls, topics, topology
+
+
+def _allowed(derived: list[acls.Acl], kind: str, name: str, operation: str) -> bool:
+    return any(a.kind == kind and (name.startswith(a.name) if a.prefixed else a.name == name) and operation in a.operations
+               for a in derived)
+
+
+def test_the_executor_reads_only_its_batches_and_writes_only_its_outputs() -> None:
+    executor = acls.derive()["executor"]
+    assert _allowed(executor, "topic", topics.TOOL_BATCHES, "Read")
+    assert _allowed(executor, "group", "roundtrip-executor", "Read")
+    for written in (topics.MODEL_CALLS, topics.APPROVAL_REQUESTS, topics.DEAD_LETTERS):
+        assert _allowed(executor, "topic", written, "Write")
+    assert not _allowed(executor, "topic", topics.TOOL_BATCHES, "Write")  # it cannot forge its own work
+    assert not _allowed(executor, "topic", topics.SUPPORT_REQUESTS, "Read")  # nor read the customers' requests
+    assert not _allowed(executor, "topic", topics.SUPPORT_REPLIES, "Read")
+    assert not any(a.kind == "transactional-id" for a in executor)
+
+
+def test_every_declared_input_and_output_is_granted_to_its_service_only() -> None:
+    derived = acls.derive(prefix="acme.")
+    for service in topology.SERVICES:
+        mine = derived[service.name]
+        assert {a.principal for a in mine} == {f"User:roundtrip-{service.name}"}
+        for i in service.inputs:
+            assert _allowed(mine, "topic", "acme." + i.topic, "Read") and _allowed(mine, "group", i.group(service.name), "Read")
+        for t in service.outputs:
+            assert _allowed(mine, "topic", "acme." + t, "Write")
+        read = {a.name for a in mine if a.kind == "topic" and "Read" in a.operations}
+        expected = {"acme." + i.topic for i in service.inputs} | ({"acme." + topics.SUPPORT_REPLIES} if service.name == "gateway" else set())
+        assert read == expected
+        written = {a.name for a in mine if a.kind == "topic" and "Write" in a.operations}
+        assert written == {"acme." + t for t in (*service.outputs, topics.DEAD_LETTERS)}
+
+
+def test_the_gateway_owns_its_transactional_ids_by_prefix() -> None:
+    gateway = acls.derive()["gateway"]
+    assert _allowed(gateway, "transactional-id", "roundtrip-gateway-support.replies-pod-0", "Write")
+
+
+def test_the_app_and_operator_principals() -> None:
+    derived = acls.derive(app_group="my-app", principal="User:{name}")
+    app = derived["app"]
+    assert _allowed(app, "topic", topics.SUPPORT_REQUESTS, "Write") and _allowed(app, "topic", topics.SUPPORT_REPLIES, "Read")
+    assert _allowed(app, "group", "my-app", "Read") and not _allowed(app, "topic", topics.TOOL_BATCHES, "Read")
+    assert {a.principal for a in app} == {"User:app"}
+    operator = derived["operator"]
+    assert _allowed(operator, "topic", topics.APPROVAL_DECISIONS, "Write") and _allowed(operator, "group", "roundtrip-guard", "Describe")
+
+
+def test_render_prints_one_kafka_acls_command_per_resource() -> None:
+    text = acls.render({"executor": acls.derive()["executor"]}, "b1:9093,b2:9093", "admin.properties")
+    lines = text.splitlines()
+    assert lines[0] == "# executor: User:roundtrip-executor"
+    for line in lines[1:]:
+        argv = shlex.split(line)
+        assert argv[:5] == ["kafka-acls.sh", "--bootstrap-server", "b1:9093,b2:9093", "--command-config", "admin.properties"]
+        assert "--add" in argv and argv[argv.index("--allow-principal") + 1] == "User:roundtrip-executor"
+    assert len(lines) - 1 == len({(a.kind, a.name) for a in acls.derive()["executor"]})
+
+
+def test_the_deploy_readme_shows_what_roundtrip_acls_prints() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "deploy" / "README.md").read_text()
+    printed = acls.render({"executor": acls.derive()["executor"]}, "kafka-1:9093", "admin.properties")
+    assert "$ roundtrip acls --command-config admin.properties --only executor\n" + printed in readme
