@@ -95,7 +95,7 @@ async def test_a_rolling_restart_of_every_broker_under_load(cluster, cluster_fle
             stops.append((f"node {node.node_id}'s restart", at, time.time()))
 
     faults = asyncio.create_task(roll())
-    sent = await drive_while(observer, plan, 3, faults)
+    sent = await drive_while(observer, plan, 2, faults)  # 2 a second: the load lasts as long as the restarts do
     await faults
     await _finish("rolling restart of the three brokers under load", settings, observer, sent, poison, started, capsys, stops)
 
