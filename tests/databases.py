@@ -4,7 +4,9 @@ any service starts."""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import os
 import pwd
@@ -14,6 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from services.broker.embedded import die_with_parent_preexec, free_port
@@ -135,6 +138,27 @@ class PostgresServer:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def new_database(server_url: str) -> str:
+    """The URL of a new, empty database on the PostgreSQL server of `server_url` (from synchronous code: a fixture)."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    name = f"t_{uuid.uuid4().hex[:12]}"
+
+    async def create() -> None:
+        admin = create_async_engine(server_url, isolation_level="AUTOCOMMIT")
+        try:
+            async with admin.connect() as conn:
+                await conn.execute(text(f"CREATE DATABASE {name}"))
+        finally:
+            await admin.dispose()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its own event loop, whatever runs on the caller's
+        pool.submit(asyncio.run, create()).result(60)
+    return make_url(server_url).set(database=name).render_as_string(hide_password=False)
 
 
 async def migrated(url: str) -> str:

@@ -30,7 +30,8 @@ def build(settings: Settings) -> FastStream:
     broker = make_broker("executor", settings)
     agent = current_agent(settings.agent)
     deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
-    runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes)
+    runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes,
+                    fallback=agent.mcp.handler)
     signer = Signer(parse_keys(settings.approval_keys))
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
@@ -68,6 +69,7 @@ def build(settings: Settings) -> FastStream:
 
     app = service_app(broker, log)
     app.on_startup(lambda: settings.refuse_dev_approval_key("executor"))  # outside development, never the published key
+    app.on_startup(agent.mcp.start)  # lists the agent's MCP servers (in the background while one is down)
 
     @app.on_startup
     async def open_fence() -> None:
@@ -75,6 +77,7 @@ def build(settings: Settings) -> FastStream:
 
     @app.after_shutdown
     async def close() -> None:
+        await agent.mcp.aclose()
         await deps.aclose()
         if "fence" in state:
             await state["fence"].close()

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -24,7 +25,7 @@ from services.kernel.events import CheckedCall, Turn
 from services.kernel.limits import cap_text
 from services.kernel.telemetry import mark_error, tracer
 from services.tools.context import Dependencies, ToolContext, ToolError
-from services.tools.registry import Registry
+from services.tools.registry import Handler, Registry
 
 log = logging.getLogger("roundtrip.executor")
 
@@ -37,8 +38,10 @@ def tool_result(call_id: str, content: str, is_error: bool = False) -> dict[str,
 
 
 class Runner:
-    def __init__(self, registry: Registry, deps: Dependencies, timeout_s: float, parallel: bool, max_result_bytes: int = 65536) -> None:
+    def __init__(self, registry: Registry, deps: Dependencies, timeout_s: float, parallel: bool, max_result_bytes: int = 65536,
+                 fallback: Callable[[str], Handler] | None = None) -> None:
         self.registry, self.deps, self.timeout_s, self.parallel = registry, deps, timeout_s, parallel
+        self.fallback = fallback  # the handler of a tool not (yet) in the registry: an MCP tool (services/tools/mcp.py)
         self.max_result_bytes = max_result_bytes  # a larger result is cut with a marker (services/kernel/limits.py)
 
     async def run_one(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
@@ -63,7 +66,9 @@ class Runner:
                 deps=self.deps,
             )
             try:
-                result = await asyncio.wait_for(self.registry.handler(call.name)(call.input, ctx), self.timeout_s)
+                known = self.fallback is None or call.name in self.registry
+                handler = self.registry.handler(call.name) if known else self.fallback(call.name)
+                result = await asyncio.wait_for(handler(call.input, ctx), self.timeout_s)
                 text = json.dumps(result, ensure_ascii=False, default=str)
                 if len(text) > self.max_result_bytes // 4:  # only a long text can be over the limit in bytes
                     text = cap_text(text, self.max_result_bytes, "result")

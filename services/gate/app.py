@@ -32,6 +32,7 @@ def build(settings: Settings) -> FastStream:
 
     gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), deps=deps,
                 batch_ttl_s=settings.stuck_after_s, agent_settings=agent.own_settings, messages=agent.message,
+                unavailable=agent.mcp.unavailable,
                 decisions=DecisionSigner(parse_keys(settings.decision_keys)), approval_timeout_s=settings.approval_timeout_s)
 
     @subscribe(broker, topics.TOOL_CALLS, "gate", settings)
@@ -45,5 +46,7 @@ def build(settings: Settings) -> FastStream:
     app = service_app(broker, log)
     app.on_startup(lambda: settings.refuse_dev_approval_key("gate"))  # outside development, never the published key
     app.on_startup(lambda: settings.refuse_dev_decision_key("gate", agent.holds_calls()))
+    app.on_startup(agent.mcp.start)  # lists the agent's MCP servers (in the background while one is down)
+    app.after_shutdown(agent.mcp.aclose)
     app.after_shutdown(deps.aclose)
     return app

@@ -50,10 +50,11 @@ class Gate:
     messages: Callable[[str], str] = GATE_MESSAGES.__getitem__  # the agent's wording of the gate's generic errors
     decisions: DecisionSigner | None = None  # verifies people's decisions (None: no decision is ever accepted)
     approval_timeout_s: float = 900.0  # how long a held call waits for a person
+    unavailable: Callable[[str], str | None] = lambda name: None  # why a known tool cannot be called now (an MCP server down)
     ownership: OwnershipCache | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.validators = {name: InputValidator(spec.input_schema) for name, spec in self.registry.specs.items()}
+        self.validators = {name: InputValidator(spec.input_schema) for name, spec in self.registry.specs.items()}  # + MCP ones, when mounted
         self.ownership = OwnershipCache(self.ownership_ttl_s) if self.ownership_ttl_s > 0 else None
 
     # -- one call ------------------------------------------------------------------------------
@@ -89,11 +90,15 @@ class Gate:
             return reject(blocked, "blocked_repeat")
         name = call.name if isinstance(call.name, str) else str(call.name)
         spec = self.registry.get(name)
+        if spec is None and (why := self.unavailable(name)):
+            return reject(why, "tool_unavailable")
         if spec is None:
             known = ", ".join(sorted(self.registry.specs))
             close = difflib.get_close_matches(name.strip().lower()[:80], list(self.registry.specs), n=1, cutoff=0.75)
             hint = f" Did you mean {close[0]}?" if close else ""
             return reject(f"Unknown tool {name[:80]!r}.{hint} Available tools: {known}.", "unknown_tool")
+        if name not in self.validators:
+            self.validators[name] = InputValidator(spec.input_schema)
         problems = self.validators[name].problems(call.input)
         if problems:
             return reject(f"Invalid input for {name}: " + "; ".join(problems) + ". Fix these fields and call again.", "invalid_input")

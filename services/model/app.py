@@ -22,7 +22,8 @@ def build(settings: Settings) -> FastStream:
     broker = make_broker("model", settings)
     responded = Outlet(broker, topics.ITERATIONS, ModelResponded)
     agent = current_agent(settings.agent)
-    client = ModelClient(settings, agent.registry.api_tools(cache=True), agent.system_prompt, agent.model_for(settings))
+    # the agent's tools, MCP ones included as their servers are listed (a list kept current in place)
+    client = ModelClient(settings, agent.mcp.api_tools, agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
 
     state: dict[str, Fence] = {}
@@ -39,6 +40,7 @@ def build(settings: Settings) -> FastStream:
         await responded(event, command.turn.conversation_id)
 
     app = service_app(broker, log)
+    app.on_startup(agent.mcp.start)
 
     @app.on_startup
     async def open_fence() -> None:
@@ -46,6 +48,7 @@ def build(settings: Settings) -> FastStream:
 
     @app.after_shutdown
     async def close() -> None:
+        await agent.mcp.aclose()
         await client.aclose()
         if "fence" in state:
             await state["fence"].close()

@@ -5,7 +5,9 @@ included), the handlers, policies, entity resolvers, approval rules and serial d
 tool name, its own settings (a zero-argument factory, e.g. a pydantic-settings class, read once), the clients it
 needs (`dependencies`: name -> `factory(fleet_settings, own_settings)`, opened once per process, closed at
 shutdown, handed to handlers, resolvers and policies as `ctx.deps`), and the customer-facing texts of the
-guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`).
+guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`), and the MCP servers
+whose tools it mounts (`mcp_servers`: services/tools/mcp.py; their policies, approval rules and serial declarations
+are in the same mappings, by tool name).
 
 `load_agent(spec)` finds it: `package.module:attribute` (an Agent, or a zero-argument factory returning one), a
 name in the entry-point group `roundtrip.agents`, or, unset, the demo shop's support agent. Anything that does
@@ -22,7 +24,7 @@ import hashlib
 import importlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from importlib.metadata import entry_points
@@ -34,6 +36,7 @@ from pydantic import ValidationError
 from services.kernel.events import Outcome
 from services.kernel.settings import ConfigurationError, describe_invalid
 from services.tools.context import Dependencies
+from services.tools.mcp import McpMount, McpServer, McpTools
 from services.tools.registry import ApprovalRule, EntityResolver, Handler, Policy, Registry, RegistryError, load_registry
 
 DEFAULT_AGENT = "services.shop.agent:AGENT"  # the demo agent, when ROUNDTRIP_AGENT is unset
@@ -85,14 +88,22 @@ class Agent:
     replies: Mapping[str, str] = field(default_factory=dict)  # Outcome value -> what the customer reads
     messages: Mapping[str, str] = field(default_factory=dict)  # GATE_MESSAGES key -> what the model reads
     model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
+    mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/tools/mcp.py)
 
     @cached_property
     def registry(self) -> Registry:
         try:
             return load_registry(Path(self.tools_dir), handlers=self.handlers, policies=self.policies,
-                                 entity_resolvers=self.entities, approvals=self.approvals, serial=self.serial)
+                                 entity_resolvers=self.entities, approvals=self.approvals, serial=self.serial,
+                                 mounted={name for server in self.mcp_servers for name in server.declared()})
         except RegistryError as exc:
             raise AgentError(f"agent {self.name}: {exc}") from None
+
+    @cached_property
+    def mcp(self) -> McpTools:
+        """The agent's MCP servers in this process (`await agent.mcp.start()` lists them, `aclose()` stops that)."""
+        mounts = [McpMount(server, server.url_for(self.own_settings) or "") for server in self.mcp_servers]
+        return McpTools(mounts, self.registry)
 
     @cached_property
     def own_settings(self) -> Any:
@@ -106,7 +117,10 @@ class Agent:
     @cached_property
     def digest(self) -> str:
         """sha256 (first 16 hex digits) of the system prompt and the tools as the model sees them."""
-        seen = {"system": self.system_prompt, "tools": self.registry.api_tools(cache=False)}
+        local = [tool for tool in self.registry.api_tools(cache=False) if tool["name"] in self.registry.local]
+        seen: dict[str, Any] = {"system": self.system_prompt, "tools": local}
+        if self.mcp_servers:  # what it mounts, not what the servers list (that is known only at run time)
+            seen["mcp"] = [[s.name, sorted(s.tools or []), {t: dict(a) for t, a in s.entities.items()}] for s in self.mcp_servers]
         return hashlib.sha256(json.dumps(seen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
     def model_for(self, settings: Any) -> str:
@@ -150,7 +164,26 @@ class Agent:
             raise AgentError(f"{where}: dependencies {bad} need an identifier as name and a factory as value")
         self.registry  # noqa: B018 - builds and checks the tools
         self.own_settings  # noqa: B018 - reads and checks the agent's own settings
+        self._check_mcp(where)
         return self
+
+    def _check_mcp(self, where: str) -> None:
+        problems = [p for server in self.mcp_servers for p in server.problems(self.entities)]
+        names = [server.name for server in self.mcp_servers]
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"MCP servers declared twice: {twice}")
+        declared = [tool for server in self.mcp_servers for tool in server.declared()]
+        if taken := sorted({t for t in declared if declared.count(t) > 1 or t in self.registry.specs}):
+            problems.append(f"MCP tools declared by two servers or named like a local tool: {taken}")
+        for server in [] if problems else self.mcp_servers:
+            try:
+                url = server.url_for(self.own_settings)
+            except Exception as exc:  # noqa: BLE001 - the author's function failed: one line
+                raise AgentError(f"{where}: the URL of MCP server {server.name} could not be read: {type(exc).__name__}: {exc}") from None
+            if not url:
+                problems.append(f"MCP server {server.name} has no URL: set {server.env_var} (or give McpServer a url)")
+        if problems:
+            raise AgentError(f"{where}: " + "; ".join(problems))
 
 
 def _resolve(spec: str) -> Any:

@@ -137,27 +137,37 @@ class Registry:
         entity_resolvers: Mapping[str, EntityResolver] | None = None,
         approvals: Mapping[str, ApprovalRule] | None = None,
         serial: frozenset[str] | set[str] | None = None,
+        mounted: frozenset[str] | set[str] | None = None,
     ) -> None:
         self.specs: dict[str, ToolSpec] = dict(specs)
+        self.mounted = frozenset(mounted or ())  # tools an MCP server brings later (services/tools/mcp.py): bindings may name them
+        self.local = frozenset(self.specs)  # the agent's own tools (not mounted ones)
         self._handlers = dict(handlers)
         self._policies = dict(policies or {})
         self._resolvers = dict(entity_resolvers or {})
         self._approvals = dict(approvals or {})
         self.serial = frozenset(serial or ())
         problems = []
-        if stray := sorted((set(self._approvals) | self.serial) - set(self.specs)):
+        if stray := sorted((set(self._approvals) | self.serial) - set(self.specs) - self.mounted):
             problems.append(f"approval rules or serial declarations for unknown tools: {stray}")
         if missing := sorted(set(self.specs) - set(self._handlers)):
             problems.append(f"schemas without a handler: {missing}")
         if orphans := sorted(set(self._handlers) - set(self.specs)):
             problems.append(f"handlers without a schema: {orphans}")
-        if stray := sorted(set(self._policies) - set(self.specs)):
+        if stray := sorted(set(self._policies) - set(self.specs) - self.mounted):
             problems.append(f"policies for unknown tools: {stray}")
         kinds = {kind for spec in self.specs.values() for kind in spec.entity_refs.values()}
         if unbound := sorted(kinds - set(self._resolvers)):
             problems.append(f"x-entity kinds without a resolver: {unbound}")
         if problems:
             raise RegistryError("tool registry does not fit together: " + "; ".join(problems))
+
+    def mount(self, spec: ToolSpec, handler: Handler) -> None:
+        """Add a tool listed at run time by an MCP server (RegistryError when its name is taken)."""
+        if spec.name in self.specs:
+            raise RegistryError(f"tool {spec.name} is already declared")
+        self.specs[spec.name] = spec
+        self._handlers[spec.name] = handler
 
     def __contains__(self, name: object) -> bool:
         return name in self.specs
@@ -235,6 +245,7 @@ def load_registry(
     entity_resolvers: Mapping[str, EntityResolver] | None = None,
     approvals: Mapping[str, ApprovalRule] | None = None,
     serial: frozenset[str] | set[str] | None = None,
+    mounted: frozenset[str] | set[str] | None = None,
 ) -> Registry:
     """Load `schemas_dir`/*.json and bind them to the given handlers, policies, resolvers and rules."""
-    return Registry(load_specs(Path(schemas_dir)), handlers, policies, entity_resolvers, approvals, serial)
+    return Registry(load_specs(Path(schemas_dir)), handlers, policies, entity_resolvers, approvals, serial, mounted)

@@ -19,6 +19,7 @@ from services.broker.embedded import EmbeddedKafka, free_port
 from services.fleet import Fleet
 from services.kernel.settings import Settings
 from tests.chaos.harness import Observer
+from tests.databases import new_database
 from tests.processes import embedded_cluster, embedded_kafka
 
 
@@ -74,6 +75,14 @@ def chaos_kafka(tmp_path_factory):
         yield kafka
 
 
+@pytest.fixture(scope="session", params=["sqlite"])
+def chaos_database(request) -> str:
+    """Where the fleet keeps ledger, fence and conversations: sqlite (the embedded default) or postgres (what the
+    shipped deployments run); a scenario runs on both with
+    `@pytest.mark.parametrize("chaos_database", ["sqlite", "postgres"], indirect=True)`."""
+    return request.param
+
+
 def fleet_values(bootstrap: str, state, **more) -> dict:
     """Settings of the suite's fleets: a stuck turn costs seconds, the simulator answers like a (fast) real model."""
     return dict(
@@ -94,8 +103,11 @@ def fleet_values(bootstrap: str, state, **more) -> dict:
 
 
 @pytest.fixture(scope="module")
-def chaos_settings(chaos_kafka, tmp_path_factory) -> tuple[Settings, dict[str, str]]:
-    values = fleet_values(chaos_kafka.bootstrap, tmp_path_factory.mktemp("chaos-fleet"))
+def chaos_settings(chaos_kafka, chaos_database, tmp_path_factory, request) -> tuple[Settings, dict[str, str]]:
+    values = fleet_values(chaos_kafka.bootstrap, tmp_path_factory.mktemp(f"chaos-fleet-{chaos_database}"))
+    if chaos_database == "postgres":  # a database of its own on the session's PostgreSQL server
+        url = new_database(request.getfixturevalue("postgres_url"))
+        values |= {"ledger_database_url": url, "conversations_database_url": url}
     return Settings(**values), _env(**values)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import itertools
 import json
 import sqlite3
@@ -28,7 +29,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from services.gateway.handlers import turn_id_for
 from services.kernel import topics
@@ -377,15 +379,30 @@ class Audit:
         return out
 
 
+LEDGER_COLUMNS = "turn_id, request_id, status, step, ended_at, outcome"
+
+
 def ledger_rows(settings: Settings) -> dict[str, dict]:
-    """turn id -> row of the guard's ledger (read-only)."""
-    path = settings.state_dir / "ledger.db"
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-    conn.row_factory = sqlite3.Row
-    try:
-        return {r["turn_id"]: dict(r) for r in conn.execute("SELECT turn_id, request_id, status, step, ended_at, outcome FROM turns")}
-    finally:
-        conn.close()
+    """turn id -> row of the guard's ledger (read-only), on the fleet's database: SQLite or PostgreSQL."""
+    if settings.ledger_database_url is None:  # the SQLite file in the state folder: read directly, at once
+        conn = sqlite3.connect(f"file:{settings.state_dir / 'ledger.db'}?mode=ro", uri=True, timeout=30)
+        conn.row_factory = sqlite3.Row
+        try:
+            return {r["turn_id"]: dict(r) for r in conn.execute(f"SELECT {LEDGER_COLUMNS} FROM turns")}
+        finally:
+            conn.close()
+
+    async def read() -> dict[str, dict]:  # PostgreSQL: asyncpg, in a thread of its own (callers are on the test's loop)
+        engine = create_async_engine(settings.ledger_database_url)
+        try:
+            async with engine.connect() as conn:
+                rows = (await conn.execute(text(f"SELECT {LEDGER_COLUMNS} FROM turns"))).mappings().all()
+        finally:
+            await engine.dispose()
+        return {r["turn_id"]: dict(r) for r in rows}
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, read()).result(60)
 
 
 async def side_effects(settings: Settings) -> list[dict]:

@@ -22,11 +22,22 @@ import pytest
 from services.kernel import topics
 from services.kernel.events import CancelTurn, Outcome, SupportRequest
 from tests.chaos.harness import (
-    CONSUMED, Planned, audit, ledger_rows, new_tag, plan_load, poison_messages, report, seed_customers, send_poison, side_effects,
+    CONSUMED,
+    Planned,
+    audit,
+    ledger_rows,
+    new_tag,
+    plan_load,
+    poison_messages,
+    report,
+    seed_customers,
+    send_poison,
+    side_effects,
 )
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
+ON_BOTH_DATABASES = pytest.mark.parametrize("chaos_database", ["sqlite", "postgres"], indirect=True)  # issue 23
 REPLY_TIMEOUT_S = 120  # a lost step is ended by the stuck rule within ~25 s (15 s + 5 s grace + sweeps)
 
 
@@ -48,6 +59,7 @@ async def test_poison_of_every_kind_on_every_topic_is_dead_lettered_intact_while
     report(await audit("poison on every topic", settings, observer, plan, started, poison), capsys)
 
 
+@ON_BOTH_DATABASES
 async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, observer, capsys):
     settings = chaos_settings[0]
     started = time.monotonic()
@@ -70,6 +82,7 @@ async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, obs
     assert all(live_at_kill.values()), f"every kill should hit turns in flight: {live_at_kill}"
 
 
+@ON_BOTH_DATABASES
 async def test_broker_sigkilled_mid_load_and_restarted_on_its_data(chaos_fleet, chaos_settings, observer, capsys):
     settings = chaos_settings[0]
     started = time.monotonic()

@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Callable
 
 from ..transcript import Transcript
-from . import careful, careless, oddities, oversized, parallel, runaway, sloppy
+from . import careful, careless, direct, oddities, oversized, parallel, runaway, sloppy
 from ._common import Reply
 
 Persona = Callable[[Transcript], Reply]
@@ -27,6 +27,7 @@ PERSONAS: dict[str, Persona] = {
     "terse": oddities.terse,
     "bloated": oversized.bloated,
     "deep": oversized.deep,
+    "direct": direct.decide,  # the customer's words are the call: any agent's tools
 }
 MIX = ("careful", "careless", "stubborn", "sloppy", "parallel")
 NAMES = (*PERSONAS, "mix")
