@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from services.agent_cli import agent_app
 from services.cli_help import flags_without_type, reflow_help
 from services.kernel import topology
 from services.kernel.settings import get_settings
@@ -35,6 +36,7 @@ approvals_app = typer.Typer(help="Calls waiting for a person's approval: list th
 app.add_typer(approvals_app, name="approvals")
 db_app = typer.Typer(help="The fleet's own tables (turns, approvals, conversations): their migrations.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(agent_app, name="agent")  # check | init: services/agent_cli.py
 
 FLEET_SERVICES = topology.names()
 ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
@@ -58,7 +60,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         sys.argv = [f"roundtrip run {service}"]  # its own argument parser reads settings, not our argv
         runpy.run_module(f"services.{service}", run_name="__main__")
         return
-    from services.kernel import health
+    from services.kernel import agent_digest, health
     from services.kernel.runtime import announce_ready, settle_heap
     from services.kernel.settings import ConfigurationError, InsecureConfiguration
     from services.kernel.telemetry import setup_telemetry
@@ -67,6 +69,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
 
     try:
         agent = current_agent(settings.agent)  # the agent every service runs: found and checked once, here
+        agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
         if service in ("gate", "executor"):  # they hold the approval keys (the app checks again when it starts)
             settings.refuse_dev_approval_key(service)
         if service in ("gate", "guard"):  # they accept people's decisions (the app checks again when it starts)

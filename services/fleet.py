@@ -2,7 +2,8 @@
 
 Order: the fleet's databases brought to this code's revision (`roundtrip db upgrade`), the
 embedded broker (unless bootstrap servers are configured), the topics, the simulator (unless an
-API key is set), the shop, then the five services. Each child's
+API key is set), the demo shop (when the agent is the demo shop's and names no shop URL of its own:
+`demo_shop()`), then the five services. Each child's
 output goes to state_dir/logs/<name>.log. Ports are checked before anything starts.
 
 A service is ready when it says so: each is started with the write end of a pipe
@@ -31,11 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from pydantic import ValidationError
 
 from services.broker.embedded import die_with_parent_preexec
 from services.kernel import topology
 from services.kernel.runtime import READY_FD_ENV
-from services.kernel.settings import Settings
+from services.kernel.settings import Settings, describe_invalid
+from services.shop.agent.settings import ShopAgentSettings
+from services.tools.agent import AgentError, current_agent
 from services.supervision import (  # FleetError: what `roundtrip up` prints, from here as ever
     Child, FleetError, RestartPolicy, claim_folder, describe_exit, release_folder, signal_wakeup,
 )
@@ -51,6 +55,23 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
+def demo_shop(settings: Settings, env: dict[str, str]) -> ShopAgentSettings | None:
+    """The demo shop's settings as the fleet's children read them (`env` over this process's), when the agent the
+    fleet runs is the demo shop's (its settings are ShopAgentSettings) and names no shop URL: the fleet runs the shop."""
+    try:
+        agent = current_agent(settings.agent)
+    except AgentError as exc:
+        raise FleetError(str(exc)) from None
+    if not (isinstance(agent.settings, type) and issubclass(agent.settings, ShopAgentSettings)):
+        return None
+    prefix = "ROUNDTRIP_"
+    try:
+        shop = agent.settings(**{k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(f"{prefix}SHOP_")})
+    except ValidationError as exc:
+        raise FleetError(f"the demo shop's settings: {describe_invalid(exc)}") from None
+    return None if shop.shop_url else shop
+
+
 @dataclass
 class Fleet:
     settings: Settings
@@ -62,6 +83,7 @@ class Fleet:
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     _kafka: Child | None = field(default=None, init=False, repr=False)  # the embedded broker's process, as supervise() sees it
     _claimed: Path | None = field(default=None, init=False, repr=False)  # our RUNNING_FILE in the state folder
+    _shop: ShopAgentSettings | None = field(default=None, init=False, repr=False)  # the demo shop this fleet runs
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -72,6 +94,7 @@ class Fleet:
         if s.ledger_database_url is None:  # the children share this folder, so its SQLite file is the fleet's one ledger
             self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
         try:  # whatever fails, stop() undoes what started and releases the folder
+            self._shop = demo_shop(self.settings, self.env)
             self._check_ports()
             self._upgrade_databases()
             if s.embedded_broker:
@@ -80,9 +103,9 @@ class Fleet:
             if s.use_simulator and not s.anthropic_base_url:
                 self._spawn("simulator", [sys.executable, "-m", "services.cli", "run", "simulator"], f"http://127.0.0.1:{s.simulator_port}")
                 self._wait_http(f"http://127.0.0.1:{s.simulator_port}/health", "simulator")
-            if not s.shop_url:
-                self._spawn("shop", [sys.executable, "-m", "services.cli", "run", "shop"], s.shop_base_url)
-                self._wait_http(f"{s.shop_base_url}/health", "shop")
+            if self._shop is not None:
+                self._spawn("shop", [sys.executable, "-m", "services.cli", "run", "shop"], self._shop.shop_base_url)
+                self._wait_http(f"{self._shop.shop_base_url}/health", "shop")
             for name in topology.names():
                 for replica in range(self.executor_replicas if name == "executor" else 1):
                     label = name if replica == 0 else f"{name}-{replica + 1}"
@@ -228,8 +251,8 @@ class Fleet:
             wanted += [("embedded Kafka", s.kafka_port, "ROUNDTRIP_KAFKA_PORT"), ("Kafka controller", s.kafka_controller_port, "ROUNDTRIP_KAFKA_CONTROLLER_PORT")]
         if s.use_simulator and not s.anthropic_base_url:
             wanted.append(("simulator", s.simulator_port, "ROUNDTRIP_SIMULATOR_PORT"))
-        if not s.shop_url:
-            wanted.append(("shop", s.shop_port, "ROUNDTRIP_SHOP_PORT"))
+        if self._shop is not None:
+            wanted.append(("shop", self._shop.shop_port, "ROUNDTRIP_SHOP_PORT"))
         taken = [f"port {port} ({what}) is already in use; stop what holds it or set {var}" for what, port, var in wanted if not port_is_free(port)]
         if taken:
             raise FleetError("cannot start the fleet: " + "; ".join(taken))

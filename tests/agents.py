@@ -1,11 +1,17 @@
-"""The demo shop's agent for the tests, and its registry with some bindings replaced."""
+"""The demo shop's agent for the tests, its registry with some bindings replaced, the `shop` fixture, and the settings
+of a fleet that runs it (the fleet's and the shop agent's own: where the demo shop listens and keeps its data)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from services.kernel.settings import Settings
 from services.shop.agent import AGENT as SHOP
+from services.shop.agent.client import ShopClient
+from services.shop.agent.settings import ShopAgentSettings
 from services.tools.context import Dependencies
 from services.tools.registry import Registry, load_registry
 
@@ -30,3 +36,22 @@ def shop_model_client(settings: Any, tools: list[dict[str, Any]] | None = None) 
 
     return ModelClient(settings, SHOP.registry.api_tools(cache=True) if tools is None else tools, SHOP.system_prompt,
                        SHOP.model_for(settings))
+
+
+@pytest.fixture
+async def shop(tmp_path):
+    """A client of the demo shop app, in-process on SQLite (import this fixture into a test module)."""
+    from services.shop.app import in_process
+
+    async with in_process(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}") as transport:
+        client = ShopClient("http://shop", timeout=5, transport=transport)
+        yield client
+        await client.aclose()
+
+
+class ShopFleetSettings(Settings, ShopAgentSettings):
+    """The settings of a test's fleet of the demo shop agent: the fleet's, and the shop agent's own (ROUNDTRIP_SHOP_*)."""
+
+    @property
+    def shop_db_url(self) -> str:  # type: ignore[override] - the shop agent's URL in this fleet's state_dir
+        return ShopAgentSettings.shop_db_url(self, self.state_dir)

@@ -1,5 +1,6 @@
 """Executor handler: verify the gate's signature, claim the step in the turn's fence, run the batch,
-produce the next model call.
+produce the next model call. The side effects that succeeded are recorded in the fence (the turn's
+row) before that call goes out, so an end from outside the loop can say what was done.
 
 Order matters: the signature is checked first (a forged batch is refused, dead-lettered and
 logged on `roundtrip.security` even when it reuses a real turn and step), then duplicates,
@@ -21,6 +22,7 @@ import time
 from opentelemetry import trace
 
 from services.executor.runner import Runner
+from services.kernel import sideeffects
 from services.kernel.approvals import Signer, approval_id_for, in_tool_use_order
 from services.kernel.events import ApprovalRequested, CallModel, ExecuteToolBatch
 from services.kernel.limits import fit_transcript
@@ -68,7 +70,10 @@ async def execute(batch: ExecuteToolBatch, signer: Signer, runner: Runner, fence
     if fence is not None and not await fence.claim_batch(batch.turn.turn_id, batch.step, lease_for(batch, runner), now):
         span.add_event("batch not run: the turn has ended or moved on", {"roundtrip.step": batch.step})
         raise BatchNotRun("the turn has ended, been cancelled, moved past this step or passed its deadline; nothing was run")
-    results = [*batch.results, *await runner.run(batch.calls, batch.turn)]
+    ran = await runner.run(batch.calls, batch.turn)
+    if fence is not None and (acted := sideeffects.lines(batch.calls, ran, runner.registry.is_serial)):
+        await fence.record_acted(batch.turn.turn_id, batch.step, acted)  # before the next call: an end from outside reads it
+    results = [*batch.results, *ran]
     held = next((c for c in batch.calls if c.hold), None)
     if held is not None:
         span.add_event("waiting for a person's approval", {"roundtrip.tool": held.name, "roundtrip.tool_use_id": held.id})

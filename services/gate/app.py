@@ -12,28 +12,32 @@ from services.kernel.approvals import DecisionSigner, Signer, parse_keys
 from services.kernel.events import CheckToolCalls, ExecuteToolBatch
 from services.kernel.messaging import Outlet, make_broker, service_app, subscribe
 from services.kernel.settings import Settings
-from services.tools.agent import current_agent
-from services.tools.context import ToolContext
+from services.tools.agent import Agent, current_agent
+from services.tools.context import Dependencies, ToolContext
 
 log = logging.getLogger("roundtrip.gate")
+
+
+def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
+    """The gate of this agent, with these clients: its look-ups are the agent's resolvers, scoped to the principal."""
+    registry = agent.registry
+
+    async def lookup(kind: str, entity_id: str, customer_id: str):
+        ctx = ToolContext(customer_id=customer_id, tool_use_id="", idempotency_key="", deps=deps)
+        return await registry.entity_resolver(kind)(entity_id, ctx)
+
+    return Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), deps=deps,
+                batch_ttl_s=settings.stuck_after_s, agent_settings=agent.own_settings, messages=agent.message,
+                unavailable=agent.mcp.unavailable,
+                decisions=DecisionSigner(parse_keys(settings.decision_keys)), approval_timeout_s=settings.approval_timeout_s)
 
 
 def build(settings: Settings) -> FastStream:
     broker = make_broker("gate", settings)
     execute = Outlet(broker, topics.TOOL_BATCHES, ExecuteToolBatch)
     agent = current_agent(settings.agent)
-    registry = agent.registry
     deps = agent.open_dependencies(settings)
-
-    async def lookup(kind: str, entity_id: str, customer_id: str):
-        """The agent's resolver of that entity kind, scoped to the request's principal."""
-        ctx = ToolContext(customer_id=customer_id, tool_use_id="", idempotency_key="", deps=deps)
-        return await registry.entity_resolver(kind)(entity_id, ctx)
-
-    gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), deps=deps,
-                batch_ttl_s=settings.stuck_after_s, agent_settings=agent.own_settings, messages=agent.message,
-                unavailable=agent.mcp.unavailable,
-                decisions=DecisionSigner(parse_keys(settings.decision_keys)), approval_timeout_s=settings.approval_timeout_s)
+    gate = gate_for(agent, settings, deps)
 
     @subscribe(broker, topics.TOOL_CALLS, "gate", settings)
     async def on_check_tool_calls(command: CheckToolCalls) -> None:

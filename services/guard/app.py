@@ -24,6 +24,7 @@ from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
 from services.guard import replies, sweeper
+from services.guard.acted import Acts
 from services.guard.bootstrap import Guard
 from services.guard.conversations import Conversations
 from services.guard.ledger import Ledger
@@ -55,7 +56,7 @@ def guard_of(settings: Settings, ledger: Ledger, conversations: Conversations, p
         ledger, policy_from(settings), prices, publish, model=agent.model_for(settings), agent_digest=agent.digest,
         stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
         outbox_after_s=settings.outbox_after_s, conversations=conversations,
-        decisions=DecisionSigner(parse_keys(settings.decision_keys)),
+        decisions=DecisionSigner(parse_keys(settings.decision_keys)), acts=Acts(frozenset(agent.serial), agent.describe_action),
     )
 
 

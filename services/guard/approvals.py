@@ -94,7 +94,7 @@ class Approvals:
                                   + (f" by {approval.decided_by}" if approval.decided_by else ""))
         now = await self._still_waiting(approval)
         request = ApprovalRequested.model_validate_json(approval.request_json)
-        message = _resumed(request, decision, status == "approved", now)
+        message = resumed(request, decision, status == "approved", now)
         with self._waited(approval, status, now, decision.decided_by, decision.reason):
             pending = pending_copy(message)
             if not await self.ledger.decide(approval.approval_id, status, decision.decided_by, decision.decided_at,
@@ -165,7 +165,7 @@ class Approvals:
         return _EndAt(span, int(now * 1e9))
 
 
-def _resumed(request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float) -> BaseModel:
+def resumed(request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float) -> BaseModel:
     """The step's next message: the approved call to the gate again, or the model told of the denial (with the reason).
     The time spent waiting does not count against the turn's own deadline."""
     turn: Turn = request.turn

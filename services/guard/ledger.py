@@ -71,6 +71,7 @@ class TurnRow:
     lease_until: float | None = None
     pending_at: float | None = None
     agent_digest: str | None = None
+    acted: str | None = None  # the side effects the turn has had (services/kernel/sideeffects.py)
 
     @property
     def turn(self) -> dict[str, Any]:
@@ -165,6 +166,12 @@ class Ledger(TurnStore):
             update(turns).where(turns.c.turn_id == turn_id, turns.c.status == ENDING, no_live_lease(now))
             .values(status=ENDED, ended_at=now, pending_at=now)
         )
+
+    async def reword(self, turn_id: str, pending: str, reworded: str) -> bool:
+        """Replace the unpublished decision `pending` by `reworded` (the same end, its reply reworded); False when the
+        decision changed or went out meanwhile."""
+        return await self._update(update(turns).where(turns.c.turn_id == turn_id, turns.c.pending == pending)
+                                  .values(pending=reworded))
 
     async def flag_stuck(self, turn_id: str, now: float | None = None, stuck_after_s: float = 0.0, step: int | None = None) -> bool:
         """Flag a running turn with no progress for `stuck_after_s` (checked in the update, with the current time)."""

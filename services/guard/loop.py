@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
-from pydantic import BaseModel
 
+from services.guard.acted import Acts
 from services.guard.conversations import Conversations
 from services.guard.ledger import ENDED, Ledger
 from services.guard.outbox import Outbox, pending_copy, traceparent
@@ -30,6 +30,17 @@ from services.kernel.events import CallModel, CheckToolCalls, ModelResponded, Ou
 from services.kernel.telemetry import ERROR_OUTCOMES, mark_error
 
 log = logging.getLogger("roundtrip.guard")
+
+
+def continued(event: ModelResponded, decision: Continue, span: trace.Span | None = None) -> CallModel | CheckToolCalls:
+    """The next hop of a turn that goes on: its tool calls to the gate, or (nothing to run) the model again."""
+    transcript = [*event.messages, {"role": "assistant", "content": event.content}]
+    if decision.resume_model:
+        return CallModel(turn=event.turn, step=event.step, messages=transcript, spent=event.spent)
+    if decision.blocked:
+        (span or trace.get_current_span()).add_event("repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)})
+    return CheckToolCalls(turn=event.turn, step=event.step, messages=transcript, calls=event.tool_calls,
+                          spent=event.spent, blocked=decision.blocked)
 
 
 class StepClock:
@@ -60,6 +71,7 @@ class Loop:
     model: str = ""  # the model priced when an iteration does not name its own
     conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
     steps: StepClock = field(default_factory=StepClock)
+    acts: Acts = field(default_factory=Acts)  # the agent's side effects: an early end after one says what was done
 
     async def on_iteration(self, event: ModelResponded) -> str:
         """Decide, then record the step with one conditional update; only a refused update reads the ledger."""
@@ -69,7 +81,7 @@ class Loop:
         decision = decide(event, self.policy, cost, step_cost)
         span.set_attribute("roundtrip.decision", type(decision).__name__)
         if isinstance(decision, Continue):
-            message, outcome = self._continued(event, decision, span), None
+            message, outcome = continued(event, decision, span), None
         else:
             message, outcome = await self._finished(event, decision, cost, span), decision.outcome.value
         pending = pending_copy(message)
@@ -86,21 +98,11 @@ class Loop:
             return outcome or type(message).__name__
         return await self._not_advanced(event, span)
 
-    @staticmethod
-    def _continued(event: ModelResponded, decision: Continue, span: trace.Span) -> BaseModel:
-        """The next hop of a turn that goes on: its tool calls to the gate, or (nothing to run) the model again."""
-        transcript = [*event.messages, {"role": "assistant", "content": event.content}]
-        if decision.resume_model:
-            return CallModel(turn=event.turn, step=event.step, messages=transcript, spent=event.spent)
-        if decision.blocked:
-            span.add_event("repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)})
-        return CheckToolCalls(turn=event.turn, step=event.step, messages=transcript, calls=event.tool_calls,
-                              spent=event.spent, blocked=decision.blocked)
-
     async def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
         """The end of a turn the rules finish; its exchange is stored first (the next turn waits for the end)."""
         outcome = decision.outcome.value
-        ended = TurnEnded(turn=event.turn, step=event.step, outcome=decision.outcome, text=decision.text, spent=event.spent,
+        text = self.acts.reply(decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages:]))
+        ended = TurnEnded(turn=event.turn, step=event.step, outcome=decision.outcome, text=text, spent=event.spent,
                           cost_usd=round(cost, 6))
         span.set_attribute("roundtrip.outcome", outcome)
         if decision.detail:  # an end_turn has none: no empty attribute

@@ -1,14 +1,17 @@
 """Ends from outside the loop: a cancel (turn.controls), a turn stuck past its grace or past its deadline,
-an approval nobody decided in time. Each ends the turn politely, once, and never while its calls run.
+an approval nobody decided in time. Each ends the turn politely, once, and never while its calls run;
+after a side effect the reply says what was done (from what the executor recorded in the turn's row).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
+from services.guard.acted import Acts
 from services.guard.conversations import Conversations
 from services.guard.ledger import AWAITING, ENDED, ENDING, Ledger, TurnRow
 from services.guard.loop import StepClock
@@ -37,6 +40,7 @@ class Outside:
     outbox: Outbox
     conversations: Conversations | None = None
     steps: StepClock = field(default_factory=StepClock)
+    acts: Acts = field(default_factory=Acts)  # an end after a side effect says what was done (what the executor recorded)
 
     async def end(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen) -> str | None:
         """Stuck past its grace, past its deadline, or cancelled: end it politely, once.
@@ -47,7 +51,8 @@ class Outside:
         end is recorded and published once the lease is released (the sweeper). Returns ENDED,
         ENDING, or None (the turn was not in the state decided from). `announce` False (the
         broker is away) only records: the ledger keeps the end pending and the outbox publishes it."""
-        ended = TurnEnded(turn=Turn.model_validate(row.turn), step=row.step, outcome=outcome, text=polite(outcome),
+        text = self.acts.reply(outcome, polite(outcome), self.acts.recorded(row.acted))
+        ended = TurnEnded(turn=Turn.model_validate(row.turn), step=row.step, outcome=outcome, text=text,
                           spent=spent_of(row), cost_usd=round(row.cost_usd, 6))
         pending = pending_copy(ended)
         with in_turn_trace(row, f"guard.{outcome.value}") as span:
@@ -70,6 +75,22 @@ class Outside:
             if announce:  # else (the broker is away) the ledger keeps it pending: the outbox publishes it later
                 await self.outbox.emit(row.turn_id, pending, ended, row.conversation_id)
             return ENDED
+
+    async def reworded(self, row: TurnRow) -> TurnRow:
+        """A deferred end (ENDING, now ended) whose running step had side effects: they were recorded after the end was
+        decided, so its reply is worded again from them before it goes out. The row as it is to be published."""
+        if not row.pending or not row.acted:
+            return row
+        ended = TurnEnded.model_validate(json.loads(row.pending)["message"])
+        text = self.acts.reply(ended.outcome, polite(ended.outcome), self.acts.recorded(row.acted))
+        if text == ended.text:
+            return row
+        pending = pending_copy(ended.model_copy(update={"text": text}))
+        if not await self.ledger.reword(row.turn_id, row.pending, pending):
+            return row
+        if self.conversations is not None:
+            await self.conversations.close_turn_with_reply(row.conversation_id, row.turn_id, text, ended.outcome.value)
+        return replace(row, pending=pending)
 
     async def on_cancel(self, command: CancelTurn) -> str:
         """A cancel ends the turn wherever it is (a waiting approval closes with it); retried while the turn moves."""

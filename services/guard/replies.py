@@ -1,7 +1,8 @@
 """The polite words the fleet says when it, not the model, ends a turn.
 
 POLITE holds the defaults; an agent words any of them its own way (`Agent.replies`, by outcome), which the guard
-applies once at start-up with `use()`.
+applies once at start-up with `use()`. A turn that ends early after it changed something says so instead
+(`acted`, with the words of services/guard/acted.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,23 @@ POLITE = {
     ),
 }
 
+# Why a turn stopped, said when it had already changed something (acted): the apology above would be false there
+STOPPED = {
+    Outcome.MAX_TOKENS: "my answer was cut off",
+    Outcome.STOP_SEQUENCE: "my answer was cut off",
+    Outcome.REFUSAL: "I can't help with the rest of it",
+    Outcome.CONTEXT_WINDOW_EXCEEDED: "this conversation has grown too long for me to continue",
+    Outcome.UNKNOWN_STOP_REASON: "something unexpected happened",
+    Outcome.STEP_LIMIT: "it needed more steps than I'm allowed",
+    Outcome.REPEATED_CALL: "I kept running into the same problem",
+    Outcome.CYCLE: "I was going round in circles",
+    Outcome.FAILURE_STREAK: "several of the steps it needed failed",
+    Outcome.BUDGET: "it needed more work than I'm allowed to spend on one question",
+    Outcome.DEADLINE: "one of our systems is not responding",
+    Outcome.CANCELLED: "our support team stopped it",
+    Outcome.MODEL_ERROR: "our assistant became temporarily unavailable",
+    Outcome.APPROVAL_TIMEOUT: "a step that needs a review by our team could not be reviewed in time",
+}
 
 _OWN: dict[Outcome, str] = {}  # the agent's wording, set once per process by use()
 
@@ -68,3 +86,10 @@ def use(replies: dict[str, str]) -> None:
 
 def polite(outcome: Outcome) -> str:
     return _OWN.get(outcome) or POLITE[outcome]
+
+
+def acted(outcome: Outcome, done: list[str]) -> str:
+    """The end of a turn that had already changed something: why it stopped, what was done, that nothing more was."""
+    return (f"I'm sorry, I had to stop before finishing your request: {STOPPED.get(outcome, 'something went wrong')}. "
+            f"What I did before stopping: {'; '.join(done)}. Nothing else was changed. "
+            "Please reply here if anything more is needed, rather than asking for all of it again.")

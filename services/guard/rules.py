@@ -63,8 +63,8 @@ def text_of(event: ModelResponded) -> str:
     return "\n".join(b.get("text", "") for b in event.content if b.get("type") == "text").strip()
 
 
-def history(messages: list[dict]) -> list[PastCall]:
-    """Every earlier tool call of the turn, with its step and whether its result was an error."""
+def results_of(messages: list[dict]) -> dict[str, tuple[bool, str]]:
+    """tool_use id -> (whether its tool_result is an error, the result's text), for every result in the transcript."""
     results: dict[str, tuple[bool, str]] = {}
     for message in messages:
         if message.get("role") == "user" and isinstance(message.get("content"), list):
@@ -74,6 +74,12 @@ def history(messages: list[dict]) -> list[PastCall]:
                     if isinstance(content, list):
                         content = " ".join(b.get("text", "") for b in content if isinstance(b, dict))
                     results[block.get("tool_use_id", "")] = (bool(block.get("is_error")), str(content or ""))
+    return results
+
+
+def history(messages: list[dict]) -> list[PastCall]:
+    """Every earlier tool call of the turn, with its step and whether its result was an error."""
+    results = results_of(messages)
     calls, step = [], 0
     for message in messages:
         if message.get("role") != "assistant":

@@ -102,7 +102,9 @@ class Starts:
             history = await self.conversations.history(turn.conversation_id)
             await self.conversations.open_turn(turn.conversation_id, turn.turn_id, command.text)
         now = time.time()
-        changes: dict[str, float | int] = {"history_messages": len(history)}
+        changes: dict[str, float | int | str] = {"history_messages": len(history)}
+        if self.agent_digest:  # every service handling the turn compares it with its own (services/kernel/agent_digest.py)
+            changes["agent_digest"] = self.agent_digest
         if not turn.deadline_at:  # the turn's deadline travels with it: the gate signs it into every approval
             changes["deadline_at"] = round(now + self.turn_deadline_s, 3)
         turn = turn.model_copy(update=changes)

@@ -97,6 +97,8 @@ class Sweeper:
         if not await self.ledger.finish_ending(row.turn_id, time.time()):
             return False
         done = await self.ledger.get(row.turn_id)
+        if done is not None:  # the running step's side effects, recorded after the end was decided, are in its reply
+            done = await self.outside.reworded(done)
         if done is not None and done.pending and announced.reachable:
             await announced(lambda: self.outbox.republish(done, "the running step finished"), f"the end of {row.turn_id}")
         return True

@@ -138,6 +138,7 @@ class Turn(Message):
     )
     disable_parallel_tool_use: bool | None = Field(None, description="The request's override of the deployment's setting")
     metadata: dict[str, Any] | None = Field(None, description="The request's metadata (the app's own facts), as it came")
+    agent_digest: str = Field("", description="Digest of the agent (its prompt and tools) the turn was started under (set by the guard)")
 
 
 class ToolCall(Message):

@@ -36,7 +36,7 @@ from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel, ValidationError
 
-from services.kernel import health, metrics, topics, topology
+from services.kernel import agent_digest, health, metrics, topics, topology
 from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
@@ -161,7 +161,9 @@ def _message_path(broker: KafkaBroker, service: str, group_id: str, handler: Cal
         try:
             with consuming(record, group_id, roots) as span:
                 try:
-                    await handler(model.model_validate_json(record.value or b""))
+                    message = model.model_validate_json(record.value or b"")
+                    agent_digest.check(message, span)
+                    await handler(message)
                 except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
                     reason = describe_error(exc, record.value)
                     log.debug("%s", traceback.format_exc())

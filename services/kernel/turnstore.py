@@ -14,6 +14,8 @@ The fence (see the README, "When things go wrong"):
   moved on, or passed its deadline: nothing runs.
 * `claim_model_call` (model service, before calling the model): ONE conditional UPDATE with the
   same conditions; it also releases the executor's lease of that step (its side effects are done).
+* `record_acted` (executor, after a step's calls ran): appends the side effects that succeeded
+  (services/kernel/sideeffects.py), still under the lease, for the reply of an end from outside.
 * Every end from outside the loop (cancel, deadline, stuck) is conditional on no live lease,
   so an end never lands while a claimed batch is running: either the claim wins (the side
   effect happens, and the end is recorded after it) or the end wins (the claim fails).
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, bindparam, or_, update
+from sqlalchemy import Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, bindparam, func, or_, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -75,6 +77,8 @@ turns = Table(
     Column("pending_at", Float),  # when `pending` was written (the outbox republishes old ones)
     # -- migration ledger_0003 --
     Column("agent_digest", String(32)),  # Agent.digest of the guard that started the turn (its prompt and tools)
+    # -- migration ledger_0004 --
+    Column("acted", Text),  # the side effects the turn has had: JSON lines the executor appends (kernel/sideeffects.py)
 )
 CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)  # the guard: is a turn of it running?
 # One row per call held for a person's approval (the guard writes it; `roundtrip approvals` reads it).
@@ -110,6 +114,7 @@ BEFORE_DEADLINE = turns.c.deadline_at.is_(None) | (turns.c.deadline_at > bindpar
 AT_STEP = (turns.c.turn_id == bindparam("b_turn_id")) & (turns.c.step == bindparam("b_step"))
 _CLAIM = update(turns).where(AT_STEP, IS_LIVE, BEFORE_DEADLINE)
 _RELEASE_ENDING = update(turns).where(AT_STEP, turns.c.status == ENDING)
+_ACTED = update(turns).where(AT_STEP).values(acted=func.coalesce(turns.c.acted, "") + bindparam("b_lines"))
 
 
 def sqlite_locked(exc: OperationalError) -> bool:
@@ -239,3 +244,8 @@ class Fence(TurnStore):
         # Refused (the rare path): if an end is waiting for this step's lease, let it go now.
         await self._update(_RELEASE_ENDING, {"b_turn_id": turn_id, "b_step": step, "lease_until": None})
         return False
+
+    async def record_acted(self, turn_id: str, step: int, lines: str) -> None:
+        """Append the side effects this step had (services/kernel/sideeffects.py), whatever the turn's state now:
+        they happened. Under the step's lease, so an end from outside the loop reads them."""
+        await self._update(_ACTED, {"b_turn_id": turn_id, "b_step": step, "b_lines": lines})

@@ -203,12 +203,13 @@ def main(argv: list[str] | None = None) -> None:
     import asyncio
 
     from services.kernel.settings import get_settings
+    from services.shop.agent.settings import ShopAgentSettings
 
-    settings = get_settings()
+    settings, own = get_settings(), ShopAgentSettings()
     parser = argparse.ArgumentParser(prog="python -m services.shop", description="Serve the demo shop API")
     parser.add_argument("--host", default=settings.listen_host)
-    parser.add_argument("--port", type=int, default=settings.shop_port)
-    parser.add_argument("--database-url", default=settings.shop_db_url)
+    parser.add_argument("--port", type=int, default=own.shop_port)
+    parser.add_argument("--database-url", default=own.shop_db_url(settings.state_dir))
     parser.add_argument("--no-seed", action="store_true", help="do not insert the demo data")
     args = parser.parse_args(argv)
     asyncio.run(serve(args.database_url, args.port, host=args.host, seed=not args.no_seed))

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from services.kernel.settings import get_settings
 
+from .overload import Overload
 from .personas import NAMES
+from .ratelimits import RateLimits
+from .scripted import ScriptError, Scripts, load_scripts
 from .server import serve
 
 
@@ -21,7 +25,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="spread of the latency: 0.3 = ±30 %% (uniform)")
     parser.add_argument("--fault-rate", type=float, default=0.0, help="share of requests answered 529")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rpm", type=_positive(int), default=settings.simulator_rpm, help="requests per minute admitted")
+    parser.add_argument("--itpm", type=_positive(int), default=settings.simulator_itpm, help="input tokens per minute admitted")
+    parser.add_argument("--otpm", type=_positive(int), default=settings.simulator_otpm, help="output tokens per minute admitted")
+    parser.add_argument("--overload-every", type=_positive(float), default=settings.simulator_overload_every,
+                        help="seconds between bursts of 529 overloaded errors")
+    parser.add_argument("--overload-seconds", type=_positive(float), default=settings.simulator_overload_seconds,
+                        help="length of each burst")
+    parser.add_argument("--script", default=settings.simulator_script, help="JSON file of scripts (persona script:NAME)")
     args = parser.parse_args(argv)
+    try:
+        scripts = Scripts(load_scripts(args.script))
+    except ScriptError as exc:
+        sys.exit(f"error: {exc}")
     serve(
         host=args.host,
         port=args.port,
@@ -31,7 +47,22 @@ def main(argv: list[str] | None = None) -> None:
         latency_jitter=args.latency_jitter,
         fault_rate=args.fault_rate,
         seed=args.seed,
+        limits=RateLimits(rpm=args.rpm, itpm=args.itpm, otpm=args.otpm),
+        overload=Overload(every=args.overload_every, seconds=args.overload_seconds),
+        scripts=scripts,
     )
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+        return value
+    return parse
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """The HTTP side of the simulator: routes, persona choice, latency and faults.
 
-Routes: POST /v1/messages, POST /v1/messages/count_tokens, GET /health.
+Routes: POST /v1/messages, POST /v1/messages/count_tokens, GET /health, and the controls of
+controls.py (GET/POST /v1/_limits, POST /v1/_overload). Rate limits (ratelimits.py) and 529
+bursts (overload.py) apply to /v1/messages; its every response carries the anthropic-ratelimit-*
+headers of the limits set.
 
 Request headers a test or a load run may send (the SDK passes them via
 `default_headers=` or `extra_headers=`):
@@ -13,6 +16,8 @@ Request headers a test or a load run may send (the SDK passes them via
                                the client's timeout
   x-roundtrip-latency-ms       latency of this response (else the app's latency_ms)
   x-roundtrip-retry-after-ms   `retry-after-ms` sent with 429/5xx (else the app's retry_after_ms)
+
+Scripted mode (persona `script:NAME`), PUT /v1/_scripts/NAME and GET /v1/_received: services/simulator/scripted.py.
 """
 
 from __future__ import annotations
@@ -31,9 +36,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from . import personas
+from . import controls, personas
 from .engine import respond
 from .errors import ApiError, invalid
+from .overload import Overload
+from .ratelimits import RateLimits
+from .scripted import Scripts
 from .usage import PromptCache, estimate_tokens, prompt_of
 from .validation import validate_count_tokens, validate_create
 
@@ -65,20 +73,34 @@ class _State:
     retry_after_ms: float
     rng: random.Random
     cache: PromptCache = field(default_factory=PromptCache)
+    limits: RateLimits = field(default_factory=RateLimits)
+    overload: Overload = field(default_factory=Overload)
     served: int = 0
     parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
     latency_jitter: float = 0.0
+    scripts: Scripts = field(default_factory=Scripts)
 
     async def messages(self, request: Request) -> Response:
+        response = await self._message(request)
+        response.headers.update(self.limits.headers())
+        return response
+
+    async def _message(self, request: Request) -> Response:
         request_id = _request_id()
         try:
             _authenticate(request)
             body = await _json_body(request)
             validate_create(body)
-            persona = _persona(request, body, self)
-            await _latency(request, self)
-            await _fault(request, self)
-            message = respond(body, persona, self.cache)
+            wanted = request.headers.get(PERSONA_HEADER, "").strip()
+            scripted = self.scripts.reply_for(wanted, body)
+            persona = wanted if scripted else _persona(request, body, self)
+            self.scripts.record(persona, body)
+            self.overload.check()
+            with self.limits.admit(body, self.cache) as call:
+                await _latency(request, self)
+                await _fault(request, self)
+                message = respond(body, persona, self.cache, scripted)
+                call.produced(message["usage"]["output_tokens"])
         except ApiError as error:
             return _error_response(error, request_id)
         self.served += 1
@@ -103,6 +125,9 @@ class _State:
                 "personas": list(personas.NAMES),
                 "served": self.served,
                 "parallel_disabled": self.parallel_disabled,
+                "rate_limited": self.limits.refused,
+                "in_flight": self.limits.in_flight,
+                "overloaded": self.overload.answered,
             }
         )
 
@@ -114,20 +139,29 @@ def create_app(
     seed: int = 0,
     retry_after_ms: float = 20.0,
     latency_jitter: float = 0.0,
+    limits: RateLimits | None = None,
+    overload: Overload | None = None,
+    scripts: Scripts | None = None,
 ) -> Starlette:
-    """The simulator as an ASGI app. fault_rate: share of requests answered 529 (seeded RNG)."""
+    """The simulator as an ASGI app. fault_rate: share of requests answered 529 (seeded RNG);
+    limits / overload: its rate limits and 529 bursts (default: none)."""
     if default_persona not in personas.NAMES:
         raise ValueError(f"unknown persona {default_persona!r}; expected one of {', '.join(personas.NAMES)}")
     if not 0.0 <= fault_rate <= 1.0:
         raise ValueError("fault_rate must be between 0 and 1")
     if not 0.0 <= latency_jitter <= 1.0:
         raise ValueError("latency_jitter must be between 0 and 1")
-    state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed), latency_jitter=latency_jitter)
+    state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed), latency_jitter=latency_jitter,
+                   limits=limits or RateLimits(), overload=overload or Overload(),
+                   scripts=scripts or Scripts())
     return Starlette(
         routes=[
             Route("/v1/messages", state.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", state.count_tokens, methods=["POST"]),
             Route("/health", state.health, methods=["GET"]),
+            *controls.routes(state.limits, state.overload),
+            Route("/v1/_scripts/{name}", state.scripts.put, methods=["PUT"]),
+            Route("/v1/_received", state.scripts.list_received, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error},
     )

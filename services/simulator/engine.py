@@ -26,9 +26,10 @@ def request_digest(persona: str, body: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def respond(body: dict, persona: str, cache: PromptCache) -> dict[str, Any]:
+def respond(body: dict, persona: str, cache: PromptCache, scripted: Reply | None = None) -> dict[str, Any]:
+    """The message the persona (or the scripted reply, when given) answers this request with."""
     transcript = Transcript.from_request(body)
-    reply = PERSONAS[persona](transcript)
+    reply = scripted or PERSONAS[persona](transcript)
     content = _offered_tools_only(reply.content, body)
     digest = request_digest(persona, body)
     content = _with_ids(content, digest)

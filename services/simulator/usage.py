@@ -92,8 +92,12 @@ class PromptCache:
         self._expiry: dict[str, tuple[float, int]] = {}  # prefix hash -> (expires at, its tokens)
         self._max_entries = max_entries
 
-    def input_usage(self, body: dict) -> dict[str, Any]:
-        """input_tokens, cache_creation_input_tokens, cache_read_input_tokens (+ TTL breakdown)."""
+    def input_usage(self, body: dict, commit: bool = True) -> dict[str, Any]:
+        """input_tokens, cache_creation_input_tokens, cache_read_input_tokens (+ TTL breakdown).
+
+        commit=False only looks: the same figures, but nothing is written to or refreshed in the cache
+        (what a request would be billed, before it is admitted).
+        """
         total = estimate_tokens(prompt_of(body))
         items = _prompt_items(body)
         marked = [i for i, item in enumerate(items) if isinstance(item, dict) and item.get("cache_control")]
@@ -134,13 +138,14 @@ class PromptCache:
                 continue  # too short to cache: no entry, billed as input
             if point > read_at:
                 written_to, ttl = point, point_ttl
-            if point > read_at:
+            if point > read_at and commit:
                 self._remember(hashes[point], now + (3600.0 if point_ttl == "1h" else 300.0), tokens[point], now)
         read = 0
         if read_at >= 0:  # a hit reads what was written (its size as billed then) and refreshes the entry
             until, read = self._expiry[hashes[read_at]]
             read = min(read, total)
-            self._remember(hashes[read_at], max(until, now + 300.0), read, now)
+            if commit:
+                self._remember(hashes[read_at], max(until, now + 300.0), read, now)
         written = max(0, tokens[written_to] - read) if written_to > read_at else 0
         return _usage(total - read - written, written, read, ttl)
 

@@ -6,8 +6,10 @@ with JSON Schema 2020-12 input schemas that are strict (every object closes with
 the gate resolves them for the principal before any policy or handler runs. `api_tools()`
 strips the `x-` keywords and marks the last tool for prompt caching.
 
-Loading fails loudly (RegistryError) when a schema has no handler, a handler has no
-schema, a policy or entity kind is unbound, or a schema is invalid or not strict.
+Loading fails loudly (RegistryError, with every problem found in its `problems`) when a
+schema has no handler, a handler has no schema, a policy or entity kind is unbound, or a
+schema is invalid or not strict. Tools declared as Python functions (services/tools/functions.py)
+become the same documents and pass the same checks.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ _NAMED_SUBSCHEMAS = {"properties", "patternProperties", "$defs", "definitions", 
 
 
 class RegistryError(Exception):
-    """The tool schemas and the code do not fit together."""
+    """The tool schemas and the code do not fit together (`problems`: every one found, each a sentence)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
 
 
 @dataclass(frozen=True)
@@ -98,34 +104,71 @@ def _object_schemas(schema: Any, path: str = "#") -> list[tuple[str, dict[str, A
     return found
 
 
-def check_tool_document(doc: Any, source: str = "<tool>") -> ToolSpec:
-    """Validate one tool document and build its ToolSpec (RegistryError when it is not fit)."""
+def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None, list[str]]:
+    """Every problem of one tool document, and its ToolSpec when its name, description and schema can be read."""
     if not isinstance(doc, dict) or set(doc) != SCHEMA_KEYS:
         keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
-        raise RegistryError(f"{source}: a tool document has exactly the keys {sorted(SCHEMA_KEYS)}, got {keys}")
+        return None, [f"{source}: a tool document has exactly the keys {sorted(SCHEMA_KEYS)}, got {keys}"]
     name, description, schema = doc["name"], doc["description"], doc["input_schema"]
+    problems: list[str] = []
     if not isinstance(name, str) or not TOOL_NAME.match(name):
-        raise RegistryError(f"{source}: tool name {name!r} must match {TOOL_NAME.pattern}")
-    if not isinstance(description, str) or len(description) < 20:
-        raise RegistryError(f"{source}: tool {name} needs a real description")
+        problems.append(f"{source}: tool name {name!r} must match {TOOL_NAME.pattern}")
+    if not isinstance(description, str) or len(description.strip()) < 20:
+        problems.append(f"{source}: tool {name} needs a real description (a sentence of 20 characters or more)")
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        raise RegistryError(f"{source}: input_schema of {name} must be a JSON Schema with type 'object'")
+        return None, [*problems, f"{source}: input_schema of {name} must be a JSON Schema with type 'object'"]
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
-        raise RegistryError(f"{source}: input_schema of {name} is not valid JSON Schema 2020-12: {exc.message}") from exc
+        problems.append(f"{source}: input_schema of {name} is not valid JSON Schema 2020-12: {exc.message}")
     if "required" not in schema:
-        raise RegistryError(f"{source}: input_schema of {name} must list 'required' (possibly empty)")
-    for path, sub in _object_schemas(schema):
-        if sub.get("additionalProperties") is not False:
-            raise RegistryError(f"{source}: {name} {path} must set additionalProperties: false")
+        problems.append(f"{source}: input_schema of {name} must list 'required' (possibly empty)")
+    problems += [f"{source}: {name} {path} must set additionalProperties: false"
+                 for path, sub in _object_schemas(schema) if sub.get("additionalProperties") is not False]
     entity_refs: dict[str, str] = {}
-    for prop, sub in schema.get("properties", {}).items():
+    for prop, sub in (schema.get("properties") or {}).items():
         if isinstance(sub, dict) and "x-entity" in sub:
             if not isinstance(sub["x-entity"], str) or not sub["x-entity"]:
-                raise RegistryError(f"{source}: {name}.{prop} x-entity must be a non-empty string")
-            entity_refs[prop] = sub["x-entity"]
-    return ToolSpec(name=name, description=description, input_schema=schema, entity_refs=entity_refs)
+                problems.append(f"{source}: {name}.{prop} x-entity must be a non-empty string")
+            else:
+                entity_refs[prop] = sub["x-entity"]
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        return None, problems
+    return ToolSpec(name=name, description=str(description), input_schema=schema, entity_refs=entity_refs), problems
+
+
+def check_tool_document(doc: Any, source: str = "<tool>") -> ToolSpec:
+    """Validate one tool document and build its ToolSpec (RegistryError naming every problem when it is not fit)."""
+    spec, problems = document_problems(doc, source)
+    if problems or spec is None:
+        raise RegistryError("; ".join(problems), problems)
+    return spec
+
+
+def binding_problems(
+    specs: Mapping[str, ToolSpec],
+    handlers: Mapping[str, Any],
+    policies: Mapping[str, Any],
+    entity_resolvers: Mapping[str, Any],
+    approvals: Mapping[str, Any],
+    serial: frozenset[str] | set[str],
+    mounted: frozenset[str] | set[str] = frozenset(),
+) -> list[str]:
+    """What does not fit between the tools and the code bound to them by name (`mounted`: tools an MCP server brings
+    later, which bindings may name)."""
+    problems = []
+    if stray := sorted((set(approvals) | set(serial)) - set(specs) - set(mounted)):
+        problems.append(f"approval rules or serial declarations for unknown tools: {stray}")
+    if missing := sorted(set(specs) - set(handlers)):
+        problems.append(f"schemas without a handler: {missing}")
+    if orphans := sorted(set(handlers) - set(specs)):
+        problems.append(f"handlers without a schema: {orphans}")
+    if stray := sorted(set(policies) - set(specs) - set(mounted)):
+        problems.append(f"policies for unknown tools: {stray}")
+    kinds = {kind for spec in specs.values() for kind in spec.entity_refs.values()}
+    if unbound := sorted(kinds - set(entity_resolvers)):
+        problems.append(f"x-entity kinds without a resolver: {unbound}")
+    return problems
 
 
 class Registry:
@@ -147,20 +190,10 @@ class Registry:
         self._resolvers = dict(entity_resolvers or {})
         self._approvals = dict(approvals or {})
         self.serial = frozenset(serial or ())
-        problems = []
-        if stray := sorted((set(self._approvals) | self.serial) - set(self.specs) - self.mounted):
-            problems.append(f"approval rules or serial declarations for unknown tools: {stray}")
-        if missing := sorted(set(self.specs) - set(self._handlers)):
-            problems.append(f"schemas without a handler: {missing}")
-        if orphans := sorted(set(self._handlers) - set(self.specs)):
-            problems.append(f"handlers without a schema: {orphans}")
-        if stray := sorted(set(self._policies) - set(self.specs) - self.mounted):
-            problems.append(f"policies for unknown tools: {stray}")
-        kinds = {kind for spec in self.specs.values() for kind in spec.entity_refs.values()}
-        if unbound := sorted(kinds - set(self._resolvers)):
-            problems.append(f"x-entity kinds without a resolver: {unbound}")
+        problems = binding_problems(self.specs, self._handlers, self._policies, self._resolvers, self._approvals, self.serial,
+                                    self.mounted)
         if problems:
-            raise RegistryError("tool registry does not fit together: " + "; ".join(problems))
+            raise RegistryError("tool registry does not fit together: " + "; ".join(problems), problems)
 
     def mount(self, spec: ToolSpec, handler: Handler) -> None:
         """Add a tool listed at run time by an MCP server (RegistryError when its name is taken)."""
@@ -220,20 +253,32 @@ class Registry:
         return tools
 
 
-def load_specs(schemas_dir: Path) -> dict[str, ToolSpec]:
+def collect_specs(schemas_dir: Path) -> tuple[dict[str, ToolSpec], list[str]]:
+    """The tool documents of a folder that can be read, and every problem of all of them."""
     specs: dict[str, ToolSpec] = {}
+    problems: list[str] = []
     files = sorted(Path(schemas_dir).glob("*.json"))
     if not files:
-        raise RegistryError(f"no tool schemas in {schemas_dir}")
+        return specs, [f"no tool schemas in {schemas_dir}"]
     for path in files:
         try:
             doc = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise RegistryError(f"{path}: invalid JSON: {exc}") from exc
-        spec = check_tool_document(doc, source=str(path))
-        if spec.name != path.stem:
-            raise RegistryError(f"{path}: tool name {spec.name!r} must match the file name")
-        specs[spec.name] = spec
+            problems.append(f"{path}: invalid JSON: {exc}")
+            continue
+        spec, found = document_problems(doc, source=str(path))
+        problems += found
+        if spec is not None and spec.name != path.stem:
+            problems.append(f"{path}: tool name {spec.name!r} must match the file name")
+        if spec is not None:
+            specs[spec.name] = spec
+    return specs, problems
+
+
+def load_specs(schemas_dir: Path) -> dict[str, ToolSpec]:
+    specs, problems = collect_specs(schemas_dir)
+    if problems:
+        raise RegistryError("; ".join(problems), problems)
     return specs
 
 

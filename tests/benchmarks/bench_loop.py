@@ -47,6 +47,7 @@ from services.kernel.settings import Settings
 from tests.benchmarks.fleet_driver import FleetDriver
 from tests.benchmarks.inprocess import InProcessLoop, TurnTiming
 from tests.benchmarks.profiling import (
+from tests.agents import ShopFleetSettings
     CpuMeter,
     hop_profile,
     machine_cpu_seconds,
@@ -168,7 +169,7 @@ def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter
         if k.startswith("ROUNDTRIP_") and k not in env and k not in ("ROUNDTRIP_KAFKA_CACHE", "ROUNDTRIP_KAFKA_JAVA_OPTS"):
             os.environ.pop(k)
     os.environ.update(env)  # what this process and the children of its Fleet read: this run's settings
-    return Settings(**values), env
+    return ShopFleetSettings(**values), env
 
 
 async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, say: Callable[[str], None]) -> list[Run]:

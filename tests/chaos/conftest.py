@@ -19,6 +19,7 @@ from services.broker.embedded import EmbeddedKafka, free_port
 from services.fleet import Fleet
 from services.kernel.settings import Settings
 from tests.chaos.harness import Observer
+from tests.agents import ShopFleetSettings
 from tests.databases import new_database
 from tests.processes import embedded_cluster, embedded_kafka
 
@@ -108,7 +109,7 @@ def chaos_settings(chaos_kafka, chaos_database, tmp_path_factory, request) -> tu
     if chaos_database == "postgres":  # a database of its own on the session's PostgreSQL server
         url = new_database(request.getfixturevalue("postgres_url"))
         values |= {"ledger_database_url": url, "conversations_database_url": url}
-    return Settings(**values), _env(**values)
+    return ShopFleetSettings(**values), _env(**values)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from services.kernel import topics, topology
 from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.events import SupportReply
 from services.kernel.settings import Settings
+from tests.agents import ShopFleetSettings
 
 
 def fleet_env(**values) -> dict[str, str]:
@@ -174,7 +175,7 @@ def fleet_settings(kafka_bootstrap, tmp_path_factory, otlp_receiver) -> tuple[Se
         approval_keys=f"e2e1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
         decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # likewise for people's approval decisions
     )
-    return Settings(**values), fleet_env(**values)
+    return ShopFleetSettings(**values), fleet_env(**values)
 
 
 class AsyncFleet:

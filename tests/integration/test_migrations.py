@@ -136,6 +136,7 @@ async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
         turnstore.metadata.create_all(conn)
         conversation_store.metadata.create_all(conn)
         conn.execute(text("ALTER TABLE turns DROP COLUMN agent_digest"))  # ledger_0003: after the adoption
+        conn.execute(text("ALTER TABLE turns DROP COLUMN acted"))  # ledger_0004: likewise
         conn.execute(insert(turnstore.turns), turn)  # the columns it names only
         conn.execute(insert(conversation_store.conversations), {"conversation_id": "conv_today", "customer_id": "cus_1001",
                                                                  "created_at": 1.0, "updated_at": 2.0, "turns": 4, "dropped_turns": 1})

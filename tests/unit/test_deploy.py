@@ -23,6 +23,7 @@ from services.cli import ALL_RUNNABLE, FLEET_SERVICES
 from services.kernel import topics, topology
 from services.kernel.messaging import group
 from services.kernel.settings import DEV_APPROVAL_KEYS, DEV_DECISION_KEYS, InsecureConfiguration, Settings
+from services.shop.agent.settings import ShopAgentSettings
 from tests.manifests import (
     COMPOSE, DOCKERFILE, K8S, ROOT, all_containers, compose_binary, compose_config, container, container_env, full_command,
     k8s_documents,
@@ -33,8 +34,9 @@ README = ROOT / "deploy" / "README.md"
 KEDA_CRD = ROOT / "deploy" / "keda" / "keda.sh_scaledobjects.yaml"
 JAEGER_SCRIPT = ROOT / "scripts" / "jaeger.sh"
 
-SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in Settings.model_fields} | {"ANTHROPIC_API_KEY"}
-HTTP_SERVICES = {"simulator": "simulator_port", "shop": "shop_port"}
+# the fleet's settings and the demo shop agent's own (the agent the manifests run)
+SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in (*Settings.model_fields, *ShopAgentSettings.model_fields)} | {"ANTHROPIC_API_KEY"}
+HTTP_SERVICES = {"simulator": Settings.model_fields["simulator_port"], "shop": ShopAgentSettings.model_fields["shop_port"]}
 HEALTH_PORT = 8080
 # the Go module version of Jaeger v2 (scripts/jaeger.sh) -> its release (the image tag); Jaeger's CHANGELOG: "v1.76.0 / v2.13.0"
 JAEGER_RELEASE_OF_MODULE = {"v1.76.0": "2.13.0"}
@@ -132,7 +134,7 @@ def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_
 @pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
 def test_http_services_listen_on_every_interface(compose, k8s, name):
     assert name in ALL_RUNNABLE
-    port = Settings.model_fields[HTTP_SERVICES[name]].default
+    port = HTTP_SERVICES[name].default
     k8s_container = container(kinds(k8s, "Deployment")[name])
     assert compose["services"][name]["command"] == ["roundtrip", "run", name]
     assert full_command(k8s_container) == ["roundtrip", "run", name]
@@ -146,7 +148,7 @@ def test_http_services_listen_on_every_interface(compose, k8s, name):
 
 def test_service_urls_point_at_the_services(compose, k8s):
     s = Settings.model_fields
-    shop = f"http://shop:{s['shop_port'].default}"
+    shop = f"http://shop:{ShopAgentSettings.model_fields['shop_port'].default}"
     simulator = f"http://simulator:{s['simulator_port'].default}"
     env = compose["x-roundtrip-env"]
     assert env["ROUNDTRIP_SHOP_URL"] == shop
@@ -225,10 +227,10 @@ MUST_BE_GIVEN = {
 
 
 def settings_read_by(service: str) -> set[str]:
-    """The Settings attributes the code of services/<service>/ reads (`settings.<name>`), and the ledger when the
+    """The Settings attributes the code of services/<service>/ reads (`settings.<name>`, an agent's `own.<name>`), and the ledger when the
     topology says the service shares it (`roundtrip run` refuses to start it without: services/cli.py)."""
     folder = ROOT / "services" / service
-    read = {name for path in folder.rglob("*.py") for name in re.findall(r"\bsettings\.(\w+)", path.read_text())}
+    read = {name for path in folder.rglob("*.py") for name in re.findall(r"\b(?:settings|own)\.(\w+)", path.read_text())}
     if service in topology.names() and topology.service(service).shares_ledger:
         read |= {"ledger_db_url", "refuse_private_ledger"}
     return read
@@ -241,6 +243,7 @@ def k8s_env(k8s, name: str) -> dict[str, str]:
 def test_the_scan_finds_what_the_services_read():
     assert {"ledger_db_url", "approval_keys"} <= settings_read_by("executor")
     assert {"ledger_db_url"} <= settings_read_by("model")
+    assert {"shop_db_url", "shop_port"} <= settings_read_by("shop")  # the demo shop agent's own settings
     assert {s.name for s in topology.SERVICES if s.shares_ledger} == {"guard", "model", "executor"}
     assert {"ledger_db_url", "conversations_db_url", "decision_keys"} <= settings_read_by("guard")
     assert {"approval_keys", "decision_keys"} <= settings_read_by("gate")

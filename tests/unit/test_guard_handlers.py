@@ -62,12 +62,16 @@ async def test_a_turn_starts_once_even_when_the_request_is_duplicated(guard):
     assert [t for t, _ in guard.recorder.sent] == [topics.MODEL_CALLS]
 
 
-async def test_the_ledger_records_which_agent_started_the_turn(tmp_path):
+async def test_the_ledger_records_which_agent_started_the_turn_and_the_turn_carries_it(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'digest.db'}"))
-    g = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=Recorder(), agent_digest="0123456789abcdef")
+    recorder = Recorder()
+    g = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, agent_digest="0123456789abcdef")
     try:
         assert await g.starts.on_start(StartTurn(turn=TURN, text="hi")) == "started"
         assert (await ledger.get(TURN.turn_id)).agent_digest == "0123456789abcdef"
+        await g.outbox.drain()
+        (first,) = [m for t, m in recorder.sent if t == topics.MODEL_CALLS]
+        assert first.turn.agent_digest == "0123456789abcdef"  # every service compares it with its own
     finally:
         await g.outbox.drain()
         await ledger.close()

@@ -8,11 +8,10 @@ import httpx
 import pytest
 
 from services.gate.validation import InputValidator  # the validator the fleet uses
-from services.shop.app import in_process
 from services.shop.help_articles import INJECTION_ORDER_ID
 from services.shop.agent.client import ShopClient, ShopError, ShopUnavailable
 from services.tools import ToolContext, ToolError
-from tests.agents import SHOP, shop_deps
+from tests.agents import SHOP, shop_deps, shop  # noqa: F401 - shop: the fixture
 
 ALICE, BOB = "cus_1001", "cus_1002"
 
@@ -20,14 +19,6 @@ ALICE, BOB = "cus_1001", "cus_1002"
 @pytest.fixture(scope="module")
 def registry():
     return SHOP.registry
-
-
-@pytest.fixture
-async def shop(tmp_path):
-    async with in_process(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}") as transport:
-        client = ShopClient("http://shop", timeout=5, transport=transport)
-        yield client
-        await client.aclose()
 
 
 def ctx_for(shop: ShopClient, customer_id: str = ALICE, tool_use_id: str = "toolu_01") -> ToolContext:

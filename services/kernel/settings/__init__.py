@@ -58,14 +58,6 @@ class Settings(
         return f"http://127.0.0.1:{self.simulator_port}" if self.use_simulator else None
 
     @property
-    def shop_base_url(self) -> str:
-        return self.shop_url or f"http://127.0.0.1:{self.shop_port}"
-
-    @property
-    def shop_db_url(self) -> str:
-        return self.shop_database_url or _sqlite(self.state_dir / "shop.db")
-
-    @property
     def ledger_db_url(self) -> str:
         return self.ledger_database_url or _sqlite(self.state_dir / "ledger.db")
 

@@ -65,7 +65,7 @@ class Deployment(Concern):
     )
     state_dir: Path = Field(Path(".roundtrip"), description="Folder for embedded broker data, SQLite files, span files, logs")
     listen_host: str = Field(
-        "127.0.0.1", description="Address the simulator, the shop and the health endpoints listen on (0.0.0.0 in containers)"
+        "127.0.0.1", description="Address the simulator, an agent's embedded backend and the health endpoints listen on (0.0.0.0 in containers)"
     )
 
 
@@ -272,7 +272,7 @@ class TelemetrySettings(Concern):
 
 
 class EmbeddedDefaults(Concern):
-    heading = "embedded defaults: the broker, the Messages API simulator and the demo shop the fleet runs itself"
+    heading = "embedded defaults: the broker and the Messages API simulator the fleet runs itself"
 
     kafka_port: int = Field(9092, description="Port of the embedded broker (client listener)")
     kafka_controller_port: int = Field(9093, description="Port of the embedded broker's KRaft controller")
@@ -287,10 +287,13 @@ class EmbeddedDefaults(Concern):
     simulator_latency_jitter: float = Field(
         0.0, ge=0, le=1, description="Spread of that latency: 0.3 draws each response's latency from latency_ms ±30 %"
     )
-    shop_url: str | None = Field(None, description="Base URL of the shop API; unset means the embedded shop on shop_port")
-    shop_port: int = Field(8802, description="Port of the embedded demo shop")
-    shop_database_url: DatabaseUrl = Field(
-        None, description="SQLAlchemy URL of the shop database; unset means a SQLite file in state_dir"
+    simulator_rpm: int | None = Field(None, ge=1, description="Requests per minute the simulator admits (a bucket refilled continuously, like the API's); unset: no limit")
+    simulator_itpm: int | None = Field(None, ge=1, description="Input tokens per minute it admits (cache reads do not count); unset: no limit")
+    simulator_otpm: int | None = Field(None, ge=1, description="Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no limit")
+    simulator_overload_every: float | None = Field(None, gt=0, description="Seconds between the simulator's bursts of 529 overloaded errors; unset: none")
+    simulator_overload_seconds: float = Field(5.0, gt=0, description="How long each of those bursts lasts")
+    simulator_script: Path | None = Field(
+        None, description="JSON file of scripts the simulator plays for persona script:NAME (services/simulator/scripted.py)"
     )
 
 

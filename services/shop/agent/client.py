@@ -64,10 +64,6 @@ class ShopClient:
         self.base_url = base_url
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport or AiohttpTransport())
 
-    @classmethod
-    def from_settings(cls, settings: Any) -> ShopClient:
-        return cls(settings.shop_base_url, timeout=settings.tool_timeout_s)
-
     async def aclose(self) -> None:
         await self._http.aclose()
 

@@ -13,28 +13,19 @@ The approval rule of cancel_order gets the same input and resolved entities plus
 own settings (ShopAgentSettings: the threshold), and returns the reason to ask (shown to the
 person) or None. It runs only after validation, ownership and the policy passed.
 
+describe_action words a successful cancel or escalation for the reply of a turn the fleet ends early after it.
+
 The binding of all of them to tool names is the agent, in __init__.py.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
-
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.agent import ToolContext, ToolError, approval_rule
 from services.shop.agent.client import IdempotencyConflict, OrderNotCancellable, OrderNotFound
-
-
-class ShopAgentSettings(BaseSettings):
-    """The support agent's own settings (ROUNDTRIP_* like the fleet's)."""
-
-    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
-
-    approval_cancel_above_cents: int | None = Field(
-        None, ge=0, description="cancel_order waits for a person's approval when the order's total is above this (cents); unset: never"
-    )
+from services.shop.agent.settings import ShopAgentSettings
 
 CANCELLABLE = ("pending", "processing")
 
@@ -177,3 +168,19 @@ def cancel_order_approval(args: dict[str, Any], entities: dict[str, dict[str, An
 
 async def resolve_order(order_id: str, ctx: ToolContext) -> dict[str, Any] | None:
     return await ctx.deps.shop.get_order(ctx.customer_id, order_id)
+
+
+# -- what a side effect did, as the customer reads it when the turn then ends early -----------------
+
+
+def describe_action(tool: str, args: dict[str, Any], result: str) -> str | None:
+    """(tool, input, result text) of a successful cancel or escalation -> its words; None: the fleet's generic ones."""
+    if tool == "cancel_order":
+        return f"I cancelled order {args.get('order_id', '?')}"
+    if tool == "escalate_to_human":
+        try:
+            ticket = json.loads(result).get("ticket_id")
+        except (ValueError, AttributeError):
+            ticket = None
+        return f"I passed your request to our support team (ticket {ticket})" if ticket else "I passed your request to our support team"
+    return None

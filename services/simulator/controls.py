@@ -1,0 +1,72 @@
+"""Endpoints a test or a benchmark steers the simulator with mid-run (no API key, not part of the API).
+
+  GET  /v1/_limits                      {"limits": {"rpm": 600, ...}, "remaining": {...}, "refused": n}
+  POST /v1/_limits   {"rpm": 300}       change the limits named (null removes one); answers as GET
+                                        ("another app took half": POST the halved limit)
+  POST /v1/_overload {"seconds": 5}     a burst of 529s from now for that long (0 ends it; "status": 500 a
+                                        burst of that 5xx instead); answers {"overloaded": n}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .errors import ApiError, invalid
+from .overload import MESSAGES, Overload
+from .ratelimits import KINDS, RateLimits
+
+
+def routes(limits: RateLimits, overload: Overload) -> list[Route]:
+    async def get_limits(request: Request) -> Response:
+        return JSONResponse(limits.snapshot())
+
+    async def set_limits(request: Request) -> Response:
+        try:
+            limits.configure(_limits(await _object(request)))
+        except ApiError as error:
+            return JSONResponse(error.body("req_sim_control"), status_code=error.status)
+        return JSONResponse(limits.snapshot())
+
+    async def start_overload(request: Request) -> Response:
+        try:
+            body = await _object(request)
+            seconds, status = body.get("seconds"), body.get("status", 529)
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+                raise invalid(f"seconds: expected a number of seconds (0 ends the burst), got {seconds!r}")
+            if status not in MESSAGES or isinstance(status, bool):
+                raise invalid(f"status: expected one of {', '.join(map(str, MESSAGES))}, got {status!r}")
+        except ApiError as error:
+            return JSONResponse(error.body("req_sim_control"), status_code=error.status)
+        overload.start(float(seconds), status)
+        return JSONResponse({"overloaded": overload.answered})
+
+    return [
+        Route("/v1/_limits", get_limits, methods=["GET"]),
+        Route("/v1/_limits", set_limits, methods=["POST"]),
+        Route("/v1/_overload", start_overload, methods=["POST"]),
+    ]
+
+
+async def _object(request: Request) -> dict:
+    try:
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise invalid(f"expected a JSON object: {exc}") from None
+    if not isinstance(body, dict):
+        raise invalid("expected a JSON object")
+    return body
+
+
+def _limits(body: dict) -> dict[str, int | None]:
+    unknown = sorted(set(body) - set(KINDS))
+    if unknown:
+        raise invalid(f"unknown limit {unknown[0]!r}; expected {', '.join(KINDS)}")
+    for name, value in body.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise invalid(f"{name}: expected a positive whole number per minute or null, got {value!r}")
+    return body

@@ -1,0 +1,52 @@
+"""529 `overloaded_error` bursts on demand: the API is overloaded for everyone for a while, then is not.
+
+A burst is started by POST /v1/_overload {"seconds": N} (now, for N seconds; {"seconds": 0} ends
+the one under way; "status": 500 makes it a burst of that 5xx instead, an outage rather than an
+overload), or comes back on its own every `every` seconds for `seconds` each
+(ROUNDTRIP_SIMULATOR_OVERLOAD_EVERY / _SECONDS; the first one `every` seconds after the start).
+During a burst every /v1/messages request is answered 529 before it is admitted (it costs no
+rate limit) and, like the API's, without `retry-after`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from .errors import ApiError
+
+MESSAGES = {529: "Overloaded (simulated burst).", 500: "Internal server error (simulated burst).",
+            502: "Bad gateway (simulated burst).", 503: "Service unavailable (simulated burst).",
+            504: "Gateway timeout (simulated burst)."}
+
+
+class Overload:
+    def __init__(self, every: float | None = None, seconds: float = 5.0, clock: Callable[[], float] = time.monotonic):
+        if every is not None and every <= 0 or seconds <= 0:
+            raise ValueError("overload every and seconds must be positive")
+        self._every, self._seconds, self._clock = every, seconds, clock
+        self._origin = clock()
+        self._until = -1.0
+        self._status = 529  # of the burst started on demand
+        self.answered = 0  # requests answered 529 by a burst
+
+    def start(self, seconds: float, status: int = 529) -> None:
+        """A burst of `status` from now for `seconds`; 0 ends the one started on demand."""
+        if status not in MESSAGES:
+            raise ValueError(f"a burst answers one of {', '.join(map(str, MESSAGES))}, not {status}")
+        self._until, self._status = self._clock() + seconds, status
+
+    def status(self) -> int | None:
+        """The status of the burst under way (None: no burst)."""
+        now = self._clock()
+        if now < self._until:
+            return self._status
+        elapsed = now - self._origin
+        periodic = self._every is not None and elapsed >= self._every and elapsed % self._every < self._seconds
+        return 529 if periodic else None
+
+    def check(self) -> None:
+        """Raise the error of a burst under way."""
+        if (status := self.status()) is not None:
+            self.answered += 1
+            raise ApiError(status, MESSAGES[status])

@@ -1,0 +1,164 @@
+"""Rate limits enforced like the Messages API's: requests, input tokens and output tokens per minute.
+
+Each limit set is a token bucket that holds at most the per-minute limit and refills continuously at
+limit/60 per second (the API's "token bucket algorithm": capacity is replenished continuously, not
+reset at the top of each minute). A request is admitted only if every bucket holds what it costs:
+  requests       1
+  input tokens   input_tokens + cache_creation_input_tokens, as the prompt cache would bill it when
+                 the request arrives (cache reads do not count toward ITPM, as for current models)
+  output tokens  max_tokens up front, the unused part given back when the response is done (the
+                 API estimates OTPM from max_tokens at the start and adjusts it at the end); a call
+                 that fails after admission gives all of it back
+Otherwise it is refused with the API's 429 `rate_limit_error` and `retry-after` (whole seconds,
+rounded up, until every short bucket holds enough). A request that could never fit (more than a
+whole limit) is refused without `retry-after`. Every response of /v1/messages carries
+`anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,remaining,reset}` for the limits
+that are set, and `anthropic-ratelimit-tokens-*` for the token limit nearest to running out
+(reset: RFC 3339, when that bucket will be full again). A limit that is not set is neither
+enforced nor announced. `configure` changes limits mid-run (POST /v1/_limits): a bucket keeps
+what it holds, up to its new limit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from types import TracebackType
+
+from .errors import ApiError
+from .usage import PromptCache
+
+KINDS = {"rpm": "requests", "itpm": "input-tokens", "otpm": "output-tokens"}  # setting -> header part
+UNITS = {"requests": "requests", "input-tokens": "input tokens", "output-tokens": "output tokens"}
+HEADER = "anthropic-ratelimit-"
+
+
+@dataclass
+class Bucket:
+    """At most `limit`, refilled at limit/60 per second."""
+
+    limit: int
+    level: float
+    at: float
+
+    def refill(self, now: float) -> None:
+        self.level = min(float(self.limit), self.level + (now - self.at) * self.limit / 60.0)
+        self.at = now
+
+    def wait(self, amount: float) -> float:
+        """Seconds until the bucket holds `amount` (0: now; inf: never, it is more than the limit)."""
+        if amount > self.limit:
+            return math.inf
+        return max(0.0, (amount - self.level) * 60.0 / self.limit)
+
+    def until_full(self) -> float:
+        return (self.limit - self.level) * 60.0 / self.limit
+
+
+class Admitted:
+    """An admitted call: `with` it around the work; `produced(n)` says how many output tokens it used."""
+
+    def __init__(self, limits: RateLimits, max_tokens: int):
+        self._limits, self._reserved, self._used = limits, max_tokens, 0
+
+    def produced(self, output_tokens: int) -> None:
+        self._used = output_tokens
+
+    def __enter__(self) -> Admitted:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self._limits.in_flight -= 1
+        self._limits.give_back("output-tokens", self._reserved - (0 if kind else self._used))
+
+
+class RateLimits:
+    """The simulator's buckets, the headers they announce and the 429s they answer."""
+
+    def __init__(self, rpm: int | None = None, itpm: int | None = None, otpm: int | None = None,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self._clock, self._wall = clock, wall
+        self._buckets: dict[str, Bucket] = {}
+        self.refused = 0
+        self.in_flight = 0  # requests admitted and not answered yet
+        self.configure({"rpm": rpm, "itpm": itpm, "otpm": otpm})
+
+    def configure(self, limits: dict[str, int | None]) -> None:
+        """Set, change (None: remove) the limits named: {"rpm": 300} halves a limit of 600, the rest unchanged."""
+        now = self._refill()
+        for name, limit in limits.items():
+            kind = KINDS[name]
+            if limit is None:
+                self._buckets.pop(kind, None)
+            elif kind in self._buckets:
+                bucket = self._buckets[kind]
+                bucket.limit, bucket.level = limit, min(bucket.level, float(limit))
+            else:
+                self._buckets[kind] = Bucket(limit, float(limit), now)
+
+    def admit(self, body: dict, cache: PromptCache) -> Admitted:
+        """Take what this request costs from every bucket, or raise the API's 429."""
+        usage = cache.input_usage(body, commit=False)
+        cost = {"requests": 1, "input-tokens": usage["input_tokens"] + usage["cache_creation_input_tokens"],
+                "output-tokens": body["max_tokens"]}
+        self._refill()
+        waits = {kind: bucket.wait(cost[kind]) for kind, bucket in self._buckets.items()}
+        short = {kind: wait for kind, wait in waits.items() if wait > 0}
+        if short:
+            self.refused += 1
+            raise self._refusal(max(short, key=short.__getitem__), max(short.values()))
+        for kind, bucket in self._buckets.items():
+            bucket.level -= cost[kind]
+        self.in_flight += 1
+        return Admitted(self, body["max_tokens"] if "output-tokens" in self._buckets else 0)
+
+    def give_back(self, kind: str, amount: float) -> None:
+        if kind in self._buckets and amount > 0:
+            self._refill()
+            bucket = self._buckets[kind]
+            bucket.level = min(float(bucket.limit), bucket.level + amount)
+
+    def headers(self) -> dict[str, str]:
+        """The anthropic-ratelimit-* headers of the limits that are set, as of now."""
+        self._refill()
+        headers: dict[str, str] = {}
+        for kind, bucket in self._buckets.items():
+            headers.update(self._announce(kind, bucket))
+        tokens = [b for k, b in self._buckets.items() if k != "requests"]
+        if tokens:
+            headers.update(self._announce("tokens", min(tokens, key=lambda b: b.level / b.limit)))
+        return headers
+
+    def snapshot(self) -> dict:
+        """The limits and what each bucket holds (GET /v1/_limits), and how many requests were refused."""
+        self._refill()
+        names = {kind: name for name, kind in KINDS.items()}
+        return {"limits": {names[k]: b.limit for k, b in self._buckets.items()},
+                "remaining": {names[k]: math.floor(b.level) for k, b in self._buckets.items()},
+                "refused": self.refused}
+
+    def _refill(self) -> float:
+        now = self._clock()
+        for bucket in self._buckets.values():
+            bucket.refill(now)
+        return now
+
+    def _announce(self, kind: str, bucket: Bucket) -> dict[str, str]:
+        reset = datetime.fromtimestamp(math.ceil(self._wall() + bucket.until_full()), tz=timezone.utc)
+        return {f"{HEADER}{kind}-limit": str(bucket.limit),
+                f"{HEADER}{kind}-remaining": str(max(0, math.floor(bucket.level))),
+                f"{HEADER}{kind}-reset": reset.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+    def _refusal(self, kind: str, wait: float) -> ApiError:
+        limit = self._buckets[kind].limit
+        if math.isinf(wait):
+            return ApiError(429, f"This request alone exceeds your organization's rate limit of {limit:,} "
+                                 f"{UNITS[kind]} per minute (simulated). Please reduce the prompt length or the "
+                                 "maximum tokens requested.")
+        return ApiError(429, f"This request would exceed your organization's rate limit of {limit:,} {UNITS[kind]} per "
+                             "minute (simulated). You can see the response headers for current usage. Please reduce "
+                             "the prompt length or the maximum tokens requested, or try again later.",
+                        headers={"retry-after": str(max(1, math.ceil(wait)))})

@@ -1,0 +1,133 @@
+"""Scripted mode: the simulator says what a script says instead of playing a persona, so any agent's e2e runs
+through the real fleet with no API key; and it keeps the requests it received, so a test can read what reached
+the model (its system prompt, its tools).
+
+A script is a list of the model's responses in one turn: the i-th is the response to the turn's i-th request
+(counted from the customer's words that opened the turn, so each turn of a conversation starts the script again).
+A response is a list of content blocks, or an object with them and an optional stop reason:
+
+    {"telecom-port": [
+        [{"type": "tool_use", "name": "get_line", "input": {"line_id": "ln_5550101"}}],
+        {"content": [{"type": "text", "text": "Done."}], "stop_reason": "end_turn"}
+    ]}
+
+Blocks are `text` ({"text": ...}) or `tool_use` ({"name": ..., "input": {...}}; the simulator gives the id).
+Without a stop reason it is inferred like a persona's (tool_use when the response calls a tool, else end_turn).
+A request plays the script NAME when its persona is `script:NAME` (SupportRequest.persona, sent by the model
+service as the x-roundtrip-persona header). Scripts come from the file ROUNDTRIP_SIMULATOR_SCRIPT (or
+`--script`) at start, and from `PUT /v1/_scripts/NAME` (body: the list) while it runs. A request past the end of
+its script, or naming an unknown one, is answered 400 with the reason, never an invented response.
+
+`GET /v1/_received` lists the last RECEIVED_KEPT requests (newest last) as {"persona", "body"}; `?persona=`
+keeps those of one persona (e.g. `script:NAME`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from .errors import invalid
+from .personas import Reply
+
+PREFIX = "script:"
+RECEIVED_KEPT = 200
+STOP_REASONS = ("end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn")
+
+
+class ScriptError(ValueError):
+    """A script that cannot be played (the message says where and why)."""
+
+
+def parse_script(name: str, responses: Any) -> list[Reply]:
+    """The replies of one script, checked; ScriptError names the first response that is wrong."""
+    if not isinstance(responses, list) or not responses:
+        raise ScriptError(f"script {name!r}: expected a non-empty list of responses")
+    return [_reply(f"script {name!r} response {i + 1}", response) for i, response in enumerate(responses)]
+
+
+def _reply(where: str, response: Any) -> Reply:
+    if isinstance(response, list):
+        response = {"content": response}
+    if not isinstance(response, dict) or not isinstance(response.get("content"), list) or not response["content"]:
+        raise ScriptError(f"{where}: expected a list of content blocks or {{\"content\": [...], \"stop_reason\": ...}}")
+    stop = response.get("stop_reason")
+    if stop is not None and stop not in STOP_REASONS:
+        raise ScriptError(f"{where}: unknown stop_reason {stop!r} (known: {', '.join(STOP_REASONS)})")
+    return Reply([_block(where, block) for block in response["content"]], stop)
+
+
+def _block(where: str, block: Any) -> dict:
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "text" and isinstance(block.get("text"), str):
+        return {"type": "text", "text": block["text"]}
+    if kind == "tool_use" and isinstance(block.get("name"), str) and isinstance(block.get("input", {}), dict):
+        return {"type": "tool_use", "name": block["name"], "input": block.get("input", {})}
+    raise ScriptError(f"{where}: a block is {{\"type\": \"text\", \"text\": ...}} or "
+                      f"{{\"type\": \"tool_use\", \"name\": ..., \"input\": {{...}}}}, not {block!r}")
+
+
+def load_scripts(path: Path | str | None) -> dict[str, list[Reply]]:
+    """The scripts of a file (name -> responses); {} for None. ScriptError when it cannot be read or played."""
+    if path is None or str(path) == "":
+        return {}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ScriptError(f"simulator script {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ScriptError(f"simulator script {path}: expected an object of script name -> list of responses")
+    return {name: parse_script(name, responses) for name, responses in data.items()}
+
+
+def responses_so_far(body: dict) -> int:
+    """The assistant messages since the customer's words that opened this turn (the script's position)."""
+    messages = body["messages"]
+    opener = max((i for i, m in enumerate(messages) if m["role"] == "user" and not _only_results(m)), default=0)
+    return sum(1 for m in messages[opener + 1:] if m["role"] == "assistant")
+
+
+def _only_results(message: dict) -> bool:
+    content = message["content"]
+    return isinstance(content, list) and bool(content) and all(b.get("type") == "tool_result" for b in content)
+
+
+class Scripts:
+    """The scripts the simulator can play and the requests it received."""
+
+    def __init__(self, scripts: dict[str, list[Reply]] | None = None) -> None:
+        self.scripts = dict(scripts or {})
+        self.received: deque[dict] = deque(maxlen=RECEIVED_KEPT)
+
+    def record(self, persona: str, body: dict) -> None:
+        self.received.append({"persona": persona, "body": body})
+
+    def reply_for(self, persona: str, body: dict) -> Reply | None:
+        """The scripted reply of this request, None when its persona names no script (raises ApiError 400 when the
+        script is unknown or already played to its end)."""
+        if not persona.startswith(PREFIX):
+            return None
+        name = persona[len(PREFIX):]
+        if name not in self.scripts:
+            raise invalid(f"x-roundtrip-persona: no simulator script {name!r} (loaded: {', '.join(sorted(self.scripts)) or 'none'})")
+        script, position = self.scripts[name], responses_so_far(body)
+        if position >= len(script):
+            raise invalid(f"simulator script {name!r} has {len(script)} responses; this request asks for response {position + 1}")
+        return script[position]
+
+    async def put(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            self.scripts[name] = parse_script(name, json.loads(await request.body()))
+        except (ValueError, ScriptError) as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse({"script": name, "responses": len(self.scripts[name])})
+
+    async def list_received(self, request: Request) -> Response:
+        wanted = request.query_params.get("persona")
+        return JSONResponse({"requests": [r for r in self.received if wanted is None or r["persona"] == wanted]})
