@@ -138,7 +138,7 @@ def cluster(tmp_path_factory):
 def cluster_settings(cluster, tmp_path_factory) -> tuple[Settings, dict[str, str]]:
     values = fleet_values(cluster.bootstrap, tmp_path_factory.mktemp("chaos-cluster-fleet"), replication_factor=3,
                           min_insync_replicas=2)
-    return Settings(**values), _env(**values)
+    return ShopFleetSettings(**values), _env(**values)
 
 
 @pytest.fixture(scope="module")
