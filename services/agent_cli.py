@@ -5,6 +5,7 @@ What they need is imported when they run, not when `roundtrip` starts (every oth
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -30,13 +31,16 @@ def summary(agent: Agent) -> str:
 def check(
     agent: Annotated[Optional[str], typer.Argument(
         help="package.module:attribute or an entry point name (default: ROUNDTRIP_AGENT; unset: the demo shop's)")] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="do not ask the agent's MCP servers what they list")] = False,
 ) -> None:
     """Load an agent offline (nothing is connected, no dependency is made) and list every problem of it: schemas
     that are not strict, tools without a handler, entity kinds without a resolver, policies, approval rules or serial
     declarations for unknown tools, an empty prompt, a bad name, replies for unknown outcomes, invalid own settings.
 
     Exit status 1 when there is any problem (or the agent cannot be found), 0 with a one-line summary when it fits
-    together. The current folder is on the import path (as for uvicorn), so a package not installed yet is found."""
+    together. The current folder is on the import path (as for uvicorn), so a package not installed yet is found.
+    An agent with MCP servers also has each server asked once what it lists (unless --offline): a server that does not
+    answer, a tool the agent declares or annotates that it does not list, a listed schema that does not fit."""
     from services.kernel.settings import get_settings
     from services.tools.agent import AgentError, load_agent
 
@@ -49,12 +53,21 @@ def check(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     problems = found.problems()
+    if not problems and found.mcp_servers and not offline:
+        problems = asyncio.run(_asked(found))
     if problems:
         typer.echo(f"agent {found.name!r}: {len(problems)} problem{'s' * (len(problems) != 1)}")
         for problem in problems:
             typer.echo(f"  - {problem}")
         raise typer.Exit(1)
     typer.echo(summary(found))
+
+
+async def _asked(agent: Agent) -> list[str]:
+    try:
+        return await agent.mcp.problems()
+    finally:
+        await agent.mcp.aclose()
 
 
 @agent_app.command("init")

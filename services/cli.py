@@ -84,8 +84,12 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     stream = module.build(settings)
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
     log = logging.getLogger(f"roundtrip.{service}")
+    # until the service has started, a refused or failed connection is said once, by main() (one line naming
+    # the cause: services/kernel/kafka_refusals.py), not also by aiokafka
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
     async def announce() -> None:
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)  # from here on its reconnects are worth seeing
         log.info("roundtrip %s started (broker %s)", service, settings.bootstrap_servers)
         announce_ready(service)  # to `roundtrip up`, when it started us (services/kernel/runtime.py)
 
@@ -120,11 +124,19 @@ def up(
     Ready. is printed once every service has said it started, whatever the log level. One
     fleet per state folder (ROUNDTRIP_STATE_DIR): a second up there names the pid that runs it.
 
+    With ROUNDTRIP_KAFKA_SECURITY_PROTOCOL (and its SASL settings) set and no
+    ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS, the embedded broker is started secured that way:
+    its only listener speaks that protocol, with a throwaway CA (state folder, kafka-secured/tls),
+    the configured SCRAM or PLAIN user, a client certificate required for SSL, and Kafka's unsecured
+    validator for OAUTHBEARER (services.broker.unsecured_token:UnsecuredTokenProvider); the
+    services are given the CA (and the client certificate), and up prints them.
+
     Supervises them: a process that dies (any service, a replica, the simulator, the shop or
     the embedded broker) is restarted with exponential backoff (0.5 s doubling to 30 s, reset
     after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything."""
     import os
 
+    from services.broker.embedded import BrokerError
     from services.fleet import Fleet, FleetError
     port = health_port if health_port is not None else get_settings().health_port
     if port:  # five services on one host: each takes its own port (the children read these from the environment)
@@ -136,7 +148,7 @@ def up(
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
         fleet.start()
-    except FleetError as exc:
+    except (FleetError, BrokerError) as exc:  # the embedded broker's error names its log's last lines
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     if port:
@@ -389,10 +401,11 @@ def topics_create(
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
     from services.kernel.admin import ensure_topics
+    from services.kernel.kafka_clients import kafka_clients
 
     s = get_settings()
     report = asyncio.run(
-        ensure_topics(s.bootstrap_servers, s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
+        ensure_topics(kafka_clients(s), s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
                       s.replication_factor, min_insync_replicas=s.min_insync_replicas)
     )
     typer.echo(str(report))
@@ -406,10 +419,15 @@ def acls(
     only: Annotated[Optional[str], typer.Option("--only", help="just this principal's: a service, operator or app")] = None,
     app_group: Annotated[Optional[str], typer.Option(help="also the user's app, reading replies in this consumer group")] = None,
     command_config: Annotated[Optional[str], typer.Option(help="the admin client's properties file, passed on to kafka-acls.sh")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="add them through the admin API instead, as the principal of the "
+                                        "ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)")] = False,
 ) -> None:
     """Print the Kafka ACLs each service's principal needs, and nothing more (derived from the topology), as
-    kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's."""
+    kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's.
+    `--apply` adds them to the cluster instead."""
+    from services.kernel.acls import apply as apply_acls
     from services.kernel.acls import derive, render
+    from services.kernel.kafka_clients import kafka_clients
 
     s = get_settings()
     derived = derive(s.topic_prefix, principal, app_group)
@@ -417,7 +435,24 @@ def acls(
         if only not in derived:
             raise typer.BadParameter(f"no principal {only!r}; known: {', '.join(derived)}", param_hint="--only")
         derived = {only: derived[only]}
-    typer.echo(render(derived, s.bootstrap_servers, command_config), nl=False)
+    if not apply:
+        typer.echo(render(derived, s.bootstrap_servers, command_config), nl=False)
+        return
+
+    async def add() -> int:
+        admin = kafka_clients(s).admin(client_id="roundtrip-acls")
+        await admin.start()
+        try:
+            return await apply_acls(admin, derived)
+        finally:
+            await admin.close()
+
+    try:
+        added = asyncio.run(add())
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{added} ACL bindings added for {', '.join(derived)} at {s.bootstrap_servers}")
 
 
 @db_app.command("upgrade")
@@ -469,8 +504,10 @@ def main() -> None:
     from aiokafka.errors import KafkaConnectionError
     from pydantic import ValidationError
 
+    from services.kernel.kafka_clients import kafka_clients
+    from services.kernel.kafka_refusals import AUTHORIZATION_ERRORS, authorization, refusal
     from services.kernel.migrations import DatabaseUnreachable, SchemaMismatch
-    from services.kernel.settings import describe_invalid
+    from services.kernel.settings import ConfigurationError, describe_invalid
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # client commands say it once, below; `run` resets it
     try:
@@ -478,13 +515,24 @@ def main() -> None:
     except ValidationError as exc:  # a ROUNDTRIP_* setting that cannot work: one line, no traceback, no restart loop
         typer.secho(f"error: invalid configuration: {describe_invalid(exc)}", fg="red", err=True)
         raise SystemExit(1) from None
+    except ConfigurationError as exc:  # e.g. Kafka TLS files that do not load, a token provider that does not import
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise SystemExit(1) from None
     except (SchemaMismatch, DatabaseUnreachable) as exc:  # a service or a command on a database behind, ahead or out of reach
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise SystemExit(1) from None
     except KafkaConnectionError as exc:
         s = get_settings()
+        if cause := asyncio.run(refusal(kafka_clients(s))):  # refused (a password, a certificate), not out of reach
+            typer.secho(f"error: Kafka at {s.bootstrap_servers} refused the connection: {cause}", fg="red", err=True)
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Unclosed AIOKafkaProducer" after the line
+            raise SystemExit(2) from None
         typer.secho(f"error: cannot reach Kafka at {s.bootstrap_servers} ({exc}). Is the fleet up (`roundtrip up`), "
                     "or ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS set?", fg="red", err=True)
+        raise SystemExit(2) from None
+    except AUTHORIZATION_ERRORS as exc:  # an ACL the principal lacks: one line, not a retry loop
+        typer.secho(f"error: {authorization(exc)}", fg="red", err=True)
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Unclosed AIOKafkaProducer" after the line
         raise SystemExit(2) from None
 
 

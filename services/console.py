@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
@@ -24,6 +23,7 @@ from rich.table import Table
 from services.kernel import topics
 from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.database import shown
+from services.kernel.kafka_clients import kafka_clients
 from services.kernel.events import (
     ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, SupportRequest,
     TurnFlagged,
@@ -53,9 +53,9 @@ class Session:
         self.watched = {topics.t(n, settings.topic_prefix): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
                                                  topics.TURN_EVENTS, topics.SUPPORT_REPLIES, topics.APPROVAL_REQUESTS,
                                                  topics.APPROVAL_DECISIONS)}
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                         isolation_level="read_committed")
-        self.producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+        kafka = kafka_clients(settings)
+        self.consumer = kafka.consumer(enable_auto_commit=False, isolation_level="read_committed")
+        self.producer = kafka.producer()
 
     async def start(self) -> bool:
         await self.consumer.start()
@@ -470,7 +470,7 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
         decision=Decision.APPROVE if approve else Decision.DENY, reason=reason, decided_by=decided_by,
         decided_at=round(time.time(), 3),
     ))
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = kafka_clients(settings).producer()
     try:
         await producer.start()
         await producer.send_and_wait(topics.t(topics.APPROVAL_DECISIONS, settings.topic_prefix), decision.model_dump_json().encode(),
@@ -500,7 +500,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     if row.status == ENDED:
         console.print(f"turn {turn_id} already ended ({row.outcome})")
         return 0
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
+    producer = kafka_clients(settings).producer()
     try:
         await producer.start()
         command = CancelTurn(turn_id=turn_id, reason=reason)
@@ -517,8 +517,8 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
     topic = topics.t(topics.DEAD_LETTERS, settings.topic_prefix)
     from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES, fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES)
+    consumer = kafka_clients(settings).consumer(enable_auto_commit=False,
+                                                max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES, fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES)
     try:
         await consumer.start()
         partitions = await partitions_of(consumer, [topic])
@@ -558,7 +558,7 @@ async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: 
     from services.kernel.admin import consumer_lag
 
     while True:
-        report = await consumer_lag(settings.bootstrap_servers, settings.topic_prefix, group)
+        report = await consumer_lag(kafka_clients(settings), settings.topic_prefix, group)
         if as_json:
             print(json.dumps({"at": round(time.time(), 3), "bootstrap": settings.bootstrap_servers,
                               "groups": [g.as_dict() for g in report]}), flush=True)

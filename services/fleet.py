@@ -262,7 +262,17 @@ class Fleet:
 
         s = self.settings
         libs = fetch_configured(s, progress=self.say)
-        self.broker = EmbeddedKafka.of(s, s.state_dir / "kafka", libs_dir=libs, log_file=self.logs / "kafka.log", die_with_parent=True)
+        options = dict(libs_dir=libs, log_file=self.logs / "kafka.log", die_with_parent=True)
+        if s.kafka_secured:  # secured as the settings say; its clients get the throwaway CA (services/broker/secured.py)
+            from services.broker.secured import embedded_as_configured
+
+            self.broker, tls_settings = embedded_as_configured(s, s.state_dir / "kafka-secured", **options)
+            self.settings = s = s.model_copy(update=tls_settings)
+            self.env.update({f"ROUNDTRIP_{key.upper()}": str(value) for key, value in tls_settings.items()})
+            for key, value in tls_settings.items():  # what commands run from the user's shell need too
+                self.say(f"  kafka {s.kafka_security_protocol}: export ROUNDTRIP_{key.upper()}={value}")
+        else:
+            self.broker = EmbeddedKafka.of(s, s.state_dir / "kafka", **options)
         self.broker.start()
         self.broker.wait_ready(60)
         self._kafka = Child("kafka", self.broker.proc, self.logs / "kafka.log", s.bootstrap_servers)
@@ -276,10 +286,11 @@ class Fleet:
 
     def _create_topics(self) -> None:
         from services.kernel.admin import ensure_topics
+        from services.kernel.kafka_clients import kafka_clients
 
         s = self.settings
         report = asyncio.run(
-            ensure_topics(s.bootstrap_servers, s.topic_prefix, s.partitions, s.executor_partitions, s.replication_factor,
+            ensure_topics(kafka_clients(s), s.topic_prefix, s.partitions, s.executor_partitions, s.replication_factor,
                           min_insync_replicas=s.min_insync_replicas)
         )
         self.say(f"  {report}")

@@ -25,11 +25,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from aiokafka.admin import AIOKafkaAdminClient
-
 from services.broker.embedded import (
     DEFAULT_JAVA_OPTS, BrokerError, BrokerStartError, EmbeddedKafka, free_port, random_cluster_id,
 )
+from services.kernel.kafka_clients import clients_of
 
 NODE_JAVA_OPTS = DEFAULT_JAVA_OPTS.replace("-Xmx512m", "-Xmx384m")  # three JVMs share the machine with the fleet
 
@@ -110,8 +109,8 @@ class Cluster:
         running = self.running()
         if not running:
             raise BrokerError("no node of the cluster is running")
-        admin = AIOKafkaAdminClient(bootstrap_servers=",".join(n.bootstrap for n in running),  # PLAINTEXT, as the nodes listen
-                                    client_id="roundtrip-cluster", request_timeout_ms=10000)
+        admin = clients_of(",".join(n.bootstrap for n in running)).admin(  # PLAINTEXT, as the nodes listen
+            client_id="roundtrip-cluster", request_timeout_ms=10000)
         await admin.start()
         try:
             return await admin.describe_topics(topics)

@@ -39,7 +39,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from services.kernel.settings import EmbeddedDefaults
@@ -305,6 +305,8 @@ class EmbeddedKafka:
         cache: Path | None = None,
         properties: Mapping[str, object] | None = None,
         die_with_parent: bool = False,
+        format_args: Sequence[str] = (),
+        probe: Callable[[], object] | None = None,
     ):
         self.data_dir = Path(data_dir).resolve()
         self.port = port
@@ -316,6 +318,9 @@ class EmbeddedKafka:
         self.java_opts = java_opts if java_opts is not None else DEFAULT_JAVA_OPTS
         self.log_level, self.cache = log_level, cache
         self.extra_properties = dict(properties or {})
+        # secured brokers (services/broker/secured.py): SCRAM users for `StorageTool format`, and a readiness
+        # check by a real client (a secured port does not answer the plain metadata probe)
+        self.format_args, self.probe = tuple(format_args), probe
         # Linux: the JVM gets SIGTERM when the thread that started it exits. Only for callers that
         # start the broker from the main thread and want no orphan if they are killed (tests).
         self.die_with_parent = die_with_parent
@@ -410,7 +415,7 @@ class EmbeddedKafka:
         """Format log.dirs with `cluster_id` (the nodes of one cluster share it) or a fresh one (kafka-storage format)."""
         cmd = self._java_cmd(
             FORMAT_JAVA_OPTS, "kafka.tools.StorageTool",
-            "format", "-t", cluster_id or random_cluster_id(), "-c", str(self.properties_file),
+            "format", "-t", cluster_id or random_cluster_id(), "-c", str(self.properties_file), *self.format_args,
         )  # fmt: skip
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0 or not self.is_formatted:
@@ -473,7 +478,7 @@ class EmbeddedKafka:
                     f"last lines of {self.log_file}:\n{_tail(self.log_file)}"
                 )
             try:
-                if probe_metadata(self.host, self.port, timeout=2.0):
+                if self.probe() if self.probe else probe_metadata(self.host, self.port, timeout=2.0):
                     return self
                 last_error = BrokerError("no live broker in the metadata response yet")
             except (OSError, struct.error, UnicodeDecodeError) as e:

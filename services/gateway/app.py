@@ -17,6 +17,7 @@ from services.kernel.events import StartTurn, SupportReply, SupportRequest, Turn
 from services.kernel.messaging import Outlet, current_record, group, key_of, make_broker, service_app, subscribe, topic_of
 from services.kernel.settings import Settings
 from services.kernel.telemetry import bind_turn, new_turn_ids, record_turn_span, tracer
+from services.kernel.kafka_clients import kafka_clients
 from services.kernel.transactions import TransactionalOutlet, transactional_id
 from services.tools.agent import current_agent
 
@@ -29,10 +30,11 @@ def build(settings: Settings) -> FastStream:
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
     refusals = Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # the replies to refused requests (turns' are transactional)
     replies_topic = topic_of(broker, topics.SUPPORT_REPLIES)
-    replies = TransactionalOutlet(settings.bootstrap_servers, replies_topic, group("gateway", "replies"),
+    kafka = kafka_clients(settings)
+    replies = TransactionalOutlet(kafka, replies_topic, group("gateway", "replies"),
                                   transactional_id("gateway", replies_topic, settings.instance_id))
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
-    replied = RepliedTurns(settings.bootstrap_servers, replies_topic)
+    replied = RepliedTurns(kafka, replies_topic)
     subscribe_requests(broker, settings, admission, start, refusals)
     subscribe_outcomes(broker, settings, admission, replies, replied)
     app = service_app(broker, log)

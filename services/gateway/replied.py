@@ -21,10 +21,11 @@ import json
 import logging
 import time
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from services.kernel.aiokafka_seam import partitions_of
 from services.kernel.dedupe import SeenIds
+from services.kernel.kafka_clients import KafkaClients, clients_of
 
 log = logging.getLogger("roundtrip.gateway")
 
@@ -33,8 +34,8 @@ PRIME_TIMEOUT_S = 30.0
 
 
 class RepliedTurns:
-    def __init__(self, bootstrap_servers: str, replies_topic: str, memory_s: float = REPLY_MEMORY_S) -> None:
-        self._bootstrap, self._topic, self._memory_s = bootstrap_servers, replies_topic, memory_s
+    def __init__(self, kafka: KafkaClients | str, replies_topic: str, memory_s: float = REPLY_MEMORY_S) -> None:
+        self._kafka, self._topic, self._memory_s = clients_of(kafka), replies_topic, memory_s
         self.committed = SeenIds(capacity=1_000_000)
         self.staged: dict[str, tuple[TopicPartition, int]] = {}
         self._primed = False
@@ -77,8 +78,7 @@ class RepliedTurns:
     async def _prime(self) -> None:
         """Read the committed replies of the last `memory_s` (every partition) into `committed`."""
         started = time.monotonic()
-        consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
-                                    isolation_level="read_committed", auto_offset_reset="earliest")
+        consumer = self._kafka.consumer(enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest")
         await consumer.start()
         try:
             partitions = await partitions_of(consumer, [self._topic])  # one request, no group needed

@@ -12,17 +12,24 @@ nothing but the signed batches it runs. Two more principals are not services: `o
 commands: topics, lag, ask, cancel, approvals) and `app` (the user's own client: it publishes requests and reads
 replies in its own group).
 
-`roundtrip acls` prints them as `kafka-acls` commands (`render`), one per resource and operation set.
+`roundtrip acls` prints them as `kafka-acls` commands (`render`), one per resource and operation set, or adds
+them through the admin API (`apply`, `roundtrip acls --apply`: Kafka's CreateAcls, as kafka-acls.sh does).
 """
 
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 from services.kernel import topics, topology
 
 DEFAULT_PRINCIPAL = "User:roundtrip-{name}"
+# Kafka's codes (org.apache.kafka.common.resource.ResourceType, acl.AclOperation, PatternType, AclPermissionType)
+RESOURCE_CODES = {"topic": 2, "group": 3, "cluster": 4, "transactional-id": 5}
+OPERATION_CODES = {"Read": 3, "Write": 4, "Create": 5, "Alter": 7, "Describe": 8, "DescribeConfigs": 10, "AlterConfigs": 11,
+                   "IdempotentWrite": 12}
+LITERAL, PREFIXED, ALLOW = 3, 4, 3
 OPERATOR, APP = "operator", "app"
 
 
@@ -102,6 +109,26 @@ def render(derived: dict[str, list[Acl]], bootstrap: str, command_config: str | 
         lines.append(f"# {name}: {acls[0].principal}" if acls else f"# {name}")
         lines += [acl.command(bootstrap, command_config) for acl in acls]
     return "\n".join(lines) + "\n"
+
+
+async def apply(admin: Any, derived: dict[str, list[Acl]]) -> int:
+    """Add every ACL through a started AIOKafkaAdminClient of a principal allowed to (CreateAcls, one binding per
+    request); raises ValueError naming the first the cluster refused. Returns how many bindings were added
+    (adding one that exists changes nothing)."""
+    from aiokafka.protocol.admin import CreateAclsRequest
+
+    added = 0
+    for acl in (a for acls in derived.values() for a in acls):
+        for operation in acl.operations:
+            request = CreateAclsRequest(RESOURCE_CODES[acl.kind], acl.name, PREFIXED if acl.prefixed else LITERAL,
+                                        acl.principal, "*", OPERATION_CODES[operation], ALLOW)
+            response = await admin._send_request(request)  # aiokafka's admin has no create_acls of its own
+            for error_code, error_message in response.creation_responses:
+                if error_code:
+                    raise ValueError(f"the cluster refused {operation} on {acl.kind} {acl.name} for {acl.principal}: "
+                                     f"error {error_code} {error_message or ''}".strip())
+            added += 1
+    return added
 
 
 def _merged(acls: list[Acl]) -> list[Acl]:

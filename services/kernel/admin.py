@@ -1,9 +1,10 @@
 """Topic administration: create the fleet's topics (idempotently) and wait for a broker.
 
-    report = await ensure_topics("127.0.0.1:9092", prefix="", partitions=6, executor_partitions=12)
+    report = await ensure_topics(kafka_clients(settings), prefix="", partitions=6, executor_partitions=12)
     report.created, report.existing, report.grown
 
-`create_topics` is the short form returning only the names it created. Existing topics are
+The first argument of each function here is the cluster: a KafkaClients (services/kernel/kafka_clients.py, its
+security included) or a bootstrap string (PLAINTEXT). `create_topics` is the short form returning only the names it created. Existing topics are
 left alone, except that a topic with fewer partitions than asked is grown (Kafka can only add
 partitions), so raising `executor_partitions` scales the executors of a running fleet.
 """
@@ -20,6 +21,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
 
 from services.kernel import topics, topology
+from services.kernel.kafka_clients import KafkaClients, clients_of
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +66,8 @@ def desired_topics(prefix: str, partitions: int, executor_partitions: int | None
     return counts
 
 
-def _admin(bootstrap: str, request_timeout_ms: int = 30000) -> AIOKafkaAdminClient:
-    return AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, client_id="roundtrip-admin", request_timeout_ms=request_timeout_ms
-    )
+def _admin(kafka: KafkaClients | str, request_timeout_ms: int = 30000) -> AIOKafkaAdminClient:
+    return clients_of(kafka).admin(client_id="roundtrip-admin", request_timeout_ms=request_timeout_ms)
 
 
 async def _partition_counts(
@@ -94,7 +94,7 @@ async def _partition_counts(
 
 
 async def ensure_topics(
-    bootstrap: str,
+    bootstrap: KafkaClients | str,
     prefix: str = "",
     partitions: int = 6,
     executor_partitions: int | None = None,
@@ -180,7 +180,7 @@ async def _raise_message_limits(admin: AIOKafkaAdminClient, names: list[str], pr
 
 
 async def create_topics(
-    bootstrap: str,
+    bootstrap: KafkaClients | str,
     prefix: str = "",
     partitions: int = 6,
     executor_partitions: int | None = None,
@@ -195,7 +195,7 @@ async def create_topics(
     return report.created
 
 
-async def wait_for_broker(bootstrap: str, timeout: float = 60.0) -> None:
+async def wait_for_broker(bootstrap: KafkaClients | str, timeout: float = 60.0) -> None:
     """Wait until the cluster at `bootstrap` answers a metadata request with a live broker."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -212,7 +212,7 @@ async def wait_for_broker(bootstrap: str, timeout: float = 60.0) -> None:
         finally:
             await admin.close()
         await asyncio.sleep(0.25)
-    raise TimeoutError(f"no Kafka broker answering at {bootstrap} after {timeout:.0f}s ({last})")
+    raise TimeoutError(f"no Kafka broker answering at {clients_of(bootstrap).bootstrap} after {timeout:.0f}s ({last})")
 
 
 # -- consumer lag ---------------------------------------------------------------------------
@@ -290,14 +290,14 @@ async def _retrying(call, timeout: float):
             await asyncio.sleep(0.2)
 
 
-async def consumer_lag(bootstrap: str, prefix: str = "", group: str | None = None, timeout: float = 10.0) -> list[GroupLag]:
+async def consumer_lag(bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None, timeout: float = 10.0) -> list[GroupLag]:
     """Lag of the fleet's consumer groups (and any other `roundtrip-*` group) on this prefix's topics.
 
     Per group: committed offset, log start and end offset and lag per partition, and its members with
     their assigned partitions. `group` keeps one group ("executor" or "roundtrip-executor"). The topology's
     groups are shown even before they exist or commit: a group that never committed lags from the start of the log.
     """
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
     wire = {prefix + name for name in topology.topic_names()}
     fleet_groups = topology.groups()
@@ -305,7 +305,7 @@ async def consumer_lag(bootstrap: str, prefix: str = "", group: str | None = Non
     consumer = None
     await admin.start()
     try:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, request_timeout_ms=int(timeout * 1000))
+        consumer = clients_of(bootstrap).consumer(enable_auto_commit=False, request_timeout_ms=int(timeout * 1000))
         await consumer.start()
         listed = {g[0] for g in await admin.list_consumer_groups() if str(g[0]).startswith("roundtrip-")}
         names = sorted(set(fleet_groups) | listed)

@@ -41,6 +41,7 @@ from services.kernel.admin import DEAD_LETTER_MAX_BYTES
 from services.kernel.consumer import Commit, KeyOrderedConsumer
 from services.kernel.events import DeadLettered
 from services.kernel.faststream_seam import kafka_producer, replace_consume_loop
+from services.kernel.kafka_clients import kafka_clients
 from services.kernel.settings import Settings
 from services.kernel.telemetry import consuming, mark_error, publishing
 from services.kernel.topology import group  # one group per subscription: they join and rebalance independently
@@ -321,8 +322,10 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
     `turn_roots`: the (logical) topics whose messages start turns: their hops open the turn's trace.
     No FastStream middlewares: the kernel's subscriptions and Outlets trace, count and dead-letter
     themselves (see the module's docstring)."""
+    kafka = kafka_clients(settings)
     broker = KafkaBroker(
-        settings.bootstrap_list,  # a list: FastStream takes a string as one host, "h1:9092,h2:9092" included
+        kafka.bootstrap_list,  # a list: FastStream takes a string as one host, "h1:9092,h2:9092" included
+        **kafka.broker_options,  # TLS and SASL as the settings say (none for PLAINTEXT)
         client_id=f"roundtrip-{service}",
         enable_idempotence=True,
         linger_ms=0,

@@ -18,6 +18,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from opentelemetry.propagate import inject
 from pydantic import BaseModel
 
+from services.kernel.kafka_clients import KafkaClients, clients_of
+
 DISCARD_TIMEOUT_S = 10  # stopping a broken producer flushes nothing that matters: its transaction is settled by the next
 RESTART_TIMEOUT_S = 30  # a fresh producer that cannot register (no coordinator) gives up; the next commit tries again
 
@@ -48,16 +50,16 @@ class TransactionalOutlet:
     transaction per commit (a group commit), so replies need not queue one transaction each.
     """
 
-    def __init__(self, bootstrap_servers: str, topic: str, group_id: str, txn_id: str) -> None:
+    def __init__(self, kafka: KafkaClients | str, topic: str, group_id: str, txn_id: str) -> None:
         self.topic, self.group_id = topic, group_id
-        self._options = dict(bootstrap_servers=bootstrap_servers, transactional_id=txn_id, enable_idempotence=True, linger_ms=0)
+        self._kafka, self._options = clients_of(kafka), dict(transactional_id=txn_id, enable_idempotence=True, linger_ms=0)
         self._producer: AIOKafkaProducer | None = None
         # partition -> offset of the consumed record -> (value, key, headers); a record read again replaces its own
         self._staged: dict[TopicPartition, dict[int, tuple[bytes, bytes, list[tuple[str, bytes]]]]] = {}
 
     async def start(self) -> None:
         """Connect and register the transactional id (fencing an earlier producer with the same id)."""
-        self._producer = AIOKafkaProducer(**self._options)  # aiokafka wants a running loop
+        self._producer = self._kafka.producer(**self._options)  # aiokafka wants a running loop
         await self._producer.start()
 
     async def stop(self) -> None:
@@ -117,7 +119,7 @@ class TransactionalOutlet:
         """A fresh producer with the same transactional id. Registering it completes (or aborts) the transaction
         the last one left, so the group's committed offsets then say what that one published: those staged
         messages are dropped instead of published twice."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._options["bootstrap_servers"], request_timeout_ms=10000)
+        admin = self._kafka.admin(request_timeout_ms=10000)
         try:
             committed = await asyncio.wait_for(self._start_and_read(admin), RESTART_TIMEOUT_S)  # while the brokers are away: later
         except BaseException:

@@ -110,8 +110,8 @@ class Agent:
             specs, problems = collect_specs(Path(self.tools_dir))
         elif self.tools_dir is not None:
             problems.append(f"tools_dir {self.tools_dir} is not a folder")
-        elif not self.tools:
-            problems.append("no tools: give tools_dir (JSON Schema documents) or tools (Python functions)")
+        elif not self.tools and not self.mcp_servers:
+            problems.append("no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers")
         fn_specs, fn_handlers, found = function_specs(self.tools)
         problems += found
         if twice := sorted(set(specs) & set(fn_specs)):

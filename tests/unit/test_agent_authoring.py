@@ -151,7 +151,7 @@ LOOSE_DIR = {"name": "loose_doc", "description": "A schema document that does no
     ({"handlers": {"close_ticket": close_ticket}}, "handlers for function tools (a function is its own handler): ['close_ticket']"),
     ({"tools": [close_ticket, close_ticket]}, "tool close_ticket is declared twice"),
     ({"tools": [tool(name="no spaces allowed")(close_ticket.fn)]}, "tool name 'no spaces allowed' must match"),
-    ({"tools": []}, "no tools: give tools_dir (JSON Schema documents) or tools (Python functions)"),
+    ({"tools": []}, "no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers"),
     ({"name": "a desk"}, "the name must match"),
     ({"system_prompt": ""}, "the system prompt is empty"),
     ({"replies": {"nap": "zzz"}}, "replies for unknown outcomes ['nap']"),
@@ -243,3 +243,15 @@ def test_agent_init_makes_a_package_that_passes_the_check_and_its_own_tests(tmp_
     again = CliRunner().invoke(app, ["agent", "init", "acme-desk", "--dir", str(tmp_path)])
     assert again.exit_code == 1 and "exists and is not empty" in again.output
     assert CliRunner().invoke(app, ["agent", "init", "9lives", "--dir", str(tmp_path)]).exit_code == 1
+
+
+def test_agent_check_asks_the_agents_mcp_servers_unless_offline(monkeypatch):
+    from services.broker.embedded import free_port
+
+    monkeypatch.setenv("ROUNDTRIP_MCP_GIFTWRAP_URL", f"http://127.0.0.1:{free_port()}/mcp")  # nothing listens there
+    asked = CliRunner().invoke(app, ["agent", "check", "tests.mcp_agent:AGENT"])
+    assert asked.exit_code == 1, asked.output
+    assert "MCP server giftwrap" in asked.output and "does not answer" in asked.output
+    offline = CliRunner().invoke(app, ["agent", "check", "--offline", "tests.mcp_agent:AGENT"])
+    assert offline.exit_code == 0, offline.output
+    assert offline.output.startswith("agent gifting-agent: ok:")

@@ -307,8 +307,24 @@ def test_k8s_topics_are_made_for_a_production_cluster(k8s):
     # every partition on 3 brokers, a write acknowledged by 2: one broker may fail without a loss or a stop
     assert config["ROUNDTRIP_REPLICATION_FACTOR"] == "3"
     assert config["ROUNDTRIP_MIN_INSYNC_REPLICAS"] == "2"
-    assert all(c.get("envFrom") == [{"configMapRef": {"name": "roundtrip-config"}}]
+    # the init containers get those settings (and the Kafka user, to connect), nothing else
+    assert all(c.get("envFrom") == [{"configMapRef": {"name": "roundtrip-config"}}, {"secretRef": {"name": "roundtrip-kafka"}}]
                for d in kinds(k8s, "Deployment").values() for c in d["spec"]["template"]["spec"].get("initContainers", []))
+
+
+@pytest.mark.parametrize("name", topology.names())
+def test_every_kafka_client_and_keda_connect_as_the_same_kafka_user(k8s, name, monkeypatch):
+    (secret,) = [d for d in k8s if d["kind"] == "Secret" and d["metadata"]["name"] == "roundtrip-kafka"]
+    env = k8s_env(k8s, name)
+    assert {"ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD", "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL"} <= set(env)
+    settings_of({k: v for k, v in env.items() if k.startswith("ROUNDTRIP_KAFKA_")}, monkeypatch)  # as shipped: valid
+    (auth,) = [d for d in k8s if d["kind"] == "TriggerAuthentication"]
+    refs = {ref["parameter"]: ref for ref in auth["spec"]["secretTargetRef"]}
+    assert {ref["name"] for ref in refs.values()} == {"roundtrip-kafka"} and all(r["key"] in secret["stringData"] for r in refs.values())
+    assert (refs["username"]["key"], refs["password"]["key"]) == ("ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD")
+    for scaled in scaled_objects(k8s).values():
+        (trigger,) = scaled["spec"]["triggers"]
+        assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
 
 
 def test_one_default_model_everywhere(compose, k8s):

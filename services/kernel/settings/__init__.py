@@ -21,22 +21,22 @@ from services.kernel.settings.checks import (
 )
 from services.kernel.settings.concerns import (
     CONCERNS, DEV_APPROVAL_KEYS, DEV_APPROVAL_SECRET, DEV_DECISION_KEYS, DEV_DECISION_SECRET, ApprovalSettings, Concern,
-    ConversationSettings, Deployment, EmbeddedDefaults, ExecutorSettings, GateSettings, KafkaSettings, LoopRules, ModelSettings,
+    ConversationSettings, Deployment, EmbeddedDefaults, ExecutorSettings, GateSettings, KafkaSecurity, KafkaSettings, LoopRules, ModelSettings,
     TelemetrySettings, TranscriptLimits, TurnLedger,
 )
 
 __all__ = [
     "ASYNC_DRIVERS", "CONCERNS", "DEV_APPROVAL_KEYS", "DEV_APPROVAL_SECRET", "DEV_DECISION_KEYS", "DEV_DECISION_SECRET",
     "ApprovalSettings", "Concern", "ConfigurationError", "ConversationSettings", "Deployment", "EmbeddedDefaults",
-    "ExecutorSettings", "GateSettings", "InsecureConfiguration", "KafkaSettings", "LoopRules", "ModelSettings", "Settings",
+    "ExecutorSettings", "GateSettings", "InsecureConfiguration", "KafkaSecurity", "KafkaSettings", "LoopRules", "ModelSettings", "Settings",
     "TelemetrySettings", "TranscriptLimits", "TurnLedger", "check_database_url", "describe_invalid", "env_name",
     "get_settings", "parse_bootstrap_servers",
 ]
 
 
 class Settings(
-    Deployment, KafkaSettings, ModelSettings, LoopRules, TurnLedger, ConversationSettings, GateSettings, ExecutorSettings,
-    TranscriptLimits, ApprovalSettings, TelemetrySettings, EmbeddedDefaults,
+    Deployment, KafkaSettings, KafkaSecurity, ModelSettings, LoopRules, TurnLedger, ConversationSettings, GateSettings,
+    ExecutorSettings, TranscriptLimits, ApprovalSettings, TelemetrySettings, EmbeddedDefaults,
 ):
     """The fleet's settings: every concern (CONCERNS), and what needs more than one of them."""
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -43,6 +45,58 @@ def parse_bootstrap_servers(value: str) -> list[str]:
     return entries
 
 
+SECURITY_PROTOCOLS = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SASL_MECHANISMS = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"]
+_IMPORT_STRING = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+
+
+def existing_file(path: Path | None) -> Path | None:
+    """A file this process can read (a certificate, a key, a mounted secret); ValueError naming the path otherwise."""
+    if path is None or not str(path).strip():
+        return None
+    path = path.expanduser()
+    if not path.is_file():
+        raise ValueError(f"no file {path}")
+    try:
+        path.open("rb").close()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path} ({exc.strerror})") from None
+    return path
+
+
+def check_import_string(value: str) -> str:
+    if not _IMPORT_STRING.fullmatch(value):
+        raise ValueError(f"{value!r} is not module:attribute, e.g. my_package.kafka_auth:TokenProvider")
+    return value
+
+
+def check_kafka_security(s: Any) -> None:
+    """Refuse a Kafka security group whose parts do not fit together (a KafkaSecurity): ValueError naming the variables."""
+    sasl, tls = s.kafka_security_protocol.startswith("SASL_"), s.kafka_security_protocol.endswith("SSL")
+    mechanism, protocol = s.kafka_sasl_mechanism, f"ROUNDTRIP_KAFKA_SECURITY_PROTOCOL={s.kafka_security_protocol}"
+    password = s.kafka_sasl_password is not None or s.kafka_sasl_password_file is not None
+    if sasl and mechanism is None:
+        raise ValueError(f"{protocol} needs ROUNDTRIP_KAFKA_SASL_MECHANISM: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER")
+    if not sasl and (mechanism or s.kafka_sasl_username or password or s.kafka_sasl_oauth_token_provider):
+        raise ValueError(f"SASL settings are set but {protocol} does not use SASL: set it to SASL_SSL or SASL_PLAINTEXT")
+    if not tls and (s.kafka_ssl_cafile or s.kafka_ssl_certfile or s.kafka_ssl_keyfile):
+        raise ValueError(f"ROUNDTRIP_KAFKA_SSL_* files are set but {protocol} does not use TLS: set it to SSL or SASL_SSL")
+    if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
+        raise ValueError("ROUNDTRIP_KAFKA_SSL_KEYFILE is set without ROUNDTRIP_KAFKA_SSL_CERTFILE (the certificate it belongs to)")
+    if s.kafka_sasl_password is not None and s.kafka_sasl_password_file is not None:
+        raise ValueError("both ROUNDTRIP_KAFKA_SASL_PASSWORD and ROUNDTRIP_KAFKA_SASL_PASSWORD_FILE are set: keep one")
+    if mechanism == "OAUTHBEARER":
+        if not s.kafka_sasl_oauth_token_provider:
+            raise ValueError("ROUNDTRIP_KAFKA_SASL_MECHANISM=OAUTHBEARER needs ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER (module:attribute)")
+        if s.kafka_sasl_username or password:
+            raise ValueError("OAUTHBEARER takes its token from ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER, not a username or password")
+    elif mechanism:
+        if s.kafka_sasl_oauth_token_provider:
+            raise ValueError(f"ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER is for OAUTHBEARER, not {mechanism}")
+        if not s.kafka_sasl_username or not password:
+            raise ValueError(f"{mechanism} needs ROUNDTRIP_KAFKA_SASL_USERNAME and ROUNDTRIP_KAFKA_SASL_PASSWORD (or _PASSWORD_FILE)")
+
+
 def check_database_url(value: str) -> str:
     """A URL the fleet's async engines can open: postgresql+asyncpg:// or sqlite+aiosqlite://; ValueError saying which
     form works otherwise. The message shows only the scheme, never the rest (it may carry a password)."""
@@ -65,7 +119,7 @@ def describe_invalid(error: ValidationError) -> str:
     """One line per invalid setting, named by its environment variable: what `roundtrip` prints instead of a traceback."""
     lines = []
     for item in error.errors():
-        variable = env_name(str(item["loc"][0])) if item.get("loc") else "?"
         message = item.get("msg", "invalid").removeprefix("Value error, ")
-        lines.append(f"{variable}: {message}")
+        # a check of several settings together (no location) names its variables itself
+        lines.append(f"{env_name(str(item['loc'][0]))}: {message}" if item.get("loc") else message)
     return "; ".join(lines)

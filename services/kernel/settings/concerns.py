@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Annotated, ClassVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, AliasChoices, Field, field_validator
+from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.kernel.settings.checks import check_database_url, parse_bootstrap_servers
+from services.kernel.settings.checks import (
+    SASL_MECHANISMS, SECURITY_PROTOCOLS, check_database_url, check_import_string, check_kafka_security, existing_file,
+    parse_bootstrap_servers,
+)
 
 KEYS = {"secret": "keys"}  # key_id:secret pairs: the ids may be shown, the secrets never
 SECRET = {"secret": "value"}
@@ -41,6 +44,8 @@ def _database_url(value: str | None) -> str | None:
 
 
 DatabaseUrl = Annotated[str | None, AfterValidator(_database_url)]  # unset, or a URL the fleet's async engines open
+_upper = BeforeValidator(lambda value: value.strip().upper() if isinstance(value, str) else value)
+ExistingFile = Annotated[Path | None, AfterValidator(existing_file)]  # unset, or a file this process can read
 
 
 class Concern(BaseSettings):
@@ -110,6 +115,57 @@ class KafkaSettings(Concern):
     @property
     def embedded_broker(self) -> bool:
         return not self.kafka_bootstrap_servers
+
+
+class KafkaSecurity(Concern):
+    """How every Kafka client of the fleet connects: TLS and SASL, named after the standard client properties
+    (security.protocol, sasl.mechanism, ssl.truststore: services/kernel/kafka_security.py turns them into aiokafka's
+    and FastStream's options)."""
+
+    heading = "Kafka security: TLS and SASL"
+
+    kafka_security_protocol: Annotated[SECURITY_PROTOCOLS, _upper] = Field(
+        "PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (security.protocol)"
+    )
+    kafka_sasl_mechanism: Annotated[SASL_MECHANISMS | None, _upper] = Field(
+        None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (sasl.mechanism); needed with SASL_*"
+    )
+    kafka_sasl_username: str | None = Field(None, description="SASL user (PLAIN and SCRAM)")
+    kafka_sasl_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description="SASL password (PLAIN and SCRAM)")
+    kafka_sasl_password_file: ExistingFile = Field(
+        None, description="File holding the SASL password (a mounted secret), instead of ROUNDTRIP_KAFKA_SASL_PASSWORD"
+    )
+    kafka_sasl_oauth_token_provider: str | None = Field(
+        None, description="OAUTHBEARER: module:attribute of an aiokafka AbstractTokenProvider, or of a callable making one "
+                          "(deploy/README.md: MSK IAM, OIDC client credentials)",
+    )
+    kafka_ssl_cafile: ExistingFile = Field(
+        None, description="PEM file of the CAs the brokers' certificates are checked against; unset: the system's CAs"
+    )
+    kafka_ssl_certfile: ExistingFile = Field(None, description="PEM file of this client's certificate (mTLS)")
+    kafka_ssl_keyfile: ExistingFile = Field(None, description="PEM file of this client's private key (mTLS)")
+    kafka_ssl_key_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description="Password of that key, if it has one")
+
+    @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file",
+                     "kafka_sasl_oauth_token_provider", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile",
+                     "kafka_ssl_key_password", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:  # an empty key of a Secret or ConfigMap (deploy/k8s) sets nothing
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("kafka_sasl_oauth_token_provider")
+    @classmethod
+    def _import_string(cls, value: str | None) -> str | None:
+        return None if value is None else check_import_string(value.strip())
+
+    @model_validator(mode="after")
+    def _fits_together(self) -> KafkaSecurity:
+        check_kafka_security(self)
+        return self
+
+    @property
+    def kafka_secured(self) -> bool:
+        return self.kafka_security_protocol != "PLAINTEXT"
 
 
 class ModelSettings(Concern):
@@ -298,6 +354,6 @@ class EmbeddedDefaults(Concern):
 
 
 CONCERNS: tuple[type[Concern], ...] = (
-    Deployment, KafkaSettings, ModelSettings, LoopRules, TurnLedger, ConversationSettings, GateSettings, ExecutorSettings,
+    Deployment, KafkaSettings, KafkaSecurity, ModelSettings, LoopRules, TurnLedger, ConversationSettings, GateSettings, ExecutorSettings,
     TranscriptLimits, ApprovalSettings, TelemetrySettings, EmbeddedDefaults,
 )

@@ -1,0 +1,176 @@
+"""Least privilege on a real cluster (issue 20): each service runs as its own SCRAM principal, on a broker whose
+StandardAuthorizer denies whatever no ACL allows, with exactly the ACLs `roundtrip acls --apply` derives from the
+topology; turns of the user's app (its own principal, its own consumer group) get their replies, and the
+executor's principal is refused when it writes a signed batch to turn.tool_batches or reads support.requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import TopicAuthorizationFailedError
+
+from services.broker.embedded import free_port
+from services.broker.secured import ADMIN_PASSWORD, ADMIN_USER, Listener, secured_kafka
+from services.kernel import topics, topology
+from services.kernel.events import SupportReply
+from tests.databases import migrated
+from tests.processes import start_service
+
+STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+MECHANISM = "SCRAM-SHA-256"
+PRINCIPALS = (*topology.names(), "operator", "app")
+PASSWORDS = {f"roundtrip-{name}": f"{name}-{uuid.uuid4().hex[:12]}" for name in PRINCIPALS}
+PREFIX = "acl."
+APP_GROUP = "acme-support-app"
+
+
+@pytest.fixture
+def authorizing_broker(tmp_path):
+    listener = Listener("SCRAM", "SASL_PLAINTEXT", free_port(), (MECHANISM,))
+    kafka = secured_kafka(tmp_path / "kafka", [listener], None, PASSWORDS, controller_port=free_port(), die_with_parent=True,
+                          properties={"authorizer.class.name": STANDARD_AUTHORIZER})  # super users: the broker's own (secured.py)
+    kafka.start()
+    try:
+        kafka.wait_ready(120)
+        yield kafka
+    finally:
+        kafka.stop()
+
+
+def as_principal(env: dict[str, str], user: str, password: str | None = None) -> dict[str, str]:
+    return env | {"ROUNDTRIP_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "ROUNDTRIP_KAFKA_SASL_MECHANISM": MECHANISM,
+                  "ROUNDTRIP_KAFKA_SASL_USERNAME": user, "ROUNDTRIP_KAFKA_SASL_PASSWORD": password or PASSWORDS[user]}
+
+
+def client_security(user: str) -> dict:
+    """What a plain aiokafka client of this principal passes (the user's app, the executor's credentials)."""
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": MECHANISM, "sasl_plain_username": user,
+            "sasl_plain_password": PASSWORDS[user]}
+
+
+def roundtrip(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+async def ask(bootstrap: str, texts: list[str]) -> dict[str, SupportReply]:
+    """The user's app: publish requests as `roundtrip-app`, read the replies in its own consumer group."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-app"))
+    consumer = AIOKafkaConsumer(PREFIX + topics.SUPPORT_REPLIES, bootstrap_servers=bootstrap, group_id=APP_GROUP,
+                                isolation_level="read_committed", auto_offset_reset="earliest", **client_security("roundtrip-app"))
+    await producer.start()
+    await consumer.start()
+    replies: dict[str, SupportReply] = {}
+    try:
+        wanted = []
+        for i, text in enumerate(texts):
+            request = {"request_id": f"req_acl_{i}_{uuid.uuid4().hex[:6]}", "conversation_id": f"conv_acl_{i}_{uuid.uuid4().hex[:6]}",
+                       "customer_id": "cus_1001", "text": text, "persona": "careful"}
+            wanted.append(request["request_id"])
+            await producer.send_and_wait(PREFIX + topics.SUPPORT_REQUESTS, json.dumps(request).encode(),
+                                         key=request["conversation_id"].encode())
+        async with asyncio.timeout(120):
+            async for record in consumer:
+                reply = SupportReply.model_validate_json(record.value)
+                replies[reply.request_id] = reply
+                if all(w in replies for w in wanted):
+                    return {w: replies[w] for w in wanted}
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    raise AssertionError("unreachable")
+
+
+async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | None, dict, dict[str, int]]:
+    """As the executor's principal: forge a batch on turn.tool_batches; read the customers' requests (from the start,
+    in its own group); ask the cluster about both topics. Returns the send's error, what was read, and the error
+    code the cluster answers for each topic (29: TOPIC_AUTHORIZATION_FAILED)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
+    await producer.start()
+    forged: type[BaseException] | None = None
+    try:
+        await producer.send_and_wait(PREFIX + topics.TOOL_BATCHES, b'{"forged": true}', key=b"conv")
+    except TopicAuthorizationFailedError as exc:
+        forged = type(exc)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id="roundtrip-executor", enable_auto_commit=False,
+                                **client_security("roundtrip-executor"))
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(PREFIX + topics.SUPPORT_REQUESTS, p) for p in range(2)])
+        read = await consumer.getmany(timeout_ms=5_000)
+    finally:
+        await consumer.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
+    await admin.start()
+    try:
+        described = await admin.describe_topics([PREFIX + topics.SUPPORT_REQUESTS, PREFIX + topics.TOOL_BATCHES])
+    finally:
+        await admin.close()
+    return forged, read, {t["topic"].removeprefix(PREFIX): t["error_code"] for t in described}
+
+
+async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_the_rest(authorizing_broker, tmp_path):
+    bootstrap = authorizing_broker.bootstrap
+    ledger_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
+        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "ROUNDTRIP_TOPIC_PREFIX": PREFIX, "ROUNDTRIP_STATE_DIR": str(tmp_path),
+        "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url, "ROUNDTRIP_ENV": "development", "ROUNDTRIP_PARTITIONS": "2",
+        "ROUNDTRIP_SIMULATOR_PORT": str(free_port()), "ROUNDTRIP_SHOP_PORT": str(free_port()), "PYTHONUNBUFFERED": "1",
+    }
+    applied = roundtrip(as_principal(env, ADMIN_USER, ADMIN_PASSWORD), "acls", "--apply", "--app-group", APP_GROUP)
+    assert applied.returncode == 0, applied.stderr
+    assert "ACL bindings added" in applied.stdout
+    made = roundtrip(as_principal(env, "roundtrip-operator"), "topics", "create")  # the operator's ACLs make the topics
+    assert made.returncode == 0, made.stdout + made.stderr
+    await migrated(ledger_url)
+
+    procs = []
+    try:
+        for name in ("simulator", "shop"):  # no Kafka: plain HTTP
+            log = open(tmp_path / f"{name}.log", "ab")
+            procs.append(subprocess.Popen([sys.executable, "-m", "services.cli", "run", name], env=env, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        for port in (env["ROUNDTRIP_SIMULATOR_PORT"], env["ROUNDTRIP_SHOP_PORT"]):
+            await _wait_http(f"http://127.0.0.1:{port}/health")
+        for name in topology.names():  # each service as its own principal, with its ACLs and nothing more
+            procs.append(start_service(name, as_principal(env, f"roundtrip-{name}"), tmp_path / f"{name}.log"))
+
+        replies = await ask(bootstrap, ["where is my order?", "where is my order?"])
+        assert [r.outcome for r in replies.values()] == ["end_turn", "end_turn"], replies
+
+        forged, read, described = await executor_overreaches(bootstrap)
+        assert forged is TopicAuthorizationFailedError  # it cannot write a batch for itself to run
+        assert read == {}  # two requests are there, and it reads none of them
+        assert described == {topics.SUPPORT_REQUESTS: 29, topics.TOOL_BATCHES: 0}  # its own input it may see
+        for proc in procs:
+            assert proc.poll() is None, f"pid {proc.pid} exited"
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def _wait_http(url: str, timeout: float = 60.0) -> None:
+    async with httpx.AsyncClient() as http, asyncio.timeout(timeout):
+        while True:
+            try:
+                if (await http.get(url, timeout=1)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.2)
