@@ -191,6 +191,9 @@ def ask(
 ) -> None:
     """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
 
+    A turn waiting for a person's approval is followed to its end: ask waits up to the approval deadline plus
+    --timeout.
+
     Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, the
     fleet's topics missing); 3 the guard stopped the turn (step_limit, repeated_call, cycle, failure_streak,
     budget, deadline, cancelled, approval_timeout); 4 the model stopped without its answer (max_tokens,
@@ -200,7 +203,7 @@ def ask(
     from services.console import ask as do_ask
 
     _check_persona(persona)
-    code = asyncio.run(do_ask(get_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    code = asyncio.run(do_ask(_fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
 
 
@@ -215,8 +218,22 @@ def chat(
     from services.console import chat as do_chat
 
     _check_persona(persona)
-    code = asyncio.run(do_chat(get_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    code = asyncio.run(do_chat(_fleet_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
+
+
+def _fleet_settings():
+    """The settings of the fleet this command talks to: the one running in the state folder (services/fleet_state.py),
+    else this shell's; which one is said on stderr, with the shell's variables that differ from the fleet's."""
+    from services.fleet_state import adopt
+    from services.kernel.database import shown
+
+    reading = adopt(get_settings().state_dir)
+    get_settings.cache_clear()
+    settings = get_settings()
+    for line in reading.lines(shown(settings.ledger_db_url)):
+        typer.secho(line, fg="yellow" if line.startswith("warning") else None, err=True)
+    return settings
 
 
 def _check_persona(persona: str | None) -> None:
@@ -233,7 +250,7 @@ def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace
     """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or the local span files."""
     from services.console import show_trace
 
-    raise typer.Exit(show_trace(get_settings(), turn_or_trace_id))
+    raise typer.Exit(show_trace(_fleet_settings(), turn_or_trace_id))
 
 
 @app.command("dead-letters")
@@ -243,7 +260,7 @@ def dead_letters(
     """Show the messages no service could process, newest last, with the reason."""
     from services.console import show_dead_letters
 
-    raise typer.Exit(asyncio.run(show_dead_letters(get_settings(), limit)))
+    raise typer.Exit(asyncio.run(show_dead_letters(_fleet_settings(), limit)))
 
 
 @app.command()
@@ -262,20 +279,21 @@ def lag(
         raise typer.BadParameter(f"unknown consumer group {group!r}; the fleet's groups are: {', '.join(sorted(known))} "
                                  "(with or without the roundtrip- prefix)", param_hint="'--group'")
     try:
-        raise typer.Exit(asyncio.run(show_lag(get_settings(), group, json_output, watch)))
+        raise typer.Exit(asyncio.run(show_lag(_fleet_settings(), group, json_output, watch)))
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 
 
 @app.command()
 def config() -> None:
-    """Print the effective configuration, grouped by concern (secrets hidden)."""
+    """Print the effective configuration, grouped by concern (secrets hidden): the running fleet's, when one runs in
+    the state folder, else this shell's."""
     from services.kernel.settings import display
 
     from services.kernel.settings import ConfigurationError
     from services.tools.agent import current_agent
 
-    settings = get_settings()
+    settings = _fleet_settings()
     try:
         agent = current_agent(settings.agent)
     except ConfigurationError as exc:
@@ -310,7 +328,7 @@ def turns(
         raise typer.BadParameter("status must be running, stuck, awaiting, ending or ended")
     from services.console import list_turns
 
-    raise typer.Exit(asyncio.run(list_turns(get_settings(), status, customer, limit)))
+    raise typer.Exit(asyncio.run(list_turns(_fleet_settings(), status, customer, limit)))
 
 
 @conversations_app.callback()
@@ -324,7 +342,7 @@ def conversations(
         return
     from services.console import list_conversations
 
-    raise typer.Exit(asyncio.run(list_conversations(get_settings(), customer, limit)))
+    raise typer.Exit(asyncio.run(list_conversations(_fleet_settings(), customer, limit)))
 
 
 @conversations_app.command("forget")
@@ -332,7 +350,7 @@ def conversations_forget(conversation_id: Annotated[str, typer.Argument(help="th
     """Delete a conversation and its history now (a customer's right to erasure)."""
     from services.console import forget_conversation
 
-    raise typer.Exit(asyncio.run(forget_conversation(get_settings(), conversation_id)))
+    raise typer.Exit(asyncio.run(forget_conversation(_fleet_settings(), conversation_id)))
 
 
 @turns_app.command("cancel")
@@ -343,7 +361,7 @@ def turns_cancel(
     """Stop a running turn now (a kill switch): the customer gets a polite reply."""
     from services.console import cancel_turn
 
-    raise typer.Exit(asyncio.run(cancel_turn(get_settings(), turn_id, reason)))
+    raise typer.Exit(asyncio.run(cancel_turn(_fleet_settings(), turn_id, reason)))
 
 
 def _me() -> str:
@@ -367,7 +385,7 @@ def approvals(
         return
     from services.console import list_approvals
 
-    raise typer.Exit(asyncio.run(list_approvals(get_settings(), all_, limit)))
+    raise typer.Exit(asyncio.run(list_approvals(_fleet_settings(), all_, limit)))
 
 
 @approvals_app.command("approve")
@@ -379,7 +397,7 @@ def approvals_approve(
     """Approve one waiting call: it runs once, with exactly the arguments shown, and the turn goes on."""
     from services.console import decide
 
-    raise typer.Exit(asyncio.run(decide(get_settings(), approval_id, True, reason, by or _me())))
+    raise typer.Exit(asyncio.run(decide(_fleet_settings(), approval_id, True, reason, by or _me())))
 
 
 @approvals_app.command("deny")
@@ -391,7 +409,7 @@ def approvals_deny(
     """Deny one waiting call: it never runs; the model gets an error result with the reason and goes on."""
     from services.console import decide
 
-    raise typer.Exit(asyncio.run(decide(get_settings(), approval_id, False, reason, by or _me())))
+    raise typer.Exit(asyncio.run(decide(_fleet_settings(), approval_id, False, reason, by or _me())))
 
 
 @topics_app.command("create")

@@ -8,6 +8,7 @@ for each line typed, all in one conversation (the guard keeps its history).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -26,10 +27,11 @@ from services.kernel.database import shown
 from services.kernel.kafka_clients import kafka_clients
 from services.kernel.events import (
     ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, SupportRequest,
-    TurnFlagged,
+    SupportStatus, TurnFlagged,
 )
 from services.kernel.settings import Settings
 from services.kernel.telemetry import span_files
+from services.live_order import StepOrder
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
 
@@ -52,7 +54,7 @@ class Session:
         self.settings = settings
         self.watched = {topics.t(n, settings.topic_prefix): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
                                                  topics.TURN_EVENTS, topics.SUPPORT_REPLIES, topics.APPROVAL_REQUESTS,
-                                                 topics.APPROVAL_DECISIONS)}
+                                                 topics.APPROVAL_DECISIONS, topics.SUPPORT_STATUS)}
         kafka = kafka_clients(settings)
         self.consumer = kafka.consumer(enable_auto_commit=False, isolation_level="read_committed")
         self.producer = kafka.producer()
@@ -82,14 +84,19 @@ class Session:
         console.print(f"[bold]{customer}[/] asks: {text}" + (f"  [dim](persona {persona})[/]" if persona else ""))
         seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
         waiting: set[str] = set()  # approval ids of this turn
+        order = StepOrder(request.request_id)  # what Kafka's fetches return, in the order it happened
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            batches = await self.consumer.getmany(timeout_ms=500)
-            for records in batches.values():
+            for records in (await self.consumer.getmany(timeout_ms=500)).values():
                 for record in records:
-                    reply = _render(self.watched[record.topic], record.value, request.request_id, seen, waiting)
-                    if reply is not None:
-                        return show_reply(reply)
+                    with contextlib.suppress(ValueError):
+                        order.add(self.watched[record.topic], json.loads(record.value))
+            for topic, data in order.ready():
+                if topic == topics.SUPPORT_STATUS:  # the turn waits for a person: so does ask, up to the wait's end
+                    deadline = max(deadline, time.monotonic() + max(0.0, data.get("until", 0) - time.time()) + timeout)
+                reply = _render(topic, data, request.request_id, seen, waiting)
+                if reply is not None:
+                    return show_reply(reply)
         console.print(f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {self.settings.state_dir / 'logs'})")
         return 1
 
@@ -170,16 +177,21 @@ WAITING_ON = {
 }
 
 
-def _render(topic: str, value: bytes, request_id: str, seen: dict[str, str | None] | None = None,
+def _show_status(data: dict[str, Any]) -> None:
+    """What the app is told while its turn waits (support.status)."""
+    status = SupportStatus.model_validate(data)
+    console.print(f"  [yellow]{status.state.value}[/] until {time.strftime('%H:%M:%S', time.localtime(status.until))} "
+                  "(support.status): the reply comes once a person decides, or then")
+
+
+def _render(topic: str, data: dict[str, Any], request_id: str, seen: dict[str, str | None] | None = None,
             waiting: set[str] | None = None) -> SupportReply | None:
     seen = {} if seen is None else seen
     waiting = set() if waiting is None else waiting
-    try:
-        data = json.loads(value)
-    except ValueError:
-        return None
     if topic == topics.SUPPORT_REPLIES:
         return SupportReply.model_validate(data) if data.get("request_id") == request_id else None
+    if topic == topics.SUPPORT_STATUS:
+        return _show_status(data) if data.get("request_id") == request_id else None
     if topic == topics.APPROVAL_DECISIONS:
         if data.get("approval_id") in waiting:
             decision = ApprovalDecided.model_validate(data)

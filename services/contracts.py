@@ -31,7 +31,9 @@ def asyncapi_document() -> dict:
         version="1",
         description=(
             "Topics of the roundtrip fleet. Clients publish SupportRequest to support.requests and read SupportReply "
-            "from support.replies; every other topic is internal. Messages are JSON, keyed by conversation id."
+            "from support.replies (exactly one per request); they may read SupportStatus from support.status (a turn "
+            "waiting for a person, and until when: never a reply). Every other topic is internal. Messages are JSON, "
+            "keyed by conversation id."
         ),
     )
     return spec.to_specification().to_jsonable()

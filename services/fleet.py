@@ -34,6 +34,7 @@ from pathlib import Path
 import httpx
 from pydantic import ValidationError
 
+from services import fleet_state
 from services.broker.embedded import die_with_parent_preexec
 from services.kernel import topology
 from services.kernel.runtime import READY_FD_ENV
@@ -93,6 +94,7 @@ class Fleet:
         self._claimed = claim_folder(s.state_dir)
         if s.ledger_database_url is None:  # the children share this folder, so its SQLite file is the fleet's one ledger
             self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
+        fleet_state.record(s.state_dir, {**os.environ, **self.env})  # what the operator commands read (services/fleet_state.py)
         try:  # whatever fails, stop() undoes what started and releases the folder
             self._shop = demo_shop(self.settings, self.env)
             self._check_ports()
@@ -156,6 +158,7 @@ class Fleet:
             raise FleetError(f"{name} is not stopped")
         if env:
             self.env = {**self.env, **env}
+        fleet_state.record(self.settings.state_dir, {**os.environ, **self.env})  # the settings it now runs with
         for child in dead:
             self.children.remove(child)
             self._close_ready(child)
@@ -241,6 +244,7 @@ class Fleet:
     # -- steps ----------------------------------------------------------------------
     def _release_folder(self) -> None:
         if self._claimed is not None:
+            fleet_state.forget(self.settings.state_dir)
             release_folder(self._claimed)
             self._claimed = None
 

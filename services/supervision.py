@@ -89,7 +89,7 @@ def claim_folder(state_dir: Path) -> Path:
     path = state_dir / RUNNING_FILE
     with contextlib.suppress(OSError, ValueError, IndexError):
         pid = int(path.read_text().split()[0])
-        if pid != os.getpid() and _alive(pid):
+        if pid != os.getpid() and alive(pid):
             raise FleetError(f"a fleet is already running in {state_dir.resolve()} (pid {pid}); stop it (Ctrl-C where it runs, "
                              f"or kill {pid}), or give this one another folder with ROUNDTRIP_STATE_DIR")
     path.write_text(f"{os.getpid()}\n")
@@ -101,7 +101,7 @@ def release_folder(path: Path) -> None:
         path.unlink()
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

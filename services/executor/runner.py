@@ -64,6 +64,7 @@ class Runner:
                 tool_use_id=call.id,
                 idempotency_key=f"{turn.turn_id}:{call.id}",
                 deps=self.deps,
+                metadata=dict(turn.metadata or {}),
             )
             try:
                 known = self.fallback is None or call.name in self.registry

@@ -67,9 +67,10 @@ class Gate:
         blocked: str | None = None,
         lookups: StepLookups | None = None,
         decision: ApprovalDecided | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> CheckedCall:
         try:
-            return await self._check_call(call, customer_id, turn_id, blocked, lookups, decision)
+            return await self._check_call(call, customer_id, turn_id, blocked, lookups, decision, metadata)
         except Exception:  # noqa: BLE001 - the gate fails closed and keeps serving
             log.exception("gate failed while checking %s (%s); rejecting it", str(call.name)[:80], call.id)
             metrics.gate_rejections.labels(self._tool_label(call.name), "internal_error").inc()
@@ -80,7 +81,7 @@ class Gate:
 
     async def _check_call(
         self, call: ToolCall, customer_id: str, turn_id: str, blocked: str | None, lookups: StepLookups | None,
-        decision: ApprovalDecided | None = None,
+        decision: ApprovalDecided | None = None, metadata: dict[str, Any] | None = None,
     ) -> CheckedCall:
         def reject(why: str, reason: str) -> CheckedCall:
             metrics.gate_rejections.labels(self._tool_label(call.name), reason).inc()
@@ -107,7 +108,8 @@ class Gate:
             return reject("This request has no signed-in customer, so no tool may act on an account.", "no_principal")
         policy = self.registry.policy(name)
         lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
-        ctx = ToolContext(customer_id=customer_id, tool_use_id=call.id, idempotency_key=f"{turn_id}:{call.id}", deps=self.deps)
+        ctx = ToolContext(customer_id=customer_id, tool_use_id=call.id, idempotency_key=f"{turn_id}:{call.id}", deps=self.deps,
+                          metadata=dict(metadata or {}))
         entities: dict[str, dict[str, Any]] = {}
         rule = self.registry.approval_rule(name)
         try:  # a tool with an approval rule reads entity state (a total), so it never uses the ownership cache
@@ -161,7 +163,8 @@ class Gate:
             })
             decision = next((d for d in command.decisions if d.tool_use_id == call.id), None)
             result = await self.check_call(
-                call, command.turn.customer_id, command.turn.turn_id, command.blocked.get(call.id), lookups, decision
+                call, command.turn.customer_id, command.turn.turn_id, command.blocked.get(call.id), lookups, decision,
+                command.turn.metadata,
             )
             span.set_attribute("roundtrip.approved", result.approved)
             if result.hold:

@@ -2,7 +2,8 @@
 (turn.approval_decisions).
 
 No thread waits: a request records the turn as AWAITING, and the decision or the deadline moves it
-on. An approved call goes back to the gate, which checks it again and signs it; a denied one
+on. The wait is told to the app: a SupportStatus (waiting_for_approval, until the deadline) on
+support.status, through the outbox like any decision (at least once). An approved call goes back to the gate, which checks it again and signs it; a denied one
 becomes an is_error tool_result with the reason, for the model. A decision that must not act
 (forged, for another call, for a turn that has ended, or contradicting one made) raises
 DecisionRefused, so the kernel dead-letters it with the reason; the same decision again is a
@@ -30,7 +31,7 @@ from services.guard.outbox import Bounded, Outbox, pending_copy, traceparent
 from services.guard.outside import Outside
 from services.kernel.approvals import ApprovalError, DecisionSigner, in_tool_use_order
 from services.kernel.events import (
-    ApprovalDecided, ApprovalRequested, CallModel, CheckToolCalls, Decision, Outcome, ToolCall, Turn,
+    ApprovalDecided, ApprovalRequested, CallModel, CheckToolCalls, Decision, Outcome, SupportStatus, ToolCall, Turn, TurnState,
 )
 from services.kernel.fingerprints import fingerprint
 from services.kernel.telemetry import tracer
@@ -62,10 +63,13 @@ class Approvals:
             conversation_id=event.turn.conversation_id, reason=event.reason, requested_at=event.requested_at,
             expires_at=event.expires_at, traceparent=traceparent(), request_json=event.model_dump_json(),
         )
-        if await self.ledger.await_approval(approval):
+        status = waiting_status(event)
+        pending = pending_copy(status)
+        if await self.ledger.await_approval(approval, pending=pending):
             self.steps.forget(event.turn.turn_id)  # the wait is not a step of the loop
             log.info("turn %s step %d awaits approval %s of %s(%s): %s", event.turn.turn_id, event.step, event.approval_id,
                      event.call.name, _shown(event.call.input), event.reason)
+            await self.outbox.emit(event.turn.turn_id, pending, status, event.turn.conversation_id)
             return "awaiting"
         row = await self.ledger.get(event.turn.turn_id)
         if row is not None and row.status == ENDING and row.step == event.step:
@@ -163,6 +167,15 @@ class Approvals:
         if status not in ("approved",):
             span.set_status(trace.Status(trace.StatusCode.ERROR, status))
         return _EndAt(span, int(now * 1e9))
+
+
+def waiting_status(event: ApprovalRequested) -> SupportStatus:
+    """What the app is told of the wait: its turn waits for a person until the approval deadline."""
+    turn = event.turn
+    return SupportStatus(request_id=turn.request_id, conversation_id=turn.conversation_id, customer_id=turn.customer_id,
+                         turn_id=turn.turn_id, state=TurnState.WAITING_FOR_APPROVAL, until=event.expires_at,
+                         at=event.requested_at, reason=event.reason, approval_id=event.approval_id, trace_id=turn.trace_id,
+                         metadata=turn.metadata)
 
 
 def resumed(request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float) -> BaseModel:

@@ -193,8 +193,9 @@ class Ledger(TurnStore):
         await self._run(lambda conn: conn.execute(_PUBLISHED, rows), write=True)
 
     # -- approvals by a person -------------------------------------------------------------
-    async def await_approval(self, approval: dict[str, Any], now: float | None = None) -> bool:
-        """Record a held call and the turn as AWAITING (from live at that step), in one transaction.
+    async def await_approval(self, approval: dict[str, Any], now: float | None = None, pending: str | None = None) -> bool:
+        """Record a held call and the turn as AWAITING (from live at that step), in one transaction; `pending`: what
+        the wait publishes (its outbox copy).
 
         While it waits the turn may not act (no claim succeeds), the stuck rule skips it, the executor's
         lease of the step is released (its other calls are done), and its deadline is the approval's."""
@@ -205,7 +206,7 @@ class Ledger(TurnStore):
                 update(turns).where(turns.c.turn_id == approval["turn_id"], turns.c.step == approval["step"],
                                     turns.c.status.in_(LIVE))
                 .values(status=AWAITING, last_progress_at=now, flagged_at=None, lease_step=None, lease_until=None,
-                        deadline_at=approval["expires_at"], pending=None, pending_at=None)
+                        deadline_at=approval["expires_at"], pending=pending, pending_at=now if pending else None)
             ).rowcount
             if moved != 1:
                 return False

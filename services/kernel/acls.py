@@ -10,7 +10,7 @@ Each service runs as its own principal (`User:roundtrip-<service>` unless told o
 So a compromised executor can write nothing but model calls, approval requests and dead letters, and read
 nothing but the signed batches it runs. Two more principals are not services: `operator` (the `roundtrip`
 commands: topics, lag, ask, cancel, approvals) and `app` (the user's own client: it publishes requests and reads
-replies in its own group).
+replies, and support.status, in its own group).
 
 `roundtrip acls` prints them as `kafka-acls` commands (`render`), one per resource and operation set, or adds
 them through the admin API (`apply`, `roundtrip acls --apply`: Kafka's CreateAcls, as kafka-acls.sh does).
@@ -86,9 +86,11 @@ def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[A
 
 
 def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
-    """The user's app: publish requests, read replies in its own consumer group `group`."""
+    """The user's app: publish requests, read replies (and the status of a turn waiting for a person) in its own
+    consumer group `group`."""
     who = principal.format(name=APP)
     return _merged([_topic(who, topics.SUPPORT_REQUESTS, prefix, "Write"), _topic(who, topics.SUPPORT_REPLIES, prefix, "Read"),
+                    _topic(who, topics.SUPPORT_STATUS, prefix, "Read"),
                     Acl(who, "group", group, ("Read",)), Acl(who, "cluster", "kafka-cluster", ("IdempotentWrite",))])
 
 

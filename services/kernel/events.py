@@ -118,6 +118,30 @@ class SupportReply(Message):
     metadata: dict[str, JsonValue] | None = Field(None, description="The request's metadata, as it came")
 
 
+class TurnState(StrEnum):
+    """Where a turn that has not been answered yet stands (SupportStatus.state)."""
+
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+
+
+class SupportStatus(Message):
+    """What the fleet publishes to `support.status` while a turn is under way: never its reply, which comes once, on
+    `support.replies`. At least once (the same state of a turn may come twice); a status read after its turn's reply is stale."""
+
+    request_id: str
+    conversation_id: str
+    customer_id: str
+    turn_id: str
+    state: TurnState = Field(description="waiting_for_approval: a call waits for a person; the reply comes once they decide, "
+                                         "or by `until` at the latest")
+    until: float = Field(description="Unix time the wait ends at the latest (the approval deadline)")
+    at: float = Field(description="Unix time the fleet entered this state")
+    reason: str = Field("", description="Why, in the agent's words (the rule that asks for a person)")
+    approval_id: str = Field("", description="The approval a person decides (roundtrip approvals)")
+    trace_id: str = Field(description="W3C trace id of the turn")
+    metadata: dict[str, JsonValue] | None = Field(None, description="The request's metadata, as it came")
+
+
 # -- the turn and its loop ----------------------------------------------------------------
 
 
@@ -321,7 +345,7 @@ class DeadLettered(Message):
     offset: int | None = None
 
 
-PUBLIC = (SupportRequest, SupportReply)
+PUBLIC = (SupportRequest, SupportReply, SupportStatus)
 INTERNAL = (StartTurn, CancelTurn, CallModel, ModelResponded, CheckToolCalls, ExecuteToolBatch, TurnEnded, TurnFlagged, DeadLettered,
             ApprovalRequested, ApprovalDecided)
 

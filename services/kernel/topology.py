@@ -94,7 +94,8 @@ SERVICES: tuple[Service, ...] = (
             Input(topics.APPROVAL_DECISIONS, events.ApprovalDecided, "decisions"),
         ),
         outputs={topics.MODEL_CALLS: events.CallModel, topics.TOOL_CALLS: events.CheckToolCalls,
-                 topics.OUTCOMES: events.TurnEnded, topics.TURN_EVENTS: events.TurnFlagged},
+                 topics.OUTCOMES: events.TurnEnded, topics.TURN_EVENTS: events.TurnFlagged,
+                 topics.SUPPORT_STATUS: events.SupportStatus},
         shares_ledger=True,
     ),
     Service(

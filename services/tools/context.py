@@ -50,6 +50,7 @@ class ToolContext:
     tool_use_id: str
     idempotency_key: str
     deps: Dependencies = field(default_factory=Dependencies)
+    metadata: dict[str, Any] = field(default_factory=dict)  # the request's metadata (the app's own facts: locale, tier...)
 
 
 class ToolError(Exception):

@@ -22,7 +22,7 @@ from services.kernel.approvals import DecisionSigner, parse_keys
 from services.kernel.events import ApprovalDecided, Decision, Outcome
 from tests.e2e.test_guard_e2e import roundtrip_cli
 
-APPROVAL_TIMEOUT_S = 15.0
+APPROVAL_TIMEOUT_S = 25.0  # the listing CLIs (processes of their own, seconds each on a busy machine) run within it
 ORDER = "ord_a1000003"
 
 
@@ -70,6 +70,11 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
     assert request["call"]["name"] == "cancel_order" and request["call"]["input"]["order_id"] == ORDER
     assert request["entities"]["order_id"]["total_cents"] == 8700 and request["turn"]["customer_id"] == "cus_1001"
     assert "87.00 EUR" in request["reason"] and request["turn"]["trace_id"]
+
+    # the app is told, on support.status, that its turn waits for a person and until when
+    (status,) = await client.wait_for(lambda: [s for s in client.seen[topics.SUPPORT_STATUS] if s["request_id"] == request_id])
+    assert status["state"] == "waiting_for_approval" and status["until"] == request["expires_at"]
+    assert (status["turn_id"], status["approval_id"], status["customer_id"]) == (turn_id, approval_id, "cus_1001")
 
     # waiting: longer than the stuck rule's 2 s + 2 s grace, and nothing is flagged, ended or cancelled
     await asyncio.sleep(6)
@@ -145,9 +150,16 @@ async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_dec
     settings = fleet_settings[0]
     _reset_shop(settings)
     started = time.monotonic()
-    request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
-    request = await _waiting(client, request_id)
-    conversation = request["turn"]["conversation_id"].encode()
+    conversation_id = f"conv_{uuid.uuid4().hex[:10]}"
+    # asked with `roundtrip ask --timeout 5`: it sees the wait on support.status and keeps waiting to the turn's end
+    ask = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.cli", "ask", "cancel my last order", "--customer", "cus_1001", "--persona", "careful",
+        "--conversation", conversation_id, "--timeout", "5", env={**os.environ, **fleet_settings[1]},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    (request,) = await client.wait_for(lambda: [r for r in client.seen[topics.APPROVAL_REQUESTS]
+                                                if r["turn"]["conversation_id"] == conversation_id], timeout=60)
+    request_id = request["turn"]["request_id"]
+    conversation = conversation_id.encode()
     signer = DecisionSigner(parse_keys(settings.decision_keys))
 
     def decision(**overrides) -> bytes:
@@ -163,6 +175,15 @@ async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_dec
     reply = await client.reply(request_id, timeout=APPROVAL_TIMEOUT_S + 30)
     assert reply.outcome is Outcome.APPROVAL_TIMEOUT and "could not be reviewed in time" in reply.text
     assert time.monotonic() - started >= APPROVAL_TIMEOUT_S - 1
+    try:
+        out, err = await asyncio.wait_for(ask.communicate(), 30)
+    finally:
+        if ask.returncode is None:
+            ask.kill()
+            await ask.wait()
+    shown = out.decode()  # ask waited past its 5 s for the reply, and says how the turn ended
+    assert ask.returncode == 3, shown + err.decode()
+    assert "waiting_for_approval until" in shown and "approval_timeout" in shown and "no reply within" not in shown, shown
     assert _status(shop_orders, ORDER) == "pending"
 
     late = decision()  # a valid decision for a turn that has ended

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from services.broker.embedded import port_is_free
 from tests.e2e.up_process import roundtrip_up
+from tests.unit.test_readme import ask_example, matches_example
 
 
 @pytest.fixture
@@ -41,6 +43,12 @@ def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everythin
     assert "end_turn" in ask.stdout and "I've cancelled order ord_a1000003" in ask.stdout
     assert {oid for oid in before if before[oid] != after[oid]} == {"ord_a1000003"}  # Alice's newest cancellable, nothing else
     assert after["ord_a1000003"] == "cancelled"
+    # what the README shows for this first ask is what a real run prints: each line, the token figures too
+    args, shown = ask_example()
+    assert shlex.split(args) == ["cancel my last order", "--customer", "cus_1001"]
+    real, expected = [line for line in ask.stdout.splitlines() if line.strip()], [line for line in shown if line.strip()]
+    assert len(real) == len(expected) and all(map(matches_example, expected, real)), "\n".join(
+        f"{'  ' if matches_example(e, r) else '≠ '}{e}\n  {r}" for e, r in zip(expected, real))
 
     process.send_signal(signal.SIGINT)  # Ctrl-C
     assert process.wait(timeout=60) == 0

@@ -29,6 +29,26 @@ def roundtrip_cli(fleet_settings, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, capture_output=True, text=True, timeout=60)
 
 
+async def test_roundtrip_ask_on_the_incident_exits_3_with_a_clear_line_and_shows_each_step_in_order(fleet, fleet_settings):
+    asked = await asyncio.to_thread(roundtrip_cli, fleet_settings, "ask", "where is my order ord_0000dead?",
+                                    "--customer", "cus_1003", "--persona", "stubborn")
+    assert asked.returncode == 3, asked.stdout + asked.stderr
+    assert "the turn did not end with the model's answer: repeated_call (exit code 3)" in asked.stdout
+    lines = [line.strip() for line in asked.stdout.splitlines()]
+    steps = [int(line.split()[1]) for line in lines if line.startswith("step ")]
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 3, asked.stdout  # each step once, in order
+    blocks: list[list[str]] = []  # the lines of each step, from its model line to the next one's
+    for line in lines:
+        if line.startswith("step "):
+            blocks.append([])
+        elif blocks:
+            blocks[-1].append(line)
+    for block in blocks:  # a step's gate verdicts come after its model line, before the next step's: one per call
+        calls = [line.split()[1].split("(")[0] for line in block if line.startswith("calls ")]
+        gated = [line.split()[1].rstrip(":") for line in block if line.startswith("gate ")]
+        assert gated in (calls, []), asked.stdout  # none: the guard ended the turn on this step's calls
+
+
 async def test_the_40_call_incident_ends_within_two_identical_calls_with_cost_in_the_reply(client, fleet, fleet_settings, capsys):
     request_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
     reply = await client.reply(request_id)
@@ -103,7 +123,8 @@ async def test_duplicated_iteration_events_are_dropped(client, shop_orders):
 
 
 async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(client, fleet, fleet_settings):
-    async with fleet.reconfigured(("guard", "gate"), stuck_after_s=2, stuck_grace_s=3):
+    # the grace leaves `roundtrip turns` (a process of its own, seconds to start on a busy machine) the time to list it stuck
+    async with fleet.reconfigured(("guard", "gate"), stuck_after_s=2, stuck_grace_s=6):
         await fleet.kill("executor")
         try:
             started = time.monotonic()
@@ -120,7 +141,7 @@ async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(
             elapsed = time.monotonic() - started
             assert reply.outcome is Outcome.DEADLINE
             assert "sorry" in reply.text.lower()
-            assert elapsed < 2 + 3 + 10  # stuck_after + grace + sweeping and start-up slack
+            assert elapsed < 2 + 6 + 10  # stuck_after + grace + sweeping and start-up slack
         finally:
             await fleet.respawn("executor")
     # The stale batch the executors find on their return has expired: it never runs, and no second reply comes.

@@ -49,6 +49,7 @@ def test_the_app_and_operator_principals() -> None:
     derived = acls.derive(app_group="my-app", principal="User:{name}")
     app = derived["app"]
     assert _allowed(app, "topic", topics.SUPPORT_REQUESTS, "Write") and _allowed(app, "topic", topics.SUPPORT_REPLIES, "Read")
+    assert _allowed(app, "topic", topics.SUPPORT_STATUS, "Read")  # a turn waiting for a person, told to the app
     assert _allowed(app, "group", "my-app", "Read") and not _allowed(app, "topic", topics.TOOL_BATCHES, "Read")
     assert {a.principal for a in app} == {"User:app"}
     operator = derived["operator"]

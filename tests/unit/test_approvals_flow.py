@@ -22,7 +22,7 @@ from services.kernel import topics
 from services.kernel.approvals import DecisionSigner, Signer, approval_id_for, in_tool_use_order, input_digest, parse_keys
 from services.kernel.events import (
     ApprovalDecided, ApprovalRequested, CallModel, CancelTurn, CheckedCall, CheckToolCalls, Decision, ExecuteToolBatch,
-    Outcome, ToolCall, Turn, TurnEnded,
+    Outcome, SupportStatus, ToolCall, Turn, TurnEnded, TurnState,
 )
 from services.kernel.settings import Settings
 from services.kernel.turnstore import Fence
@@ -267,6 +267,33 @@ async def test_a_waiting_turn_is_never_flagged_stuck_and_nothing_can_act_for_it(
     assert not await fence.claim_model_call("turn_1", 1)
     (pending,) = await guard.ledger.list_approvals()
     assert pending.tool == "cancel_order" and pending.customer_id == "cus_1001" and pending.status == "pending"
+
+
+async def test_the_app_is_told_once_that_its_turn_waits_for_a_person_and_until_when(guard):
+    event = await waiting_turn(guard)
+    statuses = [(t, m) for t, m in guard.recorder.sent if isinstance(m, SupportStatus)]
+    assert len(statuses) == 1  # the request again (a duplicate) tells nothing twice
+    ((topic, status),) = statuses
+    assert topic == topics.SUPPORT_STATUS and status.state is TurnState.WAITING_FOR_APPROVAL
+    assert (status.request_id, status.turn_id, status.customer_id) == ("req_1", "turn_1", "cus_1001")
+    assert status.until == event.expires_at and status.approval_id == event.approval_id and status.reason == "above 50.00 EUR"
+    assert not [m for t, m in guard.recorder.sent if t == topics.SUPPORT_REPLIES]  # a status is no reply
+    assert (await guard.ledger.get("turn_1")).pending is None  # published: cleared from the outbox
+
+
+async def test_a_wait_status_that_could_not_be_published_is_published_by_the_outbox_later(guard):
+    async def broker_away(topic, message, conversation_id):  # gone just when the wait is told
+        if topic == topics.SUPPORT_STATUS:
+            raise ConnectionError("broker away")
+        await guard.recorder(topic, message, conversation_id)
+
+    guard.outbox.publish = broker_away
+    with pytest.raises(ConnectionError):
+        await waiting_turn(guard)
+    assert (await guard.ledger.get("turn_1")).status == AWAITING  # recorded: the wait holds
+    guard.outbox.publish = guard.recorder
+    assert await guard.outbox.republish_all(older_than=time.time() + 1) == 1
+    assert [type(m) for _, m in guard.recorder.sent][-1] is SupportStatus
 
 
 async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_and_the_earlier_results(guard):

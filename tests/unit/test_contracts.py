@@ -13,6 +13,6 @@ def test_public_topics_are_documented_with_their_payloads():
 
     doc = json.loads((ROOT / "asyncapi.json").read_text())
     channels = " ".join(doc["channels"])
-    assert "support.requests" in channels and "support.replies" in channels
+    assert "support.requests" in channels and "support.replies" in channels and "support.status" in channels
     schemas = json.dumps(doc["components"]["schemas"])
-    assert "SupportRequest" in schemas and "SupportReply" in schemas
+    assert "SupportRequest" in schemas and "SupportReply" in schemas and "SupportStatus" in schemas

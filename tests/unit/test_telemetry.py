@@ -221,13 +221,13 @@ def test_the_jaeger_query_url_is_the_setting_or_derived_from_a_standard_otlp_end
 def test_roundtrip_ask_says_its_turn_is_stuck_and_where_it_waits(capsys):
     seen: dict = {}
     batch = {"turn": TURN.model_dump(), "step": 1, "messages": [], "calls": []}
-    console._render("turn.tool_batches", json.dumps(batch).encode(), "req_1", seen)
+    console._render("turn.tool_batches", batch, "req_1", seen)
     flagged = TurnFlagged(turn=TURN, step=1, idle_s=4.2, detail="no progress for 4.2 s after step 1; ending in 3 s unless it moves")
-    console._render("turn.events", flagged.model_dump_json().encode(), "req_1", seen)
+    console._render("turn.events", flagged.model_dump(mode="json"), "req_1", seen)
     out = capsys.readouterr().out
     assert "turn turn_1 is stuck" in out and "no progress for 4.2 s" in out
     assert "waiting on an executor (turn.tool_batches)" in out and TRACE_ID in out
-    console._render("turn.events", flagged.model_dump_json().encode(), "req_other", seen)  # another turn's: silent
+    console._render("turn.events", flagged.model_dump(mode="json"), "req_other", seen)  # another turn's: silent
     assert capsys.readouterr().out == ""
 
 
