@@ -1,4 +1,4 @@
-"""Processes tests start: an Apache Kafka broker of their own, a fleet service the way `roundtrip up` starts it."""
+"""Processes tests start: an Apache Kafka broker (or a cluster) of their own, a fleet service the way `roundtrip up` starts it."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from services.broker.cluster import Cluster
+from services.broker.cluster import start as start_cluster
 from services.broker.embedded import EmbeddedKafka, fetch_configured, free_port
 from services.kernel.runtime import READY_FD_ENV
 from services.kernel.settings import Settings
@@ -18,8 +20,7 @@ from services.kernel.settings import Settings
 @contextmanager
 def embedded_kafka(data_dir: Path) -> Iterator[EmbeddedKafka]:
     """A one-node Apache Kafka (KRaft) on free ports, data in `data_dir`, ready; stopped at the end."""
-    defaults = Settings()  # the version, JVM options, log level and jar cache of the environment's embedded defaults
-    libs = fetch_configured(defaults, progress=lambda line: print(line, file=sys.__stderr__, flush=True))  # cached: a no-op once fetched
+    defaults, libs = _embedded_defaults()
     port = free_port()
     while (controller := free_port()) == port:
         pass
@@ -31,6 +32,21 @@ def embedded_kafka(data_dir: Path) -> Iterator[EmbeddedKafka]:
         yield kafka
     finally:
         kafka.stop()
+
+
+@contextmanager
+def embedded_cluster(data_dir: Path, n: int = 3) -> Iterator[Cluster]:
+    """n Apache Kafka nodes (KRaft) on free ports, data in data_dir/node-<id>, all serving clients; stopped at the end."""
+    defaults, libs = _embedded_defaults()
+    with start_cluster(data_dir, n, libs_dir=libs, version=defaults.kafka_version, log_level=defaults.kafka_log_level,
+                       die_with_parent=True) as cluster:
+        yield cluster
+
+
+def _embedded_defaults() -> tuple[Settings, Path]:
+    """The environment's embedded defaults (version, JVM options, log level, jar cache) and the fetched jars."""
+    defaults = Settings()
+    return defaults, fetch_configured(defaults, progress=lambda line: print(line, file=sys.__stderr__, flush=True))  # cached: a no-op once fetched
 
 
 def start_service(name: str, env: dict[str, str], log: Path) -> subprocess.Popen:

@@ -411,11 +411,11 @@ class EmbeddedKafka:
         ]
 
     # -- lifecycle -------------------------------------------------------------------------
-    def format_storage(self) -> None:
-        """Format log.dirs with a fresh cluster id (kafka-storage format)."""
+    def format_storage(self, cluster_id: str | None = None) -> None:
+        """Format log.dirs with `cluster_id` (the nodes of one cluster share it) or a fresh one (kafka-storage format)."""
         cmd = self._java_cmd(
             FORMAT_JAVA_OPTS, "kafka.tools.StorageTool",
-            "format", "-t", random_cluster_id(), "-c", str(self.properties_file), *self.format_args,
+            "format", "-t", cluster_id or random_cluster_id(), "-c", str(self.properties_file), *self.format_args,
         )  # fmt: skip
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0 or not self.is_formatted:

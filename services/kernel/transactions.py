@@ -8,14 +8,20 @@ between publishing and committing cannot publish the reply twice. Readers must u
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
 
 from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from opentelemetry.propagate import inject
 from pydantic import BaseModel
 
 from services.kernel.kafka_clients import KafkaClients, clients_of
+
+DISCARD_TIMEOUT_S = 10  # stopping a broken producer flushes nothing that matters: its transaction is settled by the next
+RESTART_TIMEOUT_S = 30  # a fresh producer that cannot register (no coordinator) gives up; the next commit tries again
 
 
 def transactional_id(service: str, topic: str, instance_id: str | None = None) -> str:
@@ -78,14 +84,52 @@ class TransactionalOutlet:
         return sum(len(v) for v in self._staged.values())
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
-        """One transaction: the staged messages below `offsets`, and `offsets` for the consumer group."""
+        """One transaction: the staged messages below `offsets`, and `offsets` for the consumer group.
+
+        A failed commit discards the producer (the caller commits again later): aiokafka leaves a producer
+        unusable for good after some broker failures (a lost connection while it looks up a coordinator puts
+        it in its fatal state), and a commit that failed may still have committed (its answer lost with a
+        broker). The next commit starts a fresh producer, which settles the last one's transaction first."""
+        if self._producer is None:
+            await self._restart()
         ready = {tp: sorted(o for o in self._staged.get(tp, {}) if o < offset) for tp, offset in offsets.items()}
-        async with self._producer.transaction():
-            for tp, offsets_ready in ready.items():
-                for o in offsets_ready:
-                    value, key, headers = self._staged[tp][o]
-                    await self._producer.send(self.topic, value, key=key, headers=headers)
-            await self._producer.send_offsets_to_transaction(offsets, self.group_id)
-        for tp, sent in ready.items():
-            for o in sent:
-                self._staged[tp].pop(o, None)
+        try:
+            async with self._producer.transaction():
+                for tp, offsets_ready in ready.items():
+                    for o in offsets_ready:
+                        value, key, headers = self._staged[tp][o]
+                        await self._producer.send(self.topic, value, key=key, headers=headers)
+                await self._producer.send_offsets_to_transaction(offsets, self.group_id)
+        except BaseException:
+            await self._discard()
+            raise
+        self._drop_below(offsets)
+
+    def _drop_below(self, offsets: dict[TopicPartition, int]) -> None:
+        for tp, offset in offsets.items():
+            for o in [o for o in self._staged.get(tp, {}) if o < offset]:
+                self._staged[tp].pop(o)
+
+    async def _discard(self) -> None:
+        producer, self._producer = self._producer, None
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(producer.stop(), DISCARD_TIMEOUT_S)
+
+    async def _restart(self) -> None:
+        """A fresh producer with the same transactional id. Registering it completes (or aborts) the transaction
+        the last one left, so the group's committed offsets then say what that one published: those staged
+        messages are dropped instead of published twice."""
+        admin = self._kafka.admin(request_timeout_ms=10000)
+        try:
+            committed = await asyncio.wait_for(self._start_and_read(admin), RESTART_TIMEOUT_S)  # while the brokers are away: later
+        except BaseException:
+            await self._discard()
+            raise
+        finally:
+            await admin.close()
+        self._drop_below({tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0})
+
+    async def _start_and_read(self, admin: AIOKafkaAdminClient) -> dict:
+        await self.start()
+        await admin.start()
+        return await admin.list_consumer_group_offsets(self.group_id)

@@ -1,5 +1,6 @@
-"""The chaos suite's fleet: its own Apache Kafka broker (so it may be SIGKILLed without hurting the
-rest of the test session), the whole fleet as processes on it, and an app-like observer.
+"""The chaos suite's fleets: the whole fleet as processes with an app-like observer, on its own Apache Kafka
+broker (so it may be SIGKILLed without hurting the rest of the test session), and for the cluster scenarios
+on a three-node cluster of its own (services/broker/cluster.py; topics with replication factor 3, min ISR 2).
 
 Settings chosen so a fault costs seconds, not minutes: a turn with no progress is flagged after
 15 s and ended 5 s later; the simulator answers in ~300 ms (±30 %) like a (fast) real model.
@@ -20,7 +21,7 @@ from services.kernel.settings import Settings
 from tests.chaos.harness import Observer
 from tests.agents import ShopFleetSettings
 from tests.databases import new_database
-from tests.processes import embedded_kafka
+from tests.processes import embedded_cluster, embedded_kafka
 
 
 def _env(**values) -> dict[str, str]:
@@ -69,7 +70,7 @@ class ChaosFleet:
                 os.kill(p.pid, signal.SIGCONT)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # module scope: the cluster scenarios' fleet (test_cluster.py) never runs beside this one
 def chaos_kafka(tmp_path_factory):
     with embedded_kafka(tmp_path_factory.mktemp("chaos-kafka")) as kafka:
         yield kafka
@@ -83,11 +84,10 @@ def chaos_database(request) -> str:
     return request.param
 
 
-@pytest.fixture(scope="session")
-def chaos_settings(chaos_kafka, chaos_database, tmp_path_factory, request) -> tuple[Settings, dict[str, str]]:
-    state = tmp_path_factory.mktemp(f"chaos-fleet-{chaos_database}")
-    values = dict(
-        kafka_bootstrap_servers=chaos_kafka.bootstrap,
+def fleet_values(bootstrap: str, state, **more) -> dict:
+    """Settings of the suite's fleets: a stuck turn costs seconds, the simulator answers like a (fast) real model."""
+    return dict(
+        kafka_bootstrap_servers=bootstrap,
         topic_prefix=f"chaos{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),
@@ -99,23 +99,56 @@ def chaos_settings(chaos_kafka, chaos_database, tmp_path_factory, request) -> tu
         stuck_grace_s=5,
         log_level="INFO",
         approval_keys=f"chaos1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # not the published development key
+        **more,
     )
+
+
+@pytest.fixture(scope="module")
+def chaos_settings(chaos_kafka, chaos_database, tmp_path_factory, request) -> tuple[Settings, dict[str, str]]:
+    values = fleet_values(chaos_kafka.bootstrap, tmp_path_factory.mktemp(f"chaos-fleet-{chaos_database}"))
     if chaos_database == "postgres":  # a database of its own on the session's PostgreSQL server
         url = new_database(request.getfixturevalue("postgres_url"))
         values |= {"ledger_database_url": url, "conversations_database_url": url}
     return ShopFleetSettings(**values), _env(**values)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chaos_fleet(chaos_kafka, chaos_settings):
     settings, env = chaos_settings
     with Fleet(settings, env=env, executor_replicas=2) as fleet:
         yield ChaosFleet(fleet, chaos_kafka)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def observer(chaos_fleet, chaos_settings):
-    o = Observer(chaos_settings[0])
-    await o.start()
-    yield o
-    await o.stop()
+    async with Observer(chaos_settings[0]) as o:
+        yield o
+
+
+# -- the cluster scenarios (test_cluster.py): three brokers, replication factor 3, min ISR 2 --------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with embedded_cluster(tmp_path_factory.mktemp("chaos-cluster")) as nodes:
+        yield nodes
+
+
+@pytest.fixture(scope="module")
+def cluster_settings(cluster, tmp_path_factory) -> tuple[Settings, dict[str, str]]:
+    values = fleet_values(cluster.bootstrap, tmp_path_factory.mktemp("chaos-cluster-fleet"), replication_factor=3,
+                          min_insync_replicas=2)
+    return ShopFleetSettings(**values), _env(**values)
+
+
+@pytest.fixture(scope="module")
+def cluster_fleet(cluster, cluster_settings):
+    settings, env = cluster_settings
+    with Fleet(settings, env=env, executor_replicas=2) as fleet:
+        yield fleet
+
+
+@pytest.fixture(scope="module")
+async def cluster_observer(cluster_fleet, cluster_settings):
+    async with Observer(cluster_settings[0]) as o:
+        yield o

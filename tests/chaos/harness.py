@@ -173,6 +173,13 @@ class Observer:
                 continue  # poison (on turn.tool_batches) is the fleet's to dead-letter, not ours to read
             self._arrived.set()
 
+    async def __aenter__(self) -> Observer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
     async def stop(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
@@ -226,6 +233,29 @@ class Observer:
         await asyncio.sleep(linger_s)
 
 
+async def drive_while(observer: Observer, plan: list[Planned], rate_per_s: float, faults: asyncio.Task) -> list[Planned]:
+    """Publish the plan (Observer.drive, ten at a time) until `faults` is done or the plan is used up: the part published."""
+    sent: list[Planned] = []
+    for i in range(0, len(plan), 10):
+        if faults.done():
+            break
+        await observer.drive(plan[i : i + 10], rate_per_s)
+        sent += plan[i : i + 10]
+    return sent
+
+
+def stall_s(observer: Observer, plan: list[Planned], at: float, until: float | None = None) -> float:
+    """The longest time without a reply to the plan's requests from a fault at `at` (epoch seconds): the gap
+    between consecutive first replies, from the last before `at` through those up to `until`; inf without any."""
+    times = sorted(min(ts for _, ts in observer.seen.replies[p.request.request_id]) for p in plan
+                   if p.request.request_id in observer.seen.replies)
+    after = [t for t in times if t > at and (until is None or t <= until)]
+    if not after:
+        return float("inf")
+    points = [max([t for t in times if t <= at], default=at), *after]
+    return max(b - a for a, b in zip(points, points[1:], strict=False))
+
+
 # -- poison ----------------------------------------------------------------------------------
 
 
@@ -257,6 +287,12 @@ def poison_messages(topic: str, tag: str) -> list[Poison]:
         Poison(topic, "huge", huge, key("huge"), []),
         Poison(topic, "null_key", json.dumps({"poison": "null key"}).encode(), None, []),
     ]
+
+
+def poison_sampler(tag: str, shift: int = 0) -> list[Poison]:
+    """One poison message on each consumed topic, a different kind on each (every kind once): the lighter
+    set the cluster scenarios send while a broker is away; `shift` pairs topics and kinds differently."""
+    return [(kinds := poison_messages(topic, tag))[(i + shift) % len(kinds)] for i, topic in enumerate(CONSUMED)]
 
 
 async def send_poison(observer: Observer, poison: list[Poison]) -> None:
@@ -426,6 +462,14 @@ async def audit(scenario: str, settings: Settings, observer: Observer, plan: lis
         result.poison_sent, result.poison_dead_lettered, result.poison_problems = len(poison), len(intact), problems
     result.seconds = time.monotonic() - started
     return result
+
+
+def report(result: Audit, capsys) -> None:
+    """Print the scenario's line (past pytest's capture) and fail with every problem the audit found."""
+    with capsys.disabled():
+        print("\n" + result.line(), flush=True)
+    problems = result.problems()
+    assert not problems, f"{result.scenario}:\n" + "\n".join(problems)
 
 
 def scenario_tag(plan: list[Planned]) -> str:

@@ -23,13 +23,13 @@ from services.kernel import topics
 from services.kernel.events import CancelTurn, Outcome, SupportRequest
 from tests.chaos.harness import (
     CONSUMED,
-    Audit,
     Planned,
     audit,
     ledger_rows,
     new_tag,
     plan_load,
     poison_messages,
+    report,
     seed_customers,
     send_poison,
     side_effects,
@@ -39,13 +39,6 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
 ON_BOTH_DATABASES = pytest.mark.parametrize("chaos_database", ["sqlite", "postgres"], indirect=True)  # issue 23
 REPLY_TIMEOUT_S = 120  # a lost step is ended by the stuck rule within ~25 s (15 s + 5 s grace + sweeps)
-
-
-def report(result: Audit, capsys) -> None:
-    with capsys.disabled():
-        print("\n" + result.line(), flush=True)
-    problems = result.problems()
-    assert not problems, f"{result.scenario}:\n" + "\n".join(problems)
 
 
 async def test_poison_of_every_kind_on_every_topic_is_dead_lettered_intact_while_load_runs(chaos_fleet, chaos_settings, observer, capsys):

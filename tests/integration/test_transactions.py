@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from services.kernel.events import SupportReply, Outcome, Usage
 from services.kernel.transactions import TransactionalOutlet
@@ -107,3 +108,46 @@ async def test_an_aborted_attempt_is_invisible_to_read_committed_readers_and_com
     assert b"half-done reply" not in committed
     assert committed.count(REPLY.model_dump_json().encode()) == 1
     assert b"half-done reply" in await read_all(bootstrap, topic_out, "read_uncommitted")
+
+
+@pytest.fixture
+async def outlet(source):
+    """A started outlet on the source's group, and the consumed record's partition; stopped at the end."""
+    bootstrap, topic_out, consumer, record = source
+    outlet = TransactionalOutlet(bootstrap, topic_out, consumer._group_id, f"txn-{uuid.uuid4().hex[:8]}")
+    await outlet.start()
+    yield outlet, TopicPartition(record.topic, record.partition)
+    await outlet.stop()
+
+
+async def test_a_producer_broken_for_good_is_replaced_and_the_reply_committed_once(source, outlet):
+    """aiokafka puts a transactional producer in its fatal state for good when a connection drops while it looks
+    up a coordinator (a broker of a cluster SIGKILLed): the gateway's replies stopped for good. The outlet
+    now discards a producer whose commit failed; the next commit registers a fresh one and publishes."""
+    bootstrap, topic_out, consumer, record = source
+    outlet, tp = outlet
+    outlet.stage(REPLY, b"c", record)
+    await outlet._producer.begin_transaction()  # the state the sender routine's death left it in, mid-transaction
+    outlet._producer._txn_manager.fatal_error(KafkaError("what a lost coordinator connection leaves"))
+    with pytest.raises(AssertionError, match="FATAL_ERROR"):  # aiokafka's words for it
+        await outlet.commit({tp: record.offset + 1})
+    assert outlet.staged == 1
+    await outlet.commit({tp: record.offset + 1})  # what the consumer's commit loop does a second later
+    assert outlet.staged == 0
+    assert await committed_offset(consumer, record) == record.offset + 1
+    assert (await read_all(bootstrap, topic_out, "read_committed")).count(REPLY.model_dump_json().encode()) == 1
+
+
+async def test_a_commit_whose_answer_was_lost_is_not_published_again(source, outlet):
+    """A failed commit may have committed (its answer lost with a broker). The fresh producer settles it, and
+    the group's committed offsets then show the staged reply was published: it is dropped, not sent twice."""
+    bootstrap, topic_out, consumer, record = source
+    outlet, tp = outlet
+    outlet.stage(REPLY, b"c", record)
+    async with outlet._producer.transaction():  # the transaction commits, but the outlet never hears so
+        await outlet._producer.send(topic_out, REPLY.model_dump_json().encode(), key=b"c")
+        await outlet._producer.send_offsets_to_transaction({tp: record.offset + 1}, consumer._group_id)
+    await outlet._discard()
+    await outlet.commit({tp: record.offset + 1})
+    assert outlet.staged == 0
+    assert (await read_all(bootstrap, topic_out, "read_committed")).count(REPLY.model_dump_json().encode()) == 1
