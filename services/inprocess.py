@@ -31,7 +31,7 @@ from services.guard.rules import Finish, decide
 from services.kernel.approvals import DecisionSigner, Signer, parse_keys
 from services.kernel.events import ApprovalDecided, ApprovalRequested, CallModel, Decision, ModelResponded, Turn, Usage
 from services.kernel.settings import Settings
-from services.model.handlers import Limits, call_model
+from services.model.handlers import Limits, Retrying, call_model
 from services.tools.agent import Agent
 from services.tools.context import Dependencies
 
@@ -55,10 +55,11 @@ class Ended:
 
 class InProcess:
     """One agent's fleet in this process. `client` is the model: `await create(messages, persona, parallel_off)` ->
-    an anthropic Message, and a `model` name (services.model.client.ModelClient, or services/testing.py's models)."""
+    an anthropic Message, and a `model` name (services.model.client.ModelClient, or services/testing.py's models).
+    `retrying`: how the model handler retries (its default when None: a limiter of each call's own)."""
 
-    def __init__(self, agent: Agent, client: Any, deps: Dependencies, settings: Settings) -> None:
-        self.agent, self.client, self.settings = agent, client, settings
+    def __init__(self, agent: Agent, client: Any, deps: Dependencies, settings: Settings, retrying: Retrying | None = None) -> None:
+        self.agent, self.client, self.settings, self.retrying = agent, client, settings, retrying
         self.gate = gate_for(agent, settings, deps)
         self.signer = Signer(parse_keys(settings.approval_keys))
         self.decisions = DecisionSigner(parse_keys(settings.decision_keys))
@@ -85,7 +86,7 @@ class InProcess:
                 approvals.append(command)
                 command = await self._decided(command, approve(command))
                 continue
-            event = await call_model(command, self.client, limits=self.limits)
+            event = await call_model(command, self.client, limits=self.limits, retrying=self.retrying)
             if observe is not None:
                 observe(event)
             model = event.model or self.client.model

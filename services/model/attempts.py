@@ -10,6 +10,8 @@ How each refusal is taken (the SDK retries nothing: services/model/client.py):
   (ROUNDTRIP_MODEL_MAX_RETRIES), after an exponential pause with jitter.
 * **Anything else** (400, 401, 403, 404, 413, a 429 with no `retry-after`, which is how a spend limit answers):
   the error, at once.
+With `wait_for_capacity` off, a capacity refusal is the error too, at once: a plain loop that leaves the retries
+to the SDK (the rate-limit benchmark's, tests/benchmarks/inprocess.py).
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def _transient(exc: anthropic.APIError) -> bool:
 
 
 async def attempt(call: Callable[[int], Awaitable[tuple[Any, Mapping[str, str]]]], capacity: Capacity, deadline_at: float,
-                  retries: int, on_wait: Mark) -> Tried:
+                  retries: int, on_wait: Mark, wait_for_capacity: bool = True) -> Tried:
     """Run `call(attempt_number)` through the limiter until it is answered (see the module's docstring).
     `deadline_at`: Unix time the turn may act until."""
     out, marked, transient, last = Tried(), False, 0, "waiting for its slot"
@@ -100,7 +102,7 @@ async def attempt(call: Callable[[int], Awaitable[tuple[Any, Mapping[str, str]]]
         try:
             out.message, out.headers = await call(out.attempts - 1)
         except anthropic.APIError as exc:
-            if (pause := _capacity_wait(exc)) is not None:
+            if wait_for_capacity and (pause := _capacity_wait(exc)) is not None:
                 out.refusals, last = out.refusals + 1, describe(exc)
                 capacity.refused(pause, started)
                 continue

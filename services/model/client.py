@@ -99,10 +99,11 @@ class ModelClient:
         return (await self.answer(messages, persona, disable_parallel_tool_use))[0]
 
     async def answer(self, messages: list[dict[str, Any]], persona: str | None, disable_parallel_tool_use: bool | None = None,
-                     attempt: int = 0) -> tuple[anthropic.types.Message, Mapping[str, str]]:
+                     attempt: int | None = None) -> tuple[anthropic.types.Message, Mapping[str, str]]:
         """The model's message and the answer's HTTP headers (the rate-limit headers among them).
-        `attempt`: retries of this call before this one (sent as the SDK would, `x-stainless-retry-count`)."""
-        headers = {"x-stainless-retry-count": str(attempt)}
+        `attempt`: retries of this call before this one (sent as the SDK would, `x-stainless-retry-count`); None: the
+        SDK numbers its own retries (a client given `sdk_retries`)."""
+        headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
         if persona and self._settings.use_simulator:
             headers["x-roundtrip-persona"] = persona
         choice = self.tool_choice(disable_parallel_tool_use)

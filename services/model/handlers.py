@@ -72,11 +72,12 @@ def _blocks(message: anthropic.types.Message, limits: Limits) -> tuple[list[dict
 @dataclass
 class Retrying:
     """How a call is retried (services/model/attempts.py): the process's limiter, the transient retries, the deadline of
-    a turn that has none."""
+    a turn that has none, and whether a refusal for capacity waits (off: it is the call's error, as in a plain loop)."""
 
     capacity: Capacity = field(default_factory=Capacity)
     retries: int = 2
     deadline_s: float = 300.0
+    wait_for_capacity: bool = True
 
 
 async def call_model(command: CallModel, client: ModelClient, fence: Fence | None = None,
@@ -100,7 +101,7 @@ async def call_model(command: CallModel, client: ModelClient, fence: Fence | Non
         return await client.create(command.messages, turn.persona, turn.disable_parallel_tool_use), {}  # a test's model
 
     out = await attempt(call, retrying.capacity, turn.deadline_at or time.time() + retrying.deadline_s, retrying.retries,
-                        waiting)
+                        waiting, retrying.wait_for_capacity)
     observe(out, retrying.capacity)
     if out.gone:
         return None

@@ -7,14 +7,17 @@ One fleet (embedded Kafka, simulator at 1 s ± 30 %, shop, the five services), t
   itpm       an input-token limit instead (`--itpm`, 15,000 a minute: about 7 calls a second of these turns)
   halved     600 requests a minute, then 300 from the middle of the phase (another app took half)
   replicas   600 requests a minute with 3 model-service replicas, each adapting alone
-  inprocess  the same 600 against a plain in-process loop with the SDK's default retries (2)
+  inprocess  the same 600 against a plain in-process loop: the same turns and handlers, the anthropic SDK with its
+             default retries (2, sleeping retry-after), no limiter, an APIError after them ending the turn
+             model_error (tests/benchmarks/inprocess.py, plain=True)
 
 Each phase starts with full buckets (the limits unset, then set), as a fleet meets them after a quiet minute:
 a limiter that used a full bucket's minute of burst would show more successful calls than the limit, and one
 that drained it would show the 429s that follow. Per phase:
 turns by outcome, the share of calls answered 429 (the simulator's count), successful calls (or input tokens)
 per second, how many of them the bucket's store paid for (its level at the start less at the end), the rest
-against the limit's rate, turn p50/p99. Figures go to docs/benchmarks.md by hand.
+against the limit's rate, turn p50/p99; then the phases side by side (turns end_turn / model_error / other, the share
+of calls answered 429). Figures go to docs/benchmarks.md by hand.
 
     .venv/bin/python -m tests.benchmarks.bench_ratelimit [--phases rpm,itpm,halved,replicas,inprocess] [--seconds 90]
 """
@@ -92,6 +95,17 @@ def line(s: dict) -> str:
             f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s")
 
 
+def side_by_side(results: list[dict]) -> list[str]:
+    """The phases' turns and 429 shares in one table: the fleet's phases beside the plain in-process loop."""
+    rows = ["  phase      end_turn  model_error  other  429s among calls"]
+    for s in results:
+        outcomes = Counter(s["outcomes"])
+        done, failed = outcomes.pop("end_turn", 0), outcomes.pop("model_error", 0)
+        who = "plain loop" if s["phase"] == "inprocess" else "fleet"
+        rows.append(f"  {s['phase']:<10} {done:>8}  {failed:>11}  {sum(outcomes.values()):>5}  {100 * s['refused_share']:>5.1f} %  ({who})")
+    return rows
+
+
 async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counted: list | None = None) -> dict:
     itpm = name == "itpm"
     values = {"rpm": None, "itpm": args.itpm} if itpm else {"rpm": RPM, "itpm": None}
@@ -119,7 +133,7 @@ async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counte
 async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list[dict]:
     driver = FleetDriver(settings, timeout=settings.turn_deadline_s + 60)
     await driver.start()
-    local = InProcessLoop(settings)
+    local = InProcessLoop(settings, plain=True)
     # a text of its own per turn: identical transcripts would all be cache reads, which no input-token limit counts
     fleet_turn = lambda i: driver.turn(f"{TEXT} (ref {i})", CUSTOMERS[i % len(CUSTOMERS)], PERSONA)  # noqa: E731
     results = []
@@ -135,6 +149,9 @@ async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list
             driver.count_tokens, driver.tokens = name == "itpm", []
             results.append(await phase(name, turn, settings.model_base_url, args, driver.tokens))
             say(line(results[-1]))
+        say("side by side (the same limit, the same turns):")
+        for row in side_by_side(results):
+            say(row)
     finally:
         await driver.stop()
         await local.aclose()

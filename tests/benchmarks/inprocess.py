@@ -6,14 +6,22 @@ handler, the guard's rules, the gate's Gate.check (JSON Schema validation, owner
 signing), the executor's handler and Runner (the tool handlers calling the shop). What it leaves out is exactly
 what the fleet adds: the broker hops, the events' (de)serialisation, the guard's ledger, the telemetry spans of
 each hop, and the processes.
+
+`plain=True` (bench_ratelimit's inprocess phase) makes it the loop a user writes around the SDK: the anthropic SDK
+with its default retries (2, each sleeping `retry-after`), no limiter, and any APIError left after them ending
+the turn as `model_error`. The turns, their handlers and the guard's rules stay the same.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
 
 from services.inprocess import InProcess
+from services.model.handlers import Retrying
 from services.kernel.settings import Settings
 from services.shop.agent.client import ShopClient
 from tests.agents import SHOP, shop_deps, shop_model_client
@@ -42,12 +50,24 @@ class TurnTiming:
         return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
+class SdkOnly:
+    """A ModelClient as a plain loop holds the SDK: the message only, so the handler's limiter never hears the
+    answers' rate-limit headers and paces nothing."""
+
+    def __init__(self, client: Any) -> None:
+        self.client, self.model = client, client.model
+
+    async def create(self, *args: Any, **kwargs: Any) -> anthropic.types.Message:
+        return await self.client.create(*args, **kwargs)
+
+
 class InProcessLoop:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, plain: bool = False) -> None:
         self.settings = settings
-        self.client = shop_model_client(settings, sdk_retries=settings.model_max_retries)  # the SDK retries, as a plain loop would
+        self.client = shop_model_client(settings, sdk_retries=anthropic.DEFAULT_MAX_RETRIES if plain else settings.model_max_retries)
         self.shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
-        self.loop = InProcess(SHOP, self.client, shop_deps(self.shop), settings)
+        model, retrying = (SdkOnly(self.client), Retrying(retries=0, wait_for_capacity=False)) if plain else (self.client, None)
+        self.loop = InProcess(SHOP, model, shop_deps(self.shop), settings, retrying)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -55,7 +75,12 @@ class InProcessLoop:
 
     async def turn(self, text: str, customer_id: str, persona: str | None) -> TurnTiming:
         timing = TurnTiming(started=time.perf_counter())
-        ended = await self.loop.turn(text, customer_id, persona, observe=lambda event: timing.responses.append(time.perf_counter()))
+
+        def answered(event: Any) -> None:  # a model call answered (a refused one ends the turn, uncounted)
+            if not event.error:
+                timing.responses.append(time.perf_counter())
+
+        ended = await self.loop.turn(text, customer_id, persona, observe=answered)
         timing.ended = time.perf_counter()
-        timing.steps, timing.outcome = ended.steps, ended.outcome
+        timing.steps, timing.outcome = len(timing.responses), ended.outcome
         return timing

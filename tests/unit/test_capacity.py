@@ -160,6 +160,23 @@ async def test_capacity_refusals_wait_and_errors_that_are_not_about_capacity_end
         assert out.error and not out.busy and out.attempts == 1 and f"({status})" in out.error
 
 
+async def test_a_plain_loop_takes_a_capacity_refusal_as_the_error_and_holds_nothing():
+    """wait_for_capacity off (the benchmark's plain loop): the 429 its SDK gave up on ends the call at once."""
+    calls: list[int] = []
+
+    async def refused(n: int):
+        calls.append(n)
+        raise status_error(429, {"retry-after": "1"})
+
+    async def on_wait() -> bool:
+        return True
+
+    capacity = Capacity()
+    out = await attempt(refused, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=on_wait, wait_for_capacity=False)
+    assert out.error and "(429)" in out.error and not out.busy and out.attempts == 1 and calls == [0]
+    assert capacity.delay() == 0.0  # the process is not held: the next call goes at once
+
+
 async def test_a_turn_that_ended_while_its_call_waited_is_not_called():
     capacity = Capacity()
     capacity.rate = 0.5  # the next slot 2 s away
