@@ -40,7 +40,7 @@ from services.kernel import topology
 from services.kernel.runtime import READY_FD_ENV
 from services.kernel.settings import Settings, describe_invalid
 from services.shop.agent.settings import ShopAgentSettings
-from services.tools.agent import AgentError, current_agent
+from services.tools.agent import AgentError, load_agent
 from services.supervision import (  # FleetError: what `roundtrip up` prints, from here as ever
     Child, FleetError, RestartPolicy, claim_folder, describe_exit, release_folder, signal_wakeup,
 )
@@ -59,8 +59,8 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 def demo_shop(settings: Settings, env: dict[str, str]) -> ShopAgentSettings | None:
     """The demo shop's settings as the fleet's children read them (`env` over this process's), when the agent the
     fleet runs is the demo shop's (its settings are ShopAgentSettings) and names no shop URL: the fleet runs the shop."""
-    try:
-        agent = current_agent(settings.agent)
+    try:  # found, not checked: its checks read the children's environment (an MCP server's URL), each child runs them
+        agent = load_agent(settings.agent, check=False)
     except AgentError as exc:
         raise FleetError(str(exc)) from None
     if not (isinstance(agent.settings, type) and issubclass(agent.settings, ShopAgentSettings)):

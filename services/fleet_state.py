@@ -24,6 +24,7 @@ from services.supervision import RUNNING_FILE, alive
 STATE_FILE = "fleet.json"
 PREFIX = "ROUNDTRIP_"
 PER_PROCESS = ("ROUNDTRIP_INSTANCE_ID", "ROUNDTRIP_READY_FD")  # each child's own, not the fleet's
+COMMANDS_OWN = ("ROUNDTRIP_JAEGER_QUERY_URL",)  # read by the commands only, never by a service: the shell's stands
 
 
 def record(state_dir: Path, env: Mapping[str, str]) -> Path:
@@ -81,11 +82,11 @@ def adopt(state_dir: Path, environ: MutableMapping[str, str] = os.environ) -> Re
     if found is None:
         return Reading(state_dir)
     pid, fleet = found
-    shell = {k: v for k, v in environ.items() if k.startswith(PREFIX) and k not in PER_PROCESS}
+    shell = {k: v for k, v in environ.items() if k.startswith(PREFIX) and k not in PER_PROCESS and k not in COMMANDS_OWN}
     differ = sorted(k for k, v in shell.items() if fleet.get(k) != v and not (k == f"{PREFIX}STATE_DIR" and _same(v, fleet[k])))
     for key in shell:
         del environ[key]
-    environ.update(fleet)
+    environ.update({k: v for k, v in fleet.items() if k not in COMMANDS_OWN or k not in environ})
     return Reading(state_dir, pid, differ)
 
 

@@ -88,7 +88,7 @@ def image_env(dockerfile: str | None = None) -> dict[str, str]:
 
 def k8s_manifest(docs: list[dict[str, Any]], replicas: dict[str, int] | None = None) -> Manifest:
     replicas = replicas or {}
-    unsupported = {d["kind"] for d in docs} - {"Namespace", "ConfigMap", "Secret", "Deployment", "Service", "ScaledObject"}
+    unsupported = {d["kind"] for d in docs} - {"Namespace", "ConfigMap", "Secret", "Deployment", "Service", "ScaledObject", "TriggerAuthentication"}
     if unsupported:
         raise ManifestError(f"deploy/k8s has kinds this test does not run yet: {sorted(unsupported)}")
     base = image_env()

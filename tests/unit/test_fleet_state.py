@@ -53,3 +53,13 @@ def test_the_record_of_a_fleet_that_is_gone_is_not_read(tmp_path):
     (tmp_path / "fleet.json").write_text(f'{{"pid": {gone}, "env": {{"ROUNDTRIP_TOPIC_PREFIX": "old."}}}}')
     shell: dict[str, str] = {}
     assert fleet_state.adopt(tmp_path, shell).pid is None and shell == {}
+
+
+def test_a_setting_only_the_commands_read_stays_the_shells(tmp_path):
+    claimed = claim_folder(tmp_path)
+    fleet_state.record(tmp_path, {**FLEET, "ROUNDTRIP_JAEGER_QUERY_URL": "http://jaeger:16686"})
+    shell = {"ROUNDTRIP_JAEGER_QUERY_URL": "http://127.0.0.1:16686"}  # where this operator reaches Jaeger
+    reading = fleet_state.adopt(tmp_path, shell)
+    assert shell["ROUNDTRIP_JAEGER_QUERY_URL"] == "http://127.0.0.1:16686" and reading.differ == []
+    assert shell["ROUNDTRIP_TOPIC_PREFIX"] == "prod."  # the fleet's settings otherwise
+    release_folder(claimed)
