@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from services.broker.embedded import free_port
 from services.kernel import topics
+from tests.databases import migrated
 from tests.processes import start_service
 
 
@@ -30,8 +31,9 @@ def three_entries(bootstrap: str) -> str:
 async def test_topics_a_service_and_lag_work_on_a_list_of_three_bootstrap_servers(kafka_bootstrap, tmp_path):
     servers, prefix = three_entries(kafka_bootstrap), f"list{uuid.uuid4().hex[:6]}."
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
+    ledger_url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")  # the gateway reads the shared ledger
     env |= {"ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": servers, "ROUNDTRIP_TOPIC_PREFIX": prefix, "ROUNDTRIP_STATE_DIR": str(tmp_path),
-            "ROUNDTRIP_PARTITIONS": "2", "PYTHONUNBUFFERED": "1"}
+            "ROUNDTRIP_PARTITIONS": "2", "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url, "PYTHONUNBUFFERED": "1"}
 
     made = subprocess.run([sys.executable, "-m", "services.cli", "topics", "create"], env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stdout + made.stderr

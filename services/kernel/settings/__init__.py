@@ -82,15 +82,19 @@ class Settings(
     def refuse_private_ledger(self, service: str) -> None:
         """Raise ConfigurationError when a service that shares the turn ledger would keep it in a file of its own.
 
-        Guard, model and executor meet in the ledger (the guard records each step; the model and the executors claim
-        it in the turn fence before they act). Unset, the ledger is a SQLite file in this process's state_dir: right
+        The services the topology marks `shares_ledger` meet in the ledger (the guard records each step; the model
+        and the executors claim it in the turn fence before they act; the gateway reads which turns wait for capacity). Unset, the ledger is a SQLite file in this process's state_dir: right
         for the embedded development fleet, whose processes share one folder, and wrong wherever each process has its
         own disk (a pod, a container), where every turn would fail."""
         if self.ledger_database_url is None and not self.development:
+            from services.kernel import topology
+
+            sharing = [s.name for s in topology.SERVICES if s.shares_ledger]
             raise ConfigurationError(
                 f"{service} refuses to start: ROUNDTRIP_LEDGER_DATABASE_URL is not set, so the turn ledger would be a "
                 f"private SQLite file in {self.state_dir} that the other services never see, and every turn would fail. "
-                "Give guard, model and executor the same database (e.g. postgresql+asyncpg://user:password@host:5432/ledger), "
+                f"Give {', '.join(sharing[:-1])} and {sharing[-1]} the same database "
+                "(e.g. postgresql+asyncpg://user:password@host:5432/ledger), "
                 "or set ROUNDTRIP_ENV=development for a fleet on one machine."
             )
 
