@@ -26,12 +26,9 @@ def embedded_kafka(data_dir: Path) -> Iterator[EmbeddedKafka]:
         pass
     kafka = EmbeddedKafka.of(defaults.model_copy(update={"kafka_port": port, "kafka_controller_port": controller}), data_dir,
                              libs_dir=libs, die_with_parent=True)
-    kafka.start()
-    try:
+    with kafka:  # started, and stopped at the end
         kafka.wait_ready(120)
         yield kafka
-    finally:
-        kafka.stop()
 
 
 @contextmanager

@@ -39,12 +39,9 @@ def authorizing_broker(tmp_path):
     listener = Listener("SCRAM", "SASL_PLAINTEXT", free_port(), (MECHANISM,))
     kafka = secured_kafka(tmp_path / "kafka", [listener], None, PASSWORDS, controller_port=free_port(), die_with_parent=True,
                           properties={"authorizer.class.name": STANDARD_AUTHORIZER})  # super users: the broker's own (secured.py)
-    kafka.start()
-    try:
+    with kafka:  # started, and stopped at the end (EmbeddedKafka is its own context manager)
         kafka.wait_ready(120)
         yield kafka
-    finally:
-        kafka.stop()
 
 
 def as_principal(env: dict[str, str], user: str, password: str | None = None) -> dict[str, str]:
