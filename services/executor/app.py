@@ -73,7 +73,7 @@ def build(settings: Settings) -> FastStream:
 
     @app.on_startup
     async def open_fence() -> None:
-        state["fence"] = await Fence.open(settings.ledger_db_url)
+        state["fence"] = await Fence.open(settings.ledger_db_url, pool_size=settings.database_pool_size)
 
     @app.after_shutdown
     async def close() -> None:

@@ -122,9 +122,9 @@ def build(settings: Settings) -> FastStream:
 
     @app.on_startup
     async def open_ledger() -> None:
-        ledger = await Ledger.open(settings.ledger_db_url)
+        ledger = await Ledger.open(settings.ledger_db_url, pool_size=settings.database_pool_size)
         conversations = await Conversations.open(settings.conversations_db_url, settings.history_tokens,
-                                                 settings.conversation_retention_s)
+                                                 settings.conversation_retention_s, pool_size=settings.database_pool_size)
         state["guard"] = guard_of(settings, ledger, conversations, prices, publish, agent)
 
     @app.after_startup

@@ -26,11 +26,15 @@ import json
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Column, Connection, Float, Index, Integer, MetaData, String, Table, Text, bindparam, delete, insert, select, update
+from sqlalchemy import (
+    Column, Connection, Float, Index, Integer, MetaData, String, Table, Text, bindparam, delete, exists, func, insert, select, update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
+from services.kernel.database import POOL_SIZE
 from services.kernel.limits import OMITTED_KEY
 from services.kernel.migrations import CONVERSATIONS
 from services.kernel.turnstore import TurnStore
@@ -63,21 +67,56 @@ exchanges = Table(
 
 # the statements of every turn, built once (see services/kernel/turnstore.py); `b_` names are the conditions
 _OF_CONVERSATION = conversations.c.conversation_id == bindparam("b_conversation_id")
-_OWNER = select(conversations.c.customer_id, conversations.c.updated_at).where(_OF_CONVERSATION)
+_OWNER = select(conversations.c.customer_id, conversations.c.updated_at, conversations.c.turns).where(_OF_CONVERSATION)
 _TOUCH = update(conversations).where(_OF_CONVERSATION)
 _NEW_CONVERSATION = insert(conversations)
 _NEW_EXCHANGE = insert(exchanges)
 _STORED = (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.messages)
            .where(exchanges.c.conversation_id == bindparam("b_conversation_id"), exchanges.c.messages.is_not(None))
            .order_by(exchanges.c.started_at, exchanges.c.turn_id))
-_STORED_TOKENS = (select(exchanges.c.turn_id, exchanges.c.tokens)
-                  .where(exchanges.c.conversation_id == bindparam("b_conversation_id"), exchanges.c.messages.is_not(None))
-                  .order_by(exchanges.c.started_at, exchanges.c.turn_id))
-_ENDED_AT = select(exchanges.c.ended_at).where(exchanges.c.turn_id == bindparam("b_turn_id"))
-_STORE = update(exchanges).where(exchanges.c.turn_id == bindparam("b_turn_id"), exchanges.c.conversation_id == bindparam("b_conversation_id"))
-_COUNT = update(conversations).where(_OF_CONVERSATION).values(
-    updated_at=bindparam("b_now"), turns=conversations.c.turns + bindparam("b_turns"),
-    dropped_turns=conversations.c.dropped_turns + bindparam("b_dropped"))
+_EXCHANGES = (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.ended_at, exchanges.c.messages.is_not(None).label("stored"))
+              .where(exchanges.c.conversation_id == bindparam("b_conversation_id"))
+              .order_by(exchanges.c.started_at, exchanges.c.turn_id))
+_THIS_EXCHANGE = (exchanges.c.turn_id == bindparam("b_turn_id")) & (exchanges.c.conversation_id == bindparam("b_conversation_id"))
+_STORE = update(exchanges).where(_THIS_EXCHANGE)
+_CLAIMS = {}  # dialect name -> the upsert of `claim` (PostgreSQL's and SQLite's INSERT ... ON CONFLICT are their own)
+
+
+def _claim_statement(dialect: str) -> Any:
+    """New: insert it. The customer's own and within its retention: touch it. Else (someone else's, or expired): no row."""
+    if (statement := _CLAIMS.get(dialect)) is None:
+        new = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(conversations)
+        statement = _CLAIMS[dialect] = new.on_conflict_do_update(
+            index_elements=[conversations.c.conversation_id], set_={"updated_at": new.excluded.updated_at},
+            where=(conversations.c.customer_id == new.excluded.customer_id) & (conversations.c.updated_at >= bindparam("b_cutoff")),
+        ).returning(conversations.c.customer_id, conversations.c.turns)
+    return statement
+
+
+_COUNT = update(conversations).where(_OF_CONVERSATION).values(updated_at=bindparam("b_now"), turns=conversations.c.turns + bindparam("b_turns"))
+_DROPPED = update(conversations).where(_OF_CONVERSATION).values(dropped_turns=conversations.c.dropped_turns + bindparam("b_dropped"))
+
+
+def _close_in_one() -> Any:
+    """PostgreSQL's `close_turn` in one statement: the exchange stored, the conversation's turns counted (once: only
+    when the exchange had not ended before), and the conversation's exchanges as they were before it (every part of
+    a WITH sees the same snapshot), from which the caller tells what falls out of the budget."""
+    before = select(exchanges.c.ended_at).where(_THIS_EXCHANGE).cte("before")
+    stored = (update(exchanges).where(_THIS_EXCHANGE)
+              .values(messages=bindparam("b_messages"), tokens=bindparam("b_tokens"), ended_at=bindparam("b_now"), outcome=bindparam("b_outcome"))
+              .returning(exchanges.c.turn_id).cte("stored"))
+    first = select(func.count()).select_from(before).where(before.c.ended_at.is_(None)).scalar_subquery()
+    counted = (update(conversations).where(_OF_CONVERSATION, exists(select(stored.c.turn_id)))
+               .values(updated_at=bindparam("b_now"), turns=conversations.c.turns + first)
+               .returning(conversations.c.turns).cte("counted"))
+    return (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.messages.is_not(None).label("stored"),
+                   select(func.count()).select_from(stored).scalar_subquery().label("stored_now"),
+                   select(func.count()).select_from(counted).scalar_subquery().label("counted"))
+            .where(exchanges.c.conversation_id == bindparam("b_conversation_id"))
+            .order_by(exchanges.c.started_at, exchanges.c.turn_id))
+
+
+_CLOSE_IN_ONE = _close_in_one()
 
 
 def estimate_tokens(value: Any) -> int:
@@ -175,6 +214,13 @@ def within_budget(stored: list[tuple[str, int]], budget_tokens: int) -> tuple[li
 # -- the store --------------------------------------------------------------------------------
 
 
+class Claim(NamedTuple):
+    """Who owns the conversation, and how many of its turns were ever stored (0: it has no history to read)."""
+
+    owner: str
+    stored_turns: int
+
+
 @dataclass
 class ConversationRow:
     conversation_id: str
@@ -196,16 +242,25 @@ class Conversations(TurnStore):
 
     @classmethod
     async def open(cls, url: str, budget_tokens: int = 20000, retention_s: float = 30 * 86400.0,
-                   read_only: bool = False) -> Conversations:
-        store = await super().open(url, read_only=read_only)
+                   read_only: bool = False, pool_size: int = POOL_SIZE) -> Conversations:
+        store = await super().open(url, read_only=read_only, pool_size=pool_size)
         store.budget_tokens, store.retention_s = budget_tokens, retention_s
         return store
 
-    async def claim(self, conversation_id: str, customer_id: str, now: float | None = None) -> str:
-        """The owner of the conversation: `customer_id` when it is new (or expired), else whoever started it."""
-        now = now or time.time()
+    async def claim(self, conversation_id: str, customer_id: str, now: float | None = None) -> Claim:
+        """The owner of the conversation: `customer_id` when it is new (or expired), else whoever started it.
 
-        def work(conn: Connection) -> str:
+        One statement on the way every turn takes (a new conversation, or the customer's own in use): an upsert
+        that creates it or touches it, and returns its owner and its stored turns. Only when it refuses (someone
+        else's conversation, or one past its retention) is the conversation read and changed in a transaction."""
+        now = now or time.time()
+        params = {"conversation_id": conversation_id, "customer_id": customer_id, "created_at": now, "updated_at": now,
+                  "turns": 0, "dropped_turns": 0, "b_cutoff": now - self.retention_s}
+        row = await self._run(lambda conn: conn.execute(_claim_statement(conn.dialect.name), params).first(), write=True, single=True)
+        if row is not None:
+            return Claim(row.customer_id, row.turns)
+
+        def work(conn: Connection) -> Claim:
             row = conn.execute(_OWNER, {"b_conversation_id": conversation_id}).first()
             if row is not None and row.updated_at < now - self.retention_s:  # expired: as if it never existed
                 _delete(conn, conversation_id)
@@ -213,10 +268,10 @@ class Conversations(TurnStore):
             if row is not None:
                 if row.customer_id == customer_id:  # in use: not idle any more
                     conn.execute(_TOUCH, {"b_conversation_id": conversation_id, "updated_at": now})
-                return row.customer_id
+                return Claim(row.customer_id, row.turns)
             conn.execute(_NEW_CONVERSATION, {"conversation_id": conversation_id, "customer_id": customer_id,
                                              "created_at": now, "updated_at": now, "turns": 0, "dropped_turns": 0})
-            return customer_id
+            return Claim(customer_id, 0)
 
         for _ in range(3):
             try:
@@ -252,18 +307,32 @@ class Conversations(TurnStore):
         exchange = compact(exchange_of(turn_messages, final_content, reply_text), self.budget_tokens)
         tokens = estimate_tokens(exchange)
 
-        def work(conn: Connection) -> bool:
-            before = conn.execute(_ENDED_AT, {"b_turn_id": turn_id}).first()
-            first = before is not None and before.ended_at is None  # a redelivery or a fuller end counts no second turn
-            stored = conn.execute(_STORE, {"b_turn_id": turn_id, "b_conversation_id": conversation_id, "messages": json.dumps(exchange),
-                                           "tokens": tokens, "ended_at": now, "outcome": outcome}).rowcount
-            if stored != 1:
+        of_turn = {"b_turn_id": turn_id, "b_conversation_id": conversation_id, "b_now": now}
+        values = {"messages": json.dumps(exchange), "tokens": tokens, "ended_at": now, "outcome": outcome}
+        if self.engine.dialect.name == "postgresql":  # one statement, one round trip (docs/benchmarks.md, issue 23)
+            given = {**of_turn, **{f"b_{k}": v for k, v in values.items()}}
+            rows = await self._run(lambda conn: conn.execute(_CLOSE_IN_ONE, given).all(), write=True, single=True)
+            if not rows or rows[0].stored_now != 1:  # forgotten, expired, or never opened
                 return False
-            rows = conn.execute(_STORED_TOKENS, {"b_conversation_id": conversation_id}).all()
-            _, dropped = within_budget([(r.turn_id, r.tokens) for r in rows], self.budget_tokens)
+            _, dropped = within_budget([(r.turn_id, tokens if r.turn_id == turn_id else r.tokens) for r in rows
+                                        if r.turn_id == turn_id or r.stored], self.budget_tokens)
+            if dropped:  # past the budget: the oldest go (history() keeps to the budget meanwhile)
+                await self._run(lambda conn: _drop(conn, conversation_id, dropped), write=True)
+            return True
+
+        def work(conn: Connection) -> bool:  # one read of the conversation's exchanges, the store, the count, the drops
+            rows = conn.execute(_EXCHANGES, {"b_conversation_id": conversation_id}).all()
+            this = next((r for r in rows if r.turn_id == turn_id), None)
+            if this is None:  # forgotten, expired, or never opened
+                return False
+            first = this.ended_at is None  # a redelivery or a fuller end counts no second turn
+            if conn.execute(_STORE, {**of_turn, **values}).rowcount != 1:
+                return False
+            conn.execute(_COUNT, {**of_turn, "b_turns": int(first)})
+            _, dropped = within_budget([(r.turn_id, tokens if r is this else r.tokens) for r in rows if r is this or r.stored],
+                                       self.budget_tokens)
             if dropped:
-                conn.execute(delete(exchanges).where(exchanges.c.turn_id.in_(dropped)))
-            conn.execute(_COUNT, {"b_conversation_id": conversation_id, "b_now": now, "b_turns": int(first), "b_dropped": len(dropped)})
+                _drop(conn, conversation_id, dropped)
             return True
 
         return await self._run(work, write=True)
@@ -312,6 +381,12 @@ class Conversations(TurnStore):
             return len(old)
 
         return await self._run(work, write=True)
+
+
+def _drop(conn: Connection, conversation_id: str, dropped: list[str]) -> None:
+    """The exchanges that fell out of the budget deleted, and counted as dropped."""
+    conn.execute(delete(exchanges).where(exchanges.c.turn_id.in_(dropped)))
+    conn.execute(_DROPPED, {"b_conversation_id": conversation_id, "b_dropped": len(dropped)})
 
 
 def _delete(conn: Connection, conversation_id: str) -> bool:

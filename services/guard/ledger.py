@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from services.kernel.turnstore import (
@@ -41,6 +41,9 @@ _ADVANCE = update(turns).where(turns.c.turn_id == bindparam("b_turn_id"), turns.
 _GET = select(turns).where(turns.c.turn_id == bindparam("b_turn_id"))
 _LIVE_TURNS = select(turns).where(turns.c.conversation_id == bindparam("b_conversation_id"), turns.c.status != ENDED,
                                   turns.c.turn_id != bindparam("b_but"))
+# a start's one read: the turn itself (a duplicate request?) and the conversation's turns that have not ended
+_STARTING = select(turns).where(or_(turns.c.turn_id == bindparam("b_turn_id"),
+                                    (turns.c.conversation_id == bindparam("b_conversation_id")) & (turns.c.status != ENDED)))
 _PUBLISHED = update(turns).where(turns.c.turn_id == bindparam("b_turn_id"), turns.c.pending == bindparam("b_pending"),
                                  turns.c.status != ENDING)
 
@@ -186,11 +189,14 @@ class Ledger(TurnStore):
         await self.published_many([(turn_id, pending)])
 
     async def published_many(self, decisions: list[tuple[str, str]]) -> None:
-        """`published` for many decisions in one transaction (the guard clears its outbox in batches)."""
+        """`published` for many decisions in one statement run for each (the guard clears its outbox in batches).
+
+        Each clear stands alone (a clear that is lost only means a republish), so the batch runs in autocommit: on
+        PostgreSQL one round trip of all the rows, without BEGIN and COMMIT."""
         if not decisions:
             return
         rows = [{"b_turn_id": turn_id, "b_pending": pending, "pending": None, "pending_at": None} for turn_id, pending in decisions]
-        await self._run(lambda conn: conn.execute(_PUBLISHED, rows), write=True)
+        await self._run(lambda conn: conn.execute(_PUBLISHED, rows), write=True, single=True)
 
     # -- approvals by a person -------------------------------------------------------------
     async def await_approval(self, approval: dict[str, Any], now: float | None = None, pending: str | None = None) -> bool:
@@ -292,6 +298,13 @@ class Ledger(TurnStore):
     async def get(self, turn_id: str) -> TurnRow | None:
         rows = await self._rows(_GET, {"b_turn_id": turn_id})
         return rows[0] if rows else None
+
+    async def starting(self, turn_id: str, conversation_id: str) -> tuple[TurnRow | None, list[TurnRow]]:
+        """What a start needs to know, in one read: the turn's row (None: a new turn) and the other turns of its
+        conversation that have not ended."""
+        rows = await self._rows(_STARTING, {"b_turn_id": turn_id, "b_conversation_id": conversation_id})
+        this = next((r for r in rows if r.turn_id == turn_id), None)
+        return this, [r for r in rows if r.turn_id != turn_id and r.conversation_id == conversation_id and r.status != ENDED]
 
     async def live_turns(self, conversation_id: str, but: str | None = None) -> list[TurnRow]:
         """The turns of a conversation that have not ended (running, stuck, ending), except `but`."""

@@ -90,17 +90,26 @@ class Starts:
     agent_digest: str | None = None  # recorded with each turn it starts (Agent.digest)
 
     async def on_start(self, command: StartTurn) -> str:
+        """A new turn in two round trips of the database where its conversation is new or idle: the ledger's read
+        (the turn itself: a duplicate? the conversation's turns not ended) beside the conversation's claim, then
+        the turn recorded beside its exchange opened. The history is read only when the conversation has some or a
+        turn of it ran; a start that waits for the conversation's running turn reads it after that turn's end."""
         turn = command.turn
-        if (row := await self.ledger.get(turn.turn_id)) is not None:
-            return await self._started_before(row)
+        if self.conversations is None:
+            (row, running), claim = await self.ledger.starting(turn.turn_id, turn.conversation_id), None
+        else:  # a duplicate's claim changes nothing: it touches its own conversation, or finds someone else's
+            (row, running), claim = await asyncio.gather(self.ledger.starting(turn.turn_id, turn.conversation_id),
+                                                         self.conversations.claim(turn.conversation_id, turn.customer_id))
+        if row is not None:
+            return await self._started_before(row, command)
         history: list[dict] = []
-        if self.conversations is not None:
-            owner = await self.conversations.claim(turn.conversation_id, turn.customer_id)
-            if owner != turn.customer_id:
-                return await self._refuse(turn)
-            await self.order.wait_for_earlier_turns(turn)
-            history = await self.conversations.history(turn.conversation_id)
-            await self.conversations.open_turn(turn.conversation_id, turn.turn_id, command.text)
+        if claim is not None:
+            if claim.owner != turn.customer_id:
+                return await self._refuse(command)
+            if running:  # it stores its exchange before its end: the history is read after that
+                await self.order.wait_for_earlier_turns(turn)
+            if claim.stored_turns or running:
+                history = await self.conversations.history(turn.conversation_id)
         now = time.time()
         changes: dict[str, float | int | str] = {"history_messages": len(history)}
         if self.agent_digest:  # every service handling the turn compares it with its own (services/kernel/agent_digest.py)
@@ -112,24 +121,37 @@ class Starts:
         if history:
             trace.get_current_span().set_attribute("roundtrip.history_messages", len(history))
         pending = pending_copy(call)
-        if await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, deadline_at=turn.deadline_at,
-                                   agent_digest=self.agent_digest):
+        recorded = self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, deadline_at=turn.deadline_at,
+                                     agent_digest=self.agent_digest)
+        if claim is None:
+            started = await recorded
+        else:  # side by side: a start recorded without its exchange opens it when it is republished (_started_before)
+            started, _ = await asyncio.gather(recorded, self._open(command))
+        if started:
             self.steps.stepped(turn.turn_id, ended=False)
             await self.outbox.emit(turn.turn_id, pending, call, turn.conversation_id)
             return "started"
         row = await self.ledger.get(turn.turn_id)
-        return await self._started_before(row) if row is not None else "duplicate"
+        return await self._started_before(row, command) if row is not None else "duplicate"
 
-    async def _started_before(self, row: TurnRow) -> str:
+    async def _open(self, command: StartTurn) -> None:
+        """The turn's exchange in its conversation (idempotent): it becomes history when the turn ends."""
+        if self.conversations is not None:
+            await self.conversations.open_turn(command.turn.conversation_id, command.turn.turn_id, command.text)
+
+    async def _started_before(self, row: TurnRow, command: StartTurn) -> str:
         """A start the ledger has seen: republish its first decision if that may not be out, else drop it."""
         if row.step == 0 and row.pending:
+            if row.outcome is None:  # not refused: its exchange may not have been opened (the start failed after the record)
+                await self._open(command)
             await self.outbox.republish(row)
             return "republished"
         log.info("turn %s: duplicate request %s dropped", row.turn_id, row.request_id)
         return "duplicate"
 
-    async def _refuse(self, turn: Turn) -> str:
+    async def _refuse(self, command: StartTurn) -> str:
         """A request naming another customer's conversation: a polite refusal, no history, no model call."""
+        turn = command.turn
         now = time.time()
         outcome = Outcome.CONVERSATION_REFUSED
         ended = TurnEnded(turn=turn, step=0, outcome=outcome, text=polite(outcome))
@@ -137,7 +159,7 @@ class Starts:
         if not await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, outcome=outcome.value,
                                        agent_digest=self.agent_digest):
             row = await self.ledger.get(turn.turn_id)
-            return await self._started_before(row) if row is not None else "duplicate"
+            return await self._started_before(row, command) if row is not None else "duplicate"
         security.warning("turn %s refused: customer %s named conversation %s of another customer (request %s)",
                          turn.turn_id, turn.customer_id, turn.conversation_id, turn.request_id)
         trace.get_current_span().add_event("conversation refused: it belongs to another customer")

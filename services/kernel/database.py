@@ -15,6 +15,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from services.kernel.settings.concerns import POOL_SIZE
 from services.kernel.settings.display import without_passwords
 
 
@@ -27,12 +28,16 @@ def shown(url: str) -> str:
     return without_passwords(url)
 
 
-def make_engine(url: str, read_only: bool = False) -> Engine | AsyncEngine:
+def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -> Engine | AsyncEngine:
     """SQLite: a plain engine, used inline on the event loop (a WAL commit without fsync takes
     microseconds; a thread hop per statement costs more than the statement), without waiting for
     a lock there: the guard, the executors and the model service write to one file, and a write
     that finds it locked is retried in a thread that may wait (`TurnStore._run`), so another
-    process's write never stalls this one's event loop. PostgreSQL: asyncpg."""
+    process's write never stalls this one's event loop. PostgreSQL: asyncpg, on a pool of `pool_size`
+    connections kept open and no more: a statement that finds them all in use waits for one. An
+    overflow connection (opened for one statement, closed after it) costs a server process, its
+    authentication and the connection's prepared statements: under load, far more than the wait
+    (docs/benchmarks.md, issue 23)."""
     if is_sqlite(url):
         parsed = make_url(url).set(drivername="sqlite")
         path = parsed.database or ""
@@ -54,7 +59,7 @@ def make_engine(url: str, read_only: bool = False) -> Engine | AsyncEngine:
         return engine
     if read_only:
         return create_async_engine(url, pool_size=1, connect_args={"server_settings": {"default_transaction_read_only": "on"}})
-    return create_async_engine(url, pool_size=5, max_overflow=5)
+    return create_async_engine(url, pool_size=pool_size, max_overflow=0)
 
 
 async def run_on(engine: Engine | AsyncEngine, work: Callable[[Connection], Any], write: bool = False) -> Any:

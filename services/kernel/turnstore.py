@@ -38,7 +38,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from services.kernel.database import make_engine
+from services.kernel.database import POOL_SIZE, make_engine
 from services.kernel.migrations import LEDGER
 from services.kernel.migrations.schema import reaching, require
 
@@ -153,11 +153,12 @@ class TurnStore:
         self._inline_auto: Connection | None = None  # ... and one in autocommit mode, for single statements
 
     @classmethod
-    async def open(cls, url: str, read_only: bool = False):
-        """The store on `url` (`read_only`: one that cannot write, for the CLI's listings).
+    async def open(cls, url: str, read_only: bool = False, pool_size: int = POOL_SIZE):
+        """The store on `url` (`read_only`: one that cannot write, for the CLI's listings; `pool_size`: its PostgreSQL
+        connections, `ROUNDTRIP_DATABASE_POOL_SIZE`).
         Raises SchemaMismatch when its tables are not at this code's revision (`roundtrip db upgrade`),
         DatabaseUnreachable when it cannot reach the database."""
-        store = cls(make_engine(url, read_only=read_only))
+        store = cls(make_engine(url, read_only=read_only, pool_size=pool_size))
         try:
             with reaching(url):
                 await store._run(lambda conn: require(conn, cls.STORE, url))

@@ -30,7 +30,7 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
     conversation = f"conv_{uuid.uuid4().hex[:8]}"
     try:
         # two customers name a new conversation at the same moment: exactly one owns it
-        owners = await asyncio.gather(*(store.claim(conversation, c) for c in ("cus_1001", "cus_1002", "cus_1001", "cus_1002")))
+        owners = [c.owner for c in await asyncio.gather(*(store.claim(conversation, c) for c in ("cus_1001", "cus_1002", "cus_1001", "cus_1002")))]
         assert len(set(owners)) == 1
         owner = owners[0]
         for n in range(8):
@@ -45,6 +45,11 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
         assert uses == results and uses[-1] == "toolu_7"
         row = await store.get(conversation)
         assert row.customer_id == owner and row.turns == 8 and row.dropped_turns == 8 - row.history_turns
+        # a redelivered end stores the same again and counts no second turn; a turn never opened stores nothing
+        assert await store.close_turn(conversation, turn_id, messages, final, "answer 7", "end_turn")
+        assert not await store.close_turn(conversation, "turn_never_opened", messages, final, "answer", "end_turn")
+        again = await store.get(conversation)
+        assert (again.turns, again.history_turns) == (8, row.history_turns) and (await store.claim(conversation, owner)).stored_turns == 8
         assert conversation in {r.conversation_id for r in await store.list(customer_id=owner)}
         assert await store.forget(conversation) and await store.history(conversation) == [] and await store.get(conversation) is None
         await store.claim(conversation, "cus_1003", now=1.0)

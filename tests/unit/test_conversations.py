@@ -117,9 +117,18 @@ async def _turn(store: Conversations, conversation: str, turn_id: str, text: str
 
 
 async def test_a_conversation_belongs_to_whoever_started_it(store):
-    assert await store.claim("conv_a", "cus_1001") == "cus_1001"
-    assert await store.claim("conv_a", "cus_1002") == "cus_1001"
-    assert await store.claim("conv_a", "cus_1001") == "cus_1001"
+    assert (await store.claim("conv_a", "cus_1001")).owner == "cus_1001"
+    assert (await store.claim("conv_a", "cus_1002")).owner == "cus_1001"
+    assert (await store.claim("conv_a", "cus_1001")).owner == "cus_1001"
+
+
+async def test_a_claim_says_whether_the_conversation_has_history(store):
+    assert await store.claim("conv_h", "cus_1001", now=1000.0) == ("cus_1001", 0)  # new: nothing to read
+    await _turn(store, "conv_h", "turn_h1", "hello", "hi", now=1000.0)
+    assert await store.claim("conv_h", "cus_1001", now=1001.0) == ("cus_1001", 1)  # touched: its idle clock restarts
+    assert (await store.get("conv_h")).updated_at >= 1001.0
+    assert await store.claim("conv_h", "cus_1002", now=1002.0) == ("cus_1001", 1)  # someone else's: refused, not touched
+    assert (await store.get("conv_h")).updated_at < 1002.0
 
 
 async def test_history_is_the_ended_turns_in_order_and_trimmed_to_the_budget(store):
@@ -147,7 +156,7 @@ async def test_forget_erases_and_a_running_turn_of_a_forgotten_conversation_save
     assert await store.forget("conv_c") is False
     saved = await store.close_turn("conv_c", "turn_c2", [{"role": "user", "content": "and?"}], [{"type": "text", "text": "ok"}], "ok", "end_turn")
     assert saved is False and await store.history("conv_c") == [] and await store.get("conv_c") is None
-    assert await store.claim("conv_c", "cus_1002") == "cus_1002"  # erased: the id is free again
+    assert (await store.claim("conv_c", "cus_1002")).owner == "cus_1002"  # erased: the id is free again
 
 
 async def test_conversations_idle_past_the_retention_expire(store):
@@ -158,7 +167,7 @@ async def test_conversations_idle_past_the_retention_expire(store):
     assert [r.conversation_id for r in await store.list()] == ["conv_new"]
     # an expired conversation not swept yet is treated as gone when it is named again
     await store.claim("conv_old2", "cus_1001", now=1000.0)
-    assert await store.claim("conv_old2", "cus_1003") == "cus_1003"
+    assert (await store.claim("conv_old2", "cus_1003")).owner == "cus_1003"
 
 
 # -- the guard: history, ownership, one turn at a time ------------------------------------------
@@ -240,6 +249,27 @@ async def test_another_customer_naming_the_conversation_is_refused_and_sees_noth
     await guard.outbox.drain()
     assert await guard.starts.on_start(StartTurn(turn=turn(9, customer="cus_1002"), text="what did they ask?")) == "duplicate"
     assert len(await guard.conversations.history("conv_1")) == 4  # the owner's history is untouched
+
+
+async def test_a_start_recorded_without_its_exchange_opens_it_when_redelivered(guard):
+    """The turn's record and its exchange are written side by side: a start that failed after the record (the
+    exchange not opened) opens it when the request is redelivered and its first call republished."""
+    real_open, failed = guard.conversations.open_turn, []
+
+    async def broken(*args, **kwargs):
+        failed.append(args)
+        raise ConnectionError("conversation store away")
+
+    guard.conversations.open_turn = broken
+    with pytest.raises(ConnectionError):
+        await guard.starts.on_start(StartTurn(turn=turn(1), text="what orders do I have?"))
+    assert failed and (await guard.ledger.get("turn_1")).step == 0  # recorded, its exchange not opened
+    guard.conversations.open_turn = real_open
+    assert await guard.starts.on_start(StartTurn(turn=turn(1), text="what orders do I have?")) == "republished"
+    call = guard.outbox.publish.sent[-1][1]
+    await guard.loop.on_iteration(responded(call.turn, 1, call.messages, [{"type": "text", "text": "You have two."}], "end_turn"))
+    history = await guard.conversations.history("conv_1")
+    assert history[0] == {"role": "user", "content": [{"type": "text", "text": "what orders do I have?"}]}
 
 
 async def test_a_second_request_waits_for_the_running_turn_then_sees_it(guard):

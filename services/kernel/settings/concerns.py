@@ -221,6 +221,9 @@ class LoopRules(Concern):
         return max(0.2, min(5.0, self.stuck_after_s / 4, max(self.stuck_grace_s, 0.8) / 4))
 
 
+POOL_SIZE = 10  # PostgreSQL connections a process keeps open to one database (services/kernel/database.py)
+
+
 class TurnLedger(Concern):
     heading = "the turn ledger: the guard's record of every turn, the fence of model and executor"
 
@@ -228,6 +231,12 @@ class TurnLedger(Concern):
         None, description="SQLAlchemy URL of the turn ledger (guard; fence of executor and model); unset means a SQLite file in state_dir"
     )
     outbox_after_s: float = Field(5.0, gt=0, description="The guard's sweeper republishes a recorded decision still unpublished after this long")
+    database_pool_size: int = Field(
+        POOL_SIZE, ge=1, le=1000,
+        description="PostgreSQL connections each process keeps open to the ledger (and the guard to the conversation store); "
+                    "none beyond them, a statement waits for a free one. The server's max_connections must cover every "
+                    "replica's: guard 2x, model and executor 1x each, gateway 1",
+    )
 
 
 class ConversationSettings(Concern):
