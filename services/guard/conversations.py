@@ -103,7 +103,8 @@ def _close_in_one() -> Any:
     a WITH sees the same snapshot), from which the caller tells what falls out of the budget."""
     before = select(exchanges.c.ended_at).where(_THIS_EXCHANGE).cte("before")
     stored = (update(exchanges).where(_THIS_EXCHANGE)
-              .values(messages=bindparam("b_messages"), tokens=bindparam("b_tokens"), ended_at=bindparam("b_now"), outcome=bindparam("b_outcome"))
+              .values(messages=bindparam("b_messages"), tokens=bindparam("b_tokens"), ended_at=bindparam("b_ended_at"),
+                      outcome=bindparam("b_outcome"))
               .returning(exchanges.c.turn_id).cte("stored"))
     first = select(func.count()).select_from(before).where(before.c.ended_at.is_(None)).scalar_subquery()
     counted = (update(conversations).where(_OF_CONVERSATION, exists(select(stored.c.turn_id)))
@@ -314,9 +315,8 @@ class Conversations(TurnStore):
             rows = await self._run(lambda conn: conn.execute(_CLOSE_IN_ONE, given).all(), write=True, single=True)
             if not rows or rows[0].stored_now != 1:  # forgotten, expired, or never opened
                 return False
-            _, dropped = within_budget([(r.turn_id, tokens if r.turn_id == turn_id else r.tokens) for r in rows
-                                        if r.turn_id == turn_id or r.stored], self.budget_tokens)
-            if dropped:  # past the budget: the oldest go (history() keeps to the budget meanwhile)
+            # past the budget: the oldest go, in a second statement (history() keeps to the budget meanwhile)
+            if dropped := self._dropped(rows, turn_id, tokens):
                 await self._run(lambda conn: _drop(conn, conversation_id, dropped), write=True)
             return True
 
@@ -329,13 +329,17 @@ class Conversations(TurnStore):
             if conn.execute(_STORE, {**of_turn, **values}).rowcount != 1:
                 return False
             conn.execute(_COUNT, {**of_turn, "b_turns": int(first)})
-            _, dropped = within_budget([(r.turn_id, tokens if r is this else r.tokens) for r in rows if r is this or r.stored],
-                                       self.budget_tokens)
-            if dropped:
+            if dropped := self._dropped(rows, turn_id, tokens):
                 _drop(conn, conversation_id, dropped)
             return True
 
         return await self._run(work, write=True)
+
+    def _dropped(self, rows: list[Any], turn_id: str, tokens: int) -> list[str]:
+        """The exchanges that fall out of the budget once `turn_id` is stored with `tokens` (`rows`: the conversation's
+        exchanges before it, oldest first, each with its tokens and whether it is stored)."""
+        stored = [(r.turn_id, tokens if r.turn_id == turn_id else r.tokens) for r in rows if r.turn_id == turn_id or r.stored]
+        return within_budget(stored, self.budget_tokens)[1]
 
     async def close_turn_with_reply(self, conversation_id: str, turn_id: str, reply_text: str, outcome: str,
                                     now: float | None = None) -> bool:

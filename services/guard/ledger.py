@@ -304,7 +304,7 @@ class Ledger(TurnStore):
         conversation that have not ended."""
         rows = await self._rows(_STARTING, {"b_turn_id": turn_id, "b_conversation_id": conversation_id})
         this = next((r for r in rows if r.turn_id == turn_id), None)
-        return this, [r for r in rows if r.turn_id != turn_id and r.conversation_id == conversation_id and r.status != ENDED]
+        return this, [r for r in rows if r.turn_id != turn_id]  # the rest: of the conversation, not ended (_STARTING)
 
     async def live_turns(self, conversation_id: str, but: str | None = None) -> list[TurnRow]:
         """The turns of a conversation that have not ended (running, stuck, ending), except `but`."""

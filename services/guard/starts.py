@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
-from services.guard.conversations import Conversations
+from services.guard.conversations import Claim, Conversations
 from services.guard.ledger import Ledger, TurnRow
 from services.guard.loop import StepClock
 from services.guard.outbox import Outbox, pending_copy, traceparent
@@ -95,11 +95,8 @@ class Starts:
         the turn recorded beside its exchange opened. The history is read only when the conversation has some or a
         turn of it ran; a start that waits for the conversation's running turn reads it after that turn's end."""
         turn = command.turn
-        if self.conversations is None:
-            (row, running), claim = await self.ledger.starting(turn.turn_id, turn.conversation_id), None
-        else:  # a duplicate's claim changes nothing: it touches its own conversation, or finds someone else's
-            (row, running), claim = await asyncio.gather(self.ledger.starting(turn.turn_id, turn.conversation_id),
-                                                         self.conversations.claim(turn.conversation_id, turn.customer_id))
+        # a duplicate's claim changes nothing: it touches its own conversation, or finds someone else's
+        (row, running), claim = await asyncio.gather(self.ledger.starting(turn.turn_id, turn.conversation_id), self._claim(turn))
         if row is not None:
             return await self._started_before(row, command)
         history: list[dict] = []
@@ -123,16 +120,18 @@ class Starts:
         pending = pending_copy(call)
         recorded = self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, deadline_at=turn.deadline_at,
                                      agent_digest=self.agent_digest)
-        if claim is None:
-            started = await recorded
-        else:  # side by side: a start recorded without its exchange opens it when it is republished (_started_before)
-            started, _ = await asyncio.gather(recorded, self._open(command))
+        # side by side: a start recorded without its exchange opens it when it is republished (_started_before)
+        started, _ = await asyncio.gather(recorded, self._open(command))
         if started:
             self.steps.stepped(turn.turn_id, ended=False)
             await self.outbox.emit(turn.turn_id, pending, call, turn.conversation_id)
             return "started"
         row = await self.ledger.get(turn.turn_id)
         return await self._started_before(row, command) if row is not None else "duplicate"
+
+    async def _claim(self, turn: Turn) -> Claim | None:
+        """The conversation's owner and stored turns; None without a conversation store."""
+        return None if self.conversations is None else await self.conversations.claim(turn.conversation_id, turn.customer_id)
 
     async def _open(self, command: StartTurn) -> None:
         """The turn's exchange in its conversation (idempotent): it becomes history when the turn ends."""

@@ -58,7 +58,8 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
 
         return engine
     if read_only:
-        return create_async_engine(url, pool_size=1, connect_args={"server_settings": {"default_transaction_read_only": "on"}})
+        return create_async_engine(url, pool_size=1, max_overflow=0,  # its readers run one statement at a time
+                                   connect_args={"server_settings": {"default_transaction_read_only": "on"}})
     return create_async_engine(url, pool_size=pool_size, max_overflow=0)
 
 

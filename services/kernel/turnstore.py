@@ -264,6 +264,7 @@ class Fence(TurnStore):
         now = now or time.time()
         return await self._update(_WAITING, {"b_turn_id": turn_id, "b_step": step, "status": WAITING,
                                              "last_progress_at": now, "flagged_at": None})
+
     async def record_acted(self, turn_id: str, step: int, lines: str) -> None:
         """Append the side effects this step had (services/kernel/sideeffects.py), whatever the turn's state now:
         they happened. Under the step's lease, so an end from outside the loop reads them."""
