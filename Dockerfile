@@ -21,7 +21,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 COPY --from=build /wheels /wheels
 RUN pip install /wheels/*.whl && rm -rf /wheels
 
-# An agent's tool schemas are package data of the agent (the demo's: services/shop/agent/schemas).
+# An agent's tool schemas are package data of the agent (the demo's: schemas/tools).
 WORKDIR /app
 
 RUN useradd --system --uid 10001 --gid 0 --home-dir /app --shell /usr/sbin/nologin roundtrip \

@@ -34,4 +34,4 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
 fi
 
 echo "==> Apache Kafka jars"
-.venv/bin/python -m services.broker.embedded fetch
+.venv/bin/python -m roundtrip._broker.embedded fetch

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from services.kernel.settings import Settings
-from services.shop.agent import AGENT as SHOP
-from services.shop.agent.client import ShopClient
-from services.shop.agent.settings import ShopAgentSettings
-from services.tools.context import Dependencies
-from services.tools.registry import Registry, load_registry
+from roundtrip._kernel.settings import Settings
+from roundtrip._shop.agent import AGENT as SHOP
+from roundtrip._shop.agent.client import ShopClient
+from roundtrip._shop.agent.settings import ShopAgentSettings
+from roundtrip._sdk.context import Dependencies
+from roundtrip._sdk.registry import Registry, load_registry
 
 SCHEMAS = Path(SHOP.tools_dir)
 
@@ -32,7 +32,7 @@ def shop_deps(client: Any) -> Dependencies:
 
 def shop_model_client(settings: Any, tools: list[dict[str, Any]] | None = None, sdk_retries: int = 0) -> Any:
     """The model service's client as it runs the shop agent (its tools, prompt and model)."""
-    from services.model.client import ModelClient
+    from roundtrip._model.client import ModelClient
 
     return ModelClient(settings, SHOP.registry.api_tools(cache=True) if tools is None else tools, SHOP.system_prompt,
                        SHOP.model_for(settings), sdk_retries=sdk_retries)
@@ -41,7 +41,7 @@ def shop_model_client(settings: Any, tools: list[dict[str, Any]] | None = None, 
 @pytest.fixture
 async def shop(tmp_path):
     """A client of the demo shop app, in-process on SQLite (import this fixture into a test module)."""
-    from services.shop.app import in_process
+    from roundtrip._shop.app import in_process
 
     async with in_process(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}") as transport:
         client = ShopClient("http://shop", timeout=5, transport=transport)

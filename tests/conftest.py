@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from services.broker.embedded import EmbeddedKafka
-from services.kernel.admin import create_topics
+from roundtrip._broker.embedded import EmbeddedKafka
+from roundtrip._kernel.kafka.admin import create_topics
 from tests.databases import PostgresServer, find_pg_bindir
 from tests.processes import embedded_kafka
 

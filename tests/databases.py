@@ -19,8 +19,8 @@ import time
 import uuid
 from pathlib import Path
 
-from services.broker.embedded import die_with_parent_preexec, free_port
-from services.kernel.migrations.schema import upgrade
+from roundtrip._broker.embedded import die_with_parent_preexec, free_port
+from roundtrip._kernel.migrations.schema import upgrade
 
 PG_USER = "roundtrip"
 PG_DATABASE = "roundtrip_test"

@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from services.broker.embedded import die_with_parent_preexec, free_port
+from roundtrip._broker.embedded import die_with_parent_preexec, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "deploy" / "jaeger" / "config.yaml"

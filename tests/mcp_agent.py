@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from services.agent import McpServer
-from services.shop.agent import AGENT as SHOP
+from roundtrip import McpServer
+from roundtrip._shop.agent import AGENT as SHOP
 from tests.mcp_server import TOOL
 
 GIFTWRAP = McpServer("giftwrap", tools=[TOOL], entities={TOOL: {"order_id": "order"}}, timeout_s=5.0, retry_max_s=1.0)

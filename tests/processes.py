@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from services.broker.cluster import Cluster
-from services.broker.cluster import start as start_cluster
-from services.broker.embedded import EmbeddedKafka, fetch_configured, free_port
-from services.kernel.runtime import READY_FD_ENV
-from services.kernel.settings import Settings
+from roundtrip._broker.cluster import Cluster
+from roundtrip._broker.cluster import start as start_cluster
+from roundtrip._broker.embedded import EmbeddedKafka, fetch_configured, free_port
+from roundtrip._kernel.runtime import READY_FD_ENV
+from roundtrip._kernel.settings import Settings
 
 
 @contextmanager
@@ -50,7 +50,7 @@ def start_service(name: str, env: dict[str, str], log: Path) -> subprocess.Popen
     """`roundtrip run NAME`, returned once it has said it started (the ready pipe `roundtrip up` uses)."""
     read_fd, write_fd = os.pipe()
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "run", name], env={**env, READY_FD_ENV: str(write_fd)},
+        proc = subprocess.Popen([sys.executable, "-m", "roundtrip._cli.main", "run", name], env={**env, READY_FD_ENV: str(write_fd)},
                                 stdout=out, stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True)
     os.close(write_fd)
     try:

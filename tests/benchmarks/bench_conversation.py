@@ -10,7 +10,7 @@ as plain input on every model call), then with it on (moving breakpoints on the 
 and the previous request's last message). The shop is reset before each run and each run's
 texts carry a run tag; the simulator is restarted before each run (an empty prompt cache), so
 each run pays its own cache writes and cannot read what the other one cached. Every figure
-comes from the usage the simulator billed (services/simulator/usage.py, the API's rules).
+comes from the usage the simulator billed (services/_simulator/usage.py, the API's rules).
 
 "Billed input" weighs each kind of input token by its price relative to plain input:
 input x 1 + cache writes x 1.25 + cache reads x 0.1 (the 5-minute cache's multipliers).
@@ -29,12 +29,12 @@ from pathlib import Path
 import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.fleet import Fleet
-from services.guard.pricing import PriceTable
-from services.kernel import topics
-from services.kernel.aiokafka_seam import partitions_of
-from services.kernel.events import SupportReply, Usage
-from services.kernel.settings import Settings
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._guard.pricing import PriceTable
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.wire.events import SupportReply, Usage
+from roundtrip._kernel.settings import Settings
 from tests.benchmarks.bench_loop import bench_settings
 
 TEXTS = (

@@ -22,12 +22,12 @@ from typing import Any
 
 import httpx
 
-from services.broker.embedded import free_port
-from services.gate.handlers import Gate
-from services.gate.validation import InputValidator
-from services.kernel.approvals import Signer, parse_keys
-from services.kernel.events import CheckToolCalls, ToolCall, Turn
-from services.shop.agent.client import ShopClient
+from roundtrip._broker.embedded import free_port
+from roundtrip._gate.handlers import Gate
+from roundtrip._gate.validation import InputValidator
+from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
+from roundtrip._shop.agent.client import ShopClient
 from tests.agents import SHOP, shop_deps
 
 REGISTRY = SHOP.registry
@@ -85,7 +85,7 @@ async def arate(fn: Callable[[], Awaitable[int]], seconds: float) -> float:
 
 def start_shop(port: int, folder: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.shop", "--port", str(port), "--database-url", f"sqlite+aiosqlite:///{folder}/shop.db"],
+        [sys.executable, "-m", "roundtrip._shop", "--port", str(port), "--database-url", f"sqlite+aiosqlite:///{folder}/shop.db"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ},
     )  # fmt: skip
     deadline = time.monotonic() + 30

@@ -44,8 +44,8 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from services.broker.embedded import EmbeddedKafka, fetch_configured, free_port
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import EmbeddedKafka, fetch_configured, free_port
+from roundtrip._kernel.settings import Settings
 from tests.benchmarks.profiling import CpuMeter, percentile
 
 HOPS = 4

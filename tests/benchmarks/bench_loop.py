@@ -2,7 +2,7 @@
 
     bash scripts/bench.sh            (= .venv/bin/python -m tests.benchmarks.bench_loop)
 
-One run starts its own fleet with services.fleet.Fleet (embedded Apache Kafka, simulator,
+One run starts its own fleet with roundtrip._fleet.launcher.Fleet (embedded Apache Kafka, simulator,
 shop and the five services as processes, on free ports, in a temporary state dir), then
 drives the same scripted turns
 
@@ -39,11 +39,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from services.broker.embedded import free_port
-from services.fleet import Fleet
-from services.kernel.database import shown
-from services.kernel.runtime import settle_heap
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import free_port
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.storage.database import shown
+from roundtrip._kernel.runtime import settle_heap
+from roundtrip._kernel.settings import Settings
 from tests.benchmarks.fleet_driver import FleetDriver
 from tests.benchmarks.inprocess import InProcessLoop, TurnTiming
 from tests.agents import ShopFleetSettings
@@ -187,7 +187,7 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
         "fleet": lambda i: driver.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA),
     }
     runs: list[Run] = []
-    settle_heap()  # the services' runtime settings (services/kernel/runtime.py), for the in-process loop too
+    settle_heap()  # the services' runtime settings (services/_kernel/runtime.py), for the in-process loop too
 
     async def one_run(name: str, concurrency: int, total: int, replicas: int = 1) -> None:
         turn = variants[name]
@@ -282,7 +282,7 @@ def add_model_replicas(fleet: Fleet, replicas: int, say: Callable[[str], None]) 
     names = []
     for i in range(len(have), replicas):
         name = f"model-{i + 1}"
-        fleet._spawn(name, [sys.executable, "-m", "services.cli", "run", "model"], "consumer group roundtrip-model")  # noqa: SLF001
+        fleet._spawn(name, [sys.executable, "-m", "roundtrip._cli.main", "run", "model"], "consumer group roundtrip-model")  # noqa: SLF001
         names.append(name)
     fleet._wait_services(names=set(names))  # noqa: SLF001
     say(f"model service scaled to {replicas} replicas")

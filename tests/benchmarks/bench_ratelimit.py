@@ -33,7 +33,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-from services.fleet import Fleet
+from roundtrip._fleet.launcher import Fleet
 from tests.benchmarks.bench_loop import CUSTOMERS, PERSONA, TEXT, add_model_replicas, bench_settings, closed_loop
 from tests.benchmarks.fleet_driver import FleetDriver
 from tests.benchmarks.inprocess import InProcessLoop, TurnTiming

@@ -3,7 +3,7 @@
 One hop = what a service does with one message of a turn, span-wise: a consumer span from the
 record's headers, a handler span, the publish span of its output (3 spans, no exporter). "before"
 is that with a plain TracerProvider and OpenTelemetry's W3C propagator; "after" is what the kernel
-does per hop (services/kernel/telemetry.py): `publishing` (turn headers, the publish span's
+does per hop (services/_kernel/observability/telemetry.py): `publishing` (turn headers, the publish span's
 traceparent) and `consuming` (turn span as parent, previous hop as link, messaging attributes),
 with TurnSpanProcessor stamping roundtrip.turn_id, gen_ai.conversation.id and roundtrip.step on
 each span. Figures in docs/benchmarks.md.
@@ -19,8 +19,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from services.kernel.events import CallModel, Turn
-from services.kernel.telemetry import consuming, make_provider, publishing
+from roundtrip._kernel.wire.events import CallModel, Turn
+from roundtrip._kernel.observability.telemetry import consuming, make_provider, publishing
 
 TURN = Turn(turn_id="turn_1", request_id="r", conversation_id="conv_1", customer_id="c",
             trace_id="4bf92f3577b34da6a3ce929d0e0e4736", span_id="00f067aa0ba902b7")

@@ -17,9 +17,9 @@ import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.kernel import topics
-from services.kernel.aiokafka_seam import partitions_of
-from services.kernel.settings import Settings
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.settings import Settings
 from tests.benchmarks.inprocess import TurnTiming
 
 

@@ -1,6 +1,6 @@
 """The same loop without Kafka: one asyncio task per turn, in this process.
 
-It is services/inprocess.py's loop (the one the agent authors' harness runs), with the fleet's own pieces:
+It is services/testing/_inprocess.py's loop (the one the agent authors' harness runs), with the fleet's own pieces:
 ModelClient (the anthropic SDK against the simulator, cached system prompt and tools), the model service's
 handler, the guard's rules, the gate's Gate.check (JSON Schema validation, ownership look-ups at the shop,
 signing), the executor's handler and Runner (the tool handlers calling the shop). What it leaves out is exactly
@@ -20,10 +20,10 @@ from typing import Any
 
 import anthropic
 
-from services.inprocess import InProcess
-from services.model.handlers import Retrying
-from services.kernel.settings import Settings
-from services.shop.agent.client import ShopClient
+from roundtrip.testing._inprocess import InProcess
+from roundtrip._model.handlers import Retrying
+from roundtrip._kernel.settings import Settings
+from roundtrip._shop.agent.client import ShopClient
 from tests.agents import SHOP, shop_deps, shop_model_client
 
 

@@ -1,6 +1,6 @@
 """The chaos suite's fleets: the whole fleet as processes with an app-like observer, on its own Apache Kafka
 broker (so it may be SIGKILLed without hurting the rest of the test session), and for the cluster scenarios
-on a three-node cluster of its own (services/broker/cluster.py; topics with replication factor 3, min ISR 2).
+on a three-node cluster of its own (services/_broker/cluster.py; topics with replication factor 3, min ISR 2).
 
 Settings chosen so a fault costs seconds, not minutes: a turn with no progress is flagged after
 15 s and ended 5 s later; the simulator answers in ~300 ms (±30 %) like a (fast) real model.
@@ -15,9 +15,9 @@ import uuid
 
 import pytest
 
-from services.broker.embedded import EmbeddedKafka, free_port
-from services.fleet import Fleet
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import EmbeddedKafka, free_port
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.settings import Settings
 from tests.chaos.harness import Observer
 from tests.agents import ShopFleetSettings
 from tests.databases import new_database

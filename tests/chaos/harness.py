@@ -32,12 +32,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from services.gateway.handlers import turn_id_for
-from services.kernel import topics
-from services.kernel.aiokafka_seam import partitions_of
-from services.kernel.events import SupportRequest
-from services.kernel.settings import Settings
-from services.shop import db as shopdb
+from roundtrip._gateway.handlers import turn_id_for
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.wire.events import SupportRequest
+from roundtrip._kernel.settings import Settings
+from roundtrip._shop import db as shopdb
 
 # Topics a fleet service consumes (poison there must be dead-lettered). support.replies, turn.events
 # and roundtrip.dead_letters are outputs only: no service of the fleet reads them.

@@ -19,8 +19,8 @@ from collections import Counter
 
 import pytest
 
-from services.kernel import topics
-from services.kernel.events import CancelTurn, Outcome, SupportRequest
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import CancelTurn, Outcome, SupportRequest
 from tests.chaos.harness import (
     CONSUMED,
     Planned,

@@ -1,5 +1,5 @@
 """Chaos on a three-broker cluster (issue 20, item 4): the fleet's topics with replication factor 3 and
-min.insync.replicas 2 on three KRaft nodes (services/broker/cluster.py), load through support.requests,
+min.insync.replicas 2 on three KRaft nodes (services/_broker/cluster.py), load through support.requests,
 and brokers failing under it: the leader SIGKILLed and restarted, a rolling restart of all three, one
 broker down for good, a majority down for 45 s. Each scenario sends one poison message to each consumed
 topic while a broker is away, and asserts what the single-broker scenarios (test_chaos.py) do: every
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from services.kernel import topics
+from roundtrip._kernel.wire import topics
 from tests.chaos.harness import (
     Observer, Planned, audit, drive_while, ledger_rows, new_tag, plan_load, poison_sampler, report, seed_customers,
     send_poison, stall_s,

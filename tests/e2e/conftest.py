@@ -18,12 +18,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 
-from services.broker.embedded import free_port
-from services.fleet import Fleet
-from services.kernel import topics, topology
-from services.kernel.aiokafka_seam import partitions_of
-from services.kernel.events import SupportReply
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import free_port
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.wire.events import SupportReply
+from roundtrip._kernel.settings import Settings
 from tests.agents import ShopFleetSettings
 
 

@@ -47,7 +47,7 @@ import asyncpg
 import httpx
 from sqlalchemy.engine import make_url
 
-from services.broker.embedded import die_with_parent_preexec, free_port
+from roundtrip._broker.embedded import die_with_parent_preexec, free_port
 from tests.e2e.manifest_workloads import Container, Manifest, Workload
 
 T = TypeVar("T")

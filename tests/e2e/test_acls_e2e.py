@@ -19,10 +19,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import TopicAuthorizationFailedError
 
-from services.broker.embedded import free_port
-from services.broker.secured import ADMIN_PASSWORD, ADMIN_USER, Listener, secured_kafka
-from services.kernel import topics, topology
-from services.kernel.events import SupportReply
+from roundtrip._broker.embedded import free_port
+from roundtrip._broker.secured import ADMIN_PASSWORD, ADMIN_USER, Listener, secured_kafka
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.wire.events import SupportReply
 from tests.databases import migrated
 from tests.processes import start_service
 
@@ -56,7 +56,7 @@ def client_security(user: str) -> dict:
 
 
 def roundtrip(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", *args], env=env, capture_output=True, text=True, timeout=120)
 
 
 async def ask(bootstrap: str, texts: list[str]) -> dict[str, SupportReply]:
@@ -136,7 +136,7 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
     try:
         for name in ("simulator", "shop"):  # no Kafka: plain HTTP
             log = open(tmp_path / f"{name}.log", "ab")
-            procs.append(subprocess.Popen([sys.executable, "-m", "services.cli", "run", name], env=env, stdout=log,
+            procs.append(subprocess.Popen([sys.executable, "-m", "roundtrip._cli.main", "run", name], env=env, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True))
         for port in (env["ROUNDTRIP_SIMULATOR_PORT"], env["ROUNDTRIP_SHOP_PORT"]):
             await _wait_http(f"http://127.0.0.1:{port}/health")

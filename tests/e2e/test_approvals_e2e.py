@@ -17,9 +17,9 @@ import uuid
 import httpx
 import pytest
 
-from services.kernel import topics
-from services.kernel.approvals import DecisionSigner, parse_keys
-from services.kernel.events import ApprovalDecided, Decision, Outcome
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
+from roundtrip._kernel.wire.events import ApprovalDecided, Decision, Outcome
 from tests.e2e.test_guard_e2e import roundtrip_cli
 
 APPROVAL_TIMEOUT_S = 25.0  # the listing CLIs (processes of their own, seconds each on a busy machine) run within it
@@ -117,7 +117,7 @@ async def test_denied_the_order_is_not_cancelled_and_the_model_explains(approval
     conversation = f"conv_{uuid.uuid4().hex[:10]}"
     # asked with `roundtrip ask`, which shows the wait and the decision as they happen
     ask = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "ask", "cancel my last order", "--customer", "cus_1001", "--persona", "careful",
+        sys.executable, "-m", "roundtrip._cli.main", "ask", "cancel my last order", "--customer", "cus_1001", "--persona", "careful",
         "--conversation", conversation, "--timeout", "60", env={**os.environ, **fleet_settings[1]},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
@@ -153,7 +153,7 @@ async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_dec
     conversation_id = f"conv_{uuid.uuid4().hex[:10]}"
     # asked with `roundtrip ask --timeout 5`: it sees the wait on support.status and keeps waiting to the turn's end
     ask = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "ask", "cancel my last order", "--customer", "cus_1001", "--persona", "careful",
+        sys.executable, "-m", "roundtrip._cli.main", "ask", "cancel my last order", "--customer", "cus_1001", "--persona", "careful",
         "--conversation", conversation_id, "--timeout", "5", env={**os.environ, **fleet_settings[1]},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     (request,) = await client.wait_for(lambda: [r for r in client.seen[topics.APPROVAL_REQUESTS]

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.broker.embedded import port_is_free
+from roundtrip._broker.embedded import port_is_free
 from tests.e2e.up_process import roundtrip_up
 from tests.unit.test_readme import ask_example, matches_example
 
@@ -34,7 +34,7 @@ def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everythin
 
     shop = f"http://127.0.0.1:{env['ROUNDTRIP_SHOP_PORT']}"
     before = {o["order_id"]: o["status"] for o in httpx.get(f"{shop}/admin/orders").json()["orders"]}
-    ask = subprocess.run([sys.executable, "-m", "services.cli", "ask", "cancel my last order", "--customer", "cus_1001"],
+    ask = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "ask", "cancel my last order", "--customer", "cus_1001"],
                          env=env, capture_output=True, text=True, timeout=120)
     after = {o["order_id"]: o["status"] for o in httpx.get(f"{shop}/admin/orders").json()["orders"]}
 
@@ -60,12 +60,12 @@ def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everythin
 def test_a_second_fleet_is_told_what_runs_there(up, tmp_path):
     process, env, output = up
     # the same state folder: which fleet runs there, not which port is taken
-    second = subprocess.run([sys.executable, "-m", "services.cli", "up"], env=env, capture_output=True, text=True, timeout=60)
+    second = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "up"], env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode == 1
     assert f"a fleet is already running in {(tmp_path / 'state').resolve()} (pid {process.pid})" in second.stderr
     # another folder on the same ports: the ports, and the settings that move them
     elsewhere = {**env, "ROUNDTRIP_STATE_DIR": str(tmp_path / "elsewhere")}
-    third = subprocess.run([sys.executable, "-m", "services.cli", "up"], env=elsewhere, capture_output=True, text=True, timeout=60)
+    third = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "up"], env=elsewhere, capture_output=True, text=True, timeout=60)
     assert third.returncode == 1
     assert "is already in use" in third.stderr and "ROUNDTRIP_KAFKA_PORT" in third.stderr
     # the banner's command runs from the user's shell as printed (PATH has no .venv/bin here)

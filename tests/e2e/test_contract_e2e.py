@@ -7,8 +7,8 @@ import json
 import time
 import uuid
 
-from services.kernel import topics
-from services.kernel.events import Outcome
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import Outcome
 
 REFUSAL_WAIT_S = 5.0  # a refusal needs no model call: it comes in milliseconds, this only bounds a busy machine
 

@@ -15,10 +15,10 @@ from statistics import mean
 import httpx
 from sqlalchemy import insert
 
-from services.guard.conversations import Conversations
-from services.kernel import topics
-from services.kernel.events import Outcome
-from services.shop import db as shop_db
+from roundtrip._guard.conversations import Conversations
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import Outcome
+from roundtrip._shop import db as shop_db
 
 CARRIERS = (topics.MODEL_CALLS, topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES)
 
@@ -143,7 +143,7 @@ async def test_a_100_request_conversation_with_50_kb_tool_results_stays_bounded(
 async def test_chat_holds_a_conversation_and_conversations_lists_and_forgets_it(client, fleet_settings):
     env = {**os.environ, **fleet_settings[1]}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "chat", "--customer", "cus_1003", "--persona", "careful",
+        sys.executable, "-m", "roundtrip._cli.main", "chat", "--customer", "cus_1003", "--persona", "careful",
         env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(b"what orders do I have?\nhow do refunds work?\n"), 120)
@@ -155,7 +155,7 @@ async def test_chat_holds_a_conversation_and_conversations_lists_and_forgets_it(
     assert [t["turn"]["history_messages"] for t in turns] == [0, 4]
 
     async def cli(*args: str) -> tuple[int, str]:
-        p = await asyncio.create_subprocess_exec(sys.executable, "-m", "services.cli", *args, env=env,
+        p = await asyncio.create_subprocess_exec(sys.executable, "-m", "roundtrip._cli.main", *args, env=env,
                                                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         output, _ = await asyncio.wait_for(p.communicate(), 60)
         return p.returncode, output.decode()

@@ -23,9 +23,9 @@ import uuid
 import httpx
 import pytest
 
-from services.console import partitions_of
-from services.kernel import topics
-from services.kernel.settings import Settings
+from roundtrip._cli.console import partitions_of
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.settings import Settings
 from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.local_deployment import LocalDeployment, LocalWorld
 from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest

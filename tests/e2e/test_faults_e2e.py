@@ -13,10 +13,10 @@ import time
 
 import httpx
 
-from services.kernel import topics
-from services.kernel.approvals import Signer, parse_keys
-from services.kernel.events import CheckedCall, ExecuteToolBatch, Outcome
-from services.kernel.settings import DEV_APPROVAL_KEYS
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.events import CheckedCall, ExecuteToolBatch, Outcome
+from roundtrip._kernel.settings import DEV_APPROVAL_KEYS
 from tests.e2e.test_guard_e2e import roundtrip_cli
 
 CANCELLABLE = {"pending", "processing"}

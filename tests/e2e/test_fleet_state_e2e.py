@@ -12,9 +12,9 @@ import uuid
 
 import pytest
 
-from services.broker.embedded import free_port
-from services.fleet import Fleet
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import free_port
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.settings import Settings
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def fleet_on_postgres(kafka_bootstrap, postgres_database, tmp_path):
 def _bare_shell(tmp_path, *args: str, **extra: str) -> subprocess.CompletedProcess:
     """`roundtrip ARGS` in the fleet's folder, from a shell with no ROUNDTRIP_* setting (but `extra`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | extra
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, cwd=tmp_path, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", *args], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from services.kernel import topics
-from services.kernel.approvals import Signer, parse_keys
-from services.kernel.events import CheckedCall, ExecuteToolBatch, Outcome, Turn
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.events import CheckedCall, ExecuteToolBatch, Outcome, Turn
 
 CANCELLABLE = {"pending", "processing"}
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from services.kernel import topics
-from services.kernel.events import Outcome
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import Outcome
 
 
 def executed(client, request_id: str, tool: str) -> int:
@@ -26,7 +26,7 @@ def emitted(client, request_id: str, tool: str) -> int:
 
 def roundtrip_cli(fleet_settings, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, **fleet_settings[1]}
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", *args], env=env, capture_output=True, text=True, timeout=60)
 
 
 async def test_roundtrip_ask_on_the_incident_exits_3_with_a_clear_line_and_shows_each_step_in_order(fleet, fleet_settings):

@@ -20,11 +20,11 @@ import uuid
 
 import pytest
 
-from services.broker.embedded import free_port
-from services.fleet import Fleet
-from services.kernel.events import Outcome
-from services.kernel.settings import Settings
-from services.kernel.telemetry import turn_span_name
+from roundtrip._broker.embedded import free_port
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.wire.events import Outcome
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.observability.telemetry import turn_span_name
 from tests.e2e.conftest import AsyncFleet, FleetClient, fleet_env
 from tests.jaeger import Jaeger, jaeger_binary
 
@@ -101,7 +101,7 @@ def traced(kafka_bootstrap, tmp_path_factory, jaeger):
 
 
 def ask_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.cli", "ask", *args], env={**os.environ, **env},
+    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "ask", *args], env={**os.environ, **env},
                           capture_output=True, text=True, timeout=120)
 
 
@@ -297,7 +297,7 @@ async def test_roundtrip_trace_reads_the_turn_from_jaeger(turns, traced, jaeger)
     reply = turns["normal"]
     await wait_trace(jaeger, reply.trace_id, has_root)
     env = {**os.environ, **traced[2], "COLUMNS": "200"}
-    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "services.cli", "trace", reply.turn_id], env=env,
+    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "roundtrip._cli.main", "trace", reply.turn_id], env=env,
                                     capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert f"trace {reply.trace_id}" in shown.stdout
@@ -305,6 +305,6 @@ async def test_roundtrip_trace_reads_the_turn_from_jaeger(turns, traced, jaeger)
     assert {"gateway", "guard", "model", "gate", "executor"} <= set(re.findall(r"\b(gateway|guard|model|gate|executor)\b", shown.stdout))
     # unreachable Jaeger: a clear error, not a traceback
     env["ROUNDTRIP_JAEGER_QUERY_URL"] = f"http://127.0.0.1:{free_port()}"
-    down = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "services.cli", "trace", reply.turn_id], env=env,
+    down = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "roundtrip._cli.main", "trace", reply.turn_id], env=env,
                                    capture_output=True, text=True, timeout=60)
     assert down.returncode == 2 and "cannot read Jaeger" in down.stdout

@@ -21,13 +21,13 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.helpers import create_ssl_context
 
-from services.broker.embedded import free_port
-from services.broker.secured import ADMIN_USER, BROKER_PRINCIPAL, Listener, client_security, make_tls, secured_kafka
-from services.broker.unsecured_token import UnsecuredTokenProvider
-from services.fleet import Fleet
-from services.kernel import topics
-from services.kernel.events import SupportReply
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import free_port
+from roundtrip._broker.secured import ADMIN_USER, BROKER_PRINCIPAL, Listener, client_security, make_tls, secured_kafka
+from roundtrip._broker.unsecured_token import UnsecuredTokenProvider
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import SupportReply
+from roundtrip._kernel.settings import Settings
 from tests.e2e.conftest import fleet_env
 from tests.e2e.up_process import roundtrip_up
 
@@ -96,10 +96,10 @@ def test_roundtrip_up_on_sasl_ssl_scram_512_serves_a_plain_client_and_a_wrong_pa
                        "ROUNDTRIP_KAFKA_SASL_PASSWORD": "not-the-password", "ROUNDTRIP_STATE_DIR": str(tmp_path / "second"),
                        "ROUNDTRIP_SIMULATOR_PORT": str(free_port()), "ROUNDTRIP_SHOP_PORT": str(free_port())}
         at = time.monotonic()
-        wrong = subprocess.run([sys.executable, "-m", "services.cli", "up"], env=refused_env, capture_output=True, text=True,
+        wrong = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "up"], env=refused_env, capture_output=True, text=True,
                                timeout=60, cwd=tmp_path)
         refused_s = time.monotonic() - at
-        service = subprocess.run([sys.executable, "-m", "services.cli", "run", "gateway"], env=refused_env, capture_output=True,
+        service = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "run", "gateway"], env=refused_env, capture_output=True,
                                  text=True, timeout=60, cwd=tmp_path)  # a service started alone (a pod) says the same
     errors = [line for line in wrong.stderr.splitlines() if line.strip()]
     assert wrong.returncode == 2, wrong.stdout + wrong.stderr
@@ -171,7 +171,7 @@ def test_an_untrusted_certificate_or_a_missing_client_certificate_is_one_line(se
     for env, cause in ((untrusted, "the broker's TLS certificate is not trusted (unable to get local issuer certificate)"),
                        (without_cert, "the broker refused this client's certificate or its absence")):
         environ = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | env
-        done = subprocess.run([sys.executable, "-m", "services.cli", "topics", "create"], env=environ, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "topics", "create"], env=environ, capture_output=True,
                               text=True, timeout=60, cwd=tmp_path)
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         assert done.returncode == 2 and len(lines) == 1 and cause in lines[0], done.stderr
@@ -184,7 +184,7 @@ def test_a_principal_without_the_acls_it_needs_stops_at_start_in_one_line(secure
         kafka_bootstrap_servers=f"127.0.0.1:{listener.port}", topic_prefix="noacl.", state_dir=tmp_path, env="development",
         **client_security(listener, tls, NOBODY, APP_PASSWORD))
     for argv, refused in ((["topics", "create"], "TopicAuthorizationFailedError"), (["run", "gateway"], "AuthorizationFailed")):
-        done = subprocess.run([sys.executable, "-m", "services.cli", *argv], env=env, capture_output=True, text=True, timeout=60,
+        done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", *argv], env=env, capture_output=True, text=True, timeout=60,
                               cwd=tmp_path)
         said = [line for line in done.stderr.splitlines() if "ERROR" in line or line.startswith("error:") or "Traceback" in line]
         assert done.returncode == 2 and len(said) == 1 and refused in said[0] and "lacks an ACL" in said[0], done.stderr

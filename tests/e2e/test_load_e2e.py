@@ -10,8 +10,8 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from services.kernel import topics
-from services.kernel.aiokafka_seam import partitions_of
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 
 pytestmark = pytest.mark.e2e
 

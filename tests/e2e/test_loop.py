@@ -11,9 +11,9 @@ import time
 
 import httpx
 
-from services.broker.embedded import kafka_libs_dir
-from services.kernel import topics
-from services.kernel.events import Outcome
+from roundtrip._broker.embedded import kafka_libs_dir
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import Outcome
 
 CANCELLABLE = {"pending", "processing"}
 
@@ -133,7 +133,7 @@ async def test_malformed_and_schema_violating_requests_are_dead_lettered_and_the
     request_id = await client.ask("what are my orders?", customer="cus_1002")
     assert (await client.reply(request_id)).outcome is Outcome.END_TURN
 
-    shown = subprocess.run([sys.executable, "-m", "services.cli", "dead-letters", "--limit", "50"], env={**os.environ, **fleet_settings[1]},
+    shown = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "dead-letters", "--limit", "50"], env={**os.environ, **fleet_settings[1]},
                            capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
     assert "{not json at all" in shown.stdout and "malformed JSON" in shown.stdout and "schema violation" in shown.stdout

@@ -20,10 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.broker.embedded import free_port
-from services.fleet import Fleet
-from services.kernel.events import Outcome
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import free_port
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.wire.events import Outcome
+from roundtrip._kernel.settings import Settings
 from tests.e2e.conftest import FleetClient, fleet_env
 from tests.e2e.test_gate_e2e import _tool_results
 from tests.mcp_server import TOOL, calls

@@ -13,9 +13,9 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.kernel import topics
-from services.kernel.admin import consumer_lag
-from services.kernel.events import Outcome
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.kafka.admin import consumer_lag
+from roundtrip._kernel.wire.events import Outcome
 from tests.ports import free_port_run
 
 REQUESTS = 40
@@ -39,7 +39,7 @@ async def _executor_lag(settings) -> int:
 
 async def _lag_cli(env: dict[str, str]) -> dict:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.cli", "lag", "--json", "--group", "executor",
+        sys.executable, "-m", "roundtrip._cli.main", "lag", "--json", "--group", "executor",
         env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)

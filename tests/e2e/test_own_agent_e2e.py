@@ -24,12 +24,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.broker.embedded import free_port
-from services.fleet import Fleet
-from services.kernel import topics
-from services.kernel.approvals import DecisionSigner, parse_keys
-from services.kernel.events import ApprovalDecided, Decision, Outcome
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import free_port
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
+from roundtrip._kernel.wire.events import ApprovalDecided, Decision, Outcome
+from roundtrip._kernel.settings import Settings
 from tests.e2e.conftest import FleetClient, fleet_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def line(settings: Settings, line_id: str) -> tuple[str, str]:
 def test_the_package_is_its_own_distribution_found_by_its_entry_point(installed):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     found = subprocess.run(  # as a service process finds it: from any folder, by the entry point's name
-        [sys.executable, "-c", "from services.tools.agent import load_agent; import telecom_agent;"
+        [sys.executable, "-c", "from roundtrip._sdk.agent import load_agent; import telecom_agent;"
          "print(load_agent('telecom').name, telecom_agent.__file__)"],
         env=env, cwd=installed, capture_output=True, text=True, timeout=60)
     assert found.returncode == 0, found.stderr

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from services.kernel.events import Outcome
+from roundtrip._kernel.wire.events import Outcome
 
 ONE_CALL = {"model": "claude-sonnet-4-6", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 

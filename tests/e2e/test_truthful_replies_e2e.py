@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from services.console import cancel_turn
-from services.kernel import topics
-from services.kernel.events import Outcome
+from roundtrip._cli.console import cancel_turn
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import Outcome
 from tests.e2e.test_faults_e2e import _customer_with_a_cancellable_order
 
 LATENCY_MS = 2000  # each model call takes 2 s: the window in which the test acts

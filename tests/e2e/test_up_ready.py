@@ -1,12 +1,12 @@
 """`roundtrip up` says Ready. when its services say they have started: whatever the log level, never on an
-earlier run's log lines (issue 17). Each service tells `up` on a pipe of its own (services/kernel/runtime.py).
+earlier run's log lines (issue 17). Each service tells `up` on a pipe of its own (services/_kernel/runtime.py).
 """
 
 from __future__ import annotations
 
 import httpx
 
-from services.kernel import topology
+from roundtrip._kernel.wire import topology
 from tests.e2e.up_process import roundtrip_up
 from tests.ports import free_port_run
 

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from services.broker.embedded import probe_metadata
-from services.kernel import topics
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import probe_metadata
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.settings import Settings
 from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.up_process import pids_of, roundtrip_up
 
@@ -128,7 +128,7 @@ def test_a_killed_broker_is_restarted_on_its_data_and_the_fleet_answers_again(tm
             time.sleep(0.5)
 
         # same data dir: the topics are still there, and the services (or their restarts) serve again
-        ask = subprocess.run([sys.executable, "-m", "services.cli", "ask", "where is my order?", "--customer", "cus_1001"],
+        ask = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "ask", "where is my order?", "--customer", "cus_1001"],
                              env=env, capture_output=True, text=True, timeout=150)
         assert ask.returncode == 0, ask.stdout + ask.stderr + log.read_text()
         assert "end_turn" in ask.stdout

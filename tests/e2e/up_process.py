@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from services.broker.embedded import free_port
+from roundtrip._broker.embedded import free_port
 
 
 @contextmanager
@@ -31,7 +31,7 @@ def roundtrip_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
         full_env.pop(var, None)
     output = tmp_path / "up.log"
     log = open(output, "w+")  # noqa: SIM115
-    process = subprocess.Popen([sys.executable, "-m", "services.cli", "up", *args], env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    process = subprocess.Popen([sys.executable, "-m", "roundtrip._cli.main", "up", *args], env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120
         while "Ready." not in output.read_text():

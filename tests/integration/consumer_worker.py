@@ -16,7 +16,7 @@ import random
 
 from aiokafka import AIOKafkaConsumer
 
-from services.kernel.consumer import KeyOrderedConsumer
+from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 
 
 async def main() -> None:

@@ -17,8 +17,8 @@ import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.broker.embedded import free_port
-from services.kernel import topics
+from roundtrip._broker.embedded import free_port
+from roundtrip._kernel.wire import topics
 from tests.databases import migrated
 from tests.processes import start_service
 
@@ -35,7 +35,7 @@ async def test_topics_a_service_and_lag_work_on_a_list_of_three_bootstrap_server
     env |= {"ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": servers, "ROUNDTRIP_TOPIC_PREFIX": prefix, "ROUNDTRIP_STATE_DIR": str(tmp_path),
             "ROUNDTRIP_PARTITIONS": "2", "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url, "PYTHONUNBUFFERED": "1"}
 
-    made = subprocess.run([sys.executable, "-m", "services.cli", "topics", "create"], env=env, capture_output=True, text=True, timeout=120)
+    made = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "topics", "create"], env=env, capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stdout + made.stderr
     assert f"created {prefix}{topics.SUPPORT_REQUESTS}" in made.stdout
 
@@ -56,7 +56,7 @@ async def test_topics_a_service_and_lag_work_on_a_list_of_three_bootstrap_server
             await consumer.stop()
             await producer.stop()
 
-        lag = subprocess.run([sys.executable, "-m", "services.cli", "lag", "--json"], env=env, capture_output=True, text=True, timeout=120)
+        lag = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "lag", "--json"], env=env, capture_output=True, text=True, timeout=120)
         assert lag.returncode == 0, lag.stdout + lag.stderr
         assert "roundtrip-gateway" in lag.stdout
     finally:

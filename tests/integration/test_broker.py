@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from services.broker.embedded import (
+from roundtrip._broker.embedded import (
     EmbeddedKafka,
     PortInUseError,
     fetch_configured,
@@ -21,9 +21,9 @@ from services.broker.embedded import (
     port_is_free,
     probe_metadata,
 )
-from services.kernel import topics, topology
-from services.kernel.admin import DEAD_LETTER_MAX_BYTES, create_topics, ensure_topics, wait_for_broker
-from services.kernel.settings import Settings
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES, create_topics, ensure_topics, wait_for_broker
+from roundtrip._kernel.settings import Settings
 
 
 async def _partitions(bootstrap: str, names: list[str]) -> dict[str, int]:

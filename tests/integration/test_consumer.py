@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from services.kernel.consumer import KeyOrderedConsumer
+from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from services.guard.conversations import Conversations, estimate_tokens
-from services.guard.ledger import Ledger
+from roundtrip._guard.conversations import Conversations, estimate_tokens
+from roundtrip._guard.ledger import Ledger
 from tests.databases import migrated
 
 

@@ -9,8 +9,8 @@ import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from services.kernel import topics, topology
-from services.kernel.admin import consumer_lag, ensure_topics
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.kafka.admin import consumer_lag, ensure_topics
 
 
 async def _produce(bootstrap: str, topic: str, per_partition: dict[int, int]) -> None:
@@ -26,7 +26,7 @@ async def _produce(bootstrap: str, topic: str, per_partition: dict[int, int]) ->
 
 def _lag_cli(bootstrap: str, prefix: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "ROUNDTRIP_TOPIC_PREFIX": prefix}
-    return subprocess.run([sys.executable, "-m", "services.cli", "lag", *args], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "lag", *args], capture_output=True, text=True, env=env, timeout=60)
 
 
 async def test_lag_counts_from_the_start_of_the_log_until_a_commit_then_from_the_commit(kafka_bootstrap, kafka_topics):
@@ -80,7 +80,7 @@ async def test_lag_counts_from_the_start_of_the_log_until_a_commit_then_from_the
 
 
 def test_lag_says_clearly_when_kafka_is_unreachable():
-    from services.broker.embedded import free_port
+    from roundtrip._broker.embedded import free_port
 
     result = _lag_cli(f"127.0.0.1:{free_port()}", "", "--json")
     assert result.returncode == 2

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from services.guard.ledger import ENDED, ENDING, RUNNING, STUCK, Ledger
-from services.kernel.turnstore import Fence
+from roundtrip._guard.ledger import ENDED, ENDING, RUNNING, STUCK, Ledger
+from roundtrip._kernel.storage.turnstore import Fence
 from tests.databases import migrated
 
 
@@ -215,7 +215,7 @@ def approval_of(t: dict, step: int = 1, expires_in: float = 60.0) -> dict:
 
 
 async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence):
-    from services.guard.ledger import AWAITING
+    from roundtrip._guard.ledger import AWAITING
 
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)

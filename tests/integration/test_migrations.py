@@ -17,16 +17,16 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, Text, insert, inspect, select, text
 from sqlalchemy.exc import DBAPIError
 
-from services.broker.embedded import free_port
-from services.guard import conversations as conversation_store
-from services.guard.conversations import Conversations
-from services.guard.ledger import Ledger
-from services.kernel import turnstore
-from services.kernel.database import make_engine, run_on
-from services.kernel.migrations import CONVERSATIONS, LEDGER, SchemaMismatch
-from services.kernel.migrations.schema import current, head, upgrade, upgrade_databases
-from services.kernel.settings import Settings
-from services.kernel.turnstore import Fence
+from roundtrip._broker.embedded import free_port
+from roundtrip._guard import conversations as conversation_store
+from roundtrip._guard.conversations import Conversations
+from roundtrip._guard.ledger import Ledger
+from roundtrip._kernel.storage import turnstore
+from roundtrip._kernel.storage.database import make_engine, run_on
+from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, SchemaMismatch
+from roundtrip._kernel.migrations.schema import current, head, upgrade, upgrade_databases
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.turnstore import Fence
 
 BEHIND = "ledger_0002"  # one migration behind this code's ledger_0003
 UPGRADE_LINE = "run `roundtrip db upgrade`"
@@ -49,7 +49,7 @@ def cli(tmp_path: Path, *args: str, ledger_url: str, **env: str) -> subprocess.C
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
     environment.update(ROUNDTRIP_STATE_DIR=str(tmp_path / "state"), ROUNDTRIP_LEDGER_DATABASE_URL=ledger_url,
                        ROUNDTRIP_ENV="development", ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{free_port()}", **env)
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], env=environment, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", *args], env=environment, capture_output=True, text=True,
                           timeout=120, stdin=subprocess.DEVNULL)
 
 
@@ -62,7 +62,7 @@ def schema_drift(conn) -> list:
     return compare_metadata(MigrationContext.configure(conn), [turnstore.metadata, conversation_store.metadata])
 
 
-# The turn table as the first fleet created it at open (services/guard/ledger.py of the foundation).
+# The turn table as the first fleet created it at open (services/_guard/ledger.py of the foundation).
 FIRST_FLEET = MetaData()
 Table(
     "turns", FIRST_FLEET,
@@ -161,7 +161,7 @@ async def test_upgrades_started_at_once_run_one_after_the_other(url, tmp_path):
     """Several pods' init containers: each upgrade takes the lock first, so one migrates and the others find it done."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
     env.update(ROUNDTRIP_STATE_DIR=str(tmp_path / "state"), ROUNDTRIP_LEDGER_DATABASE_URL=url)
-    runs = [subprocess.Popen([sys.executable, "-m", "services.cli", "db", "upgrade"], env=env, stdout=subprocess.PIPE,
+    runs = [subprocess.Popen([sys.executable, "-m", "roundtrip._cli.main", "db", "upgrade"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for _ in range(3)]
     outputs = [(run.communicate(timeout=120), run.returncode) for run in runs]
     assert [code for _, code in outputs] == [0, 0, 0], [err for (_, err), _ in outputs]

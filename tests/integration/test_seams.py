@@ -1,4 +1,4 @@
-"""The kernel's use of FastStream's and aiokafka's insides (services/kernel/*_seam.py) on the real broker:
+"""The kernel's use of FastStream's and aiokafka's insides (services/_kernel/*_seam.py) on the real broker:
 a kernel subscription runs on the key-ordered consumer inside FastStream's subscriber, publishes on the
 producer the broker connected, commits what it finished, and the consumers without a group find their
 partitions. tests/unit/test_seams.py checks the same parts' shape without a broker."""
@@ -10,10 +10,11 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from services.kernel import faststream_seam, messaging, topics
-from services.kernel.aiokafka_seam import partitions_of
-from services.kernel.events import CancelTurn
-from services.kernel.settings import Settings
+from roundtrip._kernel.kafka import faststream_seam, messaging
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.wire.events import CancelTurn
+from roundtrip._kernel.settings import Settings
 from tests.integration.test_consumer import committed, new_topic, wait_until
 
 pytestmark = pytest.mark.integration

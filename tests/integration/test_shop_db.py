@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from services.shop import db
+from roundtrip._shop import db
 
 ALICE, BOB, CAROL = "cus_1001", "cus_1002", "cus_1003"
 

@@ -12,9 +12,9 @@ import anthropic
 import httpx
 import pytest
 
-from services.simulator import running_simulator
-from services.simulator.overload import Overload
-from services.simulator.ratelimits import RateLimits
+from roundtrip._simulator import running_simulator
+from roundtrip._simulator.overload import Overload
+from roundtrip._simulator.ratelimits import RateLimits
 from tests.ports import free_port_run
 
 MODEL = "claude-sonnet-4-6"
@@ -83,7 +83,7 @@ def test_the_simulator_process_reads_its_limits_from_the_environment(tmp_path):
     port = free_port_run(1)
     env = {**os.environ, "ROUNDTRIP_SIMULATOR_PORT": str(port), "ROUNDTRIP_SIMULATOR_RPM": "1",
            "ROUNDTRIP_SIMULATOR_ITPM": "5000", "ROUNDTRIP_STATE_DIR": str(tmp_path)}
-    process = subprocess.Popen([sys.executable, "-m", "services.simulator"], env=env,
+    process = subprocess.Popen([sys.executable, "-m", "roundtrip._simulator"], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"

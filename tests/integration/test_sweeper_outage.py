@@ -25,9 +25,9 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from services.guard.ledger import Ledger
-from services.kernel import topics
-from services.kernel.admin import ensure_topics
+from roundtrip._guard.ledger import Ledger
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.kafka.admin import ensure_topics
 from tests.databases import migrated
 from tests.processes import embedded_kafka, start_service
 

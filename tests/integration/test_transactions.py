@@ -9,8 +9,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from services.kernel.events import SupportReply, Outcome, Usage
-from services.kernel.transactions import TransactionalOutlet
+from roundtrip._kernel.wire.events import SupportReply, Outcome, Usage
+from roundtrip._kernel.kafka.transactions import TransactionalOutlet
 
 REPLY = SupportReply(request_id="r", conversation_id="c", customer_id="cus_1001", turn_id="t", text="hi",
                      outcome=Outcome.END_TURN, steps=1, usage=Usage(), cost_usd=0.0, trace_id="")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from services.kernel import acls, topics, topology
+from roundtrip._kernel.kafka import acls
+from roundtrip._kernel.wire import topics, topology
 
 
 def _allowed(derived: list[acls.Acl], kind: str, name: str, operation: str) -> bool:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.gateway.admission import Admission
+from roundtrip._gateway.admission import Admission
 
 
 async def test_admits_up_to_the_limit_then_in_arrival_order():

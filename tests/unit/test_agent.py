@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from services.agent import AgentError, always, load_agent
-from services.kernel.events import Outcome
-from services.kernel.settings import DEV_DECISION_KEYS, ConfigurationError, InsecureConfiguration, Settings
-from services.tools import agent as agents
+from roundtrip import AgentError, always, load_agent
+from roundtrip._kernel.wire.events import Outcome
+from roundtrip._kernel.settings import DEV_DECISION_KEYS, ConfigurationError, InsecureConfiguration, Settings
+from roundtrip._sdk import agent as agents
 from tests.agents import SHOP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,14 +44,14 @@ def package(tmp_path, monkeypatch):
 def test_unset_is_the_demo_shops_agent_with_its_own_schemas():
     agent = load_agent(None)
     assert agent is SHOP and agent.name == "support-agent"
-    assert Path(agent.tools_dir) == ROOT / "services" / "shop" / "agent" / "schemas"
+    assert Path(agent.tools_dir) == ROOT / "schemas" / "tools"
     assert "cancel_order" in agent.registry and agent.system_prompt.startswith("You are the customer-support agent")
 
 
 def test_an_import_string_names_an_object_or_a_zero_argument_factory(package):
     package("acme_support", """
         import dataclasses
-        from services.shop.agent import AGENT as SHOP
+        from roundtrip._shop.agent import AGENT as SHOP
 
         AGENT = dataclasses.replace(SHOP, name="acme", system_prompt="You help Acme's customers.")
 
@@ -63,7 +63,7 @@ def test_an_import_string_names_an_object_or_a_zero_argument_factory(package):
 
 
 def test_a_name_is_looked_up_in_the_entry_point_group(package, monkeypatch):
-    package("acme_entry", "import dataclasses\nfrom services.shop.agent import AGENT\nBANK = dataclasses.replace(AGENT, name='bank')\n")
+    package("acme_entry", "import dataclasses\nfrom roundtrip._shop.agent import AGENT\nBANK = dataclasses.replace(AGENT, name='bank')\n")
     found = [EntryPoint(name="bank", value="acme_entry:BANK", group=agents.ENTRY_POINT_GROUP)]
     monkeypatch.setattr(agents, "entry_points", lambda group: found if group == agents.ENTRY_POINT_GROUP else [])
     assert load_agent("bank").name == "bank"
@@ -73,9 +73,9 @@ def test_a_name_is_looked_up_in_the_entry_point_group(package, monkeypatch):
 
 @pytest.mark.parametrize("spec, problem", [
     ("no_such_module_xyz:AGENT", "cannot import no_such_module_xyz"),
-    ("services.shop.agent:NOPE", "has no attribute NOPE"),
-    ("services.shop.agent:", "expected package.module:attribute"),
-    ("services.shop.agent:SYSTEM_PROMPT", "is a str, not an Agent"),
+    ("roundtrip._shop.agent:NOPE", "has no attribute NOPE"),
+    ("roundtrip._shop.agent:", "expected package.module:attribute"),
+    ("roundtrip._shop.agent:SYSTEM_PROMPT", "is a str, not an Agent"),
 ])
 def test_a_bad_string_says_what_is_wrong_in_one_line(spec, problem):
     with pytest.raises(AgentError, match=re.escape(problem)) as caught:
@@ -151,7 +151,7 @@ def test_a_dependency_that_cannot_be_made_stops_the_start_in_one_line():
 
 
 def test_the_agents_reply_texts_replace_the_guards_defaults_and_only_those():
-    from services.guard import replies
+    from roundtrip._guard import replies
 
     try:
         replies.use({"refusal": "Acme cannot help with that."})
@@ -194,8 +194,8 @@ def test_approvals_are_configured_whenever_a_rule_of_the_agent_can_hold_a_call(m
 def test_the_guard_refuses_the_published_decision_key_for_an_agent_that_always_asks(tmp_path):
     (tmp_path / "acme_asks.py").write_text(textwrap.dedent("""
         import dataclasses
-        from services.agent import always
-        from services.shop.agent import AGENT as SHOP
+        from roundtrip import always
+        from roundtrip._shop.agent import AGENT as SHOP
 
         AGENT = dataclasses.replace(SHOP, approvals={"escalate_to_human": always("a person decides every escalation")})
     """))
@@ -204,7 +204,7 @@ def test_the_guard_refuses_the_published_decision_key_for_an_agent_that_always_a
         "ROUNDTRIP_ENV": "production", "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
         "ROUNDTRIP_STATE_DIR": str(tmp_path / "state"),
     }
-    done = subprocess.run([sys.executable, "-m", "services.cli", "run", "guard"], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "run", "guard"], capture_output=True, text=True, env=env,
                           timeout=60, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
@@ -215,7 +215,7 @@ def test_the_guard_refuses_the_published_decision_key_for_an_agent_that_always_a
 def test_a_bad_agent_string_stops_a_service_with_one_line_and_status_1(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
         "ROUNDTRIP_AGENT": "acme_missing_pkg:AGENT", "ROUNDTRIP_STATE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "services.cli", "run", "gate"], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "run", "gate"], capture_output=True, text=True, env=env,
                           timeout=60, cwd=ROOT)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
@@ -224,7 +224,7 @@ def test_a_bad_agent_string_stops_a_service_with_one_line_and_status_1(tmp_path)
 
 # -- the services name no shop ------------------------------------------------------------------------------------
 
-FOLDERS = ("kernel", "gateway", "model", "guard", "gate", "executor")
+FOLDERS = ("_kernel", "_gateway", "_model", "_guard", "_gate", "_executor")
 # The shop's vocabulary. "order" alone stays: it is the kernel's word for sequence (key order, tool_use order);
 # the "cancel" words that remain are the kernel's turn cancellation (CancelTurn, the outcome `cancelled`).
 SHOP_WORDS = re.compile(r"shop|\borders\b|order[_ ]ids?\b|order system|order's|cancel_order|cancel_above|refund", re.IGNORECASE)
@@ -246,14 +246,14 @@ def test_the_kernel_and_the_five_services_name_no_shop_order_or_cancellation_of_
     assert found == []
     for folder in FOLDERS:  # nor does any import the demo shop
         for path in (ROOT / "services" / folder).rglob("*.py"):
-            assert "services.shop" not in path.read_text(encoding="utf-8"), path
+            assert "roundtrip._shop" not in path.read_text(encoding="utf-8"), path
 
 
 
 def test_roundtrip_config_shows_the_agents_own_settings_and_warns_once_its_rule_can_hold_a_call(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {"ROUNDTRIP_STATE_DIR": str(tmp_path)}
-    quiet = subprocess.run([sys.executable, "-m", "services.cli", "config"], capture_output=True, text=True, env=env, timeout=60)
-    held = subprocess.run([sys.executable, "-m", "services.cli", "config"], capture_output=True, text=True, timeout=60,
+    quiet = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "config"], capture_output=True, text=True, env=env, timeout=60)
+    held = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "config"], capture_output=True, text=True, timeout=60,
                           env=env | {"ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"})
     assert quiet.returncode == held.returncode == 0
     assert "# the agent's own settings (support-agent)" in held.stdout

@@ -17,9 +17,9 @@ import pytest
 from pydantic import BaseModel, ConfigDict, Field
 from typer.testing import CliRunner
 
-from services.agent import Agent, AgentError, Entity, ToolContext, always, tool
-from services.cli import app
-from services.gate.validation import InputValidator
+from roundtrip import Agent, AgentError, Entity, ToolContext, always, tool
+from roundtrip._cli.main import app
+from roundtrip._gate.validation import InputValidator
 from tests.agents import SHOP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,7 +177,7 @@ def test_agent_check_names_every_problem_at_once_not_only_the_first():
 
 
 def test_the_checks_are_a_list_other_parts_can_add_to(monkeypatch):
-    from services.tools import agent as agents
+    from roundtrip._sdk import agent as agents
 
     monkeypatch.setattr(agents, "CHECKS", [*agents.CHECKS, lambda a: ["mcp tool lookup is annotated but not listed"]])
     assert agent().problems() == ["mcp tool lookup is annotated but not listed"]
@@ -246,7 +246,7 @@ def test_agent_init_makes_a_package_that_passes_the_check_and_its_own_tests(tmp_
 
 
 def test_agent_check_asks_the_agents_mcp_servers_unless_offline(monkeypatch):
-    from services.broker.embedded import free_port
+    from roundtrip._broker.embedded import free_port
 
     monkeypatch.setenv("ROUNDTRIP_MCP_GIFTWRAP_URL", f"http://127.0.0.1:{free_port()}/mcp")  # nothing listens there
     asked = CliRunner().invoke(app, ["agent", "check", "tests.mcp_agent:AGENT"])

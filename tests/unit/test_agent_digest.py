@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.kernel import agent_digest
-from services.kernel.events import CallModel, Turn
+from roundtrip._kernel.observability import agent_digest
+from roundtrip._kernel.wire.events import CallModel, Turn
 
 
 @pytest.fixture

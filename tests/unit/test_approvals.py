@@ -1,7 +1,7 @@
 import pytest
 
-from services.kernel.approvals import ApprovalError, Signer, parse_keys
-from services.kernel.events import CheckedCall, ExecuteToolBatch, Turn
+from roundtrip._kernel.wire.approvals import ApprovalError, Signer, parse_keys
+from roundtrip._kernel.wire.events import CheckedCall, ExecuteToolBatch, Turn
 
 TURN = Turn(turn_id="turn_1", request_id="r1", conversation_id="c1", customer_id="cus_1001")
 

@@ -10,28 +10,28 @@ import time
 import httpx
 import pytest
 
-from services.executor.handlers import execute
-from services.executor.runner import Runner
-from services.gate.handlers import Gate
-from services.guard.approvals import DecisionRefused
-from services.guard.bootstrap import Guard
-from services.guard.ledger import AWAITING, ENDED, RUNNING, Ledger
-from services.guard.pricing import PriceTable
-from services.guard.rules import Policy
-from services.kernel import topics
-from services.kernel.approvals import DecisionSigner, Signer, approval_id_for, in_tool_use_order, input_digest, parse_keys
-from services.kernel.events import (
+from roundtrip._executor.handlers import execute
+from roundtrip._executor.runner import Runner
+from roundtrip._gate.handlers import Gate
+from roundtrip._guard.approvals import DecisionRefused
+from roundtrip._guard.bootstrap import Guard
+from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
+from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.rules import Policy
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, approval_id_for, in_tool_use_order, input_digest, parse_keys
+from roundtrip._kernel.wire.events import (
     ApprovalDecided, ApprovalRequested, CallModel, CancelTurn, CheckedCall, CheckToolCalls, Decision, ExecuteToolBatch,
     Outcome, SupportStatus, ToolCall, Turn, TurnEnded, TurnState,
 )
-from services.kernel.settings import Settings
-from services.kernel.turnstore import Fence
-from services.model.handlers import call_model
-from services.shop.app import in_process
-from services.simulator.server import running_simulator
-from services.agent import always
-from services.shop.agent.client import ShopClient
-from services.shop.agent.tools import ShopAgentSettings
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.turnstore import Fence
+from roundtrip._model.handlers import call_model
+from roundtrip._shop.app import in_process
+from roundtrip._simulator.server import running_simulator
+from roundtrip import always
+from roundtrip._shop.agent.client import ShopClient
+from roundtrip._shop.agent.tools import ShopAgentSettings
 from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry
 from tests.databases import migrated
 from tests.unit.test_guard_handlers import Recorder
@@ -235,7 +235,7 @@ async def guard(tmp_path):
 
 async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalRequested:
     """A turn at step 1 (list_orders and cancel_order called) whose cancel waits for a person."""
-    from services.kernel.events import ModelResponded, StartTurn, Usage
+    from roundtrip._kernel.wire.events import ModelResponded, StartTurn, Usage
 
     await guard.starts.on_start(StartTurn(turn=turn(), text="cancel my last order"))
     messages = transcript(("toolu_c", "cancel_order"), ("toolu_l", "list_orders"))
@@ -400,7 +400,7 @@ async def test_parallel_use_is_disabled_per_deployment_or_per_request_and_the_re
 
 
 def test_the_published_decision_key_is_refused_outside_development_only_while_approvals_are_on():
-    from services.kernel.settings import DEV_DECISION_KEYS, InsecureConfiguration
+    from roundtrip._kernel.settings import DEV_DECISION_KEYS, InsecureConfiguration
 
     production = dict(_env_file=None, kafka_bootstrap_servers="kafka:9092", decision_keys=DEV_DECISION_KEYS)
     Settings(**production).refuse_dev_decision_key("guard", approvals=False)  # approvals off: the key is never used
@@ -417,8 +417,8 @@ def test_the_published_decision_key_is_refused_outside_development_only_while_ap
     ({"type": "none", "disable_parallel_tool_use": True}, "Extra inputs"),
 ])
 def test_the_simulator_validates_disable_parallel_tool_use_as_the_api_does(choice, problem):
-    from services.simulator.errors import ApiError
-    from services.simulator.validation import validate_create
+    from roundtrip._simulator.errors import ApiError
+    from roundtrip._simulator.validation import validate_create
 
     body = {"model": "claude-sonnet-4-6", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], "tool_choice": choice,
             "tools": [{"name": "t", "description": "a tool", "input_schema": {"type": "object"}}]}

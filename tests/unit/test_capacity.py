@@ -1,4 +1,4 @@
-"""The model service's limiter (services/model/capacity.py) and its retries (services/model/attempts.py), with fakes.
+"""The model service's limiter (services/_model/capacity.py) and its retries (services/_model/attempts.py), with fakes.
 
 The limiter is driven by what an API following Anthropic's rules would answer: a bucket refilled continuously
 at the per-minute limit, `anthropic-ratelimit-*` headers on every answer, a 429 with retry-after when empty.
@@ -14,8 +14,8 @@ import anthropic
 import httpx
 import pytest
 
-from services.model.attempts import MARGIN_S, attempt
-from services.model.capacity import BETA, EPOCH_S, Busy, Capacity, Reading
+from roundtrip._model.attempts import MARGIN_S, attempt
+from roundtrip._model.capacity import BETA, EPOCH_S, Busy, Capacity, Reading
 
 
 def headers(limit: float, remaining: float, dimension: str = "requests") -> dict[str, str]:

@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-import services.console as console
-from services.cli import app
-from services.kernel import topology
-from services.kernel.events import Outcome, SupportReply, Usage
-from services.simulator.personas import NAMES
+import roundtrip._cli.console as console
+from roundtrip._cli.main import app
+from roundtrip._kernel.wire import topology
+from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
+from roundtrip._simulator.personas import NAMES
 
 
 def _reply(outcome: Outcome, steps: int = 4, reason: str | None = None) -> SupportReply:
@@ -105,7 +105,7 @@ def test_help_paragraphs_wrap_only_at_the_terminals_width():
 
 
 def test_the_trace_view_shows_no_empty_attribute(tmp_path, capsys):
-    from services.kernel.settings import Settings
+    from roundtrip._kernel.settings import Settings
 
     path = tmp_path / "spans.jsonl"
     span = {"trace_id": "ab" * 16, "span_id": "1" * 16, "parent_id": None, "name": "guard.decide", "service": "roundtrip-guard",
@@ -124,9 +124,9 @@ async def test_the_approvals_table_never_cuts_an_id(tmp_path, monkeypatch):
 
     from rich.console import Console
 
-    from services.guard import ledger as ledger_module
-    from services.kernel.events import ApprovalRequested, CheckedCall, Turn
-    from services.kernel.settings import Settings
+    from roundtrip._guard import ledger as ledger_module
+    from roundtrip._kernel.wire.events import ApprovalRequested, CheckedCall, Turn
+    from roundtrip._kernel.settings import Settings
 
     turn = Turn(turn_id="turn_" + "7" * 24, request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="cd" * 16)
     call = CheckedCall(id="toolu_1", name="cancel_order", input={"order_id": "ord_a1000003"}, approved=True)

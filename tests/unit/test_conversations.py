@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from services.guard.conversations import Conversations, compact, estimate_tokens, exchange_of, within_budget
-from services.guard.bootstrap import Guard
-from services.guard.ledger import Ledger
-from services.guard.pricing import PriceTable
-from services.guard.rules import Policy
-from services.kernel import topics
-from services.kernel.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
-from services.kernel.fingerprints import fingerprint
-from services.kernel.limits import OMITTED_KEY
+from roundtrip._guard.conversations import Conversations, compact, estimate_tokens, exchange_of, within_budget
+from roundtrip._guard.bootstrap import Guard
+from roundtrip._guard.ledger import Ledger
+from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.rules import Policy
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
+from roundtrip._kernel.wire.fingerprints import fingerprint
+from roundtrip._kernel.wire.limits import OMITTED_KEY
 from tests.databases import migrated
 
 PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')

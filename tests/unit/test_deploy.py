@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from services.cli import ALL_RUNNABLE, FLEET_SERVICES
-from services.kernel import topics, topology
-from services.kernel.messaging import group
-from services.kernel.settings import DEV_APPROVAL_KEYS, DEV_DECISION_KEYS, InsecureConfiguration, Settings
-from services.shop.agent.settings import ShopAgentSettings
+from roundtrip._cli.main import ALL_RUNNABLE, FLEET_SERVICES
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.kafka.messaging import group
+from roundtrip._kernel.settings import DEV_APPROVAL_KEYS, DEV_DECISION_KEYS, InsecureConfiguration, Settings
+from roundtrip._shop.agent.settings import ShopAgentSettings
 from tests.manifests import (
     COMPOSE, DOCKERFILE, K8S, ROOT, all_containers, compose_binary, compose_config, container, container_env, full_command,
     k8s_documents,
@@ -127,7 +127,7 @@ def test_k8s_the_ledger_is_migrated_before_a_service_that_opens_it_starts(k8s, n
 
 def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_it():
     opens = [name for name in FLEET_SERVICES
-             if re.search(r"\b(Ledger|Fence|TurnStore)\.open\(", (ROOT / "services" / name / "app.py").read_text(encoding="utf-8"))]
+             if re.search(r"\b(Ledger|Fence|TurnStore)\.open\(", (ROOT / "services" / f"_{name}" / "app.py").read_text(encoding="utf-8"))]
     assert sorted(opens) == sorted(LEDGER_SERVICES) == ["executor", "gateway", "guard", "model"]
 
 
@@ -229,8 +229,8 @@ MUST_BE_GIVEN = {
 
 def settings_read_by(service: str) -> set[str]:
     """The Settings attributes the code of services/<service>/ reads (`settings.<name>`, an agent's `own.<name>`), and the ledger when the
-    topology says the service shares it (`roundtrip run` refuses to start it without: services/cli.py)."""
-    folder = ROOT / "services" / service
+    topology says the service shares it (`roundtrip run` refuses to start it without: services/_cli/main.py)."""
+    folder = ROOT / "services" / f"_{service}"
     read = {name for path in folder.rglob("*.py") for name in re.findall(r"\b(?:settings|own)\.(\w+)", path.read_text())}
     if service in topology.names() and topology.service(service).shares_ledger:
         read |= {"ledger_db_url", "refuse_private_ledger"}
@@ -571,10 +571,10 @@ def test_the_wheel_carries_the_demo_agents_tool_schemas():
     import tomllib
 
     data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]
-    patterns = data["services.shop.agent"]
-    folder = ROOT / "services" / "shop" / "agent"
+    patterns = data["roundtrip.schemas"]
+    folder = ROOT / "schemas"
     shipped = {p for pattern in patterns for p in folder.glob(pattern)}
-    assert shipped and shipped == set((folder / "schemas").glob("*.json"))
+    assert shipped and set((folder / "tools").glob("*.json")) <= shipped
 
 
 def test_the_mini_loader_handles_anchors_and_merges():

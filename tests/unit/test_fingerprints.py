@@ -1,4 +1,4 @@
-from services.kernel.fingerprints import canonical_json, fingerprint
+from roundtrip._kernel.wire.fingerprints import canonical_json, fingerprint
 
 
 def test_key_order_and_number_spelling_do_not_change_the_fingerprint():

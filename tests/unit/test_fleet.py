@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.embedded import free_port
-from services.fleet import Fleet, FleetError, demo_shop
-from services.kernel.settings import Settings
+from roundtrip._broker.embedded import free_port
+from roundtrip._fleet.launcher import Fleet, FleetError, demo_shop
+from roundtrip._kernel.settings import Settings
 
 
 def test_a_taken_port_is_reported_with_the_setting_that_moves_it(tmp_path):

@@ -1,4 +1,4 @@
-"""Operator commands read the running fleet's settings, not their shell's (services/fleet_state.py)."""
+"""Operator commands read the running fleet's settings, not their shell's (services/_fleet/state.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import stat
 import subprocess
 import sys
 
-from services import fleet_state
-from services.supervision import claim_folder, release_folder
+from roundtrip._fleet import state as fleet_state
+from roundtrip._fleet.supervisor import claim_folder, release_folder
 
 FLEET = {"ROUNDTRIP_LEDGER_DATABASE_URL": "postgresql+asyncpg://rt:pw@db/ledger", "ROUNDTRIP_TOPIC_PREFIX": "prod.",
          "ROUNDTRIP_INSTANCE_ID": "host-gateway", "PATH": "/usr/bin"}

@@ -7,15 +7,15 @@ import json
 
 import pytest
 
-from services.gate.authorization import OwnershipCache, StepLookups
-from services.gate.handlers import Gate
-from services.gate.validation import InputValidator, ecma_regex
-from services.kernel.approvals import Signer, parse_keys
-from services.kernel.events import CheckToolCalls, ToolCall, Turn
-from services.shop.app import in_process
-from services.shop.help_articles import INJECTION_ORDER_ID
-from services.tools.context import ToolContext
-from services.shop.agent.client import ShopClient, ShopUnavailable
+from roundtrip._gate.authorization import OwnershipCache, StepLookups
+from roundtrip._gate.handlers import Gate
+from roundtrip._gate.validation import InputValidator, ecma_regex
+from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
+from roundtrip._shop.app import in_process
+from roundtrip._shop.help_articles import INJECTION_ORDER_ID
+from roundtrip._sdk.context import ToolContext
+from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from tests.agents import SHOP, shop_deps
 
 REGISTRY = SHOP.registry

@@ -30,12 +30,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from services.gate.handlers import Gate
-from services.kernel.approvals import Signer, parse_keys
-from services.kernel.events import ToolCall
-from services.shop.app import in_process
-from services.tools.context import ToolContext, ToolError
-from services.shop.agent.client import ShopClient
+from roundtrip._gate.handlers import Gate
+from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.events import ToolCall
+from roundtrip._shop.app import in_process
+from roundtrip._sdk.context import ToolContext, ToolError
+from roundtrip._shop.agent.client import ShopClient
 from tests.agents import SHOP, shop_deps
 
 MAX_EXAMPLES = 420

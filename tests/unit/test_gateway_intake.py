@@ -1,4 +1,4 @@
-"""The gateway's door (services/gateway/intake.py): unknown fields ignored once-logged, refusals addressed with a reason."""
+"""The gateway's door (services/_gateway/intake.py): unknown fields ignored once-logged, refusals addressed with a reason."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
-from services.gateway import intake
-from services.gateway.handlers import reply_for, start_turn
-from services.kernel.events import Outcome, SupportRequest, TurnEnded, Usage
+from roundtrip._gateway import intake
+from roundtrip._gateway.handlers import reply_for, start_turn
+from roundtrip._kernel.wire.events import Outcome, SupportRequest, TurnEnded, Usage
 
 
 def _request(**fields) -> SupportRequest:

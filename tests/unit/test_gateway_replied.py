@@ -3,7 +3,7 @@ reply a rebalance dropped before its commit is answered when it is read again (n
 
 from aiokafka import TopicPartition
 
-from services.gateway.replied import RepliedTurns
+from roundtrip._gateway.replied import RepliedTurns
 
 TP, OTHER = TopicPartition("turn.outcomes", 0), TopicPartition("turn.outcomes", 1)
 

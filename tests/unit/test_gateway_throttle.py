@@ -1,11 +1,11 @@
-"""The gateway admits fewer new turns while turns wait for the model's capacity (services/gateway/throttle.py)."""
+"""The gateway admits fewer new turns while turns wait for the model's capacity (services/_gateway/throttle.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.gateway.admission import Admission
-from services.gateway.throttle import BETA, Throttle
+from roundtrip._gateway.admission import Admission
+from roundtrip._gateway.throttle import BETA, Throttle
 
 
 async def test_turns_waiting_for_capacity_cut_admission_below_the_running_turns_and_none_let_it_climb_back():
@@ -30,7 +30,7 @@ async def test_turns_waiting_for_capacity_cut_admission_below_the_running_turns_
 
 
 async def test_the_ledger_is_read_each_check_and_a_failing_read_leaves_admission_alone(monkeypatch):
-    import services.gateway.throttle as module
+    import roundtrip._gateway.throttle as module
 
     monkeypatch.setattr(module, "CHECK_S", 0.01)
     answers = [8, RuntimeError("database is locked"), 0]

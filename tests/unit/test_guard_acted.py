@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from services.guard.acted import Acts, generic
-from services.guard.bootstrap import Guard
-from services.guard.ledger import Ledger
-from services.guard.replies import POLITE
-from services.guard.rules import Policy
-from services.kernel.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, TurnEnded, Usage
-from services.kernel.fingerprints import fingerprint
-from services.shop.agent import AGENT as SHOP
+from roundtrip._guard.acted import Acts, generic
+from roundtrip._guard.bootstrap import Guard
+from roundtrip._guard.ledger import Ledger
+from roundtrip._guard.replies import POLITE
+from roundtrip._guard.rules import Policy
+from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, TurnEnded, Usage
+from roundtrip._kernel.wire.fingerprints import fingerprint
+from roundtrip._shop.agent import AGENT as SHOP
 from tests.databases import migrated
 from tests.unit.test_guard_handlers import PRICES, Recorder
 
@@ -130,11 +130,11 @@ async def test_an_earlier_turns_cancel_is_not_this_turns(guard):
 
 # -- an end from outside the loop: what the executor recorded in the turn's row ---------------------------------------
 
-from services.executor.handlers import execute  # noqa: E402
-from services.executor.runner import Runner  # noqa: E402
-from services.kernel import sideeffects  # noqa: E402
-from services.kernel.events import CallModel, CancelTurn, CheckedCall, ExecuteToolBatch  # noqa: E402
-from services.kernel.turnstore import Fence  # noqa: E402
+from roundtrip._executor.handlers import execute  # noqa: E402
+from roundtrip._executor.runner import Runner  # noqa: E402
+from roundtrip._kernel.storage import sideeffects
+from roundtrip._kernel.wire.events import CallModel, CancelTurn, CheckedCall, ExecuteToolBatch  # noqa: E402
+from roundtrip._kernel.storage.turnstore import Fence  # noqa: E402
 from tests.agents import shop_deps  # noqa: E402
 from tests.unit.test_approvals_flow import CANCEL, SIGNER, shop  # noqa: E402, F401 - the in-process shop fixture
 

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from services.guard.bootstrap import Guard
-from services.guard.ledger import Ledger
-from services.guard.pricing import PriceTable
-from services.guard.rules import Policy
-from services.kernel import topics
-from services.kernel.events import CancelTurn, ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
-from services.kernel.fingerprints import fingerprint
+from roundtrip._guard.bootstrap import Guard
+from roundtrip._guard.ledger import Ledger
+from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.rules import Policy
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import CancelTurn, ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
+from roundtrip._kernel.wire.fingerprints import fingerprint
 from tests.databases import migrated
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="0" * 32)
@@ -151,7 +151,7 @@ async def test_a_turn_gets_its_deadline_when_it_starts_and_carries_it(guard):
 
 
 async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_done(guard, tmp_path):
-    from services.kernel.turnstore import Fence
+    from roundtrip._kernel.storage.turnstore import Fence
 
     fence = await Fence.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")  # what the executor and model service open
     try:
@@ -222,7 +222,7 @@ async def test_with_the_broker_away_the_sweeper_records_every_end_and_the_outbox
     published once the broker is back, by the outbox."""
     import asyncio
 
-    import services.guard.outbox as outbox
+    import roundtrip._guard.outbox as outbox
 
     monkeypatch.setattr(outbox, "SWEEP_PUBLISH_TIMEOUT_S", 0.2)
     turns = [TURN.model_copy(update={"turn_id": f"turn_{i}", "request_id": f"req_{i}", "conversation_id": f"conv_{i}"})

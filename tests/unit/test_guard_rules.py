@@ -1,8 +1,8 @@
 import pytest
 
-from services.guard.rules import Continue, Finish, Policy, decide, history
-from services.kernel.events import ModelResponded, Outcome, ToolCall, Turn
-from services.kernel.fingerprints import fingerprint
+from roundtrip._guard.rules import Continue, Finish, Policy, decide, history
+from roundtrip._kernel.wire.events import ModelResponded, Outcome, ToolCall, Turn
+from roundtrip._kernel.wire.fingerprints import fingerprint
 
 TURN = Turn(turn_id="turn_1", request_id="r1", conversation_id="c1", customer_id="cus_1001")
 POLICY = Policy()

@@ -1,4 +1,4 @@
-"""The agent authors' harness (services/testing.py): a turn through the fleet's own gate, guard rules and executor,
+"""The agent authors' harness (services/testing/__init__.py): a turn through the fleet's own gate, guard rules and executor,
 with a scripted model, against the real demo shop app in-process (SQLite), no Kafka."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from services.agent import always
-from services.testing import AWAITING_APPROVAL, FunctionModel, ScriptedModel, ScriptExhausted, arun_turn, call, reply, run_turn
+from roundtrip import always
+from roundtrip.testing import AWAITING_APPROVAL, FunctionModel, ScriptedModel, ScriptExhausted, arun_turn, call, reply, run_turn
 from tests.agents import SHOP, shop  # noqa: F401 - shop: the fixture
 
 ALICE, BOB = "cus_1001", "cus_1002"

@@ -10,11 +10,11 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from services.executor.runner import Runner
-from services.kernel import health, metrics
-from services.kernel.events import CheckedCall, Outcome, StartTurn
-from services.kernel.settings import Settings
-from services.tools.context import Dependencies, ToolError
+from roundtrip._executor.runner import Runner
+from roundtrip._kernel.observability import health, metrics
+from roundtrip._kernel.wire.events import CheckedCall, Outcome, StartTurn
+from roundtrip._kernel.settings import Settings
+from roundtrip._sdk.context import Dependencies, ToolError
 from tests.ports import free_port_run
 from tests.unit.test_gate import call, gate, lookup, shop, turn  # noqa: F401 - fixtures
 from tests.unit.test_guard_handlers import LIST, TURN, guard, iteration  # noqa: F401 - fixtures

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 
-from services.kernel.settings import Settings
-from services.model.client import MAX_BREAKPOINTS, with_history_breakpoints
-from services.simulator import personas
-from services.simulator.transcript import Transcript
-from services.simulator.usage import PromptCache
-from services.simulator.validation import validate_create
+from roundtrip._kernel.settings import Settings
+from roundtrip._model.client import MAX_BREAKPOINTS, with_history_breakpoints
+from roundtrip._simulator import personas
+from roundtrip._simulator.transcript import Transcript
+from roundtrip._simulator.usage import PromptCache
+from roundtrip._simulator.validation import validate_create
 from tests.agents import shop_model_client
 
 MODEL = "claude-sonnet-4-6"

@@ -9,10 +9,10 @@ from aiokafka.abc import AbstractTokenProvider
 from faststream.kafka.security import parse_security
 from pydantic import ValidationError
 
-from services.kernel.kafka_clients import KafkaClients, clients_of, kafka_clients
-from services.kernel.kafka_security import broker_options, client_options, sasl_password
-from services.kernel.settings import ConfigurationError, Settings, describe_invalid
-from services.kernel.settings.display import render
+from roundtrip._kernel.kafka.clients import KafkaClients, clients_of, kafka_clients
+from roundtrip._kernel.kafka.security import broker_options, client_options, sasl_password
+from roundtrip._kernel.settings import ConfigurationError, Settings, describe_invalid
+from roundtrip._kernel.settings.display import render
 
 
 class Provider(AbstractTokenProvider):

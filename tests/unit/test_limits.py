@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from services.kernel.limits import cap_text, fit_transcript, input_problem, json_size, too_deep
+from roundtrip._kernel.wire.limits import cap_text, fit_transcript, input_problem, json_size, too_deep
 
 
 def nested(depth: int):

@@ -5,12 +5,12 @@ verdict (turn.tool_batches) could come before its model line (turn.iterations), 
 
 from __future__ import annotations
 
-import services.console as console
-from services.kernel import topics
-from services.kernel.events import (
+import roundtrip._cli.console as console
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import (
     CallModel, CheckedCall, CheckToolCalls, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, ToolCall, Turn, Usage,
 )
-from services.live_order import HOLD_S, StepOrder
+from roundtrip._cli.live_order import HOLD_S, StepOrder
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="ab" * 16)
 CALL = ToolCall(id="toolu_1", name="lookup_order", input={"order_id": "ord_x"}, fingerprint="f")

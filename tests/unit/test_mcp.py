@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from services.executor.runner import Runner
-from services.gate.handlers import Gate
-from services.kernel.approvals import Signer, parse_keys
-from services.kernel.events import CheckedCall, ToolCall, Turn
-from services.tools.agent import AgentError
-from services.tools.context import Dependencies, ToolContext, ToolError
-from services.tools.mcp import McpMount, McpServer, McpTools, result_of, strict_copy
-from services.tools.registry import RegistryError, check_tool_document
+from roundtrip._executor.runner import Runner
+from roundtrip._gate.handlers import Gate
+from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.events import CheckedCall, ToolCall, Turn
+from roundtrip._sdk.agent import AgentError
+from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
+from roundtrip._sdk.mcp import McpMount, McpServer, McpTools, result_of, strict_copy
+from roundtrip._sdk.registry import RegistryError, check_tool_document
 from tests.agents import SHOP
 
 WRAP_SCHEMA = {"type": "object", "properties": {"order_id": {"type": "string"}, "message": {"type": "string", "maxLength": 80},
@@ -114,7 +114,7 @@ def test_results_become_the_handlers_value_or_a_tool_error():
 
 
 async def test_a_server_down_at_start_is_refused_clearly_then_mounted_once_it_answers(monkeypatch):
-    monkeypatch.setattr("services.tools.mcp.FIRST_RETRY_S", 0.01)
+    monkeypatch.setattr("roundtrip._sdk.mcp.FIRST_RETRY_S", 0.01)
     fake = FakeMcp(up=False)
     agent, tools = mounted(fake, dataclasses.replace(SERVER, retry_max_s=0.02))
     await tools.start()  # returns after the first attempt: the service starts anyway
@@ -312,15 +312,15 @@ async def test_the_digest_names_what_the_agent_mounts_not_what_is_listed_and_is_
 
 
 def test_a_logged_url_carries_no_credential():
-    from services.tools.mcp import shown
+    from roundtrip._sdk.mcp import shown
 
     assert shown("https://svc:s3cret@billing.internal:8443/mcp?token=abc") == "https://billing.internal:8443/mcp"
     assert shown("http://billing/mcp") == "http://billing/mcp"
 
 
 def test_the_direct_persona_makes_the_call_written_only_when_the_tool_is_offered():
-    from services.simulator.personas import direct
-    from services.simulator.transcript import Transcript
+    from roundtrip._simulator.personas import direct
+    from roundtrip._simulator.transcript import Transcript
 
     def request(*messages):
         return Transcript.from_request({"model": "m", "tools": [{"name": "gift_wrap_order", "input_schema": {"type": "object"}}],

@@ -1,4 +1,4 @@
-"""The kernel's message path (services/kernel/messaging.py) with a fake producer: decode, handle, dead-letter.
+"""The kernel's message path (services/_kernel/kafka/messaging.py) with a fake producer: decode, handle, dead-letter.
 
 The real thing runs in every integration and e2e test; these pin what a record goes through."""
 
@@ -13,9 +13,10 @@ import pytest
 from faststream.kafka import KafkaBroker
 from prometheus_client import REGISTRY
 
-from services.kernel import messaging, topics
-from services.kernel.events import CancelTurn, DeadLettered
-from services.kernel.settings import Settings
+from roundtrip._kernel.kafka import messaging
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import CancelTurn, DeadLettered
+from roundtrip._kernel.settings import Settings
 
 PREFIX = "unit."  # the records come from, and the dead letters go to, the topics of the settings the broker was made with
 SETTINGS = Settings(_env_file=None, topic_prefix=PREFIX)

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from services.kernel.events import CallModel, Turn, Usage
-from services.kernel.settings import Settings
-from services.model.attempts import MARGIN_S
-from services.model.client import ModelClient
-from services.model.handlers import call_model
-from services.simulator.server import running_simulator
+from roundtrip._kernel.wire.events import CallModel, Turn, Usage
+from roundtrip._kernel.settings import Settings
+from roundtrip._model.attempts import MARGIN_S
+from roundtrip._model.client import ModelClient
+from roundtrip._model.handlers import call_model
+from roundtrip._simulator.server import running_simulator
 from tests.agents import shop_model_client
 from tests.databases import migrated
 
@@ -85,7 +85,7 @@ async def test_a_tool_input_no_event_could_carry_becomes_a_call_with_an_error_an
 
 
 async def test_no_model_call_for_a_turn_the_fence_refuses(simulator, tmp_path):
-    from services.kernel.turnstore import Fence
+    from roundtrip._kernel.storage.turnstore import Fence
 
     fence = await Fence.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     client = client_for(simulator)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from services.cli import app
-from services.guard.pricing import PriceTable
-from services.kernel import topology
-from services.kernel.settings import CONCERNS, Settings, env_name
+from roundtrip._cli.main import app
+from roundtrip._guard.pricing import PriceTable
+from roundtrip._kernel.wire import topology
+from roundtrip._kernel.settings import CONCERNS, Settings, env_name
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
@@ -72,8 +72,8 @@ def matches_example(example: str, real: str) -> bool:
 
 
 def test_the_readme_ask_example_reads_as_the_console_prints_it():
-    import services.console as console
-    from services.kernel.events import Outcome, SupportReply, Usage
+    import roundtrip._cli.console as console
+    from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
 
     args, shown = ask_example()
     assert args == '"cancel my last order" --customer cus_1001'
@@ -107,7 +107,7 @@ def test_no_blank_line_splits_a_table_of_the_readme():
 def test_config_names_the_api_key_as_the_docs_do(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-secret")
     monkeypatch.setenv("ROUNDTRIP_STATE_DIR", "/nonexistent/roundtrip-state")  # no fleet runs there: this shell's settings
-    from services.kernel.settings import get_settings
+    from roundtrip._kernel.settings import get_settings
 
     get_settings.cache_clear()
     try:

@@ -11,8 +11,8 @@ def test_settle_heap_freezes_what_start_up_left_and_raises_the_young_threshold()
     # in a fresh interpreter: freezing the test process's own heap would outlive this test
     code = (
         "import gc, json\n"
-        "import services.kernel.messaging\n"  # a service's imports: tens of thousands of objects
-        "from services.kernel.runtime import settle_heap, YOUNG_GENERATION_THRESHOLD\n"
+        "import roundtrip._kernel.kafka.messaging\n"  # a service's imports: tens of thousands of objects
+        "from roundtrip._kernel.runtime import settle_heap, YOUNG_GENERATION_THRESHOLD\n"
         "frozen = settle_heap()\n"
         "print(json.dumps([frozen, gc.get_freeze_count(), gc.get_threshold()[0], YOUNG_GENERATION_THRESHOLD]))\n"
     )

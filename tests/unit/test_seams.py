@@ -1,6 +1,6 @@
 """What the kernel takes of FastStream and aiokafka beyond their public API is still there (no broker needed).
 
-services/kernel/faststream_seam.py and services/kernel/aiokafka_seam.py name each part; these tests
+services/_kernel/kafka/faststream_seam.py and services/_kernel/kafka/aiokafka_seam.py name each part; these tests
 fail with the library's version and the attribute that changed, so an upgrade that moves one of them
 says so here instead of breaking the message path. tests/integration/test_seams.py runs the same
 parts on the real broker."""
@@ -16,9 +16,11 @@ from aiokafka.cluster import ClusterMetadata
 from faststream.kafka import KafkaBroker
 from prometheus_client import REGISTRY
 
-from services.kernel import faststream_seam, messaging, metrics, topics
-from services.kernel.events import CancelTurn
-from services.kernel.settings import Settings
+from roundtrip._kernel.kafka import faststream_seam, messaging
+from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import CancelTurn
+from roundtrip._kernel.settings import Settings
 
 FASTSTREAM = f"FastStream {version('faststream')}"
 AIOKAFKA = f"aiokafka {version('aiokafka')}"

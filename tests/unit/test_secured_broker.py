@@ -1,4 +1,4 @@
-"""The secured embedded broker's configuration (services/broker/secured.py), without starting it: the listeners,
+"""The secured embedded broker's configuration (services/_broker/secured.py), without starting it: the listeners,
 the SCRAM users formatted in, the throwaway CA the clients trust."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import ssl
 
 import pytest
 
-from services.broker.secured import ADMIN_USER, Listener, client_security, make_tls, scram_arguments, secured_properties
-from services.broker.unsecured_token import UnsecuredTokenProvider, unsigned_jws
-from services.kernel.kafka_security import client_options
-from services.kernel.settings import KafkaSecurity
+from roundtrip._broker.secured import ADMIN_USER, Listener, client_security, make_tls, scram_arguments, secured_properties
+from roundtrip._broker.unsecured_token import UnsecuredTokenProvider, unsigned_jws
+from roundtrip._kernel.kafka.security import client_options
+from roundtrip._kernel.settings import KafkaSecurity
 
 LISTENERS = [Listener("SCRAM", "SASL_SSL", 9101, ("SCRAM-SHA-512",)), Listener("MTLS", "SSL", 9102, client_auth=True),
              Listener("OAUTH", "SASL_PLAINTEXT", 9103, ("OAUTHBEARER",)), Listener("PLAIN", "SASL_PLAINTEXT", 9104, ("PLAIN",))]

@@ -13,7 +13,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from services.kernel.settings import ConfigurationError, Settings, describe_invalid
+from roundtrip._kernel.settings import ConfigurationError, Settings, describe_invalid
 
 
 def settings(**values) -> Settings:
@@ -86,7 +86,7 @@ def test_a_private_ledger_is_refused_only_outside_development():
 
 @pytest.mark.parametrize("service", ["model", "executor", "guard"])
 def test_a_service_that_shares_the_ledger_refuses_to_start_without_it(service):
-    done = subprocess.run([sys.executable, "-m", "services.cli", "run", service], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "run", service], capture_output=True, text=True, timeout=60,
                           env=clean_env(ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1",
                                         ROUNDTRIP_APPROVAL_KEYS=f"k1:{'ab' * 32}"))
     assert done.returncode == 1, done.stdout + done.stderr
@@ -96,7 +96,7 @@ def test_a_service_that_shares_the_ledger_refuses_to_start_without_it(service):
 
 @pytest.mark.parametrize("command", [["run", "guard"], ["run", "model"], ["up"], ["turns"]])
 def test_a_plain_postgresql_url_gives_one_line_and_exit_code_1(command, tmp_path):
-    done = subprocess.run([sys.executable, "-m", "services.cli", *command], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", *command], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                           env=clean_env(ROUNDTRIP_LEDGER_DATABASE_URL="postgresql://roundtrip:s3cret@127.0.0.1:1/ledger",
                                         ROUNDTRIP_STATE_DIR=str(tmp_path)))
     assert done.returncode == 1, done.stdout + done.stderr
@@ -108,7 +108,7 @@ def test_a_plain_postgresql_url_gives_one_line_and_exit_code_1(command, tmp_path
 
 
 def test_an_unparsable_broker_list_stops_every_command_with_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "services.cli", "run", "gateway"], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "run", "gateway"], capture_output=True, text=True, timeout=60,
                           env=clean_env(ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="h1:9092;h2:9092"), cwd=tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip() == ("error: invalid configuration: ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS: 'h1:9092;h2:9092' is not "

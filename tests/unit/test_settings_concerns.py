@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services.cli import app
-from services.kernel import topics, topology
-from services.kernel.settings import CONCERNS, LoopRules, ModelSettings, Settings, env_name, get_settings
-from services.kernel.settings.display import grouped, without_passwords
+from roundtrip._cli.main import app
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.settings import CONCERNS, LoopRules, ModelSettings, Settings, env_name, get_settings
+from roundtrip._kernel.settings.display import grouped, without_passwords
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
 
@@ -96,13 +96,13 @@ def test_a_secret_field_is_hidden_whatever_its_value():
 
 
 def test_the_contracts_are_generated_with_unprefixed_names_whatever_the_shell_says(clean_env):
-    from services.contracts import ROOT, asyncapi_document, rendered
+    from roundtrip._cli.contracts import ROOT, asyncapi_document, rendered
 
     clean_env.setenv("ROUNDTRIP_TOPIC_PREFIX", "staging.")
     get_settings()  # a cached global with the prefix, which nothing may read
     channels = asyncapi_document()["channels"]
     assert channels and not any("staging." in name for name in channels)
-    assert rendered()["asyncapi.json"] == (ROOT / "asyncapi.json").read_text()
+    assert rendered()["contracts/asyncapi.json"] == (ROOT / "contracts" / "asyncapi.json").read_text()
 
 
 def test_a_service_uses_the_prefix_it_was_built_with_not_the_environments(clean_env):
@@ -135,7 +135,7 @@ def test_only_entry_points_read_the_cached_settings():
     readers = {str(path.relative_to(SERVICES)): sorted(set(calls)) for path in SERVICES.rglob("*.py")
                if path.parent.name != "settings" and (calls := _calls_to_get_settings(path))}
     library = {module: functions for module, functions in readers.items()
-               if module not in ("cli.py", "agent_cli.py") and functions != ["main"]}  # the CLI (and its agent
+               if module not in ("_cli/main.py", "_cli/agent.py") and functions != ["main"]}  # the CLI (and its agent
     # commands' module) and `python -m ...`'s main() are entry points
     assert library == {}
-    assert "cli.py" in readers
+    assert "_cli/main.py" in readers

@@ -9,8 +9,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from services.kernel.settings import DEV_APPROVAL_KEYS, InsecureConfiguration, Settings
-from services.kernel.transactions import transactional_id
+from roundtrip._kernel.settings import DEV_APPROVAL_KEYS, InsecureConfiguration, Settings
+from roundtrip._kernel.kafka.transactions import transactional_id
 
 
 def settings(**values) -> Settings:
@@ -39,14 +39,14 @@ def test_the_published_key_is_refused_outside_development_even_as_a_verifying_ke
 def test_gate_and_executor_do_not_start_with_the_published_key_in_production(service):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
     env.update(ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1", ROUNDTRIP_ENV="production")
-    done = subprocess.run([sys.executable, "-m", "services.cli", "run", service], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "run", service], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     assert f"error: {service} refuses to start" in done.stderr and "published development key" in done.stderr
 
 
 def test_roundtrip_config_warns_while_the_published_key_is_in_use(monkeypatch):
-    from services.cli import app
-    from services.kernel.settings import get_settings
+    from roundtrip._cli.main import app
+    from roundtrip._kernel.settings import get_settings
 
     get_settings.cache_clear()
     monkeypatch.setenv("ROUNDTRIP_APPROVAL_KEYS", DEV_APPROVAL_KEYS)
@@ -61,7 +61,7 @@ def test_roundtrip_config_warns_while_the_published_key_is_in_use(monkeypatch):
 def test_transactional_ids_are_stable_per_replica_not_per_process(monkeypatch):
     for var in ("ROUNDTRIP_INSTANCE_ID", "KUBERNETES_SERVICE_HOST", "HOSTNAME"):
         monkeypatch.delenv(var, raising=False)
-    code = ("from services.kernel.settings import Settings; from services.kernel.transactions import transactional_id as t; "
+    code = ("from roundtrip._kernel.settings import Settings; from roundtrip._kernel.kafka.transactions import transactional_id as t; "
             "print(t('gateway', 'support.replies', Settings().instance_id))")
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTRIP_INSTANCE_ID"}
     first, second = (subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
@@ -76,7 +76,7 @@ def test_transactional_ids_are_stable_per_replica_not_per_process(monkeypatch):
 
 
 def test_the_local_fleet_gives_every_replica_its_own_stable_identity(tmp_path, monkeypatch):
-    from services.fleet import Fleet
+    from roundtrip._fleet.launcher import Fleet
 
     spawned = {}
 
@@ -85,7 +85,7 @@ def test_the_local_fleet_gives_every_replica_its_own_stable_identity(tmp_path, m
             spawned[argv[-1]] = env["ROUNDTRIP_INSTANCE_ID"]
             self.pid, self.args = 1, argv
 
-    monkeypatch.setattr("services.fleet.subprocess.Popen", FakePopen)
+    monkeypatch.setattr("roundtrip._fleet.launcher.subprocess.Popen", FakePopen)
     fleet = Fleet(settings(state_dir=tmp_path))
     fleet.logs = tmp_path
     fleet._spawn("gateway", ["x", "gateway"], "")
@@ -97,6 +97,6 @@ def test_the_local_fleet_gives_every_replica_its_own_stable_identity(tmp_path, m
 async def test_the_apps_themselves_refuse_to_start_with_the_published_key_in_production(service):
     import importlib
 
-    app = importlib.import_module(f"services.{service}.app").build(settings(kafka_bootstrap_servers="127.0.0.1:1"))
+    app = importlib.import_module(f"roundtrip._{service}.app").build(settings(kafka_bootstrap_servers="127.0.0.1:1"))
     with pytest.raises(InsecureConfiguration):
         await app.start()  # before the broker is even contacted

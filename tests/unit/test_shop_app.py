@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from services.shop.app import in_process
-from services.shop.help_articles import INJECTION_ORDER_ID
+from roundtrip._shop.app import in_process
+from roundtrip._shop.help_articles import INJECTION_ORDER_ID
 
 ALICE = {"X-Customer-Id": "cus_1001"}
 BOB = {"X-Customer-Id": "cus_1002"}

@@ -11,9 +11,9 @@ import anthropic
 import httpx
 import pytest
 
-from services.simulator import running_simulator
-from services.simulator.engine import NO_TOOLS_TEXT
-from services.simulator.usage import estimate_tokens, prompt_of
+from roundtrip._simulator import running_simulator
+from roundtrip._simulator.engine import NO_TOOLS_TEXT
+from roundtrip._simulator.usage import estimate_tokens, prompt_of
 
 MODEL = "claude-sonnet-4-6"
 
@@ -343,7 +343,7 @@ async def test_unknown_model_persona_route_and_missing_key(http, client):
 def test_accepted_parameters_match_the_sdk():
     from anthropic.types import message_count_tokens_params, message_create_params
 
-    from services.simulator.validation import COUNT_TOKENS_PARAMS, CREATE_PARAMS
+    from roundtrip._simulator.validation import COUNT_TOKENS_PARAMS, CREATE_PARAMS
 
     assert set(message_create_params.MessageCreateParamsBase.__annotations__) <= CREATE_PARAMS
     assert set(message_count_tokens_params.MessageCountTokensParams.__annotations__) == COUNT_TOKENS_PARAMS

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from services.simulator import personas
-from services.simulator.engine import respond
-from services.simulator.errors import ApiError
-from services.simulator.transcript import Transcript, intent_of
-from services.simulator.usage import PromptCache
-from services.simulator.validation import validate_count_tokens, validate_create
+from roundtrip._simulator import personas
+from roundtrip._simulator.engine import respond
+from roundtrip._simulator.errors import ApiError
+from roundtrip._simulator.transcript import Transcript, intent_of
+from roundtrip._simulator.usage import PromptCache
+from roundtrip._simulator.validation import validate_count_tokens, validate_create
 
 TOOLS = [
     {"name": n, "input_schema": {"type": "object"}}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.simulator.errors import ApiError
-from services.simulator.overload import Overload
-from services.simulator.ratelimits import RateLimits
-from services.simulator.usage import PromptCache, estimate_tokens, prompt_of
+from roundtrip._simulator.errors import ApiError
+from roundtrip._simulator.overload import Overload
+from roundtrip._simulator.ratelimits import RateLimits
+from roundtrip._simulator.usage import PromptCache, estimate_tokens, prompt_of
 
 WALL = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

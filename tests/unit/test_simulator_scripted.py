@@ -12,8 +12,8 @@ import anthropic
 import httpx
 import pytest
 
-from services.simulator import running_simulator
-from services.simulator.scripted import ScriptError, Scripts, load_scripts
+from roundtrip._simulator import running_simulator
+from roundtrip._simulator.scripted import ScriptError, Scripts, load_scripts
 
 TOOLS = [{"name": "get_line", "description": "Look up one phone line of the customer.",
           "input_schema": {"type": "object", "properties": {"line_id": {"type": "string"}}, "required": ["line_id"],
@@ -88,7 +88,7 @@ def test_a_bad_script_file_is_refused_with_its_reason(tmp_path, content, message
 def test_the_simulator_stops_with_one_line_on_a_bad_script_file(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"a": []}')
-    done = subprocess.run([sys.executable, "-m", "services.simulator", "--script", str(path), "--port", "0"],
+    done = subprocess.run([sys.executable, "-m", "roundtrip._simulator", "--script", str(path), "--port", "0"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == ["error: script 'a': expected a non-empty list of responses"]

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from services.fleet import Fleet
-from services.kernel.settings import Settings
-from services.supervision import RestartPolicy, describe_exit
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.settings import Settings
+from roundtrip._fleet.supervisor import RestartPolicy, describe_exit
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 CRASHER = [sys.executable, "-c", "import sys; sys.exit(3)"]

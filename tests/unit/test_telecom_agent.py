@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from services.agent import ToolContext, ToolError
-from services.gate.authorization import authorize
-from services.kernel.settings import Settings
-from services.tools.context import Dependencies
+from roundtrip import ToolContext, ToolError
+from roundtrip._gate.authorization import authorize
+from roundtrip._kernel.settings import Settings
+from roundtrip._sdk.context import Dependencies
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "telecom-agent"))
@@ -77,7 +77,7 @@ async def test_the_harness_runs_a_scripted_three_step_turn_of_the_carrier_agent(
     """Issue 19's bar for the authors' harness: a three-step turn of the example agent, in-process, in well under 1 s."""
     import time
 
-    from services.testing import ScriptedModel, arun_turn, call
+    from roundtrip.testing import ScriptedModel, arun_turn, call
 
     model = ScriptedModel([call("list_lines"), call("change_plan", line_id="ln_5550101", plan="basic"),
                            "Your line ln_5550101 is on the basic plan now."])

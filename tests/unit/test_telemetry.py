@@ -11,11 +11,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from services import console
-from services.kernel import telemetry
-from services.kernel.events import CallModel, ModelResponded, Turn, TurnFlagged, Usage
-from services.kernel.settings import Settings
-from services.kernel.telemetry import (
+from roundtrip._cli import console
+from roundtrip._kernel.observability import telemetry
+from roundtrip._kernel.wire.events import CallModel, ModelResponded, Turn, TurnFlagged, Usage
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.observability.telemetry import (
     STEP_HEADER, TURN_ID_HEADER, TURN_SPAN_HEADER, JsonLinesSpanExporter, consuming,
     make_provider, new_turn_ids, publishing, record_turn_span, span_files, traceparent,
 )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from services.executor.runner import Runner
-from services.gate.handlers import Gate
-from services.kernel.approvals import Signer, parse_keys
-from services.kernel.events import CheckedCall, CheckToolCalls, ToolCall, Turn
-from services.shop.agent import AGENT as SHOP
-from services.tools.context import ToolContext
+from roundtrip._executor.runner import Runner
+from roundtrip._gate.handlers import Gate
+from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.events import CheckedCall, CheckToolCalls, ToolCall, Turn
+from roundtrip._shop.agent import AGENT as SHOP
+from roundtrip._sdk.context import ToolContext
 from tests.agents import shop_deps, shop_registry
 
 

@@ -7,10 +7,10 @@ import json
 import httpx
 import pytest
 
-from services.gate.validation import InputValidator  # the validator the fleet uses
-from services.shop.help_articles import INJECTION_ORDER_ID
-from services.shop.agent.client import ShopClient, ShopError, ShopUnavailable
-from services.tools import ToolContext, ToolError
+from roundtrip._gate.validation import InputValidator  # the validator the fleet uses
+from roundtrip._shop.help_articles import INJECTION_ORDER_ID
+from roundtrip._shop.agent.client import ShopClient, ShopError, ShopUnavailable
+from roundtrip._sdk import ToolContext, ToolError
 from tests.agents import SHOP, shop_deps, shop  # noqa: F401 - shop: the fixture
 
 ALICE, BOB = "cus_1001", "cus_1002"

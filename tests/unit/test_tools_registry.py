@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from services.gate.validation import InputValidator  # the validator the fleet uses
-from services.tools.registry import RegistryError, ToolSpec, strip_extensions
+from roundtrip._gate.validation import InputValidator  # the validator the fleet uses
+from roundtrip._sdk.registry import RegistryError, ToolSpec, strip_extensions
 from tests.agents import SCHEMAS, SHOP, shop_registry
 
 HANDLERS, POLICIES = SHOP.handlers, SHOP.policies
@@ -34,7 +34,7 @@ def registry():
 
 
 def test_the_shop_agents_tools_are_the_schemas_in_its_own_folder(registry):
-    assert SCHEMAS == Path(__file__).resolve().parents[2] / "services" / "shop" / "agent" / "schemas"
+    assert SCHEMAS == Path(__file__).resolve().parents[2] / "schemas" / "tools"
     assert set(registry.names) == TOOLS == {p.stem for p in SCHEMAS.glob("*.json")}
 
 

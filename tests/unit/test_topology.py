@@ -1,4 +1,4 @@
-"""The topology is declared once (services/kernel/topology.py) and everything else reads it (issue 18).
+"""The topology is declared once (services/_kernel/wire/topology.py) and everything else reads it (issue 18).
 
 A service added to the declaration, with an app of its own (this module's `build`), shows up in the AsyncAPI
 document, in the topics `roundtrip topics create` makes and in the consumer groups `roundtrip lag` shows, with
@@ -12,11 +12,12 @@ import importlib
 import pytest
 from faststream import FastStream
 
-from services import contracts
-from services.kernel import events, health, topics, topology
-from services.kernel.admin import desired_topics
-from services.kernel.messaging import Outlet, make_broker, subscribe
-from services.kernel.settings import Settings
+from roundtrip._cli import contracts
+from roundtrip._kernel.wire import events, topics, topology
+from roundtrip._kernel.observability import health
+from roundtrip._kernel.kafka.admin import desired_topics
+from roundtrip._kernel.kafka.messaging import Outlet, make_broker, subscribe
+from roundtrip._kernel.settings import Settings
 
 ECHOES = "test.echoes"
 ECHOED = "test.echoed"

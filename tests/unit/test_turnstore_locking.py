@@ -9,7 +9,7 @@ import time
 
 from sqlalchemy import update
 
-from services.kernel.turnstore import TurnStore, turns
+from roundtrip._kernel.storage.turnstore import TurnStore, turns
 from tests.databases import migrated
 
 
@@ -35,7 +35,7 @@ async def test_a_locked_file_does_not_stall_the_event_loop(tmp_path):
 async def test_every_call_sees_what_another_process_committed_before_it(tmp_path):
     """The store keeps one connection open on SQLite; each call is its own transaction, so a read never
     answers from a snapshot older than the call (another process's commit in between is seen)."""
-    from services.guard.ledger import Ledger
+    from roundtrip._guard.ledger import Ledger
 
     path = tmp_path / "ledger.db"
     ledger = await Ledger.open(await migrated(f"sqlite:///{path}"))

@@ -1,15 +1,15 @@
-"""A turn whose model call waits for the API's capacity (services/kernel/turnstore.py, WAITING): still live, never
+"""A turn whose model call waits for the API's capacity (services/_kernel/storage/turnstore.py, WAITING): still live, never
 flagged stuck however long it waits, still ended at its deadline, counted for the gateway; and the key-ordered
-consumer the model service holds back meanwhile (services/kernel/consumer.py, `hold`)."""
+consumer the model service holds back meanwhile (services/_kernel/kafka/consumer.py, `hold`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from services.guard.ledger import Ledger
-from services.kernel.consumer import KeyOrderedConsumer
-from services.kernel.turnstore import RUNNING, WAITING, Fence
+from roundtrip._guard.ledger import Ledger
+from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
+from roundtrip._kernel.storage.turnstore import RUNNING, WAITING, Fence
 from tests.databases import migrated
 
 

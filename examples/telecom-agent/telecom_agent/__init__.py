@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from services.agent import Agent
+from roundtrip import Agent
 from telecom_agent import tools
 from telecom_agent.carrier import Carrier
 

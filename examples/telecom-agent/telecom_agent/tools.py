@@ -3,7 +3,7 @@
 Ownership: a line is visible to its account holder and to the members of its family plan (`resolve_line`, which
 the gate calls for every `line_id` before anything runs); anyone else, and an invented id, get "not found".
 Changing a line (its plan, porting its number out) is the holder's alone: `holder_only` is the policy of both.
-Porting a number out always waits for a person (`services.agent.always`).
+Porting a number out always waits for a person (`roundtrip.always`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.agent import ToolContext, ToolError, always
+from roundtrip import ToolContext, ToolError, always
 
 
 class TelecomSettings(BaseSettings):

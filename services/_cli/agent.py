@@ -1,0 +1,99 @@
+"""`roundtrip agent check|init`: what an agent author runs before the fleet does (services/_cli/main.py mounts it).
+
+What they need is imported when they run, not when `roundtrip` starts (every other command starts as fast as before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from roundtrip._sdk.agent import Agent
+
+agent_app = typer.Typer(help="Your own agent: check one offline, or start a new one from a skeleton.", no_args_is_help=True)
+
+
+def summary(agent: Agent) -> str:
+    """One line saying what a sound agent declares."""
+    registry = agent.registry
+    kinds = sorted({kind for spec in registry.specs.values() for kind in spec.entity_refs.values()})
+    return (f"agent {agent.name}: ok: {len(registry)} tools ({', '.join(registry.names)}), entity kinds {kinds}, "
+            f"{len(agent.policies)} policies, {len(agent.approvals)} approval rules, digest {agent.digest}")
+
+
+@agent_app.command("check")
+def check(
+    agent: Annotated[Optional[str], typer.Argument(
+        help="package.module:attribute or an entry point name (default: ROUNDTRIP_AGENT; unset: the demo shop's)")] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="do not ask the agent's MCP servers what they list")] = False,
+) -> None:
+    """Load an agent offline (nothing is connected, no dependency is made) and list every problem of it: schemas
+    that are not strict, tools without a handler, entity kinds without a resolver, policies, approval rules or serial
+    declarations for unknown tools, an empty prompt, a bad name, replies for unknown outcomes, invalid own settings.
+
+    Exit status 1 when there is any problem (or the agent cannot be found), 0 with a one-line summary when it fits
+    together. The current folder is on the import path (as for uvicorn), so a package not installed yet is found.
+    An agent with MCP servers also has each server asked once what it lists (unless --offline): a server that does not
+    answer, a tool the agent declares or annotates that it does not list, a listed schema that does not fit."""
+    from roundtrip._kernel.settings import get_settings
+    from roundtrip._sdk.agent import AgentError, load_agent
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    spec = agent or get_settings().agent
+    try:
+        found = load_agent(spec, check=False)
+    except AgentError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    problems = found.problems()
+    if not problems and found.mcp_servers and not offline:
+        problems = asyncio.run(_asked(found))
+    if problems:
+        typer.echo(f"agent {found.name!r}: {len(problems)} problem{'s' * (len(problems) != 1)}")
+        for problem in problems:
+            typer.echo(f"  - {problem}")
+        raise typer.Exit(1)
+    typer.echo(summary(found))
+
+
+async def _asked(agent: Agent) -> list[str]:
+    try:
+        return await agent.mcp.problems()
+    finally:
+        await agent.mcp.aclose()
+
+
+@agent_app.command("init")
+def init(
+    name: Annotated[str, typer.Argument(help="the agent's name, e.g. acme-support (its package: acme_support)")],
+    folder: Annotated[Path, typer.Option("--dir", help="where to make the NAME folder")] = Path("."),
+) -> None:
+    """Write a working skeleton of a new agent package into DIR/NAME: its pyproject.toml (an entry point in the group
+    roundtrip.agents), one tool as a Python function whose entity the agent's resolver checks for the caller, a policy,
+    an in-memory backend as its dependency, and a test of its turns (services/testing/__init__.py). An existing folder that is
+    not empty is left alone (exit status 1)."""
+    from roundtrip._cli.skeleton import package_name, skeleton
+
+    try:
+        files = skeleton(name)
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    target = folder / name
+    if target.exists() and any(target.iterdir()):
+        typer.secho(f"error: {target} exists and is not empty; nothing was written", fg="red", err=True)
+        raise typer.Exit(1)
+    for relative, text in files.items():
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        typer.echo(f"  created {path}")
+    typer.echo(f"Next: cd {target} && PYTHONPATH=. python -m pytest; roundtrip agent check {package_name(name)}.agent:AGENT; "
+               f"pip install -e . and run it with ROUNDTRIP_AGENT={name}")

@@ -1,0 +1,610 @@
+"""What `roundtrip ask`, `chat` and `trace` show in a terminal.
+
+`ask` is a plain Kafka client like a user's app: it publishes a SupportRequest and
+reads support.replies, and meanwhile follows the internal topics (without a consumer
+group, from their ends) to show each step of the turn as it happens. `chat` does the same
+for each line typed, all in one conversation (the guard keeps its history).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.storage.database import shown
+from roundtrip._kernel.kafka.clients import kafka_clients
+from roundtrip._kernel.wire.events import (
+    ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, SupportRequest,
+    SupportStatus, TurnFlagged,
+)
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.observability.telemetry import span_files
+from roundtrip._cli.live_order import StepOrder
+
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _short(value: Any, limit: int = 100) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def call_label(name: str, tool_input: Any) -> str:
+    """`cancel_order(ord_a1000003)`: the ids a call names, else its input in short."""
+    ids = [str(v) for k, v in tool_input.items() if k.endswith("_id")] if isinstance(tool_input, dict) else []
+    return f"{name}({', '.join(ids) if ids else _short(tool_input, 60)})"
+
+
+class Session:
+    """A producer of support requests and a reader (no consumer group) of the turn's topics."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.watched = {topics.t(n, settings.topic_prefix): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
+                                                 topics.TURN_EVENTS, topics.SUPPORT_REPLIES, topics.APPROVAL_REQUESTS,
+                                                 topics.APPROVAL_DECISIONS, topics.SUPPORT_STATUS)}
+        kafka = kafka_clients(settings)
+        self.consumer = kafka.consumer(enable_auto_commit=False, isolation_level="read_committed")
+        self.producer = kafka.producer()
+
+    async def start(self) -> bool:
+        await self.consumer.start()
+        partitions = await partitions_of(self.consumer, self.watched)
+        if not partitions:
+            console.print("[red]error:[/] the fleet's topics do not exist; is the fleet up? (roundtrip up)")
+            return False
+        self.consumer.assign(partitions)
+        await self.consumer.seek_to_end(*partitions)
+        for tp in partitions:  # resolve positions now, so nothing published after this is missed
+            await self.consumer.position(tp)
+        await self.producer.start()
+        return True
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def ask(self, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
+        """Publish one request, show each step of its turn, then the reply; its exit code (`exit_code`), 1 on timeout."""
+        request = SupportRequest(request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer,
+                                 text=text, persona=persona)
+        await self.producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS, self.settings.topic_prefix), request.model_dump_json().encode(), key=conversation.encode())
+        console.print(f"[bold]{customer}[/] asks: {text}" + (f"  [dim](persona {persona})[/]" if persona else ""))
+        seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
+        waiting: set[str] = set()  # approval ids of this turn
+        order = StepOrder(request.request_id)  # what Kafka's fetches return, in the order it happened
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for records in (await self.consumer.getmany(timeout_ms=500)).values():
+                for record in records:
+                    with contextlib.suppress(ValueError):
+                        order.add(self.watched[record.topic], json.loads(record.value))
+            for topic, data in order.ready():
+                if topic == topics.SUPPORT_STATUS:  # the turn waits for a person: so does ask, up to the wait's end
+                    deadline = max(deadline, time.monotonic() + max(0.0, data.get("until", 0) - time.time()) + timeout)
+                reply = _render(topic, data, request.request_id, seen, waiting)
+                if reply is not None:
+                    return show_reply(reply)
+        console.print(f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {self.settings.state_dir / 'logs'})")
+        return 1
+
+
+# `roundtrip ask`'s exit code by the reply's outcome (documented in its --help and the README); 1: no reply, 2: not asked
+EXIT_CODES = {
+    **dict.fromkeys((Outcome.STEP_LIMIT, Outcome.REPEATED_CALL, Outcome.CYCLE, Outcome.FAILURE_STREAK, Outcome.BUDGET,
+                     Outcome.DEADLINE, Outcome.CANCELLED, Outcome.APPROVAL_TIMEOUT), 3),  # the guard stopped the turn
+    **dict.fromkeys((Outcome.MAX_TOKENS, Outcome.STOP_SEQUENCE, Outcome.REFUSAL, Outcome.CONTEXT_WINDOW_EXCEEDED,
+                     Outcome.UNKNOWN_STOP_REASON), 4),  # the model stopped without its answer
+    Outcome.MODEL_ERROR: 5, Outcome.MODEL_BUSY: 5,
+    Outcome.CONVERSATION_REFUSED: 6, Outcome.INVALID_REQUEST: 6,  # the request was refused
+    Outcome.END_TURN: 0,
+}
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def show_reply(reply: SupportReply) -> int:
+    """Print a turn's reply; returns the exit code of its outcome (EXIT_CODES), with a line saying why when it is not 0."""
+    colour = "green" if reply.outcome is Outcome.END_TURN else "yellow"
+    console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {plural(reply.steps, 'step')}, "
+                  f"{reply.usage.input_tokens} in / {reply.usage.output_tokens} out tokens, "
+                  f"cache {reply.usage.cache_creation_input_tokens} written / {reply.usage.cache_read_input_tokens} read)")
+    console.print(reply.text)
+    if reply.reason:
+        console.print(f"[yellow]refused:[/] {reply.reason}")
+    console.print(f"[dim]turn {reply.turn_id or '(none)'}  trace {reply.trace_id}[/]")
+    code = EXIT_CODES[reply.outcome]
+    if code:
+        console.print(f"[yellow]the turn did not end with the model's answer: {reply.outcome.value} (exit code {code})[/]")
+    return code
+
+
+async def ask(settings: Settings, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
+    session = Session(settings)
+    try:
+        if not await session.start():
+            return 2
+        return await session.ask(text, customer, persona, conversation, timeout)
+    finally:
+        await session.stop()
+
+
+async def chat(settings: Settings, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
+    """One conversation in the terminal: each line typed is the next request (an empty line or EOF ends it)."""
+    import asyncio
+
+    session = Session(settings)
+    try:
+        if not await session.start():
+            return 2
+        console.print(f"[dim]conversation {conversation} as {customer}; an empty line or Ctrl-D ends it[/]")
+        while True:
+            try:
+                text = (await asyncio.to_thread(input, "> ")).strip()
+            except (EOFError, KeyboardInterrupt):
+                break
+            if not text:
+                break
+            await session.ask(text, customer, persona, conversation, timeout)
+            console.print()
+        console.print(f"[dim]resume it with: roundtrip chat --customer {customer} --conversation {conversation}[/]")
+        return 0
+    finally:
+        await session.stop()
+
+
+# where a turn waits, by the last hop of it that was published (the one whose consumer has not answered)
+WAITING_ON = {
+    None: "the gateway or the guard (support.requests, turn.starts)",
+    topics.MODEL_CALLS: "the model service (turn.model_calls)",
+    topics.ITERATIONS: "the guard (turn.iterations)",
+    topics.TOOL_CALLS: "the gate (turn.tool_calls)",
+    topics.TOOL_BATCHES: "an executor (turn.tool_batches)",
+}
+
+
+def _show_status(data: dict[str, Any]) -> None:
+    """What the app is told while its turn waits (support.status)."""
+    status = SupportStatus.model_validate(data)
+    console.print(f"  [yellow]{status.state.value}[/] until {time.strftime('%H:%M:%S', time.localtime(status.until))} "
+                  "(support.status): the reply comes once a person decides, or then")
+
+
+def _render(topic: str, data: dict[str, Any], request_id: str, seen: dict[str, str | None] | None = None,
+            waiting: set[str] | None = None) -> SupportReply | None:
+    seen = {} if seen is None else seen
+    waiting = set() if waiting is None else waiting
+    if topic == topics.SUPPORT_REPLIES:
+        return SupportReply.model_validate(data) if data.get("request_id") == request_id else None
+    if topic == topics.SUPPORT_STATUS:
+        return _show_status(data) if data.get("request_id") == request_id else None
+    if topic == topics.APPROVAL_DECISIONS:
+        if data.get("approval_id") in waiting:
+            decision = ApprovalDecided.model_validate(data)
+            verdict = "[green]approved[/]" if decision.decision.value == "approve" else "[red]denied[/]"
+            console.print(f"  {verdict} by {decision.decided_by}" + (f": {decision.reason}" if decision.reason else ""))
+        return None
+    if data.get("turn", {}).get("request_id") != request_id:
+        return None
+    if topic == topics.TURN_EVENTS:
+        flagged = TurnFlagged.model_validate(data)
+        console.print(f"[bold red]turn {flagged.turn.turn_id} is {flagged.status}[/]: {flagged.detail}")
+        console.print(f"  waiting on {WAITING_ON.get(seen.get('last'), seen.get('last'))} since step {flagged.step}; "
+                      f"trace {flagged.turn.trace_id}")
+        return None
+    seen["last"] = topic
+    if topic == topics.TOOL_CALLS:
+        return None
+    if topic == topics.ITERATIONS:
+        event = ModelResponded.model_validate(data)
+        if event.error:
+            console.print(f"[bold]step {event.step}[/] model call failed: [red]{event.error}[/]")
+            return None
+        console.print(f"[bold]step {event.step}[/] model → stop_reason [cyan]{event.stop_reason}[/]")
+        for call in event.tool_calls:
+            console.print(f"  calls {call.name}({_short(call.input)})")
+    elif topic == topics.TOOL_BATCHES:
+        batch = ExecuteToolBatch.model_validate(data)
+        for call in batch.calls:
+            verdict = "[green]approved[/]" if call.approved else f"[red]rejected[/]: {_short(call.error, 160)}"
+            if call.hold:
+                verdict = f"[yellow]held for a person[/]: {_short(call.hold.reason, 160)}"
+            elif call.approved_by:
+                verdict += f" (approved by {call.approved_by})"
+            console.print(f"  gate  {call.name}: {verdict}")
+    elif topic == topics.APPROVAL_REQUESTS:
+        event = ApprovalRequested.model_validate(data)
+        waiting.add(event.approval_id)
+        console.print(f"  [yellow]waiting for approval of {call_label(event.call.name, event.call.input)}[/] "
+                      f"(approval {event.approval_id}, deadline in {max(0.0, event.expires_at - time.time()):.0f} s)")
+        console.print(f"  [dim]decide: roundtrip approvals approve {event.approval_id}  |  "
+                      f"roundtrip approvals deny {event.approval_id} --reason TEXT[/]")
+    elif topic == topics.MODEL_CALLS:
+        command = CallModel.model_validate(data)
+        last = command.messages[-1] if command.messages else {}
+        if command.step and isinstance(last.get("content"), list):
+            for block in last["content"]:
+                if block.get("type") == "tool_result":
+                    mark = "[red]error[/]" if block.get("is_error") else "result"
+                    console.print(f"  {mark} {_short(block.get('content'), 140)}")
+    return None
+
+
+def show_trace(settings: Settings, wanted: str) -> int:
+    """The spans of one turn (turn id or trace id): from Jaeger's query API when one is configured, else the span files."""
+    url = settings.effective_jaeger_query_url
+    if url:
+        try:
+            trace_id, mine = _spans_from_jaeger(url, wanted)
+        except httpx.HTTPError as exc:
+            console.print(f"[red]cannot read Jaeger[/] at {url} ({exc}); is it up? (ROUNDTRIP_JAEGER_QUERY_URL)")
+            return 2
+        where = f"Jaeger at {url}"
+    else:
+        path = settings.effective_span_file
+        files = span_files(path, settings.span_file_backups) if path is not None else []
+        if not files:
+            console.print(f"[red]no span file[/] at {path}; with ROUNDTRIP_OTLP_ENDPOINT set, set ROUNDTRIP_JAEGER_QUERY_URL "
+                          "to read the trace from Jaeger")
+            return 1
+        trace_id, mine = _spans_from_files(files, wanted)
+        where = ", ".join(str(f) for f in files)
+    if not mine:
+        console.print(f"[red]no spans[/] for {wanted} in {where}")
+        return 1
+    _print_trace(trace_id, mine)
+    return 0
+
+
+def _spans_from_files(files: list[Path], wanted: str) -> tuple[str, list[dict]]:
+    spans = [json.loads(line) for path in files for line in path.read_text().splitlines() if line.strip()]
+    trace_id = wanted
+    if not any(s["trace_id"] == wanted for s in spans):
+        trace_id = next((s["trace_id"] for s in spans if s["attributes"].get("roundtrip.turn_id") == wanted), "")
+    return trace_id, [s for s in spans if s["trace_id"] == trace_id]
+
+
+def _spans_from_jaeger(url: str, wanted: str) -> tuple[str, list[dict]]:
+    """GET /api/traces/<id>, or search the gateway's turn spans by tag roundtrip.turn_id; spans in the span file's shape."""
+    data: list[dict] = []
+    if len(wanted) == 32 and all(c in "0123456789abcdef" for c in wanted.lower()):
+        response = httpx.get(f"{url}/api/traces/{wanted.lower()}", timeout=10)
+        if response.status_code != 404:
+            response.raise_for_status()
+            data = response.json().get("data") or []
+    if not data:
+        response = httpx.get(f"{url}/api/traces", timeout=10, params={
+            "service": "roundtrip-gateway", "tags": json.dumps({"roundtrip.turn_id": wanted}), "limit": 5, "lookback": "7d"})
+        response.raise_for_status()
+        data = response.json().get("data") or []
+    if not data:
+        return wanted, []
+    found = data[0]
+    return found["traceID"], [jaeger_span(span, found.get("processes", {})) for span in found["spans"]]
+
+
+def jaeger_span(span: dict, processes: dict) -> dict:
+    """A span of Jaeger's JSON API in the shape of the span file's records."""
+    tags = {t["key"]: t["value"] for t in span.get("tags", [])}
+    parent = next((r["spanID"] for r in span.get("references", []) if r.get("refType") == "CHILD_OF"), None)
+    error = tags.get("error") in (True, "true") or tags.get("otel.status_code") == "ERROR"
+    return {
+        "trace_id": span["traceID"], "span_id": span["spanID"], "parent_id": parent, "name": span["operationName"],
+        "service": processes.get(span.get("processID"), {}).get("serviceName", "?"),
+        "start_ns": span["startTime"] * 1000, "end_ns": (span["startTime"] + span["duration"]) * 1000,
+        "status": "ERROR" if error else "UNSET", "status_message": tags.get("otel.status_description"),
+        "attributes": tags,
+        "links": [r["spanID"] for r in span.get("references", []) if r.get("refType") == "FOLLOWS_FROM"],
+    }
+
+
+def _print_trace(trace_id: str, spans: list[dict]) -> None:
+    mine = sorted(spans, key=lambda s: s["start_ns"])
+    children: dict[str | None, list[dict]] = defaultdict(list)
+    ids = {s["span_id"] for s in mine}
+    for s in mine:
+        children[s["parent_id"] if s["parent_id"] in ids else None].append(s)
+    t0 = mine[0]["start_ns"]
+    table = Table(title=f"trace {trace_id}", box=None, pad_edge=False)
+    for column, justify in (("start ms", "right"), ("took ms", "right"), ("service", "left"), ("span", "left")):
+        table.add_column(column, justify=justify)
+
+    def add(span: dict, depth: int) -> None:
+        took = (span["end_ns"] - span["start_ns"]) / 1e6
+        name = ("  " * min(depth, 12)) + span["name"]
+        if span["status"] == "ERROR":
+            name += " [red]ERROR[/]" + (f" [red]{_short(span['status_message'], 80)}[/]" if span.get("status_message") else "")
+        attrs = span["attributes"]
+        extra = " ".join(f"{k.split('.')[-1]}={attrs[k]}" for k in (
+            "roundtrip.step", "roundtrip.decision", "roundtrip.outcome", "roundtrip.approved", "roundtrip.detail")
+            if attrs.get(k) not in (None, ""))
+        table.add_row(f"{(span['start_ns'] - t0) / 1e6:.1f}", f"{took:.1f}", str(span["service"]).removeprefix("roundtrip-"),
+                      f"{name} [dim]{extra}[/]")
+        for child in children.get(span["span_id"], []):
+            add(child, depth + 1)
+
+    for root in children[None]:
+        add(root, 0)
+    console.print(table)
+
+
+def _ledger_missing(settings: Settings, url: str | None = None) -> bool:
+    """A SQLite ledger that does not exist means the wrong folder, not an empty fleet: say so, create nothing."""
+    url = url or settings.ledger_db_url
+    if url.startswith("sqlite") and not Path(url.split(":///", 1)[-1]).exists():
+        console.print(f"[red]error:[/] no turn ledger at {url.split(':///', 1)[-1]}; run this where the fleet runs, "
+                      "or set ROUNDTRIP_STATE_DIR / ROUNDTRIP_LEDGER_DATABASE_URL")
+        return True
+    return False
+
+
+async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int) -> int:
+    from roundtrip._guard.ledger import Ledger
+
+    if _ledger_missing(settings):
+        return 2
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
+    try:
+        rows = await ledger.list(status=status, customer_id=customer, limit=limit)
+    finally:
+        await ledger.close()
+    table = Table(box=None, pad_edge=False)
+    for column in ("turn", "status", "customer", "step", "outcome", "cost $", "tokens in/out", "age s", "idle s", "trace id"):
+        table.add_column(column)
+    now = time.time()
+    colours = {"running": "cyan", "stuck": "red", "waiting": "blue", "awaiting": "yellow", "ending": "magenta", "ended": "dim"}
+    for r in rows:
+        idle = "" if r.status == "ended" else f"{now - r.last_progress_at:.0f}"
+        table.add_row(
+            r.turn_id, f"[{colours[r.status]}]{r.status}[/]", r.customer_id, str(r.step), r.outcome or "", f"{r.cost_usd:.4f}",
+            f"{r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens}/{r.output_tokens}",
+            f"{now - r.started_at:.0f}", idle, r.trace_id,
+        )
+    console.print(table if rows else "no turns")
+    return 0
+
+
+async def list_conversations(settings: Settings, customer: str | None, limit: int) -> int:
+    from roundtrip._guard.conversations import Conversations
+
+    if _ledger_missing(settings, settings.conversations_db_url):
+        return 2
+    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s,
+                                     read_only=True)
+    try:
+        rows = await store.list(customer_id=customer, limit=limit)
+    finally:
+        await store.close()
+    table = Table(box=None, pad_edge=False)
+    for column in ("conversation", "customer", "turns", "in history", "dropped", "history tokens", "idle s", "expires in h"):
+        table.add_column(column)
+    now = time.time()
+    for r in rows:
+        table.add_row(r.conversation_id, r.customer_id, str(r.turns), str(r.history_turns), str(r.dropped_turns), str(r.history_tokens),
+                      f"{now - r.updated_at:.0f}", f"{(r.updated_at + settings.conversation_retention_s - now) / 3600:.1f}")
+    console.print(table if rows else "no conversations")
+    return 0
+
+
+async def forget_conversation(settings: Settings, conversation_id: str) -> int:
+    from roundtrip._guard.conversations import Conversations
+
+    if _ledger_missing(settings, settings.conversations_db_url):
+        return 2
+    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s)
+    try:
+        forgotten = await store.forget(conversation_id)
+    finally:
+        await store.close()
+    if not forgotten:
+        console.print(f"[red]no conversation {conversation_id}[/]")
+        return 1
+    console.print(f"conversation {conversation_id} forgotten: its history is deleted (a turn still running in it saves nothing)")
+    return 0
+
+
+APPROVAL_COLUMNS = ("approval", "status", "customer", "call", "why", "waiting s", "deadline in s", "decided by", "turn", "trace id")
+
+
+async def list_approvals(settings: Settings, everything: bool, limit: int) -> int:
+    """Calls waiting for a person (or, with everything, every approval with who decided and when)."""
+    from roundtrip._guard.ledger import PENDING, Ledger
+
+    if _ledger_missing(settings):
+        return 2
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
+    try:
+        rows = await ledger.list_approvals(status=None if everything else PENDING, limit=limit)
+    finally:
+        await ledger.close()
+    now = time.time()
+    cells = []
+    for r in rows:
+        request = ApprovalRequested.model_validate_json(r.request_json)
+        decided = f"{r.decided_by} at {time.strftime('%H:%M:%S', time.localtime(r.decided_at))}" if r.decided_by and r.decided_at else ""
+        cells.append((
+            r.approval_id, r.status, r.customer_id, call_label(r.tool, request.call.input), _short(r.reason, 90),
+            f"{(r.decided_at or now) - r.requested_at:.0f}", f"{r.expires_at - now:.0f}" if r.status == PENDING else "",
+            decided, r.turn_id, request.turn.trace_id,
+        ))
+    table = Table(box=None, pad_edge=False)
+    for i, column in enumerate(APPROVAL_COLUMNS):
+        whole = column != "why"  # only the reason wraps: the ids and the call are never cut (people copy them)
+        table.add_column(column, no_wrap=whole, min_width=max((len(c[i]) for c in cells), default=0) if whole else None)
+    for row in cells:
+        table.add_row(*row)
+    if not rows:
+        console.print("no approvals" if everything else "no calls are waiting for approval")
+        return 0
+    # wider than the terminal when it must be (the terminal wraps the lines) rather than an id cut short; 24 more for the reason
+    needed = Measurement.get(console, console.options.update(width=10_000), table).minimum + 24
+    console.print(table, width=max(console.width, needed), crop=False)
+    return 0
+
+
+async def decide(settings: Settings, approval_id: str, approve: bool, reason: str, decided_by: str) -> int:
+    """Sign a decision with the first decision key and publish it to turn.approval_decisions (keyed by conversation)."""
+    from roundtrip._guard.ledger import AWAITING, PENDING, Ledger
+    from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
+    from roundtrip._kernel.wire.events import Decision
+
+    if _ledger_missing(settings):
+        return 2
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
+    try:
+        row = await ledger.approval(approval_id)
+        turn = await ledger.get(row.turn_id) if row else None
+    finally:
+        await ledger.close()
+    if row is None:
+        console.print(f"[red]no approval {approval_id}[/] (see `roundtrip approvals`)")
+        return 1
+    if row.status != PENDING or turn is None or turn.status != AWAITING:
+        console.print(f"[red]approval {approval_id} is {row.status}[/]" + (f" by {row.decided_by}" if row.decided_by else "")
+                      + (f"; its turn is {turn.status}" if turn else "") + ": nothing sent")
+        return 1
+    decision = DecisionSigner(parse_keys(settings.decision_keys)).sign(ApprovalDecided(
+        approval_id=row.approval_id, turn_id=row.turn_id, tool_use_id=row.tool_use_id, input_sha256=row.input_sha256,
+        decision=Decision.APPROVE if approve else Decision.DENY, reason=reason, decided_by=decided_by,
+        decided_at=round(time.time(), 3),
+    ))
+    producer = kafka_clients(settings).producer()
+    try:
+        await producer.start()
+        await producer.send_and_wait(topics.t(topics.APPROVAL_DECISIONS, settings.topic_prefix), decision.model_dump_json().encode(),
+                                     key=row.conversation_id.encode())
+    finally:
+        await producer.stop()
+    request = ApprovalRequested.model_validate_json(row.request_json)
+    console.print(f"{'approved' if approve else 'denied'} {call_label(row.tool, request.call.input)} for {row.customer_id} "
+                  f"(approval {approval_id}, turn {row.turn_id}) as {decided_by}; the guard resumes the turn")
+    return 0
+
+
+async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
+    from roundtrip._guard.ledger import ENDED, Ledger
+    from roundtrip._kernel.wire.events import CancelTurn
+
+    if _ledger_missing(settings):
+        return 2
+    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
+    try:
+        row = await ledger.get(turn_id)
+    finally:
+        await ledger.close()
+    if row is None:
+        console.print(f"[red]no turn {turn_id}[/] in the ledger ({shown(settings.ledger_db_url)})")
+        return 1
+    if row.status == ENDED:
+        console.print(f"turn {turn_id} already ended ({row.outcome})")
+        return 0
+    producer = kafka_clients(settings).producer()
+    try:
+        await producer.start()
+        command = CancelTurn(turn_id=turn_id, reason=reason)
+        await producer.send_and_wait(topics.t(topics.TURN_CONTROLS, settings.topic_prefix), command.model_dump_json().encode(), key=row.conversation_id.encode())
+    finally:
+        await producer.stop()
+    console.print(f"cancel sent for turn {turn_id} (customer {row.customer_id}); the guard ends it with a polite reply")
+    return 0
+
+
+async def show_dead_letters(settings: Settings, limit: int) -> int:
+    from roundtrip._kernel.wire.events import DeadLettered
+
+    topic = topics.t(topics.DEAD_LETTERS, settings.topic_prefix)
+    from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
+
+    consumer = kafka_clients(settings).consumer(enable_auto_commit=False,
+                                                max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES, fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES)
+    try:
+        await consumer.start()
+        partitions = await partitions_of(consumer, [topic])
+        if not partitions:
+            console.print(f"[red]error:[/] no topic {topic}; is the fleet up? (roundtrip up)")
+            return 2
+        consumer.assign(partitions)
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            consumer.seek(tp, max(0, ends[tp] - limit))
+        letters = []
+
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < ends[tp] for tp in partitions])
+
+        while await behind():
+            for records in (await consumer.getmany(timeout_ms=1000)).values():
+                letters.extend(records)
+    finally:
+        await consumer.stop()
+    letters.sort(key=lambda r: r.timestamp)
+    if not letters:
+        console.print("no dead letters")
+    for record in letters[-limit:]:
+        letter = DeadLettered.model_validate_json(record.value)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.timestamp / 1000))
+        console.print(f"[bold]{when}[/] {letter.service} could not process {letter.topic}"
+                      f" (partition {letter.partition}, offset {letter.offset}, key {letter.key}): [red]{letter.reason}[/]")
+        console.print(f"  {_short(letter.payload, 300)}")
+    return 0
+
+
+async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: float | None) -> int:
+    """Each consumer group's lag per topic and partition, its total, and its members; refreshed every `watch` s."""
+    import asyncio
+
+    from roundtrip._kernel.kafka.admin import consumer_lag
+
+    while True:
+        report = await consumer_lag(kafka_clients(settings), settings.topic_prefix, group)
+        if as_json:
+            print(json.dumps({"at": round(time.time(), 3), "bootstrap": settings.bootstrap_servers,
+                              "groups": [g.as_dict() for g in report]}), flush=True)
+        else:
+            if watch:
+                console.clear()
+            _render_lag(report, settings)
+        if not watch:
+            return 0
+        await asyncio.sleep(watch)
+
+
+def _render_lag(report, settings: Settings) -> None:
+    table = Table(box=None, pad_edge=False, title=f"consumer lag at {time.strftime('%H:%M:%S')} ({settings.bootstrap_servers})")
+    for column, justify in (("group", "left"), ("state", "left"), ("topic", "left"), ("partition", "right"),
+                            ("committed", "right"), ("end", "right"), ("lag", "right")):
+        table.add_column(column, justify=justify)
+    for g in report:
+        state = g.state if g.state == "Stable" else f"[yellow]{g.state}[/]"
+        for i, p in enumerate(g.partitions):
+            committed = "-" if p.committed is None else str(p.committed)
+            lag = f"[red]{p.lag}[/]" if p.lag else "0"
+            table.add_row(g.group if i == 0 else "", state if i == 0 else "", p.topic, str(p.partition), committed, str(p.end), lag)
+        total = f"[bold red]{g.lag}[/]" if g.lag else "[bold]0[/]"
+        table.add_row("" if g.partitions else g.group, "" if g.partitions else state, "[bold]total[/]", "", "", "", total,
+                      end_section=True)
+    console.print(table)
+    members = Table(box=None, pad_edge=False, title="members")
+    for column in ("group", "client id", "host", "assigned partitions"):
+        members.add_column(column)
+    for g in report:
+        for m in g.members:
+            assigned = ", ".join(f"{t}[{n}]" for t, n in m.partitions) or "-"
+            members.add_row(g.group, m.client_id, m.host, assigned)
+        if not g.members:
+            members.add_row(g.group, "[yellow](no members)[/]", "", "")
+    console.print(members)

@@ -1,0 +1,75 @@
+"""Generates the checked-in contract: the event JSON Schemas (schemas/events/) and the AsyncAPI document
+(contracts/asyncapi.json), whose messages refer to those schema files.
+
+`roundtrip contracts` writes them from a checkout; a test regenerates them in memory and fails when the
+checked-in files drift from the code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+from faststream.specification import AsyncAPI
+
+from roundtrip._kernel.wire import events, topology
+from roundtrip._kernel.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: schemas/ and contracts/ beside services/
+
+
+def event_schemas() -> dict[str, dict]:
+    return {model.__name__: model.model_json_schema() for model in (*events.PUBLIC, *events.INTERNAL)}
+
+
+def asyncapi_document() -> dict:
+    settings = Settings(_env_file=None, topic_prefix="", kafka_bootstrap_servers="localhost:9092")
+    brokers = [importlib.import_module(s.app_module).build(settings).broker for s in topology.SERVICES]
+    spec = AsyncAPI(
+        *brokers,
+        title="roundtrip",
+        version="1",
+        description=(
+            "Topics of the roundtrip fleet. Clients publish SupportRequest to support.requests and read SupportReply "
+            "from support.replies (exactly one per request); they may read SupportStatus from support.status (a turn "
+            "waiting for a person, and until when: never a reply). Every other topic is internal. Messages are JSON, "
+            "keyed by conversation id."
+        ),
+    )
+    return _refer_to_schema_files(spec.to_specification().to_jsonable())
+
+
+def _refer_to_schema_files(document: dict) -> dict:
+    """Each message's payload refers to its event's file in schemas/events/; the schemas those files hold
+    (the events and their $defs) leave the document's components, so each is written once."""
+    events_by_name = event_schemas()
+    held = set(events_by_name) | {name for schema in events_by_name.values() for name in schema.get("$defs", {})}
+    for message in document["components"]["messages"].values():
+        name = message["payload"].get("$ref", "").rpartition("/")[2]
+        if name in events_by_name:
+            message["payload"] = {"$ref": f"../schemas/events/{name}.json"}
+    schemas = document["components"].get("schemas", {})
+    for name in [n for n in schemas if n in held]:
+        del schemas[name]
+    if not schemas:
+        document["components"].pop("schemas", None)
+    return document
+
+
+def rendered() -> dict[str, str]:
+    """Relative path -> file text, exactly as checked in."""
+    files = {f"schemas/events/{name}.json": json.dumps(schema, indent=2, sort_keys=True) + "\n"
+             for name, schema in event_schemas().items()}
+    files["contracts/asyncapi.json"] = json.dumps(asyncapi_document(), indent=2, sort_keys=True) + "\n"
+    return files
+
+
+def write(root: Path = ROOT) -> list[Path]:
+    written = []
+    for rel, text in rendered().items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    return written

@@ -1,0 +1,558 @@
+"""`roundtrip`: run the fleet, one service, or talk to it.
+
+Configuration comes from ROUNDTRIP_* environment variables (see `roundtrip config`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import runpy
+import signal
+import sys
+import uuid
+from typing import Annotated, Optional
+
+import typer
+
+from roundtrip._cli.agent import agent_app
+from roundtrip._cli.help import flags_without_type, reflow_help
+from roundtrip._kernel.wire import topology
+from roundtrip._kernel.settings import get_settings
+
+flags_without_type()
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+topics_app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True)
+broker_app = typer.Typer(help="The embedded Apache Kafka broker (KRaft, from Maven Central).", no_args_is_help=True)
+turns_app = typer.Typer(help="Turns in the guard's ledger: list them (with trace ids), cancel one.", invoke_without_command=True)
+app.add_typer(topics_app, name="topics")
+conversations_app = typer.Typer(help="Conversations in the guard's store: list them, forget one (erasure).",
+                                invoke_without_command=True)
+app.add_typer(turns_app, name="turns")
+app.add_typer(conversations_app, name="conversations")
+app.add_typer(broker_app, name="broker")
+approvals_app = typer.Typer(help="Calls waiting for a person's approval: list them, approve or deny one.", invoke_without_command=True)
+app.add_typer(approvals_app, name="approvals")
+db_app = typer.Typer(help="The fleet's own tables (turns, approvals, conversations): their migrations.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(agent_app, name="agent")  # check | init: services/_cli/agent.py
+
+FLEET_SERVICES = topology.names()
+ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
+
+
+def _logging() -> None:
+    level = get_settings().log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("aiokafka", "httpx", "httpx2", "httpcore", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@app.command()
+def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUNNABLE)}")]) -> None:
+    """Run one service in the foreground (Ctrl-C stops it)."""
+    if service not in ALL_RUNNABLE:
+        raise typer.BadParameter(f"unknown service {service!r}; choose one of {', '.join(ALL_RUNNABLE)}")
+    _logging()
+    settings = get_settings()
+    if service in ("simulator", "shop"):
+        sys.argv = [f"roundtrip run {service}"]  # its own argument parser reads settings, not our argv
+        runpy.run_module(f"roundtrip._{service}", run_name="__main__")
+        return
+    from roundtrip._kernel.observability import agent_digest, health
+    from roundtrip._kernel.runtime import announce_ready, settle_heap
+    from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration
+    from roundtrip._kernel.observability.telemetry import setup_telemetry
+
+    from roundtrip._sdk.agent import current_agent
+
+    try:
+        agent = current_agent(settings.agent)  # the agent every service runs: found and checked once, here
+        agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
+        if service in ("gate", "executor"):  # they hold the approval keys (the app checks again when it starts)
+            settings.refuse_dev_approval_key(service)
+        if service in ("gate", "guard"):  # they accept people's decisions (the app checks again when it starts)
+            settings.refuse_dev_decision_key(service, agent.holds_calls())
+        if topology.service(service).shares_ledger:
+            settings.refuse_private_ledger(service)
+    except ConfigurationError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2 if isinstance(exc, InsecureConfiguration) else 1) from None
+    setup_telemetry(service, settings)
+    module = importlib.import_module(topology.service(service).app_module)
+    stream = module.build(settings)
+    health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
+    log = logging.getLogger(f"roundtrip.{service}")
+    # until the service has started, a refused or failed connection is said once, by main() (one line naming
+    # the cause: services/_kernel/kafka/refusals.py), not also by aiokafka
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+    async def announce() -> None:
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)  # from here on its reconnects are worth seeing
+        log.info("roundtrip %s started (broker %s)", service, settings.bootstrap_servers)
+        announce_ready(service)  # to `roundtrip up`, when it started us (services/_kernel/runtime.py)
+
+    stream.after_startup(announce)
+
+    async def settle() -> None:  # start-up is done: what it left alive stays (services/_kernel/runtime.py)
+        log.debug("%d start-up objects frozen out of the garbage collector's reach", settle_heap())
+
+    stream.after_startup(settle)
+
+    async def main() -> None:
+        from roundtrip._kernel.observability.telemetry import shutdown_telemetry
+
+        try:
+            await stream.run(sleep_time=0.5)
+        finally:
+            shutdown_telemetry()
+
+    asyncio.run(main())
+
+
+@app.command()
+def up(
+    executors: Annotated[int, typer.Option(help="executor replicas to start")] = 1,
+    health_port: Annotated[Optional[int], typer.Option(
+        help="serve /healthz /readyz /metrics from each service on this port + its index "
+             "(gateway +0, model +1, guard +2, gate +3, executor +4, more executors +5 each)")] = None,
+) -> None:
+    """Start everything on this machine: broker, simulator, shop and the five services.
+
+    First the fleet's databases are brought to this code's revision (roundtrip db upgrade).
+    Ready. is printed once every service has said it started, whatever the log level. One
+    fleet per state folder (ROUNDTRIP_STATE_DIR): a second up there names the pid that runs it.
+
+    With ROUNDTRIP_KAFKA_SECURITY_PROTOCOL (and its SASL settings) set and no
+    ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS, the embedded broker is started secured that way:
+    its only listener speaks that protocol, with a throwaway CA (state folder, kafka-secured/tls),
+    the configured SCRAM or PLAIN user, a client certificate required for SSL, and Kafka's unsecured
+    validator for OAUTHBEARER (roundtrip._broker.unsecured_token:UnsecuredTokenProvider); the
+    services are given the CA (and the client certificate), and up prints them.
+
+    Supervises them: a process that dies (any service, a replica, the simulator, the shop or
+    the embedded broker) is restarted with exponential backoff (0.5 s doubling to 30 s, reset
+    after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything."""
+    import os
+
+    from roundtrip._broker.embedded import BrokerError
+    from roundtrip._fleet.launcher import Fleet, FleetError
+    port = health_port if health_port is not None else get_settings().health_port
+    if port:  # five services on one host: each takes its own port (the children read these from the environment)
+        os.environ["ROUNDTRIP_HEALTH_PORT"] = str(port)
+        os.environ["ROUNDTRIP_HEALTH_PORT_PER_SERVICE"] = "true"
+        get_settings.cache_clear()
+    settings = get_settings()
+    typer.echo("roundtrip: starting the fleet")
+    fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
+    try:
+        fleet.start()
+    except (FleetError, BrokerError) as exc:  # the embedded broker's error names its log's last lines
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    if port:
+        typer.echo("  health and metrics: " + ", ".join(f"{name} :{port + topology.index(name)}" for name in FLEET_SERVICES)
+                   + " (/healthz /readyz /metrics)")
+    typer.echo(
+        "\nReady. Publish to support.requests, read support.replies, or try:\n"
+        f'  {_this_command()} ask "cancel my last order" --customer cus_1001\n'
+        "Crashed processes are restarted. Ctrl-C stops everything."
+    )
+    stop = {"now": False}
+    for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
+        signal.signal(signum, lambda *_: stop.update(now=True))
+    # A child that dies is reported and restarted with backoff; the rest keep running.
+    fleet.supervise(lambda: stop["now"])
+    typer.echo("\nroundtrip: stopping")
+    fleet.stop()
+    typer.echo("roundtrip: stopped")
+
+
+def _this_command() -> str:
+    """How to run `roundtrip` from the user's shell: the bare name when PATH finds this installation, else its path."""
+    import shutil
+    from pathlib import Path
+
+    mine = Path(sys.executable).parent / "roundtrip"
+    found = shutil.which("roundtrip")
+    if found and mine.exists() and Path(found).resolve() == mine.resolve():
+        return "roundtrip"
+    return str(mine) if mine.exists() else f"{sys.executable} -m roundtrip._cli.main"
+
+
+@app.command()
+def ask(
+    text: Annotated[str, typer.Argument(help="what the customer writes")],
+    customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
+    persona: Annotated[Optional[str], typer.Option(help="simulator persona: careful, careless, stubborn, sloppy, parallel, ...")] = None,
+    conversation: Annotated[Optional[str], typer.Option(help="conversation id (default: a new one)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for the reply")] = 120.0,
+) -> None:
+    """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
+
+    A turn waiting for a person's approval is followed to its end: ask waits up to the approval deadline plus
+    --timeout.
+
+    Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, the
+    fleet's topics missing); 3 the guard stopped the turn (step_limit, repeated_call, cycle, failure_streak,
+    budget, deadline, cancelled, approval_timeout); 4 the model stopped without its answer (max_tokens,
+    stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error or model_busy; 6 the request
+    was refused (conversation_refused, invalid_request).
+    """
+    from roundtrip._cli.console import ask as do_ask
+
+    _check_persona(persona)
+    code = asyncio.run(do_ask(_fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    raise typer.Exit(code)
+
+
+@app.command()
+def chat(
+    customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
+    persona: Annotated[Optional[str], typer.Option(help="simulator persona for every request")] = None,
+    conversation: Annotated[Optional[str], typer.Option(help="conversation id to continue (default: a new one)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
+) -> None:
+    """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
+    from roundtrip._cli.console import chat as do_chat
+
+    _check_persona(persona)
+    code = asyncio.run(do_chat(_fleet_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    raise typer.Exit(code)
+
+
+def _fleet_settings():
+    """The settings of the fleet this command talks to: the one running in the state folder (services/_fleet/state.py),
+    else this shell's; which one is said on stderr, with the shell's variables that differ from the fleet's."""
+    from roundtrip._fleet.state import adopt
+    from roundtrip._kernel.storage.database import shown
+
+    reading = adopt(get_settings().state_dir)
+    get_settings.cache_clear()
+    settings = get_settings()
+    for line in reading.lines(shown(settings.ledger_db_url)):
+        typer.secho(line, fg="yellow" if line.startswith("warning") else None, err=True)
+    return settings
+
+
+def _check_persona(persona: str | None) -> None:
+    """Refuse a persona the simulator does not have before anything is published (no model call is spent on it)."""
+    from roundtrip._simulator.personas import NAMES
+
+    if persona is not None and persona not in NAMES:
+        raise typer.BadParameter(f"unknown persona {persona!r}; the simulator's personas are: {', '.join(NAMES)}",
+                                 param_hint="'--persona'")
+
+
+@app.command()
+def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:
+    """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or the local span files."""
+    from roundtrip._cli.console import show_trace
+
+    raise typer.Exit(show_trace(_fleet_settings(), turn_or_trace_id))
+
+
+@app.command("dead-letters")
+def dead_letters(
+    limit: Annotated[int, typer.Option(help="the last N dead letters")] = 20,
+) -> None:
+    """Show the messages no service could process, newest last, with the reason."""
+    from roundtrip._cli.console import show_dead_letters
+
+    raise typer.Exit(asyncio.run(show_dead_letters(_fleet_settings(), limit)))
+
+
+@app.command()
+def lag(
+    group: Annotated[Optional[str], typer.Option(help="only this consumer group (e.g. executor or roundtrip-executor)")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="one JSON document (per refresh with --watch)")] = False,
+    watch: Annotated[Optional[float], typer.Option(help="refresh every SECONDS until Ctrl-C")] = None,
+) -> None:
+    """Each consumer group's lag per topic and partition (committed, log end, lag), totals and members."""
+    from roundtrip._cli.console import show_lag
+
+    if watch is not None and watch <= 0:
+        raise typer.BadParameter("--watch takes a number of seconds > 0")
+    known = topology.groups()
+    if group is not None and group not in known and f"roundtrip-{group}" not in known:
+        raise typer.BadParameter(f"unknown consumer group {group!r}; the fleet's groups are: {', '.join(sorted(known))} "
+                                 "(with or without the roundtrip- prefix)", param_hint="'--group'")
+    try:
+        raise typer.Exit(asyncio.run(show_lag(_fleet_settings(), group, json_output, watch)))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
+@app.command()
+def config() -> None:
+    """Print the effective configuration, grouped by concern (secrets hidden): the running fleet's, when one runs in
+    the state folder, else this shell's."""
+    from roundtrip._kernel.settings import display
+
+    from roundtrip._kernel.settings import ConfigurationError
+    from roundtrip._sdk.agent import current_agent
+
+    settings = _fleet_settings()
+    try:
+        agent = current_agent(settings.agent)
+    except ConfigurationError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(display.render(settings, display.own_group(f"the agent's own settings ({agent.name})", agent.own_settings)))
+    for warning in display.warnings(settings, agent.holds_calls()):
+        typer.secho(f"warning: {warning}", fg="yellow", err=True)
+
+
+@app.command()
+def contracts() -> None:
+    """Regenerate contracts/ (event JSON Schemas, AsyncAPI) from the code."""
+    from roundtrip._cli.contracts import write
+
+    for path in write():
+        typer.echo(f"wrote {path}")
+
+
+@turns_app.callback()
+def turns(
+    ctx: typer.Context,
+    status: Annotated[Optional[str], typer.Option(
+        help="running, stuck, waiting (a model call waits for the API's rate limits), awaiting (a call waits for a person's approval), ending (an end waiting for running calls) or ended")] = None,
+    customer: Annotated[Optional[str], typer.Option(help="only this customer's turns")] = None,
+    limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
+) -> None:
+    """List running, stuck and ended turns with their trace ids (newest first)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if status and status not in ("running", "stuck", "waiting", "awaiting", "ending", "ended"):
+        raise typer.BadParameter("status must be running, stuck, waiting, awaiting, ending or ended")
+    from roundtrip._cli.console import list_turns
+
+    raise typer.Exit(asyncio.run(list_turns(_fleet_settings(), status, customer, limit)))
+
+
+@conversations_app.callback()
+def conversations(
+    ctx: typer.Context,
+    customer: Annotated[Optional[str], typer.Option(help="only this customer's conversations")] = None,
+    limit: Annotated[int, typer.Option(help="most recently active N")] = 30,
+) -> None:
+    """List conversations (newest activity first) with their turns, history kept and when they expire."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from roundtrip._cli.console import list_conversations
+
+    raise typer.Exit(asyncio.run(list_conversations(_fleet_settings(), customer, limit)))
+
+
+@conversations_app.command("forget")
+def conversations_forget(conversation_id: Annotated[str, typer.Argument(help="the conversation to erase")]) -> None:
+    """Delete a conversation and its history now (a customer's right to erasure)."""
+    from roundtrip._cli.console import forget_conversation
+
+    raise typer.Exit(asyncio.run(forget_conversation(_fleet_settings(), conversation_id)))
+
+
+@turns_app.command("cancel")
+def turns_cancel(
+    turn_id: Annotated[str, typer.Argument(help="the turn to stop")],
+    reason: Annotated[str, typer.Option(help="recorded with the turn")] = "cancelled by an operator",
+) -> None:
+    """Stop a running turn now (a kill switch): the customer gets a polite reply."""
+    from roundtrip._cli.console import cancel_turn
+
+    raise typer.Exit(asyncio.run(cancel_turn(_fleet_settings(), turn_id, reason)))
+
+
+def _me() -> str:
+    import getpass
+    import socket
+
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except Exception:  # noqa: BLE001 - no user name: still a decision, by the host
+        return f"operator@{socket.gethostname()}"
+
+
+@approvals_app.callback()
+def approvals(
+    ctx: typer.Context,
+    all_: Annotated[bool, typer.Option("--all", help="every approval, decided ones too (who decided and when)")] = False,
+    limit: Annotated[int, typer.Option(help="most recent N")] = 30,
+) -> None:
+    """List the calls waiting for a person's approval (who, what, why, deadline, trace id)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from roundtrip._cli.console import list_approvals
+
+    raise typer.Exit(asyncio.run(list_approvals(_fleet_settings(), all_, limit)))
+
+
+@approvals_app.command("approve")
+def approvals_approve(
+    approval_id: Annotated[str, typer.Argument(help="the approval (roundtrip approvals lists them)")],
+    by: Annotated[Optional[str], typer.Option(help="who decides (default: user@host)")] = None,
+    reason: Annotated[str, typer.Option(help="kept with the turn")] = "",
+) -> None:
+    """Approve one waiting call: it runs once, with exactly the arguments shown, and the turn goes on."""
+    from roundtrip._cli.console import decide
+
+    raise typer.Exit(asyncio.run(decide(_fleet_settings(), approval_id, True, reason, by or _me())))
+
+
+@approvals_app.command("deny")
+def approvals_deny(
+    approval_id: Annotated[str, typer.Argument(help="the approval (roundtrip approvals lists them)")],
+    reason: Annotated[str, typer.Option(help="why: the model is told and explains it to the customer")],
+    by: Annotated[Optional[str], typer.Option(help="who decides (default: user@host)")] = None,
+) -> None:
+    """Deny one waiting call: it never runs; the model gets an error result with the reason and goes on."""
+    from roundtrip._cli.console import decide
+
+    raise typer.Exit(asyncio.run(decide(_fleet_settings(), approval_id, False, reason, by or _me())))
+
+
+@topics_app.command("create")
+def topics_create(
+    partitions: Annotated[Optional[int], typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
+    executor_partitions: Annotated[Optional[int], typer.Option(help="partitions of the executor topic")] = None,
+) -> None:
+    """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
+    from roundtrip._kernel.kafka.admin import ensure_topics
+    from roundtrip._kernel.kafka.clients import kafka_clients
+
+    s = get_settings()
+    report = asyncio.run(
+        ensure_topics(kafka_clients(s), s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
+                      s.replication_factor, min_insync_replicas=s.min_insync_replicas)
+    )
+    typer.echo(str(report))
+    for name in report.created:
+        typer.echo(f"  created {name}")
+
+
+@app.command()
+def acls(
+    principal: Annotated[str, typer.Option(help="each principal, {name} standing for the service (or operator, app)")] = "User:roundtrip-{name}",
+    only: Annotated[Optional[str], typer.Option("--only", help="just this principal's: a service, operator or app")] = None,
+    app_group: Annotated[Optional[str], typer.Option(help="also the user's app, reading replies in this consumer group")] = None,
+    command_config: Annotated[Optional[str], typer.Option(help="the admin client's properties file, passed on to kafka-acls.sh")] = None,
+    apply: Annotated[bool, typer.Option("--apply", help="add them through the admin API instead, as the principal of the "
+                                        "ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)")] = False,
+) -> None:
+    """Print the Kafka ACLs each service's principal needs, and nothing more (derived from the topology), as
+    kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's.
+    `--apply` adds them to the cluster instead."""
+    from roundtrip._kernel.kafka.acls import apply as apply_acls
+    from roundtrip._kernel.kafka.acls import derive, render
+    from roundtrip._kernel.kafka.clients import kafka_clients
+
+    s = get_settings()
+    derived = derive(s.topic_prefix, principal, app_group)
+    if only is not None:
+        if only not in derived:
+            raise typer.BadParameter(f"no principal {only!r}; known: {', '.join(derived)}", param_hint="--only")
+        derived = {only: derived[only]}
+    if not apply:
+        typer.echo(render(derived, s.bootstrap_servers, command_config), nl=False)
+        return
+
+    async def add() -> int:
+        admin = kafka_clients(s).admin(client_id="roundtrip-acls")
+        await admin.start()
+        try:
+            return await apply_acls(admin, derived)
+        finally:
+            await admin.close()
+
+    try:
+        added = asyncio.run(add())
+    except ValueError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{added} ACL bindings added for {', '.join(derived)} at {s.bootstrap_servers}")
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Bring the ledger's and the conversations' tables to this code's revision (ROUNDTRIP_LEDGER_DATABASE_URL,
+    ROUNDTRIP_CONVERSATIONS_DATABASE_URL); a database made before migrations is adopted, rows kept.
+    Idempotent, and safe when several run at once."""
+    from roundtrip._kernel.migrations.schema import upgrade_databases
+
+    for line in upgrade_databases(get_settings()):
+        typer.echo(line)
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Show each store's revision in its database, against this code's (exit code 1 when one differs); writes nothing."""
+    from roundtrip._kernel.storage.database import shown
+    from roundtrip._kernel.migrations.schema import current, databases, mismatch
+
+    code = 0
+    for url, stores in databases(get_settings()).items():
+        for store, found in asyncio.run(current(url, stores)).items():
+            why = mismatch(store, url, found)
+            typer.echo(why or f"{store} database {shown(url)}: at {found}, this code's revision")
+            code = code or int(why is not None)
+    raise typer.Exit(code)
+
+
+@broker_app.command("fetch")
+def broker_fetch() -> None:
+    """Fetch the Kafka jars from Maven Central into the cache (once)."""
+    from roundtrip._broker.embedded import fetch_configured
+
+    typer.echo(str(fetch_configured(get_settings(), progress=typer.echo)))
+
+
+@broker_app.command("run")
+def broker_run() -> None:
+    """Run the embedded broker in the foreground."""
+    from roundtrip._broker.embedded import main as broker_main
+
+    raise typer.Exit(broker_main(["run"]))
+
+
+reflow_help(app)  # after every command is declared (services/_cli/help.py)
+
+
+def main() -> None:
+    from aiokafka.errors import KafkaConnectionError
+    from pydantic import ValidationError
+
+    from roundtrip._kernel.kafka.clients import kafka_clients
+    from roundtrip._kernel.kafka.refusals import AUTHORIZATION_ERRORS, authorization, refusal
+    from roundtrip._kernel.migrations import DatabaseUnreachable, SchemaMismatch
+    from roundtrip._kernel.settings import ConfigurationError, describe_invalid
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # client commands say it once, below; `run` resets it
+    try:
+        app()
+    except ValidationError as exc:  # a ROUNDTRIP_* setting that cannot work: one line, no traceback, no restart loop
+        typer.secho(f"error: invalid configuration: {describe_invalid(exc)}", fg="red", err=True)
+        raise SystemExit(1) from None
+    except ConfigurationError as exc:  # e.g. Kafka TLS files that do not load, a token provider that does not import
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise SystemExit(1) from None
+    except (SchemaMismatch, DatabaseUnreachable) as exc:  # a service or a command on a database behind, ahead or out of reach
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise SystemExit(1) from None
+    except KafkaConnectionError as exc:
+        s = get_settings()
+        if cause := asyncio.run(refusal(kafka_clients(s))):  # refused (a password, a certificate), not out of reach
+            typer.secho(f"error: Kafka at {s.bootstrap_servers} refused the connection: {cause}", fg="red", err=True)
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Unclosed AIOKafkaProducer" after the line
+            raise SystemExit(2) from None
+        typer.secho(f"error: cannot reach Kafka at {s.bootstrap_servers} ({exc}). Is the fleet up (`roundtrip up`), "
+                    "or ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS set?", fg="red", err=True)
+        raise SystemExit(2) from None
+    except AUTHORIZATION_ERRORS as exc:  # an ACL the principal lacks: one line, not a retry loop
+        typer.secho(f"error: {authorization(exc)}", fg="red", err=True)
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Unclosed AIOKafkaProducer" after the line
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

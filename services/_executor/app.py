@@ -1,0 +1,85 @@
+"""The executor service: turn.tool_batches -> (run approved calls) -> turn.model_calls.
+
+Scale it on its own: more replicas in the same consumer group, more partitions of
+turn.tool_batches (`ROUNDTRIP_EXECUTOR_PARTITIONS`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from faststream import FastStream
+from opentelemetry import trace
+
+from roundtrip._executor.handlers import BatchNotRun, execute, verify
+from roundtrip._executor.runner import Runner
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.kafka.dedupe import SeenIds
+from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch
+from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.turnstore import Fence
+from roundtrip._kernel.observability.telemetry import mark_error
+from roundtrip._sdk.agent import current_agent
+
+log = logging.getLogger("roundtrip.executor")
+
+
+def build(settings: Settings) -> FastStream:
+    broker = make_broker("executor", settings)
+    agent = current_agent(settings.agent)
+    deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
+    runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes,
+                    fallback=agent.mcp.handler)
+    signer = Signer(parse_keys(settings.approval_keys))
+    seen = SeenIds()
+    call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
+    request_approval = Outlet(broker, topics.APPROVAL_REQUESTS, ApprovalRequested)
+
+    state: dict[str, Fence] = {}
+
+    @subscribe(broker, topics.TOOL_BATCHES, "executor", settings)
+    async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
+        # the signature first: a forged batch reusing a real turn and step is refused (dead-lettered and
+        # logged on roundtrip.security by the raise), never mistaken for a duplicate
+        verify(batch, signer)
+        # a step resumed after a person's approval is a second batch of the same step
+        key = f"{batch.turn.turn_id}:{batch.step}" + ":resumed" * any(c.approved_by for c in batch.calls)
+        if key in seen:
+            log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)
+            trace.get_current_span().add_event("duplicate batch dropped")
+            return
+        try:
+            command = await execute(batch, signer, runner, state["fence"], verified=True,
+                                    max_transcript_bytes=settings.max_transcript_bytes)
+        except BatchNotRun as exc:
+            log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
+            span = trace.get_current_span()  # the hop's consumer span says why nothing ran
+            span.set_attribute("roundtrip.detail", f"batch not run: {exc}")
+            mark_error(span, f"approval expired: {exc}", "approval_expired")
+            return
+        seen.add(key)
+        if isinstance(command, ApprovalRequested):
+            log.info("turn %s step %d: %s(%s) waits for approval %s", batch.turn.turn_id, batch.step, command.call.name,
+                     command.call.id, command.approval_id)
+            await request_approval(command, batch.turn.conversation_id)
+            return
+        await call_model(command, batch.turn.conversation_id)
+
+    app = service_app(broker, log)
+    app.on_startup(lambda: settings.refuse_dev_approval_key("executor"))  # outside development, never the published key
+    app.on_startup(agent.mcp.start)  # lists the agent's MCP servers (in the background while one is down)
+
+    @app.on_startup
+    async def open_fence() -> None:
+        state["fence"] = await Fence.open(settings.ledger_db_url, pool_size=settings.database_pool_size)
+
+    @app.after_shutdown
+    async def close() -> None:
+        await agent.mcp.aclose()
+        await deps.aclose()
+        if "fence" in state:
+            await state["fence"].close()
+
+    return app

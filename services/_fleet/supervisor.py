@@ -1,0 +1,111 @@
+"""What supervising a child process takes: the child and its restart state, the backoff between its restarts,
+its exit told in words, and a wake-up of select() when a signal arrives. `Fleet.supervise` (services/_fleet/launcher.py)
+uses them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Exponential backoff of the restarts of one child: `initial_s`, doubling up to `max_s`;
+    back to `initial_s` once the child had stayed up `reset_after_s` before it died."""
+
+    initial_s: float = 0.5
+    factor: float = 2.0
+    max_s: float = 30.0
+    reset_after_s: float = 60.0
+
+    def next_delay(self, previous: float | None, uptime: float) -> float:
+        if previous is None or uptime >= self.reset_after_s:
+            return self.initial_s
+        return min(previous * self.factor, self.max_s)
+
+
+def describe_exit(code: int | None) -> str:
+    """`killed by SIGKILL`, `exit code 1`, `exit code 143 (SIGTERM)` (how a JVM reports a signal)."""
+    if code is None:
+        return "running"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    if code > 128:
+        with contextlib.suppress(ValueError):
+            return f"exit code {code} ({signal.Signals(code - 128).name})"
+    return f"exit code {code}"
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+    log_path: Path
+    where: str = ""
+    # supervision: when the current process started, the last backoff delay, the restart due time
+    started_at: float = field(default_factory=time.monotonic)
+    delay: float | None = None
+    restart_due: float | None = None
+    restarts: int = 0
+    ready_fd: int | None = None  # read end of the pipe this process says "ready" on (services only), until it has
+
+
+def signal_wakeup() -> tuple[int | None, Callable[[], None]]:
+    """A pipe that signals write a byte to (signal.set_wakeup_fd), so select() returns on Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        return None, lambda: None
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    previous = signal.set_wakeup_fd(w)
+
+    def restore() -> None:
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
+
+    return r, restore
+
+
+class FleetError(RuntimeError):
+    """The fleet cannot start or keep running: one line for `roundtrip up` to print."""
+
+
+RUNNING_FILE = "fleet.pid"  # in the state folder, while a fleet runs there: the pid of the process that runs it
+
+
+def claim_folder(state_dir: Path) -> Path:
+    """One fleet per state folder: claim it for this process, or raise FleetError naming the process that has it
+    (a second `up` there is told which fleet runs, not that a port is taken). A stale claim is taken over."""
+    path = state_dir / RUNNING_FILE
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        pid = int(path.read_text().split()[0])
+        if pid != os.getpid() and alive(pid):
+            raise FleetError(f"a fleet is already running in {state_dir.resolve()} (pid {pid}); stop it (Ctrl-C where it runs, "
+                             f"or kill {pid}), or give this one another folder with ROUNDTRIP_STATE_DIR")
+    path.write_text(f"{os.getpid()}\n")
+    return path
+
+
+def release_folder(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True

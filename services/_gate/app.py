@@ -1,0 +1,56 @@
+"""The gate service: turn.tool_calls -> (validate, authorize, sign) -> turn.tool_batches."""
+
+from __future__ import annotations
+
+import logging
+
+from roundtrip._gate.handlers import Gate
+from faststream import FastStream
+
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, parse_keys
+from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch
+from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
+from roundtrip._kernel.settings import Settings
+from roundtrip._sdk.agent import Agent, current_agent
+from roundtrip._sdk.context import Dependencies, ToolContext
+
+log = logging.getLogger("roundtrip.gate")
+
+
+def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
+    """The gate of this agent, with these clients: its look-ups are the agent's resolvers, scoped to the principal."""
+    registry = agent.registry
+
+    async def lookup(kind: str, entity_id: str, customer_id: str):
+        ctx = ToolContext(customer_id=customer_id, tool_use_id="", idempotency_key="", deps=deps)
+        return await registry.entity_resolver(kind)(entity_id, ctx)
+
+    return Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), deps=deps,
+                batch_ttl_s=settings.stuck_after_s, agent_settings=agent.own_settings, messages=agent.message,
+                unavailable=agent.mcp.unavailable,
+                decisions=DecisionSigner(parse_keys(settings.decision_keys)), approval_timeout_s=settings.approval_timeout_s)
+
+
+def build(settings: Settings) -> FastStream:
+    broker = make_broker("gate", settings)
+    execute = Outlet(broker, topics.TOOL_BATCHES, ExecuteToolBatch)
+    agent = current_agent(settings.agent)
+    deps = agent.open_dependencies(settings)
+    gate = gate_for(agent, settings, deps)
+
+    @subscribe(broker, topics.TOOL_CALLS, "gate", settings)
+    async def on_check_tool_calls(command: CheckToolCalls) -> None:
+        batch = await gate.check(command)
+        rejected = [c.name for c in batch.calls if not c.approved]
+        if rejected:
+            log.info("turn %s step %d: rejected %s", command.turn.turn_id, command.step, rejected)
+        await execute(batch, command.turn.conversation_id)
+
+    app = service_app(broker, log)
+    app.on_startup(lambda: settings.refuse_dev_approval_key("gate"))  # outside development, never the published key
+    app.on_startup(lambda: settings.refuse_dev_decision_key("gate", agent.holds_calls()))
+    app.on_startup(agent.mcp.start)  # lists the agent's MCP servers (in the background while one is down)
+    app.after_shutdown(agent.mcp.aclose)
+    app.after_shutdown(deps.aclose)
+    return app

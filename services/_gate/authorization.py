@@ -1,0 +1,145 @@
+"""Existence and ownership of every entity a call references, then the tool's policy.
+
+The principal is the customer of the request envelope, passed in by the handler; tool
+input never names it. A missing entity and another customer's entity get the same
+answer, so a denial leaks nothing. Nothing here reads tool output (earlier results in
+the transcript): what a help article or any other result says cannot widen a turn.
+
+Look-ups are cached in two ways (chosen from the figures in docs/gate.md):
+- a per-step memo: all calls of one step are checked before any of them runs, so one
+  answer per (kind, id, customer) within the step is exactly as fresh as asking again;
+- an ownership cache across steps (short TTL, positive answers only), used only for calls
+  whose tool has no policy. Ownership never changes, but status does: a policy may
+  read it, so the look-ups of a tool with a policy always go to the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from roundtrip._sdk.context import ToolContext
+from roundtrip._sdk.registry import ToolSpec
+
+# (entity kind, entity id, customer id) -> the entity as the customer may see it, or None
+EntityLookup = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
+Policy = Callable[[dict[str, Any], dict[str, dict[str, Any]], ToolContext], Awaitable[str | None]]
+Key = tuple[str, str, str]
+
+
+class LookupFailed(Exception):
+    """The backend could not answer; the gate fails closed."""
+
+
+def _not_found(kind: str, entity_id: str) -> str:
+    shown = entity_id if len(entity_id) <= 40 else entity_id[:37] + "..."
+    return (
+        f"{kind.capitalize()} {shown} was not found among this customer's {kind}s. "
+        f"Do not guess ids: use list_{kind}s to see the customer's {kind}s and their ids."
+    )
+
+
+def _belongs(entity: Any, kind: str, entity_id: str, customer_id: str) -> bool:
+    """The backend's answer is exactly the entity asked for, and the principal's (when it says whose)."""
+    if not isinstance(entity, dict):
+        return False
+    if entity.get(f"{kind}_id", entity_id) != entity_id:  # a lenient backend (case, trimming) must not widen access
+        return False
+    return entity.get("customer_id", customer_id) == customer_id
+
+
+async def authorize(
+    spec: ToolSpec,
+    tool_input: dict[str, Any],
+    ctx: ToolContext,
+    lookup: EntityLookup,
+    policy: Policy | None,
+    resolved: dict[str, dict[str, Any]] | None = None,
+) -> str | None:
+    """None when the call may run; otherwise the reason it may not. `resolved` receives the entities it read."""
+    entities: dict[str, dict[str, Any]] = {} if resolved is None else resolved
+    for field, kind in spec.entity_refs.items():
+        if field not in tool_input:
+            continue
+        entity_id = tool_input[field]
+        if not isinstance(entity_id, str) or not entity_id:
+            return f"`{field}` must be a {kind} id (a string)."
+        try:
+            entity = await lookup(kind, entity_id, ctx.customer_id)
+        except Exception as exc:  # noqa: BLE001 - any backend failure denies the call
+            raise LookupFailed(f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
+        if entity is None or not _belongs(entity, kind, entity_id, ctx.customer_id):
+            return _not_found(kind, entity_id)
+        entities[field] = entity
+    if policy is not None:
+        return await policy(tool_input, entities, ctx)
+    return None
+
+
+class OwnershipCache:
+    """(kind, id, customer) -> entity, positive answers only, for `ttl_s` seconds (LRU-bounded)."""
+
+    def __init__(self, ttl_s: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s, self.max_entries, self._clock = ttl_s, max_entries, clock
+        self._entries: OrderedDict[Key, tuple[float, dict[str, Any]]] = OrderedDict()
+
+    def get(self, key: Key) -> dict[str, Any] | None:
+        hit = self._entries.get(key)
+        if hit is None:
+            return None
+        stored, entity = hit
+        if self._clock() - stored > self.ttl_s:
+            del self._entries[key]
+            return None
+        self._entries.move_to_end(key)
+        return entity
+
+    def put(self, key: Key, entity: dict[str, Any]) -> None:
+        self._entries[key] = (self._clock(), entity)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class StepLookups:
+    """The look-ups of one step: memoised within the step (in-flight ones shared), optionally
+    answered from the ownership cache for calls whose tool reads no entity state."""
+
+    def __init__(self, backend: EntityLookup, ownership: OwnershipCache | None = None, memo: bool = True) -> None:
+        self._backend, self._ownership = backend, ownership
+        self._memo: dict[Key, asyncio.Future[dict[str, Any] | None]] | None = {} if memo else None
+        self.backend_calls = 0
+
+    async def _fetch(self, key: Key) -> dict[str, Any] | None:
+        self.backend_calls += 1
+        entity = await self._backend(*key)
+        if entity is not None and self._ownership is not None and _belongs(entity, key[0], key[1], key[2]):
+            self._ownership.put(key, entity)
+        return entity
+
+    def for_call(self, state_free: bool) -> EntityLookup:
+        async def lookup(kind: str, entity_id: str, customer_id: str) -> dict[str, Any] | None:
+            key = (kind, entity_id, customer_id)
+            if self._memo is not None and key in self._memo:
+                return await asyncio.shield(self._memo[key])
+            if state_free and self._ownership is not None:
+                cached = self._ownership.get(key)
+                if cached is not None:
+                    return cached  # not memoised: a stateful call in this step must still fetch fresh
+            if self._memo is None:
+                return await self._fetch(key)
+            task = asyncio.ensure_future(self._fetch(key))
+            self._memo[key] = task
+            try:
+                return await asyncio.shield(task)
+            except Exception:
+                self._memo.pop(key, None)  # a failure is not remembered: the next call asks again
+                raise
+
+        return lookup

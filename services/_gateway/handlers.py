@@ -1,0 +1,48 @@
+"""Gateway: a support request starts a turn; an ended turn becomes its one reply."""
+
+from __future__ import annotations
+
+import uuid
+
+from roundtrip._kernel.wire.events import StartTurn, SupportReply, SupportRequest, Turn, TurnEnded
+
+TURN_NAMESPACE = uuid.UUID("6f1c2b8e-3a4d-4e0f-9b7a-52c1d0e8a901")
+
+
+def turn_id_for(request: SupportRequest) -> str:
+    """Deterministic, so a redelivered request maps to the same turn: a request id is unique within its conversation."""
+    return "turn_" + uuid.uuid5(TURN_NAMESPACE, f"{request.conversation_id}\x00{request.request_id}").hex[:24]
+
+
+def start_turn(request: SupportRequest, trace_id: str, span_id: str = "", started_at: float = 0.0) -> StartTurn:
+    """The turn a request starts; `trace_id`/`span_id` are the ids of its turn span (the root of its trace)."""
+    turn = Turn(
+        turn_id=turn_id_for(request),
+        request_id=request.request_id,
+        conversation_id=request.conversation_id,
+        customer_id=request.customer_id,
+        persona=request.persona,
+        trace_id=trace_id,
+        span_id=span_id,
+        started_at=started_at,
+        disable_parallel_tool_use=request.disable_parallel_tool_use,
+        metadata=request.metadata,
+    )
+    return StartTurn(turn=turn, text=request.text)
+
+
+def reply_for(ended: TurnEnded) -> SupportReply:
+    turn = ended.turn
+    return SupportReply(
+        request_id=turn.request_id,
+        conversation_id=turn.conversation_id,
+        customer_id=turn.customer_id,
+        turn_id=turn.turn_id,
+        text=ended.text,
+        outcome=ended.outcome,
+        steps=ended.step,
+        usage=ended.spent,
+        cost_usd=ended.cost_usd,
+        trace_id=turn.trace_id,
+        metadata=turn.metadata,
+    )

@@ -1,0 +1,60 @@
+"""Fewer new turns while running turns wait for the model's capacity: the admission limit follows the ledger.
+
+The signal is the turn ledger. A turn whose model call waits for the Messages API's rate limits is
+`waiting` there (the model service marks it: services/_kernel/storage/turnstore.py, `wait_for_capacity`). Every
+CHECK_S the gateway counts them against the turns it runs. While more than HIGH of them wait, its
+admission limit is cut to BETA of the turns it runs now, so new requests wait in support.requests
+(where `roundtrip lag` shows them) and the capacity goes to the next steps of the turns already
+running; while fewer than LOW wait, the limit climbs back by STEP of ROUNDTRIP_MAX_RUNNING_TURNS per
+check; in between it holds. Some turns waiting is the point: the model service then always has a
+call ready for its next slot, so the limit is used to the full. Every gateway replica reads the same
+ledger, so they close and open together, with no coordinator. A ledger that cannot be read leaves the
+admission as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from roundtrip._gateway.admission import Admission
+from roundtrip._kernel.storage.turnstore import TurnStore
+
+log = logging.getLogger("roundtrip.gateway")
+
+CHECK_S = 1.0
+HIGH, LOW = 0.5, 0.2  # shares of the running turns waiting for capacity: above HIGH cut, below LOW climb back
+BETA = 0.9  # a cut: at most this share of the turns running now
+STEP = 0.05  # a climb: this share of the configured limit per check
+
+
+class Throttle:
+    def __init__(self, admission: Admission, store: TurnStore) -> None:
+        self.admission = admission
+        self.store = store
+        self.configured = admission.limit
+        self.waiting = 0
+
+    def adjust(self, waiting: int) -> None:
+        """One check's decision, from the count of turns waiting for capacity."""
+        self.waiting = waiting
+        admission = self.admission
+        if waiting > HIGH * admission.running:
+            admission.limit = max(1, min(admission.limit, int(admission.running * BETA)))
+        elif waiting < LOW * admission.running and admission.limit < self.configured:
+            admission.limit = min(self.configured, admission.limit + max(1, int(self.configured * STEP)))
+            admission.wake()
+
+    async def run(self) -> None:
+        """Check every CHECK_S, for ever (cancel the task to stop it)."""
+        failing = False
+        while True:
+            await asyncio.sleep(CHECK_S)
+            try:
+                self.adjust(await self.store.waiting_for_capacity())
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - the admission goes on as it is; said once per outage
+                if not failing:
+                    log.warning("cannot read the turn ledger for turns waiting on the model's capacity (%s: %s); "
+                                "admission stays at %d", type(exc).__name__, exc, self.admission.limit)
+                failing = True

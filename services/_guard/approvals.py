@@ -1,0 +1,218 @@
+"""Approvals: a call that waits for a person (turn.approval_requests), and a person's signed decision on it
+(turn.approval_decisions).
+
+No thread waits: a request records the turn as AWAITING, and the decision or the deadline moves it
+on. The wait is told to the app: a SupportStatus (waiting_for_approval, until the deadline) on
+support.status, through the outbox like any decision (at least once). An approved call goes back to the gate, which checks it again and signs it; a denied one
+becomes an is_error tool_result with the reason, for the model. A decision that must not act
+(forged, for another call, for a turn that has ended, or contradicting one made) raises
+DecisionRefused, so the kernel dead-letters it with the reason; the same decision again is a
+duplicate and nothing runs twice. An approval nobody decides in time ends its turn politely
+(approval_timeout), from the sweeper.
+
+The wait is ONE span in the turn's trace, from the request to the decision (or the deadline).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.propagate import extract
+from pydantic import BaseModel
+
+from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, PENDING, ApprovalRow, Ledger
+from roundtrip._guard.loop import StepClock
+from roundtrip._guard.outbox import Bounded, Outbox, pending_copy, traceparent
+from roundtrip._guard.outside import Outside
+from roundtrip._kernel.wire.approvals import ApprovalError, DecisionSigner, in_tool_use_order
+from roundtrip._kernel.wire.events import (
+    ApprovalDecided, ApprovalRequested, CallModel, CheckToolCalls, Decision, Outcome, SupportStatus, ToolCall, Turn, TurnState,
+)
+from roundtrip._kernel.wire.fingerprints import fingerprint
+from roundtrip._kernel.observability.telemetry import tracer
+
+log = logging.getLogger("roundtrip.guard")
+security = logging.getLogger("roundtrip.security")
+
+
+class DecisionRefused(Exception):
+    """A decision that must do nothing: forged, for another call, for a turn that has ended, or contradicting one made.
+    Raised in the handler, so the kernel dead-letters it with this reason."""
+
+
+@dataclass
+class Approvals:
+    ledger: Ledger
+    outbox: Outbox
+    outside: Outside  # ends the turns whose approval expired
+    decisions: DecisionSigner | None = None  # verifies people's approval decisions (None: every decision is refused)
+    steps: StepClock = field(default_factory=StepClock)
+
+    async def on_requested(self, event: ApprovalRequested) -> str:
+        """Record the turn as AWAITING (no thread waits: the decision or the deadline moves it on)."""
+        span = trace.get_current_span()
+        span.set_attributes({"roundtrip.approval_id": event.approval_id, "roundtrip.tool": event.call.name})
+        approval = dict(
+            approval_id=event.approval_id, turn_id=event.turn.turn_id, step=event.step, tool_use_id=event.call.id,
+            tool=event.call.name, input_sha256=event.input_sha256, customer_id=event.turn.customer_id,
+            conversation_id=event.turn.conversation_id, reason=event.reason, requested_at=event.requested_at,
+            expires_at=event.expires_at, traceparent=traceparent(), request_json=event.model_dump_json(),
+        )
+        status = waiting_status(event)
+        pending = pending_copy(status)
+        if await self.ledger.await_approval(approval, pending=pending):
+            self.steps.forget(event.turn.turn_id)  # the wait is not a step of the loop
+            log.info("turn %s step %d awaits approval %s of %s(%s): %s", event.turn.turn_id, event.step, event.approval_id,
+                     event.call.name, _shown(event.call.input), event.reason)
+            await self.outbox.emit(event.turn.turn_id, pending, status, event.turn.conversation_id)
+            return "awaiting"
+        row = await self.ledger.get(event.turn.turn_id)
+        if row is not None and row.status == ENDING and row.step == event.step:
+            await self.ledger.release_ending_lease(row.turn_id, row.step)  # the step's calls are done: the end may go
+        known = await self.ledger.approval(event.approval_id)
+        if known is not None:
+            return "duplicate"
+        log.warning("turn %s: approval %s not recorded: the turn has ended or moved on (%s)", event.turn.turn_id,
+                    event.approval_id, row.status if row else "unknown turn")
+        return "not awaiting"
+
+    async def on_decision(self, decision: ApprovalDecided) -> str:
+        """Resume the waiting step: approved -> the gate checks the call again and signs it; denied -> the model
+        gets an is_error tool_result with the reason. Anything that must not act raises DecisionRefused."""
+        span = trace.get_current_span()
+        span.set_attributes({"roundtrip.approval_id": decision.approval_id, "roundtrip.decision": decision.decision.value,
+                             "roundtrip.decided_by": decision.decided_by})
+        approval = await self._requested(decision)
+        status = "approved" if decision.decision is Decision.APPROVE else "denied"
+        if approval.status != PENDING:
+            if approval.status == status:  # the same decision again (redelivered, or published twice): nothing runs twice
+                span.add_event("duplicate decision dropped", {"roundtrip.decided_by": approval.decided_by or ""})
+                log.info("approval %s: already %s by %s; duplicate dropped", approval.approval_id, status, approval.decided_by)
+                return "duplicate"
+            raise DecisionRefused(f"approval {approval.approval_id} was already {approval.status}"
+                                  + (f" by {approval.decided_by}" if approval.decided_by else ""))
+        now = await self._still_waiting(approval)
+        request = ApprovalRequested.model_validate_json(approval.request_json)
+        message = resumed(request, decision, status == "approved", now)
+        with self._waited(approval, status, now, decision.decided_by, decision.reason):
+            pending = pending_copy(message)
+            if not await self.ledger.decide(approval.approval_id, status, decision.decided_by, decision.decided_at,
+                                            decision.reason, pending, message.turn.deadline_at or None, now=now):
+                raise DecisionRefused(f"the turn {approval.turn_id} ended or the approval was decided while this decision was processed")
+            log.info("turn %s: %s(%s) %s by %s (approval %s, waited %.1f s)", approval.turn_id, approval.tool,
+                     _shown(request.call.input), status, decision.decided_by, approval.approval_id, now - approval.requested_at)
+            self.steps.stepped(approval.turn_id, ended=False)
+            await self.outbox.emit(approval.turn_id, pending, message, approval.conversation_id)
+        return status
+
+    async def _requested(self, decision: ApprovalDecided) -> ApprovalRow:
+        """The approval this decision answers: its signature verified, and for the very call that was requested."""
+        try:
+            if self.decisions is None:
+                raise ApprovalError("this guard has no decision keys")
+            self.decisions.verify(decision)
+        except ApprovalError as exc:
+            security.error("refused decision %s for turn %s by %r: %s", decision.approval_id, decision.turn_id, decision.decided_by, exc)
+            raise DecisionRefused(f"forged decision: {exc}") from None
+        approval = await self.ledger.approval(decision.approval_id)
+        if approval is None:
+            raise DecisionRefused(f"no approval {decision.approval_id} was requested")
+        if (decision.turn_id, decision.tool_use_id, decision.input_sha256) != (approval.turn_id, approval.tool_use_id, approval.input_sha256):
+            security.error("decision %s names another call than the one requested (turn %s, call %s)", decision.approval_id,
+                           decision.turn_id, decision.tool_use_id)
+            raise DecisionRefused("decision for another call: its turn, tool_use id or arguments differ from the approval requested")
+        return approval
+
+    async def _still_waiting(self, approval: ApprovalRow) -> float:
+        """The time of the decision, if the turn still waits for this approval and its deadline has not passed."""
+        row = await self.ledger.get(approval.turn_id)
+        if row is None or row.status != AWAITING or row.step != approval.step:
+            raise DecisionRefused(f"the turn {approval.turn_id} has ended or no longer waits for this approval"
+                                  + (f" ({row.status}{', ' + row.outcome if row.outcome else ''})" if row else ""))
+        now = time.time()
+        if now >= approval.expires_at:
+            raise DecisionRefused(f"the approval deadline passed {now - approval.expires_at:.1f} s ago; the turn ends without the call")
+        return now
+
+    async def expire(self, now: float, announced: Bounded | None = None) -> int:
+        """Approvals nobody decided in time: the turn ends politely (approval_timeout), the call never runs."""
+        announced = announced or Bounded()
+        ended = 0
+        for approval, row in await self.ledger.overdue_approvals(now):
+            with self._waited(approval, "expired", now):
+                result = await announced(
+                    lambda: self.outside.end(row, Outcome.APPROVAL_TIMEOUT, f"{approval.tool} not decided within its "
+                                             "approval deadline", announce=announced.reachable, status=AWAITING),
+                    f"the end of {row.turn_id}")
+            if result is not None:
+                await self.ledger.close_approvals(row.turn_id, "expired", now)
+                ended += result == ENDED
+        return ended
+
+    @staticmethod
+    def _waited(approval: ApprovalRow, status: str, now: float, decided_by: str = "", reason: str = ""):
+        """The wait as ONE span in the turn's trace: from the request to the decision (or the deadline); what follows is its child."""
+        parent = extract({"traceparent": approval.traceparent}) if approval.traceparent else otel_context.get_current()
+        span = tracer().start_span("approval.wait", context=parent, start_time=int(approval.requested_at * 1e9))
+        span.set_attributes({
+            "roundtrip.turn_id": approval.turn_id, "roundtrip.approval_id": approval.approval_id, "roundtrip.tool": approval.tool,
+            "roundtrip.tool_use_id": approval.tool_use_id, "roundtrip.decision": status, "roundtrip.decided_by": decided_by,
+            "roundtrip.decided_at": now, "roundtrip.waited_s": round(now - approval.requested_at, 3), "roundtrip.reason": reason[:200],
+        })
+        if status not in ("approved",):
+            span.set_status(trace.Status(trace.StatusCode.ERROR, status))
+        return _EndAt(span, int(now * 1e9))
+
+
+def waiting_status(event: ApprovalRequested) -> SupportStatus:
+    """What the app is told of the wait: its turn waits for a person until the approval deadline."""
+    turn = event.turn
+    return SupportStatus(request_id=turn.request_id, conversation_id=turn.conversation_id, customer_id=turn.customer_id,
+                         turn_id=turn.turn_id, state=TurnState.WAITING_FOR_APPROVAL, until=event.expires_at,
+                         at=event.requested_at, reason=event.reason, approval_id=event.approval_id, trace_id=turn.trace_id,
+                         metadata=turn.metadata)
+
+
+def resumed(request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float) -> BaseModel:
+    """The step's next message: the approved call to the gate again, or the model told of the denial (with the reason).
+    The time spent waiting does not count against the turn's own deadline."""
+    turn: Turn = request.turn
+    if turn.deadline_at:
+        turn = turn.model_copy(update={"deadline_at": round(turn.deadline_at + (now - request.requested_at), 3)})
+    if approved:
+        call = ToolCall(id=request.call.id, name=request.call.name, input=request.call.input,
+                        fingerprint=fingerprint(request.call.name, request.call.input))
+        return CheckToolCalls(turn=turn, step=request.step, messages=request.messages, calls=[call], spent=request.spent,
+                              results=request.results, decisions=[decision])
+    denied = {"type": "tool_result", "tool_use_id": request.call.id, "is_error": True, "content": (
+        "Not run: a member of staff reviewed this call and declined it"
+        + (f": {decision.reason}" if decision.reason else "") + ". Nothing was changed. Explain this to the customer "
+        "and do not make this call again.")}
+    content = in_tool_use_order(request.messages, [*request.results, denied])
+    return CallModel(turn=turn, step=request.step, messages=[*request.messages, {"role": "user", "content": content}],
+                     spent=request.spent)
+
+
+class _EndAt:
+    """Makes `span` current for the block and ends it at a given time (the decision's)."""
+
+    def __init__(self, span: trace.Span, end_ns: int) -> None:
+        self.span, self.end_ns = span, end_ns
+
+    def __enter__(self) -> trace.Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, *exc) -> None:
+        otel_context.detach(self._token)
+        self.span.end(end_time=self.end_ns)
+
+
+def _shown(tool_input: object, limit: int = 80) -> str:
+    text = json.dumps(tool_input, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

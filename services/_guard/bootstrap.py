@@ -1,0 +1,55 @@
+"""The guard's parts wired over one ledger: what `build` (services/_guard/app.py) starts, and what the unit tests drive.
+
+    starts.py     turn start and conversation order (turn.starts)
+    loop.py       the loop decision on each model response (turn.iterations)
+    approvals.py  a call waiting for a person, and the person's signed decision
+    outside.py    ends from outside the loop: cancel (turn.controls), stuck, deadline, approval timeout
+    sweeper.py    the timer that finds the turns nothing moves any more
+    outbox.py     the way out: publish each recorded decision, republish the ones left pending
+
+They share the ledger, the outbox (so every decision goes out the same way), the conversation
+store and the step clock (one replica's loop round trips); nothing else.
+"""
+
+from __future__ import annotations
+
+from roundtrip._guard.acted import Acts
+from roundtrip._guard.approvals import Approvals
+from roundtrip._guard.conversations import Conversations
+from roundtrip._guard.ledger import Ledger
+from roundtrip._guard.loop import Loop, StepClock
+from roundtrip._guard.outbox import Outbox, Publish
+from roundtrip._guard.outside import Outside
+from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.rules import Policy
+from roundtrip._guard.starts import ConversationOrder, Starts
+from roundtrip._guard.sweeper import Sweeper
+from roundtrip._kernel.wire.approvals import DecisionSigner
+
+
+class Guard:
+    """The guard's parts, wired. `conversations` None: every request stands alone (unit tests of the loop);
+    `decisions` None: every person's decision is refused; `acts` None: no tool counts as a side effect."""
+
+    def __init__(self, ledger: Ledger, policy: Policy, prices: PriceTable, publish: Publish, *, model: str = "",
+                 stuck_after_s: float = 60.0, stuck_grace_s: float = 30.0, turn_deadline_s: float = 300.0,
+                 outbox_after_s: float = 5.0, conversations: Conversations | None = None, wait_poll_s: float = 0.5,
+                 decisions: DecisionSigner | None = None, agent_digest: str | None = None, acts: Acts | None = None) -> None:
+        steps = StepClock()
+        # a start waiting for its conversation's running turn gives up past the longest a turn can live
+        order = ConversationOrder(ledger, give_up_after_s=turn_deadline_s + stuck_grace_s + 60, poll_s=wait_poll_s)
+        self.ledger, self.conversations = ledger, conversations
+        self.outbox = Outbox(ledger, publish, outbox_after_s, on_ended=order.ended)
+        self.starts = Starts(ledger, self.outbox, order, turn_deadline_s, conversations, steps, agent_digest)
+        acts = acts or Acts()
+        self.loop = Loop(ledger, self.outbox, policy, prices, model, conversations, steps, acts)
+        self.outside = Outside(ledger, self.outbox, conversations, steps, acts)
+        self.approvals = Approvals(ledger, self.outbox, self.outside, decisions, steps)
+        self.sweeper = Sweeper(ledger, self.outbox, self.outside, self.approvals, stuck_after_s, stuck_grace_s, turn_deadline_s)
+
+    async def close(self) -> None:
+        """Wait for the pending-copy clean-ups, then close the stores."""
+        await self.outbox.drain()
+        await self.ledger.close()
+        if self.conversations is not None:
+            await self.conversations.close()

@@ -1,0 +1,398 @@
+"""The conversation store: who owns each conversation, and the history of its earlier turns.
+
+A conversation belongs to the customer whose request first named it. Each turn of it is
+stored as one **exchange**: the customer's words, the model's tool_use messages and the
+tool_result messages that answered them, and the final assistant message (what the customer
+was told). An exchange is the unit of history: it always starts with a user message and ends
+with an assistant message, so exchanges concatenate into a valid Messages API transcript,
+and dropping whole exchanges can never split a tool_use from its tool_result.
+
+Bounded by a token budget (`history_tokens`, estimated as 4 characters a token): when the
+stored exchanges pass it, the oldest are deleted; an exchange that alone is over the budget
+has its largest tool results and inputs replaced by markers (its ids and pairs stay). The
+guard puts the history at the head of the turn's first CallModel, so every event of the turn
+carries at most the budget of history on top of the turn's own transcript.
+
+SQLite file by default (the ledger's), PostgreSQL by URL; SQLAlchemy Core, the same
+statements on both; the tables are made by migrations (the `conversations` line of
+services/_kernel/migrations). Retention: a conversation idle longer than `retention_s` is deleted with
+its exchanges (the guard's sweeper); `forget` deletes one now (erasure), and a turn still
+running in a forgotten conversation saves nothing when it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from sqlalchemy import (
+    Column, Connection, Float, Index, Integer, MetaData, String, Table, Text, bindparam, delete, exists, func, insert, select, update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+
+from roundtrip._kernel.storage.database import POOL_SIZE
+from roundtrip._kernel.wire.limits import OMITTED_KEY
+from roundtrip._kernel.migrations import CONVERSATIONS
+from roundtrip._kernel.storage.turnstore import TurnStore
+
+metadata = MetaData()
+conversations = Table(
+    "conversations",
+    metadata,
+    Column("conversation_id", String(200), primary_key=True),
+    Column("customer_id", String(200), nullable=False, index=True),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False, index=True),
+    Column("turns", Integer, nullable=False, default=0),  # turns stored, ever
+    Column("dropped_turns", Integer, nullable=False, default=0),  # of those, dropped to keep within the budget
+)
+exchanges = Table(
+    "conversation_turns",
+    metadata,
+    Column("turn_id", String(64), primary_key=True),
+    Column("conversation_id", String(200), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("ended_at", Float),  # None while the turn runs: not history yet
+    Column("text", Text, nullable=False),  # the customer's words that opened the turn
+    Column("messages", Text),  # JSON: the exchange, once the turn ended
+    Column("tokens", Integer, nullable=False, default=0),
+    Column("outcome", String(40)),
+    Index("ix_conversation_turns_conversation", "conversation_id", "started_at"),
+)
+
+
+# the statements of every turn, built once (see services/_kernel/storage/turnstore.py); `b_` names are the conditions
+_OF_CONVERSATION = conversations.c.conversation_id == bindparam("b_conversation_id")
+_OWNER = select(conversations.c.customer_id, conversations.c.updated_at, conversations.c.turns).where(_OF_CONVERSATION)
+_TOUCH = update(conversations).where(_OF_CONVERSATION)
+_NEW_CONVERSATION = insert(conversations)
+_NEW_EXCHANGE = insert(exchanges)
+_STORED = (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.messages)
+           .where(exchanges.c.conversation_id == bindparam("b_conversation_id"), exchanges.c.messages.is_not(None))
+           .order_by(exchanges.c.started_at, exchanges.c.turn_id))
+_EXCHANGES = (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.ended_at, exchanges.c.messages.is_not(None).label("stored"))
+              .where(exchanges.c.conversation_id == bindparam("b_conversation_id"))
+              .order_by(exchanges.c.started_at, exchanges.c.turn_id))
+_THIS_EXCHANGE = (exchanges.c.turn_id == bindparam("b_turn_id")) & (exchanges.c.conversation_id == bindparam("b_conversation_id"))
+_STORE = update(exchanges).where(_THIS_EXCHANGE)
+_CLAIMS = {}  # dialect name -> the upsert of `claim` (PostgreSQL's and SQLite's INSERT ... ON CONFLICT are their own)
+
+
+def _claim_statement(dialect: str) -> Any:
+    """New: insert it. The customer's own and within its retention: touch it. Else (someone else's, or expired): no row."""
+    if (statement := _CLAIMS.get(dialect)) is None:
+        new = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(conversations)
+        statement = _CLAIMS[dialect] = new.on_conflict_do_update(
+            index_elements=[conversations.c.conversation_id], set_={"updated_at": new.excluded.updated_at},
+            where=(conversations.c.customer_id == new.excluded.customer_id) & (conversations.c.updated_at >= bindparam("b_cutoff")),
+        ).returning(conversations.c.customer_id, conversations.c.turns)
+    return statement
+
+
+_COUNT = update(conversations).where(_OF_CONVERSATION).values(updated_at=bindparam("b_now"), turns=conversations.c.turns + bindparam("b_turns"))
+_DROPPED = update(conversations).where(_OF_CONVERSATION).values(dropped_turns=conversations.c.dropped_turns + bindparam("b_dropped"))
+
+
+def _close_in_one() -> Any:
+    """PostgreSQL's `close_turn` in one statement: the exchange stored, the conversation's turns counted (once: only
+    when the exchange had not ended before), and the conversation's exchanges as they were before it (every part of
+    a WITH sees the same snapshot), from which the caller tells what falls out of the budget."""
+    before = select(exchanges.c.ended_at).where(_THIS_EXCHANGE).cte("before")
+    stored = (update(exchanges).where(_THIS_EXCHANGE)
+              .values(messages=bindparam("b_messages"), tokens=bindparam("b_tokens"), ended_at=bindparam("b_ended_at"),
+                      outcome=bindparam("b_outcome"))
+              .returning(exchanges.c.turn_id).cte("stored"))
+    first = select(func.count()).select_from(before).where(before.c.ended_at.is_(None)).scalar_subquery()
+    counted = (update(conversations).where(_OF_CONVERSATION, exists(select(stored.c.turn_id)))
+               .values(updated_at=bindparam("b_now"), turns=conversations.c.turns + first)
+               .returning(conversations.c.turns).cte("counted"))
+    return (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.messages.is_not(None).label("stored"),
+                   select(func.count()).select_from(stored).scalar_subquery().label("stored_now"),
+                   select(func.count()).select_from(counted).scalar_subquery().label("counted"))
+            .where(exchanges.c.conversation_id == bindparam("b_conversation_id"))
+            .order_by(exchanges.c.started_at, exchanges.c.turn_id))
+
+
+_CLOSE_IN_ONE = _close_in_one()
+
+
+def estimate_tokens(value: Any) -> int:
+    """About 4 characters a token (the simulator bills the same way; the real API's tokenizer differs a little)."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return math.ceil(len(text) / 4)
+
+
+# -- exchanges: pure functions --------------------------------------------------------------
+
+
+def _blocks(content: Any) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content.strip() else []
+    return [b for b in content or [] if isinstance(b, dict) and not (b.get("type") == "text" and not str(b.get("text", "")).strip())]
+
+
+def exchange_of(turn_messages: list[dict], final_content: list[dict], reply_text: str) -> list[dict]:
+    """One turn as history: its messages (from the customer's words on), the final response, and what
+    the customer was told. Tool calls the turn never answered (it was stopped) are left out, empty
+    blocks are dropped, and the exchange ends with an assistant message that says what the reply said."""
+    messages: list[dict] = []
+    for message in [*turn_messages, {"role": "assistant", "content": final_content}]:
+        blocks = _blocks(message.get("content"))
+        if blocks:
+            messages.append({"role": message["role"], "content": blocks})
+    # a tool_use is kept only when the next message answers it with a tool_result
+    kept: list[dict] = []
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            answered = {b.get("tool_use_id") for b in (messages[i + 1]["content"] if i + 1 < len(messages) else [])
+                        if b.get("type") == "tool_result"}
+            blocks = [b for b in message["content"] if b.get("type") != "tool_use" or b.get("id") in answered]
+            if not blocks:
+                continue
+            message = {"role": "assistant", "content": blocks}
+        elif kept and kept[-1]["role"] == "user":  # two user messages in a row (a dropped assistant between): merge
+            kept[-1] = {"role": "user", "content": [*kept[-1]["content"], *message["content"]]}
+            continue
+        kept.append(message)
+    # tool_results whose tool_use was dropped cannot stay either
+    for i, message in enumerate(kept):
+        if message["role"] == "user" and i > 0:
+            offered = {b.get("id") for b in kept[i - 1]["content"] if b.get("type") == "tool_use"}
+            blocks = [b for b in message["content"] if b.get("type") != "tool_result" or b.get("tool_use_id") in offered]
+            kept[i] = {"role": "user", "content": blocks or [{"type": "text", "text": "(no answer)"}]}
+    said = "\n".join(b.get("text", "") for b in (kept[-1]["content"] if kept and kept[-1]["role"] == "assistant" else [])
+                     if b.get("type") == "text").strip()
+    if reply_text and reply_text.strip() != said:
+        if kept and kept[-1]["role"] == "assistant" and not any(b.get("type") == "tool_use" for b in kept[-1]["content"]):
+            kept[-1] = {"role": "assistant", "content": [{"type": "text", "text": reply_text}]}
+        else:
+            kept.append({"role": "assistant", "content": [{"type": "text", "text": reply_text}]})
+    if not kept or kept[0]["role"] != "user":
+        kept.insert(0, {"role": "user", "content": [{"type": "text", "text": "(earlier message)"}]})
+    return kept
+
+
+def compact(messages: list[dict], budget_tokens: int) -> list[dict]:
+    """An exchange over the budget with its largest tool results, tool inputs and texts replaced by markers
+    (largest first) until it fits; ids, roles and tool_use/tool_result pairs are kept."""
+    if estimate_tokens(messages) <= budget_tokens:
+        return messages
+    messages = json.loads(json.dumps(messages))
+    slots = []
+    for message in messages:
+        for block in message["content"] if isinstance(message["content"], list) else []:
+            field = {"tool_use": "input", "tool_result": "content", "text": "text"}.get(block.get("type"))
+            if field and field in block:
+                slots.append((estimate_tokens(block[field]), block, field))
+    total = estimate_tokens(messages)
+    for size, block, field in sorted(slots, key=lambda s: -s[0]):
+        if total <= budget_tokens:
+            break
+        note = f"[removed from the history by roundtrip: about {size} tokens, over the conversation's budget]"
+        block[field] = {OMITTED_KEY: note} if field == "input" else note
+        total -= size - estimate_tokens(block[field])
+    return messages
+
+
+def within_budget(stored: list[tuple[str, int]], budget_tokens: int) -> tuple[list[str], list[str]]:
+    """(kept, dropped) turn ids of (turn id, tokens) oldest first: the newest that fit in the budget together."""
+    kept: list[str] = []
+    total = 0
+    for turn_id, tokens in reversed(stored):
+        if total + tokens > budget_tokens:
+            break
+        kept.append(turn_id)
+        total += tokens
+    kept.reverse()
+    dropped = [turn_id for turn_id, _ in stored[: len(stored) - len(kept)]]
+    return kept, dropped
+
+
+# -- the store --------------------------------------------------------------------------------
+
+
+class Claim(NamedTuple):
+    """Who owns the conversation, and how many of its turns were ever stored (0: it has no history to read)."""
+
+    owner: str
+    stored_turns: int
+
+
+@dataclass
+class ConversationRow:
+    conversation_id: str
+    customer_id: str
+    created_at: float
+    updated_at: float
+    turns: int
+    dropped_turns: int
+    history_turns: int = 0
+    history_tokens: int = 0
+
+
+class Conversations(TurnStore):
+    """The guard's conversation store (its own tables; by default in the ledger's database)."""
+
+    STORE = CONVERSATIONS
+    budget_tokens: int = 20000
+    retention_s: float = 30 * 86400.0
+
+    @classmethod
+    async def open(cls, url: str, budget_tokens: int = 20000, retention_s: float = 30 * 86400.0,
+                   read_only: bool = False, pool_size: int = POOL_SIZE) -> Conversations:
+        store = await super().open(url, read_only=read_only, pool_size=pool_size)
+        store.budget_tokens, store.retention_s = budget_tokens, retention_s
+        return store
+
+    async def claim(self, conversation_id: str, customer_id: str, now: float | None = None) -> Claim:
+        """The owner of the conversation: `customer_id` when it is new (or expired), else whoever started it.
+
+        One statement on the way every turn takes (a new conversation, or the customer's own in use): an upsert
+        that creates it or touches it, and returns its owner and its stored turns. Only when it refuses (someone
+        else's conversation, or one past its retention) is the conversation read and changed in a transaction."""
+        now = now or time.time()
+        params = {"conversation_id": conversation_id, "customer_id": customer_id, "created_at": now, "updated_at": now,
+                  "turns": 0, "dropped_turns": 0, "b_cutoff": now - self.retention_s}
+        row = await self._run(lambda conn: conn.execute(_claim_statement(conn.dialect.name), params).first(), write=True, single=True)
+        if row is not None:
+            return Claim(row.customer_id, row.turns)
+
+        def work(conn: Connection) -> Claim:
+            row = conn.execute(_OWNER, {"b_conversation_id": conversation_id}).first()
+            if row is not None and row.updated_at < now - self.retention_s:  # expired: as if it never existed
+                _delete(conn, conversation_id)
+                row = None
+            if row is not None:
+                if row.customer_id == customer_id:  # in use: not idle any more
+                    conn.execute(_TOUCH, {"b_conversation_id": conversation_id, "updated_at": now})
+                return Claim(row.customer_id, row.turns)
+            conn.execute(_NEW_CONVERSATION, {"conversation_id": conversation_id, "customer_id": customer_id,
+                                             "created_at": now, "updated_at": now, "turns": 0, "dropped_turns": 0})
+            return Claim(customer_id, 0)
+
+        for _ in range(3):
+            try:
+                return await self._run(work, write=True)
+            except IntegrityError:  # created by someone else at the same moment: read it
+                continue
+        raise RuntimeError(f"could not claim conversation {conversation_id}")
+
+    async def open_turn(self, conversation_id: str, turn_id: str, text: str, now: float | None = None) -> None:
+        """Remember that `turn_id` runs in the conversation (idempotent); it becomes history when it ends."""
+        now = now or time.time()
+        try:
+            await self._run(lambda conn: conn.execute(_NEW_EXCHANGE, {
+                "turn_id": turn_id, "conversation_id": conversation_id, "started_at": now, "text": text, "tokens": 0}), write=True, single=True)
+        except IntegrityError:
+            pass
+
+    async def history(self, conversation_id: str) -> list[dict]:
+        """The stored exchanges of the conversation, oldest first, as one transcript within the budget."""
+        rows = await self._run(lambda conn: conn.execute(_STORED, {"b_conversation_id": conversation_id}).all(), single=True)
+        kept, _ = within_budget([(r.turn_id, r.tokens) for r in rows], self.budget_tokens)
+        wanted = set(kept)
+        return [m for r in rows if r.turn_id in wanted for m in json.loads(r.messages)]
+
+    async def close_turn(self, conversation_id: str, turn_id: str, turn_messages: list[dict], final_content: list[dict],
+                         reply_text: str, outcome: str, now: float | None = None) -> bool:
+        """Store the ended turn as an exchange, then drop the oldest exchanges past the budget.
+
+        Upsert by turn id (a redelivery stores the same again; a later, fuller end replaces an
+        earlier one). False when the conversation or the turn is gone (forgotten, expired): then
+        nothing is stored."""
+        now = now or time.time()
+        exchange = compact(exchange_of(turn_messages, final_content, reply_text), self.budget_tokens)
+        tokens = estimate_tokens(exchange)
+
+        of_turn = {"b_turn_id": turn_id, "b_conversation_id": conversation_id, "b_now": now}
+        values = {"messages": json.dumps(exchange), "tokens": tokens, "ended_at": now, "outcome": outcome}
+        if self.engine.dialect.name == "postgresql":  # one statement, one round trip (docs/benchmarks.md, issue 23)
+            given = {**of_turn, **{f"b_{k}": v for k, v in values.items()}}
+            rows = await self._run(lambda conn: conn.execute(_CLOSE_IN_ONE, given).all(), write=True, single=True)
+            if not rows or rows[0].stored_now != 1:  # forgotten, expired, or never opened
+                return False
+            # past the budget: the oldest go, in a second statement (history() keeps to the budget meanwhile)
+            if dropped := self._dropped(rows, turn_id, tokens):
+                await self._run(lambda conn: _drop(conn, conversation_id, dropped), write=True)
+            return True
+
+        def work(conn: Connection) -> bool:  # one read of the conversation's exchanges, the store, the count, the drops
+            rows = conn.execute(_EXCHANGES, {"b_conversation_id": conversation_id}).all()
+            this = next((r for r in rows if r.turn_id == turn_id), None)
+            if this is None:  # forgotten, expired, or never opened
+                return False
+            first = this.ended_at is None  # a redelivery or a fuller end counts no second turn
+            if conn.execute(_STORE, {**of_turn, **values}).rowcount != 1:
+                return False
+            conn.execute(_COUNT, {**of_turn, "b_turns": int(first)})
+            if dropped := self._dropped(rows, turn_id, tokens):
+                _drop(conn, conversation_id, dropped)
+            return True
+
+        return await self._run(work, write=True)
+
+    def _dropped(self, rows: list[Any], turn_id: str, tokens: int) -> list[str]:
+        """The exchanges that fall out of the budget once `turn_id` is stored with `tokens` (`rows`: the conversation's
+        exchanges before it, oldest first, each with its tokens and whether it is stored)."""
+        stored = [(r.turn_id, tokens if r.turn_id == turn_id else r.tokens) for r in rows if r.turn_id == turn_id or r.stored]
+        return within_budget(stored, self.budget_tokens)[1]
+
+    async def close_turn_with_reply(self, conversation_id: str, turn_id: str, reply_text: str, outcome: str,
+                                    now: float | None = None) -> bool:
+        """A turn ended from outside the loop (cancel, deadline): its words and the reply, without its tool calls."""
+        rows = await self._run(lambda conn: conn.execute(select(exchanges.c.text).where(exchanges.c.turn_id == turn_id)).all())
+        if not rows:
+            return False
+        return await self.close_turn(conversation_id, turn_id, [{"role": "user", "content": rows[0].text}], [], reply_text, outcome, now)
+
+    async def get(self, conversation_id: str) -> ConversationRow | None:
+        rows = await self.list(conversation_id=conversation_id, limit=1)
+        return rows[0] if rows else None
+
+    async def list(self, customer_id: str | None = None, conversation_id: str | None = None, limit: int = 50) -> list[ConversationRow]:
+        def work(conn: Connection) -> list[ConversationRow]:
+            query = select(conversations).order_by(conversations.c.updated_at.desc()).limit(limit)
+            if customer_id:
+                query = query.where(conversations.c.customer_id == customer_id)
+            if conversation_id:
+                query = query.where(conversations.c.conversation_id == conversation_id)
+            found = [ConversationRow(**r) for r in conn.execute(query).mappings().all()]
+            for row in found:
+                stats = conn.execute(select(exchanges.c.tokens).where(exchanges.c.conversation_id == row.conversation_id,
+                                                                      exchanges.c.messages.is_not(None))).all()
+                row.history_turns, row.history_tokens = len(stats), sum(s.tokens for s in stats)
+            return found
+
+        return await self._run(work)
+
+    async def forget(self, conversation_id: str) -> bool:
+        """Erase the conversation and its history now; True when there was one."""
+        return await self._run(lambda conn: _delete(conn, conversation_id), write=True)
+
+    async def expire(self, now: float | None = None) -> int:
+        """Delete the conversations idle for longer than the retention; how many."""
+        cutoff = (now or time.time()) - self.retention_s
+
+        def work(conn: Connection) -> int:
+            old = [r.conversation_id for r in conn.execute(
+                select(conversations.c.conversation_id).where(conversations.c.updated_at < cutoff).limit(1000)).all()]
+            for conversation_id in old:
+                _delete(conn, conversation_id)
+            return len(old)
+
+        return await self._run(work, write=True)
+
+
+def _drop(conn: Connection, conversation_id: str, dropped: list[str]) -> None:
+    """The exchanges that fell out of the budget deleted, and counted as dropped."""
+    conn.execute(delete(exchanges).where(exchanges.c.turn_id.in_(dropped)))
+    conn.execute(_DROPPED, {"b_conversation_id": conversation_id, "b_dropped": len(dropped)})
+
+
+def _delete(conn: Connection, conversation_id: str) -> bool:
+    conn.execute(delete(exchanges).where(exchanges.c.conversation_id == conversation_id))
+    return conn.execute(delete(conversations).where(conversations.c.conversation_id == conversation_id)).rowcount == 1

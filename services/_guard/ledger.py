@@ -1,0 +1,345 @@
+"""The turn ledger: one row per turn with its status, step, progress, usage, cost and outcome.
+
+SQLite file by default, PostgreSQL by URL (SQLAlchemy Core: the same statements on both,
+run inline on SQLite and through asyncpg on PostgreSQL). The table and the fence the
+executor and the model service check live in services/_kernel/storage/turnstore.py. Every change
+is a conditional UPDATE, so a redelivered event or a second guard replica cannot move
+a turn twice: the caller that gets rowcount 1 owns the transition. Every end is conditional
+on the state it was decided from and on no executor holding a lease on the turn.
+
+`pending` is the outbox: the message a transition decided to publish, kept until it is
+published (`pending_at` says since when). A crash between the two republishes it: on
+redelivery, when the guard starts, and from the sweeper.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import bindparam, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from roundtrip._kernel.storage.turnstore import (
+    AWAITING, ENDED, ENDING, IS_LIVE, LIVE, OPEN, RUNNING, STUCK, TurnStore, approvals, make_engine, no_live_lease, turns,
+)
+
+__all__ = ["AWAITING", "ENDED", "ENDING", "LIVE", "RUNNING", "STUCK", "ApprovalRow", "Ledger", "TurnRow", "make_engine", "turns"]
+
+PENDING = "pending"
+
+
+class _Refused(Exception):
+    """Rolls a two-statement transition back when its second statement changes nothing."""
+
+
+# the statements of every step, built once (see services/_kernel/storage/turnstore.py); `b_` names are the conditions
+_START = insert(turns)
+_ADVANCE = update(turns).where(turns.c.turn_id == bindparam("b_turn_id"), turns.c.step == bindparam("b_step"), IS_LIVE)
+_GET = select(turns).where(turns.c.turn_id == bindparam("b_turn_id"))
+_LIVE_TURNS = select(turns).where(turns.c.conversation_id == bindparam("b_conversation_id"), turns.c.status != ENDED,
+                                  turns.c.turn_id != bindparam("b_but"))
+# a start's one read: the turn itself (a duplicate request?) and the conversation's turns that have not ended
+_STARTING = select(turns).where(or_(turns.c.turn_id == bindparam("b_turn_id"),
+                                    (turns.c.conversation_id == bindparam("b_conversation_id")) & (turns.c.status != ENDED)))
+_PUBLISHED = update(turns).where(turns.c.turn_id == bindparam("b_turn_id"), turns.c.pending == bindparam("b_pending"),
+                                 turns.c.status != ENDING)
+
+@dataclass
+class TurnRow:
+    turn_id: str
+    request_id: str
+    conversation_id: str
+    customer_id: str
+    status: str
+    step: int
+    started_at: float
+    last_progress_at: float
+    flagged_at: float | None
+    ended_at: float | None
+    outcome: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    cost_usd: float
+    trace_id: str
+    traceparent: str | None
+    turn_json: str
+    pending: str | None
+    deadline_at: float | None = None
+    lease_step: int | None = None
+    lease_until: float | None = None
+    pending_at: float | None = None
+    agent_digest: str | None = None
+    acted: str | None = None  # the side effects the turn has had (services/_kernel/storage/sideeffects.py)
+
+    @property
+    def turn(self) -> dict[str, Any]:
+        return json.loads(self.turn_json)
+
+
+@dataclass
+class ApprovalRow:
+    approval_id: str
+    turn_id: str
+    step: int
+    tool_use_id: str
+    tool: str
+    input_sha256: str
+    customer_id: str
+    conversation_id: str
+    status: str
+    reason: str
+    requested_at: float
+    expires_at: float
+    decided_by: str | None
+    decided_at: float | None
+    decision_reason: str | None
+    traceparent: str | None
+    request_json: str
+
+
+class Ledger(TurnStore):
+    async def _rows(self, statement: Any, params: dict[str, Any] | None = None) -> list[TurnRow]:
+        return await self._run(lambda conn: [TurnRow(**r) for r in conn.execute(statement, params).mappings().all()], single=True)
+
+    # -- transitions --------------------------------------------------------------------
+    async def start(self, turn: dict[str, Any], pending: str, traceparent: str | None = None, now: float | None = None,
+                    deadline_at: float | None = None, outcome: str | None = None, agent_digest: str | None = None) -> bool:
+        """Register a new turn (already ended with `outcome`, for a refused one) under the agent of that digest;
+        False when it exists already (a duplicated request)."""
+        now = now or time.time()
+        row = dict(
+            turn_id=turn["turn_id"], request_id=turn["request_id"], conversation_id=turn["conversation_id"],
+            customer_id=turn["customer_id"], status=ENDED if outcome else RUNNING, step=0, started_at=now, last_progress_at=now,
+            trace_id=turn.get("trace_id", ""), traceparent=traceparent, turn_json=json.dumps(turn), pending=pending,
+            pending_at=now, deadline_at=deadline_at or turn.get("deadline_at"), outcome=outcome, ended_at=now if outcome else None,
+            input_tokens=0, output_tokens=0, cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=0.0,
+            agent_digest=agent_digest,
+        )
+        try:
+            await self._run(lambda conn: conn.execute(_START, row), write=True, single=True)
+            return True
+        except IntegrityError:
+            return False
+
+    async def advance(self, turn_id: str, step: int, usage: dict[str, int], cost_usd: float, pending: str,
+                      outcome: str | None = None, traceparent: str | None = None, now: float | None = None) -> bool:
+        """Record iteration `step` (and the end, with an outcome). Only from step-1 and a live turn.
+        The model answered, so the executor's lease of the previous step is over."""
+        now = now or time.time()
+        values: dict[str, Any] = dict(step=step, last_progress_at=now, flagged_at=None, cost_usd=cost_usd, pending=pending,
+                                      pending_at=now, status=ENDED if outcome else RUNNING, traceparent=traceparent,
+                                      lease_step=None, lease_until=None, **usage)
+        if outcome:
+            values.update(outcome=outcome, ended_at=now)
+        return await self._update(_ADVANCE, {"b_turn_id": turn_id, "b_step": step - 1, **values})
+
+    async def end(self, turn_id: str, outcome: str, pending: str, *, step: int | None = None, status: str | None = None,
+                  flagged_at: float | None = None, now: float | None = None, defer: bool = False) -> str | None:
+        """End a live turn from outside the loop (stuck, deadline, cancel), conditional on what the caller saw.
+
+        `step` / `status` / `flagged_at`: the turn must still be at that step, in that status,
+        flagged at that time (a turn that moved since the decision is not ended). An executor's
+        live lease always blocks the end: with `defer`, the turn becomes ENDING instead (no
+        claim can succeed any more; `finish_ending` ends it once the lease is released or runs
+        out). Returns ENDED, ENDING, or None when the turn was not in the state the caller saw."""
+        now = now or time.time()
+        seen = [turns.c.turn_id == turn_id, turns.c.status.in_(OPEN)]
+        if step is not None:
+            seen.append(turns.c.step == step)
+        if status is not None:
+            seen.append(turns.c.status == status)
+        if flagged_at is not None:
+            seen.append(turns.c.flagged_at == flagged_at)
+        if await self._update(update(turns).where(*seen, no_live_lease(now))
+                              .values(status=ENDED, outcome=outcome, ended_at=now, pending=pending, pending_at=now)):
+            return ENDED
+        if defer and await self._update(update(turns).where(*seen).values(status=ENDING, outcome=outcome, pending=pending, pending_at=now)):
+            return ENDING
+        return None
+
+    async def finish_ending(self, turn_id: str, now: float | None = None) -> bool:
+        """ENDING -> ENDED once no executor lease is live (its side effects are done, or it ran out)."""
+        now = now or time.time()
+        return await self._update(
+            update(turns).where(turns.c.turn_id == turn_id, turns.c.status == ENDING, no_live_lease(now))
+            .values(status=ENDED, ended_at=now, pending_at=now)
+        )
+
+    async def reword(self, turn_id: str, pending: str, reworded: str) -> bool:
+        """Replace the unpublished decision `pending` by `reworded` (the same end, its reply reworded); False when the
+        decision changed or went out meanwhile."""
+        return await self._update(update(turns).where(turns.c.turn_id == turn_id, turns.c.pending == pending)
+                                  .values(pending=reworded))
+
+    async def flag_stuck(self, turn_id: str, now: float | None = None, stuck_after_s: float = 0.0, step: int | None = None) -> bool:
+        """Flag a running turn with no progress for `stuck_after_s` (checked in the update, with the current time)."""
+        now = now or time.time()
+        conditions = [turns.c.turn_id == turn_id, turns.c.status == RUNNING, turns.c.last_progress_at <= now - stuck_after_s]
+        if step is not None:
+            conditions.append(turns.c.step == step)
+        return await self._update(update(turns).where(*conditions).values(status=STUCK, flagged_at=now))
+
+    async def published(self, turn_id: str, pending: str) -> None:
+        """The decision `pending` is out; a newer decision written meanwhile is left alone."""
+        await self.published_many([(turn_id, pending)])
+
+    async def published_many(self, decisions: list[tuple[str, str]]) -> None:
+        """`published` for many decisions in one statement run for each (the guard clears its outbox in batches).
+
+        Each clear stands alone (a clear that is lost only means a republish), so the batch runs in autocommit: on
+        PostgreSQL one round trip of all the rows, without BEGIN and COMMIT."""
+        if not decisions:
+            return
+        rows = [{"b_turn_id": turn_id, "b_pending": pending, "pending": None, "pending_at": None} for turn_id, pending in decisions]
+        await self._run(lambda conn: conn.execute(_PUBLISHED, rows), write=True, single=True)
+
+    # -- approvals by a person -------------------------------------------------------------
+    async def await_approval(self, approval: dict[str, Any], now: float | None = None, pending: str | None = None) -> bool:
+        """Record a held call and the turn as AWAITING (from live at that step), in one transaction; `pending`: what
+        the wait publishes (its outbox copy).
+
+        While it waits the turn may not act (no claim succeeds), the stuck rule skips it, the executor's
+        lease of the step is released (its other calls are done), and its deadline is the approval's."""
+        now = now or time.time()
+
+        def work(conn: Any) -> bool:
+            moved = conn.execute(
+                update(turns).where(turns.c.turn_id == approval["turn_id"], turns.c.step == approval["step"],
+                                    turns.c.status.in_(LIVE))
+                .values(status=AWAITING, last_progress_at=now, flagged_at=None, lease_step=None, lease_until=None,
+                        deadline_at=approval["expires_at"], pending=pending, pending_at=now if pending else None)
+            ).rowcount
+            if moved != 1:
+                return False
+            conn.execute(insert(approvals).values(status=PENDING, **approval))
+            return True
+
+        try:
+            return await self._run(work, write=True)
+        except IntegrityError:  # the approval exists already: the same request twice
+            return False
+
+    async def decide(self, approval_id: str, status: str, decided_by: str, decided_at: float, decision_reason: str,
+                     pending: str, deadline_at: float | None, now: float | None = None) -> bool:
+        """PENDING -> approved/denied and the turn AWAITING -> RUNNING with its next message in the outbox, together.
+        False (nothing changed) when the approval was decided already or the turn no longer waits for it."""
+        now = now or time.time()
+
+        def work(conn: Any) -> bool:
+            row = conn.execute(select(approvals.c.turn_id, approvals.c.step).where(approvals.c.approval_id == approval_id)).first()
+            if row is None:
+                return False
+            if conn.execute(update(approvals).where(approvals.c.approval_id == approval_id, approvals.c.status == PENDING)
+                            .values(status=status, decided_by=decided_by, decided_at=decided_at,
+                                    decision_reason=decision_reason)).rowcount != 1:
+                return False
+            values: dict[str, Any] = dict(status=RUNNING, last_progress_at=now, pending=pending, pending_at=now)
+            if deadline_at:
+                values["deadline_at"] = deadline_at
+            if conn.execute(update(turns).where(turns.c.turn_id == row.turn_id, turns.c.step == row.step,
+                                                turns.c.status == AWAITING).values(**values)).rowcount != 1:
+                raise _Refused  # the turn ended meanwhile: the approval stays pending (then closed with the turn)
+            return True
+
+        try:
+            return await self._run(work, write=True)
+        except _Refused:
+            return False
+
+    async def close_approvals(self, turn_id: str, status: str, now: float | None = None) -> int:
+        """Pending approvals of a turn that ended without them (expired, ended)."""
+        now = now or time.time()
+        return await self._run(lambda conn: conn.execute(
+            update(approvals).where(approvals.c.turn_id == turn_id, approvals.c.status == PENDING)
+            .values(status=status, decided_at=now)).rowcount, write=True)
+
+    async def release_ending_lease(self, turn_id: str, step: int) -> bool:
+        """An end waits for this step's calls, which are done: let it go now."""
+        return await self._update(update(turns).where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status == ENDING)
+                                  .values(lease_until=None))
+
+    async def approval(self, approval_id: str) -> ApprovalRow | None:
+        rows = await self._approval_rows(select(approvals).where(approvals.c.approval_id == approval_id))
+        return rows[0] if rows else None
+
+    async def list_approvals(self, status: str | None = PENDING, turn_id: str | None = None, limit: int = 50) -> list[ApprovalRow]:
+        """Approvals, newest first; pending ones only while their turn still waits."""
+        query = select(approvals).order_by(approvals.c.requested_at.desc()).limit(limit)
+        if status:
+            query = query.where(approvals.c.status == status)
+        if status == PENDING:
+            query = query.where(approvals.c.turn_id.in_(select(turns.c.turn_id).where(turns.c.status == AWAITING)))
+        if turn_id:
+            query = query.where(approvals.c.turn_id == turn_id)
+        return await self._approval_rows(query)
+
+    async def overdue_approvals(self, now: float) -> list[tuple[ApprovalRow, TurnRow]]:
+        """Pending approvals past their deadline whose turn still waits, with the turn."""
+        pending = await self._approval_rows(
+            select(approvals).where(approvals.c.status == PENDING, approvals.c.expires_at <= now)
+            .where(approvals.c.turn_id.in_(select(turns.c.turn_id).where(turns.c.status == AWAITING)))
+        )
+        out = []
+        for row in pending:
+            turn = await self.get(row.turn_id)
+            if turn is not None:
+                out.append((row, turn))
+        return out
+
+    async def _approval_rows(self, statement: Any) -> list[ApprovalRow]:
+        return await self._run(lambda conn: [ApprovalRow(**r) for r in conn.execute(statement).mappings().all()])
+
+    # -- reads ----------------------------------------------------------------------------
+    async def get(self, turn_id: str) -> TurnRow | None:
+        rows = await self._rows(_GET, {"b_turn_id": turn_id})
+        return rows[0] if rows else None
+
+    async def starting(self, turn_id: str, conversation_id: str) -> tuple[TurnRow | None, list[TurnRow]]:
+        """What a start needs to know, in one read: the turn's row (None: a new turn) and the other turns of its
+        conversation that have not ended."""
+        rows = await self._rows(_STARTING, {"b_turn_id": turn_id, "b_conversation_id": conversation_id})
+        this = next((r for r in rows if r.turn_id == turn_id), None)
+        return this, [r for r in rows if r.turn_id != turn_id]  # the rest: of the conversation, not ended (_STARTING)
+
+    async def live_turns(self, conversation_id: str, but: str | None = None) -> list[TurnRow]:
+        """The turns of a conversation that have not ended (running, stuck, ending), except `but`."""
+        return await self._rows(_LIVE_TURNS, {"b_conversation_id": conversation_id, "b_but": but or ""})
+
+    async def list(self, status: str | None = None, customer_id: str | None = None, limit: int = 50) -> list[TurnRow]:
+        query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)
+        if status:
+            query = query.where(turns.c.status == status)
+        if customer_id:
+            query = query.where(turns.c.customer_id == customer_id)
+        return await self._rows(query)
+
+    async def overdue(self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float
+                      ) -> tuple[list[TurnRow], list[TurnRow], list[TurnRow]]:
+        """(running turns idle past stuck_after_s, live turns past their grace or deadline, ending turns)."""
+        idle = await self._rows(select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s))
+        # a turn with a deadline (every turn since the fence) is judged by it alone: a turn resumed after a
+        # person's approval had its deadline moved by the time it waited
+        past_deadline = turns.c.deadline_at.is_(None) & (turns.c.started_at < now - deadline_s)
+        if deadline_s:
+            past_deadline = past_deadline | (turns.c.deadline_at <= now)
+        expired = await self._rows(
+            select(turns).where(
+                turns.c.status.in_(LIVE),
+                ((turns.c.status == STUCK) & (turns.c.flagged_at < now - grace_s)) | past_deadline,
+            )
+        )
+        ending = await self._rows(select(turns).where(turns.c.status == ENDING))
+        return idle, expired, ending
+
+    async def outbox(self, older_than: float, limit: int = 500) -> list[TurnRow]:
+        """Turns whose decided message may not be out yet (written before `older_than`), oldest first."""
+        return await self._rows(
+            select(turns).where(turns.c.pending.is_not(None), turns.c.status != ENDING,
+                                turns.c.pending_at.is_(None) | (turns.c.pending_at < older_than))
+            .order_by(turns.c.pending_at).limit(limit)
+        )

@@ -1,0 +1,133 @@
+"""The loop decision: each model response (turn.iterations) is decided, recorded once, and sent on.
+
+The rules (services/_guard/rules.py) decide: continue (the tool calls to the gate, or the model
+again) or finish (the turn's end, with its reason). The step is recorded with one conditional
+update of the ledger (the step before must be the one recorded, so a duplicate or a racing
+replica is recognised and dropped); only a refused update reads the ledger, to tell a
+redelivery (its decision republished if it may be unpublished) from a duplicate or a gap. Then
+exactly one message goes out: CallModel, CheckToolCalls or TurnEnded.
+
+A turn that finishes has its exchange stored in its conversation before the end is recorded, so
+the conversation's next turn (waiting for this end) sees it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from roundtrip._guard.acted import Acts
+from roundtrip._guard.conversations import Conversations
+from roundtrip._guard.ledger import ENDED, Ledger
+from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
+from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.rules import Continue, Finish, Policy, decide
+from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.wire.events import CallModel, CheckToolCalls, ModelResponded, Outcome, TurnEnded
+from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error
+
+log = logging.getLogger("roundtrip.guard")
+
+
+def continued(event: ModelResponded, decision: Continue, span: trace.Span | None = None) -> CallModel | CheckToolCalls:
+    """The next hop of a turn that goes on: its tool calls to the gate, or (nothing to run) the model again."""
+    transcript = [*event.messages, {"role": "assistant", "content": event.content}]
+    if decision.resume_model:
+        return CallModel(turn=event.turn, step=event.step, messages=transcript, spent=event.spent)
+    if decision.blocked:
+        (span or trace.get_current_span()).add_event("repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)})
+    return CheckToolCalls(turn=event.turn, step=event.step, messages=transcript, calls=event.tool_calls,
+                          spent=event.spent, blocked=decision.blocked)
+
+
+class StepClock:
+    """The loop's round trip, from a turn's previous decision (on this replica) to its next one: roundtrip_step_seconds."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._last: dict[str, float] = {}  # turn id -> monotonic time of its last decision
+        self._limit = limit
+
+    def stepped(self, turn_id: str, ended: bool) -> None:
+        now = time.monotonic()
+        if (last := self._last.pop(turn_id, None)) is not None:
+            metrics.step_seconds.observe(now - last)
+        if not ended and len(self._last) < self._limit:
+            self._last[turn_id] = now
+
+    def forget(self, turn_id: str) -> None:
+        """The turn ended from outside, or waits for a person: what comes next is not a step of the loop."""
+        self._last.pop(turn_id, None)
+
+
+@dataclass
+class Loop:
+    ledger: Ledger
+    outbox: Outbox
+    policy: Policy
+    prices: PriceTable
+    model: str = ""  # the model priced when an iteration does not name its own
+    conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
+    steps: StepClock = field(default_factory=StepClock)
+    acts: Acts = field(default_factory=Acts)  # the agent's side effects: an early end after one says what was done
+
+    async def on_iteration(self, event: ModelResponded) -> str:
+        """Decide, then record the step with one conditional update; only a refused update reads the ledger."""
+        span = trace.get_current_span()
+        model = event.model or self.model
+        cost, step_cost = self.prices.cost(model, event.spent), self.prices.cost(model, event.usage)
+        decision = decide(event, self.policy, cost, step_cost)
+        span.set_attribute("roundtrip.decision", type(decision).__name__)
+        if isinstance(decision, Continue):
+            message, outcome = continued(event, decision, span), None
+        else:
+            message, outcome = await self._finished(event, decision, cost, span), decision.outcome.value
+        pending = pending_copy(message)
+        if await self.ledger.advance(event.turn.turn_id, event.step, event.spent.model_dump(), cost, pending,
+                                     outcome=outcome, traceparent=traceparent()):
+            # counted once, when the ledger records the step (a redelivery that republishes counts nothing again)
+            metrics.count_usage(model, event.usage, step_cost)
+            if isinstance(message, CheckToolCalls) and message.blocked:
+                metrics.guard_blocked_calls.inc(len(message.blocked))
+            if outcome:
+                metrics.count_turn_end(outcome, event.step)
+            self.steps.stepped(event.turn.turn_id, ended=bool(outcome))
+            await self.outbox.emit(event.turn.turn_id, pending, message, event.turn.conversation_id)
+            return outcome or type(message).__name__
+        return await self._not_advanced(event, span)
+
+    async def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
+        """The end of a turn the rules finish; its exchange is stored first (the next turn waits for the end)."""
+        outcome = decision.outcome.value
+        text = self.acts.reply(decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages:]))
+        ended = TurnEnded(turn=event.turn, step=event.step, outcome=decision.outcome, text=text, spent=event.spent,
+                          cost_usd=round(cost, 6))
+        span.set_attribute("roundtrip.outcome", outcome)
+        if decision.detail:  # an end_turn has none: no empty attribute
+            span.set_attribute("roundtrip.detail", decision.detail)
+        if outcome in ERROR_OUTCOMES:
+            mark_error(span, f"{outcome}: {decision.detail}" if decision.detail else outcome, outcome)
+        if self.conversations is not None:  # stored before the end is recorded: the next turn waits for the end
+            await self.conversations.close_turn(event.turn.conversation_id, event.turn.turn_id,
+                                                event.messages[event.turn.history_messages:], event.content, ended.text, outcome)
+        if decision.outcome not in (Outcome.END_TURN,):
+            log.warning("turn %s ended at step %d: %s (%s) trace %s", event.turn.turn_id, event.step, outcome,
+                        decision.detail, event.turn.trace_id)
+        return ended
+
+    async def _not_advanced(self, event: ModelResponded, span: trace.Span) -> str:
+        """Why the ledger refused the step: a redelivery (republish if its decision may be unpublished), a duplicate, a gap."""
+        row = await self.ledger.get(event.turn.turn_id)
+        if row is None:
+            log.warning("turn %s: iteration for a turn the ledger does not know; dropped", event.turn.turn_id)
+            return "unknown turn"
+        if event.step == row.step and row.pending:
+            await self.outbox.republish(row)
+            return "republished"
+        if row.status == ENDED or event.step <= row.step:
+            span.add_event("duplicate or late iteration dropped", {"ledger.step": row.step, "ledger.status": row.status})
+            return "duplicate"
+        log.warning("turn %s: iteration %d arrived after %d; dropped", event.turn.turn_id, event.step, row.step)
+        return "out of order"

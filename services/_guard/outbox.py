@@ -1,0 +1,135 @@
+"""The guard's way out: every decision is recorded with a pending copy, published, then cleared.
+
+Each handler records its decision in the ledger together with the message that carries it (the
+pending copy, `pending_copy`), in one conditional update, and only then publishes it
+(`Outbox.emit`). A crash or a failed publish between the two leaves the copy in the ledger: a
+redelivery of the same input, or the outbox pass (`republish_all`, at start-up and from the
+sweeper), publishes it again. So a recorded decision is published at least once, and the
+consumers downstream drop the duplicates (their own fences).
+
+What the guard publishes, and where, is the topology's declaration (`services/_kernel/wire/topology.py`):
+`TOPIC_OF` is its outputs read the other way round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka.errors import KafkaError
+from opentelemetry.propagate import inject
+from pydantic import BaseModel
+
+from roundtrip._guard.ledger import Ledger, TurnRow
+from roundtrip._kernel.wire import topology
+from roundtrip._kernel.wire.events import TurnEnded
+
+log = logging.getLogger("roundtrip.guard")
+
+Publish = Callable[[str, BaseModel, str], Awaitable[None]]  # (logical topic, message, conversation id)
+MODEL_OF: dict[str, type[BaseModel]] = topology.service("guard").outputs  # topic -> the message published there
+TOPIC_OF: dict[type[BaseModel], str] = {model: topic for topic, model in MODEL_OF.items()}
+SWEEP_PUBLISH_TIMEOUT_S = 1.0  # a sweeper publish taking longer means the broker is away (a healthy one acks in ms)
+CLEAR_BATCH_S = 0.05  # published decisions are cleared from the outbox together, this often
+
+
+def pending_copy(message: BaseModel) -> str:
+    """The outbox copy of a decision: {"topic": ..., "message": ...} (pydantic writes the message's JSON itself)."""
+    return f'{{"topic": {json.dumps(TOPIC_OF[type(message)])}, "message": {message.model_dump_json()}}}'
+
+
+def traceparent() -> str | None:
+    """The current span's W3C traceparent, recorded with a decision (the sweeper's spans link to the turn's last hop)."""
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return carrier.get("traceparent")
+
+
+class Outbox:
+    """Publishes recorded decisions and clears their pending copies; republishes the ones left pending.
+
+    `on_ended(conversation_id)` hears of every end this replica publishes (a start of the same
+    conversation waits for it: services/_guard/starts.py)."""
+
+    def __init__(self, ledger: Ledger, publish: Publish, after_s: float = 5.0,
+                 on_ended: Callable[[str], None] = lambda conversation_id: None) -> None:
+        self.ledger, self.publish, self.on_ended = ledger, publish, on_ended
+        self.after_s = after_s  # the sweeper republishes a decision still unpublished after this long
+        self._clearing: asyncio.Task | None = None
+        self._to_clear: list[tuple[str, str]] = []
+
+    async def emit(self, turn_id: str, pending: str, message: BaseModel, conversation_id: str) -> None:
+        """Publish, then clear the ledger's pending copy off the hot path (a crash before that only republishes).
+
+        Clears are batched: one transaction for all the decisions published meanwhile (under load,
+        one write instead of one per step)."""
+        await self.publish(TOPIC_OF[type(message)], message, conversation_id)
+        if isinstance(message, TurnEnded):
+            self.on_ended(conversation_id)
+        self._to_clear.append((turn_id, pending))
+        if self._clearing is None or self._clearing.done():
+            self._clearing = asyncio.create_task(self._clear())
+
+    async def _clear(self) -> None:
+        await asyncio.sleep(CLEAR_BATCH_S)
+        while self._to_clear:
+            batch, self._to_clear = self._to_clear, []
+            try:
+                await self.ledger.published_many(batch)
+            except Exception as exc:  # noqa: BLE001 - only means a republish later (the sweeper's outbox)
+                log.warning("could not clear %d published decisions: %s", len(batch), exc)
+
+    async def drain(self) -> None:
+        """Wait for the pending-copy clean-ups (shutdown, tests)."""
+        if self._clearing is not None:
+            await asyncio.gather(self._clearing, return_exceptions=True)
+
+    async def republish(self, row: TurnRow, why: str = "a redelivery") -> None:
+        """Crash recovery: the decision was recorded but maybe not published."""
+        pending = json.loads(row.pending or "null")
+        if pending:
+            message = MODEL_OF[pending["topic"]].model_validate(pending["message"])
+            log.warning("turn %s: republishing the pending %s after %s", row.turn_id, type(message).__name__, why)
+            await self.emit(row.turn_id, row.pending, message, row.conversation_id)
+
+    async def republish_all(self, older_than: float | None = None, timeout: float | None = None) -> int:
+        """Publish every recorded decision still not published (at start-up, and from the sweeper).
+
+        Each publish is bounded by `timeout` (default SWEEP_PUBLISH_TIMEOUT_S): one that does not get through means
+        the broker is away, and the pass stops there (the rows stay pending for the next one) instead of waiting for
+        the producer's retries."""
+        older_than = time.time() - self.after_s if older_than is None else older_than
+        timeout = SWEEP_PUBLISH_TIMEOUT_S if timeout is None else timeout
+        count = 0
+        for row in await self.ledger.outbox(older_than):
+            try:
+                await asyncio.wait_for(self.republish(row, "a restart or a failed publish"), timeout)
+                count += 1
+            except (TimeoutError, KafkaError) as exc:
+                log.warning("outbox: the pending decision of turn %s not published (%s); the broker looks away, "
+                            "the rest waits for the next pass", row.turn_id, type(exc).__name__)
+                break
+            except Exception:  # noqa: BLE001 - the rest of the outbox still goes out; this row stays pending
+                log.exception("turn %s: republishing its pending decision failed; will retry", row.turn_id)
+        return count
+
+
+class Bounded:
+    """The sweeper's publishes, each bounded by SWEEP_PUBLISH_TIMEOUT_S. The first that does not get through means the
+    broker is away: `reachable` turns false, and the rest of the sweep only records (ends stay pending in the ledger;
+    the outbox publishes them once the broker is back), so a sweep never waits on Kafka's retries."""
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.timeout, self.reachable = SWEEP_PUBLISH_TIMEOUT_S if timeout is None else timeout, True
+
+    async def __call__(self, work: Callable[[], Awaitable[Any]], what: str) -> Any:
+        try:
+            return await asyncio.wait_for(work(), self.timeout)
+        except (TimeoutError, KafkaError) as exc:
+            self.reachable = False
+            log.warning("sweep: %s not published (%s); recording the rest, the outbox publishes them later", what, type(exc).__name__)
+            return None

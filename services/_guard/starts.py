@@ -1,0 +1,167 @@
+"""Turn start and conversation order (turn.starts): every turn starts here, once.
+
+Conversations (services/_guard/conversations.py): a turn starts only for the customer who owns
+its conversation (anyone else gets a refusal and sees nothing), only once the conversation's
+previous turn has ended (a second request waits for it: the starts consumer holds it, other
+conversations go on), and with the conversation's history at the head of its transcript. When
+a turn ends, its exchange is stored before the end is recorded (services/_guard/loop.py), so the
+next turn sees it.
+
+The start is recorded with its first decision (the first CallModel, or the refusal) in one
+conditional insert: a duplicate request is recognised and dropped, and a start recorded but
+maybe not published is published again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from roundtrip._guard.conversations import Claim, Conversations
+from roundtrip._guard.ledger import Ledger, TurnRow
+from roundtrip._guard.loop import StepClock
+from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
+from roundtrip._guard.replies import polite
+from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.wire.events import CallModel, Outcome, StartTurn, Turn, TurnEnded
+
+log = logging.getLogger("roundtrip.guard")
+security = logging.getLogger("roundtrip.security")
+
+
+class ConversationOrder:
+    """Turns of one conversation run one after another: a start waits while another turn of its conversation is live.
+
+    `ended(conversation_id)` wakes the starts waiting on that conversation at once (the outbox calls it when this
+    replica publishes an end); a turn ended by another replica is seen by polling the ledger every `poll_s`."""
+
+    def __init__(self, ledger: Ledger, give_up_after_s: float, poll_s: float = 0.5) -> None:
+        self.ledger, self.give_up_after_s, self.poll_s = ledger, give_up_after_s, poll_s
+        self._ended: dict[str, asyncio.Event] = {}  # conversation id -> set when this replica ends one of its turns
+
+    def ended(self, conversation_id: str) -> None:
+        if (event := self._ended.get(conversation_id)) is not None:
+            event.set()  # a start of the same conversation waits for this
+
+    async def wait_for_earlier_turns(self, turn: Turn) -> float:
+        """Block this start until no other turn of its conversation is live. Woken at once when this replica ends
+        that turn, else it looks again every poll_s; gives up (and starts anyway) past give_up_after_s, longer than
+        a turn can live. Returns the seconds waited."""
+        started = time.monotonic()
+        give_up = started + self.give_up_after_s
+        conversation = turn.conversation_id
+        announced = False
+        while True:
+            ended = self._ended.setdefault(conversation, asyncio.Event())  # before the read: no lost wake-up
+            live = await self.ledger.live_turns(conversation, but=turn.turn_id)
+            if not live:
+                break
+            if not announced:
+                announced = True
+                log.info("turn %s waits for turn %s of conversation %s to end", turn.turn_id, live[0].turn_id, conversation)
+                trace.get_current_span().add_event("waiting for the conversation's running turn", {"roundtrip.waits_for": live[0].turn_id})
+            if time.monotonic() > give_up:
+                log.warning("turn %s: turn %s of its conversation is still not ended; starting anyway", turn.turn_id, live[0].turn_id)
+                break
+            try:
+                await asyncio.wait_for(ended.wait(), self.poll_s)
+            except TimeoutError:
+                pass
+            self._ended.pop(conversation, None)
+        self._ended.pop(conversation, None)
+        waited = time.monotonic() - started
+        if announced:
+            trace.get_current_span().set_attribute("roundtrip.conversation_wait_s", round(waited, 3))
+        return waited
+
+
+@dataclass
+class Starts:
+    ledger: Ledger
+    outbox: Outbox
+    order: ConversationOrder
+    turn_deadline_s: float = 300.0  # a turn whose request names no deadline gets this one
+    conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
+    steps: StepClock = field(default_factory=StepClock)
+    agent_digest: str | None = None  # recorded with each turn it starts (Agent.digest)
+
+    async def on_start(self, command: StartTurn) -> str:
+        """A new turn in two round trips of the database where its conversation is new or idle: the ledger's read
+        (the turn itself: a duplicate? the conversation's turns not ended) beside the conversation's claim, then
+        the turn recorded beside its exchange opened. The history is read only when the conversation has some or a
+        turn of it ran; a start that waits for the conversation's running turn reads it after that turn's end."""
+        turn = command.turn
+        # a duplicate's claim changes nothing: it touches its own conversation, or finds someone else's
+        (row, running), claim = await asyncio.gather(self.ledger.starting(turn.turn_id, turn.conversation_id), self._claim(turn))
+        if row is not None:
+            return await self._started_before(row, command)
+        history: list[dict] = []
+        if claim is not None:
+            if claim.owner != turn.customer_id:
+                return await self._refuse(command)
+            if running:  # it stores its exchange before its end: the history is read after that
+                await self.order.wait_for_earlier_turns(turn)
+            if claim.stored_turns or running:
+                history = await self.conversations.history(turn.conversation_id)
+        now = time.time()
+        changes: dict[str, float | int | str] = {"history_messages": len(history)}
+        if self.agent_digest:  # every service handling the turn compares it with its own (services/_kernel/observability/agent_digest.py)
+            changes["agent_digest"] = self.agent_digest
+        if not turn.deadline_at:  # the turn's deadline travels with it: the gate signs it into every approval
+            changes["deadline_at"] = round(now + self.turn_deadline_s, 3)
+        turn = turn.model_copy(update=changes)
+        call = CallModel(turn=turn, step=0, messages=[*history, {"role": "user", "content": command.text}])
+        if history:
+            trace.get_current_span().set_attribute("roundtrip.history_messages", len(history))
+        pending = pending_copy(call)
+        recorded = self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, deadline_at=turn.deadline_at,
+                                     agent_digest=self.agent_digest)
+        # side by side: a start recorded without its exchange opens it when it is republished (_started_before)
+        started, _ = await asyncio.gather(recorded, self._open(command))
+        if started:
+            self.steps.stepped(turn.turn_id, ended=False)
+            await self.outbox.emit(turn.turn_id, pending, call, turn.conversation_id)
+            return "started"
+        row = await self.ledger.get(turn.turn_id)
+        return await self._started_before(row, command) if row is not None else "duplicate"
+
+    async def _claim(self, turn: Turn) -> Claim | None:
+        """The conversation's owner and stored turns; None without a conversation store."""
+        return None if self.conversations is None else await self.conversations.claim(turn.conversation_id, turn.customer_id)
+
+    async def _open(self, command: StartTurn) -> None:
+        """The turn's exchange in its conversation (idempotent): it becomes history when the turn ends."""
+        if self.conversations is not None:
+            await self.conversations.open_turn(command.turn.conversation_id, command.turn.turn_id, command.text)
+
+    async def _started_before(self, row: TurnRow, command: StartTurn) -> str:
+        """A start the ledger has seen: republish its first decision if that may not be out, else drop it."""
+        if row.step == 0 and row.pending:
+            if row.outcome is None:  # not refused: its exchange may not have been opened (the start failed after the record)
+                await self._open(command)
+            await self.outbox.republish(row)
+            return "republished"
+        log.info("turn %s: duplicate request %s dropped", row.turn_id, row.request_id)
+        return "duplicate"
+
+    async def _refuse(self, command: StartTurn) -> str:
+        """A request naming another customer's conversation: a polite refusal, no history, no model call."""
+        turn = command.turn
+        now = time.time()
+        outcome = Outcome.CONVERSATION_REFUSED
+        ended = TurnEnded(turn=turn, step=0, outcome=outcome, text=polite(outcome))
+        pending = pending_copy(ended)
+        if not await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, outcome=outcome.value,
+                                       agent_digest=self.agent_digest):
+            row = await self.ledger.get(turn.turn_id)
+            return await self._started_before(row, command) if row is not None else "duplicate"
+        security.warning("turn %s refused: customer %s named conversation %s of another customer (request %s)",
+                         turn.turn_id, turn.customer_id, turn.conversation_id, turn.request_id)
+        trace.get_current_span().add_event("conversation refused: it belongs to another customer")
+        metrics.count_turn_end(outcome.value, 0)
+        await self.outbox.emit(turn.turn_id, pending, ended, turn.conversation_id)
+        return "refused"

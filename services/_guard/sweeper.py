@@ -1,0 +1,120 @@
+"""The sweeper: a timer (not a busy loop) over the ledger for the turns nothing moves any more.
+
+Each sweep flags turns idle past stuck_after_s (TurnFlagged on turn.events), ends those stuck past
+their grace or past their deadline, finishes the ends that waited for a running step, expires the
+approvals nobody decided in time, and republishes decisions left unpublished (the outbox). Every
+change is conditional on the row as read, with the current time, so a turn that moved meanwhile
+is left alone.
+
+The sweeper never waits on Kafka: every publish of a sweep is bounded (services/_guard/outbox.py's
+`Bounded`); once one does not get through, the rest of the sweep only records, and the outbox
+publishes the ends once the broker is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from roundtrip._guard.approvals import Approvals
+from roundtrip._guard.conversations import Conversations
+from roundtrip._guard.ledger import ENDED, STUCK, Ledger, TurnRow
+from roundtrip._guard.outbox import Bounded, Outbox
+from roundtrip._guard.outside import Outside, in_turn_trace
+from roundtrip._kernel.wire.events import Outcome, Turn, TurnFlagged
+from roundtrip._kernel.observability.telemetry import mark_error
+
+log = logging.getLogger("roundtrip.guard")
+
+Flag = Callable[[TurnFlagged, str], Awaitable[None]]  # (the stuck flag, conversation id): publishes on turn.events
+RETENTION_EVERY_S = 60.0  # conversations idle past their retention are deleted this often
+
+
+@dataclass
+class Sweeper:
+    ledger: Ledger
+    outbox: Outbox
+    outside: Outside
+    approvals: Approvals
+    stuck_after_s: float = 60.0
+    stuck_grace_s: float = 30.0
+    turn_deadline_s: float = 300.0
+
+    async def sweep(self, flag: Flag, now: float | None = None) -> tuple[int, int]:
+        """Flag turns idle past stuck_after_s; end those past their grace or their deadline; finish deferred ends;
+        republish decisions left unpublished. Every change is conditional on the row as read, with the current time.
+        Returns (turns flagged, turns ended)."""
+        now = now or time.time()
+        idle, expired, ending = await self.ledger.overdue(now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s)
+        announced = Bounded()  # every publish of this sweep, bounded: the sweep never waits on Kafka
+        flagged = 0
+        for row in idle:
+            flagged += await self._flag(row, now, flag, announced)
+        ended = 0
+        for row in expired:
+            ended += await self._end_overdue(row, now, announced) == ENDED
+        for row in ending:
+            ended += await self.finish_ending(row, announced)
+        ended += await self.approvals.expire(now, announced)
+        if announced.reachable:
+            await self.outbox.republish_all()
+        return flagged, ended
+
+    async def _flag(self, row: TurnRow, now: float, flag: Flag, announced: Bounded) -> bool:
+        """Flag an idle turn stuck (once per stall: conditional on the step read) and announce it."""
+        at = max(now, time.time())  # never a stale timestamp: it would shorten the grace
+        if not await self.ledger.flag_stuck(row.turn_id, at, self.stuck_after_s, step=row.step):
+            return False
+        idle_s = at - row.last_progress_at
+        detail = f"no progress for {idle_s:.1f} s after step {row.step}; ending in {self.stuck_grace_s:g} s unless it moves"
+        with in_turn_trace(row, "guard.turn_stuck") as span:
+            span.add_event("turn stuck", {"roundtrip.turn_id": row.turn_id, "roundtrip.idle_s": idle_s, "roundtrip.step": row.step})
+            span.set_attribute("roundtrip.detail", detail)
+            mark_error(span, f"stuck: {detail}", "stuck")
+            log.warning("turn %s is stuck: %s (customer %s, trace %s)", row.turn_id, detail, row.customer_id, row.trace_id)
+            if announced.reachable:
+                message = TurnFlagged(turn=Turn.model_validate(row.turn), step=row.step, idle_s=round(idle_s, 3), detail=detail)
+                await announced(lambda: flag(message, row.conversation_id), f"the stuck flag of {row.turn_id}")
+        return True
+
+    async def _end_overdue(self, row: TurnRow, now: float, announced: Bounded) -> str | None:
+        """End a turn past its deadline, or stuck past its grace (only if still stuck since that very flag)."""
+        if (row.deadline_at or row.started_at + self.turn_deadline_s) <= now:
+            detail, since = f"turn older than {self.turn_deadline_s:g} s", {}
+        else:
+            detail, since = f"stuck for more than {self.stuck_grace_s:g} s", {"status": STUCK, "flagged_at": row.flagged_at}
+        announce = announced.reachable
+        return await announced(lambda: self.outside.end(row, Outcome.DEADLINE, detail, announce=announce, **since),
+                               f"the end of {row.turn_id}")
+
+    async def finish_ending(self, row: TurnRow, announced: Bounded | None = None) -> bool:
+        """An end that waited for a running step: record it and publish it once the lease is gone (when the broker is
+        away, the ledger keeps it pending and the outbox publishes it later)."""
+        announced = announced or Bounded()
+        if not await self.ledger.finish_ending(row.turn_id, time.time()):
+            return False
+        done = await self.ledger.get(row.turn_id)
+        if done is not None:  # the running step's side effects, recorded after the end was decided, are in its reply
+            done = await self.outside.reworded(done)
+        if done is not None and done.pending and announced.reachable:
+            await announced(lambda: self.outbox.republish(done, "the running step finished"), f"the end of {row.turn_id}")
+        return True
+
+
+async def run(sweeper: Sweeper, flag: Flag, interval_s: float, conversations: Conversations | None = None) -> None:
+    """Sweep every interval_s, for ever (cancel the task to stop it); every RETENTION_EVERY_S, delete the conversations
+    idle past their retention. A failed sweep (a database hiccup) is logged and retried at the next tick."""
+    expired_at = 0.0
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await sweeper.sweep(flag)
+            if conversations is not None and time.monotonic() - expired_at > RETENTION_EVERY_S:
+                expired_at = time.monotonic()
+                if expired := await conversations.expire():
+                    log.info("deleted %d conversations idle for more than %g s", expired, conversations.retention_s)
+        except Exception:  # noqa: BLE001 - the sweeper must outlive a database hiccup
+            log.exception("sweeping for stuck turns failed; will retry")

@@ -1,0 +1,142 @@
+"""Least privilege on the cluster: the ACLs each service's principal needs, derived from the topology.
+
+Each service runs as its own principal (`User:roundtrip-<service>` unless told otherwise) and gets exactly:
+
+* for every input: Read and Describe on its topic, Read on its consumer group;
+* for every output and the dead letters: Write and Describe on the topic, IdempotentWrite on the cluster;
+* the gateway also: Read and Describe on `support.replies` (it reads which turns were answered, with no group)
+  and Write and Describe on its transactional ids (`roundtrip-gateway-` prefixed: one per replica).
+
+So a compromised executor can write nothing but model calls, approval requests and dead letters, and read
+nothing but the signed batches it runs. Two more principals are not services: `operator` (the `roundtrip`
+commands: topics, lag, ask, cancel, approvals) and `app` (the user's own client: it publishes requests and reads
+replies, and support.status, in its own group).
+
+`roundtrip acls` prints them as `kafka-acls` commands (`render`), one per resource and operation set, or adds
+them through the admin API (`apply`, `roundtrip acls --apply`: Kafka's CreateAcls, as kafka-acls.sh does).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from roundtrip._kernel.wire import topics, topology
+
+DEFAULT_PRINCIPAL = "User:roundtrip-{name}"
+# Kafka's codes (org.apache.kafka.common.resource.ResourceType, acl.AclOperation, PatternType, AclPermissionType)
+RESOURCE_CODES = {"topic": 2, "group": 3, "cluster": 4, "transactional-id": 5}
+OPERATION_CODES = {"Read": 3, "Write": 4, "Create": 5, "Alter": 7, "Describe": 8, "DescribeConfigs": 10, "AlterConfigs": 11,
+                   "IdempotentWrite": 12}
+LITERAL, PREFIXED, ALLOW = 3, 4, 3
+OPERATOR, APP = "operator", "app"
+
+
+@dataclass(frozen=True, order=True)
+class Acl:
+    """Allow `principal` the `operations` on one resource (`kind`: topic, group, transactional-id or cluster)."""
+
+    principal: str
+    kind: str
+    name: str
+    operations: tuple[str, ...]
+    prefixed: bool = False
+
+    def command(self, bootstrap: str, command_config: str | None) -> str:
+        parts = ["kafka-acls.sh", "--bootstrap-server", bootstrap]
+        if command_config:
+            parts += ["--command-config", command_config]
+        parts += ["--add", "--allow-principal", self.principal]
+        for operation in self.operations:
+            parts += ["--operation", operation]
+        parts += ["--cluster"] if self.kind == "cluster" else [f"--{self.kind}", self.name]
+        if self.prefixed:
+            parts += ["--resource-pattern-type", "prefixed"]
+        return shlex.join(parts)
+
+
+def _topic(principal: str, name: str, prefix: str, *operations: str) -> Acl:
+    return Acl(principal, "topic", topics.t(name, prefix), (*operations, "Describe"))
+
+
+def for_service(service: topology.Service, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
+    """What `service`'s principal needs: nothing more (see the module docstring)."""
+    who = principal.format(name=service.name)
+    acls = [_topic(who, i.topic, prefix, "Read") for i in service.inputs]
+    acls += [Acl(who, "group", i.group(service.name), ("Read",)) for i in service.inputs]
+    acls += [_topic(who, t, prefix, "Write") for t in (*service.outputs, topics.DEAD_LETTERS)]
+    acls.append(Acl(who, "cluster", "kafka-cluster", ("IdempotentWrite",)))
+    if service.name == "gateway":
+        acls.append(_topic(who, topics.SUPPORT_REPLIES, prefix, "Read"))
+        acls.append(Acl(who, "transactional-id", "roundtrip-gateway-", ("Write", "Describe"), prefixed=True))
+    return _merged(acls)
+
+
+def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
+    """The `roundtrip` commands: make and grow the topics, read every topic, publish requests, cancels and
+    decisions, read the groups' offsets (lag)."""
+    who = principal.format(name=OPERATOR)
+    acls = [Acl(who, "topic", topics.t(name, prefix), ("Read", "Describe", "DescribeConfigs", "AlterConfigs", "Alter", "Create"))
+            for name in topology.topic_names()]
+    acls += [_topic(who, name, prefix, "Write") for name in (topics.SUPPORT_REQUESTS, topics.TURN_CONTROLS, topics.APPROVAL_DECISIONS)]
+    acls.append(Acl(who, "group", "roundtrip-", ("Describe",), prefixed=True))
+    acls.append(Acl(who, "cluster", "kafka-cluster", ("Create", "Describe", "IdempotentWrite")))
+    return _merged(acls)
+
+
+def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
+    """The user's app: publish requests, read replies (and the status of a turn waiting for a person) in its own
+    consumer group `group`."""
+    who = principal.format(name=APP)
+    return _merged([_topic(who, topics.SUPPORT_REQUESTS, prefix, "Write"), _topic(who, topics.SUPPORT_REPLIES, prefix, "Read"),
+                    _topic(who, topics.SUPPORT_STATUS, prefix, "Read"),
+                    Acl(who, "group", group, ("Read",)), Acl(who, "cluster", "kafka-cluster", ("IdempotentWrite",))])
+
+
+def derive(prefix: str = "", principal: str = DEFAULT_PRINCIPAL, app_group: str | None = None) -> dict[str, list[Acl]]:
+    """Every principal of the fleet -> its ACLs: the services (topology order), the operator, and the app when
+    `app_group` names its consumer group."""
+    derived = {s.name: for_service(s, prefix, principal) for s in topology.SERVICES}
+    derived[OPERATOR] = for_operator(prefix, principal)
+    if app_group:
+        derived[APP] = for_app(app_group, prefix, principal)
+    return derived
+
+
+def render(derived: dict[str, list[Acl]], bootstrap: str, command_config: str | None = None) -> str:
+    """The ACLs as `kafka-acls.sh` commands, each principal under a comment line."""
+    lines: list[str] = []
+    for name, acls in derived.items():
+        lines.append(f"# {name}: {acls[0].principal}" if acls else f"# {name}")
+        lines += [acl.command(bootstrap, command_config) for acl in acls]
+    return "\n".join(lines) + "\n"
+
+
+async def apply(admin: Any, derived: dict[str, list[Acl]]) -> int:
+    """Add every ACL through a started AIOKafkaAdminClient of a principal allowed to (CreateAcls, one binding per
+    request); raises ValueError naming the first the cluster refused. Returns how many bindings were added
+    (adding one that exists changes nothing)."""
+    from aiokafka.protocol.admin import CreateAclsRequest
+
+    added = 0
+    for acl in (a for acls in derived.values() for a in acls):
+        for operation in acl.operations:
+            request = CreateAclsRequest(RESOURCE_CODES[acl.kind], acl.name, PREFIXED if acl.prefixed else LITERAL,
+                                        acl.principal, "*", OPERATION_CODES[operation], ALLOW)
+            response = await admin._send_request(request)  # aiokafka's admin has no create_acls of its own
+            for error_code, error_message in response.creation_responses:
+                if error_code:
+                    raise ValueError(f"the cluster refused {operation} on {acl.kind} {acl.name} for {acl.principal}: "
+                                     f"error {error_code} {error_message or ''}".strip())
+            added += 1
+    return added
+
+
+def _merged(acls: list[Acl]) -> list[Acl]:
+    """One ACL per resource: operations of the same resource joined (in first-seen order), duplicates dropped."""
+    by_resource: dict[tuple[str, str, str, bool], list[str]] = {}
+    for acl in acls:
+        ops = by_resource.setdefault((acl.principal, acl.kind, acl.name, acl.prefixed), [])
+        ops += [op for op in acl.operations if op not in ops]
+    return [Acl(who, kind, name, tuple(ops), prefixed) for (who, kind, name, prefixed), ops in by_resource.items()]

@@ -1,0 +1,361 @@
+"""Topic administration: create the fleet's topics (idempotently) and wait for a broker.
+
+    report = await ensure_topics(kafka_clients(settings), prefix="", partitions=6, executor_partitions=12)
+    report.created, report.existing, report.grown
+
+The first argument of each function here is the cluster: a KafkaClients (services/_kernel/kafka/clients.py, its
+security included) or a bootstrap string (PLAINTEXT). `create_topics` is the short form returning only the names it created. Existing topics are
+left alone, except that a topic with fewer partitions than asked is grown (Kafka can only add
+partitions), so raising `executor_partitions` scales the executors of a running fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
+
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
+
+log = logging.getLogger(__name__)
+
+DEAD_LETTER_PARTITIONS = 1  # dead letters are for people to read, in order
+# A dead letter carries the original record base64-encoded (4/3 of its size) plus a readable copy,
+# so the dead letter of a record near the broker's 1 MB default limit is ~1.4-2.7 MB: the dead-letter
+# topic accepts records up to this size (and the services' producers send them: messaging.make_broker).
+DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
+
+
+@dataclass
+class TopicsReport:
+    created: list[str] = field(default_factory=list)
+    existing: list[str] = field(default_factory=list)
+    grown: list[str] = field(default_factory=list)  # existing topics that got more partitions
+
+    def __str__(self) -> str:
+        parts = [f"created {len(self.created)}", f"already there {len(self.existing)}"]
+        if self.grown:
+            parts.append(f"grown {', '.join(self.grown)}")
+        return "topics: " + ", ".join(parts)
+
+
+def topic_configs(name: str, prefix: str = "") -> dict[str, str]:
+    """Per-topic configuration the fleet needs: a large enough message limit on the dead-letter topic."""
+    if name == prefix + topics.DEAD_LETTERS:
+        return {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)}
+    return {}
+
+
+def desired_topics(prefix: str, partitions: int, executor_partitions: int | None = None) -> dict[str, int]:
+    """Wire name -> partition count of every topic of the fleet."""
+    counts = {}
+    for name in topology.topic_names():
+        if name == topics.TOOL_BATCHES:
+            n = executor_partitions or partitions
+        elif name == topics.DEAD_LETTERS:
+            n = DEAD_LETTER_PARTITIONS
+        else:
+            n = partitions
+        counts[prefix + name] = n
+    return counts
+
+
+def _admin(kafka: KafkaClients | str, request_timeout_ms: int = 30000) -> AIOKafkaAdminClient:
+    return clients_of(kafka).admin(client_id="roundtrip-admin", request_timeout_ms=request_timeout_ms)
+
+
+async def _partition_counts(
+    admin: AIOKafkaAdminClient, names: list[str], timeout: float = 10.0, at_least: dict[str, int] | None = None
+) -> dict[str, int]:
+    """Partition count of each topic, once the broker's metadata shows all of them with leaders
+    (and at least `at_least[name]` partitions).
+
+    Right after a create, the broker may not know the topic yet (the controller commits first,
+    the broker's metadata cache follows a moment later), so this polls until it does.
+    """
+    at_least = at_least or {}
+    deadline = time.monotonic() + timeout
+    while True:
+        described = await admin.describe_topics(names)
+        counts = {
+            t["topic"]: len(t["partitions"])
+            for t in described
+            if t["error_code"] == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
+        }
+        if all(counts.get(n, 0) >= at_least.get(n, 1) for n in names) or time.monotonic() > deadline:
+            return counts
+        await asyncio.sleep(0.05)
+
+
+async def ensure_topics(
+    bootstrap: KafkaClients | str,
+    prefix: str = "",
+    partitions: int = 6,
+    executor_partitions: int | None = None,
+    replication_factor: int = 1,
+    *,
+    min_insync_replicas: int | None = None,
+    grow: bool = True,
+    timeout: float = 30.0,
+) -> TopicsReport:
+    """Create the fleet's topics that do not exist yet; report what was created and what existed.
+
+    A topic is created with `replication_factor` replicas and, when given, `min.insync.replicas`; a topic that
+    exists keeps the replication and settings it has (only its partitions grow)."""
+    durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
+    wanted = desired_topics(prefix, partitions, executor_partitions)
+    report = TopicsReport()
+    admin = _admin(bootstrap, int(timeout * 1000))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [name for name in wanted if name not in existing]
+        report.existing = [name for name in wanted if name in existing]
+        if missing:
+            await _create(admin, {name: wanted[name] for name in missing}, replication_factor, prefix, durability, timeout, report)
+        # Wait until the broker serves every topic (so producers and consumers started right after
+        # this call find them), and grow the existing ones that have fewer partitions than asked.
+        counts = await _partition_counts(admin, list(wanted), timeout)
+        if missing_now := [name for name in wanted if name not in counts]:
+            raise KafkaError(f"topics not available after {timeout:.0f}s: {', '.join(missing_now)}")
+        await _raise_message_limits(admin, [n for n in report.existing if topic_configs(n, prefix)], prefix)
+        to_grow = {n: NewPartitions(wanted[n]) for n in report.existing if counts[n] < wanted[n]}
+        if grow and to_grow:
+            await admin.create_partitions(to_grow, timeout_ms=int(timeout * 1000))
+            report.grown = sorted(to_grow, key=list(wanted).index)
+            await _partition_counts(admin, report.grown, timeout, at_least=wanted)
+    finally:
+        await admin.close()
+    order = list(wanted)
+    report.created.sort(key=order.index)
+    report.existing.sort(key=order.index)
+    if report.created:
+        log.info("created topics %s", ", ".join(report.created))
+    if report.existing:
+        log.info("topics already there: %s", ", ".join(report.existing))
+    if report.grown:
+        log.info("added partitions to %s", ", ".join(report.grown))
+    return report
+
+
+async def _create(admin: AIOKafkaAdminClient, wanted: dict[str, int], replication_factor: int, prefix: str,
+                  durability: dict[str, str], timeout: float, report: TopicsReport) -> None:
+    """Create these topics (name -> partitions); one created meanwhile by someone else counts as existing."""
+    response = await admin.create_topics(
+        [NewTopic(name, partitions, replication_factor, topic_configs={**topic_configs(name, prefix), **durability})
+         for name, partitions in wanted.items()],
+        timeout_ms=int(timeout * 1000),
+    )
+    for topic_error in response.topic_errors:
+        name, code = topic_error[0], topic_error[1]
+        message = topic_error[2] if len(topic_error) > 2 else None
+        if code == 0:
+            report.created.append(name)
+        elif code == TopicAlreadyExistsError.errno:  # created concurrently by someone else
+            report.existing.append(name)
+        else:
+            raise for_code(code)(f"could not create topic {name}: {message}")
+
+
+async def _raise_message_limits(admin: AIOKafkaAdminClient, names: list[str], prefix: str) -> None:
+    """An existing dead-letter topic (made before the limit existed) gets the larger limit, other settings kept."""
+    if not names:
+        return
+    described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    for response in described:
+        for _code, _msg, _type, name, entries in response.resources:
+            # AlterConfigs replaces the topic's settings: keep those set on the topic (v0: not default; v1+: source 1, the topic)
+            current = {e[0]: e[1] for e in entries if not e[2] and e[1] is not None
+                       and ((e[3] == 1) if response.API_VERSION >= 1 else not e[3])}
+            limit = int({e[0]: e[1] for e in entries}.get("max.message.bytes") or 0)
+            if limit < DEAD_LETTER_MAX_BYTES:
+                await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, {**current, **topic_configs(name, prefix)})])
+                log.info("raised max.message.bytes of %s to %d", name, DEAD_LETTER_MAX_BYTES)
+
+
+async def create_topics(
+    bootstrap: KafkaClients | str,
+    prefix: str = "",
+    partitions: int = 6,
+    executor_partitions: int | None = None,
+    replication_factor: int = 1,
+) -> list[str]:
+    """Create every topic of the topology (prefixed) that is missing; return the names created.
+
+    Safe to run twice: the second run creates nothing. The executor topic gets
+    `executor_partitions or partitions` partitions, the dead-letter topic one.
+    """
+    report = await ensure_topics(bootstrap, prefix, partitions, executor_partitions, replication_factor)
+    return report.created
+
+
+async def wait_for_broker(bootstrap: KafkaClients | str, timeout: float = 60.0) -> None:
+    """Wait until the cluster at `bootstrap` answers a metadata request with a live broker."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        admin = _admin(bootstrap, request_timeout_ms=5000)
+        try:
+            await admin.start()
+            cluster = await admin.describe_cluster()
+            if cluster.get("brokers"):
+                return
+            last = KafkaError("no live broker yet")
+        except (KafkaConnectionError, KafkaError, OSError) as e:
+            last = e
+        finally:
+            await admin.close()
+        await asyncio.sleep(0.25)
+    raise TimeoutError(f"no Kafka broker answering at {clients_of(bootstrap).bootstrap} after {timeout:.0f}s ({last})")
+
+
+# -- consumer lag ---------------------------------------------------------------------------
+
+@dataclass
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int | None  # None: the group has not committed on this partition
+    start: int  # log start offset (where a group without a commit begins: auto_offset_reset=earliest)
+    end: int  # log end offset (high watermark)
+
+    @property
+    def lag(self) -> int:
+        position = self.start if self.committed is None else max(self.committed, self.start)
+        return max(0, self.end - position)
+
+
+@dataclass
+class GroupMember:
+    member_id: str
+    client_id: str
+    host: str
+    partitions: list[tuple[str, int]]
+
+
+@dataclass
+class GroupLag:
+    group: str
+    state: str  # Stable, Empty, PreparingRebalance, CompletingRebalance, Dead (never existed or expired)
+    partitions: list[PartitionLag] = field(default_factory=list)
+    members: list[GroupMember] = field(default_factory=list)
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    def as_dict(self) -> dict:
+        return {
+            "group": self.group,
+            "state": self.state,
+            "lag": self.lag,
+            "partitions": [{"topic": p.topic, "partition": p.partition, "committed": p.committed, "start": p.start,
+                            "end": p.end, "lag": p.lag} for p in self.partitions],
+            "members": [{"member_id": m.member_id, "client_id": m.client_id, "host": m.host,
+                         "partitions": [{"topic": t, "partition": n} for t, n in m.partitions]} for m in self.members],
+        }
+
+
+def _decode_members(members: list, protocol_type: str, wire: set[str]) -> tuple[list[GroupMember], set[str]]:
+    """Members of a group and the fleet topics they subscribe to (from the consumer protocol's metadata)."""
+    from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
+
+    decoded, subscribed = [], set()
+    for member_id, client_id, host, metadata, assignment in (m[:5] for m in members):
+        partitions: list[tuple[str, int]] = []
+        if protocol_type == "consumer":
+            if assignment:
+                partitions = sorted((tp.topic, tp.partition) for tp in ConsumerProtocolMemberAssignment.decode(assignment).partitions())
+            if metadata:
+                subscribed |= set(ConsumerProtocolMemberMetadata.decode(metadata).subscription) & wire
+        decoded.append(GroupMember(member_id, client_id, host.lstrip("/"), [tp for tp in partitions if tp[0] in wire]))
+    return sorted(decoded, key=lambda m: (m.client_id, m.member_id)), subscribed
+
+
+async def _retrying(call, timeout: float):
+    """Retry a group request while the coordinator is not there yet (a fresh cluster creates __consumer_offsets first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await call()
+        except KafkaError as exc:
+            if not getattr(exc, "retriable", False) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+async def consumer_lag(bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None, timeout: float = 10.0) -> list[GroupLag]:
+    """Lag of the fleet's consumer groups (and any other `roundtrip-*` group) on this prefix's topics.
+
+    Per group: committed offset, log start and end offset and lag per partition, and its members with
+    their assigned partitions. `group` keeps one group ("executor" or "roundtrip-executor"). The topology's
+    groups are shown even before they exist or commit: a group that never committed lags from the start of the log.
+    """
+    from aiokafka import TopicPartition
+
+    wire = {prefix + name for name in topology.topic_names()}
+    fleet_groups = topology.groups()
+    admin = _admin(bootstrap, int(timeout * 1000))
+    consumer = None
+    await admin.start()
+    try:
+        consumer = clients_of(bootstrap).consumer(enable_auto_commit=False, request_timeout_ms=int(timeout * 1000))
+        await consumer.start()
+        listed = {g[0] for g in await admin.list_consumer_groups() if str(g[0]).startswith("roundtrip-")}
+        names = sorted(set(fleet_groups) | listed)
+        if group is not None:
+            names = [n for n in names if group in (n, n.removeprefix("roundtrip-"))] or [group]
+        described = await _describe_groups(admin, names, wire, timeout)
+        committed = dict(zip(names, await _retrying(
+            lambda: asyncio.gather(*(admin.list_consumer_group_offsets(n) for n in names)), timeout), strict=True))
+        topics_of: dict[str, set[str]] = {}
+        for name in names:
+            mine = {tp.topic for tp in committed[name] if tp.topic in wire} | described.get(name, ("", [], set()))[2]
+            mine |= {t for m in described.get(name, ("", [], set()))[1] for t, _ in m.partitions}
+            if name in fleet_groups:
+                mine.add(prefix + fleet_groups[name])
+            topics_of[name] = mine
+        all_topics = sorted(set().union(*topics_of.values())) if topics_of else []
+        partitions = [
+            TopicPartition(t["topic"], p["partition"])
+            for t in (await admin.describe_topics(all_topics) if all_topics else [])
+            if t["error_code"] == 0
+            for p in t["partitions"]
+        ]
+        starts = await consumer.beginning_offsets(partitions) if partitions else {}
+        ends = await consumer.end_offsets(partitions) if partitions else {}
+    finally:
+        if consumer is not None:
+            await consumer.stop()
+        await admin.close()
+    report = []
+    for name in names:
+        state, members, _ = described.get(name, ("Dead", [], set()))
+        rows = []
+        for tp in sorted(partitions):
+            if tp.topic in topics_of[name]:
+                meta = committed[name].get(tp)
+                offset = meta.offset if meta is not None and meta.offset >= 0 else None
+                rows.append(PartitionLag(tp.topic, tp.partition, offset, starts[tp], ends[tp]))
+        report.append(GroupLag(name, state, rows, members))
+    return report
+
+
+async def _describe_groups(admin: AIOKafkaAdminClient, names: list[str], wire: set[str],
+                           timeout: float) -> dict[str, tuple[str, list[GroupMember], set[str]]]:
+    """Each group's state, members and the topics it subscribes to (of `wire`, this prefix's fleet topics)."""
+    described: dict[str, tuple[str, list[GroupMember], set[str]]] = {}
+    # One group per request: aiokafka 0.14 misreads a DescribeGroups response that carries several groups
+    # (the second group's fields come out shifted, then the connection is dropped), so ask for each separately.
+    responses = await _retrying(lambda: asyncio.gather(*(admin.describe_consumer_groups([n]) for n in names)), timeout)
+    for response in (r for rs in responses for r in rs):
+        for error_code, name, state, protocol_type, _protocol, members, *_ in response.groups:
+            members_of, subscribed = _decode_members(members, protocol_type, wire) if error_code == 0 else ([], set())
+            described[name] = (state if error_code == 0 else f"error {error_code}", members_of, subscribed)
+    return described

@@ -1,0 +1,379 @@
+"""Key-ordered concurrent consumption on aiokafka: many messages in flight, one conversation at a time.
+
+A model call takes seconds, so a service that handles one message per partition at a time
+serves a handful of conversations while the rest wait. `KeyOrderedConsumer` is what the
+Confluent Parallel Consumer (key-ordering mode) and LINE's Decaton do, small:
+
+* **Per-key order, cross-key concurrency.** Records of one key (a conversation id) run one
+  after another, in offset order; records of different keys run concurrently, many per
+  partition. A record without a key has no order to keep and runs on its own.
+* **Bounded.** At most `max_in_flight` records are held (running or waiting for their key).
+  At the limit the consumer *pauses* its partitions (it keeps polling, so it stays in the
+  group) and resumes when there is room: an overload waits in Kafka, where lag shows it.
+* **Held back on demand.** `hold(True)` pauses fetching whatever the room (the handler's own resource
+  is at its limit: the model service's share of the API's rate limits), `hold(False)` resumes it, so
+  new work waits in Kafka as lag instead of in memory.
+* **Commits never pass an unfinished record.** Each partition commits the offset of its
+  first unfinished record (or the next offset when all are done), batched: at most one
+  commit per `commit_interval_s`, not one round trip per message.
+* **Rebalance and shutdown lose nothing.** Revoked partitions stop starting records; the
+  running ones finish (bounded by `drain_timeout_s`), then their offsets are committed, so
+  the next owner starts at the first record that did not finish.
+* **A record is never dropped because handling it failed.** The processing callable owns
+  the dead-letter path; if even that raises (say Kafka is down), the record is retried with
+  backoff while its key waits: nothing after it in that conversation overtakes it.
+
+It drives any callable; `roundtrip._kernel.kafka.messaging.subscribe` runs the kernel's message path
+(decode, consumer span, metrics, the handler, dead letters) through it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import ConsumerStoppedError, KafkaError
+
+log = logging.getLogger("roundtrip.consumer")
+
+Process = Callable[[Any], Awaitable[None]]  # one aiokafka ConsumerRecord
+Commit = Callable[[dict[TopicPartition, int]], Awaitable[None]]
+Rescue = Callable[[Any, BaseException], Awaitable[None]]
+
+
+class _Slot:
+    __slots__ = ("done", "offset")
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.done = False
+
+
+class _Partition:
+    """The records handed out of one partition, in offset order."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.slots: deque[_Slot] = deque()
+        self.next_offset: int | None = None  # after the last record handed out
+        self.committed: int | None = None
+        self.held = 0  # handed out and not finished or abandoned
+        self.revoked = False
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def add(self, offset: int) -> _Slot:
+        slot = _Slot(offset)
+        self.slots.append(slot)
+        self.next_offset = offset + 1
+        self.held += 1
+        self.idle.clear()
+        return slot
+
+    def release(self, n: int = 1) -> None:
+        self.held -= n
+        if self.held <= 0:
+            self.idle.set()
+
+    def safe(self) -> int | None:
+        """The offset to commit: the first unfinished record, or the next one when all are done."""
+        slots = self.slots
+        while slots and slots[0].done:
+            slots.popleft()
+        return slots[0].offset if slots else self.next_offset
+
+
+class KeyOrderedConsumer(ConsumerRebalanceListener):
+    def __init__(
+        self,
+        process: Process,
+        *,
+        name: str = "consumer",
+        max_in_flight: int = 256,
+        commit_interval_s: float = 0.1,
+        commit: Commit | None = None,
+        rescue: Rescue | None = None,
+        forget: Callable[[list[TopicPartition]], None] | None = None,
+        idle_wait_ms: int = 5000,
+        drain_timeout_s: float = 10.0,
+        cancel_on_revoke: bool = False,
+    ) -> None:
+        self.name = name
+        self._process = process
+        self._limit = max(1, max_in_flight)
+        self._commit_interval = commit_interval_s
+        self._commit_fn = commit
+        self._rescue = rescue
+        self._forget = forget  # told which partitions we gave up (after their last commit)
+        self._idle_wait_ms = idle_wait_ms
+        self._drain_timeout = drain_timeout_s
+        # the handler only waits (say, for admission) and is safe to interrupt: a rebalance or a stop
+        # cancels it at once instead of waiting for it, and the record is read again by the next owner
+        self._cancel_on_revoke = cancel_on_revoke
+        self._consumer: AIOKafkaConsumer | None = None
+        self._parts: dict[TopicPartition, _Partition] = {}
+        self._keys: dict[tuple[TopicPartition, Any], deque] = {}
+        self._tasks: dict[tuple[TopicPartition, Any], asyncio.Task] = {}  # key -> the task running its records
+        self._held = 0
+        self._running = 0
+        self._paused = False
+        self._held_back = False  # hold(): the handler asked for no new records
+        self._stopping = False
+        self._room = asyncio.Event()
+        self._room.set()
+        self._dirty = asyncio.Event()
+        self._commit_lock = asyncio.Lock()
+        self._committer: asyncio.Task | None = None
+        self.last_poll = time.monotonic()  # liveness: the loop polls at least every idle_wait_ms
+        self.assigned = False  # readiness: the group gave us partitions (or joined with none)
+        self.processed = 0
+
+    # -- what operators and tests can see ---------------------------------------------------
+    @property
+    def process(self) -> Process:
+        """What each record is handed to (the `process` it was made with)."""
+        return self._process
+
+    @property
+    def in_flight(self) -> int:
+        """Records held: running, or waiting behind an earlier record of their key."""
+        return self._held
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def hold(self, held: bool) -> None:
+        """Stop (True) or resume (False) fetching new records, whatever the room; the running ones go on."""
+        self._held_back = held
+        if not held:
+            self._room.set()
+
+    def committed(self) -> dict[TopicPartition, int | None]:
+        return {tp: p.committed for tp, p in self._parts.items()}
+
+    # -- the loop --------------------------------------------------------------------------
+    async def run(self, consumer: AIOKafkaConsumer) -> None:
+        """Fetch, hand out, pause at the limit; returns when the consumer stops or drain() is called."""
+        self._consumer = consumer
+        self._stopping = False
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.create_task(self._commit_loop(), name=f"{self.name}-commits")
+        while not self._stopping:
+            try:
+                if self._paused or self._held_back or self._held >= self._limit:
+                    await self._wait_for_room(consumer)
+                    continue
+                # never take more than there is room for: the rest stays in Kafka (or aiokafka's bounded prefetch)
+                batch = await consumer.getmany(timeout_ms=self._idle_wait_ms, max_records=self._limit - self._held)
+                self.last_poll = time.monotonic()
+            except ConsumerStoppedError:
+                return
+            except KafkaError as exc:  # the broker is away: aiokafka reconnects; keep polling gently
+                log.warning("%s: fetching failed (%s); retrying in 1 s", self.name, exc)
+                await asyncio.sleep(1.0)
+                continue
+            for tp, records in batch.items():
+                part = self._parts.get(tp)
+                if part is None or part.revoked:
+                    continue  # fetched just before a revocation: the next owner reads them again
+                for record in records:
+                    self._hand_out(part, record)
+
+    async def _wait_for_room(self, consumer: AIOKafkaConsumer) -> None:
+        """At the limit or held back: pause every partition, keep polling (membership), resume when there is room."""
+        if not self._paused:
+            self._paused = True
+            self._room.clear()
+            consumer.pause(*consumer.assignment())
+            why = "held back by its handler" if self._held_back else "the limit"
+            log.info("%s: %d records in flight (%s): paused fetching", self.name, self._held, why)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._room.wait(), timeout=max(0.5, self._idle_wait_ms / 1000))
+        if self._held < self._limit and not self._held_back:
+            self._paused = False
+            consumer.resume(*consumer.assignment())
+        else:
+            self._room.clear()  # set by a finish while still held back: wait for the next one (or the hold's end)
+            await consumer.getmany(timeout_ms=0)  # paused: returns nothing, but counts as a poll
+            self.last_poll = time.monotonic()
+
+    def _hand_out(self, part: _Partition, record: Any) -> None:
+        slot = part.add(record.offset)
+        self._held += 1
+        key = (part.tp, record.key if record.key is not None else ("offset", record.offset))
+        queue = self._keys.get(key)
+        if queue is not None:  # an earlier record of this conversation is running: wait behind it
+            queue.append((record, slot))
+            return
+        self._keys[key] = deque([(record, slot)])
+        self._tasks[key] = asyncio.create_task(self._run_key(key, part))
+
+    async def _run_key(self, key: tuple[TopicPartition, Any], part: _Partition) -> None:
+        queue = self._keys[key]
+        try:
+            while queue:
+                record, slot = queue[0]
+                if part.revoked or self._stopping:
+                    break  # not started: whoever owns the partition next reads it again
+                self._running += 1
+                try:
+                    finished = await self._handle(record, part)
+                finally:
+                    self._running -= 1
+                if not finished:
+                    break
+                slot.done = True
+                queue.popleft()
+                self._finished(part, 1)
+                self.processed += 1
+        finally:
+            if queue:  # abandoned (revoked, stopping, cancelled): not done, so never committed
+                self._finished(part, len(queue))
+                queue.clear()
+            del self._keys[key]
+            self._tasks.pop(key, None)
+
+    async def _handle(self, record: Any, part: _Partition) -> bool:
+        """Process one record; True when it is finished (handled or dead-lettered)."""
+        try:
+            await self._process(record)
+            return True
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - nothing a message does may stop the consumer
+            failure: BaseException = exc
+        delay = 0.25
+        while True:
+            try:
+                if self._rescue is None:
+                    raise failure
+                await self._rescue(record, failure)
+                return True
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                log.error("%s: %s[%d]@%d could not be handled nor dead-lettered (%s: %s); retrying in %.1f s",
+                          self.name, record.topic, record.partition, record.offset, type(exc).__name__, _short(exc), delay)
+                if part.revoked or self._stopping:
+                    return False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+
+    def _finished(self, part: _Partition, n: int) -> None:
+        self._held -= n
+        part.release(n)
+        self._dirty.set()
+        if self._held < self._limit:
+            self._room.set()
+
+    # -- commits ---------------------------------------------------------------------------
+    async def _commit_loop(self) -> None:
+        """Wake when something finished, wait the interval (more finishes join the batch), commit."""
+        while True:
+            await self._dirty.wait()
+            if self._commit_interval > 0:
+                await asyncio.sleep(self._commit_interval)
+            self._dirty.clear()
+            if not await self.commit():
+                self._dirty.set()
+                await asyncio.sleep(1.0)  # the broker is away or we are rebalancing: try again soon
+
+    async def commit(self, parts: list[_Partition] | None = None) -> bool:
+        """Commit the safe offset of every partition (or of `parts`) that moved; False on failure."""
+        async with self._commit_lock:
+            offsets = {}
+            for part in parts if parts is not None else list(self._parts.values()):
+                safe = part.safe()
+                if safe is not None and safe != part.committed:
+                    offsets[part.tp] = safe
+            if not offsets:
+                return True
+            try:
+                if self._commit_fn is not None:
+                    await self._commit_fn(offsets)
+                elif self._consumer is not None:
+                    await self._consumer.commit(offsets)
+            except Exception as exc:  # noqa: BLE001 - commits are retried; at least once holds meanwhile
+                log.warning("%s: committing %s failed: %s: %s", self.name, _fmt(offsets), type(exc).__name__, _short(exc))
+                return False
+            for tp, offset in offsets.items():
+                part = self._parts.get(tp)
+                if part is not None:
+                    part.committed = offset
+            return True
+
+    # -- rebalance (aiokafka calls these between polls) ----------------------------------------
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        parts = [self._parts[tp] for tp in revoked if tp in self._parts]
+        for part in parts:
+            part.revoked = True
+        await self._settle(parts)
+        for part in parts:
+            self._parts.pop(part.tp, None)
+        if self._forget is not None and parts:
+            self._forget([p.tp for p in parts])
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        for tp in assigned:
+            old = self._parts.get(tp)
+            if old is None or old.revoked:
+                self._parts[tp] = _Partition(tp)
+        self._paused = False  # a new assignment starts unpaused; the loop pauses again if full
+        self._room.set()
+        self.assigned = True
+
+    async def _settle(self, parts: list[_Partition]) -> None:
+        """Let the running records of `parts` finish (bounded), then commit what they finished."""
+        if not parts:
+            return
+        if self._cancel_on_revoke:
+            gone = {p.tp for p in parts}
+            for key, task in list(self._tasks.items()):
+                if key[0] in gone:
+                    task.cancel()
+        waits = [asyncio.ensure_future(p.idle.wait()) for p in parts]
+        done, pending = await asyncio.wait(waits, timeout=self._drain_timeout)
+        for w in pending:
+            w.cancel()
+        if pending:
+            busy = sum(p.held for p in parts)
+            log.warning("%s: %d records still running after %.0f s; their offsets stay uncommitted (redelivered)",
+                        self.name, busy, self._drain_timeout)
+        await self.commit(parts)
+
+    async def drain(self) -> None:
+        """Graceful stop: start nothing new, let running records finish (bounded), commit."""
+        self._stopping = True
+        self._room.set()
+        for part in self._parts.values():
+            part.revoked = True
+        await self._settle(list(self._parts.values()))
+        if self._committer is not None:
+            self._committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._committer
+        for task in list(self._tasks.values()):
+            task.cancel()
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - even str() of an exception can fail (RecursionError)
+        text = "<unprintable>"
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _fmt(offsets: dict[TopicPartition, int]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]={off}" for tp, off in sorted(offsets.items()))

@@ -1,0 +1,367 @@
+"""The broker factory, the kernel's subscriptions and the dead-letter path every service shares.
+
+Delivery is at least once. Every subscription runs on `KeyOrderedConsumer`
+(services/_kernel/kafka/consumer.py): many messages in flight per partition, one conversation
+at a time, offsets committed (batched) only up to the first unfinished message.
+
+The message path is the kernel's own and short (`_message_path`): decode the record into
+the handler's pydantic model (`model_validate_json`), one consumer span in the turn's trace
+(`telemetry.consuming`), FastStream's Prometheus metrics, the handler. An `Outlet`
+publishes the same way: one producer span, the JSON bytes, straight to the broker's
+producer. FastStream keeps what it is good at: the connection, the consumer groups, the
+app's lifecycle and the AsyncAPI document; its per-message loop and middleware chain cost a
+large share of every service's CPU (docs/benchmarks.md, "Figures the code points to"). What
+this takes of FastStream beyond its public API is in services/_kernel/kafka/faststream_seam.py.
+
+A message that cannot be processed (bad JSON, schema violation, a bug) never kills the
+service: it is published with the reason to the dead-letter topic, and whatever escapes
+even that (a failed dead-letter publish) is dead-lettered by the consumer's rescue,
+retried until it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import inspect
+import json
+import logging
+import time
+import traceback
+import typing
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from faststream import AckPolicy, FastStream
+from faststream.kafka import KafkaBroker
+from pydantic import BaseModel, ValidationError
+
+from roundtrip._kernel.observability import agent_digest, health, metrics
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
+from roundtrip._kernel.kafka.consumer import Commit, KeyOrderedConsumer
+from roundtrip._kernel.wire.events import DeadLettered
+from roundtrip._kernel.kafka.faststream_seam import kafka_producer, replace_consume_loop
+from roundtrip._kernel.kafka.clients import kafka_clients
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.observability.telemetry import consuming, mark_error, publishing
+from roundtrip._kernel.wire.topology import group  # one group per subscription: they join and rebalance independently
+
+log = logging.getLogger("roundtrip")
+
+# An idle consumer's fetch waits this long at the broker. Kafka answers a waiting fetch as soon
+# as a record arrives, and the key-ordered consumer drains whatever was fetched at once, so a
+# long wait costs no latency; it only makes an idle consumer ask less often (idle CPU).
+IDLE_FETCH_WAIT_MS = 5000
+
+# FastStream logs "Received" and "Processed" for every message at this level. At INFO that is
+# two formatted log lines per hop in every service, for CPU and no news (docs/benchmarks.md,
+# "Figures the code points to"); at DEBUG they show only with ROUNDTRIP_LOG_LEVEL=DEBUG.
+MESSAGE_LOG_LEVEL = logging.DEBUG
+
+_CONSUMERS = "_roundtrip_consumers"
+_SERVICE = "_roundtrip_service"  # (service name, turn-starting topics) of a broker made by make_broker
+_PREFIX = "_roundtrip_topic_prefix"  # the topic prefix of the settings make_broker was given
+_record: contextvars.ContextVar[Any] = contextvars.ContextVar("roundtrip_record", default=None)
+Failed = Callable[[Any, BaseException, str], Awaitable[None]]  # (record, exception, reason): see subscribe's on_failure
+LIVENESS_SILENCE_S = 60.0  # a consumer loop that has not polled for this long is wedged: restart the process
+
+
+def subscribe(
+    broker: KafkaBroker,
+    topic: str,
+    service: str,
+    settings: Settings,
+    *,
+    role: str | None = None,
+    max_in_flight: int | None = None,
+    commit: Commit | None = None,
+    forget: Any = None,
+    commit_interval_s: float | None = None,
+    cancel_on_revoke: bool = False,
+    on_failure: Failed | None = None,
+    description: str | None = None,
+) -> Any:
+    """The decorator of a handler of `topic` (logical name), consumed key-ordered and concurrently.
+
+    `@subscribe(broker, topics.MODEL_CALLS, "model", settings)` on `async def on_call_model(command: CallModel)`:
+    the handler takes one pydantic message (its annotation says which); `current_record()` gives the
+    Kafka record when it needs the coordinates. A `KeyOrderedConsumer` in the service's consumer group
+    (`group()`) holds up to `max_in_flight` messages (default `settings.max_in_flight`) and runs each
+    through `_message_path`. The handler is also FastStream's subscriber (AsyncAPI, start and stop).
+    `commit` replaces the consumer's offset commit (the gateway commits its replies with the offsets
+    in one transaction) and `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`:
+    the handler only waits and is safe to interrupt, so a rebalance or a stop cancels it at once. `on_failure(record,
+    exc, reason)` runs before a failed record's dead letter (the gateway answers a refused request); its failure is logged.
+    """
+    declared = _declared(service, topic, role)
+    group_id = group(service, role)
+
+    def register(handler: Callable[[Any], Awaitable[Any]]) -> Any:
+        if declared is not None and _message_model(handler) is not declared.message:
+            raise TypeError(f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
+                            f"{topic} carries {declared.message.__name__} (services/_kernel/wire/topology.py)")
+        consumer = KeyOrderedConsumer(
+            process=_message_path(broker, service, group_id, handler, on_failure),
+            rescue=_rescuer(broker, service),
+            name=f"{service}{'-' + role if role else ''}",
+            max_in_flight=max_in_flight or settings.max_in_flight,
+            commit_interval_s=settings.commit_interval_ms / 1000 if commit_interval_s is None else commit_interval_s,
+            commit=commit,
+            forget=forget,
+            idle_wait_ms=IDLE_FETCH_WAIT_MS,
+            cancel_on_revoke=cancel_on_revoke,
+        )
+        subscriber = broker.subscriber(
+            topics.t(topic, settings.topic_prefix),
+            group_id=group_id,
+            ack_policy=AckPolicy.MANUAL,  # the key-ordered consumer commits, never past an unfinished message
+            auto_offset_reset="earliest",  # a new group reads what was published before it joined
+            fetch_max_wait_ms=IDLE_FETCH_WAIT_MS,
+            max_poll_records=None,
+            listener=consumer,
+            description=description,
+        )
+        replace_consume_loop(subscriber, consumer.run)  # FastStream's fetch loop, replaced by ours
+        consumers_of(broker).append(consumer)
+        return subscriber(handler)
+
+    return register
+
+
+def _declared(service: str, topic: str, role: str | None) -> topology.Input | None:
+    """The topology's declaration of this subscription (LookupError if it has none); None for a service outside the
+    topology (a kernel test's own)."""
+    return topology.service(service).input(topic, role) if service in topology.names() else None
+
+
+def current_record() -> Any:
+    """The aiokafka ConsumerRecord whose handler is running (None outside one)."""
+    return _record.get()
+
+
+def _message_model(handler: Callable[..., Any]) -> type[BaseModel]:
+    params = list(inspect.signature(handler).parameters)
+    hints = typing.get_type_hints(handler)
+    model = hints.get(params[0]) if len(params) == 1 else None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(f"{handler.__qualname__}: a handler takes exactly one parameter annotated with a pydantic model")
+    return model
+
+
+def _message_path(broker: KafkaBroker, service: str, group_id: str, handler: Callable[[Any], Awaitable[Any]],
+                  on_failure: Failed | None = None):
+    """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
+    model = _message_model(handler)
+    roots = getattr(broker, _SERVICE, (service, frozenset()))[1]
+    counted = metrics.kafka_metrics(service)
+
+    async def process(record: Any) -> None:
+        count = counted.received(record.topic, len(record.value or b""))
+        token = _record.set(record)
+        started = time.perf_counter()
+        try:
+            with consuming(record, group_id, roots) as span:
+                try:
+                    message = model.model_validate_json(record.value or b"")
+                    agent_digest.check(message, span)
+                    await handler(message)
+                except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
+                    reason = describe_error(exc, record.value)
+                    log.debug("%s", traceback.format_exc())
+                    mark_error(span, f"dead-lettered: {reason}", type(exc).__name__)
+                    count.failed(type(exc).__name__)
+                    if on_failure is not None:
+                        await _tell(on_failure, record, exc, reason)
+                    try:
+                        await _publish_dead_letter(broker, service, record, reason)
+                    except Exception as failed:  # noqa: BLE001 - the consumer's rescue retries the dead letter
+                        raise DeadLetterFailed(reason) from failed
+        finally:
+            count.done(time.perf_counter() - started)
+            _record.reset(token)
+
+    return process
+
+
+async def _tell(on_failure: Failed, record: Any, exc: BaseException, reason: str) -> None:
+    try:
+        await on_failure(record, exc, reason)
+    except Exception as failed:  # noqa: BLE001 - the dead letter goes out whatever the hook does
+        log.error("%s[%s]@%s: the failure hook failed (%s); dead-lettering anyway", record.topic, record.partition,
+                  record.offset, describe_error(failed))
+
+
+def _polled_lately(consumer: KeyOrderedConsumer):
+    return lambda: time.monotonic() - consumer.last_poll < LIVENESS_SILENCE_S
+
+
+def consumers_of(broker: KafkaBroker) -> list[KeyOrderedConsumer]:
+    """The key-ordered consumers of a service's broker (health, metrics, graceful stop)."""
+    if not hasattr(broker, _CONSUMERS):
+        setattr(broker, _CONSUMERS, [])
+    return getattr(broker, _CONSUMERS)
+
+
+def service_app(broker: KafkaBroker, logger: logging.Logger) -> FastStream:
+    """The service's FastStream app; on shutdown its consumers finish what runs and commit first."""
+    app = FastStream(broker, logger=logger)
+
+    @app.on_startup
+    async def report_health() -> None:
+        # live while its loop polls (at least every IDLE_FETCH_WAIT_MS, paused or not); ready once it has its partitions
+        for consumer in consumers_of(broker):
+            health.register_liveness(f"consumer {consumer.name}", _polled_lately(consumer))
+            health.register_readiness(f"consumer {consumer.name}", lambda c=consumer: c.assigned)
+
+    @app.on_shutdown
+    async def drain_consumers() -> None:
+        for consumer in consumers_of(broker):
+            health.unregister(f"consumer {consumer.name}")
+            await consumer.drain()
+
+    return app
+
+
+def describe_error(exc: BaseException, body: Any = None) -> str:
+    """Why a message could not be processed, in one line; never raises (any input, any depth)."""
+    try:
+        if isinstance(body, (bytes, str)):
+            try:
+                json.loads(body)
+            except RecursionError:
+                return "malformed JSON: nested too deep"
+            except ValueError as bad:
+                return f"malformed JSON: {bad}"
+        if isinstance(exc, ValidationError):
+            return "schema violation: " + "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:10]
+            )[:2000]
+        if isinstance(exc, RecursionError):
+            return "RecursionError: message nested too deep"
+        return f"{type(exc).__name__}: {_text(exc)}"[:2000]
+    except BaseException:  # noqa: BLE001 - describing a failure must not fail
+        return f"{type(exc).__name__} (undescribable)"
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except BaseException:  # noqa: BLE001
+        return "<unprintable>"
+
+
+def dead_letter_of(service: str, record: Any, reason: str) -> DeadLettered:
+    """The dead letter of a raw Kafka record: its bytes, key and headers kept losslessly (base64)."""
+    value = record.value if isinstance(record.value, (bytes, type(None))) else str(record.value).encode()
+    value = value or b""
+    key = record.key if isinstance(record.key, (bytes, type(None))) else str(record.key).encode()
+    headers = [
+        {"key": str(k), "value_base64": base64.b64encode(v if isinstance(v, bytes) else str(v).encode()).decode()}
+        for k, v in (record.headers or ())
+    ]
+    return DeadLettered(
+        service=service,
+        topic=record.topic,
+        reason=reason,
+        payload=value[:100_000].decode("utf-8", errors="replace"),
+        payload_base64=base64.b64encode(value).decode(),
+        key=key.decode("utf-8", errors="replace") if key is not None else None,
+        key_base64=base64.b64encode(key).decode() if key is not None else None,
+        headers=headers,
+        partition=record.partition,
+        offset=record.offset,
+    )
+
+
+class DeadLetterFailed(Exception):
+    """Publishing a dead letter failed; the consumer's rescue retries it with the original reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+async def _publish_dead_letter(broker: KafkaBroker, service: str, record: Any, reason: str) -> None:
+    letter = dead_letter_of(service, record, reason)
+    log.error("dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, reason)
+    key = record.key if isinstance(record.key, bytes) else None
+    await publish(broker, topic_of(broker, topics.DEAD_LETTERS), letter, key)
+
+
+def _rescuer(broker: KafkaBroker, service: str):
+    """The consumer's last resort: dead-letter the raw record when handling it raised past the middleware."""
+
+    async def rescue(record: Any, exc: BaseException) -> None:
+        reason = exc.reason if isinstance(exc, DeadLetterFailed) else describe_error(exc, record.value)
+        await _publish_dead_letter(broker, service, record, reason)
+
+    return rescue
+
+
+async def publish(broker: KafkaBroker, topic: str, message: BaseModel, key: bytes | None = None) -> None:
+    """Publish one message (JSON) and wait for the broker's ack: one producer span, counted, on the broker's producer."""
+    conversation_id = key.decode("utf-8", "replace") if key is not None else ""
+    started, failure = time.perf_counter(), None
+    try:
+        with publishing(topic, message, conversation_id) as headers:
+            await (await kafka_producer(broker).send(topic, message.model_dump_json().encode(), key=key, headers=headers))
+    except Exception as exc:
+        failure = type(exc).__name__
+        raise
+    finally:
+        metrics.kafka_metrics(_service_of(broker)).published(topic, time.perf_counter() - started, failure)
+
+
+def _service_of(broker: KafkaBroker) -> str:
+    return getattr(broker, _SERVICE, ("unknown", frozenset()))[0]
+
+
+def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = ()) -> KafkaBroker:
+    """The service's broker; spans go to the process's tracer provider (see telemetry.setup_telemetry).
+
+    `turn_roots`: the (logical) topics whose messages start turns: their hops open the turn's trace.
+    No FastStream middlewares: the kernel's subscriptions and Outlets trace, count and dead-letter
+    themselves (see the module's docstring)."""
+    kafka = kafka_clients(settings)
+    broker = KafkaBroker(
+        kafka.bootstrap_list,  # a list: FastStream takes a string as one host, "h1:9092,h2:9092" included
+        **kafka.broker_options,  # TLS and SASL as the settings say (none for PLAINTEXT)
+        client_id=f"roundtrip-{service}",
+        enable_idempotence=True,
+        linger_ms=0,
+        # the dead letter of a record near the broker's limit is larger than the record (base64); the other
+        # topics keep the broker's own limit, which the broker enforces (services/_kernel/kafka/admin.py)
+        max_request_size=DEAD_LETTER_MAX_BYTES,
+        logger=logging.getLogger(f"roundtrip.{service}"),
+        log_level=MESSAGE_LOG_LEVEL,
+        graceful_timeout=10.0,
+    )
+    setattr(broker, _SERVICE, (service, frozenset(topics.t(t, settings.topic_prefix) for t in turn_roots)))
+    setattr(broker, _PREFIX, settings.topic_prefix)
+    return broker
+
+
+def topic_of(broker: KafkaBroker, name: str) -> str:
+    """A (logical) topic's name on the wire for this service: with the prefix of the settings its broker was made with."""
+    try:
+        return topics.t(name, getattr(broker, _PREFIX))
+    except AttributeError:
+        raise TypeError("a broker made by messaging.make_broker(service, settings) is needed: it knows the topic prefix") from None
+
+
+def key_of(conversation_id: str) -> bytes:
+    return conversation_id.encode()
+
+
+class Outlet:
+    """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id."""
+
+    def __init__(self, broker: KafkaBroker, topic: str, schema: type[BaseModel], description: str = "") -> None:
+        if (service := _service_of(broker)) in topology.names():  # a kernel test's own service is not declared
+            topology.service(service).output(topic, schema)
+        self._broker, self._topic = broker, topic_of(broker, topic)
+        broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)
+
+    async def __call__(self, message: BaseModel, conversation_id: str) -> None:
+        await publish(self._broker, self._topic, message, key_of(conversation_id))

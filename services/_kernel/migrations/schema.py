@@ -1,0 +1,170 @@
+"""A database's schema against this code's revisions (Alembic): the check of every open, the reading, the upgrade."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, event, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from roundtrip._kernel.storage.database import make_engine, run_on, shown
+from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, STORES, UPGRADE, DatabaseUnreachable, SchemaMismatch
+
+LOCK_KEY = 7_347_211_908  # PostgreSQL advisory lock of the fleet's migrations (any constant; the same in every process)
+SQLITE_LOCK_WAIT_MS = 60_000  # an upgrade waits this long for another process's write (or upgrade) to finish
+
+
+class _DatabaseUrls(Protocol):
+    ledger_db_url: str
+    conversations_db_url: str
+
+
+def databases(settings: _DatabaseUrls) -> dict[str, tuple[str, ...]]:
+    """Database URL -> the stores in it (one database with both by default)."""
+    found: dict[str, tuple[str, ...]] = {}
+    for url, store in ((settings.ledger_db_url, LEDGER), (settings.conversations_db_url, CONVERSATIONS)):
+        found[url] = (*found.get(url, ()), store)
+    return found
+
+
+# -- the code's revisions ---------------------------------------------------------------------------
+
+
+def _config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(Path(__file__).parent))
+    return config
+
+
+@functools.cache
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_config())
+
+
+def head(store: str) -> str:
+    """The revision this code needs for the store."""
+    return _scripts().get_revision(f"{store}@head").revision
+
+
+@functools.cache
+def lineage(store: str) -> frozenset[str]:
+    """Every revision of the store this code knows, its head included."""
+    return frozenset(s.revision for s in _scripts().iterate_revisions(f"{store}@head", "base"))
+
+
+@functools.cache
+def _known() -> frozenset[str]:
+    return frozenset(s.revision for s in _scripts().walk_revisions())
+
+
+# -- a database's revisions ---------------------------------------------------------------------------
+
+
+def found_revision(conn: Connection, store: str) -> str | None:
+    """The store's revision in the database; None when it has none (empty, or made before migrations).
+    A revision this code does not know (a newer roundtrip migrated the database) is returned as it is."""
+    current = MigrationContext.configure(conn).get_current_heads()
+    mine = [r for r in current if r in lineage(store)]
+    unknown = [r for r in current if r not in _known()]
+    return (mine or unknown or [None])[0]
+
+
+def mismatch(store: str, url: str, found: str | None) -> str | None:
+    """Why this code cannot use the store at `found` (one line), or None when it is at the head."""
+    expected = head(store)
+    if found == expected:
+        return None
+    where = f"the {store} database {shown(url)}"
+    if found is None:
+        return (f"{where} has no revision of the {store} tables (a new database, or one made before migrations); "
+                f"this code needs {expected}: run `{UPGRADE}`")
+    if found in lineage(store):
+        return f"{where} is at revision {found}, behind this code's {expected}: run `{UPGRADE}`"
+    return (f"{where} is at revision {found}, which this code does not know (it needs {expected}): a newer roundtrip "
+            "migrated it; run that version")
+
+
+def require(conn: Connection, store: str, url: str) -> None:
+    """Raise SchemaMismatch unless the store's tables are at this code's head (reads one table; writes nothing)."""
+    why = mismatch(store, url, found_revision(conn, store))
+    if why:
+        raise SchemaMismatch(why)
+
+
+@contextlib.contextmanager
+def reaching(url: str) -> Iterator[None]:
+    """Turns the driver's error for a database it cannot reach or open into DatabaseUnreachable (one line)."""
+    try:
+        yield
+    except (OSError, DBAPIError) as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise DatabaseUnreachable(f"cannot use the database {shown(url)}: {reason}") from exc
+
+
+async def current(url: str, stores: Sequence[str] = STORES) -> dict[str, str | None]:
+    """The stores' revisions in the database, read through a read-only connection."""
+    with reaching(url):
+        return await run_on(make_engine(url, read_only=True), lambda conn: {s: found_revision(conn, s) for s in stores})
+
+
+# -- upgrading ----------------------------------------------------------------------------------------
+
+
+async def upgrade(url: str, stores: Sequence[str] = STORES, to: str | None = None) -> list[tuple[str, str | None, str | None]]:
+    """Apply the stores' missing revisions (up to their heads, or up to revision `to`) in one locked transaction.
+
+    Returns (store, revision before, revision after) for each. A store ahead of this code is refused
+    (SchemaMismatch) before anything runs."""
+
+    def work(conn: Connection) -> list[tuple[str, str | None, str | None]]:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": LOCK_KEY})  # until this transaction ends
+        before = {s: found_revision(conn, s) for s in stores}
+        for store, found in before.items():
+            if found is not None and found not in lineage(store):
+                raise SchemaMismatch(mismatch(store, url, found))
+        config = _config()
+        config.attributes["connection"] = conn  # env.py runs on it
+        for store in stores:
+            command.upgrade(config, to or f"{store}@head")
+        return [(s, before[s], found_revision(conn, s)) for s in stores]
+
+    engine = make_engine(url)
+    if not isinstance(engine, AsyncEngine):
+        _transactional_sqlite(engine)
+    with reaching(url):
+        return await run_on(engine, work, write=True)
+
+
+def upgrade_databases(settings: _DatabaseUrls) -> list[str]:
+    """`roundtrip db upgrade`: each store in its database brought to this code's head; a line for each, saying what changed."""
+    lines = []
+    for url, stores in databases(settings).items():
+        for store, before, after in asyncio.run(upgrade(url, stores)):
+            change = f"at {after} already" if before == after else f"{before or 'no revision'} -> {after}"
+            lines.append(f"{store} database {shown(url)}: {change}")
+    return lines
+
+
+def _transactional_sqlite(engine: Any) -> None:
+    """SQLite through pysqlite: BEGIN IMMEDIATE at the start of the transaction (the write lock first: a second
+    upgrade waits for the first, then finds its work done), and the DDL inside it (pysqlite would run it outside)."""
+
+    @event.listens_for(engine, "connect")
+    def _own_transactions(dbapi_connection, _record):
+        dbapi_connection.isolation_level = None  # SQLAlchemy's BEGIN below, not pysqlite's own
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn):
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_LOCK_WAIT_MS}")
+        conn.exec_driver_sql("BEGIN IMMEDIATE")

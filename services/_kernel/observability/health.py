@@ -1,0 +1,210 @@
+"""Each service's health and metrics endpoint: /healthz, /readyz and /metrics on one port.
+
+    health.attach(app, "executor", settings)    # `roundtrip run` does this for the five services
+
+    GET /healthz   200 while the process's consumers are alive (every liveness check passes), else 503
+    GET /readyz    200 once the broker answers and the subscribers have started (every readiness check), else 503
+    GET /metrics   the Prometheus exposition of this process (services/_kernel/observability/metrics.py, FastStream's
+                   faststream_* Kafka metrics, process CPU and memory)
+
+Both probes answer JSON: {"status": "ok" | "failing", "service": ..., "checks": {name: true | false | "error: ..."}}.
+
+The port: ROUNDTRIP_HEALTH_PORT (0, the default, turns the endpoint off; 8080 in containers), on
+ROUNDTRIP_LISTEN_HOST. With ROUNDTRIP_HEALTH_PORT_PER_SERVICE (what `roundtrip up --health-port`
+sets) each service adds its index (gateway +0, model +1, guard +2, gate +3, executor +4) and a
+further replica on the same host takes the next free port in steps of 5.
+
+A consumer that is not a FastStream subscriber reports its own state:
+
+    health.register_liveness("replies", lambda: consumer.alive)       # bool, or an awaitable of bool
+    health.register_readiness("replies", lambda: consumer.assigned)
+    beat = health.heartbeat("replies", max_silence_s=30)               # liveness: beat() at least every 30 s
+    ...; beat()                                                        # e.g. after each poll returns
+
+The server is asyncio's own (`asyncio.start_server`): three GET routes need no framework, it costs
+nothing while idle, and it leaves the process's signal handling to FastStream (uvicorn's Server
+installs its own handlers and ticks ten times a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import inspect
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from faststream import FastStream
+from prometheus_client import REGISTRY
+from prometheus_client.exposition import choose_encoder
+
+from roundtrip._kernel.wire import topology
+from roundtrip._kernel.kafka.faststream_seam import consume_loops_alive
+from roundtrip._kernel.settings import Settings, TelemetrySettings
+
+log = logging.getLogger("roundtrip.health")
+
+Check = Callable[[], bool | Awaitable[bool]]
+PORT_STRIDE = len(topology.SERVICES)  # each service's offset is its index in the topology
+REPLICA_PORTS = 20  # replicas of one service a host can serve with per-service ports
+CHECK_TIMEOUT_S = 2.0
+
+_liveness: dict[str, Check] = {}
+_readiness: dict[str, Check] = {}
+
+
+def register_liveness(name: str, check: Check) -> None:
+    """/healthz fails while `check()` is false (or raises, or takes longer than 2 s). Same name replaces."""
+    _liveness[name] = check
+
+
+def register_readiness(name: str, check: Check) -> None:
+    """/readyz fails while `check()` is false (or raises, or takes longer than 2 s). Same name replaces."""
+    _readiness[name] = check
+
+
+def unregister(name: str) -> None:
+    _liveness.pop(name, None)
+    _readiness.pop(name, None)
+
+
+def heartbeat(name: str, max_silence_s: float) -> Callable[[], None]:
+    """Register a liveness check that fails when the returned `beat()` was not called for `max_silence_s`."""
+    last = [time.monotonic()]
+
+    def beat() -> None:
+        last[0] = time.monotonic()
+
+    register_liveness(name, lambda: time.monotonic() - last[0] <= max_silence_s)
+    return beat
+
+
+async def evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
+    """Run every check (concurrently, each bounded); all must pass."""
+
+    async def one(check: Check) -> Any:
+        try:
+            result = check()
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, CHECK_TIMEOUT_S)
+            return bool(result)
+        except Exception as exc:  # noqa: BLE001 - a broken check is a failing check, not a broken endpoint
+            return f"error: {type(exc).__name__}: {exc}"[:200]
+
+    names = list(checks)
+    results = dict(zip(names, await asyncio.gather(*(one(checks[n]) for n in names)), strict=True))
+    return all(r is True for r in results.values()), results
+
+
+def port_candidates(service: str, settings: TelemetrySettings) -> list[int]:
+    """The ports this service may bind, in order ([] when the endpoint is off)."""
+    if not settings.health_port:
+        return []
+    if not settings.health_port_per_service:
+        return [settings.health_port]
+    first = settings.health_port + (topology.index(service) if service in topology.names() else 0)
+    return [p for p in range(first, first + PORT_STRIDE * REPLICA_PORTS, PORT_STRIDE) if p <= 65535]
+
+
+class HealthServer:
+    """/healthz, /readyz, /metrics of one process, served on the event loop."""
+
+    def __init__(self, service: str, host: str, ports: list[int]) -> None:
+        self.service, self.host, self.ports = service, host, ports
+        self.port: int | None = None
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        for port in self.ports:
+            try:
+                self._server = await asyncio.start_server(self._handle, self.host, port, reuse_address=True)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE and port != self.ports[-1]:
+                    continue
+                raise RuntimeError(
+                    f"cannot serve /healthz, /readyz, /metrics on {self.host}:{port} ({exc.strerror}); "
+                    "set ROUNDTRIP_HEALTH_PORT to a free port (0 turns the endpoint off)"
+                ) from exc
+            self.port = self._server.sockets[0].getsockname()[1]
+            log.info("roundtrip %s: /healthz /readyz /metrics on http://%s:%d", self.service, self.host, self.port)
+            return
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            request_line, *header_lines = head.decode("latin-1").split("\r\n")
+            method, target = request_line.split(" ")[:2]
+            headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines if ":" in h)}
+            status, content_type, body = await self._route(method, target.split("?", 1)[0], headers)
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode("latin-1") + (b"" if method == "HEAD" else body)
+            )
+            await writer.drain()
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError, ValueError):
+            pass  # a client that went away or sent garbage gets nothing
+        finally:
+            writer.close()
+
+    async def _route(self, method: str, path: str, headers: dict[str, str]) -> tuple[str, str, bytes]:
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", "text/plain", b"GET only\n"
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(headers.get("accept"))
+            return "200 OK", content_type, encoder(REGISTRY)
+        if path in ("/healthz", "/readyz"):
+            ok, results = await evaluate(_liveness if path == "/healthz" else _readiness)
+            body = {"status": "ok" if ok else "failing", "service": self.service, "checks": results}
+            return ("200 OK" if ok else "503 Service Unavailable"), "application/json", json.dumps(body).encode() + b"\n"
+        return "404 Not Found", "text/plain", b"/healthz, /readyz or /metrics\n"
+
+
+def subscribers_alive(app: FastStream, state: dict[str, bool]) -> Check:
+    """Liveness from what FastStream's subscribers expose: each one running, with a live consume task per consumer.
+
+    True while the app is starting or stopping (nothing has died; a probe must not kill a draining service).
+    """
+
+    def check() -> bool:
+        if not state["started"] or state["stopping"]:
+            return True
+        return all(consume_loops_alive(subscriber) for subscriber in app.broker.subscribers)
+
+    return check
+
+
+def attach(app: FastStream, service: str, settings: Settings) -> HealthServer | None:
+    """Serve this service's endpoint from the app's start to its end (None when ROUNDTRIP_HEALTH_PORT is 0)."""
+    ports = port_candidates(service, settings)
+    if not ports:
+        return None
+    server = HealthServer(service, settings.listen_host, ports)
+    state = {"started": False, "stopping": False}
+
+    async def broker_answers() -> bool:
+        return await app.broker.ping(timeout=CHECK_TIMEOUT_S / 2)
+
+    register_liveness("subscribers", subscribers_alive(app, state))
+    register_readiness("started", lambda: state["started"] and not state["stopping"])
+    register_readiness("broker", broker_answers)
+
+    async def started() -> None:
+        state["started"] = True
+
+    async def stopping() -> None:
+        state["stopping"] = True
+
+    app.on_startup(server.start)  # before the broker connects: /healthz answers a slow start, /readyz says not yet
+    app.after_startup(started)
+    app.on_shutdown(stopping)
+    app.after_shutdown(server.stop)
+    return server

@@ -1,0 +1,184 @@
+"""The fleet's Prometheus metrics, defined once; each is incremented where its decision is taken.
+
+Served per process on /metrics by services/_kernel/observability/health.py, from prometheus_client's default
+registry (which also carries the process collector: CPU seconds, resident memory, open fds).
+The Kafka side (messages received/processed/published per topic, handler duration, in process)
+are FastStream's own Prometheus metrics (its `MetricsContainer`: prefixed `faststream_`, labelled
+`app_name="roundtrip-<service>"`, `broker="kafka"`, `handler`/`destination` = the topic), recorded
+by the kernel's message path (`kafka_metrics`) instead of FastStream's per-message middleware.
+
+| metric | type | labels | where |
+| --- | --- | --- | --- |
+| roundtrip_turns_total | counter | outcome | guard, when a turn ends (once per turn) |
+| roundtrip_turn_steps | histogram | | guard, model calls of an ended turn |
+| roundtrip_step_seconds | histogram | | guard, one round trip of the loop (decision to next decision of a turn) |
+| roundtrip_tokens_total | counter | model, kind (input, output, cache_write, cache_read) | guard, per recorded step |
+| roundtrip_cost_usd_total | counter | model | guard, per recorded step (the ledger's price table) |
+| roundtrip_guard_drops_total | counter | reason (step_limit, repeated_call, cycle, failure_streak, budget, deadline, cancelled) | guard, when it stops a turn |
+| roundtrip_guard_blocked_calls_total | counter | | guard, a repeat of a failed call not run |
+| roundtrip_gate_rejections_total | counter | tool, reason | gate, per rejected call |
+| roundtrip_tool_executions_total | counter | tool, result (ok, error) | executor, per approved call run |
+| roundtrip_tool_duration_seconds | histogram | tool | executor, per approved call run |
+| roundtrip_model_call_duration_seconds | histogram | model, result (ok, error) | model, per model call (its retries and its waits for capacity included) |
+| roundtrip_model_rate_limit | gauge | | model, calls per second this process may start (its adaptive limit; 0: not paced, no limit known) |
+| roundtrip_model_refusals_total | counter | | model, per 429 or 529 answer (the call waits and is tried again) |
+| roundtrip_model_capacity_wait_seconds | histogram | | model, per call: time it waited for the API's capacity (the limiter's slots and holds) |
+| roundtrip_model_waiting | gauge | | model, calls waiting for capacity now |
+| roundtrip_in_flight | gauge | service, subscription (the topic) | any consumer: messages being handled now |
+| roundtrip_ignored_fields_total | counter | message | gateway, per unknown field of a request (ignored) |
+| roundtrip_refused_requests_total | counter | reason (schema, key, reused) | gateway, per request answered `invalid_request` |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+from roundtrip._kernel.wire.events import Outcome, Usage
+from roundtrip._kernel.kafka.faststream_seam import MetricsContainer, ProcessingStatus, PublishingStatus
+
+# The outcomes that mean "the guard stopped the turn" (the rest mirror the model's stop_reason, or the API failed).
+GUARD_STOPS = frozenset({
+    Outcome.STEP_LIMIT, Outcome.REPEATED_CALL, Outcome.CYCLE, Outcome.FAILURE_STREAK, Outcome.BUDGET, Outcome.DEADLINE,
+    Outcome.CANCELLED,
+})
+TOKEN_KINDS = {
+    "input_tokens": "input", "output_tokens": "output",
+    "cache_creation_input_tokens": "cache_write", "cache_read_input_tokens": "cache_read",
+}
+
+turns = Counter("roundtrip_turns", "Turns ended, by outcome", ["outcome"])
+turn_steps = Histogram("roundtrip_turn_steps", "Model calls per ended turn", buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30))
+step_seconds = Histogram(
+    "roundtrip_step_seconds", "One round trip of the loop: from a guard decision to the next one of the same turn",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
+)
+tokens = Counter("roundtrip_tokens", "Tokens of recorded model calls, by kind", ["model", "kind"])
+cost_usd = Counter("roundtrip_cost_usd", "Cost of recorded model calls in USD (the configured price table)", ["model"])
+guard_drops = Counter("roundtrip_guard_drops", "Turns the guard stopped, by reason", ["reason"])
+guard_blocked_calls = Counter("roundtrip_guard_blocked_calls", "Repeats of a failed call the guard did not let run")
+gate_rejections = Counter("roundtrip_gate_rejections", "Calls the gate rejected, by tool and reason", ["tool", "reason"])
+tool_executions = Counter("roundtrip_tool_executions", "Approved tool calls run, by tool and result", ["tool", "result"])
+tool_duration = Histogram(
+    "roundtrip_tool_duration_seconds", "Time to run one approved tool call", ["tool"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+model_call_duration = Histogram(
+    "roundtrip_model_call_duration_seconds", "Time of one model call (its retries and waits for capacity included)", ["model", "result"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120),
+)
+model_rate_limit = Gauge("roundtrip_model_rate_limit", "Calls per second this model service may start (0: not paced)")
+model_refusals = Counter("roundtrip_model_refusals", "Messages API answers 429 or 529 (the call waits and is tried again)")
+model_capacity_wait = Histogram(
+    "roundtrip_model_capacity_wait_seconds", "Time a model call waited for the API's capacity",
+    buckets=(0.01, 0.1, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300),
+)
+model_waiting = Gauge("roundtrip_model_waiting", "Model calls waiting for the API's capacity now")
+in_flight_messages = Gauge("roundtrip_in_flight", "Messages being handled right now", ["service", "subscription"])
+ignored_fields = Counter("roundtrip_ignored_fields", "Fields of public messages the fleet does not know, ignored", ["message"])
+refused_requests = Counter("roundtrip_refused_requests", "Requests answered invalid_request, by reason", ["reason"])
+
+def count_usage(model: str, usage: Usage, cost: float) -> None:
+    for field, kind in TOKEN_KINDS.items():
+        if value := getattr(usage, field):
+            tokens.labels(model, kind).inc(value)
+    cost_usd.labels(model).inc(cost)
+
+
+def count_turn_end(outcome: Outcome | str, steps: int) -> None:
+    outcome = Outcome(outcome)
+    turns.labels(outcome.value).inc()
+    turn_steps.observe(steps)
+    if outcome in GUARD_STOPS:
+        guard_drops.labels(outcome.value).inc()
+
+
+class _Received:
+    """The metrics of one subscription's records, children resolved once (a label look-up per message costs more than the count)."""
+
+    __slots__ = ("_duration", "_exceptions", "_in_flight", "_in_process", "_labels", "_processed", "_size", "_total")
+
+    def __init__(self, container: MetricsContainer, labels: dict[str, str], service: str, topic: str) -> None:
+        self._labels = labels
+        self._total = container.received_messages_total.labels(**labels)
+        self._size = container.received_messages_size_bytes.labels(**labels)
+        self._in_process = container.received_messages_in_process.labels(**labels)
+        self._duration = container.received_processed_messages_duration_seconds.labels(**labels)
+        self._exceptions = container.received_processed_messages_exceptions_total
+        self._processed = {s: container.received_processed_messages_total.labels(**labels, status=s.value)
+                           for s in (ProcessingStatus.acked, ProcessingStatus.error)}
+        self._in_flight = in_flight_messages.labels(service, topic)
+
+    def __call__(self, size: int) -> _Record:
+        self._total.inc()
+        self._size.observe(size)
+        self._in_process.inc()
+        self._in_flight.inc()
+        return _Record(self)
+
+
+class _Record:
+    __slots__ = ("_of", "_status")
+
+    def __init__(self, of: _Received) -> None:
+        self._of, self._status = of, ProcessingStatus.acked
+
+    def failed(self, exception_type: str) -> None:
+        """The handler raised (the record is dead-lettered)."""
+        self._status = ProcessingStatus.error
+        self._of._exceptions.labels(**self._of._labels, exception_type=exception_type).inc()
+
+    def done(self, seconds: float) -> None:
+        of = self._of
+        of._duration.observe(seconds)
+        of._in_process.dec()
+        of._in_flight.dec()
+        of._processed[self._status].inc()
+
+
+class KafkaMetrics:
+    """FastStream's Kafka metrics of one service, recorded by the kernel's message path."""
+
+    def __init__(self, service: str) -> None:
+        self._container = MetricsContainer(REGISTRY, metrics_prefix="faststream", custom_label_names=())
+        self._service, self._app = service, f"roundtrip-{service}"
+        self._received: dict[str, _Received] = {}
+        self._published: dict[str, tuple[Any, Any, Any]] = {}
+
+    def received(self, topic: str, size: int) -> _Record:
+        """A record of `topic` arrived; `.done(seconds)` when handled, `.failed(type)` first if it raised."""
+        counted = self._received.get(topic)
+        if counted is None:
+            labels = {"app_name": self._app, "broker": "kafka", "handler": topic}
+            counted = self._received[topic] = _Received(self._container, labels, self._service, topic)
+        return counted(size)
+
+    def published(self, topic: str, seconds: float, exception_type: str | None = None) -> None:
+        children = self._published.get(topic)
+        if children is None:
+            labels = {"app_name": self._app, "broker": "kafka", "destination": topic}
+            c = self._container
+            children = self._published[topic] = (
+                c.published_messages_duration_seconds.labels(**labels),
+                c.published_messages_total.labels(**labels, status=PublishingStatus.success.value),
+                c.published_messages_total.labels(**labels, status=PublishingStatus.error.value),
+            )
+        duration, ok, failed = children
+        duration.observe(seconds)
+        if exception_type is None:
+            ok.inc()
+        else:
+            failed.inc()
+            self._container.published_messages_exceptions_total.labels(
+                app_name=self._app, broker="kafka", destination=topic, exception_type=exception_type).inc()
+
+
+_kafka: dict[str, KafkaMetrics] = {}
+
+
+def kafka_metrics(service: str) -> KafkaMetrics:
+    """The Kafka metrics of `service` in this process (one per service: tests run several)."""
+    if service not in _kafka:
+        _kafka[service] = KafkaMetrics(service)
+    return _kafka[service]

@@ -1,0 +1,527 @@
+"""OpenTelemetry set-up: one tracer provider per process, OTLP to Jaeger or a span file; the shape of a turn's trace.
+
+A turn is one trace whose root is the **turn span** (`invoke_agent <agent name>`, the
+OpenTelemetry GenAI agent span, with the agent's digest): it lasts from the request to the reply, and every hop of the
+turn sits right under it, so a 10-step turn is as shallow as a 1-step one:
+
+    invoke_agent support-agent              gateway: recorded at the reply, ids fixed at the request
+      turn.starts process                   guard    ─┐ each hop: the kernel's consumer span,
+        guard.start                                    │ parented to the turn span, LINKED to the
+          turn.model_calls publish                     │ publish of the hop before it (the cause)
+      turn.model_calls process              model     │
+        anthropic.messages.create           (the SDK's own chat span)
+      turn.iterations process               guard    ─┘
+      ...
+
+How: the gateway fixes the turn span's trace id and span id when the request arrives (derived
+from the request record's coordinates, so a redelivery gets the same ones) and carries them in
+the `Turn` of every event. `publishing` (every Outlet's publish) puts them in the
+`roundtrip-turn-*` headers; `consuming` (the kernel's message path, around every handler)
+makes the turn span the parent of the hop's consumer span and the previous hop's publish a
+span link. At the reply, the gateway records the finished turn span with those ids (`record_turn_span`, through
+`TurnIdGenerator`, a public SDK extension point) and the time the request arrived as start.
+`TurnSpanProcessor` stamps `roundtrip.turn_id`, `gen_ai.conversation.id` and `roundtrip.step`
+on every span a hop starts (the SDK's model span included).
+
+Kafka hops are traced by `consuming` / `publishing` (OpenTelemetry's messaging conventions:
+`<topic> process`, `<topic> publish`); model calls by the anthropic SDK's own span; the rest by
+the handlers through `tracer()`. Without an OTLP endpoint spans go
+to a JSON-lines file (`JsonLinesSpanExporter`, rotated and bounded) that `roundtrip trace` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import fcntl
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pydantic_core
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from roundtrip._kernel.settings import Settings
+
+
+
+def turn_span_name(agent_name: str) -> str:
+    """The name of a turn's root span: the GenAI agent span of the agent the fleet runs (Agent.name)."""
+    return f"invoke_agent {agent_name}"
+
+
+# headers of every message of a turn (next to the publish span's traceparent and correlation_id)
+TURN_ID_HEADER = "roundtrip-turn-id"
+TURN_SPAN_HEADER = "roundtrip-turn-span"  # traceparent of the turn span: the parent of every hop
+STEP_HEADER = "roundtrip-step"
+_TRACEPARENT = "traceparent"
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+# outcomes that are failures of the turn (Jaeger's error filter finds them); the rest ended as the model or an operator chose
+ERROR_OUTCOMES = frozenset({
+    "step_limit", "repeated_call", "cycle", "failure_streak", "budget", "deadline", "model_error", "model_busy",
+})
+
+_provider: TracerProvider | None = None
+
+
+# -- the hop: which turn the current message belongs to -------------------------------------------
+
+
+class Hop:
+    """What every span started while handling one message of a turn carries."""
+
+    __slots__ = ("attributes", "cause", "conversation_id", "new_turn")
+
+    def __init__(self, attributes: dict[str, Any], conversation_id: str, cause: SpanContext | None = None,
+                 new_turn: tuple[str, str, float] | None = None) -> None:
+        self.attributes = attributes
+        self.conversation_id = conversation_id
+        self.cause = cause  # the previous hop (the hop's consumer span links to it)
+        self.new_turn = new_turn  # (trace id, span id, received at) fixed for a turn that starts with this message
+
+
+_hop: contextvars.ContextVar[Hop | None] = contextvars.ContextVar("roundtrip_hop", default=None)
+_forced_ids: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("roundtrip_forced_ids", default=None)
+
+
+def traceparent(trace_id: str, span_id: str) -> str:
+    return f"00-{trace_id}-{span_id}-01"
+
+
+def _span_context(value: str | bytes | None) -> SpanContext | None:
+    """A W3C traceparent header as a (remote) span context; None when absent or malformed."""
+    if not value:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    parts = value.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        ctx = SpanContext(int(parts[1], 16), int(parts[2], 16), is_remote=True, trace_flags=TraceFlags(int(parts[3], 16) & 0xFF))
+    except ValueError:
+        return None
+    return ctx if ctx.is_valid else None
+
+
+def turn_ids_for_record(topic: str, partition: int, offset: int, timestamp: int) -> tuple[str, str]:
+    """Trace id and turn span id of the turn a request record starts: the same for a redelivery of that record."""
+    digest = hashlib.blake2b(f"{topic}\x00{partition}\x00{offset}\x00{timestamp}".encode(), digest_size=24).digest()
+    trace_id, span_id = digest[:16].hex(), digest[16:].hex()
+    if int(trace_id, 16) == 0 or int(span_id, 16) == 0:  # pragma: no cover - 2**-64
+        trace_id, span_id = format(random.getrandbits(128), "032x"), format(random.getrandbits(64), "016x")
+    return trace_id, span_id
+
+
+def new_turn_ids() -> tuple[str, str, float]:
+    """(trace id, turn span id, start time) of the turn the current message starts.
+
+    Fixed by `consuming` for a message of a turn-starting topic (the request); fresh random
+    ones otherwise (a handler called outside the broker, in tests)."""
+    hop = _hop.get()
+    if hop is not None and hop.new_turn is not None:
+        return hop.new_turn
+    return format(random.getrandbits(128) or 1, "032x"), format(random.getrandbits(64) or 1, "016x"), time.time()
+
+
+def bind_turn(turn_id: str) -> None:
+    """The current message turned out to start `turn_id`: say so on the spans already started and those to come."""
+    hop = _hop.get()
+    if hop is not None:
+        hop.attributes = {**hop.attributes, "roundtrip.turn_id": turn_id}
+    trace.get_current_span().set_attribute("roundtrip.turn_id", turn_id)
+
+
+def _step_of(message: Any) -> int | None:
+    step = getattr(message, "step", None)
+    if not isinstance(step, int):
+        return None
+    return step + 1 if type(message).__name__ == "CallModel" else step  # a CallModel starts the next model call
+
+
+def turn_headers(message: Any) -> dict[str, str]:
+    """The `roundtrip-turn-*` headers of a message of a turn (empty for a message outside turns)."""
+    turn = getattr(message, "turn", None)
+    span_id = getattr(turn, "span_id", "")
+    if not span_id:
+        return {}
+    headers = {TURN_ID_HEADER: turn.turn_id, TURN_SPAN_HEADER: traceparent(turn.trace_id, span_id)}
+    step = _step_of(message)
+    if step is not None:
+        headers[STEP_HEADER] = str(step)
+    return headers
+
+
+def hop_of(topic: str, partition: int, offset: int, timestamp: int, key: Any, headers: dict[str, Any],
+           roots: frozenset[str]) -> tuple[Hop | None, str | None]:
+    """The hop a consumed record is (None outside turns) and the traceparent its consumer span continues.
+
+    A record of a turn: the turn span is the parent, the sender's span (the previous hop) the cause.
+    A record of a turn-starting topic (`roots`): the turn's ids are fixed from the record's coordinates.
+    Anything else (an operator's cancel) continues the sender's trace."""
+    conversation_id = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key or "")
+    sender = headers.get(_TRACEPARENT)
+    turn_span = headers.get(TURN_SPAN_HEADER)
+    if turn_span:
+        attributes: dict[str, Any] = {"roundtrip.turn_id": headers.get(TURN_ID_HEADER, ""), "gen_ai.conversation.id": conversation_id}
+        if step := headers.get(STEP_HEADER):
+            with contextlib.suppress(ValueError):
+                attributes["roundtrip.step"] = int(step)
+        return Hop(attributes, conversation_id, _span_context(sender)), turn_span
+    if topic in roots:
+        trace_id, span_id = turn_ids_for_record(topic, partition, offset, timestamp)
+        # the client's span, if it sent one: linked, not the parent
+        return (Hop({"gen_ai.conversation.id": conversation_id}, conversation_id, _span_context(sender),
+                    new_turn=(trace_id, span_id, time.time())), traceparent(trace_id, span_id))
+    return None, sender
+
+
+@contextlib.contextmanager
+def consuming(record: Any, group: str, roots: frozenset[str] = frozenset(), using: trace.Tracer | None = None) -> Iterator[trace.Span]:
+    """The consumer span of one record (`<topic> process`), current while its handler runs, in its turn's trace.
+
+    What the kernel's message path opens around every handler (services/_kernel/kafka/messaging.py): the
+    OpenTelemetry messaging attributes, the turn span as parent, the previous hop as a link, and
+    the turn's ids on every span the handler starts (`TurnSpanProcessor`)."""
+    headers = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in (record.headers or ())}
+    hop, parent = hop_of(record.topic, record.partition, record.offset, record.timestamp, record.key, headers, roots)
+    parent_ctx = otel_context.Context()
+    remote = _span_context(parent)
+    if remote is not None:
+        parent_ctx = trace.set_span_in_context(NonRecordingSpan(remote), parent_ctx)
+    attributes: dict[str, Any] = {
+        "messaging.system": "kafka",
+        "messaging.operation": "process",
+        "messaging.destination.name": record.topic,
+        "messaging.consumer.group.name": group,
+        "messaging.kafka.destination.partition": record.partition,
+        "messaging.kafka.message.offset": record.offset,
+        "messaging.message.body.size": len(record.value or b""),
+    }
+    conversation_id = hop.conversation_id if hop else headers.get("correlation_id")
+    if conversation_id:
+        attributes["messaging.message.conversation_id"] = conversation_id
+    if record.key is not None:
+        attributes["messaging.kafka.message.key"] = hop.conversation_id if hop else str(record.key)
+    links = [Link(hop.cause)] if hop is not None and hop.cause is not None else None
+    token = _hop.set(hop) if hop is not None else None
+    try:
+        span = (using or tracer("roundtrip.kafka")).start_span(f"{record.topic} process", context=parent_ctx, kind=SpanKind.CONSUMER,
+                                                              attributes=attributes, links=links)
+        with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+            yield span
+    finally:
+        if token is not None:
+            _hop.reset(token)
+
+
+@contextlib.contextmanager
+def publishing(topic: str, message: Any, conversation_id: str, using: trace.Tracer | None = None) -> Iterator[list[tuple[str, bytes]]]:
+    """The producer span of one publish (`<topic> publish`); yields the record's headers: the turn's
+    headers, `traceparent` of this span (the next hop links to it), `correlation_id` and the content type."""
+    attributes = {
+        "messaging.system": "kafka",
+        "messaging.operation": "publish",
+        "messaging.destination.name": topic,
+        "messaging.kafka.message.key": conversation_id,
+        "messaging.message.conversation_id": conversation_id,
+    }
+    with (using or tracer("roundtrip.kafka")).start_as_current_span(f"{topic} publish", kind=SpanKind.PRODUCER,
+                                                                  attributes=attributes, record_exception=False) as span:
+        headers = [(k, v.encode()) for k, v in turn_headers(message).items()]
+        ctx = span.get_span_context()
+        if ctx.is_valid:
+            headers.append((_TRACEPARENT, f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags) & 1:02x}".encode()))
+        headers.append(("correlation_id", conversation_id.encode()))
+        headers.append(("content-type", b"application/json"))
+        yield headers
+
+
+class TurnSpanProcessor(SpanProcessor):
+    """Stamps the current hop's turn id, conversation id and step on every span it starts (the SDK's too)."""
+
+    def on_start(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
+        hop = _hop.get()
+        if hop is not None:
+            span.set_attributes(hop.attributes)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class TurnIdGenerator(IdGenerator):
+    """Random ids, except for the one span `record_turn_span` starts with ids fixed when its turn began."""
+
+    def generate_span_id(self) -> int:
+        forced = _forced_ids.get()
+        if forced:
+            return forced.pop()
+        span_id = random.getrandbits(64)
+        while span_id == trace.INVALID_SPAN_ID:
+            span_id = random.getrandbits(64)
+        return span_id
+
+    def generate_trace_id(self) -> int:
+        forced = _forced_ids.get()
+        if forced and len(forced) == 2:
+            return forced.pop(0)
+        trace_id = random.getrandbits(128)
+        while trace_id == trace.INVALID_TRACE_ID:
+            trace_id = random.getrandbits(128)
+        return trace_id
+
+    def is_trace_id_random(self) -> bool:
+        return True
+
+
+def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_usd: float, agent_name: str,
+                     agent_digest: str = "", model: str = "", end_time: float | None = None,
+                     using: trace.Tracer | None = None) -> trace.Span:
+    """Record the finished turn span (the root of the turn's trace) with the ids and start fixed when the turn began;
+    `agent_digest` (Agent.digest: its prompt and tools) says which version of the agent the recording process runs."""
+    started = turn.started_at or time.time()
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": "anthropic",
+        "gen_ai.agent.name": agent_name,
+        "gen_ai.conversation.id": turn.conversation_id,
+        "roundtrip.turn_id": turn.turn_id,
+        "roundtrip.request_id": turn.request_id,
+        "roundtrip.customer_id": turn.customer_id,
+        "roundtrip.outcome": outcome,
+        "roundtrip.steps": steps,
+        "roundtrip.cost_usd": cost_usd,
+    }
+    if agent_digest:
+        attributes["roundtrip.agent.digest"] = agent_digest
+    if model:
+        attributes["gen_ai.request.model"] = model
+    if usage is not None:
+        cache_write, cache_read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
+        attributes.update({
+            "gen_ai.usage.input_tokens": usage.input_tokens + cache_write + cache_read,  # semconv: cached tokens included
+            "gen_ai.usage.output_tokens": usage.output_tokens,
+            "gen_ai.usage.cache_creation.input_tokens": cache_write,
+            "gen_ai.usage.cache_read.input_tokens": cache_read,
+        })
+    if outcome not in ERROR_OUTCOMES and outcome not in ("cancelled",):
+        attributes["gen_ai.response.finish_reasons"] = [outcome]
+    if turn.persona:
+        attributes["roundtrip.persona"] = turn.persona
+    if metadata := getattr(turn, "metadata", None):
+        attributes["roundtrip.metadata"] = json.dumps(metadata, sort_keys=True, ensure_ascii=False)
+    forced = [int(turn.trace_id, 16), int(turn.span_id, 16)] if turn.span_id and turn.trace_id else None
+    token = _forced_ids.set(forced)
+    try:
+        span = (using or tracer()).start_span(turn_span_name(agent_name), context=otel_context.Context(), kind=SpanKind.INTERNAL,
+                                   attributes=attributes, start_time=_ns(started))
+    finally:
+        _forced_ids.reset(token)
+    if outcome in ERROR_OUTCOMES:
+        mark_error(span, f"turn ended: {outcome}", outcome)
+    span.end(end_time=_ns(end_time or time.time()))
+    return span
+
+
+def _ns(unix_seconds: float) -> int:
+    """Unix seconds (a float) as nanoseconds, exact to the microsecond a float holds."""
+    return round(unix_seconds * 1e6) * 1000
+
+
+def turn_context(turn: Any) -> otel_context.Context | None:
+    """A context whose current span is the turn span (for spans of a turn started outside its hops), or None."""
+    if not (getattr(turn, "span_id", "") and turn.trace_id):
+        return None
+    parent = SpanContext(int(turn.trace_id, 16), int(turn.span_id, 16), is_remote=True, trace_flags=_SAMPLED)
+    return trace.set_span_in_context(NonRecordingSpan(parent), otel_context.Context())
+
+
+@contextlib.contextmanager
+def span_in_turn(name: str, turn: Any, cause: str | None = None, step: int | None = None) -> Iterator[trace.Span]:
+    """A span under the turn span (linked to `cause`, a traceparent), outside any hop: the guard's sweeper, a cancel."""
+    parent = turn_context(turn)
+    if parent is None:  # a turn from before turn spans: continue its last hop
+        from opentelemetry.propagate import extract
+
+        parent = extract({_TRACEPARENT: cause}) if cause else otel_context.get_current()
+        with tracer().start_as_current_span(name, context=parent) as span:
+            yield span
+        return
+    attributes: dict[str, Any] = {"roundtrip.turn_id": turn.turn_id, "gen_ai.conversation.id": turn.conversation_id}
+    if step is not None:
+        attributes["roundtrip.step"] = step
+    cause_ctx = _span_context(cause)
+    token = _hop.set(Hop(attributes, turn.conversation_id))
+    try:
+        links = [Link(cause_ctx, {"roundtrip.link": "last hop"})] if cause_ctx else None
+        with tracer().start_as_current_span(name, context=parent, links=links) as span:
+            yield span
+    finally:
+        _hop.reset(token)
+
+
+def mark_error(span: trace.Span, reason: str, error_type: str | None = None) -> None:
+    """Status ERROR with the reason (what Jaeger's error filter and a reader need), `error.type`, and `roundtrip.error`.
+
+    `roundtrip.error=true` is a plain attribute every Jaeger storage can search; Jaeger 2.13's in-memory
+    storage cannot search `error=true` (its query API hands the tag over as a string, the store reads a boolean)."""
+    span.set_status(Status(StatusCode.ERROR, reason[:200]))
+    span.set_attribute("roundtrip.error", True)
+    if error_type:
+        span.set_attribute("error.type", error_type)
+
+
+# -- exporters and the provider -------------------------------------------------------------------------
+
+
+def _encode_span(record: dict[str, Any]) -> bytes:
+    """One span as JSON, in C (pydantic's encoder, faster than json.dumps): anything unusual becomes its str()."""
+    return pydantic_core.to_json(record, fallback=str)
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends one JSON object per finished span to a file (safe across processes: O_APPEND), rotated and bounded.
+
+    When the file passes `max_bytes` it becomes `<file>.1` (`.1` becomes `.2`, … up to `backups`; the
+    oldest is dropped), under an flock so two processes do not rotate twice; a process whose file was
+    rotated by another reopens the new one. So the spans take at most (backups + 1) x max_bytes.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = 0, backups: int = 3) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.max_bytes, self.backups = path, max_bytes, backups
+        self._fd = self._open()
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _rotate_if_needed(self) -> None:
+        mine = os.fstat(self._fd)
+        try:
+            current = os.stat(self.path)
+        except FileNotFoundError:
+            current = None
+        if current is None or current.st_ino != mine.st_ino:  # rotated (or removed) by someone else
+            os.close(self._fd)
+            self._fd = self._open()
+            mine = current = os.fstat(self._fd)
+        if not self.max_bytes or current.st_size < self.max_bytes:
+            return
+        with open(f"{self.path}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = os.stat(self.path)
+            if current.st_ino == mine.st_ino and current.st_size >= self.max_bytes:  # nobody rotated it meanwhile
+                for n in range(self.backups - 1, 0, -1):
+                    older = Path(f"{self.path}.{n}")
+                    if older.exists():
+                        os.replace(older, f"{self.path}.{n + 1}")
+                if self.backups:
+                    os.replace(self.path, f"{self.path}.1")
+                else:
+                    os.truncate(self.path, 0)
+            os.close(self._fd)
+            self._fd = self._open()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._rotate_if_needed()
+        lines = []
+        for span in spans:
+            ctx = span.get_span_context()
+            status = span.status
+            lines.append(_encode_span({
+                "trace_id": format(ctx.trace_id, "032x"),
+                "span_id": format(ctx.span_id, "016x"),
+                "parent_id": format(span.parent.span_id, "016x") if span.parent else None,
+                "name": span.name,
+                "service": span.resource.attributes.get("service.name"),
+                "kind": span.kind.name,
+                "start_ns": span.start_time,
+                "end_ns": span.end_time,
+                "status": status.status_code.name,
+                "status_message": status.description,
+                "attributes": dict(span.attributes) if span.attributes else {},  # sequences (tuples) become lists
+                "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events] if span.events else [],
+                "links": [format(link.context.span_id, "016x") for link in span.links] if span.links else [],
+            }))
+        if lines:
+            os.write(self._fd, b"\n".join(lines) + b"\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        os.close(self._fd)
+
+
+def span_files(path: Path, backups: int) -> list[Path]:
+    """The span file and its rotated copies that exist, oldest first."""
+    return [p for p in (*(Path(f"{path}.{n}") for n in range(backups, 0, -1)), path) if p.exists()]
+
+
+def make_provider(service: str, settings: Settings | None = None) -> TracerProvider:
+    """A tracer provider that shapes turns (turn span ids, turn attributes on every span); exporters per `settings`."""
+    provider = TracerProvider(resource=Resource.create({"service.name": f"roundtrip-{service}"}), id_generator=TurnIdGenerator())
+    provider.add_span_processor(TurnSpanProcessor())
+    if settings is None:
+        return provider
+    if settings.otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        endpoint = settings.otlp_endpoint.rstrip("/")
+        if not endpoint.endswith("/v1/traces"):
+            endpoint += "/v1/traces"
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    span_file = settings.effective_span_file
+    if span_file is not None:
+        exporter = JsonLinesSpanExporter(span_file, int(settings.span_file_max_mb * 1024 * 1024), settings.span_file_backups)
+        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+    return provider
+
+
+def setup_telemetry(service: str, settings: Settings) -> TracerProvider:
+    """Install the process's tracer provider (idempotent)."""
+    global _provider
+    if _provider is not None:
+        return _provider
+    provider = make_provider(service, settings)
+    trace.set_tracer_provider(provider)
+    _provider = provider
+    return provider
+
+
+def shutdown_telemetry() -> None:
+    if _provider is not None:
+        _provider.shutdown()
+
+
+_tracers: dict[str, trace.Tracer] = {}
+
+
+def tracer(name: str = "roundtrip") -> trace.Tracer:
+    """The process's tracer `name` (made once: a tracer per call showed in every service's profile,
+    docs/benchmarks.md "Figures the code points to"; before the provider is installed it is OpenTelemetry's proxy, which follows the
+    provider once there is one)."""
+    if name not in _tracers:
+        _tracers[name] = trace.get_tracer(name)
+    return _tracers[name]
+
+
+def current_trace_id() -> str:
+    ctx = trace.get_current_span().get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else ""

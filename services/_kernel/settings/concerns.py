@@ -1,0 +1,370 @@
+"""Every knob of the fleet, once, in the concern it belongs to.
+
+Each concern is its own pydantic-settings class reading `ROUNDTRIP_<FIELD>` from the environment, so a part
+that needs only one concern can ask for only that one (`health.port_candidates` takes `TelemetrySettings`;
+`EmbeddedKafka.of` takes `EmbeddedDefaults`) and a test can build it alone (`LoopRules(max_steps=3)`).
+`roundtrip._kernel.settings.Settings` is all of them together. A field with `secret` in its json_schema_extra
+is never shown (`roundtrip config` masks it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, ClassVar
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from roundtrip._kernel.settings.checks import (
+    SASL_MECHANISMS, SECURITY_PROTOCOLS, check_database_url, check_import_string, check_kafka_security, existing_file,
+    parse_bootstrap_servers,
+)
+
+KEYS = {"secret": "keys"}  # key_id:secret pairs: the ids may be shown, the secrets never
+SECRET = {"secret": "value"}
+
+# Demo signing key: fine for a laptop, replaced in production via ROUNDTRIP_APPROVAL_KEYS.
+# It is published (README), so anyone can sign a batch with it: outside the embedded
+# development fleet the gate and the executor refuse to start while it is configured.
+DEV_APPROVAL_KEYS = "dev1:roundtrip-dev-only-approval-key"
+DEV_APPROVAL_SECRET = DEV_APPROVAL_KEYS.split(":", 1)[1]
+# Demo key people sign approval decisions with (roundtrip approvals); published too, so refused outside
+# development while approvals are configured.
+DEV_DECISION_KEYS = "ops1:roundtrip-dev-only-decision-key"
+DEV_DECISION_SECRET = DEV_DECISION_KEYS.split(":", 1)[1]
+
+
+def _holds_secret(keys: str, secret: str) -> bool:
+    return any(part.partition(":")[2].strip() == secret for part in keys.split(","))
+
+
+def _database_url(value: str | None) -> str | None:
+    return None if value is None or not value.strip() else check_database_url(value.strip())
+
+
+DatabaseUrl = Annotated[str | None, AfterValidator(_database_url)]  # unset, or a URL the fleet's async engines open
+_upper = BeforeValidator(lambda value: value.strip().upper() if isinstance(value, str) else value)
+ExistingFile = Annotated[Path | None, AfterValidator(existing_file)]  # unset, or a file this process can read
+
+
+class Concern(BaseSettings):
+    """One concern's settings, read from ROUNDTRIP_* environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
+    heading: ClassVar[str]  # what `roundtrip config` and the README's configuration call this group
+
+
+class Deployment(Concern):
+    heading = "where things live"
+
+    env: str | None = Field(
+        None, description="'development' or 'production'; unset: development only with the embedded broker"
+    )
+    agent: str | None = Field(
+        None, description="The agent the fleet runs: package.module:attribute, or a name in the entry-point group "
+                          "roundtrip.agents; unset: the demo agent (README: Your own agent)",
+    )
+    instance_id: str | None = Field(
+        None, description="Stable id of this replica (gateway transactional id); default: pod name in Kubernetes, else host-service"
+    )
+    state_dir: Path = Field(Path(".roundtrip"), description="Folder for embedded broker data, SQLite files, span files, logs")
+    listen_host: str = Field(
+        "127.0.0.1", description="Address the simulator, an agent's embedded backend and the health endpoints listen on (0.0.0.0 in containers)"
+    )
+
+
+class KafkaSettings(Concern):
+    heading = "Kafka"
+
+    kafka_bootstrap_servers: str | None = Field(
+        None, description="Kafka bootstrap servers; unset means the embedded broker on kafka_port"
+    )
+    topic_prefix: str = Field("", description="Prefix of every topic name (to share a cluster)")
+    partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
+    executor_partitions: int | None = Field(None, ge=1, description="Partitions of the executor topic (defaults to `partitions`)")
+    replication_factor: int = Field(1, ge=1, description="Replication factor of the topics `roundtrip topics create` makes")
+    min_insync_replicas: int | None = Field(
+        None, ge=1,
+        description="min.insync.replicas of the topics `roundtrip topics create` makes (production: 2 with replication "
+                    "factor 3); unset: the broker's default",
+    )
+    max_in_flight: int = Field(
+        500, ge=1,
+        description="Messages each subscription of a service holds at once (one conversation at a time, "
+        "many conversations concurrently); at the limit it pauses fetching",
+    )
+    commit_interval_ms: float = Field(
+        500.0, ge=0,
+        description="How often a consumer commits its finished offsets (batched; a crash redelivers at most this much finished work)",
+    )
+
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _broker_list(cls, value: str | None) -> str | None:
+        return None if value is None or not value.strip() else ",".join(parse_bootstrap_servers(value))
+
+    @field_validator("min_insync_replicas")
+    @classmethod
+    def _min_isr(cls, value: int | None, info) -> int | None:
+        factor = info.data.get("replication_factor", 1)
+        if value is not None and value > factor:
+            raise ValueError(f"{value} is more than ROUNDTRIP_REPLICATION_FACTOR ({factor}): no write could ever succeed")
+        return value
+
+    @property
+    def embedded_broker(self) -> bool:
+        return not self.kafka_bootstrap_servers
+
+
+class KafkaSecurity(Concern):
+    """How every Kafka client of the fleet connects: TLS and SASL, named after the standard client properties
+    (security.protocol, sasl.mechanism, ssl.truststore: services/_kernel/kafka/security.py turns them into aiokafka's
+    and FastStream's options)."""
+
+    heading = "Kafka security: TLS and SASL"
+
+    kafka_security_protocol: Annotated[SECURITY_PROTOCOLS, _upper] = Field(
+        "PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (security.protocol)"
+    )
+    kafka_sasl_mechanism: Annotated[SASL_MECHANISMS | None, _upper] = Field(
+        None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (sasl.mechanism); needed with SASL_*"
+    )
+    kafka_sasl_username: str | None = Field(None, description="SASL user (PLAIN and SCRAM)")
+    kafka_sasl_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description="SASL password (PLAIN and SCRAM)")
+    kafka_sasl_password_file: ExistingFile = Field(
+        None, description="File holding the SASL password (a mounted secret), instead of ROUNDTRIP_KAFKA_SASL_PASSWORD"
+    )
+    kafka_sasl_oauth_token_provider: str | None = Field(
+        None, description="OAUTHBEARER: module:attribute of an aiokafka AbstractTokenProvider, or of a callable making one "
+                          "(deploy/README.md: MSK IAM, OIDC client credentials)",
+    )
+    kafka_ssl_cafile: ExistingFile = Field(
+        None, description="PEM file of the CAs the brokers' certificates are checked against; unset: the system's CAs"
+    )
+    kafka_ssl_certfile: ExistingFile = Field(None, description="PEM file of this client's certificate (mTLS)")
+    kafka_ssl_keyfile: ExistingFile = Field(None, description="PEM file of this client's private key (mTLS)")
+    kafka_ssl_key_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description="Password of that key, if it has one")
+
+    @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file",
+                     "kafka_sasl_oauth_token_provider", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile",
+                     "kafka_ssl_key_password", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:  # an empty key of a Secret or ConfigMap (deploy/k8s) sets nothing
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("kafka_sasl_oauth_token_provider")
+    @classmethod
+    def _import_string(cls, value: str | None) -> str | None:
+        return None if value is None else check_import_string(value.strip())
+
+    @model_validator(mode="after")
+    def _fits_together(self) -> KafkaSecurity:
+        check_kafka_security(self)
+        return self
+
+    @property
+    def kafka_secured(self) -> bool:
+        return self.kafka_security_protocol != "PLAINTEXT"
+
+
+class ModelSettings(Concern):
+    heading = "the model"
+
+    anthropic_api_key: str | None = Field(
+        None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_API_KEY"), json_schema_extra=SECRET,
+        description="The real Anthropic API is used when set",
+    )
+    anthropic_base_url: str | None = Field(None, description="Override the API base URL (the simulator is used when no key is set)")
+    model: str = Field("claude-sonnet-4-6", description="Model name sent to the Messages API")
+    max_tokens: int = Field(1024, ge=1, description="max_tokens of each model call")
+    model_max_retries: int = Field(
+        2, ge=0, description="Retries of a model call after a transient error (timeout, connection, 5xx) before the turn ends; "
+        "429 and 529 are retried until the turn's deadline")
+    model_timeout_s: float = Field(60.0, gt=0, description="Timeout of one model call")
+    disable_parallel_tool_use: bool = Field(
+        False, description="Send tool_choice.disable_parallel_tool_use: at most one tool call per model response (a request may override it)"
+    )
+    cache_history: bool = Field(
+        True, description="Prompt caching of the history: cache breakpoints on the last message and on the previous request's last message"
+    )
+
+    @property
+    def use_simulator(self) -> bool:
+        return not self.anthropic_api_key
+
+
+class LoopRules(Concern):
+    heading = "loop rules: how many turns run, and when the guard stops one"
+
+    max_running_turns: int = Field(
+        200, ge=1, description="Turns the gateway runs at once; more requests wait in support.requests (admission)"
+    )
+    max_steps: int = Field(10, ge=1, description="Model calls a turn may make before it is stopped")
+    loop_rules: bool = Field(True, description="Repeat, cycle and failure-streak detection (off: step limit only)")
+    max_identical_calls: int = Field(3, ge=2, description="Identical calls (same fingerprint) a turn may make, even succeeding ones")
+    cycle_max_period: int = Field(4, ge=2, description="Longest cycle of steps (A,B,A,B has period 2) the guard looks for")
+    cycle_repeats: int = Field(2, ge=2, description="Repetitions of a cycle that end the turn")
+    failure_streak: int = Field(4, ge=2, description="Consecutive failing calls that end the turn")
+    turn_budget_usd: float = Field(0.50, gt=0, description="Cost a turn may spend on model calls")
+    prices: str = Field(
+        '{"default": [3.0, 15.0, 3.75, 0.30]}',
+        description="JSON: model -> USD per million tokens [input, output, cache write, cache read]; 'default' for the rest",
+    )
+    stuck_after_s: float = Field(60.0, gt=0, description="A turn with no progress for this long is flagged stuck")
+    stuck_grace_s: float = Field(30.0, ge=0, description="A stuck turn is ended this long after it was flagged")
+    turn_deadline_s: float = Field(300.0, gt=0, description="A turn is ended when it runs longer than this")
+
+    @property
+    def sweep_interval_s(self) -> float:
+        """How often the guard looks for stuck turns: a quarter of the shortest wait, at most 5 s."""
+        return max(0.2, min(5.0, self.stuck_after_s / 4, max(self.stuck_grace_s, 0.8) / 4))
+
+
+POOL_SIZE = 10  # PostgreSQL connections a process keeps open to one database (services/_kernel/storage/database.py)
+
+
+class TurnLedger(Concern):
+    heading = "the turn ledger: the guard's record of every turn, the fence of model and executor"
+
+    ledger_database_url: DatabaseUrl = Field(
+        None, description="SQLAlchemy URL of the turn ledger (guard; fence of executor and model); unset means a SQLite file in state_dir"
+    )
+    outbox_after_s: float = Field(5.0, gt=0, description="The guard's sweeper republishes a recorded decision still unpublished after this long")
+    database_pool_size: int = Field(
+        POOL_SIZE, ge=1, le=1000,
+        description="PostgreSQL connections each process keeps open to the ledger (and the guard to the conversation store); "
+                    "none beyond them, a statement waits for a free one. The server's max_connections must cover every "
+                    "replica's: guard 2x, model and executor 1x each, gateway 1",
+    )
+
+
+class ConversationSettings(Concern):
+    heading = "conversations: the guard's history of earlier turns"
+
+    conversations_database_url: DatabaseUrl = Field(
+        None, description="SQLAlchemy URL of the conversation store (history per conversation); unset means the ledger's database"
+    )
+    history_tokens: int = Field(
+        20000, ge=0,
+        description="Token budget of a conversation's history (estimate: 4 characters a token); the oldest turns are dropped "
+                    "past it, never splitting a tool_use from its tool_result; 0 = requests stand alone",
+    )
+    conversation_retention_s: float = Field(
+        30 * 86400.0, gt=0, description="A conversation idle for this long is deleted with its history (expiry)"
+    )
+
+
+class GateSettings(Concern):
+    heading = "the gate: it signs the batches it approved, executors verify"
+
+    approval_keys: str = Field(
+        DEV_APPROVAL_KEYS, json_schema_extra=KEYS,
+        description="Comma-separated key_id:secret pairs for signing approved batches; the first one signs",
+    )
+
+    @property
+    def dev_approval_key_in_use(self) -> bool:
+        """True when any configured approval key (signing or verifying) has the published development secret."""
+        return _holds_secret(self.approval_keys, DEV_APPROVAL_SECRET)
+
+
+class ExecutorSettings(Concern):
+    heading = "the executor"
+
+    tool_timeout_s: float = Field(10.0, gt=0, description="Timeout of one tool execution")
+    parallel_tools: bool = Field(True, description="Run the calls of one step concurrently")
+
+
+class TranscriptLimits(Concern):
+    heading = "sizes: what a transcript carries"
+
+    max_block_bytes: int = Field(
+        65536, ge=1024, description="Largest tool input, tool result or text block a transcript carries (larger: an error / cut)"
+    )
+    max_input_depth: int = Field(32, ge=2, description="Deepest nesting of a tool input (deeper: an is_error tool_result)")
+    max_transcript_bytes: int = Field(
+        524288, ge=65536, description="A turn's transcript is kept under this (largest old blocks replaced by markers)"
+    )
+
+
+class ApprovalSettings(Concern):
+    heading = "approvals by a person"
+
+    approval_timeout_s: float = Field(
+        900.0, gt=0, description="How long a call waits for a decision; then the turn ends with a polite reply (approval_timeout)"
+    )
+    decision_keys: str = Field(
+        DEV_DECISION_KEYS, json_schema_extra=KEYS,
+        description="Comma-separated key_id:secret pairs approval decisions are signed with (roundtrip approvals signs with the first)",
+    )
+
+    @property
+    def dev_decision_key_in_use(self) -> bool:
+        return _holds_secret(self.decision_keys, DEV_DECISION_SECRET)
+
+
+class TelemetrySettings(Concern):
+    heading = "telemetry: traces, logs, health and metrics"
+
+    otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint (e.g. http://localhost:4318) for traces")
+    span_file: Path | None = Field(None, description="JSON-lines span file; defaults to state_dir/spans.jsonl when no OTLP endpoint")
+    span_file_max_mb: float = Field(20.0, ge=0, description="The span file is rotated past this size (MB; 0 = never)")
+    span_file_backups: int = Field(3, ge=0, description="Rotated span files kept (spans.jsonl.1 … .N; `roundtrip trace` reads them too)")
+    jaeger_query_url: str | None = Field(
+        None, description="Jaeger's query API (e.g. http://localhost:16686) for `roundtrip trace`; "
+                          "unset: derived from an OTLP endpoint on the standard port 4318, else the span file is read",
+    )
+    log_level: str = Field("INFO", description="Log level of the services")
+    health_port: int = Field(
+        0, ge=0, le=65535,
+        description="Port of each service's /healthz, /readyz and /metrics (8080 in containers); 0 = off",
+    )
+    health_port_per_service: bool = Field(
+        False,
+        description="Add the service's index to health_port (gateway +0, model +1, guard +2, gate +3, executor +4; "
+                    "another replica on the host takes the next free port in steps of 5); `roundtrip up --health-port` sets it",
+    )
+
+    @property
+    def effective_jaeger_query_url(self) -> str | None:
+        """Where `roundtrip trace` asks Jaeger: the setting, or the query port (16686) of an OTLP endpoint on :4318."""
+        if self.jaeger_query_url:
+            return self.jaeger_query_url.rstrip("/")
+        if self.otlp_endpoint:
+            url = urlsplit(self.otlp_endpoint)
+            if url.port == 4318 and url.hostname:
+                return f"{url.scheme}://{url.hostname}:16686"
+        return None
+
+
+class EmbeddedDefaults(Concern):
+    heading = "embedded defaults: the broker and the Messages API simulator the fleet runs itself"
+
+    kafka_port: int = Field(9092, description="Port of the embedded broker (client listener)")
+    kafka_controller_port: int = Field(9093, description="Port of the embedded broker's KRaft controller")
+    kafka_version: str = Field("4.1.1", description="Apache Kafka version fetched from Maven Central for the embedded broker")
+    kafka_java_opts: str | None = Field(None, description="JVM options of the embedded broker (default: small heap, serial GC)")
+    kafka_log_level: str = Field("INFO", description="Log level of the embedded broker (its log is state_dir/logs/kafka.log)")
+    kafka_cache: Path | None = Field(None, description="Folder of the fetched Kafka jars (default ~/.cache/roundtrip/kafka-<version>)")
+    kafka_pom: Path | None = Field(None, description="The pom.xml the jars are fetched with (default: the one the package ships)")
+    simulator_port: int = Field(8801, description="Port of the local Messages API simulator")
+    simulator_persona: str = Field("careful", description="Persona the simulator plays when a request names none (or 'mix')")
+    simulator_latency_ms: float = Field(0.0, ge=0, description="Latency the simulator adds to each response")
+    simulator_latency_jitter: float = Field(
+        0.0, ge=0, le=1, description="Spread of that latency: 0.3 draws each response's latency from latency_ms ±30 %"
+    )
+    simulator_rpm: int | None = Field(None, ge=1, description="Requests per minute the simulator admits (a bucket refilled continuously, like the API's); unset: no limit")
+    simulator_itpm: int | None = Field(None, ge=1, description="Input tokens per minute it admits (cache reads do not count); unset: no limit")
+    simulator_otpm: int | None = Field(None, ge=1, description="Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no limit")
+    simulator_overload_every: float | None = Field(None, gt=0, description="Seconds between the simulator's bursts of 529 overloaded errors; unset: none")
+    simulator_overload_seconds: float = Field(5.0, gt=0, description="How long each of those bursts lasts")
+    simulator_script: Path | None = Field(
+        None, description="JSON file of scripts the simulator plays for persona script:NAME (services/_simulator/scripted.py)"
+    )
+
+
+CONCERNS: tuple[type[Concern], ...] = (
+    Deployment, KafkaSettings, KafkaSecurity, ModelSettings, LoopRules, TurnLedger, ConversationSettings, GateSettings, ExecutorSettings,
+    TranscriptLimits, ApprovalSettings, TelemetrySettings, EmbeddedDefaults,
+)

@@ -1,0 +1,92 @@
+"""What `roundtrip config` prints: the effective settings under a heading per concern, no secret among them.
+
+Secrets are the fields marked `secret` (the API key; the approval and decision keys, whose key ids are shown and
+their secrets not) and any password or token a URL carries (`postgresql+asyncpg://roundtrip:***@db/ledger`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from pydantic.fields import FieldInfo
+
+from roundtrip._kernel.settings.checks import env_name
+from roundtrip._kernel.settings.concerns import CONCERNS, Concern
+
+if TYPE_CHECKING:
+    from roundtrip._kernel.settings import Settings
+
+HIDDEN = "***"
+_AUTHORITY = re.compile(r"://([^/?#\s]*)")  # scheme://[user[:password]@]host[:port]
+_QUERY_SECRET = re.compile(r"([?&](?:password|passwd|pwd|secret|token|api_key|key)=)[^&#]*", re.IGNORECASE)
+
+
+def masked(field: FieldInfo, value: Any) -> str:
+    """The value as `roundtrip config` shows it: a secret hidden, a URL without its password."""
+    if value is None:
+        return "(unset)"
+    if value == "":
+        return '""'
+    secret = field.json_schema_extra.get("secret") if isinstance(field.json_schema_extra, dict) else None
+    if secret:
+        if secret == "keys":
+            return ",".join(f"{key_id.strip()}:{HIDDEN}" if colon else HIDDEN  # an entry without an id is all secret
+                            for key_id, colon, _ in (part.partition(":") for part in str(value).split(",")))
+        return HIDDEN
+    return without_passwords(str(value))
+
+
+def without_passwords(text: str) -> str:
+    """`text` with the password (or token) of any URL in it hidden: safe to print or log."""
+    return _QUERY_SECRET.sub(rf"\1{HIDDEN}", _AUTHORITY.sub(_hide_userinfo, text))
+
+
+def _hide_userinfo(match: re.Match[str]) -> str:
+    userinfo, at, host = match.group(1).rpartition("@")  # the last @ ends the user info (a password may hold one)
+    if not at or ":" not in userinfo:
+        return match.group(0)
+    return f"://{userinfo.partition(':')[0]}:{HIDDEN}@{host}"
+
+
+def grouped(settings: Concern) -> list[tuple[str, list[tuple[str, str]]]]:
+    """(heading, [(environment variable, shown value), ...]) for each concern `settings` has, in CONCERNS order."""
+    groups = []
+    for concern in CONCERNS:
+        if isinstance(settings, concern):
+            rows = [(env_name(name), masked(field, getattr(settings, name))) for name, field in concern.model_fields.items()]
+            groups.append((concern.heading, rows))
+    return groups
+
+
+def own_group(heading: str, own: Any) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The group of an agent's own settings (a pydantic-settings object; none for anything else)."""
+    fields = getattr(type(own), "model_fields", None)
+    if not fields:
+        return []
+    prefix = str(getattr(own, "model_config", {}).get("env_prefix", ""))
+    return [(heading, [(f"{prefix}{name}".upper(), masked(field, getattr(own, name))) for name, field in fields.items()])]
+
+
+def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | None = None) -> str:
+    """The groups (and `extra` ones) as text: `# heading`, then one `VARIABLE  value` line per setting; a blank
+    line between groups."""
+    groups = grouped(settings) + (extra or [])
+    width = max(len(variable) for _, rows in groups for variable, _ in rows)
+    return "\n\n".join("\n".join([f"# {heading}", *(f"{variable:<{width}}  {value}" for variable, value in rows)])
+                       for heading, rows in groups)
+
+
+def warnings(settings: Settings, approvals: bool = False) -> list[str]:
+    """What a person should fix before this configuration leaves a laptop (the published development keys in use;
+    `approvals`: the agent has an approval rule that can hold a call)."""
+    found = []
+    if settings.dev_approval_key_in_use:
+        where = "development only" if settings.development else "the gate and the executor will REFUSE TO START here"
+        found.append("ROUNDTRIP_APPROVAL_KEYS holds the published development key: anyone can sign batches with it "
+                     f"({where}). Set it to a secret of your own, e.g. \"k1:$(openssl rand -hex 32)\".")
+    if approvals and settings.dev_decision_key_in_use:
+        where = "development only" if settings.development else "the gate and the guard will REFUSE TO START here"
+        found.append("approvals are on and ROUNDTRIP_DECISION_KEYS holds the published development key: anyone can approve "
+                     f"a call with it ({where}). Set it to a secret of your own, e.g. \"ops1:$(openssl rand -hex 32)\".")
+    return found

@@ -1,0 +1,142 @@
+"""The fleet's topology, declared once: its services, what each consumes and what it publishes.
+
+Everything that needs to know the shape of the fleet reads it from here: each service's app (its
+subscriptions and outlets are checked against its declaration when it is built), `roundtrip up`
+(which services to start), the AsyncAPI document (which apps to build), `roundtrip lag` (which
+consumer groups there are), `roundtrip topics create` (which topics to make), the health ports
+(each service's index) and the ledger check (who shares the turn ledger).
+
+    SERVICES[1]                                  # Service("model", ...)
+    service("guard").inputs                      # its subscriptions: topic, message, role (and so its group)
+    groups()                                     # {"roundtrip-gateway": "support.requests", ...}
+    topic_names()                                # every topic a service reads or writes, plus the dead letters
+
+Adding a subscription (or a service) is one edit here plus its handler; a handler for a
+subscription this file does not declare fails when its app is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel
+
+from roundtrip._kernel.wire import events, topics
+
+
+def group(service: str, role: str | None = None) -> str:
+    """The consumer group of a service's subscription: `roundtrip-<service>` for its main input,
+    `roundtrip-<service>-<role>` for another one."""
+    return f"roundtrip-{service}" + (f"-{role}" if role else "")
+
+
+@dataclass(frozen=True)
+class Input:
+    """One subscription: a topic a service consumes, in a consumer group of its own.
+
+    `role` None is the service's main input (group `roundtrip-<service>`); any other input names a
+    role (group `roundtrip-<service>-<role>`), so subscriptions join and rebalance independently."""
+
+    topic: str
+    message: type[BaseModel]
+    role: str | None = None
+
+    def group(self, service: str) -> str:
+        return group(service, self.role)
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    summary: str
+    inputs: tuple[Input, ...]
+    outputs: dict[str, type[BaseModel]] = field(default_factory=dict)  # topic -> the message published there
+    shares_ledger: bool = False  # claims, records or counts turns in the turn ledger: needs the fleet's one ledger database
+    app: str = ""  # module with `build(settings) -> FastStream`; default services.<name>.app
+
+    @property
+    def app_module(self) -> str:
+        return self.app or f"roundtrip._{self.name}.app"
+
+    def input(self, topic: str, role: str | None = None) -> Input:
+        for declared in self.inputs:
+            if declared.topic == topic and declared.role == role:
+                return declared
+        raise LookupError(f"the topology declares no subscription of {self.name} to {topic}"
+                          + (f" as {role!r}" if role else "") + " (services/_kernel/wire/topology.py)")
+
+    def output(self, topic: str, message: type[BaseModel]) -> None:
+        """LookupError unless this service is declared to publish `message` to `topic`."""
+        if self.outputs.get(topic) is not message:
+            raise LookupError(f"the topology declares no output {message.__name__} of {self.name} to {topic} "
+                              "(services/_kernel/wire/topology.py)")
+
+
+SERVICES: tuple[Service, ...] = (
+    Service(
+        "gateway", "takes support requests, starts turns, replies",
+        inputs=(Input(topics.SUPPORT_REQUESTS, events.SupportRequest), Input(topics.OUTCOMES, events.TurnEnded, "replies")),
+        outputs={topics.TURN_STARTS: events.StartTurn, topics.SUPPORT_REPLIES: events.SupportReply},
+        shares_ledger=True,  # reads it: the turns waiting for the model's capacity (services/_gateway/throttle.py)
+    ),
+    Service(
+        "model", "calls the model, one iteration event per response",
+        inputs=(Input(topics.MODEL_CALLS, events.CallModel),),
+        outputs={topics.ITERATIONS: events.ModelResponded},
+        shares_ledger=True,
+    ),
+    Service(
+        "guard", "the gate every iteration passes: continue, finish or drop; stuck turns, approvals",
+        inputs=(
+            Input(topics.ITERATIONS, events.ModelResponded),
+            Input(topics.TURN_STARTS, events.StartTurn, "starts"),
+            Input(topics.TURN_CONTROLS, events.CancelTurn, "controls"),
+            Input(topics.APPROVAL_REQUESTS, events.ApprovalRequested, "approvals"),
+            Input(topics.APPROVAL_DECISIONS, events.ApprovalDecided, "decisions"),
+        ),
+        outputs={topics.MODEL_CALLS: events.CallModel, topics.TOOL_CALLS: events.CheckToolCalls,
+                 topics.OUTCOMES: events.TurnEnded, topics.TURN_EVENTS: events.TurnFlagged,
+                 topics.SUPPORT_STATUS: events.SupportStatus},
+        shares_ledger=True,
+    ),
+    Service(
+        "gate", "validates and authorizes each tool call, signs the approved batch",
+        inputs=(Input(topics.TOOL_CALLS, events.CheckToolCalls),),
+        outputs={topics.TOOL_BATCHES: events.ExecuteToolBatch},
+    ),
+    Service(
+        "executor", "runs the approved calls of a step, makes the next model call",
+        inputs=(Input(topics.TOOL_BATCHES, events.ExecuteToolBatch),),
+        outputs={topics.MODEL_CALLS: events.CallModel, topics.APPROVAL_REQUESTS: events.ApprovalRequested},
+        shares_ledger=True,
+    ),
+)
+
+
+def names() -> tuple[str, ...]:
+    """The fleet's services, in the order `roundtrip up` starts them (and their health-port index)."""
+    return tuple(s.name for s in SERVICES)
+
+
+def service(name: str) -> Service:
+    for declared in SERVICES:
+        if declared.name == name:
+            return declared
+    raise LookupError(f"no service {name!r} in the topology; the fleet's services are {', '.join(names())}")
+
+
+def index(name: str) -> int:
+    """The service's place in the fleet (its offset from ROUNDTRIP_HEALTH_PORT when each takes its own)."""
+    return names().index(name)
+
+
+def groups() -> dict[str, str]:
+    """Every consumer group of the fleet -> the (logical) topic it reads."""
+    return {i.group(s.name): i.topic for s in SERVICES for i in s.inputs}
+
+
+def topic_names() -> tuple[str, ...]:
+    """Every topic of the fleet, what `roundtrip topics create` makes: each topic a service reads or writes (in
+    the order this file first names it), then the dead letters, which every service may write."""
+    used = [i.topic for s in SERVICES for i in s.inputs] + [t for s in SERVICES for t in s.outputs]
+    return (*dict.fromkeys(used), topics.DEAD_LETTERS)

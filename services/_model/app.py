@@ -1,0 +1,67 @@
+"""The model service: turn.model_calls -> (Messages API) -> turn.iterations.
+
+One limiter per process (services/_model/capacity.py) paces every call by what the API says of its rate
+limits; while it is at its limit (a 429's hold, or more calls waiting than it starts in a few seconds) the
+consumer of turn.model_calls is held back, so the waiting work is lag on that topic (`roundtrip lag`, KEDA)."""
+
+from __future__ import annotations
+
+import logging
+
+from faststream import FastStream
+
+from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import CallModel, ModelResponded
+from roundtrip._kernel.kafka.messaging import Outlet, consumers_of, make_broker, service_app, subscribe
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.turnstore import Fence
+from roundtrip._model.client import ModelClient
+from roundtrip._model.capacity import Capacity
+from roundtrip._model.handlers import Limits, Retrying, call_model
+from roundtrip._sdk.agent import current_agent
+
+log = logging.getLogger("roundtrip.model")
+
+
+def build(settings: Settings) -> FastStream:
+    broker = make_broker("model", settings)
+    responded = Outlet(broker, topics.ITERATIONS, ModelResponded)
+    agent = current_agent(settings.agent)
+    # the agent's tools, MCP ones included as their servers are listed (a list kept current in place)
+    client = ModelClient(settings, agent.mcp.api_tools, agent.system_prompt, agent.model_for(settings))
+    limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
+    held: list = []  # the consumer of turn.model_calls, once subscribed
+    capacity = Capacity(on_throttle=lambda throttled: [consumer.hold(throttled) for consumer in held])
+    retrying = Retrying(capacity, settings.model_max_retries, settings.turn_deadline_s)
+    metrics.model_waiting.set_function(lambda: capacity.waiting)
+
+    state: dict[str, Fence] = {}
+
+    @subscribe(broker, topics.MODEL_CALLS, "model", settings)
+    async def on_call_model(command: CallModel) -> None:
+        event = await call_model(command, client, state["fence"], limits, retrying)
+        if event is None:
+            log.warning("turn %s step %d: model not called: the turn has ended, been cancelled, moved on or passed its deadline",
+                        command.turn.turn_id, command.step)
+            return
+        if event.error:
+            log.warning("turn %s step %d: model call failed: %s", command.turn.turn_id, event.step, event.error)
+        await responded(event, command.turn.conversation_id)
+
+    held.extend(consumers_of(broker))
+    app = service_app(broker, log)
+    app.on_startup(agent.mcp.start)
+
+    @app.on_startup
+    async def open_fence() -> None:
+        state["fence"] = await Fence.open(settings.ledger_db_url, pool_size=settings.database_pool_size)
+
+    @app.after_shutdown
+    async def close() -> None:
+        await agent.mcp.aclose()
+        await client.aclose()
+        if "fence" in state:
+            await state["fence"].close()
+
+    return app

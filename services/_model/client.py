@@ -1,0 +1,123 @@
+"""The Anthropic client wrapper: the real API with a key, the local simulator without.
+
+It owns the static prefix of every call (the agent's system prompt and tools, marked for prompt
+caching) so the handler only passes the transcript. With `cache_history`, the transcript is
+cached too, by two moving breakpoints: on the last block of the last message (this request
+writes its prefix) and on the last block of the previous request's last message, which is
+always messages[-3] (a request adds the model's response and the next user message: the
+tool results of a step, or the customer's next words after the history of earlier turns), so
+this request reads everything up to there from the cache. With the tools and the system
+prompt that is 4 breakpoints, the API's limit. The SDK emits its own span per
+`messages.create`; nothing here instruments it again. The SDK retries nothing (`max_retries=0`):
+the model service does (services/_model/attempts.py), so the process's limiter sees every 429 and
+every answer's rate-limit headers, which `create` returns with the message.
+
+Its HTTP transport is aiohttp (the SDK's `aiohttp` extra) rather than the default httpx pool,
+which walks every pooled connection on each request and response: with hundreds of calls in
+flight in one process that walk cost more than the rest of the call (docs/benchmarks.md,
+"Figures the code points to").
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import anthropic
+
+from roundtrip._kernel.settings import Settings
+
+MAX_BREAKPOINTS = 4  # the Messages API refuses a request with more blocks marked cache_control
+UNCACHEABLE = {"thinking", "redacted_thinking"}  # blocks cache_control may not be put on
+
+
+def _marked(message: dict[str, Any]) -> dict[str, Any] | None:
+    """A copy of `message` with cache_control on its last cacheable block (None when it has none)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": [{"type": "text", "text": content, "cache_control": {"type": "ephemeral"}}]} if content else None
+    blocks = list(content or [])
+    for i in range(len(blocks) - 1, -1, -1):
+        block = blocks[i]
+        if isinstance(block, dict) and block.get("type") not in UNCACHEABLE and not (block.get("type") == "text" and not block.get("text")):
+            blocks[i] = {**copy.copy(block), "cache_control": {"type": "ephemeral"}}
+            return {**message, "content": blocks}
+    return None
+
+
+def with_history_breakpoints(messages: list[dict[str, Any]], available: int) -> list[dict[str, Any]]:
+    """`messages` (copied where changed) with cache breakpoints on the last message and on messages[-3],
+    at most `available` of them (the last message first)."""
+    marked = list(messages)
+    for index in (len(messages) - 1, len(messages) - 3)[: max(0, available)]:
+        if index >= 0 and (copy_ := _marked(messages[index])) is not None:
+            marked[index] = copy_
+    return marked
+
+
+class ModelClient:
+    def __init__(self, settings: Settings, tools: list[dict[str, Any]], system_prompt: str, model: str,
+                 sdk_retries: int = 0) -> None:
+        """`sdk_retries`: the SDK's own retries; 0 in the model service, whose limiter must see every 429 (a benchmark
+        gives the in-process loop the SDK's default to compare)."""
+        self._settings = settings
+        self._tools = tools
+        self._system = [{"type": "text", "text": system_prompt, "cache_control": {"type": "ephemeral"}}]
+        self._model = model
+        self._client = anthropic.AsyncAnthropic(
+            api_key=settings.anthropic_api_key or "simulator",
+            base_url=settings.model_base_url,
+            max_retries=sdk_retries,  # the model service: services/_model/attempts.py retries, through the process's limiter
+            timeout=settings.model_timeout_s,
+            http_client=anthropic.DefaultAioHttpClient(timeout=settings.model_timeout_s),
+        )
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def static_breakpoints(self) -> int:
+        return sum(1 for block in [*self._tools, *self._system] if block.get("cache_control"))
+
+    def prepared(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The transcript as sent: with the history's cache breakpoints when `cache_history` is on."""
+        if not self._settings.cache_history:
+            return messages
+        return with_history_breakpoints(messages, MAX_BREAKPOINTS - self.static_breakpoints)
+
+    def tool_choice(self, disable_parallel_tool_use: bool | None = None) -> dict[str, Any] | None:
+        """`tool_choice` of a call: {"type": "auto", "disable_parallel_tool_use": true} when parallel use is off
+        (the request's override, else the deployment's setting); otherwise none is sent (the API's default, auto)."""
+        disabled = self._settings.disable_parallel_tool_use if disable_parallel_tool_use is None else disable_parallel_tool_use
+        return {"type": "auto", "disable_parallel_tool_use": True} if disabled else None
+
+    async def create(self, messages: list[dict[str, Any]], persona: str | None = None,
+                     disable_parallel_tool_use: bool | None = None) -> anthropic.types.Message:
+        """The model's message (the interface every model of services/testing/_inprocess.py has)."""
+        return (await self.answer(messages, persona, disable_parallel_tool_use))[0]
+
+    async def answer(self, messages: list[dict[str, Any]], persona: str | None, disable_parallel_tool_use: bool | None = None,
+                     attempt: int | None = None) -> tuple[anthropic.types.Message, Mapping[str, str]]:
+        """The model's message and the answer's HTTP headers (the rate-limit headers among them).
+        `attempt`: retries of this call before this one (sent as the SDK would, `x-stainless-retry-count`); None: the
+        SDK numbers its own retries (a client given `sdk_retries`)."""
+        headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
+        if persona and self._settings.use_simulator:
+            headers["x-roundtrip-persona"] = persona
+        choice = self.tool_choice(disable_parallel_tool_use)
+        messages = self.prepared(messages)
+        raw = await self._client.messages.with_raw_response.create(
+            model=self._model,
+            max_tokens=self._settings.max_tokens,
+            system=self._system,
+            tools=self._tools,
+            messages=messages,
+            extra_headers=headers,
+            **({"tool_choice": choice} if choice else {}),
+        )
+        return await raw.parse(), raw.headers
+
+    async def aclose(self) -> None:
+        await self._client.close()

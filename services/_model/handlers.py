@@ -1,0 +1,135 @@
+"""Model service: one CallModel command in, one ModelResponded iteration event out.
+
+Before calling the model it asks the turn's fence (services/_kernel/storage/turnstore.py): no model call
+for a turn that has ended, been cancelled, moved on or passed its deadline. Whatever the model
+returns, the event stays under the broker's message limit (services/_kernel/wire/limits.py): a tool
+input too large or too deep is replaced by a marker and its call carries the error, so the
+guard turns it into an is_error tool_result and the loop continues; the call is billed either way.
+How a refused call is tried again (429 and 529 until the turn's deadline, through the process's
+limiter) is services/_model/attempts.py; a call refused for capacity until then is `busy`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anthropic
+from opentelemetry import trace
+
+from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.wire.events import CallModel, ModelResponded, ToolCall, Usage
+from roundtrip._kernel.wire.fingerprints import fingerprint
+from roundtrip._kernel.wire.limits import cap_text, fit_transcript, input_problem, json_size, omitted
+from roundtrip._kernel.storage.turnstore import Fence
+from roundtrip._model.attempts import attempt
+from roundtrip._model.capacity import Capacity
+from roundtrip._model.client import ModelClient
+from roundtrip._model.observed import observe
+
+log = logging.getLogger("roundtrip.model")
+
+
+class Limits:
+    """The size policy's numbers (Settings.max_block_bytes, max_input_depth, max_transcript_bytes)."""
+
+    def __init__(self, block_bytes: int = 65536, input_depth: int = 32, transcript_bytes: int = 524288) -> None:
+        self.block_bytes, self.input_depth, self.transcript_bytes = block_bytes, input_depth, transcript_bytes
+
+
+def usage_of(message: anthropic.types.Message) -> Usage:
+    u = message.usage
+    return Usage(
+        input_tokens=u.input_tokens or 0,
+        output_tokens=u.output_tokens or 0,
+        cache_creation_input_tokens=u.cache_creation_input_tokens or 0,
+        cache_read_input_tokens=u.cache_read_input_tokens or 0,
+    )
+
+
+def _blocks(message: anthropic.types.Message, limits: Limits) -> tuple[list[dict[str, Any]], list[ToolCall]]:
+    """The response's content as plain blocks and its tool calls, within the size policy."""
+    content: list[dict[str, Any]] = []
+    calls: list[ToolCall] = []
+    for block in message.content:
+        if block.type == "tool_use":
+            problem = input_problem(block.input, limits.block_bytes, limits.input_depth)
+            tool_input = omitted(problem) if problem else block.input
+            if problem:
+                log.warning("tool_use %s (%s): %s", block.id, str(block.name)[:80], problem)
+                trace.get_current_span().add_event("tool input not kept", {"roundtrip.tool_use_id": block.id, "roundtrip.reason": problem})
+            content.append({"type": "tool_use", "id": block.id, "name": block.name, "input": tool_input})
+            calls.append(ToolCall(id=block.id, name=block.name, input=tool_input, fingerprint=fingerprint(block.name, tool_input), error=problem))
+        elif block.type == "text":
+            content.append({"type": "text", "text": cap_text(block.text, limits.block_bytes)})
+        else:
+            content.append(block.model_dump(mode="json", exclude_none=True))
+    return content, calls
+
+
+@dataclass
+class Retrying:
+    """How a call is retried (services/_model/attempts.py): the process's limiter, the transient retries, the deadline of
+    a turn that has none, and whether a refusal for capacity waits (off: it is the call's error, as in a plain loop)."""
+
+    capacity: Capacity = field(default_factory=Capacity)
+    retries: int = 2
+    deadline_s: float = 300.0
+    wait_for_capacity: bool = True
+
+
+async def call_model(command: CallModel, client: ModelClient, fence: Fence | None = None,
+                     limits: Limits | None = None, retrying: Retrying | None = None) -> ModelResponded | None:
+    """The next iteration of the turn, or None when the fence refuses the call (the turn may not act any more)."""
+    limits, retrying = limits or Limits(), retrying or Retrying()
+    turn = command.turn
+    if fence is not None and not await fence.claim_model_call(turn.turn_id, command.step):
+        trace.get_current_span().add_event("model not called: the turn has ended or moved on", {"roundtrip.step": command.step})
+        return None
+    step = command.step + 1
+    started = time.perf_counter()
+
+    async def waiting() -> bool:
+        trace.get_current_span().add_event("waiting for model capacity", {"roundtrip.step": command.step})
+        return await fence.wait_for_capacity(turn.turn_id, command.step) if fence is not None else True
+
+    async def call(n: int) -> tuple[Any, Any]:
+        if isinstance(client, ModelClient):  # the message and the answer's headers (the rate limits)
+            return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
+        return await client.create(command.messages, turn.persona, turn.disable_parallel_tool_use), {}  # a test's model
+
+    out = await attempt(call, retrying.capacity, turn.deadline_at or time.time() + retrying.deadline_s, retrying.retries,
+                        waiting, retrying.wait_for_capacity)
+    observe(out, retrying.capacity)
+    if out.gone:
+        return None
+    if out.error:
+        metrics.model_call_duration.labels(client.model, "error").observe(time.perf_counter() - started)
+        return ModelResponded(turn=turn, step=step, messages=command.messages, spent=command.spent, model=client.model,
+                              error=out.error, busy=out.busy)
+    message = out.message
+    metrics.model_call_duration.labels(client.model, "ok").observe(time.perf_counter() - started)
+    usage = usage_of(message)  # billed whatever the content: counted before anything else can go wrong
+    try:
+        content, calls = _blocks(message, limits)
+        messages, replaced = fit_transcript(command.messages, max(0, limits.transcript_bytes - json_size(content)))
+    except Exception as exc:  # noqa: BLE001 - a response we cannot carry still ends the turn with its cost counted
+        log.exception("turn %s step %d: the model's response could not be processed", command.turn.turn_id, step)
+        return ModelResponded(turn=command.turn, step=step, messages=command.messages, usage=usage, spent=command.spent + usage,
+                              model=message.model, error=f"the model's response could not be processed ({type(exc).__name__})")
+    if replaced:
+        log.warning("turn %s step %d: %d large blocks of the transcript replaced by markers", command.turn.turn_id, step, replaced)
+    return ModelResponded(
+        turn=command.turn,
+        step=step,
+        messages=messages,
+        content=content,
+        stop_reason=message.stop_reason,
+        tool_calls=calls,
+        usage=usage,
+        spent=command.spent + usage,
+        model=message.model,
+    )
+

@@ -1,0 +1,309 @@
+"""An agent: everything a deployment's agent is, declared once, loaded once per process by every service.
+
+An `Agent` names its system prompt, its tools (the JSON Schema documents in its own `tools_dir`, `x-entity`
+included, and/or Python functions in `tools`: services/_sdk/functions.py), the handlers, policies, entity resolvers, approval rules and serial declarations bound to them by
+tool name, its own settings (a zero-argument factory, e.g. a pydantic-settings class, read once), the clients it
+needs (`dependencies`: name -> `factory(fleet_settings, own_settings)`, opened once per process, closed at
+shutdown, handed to handlers, resolvers and policies as `ctx.deps`), and the customer-facing texts of the
+guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`), and the MCP servers
+whose tools it mounts (`mcp_servers`: services/_sdk/mcp.py; their policies, approval rules and serial declarations
+are in the same mappings, by tool name), and the words for what
+a side effect did (`describe_action`), said when a turn ends early after one.
+
+`load_agent(spec)` finds it: `package.module:attribute` (an Agent, or a zero-argument factory returning one), a
+name in the entry-point group `roundtrip.agents`, or, unset, the demo shop's support agent. Anything that does
+not fit together raises AgentError (a ConfigurationError: `roundtrip run` prints one line and exits 1), which
+names every problem the checks of CHECKS found (`Agent.problems()`; `roundtrip agent check` lists them).
+`current_agent(spec)` is the per-process cached one the services use.
+
+The digest (`Agent.digest`) is a hash of what the model sees of the agent (system prompt and tools): two
+processes with the same digest run the same agent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from roundtrip._kernel.wire.events import Outcome
+from roundtrip._kernel.settings import ConfigurationError, describe_invalid
+from roundtrip._sdk.context import Dependencies
+from roundtrip._sdk.functions import FunctionTool, function_specs
+from roundtrip._sdk.mcp import McpMount, McpServer, McpTools
+from roundtrip._sdk.registry import ApprovalRule, EntityResolver, Handler, Policy, Registry, ToolSpec, binding_problems, collect_specs
+
+DEFAULT_AGENT = "roundtrip._shop.agent:AGENT"  # the demo agent, when ROUNDTRIP_AGENT is unset
+# What ROUNDTRIP_AGENT said before the package was `roundtrip` (its modules were `services.*`), still honoured
+RENAMED = {"services.shop.agent:AGENT": DEFAULT_AGENT}
+ENTRY_POINT_GROUP = "roundtrip.agents"
+AGENT_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
+GATE_MESSAGES = {
+    "lookup_failed": "A system this call needs could not be reached to verify it; nothing was done. Try again shortly.",
+    "internal_error": "This call could not be checked (an internal error in the gate); nothing was done. Try again.",
+}
+Factory = Callable[[Any, Any], Any]  # (the fleet's Settings, the agent's own settings) -> a client
+
+
+class AgentError(ConfigurationError):
+    """The agent cannot be found, or does not fit together (`problems`: every one found, each a sentence)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
+
+
+def approval_rule(can_hold: Callable[[Any], bool]) -> Callable[[ApprovalRule], ApprovalRule]:
+    """Declare when a rule can hold a call at all, given the agent's own settings (e.g. only once a threshold is
+    set). A rule without this declaration can always hold one: the fleet then treats approvals as configured."""
+
+    def mark(rule: ApprovalRule) -> ApprovalRule:
+        rule.can_hold = can_hold  # type: ignore[attr-defined]
+        return rule
+
+    return mark
+
+
+def always(reason: str) -> ApprovalRule:
+    """A rule that holds every call of the tool for a person."""
+
+    def rule(args: dict[str, Any], entities: dict[str, dict[str, Any]], settings: Any) -> str | None:
+        return reason
+
+    return rule
+
+
+@dataclass(frozen=True, eq=False)
+class Agent:
+    name: str
+    system_prompt: str
+    tools_dir: Path | str | None = None  # JSON Schema tool documents, one file a tool
+    handlers: Mapping[str, Handler] = field(default_factory=dict)  # of the tools_dir's tools, by name
+    tools: Sequence[Callable[..., Any] | FunctionTool] = ()  # Python functions as tools (their own handlers)
+    policies: Mapping[str, Policy] = field(default_factory=dict)
+    entities: Mapping[str, EntityResolver] = field(default_factory=dict)  # x-entity kind -> resolver
+    approvals: Mapping[str, ApprovalRule] = field(default_factory=dict)
+    serial: frozenset[str] = frozenset()
+    settings: Callable[[], Any] | None = None  # the agent's own settings, read once; approval rules get them
+    dependencies: Mapping[str, Factory] = field(default_factory=dict)
+    replies: Mapping[str, str] = field(default_factory=dict)  # Outcome value -> what the customer reads
+    messages: Mapping[str, str] = field(default_factory=dict)  # GATE_MESSAGES key -> what the model reads
+    model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
+    mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/_sdk/mcp.py)
+    # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
+    # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded (<input>)"
+    describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
+
+    @cached_property
+    def tool_parts(self) -> tuple[dict[str, ToolSpec], dict[str, Handler], list[str]]:
+        """Every tool (from tools_dir and tools) with its handler, and every problem of them and of their bindings."""
+        specs: dict[str, ToolSpec] = {}
+        problems: list[str] = []
+        if self.tools_dir is not None and Path(self.tools_dir).is_dir():
+            specs, problems = collect_specs(Path(self.tools_dir))
+        elif self.tools_dir is not None:
+            problems.append(f"tools_dir {self.tools_dir} is not a folder")
+        elif not self.tools and not self.mcp_servers:
+            problems.append("no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers")
+        fn_specs, fn_handlers, found = function_specs(self.tools)
+        problems += found
+        if twice := sorted(set(specs) & set(fn_specs)):
+            problems.append(f"tools declared both as a schema and as a function: {twice}")
+        if twice := sorted(set(self.handlers) & set(fn_handlers)):
+            problems.append(f"handlers for function tools (a function is its own handler): {twice}")
+        specs, handlers = {**specs, **fn_specs}, {**self.handlers, **fn_handlers}
+        problems += binding_problems(specs, handlers, self.policies, self.entities, self.approvals, self.serial, self.mounted)
+        return specs, handlers, problems
+
+    @property
+    def mounted(self) -> frozenset[str]:
+        """The tools its MCP servers are declared to bring (listed at run time: services/_sdk/mcp.py)."""
+        return frozenset(name for server in self.mcp_servers for name in server.declared())
+
+    @cached_property
+    def registry(self) -> Registry:
+        specs, handlers, problems = self.tool_parts
+        if problems:
+            raise AgentError(f"agent {self.name}: " + "; ".join(problems), problems)
+        return Registry(specs, handlers, self.policies, self.entities, self.approvals, self.serial, self.mounted)
+
+    @cached_property
+    def mcp(self) -> McpTools:
+        """The agent's MCP servers in this process (`await agent.mcp.start()` lists them, `aclose()` stops that)."""
+        mounts = [McpMount(server, server.url_for(self.own_settings) or "") for server in self.mcp_servers]
+        return McpTools(mounts, self.registry)
+
+    @cached_property
+    def own_settings(self) -> Any:
+        if self.settings is None:
+            return None
+        try:
+            return self.settings()
+        except ValidationError as exc:
+            raise AgentError(f"agent {self.name}: invalid settings: {describe_invalid(exc)}") from None
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 (first 16 hex digits) of the system prompt and the tools as the model sees them."""
+        local = [tool for tool in self.registry.api_tools(cache=False) if tool["name"] in self.registry.local]
+        seen: dict[str, Any] = {"system": self.system_prompt, "tools": local}
+        if self.mcp_servers:  # what it mounts, not what the servers list (that is known only at run time)
+            seen["mcp"] = [[s.name, sorted(s.tools or []), {t: dict(a) for t, a in s.entities.items()}] for s in self.mcp_servers]
+        return hashlib.sha256(json.dumps(seen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+    def model_for(self, settings: Any) -> str:
+        """The model the fleet calls: ROUNDTRIP_MODEL when set, else the agent's default, else the fleet's."""
+        return settings.model if self.model is None or "model" in settings.model_fields_set else self.model
+
+    def message(self, key: str) -> str:
+        """A generic error of the gate, as this agent words it."""
+        return self.messages.get(key, GATE_MESSAGES[key])
+
+    def holds_calls(self) -> bool:
+        """Some approval rule can hold a call with these settings: people's decisions matter, so do their keys."""
+        return any(getattr(rule, "can_hold", None) is None or rule.can_hold(self.own_settings)
+                   for rule in self.approvals.values())
+
+    def open_dependencies(self, fleet_settings: Any) -> Dependencies:
+        """The agent's clients, each made once (close them with `aclose()` at shutdown)."""
+        clients: dict[str, Any] = {}
+        for name, factory in self.dependencies.items():
+            try:
+                clients[name] = factory(fleet_settings, self.own_settings)
+            except Exception as exc:  # noqa: BLE001 - a client that cannot be made stops the start, in one line
+                raise AgentError(f"agent {self.name}: dependency {name!r} could not be made: {type(exc).__name__}: {exc}") from None
+        return Dependencies(clients)
+
+    def problems(self) -> list[str]:
+        """Every problem of this agent, from each check of CHECKS (empty: it fits together)."""
+        found: list[str] = []
+        for check in CHECKS:
+            try:
+                found += check(self)
+            except Exception as exc:  # noqa: BLE001 - a check that cannot even run is one more problem, not a traceback
+                found.append(f"{getattr(check, '__name__', check)} could not run: {type(exc).__name__}: {exc}")
+        return found
+
+    def check(self) -> Agent:
+        """Raise AgentError naming every problem (one line); else return the agent."""
+        if problems := self.problems():
+            raise AgentError(f"agent {self.name!r}: " + "; ".join(problems), problems)
+        return self
+
+
+def _identity(agent: Agent) -> list[str]:
+    problems = []
+    if not isinstance(agent.name, str) or not AGENT_NAME.match(agent.name):
+        problems.append(f"the name must match {AGENT_NAME.pattern} (it is {agent.name!r})")
+    if not isinstance(agent.system_prompt, str) or not agent.system_prompt.strip():
+        problems.append("the system prompt is empty")
+    return problems
+
+
+def _texts(agent: Agent) -> list[str]:
+    problems, outcomes = [], {o.value for o in Outcome}
+    if stray := sorted(set(agent.replies) - outcomes):
+        problems.append(f"replies for unknown outcomes {stray} (known: {sorted(outcomes)})")
+    if stray := sorted(set(agent.messages) - set(GATE_MESSAGES)):
+        problems.append(f"messages for unknown keys {stray} (known: {sorted(GATE_MESSAGES)})")
+    return problems
+
+
+def _dependencies(agent: Agent) -> list[str]:
+    if agent.describe_action is not None and not callable(agent.describe_action):
+        return ["describe_action must be a function (tool, input, result) -> str"]
+    if bad := sorted(n for n in agent.dependencies if not n.isidentifier() or not callable(agent.dependencies[n])):
+        return [f"dependencies {bad} need an identifier as name and a factory as value"]
+    return []
+
+
+def _tools(agent: Agent) -> list[str]:
+    return agent.tool_parts[2]
+
+
+def _own_settings(agent: Agent) -> list[str]:
+    try:
+        agent.own_settings  # noqa: B018 - reads and checks the agent's own settings
+    except AgentError as exc:
+        return [str(exc).removeprefix(f"agent {agent.name}: ")]
+    return []
+
+
+def _mcp(agent: Agent) -> list[str]:
+    problems = [p for server in agent.mcp_servers for p in server.problems(agent.entities)]
+    names = [server.name for server in agent.mcp_servers]
+    if twice := sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"MCP servers declared twice: {twice}")
+    declared = [tool for server in agent.mcp_servers for tool in server.declared()]
+    if taken := sorted({t for t in declared if declared.count(t) > 1 or t in agent.tool_parts[0]}):
+        problems.append(f"MCP tools declared by two servers or named like a local tool: {taken}")
+    for server in [] if problems else agent.mcp_servers:
+        try:
+            url = server.url_for(agent.own_settings)
+        except AgentError:
+            continue  # the agent's own settings do not load: _own_settings says so
+        except Exception as exc:  # noqa: BLE001 - the author's function failed: one line
+            problems.append(f"the URL of MCP server {server.name} could not be read: {type(exc).__name__}: {exc}")
+            continue
+        if not url:
+            problems.append(f"MCP server {server.name} has no URL: set {server.env_var} (or give McpServer a url)")
+    return problems
+
+
+# What `Agent.check` asks, in order: each `(agent) -> [problem, ...]`. A part of the fleet with more to check
+# (e.g. the tools of an MCP server against the agent's annotations) appends its own.
+CHECKS: list[Callable[[Agent], Iterable[str]]] = [_identity, _texts, _dependencies, _tools, _own_settings, _mcp]
+
+
+def _resolve(spec: str) -> Any:
+    spec = RENAMED.get(spec, spec)
+    if ":" not in spec:
+        found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
+        if not found:
+            raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: not package.module:attribute, and no entry point of that name "
+                             f"in the group {ENTRY_POINT_GROUP}")
+        spec = found[0].value
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: expected package.module:attribute")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: {exc}") from None
+    target: Any = module
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: {module_name} has no attribute {attribute}")
+        target = getattr(target, part)
+    return target
+
+
+def load_agent(spec: str | None = None, check: bool = True) -> Agent:
+    """The agent `spec` names (see the module docstring), checked unless `check` is false."""
+    spec = (spec or "").strip() or DEFAULT_AGENT
+    target = _resolve(spec)
+    if not isinstance(target, Agent) and callable(target):
+        try:
+            target = target()
+        except AgentError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the author's factory failed: say so in one line
+            raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: the factory failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(target, Agent):
+        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: is a {type(target).__name__}, not an Agent (roundtrip.Agent)")
+    return target.check() if check else target
+
+
+@lru_cache(maxsize=8)
+def current_agent(spec: str | None = None) -> Agent:
+    """The agent of this process (loaded and checked once per spec)."""
+    return load_agent(spec)

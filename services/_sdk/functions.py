@@ -1,0 +1,156 @@
+"""Tools declared as Python functions: the schema from the type annotations, the description from the docstring.
+
+    @tool
+    async def cancel_ticket(ctx: ToolContext, ticket_id: Annotated[str, Entity("ticket")], reason: str = "") -> dict:
+        '''Cancel one of the customer's open tickets; give the reason the customer gave.'''
+
+The arguments are either type-annotated parameters or one pydantic model (its fields are the input); a parameter
+annotated `ToolContext` (or named `ctx`) gets the tool context, as a JSON Schema tool's handler does. pydantic
+makes the JSON Schema (`create_model(..., extra="forbid")` of the parameters, or the model's own schema, which
+must forbid extra fields itself); `Entity(kind)` marks an argument as an entity id (`"x-entity": kind`), which
+the gate resolves for the principal like any other. The document then goes through the registry's checks, like
+one read from a `tools_dir`: strict objects, `required` listed, a real description.
+
+A function that cannot become a tool (a parameter without a type, a sync function, a type pydantic cannot put
+in a schema) is not an exception at import: its problems are collected and reported by the agent's check.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, create_model
+from pydantic.json_schema import GenerateJsonSchema
+
+from roundtrip._sdk.context import ToolContext
+from roundtrip._sdk.registry import ToolSpec, document_problems
+
+
+@dataclass(frozen=True)
+class Entity:
+    """`Annotated[str, Entity("order")]`: this argument is the id of an entity of that kind (the gate resolves it)."""
+
+    kind: str
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        schema = handler(core_schema)
+        schema["x-entity"] = self.kind
+        return schema
+
+
+class _NoTitles(GenerateJsonSchema):
+    """pydantic's schema without a generated `title` on every field: noise for the model."""
+
+    def field_title_should_be_set(self, schema: Any) -> bool:
+        return False
+
+
+@dataclass
+class FunctionTool:
+    """One Python function as a tool: its document (what the model sees) and its handler `(input, ctx) -> result`."""
+
+    fn: Callable[..., Any]
+    name: str
+    description: str
+    model: type[BaseModel] | None = None  # the input's model (None: it could not be made, see problems)
+    ctx_param: str | None = None  # the parameter that gets the ToolContext
+    as_model: str | None = None  # the one parameter the whole input is given to, as its pydantic model
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})  # the input's JSON Schema, by pydantic
+    problems: list[str] = field(default_factory=list)  # what keeps the function from being a tool
+
+    def document(self) -> dict[str, Any]:
+        """{"name", "description", "input_schema"}, as a JSON tool document says it."""
+        return {"name": self.name, "description": self.description, "input_schema": self.schema}
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        """The handler: the validated input (already checked by the gate) given to the function as it declares it."""
+        assert self.model is not None
+        value = self.model.model_validate(args)
+        kwargs: dict[str, Any] = {self.as_model: value} if self.as_model else {k: getattr(value, k) for k in type(value).model_fields}
+        if self.ctx_param:
+            kwargs[self.ctx_param] = ctx
+        result = await self.fn(**kwargs)
+        return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
+
+
+def _line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _is_context(name: str, annotation: Any) -> bool:
+    return annotation is ToolContext or (name == "ctx" and annotation is inspect.Parameter.empty)
+
+
+def function_tool(fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> FunctionTool:
+    """The tool `fn` declares (its problems collected, never raised)."""
+    name = name or getattr(fn, "__name__", repr(fn))
+    made = FunctionTool(fn=fn, name=name, description=description or inspect.getdoc(fn) or "")
+    if not inspect.iscoroutinefunction(fn):
+        made.problems.append(f"tool {name}: the function must be `async def`")
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        params = list(inspect.signature(fn).parameters.values())
+    except Exception as exc:  # noqa: BLE001 - e.g. an annotation naming a type that is not imported
+        made.problems.append(f"tool {name}: its annotations cannot be read: {type(exc).__name__}: {_line(exc)}")
+        return made
+    fields: dict[str, Any] = {}
+    for param in params:
+        annotation = hints.get(param.name, inspect.Parameter.empty)
+        if _is_context(param.name, annotation):
+            made.ctx_param = param.name
+        elif param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            made.problems.append(f"tool {name}: *{param.name} cannot be a tool argument (name each argument)")
+        elif annotation is inspect.Parameter.empty:
+            made.problems.append(f"tool {name}: argument {param.name!r} has no type annotation")
+        else:
+            fields[param.name] = (annotation, ... if param.default is param.empty else param.default)
+    if len(fields) == 1 and isinstance(ann := next(iter(fields.values()))[0], type) and issubclass(ann, BaseModel):
+        made.as_model, made.model = next(iter(fields)), ann
+    else:
+        try:
+            made.model = create_model(f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields)
+        except Exception as exc:  # noqa: BLE001 - e.g. an argument named like a pydantic attribute
+            made.problems.append(f"tool {name}: its arguments cannot be a model: {type(exc).__name__}: {_line(exc)}")
+            return made
+    try:
+        made.schema = made.model.model_json_schema(schema_generator=_NoTitles)
+    except Exception as exc:  # noqa: BLE001 - a type pydantic cannot put in a schema is the author's to fix
+        made.problems.append(f"tool {name}: its arguments have no JSON Schema: {type(exc).__name__}: {_line(exc)}")
+        made.model = None
+        return made
+    made.schema.pop("title", None)
+    made.schema.setdefault("required", [])  # pydantic leaves it out when every argument has a default
+    return made
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None) -> Any:
+    """Declare a Python function as a tool: `@tool`, or `@tool(name=..., description=...)` to override either."""
+    if fn is None:
+        return lambda f: function_tool(f, name, description)
+    return function_tool(fn, name, description)
+
+
+def function_specs(tools: Any) -> tuple[dict[str, ToolSpec], dict[str, FunctionTool], list[str]]:
+    """The ToolSpecs and handlers of these functions (plain or `@tool`), and every problem of any of them."""
+    specs: dict[str, ToolSpec] = {}
+    handlers: dict[str, FunctionTool] = {}
+    problems: list[str] = []
+    for fn in tools:
+        made = fn if isinstance(fn, FunctionTool) else function_tool(fn)
+        source = f"tool function {getattr(made.fn, '__module__', '?')}.{getattr(made.fn, '__qualname__', made.name)}"
+        problems += made.problems
+        if made.name in specs:
+            problems.append(f"{source}: tool {made.name} is declared twice")
+        if made.model is None:  # no schema to check
+            continue
+        spec, found = document_problems(made.document(), source)
+        if made.as_model and any("additionalProperties" in p for p in found):
+            found.append(f"{source}: its model {made.model.__name__} needs model_config = ConfigDict(extra='forbid')")
+        problems += found
+        if spec is not None:
+            specs[spec.name], handlers[spec.name] = spec, made
+    return specs, handlers, problems

@@ -1,0 +1,305 @@
+"""MCP tools: the tools of an MCP server (streamable HTTP, the `mcp` package's client) mounted by an agent.
+
+An agent declares `mcp_servers=[McpServer(name, url, tools, entities)]`. Every process that runs the agent's tools
+(model, gate, executor) lists each server's tools when it starts, in the background: a server that is down is
+asked again with a bounded backoff (0.5 s doubling up to `retry_max_s`), and until it answers its tools are
+refused with a sentence saying so (the gate's message, or the executor's `is_error` result); the service itself
+starts and serves its other tools. A listing is taken once and kept for the life of the process.
+
+A listed tool becomes a tool of the agent's registry like a local one: its `inputSchema` is what the model sees,
+with the agent's `x-entity` annotations added (`entities={tool: {argument: kind}}`), bound to the agent's policies,
+approval rules and serial declarations by tool name, and checked by the same strictness rules, with two things
+relaxed because MCP servers do not write them: an object that does not say `additionalProperties` is closed
+(`false` is added; one that explicitly allows extra properties is refused), and a missing `required` is taken as
+none. A tool without a description of 20 characters gets one naming its server. A tool whose schema does not fit
+(an annotated argument it does not have, a name taken by another tool, a schema not valid) is not mounted and is
+refused with the reason.
+
+The executor calls a tool with `call_tool` over a connection of its own per call (nothing to go stale when the
+server restarts); the request's `_meta` carries `roundtrip/customer_id` and `roundtrip/idempotency_key`. An
+`isError` result, a protocol error and a transport failure all become `is_error` tool_results (ToolError).
+`McpTools.problems()` asks each server once and names what does not fit, for a check of the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import os
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from roundtrip._sdk.context import ToolContext, ToolError
+from roundtrip._sdk.registry import Handler, Registry, RegistryError, ToolSpec, _object_schemas, check_tool_document
+
+log = logging.getLogger("roundtrip.mcp")
+
+SERVER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
+FIRST_RETRY_S = 0.5
+MAX_PAGES = 100  # a paginated listing that never ends cannot hold a process
+Connect = Callable[[str], Any]  # url -> an async context manager with list_tools/call_tool (mcp.Client)
+
+
+def _client(url: str) -> Any:
+    from mcp import Client  # imported where used: the SDK takes seconds to import, only an agent with servers needs it
+
+    return Client(url)
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """An MCP server whose tools an agent mounts.
+
+    `url`: its streamable HTTP endpoint (e.g. http://billing:8000/mcp), or a function of the agent's own settings
+    returning it, or None: the environment variable ROUNDTRIP_MCP_<NAME>_URL. `tools`: the tools of the server
+    the agent mounts (None: every tool it lists). `entities`: per tool, the arguments that name an entity, by
+    kind (`x-entity`), each checked by the agent's resolver of that kind."""
+
+    name: str
+    url: str | Callable[[Any], str] | None = None
+    tools: Collection[str] | None = None
+    entities: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    timeout_s: float = 10.0  # one listing attempt
+    retry_max_s: float = 30.0  # the longest wait between two listing attempts
+
+    @property
+    def env_var(self) -> str:
+        return "ROUNDTRIP_MCP_" + re.sub(r"[^A-Z0-9]", "_", self.name.upper()) + "_URL"
+
+    def declared(self) -> set[str]:
+        """The tools this declaration names (its `tools` and the tools it annotates)."""
+        return set(self.tools or ()) | set(self.entities)
+
+    def url_for(self, own_settings: Any) -> str | None:
+        if callable(self.url):
+            return self.url(own_settings)
+        return self.url or os.environ.get(self.env_var) or None
+
+    def problems(self, kinds: Collection[str]) -> list[str]:
+        """What does not fit in this declaration, given the agent's entity kinds."""
+        found = []
+        if not isinstance(self.name, str) or not SERVER_NAME.match(self.name):
+            found.append(f"MCP server name {self.name!r} must match {SERVER_NAME.pattern}")
+        if self.tools is not None and (stray := sorted(set(self.entities) - set(self.tools))):
+            found.append(f"MCP server {self.name}: entities for tools it does not mount: {stray}")
+        if unbound := sorted({k for args in self.entities.values() for k in args.values()} - set(kinds)):
+            found.append(f"MCP server {self.name}: x-entity kinds without a resolver: {unbound}")
+        return found
+
+
+def leaf(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (anyio's task groups wrap transport errors in them)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a failure."""
+    exc = leaf(exc)
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def shown(url: str) -> str:
+    """A URL as a log line may show it: without user, password or query (they may carry a credential)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def strict_copy(server: McpServer, tool: Any) -> dict[str, Any]:
+    """The tool document the registry checks: the listed tool with the agent's annotations and MCP's relaxations."""
+    schema = copy.deepcopy(tool.input_schema) if isinstance(tool.input_schema, dict) else {}
+    schema.setdefault("required", [])
+    for _, sub in _object_schemas(schema):
+        sub.setdefault("additionalProperties", False)
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    for argument, kind in server.entities.get(tool.name, {}).items():
+        if not isinstance(properties.get(argument), dict):
+            raise RegistryError(f"the agent annotates its argument {argument!r}, which the server's schema does not have")
+        properties[argument]["x-entity"] = kind
+    description = tool.description if isinstance(tool.description, str) and len(tool.description) >= 20 else None
+    if description is None:
+        log.warning("MCP server %s: tool %s has no description of 20 characters; one naming the server is used",
+                    server.name, tool.name)
+    return {"name": tool.name, "description": description or f"{tool.name}: a tool of the {server.name} service.",
+            "input_schema": schema}
+
+
+def result_of(name: str, result: Any) -> dict[str, Any]:
+    """A CallToolResult as the handler's return value (ToolError for `isError`)."""
+    texts = [getattr(block, "text", None) or f"[{getattr(block, 'type', 'content')} omitted]" for block in result.content]
+    if result.is_error:
+        raise ToolError(" ".join(texts).strip() or f"{name} reported an error and said nothing more.")
+    if isinstance(result.structured_content, dict):
+        return result.structured_content
+    if len(texts) == 1:
+        try:
+            parsed = json.loads(texts[0])
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            return parsed
+    return {"content": "\n".join(texts)}
+
+
+class McpMount:
+    """One MCP server in one process: its listing (retried until it answers) and its calls."""
+
+    def __init__(self, server: McpServer, url: str, connect: Connect = _client) -> None:
+        self.server, self.url, self._connect = server, url, connect
+        self.listed: dict[str, Any] | None = None  # tool name -> the server's Tool, once listed
+        self.last_error: str | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.listed is not None
+
+    async def list_once(self) -> dict[str, Any]:
+        tools: dict[str, Any] = {}
+        async with self._connect(self.url) as client:
+            cursor = None
+            for _ in range(MAX_PAGES):
+                page = await client.list_tools(cursor=cursor)
+                tools.update({tool.name: tool for tool in page.tools})
+                cursor = page.next_cursor
+                if not cursor:
+                    break
+        return tools
+
+    async def keep_listing(self, on_listed: Callable[[McpMount], None], attempted: asyncio.Event | None = None) -> None:
+        """List the server's tools, asking again after each failure (bounded backoff) until it answers;
+        `attempted` is set once the first attempt has ended, either way."""
+        delay = FIRST_RETRY_S
+        while True:
+            try:
+                self.listed = await asyncio.wait_for(self.list_once(), self.server.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - a server that is down is asked again, never a dead service
+                if attempted is not None:
+                    attempted.set()
+                error = describe(exc)
+                if error != self.last_error:
+                    log.warning("MCP server %s (%s) unavailable: %s; its tools are refused, asking again every %g s at most",
+                                self.server.name, shown(self.url), error, self.server.retry_max_s)
+                self.last_error = error
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.server.retry_max_s)
+                continue
+            self.last_error = None
+            try:
+                on_listed(self)
+            finally:
+                if attempted is not None:
+                    attempted.set()
+            return
+
+    async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        meta = {"roundtrip/customer_id": ctx.customer_id, "roundtrip/idempotency_key": ctx.idempotency_key}
+        try:
+            async with self._connect(self.url) as client:
+                result = await client.call_tool(name, args, meta=meta)
+        except Exception as exc:  # noqa: BLE001 - the transport failed: the model reads it as an error result
+            log.warning("MCP server %s: %s failed: %s", self.server.name, name, describe(exc))
+            from mcp.shared.exceptions import MCPError  # loaded already: the client was
+
+            if isinstance(refusal := leaf(exc), MCPError):  # the server answered with a protocol error
+                raise ToolError(f"{name} was refused by the {self.server.name} service: {refusal.message[:300]}") from None
+            raise ToolError(f"{name} could not be completed: the {self.server.name} service could not be reached or "
+                            "did not answer, so whether it acted is unknown. Tell the customer, do not retry at once.") from None
+        return result_of(name, result)
+
+    def handler(self, name: str) -> Handler:
+        async def handle(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+            return await self.call(name, args, ctx)
+
+        return handle
+
+
+class McpTools:
+    """An agent's MCP servers in one process: they mount their tools into its registry as they are listed."""
+
+    def __init__(self, mounts: list[McpMount], registry: Registry) -> None:
+        self.mounts, self.registry = mounts, registry
+        self.refused: dict[str, str] = {}  # tool -> why it is not mounted
+        self.api_tools: list[dict[str, Any]] = registry.api_tools(cache=True)  # kept current in place: the model's
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def owner(self, name: str) -> McpMount | None:
+        """The server a tool belongs to (declared by the agent, or listed by a server it mounts whole), if any."""
+        return next((m for m in self.mounts if name in m.server.declared()
+                     or (m.server.tools is None and name in (m.listed or {}))), None)
+
+    def mount_listed(self, mount: McpMount) -> None:
+        server, listed = mount.server, mount.listed or {}
+        wanted = [n for n in listed if server.tools is None or n in server.tools]
+        for name in sorted(wanted):
+            try:
+                spec: ToolSpec = check_tool_document(strict_copy(server, listed[name]), source=f"MCP server {server.name}")
+                self.registry.mount(spec, mount.handler(name))
+            except Exception as exc:  # noqa: BLE001 - a tool that does not fit is refused, the others are mounted
+                self.refused[name] = str(exc) if isinstance(exc, RegistryError) else describe(exc)
+                log.error("MCP server %s: tool %s not mounted: %s", server.name, name, self.refused[name])
+        if missing := sorted(server.declared() - set(listed)):
+            log.error("MCP server %s does not list %s, which the agent declares; refused", server.name, missing)
+        self.api_tools[:] = self.registry.api_tools(cache=True)
+        mounted = sorted(n for n in wanted if n not in self.refused)
+        log.info("MCP server %s is up: mounted %s (%d listed)", server.name, mounted, len(listed))
+
+    async def start(self) -> None:
+        """List every server in the background; return once each has been asked once (at most its timeout)."""
+        asked = []
+        for mount in self.mounts:
+            asked.append(attempted := asyncio.Event())
+            self._tasks.append(asyncio.create_task(mount.keep_listing(self.mount_listed, attempted), name=f"mcp-{mount.server.name}"))
+        await asyncio.gather(*(event.wait() for event in asked))
+
+    async def problems(self) -> list[str]:
+        """Ask every server once (no retry) and mount what it lists; what does not fit, one line each (for a check
+        of the agent: a server that does not answer, a declared tool it does not list, a tool refused)."""
+        found = []
+        for mount in self.mounts:
+            try:
+                mount.listed = await asyncio.wait_for(mount.list_once(), mount.server.timeout_s)
+            except Exception as exc:  # noqa: BLE001 - reported, like every other problem
+                found.append(f"MCP server {mount.server.name} ({shown(mount.url)}) does not answer: {describe(exc)}")
+                continue
+            self.mount_listed(mount)
+            if missing := sorted(mount.server.declared() - set(mount.listed)):
+                found.append(f"MCP server {mount.server.name} does not list {missing}, which the agent declares")
+        return found + [f"MCP tool {name} not mounted: {why}" for name, why in sorted(self.refused.items())]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def unavailable(self, name: str) -> str | None:
+        """Why an MCP tool cannot be called now (None: it can, or it is no MCP tool)."""
+        if name in self.refused:
+            return f"Tool {name} is not available: its schema does not fit this agent. Do without it."
+        mount = self.owner(name)
+        if mount is None or name in self.registry:
+            return None
+        if not mount.up:
+            return (f"Tool {name} is unavailable: the {mount.server.name} service it belongs to cannot be reached "
+                    "right now; nothing was done. Try again later or do without it.")
+        return f"Tool {name} is not offered by the {mount.server.name} service any more; nothing was done."
+
+    def handler(self, name: str) -> Handler:
+        """The executor's handler of an MCP tool not mounted here (yet): the owner's call, or a refusal."""
+        mount = self.owner(name)
+        if mount is not None and name not in self.refused:
+            return mount.handler(name)
+        why = self.unavailable(name) or f"Tool {name} is unavailable; nothing was done."
+
+        async def refuse(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+            raise ToolError(why)
+
+        return refuse

@@ -1,0 +1,3 @@
+from roundtrip._shop.app import main
+
+main()

@@ -1,0 +1,476 @@
+"""The demo shop's database: SQLAlchemy Core, async, one code path for SQLite and PostgreSQL
+(on a SQLite file the reads run inline on the event loop, see `_read`).
+
+Every query that touches customer data takes the principal's `customer_id` and filters on
+it, so an order of another customer is indistinguishable from a missing one (both: None).
+
+`cancel_order` is atomic and idempotent:
+- the state change is a single `UPDATE ... WHERE order_id AND customer_id AND status IN
+  (cancellable)`, so two concurrent cancels cannot both win (PostgreSQL re-checks the
+  WHERE after the row lock; SQLite serialises writers);
+- its outcome is stored under (customer_id, idempotency key) in the same transaction, so a
+  replay returns the first response and never cancels twice; a key reused for another
+  request is a conflict (HTTP 422).
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    Date,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from roundtrip._kernel.storage.turnstore import sqlite_locked
+
+STATUSES = ("pending", "processing", "shipped", "delivered", "cancelled")
+CANCELLABLE = ("pending", "processing")
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 50
+
+metadata = MetaData()
+
+customers = Table(
+    "customers",
+    metadata,
+    Column("customer_id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("email", String(200), nullable=False),
+)
+
+orders = Table(
+    "orders",
+    metadata,
+    Column("order_id", String(32), primary_key=True),
+    Column("customer_id", String(64), ForeignKey("customers.customer_id"), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("placed_at", DateTime(timezone=True), nullable=False),
+    Column("total_cents", Integer, nullable=False),
+    Column("currency", String(3), nullable=False),
+    Column("items", JSON, nullable=False),
+    Column("carrier", String(64)),
+    Column("tracking_number", String(64)),
+    Column("eta", Date),
+    Column("cancel_reason", String(500)),
+    Column("cancelled_at", DateTime(timezone=True)),
+    Index("ix_orders_customer_placed", "customer_id", "placed_at"),
+)
+
+idempotency = Table(
+    "idempotency",
+    metadata,
+    Column("customer_id", String(64), primary_key=True),
+    Column("key", String(255), primary_key=True),
+    Column("endpoint", String(64), nullable=False),
+    Column("request", JSON, nullable=False),
+    Column("status_code", Integer, nullable=False),
+    Column("response", JSON, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+escalations = Table(
+    "escalations",
+    metadata,
+    Column("ticket_id", String(32), primary_key=True),
+    Column("customer_id", String(64), nullable=False, index=True),
+    Column("summary", Text, nullable=False),
+    Column("urgency", String(16), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+
+# -- engine --------------------------------------------------------------------------------
+
+
+# SQLite file -> a plain engine on the same file for reads, run inline on the event loop (see `_read`)
+_inline_readers: weakref.WeakKeyDictionary[AsyncEngine, Engine] = weakref.WeakKeyDictionary()
+
+
+def make_engine(database_url: str) -> AsyncEngine:
+    """An async engine for `sqlite+aiosqlite:///...` or `postgresql+asyncpg://...`.
+
+    Only connection set-up differs per backend (SQLite: create the file's folder, wait on
+    locks instead of failing, enforce foreign keys, reads inline); every query is the same.
+    """
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.close()
+
+        if url.database and url.database != ":memory:":
+            _inline_readers[engine] = create_engine(url.set(drivername="sqlite"), connect_args={"timeout": 0})
+        return engine
+    return create_async_engine(url, pool_pre_ping=True)
+
+
+async def _read(engine: AsyncEngine, query: Any) -> list[Any]:
+    """The rows of a read-only query.
+
+    On a SQLite file it runs inline on the event loop: a read of the local file is quick, while
+    aiosqlite's hop to its thread and back costs more than the read itself, and more again when the
+    shop has been idle (both threads have to be woken; docs/benchmarks.md, "Figures the code points to").
+    In WAL mode a reader never waits for a writer; in the rare case SQLite reports the file locked,
+    the async engine (which waits for it in its thread) runs the query."""
+    inline = _inline_readers.get(engine)
+    if inline is not None:
+        try:
+            with inline.connect() as conn:
+                return list(conn.execute(query))
+        except OperationalError as exc:
+            if not sqlite_locked(exc):
+                raise
+    async with engine.connect() as conn:
+        return list(await conn.execute(query))
+
+
+async def dispose(engine: AsyncEngine) -> None:
+    """Close the engine's connections (and those of its inline reader)."""
+    inline = _inline_readers.pop(engine, None)
+    if inline is not None:
+        inline.dispose()
+    await engine.dispose()
+
+
+async def create_schema(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+
+
+# -- demo data -----------------------------------------------------------------------------
+
+
+def _ts(value: str) -> datetime:
+    return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+DEMO_CUSTOMERS = [
+    {"customer_id": "cus_1001", "name": "Alice Martin", "email": "alice.martin@example.com"},
+    {"customer_id": "cus_1002", "name": "Bob Okafor", "email": "bob.okafor@example.com"},
+    {"customer_id": "cus_1003", "name": "Carol Nguyen", "email": "carol.nguyen@example.com"},
+]
+
+
+def _item(sku: str, name: str, quantity: int, unit_price_cents: int) -> dict[str, Any]:
+    return {"sku": sku, "name": name, "quantity": quantity, "unit_price_cents": unit_price_cents}
+
+
+def _order(order_id: str, customer_id: str, status: str, placed_at: str, items: list[dict[str, Any]],
+           carrier: str | None = None, tracking_number: str | None = None, eta: str | None = None) -> dict[str, Any]:
+    return {
+        "order_id": order_id,
+        "customer_id": customer_id,
+        "status": status,
+        "placed_at": _ts(placed_at),
+        "total_cents": sum(i["quantity"] * i["unit_price_cents"] for i in items),
+        "currency": "EUR",
+        "items": items,
+        "carrier": carrier,
+        "tracking_number": tracking_number,
+        "eta": date.fromisoformat(eta) if eta else None,
+        "cancel_reason": None,
+        "cancelled_at": None,
+    }
+
+
+DEMO_ORDERS = [
+    # Alice Martin
+    _order("ord_a1000001", "cus_1001", "delivered", "2026-09-01T09:12:00", [_item("SKU-KETTLE-01", "Electric kettle", 1, 3999)],
+           carrier="DHL", tracking_number="JD014600003271906547", eta="2026-09-04"),
+    _order("ord_a1000002", "cus_1001", "shipped", "2026-10-20T17:45:00",
+           [_item("SKU-HEADPH-02", "Wireless headphones", 1, 8999), _item("SKU-CABLE-USB", "USB-C cable", 2, 999)],
+           carrier="UPS", tracking_number="1Z999AA10123456784", eta="2026-10-24"),
+    _order("ord_a1000004", "cus_1001", "processing", "2026-11-10T11:03:00", [_item("SKU-LAMP-03", "Desk lamp", 1, 4550)]),
+    _order("ord_a1000003", "cus_1001", "pending", "2026-11-25T20:31:00",
+           [_item("SKU-BOOT-41", "Rain boots, size 41", 1, 6900), _item("SKU-SOCK-3P", "Wool socks (3 pairs)", 1, 1800)]),
+    # Bob Okafor: ord_9f3c4e21 is the plausible id a careless model invents for someone else.
+    _order("ord_9f3c4e21", "cus_1002", "processing", "2026-11-26T08:15:00",
+           [_item("SKU-CHAIR-07", "Ergonomic office chair", 1, 24900)]),
+    _order("ord_b2000001", "cus_1002", "delivered", "2026-08-15T14:22:00", [_item("SKU-MUG-SET", "Ceramic mug set", 1, 2999)],
+           carrier="DPD", tracking_number="01234567890123", eta="2026-08-19"),
+    # Carol Nguyen
+    _order("ord_c3000001", "cus_1003", "shipped", "2026-11-20T10:00:00", [_item("SKU-JACKET-M", "Winter jacket, M", 1, 15900)],
+           carrier="DHL", tracking_number="JD014600009876543210", eta="2026-11-28"),
+    _order("ord_c3000002", "cus_1003", "delivered", "2026-07-02T16:40:00", [_item("SKU-BOOK-PY", "Python cookbook", 1, 4499)],
+           carrier="La Poste", tracking_number="6A12345678901", eta="2026-07-05"),
+]
+
+
+async def seed_demo_data(engine: AsyncEngine) -> int:
+    """Insert the demo customers and orders that are missing. Returns the rows inserted.
+
+    Idempotent: existing rows are neither duplicated nor reset (a cancelled demo order stays
+    cancelled). Safe to run from several processes at once.
+    """
+    for attempt in range(3):
+        try:
+            async with engine.begin() as conn:
+                have_c = set((await conn.execute(select(customers.c.customer_id))).scalars())
+                have_o = set((await conn.execute(select(orders.c.order_id))).scalars())
+                new_c = [c for c in DEMO_CUSTOMERS if c["customer_id"] not in have_c]
+                new_o = [o for o in DEMO_ORDERS if o["order_id"] not in have_o]
+                if new_c:
+                    await conn.execute(insert(customers), new_c)
+                if new_o:
+                    await conn.execute(insert(orders), new_o)
+                return len(new_c) + len(new_o)
+        except IntegrityError:  # another process seeded concurrently: look again
+            if attempt == 2:
+                raise
+    return 0
+
+
+async def reset_demo_data(engine: AsyncEngine) -> None:
+    """Put the demo data back to its initial state (for demos and tests; drops everything else)."""
+    async with engine.begin() as conn:
+        for table in (idempotency, escalations, orders, customers):
+            await conn.execute(delete(table))
+        await conn.execute(insert(customers), DEMO_CUSTOMERS)
+        await conn.execute(insert(orders), DEMO_ORDERS)
+
+
+# -- serialisation -------------------------------------------------------------------------
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:  # SQLite keeps no offset; everything is stored in UTC
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def order_json(row: Any) -> dict[str, Any]:
+    m = row._mapping
+    return {
+        "order_id": m["order_id"],
+        "customer_id": m["customer_id"],
+        "status": m["status"],
+        "placed_at": _iso(m["placed_at"]),
+        "total_cents": m["total_cents"],
+        "currency": m["currency"],
+        "items": m["items"],
+        "carrier": m["carrier"],
+        "tracking_number": m["tracking_number"],
+        "eta": m["eta"].isoformat() if m["eta"] else None,
+        "cancel_reason": m["cancel_reason"],
+        "cancelled_at": _iso(m["cancelled_at"]),
+    }
+
+
+def shipping_json(order: dict[str, Any]) -> dict[str, Any]:
+    return {k: order[k] for k in ("order_id", "status", "carrier", "tracking_number", "eta")}
+
+
+# -- queries (all scoped to the principal) ----------------------------------------------------
+
+
+def _order_query(customer_id: str, order_id: str) -> Any:
+    return select(orders).where(orders.c.order_id == order_id, orders.c.customer_id == customer_id)
+
+
+async def _get_order(conn: AsyncConnection, customer_id: str, order_id: str) -> dict[str, Any] | None:
+    row = (await conn.execute(_order_query(customer_id, order_id))).first()
+    return order_json(row) if row is not None else None
+
+
+async def get_order(engine: AsyncEngine, customer_id: str, order_id: str) -> dict[str, Any] | None:
+    """The order if it exists AND belongs to `customer_id`; None otherwise (no difference)."""
+    rows = await _read(engine, _order_query(customer_id, order_id))
+    return order_json(rows[0]) if rows else None
+
+
+async def list_orders(
+    engine: AsyncEngine, customer_id: str, status: str | None = None, limit: int = DEFAULT_LIMIT
+) -> list[dict[str, Any]]:
+    """The principal's orders, newest first; `limit` is clamped to 1..50."""
+    limit = max(1, min(int(limit), MAX_LIMIT))
+    query = select(orders).where(orders.c.customer_id == customer_id)
+    if status is not None:
+        query = query.where(orders.c.status == status)
+    query = query.order_by(orders.c.placed_at.desc(), orders.c.order_id.desc()).limit(limit)
+    return [order_json(r) for r in await _read(engine, query)]
+
+
+async def shipping_status(engine: AsyncEngine, customer_id: str, order_id: str) -> dict[str, Any] | None:
+    order = await get_order(engine, customer_id, order_id)
+    return shipping_json(order) if order is not None else None
+
+
+async def admin_orders(engine: AsyncEngine) -> list[dict[str, Any]]:
+    """Every order with its owner (no principal: tests and the demo only)."""
+    query = (
+        select(orders, customers.c.name.label("customer_name"))
+        .join(customers, customers.c.customer_id == orders.c.customer_id)
+        .order_by(orders.c.placed_at.desc(), orders.c.order_id.desc())
+    )
+    return [order_json(r) | {"customer_name": r._mapping["customer_name"]} for r in await _read(engine, query)]
+
+
+async def get_customer(engine: AsyncEngine, customer_id: str) -> dict[str, Any] | None:
+    rows = await _read(engine, select(customers).where(customers.c.customer_id == customer_id))
+    return dict(rows[0]._mapping) if rows else None
+
+
+# -- idempotent writes -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """An HTTP-shaped result of a write: what the API returns, and whether it was a replay."""
+
+    status_code: int
+    body: dict[str, Any]
+    replayed: bool = False
+
+
+NOT_FOUND_BODY = {"error": "order_not_found", "message": "No such order for this customer."}
+
+
+def not_cancellable_body(order_id: str, status: str) -> dict[str, Any]:
+    return {
+        "error": "not_cancellable",
+        "order_id": order_id,
+        "status": status,
+        "message": f"Order {order_id} is {status}; only pending or processing orders can be cancelled.",
+    }
+
+
+def _conflict(key: str) -> Outcome:
+    return Outcome(
+        422,
+        {
+            "error": "idempotency_conflict",
+            "message": f"Idempotency-Key {key!r} was already used for a different request.",
+        },
+    )
+
+
+async def _replay(engine: AsyncEngine, customer_id: str, key: str, endpoint: str, request: dict[str, Any]) -> Outcome | None:
+    rows = await _read(engine, select(idempotency).where(idempotency.c.customer_id == customer_id, idempotency.c.key == key))
+    if not rows:
+        return None
+    m = rows[0]._mapping
+    if m["endpoint"] != endpoint or m["request"] != request:
+        return _conflict(key)
+    return Outcome(m["status_code"], m["response"], replayed=True)
+
+
+async def _remember(conn: AsyncConnection, customer_id: str, key: str, endpoint: str,
+                    request: dict[str, Any], outcome: Outcome) -> None:
+    await conn.execute(
+        insert(idempotency).values(
+            customer_id=customer_id,
+            key=key,
+            endpoint=endpoint,
+            request=request,
+            status_code=outcome.status_code,
+            response=outcome.body,
+            created_at=datetime.now(UTC),
+        )
+    )
+
+
+async def cancel_order(
+    engine: AsyncEngine, customer_id: str, order_id: str, reason: str, idempotency_key: str
+) -> Outcome:
+    """Cancel the principal's order once. 200 order | 404 not found | 409 not cancellable | 422 key reuse."""
+    endpoint, request = "cancel_order", {"order_id": order_id, "reason": reason}
+    if (seen := await _replay(engine, customer_id, idempotency_key, endpoint, request)) is not None:
+        return seen
+    try:
+        async with engine.begin() as conn:
+            # The first statement writes, so on SQLite the transaction holds the write lock
+            # from here on; on PostgreSQL a concurrent UPDATE waits and re-checks the WHERE.
+            changed = await conn.execute(
+                update(orders)
+                .where(
+                    orders.c.order_id == order_id,
+                    orders.c.customer_id == customer_id,
+                    orders.c.status.in_(CANCELLABLE),
+                )
+                .values(status="cancelled", cancel_reason=reason, cancelled_at=datetime.now(UTC))
+            )
+            order = await _get_order(conn, customer_id, order_id)
+            if changed.rowcount == 1 and order is not None:
+                outcome = Outcome(200, order)
+            elif order is None:
+                outcome = Outcome(404, dict(NOT_FOUND_BODY))
+            else:
+                outcome = Outcome(409, not_cancellable_body(order_id, order["status"]))
+            await _remember(conn, customer_id, idempotency_key, endpoint, request, outcome)
+    except IntegrityError:
+        # The same key won a race in another transaction; ours was rolled back in full.
+        seen = await _replay(engine, customer_id, idempotency_key, endpoint, request)
+        if seen is None:
+            raise
+        return seen
+    return outcome
+
+
+async def create_escalation(
+    engine: AsyncEngine, customer_id: str, summary: str, urgency: str, idempotency_key: str
+) -> Outcome:
+    """Open a ticket for a human agent once per key. 201 {"ticket_id", ...} | 422 key reuse."""
+    endpoint, request = "escalate", {"summary": summary, "urgency": urgency}
+    if (seen := await _replay(engine, customer_id, idempotency_key, endpoint, request)) is not None:
+        return seen
+    ticket_id = f"tkt_{uuid.uuid4().hex[:8]}"
+    now = datetime.now(UTC)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(escalations).values(
+                    ticket_id=ticket_id, customer_id=customer_id, summary=summary, urgency=urgency,
+                    status="open", created_at=now,
+                )
+            )
+            outcome = Outcome(201, {"ticket_id": ticket_id, "status": "open", "urgency": urgency, "created_at": _iso(now)})
+            await _remember(conn, customer_id, idempotency_key, endpoint, request, outcome)
+    except IntegrityError:
+        seen = await _replay(engine, customer_id, idempotency_key, endpoint, request)
+        if seen is None:
+            raise
+        return seen
+    return outcome
+
+
+async def count_escalations(engine: AsyncEngine, customer_id: str | None = None) -> int:
+    query = select(func.count()).select_from(escalations)
+    if customer_id is not None:
+        query = query.where(escalations.c.customer_id == customer_id)
+    return int((await _read(engine, query))[0][0])

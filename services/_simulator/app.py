@@ -1,0 +1,258 @@
+"""The HTTP side of the simulator: routes, persona choice, latency and faults.
+
+Routes: POST /v1/messages, POST /v1/messages/count_tokens, GET /health, and the controls of
+controls.py (GET/POST /v1/_limits, POST /v1/_overload). Rate limits (ratelimits.py) and 529
+bursts (overload.py) apply to /v1/messages; its every response carries the anthropic-ratelimit-*
+headers of the limits set.
+
+Request headers a test or a load run may send (the SDK passes them via
+`default_headers=` or `extra_headers=`):
+  x-roundtrip-persona          careful | careless | stubborn | looping | flailing | sloppy |
+                               parallel | refusing | terse | mix   (else the app's default)
+  x-roundtrip-fault            429 | 529 | 500 | 502 | 503 | 504 | timeout: force that fault
+  x-roundtrip-fault-attempts   N: fault only the first N attempts (the SDK numbers its
+                               attempts in `x-stainless-retry-count`); default: every attempt
+  x-roundtrip-fault-delay      seconds the `timeout` fault sleeps (default 30); set it above
+                               the client's timeout
+  x-roundtrip-latency-ms       latency of this response (else the app's latency_ms)
+  x-roundtrip-retry-after-ms   `retry-after-ms` sent with 429/5xx (else the app's retry_after_ms)
+
+Scripted mode (persona `script:NAME`), PUT /v1/_scripts/NAME and GET /v1/_received: services/_simulator/scripted.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from . import controls, personas
+from .engine import respond
+from .errors import ApiError, invalid
+from .overload import Overload
+from .ratelimits import RateLimits
+from .scripted import Scripts
+from .usage import PromptCache, estimate_tokens, prompt_of
+from .validation import validate_count_tokens, validate_create
+
+PERSONA_HEADER = "x-roundtrip-persona"
+FAULT_HEADER = "x-roundtrip-fault"
+FAULT_ATTEMPTS_HEADER = "x-roundtrip-fault-attempts"
+FAULT_DELAY_HEADER = "x-roundtrip-fault-delay"
+LATENCY_HEADER = "x-roundtrip-latency-ms"
+RETRY_AFTER_HEADER = "x-roundtrip-retry-after-ms"
+
+FAULTS: dict[str, tuple[int, str]] = {
+    "429": (429, "Number of request tokens has exceeded your per-minute rate limit (simulated fault)."),
+    "500": (500, "Internal server error (simulated fault)."),
+    "502": (502, "Bad gateway (simulated fault)."),
+    "503": (503, "Service unavailable (simulated fault)."),
+    "504": (504, "Gateway timeout (simulated fault)."),
+    "529": (529, "Overloaded (simulated fault)."),
+}
+DEFAULT_TIMEOUT_FAULT_S = 30.0
+
+
+@dataclass
+class _State:
+    """The simulator's one state (its counters, its prompt cache, its seeded RNG) and its routes."""
+
+    default_persona: str
+    latency_ms: float
+    fault_rate: float
+    retry_after_ms: float
+    rng: random.Random
+    cache: PromptCache = field(default_factory=PromptCache)
+    limits: RateLimits = field(default_factory=RateLimits)
+    overload: Overload = field(default_factory=Overload)
+    served: int = 0
+    parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
+    latency_jitter: float = 0.0
+    scripts: Scripts = field(default_factory=Scripts)
+
+    async def messages(self, request: Request) -> Response:
+        response = await self._message(request)
+        response.headers.update(self.limits.headers())
+        return response
+
+    async def _message(self, request: Request) -> Response:
+        request_id = _request_id()
+        try:
+            _authenticate(request)
+            body = await _json_body(request)
+            validate_create(body)
+            wanted = request.headers.get(PERSONA_HEADER, "").strip()
+            scripted = self.scripts.reply_for(wanted, body)
+            persona = wanted if scripted else _persona(request, body, self)
+            self.scripts.record(persona, body)
+            self.overload.check()
+            with self.limits.admit(body, self.cache) as call:
+                await _latency(request, self)
+                await _fault(request, self)
+                message = respond(body, persona, self.cache, scripted)
+                call.produced(message["usage"]["output_tokens"])
+        except ApiError as error:
+            return _error_response(error, request_id)
+        self.served += 1
+        self.parallel_disabled += bool((body.get("tool_choice") or {}).get("disable_parallel_tool_use"))
+        return JSONResponse(message, headers={"request-id": request_id, "x-roundtrip-persona": persona})
+
+    async def count_tokens(self, request: Request) -> Response:
+        request_id = _request_id()
+        try:
+            _authenticate(request)
+            body = await _json_body(request)
+            validate_count_tokens(body)
+        except ApiError as error:
+            return _error_response(error, request_id)
+        return JSONResponse({"input_tokens": estimate_tokens(prompt_of(body))}, headers={"request-id": request_id})
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "default_persona": self.default_persona,
+                "personas": list(personas.NAMES),
+                "served": self.served,
+                "parallel_disabled": self.parallel_disabled,
+                "rate_limited": self.limits.refused,
+                "in_flight": self.limits.in_flight,
+                "overloaded": self.overload.answered,
+            }
+        )
+
+
+def create_app(
+    default_persona: str = "careful",
+    latency_ms: float = 0.0,
+    fault_rate: float = 0.0,
+    seed: int = 0,
+    retry_after_ms: float = 20.0,
+    latency_jitter: float = 0.0,
+    limits: RateLimits | None = None,
+    overload: Overload | None = None,
+    scripts: Scripts | None = None,
+) -> Starlette:
+    """The simulator as an ASGI app. fault_rate: share of requests answered 529 (seeded RNG);
+    limits / overload: its rate limits and 529 bursts (default: none)."""
+    if default_persona not in personas.NAMES:
+        raise ValueError(f"unknown persona {default_persona!r}; expected one of {', '.join(personas.NAMES)}")
+    if not 0.0 <= fault_rate <= 1.0:
+        raise ValueError("fault_rate must be between 0 and 1")
+    if not 0.0 <= latency_jitter <= 1.0:
+        raise ValueError("latency_jitter must be between 0 and 1")
+    state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed), latency_jitter=latency_jitter,
+                   limits=limits or RateLimits(), overload=overload or Overload(),
+                   scripts=scripts or Scripts())
+    return Starlette(
+        routes=[
+            Route("/v1/messages", state.messages, methods=["POST"]),
+            Route("/v1/messages/count_tokens", state.count_tokens, methods=["POST"]),
+            Route("/health", state.health, methods=["GET"]),
+            *controls.routes(state.limits, state.overload),
+            Route("/v1/_scripts/{name}", state.scripts.put, methods=["PUT"]),
+            Route("/v1/_received", state.scripts.list_received, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error},
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    message = "Not found" if status == 404 else str(getattr(exc, "detail", "")) or "error"
+    return _error_response(ApiError(status, message), _request_id())
+
+
+def _request_id() -> str:
+    return f"req_sim_{uuid.uuid4().hex[:24]}"
+
+
+def _error_response(error: ApiError, request_id: str) -> Response:
+    headers = {"request-id": request_id, **error.headers}
+    return JSONResponse(error.body(request_id), status_code=error.status, headers=headers)
+
+
+def _authenticate(request: Request) -> None:
+    if not request.headers.get("x-api-key") and not request.headers.get("authorization"):
+        raise ApiError(401, "x-api-key header is required")
+
+
+async def _json_body(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise invalid(f"There was an error parsing the body of your request: {exc}") from None
+
+
+def _persona(request: Request, body: dict, state: _State) -> str:
+    wanted = request.headers.get(PERSONA_HEADER, state.default_persona).strip().lower()
+    first = body["messages"][0]["content"]
+    first_text = first if isinstance(first, str) else "\n".join(b.get("text", "") for b in first if b.get("type") == "text")
+    try:
+        return personas.resolve(wanted, first_text)
+    except KeyError:
+        raise invalid(
+            f"{PERSONA_HEADER}: unknown simulator persona {wanted!r}; expected one of {', '.join(personas.NAMES)}"
+        ) from None
+
+
+def _number(request: Request, header: str, default: float) -> float:
+    value = request.headers.get(header)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise invalid(f"{header}: expected a number, got {value!r}") from None
+    if number < 0 or math.isnan(number):
+        raise invalid(f"{header}: expected a non-negative number, got {value!r}")
+    return number
+
+
+async def _latency(request: Request, state: _State) -> None:
+    latency = _number(request, LATENCY_HEADER, state.latency_ms)
+    if latency > 0 and state.latency_jitter:
+        latency *= state.rng.uniform(1 - state.latency_jitter, 1 + state.latency_jitter)
+    if latency > 0:
+        await asyncio.sleep(latency / 1000)
+
+
+async def _fault(request: Request, state: _State) -> None:
+    """Raise the forced (or randomly injected) fault of this request, or sleep for `timeout`."""
+    fault = request.headers.get(FAULT_HEADER, "").strip().lower()
+    if fault:
+        attempt = _number(request, "x-stainless-retry-count", 0)  # 0 on the first try, 1 on the first retry...
+        if attempt >= _number(request, FAULT_ATTEMPTS_HEADER, math.inf):
+            fault = ""
+    elif state.fault_rate and state.rng.random() < state.fault_rate:
+        fault = "529"
+    if not fault:
+        return
+    if fault == "timeout":
+        await _sleep_unless_disconnected(request, _number(request, FAULT_DELAY_HEADER, DEFAULT_TIMEOUT_FAULT_S))
+        return
+    if fault not in FAULTS:
+        raise invalid(f"{FAULT_HEADER}: unknown fault {fault!r}; expected one of {', '.join([*FAULTS, 'timeout'])}")
+    status, message = FAULTS[fault]
+    retry_after_ms = _number(request, RETRY_AFTER_HEADER, state.retry_after_ms)
+    headers = {"retry-after-ms": f"{retry_after_ms:g}", "retry-after": str(max(1, math.ceil(retry_after_ms / 1000)))}
+    raise ApiError(status, message, headers=headers)
+
+
+async def _sleep_unless_disconnected(request: Request, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while (remaining := deadline - time.monotonic()) > 0:
+        await asyncio.sleep(min(0.1, remaining))
+        if await request.is_disconnected():
+            return

@@ -1,3 +1,0 @@
-from services.shop.app import main
-
-main()

@@ -1,0 +1,113 @@
+"""The loop of one turn in this process, through the fleet's own handlers, without Kafka.
+
+Each step goes where it goes in the fleet, in the same code: the model service's handler (`call_model`: the
+response's size policy, the tool calls and their fingerprints), the guard's rules (`decide`: loop rules, step
+limit, budget; `continued`: the next hop), the gate (`Gate.check`: validation, existence and ownership through the
+agent's resolvers, policies, approval holds, signing) and the executor's handler (`execute`: the signature
+verified, the calls run by its Runner, held calls asked for). A held call is decided by `approve` (if given) with a
+decision signed by the decision key, which the gate verifies, resumed as the guard resumes it.
+
+What it leaves out is what the fleet adds: the broker hops and the events' (de)serialisation, the guard's ledger
+and conversation store, the turn fence, the exporters of the telemetry, and the processes.
+tests/benchmarks/ times it against the fleet; services/testing/__init__.py runs agents' tests on it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from roundtrip._executor.handlers import execute
+from roundtrip._executor.runner import Runner
+from roundtrip._gate.app import gate_for
+from roundtrip._guard.app import policy_from
+from roundtrip._guard.approvals import resumed
+from roundtrip._guard.loop import continued
+from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.rules import Finish, decide
+from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, parse_keys
+from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CallModel, Decision, ModelResponded, Turn, Usage
+from roundtrip._kernel.settings import Settings
+from roundtrip._model.handlers import Limits, Retrying, call_model
+from roundtrip._sdk.agent import Agent
+from roundtrip._sdk.context import Dependencies
+
+AWAITING_APPROVAL = "awaiting_approval"  # the outcome of a turn left waiting for a person (no `approve` given)
+Approve = Callable[[ApprovalRequested], bool]  # a person's decision: True approves the held call
+
+
+@dataclass
+class Ended:
+    """How a turn ended: the guard's outcome (or AWAITING_APPROVAL), the reply's text, and the whole transcript."""
+
+    outcome: str
+    text: str
+    messages: list[dict[str, Any]]
+    steps: int
+    detail: str = ""
+    spent: Usage = field(default_factory=Usage)
+    held: ApprovalRequested | None = None  # the call left waiting for a person
+    approvals: list[ApprovalRequested] = field(default_factory=list)  # every call that waited, decided by `approve`
+
+
+class InProcess:
+    """One agent's fleet in this process. `client` is the model: `await create(messages, persona, parallel_off)` ->
+    an anthropic Message, and a `model` name (roundtrip._model.client.ModelClient, or services/testing/__init__.py's models).
+    `retrying`: how the model handler retries (its default when None: a limiter of each call's own)."""
+
+    def __init__(self, agent: Agent, client: Any, deps: Dependencies, settings: Settings, retrying: Retrying | None = None) -> None:
+        self.agent, self.client, self.settings, self.retrying = agent, client, settings, retrying
+        self.gate = gate_for(agent, settings, deps)
+        self.signer = Signer(parse_keys(settings.approval_keys))
+        self.decisions = DecisionSigner(parse_keys(settings.decision_keys))
+        self.runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes)
+        self.policy, self.prices = policy_from(settings), PriceTable.from_json(settings.prices)
+        self.limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
+
+    def new_turn(self, customer_id: str, persona: str | None = None) -> Turn:
+        request_id = f"req_{uuid.uuid4().hex[:12]}"
+        return Turn(turn_id=f"turn_{request_id}", request_id=request_id, conversation_id=f"conv_{request_id}",
+                    customer_id=customer_id, persona=persona, deadline_at=round(time.time() + self.settings.turn_deadline_s, 3))
+
+    async def turn(self, text: str, customer_id: str, persona: str | None = None, approve: Approve | None = None,
+                   observe: Callable[[ModelResponded], None] | None = None) -> Ended:
+        """Run one turn to its end; `observe` sees each model response as it comes."""
+        command: CallModel | ApprovalRequested = CallModel(turn=self.new_turn(customer_id, persona), step=0,
+                                                           messages=[{"role": "user", "content": text}])
+        approvals: list[ApprovalRequested] = []
+        while True:
+            if isinstance(command, ApprovalRequested):
+                if approve is None:
+                    return Ended(AWAITING_APPROVAL, "", command.messages, command.step, command.reason, command.spent,
+                                 held=command, approvals=approvals)
+                approvals.append(command)
+                command = await self._decided(command, approve(command))
+                continue
+            event = await call_model(command, self.client, limits=self.limits, retrying=self.retrying)
+            if observe is not None:
+                observe(event)
+            model = event.model or self.client.model
+            decision = decide(event, self.policy, self.prices.cost(model, event.spent), self.prices.cost(model, event.usage))
+            if isinstance(decision, Finish):
+                transcript = [*event.messages, {"role": "assistant", "content": event.content}] if event.content else event.messages
+                return Ended(decision.outcome.value, decision.text, transcript, event.step, decision.detail, event.spent,
+                             approvals=approvals)
+            hop = continued(event, decision)
+            command = hop if isinstance(hop, CallModel) else await self._run(hop)
+
+    async def _run(self, check: Any) -> CallModel | ApprovalRequested:
+        """A step's calls through the gate, then the executor."""
+        batch = await self.gate.check(check)
+        return await execute(batch, self.signer, self.runner, max_transcript_bytes=self.settings.max_transcript_bytes)
+
+    async def _decided(self, request: ApprovalRequested, approved: bool) -> CallModel | ApprovalRequested:
+        """The step after a person's signed decision, resumed as the guard resumes it."""
+        decision = self.decisions.sign(ApprovalDecided(
+            approval_id=request.approval_id, turn_id=request.turn.turn_id, tool_use_id=request.call.id,
+            input_sha256=request.input_sha256, decision=Decision.APPROVE if approved else Decision.DENY,
+            decided_by="roundtrip.testing._inprocess", decided_at=round(time.time(), 3)))
+        hop = resumed(request, decision, approved, time.time())
+        return hop if isinstance(hop, CallModel) else await self._run(hop)
