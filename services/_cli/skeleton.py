@@ -22,7 +22,7 @@ name = "${name}"
 version = "0.1.0"
 description = "The ${name} support agent, run by the roundtrip fleet"
 requires-python = ">=3.11"
-dependencies = ["roundtrip"]
+dependencies = ["roundtrip-fleet"]
 
 [project.entry-points."roundtrip.agents"]
 ${name} = "${package}.agent:AGENT"
