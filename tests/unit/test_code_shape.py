@@ -10,6 +10,7 @@ length, longest first.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,3 +67,23 @@ def test_the_readme_names_no_long_module_that_is_no_longer_long():
     named = {line.split("`")[1] for line in layout.splitlines() if line.lstrip().startswith("- `services/")}
     short = [name for name in named if not (ROOT / name).exists() or len((ROOT / name).read_text().splitlines()) <= MODULE_LINES]
     assert not short, f"the README's Layout names as over {MODULE_LINES} lines modules that are not: {', '.join(sorted(short))}"
+
+
+def _layout_tree() -> str:
+    """The tree drawn in the README's Layout section (its first code block)."""
+    return _layout().split("```", 2)[1]
+
+
+def test_services_has_no_loose_module_but_the_public_front_door():
+    """The top of services/ (the package `roundtrip`) shows rooms: a module there is `__init__.py`, the public API."""
+    loose = sorted(p.name for p in (ROOT / "services").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"loose modules at the top of services/ (put each in its room): {', '.join(loose)}"
+
+
+def test_every_room_of_services_and_of_the_kernel_is_drawn_in_the_readme_layout():
+    tree = _layout_tree()
+    rooms = [p for p in (ROOT / "services").iterdir() if (p / "__init__.py").is_file()]
+    rooms += [p for p in (ROOT / "services" / "_kernel").iterdir() if (p / "__init__.py").is_file() or p.suffix == ".py"]
+    missing = sorted(str(p.relative_to(ROOT)) for p in rooms
+                     if p.name != "__init__.py" and not re.search(rf"^\s+{re.escape(p.name)}/?\s", tree, re.M))
+    assert not missing, f"rooms the README's Layout does not draw: {', '.join(missing)}"
