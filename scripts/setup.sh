@@ -18,8 +18,8 @@ fi
 stamp=.venv/.roundtrip-deps
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-  echo "==> installing the project and its test dependencies into .venv"
-  .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
+  echo "==> installing the project, its test and docs dependencies into .venv"
+  .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test,docs]'
   echo "$want" > "$stamp"
 fi
 

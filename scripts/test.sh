@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up (scripts/setup.sh), builds the real Jaeger v2 once if missing (scripts/jaeger.sh, cached), and runs
+# Sets up (scripts/setup.sh), builds the manual (mkdocs, strict), builds the real Jaeger v2 once if missing (scripts/jaeger.sh, cached), and runs
 # the whole test suite: unit, integration (real Kafka, real PostgreSQL) and e2e (the fleet as processes, a
 # real Jaeger). Exit code is pytest's.
 # Usage: scripts/test.sh [pytest args]      e.g. scripts/test.sh tests/integration -x
@@ -17,6 +17,11 @@ if ! bash scripts/jaeger.sh path >/dev/null 2>&1; then
     echo "==> WARNING: Jaeger v2 cannot be built here ($why): the Jaeger e2e tests will be SKIPPED" >&2
   fi
 fi
+
+echo "==> the manual: mkdocs build --strict (a broken link or a page outside the navigation fails)"
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 
 echo "==> pytest"
 exec .venv/bin/python -m pytest -q "$@"

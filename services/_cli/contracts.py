@@ -1,5 +1,6 @@
-"""Generates the checked-in contract: the event JSON Schemas (schemas/events/) and the AsyncAPI document
-(contracts/asyncapi.json), whose messages refer to those schema files.
+"""Generates the checked-in contract: the event JSON Schemas (schemas/events/), the AsyncAPI document
+(contracts/asyncapi.json), whose messages refer to those schema files, and the manual's configuration reference
+(docs/reference/configuration.md, from the settings classes).
 
 `roundtrip contracts` writes them from a checkout; a test regenerates them in memory and fails when the
 checked-in files drift from the code.
@@ -15,6 +16,7 @@ from faststream.specification import AsyncAPI
 
 from roundtrip._kernel.wire import events, topology
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.settings.display import reference
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: schemas/ and contracts/ beside services/
 
@@ -61,6 +63,7 @@ def rendered() -> dict[str, str]:
     """Relative path -> file text, exactly as checked in."""
     files = {f"schemas/events/{name}.json": json.dumps(schema, indent=2, sort_keys=True) + "\n"
              for name, schema in event_schemas().items()}
+    files["docs/reference/configuration.md"] = reference()
     files["contracts/asyncapi.json"] = json.dumps(asyncapi_document(), indent=2, sort_keys=True) + "\n"
     return files
 

@@ -1,8 +1,8 @@
-"""The shape of services/: short functions, short classes, and a long module only with a reason in the README.
+"""The shape of services/: short functions, short classes, and a long module only with a reason in the manual's Layout.
 
 A function of more than FUNCTION_LINES lines (from its `def` to its last line, decorators not
 counted) does more than one thing or hides its steps; a class of more than CLASS_LINES lines is
-several objects; a module of more than MODULE_LINES lines is named in the README's Layout
+several objects; a module of more than MODULE_LINES lines is named in the Layout (docs/architecture.md)
 section, with the reason it is one idea. Each failure lists every offender as file:line and its
 length, longest first.
 """
@@ -32,11 +32,11 @@ def _longer_than(kinds: tuple[type, ...], limit: int) -> list[tuple[int, str]]:
 
 
 def _layout() -> str:
-    """The README's Layout section, from its heading to the next one."""
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("\n## Layout\n")
-    end = readme.find("\n## ", start + 1)
-    return readme[start : end if end != -1 else None]
+    """The Layout section of the manual's architecture page (docs/architecture.md), from its heading to the next one."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    start = page.index("\n## Layout\n")
+    end = page.find("\n## ", start + 1)
+    return page[start : end if end != -1 else None]
 
 
 def test_no_function_of_services_is_longer_than_a_screen():
@@ -53,12 +53,12 @@ def test_every_long_module_is_named_in_the_readme_layout_with_its_reason():
     layout = _layout()
     long_modules = sorted(((n, p) for p in _modules() if (n := len(p.read_text().splitlines())) > MODULE_LINES), reverse=True)
     unnamed = [f"{p.relative_to(ROOT)} ({n} lines)" for n, p in long_modules if f"`{p.relative_to(ROOT)}`" not in layout]
-    assert not unnamed, (f"modules over {MODULE_LINES} lines that the README's Layout does not name with the reason they "
+    assert not unnamed, (f"modules over {MODULE_LINES} lines that the Layout (docs/architecture.md) does not name with the reason they "
                          "are one idea (split them, or name them there):\n  " + "\n  ".join(unnamed))
     named = [line for line in layout.splitlines() if "`services/" in line and line.lstrip().startswith("- ")]
     for n, path in long_modules:
         (line,) = [line for line in named if f"`{path.relative_to(ROOT)}`" in line]
-        assert len(line.split(":", 1)[-1].split()) >= 4, f"the README names {path.relative_to(ROOT)} without a reason: {line!r}"
+        assert len(line.split(":", 1)[-1].split()) >= 4, f"the Layout names {path.relative_to(ROOT)} without a reason: {line!r}"
 
 
 def test_the_readme_names_no_long_module_that_is_no_longer_long():
@@ -66,11 +66,11 @@ def test_the_readme_names_no_long_module_that_is_no_longer_long():
     layout = _layout()
     named = {line.split("`")[1] for line in layout.splitlines() if line.lstrip().startswith("- `services/")}
     short = [name for name in named if not (ROOT / name).exists() or len((ROOT / name).read_text().splitlines()) <= MODULE_LINES]
-    assert not short, f"the README's Layout names as over {MODULE_LINES} lines modules that are not: {', '.join(sorted(short))}"
+    assert not short, f"the Layout (docs/architecture.md) names as over {MODULE_LINES} lines modules that are not: {', '.join(sorted(short))}"
 
 
 def _layout_tree() -> str:
-    """The tree drawn in the README's Layout section (its first code block)."""
+    """The tree drawn in the Layout (docs/architecture.md) section (its first code block)."""
     return _layout().split("```", 2)[1]
 
 
@@ -86,4 +86,4 @@ def test_every_room_of_services_and_of_the_kernel_is_drawn_in_the_readme_layout(
     rooms += [p for p in (ROOT / "services" / "_kernel").iterdir() if (p / "__init__.py").is_file() or p.suffix == ".py"]
     missing = sorted(str(p.relative_to(ROOT)) for p in rooms
                      if p.name != "__init__.py" and not re.search(rf"^\s+{re.escape(p.name)}/?\s", tree, re.M))
-    assert not missing, f"rooms the README's Layout does not draw: {', '.join(missing)}"
+    assert not missing, f"rooms the Layout (docs/architecture.md) does not draw: {', '.join(missing)}"

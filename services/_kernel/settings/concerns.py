@@ -59,14 +59,13 @@ class Deployment(Concern):
     heading = "where things live"
 
     env: str | None = Field(
-        None, description="'development' or 'production'; unset: development only with the embedded broker"
+        None, description=('`development` or `production`; unset: development only with the embedded broker (the published ' 'approval key is refused outside development)')
     )
     agent: str | None = Field(
-        None, description="The agent the fleet runs: package.module:attribute, or a name in the entry-point group "
-                          "roundtrip.agents; unset: the demo agent (README: Your own agent)",
+        None, description=('The agent the fleet runs: `package.module:attribute`, or a name in the entry-point group ' '`roundtrip.agents`; unset: the demo agent (see Your own agent in the manual)'),
     )
     instance_id: str | None = Field(
-        None, description="Stable id of this replica (gateway transactional id); default: pod name in Kubernetes, else host-service"
+        None, description=("Stable id of this replica (the gateway's transactional id); default: the pod name in Kubernetes, " 'else host + service; `roundtrip up` gives each child its own')
     )
     state_dir: Path = Field(Path(".roundtrip"), description="Folder for embedded broker data, SQLite files, span files, logs")
     listen_host: str = Field(
@@ -78,21 +77,19 @@ class KafkaSettings(Concern):
     heading = "Kafka"
 
     kafka_bootstrap_servers: str | None = Field(
-        None, description="Kafka bootstrap servers; unset means the embedded broker on kafka_port"
+        None, description='Kafka bootstrap servers, `host:port[,host:port...]`; unset means the embedded broker on kafka_port'
     )
     topic_prefix: str = Field("", description="Prefix of every topic name (to share a cluster)")
     partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
     executor_partitions: int | None = Field(None, ge=1, description="Partitions of the executor topic (defaults to `partitions`)")
-    replication_factor: int = Field(1, ge=1, description="Replication factor of the topics `roundtrip topics create` makes")
+    replication_factor: int = Field(1, ge=1, description='Replication factor of the topics `roundtrip topics create` makes (the shipped k8s ConfigMap: 3)')
     min_insync_replicas: int | None = Field(
         None, ge=1,
-        description="min.insync.replicas of the topics `roundtrip topics create` makes (production: 2 with replication "
-                    "factor 3); unset: the broker's default",
+        description=('`min.insync.replicas` of the topics `roundtrip topics create` makes (k8s ConfigMap: 2); unset: the ' "broker's default"),
     )
     max_in_flight: int = Field(
         500, ge=1,
-        description="Messages each subscription of a service holds at once (one conversation at a time, "
-        "many conversations concurrently); at the limit it pauses fetching",
+        description=('Messages each subscription of a service holds at once (one conversation at a time, many ' 'concurrently); at the limit it pauses fetching'),
     )
     commit_interval_ms: float = Field(
         500.0, ge=0,
@@ -118,6 +115,11 @@ class KafkaSettings(Concern):
 
 
 class KafkaSecurity(Concern):
+    """Every Kafka client of the fleet (the services, the gateway's transactional producer, `roundtrip topics`, `lag`,
+    `ask`, `chat`, `approvals`, `cancel`, `dead-letters`) connects this way. Settings that do not fit together are
+    refused at start with one line; the password never shows in `roundtrip config`, a log or a span. Examples for
+    Confluent Cloud, Amazon MSK (SCRAM, IAM) and OIDC: the deployment page."""
+
     """How every Kafka client of the fleet connects: TLS and SASL, named after the standard client properties
     (security.protocol, sasl.mechanism, ssl.truststore: services/_kernel/kafka/security.py turns them into aiokafka's
     and FastStream's options)."""
@@ -125,26 +127,25 @@ class KafkaSecurity(Concern):
     heading = "Kafka security: TLS and SASL"
 
     kafka_security_protocol: Annotated[SECURITY_PROTOCOLS, _upper] = Field(
-        "PLAINTEXT", description="PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (security.protocol)"
+        "PLAINTEXT", description='`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL` (`security.protocol`)'
     )
     kafka_sasl_mechanism: Annotated[SASL_MECHANISMS | None, _upper] = Field(
-        None, description="PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER (sasl.mechanism); needed with SASL_*"
+        None, description='`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `OAUTHBEARER` (`sasl.mechanism`); needed with `SASL_*`'
     )
     kafka_sasl_username: str | None = Field(None, description="SASL user (PLAIN and SCRAM)")
-    kafka_sasl_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description="SASL password (PLAIN and SCRAM)")
+    kafka_sasl_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description='SASL password (PLAIN and SCRAM); never shown')
     kafka_sasl_password_file: ExistingFile = Field(
-        None, description="File holding the SASL password (a mounted secret), instead of ROUNDTRIP_KAFKA_SASL_PASSWORD"
+        None, description='File holding the SASL password (a mounted secret; its first line), instead of the variable'
     )
     kafka_sasl_oauth_token_provider: str | None = Field(
-        None, description="OAUTHBEARER: module:attribute of an aiokafka AbstractTokenProvider, or of a callable making one "
-                          "(deploy/README.md: MSK IAM, OIDC client credentials)",
+        None, description='OAUTHBEARER: `module:attribute` of an aiokafka `AbstractTokenProvider`, or of a callable making one',
     )
     kafka_ssl_cafile: ExistingFile = Field(
         None, description="PEM file of the CAs the brokers' certificates are checked against; unset: the system's CAs"
     )
     kafka_ssl_certfile: ExistingFile = Field(None, description="PEM file of this client's certificate (mTLS)")
     kafka_ssl_keyfile: ExistingFile = Field(None, description="PEM file of this client's private key (mTLS)")
-    kafka_ssl_key_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description="Password of that key, if it has one")
+    kafka_ssl_key_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description='Password of that key, if it has one; never shown')
 
     @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file",
                      "kafka_sasl_oauth_token_provider", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile",
@@ -169,11 +170,13 @@ class KafkaSecurity(Concern):
 
 
 class ModelSettings(Concern):
+    """Setting `ROUNDTRIP_ANTHROPIC_BASE_URL` always wins over the real API's URL, even with a key."""
+
     heading = "the model"
 
     anthropic_api_key: str | None = Field(
         None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_API_KEY"), json_schema_extra=SECRET,
-        description="The real Anthropic API is used when set",
+        description='The real Anthropic API is used when set (also ROUNDTRIP_ANTHROPIC_API_KEY)',
     )
     anthropic_base_url: str | None = Field(None, description="Override the API base URL (the simulator is used when no key is set)")
     model: str = Field("claude-sonnet-4-6", description="Model name sent to the Messages API")
@@ -183,10 +186,10 @@ class ModelSettings(Concern):
         "429 and 529 are retried until the turn's deadline")
     model_timeout_s: float = Field(60.0, gt=0, description="Timeout of one model call")
     disable_parallel_tool_use: bool = Field(
-        False, description="Send tool_choice.disable_parallel_tool_use: at most one tool call per model response (a request may override it)"
+        False, description=('Send `tool_choice: {"type": "auto", "disable_parallel_tool_use": true}`: at most one tool call per ' 'model response (a request may override it)')
     )
     cache_history: bool = Field(
-        True, description="Prompt caching of the history: cache breakpoints on the last message and on the previous request's last message"
+        True, description=("Prompt caching of the history: cache breakpoints on the last message and on the previous request's " 'last message (off: only tools and system prompt are cached)')
     )
 
     @property
@@ -198,7 +201,7 @@ class LoopRules(Concern):
     heading = "loop rules: how many turns run, and when the guard stops one"
 
     max_running_turns: int = Field(
-        200, ge=1, description="Turns the gateway runs at once; more requests wait in support.requests (admission)"
+        200, ge=1, description='Turns the gateway runs at once; more requests wait in `support.requests` (admission)'
     )
     max_steps: int = Field(10, ge=1, description="Model calls a turn may make before it is stopped")
     loop_rules: bool = Field(True, description="Repeat, cycle and failure-streak detection (off: step limit only)")
@@ -228,14 +231,12 @@ class TurnLedger(Concern):
     heading = "the turn ledger: the guard's record of every turn, the fence of model and executor"
 
     ledger_database_url: DatabaseUrl = Field(
-        None, description="SQLAlchemy URL of the turn ledger (guard; fence of executor and model); unset means a SQLite file in state_dir"
+        None, description=("SQLAlchemy URL of the turn ledger (the guard's, and the fence the executor and model service check)," ' `postgresql+asyncpg://…` or `sqlite+aiosqlite:///…`; unset means a SQLite file in state_dir, which ' 'only the development fleet may use (guard, model and executor refuse to start without it elsewhere)')
     )
     outbox_after_s: float = Field(5.0, gt=0, description="The guard's sweeper republishes a recorded decision still unpublished after this long")
     database_pool_size: int = Field(
         POOL_SIZE, ge=1, le=1000,
-        description="PostgreSQL connections each process keeps open to the ledger (and the guard to the conversation store); "
-                    "none beyond them, a statement waits for a free one. The server's max_connections must cover every "
-                    "replica's: guard 2x, model and executor 1x each, gateway 1",
+        description=('PostgreSQL connections each process keeps open to the ledger (the guard also to the conversation ' 'store), and no more: a statement that finds them all busy waits for one (an extra connection per ' "statement cost far more under load: docs/benchmarks.md, issue 23). The server's `max_connections` " "must cover every replica's: guard 2x, model and executor 1x each, gateway 1"),
     )
 
 
@@ -243,19 +244,24 @@ class ConversationSettings(Concern):
     heading = "conversations: the guard's history of earlier turns"
 
     conversations_database_url: DatabaseUrl = Field(
-        None, description="SQLAlchemy URL of the conversation store (history per conversation); unset means the ledger's database"
+        None, description=("SQLAlchemy URL of the conversation store (the guard's history per conversation); unset means the " "ledger's database")
     )
     history_tokens: int = Field(
         20000, ge=0,
-        description="Token budget of a conversation's history (estimate: 4 characters a token); the oldest turns are dropped "
-                    "past it, never splitting a tool_use from its tool_result; 0 = requests stand alone",
+        description=("Token budget of a conversation's history (estimated at 4 characters a token): the oldest turns are " 'dropped past it, never splitting a tool_use from its tool_result; 0: every request stands alone'),
     )
     conversation_retention_s: float = Field(
-        30 * 86400.0, gt=0, description="A conversation idle for this long is deleted with its history (expiry)"
+        30 * 86400.0, gt=0, description='A conversation idle this long (30 days) is deleted with its history'
     )
 
 
 class GateSettings(Concern):
+    """`ROUNDTRIP_APPROVAL_KEYS` must be replaced by a real secret outside a laptop: the gate signs with the first
+    key, the executor accepts any listed key (rotate by prepending a new one). The default key is published, so
+    outside the embedded development fleet (Kafka configured by `ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS` and
+    `ROUNDTRIP_ENV` not `development`) the gate and the executor refuse to start while it is listed, even as a
+    verifying key."""
+
     heading = "the gate: it signs the batches it approved, executors verify"
 
     approval_keys: str = Field(
@@ -280,11 +286,11 @@ class TranscriptLimits(Concern):
     heading = "sizes: what a transcript carries"
 
     max_block_bytes: int = Field(
-        65536, ge=1024, description="Largest tool input, tool result or text block a transcript carries (larger: an error / cut)"
+        65536, ge=1024, description=('Largest tool input, tool result or text block a transcript carries (a larger input: an `is_error` ' 'result; a larger result or text: cut)')
     )
-    max_input_depth: int = Field(32, ge=2, description="Deepest nesting of a tool input (deeper: an is_error tool_result)")
+    max_input_depth: int = Field(32, ge=2, description='Deepest nesting of a tool input (deeper: an `is_error` result)')
     max_transcript_bytes: int = Field(
-        524288, ge=65536, description="A turn's transcript is kept under this (largest old blocks replaced by markers)"
+        524288, ge=65536, description="A turn's transcript is kept under this (its largest old blocks replaced by markers)"
     )
 
 
@@ -292,11 +298,11 @@ class ApprovalSettings(Concern):
     heading = "approvals by a person"
 
     approval_timeout_s: float = Field(
-        900.0, gt=0, description="How long a call waits for a decision; then the turn ends with a polite reply (approval_timeout)"
+        900.0, gt=0, description=('How long a call waits for a decision; then the turn ends politely (`approval_timeout`) and the call ' 'never runs')
     )
     decision_keys: str = Field(
         DEV_DECISION_KEYS, json_schema_extra=KEYS,
-        description="Comma-separated key_id:secret pairs approval decisions are signed with (roundtrip approvals signs with the first)",
+        description=('Comma-separated `key_id:secret` pairs approval decisions are signed with (the first signs in ' '`roundtrip approvals`); the published default is refused outside development while approvals are ' 'configured (the agent has an approval rule that can hold a call)'),
     )
 
     @property
@@ -346,14 +352,13 @@ class EmbeddedDefaults(Concern):
     kafka_version: str = Field("4.1.1", description="Apache Kafka version fetched from Maven Central for the embedded broker")
     kafka_java_opts: str | None = Field(None, description="JVM options of the embedded broker (default: small heap, serial GC)")
     kafka_log_level: str = Field("INFO", description="Log level of the embedded broker (its log is state_dir/logs/kafka.log)")
-    kafka_cache: Path | None = Field(None, description="Folder of the fetched Kafka jars (default ~/.cache/roundtrip/kafka-<version>)")
-    kafka_pom: Path | None = Field(None, description="The pom.xml the jars are fetched with (default: the one the package ships)")
+    kafka_cache: Path | None = Field(None, description='Folder of the fetched Kafka jars; unset: `~/.cache/roundtrip/kafka-<version>`')
+    kafka_pom: Path | None = Field(None, description=('The pom.xml the jars are fetched with (e.g. one naming a Maven mirror); unset: ' '`deploy/kafka/pom.xml`'))
     simulator_port: int = Field(8801, description="Port of the local Messages API simulator")
     simulator_persona: str = Field("careful", description="Persona the simulator plays when a request names none (or 'mix')")
     simulator_latency_ms: float = Field(0.0, ge=0, description="Latency the simulator adds to each response")
     simulator_latency_jitter: float = Field(
-        0.0, ge=0, le=1, description="Spread of that latency: 0.3 draws each response's latency from latency_ms ±30 %"
-    )
+        0.0, ge=0, le=1, description="Spread of that latency: `0.3` draws each response's latency from latency_ms ±30 %"    )
     simulator_rpm: int | None = Field(None, ge=1, description="Requests per minute the simulator admits (a bucket refilled continuously, like the API's); unset: no limit")
     simulator_itpm: int | None = Field(None, ge=1, description="Input tokens per minute it admits (cache reads do not count); unset: no limit")
     simulator_otpm: int | None = Field(None, ge=1, description="Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no limit")

@@ -6,6 +6,7 @@ their secrets not) and any password or token a URL carries (`postgresql+asyncpg:
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -90,3 +91,38 @@ def warnings(settings: Settings, approvals: bool = False) -> list[str]:
         found.append("approvals are on and ROUNDTRIP_DECISION_KEYS holds the published development key: anyone can approve "
                      f"a call with it ({where}). Set it to a secret of your own, e.g. \"ops1:$(openssl rand -hex 32)\".")
     return found
+
+
+REFERENCE_INTRO = """# Configuration reference
+
+Generated from the settings classes (`roundtrip contracts` writes this page; a test fails when it drifts).
+Environment variables (pydantic-settings, prefix `ROUNDTRIP_`), one group per concern; `roundtrip config` prints
+the effective values under the same headings, with every secret hidden (the API key, the secrets of the approval
+and decision keys, any password in a URL).
+"""
+
+
+def reference() -> str:
+    """The configuration reference page (Markdown): per concern its heading, its note, and a row per setting."""
+    parts = [REFERENCE_INTRO.rstrip("\n")]
+    for concern in CONCERNS:
+        parts.append(f"\n## {concern.heading}\n")
+        if "__doc__" in vars(concern) and concern.__doc__:
+            parts.append(inspect.cleandoc(concern.__doc__) + "\n")
+        parts.append("| variable | default | meaning |\n| --- | --- | --- |")
+        parts += [f"| `{env_name(name)}` | {_shown_default(field)} | {field.description or ''} |"
+                  for name, field in concern.model_fields.items()]
+    return "\n".join(parts) + "\n"
+
+
+def _shown_default(field: FieldInfo) -> str:
+    value = field.get_default(call_default_factory=True)
+    if value is None:
+        return "(unset)"
+    if value == "":
+        return "(empty)"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return f"`{value}`"
