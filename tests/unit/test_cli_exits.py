@@ -154,3 +154,28 @@ async def test_the_approvals_table_never_cuts_an_id(tmp_path, monkeypatch):
     assert await console.list_approvals(settings, everything=False, limit=10) == 0
     shown = out.getvalue()
     assert request.approval_id in shown and turn.turn_id in shown and turn.trace_id in shown
+
+
+def test_the_unrelated_roundtrip_distribution_beside_ours_is_refused_in_one_line(monkeypatch, capsys):
+    """On PyPI `roundtrip` is another project with a top-level package of the same name: the CLI says so and stops."""
+    from importlib import metadata
+
+    import roundtrip._cli as cli
+
+    class Unrelated:
+        version = "0.1.1"
+
+    def distribution(name):
+        if name == "roundtrip":
+            return Unrelated()
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(cli.metadata, "distribution", distribution)
+    with pytest.raises(SystemExit) as stopped:
+        cli.entry()
+    assert stopped.value.code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "unrelated distribution 'roundtrip' 0.1.1" in line and "pip uninstall roundtrip" in line
+    assert cli.clash() is not None
+    monkeypatch.undo()
+    assert cli.clash() is None  # this venv has roundtrip-fleet only
