@@ -1,11 +1,21 @@
-"""What an agent author imports: `from roundtrip import Agent, Entity, McpServer, ToolContext, ToolError, tool, always,
-approval_rule`.
+"""roundtrip: the fleet that runs the tool-calling loop of your support agent. What an agent author imports:
 
-An agent is one `Agent(...)` object (services/_sdk/agent.py says what each field is); the fleet loads it from
-`ROUNDTRIP_AGENT=package.module:attribute` (or an entry point in the group `roundtrip.agents`). The demo shop's
-agent, services/_shop/agent/, is the example. Tools are JSON Schema documents in the agent's `tools_dir`, or Python
-functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`: services/_sdk/functions.py). Its tests
-run turns in-process with services/testing/__init__.py; `roundtrip agent check` lists every problem of it.
+    from roundtrip import Agent, tool, Entity, ToolContext, ToolError, McpServer, always, approval_rule
+    from roundtrip.testing import ScriptedModel, FunctionModel, call, run_turn
+
+- `Agent(...)`: your agent, declared once (its prompt, tools, entity resolvers, policies, approval rules, the
+  clients its handlers need); the fleet loads it from `ROUNDTRIP_AGENT=package.module:attribute` or an entry point
+  in the group `roundtrip.agents`. `load_agent(spec)` finds one as the fleet does; `AgentError` names every problem.
+- Tools: JSON Schema documents in the agent's `tools_dir` (each must satisfy `roundtrip.schemas`' tool.json), Python
+  functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`; `FunctionTool` is what `@tool` makes),
+  or an MCP server's tools (`McpServer`).
+- Handlers, resolvers and policies get a `ToolContext` (the principal, `ctx.deps`: the agent's `Dependencies`) and
+  raise `ToolError` for a result the model reads as an error; `allow` is the policy of a tool that declares none.
+- `always(reason)` and `@approval_rule(can_hold=...)`: calls a person approves first.
+- `roundtrip.testing` runs a turn of your agent in-process through the fleet's own code, with a scripted model.
+
+The manual is README.md, section "Your own agent"; `roundtrip agent check` lists every problem of an agent and
+`roundtrip agent init NAME` writes a working one. Every other module is private (an underscore in its path).
 """
 
 from roundtrip._sdk.agent import Agent, AgentError, always, approval_rule, load_agent

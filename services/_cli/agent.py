@@ -33,8 +33,8 @@ def check(
         help="package.module:attribute or an entry point name (default: ROUNDTRIP_AGENT; unset: the demo shop's)")] = None,
     offline: Annotated[bool, typer.Option("--offline", help="do not ask the agent's MCP servers what they list")] = False,
 ) -> None:
-    """Load an agent offline (nothing is connected, no dependency is made) and list every problem of it: schemas
-    that are not strict, tools without a handler, entity kinds without a resolver, policies, approval rules or serial
+    """Load an agent offline (nothing is connected, no dependency is made) and list every problem of it: tool
+    documents that break schemas/tool.json (one line each: the file, the JSON path, the rule), tools without a handler, entity kinds without a resolver, policies, approval rules or serial
     declarations for unknown tools, an empty prompt, a bad name, replies for unknown outcomes, invalid own settings.
 
     Exit status 1 when there is any problem (or the agent cannot be found), 0 with a one-line summary when it fits

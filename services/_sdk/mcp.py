@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from roundtrip._sdk.context import ToolContext, ToolError
-from roundtrip._sdk.registry import Handler, Registry, RegistryError, ToolSpec, _object_schemas, check_tool_document
+from roundtrip._sdk.registry import _NAMED_SUBSCHEMAS, Handler, Registry, RegistryError, ToolSpec, check_tool_document
 
 log = logging.getLogger("roundtrip.mcp")
 
@@ -111,6 +111,27 @@ def shown(url: str) -> str:
     parts = urlsplit(url)
     host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _object_schemas(schema: Any, path: str = "#") -> list[tuple[str, dict[str, Any]]]:
+    """Every (path, subschema) that describes an object, to close each (schemas/tool.json's `closed` says which)."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(schema, list):
+        for i, sub in enumerate(schema):
+            found += _object_schemas(sub, f"{path}/{i}")
+        return found
+    if not isinstance(schema, dict):
+        return found
+    if schema.get("type") == "object" or "properties" in schema:
+        found.append((path, schema))
+    for key, value in schema.items():
+        if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+            for name, sub in value.items():
+                found += _object_schemas(sub, f"{path}/{key}/{name}")
+        elif key in ("items", "additionalItems", "contains", "not", "if", "then", "else", "prefixItems",
+                     "allOf", "anyOf", "oneOf", "unevaluatedItems", "propertyNames"):
+            found += _object_schemas(value, f"{path}/{key}")
+    return found
 
 
 def strict_copy(server: McpServer, tool: Any) -> dict[str, Any]:

@@ -6,25 +6,29 @@ with JSON Schema 2020-12 input schemas that are strict (every object closes with
 the gate resolves them for the principal before any policy or handler runs. `api_tools()`
 strips the `x-` keywords and marks the last tool for prompt caching.
 
-Loading fails loudly (RegistryError, with every problem found in its `problems`) when a
-schema has no handler, a handler has no schema, a policy or entity kind is unbound, or a
-schema is invalid or not strict. Tools declared as Python functions (services/_sdk/functions.py)
-become the same documents and pass the same checks.
+What one document must be is schemas/tool.json (`roundtrip.schemas`), a JSON Schema checked with
+`jsonschema`: each violation is one problem naming where it was found and its JSON path. What a
+schema cannot say is checked here: the name of its file, and the bindings (a schema without a
+handler, a handler without a schema, a policy or entity kind unbound). Loading fails loudly
+(RegistryError, with every problem found in its `problems`). Tools declared as Python functions
+(services/_sdk/functions.py) and an MCP server's tools (services/_sdk/mcp.py) become the same
+documents and pass the same checks.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import json
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema.exceptions import ValidationError
 
+import roundtrip.schemas
 from roundtrip._sdk.context import ToolContext
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
@@ -38,8 +42,6 @@ async def allow(args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: 
     """The policy of a tool that declares none."""
     return None
 
-TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-SCHEMA_KEYS = {"name", "description", "input_schema"}
 # Keywords whose value maps *names* (not keywords) to subschemas.
 _NAMED_SUBSCHEMAS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 
@@ -83,57 +85,66 @@ def strip_extensions(schema: Any, top: bool = True) -> Any:
     return out
 
 
-def _object_schemas(schema: Any, path: str = "#") -> list[tuple[str, dict[str, Any]]]:
-    """Every (path, subschema) that describes an object, for the strictness check."""
-    found: list[tuple[str, dict[str, Any]]] = []
-    if isinstance(schema, list):
-        for i, sub in enumerate(schema):
-            found += _object_schemas(sub, f"{path}/{i}")
-        return found
-    if not isinstance(schema, dict):
-        return found
-    if schema.get("type") == "object" or "properties" in schema:
-        found.append((path, schema))
-    for key, value in schema.items():
-        if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
-            for name, sub in value.items():
-                found += _object_schemas(sub, f"{path}/{key}/{name}")
-        elif key in ("items", "additionalItems", "contains", "not", "if", "then", "else", "prefixItems",
-                     "allOf", "anyOf", "oneOf", "unevaluatedItems", "propertyNames"):
-            found += _object_schemas(value, f"{path}/{key}")
-    return found
+TOOL_DOCUMENT = Path(roundtrip.schemas.__file__).parent / "tool.json"  # what a tool document must be (the contract)
+
+
+@functools.cache
+def tool_document_validator() -> Draft202012Validator:
+    """schemas/tool.json, compiled once (format checks on: a `pattern` must be a regular expression)."""
+    schema = json.loads(TOOL_DOCUMENT.read_text(encoding="utf-8"))
+    return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def _sentence(error: ValidationError, doc: Any) -> str:
+    """The `x-message` of tool.json nearest the failing keyword (inside the 2020-12 meta-schema: the one that refers to
+    it), filled in with what was found."""
+    root = tool_document_validator().schema
+    node: Any = root
+    message = "{error}"
+    for key in [*error.absolute_schema_path, None]:  # the path omits each `$ref` it followed
+        while isinstance(node, dict):
+            message = node.get("x-message", message)
+            if key in node or "$ref" not in node:
+                break
+            node = _local(root, node["$ref"])
+        if node is None or key is None:
+            break
+        node = node[key]
+    where = list(error.absolute_path)
+    inside = where[1:] if where[:1] == ["input_schema"] else where
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    return message.format(name=doc.get("name") if isinstance(doc, dict) else None, value=error.instance,
+                          json=json.dumps(error.instance, default=repr), pointer=_pointer(inside),
+                          parent=_pointer(inside[:-1]), error=error.message, pattern=schema.get("pattern"))
+
+
+def _local(root: dict[str, Any], ref: str) -> Any:
+    """The subschema of tool.json a `$ref` names (None for one outside it: the 2020-12 meta-schema)."""
+    if not ref.startswith("#/"):
+        return None
+    node: Any = root
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part]
+    return node
+
+
+def _pointer(parts: list[Any]) -> str:
+    return "#" + "".join(f"/{part}" for part in parts)
 
 
 def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None, list[str]]:
-    """Every problem of one tool document, and its ToolSpec when its name, description and schema can be read."""
-    if not isinstance(doc, dict) or set(doc) != SCHEMA_KEYS:
-        keys = sorted(doc) if isinstance(doc, dict) else type(doc).__name__
-        return None, [f"{source}: a tool document has exactly the keys {sorted(SCHEMA_KEYS)}, got {keys}"]
-    name, description, schema = doc["name"], doc["description"], doc["input_schema"]
-    problems: list[str] = []
-    if not isinstance(name, str) or not TOOL_NAME.match(name):
-        problems.append(f"{source}: tool name {name!r} must match {TOOL_NAME.pattern}")
-    if not isinstance(description, str) or len(description.strip()) < 20:
-        problems.append(f"{source}: tool {name} needs a real description (a sentence of 20 characters or more)")
-    if not isinstance(schema, dict) or schema.get("type") != "object":
-        return None, [*problems, f"{source}: input_schema of {name} must be a JSON Schema with type 'object'"]
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        problems.append(f"{source}: input_schema of {name} is not valid JSON Schema 2020-12: {exc.message}")
-    if "required" not in schema:
-        problems.append(f"{source}: input_schema of {name} must list 'required' (possibly empty)")
-    problems += [f"{source}: {name} {path} must set additionalProperties: false"
-                 for path, sub in _object_schemas(schema) if sub.get("additionalProperties") is not False]
-    entity_refs: dict[str, str] = {}
-    for prop, sub in (schema.get("properties") or {}).items():
-        if isinstance(sub, dict) and "x-entity" in sub:
-            if not isinstance(sub["x-entity"], str) or not sub["x-entity"]:
-                problems.append(f"{source}: {name}.{prop} x-entity must be a non-empty string")
-            else:
-                entity_refs[prop] = sub["x-entity"]
-    if not isinstance(name, str) or not TOOL_NAME.match(name):
+    """Every problem of one tool document against schemas/tool.json (one line each: where it was found, the JSON path,
+    the rule), and its ToolSpec when its name, description and input schema can be read."""
+    errors = list(tool_document_validator().iter_errors(doc))
+    problems = list(dict.fromkeys(f"{source}: {error.json_path}: {_sentence(error, doc)}" for error in errors))
+    if any(list(error.absolute_path)[:1] in ([], ["name"]) for error in errors):
         return None, problems
+    name, description, schema = doc["name"], doc["description"], doc["input_schema"]
+    if not isinstance(schema, dict):
+        return None, problems
+    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    entity_refs = {prop: sub["x-entity"] for prop, sub in properties.items()
+                   if isinstance(sub, dict) and isinstance(sub.get("x-entity"), str) and sub["x-entity"]}
     return ToolSpec(name=name, description=str(description), input_schema=schema, entity_refs=entity_refs), problems
 
 

@@ -7,7 +7,7 @@
         result = run_turn(AGENT, "cus_1", "Please close T-1", model=model)
         assert result.outcome == "end_turn" and result.calls[0].ok
 
-The turn goes through the fleet's own code (services/testing/_inprocess.py): the model service's handler, the guard's
+The turn goes through the fleet's own code, in this process: the model service's handler, the guard's
 rules, the gate (schema validation, existence and ownership through the agent's resolvers, policies, approval
 rules) and the executor (the agent's handlers, with its dependencies, or the ones the test passes as `deps`).
 
