@@ -6,9 +6,9 @@
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# README* matches nothing when the repository has no README; pyproject.toml always matches.
-COPY pyproject.toml README* ./
-COPY services ./services
+# The build context is exactly what the wheel is built from (.dockerignore lets in only pyproject.toml, setup.py,
+# README.md, services/ and schemas/: tests/wheel.py builds the wheel from the same files).
+COPY . ./
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # -- runtime ------------------------------------------------------------------------------
@@ -21,7 +21,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 COPY --from=build /wheels /wheels
 RUN pip install /wheels/*.whl && rm -rf /wheels
 
-# An agent's tool schemas are package data of the agent (the demo's: schemas/tools).
+# Everything the fleet reads at run time is in the wheel: the demo agent's tool schemas (roundtrip/schemas/tools), the
+# broker's pom.xml and log4j2.yaml, the migrations (tests/unit/test_wheel.py).
 WORKDIR /app
 
 RUN useradd --system --uid 10001 --gid 0 --home-dir /app --shell /usr/sbin/nologin roundtrip \

@@ -2,8 +2,8 @@
 (contracts/asyncapi.json), whose messages refer to those schema files, and the manual's configuration reference
 (docs/reference/configuration.md, from the settings classes).
 
-`roundtrip contracts` writes them from a checkout; a test regenerates them in memory and fails when the
-checked-in files drift from the code.
+`roundtrip contracts` writes them into a checkout (from an installed package it says it needs one); a test
+regenerates them in memory and fails when the checked-in files drift from the code.
 """
 
 from __future__ import annotations
@@ -18,7 +18,21 @@ from roundtrip._kernel.wire import events, topology
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.settings.display import reference
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: schemas/ and contracts/ beside services/
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: schemas/ and contracts/ beside services/ (in a checkout only)
+
+
+class NotACheckout(RuntimeError):
+    """`roundtrip contracts` runs from an installed package: there is no checkout to write into."""
+
+
+def checkout() -> Path:
+    """The checkout this package runs from (services/ beside pyproject.toml, schemas/ and contracts/), else
+    NotACheckout: an installed package lies in site-packages, where nothing generated may be written."""
+    package = Path(__file__).resolve().parents[1]
+    if package.name == "services" and all((ROOT / name).exists() for name in ("pyproject.toml", "schemas", "contracts")):
+        return ROOT
+    raise NotACheckout(f"`roundtrip contracts` writes schemas/events/ and contracts/ of a checkout of the repository, and "
+                       f"this roundtrip is installed at {package}, not in one: run it from a checkout (pip install -e .)")
 
 
 def event_schemas() -> dict[str, dict]:
@@ -68,8 +82,9 @@ def rendered() -> dict[str, str]:
     return files
 
 
-def write(root: Path = ROOT) -> list[Path]:
-    written = []
+def write(root: Path | None = None) -> list[Path]:
+    """Write the generated files under `root`, by default the checkout (NotACheckout from an installed package)."""
+    root, written = checkout() if root is None else root, []
     for rel, text in rendered().items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)

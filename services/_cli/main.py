@@ -306,10 +306,15 @@ def config() -> None:
 
 @app.command()
 def contracts() -> None:
-    """Regenerate contracts/ (event JSON Schemas, AsyncAPI) from the code."""
-    from roundtrip._cli.contracts import write
+    """Regenerate schemas/events/ (event JSON Schemas) and contracts/ (AsyncAPI) from the code, in a checkout."""
+    from roundtrip._cli.contracts import NotACheckout, write
 
-    for path in write():
+    try:
+        written = write()
+    except NotACheckout as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    for path in written:
         typer.echo(f"wrote {path}")
 
 

@@ -1,11 +1,12 @@
-"""What supervising a child process takes: the child and its restart state, the backoff between its restarts,
-its exit told in words, and a wake-up of select() when a signal arrives. `Fleet.supervise` (services/_fleet/launcher.py)
-uses them."""
+"""Supervising the fleet's child processes: the child and its restart state, the backoff between its restarts,
+its exit told in words, a wake-up of select() when a signal arrives, and `supervise`, the loop that restarts a
+child that dies (what `Fleet.supervise`, services/_fleet/launcher.py, runs once everything is up)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -74,6 +75,69 @@ def signal_wakeup() -> tuple[int | None, Callable[[], None]]:
         os.close(w)
 
     return r, restore
+
+
+def supervise(
+    supervised: Callable[[], list[Child]], restart: Callable[[Child], None], should_stop: Callable[[], bool],
+    policy: RestartPolicy, say: Callable[[str], None],
+) -> None:
+    """Keep every child of `supervised()` running until `should_stop()`: a child that dies is reported and given
+    a new process by `restart(child)` after its backoff delay; the others keep running. Blocks in select() on the
+    children's pidfds (and, in the main thread, on a signal wake-up fd, so a signal handler that makes
+    `should_stop()` true ends the wait at once); wakes at least every second."""
+    wake_r, restore = signal_wakeup()
+    pidfds: dict[int, int] = {}  # pid -> pidfd of the running children
+    try:
+        while not should_stop():
+            now = time.monotonic()
+            for child in supervised():
+                if child.restart_due is None and child.process.poll() is not None:
+                    _schedule_restart(child, now, policy, say)
+                elif child.restart_due is not None and child.restart_due <= now:
+                    _restart(child, now, restart, policy, say)
+            timeout = 1.0
+            for child in supervised():
+                if child.restart_due is not None:
+                    timeout = min(timeout, max(0.0, child.restart_due - time.monotonic()))
+            live = {c.process.pid for c in supervised() if c.restart_due is None}
+            for pid in set(pidfds) - live:
+                os.close(pidfds.pop(pid))
+            for pid in live - set(pidfds):
+                with contextlib.suppress(AttributeError, OSError):  # no pidfd_open: the 1 s timeout does it
+                    pidfds[pid] = os.pidfd_open(pid)
+            readable, _, _ = select.select([*pidfds.values(), *([wake_r] if wake_r is not None else [])], [], [], timeout)
+            if wake_r is not None and wake_r in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 512)
+    finally:
+        for fd in pidfds.values():
+            os.close(fd)
+        restore()
+
+
+def _schedule_restart(child: Child, now: float, policy: RestartPolicy, say: Callable[[str], None]) -> None:
+    uptime = now - child.started_at
+    child.delay = policy.next_delay(child.delay, uptime)
+    child.restart_due = now + child.delay
+    say(
+        f"roundtrip: {child.name} (pid {child.process.pid}) died: {describe_exit(child.process.returncode)} "
+        f"after {uptime:.1f} s up; restarting in {child.delay:g} s (log {child.log_path})"
+    )
+
+
+def _restart(child: Child, now: float, restart: Callable[[Child], None], policy: RestartPolicy,
+             say: Callable[[str], None]) -> None:
+    try:
+        restart(child)
+    except Exception as exc:  # noqa: BLE001 - a failed start is one more death to back off from
+        child.started_at = now
+        child.delay = policy.next_delay(child.delay, 0.0)
+        child.restart_due = now + child.delay
+        say(f"roundtrip: {child.name} could not be restarted ({exc}); trying again in {child.delay:g} s")
+        return
+    child.started_at, child.restart_due = now, None
+    child.restarts += 1
+    say(f"roundtrip: {child.name} restarted (pid {child.process.pid}, restart {child.restarts})")
 
 
 class FleetError(RuntimeError):

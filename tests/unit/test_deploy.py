@@ -567,6 +567,18 @@ def test_dockerfile():
     assert not re.search(r"(?m)^COPY schemas ", text), "an agent's tool schemas are package data, in the wheel"
 
 
+def test_the_image_is_built_from_the_files_the_wheel_is_built_from():
+    """The build stage copies the context, which .dockerignore narrows to tests/wheel.py's SOURCES (the files
+    tests/unit/test_wheel.py builds the wheel from); the runtime stage takes only the wheel."""
+    from tests.wheel import SOURCES
+
+    rules = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*" and {rule[1:] for rule in rules if rule.startswith("!")} == set(SOURCES)
+    build, runtime = re.split(r"(?m)^FROM .*$", DOCKERFILE.read_text(encoding="utf-8"))[1:]
+    assert re.findall(r"(?m)^COPY .*$", build) == ["COPY . ./"]
+    assert re.findall(r"(?m)^COPY .*$", runtime) == ["COPY --from=build /wheels /wheels"]
+
+
 def test_the_wheel_carries_the_demo_agents_tool_schemas():
     import tomllib
 

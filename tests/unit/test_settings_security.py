@@ -85,7 +85,7 @@ def test_the_local_fleet_gives_every_replica_its_own_stable_identity(tmp_path, m
             spawned[argv[-1]] = env["ROUNDTRIP_INSTANCE_ID"]
             self.pid, self.args = 1, argv
 
-    monkeypatch.setattr("roundtrip._fleet.launcher.subprocess.Popen", FakePopen)
+    monkeypatch.setattr("roundtrip._fleet.children.subprocess.Popen", FakePopen)
     fleet = Fleet(settings(state_dir=tmp_path))
     fleet.logs = tmp_path
     fleet._spawn("gateway", ["x", "gateway"], "")

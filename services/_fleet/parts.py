@@ -1,0 +1,110 @@
+"""The embedded parts of a local fleet and what comes before the services: the ports they need, the fleet's
+databases brought to this code's revision (`roundtrip db upgrade`), the embedded Apache Kafka (unless bootstrap
+servers are configured), the topics, and the demo shop's settings when the fleet runs the shop (`demo_shop`).
+The simulator and the shop run as children like the services (services/_fleet/children.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from roundtrip._fleet.supervisor import FleetError
+from roundtrip._kernel.settings import Settings, describe_invalid
+from roundtrip._sdk.agent import AgentError, load_agent
+from roundtrip._shop.agent.settings import ShopAgentSettings
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def runs_simulator(settings: Settings) -> bool:
+    return settings.use_simulator and not settings.anthropic_base_url
+
+
+def demo_shop(settings: Settings, env: dict[str, str]) -> ShopAgentSettings | None:
+    """The demo shop's settings as the fleet's children read them (`env` over this process's), when the agent the
+    fleet runs is the demo shop's (its settings are ShopAgentSettings) and names no shop URL: the fleet runs the shop."""
+    try:  # found, not checked: its checks read the children's environment (an MCP server's URL), each child runs them
+        agent = load_agent(settings.agent, check=False)
+    except AgentError as exc:
+        raise FleetError(str(exc)) from None
+    if not (isinstance(agent.settings, type) and issubclass(agent.settings, ShopAgentSettings)):
+        return None
+    prefix = "ROUNDTRIP_"
+    try:
+        shop = agent.settings(**{k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(f"{prefix}SHOP_")})
+    except ValidationError as exc:
+        raise FleetError(f"the demo shop's settings: {describe_invalid(exc)}") from None
+    return None if shop.shop_url else shop
+
+
+def check_ports(settings: Settings, shop: ShopAgentSettings | None) -> None:
+    """Every port the embedded parts will listen on is free, or FleetError names each taken one and its setting."""
+    s, wanted = settings, []
+    if s.embedded_broker:
+        wanted += [("embedded Kafka", s.kafka_port, "ROUNDTRIP_KAFKA_PORT"), ("Kafka controller", s.kafka_controller_port, "ROUNDTRIP_KAFKA_CONTROLLER_PORT")]
+    if runs_simulator(s):
+        wanted.append(("simulator", s.simulator_port, "ROUNDTRIP_SIMULATOR_PORT"))
+    if shop is not None:
+        wanted.append(("shop", shop.shop_port, "ROUNDTRIP_SHOP_PORT"))
+    taken = [f"port {port} ({what}) is already in use; stop what holds it or set {var}" for what, port, var in wanted if not port_is_free(port)]
+    if taken:
+        raise FleetError("cannot start the fleet: " + "; ".join(taken))
+
+
+def upgrade_databases(settings: Settings, say: Callable[[str], None]) -> None:
+    from roundtrip._kernel.migrations.schema import upgrade_databases as upgrade
+
+    for line in upgrade(settings):
+        say(f"  {line}")
+
+
+def start_broker(settings: Settings, logs: Path, say: Callable[[str], None]) -> tuple[object, Settings, dict[str, str]]:
+    """Start the embedded broker (its jars fetched first, once) and wait until it serves: (the broker, the settings
+    its clients use, the environment the children need for it: a secured broker's throwaway CA)."""
+    from roundtrip._broker.embedded import EmbeddedKafka, fetch_configured
+
+    s, env = settings, {}
+    libs = fetch_configured(s, progress=say)
+    options = dict(libs_dir=libs, log_file=logs / "kafka.log", die_with_parent=True)
+    if s.kafka_secured:  # secured as the settings say; its clients get the throwaway CA (services/_broker/secured.py)
+        from roundtrip._broker.secured import embedded_as_configured
+
+        broker, tls_settings = embedded_as_configured(s, s.state_dir / "kafka-secured", **options)
+        s = s.model_copy(update=tls_settings)
+        env = {f"ROUNDTRIP_{key.upper()}": str(value) for key, value in tls_settings.items()}
+        for key, value in tls_settings.items():  # what commands run from the user's shell need too
+            say(f"  kafka {s.kafka_security_protocol}: export ROUNDTRIP_{key.upper()}={value}")
+    else:
+        broker = EmbeddedKafka.of(s, s.state_dir / "kafka", **options)
+    try:
+        broker.start()
+        broker.wait_ready(60)
+    except BaseException:  # a broker that started and never served is stopped here: the fleet never held it
+        broker.stop()
+        raise
+    say(f"  kafka      {s.bootstrap_servers}  (Apache Kafka {s.kafka_version}, KRaft; log {logs / 'kafka.log'})")
+    return broker, s, env
+
+
+def create_topics(settings: Settings, say: Callable[[str], None]) -> None:
+    from roundtrip._kernel.kafka.admin import ensure_topics
+    from roundtrip._kernel.kafka.clients import kafka_clients
+
+    s = settings
+    report = asyncio.run(
+        ensure_topics(kafka_clients(s), s.topic_prefix, s.partitions, s.executor_partitions, s.replication_factor,
+                      min_insync_replicas=s.min_insync_replicas)
+    )
+    say(f"  {report}")

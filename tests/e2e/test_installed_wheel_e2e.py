@@ -1,0 +1,116 @@
+"""Issue 28's Done-when, as a user installs roundtrip: the built wheel, installed non-editable into a fresh venv
+outside the checkout, runs `roundtrip up` with an empty Kafka cache (so up fetches the jars with mvn from the pom the
+wheel ships; mvn resolves them from ~/.m2) and one `roundtrip ask` to end_turn on the embedded defaults.
+
+Nothing of the checkout reaches that venv: its processes get a clean environment (the fresh venv's bin first on
+PATH, no PYTHONPATH, none of this process's ROUNDTRIP_ settings) and run in a folder outside the checkout; the test
+checks that `roundtrip` is imported from the venv's site-packages and that no sys.path entry lies in the checkout.
+The wheel's dependencies come from PyPI through pip's cache (what CI's setup filled).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import roundtrip
+import roundtrip.testing
+from tests.ports import free_port_run
+from tests.wheel import ROOT, build_wheel
+
+pytestmark = pytest.mark.timeout(1500)  # a fresh venv's dependencies, the jars fetched once, a fleet started
+
+PASSED_THROUGH = ("HOME", "LANG", "LC_ALL", "TMPDIR", "JAVA_HOME", "M2_HOME", "MAVEN_OPTS", "SSL_CERT_FILE", "SSL_CERT_DIR",
+                  "REQUESTS_CA_BUNDLE", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+INTROSPECT = """import json, sys, roundtrip, roundtrip.testing
+print(json.dumps({"file": roundtrip.__file__, "all": roundtrip.__all__, "testing": roundtrip.testing.__all__,
+                  "path": sys.path, "executable": sys.executable}))"""
+
+
+def clean_env(venv: Path, **extra: str) -> dict[str, str]:
+    """What a user's shell gives the installed commands: the venv first on PATH, then the system's (java, mvn)."""
+    env = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+    env |= {name: value for name, value in os.environ.items() if name.startswith("PIP_")}  # pip's index, cache, certs
+    return {**env, "PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin", "VIRTUAL_ENV": str(venv), **extra}
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh venv, outside the checkout, with the built wheel installed in it (not editable)."""
+    root = tmp_path_factory.mktemp("installed")
+    assert not root.resolve().is_relative_to(ROOT)
+    wheel = build_wheel(root / "dist")
+    venv = root / "venv"
+    made = run([sys.executable, "-m", "venv", str(venv)], clean_env(venv), root, 300)
+    assert made.returncode == 0, made.stderr
+    pip = run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], clean_env(venv), root, 1200)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    return venv
+
+
+def test_the_installed_wheel_imports_roundtrip_from_its_own_site_packages_with_the_public_api(installed, tmp_path):
+    shown = run([str(installed / "bin" / "python"), "-c", INTROSPECT], clean_env(installed), tmp_path, 120)
+    assert shown.returncode == 0, shown.stderr
+    seen = json.loads(shown.stdout)
+    assert Path(seen["file"]).is_relative_to(installed) and "site-packages" in seen["file"]
+    assert not [entry for entry in seen["path"] if entry and Path(entry).resolve().is_relative_to(ROOT)], seen["path"]
+    assert seen["all"] == roundtrip.__all__ and seen["testing"] == roundtrip.testing.__all__
+    assert {"Agent", "tool", "Entity", "ToolContext", "ToolError", "McpServer", "always", "approval_rule"} <= set(seen["all"])
+    assert {"ScriptedModel", "FunctionModel", "call", "run_turn"} <= set(seen["testing"])
+    # a dev command that writes into a checkout says it needs one, and writes nothing into site-packages
+    contracts = run([str(installed / "bin" / "roundtrip"), "contracts"], clean_env(installed), tmp_path, 120)
+    assert contracts.returncode == 1 and "wrote" not in contracts.stdout
+    assert "of a checkout" in contracts.stderr and len(contracts.stderr.strip().splitlines()) == 1, contracts.stderr
+    assert not list(installed.rglob("asyncapi.json"))
+
+
+def test_the_installed_roundtrip_up_fetches_the_jars_runs_the_fleet_and_answers_one_ask(installed, tmp_path):
+    base = free_port_run(4)
+    cache, state, home = tmp_path / "kafka-cache", tmp_path / "state", tmp_path / "work"
+    cache.mkdir()
+    home.mkdir()
+    env = clean_env(installed, ROUNDTRIP_KAFKA_CACHE=str(cache), ROUNDTRIP_STATE_DIR=str(state),
+                    ROUNDTRIP_KAFKA_PORT=str(base), ROUNDTRIP_KAFKA_CONTROLLER_PORT=str(base + 1),
+                    ROUNDTRIP_SIMULATOR_PORT=str(base + 2), ROUNDTRIP_SHOP_PORT=str(base + 3))
+    output = tmp_path / "up.log"
+    with open(output, "w") as log:
+        up = subprocess.Popen([str(installed / "bin" / "roundtrip"), "up"], env=env, cwd=home, stdout=log,
+                              stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600  # the jars, copied from ~/.m2 by mvn, then the fleet
+            while "Ready." not in output.read_text():
+                assert up.poll() is None, output.read_text()
+                assert time.monotonic() < deadline, output.read_text()
+                time.sleep(0.5)
+            started = output.read_text()
+            assert f"with mvn into {cache}" in started, started  # the cache was empty: up fetched the jars itself
+            assert list((cache / "libs").glob("kafka_2.13-*.jar"))
+
+            ask = run([str(installed / "bin" / "roundtrip"), "ask", "cancel my last order", "--customer", "cus_1001"],
+                      env, home, 180)
+            assert ask.returncode == 0, ask.stdout + ask.stderr
+            assert "end_turn" in ask.stdout and "I've cancelled order ord_a1000003" in ask.stdout, ask.stdout
+        finally:
+            if up.poll() is None:
+                up.send_signal(signal.SIGINT)  # Ctrl-C
+            try:
+                code = up.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                raise
+    assert code == 0 and "roundtrip: stopped" in output.read_text(), output.read_text()
+    broker_log = (state / "logs" / "kafka.log").read_text(errors="replace")
+    assert "No configuration found" not in broker_log  # log4j2.yaml came with the wheel
+    assert re.search(r"(?m)^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+\] INFO .+ \(\w+\)$", broker_log), broker_log[-2000:]
