@@ -3,8 +3,9 @@ approval_rule`.
 
 An agent is one `Agent(...)` object (services/_sdk/agent.py says what each field is); the fleet loads it from
 `ROUNDTRIP_AGENT=package.module:attribute` (or an entry point in the group `roundtrip.agents`). The demo shop's
-agent, services/_shop/agent/, is the example. Tools are JSON Schema documents in the agent's `tools_dir`, or Python
-functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`: services/_sdk/functions.py). Its tests
+agent, services/_shop/agent/, is the example. Its tools come from tool sources, any mix in `tools=[...]`
+(services/_sdk/sources.py): JSON Schema documents in a `SchemaFolder(path, handlers=...)` (or `tools_dir`), Python
+functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`: services/_sdk/functions.py), `McpServer`s. Its tests
 run turns in-process with services/testing/__init__.py; `roundtrip agent check` lists every problem of it.
 """
 
@@ -13,6 +14,7 @@ from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.functions import Entity, FunctionTool, tool
 from roundtrip._sdk.mcp import McpServer
 from roundtrip._sdk.registry import allow
+from roundtrip._sdk.sources import SchemaFolder, ToolSource
 
-__all__ = ["Agent", "AgentError", "Dependencies", "Entity", "FunctionTool", "McpServer", "ToolContext", "ToolError", "allow",
-           "always", "approval_rule", "load_agent", "tool"]
+__all__ = ["Agent", "AgentError", "Dependencies", "Entity", "FunctionTool", "McpServer", "SchemaFolder", "ToolContext", "ToolError",
+           "ToolSource", "allow", "always", "approval_rule", "load_agent", "tool"]
