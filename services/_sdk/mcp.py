@@ -211,7 +211,6 @@ class McpMount(ToolSource):
             except Exception as exc:  # noqa: BLE001 - a tool that does not fit is refused, the others are mounted
                 self._refused[name] = str(exc) if isinstance(exc, RegistryError) else describe(exc)
                 log.error("MCP server %s: tool %s not mounted: %s", server.name, name, self._refused[name])
-        log.info("MCP server %s is up: mounting %s (%d listed)", server.name, sorted(self._fit), len(listed))
         if missing := sorted(server.declared() - set(listed)):
             log.error("MCP server %s does not list %s, which the agent declares; refused", server.name, missing)
             return [f"MCP server {server.name} does not list {missing}, which the agent declares"]

@@ -145,6 +145,7 @@ class Toolbox:
                 self.refused[name] = str(exc)
                 log.error("%s: tool %s not mounted: %s", source.label, name, exc)
         self.api_tools[:] = self.registry.api_tools(cache=True)
+        log.info("%s is up: mounted %s", source.label, sorted(n for n in source.specs() if n in self._mounted))
 
     async def start(self) -> None:
         """Start every source (one that lists its tools does so in the background: return once each has been asked)."""
