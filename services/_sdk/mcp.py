@@ -18,7 +18,7 @@ refused with the reason.
 The executor calls a tool with `call_tool` over a connection of its own per call (nothing to go stale when the
 server restarts); the request's `_meta` carries `roundtrip/customer_id` and `roundtrip/idempotency_key`. An
 `isError` result, a protocol error and a transport failure all become `is_error` tool_results (ToolError).
-`McpTools.problems()` asks each server once and names what does not fit, for a check of the agent.
+`Toolbox.problems()` (services/_sdk/sources.py) asks each server once and names what does not fit, for a check of the agent.
 """
 
 from __future__ import annotations
