@@ -6,7 +6,8 @@
 - `Agent(...)`: your agent, declared once (its prompt, tools, entity resolvers, policies, approval rules, the
   clients its handlers need); the fleet loads it from `ROUNDTRIP_AGENT=package.module:attribute` or an entry point
   in the group `roundtrip.agents`. `load_agent(spec)` finds one as the fleet does; `AgentError` names every problem.
-- Tools: JSON Schema documents in the agent's `tools_dir` (each must satisfy `roundtrip.schemas`' tool.json), Python
+- Tools come from tool sources, any mix in `Agent(tools=[...])`: JSON Schema documents in a
+  `SchemaFolder(path, handlers=...)` (or the agent's `tools_dir`) (each must satisfy `roundtrip.schemas`' tool.json), Python
   functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`; `FunctionTool` is what `@tool` makes),
   or an MCP server's tools (`McpServer`).
 - Handlers, resolvers and policies get a `ToolContext` (the principal, `ctx.deps`: the agent's `Dependencies`) and
@@ -14,7 +15,7 @@
 - `always(reason)` and `@approval_rule(can_hold=...)`: calls a person approves first.
 - `roundtrip.testing` runs a turn of your agent in-process through the fleet's own code, with a scripted model.
 
-The manual is README.md, section "Your own agent"; `roundtrip agent check` lists every problem of an agent and
+The manual is docs/agent/index.md ("Your own agent"); `roundtrip agent check` lists every problem of an agent and
 `roundtrip agent init NAME` writes a working one. Every other module is private (an underscore in its path).
 """
 
@@ -23,6 +24,7 @@ from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.functions import Entity, FunctionTool, tool
 from roundtrip._sdk.mcp import McpServer
 from roundtrip._sdk.registry import allow
+from roundtrip._sdk.sources import SchemaFolder, ToolSource
 
-__all__ = ["Agent", "AgentError", "Dependencies", "Entity", "FunctionTool", "McpServer", "ToolContext", "ToolError", "allow",
-           "always", "approval_rule", "load_agent", "tool"]
+__all__ = ["Agent", "AgentError", "Dependencies", "Entity", "FunctionTool", "McpServer", "SchemaFolder", "ToolContext", "ToolError",
+           "ToolSource", "allow", "always", "approval_rule", "load_agent", "tool"]

@@ -53,7 +53,7 @@ def check(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     problems = found.problems()
-    if not problems and found.mcp_servers and not offline:
+    if not problems and found.mcp_sources and not offline:
         problems = asyncio.run(_asked(found))
     if problems:
         typer.echo(f"agent {found.name!r}: {len(problems)} problem{'s' * (len(problems) != 1)}")
@@ -65,9 +65,9 @@ def check(
 
 async def _asked(agent: Agent) -> list[str]:
     try:
-        return await agent.mcp.problems()
+        return await agent.toolbox.problems()
     finally:
-        await agent.mcp.aclose()
+        await agent.toolbox.aclose()
 
 
 @agent_app.command("init")

@@ -31,7 +31,7 @@ def build(settings: Settings) -> FastStream:
     agent = current_agent(settings.agent)
     deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
     runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes,
-                    fallback=agent.mcp.handler)
+                    fallback=agent.toolbox.handler)
     signer = Signer(parse_keys(settings.approval_keys))
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
@@ -69,7 +69,7 @@ def build(settings: Settings) -> FastStream:
 
     app = service_app(broker, log)
     app.on_startup(lambda: settings.refuse_dev_approval_key("executor"))  # outside development, never the published key
-    app.on_startup(agent.mcp.start)  # lists the agent's MCP servers (in the background while one is down)
+    agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
 
     @app.on_startup
     async def open_fence() -> None:
@@ -77,7 +77,6 @@ def build(settings: Settings) -> FastStream:
 
     @app.after_shutdown
     async def close() -> None:
-        await agent.mcp.aclose()
         await deps.aclose()
         if "fence" in state:
             await state["fence"].close()

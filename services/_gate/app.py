@@ -28,7 +28,7 @@ def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
 
     return Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), deps=deps,
                 batch_ttl_s=settings.stuck_after_s, agent_settings=agent.own_settings, messages=agent.message,
-                unavailable=agent.mcp.unavailable,
+                unavailable=agent.toolbox.unavailable,
                 decisions=DecisionSigner(parse_keys(settings.decision_keys)), approval_timeout_s=settings.approval_timeout_s)
 
 
@@ -50,7 +50,6 @@ def build(settings: Settings) -> FastStream:
     app = service_app(broker, log)
     app.on_startup(lambda: settings.refuse_dev_approval_key("gate"))  # outside development, never the published key
     app.on_startup(lambda: settings.refuse_dev_decision_key("gate", agent.holds_calls()))
-    app.on_startup(agent.mcp.start)  # lists the agent's MCP servers (in the background while one is down)
-    app.after_shutdown(agent.mcp.aclose)
+    agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
     app.after_shutdown(deps.aclose)
     return app

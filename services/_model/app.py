@@ -29,7 +29,7 @@ def build(settings: Settings) -> FastStream:
     responded = Outlet(broker, topics.ITERATIONS, ModelResponded)
     agent = current_agent(settings.agent)
     # the agent's tools, MCP ones included as their servers are listed (a list kept current in place)
-    client = ModelClient(settings, agent.mcp.api_tools, agent.system_prompt, agent.model_for(settings))
+    client = ModelClient(settings, agent.toolbox.api_tools, agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
     held: list = []  # the consumer of turn.model_calls, once subscribed
     capacity = Capacity(on_throttle=lambda throttled: [consumer.hold(throttled) for consumer in held])
@@ -51,7 +51,7 @@ def build(settings: Settings) -> FastStream:
 
     held.extend(consumers_of(broker))
     app = service_app(broker, log)
-    app.on_startup(agent.mcp.start)
+    agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
 
     @app.on_startup
     async def open_fence() -> None:
@@ -59,7 +59,6 @@ def build(settings: Settings) -> FastStream:
 
     @app.after_shutdown
     async def close() -> None:
-        await agent.mcp.aclose()
         await client.aclose()
         if "fence" in state:
             await state["fence"].close()

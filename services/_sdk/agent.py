@@ -1,20 +1,21 @@
 """An agent: everything a deployment's agent is, declared once, loaded once per process by every service.
 
-An `Agent` names its system prompt, its tools (the JSON Schema documents in its own `tools_dir`, `x-entity`
-included, and/or Python functions in `tools`: services/_sdk/functions.py), the handlers, policies, entity resolvers, approval rules and serial declarations bound to them by
-tool name, its own settings (a zero-argument factory, e.g. a pydantic-settings class, read once), the clients it
+An `Agent` names its system prompt, its tools (`tools`: any mix of tool sources, services/_sdk/sources.py: folders
+of JSON Schema documents, `x-entity` included, as `SchemaFolder(path, handlers)`; Python functions, `@tool`:
+services/_sdk/functions.py; MCP servers, `McpServer`: services/_sdk/mcp.py; `tools_dir` + `handlers` and
+`mcp_servers` are shorthands for the first and the last), the policies, entity resolvers, approval rules and
+serial declarations bound to them by tool name, its own settings (a zero-argument factory, e.g. a pydantic-settings class, read once), the clients it
 needs (`dependencies`: name -> `factory(fleet_settings, own_settings)`, opened once per process, closed at
 shutdown, handed to handlers, resolvers and policies as `ctx.deps`), and the customer-facing texts of the
-guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`), and the MCP servers
-whose tools it mounts (`mcp_servers`: services/_sdk/mcp.py; their policies, approval rules and serial declarations
-are in the same mappings, by tool name), and the words for what
+guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`), and the words for what
 a side effect did (`describe_action`), said when a turn ends early after one.
 
 `load_agent(spec)` finds it: `package.module:attribute` (an Agent, or a zero-argument factory returning one), a
 name in the entry-point group `roundtrip.agents`, or, unset, the demo shop's support agent. Anything that does
 not fit together raises AgentError (a ConfigurationError: `roundtrip run` prints one line and exits 1), which
 names every problem the checks of CHECKS found (`Agent.problems()`; `roundtrip agent check` lists them).
-`current_agent(spec)` is the per-process cached one the services use.
+`current_agent(spec)` is the per-process cached one the services use; `agent.toolbox` is its tool sources in that
+process (started with a service and closed after it: `toolbox.run_with(app)`).
 
 The digest (`Agent.digest`) is a hash of what the model sees of the agent (system prompt and tools): two
 processes with the same digest run the same agent.
@@ -38,9 +39,10 @@ from pydantic import ValidationError
 from roundtrip._kernel.wire.events import Outcome
 from roundtrip._kernel.settings import ConfigurationError, describe_invalid
 from roundtrip._sdk.context import Dependencies
-from roundtrip._sdk.functions import FunctionTool, function_specs
-from roundtrip._sdk.mcp import McpMount, McpServer, McpTools
-from roundtrip._sdk.registry import ApprovalRule, EntityResolver, Handler, Policy, Registry, ToolSpec, binding_problems, collect_specs
+from roundtrip._sdk.functions import FunctionTool, function_tool
+from roundtrip._sdk.mcp import McpServer
+from roundtrip._sdk.registry import ApprovalRule, EntityResolver, Handler, Policy, Registry, ToolSpec, binding_problems
+from roundtrip._sdk.sources import SchemaFolder, ToolSource, Toolbox
 
 DEFAULT_AGENT = "roundtrip._shop.agent:AGENT"  # the demo agent, when ROUNDTRIP_AGENT is unset
 # What ROUNDTRIP_AGENT said before the package was `roundtrip` (its modules were `services.*`), still honoured
@@ -86,9 +88,11 @@ def always(reason: str) -> ApprovalRule:
 class Agent:
     name: str
     system_prompt: str
-    tools_dir: Path | str | None = None  # JSON Schema tool documents, one file a tool
+    tools_dir: Path | str | None = None  # JSON Schema tool documents, one file a tool: SchemaFolder(tools_dir, handlers)
     handlers: Mapping[str, Handler] = field(default_factory=dict)  # of the tools_dir's tools, by name
-    tools: Sequence[Callable[..., Any] | FunctionTool] = ()  # Python functions as tools (their own handlers)
+    # tool sources, any mix (services/_sdk/sources.py): SchemaFolder, @tool functions (a plain async function is made
+    # one), McpServer
+    tools: Sequence[ToolSource | Callable[..., Any]] = ()
     policies: Mapping[str, Policy] = field(default_factory=dict)
     entities: Mapping[str, EntityResolver] = field(default_factory=dict)  # x-entity kind -> resolver
     approvals: Mapping[str, ApprovalRule] = field(default_factory=dict)
@@ -98,36 +102,46 @@ class Agent:
     replies: Mapping[str, str] = field(default_factory=dict)  # Outcome value -> what the customer reads
     messages: Mapping[str, str] = field(default_factory=dict)  # GATE_MESSAGES key -> what the model reads
     model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
-    mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/_sdk/mcp.py)
+    mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/_sdk/mcp.py), as tools= does
     # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
     # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded (<input>)"
     describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
 
     @cached_property
+    def sources(self) -> tuple[ToolSource, ...]:
+        """Where its tools come from: its tools_dir (bound to handlers), each of tools (a plain function made a
+        FunctionTool), each of mcp_servers (services/_sdk/sources.py)."""
+        folder = [SchemaFolder(self.tools_dir, self.handlers)] if self.tools_dir is not None else []
+        given = [t if isinstance(t, ToolSource) else function_tool(t) for t in self.tools]
+        return (*folder, *given, *self.mcp_servers)
+
+    @cached_property
     def tool_parts(self) -> tuple[dict[str, ToolSpec], dict[str, Handler], list[str]]:
-        """Every tool (from tools_dir and tools) with its handler, and every problem of them and of their bindings."""
+        """Every tool its sources offer before any process starts them, with its handler, and every problem of them
+        and of their bindings."""
         specs: dict[str, ToolSpec] = {}
-        problems: list[str] = []
-        if self.tools_dir is not None and Path(self.tools_dir).is_dir():
-            specs, problems = collect_specs(Path(self.tools_dir))
-        elif self.tools_dir is not None:
-            problems.append(f"tools_dir {self.tools_dir} is not a folder")
-        elif not self.tools and not self.mcp_servers:
-            problems.append("no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers")
-        fn_specs, fn_handlers, found = function_specs(self.tools)
-        problems += found
-        if twice := sorted(set(specs) & set(fn_specs)):
-            problems.append(f"tools declared both as a schema and as a function: {twice}")
-        if twice := sorted(set(self.handlers) & set(fn_handlers)):
+        handlers: dict[str, Handler] = {} if self.tools_dir is not None else dict(self.handlers)  # else the folder's
+        problems: list[str] = [] if self.sources else [
+            "no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers"]
+        for source in self.sources:
+            problems += source.problems(self.entities)
+            offered = source.specs()
+            problems += [f"{source.label}: tool {name} is declared twice" for name in sorted(set(specs) & set(offered))]
+            specs, handlers = {**specs, **offered}, {**handlers, **source.handlers()}
+        functions = {name for source in self.sources if isinstance(source, FunctionTool) for name in source.specs()}
+        if twice := sorted(set(self.handlers) & functions):
             problems.append(f"handlers for function tools (a function is its own handler): {twice}")
-        specs, handlers = {**specs, **fn_specs}, {**self.handlers, **fn_handlers}
         problems += binding_problems(specs, handlers, self.policies, self.entities, self.approvals, self.serial, self.mounted)
         return specs, handlers, problems
 
     @property
     def mounted(self) -> frozenset[str]:
-        """The tools its MCP servers are declared to bring (listed at run time: services/_sdk/mcp.py)."""
-        return frozenset(name for server in self.mcp_servers for name in server.declared())
+        """The tools its sources are declared to bring once a process lists them (MCP servers: services/_sdk/mcp.py)."""
+        return frozenset(name for source in self.sources for name in source.declared() - set(source.specs()))
+
+    @property
+    def mcp_sources(self) -> list[McpServer]:
+        return [source for source in self.sources if isinstance(source, McpServer)]
 
     @cached_property
     def registry(self) -> Registry:
@@ -137,10 +151,10 @@ class Agent:
         return Registry(specs, handlers, self.policies, self.entities, self.approvals, self.serial, self.mounted)
 
     @cached_property
-    def mcp(self) -> McpTools:
-        """The agent's MCP servers in this process (`await agent.mcp.start()` lists them, `aclose()` stops that)."""
-        mounts = [McpMount(server, server.url_for(self.own_settings) or "") for server in self.mcp_servers]
-        return McpTools(mounts, self.registry)
+    def toolbox(self) -> Toolbox:
+        """The agent's tool sources in this process: `toolbox.run_with(app)` starts them with a service (an MCP server
+        lists its tools, in the background while it is down) and closes them after it."""
+        return Toolbox([source.bind(self.own_settings) for source in self.sources], self.registry)
 
     @cached_property
     def own_settings(self) -> Any:
@@ -156,8 +170,8 @@ class Agent:
         """sha256 (first 16 hex digits) of the system prompt and the tools as the model sees them."""
         local = [tool for tool in self.registry.api_tools(cache=False) if tool["name"] in self.registry.local]
         seen: dict[str, Any] = {"system": self.system_prompt, "tools": local}
-        if self.mcp_servers:  # what it mounts, not what the servers list (that is known only at run time)
-            seen["mcp"] = [[s.name, sorted(s.tools or []), {t: dict(a) for t, a in s.entities.items()}] for s in self.mcp_servers]
+        if servers := self.mcp_sources:  # what it mounts, not what the servers list (that is known only at run time)
+            seen["mcp"] = [[s.name, sorted(s.tools or []), {t: dict(a) for t, a in s.entities.items()}] for s in servers]
         return hashlib.sha256(json.dumps(seen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
     def model_for(self, settings: Any) -> str:
@@ -239,14 +253,14 @@ def _own_settings(agent: Agent) -> list[str]:
 
 
 def _mcp(agent: Agent) -> list[str]:
-    problems = [p for server in agent.mcp_servers for p in server.problems(agent.entities)]
-    names = [server.name for server in agent.mcp_servers]
+    servers, problems = agent.mcp_sources, []  # each server's own declaration: _tools (its problems as a source)
+    names = [server.name for server in servers]
     if twice := sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"MCP servers declared twice: {twice}")
-    declared = [tool for server in agent.mcp_servers for tool in server.declared()]
+    declared = [tool for server in servers for tool in server.declared()]
     if taken := sorted({t for t in declared if declared.count(t) > 1 or t in agent.tool_parts[0]}):
         problems.append(f"MCP tools declared by two servers or named like a local tool: {taken}")
-    for server in [] if problems else agent.mcp_servers:
+    for server in [] if problems or any(s.problems(agent.entities) for s in servers) else servers:
         try:
             url = server.url_for(agent.own_settings)
         except AgentError:

@@ -13,21 +13,26 @@ one read from a `tools_dir`: strict objects, `required` listed, a real descripti
 
 A function that cannot become a tool (a parameter without a type, a sync function, a type pydantic cannot put
 in a schema) is not an exception at import: its problems are collected and reported by the agent's check.
+
+Each FunctionTool is a tool source of one tool (services/_sdk/sources.py): `Agent(tools=[...])` takes them beside
+schema folders and MCP servers, and a plain async function there is made one.
 """
 
 from __future__ import annotations
 
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, create_model
 from pydantic.json_schema import GenerateJsonSchema
 
 from roundtrip._sdk.context import ToolContext
-from roundtrip._sdk.registry import ToolSpec, document_problems
+from roundtrip._sdk.registry import Handler, ToolSpec, document_problems
+from roundtrip._sdk.sources import ToolSource
 
 
 @dataclass(frozen=True)
@@ -50,17 +55,18 @@ class _NoTitles(GenerateJsonSchema):
 
 
 @dataclass
-class FunctionTool:
-    """One Python function as a tool: its document (what the model sees) and its handler `(input, ctx) -> result`."""
+class FunctionTool(ToolSource):
+    """One Python function as a tool: its document (what the model sees) and its handler `(input, ctx) -> result`;
+    a tool source of that one tool."""
 
     fn: Callable[..., Any]
     name: str
     description: str
-    model: type[BaseModel] | None = None  # the input's model (None: it could not be made, see problems)
+    model: type[BaseModel] | None = None  # the input's model (None: it could not be made, see faults)
     ctx_param: str | None = None  # the parameter that gets the ToolContext
     as_model: str | None = None  # the one parameter the whole input is given to, as its pydantic model
     schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})  # the input's JSON Schema, by pydantic
-    problems: list[str] = field(default_factory=list)  # what keeps the function from being a tool
+    faults: list[str] = field(default_factory=list)  # what keeps the function from being a tool (its declaration)
 
     def document(self) -> dict[str, Any]:
         """{"name", "description", "input_schema"}, as a JSON tool document says it."""
@@ -76,6 +82,32 @@ class FunctionTool:
         result = await self.fn(**kwargs)
         return result.model_dump(mode="json") if isinstance(result, BaseModel) else result
 
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return f"tool function {getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', self.name)}"
+
+    @cached_property
+    def _checked(self) -> tuple[dict[str, ToolSpec], list[str]]:
+        """Its spec (when its document can be read) and every problem of it, by the registry's checks."""
+        if self.model is None:  # no schema to check
+            return {}, list(self.faults)
+        spec, found = document_problems(self.document(), self.label)
+        if self.as_model and any("additionalProperties" in p for p in found):
+            found.append(f"{self.label}: its model {self.model.__name__} needs model_config = ConfigDict(extra='forbid')")
+        return ({spec.name: spec} if spec is not None else {}), [*self.faults, *found]
+
+    def specs(self) -> Mapping[str, ToolSpec]:
+        return self._checked[0]
+
+    def problems(self, kinds: Collection[str]) -> list[str]:
+        return self._checked[1]
+
+    def handlers(self) -> Mapping[str, Handler]:
+        return {name: self for name in self.specs()}  # the function is its own handler
+
+    async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return await self(args, ctx)
+
 
 def _line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:300]
@@ -90,12 +122,12 @@ def function_tool(fn: Callable[..., Any], name: str | None = None, description: 
     name = name or getattr(fn, "__name__", repr(fn))
     made = FunctionTool(fn=fn, name=name, description=description or inspect.getdoc(fn) or "")
     if not inspect.iscoroutinefunction(fn):
-        made.problems.append(f"tool {name}: the function must be `async def`")
+        made.faults.append(f"tool {name}: the function must be `async def`")
     try:
         hints = typing.get_type_hints(fn, include_extras=True)
         params = list(inspect.signature(fn).parameters.values())
     except Exception as exc:  # noqa: BLE001 - e.g. an annotation naming a type that is not imported
-        made.problems.append(f"tool {name}: its annotations cannot be read: {type(exc).__name__}: {_line(exc)}")
+        made.faults.append(f"tool {name}: its annotations cannot be read: {type(exc).__name__}: {_line(exc)}")
         return made
     fields: dict[str, Any] = {}
     for param in params:
@@ -103,9 +135,9 @@ def function_tool(fn: Callable[..., Any], name: str | None = None, description: 
         if _is_context(param.name, annotation):
             made.ctx_param = param.name
         elif param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            made.problems.append(f"tool {name}: *{param.name} cannot be a tool argument (name each argument)")
+            made.faults.append(f"tool {name}: *{param.name} cannot be a tool argument (name each argument)")
         elif annotation is inspect.Parameter.empty:
-            made.problems.append(f"tool {name}: argument {param.name!r} has no type annotation")
+            made.faults.append(f"tool {name}: argument {param.name!r} has no type annotation")
         else:
             fields[param.name] = (annotation, ... if param.default is param.empty else param.default)
     if len(fields) == 1 and isinstance(ann := next(iter(fields.values()))[0], type) and issubclass(ann, BaseModel):
@@ -114,12 +146,12 @@ def function_tool(fn: Callable[..., Any], name: str | None = None, description: 
         try:
             made.model = create_model(f"{name}_input", __config__=ConfigDict(extra="forbid"), **fields)
         except Exception as exc:  # noqa: BLE001 - e.g. an argument named like a pydantic attribute
-            made.problems.append(f"tool {name}: its arguments cannot be a model: {type(exc).__name__}: {_line(exc)}")
+            made.faults.append(f"tool {name}: its arguments cannot be a model: {type(exc).__name__}: {_line(exc)}")
             return made
     try:
         made.schema = made.model.model_json_schema(schema_generator=_NoTitles)
     except Exception as exc:  # noqa: BLE001 - a type pydantic cannot put in a schema is the author's to fix
-        made.problems.append(f"tool {name}: its arguments have no JSON Schema: {type(exc).__name__}: {_line(exc)}")
+        made.faults.append(f"tool {name}: its arguments have no JSON Schema: {type(exc).__name__}: {_line(exc)}")
         made.model = None
         return made
     made.schema.pop("title", None)
@@ -132,25 +164,3 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
     if fn is None:
         return lambda f: function_tool(f, name, description)
     return function_tool(fn, name, description)
-
-
-def function_specs(tools: Any) -> tuple[dict[str, ToolSpec], dict[str, FunctionTool], list[str]]:
-    """The ToolSpecs and handlers of these functions (plain or `@tool`), and every problem of any of them."""
-    specs: dict[str, ToolSpec] = {}
-    handlers: dict[str, FunctionTool] = {}
-    problems: list[str] = []
-    for fn in tools:
-        made = fn if isinstance(fn, FunctionTool) else function_tool(fn)
-        source = f"tool function {getattr(made.fn, '__module__', '?')}.{getattr(made.fn, '__qualname__', made.name)}"
-        problems += made.problems
-        if made.name in specs:
-            problems.append(f"{source}: tool {made.name} is declared twice")
-        if made.model is None:  # no schema to check
-            continue
-        spec, found = document_problems(made.document(), source)
-        if made.as_model and any("additionalProperties" in p for p in found):
-            found.append(f"{source}: its model {made.model.__name__} needs model_config = ConfigDict(extra='forbid')")
-        problems += found
-        if spec is not None:
-            specs[spec.name], handlers[spec.name] = spec, made
-    return specs, handlers, problems

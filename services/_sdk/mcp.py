@@ -18,7 +18,7 @@ refused with the reason.
 The executor calls a tool with `call_tool` over a connection of its own per call (nothing to go stale when the
 server restarts); the request's `_meta` carries `roundtrip/customer_id` and `roundtrip/idempotency_key`. An
 `isError` result, a protocol error and a transport failure all become `is_error` tool_results (ToolError).
-`McpTools.problems()` asks each server once and names what does not fit, for a check of the agent.
+`Toolbox.problems()` (services/_sdk/sources.py) asks each server once and names what does not fit, for a check of the agent.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from roundtrip._sdk.context import ToolContext, ToolError
-from roundtrip._sdk.registry import _NAMED_SUBSCHEMAS, Handler, Registry, RegistryError, ToolSpec, check_tool_document
+from roundtrip._sdk.registry import _NAMED_SUBSCHEMAS, RegistryError, ToolSpec, check_tool_document
+from roundtrip._sdk.sources import OnListed, ToolSource
 
 log = logging.getLogger("roundtrip.mcp")
 
@@ -52,8 +53,8 @@ def _client(url: str) -> Any:
 
 
 @dataclass(frozen=True)
-class McpServer:
-    """An MCP server whose tools an agent mounts.
+class McpServer(ToolSource):
+    """An MCP server whose tools an agent mounts (a tool source: `Agent(tools=[McpServer(...)])`).
 
     `url`: its streamable HTTP endpoint (e.g. http://billing:8000/mcp), or a function of the agent's own settings
     returning it, or None: the environment variable ROUNDTRIP_MCP_<NAME>_URL. `tools`: the tools of the server
@@ -71,9 +72,23 @@ class McpServer:
     def env_var(self) -> str:
         return "ROUNDTRIP_MCP_" + re.sub(r"[^A-Z0-9]", "_", self.name.upper()) + "_URL"
 
-    def declared(self) -> set[str]:
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return f"MCP server {self.name}"
+
+    def declared(self) -> frozenset[str]:
         """The tools this declaration names (its `tools` and the tools it annotates)."""
-        return set(self.tools or ()) | set(self.entities)
+        return frozenset(self.tools or ()) | frozenset(self.entities)
+
+    def specs(self) -> Mapping[str, ToolSpec]:
+        return {}  # known once a process has listed them (its McpMount)
+
+    def bind(self, own_settings: Any) -> McpMount:
+        return McpMount(self, self.url_for(own_settings) or "")
+
+    async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
+        """One call over a connection of its own (a server whose URL is a function of the agent's settings: `bind`)."""
+        return await self.bind(None).call(name, args, ctx)
 
     def url_for(self, own_settings: Any) -> str | None:
         if callable(self.url):
@@ -81,7 +96,7 @@ class McpServer:
         return self.url or os.environ.get(self.env_var) or None
 
     def problems(self, kinds: Collection[str]) -> list[str]:
-        """What does not fit in this declaration, given the agent's entity kinds."""
+        """What does not fit in this declaration, given the agent's entity kinds (the server is not asked here)."""
         found = []
         if not isinstance(self.name, str) or not SERVER_NAME.match(self.name):
             found.append(f"MCP server name {self.name!r} must match {SERVER_NAME.pattern}")
@@ -170,17 +185,31 @@ def result_of(name: str, result: Any) -> dict[str, Any]:
     return {"content": "\n".join(texts)}
 
 
-class McpMount:
-    """One MCP server in one process: its listing (retried until it answers) and its calls."""
+class McpMount(ToolSource):
+    """One MCP server in one process: its listing (retried until it answers), the tools of it that fit, its calls."""
 
     def __init__(self, server: McpServer, url: str, connect: Connect = _client) -> None:
         self.server, self.url, self._connect = server, url, connect
+        self.label = server.label
         self.listed: dict[str, Any] | None = None  # tool name -> the server's Tool, once listed
         self.last_error: str | None = None
+        self._fit: dict[str, ToolSpec] = {}  # the listed tools it mounts, checked
+        self._refused: dict[str, str] = {}  # the listed tools it would mount that do not fit -> why
+        self._task: asyncio.Task[None] | None = None
 
     @property
     def up(self) -> bool:
         return self.listed is not None
+
+    def specs(self) -> Mapping[str, ToolSpec]:
+        return self._fit
+
+    def refusals(self) -> Mapping[str, str]:
+        return self._refused
+
+    def declared(self) -> frozenset[str]:
+        """What the agent declares of it, and, when it mounts the server whole, every tool the server lists."""
+        return self.server.declared() | (frozenset(self.listed or ()) if self.server.tools is None else frozenset())
 
     async def list_once(self) -> dict[str, Any]:
         tools: dict[str, Any] = {}
@@ -194,13 +223,27 @@ class McpMount:
                     break
         return tools
 
-    async def keep_listing(self, on_listed: Callable[[McpMount], None], attempted: asyncio.Event | None = None) -> None:
+    def take(self, listed: dict[str, Any]) -> list[str]:
+        """Keep a listing: check each tool it mounts (a tool that does not fit is refused); what is missing, one line."""
+        server, self.listed = self.server, listed
+        for name in sorted(n for n in listed if server.tools is None or n in server.tools):
+            try:
+                self._fit[name] = check_tool_document(strict_copy(server, listed[name]), source=f"MCP server {server.name}")
+            except Exception as exc:  # noqa: BLE001 - a tool that does not fit is refused, the others are mounted
+                self._refused[name] = str(exc) if isinstance(exc, RegistryError) else describe(exc)
+                log.error("MCP server %s: tool %s not mounted: %s", server.name, name, self._refused[name])
+        if missing := sorted(server.declared() - set(listed)):
+            log.error("MCP server %s does not list %s, which the agent declares; refused", server.name, missing)
+            return [f"MCP server {server.name} does not list {missing}, which the agent declares"]
+        return []
+
+    async def keep_listing(self, on_listed: OnListed, attempted: asyncio.Event | None = None) -> None:
         """List the server's tools, asking again after each failure (bounded backoff) until it answers;
         `attempted` is set once the first attempt has ended, either way."""
         delay = FIRST_RETRY_S
         while True:
             try:
-                self.listed = await asyncio.wait_for(self.list_once(), self.server.timeout_s)
+                listed = await asyncio.wait_for(self.list_once(), self.server.timeout_s)
             except Exception as exc:  # noqa: BLE001 - a server that is down is asked again, never a dead service
                 if attempted is not None:
                     attempted.set()
@@ -214,11 +257,42 @@ class McpMount:
                 continue
             self.last_error = None
             try:
+                self.take(listed)
                 on_listed(self)
             finally:
                 if attempted is not None:
                     attempted.set()
             return
+
+    async def start(self, on_listed: OnListed) -> None:
+        """List the server in the background; return once it has been asked once (at most its timeout). A listing
+        is kept for the life of the process: a server listed already is not asked again."""
+        if self.up or self._task is not None:
+            return
+        attempted = asyncio.Event()
+        self._task = asyncio.create_task(self.keep_listing(on_listed, attempted), name=f"mcp-{self.server.name}")
+        await attempted.wait()
+
+    async def check(self, on_listed: OnListed) -> list[str]:
+        try:
+            listed = await asyncio.wait_for(self.list_once(), self.server.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - reported, like every other problem
+            return [f"MCP server {self.server.name} ({shown(self.url)}) does not answer: {describe(exc)}"]
+        missing = self.take(listed)
+        on_listed(self)
+        return missing
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def unavailable(self, name: str) -> str | None:
+        if not self.up:
+            return (f"Tool {name} is unavailable: the {self.server.name} service it belongs to cannot be reached "
+                    "right now; nothing was done. Try again later or do without it.")
+        return f"Tool {name} is not offered by the {self.server.name} service any more; nothing was done."
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
         meta = {"roundtrip/customer_id": ctx.customer_id, "roundtrip/idempotency_key": ctx.idempotency_key}
@@ -234,93 +308,3 @@ class McpMount:
             raise ToolError(f"{name} could not be completed: the {self.server.name} service could not be reached or "
                             "did not answer, so whether it acted is unknown. Tell the customer, do not retry at once.") from None
         return result_of(name, result)
-
-    def handler(self, name: str) -> Handler:
-        async def handle(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-            return await self.call(name, args, ctx)
-
-        return handle
-
-
-class McpTools:
-    """An agent's MCP servers in one process: they mount their tools into its registry as they are listed."""
-
-    def __init__(self, mounts: list[McpMount], registry: Registry) -> None:
-        self.mounts, self.registry = mounts, registry
-        self.refused: dict[str, str] = {}  # tool -> why it is not mounted
-        self.api_tools: list[dict[str, Any]] = registry.api_tools(cache=True)  # kept current in place: the model's
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def owner(self, name: str) -> McpMount | None:
-        """The server a tool belongs to (declared by the agent, or listed by a server it mounts whole), if any."""
-        return next((m for m in self.mounts if name in m.server.declared()
-                     or (m.server.tools is None and name in (m.listed or {}))), None)
-
-    def mount_listed(self, mount: McpMount) -> None:
-        server, listed = mount.server, mount.listed or {}
-        wanted = [n for n in listed if server.tools is None or n in server.tools]
-        for name in sorted(wanted):
-            try:
-                spec: ToolSpec = check_tool_document(strict_copy(server, listed[name]), source=f"MCP server {server.name}")
-                self.registry.mount(spec, mount.handler(name))
-            except Exception as exc:  # noqa: BLE001 - a tool that does not fit is refused, the others are mounted
-                self.refused[name] = str(exc) if isinstance(exc, RegistryError) else describe(exc)
-                log.error("MCP server %s: tool %s not mounted: %s", server.name, name, self.refused[name])
-        if missing := sorted(server.declared() - set(listed)):
-            log.error("MCP server %s does not list %s, which the agent declares; refused", server.name, missing)
-        self.api_tools[:] = self.registry.api_tools(cache=True)
-        mounted = sorted(n for n in wanted if n not in self.refused)
-        log.info("MCP server %s is up: mounted %s (%d listed)", server.name, mounted, len(listed))
-
-    async def start(self) -> None:
-        """List every server in the background; return once each has been asked once (at most its timeout)."""
-        asked = []
-        for mount in self.mounts:
-            asked.append(attempted := asyncio.Event())
-            self._tasks.append(asyncio.create_task(mount.keep_listing(self.mount_listed, attempted), name=f"mcp-{mount.server.name}"))
-        await asyncio.gather(*(event.wait() for event in asked))
-
-    async def problems(self) -> list[str]:
-        """Ask every server once (no retry) and mount what it lists; what does not fit, one line each (for a check
-        of the agent: a server that does not answer, a declared tool it does not list, a tool refused)."""
-        found = []
-        for mount in self.mounts:
-            try:
-                mount.listed = await asyncio.wait_for(mount.list_once(), mount.server.timeout_s)
-            except Exception as exc:  # noqa: BLE001 - reported, like every other problem
-                found.append(f"MCP server {mount.server.name} ({shown(mount.url)}) does not answer: {describe(exc)}")
-                continue
-            self.mount_listed(mount)
-            if missing := sorted(mount.server.declared() - set(mount.listed)):
-                found.append(f"MCP server {mount.server.name} does not list {missing}, which the agent declares")
-        return found + [f"MCP tool {name} not mounted: {why}" for name, why in sorted(self.refused.items())]
-
-    async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-
-    def unavailable(self, name: str) -> str | None:
-        """Why an MCP tool cannot be called now (None: it can, or it is no MCP tool)."""
-        if name in self.refused:
-            return f"Tool {name} is not available: its schema does not fit this agent. Do without it."
-        mount = self.owner(name)
-        if mount is None or name in self.registry:
-            return None
-        if not mount.up:
-            return (f"Tool {name} is unavailable: the {mount.server.name} service it belongs to cannot be reached "
-                    "right now; nothing was done. Try again later or do without it.")
-        return f"Tool {name} is not offered by the {mount.server.name} service any more; nothing was done."
-
-    def handler(self, name: str) -> Handler:
-        """The executor's handler of an MCP tool not mounted here (yet): the owner's call, or a refusal."""
-        mount = self.owner(name)
-        if mount is not None and name not in self.refused:
-            return mount.handler(name)
-        why = self.unavailable(name) or f"Tool {name} is unavailable; nothing was done."
-
-        async def refuse(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-            raise ToolError(why)
-
-        return refuse

@@ -201,11 +201,12 @@ async def arun_turn(agent: Agent | str, customer_id: str, text: str, model: _Mod
     agent = (load_agent(agent) if isinstance(agent, str) else agent).check()
     settings = settings or Settings(_env_file=None)
     clients = Dependencies(deps) if deps is not None else agent.open_dependencies(settings)
-    model.bind(agent)
     decide = approve if callable(approve) or approve is None else (lambda _: bool(approve))
     started = time.perf_counter()
     try:
-        ended: Ended = await InProcess(agent, model, clients, settings).turn(text, customer_id, persona, approve=decide)
+        async with agent.toolbox:  # its tool sources, started as a service starts them (an MCP server lists its tools)
+            model.bind(agent)
+            ended: Ended = await InProcess(agent, model, clients, settings).turn(text, customer_id, persona, approve=decide)
     finally:
         if deps is None:
             await clients.aclose()

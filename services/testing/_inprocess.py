@@ -63,7 +63,8 @@ class InProcess:
         self.gate = gate_for(agent, settings, deps)
         self.signer = Signer(parse_keys(settings.approval_keys))
         self.decisions = DecisionSigner(parse_keys(settings.decision_keys))
-        self.runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes)
+        self.runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes,
+                             fallback=agent.toolbox.handler)
         self.policy, self.prices = policy_from(settings), PriceTable.from_json(settings.prices)
         self.limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
 

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 
 from roundtrip._broker.embedded import free_port
@@ -26,16 +23,10 @@ from roundtrip._kernel.wire.events import Outcome
 from roundtrip._kernel.settings import Settings
 from tests.e2e.conftest import FleetClient, fleet_env
 from tests.e2e.test_gate_e2e import _tool_results
-from tests.mcp_server import TOOL, calls
+from tests.mcp_server import TOOL, answers, calls, start
 
 CUSTOMER, OWN_ORDER, FOREIGN_ORDER = "cus_1001", "ord_a1000001", "ord_9f3c4e21"  # ord_9f3c4e21 is cus_1002's
 LISTED = "MCP server giftwrap is up: mounted ['gift_wrap_order']"
-
-
-def start_server(port: int, log: Path, out: Path) -> subprocess.Popen:
-    with out.open("ab") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "tests.mcp_server", str(port), str(log)], stdout=sink, stderr=sink)
-    return process
 
 
 async def wait_until(predicate, what: str, timeout: float = 60.0) -> None:
@@ -49,14 +40,6 @@ async def wait_until(predicate, what: str, timeout: float = 60.0) -> None:
 def listed_everywhere(logs: Path) -> bool:
     names = [p for p in logs.glob("*.log") if p.stem.split("-")[0] in ("model", "gate", "executor")]
     return len(names) >= 3 and all(LISTED in p.read_text(encoding="utf-8", errors="replace") for p in names)
-
-
-def up(url: str) -> bool:
-    try:
-        httpx.get(url, timeout=1)
-    except httpx.TransportError:
-        return False
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +89,8 @@ async def test_mcp_tools_through_the_fleet(giftwrap):
     reply, results = await ask(client, wrap(OWN_ORDER, "Happy birthday"))
     assert reply.outcome is Outcome.END_TURN and results == [] and f"no tool {TOOL}" in reply.text, reply
 
-    server["process"] = start_server(server["port"], server["log"], server["out"])
-    await wait_until(lambda: up(server["url"]), "the MCP server answering")
+    server["process"] = start(server["port"], server["log"], server["out"])
+    await wait_until(lambda: answers(server["url"]), "the MCP server answering")
     await wait_until(lambda: listed_everywhere(server["logs"]), "model, gate and executors listing the MCP server (retried)")
 
     # a valid call reaches the server, for the request's customer, and the turn ends normally

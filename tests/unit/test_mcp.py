@@ -18,8 +18,9 @@ from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckedCall, ToolCall, Turn
 from roundtrip._sdk.agent import AgentError
 from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
-from roundtrip._sdk.mcp import McpMount, McpServer, McpTools, result_of, strict_copy
+from roundtrip._sdk.mcp import McpMount, McpServer, result_of, strict_copy
 from roundtrip._sdk.registry import RegistryError, check_tool_document
+from roundtrip._sdk.sources import Toolbox
 from tests.agents import SHOP
 
 WRAP_SCHEMA = {"type": "object", "properties": {"order_id": {"type": "string"}, "message": {"type": "string", "maxLength": 80},
@@ -62,7 +63,7 @@ class FakeMcp:
 
 def mounted(fake: FakeMcp, server: McpServer = SERVER, **agent_fields: Any):
     agent = dataclasses.replace(SHOP, mcp_servers=[server], **agent_fields).check()
-    tools = McpTools([McpMount(server, server.url_for(None), connect=fake)], agent.registry)
+    tools = Toolbox([McpMount(server, server.url_for(None), connect=fake)], agent.registry)
     return agent, tools
 
 
@@ -159,7 +160,7 @@ async def test_a_listed_tool_named_like_a_local_one_is_refused():
 
 
 async def test_problems_name_a_server_that_does_not_answer_a_declared_tool_it_does_not_list_and_a_refused_one():
-    down = McpTools([McpMount(SERVER, "https://u:secret@mcp.test/mcp", connect=FakeMcp(up=False))], SHOP.registry)
+    down = Toolbox([McpMount(SERVER, "https://u:secret@mcp.test/mcp", connect=FakeMcp(up=False))], SHOP.registry)
     assert await down.problems() == ["MCP server giftwrap (https://mcp.test/mcp) does not answer: "
                                      "ConnectionRefusedError: All connection attempts failed"]
     clash = SimpleNamespace(name="list_orders", description="Lists orders, the server's way of doing it.",
