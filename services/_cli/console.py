@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.markup import escape
 from rich.measure import Measurement
+from rich.segment import Segments
 from rich.table import Table
+from rich.text import Text
 
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
@@ -33,7 +36,14 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.observability.telemetry import span_files
 from roundtrip._cli.live_order import StepOrder
 
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+# emoji off: a customer's ":smile:" stays as typed; the lines' own markup is the fleet's, the values in them go through plain()
+console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
+
+
+def plain(value: Any) -> str:
+    """`value` shown as it is inside a line of markup: text from customers, models, tools and people (`[red]49,99[/red]`,
+    `[[tx:echo]]`) is never read as Rich markup."""
+    return escape(str(value))
 
 
 def _short(value: Any, limit: int = 100) -> str:
@@ -81,7 +91,7 @@ class Session:
         request = SupportRequest(request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer,
                                  text=text, persona=persona)
         await self.producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS, self.settings.topic_prefix), request.model_dump_json().encode(), key=conversation.encode())
-        console.print(f"[bold]{customer}[/] asks: {text}" + (f"  [dim](persona {persona})[/]" if persona else ""))
+        console.print(f"[bold]{plain(customer)}[/] asks: {plain(text)}" + (f"  [dim](persona {plain(persona)})[/]" if persona else ""))
         seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
         waiting: set[str] = set()  # approval ids of this turn
         order = StepOrder(request.request_id)  # what Kafka's fetches return, in the order it happened
@@ -123,9 +133,9 @@ def show_reply(reply: SupportReply) -> int:
     console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {plural(reply.steps, 'step')}, "
                   f"{reply.usage.input_tokens} in / {reply.usage.output_tokens} out tokens, "
                   f"cache {reply.usage.cache_creation_input_tokens} written / {reply.usage.cache_read_input_tokens} read)")
-    console.print(reply.text)
+    console.print(Text(reply.text))
     if reply.reason:
-        console.print(f"[yellow]refused:[/] {reply.reason}")
+        console.print(f"[yellow]refused:[/] {plain(reply.reason)}")
     console.print(f"[dim]turn {reply.turn_id or '(none)'}  trace {reply.trace_id}[/]")
     code = EXIT_CODES[reply.outcome]
     if code:
@@ -151,7 +161,7 @@ async def chat(settings: Settings, customer: str, persona: str | None, conversat
     try:
         if not await session.start():
             return 2
-        console.print(f"[dim]conversation {conversation} as {customer}; an empty line or Ctrl-D ends it[/]")
+        console.print(f"[dim]conversation {plain(conversation)} as {plain(customer)}; an empty line or Ctrl-D ends it[/]")
         while True:
             try:
                 text = (await asyncio.to_thread(input, "> ")).strip()
@@ -161,7 +171,7 @@ async def chat(settings: Settings, customer: str, persona: str | None, conversat
                 break
             await session.ask(text, customer, persona, conversation, timeout)
             console.print()
-        console.print(f"[dim]resume it with: roundtrip chat --customer {customer} --conversation {conversation}[/]")
+        console.print(f"[dim]resume it with: roundtrip chat --customer {plain(customer)} --conversation {plain(conversation)}[/]")
         return 0
     finally:
         await session.stop()
@@ -196,13 +206,13 @@ def _render(topic: str, data: dict[str, Any], request_id: str, seen: dict[str, s
         if data.get("approval_id") in waiting:
             decision = ApprovalDecided.model_validate(data)
             verdict = "[green]approved[/]" if decision.decision.value == "approve" else "[red]denied[/]"
-            console.print(f"  {verdict} by {decision.decided_by}" + (f": {decision.reason}" if decision.reason else ""))
+            console.print(f"  {verdict} by {plain(decision.decided_by)}" + (f": {plain(decision.reason)}" if decision.reason else ""))
         return None
     if data.get("turn", {}).get("request_id") != request_id:
         return None
     if topic == topics.TURN_EVENTS:
         flagged = TurnFlagged.model_validate(data)
-        console.print(f"[bold red]turn {flagged.turn.turn_id} is {flagged.status}[/]: {flagged.detail}")
+        console.print(f"[bold red]turn {flagged.turn.turn_id} is {flagged.status}[/]: {plain(flagged.detail)}")
         console.print(f"  waiting on {WAITING_ON.get(seen.get('last'), seen.get('last'))} since step {flagged.step}; "
                       f"trace {flagged.turn.trace_id}")
         return None
@@ -212,24 +222,24 @@ def _render(topic: str, data: dict[str, Any], request_id: str, seen: dict[str, s
     if topic == topics.ITERATIONS:
         event = ModelResponded.model_validate(data)
         if event.error:
-            console.print(f"[bold]step {event.step}[/] model call failed: [red]{event.error}[/]")
+            console.print(f"[bold]step {event.step}[/] model call failed: [red]{plain(event.error)}[/]")
             return None
-        console.print(f"[bold]step {event.step}[/] model → stop_reason [cyan]{event.stop_reason}[/]")
+        console.print(f"[bold]step {event.step}[/] model → stop_reason [cyan]{plain(event.stop_reason)}[/]")
         for call in event.tool_calls:
-            console.print(f"  calls {call.name}({_short(call.input)})")
+            console.print(f"  calls {plain(call.name)}({plain(_short(call.input))})")
     elif topic == topics.TOOL_BATCHES:
         batch = ExecuteToolBatch.model_validate(data)
         for call in batch.calls:
-            verdict = "[green]approved[/]" if call.approved else f"[red]rejected[/]: {_short(call.error, 160)}"
+            verdict = "[green]approved[/]" if call.approved else f"[red]rejected[/]: {plain(_short(call.error, 160))}"
             if call.hold:
-                verdict = f"[yellow]held for a person[/]: {_short(call.hold.reason, 160)}"
+                verdict = f"[yellow]held for a person[/]: {plain(_short(call.hold.reason, 160))}"
             elif call.approved_by:
-                verdict += f" (approved by {call.approved_by})"
-            console.print(f"  gate  {call.name}: {verdict}")
+                verdict += f" (approved by {plain(call.approved_by)})"
+            console.print(f"  gate  {plain(call.name)}: {verdict}")
     elif topic == topics.APPROVAL_REQUESTS:
         event = ApprovalRequested.model_validate(data)
         waiting.add(event.approval_id)
-        console.print(f"  [yellow]waiting for approval of {call_label(event.call.name, event.call.input)}[/] "
+        console.print(f"  [yellow]waiting for approval of {plain(call_label(event.call.name, event.call.input))}[/] "
                       f"(approval {event.approval_id}, deadline in {max(0.0, event.expires_at - time.time()):.0f} s)")
         console.print(f"  [dim]decide: roundtrip approvals approve {event.approval_id}  |  "
                       f"roundtrip approvals deny {event.approval_id} --reason TEXT[/]")
@@ -240,7 +250,7 @@ def _render(topic: str, data: dict[str, Any], request_id: str, seen: dict[str, s
             for block in last["content"]:
                 if block.get("type") == "tool_result":
                     mark = "[red]error[/]" if block.get("is_error") else "result"
-                    console.print(f"  {mark} {_short(block.get('content'), 140)}")
+                    console.print(f"  {mark} {plain(_short(block.get('content'), 140))}")
     return None
 
 
@@ -325,14 +335,14 @@ def _print_trace(trace_id: str, spans: list[dict]) -> None:
 
     def add(span: dict, depth: int) -> None:
         took = (span["end_ns"] - span["start_ns"]) / 1e6
-        name = ("  " * min(depth, 12)) + span["name"]
+        name = ("  " * min(depth, 12)) + plain(span["name"])
         if span["status"] == "ERROR":
-            name += " [red]ERROR[/]" + (f" [red]{_short(span['status_message'], 80)}[/]" if span.get("status_message") else "")
+            name += " [red]ERROR[/]" + (f" [red]{plain(_short(span['status_message'], 80))}[/]" if span.get("status_message") else "")
         attrs = span["attributes"]
-        extra = " ".join(f"{k.split('.')[-1]}={attrs[k]}" for k in (
+        extra = " ".join(f"{k.split('.')[-1]}={plain(attrs[k])}" for k in (
             "roundtrip.step", "roundtrip.decision", "roundtrip.outcome", "roundtrip.approved", "roundtrip.detail")
             if attrs.get(k) not in (None, ""))
-        table.add_row(f"{(span['start_ns'] - t0) / 1e6:.1f}", f"{took:.1f}", str(span["service"]).removeprefix("roundtrip-"),
+        table.add_row(f"{(span['start_ns'] - t0) / 1e6:.1f}", f"{took:.1f}", plain(str(span["service"]).removeprefix("roundtrip-")),
                       f"{name} [dim]{extra}[/]")
         for child in children.get(span["span_id"], []):
             add(child, depth + 1)
@@ -370,9 +380,9 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
     for r in rows:
         idle = "" if r.status == "ended" else f"{now - r.last_progress_at:.0f}"
         table.add_row(
-            r.turn_id, f"[{colours[r.status]}]{r.status}[/]", r.customer_id, str(r.step), r.outcome or "", f"{r.cost_usd:.4f}",
+            plain(r.turn_id), f"[{colours[r.status]}]{r.status}[/]", plain(r.customer_id), str(r.step), plain(r.outcome or ""), f"{r.cost_usd:.4f}",
             f"{r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens}/{r.output_tokens}",
-            f"{now - r.started_at:.0f}", idle, r.trace_id,
+            f"{now - r.started_at:.0f}", idle, plain(r.trace_id),
         )
     console.print(table if rows else "no turns")
     return 0
@@ -394,7 +404,7 @@ async def list_conversations(settings: Settings, customer: str | None, limit: in
         table.add_column(column)
     now = time.time()
     for r in rows:
-        table.add_row(r.conversation_id, r.customer_id, str(r.turns), str(r.history_turns), str(r.dropped_turns), str(r.history_tokens),
+        table.add_row(plain(r.conversation_id), plain(r.customer_id), str(r.turns), str(r.history_turns), str(r.dropped_turns), str(r.history_tokens),
                       f"{now - r.updated_at:.0f}", f"{(r.updated_at + settings.conversation_retention_s - now) / 3600:.1f}")
     console.print(table if rows else "no conversations")
     return 0
@@ -411,13 +421,14 @@ async def forget_conversation(settings: Settings, conversation_id: str) -> int:
     finally:
         await store.close()
     if not forgotten:
-        console.print(f"[red]no conversation {conversation_id}[/]")
+        console.print(f"[red]no conversation {plain(conversation_id)}[/]")
         return 1
-    console.print(f"conversation {conversation_id} forgotten: its history is deleted (a turn still running in it saves nothing)")
+    console.print(f"conversation {plain(conversation_id)} forgotten: its history is deleted (a turn still running in it saves nothing)")
     return 0
 
 
 APPROVAL_COLUMNS = ("approval", "status", "customer", "call", "why", "waiting s", "deadline in s", "decided by", "turn", "trace id")
+REASON_WIDTH = 24  # the "why" column wraps, at least this wide (or its longest reason)
 
 
 async def list_approvals(settings: Settings, everything: bool, limit: int) -> int:
@@ -441,19 +452,25 @@ async def list_approvals(settings: Settings, everything: bool, limit: int) -> in
             f"{(r.decided_at or now) - r.requested_at:.0f}", f"{r.expires_at - now:.0f}" if r.status == PENDING else "",
             decided, r.turn_id, request.turn.trace_id,
         ))
-    table = Table(box=None, pad_edge=False)
-    for i, column in enumerate(APPROVAL_COLUMNS):
-        whole = column != "why"  # only the reason wraps: the ids and the call are never cut (people copy them)
-        table.add_column(column, no_wrap=whole, min_width=max((len(c[i]) for c in cells), default=0) if whole else None)
-    for row in cells:
-        table.add_row(*row)
     if not rows:
         console.print("no approvals" if everything else "no calls are waiting for approval")
         return 0
-    # wider than the terminal when it must be (the terminal wraps the lines) rather than an id cut short; 24 more for the reason
-    needed = Measurement.get(console, console.options.update(width=10_000), table).minimum + 24
-    console.print(table, width=max(console.width, needed), crop=False)
+    table = Table(box=None, pad_edge=False)
+    for i, column in enumerate(APPROVAL_COLUMNS):
+        longest = max(len(column), *(len(c[i]) for c in cells))  # the header too: never cut
+        whole = column != "why"  # only the reason wraps: the ids and the call are never cut (people copy them)
+        table.add_column(column, no_wrap=whole, min_width=longest if whole else min(longest, REASON_WIDTH))
+    for row in cells:
+        table.add_row(*(Text(cell) for cell in row))  # as text: a label or a reason is never read as markup
+    _print_wide(table, Measurement.get(console, console.options.update(width=10_000), table).minimum)
     return 0
+
+
+def _print_wide(renderable: RenderableType, needed: int) -> None:
+    """Print `renderable` `needed` columns wide when the terminal is narrower (the terminal wraps the lines) rather than
+    cut or drop a column: Console.print itself never renders wider than the console."""
+    width = max(console.width, needed)
+    console.print(Segments(console.render(renderable, console.options.update_width(width))), crop=False)
 
 
 async def decide(settings: Settings, approval_id: str, approve: bool, reason: str, decided_by: str) -> int:
@@ -471,10 +488,10 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
     finally:
         await ledger.close()
     if row is None:
-        console.print(f"[red]no approval {approval_id}[/] (see `roundtrip approvals`)")
+        console.print(f"[red]no approval {plain(approval_id)}[/] (see `roundtrip approvals`)")
         return 1
     if row.status != PENDING or turn is None or turn.status != AWAITING:
-        console.print(f"[red]approval {approval_id} is {row.status}[/]" + (f" by {row.decided_by}" if row.decided_by else "")
+        console.print(f"[red]approval {plain(approval_id)} is {row.status}[/]" + (f" by {plain(row.decided_by)}" if row.decided_by else "")
                       + (f"; its turn is {turn.status}" if turn else "") + ": nothing sent")
         return 1
     decision = DecisionSigner(parse_keys(settings.decision_keys)).sign(ApprovalDecided(
@@ -490,8 +507,8 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
     finally:
         await producer.stop()
     request = ApprovalRequested.model_validate_json(row.request_json)
-    console.print(f"{'approved' if approve else 'denied'} {call_label(row.tool, request.call.input)} for {row.customer_id} "
-                  f"(approval {approval_id}, turn {row.turn_id}) as {decided_by}; the guard resumes the turn")
+    console.print(f"{'approved' if approve else 'denied'} {plain(call_label(row.tool, request.call.input))} for {plain(row.customer_id)} "
+                  f"(approval {plain(approval_id)}, turn {row.turn_id}) as {plain(decided_by)}; the guard resumes the turn")
     return 0
 
 
@@ -507,10 +524,10 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     finally:
         await ledger.close()
     if row is None:
-        console.print(f"[red]no turn {turn_id}[/] in the ledger ({shown(settings.ledger_db_url)})")
+        console.print(f"[red]no turn {plain(turn_id)}[/] in the ledger ({shown(settings.ledger_db_url)})")
         return 1
     if row.status == ENDED:
-        console.print(f"turn {turn_id} already ended ({row.outcome})")
+        console.print(f"turn {plain(turn_id)} already ended ({plain(row.outcome)})")
         return 0
     producer = kafka_clients(settings).producer()
     try:
@@ -519,7 +536,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
         await producer.send_and_wait(topics.t(topics.TURN_CONTROLS, settings.topic_prefix), command.model_dump_json().encode(), key=row.conversation_id.encode())
     finally:
         await producer.stop()
-    console.print(f"cancel sent for turn {turn_id} (customer {row.customer_id}); the guard ends it with a polite reply")
+    console.print(f"cancel sent for turn {plain(turn_id)} (customer {plain(row.customer_id)}); the guard ends it with a polite reply")
     return 0
 
 
@@ -557,9 +574,9 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
     for record in letters[-limit:]:
         letter = DeadLettered.model_validate_json(record.value)
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.timestamp / 1000))
-        console.print(f"[bold]{when}[/] {letter.service} could not process {letter.topic}"
-                      f" (partition {letter.partition}, offset {letter.offset}, key {letter.key}): [red]{letter.reason}[/]")
-        console.print(f"  {_short(letter.payload, 300)}")
+        console.print(f"[bold]{when}[/] {plain(letter.service)} could not process {plain(letter.topic)}"
+                      f" (partition {letter.partition}, offset {letter.offset}, key {plain(letter.key)}): [red]{plain(letter.reason)}[/]")
+        console.print(f"  {plain(_short(letter.payload, 300))}")
     return 0
 
 
@@ -593,9 +610,9 @@ def _render_lag(report, settings: Settings) -> None:
         for i, p in enumerate(g.partitions):
             committed = "-" if p.committed is None else str(p.committed)
             lag = f"[red]{p.lag}[/]" if p.lag else "0"
-            table.add_row(g.group if i == 0 else "", state if i == 0 else "", p.topic, str(p.partition), committed, str(p.end), lag)
+            table.add_row(plain(g.group) if i == 0 else "", state if i == 0 else "", plain(p.topic), str(p.partition), committed, str(p.end), lag)
         total = f"[bold red]{g.lag}[/]" if g.lag else "[bold]0[/]"
-        table.add_row("" if g.partitions else g.group, "" if g.partitions else state, "[bold]total[/]", "", "", "", total,
+        table.add_row("" if g.partitions else plain(g.group), "" if g.partitions else state, "[bold]total[/]", "", "", "", total,
                       end_section=True)
     console.print(table)
     members = Table(box=None, pad_edge=False, title="members")
@@ -604,7 +621,7 @@ def _render_lag(report, settings: Settings) -> None:
     for g in report:
         for m in g.members:
             assigned = ", ".join(f"{t}[{n}]" for t, n in m.partitions) or "-"
-            members.add_row(g.group, m.client_id, m.host, assigned)
+            members.add_row(plain(g.group), plain(m.client_id), plain(m.host), plain(assigned))
         if not g.members:
-            members.add_row(g.group, "[yellow](no members)[/]", "", "")
+            members.add_row(plain(g.group), "[yellow](no members)[/]", "", "")
     console.print(members)

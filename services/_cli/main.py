@@ -265,7 +265,7 @@ def dead_letters(
 
 @app.command()
 def lag(
-    group: Annotated[Optional[str], typer.Option(help="only this consumer group (e.g. executor or roundtrip-executor)")] = None,
+    group: Annotated[Optional[str], typer.Option(help="only this consumer group (e.g. executor, or its full name)")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="one JSON document (per refresh with --watch)")] = False,
     watch: Annotated[Optional[float], typer.Option(help="refresh every SECONDS until Ctrl-C")] = None,
 ) -> None:
@@ -274,12 +274,13 @@ def lag(
 
     if watch is not None and watch <= 0:
         raise typer.BadParameter("--watch takes a number of seconds > 0")
-    known = topology.groups()
-    if group is not None and group not in known and f"roundtrip-{group}" not in known:
-        raise typer.BadParameter(f"unknown consumer group {group!r}; the fleet's groups are: {', '.join(sorted(known))} "
-                                 "(with or without the roundtrip- prefix)", param_hint="'--group'")
+    settings = _fleet_settings()
+    if group is not None and topology.find_group(group, settings.topic_prefix) is None:
+        known = ", ".join(sorted(topology.groups(settings.topic_prefix)))
+        raise typer.BadParameter(f"unknown consumer group {group!r}; the fleet's groups are: {known} "
+                                 "(also without the topic prefix and roundtrip-)", param_hint="'--group'")
     try:
-        raise typer.Exit(asyncio.run(show_lag(_fleet_settings(), group, json_output, watch)))
+        raise typer.Exit(asyncio.run(show_lag(settings, group, json_output, watch)))
     except KeyboardInterrupt:
         raise typer.Exit(0) from None
 

@@ -72,7 +72,7 @@ class Fleet:
             for name in topology.names():
                 for replica in range(self.executor_replicas if name == "executor" else 1):
                     label = name if replica == 0 else f"{name}-{replica + 1}"
-                    self._spawn(label, processes.run_argv(name), f"consumer group roundtrip-{name}")
+                    self._spawn(label, processes.run_argv(name), f"consumer group {topology.group(name, prefix=s.topic_prefix)}")
             self._wait_services()
         except BaseException:
             self.stop()

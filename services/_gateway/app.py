@@ -36,8 +36,8 @@ def build(settings: Settings) -> FastStream:
     refusals = Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # the replies to refused requests (turns' are transactional)
     replies_topic = topic_of(broker, topics.SUPPORT_REPLIES)
     kafka = kafka_clients(settings)
-    replies = TransactionalOutlet(kafka, replies_topic, group("gateway", "replies"),
-                                  transactional_id("gateway", replies_topic, settings.instance_id))
+    replies = TransactionalOutlet(kafka, replies_topic, group("gateway", "replies", settings.topic_prefix),
+                                  transactional_id("gateway", topics.SUPPORT_REPLIES, settings.instance_id, settings.topic_prefix))
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
     replied = RepliedTurns(kafka, replies_topic)
     subscribe_requests(broker, settings, admission, start, refusals)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -291,14 +292,59 @@ def _resolve(spec: str) -> Any:
         raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: expected package.module:attribute")
     try:
         module = importlib.import_module(module_name)
+    except SyntaxError as exc:  # the module's own file or one it imports: say where, as Python would, in one line
+        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: SyntaxError: {exc.msg}"
+                         f"{_at(exc.filename, exc.lineno)}") from None
     except ImportError as exc:
-        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: {exc}") from None
+        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: {_one_line(exc, False)}"
+                         f"{_where(exc, module_name)}") from None
+    except Exception as exc:  # noqa: BLE001 - the module raised as it was imported: one line saying what and where
+        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: {_one_line(exc)}{_where(exc, module_name)}") from None
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):
             raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: {module_name} has no attribute {attribute}")
         target = getattr(target, part)
     return target
+
+
+def _one_line(exc: BaseException, named: bool = True) -> str:
+    """The exception as one line: its type (when `named`) and its message, whitespace and newlines squeezed."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if named else message
+
+
+def _at(filename: str | None, line: int | None) -> str:
+    return f" ({filename}, line {line})" if filename and line else ""
+
+
+def _where(exc: BaseException, module_name: str) -> str:
+    """` (file, line N)` of the line of the agent's own code the exception came from: the deepest frame in the
+    agent's package (or module) file, else the deepest outside the import machinery; "" when there is none (the
+    module itself is not found)."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if name != __file__ and not name.startswith("<frozen importlib") and Path(name).parent.name != "importlib":
+            frames.append((name, tb.tb_lineno))
+        tb = tb.tb_next
+    if not frames:
+        return ""
+    home = _home(module_name.partition(".")[0])
+    own = [f for f in frames if home is not None and (Path(f[0]) == home or home in Path(f[0]).parents)]
+    return _at(*(own or frames)[-1])
+
+
+def _home(package: str) -> Path | None:
+    """The folder of a top-level package (the file of a top-level module), found without importing it."""
+    try:
+        found = importlib.util.find_spec(package)
+    except Exception:  # noqa: BLE001 - not findable: no home to prefer
+        return None
+    if found is None or not found.origin:
+        return None
+    return Path(found.origin).parent if found.submodule_search_locations else Path(found.origin)
 
 
 def load_agent(spec: str | None = None, check: bool = True) -> Agent:

@@ -100,7 +100,7 @@ async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | No
         forged = type(exc)
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id="roundtrip-executor", enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=PREFIX + "roundtrip-executor", enable_auto_commit=False,
                                 **client_security("roundtrip-executor"))
     await consumer.start()
     try:

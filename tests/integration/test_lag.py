@@ -35,12 +35,12 @@ async def test_lag_counts_from_the_start_of_the_log_until_a_commit_then_from_the
     await _produce(kafka_bootstrap, batches, {0: 3, 1: 2})
 
     (before,) = await consumer_lag(kafka_bootstrap, prefix, "executor")
-    assert before.group == "roundtrip-executor"
+    assert before.group == prefix + "roundtrip-executor"  # the fleet's groups carry its topic prefix
     mine = [p for p in before.partitions if p.topic == batches]
     assert [(p.partition, p.committed, p.end, p.lag) for p in mine] == [(0, None, 3, 3), (1, None, 2, 2)]
 
     # A member of the executor group that read everything but committed only partition 0 up to offset 2.
-    consumer = AIOKafkaConsumer(batches, bootstrap_servers=kafka_bootstrap, group_id="roundtrip-executor", client_id="lag-test",
+    consumer = AIOKafkaConsumer(batches, bootstrap_servers=kafka_bootstrap, group_id=prefix + "roundtrip-executor", client_id="lag-test",
                                 enable_auto_commit=False, auto_offset_reset="earliest")
     await consumer.start()
     try:
@@ -64,13 +64,13 @@ async def test_lag_counts_from_the_start_of_the_log_until_a_commit_then_from_the
         assert result.returncode == 0, result.stderr
         document = json.loads(result.stdout)
         groups = {g["group"]: g for g in document["groups"]}
-        assert set(topology.groups()) <= set(groups)
-        executor = groups["roundtrip-executor"]
+        assert set(topology.groups(prefix)) <= set(groups)
+        executor = groups[prefix + "roundtrip-executor"]
         rows = {(p["topic"], p["partition"]): p for p in executor["partitions"]}
         assert rows[(batches, 0)] == {"topic": batches, "partition": 0, "committed": 2, "start": 0, "end": 3, "lag": 1}
         assert rows[(batches, 1)]["committed"] is None and rows[(batches, 1)]["lag"] == 2
         assert any(m["client_id"] == "lag-test" for m in executor["members"])
-        assert groups["roundtrip-model"]["lag"] == 0  # nothing published to turn.model_calls
+        assert groups[prefix + "roundtrip-model"]["lag"] == 0  # nothing published to turn.model_calls
     finally:
         await consumer.stop()
 
@@ -95,5 +95,5 @@ async def test_a_subscription_added_to_the_topology_shows_up_in_lag_before_its_g
     await ensure_topics(kafka_bootstrap, topic_prefix, partitions=2)  # topics create makes its topic too
     await _produce(kafka_bootstrap, topic_prefix + ECHOES, {0: 2, 1: 1})
     report = {g.group: g for g in await consumer_lag(kafka_bootstrap, topic_prefix)}
-    echo = report["roundtrip-echo"]
+    echo = report[topic_prefix + "roundtrip-echo"]
     assert echo.lag == 3 and {p.topic for p in echo.partitions} == {topic_prefix + ECHOES}

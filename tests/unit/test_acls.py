@@ -31,7 +31,7 @@ def test_every_declared_input_and_output_is_granted_to_its_service_only() -> Non
         mine = derived[service.name]
         assert {a.principal for a in mine} == {f"User:roundtrip-{service.name}"}
         for i in service.inputs:
-            assert _allowed(mine, "topic", "acme." + i.topic, "Read") and _allowed(mine, "group", i.group(service.name), "Read")
+            assert _allowed(mine, "topic", "acme." + i.topic, "Read") and _allowed(mine, "group", i.group(service.name, "acme."), "Read")
         for t in service.outputs:
             assert _allowed(mine, "topic", "acme." + t, "Write")
         read = {a.name for a in mine if a.kind == "topic" and "Read" in a.operations}
@@ -74,3 +74,20 @@ def test_the_deploy_readme_shows_what_roundtrip_acls_prints() -> None:
     readme = (Path(__file__).resolve().parents[2] / "deploy" / "README.md").read_text()
     printed = acls.render({"executor": acls.derive()["executor"]}, "kafka-1:9093", "admin.properties")
     assert "$ roundtrip acls --command-config admin.properties --only executor\n" + printed in readme
+
+
+def test_two_fleets_on_one_cluster_are_granted_nothing_of_each_others() -> None:
+    """Prefixes `prod.` and none: every group, transactional id and topic one fleet's principals may touch is out of
+    the other's reach (a prefixed ACL of one matches no name of the other)."""
+    prod, plain = acls.derive(prefix="prod."), acls.derive()
+    for service in topology.SERVICES:
+        for i in service.inputs:
+            assert _allowed(prod[service.name], "group", f"prod.{i.group(service.name)}", "Read")
+            assert not _allowed(prod[service.name], "group", i.group(service.name), "Read")
+            assert not _allowed(plain[service.name], "group", i.group(service.name, "prod."), "Read")
+    txn = "roundtrip-gateway-support.replies-gw-0"
+    assert _allowed(prod["gateway"], "transactional-id", "prod." + txn, "Write") and not _allowed(prod["gateway"], "transactional-id", txn, "Write")
+    assert not _allowed(plain["gateway"], "transactional-id", "prod." + txn, "Write")
+    assert _allowed(prod["operator"], "group", "prod.roundtrip-guard", "Describe")
+    assert not _allowed(prod["operator"], "group", "roundtrip-guard", "Describe")
+    assert not _allowed(plain["operator"], "group", "prod.roundtrip-guard", "Describe")

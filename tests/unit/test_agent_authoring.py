@@ -226,6 +226,22 @@ def test_agent_check_of_a_bad_import_string_is_one_line_and_status_1(monkeypatch
     assert default.exit_code == 0 and default.output.startswith("agent support-agent: ok: 6 tools")
 
 
+@pytest.mark.parametrize(("source", "line", "what"), [
+    ("x = 1\ndef broken(:\n    pass\n", 2, "SyntaxError: invalid syntax"),
+    ("import json\nSETTINGS = json.loads('{')\n", 2, "JSONDecodeError: Expecting property name"),  # raised in a library it calls
+    ("import os\n\nraise RuntimeError('no backend\\nconfigured')\n", 3, "RuntimeError: no backend configured"),
+    ("import json\nimport desk_no_such_library_xyz\n", 2, "No module named 'desk_no_such_library_xyz'"),
+])
+def test_agent_check_reports_an_import_time_failure_as_one_line_with_file_and_line(module, tmp_path, source, line, what):
+    name = module(source)
+    result = CliRunner().invoke(app, ["agent", "check", f"{name}:AGENT"])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert lines[0].startswith(f"error: ROUNDTRIP_AGENT='{name}:AGENT': cannot import {name}: {what}"), lines[0]
+    assert lines[0].endswith(f"({tmp_path / (name + '.py')}, line {line})"), lines[0]
+
+
 def test_agent_init_makes_a_package_that_passes_the_check_and_its_own_tests(tmp_path, monkeypatch):
     made = CliRunner().invoke(app, ["agent", "init", "acme-desk", "--dir", str(tmp_path)])
     assert made.exit_code == 0, made.output

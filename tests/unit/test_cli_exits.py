@@ -54,6 +54,23 @@ def test_a_known_group_with_or_without_the_prefix_is_taken(monkeypatch):
     assert asked == ["executor", "roundtrip-executor", "roundtrip-gateway-replies"]
 
 
+def test_a_prefixed_fleets_groups_are_its_own(monkeypatch, never_asked):
+    monkeypatch.setenv("ROUNDTRIP_TOPIC_PREFIX", "prod.")
+    result = CliRunner().invoke(app, ["lag", "--group", "nosuch"])
+    squeezed = "".join(result.output.replace("│", "").split())
+    assert result.exit_code != 0 and all(group in squeezed for group in topology.groups("prod."))
+    asked = []
+
+    async def show_lag(settings, group, as_json, watch):
+        asked.append((settings.topic_prefix, group))
+        return 0
+
+    monkeypatch.setattr(console, "show_lag", show_lag)
+    for group in ("executor", "roundtrip-executor", "prod.roundtrip-executor"):
+        assert CliRunner().invoke(app, ["lag", "--group", group]).exit_code == 0
+    assert asked == [("prod.", "executor"), ("prod.", "roundtrip-executor"), ("prod.", "prod.roundtrip-executor")]
+
+
 @pytest.mark.parametrize("command", [["ask", "hello", "--customer", "cus_1001"], ["chat", "--customer", "cus_1001"]])
 def test_an_unknown_persona_is_refused_before_any_model_call_with_the_personas(never_asked, command):
     result = CliRunner().invoke(app, [*command, "--persona", "nosuch"])

@@ -73,6 +73,7 @@ def test_transactional_ids_are_stable_per_replica_not_per_process(monkeypatch):
     assert transactional_id("gateway", "r") == "roundtrip-gateway-r-gateway-0"  # the StatefulSet pod name
     monkeypatch.setenv("ROUNDTRIP_INSTANCE_ID", "gw-a")  # read with the settings the gateway is built with
     assert transactional_id("gateway", "r", Settings().instance_id) == "roundtrip-gateway-r-gw-a"
+    assert transactional_id("gateway", "r", "gw-a", "prod.") == "prod.roundtrip-gateway-r-gw-a"  # a fleet's own, by its prefix
 
 
 def test_the_local_fleet_gives_every_replica_its_own_stable_identity(tmp_path, monkeypatch):

@@ -54,6 +54,18 @@ def test_a_service_added_to_the_declaration_shows_up_everywhere(with_echo):
         update={"health_port": 9000, "health_port_per_service": True}))[0] == 9000 + len(topology.SERVICES) - 1
 
 
+def test_a_fleets_groups_carry_its_topic_prefix_and_are_found_by_their_short_names():
+    assert topology.group("guard", "starts") == "roundtrip-guard-starts"
+    assert topology.group("guard", "starts", "prod.") == "prod.roundtrip-guard-starts"
+    prod = topology.groups("prod.")
+    assert set(prod) == {"prod." + g for g in topology.groups()} and prod["prod.roundtrip-executor"] == topology.groups()["roundtrip-executor"]
+    for name in ("executor", "roundtrip-executor", "prod.roundtrip-executor"):
+        assert topology.find_group(name, "prod.") == "prod.roundtrip-executor"
+    assert topology.find_group("roundtrip-executor") == "roundtrip-executor"
+    assert topology.find_group("prod.roundtrip-executor") is None  # another fleet's group is not this fleet's
+    assert topology.find_group("nosuch", "prod.") is None
+
+
 def test_every_app_builds_against_its_declaration():
     for declared in topology.SERVICES:
         importlib.import_module(declared.app_module).build(settings())

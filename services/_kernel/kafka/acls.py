@@ -2,10 +2,13 @@
 
 Each service runs as its own principal (`User:roundtrip-<service>` unless told otherwise) and gets exactly:
 
-* for every input: Read and Describe on its topic, Read on its consumer group;
+* for every input: Read and Describe on its topic, Read on its consumer group (`<prefix>roundtrip-<service>...`);
 * for every output and the dead letters: Write and Describe on the topic, IdempotentWrite on the cluster;
 * the gateway also: Read and Describe on `support.replies` (it reads which turns were answered, with no group)
-  and Write and Describe on its transactional ids (`roundtrip-gateway-` prefixed: one per replica).
+  and Write and Describe on its transactional ids (`<prefix>roundtrip-gateway-` prefixed: one per replica).
+
+Every name carries the fleet's topic prefix (ROUNDTRIP_TOPIC_PREFIX): topics, groups and transactional ids alike, so
+the ACLs of two fleets on one cluster grant neither fleet anything of the other's.
 
 So a compromised executor can write nothing but model calls, approval requests and dead letters, and read
 nothing but the signed batches it runs. Two more principals are not services: `operator` (the `roundtrip`
@@ -64,12 +67,12 @@ def for_service(service: topology.Service, prefix: str = "", principal: str = DE
     """What `service`'s principal needs: nothing more (see the module docstring)."""
     who = principal.format(name=service.name)
     acls = [_topic(who, i.topic, prefix, "Read") for i in service.inputs]
-    acls += [Acl(who, "group", i.group(service.name), ("Read",)) for i in service.inputs]
+    acls += [Acl(who, "group", i.group(service.name, prefix), ("Read",)) for i in service.inputs]
     acls += [_topic(who, t, prefix, "Write") for t in (*service.outputs, topics.DEAD_LETTERS)]
     acls.append(Acl(who, "cluster", "kafka-cluster", ("IdempotentWrite",)))
     if service.name == "gateway":
         acls.append(_topic(who, topics.SUPPORT_REPLIES, prefix, "Read"))
-        acls.append(Acl(who, "transactional-id", "roundtrip-gateway-", ("Write", "Describe"), prefixed=True))
+        acls.append(Acl(who, "transactional-id", f"{prefix}roundtrip-gateway-", ("Write", "Describe"), prefixed=True))
     return _merged(acls)
 
 
@@ -80,7 +83,7 @@ def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[A
     acls = [Acl(who, "topic", topics.t(name, prefix), ("Read", "Describe", "DescribeConfigs", "AlterConfigs", "Alter", "Create"))
             for name in topology.topic_names()]
     acls += [_topic(who, name, prefix, "Write") for name in (topics.SUPPORT_REQUESTS, topics.TURN_CONTROLS, topics.APPROVAL_DECISIONS)]
-    acls.append(Acl(who, "group", "roundtrip-", ("Describe",), prefixed=True))
+    acls.append(Acl(who, "group", f"{prefix}roundtrip-", ("Describe",), prefixed=True))
     acls.append(Acl(who, "cluster", "kafka-cluster", ("Create", "Describe", "IdempotentWrite")))
     return _merged(acls)
 

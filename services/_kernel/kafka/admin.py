@@ -291,26 +291,28 @@ async def _retrying(call, timeout: float):
 
 
 async def consumer_lag(bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None, timeout: float = 10.0) -> list[GroupLag]:
-    """Lag of the fleet's consumer groups (and any other `roundtrip-*` group) on this prefix's topics.
+    """Lag of the consumer groups of the fleet whose topic prefix is `prefix` (and any other `<prefix>roundtrip-*`
+    group) on this prefix's topics: another fleet on the cluster, its groups prefixed otherwise, is not shown.
 
     Per group: committed offset, log start and end offset and lag per partition, and its members with
-    their assigned partitions. `group` keeps one group ("executor" or "roundtrip-executor"). The topology's
-    groups are shown even before they exist or commit: a group that never committed lags from the start of the log.
+    their assigned partitions. `group` keeps one group ("executor", "roundtrip-executor" or the full name). The
+    topology's groups are shown even before they exist or commit: a group that never committed lags from the start
+    of the log.
     """
     from aiokafka import TopicPartition
 
     wire = {prefix + name for name in topology.topic_names()}
-    fleet_groups = topology.groups()
+    fleet_groups, ours = topology.groups(prefix), f"{prefix}roundtrip-"
     admin = _admin(bootstrap, int(timeout * 1000))
     consumer = None
     await admin.start()
     try:
         consumer = clients_of(bootstrap).consumer(enable_auto_commit=False, request_timeout_ms=int(timeout * 1000))
         await consumer.start()
-        listed = {g[0] for g in await admin.list_consumer_groups() if str(g[0]).startswith("roundtrip-")}
+        listed = {g[0] for g in await admin.list_consumer_groups() if str(g[0]).startswith(ours)}
         names = sorted(set(fleet_groups) | listed)
         if group is not None:
-            names = [n for n in names if group in (n, n.removeprefix("roundtrip-"))] or [group]
+            names = [n for n in names if group in (n, n.removeprefix(prefix), n.removeprefix(ours))] or [group]
         described = await _describe_groups(admin, names, wire, timeout)
         committed = dict(zip(names, await _retrying(
             lambda: asyncio.gather(*(admin.list_consumer_group_offsets(n) for n in names)), timeout), strict=True))

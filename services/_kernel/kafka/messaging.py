@@ -87,7 +87,7 @@ def subscribe(
     `@subscribe(broker, topics.MODEL_CALLS, "model", settings)` on `async def on_call_model(command: CallModel)`:
     the handler takes one pydantic message (its annotation says which); `current_record()` gives the
     Kafka record when it needs the coordinates. A `KeyOrderedConsumer` in the service's consumer group
-    (`group()`) holds up to `max_in_flight` messages (default `settings.max_in_flight`) and runs each
+    (`group()`, prefixed like the topics) holds up to `max_in_flight` messages (default `settings.max_in_flight`) and runs each
     through `_message_path`. The handler is also FastStream's subscriber (AsyncAPI, start and stop).
     `commit` replaces the consumer's offset commit (the gateway commits its replies with the offsets
     in one transaction) and `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`:
@@ -95,7 +95,7 @@ def subscribe(
     exc, reason)` runs before a failed record's dead letter (the gateway answers a refused request); its failure is logged.
     """
     declared = _declared(service, topic, role)
-    group_id = group(service, role)
+    group_id = group(service, role, settings.topic_prefix)
 
     def register(handler: Callable[[Any], Awaitable[Any]]) -> Any:
         if declared is not None and _message_model(handler) is not declared.message:

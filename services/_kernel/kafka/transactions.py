@@ -24,18 +24,20 @@ DISCARD_TIMEOUT_S = 10  # stopping a broken producer flushes nothing that matter
 RESTART_TIMEOUT_S = 30  # a fresh producer that cannot register (no coordinator) gives up; the next commit tries again
 
 
-def transactional_id(service: str, topic: str, instance_id: str | None = None) -> str:
+def transactional_id(service: str, topic: str, instance_id: str | None = None, prefix: str = "") -> str:
     """Stable per replica, so a restarted replica fences the transaction its dead predecessor left
     open at once (Kafka aborts it when the same id registers again) instead of readers waiting
     for the transaction timeout (~60 s). The replica's identity, first found:
     `instance_id` (the service's Settings.instance_id, ROUNDTRIP_INSTANCE_ID: a StatefulSet pod name, or
     what `roundtrip up` gives each child); in Kubernetes the pod name (HOSTNAME); else host + service.
-    Two replicas must never share one: give a second replica on one host its own ROUNDTRIP_INSTANCE_ID."""
+    Two replicas must never share one: give a second replica on one host its own ROUNDTRIP_INSTANCE_ID.
+    `topic` is the logical name; `prefix` (the topic prefix) comes first, as in the consumer groups: a fleet's
+    ACL on its transactional ids (`<prefix>roundtrip-<service>-`) covers none of another fleet's."""
     instance = instance_id
     if not instance and os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("HOSTNAME"):
         instance = os.environ["HOSTNAME"]
     instance = instance or f"{socket.gethostname()}-{service}"
-    return f"roundtrip-{service}-{topic}-{instance}"
+    return f"{prefix}roundtrip-{service}-{topic}-{instance}"
 
 
 class TransactionalOutlet:

@@ -79,7 +79,8 @@ class KafkaSettings(Concern):
     kafka_bootstrap_servers: str | None = Field(
         None, description='Kafka bootstrap servers, `host:port[,host:port...]`; unset means the embedded broker on kafka_port'
     )
-    topic_prefix: str = Field("", description="Prefix of every topic name (to share a cluster)")
+    topic_prefix: str = Field("", description="Prefix of every topic name, consumer group and transactional id: "
+                              "fleets that share a cluster share nothing else")
     partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
     executor_partitions: int | None = Field(None, ge=1, description="Partitions of the executor topic (defaults to `partitions`)")
     replication_factor: int = Field(1, ge=1, description='Replication factor of the topics `roundtrip topics create` makes (the shipped k8s ConfigMap: 3)')

@@ -9,6 +9,7 @@ consumer groups there are), `roundtrip topics create` (which topics to make), th
     SERVICES[1]                                  # Service("model", ...)
     service("guard").inputs                      # its subscriptions: topic, message, role (and so its group)
     groups()                                     # {"roundtrip-gateway": "support.requests", ...}
+    groups("prod.")                              # {"prod.roundtrip-gateway": "support.requests", ...}
     topic_names()                                # every topic a service reads or writes, plus the dead letters
 
 Adding a subscription (or a service) is one edit here plus its handler; a handler for a
@@ -24,10 +25,11 @@ from pydantic import BaseModel
 from roundtrip._kernel.wire import events, topics
 
 
-def group(service: str, role: str | None = None) -> str:
+def group(service: str, role: str | None = None, prefix: str = "") -> str:
     """The consumer group of a service's subscription: `roundtrip-<service>` for its main input,
-    `roundtrip-<service>-<role>` for another one."""
-    return f"roundtrip-{service}" + (f"-{role}" if role else "")
+    `roundtrip-<service>-<role>` for another one; `prefix` (the topic prefix, ROUNDTRIP_TOPIC_PREFIX) comes first, so
+    fleets that share a cluster share no group: a rebalance in one never touches another."""
+    return f"{prefix}roundtrip-{service}" + (f"-{role}" if role else "")
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,8 @@ class Input:
     message: type[BaseModel]
     role: str | None = None
 
-    def group(self, service: str) -> str:
-        return group(service, self.role)
+    def group(self, service: str, prefix: str = "") -> str:
+        return group(service, self.role, prefix)
 
 
 @dataclass(frozen=True)
@@ -130,9 +132,16 @@ def index(name: str) -> int:
     return names().index(name)
 
 
-def groups() -> dict[str, str]:
-    """Every consumer group of the fleet -> the (logical) topic it reads."""
-    return {i.group(s.name): i.topic for s in SERVICES for i in s.inputs}
+def groups(prefix: str = "") -> dict[str, str]:
+    """Every consumer group of the fleet whose topic prefix is `prefix` -> the (logical) topic it reads."""
+    return {i.group(s.name, prefix): i.topic for s in SERVICES for i in s.inputs}
+
+
+def find_group(name: str, prefix: str = "") -> str | None:
+    """The fleet's group a user means by `name`: its full name, or without the prefix, or without `roundtrip-` too
+    (`executor`, `roundtrip-executor` and `prod.roundtrip-executor` in the fleet of prefix `prod.`); None if none."""
+    known = groups(prefix)
+    return next((g for g in (name, prefix + name, f"{prefix}roundtrip-{name}") if g in known), None)
 
 
 def topic_names() -> tuple[str, ...]:
