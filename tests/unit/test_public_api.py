@@ -15,7 +15,7 @@ import roundtrip.testing
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {  # the public API as of issue 28: a name removed from here is a breaking change, said on purpose
-    "roundtrip": ["Agent", "AgentError", "Dependencies", "Entity", "FunctionTool", "McpServer", "ToolContext", "ToolError",
+    "roundtrip": ["Agent", "AgentError", "Dependencies", "Entity", "FunctionTool", "McpServer", "SchemaFolder", "ToolContext", "ToolError", "ToolSource",
                   "allow", "always", "approval_rule", "load_agent", "tool"],
     "roundtrip.testing": ["AWAITING_APPROVAL", "Call", "FunctionModel", "ModelInfo", "Reply", "ScriptExhausted",
                           "ScriptedModel", "ToolRun", "TurnResult", "arun_turn", "call", "reply", "run_turn"],
