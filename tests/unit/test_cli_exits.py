@@ -4,7 +4,6 @@ prints reads right (help without `<bool>` or cut paragraphs, "1 step", no empty 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -137,33 +136,16 @@ def test_the_trace_view_shows_no_empty_attribute(tmp_path, capsys):
 
 async def test_the_approvals_table_never_cuts_an_id(tmp_path, monkeypatch):
     import io
-    import time
 
     from rich.console import Console
 
-    from roundtrip._guard import ledger as ledger_module
-    from roundtrip._kernel.wire.events import ApprovalRequested, CheckedCall, Turn
     from roundtrip._kernel.settings import Settings
+    from roundtrip._kernel.wire.events import Turn
+    from tests.approval_rows import list_these_approvals, pending_approval
 
     turn = Turn(turn_id="turn_" + "7" * 24, request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="cd" * 16)
-    call = CheckedCall(id="toolu_1", name="cancel_order", input={"order_id": "ord_a1000003"}, approved=True)
-    request = ApprovalRequested(approval_id="appr_" + "9" * 24, turn=turn, step=1, call=call, reason="a long reason " * 8,
-                                input_sha256="0" * 64, requested_at=time.time(), expires_at=time.time() + 900, messages=[])
-    row = SimpleNamespace(approval_id=request.approval_id, status="pending", customer_id="cus_1001", tool="cancel_order",
-                          reason=request.reason, decided_by=None, decided_at=None, requested_at=request.requested_at,
-                          expires_at=request.expires_at, turn_id=turn.turn_id, request_json=request.model_dump_json())
-
-    class FakeLedger:
-        async def list_approvals(self, status, limit):
-            return [row]
-
-        async def close(self):
-            pass
-
-    async def open_ledger(url, read_only=False):
-        return FakeLedger()
-
-    monkeypatch.setattr(ledger_module.Ledger, "open", staticmethod(open_ledger))
+    request = pending_approval(turn, "cancel_order", {"order_id": "ord_a1000003"}, "a long reason " * 8)
+    list_these_approvals(monkeypatch, [request])
     out = io.StringIO()
     monkeypatch.setattr(console, "console", Console(file=out, width=120, highlight=False))
     (tmp_path / "ledger.db").touch()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from types import SimpleNamespace
 
 from rich.console import Console
@@ -16,8 +15,9 @@ import roundtrip._cli.console as console
 from roundtrip._cli.main import app
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
-    ApprovalRequested, CheckedCall, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, ToolCall, Turn, Usage,
+    CheckedCall, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, ToolCall, Turn, Usage,
 )
+from tests.approval_rows import list_these_approvals, pending_approval
 
 MARKUP = "[red]49,99[/red] [[tx:echo]] :smile: [bold]"  # colour, a double bracket, an emoji code, an unclosed tag
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="ab" * 16)
@@ -86,34 +86,13 @@ def test_every_line_of_a_turn_shows_tool_and_gate_text_as_typed(capsys):
     assert f"rejected: no order {MARKUP}" in out and f"result found {MARKUP}" in out
 
 
-def _approval_row(tool: str, tool_input: dict, reason: str) -> SimpleNamespace:
-    call = CheckedCall(id="toolu_1", name=tool, input=tool_input, approved=True)
-    request = ApprovalRequested(approval_id="appr_" + "9" * 24, turn=TURN, step=1, call=call, reason=reason, input_sha256="0" * 64,
-                                requested_at=time.time(), expires_at=time.time() + 900, messages=[])
-    return SimpleNamespace(approval_id=request.approval_id, status="pending", customer_id="cus_1001", tool=tool, reason=reason,
-                           decided_by=None, decided_at=None, requested_at=request.requested_at, expires_at=request.expires_at,
-                           turn_id=TURN.turn_id, request_json=request.model_dump_json())
-
-
 async def test_the_approvals_table_keeps_every_column_at_any_label_length(tmp_path, monkeypatch):
-    from roundtrip._guard import ledger as ledger_module
     from roundtrip._kernel.settings import Settings
 
     # an MCP tool whose input names no *_id: its label is the tool's name and the input in short
-    row = _approval_row("knowledge_base_search_articles_for_the_customer_in_every_language",
+    row = pending_approval(TURN, "knowledge_base_search_articles_for_the_customer_in_every_language",
                         {"query": "how do I return a parcel that came damaged " * 4, "note": MARKUP}, f"refunds need a person {MARKUP}")
-
-    class Ledger:
-        async def list_approvals(self, status, limit):
-            return [row]
-
-        async def close(self):
-            pass
-
-    async def open_ledger(url, read_only=False):
-        return Ledger()
-
-    monkeypatch.setattr(ledger_module.Ledger, "open", staticmethod(open_ledger))
+    list_these_approvals(monkeypatch, [row])
     (tmp_path / "ledger.db").touch()
     for width in (80, 200):
         monkeypatch.setattr(console, "console", Console(file=(out := io.StringIO()), width=width, highlight=False, emoji=False))
