@@ -59,17 +59,31 @@ class Deployment(Concern):
     heading = "where things live"
 
     env: str | None = Field(
-        None, description=('`development` or `production`; unset: development only with the embedded broker (the published ' 'approval key is refused outside development)')
+        None, description=(
+            "`development` or `production`; unset: development only with the embedded broker (the published approval "
+            "key is refused outside development)"
+        )
     )
     agent: str | None = Field(
-        None, description=('The agent the fleet runs: `package.module:attribute`, or a name in the entry-point group ' '`roundtrip.agents`; unset: the demo agent (see Your own agent in the manual)'),
+        None, description=(
+            "The agent the fleet runs: `package.module:attribute`, or a name in the entry-point group "
+            "`roundtrip.agents`; unset: the demo agent (see Your own agent in the manual)"
+        ),
     )
     instance_id: str | None = Field(
-        None, description=("Stable id of this replica (the gateway's transactional id); default: the pod name in Kubernetes, " 'else host + service; `roundtrip up` gives each child its own')
+        None, description=(
+            "Stable id of this replica (the gateway's transactional id); default: the pod name in Kubernetes, else "
+            "host + service; `roundtrip up` gives each child its own"
+        )
     )
-    state_dir: Path = Field(Path(".roundtrip"), description="Folder for embedded broker data, SQLite files, span files, logs")
+    state_dir: Path = Field(Path(".roundtrip"), description=(
+        "Folder for embedded broker data, SQLite files, span files, logs"
+    ))
     listen_host: str = Field(
-        "127.0.0.1", description="Address the simulator, an agent's embedded backend and the health endpoints listen on (0.0.0.0 in containers)"
+        "127.0.0.1", description=(
+            "Address the simulator, an agent's embedded backend and the health endpoints listen on (0.0.0.0 in "
+            "containers)"
+        )
     )
 
 
@@ -77,24 +91,39 @@ class KafkaSettings(Concern):
     heading = "Kafka"
 
     kafka_bootstrap_servers: str | None = Field(
-        None, description='Kafka bootstrap servers, `host:port[,host:port...]`; unset means the embedded broker on kafka_port'
+        None, description=(
+            "Kafka bootstrap servers, `host:port[,host:port...]`; unset means the embedded broker on kafka_port"
+        )
     )
     topic_prefix: str = Field("", description="Prefix of every topic name, consumer group and transactional id: "
                               "fleets that share a cluster share nothing else")
     partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
-    executor_partitions: int | None = Field(None, ge=1, description="Partitions of the executor topic (defaults to `partitions`)")
-    replication_factor: int = Field(1, ge=1, description='Replication factor of the topics `roundtrip topics create` makes (the shipped k8s ConfigMap: 3)')
+    executor_partitions: int | None = Field(None, ge=1, description=(
+        "Partitions of the executor topic (defaults to `partitions`)"
+    ))
+    replication_factor: int = Field(1, ge=1, description=(
+        "Replication factor of the topics `roundtrip topics create` makes (the shipped k8s ConfigMap: 3)"
+    ))
     min_insync_replicas: int | None = Field(
         None, ge=1,
-        description=('`min.insync.replicas` of the topics `roundtrip topics create` makes (k8s ConfigMap: 2); unset: the ' "broker's default"),
+        description=(
+            "`min.insync.replicas` of the topics `roundtrip topics create` makes (k8s ConfigMap: 2); unset: the "
+            "broker's default"
+        ),
     )
     max_in_flight: int = Field(
         500, ge=1,
-        description=('Messages each subscription of a service holds at once (one conversation at a time, many ' 'concurrently); at the limit it pauses fetching'),
+        description=(
+            "Messages each subscription of a service holds at once (one conversation at a time, many concurrently); at"
+            " the limit it pauses fetching"
+        ),
     )
     commit_interval_ms: float = Field(
         500.0, ge=0,
-        description="How often a consumer commits its finished offsets (batched; a crash redelivers at most this much finished work)",
+        description=(
+            "How often a consumer commits its finished offsets (batched; a crash redelivers at most this much finished"
+            " work)"
+        ),
     )
 
     @field_validator("kafka_bootstrap_servers")
@@ -131,22 +160,30 @@ class KafkaSecurity(Concern):
         "PLAINTEXT", description='`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL` (`security.protocol`)'
     )
     kafka_sasl_mechanism: Annotated[SASL_MECHANISMS | None, _upper] = Field(
-        None, description='`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `OAUTHBEARER` (`sasl.mechanism`); needed with `SASL_*`'
+        None, description=(
+            "`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `OAUTHBEARER` (`sasl.mechanism`); needed with `SASL_*`"
+        )
     )
     kafka_sasl_username: str | None = Field(None, description="SASL user (PLAIN and SCRAM)")
-    kafka_sasl_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description='SASL password (PLAIN and SCRAM); never shown')
+    kafka_sasl_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description=(
+        "SASL password (PLAIN and SCRAM); never shown"
+    ))
     kafka_sasl_password_file: ExistingFile = Field(
         None, description='File holding the SASL password (a mounted secret; its first line), instead of the variable'
     )
     kafka_sasl_oauth_token_provider: str | None = Field(
-        None, description='OAUTHBEARER: `module:attribute` of an aiokafka `AbstractTokenProvider`, or of a callable making one',
+        None, description=(
+            "OAUTHBEARER: `module:attribute` of an aiokafka `AbstractTokenProvider`, or of a callable making one"
+        ),
     )
     kafka_ssl_cafile: ExistingFile = Field(
         None, description="PEM file of the CAs the brokers' certificates are checked against; unset: the system's CAs"
     )
     kafka_ssl_certfile: ExistingFile = Field(None, description="PEM file of this client's certificate (mTLS)")
     kafka_ssl_keyfile: ExistingFile = Field(None, description="PEM file of this client's private key (mTLS)")
-    kafka_ssl_key_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description='Password of that key, if it has one; never shown')
+    kafka_ssl_key_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description=(
+        "Password of that key, if it has one; never shown"
+    ))
 
     @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file",
                      "kafka_sasl_oauth_token_provider", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile",
@@ -179,18 +216,28 @@ class ModelSettings(Concern):
         None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_API_KEY"), json_schema_extra=SECRET,
         description='The real Anthropic API is used when set (also ROUNDTRIP_ANTHROPIC_API_KEY)',
     )
-    anthropic_base_url: str | None = Field(None, description="Override the API base URL (the simulator is used when no key is set)")
+    anthropic_base_url: str | None = Field(None, description=(
+        "Override the API base URL (the simulator is used when no key is set)"
+    ))
     model: str = Field("claude-sonnet-4-6", description="Model name sent to the Messages API")
     max_tokens: int = Field(1024, ge=1, description="max_tokens of each model call")
     model_max_retries: int = Field(
-        2, ge=0, description="Retries of a model call after a transient error (timeout, connection, 5xx) before the turn ends; "
-        "429 and 529 are retried until the turn's deadline")
+        2, ge=0, description=(
+            "Retries of a model call after a transient error (timeout, connection, 5xx) before the turn ends; 429 and "
+            "529 are retried until the turn's deadline"
+        ))
     model_timeout_s: float = Field(60.0, gt=0, description="Timeout of one model call")
     disable_parallel_tool_use: bool = Field(
-        False, description=('Send `tool_choice: {"type": "auto", "disable_parallel_tool_use": true}`: at most one tool call per ' 'model response (a request may override it)')
+        False, description=(
+            "Send `tool_choice: {\"type\": \"auto\", \"disable_parallel_tool_use\": true}`: at most one tool call per model "
+            "response (a request may override it)"
+        )
     )
     cache_history: bool = Field(
-        True, description=("Prompt caching of the history: cache breakpoints on the last message and on the previous request's " 'last message (off: only tools and system prompt are cached)')
+        True, description=(
+            "Prompt caching of the history: cache breakpoints on the last message and on the previous request's last "
+            "message (off: only tools and system prompt are cached)"
+        )
     )
 
     @property
@@ -206,14 +253,20 @@ class LoopRules(Concern):
     )
     max_steps: int = Field(10, ge=1, description="Model calls a turn may make before it is stopped")
     loop_rules: bool = Field(True, description="Repeat, cycle and failure-streak detection (off: step limit only)")
-    max_identical_calls: int = Field(3, ge=2, description="Identical calls (same fingerprint) a turn may make, even succeeding ones")
-    cycle_max_period: int = Field(4, ge=2, description="Longest cycle of steps (A,B,A,B has period 2) the guard looks for")
+    max_identical_calls: int = Field(3, ge=2, description=(
+        "Identical calls (same fingerprint) a turn may make, even succeeding ones"
+    ))
+    cycle_max_period: int = Field(4, ge=2, description=(
+        "Longest cycle of steps (A,B,A,B has period 2) the guard looks for"
+    ))
     cycle_repeats: int = Field(2, ge=2, description="Repetitions of a cycle that end the turn")
     failure_streak: int = Field(4, ge=2, description="Consecutive failing calls that end the turn")
     turn_budget_usd: float = Field(0.50, gt=0, description="Cost a turn may spend on model calls")
     prices: str = Field(
         '{"default": [3.0, 15.0, 3.75, 0.30]}',
-        description="JSON: model -> USD per million tokens [input, output, cache write, cache read]; 'default' for the rest",
+        description=(
+            "JSON: model -> USD per million tokens [input, output, cache write, cache read]; 'default' for the rest"
+        ),
     )
     stuck_after_s: float = Field(60.0, gt=0, description="A turn with no progress for this long is flagged stuck")
     stuck_grace_s: float = Field(30.0, ge=0, description="A stuck turn is ended this long after it was flagged")
@@ -232,12 +285,23 @@ class TurnLedger(Concern):
     heading = "the turn ledger: the guard's record of every turn, the fence of model and executor"
 
     ledger_database_url: DatabaseUrl = Field(
-        None, description=("SQLAlchemy URL of the turn ledger (the guard's, and the fence the executor and model service check)," ' `postgresql+asyncpg://…` or `sqlite+aiosqlite:///…`; unset means a SQLite file in state_dir, which ' 'only the development fleet may use (guard, model and executor refuse to start without it elsewhere)')
+        None, description=(
+            "SQLAlchemy URL of the turn ledger (the guard's, and the fence the executor and model service check), "
+            "`postgresql+asyncpg://…` or `sqlite+aiosqlite:///…`; unset means a SQLite file in state_dir, which only "
+            "the development fleet may use (guard, model and executor refuse to start without it elsewhere)"
+        )
     )
-    outbox_after_s: float = Field(5.0, gt=0, description="The guard's sweeper republishes a recorded decision still unpublished after this long")
+    outbox_after_s: float = Field(5.0, gt=0, description=(
+        "The guard's sweeper republishes a recorded decision still unpublished after this long"
+    ))
     database_pool_size: int = Field(
         POOL_SIZE, ge=1, le=1000,
-        description=('PostgreSQL connections each process keeps open to the ledger (the guard also to the conversation ' 'store), and no more: a statement that finds them all busy waits for one (an extra connection per ' "statement cost far more under load: docs/benchmarks.md, issue 23). The server's `max_connections` " "must cover every replica's: guard 2x, model and executor 1x each, gateway 1"),
+        description=(
+            "PostgreSQL connections each process keeps open to the ledger (the guard also to the conversation store), "
+            "and no more: a statement that finds them all busy waits for one (an extra connection per statement cost "
+            "far more under load: docs/benchmarks.md, issue 23). The server's `max_connections` must cover every "
+            "replica's: guard 2x, model and executor 1x each, gateway 1"
+        ),
     )
 
 
@@ -245,11 +309,17 @@ class ConversationSettings(Concern):
     heading = "conversations: the guard's history of earlier turns"
 
     conversations_database_url: DatabaseUrl = Field(
-        None, description=("SQLAlchemy URL of the conversation store (the guard's history per conversation); unset means the " "ledger's database")
+        None, description=(
+            "SQLAlchemy URL of the conversation store (the guard's history per conversation); unset means the ledger's"
+            " database"
+        )
     )
     history_tokens: int = Field(
         20000, ge=0,
-        description=("Token budget of a conversation's history (estimated at 4 characters a token): the oldest turns are " 'dropped past it, never splitting a tool_use from its tool_result; 0: every request stands alone'),
+        description=(
+            "Token budget of a conversation's history (estimated at 4 characters a token): the oldest turns are "
+            "dropped past it, never splitting a tool_use from its tool_result; 0: every request stands alone"
+        ),
     )
     conversation_retention_s: float = Field(
         30 * 86400.0, gt=0, description='A conversation idle this long (30 days) is deleted with its history'
@@ -287,11 +357,16 @@ class TranscriptLimits(Concern):
     heading = "sizes: what a transcript carries"
 
     max_block_bytes: int = Field(
-        65536, ge=1024, description=('Largest tool input, tool result or text block a transcript carries (a larger input: an `is_error` ' 'result; a larger result or text: cut)')
+        65536, ge=1024, description=(
+            "Largest tool input, tool result or text block a transcript carries (a larger input: an `is_error` result;"
+            " a larger result or text: cut)"
+        )
     )
     max_input_depth: int = Field(32, ge=2, description='Deepest nesting of a tool input (deeper: an `is_error` result)')
     max_transcript_bytes: int = Field(
-        524288, ge=65536, description="A turn's transcript is kept under this (its largest old blocks replaced by markers)"
+        524288, ge=65536, description=(
+            "A turn's transcript is kept under this (its largest old blocks replaced by markers)"
+        )
     )
 
 
@@ -299,11 +374,18 @@ class ApprovalSettings(Concern):
     heading = "approvals by a person"
 
     approval_timeout_s: float = Field(
-        900.0, gt=0, description=('How long a call waits for a decision; then the turn ends politely (`approval_timeout`) and the call ' 'never runs')
+        900.0, gt=0, description=(
+            "How long a call waits for a decision; then the turn ends politely (`approval_timeout`) and the call never"
+            " runs"
+        )
     )
     decision_keys: str = Field(
         DEV_DECISION_KEYS, json_schema_extra=KEYS,
-        description=('Comma-separated `key_id:secret` pairs approval decisions are signed with (the first signs in ' '`roundtrip approvals`); the published default is refused outside development while approvals are ' 'configured (the agent has an approval rule that can hold a call)'),
+        description=(
+            "Comma-separated `key_id:secret` pairs approval decisions are signed with (the first signs in `roundtrip "
+            "approvals`); the published default is refused outside development while approvals are configured (the "
+            "agent has an approval rule that can hold a call)"
+        ),
     )
 
     @property
@@ -315,9 +397,13 @@ class TelemetrySettings(Concern):
     heading = "telemetry: traces, logs, health and metrics"
 
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint (e.g. http://localhost:4318) for traces")
-    span_file: Path | None = Field(None, description="JSON-lines span file; defaults to state_dir/spans.jsonl when no OTLP endpoint")
+    span_file: Path | None = Field(None, description=(
+        "JSON-lines span file; defaults to state_dir/spans.jsonl when no OTLP endpoint"
+    ))
     span_file_max_mb: float = Field(20.0, ge=0, description="The span file is rotated past this size (MB; 0 = never)")
-    span_file_backups: int = Field(3, ge=0, description="Rotated span files kept (spans.jsonl.1 … .N; `roundtrip trace` reads them too)")
+    span_file_backups: int = Field(3, ge=0, description=(
+        "Rotated span files kept (spans.jsonl.1 … .N; `roundtrip trace` reads them too)"
+    ))
     jaeger_query_url: str | None = Field(
         None, description="Jaeger's query API (e.g. http://localhost:16686) for `roundtrip trace`; "
                           "unset: derived from an OTLP endpoint on the standard port 4318, else the span file is read",
@@ -329,8 +415,10 @@ class TelemetrySettings(Concern):
     )
     health_port_per_service: bool = Field(
         False,
-        description="Add the service's index to health_port (gateway +0, model +1, guard +2, gate +3, executor +4; "
-                    "another replica on the host takes the next free port in steps of 5); `roundtrip up --health-port` sets it",
+        description=(
+            "Add the service's index to health_port (gateway +0, model +1, guard +2, gate +3, executor +4; another "
+            "replica on the host takes the next free port in steps of 5); `roundtrip up --health-port` sets it"
+        ),
     )
 
     @property
@@ -350,23 +438,47 @@ class EmbeddedDefaults(Concern):
 
     kafka_port: int = Field(9092, description="Port of the embedded broker (client listener)")
     kafka_controller_port: int = Field(9093, description="Port of the embedded broker's KRaft controller")
-    kafka_version: str = Field("4.1.1", description="Apache Kafka version fetched from Maven Central for the embedded broker")
-    kafka_java_opts: str | None = Field(None, description="JVM options of the embedded broker (default: small heap, serial GC)")
-    kafka_log_level: str = Field("INFO", description="Log level of the embedded broker (its log is state_dir/logs/kafka.log)")
-    kafka_cache: Path | None = Field(None, description='Folder of the fetched Kafka jars; unset: `~/.cache/roundtrip/kafka-<version>`')
-    kafka_pom: Path | None = Field(None, description=('The pom.xml the jars are fetched with (e.g. one naming a Maven mirror); unset: ' '`deploy/kafka/pom.xml`'))
+    kafka_version: str = Field("4.1.1", description=(
+        "Apache Kafka version fetched from Maven Central for the embedded broker"
+    ))
+    kafka_java_opts: str | None = Field(None, description=(
+        "JVM options of the embedded broker (default: small heap, serial GC)"
+    ))
+    kafka_log_level: str = Field("INFO", description=(
+        "Log level of the embedded broker (its log is state_dir/logs/kafka.log)"
+    ))
+    kafka_cache: Path | None = Field(None, description=(
+        "Folder of the fetched Kafka jars; unset: `~/.cache/roundtrip/kafka-<version>`"
+    ))
+    kafka_pom: Path | None = Field(None, description=(
+        "The pom.xml the jars are fetched with (e.g. one naming a Maven mirror); unset: `deploy/kafka/pom.xml`"
+    ))
     simulator_port: int = Field(8801, description="Port of the local Messages API simulator")
-    simulator_persona: str = Field("careful", description="Persona the simulator plays when a request names none (or 'mix')")
+    simulator_persona: str = Field("careful", description=(
+        "Persona the simulator plays when a request names none (or 'mix')"
+    ))
     simulator_latency_ms: float = Field(0.0, ge=0, description="Latency the simulator adds to each response")
     simulator_latency_jitter: float = Field(
-        0.0, ge=0, le=1, description="Spread of that latency: `0.3` draws each response's latency from latency_ms ±30 %"    )
-    simulator_rpm: int | None = Field(None, ge=1, description="Requests per minute the simulator admits (a bucket refilled continuously, like the API's); unset: no limit")
-    simulator_itpm: int | None = Field(None, ge=1, description="Input tokens per minute it admits (cache reads do not count); unset: no limit")
-    simulator_otpm: int | None = Field(None, ge=1, description="Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no limit")
-    simulator_overload_every: float | None = Field(None, gt=0, description="Seconds between the simulator's bursts of 529 overloaded errors; unset: none")
+        0.0, ge=0, le=1, description=(
+            "Spread of that latency: `0.3` draws each response's latency from latency_ms ±30 %"
+        )    )
+    simulator_rpm: int | None = Field(None, ge=1, description=(
+        "Requests per minute the simulator admits (a bucket refilled continuously, like the API's); unset: no limit"
+    ))
+    simulator_itpm: int | None = Field(None, ge=1, description=(
+        "Input tokens per minute it admits (cache reads do not count); unset: no limit"
+    ))
+    simulator_otpm: int | None = Field(None, ge=1, description=(
+        "Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no limit"
+    ))
+    simulator_overload_every: float | None = Field(None, gt=0, description=(
+        "Seconds between the simulator's bursts of 529 overloaded errors; unset: none"
+    ))
     simulator_overload_seconds: float = Field(5.0, gt=0, description="How long each of those bursts lasts")
     simulator_script: Path | None = Field(
-        None, description="JSON file of scripts the simulator plays for persona script:NAME (services/_simulator/scripted.py)"
+        None, description=(
+            "JSON file of scripts the simulator plays for persona script:NAME (services/_simulator/scripted.py)"
+        )
     )
 
 
