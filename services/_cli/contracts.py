@@ -31,7 +31,7 @@ def checkout() -> Path:
     package = Path(__file__).resolve().parents[1]
     if package.name == "services" and all((ROOT / name).exists() for name in ("pyproject.toml", "schemas", "contracts")):
         return ROOT
-    raise NotACheckout(f"`roundtrip contracts` writes schemas/events/ and contracts/ of a checkout of the repository, and "
+    raise NotACheckout(f"`roundtrip contracts` writes schemas/events/, contracts/ and docs/reference/ of a checkout of the repository, and "
                        f"this roundtrip is installed at {package}, not in one: run it from a checkout (pip install -e .)")
 
 

@@ -307,7 +307,8 @@ def config() -> None:
 
 @app.command()
 def contracts() -> None:
-    """Regenerate schemas/events/ (event JSON Schemas) and contracts/ (AsyncAPI) from the code, in a checkout."""
+    """Regenerate schemas/events/ (event JSON Schemas), contracts/ (AsyncAPI) and the manual's configuration reference
+    (docs/reference/configuration.md) from the code, in a checkout."""
     from roundtrip._cli.contracts import NotACheckout, write
 
     try:
