@@ -121,6 +121,11 @@ class Fleet:
         self.kill(name)
         self.respawn(name, env)
 
+    def respawn_exited(self) -> None:
+        """Start every killed process again (each service once, all its replicas) and wait until they run."""
+        while exited := self.exited():
+            self.respawn(exited[0].name)
+
     def exited(self) -> list[Child]:
         return [c for c in self.children if c.process.poll() is not None]
 

@@ -205,6 +205,7 @@ class AsyncFleet:
             for key in [k for k, v in originals.items() if v is None]:  # unset again (not the string "None")
                 self.sync.env.pop(f"ROUNDTRIP_{key.upper()}", None)
             original = fleet_env(**{k: v for k, v in originals.items() if v is not None})
+            await asyncio.to_thread(self.sync.respawn_exited)  # killed by the test, which then failed
             for name in services:
                 await self.restart(name, original)
 
@@ -214,6 +215,16 @@ def fleet(fleet_settings):
     settings, env = fleet_settings
     with Fleet(settings, env=env, executor_replicas=2) as running:  # executors scale on their own
         yield AsyncFleet(running)
+
+
+@pytest.fixture(autouse=True)
+def _fleet_whole_after_each_test(request):
+    """A test that fails after killing a service (before it respawns it) leaves the session's fleet whole again: the
+    tests after it would otherwise fail on the missing service, hiding the one real failure among theirs."""
+    yield
+    if "fleet" not in request.fixturenames:
+        return
+    request.getfixturevalue("fleet").sync.respawn_exited()
 
 
 @pytest.fixture(scope="session")

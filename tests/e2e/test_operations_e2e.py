@@ -92,7 +92,7 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
 
         document = await _lag_cli(env)
         (group,) = document["groups"]
-        assert group["group"] == "roundtrip-executor"
+        assert group["group"] == settings.topic_prefix + "roundtrip-executor"  # the prefix names the groups too
         rows = [p for p in group["partitions"] if p["topic"] == batches]
         assert len(rows) == (settings.executor_partitions or settings.partitions)
         assert sum(p["lag"] for p in rows) >= lag_before + REQUESTS
