@@ -17,6 +17,7 @@ from faststream.specification import AsyncAPI
 from roundtrip._kernel.wire import events, topology
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.settings.display import reference
+from roundtrip._sdk.agent import load_agent
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: schemas/ and contracts/ beside services/ (in a checkout only)
 
@@ -41,7 +42,8 @@ def event_schemas() -> dict[str, dict]:
 
 def asyncapi_document() -> dict:
     settings = Settings(_env_file=None, topic_prefix="", kafka_bootstrap_servers="localhost:9092")
-    brokers = [importlib.import_module(s.app_module).build(settings).broker for s in topology.SERVICES]
+    agent = load_agent()  # the topics are the fleet's, whichever agent it runs: the demo agent's build declares them
+    brokers = [importlib.import_module(s.app_module).build(settings, agent).broker for s in topology.SERVICES]
     spec = AsyncAPI(
         *brokers,
         title="roundtrip",

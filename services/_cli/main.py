@@ -70,18 +70,19 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     try:
         agent = current_agent(settings.agent)  # the agent every service runs: found and checked once, here
         agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
-        if service in ("gate", "executor"):  # they hold the approval keys (the app checks again when it starts)
+        declared = topology.service(service)  # what it holds and shares (the app checks the keys again when it starts)
+        if declared.signs_batches:
             settings.refuse_dev_approval_key(service)
-        if service in ("gate", "guard"):  # they accept people's decisions (the app checks again when it starts)
+        if declared.accepts_decisions:
             settings.refuse_dev_decision_key(service, agent.holds_calls())
-        if topology.service(service).shares_ledger:
+        if declared.shares_ledger:
             settings.refuse_private_ledger(service)
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2 if isinstance(exc, InsecureConfiguration) else 1) from None
     setup_telemetry(service, settings)
-    module = importlib.import_module(topology.service(service).app_module)
-    stream = module.build(settings)
+    module = importlib.import_module(declared.app_module)
+    stream = module.build(settings, agent)  # the one composition root: the agent loaded once, handed to the service
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
     log = logging.getLogger(f"roundtrip.{service}")
     # until the service has started, a refused or failed connection is said once, by main() (one line naming

@@ -21,14 +21,13 @@ from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, 
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.observability.telemetry import mark_error
-from roundtrip._sdk.agent import current_agent
+from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.executor")
 
 
-def build(settings: Settings) -> FastStream:
+def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("executor", settings)
-    agent = current_agent(settings.agent)
     deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
     runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes,
                     fallback=agent.toolbox.handler)

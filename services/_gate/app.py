@@ -12,7 +12,7 @@ from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.settings import Settings
-from roundtrip._sdk.agent import Agent, current_agent
+from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies, ToolContext
 
 log = logging.getLogger("roundtrip.gate")
@@ -32,10 +32,9 @@ def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
                 decisions=DecisionSigner(parse_keys(settings.decision_keys)), approval_timeout_s=settings.approval_timeout_s)
 
 
-def build(settings: Settings) -> FastStream:
+def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("gate", settings)
     execute = Outlet(broker, topics.TOOL_BATCHES, ExecuteToolBatch)
-    agent = current_agent(settings.agent)
     deps = agent.open_dependencies(settings)
     gate = gate_for(agent, settings, deps)
 

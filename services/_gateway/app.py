@@ -24,12 +24,12 @@ from roundtrip._kernel.observability.telemetry import bind_turn, new_turn_ids, r
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.kafka.transactions import TransactionalOutlet, transactional_id
 from roundtrip._kernel.storage.turnstore import TurnStore
-from roundtrip._sdk.agent import current_agent
+from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.gateway")
 
 
-def build(settings: Settings) -> FastStream:
+def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("gateway", settings, turn_roots=(topics.SUPPORT_REQUESTS,))
     admission = Admission(settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60)
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
@@ -107,7 +107,6 @@ def subscribe_outcomes(broker: KafkaBroker, settings: Settings, admission: Admis
 
     Replies are committed with the offsets that cover their outcomes, one transaction per commit
     (services/_kernel/kafka/transactions.py): commit as soon as something finished, batching while busy."""
-    agent = current_agent(settings.agent)  # its name and digest go on every turn span
 
     async def commit(offsets: dict[TopicPartition, int]) -> None:
         await replies.commit(offsets)

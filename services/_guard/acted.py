@@ -2,7 +2,7 @@
 
 A side effect is a call of a tool the agent declares serial (`Agent.serial`: it changes something, so it never runs
 next to another call) whose tool_result came back without `is_error`. When the fleet ends a turn early (any outcome
-but end_turn) after one, the reply says what was done and that nothing more was (`replies.acted`) instead of an
+but end_turn) after one, the reply says what was done and that nothing more was (`Replies.acted`) instead of an
 apology that would have the customer ask for it again. The loop reads them from the turn's own transcript (`done`);
 an end from outside the loop, which has no transcript, from what the executor recorded in the turn's row
 (`recorded`, services/_kernel/storage/sideeffects.py). What was done is worded by the agent
@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from roundtrip._guard.replies import acted, polite
+from roundtrip._guard.replies import DEFAULT, Replies
 from roundtrip._guard.rules import results_of
 from roundtrip._kernel.storage import sideeffects
 from roundtrip._kernel.wire.events import Outcome
@@ -37,6 +37,7 @@ class Acts:
 
     side_effects: frozenset[str] = frozenset()
     describe: Describe | None = None
+    replies: Replies = DEFAULT  # the agent's words for an early end
 
     def done(self, messages: Sequence[dict]) -> list[str]:
         """What the successful side effects of these messages (one turn's) did, in the order they were called, once each."""
@@ -62,9 +63,13 @@ class Acts:
         says what was done (the model's own words, if the decision kept them, stay in front)."""
         if outcome is Outcome.END_TURN or not done:
             return text
-        apology = polite(outcome)
+        apology = self.replies.polite(outcome)
         kept = text[: -len(apology)].strip() if text.endswith(apology) else text.strip()
-        return f"{kept}\n\n{acted(outcome, list(done))}".strip()
+        return f"{kept}\n\n{self.replies.acted(outcome, done)}".strip()
+
+    def ending(self, outcome: Outcome, done: Sequence[str]) -> str:
+        """The text of an end from outside the loop (no model text to keep): the apology, or what was done."""
+        return self.reply(outcome, self.replies.polite(outcome), done)
 
     def _said(self, calls: Iterable[tuple[str, dict[str, Any], str]]) -> list[str]:
         said: list[str] = []

@@ -23,13 +23,14 @@ from faststream import FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
-from roundtrip._guard import replies, sweeper
+from roundtrip._guard import sweeper
 from roundtrip._guard.acted import Acts
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.outbox import Publish
 from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.replies import DEFAULT, Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
@@ -37,26 +38,27 @@ from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, Ca
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.observability.telemetry import tracer
-from roundtrip._sdk.agent import Agent, current_agent
+from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.guard")
 
 
-def policy_from(settings: Settings) -> Policy:
+def policy_from(settings: Settings, replies: Replies = DEFAULT) -> Policy:
     return Policy(
         max_steps=settings.max_steps, loop_rules=settings.loop_rules, max_identical_calls=settings.max_identical_calls,
         cycle_max_period=settings.cycle_max_period, cycle_repeats=settings.cycle_repeats,
-        failure_streak=settings.failure_streak, budget_usd=settings.turn_budget_usd,
+        failure_streak=settings.failure_streak, budget_usd=settings.turn_budget_usd, replies=replies,
     )
 
 
 def guard_of(settings: Settings, ledger: Ledger, conversations: Conversations, prices: PriceTable, publish: Publish,
              agent: Agent) -> Guard:
+    words = Replies.of(agent.replies)  # the customer reads the agent's own words when the fleet ends a turn
     return Guard(
-        ledger, policy_from(settings), prices, publish, model=agent.model_for(settings), agent_digest=agent.digest,
+        ledger, policy_from(settings, words), prices, publish, model=agent.model_for(settings), agent_digest=agent.digest,
         stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
         outbox_after_s=settings.outbox_after_s, conversations=conversations,
-        decisions=DecisionSigner(parse_keys(settings.decision_keys)), acts=Acts(frozenset(agent.serial), agent.describe_action),
+        decisions=DecisionSigner(parse_keys(settings.decision_keys)), acts=Acts(frozenset(agent.serial), agent.describe_action, words),
     )
 
 
@@ -104,7 +106,7 @@ async def republish_left_over(guard: Guard) -> None:
         log.exception("republishing the outbox at start-up failed; the sweeper retries")
 
 
-def build(settings: Settings) -> FastStream:
+def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("guard", settings)
     outlets = {topic: Outlet(broker, topic, model) for topic, model in topology.service("guard").outputs.items()}
     prices = PriceTable.from_json(settings.prices)
@@ -115,8 +117,6 @@ def build(settings: Settings) -> FastStream:
 
     subscribe_handlers(broker, settings, lambda: state["guard"])
     app = service_app(broker, log)
-    agent = current_agent(settings.agent)
-    replies.use(dict(agent.replies))  # the customer reads the agent's own words when the fleet ends a turn
     # approvals on outside development: never the published key
     app.on_startup(lambda: settings.refuse_dev_decision_key("guard", agent.holds_calls()))
 

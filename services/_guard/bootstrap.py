@@ -29,7 +29,8 @@ from roundtrip._kernel.wire.approvals import DecisionSigner
 
 class Guard:
     """The guard's parts, wired. `conversations` None: every request stands alone (unit tests of the loop);
-    `decisions` None: every person's decision is refused; `acts` None: no tool counts as a side effect."""
+    `decisions` None: every person's decision is refused; `acts` None: no tool counts as a side effect. The agent's
+    words for an early end are `policy.replies` (and `acts.replies` for one after a side effect)."""
 
     def __init__(self, ledger: Ledger, policy: Policy, prices: PriceTable, publish: Publish, *, model: str = "",
                  stuck_after_s: float = 60.0, stuck_grace_s: float = 30.0, turn_deadline_s: float = 300.0,
@@ -40,7 +41,7 @@ class Guard:
         order = ConversationOrder(ledger, give_up_after_s=turn_deadline_s + stuck_grace_s + 60, poll_s=wait_poll_s)
         self.ledger, self.conversations = ledger, conversations
         self.outbox = Outbox(ledger, publish, outbox_after_s, on_ended=order.ended)
-        self.starts = Starts(ledger, self.outbox, order, turn_deadline_s, conversations, steps, agent_digest)
+        self.starts = Starts(ledger, self.outbox, order, turn_deadline_s, conversations, steps, agent_digest, policy.replies)
         acts = acts or Acts()
         self.loop = Loop(ledger, self.outbox, policy, prices, model, conversations, steps, acts)
         self.outside = Outside(ledger, self.outbox, conversations, steps, acts)

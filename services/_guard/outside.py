@@ -16,7 +16,6 @@ from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, Ledger, TurnRow
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Outbox, pending_copy
-from roundtrip._guard.replies import polite
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.wire.events import CancelTurn, Outcome, Turn, TurnEnded, Usage
 from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error, span_in_turn
@@ -51,7 +50,7 @@ class Outside:
         end is recorded and published once the lease is released (the sweeper). Returns ENDED,
         ENDING, or None (the turn was not in the state decided from). `announce` False (the
         broker is away) only records: the ledger keeps the end pending and the outbox publishes it."""
-        text = self.acts.reply(outcome, polite(outcome), self.acts.recorded(row.acted))
+        text = self.acts.ending(outcome, self.acts.recorded(row.acted))
         ended = TurnEnded(turn=Turn.model_validate(row.turn), step=row.step, outcome=outcome, text=text,
                           spent=spent_of(row), cost_usd=round(row.cost_usd, 6))
         pending = pending_copy(ended)
@@ -82,7 +81,7 @@ class Outside:
         if not row.pending or not row.acted:
             return row
         ended = TurnEnded.model_validate(json.loads(row.pending)["message"])
-        text = self.acts.reply(ended.outcome, polite(ended.outcome), self.acts.recorded(row.acted))
+        text = self.acts.ending(ended.outcome, self.acts.recorded(row.acted))
         if text == ended.text:
             return row
         pending = pending_copy(ended.model_copy(update={"text": text}))

@@ -1,11 +1,14 @@
 """The polite words the fleet says when it, not the model, ends a turn.
 
-POLITE holds the defaults; an agent words any of them its own way (`Agent.replies`, by outcome), which the guard
-applies once at start-up with `use()`. A turn that ends early after it changed something says so instead
+POLITE holds the defaults; an agent words any of them its own way (`Agent.replies`, by outcome): `Replies.of` them is
+what the guard's parts say (built once, at the guard's bootstrap, and handed to them). A turn that ends early after it changed something says so instead
 (`acted`, with the words of services/_guard/acted.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from roundtrip._kernel.wire.events import Outcome
 
@@ -80,21 +83,25 @@ STOPPED = {
     Outcome.APPROVAL_TIMEOUT: "a step that needs a review by our team could not be reviewed in time",
 }
 
-_OWN: dict[Outcome, str] = {}  # the agent's wording, set once per process by use()
+@dataclass(frozen=True)
+class Replies:
+    """The words of one agent: its own for an outcome where it has them, the defaults (POLITE) otherwise."""
+
+    own: Mapping[Outcome, str] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def of(cls, texts: Mapping[str, str]) -> Replies:
+        """From the agent's `replies` (Outcome value -> text)."""
+        return cls({Outcome(outcome): text for outcome, text in texts.items()})
+
+    def polite(self, outcome: Outcome) -> str:
+        return self.own.get(outcome) or POLITE[outcome]
+
+    def acted(self, outcome: Outcome, done: Sequence[str]) -> str:
+        """The end of a turn that had already changed something: why it stopped, what was done, that nothing more was."""
+        return (f"I'm sorry, I had to stop before finishing your request: {STOPPED.get(outcome, 'something went wrong')}. "
+                f"What I did before stopping: {'; '.join(done)}. Nothing else was changed. "
+                "Please reply here if anything more is needed, rather than asking for all of it again.")
 
 
-def use(replies: dict[str, str]) -> None:
-    """Say these texts (Outcome value -> text) instead of the defaults, from now on in this process."""
-    _OWN.clear()
-    _OWN.update({Outcome(outcome): text for outcome, text in replies.items()})
-
-
-def polite(outcome: Outcome) -> str:
-    return _OWN.get(outcome) or POLITE[outcome]
-
-
-def acted(outcome: Outcome, done: list[str]) -> str:
-    """The end of a turn that had already changed something: why it stopped, what was done, that nothing more was."""
-    return (f"I'm sorry, I had to stop before finishing your request: {STOPPED.get(outcome, 'something went wrong')}. "
-            f"What I did before stopping: {'; '.join(done)}. Nothing else was changed. "
-            "Please reply here if anything more is needed, rather than asking for all of it again.")
+DEFAULT = Replies()  # no agent's own words: the unit tests of the guard's parts

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from roundtrip._guard.replies import polite
+from roundtrip._guard.replies import DEFAULT, Replies
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, ToolCall
 from roundtrip._kernel.wire.fingerprints import fingerprint
 
@@ -32,6 +32,7 @@ class Policy:
     cycle_repeats: int = 2
     failure_streak: int = 4
     budget_usd: float = 0.50
+    replies: Replies = field(default=DEFAULT, compare=False)  # what the customer reads when a rule ends the turn
 
 
 @dataclass(frozen=True)
@@ -123,18 +124,19 @@ def _streak(past: list[PastCall]) -> list[PastCall]:
 
 def loop_check(event: ModelResponded, policy: Policy) -> Finish | dict[str, str]:
     """Finish for a runaway turn; otherwise the calls to block (first repeats of failed calls)."""
+    say = policy.replies.polite
     past = history(event.messages[event.turn.history_messages:])  # this turn's calls, not the conversation's earlier turns
     period = _cycle(past, event.tool_calls, policy)
     if period:
-        return Finish(Outcome.CYCLE, polite(Outcome.CYCLE), f"the same {period} steps repeated {policy.cycle_repeats} times")
+        return Finish(Outcome.CYCLE, say(Outcome.CYCLE), f"the same {period} steps repeated {policy.cycle_repeats} times")
     blocked: dict[str, str] = {}
     for call in event.tool_calls:
         earlier = [c for c in past if c.fingerprint == call.fingerprint]
         failed = [c for c in earlier if c.failed]
         if failed and len(earlier) >= 2:
-            return Finish(Outcome.REPEATED_CALL, polite(Outcome.REPEATED_CALL), f"{call.name} repeated after failing at step {failed[0].step}")
+            return Finish(Outcome.REPEATED_CALL, say(Outcome.REPEATED_CALL), f"{call.name} repeated after failing at step {failed[0].step}")
         if len(earlier) + 1 > policy.max_identical_calls:
-            return Finish(Outcome.REPEATED_CALL, polite(Outcome.REPEATED_CALL), f"{call.name} called {len(earlier) + 1} times with the same input")
+            return Finish(Outcome.REPEATED_CALL, say(Outcome.REPEATED_CALL), f"{call.name} called {len(earlier) + 1} times with the same input")
         if failed:
             first = failed[0]
             blocked[call.id] = (
@@ -145,30 +147,31 @@ def loop_check(event: ModelResponded, policy: Policy) -> Finish | dict[str, str]
     streak = _streak(past)
     if len(streak) >= policy.failure_streak:
         names = ", ".join(c.name for c in streak[-policy.failure_streak:])
-        return Finish(Outcome.FAILURE_STREAK, polite(Outcome.FAILURE_STREAK), f"{len(streak)} failing calls in a row ({names})")
+        return Finish(Outcome.FAILURE_STREAK, say(Outcome.FAILURE_STREAK), f"{len(streak)} failing calls in a row ({names})")
     return blocked
 
 
 def decide(event: ModelResponded, policy: Policy, cost_usd: float = 0.0, next_call_usd: float = 0.0) -> Continue | Finish:
+    say = policy.replies.polite  # the agent's words where it has them
     if event.error:
         outcome = Outcome.MODEL_BUSY if event.busy else Outcome.MODEL_ERROR
-        return Finish(outcome, polite(outcome), event.error)
+        return Finish(outcome, say(outcome), event.error)
     reason = event.stop_reason
     if reason in FINISHING:
         outcome = FINISHING[reason]
         text = text_of(event)
         if outcome is Outcome.END_TURN:
-            return Finish(outcome, text or polite(outcome))
+            return Finish(outcome, text or say(outcome))
         # A truncated or refused answer keeps what the model said, then says why it stopped.
-        return Finish(outcome, f"{text}\n\n{polite(outcome)}".strip() if text else polite(outcome))
+        return Finish(outcome, f"{text}\n\n{say(outcome)}".strip() if text else say(outcome))
     if reason not in CONTINUING:
-        return Finish(Outcome.UNKNOWN_STOP_REASON, text_of(event) or polite(Outcome.UNKNOWN_STOP_REASON), f"stop_reason {reason!r}")
+        return Finish(Outcome.UNKNOWN_STOP_REASON, text_of(event) or say(Outcome.UNKNOWN_STOP_REASON), f"stop_reason {reason!r}")
     if reason == "tool_use" and not event.tool_calls:
-        return Finish(Outcome.END_TURN, text_of(event) or polite(Outcome.END_TURN))
+        return Finish(Outcome.END_TURN, text_of(event) or say(Outcome.END_TURN))
     if event.step >= policy.max_steps:
-        return Finish(Outcome.STEP_LIMIT, polite(Outcome.STEP_LIMIT), f"{event.step} model calls")
+        return Finish(Outcome.STEP_LIMIT, say(Outcome.STEP_LIMIT), f"{event.step} model calls")
     if cost_usd + next_call_usd > policy.budget_usd:
-        return Finish(Outcome.BUDGET, polite(Outcome.BUDGET), f"${cost_usd:.4f} spent, next call ~${next_call_usd:.4f}, budget ${policy.budget_usd:.2f}")
+        return Finish(Outcome.BUDGET, say(Outcome.BUDGET), f"${cost_usd:.4f} spent, next call ~${next_call_usd:.4f}, budget ${policy.budget_usd:.2f}")
     if reason == "pause_turn":
         return Continue(resume_model=True)
     # calls whose input could not be carried (too large, too deep) are answered with their error, never run

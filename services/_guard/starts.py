@@ -25,7 +25,7 @@ from roundtrip._guard.conversations import Claim, Conversations
 from roundtrip._guard.ledger import Ledger, TurnRow
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
-from roundtrip._guard.replies import polite
+from roundtrip._guard.replies import DEFAULT, Replies
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.wire.events import CallModel, Outcome, StartTurn, Turn, TurnEnded
 
@@ -88,6 +88,7 @@ class Starts:
     conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
     steps: StepClock = field(default_factory=StepClock)
     agent_digest: str | None = None  # recorded with each turn it starts (Agent.digest)
+    replies: Replies = DEFAULT  # the agent's words for a refused conversation
 
     async def on_start(self, command: StartTurn) -> str:
         """A new turn in two round trips of the database where its conversation is new or idle: the ledger's read
@@ -153,7 +154,7 @@ class Starts:
         turn = command.turn
         now = time.time()
         outcome = Outcome.CONVERSATION_REFUSED
-        ended = TurnEnded(turn=turn, step=0, outcome=outcome, text=polite(outcome))
+        ended = TurnEnded(turn=turn, step=0, outcome=outcome, text=self.replies.polite(outcome))
         pending = pending_copy(ended)
         if not await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, outcome=outcome.value,
                                        agent_digest=self.agent_digest):

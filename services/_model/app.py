@@ -19,15 +19,14 @@ from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._model.client import ModelClient
 from roundtrip._model.capacity import Capacity
 from roundtrip._model.handlers import Limits, Retrying, call_model
-from roundtrip._sdk.agent import current_agent
+from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.model")
 
 
-def build(settings: Settings) -> FastStream:
+def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("model", settings)
     responded = Outlet(broker, topics.ITERATIONS, ModelResponded)
-    agent = current_agent(settings.agent)
     # the agent's tools, MCP ones included as their servers are listed (a list kept current in place)
     client = ModelClient(settings, agent.toolbox.api_tools, agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)

@@ -75,6 +75,23 @@ def test_step_limit():
     assert isinstance(out, Finish) and out.outcome is Outcome.STEP_LIMIT
 
 
+def test_a_rule_that_ends_the_turn_says_the_agents_words_and_the_model_keeps_its_own():
+    from roundtrip._guard.app import policy_from
+    from roundtrip._guard.replies import Replies
+    from roundtrip._kernel.settings import Settings
+
+    words = Replies.of({"step_limit": "Wir haben hier angehalten.", "end_turn": "Noch etwas?"})
+    policy = policy_from(Settings(_env_file=None, max_steps=10), words)  # as the guard's bootstrap builds it
+    t = Transcript()
+    for i in range(9):
+        t.step((call(order_id=f"ord_0000000{i}"), None))
+    out = decide(t.next(call(order_id="ord_00000010")), policy)
+    assert (out.outcome, out.text) == (Outcome.STEP_LIMIT, "Wir haben hier angehalten.")
+    assert decide(t.next(call(order_id="ord_00000010")), POLICY).text != out.text  # the defaults elsewhere
+    answered = Transcript().next(stop_reason="end_turn", content=[{"type": "text", "text": "Ihre Bestellung ist unterwegs."}])
+    assert decide(answered, policy).text == "Ihre Bestellung ist unterwegs."
+
+
 def test_history_reads_steps_fingerprints_and_failures_from_the_transcript():
     t = Transcript().step((call(), "Order not found")).step((call("list_orders"), None), (call(order_id="ord_00000001"), None))
     past = history(t.messages)

@@ -14,6 +14,7 @@ from roundtrip._cli.main import app
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.settings import CONCERNS, LoopRules, ModelSettings, Settings, env_name, get_settings
 from roundtrip._kernel.settings.display import grouped, without_passwords
+from roundtrip._sdk.agent import load_agent
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
 
@@ -109,7 +110,7 @@ def test_a_service_uses_the_prefix_it_was_built_with_not_the_environments(clean_
     clean_env.setenv("ROUNDTRIP_TOPIC_PREFIX", "from-env.")
     get_settings()
     for declared in topology.SERVICES:
-        broker = importlib.import_module(declared.app_module).build(Settings(_env_file=None, topic_prefix="built.")).broker
+        broker = importlib.import_module(declared.app_module).build(Settings(_env_file=None, topic_prefix="built."), load_agent()).broker
         names = [getattr(t, "name", t) for s in broker.subscribers for t in s.topics] + [p.topic for p in broker.publishers]
         assert names and all(name.startswith("built.") for name in names), (declared.name, names)
         assert {n.removeprefix("built.") for n in names} >= {i.topic for i in declared.inputs}

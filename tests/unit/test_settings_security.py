@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from roundtrip._kernel.settings import DEV_APPROVAL_KEYS, InsecureConfiguration, Settings
 from roundtrip._kernel.kafka.transactions import transactional_id
+from roundtrip._sdk.agent import load_agent
 
 
 def settings(**values) -> Settings:
@@ -98,6 +99,6 @@ def test_the_local_fleet_gives_every_replica_its_own_stable_identity(tmp_path, m
 async def test_the_apps_themselves_refuse_to_start_with_the_published_key_in_production(service):
     import importlib
 
-    app = importlib.import_module(f"roundtrip._{service}.app").build(settings(kafka_bootstrap_servers="127.0.0.1:1"))
+    app = importlib.import_module(f"roundtrip._{service}.app").build(settings(kafka_bootstrap_servers="127.0.0.1:1"), load_agent())
     with pytest.raises(InsecureConfiguration):
         await app.start()  # before the broker is even contacted

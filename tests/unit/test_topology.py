@@ -18,6 +18,7 @@ from roundtrip._kernel.observability import health
 from roundtrip._kernel.kafka.admin import desired_topics
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, subscribe
 from roundtrip._kernel.settings import Settings
+from roundtrip._sdk.agent import load_agent
 
 ECHOES = "test.echoes"
 ECHOED = "test.echoed"
@@ -25,7 +26,7 @@ ECHO = topology.Service("echo", "a test app: repeats what it hears", inputs=(top
                         outputs={ECHOED: events.CancelTurn}, app=__name__)
 
 
-def build(settings: Settings) -> FastStream:
+def build(settings: Settings, agent: object) -> FastStream:  # a service of its own: builds like the five
     broker = make_broker("echo", settings)
     echoed = Outlet(broker, ECHOED, events.CancelTurn)
 
@@ -68,7 +69,7 @@ def test_a_fleets_groups_carry_its_topic_prefix_and_are_found_by_their_short_nam
 
 def test_every_app_builds_against_its_declaration():
     for declared in topology.SERVICES:
-        importlib.import_module(declared.app_module).build(settings())
+        importlib.import_module(declared.app_module).build(settings(), load_agent())
 
 
 def test_a_subscription_the_topology_does_not_declare_fails_at_build():

@@ -54,7 +54,9 @@ class Service:
     inputs: tuple[Input, ...]
     outputs: dict[str, type[BaseModel]] = field(default_factory=dict)  # topic -> the message published there
     shares_ledger: bool = False  # claims, records or counts turns in the turn ledger: needs the fleet's one ledger database
-    app: str = ""  # module with `build(settings) -> FastStream`; default services.<name>.app
+    signs_batches: bool = False  # signs or verifies approved tool batches: holds ROUNDTRIP_APPROVAL_KEYS (never the dev key)
+    accepts_decisions: bool = False  # verifies people's signed ApprovalDecided: holds ROUNDTRIP_DECISION_KEYS (never the dev key)
+    app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
 
     @property
     def app_module(self) -> str:
@@ -100,17 +102,21 @@ SERVICES: tuple[Service, ...] = (
                  topics.OUTCOMES: events.TurnEnded, topics.TURN_EVENTS: events.TurnFlagged,
                  topics.SUPPORT_STATUS: events.SupportStatus},
         shares_ledger=True,
+        accepts_decisions=True,  # a person's decision resumes the turn waiting for it
     ),
     Service(
         "gate", "validates and authorizes each tool call, signs the approved batch",
         inputs=(Input(topics.TOOL_CALLS, events.CheckToolCalls),),
         outputs={topics.TOOL_BATCHES: events.ExecuteToolBatch},
+        signs_batches=True,
+        accepts_decisions=True,  # a decided call's batch is signed only with a person's valid decision
     ),
     Service(
         "executor", "runs the approved calls of a step, makes the next model call",
         inputs=(Input(topics.TOOL_BATCHES, events.ExecuteToolBatch),),
         outputs={topics.MODEL_CALLS: events.CallModel, topics.APPROVAL_REQUESTS: events.ApprovalRequested},
         shares_ledger=True,
+        signs_batches=True,  # verifies the gate's signature before it runs anything
     ),
 )
 
