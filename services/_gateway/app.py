@@ -41,7 +41,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
     replied = RepliedTurns(kafka, replies_topic)
     subscribe_requests(broker, settings, admission, start, refusals)
-    subscribe_outcomes(broker, settings, admission, replies, replied)
+    subscribe_outcomes(broker, settings, agent, admission, replies, replied)
     app = service_app(broker, log)
     app.on_startup(replies.start)
     app.after_shutdown(replies.stop)
@@ -101,8 +101,8 @@ def subscribe_requests(broker: KafkaBroker, settings: Settings, admission: Admis
             await start(command, turn.conversation_id)
 
 
-def subscribe_outcomes(broker: KafkaBroker, settings: Settings, admission: Admission, replies: TransactionalOutlet,
-                       replied: RepliedTurns) -> None:
+def subscribe_outcomes(broker: KafkaBroker, settings: Settings, agent: Agent, admission: Admission,
+                       replies: TransactionalOutlet, replied: RepliedTurns) -> None:
     """turn.outcomes -> support.replies: the one reply of each turn.
 
     Replies are committed with the offsets that cover their outcomes, one transaction per commit
