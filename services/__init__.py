@@ -26,5 +26,20 @@ from roundtrip._sdk.mcp import McpServer
 from roundtrip._sdk.registry import allow
 from roundtrip._sdk.sources import SchemaFolder, ToolSource
 
-__all__ = ["Agent", "AgentError", "Dependencies", "Entity", "FunctionTool", "McpServer", "SchemaFolder", "ToolContext", "ToolError",
-           "ToolSource", "allow", "always", "approval_rule", "load_agent", "tool"]
+__all__ = [
+    "Agent",
+    "AgentError",
+    "Dependencies",
+    "Entity",
+    "FunctionTool",
+    "McpServer",
+    "SchemaFolder",
+    "ToolContext",
+    "ToolError",
+    "ToolSource",
+    "allow",
+    "always",
+    "approval_rule",
+    "load_agent",
+    "tool",
+]

@@ -9,19 +9,24 @@ from typing import Any
 import pytest
 
 from roundtrip._kernel.settings import Settings
+from roundtrip._sdk.context import Dependencies
+from roundtrip._sdk.registry import Registry, load_registry
 from roundtrip._shop.agent import AGENT as SHOP
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip._shop.agent.settings import ShopAgentSettings
-from roundtrip._sdk.context import Dependencies
-from roundtrip._sdk.registry import Registry, load_registry
 
 SCHEMAS = Path(SHOP.tools_dir)
 
 
 def shop_registry(folder: Path | None = None, **overrides: Any) -> Registry:
     """The shop agent's tools (from `folder`, else its own schemas), with any of its bindings replaced."""
-    bindings: dict[str, Any] = {"handlers": SHOP.handlers, "policies": SHOP.policies, "entity_resolvers": SHOP.entities,
-                                "approvals": SHOP.approvals, "serial": SHOP.serial}
+    bindings: dict[str, Any] = {
+        "handlers": SHOP.handlers,
+        "policies": SHOP.policies,
+        "entity_resolvers": SHOP.entities,
+        "approvals": SHOP.approvals,
+        "serial": SHOP.serial,
+    }
     return load_registry(folder or SCHEMAS, **(bindings | overrides))
 
 
@@ -34,8 +39,13 @@ def shop_model_client(settings: Any, tools: list[dict[str, Any]] | None = None, 
     """The model service's client as it runs the shop agent (its tools, prompt and model)."""
     from roundtrip._model.client import ModelClient
 
-    return ModelClient(settings, SHOP.registry.api_tools(cache=True) if tools is None else tools, SHOP.system_prompt,
-                       SHOP.model_for(settings), sdk_retries=sdk_retries)
+    return ModelClient(
+        settings,
+        SHOP.registry.api_tools(cache=True) if tools is None else tools,
+        SHOP.system_prompt,
+        SHOP.model_for(settings),
+        sdk_retries=sdk_retries,
+    )
 
 
 @pytest.fixture

@@ -14,11 +14,30 @@ from roundtrip._kernel.wire.events import ApprovalRequested, CheckedCall, Turn
 def pending_approval(turn: Turn, tool: str, tool_input: dict[str, Any], reason: str) -> SimpleNamespace:
     """The ledger's row of one call of `turn` waiting for a person."""
     call = CheckedCall(id="toolu_1", name=tool, input=tool_input, approved=True)
-    request = ApprovalRequested(approval_id="appr_" + "9" * 24, turn=turn, step=1, call=call, reason=reason,
-                                input_sha256="0" * 64, requested_at=time.time(), expires_at=time.time() + 900, messages=[])
-    return SimpleNamespace(approval_id=request.approval_id, status="pending", customer_id=turn.customer_id, tool=tool,
-                           reason=reason, decided_by=None, decided_at=None, requested_at=request.requested_at,
-                           expires_at=request.expires_at, turn_id=turn.turn_id, request_json=request.model_dump_json())
+    request = ApprovalRequested(
+        approval_id="appr_" + "9" * 24,
+        turn=turn,
+        step=1,
+        call=call,
+        reason=reason,
+        input_sha256="0" * 64,
+        requested_at=time.time(),
+        expires_at=time.time() + 900,
+        messages=[],
+    )
+    return SimpleNamespace(
+        approval_id=request.approval_id,
+        status="pending",
+        customer_id=turn.customer_id,
+        tool=tool,
+        reason=reason,
+        decided_by=None,
+        decided_at=None,
+        requested_at=request.requested_at,
+        expires_at=request.expires_at,
+        turn_id=turn.turn_id,
+        request_json=request.model_dump_json(),
+    )
 
 
 def list_these_approvals(monkeypatch: Any, rows: list[SimpleNamespace]) -> None:

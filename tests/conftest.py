@@ -102,6 +102,7 @@ async def kafka_topics(kafka_bootstrap: str, topic_prefix: str) -> AsyncIterator
 
 # -- PostgreSQL -------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """SQLAlchemy URL of a throwaway PostgreSQL database (a real server, started for the session)."""
@@ -126,7 +127,6 @@ def postgres_url() -> Iterator[str]:
         yield url
     finally:
         server.stop()
-
 
 
 @pytest_asyncio.fixture

@@ -94,7 +94,12 @@ class PostgresServer:
             "logging_collector": "off",
         }
         if not self.durable:
-            options |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off", "shared_buffers": "32MB"}
+            options |= {
+                "fsync": "off",
+                "synchronous_commit": "off",
+                "full_page_writes": "off",
+                "shared_buffers": "32MB",
+            }
         cmd = [str(self.bindir / "postgres"), "-D", str(self.data)]
         for k, v in options.items():
             cmd += ["-c", f"{k}={v}"]

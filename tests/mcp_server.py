@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
-from pydantic import Field
-
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 
 TOOL = "gift_wrap_order"
 
@@ -30,8 +29,16 @@ def build(log: Path) -> MCPServer:
         """Gift-wrap one of the customer's orders, with a card carrying a short message."""
         meta = ctx.request_context.meta or {}
         with log.open("a", encoding="utf-8") as out:
-            out.write(json.dumps({"tool": TOOL, "arguments": {"order_id": order_id, "message": message},
-                                  "customer_id": meta.get("roundtrip/customer_id")}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "tool": TOOL,
+                        "arguments": {"order_id": order_id, "message": message},
+                        "customer_id": meta.get("roundtrip/customer_id"),
+                    }
+                )
+                + "\n"
+            )
         if message == "out of paper":
             raise ToolError("The wrapping station is out of paper; nothing was wrapped.")
         return {"order_id": order_id, "gift_wrapped": True, "card": message}
@@ -47,7 +54,9 @@ def calls(log: Path) -> list[dict[str, Any]]:
 def start(port: int, log: Path, out: Path) -> subprocess.Popen:
     """The server as its own process on this port, logging calls to `log`, its output appended to `out`."""
     with out.open("ab") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "tests.mcp_server", str(port), str(log)], stdout=sink, stderr=sink)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.mcp_server", str(port), str(log)], stdout=sink, stderr=sink
+        )
     return process
 
 

@@ -24,8 +24,12 @@ def embedded_kafka(data_dir: Path) -> Iterator[EmbeddedKafka]:
     port = free_port()
     while (controller := free_port()) == port:
         pass
-    kafka = EmbeddedKafka.of(defaults.model_copy(update={"kafka_port": port, "kafka_controller_port": controller}), data_dir,
-                             libs_dir=libs, die_with_parent=True)
+    kafka = EmbeddedKafka.of(
+        defaults.model_copy(update={"kafka_port": port, "kafka_controller_port": controller}),
+        data_dir,
+        libs_dir=libs,
+        die_with_parent=True,
+    )
     with kafka:  # started, and stopped at the end
         kafka.wait_ready(120)
         yield kafka
@@ -35,23 +39,37 @@ def embedded_kafka(data_dir: Path) -> Iterator[EmbeddedKafka]:
 def embedded_cluster(data_dir: Path, n: int = 3) -> Iterator[Cluster]:
     """n Apache Kafka nodes (KRaft) on free ports, data in data_dir/node-<id>, all serving clients; stopped at the end."""
     defaults, libs = _embedded_defaults()
-    with start_cluster(data_dir, n, libs_dir=libs, version=defaults.kafka_version, log_level=defaults.kafka_log_level,
-                       die_with_parent=True) as cluster:
+    with start_cluster(
+        data_dir,
+        n,
+        libs_dir=libs,
+        version=defaults.kafka_version,
+        log_level=defaults.kafka_log_level,
+        die_with_parent=True,
+    ) as cluster:
         yield cluster
 
 
 def _embedded_defaults() -> tuple[Settings, Path]:
     """The environment's embedded defaults (version, JVM options, log level, jar cache) and the fetched jars."""
     defaults = Settings()
-    return defaults, fetch_configured(defaults, progress=lambda line: print(line, file=sys.__stderr__, flush=True))  # cached: a no-op once fetched
+    return defaults, fetch_configured(
+        defaults, progress=lambda line: print(line, file=sys.__stderr__, flush=True)
+    )  # cached: a no-op once fetched
 
 
 def start_service(name: str, env: dict[str, str], log: Path) -> subprocess.Popen:
     """`roundtrip run NAME`, returned once it has said it started (the ready pipe `roundtrip up` uses)."""
     read_fd, write_fd = os.pipe()
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "roundtrip._cli.main", "run", name], env={**env, READY_FD_ENV: str(write_fd)},
-                                stdout=out, stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "roundtrip._cli.main", "run", name],
+            env={**env, READY_FD_ENV: str(write_fd)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
     os.close(write_fd)
     try:
         readable, _, _ = select.select([read_fd], [], [], 90)

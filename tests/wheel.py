@@ -18,8 +18,10 @@ CACHES = ("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache")
 
 
 def is_cache(path: Path) -> bool:
-    return any(part == "__pycache__" or part.endswith(".egg-info") or part == ".pytest_cache" for part in path.parts) \
+    return (
+        any(part == "__pycache__" or part.endswith(".egg-info") or part == ".pytest_cache" for part in path.parts)
         or path.suffix == ".pyc"
+    )
 
 
 def build_wheel(out: Path) -> Path:
@@ -32,9 +34,22 @@ def build_wheel(out: Path) -> Path:
         else:
             shutil.copy2(ROOT / name, src / name)
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "-q",
-         "--wheel-dir", str(out), str(src)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "-q",
+            "--wheel-dir",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert built.returncode == 0, f"pip wheel failed:\n{built.stdout}\n{built.stderr}"
     (wheel,) = out.glob("*.whl")

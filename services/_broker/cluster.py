@@ -26,7 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from roundtrip._broker.embedded import (
-    DEFAULT_JAVA_OPTS, BrokerError, BrokerStartError, EmbeddedKafka, free_port, random_cluster_id,
+    DEFAULT_JAVA_OPTS,
+    BrokerError,
+    BrokerStartError,
+    EmbeddedKafka,
+    free_port,
+    random_cluster_id,
 )
 from roundtrip._kernel.kafka.clients import clients_of
 
@@ -110,7 +115,8 @@ class Cluster:
         if not running:
             raise BrokerError("no node of the cluster is running")
         admin = clients_of(",".join(n.bootstrap for n in running)).admin(  # PLAINTEXT, as the nodes listen
-            client_id="roundtrip-cluster", request_timeout_ms=10000)
+            client_id="roundtrip-cluster", request_timeout_ms=10000
+        )
         await admin.start()
         try:
             return await admin.describe_topics(topics)
@@ -124,8 +130,12 @@ class Cluster:
 
     async def out_of_sync(self) -> list[str]:
         """'topic/partition' of every partition whose in-sync replicas are fewer than its replicas."""
-        return [f"{t['topic']}/{p['partition']}" for t in await self._describe() for p in t["partitions"]
-                if set(p["isr"]) != set(p["replicas"])]
+        return [
+            f"{t['topic']}/{p['partition']}"
+            for t in await self._describe()
+            for p in t["partitions"]
+            if set(p["isr"]) != set(p["replicas"])
+        ]
 
     async def wait_in_sync(self, timeout: float = 120.0) -> None:
         """Until every partition has all its replicas in sync again (what a rolling restart waits for)."""
@@ -153,15 +163,33 @@ def _ports(count: int) -> list[int]:
     return ports
 
 
-def start(data_dir: Path | str, n: int = 3, *, host: str = "127.0.0.1", java_opts: str = NODE_JAVA_OPTS,
-          timeout: float = 120.0, **options) -> Cluster:
+def start(
+    data_dir: Path | str,
+    n: int = 3,
+    *,
+    host: str = "127.0.0.1",
+    java_opts: str = NODE_JAVA_OPTS,
+    timeout: float = 120.0,
+    **options,
+) -> Cluster:
     """n nodes in data_dir/node-<id> on free ports, formatted with one cluster id, started and serving clients.
 
     `options` go to each EmbeddedKafka (libs_dir, version, log_level, cache, die_with_parent, ...)."""
     ports = _ports(2 * n)
     voters = ",".join(f"{i}@{host}:{ports[n + i - 1]}" for i in range(1, n + 1))
-    nodes = [ClusterNode(i, Path(data_dir) / f"node-{i}", ports[i - 1], ports[n + i - 1], host=host, java_opts=java_opts,
-                         properties=node_properties(i, voters, n), **options) for i in range(1, n + 1)]
+    nodes = [
+        ClusterNode(
+            i,
+            Path(data_dir) / f"node-{i}",
+            ports[i - 1],
+            ports[n + i - 1],
+            host=host,
+            java_opts=java_opts,
+            properties=node_properties(i, voters, n),
+            **options,
+        )
+        for i in range(1, n + 1)
+    ]
     cluster = Cluster(nodes, random_cluster_id())
     try:
         return cluster.start(timeout=timeout)

@@ -177,7 +177,9 @@ def fetch_kafka(
                 shutil.rmtree(cache)
             os.rename(tmp, cache)
             size = sum(p.stat().st_size for p in (cache / "libs").iterdir()) / 1e6
-            say(f"Fetched {len(list((cache / 'libs').iterdir()))} jars ({size:.0f} MB) in {time.monotonic() - started:.1f}s")
+            say(
+                f"Fetched {len(list((cache / 'libs').iterdir()))} jars ({size:.0f} MB) in {time.monotonic() - started:.1f}s"
+            )
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -330,9 +332,16 @@ class EmbeddedKafka:
     @classmethod
     def of(cls, settings: EmbeddedDefaults, data_dir: Path | str, **options) -> EmbeddedKafka:
         """The broker the embedded defaults describe: their ports, version, JVM options, log level and jar cache."""
-        return cls(data_dir, settings.kafka_port, settings.kafka_controller_port, settings.kafka_version,
-                   java_opts=settings.kafka_java_opts or None, log_level=settings.kafka_log_level, cache=settings.kafka_cache,
-                   **options)
+        return cls(
+            data_dir,
+            settings.kafka_port,
+            settings.kafka_controller_port,
+            settings.kafka_version,
+            java_opts=settings.kafka_java_opts or None,
+            log_level=settings.kafka_log_level,
+            cache=settings.kafka_cache,
+            **options,
+        )
 
     # -- paths and config --------------------------------------------------------------------
     @property
@@ -567,8 +576,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        configured = settings.model_copy(update={"kafka_port": args.port, "kafka_controller_port": args.controller_port,
-                                                 "kafka_version": args.version})
+        configured = settings.model_copy(
+            update={
+                "kafka_port": args.port,
+                "kafka_controller_port": args.controller_port,
+                "kafka_version": args.version,
+            }
+        )
         libs = fetch_configured(configured)
         if args.command == "fetch" or args.fetch_only:
             print(f"Kafka {args.version} jars: {libs}")
@@ -588,7 +602,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             while not stop.is_set():
                 if not kafka.running():
-                    print(f"the broker exited unexpectedly; last lines of {kafka.log_file}:\n{_tail(kafka.log_file)}", file=sys.stderr)
+                    print(
+                        f"the broker exited unexpectedly; last lines of {kafka.log_file}:\n{_tail(kafka.log_file)}",
+                        file=sys.stderr,
+                    )
                     return 1
                 stop.wait(0.5)
             print("stopping Kafka...", flush=True)

@@ -53,14 +53,20 @@ class Tls:
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self.ca, self.broker_key, self.broker_cert = self.folder / "ca.pem", self.folder / "broker.key", self.folder / "broker.pem"
+        self.ca, self.broker_key, self.broker_cert = (
+            self.folder / "ca.pem",
+            self.folder / "broker.key",
+            self.folder / "broker.pem",
+        )
         self.client_key, self.client_cert = self.folder / "client.key", self.folder / "client.pem"
 
 
 def _openssl(*args: str) -> None:
     openssl = shutil.which("openssl")
     if not openssl:
-        raise BrokerSetupError("`openssl` not found: the secured embedded broker makes its throwaway CA with it (install openssl)")
+        raise BrokerSetupError(
+            "`openssl` not found: the secured embedded broker makes its throwaway CA with it (install openssl)"
+        )
     done = subprocess.run([openssl, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if done.returncode != 0:
         raise BrokerSetupError(f"openssl {args[0]} failed: {done.stderr.strip()}")
@@ -73,17 +79,48 @@ def make_tls(folder: Path, hosts: Sequence[str] = ("127.0.0.1", "localhost")) ->
         return tls
     tls.folder.mkdir(parents=True, exist_ok=True)
     key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *key, "-keyout", str(tls.folder / "ca.key"), "-out", str(tls.ca), "-days", "2",
-             "-subj", "/CN=roundtrip throwaway CA", "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    _openssl(
+        "req",
+        "-x509",
+        *key,
+        "-keyout",
+        str(tls.folder / "ca.key"),
+        "-out",
+        str(tls.ca),
+        "-days",
+        "2",
+        "-subj",
+        "/CN=roundtrip throwaway CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
     names = ",".join(f"IP:{h}" if h[0].isdigit() else f"DNS:{h}" for h in hosts)
-    for who, cert, private, extension in (("broker", tls.broker_cert, tls.broker_key, f"subjectAltName={names}"),
-                                          ("client", tls.client_cert, tls.client_key, "extendedKeyUsage=clientAuth")):
+    for who, cert, private, extension in (
+        ("broker", tls.broker_cert, tls.broker_key, f"subjectAltName={names}"),
+        ("client", tls.client_cert, tls.client_key, "extendedKeyUsage=clientAuth"),
+    ):
         request = tls.folder / f"{who}.csr"
         _openssl("req", *key, "-keyout", str(private), "-out", str(request), "-subj", f"/CN={who}")
         (tls.folder / f"{who}.ext").write_text(extension + "\n")
-        _openssl("x509", "-req", "-in", str(request), "-CA", str(tls.ca), "-CAkey", str(tls.folder / "ca.key"),
-                 "-CAcreateserial", "-out", str(cert), "-days", "2", "-extfile", str(tls.folder / f"{who}.ext"))
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(request),
+            "-CA",
+            str(tls.ca),
+            "-CAkey",
+            str(tls.folder / "ca.key"),
+            "-CAcreateserial",
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-extfile",
+            str(tls.folder / f"{who}.ext"),
+        )
     return tls
 
 
@@ -94,18 +131,25 @@ def _inline(pem: Path) -> str:
 def _jaas(mechanism: str, users: Mapping[str, str]) -> str:
     if mechanism == "OAUTHBEARER":
         return f'{_LOGIN[mechanism]} required unsecuredLoginStringClaim_sub="{ADMIN_USER}";'
-    plain_users = "".join(f' user_{name}="{password}"' for name, password in users.items()) if mechanism == "PLAIN" else ""
+    plain_users = (
+        "".join(f' user_{name}="{password}"' for name, password in users.items()) if mechanism == "PLAIN" else ""
+    )
     return f'{_LOGIN[mechanism]} required username="{ADMIN_USER}" password="{ADMIN_PASSWORD}"{plain_users};'
 
 
-def secured_properties(host: str, controller_port: int, listeners: Sequence[Listener], tls: Tls | None,
-                       users: Mapping[str, str]) -> dict[str, object]:
+def secured_properties(
+    host: str, controller_port: int, listeners: Sequence[Listener], tls: Tls | None, users: Mapping[str, str]
+) -> dict[str, object]:
     """server.properties entries for these listeners (over the embedded broker's own)."""
     first = listeners[0]
     props: dict[str, object] = {
-        "listeners": ",".join([*(f"{lst.name}://{host}:{lst.port}" for lst in listeners), f"CONTROLLER://{host}:{controller_port}"]),
+        "listeners": ",".join(
+            [*(f"{lst.name}://{host}:{lst.port}" for lst in listeners), f"CONTROLLER://{host}:{controller_port}"]
+        ),
         "advertised.listeners": ",".join(f"{lst.name}://{host}:{lst.port}" for lst in listeners),
-        "listener.security.protocol.map": ",".join([*(f"{lst.name}:{lst.protocol}" for lst in listeners), "CONTROLLER:PLAINTEXT"]),
+        "listener.security.protocol.map": ",".join(
+            [*(f"{lst.name}:{lst.protocol}" for lst in listeners), "CONTROLLER:PLAINTEXT"]
+        ),
         "inter.broker.listener.name": first.name,
         # for when an authorizer is configured: the broker itself (ADMIN_USER over SASL, CN=broker over mTLS: it checks
         # transactions with itself on the inter-broker listener), and the controller listener's principal (PLAINTEXT on
@@ -123,10 +167,16 @@ def secured_properties(host: str, controller_port: int, listeners: Sequence[List
                 props[f"{prefix}{mechanism.lower()}.sasl.jaas.config"] = _jaas(mechanism, users)
         if lst.protocol.endswith("SSL"):
             assert tls is not None, f"listener {lst.name} ({lst.protocol}) needs the TLS files"
-            props.update({prefix + "ssl.keystore.type": "PEM", prefix + "ssl.keystore.key": _inline(tls.broker_key),
-                          prefix + "ssl.keystore.certificate.chain": _inline(tls.broker_cert),
-                          prefix + "ssl.truststore.type": "PEM", prefix + "ssl.truststore.location": str(tls.ca),
-                          prefix + "ssl.client.auth": "required" if lst.client_auth else "none"})
+            props.update(
+                {
+                    prefix + "ssl.keystore.type": "PEM",
+                    prefix + "ssl.keystore.key": _inline(tls.broker_key),
+                    prefix + "ssl.keystore.certificate.chain": _inline(tls.broker_cert),
+                    prefix + "ssl.truststore.type": "PEM",
+                    prefix + "ssl.truststore.location": str(tls.ca),
+                    prefix + "ssl.client.auth": "required" if lst.client_auth else "none",
+                }
+            )
     return props
 
 
@@ -134,11 +184,17 @@ def scram_arguments(users: Mapping[str, str], listeners: Sequence[Listener]) -> 
     """`StorageTool format` arguments that put the SCRAM users (and the broker's own) into the metadata log."""
     mechanisms = sorted({m for lst in listeners for m in lst.mechanisms if m.startswith("SCRAM-")})
     users = {ADMIN_USER: ADMIN_PASSWORD, **users}
-    return [arg for m in mechanisms for name, password in users.items()
-            for arg in ("--add-scram", f"{m}=[name={name},password={password}]")]
+    return [
+        arg
+        for m in mechanisms
+        for name, password in users.items()
+        for arg in ("--add-scram", f"{m}=[name={name},password={password}]")
+    ]
 
 
-def client_security(listener: Listener, tls: Tls | None, user: str = ADMIN_USER, password: str = ADMIN_PASSWORD) -> dict[str, Any]:
+def client_security(
+    listener: Listener, tls: Tls | None, user: str = ADMIN_USER, password: str = ADMIN_PASSWORD
+) -> dict[str, Any]:
     """The ROUNDTRIP_KAFKA_* settings a client of this listener uses (as Settings keyword arguments)."""
     values: dict[str, Any] = {"kafka_security_protocol": listener.protocol}
     if listener.protocol.endswith("SSL") and tls is not None:
@@ -161,7 +217,9 @@ def ready_probe(host: str, listener: Listener, tls: Tls | None) -> Callable[[], 
     from roundtrip._kernel.kafka.security import client_options
     from roundtrip._kernel.settings import KafkaSecurity
 
-    kafka = KafkaClients(f"{host}:{listener.port}", client_options(KafkaSecurity(_env_file=None, **client_security(listener, tls))))
+    kafka = KafkaClients(
+        f"{host}:{listener.port}", client_options(KafkaSecurity(_env_file=None, **client_security(listener, tls)))
+    )
 
     async def probe() -> bool:
         admin = kafka.admin(client_id="roundtrip-probe", request_timeout_ms=3000)
@@ -172,7 +230,9 @@ def ready_probe(host: str, listener: Listener, tls: Tls | None) -> Callable[[], 
             await admin.close()
 
     def ready() -> bool:
-        socket.create_connection((host, listener.port), timeout=2.0).close()  # listening yet? (no client log until it is)
+        socket.create_connection(
+            (host, listener.port), timeout=2.0
+        ).close()  # listening yet? (no client log until it is)
         try:
             return asyncio.run(probe())
         except Exception as exc:  # noqa: BLE001 - not ready yet: the caller retries and reports the last one
@@ -181,14 +241,25 @@ def ready_probe(host: str, listener: Listener, tls: Tls | None) -> Callable[[], 
     return ready
 
 
-def secured_kafka(data_dir: Path, listeners: Sequence[Listener], tls: Tls | None, users: Mapping[str, str] | None = None,
-                  **options: Any) -> EmbeddedKafka:
+def secured_kafka(
+    data_dir: Path,
+    listeners: Sequence[Listener],
+    tls: Tls | None,
+    users: Mapping[str, str] | None = None,
+    **options: Any,
+) -> EmbeddedKafka:
     """An EmbeddedKafka (not started) listening on `listeners` only (and its controller), with these SCRAM/PLAIN users."""
     users = dict(users or {})
     host, controller_port = options.get("host", "127.0.0.1"), options.get("controller_port", 9093)
     properties = {**secured_properties(host, controller_port, listeners, tls, users), **options.pop("properties", {})}
-    return EmbeddedKafka(data_dir, listeners[0].port, properties=properties, format_args=scram_arguments(users, listeners),
-                         probe=ready_probe(host, listeners[0], tls), **options)
+    return EmbeddedKafka(
+        data_dir,
+        listeners[0].port,
+        properties=properties,
+        format_args=scram_arguments(users, listeners),
+        probe=ready_probe(host, listeners[0], tls),
+        **options,
+    )
 
 
 def embedded_as_configured(settings: Any, data_dir: Path, **options: Any) -> tuple[EmbeddedKafka, dict[str, Any]]:
@@ -198,13 +269,27 @@ def embedded_as_configured(settings: Any, data_dir: Path, **options: Any) -> tup
     Also the TLS settings its clients need where the settings leave them unset (the throwaway CA, the client's
     certificate). The users are formatted in at the first start: delete `data_dir` to change them."""
     protocol, mechanism = settings.kafka_security_protocol, settings.kafka_sasl_mechanism
-    listener = Listener(protocol.replace("_", ""), protocol, settings.kafka_port, (mechanism,) if mechanism else (),
-                        client_auth=protocol == "SSL")
+    listener = Listener(
+        protocol.replace("_", ""),
+        protocol,
+        settings.kafka_port,
+        (mechanism,) if mechanism else (),
+        client_auth=protocol == "SSL",
+    )
     tls = make_tls(data_dir / "tls") if protocol.endswith("SSL") else None
     users = {settings.kafka_sasl_username: sasl_password(settings)} if settings.kafka_sasl_username else {}
     wanted = {key: value for key, value in client_security(listener, tls).items() if key.startswith("kafka_ssl_")}
     tls_settings = {key: value for key, value in wanted.items() if getattr(settings, key) is None}
-    kafka = secured_kafka(data_dir, [listener], tls, users, controller_port=settings.kafka_controller_port,
-                          version=settings.kafka_version, java_opts=settings.kafka_java_opts or None,
-                          log_level=settings.kafka_log_level, cache=settings.kafka_cache, **options)
+    kafka = secured_kafka(
+        data_dir,
+        [listener],
+        tls,
+        users,
+        controller_port=settings.kafka_controller_port,
+        version=settings.kafka_version,
+        java_opts=settings.kafka_java_opts or None,
+        log_level=settings.kafka_log_level,
+        cache=settings.kafka_cache,
+        **options,
+    )
     return kafka, tls_settings

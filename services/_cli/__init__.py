@@ -16,9 +16,11 @@ def clash() -> str | None:
         found = metadata.distribution(UNRELATED)
     except metadata.PackageNotFoundError:
         return None
-    return (f"error: the unrelated distribution '{UNRELATED}' {found.version} is installed beside roundtrip-fleet and "
-            "shares its import name `roundtrip`, so one has overwritten the other's files: "
-            "pip uninstall roundtrip, then pip install --force-reinstall roundtrip-fleet")
+    return (
+        f"error: the unrelated distribution '{UNRELATED}' {found.version} is installed beside roundtrip-fleet and "
+        "shares its import name `roundtrip`, so one has overwritten the other's files: "
+        "pip uninstall roundtrip, then pip install --force-reinstall roundtrip-fleet"
+    )
 
 
 def entry() -> None:

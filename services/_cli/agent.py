@@ -9,29 +9,39 @@ import asyncio
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 if TYPE_CHECKING:
     from roundtrip._sdk.agent import Agent
 
-agent_app = typer.Typer(help="Your own agent: check one offline, or start a new one from a skeleton.", no_args_is_help=True)
+agent_app = typer.Typer(
+    help="Your own agent: check one offline, or start a new one from a skeleton.", no_args_is_help=True
+)
 
 
 def summary(agent: Agent) -> str:
     """One line saying what a sound agent declares."""
     registry = agent.registry
     kinds = sorted({kind for spec in registry.specs.values() for kind in spec.entity_refs.values()})
-    return (f"agent {agent.name}: ok: {len(registry)} tools ({', '.join(registry.names)}), entity kinds {kinds}, "
-            f"{len(agent.policies)} policies, {len(agent.approvals)} approval rules, digest {agent.digest}")
+    return (
+        f"agent {agent.name}: ok: {len(registry)} tools ({', '.join(registry.names)}), entity kinds {kinds}, "
+        f"{len(agent.policies)} policies, {len(agent.approvals)} approval rules, digest {agent.digest}"
+    )
 
 
 @agent_app.command("check")
 def check(
-    agent: Annotated[Optional[str], typer.Argument(
-        help="package.module:attribute or an entry point name (default: ROUNDTRIP_AGENT; unset: the demo shop's)")] = None,
-    offline: Annotated[bool, typer.Option("--offline", help="do not ask the agent's MCP servers what they list")] = False,
+    agent: Annotated[
+        str | None,
+        typer.Argument(
+            help="package.module:attribute or an entry point name (default: ROUNDTRIP_AGENT; unset: the demo shop's)"
+        ),
+    ] = None,
+    offline: Annotated[
+        bool, typer.Option("--offline", help="do not ask the agent's MCP servers what they list")
+    ] = False,
 ) -> None:
     """Load an agent offline (nothing is connected, no dependency is made) and list every problem of it: tool
     documents that break schemas/tool.json (one line each: the file, the JSON path, the rule), tools without a handler, entity kinds without a resolver, policies, approval rules or serial
@@ -95,5 +105,7 @@ def init(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         typer.echo(f"  created {path}")
-    typer.echo(f"Next: cd {target} && PYTHONPATH=. python -m pytest; roundtrip agent check {package_name(name)}.agent:AGENT; "
-               f"pip install -e . and run it with ROUNDTRIP_AGENT={name}")
+    typer.echo(
+        f"Next: cd {target} && PYTHONPATH=. python -m pytest; roundtrip agent check {package_name(name)}.agent:AGENT; "
+        f"pip install -e . and run it with ROUNDTRIP_AGENT={name}"
+    )

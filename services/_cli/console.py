@@ -24,17 +24,25 @@ from rich.segment import Segments
 from rich.table import Table
 from rich.text import Text
 
-from roundtrip._kernel.wire import topics
-from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
-from roundtrip._kernel.storage.database import shown
-from roundtrip._kernel.kafka.clients import kafka_clients
-from roundtrip._kernel.wire.events import (
-    ApprovalDecided, ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, SupportRequest,
-    SupportStatus, TurnFlagged,
-)
-from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.observability.telemetry import span_files
 from roundtrip._cli.live_order import StepOrder
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.kafka.clients import kafka_clients
+from roundtrip._kernel.observability.telemetry import span_files
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.database import shown
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    CallModel,
+    ExecuteToolBatch,
+    ModelResponded,
+    Outcome,
+    SupportReply,
+    SupportRequest,
+    SupportStatus,
+    TurnFlagged,
+)
 
 # emoji off: a customer's ":smile:" stays as typed; the lines' own markup is the fleet's, the values in them go through plain()
 console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
@@ -62,9 +70,20 @@ class Session:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.watched = {topics.t(n, settings.topic_prefix): n for n in (topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.MODEL_CALLS,
-                                                 topics.TURN_EVENTS, topics.SUPPORT_REPLIES, topics.APPROVAL_REQUESTS,
-                                                 topics.APPROVAL_DECISIONS, topics.SUPPORT_STATUS)}
+        self.watched = {
+            topics.t(n, settings.topic_prefix): n
+            for n in (
+                topics.ITERATIONS,
+                topics.TOOL_CALLS,
+                topics.TOOL_BATCHES,
+                topics.MODEL_CALLS,
+                topics.TURN_EVENTS,
+                topics.SUPPORT_REPLIES,
+                topics.APPROVAL_REQUESTS,
+                topics.APPROVAL_DECISIONS,
+                topics.SUPPORT_STATUS,
+            )
+        }
         kafka = kafka_clients(settings)
         self.consumer = kafka.consumer(enable_auto_commit=False, isolation_level="read_committed")
         self.producer = kafka.producer()
@@ -88,10 +107,22 @@ class Session:
 
     async def ask(self, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
         """Publish one request, show each step of its turn, then the reply; its exit code (`exit_code`), 1 on timeout."""
-        request = SupportRequest(request_id=f"req_{int(time.time() * 1000)}", conversation_id=conversation, customer_id=customer,
-                                 text=text, persona=persona)
-        await self.producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS, self.settings.topic_prefix), request.model_dump_json().encode(), key=conversation.encode())
-        console.print(f"[bold]{plain(customer)}[/] asks: {plain(text)}" + (f"  [dim](persona {plain(persona)})[/]" if persona else ""))
+        request = SupportRequest(
+            request_id=f"req_{int(time.time() * 1000)}",
+            conversation_id=conversation,
+            customer_id=customer,
+            text=text,
+            persona=persona,
+        )
+        await self.producer.send_and_wait(
+            topics.t(topics.SUPPORT_REQUESTS, self.settings.topic_prefix),
+            request.model_dump_json().encode(),
+            key=conversation.encode(),
+        )
+        console.print(
+            f"[bold]{plain(customer)}[/] asks: {plain(text)}"
+            + (f"  [dim](persona {plain(persona)})[/]" if persona else "")
+        )
         seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
         waiting: set[str] = set()  # approval ids of this turn
         order = StepOrder(request.request_id)  # what Kafka's fetches return, in the order it happened
@@ -107,18 +138,41 @@ class Session:
                 reply = _render(topic, data, request.request_id, seen, waiting)
                 if reply is not None:
                     return show_reply(reply)
-        console.print(f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {self.settings.state_dir / 'logs'})")
+        console.print(
+            f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {self.settings.state_dir / 'logs'})"
+        )
         return 1
 
 
 # `roundtrip ask`'s exit code by the reply's outcome (documented in its --help and the README); 1: no reply, 2: not asked
 EXIT_CODES = {
-    **dict.fromkeys((Outcome.STEP_LIMIT, Outcome.REPEATED_CALL, Outcome.CYCLE, Outcome.FAILURE_STREAK, Outcome.BUDGET,
-                     Outcome.DEADLINE, Outcome.CANCELLED, Outcome.APPROVAL_TIMEOUT), 3),  # the guard stopped the turn
-    **dict.fromkeys((Outcome.MAX_TOKENS, Outcome.STOP_SEQUENCE, Outcome.REFUSAL, Outcome.CONTEXT_WINDOW_EXCEEDED,
-                     Outcome.UNKNOWN_STOP_REASON), 4),  # the model stopped without its answer
-    Outcome.MODEL_ERROR: 5, Outcome.MODEL_BUSY: 5,
-    Outcome.CONVERSATION_REFUSED: 6, Outcome.INVALID_REQUEST: 6,  # the request was refused
+    **dict.fromkeys(
+        (
+            Outcome.STEP_LIMIT,
+            Outcome.REPEATED_CALL,
+            Outcome.CYCLE,
+            Outcome.FAILURE_STREAK,
+            Outcome.BUDGET,
+            Outcome.DEADLINE,
+            Outcome.CANCELLED,
+            Outcome.APPROVAL_TIMEOUT,
+        ),
+        3,
+    ),  # the guard stopped the turn
+    **dict.fromkeys(
+        (
+            Outcome.MAX_TOKENS,
+            Outcome.STOP_SEQUENCE,
+            Outcome.REFUSAL,
+            Outcome.CONTEXT_WINDOW_EXCEEDED,
+            Outcome.UNKNOWN_STOP_REASON,
+        ),
+        4,
+    ),  # the model stopped without its answer
+    Outcome.MODEL_ERROR: 5,
+    Outcome.MODEL_BUSY: 5,
+    Outcome.CONVERSATION_REFUSED: 6,
+    Outcome.INVALID_REQUEST: 6,  # the request was refused
     Outcome.END_TURN: 0,
 }
 
@@ -130,20 +184,26 @@ def plural(n: int, word: str) -> str:
 def show_reply(reply: SupportReply) -> int:
     """Print a turn's reply; returns the exit code of its outcome (EXIT_CODES), with a line saying why when it is not 0."""
     colour = "green" if reply.outcome is Outcome.END_TURN else "yellow"
-    console.print(f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {plural(reply.steps, 'step')}, "
-                  f"{reply.usage.input_tokens} in / {reply.usage.output_tokens} out tokens, "
-                  f"cache {reply.usage.cache_creation_input_tokens} written / {reply.usage.cache_read_input_tokens} read)")
+    console.print(
+        f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {plural(reply.steps, 'step')}, "
+        f"{reply.usage.input_tokens} in / {reply.usage.output_tokens} out tokens, "
+        f"cache {reply.usage.cache_creation_input_tokens} written / {reply.usage.cache_read_input_tokens} read)"
+    )
     console.print(Text(reply.text))
     if reply.reason:
         console.print(f"[yellow]refused:[/] {plain(reply.reason)}")
     console.print(f"[dim]turn {reply.turn_id or '(none)'}  trace {reply.trace_id}[/]")
     code = EXIT_CODES[reply.outcome]
     if code:
-        console.print(f"[yellow]the turn did not end with the model's answer: {reply.outcome.value} (exit code {code})[/]")
+        console.print(
+            f"[yellow]the turn did not end with the model's answer: {reply.outcome.value} (exit code {code})[/]"
+        )
     return code
 
 
-async def ask(settings: Settings, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
+async def ask(
+    settings: Settings, text: str, customer: str, persona: str | None, conversation: str, timeout: float
+) -> int:
     session = Session(settings)
     try:
         if not await session.start():
@@ -161,7 +221,9 @@ async def chat(settings: Settings, customer: str, persona: str | None, conversat
     try:
         if not await session.start():
             return 2
-        console.print(f"[dim]conversation {plain(conversation)} as {plain(customer)}; an empty line or Ctrl-D ends it[/]")
+        console.print(
+            f"[dim]conversation {plain(conversation)} as {plain(customer)}; an empty line or Ctrl-D ends it[/]"
+        )
         while True:
             try:
                 text = (await asyncio.to_thread(input, "> ")).strip()
@@ -171,7 +233,9 @@ async def chat(settings: Settings, customer: str, persona: str | None, conversat
                 break
             await session.ask(text, customer, persona, conversation, timeout)
             console.print()
-        console.print(f"[dim]resume it with: roundtrip chat --customer {plain(customer)} --conversation {plain(conversation)}[/]")
+        console.print(
+            f"[dim]resume it with: roundtrip chat --customer {plain(customer)} --conversation {plain(conversation)}[/]"
+        )
         return 0
     finally:
         await session.stop()
@@ -190,12 +254,19 @@ WAITING_ON = {
 def _show_status(data: dict[str, Any]) -> None:
     """What the app is told while its turn waits (support.status)."""
     status = SupportStatus.model_validate(data)
-    console.print(f"  [yellow]{status.state.value}[/] until {time.strftime('%H:%M:%S', time.localtime(status.until))} "
-                  "(support.status): the reply comes once a person decides, or then")
+    console.print(
+        f"  [yellow]{status.state.value}[/] until {time.strftime('%H:%M:%S', time.localtime(status.until))} "
+        "(support.status): the reply comes once a person decides, or then"
+    )
 
 
-def _render(topic: str, data: dict[str, Any], request_id: str, seen: dict[str, str | None] | None = None,
-            waiting: set[str] | None = None) -> SupportReply | None:
+def _render(
+    topic: str,
+    data: dict[str, Any],
+    request_id: str,
+    seen: dict[str, str | None] | None = None,
+    waiting: set[str] | None = None,
+) -> SupportReply | None:
     seen = {} if seen is None else seen
     waiting = set() if waiting is None else waiting
     if topic == topics.SUPPORT_REPLIES:
@@ -206,15 +277,20 @@ def _render(topic: str, data: dict[str, Any], request_id: str, seen: dict[str, s
         if data.get("approval_id") in waiting:
             decision = ApprovalDecided.model_validate(data)
             verdict = "[green]approved[/]" if decision.decision.value == "approve" else "[red]denied[/]"
-            console.print(f"  {verdict} by {plain(decision.decided_by)}" + (f": {plain(decision.reason)}" if decision.reason else ""))
+            console.print(
+                f"  {verdict} by {plain(decision.decided_by)}"
+                + (f": {plain(decision.reason)}" if decision.reason else "")
+            )
         return None
     if data.get("turn", {}).get("request_id") != request_id:
         return None
     if topic == topics.TURN_EVENTS:
         flagged = TurnFlagged.model_validate(data)
         console.print(f"[bold red]turn {flagged.turn.turn_id} is {flagged.status}[/]: {plain(flagged.detail)}")
-        console.print(f"  waiting on {WAITING_ON.get(seen.get('last'), seen.get('last'))} since step {flagged.step}; "
-                      f"trace {flagged.turn.trace_id}")
+        console.print(
+            f"  waiting on {WAITING_ON.get(seen.get('last'), seen.get('last'))} since step {flagged.step}; "
+            f"trace {flagged.turn.trace_id}"
+        )
         return None
     seen["last"] = topic
     if topic == topics.TOOL_CALLS:
@@ -239,10 +315,14 @@ def _render(topic: str, data: dict[str, Any], request_id: str, seen: dict[str, s
     elif topic == topics.APPROVAL_REQUESTS:
         event = ApprovalRequested.model_validate(data)
         waiting.add(event.approval_id)
-        console.print(f"  [yellow]waiting for approval of {plain(call_label(event.call.name, event.call.input))}[/] "
-                      f"(approval {event.approval_id}, deadline in {max(0.0, event.expires_at - time.time()):.0f} s)")
-        console.print(f"  [dim]decide: roundtrip approvals approve {event.approval_id}  |  "
-                      f"roundtrip approvals deny {event.approval_id} --reason TEXT[/]")
+        console.print(
+            f"  [yellow]waiting for approval of {plain(call_label(event.call.name, event.call.input))}[/] "
+            f"(approval {event.approval_id}, deadline in {max(0.0, event.expires_at - time.time()):.0f} s)"
+        )
+        console.print(
+            f"  [dim]decide: roundtrip approvals approve {event.approval_id}  |  "
+            f"roundtrip approvals deny {event.approval_id} --reason TEXT[/]"
+        )
     elif topic == topics.MODEL_CALLS:
         command = CallModel.model_validate(data)
         last = command.messages[-1] if command.messages else {}
@@ -268,8 +348,10 @@ def show_trace(settings: Settings, wanted: str) -> int:
         path = settings.effective_span_file
         files = span_files(path, settings.span_file_backups) if path is not None else []
         if not files:
-            console.print(f"[red]no span file[/] at {path}; with ROUNDTRIP_OTLP_ENDPOINT set, set ROUNDTRIP_JAEGER_QUERY_URL "
-                          "to read the trace from Jaeger")
+            console.print(
+                f"[red]no span file[/] at {path}; with ROUNDTRIP_OTLP_ENDPOINT set, set ROUNDTRIP_JAEGER_QUERY_URL "
+                "to read the trace from Jaeger"
+            )
             return 1
         trace_id, mine = _spans_from_files(files, wanted)
         where = ", ".join(str(f) for f in files)
@@ -297,8 +379,16 @@ def _spans_from_jaeger(url: str, wanted: str) -> tuple[str, list[dict]]:
             response.raise_for_status()
             data = response.json().get("data") or []
     if not data:
-        response = httpx.get(f"{url}/api/traces", timeout=10, params={
-            "service": "roundtrip-gateway", "tags": json.dumps({"roundtrip.turn_id": wanted}), "limit": 5, "lookback": "7d"})
+        response = httpx.get(
+            f"{url}/api/traces",
+            timeout=10,
+            params={
+                "service": "roundtrip-gateway",
+                "tags": json.dumps({"roundtrip.turn_id": wanted}),
+                "limit": 5,
+                "lookback": "7d",
+            },
+        )
         response.raise_for_status()
         data = response.json().get("data") or []
     if not data:
@@ -313,10 +403,15 @@ def jaeger_span(span: dict, processes: dict) -> dict:
     parent = next((r["spanID"] for r in span.get("references", []) if r.get("refType") == "CHILD_OF"), None)
     error = tags.get("error") in (True, "true") or tags.get("otel.status_code") == "ERROR"
     return {
-        "trace_id": span["traceID"], "span_id": span["spanID"], "parent_id": parent, "name": span["operationName"],
+        "trace_id": span["traceID"],
+        "span_id": span["spanID"],
+        "parent_id": parent,
+        "name": span["operationName"],
         "service": processes.get(span.get("processID"), {}).get("serviceName", "?"),
-        "start_ns": span["startTime"] * 1000, "end_ns": (span["startTime"] + span["duration"]) * 1000,
-        "status": "ERROR" if error else "UNSET", "status_message": tags.get("otel.status_description"),
+        "start_ns": span["startTime"] * 1000,
+        "end_ns": (span["startTime"] + span["duration"]) * 1000,
+        "status": "ERROR" if error else "UNSET",
+        "status_message": tags.get("otel.status_description"),
         "attributes": tags,
         "links": [r["spanID"] for r in span.get("references", []) if r.get("refType") == "FOLLOWS_FROM"],
     }
@@ -337,13 +432,27 @@ def _print_trace(trace_id: str, spans: list[dict]) -> None:
         took = (span["end_ns"] - span["start_ns"]) / 1e6
         name = ("  " * min(depth, 12)) + plain(span["name"])
         if span["status"] == "ERROR":
-            name += " [red]ERROR[/]" + (f" [red]{plain(_short(span['status_message'], 80))}[/]" if span.get("status_message") else "")
+            name += " [red]ERROR[/]" + (
+                f" [red]{plain(_short(span['status_message'], 80))}[/]" if span.get("status_message") else ""
+            )
         attrs = span["attributes"]
-        extra = " ".join(f"{k.split('.')[-1]}={plain(attrs[k])}" for k in (
-            "roundtrip.step", "roundtrip.decision", "roundtrip.outcome", "roundtrip.approved", "roundtrip.detail")
-            if attrs.get(k) not in (None, ""))
-        table.add_row(f"{(span['start_ns'] - t0) / 1e6:.1f}", f"{took:.1f}", plain(str(span["service"]).removeprefix("roundtrip-")),
-                      f"{name} [dim]{extra}[/]")
+        extra = " ".join(
+            f"{k.split('.')[-1]}={plain(attrs[k])}"
+            for k in (
+                "roundtrip.step",
+                "roundtrip.decision",
+                "roundtrip.outcome",
+                "roundtrip.approved",
+                "roundtrip.detail",
+            )
+            if attrs.get(k) not in (None, "")
+        )
+        table.add_row(
+            f"{(span['start_ns'] - t0) / 1e6:.1f}",
+            f"{took:.1f}",
+            plain(str(span["service"]).removeprefix("roundtrip-")),
+            f"{name} [dim]{extra}[/]",
+        )
         for child in children.get(span["span_id"], []):
             add(child, depth + 1)
 
@@ -356,8 +465,10 @@ def _ledger_missing(settings: Settings, url: str | None = None) -> bool:
     """A SQLite ledger that does not exist means the wrong folder, not an empty fleet: say so, create nothing."""
     url = url or settings.ledger_db_url
     if url.startswith("sqlite") and not Path(url.split(":///", 1)[-1]).exists():
-        console.print(f"[red]error:[/] no turn ledger at {url.split(':///', 1)[-1]}; run this where the fleet runs, "
-                      "or set ROUNDTRIP_STATE_DIR / ROUNDTRIP_LEDGER_DATABASE_URL")
+        console.print(
+            f"[red]error:[/] no turn ledger at {url.split(':///', 1)[-1]}; run this where the fleet runs, "
+            "or set ROUNDTRIP_STATE_DIR / ROUNDTRIP_LEDGER_DATABASE_URL"
+        )
         return True
     return False
 
@@ -373,16 +484,41 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
     finally:
         await ledger.close()
     table = Table(box=None, pad_edge=False)
-    for column in ("turn", "status", "customer", "step", "outcome", "cost $", "tokens in/out", "age s", "idle s", "trace id"):
+    for column in (
+        "turn",
+        "status",
+        "customer",
+        "step",
+        "outcome",
+        "cost $",
+        "tokens in/out",
+        "age s",
+        "idle s",
+        "trace id",
+    ):
         table.add_column(column)
     now = time.time()
-    colours = {"running": "cyan", "stuck": "red", "waiting": "blue", "awaiting": "yellow", "ending": "magenta", "ended": "dim"}
+    colours = {
+        "running": "cyan",
+        "stuck": "red",
+        "waiting": "blue",
+        "awaiting": "yellow",
+        "ending": "magenta",
+        "ended": "dim",
+    }
     for r in rows:
         idle = "" if r.status == "ended" else f"{now - r.last_progress_at:.0f}"
         table.add_row(
-            plain(r.turn_id), f"[{colours[r.status]}]{r.status}[/]", plain(r.customer_id), str(r.step), plain(r.outcome or ""), f"{r.cost_usd:.4f}",
+            plain(r.turn_id),
+            f"[{colours[r.status]}]{r.status}[/]",
+            plain(r.customer_id),
+            str(r.step),
+            plain(r.outcome or ""),
+            f"{r.cost_usd:.4f}",
             f"{r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens}/{r.output_tokens}",
-            f"{now - r.started_at:.0f}", idle, plain(r.trace_id),
+            f"{now - r.started_at:.0f}",
+            idle,
+            plain(r.trace_id),
         )
     console.print(table if rows else "no turns")
     return 0
@@ -393,19 +529,37 @@ async def list_conversations(settings: Settings, customer: str | None, limit: in
 
     if _ledger_missing(settings, settings.conversations_db_url):
         return 2
-    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s,
-                                     read_only=True)
+    store = await Conversations.open(
+        settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s, read_only=True
+    )
     try:
         rows = await store.list(customer_id=customer, limit=limit)
     finally:
         await store.close()
     table = Table(box=None, pad_edge=False)
-    for column in ("conversation", "customer", "turns", "in history", "dropped", "history tokens", "idle s", "expires in h"):
+    for column in (
+        "conversation",
+        "customer",
+        "turns",
+        "in history",
+        "dropped",
+        "history tokens",
+        "idle s",
+        "expires in h",
+    ):
         table.add_column(column)
     now = time.time()
     for r in rows:
-        table.add_row(plain(r.conversation_id), plain(r.customer_id), str(r.turns), str(r.history_turns), str(r.dropped_turns), str(r.history_tokens),
-                      f"{now - r.updated_at:.0f}", f"{(r.updated_at + settings.conversation_retention_s - now) / 3600:.1f}")
+        table.add_row(
+            plain(r.conversation_id),
+            plain(r.customer_id),
+            str(r.turns),
+            str(r.history_turns),
+            str(r.dropped_turns),
+            str(r.history_tokens),
+            f"{now - r.updated_at:.0f}",
+            f"{(r.updated_at + settings.conversation_retention_s - now) / 3600:.1f}",
+        )
     console.print(table if rows else "no conversations")
     return 0
 
@@ -415,7 +569,9 @@ async def forget_conversation(settings: Settings, conversation_id: str) -> int:
 
     if _ledger_missing(settings, settings.conversations_db_url):
         return 2
-    store = await Conversations.open(settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s)
+    store = await Conversations.open(
+        settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s
+    )
     try:
         forgotten = await store.forget(conversation_id)
     finally:
@@ -423,11 +579,24 @@ async def forget_conversation(settings: Settings, conversation_id: str) -> int:
     if not forgotten:
         console.print(f"[red]no conversation {plain(conversation_id)}[/]")
         return 1
-    console.print(f"conversation {plain(conversation_id)} forgotten: its history is deleted (a turn still running in it saves nothing)")
+    console.print(
+        f"conversation {plain(conversation_id)} forgotten: its history is deleted (a turn still running in it saves nothing)"
+    )
     return 0
 
 
-APPROVAL_COLUMNS = ("approval", "status", "customer", "call", "why", "waiting s", "deadline in s", "decided by", "turn", "trace id")
+APPROVAL_COLUMNS = (
+    "approval",
+    "status",
+    "customer",
+    "call",
+    "why",
+    "waiting s",
+    "deadline in s",
+    "decided by",
+    "turn",
+    "trace id",
+)
 REASON_WIDTH = 24  # the "why" column wraps, at least this wide (or its longest reason)
 
 
@@ -446,12 +615,25 @@ async def list_approvals(settings: Settings, everything: bool, limit: int) -> in
     cells = []
     for r in rows:
         request = ApprovalRequested.model_validate_json(r.request_json)
-        decided = f"{r.decided_by} at {time.strftime('%H:%M:%S', time.localtime(r.decided_at))}" if r.decided_by and r.decided_at else ""
-        cells.append((
-            r.approval_id, r.status, r.customer_id, call_label(r.tool, request.call.input), _short(r.reason, 90),
-            f"{(r.decided_at or now) - r.requested_at:.0f}", f"{r.expires_at - now:.0f}" if r.status == PENDING else "",
-            decided, r.turn_id, request.turn.trace_id,
-        ))
+        decided = (
+            f"{r.decided_by} at {time.strftime('%H:%M:%S', time.localtime(r.decided_at))}"
+            if r.decided_by and r.decided_at
+            else ""
+        )
+        cells.append(
+            (
+                r.approval_id,
+                r.status,
+                r.customer_id,
+                call_label(r.tool, request.call.input),
+                _short(r.reason, 90),
+                f"{(r.decided_at or now) - r.requested_at:.0f}",
+                f"{r.expires_at - now:.0f}" if r.status == PENDING else "",
+                decided,
+                r.turn_id,
+                request.turn.trace_id,
+            )
+        )
     if not rows:
         console.print("no approvals" if everything else "no calls are waiting for approval")
         return 0
@@ -491,24 +673,40 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
         console.print(f"[red]no approval {plain(approval_id)}[/] (see `roundtrip approvals`)")
         return 1
     if row.status != PENDING or turn is None or turn.status != AWAITING:
-        console.print(f"[red]approval {plain(approval_id)} is {row.status}[/]" + (f" by {plain(row.decided_by)}" if row.decided_by else "")
-                      + (f"; its turn is {turn.status}" if turn else "") + ": nothing sent")
+        console.print(
+            f"[red]approval {plain(approval_id)} is {row.status}[/]"
+            + (f" by {plain(row.decided_by)}" if row.decided_by else "")
+            + (f"; its turn is {turn.status}" if turn else "")
+            + ": nothing sent"
+        )
         return 1
-    decision = DecisionSigner(parse_keys(settings.decision_keys)).sign(ApprovalDecided(
-        approval_id=row.approval_id, turn_id=row.turn_id, tool_use_id=row.tool_use_id, input_sha256=row.input_sha256,
-        decision=Decision.APPROVE if approve else Decision.DENY, reason=reason, decided_by=decided_by,
-        decided_at=round(time.time(), 3),
-    ))
+    decision = DecisionSigner(parse_keys(settings.decision_keys)).sign(
+        ApprovalDecided(
+            approval_id=row.approval_id,
+            turn_id=row.turn_id,
+            tool_use_id=row.tool_use_id,
+            input_sha256=row.input_sha256,
+            decision=Decision.APPROVE if approve else Decision.DENY,
+            reason=reason,
+            decided_by=decided_by,
+            decided_at=round(time.time(), 3),
+        )
+    )
     producer = kafka_clients(settings).producer()
     try:
         await producer.start()
-        await producer.send_and_wait(topics.t(topics.APPROVAL_DECISIONS, settings.topic_prefix), decision.model_dump_json().encode(),
-                                     key=row.conversation_id.encode())
+        await producer.send_and_wait(
+            topics.t(topics.APPROVAL_DECISIONS, settings.topic_prefix),
+            decision.model_dump_json().encode(),
+            key=row.conversation_id.encode(),
+        )
     finally:
         await producer.stop()
     request = ApprovalRequested.model_validate_json(row.request_json)
-    console.print(f"{'approved' if approve else 'denied'} {plain(call_label(row.tool, request.call.input))} for {plain(row.customer_id)} "
-                  f"(approval {plain(approval_id)}, turn {row.turn_id}) as {plain(decided_by)}; the guard resumes the turn")
+    console.print(
+        f"{'approved' if approve else 'denied'} {plain(call_label(row.tool, request.call.input))} for {plain(row.customer_id)} "
+        f"(approval {plain(approval_id)}, turn {row.turn_id}) as {plain(decided_by)}; the guard resumes the turn"
+    )
     return 0
 
 
@@ -533,10 +731,16 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     try:
         await producer.start()
         command = CancelTurn(turn_id=turn_id, reason=reason)
-        await producer.send_and_wait(topics.t(topics.TURN_CONTROLS, settings.topic_prefix), command.model_dump_json().encode(), key=row.conversation_id.encode())
+        await producer.send_and_wait(
+            topics.t(topics.TURN_CONTROLS, settings.topic_prefix),
+            command.model_dump_json().encode(),
+            key=row.conversation_id.encode(),
+        )
     finally:
         await producer.stop()
-    console.print(f"cancel sent for turn {plain(turn_id)} (customer {plain(row.customer_id)}); the guard ends it with a polite reply")
+    console.print(
+        f"cancel sent for turn {plain(turn_id)} (customer {plain(row.customer_id)}); the guard ends it with a polite reply"
+    )
     return 0
 
 
@@ -546,8 +750,11 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
     topic = topics.t(topics.DEAD_LETTERS, settings.topic_prefix)
     from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
 
-    consumer = kafka_clients(settings).consumer(enable_auto_commit=False,
-                                                max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES, fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES)
+    consumer = kafka_clients(settings).consumer(
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
+        fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
+    )
     try:
         await consumer.start()
         partitions = await partitions_of(consumer, [topic])
@@ -574,8 +781,10 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
     for record in letters[-limit:]:
         letter = DeadLettered.model_validate_json(record.value)
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.timestamp / 1000))
-        console.print(f"[bold]{when}[/] {plain(letter.service)} could not process {plain(letter.topic)}"
-                      f" (partition {letter.partition}, offset {letter.offset}, key {plain(letter.key)}): [red]{plain(letter.reason)}[/]")
+        console.print(
+            f"[bold]{when}[/] {plain(letter.service)} could not process {plain(letter.topic)}"
+            f" (partition {letter.partition}, offset {letter.offset}, key {plain(letter.key)}): [red]{plain(letter.reason)}[/]"
+        )
         console.print(f"  {plain(_short(letter.payload, 300))}")
     return 0
 
@@ -589,8 +798,16 @@ async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: 
     while True:
         report = await consumer_lag(kafka_clients(settings), settings.topic_prefix, group)
         if as_json:
-            print(json.dumps({"at": round(time.time(), 3), "bootstrap": settings.bootstrap_servers,
-                              "groups": [g.as_dict() for g in report]}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "at": round(time.time(), 3),
+                        "bootstrap": settings.bootstrap_servers,
+                        "groups": [g.as_dict() for g in report],
+                    }
+                ),
+                flush=True,
+            )
         else:
             if watch:
                 console.clear()
@@ -601,19 +818,44 @@ async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: 
 
 
 def _render_lag(report, settings: Settings) -> None:
-    table = Table(box=None, pad_edge=False, title=f"consumer lag at {time.strftime('%H:%M:%S')} ({settings.bootstrap_servers})")
-    for column, justify in (("group", "left"), ("state", "left"), ("topic", "left"), ("partition", "right"),
-                            ("committed", "right"), ("end", "right"), ("lag", "right")):
+    table = Table(
+        box=None, pad_edge=False, title=f"consumer lag at {time.strftime('%H:%M:%S')} ({settings.bootstrap_servers})"
+    )
+    for column, justify in (
+        ("group", "left"),
+        ("state", "left"),
+        ("topic", "left"),
+        ("partition", "right"),
+        ("committed", "right"),
+        ("end", "right"),
+        ("lag", "right"),
+    ):
         table.add_column(column, justify=justify)
     for g in report:
         state = g.state if g.state == "Stable" else f"[yellow]{g.state}[/]"
         for i, p in enumerate(g.partitions):
             committed = "-" if p.committed is None else str(p.committed)
             lag = f"[red]{p.lag}[/]" if p.lag else "0"
-            table.add_row(plain(g.group) if i == 0 else "", state if i == 0 else "", plain(p.topic), str(p.partition), committed, str(p.end), lag)
+            table.add_row(
+                plain(g.group) if i == 0 else "",
+                state if i == 0 else "",
+                plain(p.topic),
+                str(p.partition),
+                committed,
+                str(p.end),
+                lag,
+            )
         total = f"[bold red]{g.lag}[/]" if g.lag else "[bold]0[/]"
-        table.add_row("" if g.partitions else plain(g.group), "" if g.partitions else state, "[bold]total[/]", "", "", "", total,
-                      end_section=True)
+        table.add_row(
+            "" if g.partitions else plain(g.group),
+            "" if g.partitions else state,
+            "[bold]total[/]",
+            "",
+            "",
+            "",
+            total,
+            end_section=True,
+        )
     console.print(table)
     members = Table(box=None, pad_edge=False, title="members")
     for column in ("group", "client id", "host", "assigned partitions"):

@@ -14,12 +14,14 @@ from pathlib import Path
 
 from faststream.specification import AsyncAPI
 
-from roundtrip._kernel.wire import events, topology
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.settings.display import reference
+from roundtrip._kernel.wire import events, topology
 from roundtrip._sdk.agent import load_agent
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: schemas/ and contracts/ beside services/ (in a checkout only)
+ROOT = (
+    Path(__file__).resolve().parents[2]
+)  # the checkout: schemas/ and contracts/ beside services/ (in a checkout only)
 
 
 class NotACheckout(RuntimeError):
@@ -30,10 +32,14 @@ def checkout() -> Path:
     """The checkout this package runs from (services/ beside pyproject.toml, schemas/ and contracts/), else
     NotACheckout: an installed package lies in site-packages, where nothing generated may be written."""
     package = Path(__file__).resolve().parents[1]
-    if package.name == "services" and all((ROOT / name).exists() for name in ("pyproject.toml", "schemas", "contracts")):
+    if package.name == "services" and all(
+        (ROOT / name).exists() for name in ("pyproject.toml", "schemas", "contracts")
+    ):
         return ROOT
-    raise NotACheckout(f"`roundtrip contracts` writes schemas/events/, contracts/ and docs/reference/ of a checkout of the repository, and "
-                       f"this roundtrip is installed at {package}, not in one: run it from a checkout (pip install -e .)")
+    raise NotACheckout(
+        f"`roundtrip contracts` writes schemas/events/, contracts/ and docs/reference/ of a checkout of the repository, and "
+        f"this roundtrip is installed at {package}, not in one: run it from a checkout (pip install -e .)"
+    )
 
 
 def event_schemas() -> dict[str, dict]:
@@ -77,8 +83,10 @@ def _refer_to_schema_files(document: dict) -> dict:
 
 def rendered() -> dict[str, str]:
     """Relative path -> file text, exactly as checked in."""
-    files = {f"schemas/events/{name}.json": json.dumps(schema, indent=2, sort_keys=True) + "\n"
-             for name, schema in event_schemas().items()}
+    files = {
+        f"schemas/events/{name}.json": json.dumps(schema, indent=2, sort_keys=True) + "\n"
+        for name, schema in event_schemas().items()
+    }
     files["docs/reference/configuration.md"] = reference()
     files["contracts/asyncapi.json"] = json.dumps(asyncapi_document(), indent=2, sort_keys=True) + "\n"
     return files

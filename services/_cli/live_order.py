@@ -24,9 +24,17 @@ HOLD_S = 2.0  # the longest a record waits for the one it follows
 LAST = 1_000_000  # the sort step of what has no step (after everything held of known steps)
 
 # the place of each record within its step, for showing what is held in order
-PHASE = {topics.ITERATIONS: 0, topics.TOOL_CALLS: 1, topics.TOOL_BATCHES: 2, topics.APPROVAL_REQUESTS: 3,
-         topics.SUPPORT_STATUS: 4, topics.APPROVAL_DECISIONS: 5, topics.MODEL_CALLS: 6, topics.TURN_EVENTS: 7,
-         topics.SUPPORT_REPLIES: 8}
+PHASE = {
+    topics.ITERATIONS: 0,
+    topics.TOOL_CALLS: 1,
+    topics.TOOL_BATCHES: 2,
+    topics.APPROVAL_REQUESTS: 3,
+    topics.SUPPORT_STATUS: 4,
+    topics.APPROVAL_DECISIONS: 5,
+    topics.MODEL_CALLS: 6,
+    topics.TURN_EVENTS: 7,
+    topics.SUPPORT_REPLIES: 8,
+}
 
 
 @dataclass(order=True)
@@ -57,7 +65,9 @@ class StepOrder:
         if mine:
             if topic == topics.APPROVAL_REQUESTS:
                 self.approval_step[data.get("approval_id", "")] = data.get("step", LAST)
-            self.held.append(Held((self._step(topic, data), PHASE.get(topic, 7), next(self._seq)), topic, data, self.clock()))
+            self.held.append(
+                Held((self._step(topic, data), PHASE.get(topic, 7), next(self._seq)), topic, data, self.clock())
+            )
 
     def ready(self) -> list[tuple[str, dict[str, Any]]]:
         """The records that may be shown now, in order: each whose predecessors were shown, or that waited HOLD_S;
@@ -66,8 +76,14 @@ class StepOrder:
         final = any(h.topic == topics.SUPPORT_REPLIES for h in self.held)
         now = self.clock()
         while True:
-            due = next((h for h in sorted(self.held) if final or now - h.arrived >= self.hold_s
-                        or all(key in self.shown for key in self._after(h))), None)
+            due = next(
+                (
+                    h
+                    for h in sorted(self.held)
+                    if final or now - h.arrived >= self.hold_s or all(key in self.shown for key in self._after(h))
+                ),
+                None,
+            )
             if due is None:
                 return out
             self.held.remove(due)

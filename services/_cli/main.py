@@ -12,29 +12,36 @@ import runpy
 import signal
 import sys
 import uuid
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from roundtrip._cli.agent import agent_app
 from roundtrip._cli.help import flags_without_type, reflow_help
-from roundtrip._kernel.wire import topology
 from roundtrip._kernel.settings import get_settings
+from roundtrip._kernel.wire import topology
 
 flags_without_type()
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 topics_app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True)
 broker_app = typer.Typer(help="The embedded Apache Kafka broker (KRaft, from Maven Central).", no_args_is_help=True)
-turns_app = typer.Typer(help="Turns in the guard's ledger: list them (with trace ids), cancel one.", invoke_without_command=True)
+turns_app = typer.Typer(
+    help="Turns in the guard's ledger: list them (with trace ids), cancel one.", invoke_without_command=True
+)
 app.add_typer(topics_app, name="topics")
-conversations_app = typer.Typer(help="Conversations in the guard's store: list them, forget one (erasure).",
-                                invoke_without_command=True)
+conversations_app = typer.Typer(
+    help="Conversations in the guard's store: list them, forget one (erasure).", invoke_without_command=True
+)
 app.add_typer(turns_app, name="turns")
 app.add_typer(conversations_app, name="conversations")
 app.add_typer(broker_app, name="broker")
-approvals_app = typer.Typer(help="Calls waiting for a person's approval: list them, approve or deny one.", invoke_without_command=True)
+approvals_app = typer.Typer(
+    help="Calls waiting for a person's approval: list them, approve or deny one.", invoke_without_command=True
+)
 app.add_typer(approvals_app, name="approvals")
-db_app = typer.Typer(help="The fleet's own tables (turns, approvals, conversations): their migrations.", no_args_is_help=True)
+db_app = typer.Typer(
+    help="The fleet's own tables (turns, approvals, conversations): their migrations.", no_args_is_help=True
+)
 app.add_typer(db_app, name="db")
 app.add_typer(agent_app, name="agent")  # check | init: services/_cli/agent.py
 
@@ -61,10 +68,9 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         runpy.run_module(f"roundtrip._{service}", run_name="__main__")
         return
     from roundtrip._kernel.observability import agent_digest, health
+    from roundtrip._kernel.observability.telemetry import setup_telemetry
     from roundtrip._kernel.runtime import announce_ready, settle_heap
     from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration
-    from roundtrip._kernel.observability.telemetry import setup_telemetry
-
     from roundtrip._sdk.agent import current_agent
 
     try:
@@ -115,9 +121,13 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
 @app.command()
 def up(
     executors: Annotated[int, typer.Option(help="executor replicas to start")] = 1,
-    health_port: Annotated[Optional[int], typer.Option(
-        help="serve /healthz /readyz /metrics from each service on this port + its index "
-             "(gateway +0, model +1, guard +2, gate +3, executor +4, more executors +5 each)")] = None,
+    health_port: Annotated[
+        int | None,
+        typer.Option(
+            help="serve /healthz /readyz /metrics from each service on this port + its index "
+            "(gateway +0, model +1, guard +2, gate +3, executor +4, more executors +5 each)"
+        ),
+    ] = None,
 ) -> None:
     """Start everything on this machine: broker, simulator, shop and the five services.
 
@@ -139,6 +149,7 @@ def up(
 
     from roundtrip._broker.embedded import BrokerError
     from roundtrip._fleet.launcher import Fleet, FleetError
+
     port = health_port if health_port is not None else get_settings().health_port
     if port:  # five services on one host: each takes its own port (the children read these from the environment)
         os.environ["ROUNDTRIP_HEALTH_PORT"] = str(port)
@@ -153,8 +164,11 @@ def up(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     if port:
-        typer.echo("  health and metrics: " + ", ".join(f"{name} :{port + topology.index(name)}" for name in FLEET_SERVICES)
-                   + " (/healthz /readyz /metrics)")
+        typer.echo(
+            "  health and metrics: "
+            + ", ".join(f"{name} :{port + topology.index(name)}" for name in FLEET_SERVICES)
+            + " (/healthz /readyz /metrics)"
+        )
     typer.echo(
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
         f'  {_this_command()} ask "cancel my last order" --customer cus_1001\n'
@@ -186,8 +200,10 @@ def _this_command() -> str:
 def ask(
     text: Annotated[str, typer.Argument(help="what the customer writes")],
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
-    persona: Annotated[Optional[str], typer.Option(help="simulator persona: careful, careless, stubborn, sloppy, parallel, ...")] = None,
-    conversation: Annotated[Optional[str], typer.Option(help="conversation id (default: a new one)")] = None,
+    persona: Annotated[
+        str | None, typer.Option(help="simulator persona: careful, careless, stubborn, sloppy, parallel, ...")
+    ] = None,
+    conversation: Annotated[str | None, typer.Option(help="conversation id (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the reply")] = 120.0,
 ) -> None:
     """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
@@ -204,22 +220,28 @@ def ask(
     from roundtrip._cli.console import ask as do_ask
 
     _check_persona(persona)
-    code = asyncio.run(do_ask(_fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    code = asyncio.run(
+        do_ask(_fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout)
+    )
     raise typer.Exit(code)
 
 
 @app.command()
 def chat(
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
-    persona: Annotated[Optional[str], typer.Option(help="simulator persona for every request")] = None,
-    conversation: Annotated[Optional[str], typer.Option(help="conversation id to continue (default: a new one)")] = None,
+    persona: Annotated[str | None, typer.Option(help="simulator persona for every request")] = None,
+    conversation: Annotated[
+        str | None, typer.Option(help="conversation id to continue (default: a new one)")
+    ] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
 ) -> None:
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
     from roundtrip._cli.console import chat as do_chat
 
     _check_persona(persona)
-    code = asyncio.run(do_chat(_fleet_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
+    code = asyncio.run(
+        do_chat(_fleet_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout)
+    )
     raise typer.Exit(code)
 
 
@@ -242,8 +264,9 @@ def _check_persona(persona: str | None) -> None:
     from roundtrip._simulator.personas import NAMES
 
     if persona is not None and persona not in NAMES:
-        raise typer.BadParameter(f"unknown persona {persona!r}; the simulator's personas are: {', '.join(NAMES)}",
-                                 param_hint="'--persona'")
+        raise typer.BadParameter(
+            f"unknown persona {persona!r}; the simulator's personas are: {', '.join(NAMES)}", param_hint="'--persona'"
+        )
 
 
 @app.command()
@@ -266,9 +289,11 @@ def dead_letters(
 
 @app.command()
 def lag(
-    group: Annotated[Optional[str], typer.Option(help="only this consumer group (e.g. executor, or its full name)")] = None,
+    group: Annotated[
+        str | None, typer.Option(help="only this consumer group (e.g. executor, or its full name)")
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="one JSON document (per refresh with --watch)")] = False,
-    watch: Annotated[Optional[float], typer.Option(help="refresh every SECONDS until Ctrl-C")] = None,
+    watch: Annotated[float | None, typer.Option(help="refresh every SECONDS until Ctrl-C")] = None,
 ) -> None:
     """Each consumer group's lag per topic and partition (committed, log end, lag), totals and members."""
     from roundtrip._cli.console import show_lag
@@ -278,8 +303,11 @@ def lag(
     settings = _fleet_settings()
     if group is not None and topology.find_group(group, settings.topic_prefix) is None:
         known = ", ".join(sorted(topology.groups(settings.topic_prefix)))
-        raise typer.BadParameter(f"unknown consumer group {group!r}; the fleet's groups are: {known} "
-                                 "(also without the topic prefix and roundtrip-)", param_hint="'--group'")
+        raise typer.BadParameter(
+            f"unknown consumer group {group!r}; the fleet's groups are: {known} "
+            "(also without the topic prefix and roundtrip-)",
+            param_hint="'--group'",
+        )
     try:
         raise typer.Exit(asyncio.run(show_lag(settings, group, json_output, watch)))
     except KeyboardInterrupt:
@@ -290,9 +318,7 @@ def lag(
 def config() -> None:
     """Print the effective configuration, grouped by concern (secrets hidden): the running fleet's, when one runs in
     the state folder, else this shell's."""
-    from roundtrip._kernel.settings import display
-
-    from roundtrip._kernel.settings import ConfigurationError
+    from roundtrip._kernel.settings import ConfigurationError, display
     from roundtrip._sdk.agent import current_agent
 
     settings = _fleet_settings()
@@ -301,7 +327,9 @@ def config() -> None:
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
-    typer.echo(display.render(settings, display.own_group(f"the agent's own settings ({agent.name})", agent.own_settings)))
+    typer.echo(
+        display.render(settings, display.own_group(f"the agent's own settings ({agent.name})", agent.own_settings))
+    )
     for warning in display.warnings(settings, agent.holds_calls()):
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
 
@@ -324,9 +352,13 @@ def contracts() -> None:
 @turns_app.callback()
 def turns(
     ctx: typer.Context,
-    status: Annotated[Optional[str], typer.Option(
-        help="running, stuck, waiting (a model call waits for the API's rate limits), awaiting (a call waits for a person's approval), ending (an end waiting for running calls) or ended")] = None,
-    customer: Annotated[Optional[str], typer.Option(help="only this customer's turns")] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(
+            help="running, stuck, waiting (a model call waits for the API's rate limits), awaiting (a call waits for a person's approval), ending (an end waiting for running calls) or ended"
+        ),
+    ] = None,
+    customer: Annotated[str | None, typer.Option(help="only this customer's turns")] = None,
     limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
 ) -> None:
     """List running, stuck and ended turns with their trace ids (newest first)."""
@@ -342,7 +374,7 @@ def turns(
 @conversations_app.callback()
 def conversations(
     ctx: typer.Context,
-    customer: Annotated[Optional[str], typer.Option(help="only this customer's conversations")] = None,
+    customer: Annotated[str | None, typer.Option(help="only this customer's conversations")] = None,
     limit: Annotated[int, typer.Option(help="most recently active N")] = 30,
 ) -> None:
     """List conversations (newest activity first) with their turns, history kept and when they expire."""
@@ -385,7 +417,9 @@ def _me() -> str:
 @approvals_app.callback()
 def approvals(
     ctx: typer.Context,
-    all_: Annotated[bool, typer.Option("--all", help="every approval, decided ones too (who decided and when)")] = False,
+    all_: Annotated[
+        bool, typer.Option("--all", help="every approval, decided ones too (who decided and when)")
+    ] = False,
     limit: Annotated[int, typer.Option(help="most recent N")] = 30,
 ) -> None:
     """List the calls waiting for a person's approval (who, what, why, deadline, trace id)."""
@@ -399,7 +433,7 @@ def approvals(
 @approvals_app.command("approve")
 def approvals_approve(
     approval_id: Annotated[str, typer.Argument(help="the approval (roundtrip approvals lists them)")],
-    by: Annotated[Optional[str], typer.Option(help="who decides (default: user@host)")] = None,
+    by: Annotated[str | None, typer.Option(help="who decides (default: user@host)")] = None,
     reason: Annotated[str, typer.Option(help="kept with the turn")] = "",
 ) -> None:
     """Approve one waiting call: it runs once, with exactly the arguments shown, and the turn goes on."""
@@ -412,7 +446,7 @@ def approvals_approve(
 def approvals_deny(
     approval_id: Annotated[str, typer.Argument(help="the approval (roundtrip approvals lists them)")],
     reason: Annotated[str, typer.Option(help="why: the model is told and explains it to the customer")],
-    by: Annotated[Optional[str], typer.Option(help="who decides (default: user@host)")] = None,
+    by: Annotated[str | None, typer.Option(help="who decides (default: user@host)")] = None,
 ) -> None:
     """Deny one waiting call: it never runs; the model gets an error result with the reason and goes on."""
     from roundtrip._cli.console import decide
@@ -422,8 +456,10 @@ def approvals_deny(
 
 @topics_app.command("create")
 def topics_create(
-    partitions: Annotated[Optional[int], typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
-    executor_partitions: Annotated[Optional[int], typer.Option(help="partitions of the executor topic")] = None,
+    partitions: Annotated[
+        int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")
+    ] = None,
+    executor_partitions: Annotated[int | None, typer.Option(help="partitions of the executor topic")] = None,
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
     from roundtrip._kernel.kafka.admin import ensure_topics
@@ -431,8 +467,14 @@ def topics_create(
 
     s = get_settings()
     report = asyncio.run(
-        ensure_topics(kafka_clients(s), s.topic_prefix, partitions or s.partitions, executor_partitions or s.executor_partitions,
-                      s.replication_factor, min_insync_replicas=s.min_insync_replicas)
+        ensure_topics(
+            kafka_clients(s),
+            s.topic_prefix,
+            partitions or s.partitions,
+            executor_partitions or s.executor_partitions,
+            s.replication_factor,
+            min_insync_replicas=s.min_insync_replicas,
+        )
     )
     typer.echo(str(report))
     for name in report.created:
@@ -441,12 +483,26 @@ def topics_create(
 
 @app.command()
 def acls(
-    principal: Annotated[str, typer.Option(help="each principal, {name} standing for the service (or operator, app)")] = "User:roundtrip-{name}",
-    only: Annotated[Optional[str], typer.Option("--only", help="just this principal's: a service, operator or app")] = None,
-    app_group: Annotated[Optional[str], typer.Option(help="also the user's app, reading replies in this consumer group")] = None,
-    command_config: Annotated[Optional[str], typer.Option(help="the admin client's properties file, passed on to kafka-acls.sh")] = None,
-    apply: Annotated[bool, typer.Option("--apply", help="add them through the admin API instead, as the principal of the "
-                                        "ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)")] = False,
+    principal: Annotated[
+        str, typer.Option(help="each principal, {name} standing for the service (or operator, app)")
+    ] = "User:roundtrip-{name}",
+    only: Annotated[
+        str | None, typer.Option("--only", help="just this principal's: a service, operator or app")
+    ] = None,
+    app_group: Annotated[
+        str | None, typer.Option(help="also the user's app, reading replies in this consumer group")
+    ] = None,
+    command_config: Annotated[
+        str | None, typer.Option(help="the admin client's properties file, passed on to kafka-acls.sh")
+    ] = None,
+    apply: Annotated[
+        bool,
+        typer.Option(
+            "--apply",
+            help="add them through the admin API instead, as the principal of the "
+            "ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)",
+        ),
+    ] = False,
 ) -> None:
     """Print the Kafka ACLs each service's principal needs, and nothing more (derived from the topology), as
     kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's.
@@ -495,8 +551,8 @@ def db_upgrade() -> None:
 @db_app.command("current")
 def db_current() -> None:
     """Show each store's revision in its database, against this code's (exit code 1 when one differs); writes nothing."""
-    from roundtrip._kernel.storage.database import shown
     from roundtrip._kernel.migrations.schema import current, databases, mismatch
+    from roundtrip._kernel.storage.database import shown
 
     code = 0
     for url, stores in databases(get_settings()).items():
@@ -544,7 +600,10 @@ def main() -> None:
     except ConfigurationError as exc:  # e.g. Kafka TLS files that do not load, a token provider that does not import
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise SystemExit(1) from None
-    except (SchemaMismatch, DatabaseUnreachable) as exc:  # a service or a command on a database behind, ahead or out of reach
+    except (
+        SchemaMismatch,
+        DatabaseUnreachable,
+    ) as exc:  # a service or a command on a database behind, ahead or out of reach
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise SystemExit(1) from None
     except KafkaConnectionError as exc:
@@ -553,8 +612,12 @@ def main() -> None:
             typer.secho(f"error: Kafka at {s.bootstrap_servers} refused the connection: {cause}", fg="red", err=True)
             logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # no "Unclosed AIOKafkaProducer" after the line
             raise SystemExit(2) from None
-        typer.secho(f"error: cannot reach Kafka at {s.bootstrap_servers} ({exc}). Is the fleet up (`roundtrip up`), "
-                    "or ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS set?", fg="red", err=True)
+        typer.secho(
+            f"error: cannot reach Kafka at {s.bootstrap_servers} ({exc}). Is the fleet up (`roundtrip up`), "
+            "or ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS set?",
+            fg="red",
+            err=True,
+        )
         raise SystemExit(2) from None
     except AUTHORIZATION_ERRORS as exc:  # an ACL the principal lacks: one line, not a retry loop
         typer.secho(f"error: {authorization(exc)}", fg="red", err=True)

@@ -13,7 +13,7 @@ from string import Template
 
 from roundtrip._sdk.agent import AGENT_NAME
 
-PYPROJECT = '''[build-system]
+PYPROJECT = """[build-system]
 requires = ["setuptools>=69"]
 build-backend = "setuptools.build_meta"
 
@@ -32,9 +32,9 @@ packages = ["${package}"]
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
-'''
+"""
 
-README = '''# ${name}
+README = """# ${name}
 
 A support agent for the roundtrip fleet (`roundtrip agent init` made this skeleton).
 
@@ -46,7 +46,7 @@ A support agent for the roundtrip fleet (`roundtrip agent init` made this skelet
     PYTHONPATH=. python -m pytest          # the tests
     roundtrip agent check ${package}.agent:AGENT
     pip install -e .                       # then: ROUNDTRIP_AGENT=${name} roundtrip up
-'''
+"""
 
 INIT = '''"""The ${name} support agent (the object is ${package}.agent:AGENT)."""
 '''

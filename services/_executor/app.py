@@ -13,14 +13,14 @@ from opentelemetry import trace
 
 from roundtrip._executor.handlers import BatchNotRun, execute, verify
 from roundtrip._executor.runner import Runner
-from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.kafka.dedupe import SeenIds
-from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
+from roundtrip._kernel.observability.telemetry import mark_error
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
-from roundtrip._kernel.observability.telemetry import mark_error
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch
 from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.executor")
@@ -29,8 +29,14 @@ log = logging.getLogger("roundtrip.executor")
 def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("executor", settings)
     deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
-    runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes,
-                    fallback=agent.toolbox.handler)
+    runner = Runner(
+        agent.registry,
+        deps,
+        settings.tool_timeout_s,
+        settings.parallel_tools,
+        settings.max_block_bytes,
+        fallback=agent.toolbox.handler,
+    )
     signer = Signer(parse_keys(settings.approval_keys))
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
@@ -50,8 +56,9 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             trace.get_current_span().add_event("duplicate batch dropped")
             return
         try:
-            command = await execute(batch, signer, runner, state["fence"], verified=True,
-                                    max_transcript_bytes=settings.max_transcript_bytes)
+            command = await execute(
+                batch, signer, runner, state["fence"], verified=True, max_transcript_bytes=settings.max_transcript_bytes
+            )
         except BatchNotRun as exc:
             log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
             span = trace.get_current_span()  # the hop's consumer span says why nothing ran
@@ -60,8 +67,14 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             return
         seen.add(key)
         if isinstance(command, ApprovalRequested):
-            log.info("turn %s step %d: %s(%s) waits for approval %s", batch.turn.turn_id, batch.step, command.call.name,
-                     command.call.id, command.approval_id)
+            log.info(
+                "turn %s step %d: %s(%s) waits for approval %s",
+                batch.turn.turn_id,
+                batch.step,
+                command.call.name,
+                command.call.id,
+                command.approval_id,
+            )
             await request_approval(command, batch.turn.conversation_id)
             return
         await call_model(command, batch.turn.conversation_id)

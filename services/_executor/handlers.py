@@ -23,10 +23,10 @@ from opentelemetry import trace
 
 from roundtrip._executor.runner import Runner
 from roundtrip._kernel.storage import sideeffects
+from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire.approvals import Signer, approval_id_for, in_tool_use_order
 from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch
 from roundtrip._kernel.wire.limits import fit_transcript
-from roundtrip._kernel.storage.turnstore import Fence
 
 log = logging.getLogger("roundtrip.executor")
 security = logging.getLogger("roundtrip.security")
@@ -45,7 +45,10 @@ def verify(batch: ExecuteToolBatch, signer: Signer) -> None:
     except Exception as exc:
         security.error(
             "refused batch for turn %s step %d (customer %s): %s",
-            batch.turn.turn_id, batch.step, batch.turn.customer_id, exc,
+            batch.turn.turn_id,
+            batch.step,
+            batch.turn.customer_id,
+            exc,
         )
         trace.get_current_span().add_event("batch refused", {"roundtrip.reason": str(exc)[:200]})
         raise
@@ -57,8 +60,14 @@ def lease_for(batch: ExecuteToolBatch, runner: Runner) -> float:
     return runner.timeout_s * (1 if runner.concurrent(batch.calls) else max(1, approved)) + LEASE_MARGIN_S
 
 
-async def execute(batch: ExecuteToolBatch, signer: Signer, runner: Runner, fence: Fence | None = None,
-                  verified: bool = False, max_transcript_bytes: int = 524288) -> CallModel | ApprovalRequested:
+async def execute(
+    batch: ExecuteToolBatch,
+    signer: Signer,
+    runner: Runner,
+    fence: Fence | None = None,
+    verified: bool = False,
+    max_transcript_bytes: int = 524288,
+) -> CallModel | ApprovalRequested:
     """Run a batch (verified here unless `verified`); BatchNotRun when it arrived too late or its turn may not act any more."""
     if not verified:
         verify(batch, signer)
@@ -66,25 +75,46 @@ async def execute(batch: ExecuteToolBatch, signer: Signer, runner: Runner, fence
     now = time.time()
     if batch.expires_at and now > batch.expires_at:
         span.add_event("batch not run: approval expired", {"roundtrip.late_s": now - batch.expires_at})
-        raise BatchNotRun(f"approval expired {now - batch.expires_at:.1f} s ago (the turn's deadline); the guard ends the turn")
+        raise BatchNotRun(
+            f"approval expired {now - batch.expires_at:.1f} s ago (the turn's deadline); the guard ends the turn"
+        )
     if fence is not None and not await fence.claim_batch(batch.turn.turn_id, batch.step, lease_for(batch, runner), now):
         span.add_event("batch not run: the turn has ended or moved on", {"roundtrip.step": batch.step})
-        raise BatchNotRun("the turn has ended, been cancelled, moved past this step or passed its deadline; nothing was run")
+        raise BatchNotRun(
+            "the turn has ended, been cancelled, moved past this step or passed its deadline; nothing was run"
+        )
     ran = await runner.run(batch.calls, batch.turn)
     if fence is not None and (acted := sideeffects.lines(batch.calls, ran, runner.registry.is_serial)):
-        await fence.record_acted(batch.turn.turn_id, batch.step, acted)  # before the next call: an end from outside reads it
+        await fence.record_acted(
+            batch.turn.turn_id, batch.step, acted
+        )  # before the next call: an end from outside reads it
     results = [*batch.results, *ran]
     held = next((c for c in batch.calls if c.hold), None)
     if held is not None:
-        span.add_event("waiting for a person's approval", {"roundtrip.tool": held.name, "roundtrip.tool_use_id": held.id})
+        span.add_event(
+            "waiting for a person's approval", {"roundtrip.tool": held.name, "roundtrip.tool_use_id": held.id}
+        )
         return ApprovalRequested(
-            approval_id=approval_id_for(batch.turn.turn_id, batch.step, held.id), turn=batch.turn, step=batch.step, call=held,
-            reason=held.hold.reason, entities=held.hold.entities, input_sha256=held.hold.input_sha256,
-            requested_at=round(time.time(), 3), expires_at=held.hold.expires_at, messages=batch.messages, results=results,
+            approval_id=approval_id_for(batch.turn.turn_id, batch.step, held.id),
+            turn=batch.turn,
+            step=batch.step,
+            call=held,
+            reason=held.hold.reason,
+            entities=held.hold.entities,
+            input_sha256=held.hold.input_sha256,
+            requested_at=round(time.time(), 3),
+            expires_at=held.hold.expires_at,
+            messages=batch.messages,
+            results=results,
             spent=batch.spent,
         )
     results = in_tool_use_order(batch.messages, results)
     messages, replaced = fit_transcript([*batch.messages, {"role": "user", "content": results}], max_transcript_bytes)
     if replaced:
-        log.warning("turn %s step %d: %d large blocks of the transcript replaced by markers", batch.turn.turn_id, batch.step, replaced)
+        log.warning(
+            "turn %s step %d: %d large blocks of the transcript replaced by markers",
+            batch.turn.turn_id,
+            batch.step,
+            replaced,
+        )
     return CallModel(turn=batch.turn, step=batch.step, messages=messages, spent=batch.spent)

@@ -17,13 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 from opentelemetry import trace
 
 from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.observability.telemetry import mark_error, tracer
 from roundtrip._kernel.wire.events import CheckedCall, Turn
 from roundtrip._kernel.wire.limits import cap_text
-from roundtrip._kernel.observability.telemetry import mark_error, tracer
 from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.registry import Handler, Registry
 
@@ -38,11 +37,20 @@ def tool_result(call_id: str, content: str, is_error: bool = False) -> dict[str,
 
 
 class Runner:
-    def __init__(self, registry: Registry, deps: Dependencies, timeout_s: float, parallel: bool, max_result_bytes: int = 65536,
-                 fallback: Callable[[str], Handler] | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        deps: Dependencies,
+        timeout_s: float,
+        parallel: bool,
+        max_result_bytes: int = 65536,
+        fallback: Callable[[str], Handler] | None = None,
+    ) -> None:
         self.registry, self.deps, self.timeout_s, self.parallel = registry, deps, timeout_s, parallel
         self.fallback = fallback  # the handler of a tool not (yet) in the registry: an MCP tool (services/_sdk/mcp.py)
-        self.max_result_bytes = max_result_bytes  # a larger result is cut with a marker (services/_kernel/wire/limits.py)
+        self.max_result_bytes = (
+            max_result_bytes  # a larger result is cut with a marker (services/_kernel/wire/limits.py)
+        )
 
     async def run_one(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
         if not call.approved:
@@ -55,10 +63,14 @@ class Runner:
 
     async def _execute(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
         with tracer().start_as_current_span(f"execute_tool {call.name}") as span:  # the GenAI execute_tool span
-            span.set_attributes({
-                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.name, "gen_ai.tool.call.id": call.id,
-                "gen_ai.tool.type": "function",
-            })
+            span.set_attributes(
+                {
+                    "gen_ai.operation.name": "execute_tool",
+                    "gen_ai.tool.name": call.name,
+                    "gen_ai.tool.call.id": call.id,
+                    "gen_ai.tool.type": "function",
+                }
+            )
             ctx = ToolContext(
                 customer_id=turn.customer_id,
                 tool_use_id=call.id,
@@ -80,13 +92,17 @@ class Runner:
             except TimeoutError:
                 mark_error(span, f"no answer within {self.timeout_s:g} s", "timeout")
                 return tool_result(
-                    call.id, f"{call.name} did not answer within {self.timeout_s:g} s; it may be unavailable.", is_error=True
+                    call.id,
+                    f"{call.name} did not answer within {self.timeout_s:g} s; it may be unavailable.",
+                    is_error=True,
                 )
             except Exception as exc:  # noqa: BLE001 - a tool bug becomes an error result, not a dead service
                 span.record_exception(exc)
                 mark_error(span, f"{type(exc).__name__}: {exc}", type(exc).__name__)
                 log.exception("tool %s failed", call.name)
-                return tool_result(call.id, f"{call.name} failed with an internal error; nothing more is known.", is_error=True)
+                return tool_result(
+                    call.id, f"{call.name} failed with an internal error; nothing more is known.", is_error=True
+                )
 
     def concurrent(self, calls: list[CheckedCall]) -> bool:
         """Whether this step's calls may run at the same time."""
@@ -98,5 +114,7 @@ class Runner:
         if self.concurrent(todo):
             return list(await asyncio.gather(*(self.run_one(c, turn) for c in todo)))
         if len(todo) > 1:
-            trace.get_current_span().add_event("calls run one after another", {"roundtrip.order": [c.name for c in todo]})
+            trace.get_current_span().add_event(
+                "calls run one after another", {"roundtrip.order": [c.name for c in todo]}
+            )
         return [await self.run_one(c, turn) for c in todo]

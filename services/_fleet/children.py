@@ -27,7 +27,9 @@ def run_argv(name: str) -> list[str]:
     return [sys.executable, "-m", "roundtrip._cli.main", "run", name]
 
 
-def popen(argv: list[str], log_path: Path, env: Mapping[str, str], ready_pipe: bool = False) -> tuple[subprocess.Popen, int | None]:
+def popen(
+    argv: list[str], log_path: Path, env: Mapping[str, str], ready_pipe: bool = False
+) -> tuple[subprocess.Popen, int | None]:
     """Start one child with `env` (over nothing: pass the whole environment); with `ready_pipe`, also the pipe it
     says "ready" on (its read end is returned)."""
     # a stable identity per replica (not the pid): a restarted gateway fences its predecessor's transaction at once
@@ -41,7 +43,11 @@ def popen(argv: list[str], log_path: Path, env: Mapping[str, str], ready_pipe: b
     try:
         with open(log_path, "ab") as out:  # the child has its own copy of the fd
             process = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
                 pass_fds=() if write_fd is None else (write_fd,),
                 preexec_fn=die_with_parent_preexec(),  # a killed `roundtrip up` leaves no orphans behind
             )

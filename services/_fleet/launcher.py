@@ -29,7 +29,12 @@ from roundtrip._fleet import parts, readiness
 from roundtrip._fleet import state as fleet_state
 from roundtrip._fleet.parts import demo_shop  # tests/unit/test_fleet.py imports it from here, as ever
 from roundtrip._fleet.supervisor import (  # FleetError: what `roundtrip up` prints, from here as ever
-    Child, FleetError, RestartPolicy, claim_folder, release_folder, supervise,
+    Child,
+    FleetError,
+    RestartPolicy,
+    claim_folder,
+    release_folder,
+    supervise,
 )
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topology
@@ -44,7 +49,9 @@ class Fleet:
     children: list[Child] = field(default_factory=list)
     broker: object | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
-    _kafka: Child | None = field(default=None, init=False, repr=False)  # the embedded broker's process, as supervise() sees it
+    _kafka: Child | None = field(
+        default=None, init=False, repr=False
+    )  # the embedded broker's process, as supervise() sees it
     _claimed: Path | None = field(default=None, init=False, repr=False)  # our RUNNING_FILE in the state folder
 
     def __post_init__(self) -> None:
@@ -55,9 +62,13 @@ class Fleet:
         s = self.settings
         self.logs.mkdir(parents=True, exist_ok=True)
         self._claimed = claim_folder(s.state_dir)
-        if s.ledger_database_url is None:  # the children share this folder, so its SQLite file is the fleet's one ledger
+        if (
+            s.ledger_database_url is None
+        ):  # the children share this folder, so its SQLite file is the fleet's one ledger
             self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
-        fleet_state.record(s.state_dir, {**os.environ, **self.env})  # what the operator commands read (services/_fleet/state.py)
+        fleet_state.record(
+            s.state_dir, {**os.environ, **self.env}
+        )  # what the operator commands read (services/_fleet/state.py)
         try:  # whatever fails, stop() undoes what started and releases the folder
             shop = demo_shop(s, self.env)
             parts.check_ports(s, shop)
@@ -72,7 +83,9 @@ class Fleet:
             for name in topology.names():
                 for replica in range(self.executor_replicas if name == "executor" else 1):
                     label = name if replica == 0 else f"{name}-{replica + 1}"
-                    self._spawn(label, processes.run_argv(name), f"consumer group {topology.group(name, prefix=s.topic_prefix)}")
+                    self._spawn(
+                        label, processes.run_argv(name), f"consumer group {topology.group(name, prefix=s.topic_prefix)}"
+                    )
             self._wait_services()
         except BaseException:
             self.stop()
@@ -134,8 +147,13 @@ class Fleet:
         embedded broker too) is reported and started again after its backoff delay; the others keep running.
         Call it from the thread that started the fleet: the children get SIGTERM when that thread ends
         (die_with_parent_preexec)."""
-        supervise(lambda: [*([self._kafka] if self._kafka is not None else []), *self.children],
-                  self._restart_child, should_stop, self.policy, self.say)
+        supervise(
+            lambda: [*([self._kafka] if self._kafka is not None else []), *self.children],
+            self._restart_child,
+            should_stop,
+            self.policy,
+            self.say,
+        )
 
     # -- steps ----------------------------------------------------------------------
     def _start_broker(self) -> None:
@@ -149,8 +167,9 @@ class Fleet:
 
     def _spawn(self, name: str, argv: list[str], where: str) -> None:
         log_path = self.logs / f"{name}.log"
-        process, ready_fd = processes.popen(argv, log_path, {**os.environ, **self.env},
-                                            ready_pipe=name.split("-")[0] in topology.names())
+        process, ready_fd = processes.popen(
+            argv, log_path, {**os.environ, **self.env}, ready_pipe=name.split("-")[0] in topology.names()
+        )
         self.children.append(Child(name, process, log_path, where, ready_fd=ready_fd))
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
 

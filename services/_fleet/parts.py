@@ -43,7 +43,7 @@ def demo_shop(settings: Settings, env: dict[str, str]) -> ShopAgentSettings | No
         return None
     prefix = "ROUNDTRIP_"
     try:
-        shop = agent.settings(**{k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(f"{prefix}SHOP_")})
+        shop = agent.settings(**{k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(f"{prefix}SHOP_")})
     except ValidationError as exc:
         raise FleetError(f"the demo shop's settings: {describe_invalid(exc)}") from None
     return None if shop.shop_url else shop
@@ -53,12 +53,19 @@ def check_ports(settings: Settings, shop: ShopAgentSettings | None) -> None:
     """Every port the embedded parts will listen on is free, or FleetError names each taken one and its setting."""
     s, wanted = settings, []
     if s.embedded_broker:
-        wanted += [("embedded Kafka", s.kafka_port, "ROUNDTRIP_KAFKA_PORT"), ("Kafka controller", s.kafka_controller_port, "ROUNDTRIP_KAFKA_CONTROLLER_PORT")]
+        wanted += [
+            ("embedded Kafka", s.kafka_port, "ROUNDTRIP_KAFKA_PORT"),
+            ("Kafka controller", s.kafka_controller_port, "ROUNDTRIP_KAFKA_CONTROLLER_PORT"),
+        ]
     if runs_simulator(s):
         wanted.append(("simulator", s.simulator_port, "ROUNDTRIP_SIMULATOR_PORT"))
     if shop is not None:
         wanted.append(("shop", shop.shop_port, "ROUNDTRIP_SHOP_PORT"))
-    taken = [f"port {port} ({what}) is already in use; stop what holds it or set {var}" for what, port, var in wanted if not port_is_free(port)]
+    taken = [
+        f"port {port} ({what}) is already in use; stop what holds it or set {var}"
+        for what, port, var in wanted
+        if not port_is_free(port)
+    ]
     if taken:
         raise FleetError("cannot start the fleet: " + "; ".join(taken))
 
@@ -104,7 +111,13 @@ def create_topics(settings: Settings, say: Callable[[str], None]) -> None:
 
     s = settings
     report = asyncio.run(
-        ensure_topics(kafka_clients(s), s.topic_prefix, s.partitions, s.executor_partitions, s.replication_factor,
-                      min_insync_replicas=s.min_insync_replicas)
+        ensure_topics(
+            kafka_clients(s),
+            s.topic_prefix,
+            s.partitions,
+            s.executor_partitions,
+            s.replication_factor,
+            min_insync_replicas=s.min_insync_replicas,
+        )
     )
     say(f"  {report}")

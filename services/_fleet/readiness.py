@@ -40,18 +40,20 @@ def wait_http(url: str, name: str, children: list[Child], timeout: float = 30) -
 def wait_services(children: list[Child], timeout: float = 60, names: set[str] | None = None) -> None:
     """Wait until every service (of `names`) has said "ready" on its pipe; a child that exits first is an error."""
     deadline = time.monotonic() + timeout
-    pending = {c.ready_fd: c for c in children
-               if c.ready_fd is not None and (names is None or c.name in names)}
+    pending = {c.ready_fd: c for c in children if c.ready_fd is not None and (names is None or c.name in names)}
     while pending:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise FleetError(f"services did not start within {timeout:g} s: "
-                             f"{', '.join(sorted(c.name for c in pending.values()))}")
+            raise FleetError(
+                f"services did not start within {timeout:g} s: {', '.join(sorted(c.name for c in pending.values()))}"
+            )
         readable, _, _ = select.select(list(pending), [], [], min(left, 1.0))
         for fd in readable:
             child, said = pending.pop(fd), os.read(fd, 256)
             close_ready(child)
-            if not said.startswith(b"ready"):  # the end of the pipe without a word: the child has exited (or is exiting)
+            if not said.startswith(
+                b"ready"
+            ):  # the end of the pipe without a word: the child has exited (or is exiting)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.process.wait(timeout=10)
                 check_alive(children)

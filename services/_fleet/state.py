@@ -54,13 +54,17 @@ class Reading:
     def lines(self, ledger: str) -> list[str]:
         """What the command says about it (`ledger`: the ledger's URL as shown, without its password)."""
         if self.pid is None:
-            return [f"no fleet runs in {self.state_dir.resolve()} (roundtrip up records it there): reading this shell's "
-                    f"settings, ledger {ledger}"]
+            return [
+                f"no fleet runs in {self.state_dir.resolve()} (roundtrip up records it there): reading this shell's "
+                f"settings, ledger {ledger}"
+            ]
         said = [f"the fleet running in {self.state_dir.resolve()} (pid {self.pid}): its settings, ledger {ledger}"]
         if self.differ:
             one = len(self.differ) == 1
-            said.append(f"warning: this shell's {', '.join(self.differ)} {'differs' if one else 'differ'} from the fleet's; "
-                        f"the fleet's {'is' if one else 'are'} used (ROUNDTRIP_STATE_DIR names another fleet's folder)")
+            said.append(
+                f"warning: this shell's {', '.join(self.differ)} {'differs' if one else 'differ'} from the fleet's; "
+                f"the fleet's {'is' if one else 'are'} used (ROUNDTRIP_STATE_DIR names another fleet's folder)"
+            )
         return said
 
 
@@ -82,8 +86,12 @@ def adopt(state_dir: Path, environ: MutableMapping[str, str] = os.environ) -> Re
     if found is None:
         return Reading(state_dir)
     pid, fleet = found
-    shell = {k: v for k, v in environ.items() if k.startswith(PREFIX) and k not in PER_PROCESS and k not in COMMANDS_OWN}
-    differ = sorted(k for k, v in shell.items() if fleet.get(k) != v and not (k == f"{PREFIX}STATE_DIR" and _same(v, fleet[k])))
+    shell = {
+        k: v for k, v in environ.items() if k.startswith(PREFIX) and k not in PER_PROCESS and k not in COMMANDS_OWN
+    }
+    differ = sorted(
+        k for k, v in shell.items() if fleet.get(k) != v and not (k == f"{PREFIX}STATE_DIR" and _same(v, fleet[k]))
+    )
     for key in shell:
         del environ[key]
     environ.update({k: v for k, v in fleet.items() if k not in COMMANDS_OWN or k not in environ})

@@ -78,8 +78,11 @@ def signal_wakeup() -> tuple[int | None, Callable[[], None]]:
 
 
 def supervise(
-    supervised: Callable[[], list[Child]], restart: Callable[[Child], None], should_stop: Callable[[], bool],
-    policy: RestartPolicy, say: Callable[[str], None],
+    supervised: Callable[[], list[Child]],
+    restart: Callable[[Child], None],
+    should_stop: Callable[[], bool],
+    policy: RestartPolicy,
+    say: Callable[[str], None],
 ) -> None:
     """Keep every child of `supervised()` running until `should_stop()`: a child that dies is reported and given
     a new process by `restart(child)` after its backoff delay; the others keep running. Blocks in select() on the
@@ -105,7 +108,9 @@ def supervise(
             for pid in live - set(pidfds):
                 with contextlib.suppress(AttributeError, OSError):  # no pidfd_open: the 1 s timeout does it
                     pidfds[pid] = os.pidfd_open(pid)
-            readable, _, _ = select.select([*pidfds.values(), *([wake_r] if wake_r is not None else [])], [], [], timeout)
+            readable, _, _ = select.select(
+                [*pidfds.values(), *([wake_r] if wake_r is not None else [])], [], [], timeout
+            )
             if wake_r is not None and wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 512)
@@ -125,8 +130,9 @@ def _schedule_restart(child: Child, now: float, policy: RestartPolicy, say: Call
     )
 
 
-def _restart(child: Child, now: float, restart: Callable[[Child], None], policy: RestartPolicy,
-             say: Callable[[str], None]) -> None:
+def _restart(
+    child: Child, now: float, restart: Callable[[Child], None], policy: RestartPolicy, say: Callable[[str], None]
+) -> None:
     try:
         restart(child)
     except Exception as exc:  # noqa: BLE001 - a failed start is one more death to back off from
@@ -154,8 +160,10 @@ def claim_folder(state_dir: Path) -> Path:
     with contextlib.suppress(OSError, ValueError, IndexError):
         pid = int(path.read_text().split()[0])
         if pid != os.getpid() and alive(pid):
-            raise FleetError(f"a fleet is already running in {state_dir.resolve()} (pid {pid}); stop it (Ctrl-C where it runs, "
-                             f"or kill {pid}), or give this one another folder with ROUNDTRIP_STATE_DIR")
+            raise FleetError(
+                f"a fleet is already running in {state_dir.resolve()} (pid {pid}); stop it (Ctrl-C where it runs, "
+                f"or kill {pid}), or give this one another folder with ROUNDTRIP_STATE_DIR"
+            )
     path.write_text(f"{os.getpid()}\n")
     return path
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from roundtrip._gate.handlers import Gate
 from faststream import FastStream
 
+from roundtrip._gate.handlers import Gate
+from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
+from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch
-from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
-from roundtrip._kernel.settings import Settings
 from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies, ToolContext
 
@@ -26,10 +26,18 @@ def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
         ctx = ToolContext(customer_id=customer_id, tool_use_id="", idempotency_key="", deps=deps)
         return await registry.entity_resolver(kind)(entity_id, ctx)
 
-    return Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys(settings.approval_keys)), deps=deps,
-                batch_ttl_s=settings.stuck_after_s, agent_settings=agent.own_settings, messages=agent.message,
-                unavailable=agent.toolbox.unavailable,
-                decisions=DecisionSigner(parse_keys(settings.decision_keys)), approval_timeout_s=settings.approval_timeout_s)
+    return Gate(
+        registry=registry,
+        lookup=lookup,
+        signer=Signer(parse_keys(settings.approval_keys)),
+        deps=deps,
+        batch_ttl_s=settings.stuck_after_s,
+        agent_settings=agent.own_settings,
+        messages=agent.message,
+        unavailable=agent.toolbox.unavailable,
+        decisions=DecisionSigner(parse_keys(settings.decision_keys)),
+        approval_timeout_s=settings.approval_timeout_s,
+    )
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:

@@ -23,9 +23,17 @@ from typing import Any
 from roundtrip._gate.authorization import EntityLookup, LookupFailed, OwnershipCache, StepLookups, authorize
 from roundtrip._gate.validation import SAFE_INTEGER, InputValidator
 from roundtrip._kernel.observability import metrics
-from roundtrip._kernel.wire.approvals import ApprovalError, DecisionSigner, Signer, input_digest
-from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalHold, CheckedCall, CheckToolCalls, Decision, ExecuteToolBatch, ToolCall
 from roundtrip._kernel.observability.telemetry import mark_error, tracer
+from roundtrip._kernel.wire.approvals import ApprovalError, DecisionSigner, Signer, input_digest
+from roundtrip._kernel.wire.events import (
+    ApprovalDecided,
+    ApprovalHold,
+    CheckedCall,
+    CheckToolCalls,
+    Decision,
+    ExecuteToolBatch,
+    ToolCall,
+)
 from roundtrip._sdk.agent import GATE_MESSAGES
 from roundtrip._sdk.context import Dependencies, ToolContext
 from roundtrip._sdk.registry import Registry, allow
@@ -41,7 +49,9 @@ class Gate:
     registry: Registry
     lookup: EntityLookup
     signer: Signer
-    deps: Dependencies = field(default_factory=Dependencies)  # the agent's clients, handed to policies through ToolContext
+    deps: Dependencies = field(
+        default_factory=Dependencies
+    )  # the agent's clients, handed to policies through ToolContext
     batch_ttl_s: float = 60.0  # only for a turn without a deadline (an older guard); otherwise the turn's deadline
     ownership_ttl_s: float = OWNERSHIP_TTL_S  # 0 turns the cross-step ownership cache off
     step_memo: bool = True  # one look-up per (kind, id, customer) within a step
@@ -50,11 +60,15 @@ class Gate:
     messages: Callable[[str], str] = GATE_MESSAGES.__getitem__  # the agent's wording of the gate's generic errors
     decisions: DecisionSigner | None = None  # verifies people's decisions (None: no decision is ever accepted)
     approval_timeout_s: float = 900.0  # how long a held call waits for a person
-    unavailable: Callable[[str], str | None] = lambda name: None  # why a known tool cannot be called now (an MCP server down)
+    unavailable: Callable[[str], str | None] = lambda name: (
+        None
+    )  # why a known tool cannot be called now (an MCP server down)
     ownership: OwnershipCache | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.validators = {name: InputValidator(spec.input_schema) for name, spec in self.registry.specs.items()}  # + MCP ones, when mounted
+        self.validators = {
+            name: InputValidator(spec.input_schema) for name, spec in self.registry.specs.items()
+        }  # + MCP ones, when mounted
         self.ownership = OwnershipCache(self.ownership_ttl_s) if self.ownership_ttl_s > 0 else None
 
     # -- one call ------------------------------------------------------------------------------
@@ -75,13 +89,22 @@ class Gate:
             log.exception("gate failed while checking %s (%s); rejecting it", str(call.name)[:80], call.id)
             metrics.gate_rejections.labels(self._tool_label(call.name), "internal_error").inc()
             return CheckedCall(
-                id=call.id, name=call.name, input=call.input, approved=False,
+                id=call.id,
+                name=call.name,
+                input=call.input,
+                approved=False,
                 error=self.messages("internal_error"),
             )
 
     async def _check_call(
-        self, call: ToolCall, customer_id: str, turn_id: str, blocked: str | None, lookups: StepLookups | None,
-        decision: ApprovalDecided | None = None, metadata: dict[str, Any] | None = None,
+        self,
+        call: ToolCall,
+        customer_id: str,
+        turn_id: str,
+        blocked: str | None,
+        lookups: StepLookups | None,
+        decision: ApprovalDecided | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> CheckedCall:
         def reject(why: str, reason: str) -> CheckedCall:
             metrics.gate_rejections.labels(self._tool_label(call.name), reason).inc()
@@ -102,19 +125,33 @@ class Gate:
             self.validators[name] = InputValidator(spec.input_schema)
         problems = self.validators[name].problems(call.input)
         if problems:
-            return reject(f"Invalid input for {name}: " + "; ".join(problems) + ". Fix these fields and call again.", "invalid_input")
+            return reject(
+                f"Invalid input for {name}: " + "; ".join(problems) + ". Fix these fields and call again.",
+                "invalid_input",
+            )
         if not customer_id:
             security.error("turn %s: no principal on the turn; call %s refused", turn_id, call.id)
             return reject("This request has no signed-in customer, so no tool may act on an account.", "no_principal")
         policy = self.registry.policy(name)
         lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
-        ctx = ToolContext(customer_id=customer_id, tool_use_id=call.id, idempotency_key=f"{turn_id}:{call.id}", deps=self.deps,
-                          metadata=dict(metadata or {}))
+        ctx = ToolContext(
+            customer_id=customer_id,
+            tool_use_id=call.id,
+            idempotency_key=f"{turn_id}:{call.id}",
+            deps=self.deps,
+            metadata=dict(metadata or {}),
+        )
         entities: dict[str, dict[str, Any]] = {}
         rule = self.registry.approval_rule(name)
         try:  # a tool with an approval rule reads entity state (a total), so it never uses the ownership cache
-            denial = await authorize(spec, call.input, ctx, lookups.for_call(state_free=policy is allow and rule is None), policy,
-                                     resolved=entities)
+            denial = await authorize(
+                spec,
+                call.input,
+                ctx,
+                lookups.for_call(state_free=policy is allow and rule is None),
+                policy,
+                resolved=entities,
+            )
         except LookupFailed as exc:
             log.warning("turn %s: %s", turn_id, exc)
             return reject(self.messages("lookup_failed"), "lookup_failed")
@@ -125,11 +162,18 @@ class Gate:
             return CheckedCall(id=call.id, name=name, input=call.input, approved=True)
         digest = input_digest(name, call.input)
         if decision is None:
-            hold = ApprovalHold(reason=why, entities=entities, input_sha256=digest, expires_at=round(time.time() + self.approval_timeout_s, 3))
+            hold = ApprovalHold(
+                reason=why,
+                entities=entities,
+                input_sha256=digest,
+                expires_at=round(time.time() + self.approval_timeout_s, 3),
+            )
             return CheckedCall(id=call.id, name=name, input=call.input, approved=True, hold=hold)
         problem = self._decision_problem(decision, call, turn_id, digest)
         if problem:
-            security.error("turn %s: approval %s refused for call %s: %s", turn_id, decision.approval_id, call.id, problem)
+            security.error(
+                "turn %s: approval %s refused for call %s: %s", turn_id, decision.approval_id, call.id, problem
+            )
             return reject(f"Not run: {problem}. Nothing was done.", "not_allowed")
         return CheckedCall(id=call.id, name=name, input=call.input, approved=True, approved_by=decision.decided_by)
 
@@ -157,13 +201,22 @@ class Gate:
 
     async def _traced(self, call: ToolCall, command: CheckToolCalls, lookups: StepLookups) -> CheckedCall:
         with tracer().start_as_current_span("gate.check_call") as span:
-            span.set_attributes({
-                "roundtrip.tool": str(call.name)[:80], "roundtrip.tool_use_id": call.id, "roundtrip.fingerprint": call.fingerprint,
-                "roundtrip.turn_id": command.turn.turn_id,
-            })
+            span.set_attributes(
+                {
+                    "roundtrip.tool": str(call.name)[:80],
+                    "roundtrip.tool_use_id": call.id,
+                    "roundtrip.fingerprint": call.fingerprint,
+                    "roundtrip.turn_id": command.turn.turn_id,
+                }
+            )
             decision = next((d for d in command.decisions if d.tool_use_id == call.id), None)
             result = await self.check_call(
-                call, command.turn.customer_id, command.turn.turn_id, command.blocked.get(call.id), lookups, decision,
+                call,
+                command.turn.customer_id,
+                command.turn.turn_id,
+                command.blocked.get(call.id),
+                lookups,
+                decision,
                 command.turn.metadata,
             )
             span.set_attribute("roundtrip.approved", result.approved)
@@ -183,7 +236,11 @@ class Gate:
             checked = [await self._traced(c, command, lookups) for c in command.calls]
         checked = one_hold_per_step(checked)
         batch = ExecuteToolBatch(
-            turn=command.turn, step=command.step, messages=command.messages, calls=checked, spent=command.spent,
+            turn=command.turn,
+            step=command.step,
+            messages=command.messages,
+            calls=checked,
+            spent=command.spent,
             results=command.results,
             # bound to the turn's own deadline, never a fresh TTL: stale work signed late stays stale
             expires_at=command.turn.deadline_at or round(time.time() + self.batch_ttl_s, 3),
@@ -191,7 +248,12 @@ class Gate:
         try:
             return self.signer.sign(batch)
         except Exception as exc:  # noqa: BLE001 - e.g. a number canonical JSON cannot carry, in the transcript
-            log.warning("turn %s step %d: batch not canonical (%s); signing a JSON-safe copy", command.turn.turn_id, command.step, exc)
+            log.warning(
+                "turn %s step %d: batch not canonical (%s); signing a JSON-safe copy",
+                command.turn.turn_id,
+                command.step,
+                exc,
+            )
             return self.signer.sign(ExecuteToolBatch.model_validate(json_safe(batch.model_dump(mode="json"))))
 
 
@@ -201,9 +263,16 @@ def one_hold_per_step(checked: list[CheckedCall]) -> list[CheckedCall]:
     for call in checked:
         if call.hold and held is not None:
             metrics.gate_rejections.labels(call.name, "approval_pending").inc()
-            call = CheckedCall(id=call.id, name=call.name, input=call.input, approved=False, error=(
-                f"Not run: this call needs a person's approval and another call of this step ({held}) is already waiting "
-                "for one. Make this call again, on its own, once that one is decided."))
+            call = CheckedCall(
+                id=call.id,
+                name=call.name,
+                input=call.input,
+                approved=False,
+                error=(
+                    f"Not run: this call needs a person's approval and another call of this step ({held}) is already waiting "
+                    "for one. Make this call again, on its own, once that one is decided."
+                ),
+            )
         elif call.hold:
             held = f"{call.name} {call.id}"
         out.append(call)
@@ -217,7 +286,11 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list):
         return [json_safe(v) for v in value]
     if isinstance(value, str):
-        return value.encode("utf-8", "replace").decode("utf-8") if any(0xD800 <= ord(c) <= 0xDFFF for c in value) else value
+        return (
+            value.encode("utf-8", "replace").decode("utf-8")
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+            else value
+        )
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int) and abs(value) > SAFE_INTEGER:

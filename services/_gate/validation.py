@@ -154,7 +154,12 @@ def explain(error: ValidationError) -> str:
         hint = string_hints(error.instance) if isinstance(error.instance, str) else ""
         return f"`{field}` must match the pattern {v}; got {_given(error.instance)}" + (f" ({hint})" if hint else "")
     if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-        words = {"minimum": "at least", "maximum": "at most", "exclusiveMinimum": "greater than", "exclusiveMaximum": "less than"}
+        words = {
+            "minimum": "at least",
+            "maximum": "at most",
+            "exclusiveMinimum": "greater than",
+            "exclusiveMaximum": "less than",
+        }
         return f"`{field}` must be {words[kind]} {v}; got {_given(error.instance)}"
     if kind in ("minLength", "maxLength"):
         return f"`{field}` must have {'at least' if kind == 'minLength' else 'at most'} {v} characters; got {len(error.instance)}"
@@ -225,7 +230,11 @@ class InputValidator:
         self._validator = GateValidator(schema, format_checker=GateValidator.FORMAT_CHECKER)
 
     def _schema_errors(self, tool_input: dict[str, Any]) -> list[ValidationError]:
-        validator = self._validator if self._compiled else GateValidator(self._schema, format_checker=GateValidator.FORMAT_CHECKER)
+        validator = (
+            self._validator
+            if self._compiled
+            else GateValidator(self._schema, format_checker=GateValidator.FORMAT_CHECKER)
+        )
         return list(validator.iter_errors(tool_input))
 
     def problems(self, tool_input: Any) -> list[str]:

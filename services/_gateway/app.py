@@ -16,14 +16,23 @@ from roundtrip._gateway.handlers import reply_for, start_turn
 from roundtrip._gateway.intake import SeenRequests, check_key, note_unknown_fields, refuser
 from roundtrip._gateway.replied import RepliedTurns
 from roundtrip._gateway.throttle import Throttle
+from roundtrip._kernel.kafka.clients import kafka_clients
+from roundtrip._kernel.kafka.messaging import (
+    Outlet,
+    current_record,
+    group,
+    key_of,
+    make_broker,
+    service_app,
+    subscribe,
+    topic_of,
+)
+from roundtrip._kernel.kafka.transactions import TransactionalOutlet, transactional_id
+from roundtrip._kernel.observability.telemetry import bind_turn, new_turn_ids, record_turn_span, tracer
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import StartTurn, SupportReply, SupportRequest, TurnEnded
-from roundtrip._kernel.kafka.messaging import Outlet, current_record, group, key_of, make_broker, service_app, subscribe, topic_of
-from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.observability.telemetry import bind_turn, new_turn_ids, record_turn_span, tracer
-from roundtrip._kernel.kafka.clients import kafka_clients
-from roundtrip._kernel.kafka.transactions import TransactionalOutlet, transactional_id
-from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.gateway")
@@ -31,13 +40,21 @@ log = logging.getLogger("roundtrip.gateway")
 
 def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("gateway", settings, turn_roots=(topics.SUPPORT_REQUESTS,))
-    admission = Admission(settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60)
+    admission = Admission(
+        settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60
+    )
     start = Outlet(broker, topics.TURN_STARTS, StartTurn)
-    refusals = Outlet(broker, topics.SUPPORT_REPLIES, SupportReply)  # the replies to refused requests (turns' are transactional)
+    refusals = Outlet(
+        broker, topics.SUPPORT_REPLIES, SupportReply
+    )  # the replies to refused requests (turns' are transactional)
     replies_topic = topic_of(broker, topics.SUPPORT_REPLIES)
     kafka = kafka_clients(settings)
-    replies = TransactionalOutlet(kafka, replies_topic, group("gateway", "replies", settings.topic_prefix),
-                                  transactional_id("gateway", topics.SUPPORT_REPLIES, settings.instance_id, settings.topic_prefix))
+    replies = TransactionalOutlet(
+        kafka,
+        replies_topic,
+        group("gateway", "replies", settings.topic_prefix),
+        transactional_id("gateway", topics.SUPPORT_REPLIES, settings.instance_id, settings.topic_prefix),
+    )
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
     replied = RepliedTurns(kafka, replies_topic)
     subscribe_requests(broker, settings, admission, start, refusals)
@@ -58,8 +75,11 @@ def throttle_admission(app: FastStream, admission: Admission, settings: Settings
         try:
             store = await TurnStore.open(settings.ledger_db_url, read_only=True)
         except Exception as exc:  # noqa: BLE001 - the gateway runs without the signal rather than not at all
-            log.warning("the turn ledger cannot be read (%s: %s): admission will not follow the model's capacity",
-                        type(exc).__name__, exc)
+            log.warning(
+                "the turn ledger cannot be read (%s: %s): admission will not follow the model's capacity",
+                type(exc).__name__,
+                exc,
+            )
             return
         running["store"] = store
         running["task"] = asyncio.create_task(Throttle(admission, store).run(), name="gateway-throttle")
@@ -74,14 +94,18 @@ def throttle_admission(app: FastStream, admission: Admission, settings: Settings
             await running["store"].close()
 
 
-def subscribe_requests(broker: KafkaBroker, settings: Settings, admission: Admission, start: Outlet, refusals: Outlet) -> None:
+def subscribe_requests(
+    broker: KafkaBroker, settings: Settings, admission: Admission, start: Outlet, refusals: Outlet
+) -> None:
     """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it; a request it
     refuses gets an invalid_request reply (services/_gateway/intake.py)."""
     started = SeenRequests()
 
     # a request waiting for admission holds nothing but its place: a rebalance or a stop interrupts it
     # (it is read again), instead of waiting for a turn to end
-    @subscribe(broker, topics.SUPPORT_REQUESTS, "gateway", settings, cancel_on_revoke=True, on_failure=refuser(refusals))
+    @subscribe(
+        broker, topics.SUPPORT_REQUESTS, "gateway", settings, cancel_on_revoke=True, on_failure=refuser(refusals)
+    )
     async def on_support_request(request: SupportRequest) -> None:
         note_unknown_fields(request)
         check_key(request, current_record().key)
@@ -101,8 +125,14 @@ def subscribe_requests(broker: KafkaBroker, settings: Settings, admission: Admis
             await start(command, turn.conversation_id)
 
 
-def subscribe_outcomes(broker: KafkaBroker, settings: Settings, agent: Agent, admission: Admission,
-                       replies: TransactionalOutlet, replied: RepliedTurns) -> None:
+def subscribe_outcomes(
+    broker: KafkaBroker,
+    settings: Settings,
+    agent: Agent,
+    admission: Admission,
+    replies: TransactionalOutlet,
+    replied: RepliedTurns,
+) -> None:
     """turn.outcomes -> support.replies: the one reply of each turn.
 
     Replies are committed with the offsets that cover their outcomes, one transaction per commit
@@ -116,8 +146,9 @@ def subscribe_outcomes(broker: KafkaBroker, settings: Settings, agent: Agent, ad
         replies.forget(partitions)
         replied.forget(partitions)
 
-    @subscribe(broker, topics.OUTCOMES, "gateway", settings, role="replies",
-               commit=commit, forget=forget, commit_interval_s=0)
+    @subscribe(
+        broker, topics.OUTCOMES, "gateway", settings, role="replies", commit=commit, forget=forget, commit_interval_s=0
+    )
     async def on_turn_ended(ended: TurnEnded) -> None:
         admission.release(ended.turn.turn_id)
         with tracer().start_as_current_span("turn.reply") as span:
@@ -127,8 +158,15 @@ def subscribe_outcomes(broker: KafkaBroker, settings: Settings, agent: Agent, ad
                 span.add_event("duplicate outcome dropped")
                 return
             # the root of the turn's trace: from the request to this reply, with the ids fixed at the request
-            record_turn_span(ended.turn, outcome=ended.outcome.value, steps=ended.step, usage=ended.spent,
-                             cost_usd=ended.cost_usd, agent_name=agent.name, agent_digest=agent.digest,
-                             model=agent.model_for(settings))
+            record_turn_span(
+                ended.turn,
+                outcome=ended.outcome.value,
+                steps=ended.step,
+                usage=ended.spent,
+                cost_usd=ended.cost_usd,
+                agent_name=agent.name,
+                agent_digest=agent.digest,
+                model=agent.model_for(settings),
+            )
             # the reply becomes visible with the commit of this message's offset: no second reply after a crash
             replies.stage(reply_for(ended), key_of(ended.turn.conversation_id), raw)

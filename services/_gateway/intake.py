@@ -27,10 +27,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.kafka.dedupe import SeenIds
-from roundtrip._kernel.wire.events import Outcome, SupportReply, SupportRequest, Usage
+from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import current_trace_id
+from roundtrip._kernel.wire.events import Outcome, SupportReply, SupportRequest, Usage
 
 log = logging.getLogger("roundtrip.gateway")
 
@@ -62,8 +62,11 @@ def note_unknown_fields(request: SupportRequest) -> None:
 def check_key(request: SupportRequest, key: bytes | None) -> None:
     if key != request.conversation_id.encode():
         shown = "no key" if key is None else f"key {key[:100].decode('utf-8', 'replace')!r}"
-        raise InvalidRequest("key", f"the record has {shown}: a request must be keyed by its conversation id "
-                                    f"{request.conversation_id!r}, so its conversation stays in order")
+        raise InvalidRequest(
+            "key",
+            f"the record has {shown}: a request must be keyed by its conversation id "
+            f"{request.conversation_id!r}, so its conversation stays in order",
+        )
 
 
 def content_digest(request: SupportRequest) -> bytes:
@@ -85,8 +88,11 @@ class SeenRequests:
         if seen is None:
             return True
         if seen != digest:
-            raise InvalidRequest("reused", f"request id {request.request_id!r} was used before in conversation "
-                                           f"{request.conversation_id!r} with other content; use a new request id")
+            raise InvalidRequest(
+                "reused",
+                f"request id {request.request_id!r} was used before in conversation "
+                f"{request.conversation_id!r} with other content; use a new request id",
+            )
         return False
 
 
@@ -108,9 +114,19 @@ def addressed(value: bytes | None) -> dict[str, Any] | None:
 
 def refusal(ids: dict[str, Any], reason: str) -> SupportReply:
     """The reply to a refused request: no turn, nothing spent, the reason."""
-    return SupportReply(request_id=ids["request_id"], conversation_id=ids["conversation_id"], customer_id=ids["customer_id"],
-                        turn_id="", text=REFUSAL_TEXT, outcome=Outcome.INVALID_REQUEST, steps=0, usage=Usage(), cost_usd=0.0,
-                        trace_id=current_trace_id(), reason=reason)
+    return SupportReply(
+        request_id=ids["request_id"],
+        conversation_id=ids["conversation_id"],
+        customer_id=ids["customer_id"],
+        turn_id="",
+        text=REFUSAL_TEXT,
+        outcome=Outcome.INVALID_REQUEST,
+        steps=0,
+        usage=Usage(),
+        cost_usd=0.0,
+        trace_id=current_trace_id(),
+        reason=reason,
+    )
 
 
 def refuser(reply: Callable[[SupportReply, str], Awaitable[None]]):
@@ -124,7 +140,9 @@ def refuser(reply: Callable[[SupportReply, str], Awaitable[None]]):
             return
         shown = str(exc) if isinstance(exc, InvalidRequest) else reason
         metrics.refused_requests.labels(exc.kind if isinstance(exc, InvalidRequest) else "schema").inc()
-        log.warning("request %s of conversation %s refused: %s", ids["request_id"][:200], ids["conversation_id"][:200], shown)
+        log.warning(
+            "request %s of conversation %s refused: %s", ids["request_id"][:200], ids["conversation_id"][:200], shown
+        )
         await reply(refusal(ids, shown), ids["conversation_id"])
 
     return on_failure

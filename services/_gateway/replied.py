@@ -24,8 +24,8 @@ import time
 from aiokafka import TopicPartition
 
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
-from roundtrip._kernel.kafka.dedupe import SeenIds
 from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
+from roundtrip._kernel.kafka.dedupe import SeenIds
 
 log = logging.getLogger("roundtrip.gateway")
 
@@ -49,8 +49,12 @@ class RepliedTurns:
                     try:
                         await asyncio.wait_for(self._prime(), PRIME_TIMEOUT_S)
                     except Exception as exc:  # noqa: BLE001 - without it a copy may be answered twice; never lose the reply
-                        log.warning("could not read %s to learn the answered turns (%s: %s); relying on this process's memory",
-                                    self._topic, type(exc).__name__, exc)
+                        log.warning(
+                            "could not read %s to learn the answered turns (%s: %s); relying on this process's memory",
+                            self._topic,
+                            type(exc).__name__,
+                            exc,
+                        )
                     self._primed = True
         if turn_id in self.committed:
             return False
@@ -78,7 +82,9 @@ class RepliedTurns:
     async def _prime(self) -> None:
         """Read the committed replies of the last `memory_s` (every partition) into `committed`."""
         started = time.monotonic()
-        consumer = self._kafka.consumer(enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest")
+        consumer = self._kafka.consumer(
+            enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest"
+        )
         await consumer.start()
         try:
             partitions = await partitions_of(consumer, [self._topic])  # one request, no group needed
@@ -86,7 +92,9 @@ class RepliedTurns:
                 return
             consumer.assign(partitions)
             ends = await consumer.end_offsets(partitions)  # read_committed: the last stable offsets
-            since = await consumer.offsets_for_times({tp: int((time.time() - self._memory_s) * 1000) for tp in partitions})
+            since = await consumer.offsets_for_times(
+                {tp: int((time.time() - self._memory_s) * 1000) for tp in partitions}
+            )
             todo = {}
             for tp in partitions:
                 if since.get(tp) is not None and since[tp].offset < ends[tp]:

@@ -55,6 +55,11 @@ class Throttle:
                 failing = False
             except Exception as exc:  # noqa: BLE001 - the admission goes on as it is; said once per outage
                 if not failing:
-                    log.warning("cannot read the turn ledger for turns waiting on the model's capacity (%s: %s); "
-                                "admission stays at %d", type(exc).__name__, exc, self.admission.limit)
+                    log.warning(
+                        "cannot read the turn ledger for turns waiting on the model's capacity (%s: %s); "
+                        "admission stays at %d",
+                        type(exc).__name__,
+                        exc,
+                        self.admission.limit,
+                    )
                 failing = True

@@ -47,7 +47,11 @@ class Acts:
             if message.get("role") != "assistant" or not isinstance(message.get("content"), list):
                 continue
             for block in message["content"]:
-                if not isinstance(block, dict) or block.get("type") != "tool_use" or block.get("name") not in self.side_effects:
+                if (
+                    not isinstance(block, dict)
+                    or block.get("type") != "tool_use"
+                    or block.get("name") not in self.side_effects
+                ):
                     continue
                 failed, text = results.get(block.get("id", ""), (True, ""))  # no result yet: not known to be done
                 if not failed:

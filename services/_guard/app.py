@@ -32,12 +32,12 @@ from roundtrip._guard.outbox import Publish
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import DEFAULT, Replies
 from roundtrip._guard.rules import Policy
+from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
+from roundtrip._kernel.observability.telemetry import tracer
+from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CancelTurn, ModelResponded, StartTurn
-from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
-from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.observability.telemetry import tracer
 from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.guard")
@@ -45,24 +45,41 @@ log = logging.getLogger("roundtrip.guard")
 
 def policy_from(settings: Settings, replies: Replies = DEFAULT) -> Policy:
     return Policy(
-        max_steps=settings.max_steps, loop_rules=settings.loop_rules, max_identical_calls=settings.max_identical_calls,
-        cycle_max_period=settings.cycle_max_period, cycle_repeats=settings.cycle_repeats,
-        failure_streak=settings.failure_streak, budget_usd=settings.turn_budget_usd, replies=replies,
+        max_steps=settings.max_steps,
+        loop_rules=settings.loop_rules,
+        max_identical_calls=settings.max_identical_calls,
+        cycle_max_period=settings.cycle_max_period,
+        cycle_repeats=settings.cycle_repeats,
+        failure_streak=settings.failure_streak,
+        budget_usd=settings.turn_budget_usd,
+        replies=replies,
     )
 
 
-def guard_of(settings: Settings, ledger: Ledger, conversations: Conversations, prices: PriceTable, publish: Publish,
-             agent: Agent) -> Guard:
+def guard_of(
+    settings: Settings, ledger: Ledger, conversations: Conversations, prices: PriceTable, publish: Publish, agent: Agent
+) -> Guard:
     words = Replies.of(agent.replies)  # the customer reads the agent's own words when the fleet ends a turn
     return Guard(
-        ledger, policy_from(settings, words), prices, publish, model=agent.model_for(settings), agent_digest=agent.digest,
-        stuck_after_s=settings.stuck_after_s, stuck_grace_s=settings.stuck_grace_s, turn_deadline_s=settings.turn_deadline_s,
-        outbox_after_s=settings.outbox_after_s, conversations=conversations,
-        decisions=DecisionSigner(parse_keys(settings.decision_keys)), acts=Acts(frozenset(agent.serial), agent.describe_action, words),
+        ledger,
+        policy_from(settings, words),
+        prices,
+        publish,
+        model=agent.model_for(settings),
+        agent_digest=agent.digest,
+        stuck_after_s=settings.stuck_after_s,
+        stuck_grace_s=settings.stuck_grace_s,
+        turn_deadline_s=settings.turn_deadline_s,
+        outbox_after_s=settings.outbox_after_s,
+        conversations=conversations,
+        decisions=DecisionSigner(parse_keys(settings.decision_keys)),
+        acts=Acts(frozenset(agent.serial), agent.describe_action, words),
     )
 
 
-async def traced(name: str, turn_id: str, handle: Callable[[], Awaitable[str]], attributes: dict[str, Any] | None = None) -> None:
+async def traced(
+    name: str, turn_id: str, handle: Callable[[], Awaitable[str]], attributes: dict[str, Any] | None = None
+) -> None:
     """A handler in a span of its own: the turn, what the message says (`attributes`), what the guard answered."""
     with tracer().start_as_current_span(name) as span:
         span.set_attributes({"roundtrip.turn_id": turn_id, **(attributes or {})})
@@ -78,9 +95,16 @@ def subscribe_handlers(broker: KafkaBroker, settings: Settings, guard: Callable[
 
     @subscribe(broker, topics.ITERATIONS, "guard", settings)
     async def on_iteration(event: ModelResponded) -> None:
-        await traced("guard.decide", event.turn.turn_id, lambda: guard().loop.on_iteration(event), {
-            "roundtrip.step": event.step, "roundtrip.stop_reason": event.stop_reason or "",
-            "roundtrip.fingerprints": [c.fingerprint for c in event.tool_calls]})
+        await traced(
+            "guard.decide",
+            event.turn.turn_id,
+            lambda: guard().loop.on_iteration(event),
+            {
+                "roundtrip.step": event.step,
+                "roundtrip.stop_reason": event.stop_reason or "",
+                "roundtrip.fingerprints": [c.fingerprint for c in event.tool_calls],
+            },
+        )
 
     @subscribe(broker, topics.TURN_CONTROLS, "guard", settings, role="controls")
     async def on_cancel_turn(command: CancelTurn) -> None:
@@ -90,9 +114,15 @@ def subscribe_handlers(broker: KafkaBroker, settings: Settings, guard: Callable[
     async def on_approval_requested(event: ApprovalRequested) -> None:
         await traced("guard.await_approval", event.turn.turn_id, lambda: guard().approvals.on_requested(event))
 
-    @subscribe(broker, topics.APPROVAL_DECISIONS, "guard", settings, role="decisions",
-               description="A person's signed decision on a waiting call (ApprovalDecided); a forged one, one for another "
-                           "call or for a turn that has ended is dead-lettered with the reason")
+    @subscribe(
+        broker,
+        topics.APPROVAL_DECISIONS,
+        "guard",
+        settings,
+        role="decisions",
+        description="A person's signed decision on a waiting call (ApprovalDecided); a forged one, one for another "
+        "call or for a turn that has ended is dead-lettered with the reason",
+    )
     async def on_approval_decided(decision: ApprovalDecided) -> None:
         await traced("guard.decision", decision.turn_id, lambda: guard().approvals.on_decision(decision))
 
@@ -123,8 +153,12 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     @app.on_startup
     async def open_ledger() -> None:
         ledger = await Ledger.open(settings.ledger_db_url, pool_size=settings.database_pool_size)
-        conversations = await Conversations.open(settings.conversations_db_url, settings.history_tokens,
-                                                 settings.conversation_retention_s, pool_size=settings.database_pool_size)
+        conversations = await Conversations.open(
+            settings.conversations_db_url,
+            settings.history_tokens,
+            settings.conversation_retention_s,
+            pool_size=settings.database_pool_size,
+        )
         state["guard"] = guard_of(settings, ledger, conversations, prices, publish, agent)
 
     @app.after_startup
@@ -132,7 +166,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         guard: Guard = state["guard"]
         await republish_left_over(guard)
         state["sweeper"] = asyncio.create_task(
-            sweeper.run(guard.sweeper, outlets[topics.TURN_EVENTS], settings.sweep_interval_s, guard.conversations))
+            sweeper.run(guard.sweeper, outlets[topics.TURN_EVENTS], settings.sweep_interval_s, guard.conversations)
+        )
 
     @app.on_shutdown
     async def stop() -> None:

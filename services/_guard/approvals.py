@@ -29,12 +29,21 @@ from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, PENDING, ApprovalRo
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Bounded, Outbox, pending_copy, traceparent
 from roundtrip._guard.outside import Outside
+from roundtrip._kernel.observability.telemetry import tracer
 from roundtrip._kernel.wire.approvals import ApprovalError, DecisionSigner, in_tool_use_order
 from roundtrip._kernel.wire.events import (
-    ApprovalDecided, ApprovalRequested, CallModel, CheckToolCalls, Decision, Outcome, SupportStatus, ToolCall, Turn, TurnState,
+    ApprovalDecided,
+    ApprovalRequested,
+    CallModel,
+    CheckToolCalls,
+    Decision,
+    Outcome,
+    SupportStatus,
+    ToolCall,
+    Turn,
+    TurnState,
 )
 from roundtrip._kernel.wire.fingerprints import fingerprint
-from roundtrip._kernel.observability.telemetry import tracer
 
 log = logging.getLogger("roundtrip.guard")
 security = logging.getLogger("roundtrip.security")
@@ -58,17 +67,33 @@ class Approvals:
         span = trace.get_current_span()
         span.set_attributes({"roundtrip.approval_id": event.approval_id, "roundtrip.tool": event.call.name})
         approval = dict(
-            approval_id=event.approval_id, turn_id=event.turn.turn_id, step=event.step, tool_use_id=event.call.id,
-            tool=event.call.name, input_sha256=event.input_sha256, customer_id=event.turn.customer_id,
-            conversation_id=event.turn.conversation_id, reason=event.reason, requested_at=event.requested_at,
-            expires_at=event.expires_at, traceparent=traceparent(), request_json=event.model_dump_json(),
+            approval_id=event.approval_id,
+            turn_id=event.turn.turn_id,
+            step=event.step,
+            tool_use_id=event.call.id,
+            tool=event.call.name,
+            input_sha256=event.input_sha256,
+            customer_id=event.turn.customer_id,
+            conversation_id=event.turn.conversation_id,
+            reason=event.reason,
+            requested_at=event.requested_at,
+            expires_at=event.expires_at,
+            traceparent=traceparent(),
+            request_json=event.model_dump_json(),
         )
         status = waiting_status(event)
         pending = pending_copy(status)
         if await self.ledger.await_approval(approval, pending=pending):
             self.steps.forget(event.turn.turn_id)  # the wait is not a step of the loop
-            log.info("turn %s step %d awaits approval %s of %s(%s): %s", event.turn.turn_id, event.step, event.approval_id,
-                     event.call.name, _shown(event.call.input), event.reason)
+            log.info(
+                "turn %s step %d awaits approval %s of %s(%s): %s",
+                event.turn.turn_id,
+                event.step,
+                event.approval_id,
+                event.call.name,
+                _shown(event.call.input),
+                event.reason,
+            )
             await self.outbox.emit(event.turn.turn_id, pending, status, event.turn.conversation_id)
             return "awaiting"
         row = await self.ledger.get(event.turn.turn_id)
@@ -77,35 +102,71 @@ class Approvals:
         known = await self.ledger.approval(event.approval_id)
         if known is not None:
             return "duplicate"
-        log.warning("turn %s: approval %s not recorded: the turn has ended or moved on (%s)", event.turn.turn_id,
-                    event.approval_id, row.status if row else "unknown turn")
+        log.warning(
+            "turn %s: approval %s not recorded: the turn has ended or moved on (%s)",
+            event.turn.turn_id,
+            event.approval_id,
+            row.status if row else "unknown turn",
+        )
         return "not awaiting"
 
     async def on_decision(self, decision: ApprovalDecided) -> str:
         """Resume the waiting step: approved -> the gate checks the call again and signs it; denied -> the model
         gets an is_error tool_result with the reason. Anything that must not act raises DecisionRefused."""
         span = trace.get_current_span()
-        span.set_attributes({"roundtrip.approval_id": decision.approval_id, "roundtrip.decision": decision.decision.value,
-                             "roundtrip.decided_by": decision.decided_by})
+        span.set_attributes(
+            {
+                "roundtrip.approval_id": decision.approval_id,
+                "roundtrip.decision": decision.decision.value,
+                "roundtrip.decided_by": decision.decided_by,
+            }
+        )
         approval = await self._requested(decision)
         status = "approved" if decision.decision is Decision.APPROVE else "denied"
         if approval.status != PENDING:
-            if approval.status == status:  # the same decision again (redelivered, or published twice): nothing runs twice
+            if (
+                approval.status == status
+            ):  # the same decision again (redelivered, or published twice): nothing runs twice
                 span.add_event("duplicate decision dropped", {"roundtrip.decided_by": approval.decided_by or ""})
-                log.info("approval %s: already %s by %s; duplicate dropped", approval.approval_id, status, approval.decided_by)
+                log.info(
+                    "approval %s: already %s by %s; duplicate dropped",
+                    approval.approval_id,
+                    status,
+                    approval.decided_by,
+                )
                 return "duplicate"
-            raise DecisionRefused(f"approval {approval.approval_id} was already {approval.status}"
-                                  + (f" by {approval.decided_by}" if approval.decided_by else ""))
+            raise DecisionRefused(
+                f"approval {approval.approval_id} was already {approval.status}"
+                + (f" by {approval.decided_by}" if approval.decided_by else "")
+            )
         now = await self._still_waiting(approval)
         request = ApprovalRequested.model_validate_json(approval.request_json)
         message = resumed(request, decision, status == "approved", now)
         with self._waited(approval, status, now, decision.decided_by, decision.reason):
             pending = pending_copy(message)
-            if not await self.ledger.decide(approval.approval_id, status, decision.decided_by, decision.decided_at,
-                                            decision.reason, pending, message.turn.deadline_at or None, now=now):
-                raise DecisionRefused(f"the turn {approval.turn_id} ended or the approval was decided while this decision was processed")
-            log.info("turn %s: %s(%s) %s by %s (approval %s, waited %.1f s)", approval.turn_id, approval.tool,
-                     _shown(request.call.input), status, decision.decided_by, approval.approval_id, now - approval.requested_at)
+            if not await self.ledger.decide(
+                approval.approval_id,
+                status,
+                decision.decided_by,
+                decision.decided_at,
+                decision.reason,
+                pending,
+                message.turn.deadline_at or None,
+                now=now,
+            ):
+                raise DecisionRefused(
+                    f"the turn {approval.turn_id} ended or the approval was decided while this decision was processed"
+                )
+            log.info(
+                "turn %s: %s(%s) %s by %s (approval %s, waited %.1f s)",
+                approval.turn_id,
+                approval.tool,
+                _shown(request.call.input),
+                status,
+                decision.decided_by,
+                approval.approval_id,
+                now - approval.requested_at,
+            )
             self.steps.stepped(approval.turn_id, ended=False)
             await self.outbox.emit(approval.turn_id, pending, message, approval.conversation_id)
         return status
@@ -117,26 +178,46 @@ class Approvals:
                 raise ApprovalError("this guard has no decision keys")
             self.decisions.verify(decision)
         except ApprovalError as exc:
-            security.error("refused decision %s for turn %s by %r: %s", decision.approval_id, decision.turn_id, decision.decided_by, exc)
+            security.error(
+                "refused decision %s for turn %s by %r: %s",
+                decision.approval_id,
+                decision.turn_id,
+                decision.decided_by,
+                exc,
+            )
             raise DecisionRefused(f"forged decision: {exc}") from None
         approval = await self.ledger.approval(decision.approval_id)
         if approval is None:
             raise DecisionRefused(f"no approval {decision.approval_id} was requested")
-        if (decision.turn_id, decision.tool_use_id, decision.input_sha256) != (approval.turn_id, approval.tool_use_id, approval.input_sha256):
-            security.error("decision %s names another call than the one requested (turn %s, call %s)", decision.approval_id,
-                           decision.turn_id, decision.tool_use_id)
-            raise DecisionRefused("decision for another call: its turn, tool_use id or arguments differ from the approval requested")
+        if (decision.turn_id, decision.tool_use_id, decision.input_sha256) != (
+            approval.turn_id,
+            approval.tool_use_id,
+            approval.input_sha256,
+        ):
+            security.error(
+                "decision %s names another call than the one requested (turn %s, call %s)",
+                decision.approval_id,
+                decision.turn_id,
+                decision.tool_use_id,
+            )
+            raise DecisionRefused(
+                "decision for another call: its turn, tool_use id or arguments differ from the approval requested"
+            )
         return approval
 
     async def _still_waiting(self, approval: ApprovalRow) -> float:
         """The time of the decision, if the turn still waits for this approval and its deadline has not passed."""
         row = await self.ledger.get(approval.turn_id)
         if row is None or row.status != AWAITING or row.step != approval.step:
-            raise DecisionRefused(f"the turn {approval.turn_id} has ended or no longer waits for this approval"
-                                  + (f" ({row.status}{', ' + row.outcome if row.outcome else ''})" if row else ""))
+            raise DecisionRefused(
+                f"the turn {approval.turn_id} has ended or no longer waits for this approval"
+                + (f" ({row.status}{', ' + row.outcome if row.outcome else ''})" if row else "")
+            )
         now = time.time()
         if now >= approval.expires_at:
-            raise DecisionRefused(f"the approval deadline passed {now - approval.expires_at:.1f} s ago; the turn ends without the call")
+            raise DecisionRefused(
+                f"the approval deadline passed {now - approval.expires_at:.1f} s ago; the turn ends without the call"
+            )
         return now
 
     async def expire(self, now: float, announced: Bounded | None = None) -> int:
@@ -146,9 +227,15 @@ class Approvals:
         for approval, row in await self.ledger.overdue_approvals(now):
             with self._waited(approval, "expired", now):
                 result = await announced(
-                    lambda: self.outside.end(row, Outcome.APPROVAL_TIMEOUT, f"{approval.tool} not decided within its "
-                                             "approval deadline", announce=announced.reachable, status=AWAITING),
-                    f"the end of {row.turn_id}")
+                    lambda: self.outside.end(
+                        row,
+                        Outcome.APPROVAL_TIMEOUT,
+                        f"{approval.tool} not decided within its approval deadline",
+                        announce=announced.reachable,
+                        status=AWAITING,
+                    ),
+                    f"the end of {row.turn_id}",
+                )
             if result is not None:
                 await self.ledger.close_approvals(row.turn_id, "expired", now)
                 ended += result == ENDED
@@ -159,11 +246,19 @@ class Approvals:
         """The wait as ONE span in the turn's trace: from the request to the decision (or the deadline); what follows is its child."""
         parent = extract({"traceparent": approval.traceparent}) if approval.traceparent else otel_context.get_current()
         span = tracer().start_span("approval.wait", context=parent, start_time=int(approval.requested_at * 1e9))
-        span.set_attributes({
-            "roundtrip.turn_id": approval.turn_id, "roundtrip.approval_id": approval.approval_id, "roundtrip.tool": approval.tool,
-            "roundtrip.tool_use_id": approval.tool_use_id, "roundtrip.decision": status, "roundtrip.decided_by": decided_by,
-            "roundtrip.decided_at": now, "roundtrip.waited_s": round(now - approval.requested_at, 3), "roundtrip.reason": reason[:200],
-        })
+        span.set_attributes(
+            {
+                "roundtrip.turn_id": approval.turn_id,
+                "roundtrip.approval_id": approval.approval_id,
+                "roundtrip.tool": approval.tool,
+                "roundtrip.tool_use_id": approval.tool_use_id,
+                "roundtrip.decision": status,
+                "roundtrip.decided_by": decided_by,
+                "roundtrip.decided_at": now,
+                "roundtrip.waited_s": round(now - approval.requested_at, 3),
+                "roundtrip.reason": reason[:200],
+            }
+        )
         if status not in ("approved",):
             span.set_status(trace.Status(trace.StatusCode.ERROR, status))
         return _EndAt(span, int(now * 1e9))
@@ -172,10 +267,19 @@ class Approvals:
 def waiting_status(event: ApprovalRequested) -> SupportStatus:
     """What the app is told of the wait: its turn waits for a person until the approval deadline."""
     turn = event.turn
-    return SupportStatus(request_id=turn.request_id, conversation_id=turn.conversation_id, customer_id=turn.customer_id,
-                         turn_id=turn.turn_id, state=TurnState.WAITING_FOR_APPROVAL, until=event.expires_at,
-                         at=event.requested_at, reason=event.reason, approval_id=event.approval_id, trace_id=turn.trace_id,
-                         metadata=turn.metadata)
+    return SupportStatus(
+        request_id=turn.request_id,
+        conversation_id=turn.conversation_id,
+        customer_id=turn.customer_id,
+        turn_id=turn.turn_id,
+        state=TurnState.WAITING_FOR_APPROVAL,
+        until=event.expires_at,
+        at=event.requested_at,
+        reason=event.reason,
+        approval_id=event.approval_id,
+        trace_id=turn.trace_id,
+        metadata=turn.metadata,
+    )
 
 
 def resumed(request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float) -> BaseModel:
@@ -185,17 +289,39 @@ def resumed(request: ApprovalRequested, decision: ApprovalDecided, approved: boo
     if turn.deadline_at:
         turn = turn.model_copy(update={"deadline_at": round(turn.deadline_at + (now - request.requested_at), 3)})
     if approved:
-        call = ToolCall(id=request.call.id, name=request.call.name, input=request.call.input,
-                        fingerprint=fingerprint(request.call.name, request.call.input))
-        return CheckToolCalls(turn=turn, step=request.step, messages=request.messages, calls=[call], spent=request.spent,
-                              results=request.results, decisions=[decision])
-    denied = {"type": "tool_result", "tool_use_id": request.call.id, "is_error": True, "content": (
-        "Not run: a member of staff reviewed this call and declined it"
-        + (f": {decision.reason}" if decision.reason else "") + ". Nothing was changed. Explain this to the customer "
-        "and do not make this call again.")}
+        call = ToolCall(
+            id=request.call.id,
+            name=request.call.name,
+            input=request.call.input,
+            fingerprint=fingerprint(request.call.name, request.call.input),
+        )
+        return CheckToolCalls(
+            turn=turn,
+            step=request.step,
+            messages=request.messages,
+            calls=[call],
+            spent=request.spent,
+            results=request.results,
+            decisions=[decision],
+        )
+    denied = {
+        "type": "tool_result",
+        "tool_use_id": request.call.id,
+        "is_error": True,
+        "content": (
+            "Not run: a member of staff reviewed this call and declined it"
+            + (f": {decision.reason}" if decision.reason else "")
+            + ". Nothing was changed. Explain this to the customer "
+            "and do not make this call again."
+        ),
+    }
     content = in_tool_use_order(request.messages, [*request.results, denied])
-    return CallModel(turn=turn, step=request.step, messages=[*request.messages, {"role": "user", "content": content}],
-                     spent=request.spent)
+    return CallModel(
+        turn=turn,
+        step=request.step,
+        messages=[*request.messages, {"role": "user", "content": content}],
+        spent=request.spent,
+    )
 
 
 class _EndAt:

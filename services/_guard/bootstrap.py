@@ -32,21 +32,39 @@ class Guard:
     `decisions` None: every person's decision is refused; `acts` None: no tool counts as a side effect. The agent's
     words for an early end are `policy.replies` (and `acts.replies` for one after a side effect)."""
 
-    def __init__(self, ledger: Ledger, policy: Policy, prices: PriceTable, publish: Publish, *, model: str = "",
-                 stuck_after_s: float = 60.0, stuck_grace_s: float = 30.0, turn_deadline_s: float = 300.0,
-                 outbox_after_s: float = 5.0, conversations: Conversations | None = None, wait_poll_s: float = 0.5,
-                 decisions: DecisionSigner | None = None, agent_digest: str | None = None, acts: Acts | None = None) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        policy: Policy,
+        prices: PriceTable,
+        publish: Publish,
+        *,
+        model: str = "",
+        stuck_after_s: float = 60.0,
+        stuck_grace_s: float = 30.0,
+        turn_deadline_s: float = 300.0,
+        outbox_after_s: float = 5.0,
+        conversations: Conversations | None = None,
+        wait_poll_s: float = 0.5,
+        decisions: DecisionSigner | None = None,
+        agent_digest: str | None = None,
+        acts: Acts | None = None,
+    ) -> None:
         steps = StepClock()
         # a start waiting for its conversation's running turn gives up past the longest a turn can live
         order = ConversationOrder(ledger, give_up_after_s=turn_deadline_s + stuck_grace_s + 60, poll_s=wait_poll_s)
         self.ledger, self.conversations = ledger, conversations
         self.outbox = Outbox(ledger, publish, outbox_after_s, on_ended=order.ended)
-        self.starts = Starts(ledger, self.outbox, order, turn_deadline_s, conversations, steps, agent_digest, policy.replies)
+        self.starts = Starts(
+            ledger, self.outbox, order, turn_deadline_s, conversations, steps, agent_digest, policy.replies
+        )
         acts = acts or Acts()
         self.loop = Loop(ledger, self.outbox, policy, prices, model, conversations, steps, acts)
         self.outside = Outside(ledger, self.outbox, conversations, steps, acts)
         self.approvals = Approvals(ledger, self.outbox, self.outside, decisions, steps)
-        self.sweeper = Sweeper(ledger, self.outbox, self.outside, self.approvals, stuck_after_s, stuck_grace_s, turn_deadline_s)
+        self.sweeper = Sweeper(
+            ledger, self.outbox, self.outside, self.approvals, stuck_after_s, stuck_grace_s, turn_deadline_s
+        )
 
     async def close(self) -> None:
         """Wait for the pending-copy clean-ups, then close the stores."""

@@ -29,15 +29,30 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    Column, Connection, Float, Index, Integer, MetaData, String, Table, Text, bindparam, delete, exists, func, insert, select, update,
+    Column,
+    Connection,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    bindparam,
+    delete,
+    exists,
+    func,
+    insert,
+    select,
+    update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from roundtrip._kernel.storage.database import POOL_SIZE
-from roundtrip._kernel.wire.limits import OMITTED_KEY
 from roundtrip._kernel.migrations import CONVERSATIONS
+from roundtrip._kernel.storage.database import POOL_SIZE
 from roundtrip._kernel.storage.turnstore import TurnStore
+from roundtrip._kernel.wire.limits import OMITTED_KEY
 
 metadata = MetaData()
 conversations = Table(
@@ -71,13 +86,21 @@ _OWNER = select(conversations.c.customer_id, conversations.c.updated_at, convers
 _TOUCH = update(conversations).where(_OF_CONVERSATION)
 _NEW_CONVERSATION = insert(conversations)
 _NEW_EXCHANGE = insert(exchanges)
-_STORED = (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.messages)
-           .where(exchanges.c.conversation_id == bindparam("b_conversation_id"), exchanges.c.messages.is_not(None))
-           .order_by(exchanges.c.started_at, exchanges.c.turn_id))
-_EXCHANGES = (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.ended_at, exchanges.c.messages.is_not(None).label("stored"))
-              .where(exchanges.c.conversation_id == bindparam("b_conversation_id"))
-              .order_by(exchanges.c.started_at, exchanges.c.turn_id))
-_THIS_EXCHANGE = (exchanges.c.turn_id == bindparam("b_turn_id")) & (exchanges.c.conversation_id == bindparam("b_conversation_id"))
+_STORED = (
+    select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.messages)
+    .where(exchanges.c.conversation_id == bindparam("b_conversation_id"), exchanges.c.messages.is_not(None))
+    .order_by(exchanges.c.started_at, exchanges.c.turn_id)
+)
+_EXCHANGES = (
+    select(
+        exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.ended_at, exchanges.c.messages.is_not(None).label("stored")
+    )
+    .where(exchanges.c.conversation_id == bindparam("b_conversation_id"))
+    .order_by(exchanges.c.started_at, exchanges.c.turn_id)
+)
+_THIS_EXCHANGE = (exchanges.c.turn_id == bindparam("b_turn_id")) & (
+    exchanges.c.conversation_id == bindparam("b_conversation_id")
+)
 _STORE = update(exchanges).where(_THIS_EXCHANGE)
 _CLAIMS = {}  # dialect name -> the upsert of `claim` (PostgreSQL's and SQLite's INSERT ... ON CONFLICT are their own)
 
@@ -87,14 +110,24 @@ def _claim_statement(dialect: str) -> Any:
     if (statement := _CLAIMS.get(dialect)) is None:
         new = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(conversations)
         statement = _CLAIMS[dialect] = new.on_conflict_do_update(
-            index_elements=[conversations.c.conversation_id], set_={"updated_at": new.excluded.updated_at},
-            where=(conversations.c.customer_id == new.excluded.customer_id) & (conversations.c.updated_at >= bindparam("b_cutoff")),
+            index_elements=[conversations.c.conversation_id],
+            set_={"updated_at": new.excluded.updated_at},
+            where=(conversations.c.customer_id == new.excluded.customer_id)
+            & (conversations.c.updated_at >= bindparam("b_cutoff")),
         ).returning(conversations.c.customer_id, conversations.c.turns)
     return statement
 
 
-_COUNT = update(conversations).where(_OF_CONVERSATION).values(updated_at=bindparam("b_now"), turns=conversations.c.turns + bindparam("b_turns"))
-_DROPPED = update(conversations).where(_OF_CONVERSATION).values(dropped_turns=conversations.c.dropped_turns + bindparam("b_dropped"))
+_COUNT = (
+    update(conversations)
+    .where(_OF_CONVERSATION)
+    .values(updated_at=bindparam("b_now"), turns=conversations.c.turns + bindparam("b_turns"))
+)
+_DROPPED = (
+    update(conversations)
+    .where(_OF_CONVERSATION)
+    .values(dropped_turns=conversations.c.dropped_turns + bindparam("b_dropped"))
+)
 
 
 def _close_in_one() -> Any:
@@ -102,19 +135,37 @@ def _close_in_one() -> Any:
     when the exchange had not ended before), and the conversation's exchanges as they were before it (every part of
     a WITH sees the same snapshot), from which the caller tells what falls out of the budget."""
     before = select(exchanges.c.ended_at).where(_THIS_EXCHANGE).cte("before")
-    stored = (update(exchanges).where(_THIS_EXCHANGE)
-              .values(messages=bindparam("b_messages"), tokens=bindparam("b_tokens"), ended_at=bindparam("b_ended_at"),
-                      outcome=bindparam("b_outcome"))
-              .returning(exchanges.c.turn_id).cte("stored"))
+    stored = (
+        update(exchanges)
+        .where(_THIS_EXCHANGE)
+        .values(
+            messages=bindparam("b_messages"),
+            tokens=bindparam("b_tokens"),
+            ended_at=bindparam("b_ended_at"),
+            outcome=bindparam("b_outcome"),
+        )
+        .returning(exchanges.c.turn_id)
+        .cte("stored")
+    )
     first = select(func.count()).select_from(before).where(before.c.ended_at.is_(None)).scalar_subquery()
-    counted = (update(conversations).where(_OF_CONVERSATION, exists(select(stored.c.turn_id)))
-               .values(updated_at=bindparam("b_now"), turns=conversations.c.turns + first)
-               .returning(conversations.c.turns).cte("counted"))
-    return (select(exchanges.c.turn_id, exchanges.c.tokens, exchanges.c.messages.is_not(None).label("stored"),
-                   select(func.count()).select_from(stored).scalar_subquery().label("stored_now"),
-                   select(func.count()).select_from(counted).scalar_subquery().label("counted"))
-            .where(exchanges.c.conversation_id == bindparam("b_conversation_id"))
-            .order_by(exchanges.c.started_at, exchanges.c.turn_id))
+    counted = (
+        update(conversations)
+        .where(_OF_CONVERSATION, exists(select(stored.c.turn_id)))
+        .values(updated_at=bindparam("b_now"), turns=conversations.c.turns + first)
+        .returning(conversations.c.turns)
+        .cte("counted")
+    )
+    return (
+        select(
+            exchanges.c.turn_id,
+            exchanges.c.tokens,
+            exchanges.c.messages.is_not(None).label("stored"),
+            select(func.count()).select_from(stored).scalar_subquery().label("stored_now"),
+            select(func.count()).select_from(counted).scalar_subquery().label("counted"),
+        )
+        .where(exchanges.c.conversation_id == bindparam("b_conversation_id"))
+        .order_by(exchanges.c.started_at, exchanges.c.turn_id)
+    )
 
 
 _CLOSE_IN_ONE = _close_in_one()
@@ -132,7 +183,11 @@ def estimate_tokens(value: Any) -> int:
 def _blocks(content: Any) -> list[dict]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content.strip() else []
-    return [b for b in content or [] if isinstance(b, dict) and not (b.get("type") == "text" and not str(b.get("text", "")).strip())]
+    return [
+        b
+        for b in content or []
+        if isinstance(b, dict) and not (b.get("type") == "text" and not str(b.get("text", "")).strip())
+    ]
 
 
 def exchange_of(turn_messages: list[dict], final_content: list[dict], reply_text: str) -> list[dict]:
@@ -148,8 +203,11 @@ def exchange_of(turn_messages: list[dict], final_content: list[dict], reply_text
     kept: list[dict] = []
     for i, message in enumerate(messages):
         if message["role"] == "assistant":
-            answered = {b.get("tool_use_id") for b in (messages[i + 1]["content"] if i + 1 < len(messages) else [])
-                        if b.get("type") == "tool_result"}
+            answered = {
+                b.get("tool_use_id")
+                for b in (messages[i + 1]["content"] if i + 1 < len(messages) else [])
+                if b.get("type") == "tool_result"
+            }
             blocks = [b for b in message["content"] if b.get("type") != "tool_use" or b.get("id") in answered]
             if not blocks:
                 continue
@@ -162,12 +220,21 @@ def exchange_of(turn_messages: list[dict], final_content: list[dict], reply_text
     for i, message in enumerate(kept):
         if message["role"] == "user" and i > 0:
             offered = {b.get("id") for b in kept[i - 1]["content"] if b.get("type") == "tool_use"}
-            blocks = [b for b in message["content"] if b.get("type") != "tool_result" or b.get("tool_use_id") in offered]
+            blocks = [
+                b for b in message["content"] if b.get("type") != "tool_result" or b.get("tool_use_id") in offered
+            ]
             kept[i] = {"role": "user", "content": blocks or [{"type": "text", "text": "(no answer)"}]}
-    said = "\n".join(b.get("text", "") for b in (kept[-1]["content"] if kept and kept[-1]["role"] == "assistant" else [])
-                     if b.get("type") == "text").strip()
+    said = "\n".join(
+        b.get("text", "")
+        for b in (kept[-1]["content"] if kept and kept[-1]["role"] == "assistant" else [])
+        if b.get("type") == "text"
+    ).strip()
     if reply_text and reply_text.strip() != said:
-        if kept and kept[-1]["role"] == "assistant" and not any(b.get("type") == "tool_use" for b in kept[-1]["content"]):
+        if (
+            kept
+            and kept[-1]["role"] == "assistant"
+            and not any(b.get("type") == "tool_use" for b in kept[-1]["content"])
+        ):
             kept[-1] = {"role": "assistant", "content": [{"type": "text", "text": reply_text}]}
         else:
             kept.append({"role": "assistant", "content": [{"type": "text", "text": reply_text}]})
@@ -242,8 +309,14 @@ class Conversations(TurnStore):
     retention_s: float = 30 * 86400.0
 
     @classmethod
-    async def open(cls, url: str, budget_tokens: int = 20000, retention_s: float = 30 * 86400.0,
-                   read_only: bool = False, pool_size: int = POOL_SIZE) -> Conversations:
+    async def open(
+        cls,
+        url: str,
+        budget_tokens: int = 20000,
+        retention_s: float = 30 * 86400.0,
+        read_only: bool = False,
+        pool_size: int = POOL_SIZE,
+    ) -> Conversations:
         store = await super().open(url, read_only=read_only, pool_size=pool_size)
         store.budget_tokens, store.retention_s = budget_tokens, retention_s
         return store
@@ -255,9 +328,18 @@ class Conversations(TurnStore):
         that creates it or touches it, and returns its owner and its stored turns. Only when it refuses (someone
         else's conversation, or one past its retention) is the conversation read and changed in a transaction."""
         now = now or time.time()
-        params = {"conversation_id": conversation_id, "customer_id": customer_id, "created_at": now, "updated_at": now,
-                  "turns": 0, "dropped_turns": 0, "b_cutoff": now - self.retention_s}
-        row = await self._run(lambda conn: conn.execute(_claim_statement(conn.dialect.name), params).first(), write=True, single=True)
+        params = {
+            "conversation_id": conversation_id,
+            "customer_id": customer_id,
+            "created_at": now,
+            "updated_at": now,
+            "turns": 0,
+            "dropped_turns": 0,
+            "b_cutoff": now - self.retention_s,
+        }
+        row = await self._run(
+            lambda conn: conn.execute(_claim_statement(conn.dialect.name), params).first(), write=True, single=True
+        )
         if row is not None:
             return Claim(row.customer_id, row.turns)
 
@@ -270,8 +352,17 @@ class Conversations(TurnStore):
                 if row.customer_id == customer_id:  # in use: not idle any more
                     conn.execute(_TOUCH, {"b_conversation_id": conversation_id, "updated_at": now})
                 return Claim(row.customer_id, row.turns)
-            conn.execute(_NEW_CONVERSATION, {"conversation_id": conversation_id, "customer_id": customer_id,
-                                             "created_at": now, "updated_at": now, "turns": 0, "dropped_turns": 0})
+            conn.execute(
+                _NEW_CONVERSATION,
+                {
+                    "conversation_id": conversation_id,
+                    "customer_id": customer_id,
+                    "created_at": now,
+                    "updated_at": now,
+                    "turns": 0,
+                    "dropped_turns": 0,
+                },
+            )
             return Claim(customer_id, 0)
 
         for _ in range(3):
@@ -285,20 +376,42 @@ class Conversations(TurnStore):
         """Remember that `turn_id` runs in the conversation (idempotent); it becomes history when it ends."""
         now = now or time.time()
         try:
-            await self._run(lambda conn: conn.execute(_NEW_EXCHANGE, {
-                "turn_id": turn_id, "conversation_id": conversation_id, "started_at": now, "text": text, "tokens": 0}), write=True, single=True)
+            await self._run(
+                lambda conn: conn.execute(
+                    _NEW_EXCHANGE,
+                    {
+                        "turn_id": turn_id,
+                        "conversation_id": conversation_id,
+                        "started_at": now,
+                        "text": text,
+                        "tokens": 0,
+                    },
+                ),
+                write=True,
+                single=True,
+            )
         except IntegrityError:
             pass
 
     async def history(self, conversation_id: str) -> list[dict]:
         """The stored exchanges of the conversation, oldest first, as one transcript within the budget."""
-        rows = await self._run(lambda conn: conn.execute(_STORED, {"b_conversation_id": conversation_id}).all(), single=True)
+        rows = await self._run(
+            lambda conn: conn.execute(_STORED, {"b_conversation_id": conversation_id}).all(), single=True
+        )
         kept, _ = within_budget([(r.turn_id, r.tokens) for r in rows], self.budget_tokens)
         wanted = set(kept)
         return [m for r in rows if r.turn_id in wanted for m in json.loads(r.messages)]
 
-    async def close_turn(self, conversation_id: str, turn_id: str, turn_messages: list[dict], final_content: list[dict],
-                         reply_text: str, outcome: str, now: float | None = None) -> bool:
+    async def close_turn(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        turn_messages: list[dict],
+        final_content: list[dict],
+        reply_text: str,
+        outcome: str,
+        now: float | None = None,
+    ) -> bool:
         """Store the ended turn as an exchange, then drop the oldest exchanges past the budget.
 
         Upsert by turn id (a redelivery stores the same again; a later, fuller end replaces an
@@ -338,22 +451,31 @@ class Conversations(TurnStore):
     def _dropped(self, rows: list[Any], turn_id: str, tokens: int) -> list[str]:
         """The exchanges that fall out of the budget once `turn_id` is stored with `tokens` (`rows`: the conversation's
         exchanges before it, oldest first, each with its tokens and whether it is stored)."""
-        stored = [(r.turn_id, tokens if r.turn_id == turn_id else r.tokens) for r in rows if r.turn_id == turn_id or r.stored]
+        stored = [
+            (r.turn_id, tokens if r.turn_id == turn_id else r.tokens) for r in rows if r.turn_id == turn_id or r.stored
+        ]
         return within_budget(stored, self.budget_tokens)[1]
 
-    async def close_turn_with_reply(self, conversation_id: str, turn_id: str, reply_text: str, outcome: str,
-                                    now: float | None = None) -> bool:
+    async def close_turn_with_reply(
+        self, conversation_id: str, turn_id: str, reply_text: str, outcome: str, now: float | None = None
+    ) -> bool:
         """A turn ended from outside the loop (cancel, deadline): its words and the reply, without its tool calls."""
-        rows = await self._run(lambda conn: conn.execute(select(exchanges.c.text).where(exchanges.c.turn_id == turn_id)).all())
+        rows = await self._run(
+            lambda conn: conn.execute(select(exchanges.c.text).where(exchanges.c.turn_id == turn_id)).all()
+        )
         if not rows:
             return False
-        return await self.close_turn(conversation_id, turn_id, [{"role": "user", "content": rows[0].text}], [], reply_text, outcome, now)
+        return await self.close_turn(
+            conversation_id, turn_id, [{"role": "user", "content": rows[0].text}], [], reply_text, outcome, now
+        )
 
     async def get(self, conversation_id: str) -> ConversationRow | None:
         rows = await self.list(conversation_id=conversation_id, limit=1)
         return rows[0] if rows else None
 
-    async def list(self, customer_id: str | None = None, conversation_id: str | None = None, limit: int = 50) -> list[ConversationRow]:
+    async def list(
+        self, customer_id: str | None = None, conversation_id: str | None = None, limit: int = 50
+    ) -> list[ConversationRow]:
         def work(conn: Connection) -> list[ConversationRow]:
             query = select(conversations).order_by(conversations.c.updated_at.desc()).limit(limit)
             if customer_id:
@@ -362,8 +484,11 @@ class Conversations(TurnStore):
                 query = query.where(conversations.c.conversation_id == conversation_id)
             found = [ConversationRow(**r) for r in conn.execute(query).mappings().all()]
             for row in found:
-                stats = conn.execute(select(exchanges.c.tokens).where(exchanges.c.conversation_id == row.conversation_id,
-                                                                      exchanges.c.messages.is_not(None))).all()
+                stats = conn.execute(
+                    select(exchanges.c.tokens).where(
+                        exchanges.c.conversation_id == row.conversation_id, exchanges.c.messages.is_not(None)
+                    )
+                ).all()
                 row.history_turns, row.history_tokens = len(stats), sum(s.tokens for s in stats)
             return found
 
@@ -378,8 +503,12 @@ class Conversations(TurnStore):
         cutoff = (now or time.time()) - self.retention_s
 
         def work(conn: Connection) -> int:
-            old = [r.conversation_id for r in conn.execute(
-                select(conversations.c.conversation_id).where(conversations.c.updated_at < cutoff).limit(1000)).all()]
+            old = [
+                r.conversation_id
+                for r in conn.execute(
+                    select(conversations.c.conversation_id).where(conversations.c.updated_at < cutoff).limit(1000)
+                ).all()
+            ]
             for conversation_id in old:
                 _delete(conn, conversation_id)
             return len(old)

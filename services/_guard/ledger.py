@@ -23,10 +23,34 @@ from sqlalchemy import bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from roundtrip._kernel.storage.turnstore import (
-    AWAITING, ENDED, ENDING, IS_LIVE, LIVE, OPEN, RUNNING, STUCK, TurnStore, approvals, make_engine, no_live_lease, turns,
+    AWAITING,
+    ENDED,
+    ENDING,
+    IS_LIVE,
+    LIVE,
+    OPEN,
+    RUNNING,
+    STUCK,
+    TurnStore,
+    approvals,
+    make_engine,
+    no_live_lease,
+    turns,
 )
 
-__all__ = ["AWAITING", "ENDED", "ENDING", "LIVE", "RUNNING", "STUCK", "ApprovalRow", "Ledger", "TurnRow", "make_engine", "turns"]
+__all__ = [
+    "AWAITING",
+    "ENDED",
+    "ENDING",
+    "LIVE",
+    "RUNNING",
+    "STUCK",
+    "ApprovalRow",
+    "Ledger",
+    "TurnRow",
+    "make_engine",
+    "turns",
+]
 
 PENDING = "pending"
 
@@ -39,13 +63,22 @@ class _Refused(Exception):
 _START = insert(turns)
 _ADVANCE = update(turns).where(turns.c.turn_id == bindparam("b_turn_id"), turns.c.step == bindparam("b_step"), IS_LIVE)
 _GET = select(turns).where(turns.c.turn_id == bindparam("b_turn_id"))
-_LIVE_TURNS = select(turns).where(turns.c.conversation_id == bindparam("b_conversation_id"), turns.c.status != ENDED,
-                                  turns.c.turn_id != bindparam("b_but"))
+_LIVE_TURNS = select(turns).where(
+    turns.c.conversation_id == bindparam("b_conversation_id"),
+    turns.c.status != ENDED,
+    turns.c.turn_id != bindparam("b_but"),
+)
 # a start's one read: the turn itself (a duplicate request?) and the conversation's turns that have not ended
-_STARTING = select(turns).where(or_(turns.c.turn_id == bindparam("b_turn_id"),
-                                    (turns.c.conversation_id == bindparam("b_conversation_id")) & (turns.c.status != ENDED)))
-_PUBLISHED = update(turns).where(turns.c.turn_id == bindparam("b_turn_id"), turns.c.pending == bindparam("b_pending"),
-                                 turns.c.status != ENDING)
+_STARTING = select(turns).where(
+    or_(
+        turns.c.turn_id == bindparam("b_turn_id"),
+        (turns.c.conversation_id == bindparam("b_conversation_id")) & (turns.c.status != ENDED),
+    )
+)
+_PUBLISHED = update(turns).where(
+    turns.c.turn_id == bindparam("b_turn_id"), turns.c.pending == bindparam("b_pending"), turns.c.status != ENDING
+)
+
 
 @dataclass
 class TurnRow:
@@ -104,20 +137,46 @@ class ApprovalRow:
 
 class Ledger(TurnStore):
     async def _rows(self, statement: Any, params: dict[str, Any] | None = None) -> list[TurnRow]:
-        return await self._run(lambda conn: [TurnRow(**r) for r in conn.execute(statement, params).mappings().all()], single=True)
+        return await self._run(
+            lambda conn: [TurnRow(**r) for r in conn.execute(statement, params).mappings().all()], single=True
+        )
 
     # -- transitions --------------------------------------------------------------------
-    async def start(self, turn: dict[str, Any], pending: str, traceparent: str | None = None, now: float | None = None,
-                    deadline_at: float | None = None, outcome: str | None = None, agent_digest: str | None = None) -> bool:
+    async def start(
+        self,
+        turn: dict[str, Any],
+        pending: str,
+        traceparent: str | None = None,
+        now: float | None = None,
+        deadline_at: float | None = None,
+        outcome: str | None = None,
+        agent_digest: str | None = None,
+    ) -> bool:
         """Register a new turn (already ended with `outcome`, for a refused one) under the agent of that digest;
         False when it exists already (a duplicated request)."""
         now = now or time.time()
         row = dict(
-            turn_id=turn["turn_id"], request_id=turn["request_id"], conversation_id=turn["conversation_id"],
-            customer_id=turn["customer_id"], status=ENDED if outcome else RUNNING, step=0, started_at=now, last_progress_at=now,
-            trace_id=turn.get("trace_id", ""), traceparent=traceparent, turn_json=json.dumps(turn), pending=pending,
-            pending_at=now, deadline_at=deadline_at or turn.get("deadline_at"), outcome=outcome, ended_at=now if outcome else None,
-            input_tokens=0, output_tokens=0, cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=0.0,
+            turn_id=turn["turn_id"],
+            request_id=turn["request_id"],
+            conversation_id=turn["conversation_id"],
+            customer_id=turn["customer_id"],
+            status=ENDED if outcome else RUNNING,
+            step=0,
+            started_at=now,
+            last_progress_at=now,
+            trace_id=turn.get("trace_id", ""),
+            traceparent=traceparent,
+            turn_json=json.dumps(turn),
+            pending=pending,
+            pending_at=now,
+            deadline_at=deadline_at or turn.get("deadline_at"),
+            outcome=outcome,
+            ended_at=now if outcome else None,
+            input_tokens=0,
+            output_tokens=0,
+            cache_creation_input_tokens=0,
+            cache_read_input_tokens=0,
+            cost_usd=0.0,
             agent_digest=agent_digest,
         )
         try:
@@ -126,20 +185,49 @@ class Ledger(TurnStore):
         except IntegrityError:
             return False
 
-    async def advance(self, turn_id: str, step: int, usage: dict[str, int], cost_usd: float, pending: str,
-                      outcome: str | None = None, traceparent: str | None = None, now: float | None = None) -> bool:
+    async def advance(
+        self,
+        turn_id: str,
+        step: int,
+        usage: dict[str, int],
+        cost_usd: float,
+        pending: str,
+        outcome: str | None = None,
+        traceparent: str | None = None,
+        now: float | None = None,
+    ) -> bool:
         """Record iteration `step` (and the end, with an outcome). Only from step-1 and a live turn.
         The model answered, so the executor's lease of the previous step is over."""
         now = now or time.time()
-        values: dict[str, Any] = dict(step=step, last_progress_at=now, flagged_at=None, cost_usd=cost_usd, pending=pending,
-                                      pending_at=now, status=ENDED if outcome else RUNNING, traceparent=traceparent,
-                                      lease_step=None, lease_until=None, **usage)
+        values: dict[str, Any] = dict(
+            step=step,
+            last_progress_at=now,
+            flagged_at=None,
+            cost_usd=cost_usd,
+            pending=pending,
+            pending_at=now,
+            status=ENDED if outcome else RUNNING,
+            traceparent=traceparent,
+            lease_step=None,
+            lease_until=None,
+            **usage,
+        )
         if outcome:
             values.update(outcome=outcome, ended_at=now)
         return await self._update(_ADVANCE, {"b_turn_id": turn_id, "b_step": step - 1, **values})
 
-    async def end(self, turn_id: str, outcome: str, pending: str, *, step: int | None = None, status: str | None = None,
-                  flagged_at: float | None = None, now: float | None = None, defer: bool = False) -> str | None:
+    async def end(
+        self,
+        turn_id: str,
+        outcome: str,
+        pending: str,
+        *,
+        step: int | None = None,
+        status: str | None = None,
+        flagged_at: float | None = None,
+        now: float | None = None,
+        defer: bool = False,
+    ) -> str | None:
         """End a live turn from outside the loop (stuck, deadline, cancel), conditional on what the caller saw.
 
         `step` / `status` / `flagged_at`: the turn must still be at that step, in that status,
@@ -155,10 +243,15 @@ class Ledger(TurnStore):
             seen.append(turns.c.status == status)
         if flagged_at is not None:
             seen.append(turns.c.flagged_at == flagged_at)
-        if await self._update(update(turns).where(*seen, no_live_lease(now))
-                              .values(status=ENDED, outcome=outcome, ended_at=now, pending=pending, pending_at=now)):
+        if await self._update(
+            update(turns)
+            .where(*seen, no_live_lease(now))
+            .values(status=ENDED, outcome=outcome, ended_at=now, pending=pending, pending_at=now)
+        ):
             return ENDED
-        if defer and await self._update(update(turns).where(*seen).values(status=ENDING, outcome=outcome, pending=pending, pending_at=now)):
+        if defer and await self._update(
+            update(turns).where(*seen).values(status=ENDING, outcome=outcome, pending=pending, pending_at=now)
+        ):
             return ENDING
         return None
 
@@ -166,20 +259,28 @@ class Ledger(TurnStore):
         """ENDING -> ENDED once no executor lease is live (its side effects are done, or it ran out)."""
         now = now or time.time()
         return await self._update(
-            update(turns).where(turns.c.turn_id == turn_id, turns.c.status == ENDING, no_live_lease(now))
+            update(turns)
+            .where(turns.c.turn_id == turn_id, turns.c.status == ENDING, no_live_lease(now))
             .values(status=ENDED, ended_at=now, pending_at=now)
         )
 
     async def reword(self, turn_id: str, pending: str, reworded: str) -> bool:
         """Replace the unpublished decision `pending` by `reworded` (the same end, its reply reworded); False when the
         decision changed or went out meanwhile."""
-        return await self._update(update(turns).where(turns.c.turn_id == turn_id, turns.c.pending == pending)
-                                  .values(pending=reworded))
+        return await self._update(
+            update(turns).where(turns.c.turn_id == turn_id, turns.c.pending == pending).values(pending=reworded)
+        )
 
-    async def flag_stuck(self, turn_id: str, now: float | None = None, stuck_after_s: float = 0.0, step: int | None = None) -> bool:
+    async def flag_stuck(
+        self, turn_id: str, now: float | None = None, stuck_after_s: float = 0.0, step: int | None = None
+    ) -> bool:
         """Flag a running turn with no progress for `stuck_after_s` (checked in the update, with the current time)."""
         now = now or time.time()
-        conditions = [turns.c.turn_id == turn_id, turns.c.status == RUNNING, turns.c.last_progress_at <= now - stuck_after_s]
+        conditions = [
+            turns.c.turn_id == turn_id,
+            turns.c.status == RUNNING,
+            turns.c.last_progress_at <= now - stuck_after_s,
+        ]
         if step is not None:
             conditions.append(turns.c.step == step)
         return await self._update(update(turns).where(*conditions).values(status=STUCK, flagged_at=now))
@@ -195,11 +296,16 @@ class Ledger(TurnStore):
         PostgreSQL one round trip of all the rows, without BEGIN and COMMIT."""
         if not decisions:
             return
-        rows = [{"b_turn_id": turn_id, "b_pending": pending, "pending": None, "pending_at": None} for turn_id, pending in decisions]
+        rows = [
+            {"b_turn_id": turn_id, "b_pending": pending, "pending": None, "pending_at": None}
+            for turn_id, pending in decisions
+        ]
         await self._run(lambda conn: conn.execute(_PUBLISHED, rows), write=True, single=True)
 
     # -- approvals by a person -------------------------------------------------------------
-    async def await_approval(self, approval: dict[str, Any], now: float | None = None, pending: str | None = None) -> bool:
+    async def await_approval(
+        self, approval: dict[str, Any], now: float | None = None, pending: str | None = None
+    ) -> bool:
         """Record a held call and the turn as AWAITING (from live at that step), in one transaction; `pending`: what
         the wait publishes (its outbox copy).
 
@@ -209,10 +315,20 @@ class Ledger(TurnStore):
 
         def work(conn: Any) -> bool:
             moved = conn.execute(
-                update(turns).where(turns.c.turn_id == approval["turn_id"], turns.c.step == approval["step"],
-                                    turns.c.status.in_(LIVE))
-                .values(status=AWAITING, last_progress_at=now, flagged_at=None, lease_step=None, lease_until=None,
-                        deadline_at=approval["expires_at"], pending=pending, pending_at=now if pending else None)
+                update(turns)
+                .where(
+                    turns.c.turn_id == approval["turn_id"], turns.c.step == approval["step"], turns.c.status.in_(LIVE)
+                )
+                .values(
+                    status=AWAITING,
+                    last_progress_at=now,
+                    flagged_at=None,
+                    lease_step=None,
+                    lease_until=None,
+                    deadline_at=approval["expires_at"],
+                    pending=pending,
+                    pending_at=now if pending else None,
+                )
             ).rowcount
             if moved != 1:
                 return False
@@ -224,25 +340,49 @@ class Ledger(TurnStore):
         except IntegrityError:  # the approval exists already: the same request twice
             return False
 
-    async def decide(self, approval_id: str, status: str, decided_by: str, decided_at: float, decision_reason: str,
-                     pending: str, deadline_at: float | None, now: float | None = None) -> bool:
+    async def decide(
+        self,
+        approval_id: str,
+        status: str,
+        decided_by: str,
+        decided_at: float,
+        decision_reason: str,
+        pending: str,
+        deadline_at: float | None,
+        now: float | None = None,
+    ) -> bool:
         """PENDING -> approved/denied and the turn AWAITING -> RUNNING with its next message in the outbox, together.
         False (nothing changed) when the approval was decided already or the turn no longer waits for it."""
         now = now or time.time()
 
         def work(conn: Any) -> bool:
-            row = conn.execute(select(approvals.c.turn_id, approvals.c.step).where(approvals.c.approval_id == approval_id)).first()
+            row = conn.execute(
+                select(approvals.c.turn_id, approvals.c.step).where(approvals.c.approval_id == approval_id)
+            ).first()
             if row is None:
                 return False
-            if conn.execute(update(approvals).where(approvals.c.approval_id == approval_id, approvals.c.status == PENDING)
-                            .values(status=status, decided_by=decided_by, decided_at=decided_at,
-                                    decision_reason=decision_reason)).rowcount != 1:
+            if (
+                conn.execute(
+                    update(approvals)
+                    .where(approvals.c.approval_id == approval_id, approvals.c.status == PENDING)
+                    .values(
+                        status=status, decided_by=decided_by, decided_at=decided_at, decision_reason=decision_reason
+                    )
+                ).rowcount
+                != 1
+            ):
                 return False
             values: dict[str, Any] = dict(status=RUNNING, last_progress_at=now, pending=pending, pending_at=now)
             if deadline_at:
                 values["deadline_at"] = deadline_at
-            if conn.execute(update(turns).where(turns.c.turn_id == row.turn_id, turns.c.step == row.step,
-                                                turns.c.status == AWAITING).values(**values)).rowcount != 1:
+            if (
+                conn.execute(
+                    update(turns)
+                    .where(turns.c.turn_id == row.turn_id, turns.c.step == row.step, turns.c.status == AWAITING)
+                    .values(**values)
+                ).rowcount
+                != 1
+            ):
                 raise _Refused  # the turn ended meanwhile: the approval stays pending (then closed with the turn)
             return True
 
@@ -254,20 +394,32 @@ class Ledger(TurnStore):
     async def close_approvals(self, turn_id: str, status: str, now: float | None = None) -> int:
         """Pending approvals of a turn that ended without them (expired, ended)."""
         now = now or time.time()
-        return await self._run(lambda conn: conn.execute(
-            update(approvals).where(approvals.c.turn_id == turn_id, approvals.c.status == PENDING)
-            .values(status=status, decided_at=now)).rowcount, write=True)
+        return await self._run(
+            lambda conn: (
+                conn.execute(
+                    update(approvals)
+                    .where(approvals.c.turn_id == turn_id, approvals.c.status == PENDING)
+                    .values(status=status, decided_at=now)
+                ).rowcount
+            ),
+            write=True,
+        )
 
     async def release_ending_lease(self, turn_id: str, step: int) -> bool:
         """An end waits for this step's calls, which are done: let it go now."""
-        return await self._update(update(turns).where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status == ENDING)
-                                  .values(lease_until=None))
+        return await self._update(
+            update(turns)
+            .where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status == ENDING)
+            .values(lease_until=None)
+        )
 
     async def approval(self, approval_id: str) -> ApprovalRow | None:
         rows = await self._approval_rows(select(approvals).where(approvals.c.approval_id == approval_id))
         return rows[0] if rows else None
 
-    async def list_approvals(self, status: str | None = PENDING, turn_id: str | None = None, limit: int = 50) -> list[ApprovalRow]:
+    async def list_approvals(
+        self, status: str | None = PENDING, turn_id: str | None = None, limit: int = 50
+    ) -> list[ApprovalRow]:
         """Approvals, newest first; pending ones only while their turn still waits."""
         query = select(approvals).order_by(approvals.c.requested_at.desc()).limit(limit)
         if status:
@@ -281,7 +433,8 @@ class Ledger(TurnStore):
     async def overdue_approvals(self, now: float) -> list[tuple[ApprovalRow, TurnRow]]:
         """Pending approvals past their deadline whose turn still waits, with the turn."""
         pending = await self._approval_rows(
-            select(approvals).where(approvals.c.status == PENDING, approvals.c.expires_at <= now)
+            select(approvals)
+            .where(approvals.c.status == PENDING, approvals.c.expires_at <= now)
             .where(approvals.c.turn_id.in_(select(turns.c.turn_id).where(turns.c.status == AWAITING)))
         )
         out = []
@@ -318,10 +471,13 @@ class Ledger(TurnStore):
             query = query.where(turns.c.customer_id == customer_id)
         return await self._rows(query)
 
-    async def overdue(self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float
-                      ) -> tuple[list[TurnRow], list[TurnRow], list[TurnRow]]:
+    async def overdue(
+        self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float
+    ) -> tuple[list[TurnRow], list[TurnRow], list[TurnRow]]:
         """(running turns idle past stuck_after_s, live turns past their grace or deadline, ending turns)."""
-        idle = await self._rows(select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s))
+        idle = await self._rows(
+            select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s)
+        )
         # a turn with a deadline (every turn since the fence) is judged by it alone: a turn resumed after a
         # person's approval had its deadline moved by the time it waited
         past_deadline = turns.c.deadline_at.is_(None) & (turns.c.started_at < now - deadline_s)
@@ -339,7 +495,12 @@ class Ledger(TurnStore):
     async def outbox(self, older_than: float, limit: int = 500) -> list[TurnRow]:
         """Turns whose decided message may not be out yet (written before `older_than`), oldest first."""
         return await self._rows(
-            select(turns).where(turns.c.pending.is_not(None), turns.c.status != ENDING,
-                                turns.c.pending_at.is_(None) | (turns.c.pending_at < older_than))
-            .order_by(turns.c.pending_at).limit(limit)
+            select(turns)
+            .where(
+                turns.c.pending.is_not(None),
+                turns.c.status != ENDING,
+                turns.c.pending_at.is_(None) | (turns.c.pending_at < older_than),
+            )
+            .order_by(turns.c.pending_at)
+            .limit(limit)
         )

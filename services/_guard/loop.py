@@ -26,8 +26,8 @@ from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Continue, Finish, Policy, decide
 from roundtrip._kernel.observability import metrics
-from roundtrip._kernel.wire.events import CallModel, CheckToolCalls, ModelResponded, Outcome, TurnEnded
 from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error
+from roundtrip._kernel.wire.events import CallModel, CheckToolCalls, ModelResponded, Outcome, TurnEnded
 
 log = logging.getLogger("roundtrip.guard")
 
@@ -38,9 +38,17 @@ def continued(event: ModelResponded, decision: Continue, span: trace.Span | None
     if decision.resume_model:
         return CallModel(turn=event.turn, step=event.step, messages=transcript, spent=event.spent)
     if decision.blocked:
-        (span or trace.get_current_span()).add_event("repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)})
-    return CheckToolCalls(turn=event.turn, step=event.step, messages=transcript, calls=event.tool_calls,
-                          spent=event.spent, blocked=decision.blocked)
+        (span or trace.get_current_span()).add_event(
+            "repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)}
+        )
+    return CheckToolCalls(
+        turn=event.turn,
+        step=event.step,
+        messages=transcript,
+        calls=event.tool_calls,
+        spent=event.spent,
+        blocked=decision.blocked,
+    )
 
 
 class StepClock:
@@ -85,8 +93,15 @@ class Loop:
         else:
             message, outcome = await self._finished(event, decision, cost, span), decision.outcome.value
         pending = pending_copy(message)
-        if await self.ledger.advance(event.turn.turn_id, event.step, event.spent.model_dump(), cost, pending,
-                                     outcome=outcome, traceparent=traceparent()):
+        if await self.ledger.advance(
+            event.turn.turn_id,
+            event.step,
+            event.spent.model_dump(),
+            cost,
+            pending,
+            outcome=outcome,
+            traceparent=traceparent(),
+        ):
             # counted once, when the ledger records the step (a redelivery that republishes counts nothing again)
             metrics.count_usage(model, event.usage, step_cost)
             if isinstance(message, CheckToolCalls) and message.blocked:
@@ -101,20 +116,40 @@ class Loop:
     async def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
         """The end of a turn the rules finish; its exchange is stored first (the next turn waits for the end)."""
         outcome = decision.outcome.value
-        text = self.acts.reply(decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages:]))
-        ended = TurnEnded(turn=event.turn, step=event.step, outcome=decision.outcome, text=text, spent=event.spent,
-                          cost_usd=round(cost, 6))
+        text = self.acts.reply(
+            decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages :])
+        )
+        ended = TurnEnded(
+            turn=event.turn,
+            step=event.step,
+            outcome=decision.outcome,
+            text=text,
+            spent=event.spent,
+            cost_usd=round(cost, 6),
+        )
         span.set_attribute("roundtrip.outcome", outcome)
         if decision.detail:  # an end_turn has none: no empty attribute
             span.set_attribute("roundtrip.detail", decision.detail)
         if outcome in ERROR_OUTCOMES:
             mark_error(span, f"{outcome}: {decision.detail}" if decision.detail else outcome, outcome)
         if self.conversations is not None:  # stored before the end is recorded: the next turn waits for the end
-            await self.conversations.close_turn(event.turn.conversation_id, event.turn.turn_id,
-                                                event.messages[event.turn.history_messages:], event.content, ended.text, outcome)
+            await self.conversations.close_turn(
+                event.turn.conversation_id,
+                event.turn.turn_id,
+                event.messages[event.turn.history_messages :],
+                event.content,
+                ended.text,
+                outcome,
+            )
         if decision.outcome not in (Outcome.END_TURN,):
-            log.warning("turn %s ended at step %d: %s (%s) trace %s", event.turn.turn_id, event.step, outcome,
-                        decision.detail, event.turn.trace_id)
+            log.warning(
+                "turn %s ended at step %d: %s (%s) trace %s",
+                event.turn.turn_id,
+                event.step,
+                outcome,
+                decision.detail,
+                event.turn.trace_id,
+            )
         return ended
 
     async def _not_advanced(self, event: ModelResponded, span: trace.Span) -> str:
@@ -127,7 +162,9 @@ class Loop:
             await self.outbox.republish(row)
             return "republished"
         if row.status == ENDED or event.step <= row.step:
-            span.add_event("duplicate or late iteration dropped", {"ledger.step": row.step, "ledger.status": row.status})
+            span.add_event(
+                "duplicate or late iteration dropped", {"ledger.step": row.step, "ledger.status": row.status}
+            )
             return "duplicate"
         log.warning("turn %s: iteration %d arrived after %d; dropped", event.turn.turn_id, event.step, row.step)
         return "out of order"

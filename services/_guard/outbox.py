@@ -55,8 +55,13 @@ class Outbox:
     `on_ended(conversation_id)` hears of every end this replica publishes (a start of the same
     conversation waits for it: services/_guard/starts.py)."""
 
-    def __init__(self, ledger: Ledger, publish: Publish, after_s: float = 5.0,
-                 on_ended: Callable[[str], None] = lambda conversation_id: None) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        publish: Publish,
+        after_s: float = 5.0,
+        on_ended: Callable[[str], None] = lambda conversation_id: None,
+    ) -> None:
         self.ledger, self.publish, self.on_ended = ledger, publish, on_ended
         self.after_s = after_s  # the sweeper republishes a decision still unpublished after this long
         self._clearing: asyncio.Task | None = None
@@ -110,8 +115,12 @@ class Outbox:
                 await asyncio.wait_for(self.republish(row, "a restart or a failed publish"), timeout)
                 count += 1
             except (TimeoutError, KafkaError) as exc:
-                log.warning("outbox: the pending decision of turn %s not published (%s); the broker looks away, "
-                            "the rest waits for the next pass", row.turn_id, type(exc).__name__)
+                log.warning(
+                    "outbox: the pending decision of turn %s not published (%s); the broker looks away, "
+                    "the rest waits for the next pass",
+                    row.turn_id,
+                    type(exc).__name__,
+                )
                 break
             except Exception:  # noqa: BLE001 - the rest of the outbox still goes out; this row stays pending
                 log.exception("turn %s: republishing its pending decision failed; will retry", row.turn_id)
@@ -131,5 +140,9 @@ class Bounded:
             return await asyncio.wait_for(work(), self.timeout)
         except (TimeoutError, KafkaError) as exc:
             self.reachable = False
-            log.warning("sweep: %s not published (%s); recording the rest, the outbox publishes them later", what, type(exc).__name__)
+            log.warning(
+                "sweep: %s not published (%s); recording the rest, the outbox publishes them later",
+                what,
+                type(exc).__name__,
+            )
             return None

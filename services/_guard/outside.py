@@ -10,15 +10,14 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-
 from roundtrip._guard.acted import Acts
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, Ledger, TurnRow
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Outbox, pending_copy
 from roundtrip._kernel.observability import metrics
-from roundtrip._kernel.wire.events import CancelTurn, Outcome, Turn, TurnEnded, Usage
 from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error, span_in_turn
+from roundtrip._kernel.wire.events import CancelTurn, Outcome, Turn, TurnEnded, Usage
 
 log = logging.getLogger("roundtrip.guard")
 
@@ -29,8 +28,12 @@ def in_turn_trace(row: TurnRow, name: str):
 
 
 def spent_of(row: TurnRow) -> Usage:
-    return Usage(input_tokens=row.input_tokens, output_tokens=row.output_tokens,
-                 cache_creation_input_tokens=row.cache_creation_input_tokens, cache_read_input_tokens=row.cache_read_input_tokens)
+    return Usage(
+        input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens,
+        cache_creation_input_tokens=row.cache_creation_input_tokens,
+        cache_read_input_tokens=row.cache_read_input_tokens,
+    )
 
 
 @dataclass
@@ -39,7 +42,9 @@ class Outside:
     outbox: Outbox
     conversations: Conversations | None = None
     steps: StepClock = field(default_factory=StepClock)
-    acts: Acts = field(default_factory=Acts)  # an end after a side effect says what was done (what the executor recorded)
+    acts: Acts = field(
+        default_factory=Acts
+    )  # an end after a side effect says what was done (what the executor recorded)
 
     async def end(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen) -> str | None:
         """Stuck past its grace, past its deadline, or cancelled: end it politely, once.
@@ -51,24 +56,48 @@ class Outside:
         ENDING, or None (the turn was not in the state decided from). `announce` False (the
         broker is away) only records: the ledger keeps the end pending and the outbox publishes it."""
         text = self.acts.ending(outcome, self.acts.recorded(row.acted))
-        ended = TurnEnded(turn=Turn.model_validate(row.turn), step=row.step, outcome=outcome, text=text,
-                          spent=spent_of(row), cost_usd=round(row.cost_usd, 6))
+        ended = TurnEnded(
+            turn=Turn.model_validate(row.turn),
+            step=row.step,
+            outcome=outcome,
+            text=text,
+            spent=spent_of(row),
+            cost_usd=round(row.cost_usd, 6),
+        )
         pending = pending_copy(ended)
         with in_turn_trace(row, f"guard.{outcome.value}") as span:
-            span.set_attributes({"roundtrip.turn_id": row.turn_id, "roundtrip.outcome": outcome.value, "roundtrip.detail": detail})
+            span.set_attributes(
+                {"roundtrip.turn_id": row.turn_id, "roundtrip.outcome": outcome.value, "roundtrip.detail": detail}
+            )
             if outcome.value in ERROR_OUTCOMES:
                 mark_error(span, f"{outcome.value}: {detail}", outcome.value)
             if self.conversations is not None:  # the customer's words and this reply (a fuller end later replaces it)
-                await self.conversations.close_turn_with_reply(row.conversation_id, row.turn_id, ended.text, outcome.value)
-            result = await self.ledger.end(row.turn_id, outcome.value, pending, step=row.step, now=time.time(), defer=True, **seen)
+                await self.conversations.close_turn_with_reply(
+                    row.conversation_id, row.turn_id, ended.text, outcome.value
+                )
+            result = await self.ledger.end(
+                row.turn_id, outcome.value, pending, step=row.step, now=time.time(), defer=True, **seen
+            )
             if result is None:
                 span.add_event("not ended: the turn moved since the decision", {"roundtrip.step": row.step})
                 return None
             if result == ENDING:
                 span.add_event("end deferred: an executor is running this step's calls", {"roundtrip.step": row.step})
-                log.warning("turn %s: %s decided (%s); waiting for the running step %d to finish", row.turn_id, outcome.value, detail, row.step)
+                log.warning(
+                    "turn %s: %s decided (%s); waiting for the running step %d to finish",
+                    row.turn_id,
+                    outcome.value,
+                    detail,
+                    row.step,
+                )
                 return ENDING
-            log.warning("turn %s ended from outside the loop: %s (%s) trace %s", row.turn_id, outcome.value, detail, row.trace_id)
+            log.warning(
+                "turn %s ended from outside the loop: %s (%s) trace %s",
+                row.turn_id,
+                outcome.value,
+                detail,
+                row.trace_id,
+            )
             metrics.count_turn_end(outcome, row.step)
             self.steps.forget(row.turn_id)
             if announce:  # else (the broker is away) the ledger keeps it pending: the outbox publishes it later

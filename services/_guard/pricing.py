@@ -29,12 +29,16 @@ class PriceTable:
             return cls({model: Price(*map(float, values)) for model, values in raw.items()})
         except (ValueError, TypeError) as exc:
             raise ValueError(
-                f"ROUNDTRIP_PRICES must be JSON like {{\"default\": [3.0, 15.0, 3.75, 0.30]}} "
+                f'ROUNDTRIP_PRICES must be JSON like {{"default": [3.0, 15.0, 3.75, 0.30]}} '
                 f"(USD per million input, output, cache write, cache read tokens): {exc}"
             ) from exc
 
     def cost(self, model: str, usage: Usage) -> float:
-        p = self._prices.get(model) or next((v for k, v in self._prices.items() if model.startswith(k)), None) or self._prices["default"]
+        p = (
+            self._prices.get(model)
+            or next((v for k, v in self._prices.items() if model.startswith(k)), None)
+            or self._prices["default"]
+        )
         return (
             usage.input_tokens * p.input
             + usage.output_tokens * p.output

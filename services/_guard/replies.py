@@ -83,6 +83,7 @@ STOPPED = {
     Outcome.APPROVAL_TIMEOUT: "a step that needs a review by our team could not be reviewed in time",
 }
 
+
 @dataclass(frozen=True)
 class Replies:
     """The words of one agent: its own for an outcome where it has them, the defaults (POLITE) otherwise."""
@@ -99,9 +100,11 @@ class Replies:
 
     def acted(self, outcome: Outcome, done: Sequence[str]) -> str:
         """The end of a turn that had already changed something: why it stopped, what was done, that nothing more was."""
-        return (f"I'm sorry, I had to stop before finishing your request: {STOPPED.get(outcome, 'something went wrong')}. "
-                f"What I did before stopping: {'; '.join(done)}. Nothing else was changed. "
-                "Please reply here if anything more is needed, rather than asking for all of it again.")
+        return (
+            f"I'm sorry, I had to stop before finishing your request: {STOPPED.get(outcome, 'something went wrong')}. "
+            f"What I did before stopping: {'; '.join(done)}. Nothing else was changed. "
+            "Please reply here if anything more is needed, rather than asking for all of it again."
+        )
 
 
 DEFAULT = Replies()  # no agent's own words: the unit tests of the guard's parts

@@ -89,7 +89,11 @@ def history(messages: list[dict]) -> list[PastCall]:
         for block in message.get("content") or []:
             if isinstance(block, dict) and block.get("type") == "tool_use":
                 failed, text = results.get(block["id"], (False, ""))
-                calls.append(PastCall(step, block["id"], block["name"], fingerprint(block["name"], block.get("input")), failed, text))
+                calls.append(
+                    PastCall(
+                        step, block["id"], block["name"], fingerprint(block["name"], block.get("input")), failed, text
+                    )
+                )
     return calls
 
 
@@ -125,18 +129,30 @@ def _streak(past: list[PastCall]) -> list[PastCall]:
 def loop_check(event: ModelResponded, policy: Policy) -> Finish | dict[str, str]:
     """Finish for a runaway turn; otherwise the calls to block (first repeats of failed calls)."""
     say = policy.replies.polite
-    past = history(event.messages[event.turn.history_messages:])  # this turn's calls, not the conversation's earlier turns
+    past = history(
+        event.messages[event.turn.history_messages :]
+    )  # this turn's calls, not the conversation's earlier turns
     period = _cycle(past, event.tool_calls, policy)
     if period:
-        return Finish(Outcome.CYCLE, say(Outcome.CYCLE), f"the same {period} steps repeated {policy.cycle_repeats} times")
+        return Finish(
+            Outcome.CYCLE, say(Outcome.CYCLE), f"the same {period} steps repeated {policy.cycle_repeats} times"
+        )
     blocked: dict[str, str] = {}
     for call in event.tool_calls:
         earlier = [c for c in past if c.fingerprint == call.fingerprint]
         failed = [c for c in earlier if c.failed]
         if failed and len(earlier) >= 2:
-            return Finish(Outcome.REPEATED_CALL, say(Outcome.REPEATED_CALL), f"{call.name} repeated after failing at step {failed[0].step}")
+            return Finish(
+                Outcome.REPEATED_CALL,
+                say(Outcome.REPEATED_CALL),
+                f"{call.name} repeated after failing at step {failed[0].step}",
+            )
         if len(earlier) + 1 > policy.max_identical_calls:
-            return Finish(Outcome.REPEATED_CALL, say(Outcome.REPEATED_CALL), f"{call.name} called {len(earlier) + 1} times with the same input")
+            return Finish(
+                Outcome.REPEATED_CALL,
+                say(Outcome.REPEATED_CALL),
+                f"{call.name} called {len(earlier) + 1} times with the same input",
+            )
         if failed:
             first = failed[0]
             blocked[call.id] = (
@@ -146,12 +162,16 @@ def loop_check(event: ModelResponded, policy: Policy) -> Finish | dict[str, str]
             )
     streak = _streak(past)
     if len(streak) >= policy.failure_streak:
-        names = ", ".join(c.name for c in streak[-policy.failure_streak:])
-        return Finish(Outcome.FAILURE_STREAK, say(Outcome.FAILURE_STREAK), f"{len(streak)} failing calls in a row ({names})")
+        names = ", ".join(c.name for c in streak[-policy.failure_streak :])
+        return Finish(
+            Outcome.FAILURE_STREAK, say(Outcome.FAILURE_STREAK), f"{len(streak)} failing calls in a row ({names})"
+        )
     return blocked
 
 
-def decide(event: ModelResponded, policy: Policy, cost_usd: float = 0.0, next_call_usd: float = 0.0) -> Continue | Finish:
+def decide(
+    event: ModelResponded, policy: Policy, cost_usd: float = 0.0, next_call_usd: float = 0.0
+) -> Continue | Finish:
     say = policy.replies.polite  # the agent's words where it has them
     if event.error:
         outcome = Outcome.MODEL_BUSY if event.busy else Outcome.MODEL_ERROR
@@ -165,13 +185,19 @@ def decide(event: ModelResponded, policy: Policy, cost_usd: float = 0.0, next_ca
         # A truncated or refused answer keeps what the model said, then says why it stopped.
         return Finish(outcome, f"{text}\n\n{say(outcome)}".strip() if text else say(outcome))
     if reason not in CONTINUING:
-        return Finish(Outcome.UNKNOWN_STOP_REASON, text_of(event) or say(Outcome.UNKNOWN_STOP_REASON), f"stop_reason {reason!r}")
+        return Finish(
+            Outcome.UNKNOWN_STOP_REASON, text_of(event) or say(Outcome.UNKNOWN_STOP_REASON), f"stop_reason {reason!r}"
+        )
     if reason == "tool_use" and not event.tool_calls:
         return Finish(Outcome.END_TURN, text_of(event) or say(Outcome.END_TURN))
     if event.step >= policy.max_steps:
         return Finish(Outcome.STEP_LIMIT, say(Outcome.STEP_LIMIT), f"{event.step} model calls")
     if cost_usd + next_call_usd > policy.budget_usd:
-        return Finish(Outcome.BUDGET, say(Outcome.BUDGET), f"${cost_usd:.4f} spent, next call ~${next_call_usd:.4f}, budget ${policy.budget_usd:.2f}")
+        return Finish(
+            Outcome.BUDGET,
+            say(Outcome.BUDGET),
+            f"${cost_usd:.4f} spent, next call ~${next_call_usd:.4f}, budget ${policy.budget_usd:.2f}",
+        )
     if reason == "pause_turn":
         return Continue(resume_model=True)
     # calls whose input could not be carried (too large, too deep) are answered with their error, never run

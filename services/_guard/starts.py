@@ -62,10 +62,18 @@ class ConversationOrder:
                 break
             if not announced:
                 announced = True
-                log.info("turn %s waits for turn %s of conversation %s to end", turn.turn_id, live[0].turn_id, conversation)
-                trace.get_current_span().add_event("waiting for the conversation's running turn", {"roundtrip.waits_for": live[0].turn_id})
+                log.info(
+                    "turn %s waits for turn %s of conversation %s to end", turn.turn_id, live[0].turn_id, conversation
+                )
+                trace.get_current_span().add_event(
+                    "waiting for the conversation's running turn", {"roundtrip.waits_for": live[0].turn_id}
+                )
             if time.monotonic() > give_up:
-                log.warning("turn %s: turn %s of its conversation is still not ended; starting anyway", turn.turn_id, live[0].turn_id)
+                log.warning(
+                    "turn %s: turn %s of its conversation is still not ended; starting anyway",
+                    turn.turn_id,
+                    live[0].turn_id,
+                )
                 break
             try:
                 await asyncio.wait_for(ended.wait(), self.poll_s)
@@ -97,7 +105,9 @@ class Starts:
         turn of it ran; a start that waits for the conversation's running turn reads it after that turn's end."""
         turn = command.turn
         # a duplicate's claim changes nothing: it touches its own conversation, or finds someone else's
-        (row, running), claim = await asyncio.gather(self.ledger.starting(turn.turn_id, turn.conversation_id), self._claim(turn))
+        (row, running), claim = await asyncio.gather(
+            self.ledger.starting(turn.turn_id, turn.conversation_id), self._claim(turn)
+        )
         if row is not None:
             return await self._started_before(row, command)
         history: list[dict] = []
@@ -110,7 +120,9 @@ class Starts:
                 history = await self.conversations.history(turn.conversation_id)
         now = time.time()
         changes: dict[str, float | int | str] = {"history_messages": len(history)}
-        if self.agent_digest:  # every service handling the turn compares it with its own (services/_kernel/observability/agent_digest.py)
+        if (
+            self.agent_digest
+        ):  # every service handling the turn compares it with its own (services/_kernel/observability/agent_digest.py)
             changes["agent_digest"] = self.agent_digest
         if not turn.deadline_at:  # the turn's deadline travels with it: the gate signs it into every approval
             changes["deadline_at"] = round(now + self.turn_deadline_s, 3)
@@ -119,8 +131,14 @@ class Starts:
         if history:
             trace.get_current_span().set_attribute("roundtrip.history_messages", len(history))
         pending = pending_copy(call)
-        recorded = self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, deadline_at=turn.deadline_at,
-                                     agent_digest=self.agent_digest)
+        recorded = self.ledger.start(
+            turn.model_dump(mode="json"),
+            pending,
+            traceparent(),
+            now=now,
+            deadline_at=turn.deadline_at,
+            agent_digest=self.agent_digest,
+        )
         # side by side: a start recorded without its exchange opens it when it is republished (_started_before)
         started, _ = await asyncio.gather(recorded, self._open(command))
         if started:
@@ -132,7 +150,11 @@ class Starts:
 
     async def _claim(self, turn: Turn) -> Claim | None:
         """The conversation's owner and stored turns; None without a conversation store."""
-        return None if self.conversations is None else await self.conversations.claim(turn.conversation_id, turn.customer_id)
+        return (
+            None
+            if self.conversations is None
+            else await self.conversations.claim(turn.conversation_id, turn.customer_id)
+        )
 
     async def _open(self, command: StartTurn) -> None:
         """The turn's exchange in its conversation (idempotent): it becomes history when the turn ends."""
@@ -142,7 +164,9 @@ class Starts:
     async def _started_before(self, row: TurnRow, command: StartTurn) -> str:
         """A start the ledger has seen: republish its first decision if that may not be out, else drop it."""
         if row.step == 0 and row.pending:
-            if row.outcome is None:  # not refused: its exchange may not have been opened (the start failed after the record)
+            if (
+                row.outcome is None
+            ):  # not refused: its exchange may not have been opened (the start failed after the record)
                 await self._open(command)
             await self.outbox.republish(row)
             return "republished"
@@ -156,12 +180,23 @@ class Starts:
         outcome = Outcome.CONVERSATION_REFUSED
         ended = TurnEnded(turn=turn, step=0, outcome=outcome, text=self.replies.polite(outcome))
         pending = pending_copy(ended)
-        if not await self.ledger.start(turn.model_dump(mode="json"), pending, traceparent(), now=now, outcome=outcome.value,
-                                       agent_digest=self.agent_digest):
+        if not await self.ledger.start(
+            turn.model_dump(mode="json"),
+            pending,
+            traceparent(),
+            now=now,
+            outcome=outcome.value,
+            agent_digest=self.agent_digest,
+        ):
             row = await self.ledger.get(turn.turn_id)
             return await self._started_before(row, command) if row is not None else "duplicate"
-        security.warning("turn %s refused: customer %s named conversation %s of another customer (request %s)",
-                         turn.turn_id, turn.customer_id, turn.conversation_id, turn.request_id)
+        security.warning(
+            "turn %s refused: customer %s named conversation %s of another customer (request %s)",
+            turn.turn_id,
+            turn.customer_id,
+            turn.conversation_id,
+            turn.request_id,
+        )
         trace.get_current_span().add_event("conversation refused: it belongs to another customer")
         metrics.count_turn_end(outcome.value, 0)
         await self.outbox.emit(turn.turn_id, pending, ended, turn.conversation_id)

@@ -24,8 +24,8 @@ from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import ENDED, STUCK, Ledger, TurnRow
 from roundtrip._guard.outbox import Bounded, Outbox
 from roundtrip._guard.outside import Outside, in_turn_trace
-from roundtrip._kernel.wire.events import Outcome, Turn, TurnFlagged
 from roundtrip._kernel.observability.telemetry import mark_error
+from roundtrip._kernel.wire.events import Outcome, Turn, TurnFlagged
 
 log = logging.getLogger("roundtrip.guard")
 
@@ -48,7 +48,9 @@ class Sweeper:
         republish decisions left unpublished. Every change is conditional on the row as read, with the current time.
         Returns (turns flagged, turns ended)."""
         now = now or time.time()
-        idle, expired, ending = await self.ledger.overdue(now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s)
+        idle, expired, ending = await self.ledger.overdue(
+            now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s
+        )
         announced = Bounded()  # every publish of this sweep, bounded: the sweep never waits on Kafka
         flagged = 0
         for row in idle:
@@ -69,14 +71,22 @@ class Sweeper:
         if not await self.ledger.flag_stuck(row.turn_id, at, self.stuck_after_s, step=row.step):
             return False
         idle_s = at - row.last_progress_at
-        detail = f"no progress for {idle_s:.1f} s after step {row.step}; ending in {self.stuck_grace_s:g} s unless it moves"
+        detail = (
+            f"no progress for {idle_s:.1f} s after step {row.step}; ending in {self.stuck_grace_s:g} s unless it moves"
+        )
         with in_turn_trace(row, "guard.turn_stuck") as span:
-            span.add_event("turn stuck", {"roundtrip.turn_id": row.turn_id, "roundtrip.idle_s": idle_s, "roundtrip.step": row.step})
+            span.add_event(
+                "turn stuck", {"roundtrip.turn_id": row.turn_id, "roundtrip.idle_s": idle_s, "roundtrip.step": row.step}
+            )
             span.set_attribute("roundtrip.detail", detail)
             mark_error(span, f"stuck: {detail}", "stuck")
-            log.warning("turn %s is stuck: %s (customer %s, trace %s)", row.turn_id, detail, row.customer_id, row.trace_id)
+            log.warning(
+                "turn %s is stuck: %s (customer %s, trace %s)", row.turn_id, detail, row.customer_id, row.trace_id
+            )
             if announced.reachable:
-                message = TurnFlagged(turn=Turn.model_validate(row.turn), step=row.step, idle_s=round(idle_s, 3), detail=detail)
+                message = TurnFlagged(
+                    turn=Turn.model_validate(row.turn), step=row.step, idle_s=round(idle_s, 3), detail=detail
+                )
                 await announced(lambda: flag(message, row.conversation_id), f"the stuck flag of {row.turn_id}")
         return True
 
@@ -85,10 +95,15 @@ class Sweeper:
         if (row.deadline_at or row.started_at + self.turn_deadline_s) <= now:
             detail, since = f"turn older than {self.turn_deadline_s:g} s", {}
         else:
-            detail, since = f"stuck for more than {self.stuck_grace_s:g} s", {"status": STUCK, "flagged_at": row.flagged_at}
+            detail, since = (
+                f"stuck for more than {self.stuck_grace_s:g} s",
+                {"status": STUCK, "flagged_at": row.flagged_at},
+            )
         announce = announced.reachable
-        return await announced(lambda: self.outside.end(row, Outcome.DEADLINE, detail, announce=announce, **since),
-                               f"the end of {row.turn_id}")
+        return await announced(
+            lambda: self.outside.end(row, Outcome.DEADLINE, detail, announce=announce, **since),
+            f"the end of {row.turn_id}",
+        )
 
     async def finish_ending(self, row: TurnRow, announced: Bounded | None = None) -> bool:
         """An end that waited for a running step: record it and publish it once the lease is gone (when the broker is
@@ -100,7 +115,9 @@ class Sweeper:
         if done is not None:  # the running step's side effects, recorded after the end was decided, are in its reply
             done = await self.outside.reworded(done)
         if done is not None and done.pending and announced.reachable:
-            await announced(lambda: self.outbox.republish(done, "the running step finished"), f"the end of {row.turn_id}")
+            await announced(
+                lambda: self.outbox.republish(done, "the running step finished"), f"the end of {row.turn_id}"
+            )
         return True
 
 

@@ -10,14 +10,14 @@ import logging
 
 from faststream import FastStream
 
-from roundtrip._kernel.observability import metrics
-from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.events import CallModel, ModelResponded
 from roundtrip._kernel.kafka.messaging import Outlet, consumers_of, make_broker, service_app, subscribe
+from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
-from roundtrip._model.client import ModelClient
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import CallModel, ModelResponded
 from roundtrip._model.capacity import Capacity
+from roundtrip._model.client import ModelClient
 from roundtrip._model.handlers import Limits, Retrying, call_model
 from roundtrip._sdk.agent import Agent
 
@@ -41,8 +41,11 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     async def on_call_model(command: CallModel) -> None:
         event = await call_model(command, client, state["fence"], limits, retrying)
         if event is None:
-            log.warning("turn %s step %d: model not called: the turn has ended, been cancelled, moved on or passed its deadline",
-                        command.turn.turn_id, command.step)
+            log.warning(
+                "turn %s step %d: model not called: the turn has ended, been cancelled, moved on or passed its deadline",
+                command.turn.turn_id,
+                command.step,
+            )
             return
         if event.error:
             log.warning("turn %s step %d: model call failed: %s", command.turn.turn_id, event.step, event.error)

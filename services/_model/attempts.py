@@ -77,11 +77,19 @@ def _capacity_wait(exc: anthropic.APIError) -> float | None:
 
 def _transient(exc: anthropic.APIError) -> bool:
     status = getattr(exc, "status_code", None)
-    return isinstance(exc, anthropic.APIConnectionError) or status in (408, 409) or (status is not None and status >= 500)
+    return (
+        isinstance(exc, anthropic.APIConnectionError) or status in (408, 409) or (status is not None and status >= 500)
+    )
 
 
-async def attempt(call: Callable[[int], Awaitable[tuple[Any, Mapping[str, str]]]], capacity: Capacity, deadline_at: float,
-                  retries: int, on_wait: Mark, wait_for_capacity: bool = True) -> Tried:
+async def attempt(
+    call: Callable[[int], Awaitable[tuple[Any, Mapping[str, str]]]],
+    capacity: Capacity,
+    deadline_at: float,
+    retries: int,
+    on_wait: Mark,
+    wait_for_capacity: bool = True,
+) -> Tried:
     """Run `call(attempt_number)` through the limiter until it is answered (see the module's docstring).
     `deadline_at`: Unix time the turn may act until."""
     out, marked, transient, last = Tried(), False, 0, "waiting for its slot"
@@ -107,7 +115,7 @@ async def attempt(call: Callable[[int], Awaitable[tuple[Any, Mapping[str, str]]]
                 capacity.refused(pause, started)
                 continue
             if _transient(exc) and transient < retries:
-                pause = min(MAX_BACKOFF_S, BACKOFF_S * 2 ** transient) * random.uniform(0.75, 1.0)
+                pause = min(MAX_BACKOFF_S, BACKOFF_S * 2**transient) * random.uniform(0.75, 1.0)
                 transient += 1
                 if time.monotonic() + pause < give_up:
                     await asyncio.sleep(pause)
@@ -121,5 +129,7 @@ async def attempt(call: Callable[[int], Awaitable[tuple[Any, Mapping[str, str]]]
 def _counted(message: Any) -> dict[str, int]:
     """The tokens a call counts against the limits: input and cache writes (cache reads do not count), and output."""
     usage = message.usage
-    return {"input_tokens": (usage.input_tokens or 0) + (usage.cache_creation_input_tokens or 0),
-            "output_tokens": usage.output_tokens or 0}
+    return {
+        "input_tokens": (usage.input_tokens or 0) + (usage.cache_creation_input_tokens or 0),
+        "output_tokens": usage.output_tokens or 0,
+    }

@@ -37,7 +37,9 @@ BETA = 0.7  # multiplicative decrease
 RAMP_S = 20.0  # additive increase: the ceiling over this many seconds (ceiling / RAMP_S calls per second, per second)
 EPOCH_S = 2.0  # at most one cut per this long
 MIN_RATE = 0.05  # calls per second: never slower than this (a hold still stops everything)
-BACKLOG_S = 2.0  # more calls waiting than this many seconds of the rate: the process is at its limit (its consumer pauses)
+BACKLOG_S = (
+    2.0  # more calls waiting than this many seconds of the rate: the process is at its limit (its consumer pauses)
+)
 TOKEN_EWMA = 0.05  # weight of the newest call in the average tokens per call (calls of one turn differ a lot)
 DIMENSIONS = ("requests", "input-tokens", "output-tokens")
 HEADER = "anthropic-ratelimit-{}-{}"
@@ -72,8 +74,12 @@ def _number(text: str | None) -> float | None:
 
 
 class Capacity:
-    def __init__(self, clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None,
-                 on_throttle: Callable[[bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        on_throttle: Callable[[bool], None] | None = None,
+    ) -> None:
         self._clock = clock
         self._rng = rng or random.Random()
         self.rate: float | None = None  # calls per second this process starts; None: not paced (no limit known)
@@ -119,15 +125,18 @@ class Capacity:
         self._forget_starts(now)
         return now - begun
 
-    def answered(self, headers: Mapping[str, str] | None, input_tokens: int, output_tokens: int, started_at: float,
-                 waited: bool) -> None:
+    def answered(
+        self, headers: Mapping[str, str] | None, input_tokens: int, output_tokens: int, started_at: float, waited: bool
+    ) -> None:
         """A call started at `started_at` was answered: learn the limits; once per epoch, adapt the rate."""
         reading = Reading.of(headers)
         before = self.ceiling()
         self._learn(reading, input_tokens, output_tokens)
         ceiling = self.ceiling()
         if ceiling is not None and (self.rate is None or (before is not None and self.rate >= before)):
-            self.rate = ceiling  # the first ceiling known, or a rate at the ceiling follows it (it moves with the calls' sizes)
+            self.rate = (
+                ceiling  # the first ceiling known, or a rate at the ceiling follows it (it moves with the calls' sizes)
+            )
         self._answers += 1
         self._drained_answers += self._drained(reading)
         self._limited = self._limited or waited

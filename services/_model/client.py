@@ -36,11 +36,19 @@ def _marked(message: dict[str, Any]) -> dict[str, Any] | None:
     """A copy of `message` with cache_control on its last cacheable block (None when it has none)."""
     content = message.get("content")
     if isinstance(content, str):
-        return {**message, "content": [{"type": "text", "text": content, "cache_control": {"type": "ephemeral"}}]} if content else None
+        return (
+            {**message, "content": [{"type": "text", "text": content, "cache_control": {"type": "ephemeral"}}]}
+            if content
+            else None
+        )
     blocks = list(content or [])
     for i in range(len(blocks) - 1, -1, -1):
         block = blocks[i]
-        if isinstance(block, dict) and block.get("type") not in UNCACHEABLE and not (block.get("type") == "text" and not block.get("text")):
+        if (
+            isinstance(block, dict)
+            and block.get("type") not in UNCACHEABLE
+            and not (block.get("type") == "text" and not block.get("text"))
+        ):
             blocks[i] = {**copy.copy(block), "cache_control": {"type": "ephemeral"}}
             return {**message, "content": blocks}
     return None
@@ -57,8 +65,9 @@ def with_history_breakpoints(messages: list[dict[str, Any]], available: int) -> 
 
 
 class ModelClient:
-    def __init__(self, settings: Settings, tools: list[dict[str, Any]], system_prompt: str, model: str,
-                 sdk_retries: int = 0) -> None:
+    def __init__(
+        self, settings: Settings, tools: list[dict[str, Any]], system_prompt: str, model: str, sdk_retries: int = 0
+    ) -> None:
         """`sdk_retries`: the SDK's own retries; 0 in the model service, whose limiter must see every 429 (a benchmark
         gives the in-process loop the SDK's default to compare)."""
         self._settings = settings
@@ -90,16 +99,24 @@ class ModelClient:
     def tool_choice(self, disable_parallel_tool_use: bool | None = None) -> dict[str, Any] | None:
         """`tool_choice` of a call: {"type": "auto", "disable_parallel_tool_use": true} when parallel use is off
         (the request's override, else the deployment's setting); otherwise none is sent (the API's default, auto)."""
-        disabled = self._settings.disable_parallel_tool_use if disable_parallel_tool_use is None else disable_parallel_tool_use
+        disabled = (
+            self._settings.disable_parallel_tool_use if disable_parallel_tool_use is None else disable_parallel_tool_use
+        )
         return {"type": "auto", "disable_parallel_tool_use": True} if disabled else None
 
-    async def create(self, messages: list[dict[str, Any]], persona: str | None = None,
-                     disable_parallel_tool_use: bool | None = None) -> anthropic.types.Message:
+    async def create(
+        self, messages: list[dict[str, Any]], persona: str | None = None, disable_parallel_tool_use: bool | None = None
+    ) -> anthropic.types.Message:
         """The model's message (the interface every model of services/testing/_inprocess.py has)."""
         return (await self.answer(messages, persona, disable_parallel_tool_use))[0]
 
-    async def answer(self, messages: list[dict[str, Any]], persona: str | None, disable_parallel_tool_use: bool | None = None,
-                     attempt: int | None = None) -> tuple[anthropic.types.Message, Mapping[str, str]]:
+    async def answer(
+        self,
+        messages: list[dict[str, Any]],
+        persona: str | None,
+        disable_parallel_tool_use: bool | None = None,
+        attempt: int | None = None,
+    ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
         """The model's message and the answer's HTTP headers (the rate-limit headers among them).
         `attempt`: retries of this call before this one (sent as the SDK would, `x-stainless-retry-count`); None: the
         SDK numbers its own retries (a client given `sdk_retries`)."""

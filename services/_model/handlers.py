@@ -20,10 +20,10 @@ import anthropic
 from opentelemetry import trace
 
 from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire.events import CallModel, ModelResponded, ToolCall, Usage
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._kernel.wire.limits import cap_text, fit_transcript, input_problem, json_size, omitted
-from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._model.attempts import attempt
 from roundtrip._model.capacity import Capacity
 from roundtrip._model.client import ModelClient
@@ -59,9 +59,19 @@ def _blocks(message: anthropic.types.Message, limits: Limits) -> tuple[list[dict
             tool_input = omitted(problem) if problem else block.input
             if problem:
                 log.warning("tool_use %s (%s): %s", block.id, str(block.name)[:80], problem)
-                trace.get_current_span().add_event("tool input not kept", {"roundtrip.tool_use_id": block.id, "roundtrip.reason": problem})
+                trace.get_current_span().add_event(
+                    "tool input not kept", {"roundtrip.tool_use_id": block.id, "roundtrip.reason": problem}
+                )
             content.append({"type": "tool_use", "id": block.id, "name": block.name, "input": tool_input})
-            calls.append(ToolCall(id=block.id, name=block.name, input=tool_input, fingerprint=fingerprint(block.name, tool_input), error=problem))
+            calls.append(
+                ToolCall(
+                    id=block.id,
+                    name=block.name,
+                    input=tool_input,
+                    fingerprint=fingerprint(block.name, tool_input),
+                    error=problem,
+                )
+            )
         elif block.type == "text":
             content.append({"type": "text", "text": cap_text(block.text, limits.block_bytes)})
         else:
@@ -80,13 +90,20 @@ class Retrying:
     wait_for_capacity: bool = True
 
 
-async def call_model(command: CallModel, client: ModelClient, fence: Fence | None = None,
-                     limits: Limits | None = None, retrying: Retrying | None = None) -> ModelResponded | None:
+async def call_model(
+    command: CallModel,
+    client: ModelClient,
+    fence: Fence | None = None,
+    limits: Limits | None = None,
+    retrying: Retrying | None = None,
+) -> ModelResponded | None:
     """The next iteration of the turn, or None when the fence refuses the call (the turn may not act any more)."""
     limits, retrying = limits or Limits(), retrying or Retrying()
     turn = command.turn
     if fence is not None and not await fence.claim_model_call(turn.turn_id, command.step):
-        trace.get_current_span().add_event("model not called: the turn has ended or moved on", {"roundtrip.step": command.step})
+        trace.get_current_span().add_event(
+            "model not called: the turn has ended or moved on", {"roundtrip.step": command.step}
+        )
         return None
     step = command.step + 1
     started = time.perf_counter()
@@ -100,15 +117,28 @@ async def call_model(command: CallModel, client: ModelClient, fence: Fence | Non
             return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
         return await client.create(command.messages, turn.persona, turn.disable_parallel_tool_use), {}  # a test's model
 
-    out = await attempt(call, retrying.capacity, turn.deadline_at or time.time() + retrying.deadline_s, retrying.retries,
-                        waiting, retrying.wait_for_capacity)
+    out = await attempt(
+        call,
+        retrying.capacity,
+        turn.deadline_at or time.time() + retrying.deadline_s,
+        retrying.retries,
+        waiting,
+        retrying.wait_for_capacity,
+    )
     observe(out, retrying.capacity)
     if out.gone:
         return None
     if out.error:
         metrics.model_call_duration.labels(client.model, "error").observe(time.perf_counter() - started)
-        return ModelResponded(turn=turn, step=step, messages=command.messages, spent=command.spent, model=client.model,
-                              error=out.error, busy=out.busy)
+        return ModelResponded(
+            turn=turn,
+            step=step,
+            messages=command.messages,
+            spent=command.spent,
+            model=client.model,
+            error=out.error,
+            busy=out.busy,
+        )
     message = out.message
     metrics.model_call_duration.labels(client.model, "ok").observe(time.perf_counter() - started)
     usage = usage_of(message)  # billed whatever the content: counted before anything else can go wrong
@@ -117,10 +147,22 @@ async def call_model(command: CallModel, client: ModelClient, fence: Fence | Non
         messages, replaced = fit_transcript(command.messages, max(0, limits.transcript_bytes - json_size(content)))
     except Exception as exc:  # noqa: BLE001 - a response we cannot carry still ends the turn with its cost counted
         log.exception("turn %s step %d: the model's response could not be processed", command.turn.turn_id, step)
-        return ModelResponded(turn=command.turn, step=step, messages=command.messages, usage=usage, spent=command.spent + usage,
-                              model=message.model, error=f"the model's response could not be processed ({type(exc).__name__})")
+        return ModelResponded(
+            turn=command.turn,
+            step=step,
+            messages=command.messages,
+            usage=usage,
+            spent=command.spent + usage,
+            model=message.model,
+            error=f"the model's response could not be processed ({type(exc).__name__})",
+        )
     if replaced:
-        log.warning("turn %s step %d: %d large blocks of the transcript replaced by markers", command.turn.turn_id, step, replaced)
+        log.warning(
+            "turn %s step %d: %d large blocks of the transcript replaced by markers",
+            command.turn.turn_id,
+            step,
+            replaced,
+        )
     return ModelResponded(
         turn=command.turn,
         step=step,
@@ -132,4 +174,3 @@ async def call_model(command: CallModel, client: ModelClient, fence: Fence | Non
         spent=command.spent + usage,
         model=message.model,
     )
-

@@ -37,13 +37,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from roundtrip._kernel.wire.events import Outcome
 from roundtrip._kernel.settings import ConfigurationError, describe_invalid
+from roundtrip._kernel.wire.events import Outcome
 from roundtrip._sdk.context import Dependencies
 from roundtrip._sdk.functions import FunctionTool, function_tool
 from roundtrip._sdk.mcp import McpServer
 from roundtrip._sdk.registry import ApprovalRule, EntityResolver, Handler, Policy, Registry, ToolSpec, binding_problems
-from roundtrip._sdk.sources import SchemaFolder, ToolSource, Toolbox
+from roundtrip._sdk.sources import SchemaFolder, Toolbox, ToolSource
 
 DEFAULT_AGENT = "roundtrip._shop.agent:AGENT"  # the demo agent, when ROUNDTRIP_AGENT is unset
 # What ROUNDTRIP_AGENT said before the package was `roundtrip` (its modules were `services.*`), still honoured
@@ -89,7 +89,9 @@ def always(reason: str) -> ApprovalRule:
 class Agent:
     name: str
     system_prompt: str
-    tools_dir: Path | str | None = None  # JSON Schema tool documents, one file a tool: SchemaFolder(tools_dir, handlers)
+    tools_dir: Path | str | None = (
+        None  # JSON Schema tool documents, one file a tool: SchemaFolder(tools_dir, handlers)
+    )
     handlers: Mapping[str, Handler] = field(default_factory=dict)  # of the tools_dir's tools, by name
     # tool sources, any mix (services/_sdk/sources.py): SchemaFolder, @tool functions (a plain async function is made
     # one), McpServer
@@ -122,8 +124,11 @@ class Agent:
         and of their bindings."""
         specs: dict[str, ToolSpec] = {}
         handlers: dict[str, Handler] = {} if self.tools_dir is not None else dict(self.handlers)  # else the folder's
-        problems: list[str] = [] if self.sources else [
-            "no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers"]
+        problems: list[str] = (
+            []
+            if self.sources
+            else ["no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers"]
+        )
         for source in self.sources:
             problems += source.problems(self.entities)
             offered = source.specs()
@@ -132,7 +137,9 @@ class Agent:
         functions = {name for source in self.sources if isinstance(source, FunctionTool) for name in source.specs()}
         if twice := sorted(set(self.handlers) & functions):
             problems.append(f"handlers for function tools (a function is its own handler): {twice}")
-        problems += binding_problems(specs, handlers, self.policies, self.entities, self.approvals, self.serial, self.mounted)
+        problems += binding_problems(
+            specs, handlers, self.policies, self.entities, self.approvals, self.serial, self.mounted
+        )
         return specs, handlers, problems
 
     @property
@@ -172,7 +179,9 @@ class Agent:
         local = [tool for tool in self.registry.api_tools(cache=False) if tool["name"] in self.registry.local]
         seen: dict[str, Any] = {"system": self.system_prompt, "tools": local}
         if servers := self.mcp_sources:  # what it mounts, not what the servers list (that is known only at run time)
-            seen["mcp"] = [[s.name, sorted(s.tools or []), {t: dict(a) for t, a in s.entities.items()}] for s in servers]
+            seen["mcp"] = [
+                [s.name, sorted(s.tools or []), {t: dict(a) for t, a in s.entities.items()}] for s in servers
+            ]
         return hashlib.sha256(json.dumps(seen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
     def model_for(self, settings: Any) -> str:
@@ -185,8 +194,10 @@ class Agent:
 
     def holds_calls(self) -> bool:
         """Some approval rule can hold a call with these settings: people's decisions matter, so do their keys."""
-        return any(getattr(rule, "can_hold", None) is None or rule.can_hold(self.own_settings)
-                   for rule in self.approvals.values())
+        return any(
+            getattr(rule, "can_hold", None) is None or rule.can_hold(self.own_settings)
+            for rule in self.approvals.values()
+        )
 
     def open_dependencies(self, fleet_settings: Any) -> Dependencies:
         """The agent's clients, each made once (close them with `aclose()` at shutdown)."""
@@ -195,7 +206,9 @@ class Agent:
             try:
                 clients[name] = factory(fleet_settings, self.own_settings)
             except Exception as exc:  # noqa: BLE001 - a client that cannot be made stops the start, in one line
-                raise AgentError(f"agent {self.name}: dependency {name!r} could not be made: {type(exc).__name__}: {exc}") from None
+                raise AgentError(
+                    f"agent {self.name}: dependency {name!r} could not be made: {type(exc).__name__}: {exc}"
+                ) from None
         return Dependencies(clients)
 
     def problems(self) -> list[str]:
@@ -284,8 +297,10 @@ def _resolve(spec: str) -> Any:
     if ":" not in spec:
         found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == spec]
         if not found:
-            raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: not package.module:attribute, and no entry point of that name "
-                             f"in the group {ENTRY_POINT_GROUP}")
+            raise AgentError(
+                f"ROUNDTRIP_AGENT={spec!r}: not package.module:attribute, and no entry point of that name "
+                f"in the group {ENTRY_POINT_GROUP}"
+            )
         spec = found[0].value
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
@@ -293,13 +308,18 @@ def _resolve(spec: str) -> Any:
     try:
         module = importlib.import_module(module_name)
     except SyntaxError as exc:  # the module's own file or one it imports: say where, as Python would, in one line
-        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: SyntaxError: {exc.msg}"
-                         f"{_at(exc.filename, exc.lineno)}") from None
+        raise AgentError(
+            f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: SyntaxError: {exc.msg}"
+            f"{_at(exc.filename, exc.lineno)}"
+        ) from None
     except ImportError as exc:
-        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: {_one_line(exc, False)}"
-                         f"{_where(exc, module_name)}") from None
+        raise AgentError(
+            f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: {_one_line(exc, False)}{_where(exc, module_name)}"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - the module raised as it was imported: one line saying what and where
-        raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: {_one_line(exc)}{_where(exc, module_name)}") from None
+        raise AgentError(
+            f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: {_one_line(exc)}{_where(exc, module_name)}"
+        ) from None
     target: Any = module
     for part in attribute.split("."):
         if not hasattr(target, part):

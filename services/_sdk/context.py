@@ -26,7 +26,9 @@ class Dependencies(Mapping[str, Any]):
         try:
             return self._clients[name]
         except KeyError:
-            raise AttributeError(f"the agent declares no dependency {name!r} (it has: {sorted(self._clients)})") from None
+            raise AttributeError(
+                f"the agent declares no dependency {name!r} (it has: {sorted(self._clients)})"
+            ) from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._clients)
@@ -50,7 +52,9 @@ class ToolContext:
     tool_use_id: str
     idempotency_key: str
     deps: Dependencies = field(default_factory=Dependencies)
-    metadata: dict[str, Any] = field(default_factory=dict)  # the request's metadata (the app's own facts: locale, tier...)
+    metadata: dict[str, Any] = field(
+        default_factory=dict
+    )  # the request's metadata (the app's own facts: locale, tier...)
 
 
 class ToolError(Exception):

@@ -76,7 +76,9 @@ class FunctionTool(ToolSource):
         """The handler: the validated input (already checked by the gate) given to the function as it declares it."""
         assert self.model is not None
         value = self.model.model_validate(args)
-        kwargs: dict[str, Any] = {self.as_model: value} if self.as_model else {k: getattr(value, k) for k in type(value).model_fields}
+        kwargs: dict[str, Any] = (
+            {self.as_model: value} if self.as_model else {k: getattr(value, k) for k in type(value).model_fields}
+        )
         if self.ctx_param:
             kwargs[self.ctx_param] = ctx
         result = await self.fn(**kwargs)
@@ -93,7 +95,9 @@ class FunctionTool(ToolSource):
             return {}, list(self.faults)
         spec, found = document_problems(self.document(), self.label)
         if self.as_model and any("additionalProperties" in p for p in found):
-            found.append(f"{self.label}: its model {self.model.__name__} needs model_config = ConfigDict(extra='forbid')")
+            found.append(
+                f"{self.label}: its model {self.model.__name__} needs model_config = ConfigDict(extra='forbid')"
+            )
         return ({spec.name: spec} if spec is not None else {}), [*self.faults, *found]
 
     def specs(self) -> Mapping[str, ToolSpec]:

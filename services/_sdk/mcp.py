@@ -143,8 +143,21 @@ def _object_schemas(schema: Any, path: str = "#") -> list[tuple[str, dict[str, A
         if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
             for name, sub in value.items():
                 found += _object_schemas(sub, f"{path}/{key}/{name}")
-        elif key in ("items", "additionalItems", "contains", "not", "if", "then", "else", "prefixItems",
-                     "allOf", "anyOf", "oneOf", "unevaluatedItems", "propertyNames"):
+        elif key in (
+            "items",
+            "additionalItems",
+            "contains",
+            "not",
+            "if",
+            "then",
+            "else",
+            "prefixItems",
+            "allOf",
+            "anyOf",
+            "oneOf",
+            "unevaluatedItems",
+            "propertyNames",
+        ):
             found += _object_schemas(value, f"{path}/{key}")
     return found
 
@@ -158,19 +171,29 @@ def strict_copy(server: McpServer, tool: Any) -> dict[str, Any]:
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
     for argument, kind in server.entities.get(tool.name, {}).items():
         if not isinstance(properties.get(argument), dict):
-            raise RegistryError(f"the agent annotates its argument {argument!r}, which the server's schema does not have")
+            raise RegistryError(
+                f"the agent annotates its argument {argument!r}, which the server's schema does not have"
+            )
         properties[argument]["x-entity"] = kind
     description = tool.description if isinstance(tool.description, str) and len(tool.description) >= 20 else None
     if description is None:
-        log.warning("MCP server %s: tool %s has no description of 20 characters; one naming the server is used",
-                    server.name, tool.name)
-    return {"name": tool.name, "description": description or f"{tool.name}: a tool of the {server.name} service.",
-            "input_schema": schema}
+        log.warning(
+            "MCP server %s: tool %s has no description of 20 characters; one naming the server is used",
+            server.name,
+            tool.name,
+        )
+    return {
+        "name": tool.name,
+        "description": description or f"{tool.name}: a tool of the {server.name} service.",
+        "input_schema": schema,
+    }
 
 
 def result_of(name: str, result: Any) -> dict[str, Any]:
     """A CallToolResult as the handler's return value (ToolError for `isError`)."""
-    texts = [getattr(block, "text", None) or f"[{getattr(block, 'type', 'content')} omitted]" for block in result.content]
+    texts = [
+        getattr(block, "text", None) or f"[{getattr(block, 'type', 'content')} omitted]" for block in result.content
+    ]
     if result.is_error:
         raise ToolError(" ".join(texts).strip() or f"{name} reported an error and said nothing more.")
     if isinstance(result.structured_content, dict):
@@ -228,7 +251,9 @@ class McpMount(ToolSource):
         server, self.listed = self.server, listed
         for name in sorted(n for n in listed if server.tools is None or n in server.tools):
             try:
-                self._fit[name] = check_tool_document(strict_copy(server, listed[name]), source=f"MCP server {server.name}")
+                self._fit[name] = check_tool_document(
+                    strict_copy(server, listed[name]), source=f"MCP server {server.name}"
+                )
             except Exception as exc:  # noqa: BLE001 - a tool that does not fit is refused, the others are mounted
                 self._refused[name] = str(exc) if isinstance(exc, RegistryError) else describe(exc)
                 log.error("MCP server %s: tool %s not mounted: %s", server.name, name, self._refused[name])
@@ -249,8 +274,13 @@ class McpMount(ToolSource):
                     attempted.set()
                 error = describe(exc)
                 if error != self.last_error:
-                    log.warning("MCP server %s (%s) unavailable: %s; its tools are refused, asking again every %g s at most",
-                                self.server.name, shown(self.url), error, self.server.retry_max_s)
+                    log.warning(
+                        "MCP server %s (%s) unavailable: %s; its tools are refused, asking again every %g s at most",
+                        self.server.name,
+                        shown(self.url),
+                        error,
+                        self.server.retry_max_s,
+                    )
                 self.last_error = error
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.server.retry_max_s)
@@ -290,8 +320,10 @@ class McpMount(ToolSource):
 
     def unavailable(self, name: str) -> str | None:
         if not self.up:
-            return (f"Tool {name} is unavailable: the {self.server.name} service it belongs to cannot be reached "
-                    "right now; nothing was done. Try again later or do without it.")
+            return (
+                f"Tool {name} is unavailable: the {self.server.name} service it belongs to cannot be reached "
+                "right now; nothing was done. Try again later or do without it."
+            )
         return f"Tool {name} is not offered by the {self.server.name} service any more; nothing was done."
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -304,7 +336,11 @@ class McpMount(ToolSource):
             from mcp.shared.exceptions import MCPError  # loaded already: the client was
 
             if isinstance(refusal := leaf(exc), MCPError):  # the server answered with a protocol error
-                raise ToolError(f"{name} was refused by the {self.server.name} service: {refusal.message[:300]}") from None
-            raise ToolError(f"{name} could not be completed: the {self.server.name} service could not be reached or "
-                            "did not answer, so whether it acted is unknown. Tell the customer, do not retry at once.") from None
+                raise ToolError(
+                    f"{name} was refused by the {self.server.name} service: {refusal.message[:300]}"
+                ) from None
+            raise ToolError(
+                f"{name} could not be completed: the {self.server.name} service could not be reached or "
+                "did not answer, so whether it acted is unknown. Tell the customer, do not retry at once."
+            ) from None
         return result_of(name, result)

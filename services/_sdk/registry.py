@@ -42,6 +42,7 @@ async def allow(args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: 
     """The policy of a tool that declares none."""
     return None
 
+
 # Keywords whose value maps *names* (not keywords) to subschemas.
 _NAMED_SUBSCHEMAS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 
@@ -113,9 +114,15 @@ def _sentence(error: ValidationError, doc: Any) -> str:
     where = list(error.absolute_path)
     inside = where[1:] if where[:1] == ["input_schema"] else where
     schema = error.schema if isinstance(error.schema, dict) else {}
-    return message.format(name=doc.get("name") if isinstance(doc, dict) else None, value=error.instance,
-                          json=json.dumps(error.instance, default=repr), pointer=_pointer(inside),
-                          parent=_pointer(inside[:-1]), error=error.message, pattern=schema.get("pattern"))
+    return message.format(
+        name=doc.get("name") if isinstance(doc, dict) else None,
+        value=error.instance,
+        json=json.dumps(error.instance, default=repr),
+        pointer=_pointer(inside),
+        parent=_pointer(inside[:-1]),
+        error=error.message,
+        pattern=schema.get("pattern"),
+    )
 
 
 def _local(root: dict[str, Any], ref: str) -> Any:
@@ -143,8 +150,11 @@ def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None
     if not isinstance(schema, dict):
         return None, problems
     properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    entity_refs = {prop: sub["x-entity"] for prop, sub in properties.items()
-                   if isinstance(sub, dict) and isinstance(sub.get("x-entity"), str) and sub["x-entity"]}
+    entity_refs = {
+        prop: sub["x-entity"]
+        for prop, sub in properties.items()
+        if isinstance(sub, dict) and isinstance(sub.get("x-entity"), str) and sub["x-entity"]
+    }
     return ToolSpec(name=name, description=str(description), input_schema=schema, entity_refs=entity_refs), problems
 
 
@@ -194,15 +204,18 @@ class Registry:
         mounted: frozenset[str] | set[str] | None = None,
     ) -> None:
         self.specs: dict[str, ToolSpec] = dict(specs)
-        self.mounted = frozenset(mounted or ())  # tools an MCP server brings later (services/_sdk/mcp.py): bindings may name them
+        self.mounted = frozenset(
+            mounted or ()
+        )  # tools an MCP server brings later (services/_sdk/mcp.py): bindings may name them
         self.local = frozenset(self.specs)  # the agent's own tools (not mounted ones)
         self._handlers = dict(handlers)
         self._policies = dict(policies or {})
         self._resolvers = dict(entity_resolvers or {})
         self._approvals = dict(approvals or {})
         self.serial = frozenset(serial or ())
-        problems = binding_problems(self.specs, self._handlers, self._policies, self._resolvers, self._approvals, self.serial,
-                                    self.mounted)
+        problems = binding_problems(
+            self.specs, self._handlers, self._policies, self._resolvers, self._approvals, self.serial, self.mounted
+        )
         if problems:
             raise RegistryError("tool registry does not fit together: " + "; ".join(problems), problems)
 
@@ -248,7 +261,9 @@ class Registry:
         """`async (entity_id, ctx) -> entity | None`, scoped to ctx.customer_id."""
         return self._resolvers[kind]
 
-    async def resolve_entities(self, name: str, args: Mapping[str, Any], ctx: ToolContext) -> dict[str, dict[str, Any] | None]:
+    async def resolve_entities(
+        self, name: str, args: Mapping[str, Any], ctx: ToolContext
+    ) -> dict[str, dict[str, Any] | None]:
         """{field: entity or None} for every x-entity field present in `args` (None: missing or not the principal's)."""
         resolved: dict[str, dict[str, Any] | None] = {}
         for prop, kind in self.specs[name].entity_refs.items():

@@ -189,8 +189,16 @@ def _item(sku: str, name: str, quantity: int, unit_price_cents: int) -> dict[str
     return {"sku": sku, "name": name, "quantity": quantity, "unit_price_cents": unit_price_cents}
 
 
-def _order(order_id: str, customer_id: str, status: str, placed_at: str, items: list[dict[str, Any]],
-           carrier: str | None = None, tracking_number: str | None = None, eta: str | None = None) -> dict[str, Any]:
+def _order(
+    order_id: str,
+    customer_id: str,
+    status: str,
+    placed_at: str,
+    items: list[dict[str, Any]],
+    carrier: str | None = None,
+    tracking_number: str | None = None,
+    eta: str | None = None,
+) -> dict[str, Any]:
     return {
         "order_id": order_id,
         "customer_id": customer_id,
@@ -209,24 +217,75 @@ def _order(order_id: str, customer_id: str, status: str, placed_at: str, items: 
 
 DEMO_ORDERS = [
     # Alice Martin
-    _order("ord_a1000001", "cus_1001", "delivered", "2026-09-01T09:12:00", [_item("SKU-KETTLE-01", "Electric kettle", 1, 3999)],
-           carrier="DHL", tracking_number="JD014600003271906547", eta="2026-09-04"),
-    _order("ord_a1000002", "cus_1001", "shipped", "2026-10-20T17:45:00",
-           [_item("SKU-HEADPH-02", "Wireless headphones", 1, 8999), _item("SKU-CABLE-USB", "USB-C cable", 2, 999)],
-           carrier="UPS", tracking_number="1Z999AA10123456784", eta="2026-10-24"),
-    _order("ord_a1000004", "cus_1001", "processing", "2026-11-10T11:03:00", [_item("SKU-LAMP-03", "Desk lamp", 1, 4550)]),
-    _order("ord_a1000003", "cus_1001", "pending", "2026-11-25T20:31:00",
-           [_item("SKU-BOOT-41", "Rain boots, size 41", 1, 6900), _item("SKU-SOCK-3P", "Wool socks (3 pairs)", 1, 1800)]),
+    _order(
+        "ord_a1000001",
+        "cus_1001",
+        "delivered",
+        "2026-09-01T09:12:00",
+        [_item("SKU-KETTLE-01", "Electric kettle", 1, 3999)],
+        carrier="DHL",
+        tracking_number="JD014600003271906547",
+        eta="2026-09-04",
+    ),
+    _order(
+        "ord_a1000002",
+        "cus_1001",
+        "shipped",
+        "2026-10-20T17:45:00",
+        [_item("SKU-HEADPH-02", "Wireless headphones", 1, 8999), _item("SKU-CABLE-USB", "USB-C cable", 2, 999)],
+        carrier="UPS",
+        tracking_number="1Z999AA10123456784",
+        eta="2026-10-24",
+    ),
+    _order(
+        "ord_a1000004", "cus_1001", "processing", "2026-11-10T11:03:00", [_item("SKU-LAMP-03", "Desk lamp", 1, 4550)]
+    ),
+    _order(
+        "ord_a1000003",
+        "cus_1001",
+        "pending",
+        "2026-11-25T20:31:00",
+        [_item("SKU-BOOT-41", "Rain boots, size 41", 1, 6900), _item("SKU-SOCK-3P", "Wool socks (3 pairs)", 1, 1800)],
+    ),
     # Bob Okafor: ord_9f3c4e21 is the plausible id a careless model invents for someone else.
-    _order("ord_9f3c4e21", "cus_1002", "processing", "2026-11-26T08:15:00",
-           [_item("SKU-CHAIR-07", "Ergonomic office chair", 1, 24900)]),
-    _order("ord_b2000001", "cus_1002", "delivered", "2026-08-15T14:22:00", [_item("SKU-MUG-SET", "Ceramic mug set", 1, 2999)],
-           carrier="DPD", tracking_number="01234567890123", eta="2026-08-19"),
+    _order(
+        "ord_9f3c4e21",
+        "cus_1002",
+        "processing",
+        "2026-11-26T08:15:00",
+        [_item("SKU-CHAIR-07", "Ergonomic office chair", 1, 24900)],
+    ),
+    _order(
+        "ord_b2000001",
+        "cus_1002",
+        "delivered",
+        "2026-08-15T14:22:00",
+        [_item("SKU-MUG-SET", "Ceramic mug set", 1, 2999)],
+        carrier="DPD",
+        tracking_number="01234567890123",
+        eta="2026-08-19",
+    ),
     # Carol Nguyen
-    _order("ord_c3000001", "cus_1003", "shipped", "2026-11-20T10:00:00", [_item("SKU-JACKET-M", "Winter jacket, M", 1, 15900)],
-           carrier="DHL", tracking_number="JD014600009876543210", eta="2026-11-28"),
-    _order("ord_c3000002", "cus_1003", "delivered", "2026-07-02T16:40:00", [_item("SKU-BOOK-PY", "Python cookbook", 1, 4499)],
-           carrier="La Poste", tracking_number="6A12345678901", eta="2026-07-05"),
+    _order(
+        "ord_c3000001",
+        "cus_1003",
+        "shipped",
+        "2026-11-20T10:00:00",
+        [_item("SKU-JACKET-M", "Winter jacket, M", 1, 15900)],
+        carrier="DHL",
+        tracking_number="JD014600009876543210",
+        eta="2026-11-28",
+    ),
+    _order(
+        "ord_c3000002",
+        "cus_1003",
+        "delivered",
+        "2026-07-02T16:40:00",
+        [_item("SKU-BOOK-PY", "Python cookbook", 1, 4499)],
+        carrier="La Poste",
+        tracking_number="6A12345678901",
+        eta="2026-07-05",
+    ),
 ]
 
 
@@ -380,8 +439,12 @@ def _conflict(key: str) -> Outcome:
     )
 
 
-async def _replay(engine: AsyncEngine, customer_id: str, key: str, endpoint: str, request: dict[str, Any]) -> Outcome | None:
-    rows = await _read(engine, select(idempotency).where(idempotency.c.customer_id == customer_id, idempotency.c.key == key))
+async def _replay(
+    engine: AsyncEngine, customer_id: str, key: str, endpoint: str, request: dict[str, Any]
+) -> Outcome | None:
+    rows = await _read(
+        engine, select(idempotency).where(idempotency.c.customer_id == customer_id, idempotency.c.key == key)
+    )
     if not rows:
         return None
     m = rows[0]._mapping
@@ -390,8 +453,9 @@ async def _replay(engine: AsyncEngine, customer_id: str, key: str, endpoint: str
     return Outcome(m["status_code"], m["response"], replayed=True)
 
 
-async def _remember(conn: AsyncConnection, customer_id: str, key: str, endpoint: str,
-                    request: dict[str, Any], outcome: Outcome) -> None:
+async def _remember(
+    conn: AsyncConnection, customer_id: str, key: str, endpoint: str, request: dict[str, Any], outcome: Outcome
+) -> None:
     await conn.execute(
         insert(idempotency).values(
             customer_id=customer_id,
@@ -455,11 +519,17 @@ async def create_escalation(
         async with engine.begin() as conn:
             await conn.execute(
                 insert(escalations).values(
-                    ticket_id=ticket_id, customer_id=customer_id, summary=summary, urgency=urgency,
-                    status="open", created_at=now,
+                    ticket_id=ticket_id,
+                    customer_id=customer_id,
+                    summary=summary,
+                    urgency=urgency,
+                    status="open",
+                    created_at=now,
                 )
             )
-            outcome = Outcome(201, {"ticket_id": ticket_id, "status": "open", "urgency": urgency, "created_at": _iso(now)})
+            outcome = Outcome(
+                201, {"ticket_id": ticket_id, "status": "open", "urgency": urgency, "created_at": _iso(now)}
+            )
             await _remember(conn, customer_id, idempotency_key, endpoint, request, outcome)
     except IntegrityError:
         seen = await _replay(engine, customer_id, idempotency_key, endpoint, request)

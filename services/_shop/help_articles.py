@@ -67,7 +67,27 @@ ARTICLES: list[dict[str, str]] = [
 ]
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOP = {"a", "an", "the", "my", "i", "to", "of", "is", "it", "and", "or", "for", "in", "on", "how", "do", "can", "what", "me"}
+_STOP = {
+    "a",
+    "an",
+    "the",
+    "my",
+    "i",
+    "to",
+    "of",
+    "is",
+    "it",
+    "and",
+    "or",
+    "for",
+    "in",
+    "on",
+    "how",
+    "do",
+    "can",
+    "what",
+    "me",
+}
 
 
 def _words(text: str) -> set[str]:

@@ -21,18 +21,38 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=settings.simulator_port)
     parser.add_argument("--persona", default=settings.simulator_persona, choices=NAMES)
     parser.add_argument("--latency-ms", type=float, default=settings.simulator_latency_ms)
-    parser.add_argument("--latency-jitter", type=float, default=settings.simulator_latency_jitter,
-                        help="spread of the latency: 0.3 = ±30 %% (uniform)")
+    parser.add_argument(
+        "--latency-jitter",
+        type=float,
+        default=settings.simulator_latency_jitter,
+        help="spread of the latency: 0.3 = ±30 %% (uniform)",
+    )
     parser.add_argument("--fault-rate", type=float, default=0.0, help="share of requests answered 529")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rpm", type=_positive(int), default=settings.simulator_rpm, help="requests per minute admitted")
-    parser.add_argument("--itpm", type=_positive(int), default=settings.simulator_itpm, help="input tokens per minute admitted")
-    parser.add_argument("--otpm", type=_positive(int), default=settings.simulator_otpm, help="output tokens per minute admitted")
-    parser.add_argument("--overload-every", type=_positive(float), default=settings.simulator_overload_every,
-                        help="seconds between bursts of 529 overloaded errors")
-    parser.add_argument("--overload-seconds", type=_positive(float), default=settings.simulator_overload_seconds,
-                        help="length of each burst")
-    parser.add_argument("--script", default=settings.simulator_script, help="JSON file of scripts (persona script:NAME)")
+    parser.add_argument(
+        "--rpm", type=_positive(int), default=settings.simulator_rpm, help="requests per minute admitted"
+    )
+    parser.add_argument(
+        "--itpm", type=_positive(int), default=settings.simulator_itpm, help="input tokens per minute admitted"
+    )
+    parser.add_argument(
+        "--otpm", type=_positive(int), default=settings.simulator_otpm, help="output tokens per minute admitted"
+    )
+    parser.add_argument(
+        "--overload-every",
+        type=_positive(float),
+        default=settings.simulator_overload_every,
+        help="seconds between bursts of 529 overloaded errors",
+    )
+    parser.add_argument(
+        "--overload-seconds",
+        type=_positive(float),
+        default=settings.simulator_overload_seconds,
+        help="length of each burst",
+    )
+    parser.add_argument(
+        "--script", default=settings.simulator_script, help="JSON file of scripts (persona script:NAME)"
+    )
     args = parser.parse_args(argv)
     try:
         scripts = Scripts(load_scripts(args.script))
@@ -62,6 +82,7 @@ def _positive(kind: type) -> object:
         if not value > 0:
             raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
         return value
+
     return parse
 
 

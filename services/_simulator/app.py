@@ -151,9 +151,17 @@ def create_app(
         raise ValueError("fault_rate must be between 0 and 1")
     if not 0.0 <= latency_jitter <= 1.0:
         raise ValueError("latency_jitter must be between 0 and 1")
-    state = _State(default_persona, latency_ms, fault_rate, retry_after_ms, random.Random(seed), latency_jitter=latency_jitter,
-                   limits=limits or RateLimits(), overload=overload or Overload(),
-                   scripts=scripts or Scripts())
+    state = _State(
+        default_persona,
+        latency_ms,
+        fault_rate,
+        retry_after_ms,
+        random.Random(seed),
+        latency_jitter=latency_jitter,
+        limits=limits or RateLimits(),
+        overload=overload or Overload(),
+        scripts=scripts or Scripts(),
+    )
     return Starlette(
         routes=[
             Route("/v1/messages", state.messages, methods=["POST"]),
@@ -198,7 +206,9 @@ async def _json_body(request: Request) -> dict:
 def _persona(request: Request, body: dict, state: _State) -> str:
     wanted = request.headers.get(PERSONA_HEADER, state.default_persona).strip().lower()
     first = body["messages"][0]["content"]
-    first_text = first if isinstance(first, str) else "\n".join(b.get("text", "") for b in first if b.get("type") == "text")
+    first_text = (
+        first if isinstance(first, str) else "\n".join(b.get("text", "") for b in first if b.get("type") == "text")
+    )
     try:
         return personas.resolve(wanted, first_text)
     except KeyError:

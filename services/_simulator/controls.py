@@ -1,10 +1,10 @@
 """Endpoints a test or a benchmark steers the simulator with mid-run (no API key, not part of the API).
 
-  GET  /v1/_limits                      {"limits": {"rpm": 600, ...}, "remaining": {...}, "refused": n}
-  POST /v1/_limits   {"rpm": 300}       change the limits named (null removes one); answers as GET
-                                        ("another app took half": POST the halved limit)
-  POST /v1/_overload {"seconds": 5}     a burst of 529s from now for that long (0 ends it; "status": 500 a
-                                        burst of that 5xx instead); answers {"overloaded": n}
+GET  /v1/_limits                      {"limits": {"rpm": 600, ...}, "remaining": {...}, "refused": n}
+POST /v1/_limits   {"rpm": 300}       change the limits named (null removes one); answers as GET
+                                      ("another app took half": POST the halved limit)
+POST /v1/_overload {"seconds": 5}     a burst of 529s from now for that long (0 ends it; "status": 500 a
+                                      burst of that 5xx instead); answers {"overloaded": n}
 """
 
 from __future__ import annotations

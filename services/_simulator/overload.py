@@ -15,11 +15,16 @@ from collections.abc import Callable
 
 from .errors import ApiError
 
-MESSAGES = {529: "Overloaded (simulated burst).", 500: "Internal server error (simulated burst).",
-            502: "Bad gateway (simulated burst).", 503: "Service unavailable (simulated burst).",
-            504: "Gateway timeout (simulated burst).",
-            # errors that are not about capacity, for a while (a key revoked, a request the API stopped taking)
-            400: "Invalid request (simulated burst).", 401: "invalid x-api-key (simulated burst)."}
+MESSAGES = {
+    529: "Overloaded (simulated burst).",
+    500: "Internal server error (simulated burst).",
+    502: "Bad gateway (simulated burst).",
+    503: "Service unavailable (simulated burst).",
+    504: "Gateway timeout (simulated burst).",
+    # errors that are not about capacity, for a while (a key revoked, a request the API stopped taking)
+    400: "Invalid request (simulated burst).",
+    401: "invalid x-api-key (simulated burst).",
+}
 
 
 class Overload:

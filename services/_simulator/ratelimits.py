@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import TracebackType
 
 from .errors import ApiError
@@ -78,8 +78,14 @@ class Admitted:
 class RateLimits:
     """The simulator's buckets, the headers they announce and the 429s they answer."""
 
-    def __init__(self, rpm: int | None = None, itpm: int | None = None, otpm: int | None = None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        rpm: int | None = None,
+        itpm: int | None = None,
+        otpm: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
         self._clock, self._wall = clock, wall
         self._buckets: dict[str, Bucket] = {}
         self.refused = 0
@@ -102,8 +108,11 @@ class RateLimits:
     def admit(self, body: dict, cache: PromptCache) -> Admitted:
         """Take what this request costs from every bucket, or raise the API's 429."""
         usage = cache.input_usage(body, commit=False)
-        cost = {"requests": 1, "input-tokens": usage["input_tokens"] + usage["cache_creation_input_tokens"],
-                "output-tokens": body["max_tokens"]}
+        cost = {
+            "requests": 1,
+            "input-tokens": usage["input_tokens"] + usage["cache_creation_input_tokens"],
+            "output-tokens": body["max_tokens"],
+        }
         self._refill()
         waits = {kind: bucket.wait(cost[kind]) for kind, bucket in self._buckets.items()}
         short = {kind: wait for kind, wait in waits.items() if wait > 0}
@@ -136,9 +145,11 @@ class RateLimits:
         """The limits and what each bucket holds (GET /v1/_limits), and how many requests were refused."""
         self._refill()
         names = {kind: name for name, kind in KINDS.items()}
-        return {"limits": {names[k]: b.limit for k, b in self._buckets.items()},
-                "remaining": {names[k]: math.floor(b.level) for k, b in self._buckets.items()},
-                "refused": self.refused}
+        return {
+            "limits": {names[k]: b.limit for k, b in self._buckets.items()},
+            "remaining": {names[k]: math.floor(b.level) for k, b in self._buckets.items()},
+            "refused": self.refused,
+        }
 
     def _refill(self) -> float:
         now = self._clock()
@@ -147,18 +158,26 @@ class RateLimits:
         return now
 
     def _announce(self, kind: str, bucket: Bucket) -> dict[str, str]:
-        reset = datetime.fromtimestamp(math.ceil(self._wall() + bucket.until_full()), tz=timezone.utc)
-        return {f"{HEADER}{kind}-limit": str(bucket.limit),
-                f"{HEADER}{kind}-remaining": str(max(0, math.floor(bucket.level))),
-                f"{HEADER}{kind}-reset": reset.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        reset = datetime.fromtimestamp(math.ceil(self._wall() + bucket.until_full()), tz=UTC)
+        return {
+            f"{HEADER}{kind}-limit": str(bucket.limit),
+            f"{HEADER}{kind}-remaining": str(max(0, math.floor(bucket.level))),
+            f"{HEADER}{kind}-reset": reset.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
 
     def _refusal(self, kind: str, wait: float) -> ApiError:
         limit = self._buckets[kind].limit
         if math.isinf(wait):
-            return ApiError(429, f"This request alone exceeds your organization's rate limit of {limit:,} "
-                                 f"{UNITS[kind]} per minute (simulated). Please reduce the prompt length or the "
-                                 "maximum tokens requested.")
-        return ApiError(429, f"This request would exceed your organization's rate limit of {limit:,} {UNITS[kind]} per "
-                             "minute (simulated). You can see the response headers for current usage. Please reduce "
-                             "the prompt length or the maximum tokens requested, or try again later.",
-                        headers={"retry-after": str(max(1, math.ceil(wait)))})
+            return ApiError(
+                429,
+                f"This request alone exceeds your organization's rate limit of {limit:,} "
+                f"{UNITS[kind]} per minute (simulated). Please reduce the prompt length or the "
+                "maximum tokens requested.",
+            )
+        return ApiError(
+            429,
+            f"This request would exceed your organization's rate limit of {limit:,} {UNITS[kind]} per "
+            "minute (simulated). You can see the response headers for current usage. Please reduce "
+            "the prompt length or the maximum tokens requested, or try again later.",
+            headers={"retry-after": str(max(1, math.ceil(wait)))},
+        )

@@ -55,7 +55,7 @@ def _reply(where: str, response: Any) -> Reply:
     if isinstance(response, list):
         response = {"content": response}
     if not isinstance(response, dict) or not isinstance(response.get("content"), list) or not response["content"]:
-        raise ScriptError(f"{where}: expected a list of content blocks or {{\"content\": [...], \"stop_reason\": ...}}")
+        raise ScriptError(f'{where}: expected a list of content blocks or {{"content": [...], "stop_reason": ...}}')
     stop = response.get("stop_reason")
     if stop is not None and stop not in STOP_REASONS:
         raise ScriptError(f"{where}: unknown stop_reason {stop!r} (known: {', '.join(STOP_REASONS)})")
@@ -68,8 +68,10 @@ def _block(where: str, block: Any) -> dict:
         return {"type": "text", "text": block["text"]}
     if kind == "tool_use" and isinstance(block.get("name"), str) and isinstance(block.get("input", {}), dict):
         return {"type": "tool_use", "name": block["name"], "input": block.get("input", {})}
-    raise ScriptError(f"{where}: a block is {{\"type\": \"text\", \"text\": ...}} or "
-                      f"{{\"type\": \"tool_use\", \"name\": ..., \"input\": {{...}}}}, not {block!r}")
+    raise ScriptError(
+        f'{where}: a block is {{"type": "text", "text": ...}} or '
+        f'{{"type": "tool_use", "name": ..., "input": {{...}}}}, not {block!r}'
+    )
 
 
 def load_scripts(path: Path | str | None) -> dict[str, list[Reply]]:
@@ -89,7 +91,7 @@ def responses_so_far(body: dict) -> int:
     """The assistant messages since the customer's words that opened this turn (the script's position)."""
     messages = body["messages"]
     opener = max((i for i, m in enumerate(messages) if m["role"] == "user" and not _only_results(m)), default=0)
-    return sum(1 for m in messages[opener + 1:] if m["role"] == "assistant")
+    return sum(1 for m in messages[opener + 1 :] if m["role"] == "assistant")
 
 
 def _only_results(message: dict) -> bool:
@@ -112,12 +114,16 @@ class Scripts:
         script is unknown or already played to its end)."""
         if not persona.startswith(PREFIX):
             return None
-        name = persona[len(PREFIX):]
+        name = persona[len(PREFIX) :]
         if name not in self.scripts:
-            raise invalid(f"x-roundtrip-persona: no simulator script {name!r} (loaded: {', '.join(sorted(self.scripts)) or 'none'})")
+            raise invalid(
+                f"x-roundtrip-persona: no simulator script {name!r} (loaded: {', '.join(sorted(self.scripts)) or 'none'})"
+            )
         script, position = self.scripts[name], responses_so_far(body)
         if position >= len(script):
-            raise invalid(f"simulator script {name!r} has {len(script)} responses; this request asks for response {position + 1}")
+            raise invalid(
+                f"simulator script {name!r} has {len(script)} responses; this request asks for response {position + 1}"
+            )
         return script[position]
 
     async def put(self, request: Request) -> Response:

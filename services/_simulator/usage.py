@@ -105,8 +105,14 @@ class PromptCache:
             marked = sorted({*marked, len(items) - 1})
         if not marked:
             return _usage(total, 0, 0, "5m")
-        controls = {i: (items[i].get("cache_control") if i != len(items) - 1 or not body.get("cache_control") else body["cache_control"])
-                    for i in marked}
+        controls = {
+            i: (
+                items[i].get("cache_control")
+                if i != len(items) - 1 or not body.get("cache_control")
+                else body["cache_control"]
+            )
+            for i in marked
+        }
         # running prefix hashes and token counts, one per block boundary
         digest = hashlib.sha256(str(body["model"]).encode())
         hashes: list[str] = []
@@ -117,7 +123,9 @@ class PromptCache:
             clean = _without_control(item)
             digest.update(json.dumps(clean, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode())
             hashes.append(digest.copy().hexdigest())
-            running += estimate_tokens({k: v for k, v in clean.items() if k != "role"} if isinstance(clean, dict) else clean)
+            running += estimate_tokens(
+                {k: v for k, v in clean.items() if k != "role"} if isinstance(clean, dict) else clean
+            )
             running += MESSAGE_OVERHEAD_TOKENS if index in starts else 0
             tokens.append(min(total, running))
         tokens[-1] = total  # the JSON around the blocks: the whole prompt is the prefix up to its last block

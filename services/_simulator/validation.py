@@ -16,12 +16,32 @@ from .errors import ApiError, invalid
 # The parameters the SDK (anthropic 2.10) can send; a test checks them against the SDK's own
 # type definitions. Spelled out here so the simulator starts without importing the SDK.
 COUNT_TOKENS_PARAMS = frozenset(
-    {"cache_control", "messages", "model", "output_config", "speed", "system", "thinking", "tool_choice", "tools",
-     "user_profile_id", "workspace_id"}
+    {
+        "cache_control",
+        "messages",
+        "model",
+        "output_config",
+        "speed",
+        "system",
+        "thinking",
+        "tool_choice",
+        "tools",
+        "user_profile_id",
+        "workspace_id",
+    }
 )
 CREATE_PARAMS = COUNT_TOKENS_PARAMS | {
-    "container", "diagnostics", "inference_geo", "max_tokens", "metadata", "service_tier", "stop_sequences",
-    "stream", "temperature", "top_k", "top_p",
+    "container",
+    "diagnostics",
+    "inference_geo",
+    "max_tokens",
+    "metadata",
+    "service_tier",
+    "stop_sequences",
+    "stream",
+    "temperature",
+    "top_k",
+    "top_p",
 }
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
@@ -202,7 +222,9 @@ def _block(block: Any, path: str, role: str, seen_ids: set[str]) -> bool:
     kind = block.get("type")
     allowed = USER_BLOCKS if role == "user" else ASSISTANT_BLOCKS
     if kind not in allowed:
-        raise invalid(f"{path}.type: '{kind}' blocks are not allowed in {role} messages (expected one of {sorted(allowed)})")
+        raise invalid(
+            f"{path}.type: '{kind}' blocks are not allowed in {role} messages (expected one of {sorted(allowed)})"
+        )
     if kind == "text":
         if not isinstance(block.get("text"), str) or not block["text"]:
             raise invalid(f"{path}.text: text content blocks must be non-empty")
@@ -226,8 +248,15 @@ def _block(block: Any, path: str, role: str, seen_ids: set[str]) -> bool:
             raise invalid(f"{path}.content: Input should be a valid string or a list of content blocks")
         if isinstance(content, list):
             for k, inner in enumerate(content):
-                if not isinstance(inner, dict) or inner.get("type") not in ("text", "image", "document", "search_result"):
-                    raise invalid(f"{path}.content.{k}.type: Input should be 'text', 'image', 'document' or 'search_result'")
+                if not isinstance(inner, dict) or inner.get("type") not in (
+                    "text",
+                    "image",
+                    "document",
+                    "search_result",
+                ):
+                    raise invalid(
+                        f"{path}.content.{k}.type: Input should be 'text', 'image', 'document' or 'search_result'"
+                    )
                 if inner["type"] == "text" and (not isinstance(inner.get("text"), str) or not inner["text"]):
                     raise invalid(f"{path}.content.{k}.text: text content blocks must be non-empty")
         if "is_error" in block and block["is_error"] is not None and not isinstance(block["is_error"], bool):

@@ -30,14 +30,27 @@ from typing import Any, Union
 
 import anthropic
 
-from roundtrip.testing._inprocess import AWAITING_APPROVAL, Ended, InProcess
-from roundtrip._kernel.wire.events import ApprovalRequested
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire.events import ApprovalRequested
 from roundtrip._sdk.agent import Agent, load_agent
 from roundtrip._sdk.context import Dependencies
+from roundtrip.testing._inprocess import AWAITING_APPROVAL, Ended, InProcess
 
-__all__ = ["AWAITING_APPROVAL", "Call", "FunctionModel", "ModelInfo", "Reply", "ScriptExhausted", "ScriptedModel", "ToolRun",
-           "TurnResult", "arun_turn", "call", "reply", "run_turn"]
+__all__ = [
+    "AWAITING_APPROVAL",
+    "Call",
+    "FunctionModel",
+    "ModelInfo",
+    "Reply",
+    "ScriptExhausted",
+    "ScriptedModel",
+    "ToolRun",
+    "TurnResult",
+    "arun_turn",
+    "call",
+    "reply",
+    "run_turn",
+]
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,7 @@ class Reply:
     stop_reason: str | None = None
 
 
-Response = Union[str, Call, Sequence[Union[str, Call]], Reply]
+Response = Union[str, Call, Sequence[str | Call], Reply]
 
 
 def call(tool: str, input: Mapping[str, Any] | None = None, /, **fields: Any) -> Call:
@@ -90,14 +103,25 @@ def _as_reply(response: Response) -> Reply:
 
 def _message(response: Response, step: int, model: str) -> anthropic.types.Message:
     answer = _as_reply(response)
-    content = [{"type": "text", "text": part} if isinstance(part, str) else
-               {"type": "tool_use", "id": f"toolu_{step:02d}_{i}", "name": part.tool, "input": part.input}
-               for i, part in enumerate(answer.parts)]
+    content = [
+        {"type": "text", "text": part}
+        if isinstance(part, str)
+        else {"type": "tool_use", "id": f"toolu_{step:02d}_{i}", "name": part.tool, "input": part.input}
+        for i, part in enumerate(answer.parts)
+    ]
     stop = answer.stop_reason or ("tool_use" if any(isinstance(p, Call) for p in answer.parts) else "end_turn")
-    return anthropic.types.Message.model_validate({
-        "id": f"msg_{step:02d}", "type": "message", "role": "assistant", "model": model, "content": content,
-        "stop_reason": stop, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0},
-    })
+    return anthropic.types.Message.model_validate(
+        {
+            "id": f"msg_{step:02d}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        }
+    )
 
 
 class _Model:
@@ -116,8 +140,9 @@ class _Model:
     def respond(self, messages: list[dict[str, Any]], info: ModelInfo) -> Response:
         raise NotImplementedError
 
-    async def create(self, messages: list[dict[str, Any]], persona: str | None = None,
-                     disable_parallel_tool_use: bool | None = None) -> anthropic.types.Message:
+    async def create(
+        self, messages: list[dict[str, Any]], persona: str | None = None, disable_parallel_tool_use: bool | None = None
+    ) -> anthropic.types.Message:
         self.requests.append(messages)
         step = len(self.requests)
         return _message(self.respond(messages, ModelInfo(step, self.tools, self.system)), step, self.model)
@@ -130,8 +155,10 @@ class ScriptedModel(_Model):
 
     def respond(self, messages: list[dict[str, Any]], info: ModelInfo) -> Response:
         if info.step > len(self.responses):
-            raise ScriptExhausted(f"the turn asked for model response {info.step}, the script has {len(self.responses)}; "
-                                  f"the last message it got: {json.dumps(messages[-1], default=str)[:500]}")
+            raise ScriptExhausted(
+                f"the turn asked for model response {info.step}, the script has {len(self.responses)}; "
+                f"the last message it got: {json.dumps(messages[-1], default=str)[:500]}"
+            )
         return self.responses[info.step - 1]
 
 
@@ -180,21 +207,44 @@ class TurnResult:
 
     @property
     def tool_results(self) -> list[dict[str, Any]]:
-        return [b for m in self.transcript if m["role"] == "user" and isinstance(m["content"], list)
-                for b in m["content"] if b.get("type") == "tool_result"]
+        return [
+            b
+            for m in self.transcript
+            if m["role"] == "user" and isinstance(m["content"], list)
+            for b in m["content"]
+            if b.get("type") == "tool_result"
+        ]
 
     @property
     def calls(self) -> list[ToolRun]:
         """Every tool call in order, with its result."""
         results = {b["tool_use_id"]: b for b in self.tool_results}
-        uses = [b for m in self.transcript if m["role"] == "assistant" for b in m["content"] if b.get("type") == "tool_use"]
-        return [ToolRun(u["id"], u["name"], u["input"], str(results.get(u["id"], {}).get("content", "")),
-                        bool(results.get(u["id"], {}).get("is_error"))) for u in uses]
+        uses = [
+            b for m in self.transcript if m["role"] == "assistant" for b in m["content"] if b.get("type") == "tool_use"
+        ]
+        return [
+            ToolRun(
+                u["id"],
+                u["name"],
+                u["input"],
+                str(results.get(u["id"], {}).get("content", "")),
+                bool(results.get(u["id"], {}).get("is_error")),
+            )
+            for u in uses
+        ]
 
 
-async def arun_turn(agent: Agent | str, customer_id: str, text: str, model: _Model, *, deps: Mapping[str, Any] | None = None,
-                    settings: Settings | None = None, approve: bool | Callable[[ApprovalRequested], bool] | None = None,
-                    persona: str | None = None) -> TurnResult:
+async def arun_turn(
+    agent: Agent | str,
+    customer_id: str,
+    text: str,
+    model: _Model,
+    *,
+    deps: Mapping[str, Any] | None = None,
+    settings: Settings | None = None,
+    approve: bool | Callable[[ApprovalRequested], bool] | None = None,
+    persona: str | None = None,
+) -> TurnResult:
     """One turn of `agent` (an Agent or its import string) for `customer_id`. `deps`: the clients its handlers and
     resolvers get (else the agent's own are made, and closed after). `approve`: True/False decides every held call,
     a function decides each; None leaves the turn AWAITING_APPROVAL at the first."""
@@ -206,12 +256,22 @@ async def arun_turn(agent: Agent | str, customer_id: str, text: str, model: _Mod
     try:
         async with agent.toolbox:  # its tool sources, started as a service starts them (an MCP server lists its tools)
             model.bind(agent)
-            ended: Ended = await InProcess(agent, model, clients, settings).turn(text, customer_id, persona, approve=decide)
+            ended: Ended = await InProcess(agent, model, clients, settings).turn(
+                text, customer_id, persona, approve=decide
+            )
     finally:
         if deps is None:
             await clients.aclose()
-    return TurnResult(ended.outcome, ended.text, ended.messages, ended.steps, time.perf_counter() - started, ended.detail,
-                      ended.held, ended.approvals)
+    return TurnResult(
+        ended.outcome,
+        ended.text,
+        ended.messages,
+        ended.steps,
+        time.perf_counter() - started,
+        ended.detail,
+        ended.held,
+        ended.approvals,
+    )
 
 
 def run_turn(agent: Agent | str, customer_id: str, text: str, model: _Model, **options: Any) -> TurnResult:

@@ -28,9 +28,17 @@ from roundtrip._guard.approvals import resumed
 from roundtrip._guard.loop import continued
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Finish, decide
-from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, parse_keys
-from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CallModel, Decision, ModelResponded, Turn, Usage
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, parse_keys
+from roundtrip._kernel.wire.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    CallModel,
+    Decision,
+    ModelResponded,
+    Turn,
+    Usage,
+)
 from roundtrip._model.handlers import Limits, Retrying, call_model
 from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies
@@ -58,32 +66,61 @@ class InProcess:
     an anthropic Message, and a `model` name (roundtrip._model.client.ModelClient, or services/testing/__init__.py's models).
     `retrying`: how the model handler retries (its default when None: a limiter of each call's own)."""
 
-    def __init__(self, agent: Agent, client: Any, deps: Dependencies, settings: Settings, retrying: Retrying | None = None) -> None:
+    def __init__(
+        self, agent: Agent, client: Any, deps: Dependencies, settings: Settings, retrying: Retrying | None = None
+    ) -> None:
         self.agent, self.client, self.settings, self.retrying = agent, client, settings, retrying
         self.gate = gate_for(agent, settings, deps)
         self.signer = Signer(parse_keys(settings.approval_keys))
         self.decisions = DecisionSigner(parse_keys(settings.decision_keys))
-        self.runner = Runner(agent.registry, deps, settings.tool_timeout_s, settings.parallel_tools, settings.max_block_bytes,
-                             fallback=agent.toolbox.handler)
+        self.runner = Runner(
+            agent.registry,
+            deps,
+            settings.tool_timeout_s,
+            settings.parallel_tools,
+            settings.max_block_bytes,
+            fallback=agent.toolbox.handler,
+        )
         self.policy, self.prices = policy_from(settings), PriceTable.from_json(settings.prices)
         self.limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
 
     def new_turn(self, customer_id: str, persona: str | None = None) -> Turn:
         request_id = f"req_{uuid.uuid4().hex[:12]}"
-        return Turn(turn_id=f"turn_{request_id}", request_id=request_id, conversation_id=f"conv_{request_id}",
-                    customer_id=customer_id, persona=persona, deadline_at=round(time.time() + self.settings.turn_deadline_s, 3))
+        return Turn(
+            turn_id=f"turn_{request_id}",
+            request_id=request_id,
+            conversation_id=f"conv_{request_id}",
+            customer_id=customer_id,
+            persona=persona,
+            deadline_at=round(time.time() + self.settings.turn_deadline_s, 3),
+        )
 
-    async def turn(self, text: str, customer_id: str, persona: str | None = None, approve: Approve | None = None,
-                   observe: Callable[[ModelResponded], None] | None = None) -> Ended:
+    async def turn(
+        self,
+        text: str,
+        customer_id: str,
+        persona: str | None = None,
+        approve: Approve | None = None,
+        observe: Callable[[ModelResponded], None] | None = None,
+    ) -> Ended:
         """Run one turn to its end; `observe` sees each model response as it comes."""
-        command: CallModel | ApprovalRequested = CallModel(turn=self.new_turn(customer_id, persona), step=0,
-                                                           messages=[{"role": "user", "content": text}])
+        command: CallModel | ApprovalRequested = CallModel(
+            turn=self.new_turn(customer_id, persona), step=0, messages=[{"role": "user", "content": text}]
+        )
         approvals: list[ApprovalRequested] = []
         while True:
             if isinstance(command, ApprovalRequested):
                 if approve is None:
-                    return Ended(AWAITING_APPROVAL, "", command.messages, command.step, command.reason, command.spent,
-                                 held=command, approvals=approvals)
+                    return Ended(
+                        AWAITING_APPROVAL,
+                        "",
+                        command.messages,
+                        command.step,
+                        command.reason,
+                        command.spent,
+                        held=command,
+                        approvals=approvals,
+                    )
                 approvals.append(command)
                 command = await self._decided(command, approve(command))
                 continue
@@ -91,11 +128,24 @@ class InProcess:
             if observe is not None:
                 observe(event)
             model = event.model or self.client.model
-            decision = decide(event, self.policy, self.prices.cost(model, event.spent), self.prices.cost(model, event.usage))
+            decision = decide(
+                event, self.policy, self.prices.cost(model, event.spent), self.prices.cost(model, event.usage)
+            )
             if isinstance(decision, Finish):
-                transcript = [*event.messages, {"role": "assistant", "content": event.content}] if event.content else event.messages
-                return Ended(decision.outcome.value, decision.text, transcript, event.step, decision.detail, event.spent,
-                             approvals=approvals)
+                transcript = (
+                    [*event.messages, {"role": "assistant", "content": event.content}]
+                    if event.content
+                    else event.messages
+                )
+                return Ended(
+                    decision.outcome.value,
+                    decision.text,
+                    transcript,
+                    event.step,
+                    decision.detail,
+                    event.spent,
+                    approvals=approvals,
+                )
             hop = continued(event, decision)
             command = hop if isinstance(hop, CallModel) else await self._run(hop)
 
@@ -106,9 +156,16 @@ class InProcess:
 
     async def _decided(self, request: ApprovalRequested, approved: bool) -> CallModel | ApprovalRequested:
         """The step after a person's signed decision, resumed as the guard resumes it."""
-        decision = self.decisions.sign(ApprovalDecided(
-            approval_id=request.approval_id, turn_id=request.turn.turn_id, tool_use_id=request.call.id,
-            input_sha256=request.input_sha256, decision=Decision.APPROVE if approved else Decision.DENY,
-            decided_by="roundtrip.testing._inprocess", decided_at=round(time.time(), 3)))
+        decision = self.decisions.sign(
+            ApprovalDecided(
+                approval_id=request.approval_id,
+                turn_id=request.turn.turn_id,
+                tool_use_id=request.call.id,
+                input_sha256=request.input_sha256,
+                decision=Decision.APPROVE if approved else Decision.DENY,
+                decided_by="roundtrip.testing._inprocess",
+                decided_at=round(time.time(), 3),
+            )
+        )
         hop = resumed(request, decision, approved, time.time())
         return hop if isinstance(hop, CallModel) else await self._run(hop)

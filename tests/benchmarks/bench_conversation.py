@@ -31,10 +31,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._guard.pricing import PriceTable
-from roundtrip._kernel.wire import topics
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
-from roundtrip._kernel.wire.events import SupportReply, Usage
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import SupportReply, Usage
 from tests.benchmarks.bench_loop import bench_settings
 
 TEXTS = (
@@ -53,7 +53,9 @@ def billed(u: Usage) -> float:
 
 async def conversation(settings: Settings, tag: str) -> list[SupportReply]:
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap_servers)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, isolation_level="read_committed"
+    )
     await producer.start()
     await consumer.start()
     try:
@@ -66,9 +68,18 @@ async def conversation(settings: Settings, tag: str) -> list[SupportReply]:
         replies = []
         for n, text in enumerate(TEXTS):
             request_id = f"req_{tag}_{n}_{uuid.uuid4().hex[:6]}"
-            body = {"request_id": request_id, "conversation_id": conversation_id, "customer_id": CUSTOMER,
-                    "text": f"{text} [{tag}]", "persona": "careful"}
-            await producer.send_and_wait(topics.t(topics.SUPPORT_REQUESTS, settings.topic_prefix), json.dumps(body).encode(), key=conversation_id.encode())
+            body = {
+                "request_id": request_id,
+                "conversation_id": conversation_id,
+                "customer_id": CUSTOMER,
+                "text": f"{text} [{tag}]",
+                "persona": "careful",
+            }
+            await producer.send_and_wait(
+                topics.t(topics.SUPPORT_REQUESTS, settings.topic_prefix),
+                json.dumps(body).encode(),
+                key=conversation_id.encode(),
+            )
             deadline = time.monotonic() + 120
             reply = None
             while reply is None and time.monotonic() < deadline:
@@ -87,19 +98,28 @@ async def conversation(settings: Settings, tag: str) -> list[SupportReply]:
 
 
 def table(name: str, replies: list[SupportReply]) -> str:
-    lines = [f"{name}", f"  {'request':<34} {'steps':>5} {'input':>7} {'cache write':>11} {'cache read':>10} {'billed input':>12}"]
+    lines = [
+        f"{name}",
+        f"  {'request':<34} {'steps':>5} {'input':>7} {'cache write':>11} {'cache read':>10} {'billed input':>12}",
+    ]
     for text, r in zip(TEXTS, replies, strict=True):
         u = r.usage
-        lines.append(f"  {text:<34} {r.steps:>5} {u.input_tokens:>7,} {u.cache_creation_input_tokens:>11,} "
-                     f"{u.cache_read_input_tokens:>10,} {billed(u):>12,.0f}")
+        lines.append(
+            f"  {text:<34} {r.steps:>5} {u.input_tokens:>7,} {u.cache_creation_input_tokens:>11,} "
+            f"{u.cache_read_input_tokens:>10,} {billed(u):>12,.0f}"
+        )
     total = sum((r.usage for r in replies), Usage())
-    lines.append(f"  {'total':<34} {sum(r.steps for r in replies):>5} {total.input_tokens:>7,} {total.cache_creation_input_tokens:>11,} "
-                 f"{total.cache_read_input_tokens:>10,} {billed(total):>12,.0f}")
+    lines.append(
+        f"  {'total':<34} {sum(r.steps for r in replies):>5} {total.input_tokens:>7,} {total.cache_creation_input_tokens:>11,} "
+        f"{total.cache_read_input_tokens:>10,} {billed(total):>12,.0f}"
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_conversation", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks.bench_conversation", description=__doc__.split("\n\n")[0]
+    )
     parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="roundtrip-bench-conv-") as folder:
         settings, env = bench_settings(Path(folder), partitions=2)
@@ -109,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             fleet.start()
             runs = {}
             for name, on in (("without history caching", False), ("with history caching", True)):
-                fleet.restart("simulator")  # an empty prompt cache: each run pays its own writes of tools and system prompt
+                fleet.restart(
+                    "simulator"
+                )  # an empty prompt cache: each run pays its own writes of tools and system prompt
                 fleet.restart("model", {**env, "ROUNDTRIP_CACHE_HISTORY": str(on).lower()})
                 httpx.post(f"{settings.shop_base_url}/admin/reset", timeout=10).raise_for_status()
                 runs[name] = asyncio.run(conversation(settings, "on" if on else "off"))
@@ -121,11 +143,15 @@ def main(argv: list[str] | None = None) -> int:
         print()
     off, on = (sum((r.usage for r in runs[n]), Usage()) for n in runs)
     cost_off, cost_on = prices.cost(settings.model, off), prices.cost(settings.model, on)
-    print(f"billed input tokens: {billed(off):,.0f} without, {billed(on):,.0f} with history caching: "
-          f"{1 - billed(on) / billed(off):.0%} fewer")
+    print(
+        f"billed input tokens: {billed(off):,.0f} without, {billed(on):,.0f} with history caching: "
+        f"{1 - billed(on) / billed(off):.0%} fewer"
+    )
     print(f"uncached input tokens: {off.input_tokens:,} without, {on.input_tokens:,} with")
-    print(f"cost of the conversation (input and output, {settings.model}): ${cost_off:.4f} without, ${cost_on:.4f} with "
-          f"({1 - cost_on / cost_off:.0%} less)")
+    print(
+        f"cost of the conversation (input and output, {settings.model}): ${cost_off:.4f} without, ${cost_on:.4f} with "
+        f"({1 - cost_on / cost_off:.0%} less)"
+    )
     return 0
 
 

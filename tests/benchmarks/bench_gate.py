@@ -104,7 +104,14 @@ def make_gate(shop: ShopClient, **options: Any) -> Gate:
     async def lookup(kind: str, entity_id: str, customer_id: str):
         return await shop.get_order(customer_id, entity_id)
 
-    return Gate(registry=REGISTRY, lookup=lookup, signer=Signer(parse_keys("k1:bench")), deps=shop_deps(shop), agent_settings=SHOP.own_settings, **options)
+    return Gate(
+        registry=REGISTRY,
+        lookup=lookup,
+        signer=Signer(parse_keys("k1:bench")),
+        deps=shop_deps(shop),
+        agent_settings=SHOP.own_settings,
+        **options,
+    )
 
 
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -144,11 +151,18 @@ async def bench(seconds: float, steps: int) -> list[tuple[str, str]]:
 
                     await one_pass()  # warm up connections
                     per_s = await arate(one_pass, seconds)
-                    rows.append((f"validation + authorization over HTTP, {name.split(',')[0]}", f"{per_s:,.0f} calls/s"))
+                    rows.append(
+                        (f"validation + authorization over HTTP, {name.split(',')[0]}", f"{per_s:,.0f} calls/s")
+                    )
 
                 # 3. added latency per step: check() = validate + authorize + sign
                 for label, mix in (("1 call", STEP_1), ("3 calls", STEP_3)):
-                    command = CheckToolCalls(turn=turn, step=1, messages=[{"role": "user", "content": "cancel my order"}], calls=tool_calls(mix))
+                    command = CheckToolCalls(
+                        turn=turn,
+                        step=1,
+                        messages=[{"role": "user", "content": "cancel my order"}],
+                        calls=tool_calls(mix),
+                    )
                     for name, options in CONFIGS.items():
                         gate = make_gate(shop, **options)
                         await gate.check(command)

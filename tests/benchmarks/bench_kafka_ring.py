@@ -64,15 +64,27 @@ async def _topics(bootstrap: str, partitions: int = 1) -> list[str]:
     return names
 
 
-async def _relay(bootstrap: str, source: str, target: str, commit_each: bool, producer: AIOKafkaProducer | None = None,
-                 arrived: asyncio.Queue | None = None) -> None:
+async def _relay(
+    bootstrap: str,
+    source: str,
+    target: str,
+    commit_each: bool,
+    producer: AIOKafkaProducer | None = None,
+    arrived: asyncio.Queue | None = None,
+) -> None:
     """Read `source`, publish each record to `target` (or report its arrival, for the ring's last hop)."""
     own = producer is None
     if own:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=0)
         await producer.start()
-    consumer = AIOKafkaConsumer(source, bootstrap_servers=bootstrap, group_id=f"g-{source}", auto_offset_reset="earliest",
-                                enable_auto_commit=False, fetch_max_wait_ms=5000)
+    consumer = AIOKafkaConsumer(
+        source,
+        bootstrap_servers=bootstrap,
+        group_id=f"g-{source}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=5000,
+    )
     await consumer.start()
     try:
         while True:
@@ -102,14 +114,27 @@ async def ring(bootstrap: str, laps: int, commit_each: bool, warmup: int = 0, pr
     children: list[multiprocessing.Process] = []
     if processes:  # hops 0..2 in processes of their own; the last hop comes back to this one
         context = multiprocessing.get_context("spawn")
-        children = [context.Process(target=_relay_process, args=(bootstrap, names[i], names[i + 1]), daemon=True)
-                    for i in range(HOPS - 1)]
+        children = [
+            context.Process(target=_relay_process, args=(bootstrap, names[i], names[i + 1]), daemon=True)
+            for i in range(HOPS - 1)
+        ]
         for child in children:
             child.start()
         tasks = [asyncio.create_task(_relay(bootstrap, names[-1], "", False, producer, lap_done))]
     else:
-        tasks = [asyncio.create_task(_relay(bootstrap, names[i], names[(i + 1) % HOPS], commit_each, producer,
-                                            lap_done if i == HOPS - 1 else None)) for i in range(HOPS)]
+        tasks = [
+            asyncio.create_task(
+                _relay(
+                    bootstrap,
+                    names[i],
+                    names[(i + 1) % HOPS],
+                    commit_each,
+                    producer,
+                    lap_done if i == HOPS - 1 else None,
+                )
+            )
+            for i in range(HOPS)
+        ]
     try:
         await asyncio.sleep(8 if processes else 3)  # the groups join
         laps_ms = []
@@ -132,6 +157,7 @@ async def ring(bootstrap: str, laps: int, commit_each: bool, warmup: int = 0, pr
 
 # -- CPU per hop at a steady rate ------------------------------------------------------------------
 
+
 def _aiokafka_rate_relay(bootstrap: str, source: str, target: str, count) -> None:
     """Read `source` and publish each record to `target` concurrently, awaiting each delivery as the
     services do before a message counts as done; offsets committed in the background (the kernel
@@ -140,8 +166,15 @@ def _aiokafka_rate_relay(bootstrap: str, source: str, target: str, count) -> Non
     async def run() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=0)
         await producer.start()
-        consumer = AIOKafkaConsumer(source, bootstrap_servers=bootstrap, group_id=f"g-{source}", auto_offset_reset="earliest",
-                                    enable_auto_commit=True, auto_commit_interval_ms=500, fetch_max_wait_ms=5000)
+        consumer = AIOKafkaConsumer(
+            source,
+            bootstrap_servers=bootstrap,
+            group_id=f"g-{source}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=True,
+            auto_commit_interval_ms=500,
+            fetch_max_wait_ms=5000,
+        )
         await consumer.start()
         running: set[asyncio.Task] = set()
 
@@ -162,9 +195,15 @@ def _aiokafka_rate_relay(bootstrap: str, source: str, target: str, count) -> Non
 
 def _confluent_configs(bootstrap: str, source: str) -> tuple[dict, dict]:
     producer = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 0}
-    consumer = {"bootstrap.servers": bootstrap, "group.id": f"g-{source}", "auto.offset.reset": "earliest",
-                "enable.auto.commit": True, "auto.commit.interval.ms": 500, "fetch.wait.max.ms": 5000,
-                "fetch.queue.backoff.ms": 0}
+    consumer = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"g-{source}",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": True,
+        "auto.commit.interval.ms": 500,
+        "fetch.wait.max.ms": 5000,
+        "fetch.queue.backoff.ms": 0,
+    }
     return producer, consumer
 
 
@@ -225,8 +264,12 @@ def _confluent_rate_relay(bootstrap: str, source: str, target: str, count) -> No
         async def forward(message) -> None:
             if target:
                 done = loop.create_future()
-                producer.produce(target, message.value(), key=message.key(),
-                                 on_delivery=lambda err, _msg: loop.call_soon_threadsafe(settle, done, err))
+                producer.produce(
+                    target,
+                    message.value(),
+                    key=message.key(),
+                    on_delivery=lambda err, _msg: loop.call_soon_threadsafe(settle, done, err),
+                )
                 await done
             count.value += 1
 
@@ -240,8 +283,11 @@ def _confluent_rate_relay(bootstrap: str, source: str, target: str, count) -> No
     asyncio.run(run())
 
 
-RATE_RELAYS = {"aiokafka": _aiokafka_rate_relay, "confluent": _confluent_rate_relay,
-               "confluent-sync": _confluent_sync_rate_relay}
+RATE_RELAYS = {
+    "aiokafka": _aiokafka_rate_relay,
+    "confluent": _confluent_rate_relay,
+    "confluent-sync": _confluent_sync_rate_relay,
+}
 
 
 async def _feed(bootstrap: str, topic: str, rate: float, seconds: float) -> None:
@@ -265,15 +311,22 @@ def cpu_per_hop(bootstrap: str, broker_pid: int, client: str, rate: float, secon
     names = asyncio.run(_topics(bootstrap, partitions=6))
     context = multiprocessing.get_context("spawn")
     counts = [context.Value("q", 0, lock=False) for _ in range(HOPS)]
-    relays = [context.Process(target=RATE_RELAYS[client], daemon=True,
-                              args=(bootstrap, names[i], names[i + 1] if i + 1 < HOPS else "", counts[i]))
-              for i in range(HOPS)]
+    relays = [
+        context.Process(
+            target=RATE_RELAYS[client],
+            daemon=True,
+            args=(bootstrap, names[i], names[i + 1] if i + 1 < HOPS else "", counts[i]),
+        )
+        for i in range(HOPS)
+    ]
     for relay in relays:
         relay.start()
     try:
         time.sleep(8)  # the groups join
         asyncio.run(_feed(bootstrap, names[0], rate, 5))  # connections, assignments
-        meter = CpuMeter({"broker": broker_pid, "feeder": os.getpid(), **{f"relay {i}": r.pid for i, r in enumerate(relays)}})
+        meter = CpuMeter(
+            {"broker": broker_pid, "feeder": os.getpid(), **{f"relay {i}": r.pid for i, r in enumerate(relays)}}
+        )
         hops0, started = sum(c.value for c in counts), time.perf_counter()
         meter.start()
         asyncio.run(_feed(bootstrap, names[0], rate, seconds))
@@ -301,17 +354,27 @@ def _clients(requested: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_kafka_ring", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks.bench_kafka_ring", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--laps", type=int, default=500)
-    parser.add_argument("--warmup", type=int, default=3000, help="laps before the first measured one (the broker's JIT)")
+    parser.add_argument(
+        "--warmup", type=int, default=3000, help="laps before the first measured one (the broker's JIT)"
+    )
     parser.add_argument("--commit", choices=("none", "each", "both"), default="both")
     parser.add_argument("--no-processes", dest="processes", action="store_false", help="skip the ring of processes")
-    parser.add_argument("--cpu-rates", default="330,105",
-                        help="records/s into the ring for the CPU per hop (comma-separated; 0 skips; default 330,105: "
-                             "the fleet's hop rates at c=50 with no model latency and at c=100 with 1 s)")
+    parser.add_argument(
+        "--cpu-rates",
+        default="330,105",
+        help="records/s into the ring for the CPU per hop (comma-separated; 0 skips; default 330,105: "
+        "the fleet's hop rates at c=50 with no model latency and at c=100 with 1 s)",
+    )
     parser.add_argument("--cpu-seconds", type=float, default=15, help="seconds measured at each rate")
-    parser.add_argument("--clients", default="auto",
-                        help="comma-separated of aiokafka, confluent, confluent-sync (default: all that are installed)")
+    parser.add_argument(
+        "--clients",
+        default="auto",
+        help="comma-separated of aiokafka, confluent, confluent-sync (default: all that are installed)",
+    )
     args = parser.parse_args(argv)
     try:
         rates = [rate for rate in (float(r) for r in args.cpu_rates.split(",")) if rate > 0]
@@ -324,28 +387,38 @@ def main(argv: list[str] | None = None) -> int:
     defaults = Settings()
     libs = fetch_configured(defaults)
     with tempfile.TemporaryDirectory(prefix="roundtrip-ring-") as state:
-        broker = EmbeddedKafka(Path(state) / "kafka", free_port(), free_port(), defaults.kafka_version, libs_dir=libs,
-                               die_with_parent=True)
+        broker = EmbeddedKafka(
+            Path(state) / "kafka", free_port(), free_port(), defaults.kafka_version, libs_dir=libs, die_with_parent=True
+        )
         broker.start()
         try:
             broker.wait_ready(90)
-            modes = [("one process", m == "each", m) for m in (["none", "each"] if args.commit == "both" else [args.commit])]
+            modes = [
+                ("one process", m == "each", m) for m in (["none", "each"] if args.commit == "both" else [args.commit])
+            ]
             if args.processes:
                 modes.append(("a process per relay", False, "none"))
             warmup = args.warmup
             for label, commit_each, commit in modes:
-                laps = asyncio.run(ring(broker.bootstrap, args.laps, commit_each, warmup, processes=label != "one process"))
+                laps = asyncio.run(
+                    ring(broker.bootstrap, args.laps, commit_each, warmup, processes=label != "one process")
+                )
                 warmup = min(warmup, 300)  # the broker is warm after the first ring
-                print(f"raw aiokafka ring, {HOPS} hops, {label}, commit {commit:>4}: lap p50 {statistics.median(laps):.1f} ms, "
-                      f"p99 {percentile(laps, 0.99):.1f} ms ({statistics.median(laps) / HOPS:.2f} ms a hop; {len(laps)} laps)",
-                      flush=True)
+                print(
+                    f"raw aiokafka ring, {HOPS} hops, {label}, commit {commit:>4}: lap p50 {statistics.median(laps):.1f} ms, "
+                    f"p99 {percentile(laps, 0.99):.1f} ms ({statistics.median(laps) / HOPS:.2f} ms a hop; {len(laps)} laps)",
+                    flush=True,
+                )
             for rate in rates:
                 for client in clients:
                     cpu = cpu_per_hop(broker.bootstrap, broker.pid, client, rate, args.cpu_seconds)
                     total = cpu["clients_us"] + cpu["broker_us"]
-                    print(f"CPU per hop at {rate:.0f} records/s into the ring ({cpu['hops_per_s']:.0f} hops/s), {client:>14}: "
-                          f"clients {cpu['clients_us']:.0f} us + broker {cpu['broker_us']:.0f} us = {total:.0f} us; "
-                          f"a turn's {HOPS_PER_TURN} hops {total * HOPS_PER_TURN / 1000:.1f} ms", flush=True)
+                    print(
+                        f"CPU per hop at {rate:.0f} records/s into the ring ({cpu['hops_per_s']:.0f} hops/s), {client:>14}: "
+                        f"clients {cpu['clients_us']:.0f} us + broker {cpu['broker_us']:.0f} us = {total:.0f} us; "
+                        f"a turn's {HOPS_PER_TURN} hops {total * HOPS_PER_TURN / 1000:.1f} ms",
+                        flush=True,
+                    )
         finally:
             broker.stop()
     return 0

@@ -41,12 +41,12 @@ from pathlib import Path
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
-from roundtrip._kernel.storage.database import shown
 from roundtrip._kernel.runtime import settle_heap
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.database import shown
+from tests.agents import ShopFleetSettings
 from tests.benchmarks.fleet_driver import FleetDriver
 from tests.benchmarks.inprocess import InProcessLoop, TurnTiming
-from tests.agents import ShopFleetSettings
 from tests.benchmarks.profiling import (
     CpuMeter,
     hop_profile,
@@ -89,7 +89,9 @@ class Run:
     window_ns: tuple[int, int] = (0, 0)
     model_replicas: int = 1
     timings: list[TurnTiming] = field(default_factory=list, repr=False)  # the fleet's, for `precise_iterations`
-    kafka_iteration_p50_ms: float = float("nan")  # the fleet's iterations from Kafka timestamps (whole ms), a cross-check
+    kafka_iteration_p50_ms: float = float(
+        "nan"
+    )  # the fleet's iterations from Kafka timestamps (whole ms), a cross-check
 
     @property
     def turns_per_s(self) -> float:
@@ -103,8 +105,9 @@ def fmt(v: float, digits: int = 1) -> str:
     return "n/a" if v != v else f"{v:.{digits}f}"  # noqa: PLR0124 - NaN check
 
 
-async def closed_loop(turn: Callable[[int], Awaitable[TurnTiming]], concurrency: int, total: int,
-                      max_seconds: float) -> tuple[list[TurnTiming], float]:
+async def closed_loop(
+    turn: Callable[[int], Awaitable[TurnTiming]], concurrency: int, total: int, max_seconds: float
+) -> tuple[list[TurnTiming], float]:
     """`concurrency` workers, each starting its next turn when the last one ended, until `total`."""
     issued = 0
     timings: list[TurnTiming] = []
@@ -148,16 +151,29 @@ def precise_iterations(run: Run, spans: list[dict]) -> None:
     run.iteration_ms, run.first_iteration_ms = precise.iteration_ms, precise.first_iteration_ms
 
 
-def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter: float = 0.0,
-                   max_running_turns: int | None = None, database_url: str | None = None) -> tuple[Settings, dict[str, str]]:
+def bench_settings(
+    state: Path,
+    partitions: int,
+    latency_ms: float = 0.0,
+    jitter: float = 0.0,
+    max_running_turns: int | None = None,
+    database_url: str | None = None,
+) -> tuple[Settings, dict[str, str]]:
     kafka_port = free_port()
     controller_port = free_port()
     while controller_port == kafka_port:
         controller_port = free_port()
     values = dict(
-        state_dir=state, kafka_port=kafka_port, kafka_controller_port=controller_port,
-        simulator_port=free_port(), shop_port=free_port(), partitions=partitions,
-        simulator_latency_ms=latency_ms, simulator_latency_jitter=jitter, simulator_persona=PERSONA, log_level="INFO",
+        state_dir=state,
+        kafka_port=kafka_port,
+        kafka_controller_port=controller_port,
+        simulator_port=free_port(),
+        shop_port=free_port(),
+        partitions=partitions,
+        simulator_latency_ms=latency_ms,
+        simulator_latency_jitter=jitter,
+        simulator_persona=PERSONA,
+        log_level="INFO",
         span_file_max_mb=4096,  # one file for the whole run: the hop profile reads it back
     )
     if max_running_turns is not None:
@@ -166,7 +182,11 @@ def bench_settings(state: Path, partitions: int, latency_ms: float = 0.0, jitter
         values |= {"ledger_database_url": database_url, "conversations_database_url": database_url}
     env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
     for k in list(os.environ):  # this run's settings only: nothing from the caller's shell
-        if k.startswith("ROUNDTRIP_") and k not in env and k not in ("ROUNDTRIP_KAFKA_CACHE", "ROUNDTRIP_KAFKA_JAVA_OPTS"):
+        if (
+            k.startswith("ROUNDTRIP_")
+            and k not in env
+            and k not in ("ROUNDTRIP_KAFKA_CACHE", "ROUNDTRIP_KAFKA_JAVA_OPTS")
+        ):
             os.environ.pop(k)
     os.environ.update(env)  # what this process and the children of its Fleet read: this run's settings
     return ShopFleetSettings(**values), env
@@ -212,10 +232,12 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
             spy.wait()
         runs.append(run)
         label = f"{name} x{replicas} model" if replicas > 1 else name
-        say(f"  {label:<16} c={concurrency:<3} {run.turns} turns in {seconds:.1f} s: {run.turns_per_s:.1f} turns/s, "
+        say(
+            f"  {label:<16} c={concurrency:<3} {run.turns} turns in {seconds:.1f} s: {run.turns_per_s:.1f} turns/s, "
             f"iteration p50 {fmt(run.p('iteration_ms', 0.5))} ms, turn p50 {fmt(run.p('turn_ms', 0.5))} ms"
             + (f", {run.wrong} WRONG turns" if run.wrong else "")
-            + (f"  [other processes busy: {run.others_cores:.2f} cores]" if run.others_cores > 0.1 else ""))
+            + (f"  [other processes busy: {run.others_cores:.2f} cores]" if run.others_cores > 0.1 else "")
+        )
 
     try:
         await warm_up(variants, args, pids, say)
@@ -241,8 +263,12 @@ IN_PROCESS_WARMUP = 300  # connections and caches: the in-process loop has no JI
 WARMUP_CHUNKS = 3
 
 
-async def warm_up(variants: dict[str, Callable[[int], Awaitable[TurnTiming]]], args: argparse.Namespace,
-                  pids: dict[str, int], say: Callable[[str], None]) -> None:
+async def warm_up(
+    variants: dict[str, Callable[[int], Awaitable[TurnTiming]]],
+    args: argparse.Namespace,
+    pids: dict[str, int],
+    say: Callable[[str], None],
+) -> None:
     """Bring both variants to their steady state before anything is measured.
 
     The in-process loop needs its connections. The fleet needs the embedded broker's JIT: Kafka's request
@@ -251,8 +277,10 @@ async def warm_up(variants: dict[str, Callable[[int], Awaitable[TurnTiming]]], a
     runs in chunks and prints the broker's CPU per turn of each, so a reader sees it settle."""
     top = max(args.concurrency)
     warm_c = max(10, min(top, 100))
-    say(f"warming up: in-process {min(args.warmup, IN_PROCESS_WARMUP)} turns, fleet {args.warmup} turns "
-        "(connections, consumer assignments, the broker's JIT)")
+    say(
+        f"warming up: in-process {min(args.warmup, IN_PROCESS_WARMUP)} turns, fleet {args.warmup} turns "
+        "(connections, consumer assignments, the broker's JIT)"
+    )
     await closed_loop(variants["in-process"], warm_c, min(args.warmup, IN_PROCESS_WARMUP), 120)
     # with a model latency a turn takes seconds: more turns at once (within the gateway's admission) get through it sooner
     fleet_c = max(warm_c, min(200, 2 * top)) if args.simulator_latency_ms else warm_c
@@ -282,7 +310,9 @@ def add_model_replicas(fleet: Fleet, replicas: int, say: Callable[[str], None]) 
     names = []
     for i in range(len(have), replicas):
         name = f"model-{i + 1}"
-        fleet._spawn(name, [sys.executable, "-m", "roundtrip._cli.main", "run", "model"], "consumer group roundtrip-model")  # noqa: SLF001
+        fleet._spawn(
+            name, [sys.executable, "-m", "roundtrip._cli.main", "run", "model"], "consumer group roundtrip-model"
+        )  # noqa: SLF001
         names.append(name)
     fleet._wait_services(names=set(names))  # noqa: SLF001
     say(f"model service scaled to {replicas} replicas")
@@ -300,8 +330,21 @@ def start_py_spy(pids: dict[str, int], out: Path, seconds: float, include_self: 
     for name, pid in pids.items():
         if name == "kafka" or (pid == os.getpid() and not include_self):
             continue
-        cmd = [exe, "record", "--nonblocking", "-r", "100", "-d", str(int(seconds)), "--format", "raw",
-               "-o", str(out / f"{name}.txt"), "-p", str(pid)]
+        cmd = [
+            exe,
+            "record",
+            "--nonblocking",
+            "-r",
+            "100",
+            "-d",
+            str(int(seconds)),
+            "--format",
+            "raw",
+            "-o",
+            str(out / f"{name}.txt"),
+            "-p",
+            str(pid),
+        ]
         spies.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return spies
 
@@ -318,23 +361,33 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
     latency = meta.get("latency", 0.0)
     lines = []
     w = lines.append
-    w(f"roundtrip loop benchmark: {meta['turn']}; simulator latency {meta['latency']:g} ms"
-      + (f" ±{meta['jitter'] * 100:g} %" if meta.get("jitter") else "") + f"; {meta['cores']} cores; "
-      f"{meta['partitions']} partitions per topic; the fleet runs at most {meta.get('admission', '?')} turns at once (admission)")
+    w(
+        f"roundtrip loop benchmark: {meta['turn']}; simulator latency {meta['latency']:g} ms"
+        + (f" ±{meta['jitter'] * 100:g} %" if meta.get("jitter") else "")
+        + f"; {meta['cores']} cores; "
+        f"{meta['partitions']} partitions per topic; the fleet runs at most {meta.get('admission', '?')} turns at once (admission)"
+    )
     w(f"database of ledger, fence and conversations: {meta.get('database', 'SQLite (the embedded default)')}")
     w(f"load average before the run: {meta['load']}; CPU of other processes during each run is shown as 'others'")
     w("")
-    w(f"{'variant':<11}{'model':>6}{'conc':>5}{'turns':>7}{'turns/s':>9}{'iter p50':>10}{'iter p99':>10}"
-      f"{'1st it p50':>11}{'turn p50':>10}{'turn p99':>10}{'wrong':>7}{'CPU/turn':>9}{'others':>8}")
+    w(
+        f"{'variant':<11}{'model':>6}{'conc':>5}{'turns':>7}{'turns/s':>9}{'iter p50':>10}{'iter p99':>10}"
+        f"{'1st it p50':>11}{'turn p50':>10}{'turn p99':>10}{'wrong':>7}{'CPU/turn':>9}{'others':>8}"
+    )
     for r in runs:
         cpu = sum(r.cpu_s.values()) * 1000 / r.turns if r.turns else float("nan")
-        w(f"{r.variant:<11}{r.model_replicas:>6}{r.concurrency:>5}{r.turns:>7}{fmt(r.turns_per_s):>9}{fmt(r.p('iteration_ms', .5)):>10}"
-          f"{fmt(r.p('iteration_ms', .99)):>10}{fmt(r.p('first_iteration_ms', .5)):>11}{fmt(r.p('turn_ms', .5)):>10}"
-          f"{fmt(r.p('turn_ms', .99)):>10}{r.wrong:>7}{fmt(cpu):>9}{r.others_cores:>8.2f}")
+        w(
+            f"{r.variant:<11}{r.model_replicas:>6}{r.concurrency:>5}{r.turns:>7}{fmt(r.turns_per_s):>9}{fmt(r.p('iteration_ms', 0.5)):>10}"
+            f"{fmt(r.p('iteration_ms', 0.99)):>10}{fmt(r.p('first_iteration_ms', 0.5)):>11}{fmt(r.p('turn_ms', 0.5)):>10}"
+            f"{fmt(r.p('turn_ms', 0.99)):>10}{r.wrong:>7}{fmt(cpu):>9}{r.others_cores:>8.2f}"
+        )
     w("  (ms; an iteration is one model call plus the tools of the step before it, measured between")
     w("   consecutive model responses; '1st it' is request -> first response; the fleet's from the model")
-    w("   service's publish spans, in ns; iteration p50 from the Kafka timestamps, in whole ms: "
-      + ", ".join(f"c={r.concurrency} {fmt(r.kafka_iteration_p50_ms)}" for r in runs if r.variant == "fleet") + ")")
+    w(
+        "   service's publish spans, in ns; iteration p50 from the Kafka timestamps, in whole ms: "
+        + ", ".join(f"c={r.concurrency} {fmt(r.kafka_iteration_p50_ms)}" for r in runs if r.variant == "fleet")
+        + ")"
+    )
     w("")
     w("  ('model' = model-service replicas; CPU/turn = ms of CPU of every process of the run per turn)")
     w("")
@@ -343,13 +396,15 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
         f, i = by.get(("fleet", c)), by.get(("in-process", c))
         if not (f and i):
             continue
-        it = f.p("iteration_ms", .5) - i.p("iteration_ms", .5)
-        per_turn = (f.p("turn_ms", .5) - i.p("turn_ms", .5)) / CALLS_PER_TURN
+        it = f.p("iteration_ms", 0.5) - i.p("iteration_ms", 0.5)
+        per_turn = (f.p("turn_ms", 0.5) - i.p("turn_ms", 0.5)) / CALLS_PER_TURN
         verdict = ""
         if c == 1:
             verdict = f"   target <= {TARGET_OVERHEAD_MS:g} ms: {'MET' if it <= TARGET_OVERHEAD_MS else 'NOT MET'}"
-        w(f"fleet overhead per iteration at c={c}: p50 {fmt(it)} ms (iteration p50 difference); "
-          f"{fmt(per_turn)} ms (turn p50 difference / {CALLS_PER_TURN}){verdict}")
+        w(
+            f"fleet overhead per iteration at c={c}: p50 {fmt(it)} ms (iteration p50 difference); "
+            f"{fmt(per_turn)} ms (turn p50 difference / {CALLS_PER_TURN}){verdict}"
+        )
         if c > 1 and i.turns and f.turns:
             cpu_f, cpu_i = sum(f.cpu_s.values()) / f.turns, sum(i.cpu_s.values()) / i.turns
             ratio = f.turns_per_s / i.turns_per_s
@@ -362,11 +417,18 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
             else:
                 ok = ratio >= TARGET_RATIO_AT_ZERO and cpu_f / cpu_i <= TARGET_CPU_RATIO and f.wrong == 0
                 bar = f"turns/s >= {TARGET_RATIO_AT_ZERO:g}x, CPU <= {TARGET_CPU_RATIO:g}x"
-            w(f"  c={c}: fleet/in-process turns/s {ratio:.2f}x, CPU per turn "
-              f"{cpu_f / cpu_i:.2f}x ({cpu_f * 1000:.1f} vs {cpu_i * 1000:.1f} ms), wrong turns {f.wrong}"
-              f"   target {bar}: {'MET' if ok else 'NOT MET'}")
+            w(
+                f"  c={c}: fleet/in-process turns/s {ratio:.2f}x, CPU per turn "
+                f"{cpu_f / cpu_i:.2f}x ({cpu_f * 1000:.1f} vs {cpu_i * 1000:.1f} ms), wrong turns {f.wrong}"
+                f"   target {bar}: {'MET' if ok else 'NOT MET'}"
+            )
     for r in runs:
-        if r.variant == "fleet" and r.model_replicas == 1 and r.concurrency > 1 and ("in-process", r.concurrency) not in by:
+        if (
+            r.variant == "fleet"
+            and r.model_replicas == 1
+            and r.concurrency > 1
+            and ("in-process", r.concurrency) not in by
+        ):
             w(f"  c={r.concurrency}: fleet {fmt(r.turns_per_s)} turns/s, wrong turns {r.wrong}")
     w("")
     w("CPU ms per turn by process:")
@@ -381,10 +443,14 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
     for label, (hops, named) in profiles.items():
         w("")
         w(f"Kafka hops of the fleet at {label} (from spans.jsonl; hop = publish span start -> consume span start; ms):")
-        w(f"  {'topic':<24}{'msgs':>7}{'hop p50':>9}{'hop p99':>9}{'handler p50':>13}{'handler p99':>13}{'publish p50':>13}")
+        w(
+            f"  {'topic':<24}{'msgs':>7}{'hop p50':>9}{'hop p99':>9}{'handler p50':>13}{'handler p99':>13}{'publish p50':>13}"
+        )
         for topic, h in hops.items():
-            w(f"  {topic:<24}{h['n']:>7}{fmt(h['hop_p50_ms']):>9}{fmt(h['hop_p99_ms']):>9}{fmt(h['handler_p50_ms']):>13}"
-              f"{fmt(h['handler_p99_ms']):>13}{fmt(h['publish_p50_ms']):>13}")
+            w(
+                f"  {topic:<24}{h['n']:>7}{fmt(h['hop_p50_ms']):>9}{fmt(h['hop_p99_ms']):>9}{fmt(h['handler_p50_ms']):>13}"
+                f"{fmt(h['handler_p99_ms']):>13}{fmt(h['publish_p50_ms']):>13}"
+            )
         w(f"  handler spans at {label} (count, p50, p99 ms):")
         for name, v in named.items():
             w(f"    {name:<44}{v['n']:>7}{fmt(v['p50_ms'], 2):>9}{fmt(v['p99_ms'], 2):>9}")
@@ -419,7 +485,9 @@ def plot(runs: list[Run], path: Path, latency: float = 0.0) -> str:
         ax.plot([r.concurrency for r in rs], [r.turns_per_s for r in rs], marker="o", label=variant)
     for r in runs:
         if r.model_replicas > 1:
-            ax.scatter([r.concurrency], [r.turns_per_s], marker="^", s=60, label=f"fleet, {r.model_replicas} model replicas")
+            ax.scatter(
+                [r.concurrency], [r.turns_per_s], marker="^", s=60, label=f"fleet, {r.model_replicas} model replicas"
+            )
     ax.set_xlabel("concurrent turns")
     ax.set_ylabel("turns per second")
     ax.set_title("throughput" + (f" (model latency {latency:g} ms)" if latency else ""))
@@ -444,8 +512,10 @@ def database(args: argparse.Namespace, say: Callable[[str], None]) -> Iterator[s
         return
     bindir = find_pg_bindir()
     if bindir is None:
-        raise SystemExit("--database postgres: no PostgreSQL server binaries (initdb, postgres) found; install them "
-                         "(Debian: apt-get install postgresql) or pass --database-url")
+        raise SystemExit(
+            "--database postgres: no PostgreSQL server binaries (initdb, postgres) found; install them "
+            "(Debian: apt-get install postgresql) or pass --database-url"
+        )
     server = PostgresServer(bindir, durable=True)
     try:
         url = server.start()
@@ -461,10 +531,17 @@ def run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say:
         return _run_all(state, args, load, say, url)
 
 
-def _run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say: Callable[[str], None],
-             database_url: str | None) -> list[Run]:
-    settings, env = bench_settings(state, args.partitions, args.simulator_latency_ms, args.simulator_latency_jitter,
-                                   args.max_running_turns, database_url)
+def _run_all(
+    state: Path, args: argparse.Namespace, load: tuple[float, ...], say: Callable[[str], None], database_url: str | None
+) -> list[Run]:
+    settings, env = bench_settings(
+        state,
+        args.partitions,
+        args.simulator_latency_ms,
+        args.simulator_latency_jitter,
+        args.max_running_turns,
+        database_url,
+    )
     say(f"starting the fleet in {state} (embedded Kafka, simulator, shop, 5 services)")
     started = time.perf_counter()
     fleet = Fleet(settings, env=env, say=say)
@@ -478,13 +555,24 @@ def _run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say
     for run in runs:
         if run.variant == "fleet":
             precise_iterations(run, spans)
-    profiles = {f"{r.concurrency} concurrent" + (f", {r.model_replicas} model replicas" if r.model_replicas > 1 else ""):
-                (hop_profile(spans, *r.window_ns), named_span_profile(spans, *r.window_ns))
-                for r in runs if r.variant == "fleet"}
-    meta = {"turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn',
-            "latency": args.simulator_latency_ms, "jitter": args.simulator_latency_jitter, "cores": os.cpu_count(),
-            "partitions": args.partitions, "admission": settings.max_running_turns,
-            "database": "SQLite (the embedded default)" if database_url is None else f"PostgreSQL ({shown(database_url)})", "load": " ".join(f"{x:.2f}" for x in load)}
+    profiles = {
+        f"{r.concurrency} concurrent" + (f", {r.model_replicas} model replicas" if r.model_replicas > 1 else ""): (
+            hop_profile(spans, *r.window_ns),
+            named_span_profile(spans, *r.window_ns),
+        )
+        for r in runs
+        if r.variant == "fleet"
+    }
+    meta = {
+        "turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn',
+        "latency": args.simulator_latency_ms,
+        "jitter": args.simulator_latency_jitter,
+        "cores": os.cpu_count(),
+        "partitions": args.partitions,
+        "admission": settings.max_running_turns,
+        "database": "SQLite (the embedded default)" if database_url is None else f"PostgreSQL ({shown(database_url)})",
+        "load": " ".join(f"{x:.2f}" for x in load),
+    }
     text = report(runs, profiles, meta)
     say("")
     say(text)
@@ -494,56 +582,117 @@ def _run_all(state: Path, args: argparse.Namespace, load: tuple[float, ...], say
     if not args.no_plot:
         say(plot(runs, args.plot, args.simulator_latency_ms))
     if args.json:
-        args.json.write_text(json.dumps({"meta": meta, "runs": [{k: v for k, v in asdict(r).items() if k != "timings"}
-                                                                 | {"turns_per_s": r.turns_per_s} for r in runs],
-                                         "profiles": profiles}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "meta": meta,
+                    "runs": [
+                        {k: v for k, v in asdict(r).items() if k != "timings"} | {"turns_per_s": r.turns_per_s}
+                        for r in runs
+                    ],
+                    "profiles": profiles,
+                },
+                indent=1,
+                default=str,
+            )
+        )
     return runs
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_loop", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", choices=("zero", "realistic"), default="zero",
-                        help="zero: simulator latency 0, concurrency 1,50 (the default); realistic: 1000 ms ±30 %% "
-                             "latency, concurrency 100,500, then the model service at 3 replicas at 500")
-    parser.add_argument("--turns", type=int, default=None,
-                        help="turns per run at concurrency > 1 (default 1500; with a model latency, at least 4 x concurrency)")
-    parser.add_argument("--max-running-turns", type=int, default=None,
-                        help="the gateway's admission, turns the fleet runs at once (default "
-                             f"{Settings.model_fields['max_running_turns'].default}, the fleet's default: the benchmark "
-                             "ignores ROUNDTRIP_* variables of the caller's shell)")
+    parser.add_argument(
+        "--profile",
+        choices=("zero", "realistic"),
+        default="zero",
+        help="zero: simulator latency 0, concurrency 1,50 (the default); realistic: 1000 ms ±30 %% "
+        "latency, concurrency 100,500, then the model service at 3 replicas at 500",
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=None,
+        help="turns per run at concurrency > 1 (default 1500; with a model latency, at least 4 x concurrency)",
+    )
+    parser.add_argument(
+        "--max-running-turns",
+        type=int,
+        default=None,
+        help="the gateway's admission, turns the fleet runs at once (default "
+        f"{Settings.model_fields['max_running_turns'].default}, the fleet's default: the benchmark "
+        "ignores ROUNDTRIP_* variables of the caller's shell)",
+    )
     parser.add_argument("--turns-single", type=int, default=150, help="turns per run at concurrency 1 (default 150)")
-    parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                        help="comma-separated concurrency levels (default 1,50; realistic: 100,500)")
-    parser.add_argument("--model-replicas", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                        help="after the runs, grow the model service to these replica counts and run the fleet again at "
-                             "the highest concurrency (default none; realistic: 1,3)")
-    parser.add_argument("--warmup", type=int, default=2000,
-                        help="warm-up turns of the fleet before anything is measured (default 2000: the embedded broker's JIT "
-                             "compiles its request path over the first ~20,000 records; the in-process loop warms up with "
-                             f"{IN_PROCESS_WARMUP} at most)")
-    parser.add_argument("--max-seconds", type=float, default=None, help="cap of one run in seconds (default 60; realistic 150)")
-    parser.add_argument("--turn-timeout", type=float, default=180.0, help="a fleet turn with no reply after this counts as wrong")
+    parser.add_argument(
+        "--concurrency",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="comma-separated concurrency levels (default 1,50; realistic: 100,500)",
+    )
+    parser.add_argument(
+        "--model-replicas",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="after the runs, grow the model service to these replica counts and run the fleet again at "
+        "the highest concurrency (default none; realistic: 1,3)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=2000,
+        help="warm-up turns of the fleet before anything is measured (default 2000: the embedded broker's JIT "
+        "compiles its request path over the first ~20,000 records; the in-process loop warms up with "
+        f"{IN_PROCESS_WARMUP} at most)",
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, default=None, help="cap of one run in seconds (default 60; realistic 150)"
+    )
+    parser.add_argument(
+        "--turn-timeout", type=float, default=180.0, help="a fleet turn with no reply after this counts as wrong"
+    )
     parser.add_argument("--partitions", type=int, default=6, help="partitions per topic (default 6, as configured)")
-    parser.add_argument("--simulator-latency-ms", type=float, default=None,
-                        help="latency the simulator adds to each model call (default 0; realistic 1000)")
-    parser.add_argument("--simulator-latency-jitter", type=float, default=None,
-                        help="spread of that latency, 0.3 = ±30 %% (default 0; realistic 0.3)")
-    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite",
-                        help="where ledger, fence and conversations live: sqlite (the embedded default) or postgres (the "
-                             "production configuration: a throwaway PostgreSQL server with durable defaults, or --database-url)")
-    parser.add_argument("--database-url", help="with --database postgres: this database (postgresql+asyncpg://...) instead")
+    parser.add_argument(
+        "--simulator-latency-ms",
+        type=float,
+        default=None,
+        help="latency the simulator adds to each model call (default 0; realistic 1000)",
+    )
+    parser.add_argument(
+        "--simulator-latency-jitter",
+        type=float,
+        default=None,
+        help="spread of that latency, 0.3 = ±30 %% (default 0; realistic 0.3)",
+    )
+    parser.add_argument(
+        "--database",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="where ledger, fence and conversations live: sqlite (the embedded default) or postgres (the "
+        "production configuration: a throwaway PostgreSQL server with durable defaults, or --database-url)",
+    )
+    parser.add_argument(
+        "--database-url", help="with --database postgres: this database (postgresql+asyncpg://...) instead"
+    )
     parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks-loop.png", help="where the plot goes")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
-    parser.add_argument("--py-spy", type=Path, metavar="DIR",
-                        help="sample the processes with py-spy during the busiest runs (the fleet's, and this one in the in-process run); profiles go to DIR")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="sample the processes with py-spy during the busiest runs (the fleet's, and this one in the in-process run); profiles go to DIR",
+    )
     parser.add_argument("--py-spy-seconds", type=float, default=10.0)
     parser.add_argument("--keep-state", action="store_true", help="keep the temporary state dir (logs, spans)")
     args = parser.parse_args(argv)
     realistic = args.profile == "realistic"
-    defaults = {"concurrency": [100, 500] if realistic else [1, 50], "model_replicas": [1, 3] if realistic else [1],
-                "max_seconds": 150.0 if realistic else 60.0, "simulator_latency_ms": 1000.0 if realistic else 0.0,
-                "simulator_latency_jitter": 0.3 if realistic else 0.0}
+    defaults = {
+        "concurrency": [100, 500] if realistic else [1, 50],
+        "model_replicas": [1, 3] if realistic else [1],
+        "max_seconds": 150.0 if realistic else 60.0,
+        "simulator_latency_ms": 1000.0 if realistic else 0.0,
+        "simulator_latency_jitter": 0.3 if realistic else 0.0,
+    }
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -45,8 +45,9 @@ def limits(base_url: str, **values: int | None) -> dict:
     """POST /v1/_limits (values) or GET it (none)."""
     url = f"{base_url.rstrip('/')}/v1/_limits"
     body = json.dumps(values).encode() if values else None
-    request = urllib.request.Request(url, data=body, method="POST" if values else "GET",
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        url, data=body, method="POST" if values else "GET", headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
 
@@ -62,8 +63,16 @@ def p(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def summary(name: str, timings: list[TurnTiming], seconds: float, refused: int, per_s_limit: float, unit: str,
-            window: tuple[float, float, float], counted: list[tuple[float, int]] = ()) -> dict:
+def summary(
+    name: str,
+    timings: list[TurnTiming],
+    seconds: float,
+    refused: int,
+    per_s_limit: float,
+    unit: str,
+    window: tuple[float, float, float],
+    counted: list[tuple[float, int]] = (),
+) -> dict:
     """`window`: (its start and end on the perf_counter axis, what the bucket's store paid for in it: its level at the
     start less at the end, less what a lowered limit cut off). The window is the time turns were being started (60 in
     flight); the phase goes on until the last of them ends, with fewer and fewer in flight."""
@@ -78,21 +87,35 @@ def summary(name: str, timings: list[TurnTiming], seconds: float, refused: int, 
     else:
         in_window, per_call = sum(1 for t in timings for at in t.responses if start <= at <= end), 1.0
     latencies = [t.latency for t in timings if t.outcome == "end_turn"]
-    return {"phase": name, "turns": len(timings), "outcomes": dict(outcomes), "calls": calls, "refused": refused,
-            "refused_share": refused / max(1, calls + refused), "unit": unit, "limit_per_s": per_s_limit,
-            "used_per_s": calls * per_call / seconds, "window_s": end - start, "burst": burst,
-            "window_per_s": in_window / (end - start),
-            "refill_share": (in_window - burst) / (end - start) / per_s_limit,
-            "p50_s": p(latencies, 0.5), "p99_s": p(latencies, 0.99), "seconds": seconds}
+    return {
+        "phase": name,
+        "turns": len(timings),
+        "outcomes": dict(outcomes),
+        "calls": calls,
+        "refused": refused,
+        "refused_share": refused / max(1, calls + refused),
+        "unit": unit,
+        "limit_per_s": per_s_limit,
+        "used_per_s": calls * per_call / seconds,
+        "window_s": end - start,
+        "burst": burst,
+        "window_per_s": in_window / (end - start),
+        "refill_share": (in_window - burst) / (end - start) / per_s_limit,
+        "p50_s": p(latencies, 0.5),
+        "p99_s": p(latencies, 0.99),
+        "seconds": seconds,
+    }
 
 
 def line(s: dict) -> str:
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(s["outcomes"].items()))
-    return (f"  {s['phase']:<10} {s['turns']} turns ({outcomes}); {s['calls']} calls, {s['refused']} 429s "
-            f"({100 * s['refused_share']:.1f} %); while 60 were in flight ({s['window_s']:.0f} s) {s['window_per_s']:.1f} "
-            f"{s['unit']}/s, {s['burst']:.0f} from the bucket's store, the rest {100 * s['refill_share']:.0f} % of the limit "
-            f"({s['limit_per_s']:.1f}/s); whole phase {s['used_per_s']:.1f}/s in {s['seconds']:.0f} s; "
-            f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s")
+    return (
+        f"  {s['phase']:<10} {s['turns']} turns ({outcomes}); {s['calls']} calls, {s['refused']} 429s "
+        f"({100 * s['refused_share']:.1f} %); while 60 were in flight ({s['window_s']:.0f} s) {s['window_per_s']:.1f} "
+        f"{s['unit']}/s, {s['burst']:.0f} from the bucket's store, the rest {100 * s['refill_share']:.0f} % of the limit "
+        f"({s['limit_per_s']:.1f}/s); whole phase {s['used_per_s']:.1f}/s in {s['seconds']:.0f} s; "
+        f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s"
+    )
 
 
 def side_by_side(results: list[dict]) -> list[str]:
@@ -102,7 +125,9 @@ def side_by_side(results: list[dict]) -> list[str]:
         outcomes = Counter(s["outcomes"])
         done, failed = outcomes.pop("end_turn", 0), outcomes.pop("model_error", 0)
         who = "plain loop" if s["phase"] == "inprocess" else "fleet"
-        rows.append(f"  {s['phase']:<10} {done:>8}  {failed:>11}  {sum(outcomes.values()):>5}  {100 * s['refused_share']:>5.1f} %  ({who})")
+        rows.append(
+            f"  {s['phase']:<10} {done:>8}  {failed:>11}  {sum(outcomes.values()):>5}  {100 * s['refused_share']:>5.1f} %  ({who})"
+        )
     return rows
 
 
@@ -126,8 +151,16 @@ async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counte
     if name == "halved":  # the limit in force, averaged over the window
         limit_per_s = (RPM / 60 + RPM / 120) / 2
     burst = start["remaining"][kind] - at_stop["remaining"][kind] - cut
-    return summary(name, timings, seconds, end["refused"] - start["refused"], limit_per_s,
-                   "input tokens" if itpm else "calls", (started, stopped, burst), counted or [])
+    return summary(
+        name,
+        timings,
+        seconds,
+        end["refused"] - start["refused"],
+        limit_per_s,
+        "input tokens" if itpm else "calls",
+        (started, stopped, burst),
+        counted or [],
+    )
 
 
 async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list[dict]:
@@ -144,8 +177,11 @@ async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list
             if name == "replicas":
                 add_model_replicas(fleet, 3, say)
                 await asyncio.sleep(5.0)  # the group rebalances
-            turn = (lambda i: local.turn(f"{TEXT} (ref {i})", CUSTOMERS[i % len(CUSTOMERS)], PERSONA)) if name == "inprocess" \
+            turn = (
+                (lambda i: local.turn(f"{TEXT} (ref {i})", CUSTOMERS[i % len(CUSTOMERS)], PERSONA))
+                if name == "inprocess"
                 else fleet_turn
+            )
             driver.count_tokens, driver.tokens = name == "itpm", []
             results.append(await phase(name, turn, settings.model_base_url, args, driver.tokens))
             say(line(results[-1]))
@@ -159,11 +195,17 @@ async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.bench_ratelimit", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--phases", type=lambda s: s.split(","), default=["rpm", "itpm", "halved", "inprocess", "replicas"])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks.bench_ratelimit", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--phases", type=lambda s: s.split(","), default=["rpm", "itpm", "halved", "inprocess", "replicas"]
+    )
     parser.add_argument("--seconds", type=float, default=90.0, help="length of each phase (default 90)")
     parser.add_argument("--concurrency", type=int, default=60, help="turns in flight (default 60)")
-    parser.add_argument("--itpm", type=int, default=15_000, help="the itpm phase's input tokens a minute (default 15000)")
+    parser.add_argument(
+        "--itpm", type=int, default=15_000, help="the itpm phase's input tokens a minute (default 15000)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     args = parser.parse_args(argv)
     say = lambda text: print(text, flush=True)  # noqa: E731

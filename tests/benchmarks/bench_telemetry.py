@@ -19,17 +19,25 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from roundtrip._kernel.wire.events import CallModel, Turn
 from roundtrip._kernel.observability.telemetry import consuming, make_provider, publishing
+from roundtrip._kernel.wire.events import CallModel, Turn
 
-TURN = Turn(turn_id="turn_1", request_id="r", conversation_id="conv_1", customer_id="c",
-            trace_id="4bf92f3577b34da6a3ce929d0e0e4736", span_id="00f067aa0ba902b7")
+TURN = Turn(
+    turn_id="turn_1",
+    request_id="r",
+    conversation_id="conv_1",
+    customer_id="c",
+    trace_id="4bf92f3577b34da6a3ce929d0e0e4736",
+    span_id="00f067aa0ba902b7",
+)
 CAUSE = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01"
 _propagator = TraceContextTextMapPropagator()
 
 
 def plain_hop(tracer) -> None:
-    with tracer.start_as_current_span("t process", context=_propagator.extract({"traceparent": CAUSE}), kind=SpanKind.CONSUMER):
+    with tracer.start_as_current_span(
+        "t process", context=_propagator.extract({"traceparent": CAUSE}), kind=SpanKind.CONSUMER
+    ):
         with tracer.start_as_current_span("guard.decide"):
             with tracer.start_as_current_span("t publish", kind=SpanKind.PRODUCER):
                 _propagator.inject({})
@@ -38,7 +46,9 @@ def plain_hop(tracer) -> None:
 def shaped_hop(tracer, body: CallModel, offset: int) -> None:
     with publishing("t", body, "conv_1", using=tracer) as headers:
         pass
-    record = SimpleNamespace(topic="t", partition=0, offset=offset, timestamp=0, key=b"conv_1", value=b"{}", headers=headers)
+    record = SimpleNamespace(
+        topic="t", partition=0, offset=offset, timestamp=0, key=b"conv_1", value=b"{}", headers=headers
+    )
     with consuming(record, "roundtrip-guard", using=tracer):
         with tracer.start_as_current_span("guard.decide"):
             pass
@@ -63,7 +73,9 @@ def main() -> None:
     before_tracer, after_tracer = TracerProvider().get_tracer("before"), make_provider("bench").get_tracer("after")
     before = min(cpu_per_hop(before_tracer, False, args.hops) for _ in range(args.rounds))
     after = min(cpu_per_hop(after_tracer, True, args.hops) for _ in range(args.rounds))
-    print(f"CPU per hop (3 spans, no exporter): before {before:.1f} us, after {after:.1f} us, added {after - before:.1f} us")
+    print(
+        f"CPU per hop (3 spans, no exporter): before {before:.1f} us, after {after:.1f} us, added {after - before:.1f} us"
+    )
 
 
 if __name__ == "__main__":

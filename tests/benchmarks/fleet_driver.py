@@ -17,9 +17,9 @@ import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from roundtrip._kernel.wire import topics
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics
 from tests.benchmarks.inprocess import TurnTiming
 
 
@@ -38,8 +38,9 @@ class FleetDriver:
     async def start(self) -> None:
         servers = self.settings.bootstrap_servers
         self.producer = AIOKafkaProducer(bootstrap_servers=servers, linger_ms=0, enable_idempotence=True)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=servers, group_id=None, enable_auto_commit=False,
-                                         fetch_max_wait_ms=100)
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=servers, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=100
+        )
         await self.producer.start()
         await self.consumer.start()
         wanted = [self.topic(topics.SUPPORT_REPLIES), self.topic(topics.ITERATIONS)]
@@ -79,8 +80,12 @@ class FleetDriver:
                             self._iterations[key].append(record.timestamp / 1000)
                             if self.count_tokens:  # what the call counts against an input-token limit
                                 usage = json.loads(record.value).get("usage") or {}
-                                self.tokens.append((record.timestamp / 1000, usage.get("input_tokens", 0)
-                                                    + usage.get("cache_creation_input_tokens", 0)))
+                                self.tokens.append(
+                                    (
+                                        record.timestamp / 1000,
+                                        usage.get("input_tokens", 0) + usage.get("cache_creation_input_tokens", 0),
+                                    )
+                                )
                         continue
                     waiting = self._waiting.pop(key, None)
                     if waiting is None:
@@ -105,8 +110,9 @@ class FleetDriver:
         timing.conversation_id, timing.wall_started = conversation_id, wall0
         self._waiting[conversation_id] = (timing, done)
         self._iterations[conversation_id] = []
-        await self.producer.send_and_wait(self.topic(topics.SUPPORT_REQUESTS), json.dumps(body).encode(),
-                                          key=conversation_id.encode())
+        await self.producer.send_and_wait(
+            self.topic(topics.SUPPORT_REQUESTS), json.dumps(body).encode(), key=conversation_id.encode()
+        )
         try:
             await asyncio.wait_for(done, timeout or self.timeout)
         except TimeoutError:

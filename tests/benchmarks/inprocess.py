@@ -20,10 +20,10 @@ from typing import Any
 
 import anthropic
 
-from roundtrip.testing._inprocess import InProcess
-from roundtrip._model.handlers import Retrying
 from roundtrip._kernel.settings import Settings
+from roundtrip._model.handlers import Retrying
 from roundtrip._shop.agent.client import ShopClient
+from roundtrip.testing._inprocess import InProcess
 from tests.agents import SHOP, shop_deps, shop_model_client
 
 
@@ -64,9 +64,13 @@ class SdkOnly:
 class InProcessLoop:
     def __init__(self, settings: Settings, plain: bool = False) -> None:
         self.settings = settings
-        self.client = shop_model_client(settings, sdk_retries=anthropic.DEFAULT_MAX_RETRIES if plain else settings.model_max_retries)
+        self.client = shop_model_client(
+            settings, sdk_retries=anthropic.DEFAULT_MAX_RETRIES if plain else settings.model_max_retries
+        )
         self.shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
-        model, retrying = (SdkOnly(self.client), Retrying(retries=0, wait_for_capacity=False)) if plain else (self.client, None)
+        model, retrying = (
+            (SdkOnly(self.client), Retrying(retries=0, wait_for_capacity=False)) if plain else (self.client, None)
+        )
         self.loop = InProcess(SHOP, model, shop_deps(self.shop), settings, retrying)
 
     async def aclose(self) -> None:

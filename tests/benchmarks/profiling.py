@@ -103,7 +103,9 @@ def hop_profile(spans: list[dict], since_ns: int = 0, until_ns: int | None = Non
     return out
 
 
-def response_times(spans: list[dict], service: str = "roundtrip-model", topic: str = "turn.iterations") -> dict[str, list[int]]:
+def response_times(
+    spans: list[dict], service: str = "roundtrip-model", topic: str = "turn.iterations"
+) -> dict[str, list[int]]:
     """Per conversation: the start (ns) of each publish of a model response, in order.
 
     The same moment the Kafka timestamp of the iteration record gives, with nanoseconds instead
@@ -116,21 +118,46 @@ def response_times(spans: list[dict], service: str = "roundtrip-model", topic: s
     return {k: sorted(v) for k, v in out.items()}
 
 
-def named_span_profile(spans: list[dict], since_ns: int = 0, until_ns: int | None = None) -> dict[str, dict[str, float]]:
+def named_span_profile(
+    spans: list[dict], since_ns: int = 0, until_ns: int | None = None
+) -> dict[str, dict[str, float]]:
     """p50 duration of the handlers' own (INTERNAL/CLIENT) spans, by service and name."""
     durations: dict[str, list[float]] = defaultdict(list)
     for s in spans:
-        if not since_ns <= (s.get("start_ns") or 0) <= (until_ns or 1 << 63) or s.get("kind") in ("PRODUCER", "CONSUMER"):
+        if not since_ns <= (s.get("start_ns") or 0) <= (until_ns or 1 << 63) or s.get("kind") in (
+            "PRODUCER",
+            "CONSUMER",
+        ):
             continue
         durations[f"{s.get('service')}: {s['name']}"].append((s["end_ns"] - s["start_ns"]) / 1e6)
-    return {k: {"n": len(v), "p50_ms": statistics.median(v), "p99_ms": percentile(v, 0.99)} for k, v in sorted(durations.items())}
+    return {
+        k: {"n": len(v), "p50_ms": statistics.median(v), "p99_ms": percentile(v, 0.99)}
+        for k, v in sorted(durations.items())
+    }
 
 
 # -- sampling profiles of the services (optional: needs py-spy, not a project dependency) ---------
 
 PACKAGES = (
-    "faststream", "aiokafka", "opentelemetry", "pydantic", "pydantic_core", "anthropic", "httpx2", "httpx", "httpcore",
-    "h11", "sqlalchemy", "aiosqlite", "sqlite3", "jsonschema", "logging", "json", "uvicorn", "starlette", "selectors",
+    "faststream",
+    "aiokafka",
+    "opentelemetry",
+    "pydantic",
+    "pydantic_core",
+    "anthropic",
+    "httpx2",
+    "httpx",
+    "httpcore",
+    "h11",
+    "sqlalchemy",
+    "aiosqlite",
+    "sqlite3",
+    "jsonschema",
+    "logging",
+    "json",
+    "uvicorn",
+    "starlette",
+    "selectors",
 )
 
 

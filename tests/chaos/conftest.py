@@ -18,8 +18,8 @@ import pytest
 from roundtrip._broker.embedded import EmbeddedKafka, free_port
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.settings import Settings
-from tests.chaos.harness import Observer
 from tests.agents import ShopFleetSettings
+from tests.chaos.harness import Observer
 from tests.databases import new_database
 from tests.processes import embedded_cluster, embedded_kafka
 
@@ -70,7 +70,9 @@ class ChaosFleet:
                 os.kill(p.pid, signal.SIGCONT)
 
 
-@pytest.fixture(scope="module")  # module scope: the cluster scenarios' fleet (test_cluster.py) never runs beside this one
+@pytest.fixture(
+    scope="module"
+)  # module scope: the cluster scenarios' fleet (test_cluster.py) never runs beside this one
 def chaos_kafka(tmp_path_factory):
     with embedded_kafka(tmp_path_factory.mktemp("chaos-kafka")) as kafka:
         yield kafka
@@ -136,8 +138,9 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cluster_settings(cluster, tmp_path_factory) -> tuple[Settings, dict[str, str]]:
-    values = fleet_values(cluster.bootstrap, tmp_path_factory.mktemp("chaos-cluster-fleet"), replication_factor=3,
-                          min_insync_replicas=2)
+    values = fleet_values(
+        cluster.bootstrap, tmp_path_factory.mktemp("chaos-cluster-fleet"), replication_factor=3, min_insync_replicas=2
+    )
     return ShopFleetSettings(**values), _env(**values)
 
 

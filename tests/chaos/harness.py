@@ -33,17 +33,23 @@ from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from roundtrip._gateway.handlers import turn_id_for
-from roundtrip._kernel.wire import topics
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
-from roundtrip._kernel.wire.events import SupportRequest
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import SupportRequest
 from roundtrip._shop import db as shopdb
 
 # Topics a fleet service consumes (poison there must be dead-lettered). support.replies, turn.events
 # and roundtrip.dead_letters are outputs only: no service of the fleet reads them.
 CONSUMED = (
-    topics.SUPPORT_REQUESTS, topics.TURN_STARTS, topics.TURN_CONTROLS, topics.MODEL_CALLS,
-    topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES, topics.OUTCOMES,
+    topics.SUPPORT_REQUESTS,
+    topics.TURN_STARTS,
+    topics.TURN_CONTROLS,
+    topics.MODEL_CALLS,
+    topics.ITERATIONS,
+    topics.TOOL_CALLS,
+    topics.TOOL_BATCHES,
+    topics.OUTCOMES,
 )
 
 # internal topics whose records the observer keeps as they were (to deliver them again)
@@ -72,7 +78,9 @@ class Planned:
         return turn_id_for(self.request)
 
 
-def plan_load(tag: str, customers: list[str], conversations: int, requests: int, twice_every: int = 13) -> list[Planned]:
+def plan_load(
+    tag: str, customers: list[str], conversations: int, requests: int, twice_every: int = 13
+) -> list[Planned]:
     """`requests` requests over `conversations` conversations (round robin, so most have several),
     personas from MIX, customers shared by several conversations (racing cancels of one order)."""
     plan = []
@@ -81,8 +89,11 @@ def plan_load(tag: str, customers: list[str], conversations: int, requests: int,
         c = n % conversations
         persona, text = next(mix)
         request = SupportRequest(
-            request_id=f"{tag}-r{n:04d}", conversation_id=f"{tag}-c{c:03d}", customer_id=customers[c % len(customers)],
-            text=text, persona=persona,
+            request_id=f"{tag}-r{n:04d}",
+            conversation_id=f"{tag}-c{c:03d}",
+            customer_id=customers[c % len(customers)],
+            text=text,
+            persona=persona,
         )
         plan.append(Planned(request, twice=n % twice_every == 5))
     return plan
@@ -99,13 +110,24 @@ async def seed_customers(settings: Settings, tag: str, count: int, cancellable: 
         rows_c.append({"customer_id": cid, "name": f"Chaos {tag} {i}", "email": f"{cid}@example.com"})
         for j in range(cancellable + 1):
             status = ("pending", "processing")[j % 2] if j < cancellable else "shipped"
-            rows_o.append({
-                "order_id": f"ord_{prefix}{i:03x}{j:x}", "customer_id": cid, "status": status,
-                "placed_at": now - timedelta(days=j + 1), "total_cents": 1000 + j, "currency": "EUR",
-                "items": [{"sku": "SKU-CHAOS", "name": "Chaos monkey plush", "quantity": 1, "unit_price_cents": 1000 + j}],
-                "carrier": "DHL" if status == "shipped" else None, "tracking_number": None, "eta": None,
-                "cancel_reason": None, "cancelled_at": None,
-            })
+            rows_o.append(
+                {
+                    "order_id": f"ord_{prefix}{i:03x}{j:x}",
+                    "customer_id": cid,
+                    "status": status,
+                    "placed_at": now - timedelta(days=j + 1),
+                    "total_cents": 1000 + j,
+                    "currency": "EUR",
+                    "items": [
+                        {"sku": "SKU-CHAOS", "name": "Chaos monkey plush", "quantity": 1, "unit_price_cents": 1000 + j}
+                    ],
+                    "carrier": "DHL" if status == "shipped" else None,
+                    "tracking_number": None,
+                    "eta": None,
+                    "cancel_reason": None,
+                    "cancelled_at": None,
+                }
+            )
     try:
         async with engine.begin() as conn:
             await conn.execute(insert(shopdb.customers), rows_c)
@@ -120,10 +142,14 @@ async def seed_customers(settings: Settings, tag: str, count: int, cancellable: 
 
 @dataclass
 class Seen:
-    replies: dict[str, list[tuple[dict, float]]] = field(default_factory=lambda: defaultdict(list))  # request id -> (reply, ts)
+    replies: dict[str, list[tuple[dict, float]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )  # request id -> (reply, ts)
     dead_letters: list[dict] = field(default_factory=list)
     batches: list[dict] = field(default_factory=list)
-    raw: list[tuple[str, bytes | None, bytes, list]] = field(default_factory=list)  # (logical topic, key, value, headers) of RAW_TOPICS
+    raw: list[tuple[str, bytes | None, bytes, list]] = field(
+        default_factory=list
+    )  # (logical topic, key, value, headers) of RAW_TOPICS
 
 
 class Observer:
@@ -139,11 +165,19 @@ class Observer:
 
     async def start(self) -> None:
         watched = [self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, *RAW_TOPICS)]
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers, acks="all",
-                                         enable_idempotence=True, max_request_size=1_000_000)
-        self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers, enable_auto_commit=False,
-                                         isolation_level="read_committed", fetch_max_bytes=32 * 1024 * 1024,
-                                         max_partition_fetch_bytes=16 * 1024 * 1024)
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            acks="all",
+            enable_idempotence=True,
+            max_request_size=1_000_000,
+        )
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.bootstrap_servers,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            fetch_max_bytes=32 * 1024 * 1024,
+            max_partition_fetch_bytes=16 * 1024 * 1024,
+        )
         await self.producer.start()
         await self.consumer.start()
         partitions = await partitions_of(self.consumer, watched)
@@ -153,7 +187,9 @@ class Observer:
         self._task = asyncio.create_task(self._collect())
 
     async def _collect(self) -> None:
-        replies, letters, batches = (self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, topics.TOOL_BATCHES))
+        replies, letters, batches = (
+            self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, topics.TOOL_BATCHES)
+        )
         raw = {self.topic(n): n for n in RAW_TOPICS}
         async for record in self.consumer:
             if record.topic in raw:
@@ -167,8 +203,13 @@ class Observer:
                 elif record.topic == letters:
                     self.seen.dead_letters.append(data)
                 elif record.topic == batches:
-                    self.seen.batches.append({"turn_id": data["turn"]["turn_id"], "step": data["step"],
-                                              "calls": [(c["name"], c["approved"]) for c in data["calls"]]})
+                    self.seen.batches.append(
+                        {
+                            "turn_id": data["turn"]["turn_id"],
+                            "step": data["step"],
+                            "calls": [(c["name"], c["approved"]) for c in data["calls"]],
+                        }
+                    )
             except (ValueError, TypeError, KeyError, RecursionError):
                 continue  # poison (on turn.tool_batches) is the fleet's to dead-letter, not ours to read
             self._arrived.set()
@@ -186,7 +227,9 @@ class Observer:
         await self.consumer.stop()
         await self.producer.stop()
 
-    async def send(self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]] | None = None):
+    async def send(
+        self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]] | None = None
+    ):
         """Publish one record to a logical topic; returns its RecordMetadata (partition, offset). Retried
         while the broker is away, as an app would (the producer is idempotent: no duplicate)."""
         for attempt in range(60):
@@ -200,7 +243,9 @@ class Observer:
 
     async def ask(self, planned: Planned) -> None:
         r = planned.request
-        await self.send(topics.SUPPORT_REQUESTS, r.model_dump_json(exclude_none=True).encode(), r.conversation_id.encode())
+        await self.send(
+            topics.SUPPORT_REQUESTS, r.model_dump_json(exclude_none=True).encode(), r.conversation_id.encode()
+        )
 
     async def drive(self, plan: list[Planned], rate_per_s: float) -> None:
         """Publish the plan at `rate_per_s`, the retries of `twice` requests a little later."""
@@ -233,7 +278,9 @@ class Observer:
         await asyncio.sleep(linger_s)
 
 
-async def drive_while(observer: Observer, plan: list[Planned], rate_per_s: float, faults: asyncio.Task) -> list[Planned]:
+async def drive_while(
+    observer: Observer, plan: list[Planned], rate_per_s: float, faults: asyncio.Task
+) -> list[Planned]:
     """Publish the plan (Observer.drive, ten at a time) until `faults` is done or the plan is used up: the part published."""
     sent: list[Planned] = []
     for i in range(0, len(plan), 10):
@@ -247,8 +294,11 @@ async def drive_while(observer: Observer, plan: list[Planned], rate_per_s: float
 def stall_s(observer: Observer, plan: list[Planned], at: float, until: float | None = None) -> float:
     """The longest time without a reply to the plan's requests from a fault at `at` (epoch seconds): the gap
     between consecutive first replies, from the last before `at` through those up to `until`; inf without any."""
-    times = sorted(min(ts for _, ts in observer.seen.replies[p.request.request_id]) for p in plan
-                   if p.request.request_id in observer.seen.replies)
+    times = sorted(
+        min(ts for _, ts in observer.seen.replies[p.request.request_id])
+        for p in plan
+        if p.request.request_id in observer.seen.replies
+    )
     after = [t for t in times if t > at and (until is None or t <= until)]
     if not after:
         return float("inf")
@@ -272,6 +322,7 @@ class Poison:
 
 def poison_messages(topic: str, tag: str) -> list[Poison]:
     """Every kind of bad message for `topic` (each with its own key, so none waits behind another)."""
+
     def key(kind: str) -> bytes:
         return f"{tag}-{topic}-{kind}".encode()
 
@@ -279,11 +330,22 @@ def poison_messages(topic: str, tag: str) -> list[Poison]:
     return [
         Poison(topic, "malformed_json", b'{"request_id": "p1", "text": oops', key("malformed_json"), []),
         Poison(topic, "deep_json", b"[" * 100_000 + b"]" * 100_000, key("deep_json"), []),
-        Poison(topic, "wrong_schema", json.dumps({"unexpected": True, "poison": topic, "n": [1, 2, 3]}).encode(), key("wrong_schema"), []),
+        Poison(
+            topic,
+            "wrong_schema",
+            json.dumps({"unexpected": True, "poison": topic, "n": [1, 2, 3]}).encode(),
+            key("wrong_schema"),
+            [],
+        ),
         Poison(topic, "empty_value", b"", key("empty_value"), []),
         Poison(topic, "binary", bytes(range(256)) + b"\xff\xfe\xc3\x28\x80" * 20, key("binary"), []),
-        Poison(topic, "bad_header", json.dumps({"poison": "header"}).encode(), key("bad_header"),
-               [("x-poison", b"\xff\xfe\xfd\x00"), ("traceparent", b"\xc3\x28\xa0\xa1")]),
+        Poison(
+            topic,
+            "bad_header",
+            json.dumps({"poison": "header"}).encode(),
+            key("bad_header"),
+            [("x-poison", b"\xff\xfe\xfd\x00"), ("traceparent", b"\xc3\x28\xa0\xa1")],
+        ),
         Poison(topic, "huge", huge, key("huge"), []),
         Poison(topic, "null_key", json.dumps({"poison": "null key"}).encode(), None, []),
     ]
@@ -364,16 +426,23 @@ class Audit:
 
     def line(self) -> str:
         top = ", ".join(f"{k} {v}" for k, v in self.outcomes.most_common())
-        return (f"[chaos] {self.scenario}: turns {self.turns}, replies {self.replies}, lost {len(self.lost)}, "
-                f"duplicated {len(self.duplicated)}, side effects {self.side_effects} (duplicate {len(self.duplicate_side_effects)}, "
-                f"late {len(self.late_side_effects)}), poison dead-lettered {self.poison_dead_lettered}/{self.poison_sent}, "
-                f"{self.seconds:.0f} s; outcomes: {top}")
+        return (
+            f"[chaos] {self.scenario}: turns {self.turns}, replies {self.replies}, lost {len(self.lost)}, "
+            f"duplicated {len(self.duplicated)}, side effects {self.side_effects} (duplicate {len(self.duplicate_side_effects)}, "
+            f"late {len(self.late_side_effects)}), poison dead-lettered {self.poison_dead_lettered}/{self.poison_sent}, "
+            f"{self.seconds:.0f} s; outcomes: {top}"
+        )
 
     def problems(self) -> list[str]:
         out = []
-        for label, items in (("lost (no reply)", self.lost), ("duplicated replies", self.duplicated), ("stray replies", self.strays),
-                             ("duplicate side effects", self.duplicate_side_effects), ("side effects after the turn's end", self.late_side_effects),
-                             ("poison", self.poison_problems)):
+        for label, items in (
+            ("lost (no reply)", self.lost),
+            ("duplicated replies", self.duplicated),
+            ("stray replies", self.strays),
+            ("duplicate side effects", self.duplicate_side_effects),
+            ("side effects after the turn's end", self.late_side_effects),
+            ("poison", self.poison_problems),
+        ):
             if items:
                 out.append(f"{label}: {len(items)}: " + "; ".join(items[:8]))
         return out
@@ -418,13 +487,27 @@ async def side_effects(settings: Settings) -> list[dict]:
     for r in rows:
         if (r["endpoint"], r["status_code"]) in (("cancel_order", 200), ("escalate", 201)):
             turn_id, _, tool_use_id = r["key"].partition(":")
-            effects.append({"turn_id": turn_id, "tool_use_id": tool_use_id, "endpoint": r["endpoint"], "customer_id": r["customer_id"],
-                            "order_id": r["request"].get("order_id"), "at": _epoch(r["created_at"])})
+            effects.append(
+                {
+                    "turn_id": turn_id,
+                    "tool_use_id": tool_use_id,
+                    "endpoint": r["endpoint"],
+                    "customer_id": r["customer_id"],
+                    "order_id": r["request"].get("order_id"),
+                    "at": _epoch(r["created_at"]),
+                }
+            )
     return effects
 
 
-async def audit(scenario: str, settings: Settings, observer: Observer, plan: list[Planned], started: float,
-                poison: list[Poison] = ()) -> Audit:
+async def audit(
+    scenario: str,
+    settings: Settings,
+    observer: Observer,
+    plan: list[Planned],
+    started: float,
+    poison: list[Poison] = (),
+) -> Audit:
     expected = {p.request.request_id: p for p in plan}
     result = Audit(scenario, requests=len(expected))
     tag = scenario_tag(plan)
@@ -454,9 +537,13 @@ async def audit(scenario: str, settings: Settings, observer: Observer, plan: lis
         ended = row["ended_at"] if row else None
         replied = reply_at.get(rid)
         if ended is not None and e["at"] > ended:
-            result.late_side_effects.append(f"{e['endpoint']} {e['order_id'] or ''} of {e['turn_id']} {e['at'] - ended:.3f} s after the ledger's end ({row['outcome']})")
+            result.late_side_effects.append(
+                f"{e['endpoint']} {e['order_id'] or ''} of {e['turn_id']} {e['at'] - ended:.3f} s after the ledger's end ({row['outcome']})"
+            )
         elif replied is not None and e["at"] > replied:
-            result.late_side_effects.append(f"{e['endpoint']} {e['order_id'] or ''} of {e['turn_id']} {e['at'] - replied:.3f} s after its reply")
+            result.late_side_effects.append(
+                f"{e['endpoint']} {e['order_id'] or ''} of {e['turn_id']} {e['at'] - replied:.3f} s after its reply"
+            )
     if poison:
         intact, problems = check_dead_letters(observer, list(poison))
         result.poison_sent, result.poison_dead_lettered, result.poison_problems = len(poison), len(intact), problems

@@ -41,7 +41,9 @@ ON_BOTH_DATABASES = pytest.mark.parametrize("chaos_database", ["sqlite", "postgr
 REPLY_TIMEOUT_S = 120  # a lost step is ended by the stuck rule within ~25 s (15 s + 5 s grace + sweeps)
 
 
-async def test_poison_of_every_kind_on_every_topic_is_dead_lettered_intact_while_load_runs(chaos_fleet, chaos_settings, observer, capsys):
+async def test_poison_of_every_kind_on_every_topic_is_dead_lettered_intact_while_load_runs(
+    chaos_fleet, chaos_settings, observer, capsys
+):
     settings = chaos_settings[0]
     started = time.monotonic()
     tag = new_tag("poison")
@@ -53,8 +55,12 @@ async def test_poison_of_every_kind_on_every_topic_is_dead_lettered_intact_while
     await load
     expected = {(observer.topic(p.topic), p.partition, p.offset) for p in poison}
     await observer.wait_for(
-        lambda: expected <= {(d["topic"], d.get("partition"), d.get("offset")) for d in observer.seen.dead_letters}
-        and all(p.request.request_id in observer.seen.replies for p in plan), timeout=60)
+        lambda: (
+            expected <= {(d["topic"], d.get("partition"), d.get("offset")) for d in observer.seen.dead_letters}
+            and all(p.request.request_id in observer.seen.replies for p in plan)
+        ),
+        timeout=60,
+    )
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S, linger_s=2)
     report(await audit("poison on every topic", settings, observer, plan, started, poison), capsys)
 
@@ -71,14 +77,18 @@ async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, obs
     await asyncio.sleep(2)
     live_at_kill = {}
     for name in ("executor", "model", "guard", "gate", "gateway"):  # both executor replicas at once
-        live_at_kill[name] = sum(1 for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] != "ended")
+        live_at_kill[name] = sum(
+            1 for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] != "ended"
+        )
         await chaos_fleet.kill_and_respawn(name)
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     result = await audit("every service SIGKILLed mid-load", settings, observer, plan, started)
     report(result, capsys)
     with capsys.disabled():
-        print("[chaos]   turns live when SIGKILLed: " + ", ".join(f"{k} {v}" for k, v in live_at_kill.items()), flush=True)
+        print(
+            "[chaos]   turns live when SIGKILLed: " + ", ".join(f"{k} {v}" for k, v in live_at_kill.items()), flush=True
+        )
     assert all(live_at_kill.values()), f"every kill should hit turns in flight: {live_at_kill}"
 
 
@@ -99,7 +109,9 @@ async def test_broker_sigkilled_mid_load_and_restarted_on_its_data(chaos_fleet, 
     report(await audit("broker SIGKILLed mid-load", settings, observer, plan, started), capsys)
 
 
-async def test_every_internal_message_delivered_again_after_its_consumers_restarted(chaos_fleet, chaos_settings, observer, capsys):
+async def test_every_internal_message_delivered_again_after_its_consumers_restarted(
+    chaos_fleet, chaos_settings, observer, capsys
+):
     """At least once means any message may come again, also after its consumer restarted (its memory of
     what it handled is gone): the model calls, signed batches and turn ends of finished turns, delivered
     again, must cause no second reply, no model call and no side effect."""
@@ -124,8 +136,13 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
         print("[chaos]   delivered again: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())), flush=True)
     assert all(kinds[t] for t in (topics.MODEL_CALLS, topics.TOOL_BATCHES, topics.OUTCOMES))
     logs = settings.state_dir / "logs"
-    for topic, log_glob, refusal in ((topics.MODEL_CALLS, "model.log", "model not called"), (topics.TOOL_BATCHES, "executor*.log", "not run")):
-        steps = {(json.loads(value)["turn"]["turn_id"], json.loads(value)["step"]) for t, _, value, _ in again if t == topic}
+    for topic, log_glob, refusal in (
+        (topics.MODEL_CALLS, "model.log", "model not called"),
+        (topics.TOOL_BATCHES, "executor*.log", "not run"),
+    ):
+        steps = {
+            (json.loads(value)["turn"]["turn_id"], json.loads(value)["step"]) for t, _, value, _ in again if t == topic
+        }
         text = "".join(p.read_text(errors="replace") for p in logs.glob(log_glob))
         missing = [f"{t} step {n}" for t, n in steps if f"turn {t} step {n}: {refusal}" not in text]
         assert not missing, f"{topic} delivered again was not refused by the fence: {missing[:5]}"
@@ -134,22 +151,37 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
 async def _executor_logged(settings, text: str, timeout: float) -> list[str]:
     deadline = time.monotonic() + timeout
     while True:
-        lines = [line for p in (settings.state_dir / "logs").glob("executor*.log")
-                 for line in p.read_text(errors="replace").splitlines() if text in line]
+        lines = [
+            line
+            for p in (settings.state_dir / "logs").glob("executor*.log")
+            for line in p.read_text(errors="replace").splitlines()
+            if text in line
+        ]
         if lines or time.monotonic() > deadline:
             return lines
         await asyncio.sleep(0.5)
 
 
 async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or_pass_their_deadline(
-        chaos_fleet, chaos_settings, observer, capsys):
+    chaos_fleet, chaos_settings, observer, capsys
+):
     settings = chaos_settings[0]
     started = time.monotonic()
     tag = new_tag("pause")
     count = 8
     customers = await seed_customers(settings, tag, count, cancellable=1)
-    plan = [Planned(SupportRequest(request_id=f"{tag}-r{i:04d}", conversation_id=f"{tag}-c{i:03d}", customer_id=customers[i],
-                                   text="cancel my last order", persona="careful")) for i in range(count)]
+    plan = [
+        Planned(
+            SupportRequest(
+                request_id=f"{tag}-r{i:04d}",
+                conversation_id=f"{tag}-c{i:03d}",
+                customer_id=customers[i],
+                text="cancel my last order",
+                persona="careful",
+            )
+        )
+        for i in range(count)
+    ]
     turn_ids = [p.turn_id for p in plan]
     # a model call takes ~1.5 s, so the executors can be paused between step 1's results and step 2's signed cancel;
     # turns get a 10 s deadline, which the ones not cancelled pass while their signed cancel waits
@@ -161,39 +193,59 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
             await observer.ask(p)
 
         def batches(name: str) -> dict[str, dict]:
-            return {b["turn_id"]: b for b in observer.seen.batches if b["turn_id"] in turn_ids and any(n == name for n, _ in b["calls"])}
+            return {
+                b["turn_id"]: b
+                for b in observer.seen.batches
+                if b["turn_id"] in turn_ids and any(n == name for n, _ in b["calls"])
+            }
 
         await observer.wait_for(lambda: len(batches("list_orders")) == count, timeout=30)
         await asyncio.sleep(0.3)  # step 1's list_orders run; step 2 is at the model for ~1.5 s
         already = set(batches("cancel_order"))
         paused = chaos_fleet.pause("executor")
-        signed = await observer.wait_for(lambda: len(batches("cancel_order")) == count and batches("cancel_order"), timeout=30)
-        held = [t for t in (signed or batches("cancel_order")) if t not in already]  # signed cancels waiting at paused executors
+        signed = await observer.wait_for(
+            lambda: len(batches("cancel_order")) == count and batches("cancel_order"), timeout=30
+        )
+        held = [
+            t for t in (signed or batches("cancel_order")) if t not in already
+        ]  # signed cancels waiting at paused executors
         cancelled = held[::2]
         for turn_id in cancelled:
             conversation = plan[turn_ids.index(turn_id)].request.conversation_id
-            await observer.send(topics.TURN_CONTROLS, CancelTurn(turn_id=turn_id, reason="chaos: operator cancel").model_dump_json().encode(),
-                                conversation.encode())
+            await observer.send(
+                topics.TURN_CONTROLS,
+                CancelTurn(turn_id=turn_id, reason="chaos: operator cancel").model_dump_json().encode(),
+                conversation.encode(),
+            )
         await observer.wait_for_replies([p.request.request_id for p in plan], timeout=60, linger_s=0)
     finally:
         chaos_fleet.resume(paused)
     # the executors reach the held batches now: every one is refused by the fence (or as expired)
     refused = {t: await _executor_logged(settings, f"turn {t} step 2: not run", timeout=60) for t in held}
     await asyncio.sleep(2)
-    await chaos_fleet.restart("simulator", simulator_latency_ms=settings.simulator_latency_ms,
-                              simulator_latency_jitter=settings.simulator_latency_jitter)
+    await chaos_fleet.restart(
+        "simulator",
+        simulator_latency_ms=settings.simulator_latency_ms,
+        simulator_latency_jitter=settings.simulator_latency_jitter,
+    )
     await chaos_fleet.restart("guard", turn_deadline_s=settings.turn_deadline_s)
 
     result = await audit("paused executors, turns cancelled / past deadline", settings, observer, plan, started)
     report(result, capsys)
     with capsys.disabled():
-        print(f"[chaos]   held signed cancels {len(held)} (operator-cancelled {len(cancelled)}, deadline {len(held) - len(cancelled)}), "
-              f"refused by the fence {sum(1 for v in refused.values() if v)}", flush=True)
+        print(
+            f"[chaos]   held signed cancels {len(held)} (operator-cancelled {len(cancelled)}, deadline {len(held) - len(cancelled)}), "
+            f"refused by the fence {sum(1 for v in refused.values() if v)}",
+            flush=True,
+        )
     assert len(held) >= 2, "the executors should have been paused with signed cancel batches waiting"
     outcome_of = {rid: got[0][0]["outcome"] for rid, got in observer.seen.replies.items()}
     for turn_id in held:
         rid = plan[turn_ids.index(turn_id)].request.request_id
-        assert outcome_of[rid] == (Outcome.CANCELLED if turn_id in cancelled else Outcome.DEADLINE), (turn_id, outcome_of[rid])
+        assert outcome_of[rid] == (Outcome.CANCELLED if turn_id in cancelled else Outcome.DEADLINE), (
+            turn_id,
+            outcome_of[rid],
+        )
         assert refused[turn_id], f"no executor logged that the held batch of {turn_id} was not run"
     effects = {e["turn_id"] for e in await side_effects(settings)}
     assert not effects & set(held), "a held cancel ran after its turn had ended"
@@ -202,7 +254,8 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
 
 
 async def test_compound_stuck_turns_end_while_the_broker_is_down_and_the_guard_is_killed_mid_sweep(
-        chaos_fleet, chaos_settings, observer, capsys):
+    chaos_fleet, chaos_settings, observer, capsys
+):
     """The model service hangs (SIGSTOP), so every turn gets stuck; the broker dies just before the sweeper ends them
     (the ends are recorded but cannot be published), then the guard is SIGKILLed mid-sweep. Every turn must
     still get exactly one reply (the outbox), and the model must never be called for a turn that has ended."""
@@ -223,11 +276,16 @@ async def test_compound_stuck_turns_end_while_the_broker_is_down_and_the_guard_i
         chaos_fleet.resume(hung)  # it now reads the stale model calls of ended turns
     refused = await _model_refusals(settings, turn_ids, timeout=60)
     await asyncio.sleep(3)
-    result = await audit("compound: stuck turns end while the broker is down, guard killed mid-sweep", settings, observer, plan, started)
+    result = await audit(
+        "compound: stuck turns end while the broker is down, guard killed mid-sweep", settings, observer, plan, started
+    )
     report(result, capsys)
     with capsys.disabled():
-        print(f"[chaos]   turns ended in the ledger while the broker was down {ended_unannounced}, "
-              f"stale model calls refused by the fence {len(refused)}/{len(turn_ids)}", flush=True)
+        print(
+            f"[chaos]   turns ended in the ledger while the broker was down {ended_unannounced}, "
+            f"stale model calls refused by the fence {len(refused)}/{len(turn_ids)}",
+            flush=True,
+        )
     assert set(result.outcomes) == {Outcome.DEADLINE}
     assert refused == turn_ids, "the model was called (or not asked) for a turn that had ended"
 
@@ -243,7 +301,9 @@ async def _stuck_then_broker_down_then_guard_killed(chaos_fleet, settings, turn_
     deadline = time.monotonic() + settings.stuck_after_s + 20
     while len(ledger_of("stuck")) < len(turn_ids) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
-    assert len(ledger_of("stuck")) == len(turn_ids), "every turn should be flagged stuck while the model service is down"
+    assert len(ledger_of("stuck")) == len(turn_ids), (
+        "every turn should be flagged stuck while the model service is down"
+    )
     await chaos_fleet.kill_broker()
     await asyncio.sleep(settings.stuck_grace_s + 2)  # past the grace: the sweeper ends turns it cannot announce
     ended_unannounced = len(ledger_of("ended"))

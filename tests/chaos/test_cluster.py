@@ -18,22 +18,44 @@ import pytest
 
 from roundtrip._kernel.wire import topics
 from tests.chaos.harness import (
-    Observer, Planned, audit, drive_while, ledger_rows, new_tag, plan_load, poison_sampler, report, seed_customers,
-    send_poison, stall_s,
+    Observer,
+    Planned,
+    audit,
+    drive_while,
+    ledger_rows,
+    new_tag,
+    plan_load,
+    poison_sampler,
+    report,
+    seed_customers,
+    send_poison,
+    stall_s,
 )
 
 pytestmark = [pytest.mark.chaos, pytest.mark.chaos_cluster, pytest.mark.timeout(300)]
 
-REPLY_TIMEOUT_S = 150  # a step lost with a broker is ended by the stuck rule within ~25 s; the majority outage adds 45 s
+REPLY_TIMEOUT_S = (
+    150  # a step lost with a broker is ended by the stuck rule within ~25 s; the majority outage adds 45 s
+)
 
 
-async def _finish(name: str, settings, observer: Observer, plan: list[Planned], poison: list, started: float, capsys,
-                  faults: list[tuple[str, float, float | None]]) -> None:
+async def _finish(
+    name: str,
+    settings,
+    observer: Observer,
+    plan: list[Planned],
+    poison: list,
+    started: float,
+    capsys,
+    faults: list[tuple[str, float, float | None]],
+) -> None:
     """Wait for every reply and dead letter, audit, print the scenario's line and the stall after each fault
     (label, when, until when), assert."""
     expected = {(observer.topic(p.topic), p.partition, p.offset) for p in poison}
     await observer.wait_for(
-        lambda: expected <= {(d["topic"], d.get("partition"), d.get("offset")) for d in observer.seen.dead_letters}, timeout=60)
+        lambda: expected <= {(d["topic"], d.get("partition"), d.get("offset")) for d in observer.seen.dead_letters},
+        timeout=60,
+    )
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     result = await audit(name, settings, observer, plan, started, poison)
     report(result, capsys)
@@ -47,8 +69,17 @@ def _live(settings, plan: list[Planned]) -> int:
     return sum(1 for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] != "ended")
 
 
-async def _leader_sigkilled_under_load(cluster, settings, observer: Observer, capsys, tag: str, topic: str, requests: int,
-                                      back_after_s: float | None, shift: int) -> None:
+async def _leader_sigkilled_under_load(
+    cluster,
+    settings,
+    observer: Observer,
+    capsys,
+    tag: str,
+    topic: str,
+    requests: int,
+    back_after_s: float | None,
+    shift: int,
+) -> None:
     """SIGKILL the leader of the topic's partition 0 three seconds into the load, poison meanwhile (kinds paired
     with topics by `shift`); start it again on its data `back_after_s` later (None: not in this scenario), audit."""
     started = time.monotonic()
@@ -61,22 +92,45 @@ async def _leader_sigkilled_under_load(cluster, settings, observer: Observer, ca
     cluster.node(leader).kill()
     await send_poison(observer, poison)
     if back_after_s is not None:
-        await asyncio.sleep(max(0.0, at + back_after_s - time.time()))  # the controller fences it after the session timeout (9 s)
+        await asyncio.sleep(
+            max(0.0, at + back_after_s - time.time())
+        )  # the controller fences it after the session timeout (9 s)
         await asyncio.to_thread(cluster.start, leader)
     await load
     then = f"restarted {back_after_s:.0f} s later" if back_after_s is not None else "down for good"
-    await _finish(f"the leader of {topic}/0 (node {leader}) SIGKILLed under load, {then}", settings, observer, plan, poison,
-                  started, capsys, [("the SIGKILL", at, None)])
+    await _finish(
+        f"the leader of {topic}/0 (node {leader}) SIGKILLed under load, {then}",
+        settings,
+        observer,
+        plan,
+        poison,
+        started,
+        capsys,
+        [("the SIGKILL", at, None)],
+    )
     assert live, "the kill should hit turns in flight"
 
 
-async def test_the_leader_sigkilled_under_load_and_restarted(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
-    await _leader_sigkilled_under_load(cluster, cluster_settings[0], cluster_observer, capsys, new_tag("leader"),
-                                       topics.SUPPORT_REQUESTS, requests=60, back_after_s=5, shift=0)
+async def test_the_leader_sigkilled_under_load_and_restarted(
+    cluster, cluster_fleet, cluster_settings, cluster_observer, capsys
+):
+    await _leader_sigkilled_under_load(
+        cluster,
+        cluster_settings[0],
+        cluster_observer,
+        capsys,
+        new_tag("leader"),
+        topics.SUPPORT_REQUESTS,
+        requests=60,
+        back_after_s=5,
+        shift=0,
+    )
     await cluster.wait_in_sync()
 
 
-async def test_a_rolling_restart_of_every_broker_under_load(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
+async def test_a_rolling_restart_of_every_broker_under_load(
+    cluster, cluster_fleet, cluster_settings, cluster_observer, capsys
+):
     settings, observer, started = cluster_settings[0], cluster_observer, time.monotonic()
     tag = new_tag("rolling")
     plan = plan_load(tag, await seed_customers(settings, tag, 16), conversations=40, requests=400)
@@ -97,12 +151,23 @@ async def test_a_rolling_restart_of_every_broker_under_load(cluster, cluster_fle
     faults = asyncio.create_task(roll())
     sent = await drive_while(observer, plan, 2, faults)  # 2 a second: the load lasts as long as the restarts do
     await faults
-    await _finish("rolling restart of the three brokers under load", settings, observer, sent, poison, started, capsys, stops)
+    await _finish(
+        "rolling restart of the three brokers under load", settings, observer, sent, poison, started, capsys, stops
+    )
 
 
 async def test_one_broker_down_for_good(cluster, cluster_fleet, cluster_settings, cluster_observer, capsys):
-    await _leader_sigkilled_under_load(cluster, cluster_settings[0], cluster_observer, capsys, new_tag("down"),
-                                       topics.TURN_STARTS, requests=80, back_after_s=None, shift=5)
+    await _leader_sigkilled_under_load(
+        cluster,
+        cluster_settings[0],
+        cluster_observer,
+        capsys,
+        new_tag("down"),
+        topics.TURN_STARTS,
+        requests=80,
+        back_after_s=None,
+        shift=5,
+    )
     await asyncio.to_thread(cluster.start)  # for the next scenario
     await cluster.wait_in_sync()
 
@@ -119,10 +184,22 @@ async def test_a_majority_down_for_45_s_then_back(cluster, cluster_fleet, cluste
     live, at = _live(settings, plan), time.time()
     for node_id in down:
         cluster.node(node_id).kill()
-    poisoned = asyncio.create_task(send_poison(observer, poison))  # published (the app retrying) once the cluster is back
-    await asyncio.sleep(45)  # no quorum: no leader moves, no write reaches min ISR; turns in flight pass their stuck rule
+    poisoned = asyncio.create_task(
+        send_poison(observer, poison)
+    )  # published (the app retrying) once the cluster is back
+    await asyncio.sleep(
+        45
+    )  # no quorum: no leader moves, no write reaches min ISR; turns in flight pass their stuck rule
     await asyncio.to_thread(cluster.start)
     await asyncio.gather(load, poisoned)
-    await _finish(f"a majority (nodes {down[0]}, {down[1]}) SIGKILLed under load, back after 45 s", settings, observer, plan,
-                  poison, started, capsys, [("the SIGKILLs (45 s down)", at, None)])
+    await _finish(
+        f"a majority (nodes {down[0]}, {down[1]}) SIGKILLed under load, back after 45 s",
+        settings,
+        observer,
+        plan,
+        poison,
+        started,
+        capsys,
+        [("the SIGKILLs (45 s down)", at, None)],
+    )
     assert live, "the outage should hit turns in flight"

@@ -16,14 +16,17 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import murmur2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
-from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
-from roundtrip._kernel.wire.events import SupportReply
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.wire.events import SupportReply
 from tests.agents import ShopFleetSettings
 
 
@@ -59,7 +62,9 @@ class FleetClient:
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers)
         # No consumer group: nothing to rebalance or time out while a test blocks, and every record is seen once.
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap_servers, enable_auto_commit=False, isolation_level="read_committed"
+            bootstrap_servers=self.settings.bootstrap_servers,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
         )
         await self.producer.start()
         await self.consumer.start()
@@ -72,7 +77,7 @@ class FleetClient:
     async def _collect(self) -> None:
         prefix = self.settings.topic_prefix
         async for record in self.consumer:
-            name = record.topic[len(prefix):]
+            name = record.topic[len(prefix) :]
             try:
                 data = json.loads(record.value)
             except ValueError:
@@ -91,10 +96,21 @@ class FleetClient:
     async def publish_raw(self, value: bytes, key: bytes | None = b"raw") -> None:
         await self.producer.send_and_wait(self.topic(topics.SUPPORT_REQUESTS), value, key=key)
 
-    async def ask(self, text: str, customer: str, persona: str | None = None, request_id: str | None = None,
-                  conversation_id: str | None = None) -> str:
+    async def ask(
+        self,
+        text: str,
+        customer: str,
+        persona: str | None = None,
+        request_id: str | None = None,
+        conversation_id: str | None = None,
+    ) -> str:
         request_id = request_id or f"req_{uuid.uuid4().hex[:10]}"
-        body = {"request_id": request_id, "conversation_id": conversation_id or f"conv_{request_id}", "customer_id": customer, "text": text}
+        body = {
+            "request_id": request_id,
+            "conversation_id": conversation_id or f"conv_{request_id}",
+            "customer_id": customer,
+            "text": text,
+        }
         if persona:
             body["persona"] = persona
         await self.publish_raw(json.dumps(body).encode(), key=body["conversation_id"].encode())
@@ -136,7 +152,13 @@ class OtlpReceiver:
                     attrs = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
                     for scope in resource_spans.scope_spans:
                         for span in scope.spans:
-                            receiver.spans.append({"trace_id": span.trace_id.hex(), "name": span.name, "service": attrs.get("service.name")})
+                            receiver.spans.append(
+                                {
+                                    "trace_id": span.trace_id.hex(),
+                                    "name": span.name,
+                                    "service": attrs.get("service.name"),
+                                }
+                            )
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.end_headers()
@@ -201,7 +223,9 @@ class AsyncFleet:
         try:
             yield
         finally:
-            originals = {key: getattr(self.sync.settings, key, None) for key in values}  # None: not a fleet setting (an agent's)
+            originals = {
+                key: getattr(self.sync.settings, key, None) for key in values
+            }  # None: not a fleet setting (an agent's)
             for key in [k for k, v in originals.items() if v is None]:  # unset again (not the string "None")
                 self.sync.env.pop(f"ROUNDTRIP_{key.upper()}", None)
             original = fleet_env(**{k: v for k, v in originals.items() if v is not None})

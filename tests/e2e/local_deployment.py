@@ -77,12 +77,15 @@ class LocalWorld:
         """The manifest's URL with the session's server and the run's database, in the manifest's form."""
         manifest, session = make_url(url), make_url(self.postgres_url)
         name = self.databases.setdefault(manifest.database, f"{manifest.database}_{self.tag}")
-        local = manifest.set(host=session.host, port=session.port, username=session.username, password=session.password,
-                             database=name)
+        local = manifest.set(
+            host=session.host, port=session.port, username=session.username, password=session.password, database=name
+        )
         return local.render_as_string(hide_password=False)
 
     async def _each_database(self, statement: str) -> None:
-        connection = await asyncpg.connect(make_url(self.postgres_url).set(drivername="postgresql").render_as_string(hide_password=False))
+        connection = await asyncpg.connect(
+            make_url(self.postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
+        )
         try:
             for name in self.databases.values():
                 await connection.execute(statement.format(name=name))
@@ -161,9 +164,17 @@ class LocalDeployment:
     # -- the environment ------------------------------------------------------------------------
     def _environment(self, replica: Replica, container: Container) -> dict[str, str]:
         tmp = replica.folder / "tmp"
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(replica.folder),
-               "TMPDIR": str(tmp), **replica.identity}
-        for variable, value in {"ROUNDTRIP_TOPIC_PREFIX": "", **container.env}.items():  # a topic prefix of its own, always
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "HOME": str(replica.folder),
+            "TMPDIR": str(tmp),
+            **replica.identity,
+        }
+        for variable, value in {
+            "ROUNDTRIP_TOPIC_PREFIX": "",
+            **container.env,
+        }.items():  # a topic prefix of its own, always
             env[variable] = self._localize(replica, variable, value)
         for variable, value in env.items():
             if "://" in value and urlsplit(value).hostname not in ("127.0.0.1", None):
@@ -210,9 +221,16 @@ class LocalDeployment:
             folder.mkdir(parents=True, exist_ok=True)
         log = replica.folder / f"{label.replace(' ', '-')}.log"
         with open(log, "ab") as out:
-            popen = subprocess.Popen(argv, cwd=replica.folder, env=replica.envs[id(container)], stdout=out,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=die_with_parent_preexec())
+            popen = subprocess.Popen(
+                argv,
+                cwd=replica.folder,
+                env=replica.envs[id(container)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent_preexec(),
+            )
         process = Process(label, popen, log)
         replica.processes.append(process)
         return process
@@ -227,7 +245,9 @@ class LocalDeployment:
             if name in self.manifest.stand_ins:
                 continue  # the session's broker and database are up before the test starts
             if condition not in ("service_started", "service_healthy", "service_completed_successfully"):
-                raise DeployError(f"{replica.label}: depends on {name} with a condition the test does not know: {condition}")
+                raise DeployError(
+                    f"{replica.label}: depends on {name} with a condition the test does not know: {condition}"
+                )
             for other in self.replicas[name]:
                 while condition == "service_started" and other.main is None:
                     await asyncio.sleep(0.1)

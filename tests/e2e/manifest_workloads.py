@@ -64,8 +64,11 @@ class Manifest:
         if self.shape == "k8s":
             template = hashlib.sha1(workload.encode()).hexdigest()[:9]
             # the kubelet's own variables (the API server's address is never dialled by the fleet)
-            return {"HOSTNAME": f"{workload}-{template}-{uuid.uuid4().hex[:5]}",
-                    "KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+            return {
+                "HOSTNAME": f"{workload}-{template}-{uuid.uuid4().hex[:5]}",
+                "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+                "KUBERNETES_SERVICE_PORT": "443",
+            }
         return {"HOSTNAME": uuid.uuid4().hex[:12]}
 
 
@@ -86,9 +89,18 @@ def image_env(dockerfile: str | None = None) -> dict[str, str]:
 
 # -- deploy/k8s ------------------------------------------------------------------------------------
 
+
 def k8s_manifest(docs: list[dict[str, Any]], replicas: dict[str, int] | None = None) -> Manifest:
     replicas = replicas or {}
-    unsupported = {d["kind"] for d in docs} - {"Namespace", "ConfigMap", "Secret", "Deployment", "Service", "ScaledObject", "TriggerAuthentication"}
+    unsupported = {d["kind"] for d in docs} - {
+        "Namespace",
+        "ConfigMap",
+        "Secret",
+        "Deployment",
+        "Service",
+        "ScaledObject",
+        "TriggerAuthentication",
+    }
     if unsupported:
         raise ManifestError(f"deploy/k8s has kinds this test does not run yet: {sorted(unsupported)}")
     base = image_env()
@@ -110,14 +122,19 @@ def k8s_manifest(docs: list[dict[str, Any]], replicas: dict[str, int] | None = N
             return Container(full_command(c), {**base, **container_env(docs, c)}, ready)
 
         workloads[name] = Workload(
-            name, replicas.get(name, deployment["spec"].get("replicas", 1)), container(main),
+            name,
+            replicas.get(name, deployment["spec"].get("replicas", 1)),
+            container(main),
             init=[container(c) for c in pod.get("initContainers", [])],
         )
     addresses: dict[tuple[str, int], tuple[str, int]] = {}
     for name, service in kinds(docs, "Service").items():
         selector = service["spec"]["selector"]
-        (target,) = [d for d, dep in kinds(docs, "Deployment").items()
-                     if selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()]
+        (target,) = [
+            d
+            for d, dep in kinds(docs, "Deployment").items()
+            if selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+        ]
         namespace = service["metadata"].get("namespace", "default")
         hosts = (name, f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local")
         for port in service["spec"]["ports"]:
@@ -129,6 +146,7 @@ def k8s_manifest(docs: list[dict[str, Any]], replicas: dict[str, int] | None = N
 
 
 # -- docker-compose.yml ------------------------------------------------------------------------------
+
 
 def _stand_in(service: dict[str, Any]) -> str | None:
     image = service.get("image", "").rsplit(":", 1)[0]
@@ -155,8 +173,12 @@ def compose_manifest(resolved: dict[str, Any], scale: dict[str, int] | None = No
     unknown = [name for name, s in services.items() if not s.get("build") and name not in stand_ins]
     if unknown:
         raise ManifestError(f"docker-compose.yml has services the test has no stand-in for: {unknown}")
-    waited_for = {dep for s in services.values() for dep, how in (s.get("depends_on") or {}).items()
-                  if how["condition"] == "service_completed_successfully"}
+    waited_for = {
+        dep
+        for s in services.values()
+        for dep, how in (s.get("depends_on") or {}).items()
+        if how["condition"] == "service_completed_successfully"
+    }
     workloads: dict[str, Workload] = {}
     addresses: dict[tuple[str, int], tuple[str, int]] = {}
     for name, s in services.items():
@@ -167,7 +189,9 @@ def compose_manifest(resolved: dict[str, Any], scale: dict[str, int] | None = No
         env = {**base, **{k: v for k, v in (s.get("environment") or {}).items() if v is not None}}
         replicas = scale.get(name, (s.get("deploy") or {}).get("replicas", 1))
         workloads[name] = Workload(
-            name, replicas, Container(list(s["command"]), env, _compose_ready(s.get("healthcheck"), env)),
+            name,
+            replicas,
+            Container(list(s["command"]), env, _compose_ready(s.get("healthcheck"), env)),
             after={dep: how["condition"] for dep, how in (s.get("depends_on") or {}).items()},
             one_shot=name in waited_for,
         )

@@ -37,44 +37,73 @@ APP_GROUP = "acme-support-app"
 @pytest.fixture
 def authorizing_broker(tmp_path):
     listener = Listener("SCRAM", "SASL_PLAINTEXT", free_port(), (MECHANISM,))
-    kafka = secured_kafka(tmp_path / "kafka", [listener], None, PASSWORDS, controller_port=free_port(), die_with_parent=True,
-                          properties={"authorizer.class.name": STANDARD_AUTHORIZER})  # super users: the broker's own (secured.py)
+    kafka = secured_kafka(
+        tmp_path / "kafka",
+        [listener],
+        None,
+        PASSWORDS,
+        controller_port=free_port(),
+        die_with_parent=True,
+        properties={"authorizer.class.name": STANDARD_AUTHORIZER},
+    )  # super users: the broker's own (secured.py)
     with kafka:  # started, and stopped at the end (EmbeddedKafka is its own context manager)
         kafka.wait_ready(120)
         yield kafka
 
 
 def as_principal(env: dict[str, str], user: str, password: str | None = None) -> dict[str, str]:
-    return env | {"ROUNDTRIP_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "ROUNDTRIP_KAFKA_SASL_MECHANISM": MECHANISM,
-                  "ROUNDTRIP_KAFKA_SASL_USERNAME": user, "ROUNDTRIP_KAFKA_SASL_PASSWORD": password or PASSWORDS[user]}
+    return env | {
+        "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "ROUNDTRIP_KAFKA_SASL_MECHANISM": MECHANISM,
+        "ROUNDTRIP_KAFKA_SASL_USERNAME": user,
+        "ROUNDTRIP_KAFKA_SASL_PASSWORD": password or PASSWORDS[user],
+    }
 
 
 def client_security(user: str) -> dict:
     """What a plain aiokafka client of this principal passes (the user's app, the executor's credentials)."""
-    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": MECHANISM, "sasl_plain_username": user,
-            "sasl_plain_password": PASSWORDS[user]}
+    return {
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": MECHANISM,
+        "sasl_plain_username": user,
+        "sasl_plain_password": PASSWORDS[user],
+    }
 
 
 def roundtrip(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", *args], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 async def ask(bootstrap: str, texts: list[str]) -> dict[str, SupportReply]:
     """The user's app: publish requests as `roundtrip-app`, read the replies in its own consumer group."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-app"))
-    consumer = AIOKafkaConsumer(PREFIX + topics.SUPPORT_REPLIES, bootstrap_servers=bootstrap, group_id=APP_GROUP,
-                                isolation_level="read_committed", auto_offset_reset="earliest", **client_security("roundtrip-app"))
+    consumer = AIOKafkaConsumer(
+        PREFIX + topics.SUPPORT_REPLIES,
+        bootstrap_servers=bootstrap,
+        group_id=APP_GROUP,
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        **client_security("roundtrip-app"),
+    )
     await producer.start()
     await consumer.start()
     replies: dict[str, SupportReply] = {}
     try:
         wanted = []
         for i, text in enumerate(texts):
-            request = {"request_id": f"req_acl_{i}_{uuid.uuid4().hex[:6]}", "conversation_id": f"conv_acl_{i}_{uuid.uuid4().hex[:6]}",
-                       "customer_id": "cus_1001", "text": text, "persona": "careful"}
+            request = {
+                "request_id": f"req_acl_{i}_{uuid.uuid4().hex[:6]}",
+                "conversation_id": f"conv_acl_{i}_{uuid.uuid4().hex[:6]}",
+                "customer_id": "cus_1001",
+                "text": text,
+                "persona": "careful",
+            }
             wanted.append(request["request_id"])
-            await producer.send_and_wait(PREFIX + topics.SUPPORT_REQUESTS, json.dumps(request).encode(),
-                                         key=request["conversation_id"].encode())
+            await producer.send_and_wait(
+                PREFIX + topics.SUPPORT_REQUESTS, json.dumps(request).encode(), key=request["conversation_id"].encode()
+            )
         async with asyncio.timeout(120):
             async for record in consumer:
                 reply = SupportReply.model_validate_json(record.value)
@@ -100,8 +129,12 @@ async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | No
         forged = type(exc)
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=PREFIX + "roundtrip-executor", enable_auto_commit=False,
-                                **client_security("roundtrip-executor"))
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=PREFIX + "roundtrip-executor",
+        enable_auto_commit=False,
+        **client_security("roundtrip-executor"),
+    )
     await consumer.start()
     try:
         consumer.assign([TopicPartition(PREFIX + topics.SUPPORT_REQUESTS, p) for p in range(2)])
@@ -121,9 +154,15 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
     bootstrap = authorizing_broker.bootstrap
     ledger_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
-        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "ROUNDTRIP_TOPIC_PREFIX": PREFIX, "ROUNDTRIP_STATE_DIR": str(tmp_path),
-        "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url, "ROUNDTRIP_ENV": "development", "ROUNDTRIP_PARTITIONS": "2",
-        "ROUNDTRIP_SIMULATOR_PORT": str(free_port()), "ROUNDTRIP_SHOP_PORT": str(free_port()), "PYTHONUNBUFFERED": "1",
+        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "ROUNDTRIP_TOPIC_PREFIX": PREFIX,
+        "ROUNDTRIP_STATE_DIR": str(tmp_path),
+        "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url,
+        "ROUNDTRIP_ENV": "development",
+        "ROUNDTRIP_PARTITIONS": "2",
+        "ROUNDTRIP_SIMULATOR_PORT": str(free_port()),
+        "ROUNDTRIP_SHOP_PORT": str(free_port()),
+        "PYTHONUNBUFFERED": "1",
     }
     applied = roundtrip(as_principal(env, ADMIN_USER, ADMIN_PASSWORD), "acls", "--apply", "--app-group", APP_GROUP)
     assert applied.returncode == 0, applied.stderr
@@ -136,8 +175,15 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
     try:
         for name in ("simulator", "shop"):  # no Kafka: plain HTTP
             log = open(tmp_path / f"{name}.log", "ab")
-            procs.append(subprocess.Popen([sys.executable, "-m", "roundtrip._cli.main", "run", name], env=env, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "roundtrip._cli.main", "run", name],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
         for port in (env["ROUNDTRIP_SIMULATOR_PORT"], env["ROUNDTRIP_SHOP_PORT"]):
             await _wait_http(f"http://127.0.0.1:{port}/health")
         for name in topology.names():  # each service as its own principal, with its ACLs and nothing more

@@ -61,7 +61,8 @@ async def _spans(settings, trace_id: str, name: str, count: int = 1, timeout: fl
 
 
 async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_once_when_approved(
-        approvals_on, client, fleet_settings, shop_orders):
+    approvals_on, client, fleet_settings, shop_orders
+):
     settings = fleet_settings[0]
     _reset_shop(settings)
     request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
@@ -72,7 +73,9 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
     assert "87.00 EUR" in request["reason"] and request["turn"]["trace_id"]
 
     # the app is told, on support.status, that its turn waits for a person and until when
-    (status,) = await client.wait_for(lambda: [s for s in client.seen[topics.SUPPORT_STATUS] if s["request_id"] == request_id])
+    (status,) = await client.wait_for(
+        lambda: [s for s in client.seen[topics.SUPPORT_STATUS] if s["request_id"] == request_id]
+    )
     assert status["state"] == "waiting_for_approval" and status["until"] == request["expires_at"]
     assert (status["turn_id"], status["approval_id"], status["customer_id"]) == (turn_id, approval_id, "cus_1001")
 
@@ -85,7 +88,9 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
     listed = await asyncio.to_thread(roundtrip_cli, fleet_settings, "approvals")
     assert approval_id in listed.stdout and f"cancel_order({ORDER})" in listed.stdout, listed.stdout + listed.stderr
 
-    approved = await asyncio.to_thread(roundtrip_cli, fleet_settings, "approvals", "approve", approval_id, "--by", "alice@support")
+    approved = await asyncio.to_thread(
+        roundtrip_cli, fleet_settings, "approvals", "approve", approval_id, "--by", "alice@support"
+    )
     assert approved.returncode == 0, approved.stderr
     reply = await client.reply(request_id)
     assert reply.outcome is Outcome.END_TURN and f"cancelled order {ORDER}" in reply.text
@@ -94,10 +99,15 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
     # the same decision published twice more (any Kafka client can): nothing runs again
     (decision,) = [d for d in client.seen[topics.APPROVAL_DECISIONS] if d["approval_id"] == approval_id]
     for _ in range(2):
-        await client.producer.send_and_wait(client.topic(topics.APPROVAL_DECISIONS), json.dumps(decision).encode(),
-                                            key=request["turn"]["conversation_id"].encode())
+        await client.producer.send_and_wait(
+            client.topic(topics.APPROVAL_DECISIONS),
+            json.dumps(decision).encode(),
+            key=request["turn"]["conversation_id"].encode(),
+        )
     await asyncio.sleep(4)
-    resumed = [b for b in client.of_turn(topics.TOOL_BATCHES, request_id) if any(c.get("approved_by") for c in b["calls"])]
+    resumed = [
+        b for b in client.of_turn(topics.TOOL_BATCHES, request_id) if any(c.get("approved_by") for c in b["calls"])
+    ]
     assert len(resumed) == 1 and resumed[0]["calls"][0]["approved_by"] == "alice@support"
     assert len(await _spans(settings, reply.trace_id, "execute_tool cancel_order")) == 1  # executed exactly once
     assert len(client.replies[request_id]) == 1
@@ -112,20 +122,47 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
     assert approval_id in everything.stdout and "approved" in everything.stdout and "alice@support" in everything.stdout
 
 
-async def test_denied_the_order_is_not_cancelled_and_the_model_explains(approvals_on, client, fleet_settings, shop_orders):
+async def test_denied_the_order_is_not_cancelled_and_the_model_explains(
+    approvals_on, client, fleet_settings, shop_orders
+):
     _reset_shop(fleet_settings[0])
     conversation = f"conv_{uuid.uuid4().hex[:10]}"
     # asked with `roundtrip ask`, which shows the wait and the decision as they happen
     ask = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "roundtrip._cli.main", "ask", "cancel my last order", "--customer", "cus_1001", "--persona", "careful",
-        "--conversation", conversation, "--timeout", "60", env={**os.environ, **fleet_settings[1]},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "roundtrip._cli.main",
+        "ask",
+        "cancel my last order",
+        "--customer",
+        "cus_1001",
+        "--persona",
+        "careful",
+        "--conversation",
+        conversation,
+        "--timeout",
+        "60",
+        env={**os.environ, **fleet_settings[1]},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     try:
-        (request,) = await client.wait_for(lambda: [r for r in client.seen[topics.APPROVAL_REQUESTS]
-                                                    if r["turn"]["conversation_id"] == conversation], timeout=60)
+        (request,) = await client.wait_for(
+            lambda: [r for r in client.seen[topics.APPROVAL_REQUESTS] if r["turn"]["conversation_id"] == conversation],
+            timeout=60,
+        )
         request_id = request["turn"]["request_id"]
-        denied = await asyncio.to_thread(roundtrip_cli, fleet_settings, "approvals", "deny", request["approval_id"],
-                                         "--reason", "a fraud review is open on this order", "--by", "bob@support")
+        denied = await asyncio.to_thread(
+            roundtrip_cli,
+            fleet_settings,
+            "approvals",
+            "deny",
+            request["approval_id"],
+            "--reason",
+            "a fraud review is open on this order",
+            "--by",
+            "bob@support",
+        )
         assert denied.returncode == 0, denied.stderr
         out, err = await asyncio.wait_for(ask.communicate(), 60)
     finally:
@@ -139,35 +176,72 @@ async def test_denied_the_order_is_not_cancelled_and_the_model_explains(approval
     assert reply.outcome is Outcome.END_TURN
     assert "a fraud review is open on this order" in reply.text and "sorry" in reply.text.lower()
     assert _status(shop_orders, ORDER) == "pending"
-    assert not [b for b in client.of_turn(topics.TOOL_BATCHES, request_id) if any(c.get("approved_by") for c in b["calls"])]
-    results = [b for c in client.of_turn(topics.MODEL_CALLS, request_id) for m in c["messages"][-1:]
-               if isinstance(m["content"], list) for b in m["content"] if b.get("tool_use_id") == request["call"]["id"]]
+    assert not [
+        b for b in client.of_turn(topics.TOOL_BATCHES, request_id) if any(c.get("approved_by") for c in b["calls"])
+    ]
+    results = [
+        b
+        for c in client.of_turn(topics.MODEL_CALLS, request_id)
+        for m in c["messages"][-1:]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("tool_use_id") == request["call"]["id"]
+    ]
     assert results and results[-1]["is_error"] and "declined it" in results[-1]["content"]
 
 
 async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_decisions_are_dead_lettered(
-        approvals_on, client, fleet_settings, shop_orders):
+    approvals_on, client, fleet_settings, shop_orders
+):
     settings = fleet_settings[0]
     _reset_shop(settings)
     started = time.monotonic()
     conversation_id = f"conv_{uuid.uuid4().hex[:10]}"
     # asked with `roundtrip ask --timeout 5`: it sees the wait on support.status and keeps waiting to the turn's end
     ask = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "roundtrip._cli.main", "ask", "cancel my last order", "--customer", "cus_1001", "--persona", "careful",
-        "--conversation", conversation_id, "--timeout", "5", env={**os.environ, **fleet_settings[1]},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    (request,) = await client.wait_for(lambda: [r for r in client.seen[topics.APPROVAL_REQUESTS]
-                                                if r["turn"]["conversation_id"] == conversation_id], timeout=60)
+        sys.executable,
+        "-m",
+        "roundtrip._cli.main",
+        "ask",
+        "cancel my last order",
+        "--customer",
+        "cus_1001",
+        "--persona",
+        "careful",
+        "--conversation",
+        conversation_id,
+        "--timeout",
+        "5",
+        env={**os.environ, **fleet_settings[1]},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    (request,) = await client.wait_for(
+        lambda: [r for r in client.seen[topics.APPROVAL_REQUESTS] if r["turn"]["conversation_id"] == conversation_id],
+        timeout=60,
+    )
     request_id = request["turn"]["request_id"]
     conversation = conversation_id.encode()
     signer = DecisionSigner(parse_keys(settings.decision_keys))
 
     def decision(**overrides) -> bytes:
-        values = dict(approval_id=request["approval_id"], turn_id=request["turn"]["turn_id"], tool_use_id=request["call"]["id"],
-                      input_sha256=request["input_sha256"], decision=Decision.APPROVE, decided_by="mallory", decided_at=time.time())
+        values = dict(
+            approval_id=request["approval_id"],
+            turn_id=request["turn"]["turn_id"],
+            tool_use_id=request["call"]["id"],
+            input_sha256=request["input_sha256"],
+            decision=Decision.APPROVE,
+            decided_by="mallory",
+            decided_at=time.time(),
+        )
         return signer.sign(ApprovalDecided(**(values | overrides))).model_dump_json().encode()
 
-    forged = DecisionSigner(parse_keys("ops1:guessed")).sign(ApprovalDecided.model_validate_json(decision())).model_dump_json().encode()
+    forged = (
+        DecisionSigner(parse_keys("ops1:guessed"))
+        .sign(ApprovalDecided.model_validate_json(decision()))
+        .model_dump_json()
+        .encode()
+    )
     other_args = decision(input_sha256="0" * 64)  # validly signed, but for other arguments than the ones shown
     for value in (forged, other_args):
         await client.producer.send_and_wait(client.topic(topics.APPROVAL_DECISIONS), value, key=conversation)
@@ -183,14 +257,20 @@ async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_dec
             await ask.wait()
     shown = out.decode()  # ask waited past its 5 s for the reply, and says how the turn ended
     assert ask.returncode == 3, shown + err.decode()
-    assert "waiting_for_approval until" in shown and "approval_timeout" in shown and "no reply within" not in shown, shown
+    assert "waiting_for_approval until" in shown and "approval_timeout" in shown and "no reply within" not in shown, (
+        shown
+    )
     assert _status(shop_orders, ORDER) == "pending"
 
     late = decision()  # a valid decision for a turn that has ended
     await client.producer.send_and_wait(client.topic(topics.APPROVAL_DECISIONS), late, key=conversation)
 
     def letters():
-        found = [l for l in client.seen[topics.DEAD_LETTERS] if l.get("key") == conversation.decode() and l["service"] == "guard"]
+        found = [
+            l
+            for l in client.seen[topics.DEAD_LETTERS]
+            if l.get("key") == conversation.decode() and l["service"] == "guard"
+        ]
         return found if len(found) >= 3 else None
 
     reasons = " | ".join(l["reason"] for l in await client.wait_for(letters, timeout=30))
@@ -199,19 +279,29 @@ async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_dec
     assert _status(shop_orders, ORDER) == "pending" and len(client.replies[request_id]) == 1
 
 
-async def test_with_parallel_use_disabled_by_the_request_the_parallel_persona_makes_one_call_per_response(client, fleet_settings):
+async def test_with_parallel_use_disabled_by_the_request_the_parallel_persona_makes_one_call_per_response(
+    client, fleet_settings
+):
     settings = fleet_settings[0]
     health = f"http://127.0.0.1:{settings.simulator_port}/health"
     before = httpx.get(health, timeout=5).json()["parallel_disabled"]
     request_id = f"req_{uuid.uuid4().hex[:10]}"
-    body = {"request_id": request_id, "conversation_id": f"conv_{request_id}", "customer_id": "cus_1001",
-            "text": "where are my orders?", "persona": "parallel", "disable_parallel_tool_use": True}
+    body = {
+        "request_id": request_id,
+        "conversation_id": f"conv_{request_id}",
+        "customer_id": "cus_1001",
+        "text": "where are my orders?",
+        "persona": "parallel",
+        "disable_parallel_tool_use": True,
+    }
     await client.publish_raw(json.dumps(body).encode(), key=body["conversation_id"].encode())
     reply = await client.reply(request_id)
     iterations = client.of_turn(topics.ITERATIONS, request_id)
     assert reply.outcome is Outcome.END_TURN and len(iterations) == reply.steps >= 2
     assert all(len(i["tool_calls"]) <= 1 for i in iterations), [len(i["tool_calls"]) for i in iterations]
-    assert httpx.get(health, timeout=5).json()["parallel_disabled"] - before == reply.steps  # every request carried the flag
+    assert (
+        httpx.get(health, timeout=5).json()["parallel_disabled"] - before == reply.steps
+    )  # every request carried the flag
     # the same question without the flag: several calls in one response
     again = await client.ask("where are my orders?", customer="cus_1001", persona="parallel")
     await client.reply(again)

@@ -34,21 +34,32 @@ def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everythin
 
     shop = f"http://127.0.0.1:{env['ROUNDTRIP_SHOP_PORT']}"
     before = {o["order_id"]: o["status"] for o in httpx.get(f"{shop}/admin/orders").json()["orders"]}
-    ask = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "ask", "cancel my last order", "--customer", "cus_1001"],
-                         env=env, capture_output=True, text=True, timeout=120)
+    ask = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "ask", "cancel my last order", "--customer", "cus_1001"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     after = {o["order_id"]: o["status"] for o in httpx.get(f"{shop}/admin/orders").json()["orders"]}
 
     assert ask.returncode == 0, ask.stdout + ask.stderr
     assert "step 1 model" in ask.stdout and "calls list_orders" in ask.stdout and "approved" in ask.stdout
     assert "end_turn" in ask.stdout and "I've cancelled order ord_a1000003" in ask.stdout
-    assert {oid for oid in before if before[oid] != after[oid]} == {"ord_a1000003"}  # Alice's newest cancellable, nothing else
+    assert {oid for oid in before if before[oid] != after[oid]} == {
+        "ord_a1000003"
+    }  # Alice's newest cancellable, nothing else
     assert after["ord_a1000003"] == "cancelled"
     # what the README shows for this first ask is what a real run prints: each line, the token figures too
     args, shown = ask_example()
     assert shlex.split(args) == ["cancel my last order", "--customer", "cus_1001"]
-    real, expected = [line for line in ask.stdout.splitlines() if line.strip()], [line for line in shown if line.strip()]
+    real, expected = (
+        [line for line in ask.stdout.splitlines() if line.strip()],
+        [line for line in shown if line.strip()],
+    )
     assert len(real) == len(expected) and all(map(matches_example, expected, real)), "\n".join(
-        f"{'  ' if matches_example(e, r) else '≠ '}{e}\n  {r}" for e, r in zip(expected, real))
+        f"{'  ' if matches_example(e, r) else '≠ '}{e}\n  {r}" for e, r in zip(expected, real)
+    )
 
     process.send_signal(signal.SIGINT)  # Ctrl-C
     assert process.wait(timeout=60) == 0
@@ -60,12 +71,16 @@ def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everythin
 def test_a_second_fleet_is_told_what_runs_there(up, tmp_path):
     process, env, output = up
     # the same state folder: which fleet runs there, not which port is taken
-    second = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "up"], env=env, capture_output=True, text=True, timeout=60)
+    second = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "up"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert second.returncode == 1
     assert f"a fleet is already running in {(tmp_path / 'state').resolve()} (pid {process.pid})" in second.stderr
     # another folder on the same ports: the ports, and the settings that move them
     elsewhere = {**env, "ROUNDTRIP_STATE_DIR": str(tmp_path / "elsewhere")}
-    third = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "up"], env=elsewhere, capture_output=True, text=True, timeout=60)
+    third = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "up"], env=elsewhere, capture_output=True, text=True, timeout=60
+    )
     assert third.returncode == 1
     assert "is already in use" in third.stderr and "ROUNDTRIP_KAFKA_PORT" in third.stderr
     # the banner's command runs from the user's shell as printed (PATH has no .venv/bin here)

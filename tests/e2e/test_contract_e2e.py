@@ -15,19 +15,28 @@ REFUSAL_WAIT_S = 5.0  # a refusal needs no model call: it comes in milliseconds,
 
 def _request(**fields) -> dict:
     tag = uuid.uuid4().hex[:8]
-    return {"request_id": f"req_{tag}", "conversation_id": f"conv_{tag}", "customer_id": "cus_1002",
-            "text": "what are my orders?", **fields}
+    return {
+        "request_id": f"req_{tag}",
+        "conversation_id": f"conv_{tag}",
+        "customer_id": "cus_1002",
+        "text": "what are my orders?",
+        **fields,
+    }
 
 
 async def _publish(client, body: dict, key: bytes | None = None, keyed: bool = True) -> None:
-    await client.publish_raw(json.dumps(body).encode(), key=(key or body["conversation_id"].encode()) if keyed else None)
+    await client.publish_raw(
+        json.dumps(body).encode(), key=(key or body["conversation_id"].encode()) if keyed else None
+    )
 
 
 def _letters_of(client, request_id: str) -> list[dict]:
     return [l for l in client.seen[topics.DEAD_LETTERS] if f'"{request_id}"' in l["payload"]]
 
 
-async def test_an_unknown_field_is_ignored_and_the_metadata_comes_back_in_the_reply_and_the_trace(client, fleet_settings):
+async def test_an_unknown_field_is_ignored_and_the_metadata_comes_back_in_the_reply_and_the_trace(
+    client, fleet_settings
+):
     body = _request(locale="de", metadata={"channel": "web", "tier": "gold", "tags": ["vip", 3]})
     await _publish(client, body)
 
@@ -38,8 +47,13 @@ async def test_an_unknown_field_is_ignored_and_the_metadata_comes_back_in_the_re
 
     span_file = fleet_settings[0].effective_span_file
     deadline = time.monotonic() + 15
-    while not (turn_spans := [s for s in map(json.loads, filter(str.strip, span_file.read_text().splitlines()))
-                              if s["name"] == "invoke_agent support-agent" and s["trace_id"] == reply.trace_id]):
+    while not (
+        turn_spans := [
+            s
+            for s in map(json.loads, filter(str.strip, span_file.read_text().splitlines()))
+            if s["name"] == "invoke_agent support-agent" and s["trace_id"] == reply.trace_id
+        ]
+    ):
         assert time.monotonic() < deadline, "the turn span should be written"
         await asyncio.sleep(0.5)
     assert json.loads(turn_spans[0]["attributes"]["roundtrip.metadata"]) == reply.metadata
@@ -100,4 +114,6 @@ async def test_a_record_without_its_conversation_as_key_is_refused_with_a_reply(
         assert shown in reply.reason and "conversation id" in reply.reason
         letters = await client.wait_for(lambda b=body: _letters_of(client, b["request_id"]), timeout=REFUSAL_WAIT_S)
         assert "conversation id" in letters[0]["reason"]
-    assert not client.of_turn(topics.ITERATIONS, unkeyed["request_id"]) and not client.of_turn(topics.ITERATIONS, mis_keyed["request_id"])
+    assert not client.of_turn(topics.ITERATIONS, unkeyed["request_id"]) and not client.of_turn(
+        topics.ITERATIONS, mis_keyed["request_id"]
+    )

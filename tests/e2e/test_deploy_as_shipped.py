@@ -24,8 +24,8 @@ import httpx
 import pytest
 
 from roundtrip._cli.console import partitions_of
-from roundtrip._kernel.wire import topics
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics
 from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.local_deployment import LocalDeployment, LocalWorld
 from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest
@@ -49,11 +49,14 @@ def tool_runs(metrics: str) -> float:
 
 
 @pytest.mark.parametrize("shape", ["k8s", "compose"])
-async def test_the_shipped_manifests_answer_turns_and_every_executor_works(shape, kafka_bootstrap, postgres_url,
-                                                                           otlp_receiver, tmp_path):
+async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
+    shape, kafka_bootstrap, postgres_url, otlp_receiver, tmp_path
+):
     manifest = manifest_of(shape)
     assert manifest.workloads["executor"].replicas == EXECUTORS
-    world = LocalWorld(kafka_bootstrap, postgres_url, otlp_receiver.endpoint, tag=f"ship_{shape}_{uuid.uuid4().hex[:8]}")
+    world = LocalWorld(
+        kafka_bootstrap, postgres_url, otlp_receiver.endpoint, tag=f"ship_{shape}_{uuid.uuid4().hex[:8]}"
+    )
     deployment = LocalDeployment(manifest, world, tmp_path)
     try:
         await deployment.start(timeout=START_TIMEOUT_S)
@@ -73,10 +76,15 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(shape
             replies = {}
             for request_id, text in asked.items():
                 try:
-                    replies[request_id] = await deployment.while_running(client.reply(request_id, timeout=REPLY_TIMEOUT_S))
+                    replies[request_id] = await deployment.while_running(
+                        client.reply(request_id, timeout=REPLY_TIMEOUT_S)
+                    )
                 except TimeoutError:
-                    pytest.fail(f"no reply to {text!r} ({request_id}) within {REPLY_TIMEOUT_S} s; "
-                                f"{sum(map(bool, client.replies.values()))} of {len(asked)} turns answered", pytrace=False)
+                    pytest.fail(
+                        f"no reply to {text!r} ({request_id}) within {REPLY_TIMEOUT_S} s; "
+                        f"{sum(map(bool, client.replies.values()))} of {len(asked)} turns answered",
+                        pytrace=False,
+                    )
         finally:
             await client.stop()
 
@@ -86,7 +94,9 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(shape
             assert len(client.replies[request_id]) == 1, client.replies[request_id]
         # the cancel happened, once: one open order of the customer's, and nothing else, is now cancelled
         after = {o["order_id"]: o["status"] for o in httpx.get(f"{shop}/admin/orders", timeout=5).json()["orders"]}
-        changed = [(o["customer_id"], o["status"], after[o["order_id"]]) for o in before if after[o["order_id"]] != o["status"]]
+        changed = [
+            (o["customer_id"], o["status"], after[o["order_id"]]) for o in before if after[o["order_id"]] != o["status"]
+        ]
         assert len(changed) == 1 and changed[0][0] == CUSTOMER and changed[0][2] == "cancelled", changed
         assert changed[0][1] in ("pending", "processing"), changed
 

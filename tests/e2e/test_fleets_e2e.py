@@ -36,9 +36,15 @@ def other_fleet(fleet, fleet_settings, tmp_path_factory):
     """A second fleet on the session's broker: another prefix, its own state (ledger, logs), the same model and shop."""
     session = fleet_settings[0]
     values = dict(
-        kafka_bootstrap_servers=session.bootstrap_servers, topic_prefix=OTHER_PREFIX, state_dir=tmp_path_factory.mktemp("other-fleet"),
-        anthropic_base_url=f"http://127.0.0.1:{session.simulator_port}", shop_url=session.shop_base_url, partitions=2,
-        max_steps=10, log_level="INFO", approval_keys=f"oth1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        kafka_bootstrap_servers=session.bootstrap_servers,
+        topic_prefix=OTHER_PREFIX,
+        state_dir=tmp_path_factory.mktemp("other-fleet"),
+        anthropic_base_url=f"http://127.0.0.1:{session.simulator_port}",
+        shop_url=session.shop_base_url,
+        partitions=2,
+        max_steps=10,
+        log_level="INFO",
+        approval_keys=f"oth1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
         decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
     )
     settings, env = ShopFleetSettings(**values), fleet_env(**values)
@@ -57,13 +63,24 @@ async def other_client(other_fleet):
 def _expected_members(fleet: Fleet) -> dict[str, int]:
     """Each consumer group of `fleet` -> how many of its processes are members: one per service, its executors."""
     prefix = fleet.settings.topic_prefix
-    return {i.group(s.name, prefix): fleet.executor_replicas if s.name == "executor" else 1 for s in topology.SERVICES for i in s.inputs}
+    return {
+        i.group(s.name, prefix): fleet.executor_replicas if s.name == "executor" else 1
+        for s in topology.SERVICES
+        for i in s.inputs
+    }
 
 
 async def _lag_cli(env: dict[str, str]) -> dict:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "roundtrip._cli.main", "lag", "--json", env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        sys.executable,
+        "-m",
+        "roundtrip._cli.main",
+        "lag",
+        "--json",
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(process.communicate(), 90)
     assert process.returncode == 0, err.decode()
     return json.loads(out)
@@ -75,7 +92,7 @@ def _group_generation(key: bytes | None, value: bytes | None) -> tuple[str, int]
     if key is None or value is None or struct.unpack_from(">h", key)[0] != 2:
         return None
     (length,) = struct.unpack_from(">h", key, 2)
-    group = key[4:4 + length].decode()
+    group = key[4 : 4 + length].decode()
     (version,) = struct.unpack_from(">h", value)
     if version >= 4:  # a compact string: unsigned varint of length + 1
         at, shift, encoded = 2, 0, 0
@@ -124,16 +141,36 @@ async def _members(bootstrap: str, prefix: str) -> dict[str, tuple[str, tuple[st
 async def test_both_fleets_serve_and_each_reply_reaches_its_own_fleet_only(client, other_client, other_fleet):
     asked = {"session": [], "other": []}
     for i in range(3):  # several at once, on both fleets
-        asked["session"].append(await client.ask("where is my order?", "cus_1001", persona="careful", request_id=f"req_one_{i}_{uuid.uuid4().hex[:6]}"))
-        asked["other"].append(await other_client.ask("where is my order?", "cus_1001", persona="careful", request_id=f"req_two_{i}_{uuid.uuid4().hex[:6]}"))
-    replies = await asyncio.gather(*(client.reply(r, 90) for r in asked["session"]), *(other_client.reply(r, 90) for r in asked["other"]))
-    assert all(reply.outcome is Outcome.END_TURN and reply.text for reply in replies), [(r.outcome, r.text) for r in replies]
+        asked["session"].append(
+            await client.ask(
+                "where is my order?", "cus_1001", persona="careful", request_id=f"req_one_{i}_{uuid.uuid4().hex[:6]}"
+            )
+        )
+        asked["other"].append(
+            await other_client.ask(
+                "where is my order?", "cus_1001", persona="careful", request_id=f"req_two_{i}_{uuid.uuid4().hex[:6]}"
+            )
+        )
+    replies = await asyncio.gather(
+        *(client.reply(r, 90) for r in asked["session"]), *(other_client.reply(r, 90) for r in asked["other"])
+    )
+    assert all(reply.outcome is Outcome.END_TURN and reply.text for reply in replies), [
+        (r.outcome, r.text) for r in replies
+    ]
     await asyncio.sleep(2)  # a reply that went astray would have arrived by now
-    assert not set(asked["other"]) & set(client.replies), "the session fleet's replies topic got the other fleet's reply"
-    assert not set(asked["session"]) & set(other_client.replies), "the other fleet's replies topic got the session fleet's reply"
-    assert all(len(client.replies[r]) == 1 for r in asked["session"]) and all(len(other_client.replies[r]) == 1 for r in asked["other"])
+    assert not set(asked["other"]) & set(client.replies), (
+        "the session fleet's replies topic got the other fleet's reply"
+    )
+    assert not set(asked["session"]) & set(other_client.replies), (
+        "the other fleet's replies topic got the session fleet's reply"
+    )
+    assert all(len(client.replies[r]) == 1 for r in asked["session"]) and all(
+        len(other_client.replies[r]) == 1 for r in asked["other"]
+    )
     for request_id in asked["other"]:  # no service of the session fleet started the other fleet's turns
-        assert not client.of_turn(topics.TURN_STARTS, request_id) and other_client.of_turn(topics.TURN_STARTS, request_id)
+        assert not client.of_turn(topics.TURN_STARTS, request_id) and other_client.of_turn(
+            topics.TURN_STARTS, request_id
+        )
 
 
 async def test_lag_of_each_fleet_shows_its_own_groups_and_members_only(fleet, fleet_settings, other_fleet):
@@ -157,13 +194,17 @@ async def test_killing_one_fleets_executor_rebalances_no_group_of_the_other(flee
     before_members = await _members(bootstrap, session.topic_prefix)
     assert all(state == "Stable" for state, _ in before_members.values()), before_members
     before = await _generations(bootstrap, mine | {its_executor})
-    assert set(before) == mine | {its_executor}, f"no generation recorded for {sorted(mine | {its_executor} - set(before))}"
+    assert set(before) == mine | {its_executor}, (
+        f"no generation recorded for {sorted(mine | {its_executor} - set(before))}"
+    )
 
     await other.kill("executor")  # SIGKILL: its group learns of it when the member's session times out
     seen_states: set[str] = set()
     deadline = time.monotonic() + 60
     while (await _generations(bootstrap, {its_executor}))[its_executor] == before[its_executor]:
-        assert time.monotonic() < deadline, "the other fleet's executor group never rebalanced: the probe would see nothing"
+        assert time.monotonic() < deadline, (
+            "the other fleet's executor group never rebalanced: the probe would see nothing"
+        )
         seen_states |= {state for state, _ in (await _members(bootstrap, session.topic_prefix)).values()}
         await asyncio.sleep(0.2)
     await asyncio.sleep(3.5)  # a heartbeat interval: a rebalance the kill started elsewhere would have begun

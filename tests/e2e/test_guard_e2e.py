@@ -17,7 +17,12 @@ from roundtrip._kernel.wire.events import Outcome
 
 def executed(client, request_id: str, tool: str) -> int:
     """How many calls of `tool` the gate approved for the executors in this turn."""
-    return sum(1 for b in client.of_turn(topics.TOOL_BATCHES, request_id) for c in b["calls"] if c["name"] == tool and c["approved"])
+    return sum(
+        1
+        for b in client.of_turn(topics.TOOL_BATCHES, request_id)
+        for c in b["calls"]
+        if c["name"] == tool and c["approved"]
+    )
 
 
 def emitted(client, request_id: str, tool: str) -> int:
@@ -26,12 +31,24 @@ def emitted(client, request_id: str, tool: str) -> int:
 
 def roundtrip_cli(fleet_settings, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, **fleet_settings[1]}
-    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", *args], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", *args], env=env, capture_output=True, text=True, timeout=60
+    )
 
 
-async def test_roundtrip_ask_on_the_incident_exits_3_with_a_clear_line_and_shows_each_step_in_order(fleet, fleet_settings):
-    asked = await asyncio.to_thread(roundtrip_cli, fleet_settings, "ask", "where is my order ord_0000dead?",
-                                    "--customer", "cus_1003", "--persona", "stubborn")
+async def test_roundtrip_ask_on_the_incident_exits_3_with_a_clear_line_and_shows_each_step_in_order(
+    fleet, fleet_settings
+):
+    asked = await asyncio.to_thread(
+        roundtrip_cli,
+        fleet_settings,
+        "ask",
+        "where is my order ord_0000dead?",
+        "--customer",
+        "cus_1003",
+        "--persona",
+        "stubborn",
+    )
     assert asked.returncode == 3, asked.stdout + asked.stderr
     assert "the turn did not end with the model's answer: repeated_call (exit code 3)" in asked.stdout
     lines = [line.strip() for line in asked.stdout.splitlines()]
@@ -49,18 +66,25 @@ async def test_roundtrip_ask_on_the_incident_exits_3_with_a_clear_line_and_shows
         assert gated in (calls, []), asked.stdout  # none: the guard ended the turn on this step's calls
 
 
-async def test_the_40_call_incident_ends_within_two_identical_calls_with_cost_in_the_reply(client, fleet, fleet_settings, capsys):
+async def test_the_40_call_incident_ends_within_two_identical_calls_with_cost_in_the_reply(
+    client, fleet, fleet_settings, capsys
+):
     request_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
     reply = await client.reply(request_id)
 
     assert reply.outcome is Outcome.REPEATED_CALL
     assert "sorry" in reply.text.lower()
-    assert emitted(client, request_id, "lookup_order") == 3  # fails, its first repeat is blocked, the second ends the turn
+    assert (
+        emitted(client, request_id, "lookup_order") == 3
+    )  # fails, its first repeat is blocked, the second ends the turn
     errors = [c["error"] for b in client.of_turn(topics.TOOL_BATCHES, request_id) for c in b["calls"]]
     assert len(errors) == 2 and "not found" in errors[0]
     assert "already failed at step 1" in errors[1] and "not found" in errors[1]
     assert executed(client, request_id, "lookup_order") == 0
-    assert reply.usage.cache_creation_input_tokens + reply.usage.cache_read_input_tokens + reply.usage.input_tokens > 0 and reply.cost_usd > 0
+    assert (
+        reply.usage.cache_creation_input_tokens + reply.usage.cache_read_input_tokens + reply.usage.input_tokens > 0
+        and reply.cost_usd > 0
+    )
 
     # The same scenario with the loop rules off: only the step limit stops it.
     async with fleet.reconfigured(("guard",), loop_rules=False):
@@ -70,13 +94,22 @@ async def test_the_40_call_incident_ends_within_two_identical_calls_with_cost_in
     assert emitted(client, off_id, "lookup_order") == fleet_settings[0].max_steps
 
     def tokens(r):
-        return r.usage.input_tokens + r.usage.cache_creation_input_tokens + r.usage.cache_read_input_tokens + r.usage.output_tokens
+        return (
+            r.usage.input_tokens
+            + r.usage.cache_creation_input_tokens
+            + r.usage.cache_read_input_tokens
+            + r.usage.output_tokens
+        )
 
     with capsys.disabled():
-        print(f"\n[guard] stubborn lookup_order: guard on  -> {reply.outcome.value}, {reply.steps} model calls, "
-              f"{tokens(reply)} tokens, ${reply.cost_usd:.4f}")
-        print(f"[guard] stubborn lookup_order: guard off -> {off.outcome.value}, {off.steps} model calls, "
-              f"{tokens(off)} tokens, ${off.cost_usd:.4f} ({off.cost_usd / reply.cost_usd:.1f}x)")
+        print(
+            f"\n[guard] stubborn lookup_order: guard on  -> {reply.outcome.value}, {reply.steps} model calls, "
+            f"{tokens(reply)} tokens, ${reply.cost_usd:.4f}"
+        )
+        print(
+            f"[guard] stubborn lookup_order: guard off -> {off.outcome.value}, {off.steps} model calls, "
+            f"{tokens(off)} tokens, ${off.cost_usd:.4f} ({off.cost_usd / reply.cost_usd:.1f}x)"
+        )
     assert off.cost_usd > 2 * reply.cost_usd
 
 
@@ -96,8 +129,13 @@ async def test_alternating_loops_and_failure_streaks_are_caught_by_their_own_rul
 
 async def test_a_duplicated_support_request_gets_one_reply_and_one_side_effect(client, shop_orders):
     before = shop_orders()
-    body = {"request_id": "req_dup_1", "conversation_id": "conv_dup_1", "customer_id": "cus_1001",
-            "text": "cancel my last order", "persona": "careful"}
+    body = {
+        "request_id": "req_dup_1",
+        "conversation_id": "conv_dup_1",
+        "customer_id": "cus_1001",
+        "text": "cancel my last order",
+        "persona": "careful",
+    }
     for _ in range(2):
         await client.publish_raw(json.dumps(body).encode(), key=b"conv_dup_1")
     await client.reply("req_dup_1")
@@ -115,7 +153,11 @@ async def test_duplicated_iteration_events_are_dropped(client, shop_orders):
     iterations = client.of_turn(topics.ITERATIONS, request_id)
     assert len(iterations) == reply.steps
     for iteration in iterations:  # redeliver every iteration of the turn, first to last
-        await client.producer.send_and_wait(client.topic(topics.ITERATIONS), json.dumps(iteration).encode(), key=iteration["turn"]["conversation_id"].encode())
+        await client.producer.send_and_wait(
+            client.topic(topics.ITERATIONS),
+            json.dumps(iteration).encode(),
+            key=iteration["turn"]["conversation_id"].encode(),
+        )
     await asyncio.sleep(3)
     assert len(client.replies[request_id]) == 1
     assert len(client.of_turn(topics.TOOL_CALLS, request_id)) == reply.steps - 1  # no step was checked twice
@@ -131,7 +173,10 @@ async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(
             request_id = await client.ask("where is my order?", customer="cus_1001", persona="careful")
             await client.wait_for(lambda: client.of_turn(topics.TOOL_BATCHES, request_id), timeout=30)
 
-            stuck = await client.wait_for(lambda: [e for e in client.seen[topics.TURN_EVENTS] if e["turn"]["request_id"] == request_id], timeout=15)
+            stuck = await client.wait_for(
+                lambda: [e for e in client.seen[topics.TURN_EVENTS] if e["turn"]["request_id"] == request_id],
+                timeout=15,
+            )
             assert stuck[0]["status"] == "stuck" and stuck[0]["idle_s"] >= 2
             listing = roundtrip_cli(fleet_settings, "turns", "--status", "stuck")
             assert listing.returncode == 0, listing.stderr
@@ -150,7 +195,10 @@ async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(
 
 
 async def test_turns_cancel_stops_a_stubborn_turn_mid_loop(client, fleet, fleet_settings):
-    async with fleet.reconfigured(("simulator",), simulator_latency_ms=700), fleet.reconfigured(("guard",), loop_rules=False):
+    async with (
+        fleet.reconfigured(("simulator",), simulator_latency_ms=700),
+        fleet.reconfigured(("guard",), loop_rules=False),
+    ):
         request_id = await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
         first = await client.wait_for(lambda: client.of_turn(topics.ITERATIONS, request_id), timeout=30)
         result = roundtrip_cli(fleet_settings, "turns", "cancel", first[0]["turn"]["turn_id"])

@@ -28,8 +28,24 @@ from tests.wheel import ROOT, build_wheel
 
 pytestmark = pytest.mark.timeout(1500)  # a fresh venv's dependencies, the jars fetched once, a fleet started
 
-PASSED_THROUGH = ("HOME", "LANG", "LC_ALL", "TMPDIR", "JAVA_HOME", "M2_HOME", "MAVEN_OPTS", "SSL_CERT_FILE", "SSL_CERT_DIR",
-                  "REQUESTS_CA_BUNDLE", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+PASSED_THROUGH = (
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "JAVA_HOME",
+    "M2_HOME",
+    "MAVEN_OPTS",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+)
 INTROSPECT = """import json, sys, roundtrip, roundtrip.testing
 print(json.dumps({"file": roundtrip.__file__, "all": roundtrip.__all__, "testing": roundtrip.testing.__all__,
                   "path": sys.path, "executable": sys.executable}))"""
@@ -67,7 +83,9 @@ def test_the_installed_wheel_imports_roundtrip_from_its_own_site_packages_with_t
     assert Path(seen["file"]).is_relative_to(installed) and "site-packages" in seen["file"]
     assert not [entry for entry in seen["path"] if entry and Path(entry).resolve().is_relative_to(ROOT)], seen["path"]
     assert seen["all"] == roundtrip.__all__ and seen["testing"] == roundtrip.testing.__all__
-    assert {"Agent", "tool", "Entity", "ToolContext", "ToolError", "McpServer", "always", "approval_rule"} <= set(seen["all"])
+    assert {"Agent", "tool", "Entity", "ToolContext", "ToolError", "McpServer", "always", "approval_rule"} <= set(
+        seen["all"]
+    )
     assert {"ScriptedModel", "FunctionModel", "call", "run_turn"} <= set(seen["testing"])
     # a dev command that writes into a checkout says it needs one, and writes nothing into site-packages
     contracts = run([str(installed / "bin" / "roundtrip"), "contracts"], clean_env(installed), tmp_path, 120)
@@ -81,13 +99,20 @@ def test_the_installed_roundtrip_up_fetches_the_jars_runs_the_fleet_and_answers_
     cache, state, home = tmp_path / "kafka-cache", tmp_path / "state", tmp_path / "work"
     cache.mkdir()
     home.mkdir()
-    env = clean_env(installed, ROUNDTRIP_KAFKA_CACHE=str(cache), ROUNDTRIP_STATE_DIR=str(state),
-                    ROUNDTRIP_KAFKA_PORT=str(base), ROUNDTRIP_KAFKA_CONTROLLER_PORT=str(base + 1),
-                    ROUNDTRIP_SIMULATOR_PORT=str(base + 2), ROUNDTRIP_SHOP_PORT=str(base + 3))
+    env = clean_env(
+        installed,
+        ROUNDTRIP_KAFKA_CACHE=str(cache),
+        ROUNDTRIP_STATE_DIR=str(state),
+        ROUNDTRIP_KAFKA_PORT=str(base),
+        ROUNDTRIP_KAFKA_CONTROLLER_PORT=str(base + 1),
+        ROUNDTRIP_SIMULATOR_PORT=str(base + 2),
+        ROUNDTRIP_SHOP_PORT=str(base + 3),
+    )
     output = tmp_path / "up.log"
     with open(output, "w") as log:
-        up = subprocess.Popen([str(installed / "bin" / "roundtrip"), "up"], env=env, cwd=home, stdout=log,
-                              stderr=subprocess.STDOUT)
+        up = subprocess.Popen(
+            [str(installed / "bin" / "roundtrip"), "up"], env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             deadline = time.monotonic() + 600  # the jars, copied from ~/.m2 by mvn, then the fleet
             while "Ready." not in output.read_text():
@@ -98,8 +123,12 @@ def test_the_installed_roundtrip_up_fetches_the_jars_runs_the_fleet_and_answers_
             assert f"with mvn into {cache}" in started, started  # the cache was empty: up fetched the jars itself
             assert list((cache / "libs").glob("kafka_2.13-*.jar"))
 
-            ask = run([str(installed / "bin" / "roundtrip"), "ask", "cancel my last order", "--customer", "cus_1001"],
-                      env, home, 180)
+            ask = run(
+                [str(installed / "bin" / "roundtrip"), "ask", "cancel my last order", "--customer", "cus_1001"],
+                env,
+                home,
+                180,
+            )
             assert ask.returncode == 0, ask.stdout + ask.stderr
             assert "end_turn" in ask.stdout and "I've cancelled order ord_a1000003" in ask.stdout, ask.stdout
         finally:

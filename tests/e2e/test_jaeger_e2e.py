@@ -22,21 +22,26 @@ import pytest
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
-from roundtrip._kernel.wire.events import Outcome
-from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.observability.telemetry import turn_span_name
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire.events import Outcome
 from tests.e2e.conftest import AsyncFleet, FleetClient, fleet_env
 from tests.jaeger import Jaeger, jaeger_binary
 
 TURN_SPAN_NAME = turn_span_name("support-agent")  # the demo agent the fleet runs
 
-UNAVAILABLE = os.environ.get("ROUNDTRIP_JAEGER_UNAVAILABLE")  # .ci/run says why when it could not build Jaeger (no usable Go)
+UNAVAILABLE = os.environ.get(
+    "ROUNDTRIP_JAEGER_UNAVAILABLE"
+)  # .ci/run says why when it could not build Jaeger (no usable Go)
 if jaeger_binary() is None and not UNAVAILABLE and os.environ.get("CI"):
     raise RuntimeError("CI without the Jaeger binary: .ci/run should have built it (bash scripts/jaeger.sh build)")
 pytestmark = [
     pytest.mark.jaeger,
-    pytest.mark.skipif(jaeger_binary() is None, reason=f"JAEGER v2 NOT BUILT ({UNAVAILABLE or 'run: bash scripts/jaeger.sh build'}); "
-                                                       "the Jaeger e2e tests did not run"),
+    pytest.mark.skipif(
+        jaeger_binary() is None,
+        reason=f"JAEGER v2 NOT BUILT ({UNAVAILABLE or 'run: bash scripts/jaeger.sh build'}); "
+        "the Jaeger e2e tests did not run",
+    ),
 ]
 
 STUCK_AFTER_S, STUCK_GRACE_S = 4.0, 3.0
@@ -88,9 +93,17 @@ def jaeger(tmp_path_factory):
 def traced(kafka_bootstrap, tmp_path_factory, jaeger):
     state = tmp_path_factory.mktemp("traced-fleet")
     values = dict(
-        otlp_endpoint=jaeger.otlp_http_endpoint, jaeger_query_url=jaeger.query_url, kafka_bootstrap_servers=kafka_bootstrap,
-        topic_prefix=f"jg{uuid.uuid4().hex[:6]}.", state_dir=state, simulator_port=free_port(), shop_port=free_port(),
-        partitions=2, stuck_after_s=STUCK_AFTER_S, stuck_grace_s=STUCK_GRACE_S, log_level="INFO",
+        otlp_endpoint=jaeger.otlp_http_endpoint,
+        jaeger_query_url=jaeger.query_url,
+        kafka_bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"jg{uuid.uuid4().hex[:6]}.",
+        state_dir=state,
+        simulator_port=free_port(),
+        shop_port=free_port(),
+        partitions=2,
+        stuck_after_s=STUCK_AFTER_S,
+        stuck_grace_s=STUCK_GRACE_S,
+        log_level="INFO",
         # not the embedded broker, so not "development": the published development key would be refused
         approval_keys=f"jg1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
     )
@@ -101,8 +114,13 @@ def traced(kafka_bootstrap, tmp_path_factory, jaeger):
 
 
 def ask_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "ask", *args], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "ask", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -112,21 +130,32 @@ async def turns(traced, jaeger):
     await client.start()
     try:
         normal = await client.reply(await client.ask("cancel my last order", customer="cus_1001", persona="careful"))
-        runaway = await client.reply(await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn"))
+        runaway = await client.reply(
+            await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
+        )
         # the executor is killed next (SIGKILL: spans it has not exported yet are lost): let it export the first turns' spans
-        await wait_trace(jaeger, normal.trace_id, lambda t: any(s["operationName"] == "execute_tool cancel_order" for s in t["spans"]))
+        await wait_trace(
+            jaeger,
+            normal.trace_id,
+            lambda t: any(s["operationName"] == "execute_tool cancel_order" for s in t["spans"]),
+        )
         await fleet.kill("executor")
         try:  # `roundtrip ask`, as an operator would, while no executor runs: flagged stuck, then ended
             started = time.monotonic()
-            asked = await asyncio.to_thread(ask_cli, env, "where is my order?", "--customer", "cus_1002", "--persona", "careful",
-                                            "--timeout", "60")
+            asked = await asyncio.to_thread(
+                ask_cli, env, "where is my order?", "--customer", "cus_1002", "--persona", "careful", "--timeout", "60"
+            )
             stuck_wall = time.monotonic() - started
         finally:
             await fleet.respawn("executor")  # it finds the stale batch: the approval has expired, nothing runs
-        assert asked.returncode == 3, asked.stdout + asked.stderr  # the guard ended it (deadline): ask says so in its exit code
+        assert asked.returncode == 3, (
+            asked.stdout + asked.stderr
+        )  # the guard ended it (deadline): ask says so in its exit code
         assert "the turn did not end with the model's answer: deadline (exit code 3)" in asked.stdout
         turn_id = re.search(r"turn (turn_[0-9a-f]+)\s+trace", asked.stdout).group(1)
-        stuck = await client.wait_for(lambda: next((r for rs in client.replies.values() for r in rs if r.turn_id == turn_id), None), 30)
+        stuck = await client.wait_for(
+            lambda: next((r for rs in client.replies.values() for r in rs if r.turn_id == turn_id), None), 30
+        )
         yield {"normal": normal, "runaway": runaway, "stuck": stuck, "ask": asked.stdout, "stuck_wall": stuck_wall}
     finally:
         await client.stop()
@@ -140,7 +169,8 @@ async def wait_trace(jaeger: Jaeger, trace_id: str, ready, timeout: float = 30.0
         if found is not None and ready(found):
             return found
         assert time.monotonic() < deadline, f"trace {trace_id} not complete in Jaeger: " + (
-            ", ".join(sorted(s["operationName"] for s in found["spans"])) if found else "absent")
+            ", ".join(sorted(s["operationName"] for s in found["spans"])) if found else "absent"
+        )
         await asyncio.sleep(0.5)
 
 
@@ -185,10 +215,13 @@ async def test_the_stuck_turn_is_found_by_min_duration_and_by_error(turns, jaege
     assert normal.trace_id not in failed  # a turn that went well shows no error
 
 
-@pytest.mark.xfail(strict=True, reason="Jaeger 2.13's in-memory storage cannot search error=true: the query API passes the "
-                                       "tag as the string 'true' and the store reads it as a boolean (false), so it matches "
-                                       "spans whose status is OK instead; search roundtrip.error=true. Strict: passes (and "
-                                       "so fails here) once a Jaeger version fixes it")
+@pytest.mark.xfail(
+    strict=True,
+    reason="Jaeger 2.13's in-memory storage cannot search error=true: the query API passes the "
+    "tag as the string 'true' and the store reads it as a boolean (false), so it matches "
+    "spans whose status is OK instead; search roundtrip.error=true. Strict: passes (and "
+    "so fails here) once a Jaeger version fixes it",
+)
 async def test_the_stuck_turn_is_found_by_error_true(turns, jaeger):
     await wait_trace(jaeger, turns["stuck"].trace_id, has_root)
     assert turns["stuck"].trace_id in trace_ids(search(jaeger, tags={"error": "true"}))
@@ -200,7 +233,11 @@ async def test_a_three_step_turn_is_one_shallow_trace_rooted_at_the_turn_span(tu
 
     def complete(t: dict) -> bool:
         names = [s["operationName"] for s in t["spans"]]
-        return has_root(t) and names.count("anthropic.messages.create") == 3 and any(n.endswith("turn.outcomes process") for n in names)
+        return (
+            has_root(t)
+            and names.count("anthropic.messages.create") == 3
+            and any(n.endswith("turn.outcomes process") for n in names)
+        )
 
     trace = await wait_trace(jaeger, reply.trace_id, complete)
     spans = trace["spans"]
@@ -217,14 +254,19 @@ async def test_a_three_step_turn_is_one_shallow_trace_rooted_at_the_turn_span(tu
     # (a span that starts after the reply is a redelivery after some other test's SIGKILL: at least once, refused
     # by the fence; it belongs to the trace but not to the turn's time)
     end = root["startTime"] + root["duration"]
-    late = [(service(trace, s), s["operationName"], (s["startTime"] + s["duration"] - end) // 1000)
-            for s in spans if s["startTime"] < end and s["startTime"] + s["duration"] > end + 50_000]
+    late = [
+        (service(trace, s), s["operationName"], (s["startTime"] + s["duration"] - end) // 1000)
+        for s in spans
+        if s["startTime"] < end and s["startTime"] + s["duration"] > end + 50_000
+    ]
     assert not late, f"spans of the turn that end after its span (service, name, ms after): {late}"
 
     measured = depth(trace)
     with capsys.disabled():
-        print(f"\n[jaeger] 3-step turn: {len(spans)} spans from {len({service(trace, s) for s in spans})} services, "
-              f"maximum depth {measured}, turn span {root['duration'] / 1000:.0f} ms")
+        print(
+            f"\n[jaeger] 3-step turn: {len(spans)} spans from {len({service(trace, s) for s in spans})} services, "
+            f"maximum depth {measured}, turn span {root['duration'] / 1000:.0f} ms"
+        )
     assert measured <= MAX_DEPTH
 
     # every span says which turn and conversation it belongs to; messaging spans carry our conversation id
@@ -239,9 +281,14 @@ async def test_a_three_step_turn_is_one_shallow_trace_rooted_at_the_turn_span(tu
     t = tags(root)
     assert t["gen_ai.operation.name"] == "invoke_agent" and t["gen_ai.agent.name"] == "support-agent"
     assert t["gen_ai.provider.name"] == "anthropic"
-    assert t["roundtrip.customer_id"] == "cus_1001" and t["roundtrip.outcome"] == "end_turn" and t["roundtrip.steps"] == 3
+    assert (
+        t["roundtrip.customer_id"] == "cus_1001" and t["roundtrip.outcome"] == "end_turn" and t["roundtrip.steps"] == 3
+    )
     usage = reply.usage
-    assert t["gen_ai.usage.input_tokens"] == usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
+    assert (
+        t["gen_ai.usage.input_tokens"]
+        == usage.input_tokens + usage.cache_creation_input_tokens + usage.cache_read_input_tokens
+    )
     assert t["gen_ai.usage.output_tokens"] == usage.output_tokens
     assert t["roundtrip.cost_usd"] == pytest.approx(reply.cost_usd)
 
@@ -270,8 +317,11 @@ async def test_the_stuck_turn_reads_as_a_story(turns, jaeger):
 
     def complete(t: dict) -> bool:
         names = {s["operationName"] for s in t["spans"]}
-        return has_root(t) and {"guard.turn_stuck", "guard.deadline"} <= names and any(
-            n.endswith("turn.tool_batches process") for n in names)
+        return (
+            has_root(t)
+            and {"guard.turn_stuck", "guard.deadline"} <= names
+            and any(n.endswith("turn.tool_batches process") for n in names)
+        )
 
     trace = await wait_trace(jaeger, reply.trace_id, complete, timeout=45)
     by_name = {}
@@ -297,14 +347,28 @@ async def test_roundtrip_trace_reads_the_turn_from_jaeger(turns, traced, jaeger)
     reply = turns["normal"]
     await wait_trace(jaeger, reply.trace_id, has_root)
     env = {**os.environ, **traced[2], "COLUMNS": "200"}
-    shown = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "roundtrip._cli.main", "trace", reply.turn_id], env=env,
-                                    capture_output=True, text=True, timeout=60)
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "roundtrip._cli.main", "trace", reply.turn_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert f"trace {reply.trace_id}" in shown.stdout
     assert TURN_SPAN_NAME in shown.stdout and "execute_tool cancel_order" in shown.stdout
-    assert {"gateway", "guard", "model", "gate", "executor"} <= set(re.findall(r"\b(gateway|guard|model|gate|executor)\b", shown.stdout))
+    assert {"gateway", "guard", "model", "gate", "executor"} <= set(
+        re.findall(r"\b(gateway|guard|model|gate|executor)\b", shown.stdout)
+    )
     # unreachable Jaeger: a clear error, not a traceback
     env["ROUNDTRIP_JAEGER_QUERY_URL"] = f"http://127.0.0.1:{free_port()}"
-    down = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "roundtrip._cli.main", "trace", reply.turn_id], env=env,
-                                   capture_output=True, text=True, timeout=60)
+    down = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "roundtrip._cli.main", "trace", reply.turn_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert down.returncode == 2 and "cannot read Jaeger" in down.stdout

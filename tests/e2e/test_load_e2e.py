@@ -10,16 +10,17 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from roundtrip._kernel.wire import topics
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.wire import topics
 
 pytestmark = pytest.mark.e2e
 
 
 async def record_times(settings, names: list[str]) -> dict[str, list[tuple[int, dict]]]:
     """Every record of `names` (logical topics) with its Kafka timestamp (ms, set by the producer)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False,
-                                isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers, enable_auto_commit=False, isolation_level="read_committed"
+    )
     await consumer.start()
     try:
         wire = [settings.topic_prefix + n for n in names]
@@ -28,12 +29,13 @@ async def record_times(settings, names: list[str]) -> dict[str, list[tuple[int, 
         await consumer.seek_to_beginning(*parts)
         ends = await consumer.end_offsets(parts)
         out: dict[str, list[tuple[int, dict]]] = {n: [] for n in names}
+
         async def behind() -> bool:
             return any([await consumer.position(tp) < ends[tp] for tp in parts])
 
         while await behind():
             for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
-                name = tp.topic[len(settings.topic_prefix):]
+                name = tp.topic[len(settings.topic_prefix) :]
                 out[name] += [(r.timestamp, json.loads(r.value)) for r in records]
         return out
     finally:
@@ -78,8 +80,13 @@ async def test_follow_ups_in_one_conversation_never_stall(client, fleet_settings
     took = []
     for i in range(20):
         request_id = f"req_{conversation}_{i}"
-        body = {"request_id": request_id, "conversation_id": conversation, "customer_id": "cus_1003",
-                "text": "where is my order?", "persona": "careful"}
+        body = {
+            "request_id": request_id,
+            "conversation_id": conversation,
+            "customer_id": "cus_1003",
+            "text": "where is my order?",
+            "persona": "careful",
+        }
         started = time.perf_counter()
         await client.publish_raw(json.dumps(body).encode(), key=conversation.encode())
         reply = await client.reply(request_id, timeout=60)

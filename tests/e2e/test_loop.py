@@ -18,8 +18,12 @@ from roundtrip._kernel.wire.events import Outcome
 CANCELLABLE = {"pending", "processing"}
 
 
-async def test_careful_persona_cancels_exactly_the_customers_most_recent_cancellable_order(client, shop_orders, fleet_settings):
-    httpx.post(f"{fleet_settings[0].shop_base_url}/admin/reset", timeout=10).raise_for_status()  # earlier tests cancel orders too
+async def test_careful_persona_cancels_exactly_the_customers_most_recent_cancellable_order(
+    client, shop_orders, fleet_settings
+):
+    httpx.post(
+        f"{fleet_settings[0].shop_base_url}/admin/reset", timeout=10
+    ).raise_for_status()  # earlier tests cancel orders too
     before = shop_orders()
     request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
     reply = await client.reply(request_id)
@@ -31,11 +35,17 @@ async def test_careful_persona_cancels_exactly_the_customers_most_recent_cancell
     assert len(changed) == 1, changed
     (order_id,) = changed
     assert after[order_id] == ("cus_1001", "cancelled")
-    alice_cancellable = [oid for oid, (owner, status) in before.items() if owner == "cus_1001" and status in CANCELLABLE]
+    alice_cancellable = [
+        oid for oid, (owner, status) in before.items() if owner == "cus_1001" and status in CANCELLABLE
+    ]
     assert order_id == max(alice_cancellable, key=lambda oid: _placed(client, request_id, oid))
     assert order_id in reply.text
-    billed_input = reply.usage.input_tokens + reply.usage.cache_creation_input_tokens + reply.usage.cache_read_input_tokens
-    assert billed_input > 0 and reply.usage.output_tokens > 0  # the history is cached too: input may all be cache writes and reads
+    billed_input = (
+        reply.usage.input_tokens + reply.usage.cache_creation_input_tokens + reply.usage.cache_read_input_tokens
+    )
+    assert (
+        billed_input > 0 and reply.usage.output_tokens > 0
+    )  # the history is cached too: input may all be cache writes and reads
     assert len(reply.trace_id) == 32
 
 
@@ -103,12 +113,31 @@ async def test_parallel_calls_are_all_executed_and_answered_in_one_message_in_or
 async def test_a_plain_kafka_client_gets_exactly_one_reply(client, fleet_settings):
     """Kafka's own Java console producer publishes the request: no code of ours on the client side."""
     settings = fleet_settings[0]
-    request = {"request_id": "req_console_1", "conversation_id": "conv_console", "customer_id": "cus_1002", "text": "what are my orders?"}
+    request = {
+        "request_id": "req_console_1",
+        "conversation_id": "conv_console",
+        "customer_id": "cus_1002",
+        "text": "what are my orders?",
+    }
     producer = subprocess.run(
-        ["java", "-cp", f"{kafka_libs_dir(settings.kafka_version, settings.kafka_cache)}/*", "org.apache.kafka.tools.ConsoleProducer",
-         "--bootstrap-server", settings.bootstrap_servers, "--topic", settings.topic_prefix + topics.SUPPORT_REQUESTS,
-         "--property", "parse.key=true", "--property", "key.separator=|"],
-        input=f"conv_console|{json.dumps(request)}\n", text=True, capture_output=True, timeout=60,
+        [
+            "java",
+            "-cp",
+            f"{kafka_libs_dir(settings.kafka_version, settings.kafka_cache)}/*",
+            "org.apache.kafka.tools.ConsoleProducer",
+            "--bootstrap-server",
+            settings.bootstrap_servers,
+            "--topic",
+            settings.topic_prefix + topics.SUPPORT_REQUESTS,
+            "--property",
+            "parse.key=true",
+            "--property",
+            "key.separator=|",
+        ],
+        input=f"conv_console|{json.dumps(request)}\n",
+        text=True,
+        capture_output=True,
+        timeout=60,
     )
     assert producer.returncode == 0, producer.stderr
     reply = await client.reply("req_console_1")
@@ -118,12 +147,19 @@ async def test_a_plain_kafka_client_gets_exactly_one_reply(client, fleet_setting
     assert len(client.replies["req_console_1"]) == 1
 
 
-async def test_malformed_and_schema_violating_requests_are_dead_lettered_and_the_gateway_keeps_serving(client, fleet_settings):
+async def test_malformed_and_schema_violating_requests_are_dead_lettered_and_the_gateway_keeps_serving(
+    client, fleet_settings
+):
     await client.publish_raw(b"{not json at all", key=b"bad1")
     await client.publish_raw(json.dumps({"request_id": "req_bad", "customer_id": "cus_1001"}).encode(), key=b"bad2")
 
-    letters = await client.wait_for(lambda: [l for l in client.seen[topics.DEAD_LETTERS] if l["key"] in ("bad1", "bad2")] if len(
-        [l for l in client.seen[topics.DEAD_LETTERS] if l["key"] in ("bad1", "bad2")]) == 2 else None)
+    letters = await client.wait_for(
+        lambda: (
+            [l for l in client.seen[topics.DEAD_LETTERS] if l["key"] in ("bad1", "bad2")]
+            if len([l for l in client.seen[topics.DEAD_LETTERS] if l["key"] in ("bad1", "bad2")]) == 2
+            else None
+        )
+    )
     by_key = {l["key"]: l for l in letters}
     assert by_key["bad1"]["service"] == "gateway" and by_key["bad1"]["payload"] == "{not json at all"
     assert "json" in by_key["bad1"]["reason"].lower()
@@ -133,10 +169,17 @@ async def test_malformed_and_schema_violating_requests_are_dead_lettered_and_the
     request_id = await client.ask("what are my orders?", customer="cus_1002")
     assert (await client.reply(request_id)).outcome is Outcome.END_TURN
 
-    shown = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "dead-letters", "--limit", "50"], env={**os.environ, **fleet_settings[1]},
-                           capture_output=True, text=True, timeout=60)
+    shown = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "dead-letters", "--limit", "50"],
+        env={**os.environ, **fleet_settings[1]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shown.returncode == 0, shown.stderr
-    assert "{not json at all" in shown.stdout and "malformed JSON" in shown.stdout and "schema violation" in shown.stdout
+    assert (
+        "{not json at all" in shown.stdout and "malformed JSON" in shown.stdout and "schema violation" in shown.stdout
+    )
 
 
 async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client, fleet_settings, otlp_receiver):
@@ -150,7 +193,9 @@ async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client,
         spans = [json.loads(line) for line in settings.effective_span_file.read_text().splitlines() if line.strip()]
         turn_spans = [s for s in spans if s["attributes"].get("roundtrip.turn_id") == reply.turn_id]
         in_trace = [s for s in spans if s["trace_id"] == reply.trace_id]
-        if wanted <= {s["service"] for s in in_trace} and any(s["name"] == "invoke_agent support-agent" for s in in_trace):
+        if wanted <= {s["service"] for s in in_trace} and any(
+            s["name"] == "invoke_agent support-agent" for s in in_trace
+        ):
             break
         assert time.monotonic() < deadline, f"services in trace: {sorted({s['service'] for s in in_trace})}"
         await asyncio.sleep(0.5)
@@ -159,8 +204,12 @@ async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client,
     names = {s["name"] for s in in_trace}
     assert {"turn.start", "guard.decide", "gate.check_call", "turn.reply"} <= names
     assert any(n.startswith("execute_tool ") for n in names)
-    assert sum(1 for s in in_trace if s["attributes"].get("gen_ai.operation.name") == "chat") == reply.steps  # the SDK's spans
-    assert [s["name"] for s in in_trace if s["parent_id"] is None] == ["invoke_agent support-agent"]  # the turn span is the root
+    assert (
+        sum(1 for s in in_trace if s["attributes"].get("gen_ai.operation.name") == "chat") == reply.steps
+    )  # the SDK's spans
+    assert [s["name"] for s in in_trace if s["parent_id"] is None] == [
+        "invoke_agent support-agent"
+    ]  # the turn span is the root
 
     # The same turn as Jaeger would receive it over OTLP/HTTP. Each service exports in batches (every few
     # seconds), so the gateway's turn.start may arrive a batch before its turn.reply: wait for the spans asked for.
@@ -170,8 +219,10 @@ async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client,
         in_otlp = [s for s in otlp_receiver.spans if s["trace_id"] == reply.trace_id]
         if wanted <= {s["service"] for s in in_otlp} and required <= {s["name"] for s in in_otlp}:
             break
-        assert time.monotonic() < deadline, (f"every service should export the turn's spans over OTLP; got "
-                                             f"{sorted({(s['service'], s['name']) for s in in_otlp})}")
+        assert time.monotonic() < deadline, (
+            f"every service should export the turn's spans over OTLP; got "
+            f"{sorted({(s['service'], s['name']) for s in in_otlp})}"
+        )
         await asyncio.sleep(0.5)
     exported = {s["name"] for s in otlp_receiver.spans if s["trace_id"] == reply.trace_id}
     assert required <= exported

@@ -19,8 +19,8 @@ import pytest
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
-from roundtrip._kernel.wire.events import Outcome
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire.events import Outcome
 from tests.e2e.conftest import FleetClient, fleet_env
 from tests.e2e.test_gate_e2e import _tool_results
 from tests.mcp_server import TOOL, answers, calls, start
@@ -48,12 +48,26 @@ async def giftwrap(kafka_bootstrap, tmp_path_factory):
     session's fleet), with the URL of an MCP server that is not running yet; its client; the server's files."""
     state = tmp_path_factory.mktemp("mcp")
     port = free_port()
-    server = {"log": state / "calls.jsonl", "out": state / "server.out", "port": port, "url": f"http://127.0.0.1:{port}/mcp",
-              "process": None, "logs": state / "logs"}
-    values = dict(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=f"mcp{uuid.uuid4().hex[:6]}.", state_dir=state,
-                  simulator_port=free_port(), shop_port=free_port(), partitions=2, log_level="INFO",
-                  approval_keys=f"e2e1:{uuid.uuid4().hex}{uuid.uuid4().hex}", decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-                  agent="tests.mcp_agent:AGENT")
+    server = {
+        "log": state / "calls.jsonl",
+        "out": state / "server.out",
+        "port": port,
+        "url": f"http://127.0.0.1:{port}/mcp",
+        "process": None,
+        "logs": state / "logs",
+    }
+    values = dict(
+        kafka_bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"mcp{uuid.uuid4().hex[:6]}.",
+        state_dir=state,
+        simulator_port=free_port(),
+        shop_port=free_port(),
+        partitions=2,
+        log_level="INFO",
+        approval_keys=f"e2e1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        agent="tests.mcp_agent:AGENT",
+    )
     settings = Settings(**values)
     env = {**fleet_env(**values), "ROUNDTRIP_MCP_GIFTWRAP_URL": server["url"]}
     fleet = Fleet(settings, env=env)
@@ -91,14 +105,21 @@ async def test_mcp_tools_through_the_fleet(giftwrap):
 
     server["process"] = start(server["port"], server["log"], server["out"])
     await wait_until(lambda: answers(server["url"]), "the MCP server answering")
-    await wait_until(lambda: listed_everywhere(server["logs"]), "model, gate and executors listing the MCP server (retried)")
+    await wait_until(
+        lambda: listed_everywhere(server["logs"]), "model, gate and executors listing the MCP server (retried)"
+    )
 
     # a valid call reaches the server, for the request's customer, and the turn ends normally
     reply, results = await ask(client, wrap(OWN_ORDER, "Happy birthday"))
     assert reply.outcome is Outcome.END_TURN, reply
-    assert len(results) == 1 and not results[0].get("is_error") and json.loads(results[0]["content"])["gift_wrapped"] is True
-    assert calls(server["log"]) == [{"tool": TOOL, "arguments": {"order_id": OWN_ORDER, "message": "Happy birthday"},
-                                       "customer_id": CUSTOMER}]
+    assert (
+        len(results) == 1
+        and not results[0].get("is_error")
+        and json.loads(results[0]["content"])["gift_wrapped"] is True
+    )
+    assert calls(server["log"]) == [
+        {"tool": TOOL, "arguments": {"order_id": OWN_ORDER, "message": "Happy birthday"}, "customer_id": CUSTOMER}
+    ]
 
     # the server's isError result is the model's is_error tool_result
     reply, results = await ask(client, wrap(OWN_ORDER, "out of paper"))
@@ -108,7 +129,11 @@ async def test_mcp_tools_through_the_fleet(giftwrap):
 
     # an invalid call and a call naming another customer's order are refused by the gate and never reach the server
     reply, results = await ask(client, wrap(OWN_ORDER, 5))
-    assert reply.outcome is Outcome.END_TURN and results[0]["is_error"] and "`message` must be of type string" in results[0]["content"]
+    assert (
+        reply.outcome is Outcome.END_TURN
+        and results[0]["is_error"]
+        and "`message` must be of type string" in results[0]["content"]
+    )
     reply, results = await ask(client, wrap(FOREIGN_ORDER, "Happy birthday"))
     assert reply.outcome is Outcome.END_TURN and results[0]["is_error"]
     assert "not found among this customer's orders" in results[0]["content"]

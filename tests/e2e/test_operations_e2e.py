@@ -13,8 +13,8 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from roundtrip._kernel.wire import topics
 from roundtrip._kernel.kafka.admin import consumer_lag
+from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import Outcome
 from tests.ports import free_port_run
 
@@ -25,7 +25,11 @@ ASK_EVERY_S = 0.1  # requests arrive over ~4 s, as customers do: the backlog gro
 
 async def _scrape(http: httpx.AsyncClient, port: int) -> dict[tuple[str, tuple], float]:
     text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def _value(samples: dict, name: str, **labels: str) -> float:
@@ -39,8 +43,16 @@ async def _executor_lag(settings) -> int:
 
 async def _lag_cli(env: dict[str, str]) -> dict:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "roundtrip._cli.main", "lag", "--json", "--group", "executor",
-        env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "roundtrip._cli.main",
+        "lag",
+        "--json",
+        "--group",
+        "executor",
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 0, err.decode()
@@ -56,13 +68,17 @@ async def _until(predicate, timeout: float, every: float = 0.25):
     raise AssertionError(f"not within {timeout:g} s")
 
 
-async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_gets_one_reply(client, fleet, fleet_settings):
+async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_gets_one_reply(
+    client, fleet, fleet_settings
+):
     settings, env = fleet_settings
     batches = settings.topic_prefix + topics.TOOL_BATCHES
     base = free_port_run(10)  # guard: base + 2, executors: base + 4 and base + 9
-    async with fleet.reconfigured(("simulator",), simulator_latency_ms=SIMULATOR_LATENCY_MS), \
-            fleet.reconfigured(("guard",), health_port=base, health_port_per_service=True), \
-            httpx.AsyncClient(timeout=5) as http:
+    async with (
+        fleet.reconfigured(("simulator",), simulator_latency_ms=SIMULATOR_LATENCY_MS),
+        fleet.reconfigured(("guard",), health_port=base, health_port_per_service=True),
+        httpx.AsyncClient(timeout=5) as http,
+    ):
         guard_port = base + 2
 
         async def guard_ready():
@@ -97,7 +113,9 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
         assert len(rows) == (settings.executor_partitions or settings.partitions)
         assert sum(p["lag"] for p in rows) >= lag_before + REQUESTS
         assert all(p["lag"] == p["end"] - (p["committed"] if p["committed"] is not None else p["start"]) for p in rows)
-        assert not any(r for ids_ in ids for r in client.replies.get(ids_, [])), "no reply can come while executors are down"
+        assert not any(r for ids_ in ids for r in client.replies.get(ids_, [])), (
+            "no reply can come while executors are down"
+        )
 
         await fleet.respawn("executor")
 
@@ -111,21 +129,35 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
         assert after_cli["groups"][0]["members"], "the respawned executors are members again"
 
         await asyncio.sleep(1.0)  # a duplicate reply would arrive by now
-        assert all(len(client.replies[i]) == 1 for i in ids), {i: len(client.replies[i]) for i in ids if len(client.replies[i]) != 1}
+        assert all(len(client.replies[i]) == 1 for i in ids), {
+            i: len(client.replies[i]) for i in ids if len(client.replies[i]) != 1
+        }
         assert {client.replies[i][0].outcome for i in ids} == {Outcome.END_TURN}
 
         # The guard's counters moved by exactly these turns; the executors (respawned with the health port) ran their calls.
         after = await _scrape(http, guard_port)
-        assert _value(after, "roundtrip_turns_total", outcome="end_turn") - _value(before, "roundtrip_turns_total", outcome="end_turn") == REQUESTS
+        assert (
+            _value(after, "roundtrip_turns_total", outcome="end_turn")
+            - _value(before, "roundtrip_turns_total", outcome="end_turn")
+            == REQUESTS
+        )
         assert _value(after, "roundtrip_turn_steps_count") - _value(before, "roundtrip_turn_steps_count") == REQUESTS
-        assert _value(after, "roundtrip_turn_steps_sum") - _value(before, "roundtrip_turn_steps_sum") == 2 * REQUESTS  # list, then answer
-        assert _value(after, "roundtrip_cost_usd_total", model=settings.model) > _value(before, "roundtrip_cost_usd_total", model=settings.model)
+        assert (
+            _value(after, "roundtrip_turn_steps_sum") - _value(before, "roundtrip_turn_steps_sum") == 2 * REQUESTS
+        )  # list, then answer
+        assert _value(after, "roundtrip_cost_usd_total", model=settings.model) > _value(
+            before, "roundtrip_cost_usd_total", model=settings.model
+        )
         assert _value(after, "process_resident_memory_bytes") > 0
         executors = [await _scrape(http, port) for port in (base + 4, base + 9)]
         ran = sum(_value(s, "roundtrip_tool_executions_total", tool="list_orders", result="ok") for s in executors)
         assert ran == REQUESTS
-        received = sum(_value(s, "faststream_received_messages_total", app_name="roundtrip-executor", broker="kafka", handler=batches)
-                       for s in executors)
+        received = sum(
+            _value(
+                s, "faststream_received_messages_total", app_name="roundtrip-executor", broker="kafka", handler=batches
+            )
+            for s in executors
+        )
         assert received >= REQUESTS
         for port in (base + 4, base + 9):
             assert (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200

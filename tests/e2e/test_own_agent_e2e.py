@@ -26,10 +26,10 @@ import pytest
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
 from roundtrip._kernel.wire.events import ApprovalDecided, Decision, Outcome
-from roundtrip._kernel.settings import Settings
 from tests.e2e.conftest import FleetClient, fleet_env
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,10 +46,20 @@ def say(text: str) -> list[dict]:
 
 
 SCRIPTS = {
-    "foreign": [[call("get_line", line_id="ln_5550303"), call("get_line", line_id="ln_9999999")], say("I can't find those lines.")],
-    "member-change": [[call("change_plan", line_id="ln_5550101", plan="unlimited")], say("Only the holder can change it.")],
-    "port-out": [[call("port_out_number", line_id="ln_5550101", new_carrier="OtherTel")], say("Your number is on its way.")],
-    "stuck": [[call("get_line", line_id="ln_5550202")]] * 4,  # the same call a fourth time: the guard's repeated-call rule
+    "foreign": [
+        [call("get_line", line_id="ln_5550303"), call("get_line", line_id="ln_9999999")],
+        say("I can't find those lines."),
+    ],
+    "member-change": [
+        [call("change_plan", line_id="ln_5550101", plan="unlimited")],
+        say("Only the holder can change it."),
+    ],
+    "port-out": [
+        [call("port_out_number", line_id="ln_5550101", new_carrier="OtherTel")],
+        say("Your number is on its way."),
+    ],
+    "stuck": [[call("get_line", line_id="ln_5550202")]]
+    * 4,  # the same call a fourth time: the guard's repeated-call rule
 }
 
 
@@ -62,11 +72,15 @@ def installed() -> Path:
     except PackageNotFoundError:
         pytest.fail("the example agent is not installed: run bash scripts/setup.sh")
     where = Path(dist.locate_file("telecom_agent")).resolve()
-    assert where.is_dir() and not where.is_relative_to(SOURCE), f"telecom_agent should be installed by pip, not found at {where}"
+    assert where.is_dir() and not where.is_relative_to(SOURCE), (
+        f"telecom_agent should be installed by pip, not found at {where}"
+    )
     sources = [p for p in (SOURCE / "telecom_agent").rglob("*") if p.suffix in (".py", ".json")]
     copies = {p: where / p.relative_to(SOURCE / "telecom_agent") for p in sources}
     stale = [p.name for p, copy in copies.items() if not copy.is_file() or copy.read_bytes() != p.read_bytes()]
-    assert not stale, f"the installed telecom-agent differs from examples/telecom-agent ({stale}): run bash scripts/setup.sh"
+    assert not stale, (
+        f"the installed telecom-agent differs from examples/telecom-agent ({stale}): run bash scripts/setup.sh"
+    )
     return where.parent
 
 
@@ -76,11 +90,20 @@ def telecom_fleet(kafka_bootstrap, tmp_path_factory, installed):
     scripts = state / "scripts.json"
     scripts.write_text(json.dumps(SCRIPTS))
     values = dict(
-        agent="telecom", kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=f"tc{uuid.uuid4().hex[:6]}.", state_dir=state,
-        simulator_port=free_port(), partitions=2, simulator_script=scripts, log_level="INFO",
-        approval_keys=f"tc1:{uuid.uuid4().hex}{uuid.uuid4().hex}", decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        agent="telecom",
+        kafka_bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"tc{uuid.uuid4().hex[:6]}.",
+        state_dir=state,
+        simulator_port=free_port(),
+        partitions=2,
+        simulator_script=scripts,
+        log_level="INFO",
+        approval_keys=f"tc1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
     )
-    env = fleet_env(**values)  # the fleet's processes run the venv's python: the package is there, found by its entry point
+    env = fleet_env(
+        **values
+    )  # the fleet's processes run the venv's python: the package is there, found by its entry point
     with Fleet(Settings(**values), env=env, executor_replicas=1) as fleet:
         yield fleet
 
@@ -117,9 +140,18 @@ def line(settings: Settings, line_id: str) -> tuple[str, str]:
 def test_the_package_is_its_own_distribution_found_by_its_entry_point(installed):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     found = subprocess.run(  # as a service process finds it: from any folder, by the entry point's name
-        [sys.executable, "-c", "from roundtrip._sdk.agent import load_agent; import telecom_agent;"
-         "print(load_agent('telecom').name, telecom_agent.__file__)"],
-        env=env, cwd=installed, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            "from roundtrip._sdk.agent import load_agent; import telecom_agent;"
+            "print(load_agent('telecom').name, telecom_agent.__file__)",
+        ],
+        env=env,
+        cwd=installed,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert found.returncode == 0, found.stderr
     name, module = found.stdout.split()
     assert name == "telco-support" and Path(module).resolve().is_relative_to(installed)
@@ -129,7 +161,9 @@ def test_the_fleet_of_another_agent_runs_no_demo_shop(telecom_fleet):
     assert "shop" not in {child.name for child in telecom_fleet.children}
 
 
-async def test_its_ownership_rule_rejects_another_customers_line_an_invented_one_and_a_members_change(client, telecom_fleet):
+async def test_its_ownership_rule_rejects_another_customers_line_an_invented_one_and_a_members_change(
+    client, telecom_fleet
+):
     settings = telecom_fleet.settings
     reply = await client.reply(await client.ask("show me these lines", customer=ALICE, persona="script:foreign"))
     assert reply.outcome is Outcome.END_TURN and reply.text == "I can't find those lines."
@@ -137,7 +171,9 @@ async def test_its_ownership_rule_rejects_another_customers_line_an_invented_one
     for result, line_id in ((carols, "ln_5550303"), (invented, "ln_9999999")):
         assert result["is_error"] and f"Line {line_id} was not found among this customer's lines" in text(result)
 
-    reply = await client.reply(await client.ask("upgrade our family line", customer=BOB, persona="script:member-change"))
+    reply = await client.reply(
+        await client.ask("upgrade our family line", customer=BOB, persona="script:member-change")
+    )
     (denied,) = results_seen(settings, "member-change")
     assert denied["is_error"] and "only the account holder can change it" in text(denied)
     assert line(settings, "ln_5550101") == ("plus", "active")
@@ -153,11 +189,22 @@ async def test_its_approval_rule_holds_a_port_out_until_a_signed_decision(client
     assert line(settings, "ln_5550101") == ("plus", "active") and not client.replies.get(request_id)
 
     signer = DecisionSigner(parse_keys(settings.decision_keys))
-    decision = signer.sign(ApprovalDecided(
-        approval_id=request["approval_id"], turn_id=request["turn"]["turn_id"], tool_use_id=request["call"]["id"],
-        input_sha256=request["input_sha256"], decision=Decision.APPROVE, decided_by="ops@telco", decided_at=time.time()))
-    await client.producer.send_and_wait(client.topic(topics.APPROVAL_DECISIONS), decision.model_dump_json().encode(),
-                                        key=request["turn"]["conversation_id"].encode())
+    decision = signer.sign(
+        ApprovalDecided(
+            approval_id=request["approval_id"],
+            turn_id=request["turn"]["turn_id"],
+            tool_use_id=request["call"]["id"],
+            input_sha256=request["input_sha256"],
+            decision=Decision.APPROVE,
+            decided_by="ops@telco",
+            decided_at=time.time(),
+        )
+    )
+    await client.producer.send_and_wait(
+        client.topic(topics.APPROVAL_DECISIONS),
+        decision.model_dump_json().encode(),
+        key=request["turn"]["conversation_id"].encode(),
+    )
     reply = await client.reply(request_id, timeout=60)
     assert reply.outcome is Outcome.END_TURN and reply.text == "Your number is on its way."
     assert line(settings, "ln_5550101")[1] == "ported_out"
@@ -165,11 +212,18 @@ async def test_its_approval_rule_holds_a_port_out_until_a_signed_decision(client
     assert not ported.get("is_error") and json.loads(text(ported))["transfer_code"]
 
 
-async def test_its_system_prompt_reaches_the_model_and_its_own_reply_texts_reach_the_customer(client, telecom_fleet, installed):
+async def test_its_system_prompt_reaches_the_model_and_its_own_reply_texts_reach_the_customer(
+    client, telecom_fleet, installed
+):
     from telecom_agent import REPLIES, SYSTEM_PROMPT  # the texts, as the package declares them
 
     reply = await client.reply(await client.ask("is my line ok?", customer=BOB, persona="script:stuck"))
     assert reply.outcome is Outcome.REPEATED_CALL and reply.text == REPLIES["repeated_call"]
     sent = received(telecom_fleet.settings, "stuck")
     assert sent and all(r["body"]["system"][0]["text"] == SYSTEM_PROMPT for r in sent)
-    assert sorted(t["name"] for t in sent[0]["body"]["tools"]) == ["change_plan", "get_line", "list_lines", "port_out_number"]
+    assert sorted(t["name"] for t in sent[0]["body"]["tools"]) == [
+        "change_plan",
+        "get_line",
+        "list_lines",
+        "port_out_number",
+    ]

@@ -17,7 +17,9 @@ ONE_CALL = {"model": "claude-sonnet-4-6", "max_tokens": 16, "messages": [{"role"
 
 async def test_a_turn_refused_with_429_waits_for_capacity_and_ends_end_turn(client, fleet_settings):
     settings = fleet_settings[0]
-    async with httpx.AsyncClient(base_url=settings.model_base_url, timeout=10, headers={"x-api-key": "simulator"}) as simulator:
+    async with httpx.AsyncClient(
+        base_url=settings.model_base_url, timeout=10, headers={"x-api-key": "simulator"}
+    ) as simulator:
         await simulator.post("/v1/_limits", json={"rpm": 1})  # a bucket of one request ...
         assert (await simulator.post("/v1/messages", json=ONE_CALL)).status_code == 200  # ... taken
         refused = (await simulator.post("/v1/_limits", json={"rpm": 30})).json()["refused"]  # empty; one more every 2 s
@@ -27,7 +29,9 @@ async def test_a_turn_refused_with_429_waits_for_capacity_and_ends_end_turn(clie
             after = (await simulator.get("/v1/_limits")).json()["refused"]
         finally:
             await simulator.post("/v1/_limits", json={"rpm": None})
-            await simulator.post("/v1/messages", json=ONE_CALL)  # an answer without limits: the model service forgets them
+            await simulator.post(
+                "/v1/messages", json=ONE_CALL
+            )  # an answer without limits: the model service forgets them
     assert after > refused  # its first call met a 429
     assert reply.outcome is Outcome.END_TURN and reply.steps == 3, reply
 

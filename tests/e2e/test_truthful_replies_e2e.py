@@ -32,8 +32,9 @@ class Asked:
 
     async def answering(self, client, step: int, timeout: float = 30) -> str:
         """Once the results of `step` are on their way and the simulator is answering the next model call: the turn id."""
-        calls = await client.wait_for(lambda: [c for c in client.of_turn(topics.MODEL_CALLS, self.request_id)
-                                               if c["step"] == step], timeout=60)
+        calls = await client.wait_for(
+            lambda: [c for c in client.of_turn(topics.MODEL_CALLS, self.request_id) if c["step"] == step], timeout=60
+        )
         deadline = time.monotonic() + timeout
         while True:
             health = (await self.simulator.get("/health")).json()
@@ -48,10 +49,12 @@ class Asked:
 
 @asynccontextmanager
 async def asked_to_cancel(client, fleet, settings, shop_orders):
-    """"cancel my last order" (careful: list_orders, cancel_order, the answer) with model calls of LATENCY_MS."""
+    """ "cancel my last order" (careful: list_orders, cancel_order, the answer) with model calls of LATENCY_MS."""
     customer = _customer_with_a_cancellable_order(shop_orders, settings)
-    async with fleet.reconfigured(("simulator",), simulator_latency_ms=LATENCY_MS), \
-            httpx.AsyncClient(base_url=settings.model_base_url, timeout=10) as simulator:
+    async with (
+        fleet.reconfigured(("simulator",), simulator_latency_ms=LATENCY_MS),
+        httpx.AsyncClient(base_url=settings.model_base_url, timeout=10) as simulator,
+    ):
         before, served = shop_orders(), (await simulator.get("/health")).json()["served"]
         request_id = await client.ask("cancel my last order", customer=customer, persona="careful")
         yield Asked(request_id, simulator, served, before)
@@ -73,8 +76,9 @@ async def test_a_model_error_after_a_cancel_names_the_cancelled_order(client, fl
     assert "Nothing was changed" not in reply.text and "try again" not in reply.text.lower()
 
 
-async def test_a_turn_the_guard_ends_from_outside_after_a_cancel_names_the_cancelled_order(client, fleet, fleet_settings,
-                                                                                          shop_orders):
+async def test_a_turn_the_guard_ends_from_outside_after_a_cancel_names_the_cancelled_order(
+    client, fleet, fleet_settings, shop_orders
+):
     settings = fleet_settings[0]
     async with asked_to_cancel(client, fleet, settings, shop_orders) as asked:
         turn_id = await asked.answering(client, step=2)  # the cancel ran; the model call after it is being answered

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from roundtrip._broker.embedded import probe_metadata
-from roundtrip._kernel.wire import topics
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics
 from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.up_process import pids_of, roundtrip_up
 
@@ -69,10 +69,15 @@ async def test_a_killed_executor_is_restarted_and_the_turns_in_flight_each_get_o
         await client.stop()
 
     output = log.read_text()
-    assert re.search(rf"(?m)^roundtrip: executor-2 \(pid {victim}\) died: killed by SIGKILL after [\d.]+ s up; restarting in 0.5 s", output), output
+    assert re.search(
+        rf"(?m)^roundtrip: executor-2 \(pid {victim}\) died: killed by SIGKILL after [\d.]+ s up; restarting in 0.5 s",
+        output,
+    ), output
     restarted = pids_of(output)["executor-2"]
     assert restarted != victim and f"roundtrip: executor-2 restarted (pid {restarted}, restart 1)" in output
-    assert (log.parent / "state" / "logs" / "executor-2.log").read_text().count("roundtrip executor started") == 2  # it came back
+    assert (log.parent / "state" / "logs" / "executor-2.log").read_text().count(
+        "roundtrip executor started"
+    ) == 2  # it came back
 
     for request_id, reply in replies.items():
         assert len(client.replies[request_id]) == 1, f"{request_id}: {client.replies[request_id]}"
@@ -115,7 +120,10 @@ def test_a_killed_broker_is_restarted_on_its_data_and_the_fleet_answers_again(tm
             assert time.monotonic() < deadline and process.poll() is None, log.read_text()
             time.sleep(0.2)
         output = log.read_text()
-        assert re.search(rf"(?m)^roundtrip: kafka \(pid {victim}\) died: killed by SIGKILL after [\d.]+ s up; restarting in 0.5 s", output)
+        assert re.search(
+            rf"(?m)^roundtrip: kafka \(pid {victim}\) died: killed by SIGKILL after [\d.]+ s up; restarting in 0.5 s",
+            output,
+        )
         assert broker_pid(tmp_path / "state") != victim
         port = int(env["ROUNDTRIP_KAFKA_PORT"])
         while True:  # the JVM takes a few seconds to serve again
@@ -128,8 +136,13 @@ def test_a_killed_broker_is_restarted_on_its_data_and_the_fleet_answers_again(tm
             time.sleep(0.5)
 
         # same data dir: the topics are still there, and the services (or their restarts) serve again
-        ask = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "ask", "where is my order?", "--customer", "cus_1001"],
-                             env=env, capture_output=True, text=True, timeout=150)
+        ask = subprocess.run(
+            [sys.executable, "-m", "roundtrip._cli.main", "ask", "where is my order?", "--customer", "cus_1001"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=150,
+        )
         assert ask.returncode == 0, ask.stdout + ask.stderr + log.read_text()
         assert "end_turn" in ask.stdout
         assert process.poll() is None

@@ -16,7 +16,9 @@ from roundtrip._broker.embedded import free_port
 
 
 @contextmanager
-def roundtrip_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, dict[str, str], Path]]:
+def roundtrip_up(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen, dict[str, str], Path]]:
     """Start `roundtrip up ARGS`, wait for "Ready.", yield (process, its environment, its output file); Ctrl-C it at the end."""
     full_env = {
         **os.environ,
@@ -27,11 +29,22 @@ def roundtrip_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) 
         "ROUNDTRIP_SHOP_PORT": str(free_port()),
         **(env or {}),
     }
-    for var in ("ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS", "ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_BASE_URL", "ROUNDTRIP_SHOP_URL"):
+    for var in (
+        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS",
+        "ANTHROPIC_API_KEY",
+        "ROUNDTRIP_ANTHROPIC_BASE_URL",
+        "ROUNDTRIP_SHOP_URL",
+    ):
         full_env.pop(var, None)
     output = tmp_path / "up.log"
     log = open(output, "w+")  # noqa: SIM115
-    process = subprocess.Popen([sys.executable, "-m", "roundtrip._cli.main", "up", *args], env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "roundtrip._cli.main", "up", *args],
+        env=full_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
     try:
         deadline = time.monotonic() + 120
         while "Ready." not in output.read_text():

@@ -37,8 +37,14 @@ async def main() -> None:
         os.write(fd, f"{record.key.decode()} {record.value.decode()} {record.offset}\n".encode())
 
     koc = KeyOrderedConsumer(process, name="worker", max_in_flight=args.max_in_flight, commit_interval_s=0.05)
-    consumer = AIOKafkaConsumer(args.topic, bootstrap_servers=args.bootstrap, group_id=args.group,
-                                enable_auto_commit=False, auto_offset_reset="earliest", fetch_max_wait_ms=500)
+    consumer = AIOKafkaConsumer(
+        args.topic,
+        bootstrap_servers=args.bootstrap,
+        group_id=args.group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=500,
+    )
     consumer.subscribe([args.topic], listener=koc)
     await consumer.start()
     task = asyncio.create_task(koc.run(consumer))

@@ -32,31 +32,61 @@ async def test_topics_a_service_and_lag_work_on_a_list_of_three_bootstrap_server
     servers, prefix = three_entries(kafka_bootstrap), f"list{uuid.uuid4().hex[:6]}."
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
     ledger_url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")  # the gateway reads the shared ledger
-    env |= {"ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": servers, "ROUNDTRIP_TOPIC_PREFIX": prefix, "ROUNDTRIP_STATE_DIR": str(tmp_path),
-            "ROUNDTRIP_PARTITIONS": "2", "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url, "PYTHONUNBUFFERED": "1"}
+    env |= {
+        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": servers,
+        "ROUNDTRIP_TOPIC_PREFIX": prefix,
+        "ROUNDTRIP_STATE_DIR": str(tmp_path),
+        "ROUNDTRIP_PARTITIONS": "2",
+        "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url,
+        "PYTHONUNBUFFERED": "1",
+    }
 
-    made = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "topics", "create"], env=env, capture_output=True, text=True, timeout=120)
+    made = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "topics", "create"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert made.returncode == 0, made.stdout + made.stderr
     assert f"created {prefix}{topics.SUPPORT_REQUESTS}" in made.stdout
 
     gateway = start_service("gateway", env, tmp_path / "gateway.log")
     try:
         producer = AIOKafkaProducer(bootstrap_servers=servers)
-        consumer = AIOKafkaConsumer(prefix + topics.TURN_STARTS, bootstrap_servers=servers, auto_offset_reset="earliest",
-                                    enable_auto_commit=False, isolation_level="read_committed")
+        consumer = AIOKafkaConsumer(
+            prefix + topics.TURN_STARTS,
+            bootstrap_servers=servers,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
         await producer.start()
         await consumer.start()
         try:
             rid = f"req_{uuid.uuid4().hex[:8]}"
-            body = {"request_id": rid, "conversation_id": f"conv_{rid}", "customer_id": "cus_1001", "text": "where is my order?"}
-            await producer.send_and_wait(prefix + topics.SUPPORT_REQUESTS, json.dumps(body).encode(), key=f"conv_{rid}".encode())
+            body = {
+                "request_id": rid,
+                "conversation_id": f"conv_{rid}",
+                "customer_id": "cus_1001",
+                "text": "where is my order?",
+            }
+            await producer.send_and_wait(
+                prefix + topics.SUPPORT_REQUESTS, json.dumps(body).encode(), key=f"conv_{rid}".encode()
+            )
             record = await asyncio.wait_for(consumer.getone(), 60)  # the gateway consumed it and started the turn
             assert json.loads(record.value)["turn"]["request_id"] == rid
         finally:
             await consumer.stop()
             await producer.stop()
 
-        lag = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "lag", "--json"], env=env, capture_output=True, text=True, timeout=120)
+        lag = subprocess.run(
+            [sys.executable, "-m", "roundtrip._cli.main", "lag", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert lag.returncode == 0, lag.stdout + lag.stderr
         assert "roundtrip-gateway" in lag.stdout
     finally:

@@ -21,9 +21,9 @@ from roundtrip._broker.embedded import (
     port_is_free,
     probe_metadata,
 )
-from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES, create_topics, ensure_topics, wait_for_broker
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics, topology
 
 
 async def _partitions(bootstrap: str, names: list[str]) -> dict[str, int]:
@@ -95,12 +95,17 @@ async def _topic_config(bootstrap: str, name: str) -> dict[str, str]:
         await admin.close()
 
 
-async def test_the_dead_letter_topic_takes_the_dead_letter_of_a_record_near_the_limit(kafka_bootstrap: str, topic_prefix: str) -> None:
+async def test_the_dead_letter_topic_takes_the_dead_letter_of_a_record_near_the_limit(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
     """A dead letter is the original record base64-encoded plus a readable copy: ~1.3 MB for a 900 kB record."""
     await create_topics(kafka_bootstrap, topic_prefix, partitions=1)
     name = topic_prefix + topics.DEAD_LETTERS
     assert int((await _topic_config(kafka_bootstrap, name))["max.message.bytes"]) == DEAD_LETTER_MAX_BYTES
-    assert int((await _topic_config(kafka_bootstrap, topic_prefix + topics.SUPPORT_REQUESTS))["max.message.bytes"]) < 2**20 + 100
+    assert (
+        int((await _topic_config(kafka_bootstrap, topic_prefix + topics.SUPPORT_REQUESTS))["max.message.bytes"])
+        < 2**20 + 100
+    )
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, max_request_size=DEAD_LETTER_MAX_BYTES)
     await producer.start()
     try:
@@ -109,7 +114,9 @@ async def test_the_dead_letter_topic_takes_the_dead_letter_of_a_record_near_the_
         await producer.stop()
 
 
-async def test_an_existing_dead_letter_topic_gets_the_larger_limit_and_keeps_its_settings(kafka_bootstrap: str, topic_prefix: str) -> None:
+async def test_an_existing_dead_letter_topic_gets_the_larger_limit_and_keeps_its_settings(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
     name = topic_prefix + topics.DEAD_LETTERS
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
@@ -206,7 +213,9 @@ def test_restart_keeps_data_and_does_not_reformat(tmp_path: Path) -> None:
     assert not kafka.running()
 
 
-async def test_topics_are_created_with_the_configured_min_insync_replicas(kafka_bootstrap: str, topic_prefix: str) -> None:
+async def test_topics_are_created_with_the_configured_min_insync_replicas(
+    kafka_bootstrap: str, topic_prefix: str
+) -> None:
     """ROUNDTRIP_MIN_INSYNC_REPLICAS is set on each topic it creates (one broker here: 1, the most RF 1 allows), the
     dead-letter topic's own limit kept beside it."""
     await ensure_topics(kafka_bootstrap, topic_prefix, partitions=1, replication_factor=1, min_insync_replicas=1)
@@ -217,7 +226,9 @@ async def test_topics_are_created_with_the_configured_min_insync_replicas(kafka_
             (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
             entries = {e[0]: e for e in response.resources[0][4]}
             value, source = entries["min.insync.replicas"][1], entries["min.insync.replicas"][3]
-            on_topic = source == 1 if response.API_VERSION >= 1 else not source  # v1+: config source 1 = the topic itself
+            on_topic = (
+                source == 1 if response.API_VERSION >= 1 else not source
+            )  # v1+: config source 1 = the topic itself
             assert (value, on_topic) == ("1", True), (name, entries["min.insync.replicas"])
         assert int(entries["max.message.bytes"][1]) == DEAD_LETTER_MAX_BYTES
     finally:

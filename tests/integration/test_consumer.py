@@ -45,8 +45,13 @@ async def produce(bootstrap: str, topic: str, items: list[tuple[str, str]]) -> N
 
 
 def consumer_for(bootstrap: str, topic: str, group: str, listener: KeyOrderedConsumer) -> AIOKafkaConsumer:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-                                auto_offset_reset="earliest", fetch_max_wait_ms=500)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        fetch_max_wait_ms=500,
+    )
     consumer.subscribe([topic], listener=listener)
     return consumer
 
@@ -139,15 +144,30 @@ def read_lines(path: Path) -> list[tuple[str, str, int]]:
     return [(a, b, int(c)) for a, b, c in (line.split() for line in path.read_text().splitlines() if line)]
 
 
-async def test_a_killed_consumer_loses_nothing_and_never_committed_past_unfinished_work(kafka_bootstrap, topic_prefix, tmp_path):
+async def test_a_killed_consumer_loses_nothing_and_never_committed_past_unfinished_work(
+    kafka_bootstrap, topic_prefix, tmp_path
+):
     topic = await new_topic(kafka_bootstrap, topic_prefix, partitions=2)
     items = [(f"conv_{i % 30}", f"m{i}") for i in range(300)]
     await produce(kafka_bootstrap, topic, items)
     group, first, second = f"g-{uuid.uuid4().hex[:8]}", tmp_path / "first.txt", tmp_path / "second.txt"
 
     def worker(out: Path, *extra: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "tests.integration.consumer_worker", kafka_bootstrap, topic, group,
-                                 str(out), *extra], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.integration.consumer_worker",
+                kafka_bootstrap,
+                topic,
+                group,
+                str(out),
+                *extra,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     proc = worker(first, "--block-value", "m7")  # conv_7's first message never finishes in the first process
     try:
@@ -179,8 +199,10 @@ async def test_a_killed_consumer_loses_nothing_and_never_committed_past_unfinish
     proc = worker(second)  # a replacement takes over from the committed offsets
     try:
         assert proc.stdout.readline().strip() == "ready"
+
         def all_done() -> bool:
             return {v for _, v, _ in read_lines(first) + read_lines(second)} >= {v for _, v in items}
+
         await wait_until(all_done, timeout=60, what="every message processed by one of the two workers")
     finally:
         proc.terminate()

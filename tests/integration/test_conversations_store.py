@@ -14,13 +14,22 @@ from tests.databases import migrated
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 async def url(request, tmp_path):
-    return await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}" if request.param == "sqlite" else request.getfixturevalue("postgres_url"))
+    return await migrated(
+        f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+        if request.param == "sqlite"
+        else request.getfixturevalue("postgres_url")
+    )
 
 
 def _exchange(n: int, payload: str) -> tuple[list[dict], list[dict]]:
-    messages = [{"role": "user", "content": f"question {n}"},
-                {"role": "assistant", "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": "list_orders", "input": {}}]},
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": payload}]}]
+    messages = [
+        {"role": "user", "content": f"question {n}"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": f"toolu_{n}", "name": "list_orders", "input": {}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": payload}]},
+    ]
     return messages, [{"type": "text", "text": f"answer {n}"}]
 
 
@@ -30,7 +39,12 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
     conversation = f"conv_{uuid.uuid4().hex[:8]}"
     try:
         # two customers name a new conversation at the same moment: exactly one owns it
-        owners = [c.owner for c in await asyncio.gather(*(store.claim(conversation, c) for c in ("cus_1001", "cus_1002", "cus_1001", "cus_1002")))]
+        owners = [
+            c.owner
+            for c in await asyncio.gather(
+                *(store.claim(conversation, c) for c in ("cus_1001", "cus_1002", "cus_1001", "cus_1002"))
+            )
+        ]
         assert len(set(owners)) == 1
         owner = owners[0]
         for n in range(8):
@@ -39,7 +53,11 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
             messages, final = _exchange(n, "z" * 4000)
             assert await store.close_turn(conversation, turn_id, messages, final, f"answer {n}", "end_turn")
         history = await store.history(conversation)
-        assert estimate_tokens(history) <= 3000 and history[0]["role"] == "user" and history[-1]["content"][0]["text"] == "answer 7"
+        assert (
+            estimate_tokens(history) <= 3000
+            and history[0]["role"] == "user"
+            and history[-1]["content"][0]["text"] == "answer 7"
+        )
         uses = [b["id"] for m in history for b in m["content"] if b.get("type") == "tool_use"]
         results = [b["tool_use_id"] for m in history for b in m["content"] if b.get("type") == "tool_result"]
         assert uses == results and uses[-1] == "toolu_7"
@@ -49,9 +67,15 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
         assert await store.close_turn(conversation, turn_id, messages, final, "answer 7", "end_turn")
         assert not await store.close_turn(conversation, "turn_never_opened", messages, final, "answer", "end_turn")
         again = await store.get(conversation)
-        assert (again.turns, again.history_turns) == (8, row.history_turns) and (await store.claim(conversation, owner)).stored_turns == 8
+        assert (again.turns, again.history_turns) == (8, row.history_turns) and (
+            await store.claim(conversation, owner)
+        ).stored_turns == 8
         assert conversation in {r.conversation_id for r in await store.list(customer_id=owner)}
-        assert await store.forget(conversation) and await store.history(conversation) == [] and await store.get(conversation) is None
+        assert (
+            await store.forget(conversation)
+            and await store.history(conversation) == []
+            and await store.get(conversation) is None
+        )
         await store.claim(conversation, "cus_1003", now=1.0)
         assert await store.expire() >= 1 and await store.get(conversation) is None
     finally:

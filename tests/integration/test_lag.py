@@ -9,8 +9,8 @@ import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.kafka.admin import consumer_lag, ensure_topics
+from roundtrip._kernel.wire import topics, topology
 
 
 async def _produce(bootstrap: str, topic: str, per_partition: dict[int, int]) -> None:
@@ -26,7 +26,9 @@ async def _produce(bootstrap: str, topic: str, per_partition: dict[int, int]) ->
 
 def _lag_cli(bootstrap: str, prefix: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "ROUNDTRIP_TOPIC_PREFIX": prefix}
-    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "lag", *args], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "lag", *args], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 async def test_lag_counts_from_the_start_of_the_log_until_a_commit_then_from_the_commit(kafka_bootstrap, kafka_topics):
@@ -40,8 +42,14 @@ async def test_lag_counts_from_the_start_of_the_log_until_a_commit_then_from_the
     assert [(p.partition, p.committed, p.end, p.lag) for p in mine] == [(0, None, 3, 3), (1, None, 2, 2)]
 
     # A member of the executor group that read everything but committed only partition 0 up to offset 2.
-    consumer = AIOKafkaConsumer(batches, bootstrap_servers=kafka_bootstrap, group_id=prefix + "roundtrip-executor", client_id="lag-test",
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        batches,
+        bootstrap_servers=kafka_bootstrap,
+        group_id=prefix + "roundtrip-executor",
+        client_id="lag-test",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
     await consumer.start()
     try:
         got = 0
@@ -88,7 +96,9 @@ def test_lag_says_clearly_when_kafka_is_unreachable():
     assert result.stdout == ""
 
 
-async def test_a_subscription_added_to_the_topology_shows_up_in_lag_before_its_group_exists(kafka_bootstrap, topic_prefix, monkeypatch):
+async def test_a_subscription_added_to_the_topology_shows_up_in_lag_before_its_group_exists(
+    kafka_bootstrap, topic_prefix, monkeypatch
+):
     from tests.unit.test_topology import ECHO, ECHOES
 
     monkeypatch.setattr(topology, "SERVICES", (*topology.SERVICES, ECHO))

@@ -35,7 +35,14 @@ async def fence(ledger):
 
 def turn(**extra):
     tid = f"turn_{uuid.uuid4().hex[:12]}"
-    return {"turn_id": tid, "request_id": f"req_{tid}", "conversation_id": "conv", "customer_id": "cus_1001", "trace_id": "ab" * 16, **extra}
+    return {
+        "turn_id": tid,
+        "request_id": f"req_{tid}",
+        "conversation_id": "conv",
+        "customer_id": "cus_1001",
+        "trace_id": "ab" * 16,
+        **extra,
+    }
 
 
 USAGE = {"input_tokens": 10, "output_tokens": 2, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 5}
@@ -58,7 +65,14 @@ async def test_each_step_advances_once_and_only_in_order(ledger):
     assert await ledger.advance(t["turn_id"], 2, USAGE, 0.02, pending="y", outcome="end_turn") is True
     assert await ledger.advance(t["turn_id"], 3, USAGE, 0.03, pending="z") is False  # ended turns do not move
     row = await ledger.get(t["turn_id"])
-    assert (row.status, row.step, row.outcome, row.cost_usd, row.input_tokens, row.pending) == (ENDED, 2, "end_turn", 0.02, 10, "y")
+    assert (row.status, row.step, row.outcome, row.cost_usd, row.input_tokens, row.pending) == (
+        ENDED,
+        2,
+        "end_turn",
+        0.02,
+        10,
+        "y",
+    )
     await ledger.published(t["turn_id"], "x")  # a late clean-up of an earlier decision leaves the newer one alone
     assert (await ledger.get(t["turn_id"])).pending == "y"
     await ledger.published(t["turn_id"], "y")
@@ -117,7 +131,9 @@ async def test_a_claim_succeeds_only_while_the_turn_is_live_at_that_step_and_bef
     assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1002.0) is False  # the turn is not at step 1 yet
     await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1003.0)
     assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1004.0) is True
-    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1005.0) is True  # a redelivery re-claims (idempotent calls)
+    assert (
+        await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1005.0) is True
+    )  # a redelivery re-claims (idempotent calls)
     assert await fence.claim_batch(t["turn_id"], 0, lease_s=15, now=1005.0) is False  # a step the turn has left
     row = await ledger.get(t["turn_id"])
     assert (row.lease_step, row.lease_until) == (1, 1020.0)
@@ -142,15 +158,21 @@ async def test_an_end_waits_for_a_claimed_batch_then_lands_after_it(ledger, fenc
     await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
     await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1001.0)
     assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1002.0) is True  # the claim wins
-    assert await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1003.0) is None  # no end under a live lease
+    assert (
+        await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1003.0) is None
+    )  # no end under a live lease
     assert await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1003.0, defer=True) == ENDING
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.outcome, row.pending) == (ENDING, "cancelled", "e")
-    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1004.0) is False  # no new claim, not even a redelivery
+    assert (
+        await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1004.0) is False
+    )  # no new claim, not even a redelivery
     assert await ledger.finish_ending(t["turn_id"], now=1005.0) is False  # the claimed calls may still be running
     await ledger.published(t["turn_id"], "e")
     assert (await ledger.get(t["turn_id"])).pending == "e"  # an ENDING turn's end is not out yet
-    assert await fence.claim_model_call(t["turn_id"], 1, now=1006.0) is False  # the executor is done: no model call, lease released
+    assert (
+        await fence.claim_model_call(t["turn_id"], 1, now=1006.0) is False
+    )  # the executor is done: no model call, lease released
     assert await ledger.finish_ending(t["turn_id"], now=1006.5) is True
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.outcome, row.ended_at, row.pending) == (ENDED, "cancelled", 1006.5, "e")
@@ -171,17 +193,36 @@ async def test_ends_are_conditional_on_the_state_they_were_decided_from(ledger):
     await ledger.flag_stuck(t["turn_id"], now=1061.0, stuck_after_s=60)
     stale = await ledger.get(t["turn_id"])
     await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1095.0)  # it moved after the sweeper read it
-    assert await ledger.end(t["turn_id"], "deadline", pending="e", step=stale.step, status=STUCK, flagged_at=stale.flagged_at,
-                            now=1095.1, defer=True) is None
+    assert (
+        await ledger.end(
+            t["turn_id"],
+            "deadline",
+            pending="e",
+            step=stale.step,
+            status=STUCK,
+            flagged_at=stale.flagged_at,
+            now=1095.1,
+            defer=True,
+        )
+        is None
+    )
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.step) == (RUNNING, 1)
     # flagged again later: an end decided from the earlier flag does not end it either
     await ledger.flag_stuck(t["turn_id"], now=1160.0, stuck_after_s=60)
-    assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, status=STUCK, flagged_at=stale.flagged_at,
-                            now=1200.0) is None
+    assert (
+        await ledger.end(
+            t["turn_id"], "deadline", pending="e", step=1, status=STUCK, flagged_at=stale.flagged_at, now=1200.0
+        )
+        is None
+    )
     current = await ledger.get(t["turn_id"])
-    assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, status=STUCK, flagged_at=current.flagged_at,
-                            now=1200.0) == ENDED
+    assert (
+        await ledger.end(
+            t["turn_id"], "deadline", pending="e", step=1, status=STUCK, flagged_at=current.flagged_at, now=1200.0
+        )
+        == ENDED
+    )
 
 
 async def test_a_turn_is_flagged_only_when_still_idle_at_the_moment_of_the_flag(ledger):
@@ -209,9 +250,21 @@ async def test_the_outbox_lists_unpublished_decisions_until_they_are_published(l
 
 def approval_of(t: dict, step: int = 1, expires_in: float = 60.0) -> dict:
     now = time.time()
-    return dict(approval_id=f"appr_{t['turn_id'][5:]}", turn_id=t["turn_id"], step=step, tool_use_id="toolu_c", tool="cancel_order",
-                input_sha256="d" * 64, customer_id=t["customer_id"], conversation_id=t["conversation_id"], reason="above 50.00 EUR",
-                requested_at=now, expires_at=now + expires_in, traceparent=None, request_json="{}")
+    return dict(
+        approval_id=f"appr_{t['turn_id'][5:]}",
+        turn_id=t["turn_id"],
+        step=step,
+        tool_use_id="toolu_c",
+        tool="cancel_order",
+        input_sha256="d" * 64,
+        customer_id=t["customer_id"],
+        conversation_id=t["conversation_id"],
+        reason="above 50.00 EUR",
+        requested_at=now,
+        expires_at=now + expires_in,
+        traceparent=None,
+        request_json="{}",
+    )
 
 
 async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence):
@@ -225,7 +278,9 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert await ledger.await_approval(approval)  # ... and its held call waits
     assert not await ledger.await_approval(approval)  # the same request twice
     row = await ledger.get(t["turn_id"])
-    assert row.status == AWAITING and row.lease_until is None and row.deadline_at == pytest.approx(approval["expires_at"])
+    assert (
+        row.status == AWAITING and row.lease_until is None and row.deadline_at == pytest.approx(approval["expires_at"])
+    )
     assert not await fence.claim_batch(t["turn_id"], 1, 30) and not await fence.claim_model_call(t["turn_id"], 1)
     assert not await ledger.flag_stuck(t["turn_id"], time.time() + 3600)  # the stuck rule does not apply
     idle, expired, _ = await ledger.overdue(time.time() + 3600, 1, 1, 300)
@@ -233,8 +288,12 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert [r.approval_id for r in await ledger.list_approvals(turn_id=t["turn_id"])] == [approval["approval_id"]]
     assert approval["approval_id"] in [a.approval_id for a, _ in await ledger.overdue_approvals(time.time() + 61)]
 
-    decided = [ledger.decide(approval["approval_id"], "approved", f"person{i}", time.time(), "", f'{{"n": {i}}}', time.time() + 400)
-               for i in range(4)]
+    decided = [
+        ledger.decide(
+            approval["approval_id"], "approved", f"person{i}", time.time(), "", f'{{"n": {i}}}', time.time() + 400
+        )
+        for i in range(4)
+    ]
     assert sorted(await asyncio.gather(*decided)) == [False, False, False, True]  # one decision wins, however many race
     row = await ledger.get(t["turn_id"])
     assert row.status == RUNNING and row.pending.startswith('{"n": ')
@@ -252,6 +311,8 @@ async def test_a_decision_for_a_turn_that_ended_while_waiting_changes_nothing(le
     assert await ledger.end(t["turn_id"], "cancelled", "{}", step=1) == ENDED  # a waiting turn can be cancelled
     assert not await ledger.decide(approval["approval_id"], "approved", "alice", time.time(), "", "{}", None)
     (still,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
-    assert still.status == "pending" and await ledger.list_approvals(turn_id=t["turn_id"]) == []  # no longer listed as waiting
+    assert (
+        still.status == "pending" and await ledger.list_approvals(turn_id=t["turn_id"]) == []
+    )  # no longer listed as waiting
     assert await ledger.close_approvals(t["turn_id"], "ended") == 1
     assert (await ledger.get(t["turn_id"])).status == ENDED

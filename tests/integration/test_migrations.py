@@ -21,11 +21,11 @@ from roundtrip._broker.embedded import free_port
 from roundtrip._guard import conversations as conversation_store
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import Ledger
-from roundtrip._kernel.storage import turnstore
-from roundtrip._kernel.storage.database import make_engine, run_on
 from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, SchemaMismatch
 from roundtrip._kernel.migrations.schema import current, head, upgrade, upgrade_databases
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage import turnstore
+from roundtrip._kernel.storage.database import make_engine, run_on
 from roundtrip._kernel.storage.turnstore import Fence
 
 BEHIND = "ledger_0002"  # one migration behind this code's ledger_0003
@@ -47,10 +47,21 @@ async def on(url: str, work, write: bool = False):
 def cli(tmp_path: Path, *args: str, ledger_url: str, **env: str) -> subprocess.CompletedProcess:
     """`roundtrip ARGS` as an operator runs it, on the given ledger database (the conversations in it too)."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
-    environment.update(ROUNDTRIP_STATE_DIR=str(tmp_path / "state"), ROUNDTRIP_LEDGER_DATABASE_URL=ledger_url,
-                       ROUNDTRIP_ENV="development", ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{free_port()}", **env)
-    return subprocess.run([sys.executable, "-m", "roundtrip._cli.main", *args], env=environment, capture_output=True, text=True,
-                          timeout=120, stdin=subprocess.DEVNULL)
+    environment.update(
+        ROUNDTRIP_STATE_DIR=str(tmp_path / "state"),
+        ROUNDTRIP_LEDGER_DATABASE_URL=ledger_url,
+        ROUNDTRIP_ENV="development",
+        ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS=f"127.0.0.1:{free_port()}",
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def error_lines(done: subprocess.CompletedProcess) -> list[str]:
@@ -65,23 +76,60 @@ def schema_drift(conn) -> list:
 # The turn table as the first fleet created it at open (services/_guard/ledger.py of the foundation).
 FIRST_FLEET = MetaData()
 Table(
-    "turns", FIRST_FLEET,
-    Column("turn_id", String(64), primary_key=True), Column("request_id", String(200), nullable=False),
-    Column("conversation_id", String(200), nullable=False), Column("customer_id", String(200), nullable=False, index=True),
-    Column("status", String(16), nullable=False, index=True), Column("step", Integer, nullable=False, default=0),
-    Column("started_at", Float, nullable=False), Column("last_progress_at", Float, nullable=False), Column("flagged_at", Float),
-    Column("ended_at", Float), Column("outcome", String(40)), Column("input_tokens", Integer, nullable=False, default=0),
-    Column("output_tokens", Integer, nullable=False, default=0), Column("cache_creation_input_tokens", Integer, nullable=False, default=0),
-    Column("cache_read_input_tokens", Integer, nullable=False, default=0), Column("cost_usd", Float, nullable=False, default=0.0),
-    Column("trace_id", String(32), nullable=False, default=""), Column("traceparent", String(64)),
-    Column("turn_json", Text, nullable=False), Column("pending", Text),
+    "turns",
+    FIRST_FLEET,
+    Column("turn_id", String(64), primary_key=True),
+    Column("request_id", String(200), nullable=False),
+    Column("conversation_id", String(200), nullable=False),
+    Column("customer_id", String(200), nullable=False, index=True),
+    Column("status", String(16), nullable=False, index=True),
+    Column("step", Integer, nullable=False, default=0),
+    Column("started_at", Float, nullable=False),
+    Column("last_progress_at", Float, nullable=False),
+    Column("flagged_at", Float),
+    Column("ended_at", Float),
+    Column("outcome", String(40)),
+    Column("input_tokens", Integer, nullable=False, default=0),
+    Column("output_tokens", Integer, nullable=False, default=0),
+    Column("cache_creation_input_tokens", Integer, nullable=False, default=0),
+    Column("cache_read_input_tokens", Integer, nullable=False, default=0),
+    Column("cost_usd", Float, nullable=False, default=0.0),
+    Column("trace_id", String(32), nullable=False, default=""),
+    Column("traceparent", String(64)),
+    Column("turn_json", Text, nullable=False),
+    Column("pending", Text),
 )
 OLD_TURNS = [
-    {"turn_id": "turn_old_1", "request_id": "req_1", "conversation_id": "conv_1", "customer_id": "cus_1001", "status": "ended",
-     "step": 3, "started_at": 1000.0, "last_progress_at": 1010.0, "ended_at": 1010.0, "outcome": "end_turn", "input_tokens": 120,
-     "output_tokens": 30, "cost_usd": 0.0042, "trace_id": "ab" * 16, "turn_json": '{"turn_id": "turn_old_1"}', "pending": None},
-    {"turn_id": "turn_old_2", "request_id": "req_2", "conversation_id": "conv_2", "customer_id": "cus_1002", "status": "running",
-     "step": 1, "started_at": 2000.0, "last_progress_at": 2001.0, "turn_json": '{"turn_id": "turn_old_2"}', "pending": '{"step": 1}'},
+    {
+        "turn_id": "turn_old_1",
+        "request_id": "req_1",
+        "conversation_id": "conv_1",
+        "customer_id": "cus_1001",
+        "status": "ended",
+        "step": 3,
+        "started_at": 1000.0,
+        "last_progress_at": 1010.0,
+        "ended_at": 1010.0,
+        "outcome": "end_turn",
+        "input_tokens": 120,
+        "output_tokens": 30,
+        "cost_usd": 0.0042,
+        "trace_id": "ab" * 16,
+        "turn_json": '{"turn_id": "turn_old_1"}',
+        "pending": None,
+    },
+    {
+        "turn_id": "turn_old_2",
+        "request_id": "req_2",
+        "conversation_id": "conv_2",
+        "customer_id": "cus_1002",
+        "status": "running",
+        "step": 1,
+        "started_at": 2000.0,
+        "last_progress_at": 2001.0,
+        "turn_json": '{"turn_id": "turn_old_2"}',
+        "pending": '{"step": 1}',
+    },
 ]
 
 
@@ -92,7 +140,10 @@ async def test_a_new_database_gets_exactly_the_tables_the_code_declares(url):
     changes = await upgrade(url)
     assert changes == [(LEDGER, None, head(LEDGER)), (CONVERSATIONS, None, head(CONVERSATIONS))]
     assert await on(url, schema_drift) == []
-    assert await upgrade(url) == [(LEDGER, head(LEDGER), head(LEDGER)), (CONVERSATIONS, head(CONVERSATIONS), head(CONVERSATIONS))]
+    assert await upgrade(url) == [
+        (LEDGER, head(LEDGER), head(LEDGER)),
+        (CONVERSATIONS, head(CONVERSATIONS), head(CONVERSATIONS)),
+    ]
 
 
 async def test_a_ledger_of_the_first_fleet_is_upgraded_in_place_with_its_turns_kept(url, tmp_path):
@@ -127,10 +178,24 @@ async def test_a_ledger_of_the_first_fleet_is_upgraded_in_place_with_its_turns_k
 async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
     """The tables the code made before migrations (create_all at open: today's, but for the columns of the revisions
     after the adoption): stamped, the later revisions applied, nothing lost."""
-    turn = {"turn_id": "turn_today", "request_id": "r", "conversation_id": "conv_today", "customer_id": "cus_1001",
-            "status": "running", "step": 2, "started_at": 1.0, "last_progress_at": 2.0, "turn_json": "{}", "deadline_at": 99.0,
-            "input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "cost_usd": 0.0,
-            "trace_id": ""}
+    turn = {
+        "turn_id": "turn_today",
+        "request_id": "r",
+        "conversation_id": "conv_today",
+        "customer_id": "cus_1001",
+        "status": "running",
+        "step": 2,
+        "started_at": 1.0,
+        "last_progress_at": 2.0,
+        "turn_json": "{}",
+        "deadline_at": 99.0,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cost_usd": 0.0,
+        "trace_id": "",
+    }
 
     def made_before(conn):
         turnstore.metadata.create_all(conn)
@@ -138,8 +203,17 @@ async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
         conn.execute(text("ALTER TABLE turns DROP COLUMN agent_digest"))  # ledger_0003: after the adoption
         conn.execute(text("ALTER TABLE turns DROP COLUMN acted"))  # ledger_0004: likewise
         conn.execute(insert(turnstore.turns), turn)  # the columns it names only
-        conn.execute(insert(conversation_store.conversations), {"conversation_id": "conv_today", "customer_id": "cus_1001",
-                                                                 "created_at": 1.0, "updated_at": 2.0, "turns": 4, "dropped_turns": 1})
+        conn.execute(
+            insert(conversation_store.conversations),
+            {
+                "conversation_id": "conv_today",
+                "customer_id": "cus_1001",
+                "created_at": 1.0,
+                "updated_at": 2.0,
+                "turns": 4,
+                "dropped_turns": 1,
+            },
+        )
 
     await on(url, made_before, write=True)
     assert await current(url) == {LEDGER: None, CONVERSATIONS: None}
@@ -161,8 +235,17 @@ async def test_upgrades_started_at_once_run_one_after_the_other(url, tmp_path):
     """Several pods' init containers: each upgrade takes the lock first, so one migrates and the others find it done."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
     env.update(ROUNDTRIP_STATE_DIR=str(tmp_path / "state"), ROUNDTRIP_LEDGER_DATABASE_URL=url)
-    runs = [subprocess.Popen([sys.executable, "-m", "roundtrip._cli.main", "db", "upgrade"], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) for _ in range(3)]
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "roundtrip._cli.main", "db", "upgrade"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
+        for _ in range(3)
+    ]
     outputs = [(run.communicate(timeout=120), run.returncode) for run in runs]
     assert [code for _, code in outputs] == [0, 0, 0], [err for (_, err), _ in outputs]
     lines = [line for (out, _), _ in outputs for line in out.splitlines()]
@@ -172,13 +255,24 @@ async def test_upgrades_started_at_once_run_one_after_the_other(url, tmp_path):
 
 
 def test_the_ledger_and_the_conversations_in_databases_of_their_own(tmp_path):
-    ledger_url, conversations_url = (f"sqlite+aiosqlite:///{tmp_path / name}" for name in ("ledger.db", "conversations.db"))
-    settings = Settings(_env_file=None, state_dir=tmp_path, ledger_database_url=ledger_url, conversations_database_url=conversations_url)
-    assert upgrade_databases(settings) == [f"ledger database {ledger_url}: no revision -> {head(LEDGER)}",
-                                           f"conversations database {conversations_url}: no revision -> {head(CONVERSATIONS)}"]
-    tables = {u: set(asyncio.run(on(u, lambda conn: inspect(conn).get_table_names()))) for u in (ledger_url, conversations_url)}
-    assert tables == {ledger_url: {"alembic_version", "turns", "approvals"},
-                      conversations_url: {"alembic_version", "conversations", "conversation_turns"}}
+    ledger_url, conversations_url = (
+        f"sqlite+aiosqlite:///{tmp_path / name}" for name in ("ledger.db", "conversations.db")
+    )
+    settings = Settings(
+        _env_file=None, state_dir=tmp_path, ledger_database_url=ledger_url, conversations_database_url=conversations_url
+    )
+    assert upgrade_databases(settings) == [
+        f"ledger database {ledger_url}: no revision -> {head(LEDGER)}",
+        f"conversations database {conversations_url}: no revision -> {head(CONVERSATIONS)}",
+    ]
+    tables = {
+        u: set(asyncio.run(on(u, lambda conn: inspect(conn).get_table_names())))
+        for u in (ledger_url, conversations_url)
+    }
+    assert tables == {
+        ledger_url: {"alembic_version", "turns", "approvals"},
+        conversations_url: {"alembic_version", "conversations", "conversation_turns"},
+    }
     assert asyncio.run(current(ledger_url, (LEDGER,))) == {LEDGER: head(LEDGER)}
     assert asyncio.run(current(conversations_url, (CONVERSATIONS,))) == {CONVERSATIONS: head(CONVERSATIONS)}
 
@@ -188,8 +282,13 @@ def test_the_ledger_and_the_conversations_in_databases_of_their_own(tmp_path):
 
 async def _ahead(url: str) -> None:
     await upgrade(url)
-    await on(url, lambda conn: conn.execute(text(f"UPDATE alembic_version SET version_num = 'ledger_9999' "
-                                                 f"WHERE version_num = '{head(LEDGER)}'")), write=True)
+    await on(
+        url,
+        lambda conn: conn.execute(
+            text(f"UPDATE alembic_version SET version_num = 'ledger_9999' WHERE version_num = '{head(LEDGER)}'")
+        ),
+        write=True,
+    )
 
 
 async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
@@ -197,15 +296,22 @@ async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
     for store in (Ledger, Fence):
         with pytest.raises(SchemaMismatch) as refused:
             await store.open(url)
-        assert str(refused.value) == f"the ledger database {url} is at revision {BEHIND}, behind this code's {head(LEDGER)}: {UPGRADE_LINE}"
-    with pytest.raises(SchemaMismatch, match=f"has no revision of the conversations tables .* needs {head(CONVERSATIONS)}: "):
+        assert (
+            str(refused.value)
+            == f"the ledger database {url} is at revision {BEHIND}, behind this code's {head(LEDGER)}: {UPGRADE_LINE}"
+        )
+    with pytest.raises(
+        SchemaMismatch, match=f"has no revision of the conversations tables .* needs {head(CONVERSATIONS)}: "
+    ):
         await Conversations.open(url)
 
     await _ahead(url)
     with pytest.raises(SchemaMismatch) as refused:
         await Ledger.open(url)
-    assert str(refused.value) == (f"the ledger database {url} is at revision ledger_9999, which this code does not know "
-                                  f"(it needs {head(LEDGER)}): a newer roundtrip migrated it; run that version")
+    assert str(refused.value) == (
+        f"the ledger database {url} is at revision ledger_9999, which this code does not know "
+        f"(it needs {head(LEDGER)}): a newer roundtrip migrated it; run that version"
+    )
     with pytest.raises(SchemaMismatch, match="ledger_9999, which this code does not know"):
         await upgrade(url)  # nothing is run on a database a newer roundtrip migrated
     assert (await current(url))[LEDGER] == "ledger_9999"
@@ -213,14 +319,18 @@ async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
     await store.close()
 
 
-@pytest.mark.parametrize("service, url", [("guard", "sqlite"), ("guard", "postgresql"), ("model", "sqlite"), ("executor", "sqlite")],
-                         indirect=["url"])
+@pytest.mark.parametrize(
+    "service, url",
+    [("guard", "sqlite"), ("guard", "postgresql"), ("model", "sqlite"), ("executor", "sqlite")],
+    indirect=["url"],
+)
 async def test_a_service_started_one_migration_behind_refuses_with_one_line(service, url, tmp_path):
     await upgrade(url, to=BEHIND)
     done = cli(tmp_path, "run", service, ledger_url=url)
     assert done.returncode == 1
-    assert error_lines(done) == [f"error: the ledger database {url} is at revision {BEHIND}, behind this code's {head(LEDGER)}: "
-                                 f"{UPGRADE_LINE}"], done.stderr
+    assert error_lines(done) == [
+        f"error: the ledger database {url} is at revision {BEHIND}, behind this code's {head(LEDGER)}: {UPGRADE_LINE}"
+    ], done.stderr
     assert (await current(url))[LEDGER] == BEHIND  # it refused: it did not migrate on its own
 
 
@@ -229,8 +339,10 @@ async def test_a_service_started_on_a_database_ahead_of_its_code_refuses_with_on
     await _ahead(url)
     done = cli(tmp_path, "run", "guard", ledger_url=url)
     assert done.returncode == 1
-    assert error_lines(done) == [f"error: the ledger database {url} is at revision ledger_9999, which this code does not know "
-                                 f"(it needs {head(LEDGER)}): a newer roundtrip migrated it; run that version"], done.stderr
+    assert error_lines(done) == [
+        f"error: the ledger database {url} is at revision ledger_9999, which this code does not know "
+        f"(it needs {head(LEDGER)}): a newer roundtrip migrated it; run that version"
+    ], done.stderr
 
 
 # -- the CLI's readings ------------------------------------------------------------------------------------
@@ -258,8 +370,9 @@ async def test_a_listing_on_a_database_behind_refuses_and_leaves_it_as_it_is(url
     await upgrade(url, to=BEHIND)
     done = cli(tmp_path, "turns", ledger_url=url)
     assert done.returncode == 1
-    assert error_lines(done) == [f"error: the ledger database {url} is at revision {BEHIND}, behind this code's {head(LEDGER)}: "
-                                 f"{UPGRADE_LINE}"]
+    assert error_lines(done) == [
+        f"error: the ledger database {url} is at revision {BEHIND}, behind this code's {head(LEDGER)}: {UPGRADE_LINE}"
+    ]
     done = cli(tmp_path, "db", "current", ledger_url=url)
     assert done.returncode == 1 and f"is at revision {BEHIND}, behind" in done.stdout
     assert await current(url) == {LEDGER: BEHIND, CONVERSATIONS: None}

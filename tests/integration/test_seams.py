@@ -11,19 +11,22 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from roundtrip._kernel.kafka import faststream_seam, messaging
-from roundtrip._kernel.wire import topics
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
-from roundtrip._kernel.wire.events import CancelTurn
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import CancelTurn
 from tests.integration.test_consumer import committed, new_topic, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 async def test_a_kernel_subscription_runs_on_the_key_ordered_consumer_and_publishes_on_the_connected_producer(
-        kafka_bootstrap, topic_prefix):
+    kafka_bootstrap, topic_prefix
+):
     settings = Settings(kafka_bootstrap_servers=kafka_bootstrap)
-    wire = await new_topic(kafka_bootstrap, topics.t(topic_prefix, settings.topic_prefix), partitions=2)  # its "keyed" topic
+    wire = await new_topic(
+        kafka_bootstrap, topics.t(topic_prefix, settings.topic_prefix), partitions=2
+    )  # its "keyed" topic
     service = f"seam{uuid.uuid4().hex[:6]}"
     broker = messaging.make_broker(service, settings)
     got: list[tuple[str, object]] = []
@@ -42,7 +45,9 @@ async def test_a_kernel_subscription_runs_on_the_key_ordered_consumer_and_publis
         await wait_until(lambda: consumer.processed == 6, what="the key-ordered consumer to handle all six")
         assert faststream_seam.consume_loops_alive(subscriber)
         assert sorted(turn for turn, _ in got) == [f"turn_{i}" for i in range(6)]
-        assert all(record is not None and record.topic == wire for _, record in got)  # the kernel's path, not FastStream's
+        assert all(
+            record is not None and record.topic == wire for _, record in got
+        )  # the kernel's path, not FastStream's
         await consumer.drain()
     finally:
         await broker.stop()
@@ -56,6 +61,8 @@ async def test_a_consumer_without_a_group_finds_the_partitions_of_the_topics_tha
     consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
-        assert await partitions_of(consumer, [name, f"{topic_prefix}missing"]) == [TopicPartition(name, p) for p in range(3)]
+        assert await partitions_of(consumer, [name, f"{topic_prefix}missing"]) == [
+            TopicPartition(name, p) for p in range(3)
+        ]
     finally:
         await consumer.stop()

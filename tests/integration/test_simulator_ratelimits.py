@@ -19,8 +19,11 @@ from tests.ports import free_port_run
 
 MODEL = "claude-sonnet-4-6"
 HI = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
-LIMIT_HEADERS = [f"anthropic-ratelimit-{kind}-{part}" for kind in ("requests", "input-tokens", "output-tokens", "tokens")
-                 for part in ("limit", "remaining", "reset")]
+LIMIT_HEADERS = [
+    f"anthropic-ratelimit-{kind}-{part}"
+    for kind in ("requests", "input-tokens", "output-tokens", "tokens")
+    for part in ("limit", "remaining", "reset")
+]
 
 
 def client(url: str) -> anthropic.AsyncAnthropic:
@@ -41,7 +44,10 @@ async def test_429_is_the_sdks_rate_limit_error_with_retry_after_and_every_respo
             await client(url).messages.create(**HI)
         error = caught.value
         assert error.status_code == 429
-        assert error.body["error"]["type"] == "rate_limit_error" and "1 requests per minute" in error.body["error"]["message"]
+        assert (
+            error.body["error"]["type"] == "rate_limit_error"
+            and "1 requests per minute" in error.body["error"]["message"]
+        )
         assert 1 <= int(error.response.headers["retry-after"]) <= 60
         for header in LIMIT_HEADERS:
             assert header in error.response.headers, header
@@ -57,7 +63,10 @@ async def test_the_limit_is_halved_mid_run_through_the_control_endpoint():
             answer = await http.post("/v1/_limits", json={"rpm": 300})
             assert answer.status_code == 200 and answer.json()["limits"] == {"rpm": 300}
             refused = await http.post("/v1/_limits", json={"rpm": 0})
-            assert refused.status_code == 400 and "rpm: expected a positive whole number" in refused.json()["error"]["message"]
+            assert (
+                refused.status_code == 400
+                and "rpm: expected a positive whole number" in refused.json()["error"]["message"]
+            )
         raw = await client(url).messages.with_raw_response.create(**HI)
         assert raw.headers["anthropic-ratelimit-requests-limit"] == "300"
 
@@ -81,10 +90,16 @@ async def test_an_overload_burst_answers_529_overloaded_to_everyone_until_it_end
 
 def test_the_simulator_process_reads_its_limits_from_the_environment(tmp_path):
     port = free_port_run(1)
-    env = {**os.environ, "ROUNDTRIP_SIMULATOR_PORT": str(port), "ROUNDTRIP_SIMULATOR_RPM": "1",
-           "ROUNDTRIP_SIMULATOR_ITPM": "5000", "ROUNDTRIP_STATE_DIR": str(tmp_path)}
-    process = subprocess.Popen([sys.executable, "-m", "roundtrip._simulator"], env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {
+        **os.environ,
+        "ROUNDTRIP_SIMULATOR_PORT": str(port),
+        "ROUNDTRIP_SIMULATOR_RPM": "1",
+        "ROUNDTRIP_SIMULATOR_ITPM": "5000",
+        "ROUNDTRIP_STATE_DIR": str(tmp_path),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "roundtrip._simulator"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60

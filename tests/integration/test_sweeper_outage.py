@@ -26,8 +26,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from roundtrip._guard.ledger import Ledger
-from roundtrip._kernel.wire import topics
 from roundtrip._kernel.kafka.admin import ensure_topics
+from roundtrip._kernel.wire import topics
 from tests.databases import migrated
 from tests.processes import embedded_kafka, start_service
 
@@ -42,16 +42,22 @@ def own_kafka(tmp_path):
         yield kafka
 
 
-async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_replied_once_it_is_back(own_kafka, tmp_path):
+async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_replied_once_it_is_back(
+    own_kafka, tmp_path
+):
     prefix = f"sweep{uuid.uuid4().hex[:6]}."
     ledger_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
     env |= {
-        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": own_kafka.bootstrap, "ROUNDTRIP_TOPIC_PREFIX": prefix,
-        "ROUNDTRIP_STATE_DIR": str(tmp_path), "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url,
-        "ROUNDTRIP_STUCK_AFTER_S": str(STUCK_AFTER_S), "ROUNDTRIP_STUCK_GRACE_S": str(GRACE_S),
+        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": own_kafka.bootstrap,
+        "ROUNDTRIP_TOPIC_PREFIX": prefix,
+        "ROUNDTRIP_STATE_DIR": str(tmp_path),
+        "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url,
+        "ROUNDTRIP_STUCK_AFTER_S": str(STUCK_AFTER_S),
+        "ROUNDTRIP_STUCK_GRACE_S": str(GRACE_S),
         "ROUNDTRIP_OUTBOX_AFTER_S": "0.5",  # the outbox takes up a failed end at once
-        "ROUNDTRIP_ENV": "development", "PYTHONUNBUFFERED": "1",
+        "ROUNDTRIP_ENV": "development",
+        "PYTHONUNBUFFERED": "1",
     }
     await ensure_topics(own_kafka.bootstrap, prefix, partitions=2)
     await migrated(ledger_url)  # as `roundtrip db upgrade` does before the services start
@@ -73,8 +79,15 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
             ids = [f"req_{uuid.uuid4().hex[:8]}" for _ in range(WAVE)]
             requests.extend(ids)
             for rid in ids:
-                body = {"request_id": rid, "conversation_id": f"conv_{rid}", "customer_id": "cus_1001", "text": "where is my order?"}
-                await producer.send_and_wait(prefix + topics.SUPPORT_REQUESTS, json.dumps(body).encode(), key=f"conv_{rid}".encode())
+                body = {
+                    "request_id": rid,
+                    "conversation_id": f"conv_{rid}",
+                    "customer_id": "cus_1001",
+                    "text": "where is my order?",
+                }
+                await producer.send_and_wait(
+                    prefix + topics.SUPPORT_REQUESTS, json.dumps(body).encode(), key=f"conv_{rid}".encode()
+                )
             deadline = time.monotonic() + 30
             while len(recorded := await rows()) < len(requests):
                 assert time.monotonic() < deadline, "the guard did not record the turns"
@@ -84,19 +97,25 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
         try:
             await wave()
             deadline = time.monotonic() + STUCK_AFTER_S + 10
-            while not all(row.flagged_at for row in (await rows()).values()):  # the first wave is flagged, the broker up
+            while not all(
+                row.flagged_at for row in (await rows()).values()
+            ):  # the first wave is flagged, the broker up
                 assert time.monotonic() < deadline, "the first wave was not flagged"
                 await asyncio.sleep(0.1)
             second_started = await wave()
             await producer.stop()
             os.killpg(own_kafka.proc.pid, signal.SIGKILL)  # the broker goes away before the second wave is stuck
             await asyncio.to_thread(own_kafka.proc.wait)
-            assert time.time() < second_started + STUCK_AFTER_S, "the broker should be gone before the second wave is stuck"
+            assert time.time() < second_started + STUCK_AFTER_S, (
+                "the broker should be gone before the second wave is stuck"
+            )
 
             # everything flagged after STUCK_AFTER_S and ended after the grace, in the ledger, with the broker still down
             deadline = time.monotonic() + STUCK_AFTER_S + GRACE_S + 20
             while not all(row.outcome for row in (await rows()).values()):
-                assert time.monotonic() < deadline, {rid: (r.status, r.flagged_at, r.pending_at) for rid, r in (await rows()).items()}
+                assert time.monotonic() < deadline, {
+                    rid: (r.status, r.flagged_at, r.pending_at) for rid, r in (await rows()).items()
+                }
                 await asyncio.sleep(0.2)
             ended = await rows()
             assert own_kafka.proc.poll() is not None, "the broker must still be down"
@@ -112,8 +131,13 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
 
         own_kafka.start()  # same data dir: topics and offsets kept
         await own_kafka.wait_ready_async(90)
-        consumer = AIOKafkaConsumer(prefix + topics.SUPPORT_REPLIES, bootstrap_servers=own_kafka.bootstrap,
-                                    auto_offset_reset="earliest", enable_auto_commit=False, isolation_level="read_committed")
+        consumer = AIOKafkaConsumer(
+            prefix + topics.SUPPORT_REPLIES,
+            bootstrap_servers=own_kafka.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
         await consumer.start()
         replies: dict[str, list[dict]] = {}
         try:

@@ -9,11 +9,21 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from roundtrip._kernel.wire.events import SupportReply, Outcome, Usage
 from roundtrip._kernel.kafka.transactions import TransactionalOutlet
+from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
 
-REPLY = SupportReply(request_id="r", conversation_id="c", customer_id="cus_1001", turn_id="t", text="hi",
-                     outcome=Outcome.END_TURN, steps=1, usage=Usage(), cost_usd=0.0, trace_id="")
+REPLY = SupportReply(
+    request_id="r",
+    conversation_id="c",
+    customer_id="cus_1001",
+    turn_id="t",
+    text="hi",
+    outcome=Outcome.END_TURN,
+    steps=1,
+    usage=Usage(),
+    cost_usd=0.0,
+    trace_id="",
+)
 
 
 async def read_all(bootstrap, topic, isolation):
@@ -48,10 +58,15 @@ async def source(kafka_bootstrap, topic_prefix):
     await producer.send_and_wait(topic_in, b"turn ended", partition=0)
     await producer.send_and_wait(topic_out, b"warm-up", partition=0)  # both topics exist (auto-created)
     await producer.stop()
-    consumer = AIOKafkaConsumer(topic_in, bootstrap_servers=kafka_bootstrap, group_id=f"g-{uuid.uuid4().hex[:6]}",
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        topic_in,
+        bootstrap_servers=kafka_bootstrap,
+        group_id=f"g-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await consumer.start()
-    record = (await consumer.getone())
+    record = await consumer.getone()
     yield kafka_bootstrap, topic_out, consumer, record
     await consumer.stop()
 

@@ -9,8 +9,10 @@ from roundtrip._kernel.wire import topics, topology
 
 
 def _allowed(derived: list[acls.Acl], kind: str, name: str, operation: str) -> bool:
-    return any(a.kind == kind and (name.startswith(a.name) if a.prefixed else a.name == name) and operation in a.operations
-               for a in derived)
+    return any(
+        a.kind == kind and (name.startswith(a.name) if a.prefixed else a.name == name) and operation in a.operations
+        for a in derived
+    )
 
 
 def test_the_executor_reads_only_its_batches_and_writes_only_its_outputs() -> None:
@@ -31,11 +33,15 @@ def test_every_declared_input_and_output_is_granted_to_its_service_only() -> Non
         mine = derived[service.name]
         assert {a.principal for a in mine} == {f"User:roundtrip-{service.name}"}
         for i in service.inputs:
-            assert _allowed(mine, "topic", "acme." + i.topic, "Read") and _allowed(mine, "group", i.group(service.name, "acme."), "Read")
+            assert _allowed(mine, "topic", "acme." + i.topic, "Read") and _allowed(
+                mine, "group", i.group(service.name, "acme."), "Read"
+            )
         for t in service.outputs:
             assert _allowed(mine, "topic", "acme." + t, "Write")
         read = {a.name for a in mine if a.kind == "topic" and "Read" in a.operations}
-        expected = {"acme." + i.topic for i in service.inputs} | ({"acme." + topics.SUPPORT_REPLIES} if service.name == "gateway" else set())
+        expected = {"acme." + i.topic for i in service.inputs} | (
+            {"acme." + topics.SUPPORT_REPLIES} if service.name == "gateway" else set()
+        )
         assert read == expected
         written = {a.name for a in mine if a.kind == "topic" and "Write" in a.operations}
         assert written == {"acme." + t for t in (*service.outputs, topics.DEAD_LETTERS)}
@@ -49,12 +55,16 @@ def test_the_gateway_owns_its_transactional_ids_by_prefix() -> None:
 def test_the_app_and_operator_principals() -> None:
     derived = acls.derive(app_group="my-app", principal="User:{name}")
     app = derived["app"]
-    assert _allowed(app, "topic", topics.SUPPORT_REQUESTS, "Write") and _allowed(app, "topic", topics.SUPPORT_REPLIES, "Read")
+    assert _allowed(app, "topic", topics.SUPPORT_REQUESTS, "Write") and _allowed(
+        app, "topic", topics.SUPPORT_REPLIES, "Read"
+    )
     assert _allowed(app, "topic", topics.SUPPORT_STATUS, "Read")  # a turn waiting for a person, told to the app
     assert _allowed(app, "group", "my-app", "Read") and not _allowed(app, "topic", topics.TOOL_BATCHES, "Read")
     assert {a.principal for a in app} == {"User:app"}
     operator = derived["operator"]
-    assert _allowed(operator, "topic", topics.APPROVAL_DECISIONS, "Write") and _allowed(operator, "group", "roundtrip-guard", "Describe")
+    assert _allowed(operator, "topic", topics.APPROVAL_DECISIONS, "Write") and _allowed(
+        operator, "group", "roundtrip-guard", "Describe"
+    )
 
 
 def test_render_prints_one_kafka_acls_command_per_resource() -> None:
@@ -63,7 +73,13 @@ def test_render_prints_one_kafka_acls_command_per_resource() -> None:
     assert lines[0] == "# executor: User:roundtrip-executor"
     for line in lines[1:]:
         argv = shlex.split(line)
-        assert argv[:5] == ["kafka-acls.sh", "--bootstrap-server", "b1:9093,b2:9093", "--command-config", "admin.properties"]
+        assert argv[:5] == [
+            "kafka-acls.sh",
+            "--bootstrap-server",
+            "b1:9093,b2:9093",
+            "--command-config",
+            "admin.properties",
+        ]
         assert "--add" in argv and argv[argv.index("--allow-principal") + 1] == "User:roundtrip-executor"
     assert len(lines) - 1 == len({(a.kind, a.name) for a in acls.derive()["executor"]})
 
@@ -86,7 +102,9 @@ def test_two_fleets_on_one_cluster_are_granted_nothing_of_each_others() -> None:
             assert not _allowed(prod[service.name], "group", i.group(service.name), "Read")
             assert not _allowed(plain[service.name], "group", i.group(service.name, "prod."), "Read")
     txn = "roundtrip-gateway-support.replies-gw-0"
-    assert _allowed(prod["gateway"], "transactional-id", "prod." + txn, "Write") and not _allowed(prod["gateway"], "transactional-id", txn, "Write")
+    assert _allowed(prod["gateway"], "transactional-id", "prod." + txn, "Write") and not _allowed(
+        prod["gateway"], "transactional-id", txn, "Write"
+    )
     assert not _allowed(plain["gateway"], "transactional-id", "prod." + txn, "Write")
     assert _allowed(prod["operator"], "group", "prod.roundtrip-guard", "Describe")
     assert not _allowed(prod["operator"], "group", "roundtrip-guard", "Describe")

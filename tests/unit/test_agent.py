@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from roundtrip import AgentError, always, load_agent
-from roundtrip._kernel.wire.events import Outcome
 from roundtrip._kernel.settings import DEV_DECISION_KEYS, ConfigurationError, InsecureConfiguration, Settings
+from roundtrip._kernel.wire.events import Outcome
 from roundtrip._sdk import agent as agents
 from tests.agents import SHOP
 
@@ -49,7 +49,9 @@ def test_unset_is_the_demo_shops_agent_with_its_own_schemas():
 
 
 def test_an_import_string_names_an_object_or_a_zero_argument_factory(package):
-    package("acme_support", """
+    package(
+        "acme_support",
+        """
         import dataclasses
         from roundtrip._shop.agent import AGENT as SHOP
 
@@ -57,13 +59,17 @@ def test_an_import_string_names_an_object_or_a_zero_argument_factory(package):
 
         def make():
             return dataclasses.replace(SHOP, name="acme-made")
-    """)
+    """,
+    )
     assert load_agent("acme_support:AGENT").name == "acme"
     assert load_agent("acme_support:make").name == "acme-made"
 
 
 def test_a_name_is_looked_up_in_the_entry_point_group(package, monkeypatch):
-    package("acme_entry", "import dataclasses\nfrom roundtrip._shop.agent import AGENT\nBANK = dataclasses.replace(AGENT, name='bank')\n")
+    package(
+        "acme_entry",
+        "import dataclasses\nfrom roundtrip._shop.agent import AGENT\nBANK = dataclasses.replace(AGENT, name='bank')\n",
+    )
     found = [EntryPoint(name="bank", value="acme_entry:BANK", group=agents.ENTRY_POINT_GROUP)]
     monkeypatch.setattr(agents, "entry_points", lambda group: found if group == agents.ENTRY_POINT_GROUP else [])
     assert load_agent("bank").name == "bank"
@@ -71,12 +77,15 @@ def test_a_name_is_looked_up_in_the_entry_point_group(package, monkeypatch):
         load_agent("telecom")
 
 
-@pytest.mark.parametrize("spec, problem", [
-    ("no_such_module_xyz:AGENT", "cannot import no_such_module_xyz"),
-    ("roundtrip._shop.agent:NOPE", "has no attribute NOPE"),
-    ("roundtrip._shop.agent:", "expected package.module:attribute"),
-    ("roundtrip._shop.agent:SYSTEM_PROMPT", "is a str, not an Agent"),
-])
+@pytest.mark.parametrize(
+    "spec, problem",
+    [
+        ("no_such_module_xyz:AGENT", "cannot import no_such_module_xyz"),
+        ("roundtrip._shop.agent:NOPE", "has no attribute NOPE"),
+        ("roundtrip._shop.agent:", "expected package.module:attribute"),
+        ("roundtrip._shop.agent:SYSTEM_PROMPT", "is a str, not an Agent"),
+    ],
+)
 def test_a_bad_string_says_what_is_wrong_in_one_line(spec, problem):
     with pytest.raises(AgentError, match=re.escape(problem)) as caught:
         load_agent(spec)
@@ -92,17 +101,23 @@ def test_a_failing_factory_is_one_line(package):
 # -- fitting together ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("change, problem", [
-    ({"handlers": {k: v for k, v in SHOP.handlers.items() if k != "lookup_order"}}, "schemas without a handler: ['lookup_order']"),
-    ({"entities": {}}, "x-entity kinds without a resolver: ['order']"),
-    ({"policies": {"refund": SHOP.policies["cancel_order"]}}, "policies for unknown tools: ['refund']"),
-    ({"replies": {"nap_time": "zzz"}}, "replies for unknown outcomes ['nap_time']"),
-    ({"messages": {"teapot": "I am one"}}, "messages for unknown keys ['teapot']"),
-    ({"system_prompt": "  "}, "the system prompt is empty"),
-    ({"name": "has spaces"}, "the name must match"),
-    ({"tools_dir": "/nonexistent/tools"}, "is not a folder"),
-    ({"dependencies": {"not an identifier": lambda fleet, own: None}}, "need an identifier as name"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (
+            {"handlers": {k: v for k, v in SHOP.handlers.items() if k != "lookup_order"}},
+            "schemas without a handler: ['lookup_order']",
+        ),
+        ({"entities": {}}, "x-entity kinds without a resolver: ['order']"),
+        ({"policies": {"refund": SHOP.policies["cancel_order"]}}, "policies for unknown tools: ['refund']"),
+        ({"replies": {"nap_time": "zzz"}}, "replies for unknown outcomes ['nap_time']"),
+        ({"messages": {"teapot": "I am one"}}, "messages for unknown keys ['teapot']"),
+        ({"system_prompt": "  "}, "the system prompt is empty"),
+        ({"name": "has spaces"}, "the name must match"),
+        ({"tools_dir": "/nonexistent/tools"}, "is not a folder"),
+        ({"dependencies": {"not an identifier": lambda fleet, own: None}}, "need an identifier as name"),
+    ],
+)
 def test_an_agent_that_does_not_fit_together_is_refused_naming_the_problem(change, problem):
     with pytest.raises(AgentError, match=re.escape(problem)):
         dataclasses.replace(SHOP, **change).check()
@@ -133,7 +148,9 @@ async def test_dependencies_are_made_once_with_the_settings_and_closed_at_shutdo
         def close(self):
             closed.append("ledger")
 
-    agent = dataclasses.replace(SHOP, dependencies={"crm": lambda fleet, own: Crm(fleet.listen_host), "books": lambda f, o: Ledger()})
+    agent = dataclasses.replace(
+        SHOP, dependencies={"crm": lambda fleet, own: Crm(fleet.listen_host), "books": lambda f, o: Ledger()}
+    )
     deps = agent.open_dependencies(Settings(_env_file=None))
     assert deps.crm.url == "127.0.0.1" and deps["books"] is deps.books and sorted(deps) == ["books", "crm"]
     with pytest.raises(AttributeError, match="the agent declares no dependency 'billing'"):
@@ -181,7 +198,9 @@ def test_approvals_are_configured_whenever_a_rule_of_the_agent_can_hold_a_call(m
     monkeypatch.setenv("ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS", "5000")
     assert dataclasses.replace(SHOP).holds_calls()
     monkeypatch.delenv("ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS")
-    always_asks = dataclasses.replace(SHOP, approvals={"escalate_to_human": always("a person decides every escalation")})
+    always_asks = dataclasses.replace(
+        SHOP, approvals={"escalate_to_human": always("a person decides every escalation")}
+    )
     assert always_asks.holds_calls()  # no threshold anywhere, and still a person decides: the defect of issue 19
     production = Settings(_env_file=None, kafka_bootstrap_servers="kafka:9092", decision_keys=DEV_DECISION_KEYS)
     with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_DECISION_KEYS contains the published development key"):
@@ -189,34 +208,55 @@ def test_approvals_are_configured_whenever_a_rule_of_the_agent_can_hold_a_call(m
 
 
 def test_the_guard_refuses_the_published_decision_key_for_an_agent_that_always_asks(tmp_path):
-    (tmp_path / "acme_asks.py").write_text(textwrap.dedent("""
+    (tmp_path / "acme_asks.py").write_text(
+        textwrap.dedent("""
         import dataclasses
         from roundtrip import always
         from roundtrip._shop.agent import AGENT as SHOP
 
         AGENT = dataclasses.replace(SHOP, approvals={"escalate_to_human": always("a person decides every escalation")})
-    """))
+    """)
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
-        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), "ROUNDTRIP_AGENT": "acme_asks:AGENT",
-        "ROUNDTRIP_ENV": "production", "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+        "ROUNDTRIP_AGENT": "acme_asks:AGENT",
+        "ROUNDTRIP_ENV": "production",
+        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
         "ROUNDTRIP_STATE_DIR": str(tmp_path / "state"),
     }
-    done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "run", "guard"], capture_output=True, text=True, env=env,
-                          timeout=60, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "run", "guard"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: guard refuses to start: the agent has approval rules"), done.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: guard refuses to start: the agent has approval rules"), (
+        done.stderr
+    )
     assert "Traceback" not in done.stderr
 
 
 def test_a_bad_agent_string_stops_a_service_with_one_line_and_status_1(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
-        "ROUNDTRIP_AGENT": "acme_missing_pkg:AGENT", "ROUNDTRIP_STATE_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "run", "gate"], capture_output=True, text=True, env=env,
-                          timeout=60, cwd=ROOT)
+        "ROUNDTRIP_AGENT": "acme_missing_pkg:AGENT",
+        "ROUNDTRIP_STATE_DIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "run", "gate"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "error: ROUNDTRIP_AGENT='acme_missing_pkg:AGENT': cannot import acme_missing_pkg: No module named 'acme_missing_pkg'"]
+        "error: ROUNDTRIP_AGENT='acme_missing_pkg:AGENT': cannot import acme_missing_pkg: No module named 'acme_missing_pkg'"
+    ]
 
 
 # -- the services name no shop ------------------------------------------------------------------------------------
@@ -224,10 +264,23 @@ def test_a_bad_agent_string_stops_a_service_with_one_line_and_status_1(tmp_path)
 FOLDERS = ("_kernel", "_gateway", "_model", "_guard", "_gate", "_executor")
 # The shop's vocabulary. "order" alone stays: it is the kernel's word for sequence (key order, tool_use order);
 # the "cancel" words that remain are the kernel's turn cancellation (CancelTurn, the outcome `cancelled`).
-SHOP_WORDS = re.compile(r"shop|\borders\b|order[_ ]ids?\b|order system|order's|cancel_order|cancel_above|refund", re.IGNORECASE)
+SHOP_WORDS = re.compile(
+    r"shop|\borders\b|order[_ ]ids?\b|order system|order's|cancel_order|cancel_above|refund", re.IGNORECASE
+)
 CANCEL_WORDS = re.compile(r"\w*cancel\w*", re.IGNORECASE)
-TURN_CANCELLATION = {"cancel", "cancels", "cancelled", "cancelling", "CANCELLED", "CancelTurn", "CancelledError",
-                     "cancel_on_revoke", "_cancel_on_revoke", "on_cancel", "on_cancel_turn"}
+TURN_CANCELLATION = {
+    "cancel",
+    "cancels",
+    "cancelled",
+    "cancelling",
+    "CANCELLED",
+    "CancelTurn",
+    "CancelledError",
+    "cancel_on_revoke",
+    "_cancel_on_revoke",
+    "on_cancel",
+    "on_cancel_turn",
+}
 
 
 def test_the_kernel_and_the_five_services_name_no_shop_order_or_cancellation_of_one():
@@ -246,12 +299,20 @@ def test_the_kernel_and_the_five_services_name_no_shop_order_or_cancellation_of_
             assert "roundtrip._shop" not in path.read_text(encoding="utf-8"), path
 
 
-
 def test_roundtrip_config_shows_the_agents_own_settings_and_warns_once_its_rule_can_hold_a_call(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {"ROUNDTRIP_STATE_DIR": str(tmp_path)}
-    quiet = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "config"], capture_output=True, text=True, env=env, timeout=60)
-    held = subprocess.run([sys.executable, "-m", "roundtrip._cli.main", "config"], capture_output=True, text=True, timeout=60,
-                          env=env | {"ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
+        "ROUNDTRIP_STATE_DIR": str(tmp_path)
+    }
+    quiet = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "config"], capture_output=True, text=True, env=env, timeout=60
+    )
+    held = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env | {"ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"},
+    )
     assert quiet.returncode == held.returncode == 0
     assert "# the agent's own settings (support-agent)" in held.stdout
     assert re.search(r"(?m)^ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS +5000$", held.stdout)

@@ -54,8 +54,15 @@ async def refund_ticket(args: Refund, ctx: ToolContext) -> Refund:
 
 
 def agent(**change: Any) -> Agent:
-    return dataclasses.replace(Agent(name="desk", system_prompt="You help the desk's customers.", tools=[close_ticket, refund_ticket],
-                                     entities={"ticket": resolve_ticket}), **change)
+    return dataclasses.replace(
+        Agent(
+            name="desk",
+            system_prompt="You help the desk's customers.",
+            tools=[close_ticket, refund_ticket],
+            entities={"ticket": resolve_ticket},
+        ),
+        **change,
+    )
 
 
 def ctx(customer: str = "cus_1") -> ToolContext:
@@ -70,7 +77,9 @@ def test_a_function_becomes_a_strict_tool_document_from_its_annotations_and_docs
     spec = registry.get("close_ticket")
     assert spec.description == "Close one of the customer's open tickets, with a note saying why."
     assert spec.input_schema == {
-        "type": "object", "additionalProperties": False, "required": ["ticket_id"],
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["ticket_id"],
         "properties": {
             "ticket_id": {"type": "string", "description": "The ticket's id, e.g. T-1", "x-entity": "ticket"},
             "note": {"type": "string", "maxLength": 50, "default": ""},
@@ -80,7 +89,9 @@ def test_a_function_becomes_a_strict_tool_document_from_its_annotations_and_docs
     assert spec.entity_refs == {"ticket_id": "ticket"}  # the gate resolves it for the principal
     assert "x-entity" not in json.dumps(spec.api_tool())  # the model never sees the annotation
     validator = InputValidator(spec.input_schema)
-    assert validator.problems({"ticket_id": "T-1", "note": "x" * 51}) and validator.problems({"ticket_id": "T-1", "who": "bob"})
+    assert validator.problems({"ticket_id": "T-1", "note": "x" * 51}) and validator.problems(
+        {"ticket_id": "T-1", "who": "bob"}
+    )
 
 
 async def test_the_handler_gets_the_context_and_typed_arguments_or_the_model():
@@ -88,7 +99,10 @@ async def test_the_handler_gets_the_context_and_typed_arguments_or_the_model():
     closed = await registry.handler("close_ticket")({"ticket_id": "T-7", "urgent": True}, ctx("cus_9"))
     assert closed == {"closed": "T-7", "note": "", "urgent": True, "by": "cus_9"}
     assert registry.get("refund").entity_refs == {"ticket_id": "ticket"}
-    assert await registry.handler("refund")({"ticket_id": "T-7", "cents": 250}, ctx()) == {"ticket_id": "T-7", "cents": 250}
+    assert await registry.handler("refund")({"ticket_id": "T-7", "cents": 250}, ctx()) == {
+        "ticket_id": "T-7",
+        "cents": 250,
+    }
 
 
 def test_schema_documents_and_functions_make_one_agent():
@@ -131,31 +145,43 @@ async def loose(args: Loose) -> dict:
     return {}
 
 
-LOOSE_DIR = {"name": "loose_doc", "description": "A schema document that does not close its object.",
-             "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}}}
+LOOSE_DIR = {
+    "name": "loose_doc",
+    "description": "A schema document that does not close its object.",
+    "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+}
 
 
-@pytest.mark.parametrize("change, problem", [
-    ({"tools": [loose]}, "loose # must set additionalProperties: false"),
-    ({"tools": [loose]}, "its model Loose needs model_config = ConfigDict(extra='forbid')"),
-    ({"tools_dir": "LOOSE"}, "input_schema of loose_doc must list 'required' (possibly empty)"),
-    ({"tools": [no_docstring]}, "tool no_docstring needs a real description"),
-    ({"tools": [sync_tool]}, "tool sync_tool: the function must be `async def`"),
-    ({"tools": [untyped]}, "tool untyped: argument 'ticket_id' has no type annotation"),
-    ({"tools": [opaque]}, "tool opaque: its arguments cannot be a model: PydanticSchemaGenerationError"),
-    ({"entities": {}}, "x-entity kinds without a resolver: ['ticket']"),
-    ({"policies": {"reopen": lambda a, e, c: None}}, "policies for unknown tools: ['reopen']"),
-    ({"approvals": {"reopen": always("a person reopens")}}, "approval rules or serial declarations for unknown tools: ['reopen']"),
-    ({"serial": frozenset({"reopen"})}, "approval rules or serial declarations for unknown tools: ['reopen']"),
-    ({"handlers": {"reopen": close_ticket}}, "handlers without a schema: ['reopen']"),
-    ({"handlers": {"close_ticket": close_ticket}}, "handlers for function tools (a function is its own handler): ['close_ticket']"),
-    ({"tools": [close_ticket, close_ticket]}, "tool close_ticket is declared twice"),
-    ({"tools": [tool(name="no spaces allowed")(close_ticket.fn)]}, "tool name 'no spaces allowed' must match"),
-    ({"tools": []}, "no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers"),
-    ({"name": "a desk"}, "the name must match"),
-    ({"system_prompt": ""}, "the system prompt is empty"),
-    ({"replies": {"nap": "zzz"}}, "replies for unknown outcomes ['nap']"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"tools": [loose]}, "loose # must set additionalProperties: false"),
+        ({"tools": [loose]}, "its model Loose needs model_config = ConfigDict(extra='forbid')"),
+        ({"tools_dir": "LOOSE"}, "input_schema of loose_doc must list 'required' (possibly empty)"),
+        ({"tools": [no_docstring]}, "tool no_docstring needs a real description"),
+        ({"tools": [sync_tool]}, "tool sync_tool: the function must be `async def`"),
+        ({"tools": [untyped]}, "tool untyped: argument 'ticket_id' has no type annotation"),
+        ({"tools": [opaque]}, "tool opaque: its arguments cannot be a model: PydanticSchemaGenerationError"),
+        ({"entities": {}}, "x-entity kinds without a resolver: ['ticket']"),
+        ({"policies": {"reopen": lambda a, e, c: None}}, "policies for unknown tools: ['reopen']"),
+        (
+            {"approvals": {"reopen": always("a person reopens")}},
+            "approval rules or serial declarations for unknown tools: ['reopen']",
+        ),
+        ({"serial": frozenset({"reopen"})}, "approval rules or serial declarations for unknown tools: ['reopen']"),
+        ({"handlers": {"reopen": close_ticket}}, "handlers without a schema: ['reopen']"),
+        (
+            {"handlers": {"close_ticket": close_ticket}},
+            "handlers for function tools (a function is its own handler): ['close_ticket']",
+        ),
+        ({"tools": [close_ticket, close_ticket]}, "tool close_ticket is declared twice"),
+        ({"tools": [tool(name="no spaces allowed")(close_ticket.fn)]}, "tool name 'no spaces allowed' must match"),
+        ({"tools": []}, "no tools: give tools_dir (JSON Schema documents), tools (Python functions) or mcp_servers"),
+        ({"name": "a desk"}, "the name must match"),
+        ({"system_prompt": ""}, "the system prompt is empty"),
+        ({"replies": {"nap": "zzz"}}, "replies for unknown outcomes ['nap']"),
+    ],
+)
 def test_agent_check_refuses_a_broken_agent_naming_its_problem(change, problem, tmp_path):
     if change.get("tools_dir") == "LOOSE":
         (tmp_path / "loose_doc.json").write_text(json.dumps(LOOSE_DIR))
@@ -168,11 +194,22 @@ def test_agent_check_refuses_a_broken_agent_naming_its_problem(change, problem, 
 
 
 def test_agent_check_names_every_problem_at_once_not_only_the_first():
-    broken = agent(name="a desk", system_prompt=" ", tools=[close_ticket, sync_tool, untyped], entities={},
-                   policies={"reopen": lambda a, e, c: None})
+    broken = agent(
+        name="a desk",
+        system_prompt=" ",
+        tools=[close_ticket, sync_tool, untyped],
+        entities={},
+        policies={"reopen": lambda a, e, c: None},
+    )
     problems = broken.problems()
-    for expected in ("the name must match", "the system prompt is empty", "must be `async def`", "has no type annotation",
-                     "x-entity kinds without a resolver: ['ticket']", "policies for unknown tools: ['reopen']"):
+    for expected in (
+        "the name must match",
+        "the system prompt is empty",
+        "must be `async def`",
+        "has no type annotation",
+        "x-entity kinds without a resolver: ['ticket']",
+        "policies for unknown tools: ['reopen']",
+    ):
         assert sum(expected in p for p in problems) == 1, (expected, problems)
 
 
@@ -212,7 +249,11 @@ def test_agent_check_lists_every_problem_and_exits_1_or_sums_up_a_sound_agent(mo
     bad = CliRunner().invoke(app, ["agent", "check", f"{name}:AGENT"])
     assert bad.exit_code == 1, bad.output
     lines = bad.output.strip().splitlines()
-    assert lines[0] == "agent 'desk': 3 problems" and len(lines) == 4 and all(line.startswith("  - ") for line in lines[1:])
+    assert (
+        lines[0] == "agent 'desk': 3 problems"
+        and len(lines) == 4
+        and all(line.startswith("  - ") for line in lines[1:])
+    )
     good = CliRunner().invoke(app, ["agent", "check", f"{name}:FINE"])
     assert good.exit_code == 0, good.output
     assert good.output.startswith("agent desk: ok: 2 tools (close_ticket, refund), entity kinds ['ticket']")
@@ -226,13 +267,22 @@ def test_agent_check_of_a_bad_import_string_is_one_line_and_status_1(monkeypatch
     assert default.exit_code == 0 and default.output.startswith("agent support-agent: ok: 6 tools")
 
 
-@pytest.mark.parametrize(("source", "line", "what"), [
-    ("x = 1\ndef broken(:\n    pass\n", 2, "SyntaxError: invalid syntax"),
-    ("import json\nSETTINGS = json.loads('{')\n", 2, "JSONDecodeError: Expecting property name"),  # raised in a library it calls
-    ("import os\n\nraise RuntimeError('no backend\\nconfigured')\n", 3, "RuntimeError: no backend configured"),
-    ("import json\nimport desk_no_such_library_xyz\n", 2, "No module named 'desk_no_such_library_xyz'"),
-])
-def test_agent_check_reports_an_import_time_failure_as_one_line_with_file_and_line(module, tmp_path, source, line, what):
+@pytest.mark.parametrize(
+    ("source", "line", "what"),
+    [
+        ("x = 1\ndef broken(:\n    pass\n", 2, "SyntaxError: invalid syntax"),
+        (
+            "import json\nSETTINGS = json.loads('{')\n",
+            2,
+            "JSONDecodeError: Expecting property name",
+        ),  # raised in a library it calls
+        ("import os\n\nraise RuntimeError('no backend\\nconfigured')\n", 3, "RuntimeError: no backend configured"),
+        ("import json\nimport desk_no_such_library_xyz\n", 2, "No module named 'desk_no_such_library_xyz'"),
+    ],
+)
+def test_agent_check_reports_an_import_time_failure_as_one_line_with_file_and_line(
+    module, tmp_path, source, line, what
+):
     name = module(source)
     result = CliRunner().invoke(app, ["agent", "check", f"{name}:AGENT"])
     assert result.exit_code == 1
@@ -250,11 +300,21 @@ def test_agent_init_makes_a_package_that_passes_the_check_and_its_own_tests(tmp_
     assert '[project.entry-points."roundtrip.agents"]\nacme-desk = "acme_desk.agent:AGENT"' in pyproject
     monkeypatch.syspath_prepend(str(package))
     checked = CliRunner().invoke(app, ["agent", "check", "acme_desk.agent:AGENT"])
-    assert checked.exit_code == 0 and "agent acme-desk: ok: 1 tools (close_ticket), entity kinds ['ticket']" in checked.output
+    assert (
+        checked.exit_code == 0
+        and "agent acme-desk: ok: 1 tools (close_ticket), entity kinds ['ticket']" in checked.output
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
-        "PYTHONPATH": os.pathsep.join([str(package), str(ROOT)])}
-    tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "tests")],
-                           capture_output=True, text=True, env=env, cwd=package, timeout=300)
+        "PYTHONPATH": os.pathsep.join([str(package), str(ROOT)])
+    }
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "tests")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=package,
+        timeout=300,
+    )
     assert tests.returncode == 0 and "4 passed" in tests.stdout, tests.stdout + tests.stderr
     again = CliRunner().invoke(app, ["agent", "init", "acme-desk", "--dir", str(tmp_path)])
     assert again.exit_code == 1 and "exists and is not empty" in again.output

@@ -24,8 +24,11 @@ def spans():
 
 
 def call(digest: str, turn_id: str = "turn_1") -> CallModel:
-    return CallModel(turn=Turn(turn_id=turn_id, request_id="r", conversation_id="c", customer_id="cus", agent_digest=digest),
-                     step=1, messages=[])
+    return CallModel(
+        turn=Turn(turn_id=turn_id, request_id="r", conversation_id="c", customer_id="cus", agent_digest=digest),
+        step=1,
+        messages=[],
+    )
 
 
 def test_a_turn_of_another_digest_gets_a_span_attribute_each_time_and_one_log_line(spans, caplog):
@@ -38,7 +41,9 @@ def test_a_turn_of_another_digest_gets_a_span_attribute_each_time_and_one_log_li
     attributes = [dict(s.attributes) for s in exporter.get_finished_spans()]
     assert attributes == [{"roundtrip.agent.digest_mismatch": "b" * 16, "roundtrip.agent.digest": "a" * 16}] * 2
     (line,) = [r.getMessage() for r in caplog.records]
-    assert line.startswith(f"turn turn_1 was started under agent digest {'b' * 16}; this gate runs agent digest {'a' * 16}")
+    assert line.startswith(
+        f"turn turn_1 was started under agent digest {'b' * 16}; this gate runs agent digest {'a' * 16}"
+    )
 
 
 def test_the_same_digest_an_unstamped_turn_or_a_process_that_named_none_say_nothing(spans, caplog):

@@ -11,7 +11,11 @@ def batch(**changes) -> ExecuteToolBatch:
         turn=TURN,
         step=1,
         messages=[{"role": "user", "content": "cancel"}],
-        calls=[CheckedCall(id="toolu_1", name="cancel_order", input={"order_id": "ord_a1000003", "reason": "other"}, approved=True)],
+        calls=[
+            CheckedCall(
+                id="toolu_1", name="cancel_order", input={"order_id": "ord_a1000003", "reason": "other"}, approved=True
+            )
+        ],
     )
     return base.model_copy(update=changes)
 
@@ -24,10 +28,14 @@ def test_signed_batch_verifies():
 @pytest.mark.parametrize(
     "tamper",
     [
-        lambda b: b.model_copy(update={"calls": [b.calls[0].model_copy(update={"input": {"order_id": "ord_9f3c4e21", "reason": "other"}})]}),
+        lambda b: b.model_copy(
+            update={"calls": [b.calls[0].model_copy(update={"input": {"order_id": "ord_9f3c4e21", "reason": "other"}})]}
+        ),
         lambda b: b.model_copy(update={"turn": TURN.model_copy(update={"turn_id": "turn_2"})}),
         lambda b: b.model_copy(update={"turn": TURN.model_copy(update={"customer_id": "cus_1002"})}),
-        lambda b: b.model_copy(update={"calls": [b.calls[0].model_copy(update={"approved": True, "name": "escalate_to_human"})]}),
+        lambda b: b.model_copy(
+            update={"calls": [b.calls[0].model_copy(update={"approved": True, "name": "escalate_to_human"})]}
+        ),
         lambda b: b.model_copy(update={"step": 2}),
     ],
     ids=["input", "other-turn", "other-customer", "tool-name", "step"],

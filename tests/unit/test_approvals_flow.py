@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from roundtrip import always
 from roundtrip._executor.handlers import execute
 from roundtrip._executor.runner import Runner
 from roundtrip._gate.handlers import Gate
@@ -18,20 +19,38 @@ from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Policy
-from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, approval_id_for, in_tool_use_order, input_digest, parse_keys
-from roundtrip._kernel.wire.events import (
-    ApprovalDecided, ApprovalRequested, CallModel, CancelTurn, CheckedCall, CheckToolCalls, Decision, ExecuteToolBatch,
-    Outcome, SupportStatus, ToolCall, Turn, TurnEnded, TurnState,
-)
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.approvals import (
+    DecisionSigner,
+    Signer,
+    approval_id_for,
+    in_tool_use_order,
+    input_digest,
+    parse_keys,
+)
+from roundtrip._kernel.wire.events import (
+    ApprovalDecided,
+    ApprovalRequested,
+    CallModel,
+    CancelTurn,
+    CheckedCall,
+    CheckToolCalls,
+    Decision,
+    ExecuteToolBatch,
+    Outcome,
+    SupportStatus,
+    ToolCall,
+    Turn,
+    TurnEnded,
+    TurnState,
+)
 from roundtrip._model.handlers import call_model
-from roundtrip._shop.app import in_process
-from roundtrip._simulator.server import running_simulator
-from roundtrip import always
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip._shop.agent.tools import ShopAgentSettings
+from roundtrip._shop.app import in_process
+from roundtrip._simulator.server import running_simulator
 from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry
 from tests.databases import migrated
 from tests.unit.test_guard_handlers import Recorder
@@ -48,14 +67,27 @@ def call(name: str, tool_input, id: str = "toolu_1") -> ToolCall:
 
 
 def turn(deadline_at: float = 0.0) -> Turn:
-    return Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="0" * 32,
-                deadline_at=deadline_at)
+    return Turn(
+        turn_id="turn_1",
+        request_id="req_1",
+        conversation_id="conv_1",
+        customer_id="cus_1001",
+        trace_id="0" * 32,
+        deadline_at=deadline_at,
+    )
 
 
 def decided(decision: Decision = Decision.APPROVE, signer: DecisionSigner = DECISIONS, **overrides) -> ApprovalDecided:
-    values = dict(approval_id=approval_id_for("turn_1", 1, "toolu_c"), turn_id="turn_1", tool_use_id="toolu_c",
-                  input_sha256=input_digest("cancel_order", CANCEL), decision=decision, reason="checked with the customer",
-                  decided_by="alice@support", decided_at=time.time())
+    values = dict(
+        approval_id=approval_id_for("turn_1", 1, "toolu_c"),
+        turn_id="turn_1",
+        tool_use_id="toolu_c",
+        input_sha256=input_digest("cancel_order", CANCEL),
+        decision=decision,
+        reason="checked with the customer",
+        decided_by="alice@support",
+        decided_at=time.time(),
+    )
     return signer.sign(ApprovalDecided(**(values | overrides)))
 
 
@@ -71,9 +103,15 @@ def gate_for(shop, above: int | None = 5000) -> Gate:
     async def lookup(kind, entity_id, customer_id):
         return await shop.get_order(customer_id, entity_id)
 
-    return Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop),
-                agent_settings=ShopAgentSettings(approval_cancel_above_cents=above),
-                decisions=DECISIONS, approval_timeout_s=60)
+    return Gate(
+        registry=REGISTRY,
+        lookup=lookup,
+        signer=SIGNER,
+        deps=shop_deps(shop),
+        agent_settings=ShopAgentSettings(approval_cancel_above_cents=above),
+        decisions=DECISIONS,
+        approval_timeout_s=60,
+    )
 
 
 # -- the gate: who is asked about what ----------------------------------------------------------------
@@ -83,8 +121,15 @@ async def test_a_cancellation_above_the_threshold_is_held_with_the_order_and_a_d
     held = await gate_for(shop, above=5000).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
     assert held.approved and held.hold is not None and held.approved_by is None
     assert "ord_a1000003 of 87.00 EUR" in held.hold.reason and "50.00 EUR" in held.hold.reason
-    assert held.hold.entities["order_id"]["total_cents"] == 8700 and held.hold.entities["order_id"]["customer_id"] == "cus_1001"
-    assert held.hold.input_sha256 == input_digest("cancel_order", CANCEL) != input_digest("cancel_order", CANCEL | {"reason": "other"})
+    assert (
+        held.hold.entities["order_id"]["total_cents"] == 8700
+        and held.hold.entities["order_id"]["customer_id"] == "cus_1001"
+    )
+    assert (
+        held.hold.input_sha256
+        == input_digest("cancel_order", CANCEL)
+        != input_digest("cancel_order", CANCEL | {"reason": "other"})
+    )
     assert time.time() + 55 < held.hold.expires_at <= time.time() + 61
     below = await gate_for(shop, above=10000).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
     off = await gate_for(shop, above=None).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
@@ -93,9 +138,15 @@ async def test_a_cancellation_above_the_threshold_is_held_with_the_order_and_a_d
 
 async def test_nobody_is_asked_about_a_call_the_gate_would_reject(shop):
     gate = gate_for(shop, above=0)  # every cancellation needs a person
-    foreign = await gate.check_call(call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other"}), "cus_1001", "t")
-    shipped = await gate.check_call(call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t")
-    invalid = await gate.check_call(call("cancel_order", {"order_id": "ord_a1000003", "reason": "why_not"}), "cus_1001", "t")
+    foreign = await gate.check_call(
+        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other"}), "cus_1001", "t"
+    )
+    shipped = await gate.check_call(
+        call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
+    )
+    invalid = await gate.check_call(
+        call("cancel_order", {"order_id": "ord_a1000003", "reason": "why_not"}), "cus_1001", "t"
+    )
     for result in (foreign, shipped, invalid):
         assert not result.approved and result.hold is None
 
@@ -107,7 +158,9 @@ async def test_a_tool_can_always_need_a_person(shop):
         return await shop.get_order(customer_id, entity_id)
 
     gate = Gate(registry=registry, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await gate.check_call(call("escalate_to_human", {"summary": "customer wants a person", "urgency": "normal"}), "cus_1001", "t")
+    result = await gate.check_call(
+        call("escalate_to_human", {"summary": "customer wants a person", "urgency": "normal"}), "cus_1001", "t"
+    )
     assert result.approved and result.hold.reason == "a person decides every escalation"
 
 
@@ -127,18 +180,28 @@ async def test_the_held_call_runs_only_under_a_valid_decision_for_exactly_that_c
         result = await gate.check_call(cancel, "cus_1001", "turn_1", decision=decision)
         assert not result.approved and result.hold is None and "Nothing was done" in result.error, why
     # the same decision does not carry over to other arguments the model may send later
-    other = await gate.check_call(call("cancel_order", {**CANCEL, "reason": "other"}, id="toolu_c"), "cus_1001", "turn_1",
-                                  decision=decided())
+    other = await gate.check_call(
+        call("cancel_order", {**CANCEL, "reason": "other"}, id="toolu_c"), "cus_1001", "turn_1", decision=decided()
+    )
     assert not other.approved and "other arguments" in other.error
 
 
 async def test_one_call_per_step_waits_for_a_person_the_second_is_told_to_come_back(shop):
-    command = CheckToolCalls(turn=turn(), step=1, messages=[], calls=[
-        call("cancel_order", CANCEL, id="toolu_a"), call("cancel_order", {"order_id": "ord_a1000004", "reason": "other"}, id="toolu_b"),
-        call("list_orders", {}, id="toolu_l")])
+    command = CheckToolCalls(
+        turn=turn(),
+        step=1,
+        messages=[],
+        calls=[
+            call("cancel_order", CANCEL, id="toolu_a"),
+            call("cancel_order", {"order_id": "ord_a1000004", "reason": "other"}, id="toolu_b"),
+            call("list_orders", {}, id="toolu_l"),
+        ],
+    )
     batch = await gate_for(shop, above=1000).check(command)
     held, second, listed = batch.calls
-    assert held.hold and not second.approved and "already waiting" in second.error and listed.approved and not listed.hold
+    assert (
+        held.hold and not second.approved and "already waiting" in second.error and listed.approved and not listed.hold
+    )
     SIGNER.verify(batch)
 
 
@@ -162,7 +225,9 @@ class Recording:
 
 
 def recording_registry(recording: Recording, **options):
-    handlers = {name: recording.handler(name, 0.05 if name == "search_help_center" else 0.01) for name in REGISTRY.names}
+    handlers = {
+        name: recording.handler(name, 0.05 if name == "search_help_center" else 0.01) for name in REGISTRY.names
+    }
     return shop_registry(handlers=handlers, **options)
 
 
@@ -177,7 +242,14 @@ async def test_a_step_holding_a_serial_tool_runs_its_calls_one_after_another_in_
     results = await runner.run(calls, turn())
     assert [r["tool_use_id"] for r in results] == ["c1", "c2", "c3"]
     # the slow first call ends before the second starts, and so on: no overlap, the model's order
-    assert recording.events == [("start", "c1"), ("end", "c1"), ("start", "c2"), ("end", "c2"), ("start", "c3"), ("end", "c3")]
+    assert recording.events == [
+        ("start", "c1"),
+        ("end", "c1"),
+        ("start", "c2"),
+        ("end", "c2"),
+        ("start", "c3"),
+        ("end", "c3"),
+    ]
 
 
 async def test_without_a_serial_tool_the_calls_of_a_step_overlap():
@@ -187,35 +259,68 @@ async def test_without_a_serial_tool_the_calls_of_a_step_overlap():
     assert recording.events[:2] == [("start", "c1"), ("start", "c2")]  # both started before either ended
     # and a serial declaration of a rejected call does not serialise the step
     recording.events.clear()
-    await runner.run([checked("search_help_center", "c1"), CheckedCall(id="c2", name="cancel_order", input={}, approved=False,
-                                                                         error="no"), checked("lookup_order", "c3")], turn())
+    await runner.run(
+        [
+            checked("search_help_center", "c1"),
+            CheckedCall(id="c2", name="cancel_order", input={}, approved=False, error="no"),
+            checked("lookup_order", "c3"),
+        ],
+        turn(),
+    )
     assert recording.events[:2] == [("start", "c1"), ("start", "c3")]
 
 
 def transcript(*ids_names) -> list[dict]:
-    return [{"role": "user", "content": "cancel my orders"},
-            {"role": "assistant", "content": [{"type": "tool_use", "id": i, "name": n, "input": {}} for i, n in ids_names]}]
+    return [
+        {"role": "user", "content": "cancel my orders"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": i, "name": n, "input": {}} for i, n in ids_names]},
+    ]
 
 
 async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resumed_batch_completes_the_step_in_order():
     recording = Recording()
     runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
     messages = transcript(("c1", "cancel_order"), ("c2", "lookup_order"))
-    hold = {"reason": "above 50.00 EUR", "entities": {"order_id": {"total_cents": 8700}}, "input_sha256": "d" * 64, "expires_at": 9e9}
-    batch = SIGNER.sign(ExecuteToolBatch(turn=turn(), step=1, messages=messages,
-                                         calls=[checked("cancel_order", "c1", hold=hold), checked("lookup_order", "c2")]))
+    hold = {
+        "reason": "above 50.00 EUR",
+        "entities": {"order_id": {"total_cents": 8700}},
+        "input_sha256": "d" * 64,
+        "expires_at": 9e9,
+    }
+    batch = SIGNER.sign(
+        ExecuteToolBatch(
+            turn=turn(),
+            step=1,
+            messages=messages,
+            calls=[checked("cancel_order", "c1", hold=hold), checked("lookup_order", "c2")],
+        )
+    )
     asked = await execute(batch, SIGNER, runner)
     assert isinstance(asked, ApprovalRequested)
     assert recording.events == [("start", "c2"), ("end", "c2")]  # only the other call ran
-    assert asked.approval_id == approval_id_for("turn_1", 1, "c1") and asked.call.id == "c1" and asked.input_sha256 == "d" * 64
+    assert (
+        asked.approval_id == approval_id_for("turn_1", 1, "c1")
+        and asked.call.id == "c1"
+        and asked.input_sha256 == "d" * 64
+    )
     assert [r["tool_use_id"] for r in asked.results] == ["c2"] and asked.entities["order_id"]["total_cents"] == 8700
-    resumed = SIGNER.sign(ExecuteToolBatch(turn=turn(), step=1, messages=messages, results=asked.results,
-                                           calls=[checked("cancel_order", "c1", approved_by="alice")]))
+    resumed = SIGNER.sign(
+        ExecuteToolBatch(
+            turn=turn(),
+            step=1,
+            messages=messages,
+            results=asked.results,
+            calls=[checked("cancel_order", "c1", approved_by="alice")],
+        )
+    )
     command = await execute(resumed, SIGNER, runner)
     assert isinstance(command, CallModel)
     assert [b["tool_use_id"] for b in command.messages[-1]["content"]] == ["c1", "c2"]  # the model's order, one message
     assert recording.events[2:] == [("start", "c1"), ("end", "c1")]
-    assert in_tool_use_order(messages, [{"tool_use_id": "c2"}, {"tool_use_id": "c1"}]) == [{"tool_use_id": "c1"}, {"tool_use_id": "c2"}]
+    assert in_tool_use_order(messages, [{"tool_use_id": "c2"}, {"tool_use_id": "c1"}]) == [
+        {"tool_use_id": "c1"},
+        {"tool_use_id": "c2"},
+    ]
 
 
 # -- the guard: awaiting, deciding, expiring -----------------------------------------------------------------
@@ -225,8 +330,16 @@ async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resume
 async def guard(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     recorder = Recorder()
-    g = Guard(ledger=ledger, policy=Policy(), prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
-              publish=recorder, stuck_after_s=0.01, stuck_grace_s=0.01, turn_deadline_s=300, decisions=DECISIONS)
+    g = Guard(
+        ledger=ledger,
+        policy=Policy(),
+        prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
+        publish=recorder,
+        stuck_after_s=0.01,
+        stuck_grace_s=0.01,
+        turn_deadline_s=300,
+        decisions=DECISIONS,
+    )
     g.recorder = recorder
     yield g
     await g.outbox.drain()
@@ -239,18 +352,38 @@ async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalReques
 
     await guard.starts.on_start(StartTurn(turn=turn(), text="cancel my last order"))
     messages = transcript(("toolu_c", "cancel_order"), ("toolu_l", "list_orders"))
-    calls = [ToolCall(id="toolu_c", name="cancel_order", input=CANCEL, fingerprint="a"), ToolCall(id="toolu_l", name="list_orders", input={}, fingerprint="b")]
-    await guard.loop.on_iteration(ModelResponded(turn=turn(), step=1, messages=messages[:1], content=messages[1]["content"],
-                                            stop_reason="tool_use", tool_calls=calls, usage=Usage(input_tokens=10), spent=Usage(input_tokens=10)))
+    calls = [
+        ToolCall(id="toolu_c", name="cancel_order", input=CANCEL, fingerprint="a"),
+        ToolCall(id="toolu_l", name="list_orders", input={}, fingerprint="b"),
+    ]
+    await guard.loop.on_iteration(
+        ModelResponded(
+            turn=turn(),
+            step=1,
+            messages=messages[:1],
+            content=messages[1]["content"],
+            stop_reason="tool_use",
+            tool_calls=calls,
+            usage=Usage(input_tokens=10),
+            spent=Usage(input_tokens=10),
+        )
+    )
     row = await guard.ledger.get("turn_1")
     assert row.status == RUNNING and row.step == 1
     now = time.time()
     event = ApprovalRequested(
-        approval_id=approval_id_for("turn_1", 1, "toolu_c"), turn=turn(deadline_at=row.deadline_at), step=1,
-        call=CheckedCall(id="toolu_c", name="cancel_order", input=CANCEL, approved=True), reason="above 50.00 EUR",
-        entities={"order_id": {"order_id": "ord_a1000003", "total_cents": 8700}}, input_sha256=input_digest("cancel_order", CANCEL),
-        requested_at=now, expires_at=now + expires_in, messages=messages,
-        results=[{"type": "tool_result", "tool_use_id": "toolu_l", "content": "{}"}])
+        approval_id=approval_id_for("turn_1", 1, "toolu_c"),
+        turn=turn(deadline_at=row.deadline_at),
+        step=1,
+        call=CheckedCall(id="toolu_c", name="cancel_order", input=CANCEL, approved=True),
+        reason="above 50.00 EUR",
+        entities={"order_id": {"order_id": "ord_a1000003", "total_cents": 8700}},
+        input_sha256=input_digest("cancel_order", CANCEL),
+        requested_at=now,
+        expires_at=now + expires_in,
+        messages=messages,
+        results=[{"type": "tool_result", "tool_use_id": "toolu_l", "content": "{}"}],
+    )
     assert await guard.approvals.on_requested(event) == "awaiting"
     assert await guard.approvals.on_requested(event) == "duplicate"
     await guard.outbox.drain()
@@ -276,7 +409,11 @@ async def test_the_app_is_told_once_that_its_turn_waits_for_a_person_and_until_w
     ((topic, status),) = statuses
     assert topic == topics.SUPPORT_STATUS and status.state is TurnState.WAITING_FOR_APPROVAL
     assert (status.request_id, status.turn_id, status.customer_id) == ("req_1", "turn_1", "cus_1001")
-    assert status.until == event.expires_at and status.approval_id == event.approval_id and status.reason == "above 50.00 EUR"
+    assert (
+        status.until == event.expires_at
+        and status.approval_id == event.approval_id
+        and status.reason == "above 50.00 EUR"
+    )
     assert not [m for t, m in guard.recorder.sent if t == topics.SUPPORT_REPLIES]  # a status is no reply
     assert (await guard.ledger.get("turn_1")).pending is None  # published: cleared from the outbox
 
@@ -303,7 +440,11 @@ async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_an
     assert await guard.approvals.on_decision(decision) == "approved"
     topic, message = guard.recorder.sent[-1]
     assert topic == topics.TOOL_CALLS and isinstance(message, CheckToolCalls)
-    assert [c.id for c in message.calls] == ["toolu_c"] and message.calls[0].input == CANCEL and message.decisions == [decision]
+    assert (
+        [c.id for c in message.calls] == ["toolu_c"]
+        and message.calls[0].input == CANCEL
+        and message.decisions == [decision]
+    )
     assert message.results == event.results and message.step == 1
     assert message.turn.deadline_at >= event.turn.deadline_at  # the wait does not count against the turn's deadline
     row = await guard.ledger.get("turn_1")
@@ -320,7 +461,9 @@ async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_an
 
 async def test_denied_the_model_gets_an_error_result_with_the_reason_and_all_results_in_order(guard):
     await waiting_turn(guard)
-    assert await guard.approvals.on_decision(decided(Decision.DENY, reason="order flagged for fraud review")) == "denied"
+    assert (
+        await guard.approvals.on_decision(decided(Decision.DENY, reason="order flagged for fraud review")) == "denied"
+    )
     topic, message = guard.recorder.sent[-1]
     assert topic == topics.MODEL_CALLS and isinstance(message, CallModel) and message.step == 1
     results = message.messages[-1]["content"]
@@ -377,23 +520,33 @@ def simulator():
         yield url
 
 
-@pytest.mark.parametrize("deployment, request_flag, expected", [
-    (False, None, False), (True, None, True), (False, True, True), (True, False, False)])
+@pytest.mark.parametrize(
+    "deployment, request_flag, expected",
+    [(False, None, False), (True, None, True), (False, True, True), (True, False, False)],
+)
 async def test_parallel_use_is_disabled_per_deployment_or_per_request_and_the_request_carries_the_flag(
-        simulator, deployment, request_flag, expected):
-    settings = Settings(_env_file=None, anthropic_api_key=None, anthropic_base_url=simulator, disable_parallel_tool_use=deployment)
+    simulator, deployment, request_flag, expected
+):
+    settings = Settings(
+        _env_file=None, anthropic_api_key=None, anthropic_base_url=simulator, disable_parallel_tool_use=deployment
+    )
     client = shop_model_client(settings)
     t = turn().model_copy(update={"persona": "parallel", "disable_parallel_tool_use": request_flag})
     before = httpx.get(f"{simulator}/health").json()["parallel_disabled"]
     try:
-        event = await call_model(CallModel(turn=t, step=0, messages=[{"role": "user", "content": "cancel my last order"}]), client)
+        event = await call_model(
+            CallModel(turn=t, step=0, messages=[{"role": "user", "content": "cancel my last order"}]), client
+        )
     finally:
         await client.aclose()
     after = httpx.get(f"{simulator}/health").json()["parallel_disabled"]
     assert after - before == int(expected)  # the simulator saw tool_choice.disable_parallel_tool_use: true
-    assert [c.name for c in event.tool_calls] == (["list_orders"] if expected else ["list_orders", "search_help_center"])
+    assert [c.name for c in event.tool_calls] == (
+        ["list_orders"] if expected else ["list_orders", "search_help_center"]
+    )
     assert client.tool_choice(request_flag if request_flag is not None else None) == (
-        {"type": "auto", "disable_parallel_tool_use": True} if expected else None)
+        {"type": "auto", "disable_parallel_tool_use": True} if expected else None
+    )
 
 
 # -- configuration and the simulator's validation -----------------------------------------------------------
@@ -410,18 +563,26 @@ def test_the_published_decision_key_is_refused_outside_development_only_while_ap
     Settings(_env_file=None, decision_keys=DEV_DECISION_KEYS).refuse_dev_decision_key("gate", approvals=True)
 
 
-@pytest.mark.parametrize("choice, problem", [
-    ({"type": "auto", "disable_parallel_tool_use": True}, None),
-    ({"type": "any", "disable_parallel_tool_use": False}, None),
-    ({"type": "auto", "disable_parallel_tool_use": "yes"}, "valid boolean"),
-    ({"type": "none", "disable_parallel_tool_use": True}, "Extra inputs"),
-])
+@pytest.mark.parametrize(
+    "choice, problem",
+    [
+        ({"type": "auto", "disable_parallel_tool_use": True}, None),
+        ({"type": "any", "disable_parallel_tool_use": False}, None),
+        ({"type": "auto", "disable_parallel_tool_use": "yes"}, "valid boolean"),
+        ({"type": "none", "disable_parallel_tool_use": True}, "Extra inputs"),
+    ],
+)
 def test_the_simulator_validates_disable_parallel_tool_use_as_the_api_does(choice, problem):
     from roundtrip._simulator.errors import ApiError
     from roundtrip._simulator.validation import validate_create
 
-    body = {"model": "claude-sonnet-4-6", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], "tool_choice": choice,
-            "tools": [{"name": "t", "description": "a tool", "input_schema": {"type": "object"}}]}
+    body = {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tool_choice": choice,
+        "tools": [{"name": "t", "description": "a tool", "input_schema": {"type": "object"}}],
+    }
     if problem is None:
         validate_create(body)
     else:

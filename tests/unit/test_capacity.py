@@ -19,14 +19,18 @@ from roundtrip._model.capacity import BETA, EPOCH_S, Busy, Capacity, Reading
 
 
 def headers(limit: float, remaining: float, dimension: str = "requests") -> dict[str, str]:
-    return {f"anthropic-ratelimit-{dimension}-limit": str(limit), f"anthropic-ratelimit-{dimension}-remaining": str(remaining)}
+    return {
+        f"anthropic-ratelimit-{dimension}-limit": str(limit),
+        f"anthropic-ratelimit-{dimension}-remaining": str(remaining),
+    }
 
 
 def status_error(status: int, extra: dict[str, str] | None = None) -> anthropic.APIStatusError:
     request = httpx.Request("POST", "http://api/v1/messages")
     response = httpx.Response(status, headers=extra or {}, request=request, json={"type": "error"})
     cls = {400: anthropic.BadRequestError, 401: anthropic.AuthenticationError, 429: anthropic.RateLimitError}.get(
-        status, anthropic.APIStatusError)
+        status, anthropic.APIStatusError
+    )
     return cls(f"error {status}", response=response, body=None)
 
 
@@ -39,8 +43,13 @@ class Message:
 
 
 def test_the_headers_are_read_per_dimension_and_junk_is_ignored():
-    reading = Reading.of({**headers(600, 590), "anthropic-ratelimit-input-tokens-limit": "junk",
-                          "anthropic-ratelimit-output-tokens-remaining": "80"})
+    reading = Reading.of(
+        {
+            **headers(600, 590),
+            "anthropic-ratelimit-input-tokens-limit": "junk",
+            "anthropic-ratelimit-output-tokens-remaining": "80",
+        }
+    )
     assert reading.limit == {"requests": 600.0} and reading.remaining == {"requests": 590.0, "output-tokens": 80.0}
 
 
@@ -50,7 +59,9 @@ def test_the_first_rate_is_the_ceiling_of_the_headers_and_tokens_count_like_the_
     assert capacity.rate == pytest.approx(10.0)  # 600 requests a minute
     tokens = Capacity()
     # 120k input tokens a minute; a call counts its uncached input and cache writes (here 1000), not its cache reads
-    tokens.answered(headers(120_000, 119_000, "input-tokens"), input_tokens=1000, output_tokens=20, started_at=0.0, waited=False)
+    tokens.answered(
+        headers(120_000, 119_000, "input-tokens"), input_tokens=1000, output_tokens=20, started_at=0.0, waited=False
+    )
     assert tokens.rate == pytest.approx(2.0)
 
 
@@ -124,8 +135,16 @@ def test_replicas_adapting_alone_converge_on_sharing_one_limit():
                     if bucket >= 1:
                         bucket -= 1
                         ok += tick * dt > 60
-                        r.answered({"anthropic-ratelimit-requests-limit": "600",
-                                    "anthropic-ratelimit-requests-remaining": str(int(bucket * 30))}, 100, 20, clock[0], True)
+                        r.answered(
+                            {
+                                "anthropic-ratelimit-requests-limit": "600",
+                                "anthropic-ratelimit-requests-remaining": str(int(bucket * 30)),
+                            },
+                            100,
+                            20,
+                            clock[0],
+                            True,
+                        )
                     else:
                         refused += tick * dt > 60
                         r.refused(1.0, clock[0])
@@ -172,7 +191,9 @@ async def test_a_plain_loop_takes_a_capacity_refusal_as_the_error_and_holds_noth
         return True
 
     capacity = Capacity()
-    out = await attempt(refused, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=on_wait, wait_for_capacity=False)
+    out = await attempt(
+        refused, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=on_wait, wait_for_capacity=False
+    )
     assert out.error and "(429)" in out.error and not out.busy and out.attempts == 1 and calls == [0]
     assert capacity.delay() == 0.0  # the process is not held: the next call goes at once
 

@@ -16,14 +16,25 @@ from roundtrip._simulator.personas import NAMES
 
 
 def _reply(outcome: Outcome, steps: int = 4, reason: str | None = None) -> SupportReply:
-    return SupportReply(request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", turn_id="turn_1", text="Sorry.",
-                        outcome=outcome, steps=steps, usage=Usage(input_tokens=10, output_tokens=2), cost_usd=0.001,
-                        trace_id="ab" * 16, reason=reason)
+    return SupportReply(
+        request_id="req_1",
+        conversation_id="conv_1",
+        customer_id="cus_1001",
+        turn_id="turn_1",
+        text="Sorry.",
+        outcome=outcome,
+        steps=steps,
+        usage=Usage(input_tokens=10, output_tokens=2),
+        cost_usd=0.001,
+        trace_id="ab" * 16,
+        reason=reason,
+    )
 
 
 @pytest.fixture
 def never_asked(monkeypatch):
     """`ask` and `lag` must refuse before they talk to Kafka: reaching it fails the test."""
+
     async def reached(*args, **kwargs):
         raise AssertionError("the fleet was called")
 
@@ -91,7 +102,9 @@ def test_ask_exits_non_zero_with_a_clear_line_when_the_guard_stopped_the_turn(mo
 
 def test_every_outcome_has_its_documented_exit_code():
     assert set(console.EXIT_CODES) == set(Outcome)
-    assert console.EXIT_CODES[Outcome.END_TURN] == 0 and all(c > 2 for o, c in console.EXIT_CODES.items() if o is not Outcome.END_TURN)
+    assert console.EXIT_CODES[Outcome.END_TURN] == 0 and all(
+        c > 2 for o, c in console.EXIT_CODES.items() if o is not Outcome.END_TURN
+    )
     shown = " ".join(CliRunner().invoke(app, ["ask", "--help"]).output.replace("│", " ").split())
     for outcome, code in console.EXIT_CODES.items():
         assert outcome.value in shown, outcome
@@ -116,17 +129,29 @@ def test_flags_show_no_value_type_in_help():
 def test_help_paragraphs_wrap_only_at_the_terminals_width():
     result = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "300"}, terminal_width=300)
     assert result.exit_code == 0
-    assert ("Supervises them: a process that dies (any service, a replica, the simulator, the shop or the embedded broker) "
-            "is restarted with exponential backoff") in result.output
+    assert (
+        "Supervises them: a process that dies (any service, a replica, the simulator, the shop or the embedded broker) "
+        "is restarted with exponential backoff"
+    ) in result.output
 
 
 def test_the_trace_view_shows_no_empty_attribute(tmp_path, capsys):
     from roundtrip._kernel.settings import Settings
 
     path = tmp_path / "spans.jsonl"
-    span = {"trace_id": "ab" * 16, "span_id": "1" * 16, "parent_id": None, "name": "guard.decide", "service": "roundtrip-guard",
-            "kind": "INTERNAL", "start_ns": 0, "end_ns": 1_000_000, "status": "UNSET", "events": [],
-            "attributes": {"roundtrip.turn_id": "turn_9", "roundtrip.outcome": "end_turn", "roundtrip.detail": ""}}
+    span = {
+        "trace_id": "ab" * 16,
+        "span_id": "1" * 16,
+        "parent_id": None,
+        "name": "guard.decide",
+        "service": "roundtrip-guard",
+        "kind": "INTERNAL",
+        "start_ns": 0,
+        "end_ns": 1_000_000,
+        "status": "UNSET",
+        "events": [],
+        "attributes": {"roundtrip.turn_id": "turn_9", "roundtrip.outcome": "end_turn", "roundtrip.detail": ""},
+    }
     path.write_text(json.dumps(span) + "\n")
     settings = Settings(_env_file=None, span_file=path, otlp_endpoint=None, jaeger_query_url=None)
     assert console.show_trace(settings, "turn_9") == 0
@@ -143,7 +168,13 @@ async def test_the_approvals_table_never_cuts_an_id(tmp_path, monkeypatch):
     from roundtrip._kernel.wire.events import Turn
     from tests.approval_rows import list_these_approvals, pending_approval
 
-    turn = Turn(turn_id="turn_" + "7" * 24, request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="cd" * 16)
+    turn = Turn(
+        turn_id="turn_" + "7" * 24,
+        request_id="req_1",
+        conversation_id="conv_1",
+        customer_id="cus_1001",
+        trace_id="cd" * 16,
+    )
     request = pending_approval(turn, "cancel_order", {"order_id": "ord_a1000003"}, "a long reason " * 8)
     list_these_approvals(monkeypatch, [request])
     out = io.StringIO()

@@ -15,7 +15,14 @@ import roundtrip._cli.console as console
 from roundtrip._cli.main import app
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
-    CheckedCall, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, ToolCall, Turn, Usage,
+    CheckedCall,
+    ExecuteToolBatch,
+    ModelResponded,
+    Outcome,
+    SupportReply,
+    ToolCall,
+    Turn,
+    Usage,
 )
 from tests.approval_rows import list_these_approvals, pending_approval
 
@@ -44,14 +51,32 @@ class Consumer:
         if self.done or not self.sent:
             return {}
         self.done, request = True, self.sent[0]
-        turn = TURN.model_copy(update={"request_id": request["request_id"], "conversation_id": request["conversation_id"]})
-        step = ModelResponded(turn=turn, step=1, messages=[], stop_reason="tool_use",
-                              tool_calls=[ToolCall(id="toolu_1", name="lookup_order", input={"note": MARKUP}, fingerprint="f")])
-        reply = SupportReply(request_id=request["request_id"], conversation_id=request["conversation_id"], customer_id=request["customer_id"],
-                             turn_id="turn_1", text=f"It costs {MARKUP}", outcome=Outcome.END_TURN, steps=1, usage=Usage(),
-                             cost_usd=0.0, trace_id="ab" * 16)
-        records = [SimpleNamespace(topic=self.prefix + name, value=message.model_dump_json().encode())
-                   for name, message in ((topics.ITERATIONS, step), (topics.SUPPORT_REPLIES, reply))]
+        turn = TURN.model_copy(
+            update={"request_id": request["request_id"], "conversation_id": request["conversation_id"]}
+        )
+        step = ModelResponded(
+            turn=turn,
+            step=1,
+            messages=[],
+            stop_reason="tool_use",
+            tool_calls=[ToolCall(id="toolu_1", name="lookup_order", input={"note": MARKUP}, fingerprint="f")],
+        )
+        reply = SupportReply(
+            request_id=request["request_id"],
+            conversation_id=request["conversation_id"],
+            customer_id=request["customer_id"],
+            turn_id="turn_1",
+            text=f"It costs {MARKUP}",
+            outcome=Outcome.END_TURN,
+            steps=1,
+            usage=Usage(),
+            cost_usd=0.0,
+            trace_id="ab" * 16,
+        )
+        records = [
+            SimpleNamespace(topic=self.prefix + name, value=message.model_dump_json().encode())
+            for name, message in ((topics.ITERATIONS, step), (topics.SUPPORT_REPLIES, reply))
+        ]
         return {"tp": records}
 
     async def stop(self):
@@ -66,7 +91,9 @@ def test_ask_shows_the_customers_and_the_models_text_as_typed(monkeypatch):
 
     monkeypatch.setattr(console.Session, "start", start)
     monkeypatch.setattr(console.Session, "stop", Producer.stop)
-    monkeypatch.setattr(console, "console", Console(file=(out := io.StringIO()), width=300, highlight=False, emoji=False))
+    monkeypatch.setattr(
+        console, "console", Console(file=(out := io.StringIO()), width=300, highlight=False, emoji=False)
+    )
     result = CliRunner().invoke(app, ["ask", f"is it {MARKUP}?", "--customer", "[red]x[/red]"])
     assert result.exit_code == 0, result.output
     shown = out.getvalue()
@@ -76,11 +103,23 @@ def test_ask_shows_the_customers_and_the_models_text_as_typed(monkeypatch):
 
 
 def test_every_line_of_a_turn_shows_tool_and_gate_text_as_typed(capsys):
-    batch = ExecuteToolBatch(turn=TURN, step=1, messages=[], calls=[
-        CheckedCall(id="toolu_1", name="lookup_order", input={}, approved=False, error=f"no order {MARKUP}")])
+    batch = ExecuteToolBatch(
+        turn=TURN,
+        step=1,
+        messages=[],
+        calls=[CheckedCall(id="toolu_1", name="lookup_order", input={}, approved=False, error=f"no order {MARKUP}")],
+    )
     console._render(topics.TOOL_BATCHES, batch.model_dump(mode="json"), "req_1")
-    results = {"turn": TURN.model_dump(), "step": 2, "messages": [
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": f"found {MARKUP}"}]}]}
+    results = {
+        "turn": TURN.model_dump(),
+        "step": 2,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": f"found {MARKUP}"}],
+            }
+        ],
+    }
     console._render(topics.MODEL_CALLS, results, "req_1")
     out = capsys.readouterr().out
     assert f"rejected: no order {MARKUP}" in out and f"result found {MARKUP}" in out
@@ -90,15 +129,28 @@ async def test_the_approvals_table_keeps_every_column_at_any_label_length(tmp_pa
     from roundtrip._kernel.settings import Settings
 
     # an MCP tool whose input names no *_id: its label is the tool's name and the input in short
-    row = pending_approval(TURN, "knowledge_base_search_articles_for_the_customer_in_every_language",
-                        {"query": "how do I return a parcel that came damaged " * 4, "note": MARKUP}, f"refunds need a person {MARKUP}")
+    row = pending_approval(
+        TURN,
+        "knowledge_base_search_articles_for_the_customer_in_every_language",
+        {"query": "how do I return a parcel that came damaged " * 4, "note": MARKUP},
+        f"refunds need a person {MARKUP}",
+    )
     list_these_approvals(monkeypatch, [row])
     (tmp_path / "ledger.db").touch()
     for width in (80, 200):
-        monkeypatch.setattr(console, "console", Console(file=(out := io.StringIO()), width=width, highlight=False, emoji=False))
-        assert await console.list_approvals(Settings(_env_file=None, state_dir=tmp_path), everything=False, limit=10) == 0
+        monkeypatch.setattr(
+            console, "console", Console(file=(out := io.StringIO()), width=width, highlight=False, emoji=False)
+        )
+        assert (
+            await console.list_approvals(Settings(_env_file=None, state_dir=tmp_path), everything=False, limit=10) == 0
+        )
         header, first = out.getvalue().splitlines()[:2]
-        assert header.split() == [word for column in console.APPROVAL_COLUMNS for word in column.split()], (width, header)
+        assert header.split() == [word for column in console.APPROVAL_COLUMNS for word in column.split()], (
+            width,
+            header,
+        )
         assert console.call_label(row.tool, json.loads(row.request_json)["call"]["input"]) in first
         assert row.approval_id in first and TURN.trace_id in first
-        assert "refunds need" in first and "[red]49,99[/red]" in out.getvalue()  # the reason: its column is there, as typed
+        assert (
+            "refunds need" in first and "[red]49,99[/red]" in out.getvalue()
+        )  # the reason: its column is there, as typed

@@ -51,22 +51,36 @@ def test_no_class_of_services_is_longer_than_300_lines():
 
 def test_every_long_module_is_named_in_the_readme_layout_with_its_reason():
     layout = _layout()
-    long_modules = sorted(((n, p) for p in _modules() if (n := len(p.read_text().splitlines())) > MODULE_LINES), reverse=True)
-    unnamed = [f"{p.relative_to(ROOT)} ({n} lines)" for n, p in long_modules if f"`{p.relative_to(ROOT)}`" not in layout]
-    assert not unnamed, (f"modules over {MODULE_LINES} lines that the Layout (docs/architecture.md) does not name with the reason they "
-                         "are one idea (split them, or name them there):\n  " + "\n  ".join(unnamed))
+    long_modules = sorted(
+        ((n, p) for p in _modules() if (n := len(p.read_text().splitlines())) > MODULE_LINES), reverse=True
+    )
+    unnamed = [
+        f"{p.relative_to(ROOT)} ({n} lines)" for n, p in long_modules if f"`{p.relative_to(ROOT)}`" not in layout
+    ]
+    assert not unnamed, (
+        f"modules over {MODULE_LINES} lines that the Layout (docs/architecture.md) does not name with the reason they "
+        "are one idea (split them, or name them there):\n  " + "\n  ".join(unnamed)
+    )
     named = [line for line in layout.splitlines() if "`services/" in line and line.lstrip().startswith("- ")]
     for n, path in long_modules:
         (line,) = [line for line in named if f"`{path.relative_to(ROOT)}`" in line]
-        assert len(line.split(":", 1)[-1].split()) >= 4, f"the Layout names {path.relative_to(ROOT)} without a reason: {line!r}"
+        assert len(line.split(":", 1)[-1].split()) >= 4, (
+            f"the Layout names {path.relative_to(ROOT)} without a reason: {line!r}"
+        )
 
 
 def test_the_readme_names_no_long_module_that_is_no_longer_long():
     """The list stays true: a module named as long that has been split is taken off it."""
     layout = _layout()
     named = {line.split("`")[1] for line in layout.splitlines() if line.lstrip().startswith("- `services/")}
-    short = [name for name in named if not (ROOT / name).exists() or len((ROOT / name).read_text().splitlines()) <= MODULE_LINES]
-    assert not short, f"the Layout (docs/architecture.md) names as over {MODULE_LINES} lines modules that are not: {', '.join(sorted(short))}"
+    short = [
+        name
+        for name in named
+        if not (ROOT / name).exists() or len((ROOT / name).read_text().splitlines()) <= MODULE_LINES
+    ]
+    assert not short, (
+        f"the Layout (docs/architecture.md) names as over {MODULE_LINES} lines modules that are not: {', '.join(sorted(short))}"
+    )
 
 
 def _layout_tree() -> str:
@@ -83,7 +97,12 @@ def test_services_has_no_loose_module_but_the_public_front_door():
 def test_every_room_of_services_and_of_the_kernel_is_drawn_in_the_readme_layout():
     tree = _layout_tree()
     rooms = [p for p in (ROOT / "services").iterdir() if (p / "__init__.py").is_file()]
-    rooms += [p for p in (ROOT / "services" / "_kernel").iterdir() if (p / "__init__.py").is_file() or p.suffix == ".py"]
-    missing = sorted(str(p.relative_to(ROOT)) for p in rooms
-                     if p.name != "__init__.py" and not re.search(rf"^\s+{re.escape(p.name)}/?\s", tree, re.M))
+    rooms += [
+        p for p in (ROOT / "services" / "_kernel").iterdir() if (p / "__init__.py").is_file() or p.suffix == ".py"
+    ]
+    missing = sorted(
+        str(p.relative_to(ROOT))
+        for p in rooms
+        if p.name != "__init__.py" and not re.search(rf"^\s+{re.escape(p.name)}/?\s", tree, re.M)
+    )
     assert not missing, f"rooms the Layout (docs/architecture.md) does not draw: {', '.join(missing)}"

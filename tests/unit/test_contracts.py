@@ -5,7 +5,9 @@ from roundtrip._cli.contracts import ROOT, rendered
 
 def test_checked_in_contracts_match_the_code():
     stale = [rel for rel, text in rendered().items() if not (ROOT / rel).exists() or (ROOT / rel).read_text() != text]
-    assert not stale, f"schemas/events/ or contracts/ drifted from the code ({', '.join(stale)}); run `roundtrip contracts` and commit"
+    assert not stale, (
+        f"schemas/events/ or contracts/ drifted from the code ({', '.join(stale)}); run `roundtrip contracts` and commit"
+    )
 
 
 def test_public_topics_are_documented_with_their_payloads():

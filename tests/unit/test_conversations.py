@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from roundtrip._guard.conversations import Conversations, compact, estimate_tokens, exchange_of, within_budget
 from roundtrip._guard.bootstrap import Guard
+from roundtrip._guard.conversations import Conversations, compact, estimate_tokens, exchange_of, within_budget
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Policy
@@ -54,8 +54,11 @@ def alternates(messages: list[dict]) -> bool:
 
 
 def test_an_ended_turn_becomes_an_exchange_with_its_tool_pairs_and_final_words():
-    turn = [{"role": "user", "content": "what orders do I have?"}, {"role": "assistant", "content": [use(1)]},
-            {"role": "user", "content": [result(1)]}]
+    turn = [
+        {"role": "user", "content": "what orders do I have?"},
+        {"role": "assistant", "content": [use(1)]},
+        {"role": "user", "content": [result(1)]},
+    ]
     exchange = exchange_of(turn, [{"type": "text", "text": "You have none."}], "You have none.")
     assert [m["role"] for m in exchange] == ["user", "assistant", "user", "assistant"]
     assert exchange[0]["content"] == [{"type": "text", "text": "what orders do I have?"}]
@@ -64,13 +67,19 @@ def test_an_ended_turn_becomes_an_exchange_with_its_tool_pairs_and_final_words()
 
 
 def test_a_stopped_turn_keeps_no_unanswered_call_and_ends_with_what_the_customer_was_told():
-    turn = [{"role": "user", "content": "where is it?"}, {"role": "assistant", "content": [use(1, "lookup_order")]},
-            {"role": "user", "content": [{**result(1, "not found"), "is_error": True}]}]
+    turn = [
+        {"role": "user", "content": "where is it?"},
+        {"role": "assistant", "content": [use(1, "lookup_order")]},
+        {"role": "user", "content": [{**result(1, "not found"), "is_error": True}]},
+    ]
     stopped = [{"type": "text", "text": "Let me try again."}, use(2, "lookup_order")]  # the guard ended the turn here
     exchange = exchange_of(turn, stopped, "I'm sorry, I keep running into the same problem.")
     assert paired(exchange) and alternates(exchange)
     assert not any(b.get("id") == "toolu_2" for m in exchange for b in m["content"])
-    assert exchange[-1] == {"role": "assistant", "content": [{"type": "text", "text": "I'm sorry, I keep running into the same problem."}]}
+    assert exchange[-1] == {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "I'm sorry, I keep running into the same problem."}],
+    }
     # a refusal with no content at all
     refused = exchange_of([{"role": "user", "content": "x"}], [], "I'm sorry, but I can't help with that request.")
     assert [m["role"] for m in refused] == ["user", "assistant"]
@@ -78,15 +87,26 @@ def test_a_stopped_turn_keeps_no_unanswered_call_and_ends_with_what_the_customer
 
 def test_an_exchange_over_the_budget_is_compacted_without_losing_ids_or_pairs():
     big = "x" * 200_000
-    exchange = exchange_of([{"role": "user", "content": "list"}, {"role": "assistant", "content": [use(1)]},
-                            {"role": "user", "content": [result(1, big)]}], [{"type": "text", "text": "Here."}], "Here.")
+    exchange = exchange_of(
+        [
+            {"role": "user", "content": "list"},
+            {"role": "assistant", "content": [use(1)]},
+            {"role": "user", "content": [result(1, big)]},
+        ],
+        [{"type": "text", "text": "Here."}],
+        "Here.",
+    )
     small = compact(exchange, 1000)
     assert estimate_tokens(small) <= 1000 and paired(small)
     assert "removed from the history" in small[2]["content"][0]["content"]
     assert small[1]["content"][0]["id"] == "toolu_1" and small[2]["content"][0]["tool_use_id"] == "toolu_1"
     assert compact(exchange, 10**9) is exchange
-    huge_input = [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{**use(1), "input": {"q": big}}]},
-                  {"role": "user", "content": [result(1)]}, {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    huge_input = [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{**use(1), "input": {"q": big}}]},
+        {"role": "user", "content": [result(1)]},
+        {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+    ]
     assert OMITTED_KEY in compact(huge_input, 1000)[1]["content"][0]["input"]
 
 
@@ -104,16 +124,25 @@ def test_the_budget_keeps_the_newest_exchanges_that_fit():
 
 @pytest.fixture
 async def store(tmp_path):
-    s = await Conversations.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"), budget_tokens=2000, retention_s=3600)
+    s = await Conversations.open(
+        await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"), budget_tokens=2000, retention_s=3600
+    )
     yield s
     await s.close()
 
 
-async def _turn(store: Conversations, conversation: str, turn_id: str, text: str, reply: str, payload: str = "{}", now=None) -> None:
+async def _turn(
+    store: Conversations, conversation: str, turn_id: str, text: str, reply: str, payload: str = "{}", now=None
+) -> None:
     await store.open_turn(conversation, turn_id, text, now=now)
-    messages = [{"role": "user", "content": text}, {"role": "assistant", "content": [use(hash(turn_id) % 10**6)]},
-                {"role": "user", "content": [result(hash(turn_id) % 10**6, payload)]}]
-    await store.close_turn(conversation, turn_id, messages, [{"type": "text", "text": reply}], reply, "end_turn", now=now)
+    messages = [
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": [use(hash(turn_id) % 10**6)]},
+        {"role": "user", "content": [result(hash(turn_id) % 10**6, payload)]},
+    ]
+    await store.close_turn(
+        conversation, turn_id, messages, [{"type": "text", "text": reply}], reply, "end_turn", now=now
+    )
 
 
 async def test_a_conversation_belongs_to_whoever_started_it(store):
@@ -127,7 +156,10 @@ async def test_a_claim_says_whether_the_conversation_has_history(store):
     await _turn(store, "conv_h", "turn_h1", "hello", "hi", now=1000.0)
     assert await store.claim("conv_h", "cus_1001", now=1001.0) == ("cus_1001", 1)  # touched: its idle clock restarts
     assert (await store.get("conv_h")).updated_at >= 1001.0
-    assert await store.claim("conv_h", "cus_1002", now=1002.0) == ("cus_1001", 1)  # someone else's: refused, not touched
+    assert await store.claim("conv_h", "cus_1002", now=1002.0) == (
+        "cus_1001",
+        1,
+    )  # someone else's: refused, not touched
     assert (await store.get("conv_h")).updated_at < 1002.0
 
 
@@ -154,7 +186,9 @@ async def test_forget_erases_and_a_running_turn_of_a_forgotten_conversation_save
     await store.open_turn("conv_c", "turn_c2", "and?")
     assert await store.forget("conv_c") is True
     assert await store.forget("conv_c") is False
-    saved = await store.close_turn("conv_c", "turn_c2", [{"role": "user", "content": "and?"}], [{"type": "text", "text": "ok"}], "ok", "end_turn")
+    saved = await store.close_turn(
+        "conv_c", "turn_c2", [{"role": "user", "content": "and?"}], [{"type": "text", "text": "ok"}], "ok", "end_turn"
+    )
     assert saved is False and await store.history("conv_c") == [] and await store.get("conv_c") is None
     assert (await store.claim("conv_c", "cus_1002")).owner == "cus_1002"  # erased: the id is free again
 
@@ -186,8 +220,15 @@ async def guard(tmp_path):
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger = await Ledger.open(url)
     store = await Conversations.open(url, budget_tokens=20000)
-    g = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=Recorder(), model="claude-sonnet-4-6",
-              conversations=store, wait_poll_s=0.05)
+    g = Guard(
+        ledger=ledger,
+        policy=Policy(),
+        prices=PRICES,
+        publish=Recorder(),
+        model="claude-sonnet-4-6",
+        conversations=store,
+        wait_poll_s=0.05,
+    )
     yield g
     await g.outbox.drain()
     await ledger.close()
@@ -195,13 +236,29 @@ async def guard(tmp_path):
 
 
 def turn(n: int, customer: str = "cus_1001", conversation: str = "conv_1") -> Turn:
-    return Turn(turn_id=f"turn_{n}", request_id=f"req_{n}", conversation_id=conversation, customer_id=customer, trace_id="0" * 32)
+    return Turn(
+        turn_id=f"turn_{n}",
+        request_id=f"req_{n}",
+        conversation_id=conversation,
+        customer_id=customer,
+        trace_id="0" * 32,
+    )
 
 
-def responded(t: Turn, step: int, messages: list[dict], content: list[dict], stop_reason: str, calls=()) -> ModelResponded:
-    return ModelResponded(turn=t, step=step, messages=messages, content=content, stop_reason=stop_reason, tool_calls=list(calls),
-                          usage=Usage(input_tokens=10, output_tokens=5), spent=Usage(input_tokens=10 * step, output_tokens=5 * step),
-                          model="claude-sonnet-4-6")
+def responded(
+    t: Turn, step: int, messages: list[dict], content: list[dict], stop_reason: str, calls=()
+) -> ModelResponded:
+    return ModelResponded(
+        turn=t,
+        step=step,
+        messages=messages,
+        content=content,
+        stop_reason=stop_reason,
+        tool_calls=list(calls),
+        usage=Usage(input_tokens=10, output_tokens=5),
+        spent=Usage(input_tokens=10 * step, output_tokens=5 * step),
+        model="claude-sonnet-4-6",
+    )
 
 
 async def _run_turn(guard: Guard, t: Turn, text: str) -> list[dict]:
@@ -210,11 +267,20 @@ async def _run_turn(guard: Guard, t: Turn, text: str) -> list[dict]:
     topic, call = guard.outbox.publish.sent[-1]
     assert topic == topics.MODEL_CALLS
     started = call.turn
-    list_call = ToolCall(id=f"toolu_{t.turn_id}", name="list_orders", input={}, fingerprint=fingerprint("list_orders", {}))
-    await guard.loop.on_iteration(responded(started, 1, call.messages, [use(0) | {"id": list_call.id}], "tool_use", [list_call]))
-    after = [*call.messages, {"role": "assistant", "content": [use(0) | {"id": list_call.id}]},
-             {"role": "user", "content": [result(0) | {"tool_use_id": list_call.id}]}]
-    await guard.loop.on_iteration(responded(started, 2, after, [{"type": "text", "text": f"answer to {text}"}], "end_turn"))
+    list_call = ToolCall(
+        id=f"toolu_{t.turn_id}", name="list_orders", input={}, fingerprint=fingerprint("list_orders", {})
+    )
+    await guard.loop.on_iteration(
+        responded(started, 1, call.messages, [use(0) | {"id": list_call.id}], "tool_use", [list_call])
+    )
+    after = [
+        *call.messages,
+        {"role": "assistant", "content": [use(0) | {"id": list_call.id}]},
+        {"role": "user", "content": [result(0) | {"tool_use_id": list_call.id}]},
+    ]
+    await guard.loop.on_iteration(
+        responded(started, 2, after, [{"type": "text", "text": f"answer to {text}"}], "end_turn")
+    )
     return call.messages
 
 
@@ -240,14 +306,20 @@ async def test_the_loop_rules_count_only_this_turns_calls(guard):
 async def test_another_customer_naming_the_conversation_is_refused_and_sees_nothing(guard):
     await _run_turn(guard, turn(1), "what orders do I have?")
     sent = len(guard.outbox.publish.sent)
-    assert await guard.starts.on_start(StartTurn(turn=turn(9, customer="cus_1002"), text="what did they ask?")) == "refused"
-    (topic, ended), = guard.outbox.publish.sent[sent:]
+    assert (
+        await guard.starts.on_start(StartTurn(turn=turn(9, customer="cus_1002"), text="what did they ask?"))
+        == "refused"
+    )
+    ((topic, ended),) = guard.outbox.publish.sent[sent:]
     assert topic == topics.OUTCOMES and ended.outcome is Outcome.CONVERSATION_REFUSED and ended.step == 0
     assert "another account" in ended.text and "ord_" not in ended.text and "orders" not in ended.text
     row = await guard.ledger.get("turn_9")
     assert row.status == "ended" and row.outcome == "conversation_refused"
     await guard.outbox.drain()
-    assert await guard.starts.on_start(StartTurn(turn=turn(9, customer="cus_1002"), text="what did they ask?")) == "duplicate"
+    assert (
+        await guard.starts.on_start(StartTurn(turn=turn(9, customer="cus_1002"), text="what did they ask?"))
+        == "duplicate"
+    )
     assert len(await guard.conversations.history("conv_1")) == 4  # the owner's history is untouched
 
 
@@ -267,7 +339,9 @@ async def test_a_start_recorded_without_its_exchange_opens_it_when_redelivered(g
     guard.conversations.open_turn = real_open
     assert await guard.starts.on_start(StartTurn(turn=turn(1), text="what orders do I have?")) == "republished"
     call = guard.outbox.publish.sent[-1][1]
-    await guard.loop.on_iteration(responded(call.turn, 1, call.messages, [{"type": "text", "text": "You have two."}], "end_turn"))
+    await guard.loop.on_iteration(
+        responded(call.turn, 1, call.messages, [{"type": "text", "text": "You have two."}], "end_turn")
+    )
     history = await guard.conversations.history("conv_1")
     assert history[0] == {"role": "user", "content": [{"type": "text", "text": "what orders do I have?"}]}
 
@@ -278,7 +352,9 @@ async def test_a_second_request_waits_for_the_running_turn_then_sees_it(guard):
     second = asyncio.create_task(guard.starts.on_start(StartTurn(turn=turn(2), text="and the second?")))
     await asyncio.sleep(0.2)
     assert not second.done()  # waits: turn 1 is still running
-    await guard.loop.on_iteration(responded(call.turn, 1, call.messages, [{"type": "text", "text": "You have two."}], "end_turn"))
+    await guard.loop.on_iteration(
+        responded(call.turn, 1, call.messages, [{"type": "text", "text": "You have two."}], "end_turn")
+    )
     assert await asyncio.wait_for(second, 2) == "started"
     started = guard.outbox.publish.sent[-1][1]
     assert [m["role"] for m in started.messages] == ["user", "assistant", "user"]

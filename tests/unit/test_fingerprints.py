@@ -2,7 +2,9 @@ from roundtrip._kernel.wire.fingerprints import canonical_json, fingerprint
 
 
 def test_key_order_and_number_spelling_do_not_change_the_fingerprint():
-    assert fingerprint("lookup_order", {"order_id": "ord_1", "n": 1}) == fingerprint("lookup_order", {"n": 1.0, "order_id": "ord_1"})
+    assert fingerprint("lookup_order", {"order_id": "ord_1", "n": 1}) == fingerprint(
+        "lookup_order", {"n": 1.0, "order_id": "ord_1"}
+    )
 
 
 def test_unicode_normalisation_forms_are_the_same_call():
@@ -11,7 +13,9 @@ def test_unicode_normalisation_forms_are_the_same_call():
 
 def test_different_values_or_tools_differ():
     assert fingerprint("lookup_order", {"order_id": "ord_1"}) != fingerprint("lookup_order", {"order_id": "ord_2"})
-    assert fingerprint("lookup_order", {"order_id": "ord_1"}) != fingerprint("get_shipping_status", {"order_id": "ord_1"})
+    assert fingerprint("lookup_order", {"order_id": "ord_1"}) != fingerprint(
+        "get_shipping_status", {"order_id": "ord_1"}
+    )
 
 
 def test_fingerprint_names_the_tool():

@@ -10,23 +10,39 @@ import sys
 from roundtrip._fleet import state as fleet_state
 from roundtrip._fleet.supervisor import claim_folder, release_folder
 
-FLEET = {"ROUNDTRIP_LEDGER_DATABASE_URL": "postgresql+asyncpg://rt:pw@db/ledger", "ROUNDTRIP_TOPIC_PREFIX": "prod.",
-         "ROUNDTRIP_INSTANCE_ID": "host-gateway", "PATH": "/usr/bin"}
+FLEET = {
+    "ROUNDTRIP_LEDGER_DATABASE_URL": "postgresql+asyncpg://rt:pw@db/ledger",
+    "ROUNDTRIP_TOPIC_PREFIX": "prod.",
+    "ROUNDTRIP_INSTANCE_ID": "host-gateway",
+    "PATH": "/usr/bin",
+}
 
 
 def test_up_records_its_services_settings_for_its_user_only_and_a_command_takes_them(tmp_path):
     claimed = claim_folder(tmp_path)
     path = fleet_state.record(tmp_path, FLEET)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # database URLs and keys: its user's only
-    shell = {"ROUNDTRIP_LEDGER_DATABASE_URL": "sqlite+aiosqlite:///old.db", "ROUNDTRIP_LOG_LEVEL": "DEBUG", "HOME": "/h"}
+    shell = {
+        "ROUNDTRIP_LEDGER_DATABASE_URL": "sqlite+aiosqlite:///old.db",
+        "ROUNDTRIP_LOG_LEVEL": "DEBUG",
+        "HOME": "/h",
+    }
     reading = fleet_state.adopt(tmp_path, shell)
     assert reading.pid == os.getpid()
-    assert shell == {"HOME": "/h", "ROUNDTRIP_LEDGER_DATABASE_URL": "postgresql+asyncpg://rt:pw@db/ledger",
-                     "ROUNDTRIP_TOPIC_PREFIX": "prod.", "ROUNDTRIP_STATE_DIR": str(tmp_path.resolve())}  # the fleet's, whole
+    assert shell == {
+        "HOME": "/h",
+        "ROUNDTRIP_LEDGER_DATABASE_URL": "postgresql+asyncpg://rt:pw@db/ledger",
+        "ROUNDTRIP_TOPIC_PREFIX": "prod.",
+        "ROUNDTRIP_STATE_DIR": str(tmp_path.resolve()),
+    }  # the fleet's, whole
     assert reading.differ == ["ROUNDTRIP_LEDGER_DATABASE_URL", "ROUNDTRIP_LOG_LEVEL"]
     lines = reading.lines("postgresql+asyncpg://rt:***@db/ledger")
-    assert f"the fleet running in {tmp_path.resolve()} (pid {os.getpid()})" in lines[0] and "rt:***@db/ledger" in lines[0]
-    assert lines[1].startswith("warning: this shell's ROUNDTRIP_LEDGER_DATABASE_URL, ROUNDTRIP_LOG_LEVEL differ from the fleet's")
+    assert (
+        f"the fleet running in {tmp_path.resolve()} (pid {os.getpid()})" in lines[0] and "rt:***@db/ledger" in lines[0]
+    )
+    assert lines[1].startswith(
+        "warning: this shell's ROUNDTRIP_LEDGER_DATABASE_URL, ROUNDTRIP_LOG_LEVEL differ from the fleet's"
+    )
     release_folder(claimed)
     fleet_state.forget(tmp_path)
     assert not path.exists()
@@ -35,7 +51,7 @@ def test_up_records_its_services_settings_for_its_user_only_and_a_command_takes_
 def test_a_shell_that_agrees_with_the_fleet_is_told_nothing_differs(tmp_path):
     claim_folder(tmp_path)
     fleet_state.record(tmp_path, FLEET)
-    shell = {"ROUNDTRIP_TOPIC_PREFIX": "prod.", "ROUNDTRIP_STATE_DIR": str(tmp_path / "." )}
+    shell = {"ROUNDTRIP_TOPIC_PREFIX": "prod.", "ROUNDTRIP_STATE_DIR": str(tmp_path / ".")}
     reading = fleet_state.adopt(tmp_path, shell)
     assert reading.differ == [] and len(reading.lines("x")) == 1
 
@@ -48,7 +64,9 @@ def test_without_a_running_fleet_the_shells_settings_are_read_and_the_command_sa
 
 
 def test_the_record_of_a_fleet_that_is_gone_is_not_read(tmp_path):
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     (tmp_path / "fleet.pid").write_text(f"{gone}\n")
     (tmp_path / "fleet.json").write_text(f'{{"pid": {gone}, "env": {{"ROUNDTRIP_TOPIC_PREFIX": "old."}}}}')
     shell: dict[str, str] = {}

@@ -12,10 +12,10 @@ from roundtrip._gate.handlers import Gate
 from roundtrip._gate.validation import InputValidator, ecma_regex
 from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
-from roundtrip._shop.app import in_process
-from roundtrip._shop.help_articles import INJECTION_ORDER_ID
 from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
+from roundtrip._shop.app import in_process
+from roundtrip._shop.help_articles import INJECTION_ORDER_ID
 from tests.agents import SHOP, shop_deps
 
 REGISTRY = SHOP.registry
@@ -61,8 +61,12 @@ def turn(customer: str = "cus_1001", turn_id: str = "turn_1") -> Turn:
 
 
 async def test_the_canonical_incident_is_rejected_without_leaking_that_the_order_exists(gate, shop):
-    foreign = await gate.check_call(call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "t")
-    missing = await gate.check_call(call("cancel_order", {"order_id": "ord_9f3c0000", "reason": "customer_request"}), "cus_1001", "t")
+    foreign = await gate.check_call(
+        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "t"
+    )
+    missing = await gate.check_call(
+        call("cancel_order", {"order_id": "ord_9f3c0000", "reason": "customer_request"}), "cus_1001", "t"
+    )
     assert not foreign.approved and not missing.approved
     assert foreign.error.replace("ord_9f3c4e21", "X") == missing.error.replace("ord_9f3c0000", "X")
     assert "list_orders" in foreign.error
@@ -71,23 +75,33 @@ async def test_the_canonical_incident_is_rejected_without_leaking_that_the_order
 
 async def test_own_cancellable_order_is_approved_and_non_cancellable_is_denied_with_the_status(gate):
     ok = await gate.check_call(call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t")
-    shipped = await gate.check_call(call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t")
+    shipped = await gate.check_call(
+        call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
+    )
     assert ok.approved and ok.error is None
     assert not shipped.approved and "shipped" in shipped.error and "escalate_to_human" in shipped.error
 
 
 async def test_the_input_can_never_name_the_customer(gate):
     result = await gate.check_call(
-        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other", "customer_id": "cus_1002"}), "cus_1001", "t"
+        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other", "customer_id": "cus_1002"}),
+        "cus_1001",
+        "t",
     )
-    assert not result.approved and "`customer_id`" in result.error and "allowed fields are `order_id`, `reason`" in result.error
+    assert (
+        not result.approved
+        and "`customer_id`" in result.error
+        and "allowed fields are `order_id`, `reason`" in result.error
+    )
 
 
 async def test_a_lenient_backend_answer_for_another_id_or_customer_is_not_trusted(shop):
     async def sloppy_backend(kind, entity_id, customer_id):  # e.g. case-insensitive collation, or a buggy resolver
         return {"order_id": "ord_9f3c4e21", "customer_id": "cus_1002", "status": "processing"}
 
-    gate = Gate(registry=REGISTRY, lookup=sloppy_backend, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
+    gate = Gate(
+        registry=REGISTRY, lookup=sloppy_backend, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings
+    )
     result = await gate.check_call(call("lookup_order", {"order_id": "ord_9f3c4e21"}), "cus_1001", "t")
     assert not result.approved and "not found among this customer's orders" in result.error
 
@@ -100,10 +114,18 @@ async def test_a_lenient_backend_answer_for_another_id_or_customer_is_not_truste
     [
         ("list_orders", {"limit": "five"}, ["`limit` must be of type integer", '"five" (string)']),
         ("list_orders", {"limit": 500}, ["`limit` must be at most 50", "500 (integer)"]),
-        ("cancel_order", {"order_id": "ord_a1000003", "reason": "changed_my_mind"}, ["`reason` must be one of", '"customer_request"', "changed_my_mind"]),
+        (
+            "cancel_order",
+            {"order_id": "ord_a1000003", "reason": "changed_my_mind"},
+            ["`reason` must be one of", '"customer_request"', "changed_my_mind"],
+        ),
         ("cancel_order", {"reason": "other"}, ["missing required field(s): `order_id`"]),
         ("search_help_center", {"q": "refund"}, ["unexpected field(s) `q`", "allowed fields are `query`", "`query`"]),
-        ("escalate_to_human", {"summary": "short", "urgency": "urgent"}, ["`summary` must have at least 10 characters", "`urgency`"]),
+        (
+            "escalate_to_human",
+            {"summary": "short", "urgency": "urgent"},
+            ["`summary` must have at least 10 characters", "`urgency`"],
+        ),
         ("lookup_order", {"order_id": "ORD_A1000003"}, ["`order_id` must match the pattern", "uppercase"]),
         ("lookup_order", {"order_id": "ord_\u04301000003"}, ["U+0430 CYRILLIC SMALL LETTER A"]),
         ("lookup_order", {"order_id": "ord_a100000\uff13"}, ["U+FF13 FULLWIDTH DIGIT THREE"]),
@@ -145,7 +167,12 @@ def test_patterns_follow_json_schema_semantics_not_pythons():
 def test_validators_compiled_once_and_per_call_agree():
     spec = REGISTRY.specs["cancel_order"]
     once, fresh = InputValidator(spec.input_schema), InputValidator(spec.input_schema, compiled=False)
-    for tool_input in [{"order_id": "ord_a1000003", "reason": "x"}, {}, {"order_id": 1}, {"order_id": "ord_a1000003", "reason": "other"}]:
+    for tool_input in [
+        {"order_id": "ord_a1000003", "reason": "x"},
+        {},
+        {"order_id": 1},
+        {"order_id": "ord_a1000003", "reason": "other"},
+    ]:
         assert once.problems(tool_input) == fresh.problems(tool_input)
 
 
@@ -157,7 +184,9 @@ async def test_a_backend_outage_fails_closed(shop):
         raise ShopUnavailable("connection refused")
 
     gate = Gate(registry=REGISTRY, lookup=down, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await gate.check_call(call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t")
+    result = await gate.check_call(
+        call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
+    )
     assert not result.approved and "could not be reached" in result.error
 
 
@@ -167,15 +196,24 @@ async def test_a_bug_in_a_policy_fails_closed_and_does_not_raise(shop, lookup, m
 
     monkeypatch.setitem(REGISTRY._policies, "cancel_order", broken)
     gate = Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await gate.check_call(call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t")
+    result = await gate.check_call(
+        call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
+    )
     assert not result.approved and "internal error" in result.error
 
 
 async def test_a_step_with_numbers_canonical_json_cannot_carry_is_still_signed(gate):
     bad = {"limit": 2**60}
     command = CheckToolCalls(
-        turn=turn(), step=1, calls=[call("list_orders", bad)],
-        messages=[{"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "list_orders", "input": bad}]}],
+        turn=turn(),
+        step=1,
+        calls=[call("list_orders", bad)],
+        messages=[
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "toolu_1", "name": "list_orders", "input": bad}],
+            }
+        ],
     )
     batch = await gate.check(command)
     SIGNER.verify(batch)
@@ -194,9 +232,29 @@ async def test_a_help_article_telling_the_model_to_cancel_an_order_does_not_auth
 
     transcript = [
         {"role": "user", "content": "my order looks stuck"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_s", "name": "search_help_center", "input": {"query": "order troubleshooting"}}]},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_s",
+                    "name": "search_help_center",
+                    "input": {"query": "order troubleshooting"},
+                }
+            ],
+        },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_s", "content": article}]},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_c", "name": "cancel_order", "input": {"order_id": INJECTION_ORDER_ID, "reason": "other"}}]},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_c",
+                    "name": "cancel_order",
+                    "input": {"order_id": INJECTION_ORDER_ID, "reason": "other"},
+                }
+            ],
+        },
     ]
     cancel = call("cancel_order", {"order_id": INJECTION_ORDER_ID, "reason": "other"}, id="toolu_c")
     batch = await gate.check(CheckToolCalls(turn=turn("cus_1001"), step=2, messages=transcript, calls=[cancel]))
@@ -236,13 +294,26 @@ async def test_one_step_looks_each_order_up_once_and_keeps_the_call_order(gate, 
 
 
 async def test_status_reading_policies_never_see_a_cached_status(gate, lookup, shop):
-    first = await gate.check(CheckToolCalls(turn=turn(), step=1, messages=[], calls=[call("lookup_order", {"order_id": "ord_a1000004"})]))
+    first = await gate.check(
+        CheckToolCalls(turn=turn(), step=1, messages=[], calls=[call("lookup_order", {"order_id": "ord_a1000004"})])
+    )
     assert first.calls[0].approved and lookup.calls == 1
-    again = await gate.check(CheckToolCalls(turn=turn(), step=2, messages=[], calls=[call("lookup_order", {"order_id": "ord_a1000004"})]))
+    again = await gate.check(
+        CheckToolCalls(turn=turn(), step=2, messages=[], calls=[call("lookup_order", {"order_id": "ord_a1000004"})])
+    )
     assert again.calls[0].approved and lookup.calls == 1  # ownership cache: no policy reads the status
 
-    await shop.cancel_order("cus_1001", "ord_a1000004", "customer_request", "k-cancel-4")  # status changes behind the gate
-    cancel = await gate.check(CheckToolCalls(turn=turn(), step=3, messages=[], calls=[call("cancel_order", {"order_id": "ord_a1000004", "reason": "other"})]))
+    await shop.cancel_order(
+        "cus_1001", "ord_a1000004", "customer_request", "k-cancel-4"
+    )  # status changes behind the gate
+    cancel = await gate.check(
+        CheckToolCalls(
+            turn=turn(),
+            step=3,
+            messages=[],
+            calls=[call("cancel_order", {"order_id": "ord_a1000004", "reason": "other"})],
+        )
+    )
     assert lookup.calls == 2  # cancel_order's policy reads the status: always fresh
     assert not cancel.calls[0].approved and "already cancelled" in cancel.calls[0].error
 

@@ -33,9 +33,9 @@ from jsonschema import Draft202012Validator
 from roundtrip._gate.handlers import Gate
 from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import ToolCall
-from roundtrip._shop.app import in_process
 from roundtrip._sdk.context import ToolContext, ToolError
 from roundtrip._shop.agent.client import ShopClient
+from roundtrip._shop.app import in_process
 from tests.agents import SHOP, shop_deps
 
 MAX_EXAMPLES = 420
@@ -60,7 +60,11 @@ LOOKALIKES = {"a": "\u0430", "c": "\u0441", "e": "\u0435", "o": "\u043e", "0": "
 
 @st.composite
 def near_miss(draw: st.DrawFn, real: str) -> str:
-    kind = draw(st.sampled_from(["upper", "title", "space", "newline", "lookalike", "zwsp", "truncate", "extend", "nbsp", "tab"]))
+    kind = draw(
+        st.sampled_from(
+            ["upper", "title", "space", "newline", "lookalike", "zwsp", "truncate", "extend", "nbsp", "tab"]
+        )
+    )
     if kind == "upper":
         return real.upper()
     if kind == "title":
@@ -95,9 +99,17 @@ order_ids = st.one_of(
 )
 
 json_scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=30)
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
 )
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def deep(depth: int) -> Any:
@@ -121,8 +133,10 @@ def valid_input(name: str, draw: st.DrawFn) -> dict[str, Any]:
         return {"order_id": draw(order_ids), "reason": draw(st.sampled_from(REASONS))}
     if name == "search_help_center":
         return {"query": draw(st.sampled_from(["order troubleshooting", "refund", "cancel shipped order", "returns"]))}
-    return {"summary": draw(st.sampled_from(["Customer wants a refund for ord_a1000001", "Please help with my account"])),
-            "urgency": draw(st.sampled_from(URGENCIES))}
+    return {
+        "summary": draw(st.sampled_from(["Customer wants a refund for ord_a1000001", "Please help with my account"])),
+        "urgency": draw(st.sampled_from(URGENCIES)),
+    }
 
 
 @st.composite
@@ -145,7 +159,9 @@ def calls(draw: st.DrawFn) -> tuple[str, Any, str | None]:
         field = draw(st.sampled_from(schema["required"]))
         return name, {k: v for k, v in base.items() if k != field}, field
     if mutation == "extra":
-        key = draw(st.sampled_from(["customer", "force", "confirm", "order", "id", "note"]) | st.text(min_size=1, max_size=10))
+        key = draw(
+            st.sampled_from(["customer", "force", "confirm", "order", "id", "note"]) | st.text(min_size=1, max_size=10)
+        )
         if key in schema["properties"]:
             return name, base, None
         return name, {**base, key: draw(json_values)}, None  # the key may be unprintable: named escaped, not compared
@@ -154,13 +170,19 @@ def calls(draw: st.DrawFn) -> tuple[str, Any, str | None]:
         if enums:
             field = draw(st.sampled_from(enums))
             allowed = schema["properties"][field]["enum"]
-            bad = draw(st.sampled_from(["urgent", "changed_my_mind", "CANCELLED", "in_transit", "Customer_Request", "other "])
-                       | st.text(max_size=12))
+            bad = draw(
+                st.sampled_from(["urgent", "changed_my_mind", "CANCELLED", "in_transit", "Customer_Request", "other "])
+                | st.text(max_size=12)
+            )
             if bad not in allowed:
                 return name, {**base, field: bad}, field
         return name, base, None
     if mutation == "override_customer":
-        return name, {**base, draw(st.sampled_from(["customer_id", "customer", "principal"])): draw(st.sampled_from(CUSTOMERS))}, None
+        return (
+            name,
+            {**base, draw(st.sampled_from(["customer_id", "customer", "principal"])): draw(st.sampled_from(CUSTOMERS))},
+            None,
+        )
     if mutation == "non_object":
         return name, draw(st.one_of(json_scalars, st.lists(json_values, max_size=3), st.just([base]))), None
     if mutation == "huge":
@@ -172,8 +194,21 @@ def calls(draw: st.DrawFn) -> tuple[str, Any, str | None]:
     if mutation == "random":
         return name, draw(st.dictionaries(st.sampled_from([*fields, "x", "order_id"]), json_values, max_size=4)), None
     if mutation == "unknown_tool":
-        bad = draw(st.sampled_from([name.upper(), name + " ", "cancel-order", "cancelOrder", "delete_order", "refund_order", "", "\u200b" + name])
-                   | st.text(max_size=30))
+        bad = draw(
+            st.sampled_from(
+                [
+                    name.upper(),
+                    name + " ",
+                    "cancel-order",
+                    "cancelOrder",
+                    "delete_order",
+                    "refund_order",
+                    "",
+                    "\u200b" + name,
+                ]
+            )
+            | st.text(max_size=30)
+        )
         if bad in REGISTRY.specs:
             return name, base, None
         return bad, base, None
@@ -187,7 +222,9 @@ def calls(draw: st.DrawFn) -> tuple[str, Any, str | None]:
 
 
 steps = st.tuples(
-    st.sampled_from(CUSTOMERS), st.lists(calls(), min_size=CALLS_PER_EXAMPLE, max_size=CALLS_PER_EXAMPLE), st.integers(0, 3).map(bool)
+    st.sampled_from(CUSTOMERS),
+    st.lists(calls(), min_size=CALLS_PER_EXAMPLE, max_size=CALLS_PER_EXAMPLE),
+    st.integers(0, 3).map(bool),
 )  # reset 3 times in 4
 
 
@@ -230,7 +267,13 @@ def make_gate(shop: Shop) -> Gate:
         assert kind == "order"
         return await shop.client.get_order(customer_id, entity_id)
 
-    return Gate(registry=REGISTRY, lookup=lookup, signer=Signer(parse_keys("k1:prop")), deps=shop_deps(shop.client), agent_settings=SHOP.own_settings)
+    return Gate(
+        registry=REGISTRY,
+        lookup=lookup,
+        signer=Signer(parse_keys("k1:prop")),
+        deps=shop_deps(shop.client),
+        agent_settings=SHOP.own_settings,
+    )
 
 
 # -- the property ------------------------------------------------------------------------------
@@ -241,8 +284,13 @@ def test_gate_never_crashes_never_approves_the_unauthorized_and_always_explains(
     tally: Counter[str] = Counter()
     strict = {name: Draft202012Validator(spec.input_schema) for name, spec in REGISTRY.specs.items()}
 
-    @settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+    )
     @given(steps)
     def run(step: tuple[str, list[tuple[str, Any, str | None]], bool]) -> None:
         principal, drafted, reset = step
@@ -258,7 +306,9 @@ def test_gate_never_crashes_never_approves_the_unauthorized_and_always_explains(
     assert tally["executed_cancel"] >= 3, tally
 
 
-async def check_and_execute(gate: Gate, shop: Shop, principal: str, drafted: list, reset: bool, strict: dict, tally: Counter) -> None:
+async def check_and_execute(
+    gate: Gate, shop: Shop, principal: str, drafted: list, reset: bool, strict: dict, tally: Counter
+) -> None:
     if reset:
         await shop.reset()  # bring cancellable orders back now and then, so approvals of cancel_order keep happening
     before = await shop.orders()
@@ -284,14 +334,23 @@ async def check_and_execute(gate: Gate, shop: Shop, principal: str, drafted: lis
             if ref_field in tool_input:
                 order_id = tool_input[ref_field]
                 assert ORDER_ID.fullmatch(order_id), order_id
-                assert order_id in before and before[order_id][0] == principal, (principal, order_id, before.get(order_id))
+                assert order_id in before and before[order_id][0] == principal, (
+                    principal,
+                    order_id,
+                    before.get(order_id),
+                )
         if name == "cancel_order":
             assert before[tool_input["order_id"]][1] in CANCELLABLE, (tool_input, before[tool_input["order_id"]])
             tally["approved_cancel"] += 1
         approved.append(checked)
 
     for checked in approved:  # the real handlers, as the executor runs them
-        ctx = ToolContext(customer_id=principal, tool_use_id=checked.id, idempotency_key=f"turn_prop_{id(drafted)}:{checked.id}", deps=shop_deps(shop.client))
+        ctx = ToolContext(
+            customer_id=principal,
+            tool_use_id=checked.id,
+            idempotency_key=f"turn_prop_{id(drafted)}:{checked.id}",
+            deps=shop_deps(shop.client),
+        )
         try:
             await REGISTRY.handler(checked.name)(checked.input, ctx)
             tally["executed_" + checked.name.split("_")[0]] += 1

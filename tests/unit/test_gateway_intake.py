@@ -16,8 +16,9 @@ from roundtrip._kernel.wire.events import Outcome, SupportRequest, TurnEnded, Us
 
 
 def _request(**fields) -> SupportRequest:
-    return SupportRequest.model_validate({"request_id": "req_1", "conversation_id": "conv_1", "customer_id": "cus_1001",
-                                          "text": "hello", **fields})
+    return SupportRequest.model_validate(
+        {"request_id": "req_1", "conversation_id": "conv_1", "customer_id": "cus_1001", "text": "hello", **fields}
+    )
 
 
 def _ignored() -> float:
@@ -42,7 +43,9 @@ def test_metadata_travels_with_the_turn_to_the_reply():
     assert reply.metadata == request.metadata and reply.reason is None
 
 
-@pytest.mark.parametrize("metadata", [{str(i): i for i in range(33)}, {"": 1}, {"k" * 65: 1}, {"big": "x" * 5000}, ["not", "an object"]])
+@pytest.mark.parametrize(
+    "metadata", [{str(i): i for i in range(33)}, {"": 1}, {"k" * 65: 1}, {"big": "x" * 5000}, ["not", "an object"]]
+)
 def test_metadata_out_of_bounds_is_a_schema_violation(metadata):
     with pytest.raises(ValidationError):
         _request(metadata=metadata)
@@ -67,13 +70,30 @@ def test_a_request_id_reused_with_other_content_is_refused_and_a_copy_is_a_dupli
     assert seen.add("turn_1", _request()) is False
 
 
-@pytest.mark.parametrize("value, ids", [
-    (b'{"request_id": "r", "conversation_id": "c"}', {"request_id": "r", "conversation_id": "c", "customer_id": ""}),
-    (b'{"request_id": "r", "conversation_id": "c", "customer_id": "cus_1"}', {"request_id": "r", "conversation_id": "c", "customer_id": "cus_1"}),
-    (b'{"request_id": "r", "conversation_id": "c", "customer_id": 7}', {"request_id": "r", "conversation_id": "c", "customer_id": ""}),
-    (b'{"request_id": "r"}', None), (b'{"request_id": "", "conversation_id": "c"}', None), (b"[1]", None),
-    (b"{not json", None), (b"", None), (b"[" * 10_000, None), (json.dumps({"request_id": "r" * 201, "conversation_id": "c"}).encode(), None),
-])
+@pytest.mark.parametrize(
+    "value, ids",
+    [
+        (
+            b'{"request_id": "r", "conversation_id": "c"}',
+            {"request_id": "r", "conversation_id": "c", "customer_id": ""},
+        ),
+        (
+            b'{"request_id": "r", "conversation_id": "c", "customer_id": "cus_1"}',
+            {"request_id": "r", "conversation_id": "c", "customer_id": "cus_1"},
+        ),
+        (
+            b'{"request_id": "r", "conversation_id": "c", "customer_id": 7}',
+            {"request_id": "r", "conversation_id": "c", "customer_id": ""},
+        ),
+        (b'{"request_id": "r"}', None),
+        (b'{"request_id": "", "conversation_id": "c"}', None),
+        (b"[1]", None),
+        (b"{not json", None),
+        (b"", None),
+        (b"[" * 10_000, None),
+        (json.dumps({"request_id": "r" * 201, "conversation_id": "c"}).encode(), None),
+    ],
+)
 def test_only_a_record_naming_its_request_and_conversation_is_answered(value, ids):
     assert intake.addressed(value) == ids
 
@@ -91,7 +111,9 @@ async def test_the_failure_hook_answers_schema_and_door_refusals_only():
     except ValidationError as exc:
         await hook(record, exc, "schema violation: customer_id: Field required")
     await hook(record, intake.InvalidRequest("key", "the record has no key"), "InvalidRequest: the record has no key")
-    await hook(record, ConnectionError("broker away"), "ConnectionError: broker away")  # the fleet's failure: no refusal
+    await hook(
+        record, ConnectionError("broker away"), "ConnectionError: broker away"
+    )  # the fleet's failure: no refusal
     assert [(m.outcome, m.reason, c) for m, c in sent] == [
         (Outcome.INVALID_REQUEST, "schema violation: customer_id: Field required", "c"),
         (Outcome.INVALID_REQUEST, "the record has no key", "c"),

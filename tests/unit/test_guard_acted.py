@@ -32,8 +32,12 @@ CANCELLED = [
     {"role": "user", "content": "cancel my last order"},
     {"role": "assistant", "content": [use("t1", "list_orders")]},
     {"role": "user", "content": [result("t1", {"orders": [{"order_id": "ord_0000beef"}]})]},
-    {"role": "assistant", "content": [use("t2", "cancel_order", order_id="ord_0000dead", reason="customer_request"),
-                                      ]},
+    {
+        "role": "assistant",
+        "content": [
+            use("t2", "cancel_order", order_id="ord_0000dead", reason="customer_request"),
+        ],
+    },
     {"role": "user", "content": [result("t2", "Order ord_0000dead cannot be cancelled: it has shipped.", error=True)]},
     {"role": "assistant", "content": [use("t3", "cancel_order", order_id="ord_0000beef", reason="customer_request")]},
     {"role": "user", "content": [result("t3", {"cancelled": True, "order": {"order_id": "ord_0000beef"}})]},
@@ -42,15 +46,20 @@ CANCELLED = [
 
 def test_only_the_side_effects_that_succeeded_are_done():
     assert SHOP_ACTS.done(CANCELLED) == ["I cancelled order ord_0000beef"]  # not the list, not the refused cancel
-    unanswered = [*CANCELLED, {"role": "assistant", "content": [use("t4", "escalate_to_human", summary="s", urgency="low")]}]
+    unanswered = [
+        *CANCELLED,
+        {"role": "assistant", "content": [use("t4", "escalate_to_human", summary="s", urgency="low")]},
+    ]
     assert SHOP_ACTS.done(unanswered) == ["I cancelled order ord_0000beef"]  # no result yet: not known to be done
     answered = [*unanswered, {"role": "user", "content": [result("t4", {"ticket_id": "tkt_1234abcd"})]}]
     assert SHOP_ACTS.done(answered)[-1] == "I passed your request to our support team (ticket tkt_1234abcd)"
     assert Acts().done(CANCELLED) == []  # no tool declared a side effect
 
 
-@pytest.mark.parametrize("outcome", [o for o in Outcome if o not in (Outcome.END_TURN, Outcome.CONVERSATION_REFUSED,
-                                                                       Outcome.INVALID_REQUEST)])
+@pytest.mark.parametrize(
+    "outcome",
+    [o for o in Outcome if o not in (Outcome.END_TURN, Outcome.CONVERSATION_REFUSED, Outcome.INVALID_REQUEST)],
+)
 def test_every_early_end_after_a_cancel_names_it_and_says_nothing_else_was_changed(outcome):
     text = SHOP_ACTS.reply(outcome, POLITE[outcome], SHOP_ACTS.done(CANCELLED))
     assert "I cancelled order ord_0000beef" in text and "Nothing else was changed" in text
@@ -60,27 +69,44 @@ def test_every_early_end_after_a_cancel_names_it_and_says_nothing_else_was_chang
 
 def test_the_plain_apology_when_nothing_was_done_and_the_models_answer_at_end_turn():
     nothing = CANCELLED[:3]
-    assert SHOP_ACTS.reply(Outcome.MODEL_ERROR, POLITE[Outcome.MODEL_ERROR], SHOP_ACTS.done(nothing)) == POLITE[Outcome.MODEL_ERROR]
-    assert SHOP_ACTS.reply(Outcome.END_TURN, "I cancelled ord_0000beef.", SHOP_ACTS.done(CANCELLED)) == "I cancelled ord_0000beef."
+    assert (
+        SHOP_ACTS.reply(Outcome.MODEL_ERROR, POLITE[Outcome.MODEL_ERROR], SHOP_ACTS.done(nothing))
+        == POLITE[Outcome.MODEL_ERROR]
+    )
+    assert (
+        SHOP_ACTS.reply(Outcome.END_TURN, "I cancelled ord_0000beef.", SHOP_ACTS.done(CANCELLED))
+        == "I cancelled ord_0000beef."
+    )
 
 
 def test_the_models_own_words_stay_in_front_of_what_was_done():
-    text = SHOP_ACTS.reply(Outcome.MAX_TOKENS, f"I have cancelled your ord\n\n{POLITE[Outcome.MAX_TOKENS]}", SHOP_ACTS.done(CANCELLED))
+    text = SHOP_ACTS.reply(
+        Outcome.MAX_TOKENS, f"I have cancelled your ord\n\n{POLITE[Outcome.MAX_TOKENS]}", SHOP_ACTS.done(CANCELLED)
+    )
     assert text.startswith("I have cancelled your ord\n\n") and "my answer was cut off" in text
 
 
 def test_generic_words_without_the_agents_or_when_they_fail():
     plain = Acts(frozenset({"refund"}))
-    messages = [{"role": "assistant", "content": [use("r1", "refund", amount=5)]}, {"role": "user", "content": [result("r1", "ok")]}]
+    messages = [
+        {"role": "assistant", "content": [use("r1", "refund", amount=5)]},
+        {"role": "user", "content": [result("r1", "ok")]},
+    ]
     assert plain.done(messages) == ["refund succeeded (amount=5)"]
     assert Acts(frozenset({"refund"}), lambda tool, args, text: None).done(messages) == ["refund succeeded (amount=5)"]
     assert Acts(frozenset({"refund"}), lambda tool, args, text: 1 / 0).done(messages) == ["refund succeeded (amount=5)"]
     assert generic("t", {"x": "y" * 300}, "").endswith("…)")
 
 
-TURN = Turn(turn_id="turn_acted", request_id="req_a", conversation_id="conv_a", customer_id="cus_1001", trace_id="0" * 32)
-ESCALATE = ToolCall(id="t9", name="escalate_to_human", input={"summary": "s", "urgency": "low"},
-                    fingerprint=fingerprint("escalate_to_human", {"summary": "s", "urgency": "low"}))
+TURN = Turn(
+    turn_id="turn_acted", request_id="req_a", conversation_id="conv_a", customer_id="cus_1001", trace_id="0" * 32
+)
+ESCALATE = ToolCall(
+    id="t9",
+    name="escalate_to_human",
+    input={"summary": "s", "urgency": "low"},
+    fingerprint=fingerprint("escalate_to_human", {"summary": "s", "urgency": "low"}),
+)
 
 
 @pytest.fixture
@@ -105,15 +131,31 @@ async def ended_text(guard: Guard, event: ModelResponded) -> str:
 
 
 async def test_the_guard_tells_the_truth_after_a_model_error_that_followed_a_cancel(guard):
-    event = ModelResponded(turn=TURN, step=1, messages=CANCELLED, content=[], stop_reason=None, usage=Usage(),
-                           spent=Usage(), error="RateLimitError (429): rate limited")
+    event = ModelResponded(
+        turn=TURN,
+        step=1,
+        messages=CANCELLED,
+        content=[],
+        stop_reason=None,
+        usage=Usage(),
+        spent=Usage(),
+        error="RateLimitError (429): rate limited",
+    )
     text = await ended_text(guard, event)
     assert "I cancelled order ord_0000beef" in text and "Nothing was changed after the error" not in text
 
 
 async def test_the_guard_tells_the_truth_when_its_step_limit_ends_a_turn_that_acted(guard):
-    event = ModelResponded(turn=TURN, step=1, messages=CANCELLED, content=[{"type": "tool_use", "id": "t9", "name": ESCALATE.name,
-                           "input": ESCALATE.input}], stop_reason="tool_use", tool_calls=[ESCALATE], usage=Usage(), spent=Usage())
+    event = ModelResponded(
+        turn=TURN,
+        step=1,
+        messages=CANCELLED,
+        content=[{"type": "tool_use", "id": "t9", "name": ESCALATE.name, "input": ESCALATE.input}],
+        stop_reason="tool_use",
+        tool_calls=[ESCALATE],
+        usage=Usage(),
+        spent=Usage(),
+    )
     text = await ended_text(guard, event)
     assert "more steps than I'm allowed" in text and "I cancelled order ord_0000beef" in text
     assert "escalate" not in text.lower() and "support team (ticket" not in text  # the call it was not allowed to run
@@ -121,10 +163,21 @@ async def test_the_guard_tells_the_truth_when_its_step_limit_ends_a_turn_that_ac
 
 async def test_an_earlier_turns_cancel_is_not_this_turns(guard):
     later = TURN.model_copy(update={"history_messages": len(CANCELLED) + 1})
-    messages = [*CANCELLED, {"role": "assistant", "content": [{"type": "text", "text": "Cancelled."}]},
-                {"role": "user", "content": "and where is my parcel?"}]
-    event = ModelResponded(turn=later, step=1, messages=messages, content=[], stop_reason=None, usage=Usage(), spent=Usage(),
-                           error="APIConnectionError: down")
+    messages = [
+        *CANCELLED,
+        {"role": "assistant", "content": [{"type": "text", "text": "Cancelled."}]},
+        {"role": "user", "content": "and where is my parcel?"},
+    ]
+    event = ModelResponded(
+        turn=later,
+        step=1,
+        messages=messages,
+        content=[],
+        stop_reason=None,
+        usage=Usage(),
+        spent=Usage(),
+        error="APIConnectionError: down",
+    )
     assert await ended_text(guard, event) == POLITE[Outcome.MODEL_ERROR]
 
 
@@ -133,28 +186,37 @@ async def test_an_earlier_turns_cancel_is_not_this_turns(guard):
 from roundtrip._executor.handlers import execute  # noqa: E402
 from roundtrip._executor.runner import Runner  # noqa: E402
 from roundtrip._kernel.storage import sideeffects
-from roundtrip._kernel.wire.events import CallModel, CancelTurn, CheckedCall, ExecuteToolBatch  # noqa: E402
 from roundtrip._kernel.storage.turnstore import Fence  # noqa: E402
+from roundtrip._kernel.wire.events import CallModel, CancelTurn, CheckedCall, ExecuteToolBatch  # noqa: E402
 from tests.agents import shop_deps  # noqa: E402
 from tests.unit.test_approvals_flow import CANCEL, SIGNER, shop  # noqa: E402, F401 - the in-process shop fixture
 
-ALICE = Turn(turn_id="turn_out", request_id="req_o", conversation_id="conv_o", customer_id="cus_1001", trace_id="0" * 32)
+ALICE = Turn(
+    turn_id="turn_out", request_id="req_o", conversation_id="conv_o", customer_id="cus_1001", trace_id="0" * 32
+)
 
 
 def test_the_recorded_lines_keep_only_successful_serial_calls_each_once():
-    calls = [CheckedCall(id="c1", name="cancel_order", input=CANCEL, approved=True),
-             CheckedCall(id="c2", name="lookup_order", input={"order_id": "ord_1"}, approved=True),
-             CheckedCall(id="c3", name="cancel_order", input={"order_id": "ord_2"}, approved=True)]
-    results = [{"tool_use_id": "c1", "content": '{"cancelled": true}'}, {"tool_use_id": "c2", "content": "{}"},
-               {"tool_use_id": "c3", "content": "not cancellable", "is_error": True}]
+    calls = [
+        CheckedCall(id="c1", name="cancel_order", input=CANCEL, approved=True),
+        CheckedCall(id="c2", name="lookup_order", input={"order_id": "ord_1"}, approved=True),
+        CheckedCall(id="c3", name="cancel_order", input={"order_id": "ord_2"}, approved=True),
+    ]
+    results = [
+        {"tool_use_id": "c1", "content": '{"cancelled": true}'},
+        {"tool_use_id": "c2", "content": "{}"},
+        {"tool_use_id": "c3", "content": "not cancellable", "is_error": True},
+    ]
     lines = sideeffects.lines(calls, results, SHOP.registry.is_serial)
     assert [e["id"] for e in sideeffects.read(lines + lines + "not json\n")] == ["c1"]  # a redelivery appends it again
     assert SHOP_ACTS.recorded(lines) == ["I cancelled order ord_a1000003"]
     assert sideeffects.lines(calls[1:2], results[1:2], SHOP.registry.is_serial) == "" and sideeffects.read(None) == []
 
 
-ASKED = [{"role": "user", "content": "cancel my last order"},
-         {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "cancel_order", "input": CANCEL}]}]
+ASKED = [
+    {"role": "user", "content": "cancel my last order"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "cancel_order", "input": CANCEL}]},
+]
 CHECKED = CheckedCall(id="c1", name="cancel_order", input=CANCEL, approved=True)
 
 
@@ -167,8 +229,18 @@ async def deciding(tmp_path):
     guard = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
     await guard.starts.on_start(StartTurn(turn=ALICE, text="cancel my last order"))
     cancel = ToolCall(id="c1", name="cancel_order", input=CANCEL, fingerprint=fingerprint("cancel_order", CANCEL))
-    await guard.loop.on_iteration(ModelResponded(turn=ALICE, step=1, messages=ASKED[:1], content=ASKED[1]["content"],
-                                                 stop_reason="tool_use", tool_calls=[cancel], usage=Usage(), spent=Usage()))
+    await guard.loop.on_iteration(
+        ModelResponded(
+            turn=ALICE,
+            step=1,
+            messages=ASKED[:1],
+            content=ASKED[1]["content"],
+            stop_reason="tool_use",
+            tool_calls=[cancel],
+            usage=Usage(),
+            spent=Usage(),
+        )
+    )
     yield guard, fence, recorder
     await guard.outbox.drain()
     await fence.close()

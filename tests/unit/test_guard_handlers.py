@@ -35,8 +35,16 @@ class Recorder:
 async def guard(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     recorder = Recorder()
-    g = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, model="claude-sonnet-4-6",
-              stuck_after_s=60, stuck_grace_s=30, turn_deadline_s=300)
+    g = Guard(
+        ledger=ledger,
+        policy=Policy(),
+        prices=PRICES,
+        publish=recorder,
+        model="claude-sonnet-4-6",
+        stuck_after_s=60,
+        stuck_grace_s=30,
+        turn_deadline_s=300,
+    )
     g.recorder = recorder
     yield g
     await g.outbox.drain()
@@ -45,11 +53,21 @@ async def guard(tmp_path):
 
 def iteration(step, stop_reason="tool_use", calls=(), messages=None):
     calls = list(calls)
-    content = [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.input} for c in calls] or [{"type": "text", "text": "Done."}]
+    content = [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.input} for c in calls] or [
+        {"type": "text", "text": "Done."}
+    ]
     usage = Usage(input_tokens=100, output_tokens=10)
-    return ModelResponded(turn=TURN, step=step, messages=messages or [{"role": "user", "content": "hi"}], content=content,
-                          stop_reason=stop_reason, tool_calls=calls, usage=usage, spent=Usage(input_tokens=100 * step, output_tokens=10 * step),
-                          model="claude-sonnet-4-6")
+    return ModelResponded(
+        turn=TURN,
+        step=step,
+        messages=messages or [{"role": "user", "content": "hi"}],
+        content=content,
+        stop_reason=stop_reason,
+        tool_calls=calls,
+        usage=usage,
+        spent=Usage(input_tokens=100 * step, output_tokens=10 * step),
+        model="claude-sonnet-4-6",
+    )
 
 
 LIST = ToolCall(id="toolu_1", name="list_orders", input={}, fingerprint=fingerprint("list_orders", {}))
@@ -89,7 +107,11 @@ async def test_an_iteration_moves_the_turn_once(guard):
     sent = [t for t, _ in guard.recorder.sent]
     assert sent == [topics.MODEL_CALLS, topics.TOOL_CALLS, topics.OUTCOMES]
     ended = guard.recorder.sent[-1][1]
-    assert ended.outcome is Outcome.END_TURN and ended.text == "Done." and ended.cost_usd == pytest.approx((200 * 3 + 20 * 15) / 1e6)
+    assert (
+        ended.outcome is Outcome.END_TURN
+        and ended.text == "Done."
+        and ended.cost_usd == pytest.approx((200 * 3 + 20 * 15) / 1e6)
+    )
     row = await guard.ledger.get("turn_1")
     assert (row.status, row.step, row.outcome, row.input_tokens) == ("ended", 2, "end_turn", 200)
 
@@ -147,13 +169,18 @@ async def test_a_turn_gets_its_deadline_when_it_starts_and_carries_it(guard):
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     call = guard.recorder.sent[0][1]
     row = await guard.ledger.get("turn_1")
-    assert call.turn.deadline_at == pytest.approx(row.started_at + 300, abs=0.01) and row.deadline_at == call.turn.deadline_at
+    assert (
+        call.turn.deadline_at == pytest.approx(row.started_at + 300, abs=0.01)
+        and row.deadline_at == call.turn.deadline_at
+    )
 
 
 async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_done(guard, tmp_path):
     from roundtrip._kernel.storage.turnstore import Fence
 
-    fence = await Fence.open(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")  # what the executor and model service open
+    fence = await Fence.open(
+        f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    )  # what the executor and model service open
     try:
         await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
         await guard.loop.on_iteration(iteration(1, calls=[LIST]))
@@ -202,22 +229,33 @@ async def test_a_stuck_turn_that_moves_before_its_grace_ends_is_not_ended(guard)
     assert await guard.sweeper.sweep(guard.recorder.flag, now=t0 + 61) == (1, 0)
     stale = await guard.ledger.get("turn_1")
     await guard.loop.on_iteration(iteration(1, calls=[LIST]))  # progress, after the sweeper read the row
-    assert await guard.outside.end(stale, Outcome.DEADLINE, "stuck", status="stuck", flagged_at=stale.flagged_at) is None
+    assert (
+        await guard.outside.end(stale, Outcome.DEADLINE, "stuck", status="stuck", flagged_at=stale.flagged_at) is None
+    )
     assert (await guard.ledger.get("turn_1")).status == "running"
     assert Outcome.DEADLINE not in [getattr(m, "outcome", None) for _, m in guard.recorder.sent]
 
 
 async def test_an_unfit_tool_input_becomes_an_error_result_and_the_loop_goes_on(guard):
-    big = ToolCall(id="toolu_big", name="search_help_center", input={"roundtrip_omitted": "input too large"},
-                   fingerprint=fingerprint("search_help_center", {"roundtrip_omitted": "input too large"}),
-                   error="input too large: 614400 bytes, limit 65536")
+    big = ToolCall(
+        id="toolu_big",
+        name="search_help_center",
+        input={"roundtrip_omitted": "input too large"},
+        fingerprint=fingerprint("search_help_center", {"roundtrip_omitted": "input too large"}),
+        error="input too large: 614400 bytes, limit 65536",
+    )
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     assert await guard.loop.on_iteration(iteration(1, calls=[big, LIST])) == "CheckToolCalls"
     check = guard.recorder.sent[-1][1]
-    assert list(check.blocked) == ["toolu_big"] and "input too large: 614400 bytes, limit 65536" in check.blocked["toolu_big"]
+    assert (
+        list(check.blocked) == ["toolu_big"]
+        and "input too large: 614400 bytes, limit 65536" in check.blocked["toolu_big"]
+    )
 
 
-async def test_with_the_broker_away_the_sweeper_records_every_end_and_the_outbox_publishes_them_later(guard, monkeypatch):
+async def test_with_the_broker_away_the_sweeper_records_every_end_and_the_outbox_publishes_them_later(
+    guard, monkeypatch
+):
     """Kafka down while turns pass their deadline: the ends are recorded (none blocks the others), and
     published once the broker is back, by the outbox."""
     import asyncio
@@ -225,8 +263,10 @@ async def test_with_the_broker_away_the_sweeper_records_every_end_and_the_outbox
     import roundtrip._guard.outbox as outbox
 
     monkeypatch.setattr(outbox, "SWEEP_PUBLISH_TIMEOUT_S", 0.2)
-    turns = [TURN.model_copy(update={"turn_id": f"turn_{i}", "request_id": f"req_{i}", "conversation_id": f"conv_{i}"})
-             for i in range(5)]
+    turns = [
+        TURN.model_copy(update={"turn_id": f"turn_{i}", "request_id": f"req_{i}", "conversation_id": f"conv_{i}"})
+        for i in range(5)
+    ]
     for turn in turns:
         await guard.starts.on_start(StartTurn(turn=turn, text="hi"))
     await guard.outbox.drain()

@@ -36,16 +36,35 @@ class Transcript:
     def next(self, *calls, stop_reason="tool_use", content=None):
         step = sum(1 for m in self.messages if m["role"] == "assistant") + 1
         calls = list(calls)
-        content = content if content is not None else [{"type": "tool_use", "id": f"toolu_now{i}", "name": c.name, "input": c.input} for i, c in enumerate(calls)]
+        content = (
+            content
+            if content is not None
+            else [
+                {"type": "tool_use", "id": f"toolu_now{i}", "name": c.name, "input": c.input}
+                for i, c in enumerate(calls)
+            ]
+        )
         calls = [c.model_copy(update={"id": f"toolu_now{i}"}) for i, c in enumerate(calls)]
-        return ModelResponded(turn=TURN, step=step, messages=list(self.messages), content=content, stop_reason=stop_reason, tool_calls=calls)
+        return ModelResponded(
+            turn=TURN,
+            step=step,
+            messages=list(self.messages),
+            content=content,
+            stop_reason=stop_reason,
+            tool_calls=calls,
+        )
 
 
 @pytest.mark.parametrize(
     "reason,outcome",
-    [("end_turn", Outcome.END_TURN), ("max_tokens", Outcome.MAX_TOKENS), ("stop_sequence", Outcome.STOP_SEQUENCE),
-     ("refusal", Outcome.REFUSAL), ("model_context_window_exceeded", Outcome.CONTEXT_WINDOW_EXCEEDED),
-     ("something_new", Outcome.UNKNOWN_STOP_REASON)],
+    [
+        ("end_turn", Outcome.END_TURN),
+        ("max_tokens", Outcome.MAX_TOKENS),
+        ("stop_sequence", Outcome.STOP_SEQUENCE),
+        ("refusal", Outcome.REFUSAL),
+        ("model_context_window_exceeded", Outcome.CONTEXT_WINDOW_EXCEEDED),
+        ("something_new", Outcome.UNKNOWN_STOP_REASON),
+    ],
 )
 def test_finishing_stop_reasons_end_the_turn_with_that_outcome(reason, outcome):
     out = decide(Transcript().next(stop_reason=reason, content=[{"type": "text", "text": "Done."}]), POLICY)
@@ -58,7 +77,9 @@ def test_refusal_without_text_still_gets_a_polite_reply():
 
 
 def test_pause_turn_resumes_the_model():
-    assert decide(Transcript().next(stop_reason="pause_turn", content=[{"type": "text", "text": "…"}]), POLICY) == Continue(resume_model=True)
+    assert decide(
+        Transcript().next(stop_reason="pause_turn", content=[{"type": "text", "text": "…"}]), POLICY
+    ) == Continue(resume_model=True)
 
 
 def test_model_error_ends_politely():
@@ -88,15 +109,28 @@ def test_a_rule_that_ends_the_turn_says_the_agents_words_and_the_model_keeps_its
     out = decide(t.next(call(order_id="ord_00000010")), policy)
     assert (out.outcome, out.text) == (Outcome.STEP_LIMIT, "Wir haben hier angehalten.")
     assert decide(t.next(call(order_id="ord_00000010")), POLICY).text != out.text  # the defaults elsewhere
-    answered = Transcript().next(stop_reason="end_turn", content=[{"type": "text", "text": "Ihre Bestellung ist unterwegs."}])
+    answered = Transcript().next(
+        stop_reason="end_turn", content=[{"type": "text", "text": "Ihre Bestellung ist unterwegs."}]
+    )
     assert decide(answered, policy).text == "Ihre Bestellung ist unterwegs."
 
 
 def test_history_reads_steps_fingerprints_and_failures_from_the_transcript():
-    t = Transcript().step((call(), "Order not found")).step((call("list_orders"), None), (call(order_id="ord_00000001"), None))
+    t = (
+        Transcript()
+        .step((call(), "Order not found"))
+        .step((call("list_orders"), None), (call(order_id="ord_00000001"), None))
+    )
     past = history(t.messages)
-    assert [(c.step, c.name, c.failed) for c in past] == [(1, "lookup_order", True), (2, "list_orders", False), (2, "lookup_order", False)]
-    assert past[0].fingerprint == fingerprint("lookup_order", {"order_id": "ord_0000dead"}) and past[0].error == "Order not found"
+    assert [(c.step, c.name, c.failed) for c in past] == [
+        (1, "lookup_order", True),
+        (2, "list_orders", False),
+        (2, "lookup_order", False),
+    ]
+    assert (
+        past[0].fingerprint == fingerprint("lookup_order", {"order_id": "ord_0000dead"})
+        and past[0].error == "Order not found"
+    )
 
 
 def test_first_repeat_of_a_failed_call_is_blocked_with_the_step_and_error():
@@ -104,7 +138,11 @@ def test_first_repeat_of_a_failed_call_is_blocked_with_the_step_and_error():
     out = decide(t.next(call()), POLICY)
     assert isinstance(out, Continue)
     (reason,) = out.blocked.values()
-    assert "already failed at step 1" in reason and "Order ord_0000dead was not found." in reason and "Change course" in reason
+    assert (
+        "already failed at step 1" in reason
+        and "Order ord_0000dead was not found." in reason
+        and "Change course" in reason
+    )
 
 
 def test_second_repeat_of_a_failed_call_ends_the_turn():
@@ -115,7 +153,12 @@ def test_second_repeat_of_a_failed_call_ends_the_turn():
 
 def test_representation_changes_do_not_hide_a_repeat():
     t = Transcript().step((call(order_id="ord_0000dead"), "not found"))
-    same = ToolCall(id="x", name="lookup_order", input={"order_id": "ord_0000dead"}, fingerprint=fingerprint("lookup_order", {"order_id": "ord_0000dead"}))
+    same = ToolCall(
+        id="x",
+        name="lookup_order",
+        input={"order_id": "ord_0000dead"},
+        fingerprint=fingerprint("lookup_order", {"order_id": "ord_0000dead"}),
+    )
     assert decide(t.next(same), POLICY).blocked
 
 

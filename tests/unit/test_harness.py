@@ -10,7 +10,16 @@ import time
 import pytest
 
 from roundtrip import always
-from roundtrip.testing import AWAITING_APPROVAL, FunctionModel, ScriptedModel, ScriptExhausted, arun_turn, call, reply, run_turn
+from roundtrip.testing import (
+    AWAITING_APPROVAL,
+    FunctionModel,
+    ScriptedModel,
+    ScriptExhausted,
+    arun_turn,
+    call,
+    reply,
+    run_turn,
+)
 from tests.agents import SHOP, shop  # noqa: F401 - shop: the fixture
 
 ALICE, BOB = "cus_1001", "cus_1002"
@@ -18,8 +27,13 @@ PENDING = "ord_a1000003"  # Alice's pending order
 
 
 def three_steps() -> ScriptedModel:
-    return ScriptedModel([call("list_orders", status="pending"), call("cancel_order", order_id=PENDING, reason="customer_request"),
-                          f"I cancelled {PENDING}."])
+    return ScriptedModel(
+        [
+            call("list_orders", status="pending"),
+            call("cancel_order", order_id=PENDING, reason="customer_request"),
+            f"I cancelled {PENDING}.",
+        ]
+    )
 
 
 async def test_a_scripted_three_step_turn_of_the_shop_agent_runs_through_the_gate_and_the_executor(shop):
@@ -32,18 +46,26 @@ async def test_a_scripted_three_step_turn_of_the_shop_agent_runs_through_the_gat
     assert [m["role"] for m in result.transcript] == ["user", "assistant", "user", "assistant", "user", "assistant"]
     seconds = []
     for _ in range(5):  # the figure for the report (not asserted: the machine is shared), of a turn that reads only
-        reads = ScriptedModel([call("list_orders"), call("get_shipping_status", order_id="ord_a1000002"), "It is on its way."])
+        reads = ScriptedModel(
+            [call("list_orders"), call("get_shipping_status", order_id="ord_a1000002"), "It is on its way."]
+        )
         started = time.perf_counter()
         again = await arun_turn(SHOP, ALICE, "Where is my parcel?", reads, deps={"shop": shop})
         seconds.append(time.perf_counter() - started)
         assert again.outcome == "end_turn" and all(c.ok for c in again.calls)
-    print(f"\nthree-step turn of the shop agent in-process: median {statistics.median(seconds) * 1000:.1f} ms "
-          f"(min {min(seconds) * 1000:.1f}, max {max(seconds) * 1000:.1f})")
+    print(
+        f"\nthree-step turn of the shop agent in-process: median {statistics.median(seconds) * 1000:.1f} ms "
+        f"(min {min(seconds) * 1000:.1f}, max {max(seconds) * 1000:.1f})"
+    )
 
 
 async def test_the_gate_refuses_another_customers_order_and_an_invalid_input_before_any_handler_runs(shop):
-    model = ScriptedModel([[call("cancel_order", order_id=PENDING, reason="customer_request"),
-                            call("lookup_order", order_id="ORD-1")], "I could not do that."])
+    model = ScriptedModel(
+        [
+            [call("cancel_order", order_id=PENDING, reason="customer_request"), call("lookup_order", order_id="ORD-1")],
+            "I could not do that.",
+        ]
+    )
     result = await arun_turn(SHOP, BOB, "Cancel ord_a1000003", model, deps={"shop": shop})
     foreign, invalid = result.calls
     assert foreign.is_error and f"Order {PENDING} was not found among this customer's orders" in foreign.content
@@ -53,7 +75,9 @@ async def test_the_gate_refuses_another_customers_order_and_an_invalid_input_bef
 
 async def test_the_guards_rules_block_a_repeated_failing_call_and_end_the_turn(shop):
     again = call("lookup_order", order_id="ord_ffffffff")
-    result = await arun_turn(SHOP, ALICE, "Where is ord_ffffffff?", ScriptedModel([again, again, again]), deps={"shop": shop})
+    result = await arun_turn(
+        SHOP, ALICE, "Where is ord_ffffffff?", ScriptedModel([again, again, again]), deps={"shop": shop}
+    )
     assert result.outcome == "repeated_call" and result.steps == 3
     first, second = result.calls[:2]
     assert "was not found" in first.content and second.content.startswith("Not run: this exact call")
@@ -101,13 +125,21 @@ async def test_a_three_step_turn_of_an_agent_of_function_tools():
     from tests.unit.test_agent_authoring import agent
 
     desk = agent().check()
-    script = [call("refund", ticket_id="T-1", cents=250), call("close_ticket", ticket_id="T-1", note="refunded"), "Refunded and closed."]
+    script = [
+        call("refund", ticket_id="T-1", cents=250),
+        call("close_ticket", ticket_id="T-1", note="refunded"),
+        "Refunded and closed.",
+    ]
     started = time.perf_counter()
     result = await arun_turn(desk, "cus_1", "Refund and close T-1", ScriptedModel(script))
     seconds = time.perf_counter() - started
     assert (result.outcome, result.steps) == ("end_turn", 3)
-    assert [c.result for c in result.calls] == [{"ticket_id": "T-1", "cents": 250},
-                                                {"closed": "T-1", "note": "refunded", "urgent": False, "by": "cus_1"}]
-    refused = await arun_turn(desk, "cus_1", "Close X-9", ScriptedModel([call("close_ticket", ticket_id="X-9"), "No such ticket."]))
+    assert [c.result for c in result.calls] == [
+        {"ticket_id": "T-1", "cents": 250},
+        {"closed": "T-1", "note": "refunded", "urgent": False, "by": "cus_1"},
+    ]
+    refused = await arun_turn(
+        desk, "cus_1", "Close X-9", ScriptedModel([call("close_ticket", ticket_id="X-9"), "No such ticket."])
+    )
     assert refused.calls[0].is_error and "Ticket X-9 was not found" in refused.calls[0].content
     print(f"\nthree-step turn of a function-tool agent in-process: {seconds * 1000:.1f} ms")

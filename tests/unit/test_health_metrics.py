@@ -12,8 +12,8 @@ from prometheus_client import REGISTRY
 
 from roundtrip._executor.runner import Runner
 from roundtrip._kernel.observability import health, metrics
-from roundtrip._kernel.wire.events import CheckedCall, Outcome, StartTurn
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire.events import CheckedCall, Outcome, StartTurn
 from roundtrip._sdk.context import Dependencies, ToolError
 from tests.ports import free_port_run
 from tests.unit.test_gate import call, gate, lookup, shop, turn  # noqa: F401 - fixtures
@@ -56,7 +56,11 @@ async def test_probes_follow_the_registered_checks(server):
     live = await server.http.get("/healthz")
     assert live.status_code == 200 and live.json()["checks"]["t-consumer"] is True
     not_ready = await server.http.get("/readyz")
-    assert not_ready.status_code == 503 and not_ready.json() == {"status": "failing", "service": "executor", "checks": {"t-assigned": False}}
+    assert not_ready.status_code == 503 and not_ready.json() == {
+        "status": "failing",
+        "service": "executor",
+        "checks": {"t-assigned": False},
+    }
 
     state.update(alive=False, ready=True)
     assert (await server.http.get("/healthz")).status_code == 503
@@ -78,7 +82,9 @@ async def test_a_check_that_raises_or_hangs_fails_the_probe_without_breaking_it(
     response = await server.http.get("/healthz")
     assert response.status_code == 503
     checks = response.json()["checks"]
-    assert checks["t-broken"].startswith("error: RuntimeError: no consumer") and checks["t-hangs"].startswith("error: TimeoutError")
+    assert checks["t-broken"].startswith("error: RuntimeError: no consumer") and checks["t-hangs"].startswith(
+        "error: TimeoutError"
+    )
 
 
 async def test_a_heartbeat_fails_liveness_when_the_poll_loop_goes_quiet(server):
@@ -105,7 +111,13 @@ def test_the_port_is_off_by_default_exact_when_given_and_spread_per_service_on_o
     assert health.port_candidates("guard", Settings()) == []
     assert health.port_candidates("guard", Settings(health_port=8080)) == [8080]
     spread = Settings(health_port=9400, health_port_per_service=True)
-    assert [health.port_candidates(s, spread)[0] for s in ("gateway", "model", "guard", "gate", "executor")] == [9400, 9401, 9402, 9403, 9404]
+    assert [health.port_candidates(s, spread)[0] for s in ("gateway", "model", "guard", "gate", "executor")] == [
+        9400,
+        9401,
+        9402,
+        9403,
+        9404,
+    ]
     assert health.port_candidates("executor", spread)[:3] == [9404, 9409, 9414]
 
 
@@ -159,7 +171,9 @@ async def test_the_guard_counts_a_turn_once_with_its_steps_tokens_and_cost(guard
     assert sample("roundtrip_turns_total", outcome="end_turn") == ended + 1
     assert sample("roundtrip_turn_steps_count") == steps + 1
     assert sample("roundtrip_tokens_total", model="claude-sonnet-4-6", kind="input") == tokens_in + 200
-    assert sample("roundtrip_cost_usd_total", model="claude-sonnet-4-6") == pytest.approx(cost + 2 * (100 * 3 + 10 * 15) / 1e6)
+    assert sample("roundtrip_cost_usd_total", model="claude-sonnet-4-6") == pytest.approx(
+        cost + 2 * (100 * 3 + 10 * 15) / 1e6
+    )
     assert sample("roundtrip_step_seconds_count") == step_latencies + 2
 
 
@@ -176,13 +190,20 @@ async def test_gate_rejections_are_counted_by_tool_and_reason_and_made_up_tools_
     invented = sample("roundtrip_gate_rejections_total", tool="cancel_order", reason="not_allowed")
     unknown = sample("roundtrip_gate_rejections_total", tool="unknown", reason="unknown_tool")
     invalid = sample("roundtrip_gate_rejections_total", tool="list_orders", reason="invalid_input")
-    await gate.check_call(call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "turn_1")
+    await gate.check_call(
+        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "turn_1"
+    )
     await gate.check_call(call("drop_database_now", {}), "cus_1001", "turn_1")
     await gate.check_call(call("list_orders", {"limit": "five"}), "cus_1001", "turn_1")
     assert sample("roundtrip_gate_rejections_total", tool="cancel_order", reason="not_allowed") == invented + 1
     assert sample("roundtrip_gate_rejections_total", tool="unknown", reason="unknown_tool") == unknown + 1
     assert sample("roundtrip_gate_rejections_total", tool="list_orders", reason="invalid_input") == invalid + 1
-    assert REGISTRY.get_sample_value("roundtrip_gate_rejections_total", {"tool": "drop_database_now", "reason": "unknown_tool"}) is None
+    assert (
+        REGISTRY.get_sample_value(
+            "roundtrip_gate_rejections_total", {"tool": "drop_database_now", "reason": "unknown_tool"}
+        )
+        is None
+    )
 
 
 async def test_tool_executions_are_counted_ok_or_error_with_their_latency():
@@ -193,11 +214,21 @@ async def test_tool_executions_are_counted_ok_or_error_with_their_latency():
         raise ToolError("order not found")
 
     handlers = {"t_ok": ok, "t_fails": fails}
-    runner = Runner(SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False), deps=Dependencies(), timeout_s=1, parallel=True)
-    before = {(t, r): sample("roundtrip_tool_executions_total", tool=t, result=r) for t in handlers for r in ("ok", "error")}
+    runner = Runner(
+        SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False),
+        deps=Dependencies(),
+        timeout_s=1,
+        parallel=True,
+    )
+    before = {
+        (t, r): sample("roundtrip_tool_executions_total", tool=t, result=r) for t in handlers for r in ("ok", "error")
+    }
     timed = sample("roundtrip_tool_duration_seconds_count", tool="t_ok")
-    calls = [CheckedCall(id="a", name="t_ok", input={}, approved=True), CheckedCall(id="b", name="t_fails", input={}, approved=True),
-             CheckedCall(id="c", name="t_ok", input={}, approved=False, error="rejected")]  # rejected: not an execution
+    calls = [
+        CheckedCall(id="a", name="t_ok", input={}, approved=True),
+        CheckedCall(id="b", name="t_fails", input={}, approved=True),
+        CheckedCall(id="c", name="t_ok", input={}, approved=False, error="rejected"),
+    ]  # rejected: not an execution
     await runner.run(calls, turn())
     assert sample("roundtrip_tool_executions_total", tool="t_ok", result="ok") == before[("t_ok", "ok")] + 1
     assert sample("roundtrip_tool_executions_total", tool="t_fails", result="error") == before[("t_fails", "error")] + 1

@@ -72,16 +72,23 @@ def _kernel_room(module: str) -> str | None:
 
 def test_every_room_is_declared():
     rooms = {path.name for path in SERVICES.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
-    assert rooms | {"roundtrip"} == set(ALLOWED), f"rooms without a rule (or rules without a room): {rooms ^ set(ALLOWED)}"
-    kernel = {p.stem if p.is_file() else p.name for p in (SERVICES / "_kernel").iterdir()
-              if (p.is_file() and p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()}
+    assert rooms | {"roundtrip"} == set(ALLOWED), (
+        f"rooms without a rule (or rules without a room): {rooms ^ set(ALLOWED)}"
+    )
+    kernel = {
+        p.stem if p.is_file() else p.name
+        for p in (SERVICES / "_kernel").iterdir()
+        if (p.is_file() and p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").exists()
+    }
     assert kernel == KERNEL_ROOMS, f"the kernel's sub-rooms changed: {sorted(kernel ^ KERNEL_ROOMS)}"
 
 
 def test_no_import_climbs_upward_or_crosses_to_another_service():
-    offending = [f"{where} {module} imports {target} ({_room(target)} is not in what {_room(module)} may import)"
-                 for module, target, where in _imports()
-                 if _room(target) not in ALLOWED[_room(module)] | {_room(module), "schemas"}]
+    offending = [
+        f"{where} {module} imports {target} ({_room(target)} is not in what {_room(module)} may import)"
+        for module, target, where in _imports()
+        if _room(target) not in ALLOWED[_room(module)] | {_room(module), "schemas"}
+    ]
     assert offending == [], "\n".join(offending)
 
 
@@ -144,7 +151,13 @@ def test_the_rooms_rules_themselves_form_no_cycle():
 def test_the_kernels_sub_rooms_form_no_cycle():
     edges, where = _kernel_graph()
     cycles = _cycles(edges)
-    said = [f"cycle {' -> '.join([*c, c[0]])}:\n  " + "\n  ".join(line for a, b in zip(c, [*c[1:], c[0]]) for line in where[(a, b)])
-            for c in cycles if tuple(c) not in KNOWN_CYCLES]
+    said = [
+        f"cycle {' -> '.join([*c, c[0]])}:\n  "
+        + "\n  ".join(line for a, b in zip(c, [*c[1:], c[0]]) for line in where[(a, b)])
+        for c in cycles
+        if tuple(c) not in KNOWN_CYCLES
+    ]
     assert said == [], "\n".join(said)
-    assert not (gone := KNOWN_CYCLES - {tuple(c) for c in cycles}), f"fixed, delete them from KNOWN_CYCLES: {sorted(gone)}"
+    assert not (gone := KNOWN_CYCLES - {tuple(c) for c in cycles}), (
+        f"fixed, delete them from KNOWN_CYCLES: {sorted(gone)}"
+    )

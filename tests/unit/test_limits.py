@@ -36,8 +36,16 @@ def test_long_texts_are_cut_with_a_marker_within_the_limit():
 def test_a_transcript_is_fitted_by_replacing_its_largest_blocks_only():
     messages = [
         {"role": "user", "content": "cancel my order"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "search_help_center", "input": {"query": "q" * 300_000}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r" * 300_000, "is_error": False}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "tool_use", "id": "t1", "name": "search_help_center", "input": {"query": "q" * 300_000}}
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "r" * 300_000, "is_error": False}],
+        },
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t2", "name": "list_orders", "input": {}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": '{"orders": []}'}]},
     ]

@@ -6,34 +6,79 @@ verdict (turn.tool_batches) could come before its model line (turn.iterations), 
 from __future__ import annotations
 
 import roundtrip._cli.console as console
+from roundtrip._cli.live_order import HOLD_S, StepOrder
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
-    CallModel, CheckedCall, CheckToolCalls, ExecuteToolBatch, ModelResponded, Outcome, SupportReply, ToolCall, Turn, Usage,
+    CallModel,
+    CheckedCall,
+    CheckToolCalls,
+    ExecuteToolBatch,
+    ModelResponded,
+    Outcome,
+    SupportReply,
+    ToolCall,
+    Turn,
+    Usage,
 )
-from roundtrip._cli.live_order import HOLD_S, StepOrder
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="ab" * 16)
 CALL = ToolCall(id="toolu_1", name="lookup_order", input={"order_id": "ord_x"}, fingerprint="f")
-ASSISTANT = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "lookup_order", "input": {}}]}
-RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "no such order", "is_error": True}]}
+ASSISTANT = {
+    "role": "assistant",
+    "content": [{"type": "tool_use", "id": "toolu_1", "name": "lookup_order", "input": {}}],
+}
+RESULT = {
+    "role": "user",
+    "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "no such order", "is_error": True}],
+}
 
 
 def _records(turn: Turn = TURN) -> dict[str, tuple[str, dict]]:
     """One turn of two steps: a failing lookup, then the answer; by name, as each is published."""
+
     def of(topic, message):
         return topic, message.model_dump(mode="json")
 
     return {
         "call0": of(topics.MODEL_CALLS, CallModel(turn=turn, step=0, messages=[])),
-        "model1": of(topics.ITERATIONS, ModelResponded(turn=turn, step=1, messages=[], stop_reason="tool_use", tool_calls=[CALL])),
+        "model1": of(
+            topics.ITERATIONS, ModelResponded(turn=turn, step=1, messages=[], stop_reason="tool_use", tool_calls=[CALL])
+        ),
         "check1": of(topics.TOOL_CALLS, CheckToolCalls(turn=turn, step=1, messages=[ASSISTANT], calls=[CALL])),
-        "gate1": of(topics.TOOL_BATCHES, ExecuteToolBatch(turn=turn, step=1, messages=[ASSISTANT], calls=[CheckedCall(
-            id="toolu_1", name="lookup_order", input={"order_id": "ord_x"}, approved=False, error="Not allowed: not yours")])),
+        "gate1": of(
+            topics.TOOL_BATCHES,
+            ExecuteToolBatch(
+                turn=turn,
+                step=1,
+                messages=[ASSISTANT],
+                calls=[
+                    CheckedCall(
+                        id="toolu_1",
+                        name="lookup_order",
+                        input={"order_id": "ord_x"},
+                        approved=False,
+                        error="Not allowed: not yours",
+                    )
+                ],
+            ),
+        ),
         "call1": of(topics.MODEL_CALLS, CallModel(turn=turn, step=1, messages=[ASSISTANT, RESULT])),
         "model2": of(topics.ITERATIONS, ModelResponded(turn=turn, step=2, messages=[], stop_reason="end_turn")),
-        "reply": of(topics.SUPPORT_REPLIES, SupportReply(
-            request_id=turn.request_id, conversation_id=turn.conversation_id, customer_id=turn.customer_id, turn_id=turn.turn_id,
-            text="Sorry.", outcome=Outcome.END_TURN, steps=2, usage=Usage(), cost_usd=0.0, trace_id=turn.trace_id)),
+        "reply": of(
+            topics.SUPPORT_REPLIES,
+            SupportReply(
+                request_id=turn.request_id,
+                conversation_id=turn.conversation_id,
+                customer_id=turn.customer_id,
+                turn_id=turn.turn_id,
+                text="Sorry.",
+                outcome=Outcome.END_TURN,
+                steps=2,
+                usage=Usage(),
+                cost_usd=0.0,
+                trace_id=turn.trace_id,
+            ),
+        ),
     }
 
 

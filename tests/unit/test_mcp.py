@@ -23,11 +23,18 @@ from roundtrip._sdk.registry import RegistryError, check_tool_document
 from roundtrip._sdk.sources import Toolbox
 from tests.agents import SHOP
 
-WRAP_SCHEMA = {"type": "object", "properties": {"order_id": {"type": "string"}, "message": {"type": "string", "maxLength": 80},
-                                                "ribbon": {"type": "object", "properties": {"color": {"type": "string"}}}},
-               "required": ["order_id", "message"]}
-WRAP = SimpleNamespace(name="gift_wrap_order", description="Gift-wrap one of the customer's orders, with a card.",
-                       input_schema=WRAP_SCHEMA)
+WRAP_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string"},
+        "message": {"type": "string", "maxLength": 80},
+        "ribbon": {"type": "object", "properties": {"color": {"type": "string"}}},
+    },
+    "required": ["order_id", "message"],
+}
+WRAP = SimpleNamespace(
+    name="gift_wrap_order", description="Gift-wrap one of the customer's orders, with a card.", input_schema=WRAP_SCHEMA
+)
 SERVER = McpServer("giftwrap", url="http://mcp.test/mcp", entities={"gift_wrap_order": {"order_id": "order"}})
 
 
@@ -36,15 +43,20 @@ class FakeMcp:
 
     def __init__(self, tools=(WRAP,), up: bool = True) -> None:
         self.tools, self.up, self.calls, self.listings = list(tools), up, [], 0
-        self.answer: Any = SimpleNamespace(content=[SimpleNamespace(type="text", text='{"gift_wrapped": true}')],
-                                           structured_content=None, is_error=False)
+        self.answer: Any = SimpleNamespace(
+            content=[SimpleNamespace(type="text", text='{"gift_wrapped": true}')],
+            structured_content=None,
+            is_error=False,
+        )
 
     def __call__(self, url: str) -> FakeMcp:
         return self
 
     async def __aenter__(self) -> FakeMcp:
         if not self.up:
-            raise ExceptionGroup("unhandled errors in a TaskGroup", [ConnectionRefusedError("All connection attempts failed")])
+            raise ExceptionGroup(
+                "unhandled errors in a TaskGroup", [ConnectionRefusedError("All connection attempts failed")]
+            )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -84,7 +96,9 @@ def test_a_listed_schema_is_closed_annotated_and_passes_the_local_strictness_che
 
 
 def test_a_schema_without_the_annotated_argument_or_explicitly_open_is_refused():
-    renamed = SimpleNamespace(**{**vars(WRAP), "input_schema": {"type": "object", "properties": {"order": {"type": "string"}}}})
+    renamed = SimpleNamespace(
+        **{**vars(WRAP), "input_schema": {"type": "object", "properties": {"order": {"type": "string"}}}}
+    )
     with pytest.raises(RegistryError, match="annotates its argument 'order_id'"):
         strict_copy(SERVER, renamed)
     open_ = SimpleNamespace(**{**vars(WRAP), "input_schema": {**WRAP_SCHEMA, "additionalProperties": True}})
@@ -100,13 +114,19 @@ def test_a_short_description_and_a_missing_required_are_filled_in():
 
 
 def test_results_become_the_handlers_value_or_a_tool_error():
-    text = SimpleNamespace(content=[SimpleNamespace(type="text", text='{"a": 1}')], structured_content=None, is_error=False)
+    text = SimpleNamespace(
+        content=[SimpleNamespace(type="text", text='{"a": 1}')], structured_content=None, is_error=False
+    )
     assert result_of("t", text) == {"a": 1}
-    plain = SimpleNamespace(content=[SimpleNamespace(type="text", text="wrapped")], structured_content=None, is_error=False)
+    plain = SimpleNamespace(
+        content=[SimpleNamespace(type="text", text="wrapped")], structured_content=None, is_error=False
+    )
     assert result_of("t", plain) == {"content": "wrapped"}
     structured = SimpleNamespace(content=[], structured_content={"b": 2}, is_error=False)
     assert result_of("t", structured) == {"b": 2}
-    failed = SimpleNamespace(content=[SimpleNamespace(type="text", text="out of paper")], structured_content=None, is_error=True)
+    failed = SimpleNamespace(
+        content=[SimpleNamespace(type="text", text="out of paper")], structured_content=None, is_error=True
+    )
     with pytest.raises(ToolError, match="out of paper"):
         result_of("t", failed)
 
@@ -137,8 +157,11 @@ async def test_a_server_down_at_start_is_refused_clearly_then_mounted_once_it_an
 
 
 async def test_only_the_declared_tools_are_mounted_and_a_declared_tool_not_listed_is_refused():
-    other = SimpleNamespace(name="delete_everything", description="Deletes every order of every customer.",
-                            input_schema={"type": "object", "properties": {}})
+    other = SimpleNamespace(
+        name="delete_everything",
+        description="Deletes every order of every customer.",
+        input_schema={"type": "object", "properties": {}},
+    )
     fake = FakeMcp(tools=[WRAP, other])
     server = dataclasses.replace(SERVER, tools=["gift_wrap_order", "track_gift"])
     agent, tools = mounted(fake, server)
@@ -150,8 +173,11 @@ async def test_only_the_declared_tools_are_mounted_and_a_declared_tool_not_liste
 
 
 async def test_a_listed_tool_named_like_a_local_one_is_refused():
-    clash = SimpleNamespace(name="list_orders", description="Lists orders, the server's way of doing it.",
-                            input_schema={"type": "object", "properties": {}})
+    clash = SimpleNamespace(
+        name="list_orders",
+        description="Lists orders, the server's way of doing it.",
+        input_schema={"type": "object", "properties": {}},
+    )
     agent, tools = mounted(FakeMcp(tools=[clash]), McpServer("giftwrap", url="http://mcp.test/mcp"))
     await tools.start()
     await tools.aclose()
@@ -161,10 +187,15 @@ async def test_a_listed_tool_named_like_a_local_one_is_refused():
 
 async def test_problems_name_a_server_that_does_not_answer_a_declared_tool_it_does_not_list_and_a_refused_one():
     down = Toolbox([McpMount(SERVER, "https://u:secret@mcp.test/mcp", connect=FakeMcp(up=False))], SHOP.registry)
-    assert await down.problems() == ["MCP server giftwrap (https://mcp.test/mcp) does not answer: "
-                                     "ConnectionRefusedError: All connection attempts failed"]
-    clash = SimpleNamespace(name="list_orders", description="Lists orders, the server's way of doing it.",
-                            input_schema={"type": "object", "properties": {}})
+    assert await down.problems() == [
+        "MCP server giftwrap (https://mcp.test/mcp) does not answer: "
+        "ConnectionRefusedError: All connection attempts failed"
+    ]
+    clash = SimpleNamespace(
+        name="list_orders",
+        description="Lists orders, the server's way of doing it.",
+        input_schema={"type": "object", "properties": {}},
+    )
     every_tool = McpServer("giftwrap", url="u", entities={"track_gift": {"order_id": "order"}})  # mounts all it lists
     _, tools = mounted(FakeMcp(tools=[clash]), every_tool)
     problems = await tools.problems()
@@ -180,8 +211,13 @@ async def owned_orders(kind: str, entity_id: str, customer_id: str):
 
 
 def gate_for(agent, tools) -> Gate:
-    return Gate(registry=agent.registry, lookup=owned_orders, signer=Signer(parse_keys("k1:unit")),
-                agent_settings=agent.own_settings, unavailable=tools.unavailable)
+    return Gate(
+        registry=agent.registry,
+        lookup=owned_orders,
+        signer=Signer(parse_keys("k1:unit")),
+        agent_settings=agent.own_settings,
+        unavailable=tools.unavailable,
+    )
 
 
 def wrap_call(**arguments: Any) -> ToolCall:
@@ -227,7 +263,9 @@ def executor(agent, tools) -> Runner:
 
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001")
-APPROVED = CheckedCall(id="toolu_1", name="gift_wrap_order", input={"order_id": "ord_a1000001", "message": "hi"}, approved=True)
+APPROVED = CheckedCall(
+    id="toolu_1", name="gift_wrap_order", input={"order_id": "ord_a1000001", "message": "hi"}, approved=True
+)
 
 
 async def test_the_executor_calls_the_tool_with_the_principal_and_idempotency_key_in_meta():
@@ -237,8 +275,13 @@ async def test_the_executor_calls_the_tool_with_the_principal_and_idempotency_ke
     await tools.aclose()
     result = await executor(agent, tools).run_one(APPROVED, TURN)
     assert not result.get("is_error") and json.loads(result["content"]) == {"gift_wrapped": True}
-    assert fake.calls == [("gift_wrap_order", APPROVED.input,
-                           {"roundtrip/customer_id": "cus_1001", "roundtrip/idempotency_key": "turn_1:toolu_1"})]
+    assert fake.calls == [
+        (
+            "gift_wrap_order",
+            APPROVED.input,
+            {"roundtrip/customer_id": "cus_1001", "roundtrip/idempotency_key": "turn_1:toolu_1"},
+        )
+    ]
 
 
 async def test_is_error_results_and_transport_failures_are_is_error_tool_results():
@@ -247,12 +290,17 @@ async def test_is_error_results_and_transport_failures_are_is_error_tool_results
     await tools.start()
     await tools.aclose()
     runner = executor(agent, tools)
-    fake.answer = SimpleNamespace(content=[SimpleNamespace(type="text", text="out of paper")], structured_content=None, is_error=True)
+    fake.answer = SimpleNamespace(
+        content=[SimpleNamespace(type="text", text="out of paper")], structured_content=None, is_error=True
+    )
     failed = await runner.run_one(APPROVED, TURN)
     assert failed["is_error"] and failed["content"] == "out of paper"
     fake.answer = MCPError(-32602, "Invalid params: order_id")
     refused = await runner.run_one(APPROVED, TURN)
-    assert refused["is_error"] and refused["content"] == "gift_wrap_order was refused by the giftwrap service: Invalid params: order_id"
+    assert (
+        refused["is_error"]
+        and refused["content"] == "gift_wrap_order was refused by the giftwrap service: Invalid params: order_id"
+    )
     fake.up = False
     down = await runner.run_one(APPROVED, TURN)
     assert down["is_error"] and "giftwrap service could not be reached" in down["content"]
@@ -285,13 +333,19 @@ def test_a_url_function_that_fails_is_one_line():
         dataclasses.replace(SHOP, mcp_servers=[McpServer("w", url=broken)]).check()
 
 
-@pytest.mark.parametrize("servers, problem", [
-    ([McpServer("w", url="u", entities={"t": {"a": "parcel"}})], "x-entity kinds without a resolver: ['parcel']"),
-    ([McpServer("w", url="u", tools=["t"], entities={"s": {"a": "order"}})], "entities for tools it does not mount: ['s']"),
-    ([McpServer("w", url="u"), McpServer("w", url="v")], "MCP servers declared twice: ['w']"),
-    ([McpServer("w", url="u", tools=["list_orders"])], "named like a local tool: ['list_orders']"),
-    ([McpServer("w w", url="u")], "MCP server name 'w w'"),
-])
+@pytest.mark.parametrize(
+    "servers, problem",
+    [
+        ([McpServer("w", url="u", entities={"t": {"a": "parcel"}})], "x-entity kinds without a resolver: ['parcel']"),
+        (
+            [McpServer("w", url="u", tools=["t"], entities={"s": {"a": "order"}})],
+            "entities for tools it does not mount: ['s']",
+        ),
+        ([McpServer("w", url="u"), McpServer("w", url="v")], "MCP servers declared twice: ['w']"),
+        ([McpServer("w", url="u", tools=["list_orders"])], "named like a local tool: ['list_orders']"),
+        ([McpServer("w w", url="u")], "MCP server name 'w w'"),
+    ],
+)
 def test_an_mcp_declaration_that_does_not_fit_fails_at_start(servers, problem):
     with pytest.raises(AgentError) as caught:
         dataclasses.replace(SHOP, mcp_servers=servers).check()
@@ -300,7 +354,9 @@ def test_an_mcp_declaration_that_does_not_fit_fails_at_start(servers, problem):
 
 def test_a_policy_for_an_undeclared_tool_is_still_refused():
     with pytest.raises(AgentError, match="policies for unknown tools"):
-        dataclasses.replace(SHOP, mcp_servers=[McpServer("w", url="u")], policies={"gift_wrap_order": SHOP.policies["cancel_order"]}).check()
+        dataclasses.replace(
+            SHOP, mcp_servers=[McpServer("w", url="u")], policies={"gift_wrap_order": SHOP.policies["cancel_order"]}
+        ).check()
 
 
 async def test_the_digest_names_what_the_agent_mounts_not_what_is_listed_and_is_unchanged_without_mcp():
@@ -324,10 +380,17 @@ def test_the_direct_persona_makes_the_call_written_only_when_the_tool_is_offered
     from roundtrip._simulator.transcript import Transcript
 
     def request(*messages):
-        return Transcript.from_request({"model": "m", "tools": [{"name": "gift_wrap_order", "input_schema": {"type": "object"}}],
-                                        "messages": list(messages)})
+        return Transcript.from_request(
+            {
+                "model": "m",
+                "tools": [{"name": "gift_wrap_order", "input_schema": {"type": "object"}}],
+                "messages": list(messages),
+            }
+        )
 
     first = direct.decide(request({"role": "user", "content": 'gift_wrap_order {"order_id": "ord_1", "message": 5}'}))
-    assert first.content == [{"type": "tool_use", "name": "gift_wrap_order", "input": {"order_id": "ord_1", "message": 5}}]
+    assert first.content == [
+        {"type": "tool_use", "name": "gift_wrap_order", "input": {"order_id": "ord_1", "message": 5}}
+    ]
     declined = direct.decide(request({"role": "user", "content": "refund_order {}"}))
     assert declined.content[0]["text"] == "I cannot do that: there is no tool refund_order."

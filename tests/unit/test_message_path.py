@@ -14,11 +14,13 @@ from faststream.kafka import KafkaBroker
 from prometheus_client import REGISTRY
 
 from roundtrip._kernel.kafka import messaging
+from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn, DeadLettered
-from roundtrip._kernel.settings import Settings
 
-PREFIX = "unit."  # the records come from, and the dead letters go to, the topics of the settings the broker was made with
+PREFIX = (
+    "unit."  # the records come from, and the dead letters go to, the topics of the settings the broker was made with
+)
 SETTINGS = Settings(_env_file=None, topic_prefix=PREFIX)
 
 
@@ -56,17 +58,31 @@ def wired(monkeypatch):
 
 
 def record(value: bytes, offset: int = 7):
-    return SimpleNamespace(topic=topics.t(topics.TURN_CONTROLS, PREFIX), partition=0, offset=offset, timestamp=1_700_000_000_000,
-                           key=b"conv_1", value=value, headers=[("x-app", b"\xffraw")])
+    return SimpleNamespace(
+        topic=topics.t(topics.TURN_CONTROLS, PREFIX),
+        partition=0,
+        offset=offset,
+        timestamp=1_700_000_000_000,
+        key=b"conv_1",
+        value=value,
+        headers=[("x-app", b"\xffraw")],
+    )
 
 
 def in_flight() -> float | None:
-    return REGISTRY.get_sample_value("roundtrip_in_flight", {"service": "unitpath", "subscription": topics.t(topics.TURN_CONTROLS, PREFIX)})
+    return REGISTRY.get_sample_value(
+        "roundtrip_in_flight", {"service": "unitpath", "subscription": topics.t(topics.TURN_CONTROLS, PREFIX)}
+    )
 
 
 def errors(topic: str) -> float:
-    return REGISTRY.get_sample_value("faststream_received_processed_messages_total",
-                                     {"app_name": "roundtrip-unitpath", "broker": "kafka", "handler": topic, "status": "error"}) or 0.0
+    return (
+        REGISTRY.get_sample_value(
+            "faststream_received_processed_messages_total",
+            {"app_name": "roundtrip-unitpath", "broker": "kafka", "handler": topic, "status": "error"},
+        )
+        or 0.0
+    )
 
 
 def letter_of(producer: FakeProducer) -> DeadLettered:
@@ -84,10 +100,13 @@ async def test_a_record_reaches_its_handler_as_the_model_with_the_record_at_hand
     assert messaging.current_record() is None and wired.producer.sent == []
 
 
-@pytest.mark.parametrize("value,reason", [
-    (b"{not json", "malformed JSON: "),
-    (json.dumps({"turn_id": 5}).encode(), "schema violation: turn_id: Input should be a valid string"),
-])
+@pytest.mark.parametrize(
+    "value,reason",
+    [
+        (b"{not json", "malformed JSON: "),
+        (json.dumps({"turn_id": 5}).encode(), "schema violation: turn_id: Input should be a valid string"),
+    ],
+)
 async def test_a_record_its_handler_cannot_read_is_dead_lettered_with_the_reason_and_its_bytes(wired, value, reason):
     before = errors(topics.t(topics.TURN_CONTROLS, PREFIX))
     await wired.process(record(value))
@@ -95,7 +114,9 @@ async def test_a_record_its_handler_cannot_read_is_dead_lettered_with_the_reason
     letter = letter_of(wired.producer)
     assert letter.reason.startswith(reason) and letter.service == "unitpath" and letter.offset == 7
     assert base64.b64decode(letter.payload_base64) == value
-    assert letter.headers == [{"key": "x-app", "value_base64": base64.b64encode(b"\xffraw").decode()}]  # kept losslessly
+    assert letter.headers == [
+        {"key": "x-app", "value_base64": base64.b64encode(b"\xffraw").decode()}
+    ]  # kept losslessly
     assert errors(topics.t(topics.TURN_CONTROLS, PREFIX)) == before + 1
 
 
@@ -115,5 +136,6 @@ async def test_a_dead_letter_that_cannot_be_published_is_left_to_the_consumers_r
 def test_a_handler_must_take_one_message_model():
     broker = KafkaBroker("127.0.0.1:1")
     with pytest.raises(TypeError, match="exactly one parameter annotated with a pydantic model"):
+
         @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", SETTINGS)
         async def on_two(command: CancelTurn, other: int) -> None: ...

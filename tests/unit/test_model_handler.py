@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from roundtrip._kernel.wire.events import CallModel, Turn, Usage
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire.events import CallModel, Turn, Usage
 from roundtrip._model.attempts import MARGIN_S
 from roundtrip._model.client import ModelClient
 from roundtrip._model.handlers import call_model
@@ -31,13 +31,17 @@ def failing_simulator():
 
 
 def client_for(url: str, **overrides) -> ModelClient:
-    settings = Settings(_env_file=None, anthropic_api_key=None, anthropic_base_url=url, model_max_retries=1, **overrides)
+    settings = Settings(
+        _env_file=None, anthropic_api_key=None, anthropic_base_url=url, model_max_retries=1, **overrides
+    )
     return shop_model_client(settings)
 
 
 async def test_a_tool_use_response_becomes_an_iteration_with_fingerprints_and_usage(simulator):
     client = client_for(simulator)
-    command = CallModel(turn=TURN, step=0, messages=[{"role": "user", "content": "cancel my last order"}], spent=Usage(input_tokens=7))
+    command = CallModel(
+        turn=TURN, step=0, messages=[{"role": "user", "content": "cancel my last order"}], spent=Usage(input_tokens=7)
+    )
     event = await call_model(command, client)
     await client.aclose()
     assert event.step == 1 and event.stop_reason == "tool_use" and event.error is None
@@ -64,14 +68,22 @@ async def test_an_api_overloaded_until_the_deadline_becomes_a_busy_iteration(fai
     event = await call_model(CallModel(turn=turn, step=2, messages=[{"role": "user", "content": "hi"}]), client)
     await client.aclose()
     assert event.step == 3 and event.stop_reason is None and event.busy
-    assert "rate limited until the turn's deadline" in event.error and "529" in event.error and "Overloaded" in event.error
+    assert (
+        "rate limited until the turn's deadline" in event.error and "529" in event.error and "Overloaded" in event.error
+    )
 
 
-@pytest.mark.parametrize("persona,problem", [("bloated", "input too large: "), ("deep", "input nested too deep: more than 32 levels")])
-async def test_a_tool_input_no_event_could_carry_becomes_a_call_with_an_error_and_is_still_billed(simulator, persona, problem):
+@pytest.mark.parametrize(
+    "persona,problem", [("bloated", "input too large: "), ("deep", "input nested too deep: more than 32 levels")]
+)
+async def test_a_tool_input_no_event_could_carry_becomes_a_call_with_an_error_and_is_still_billed(
+    simulator, persona, problem
+):
     client = client_for(simulator, max_tokens=200_000)  # a model allowed to write that much
     turn = TURN.model_copy(update={"persona": persona})
-    command = CallModel(turn=turn, step=0, messages=[{"role": "user", "content": "help me"}], spent=Usage(input_tokens=7))
+    command = CallModel(
+        turn=turn, step=0, messages=[{"role": "user", "content": "help me"}], spent=Usage(input_tokens=7)
+    )
     event = await call_model(command, client)
     await client.aclose()
     (call,) = event.tool_calls
@@ -81,7 +93,9 @@ async def test_a_tool_input_no_event_could_carry_becomes_a_call_with_an_error_an
     assert call.input == {"roundtrip_omitted": f"{call.error}; the input was not kept"}
     assert [b for b in event.content if b["type"] == "tool_use"][0]["input"] == call.input
     assert len(event.model_dump_json().encode()) < 10_000  # the event is small: it is published
-    assert event.usage.output_tokens > (100_000 if persona == "bloated" else 100) and event.spent == event.usage + Usage(input_tokens=7)
+    assert event.usage.output_tokens > (
+        100_000 if persona == "bloated" else 100
+    ) and event.spent == event.usage + Usage(input_tokens=7)
 
 
 async def test_no_model_call_for_a_turn_the_fence_refuses(simulator, tmp_path):
@@ -91,7 +105,9 @@ async def test_no_model_call_for_a_turn_the_fence_refuses(simulator, tmp_path):
     client = client_for(simulator)
     try:
         command = CallModel(turn=TURN, step=0, messages=[{"role": "user", "content": "hi"}])
-        assert await call_model(command, client, fence) is None  # a turn the ledger does not know (or ended) is never called
+        assert (
+            await call_model(command, client, fence) is None
+        )  # a turn the ledger does not know (or ended) is never called
     finally:
         await client.aclose()
         await fence.close()

@@ -10,15 +10,40 @@ from pathlib import Path
 
 import pytest
 
-import roundtrip
-import roundtrip.testing
-
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = {  # the public API as of issue 28: a name removed from here is a breaking change, said on purpose
-    "roundtrip": ["Agent", "AgentError", "Dependencies", "Entity", "FunctionTool", "McpServer", "SchemaFolder", "ToolContext", "ToolError", "ToolSource",
-                  "allow", "always", "approval_rule", "load_agent", "tool"],
-    "roundtrip.testing": ["AWAITING_APPROVAL", "Call", "FunctionModel", "ModelInfo", "Reply", "ScriptExhausted",
-                          "ScriptedModel", "ToolRun", "TurnResult", "arun_turn", "call", "reply", "run_turn"],
+    "roundtrip": [
+        "Agent",
+        "AgentError",
+        "Dependencies",
+        "Entity",
+        "FunctionTool",
+        "McpServer",
+        "SchemaFolder",
+        "ToolContext",
+        "ToolError",
+        "ToolSource",
+        "allow",
+        "always",
+        "approval_rule",
+        "load_agent",
+        "tool",
+    ],
+    "roundtrip.testing": [
+        "AWAITING_APPROVAL",
+        "Call",
+        "FunctionModel",
+        "ModelInfo",
+        "Reply",
+        "ScriptExhausted",
+        "ScriptedModel",
+        "ToolRun",
+        "TurnResult",
+        "arun_turn",
+        "call",
+        "reply",
+        "run_turn",
+    ],
 }
 PUBLIC_MODULES = {"roundtrip", "roundtrip.testing", "roundtrip.schemas"}
 REQUIRED_IMPORTS = {  # what issue 28 says an agent author writes
@@ -31,8 +56,10 @@ REQUIRED_IMPORTS = {  # what issue 28 says an agent author writes
 def test_no_public_name_disappears(module):
     exported = importlib.import_module(module).__all__
     assert not (missing := sorted(set(PUBLIC[module]) - set(exported))), f"{module}.__all__ lost {missing}"
-    assert sorted(exported) == sorted(PUBLIC[module]), f"{module}.__all__ gained {sorted(set(exported) - set(PUBLIC[module]))}: " \
-                                                        "add it to PUBLIC here if it is meant to be public"
+    assert sorted(exported) == sorted(PUBLIC[module]), (
+        f"{module}.__all__ gained {sorted(set(exported) - set(PUBLIC[module]))}: "
+        "add it to PUBLIC here if it is meant to be public"
+    )
     assert len(exported) == len(set(exported))
 
 
@@ -53,9 +80,13 @@ def test_the_imports_the_issue_promises_work_and_the_docstring_shows_them(module
     shown = re.findall(rf"^\s*from {re.escape(module)} import ([\w, ]+)$", doc, re.M)
     assert shown, f"{module}'s docstring shows no `from {module} import ...`"
     names = {name.strip() for line in shown for name in line.split(",")}
-    assert names <= set(PUBLIC[module]), f"{module}'s docstring imports names it does not export: {names - set(PUBLIC[module])}"
+    assert names <= set(PUBLIC[module]), (
+        f"{module}'s docstring imports names it does not export: {names - set(PUBLIC[module])}"
+    )
     required = [name.strip() for name in REQUIRED_IMPORTS[module].split(" import ")[1].split(",")]
-    assert not (unsaid := [n for n in required if not re.search(rf"\b{n}\b", doc)]), f"{module}'s docstring never says {unsaid}"
+    assert not (unsaid := [n for n in required if not re.search(rf"\b{n}\b", doc)]), (
+        f"{module}'s docstring never says {unsaid}"
+    )
     assert "services/" not in doc, f"{module}'s docstring points at internal paths, not at the public imports"
 
 
@@ -72,5 +103,7 @@ def _modules() -> list[str]:
 def test_every_other_module_is_private():
     modules = _modules()
     assert PUBLIC_MODULES <= set(modules) and len(modules) > 100
-    public = sorted(m for m in modules if m not in PUBLIC_MODULES and not any(p.startswith("_") for p in m.split(".")[1:]))
+    public = sorted(
+        m for m in modules if m not in PUBLIC_MODULES and not any(p.startswith("_") for p in m.split(".")[1:])
+    )
     assert public == [], f"modules that look public but are not the public API (prefix a component with _): {public}"

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from roundtrip._cli.main import app
 from roundtrip._guard.pricing import PriceTable
-from roundtrip._kernel.wire import topology
 from roundtrip._kernel.settings import CONCERNS, Settings, env_name
+from roundtrip._kernel.wire import topology
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -66,6 +66,7 @@ def ask_example() -> tuple[str, list[str]]:
 
 def matches_example(example: str, real: str) -> bool:
     """A real line reads as the README's: the same words, but where the README cuts it (`...`) and its turn and trace ids."""
+
     def part(text: str) -> str:
         if text == "...":
             return ".*"
@@ -85,13 +86,31 @@ def test_the_readme_ask_example_reads_as_the_console_prints_it():
     assert args == '"cancel my last order" --customer cus_1001'
     reply_line = next(line for line in shown if line.startswith("reply ("))
     figures = [int(n) for n in re.findall(r"\d+", reply_line)]
-    steps, usage = figures[0], Usage(input_tokens=figures[1], output_tokens=figures[2], cache_creation_input_tokens=figures[3],
-                                     cache_read_input_tokens=figures[4])
+    steps, usage = (
+        figures[0],
+        Usage(
+            input_tokens=figures[1],
+            output_tokens=figures[2],
+            cache_creation_input_tokens=figures[3],
+            cache_read_input_tokens=figures[4],
+        ),
+    )
     turn_id, trace_id = re.search(r"turn (turn_\w+)  trace (\w+)", shown[-1]).groups()
     with console.console.capture() as captured:
-        console.show_reply(SupportReply(request_id="r", conversation_id="c", customer_id="cus_1001", turn_id=turn_id,
-                                        text=shown[-2], outcome=Outcome.END_TURN, steps=steps, usage=usage, cost_usd=0.0,
-                                        trace_id=trace_id))
+        console.show_reply(
+            SupportReply(
+                request_id="r",
+                conversation_id="c",
+                customer_id="cus_1001",
+                turn_id=turn_id,
+                text=shown[-2],
+                outcome=Outcome.END_TURN,
+                steps=steps,
+                usage=usage,
+                cost_usd=0.0,
+                trace_id=trace_id,
+            )
+        )
     printed = [line for line in captured.get().splitlines() if line.strip()]
     assert printed == [line for line in shown[-3:]], printed
     # the contract section's reply is that same turn: its figures, and their cost at the default prices
@@ -106,14 +125,19 @@ def test_no_blank_line_splits_a_table_of_the_readme_or_the_manual():
     """A blank line inside a Markdown table ends it: the rows after it render as a paragraph of pipes."""
     for path in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
         lines = path.read_text().splitlines()
-        split = [i + 1 for i in range(1, len(lines) - 1)
-                 if not lines[i].strip() and lines[i - 1].startswith("|") and lines[i + 1].startswith("|")]
+        split = [
+            i + 1
+            for i in range(1, len(lines) - 1)
+            if not lines[i].strip() and lines[i - 1].startswith("|") and lines[i + 1].startswith("|")
+        ]
         assert not split, f"blank lines splitting a table at {path.relative_to(ROOT)} lines {split}"
 
 
 def test_config_names_the_api_key_as_the_docs_do(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-secret")
-    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", "/nonexistent/roundtrip-state")  # no fleet runs there: this shell's settings
+    monkeypatch.setenv(
+        "ROUNDTRIP_STATE_DIR", "/nonexistent/roundtrip-state"
+    )  # no fleet runs there: this shell's settings
     from roundtrip._kernel.settings import get_settings
 
     get_settings.cache_clear()
@@ -129,18 +153,35 @@ def test_config_names_the_api_key_as_the_docs_do(monkeypatch):
 
 # Where each of the old README's sections lives now (issue 30: nothing it said is lost): heading -> manual page.
 OLD_SECTIONS = {
-    "The two commands": "getting-started.md", "Demo scenarios": "getting-started.md", "Topology": "architecture.md",
-    "The public contract": "contract.md", "Layout": "architecture.md", "CLI": "reference/cli.md",
-    "The guard": "guard.md", "Conversations": "conversations.md", "When things go wrong": "guarantees.md",
-    "The turn fence: nothing runs after a turn has ended": "guarantees.md", "Chaos suite": "guarantees.md",
-    "Carrying load": "operating/scaling.md", "Your own agent": "agent/index.md",
-    "From zero to your own tool in the fleet": "agent/index.md", "What an agent declares": "agent/index.md",
-    "Loading, and a rolling upgrade": "agent/index.md", "The simulator plays your agent: scripted mode": "agent/testing.md",
-    "The demo shop agent's own settings": "agent/index.md", "MCP tools": "agent/tools.md",
-    "Tools as Python functions": "agent/tools.md", "Check it, start one, test it": "agent/testing.md",
-    "Approvals by a person, and parallel use": "approvals.md", "Scaling executors": "operating/scaling.md",
-    "Operating it": "operating/index.md", "Migrations": "operating/migrations.md", "Tracing": "operating/tracing.md",
-    "Configuration": "reference/configuration.md", "Tests": "contributing.md", "Benchmarks": "benchmarks.md",
+    "The two commands": "getting-started.md",
+    "Demo scenarios": "getting-started.md",
+    "Topology": "architecture.md",
+    "The public contract": "contract.md",
+    "Layout": "architecture.md",
+    "CLI": "reference/cli.md",
+    "The guard": "guard.md",
+    "Conversations": "conversations.md",
+    "When things go wrong": "guarantees.md",
+    "The turn fence: nothing runs after a turn has ended": "guarantees.md",
+    "Chaos suite": "guarantees.md",
+    "Carrying load": "operating/scaling.md",
+    "Your own agent": "agent/index.md",
+    "From zero to your own tool in the fleet": "agent/index.md",
+    "What an agent declares": "agent/index.md",
+    "Loading, and a rolling upgrade": "agent/index.md",
+    "The simulator plays your agent: scripted mode": "agent/testing.md",
+    "The demo shop agent's own settings": "agent/index.md",
+    "MCP tools": "agent/tools.md",
+    "Tools as Python functions": "agent/tools.md",
+    "Check it, start one, test it": "agent/testing.md",
+    "Approvals by a person, and parallel use": "approvals.md",
+    "Scaling executors": "operating/scaling.md",
+    "Operating it": "operating/index.md",
+    "Migrations": "operating/migrations.md",
+    "Tracing": "operating/tracing.md",
+    "Configuration": "reference/configuration.md",
+    "Tests": "contributing.md",
+    "Benchmarks": "benchmarks.md",
 }
 
 
@@ -158,7 +199,7 @@ def test_every_page_of_the_manual_is_in_the_navigation():
 
     def pages(entries):
         for entry in entries:
-            for value in (entry.values() if isinstance(entry, dict) else [entry]):
+            for value in entry.values() if isinstance(entry, dict) else [entry]:
                 yield from (pages(value) if isinstance(value, list) else [value])
 
     nav = set(pages(yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)["nav"]))

@@ -18,9 +18,9 @@ from prometheus_client import REGISTRY
 
 from roundtrip._kernel.kafka import faststream_seam, messaging
 from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn
-from roundtrip._kernel.settings import Settings
 
 FASTSTREAM = f"FastStream {version('faststream')}"
 AIOKAFKA = f"aiokafka {version('aiokafka')}"
@@ -44,14 +44,17 @@ def test_a_kafka_subscriber_starts_its_fetch_loop_from_the_attribute_the_kernel_
     theirs = getattr(cls, name, None)
     assert theirs is not None and inspect.iscoroutinefunction(theirs), (
         f"{FASTSTREAM}: {cls.__qualname__} has no coroutine `{name}` any more; "
-        "faststream_seam.replace_consume_loop would not replace FastStream's fetch loop")
+        "faststream_seam.replace_consume_loop would not replace FastStream's fetch loop"
+    )
     assert list(inspect.signature(theirs).parameters) == ["self", "consumer"], (
         f"{FASTSTREAM}: {cls.__qualname__}.{name} takes {list(inspect.signature(theirs).parameters)}, "
-        "not (self, consumer): the key-ordered consumer's loop would not get the aiokafka consumer")
+        "not (self, consumer): the key-ordered consumer's loop would not get the aiokafka consumer"
+    )
     start = inspect.unwrap(cls.start)
     assert name in start.__code__.co_names, (
         f"{FASTSTREAM}: {cls.__qualname__}.start() no longer starts `self.{name}`; "
-        "the key-ordered consumer would never run (faststream_seam.replace_consume_loop)")
+        "the key-ordered consumer would never run (faststream_seam.replace_consume_loop)"
+    )
     assert getattr(subscriber, name) == consumer.run, f"{FASTSTREAM}: setting a subscriber's `{name}` did not take"
 
 
@@ -68,7 +71,8 @@ async def test_the_producer_the_kernel_publishes_on_is_the_aiokafka_producer_the
     await broker.config.producer.connect(producer, serializer=None)  # what the broker's connect() does with it
     try:
         assert faststream_seam.kafka_producer(broker) is producer, (
-            f"{FASTSTREAM}: {faststream_seam.PRODUCER_PATH} is not the producer the broker connected")
+            f"{FASTSTREAM}: {faststream_seam.PRODUCER_PATH} is not the producer the broker connected"
+        )
     except RuntimeError as moved:
         pytest.fail(f"{FASTSTREAM}: {moved}")
     await broker.config.producer.disconnect()
@@ -82,7 +86,8 @@ def test_liveness_reads_what_a_subscriber_still_has():
     for name, kind in (("running", bool), ("tasks", list)):
         assert isinstance(getattr(subscriber, name, None), kind), (
             f"{FASTSTREAM}: a Kafka subscriber has no `{name}` ({kind.__name__}) any more; "
-            "faststream_seam.consume_loops_alive would call every service dead")
+            "faststream_seam.consume_loops_alive would call every service dead"
+        )
     assert not faststream_seam.consume_loops_alive(subscriber)  # not started
 
 
@@ -97,7 +102,9 @@ def test_fastStreams_kafka_metrics_keep_the_names_and_labels_the_kernel_records(
     acked = sample("faststream_received_processed_messages_total", **topic, status="acked")
     errors = sample("faststream_received_processed_messages_exceptions_total", **topic, exception_type="ValueError")
     published = sample("faststream_published_messages_total", destination="seam.topic", status="success")
-    failed = sample("faststream_published_messages_exceptions_total", destination="seam.topic", exception_type="KafkaError")
+    failed = sample(
+        "faststream_published_messages_exceptions_total", destination="seam.topic", exception_type="KafkaError"
+    )
 
     counted.received("seam.topic", 10).done(0.01)
     record = counted.received("seam.topic", 10)
@@ -108,11 +115,16 @@ def test_fastStreams_kafka_metrics_keep_the_names_and_labels_the_kernel_records(
 
     assert sample("faststream_received_messages_total", **topic) == received + 2, FASTSTREAM
     assert sample("faststream_received_processed_messages_total", **topic, status="acked") == acked + 1, FASTSTREAM
-    assert sample("faststream_received_processed_messages_exceptions_total", **topic, exception_type="ValueError") == errors + 1
+    assert (
+        sample("faststream_received_processed_messages_exceptions_total", **topic, exception_type="ValueError")
+        == errors + 1
+    )
     assert sample("faststream_received_messages_in_process", **topic) == 0, FASTSTREAM
     assert sample("faststream_published_messages_total", destination="seam.topic", status="success") == published + 1
-    assert sample("faststream_published_messages_exceptions_total", destination="seam.topic",
-                  exception_type="KafkaError") == failed + 1, FASTSTREAM
+    assert (
+        sample("faststream_published_messages_exceptions_total", destination="seam.topic", exception_type="KafkaError")
+        == failed + 1
+    ), FASTSTREAM
 
 
 async def test_aiokafkas_consumer_still_has_the_client_whose_metadata_names_the_partitions():
@@ -120,8 +132,10 @@ async def test_aiokafkas_consumer_still_has_the_client_whose_metadata_names_the_
     try:
         fetch = getattr(getattr(consumer, "_client", None), "fetch_all_metadata", None)
         assert fetch is not None and inspect.iscoroutinefunction(fetch), (
-            f"{AIOKAFKA}: AIOKafkaConsumer._client.fetch_all_metadata() is gone; aiokafka_seam.partitions_of cannot list partitions")
+            f"{AIOKAFKA}: AIOKafkaConsumer._client.fetch_all_metadata() is gone; aiokafka_seam.partitions_of cannot list partitions"
+        )
         assert ClusterMetadata().partitions_for_topic("missing") is None, (
-            f"{AIOKAFKA}: ClusterMetadata.partitions_for_topic no longer answers None for a topic it does not know")
+            f"{AIOKAFKA}: ClusterMetadata.partitions_for_topic no longer answers None for a topic it does not know"
+        )
     finally:
         await consumer.stop()

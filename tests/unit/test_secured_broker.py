@@ -8,13 +8,24 @@ import ssl
 
 import pytest
 
-from roundtrip._broker.secured import ADMIN_USER, Listener, client_security, make_tls, scram_arguments, secured_properties
+from roundtrip._broker.secured import (
+    ADMIN_USER,
+    Listener,
+    client_security,
+    make_tls,
+    scram_arguments,
+    secured_properties,
+)
 from roundtrip._broker.unsecured_token import UnsecuredTokenProvider, unsigned_jws
 from roundtrip._kernel.kafka.security import client_options
 from roundtrip._kernel.settings import KafkaSecurity
 
-LISTENERS = [Listener("SCRAM", "SASL_SSL", 9101, ("SCRAM-SHA-512",)), Listener("MTLS", "SSL", 9102, client_auth=True),
-             Listener("OAUTH", "SASL_PLAINTEXT", 9103, ("OAUTHBEARER",)), Listener("PLAIN", "SASL_PLAINTEXT", 9104, ("PLAIN",))]
+LISTENERS = [
+    Listener("SCRAM", "SASL_SSL", 9101, ("SCRAM-SHA-512",)),
+    Listener("MTLS", "SSL", 9102, client_auth=True),
+    Listener("OAUTH", "SASL_PLAINTEXT", 9103, ("OAUTHBEARER",)),
+    Listener("PLAIN", "SASL_PLAINTEXT", 9104, ("PLAIN",)),
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +37,23 @@ def tls(tmp_path_factory):
 
 def test_only_the_secured_listeners_face_clients_and_the_controller_stays_plaintext_on_loopback(tls):
     props = secured_properties("127.0.0.1", 9100, LISTENERS, tls, {"app": "pw"})
-    assert props["listeners"] == ("SCRAM://127.0.0.1:9101,MTLS://127.0.0.1:9102,OAUTH://127.0.0.1:9103,PLAIN://127.0.0.1:9104,"
-                                  "CONTROLLER://127.0.0.1:9100")
-    assert props["listener.security.protocol.map"] == "SCRAM:SASL_SSL,MTLS:SSL,OAUTH:SASL_PLAINTEXT,PLAIN:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT"
+    assert props["listeners"] == (
+        "SCRAM://127.0.0.1:9101,MTLS://127.0.0.1:9102,OAUTH://127.0.0.1:9103,PLAIN://127.0.0.1:9104,"
+        "CONTROLLER://127.0.0.1:9100"
+    )
+    assert (
+        props["listener.security.protocol.map"]
+        == "SCRAM:SASL_SSL,MTLS:SSL,OAUTH:SASL_PLAINTEXT,PLAIN:SASL_PLAINTEXT,CONTROLLER:PLAINTEXT"
+    )
     assert "CONTROLLER" not in props["advertised.listeners"]
-    assert (props["inter.broker.listener.name"], props["sasl.mechanism.inter.broker.protocol"]) == ("SCRAM", "SCRAM-SHA-512")
-    assert props["listener.name.mtls.ssl.client.auth"] == "required" and props["listener.name.scram.ssl.client.auth"] == "none"
+    assert (props["inter.broker.listener.name"], props["sasl.mechanism.inter.broker.protocol"]) == (
+        "SCRAM",
+        "SCRAM-SHA-512",
+    )
+    assert (
+        props["listener.name.mtls.ssl.client.auth"] == "required"
+        and props["listener.name.scram.ssl.client.auth"] == "none"
+    )
     assert "unsecuredLoginStringClaim_sub" in props["listener.name.oauth.oauthbearer.sasl.jaas.config"]
     assert 'user_app="pw"' in props["listener.name.plain.plain.sasl.jaas.config"]  # PLAIN users live in the JAAS config
     assert "\n" not in props["listener.name.scram.ssl.keystore.key"]  # one properties line
@@ -39,8 +61,12 @@ def test_only_the_secured_listeners_face_clients_and_the_controller_stays_plaint
 
 def test_the_scram_users_and_the_brokers_own_are_formatted_in():
     args = scram_arguments({"app": "pw"}, LISTENERS)
-    assert args == ["--add-scram", f"SCRAM-SHA-512=[name={ADMIN_USER},password=admin-secret]",
-                    "--add-scram", "SCRAM-SHA-512=[name=app,password=pw]"]
+    assert args == [
+        "--add-scram",
+        f"SCRAM-SHA-512=[name={ADMIN_USER},password=admin-secret]",
+        "--add-scram",
+        "SCRAM-SHA-512=[name=app,password=pw]",
+    ]
 
 
 def _handshake(client: ssl.SSLContext, server: ssl.SSLContext) -> str:
@@ -69,7 +95,9 @@ def test_the_throwaway_ca_signs_a_broker_certificate_for_loopback_and_a_client_c
     server.verify_mode = ssl.CERT_REQUIRED  # mTLS: the client's certificate is checked too
     client = ssl.create_default_context(cafile=str(tls.ca))
     client.load_cert_chain(tls.client_cert, tls.client_key)
-    assert _handshake(client, server) == "client"  # the server saw the client's certificate, the client checked 127.0.0.1
+    assert (
+        _handshake(client, server) == "client"
+    )  # the server saw the client's certificate, the client checked 127.0.0.1
     assert make_tls(tls.folder).ca == tls.ca  # kept when already made
     mtls = client_options(KafkaSecurity(_env_file=None, **client_security(LISTENERS[1], tls)))
     assert mtls["security_protocol"] == "SSL" and mtls["ssl_context"].verify_mode == ssl.CERT_REQUIRED

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from roundtrip._cli.main import app
-from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.settings import CONCERNS, LoopRules, ModelSettings, Settings, env_name, get_settings
 from roundtrip._kernel.settings.display import grouped, without_passwords
+from roundtrip._kernel.wire import topics, topology
 from roundtrip._sdk.agent import load_agent
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
@@ -69,8 +69,15 @@ def test_roundtrip_config_prints_every_setting_under_its_concern_and_no_secret(c
         clean_env.setenv(name, value)
     done = CliRunner().invoke(app, ["config"])
     assert done.exit_code == 0, done.output
-    for secret in ("approvalsecret", "decisionsecret", "apikeysecret", "ledgerpassword", "querypassword", "shoppassword",
-                   "otlppassword"):
+    for secret in (
+        "approvalsecret",
+        "decisionsecret",
+        "apikeysecret",
+        "ledgerpassword",
+        "querypassword",
+        "shoppassword",
+        "otlppassword",
+    ):
         assert secret not in done.output  # stdout and stderr (which fleet it read)
     out = done.stdout
     assert "k2:***,k1:***" in out and "ops9:***" in out  # which keys are configured shows, their secrets do not
@@ -89,11 +96,16 @@ def test_roundtrip_config_help_says_what_it_prints():
 
 
 def test_a_secret_field_is_hidden_whatever_its_value():
-    shown = dict(row for _, rows in grouped(Settings(_env_file=None, anthropic_api_key="nocolon", approval_keys="lonesecret"))
-                 for row in rows)
+    shown = dict(
+        row
+        for _, rows in grouped(Settings(_env_file=None, anthropic_api_key="nocolon", approval_keys="lonesecret"))
+        for row in rows
+    )
     assert shown["ANTHROPIC_API_KEY"] == "***" and "lonesecret" not in shown["ROUNDTRIP_APPROVAL_KEYS"]
-    assert without_passwords("see postgresql+asyncpg://u:p4ss@h/db and http://x:tok@h?token=t0k") == \
-        "see postgresql+asyncpg://u:***@h/db and http://x:***@h?token=***"
+    assert (
+        without_passwords("see postgresql+asyncpg://u:p4ss@h/db and http://x:tok@h?token=t0k")
+        == "see postgresql+asyncpg://u:***@h/db and http://x:***@h?token=***"
+    )
 
 
 def test_the_contracts_are_generated_with_unprefixed_names_whatever_the_shell_says(clean_env):
@@ -110,8 +122,14 @@ def test_a_service_uses_the_prefix_it_was_built_with_not_the_environments(clean_
     clean_env.setenv("ROUNDTRIP_TOPIC_PREFIX", "from-env.")
     get_settings()
     for declared in topology.SERVICES:
-        broker = importlib.import_module(declared.app_module).build(Settings(_env_file=None, topic_prefix="built."), load_agent()).broker
-        names = [getattr(t, "name", t) for s in broker.subscribers for t in s.topics] + [p.topic for p in broker.publishers]
+        broker = (
+            importlib.import_module(declared.app_module)
+            .build(Settings(_env_file=None, topic_prefix="built."), load_agent())
+            .broker
+        )
+        names = [getattr(t, "name", t) for s in broker.subscribers for t in s.topics] + [
+            p.topic for p in broker.publishers
+        ]
         assert names and all(name.startswith("built.") for name in names), (declared.name, names)
         assert {n.removeprefix("built.") for n in names} >= {i.topic for i in declared.inputs}
     assert topics.t(topics.SUPPORT_REQUESTS, "p.") == "p.support.requests"
@@ -124,19 +142,34 @@ def _calls_to_get_settings(path: Path) -> list[str]:
     for function in ast.walk(tree):
         if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for node in ast.walk(function):
-                if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "get_settings":
+                if (
+                    isinstance(node, ast.Call)
+                    and getattr(node.func, "id", getattr(node.func, "attr", None)) == "get_settings"
+                ):
                     found.append(function.name)
-    module_level = [node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    found += ["<module>" for stmt in module_level for node in ast.walk(stmt)
-              if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "get_settings"]
+    module_level = [
+        node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    ]
+    found += [
+        "<module>"
+        for stmt in module_level
+        for node in ast.walk(stmt)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "get_settings"
+    ]
     return found
 
 
 def test_only_entry_points_read_the_cached_settings():
-    readers = {str(path.relative_to(SERVICES)): sorted(set(calls)) for path in SERVICES.rglob("*.py")
-               if path.parent.name != "settings" and (calls := _calls_to_get_settings(path))}
-    library = {module: functions for module, functions in readers.items()
-               if module not in ("_cli/main.py", "_cli/agent.py") and functions != ["main"]}  # the CLI (and its agent
+    readers = {
+        str(path.relative_to(SERVICES)): sorted(set(calls))
+        for path in SERVICES.rglob("*.py")
+        if path.parent.name != "settings" and (calls := _calls_to_get_settings(path))
+    }
+    library = {
+        module: functions
+        for module, functions in readers.items()
+        if module not in ("_cli/main.py", "_cli/agent.py") and functions != ["main"]
+    }  # the CLI (and its agent
     # commands' module) and `python -m ...`'s main() are entry points
     assert library == {}
     assert "_cli/main.py" in readers

@@ -26,8 +26,13 @@ async def test_health(client):
 
 @pytest.mark.parametrize(
     "method, path",
-    [("GET", "/orders"), ("GET", "/orders/ord_a1000003"), ("POST", "/orders/ord_a1000003/cancel"),
-     ("GET", "/orders/ord_a1000003/shipping"), ("POST", "/escalations")],
+    [
+        ("GET", "/orders"),
+        ("GET", "/orders/ord_a1000003"),
+        ("POST", "/orders/ord_a1000003/cancel"),
+        ("GET", "/orders/ord_a1000003/shipping"),
+        ("POST", "/escalations"),
+    ],
 )
 async def test_customer_endpoints_need_a_principal(client, method, path):
     r = await client.request(method, path, json={"reason": "x"}, headers={"Idempotency-Key": "k"})
@@ -59,10 +64,14 @@ async def test_foreign_order_is_a_404_identical_to_a_missing_one(client):
 
 
 async def test_cancel_foreign_order_is_404_and_changes_nothing(client):
-    r = await client.post(f"/orders/{INJECTION_ORDER_ID}/cancel", json={"reason": "customer_request"},
-                          headers=ALICE | {"Idempotency-Key": "k1"})
-    missing = await client.post("/orders/ord_00000000/cancel", json={"reason": "customer_request"},
-                                headers=ALICE | {"Idempotency-Key": "k2"})
+    r = await client.post(
+        f"/orders/{INJECTION_ORDER_ID}/cancel",
+        json={"reason": "customer_request"},
+        headers=ALICE | {"Idempotency-Key": "k1"},
+    )
+    missing = await client.post(
+        "/orders/ord_00000000/cancel", json={"reason": "customer_request"}, headers=ALICE | {"Idempotency-Key": "k2"}
+    )
     assert r.status_code == missing.status_code == 404 and r.content == missing.content
     assert (await client.get(f"/orders/{INJECTION_ORDER_ID}", headers=BOB)).json()["status"] == "processing"
 
@@ -120,7 +129,9 @@ async def test_escalations(client):
     first = await client.post("/escalations", json=body, headers=headers)
     again = await client.post("/escalations", json=body, headers=headers)
     assert first.status_code in (200, 201) and first.json()["ticket_id"] == again.json()["ticket_id"]
-    assert (await client.post("/escalations", json={"summary": "x", "urgency": "asap"}, headers=headers)).status_code == 400
+    assert (
+        await client.post("/escalations", json={"summary": "x", "urgency": "asap"}, headers=headers)
+    ).status_code == 400
     assert (await client.post("/escalations", json=body, headers=ALICE)).status_code == 400
 
 

@@ -22,13 +22,23 @@ def _tool(name: str, description: str, properties: dict, required: list[str]) ->
     return {
         "name": name,
         "description": description,
-        "input_schema": {"type": "object", "properties": properties, "required": required, "additionalProperties": False},
+        "input_schema": {
+            "type": "object",
+            "properties": properties,
+            "required": required,
+            "additionalProperties": False,
+        },
     }
 
 
 ORDER_ID = {"type": "string", "pattern": "^ord_[0-9a-f]{8}$"}
 TOOLS = [
-    _tool("list_orders", "List the customer's orders, newest first.", {"status": {"type": "string"}, "limit": {"type": "integer"}}, []),
+    _tool(
+        "list_orders",
+        "List the customer's orders, newest first.",
+        {"status": {"type": "string"}, "limit": {"type": "integer"}},
+        [],
+    ),
     _tool("lookup_order", "Look up one order.", {"order_id": ORDER_ID}, ["order_id"]),
     _tool(
         "cancel_order",
@@ -71,10 +81,18 @@ def fake_tool(name: str, args: dict) -> tuple[Any, bool]:
     if name == "lookup_order":
         return mine[args["order_id"]], False
     if name == "get_shipping_status":
-        return {"order_id": args["order_id"], "status": "in_transit", "carrier": "DHL", "tracking_number": "JD0001"}, False
+        return {
+            "order_id": args["order_id"],
+            "status": "in_transit",
+            "carrier": "DHL",
+            "tracking_number": "JD0001",
+        }, False
     if name == "cancel_order":
         if args.get("reason") not in REASONS:
-            return f"Invalid input for cancel_order: {args.get('reason')!r} is not one of {list(REASONS)} (reason).", True
+            return (
+                f"Invalid input for cancel_order: {args.get('reason')!r} is not one of {list(REASONS)} (reason).",
+                True,
+            )
         return {"order_id": args["order_id"], "status": "cancelled"}, False
     if name == "search_help_center":
         if "query" not in args:
@@ -111,7 +129,9 @@ async def run_turn(
             if block.type == "tool_use":
                 result, is_error = fake_tool(block.name, block.input)
                 text_result = result if isinstance(result, str) else json.dumps(result)
-                results.append({"type": "tool_result", "tool_use_id": block.id, "content": text_result, "is_error": is_error})
+                results.append(
+                    {"type": "tool_result", "tool_use_id": block.id, "content": text_result, "is_error": is_error}
+                )
         messages.append({"role": "user", "content": results})
     return responses, messages
 
@@ -206,7 +226,10 @@ async def test_runaway_personas_never_stop_by_themselves(client, persona):
 
 async def test_refusing_and_terse(client):
     message = await client.messages.create(
-        model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "hi"}], extra_headers={"x-roundtrip-persona": "refusing"}
+        model=MODEL,
+        max_tokens=50,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_headers={"x-roundtrip-persona": "refusing"},
     )
     assert message.stop_reason == "refusal" and message.content == []
     message = await client.messages.create(
@@ -247,7 +270,13 @@ async def test_same_request_gives_the_same_body(http):
 
 async def test_prompt_cache_creation_then_read(client):
     # over the minimum cacheable length of the model (1024 tokens for Sonnet): a prefix shorter is not cached
-    system = [{"type": "text", "text": f"{SYSTEM} Run {uuid.uuid4()}. " + "Our policies apply. " * 250, "cache_control": {"type": "ephemeral"}}]
+    system = [
+        {
+            "type": "text",
+            "text": f"{SYSTEM} Run {uuid.uuid4()}. " + "Our policies apply. " * 250,
+            "cache_control": {"type": "ephemeral"},
+        }
+    ]
     tools = [*TOOLS[:-1], {**TOOLS[-1], "cache_control": {"type": "ephemeral"}}]
     usages = []
     for text in ("cancel my order", "where is my order"):
@@ -256,9 +285,14 @@ async def test_prompt_cache_creation_then_read(client):
         )
         usages.append(message.usage)
     assert usages[0].cache_creation_input_tokens > 0 and usages[0].cache_read_input_tokens == 0
-    assert usages[1].cache_read_input_tokens == usages[0].cache_creation_input_tokens and usages[1].cache_creation_input_tokens == 0
+    assert (
+        usages[1].cache_read_input_tokens == usages[0].cache_creation_input_tokens
+        and usages[1].cache_creation_input_tokens == 0
+    )
     assert 0 < usages[1].input_tokens < usages[1].cache_read_input_tokens
-    total = estimate_tokens(prompt_of({"tools": tools, "system": system, "messages": [{"role": "user", "content": "cancel my order"}]}))
+    total = estimate_tokens(
+        prompt_of({"tools": tools, "system": system, "messages": [{"role": "user", "content": "cancel my order"}]})
+    )
     assert usages[0].input_tokens + usages[0].cache_creation_input_tokens == total
     assert usages[0].output_tokens > 0
 
@@ -284,7 +318,9 @@ async def test_max_tokens_truncates(client):
 
 
 async def test_unanswered_tool_use_is_a_400(client):
-    first = await client.messages.create(model=MODEL, max_tokens=200, tools=TOOLS, messages=[{"role": "user", "content": "cancel"}])
+    first = await client.messages.create(
+        model=MODEL, max_tokens=200, tools=TOOLS, messages=[{"role": "user", "content": "cancel"}]
+    )
     tool_id = first.content[0].id
     history = [
         {"role": "user", "content": "cancel"},
@@ -298,7 +334,9 @@ async def test_unanswered_tool_use_is_a_400(client):
     assert "without `tool_result` blocks" in caught.value.message and tool_id in caught.value.message
     wrong = {"type": "tool_result", "tool_use_id": "toolu_nope", "content": "{}"}
     with pytest.raises(anthropic.BadRequestError, match="unexpected `tool_use_id`"):
-        await client.messages.create(model=MODEL, max_tokens=200, tools=TOOLS, messages=[*history, {"role": "user", "content": [wrong]}])
+        await client.messages.create(
+            model=MODEL, max_tokens=200, tools=TOOLS, messages=[*history, {"role": "user", "content": [wrong]}]
+        )
     with pytest.raises(anthropic.BadRequestError, match="roles must alternate"):
         await client.messages.create(
             model=MODEL, max_tokens=200, messages=[{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
@@ -309,11 +347,17 @@ async def test_unanswered_tool_use_is_a_400(client):
     ("body", "fragment"),
     [
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}]}, "max_tokens: Field required"),
-        ({"model": MODEL, "max_tokens": "9", "messages": [{"role": "user", "content": "x"}]}, "max_tokens: Input should be a valid integer"),
+        (
+            {"model": MODEL, "max_tokens": "9", "messages": [{"role": "user", "content": "x"}]},
+            "max_tokens: Input should be a valid integer",
+        ),
         ({"model": MODEL, "max_tokens": 9, "messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
         ({"model": MODEL, "max_tokens": 9, "messages": [{"role": "assistant", "content": "x"}]}, "first message"),
         ({"model": MODEL, "max_tokens": 9, "messages": [], "tools": TOOLS}, "at least 1 item"),
-        ({"model": MODEL, "max_tokens": 9, "messages": [{"role": "user", "content": "x"}], "temprature": 1}, "temprature: Extra inputs"),
+        (
+            {"model": MODEL, "max_tokens": 9, "messages": [{"role": "user", "content": "x"}], "temprature": 1},
+            "temprature: Extra inputs",
+        ),
         ({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}, "model: Field required"),
     ],
 )
@@ -330,7 +374,10 @@ async def test_unknown_model_persona_route_and_missing_key(http, client):
         await client.messages.create(model="gpt-4", max_tokens=9, messages=[{"role": "user", "content": "x"}])
     with pytest.raises(anthropic.BadRequestError, match="unknown simulator persona"):
         await client.messages.create(
-            model=MODEL, max_tokens=9, messages=[{"role": "user", "content": "x"}], extra_headers={"x-roundtrip-persona": "nope"}
+            model=MODEL,
+            max_tokens=9,
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={"x-roundtrip-persona": "nope"},
         )
     missing = await http.post("/v1/messages", json={}, headers={"x-api-key": ""})
     nowhere = await http.get("/v1/nowhere")
@@ -370,7 +417,10 @@ async def test_forced_529_is_retried_by_the_sdk(base_url):
 async def test_forced_faults_raise_the_sdk_classes(client, fault, error):
     with pytest.raises(error) as caught:
         await client.messages.create(
-            model=MODEL, max_tokens=9, messages=[{"role": "user", "content": "x"}], extra_headers={"x-roundtrip-fault": fault}
+            model=MODEL,
+            max_tokens=9,
+            messages=[{"role": "user", "content": "x"}],
+            extra_headers={"x-roundtrip-fault": fault},
         )
     assert caught.value.body["type"] == "error"
 
@@ -389,7 +439,10 @@ async def test_timeout_fault(base_url):
 async def test_latency_header(client):
     started = time.monotonic()
     await client.messages.create(
-        model=MODEL, max_tokens=9, messages=[{"role": "user", "content": "x"}], extra_headers={"x-roundtrip-latency-ms": "150"}
+        model=MODEL,
+        max_tokens=9,
+        messages=[{"role": "user", "content": "x"}],
+        extra_headers={"x-roundtrip-latency-ms": "150"},
     )
     assert time.monotonic() - started >= 0.15
 

@@ -15,7 +15,14 @@ from roundtrip._simulator.validation import validate_count_tokens, validate_crea
 
 TOOLS = [
     {"name": n, "input_schema": {"type": "object"}}
-    for n in ("list_orders", "lookup_order", "cancel_order", "get_shipping_status", "search_help_center", "escalate_to_human")
+    for n in (
+        "list_orders",
+        "lookup_order",
+        "cancel_order",
+        "get_shipping_status",
+        "search_help_center",
+        "escalate_to_human",
+    )
 ]
 
 
@@ -29,9 +36,17 @@ def user(content) -> dict:
 
 def step(calls: list[tuple[str, dict]], results: list[tuple[object, bool]], n: int = 0) -> list[dict]:
     """An assistant tool_use message and the user message answering it."""
-    uses = [{"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": args} for i, (name, args) in enumerate(calls)]
+    uses = [
+        {"type": "tool_use", "id": f"toolu_{n}_{i}", "name": name, "input": args}
+        for i, (name, args) in enumerate(calls)
+    ]
     answers = [
-        {"type": "tool_result", "tool_use_id": use["id"], "content": r if isinstance(r, str) else json.dumps(r), "is_error": err}
+        {
+            "type": "tool_result",
+            "tool_use_id": use["id"],
+            "content": r if isinstance(r, str) else json.dumps(r),
+            "is_error": err,
+        }
         for use, (r, err) in zip(uses, results)
     ]
     return [{"role": "assistant", "content": uses}, user(answers)]
@@ -75,7 +90,9 @@ def test_careful_apologises_on_a_tool_error():
 
 def test_sloppy_moves_on_when_a_draft_succeeds():
     orders = {"orders": [{"order_id": "ord_000000aa", "status": "pending", "placed_at": "2025-01-01"}]}
-    reply = decide("sloppy", body(user("cancel please"), *step([("list_orders", {"limit": "five"})], [(orders, False)])))
+    reply = decide(
+        "sloppy", body(user("cancel please"), *step([("list_orders", {"limit": "five"})], [(orders, False)]))
+    )
     assert reply.content == [
         {"type": "tool_use", "name": "cancel_order", "input": {"order_id": "ord_000000aa", "reason": "changed_my_mind"}}
     ]
@@ -107,7 +124,9 @@ def test_tool_result_content_as_text_blocks_and_a_later_turn():
     orders = {"orders": [{"order_id": "ord_000000bb", "status": "processing", "placed_at": "2025-01-01"}]}
     first_turn = [user("hello"), {"role": "assistant", "content": "Hi! How can I help?"}]
     uses = [{"type": "tool_use", "id": "toolu_x", "name": "list_orders", "input": {}}]
-    answer = [{"type": "tool_result", "tool_use_id": "toolu_x", "content": [{"type": "text", "text": json.dumps(orders)}]}]
+    answer = [
+        {"type": "tool_result", "tool_use_id": "toolu_x", "content": [{"type": "text", "text": json.dumps(orders)}]}
+    ]
     request = body(*first_turn, user("cancel my order"), {"role": "assistant", "content": uses}, user(answer))
     reply = decide("careful", request)
     assert reply.content[0]["input"] == {"order_id": "ord_000000bb", "reason": "customer_request"}
@@ -124,12 +143,23 @@ def test_tool_result_content_as_text_blocks_and_a_later_turn():
             [
                 user("x"),
                 step([("list_orders", {})], [("{}", False)])[0],
-                user([{"type": "text", "text": "first"}, step([("list_orders", {})], [("{}", False)])[1]["content"][0]]),
+                user(
+                    [{"type": "text", "text": "first"}, step([("list_orders", {})], [("{}", False)])[1]["content"][0]]
+                ),
             ],
             "must come first",
         ),
-        ([user("x"), *step([("list_orders", {})], [("{}", False)]), *step([("list_orders", {})], [("{}", False)])], "must be unique"),
-        ([user("x"), {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "a", "input": "no"}]}], "input"),
+        (
+            [user("x"), *step([("list_orders", {})], [("{}", False)]), *step([("list_orders", {})], [("{}", False)])],
+            "must be unique",
+        ),
+        (
+            [
+                user("x"),
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "a", "input": "no"}]},
+            ],
+            "input",
+        ),
         ([user([{"type": "tool_use", "id": "t", "name": "a", "input": {}}])], "not allowed in user messages"),
         ([user("")], "non-empty content"),
         ([user([{"type": "text", "text": ""}])], "text content blocks must be non-empty"),
@@ -170,7 +200,9 @@ def test_one_hour_cache_and_expiry():
 
 def test_engine_cuts_at_stop_sequences_and_honours_tool_choice():
     cache = PromptCache()
-    message = respond(body(user("show my orders"), stop_sequences=["access", "zzz"], tool_choice={"type": "none"}), "careful", cache)
+    message = respond(
+        body(user("show my orders"), stop_sequences=["access", "zzz"], tool_choice={"type": "none"}), "careful", cache
+    )
     assert message["stop_reason"] == "stop_sequence" and message["stop_sequence"] == "access"
     assert message["content"] == [{"type": "text", "text": "I'm sorry, I don't have "}]
     single = respond(

@@ -24,7 +24,12 @@ class Clock:
 
 
 def body(text: str = "hello", max_tokens: int = 100, **extra) -> dict:
-    return {"model": "claude-sonnet-4-6", "max_tokens": max_tokens, "messages": [{"role": "user", "content": text}], **extra}
+    return {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": text}],
+        **extra,
+    }
 
 
 def limits(clock: Clock, **kw) -> RateLimits:
@@ -68,7 +73,9 @@ def test_headers_name_limit_remaining_and_reset_of_each_limit_set():
     headers = rl.headers()
     assert headers["anthropic-ratelimit-requests-limit"] == "600"
     assert headers["anthropic-ratelimit-requests-remaining"] == "594"
-    assert headers["anthropic-ratelimit-requests-reset"] == "2027-01-15T08:00:01Z"  # 6 requests at 10/s: 0.6 s, rounded up
+    assert (
+        headers["anthropic-ratelimit-requests-reset"] == "2027-01-15T08:00:01Z"
+    )  # 6 requests at 10/s: 0.6 s, rounded up
     assert headers["anthropic-ratelimit-input-tokens-limit"] == "10000"
     spent = 6 * estimate_tokens(prompt_of(body()))
     assert headers["anthropic-ratelimit-input-tokens-remaining"] == str(10_000 - spent)

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from roundtrip._fleet.launcher import Fleet
-from roundtrip._kernel.settings import Settings
 from roundtrip._fleet.supervisor import RestartPolicy, describe_exit
+from roundtrip._kernel.settings import Settings
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 CRASHER = [sys.executable, "-c", "import sys; sys.exit(3)"]

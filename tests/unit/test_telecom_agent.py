@@ -58,7 +58,10 @@ async def test_a_line_is_seen_by_its_holder_and_members_and_changed_by_its_holde
     denied = await check("change_plan", {"line_id": "ln_5550101", "plan": "basic"}, "cus_2002", deps)
     assert "only the account holder can change it" in denied
     listed = await AGENT.registry.handler("list_lines")({}, ctx("cus_2002", deps))
-    assert [(line["line_id"], line["your_role"]) for line in listed["lines"]] == [("ln_5550101", "member"), ("ln_5550202", "holder")]
+    assert [(line["line_id"], line["your_role"]) for line in listed["lines"]] == [
+        ("ln_5550101", "member"),
+        ("ln_5550202", "holder"),
+    ]
 
 
 async def test_a_port_out_happens_once_per_key_and_never_for_a_member(deps, tmp_path):
@@ -79,15 +82,25 @@ async def test_the_harness_runs_a_scripted_three_step_turn_of_the_carrier_agent(
 
     from roundtrip.testing import ScriptedModel, arun_turn, call
 
-    model = ScriptedModel([call("list_lines"), call("change_plan", line_id="ln_5550101", plan="basic"),
-                           "Your line ln_5550101 is on the basic plan now."])
+    model = ScriptedModel(
+        [
+            call("list_lines"),
+            call("change_plan", line_id="ln_5550101", plan="basic"),
+            "Your line ln_5550101 is on the basic plan now.",
+        ]
+    )
     started = time.perf_counter()
     result = await arun_turn(AGENT, "cus_2001", "Move my line to the basic plan", model, deps=deps)
     seconds = time.perf_counter() - started
     assert (result.outcome, result.steps) == ("end_turn", 3), result.detail
     listed, changed = result.calls
     assert listed.ok and changed.ok, (listed.content, changed.content)
-    member = await arun_turn(AGENT, "cus_2002", "Move the shared line to basic",  # Bob shares it, does not hold it
-                             ScriptedModel([call("change_plan", line_id="ln_5550101", plan="unlimited"), "I could not."]), deps=deps)
+    member = await arun_turn(
+        AGENT,
+        "cus_2002",
+        "Move the shared line to basic",  # Bob shares it, does not hold it
+        ScriptedModel([call("change_plan", line_id="ln_5550101", plan="unlimited"), "I could not."]),
+        deps=deps,
+    )
     assert member.calls[0].is_error and "only the account holder" in member.calls[0].content
     print(f"\nthree-step turn of the carrier agent in-process: {seconds * 1000:.1f} ms")

@@ -13,16 +13,33 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from roundtrip._cli import console
 from roundtrip._kernel.observability import telemetry
-from roundtrip._kernel.wire.events import CallModel, ModelResponded, Turn, TurnFlagged, Usage
-from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.observability.telemetry import (
-    STEP_HEADER, TURN_ID_HEADER, TURN_SPAN_HEADER, JsonLinesSpanExporter, consuming,
-    make_provider, new_turn_ids, publishing, record_turn_span, span_files, traceparent,
+    STEP_HEADER,
+    TURN_ID_HEADER,
+    TURN_SPAN_HEADER,
+    JsonLinesSpanExporter,
+    consuming,
+    make_provider,
+    new_turn_ids,
+    publishing,
+    record_turn_span,
+    span_files,
+    traceparent,
 )
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire.events import CallModel, ModelResponded, Turn, TurnFlagged, Usage
 
 TRACE_ID, SPAN_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_7", customer_id="cus_1001", persona="careful",
-            trace_id=TRACE_ID, span_id=SPAN_ID, started_at=1_700_000_000.25)
+TURN = Turn(
+    turn_id="turn_1",
+    request_id="req_1",
+    conversation_id="conv_7",
+    customer_id="cus_1001",
+    persona="careful",
+    trace_id=TRACE_ID,
+    span_id=SPAN_ID,
+    started_at=1_700_000_000.25,
+)
 
 
 @pytest.fixture
@@ -42,8 +59,18 @@ def hex_ids(span) -> tuple[str, str]:
 def test_the_turn_span_is_recorded_at_the_reply_with_the_ids_and_start_fixed_at_the_request(traced):
     tracer, exporter = traced
     usage = Usage(input_tokens=100, output_tokens=20, cache_creation_input_tokens=1000, cache_read_input_tokens=2000)
-    record_turn_span(TURN, outcome="end_turn", steps=3, usage=usage, cost_usd=0.0123, model="claude-x",
-                     agent_name="support-agent", agent_digest="0123456789abcdef", end_time=1_700_000_002.75, using=tracer)
+    record_turn_span(
+        TURN,
+        outcome="end_turn",
+        steps=3,
+        usage=usage,
+        cost_usd=0.0123,
+        model="claude-x",
+        agent_name="support-agent",
+        agent_digest="0123456789abcdef",
+        end_time=1_700_000_002.75,
+        using=tracer,
+    )
     (span,) = exporter.get_finished_spans()
     assert span.name == "invoke_agent support-agent"
     assert hex_ids(span) == (TRACE_ID, SPAN_ID) and span.parent is None  # the root of the turn's trace
@@ -52,7 +79,11 @@ def test_the_turn_span_is_recorded_at_the_reply_with_the_ids_and_start_fixed_at_
     assert a["gen_ai.operation.name"] == "invoke_agent" and a["gen_ai.agent.name"] == "support-agent"
     assert a["roundtrip.agent.digest"] == "0123456789abcdef"  # which version of the agent ran the turn
     assert a["gen_ai.provider.name"] == "anthropic" and a["gen_ai.request.model"] == "claude-x"
-    assert a["gen_ai.conversation.id"] == "conv_7" and a["roundtrip.turn_id"] == "turn_1" and a["roundtrip.customer_id"] == "cus_1001"
+    assert (
+        a["gen_ai.conversation.id"] == "conv_7"
+        and a["roundtrip.turn_id"] == "turn_1"
+        and a["roundtrip.customer_id"] == "cus_1001"
+    )
     assert a["roundtrip.outcome"] == "end_turn" and a["roundtrip.steps"] == 3 and a["roundtrip.cost_usd"] == 0.0123
     assert a["gen_ai.usage.input_tokens"] == 3100 and a["gen_ai.usage.output_tokens"] == 20  # cached input included
     assert a["gen_ai.usage.cache_read.input_tokens"] == 2000 and a["gen_ai.usage.cache_creation.input_tokens"] == 1000
@@ -65,11 +96,15 @@ def test_the_turn_span_is_recorded_at_the_reply_with_the_ids_and_start_fixed_at_
     assert hex_ids(after) != (TRACE_ID, SPAN_ID) and hex_ids(after)[0] != TRACE_ID
 
 
-@pytest.mark.parametrize("outcome,error", [("repeated_call", True), ("deadline", True), ("model_error", True),
-                                           ("cancelled", False), ("refusal", False)])
+@pytest.mark.parametrize(
+    "outcome,error",
+    [("repeated_call", True), ("deadline", True), ("model_error", True), ("cancelled", False), ("refusal", False)],
+)
 def test_a_turn_the_guard_stopped_is_an_error_for_jaegers_error_filter(traced, outcome, error):
     tracer, exporter = traced
-    record_turn_span(TURN, outcome=outcome, steps=2, usage=Usage(), cost_usd=0.0, agent_name="support-agent", using=tracer)
+    record_turn_span(
+        TURN, outcome=outcome, steps=2, usage=Usage(), cost_usd=0.0, agent_name="support-agent", using=tracer
+    )
     (span,) = exporter.get_finished_spans()
     assert (span.status.status_code is StatusCode.ERROR) is error
     if error:
@@ -80,8 +115,11 @@ def test_a_turn_the_guard_stopped_is_an_error_for_jaegers_error_filter(traced, o
 def test_publishing_a_message_of_a_turn_puts_the_turn_span_and_the_publish_span_in_its_headers(traced):
     tracer, exporter = traced
     sent = []
-    for message in (CallModel(turn=TURN, step=1, messages=[]), ModelResponded(turn=TURN, step=2, messages=[]),
-                    TurnFlagged(turn=TURN.model_copy(update={"span_id": ""}), step=1, idle_s=1, detail="")):
+    for message in (
+        CallModel(turn=TURN, step=1, messages=[]),
+        ModelResponded(turn=TURN, step=2, messages=[]),
+        TurnFlagged(turn=TURN.model_copy(update={"span_id": ""}), step=1, idle_s=1, detail=""),
+    ):
         with publishing("t.turn.x", message, "conv_7", using=tracer) as headers:
             sent.append(dict((k, v.decode()) for k, v in headers))
     publishes = exporter.get_finished_spans()
@@ -89,7 +127,11 @@ def test_publishing_a_message_of_a_turn_puts_the_turn_span_and_the_publish_span_
     assert publishes[0].attributes["messaging.destination.name"] == "t.turn.x"
     assert publishes[0].attributes["messaging.message.conversation_id"] == "conv_7"
     first = sent[0]
-    assert (first[TURN_ID_HEADER], first[TURN_SPAN_HEADER], first[STEP_HEADER]) == ("turn_1", f"00-{TRACE_ID}-{SPAN_ID}-01", "2")  # the next call
+    assert (first[TURN_ID_HEADER], first[TURN_SPAN_HEADER], first[STEP_HEADER]) == (
+        "turn_1",
+        f"00-{TRACE_ID}-{SPAN_ID}-01",
+        "2",
+    )  # the next call
     assert first["traceparent"] == traceparent(*hex_ids(publishes[0]))  # the next hop links to this publish
     assert first["correlation_id"] == "conv_7" and first["content-type"] == "application/json"
     assert sent[1][STEP_HEADER] == "2"
@@ -97,8 +139,15 @@ def test_publishing_a_message_of_a_turn_puts_the_turn_span_and_the_publish_span_
 
 
 def record(topic="t.turn.iterations", key=b"conv_7", offset=42, headers=None):
-    return SimpleNamespace(topic=topic, partition=1, offset=offset, timestamp=1_700_000_000_123, key=key, value=b"{}",
-                           headers=[(k, v.encode()) for k, v in (headers or {}).items()])
+    return SimpleNamespace(
+        topic=topic,
+        partition=1,
+        offset=offset,
+        timestamp=1_700_000_000_123,
+        key=key,
+        value=b"{}",
+        headers=[(k, v.encode()) for k, v in (headers or {}).items()],
+    )
 
 
 def consume(rec, tracer, roots=frozenset()):
@@ -115,8 +164,18 @@ def consume(rec, tracer, roots=frozenset()):
 def test_a_hop_of_a_turn_is_parented_to_the_turn_span_and_linked_to_the_hop_before(traced):
     tracer, exporter = traced
     cause = "00-4bf92f3577b34da6a3ce929d0e0e4736-1111111111111111-01"  # the previous hop's publish
-    consume(record(headers={"traceparent": cause, TURN_ID_HEADER: "turn_1", TURN_SPAN_HEADER: traceparent(TRACE_ID, SPAN_ID),
-                            STEP_HEADER: "2", "correlation_id": "conv_7"}), tracer)
+    consume(
+        record(
+            headers={
+                "traceparent": cause,
+                TURN_ID_HEADER: "turn_1",
+                TURN_SPAN_HEADER: traceparent(TRACE_ID, SPAN_ID),
+                STEP_HEADER: "2",
+                "correlation_id": "conv_7",
+            }
+        ),
+        tracer,
+    )
     spans = {s.name: s for s in exporter.get_finished_spans()}
     process, decide, create = spans["t.turn.iterations process"], spans["guard.decide"], spans["x create"]
     assert process.kind is SpanKind.CONSUMER and process.attributes["messaging.operation"] == "process"
@@ -127,7 +186,9 @@ def test_a_hop_of_a_turn_is_parented_to_the_turn_span_and_linked_to_the_hop_befo
     assert [format(link.context.span_id, "016x") for link in process.links] == ["1111111111111111"]
     assert decide.links == () and create.links == ()  # only the hop's consumer span is linked
     for span in (process, decide, create):
-        assert span.attributes["roundtrip.turn_id"] == "turn_1" and span.attributes["gen_ai.conversation.id"] == "conv_7"
+        assert (
+            span.attributes["roundtrip.turn_id"] == "turn_1" and span.attributes["gen_ai.conversation.id"] == "conv_7"
+        )
         assert span.attributes["roundtrip.step"] == 2
         assert hex_ids(span)[0] == TRACE_ID
     assert process.attributes["messaging.message.conversation_id"] == "conv_7"  # whatever correlation id the sender set
@@ -167,7 +228,10 @@ def test_the_span_file_is_rotated_and_bounded_across_writers(tmp_path, traced):
             pass
     spans = exporter.get_finished_spans()
     path = tmp_path / "spans.jsonl"
-    one, two = JsonLinesSpanExporter(path, max_bytes=2000, backups=2), JsonLinesSpanExporter(path, max_bytes=2000, backups=2)
+    one, two = (
+        JsonLinesSpanExporter(path, max_bytes=2000, backups=2),
+        JsonLinesSpanExporter(path, max_bytes=2000, backups=2),
+    )
     for i in range(12):
         (one if i % 2 else two).export(spans)  # two processes appending to one file
     one.shutdown()
@@ -185,23 +249,50 @@ def test_roundtrip_trace_reads_the_rotated_span_files_too(tmp_path, capsys):
     path = tmp_path / "spans.jsonl"
 
     def line(span_id, parent, name, start):
-        return json.dumps({"trace_id": TRACE_ID, "span_id": span_id, "parent_id": parent, "name": name, "service": "roundtrip-guard",
-                           "kind": "INTERNAL", "start_ns": start, "end_ns": start + 1_000_000, "status": "UNSET",
-                           "attributes": {"roundtrip.turn_id": "turn_9"}, "events": []}) + "\n"
+        return (
+            json.dumps(
+                {
+                    "trace_id": TRACE_ID,
+                    "span_id": span_id,
+                    "parent_id": parent,
+                    "name": name,
+                    "service": "roundtrip-guard",
+                    "kind": "INTERNAL",
+                    "start_ns": start,
+                    "end_ns": start + 1_000_000,
+                    "status": "UNSET",
+                    "attributes": {"roundtrip.turn_id": "turn_9"},
+                    "events": [],
+                }
+            )
+            + "\n"
+        )
 
     (tmp_path / "spans.jsonl.1").write_text(line(SPAN_ID, None, "invoke_agent support-agent", 0))
     path.write_text(line("1" * 16, SPAN_ID, "guard.decide", 1_000))
     settings = Settings(_env_file=None, span_file=path, otlp_endpoint=None, jaeger_query_url=None)
     assert console.show_trace(settings, "turn_9") == 0
     out = capsys.readouterr().out
-    assert "invoke_agent support-agent" in out and "  guard.decide" in out  # the child under its root from the older file
+    assert (
+        "invoke_agent support-agent" in out and "  guard.decide" in out
+    )  # the child under its root from the older file
 
 
 def test_a_jaeger_span_reads_like_a_span_file_record():
-    span = {"traceID": TRACE_ID, "spanID": "1" * 16, "operationName": "guard.deadline", "processID": "p1", "startTime": 1_000,
-            "duration": 500, "references": [{"refType": "CHILD_OF", "spanID": SPAN_ID}, {"refType": "FOLLOWS_FROM", "spanID": "2" * 16}],
-            "tags": [{"key": "error", "type": "bool", "value": True}, {"key": "otel.status_description", "value": "deadline: x"},
-                     {"key": "roundtrip.turn_id", "value": "turn_1"}]}
+    span = {
+        "traceID": TRACE_ID,
+        "spanID": "1" * 16,
+        "operationName": "guard.deadline",
+        "processID": "p1",
+        "startTime": 1_000,
+        "duration": 500,
+        "references": [{"refType": "CHILD_OF", "spanID": SPAN_ID}, {"refType": "FOLLOWS_FROM", "spanID": "2" * 16}],
+        "tags": [
+            {"key": "error", "type": "bool", "value": True},
+            {"key": "otel.status_description", "value": "deadline: x"},
+            {"key": "roundtrip.turn_id", "value": "turn_1"},
+        ],
+    }
     got = console.jaeger_span(span, {"p1": {"serviceName": "roundtrip-guard"}})
     assert got["parent_id"] == SPAN_ID and got["links"] == ["2" * 16] and got["service"] == "roundtrip-guard"
     assert got["status"] == "ERROR" and got["status_message"] == "deadline: x"
@@ -222,7 +313,9 @@ def test_roundtrip_ask_says_its_turn_is_stuck_and_where_it_waits(capsys):
     seen: dict = {}
     batch = {"turn": TURN.model_dump(), "step": 1, "messages": [], "calls": []}
     console._render("turn.tool_batches", batch, "req_1", seen)
-    flagged = TurnFlagged(turn=TURN, step=1, idle_s=4.2, detail="no progress for 4.2 s after step 1; ending in 3 s unless it moves")
+    flagged = TurnFlagged(
+        turn=TURN, step=1, idle_s=4.2, detail="no progress for 4.2 s after step 1; ending in 3 s unless it moves"
+    )
     console._render("turn.events", flagged.model_dump(mode="json"), "req_1", seen)
     out = capsys.readouterr().out
     assert "turn turn_1 is stuck" in out and "no progress for 4.2 s" in out
@@ -234,7 +327,9 @@ def test_roundtrip_ask_says_its_turn_is_stuck_and_where_it_waits(capsys):
 def test_a_span_started_by_the_sweeper_sits_under_the_turn_span_linked_to_the_last_hop(traced, monkeypatch):
     tracer, exporter = traced
     monkeypatch.setattr(telemetry, "tracer", lambda name="roundtrip": tracer)
-    with telemetry.span_in_turn("guard.turn_stuck", TURN, "00-4bf92f3577b34da6a3ce929d0e0e4736-3333333333333333-01", step=2):
+    with telemetry.span_in_turn(
+        "guard.turn_stuck", TURN, "00-4bf92f3577b34da6a3ce929d0e0e4736-3333333333333333-01", step=2
+    ):
         with tracer.start_as_current_span("t create", kind=SpanKind.PRODUCER):
             pass
     spans = {s.name: s for s in exporter.get_finished_spans()}

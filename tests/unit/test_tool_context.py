@@ -8,13 +8,15 @@ from roundtrip._executor.runner import Runner
 from roundtrip._gate.handlers import Gate
 from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckedCall, CheckToolCalls, ToolCall, Turn
-from roundtrip._shop.agent import AGENT as SHOP
 from roundtrip._sdk.context import ToolContext
+from roundtrip._shop.agent import AGENT as SHOP
 from tests.agents import shop_deps, shop_registry
 
 
 def _turn(metadata):
-    return Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", metadata=metadata)
+    return Turn(
+        turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", metadata=metadata
+    )
 
 
 async def _seen_by_the_handler(turn: Turn) -> dict:
@@ -26,7 +28,9 @@ async def _seen_by_the_handler(turn: Turn) -> dict:
 
     registry = shop_registry(handlers={**SHOP.handlers, "search_help_center": handler})
     runner = Runner(registry, deps=shop_deps(None), timeout_s=5, parallel=True)
-    (result,) = await runner.run([CheckedCall(id="toolu_1", name="search_help_center", input={"query": "x"}, approved=True)], turn)
+    (result,) = await runner.run(
+        [CheckedCall(id="toolu_1", name="search_help_center", input={"query": "x"}, approved=True)], turn
+    )
     assert json.loads(result["content"]) == {"ok": True}
     return seen
 

@@ -18,17 +18,23 @@ from roundtrip._sdk.registry import TOOL_DOCUMENT, collect_specs, document_probl
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "schemas" / "tools").glob("*.json")) + sorted(
-    (ROOT / "examples" / "telecom-agent" / "telecom_agent" / "schemas").glob("*.json"))
+    (ROOT / "examples" / "telecom-agent" / "telecom_agent" / "schemas").glob("*.json")
+)
 GOOD = {
     "name": "wrap_order",
     "description": "Gift-wrap one of the customer's orders, with a card.",
     "input_schema": {
-        "type": "object", "additionalProperties": False, "required": ["order_id"],
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["order_id"],
         "properties": {
             "order_id": {"type": "string", "pattern": "^ord_[0-9a-f]{8}$", "x-entity": "order"},
             "ribbon": {"type": "object", "additionalProperties": False, "properties": {"color": {"type": "string"}}},
-            "cards": {"type": "array", "maxItems": 3,
-                      "items": {"type": "object", "additionalProperties": False, "properties": {"text": {"type": "string"}}}},
+            "cards": {
+                "type": "array",
+                "maxItems": 3,
+                "items": {"type": "object", "additionalProperties": False, "properties": {"text": {"type": "string"}}},
+            },
         },
     },
 }
@@ -53,7 +59,13 @@ def test_every_tool_document_shipped_passes_the_schema(path):
 
 def test_the_shipped_documents_are_the_six_of_the_demo_agent_and_the_four_of_the_telecom_agent():
     assert len(SHIPPED) == 10 and {p.stem for p in SHIPPED[:6]} == {
-        "list_orders", "lookup_order", "cancel_order", "get_shipping_status", "search_help_center", "escalate_to_human"}
+        "list_orders",
+        "lookup_order",
+        "cancel_order",
+        "get_shipping_status",
+        "search_help_center",
+        "escalate_to_human",
+    }
 
 
 def test_a_document_that_keeps_every_rule_passes():
@@ -83,25 +95,73 @@ RULES = [  # (what is changed, the JSON path named, the rule said)
     ("description", DELETE, "$", "a tool document has exactly the keys"),
     ("name", "wrap order", "$.name", "tool name 'wrap order' must match ^[a-zA-Z0-9_-]{1,64}$"),
     ("name", "w" * 65, "$.name", "must match ^[a-zA-Z0-9_-]{1,64}$"),
-    ("description", "Wraps it.", "$.description", "tool wrap_order needs a real description (a sentence of 20 characters or more)"),
+    (
+        "description",
+        "Wraps it.",
+        "$.description",
+        "tool wrap_order needs a real description (a sentence of 20 characters or more)",
+    ),
     ("description", "   Wraps it.                 ", "$.description", "needs a real description"),
-    ("input_schema.type", "array", "$.input_schema.type", "input_schema of wrap_order must be a JSON Schema with type 'object'"),
-    ("input_schema.required", DELETE, "$.input_schema", "input_schema of wrap_order must list 'required' (possibly empty)"),
-    ("input_schema.additionalProperties", DELETE, "$.input_schema", "wrap_order # must set additionalProperties: false"),
-    ("input_schema.additionalProperties", True, "$.input_schema.additionalProperties",
-     "wrap_order # must set additionalProperties: false, not true"),
-    ("input_schema.properties.ribbon.additionalProperties", DELETE, "$.input_schema.properties.ribbon",
-     "wrap_order #/properties/ribbon must set additionalProperties: false"),
-    ("input_schema.properties.cards.items.additionalProperties", {"type": "string"},
-     "$.input_schema.properties.cards.items.additionalProperties", "wrap_order #/properties/cards/items must set additionalProperties: false"),
-    ("input_schema.properties.order_id.x-entity", "", "$.input_schema.properties.order_id['x-entity']",
-     "x-entity of wrap_order must be a non-empty string"),
-    ("input_schema.properties.order_id.x-entity", 7, "$.input_schema.properties.order_id['x-entity']",
-     "x-entity of wrap_order must be a non-empty string"),
-    ("input_schema.properties.cards.maxItems", -1, "$.input_schema.properties.cards.maxItems",
-     "input_schema of wrap_order is not valid JSON Schema 2020-12: -1 is less than the minimum of 0"),
-    ("input_schema.properties.order_id.pattern", "ord_[", "$.input_schema.properties.order_id.pattern",
-     "input_schema of wrap_order is not valid JSON Schema 2020-12: 'ord_[' is not a 'regex'"),
+    (
+        "input_schema.type",
+        "array",
+        "$.input_schema.type",
+        "input_schema of wrap_order must be a JSON Schema with type 'object'",
+    ),
+    (
+        "input_schema.required",
+        DELETE,
+        "$.input_schema",
+        "input_schema of wrap_order must list 'required' (possibly empty)",
+    ),
+    (
+        "input_schema.additionalProperties",
+        DELETE,
+        "$.input_schema",
+        "wrap_order # must set additionalProperties: false",
+    ),
+    (
+        "input_schema.additionalProperties",
+        True,
+        "$.input_schema.additionalProperties",
+        "wrap_order # must set additionalProperties: false, not true",
+    ),
+    (
+        "input_schema.properties.ribbon.additionalProperties",
+        DELETE,
+        "$.input_schema.properties.ribbon",
+        "wrap_order #/properties/ribbon must set additionalProperties: false",
+    ),
+    (
+        "input_schema.properties.cards.items.additionalProperties",
+        {"type": "string"},
+        "$.input_schema.properties.cards.items.additionalProperties",
+        "wrap_order #/properties/cards/items must set additionalProperties: false",
+    ),
+    (
+        "input_schema.properties.order_id.x-entity",
+        "",
+        "$.input_schema.properties.order_id['x-entity']",
+        "x-entity of wrap_order must be a non-empty string",
+    ),
+    (
+        "input_schema.properties.order_id.x-entity",
+        7,
+        "$.input_schema.properties.order_id['x-entity']",
+        "x-entity of wrap_order must be a non-empty string",
+    ),
+    (
+        "input_schema.properties.cards.maxItems",
+        -1,
+        "$.input_schema.properties.cards.maxItems",
+        "input_schema of wrap_order is not valid JSON Schema 2020-12: -1 is less than the minimum of 0",
+    ),
+    (
+        "input_schema.properties.order_id.pattern",
+        "ord_[",
+        "$.input_schema.properties.order_id.pattern",
+        "input_schema of wrap_order is not valid JSON Schema 2020-12: 'ord_[' is not a 'regex'",
+    ),
 ]
 
 
@@ -119,12 +179,15 @@ def test_agent_check_reports_each_violation_of_the_folder_as_one_line_naming_fil
     folder.mkdir()
     loose = _broken(lambda doc: _set(doc, "input_schema.properties.ribbon.additionalProperties", DELETE))
     (folder / "wrap_order.json").write_text(json.dumps(loose))
-    (folder / "lookup.json").write_text(json.dumps(_broken(lambda doc: doc.update(name="lookup", description="Looks."))))
+    (folder / "lookup.json").write_text(
+        json.dumps(_broken(lambda doc: doc.update(name="lookup", description="Looks.")))
+    )
     (tmp_path / "desk_tooldoc.py").write_text(
         "from roundtrip import Agent\n"
         "async def handler(args, ctx):\n    return {}\n"
         f"AGENT = Agent(name='desk', system_prompt='You help.', tools_dir={str(folder)!r},\n"
-        "              handlers={'wrap_order': handler, 'lookup': handler}, entities={'order': handler})\n")
+        "              handlers={'wrap_order': handler, 'lookup': handler}, entities={'order': handler})\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     checked = CliRunner().invoke(app, ["agent", "check", "desk_tooldoc:AGENT"])
     assert checked.exit_code == 1, checked.output

@@ -12,11 +12,18 @@ import pytest
 from roundtrip import Agent, Dependencies, Entity, McpServer, SchemaFolder, ToolContext, ToolError, ToolSource, tool
 from roundtrip._broker.embedded import free_port
 from roundtrip.testing import FunctionModel, arun_turn, call
-from tests.agents import SCHEMAS, SHOP, shop # noqa: F401 - shop: the fixture
+from tests.agents import SCHEMAS, SHOP, shop  # noqa: F401 - shop: the fixture
 from tests.mcp_server import TOOL, answers, calls, start
 
 ALICE, OWN, FOREIGN = "cus_1001", "ord_a1000001", "ord_9f3c4e21"  # ord_9f3c4e21 is cus_1002's
-SHOP_TOOLS = ["cancel_order", "escalate_to_human", "get_shipping_status", "list_orders", "lookup_order", "search_help_center"]
+SHOP_TOOLS = [
+    "cancel_order",
+    "escalate_to_human",
+    "get_shipping_status",
+    "list_orders",
+    "lookup_order",
+    "search_help_center",
+]
 
 
 @tool
@@ -26,7 +33,9 @@ async def add_order_note(ctx: ToolContext, order_id: Annotated[str, Entity("orde
 
 
 def ctx(**deps) -> ToolContext:
-    return ToolContext(customer_id=ALICE, tool_use_id="toolu_1", idempotency_key="turn_1:toolu_1", deps=Dependencies(deps))
+    return ToolContext(
+        customer_id=ALICE, tool_use_id="toolu_1", idempotency_key="turn_1:toolu_1", deps=Dependencies(deps)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +85,11 @@ async def test_a_function_tool_is_a_source_of_its_one_tool():
     assert isinstance(add_order_note, ToolSource) and list(add_order_note.specs()) == ["add_order_note"]
     assert add_order_note.specs()["add_order_note"].entity_refs == {"order_id": "order"}
     assert add_order_note.handlers() == {"add_order_note": add_order_note} and add_order_note.problems({"order"}) == []
-    assert await add_order_note.call("add_order_note", {"order_id": OWN, "note": "gift"}, ctx()) == \
-        {"order_id": OWN, "note": "gift", "by": ALICE}
+    assert await add_order_note.call("add_order_note", {"order_id": OWN, "note": "gift"}, ctx()) == {
+        "order_id": OWN,
+        "note": "gift",
+        "by": ALICE,
+    }
 
     def not_async(order_id: str) -> dict:
         """A tool written as a plain function, which cannot be awaited."""
@@ -119,10 +131,17 @@ async def test_an_mcp_server_that_is_down_is_started_anyway_and_says_why_its_too
 
 
 def mixed(url: str) -> Agent:
-    return Agent(name="mixed-agent", system_prompt=SHOP.system_prompt,
-                 tools=[SchemaFolder(SCHEMAS, handlers=SHOP.handlers), add_order_note, giftwrap_server(url)],
-                 policies=SHOP.policies, entities=SHOP.entities, approvals=SHOP.approvals, serial=SHOP.serial,
-                 settings=SHOP.settings, dependencies=SHOP.dependencies)
+    return Agent(
+        name="mixed-agent",
+        system_prompt=SHOP.system_prompt,
+        tools=[SchemaFolder(SCHEMAS, handlers=SHOP.handlers), add_order_note, giftwrap_server(url)],
+        policies=SHOP.policies,
+        entities=SHOP.entities,
+        approvals=SHOP.approvals,
+        serial=SHOP.serial,
+        settings=SHOP.settings,
+        dependencies=SHOP.dependencies,
+    )
 
 
 async def test_an_agent_mixes_a_schema_folder_a_function_and_an_mcp_server_in_one_tools_list(giftwrap, shop):
@@ -133,8 +152,12 @@ async def test_an_agent_mixes_a_schema_folder_a_function_and_an_mcp_server_in_on
     def model(messages, info):
         offered.append([t["name"] for t in info.tools])
         if info.step == 1:
-            return [call("lookup_order", order_id=OWN), call("add_order_note", order_id=OWN, note="a gift"),
-                    call(TOOL, order_id=OWN, message="Happy birthday"), call(TOOL, order_id=FOREIGN, message="Hi")]
+            return [
+                call("lookup_order", order_id=OWN),
+                call("add_order_note", order_id=OWN, note="a gift"),
+                call(TOOL, order_id=OWN, message="Happy birthday"),
+                call(TOOL, order_id=FOREIGN, message="Hi"),
+            ]
         return "Your order is wrapped and noted."
 
     before = len(calls(log))
@@ -150,12 +173,17 @@ async def test_an_agent_mixes_a_schema_folder_a_function_and_an_mcp_server_in_on
 
 
 def test_a_tool_two_sources_declare_is_refused_naming_it():
-    twice = Agent(name="twice", system_prompt="Help.", tools=[SchemaFolder(SCHEMAS, handlers=SHOP.handlers),
-                                                               SchemaFolder(SCHEMAS, handlers=SHOP.handlers)],
-                  entities=SHOP.entities)
+    twice = Agent(
+        name="twice",
+        system_prompt="Help.",
+        tools=[SchemaFolder(SCHEMAS, handlers=SHOP.handlers), SchemaFolder(SCHEMAS, handlers=SHOP.handlers)],
+        entities=SHOP.entities,
+    )
     assert f"schema folder {SCHEMAS}: tool lookup_order is declared twice" in twice.problems()
 
 
 def test_the_tools_dir_shorthand_is_a_schema_folder_source():
     (folder,) = SHOP.sources
-    assert isinstance(folder, SchemaFolder) and folder.path == Path(SHOP.tools_dir) and folder.handlers() == SHOP.handlers
+    assert (
+        isinstance(folder, SchemaFolder) and folder.path == Path(SHOP.tools_dir) and folder.handlers() == SHOP.handlers
+    )

@@ -8,10 +8,10 @@ import httpx
 import pytest
 
 from roundtrip._gate.validation import InputValidator  # the validator the fleet uses
-from roundtrip._shop.help_articles import INJECTION_ORDER_ID
-from roundtrip._shop.agent.client import ShopClient, ShopError, ShopUnavailable
 from roundtrip._sdk import ToolContext, ToolError
-from tests.agents import SHOP, shop_deps, shop  # noqa: F401 - shop: the fixture
+from roundtrip._shop.agent.client import ShopClient, ShopError, ShopUnavailable
+from roundtrip._shop.help_articles import INJECTION_ORDER_ID
+from tests.agents import SHOP, shop, shop_deps  # noqa: F401 - shop: the fixture
 
 ALICE, BOB = "cus_1001", "cus_1002"
 
@@ -22,7 +22,9 @@ def registry():
 
 
 def ctx_for(shop: ShopClient, customer_id: str = ALICE, tool_use_id: str = "toolu_01") -> ToolContext:
-    return ToolContext(customer_id=customer_id, tool_use_id=tool_use_id, idempotency_key=f"idem-{tool_use_id}", deps=shop_deps(shop))
+    return ToolContext(
+        customer_id=customer_id, tool_use_id=tool_use_id, idempotency_key=f"idem-{tool_use_id}", deps=shop_deps(shop)
+    )
 
 
 async def call(registry, name, args, ctx):
@@ -118,8 +120,10 @@ async def test_resolve_entities_is_scoped_to_the_principal(registry, shop):
     assert await registry.resolve_entities("list_orders", {"limit": 3}, ctx_for(shop)) == {}
 
 
-@pytest.mark.parametrize("order_id, denied", [("ord_a1000003", None), ("ord_a1000004", None),
-                                               ("ord_a1000002", "shipped"), ("ord_a1000001", "delivered")])
+@pytest.mark.parametrize(
+    "order_id, denied",
+    [("ord_a1000003", None), ("ord_a1000004", None), ("ord_a1000002", "shipped"), ("ord_a1000001", "delivered")],
+)
 async def test_cancel_policy(registry, shop, order_id, denied):
     ctx = ctx_for(shop)
     args = {"order_id": order_id, "reason": "customer_request"}
@@ -209,7 +213,9 @@ async def test_shop_client_sends_the_principal_and_escapes_ids():
 
 
 async def test_unexpected_status_is_a_shop_error():
-    client = ShopClient("http://shop", transport=httpx.MockTransport(lambda r: httpx.Response(401, json={"error": "x"})))
+    client = ShopClient(
+        "http://shop", transport=httpx.MockTransport(lambda r: httpx.Response(401, json={"error": "x"}))
+    )
     with pytest.raises(ShopError) as err:
         await client.list_orders(ALICE)
     assert not isinstance(err.value, ShopUnavailable) and err.value.status_code == 401

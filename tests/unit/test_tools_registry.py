@@ -14,7 +14,14 @@ from roundtrip._sdk.registry import RegistryError, ToolSpec, strip_extensions
 from tests.agents import SCHEMAS, SHOP, shop_registry
 
 HANDLERS, POLICIES = SHOP.handlers, SHOP.policies
-TOOLS = {"list_orders", "lookup_order", "cancel_order", "get_shipping_status", "search_help_center", "escalate_to_human"}
+TOOLS = {
+    "list_orders",
+    "lookup_order",
+    "cancel_order",
+    "get_shipping_status",
+    "search_help_center",
+    "escalate_to_human",
+}
 
 
 def _walk(schema):
@@ -90,10 +97,19 @@ def test_api_tools_strip_extensions_and_cache_the_last(registry):
 
 
 def test_strip_extensions_keeps_property_names():
-    schema = {"type": "object", "x-a": 1, "properties": {"x-name": {"type": "string", "x-entity": "order"}},
-              "additionalProperties": False, "required": ["x-name"]}
-    assert strip_extensions(schema) == {"type": "object", "properties": {"x-name": {"type": "string"}},
-                                        "additionalProperties": False, "required": ["x-name"]}
+    schema = {
+        "type": "object",
+        "x-a": 1,
+        "properties": {"x-name": {"type": "string", "x-entity": "order"}},
+        "additionalProperties": False,
+        "required": ["x-name"],
+    }
+    assert strip_extensions(schema) == {
+        "type": "object",
+        "properties": {"x-name": {"type": "string"}},
+        "additionalProperties": False,
+        "required": ["x-name"],
+    }
 
 
 @pytest.mark.parametrize(

@@ -13,17 +13,22 @@ import pytest
 from faststream import FastStream
 
 from roundtrip._cli import contracts
-from roundtrip._kernel.wire import events, topics, topology
-from roundtrip._kernel.observability import health
 from roundtrip._kernel.kafka.admin import desired_topics
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, subscribe
+from roundtrip._kernel.observability import health
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import events, topics, topology
 from roundtrip._sdk.agent import load_agent
 
 ECHOES = "test.echoes"
 ECHOED = "test.echoed"
-ECHO = topology.Service("echo", "a test app: repeats what it hears", inputs=(topology.Input(ECHOES, events.CancelTurn),),
-                        outputs={ECHOED: events.CancelTurn}, app=__name__)
+ECHO = topology.Service(
+    "echo",
+    "a test app: repeats what it hears",
+    inputs=(topology.Input(ECHOES, events.CancelTurn),),
+    outputs={ECHOED: events.CancelTurn},
+    app=__name__,
+)
 
 
 def build(settings: Settings, agent: object) -> FastStream:  # a service of its own: builds like the five
@@ -51,15 +56,23 @@ def test_a_service_added_to_the_declaration_shows_up_everywhere(with_echo):
     assert any(ECHOES in name for name in channels) and any(ECHOED in name for name in channels)
     assert {"p." + ECHOES, "p." + ECHOED} <= set(desired_topics("p.", 3))  # topics create
     assert topology.groups()["roundtrip-echo"] == ECHOES  # roundtrip lag
-    assert topology.names()[-1] == "echo" and health.port_candidates("echo", settings().model_copy(
-        update={"health_port": 9000, "health_port_per_service": True}))[0] == 9000 + len(topology.SERVICES) - 1
+    assert (
+        topology.names()[-1] == "echo"
+        and health.port_candidates(
+            "echo", settings().model_copy(update={"health_port": 9000, "health_port_per_service": True})
+        )[0]
+        == 9000 + len(topology.SERVICES) - 1
+    )
 
 
 def test_a_fleets_groups_carry_its_topic_prefix_and_are_found_by_their_short_names():
     assert topology.group("guard", "starts") == "roundtrip-guard-starts"
     assert topology.group("guard", "starts", "prod.") == "prod.roundtrip-guard-starts"
     prod = topology.groups("prod.")
-    assert set(prod) == {"prod." + g for g in topology.groups()} and prod["prod.roundtrip-executor"] == topology.groups()["roundtrip-executor"]
+    assert (
+        set(prod) == {"prod." + g for g in topology.groups()}
+        and prod["prod.roundtrip-executor"] == topology.groups()["roundtrip-executor"]
+    )
     for name in ("executor", "roundtrip-executor", "prod.roundtrip-executor"):
         assert topology.find_group(name, "prod.") == "prod.roundtrip-executor"
     assert topology.find_group("roundtrip-executor") == "roundtrip-executor"
@@ -82,6 +95,7 @@ def test_a_handler_for_another_message_than_declared_fails_at_build():
     broker = make_broker("model", settings())
 
     with pytest.raises(TypeError, match="the topology says turn.model_calls carries CallModel"):
+
         @subscribe(broker, topics.MODEL_CALLS, "model", settings())
         async def on_call(command: events.CancelTurn) -> None: ...
 

@@ -41,15 +41,27 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
     ledger = await Ledger.open(await migrated(f"sqlite:///{path}"))
     other = sqlite3.connect(path, isolation_level=None)
     try:
-        assert await ledger.start({"turn_id": "t1", "request_id": "r", "conversation_id": "c", "customer_id": "cus"}, "{}")
+        assert await ledger.start(
+            {"turn_id": "t1", "request_id": "r", "conversation_id": "c", "customer_id": "cus"}, "{}"
+        )
         assert (await ledger.get("t1")).step == 0
         other.execute("UPDATE turns SET step = 7 WHERE turn_id = 't1'")  # another process moves the turn
         assert (await ledger.get("t1")).step == 7
         other.execute("UPDATE turns SET step = 8 WHERE turn_id = 't1'")
-        assert not await ledger.advance("t1", 8, {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
-                                                  "cache_read_input_tokens": 0}, 0.0, "{}")  # from step 7: no longer there
-        assert await ledger.advance("t1", 9, {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0,
-                                              "cache_read_input_tokens": 0}, 0.0, "{}")
+        assert not await ledger.advance(
+            "t1",
+            8,
+            {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+            0.0,
+            "{}",
+        )  # from step 7: no longer there
+        assert await ledger.advance(
+            "t1",
+            9,
+            {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+            0.0,
+            "{}",
+        )
         assert other.execute("SELECT step FROM turns WHERE turn_id = 't1'").fetchone() == (9,)
     finally:
         other.close()
@@ -66,10 +78,12 @@ async def test_a_lock_held_for_an_instant_is_waited_for_on_the_event_loop_not_in
     real = store._run_waiting
     monkeypatch.setattr(store, "_run_waiting", lambda *a: threads.append(a) or real(*a))
     try:
-        other.execute("INSERT INTO turns (turn_id, request_id, conversation_id, customer_id, status, step, started_at,"
-                      " last_progress_at, turn_json, input_tokens, output_tokens, cache_creation_input_tokens,"
-                      " cache_read_input_tokens, cost_usd, trace_id) VALUES ('t', 'r', 'c', 'cus', 'running', 0, 0, 0, '{}',"
-                      " 0, 0, 0, 0, 0, '')")
+        other.execute(
+            "INSERT INTO turns (turn_id, request_id, conversation_id, customer_id, status, step, started_at,"
+            " last_progress_at, turn_json, input_tokens, output_tokens, cache_creation_input_tokens,"
+            " cache_read_input_tokens, cost_usd, trace_id) VALUES ('t', 'r', 'c', 'cus', 'running', 0, 0, 0, '{}',"
+            " 0, 0, 0, 0, 0, '')"
+        )
         other.execute("BEGIN IMMEDIATE")
         asyncio.get_running_loop().call_later(0.0002, other.execute, "COMMIT")  # released while the write pauses
         assert await store._update(update(turns).where(turns.c.turn_id == "t").values(step=1)) is True

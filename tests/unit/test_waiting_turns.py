@@ -35,7 +35,9 @@ async def test_a_waiting_turn_is_live_never_stuck_ended_at_its_deadline_and_coun
         assert (await ledger.get("t1")).status == RUNNING
         assert await fence.wait_for_capacity("t1", 1)
         _, expired, _ = await ledger.overdue(start + 2001, stuck_after_s=60, grace_s=30, deadline_s=300)
-        assert "t1" in [r.turn_id for r in expired] and (await ledger.get("t1")).status == WAITING  # its deadline still ends it
+        assert (
+            "t1" in [r.turn_id for r in expired] and (await ledger.get("t1")).status == WAITING
+        )  # its deadline still ends it
     finally:
         await ledger.close()
         await fence.close()

@@ -41,7 +41,9 @@ def test_the_only_top_level_package_is_roundtrip(wheel, shipped):
 def test_every_file_of_services_and_schemas_is_in_the_wheel_as_it_is_in_the_checkout(wheel, shipped):
     wanted = runtime_files()
     missing = sorted(set(wanted) - shipped)
-    assert not missing, "files the wheel lacks (pyproject.toml's [tool.setuptools.package-data]):\n  " + "\n  ".join(missing)
+    assert not missing, "files the wheel lacks (pyproject.toml's [tool.setuptools.package-data]):\n  " + "\n  ".join(
+        missing
+    )
     with zipfile.ZipFile(wheel) as archive:
         changed = [name for name, path in wanted.items() if archive.read(name) != path.read_bytes()]
     assert not changed, f"files the wheel holds otherwise than the checkout: {changed}"
@@ -52,12 +54,30 @@ def test_every_file_of_services_and_schemas_is_in_the_wheel_as_it_is_in_the_chec
 def test_the_files_the_installed_fleet_reads_at_run_time_are_among_them(shipped):
     """The derivation above cannot pass by finding nothing: the files issue 28 found missing, by name."""
     data = {name for name in runtime_files() if not name.endswith(".py")}
-    assert {"roundtrip/_broker/log4j2.yaml", "roundtrip/_broker/pom.xml", "roundtrip/_kernel/migrations/script.py.mako"} <= data
+    assert {
+        "roundtrip/_broker/log4j2.yaml",
+        "roundtrip/_broker/pom.xml",
+        "roundtrip/_kernel/migrations/script.py.mako",
+    } <= data
     tools = sorted(name.rpartition("/")[2] for name in data if name.startswith("roundtrip/schemas/tools/"))
-    assert tools == [f"{name}.json" for name in sorted(("list_orders", "lookup_order", "cancel_order", "get_shipping_status",
-                                                        "search_help_center", "escalate_to_human"))]
+    assert tools == [
+        f"{name}.json"
+        for name in sorted(
+            (
+                "list_orders",
+                "lookup_order",
+                "cancel_order",
+                "get_shipping_status",
+                "search_help_center",
+                "escalate_to_human",
+            )
+        )
+    ]
     event_names = {model.__name__ for model in (*events.PUBLIC, *events.INTERNAL)}
     assert {f"roundtrip/schemas/events/{name}.json" for name in event_names} <= data
-    versions = {f"roundtrip/_kernel/migrations/versions/{p.name}" for p in (ROOT / "services/_kernel/migrations/versions").glob("*_*.py")}
+    versions = {
+        f"roundtrip/_kernel/migrations/versions/{p.name}"
+        for p in (ROOT / "services/_kernel/migrations/versions").glob("*_*.py")
+    }
     assert versions and versions <= shipped
     assert data <= shipped

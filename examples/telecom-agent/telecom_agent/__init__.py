@@ -37,8 +37,12 @@ AGENT = Agent(
     name="telco-support",
     system_prompt=SYSTEM_PROMPT,
     tools_dir=Path(__file__).parent / "schemas",
-    handlers={"list_lines": tools.list_lines, "get_line": tools.get_line, "change_plan": tools.change_plan,
-              "port_out_number": tools.port_out_number},
+    handlers={
+        "list_lines": tools.list_lines,
+        "get_line": tools.get_line,
+        "change_plan": tools.change_plan,
+        "port_out_number": tools.port_out_number,
+    },
     entities={"line": tools.resolve_line},
     policies={"change_plan": tools.holder_only, "port_out_number": tools.holder_only},
     approvals={"port_out_number": tools.port_out_approval},
@@ -46,5 +50,7 @@ AGENT = Agent(
     settings=tools.TelecomSettings,
     dependencies={"carrier": carrier},
     replies=REPLIES,
-    messages={"lookup_failed": "Telco's line system could not be reached to check this call; nothing was done. Try again shortly."},
+    messages={
+        "lookup_failed": "Telco's line system could not be reached to check this call; nothing was done. Try again shortly."
+    },
 )

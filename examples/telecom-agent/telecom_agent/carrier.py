@@ -58,7 +58,9 @@ class Carrier:
             f"SELECT {', '.join('l.' + c for c in COLUMNS)}, "
             "CASE WHEN l.holder_id = ? THEN 'holder' ELSE 'member' END FROM lines l "
             "WHERE (l.holder_id = ? OR EXISTS (SELECT 1 FROM members m WHERE m.line_id = l.line_id AND m.customer_id = ?))"
-            f"{where} ORDER BY l.line_id", (customer_id, customer_id, customer_id, *args)).fetchall()
+            f"{where} ORDER BY l.line_id",
+            (customer_id, customer_id, customer_id, *args),
+        ).fetchall()
         return [dict(zip((*COLUMNS, "your_role"), row, strict=True)) for row in rows]
 
     async def lines_of(self, customer_id: str) -> list[dict[str, Any]]:
@@ -70,6 +72,7 @@ class Carrier:
 
     async def change_plan(self, holder_id: str, line_id: str, plan: str) -> dict[str, Any] | None:
         """The line on its new plan; None unless `holder_id` holds it."""
+
         def change(db: sqlite3.Connection) -> None:
             db.execute("UPDATE lines SET plan = ? WHERE line_id = ? AND holder_id = ?", (plan, line_id, holder_id))
 
@@ -77,15 +80,22 @@ class Carrier:
         line = await self.line_for(holder_id, line_id)
         return line if line is not None and line["your_role"] == "holder" else None
 
-    async def port_out(self, holder_id: str, line_id: str, new_carrier: str, idempotency_key: str) -> dict[str, Any] | None:
+    async def port_out(
+        self, holder_id: str, line_id: str, new_carrier: str, idempotency_key: str
+    ) -> dict[str, Any] | None:
         """The port-out request (the same one again for a repeated key); None unless `holder_id` holds an active line."""
+
         def port(db: sqlite3.Connection) -> dict[str, Any] | None:
-            done = db.execute("SELECT line_id, new_carrier, transfer_code FROM port_outs WHERE idempotency_key = ?",
-                              (idempotency_key,)).fetchone()
+            done = db.execute(
+                "SELECT line_id, new_carrier, transfer_code FROM port_outs WHERE idempotency_key = ?",
+                (idempotency_key,),
+            ).fetchone()
             if done is None:
                 db.execute("BEGIN IMMEDIATE")
-                moved = db.execute("UPDATE lines SET status = 'ported_out' WHERE line_id = ? AND holder_id = ? AND status = 'active'",
-                                   (line_id, holder_id)).rowcount
+                moved = db.execute(
+                    "UPDATE lines SET status = 'ported_out' WHERE line_id = ? AND holder_id = ? AND status = 'active'",
+                    (line_id, holder_id),
+                ).rowcount
                 if not moved:
                     db.execute("ROLLBACK")
                     return None

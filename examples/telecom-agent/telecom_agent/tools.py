@@ -22,7 +22,9 @@ class TelecomSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_TELECOM_", extra="ignore")
 
-    database: Path | None = Field(None, description="SQLite file of the carrier's lines; unset: telecom.db in the fleet's state_dir")
+    database: Path | None = Field(
+        None, description="SQLite file of the carrier's lines; unset: telecom.db in the fleet's state_dir"
+    )
 
 
 def not_yours(line_id: str) -> str:
@@ -52,7 +54,9 @@ async def change_plan(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
 
 
 async def port_out_number(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    request = await ctx.deps.carrier.port_out(ctx.customer_id, args["line_id"], args["new_carrier"], ctx.idempotency_key)
+    request = await ctx.deps.carrier.port_out(
+        ctx.customer_id, args["line_id"], args["new_carrier"], ctx.idempotency_key
+    )
     if request is None:
         raise ToolError(f"Line {args['line_id']} cannot be ported out: it is not an active line this customer holds.")
     return {"ported": True, **request, "note": "Give the customer the transfer code for their new carrier."}
@@ -75,8 +79,10 @@ async def holder_only(args: dict[str, Any], entities: dict[str, dict[str, Any]],
     if line is None:
         return not_yours(args.get("line_id", "?"))
     if line.get("your_role") != "holder":
-        return (f"Line {line['line_id']} is on a family plan this customer shares but does not hold: they may see it, "
-                "but only the account holder can change it. Tell the customer to ask the account holder.")
+        return (
+            f"Line {line['line_id']} is on a family plan this customer shares but does not hold: they may see it, "
+            "but only the account holder can change it. Tell the customer to ask the account holder."
+        )
     if line.get("status") != "active":
         return f"Line {line['line_id']} is {line.get('status')}; only an active line can be changed."
     return None

@@ -30,8 +30,16 @@ from roundtrip._kernel.wire import topics, topology
 DEFAULT_PRINCIPAL = "User:roundtrip-{name}"
 # Kafka's codes (org.apache.kafka.common.resource.ResourceType, acl.AclOperation, PatternType, AclPermissionType)
 RESOURCE_CODES = {"topic": 2, "group": 3, "cluster": 4, "transactional-id": 5}
-OPERATION_CODES = {"Read": 3, "Write": 4, "Create": 5, "Alter": 7, "Describe": 8, "DescribeConfigs": 10, "AlterConfigs": 11,
-                   "IdempotentWrite": 12}
+OPERATION_CODES = {
+    "Read": 3,
+    "Write": 4,
+    "Create": 5,
+    "Alter": 7,
+    "Describe": 8,
+    "DescribeConfigs": 10,
+    "AlterConfigs": 11,
+    "IdempotentWrite": 12,
+}
 LITERAL, PREFIXED, ALLOW = 3, 4, 3
 OPERATOR, APP = "operator", "app"
 
@@ -80,9 +88,19 @@ def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[A
     """The `roundtrip` commands: make and grow the topics, read every topic, publish requests, cancels and
     decisions, read the groups' offsets (lag)."""
     who = principal.format(name=OPERATOR)
-    acls = [Acl(who, "topic", topics.t(name, prefix), ("Read", "Describe", "DescribeConfigs", "AlterConfigs", "Alter", "Create"))
-            for name in topology.topic_names()]
-    acls += [_topic(who, name, prefix, "Write") for name in (topics.SUPPORT_REQUESTS, topics.TURN_CONTROLS, topics.APPROVAL_DECISIONS)]
+    acls = [
+        Acl(
+            who,
+            "topic",
+            topics.t(name, prefix),
+            ("Read", "Describe", "DescribeConfigs", "AlterConfigs", "Alter", "Create"),
+        )
+        for name in topology.topic_names()
+    ]
+    acls += [
+        _topic(who, name, prefix, "Write")
+        for name in (topics.SUPPORT_REQUESTS, topics.TURN_CONTROLS, topics.APPROVAL_DECISIONS)
+    ]
     acls.append(Acl(who, "group", f"{prefix}roundtrip-", ("Describe",), prefixed=True))
     acls.append(Acl(who, "cluster", "kafka-cluster", ("Create", "Describe", "IdempotentWrite")))
     return _merged(acls)
@@ -92,9 +110,15 @@ def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) ->
     """The user's app: publish requests, read replies (and the status of a turn waiting for a person) in its own
     consumer group `group`."""
     who = principal.format(name=APP)
-    return _merged([_topic(who, topics.SUPPORT_REQUESTS, prefix, "Write"), _topic(who, topics.SUPPORT_REPLIES, prefix, "Read"),
-                    _topic(who, topics.SUPPORT_STATUS, prefix, "Read"),
-                    Acl(who, "group", group, ("Read",)), Acl(who, "cluster", "kafka-cluster", ("IdempotentWrite",))])
+    return _merged(
+        [
+            _topic(who, topics.SUPPORT_REQUESTS, prefix, "Write"),
+            _topic(who, topics.SUPPORT_REPLIES, prefix, "Read"),
+            _topic(who, topics.SUPPORT_STATUS, prefix, "Read"),
+            Acl(who, "group", group, ("Read",)),
+            Acl(who, "cluster", "kafka-cluster", ("IdempotentWrite",)),
+        ]
+    )
 
 
 def derive(prefix: str = "", principal: str = DEFAULT_PRINCIPAL, app_group: str | None = None) -> dict[str, list[Acl]]:
@@ -125,13 +149,22 @@ async def apply(admin: Any, derived: dict[str, list[Acl]]) -> int:
     added = 0
     for acl in (a for acls in derived.values() for a in acls):
         for operation in acl.operations:
-            request = CreateAclsRequest(RESOURCE_CODES[acl.kind], acl.name, PREFIXED if acl.prefixed else LITERAL,
-                                        acl.principal, "*", OPERATION_CODES[operation], ALLOW)
+            request = CreateAclsRequest(
+                RESOURCE_CODES[acl.kind],
+                acl.name,
+                PREFIXED if acl.prefixed else LITERAL,
+                acl.principal,
+                "*",
+                OPERATION_CODES[operation],
+                ALLOW,
+            )
             response = await admin._send_request(request)  # aiokafka's admin has no create_acls of its own
             for error_code, error_message in response.creation_responses:
                 if error_code:
-                    raise ValueError(f"the cluster refused {operation} on {acl.kind} {acl.name} for {acl.principal}: "
-                                     f"error {error_code} {error_message or ''}".strip())
+                    raise ValueError(
+                        f"the cluster refused {operation} on {acl.kind} {acl.name} for {acl.principal}: "
+                        f"error {error_code} {error_message or ''}".strip()
+                    )
             added += 1
     return added
 

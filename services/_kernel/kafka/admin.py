@@ -20,8 +20,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
 
-from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
+from roundtrip._kernel.wire import topics, topology
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,9 @@ async def ensure_topics(
         missing = [name for name in wanted if name not in existing]
         report.existing = [name for name in wanted if name in existing]
         if missing:
-            await _create(admin, {name: wanted[name] for name in missing}, replication_factor, prefix, durability, timeout, report)
+            await _create(
+                admin, {name: wanted[name] for name in missing}, replication_factor, prefix, durability, timeout, report
+            )
         # Wait until the broker serves every topic (so producers and consumers started right after
         # this call find them), and grow the existing ones that have fewer partitions than asked.
         counts = await _partition_counts(admin, list(wanted), timeout)
@@ -144,12 +146,21 @@ async def ensure_topics(
     return report
 
 
-async def _create(admin: AIOKafkaAdminClient, wanted: dict[str, int], replication_factor: int, prefix: str,
-                  durability: dict[str, str], timeout: float, report: TopicsReport) -> None:
+async def _create(
+    admin: AIOKafkaAdminClient,
+    wanted: dict[str, int],
+    replication_factor: int,
+    prefix: str,
+    durability: dict[str, str],
+    timeout: float,
+    report: TopicsReport,
+) -> None:
     """Create these topics (name -> partitions); one created meanwhile by someone else counts as existing."""
     response = await admin.create_topics(
-        [NewTopic(name, partitions, replication_factor, topic_configs={**topic_configs(name, prefix), **durability})
-         for name, partitions in wanted.items()],
+        [
+            NewTopic(name, partitions, replication_factor, topic_configs={**topic_configs(name, prefix), **durability})
+            for name, partitions in wanted.items()
+        ],
         timeout_ms=int(timeout * 1000),
     )
     for topic_error in response.topic_errors:
@@ -171,11 +182,16 @@ async def _raise_message_limits(admin: AIOKafkaAdminClient, names: list[str], pr
     for response in described:
         for _code, _msg, _type, name, entries in response.resources:
             # AlterConfigs replaces the topic's settings: keep those set on the topic (v0: not default; v1+: source 1, the topic)
-            current = {e[0]: e[1] for e in entries if not e[2] and e[1] is not None
-                       and ((e[3] == 1) if response.API_VERSION >= 1 else not e[3])}
+            current = {
+                e[0]: e[1]
+                for e in entries
+                if not e[2] and e[1] is not None and ((e[3] == 1) if response.API_VERSION >= 1 else not e[3])
+            }
             limit = int({e[0]: e[1] for e in entries}.get("max.message.bytes") or 0)
             if limit < DEAD_LETTER_MAX_BYTES:
-                await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, {**current, **topic_configs(name, prefix)})])
+                await admin.alter_configs(
+                    [ConfigResource(ConfigResourceType.TOPIC, name, {**current, **topic_configs(name, prefix)})]
+                )
                 log.info("raised max.message.bytes of %s to %d", name, DEAD_LETTER_MAX_BYTES)
 
 
@@ -217,6 +233,7 @@ async def wait_for_broker(bootstrap: KafkaClients | str, timeout: float = 60.0) 
 
 # -- consumer lag ---------------------------------------------------------------------------
 
+
 @dataclass
 class PartitionLag:
     topic: str
@@ -255,10 +272,26 @@ class GroupLag:
             "group": self.group,
             "state": self.state,
             "lag": self.lag,
-            "partitions": [{"topic": p.topic, "partition": p.partition, "committed": p.committed, "start": p.start,
-                            "end": p.end, "lag": p.lag} for p in self.partitions],
-            "members": [{"member_id": m.member_id, "client_id": m.client_id, "host": m.host,
-                         "partitions": [{"topic": t, "partition": n} for t, n in m.partitions]} for m in self.members],
+            "partitions": [
+                {
+                    "topic": p.topic,
+                    "partition": p.partition,
+                    "committed": p.committed,
+                    "start": p.start,
+                    "end": p.end,
+                    "lag": p.lag,
+                }
+                for p in self.partitions
+            ],
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "client_id": m.client_id,
+                    "host": m.host,
+                    "partitions": [{"topic": t, "partition": n} for t, n in m.partitions],
+                }
+                for m in self.members
+            ],
         }
 
 
@@ -271,7 +304,9 @@ def _decode_members(members: list, protocol_type: str, wire: set[str]) -> tuple[
         partitions: list[tuple[str, int]] = []
         if protocol_type == "consumer":
             if assignment:
-                partitions = sorted((tp.topic, tp.partition) for tp in ConsumerProtocolMemberAssignment.decode(assignment).partitions())
+                partitions = sorted(
+                    (tp.topic, tp.partition) for tp in ConsumerProtocolMemberAssignment.decode(assignment).partitions()
+                )
             if metadata:
                 subscribed |= set(ConsumerProtocolMemberMetadata.decode(metadata).subscription) & wire
         decoded.append(GroupMember(member_id, client_id, host.lstrip("/"), [tp for tp in partitions if tp[0] in wire]))
@@ -290,7 +325,9 @@ async def _retrying(call, timeout: float):
             await asyncio.sleep(0.2)
 
 
-async def consumer_lag(bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None, timeout: float = 10.0) -> list[GroupLag]:
+async def consumer_lag(
+    bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None, timeout: float = 10.0
+) -> list[GroupLag]:
     """Lag of the consumer groups of the fleet whose topic prefix is `prefix` (and any other `<prefix>roundtrip-*`
     group) on this prefix's topics: another fleet on the cluster, its groups prefixed otherwise, is not shown.
 
@@ -314,8 +351,15 @@ async def consumer_lag(bootstrap: KafkaClients | str, prefix: str = "", group: s
         if group is not None:
             names = [n for n in names if group in (n, n.removeprefix(prefix), n.removeprefix(ours))] or [group]
         described = await _describe_groups(admin, names, wire, timeout)
-        committed = dict(zip(names, await _retrying(
-            lambda: asyncio.gather(*(admin.list_consumer_group_offsets(n) for n in names)), timeout), strict=True))
+        committed = dict(
+            zip(
+                names,
+                await _retrying(
+                    lambda: asyncio.gather(*(admin.list_consumer_group_offsets(n) for n in names)), timeout
+                ),
+                strict=True,
+            )
+        )
         topics_of: dict[str, set[str]] = {}
         for name in names:
             mine = {tp.topic for tp in committed[name] if tp.topic in wire} | described.get(name, ("", [], set()))[2]
@@ -349,8 +393,9 @@ async def consumer_lag(bootstrap: KafkaClients | str, prefix: str = "", group: s
     return report
 
 
-async def _describe_groups(admin: AIOKafkaAdminClient, names: list[str], wire: set[str],
-                           timeout: float) -> dict[str, tuple[str, list[GroupMember], set[str]]]:
+async def _describe_groups(
+    admin: AIOKafkaAdminClient, names: list[str], wire: set[str], timeout: float
+) -> dict[str, tuple[str, list[GroupMember], set[str]]]:
     """Each group's state, members and the topics it subscribes to (of `wire`, this prefix's fleet topics)."""
     described: dict[str, tuple[str, list[GroupMember], set[str]]] = {}
     # One group per request: aiokafka 0.14 misreads a DescribeGroups response that carries several groups

@@ -263,8 +263,16 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # noqa: BLE001
-                log.error("%s: %s[%d]@%d could not be handled nor dead-lettered (%s: %s); retrying in %.1f s",
-                          self.name, record.topic, record.partition, record.offset, type(exc).__name__, _short(exc), delay)
+                log.error(
+                    "%s: %s[%d]@%d could not be handled nor dead-lettered (%s: %s); retrying in %.1f s",
+                    self.name,
+                    record.topic,
+                    record.partition,
+                    record.offset,
+                    type(exc).__name__,
+                    _short(exc),
+                    delay,
+                )
                 if part.revoked or self._stopping:
                     return False
                 await asyncio.sleep(delay)
@@ -305,7 +313,9 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
                 elif self._consumer is not None:
                     await self._consumer.commit(offsets)
             except Exception as exc:  # noqa: BLE001 - commits are retried; at least once holds meanwhile
-                log.warning("%s: committing %s failed: %s: %s", self.name, _fmt(offsets), type(exc).__name__, _short(exc))
+                log.warning(
+                    "%s: committing %s failed: %s: %s", self.name, _fmt(offsets), type(exc).__name__, _short(exc)
+                )
                 return False
             for tp, offset in offsets.items():
                 part = self._parts.get(tp)
@@ -348,8 +358,12 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             w.cancel()
         if pending:
             busy = sum(p.held for p in parts)
-            log.warning("%s: %d records still running after %.0f s; their offsets stay uncommitted (redelivered)",
-                        self.name, busy, self._drain_timeout)
+            log.warning(
+                "%s: %d records still running after %.0f s; their offsets stay uncommitted (redelivered)",
+                self.name,
+                busy,
+                self._drain_timeout,
+            )
         await self.commit(parts)
 
     async def drain(self) -> None:

@@ -36,15 +36,15 @@ from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel, ValidationError
 
-from roundtrip._kernel.observability import agent_digest, health, metrics
-from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
-from roundtrip._kernel.kafka.consumer import Commit, KeyOrderedConsumer
-from roundtrip._kernel.wire.events import DeadLettered
-from roundtrip._kernel.kafka.faststream_seam import kafka_producer, replace_consume_loop
 from roundtrip._kernel.kafka.clients import kafka_clients
-from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.kafka.consumer import Commit, KeyOrderedConsumer
+from roundtrip._kernel.kafka.faststream_seam import kafka_producer, replace_consume_loop
+from roundtrip._kernel.observability import agent_digest, health, metrics
 from roundtrip._kernel.observability.telemetry import consuming, mark_error, publishing
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.wire.events import DeadLettered
 from roundtrip._kernel.wire.topology import group  # one group per subscription: they join and rebalance independently
 
 log = logging.getLogger("roundtrip")
@@ -99,8 +99,10 @@ def subscribe(
 
     def register(handler: Callable[[Any], Awaitable[Any]]) -> Any:
         if declared is not None and _message_model(handler) is not declared.message:
-            raise TypeError(f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
-                            f"{topic} carries {declared.message.__name__} (services/_kernel/wire/topology.py)")
+            raise TypeError(
+                f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
+                f"{topic} carries {declared.message.__name__} (services/_kernel/wire/topology.py)"
+            )
         consumer = KeyOrderedConsumer(
             process=_message_path(broker, service, group_id, handler, on_failure),
             rescue=_rescuer(broker, service),
@@ -145,12 +147,19 @@ def _message_model(handler: Callable[..., Any]) -> type[BaseModel]:
     hints = typing.get_type_hints(handler)
     model = hints.get(params[0]) if len(params) == 1 else None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
-        raise TypeError(f"{handler.__qualname__}: a handler takes exactly one parameter annotated with a pydantic model")
+        raise TypeError(
+            f"{handler.__qualname__}: a handler takes exactly one parameter annotated with a pydantic model"
+        )
     return model
 
 
-def _message_path(broker: KafkaBroker, service: str, group_id: str, handler: Callable[[Any], Awaitable[Any]],
-                  on_failure: Failed | None = None):
+def _message_path(
+    broker: KafkaBroker,
+    service: str,
+    group_id: str,
+    handler: Callable[[Any], Awaitable[Any]],
+    on_failure: Failed | None = None,
+):
     """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
     model = _message_model(handler)
     roots = getattr(broker, _SERVICE, (service, frozenset()))[1]
@@ -188,8 +197,13 @@ async def _tell(on_failure: Failed, record: Any, exc: BaseException, reason: str
     try:
         await on_failure(record, exc, reason)
     except Exception as failed:  # noqa: BLE001 - the dead letter goes out whatever the hook does
-        log.error("%s[%s]@%s: the failure hook failed (%s); dead-lettering anyway", record.topic, record.partition,
-                  record.offset, describe_error(failed))
+        log.error(
+            "%s[%s]@%s: the failure hook failed (%s); dead-lettering anyway",
+            record.topic,
+            record.partition,
+            record.offset,
+            describe_error(failed),
+        )
 
 
 def _polled_lately(consumer: KeyOrderedConsumer):
@@ -234,9 +248,12 @@ def describe_error(exc: BaseException, body: Any = None) -> str:
             except ValueError as bad:
                 return f"malformed JSON: {bad}"
         if isinstance(exc, ValidationError):
-            return "schema violation: " + "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:10]
-            )[:2000]
+            return (
+                "schema violation: "
+                + "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()[:10])[
+                    :2000
+                ]
+            )
         if isinstance(exc, RecursionError):
             return "RecursionError: message nested too deep"
         return f"{type(exc).__name__}: {_text(exc)}"[:2000]
@@ -305,7 +322,9 @@ async def publish(broker: KafkaBroker, topic: str, message: BaseModel, key: byte
     started, failure = time.perf_counter(), None
     try:
         with publishing(topic, message, conversation_id) as headers:
-            await (await kafka_producer(broker).send(topic, message.model_dump_json().encode(), key=key, headers=headers))
+            await (
+                await kafka_producer(broker).send(topic, message.model_dump_json().encode(), key=key, headers=headers)
+            )
     except Exception as exc:
         failure = type(exc).__name__
         raise
@@ -347,7 +366,9 @@ def topic_of(broker: KafkaBroker, name: str) -> str:
     try:
         return topics.t(name, getattr(broker, _PREFIX))
     except AttributeError:
-        raise TypeError("a broker made by messaging.make_broker(service, settings) is needed: it knows the topic prefix") from None
+        raise TypeError(
+            "a broker made by messaging.make_broker(service, settings) is needed: it knows the topic prefix"
+        ) from None
 
 
 def key_of(conversation_id: str) -> bytes:

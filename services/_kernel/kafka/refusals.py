@@ -14,14 +14,24 @@ import ssl
 
 from aiokafka.conn import create_conn
 from aiokafka.errors import (
-    AuthenticationFailedError, ClusterAuthorizationFailedError, GroupAuthorizationFailedError, KafkaError,
-    SaslAuthenticationFailed, TopicAuthorizationFailedError, TransactionalIdAuthorizationFailed, UnsupportedSaslMechanismError,
+    AuthenticationFailedError,
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnsupportedSaslMechanismError,
 )
 
 from roundtrip._kernel.kafka.clients import KafkaClients
 
-AUTHORIZATION_ERRORS = (TopicAuthorizationFailedError, GroupAuthorizationFailedError, ClusterAuthorizationFailedError,
-                        TransactionalIdAuthorizationFailed)
+AUTHORIZATION_ERRORS = (
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+)
 
 
 async def refusal(kafka: KafkaClients, timeout: float = 10.0) -> str | None:
@@ -29,8 +39,10 @@ async def refusal(kafka: KafkaClients, timeout: float = 10.0) -> str | None:
     for server in kafka.bootstrap_list:
         host, _, port = server.rpartition(":")
         try:
-            conn = await asyncio.wait_for(create_conn(host.strip("[]"), int(port), request_timeout_ms=int(timeout * 1000),
-                                                      **kafka.security), timeout)
+            conn = await asyncio.wait_for(
+                create_conn(host.strip("[]"), int(port), request_timeout_ms=int(timeout * 1000), **kafka.security),
+                timeout,
+            )
         except Exception as exc:  # noqa: BLE001 - every failure is classified; an unknown one is "unreachable"
             if (cause := _cause(kafka, exc)) is not None:
                 return cause
@@ -47,13 +59,19 @@ def _cause(kafka: KafkaClients, exc: BaseException) -> str | None:
     if isinstance(exc, (SaslAuthenticationFailed, AuthenticationFailedError)):
         return f"authentication failed ({who}): {_message(exc)}; check ROUNDTRIP_KAFKA_SASL_USERNAME and the password"
     if isinstance(exc, UnsupportedSaslMechanismError):
-        return f"the broker does not accept {who} on this listener ({_message(exc)}); check ROUNDTRIP_KAFKA_SASL_MECHANISM"
+        return (
+            f"the broker does not accept {who} on this listener ({_message(exc)}); check ROUNDTRIP_KAFKA_SASL_MECHANISM"
+        )
     if isinstance(exc, ssl.SSLCertVerificationError):
-        return (f"the broker's TLS certificate is not trusted ({exc.verify_message}); set ROUNDTRIP_KAFKA_SSL_CAFILE to the "
-                "CA that signed it")
+        return (
+            f"the broker's TLS certificate is not trusted ({exc.verify_message}); set ROUNDTRIP_KAFKA_SSL_CAFILE to the "
+            "CA that signed it"
+        )
     if isinstance(exc, ssl.SSLError) and "CERTIFICATE" in str(exc.reason or ""):
-        return (f"the TLS handshake failed: the broker refused this client's certificate or its absence ({exc.reason}); "
-                "a listener that requires client certificates needs ROUNDTRIP_KAFKA_SSL_CERTFILE and _KEYFILE signed by a CA it trusts")
+        return (
+            f"the TLS handshake failed: the broker refused this client's certificate or its absence ({exc.reason}); "
+            "a listener that requires client certificates needs ROUNDTRIP_KAFKA_SSL_CERTFILE and _KEYFILE signed by a CA it trusts"
+        )
     if isinstance(exc, ssl.SSLError):
         return f"the TLS handshake failed ({exc.reason or exc}); is this a TLS listener (SSL, SASL_SSL)?"
     if isinstance(exc, KafkaError) and not getattr(exc, "retriable", False):
@@ -64,7 +82,9 @@ def _cause(kafka: KafkaClients, exc: BaseException) -> str | None:
 def authorization(exc: BaseException) -> str | None:
     """One line for an ACL refusal (the principal may not read, write or join what it needs), else None."""
     if isinstance(exc, AUTHORIZATION_ERRORS):
-        return f"Kafka refused an operation: {type(exc).__name__} ({_message(exc)}); this principal lacks an ACL it needs"
+        return (
+            f"Kafka refused an operation: {type(exc).__name__} ({_message(exc)}); this principal lacks an ACL it needs"
+        )
     return None
 
 

@@ -54,9 +54,13 @@ def broker_options(options: dict[str, Any]) -> dict[str, Any]:
     if mechanism is None:
         return {"security": BaseSecurity(ssl_context=context, use_ssl=use_ssl)}
     if mechanism == "OAUTHBEARER":
-        return {"security": SASLOAuthBearer(ssl_context=context, use_ssl=use_ssl),
-                "sasl_oauth_token_provider": options["sasl_oauth_token_provider"]}
-    security = _SASL[mechanism](options["sasl_plain_username"], options["sasl_plain_password"], ssl_context=context, use_ssl=use_ssl)
+        return {
+            "security": SASLOAuthBearer(ssl_context=context, use_ssl=use_ssl),
+            "sasl_oauth_token_provider": options["sasl_oauth_token_provider"],
+        }
+    security = _SASL[mechanism](
+        options["sasl_plain_username"], options["sasl_plain_password"], ssl_context=context, use_ssl=use_ssl
+    )
     return {"security": security}
 
 
@@ -81,9 +85,15 @@ def ssl_context(s: KafkaSecurity) -> ssl.SSLContext:
             password=s.kafka_ssl_key_password.get_secret_value() if s.kafka_ssl_key_password else None,
         )
     except (ssl.SSLError, OSError) as exc:
-        files = ", ".join(f"{name}={path}" for name, path in (("ROUNDTRIP_KAFKA_SSL_CAFILE", s.kafka_ssl_cafile),
-                          ("ROUNDTRIP_KAFKA_SSL_CERTFILE", s.kafka_ssl_certfile), ("ROUNDTRIP_KAFKA_SSL_KEYFILE", s.kafka_ssl_keyfile))
-                          if path)
+        files = ", ".join(
+            f"{name}={path}"
+            for name, path in (
+                ("ROUNDTRIP_KAFKA_SSL_CAFILE", s.kafka_ssl_cafile),
+                ("ROUNDTRIP_KAFKA_SSL_CERTFILE", s.kafka_ssl_certfile),
+                ("ROUNDTRIP_KAFKA_SSL_KEYFILE", s.kafka_ssl_keyfile),
+            )
+            if path
+        )
         raise ConfigurationError(f"cannot load the Kafka TLS files ({files or 'the system CAs'}): {exc}") from None
 
 
@@ -96,9 +106,13 @@ def token_provider(spec: str) -> AbstractTokenProvider:
         for part in attribute.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER={spec}: cannot import it ({exc})") from None
+        raise ConfigurationError(
+            f"ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER={spec}: cannot import it ({exc})"
+        ) from None
     provider = found if isinstance(found, AbstractTokenProvider) else found() if callable(found) else None
     if not isinstance(provider, AbstractTokenProvider):
-        raise ConfigurationError(f"ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER={spec}: neither an aiokafka AbstractTokenProvider "
-                                 "nor a callable returning one")
+        raise ConfigurationError(
+            f"ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER={spec}: neither an aiokafka AbstractTokenProvider "
+            "nor a callable returning one"
+        )
     return provider

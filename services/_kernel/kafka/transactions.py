@@ -20,7 +20,9 @@ from pydantic import BaseModel
 
 from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
 
-DISCARD_TIMEOUT_S = 10  # stopping a broken producer flushes nothing that matters: its transaction is settled by the next
+DISCARD_TIMEOUT_S = (
+    10  # stopping a broken producer flushes nothing that matters: its transaction is settled by the next
+)
 RESTART_TIMEOUT_S = 30  # a fresh producer that cannot register (no coordinator) gives up; the next commit tries again
 
 
@@ -54,7 +56,10 @@ class TransactionalOutlet:
 
     def __init__(self, kafka: KafkaClients | str, topic: str, group_id: str, txn_id: str) -> None:
         self.topic, self.group_id = topic, group_id
-        self._kafka, self._options = clients_of(kafka), dict(transactional_id=txn_id, enable_idempotence=True, linger_ms=0)
+        self._kafka, self._options = (
+            clients_of(kafka),
+            dict(transactional_id=txn_id, enable_idempotence=True, linger_ms=0),
+        )
         self._producer: AIOKafkaProducer | None = None
         # partition -> offset of the consumed record -> (value, key, headers); a record read again replaces its own
         self._staged: dict[TopicPartition, dict[int, tuple[bytes, bytes, list[tuple[str, bytes]]]]] = {}
@@ -123,7 +128,9 @@ class TransactionalOutlet:
         messages are dropped instead of published twice."""
         admin = self._kafka.admin(request_timeout_ms=10000)
         try:
-            committed = await asyncio.wait_for(self._start_and_read(admin), RESTART_TIMEOUT_S)  # while the brokers are away: later
+            committed = await asyncio.wait_for(
+                self._start_and_read(admin), RESTART_TIMEOUT_S
+            )  # while the brokers are away: later
         except BaseException:
             await self._discard()
             raise

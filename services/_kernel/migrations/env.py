@@ -5,8 +5,10 @@ from alembic import context
 
 connection = context.config.attributes.get("connection")
 if connection is None:
-    raise RuntimeError("the fleet's migrations run through `roundtrip db upgrade` (services/_kernel/migrations), "
-                       "which gives them their connection and lock")
+    raise RuntimeError(
+        "the fleet's migrations run through `roundtrip db upgrade` (services/_kernel/migrations), "
+        "which gives them their connection and lock"
+    )
 context.configure(connection=connection)
 with context.begin_transaction():  # the caller's transaction: this opens none of its own
     context.run_migrations()

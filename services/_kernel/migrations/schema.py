@@ -17,8 +17,8 @@ from sqlalchemy import Connection, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from roundtrip._kernel.storage.database import make_engine, run_on, shown
 from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, STORES, UPGRADE, DatabaseUnreachable, SchemaMismatch
+from roundtrip._kernel.storage.database import make_engine, run_on, shown
 
 LOCK_KEY = 7_347_211_908  # PostgreSQL advisory lock of the fleet's migrations (any constant; the same in every process)
 SQLITE_LOCK_WAIT_MS = 60_000  # an upgrade waits this long for another process's write (or upgrade) to finish
@@ -86,12 +86,16 @@ def mismatch(store: str, url: str, found: str | None) -> str | None:
         return None
     where = f"the {store} database {shown(url)}"
     if found is None:
-        return (f"{where} has no revision of the {store} tables (a new database, or one made before migrations); "
-                f"this code needs {expected}: run `{UPGRADE}`")
+        return (
+            f"{where} has no revision of the {store} tables (a new database, or one made before migrations); "
+            f"this code needs {expected}: run `{UPGRADE}`"
+        )
     if found in lineage(store):
         return f"{where} is at revision {found}, behind this code's {expected}: run `{UPGRADE}`"
-    return (f"{where} is at revision {found}, which this code does not know (it needs {expected}): a newer roundtrip "
-            "migrated it; run that version")
+    return (
+        f"{where} is at revision {found}, which this code does not know (it needs {expected}): a newer roundtrip "
+        "migrated it; run that version"
+    )
 
 
 def require(conn: Connection, store: str, url: str) -> None:
@@ -120,7 +124,9 @@ async def current(url: str, stores: Sequence[str] = STORES) -> dict[str, str | N
 # -- upgrading ----------------------------------------------------------------------------------------
 
 
-async def upgrade(url: str, stores: Sequence[str] = STORES, to: str | None = None) -> list[tuple[str, str | None, str | None]]:
+async def upgrade(
+    url: str, stores: Sequence[str] = STORES, to: str | None = None
+) -> list[tuple[str, str | None, str | None]]:
     """Apply the stores' missing revisions (up to their heads, or up to revision `to`) in one locked transaction.
 
     Returns (store, revision before, revision after) for each. A store ahead of this code is refused

@@ -36,6 +36,12 @@ def check(message: Any, span: trace.Span | None = None) -> bool:
     span.set_attribute("roundtrip.agent.digest_mismatch", theirs)
     span.set_attribute("roundtrip.agent.digest", ours)
     if _said.add(turn.turn_id):
-        log.warning("turn %s was started under agent digest %s; this %s runs agent digest %s (a rolling upgrade in "
-                    "progress, or two versions of the agent on one fleet)", turn.turn_id, theirs, _running["service"], ours)
+        log.warning(
+            "turn %s was started under agent digest %s; this %s runs agent digest %s (a rolling upgrade in "
+            "progress, or two versions of the agent on one fleet)",
+            turn.turn_id,
+            theirs,
+            _running["service"],
+            ours,
+        )
     return True

@@ -41,9 +41,9 @@ from faststream import FastStream
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 
-from roundtrip._kernel.wire import topology
 from roundtrip._kernel.kafka.faststream_seam import consume_loops_alive
 from roundtrip._kernel.settings import Settings, TelemetrySettings
+from roundtrip._kernel.wire import topology
 
 log = logging.getLogger("roundtrip.health")
 
@@ -147,7 +147,8 @@ class HealthServer:
             status, content_type, body = await self._route(method, target.split("?", 1)[0], headers)
             writer.write(
                 f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode("latin-1") + (b"" if method == "HEAD" else body)
+                "Connection: close\r\n\r\n".encode("latin-1")
+                + (b"" if method == "HEAD" else body)
             )
             await writer.drain()
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError, ValueError):
@@ -164,7 +165,11 @@ class HealthServer:
         if path in ("/healthz", "/readyz"):
             ok, results = await evaluate(_liveness if path == "/healthz" else _readiness)
             body = {"status": "ok" if ok else "failing", "service": self.service, "checks": results}
-            return ("200 OK" if ok else "503 Service Unavailable"), "application/json", json.dumps(body).encode() + b"\n"
+            return (
+                ("200 OK" if ok else "503 Service Unavailable"),
+                "application/json",
+                json.dumps(body).encode() + b"\n",
+            )
         return "404 Not Found", "text/plain", b"/healthz, /readyz or /metrics\n"
 
 

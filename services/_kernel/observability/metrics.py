@@ -35,49 +35,75 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-from roundtrip._kernel.wire.events import Outcome, Usage
 from roundtrip._kernel.kafka.faststream_seam import MetricsContainer, ProcessingStatus, PublishingStatus
+from roundtrip._kernel.wire.events import Outcome, Usage
 
 # The outcomes that mean "the guard stopped the turn" (the rest mirror the model's stop_reason, or the API failed).
-GUARD_STOPS = frozenset({
-    Outcome.STEP_LIMIT, Outcome.REPEATED_CALL, Outcome.CYCLE, Outcome.FAILURE_STREAK, Outcome.BUDGET, Outcome.DEADLINE,
-    Outcome.CANCELLED,
-})
+GUARD_STOPS = frozenset(
+    {
+        Outcome.STEP_LIMIT,
+        Outcome.REPEATED_CALL,
+        Outcome.CYCLE,
+        Outcome.FAILURE_STREAK,
+        Outcome.BUDGET,
+        Outcome.DEADLINE,
+        Outcome.CANCELLED,
+    }
+)
 TOKEN_KINDS = {
-    "input_tokens": "input", "output_tokens": "output",
-    "cache_creation_input_tokens": "cache_write", "cache_read_input_tokens": "cache_read",
+    "input_tokens": "input",
+    "output_tokens": "output",
+    "cache_creation_input_tokens": "cache_write",
+    "cache_read_input_tokens": "cache_read",
 }
 
 turns = Counter("roundtrip_turns", "Turns ended, by outcome", ["outcome"])
-turn_steps = Histogram("roundtrip_turn_steps", "Model calls per ended turn", buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30))
+turn_steps = Histogram(
+    "roundtrip_turn_steps", "Model calls per ended turn", buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30)
+)
 step_seconds = Histogram(
-    "roundtrip_step_seconds", "One round trip of the loop: from a guard decision to the next one of the same turn",
+    "roundtrip_step_seconds",
+    "One round trip of the loop: from a guard decision to the next one of the same turn",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
 )
 tokens = Counter("roundtrip_tokens", "Tokens of recorded model calls, by kind", ["model", "kind"])
 cost_usd = Counter("roundtrip_cost_usd", "Cost of recorded model calls in USD (the configured price table)", ["model"])
 guard_drops = Counter("roundtrip_guard_drops", "Turns the guard stopped, by reason", ["reason"])
 guard_blocked_calls = Counter("roundtrip_guard_blocked_calls", "Repeats of a failed call the guard did not let run")
-gate_rejections = Counter("roundtrip_gate_rejections", "Calls the gate rejected, by tool and reason", ["tool", "reason"])
-tool_executions = Counter("roundtrip_tool_executions", "Approved tool calls run, by tool and result", ["tool", "result"])
+gate_rejections = Counter(
+    "roundtrip_gate_rejections", "Calls the gate rejected, by tool and reason", ["tool", "reason"]
+)
+tool_executions = Counter(
+    "roundtrip_tool_executions", "Approved tool calls run, by tool and result", ["tool", "result"]
+)
 tool_duration = Histogram(
-    "roundtrip_tool_duration_seconds", "Time to run one approved tool call", ["tool"],
+    "roundtrip_tool_duration_seconds",
+    "Time to run one approved tool call",
+    ["tool"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 model_call_duration = Histogram(
-    "roundtrip_model_call_duration_seconds", "Time of one model call (its retries and waits for capacity included)", ["model", "result"],
+    "roundtrip_model_call_duration_seconds",
+    "Time of one model call (its retries and waits for capacity included)",
+    ["model", "result"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120),
 )
 model_rate_limit = Gauge("roundtrip_model_rate_limit", "Calls per second this model service may start (0: not paced)")
-model_refusals = Counter("roundtrip_model_refusals", "Messages API answers 429 or 529 (the call waits and is tried again)")
+model_refusals = Counter(
+    "roundtrip_model_refusals", "Messages API answers 429 or 529 (the call waits and is tried again)"
+)
 model_capacity_wait = Histogram(
-    "roundtrip_model_capacity_wait_seconds", "Time a model call waited for the API's capacity",
+    "roundtrip_model_capacity_wait_seconds",
+    "Time a model call waited for the API's capacity",
     buckets=(0.01, 0.1, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300),
 )
 model_waiting = Gauge("roundtrip_model_waiting", "Model calls waiting for the API's capacity now")
 in_flight_messages = Gauge("roundtrip_in_flight", "Messages being handled right now", ["service", "subscription"])
-ignored_fields = Counter("roundtrip_ignored_fields", "Fields of public messages the fleet does not know, ignored", ["message"])
+ignored_fields = Counter(
+    "roundtrip_ignored_fields", "Fields of public messages the fleet does not know, ignored", ["message"]
+)
 refused_requests = Counter("roundtrip_refused_requests", "Requests answered invalid_request, by reason", ["reason"])
+
 
 def count_usage(model: str, usage: Usage, cost: float) -> None:
     for field, kind in TOKEN_KINDS.items():
@@ -106,8 +132,10 @@ class _Received:
         self._in_process = container.received_messages_in_process.labels(**labels)
         self._duration = container.received_processed_messages_duration_seconds.labels(**labels)
         self._exceptions = container.received_processed_messages_exceptions_total
-        self._processed = {s: container.received_processed_messages_total.labels(**labels, status=s.value)
-                           for s in (ProcessingStatus.acked, ProcessingStatus.error)}
+        self._processed = {
+            s: container.received_processed_messages_total.labels(**labels, status=s.value)
+            for s in (ProcessingStatus.acked, ProcessingStatus.error)
+        }
         self._in_flight = in_flight_messages.labels(service, topic)
 
     def __call__(self, size: int) -> _Record:
@@ -171,7 +199,8 @@ class KafkaMetrics:
         else:
             failed.inc()
             self._container.published_messages_exceptions_total.labels(
-                app_name=self._app, broker="kafka", destination=topic, exception_type=exception_type).inc()
+                app_name=self._app, broker="kafka", destination=topic, exception_type=exception_type
+            ).inc()
 
 
 _kafka: dict[str, KafkaMetrics] = {}

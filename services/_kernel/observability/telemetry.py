@@ -55,7 +55,6 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 from roundtrip._kernel.settings import Settings
 
 
-
 def turn_span_name(agent_name: str) -> str:
     """The name of a turn's root span: the GenAI agent span of the agent the fleet runs (Agent.name)."""
     return f"invoke_agent {agent_name}"
@@ -69,9 +68,18 @@ _TRACEPARENT = "traceparent"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 # outcomes that are failures of the turn (Jaeger's error filter finds them); the rest ended as the model or an operator chose
-ERROR_OUTCOMES = frozenset({
-    "step_limit", "repeated_call", "cycle", "failure_streak", "budget", "deadline", "model_error", "model_busy",
-})
+ERROR_OUTCOMES = frozenset(
+    {
+        "step_limit",
+        "repeated_call",
+        "cycle",
+        "failure_streak",
+        "budget",
+        "deadline",
+        "model_error",
+        "model_busy",
+    }
+)
 
 _provider: TracerProvider | None = None
 
@@ -84,8 +92,13 @@ class Hop:
 
     __slots__ = ("attributes", "cause", "conversation_id", "new_turn")
 
-    def __init__(self, attributes: dict[str, Any], conversation_id: str, cause: SpanContext | None = None,
-                 new_turn: tuple[str, str, float] | None = None) -> None:
+    def __init__(
+        self,
+        attributes: dict[str, Any],
+        conversation_id: str,
+        cause: SpanContext | None = None,
+        new_turn: tuple[str, str, float] | None = None,
+    ) -> None:
         self.attributes = attributes
         self.conversation_id = conversation_id
         self.cause = cause  # the previous hop (the hop's consumer span links to it)
@@ -110,7 +123,9 @@ def _span_context(value: str | bytes | None) -> SpanContext | None:
     if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
         return None
     try:
-        ctx = SpanContext(int(parts[1], 16), int(parts[2], 16), is_remote=True, trace_flags=TraceFlags(int(parts[3], 16) & 0xFF))
+        ctx = SpanContext(
+            int(parts[1], 16), int(parts[2], 16), is_remote=True, trace_flags=TraceFlags(int(parts[3], 16) & 0xFF)
+        )
     except ValueError:
         return None
     return ctx if ctx.is_valid else None
@@ -164,8 +179,9 @@ def turn_headers(message: Any) -> dict[str, str]:
     return headers
 
 
-def hop_of(topic: str, partition: int, offset: int, timestamp: int, key: Any, headers: dict[str, Any],
-           roots: frozenset[str]) -> tuple[Hop | None, str | None]:
+def hop_of(
+    topic: str, partition: int, offset: int, timestamp: int, key: Any, headers: dict[str, Any], roots: frozenset[str]
+) -> tuple[Hop | None, str | None]:
     """The hop a consumed record is (None outside turns) and the traceparent its consumer span continues.
 
     A record of a turn: the turn span is the parent, the sender's span (the previous hop) the cause.
@@ -175,7 +191,10 @@ def hop_of(topic: str, partition: int, offset: int, timestamp: int, key: Any, he
     sender = headers.get(_TRACEPARENT)
     turn_span = headers.get(TURN_SPAN_HEADER)
     if turn_span:
-        attributes: dict[str, Any] = {"roundtrip.turn_id": headers.get(TURN_ID_HEADER, ""), "gen_ai.conversation.id": conversation_id}
+        attributes: dict[str, Any] = {
+            "roundtrip.turn_id": headers.get(TURN_ID_HEADER, ""),
+            "gen_ai.conversation.id": conversation_id,
+        }
         if step := headers.get(STEP_HEADER):
             with contextlib.suppress(ValueError):
                 attributes["roundtrip.step"] = int(step)
@@ -183,13 +202,22 @@ def hop_of(topic: str, partition: int, offset: int, timestamp: int, key: Any, he
     if topic in roots:
         trace_id, span_id = turn_ids_for_record(topic, partition, offset, timestamp)
         # the client's span, if it sent one: linked, not the parent
-        return (Hop({"gen_ai.conversation.id": conversation_id}, conversation_id, _span_context(sender),
-                    new_turn=(trace_id, span_id, time.time())), traceparent(trace_id, span_id))
+        return (
+            Hop(
+                {"gen_ai.conversation.id": conversation_id},
+                conversation_id,
+                _span_context(sender),
+                new_turn=(trace_id, span_id, time.time()),
+            ),
+            traceparent(trace_id, span_id),
+        )
     return None, sender
 
 
 @contextlib.contextmanager
-def consuming(record: Any, group: str, roots: frozenset[str] = frozenset(), using: trace.Tracer | None = None) -> Iterator[trace.Span]:
+def consuming(
+    record: Any, group: str, roots: frozenset[str] = frozenset(), using: trace.Tracer | None = None
+) -> Iterator[trace.Span]:
     """The consumer span of one record (`<topic> process`), current while its handler runs, in its turn's trace.
 
     What the kernel's message path opens around every handler (services/_kernel/kafka/messaging.py): the
@@ -218,8 +246,9 @@ def consuming(record: Any, group: str, roots: frozenset[str] = frozenset(), usin
     links = [Link(hop.cause)] if hop is not None and hop.cause is not None else None
     token = _hop.set(hop) if hop is not None else None
     try:
-        span = (using or tracer("roundtrip.kafka")).start_span(f"{record.topic} process", context=parent_ctx, kind=SpanKind.CONSUMER,
-                                                              attributes=attributes, links=links)
+        span = (using or tracer("roundtrip.kafka")).start_span(
+            f"{record.topic} process", context=parent_ctx, kind=SpanKind.CONSUMER, attributes=attributes, links=links
+        )
         with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
             yield span
     finally:
@@ -228,7 +257,9 @@ def consuming(record: Any, group: str, roots: frozenset[str] = frozenset(), usin
 
 
 @contextlib.contextmanager
-def publishing(topic: str, message: Any, conversation_id: str, using: trace.Tracer | None = None) -> Iterator[list[tuple[str, bytes]]]:
+def publishing(
+    topic: str, message: Any, conversation_id: str, using: trace.Tracer | None = None
+) -> Iterator[list[tuple[str, bytes]]]:
     """The producer span of one publish (`<topic> publish`); yields the record's headers: the turn's
     headers, `traceparent` of this span (the next hop links to it), `correlation_id` and the content type."""
     attributes = {
@@ -238,12 +269,15 @@ def publishing(topic: str, message: Any, conversation_id: str, using: trace.Trac
         "messaging.kafka.message.key": conversation_id,
         "messaging.message.conversation_id": conversation_id,
     }
-    with (using or tracer("roundtrip.kafka")).start_as_current_span(f"{topic} publish", kind=SpanKind.PRODUCER,
-                                                                  attributes=attributes, record_exception=False) as span:
+    with (using or tracer("roundtrip.kafka")).start_as_current_span(
+        f"{topic} publish", kind=SpanKind.PRODUCER, attributes=attributes, record_exception=False
+    ) as span:
         headers = [(k, v.encode()) for k, v in turn_headers(message).items()]
         ctx = span.get_span_context()
         if ctx.is_valid:
-            headers.append((_TRACEPARENT, f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags) & 1:02x}".encode()))
+            headers.append(
+                (_TRACEPARENT, f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags) & 1:02x}".encode())
+            )
         headers.append(("correlation_id", conversation_id.encode()))
         headers.append(("content-type", b"application/json"))
         yield headers
@@ -292,9 +326,19 @@ class TurnIdGenerator(IdGenerator):
         return True
 
 
-def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_usd: float, agent_name: str,
-                     agent_digest: str = "", model: str = "", end_time: float | None = None,
-                     using: trace.Tracer | None = None) -> trace.Span:
+def record_turn_span(
+    turn: Any,
+    *,
+    outcome: str,
+    steps: int,
+    usage: Any,
+    cost_usd: float,
+    agent_name: str,
+    agent_digest: str = "",
+    model: str = "",
+    end_time: float | None = None,
+    using: trace.Tracer | None = None,
+) -> trace.Span:
     """Record the finished turn span (the root of the turn's trace) with the ids and start fixed when the turn began;
     `agent_digest` (Agent.digest: its prompt and tools) says which version of the agent the recording process runs."""
     started = turn.started_at or time.time()
@@ -316,12 +360,16 @@ def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_us
         attributes["gen_ai.request.model"] = model
     if usage is not None:
         cache_write, cache_read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
-        attributes.update({
-            "gen_ai.usage.input_tokens": usage.input_tokens + cache_write + cache_read,  # semconv: cached tokens included
-            "gen_ai.usage.output_tokens": usage.output_tokens,
-            "gen_ai.usage.cache_creation.input_tokens": cache_write,
-            "gen_ai.usage.cache_read.input_tokens": cache_read,
-        })
+        attributes.update(
+            {
+                "gen_ai.usage.input_tokens": usage.input_tokens
+                + cache_write
+                + cache_read,  # semconv: cached tokens included
+                "gen_ai.usage.output_tokens": usage.output_tokens,
+                "gen_ai.usage.cache_creation.input_tokens": cache_write,
+                "gen_ai.usage.cache_read.input_tokens": cache_read,
+            }
+        )
     if outcome not in ERROR_OUTCOMES and outcome not in ("cancelled",):
         attributes["gen_ai.response.finish_reasons"] = [outcome]
     if turn.persona:
@@ -331,8 +379,13 @@ def record_turn_span(turn: Any, *, outcome: str, steps: int, usage: Any, cost_us
     forced = [int(turn.trace_id, 16), int(turn.span_id, 16)] if turn.span_id and turn.trace_id else None
     token = _forced_ids.set(forced)
     try:
-        span = (using or tracer()).start_span(turn_span_name(agent_name), context=otel_context.Context(), kind=SpanKind.INTERNAL,
-                                   attributes=attributes, start_time=_ns(started))
+        span = (using or tracer()).start_span(
+            turn_span_name(agent_name),
+            context=otel_context.Context(),
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=_ns(started),
+        )
     finally:
         _forced_ids.reset(token)
     if outcome in ERROR_OUTCOMES:
@@ -446,21 +499,29 @@ class JsonLinesSpanExporter(SpanExporter):
         for span in spans:
             ctx = span.get_span_context()
             status = span.status
-            lines.append(_encode_span({
-                "trace_id": format(ctx.trace_id, "032x"),
-                "span_id": format(ctx.span_id, "016x"),
-                "parent_id": format(span.parent.span_id, "016x") if span.parent else None,
-                "name": span.name,
-                "service": span.resource.attributes.get("service.name"),
-                "kind": span.kind.name,
-                "start_ns": span.start_time,
-                "end_ns": span.end_time,
-                "status": status.status_code.name,
-                "status_message": status.description,
-                "attributes": dict(span.attributes) if span.attributes else {},  # sequences (tuples) become lists
-                "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events] if span.events else [],
-                "links": [format(link.context.span_id, "016x") for link in span.links] if span.links else [],
-            }))
+            lines.append(
+                _encode_span(
+                    {
+                        "trace_id": format(ctx.trace_id, "032x"),
+                        "span_id": format(ctx.span_id, "016x"),
+                        "parent_id": format(span.parent.span_id, "016x") if span.parent else None,
+                        "name": span.name,
+                        "service": span.resource.attributes.get("service.name"),
+                        "kind": span.kind.name,
+                        "start_ns": span.start_time,
+                        "end_ns": span.end_time,
+                        "status": status.status_code.name,
+                        "status_message": status.description,
+                        "attributes": dict(span.attributes)
+                        if span.attributes
+                        else {},  # sequences (tuples) become lists
+                        "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events]
+                        if span.events
+                        else [],
+                        "links": [format(link.context.span_id, "016x") for link in span.links] if span.links else [],
+                    }
+                )
+            )
         if lines:
             os.write(self._fd, b"\n".join(lines) + b"\n")
         return SpanExportResult.SUCCESS
@@ -476,7 +537,9 @@ def span_files(path: Path, backups: int) -> list[Path]:
 
 def make_provider(service: str, settings: Settings | None = None) -> TracerProvider:
     """A tracer provider that shapes turns (turn span ids, turn attributes on every span); exporters per `settings`."""
-    provider = TracerProvider(resource=Resource.create({"service.name": f"roundtrip-{service}"}), id_generator=TurnIdGenerator())
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": f"roundtrip-{service}"}), id_generator=TurnIdGenerator()
+    )
     provider.add_span_processor(TurnSpanProcessor())
     if settings is None:
         return provider
@@ -489,7 +552,9 @@ def make_provider(service: str, settings: Settings | None = None) -> TracerProvi
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     span_file = settings.effective_span_file
     if span_file is not None:
-        exporter = JsonLinesSpanExporter(span_file, int(settings.span_file_max_mb * 1024 * 1024), settings.span_file_backups)
+        exporter = JsonLinesSpanExporter(
+            span_file, int(settings.span_file_max_mb * 1024 * 1024), settings.span_file_backups
+        )
         provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
     return provider
 

@@ -28,7 +28,9 @@ def env_name(field: str) -> str:
     return "ANTHROPIC_API_KEY" if field == "anthropic_api_key" else f"ROUNDTRIP_{field.upper()}"
 
 
-_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")  # a name, an IPv4 or a [IPv6] address
+_HOST = re.compile(
+    r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?"
+)  # a name, an IPv4 or a [IPv6] address
 
 
 def parse_bootstrap_servers(value: str) -> list[str]:
@@ -39,9 +41,13 @@ def parse_bootstrap_servers(value: str) -> list[str]:
     for entry in entries:
         host, colon, port = entry.rpartition(":")
         if "://" in entry:
-            raise ValueError(f"{entry!r} has a scheme: give host:port (the security protocol is not part of the address)")
+            raise ValueError(
+                f"{entry!r} has a scheme: give host:port (the security protocol is not part of the address)"
+            )
         if not colon or not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"{entry!r} is not host:port; give host:port[,host:port...], e.g. broker-1:9092,broker-2:9092")
+            raise ValueError(
+                f"{entry!r} is not host:port; give host:port[,host:port...], e.g. broker-1:9092,broker-2:9092"
+            )
     return entries
 
 
@@ -76,25 +82,39 @@ def check_kafka_security(s: Any) -> None:
     mechanism, protocol = s.kafka_sasl_mechanism, f"ROUNDTRIP_KAFKA_SECURITY_PROTOCOL={s.kafka_security_protocol}"
     password = s.kafka_sasl_password is not None or s.kafka_sasl_password_file is not None
     if sasl and mechanism is None:
-        raise ValueError(f"{protocol} needs ROUNDTRIP_KAFKA_SASL_MECHANISM: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER")
+        raise ValueError(
+            f"{protocol} needs ROUNDTRIP_KAFKA_SASL_MECHANISM: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER"
+        )
     if not sasl and (mechanism or s.kafka_sasl_username or password or s.kafka_sasl_oauth_token_provider):
-        raise ValueError(f"SASL settings are set but {protocol} does not use SASL: set it to SASL_SSL or SASL_PLAINTEXT")
+        raise ValueError(
+            f"SASL settings are set but {protocol} does not use SASL: set it to SASL_SSL or SASL_PLAINTEXT"
+        )
     if not tls and (s.kafka_ssl_cafile or s.kafka_ssl_certfile or s.kafka_ssl_keyfile):
-        raise ValueError(f"ROUNDTRIP_KAFKA_SSL_* files are set but {protocol} does not use TLS: set it to SSL or SASL_SSL")
+        raise ValueError(
+            f"ROUNDTRIP_KAFKA_SSL_* files are set but {protocol} does not use TLS: set it to SSL or SASL_SSL"
+        )
     if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
-        raise ValueError("ROUNDTRIP_KAFKA_SSL_KEYFILE is set without ROUNDTRIP_KAFKA_SSL_CERTFILE (the certificate it belongs to)")
+        raise ValueError(
+            "ROUNDTRIP_KAFKA_SSL_KEYFILE is set without ROUNDTRIP_KAFKA_SSL_CERTFILE (the certificate it belongs to)"
+        )
     if s.kafka_sasl_password is not None and s.kafka_sasl_password_file is not None:
         raise ValueError("both ROUNDTRIP_KAFKA_SASL_PASSWORD and ROUNDTRIP_KAFKA_SASL_PASSWORD_FILE are set: keep one")
     if mechanism == "OAUTHBEARER":
         if not s.kafka_sasl_oauth_token_provider:
-            raise ValueError("ROUNDTRIP_KAFKA_SASL_MECHANISM=OAUTHBEARER needs ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER (module:attribute)")
+            raise ValueError(
+                "ROUNDTRIP_KAFKA_SASL_MECHANISM=OAUTHBEARER needs ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER (module:attribute)"
+            )
         if s.kafka_sasl_username or password:
-            raise ValueError("OAUTHBEARER takes its token from ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER, not a username or password")
+            raise ValueError(
+                "OAUTHBEARER takes its token from ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER, not a username or password"
+            )
     elif mechanism:
         if s.kafka_sasl_oauth_token_provider:
             raise ValueError(f"ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER is for OAUTHBEARER, not {mechanism}")
         if not s.kafka_sasl_username or not password:
-            raise ValueError(f"{mechanism} needs ROUNDTRIP_KAFKA_SASL_USERNAME and ROUNDTRIP_KAFKA_SASL_PASSWORD (or _PASSWORD_FILE)")
+            raise ValueError(
+                f"{mechanism} needs ROUNDTRIP_KAFKA_SASL_USERNAME and ROUNDTRIP_KAFKA_SASL_PASSWORD (or _PASSWORD_FILE)"
+            )
 
 
 def check_database_url(value: str) -> str:
@@ -107,11 +127,15 @@ def check_database_url(value: str) -> str:
     if backend == "postgres":
         backend = "postgresql"
     if backend not in ASYNC_DRIVERS:
-        raise ValueError(f"{scheme}:// is not supported; write " + " or ".join(example for _, example in ASYNC_DRIVERS.values()))
+        raise ValueError(
+            f"{scheme}:// is not supported; write " + " or ".join(example for _, example in ASYNC_DRIVERS.values())
+        )
     wanted, example = ASYNC_DRIVERS[backend]
     if scheme.lower() != wanted:
-        raise ValueError(f"{scheme}:// names a driver the fleet does not use (it is asyncio throughout); write {wanted}://..., "
-                         f"e.g. {example}")
+        raise ValueError(
+            f"{scheme}:// names a driver the fleet does not use (it is asyncio throughout); write {wanted}://..., "
+            f"e.g. {example}"
+        )
     return value
 
 

@@ -17,7 +17,12 @@ from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, Secre
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from roundtrip._kernel.settings.checks import (
-    SASL_MECHANISMS, SECURITY_PROTOCOLS, check_database_url, check_import_string, check_kafka_security, existing_file,
+    SASL_MECHANISMS,
+    SECURITY_PROTOCOLS,
+    check_database_url,
+    check_import_string,
+    check_kafka_security,
+    existing_file,
     parse_bootstrap_servers,
 )
 
@@ -59,31 +64,35 @@ class Deployment(Concern):
     heading = "where things live"
 
     env: str | None = Field(
-        None, description=(
+        None,
+        description=(
             "`development` or `production`; unset: development only with the embedded broker (the published approval "
             "key is refused outside development)"
-        )
+        ),
     )
     agent: str | None = Field(
-        None, description=(
+        None,
+        description=(
             "The agent the fleet runs: `package.module:attribute`, or a name in the entry-point group "
             "`roundtrip.agents`; unset: the demo agent (see Your own agent in the manual)"
         ),
     )
     instance_id: str | None = Field(
-        None, description=(
+        None,
+        description=(
             "Stable id of this replica (the gateway's transactional id); default: the pod name in Kubernetes, else "
             "host + service; `roundtrip up` gives each child its own"
-        )
+        ),
     )
-    state_dir: Path = Field(Path(".roundtrip"), description=(
-        "Folder for embedded broker data, SQLite files, span files, logs"
-    ))
+    state_dir: Path = Field(
+        Path(".roundtrip"), description=("Folder for embedded broker data, SQLite files, span files, logs")
+    )
     listen_host: str = Field(
-        "127.0.0.1", description=(
+        "127.0.0.1",
+        description=(
             "Address the simulator, an agent's embedded backend and the health endpoints listen on (0.0.0.0 in "
             "containers)"
-        )
+        ),
     )
 
 
@@ -91,35 +100,44 @@ class KafkaSettings(Concern):
     heading = "Kafka"
 
     kafka_bootstrap_servers: str | None = Field(
-        None, description=(
+        None,
+        description=(
             "Kafka bootstrap servers, `host:port[,host:port...]`; unset means the embedded broker on kafka_port"
-        )
+        ),
     )
-    topic_prefix: str = Field("", description="Prefix of every topic name, consumer group and transactional id: "
-                              "fleets that share a cluster share nothing else")
+    topic_prefix: str = Field(
+        "",
+        description="Prefix of every topic name, consumer group and transactional id: "
+        "fleets that share a cluster share nothing else",
+    )
     partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
-    executor_partitions: int | None = Field(None, ge=1, description=(
-        "Partitions of the executor topic (defaults to `partitions`)"
-    ))
-    replication_factor: int = Field(1, ge=1, description=(
-        "Replication factor of the topics `roundtrip topics create` makes (the shipped k8s ConfigMap: 3)"
-    ))
+    executor_partitions: int | None = Field(
+        None, ge=1, description=("Partitions of the executor topic (defaults to `partitions`)")
+    )
+    replication_factor: int = Field(
+        1,
+        ge=1,
+        description=("Replication factor of the topics `roundtrip topics create` makes (the shipped k8s ConfigMap: 3)"),
+    )
     min_insync_replicas: int | None = Field(
-        None, ge=1,
+        None,
+        ge=1,
         description=(
             "`min.insync.replicas` of the topics `roundtrip topics create` makes (k8s ConfigMap: 2); unset: the "
             "broker's default"
         ),
     )
     max_in_flight: int = Field(
-        500, ge=1,
+        500,
+        ge=1,
         description=(
             "Messages each subscription of a service holds at once (one conversation at a time, many concurrently); at"
             " the limit it pauses fetching"
         ),
     )
     commit_interval_ms: float = Field(
-        500.0, ge=0,
+        500.0,
+        ge=0,
         description=(
             "How often a consumer commits its finished offsets (batched; a crash redelivers at most this much finished"
             " work)"
@@ -136,7 +154,9 @@ class KafkaSettings(Concern):
     def _min_isr(cls, value: int | None, info) -> int | None:
         factor = info.data.get("replication_factor", 1)
         if value is not None and value > factor:
-            raise ValueError(f"{value} is more than ROUNDTRIP_REPLICATION_FACTOR ({factor}): no write could ever succeed")
+            raise ValueError(
+                f"{value} is more than ROUNDTRIP_REPLICATION_FACTOR ({factor}): no write could ever succeed"
+            )
         return value
 
     @property
@@ -157,22 +177,24 @@ class KafkaSecurity(Concern):
     heading = "Kafka security: TLS and SASL"
 
     kafka_security_protocol: Annotated[SECURITY_PROTOCOLS, _upper] = Field(
-        "PLAINTEXT", description='`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL` (`security.protocol`)'
+        "PLAINTEXT", description="`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL` (`security.protocol`)"
     )
     kafka_sasl_mechanism: Annotated[SASL_MECHANISMS | None, _upper] = Field(
-        None, description=(
+        None,
+        description=(
             "`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `OAUTHBEARER` (`sasl.mechanism`); needed with `SASL_*`"
-        )
+        ),
     )
     kafka_sasl_username: str | None = Field(None, description="SASL user (PLAIN and SCRAM)")
-    kafka_sasl_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description=(
-        "SASL password (PLAIN and SCRAM); never shown"
-    ))
+    kafka_sasl_password: SecretStr | None = Field(
+        None, json_schema_extra=SECRET, description=("SASL password (PLAIN and SCRAM); never shown")
+    )
     kafka_sasl_password_file: ExistingFile = Field(
-        None, description='File holding the SASL password (a mounted secret; its first line), instead of the variable'
+        None, description="File holding the SASL password (a mounted secret; its first line), instead of the variable"
     )
     kafka_sasl_oauth_token_provider: str | None = Field(
-        None, description=(
+        None,
+        description=(
             "OAUTHBEARER: `module:attribute` of an aiokafka `AbstractTokenProvider`, or of a callable making one"
         ),
     )
@@ -181,15 +203,26 @@ class KafkaSecurity(Concern):
     )
     kafka_ssl_certfile: ExistingFile = Field(None, description="PEM file of this client's certificate (mTLS)")
     kafka_ssl_keyfile: ExistingFile = Field(None, description="PEM file of this client's private key (mTLS)")
-    kafka_ssl_key_password: SecretStr | None = Field(None, json_schema_extra=SECRET, description=(
-        "Password of that key, if it has one; never shown"
-    ))
+    kafka_ssl_key_password: SecretStr | None = Field(
+        None, json_schema_extra=SECRET, description=("Password of that key, if it has one; never shown")
+    )
 
-    @field_validator("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password", "kafka_sasl_password_file",
-                     "kafka_sasl_oauth_token_provider", "kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile",
-                     "kafka_ssl_key_password", mode="before")
+    @field_validator(
+        "kafka_sasl_mechanism",
+        "kafka_sasl_username",
+        "kafka_sasl_password",
+        "kafka_sasl_password_file",
+        "kafka_sasl_oauth_token_provider",
+        "kafka_ssl_cafile",
+        "kafka_ssl_certfile",
+        "kafka_ssl_keyfile",
+        "kafka_ssl_key_password",
+        mode="before",
+    )
     @classmethod
-    def _blank_is_unset(cls, value: object) -> object:  # an empty key of a Secret or ConfigMap (deploy/k8s) sets nothing
+    def _blank_is_unset(
+        cls, value: object
+    ) -> object:  # an empty key of a Secret or ConfigMap (deploy/k8s) sets nothing
         return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("kafka_sasl_oauth_token_provider")
@@ -213,31 +246,38 @@ class ModelSettings(Concern):
     heading = "the model"
 
     anthropic_api_key: str | None = Field(
-        None, validation_alias=AliasChoices("ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_API_KEY"), json_schema_extra=SECRET,
-        description='The real Anthropic API is used when set (also ROUNDTRIP_ANTHROPIC_API_KEY)',
+        None,
+        validation_alias=AliasChoices("ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_API_KEY"),
+        json_schema_extra=SECRET,
+        description="The real Anthropic API is used when set (also ROUNDTRIP_ANTHROPIC_API_KEY)",
     )
-    anthropic_base_url: str | None = Field(None, description=(
-        "Override the API base URL (the simulator is used when no key is set)"
-    ))
+    anthropic_base_url: str | None = Field(
+        None, description=("Override the API base URL (the simulator is used when no key is set)")
+    )
     model: str = Field("claude-sonnet-4-6", description="Model name sent to the Messages API")
     max_tokens: int = Field(1024, ge=1, description="max_tokens of each model call")
     model_max_retries: int = Field(
-        2, ge=0, description=(
+        2,
+        ge=0,
+        description=(
             "Retries of a model call after a transient error (timeout, connection, 5xx) before the turn ends; 429 and "
             "529 are retried until the turn's deadline"
-        ))
+        ),
+    )
     model_timeout_s: float = Field(60.0, gt=0, description="Timeout of one model call")
     disable_parallel_tool_use: bool = Field(
-        False, description=(
-            "Send `tool_choice: {\"type\": \"auto\", \"disable_parallel_tool_use\": true}`: at most one tool call per model "
+        False,
+        description=(
+            'Send `tool_choice: {"type": "auto", "disable_parallel_tool_use": true}`: at most one tool call per model '
             "response (a request may override it)"
-        )
+        ),
     )
     cache_history: bool = Field(
-        True, description=(
+        True,
+        description=(
             "Prompt caching of the history: cache breakpoints on the last message and on the previous request's last "
             "message (off: only tools and system prompt are cached)"
-        )
+        ),
     )
 
     @property
@@ -249,16 +289,16 @@ class LoopRules(Concern):
     heading = "loop rules: how many turns run, and when the guard stops one"
 
     max_running_turns: int = Field(
-        200, ge=1, description='Turns the gateway runs at once; more requests wait in `support.requests` (admission)'
+        200, ge=1, description="Turns the gateway runs at once; more requests wait in `support.requests` (admission)"
     )
     max_steps: int = Field(10, ge=1, description="Model calls a turn may make before it is stopped")
     loop_rules: bool = Field(True, description="Repeat, cycle and failure-streak detection (off: step limit only)")
-    max_identical_calls: int = Field(3, ge=2, description=(
-        "Identical calls (same fingerprint) a turn may make, even succeeding ones"
-    ))
-    cycle_max_period: int = Field(4, ge=2, description=(
-        "Longest cycle of steps (A,B,A,B has period 2) the guard looks for"
-    ))
+    max_identical_calls: int = Field(
+        3, ge=2, description=("Identical calls (same fingerprint) a turn may make, even succeeding ones")
+    )
+    cycle_max_period: int = Field(
+        4, ge=2, description=("Longest cycle of steps (A,B,A,B has period 2) the guard looks for")
+    )
     cycle_repeats: int = Field(2, ge=2, description="Repetitions of a cycle that end the turn")
     failure_streak: int = Field(4, ge=2, description="Consecutive failing calls that end the turn")
     turn_budget_usd: float = Field(0.50, gt=0, description="Cost a turn may spend on model calls")
@@ -285,17 +325,20 @@ class TurnLedger(Concern):
     heading = "the turn ledger: the guard's record of every turn, the fence of model and executor"
 
     ledger_database_url: DatabaseUrl = Field(
-        None, description=(
+        None,
+        description=(
             "SQLAlchemy URL of the turn ledger (the guard's, and the fence the executor and model service check), "
             "`postgresql+asyncpg://…` or `sqlite+aiosqlite:///…`; unset means a SQLite file in state_dir, which only "
             "the development fleet may use (guard, model and executor refuse to start without it elsewhere)"
-        )
+        ),
     )
-    outbox_after_s: float = Field(5.0, gt=0, description=(
-        "The guard's sweeper republishes a recorded decision still unpublished after this long"
-    ))
+    outbox_after_s: float = Field(
+        5.0, gt=0, description=("The guard's sweeper republishes a recorded decision still unpublished after this long")
+    )
     database_pool_size: int = Field(
-        POOL_SIZE, ge=1, le=1000,
+        POOL_SIZE,
+        ge=1,
+        le=1000,
         description=(
             "PostgreSQL connections each process keeps open to the ledger (the guard also to the conversation store), "
             "and no more: a statement that finds them all busy waits for one (an extra connection per statement cost "
@@ -309,20 +352,22 @@ class ConversationSettings(Concern):
     heading = "conversations: the guard's history of earlier turns"
 
     conversations_database_url: DatabaseUrl = Field(
-        None, description=(
+        None,
+        description=(
             "SQLAlchemy URL of the conversation store (the guard's history per conversation); unset means the ledger's"
             " database"
-        )
+        ),
     )
     history_tokens: int = Field(
-        20000, ge=0,
+        20000,
+        ge=0,
         description=(
             "Token budget of a conversation's history (estimated at 4 characters a token): the oldest turns are "
             "dropped past it, never splitting a tool_use from its tool_result; 0: every request stands alone"
         ),
     )
     conversation_retention_s: float = Field(
-        30 * 86400.0, gt=0, description='A conversation idle this long (30 days) is deleted with its history'
+        30 * 86400.0, gt=0, description="A conversation idle this long (30 days) is deleted with its history"
     )
 
 
@@ -336,7 +381,8 @@ class GateSettings(Concern):
     heading = "the gate: it signs the batches it approved, executors verify"
 
     approval_keys: str = Field(
-        DEV_APPROVAL_KEYS, json_schema_extra=KEYS,
+        DEV_APPROVAL_KEYS,
+        json_schema_extra=KEYS,
         description="Comma-separated key_id:secret pairs for signing approved batches; the first one signs",
     )
 
@@ -357,16 +403,18 @@ class TranscriptLimits(Concern):
     heading = "sizes: what a transcript carries"
 
     max_block_bytes: int = Field(
-        65536, ge=1024, description=(
+        65536,
+        ge=1024,
+        description=(
             "Largest tool input, tool result or text block a transcript carries (a larger input: an `is_error` result;"
             " a larger result or text: cut)"
-        )
+        ),
     )
-    max_input_depth: int = Field(32, ge=2, description='Deepest nesting of a tool input (deeper: an `is_error` result)')
+    max_input_depth: int = Field(32, ge=2, description="Deepest nesting of a tool input (deeper: an `is_error` result)")
     max_transcript_bytes: int = Field(
-        524288, ge=65536, description=(
-            "A turn's transcript is kept under this (its largest old blocks replaced by markers)"
-        )
+        524288,
+        ge=65536,
+        description=("A turn's transcript is kept under this (its largest old blocks replaced by markers)"),
     )
 
 
@@ -374,13 +422,16 @@ class ApprovalSettings(Concern):
     heading = "approvals by a person"
 
     approval_timeout_s: float = Field(
-        900.0, gt=0, description=(
+        900.0,
+        gt=0,
+        description=(
             "How long a call waits for a decision; then the turn ends politely (`approval_timeout`) and the call never"
             " runs"
-        )
+        ),
     )
     decision_keys: str = Field(
-        DEV_DECISION_KEYS, json_schema_extra=KEYS,
+        DEV_DECISION_KEYS,
+        json_schema_extra=KEYS,
         description=(
             "Comma-separated `key_id:secret` pairs approval decisions are signed with (the first signs in `roundtrip "
             "approvals`); the published default is refused outside development while approvals are configured (the "
@@ -397,20 +448,23 @@ class TelemetrySettings(Concern):
     heading = "telemetry: traces, logs, health and metrics"
 
     otlp_endpoint: str | None = Field(None, description="OTLP/HTTP endpoint (e.g. http://localhost:4318) for traces")
-    span_file: Path | None = Field(None, description=(
-        "JSON-lines span file; defaults to state_dir/spans.jsonl when no OTLP endpoint"
-    ))
+    span_file: Path | None = Field(
+        None, description=("JSON-lines span file; defaults to state_dir/spans.jsonl when no OTLP endpoint")
+    )
     span_file_max_mb: float = Field(20.0, ge=0, description="The span file is rotated past this size (MB; 0 = never)")
-    span_file_backups: int = Field(3, ge=0, description=(
-        "Rotated span files kept (spans.jsonl.1 … .N; `roundtrip trace` reads them too)"
-    ))
+    span_file_backups: int = Field(
+        3, ge=0, description=("Rotated span files kept (spans.jsonl.1 … .N; `roundtrip trace` reads them too)")
+    )
     jaeger_query_url: str | None = Field(
-        None, description="Jaeger's query API (e.g. http://localhost:16686) for `roundtrip trace`; "
-                          "unset: derived from an OTLP endpoint on the standard port 4318, else the span file is read",
+        None,
+        description="Jaeger's query API (e.g. http://localhost:16686) for `roundtrip trace`; "
+        "unset: derived from an OTLP endpoint on the standard port 4318, else the span file is read",
     )
     log_level: str = Field("INFO", description="Log level of the services")
     health_port: int = Field(
-        0, ge=0, le=65535,
+        0,
+        ge=0,
+        le=65535,
         description="Port of each service's /healthz, /readyz and /metrics (8080 in containers); 0 = off",
     )
     health_port_per_service: bool = Field(
@@ -438,51 +492,76 @@ class EmbeddedDefaults(Concern):
 
     kafka_port: int = Field(9092, description="Port of the embedded broker (client listener)")
     kafka_controller_port: int = Field(9093, description="Port of the embedded broker's KRaft controller")
-    kafka_version: str = Field("4.1.1", description=(
-        "Apache Kafka version fetched from Maven Central for the embedded broker"
-    ))
-    kafka_java_opts: str | None = Field(None, description=(
-        "JVM options of the embedded broker (default: small heap, serial GC)"
-    ))
-    kafka_log_level: str = Field("INFO", description=(
-        "Log level of the embedded broker (its log is state_dir/logs/kafka.log)"
-    ))
-    kafka_cache: Path | None = Field(None, description=(
-        "Folder of the fetched Kafka jars; unset: `~/.cache/roundtrip/kafka-<version>`"
-    ))
-    kafka_pom: Path | None = Field(None, description=(
-        "The pom.xml the jars are fetched with (e.g. one naming a Maven mirror); unset: `deploy/kafka/pom.xml`"
-    ))
+    kafka_version: str = Field(
+        "4.1.1", description=("Apache Kafka version fetched from Maven Central for the embedded broker")
+    )
+    kafka_java_opts: str | None = Field(
+        None, description=("JVM options of the embedded broker (default: small heap, serial GC)")
+    )
+    kafka_log_level: str = Field(
+        "INFO", description=("Log level of the embedded broker (its log is state_dir/logs/kafka.log)")
+    )
+    kafka_cache: Path | None = Field(
+        None, description=("Folder of the fetched Kafka jars; unset: `~/.cache/roundtrip/kafka-<version>`")
+    )
+    kafka_pom: Path | None = Field(
+        None,
+        description=(
+            "The pom.xml the jars are fetched with (e.g. one naming a Maven mirror); unset: `deploy/kafka/pom.xml`"
+        ),
+    )
     simulator_port: int = Field(8801, description="Port of the local Messages API simulator")
-    simulator_persona: str = Field("careful", description=(
-        "Persona the simulator plays when a request names none (or 'mix')"
-    ))
+    simulator_persona: str = Field(
+        "careful", description=("Persona the simulator plays when a request names none (or 'mix')")
+    )
     simulator_latency_ms: float = Field(0.0, ge=0, description="Latency the simulator adds to each response")
     simulator_latency_jitter: float = Field(
-        0.0, ge=0, le=1, description=(
-            "Spread of that latency: `0.3` draws each response's latency from latency_ms ±30 %"
-        )    )
-    simulator_rpm: int | None = Field(None, ge=1, description=(
-        "Requests per minute the simulator admits (a bucket refilled continuously, like the API's); unset: no limit"
-    ))
-    simulator_itpm: int | None = Field(None, ge=1, description=(
-        "Input tokens per minute it admits (cache reads do not count); unset: no limit"
-    ))
-    simulator_otpm: int | None = Field(None, ge=1, description=(
-        "Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no limit"
-    ))
-    simulator_overload_every: float | None = Field(None, gt=0, description=(
-        "Seconds between the simulator's bursts of 529 overloaded errors; unset: none"
-    ))
+        0.0,
+        ge=0,
+        le=1,
+        description=("Spread of that latency: `0.3` draws each response's latency from latency_ms ±30 %"),
+    )
+    simulator_rpm: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Requests per minute the simulator admits (a bucket refilled continuously, like the API's); unset: no limit"
+        ),
+    )
+    simulator_itpm: int | None = Field(
+        None, ge=1, description=("Input tokens per minute it admits (cache reads do not count); unset: no limit")
+    )
+    simulator_otpm: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no limit"
+        ),
+    )
+    simulator_overload_every: float | None = Field(
+        None, gt=0, description=("Seconds between the simulator's bursts of 529 overloaded errors; unset: none")
+    )
     simulator_overload_seconds: float = Field(5.0, gt=0, description="How long each of those bursts lasts")
     simulator_script: Path | None = Field(
-        None, description=(
+        None,
+        description=(
             "JSON file of scripts the simulator plays for persona script:NAME (services/_simulator/scripted.py)"
-        )
+        ),
     )
 
 
 CONCERNS: tuple[type[Concern], ...] = (
-    Deployment, KafkaSettings, KafkaSecurity, ModelSettings, LoopRules, TurnLedger, ConversationSettings, GateSettings, ExecutorSettings,
-    TranscriptLimits, ApprovalSettings, TelemetrySettings, EmbeddedDefaults,
+    Deployment,
+    KafkaSettings,
+    KafkaSecurity,
+    ModelSettings,
+    LoopRules,
+    TurnLedger,
+    ConversationSettings,
+    GateSettings,
+    ExecutorSettings,
+    TranscriptLimits,
+    ApprovalSettings,
+    TelemetrySettings,
+    EmbeddedDefaults,
 )

@@ -32,8 +32,10 @@ def masked(field: FieldInfo, value: Any) -> str:
     secret = field.json_schema_extra.get("secret") if isinstance(field.json_schema_extra, dict) else None
     if secret:
         if secret == "keys":
-            return ",".join(f"{key_id.strip()}:{HIDDEN}" if colon else HIDDEN  # an entry without an id is all secret
-                            for key_id, colon, _ in (part.partition(":") for part in str(value).split(",")))
+            return ",".join(
+                f"{key_id.strip()}:{HIDDEN}" if colon else HIDDEN  # an entry without an id is all secret
+                for key_id, colon, _ in (part.partition(":") for part in str(value).split(","))
+            )
         return HIDDEN
     return without_passwords(str(value))
 
@@ -55,7 +57,9 @@ def grouped(settings: Concern) -> list[tuple[str, list[tuple[str, str]]]]:
     groups = []
     for concern in CONCERNS:
         if isinstance(settings, concern):
-            rows = [(env_name(name), masked(field, getattr(settings, name))) for name, field in concern.model_fields.items()]
+            rows = [
+                (env_name(name), masked(field, getattr(settings, name))) for name, field in concern.model_fields.items()
+            ]
             groups.append((concern.heading, rows))
     return groups
 
@@ -66,7 +70,9 @@ def own_group(heading: str, own: Any) -> list[tuple[str, list[tuple[str, str]]]]
     if not fields:
         return []
     prefix = str(getattr(own, "model_config", {}).get("env_prefix", ""))
-    return [(heading, [(f"{prefix}{name}".upper(), masked(field, getattr(own, name))) for name, field in fields.items()])]
+    return [
+        (heading, [(f"{prefix}{name}".upper(), masked(field, getattr(own, name))) for name, field in fields.items()])
+    ]
 
 
 def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | None = None) -> str:
@@ -74,8 +80,10 @@ def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | N
     line between groups."""
     groups = grouped(settings) + (extra or [])
     width = max(len(variable) for _, rows in groups for variable, _ in rows)
-    return "\n\n".join("\n".join([f"# {heading}", *(f"{variable:<{width}}  {value}" for variable, value in rows)])
-                       for heading, rows in groups)
+    return "\n\n".join(
+        "\n".join([f"# {heading}", *(f"{variable:<{width}}  {value}" for variable, value in rows)])
+        for heading, rows in groups
+    )
 
 
 def warnings(settings: Settings, approvals: bool = False) -> list[str]:
@@ -84,12 +92,16 @@ def warnings(settings: Settings, approvals: bool = False) -> list[str]:
     found = []
     if settings.dev_approval_key_in_use:
         where = "development only" if settings.development else "the gate and the executor will REFUSE TO START here"
-        found.append("ROUNDTRIP_APPROVAL_KEYS holds the published development key: anyone can sign batches with it "
-                     f"({where}). Set it to a secret of your own, e.g. \"k1:$(openssl rand -hex 32)\".")
+        found.append(
+            "ROUNDTRIP_APPROVAL_KEYS holds the published development key: anyone can sign batches with it "
+            f'({where}). Set it to a secret of your own, e.g. "k1:$(openssl rand -hex 32)".'
+        )
     if approvals and settings.dev_decision_key_in_use:
         where = "development only" if settings.development else "the gate and the guard will REFUSE TO START here"
-        found.append("approvals are on and ROUNDTRIP_DECISION_KEYS holds the published development key: anyone can approve "
-                     f"a call with it ({where}). Set it to a secret of your own, e.g. \"ops1:$(openssl rand -hex 32)\".")
+        found.append(
+            "approvals are on and ROUNDTRIP_DECISION_KEYS holds the published development key: anyone can approve "
+            f'a call with it ({where}). Set it to a secret of your own, e.g. "ops1:$(openssl rand -hex 32)".'
+        )
     return found
 
 
@@ -110,8 +122,10 @@ def reference() -> str:
         if "__doc__" in vars(concern) and concern.__doc__:
             parts.append(inspect.cleandoc(concern.__doc__) + "\n")
         parts.append("| variable | default | meaning |\n| --- | --- | --- |")
-        parts += [f"| `{env_name(name)}` | {_shown_default(field)} | {field.description or ''} |"
-                  for name, field in concern.model_fields.items()]
+        parts += [
+            f"| `{env_name(name)}` | {_shown_default(field)} | {field.description or ''} |"
+            for name, field in concern.model_fields.items()
+        ]
     return "\n".join(parts) + "\n"
 
 

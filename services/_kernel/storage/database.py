@@ -58,8 +58,12 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
 
         return engine
     if read_only:
-        return create_async_engine(url, pool_size=1, max_overflow=0,  # its readers run one statement at a time
-                                   connect_args={"server_settings": {"default_transaction_read_only": "on"}})
+        return create_async_engine(
+            url,
+            pool_size=1,
+            max_overflow=0,  # its readers run one statement at a time
+            connect_args={"server_settings": {"default_transaction_read_only": "on"}},
+        )
     return create_async_engine(url, pool_size=pool_size, max_overflow=0)
 
 
@@ -68,9 +72,9 @@ async def run_on(engine: Engine | AsyncEngine, work: Callable[[Connection], Any]
     for the occasional job (a migration, a reading), not the hot path (`TurnStore._run`)."""
     try:
         if isinstance(engine, AsyncEngine):
-            async with (engine.begin() if write else engine.connect()) as conn:
+            async with engine.begin() if write else engine.connect() as conn:
                 return await conn.run_sync(work)
-        with (engine.begin() if write else engine.connect()) as conn:
+        with engine.begin() if write else engine.connect() as conn:
             return work(conn)
     finally:
         result = engine.dispose()

@@ -26,8 +26,14 @@ def lines(calls: Iterable[Any], results: Iterable[dict[str, Any]], is_serial: Ca
         if call is not None and not block.get("is_error"):
             content = block.get("content")
             text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False, default=str)
-            out.append(json.dumps({"id": call.id, "tool": call.name, "input": call.input, "result": text[:RESULT_CHARS]},
-                                  ensure_ascii=False, default=str) + "\n")
+            out.append(
+                json.dumps(
+                    {"id": call.id, "tool": call.name, "input": call.input, "result": text[:RESULT_CHARS]},
+                    ensure_ascii=False,
+                    default=str,
+                )
+                + "\n"
+            )
     return "".join(out)
 
 

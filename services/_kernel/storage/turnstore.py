@@ -33,14 +33,28 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import (
-    Column, Connection, Engine, Float, Index, Integer, MetaData, String, Table, Text, bindparam, func, or_, select, update,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    bindparam,
+    func,
+    or_,
+    select,
+    update,
 )
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from roundtrip._kernel.storage.database import POOL_SIZE, make_engine
 from roundtrip._kernel.migrations import LEDGER
 from roundtrip._kernel.migrations.schema import reaching, require
+from roundtrip._kernel.storage.database import POOL_SIZE, make_engine
 
 log = logging.getLogger("roundtrip.fence")
 SQLITE_LOCK_WAIT_MS = 30_000  # how long a write that found the file locked waits for it, in a thread
@@ -48,7 +62,9 @@ LOCKED_RETRY_S = (0.0005, 0.002)  # before that: tried again on the event loop a
 
 RUNNING, STUCK, ENDING, ENDED = "running", "stuck", "ending", "ended"
 AWAITING = "awaiting"  # a call waits for a person's decision: nothing may act, the stuck rule does not apply
-WAITING = "waiting"  # its model call waits for the API's capacity (rate limits): it may act, the stuck rule does not apply
+WAITING = (
+    "waiting"  # its model call waits for the API's capacity (rate limits): it may act, the stuck rule does not apply
+)
 LIVE = (RUNNING, STUCK, WAITING)  # may still act: claims succeed only in these states
 OPEN = (*LIVE, AWAITING)  # not ended: an end from outside (cancel, deadline) may still end these
 
@@ -148,7 +164,9 @@ class TurnStore:
     def __init__(self, engine: Engine | AsyncEngine) -> None:
         self.engine = engine
         # PostgreSQL: the same pool, its connections in autocommit mode while checked out (single statements)
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT") if isinstance(engine, AsyncEngine) else None
+        self._autocommit = (
+            engine.execution_options(isolation_level="AUTOCOMMIT") if isinstance(engine, AsyncEngine) else None
+        )
         self._inline: Connection | None = None  # SQLite: the event loop's own connection ...
         self._inline_auto: Connection | None = None  # ... and one in autocommit mode, for single statements
 
@@ -189,7 +207,7 @@ class TurnStore:
             if single:  # one statement: autocommit, one round trip instead of BEGIN, the statement and COMMIT
                 async with self._autocommit.connect() as conn:
                     return await conn.run_sync(work)
-            async with (self.engine.begin() if write else self.engine.connect()) as conn:
+            async with self.engine.begin() if write else self.engine.connect() as conn:
                 return await conn.run_sync(work)
         for pause in (*LOCKED_RETRY_S, None):
             try:
@@ -204,7 +222,9 @@ class TurnStore:
             if pause is None:
                 break
             await asyncio.sleep(pause)
-        return await asyncio.to_thread(self._run_waiting, work, write, single)  # held longer: wait for it off the event loop
+        return await asyncio.to_thread(
+            self._run_waiting, work, write, single
+        )  # held longer: wait for it off the event loop
 
     def _connection(self, autocommit: bool = False) -> Connection:
         """The event loop's own connection (one transactional, one in autocommit mode), opened once."""
@@ -219,7 +239,7 @@ class TurnStore:
         return conn
 
     def _run_waiting(self, work: Callable[[Connection], Any], write: bool, single: bool = False) -> Any:
-        with (self.engine.begin() if write and not single else self.engine.connect()) as conn:
+        with self.engine.begin() if write and not single else self.engine.connect() as conn:
             if single:
                 conn.execution_options(isolation_level="AUTOCOMMIT")
             conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_LOCK_WAIT_MS}")
@@ -246,8 +266,10 @@ class Fence(TurnStore):
         A redelivered batch of the same step may claim again (its calls are idempotent by
         tool_use_id); a batch of a step the turn has left, or of a turn that ended, cannot."""
         now = now or time.time()
-        return await self._update(_CLAIM, {"b_turn_id": turn_id, "b_step": step, "b_now": now,
-                                           "lease_step": step, "lease_until": now + lease_s})
+        return await self._update(
+            _CLAIM,
+            {"b_turn_id": turn_id, "b_step": step, "b_now": now, "lease_step": step, "lease_until": now + lease_s},
+        )
 
     async def claim_model_call(self, turn_id: str, step: int, now: float | None = None) -> bool:
         """True when the turn is live at `step` before its deadline (and the step's executor lease is released)."""
@@ -262,8 +284,10 @@ class Fence(TurnStore):
         """The turn's call at `step` waits for the API's capacity: WAITING (not stuck, however long, up to its deadline).
         False when the turn may not act any more (ended, cancelled, moved on)."""
         now = now or time.time()
-        return await self._update(_WAITING, {"b_turn_id": turn_id, "b_step": step, "status": WAITING,
-                                             "last_progress_at": now, "flagged_at": None})
+        return await self._update(
+            _WAITING,
+            {"b_turn_id": turn_id, "b_step": step, "status": WAITING, "last_progress_at": now, "flagged_at": None},
+        )
 
     async def record_acted(self, turn_id: str, step: int, lines: str) -> None:
         """Append the side effects this step had (services/_kernel/storage/sideeffects.py), whatever the turn's state now:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-
 from typing import Any
 
 from pydantic import BaseModel
@@ -93,6 +92,10 @@ def in_tool_use_order(messages: list[dict[str, Any]], results: list[dict[str, An
     order: dict[str, int] = {}
     for message in reversed(messages):
         if message.get("role") == "assistant" and isinstance(message.get("content"), list):
-            order = {b.get("id"): i for i, b in enumerate(message["content"]) if isinstance(b, dict) and b.get("type") == "tool_use"}
+            order = {
+                b.get("id"): i
+                for i, b in enumerate(message["content"])
+                if isinstance(b, dict) and b.get("type") == "tool_use"
+            }
             break
     return sorted(results, key=lambda b: order.get(b.get("tool_use_id"), len(order)))

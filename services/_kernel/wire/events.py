@@ -47,18 +47,27 @@ class SupportRequest(Message):
     model_config = ConfigDict(extra="allow")  # a producer may add fields before the fleet knows them
 
     request_id: str = Field(
-        min_length=1, max_length=200,
+        min_length=1,
+        max_length=200,
         description="Client's id of this request, unique within its conversation; a duplicate gets no second reply",
     )
-    conversation_id: str = Field(min_length=1, max_length=200, description="Kafka key; a conversation's turns stay in order")
-    customer_id: str = Field(min_length=1, max_length=200, description="The authenticated customer: the only principal tools act for")
+    conversation_id: str = Field(
+        min_length=1, max_length=200, description="Kafka key; a conversation's turns stay in order"
+    )
+    customer_id: str = Field(
+        min_length=1, max_length=200, description="The authenticated customer: the only principal tools act for"
+    )
     text: str = Field(min_length=1, max_length=8000, description="What the customer wrote")
-    persona: str | None = Field(None, max_length=40, description="Simulator persona for this request (ignored by the real API)")
+    persona: str | None = Field(
+        None, max_length=40, description="Simulator persona for this request (ignored by the real API)"
+    )
     disable_parallel_tool_use: bool | None = Field(
         None, description="At most one tool call per model response for this request (null: the deployment's setting)"
     )
     metadata: dict[MetadataKey, JsonValue] | None = Field(
-        None, max_length=METADATA_MAX_KEYS, description=f"The app's own facts about the request (locale, channel, tier, ...): at most {METADATA_MAX_KEYS} keys "
+        None,
+        max_length=METADATA_MAX_KEYS,
+        description=f"The app's own facts about the request (locale, channel, tier, ...): at most {METADATA_MAX_KEYS} keys "
         f"of 1 to {METADATA_MAX_KEY_CHARS} characters, {METADATA_MAX_BYTES} bytes of JSON; carried to the tools, the trace and the reply",
     )
 
@@ -115,7 +124,9 @@ class SupportReply(Message):
     usage: Usage
     cost_usd: float = Field(description="What the turn's model calls cost, from the configured price table")
     trace_id: str = Field(description="W3C trace id of the turn (find it in Jaeger)")
-    reason: str | None = Field(None, description="Why the request was not served (outcome invalid_request); null otherwise")
+    reason: str | None = Field(
+        None, description="Why the request was not served (outcome invalid_request); null otherwise"
+    )
     metadata: dict[str, JsonValue] | None = Field(None, description="The request's metadata, as it came")
 
 
@@ -133,8 +144,10 @@ class SupportStatus(Message):
     conversation_id: str
     customer_id: str
     turn_id: str
-    state: TurnState = Field(description="waiting_for_approval: a call waits for a person; the reply comes once they decide, "
-                                         "or by `until` at the latest")
+    state: TurnState = Field(
+        description="waiting_for_approval: a call waits for a person; the reply comes once they decide, "
+        "or by `until` at the latest"
+    )
     until: float = Field(description="Unix time the wait ends at the latest (the approval deadline)")
     at: float = Field(description="Unix time the fleet entered this state")
     reason: str = Field("", description="Why, in the agent's words (the rule that asks for a person)")
@@ -155,15 +168,27 @@ class Turn(Message):
     customer_id: str = Field(description="Principal, from the request envelope only")
     persona: str | None = None
     trace_id: str = Field("", description="W3C trace id of the turn's trace")
-    span_id: str = Field("", description="Id of the turn span, the root of that trace (recorded by the gateway at the reply)")
-    started_at: float = Field(0.0, description="Unix time the gateway received the request: the start of the turn span")
-    deadline_at: float = Field(0.0, description="Unix time after which the turn may cause nothing more (set by the guard)")
-    history_messages: int = Field(
-        0, ge=0, description="Messages of the conversation's earlier turns at the head of the transcript (set by the guard)"
+    span_id: str = Field(
+        "", description="Id of the turn span, the root of that trace (recorded by the gateway at the reply)"
     )
-    disable_parallel_tool_use: bool | None = Field(None, description="The request's override of the deployment's setting")
-    metadata: dict[str, Any] | None = Field(None, description="The request's metadata (the app's own facts), as it came")
-    agent_digest: str = Field("", description="Digest of the agent (its prompt and tools) the turn was started under (set by the guard)")
+    started_at: float = Field(0.0, description="Unix time the gateway received the request: the start of the turn span")
+    deadline_at: float = Field(
+        0.0, description="Unix time after which the turn may cause nothing more (set by the guard)"
+    )
+    history_messages: int = Field(
+        0,
+        ge=0,
+        description="Messages of the conversation's earlier turns at the head of the transcript (set by the guard)",
+    )
+    disable_parallel_tool_use: bool | None = Field(
+        None, description="The request's override of the deployment's setting"
+    )
+    metadata: dict[str, Any] | None = Field(
+        None, description="The request's metadata (the app's own facts), as it came"
+    )
+    agent_digest: str = Field(
+        "", description="Digest of the agent (its prompt and tools) the turn was started under (set by the guard)"
+    )
 
 
 class ToolCall(Message):
@@ -173,7 +198,9 @@ class ToolCall(Message):
     name: str
     input: Any
     fingerprint: str = Field(description="tool name + hash of the canonical JSON of the input")
-    error: str | None = Field(None, description="Why the input was not kept (too large or too deep): the call becomes an is_error result")
+    error: str | None = Field(
+        None, description="Why the input was not kept (too large or too deep): the call becomes an is_error result"
+    )
 
 
 class StartTurn(Message):
@@ -212,7 +239,9 @@ class ModelResponded(Message):
     spent: Usage = Field(default_factory=Usage, description="Tokens of the turn, this call included")
     model: str = ""
     error: str | None = Field(None, description="Set when the call failed (after the retries its error allows)")
-    busy: bool = Field(False, description="The error is the API's capacity: refused (429, 529) until the turn's deadline")
+    busy: bool = Field(
+        False, description="The error is the API's capacity: refused (429, 529) until the turn's deadline"
+    )
 
 
 class CheckToolCalls(Message):
@@ -227,7 +256,8 @@ class CheckToolCalls(Message):
         default_factory=dict, description="tool_use id -> why the guard refuses to run it (a repeat of a failed call)"
     )
     results: list[dict[str, Any]] = Field(
-        default_factory=list, description="tool_result blocks of this step's calls that already ran (a step resumed after an approval)"
+        default_factory=list,
+        description="tool_result blocks of this step's calls that already ran (a step resumed after an approval)",
     )
     decisions: list[ApprovalDecided] = Field(
         default_factory=list, description="Signed approvals by a person that the held calls of this step run under"
@@ -238,9 +268,13 @@ class ApprovalHold(Message):
     """Why a call the gate would run waits for a person first, and what the person is shown."""
 
     reason: str = Field(description="The tool pack's rule that asks for a person, in words")
-    entities: dict[str, Any] = Field(default_factory=dict, description="Referenced entities as resolved for the principal ({field: entity})")
+    entities: dict[str, Any] = Field(
+        default_factory=dict, description="Referenced entities as resolved for the principal ({field: entity})"
+    )
     input_sha256: str = Field(description="SHA-256 of the canonical JSON of {name, input}: what an approval binds")
-    expires_at: float = Field(description="Unix time after which the turn ends without the call (the approval deadline)")
+    expires_at: float = Field(
+        description="Unix time after which the turn ends without the call (the approval deadline)"
+    )
 
 
 class CheckedCall(Message):
@@ -278,14 +312,20 @@ class ApprovalRequested(Message):
     approval_id: str
     turn: Turn = Field(description="Who asked (customer_id is the principal), the turn and its trace id")
     step: int
-    call: CheckedCall = Field(description="The call waiting: tool name, tool_use id and the exact input the approval binds")
+    call: CheckedCall = Field(
+        description="The call waiting: tool name, tool_use id and the exact input the approval binds"
+    )
     reason: str = Field(description="Why a person must decide")
-    entities: dict[str, Any] = Field(default_factory=dict, description="The referenced entities as resolved for the customer ({field: entity})")
+    entities: dict[str, Any] = Field(
+        default_factory=dict, description="The referenced entities as resolved for the customer ({field: entity})"
+    )
     input_sha256: str = Field(description="SHA-256 of the canonical JSON of {name, input}; a decision must name it")
     requested_at: float
     expires_at: float = Field(description="Unix time the turn ends with a polite reply unless decided")
     messages: list[dict[str, Any]] = Field(description="Transcript including the assistant message with the calls")
-    results: list[dict[str, Any]] = Field(default_factory=list, description="tool_result blocks of the step's calls that already ran")
+    results: list[dict[str, Any]] = Field(
+        default_factory=list, description="tool_result blocks of the step's calls that already ran"
+    )
     spent: Usage = Field(default_factory=Usage)
 
 
@@ -338,17 +378,32 @@ class DeadLettered(Message):
     service: str
     topic: str
     reason: str
-    payload: str = Field(description="The original bytes for people to read: UTF-8 with replacement, the first 100,000 bytes")
+    payload: str = Field(
+        description="The original bytes for people to read: UTF-8 with replacement, the first 100,000 bytes"
+    )
     payload_base64: str = Field("", description="The original bytes, all of them, base64 (lossless)")
     key: str | None = Field(None, description="The record's key as UTF-8 with replacement")
     key_base64: str | None = Field(None, description="The record's key bytes, base64 (lossless)")
-    headers: list[dict[str, str]] = Field(default_factory=list, description="The record's headers: key and value_base64")
+    headers: list[dict[str, str]] = Field(
+        default_factory=list, description="The record's headers: key and value_base64"
+    )
     partition: int | None = None
     offset: int | None = None
 
 
 PUBLIC = (SupportRequest, SupportReply, SupportStatus)
-INTERNAL = (StartTurn, CancelTurn, CallModel, ModelResponded, CheckToolCalls, ExecuteToolBatch, TurnEnded, TurnFlagged, DeadLettered,
-            ApprovalRequested, ApprovalDecided)
+INTERNAL = (
+    StartTurn,
+    CancelTurn,
+    CallModel,
+    ModelResponded,
+    CheckToolCalls,
+    ExecuteToolBatch,
+    TurnEnded,
+    TurnFlagged,
+    DeadLettered,
+    ApprovalRequested,
+    ApprovalDecided,
+)
 
 CheckToolCalls.model_rebuild()  # it names ApprovalDecided, defined after it

@@ -20,7 +20,6 @@ APPROVAL_REQUESTS = "turn.approval_requests"  # ApprovalRequested: executor -> g
 APPROVAL_DECISIONS = "turn.approval_decisions"  # ApprovalDecided (signed): people, any Kafka client -> guard
 
 
-
 def t(name: str, prefix: str) -> str:
     """The topic's name on the wire: `prefix` is the topic prefix of the settings the caller was built with
     (ROUNDTRIP_TOPIC_PREFIX); a service's broker carries its own (`messaging.topic_of`)."""

@@ -53,9 +53,15 @@ class Service:
     summary: str
     inputs: tuple[Input, ...]
     outputs: dict[str, type[BaseModel]] = field(default_factory=dict)  # topic -> the message published there
-    shares_ledger: bool = False  # claims, records or counts turns in the turn ledger: needs the fleet's one ledger database
-    signs_batches: bool = False  # signs or verifies approved tool batches: holds ROUNDTRIP_APPROVAL_KEYS (never the dev key)
-    accepts_decisions: bool = False  # verifies people's signed ApprovalDecided: holds ROUNDTRIP_DECISION_KEYS (never the dev key)
+    shares_ledger: bool = (
+        False  # claims, records or counts turns in the turn ledger: needs the fleet's one ledger database
+    )
+    signs_batches: bool = (
+        False  # signs or verifies approved tool batches: holds ROUNDTRIP_APPROVAL_KEYS (never the dev key)
+    )
+    accepts_decisions: bool = (
+        False  # verifies people's signed ApprovalDecided: holds ROUNDTRIP_DECISION_KEYS (never the dev key)
+    )
     app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
 
     @property
@@ -66,31 +72,42 @@ class Service:
         for declared in self.inputs:
             if declared.topic == topic and declared.role == role:
                 return declared
-        raise LookupError(f"the topology declares no subscription of {self.name} to {topic}"
-                          + (f" as {role!r}" if role else "") + " (services/_kernel/wire/topology.py)")
+        raise LookupError(
+            f"the topology declares no subscription of {self.name} to {topic}"
+            + (f" as {role!r}" if role else "")
+            + " (services/_kernel/wire/topology.py)"
+        )
 
     def output(self, topic: str, message: type[BaseModel]) -> None:
         """LookupError unless this service is declared to publish `message` to `topic`."""
         if self.outputs.get(topic) is not message:
-            raise LookupError(f"the topology declares no output {message.__name__} of {self.name} to {topic} "
-                              "(services/_kernel/wire/topology.py)")
+            raise LookupError(
+                f"the topology declares no output {message.__name__} of {self.name} to {topic} "
+                "(services/_kernel/wire/topology.py)"
+            )
 
 
 SERVICES: tuple[Service, ...] = (
     Service(
-        "gateway", "takes support requests, starts turns, replies",
-        inputs=(Input(topics.SUPPORT_REQUESTS, events.SupportRequest), Input(topics.OUTCOMES, events.TurnEnded, "replies")),
+        "gateway",
+        "takes support requests, starts turns, replies",
+        inputs=(
+            Input(topics.SUPPORT_REQUESTS, events.SupportRequest),
+            Input(topics.OUTCOMES, events.TurnEnded, "replies"),
+        ),
         outputs={topics.TURN_STARTS: events.StartTurn, topics.SUPPORT_REPLIES: events.SupportReply},
         shares_ledger=True,  # reads it: the turns waiting for the model's capacity (services/_gateway/throttle.py)
     ),
     Service(
-        "model", "calls the model, one iteration event per response",
+        "model",
+        "calls the model, one iteration event per response",
         inputs=(Input(topics.MODEL_CALLS, events.CallModel),),
         outputs={topics.ITERATIONS: events.ModelResponded},
         shares_ledger=True,
     ),
     Service(
-        "guard", "the gate every iteration passes: continue, finish or drop; stuck turns, approvals",
+        "guard",
+        "the gate every iteration passes: continue, finish or drop; stuck turns, approvals",
         inputs=(
             Input(topics.ITERATIONS, events.ModelResponded),
             Input(topics.TURN_STARTS, events.StartTurn, "starts"),
@@ -98,21 +115,27 @@ SERVICES: tuple[Service, ...] = (
             Input(topics.APPROVAL_REQUESTS, events.ApprovalRequested, "approvals"),
             Input(topics.APPROVAL_DECISIONS, events.ApprovalDecided, "decisions"),
         ),
-        outputs={topics.MODEL_CALLS: events.CallModel, topics.TOOL_CALLS: events.CheckToolCalls,
-                 topics.OUTCOMES: events.TurnEnded, topics.TURN_EVENTS: events.TurnFlagged,
-                 topics.SUPPORT_STATUS: events.SupportStatus},
+        outputs={
+            topics.MODEL_CALLS: events.CallModel,
+            topics.TOOL_CALLS: events.CheckToolCalls,
+            topics.OUTCOMES: events.TurnEnded,
+            topics.TURN_EVENTS: events.TurnFlagged,
+            topics.SUPPORT_STATUS: events.SupportStatus,
+        },
         shares_ledger=True,
         accepts_decisions=True,  # a person's decision resumes the turn waiting for it
     ),
     Service(
-        "gate", "validates and authorizes each tool call, signs the approved batch",
+        "gate",
+        "validates and authorizes each tool call, signs the approved batch",
         inputs=(Input(topics.TOOL_CALLS, events.CheckToolCalls),),
         outputs={topics.TOOL_BATCHES: events.ExecuteToolBatch},
         signs_batches=True,
         accepts_decisions=True,  # a decided call's batch is signed only with a person's valid decision
     ),
     Service(
-        "executor", "runs the approved calls of a step, makes the next model call",
+        "executor",
+        "runs the approved calls of a step, makes the next model call",
         inputs=(Input(topics.TOOL_BATCHES, events.ExecuteToolBatch),),
         outputs={topics.MODEL_CALLS: events.CallModel, topics.APPROVAL_REQUESTS: events.ApprovalRequested},
         shares_ledger=True,

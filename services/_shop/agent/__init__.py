@@ -46,5 +46,7 @@ AGENT = Agent(
     settings=tools.ShopAgentSettings,
     dependencies={"shop": shop_client},
     describe_action=tools.describe_action,  # "I cancelled order ord_…" when a turn ends early after it
-    messages={"lookup_failed": "The order system could not be reached to verify this call; nothing was done. Try again shortly."},
+    messages={
+        "lookup_failed": "The order system could not be reached to verify this call; nothing was done. Try again shortly."
+    },
 )

@@ -120,7 +120,9 @@ class ShopClient:
             return False
         return response.status_code == 200
 
-    async def list_orders(self, customer_id: str, status: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    async def list_orders(
+        self, customer_id: str, status: str | None = None, limit: int | None = None
+    ) -> list[dict[str, Any]]:
         params: dict[str, Any] = {}
         if status is not None:
             params["status"] = status
@@ -150,7 +152,11 @@ class ShopClient:
     async def cancel_order(self, customer_id: str, order_id: str, reason: str, idempotency_key: str) -> dict[str, Any]:
         """The cancelled order. Raises OrderNotFound, OrderNotCancellable, IdempotencyConflict."""
         response = await self._request(
-            "POST", f"/orders/{_seg(order_id)}/cancel", customer_id, idempotency_key=idempotency_key, json={"reason": reason}
+            "POST",
+            f"/orders/{_seg(order_id)}/cancel",
+            customer_id,
+            idempotency_key=idempotency_key,
+            json={"reason": reason},
         )
         if response.status_code == 200:
             return self._json(response)
@@ -171,7 +177,10 @@ class ShopClient:
 
     async def escalate(self, customer_id: str, summary: str, urgency: str, idempotency_key: str) -> dict[str, Any]:
         response = await self._request(
-            "POST", "/escalations", customer_id, idempotency_key=idempotency_key,
+            "POST",
+            "/escalations",
+            customer_id,
+            idempotency_key=idempotency_key,
             json={"summary": summary, "urgency": urgency},
         )
         if response.status_code in (200, 201):

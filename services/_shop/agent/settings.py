@@ -19,9 +19,13 @@ class ShopAgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
 
     approval_cancel_above_cents: int | None = Field(
-        None, ge=0, description="cancel_order waits for a person's approval when the order's total is above this (cents); unset: never"
+        None,
+        ge=0,
+        description="cancel_order waits for a person's approval when the order's total is above this (cents); unset: never",
     )
-    shop_url: str | None = Field(None, description="Base URL of the shop API; unset means the embedded shop on shop_port")
+    shop_url: str | None = Field(
+        None, description="Base URL of the shop API; unset means the embedded shop on shop_port"
+    )
     shop_port: int = Field(8802, description="Port of the embedded demo shop")
     shop_database_url: DatabaseUrl = Field(
         None, description="SQLAlchemy URL of the shop database; unset means a SQLite file in state_dir"

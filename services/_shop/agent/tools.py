@@ -48,7 +48,9 @@ def not_cancellable_message(order_id: str, status: str) -> str:
         if status == "shipped"
         else "Offer a return instead (delivered items can be returned within 30 days)."
     )
-    return f"Order {order_id} is {status} and can no longer be cancelled; only pending or processing orders can be. {hint}"
+    return (
+        f"Order {order_id} is {status} and can no longer be cancelled; only pending or processing orders can be. {hint}"
+    )
 
 
 def _money(cents: int, currency: str) -> str:
@@ -63,7 +65,7 @@ def _summary(order: dict[str, Any]) -> dict[str, Any]:
         "total": _money(order["total_cents"], order["currency"]),
         "total_cents": order["total_cents"],
         "currency": order["currency"],
-        "items": [f'{i["quantity"]} x {i["name"]}' for i in order["items"]],
+        "items": [f"{i['quantity']} x {i['name']}" for i in order["items"]],
     }
 
 
@@ -102,7 +104,11 @@ async def cancel_order(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]
             f"This cancellation request conflicts with an earlier one for a different order; order {order_id} "
             "was not cancelled. Look the order up again before retrying."
         ) from None
-    return {"cancelled": True, "order": _detail(order), "refund": "Full refund to the original payment method within 5 to 10 business days."}
+    return {
+        "cancelled": True,
+        "order": _detail(order),
+        "refund": "Full refund to the original payment method within 5 to 10 business days.",
+    }
 
 
 async def get_shipping_status(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -132,7 +138,9 @@ async def escalate_to_human(args: dict[str, Any], ctx: ToolContext) -> dict[str,
 # -- authorization policies ------------------------------------------------------------------------
 
 
-async def cancel_order_policy(args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: ToolContext) -> str | None:
+async def cancel_order_policy(
+    args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: ToolContext
+) -> str | None:
     order = entities.get("order_id")
     order_id = args.get("order_id", "?")
     if order is None:
@@ -148,7 +156,9 @@ async def cancel_order_policy(args: dict[str, Any], entities: dict[str, dict[str
 
 
 @approval_rule(can_hold=lambda settings: settings.approval_cancel_above_cents is not None)
-def cancel_order_approval(args: dict[str, Any], entities: dict[str, dict[str, Any]], settings: ShopAgentSettings) -> str | None:
+def cancel_order_approval(
+    args: dict[str, Any], entities: dict[str, dict[str, Any]], settings: ShopAgentSettings
+) -> str | None:
     limit = settings.approval_cancel_above_cents
     if limit is None:
         return None
@@ -182,5 +192,9 @@ def describe_action(tool: str, args: dict[str, Any], result: str) -> str | None:
             ticket = json.loads(result).get("ticket_id")
         except (ValueError, AttributeError):
             ticket = None
-        return f"I passed your request to our support team (ticket {ticket})" if ticket else "I passed your request to our support team"
+        return (
+            f"I passed your request to our support team (ticket {ticket})"
+            if ticket
+            else "I passed your request to our support team"
+        )
     return None

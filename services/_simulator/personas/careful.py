@@ -42,7 +42,18 @@ def decide(t: Transcript) -> Reply:
     return {"cancel": cancel, "track": track, "help": help_, "human": human, "list": list_}[t.intent](t)
 
 
-ORDINALS = {"first": 1, "1st": 1, "second": 2, "2nd": 2, "third": 3, "3rd": 3, "fourth": 4, "4th": 4, "fifth": 5, "5th": 5}
+ORDINALS = {
+    "first": 1,
+    "1st": 1,
+    "second": 2,
+    "2nd": 2,
+    "third": 3,
+    "3rd": 3,
+    "fourth": 4,
+    "4th": 4,
+    "fifth": 5,
+    "5th": 5,
+}
 ORDINAL = re.compile(r"\b(" + "|".join(ORDINALS) + r")\b")
 ORDER_ID = re.compile(r"\bord_[0-9a-z]+\b")
 
@@ -54,7 +65,9 @@ def listed_before(t: Transcript) -> str | None:
     if wanted is None or not t.said_before:
         return None
     listed = list(dict.fromkeys(ORDER_ID.findall(t.said_before)))
-    looked_up = {o["order_id"] for step in t.earlier for r in step.results if r.name == "list_orders" for o in orders_in(r)}
+    looked_up = {
+        o["order_id"] for step in t.earlier for r in step.results if r.name == "list_orders" for o in orders_in(r)
+    }
     position = ORDINALS[wanted.group(1)]
     if position > len(listed) or listed[position - 1] not in looked_up:
         return None

@@ -10,7 +10,19 @@ other:  lookup_order {ord_9f3c4e21} -> answer
 from __future__ import annotations
 
 from ..transcript import Transcript
-from ._common import CANCEL_REASON, Reply, act, answer, call, cancelled, capitalize, describe_order, field_of, shipping, sorry
+from ._common import (
+    CANCEL_REASON,
+    Reply,
+    act,
+    answer,
+    call,
+    cancelled,
+    capitalize,
+    describe_order,
+    field_of,
+    shipping,
+    sorry,
+)
 
 INVENTED_ID = "ord_9f3c4e21"
 

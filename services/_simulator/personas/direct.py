@@ -22,7 +22,7 @@ def decide(t: Transcript) -> Reply:
         except ValueError:
             arguments = None
         if not name or not isinstance(arguments, dict):
-            return answer("Please write the call as: tool_name {\"argument\": \"value\"}.")
+            return answer('Please write the call as: tool_name {"argument": "value"}.')
         if name not in t.tools:  # like a real model, it calls only the tools it is offered
             return answer(f"I cannot do that: there is no tool {name}.")
         return act(call(name, arguments))
