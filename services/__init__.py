@@ -7,9 +7,9 @@
   clients its handlers need); the fleet loads it from `ROUNDTRIP_AGENT=package.module:attribute` or an entry point
   in the group `roundtrip.agents`. `load_agent(spec)` finds one as the fleet does; `AgentError` names every problem.
 - Tools come from tool sources, any mix in `Agent(tools=[...])`: JSON Schema documents in a
-  `SchemaFolder(path, handlers=...)` (or the agent's `tools_dir`) (each must satisfy `roundtrip.schemas`' tool.json), Python
-  functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`; `FunctionTool` is what `@tool` makes),
-  or an MCP server's tools (`McpServer`).
+  `SchemaFolder(path, handlers=...)` (or the agent's `tools_dir`) (each must satisfy `roundtrip.schemas`' tool.json),
+  Python functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`; `FunctionTool` is what `@tool`
+  makes), or an MCP server's tools (`McpServer`).
 - Handlers, resolvers and policies get a `ToolContext` (the principal, `ctx.deps`: the agent's `Dependencies`) and
   raise `ToolError` for a result the model reads as an error; `allow` is the policy of a tool that declares none.
 - `always(reason)` and `@approval_rule(can_hold=...)`: calls a person approves first.

@@ -6,13 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from roundtrip._kernel.settings import Settings
 from roundtrip._sdk.context import Dependencies
 from roundtrip._sdk.registry import Registry, load_registry
 from roundtrip._shop.agent import AGENT as SHOP
-from roundtrip._shop.agent.client import ShopClient
 from roundtrip._shop.agent.settings import ShopAgentSettings
 
 SCHEMAS = Path(SHOP.tools_dir)
@@ -48,19 +45,9 @@ def shop_model_client(settings: Any, tools: list[dict[str, Any]] | None = None, 
     )
 
 
-@pytest.fixture
-async def shop(tmp_path):
-    """A client of the demo shop app, in-process on SQLite (import this fixture into a test module)."""
-    from roundtrip._shop.app import in_process
-
-    async with in_process(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}") as transport:
-        client = ShopClient("http://shop", timeout=5, transport=transport)
-        yield client
-        await client.aclose()
-
-
 class ShopFleetSettings(Settings, ShopAgentSettings):
-    """The settings of a test's fleet of the demo shop agent: the fleet's, and the shop agent's own (ROUNDTRIP_SHOP_*)."""
+    """The settings of a test's fleet of the demo shop agent: the fleet's, and the shop agent's own
+    (ROUNDTRIP_SHOP_*)."""
 
     @property
     def shop_db_url(self) -> str:  # type: ignore[override] - the shop agent's URL in this fleet's state_dir

@@ -1,8 +1,9 @@
 """A small MCP server for the tests, run as its own process: one tool, over streamable HTTP, logging every call.
 
-`python -m tests.mcp_server PORT LOG` serves http://127.0.0.1:PORT/mcp (`start` runs that, `answers` tells when it is up). The tool is `gift_wrap_order(order_id,
-message)`; each call the server receives is one JSON line of LOG ({"tool", "arguments", "customer_id"}), written
-before it answers, so a test can tell which calls reached it. A message "out of paper" gets an `isError` result.
+`python -m tests.mcp_server PORT LOG` serves http://127.0.0.1:PORT/mcp (`start` runs that, `answers` tells when it is
+up). The tool is `gift_wrap_order(order_id, message)`; each call the server receives is one JSON line of LOG ({"tool",
+"arguments", "customer_id"}), written before it answers, so a test can tell which calls reached it. A message "out of
+paper" gets an `isError` result.
 """
 
 from __future__ import annotations

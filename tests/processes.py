@@ -1,4 +1,5 @@
-"""Processes tests start: an Apache Kafka broker (or a cluster) of their own, a fleet service the way `roundtrip up` starts it."""
+"""Processes tests start: an Apache Kafka broker (or a cluster) of their own, a fleet service the way `roundtrip up`
+starts it."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def embedded_kafka(data_dir: Path) -> Iterator[EmbeddedKafka]:
 
 @contextmanager
 def embedded_cluster(data_dir: Path, n: int = 3) -> Iterator[Cluster]:
-    """n Apache Kafka nodes (KRaft) on free ports, data in data_dir/node-<id>, all serving clients; stopped at the end."""
+    """n Apache Kafka nodes (KRaft) on free ports, data in data_dir/node-<id>, all serving clients; stopped at the
+    end."""
     defaults, libs = _embedded_defaults()
     with start_cluster(
         data_dir,

@@ -178,7 +178,8 @@ def fetch_kafka(
             os.rename(tmp, cache)
             size = sum(p.stat().st_size for p in (cache / "libs").iterdir()) / 1e6
             say(
-                f"Fetched {len(list((cache / 'libs').iterdir()))} jars ({size:.0f} MB) in {time.monotonic() - started:.1f}s"
+                f"Fetched {len(list((cache / 'libs').iterdir()))} jars ({size:.0f} MB) in "
+                f"{time.monotonic() - started:.1f}s"
             )
         finally:
             if tmp.exists():
@@ -421,7 +422,8 @@ class EmbeddedKafka:
 
     # -- lifecycle -------------------------------------------------------------------------
     def format_storage(self, cluster_id: str | None = None) -> None:
-        """Format log.dirs with `cluster_id` (the nodes of one cluster share it) or a fresh one (kafka-storage format)."""
+        """Format log.dirs with `cluster_id` (the nodes of one cluster share it) or a fresh one (kafka-storage
+        format)."""
         cmd = self._java_cmd(
             FORMAT_JAVA_OPTS, "kafka.tools.StorageTool",
             "format", "-t", cluster_id or random_cluster_id(), "-c", str(self.properties_file), *self.format_args,
@@ -595,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         with kafka:
             kafka.wait_ready(args.timeout)
             print(
-                f"Kafka {args.version} listening on {kafka.bootstrap} (controller {kafka.host}:{kafka.controller_port}), "
+                f"Kafka {args.version} listening on {kafka.bootstrap} (controller "
+                f"{kafka.host}:{kafka.controller_port}), "
                 f"ready in {time.monotonic() - started:.1f}s; data {kafka.log_dirs}; log {kafka.log_file}. "
                 "Ctrl-C stops it.",
                 flush=True,

@@ -1,7 +1,8 @@
 """The embedded broker, secured: a throwaway CA and certificates, SCRAM users, SASL and TLS listeners.
 
     tls = make_tls(data_dir / "tls")                          # openssl: a CA, the broker's and a client's certificate
-    listeners = [Listener("SCRAM", "SASL_SSL", 9092, ("SCRAM-SHA-512",)), Listener("MTLS", "SSL", 9094, client_auth=True)]
+    listeners = [Listener("SCRAM", "SASL_SSL", 9092, ("SCRAM-SHA-512",)),
+                 Listener("MTLS", "SSL", 9094, client_auth=True)]
     kafka = secured_kafka(data_dir, listeners, tls, users={"app": "app-secret"}, controller_port=9093)
 
 Each listener speaks one security protocol with its own SASL mechanisms: SCRAM-SHA-256/512 (the users are
@@ -248,7 +249,8 @@ def secured_kafka(
     users: Mapping[str, str] | None = None,
     **options: Any,
 ) -> EmbeddedKafka:
-    """An EmbeddedKafka (not started) listening on `listeners` only (and its controller), with these SCRAM/PLAIN users."""
+    """An EmbeddedKafka (not started) listening on `listeners` only (and its controller), with these SCRAM/PLAIN
+    users."""
     users = dict(users or {})
     host, controller_port = options.get("host", "127.0.0.1"), options.get("controller_port", 9093)
     properties = {**secured_properties(host, controller_port, listeners, tls, users), **options.pop("properties", {})}

@@ -44,8 +44,9 @@ def check(
     ] = False,
 ) -> None:
     """Load an agent offline (nothing is connected, no dependency is made) and list every problem of it: tool
-    documents that break schemas/tool.json (one line each: the file, the JSON path, the rule), tools without a handler, entity kinds without a resolver, policies, approval rules or serial
-    declarations for unknown tools, an empty prompt, a bad name, replies for unknown outcomes, invalid own settings.
+    documents that break schemas/tool.json (one line each: the file, the JSON path, the rule), tools without a handler,
+    entity kinds without a resolver, policies, approval rules or serial declarations for unknown tools, an empty prompt,
+    a bad name, replies for unknown outcomes, invalid own settings.
 
     Exit status 1 when there is any problem (or the agent cannot be found), 0 with a one-line summary when it fits
     together. The current folder is on the import path (as for uvicorn), so a package not installed yet is found.
@@ -87,8 +88,8 @@ def init(
 ) -> None:
     """Write a working skeleton of a new agent package into DIR/NAME: its pyproject.toml (an entry point in the group
     roundtrip.agents), one tool as a Python function whose entity the agent's resolver checks for the caller, a policy,
-    an in-memory backend as its dependency, and a test of its turns (services/testing/__init__.py). An existing folder that is
-    not empty is left alone (exit status 1)."""
+    an in-memory backend as its dependency, and a test of its turns (services/testing/__init__.py). An existing folder
+    that is not empty is left alone (exit status 1)."""
     from roundtrip._cli.skeleton import package_name, skeleton
 
     try:

@@ -44,13 +44,14 @@ from roundtrip._kernel.wire.events import (
     TurnFlagged,
 )
 
-# emoji off: a customer's ":smile:" stays as typed; the lines' own markup is the fleet's, the values in them go through plain()
+# emoji off: a customer's ":smile:" stays as typed; the lines' own markup is the fleet's, the values in them go through
+# plain()
 console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
 
 
 def plain(value: Any) -> str:
-    """`value` shown as it is inside a line of markup: text from customers, models, tools and people (`[red]49,99[/red]`,
-    `[[tx:echo]]`) is never read as Rich markup."""
+    """`value` shown as it is inside a line of markup: text from customers, models, tools and people
+    (`[red]49,99[/red]`, `[[tx:echo]]`) is never read as Rich markup."""
     return escape(str(value))
 
 
@@ -106,7 +107,8 @@ class Session:
         await self.producer.stop()
 
     async def ask(self, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
-        """Publish one request, show each step of its turn, then the reply; its exit code (`exit_code`), 1 on timeout."""
+        """Publish one request, show each step of its turn, then the reply; its exit code (`exit_code`), 1 on
+        timeout."""
         request = SupportRequest(
             request_id=f"req_{int(time.time() * 1000)}",
             conversation_id=conversation,
@@ -139,12 +141,14 @@ class Session:
                 if reply is not None:
                     return show_reply(reply)
         console.print(
-            f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in {self.settings.state_dir / 'logs'})"
+            f"[red]no reply within {timeout:g} s[/] (see `roundtrip trace`, or the logs in "
+            f"{self.settings.state_dir / 'logs'})"
         )
         return 1
 
 
-# `roundtrip ask`'s exit code by the reply's outcome (documented in its --help and the README); 1: no reply, 2: not asked
+# `roundtrip ask`'s exit code by the reply's outcome (documented in its --help and the README); 1: no reply, 2: not
+# asked
 EXIT_CODES = {
     **dict.fromkeys(
         (
@@ -182,7 +186,8 @@ def plural(n: int, word: str) -> str:
 
 
 def show_reply(reply: SupportReply) -> int:
-    """Print a turn's reply; returns the exit code of its outcome (EXIT_CODES), with a line saying why when it is not 0."""
+    """Print a turn's reply; returns the exit code of its outcome (EXIT_CODES), with a line saying why when it is not
+    0."""
     colour = "green" if reply.outcome is Outcome.END_TURN else "yellow"
     console.print(
         f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {plural(reply.steps, 'step')}, "
@@ -272,7 +277,9 @@ def _render(
     if topic == topics.SUPPORT_REPLIES:
         return SupportReply.model_validate(data) if data.get("request_id") == request_id else None
     if topic == topics.SUPPORT_STATUS:
-        return _show_status(data) if data.get("request_id") == request_id else None
+        if data.get("request_id") == request_id:
+            _show_status(data)
+        return None
     if topic == topics.APPROVAL_DECISIONS:
         if data.get("approval_id") in waiting:
             decision = ApprovalDecided.model_validate(data)
@@ -293,13 +300,18 @@ def _render(
         )
         return None
     seen["last"] = topic
-    if topic == topics.TOOL_CALLS:
-        return None
+    _show_step(topic, data, waiting)
+    return None
+
+
+def _show_step(topic: str, data: dict[str, Any], waiting: set[str]) -> None:
+    """One line (or a few) for a hop of a turn's step: the model's answer, the gate's verdicts, an approval asked
+    for, the results sent back to the model."""
     if topic == topics.ITERATIONS:
         event = ModelResponded.model_validate(data)
         if event.error:
             console.print(f"[bold]step {event.step}[/] model call failed: [red]{plain(event.error)}[/]")
-            return None
+            return
         console.print(f"[bold]step {event.step}[/] model → stop_reason [cyan]{plain(event.stop_reason)}[/]")
         for call in event.tool_calls:
             console.print(f"  calls {plain(call.name)}({plain(_short(call.input))})")
@@ -331,11 +343,11 @@ def _render(
                 if block.get("type") == "tool_result":
                     mark = "[red]error[/]" if block.get("is_error") else "result"
                     console.print(f"  {mark} {plain(_short(block.get('content'), 140))}")
-    return None
 
 
 def show_trace(settings: Settings, wanted: str) -> int:
-    """The spans of one turn (turn id or trace id): from Jaeger's query API when one is configured, else the span files."""
+    """The spans of one turn (turn id or trace id): from Jaeger's query API when one is configured, else the span
+    files."""
     url = settings.effective_jaeger_query_url
     if url:
         try:
@@ -371,7 +383,8 @@ def _spans_from_files(files: list[Path], wanted: str) -> tuple[str, list[dict]]:
 
 
 def _spans_from_jaeger(url: str, wanted: str) -> tuple[str, list[dict]]:
-    """GET /api/traces/<id>, or search the gateway's turn spans by tag roundtrip.turn_id; spans in the span file's shape."""
+    """GET /api/traces/<id>, or search the gateway's turn spans by tag roundtrip.turn_id; spans in the span file's
+    shape."""
     data: list[dict] = []
     if len(wanted) == 32 and all(c in "0123456789abcdef" for c in wanted.lower()):
         response = httpx.get(f"{url}/api/traces/{wanted.lower()}", timeout=10)
@@ -426,7 +439,7 @@ def _print_trace(trace_id: str, spans: list[dict]) -> None:
     t0 = mine[0]["start_ns"]
     table = Table(title=f"trace {trace_id}", box=None, pad_edge=False)
     for column, justify in (("start ms", "right"), ("took ms", "right"), ("service", "left"), ("span", "left")):
-        table.add_column(column, justify=justify)
+        table.add_column(column, justify="right" if justify == "right" else "left")
 
     def add(span: dict, depth: int) -> None:
         took = (span["end_ns"] - span["start_ns"]) / 1e6
@@ -580,7 +593,8 @@ async def forget_conversation(settings: Settings, conversation_id: str) -> int:
         console.print(f"[red]no conversation {plain(conversation_id)}[/]")
         return 1
     console.print(
-        f"conversation {plain(conversation_id)} forgotten: its history is deleted (a turn still running in it saves nothing)"
+        f"conversation {plain(conversation_id)} forgotten: its history is deleted (a turn still running in it saves "
+        "nothing)"
     )
     return 0
 
@@ -704,7 +718,8 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
         await producer.stop()
     request = ApprovalRequested.model_validate_json(row.request_json)
     console.print(
-        f"{'approved' if approve else 'denied'} {plain(call_label(row.tool, request.call.input))} for {plain(row.customer_id)} "
+        f"{'approved' if approve else 'denied'} {plain(call_label(row.tool, request.call.input))} for "
+        f"{plain(row.customer_id)} "
         f"(approval {plain(approval_id)}, turn {row.turn_id}) as {plain(decided_by)}; the guard resumes the turn"
     )
     return 0
@@ -739,7 +754,8 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     finally:
         await producer.stop()
     console.print(
-        f"cancel sent for turn {plain(turn_id)} (customer {plain(row.customer_id)}); the guard ends it with a polite reply"
+        f"cancel sent for turn {plain(turn_id)} (customer {plain(row.customer_id)}); the guard ends it with a polite "
+        "reply"
     )
     return 0
 
@@ -783,7 +799,8 @@ async def show_dead_letters(settings: Settings, limit: int) -> int:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.timestamp / 1000))
         console.print(
             f"[bold]{when}[/] {plain(letter.service)} could not process {plain(letter.topic)}"
-            f" (partition {letter.partition}, offset {letter.offset}, key {plain(letter.key)}): [red]{plain(letter.reason)}[/]"
+            f" (partition {letter.partition}, offset {letter.offset}, key {plain(letter.key)}): "
+            f"[red]{plain(letter.reason)}[/]"
         )
         console.print(f"  {plain(_short(letter.payload, 300))}")
     return 0
@@ -830,7 +847,7 @@ def _render_lag(report, settings: Settings) -> None:
         ("end", "right"),
         ("lag", "right"),
     ):
-        table.add_column(column, justify=justify)
+        table.add_column(column, justify="right" if justify == "right" else "left")
     for g in report:
         state = g.state if g.state == "Stable" else f"[yellow]{g.state}[/]"
         for i, p in enumerate(g.partitions):

@@ -37,7 +37,8 @@ def checkout() -> Path:
     ):
         return ROOT
     raise NotACheckout(
-        f"`roundtrip contracts` writes schemas/events/, contracts/ and docs/reference/ of a checkout of the repository, and "
+        "`roundtrip contracts` writes schemas/events/, contracts/ and docs/reference/ of a checkout of the "
+        "repository, and "
         f"this roundtrip is installed at {package}, not in one: run it from a checkout (pip install -e .)"
     )
 

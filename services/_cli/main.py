@@ -163,6 +163,19 @@ def up(
     except (FleetError, BrokerError) as exc:  # the embedded broker's error names its log's last lines
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
+    _say_ready(port)
+    stop = {"now": False}
+    for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
+        signal.signal(signum, lambda *_: stop.update(now=True))
+    # A child that dies is reported and restarted with backoff; the rest keep running.
+    fleet.supervise(lambda: stop["now"])
+    typer.echo("\nroundtrip: stopping")
+    fleet.stop()
+    typer.echo("roundtrip: stopped")
+
+
+def _say_ready(port: int | None) -> None:
+    """`up`'s "Ready." line, with each service's health port when they serve one."""
     if port:
         typer.echo(
             "  health and metrics: "
@@ -174,14 +187,6 @@ def up(
         f'  {_this_command()} ask "cancel my last order" --customer cus_1001\n'
         "Crashed processes are restarted. Ctrl-C stops everything."
     )
-    stop = {"now": False}
-    for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
-        signal.signal(signum, lambda *_: stop.update(now=True))
-    # A child that dies is reported and restarted with backoff; the rest keep running.
-    fleet.supervise(lambda: stop["now"])
-    typer.echo("\nroundtrip: stopping")
-    fleet.stop()
-    typer.echo("roundtrip: stopped")
 
 
 def _this_command() -> str:
@@ -214,8 +219,8 @@ def ask(
     Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, the
     fleet's topics missing); 3 the guard stopped the turn (step_limit, repeated_call, cycle, failure_streak,
     budget, deadline, cancelled, approval_timeout); 4 the model stopped without its answer (max_tokens,
-    stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error or model_busy; 6 the request
-    was refused (conversation_refused, invalid_request).
+    stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error or model_busy; 6 the
+    request was refused (conversation_refused, invalid_request).
     """
     from roundtrip._cli.console import ask as do_ask
 
@@ -230,9 +235,7 @@ def ask(
 def chat(
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
     persona: Annotated[str | None, typer.Option(help="simulator persona for every request")] = None,
-    conversation: Annotated[
-        str | None, typer.Option(help="conversation id to continue (default: a new one)")
-    ] = None,
+    conversation: Annotated[str | None, typer.Option(help="conversation id to continue (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
 ) -> None:
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
@@ -271,7 +274,8 @@ def _check_persona(persona: str | None) -> None:
 
 @app.command()
 def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:
-    """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or the local span files."""
+    """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or the local span
+    files."""
     from roundtrip._cli.console import show_trace
 
     raise typer.Exit(show_trace(_fleet_settings(), turn_or_trace_id))
@@ -355,7 +359,8 @@ def turns(
     status: Annotated[
         str | None,
         typer.Option(
-            help="running, stuck, waiting (a model call waits for the API's rate limits), awaiting (a call waits for a person's approval), ending (an end waiting for running calls) or ended"
+            help="running, stuck, waiting (a model call waits for the API's rate limits), awaiting (a call waits for "
+            "a person's approval), ending (an end waiting for running calls) or ended"
         ),
     ] = None,
     customer: Annotated[str | None, typer.Option(help="only this customer's turns")] = None,
@@ -456,9 +461,7 @@ def approvals_deny(
 
 @topics_app.command("create")
 def topics_create(
-    partitions: Annotated[
-        int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")
-    ] = None,
+    partitions: Annotated[int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
     executor_partitions: Annotated[int | None, typer.Option(help="partitions of the executor topic")] = None,
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
@@ -550,7 +553,8 @@ def db_upgrade() -> None:
 
 @db_app.command("current")
 def db_current() -> None:
-    """Show each store's revision in its database, against this code's (exit code 1 when one differs); writes nothing."""
+    """Show each store's revision in its database, against this code's (exit code 1 when one differs); writes
+    nothing."""
     from roundtrip._kernel.migrations.schema import current, databases, mismatch
     from roundtrip._kernel.storage.database import shown
 
@@ -626,4 +630,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -3,7 +3,8 @@
 One tool as a Python function (close_ticket), whose `ticket_id` is an entity the gate resolves for the caller
 (the resolver answers only the customer's own tickets: another customer's and an invented id look the same), a
 policy (a closed ticket cannot be closed again), an in-memory backend as its one dependency, its own
-pyproject.toml with the entry point (group `roundtrip.agents`), and a test of three turns on services/testing/__init__.py.
+pyproject.toml with the entry point (group `roundtrip.agents`), and a test of three turns on
+services/testing/__init__.py.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ A support agent for the roundtrip fleet (`roundtrip agent init` made this skelet
 INIT = '''"""The ${name} support agent (the object is ${package}.agent:AGENT)."""
 '''
 
-BACKEND = '''"""The agent's backend: an in-memory ticket desk. Replace it with your company's client (HTTP, a database pool).
+BACKEND = '''"""The agent's backend: an in-memory ticket desk. Replace it with your company's client (HTTP, a pool).
 
 Every read is scoped to a customer: a ticket that is someone else's is not found, exactly like one that does not
 exist, so nothing tells a caller that it exists.
@@ -140,7 +141,7 @@ AGENT = Agent(
 )
 '''
 
-TEST = '''"""${name}'s turns through the fleet's own gate, guard rules and executor, with a scripted model (no Kafka)."""
+TEST = '''"""${name}'s turns through the fleet's own gate, guard rules and executor, a scripted model, no Kafka."""
 
 from roundtrip.testing import ScriptedModel, call, run_turn
 from ${package}.agent import AGENT
@@ -154,7 +155,7 @@ def test_the_agent_fits_together():
 def test_a_customer_closes_their_own_open_ticket():
     tickets = Tickets.demo()
     model = ScriptedModel([call("close_ticket", ticket_id="T-1001", note="fixed by the update"), "T-1001 is closed."])
-    result = run_turn(AGENT, "cus_1", "Please close T-1001, the update fixed it", model=model, deps={"tickets": tickets})
+    result = run_turn(AGENT, "cus_1", "Please close T-1001, it is fixed", model=model, deps={"tickets": tickets})
     assert result.outcome == "end_turn" and result.text == "T-1001 is closed."
     assert result.calls[0].ok and result.calls[0].result["status"] == "closed"
     assert tickets.closed == ["T-1001"]

@@ -7,6 +7,7 @@ turn.tool_batches (`ROUNDTRIP_EXECUTOR_PARTITIONS`).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from faststream import FastStream
 from opentelemetry import trace
@@ -29,14 +30,7 @@ log = logging.getLogger("roundtrip.executor")
 def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("executor", settings)
     deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
-    runner = Runner(
-        agent.registry,
-        deps,
-        settings.tool_timeout_s,
-        settings.parallel_tools,
-        settings.max_block_bytes,
-        fallback=agent.toolbox.handler,
-    )
+    runner = _runner(settings, agent, deps)
     signer = Signer(parse_keys(settings.approval_keys))
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
@@ -60,10 +54,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
                 batch, signer, runner, state["fence"], verified=True, max_transcript_bytes=settings.max_transcript_bytes
             )
         except BatchNotRun as exc:
-            log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
-            span = trace.get_current_span()  # the hop's consumer span says why nothing ran
-            span.set_attribute("roundtrip.detail", f"batch not run: {exc}")
-            mark_error(span, f"approval expired: {exc}", "approval_expired")
+            _not_run(batch, exc)
             return
         seen.add(key)
         if isinstance(command, ApprovalRequested):
@@ -94,3 +85,23 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             await state["fence"].close()
 
     return app
+
+
+def _runner(settings: Settings, agent: Agent, deps: Any) -> Runner:
+    """What runs the calls of a batch: the agent's handlers (its MCP tools by the toolbox), with the fleet's limits."""
+    return Runner(
+        agent.registry,
+        deps,
+        settings.tool_timeout_s,
+        settings.parallel_tools,
+        settings.max_block_bytes,
+        fallback=agent.toolbox.handler,
+    )
+
+
+def _not_run(batch: ExecuteToolBatch, exc: BatchNotRun) -> None:
+    """A batch that arrived too late or whose turn may not act: logged, and the hop's consumer span says why."""
+    log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
+    span = trace.get_current_span()
+    span.set_attribute("roundtrip.detail", f"batch not run: {exc}")
+    mark_error(span, f"approval expired: {exc}", "approval_expired")

@@ -68,7 +68,8 @@ async def execute(
     verified: bool = False,
     max_transcript_bytes: int = 524288,
 ) -> CallModel | ApprovalRequested:
-    """Run a batch (verified here unless `verified`); BatchNotRun when it arrived too late or its turn may not act any more."""
+    """Run a batch (verified here unless `verified`); BatchNotRun when it arrived too late or its turn may not act any
+    more."""
     if not verified:
         verify(batch, signer)
     span = trace.get_current_span()

@@ -79,8 +79,9 @@ class Runner:
                 metadata=dict(turn.metadata or {}),
             )
             try:
-                known = self.fallback is None or call.name in self.registry
-                handler = self.registry.handler(call.name) if known else self.fallback(call.name)
+                fallback = self.fallback
+                known = fallback is None or call.name in self.registry
+                handler = self.registry.handler(call.name) if fallback is None or known else fallback(call.name)
                 result = await asyncio.wait_for(handler(call.input, ctx), self.timeout_s)
                 text = json.dumps(result, ensure_ascii=False, default=str)
                 if len(text) > self.max_result_bytes // 4:  # only a long text can be over the limit in bytes

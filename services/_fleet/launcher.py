@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from roundtrip._broker.embedded import EmbeddedKafka
 from roundtrip._fleet import children as processes
 from roundtrip._fleet import parts, readiness
 from roundtrip._fleet import state as fleet_state
@@ -47,7 +48,7 @@ class Fleet:
     executor_replicas: int = 1
     say: Callable[[str], None] = lambda line: None
     children: list[Child] = field(default_factory=list)
-    broker: object | None = None
+    broker: EmbeddedKafka | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     _kafka: Child | None = field(
         default=None, init=False, repr=False
@@ -174,8 +175,9 @@ class Fleet:
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
 
     def _restart_child(self, child: Child) -> None:
-        """A new process for a dead child, as supervise() asks: the broker on its same data dir (topics and offsets kept)."""
-        if child is self._kafka:
+        """A new process for a dead child, as supervise() asks: the broker on its same data dir (topics and offsets
+        kept)."""
+        if child is self._kafka and self.broker is not None:
             self.broker.start()
             child.process = self.broker.proc
         else:

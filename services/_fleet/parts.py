@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from roundtrip._broker.embedded import EmbeddedKafka
 from roundtrip._fleet.supervisor import FleetError
 from roundtrip._kernel.settings import Settings, describe_invalid
 from roundtrip._sdk.agent import AgentError, load_agent
@@ -34,7 +35,8 @@ def runs_simulator(settings: Settings) -> bool:
 
 def demo_shop(settings: Settings, env: dict[str, str]) -> ShopAgentSettings | None:
     """The demo shop's settings as the fleet's children read them (`env` over this process's), when the agent the
-    fleet runs is the demo shop's (its settings are ShopAgentSettings) and names no shop URL: the fleet runs the shop."""
+    fleet runs is the demo shop's (its settings are ShopAgentSettings) and names no shop URL: the fleet runs the
+    shop."""
     try:  # found, not checked: its checks read the children's environment (an MCP server's URL), each child runs them
         agent = load_agent(settings.agent, check=False)
     except AgentError as exc:
@@ -77,7 +79,9 @@ def upgrade_databases(settings: Settings, say: Callable[[str], None]) -> None:
         say(f"  {line}")
 
 
-def start_broker(settings: Settings, logs: Path, say: Callable[[str], None]) -> tuple[object, Settings, dict[str, str]]:
+def start_broker(
+    settings: Settings, logs: Path, say: Callable[[str], None]
+) -> tuple[EmbeddedKafka, Settings, dict[str, str]]:
     """Start the embedded broker (its jars fetched first, once) and wait until it serves: (the broker, the settings
     its clients use, the environment the children need for it: a secured broker's throwaway CA)."""
     from roundtrip._broker.embedded import EmbeddedKafka, fetch_configured

@@ -1,4 +1,5 @@
-"""Which fleet an operator command talks to: the one `roundtrip up` runs in its state folder, with that fleet's settings.
+"""Which fleet an operator command talks to: the one `roundtrip up` runs in its state folder, with that fleet's
+settings.
 
 `roundtrip up` records the settings it gave its services (every ROUNDTRIP_* variable of their
 environment, the state folder made absolute) in state_dir/fleet.json, next to fleet.pid, readable
@@ -45,7 +46,8 @@ def forget(state_dir: Path) -> None:
 
 @dataclass
 class Reading:
-    """What a command reads: the running fleet's settings (`pid` set) or its shell's, and the variables that differed."""
+    """What a command reads: the running fleet's settings (`pid` set) or its shell's, and the variables that
+    differed."""
 
     state_dir: Path
     pid: int | None = None

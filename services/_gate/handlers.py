@@ -117,10 +117,7 @@ class Gate:
         if spec is None and (why := self.unavailable(name)):
             return reject(why, "tool_unavailable")
         if spec is None:
-            known = ", ".join(sorted(self.registry.specs))
-            close = difflib.get_close_matches(name.strip().lower()[:80], list(self.registry.specs), n=1, cutoff=0.75)
-            hint = f" Did you mean {close[0]}?" if close else ""
-            return reject(f"Unknown tool {name[:80]!r}.{hint} Available tools: {known}.", "unknown_tool")
+            return reject(self._unknown_tool(name), "unknown_tool")
         if name not in self.validators:
             self.validators[name] = InputValidator(spec.input_schema)
         problems = self.validators[name].problems(call.input)
@@ -134,13 +131,7 @@ class Gate:
             return reject("This request has no signed-in customer, so no tool may act on an account.", "no_principal")
         policy = self.registry.policy(name)
         lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
-        ctx = ToolContext(
-            customer_id=customer_id,
-            tool_use_id=call.id,
-            idempotency_key=f"{turn_id}:{call.id}",
-            deps=self.deps,
-            metadata=dict(metadata or {}),
-        )
+        ctx = self._context(call, customer_id, turn_id, metadata)
         entities: dict[str, dict[str, Any]] = {}
         rule = self.registry.approval_rule(name)
         try:  # a tool with an approval rule reads entity state (a total), so it never uses the ownership cache
@@ -160,6 +151,37 @@ class Gate:
         why = rule(call.input, entities, self.agent_settings) if rule is not None else None
         if not why:
             return CheckedCall(id=call.id, name=name, input=call.input, approved=True)
+        return self._held_or_decided(call, name, turn_id, why, entities, decision, reject)
+
+    def _unknown_tool(self, name: str) -> str:
+        """What the model reads for a tool the agent does not have: the closest name, if one is close, and all."""
+        known = ", ".join(sorted(self.registry.specs))
+        close = difflib.get_close_matches(name.strip().lower()[:80], list(self.registry.specs), n=1, cutoff=0.75)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        return f"Unknown tool {name[:80]!r}.{hint} Available tools: {known}."
+
+    def _context(self, call: ToolCall, customer_id: str, turn_id: str, metadata: dict[str, Any] | None) -> ToolContext:
+        """The context a call's resolvers and policy see (and its handler, later, in the executor)."""
+        return ToolContext(
+            customer_id=customer_id,
+            tool_use_id=call.id,
+            idempotency_key=f"{turn_id}:{call.id}",
+            deps=self.deps,
+            metadata=dict(metadata or {}),
+        )
+
+    def _held_or_decided(
+        self,
+        call: ToolCall,
+        name: str,
+        turn_id: str,
+        why: str,
+        entities: dict[str, dict[str, Any]],
+        decision: ApprovalDecided | None,
+        reject: Callable[[str, str], CheckedCall],
+    ) -> CheckedCall:
+        """A call its approval rule holds (`why`): held for a person, or, with the person's decision, approved by
+        them unless the decision does not fit this call."""
         digest = input_digest(name, call.input)
         if decision is None:
             hold = ApprovalHold(
@@ -269,7 +291,8 @@ def one_hold_per_step(checked: list[CheckedCall]) -> list[CheckedCall]:
                 input=call.input,
                 approved=False,
                 error=(
-                    f"Not run: this call needs a person's approval and another call of this step ({held}) is already waiting "
+                    f"Not run: this call needs a person's approval and another call of this step ({held}) is already "
+                    "waiting "
                     "for one. Make this call again, on its own, once that one is decided."
                 ),
             )

@@ -162,7 +162,10 @@ def explain(error: ValidationError) -> str:
         }
         return f"`{field}` must be {words[kind]} {v}; got {_given(error.instance)}"
     if kind in ("minLength", "maxLength"):
-        return f"`{field}` must have {'at least' if kind == 'minLength' else 'at most'} {v} characters; got {len(error.instance)}"
+        return (
+            f"`{field}` must have {'at least' if kind == 'minLength' else 'at most'} {v} characters; got "
+            f"{len(error.instance)}"
+        )
     if kind == "format":
         return f"`{field}` must be a valid {v}; got {_given(error.instance)}"
     message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
@@ -179,7 +182,10 @@ def _walk_problem(tool_input: dict[str, Any]) -> str | None:
     while stack:
         node, depth, path = stack.pop()
         if depth > MAX_DEPTH:
-            return f"the input is nested more than {MAX_DEPTH} levels deep (at `{_field(path[:MAX_DEPTH])}`); send a flat object"
+            return (
+                f"the input is nested more than {MAX_DEPTH} levels deep (at `{_field(path[:MAX_DEPTH])}`); send a "
+                "flat object"
+            )
         if isinstance(node, dict):
             budget -= 2
             for key, value in node.items():
@@ -202,7 +208,10 @@ def _walk_problem(tool_input: dict[str, Any]) -> str | None:
             budget -= 5
         elif isinstance(node, int):
             if abs(node) > SAFE_INTEGER:
-                return f"`{_field(path)}` holds the integer {str(node)[:30]}, which is too large to be exchanged exactly (at most 2^53-1 in magnitude)"
+                return (
+                    f"`{_field(path)}` holds the integer {str(node)[:30]}, which is too large to be exchanged "
+                    "exactly (at most 2^53-1 in magnitude)"
+                )
             budget -= 8
         elif isinstance(node, float):
             if not math.isfinite(node):

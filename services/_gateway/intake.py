@@ -76,7 +76,8 @@ def content_digest(request: SupportRequest) -> bytes:
 
 
 class SeenRequests:
-    """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused with other content."""
+    """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused with other
+    content."""
 
     def __init__(self, capacity: int = REMEMBERED) -> None:
         self._digests = SeenIds(capacity)
@@ -104,7 +105,7 @@ def addressed(value: bytes | None) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict):
         return None
-    ids = {k: data.get(k) for k in ("request_id", "conversation_id", "customer_id")}
+    ids: dict[str, Any] = {k: data.get(k) for k in ("request_id", "conversation_id", "customer_id")}
     if not all(isinstance(ids[k], str) and 0 < len(ids[k]) <= 200 for k in ("request_id", "conversation_id")):
         return None
     if not (isinstance(ids["customer_id"], str) and len(ids["customer_id"]) <= 200):

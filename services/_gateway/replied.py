@@ -102,7 +102,7 @@ class RepliedTurns:
                     todo[tp] = ends[tp]
             learned = 0
             while todo:
-                for tp, records in (await consumer.getmany(*todo, timeout_ms=1000)).items():
+                for records in (await consumer.getmany(*todo, timeout_ms=1000)).values():
                     for record in records:
                         try:
                             self.committed.add(json.loads(record.value)["turn_id"])

@@ -3,18 +3,18 @@
 
 No thread waits: a request records the turn as AWAITING, and the decision or the deadline moves it
 on. The wait is told to the app: a SupportStatus (waiting_for_approval, until the deadline) on
-support.status, through the outbox like any decision (at least once). An approved call goes back to the gate, which checks it again and signs it; a denied one
-becomes an is_error tool_result with the reason, for the model. A decision that must not act
-(forged, for another call, for a turn that has ended, or contradicting one made) raises
-DecisionRefused, so the kernel dead-letters it with the reason; the same decision again is a
-duplicate and nothing runs twice. An approval nobody decides in time ends its turn politely
-(approval_timeout), from the sweeper.
+support.status, through the outbox like any decision (at least once). An approved call goes back to the gate, which
+checks it again and signs it; a denied one becomes an is_error tool_result with the reason, for the model. A decision
+that must not act (forged, for another call, for a turn that has ended, or contradicting one made) raises
+DecisionRefused, so the kernel dead-letters it with the reason; the same decision again is a duplicate and nothing runs
+twice. An approval nobody decides in time ends its turn politely (approval_timeout), from the sweeper.
 
 The wait is ONE span in the turn's trace, from the request to the decision (or the deadline).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract
-from pydantic import BaseModel
 
 from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, PENDING, ApprovalRow, Ledger
 from roundtrip._guard.loop import StepClock
@@ -227,7 +226,8 @@ class Approvals:
         for approval, row in await self.ledger.overdue_approvals(now):
             with self._waited(approval, "expired", now):
                 result = await announced(
-                    lambda: self.outside.end(
+                    functools.partial(
+                        self.outside.end,
                         row,
                         Outcome.APPROVAL_TIMEOUT,
                         f"{approval.tool} not decided within its approval deadline",
@@ -243,7 +243,8 @@ class Approvals:
 
     @staticmethod
     def _waited(approval: ApprovalRow, status: str, now: float, decided_by: str = "", reason: str = ""):
-        """The wait as ONE span in the turn's trace: from the request to the decision (or the deadline); what follows is its child."""
+        """The wait as ONE span in the turn's trace: from the request to the decision (or the deadline); what follows is
+        its child."""
         parent = extract({"traceparent": approval.traceparent}) if approval.traceparent else otel_context.get_current()
         span = tracer().start_span("approval.wait", context=parent, start_time=int(approval.requested_at * 1e9))
         span.set_attributes(
@@ -282,7 +283,9 @@ def waiting_status(event: ApprovalRequested) -> SupportStatus:
     )
 
 
-def resumed(request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float) -> BaseModel:
+def resumed(
+    request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float
+) -> CheckToolCalls | CallModel:
     """The step's next message: the approved call to the gate again, or the model told of the denial (with the reason).
     The time spent waiting does not count against the turn's own deadline."""
     turn: Turn = request.turn

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -102,11 +103,14 @@ _THIS_EXCHANGE = (exchanges.c.turn_id == bindparam("b_turn_id")) & (
     exchanges.c.conversation_id == bindparam("b_conversation_id")
 )
 _STORE = update(exchanges).where(_THIS_EXCHANGE)
-_CLAIMS = {}  # dialect name -> the upsert of `claim` (PostgreSQL's and SQLite's INSERT ... ON CONFLICT are their own)
+_CLAIMS: dict[
+    str, Any
+] = {}  # dialect name -> the upsert of `claim` (PostgreSQL's and SQLite's INSERT ... ON CONFLICT are their own)
 
 
 def _claim_statement(dialect: str) -> Any:
-    """New: insert it. The customer's own and within its retention: touch it. Else (someone else's, or expired): no row."""
+    """New: insert it. The customer's own and within its retention: touch it. Else (someone else's, or expired): no
+    row."""
     if (statement := _CLAIMS.get(dialect)) is None:
         new = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(conversations)
         statement = _CLAIMS[dialect] = new.on_conflict_do_update(
@@ -309,7 +313,7 @@ class Conversations(TurnStore):
     retention_s: float = 30 * 86400.0
 
     @classmethod
-    async def open(
+    async def open(  # type: ignore[override]  # its budget and retention come before the store's own options
         cls,
         url: str,
         budget_tokens: int = 20000,
@@ -448,7 +452,7 @@ class Conversations(TurnStore):
 
         return await self._run(work, write=True)
 
-    def _dropped(self, rows: list[Any], turn_id: str, tokens: int) -> list[str]:
+    def _dropped(self, rows: Sequence[Any], turn_id: str, tokens: int) -> list[str]:
         """The exchanges that fall out of the budget once `turn_id` is stored with `tokens` (`rows`: the conversation's
         exchanges before it, oldest first, each with its tokens and whether it is stored)."""
         stored = [

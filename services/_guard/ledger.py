@@ -14,6 +14,7 @@ redelivery, when the guard starts, and from the sweeper.
 
 from __future__ import annotations
 
+import builtins  # Ledger.list shadows the builtin in the annotations that follow it
 import json
 import time
 from dataclasses import dataclass
@@ -135,7 +136,135 @@ class ApprovalRow:
     request_json: str
 
 
-class Ledger(TurnStore):
+class LedgerApprovals(TurnStore):
+    """The approval table of the ledger: a held call and a person's decision, each written in one transaction with
+    the turn's row (the turn waits, AWAITING, then runs on)."""
+
+    # -- approvals by a person -------------------------------------------------------------
+    async def await_approval(
+        self, approval: dict[str, Any], now: float | None = None, pending: str | None = None
+    ) -> bool:
+        """Record a held call and the turn as AWAITING (from live at that step), in one transaction; `pending`: what
+        the wait publishes (its outbox copy).
+
+        While it waits the turn may not act (no claim succeeds), the stuck rule skips it, the executor's
+        lease of the step is released (its other calls are done), and its deadline is the approval's."""
+        now = now or time.time()
+
+        def work(conn: Any) -> bool:
+            moved = conn.execute(
+                update(turns)
+                .where(
+                    turns.c.turn_id == approval["turn_id"], turns.c.step == approval["step"], turns.c.status.in_(LIVE)
+                )
+                .values(
+                    status=AWAITING,
+                    last_progress_at=now,
+                    flagged_at=None,
+                    lease_step=None,
+                    lease_until=None,
+                    deadline_at=approval["expires_at"],
+                    pending=pending,
+                    pending_at=now if pending else None,
+                )
+            ).rowcount
+            if moved != 1:
+                return False
+            conn.execute(insert(approvals).values(status=PENDING, **approval))
+            return True
+
+        try:
+            return await self._run(work, write=True)
+        except IntegrityError:  # the approval exists already: the same request twice
+            return False
+
+    async def decide(
+        self,
+        approval_id: str,
+        status: str,
+        decided_by: str,
+        decided_at: float,
+        decision_reason: str,
+        pending: str,
+        deadline_at: float | None,
+        now: float | None = None,
+    ) -> bool:
+        """PENDING -> approved/denied and the turn AWAITING -> RUNNING with its next message in the outbox, together.
+        False (nothing changed) when the approval was decided already or the turn no longer waits for it."""
+        now = now or time.time()
+
+        def work(conn: Any) -> bool:
+            row = conn.execute(
+                select(approvals.c.turn_id, approvals.c.step).where(approvals.c.approval_id == approval_id)
+            ).first()
+            if row is None:
+                return False
+            if (
+                conn.execute(
+                    update(approvals)
+                    .where(approvals.c.approval_id == approval_id, approvals.c.status == PENDING)
+                    .values(
+                        status=status, decided_by=decided_by, decided_at=decided_at, decision_reason=decision_reason
+                    )
+                ).rowcount
+                != 1
+            ):
+                return False
+            values: dict[str, Any] = dict(status=RUNNING, last_progress_at=now, pending=pending, pending_at=now)
+            if deadline_at:
+                values["deadline_at"] = deadline_at
+            if (
+                conn.execute(
+                    update(turns)
+                    .where(turns.c.turn_id == row.turn_id, turns.c.step == row.step, turns.c.status == AWAITING)
+                    .values(**values)
+                ).rowcount
+                != 1
+            ):
+                raise _Refused  # the turn ended meanwhile: the approval stays pending (then closed with the turn)
+            return True
+
+        try:
+            return await self._run(work, write=True)
+        except _Refused:
+            return False
+
+    async def close_approvals(self, turn_id: str, status: str, now: float | None = None) -> int:
+        """Pending approvals of a turn that ended without them (expired, ended)."""
+        now = now or time.time()
+        return await self._run(
+            lambda conn: (
+                conn.execute(
+                    update(approvals)
+                    .where(approvals.c.turn_id == turn_id, approvals.c.status == PENDING)
+                    .values(status=status, decided_at=now)
+                ).rowcount
+            ),
+            write=True,
+        )
+
+    async def approval(self, approval_id: str) -> ApprovalRow | None:
+        rows = await self._approval_rows(select(approvals).where(approvals.c.approval_id == approval_id))
+        return rows[0] if rows else None
+
+    async def list_approvals(
+        self, status: str | None = PENDING, turn_id: str | None = None, limit: int = 50
+    ) -> list[ApprovalRow]:
+        """Approvals, newest first; pending ones only while their turn still waits."""
+        query = select(approvals).order_by(approvals.c.requested_at.desc()).limit(limit)
+        if status:
+            query = query.where(approvals.c.status == status)
+        if status == PENDING:
+            query = query.where(approvals.c.turn_id.in_(select(turns.c.turn_id).where(turns.c.status == AWAITING)))
+        if turn_id:
+            query = query.where(approvals.c.turn_id == turn_id)
+        return await self._approval_rows(query)
+
+    async def _approval_rows(self, statement: Any) -> list[ApprovalRow]:
+        return await self._run(lambda conn: [ApprovalRow(**r) for r in conn.execute(statement).mappings().all()])
+
+
+class Ledger(LedgerApprovals):
     async def _rows(self, statement: Any, params: dict[str, Any] | None = None) -> list[TurnRow]:
         return await self._run(
             lambda conn: [TurnRow(**r) for r in conn.execute(statement, params).mappings().all()], single=True
@@ -302,109 +431,6 @@ class Ledger(TurnStore):
         ]
         await self._run(lambda conn: conn.execute(_PUBLISHED, rows), write=True, single=True)
 
-    # -- approvals by a person -------------------------------------------------------------
-    async def await_approval(
-        self, approval: dict[str, Any], now: float | None = None, pending: str | None = None
-    ) -> bool:
-        """Record a held call and the turn as AWAITING (from live at that step), in one transaction; `pending`: what
-        the wait publishes (its outbox copy).
-
-        While it waits the turn may not act (no claim succeeds), the stuck rule skips it, the executor's
-        lease of the step is released (its other calls are done), and its deadline is the approval's."""
-        now = now or time.time()
-
-        def work(conn: Any) -> bool:
-            moved = conn.execute(
-                update(turns)
-                .where(
-                    turns.c.turn_id == approval["turn_id"], turns.c.step == approval["step"], turns.c.status.in_(LIVE)
-                )
-                .values(
-                    status=AWAITING,
-                    last_progress_at=now,
-                    flagged_at=None,
-                    lease_step=None,
-                    lease_until=None,
-                    deadline_at=approval["expires_at"],
-                    pending=pending,
-                    pending_at=now if pending else None,
-                )
-            ).rowcount
-            if moved != 1:
-                return False
-            conn.execute(insert(approvals).values(status=PENDING, **approval))
-            return True
-
-        try:
-            return await self._run(work, write=True)
-        except IntegrityError:  # the approval exists already: the same request twice
-            return False
-
-    async def decide(
-        self,
-        approval_id: str,
-        status: str,
-        decided_by: str,
-        decided_at: float,
-        decision_reason: str,
-        pending: str,
-        deadline_at: float | None,
-        now: float | None = None,
-    ) -> bool:
-        """PENDING -> approved/denied and the turn AWAITING -> RUNNING with its next message in the outbox, together.
-        False (nothing changed) when the approval was decided already or the turn no longer waits for it."""
-        now = now or time.time()
-
-        def work(conn: Any) -> bool:
-            row = conn.execute(
-                select(approvals.c.turn_id, approvals.c.step).where(approvals.c.approval_id == approval_id)
-            ).first()
-            if row is None:
-                return False
-            if (
-                conn.execute(
-                    update(approvals)
-                    .where(approvals.c.approval_id == approval_id, approvals.c.status == PENDING)
-                    .values(
-                        status=status, decided_by=decided_by, decided_at=decided_at, decision_reason=decision_reason
-                    )
-                ).rowcount
-                != 1
-            ):
-                return False
-            values: dict[str, Any] = dict(status=RUNNING, last_progress_at=now, pending=pending, pending_at=now)
-            if deadline_at:
-                values["deadline_at"] = deadline_at
-            if (
-                conn.execute(
-                    update(turns)
-                    .where(turns.c.turn_id == row.turn_id, turns.c.step == row.step, turns.c.status == AWAITING)
-                    .values(**values)
-                ).rowcount
-                != 1
-            ):
-                raise _Refused  # the turn ended meanwhile: the approval stays pending (then closed with the turn)
-            return True
-
-        try:
-            return await self._run(work, write=True)
-        except _Refused:
-            return False
-
-    async def close_approvals(self, turn_id: str, status: str, now: float | None = None) -> int:
-        """Pending approvals of a turn that ended without them (expired, ended)."""
-        now = now or time.time()
-        return await self._run(
-            lambda conn: (
-                conn.execute(
-                    update(approvals)
-                    .where(approvals.c.turn_id == turn_id, approvals.c.status == PENDING)
-                    .values(status=status, decided_at=now)
-                ).rowcount
-            ),
-            write=True,
-        )
-
     async def release_ending_lease(self, turn_id: str, step: int) -> bool:
         """An end waits for this step's calls, which are done: let it go now."""
         return await self._update(
@@ -412,23 +438,6 @@ class Ledger(TurnStore):
             .where(turns.c.turn_id == turn_id, turns.c.step == step, turns.c.status == ENDING)
             .values(lease_until=None)
         )
-
-    async def approval(self, approval_id: str) -> ApprovalRow | None:
-        rows = await self._approval_rows(select(approvals).where(approvals.c.approval_id == approval_id))
-        return rows[0] if rows else None
-
-    async def list_approvals(
-        self, status: str | None = PENDING, turn_id: str | None = None, limit: int = 50
-    ) -> list[ApprovalRow]:
-        """Approvals, newest first; pending ones only while their turn still waits."""
-        query = select(approvals).order_by(approvals.c.requested_at.desc()).limit(limit)
-        if status:
-            query = query.where(approvals.c.status == status)
-        if status == PENDING:
-            query = query.where(approvals.c.turn_id.in_(select(turns.c.turn_id).where(turns.c.status == AWAITING)))
-        if turn_id:
-            query = query.where(approvals.c.turn_id == turn_id)
-        return await self._approval_rows(query)
 
     async def overdue_approvals(self, now: float) -> list[tuple[ApprovalRow, TurnRow]]:
         """Pending approvals past their deadline whose turn still waits, with the turn."""
@@ -443,9 +452,6 @@ class Ledger(TurnStore):
             if turn is not None:
                 out.append((row, turn))
         return out
-
-    async def _approval_rows(self, statement: Any) -> list[ApprovalRow]:
-        return await self._run(lambda conn: [ApprovalRow(**r) for r in conn.execute(statement).mappings().all()])
 
     # -- reads ----------------------------------------------------------------------------
     async def get(self, turn_id: str) -> TurnRow | None:
@@ -473,7 +479,7 @@ class Ledger(TurnStore):
 
     async def overdue(
         self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float
-    ) -> tuple[list[TurnRow], list[TurnRow], list[TurnRow]]:
+    ) -> tuple[builtins.list[TurnRow], builtins.list[TurnRow], builtins.list[TurnRow]]:
         """(running turns idle past stuck_after_s, live turns past their grace or deadline, ending turns)."""
         idle = await self._rows(
             select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s)
@@ -492,7 +498,7 @@ class Ledger(TurnStore):
         ending = await self._rows(select(turns).where(turns.c.status == ENDING))
         return idle, expired, ending
 
-    async def outbox(self, older_than: float, limit: int = 500) -> list[TurnRow]:
+    async def outbox(self, older_than: float, limit: int = 500) -> builtins.list[TurnRow]:
         """Turns whose decided message may not be out yet (written before `older_than`), oldest first."""
         return await self._rows(
             select(turns)

@@ -52,7 +52,8 @@ def continued(event: ModelResponded, decision: Continue, span: trace.Span | None
 
 
 class StepClock:
-    """The loop's round trip, from a turn's previous decision (on this replica) to its next one: roundtrip_step_seconds."""
+    """The loop's round trip, from a turn's previous decision (on this replica) to its next one:
+    roundtrip_step_seconds."""
 
     def __init__(self, limit: int = 100_000) -> None:
         self._last: dict[str, float] = {}  # turn id -> monotonic time of its last decision
@@ -153,7 +154,8 @@ class Loop:
         return ended
 
     async def _not_advanced(self, event: ModelResponded, span: trace.Span) -> str:
-        """Why the ledger refused the step: a redelivery (republish if its decision may be unpublished), a duplicate, a gap."""
+        """Why the ledger refused the step: a redelivery (republish if its decision may be unpublished), a duplicate, a
+        gap."""
         row = await self.ledger.get(event.turn.turn_id)
         if row is None:
             log.warning("turn %s: iteration for a turn the ledger does not know; dropped", event.turn.turn_id)

@@ -43,7 +43,8 @@ def pending_copy(message: BaseModel) -> str:
 
 
 def traceparent() -> str | None:
-    """The current span's W3C traceparent, recorded with a decision (the sweeper's spans link to the turn's last hop)."""
+    """The current span's W3C traceparent, recorded with a decision (the sweeper's spans link to the turn's last
+    hop)."""
     carrier: dict[str, str] = {}
     inject(carrier)
     return carrier.get("traceparent")
@@ -96,7 +97,7 @@ class Outbox:
     async def republish(self, row: TurnRow, why: str = "a redelivery") -> None:
         """Crash recovery: the decision was recorded but maybe not published."""
         pending = json.loads(row.pending or "null")
-        if pending:
+        if pending and row.pending:
             message = MODEL_OF[pending["topic"]].model_validate(pending["message"])
             log.warning("turn %s: republishing the pending %s after %s", row.turn_id, type(message).__name__, why)
             await self.emit(row.turn_id, row.pending, message, row.conversation_id)

@@ -1,8 +1,8 @@
 """The polite words the fleet says when it, not the model, ends a turn.
 
 POLITE holds the defaults; an agent words any of them its own way (`Agent.replies`, by outcome): `Replies.of` them is
-what the guard's parts say (built once, at the guard's bootstrap, and handed to them). A turn that ends early after it changed something says so instead
-(`acted`, with the words of services/_guard/acted.py).
+what the guard's parts say (built once, at the guard's bootstrap, and handed to them). A turn that ends early after it
+changed something says so instead (`acted`, with the words of services/_guard/acted.py).
 """
 
 from __future__ import annotations
@@ -46,10 +46,12 @@ POLITE = {
         "I'm sorry, our assistant is very busy right now and couldn't get to your request in time. "
         "Please try again in a few minutes."
     ),
-    Outcome.MAX_TOKENS: "I'm sorry, my answer was cut off before I could finish. Could you ask again, perhaps more specifically?",
+    Outcome.MAX_TOKENS: "I'm sorry, my answer was cut off before I could finish. Could you ask again, perhaps more "
+    "specifically?",
     Outcome.REFUSAL: "I'm sorry, but I can't help with that request.",
     Outcome.CONTEXT_WINDOW_EXCEEDED: (
-        "I'm sorry, this conversation has grown too long for me to continue. Please start a new one and I'll be glad to help."
+        "I'm sorry, this conversation has grown too long for me to continue. Please start a new one and I'll be glad "
+        "to help."
     ),
     Outcome.STOP_SEQUENCE: "I'm sorry, I couldn't finish my answer.",
     Outcome.UNKNOWN_STOP_REASON: "I'm sorry, something unexpected happened and I couldn't finish your request.",
@@ -99,7 +101,8 @@ class Replies:
         return self.own.get(outcome) or POLITE[outcome]
 
     def acted(self, outcome: Outcome, done: Sequence[str]) -> str:
-        """The end of a turn that had already changed something: why it stopped, what was done, that nothing more was."""
+        """The end of a turn that had already changed something: why it stopped, what was done, that nothing more
+        was."""
         return (
             f"I'm sorry, I had to stop before finishing your request: {STOPPED.get(outcome, 'something went wrong')}. "
             f"What I did before stopping: {'; '.join(done)}. Nothing else was changed. "

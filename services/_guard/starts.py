@@ -116,7 +116,7 @@ class Starts:
                 return await self._refuse(command)
             if running:  # it stores its exchange before its end: the history is read after that
                 await self.order.wait_for_earlier_turns(turn)
-            if claim.stored_turns or running:
+            if self.conversations is not None and (claim.stored_turns or running):  # a claim comes from them
                 history = await self.conversations.history(turn.conversation_id)
         now = time.time()
         changes: dict[str, float | int | str] = {"history_messages": len(history)}

@@ -42,7 +42,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         event = await call_model(command, client, state["fence"], limits, retrying)
         if event is None:
             log.warning(
-                "turn %s step %d: model not called: the turn has ended, been cancelled, moved on or passed its deadline",
+                "turn %s step %d: model not called: the turn has ended, been cancelled, moved on or passed its "
+                "deadline",
                 command.turn.turn_id,
                 command.step,
             )

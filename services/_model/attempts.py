@@ -67,7 +67,9 @@ def describe(exc: anthropic.APIError) -> str:
 
 def _capacity_wait(exc: anthropic.APIError) -> float | None:
     """The pause a capacity refusal asks for; None when `exc` is not about capacity."""
-    status = getattr(exc, "status_code", None)
+    if not isinstance(exc, anthropic.APIStatusError):
+        return None
+    status = exc.status_code
     if status == 429:
         return retry_after(exc)  # no retry-after: a spend limit, not a rate
     if status == 529:

@@ -150,6 +150,7 @@ class Capacity:
         """The end of an epoch: cut in proportion to the share of answers that found the bucket drained (every replica
         sees the same share, so each cuts the same fraction of its own rate), then, if calls waited, add the same
         step to every replica's rate (DCTCP's rule for ECN marks: AIMD without waiting for a drop)."""
+        assert self.rate is not None  # only a paced process adapts its rate
         drained = self._drained_answers / self._answers if self._answers else 0.0
         rate = self.rate * (1.0 - drained * (1.0 - BETA))
         if self._limited and drained < 1.0:
@@ -158,7 +159,8 @@ class Capacity:
         self._epoch_at, self._answers, self._drained_answers, self._limited = now, 0, 0, False
 
     def refused(self, retry_after: float, started_at: float) -> None:
-        """A 429 or 529 for a call started at `started_at`: cut the rate, hold the process for `retry_after` plus jitter."""
+        """A 429 or 529 for a call started at `started_at`: cut the rate, hold the process for `retry_after` plus
+        jitter."""
         self.refusals += 1
         self._cut(started_at)
         now = self._clock()

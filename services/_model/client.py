@@ -77,7 +77,8 @@ class ModelClient:
         self._client = anthropic.AsyncAnthropic(
             api_key=settings.anthropic_api_key or "simulator",
             base_url=settings.model_base_url,
-            max_retries=sdk_retries,  # the model service: services/_model/attempts.py retries, through the process's limiter
+            # the model service: services/_model/attempts.py retries, through the process's limiter
+            max_retries=sdk_retries,
             timeout=settings.model_timeout_s,
             http_client=anthropic.DefaultAioHttpClient(timeout=settings.model_timeout_s),
         )

@@ -24,7 +24,7 @@ from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire.events import CallModel, ModelResponded, ToolCall, Usage
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._kernel.wire.limits import cap_text, fit_transcript, input_problem, json_size, omitted
-from roundtrip._model.attempts import attempt
+from roundtrip._model.attempts import Tried, attempt
 from roundtrip._model.capacity import Capacity
 from roundtrip._model.client import ModelClient
 from roundtrip._model.observed import observe
@@ -81,8 +81,9 @@ def _blocks(message: anthropic.types.Message, limits: Limits) -> tuple[list[dict
 
 @dataclass
 class Retrying:
-    """How a call is retried (services/_model/attempts.py): the process's limiter, the transient retries, the deadline of
-    a turn that has none, and whether a refusal for capacity waits (off: it is the call's error, as in a plain loop)."""
+    """How a call is retried (services/_model/attempts.py): the process's limiter, the transient retries, the deadline
+    of a turn that has none, and whether a refusal for capacity waits (off: it is the call's error, as in a plain
+    loop)."""
 
     capacity: Capacity = field(default_factory=Capacity)
     retries: int = 2
@@ -107,24 +108,7 @@ async def call_model(
         return None
     step = command.step + 1
     started = time.perf_counter()
-
-    async def waiting() -> bool:
-        trace.get_current_span().add_event("waiting for model capacity", {"roundtrip.step": command.step})
-        return await fence.wait_for_capacity(turn.turn_id, command.step) if fence is not None else True
-
-    async def call(n: int) -> tuple[Any, Any]:
-        if isinstance(client, ModelClient):  # the message and the answer's headers (the rate limits)
-            return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
-        return await client.create(command.messages, turn.persona, turn.disable_parallel_tool_use), {}  # a test's model
-
-    out = await attempt(
-        call,
-        retrying.capacity,
-        turn.deadline_at or time.time() + retrying.deadline_s,
-        retrying.retries,
-        waiting,
-        retrying.wait_for_capacity,
-    )
+    out = await _attempted(command, client, fence, retrying)
     observe(out, retrying.capacity)
     if out.gone:
         return None
@@ -141,6 +125,34 @@ async def call_model(
         )
     message = out.message
     metrics.model_call_duration.labels(client.model, "ok").observe(time.perf_counter() - started)
+    return _responded(command, message, step, limits)
+
+
+async def _attempted(command: CallModel, client: ModelClient, fence: Fence | None, retrying: Retrying) -> Tried:
+    """The model called as `retrying` says (retries, capacity waits recorded in the fence, the turn's deadline)."""
+    turn = command.turn
+
+    async def waiting() -> bool:
+        trace.get_current_span().add_event("waiting for model capacity", {"roundtrip.step": command.step})
+        return await fence.wait_for_capacity(turn.turn_id, command.step) if fence is not None else True
+
+    async def call(n: int) -> tuple[Any, Any]:
+        if isinstance(client, ModelClient):  # the message and the answer's headers (the rate limits)
+            return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
+        return await client.create(command.messages, turn.persona, turn.disable_parallel_tool_use), {}  # a test's model
+
+    return await attempt(
+        call,
+        retrying.capacity,
+        turn.deadline_at or time.time() + retrying.deadline_s,
+        retrying.retries,
+        waiting,
+        retrying.wait_for_capacity,
+    )
+
+
+def _responded(command: CallModel, message: Any, step: int, limits: Limits) -> ModelResponded:
+    """The iteration event of a model's answer: its blocks and tool calls, the transcript fitted to its limit."""
     usage = usage_of(message)  # billed whatever the content: counted before anything else can go wrong
     try:
         content, calls = _blocks(message, limits)

@@ -4,11 +4,11 @@ An `Agent` names its system prompt, its tools (`tools`: any mix of tool sources,
 of JSON Schema documents, `x-entity` included, as `SchemaFolder(path, handlers)`; Python functions, `@tool`:
 services/_sdk/functions.py; MCP servers, `McpServer`: services/_sdk/mcp.py; `tools_dir` + `handlers` and
 `mcp_servers` are shorthands for the first and the last), the policies, entity resolvers, approval rules and
-serial declarations bound to them by tool name, its own settings (a zero-argument factory, e.g. a pydantic-settings class, read once), the clients it
-needs (`dependencies`: name -> `factory(fleet_settings, own_settings)`, opened once per process, closed at
-shutdown, handed to handlers, resolvers and policies as `ctx.deps`), and the customer-facing texts of the
-guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`), and the words for what
-a side effect did (`describe_action`), said when a turn ends early after one.
+serial declarations bound to them by tool name, its own settings (a zero-argument factory, e.g. a pydantic-settings
+class, read once), the clients it needs (`dependencies`: name -> `factory(fleet_settings, own_settings)`, opened once
+per process, closed at shutdown, handed to handlers, resolvers and policies as `ctx.deps`), and the customer-facing
+texts of the guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`), and the words
+for what a side effect did (`describe_action`), said when a turn ends early after one.
 
 `load_agent(spec)` finds it: `package.module:attribute` (an Agent, or a zero-argument factory returning one), a
 name in the entry-point group `roundtrip.agents`, or, unset, the demo shop's support agent. Anything that does
@@ -107,7 +107,8 @@ class Agent:
     model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
     mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/_sdk/mcp.py), as tools= does
     # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
-    # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded (<input>)"
+    # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded
+    # (<input>)"
     describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
 
     @cached_property
@@ -195,7 +196,7 @@ class Agent:
     def holds_calls(self) -> bool:
         """Some approval rule can hold a call with these settings: people's decisions matter, so do their keys."""
         return any(
-            getattr(rule, "can_hold", None) is None or rule.can_hold(self.own_settings)
+            (can_hold := getattr(rule, "can_hold", None)) is None or can_hold(self.own_settings)
             for rule in self.approvals.values()
         )
 

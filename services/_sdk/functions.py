@@ -42,7 +42,7 @@ class Entity:
     kind: str
 
     def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
-        schema = handler(core_schema)
+        schema: dict[str, Any] = handler(core_schema)
         schema["x-entity"] = self.kind
         return schema
 
@@ -123,7 +123,7 @@ def _is_context(name: str, annotation: Any) -> bool:
 
 def function_tool(fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> FunctionTool:
     """The tool `fn` declares (its problems collected, never raised)."""
-    name = name or getattr(fn, "__name__", repr(fn))
+    name = name or str(getattr(fn, "__name__", repr(fn)))
     made = FunctionTool(fn=fn, name=name, description=description or inspect.getdoc(fn) or "")
     if not inspect.iscoroutinefunction(fn):
         made.faults.append(f"tool {name}: the function must be `async def`")

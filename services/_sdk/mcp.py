@@ -18,7 +18,8 @@ refused with the reason.
 The executor calls a tool with `call_tool` over a connection of its own per call (nothing to go stale when the
 server restarts); the request's `_meta` carries `roundtrip/customer_id` and `roundtrip/idempotency_key`. An
 `isError` result, a protocol error and a transport failure all become `is_error` tool_results (ToolError).
-`Toolbox.problems()` (services/_sdk/sources.py) asks each server once and names what does not fit, for a check of the agent.
+`Toolbox.problems()` (services/_sdk/sources.py) asks each server once and names what does not fit, for a check of the
+agent.
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def strict_copy(server: McpServer, tool: Any) -> dict[str, Any]:
     schema.setdefault("required", [])
     for _, sub in _object_schemas(schema):
         sub.setdefault("additionalProperties", False)
-    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    properties = found if isinstance(found := schema.get("properties"), dict) else {}
     for argument, kind in server.entities.get(tool.name, {}).items():
         if not isinstance(properties.get(argument), dict):
             raise RegistryError(
@@ -247,7 +248,8 @@ class McpMount(ToolSource):
         return tools
 
     def take(self, listed: dict[str, Any]) -> list[str]:
-        """Keep a listing: check each tool it mounts (a tool that does not fit is refused); what is missing, one line."""
+        """Keep a listing: check each tool it mounts (a tool that does not fit is refused); what is missing, one
+        line."""
         server, self.listed = self.server, listed
         for name in sorted(n for n in listed if server.tools is None or n in server.tools):
             try:

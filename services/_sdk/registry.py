@@ -100,6 +100,7 @@ def _sentence(error: ValidationError, doc: Any) -> str:
     """The `x-message` of tool.json nearest the failing keyword (inside the 2020-12 meta-schema: the one that refers to
     it), filled in with what was found."""
     root = tool_document_validator().schema
+    assert isinstance(root, dict)  # tool.json is an object
     node: Any = root
     message = "{error}"
     for key in [*error.absolute_schema_path, None]:  # the path omits each `$ref` it followed
@@ -149,7 +150,7 @@ def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None
     name, description, schema = doc["name"], doc["description"], doc["input_schema"]
     if not isinstance(schema, dict):
         return None, problems
-    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    properties = found if isinstance(found := schema.get("properties"), dict) else {}
     entity_refs = {
         prop: sub["x-entity"]
         for prop, sub in properties.items()

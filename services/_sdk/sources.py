@@ -68,14 +68,14 @@ class ToolSource(ABC):
         """The source as one process runs it, given the agent's own settings (a local source: itself)."""
         return self
 
-    async def start(self, on_listed: OnListed) -> None:
+    async def start(self, on_listed: OnListed) -> None:  # noqa: B027 - an optional hook: a local source has none
         """Open what it needs (a local source: nothing); a source whose tools come later calls `on_listed(self)`."""
 
     async def check(self, on_listed: OnListed) -> list[str]:
         """Ask it once, without retrying, what it offers (mounted through `on_listed`): what does not answer or fit."""
         return []
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - an optional hook: a local source has none
         """Close what `start` opened."""
 
     def refusals(self) -> Mapping[str, str]:

@@ -2,10 +2,10 @@
 
 A burst is started by POST /v1/_overload {"seconds": N} (now, for N seconds; {"seconds": 0} ends
 the one under way; "status": 500 makes it a burst of that 5xx instead, an outage rather than an
-overload; 400 or 401, a burst of an error that is not about capacity), or comes back on its own every `every` seconds for `seconds` each
-(ROUNDTRIP_SIMULATOR_OVERLOAD_EVERY / _SECONDS; the first one `every` seconds after the start).
-During a burst every /v1/messages request is answered 529 before it is admitted (it costs no
-rate limit) and, like the API's, without `retry-after`.
+overload; 400 or 401, a burst of an error that is not about capacity), or comes back on its own every `every` seconds
+for `seconds` each (ROUNDTRIP_SIMULATOR_OVERLOAD_EVERY / _SECONDS; the first one `every` seconds after the start).
+During a burst every /v1/messages request is answered 529 before it is admitted (it costs no rate limit) and, like the
+API's, without `retry-after`.
 """
 
 from __future__ import annotations

@@ -117,7 +117,8 @@ class Scripts:
         name = persona[len(PREFIX) :]
         if name not in self.scripts:
             raise invalid(
-                f"x-roundtrip-persona: no simulator script {name!r} (loaded: {', '.join(sorted(self.scripts)) or 'none'})"
+                f"x-roundtrip-persona: no simulator script {name!r} (loaded: "
+                f"{', '.join(sorted(self.scripts)) or 'none'})"
             )
         script, position = self.scripts[name], responses_so_far(body)
         if position >= len(script):

@@ -70,6 +70,26 @@ def _prompt_items(body: dict) -> list[Any]:
 MESSAGE_OVERHEAD_TOKENS = 8  # about len('{"role":"assistant","content":[]},') / 4
 
 
+def _prefixes(body: dict, items: list, total: int) -> tuple[list[str], list[int]]:
+    """The running hash and token count of the prompt's prefix at each block boundary (the cache's keys and sizes)."""
+    digest = hashlib.sha256(str(body["model"]).encode())
+    hashes: list[str] = []
+    tokens: list[int] = []
+    running = 0
+    starts = _message_starts(body)
+    for index, item in enumerate(items):
+        clean = _without_control(item)
+        digest.update(json.dumps(clean, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode())
+        hashes.append(digest.copy().hexdigest())
+        running += estimate_tokens(
+            {k: v for k, v in clean.items() if k != "role"} if isinstance(clean, dict) else clean
+        )
+        running += MESSAGE_OVERHEAD_TOKENS if index in starts else 0
+        tokens.append(min(total, running))
+    tokens[-1] = total  # the JSON around the blocks: the whole prompt is the prefix up to its last block
+    return hashes, tokens
+
+
 def _message_starts(body: dict) -> set[int]:
     """Indexes (in _prompt_items) of the first block of each message."""
     index = len(body.get("tools") or []) + (1 if isinstance(body.get("system"), str) else len(body.get("system") or []))
@@ -113,22 +133,7 @@ class PromptCache:
             )
             for i in marked
         }
-        # running prefix hashes and token counts, one per block boundary
-        digest = hashlib.sha256(str(body["model"]).encode())
-        hashes: list[str] = []
-        tokens: list[int] = []
-        running = 0
-        starts = _message_starts(body)
-        for index, item in enumerate(items):
-            clean = _without_control(item)
-            digest.update(json.dumps(clean, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode())
-            hashes.append(digest.copy().hexdigest())
-            running += estimate_tokens(
-                {k: v for k, v in clean.items() if k != "role"} if isinstance(clean, dict) else clean
-            )
-            running += MESSAGE_OVERHEAD_TOKENS if index in starts else 0
-            tokens.append(min(total, running))
-        tokens[-1] = total  # the JSON around the blocks: the whole prompt is the prefix up to its last block
+        hashes, tokens = _prefixes(body, items, total)
         now = self._clock()
         minimum = minimum_cacheable_tokens(str(body["model"]))
         read_at = -1  # the last block of the longest cached prefix found

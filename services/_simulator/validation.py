@@ -197,14 +197,16 @@ def _messages(body: dict, *, has_tools: bool) -> None:
         if isinstance(content, str):
             if not content and not final_assistant:
                 raise invalid(
-                    f"messages.{i}: all messages must have non-empty content except for the optional final assistant message"
+                    f"messages.{i}: all messages must have non-empty content except for the optional final assistant "
+                    "message"
                 )
             continue
         if not isinstance(content, list):
             raise invalid(f"messages.{i}.content: Input should be a valid string or a list of content blocks")
         if not content and not final_assistant:
             raise invalid(
-                f"messages.{i}: all messages must have non-empty content except for the optional final assistant message"
+                f"messages.{i}: all messages must have non-empty content except for the optional final assistant "
+                "message"
             )
         for j, block in enumerate(content):
             uses_tools |= _block(block, f"messages.{i}.content.{j}", role, seen_ids)
@@ -315,7 +317,8 @@ def _tool_pairing(messages: list) -> None:
         if missing:
             raise invalid(
                 f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
-                f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` block in the next message."
+                f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` block in the "
+                "next message."
             )
 
 

@@ -26,7 +26,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import anthropic
 
@@ -69,7 +69,7 @@ class Reply:
     stop_reason: str | None = None
 
 
-Response = Union[str, Call, Sequence[str | Call], Reply]
+Response = str | Call | Sequence[str | Call] | Reply
 
 
 def call(tool: str, input: Mapping[str, Any] | None = None, /, **fields: Any) -> Call:
@@ -125,7 +125,8 @@ def _message(response: Response, step: int, model: str) -> anthropic.types.Messa
 
 
 class _Model:
-    """What services/testing/_inprocess.py calls: `create(...)` -> an anthropic Message, from `respond(messages, info)`."""
+    """What services/testing/_inprocess.py calls: `create(...)` -> an anthropic Message, from `respond(messages,
+    info)`."""
 
     model = "scripted"
 

@@ -63,8 +63,8 @@ class Ended:
 
 class InProcess:
     """One agent's fleet in this process. `client` is the model: `await create(messages, persona, parallel_off)` ->
-    an anthropic Message, and a `model` name (roundtrip._model.client.ModelClient, or services/testing/__init__.py's models).
-    `retrying`: how the model handler retries (its default when None: a limiter of each call's own)."""
+    an anthropic Message, and a `model` name (roundtrip._model.client.ModelClient, or services/testing/__init__.py's
+    models). `retrying`: how the model handler retries (its default when None: a limiter of each call's own)."""
 
     def __init__(
         self, agent: Agent, client: Any, deps: Dependencies, settings: Settings, retrying: Retrying | None = None
@@ -125,6 +125,7 @@ class InProcess:
                 command = await self._decided(command, approve(command))
                 continue
             event = await call_model(command, self.client, limits=self.limits, retrying=self.retrying)
+            assert event is not None  # None comes only from a fence, and this loop has none
             if observe is not None:
                 observe(event)
             model = event.model or self.client.model

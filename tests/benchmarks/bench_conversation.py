@@ -110,7 +110,8 @@ def table(name: str, replies: list[SupportReply]) -> str:
         )
     total = sum((r.usage for r in replies), Usage())
     lines.append(
-        f"  {'total':<34} {sum(r.steps for r in replies):>5} {total.input_tokens:>7,} {total.cache_creation_input_tokens:>11,} "
+        f"  {'total':<34} {sum(r.steps for r in replies):>5} {total.input_tokens:>7,} "
+        f"{total.cache_creation_input_tokens:>11,} "
         f"{total.cache_read_input_tokens:>10,} {billed(total):>12,.0f}"
     )
     return "\n".join(lines)

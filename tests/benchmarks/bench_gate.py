@@ -129,7 +129,10 @@ async def bench(seconds: float, steps: int) -> list[tuple[str, str]]:
     calls = tool_calls(VALIDATION_MIX)
     for label, compiled in (("compiled once per tool", True), ("re-created per call", False)):
         validators = {n: InputValidator(s.input_schema, compiled=compiled) for n, s in REGISTRY.specs.items()}
-        per_s = rate(lambda: sum(1 for c in calls if validators[c.name].problems(c.input) is not None), seconds)
+        per_s = rate(
+            lambda validators=validators: sum(1 for c in calls if validators[c.name].problems(c.input) is not None),
+            seconds,
+        )
         rows.append((f"validation only, Draft202012Validator {label}", f"{per_s:,.0f} calls/s"))
 
     port = free_port()
@@ -144,7 +147,7 @@ async def bench(seconds: float, steps: int) -> list[tuple[str, str]]:
                 for name in ("no cache, sequential", "step memo + ownership TTL 30 s, concurrent"):
                     gate = make_gate(shop, **CONFIGS[name])
 
-                    async def one_pass() -> int:
+                    async def one_pass(gate=gate) -> int:
                         for c in auth_calls:
                             await gate.check_call(c, "cus_1001", "turn_b")
                         return len(auth_calls)

@@ -405,8 +405,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 warmup = min(warmup, 300)  # the broker is warm after the first ring
                 print(
-                    f"raw aiokafka ring, {HOPS} hops, {label}, commit {commit:>4}: lap p50 {statistics.median(laps):.1f} ms, "
-                    f"p99 {percentile(laps, 0.99):.1f} ms ({statistics.median(laps) / HOPS:.2f} ms a hop; {len(laps)} laps)",
+                    f"raw aiokafka ring, {HOPS} hops, {label}, commit {commit:>4}: lap p50 "
+                    f"{statistics.median(laps):.1f} ms, "
+                    f"p99 {percentile(laps, 0.99):.1f} ms ({statistics.median(laps) / HOPS:.2f} ms a hop; {len(laps)} "
+                    "laps)",
                     flush=True,
                 )
             for rate in rates:
@@ -414,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                     cpu = cpu_per_hop(broker.bootstrap, broker.pid, client, rate, args.cpu_seconds)
                     total = cpu["clients_us"] + cpu["broker_us"]
                     print(
-                        f"CPU per hop at {rate:.0f} records/s into the ring ({cpu['hops_per_s']:.0f} hops/s), {client:>14}: "
+                        f"CPU per hop at {rate:.0f} records/s into the ring ({cpu['hops_per_s']:.0f} hops/s), "
+                        f"{client:>14}: "
                         f"clients {cpu['clients_us']:.0f} us + broker {cpu['broker_us']:.0f} us = {total:.0f} us; "
                         f"a turn's {HOPS_PER_TURN} hops {total * HOPS_PER_TURN / 1000:.1f} ms",
                         flush=True,

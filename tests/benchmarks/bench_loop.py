@@ -65,8 +65,8 @@ PERSONA = "careful"
 CUSTOMERS = ("cus_1001", "cus_1002", "cus_1003")
 CALLS_PER_TURN = 3
 # issue 7's bar: at 1 concurrent turn, fleet overhead per iteration <= 10 ms p50; with model latency,
-# fleet turns/s >= 0.9x the in-process loop's at 100 concurrent turns and no wrong turn at any; at zero latency, fleet CPU per turn
-# <= 2x and fleet turns/s >= 0.5x the in-process loop's
+# fleet turns/s >= 0.9x the in-process loop's at 100 concurrent turns and no wrong turn at any; at zero latency,
+# fleet CPU per turn <= 2x and fleet turns/s >= 0.5x the in-process loop's
 TARGET_OVERHEAD_MS = 10.0
 TARGET_RATIO_WITH_LATENCY = 0.9
 TARGET_RATIO_CONCURRENCY = 100  # that ratio is asked at 100 concurrent turns; at 500, zero wrong turns
@@ -282,7 +282,8 @@ async def warm_up(
         "(connections, consumer assignments, the broker's JIT)"
     )
     await closed_loop(variants["in-process"], warm_c, min(args.warmup, IN_PROCESS_WARMUP), 120)
-    # with a model latency a turn takes seconds: more turns at once (within the gateway's admission) get through it sooner
+    # with a model latency a turn takes seconds: more turns at once (within the gateway's admission) get through it
+    # sooner
     fleet_c = max(warm_c, min(200, 2 * top)) if args.simulator_latency_ms else warm_c
     broker = {k: v for k, v in pids.items() if k == "kafka"}
     chunk = max(1, -(-args.warmup // WARMUP_CHUNKS))
@@ -365,7 +366,8 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
         f"roundtrip loop benchmark: {meta['turn']}; simulator latency {meta['latency']:g} ms"
         + (f" ±{meta['jitter'] * 100:g} %" if meta.get("jitter") else "")
         + f"; {meta['cores']} cores; "
-        f"{meta['partitions']} partitions per topic; the fleet runs at most {meta.get('admission', '?')} turns at once (admission)"
+        f"{meta['partitions']} partitions per topic; the fleet runs at most {meta.get('admission', '?')} turns at "
+        "once (admission)"
     )
     w(f"database of ledger, fence and conversations: {meta.get('database', 'SQLite (the embedded default)')}")
     w(f"load average before the run: {meta['load']}; CPU of other processes during each run is shown as 'others'")
@@ -377,8 +379,9 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
     for r in runs:
         cpu = sum(r.cpu_s.values()) * 1000 / r.turns if r.turns else float("nan")
         w(
-            f"{r.variant:<11}{r.model_replicas:>6}{r.concurrency:>5}{r.turns:>7}{fmt(r.turns_per_s):>9}{fmt(r.p('iteration_ms', 0.5)):>10}"
-            f"{fmt(r.p('iteration_ms', 0.99)):>10}{fmt(r.p('first_iteration_ms', 0.5)):>11}{fmt(r.p('turn_ms', 0.5)):>10}"
+            f"{r.variant:<11}{r.model_replicas:>6}{r.concurrency:>5}{r.turns:>7}{fmt(r.turns_per_s):>9}"
+            f"{fmt(r.p('iteration_ms', 0.5)):>10}{fmt(r.p('iteration_ms', 0.99)):>10}"
+            f"{fmt(r.p('first_iteration_ms', 0.5)):>11}{fmt(r.p('turn_ms', 0.5)):>10}"
             f"{fmt(r.p('turn_ms', 0.99)):>10}{r.wrong:>7}{fmt(cpu):>9}{r.others_cores:>8.2f}"
         )
     w("  (ms; an iteration is one model call plus the tools of the step before it, measured between")
@@ -444,12 +447,13 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
         w("")
         w(f"Kafka hops of the fleet at {label} (from spans.jsonl; hop = publish span start -> consume span start; ms):")
         w(
-            f"  {'topic':<24}{'msgs':>7}{'hop p50':>9}{'hop p99':>9}{'handler p50':>13}{'handler p99':>13}{'publish p50':>13}"
+            f"  {'topic':<24}{'msgs':>7}{'hop p50':>9}{'hop p99':>9}"
+            f"{'handler p50':>13}{'handler p99':>13}{'publish p50':>13}"
         )
         for topic, h in hops.items():
             w(
-                f"  {topic:<24}{h['n']:>7}{fmt(h['hop_p50_ms']):>9}{fmt(h['hop_p99_ms']):>9}{fmt(h['handler_p50_ms']):>13}"
-                f"{fmt(h['handler_p99_ms']):>13}{fmt(h['publish_p50_ms']):>13}"
+                f"  {topic:<24}{h['n']:>7}{fmt(h['hop_p50_ms']):>9}{fmt(h['hop_p99_ms']):>9}"
+                f"{fmt(h['handler_p50_ms']):>13}{fmt(h['handler_p99_ms']):>13}{fmt(h['publish_p50_ms']):>13}"
             )
         w(f"  handler spans at {label} (count, p50, p99 ms):")
         for name, v in named.items():
@@ -680,7 +684,8 @@ def main(argv: list[str] | None = None) -> int:
         "--py-spy",
         type=Path,
         metavar="DIR",
-        help="sample the processes with py-spy during the busiest runs (the fleet's, and this one in the in-process run); profiles go to DIR",
+        help="sample the processes with py-spy during the busiest runs (the fleet's, and this one in the in-process "
+        "run); profiles go to DIR",
     )
     parser.add_argument("--py-spy-seconds", type=float, default=10.0)
     parser.add_argument("--keep-state", action="store_true", help="keep the temporary state dir (logs, spans)")

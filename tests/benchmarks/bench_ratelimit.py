@@ -112,7 +112,8 @@ def line(s: dict) -> str:
     return (
         f"  {s['phase']:<10} {s['turns']} turns ({outcomes}); {s['calls']} calls, {s['refused']} 429s "
         f"({100 * s['refused_share']:.1f} %); while 60 were in flight ({s['window_s']:.0f} s) {s['window_per_s']:.1f} "
-        f"{s['unit']}/s, {s['burst']:.0f} from the bucket's store, the rest {100 * s['refill_share']:.0f} % of the limit "
+        f"{s['unit']}/s, {s['burst']:.0f} from the bucket's store, the rest {100 * s['refill_share']:.0f} % of the "
+        "limit "
         f"({s['limit_per_s']:.1f}/s); whole phase {s['used_per_s']:.1f}/s in {s['seconds']:.0f} s; "
         f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s"
     )
@@ -126,7 +127,8 @@ def side_by_side(results: list[dict]) -> list[str]:
         done, failed = outcomes.pop("end_turn", 0), outcomes.pop("model_error", 0)
         who = "plain loop" if s["phase"] == "inprocess" else "fleet"
         rows.append(
-            f"  {s['phase']:<10} {done:>8}  {failed:>11}  {sum(outcomes.values()):>5}  {100 * s['refused_share']:>5.1f} %  ({who})"
+            f"  {s['phase']:<10} {done:>8}  {failed:>11}  {sum(outcomes.values()):>5}  "
+            f"{100 * s['refused_share']:>5.1f} %  ({who})"
         )
     return rows
 

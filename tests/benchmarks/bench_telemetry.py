@@ -74,7 +74,8 @@ def main() -> None:
     before = min(cpu_per_hop(before_tracer, False, args.hops) for _ in range(args.rounds))
     after = min(cpu_per_hop(after_tracer, True, args.hops) for _ in range(args.rounds))
     print(
-        f"CPU per hop (3 spans, no exporter): before {before:.1f} us, after {after:.1f} us, added {after - before:.1f} us"
+        f"CPU per hop (3 spans, no exporter): before {before:.1f} us, after {after:.1f} us, added "
+        f"{after - before:.1f} us"
     )
 
 

@@ -250,7 +250,7 @@ class Observer:
     async def drive(self, plan: list[Planned], rate_per_s: float) -> None:
         """Publish the plan at `rate_per_s`, the retries of `twice` requests a little later."""
         retries = []
-        for i, planned in enumerate(plan):
+        for planned in plan:
             await self.ask(planned)
             if planned.twice:
                 retries.append(planned)
@@ -281,7 +281,8 @@ class Observer:
 async def drive_while(
     observer: Observer, plan: list[Planned], rate_per_s: float, faults: asyncio.Task
 ) -> list[Planned]:
-    """Publish the plan (Observer.drive, ten at a time) until `faults` is done or the plan is used up: the part published."""
+    """Publish the plan (Observer.drive, ten at a time) until `faults` is done or the plan is used up: the part
+    published."""
     sent: list[Planned] = []
     for i in range(0, len(plan), 10):
         if faults.done():
@@ -428,8 +429,10 @@ class Audit:
         top = ", ".join(f"{k} {v}" for k, v in self.outcomes.most_common())
         return (
             f"[chaos] {self.scenario}: turns {self.turns}, replies {self.replies}, lost {len(self.lost)}, "
-            f"duplicated {len(self.duplicated)}, side effects {self.side_effects} (duplicate {len(self.duplicate_side_effects)}, "
-            f"late {len(self.late_side_effects)}), poison dead-lettered {self.poison_dead_lettered}/{self.poison_sent}, "
+            f"duplicated {len(self.duplicated)}, side effects {self.side_effects} (duplicate "
+            f"{len(self.duplicate_side_effects)}, "
+            f"late {len(self.late_side_effects)}), poison dead-lettered "
+            f"{self.poison_dead_lettered}/{self.poison_sent}, "
             f"{self.seconds:.0f} s; outcomes: {top}"
         )
 
@@ -538,7 +541,8 @@ async def audit(
         replied = reply_at.get(rid)
         if ended is not None and e["at"] > ended:
             result.late_side_effects.append(
-                f"{e['endpoint']} {e['order_id'] or ''} of {e['turn_id']} {e['at'] - ended:.3f} s after the ledger's end ({row['outcome']})"
+                f"{e['endpoint']} {e['order_id'] or ''} of {e['turn_id']} {e['at'] - ended:.3f} s after the ledger's "
+                f"end ({row['outcome']})"
             )
         elif replied is not None and e["at"] > replied:
             result.late_side_effects.append(

@@ -234,7 +234,8 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
     report(result, capsys)
     with capsys.disabled():
         print(
-            f"[chaos]   held signed cancels {len(held)} (operator-cancelled {len(cancelled)}, deadline {len(held) - len(cancelled)}), "
+            f"[chaos]   held signed cancels {len(held)} (operator-cancelled {len(cancelled)}, deadline "
+            f"{len(held) - len(cancelled)}), "
             f"refused by the fence {sum(1 for v in refused.values() if v)}",
             flush=True,
         )

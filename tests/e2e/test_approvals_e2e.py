@@ -267,13 +267,13 @@ async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_dec
 
     def letters():
         found = [
-            l
-            for l in client.seen[topics.DEAD_LETTERS]
-            if l.get("key") == conversation.decode() and l["service"] == "guard"
+            letter
+            for letter in client.seen[topics.DEAD_LETTERS]
+            if letter.get("key") == conversation.decode() and letter["service"] == "guard"
         ]
         return found if len(found) >= 3 else None
 
-    reasons = " | ".join(l["reason"] for l in await client.wait_for(letters, timeout=30))
+    reasons = " | ".join(letter["reason"] for letter in await client.wait_for(letters, timeout=30))
     assert "forged decision" in reasons and "decision for another call" in reasons and "expired" in reasons, reasons
     await asyncio.sleep(1)
     assert _status(shop_orders, ORDER) == "pending" and len(client.replies[request_id]) == 1

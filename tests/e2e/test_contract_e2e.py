@@ -1,4 +1,5 @@
-"""The public contract as a plain Kafka client meets it: what is tolerated, what is refused, and that a refusal is answered."""
+"""The public contract as a plain Kafka client meets it: what is tolerated, what is refused, and that a refusal is
+answered."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ async def _publish(client, body: dict, key: bytes | None = None, keyed: bool = T
 
 
 def _letters_of(client, request_id: str) -> list[dict]:
-    return [l for l in client.seen[topics.DEAD_LETTERS] if f'"{request_id}"' in l["payload"]]
+    return [letter for letter in client.seen[topics.DEAD_LETTERS] if f'"{request_id}"' in letter["payload"]]
 
 
 async def test_an_unknown_field_is_ignored_and_the_metadata_comes_back_in_the_reply_and_the_trace(

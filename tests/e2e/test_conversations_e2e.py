@@ -161,7 +161,8 @@ async def test_a_100_request_conversation_with_50_kb_tool_results_stays_bounded(
     late = max(s for per_topic in sizes.values() for turn in per_topic[80:] for s in turn)
     budget_bytes = settings.history_tokens * 4
     print(
-        f"\n100-request conversation, list_orders result {results[0]:,} bytes, history budget {settings.history_tokens:,} tokens"
+        f"\n100-request conversation, list_orders result {results[0]:,} bytes, history budget "
+        f"{settings.history_tokens:,} tokens"
     )
     for name, per_turn in sizes.items():
         flat = [s for turn in per_turn for s in turn]
@@ -178,7 +179,8 @@ async def test_a_100_request_conversation_with_50_kb_tool_results_stays_bounded(
     finally:
         await store.close()
     print(
-        f"  stored: {row.turns} turns, {row.history_turns} in the history ({row.history_tokens:,} tokens), {row.dropped_turns} dropped"
+        f"  stored: {row.turns} turns, {row.history_turns} in the history ({row.history_tokens:,} tokens), "
+        f"{row.dropped_turns} dropped"
     )
     assert row.turns == 100 and row.dropped_turns >= 90 and row.history_tokens <= settings.history_tokens
     assert _paired(history) and history[0]["role"] == "user" and history[-1]["role"] == "assistant"

@@ -67,7 +67,8 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
         await client.start()
         try:
             batches = await partitions_of(client.consumer, [world.topic_prefix + topics.TOOL_BATCHES])
-            # one turn per partition of turn.tool_batches (keyed by conversation): whichever partitions an executor holds, it gets a turn
+            # one turn per partition of turn.tool_batches (keyed by conversation): whichever partitions an executor
+            # holds, it gets a turn
             conversations = conversations_covering(len(batches), f"conv_{shape}_")
             asked = {}
             for i, conversation in enumerate(conversations):

@@ -129,16 +129,18 @@ async def test_a_forged_batch_reusing_a_real_turn_and_step_is_dead_lettered_and_
 
     def letters():
         found = [
-            l for l in client.seen[topics.DEAD_LETTERS] if l.get("key") == conversation and l["service"] == "executor"
+            letter
+            for letter in client.seen[topics.DEAD_LETTERS]
+            if letter.get("key") == conversation and letter["service"] == "executor"
         ]
         return found if len(found) >= 2 else None
 
     found = await client.wait_for(letters, timeout=30)
-    reasons = sorted(l["reason"] for l in found)
+    reasons = sorted(letter["reason"] for letter in found)
     assert "signature mismatch" in reasons[0] + reasons[1] and "unknown key id 'dev1'" in reasons[0] + reasons[1], (
         reasons
     )
-    assert all("toolu_forged01" in l["payload"] for l in found)
+    assert all("toolu_forged01" in letter["payload"] for letter in found)
     logged = await _logged(settings, f"refused batch for turn {real.turn.turn_id} step 1", timeout=10)
     security = [line for line in logged if "roundtrip.security" in line]
     assert len(security) >= 2, logged
@@ -166,7 +168,8 @@ async def test_an_oversized_or_too_deep_tool_input_becomes_an_error_result_and_t
     client, fleet, fleet_settings, capsys
 ):
     deep, deep_s, deep_results = await _oversized_turn(client, "deep")
-    # a model allowed to write ~600 kB (150k output tokens, ~$2.30: over the default $0.50 budget, which would end the turn)
+    # a model allowed to write ~600 kB (150k output tokens, ~$2.30: over the default $0.50 budget, which would end the
+    # turn)
     async with fleet.reconfigured(("model", "guard"), max_tokens=200_000, turn_budget_usd=10.0):
         big, big_s, big_results = await _oversized_turn(client, "bloated")
     for reply, results, problem in (

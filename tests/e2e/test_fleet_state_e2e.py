@@ -1,6 +1,6 @@
 """Operator commands read the running fleet's state, not their shell's (issue 22): a fleet on PostgreSQL, another topic
-prefix and a broker of its own, and a shell in its folder with no ROUNDTRIP_* setting at all. `roundtrip ask`, `turns` and
-`config` there find the fleet, say which one they read, and name what the shell sets otherwise."""
+prefix and a broker of its own, and a shell in its folder with no ROUNDTRIP_* setting at all. `roundtrip ask`, `turns`
+and `config` there find the fleet, say which one they read, and name what the shell sets otherwise."""
 
 from __future__ import annotations
 

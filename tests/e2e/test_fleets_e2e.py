@@ -122,7 +122,7 @@ async def _generations(bootstrap: str, groups: set[str]) -> dict[str, int]:
         ends = await consumer.end_offsets(partitions)
         pending = {tp for tp in partitions if ends[tp] > 0}
         while pending:
-            for tp, records in (await consumer.getmany(*pending, timeout_ms=1000)).items():
+            for records in (await consumer.getmany(*pending, timeout_ms=1000)).values():
                 for record in records:
                     if (parsed := _group_generation(record.key, record.value)) and parsed[0] in groups:
                         found[parsed[0]] = parsed[1]
@@ -187,7 +187,7 @@ async def test_lag_of_each_fleet_shows_its_own_groups_and_members_only(fleet, fl
 
 
 async def test_killing_one_fleets_executor_rebalances_no_group_of_the_other(fleet, fleet_settings, other_fleet):
-    session, (other, other_settings, _) = fleet.sync.settings, other_fleet
+    session, (other, _, _) = fleet.sync.settings, other_fleet
     bootstrap = session.bootstrap_servers
     mine = set(topology.groups(session.topic_prefix))
     its_executor = topology.group("executor", prefix=OTHER_PREFIX)

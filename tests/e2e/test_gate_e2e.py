@@ -158,7 +158,7 @@ async def test_batches_without_a_valid_signature_are_never_executed_and_are_dead
         )
 
     def letters():
-        found = {l["key"]: l for l in client.seen[topics.DEAD_LETTERS] if l.get("key") in sent}
+        found = {letter["key"]: letter for letter in client.seen[topics.DEAD_LETTERS] if letter.get("key") in sent}
         return found if len(found) == len(sent) else None
 
     found = await client.wait_for(letters, timeout=30)

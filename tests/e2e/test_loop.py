@@ -155,12 +155,12 @@ async def test_malformed_and_schema_violating_requests_are_dead_lettered_and_the
 
     letters = await client.wait_for(
         lambda: (
-            [l for l in client.seen[topics.DEAD_LETTERS] if l["key"] in ("bad1", "bad2")]
-            if len([l for l in client.seen[topics.DEAD_LETTERS] if l["key"] in ("bad1", "bad2")]) == 2
+            [letter for letter in client.seen[topics.DEAD_LETTERS] if letter["key"] in ("bad1", "bad2")]
+            if len([letter for letter in client.seen[topics.DEAD_LETTERS] if letter["key"] in ("bad1", "bad2")]) == 2
             else None
         )
     )
-    by_key = {l["key"]: l for l in letters}
+    by_key = {letter["key"]: letter for letter in letters}
     assert by_key["bad1"]["service"] == "gateway" and by_key["bad1"]["payload"] == "{not json at all"
     assert "json" in by_key["bad1"]["reason"].lower()
     assert "schema violation" in by_key["bad2"]["reason"] and "text" in by_key["bad2"]["reason"]

@@ -211,7 +211,7 @@ async def test_a_killed_consumer_loses_nothing_and_never_committed_past_unfinish
     conv7 = [int(v[1:]) for k, v, _ in second_lines if k == "conv_7"]
     assert conv7 == sorted(conv7) and conv7[0] == 7, "conv_7 resumed in order from its unfinished message"
     # redelivery is limited to what was not committed: nothing below the committed offsets ran again
-    for k, v, offset in second_lines:
+    for _key, v, offset in second_lines:
         p, _ = where[v]
         assert offset >= offsets_before_kill[p], f"{v} at offset {offset} was committed but processed again"
 

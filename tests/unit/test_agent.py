@@ -255,7 +255,8 @@ def test_a_bad_agent_string_stops_a_service_with_one_line_and_status_1(tmp_path)
     )
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "error: ROUNDTRIP_AGENT='acme_missing_pkg:AGENT': cannot import acme_missing_pkg: No module named 'acme_missing_pkg'"
+        "error: ROUNDTRIP_AGENT='acme_missing_pkg:AGENT': cannot import acme_missing_pkg: No module named "
+        "'acme_missing_pkg'"
     ]
 
 

@@ -7,6 +7,7 @@ at the per-minute limit, `anthropic-ratelimit-*` headers on every answer, a 429 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 
@@ -105,7 +106,7 @@ async def test_waiting_calls_start_one_slot_apart_in_order_and_busy_past_the_dea
         starts.append(time.monotonic())
 
     await asyncio.gather(*(one() for _ in range(5)))
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert all(gap > 0.03 for gap in gaps), gaps
     with pytest.raises(Busy):
         capacity.rate = 0.1  # the next slot is 10 s away

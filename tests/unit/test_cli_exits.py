@@ -1,5 +1,6 @@
-"""`roundtrip` tells the truth: unknown names are errors listing the known ones, `ask` fails unless the model answered, and what it
-prints reads right (help without `<bool>` or cut paragraphs, "1 step", no empty `detail=`, whole ids in the approvals table)."""
+"""`roundtrip` tells the truth: unknown names are errors listing the known ones, `ask` fails unless the model answered,
+and what it prints reads right (help without `<bool>` or cut paragraphs, "1 step", no empty `detail=`, whole ids in the
+approvals table)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def test_every_outcome_has_its_documented_exit_code():
         c > 2 for o, c in console.EXIT_CODES.items() if o is not Outcome.END_TURN
     )
     shown = " ".join(CliRunner().invoke(app, ["ask", "--help"]).output.replace("│", " ").split())
-    for outcome, code in console.EXIT_CODES.items():
+    for outcome in console.EXIT_CODES:
         assert outcome.value in shown, outcome
     assert "Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout" in shown
 

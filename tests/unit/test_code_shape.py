@@ -62,7 +62,7 @@ def test_every_long_module_is_named_in_the_readme_layout_with_its_reason():
         "are one idea (split them, or name them there):\n  " + "\n  ".join(unnamed)
     )
     named = [line for line in layout.splitlines() if "`services/" in line and line.lstrip().startswith("- ")]
-    for n, path in long_modules:
+    for _lines, path in long_modules:
         (line,) = [line for line in named if f"`{path.relative_to(ROOT)}`" in line]
         assert len(line.split(":", 1)[-1].split()) >= 4, (
             f"the Layout names {path.relative_to(ROOT)} without a reason: {line!r}"
@@ -79,7 +79,8 @@ def test_the_readme_names_no_long_module_that_is_no_longer_long():
         if not (ROOT / name).exists() or len((ROOT / name).read_text().splitlines()) <= MODULE_LINES
     ]
     assert not short, (
-        f"the Layout (docs/architecture.md) names as over {MODULE_LINES} lines modules that are not: {', '.join(sorted(short))}"
+        f"the Layout (docs/architecture.md) names as over {MODULE_LINES} lines modules that are not: "
+        f"{', '.join(sorted(short))}"
     )
 
 

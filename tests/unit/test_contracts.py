@@ -1,4 +1,5 @@
-"""The checked-in contract (contracts/) must be what the code generates: run `roundtrip contracts` after changing events or topics."""
+"""The checked-in contract (contracts/) must be what the code generates: run `roundtrip contracts` after changing events
+or topics."""
 
 from roundtrip._cli.contracts import ROOT, rendered
 
@@ -6,7 +7,8 @@ from roundtrip._cli.contracts import ROOT, rendered
 def test_checked_in_contracts_match_the_code():
     stale = [rel for rel, text in rendered().items() if not (ROOT / rel).exists() or (ROOT / rel).read_text() != text]
     assert not stale, (
-        f"schemas/events/ or contracts/ drifted from the code ({', '.join(stale)}); run `roundtrip contracts` and commit"
+        f"schemas/events/ or contracts/ drifted from the code ({', '.join(stale)}); run `roundtrip contracts` and "
+        "commit"
     )
 
 

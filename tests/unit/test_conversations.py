@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 import pytest
@@ -47,7 +48,7 @@ def paired(messages: list[dict]) -> bool:
 
 
 def alternates(messages: list[dict]) -> bool:
-    return messages[0]["role"] == "user" and all(a["role"] != b["role"] for a, b in zip(messages, messages[1:]))
+    return messages[0]["role"] == "user" and all(a["role"] != b["role"] for a, b in itertools.pairwise(messages))
 
 
 # -- exchanges ------------------------------------------------------------------------------
@@ -262,7 +263,8 @@ def responded(
 
 
 async def _run_turn(guard: Guard, t: Turn, text: str) -> list[dict]:
-    """Start a turn, answer its first call with list_orders and its second with words; the first CallModel's messages."""
+    """Start a turn, answer its first call with list_orders and its second with words; the first CallModel's
+    messages."""
     await guard.starts.on_start(StartTurn(turn=t, text=text))
     topic, call = guard.outbox.publish.sent[-1]
     assert topic == topics.MODEL_CALLS

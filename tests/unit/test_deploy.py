@@ -54,9 +54,11 @@ HTTP_SERVICES = {
     "shop": ShopAgentSettings.model_fields["shop_port"],
 }
 HEALTH_PORT = 8080
-# the Go module version of Jaeger v2 (scripts/jaeger.sh) -> its release (the image tag); Jaeger's CHANGELOG: "v1.76.0 / v2.13.0"
+# the Go module version of Jaeger v2 (scripts/jaeger.sh) -> its release (the image tag); Jaeger's CHANGELOG: "v1.76.0 /
+# v2.13.0"
 JAEGER_RELEASE_OF_MODULE = {"v1.76.0": "2.13.0"}
-# the KEDA-scaled consumers: service -> (its consumer group, the topic it consumes, the setting of that topic's partitions)
+# the KEDA-scaled consumers: service -> (its consumer group, the topic it consumes, the setting of that topic's
+# partitions)
 SCALED = {
     "executor": (group("executor"), topics.TOOL_BATCHES, "ROUNDTRIP_EXECUTOR_PARTITIONS"),
     "model": (group("model"), topics.MODEL_CALLS, "ROUNDTRIP_PARTITIONS"),
@@ -270,8 +272,9 @@ MUST_BE_GIVEN = {
 
 
 def settings_read_by(service: str) -> set[str]:
-    """The Settings attributes the code of services/<service>/ reads (`settings.<name>`, an agent's `own.<name>`), and the ledger when the
-    topology says the service shares it (`roundtrip run` refuses to start it without: services/_cli/main.py)."""
+    """The Settings attributes the code of services/<service>/ reads (`settings.<name>`, an agent's `own.<name>`), and
+    the ledger when the topology says the service shares it (`roundtrip run` refuses to start it without:
+    services/_cli/main.py)."""
     folder = ROOT / "services" / f"_{service}"
     read = {
         name for path in folder.rglob("*.py") for name in re.findall(r"\b(?:settings|own)\.(\w+)", path.read_text())

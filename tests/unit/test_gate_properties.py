@@ -330,7 +330,7 @@ async def check_and_execute(
         tally["approved"] += 1
         assert name in REGISTRY.specs
         assert strict[name].is_valid(tool_input), tool_input
-        for ref_field, kind in REGISTRY.specs[name].entity_refs.items():
+        for ref_field in REGISTRY.specs[name].entity_refs:
             if ref_field in tool_input:
                 order_id = tool_input[ref_field]
                 assert ORDER_ID.fullmatch(order_id), order_id

@@ -6,15 +6,33 @@ import json
 
 import pytest
 
+from roundtrip._executor.handlers import execute
+from roundtrip._executor.runner import Runner
 from roundtrip._guard.acted import Acts, generic
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import POLITE
 from roundtrip._guard.rules import Policy
-from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, TurnEnded, Usage
+from roundtrip._kernel.storage import sideeffects
+from roundtrip._kernel.storage.turnstore import Fence
+from roundtrip._kernel.wire.events import (
+    CallModel,
+    CancelTurn,
+    CheckedCall,
+    ExecuteToolBatch,
+    ModelResponded,
+    Outcome,
+    StartTurn,
+    ToolCall,
+    Turn,
+    TurnEnded,
+    Usage,
+)
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._shop.agent import AGENT as SHOP
+from tests.agents import shop_deps
 from tests.databases import migrated
+from tests.unit.test_approvals_flow import CANCEL, SIGNER
 from tests.unit.test_guard_handlers import PRICES, Recorder
 
 SHOP_ACTS = Acts(SHOP.serial, SHOP.describe_action)
@@ -182,14 +200,6 @@ async def test_an_earlier_turns_cancel_is_not_this_turns(guard):
 
 
 # -- an end from outside the loop: what the executor recorded in the turn's row ---------------------------------------
-
-from roundtrip._executor.handlers import execute  # noqa: E402
-from roundtrip._executor.runner import Runner  # noqa: E402
-from roundtrip._kernel.storage import sideeffects
-from roundtrip._kernel.storage.turnstore import Fence  # noqa: E402
-from roundtrip._kernel.wire.events import CallModel, CancelTurn, CheckedCall, ExecuteToolBatch  # noqa: E402
-from tests.agents import shop_deps  # noqa: E402
-from tests.unit.test_approvals_flow import CANCEL, SIGNER, shop  # noqa: E402, F401 - the in-process shop fixture
 
 ALICE = Turn(
     turn_id="turn_out", request_id="req_o", conversation_id="conv_o", customer_id="cus_1001", trace_id="0" * 32

@@ -1,5 +1,5 @@
-"""The agent authors' harness (services/testing/__init__.py): a turn through the fleet's own gate, guard rules and executor,
-with a scripted model, against the real demo shop app in-process (SQLite), no Kafka."""
+"""The agent authors' harness (services/testing/__init__.py): a turn through the fleet's own gate, guard rules and
+executor, with a scripted model, against the real demo shop app in-process (SQLite), no Kafka."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from roundtrip.testing import (
     reply,
     run_turn,
 )
-from tests.agents import SHOP, shop  # noqa: F401 - shop: the fixture
+from tests.agents import SHOP
 
 ALICE, BOB = "cus_1001", "cus_1002"
 PENDING = "ord_a1000003"  # Alice's pending order

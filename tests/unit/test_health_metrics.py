@@ -1,4 +1,5 @@
-"""The health endpoint over real HTTP on loopback, and the metrics each decision moves (guard, gate, executor, model)."""
+"""The health endpoint over real HTTP on loopback, and the metrics each decision moves (guard, gate, executor,
+model)."""
 
 from __future__ import annotations
 

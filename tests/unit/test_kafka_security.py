@@ -1,4 +1,5 @@
-"""The Kafka security settings: refused when they do not fit, turned into the same options for every client, never shown."""
+"""The Kafka security settings: refused when they do not fit, turned into the same options for every client, never
+shown."""
 
 from __future__ import annotations
 

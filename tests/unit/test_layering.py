@@ -153,7 +153,7 @@ def test_the_kernels_sub_rooms_form_no_cycle():
     cycles = _cycles(edges)
     said = [
         f"cycle {' -> '.join([*c, c[0]])}:\n  "
-        + "\n  ".join(line for a, b in zip(c, [*c[1:], c[0]]) for line in where[(a, b)])
+        + "\n  ".join(line for a, b in zip(c, [*c[1:], c[0]], strict=True) for line in where[(a, b)])
         for c in cycles
         if tuple(c) not in KNOWN_CYCLES
     ]

@@ -1,7 +1,8 @@
 """`roundtrip ask`'s live view shows each step in order, whatever order Kafka's fetches hand the records back in.
 
 One poll of several topics returns each partition's records together, in no order between topics: a step's gate
-verdict (turn.tool_batches) could come before its model line (turn.iterations), or a poll later than what followed it."""
+verdict (turn.tool_batches) could come before its model line (turn.iterations), or a poll later than what followed
+it."""
 
 from __future__ import annotations
 

@@ -65,7 +65,8 @@ def ask_example() -> tuple[str, list[str]]:
 
 
 def matches_example(example: str, real: str) -> bool:
-    """A real line reads as the README's: the same words, but where the README cuts it (`...`) and its turn and trace ids."""
+    """A real line reads as the README's: the same words, but where the README cuts it (`...`) and its turn and trace
+    ids."""
 
     def part(text: str) -> str:
         if text == "...":

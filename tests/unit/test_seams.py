@@ -132,7 +132,8 @@ async def test_aiokafkas_consumer_still_has_the_client_whose_metadata_names_the_
     try:
         fetch = getattr(getattr(consumer, "_client", None), "fetch_all_metadata", None)
         assert fetch is not None and inspect.iscoroutinefunction(fetch), (
-            f"{AIOKAFKA}: AIOKafkaConsumer._client.fetch_all_metadata() is gone; aiokafka_seam.partitions_of cannot list partitions"
+            f"{AIOKAFKA}: AIOKafkaConsumer._client.fetch_all_metadata() is gone; aiokafka_seam.partitions_of cannot "
+            "list partitions"
         )
         assert ClusterMetadata().partitions_for_topic("missing") is None, (
             f"{AIOKAFKA}: ClusterMetadata.partitions_for_topic no longer answers None for a topic it does not know"

@@ -47,7 +47,7 @@ def step(calls: list[tuple[str, dict]], results: list[tuple[object, bool]], n: i
             "content": r if isinstance(r, str) else json.dumps(r),
             "is_error": err,
         }
-        for use, (r, err) in zip(uses, results)
+        for use, (r, err) in zip(uses, results, strict=True)
     ]
     return [{"role": "assistant", "content": uses}, user(answers)]
 

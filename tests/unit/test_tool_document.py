@@ -193,7 +193,8 @@ def test_agent_check_reports_each_violation_of_the_folder_as_one_line_naming_fil
     assert checked.exit_code == 1, checked.output
     assert checked.output.splitlines() == [
         "agent 'desk': 2 problems",
-        f"  - {folder / 'lookup.json'}: $.description: tool lookup needs a real description (a sentence of 20 characters or more)",
+        f"  - {folder / 'lookup.json'}: $.description: tool lookup needs a real description (a sentence of 20 "
+        "characters or more)",
         f"  - {folder / 'wrap_order.json'}: $.input_schema.properties.ribbon: wrap_order #/properties/ribbon must set "
         "additionalProperties: false",
     ]

@@ -12,7 +12,7 @@ import pytest
 from roundtrip import Agent, Dependencies, Entity, McpServer, SchemaFolder, ToolContext, ToolError, ToolSource, tool
 from roundtrip._broker.embedded import free_port
 from roundtrip.testing import FunctionModel, arun_turn, call
-from tests.agents import SCHEMAS, SHOP, shop  # noqa: F401 - shop: the fixture
+from tests.agents import SCHEMAS, SHOP
 from tests.mcp_server import TOOL, answers, calls, start
 
 ALICE, OWN, FOREIGN = "cus_1001", "ord_a1000001", "ord_9f3c4e21"  # ord_9f3c4e21 is cus_1002's

@@ -11,7 +11,7 @@ from roundtrip._gate.validation import InputValidator  # the validator the fleet
 from roundtrip._sdk import ToolContext, ToolError
 from roundtrip._shop.agent.client import ShopClient, ShopError, ShopUnavailable
 from roundtrip._shop.help_articles import INJECTION_ORDER_ID
-from tests.agents import SHOP, shop, shop_deps  # noqa: F401 - shop: the fixture
+from tests.agents import SHOP, shop_deps
 
 ALICE, BOB = "cus_1001", "cus_1002"
 

@@ -1,5 +1,5 @@
-"""A turn whose model call waits for the API's capacity (services/_kernel/storage/turnstore.py, WAITING): still live, never
-flagged stuck however long it waits, still ended at its deadline, counted for the gateway; and the key-ordered
+"""A turn whose model call waits for the API's capacity (services/_kernel/storage/turnstore.py, WAITING): still live,
+never flagged stuck however long it waits, still ended at its deadline, counted for the gateway; and the key-ordered
 consumer the model service holds back meanwhile (services/_kernel/kafka/consumer.py, `hold`)."""
 
 from __future__ import annotations

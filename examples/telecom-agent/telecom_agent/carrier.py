@@ -18,9 +18,10 @@ from typing import Any
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS lines (line_id TEXT PRIMARY KEY, number TEXT NOT NULL, holder_id TEXT NOT NULL,
     plan TEXT NOT NULL, status TEXT NOT NULL, data_used_mb INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS members (line_id TEXT NOT NULL, customer_id TEXT NOT NULL, PRIMARY KEY (line_id, customer_id));
-CREATE TABLE IF NOT EXISTS port_outs (idempotency_key TEXT PRIMARY KEY, line_id TEXT NOT NULL, new_carrier TEXT NOT NULL,
-    transfer_code TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS members (line_id TEXT NOT NULL, customer_id TEXT NOT NULL,
+    PRIMARY KEY (line_id, customer_id));
+CREATE TABLE IF NOT EXISTS port_outs (idempotency_key TEXT PRIMARY KEY, line_id TEXT NOT NULL,
+    new_carrier TEXT NOT NULL, transfer_code TEXT NOT NULL);
 """
 # Alice holds a family line Bob shares; Bob and Carol each hold one of their own.
 SEED_LINES = [
@@ -57,7 +58,8 @@ class Carrier:
         rows = db.execute(
             f"SELECT {', '.join('l.' + c for c in COLUMNS)}, "
             "CASE WHEN l.holder_id = ? THEN 'holder' ELSE 'member' END FROM lines l "
-            "WHERE (l.holder_id = ? OR EXISTS (SELECT 1 FROM members m WHERE m.line_id = l.line_id AND m.customer_id = ?))"
+            "WHERE (l.holder_id = ? OR EXISTS (SELECT 1 FROM members m WHERE m.line_id = l.line_id AND m.customer_id "
+            "= ?))"
             f"{where} ORDER BY l.line_id",
             (customer_id, customer_id, customer_id, *args),
         ).fetchall()
@@ -83,7 +85,8 @@ class Carrier:
     async def port_out(
         self, holder_id: str, line_id: str, new_carrier: str, idempotency_key: str
     ) -> dict[str, Any] | None:
-        """The port-out request (the same one again for a repeated key); None unless `holder_id` holds an active line."""
+        """The port-out request (the same one again for a repeated key); None unless `holder_id` holds an active
+        line."""
 
         def port(db: sqlite3.Connection) -> dict[str, Any] | None:
             done = db.execute(

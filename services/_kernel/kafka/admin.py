@@ -4,9 +4,9 @@
     report.created, report.existing, report.grown
 
 The first argument of each function here is the cluster: a KafkaClients (services/_kernel/kafka/clients.py, its
-security included) or a bootstrap string (PLAINTEXT). `create_topics` is the short form returning only the names it created. Existing topics are
-left alone, except that a topic with fewer partitions than asked is grown (Kafka can only add
-partitions), so raising `executor_partitions` scales the executors of a running fleet.
+security included) or a bootstrap string (PLAINTEXT). `create_topics` is the short form returning only the names it
+created. Existing topics are left alone, except that a topic with fewer partitions than asked is grown (Kafka can only
+add partitions), so raising `executor_partitions` scales the executors of a running fleet.
 """
 
 from __future__ import annotations
@@ -181,7 +181,8 @@ async def _raise_message_limits(admin: AIOKafkaAdminClient, names: list[str], pr
     described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
     for response in described:
         for _code, _msg, _type, name, entries in response.resources:
-            # AlterConfigs replaces the topic's settings: keep those set on the topic (v0: not default; v1+: source 1, the topic)
+            # AlterConfigs replaces the topic's settings: keep those set on the topic (v0: not default; v1+: source 1,
+            # the topic)
             current = {
                 e[0]: e[1]
                 for e in entries
@@ -314,7 +315,8 @@ def _decode_members(members: list, protocol_type: str, wire: set[str]) -> tuple[
 
 
 async def _retrying(call, timeout: float):
-    """Retry a group request while the coordinator is not there yet (a fresh cluster creates __consumer_offsets first)."""
+    """Retry a group request while the coordinator is not there yet (a fresh cluster creates __consumer_offsets
+    first)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -360,13 +362,7 @@ async def consumer_lag(
                 strict=True,
             )
         )
-        topics_of: dict[str, set[str]] = {}
-        for name in names:
-            mine = {tp.topic for tp in committed[name] if tp.topic in wire} | described.get(name, ("", [], set()))[2]
-            mine |= {t for m in described.get(name, ("", [], set()))[1] for t, _ in m.partitions}
-            if name in fleet_groups:
-                mine.add(prefix + fleet_groups[name])
-            topics_of[name] = mine
+        topics_of = {name: _topics_of(name, committed, described, wire, fleet_groups, prefix) for name in names}
         all_topics = sorted(set().union(*topics_of.values())) if topics_of else []
         partitions = [
             TopicPartition(t["topic"], p["partition"])
@@ -391,6 +387,24 @@ async def consumer_lag(
                 rows.append(PartitionLag(tp.topic, tp.partition, offset, starts[tp], ends[tp]))
         report.append(GroupLag(name, state, rows, members))
     return report
+
+
+def _topics_of(
+    name: str,
+    committed: dict[str, dict],
+    described: dict[str, tuple[str, list[GroupMember], set[str]]],
+    wire: set[str],
+    fleet_groups: dict[str, str],
+    prefix: str,
+) -> set[str]:
+    """The fleet's topics group `name` reads: those it committed on, its members' and subscriptions', and the topic
+    the topology gives it (a group that never committed lags from the start of its topic)."""
+    _, members, subscribed = described.get(name, ("", [], set()))
+    mine = {tp.topic for tp in committed[name] if tp.topic in wire} | subscribed
+    mine |= {t for m in members for t, _ in m.partitions}
+    if name in fleet_groups:
+        mine.add(prefix + fleet_groups[name])
+    return mine
 
 
 async def _describe_groups(

@@ -318,9 +318,9 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
                 )
                 return False
             for tp, offset in offsets.items():
-                part = self._parts.get(tp)
-                if part is not None:
-                    part.committed = offset
+                held = self._parts.get(tp)
+                if held is not None:
+                    held.committed = offset
             return True
 
     # -- rebalance (aiokafka calls these between polls) ----------------------------------------

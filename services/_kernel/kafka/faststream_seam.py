@@ -58,7 +58,8 @@ def replace_consume_loop(subscriber: Any, loop: ConsumeLoop) -> None:
 def kafka_producer(broker: KafkaBroker) -> AIOKafkaProducer:
     """The aiokafka producer the broker connected (on the path of every publish: attribute reads only)."""
     try:
-        producer = broker.config.producer._producer.producer  # noqa: SLF001 - see the module's docstring
+        # FastStream's insides (see the module's docstring): its producer protocol does not declare them
+        producer = broker.config.producer._producer.producer  # type: ignore[attr-defined]
     except IncorrectState:  # FastStream's state of a producer before it connected
         raise RuntimeError("the broker is not connected") from None
     except AttributeError as missing:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import functools
 import inspect
 import json
 import logging
@@ -87,22 +88,18 @@ def subscribe(
     `@subscribe(broker, topics.MODEL_CALLS, "model", settings)` on `async def on_call_model(command: CallModel)`:
     the handler takes one pydantic message (its annotation says which); `current_record()` gives the
     Kafka record when it needs the coordinates. A `KeyOrderedConsumer` in the service's consumer group
-    (`group()`, prefixed like the topics) holds up to `max_in_flight` messages (default `settings.max_in_flight`) and runs each
-    through `_message_path`. The handler is also FastStream's subscriber (AsyncAPI, start and stop).
-    `commit` replaces the consumer's offset commit (the gateway commits its replies with the offsets
-    in one transaction) and `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`:
-    the handler only waits and is safe to interrupt, so a rebalance or a stop cancels it at once. `on_failure(record,
-    exc, reason)` runs before a failed record's dead letter (the gateway answers a refused request); its failure is logged.
+    (`group()`, prefixed like the topics) holds up to `max_in_flight` messages (default `settings.max_in_flight`) and
+    runs each through `_message_path`. The handler is also FastStream's subscriber (AsyncAPI, start and stop). `commit`
+    replaces the consumer's offset commit (the gateway commits its replies with the offsets in one transaction) and
+    `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`: the handler only waits and is safe to
+    interrupt, so a rebalance or a stop cancels it at once. `on_failure(record, exc, reason)` runs before a failed
+    record's dead letter (the gateway answers a refused request); its failure is logged.
     """
     declared = _declared(service, topic, role)
     group_id = group(service, role, settings.topic_prefix)
 
     def register(handler: Callable[[Any], Awaitable[Any]]) -> Any:
-        if declared is not None and _message_model(handler) is not declared.message:
-            raise TypeError(
-                f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
-                f"{topic} carries {declared.message.__name__} (services/_kernel/wire/topology.py)"
-            )
+        _check_message(handler, declared, topic)
         consumer = KeyOrderedConsumer(
             process=_message_path(broker, service, group_id, handler, on_failure),
             rescue=_rescuer(broker, service),
@@ -129,6 +126,15 @@ def subscribe(
         return subscriber(handler)
 
     return register
+
+
+def _check_message(handler: Callable[[Any], Awaitable[Any]], declared: topology.Input | None, topic: str) -> None:
+    """TypeError unless the handler takes the message the topology says `topic` carries."""
+    if declared is not None and _message_model(handler) is not declared.message:
+        raise TypeError(
+            f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
+            f"{topic} carries {declared.message.__name__} (services/_kernel/wire/topology.py)"
+        )
 
 
 def _declared(service: str, topic: str, role: str | None) -> topology.Input | None:
@@ -162,7 +168,7 @@ def _message_path(
 ):
     """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
     model = _message_model(handler)
-    roots = getattr(broker, _SERVICE, (service, frozenset()))[1]
+    roots: frozenset[str] = getattr(broker, _SERVICE, (service, frozenset()))[1]
     counted = metrics.kafka_metrics(service)
 
     async def process(record: Any) -> None:
@@ -206,6 +212,11 @@ async def _tell(on_failure: Failed, record: Any, exc: BaseException, reason: str
         )
 
 
+def _assigned(consumer: KeyOrderedConsumer) -> bool:
+    """Ready: the consumer has its partitions."""
+    return bool(consumer.assigned)
+
+
 def _polled_lately(consumer: KeyOrderedConsumer):
     return lambda: time.monotonic() - consumer.last_poll < LIVENESS_SILENCE_S
 
@@ -226,7 +237,7 @@ def service_app(broker: KafkaBroker, logger: logging.Logger) -> FastStream:
         # live while its loop polls (at least every IDLE_FETCH_WAIT_MS, paused or not); ready once it has its partitions
         for consumer in consumers_of(broker):
             health.register_liveness(f"consumer {consumer.name}", _polled_lately(consumer))
-            health.register_readiness(f"consumer {consumer.name}", lambda c=consumer: c.assigned)
+            health.register_readiness(f"consumer {consumer.name}", functools.partial(_assigned, consumer))
 
     @app.on_shutdown
     async def drain_consumers() -> None:
@@ -317,7 +328,8 @@ def _rescuer(broker: KafkaBroker, service: str):
 
 
 async def publish(broker: KafkaBroker, topic: str, message: BaseModel, key: bytes | None = None) -> None:
-    """Publish one message (JSON) and wait for the broker's ack: one producer span, counted, on the broker's producer."""
+    """Publish one message (JSON) and wait for the broker's ack: one producer span, counted, on the broker's
+    producer."""
     conversation_id = key.decode("utf-8", "replace") if key is not None else ""
     started, failure = time.perf_counter(), None
     try:
@@ -362,7 +374,8 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
 
 
 def topic_of(broker: KafkaBroker, name: str) -> str:
-    """A (logical) topic's name on the wire for this service: with the prefix of the settings its broker was made with."""
+    """A (logical) topic's name on the wire for this service: with the prefix of the settings its broker was made
+    with."""
     try:
         return topics.t(name, getattr(broker, _PREFIX))
     except AttributeError:

@@ -64,13 +64,15 @@ def _cause(kafka: KafkaClients, exc: BaseException) -> str | None:
         )
     if isinstance(exc, ssl.SSLCertVerificationError):
         return (
-            f"the broker's TLS certificate is not trusted ({exc.verify_message}); set ROUNDTRIP_KAFKA_SSL_CAFILE to the "
+            f"the broker's TLS certificate is not trusted ({exc.verify_message}); set ROUNDTRIP_KAFKA_SSL_CAFILE to "
+            "the "
             "CA that signed it"
         )
     if isinstance(exc, ssl.SSLError) and "CERTIFICATE" in str(exc.reason or ""):
         return (
             f"the TLS handshake failed: the broker refused this client's certificate or its absence ({exc.reason}); "
-            "a listener that requires client certificates needs ROUNDTRIP_KAFKA_SSL_CERTFILE and _KEYFILE signed by a CA it trusts"
+            "a listener that requires client certificates needs ROUNDTRIP_KAFKA_SSL_CERTFILE and _KEYFILE signed by a "
+            "CA it trusts"
         )
     if isinstance(exc, ssl.SSLError):
         return f"the TLS handshake failed ({exc.reason or exc}); is this a TLS listener (SSL, SASL_SSL)?"

@@ -99,14 +99,16 @@ class TransactionalOutlet:
         broker). The next commit starts a fresh producer, which settles the last one's transaction first."""
         if self._producer is None:
             await self._restart()
+        producer = self._producer
+        assert producer is not None  # _restart made one
         ready = {tp: sorted(o for o in self._staged.get(tp, {}) if o < offset) for tp, offset in offsets.items()}
         try:
-            async with self._producer.transaction():
+            async with producer.transaction():
                 for tp, offsets_ready in ready.items():
                     for o in offsets_ready:
                         value, key, headers = self._staged[tp][o]
-                        await self._producer.send(self.topic, value, key=key, headers=headers)
-                await self._producer.send_offsets_to_transaction(offsets, self.group_id)
+                        await producer.send(self.topic, value, key=key, headers=headers)
+                await producer.send_offsets_to_transaction(offsets, self.group_id)
         except BaseException:
             await self._discard()
             raise
@@ -119,6 +121,8 @@ class TransactionalOutlet:
 
     async def _discard(self) -> None:
         producer, self._producer = self._producer, None
+        if producer is None:
+            return
         with contextlib.suppress(Exception):
             await asyncio.wait_for(producer.stop(), DISCARD_TIMEOUT_S)
 

@@ -1,4 +1,5 @@
-"""Migrations of the fleet's own tables (Alembic): what `roundtrip db upgrade` applies, and the check each store makes when it opens.
+"""Migrations of the fleet's own tables (Alembic): what `roundtrip db upgrade` applies, and the check each store makes
+when it opens.
 
 Two stores, each its own line of revisions in versions/ (an Alembic base with a branch label) and
 its own row in the database's `alembic_version` table, so each can live in its own database:

@@ -1,5 +1,5 @@
-"""Alembic's environment for the fleet's tables: it runs on the connection `roundtrip._kernel.migrations.upgrade` hands it,
-inside that function's transaction (which holds the migration lock). `roundtrip db upgrade` is the way to run it."""
+"""Alembic's environment for the fleet's tables: it runs on the connection `roundtrip._kernel.migrations.upgrade` hands
+it, inside that function's transaction (which holds the migration lock). `roundtrip db upgrade` is the way to run it."""
 
 from alembic import context
 

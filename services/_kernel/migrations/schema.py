@@ -25,8 +25,11 @@ SQLITE_LOCK_WAIT_MS = 60_000  # an upgrade waits this long for another process's
 
 
 class _DatabaseUrls(Protocol):
-    ledger_db_url: str
-    conversations_db_url: str
+    @property
+    def ledger_db_url(self) -> str: ...
+
+    @property
+    def conversations_db_url(self) -> str: ...
 
 
 def databases(settings: _DatabaseUrls) -> dict[str, tuple[str, ...]]:
@@ -76,7 +79,7 @@ def found_revision(conn: Connection, store: str) -> str | None:
     current = MigrationContext.configure(conn).get_current_heads()
     mine = [r for r in current if r in lineage(store)]
     unknown = [r for r in current if r not in _known()]
-    return (mine or unknown or [None])[0]
+    return next(iter(mine or unknown), None)
 
 
 def mismatch(store: str, url: str, found: str | None) -> str | None:
@@ -153,7 +156,8 @@ async def upgrade(
 
 
 def upgrade_databases(settings: _DatabaseUrls) -> list[str]:
-    """`roundtrip db upgrade`: each store in its database brought to this code's head; a line for each, saying what changed."""
+    """`roundtrip db upgrade`: each store in its database brought to this code's head; a line for each, saying what
+    changed."""
     lines = []
     for url, stores in databases(settings).items():
         for store, before, after in asyncio.run(upgrade(url, stores)):

@@ -28,7 +28,7 @@ def running(service: str, digest: str) -> None:
 
 def check(message: Any, span: trace.Span | None = None) -> bool:
     """True when `message` belongs to a turn started under another agent digest than this process runs (and says so)."""
-    turn = getattr(message, "turn", None)
+    turn: Any = getattr(message, "turn", None)
     theirs, ours = getattr(turn, "agent_digest", ""), _running.get("digest", "")
     if not theirs or not ours or theirs == ours:
         return False

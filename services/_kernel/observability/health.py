@@ -160,7 +160,7 @@ class HealthServer:
         if method not in ("GET", "HEAD"):
             return "405 Method Not Allowed", "text/plain", b"GET only\n"
         if path == "/metrics":
-            encoder, content_type = choose_encoder(headers.get("accept"))
+            encoder, content_type = choose_encoder(headers.get("accept", ""))
             return "200 OK", content_type, encoder(REGISTRY)
         if path in ("/healthz", "/readyz"):
             ok, results = await evaluate(_liveness if path == "/healthz" else _readiness)
@@ -182,7 +182,7 @@ def subscribers_alive(app: FastStream, state: dict[str, bool]) -> Check:
     def check() -> bool:
         if not state["started"] or state["stopping"]:
             return True
-        return all(consume_loops_alive(subscriber) for subscriber in app.broker.subscribers)
+        return app.broker is not None and all(consume_loops_alive(s) for s in app.broker.subscribers)
 
     return check
 
@@ -196,7 +196,7 @@ def attach(app: FastStream, service: str, settings: Settings) -> HealthServer | 
     state = {"started": False, "stopping": False}
 
     async def broker_answers() -> bool:
-        return await app.broker.ping(timeout=CHECK_TIMEOUT_S / 2)
+        return app.broker is not None and await app.broker.ping(timeout=CHECK_TIMEOUT_S / 2)
 
     register_liveness("subscribers", subscribers_alive(app, state))
     register_readiness("started", lambda: state["started"] and not state["stopping"])

@@ -14,19 +14,19 @@ by the kernel's message path (`kafka_metrics`) instead of FastStream's per-messa
 | roundtrip_step_seconds | histogram | | guard, one round trip of the loop (decision to next decision of a turn) |
 | roundtrip_tokens_total | counter | model, kind (input, output, cache_write, cache_read) | guard, per recorded step |
 | roundtrip_cost_usd_total | counter | model | guard, per recorded step (the ledger's price table) |
-| roundtrip_guard_drops_total | counter | reason (step_limit, repeated_call, cycle, failure_streak, budget, deadline, cancelled) | guard, when it stops a turn |
+| roundtrip_guard_drops_total | counter | reason (step_limit, repeated_call, cycle, budget, ...) | guard, per stop |
 | roundtrip_guard_blocked_calls_total | counter | | guard, a repeat of a failed call not run |
 | roundtrip_gate_rejections_total | counter | tool, reason | gate, per rejected call |
 | roundtrip_tool_executions_total | counter | tool, result (ok, error) | executor, per approved call run |
 | roundtrip_tool_duration_seconds | histogram | tool | executor, per approved call run |
-| roundtrip_model_call_duration_seconds | histogram | model, result (ok, error) | model, per model call (its retries and its waits for capacity included) |
-| roundtrip_model_rate_limit | gauge | | model, calls per second this process may start (its adaptive limit; 0: not paced, no limit known) |
+| roundtrip_model_call_duration_seconds | histogram | model, result (ok, error) | model, per call, retries included |
+| roundtrip_model_rate_limit | gauge | | model, calls/s this process may start (adaptive; 0: no limit known) |
 | roundtrip_model_refusals_total | counter | | model, per 429 or 529 answer (the call waits and is tried again) |
-| roundtrip_model_capacity_wait_seconds | histogram | | model, per call: time it waited for the API's capacity (the limiter's slots and holds) |
+| roundtrip_model_capacity_wait_seconds | histogram | | model, per call: its wait for the API's capacity |
 | roundtrip_model_waiting | gauge | | model, calls waiting for capacity now |
 | roundtrip_in_flight | gauge | service, subscription (the topic) | any consumer: messages being handled now |
 | roundtrip_ignored_fields_total | counter | message | gateway, per unknown field of a request (ignored) |
-| roundtrip_refused_requests_total | counter | reason (schema, key, reused) | gateway, per request answered `invalid_request` |
+| roundtrip_refused_requests_total | counter | reason (schema, key, reused) | gateway, per request refused |
 """
 
 from __future__ import annotations
@@ -121,7 +121,8 @@ def count_turn_end(outcome: Outcome | str, steps: int) -> None:
 
 
 class _Received:
-    """The metrics of one subscription's records, children resolved once (a label look-up per message costs more than the count)."""
+    """The metrics of one subscription's records, children resolved once (a label look-up per message costs more than
+    the count)."""
 
     __slots__ = ("_duration", "_exceptions", "_in_flight", "_in_process", "_labels", "_processed", "_size", "_total")
 

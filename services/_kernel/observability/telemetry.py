@@ -67,7 +67,8 @@ STEP_HEADER = "roundtrip-step"
 _TRACEPARENT = "traceparent"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
-# outcomes that are failures of the turn (Jaeger's error filter finds them); the rest ended as the model or an operator chose
+# outcomes that are failures of the turn (Jaeger's error filter finds them); the rest ended as the model or an operator
+# chose
 ERROR_OUTCOMES = frozenset(
     {
         "step_limit",
@@ -168,7 +169,7 @@ def _step_of(message: Any) -> int | None:
 
 def turn_headers(message: Any) -> dict[str, str]:
     """The `roundtrip-turn-*` headers of a message of a turn (empty for a message outside turns)."""
-    turn = getattr(message, "turn", None)
+    turn: Any = getattr(message, "turn", None)
     span_id = getattr(turn, "span_id", "")
     if not span_id:
         return {}
@@ -359,17 +360,7 @@ def record_turn_span(
     if model:
         attributes["gen_ai.request.model"] = model
     if usage is not None:
-        cache_write, cache_read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
-        attributes.update(
-            {
-                "gen_ai.usage.input_tokens": usage.input_tokens
-                + cache_write
-                + cache_read,  # semconv: cached tokens included
-                "gen_ai.usage.output_tokens": usage.output_tokens,
-                "gen_ai.usage.cache_creation.input_tokens": cache_write,
-                "gen_ai.usage.cache_read.input_tokens": cache_read,
-            }
-        )
+        attributes.update(_usage_attributes(usage))
     if outcome not in ERROR_OUTCOMES and outcome not in ("cancelled",):
         attributes["gen_ai.response.finish_reasons"] = [outcome]
     if turn.persona:
@@ -392,6 +383,17 @@ def record_turn_span(
         mark_error(span, f"turn ended: {outcome}", outcome)
     span.end(end_time=_ns(end_time or time.time()))
     return span
+
+
+def _usage_attributes(usage: Any) -> dict[str, int]:
+    """A turn's token counts as the GenAI semantic conventions name them (input_tokens includes the cached ones)."""
+    cache_write, cache_read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
+    return {
+        "gen_ai.usage.input_tokens": usage.input_tokens + cache_write + cache_read,
+        "gen_ai.usage.output_tokens": usage.output_tokens,
+        "gen_ai.usage.cache_creation.input_tokens": cache_write,
+        "gen_ai.usage.cache_read.input_tokens": cache_read,
+    }
 
 
 def _ns(unix_seconds: float) -> int:
@@ -498,6 +500,7 @@ class JsonLinesSpanExporter(SpanExporter):
         lines = []
         for span in spans:
             ctx = span.get_span_context()
+            assert ctx is not None  # a span the SDK ended always has its context
             status = span.status
             lines.append(
                 _encode_span(
@@ -580,8 +583,8 @@ _tracers: dict[str, trace.Tracer] = {}
 
 def tracer(name: str = "roundtrip") -> trace.Tracer:
     """The process's tracer `name` (made once: a tracer per call showed in every service's profile,
-    docs/benchmarks.md "Figures the code points to"; before the provider is installed it is OpenTelemetry's proxy, which follows the
-    provider once there is one)."""
+    docs/benchmarks.md "Figures the code points to"; before the provider is installed it is OpenTelemetry's proxy, which
+    follows the provider once there is one)."""
     if name not in _tracers:
         _tracers[name] = trace.get_tracer(name)
     return _tracers[name]

@@ -138,16 +138,18 @@ class Settings(
         """Raise ConfigurationError when a service that shares the turn ledger would keep it in a file of its own.
 
         The services the topology marks `shares_ledger` meet in the ledger (the guard records each step; the model
-        and the executors claim it in the turn fence before they act; the gateway reads which turns wait for capacity). Unset, the ledger is a SQLite file in this process's state_dir: right
-        for the embedded development fleet, whose processes share one folder, and wrong wherever each process has its
-        own disk (a pod, a container), where every turn would fail."""
+        and the executors claim it in the turn fence before they act; the gateway reads which turns wait for capacity).
+        Unset, the ledger is a SQLite file in this process's state_dir: right for the embedded development fleet, whose
+        processes share one folder, and wrong wherever each process has its own disk (a pod, a container), where every
+        turn would fail."""
         if self.ledger_database_url is None and not self.development:
             from roundtrip._kernel.wire import topology
 
             sharing = [s.name for s in topology.SERVICES if s.shares_ledger]
             raise ConfigurationError(
                 f"{service} refuses to start: ROUNDTRIP_LEDGER_DATABASE_URL is not set, so the turn ledger would be a "
-                f"private SQLite file in {self.state_dir} that the other services never see, and every turn would fail. "
+                f"private SQLite file in {self.state_dir} that the other services never see, and every turn would "
+                "fail. "
                 f"Give {', '.join(sharing[:-1])} and {sharing[-1]} the same database "
                 "(e.g. postgresql+asyncpg://user:password@host:5432/ledger), "
                 "or set ROUNDTRIP_ENV=development for a fleet on one machine."
@@ -157,8 +159,10 @@ class Settings(
         """Raise InsecureConfiguration when the published development key is configured outside development."""
         if self.dev_approval_key_in_use and not self.development:
             raise InsecureConfiguration(
-                f"{service} refuses to start: ROUNDTRIP_APPROVAL_KEYS contains the published development key, which anyone "
-                f"can sign batches with, and this is not the embedded development fleet (ROUNDTRIP_ENV={self.env or 'unset'}, "
+                f"{service} refuses to start: ROUNDTRIP_APPROVAL_KEYS contains the published development key, which "
+                "anyone "
+                "can sign batches with, and this is not the embedded development fleet "
+                f"(ROUNDTRIP_ENV={self.env or 'unset'}, "
                 f"Kafka at {self.kafka_bootstrap_servers}). Set ROUNDTRIP_APPROVAL_KEYS to a secret of your own, e.g. "
                 '"k1:$(openssl rand -hex 32)", or ROUNDTRIP_ENV=development on a laptop.'
             )
@@ -168,8 +172,10 @@ class Settings(
         outside development with the published decision key."""
         if approvals and self.dev_decision_key_in_use and not self.development:
             raise InsecureConfiguration(
-                f"{service} refuses to start: the agent has approval rules and ROUNDTRIP_DECISION_KEYS contains the published "
-                "development key, with which anyone could approve a call. Set ROUNDTRIP_DECISION_KEYS to a secret of your "
+                f"{service} refuses to start: the agent has approval rules and ROUNDTRIP_DECISION_KEYS contains the "
+                "published "
+                "development key, with which anyone could approve a call. Set ROUNDTRIP_DECISION_KEYS to a secret of "
+                "your "
                 'own, e.g. "ops1:$(openssl rand -hex 32)", and give it to the people who decide.'
             )
 
@@ -180,5 +186,6 @@ def _sqlite(path: Path) -> str:
 
 @lru_cache
 def get_settings() -> Settings:
-    """The process's settings, read once from the environment: for the entry points (the CLI), never for library code."""
+    """The process's settings, read once from the environment: for the entry points (the CLI), never for library
+    code."""
     return Settings()

@@ -535,7 +535,8 @@ class EmbeddedDefaults(Concern):
         None,
         ge=1,
         description=(
-            "Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no limit"
+            "Output tokens per minute it admits (max_tokens taken up front, the unused part given back); unset: no "
+            "limit"
         ),
     )
     simulator_overload_every: float | None = Field(

@@ -1,4 +1,5 @@
-"""The engines on the fleet's own databases (the turn table, the conversation store): SQLite inline, PostgreSQL by asyncpg.
+"""The engines on the fleet's own databases (the turn table, the conversation store): SQLite inline, PostgreSQL by
+asyncpg.
 
 A SQLite file by default (one file in state_dir, shared by the local processes), PostgreSQL by URL.
 `read_only` engines (the CLI's listings) cannot write: SQLite opens the file in mode=ro (a missing
@@ -77,6 +78,7 @@ async def run_on(engine: Engine | AsyncEngine, work: Callable[[Connection], Any]
         with engine.begin() if write else engine.connect() as conn:
             return work(conn)
     finally:
-        result = engine.dispose()
         if isinstance(engine, AsyncEngine):
-            await result
+            await engine.dispose()
+        else:
+            engine.dispose()

@@ -190,9 +190,10 @@ class TurnStore:
             if conn is not None:
                 conn.close()
         self._inline = self._inline_auto = None
-        result = self.engine.dispose()
         if isinstance(self.engine, AsyncEngine):
-            await result
+            await self.engine.dispose()
+        else:
+            self.engine.dispose()
 
     async def _run(self, work: Callable[[Connection], Any], write: bool = False, single: bool = False) -> Any:
         """Run `work(connection)` in a transaction (write) or a plain connection, on either engine.
@@ -204,7 +205,7 @@ class TurnStore:
         On PostgreSQL the server commits it as it runs: one round trip instead of three (BEGIN, the
         statement, COMMIT), on every step's claims and advance (docs/benchmarks.md, issue 23)."""
         if isinstance(self.engine, AsyncEngine):
-            if single:  # one statement: autocommit, one round trip instead of BEGIN, the statement and COMMIT
+            if single and self._autocommit is not None:  # one statement: autocommit, one round trip, not three
                 async with self._autocommit.connect() as conn:
                     return await conn.run_sync(work)
             async with self.engine.begin() if write else self.engine.connect() as conn:
@@ -228,6 +229,7 @@ class TurnStore:
 
     def _connection(self, autocommit: bool = False) -> Connection:
         """The event loop's own connection (one transactional, one in autocommit mode), opened once."""
+        assert isinstance(self.engine, Engine)  # the inline connections are SQLite's, on the sync engine
         conn = self._inline_auto if autocommit else self._inline
         if conn is None or conn.closed or conn.invalidated:
             conn = self.engine.connect()
@@ -239,6 +241,7 @@ class TurnStore:
         return conn
 
     def _run_waiting(self, work: Callable[[Connection], Any], write: bool, single: bool = False) -> Any:
+        assert isinstance(self.engine, Engine)  # SQLite's, on the sync engine
         with self.engine.begin() if write and not single else self.engine.connect() as conn:
             if single:
                 conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -281,8 +284,8 @@ class Fence(TurnStore):
         return False
 
     async def wait_for_capacity(self, turn_id: str, step: int, now: float | None = None) -> bool:
-        """The turn's call at `step` waits for the API's capacity: WAITING (not stuck, however long, up to its deadline).
-        False when the turn may not act any more (ended, cancelled, moved on)."""
+        """The turn's call at `step` waits for the API's capacity: WAITING (not stuck, however long, up to its
+        deadline). False when the turn may not act any more (ended, cancelled, moved on)."""
         now = now or time.time()
         return await self._update(
             _WAITING,
@@ -290,6 +293,6 @@ class Fence(TurnStore):
         )
 
     async def record_acted(self, turn_id: str, step: int, lines: str) -> None:
-        """Append the side effects this step had (services/_kernel/storage/sideeffects.py), whatever the turn's state now:
-        they happened. Under the step's lease, so an end from outside the loop reads them."""
+        """Append the side effects this step had (services/_kernel/storage/sideeffects.py), whatever the turn's state
+        now: they happened. Under the step's lease, so an end from outside the loop reads them."""
         await self._update(_ACTED, {"b_turn_id": turn_id, "b_step": step, "b_lines": lines})

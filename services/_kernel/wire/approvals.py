@@ -73,7 +73,7 @@ class DecisionSigner(Signer):
     what = "decision"
     who = "no decision key signed it"
 
-    def sign(self, message: ApprovalDecided) -> ApprovalDecided:  # type: ignore[override]
+    def sign(self, message: ApprovalDecided) -> ApprovalDecided:
         return super().sign(message)
 
 
@@ -89,7 +89,7 @@ def approval_id_for(turn_id: str, step: int, tool_use_id: str) -> str:
 
 def in_tool_use_order(messages: list[dict[str, Any]], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """tool_result blocks in the order of the tool_use blocks of the last assistant message (the API's contract)."""
-    order: dict[str, int] = {}
+    order: dict[Any, int] = {}  # tool_use id -> its place (a block without an id: None)
     for message in reversed(messages):
         if message.get("role") == "assistant" and isinstance(message.get("content"), list):
             order = {

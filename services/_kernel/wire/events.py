@@ -30,7 +30,7 @@ MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=METADATA
 
 
 def bounded_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A request's metadata as given, if its JSON stays within METADATA_MAX_BYTES (its keys are checked by the schema)."""
+    """A request's metadata as given, if its JSON stays within METADATA_MAX_BYTES (the schema checks its keys)."""
     if value is None:
         return None
     if (size := len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())) > METADATA_MAX_BYTES:
@@ -42,7 +42,7 @@ def bounded_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class SupportRequest(Message):
-    """What a client publishes to `support.requests`. Fields it does not know are ignored (the gateway logs and counts them)."""
+    """What a client publishes to `support.requests`. Unknown fields are ignored (the gateway logs and counts them)."""
 
     model_config = ConfigDict(extra="allow")  # a producer may add fields before the fleet knows them
 
@@ -67,8 +67,9 @@ class SupportRequest(Message):
     metadata: dict[MetadataKey, JsonValue] | None = Field(
         None,
         max_length=METADATA_MAX_KEYS,
-        description=f"The app's own facts about the request (locale, channel, tier, ...): at most {METADATA_MAX_KEYS} keys "
-        f"of 1 to {METADATA_MAX_KEY_CHARS} characters, {METADATA_MAX_BYTES} bytes of JSON; carried to the tools, the trace and the reply",
+        description=f"The app's own facts about the request (locale, channel, tier, ...): at most {METADATA_MAX_KEYS} "
+        f"keys of 1 to {METADATA_MAX_KEY_CHARS} characters, {METADATA_MAX_BYTES} bytes of JSON; carried to the tools, "
+        "the trace and the reply",
     )
 
     @field_validator("metadata")
@@ -88,7 +89,7 @@ class Usage(Message):
 
 
 class Outcome(StrEnum):
-    """How a turn ended. The first six mirror the model's stop_reason; `invalid_request`: no turn started (see `reason`)."""
+    """How a turn ended. The first six mirror the model's stop_reason; `invalid_request`: no turn started (`reason`)."""
 
     END_TURN = "end_turn"
     MAX_TOKENS = "max_tokens"
@@ -138,7 +139,8 @@ class TurnState(StrEnum):
 
 class SupportStatus(Message):
     """What the fleet publishes to `support.status` while a turn is under way: never its reply, which comes once, on
-    `support.replies`. At least once (the same state of a turn may come twice); a status read after its turn's reply is stale."""
+    `support.replies`. At least once (the same state of a turn may come twice); a status read after its turn's reply
+    is stale."""
 
     request_id: str
     conversation_id: str

@@ -15,6 +15,7 @@ Everything here is iterative (no recursion), so no input depth can crash it.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 OMITTED_KEY = "roundtrip_omitted"
@@ -25,6 +26,7 @@ def too_deep(value: Any, limit: int) -> bool:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(node, dict):
             children = node.values()
         elif isinstance(node, (list, tuple)):
@@ -79,7 +81,7 @@ def _slots(messages: list[dict]) -> list[tuple[int, dict, str]]:
             if not isinstance(block, dict):
                 continue
             kind = block.get("type")
-            field = {"tool_use": "input", "tool_result": "content", "text": "text"}.get(kind)
+            field = {"tool_use": "input", "tool_result": "content", "text": "text"}.get(str(kind))
             if field and field in block:
                 found.append((json_size(block[field]), block, field))
     return found

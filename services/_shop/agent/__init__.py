@@ -47,6 +47,7 @@ AGENT = Agent(
     dependencies={"shop": shop_client},
     describe_action=tools.describe_action,  # "I cancelled order ord_…" when a turn ends early after it
     messages={
-        "lookup_failed": "The order system could not be reached to verify this call; nothing was done. Try again shortly."
+        "lookup_failed": "The order system could not be reached to verify this call; nothing was done. Try again "
+        "shortly."
     },
 )

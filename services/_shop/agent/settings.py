@@ -1,8 +1,8 @@
 """The demo shop agent's own settings (ROUNDTRIP_* like the fleet's): where the shop is, and the approval threshold.
 
-The kernel names no shop: the fleet runs the embedded demo shop (services/_fleet/launcher.py) only when the agent it runs has
-these settings and no `shop_url`; the shop service (services/_shop/app.py) listens on `shop_port` and keeps its data in
-`shop_database_url`, else a SQLite file in the fleet's state_dir.
+The kernel names no shop: the fleet runs the embedded demo shop (services/_fleet/launcher.py) only when the agent it
+runs has these settings and no `shop_url`; the shop service (services/_shop/app.py) listens on `shop_port` and keeps its
+data in `shop_database_url`, else a SQLite file in the fleet's state_dir.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ class ShopAgentSettings(BaseSettings):
     approval_cancel_above_cents: int | None = Field(
         None,
         ge=0,
-        description="cancel_order waits for a person's approval when the order's total is above this (cents); unset: never",
+        description="cancel_order waits for a person's approval when the order's total is above this (cents); unset: "
+        "never",
     )
     shop_url: str | None = Field(
         None, description="Base URL of the shop API; unset means the embedded shop on shop_port"

@@ -168,7 +168,8 @@ def cancel_order_approval(
         return None
     currency = str(order.get("currency", ""))
     return (
-        f"cancelling order {order.get('order_id', args.get('order_id'))} of {_money(total, currency)} refunds more than "
+        f"cancelling order {order.get('order_id', args.get('order_id'))} of {_money(total, currency)} refunds more "
+        "than "
         f"{_money(limit, currency)}, which needs a person's approval"
     )
 

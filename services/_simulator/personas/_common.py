@@ -76,7 +76,7 @@ def field_of(result: Result | None, *keys: str) -> Any:
 
 def error_text(result: Result) -> str:
     """The error sentence of a failed call, tidied for a customer."""
-    text = result.text
+    text: Any = result.text
     if isinstance(result.data, dict):
         inner = result.data.get("error")
         text = inner.get("message", text) if isinstance(inner, dict) else result.data.get("message", inner or text)
@@ -129,7 +129,10 @@ def order_list(orders: list[dict]) -> str:
 
 def nothing_to_cancel(orders: list[dict]) -> str:
     if not orders:
-        return "I couldn't find any orders on your account, so there is nothing to cancel. Is there anything else I can help with?"
+        return (
+            "I couldn't find any orders on your account, so there is nothing to cancel. Is there anything else I "
+            "can help with?"
+        )
     return (
         "I'm sorry, none of your orders can be cancelled any more: only pending or processing orders can be. "
         f"Your orders: {'; '.join(describe_order(o) for o in orders[:5])}. "
