@@ -16,5 +16,5 @@ tree=.venv/mypy-path
 rm -rf "$tree" && mkdir -p "$tree/roundtrip"
 for entry in services/*; do ln -s "../../../$entry" "$tree/roundtrip/${entry#services/}"; done
 ln -s ../../../schemas "$tree/roundtrip/schemas"
-echo "==> mypy -p roundtrip (basic; strict on the agent SDK's public API: pyproject.toml [tool.mypy])"
-MYPYPATH=$tree .venv/bin/mypy -p roundtrip
+echo "==> mypy: roundtrip (basic), its agent SDK's public API and the example agent (strict; pyproject.toml [tool.mypy])"
+MYPYPATH=$tree:examples/telecom-agent .venv/bin/mypy -p roundtrip -p telecom_agent

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up (scripts/setup.sh), builds the manual (mkdocs, strict), builds the real Jaeger v2 once if missing (scripts/jaeger.sh, cached), and runs
-# the whole test suite: unit, integration (real Kafka, real PostgreSQL) and e2e (the fleet as processes, a
-# real Jaeger). Exit code is pytest's.
+# Sets up (scripts/setup.sh), runs the gates (scripts/gates.sh: ruff and mypy; a finding fails the run), builds the
+# manual (mkdocs, strict), builds the real Jaeger v2 once if missing (scripts/jaeger.sh, cached), and runs the whole
+# test suite: unit, integration (real Kafka, real PostgreSQL) and e2e (the fleet as processes, a real Jaeger). Exit
+# code is pytest's.
 # Usage: scripts/test.sh [pytest args]      e.g. scripts/test.sh tests/integration -x
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,6 +18,8 @@ if ! bash scripts/jaeger.sh path >/dev/null 2>&1; then
     echo "==> WARNING: Jaeger v2 cannot be built here ($why): the Jaeger e2e tests will be SKIPPED" >&2
   fi
 fi
+
+bash scripts/gates.sh  # ruff (lint, format) and mypy: a finding fails the run before any test
 
 echo "==> the manual: mkdocs build --strict (a broken link or a page outside the navigation fails)"
 site=$(mktemp -d)

@@ -46,8 +46,7 @@ def shop_model_client(settings: Any, tools: list[dict[str, Any]] | None = None, 
 
 
 class ShopFleetSettings(Settings, ShopAgentSettings):
-    """The settings of a test's fleet of the demo shop agent: the fleet's, and the shop agent's own
-    (ROUNDTRIP_SHOP_*)."""
+    """A test fleet's settings for the demo shop agent: the fleet's, and the shop agent's own (ROUNDTRIP_SHOP_*)."""
 
     @property
     def shop_db_url(self) -> str:  # type: ignore[override] - the shop agent's URL in this fleet's state_dir

@@ -6,8 +6,7 @@ import socket
 
 
 def free_port_run(count: int) -> int:
-    """A base port with `count` free ports from it (services given base + index, as `roundtrip up --health-port`
-    does)."""
+    """A base port with `count` free ports from it (service i gets base + i, as `roundtrip up --health-port` does)."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -1,5 +1,4 @@
-"""Processes tests start: an Apache Kafka broker (or a cluster) of their own, a fleet service the way `roundtrip up`
-starts it."""
+"""Processes tests start: an Apache Kafka broker (or a cluster) of their own, a service as `roundtrip up` does."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def embedded_kafka(data_dir: Path) -> Iterator[EmbeddedKafka]:
 
 @contextmanager
 def embedded_cluster(data_dir: Path, n: int = 3) -> Iterator[Cluster]:
-    """n Apache Kafka nodes (KRaft) on free ports, data in data_dir/node-<id>, all serving clients; stopped at the
-    end."""
+    """n Apache Kafka nodes (KRaft) on free ports, data in data_dir/node-<id>, all serving clients; stopped after."""
     defaults, libs = _embedded_defaults()
     with start_cluster(
         data_dir,

@@ -62,8 +62,7 @@ def wheel_files(wheel: Path) -> list[str]:
 
 
 def runtime_files() -> dict[str, Path]:
-    """Where each file of services/ and schemas/ lands in the wheel (roundtrip/..., roundtrip/schemas/...) -> the
-    file."""
+    """Where each file of services/ and schemas/ lands in the wheel (roundtrip/..., roundtrip/schemas/...)."""
     files = {}
     for folder, package in (("services", "roundtrip"), ("schemas", "roundtrip/schemas")):
         for path in sorted((ROOT / folder).rglob("*")):

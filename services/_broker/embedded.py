@@ -422,8 +422,7 @@ class EmbeddedKafka:
 
     # -- lifecycle -------------------------------------------------------------------------
     def format_storage(self, cluster_id: str | None = None) -> None:
-        """Format log.dirs with `cluster_id` (the nodes of one cluster share it) or a fresh one (kafka-storage
-        format)."""
+        """Format log.dirs with `cluster_id` (a cluster's nodes share it) or a fresh one (kafka-storage format)."""
         cmd = self._java_cmd(
             FORMAT_JAVA_OPTS, "kafka.tools.StorageTool",
             "format", "-t", cluster_id or random_cluster_id(), "-c", str(self.properties_file), *self.format_args,

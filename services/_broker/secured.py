@@ -249,8 +249,7 @@ def secured_kafka(
     users: Mapping[str, str] | None = None,
     **options: Any,
 ) -> EmbeddedKafka:
-    """An EmbeddedKafka (not started) listening on `listeners` only (and its controller), with these SCRAM/PLAIN
-    users."""
+    """An EmbeddedKafka (not started) listening on `listeners` only (and its controller), with these users."""
     users = dict(users or {})
     host, controller_port = options.get("host", "127.0.0.1"), options.get("controller_port", 9093)
     properties = {**secured_properties(host, controller_port, listeners, tls, users), **options.pop("properties", {})}
@@ -279,7 +278,8 @@ def embedded_as_configured(settings: Any, data_dir: Path, **options: Any) -> tup
         client_auth=protocol == "SSL",
     )
     tls = make_tls(data_dir / "tls") if protocol.endswith("SSL") else None
-    users = {settings.kafka_sasl_username: sasl_password(settings)} if settings.kafka_sasl_username else {}
+    # a user has a password: the settings' checks refuse SASL without both
+    users = {settings.kafka_sasl_username: sasl_password(settings) or ""} if settings.kafka_sasl_username else {}
     wanted = {key: value for key, value in client_security(listener, tls).items() if key.startswith("kafka_ssl_")}
     tls_settings = {key: value for key, value in wanted.items() if getattr(settings, key) is None}
     kafka = secured_kafka(

@@ -44,8 +44,7 @@ from roundtrip._kernel.wire.events import (
     TurnFlagged,
 )
 
-# emoji off: a customer's ":smile:" stays as typed; the lines' own markup is the fleet's, the values in them go through
-# plain()
+# emoji off: a customer's ":smile:" stays as typed; the markup is the fleet's, the values go through plain()
 console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
 
 
@@ -107,8 +106,7 @@ class Session:
         await self.producer.stop()
 
     async def ask(self, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
-        """Publish one request, show each step of its turn, then the reply; its exit code (`exit_code`), 1 on
-        timeout."""
+        """Publish one request, show each step of its turn, then the reply; its exit code, 1 on timeout."""
         request = SupportRequest(
             request_id=f"req_{int(time.time() * 1000)}",
             conversation_id=conversation,
@@ -147,8 +145,7 @@ class Session:
         return 1
 
 
-# `roundtrip ask`'s exit code by the reply's outcome (documented in its --help and the README); 1: no reply, 2: not
-# asked
+# `roundtrip ask`'s exit code by the reply's outcome (in its --help and the README); 1: no reply, 2: not asked
 EXIT_CODES = {
     **dict.fromkeys(
         (
@@ -186,8 +183,7 @@ def plural(n: int, word: str) -> str:
 
 
 def show_reply(reply: SupportReply) -> int:
-    """Print a turn's reply; returns the exit code of its outcome (EXIT_CODES), with a line saying why when it is not
-    0."""
+    """Print a turn's reply; the exit code of its outcome (EXIT_CODES), with a line saying why when not 0."""
     colour = "green" if reply.outcome is Outcome.END_TURN else "yellow"
     console.print(
         f"\n[bold]reply[/] ([{colour}]{reply.outcome.value}[/], {plural(reply.steps, 'step')}, "
@@ -317,23 +313,25 @@ def _show_step(topic: str, data: dict[str, Any], waiting: set[str]) -> None:
             console.print(f"  calls {plain(call.name)}({plain(_short(call.input))})")
     elif topic == topics.TOOL_BATCHES:
         batch = ExecuteToolBatch.model_validate(data)
-        for call in batch.calls:
-            verdict = "[green]approved[/]" if call.approved else f"[red]rejected[/]: {plain(_short(call.error, 160))}"
-            if call.hold:
-                verdict = f"[yellow]held for a person[/]: {plain(_short(call.hold.reason, 160))}"
-            elif call.approved_by:
-                verdict += f" (approved by {plain(call.approved_by)})"
-            console.print(f"  gate  {plain(call.name)}: {verdict}")
+        for checked in batch.calls:
+            verdict = (
+                "[green]approved[/]" if checked.approved else f"[red]rejected[/]: {plain(_short(checked.error, 160))}"
+            )
+            if checked.hold:
+                verdict = f"[yellow]held for a person[/]: {plain(_short(checked.hold.reason, 160))}"
+            elif checked.approved_by:
+                verdict += f" (approved by {plain(checked.approved_by)})"
+            console.print(f"  gate  {plain(checked.name)}: {verdict}")
     elif topic == topics.APPROVAL_REQUESTS:
-        event = ApprovalRequested.model_validate(data)
-        waiting.add(event.approval_id)
+        asked = ApprovalRequested.model_validate(data)
+        waiting.add(asked.approval_id)
         console.print(
-            f"  [yellow]waiting for approval of {plain(call_label(event.call.name, event.call.input))}[/] "
-            f"(approval {event.approval_id}, deadline in {max(0.0, event.expires_at - time.time()):.0f} s)"
+            f"  [yellow]waiting for approval of {plain(call_label(asked.call.name, asked.call.input))}[/] "
+            f"(approval {asked.approval_id}, deadline in {max(0.0, asked.expires_at - time.time()):.0f} s)"
         )
         console.print(
-            f"  [dim]decide: roundtrip approvals approve {event.approval_id}  |  "
-            f"roundtrip approvals deny {event.approval_id} --reason TEXT[/]"
+            f"  [dim]decide: roundtrip approvals approve {asked.approval_id}  |  "
+            f"roundtrip approvals deny {asked.approval_id} --reason TEXT[/]"
         )
     elif topic == topics.MODEL_CALLS:
         command = CallModel.model_validate(data)
@@ -346,8 +344,7 @@ def _show_step(topic: str, data: dict[str, Any], waiting: set[str]) -> None:
 
 
 def show_trace(settings: Settings, wanted: str) -> int:
-    """The spans of one turn (turn id or trace id): from Jaeger's query API when one is configured, else the span
-    files."""
+    """The spans of one turn (turn id or trace id): from Jaeger's query API if configured, else the span files."""
     url = settings.effective_jaeger_query_url
     if url:
         try:
@@ -383,8 +380,7 @@ def _spans_from_files(files: list[Path], wanted: str) -> tuple[str, list[dict]]:
 
 
 def _spans_from_jaeger(url: str, wanted: str) -> tuple[str, list[dict]]:
-    """GET /api/traces/<id>, or search the gateway's turn spans by tag roundtrip.turn_id; spans in the span file's
-    shape."""
+    """GET /api/traces/<id>, or search the turn spans by tag roundtrip.turn_id; spans in the span file's shape."""
     data: list[dict] = []
     if len(wanted) == 32 and all(c in "0123456789abcdef" for c in wanted.lower()):
         response = httpx.get(f"{url}/api/traces/{wanted.lower()}", timeout=10)

@@ -25,7 +25,7 @@ def _flag_type_shown(display_type_rich):
 def flags_without_type() -> None:
     if not getattr(typer.core.TyperOption.display_type_rich, "_roundtrip", False):
         shown = _flag_type_shown(typer.core.TyperOption.display_type_rich)
-        shown._roundtrip = True  # type: ignore[attr-defined]  # a mark on the function: patched once per process
+        shown._roundtrip = True  # a mark on the function: patched once per process
         typer.core.TyperOption.display_type_rich = shown  # type: ignore[method-assign]  # typer has no hook for it
 
 

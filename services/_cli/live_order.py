@@ -57,8 +57,7 @@ class StepOrder:
         self._seq = itertools.count()
 
     def add(self, topic: str, data: dict[str, Any]) -> None:
-        """Hold a record of this request's turn (any other request's is dropped; decisions are kept: they name no
-        request)."""
+        """Hold a record of this request's turn (another request's is dropped; decisions, naming no request, kept)."""
         if topic in (topics.SUPPORT_REPLIES, topics.SUPPORT_STATUS):
             mine = data.get("request_id") == self.request_id
         else:

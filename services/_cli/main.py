@@ -274,8 +274,7 @@ def _check_persona(persona: str | None) -> None:
 
 @app.command()
 def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:
-    """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or the local span
-    files."""
+    """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or span files."""
     from roundtrip._cli.console import show_trace
 
     raise typer.Exit(show_trace(_fleet_settings(), turn_or_trace_id))
@@ -553,8 +552,7 @@ def db_upgrade() -> None:
 
 @db_app.command("current")
 def db_current() -> None:
-    """Show each store's revision in its database, against this code's (exit code 1 when one differs); writes
-    nothing."""
+    """Show each store's revision in its database against this code's (exit code 1 if one differs); writes nothing."""
     from roundtrip._kernel.migrations.schema import current, databases, mismatch
     from roundtrip._kernel.storage.database import shown
 

@@ -68,8 +68,7 @@ async def execute(
     verified: bool = False,
     max_transcript_bytes: int = 524288,
 ) -> CallModel | ApprovalRequested:
-    """Run a batch (verified here unless `verified`); BatchNotRun when it arrived too late or its turn may not act any
-    more."""
+    """Run a batch (verified here unless `verified`); BatchNotRun when too late or its turn may not act any more."""
     if not verified:
         verify(batch, signer)
     span = trace.get_current_span()
@@ -91,7 +90,7 @@ async def execute(
         )  # before the next call: an end from outside reads it
     results = [*batch.results, *ran]
     held = next((c for c in batch.calls if c.hold), None)
-    if held is not None:
+    if held is not None and held.hold is not None:
         span.add_event(
             "waiting for a person's approval", {"roundtrip.tool": held.name, "roundtrip.tool_use_id": held.id}
         )

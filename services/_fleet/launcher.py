@@ -126,7 +126,7 @@ class Fleet:
         for child in dead:
             self.children.remove(child)
             processes.close_ready(child)
-            self._spawn(child.name, list(child.process.args), child.where)
+            self._spawn(child.name, _argv(child), child.where)
             if child.name in ("simulator", "shop"):
                 readiness.wait_http(f"{child.where}/health", child.name, self.children)
         self._wait_services(names={child.name for child in dead})
@@ -160,6 +160,7 @@ class Fleet:
     def _start_broker(self) -> None:
         self.broker, self.settings, tls_env = parts.start_broker(self.settings, self.logs, self.say)
         self.env.update(tls_env)
+        assert self.broker.proc is not None  # started: it serves
         self._kafka = Child("kafka", self.broker.proc, self.logs / "kafka.log", self.settings.bootstrap_servers)
 
     def _start_http(self, name: str, base_url: str) -> None:
@@ -175,14 +176,21 @@ class Fleet:
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
 
     def _restart_child(self, child: Child) -> None:
-        """A new process for a dead child, as supervise() asks: the broker on its same data dir (topics and offsets
-        kept)."""
+        """A new process for a dead child, as supervise() asks: the broker on its data dir (topics, offsets kept)."""
         if child is self._kafka and self.broker is not None:
             self.broker.start()
+            assert self.broker.proc is not None  # started again
             child.process = self.broker.proc
         else:
             processes.close_ready(child)
-            child.process, _ = processes.popen(list(child.process.args), child.log_path, {**os.environ, **self.env})
+            child.process, _ = processes.popen(_argv(child), child.log_path, {**os.environ, **self.env})
 
     def _wait_services(self, timeout: float = 60, names: set[str] | None = None) -> None:
         readiness.wait_services(self.children, timeout, names)
+
+
+def _argv(child: Child) -> list[str]:
+    """The command line a child was started with (the fleet starts each with a list of arguments)."""
+    args = child.process.args
+    assert isinstance(args, list)  # never one string: the fleet starts each child with a list
+    return [os.fsdecode(arg) for arg in args]

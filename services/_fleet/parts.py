@@ -9,6 +9,7 @@ import asyncio
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -45,7 +46,8 @@ def demo_shop(settings: Settings, env: dict[str, str]) -> ShopAgentSettings | No
         return None
     prefix = "ROUNDTRIP_"
     try:
-        shop = agent.settings(**{k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(f"{prefix}SHOP_")})
+        values: dict[str, Any] = {k[len(prefix) :].lower(): v for k, v in env.items() if k.startswith(f"{prefix}SHOP_")}
+        shop = agent.settings(**values)
     except ValidationError as exc:
         raise FleetError(f"the demo shop's settings: {describe_invalid(exc)}") from None
     return None if shop.shop_url else shop

@@ -46,8 +46,7 @@ def forget(state_dir: Path) -> None:
 
 @dataclass
 class Reading:
-    """What a command reads: the running fleet's settings (`pid` set) or its shell's, and the variables that
-    differed."""
+    """What a command reads: the running fleet's settings (`pid` set) or its shell's, and the variables that differ."""
 
     state_dir: Path
     pid: int | None = None

@@ -131,28 +131,32 @@ def _field(path: Any) -> str:
 
 def explain(error: ValidationError) -> str:
     """One sentence: which field, what was expected, what was given."""
-    field, v, kind = _field(error.absolute_path), error.validator_value, error.validator
+    # jsonschema types these as possibly unset; an error its validation raised has them all
+    v: Any = error.validator_value
+    instance: Any = error.instance
+    schema: Any = error.schema
+    field, kind = _field(error.absolute_path), error.validator
     if kind == "required":
-        missing = [name for name in v if isinstance(error.instance, dict) and name not in error.instance]
+        missing = [name for name in v if isinstance(instance, dict) and name not in instance]
         return f"missing required field(s): {', '.join(f'`{m}`' for m in missing)}" + (
             "" if field == "input" else f" in `{field}`"
         )
     if kind == "additionalProperties":
-        props = error.schema.get("properties", {})
-        extra = sorted(k for k in error.instance if k not in props) if isinstance(error.instance, dict) else []
+        props = schema.get("properties", {})
+        extra = sorted(k for k in instance if k not in props) if isinstance(instance, dict) else []
         shown = ", ".join(_name(e) for e in extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
         allowed = ", ".join(f"`{p}`" for p in props)
         where = "" if field == "input" else f" in `{field}`"
         return f"unexpected field(s) {shown}{where}; allowed fields are {allowed or 'none'}"
     if kind == "type":
-        return f"`{field}` must be of type {v}, got {_given(error.instance)}"
+        return f"`{field}` must be of type {v}, got {_given(instance)}"
     if kind in ("enum", "const"):
         options = ", ".join(json.dumps(x) for x in (v if kind == "enum" else [v]))
-        hint = string_hints(error.instance) if isinstance(error.instance, str) else ""
-        return f"`{field}` must be one of {options}; got {_given(error.instance)}" + (f" ({hint})" if hint else "")
+        hint = string_hints(instance) if isinstance(instance, str) else ""
+        return f"`{field}` must be one of {options}; got {_given(instance)}" + (f" ({hint})" if hint else "")
     if kind == "pattern":
-        hint = string_hints(error.instance) if isinstance(error.instance, str) else ""
-        return f"`{field}` must match the pattern {v}; got {_given(error.instance)}" + (f" ({hint})" if hint else "")
+        hint = string_hints(instance) if isinstance(instance, str) else ""
+        return f"`{field}` must match the pattern {v}; got {_given(instance)}" + (f" ({hint})" if hint else "")
     if kind in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
         words = {
             "minimum": "at least",
@@ -160,14 +164,14 @@ def explain(error: ValidationError) -> str:
             "exclusiveMinimum": "greater than",
             "exclusiveMaximum": "less than",
         }
-        return f"`{field}` must be {words[kind]} {v}; got {_given(error.instance)}"
+        return f"`{field}` must be {words[kind]} {v}; got {_given(instance)}"
     if kind in ("minLength", "maxLength"):
         return (
             f"`{field}` must have {'at least' if kind == 'minLength' else 'at most'} {v} characters; got "
-            f"{len(error.instance)}"
+            f"{len(instance)}"
         )
     if kind == "format":
-        return f"`{field}` must be a valid {v}; got {_given(error.instance)}"
+        return f"`{field}` must be a valid {v}; got {_given(instance)}"
     message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
     return f"`{field}`: {message}"
 

@@ -76,8 +76,7 @@ def content_digest(request: SupportRequest) -> bytes:
 
 
 class SeenRequests:
-    """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused with other
-    content."""
+    """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused otherwise."""
 
     def __init__(self, capacity: int = REMEMBERED) -> None:
         self._digests = SeenIds(capacity)

@@ -40,8 +40,7 @@ class Acts:
     replies: Replies = DEFAULT  # the agent's words for an early end
 
     def done(self, messages: Sequence[dict]) -> list[str]:
-        """What the successful side effects of these messages (one turn's) did, in the order they were called, once
-        each."""
+        """What the successful side effects of one turn's messages did, in the order they were called, once each."""
         results = results_of(list(messages))
         calls = []
         for message in messages:

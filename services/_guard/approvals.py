@@ -243,8 +243,7 @@ class Approvals:
 
     @staticmethod
     def _waited(approval: ApprovalRow, status: str, now: float, decided_by: str = "", reason: str = ""):
-        """The wait as ONE span in the turn's trace: from the request to the decision (or the deadline); what follows is
-        its child."""
+        """The wait as ONE span of the turn's trace: from the request to the decision (or deadline); then its child."""
         parent = extract({"traceparent": approval.traceparent}) if approval.traceparent else otel_context.get_current()
         span = tracer().start_span("approval.wait", context=parent, start_time=int(approval.requested_at * 1e9))
         span.set_attributes(

@@ -109,8 +109,7 @@ _CLAIMS: dict[
 
 
 def _claim_statement(dialect: str) -> Any:
-    """New: insert it. The customer's own and within its retention: touch it. Else (someone else's, or expired): no
-    row."""
+    """New: insert it. The customer's own, within its retention: touch it. Else (another's, expired): no row."""
     if (statement := _CLAIMS.get(dialect)) is None:
         new = (postgresql.insert if dialect == "postgresql" else sqlite.insert)(conversations)
         statement = _CLAIMS[dialect] = new.on_conflict_do_update(

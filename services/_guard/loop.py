@@ -52,8 +52,7 @@ def continued(event: ModelResponded, decision: Continue, span: trace.Span | None
 
 
 class StepClock:
-    """The loop's round trip, from a turn's previous decision (on this replica) to its next one:
-    roundtrip_step_seconds."""
+    """The loop's round trip, from a turn's decision (on this replica) to its next: roundtrip_step_seconds."""
 
     def __init__(self, limit: int = 100_000) -> None:
         self._last: dict[str, float] = {}  # turn id -> monotonic time of its last decision
@@ -89,6 +88,7 @@ class Loop:
         cost, step_cost = self.prices.cost(model, event.spent), self.prices.cost(model, event.usage)
         decision = decide(event, self.policy, cost, step_cost)
         span.set_attribute("roundtrip.decision", type(decision).__name__)
+        message: CallModel | CheckToolCalls | TurnEnded
         if isinstance(decision, Continue):
             message, outcome = continued(event, decision, span), None
         else:
@@ -154,8 +154,7 @@ class Loop:
         return ended
 
     async def _not_advanced(self, event: ModelResponded, span: trace.Span) -> str:
-        """Why the ledger refused the step: a redelivery (republish if its decision may be unpublished), a duplicate, a
-        gap."""
+        """Why the ledger refused the step: a redelivery (republish a decision maybe not out), a duplicate, a gap."""
         row = await self.ledger.get(event.turn.turn_id)
         if row is None:
             log.warning("turn %s: iteration for a turn the ledger does not know; dropped", event.turn.turn_id)

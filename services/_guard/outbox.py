@@ -43,8 +43,7 @@ def pending_copy(message: BaseModel) -> str:
 
 
 def traceparent() -> str | None:
-    """The current span's W3C traceparent, recorded with a decision (the sweeper's spans link to the turn's last
-    hop)."""
+    """The current span's W3C traceparent, recorded with a decision (sweeper spans link to the turn's last hop)."""
     carrier: dict[str, str] = {}
     inject(carrier)
     return carrier.get("traceparent")

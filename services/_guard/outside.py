@@ -23,8 +23,7 @@ log = logging.getLogger("roundtrip.guard")
 
 
 def in_turn_trace(row: TurnRow, name: str):
-    """A span in the turn's own trace (under the turn span, linked to its last recorded hop), so Jaeger shows it with
-    the turn."""
+    """A span in the turn's own trace (under the turn span, linked to its last hop): Jaeger shows it with the turn."""
     return span_in_turn(name, Turn.model_validate(row.turn), row.traceparent, row.step)
 
 

@@ -101,8 +101,7 @@ class Replies:
         return self.own.get(outcome) or POLITE[outcome]
 
     def acted(self, outcome: Outcome, done: Sequence[str]) -> str:
-        """The end of a turn that had already changed something: why it stopped, what was done, that nothing more
-        was."""
+        """The end of a turn that had changed something: why it stopped, what was done, that nothing more was."""
         return (
             f"I'm sorry, I had to stop before finishing your request: {STOPPED.get(outcome, 'something went wrong')}. "
             f"What I did before stopping: {'; '.join(done)}. Nothing else was changed. "

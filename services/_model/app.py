@@ -6,6 +6,7 @@ consumer of turn.model_calls is held back, so the waiting work is lag on that to
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from faststream import FastStream
@@ -31,7 +32,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     client = ModelClient(settings, agent.toolbox.api_tools, agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
     held: list = []  # the consumer of turn.model_calls, once subscribed
-    capacity = Capacity(on_throttle=lambda throttled: [consumer.hold(throttled) for consumer in held])
+    capacity = Capacity(on_throttle=functools.partial(_hold_all, held))
     retrying = Retrying(capacity, settings.model_max_retries, settings.turn_deadline_s)
     metrics.model_waiting.set_function(lambda: capacity.waiting)
 
@@ -67,3 +68,9 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             await state["fence"].close()
 
     return app
+
+
+def _hold_all(consumers: list, throttled: bool) -> None:
+    """The process is at its limit (or no longer): its consumer of model calls holds its fetches (or resumes)."""
+    for consumer in consumers:
+        consumer.hold(throttled)

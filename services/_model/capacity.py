@@ -159,8 +159,7 @@ class Capacity:
         self._epoch_at, self._answers, self._drained_answers, self._limited = now, 0, 0, False
 
     def refused(self, retry_after: float, started_at: float) -> None:
-        """A 429 or 529 for a call started at `started_at`: cut the rate, hold the process for `retry_after` plus
-        jitter."""
+        """A 429 or 529 for a call started at `started_at`: cut the rate, hold the process `retry_after` + jitter."""
         self.refusals += 1
         self._cut(started_at)
         now = self._clock()

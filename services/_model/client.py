@@ -126,7 +126,8 @@ class ModelClient:
             headers["x-roundtrip-persona"] = persona
         choice = self.tool_choice(disable_parallel_tool_use)
         messages = self.prepared(messages)
-        raw = await self._client.messages.with_raw_response.create(
+        # the transcript and the tools are the wire's JSON dicts, not the SDK's TypedDicts (the same shapes)
+        raw = await self._client.messages.with_raw_response.create(  # type: ignore[call-overload]
             model=self._model,
             max_tokens=self._settings.max_tokens,
             system=self._system,

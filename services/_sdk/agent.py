@@ -93,8 +93,7 @@ class Agent:
         None  # JSON Schema tool documents, one file a tool: SchemaFolder(tools_dir, handlers)
     )
     handlers: Mapping[str, Handler] = field(default_factory=dict)  # of the tools_dir's tools, by name
-    # tool sources, any mix (services/_sdk/sources.py): SchemaFolder, @tool functions (a plain async function is made
-    # one), McpServer
+    # tool sources, any mix (services/_sdk/sources.py): SchemaFolder, @tool functions (or plain async ones), McpServer
     tools: Sequence[ToolSource | Callable[..., Any]] = ()
     policies: Mapping[str, Policy] = field(default_factory=dict)
     entities: Mapping[str, EntityResolver] = field(default_factory=dict)  # x-entity kind -> resolver
@@ -107,8 +106,7 @@ class Agent:
     model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
     mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/_sdk/mcp.py), as tools= does
     # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
-    # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded
-    # (<input>)"
+    # (tool, input, result text) -> "I cancelled order ord_1"; None (or returning None): "<tool> succeeded (<input>)"
     describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
 
     @cached_property

@@ -248,8 +248,7 @@ class McpMount(ToolSource):
         return tools
 
     def take(self, listed: dict[str, Any]) -> list[str]:
-        """Keep a listing: check each tool it mounts (a tool that does not fit is refused); what is missing, one
-        line."""
+        """Keep a listing: check each tool it mounts (one that does not fit is refused); what is missing, one line."""
         server, self.listed = self.server, listed
         for name in sorted(n for n in listed if server.tools is None or n in server.tools):
             try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from roundtrip._kernel.settings import get_settings
 
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-def _positive(kind: type) -> object:
+def _positive(kind: type) -> Callable[[str], int | float]:
     def parse(text: str) -> int | float:
         try:
             value = kind(text)

@@ -125,8 +125,7 @@ def _message(response: Response, step: int, model: str) -> anthropic.types.Messa
 
 
 class _Model:
-    """What services/testing/_inprocess.py calls: `create(...)` -> an anthropic Message, from `respond(messages,
-    info)`."""
+    """What services/testing/_inprocess.py calls: `create(...)` -> an anthropic Message, from `respond`."""
 
     model = "scripted"
 

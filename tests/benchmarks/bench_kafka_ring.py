@@ -208,8 +208,7 @@ def _confluent_configs(bootstrap: str, source: str) -> tuple[dict, dict]:
 
 
 def _poll_batch(consumer, timeout: float) -> list:
-    """What is there, up to 500 records, waiting at most `timeout` for the first (consume() would wait
-    for all 500)."""
+    """What is there, up to 500 records, waiting at most `timeout` for the first (consume() waits for all 500)."""
     first = consumer.poll(timeout)
     if first is None:
         return []

@@ -282,8 +282,7 @@ async def warm_up(
         "(connections, consumer assignments, the broker's JIT)"
     )
     await closed_loop(variants["in-process"], warm_c, min(args.warmup, IN_PROCESS_WARMUP), 120)
-    # with a model latency a turn takes seconds: more turns at once (within the gateway's admission) get through it
-    # sooner
+    # with a model latency a turn takes seconds: more turns at once (within the gateway's admission) finish sooner
     fleet_c = max(warm_c, min(200, 2 * top)) if args.simulator_latency_ms else warm_c
     broker = {k: v for k, v in pids.items() if k == "kafka"}
     chunk = max(1, -(-args.warmup // WARMUP_CHUNKS))

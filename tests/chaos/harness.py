@@ -281,8 +281,7 @@ class Observer:
 async def drive_while(
     observer: Observer, plan: list[Planned], rate_per_s: float, faults: asyncio.Task
 ) -> list[Planned]:
-    """Publish the plan (Observer.drive, ten at a time) until `faults` is done or the plan is used up: the part
-    published."""
+    """Publish the plan (Observer.drive, ten at a time) until `faults` is done or the plan used up: what was sent."""
     sent: list[Planned] = []
     for i in range(0, len(plan), 10):
         if faults.done():

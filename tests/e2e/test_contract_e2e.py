@@ -1,5 +1,4 @@
-"""The public contract as a plain Kafka client meets it: what is tolerated, what is refused, and that a refusal is
-answered."""
+"""The public contract as a plain Kafka client meets it: what is tolerated, what is refused, and the answer."""
 
 from __future__ import annotations
 

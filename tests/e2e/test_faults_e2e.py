@@ -168,8 +168,7 @@ async def test_an_oversized_or_too_deep_tool_input_becomes_an_error_result_and_t
     client, fleet, fleet_settings, capsys
 ):
     deep, deep_s, deep_results = await _oversized_turn(client, "deep")
-    # a model allowed to write ~600 kB (150k output tokens, ~$2.30: over the default $0.50 budget, which would end the
-    # turn)
+    # a model allowed to write ~600 kB (150k output tokens, ~$2.30: over the default $0.50 budget, which ends a turn)
     async with fleet.reconfigured(("model", "guard"), max_tokens=200_000, turn_budget_usd=10.0):
         big, big_s, big_results = await _oversized_turn(client, "bloated")
     for reply, results, problem in (

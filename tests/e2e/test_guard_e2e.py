@@ -165,8 +165,7 @@ async def test_duplicated_iteration_events_are_dropped(client, shop_orders):
 
 
 async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(client, fleet, fleet_settings):
-    # the grace leaves `roundtrip turns` (a process of its own, seconds to start on a busy machine) the time to list it
-    # stuck
+    # the grace leaves `roundtrip turns` (its own process, seconds to start on a busy machine) time to list it stuck
     async with fleet.reconfigured(("guard", "gate"), stuck_after_s=2, stuck_grace_s=6):
         await fleet.kill("executor")
         try:

@@ -133,8 +133,7 @@ async def turns(traced, jaeger):
         runaway = await client.reply(
             await client.ask("where is my order ord_0000dead?", customer="cus_1003", persona="stubborn")
         )
-        # the executor is killed next (SIGKILL: spans it has not exported yet are lost): let it export the first turns'
-        # spans
+        # the executor is killed next (SIGKILL: spans not yet exported are lost): let it export the first turns' spans
         await wait_trace(
             jaeger,
             normal.trace_id,
@@ -249,8 +248,7 @@ async def test_a_three_step_turn_is_one_shallow_trace_rooted_at_the_turn_span(tu
     assert service(trace, root) == "roundtrip-gateway"
     assert all(parent_of(s) in ids for s in spans if s is not root), "every span's parent is in the trace (no orphans)"
 
-    # the root lasts the turn: from the request (before any other span) to the reply (after the last hop but the reply's
-    # own)
+    # the root lasts the turn: from the request (before any span) to the reply (after the last hop but the reply's)
     first = min(s["startTime"] for s in spans)
     assert root["startTime"] == first
     # (a span that starts after the reply is a redelivery after some other test's SIGKILL: at least once, refused

@@ -134,8 +134,7 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
         }
         assert {client.replies[i][0].outcome for i in ids} == {Outcome.END_TURN}
 
-        # The guard's counters moved by exactly these turns; the executors (respawned with the health port) ran their
-        # calls.
+        # The guard's counters moved by exactly these turns; the executors (respawned with health ports) ran the calls.
         after = await _scrape(http, guard_port)
         assert (
             _value(after, "roundtrip_turns_total", outcome="end_turn")

@@ -31,8 +31,7 @@ class Asked:
     before: dict  # the shop's orders before the ask
 
     async def answering(self, client, step: int, timeout: float = 30) -> str:
-        """Once the results of `step` are on their way and the simulator is answering the next model call: the turn
-        id."""
+        """Once the results of `step` are sent and the simulator is answering the next model call: the turn id."""
         calls = await client.wait_for(
             lambda: [c for c in client.of_turn(topics.MODEL_CALLS, self.request_id) if c["step"] == step], timeout=60
         )

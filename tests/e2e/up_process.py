@@ -19,8 +19,7 @@ from roundtrip._broker.embedded import free_port
 def roundtrip_up(
     tmp_path: Path, *args: str, env: dict[str, str] | None = None
 ) -> Iterator[tuple[subprocess.Popen, dict[str, str], Path]]:
-    """Start `roundtrip up ARGS`, wait for "Ready.", yield (process, its environment, its output file); Ctrl-C it at the
-    end."""
+    """Start `roundtrip up ARGS`, wait for "Ready.", yield (process, its environment, its output); Ctrl-C it then."""
     full_env = {
         **os.environ,
         "ROUNDTRIP_STATE_DIR": str(tmp_path / "state"),

@@ -27,8 +27,7 @@ def jaeger(tmp_path_factory):
 
 
 def test_a_span_exported_over_otlp_http_is_found_by_service_and_by_trace_id(jaeger):
-    # the exporter set-up services/_kernel/observability/telemetry.py uses (endpoint + /v1/traces), in a provider of our
-    # own
+    # the exporter set-up of services/_kernel/observability/telemetry.py (endpoint + /v1/traces), in our provider
     provider = TracerProvider(resource=Resource.create({"service.name": "roundtrip-jaegertest"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces")))
     tracer = provider.get_tracer("test")

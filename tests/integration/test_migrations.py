@@ -147,8 +147,7 @@ async def test_a_new_database_gets_exactly_the_tables_the_code_declares(url):
 
 
 async def test_a_ledger_of_the_first_fleet_is_upgraded_in_place_with_its_turns_kept(url, tmp_path):
-    """A database the first fleet made (the turn table without the fence's columns, no approvals, no
-    alembic_version)."""
+    """A database the first fleet made (a turn table without the fence's columns, no approvals, no alembic_version)."""
 
     def make_old(conn):
         FIRST_FLEET.create_all(conn)

@@ -110,8 +110,7 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
                 "the broker should be gone before the second wave is stuck"
             )
 
-            # everything flagged after STUCK_AFTER_S and ended after the grace, in the ledger, with the broker still
-            # down
+            # everything flagged after STUCK_AFTER_S and ended after the grace, in the ledger, the broker still down
             deadline = time.monotonic() + STUCK_AFTER_S + GRACE_S + 20
             while not all(row.outcome for row in (await rows()).values()):
                 assert time.monotonic() < deadline, {

@@ -1,5 +1,4 @@
-"""The checked-in contract (contracts/) must be what the code generates: run `roundtrip contracts` after changing events
-or topics."""
+"""The checked-in contract (contracts/) is what the code generates: run `roundtrip contracts` after a change."""
 
 from roundtrip._cli.contracts import ROOT, rendered
 

@@ -263,8 +263,7 @@ def responded(
 
 
 async def _run_turn(guard: Guard, t: Turn, text: str) -> list[dict]:
-    """Start a turn, answer its first call with list_orders and its second with words; the first CallModel's
-    messages."""
+    """Start a turn, answer its first call with list_orders, its second with words; the first CallModel's messages."""
     await guard.starts.on_start(StartTurn(turn=t, text=text))
     topic, call = guard.outbox.publish.sent[-1]
     assert topic == topics.MODEL_CALLS

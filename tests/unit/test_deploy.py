@@ -54,11 +54,9 @@ HTTP_SERVICES = {
     "shop": ShopAgentSettings.model_fields["shop_port"],
 }
 HEALTH_PORT = 8080
-# the Go module version of Jaeger v2 (scripts/jaeger.sh) -> its release (the image tag); Jaeger's CHANGELOG: "v1.76.0 /
-# v2.13.0"
+# Jaeger v2's Go module version (scripts/jaeger.sh) -> its release (the image tag); CHANGELOG: "v1.76.0 / v2.13.0"
 JAEGER_RELEASE_OF_MODULE = {"v1.76.0": "2.13.0"}
-# the KEDA-scaled consumers: service -> (its consumer group, the topic it consumes, the setting of that topic's
-# partitions)
+# KEDA-scaled consumers: service -> (its consumer group, the topic it consumes, that topic's partitions setting)
 SCALED = {
     "executor": (group("executor"), topics.TOOL_BATCHES, "ROUNDTRIP_EXECUTOR_PARTITIONS"),
     "model": (group("model"), topics.MODEL_CALLS, "ROUNDTRIP_PARTITIONS"),

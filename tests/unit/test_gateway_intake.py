@@ -1,5 +1,4 @@
-"""The gateway's door (services/_gateway/intake.py): unknown fields ignored once-logged, refusals addressed with a
-reason."""
+"""The gateway's door (services/_gateway/intake.py): unknown fields ignored once-logged, refusals with a reason."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The health endpoint over real HTTP on loopback, and the metrics each decision moves (guard, gate, executor,
-model)."""
+"""The health endpoint over real HTTP on loopback, and the metrics each decision moves (guard, gate, executor...)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The Kafka security settings: refused when they do not fit, turned into the same options for every client, never
-shown."""
+"""The Kafka security settings: refused when they do not fit, the same options for every client, never shown."""
 
 from __future__ import annotations
 

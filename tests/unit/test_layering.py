@@ -39,8 +39,7 @@ def _module(path: Path) -> str:
 
 
 def _imports() -> list[tuple[str, str, str]]:
-    """(importing module, imported module, 'file:line') for every import of roundtrip.* in services/ (relative ones
-    resolved)."""
+    """(importing module, imported module, 'file:line') for each import of roundtrip.* in services/ (relative too)."""
     found = []
     for path in sorted(SERVICES.rglob("*.py")):
         module = _module(path)

@@ -65,8 +65,7 @@ def ask_example() -> tuple[str, list[str]]:
 
 
 def matches_example(example: str, real: str) -> bool:
-    """A real line reads as the README's: the same words, but where the README cuts it (`...`) and its turn and trace
-    ids."""
+    """A real line reads as the README's: the same words, but where the README cuts it (`...`) and its ids."""
 
     def part(text: str) -> str:
         if text == "...":
@@ -249,3 +248,15 @@ def test_every_roundtrip_command_in_a_shell_block_is_a_real_command():
             if word not in commands:
                 unknown.append(f"{where}: roundtrip {word}")
     assert not unknown, f"commands that do not exist: {unknown}"
+
+
+def test_every_metric_is_documented():
+    """Each roundtrip_* metric the code defines is in the manual's table (the module's docstring points there)."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    from roundtrip._kernel.observability import metrics
+
+    defined = [m for m in vars(metrics).values() if isinstance(m, (Counter, Gauge, Histogram))]
+    names = [m.describe()[0].name + ("_total" if isinstance(m, Counter) else "") for m in defined]
+    assert len(names) >= 15, names
+    assert [name for name in names if f"`{name}`" not in MANUAL] == []

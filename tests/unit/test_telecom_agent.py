@@ -77,8 +77,7 @@ async def test_a_port_out_happens_once_per_key_and_never_for_a_member(deps, tmp_
 
 
 async def test_the_harness_runs_a_scripted_three_step_turn_of_the_carrier_agent(deps):
-    """Issue 19's bar for the authors' harness: a three-step turn of the example agent, in-process, in well under 1
-    s."""
+    """Issue 19's bar for the authors' harness: a three-step turn of the example agent, in-process, well under 1 s."""
     import time
 
     from roundtrip.testing import ScriptedModel, arun_turn, call

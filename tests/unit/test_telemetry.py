@@ -1,5 +1,4 @@
-"""The shape of a turn's trace, piece by piece, with an in-memory exporter (the real thing:
-tests/e2e/test_jaeger_e2e.py)."""
+"""The shape of a turn's trace, piece by piece, with an in-memory exporter (the real one: test_jaeger_e2e.py)."""
 
 from __future__ import annotations
 

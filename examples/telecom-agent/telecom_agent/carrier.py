@@ -12,8 +12,11 @@ import asyncio
 import secrets
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS lines (line_id TEXT PRIMARY KEY, number TEXT NOT NULL, holder_id TEXT NOT NULL,
@@ -43,8 +46,8 @@ class Carrier:
             self._db.executemany("INSERT OR IGNORE INTO lines VALUES (?, ?, ?, ?, ?, ?)", SEED_LINES)
             self._db.executemany("INSERT OR IGNORE INTO members VALUES (?, ?)", SEED_MEMBERS)
 
-    async def _run(self, work: Any) -> Any:
-        def locked() -> Any:
+    async def _run(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        def locked() -> T:
             with self._lock:
                 return work(self._db)
 
@@ -58,8 +61,8 @@ class Carrier:
         rows = db.execute(
             f"SELECT {', '.join('l.' + c for c in COLUMNS)}, "
             "CASE WHEN l.holder_id = ? THEN 'holder' ELSE 'member' END FROM lines l "
-            "WHERE (l.holder_id = ? OR EXISTS (SELECT 1 FROM members m WHERE m.line_id = l.line_id AND m.customer_id "
-            "= ?))"
+            "WHERE (l.holder_id = ? OR EXISTS (SELECT 1 FROM members m WHERE m.line_id = l.line_id "
+            "AND m.customer_id = ?))"
             f"{where} ORDER BY l.line_id",
             (customer_id, customer_id, customer_id, *args),
         ).fetchall()
@@ -85,8 +88,7 @@ class Carrier:
     async def port_out(
         self, holder_id: str, line_id: str, new_carrier: str, idempotency_key: str
     ) -> dict[str, Any] | None:
-        """The port-out request (the same one again for a repeated key); None unless `holder_id` holds an active
-        line."""
+        """The port-out request (the same one for a repeated key); None unless `holder_id` holds an active line."""
 
         def port(db: sqlite3.Connection) -> dict[str, Any] | None:
             done = db.execute(

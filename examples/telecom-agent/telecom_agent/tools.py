@@ -15,6 +15,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from roundtrip import ToolContext, ToolError, always
+from telecom_agent.carrier import Carrier
 
 
 class TelecomSettings(BaseSettings):
@@ -71,7 +72,8 @@ def _shown(line: dict[str, Any]) -> dict[str, Any]:
 
 async def resolve_line(line_id: str, ctx: ToolContext) -> dict[str, Any] | None:
     """The line as the principal may see it (holder or family-plan member), else None."""
-    return await ctx.deps.carrier.line_for(ctx.customer_id, line_id)
+    carrier: Carrier = ctx.deps.carrier  # the agent's dependency (Dependencies holds any client)
+    return await carrier.line_for(ctx.customer_id, line_id)
 
 
 async def holder_only(args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: ToolContext) -> str | None:

@@ -181,8 +181,7 @@ async def _raise_message_limits(admin: AIOKafkaAdminClient, names: list[str], pr
     described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
     for response in described:
         for _code, _msg, _type, name, entries in response.resources:
-            # AlterConfigs replaces the topic's settings: keep those set on the topic (v0: not default; v1+: source 1,
-            # the topic)
+            # AlterConfigs replaces a topic's settings: keep those set on it (v0: not default; v1+: source 1, the topic)
             current = {
                 e[0]: e[1]
                 for e in entries
@@ -315,8 +314,7 @@ def _decode_members(members: list, protocol_type: str, wire: set[str]) -> tuple[
 
 
 async def _retrying(call, timeout: float):
-    """Retry a group request while the coordinator is not there yet (a fresh cluster creates __consumer_offsets
-    first)."""
+    """Retry a group request while the coordinator is not there (a new cluster makes __consumer_offsets first)."""
     deadline = time.monotonic() + timeout
     while True:
         try:

@@ -18,8 +18,7 @@ class SeenIds:
         return self.first(key, True) is None
 
     def first(self, key: str, value: Any) -> Any:
-        """Remember `value` for a new `key` and return None; for a key seen before, return the value first
-        remembered."""
+        """Remember `value` for a new `key` and return None; for a key seen before, the value first remembered."""
         if key in self._ids:
             self._ids.move_to_end(key)
             return self._ids[key]

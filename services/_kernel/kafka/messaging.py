@@ -328,8 +328,7 @@ def _rescuer(broker: KafkaBroker, service: str):
 
 
 async def publish(broker: KafkaBroker, topic: str, message: BaseModel, key: bytes | None = None) -> None:
-    """Publish one message (JSON) and wait for the broker's ack: one producer span, counted, on the broker's
-    producer."""
+    """Publish one message (JSON) and wait for the broker's ack: one producer span, counted, on its producer."""
     conversation_id = key.decode("utf-8", "replace") if key is not None else ""
     started, failure = time.perf_counter(), None
     try:
@@ -374,8 +373,7 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
 
 
 def topic_of(broker: KafkaBroker, name: str) -> str:
-    """A (logical) topic's name on the wire for this service: with the prefix of the settings its broker was made
-    with."""
+    """A (logical) topic's name on the wire for this service: with the prefix of its broker's settings."""
     try:
         return topics.t(name, getattr(broker, _PREFIX))
     except AttributeError:

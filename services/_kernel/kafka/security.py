@@ -99,8 +99,7 @@ def ssl_context(s: KafkaSecurity) -> ssl.SSLContext:
 
 @lru_cache
 def token_provider(spec: str) -> AbstractTokenProvider:
-    """The OAUTHBEARER token provider `module:attribute` names (an instance, or a callable making one), once per
-    process."""
+    """The OAUTHBEARER token provider `module:attribute` names (an instance, or a callable making one), once."""
     module_name, _, attribute = spec.partition(":")
     try:
         found: Any = importlib.import_module(module_name)

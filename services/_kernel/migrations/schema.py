@@ -156,8 +156,7 @@ async def upgrade(
 
 
 def upgrade_databases(settings: _DatabaseUrls) -> list[str]:
-    """`roundtrip db upgrade`: each store in its database brought to this code's head; a line for each, saying what
-    changed."""
+    """`roundtrip db upgrade`: each store in its database brought to this code's head; a line each: what changed."""
     lines = []
     for url, stores in databases(settings).items():
         for store, before, after in asyncio.run(upgrade(url, stores)):

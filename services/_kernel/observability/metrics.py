@@ -7,26 +7,7 @@ are FastStream's own Prometheus metrics (its `MetricsContainer`: prefixed `fasts
 `app_name="roundtrip-<service>"`, `broker="kafka"`, `handler`/`destination` = the topic), recorded
 by the kernel's message path (`kafka_metrics`) instead of FastStream's per-message middleware.
 
-| metric | type | labels | where |
-| --- | --- | --- | --- |
-| roundtrip_turns_total | counter | outcome | guard, when a turn ends (once per turn) |
-| roundtrip_turn_steps | histogram | | guard, model calls of an ended turn |
-| roundtrip_step_seconds | histogram | | guard, one round trip of the loop (decision to next decision of a turn) |
-| roundtrip_tokens_total | counter | model, kind (input, output, cache_write, cache_read) | guard, per recorded step |
-| roundtrip_cost_usd_total | counter | model | guard, per recorded step (the ledger's price table) |
-| roundtrip_guard_drops_total | counter | reason (step_limit, repeated_call, cycle, budget, ...) | guard, per stop |
-| roundtrip_guard_blocked_calls_total | counter | | guard, a repeat of a failed call not run |
-| roundtrip_gate_rejections_total | counter | tool, reason | gate, per rejected call |
-| roundtrip_tool_executions_total | counter | tool, result (ok, error) | executor, per approved call run |
-| roundtrip_tool_duration_seconds | histogram | tool | executor, per approved call run |
-| roundtrip_model_call_duration_seconds | histogram | model, result (ok, error) | model, per call, retries included |
-| roundtrip_model_rate_limit | gauge | | model, calls/s this process may start (adaptive; 0: no limit known) |
-| roundtrip_model_refusals_total | counter | | model, per 429 or 529 answer (the call waits and is tried again) |
-| roundtrip_model_capacity_wait_seconds | histogram | | model, per call: its wait for the API's capacity |
-| roundtrip_model_waiting | gauge | | model, calls waiting for capacity now |
-| roundtrip_in_flight | gauge | service, subscription (the topic) | any consumer: messages being handled now |
-| roundtrip_ignored_fields_total | counter | message | gateway, per unknown field of a request (ignored) |
-| roundtrip_refused_requests_total | counter | reason (schema, key, reused) | gateway, per request refused |
+Each metric, its labels and where it moves: the table of the manual's page "Operating it".
 """
 
 from __future__ import annotations
@@ -121,8 +102,7 @@ def count_turn_end(outcome: Outcome | str, steps: int) -> None:
 
 
 class _Received:
-    """The metrics of one subscription's records, children resolved once (a label look-up per message costs more than
-    the count)."""
+    """One subscription's metrics, children resolved once (a label look-up per message costs more than the count)."""
 
     __slots__ = ("_duration", "_exceptions", "_in_flight", "_in_process", "_labels", "_processed", "_size", "_total")
 

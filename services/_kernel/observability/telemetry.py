@@ -67,8 +67,7 @@ STEP_HEADER = "roundtrip-step"
 _TRACEPARENT = "traceparent"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
-# outcomes that are failures of the turn (Jaeger's error filter finds them); the rest ended as the model or an operator
-# chose
+# outcomes that fail the turn (Jaeger's error filter finds them); the rest ended as the model or an operator chose
 ERROR_OUTCOMES = frozenset(
     {
         "step_limit",

@@ -186,6 +186,5 @@ def _sqlite(path: Path) -> str:
 
 @lru_cache
 def get_settings() -> Settings:
-    """The process's settings, read once from the environment: for the entry points (the CLI), never for library
-    code."""
+    """The process's settings, read once from the environment: for the entry points (the CLI), not library code."""
     return Settings()

@@ -34,8 +34,7 @@ _HOST = re.compile(
 
 
 def parse_bootstrap_servers(value: str) -> list[str]:
-    """`h1:9092,h2:9092` (spaces allowed) -> ["h1:9092", "h2:9092"]; ValueError naming the entry that is not
-    host:port."""
+    """`h1:9092,h2:9092` (spaces allowed) -> ["h1:9092", "h2:9092"]; ValueError naming an entry not host:port."""
     entries = [entry.strip() for entry in value.split(",")]
     if not any(entries):
         raise ValueError("empty: give host:port[,host:port...], e.g. broker-1:9092,broker-2:9092")
@@ -78,8 +77,7 @@ def check_import_string(value: str) -> str:
 
 
 def check_kafka_security(s: Any) -> None:
-    """Refuse a Kafka security group whose parts do not fit together (a KafkaSecurity): ValueError naming the
-    variables."""
+    """Refuse a Kafka security group whose parts do not fit (a KafkaSecurity): ValueError naming the variables."""
     sasl, tls = s.kafka_security_protocol.startswith("SASL_"), s.kafka_security_protocol.endswith("SSL")
     mechanism, protocol = s.kafka_sasl_mechanism, f"ROUNDTRIP_KAFKA_SECURITY_PROTOCOL={s.kafka_security_protocol}"
     password = s.kafka_sasl_password is not None or s.kafka_sasl_password_file is not None
@@ -143,8 +141,7 @@ def check_database_url(value: str) -> str:
 
 
 def describe_invalid(error: ValidationError) -> str:
-    """One line per invalid setting, named by its environment variable: what `roundtrip` prints instead of a
-    traceback."""
+    """One line per invalid setting, named by its environment variable: what `roundtrip` prints, not a traceback."""
     lines = []
     for item in error.errors():
         message = item.get("msg", "invalid").removeprefix("Value error, ")

@@ -14,6 +14,7 @@ from typing import Annotated, ClassVar
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, SecretStr, field_validator, model_validator
+from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from roundtrip._kernel.settings.checks import (
@@ -26,8 +27,8 @@ from roundtrip._kernel.settings.checks import (
     parse_bootstrap_servers,
 )
 
-KEYS = {"secret": "keys"}  # key_id:secret pairs: the ids may be shown, the secrets never
-SECRET = {"secret": "value"}
+KEYS: JsonDict = {"secret": "keys"}  # key_id:secret pairs: the ids may be shown, the secrets never
+SECRET: JsonDict = {"secret": "value"}
 
 # Demo signing key: fine for a laptop, replaced in production via ROUNDTRIP_APPROVAL_KEYS.
 # It is published (README), so anyone can sign a batch with it: outside the embedded

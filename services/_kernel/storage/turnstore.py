@@ -214,9 +214,9 @@ class TurnStore:
             try:
                 if single:
                     return work(self._connection(autocommit=True))
-                conn = self._connection()
-                with conn.begin():
-                    return work(conn)
+                inline = self._connection()
+                with inline.begin():
+                    return work(inline)
             except OperationalError as exc:  # another process holds the write lock: usually for microseconds
                 if not sqlite_locked(exc):
                     raise
