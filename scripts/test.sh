@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh), runs the gates (scripts/gates.sh: ruff and mypy; a finding fails the run), builds the
 # manual (mkdocs, strict), builds the real Jaeger v2 once if missing (scripts/jaeger.sh, cached), and runs the whole
-# test suite: unit, integration (real Kafka, real PostgreSQL) and e2e (the fleet as processes, a real Jaeger). Exit
-# code is pytest's.
-# Usage: scripts/test.sh [pytest args]      e.g. scripts/test.sh tests/integration -x
+# test suite: unit, integration (real Kafka, real PostgreSQL), e2e (the fleet as processes, a real Jaeger) and chaos.
+# Usage: scripts/test.sh                  the whole suite, as two pytest runs side by side (below)
+#        scripts/test.sh [pytest args]    one pytest run, e.g. scripts/test.sh tests/integration -x
+# Exit code: pytest's (including 5, "no tests collected"); of the two runs, the first that failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -26,5 +27,32 @@ site=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
 rm -rf "$site"
 
-echo "==> pytest"
-exec .venv/bin/python -m pytest -q "$@"
+if [ $# -gt 0 ]; then
+  echo "==> pytest $*"
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+
+# The whole suite as two pytest runs side by side: most of an e2e or chaos test is waiting (for a simulated model's
+# latency, a deadline, a broker coming back), so two halves on two cores take about the time of the longer one.
+# Each run has its own broker, fleet and temporary folders (every port is a free one), so they share nothing.
+# The first half reports here as it goes; the second writes its log and is shown when it ends.
+halves=("tests/unit tests/chaos" "tests/integration tests/e2e")
+work=$(mktemp -d -t roundtrip-tests.XXXXXX)  # each half's own --basetemp, and the second half's log
+log=$work/second-half.log
+started=$SECONDS
+echo "==> pytest, two halves side by side: [${halves[0]}] here, [${halves[1]}] into $log (shown when it ends)"
+# shellcheck disable=SC2086  # each half is a list of folders
+.venv/bin/python -m pytest -q -p no:cacheprovider --basetemp "$work/second" ${halves[1]} >"$log" 2>&1 &
+second=$!
+set +e
+# shellcheck disable=SC2086
+.venv/bin/python -m pytest -q -p no:cacheprovider --basetemp "$work/first" ${halves[0]}
+first_rc=$?
+echo "==> [${halves[0]}] exited $first_rc after $((SECONDS - started)) s; waiting for [${halves[1]}]"
+wait "$second"
+second_rc=$?
+set -e
+echo "==> [${halves[1]}] exited $second_rc after $((SECONDS - started)) s; its output:"
+cat "$log"
+[ "$first_rc" -ne 0 ] && exit "$first_rc"
+exit "$second_rc"
