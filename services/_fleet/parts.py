@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from roundtrip._broker.embedded import EmbeddedKafka
 from roundtrip._fleet.supervisor import FleetError
-from roundtrip._kernel.settings import Settings, describe_invalid
+from roundtrip._kernel.settings import Deployment, ModelSettings, Settings, describe_invalid
 from roundtrip._sdk.agent import AgentError, load_agent
 from roundtrip._shop.agent.settings import ShopAgentSettings
 
@@ -30,11 +30,11 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-def runs_simulator(settings: Settings) -> bool:
+def runs_simulator(settings: ModelSettings) -> bool:
     return settings.use_simulator and not settings.anthropic_base_url
 
 
-def demo_shop(settings: Settings, env: dict[str, str]) -> ShopAgentSettings | None:
+def demo_shop(settings: Deployment, env: dict[str, str]) -> ShopAgentSettings | None:
     """The demo shop's settings as the fleet's children read them (`env` over this process's), when the agent the
     fleet runs is the demo shop's (its settings are ShopAgentSettings) and names no shop URL: the fleet runs the
     shop."""

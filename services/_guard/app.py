@@ -34,7 +34,7 @@ from roundtrip._guard.replies import DEFAULT, Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.observability.telemetry import tracer
-from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.settings import LoopRules, Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CancelTurn, ModelResponded, StartTurn
@@ -43,7 +43,7 @@ from roundtrip._sdk.agent import Agent
 log = logging.getLogger("roundtrip.guard")
 
 
-def policy_from(settings: Settings, replies: Replies = DEFAULT) -> Policy:
+def policy_from(settings: LoopRules, replies: Replies = DEFAULT) -> Policy:
     return Policy(
         max_steps=settings.max_steps,
         loop_rules=settings.loop_rules,

@@ -43,7 +43,7 @@ from roundtrip._kernel.kafka.consumer import Commit, KeyOrderedConsumer
 from roundtrip._kernel.kafka.faststream_seam import kafka_producer, replace_consume_loop
 from roundtrip._kernel.observability import agent_digest, health, metrics
 from roundtrip._kernel.observability.telemetry import consuming, mark_error, publishing
-from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.settings import KafkaSettings, Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import DeadLettered
 from roundtrip._kernel.wire.topology import group  # one group per subscription: they join and rebalance independently
@@ -72,7 +72,7 @@ def subscribe(
     broker: KafkaBroker,
     topic: str,
     service: str,
-    settings: Settings,
+    settings: KafkaSettings,
     *,
     role: str | None = None,
     max_in_flight: int | None = None,
