@@ -12,7 +12,7 @@ import runpy
 import signal
 import sys
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -156,7 +156,8 @@ def up(
         os.environ["ROUNDTRIP_HEALTH_PORT_PER_SERVICE"] = "true"
         get_settings.cache_clear()
     settings = get_settings()
-    typer.echo("roundtrip: starting the fleet")
+    agent = _checked_agent(settings)  # before the broker: a bad agent or agent setting is said before any start-up
+    typer.echo(f"roundtrip: starting the fleet (agent {agent.name})")
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
         fleet.start()
@@ -169,11 +170,7 @@ def up(
             + ", ".join(f"{name} :{port + topology.index(name)}" for name in FLEET_SERVICES)
             + " (/healthz /readyz /metrics)"
         )
-    typer.echo(
-        "\nReady. Publish to support.requests, read support.replies, or try:\n"
-        f'  {_this_command()} ask "cancel my last order" --customer cus_1001\n'
-        "Crashed processes are restarted. Ctrl-C stops everything."
-    )
+    typer.echo(_ready(agent))
     stop = {"now": False}
     for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
         signal.signal(signum, lambda *_: stop.update(now=True))
@@ -182,6 +179,32 @@ def up(
     typer.echo("\nroundtrip: stopping")
     fleet.stop()
     typer.echo("roundtrip: stopped")
+
+
+def _checked_agent(settings: Any) -> Any:
+    """The agent the fleet will run, found and checked (its own settings too); one line and exit 1 if it cannot."""
+    from roundtrip._kernel.settings import ConfigurationError
+    from roundtrip._sdk.agent import current_agent
+
+    try:
+        return current_agent(settings.agent)
+    except ConfigurationError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+
+
+def _ready(agent: Any) -> str:
+    """The banner once the fleet is up, with the agent's own example (Agent.example_ask, example_customer), else a
+    greeting as a customer id of yours."""
+    import json
+
+    ask = json.dumps(agent.example_ask or "hello", ensure_ascii=False)
+    customer = agent.example_customer or "<a customer id of yours>"
+    return (
+        "\nReady. Publish to support.requests, read support.replies, or try:\n"
+        f"  {_this_command()} ask {ask} --customer {customer}\n"
+        "Crashed processes are restarted. Ctrl-C stops everything."
+    )
 
 
 def _this_command() -> str:
@@ -230,9 +253,7 @@ def ask(
 def chat(
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
     persona: Annotated[str | None, typer.Option(help="simulator persona for every request")] = None,
-    conversation: Annotated[
-        str | None, typer.Option(help="conversation id to continue (default: a new one)")
-    ] = None,
+    conversation: Annotated[str | None, typer.Option(help="conversation id to continue (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
 ) -> None:
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
@@ -456,9 +477,7 @@ def approvals_deny(
 
 @topics_app.command("create")
 def topics_create(
-    partitions: Annotated[
-        int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")
-    ] = None,
+    partitions: Annotated[int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
     executor_partitions: Annotated[int | None, typer.Option(help="partitions of the executor topic")] = None,
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
