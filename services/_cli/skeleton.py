@@ -60,16 +60,16 @@ both must see lives in a backend they share (this SQLite file, a database, a ser
     ${python} -m pytest                    # the tests, with the Python of the roundtrip that made this skeleton
     roundtrip agent check ${package}.agent:AGENT
     ${python} -m pip install -e .          # then: ROUNDTRIP_AGENT=${name} roundtrip up
-    docker build --build-arg ROUNDTRIP_IMAGE=roundtrip:latest -t ${name} .   # the fleet's image + this agent
+    docker build --build-arg FLEET_IMAGE=roundtrip:latest -t ${name} .   # the fleet's image + this agent
 
 In the fleet's manifests, set ROUNDTRIP_AGENT=${name} and its own settings (ROUNDTRIP_${upper}_*) in the ConfigMap
 (the Secret for secrets) and run every service from this image.
 """
 
-DOCKERFILE = """# The fleet's image with this agent in it: every service of the fleet runs from it, with ROUNDTRIP_AGENT=${name}.
-# ROUNDTRIP_IMAGE is the fleet's own image (the roundtrip project's Dockerfile: docker build -t roundtrip .).
-ARG ROUNDTRIP_IMAGE=roundtrip:latest
-FROM $${ROUNDTRIP_IMAGE}
+DOCKERFILE = """# The fleet's image with this agent in it, every service runs from it (ROUNDTRIP_AGENT=${name}).
+# FLEET_IMAGE is the fleet's own image (the roundtrip project's Dockerfile: docker build -t roundtrip .).
+ARG FLEET_IMAGE=roundtrip:latest
+FROM $${FLEET_IMAGE}
 USER 0
 COPY . /src/${name}
 # roundtrip-fleet is in the image already, so pip keeps it; the agent's other dependencies come from your index
@@ -81,7 +81,7 @@ ENV ROUNDTRIP_AGENT=${name}
 INIT = '''"""The ${name} support agent (the object is ${package}.agent:AGENT)."""
 '''
 
-BACKEND = '''"""The agent's backend: a ticket desk in a SQLite file. Replace it with your company's client (HTTP, a database pool).
+BACKEND = '''"""The agent's backend: a ticket desk in a SQLite file. Replace it with your company's client.
 
 A file, not memory: the fleet's gate and executor are separate processes, each opening its own instance of this
 class, and both must see the same tickets (the policy reads what close_ticket changed). Every read is scoped to a
@@ -112,7 +112,8 @@ class Tickets:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self._db() as db:  # the demo tickets, once per file
             db.execute(SCHEMA)
-            db.executemany("INSERT OR IGNORE INTO tickets (ticket_id, customer_id, status, subject) VALUES (?, ?, ?, ?)", DEMO)
+            db.executemany("INSERT OR IGNORE INTO tickets (ticket_id, customer_id, status, subject) VALUES (?,?,?,?)",
+                           DEMO)
 
     def _db(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=10)
