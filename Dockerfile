@@ -19,7 +19,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 COPY --from=build /wheels /wheels
-RUN pip install /wheels/*.whl && rm -rf /wheels
+# Agent packages installed with the fleet, named at build time (requirement specifiers your index serves):
+#   docker build --build-arg AGENT_PACKAGES="acme-support==1.4.0" -t acme-fleet .
+# or extend this image with a package of your own folder (docs/operating/deploy.md, "Your agent in the image"):
+#   FROM roundtrip:latest / USER 0 / COPY . /src/agent / RUN pip install /src/agent / USER 10001
+# The fleet's own distribution is roundtrip-fleet (the wheel here): an agent's dependency on it is met by it.
+ARG AGENT_PACKAGES=""
+RUN pip install /wheels/*.whl ${AGENT_PACKAGES} && rm -rf /wheels
 
 # Everything the fleet reads at run time is in the wheel: the demo agent's tool schemas (roundtrip/schemas/tools), the
 # broker's pom.xml and log4j2.yaml, the migrations (tests/unit/test_wheel.py).

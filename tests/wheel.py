@@ -69,3 +69,45 @@ def runtime_files() -> dict[str, Path]:
             if path.is_file() and not is_cache(path.relative_to(ROOT)):
                 files[f"{package}/{path.relative_to(ROOT / folder).as_posix()}"] = path
     return files
+
+
+def pip_wheel(source: Path, out: Path) -> Path:
+    """The wheel of the project at `source` (another one than this checkout: an agent package), built as above."""
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "-q"]
+        + ["--wheel-dir", str(out), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, f"pip wheel failed:\n{built.stdout}\n{built.stderr}"
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+def stub_wheel(out: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A wheel of nothing but its metadata (a distribution's name, version and requirements): what a local index
+    needs to resolve a requirement on it, offline."""
+    import base64
+    import hashlib
+
+    stem = f"{name.replace('-', '_').replace('.', '_')}-{version}"
+    files = {
+        f"{stem}.dist-info/METADATA": "Metadata-Version: 2.1\n"
+        + f"Name: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{stem}.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: tests.wheel\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+        f"{len(text.encode())}"
+        for path, text in files.items()
+    ]
+    files[f"{stem}.dist-info/RECORD"] = "\n".join([*record, f"{stem}.dist-info/RECORD,,"]) + "\n"
+    wheel = out / f"{stem}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return wheel

@@ -87,13 +87,14 @@ def init(
     folder: Annotated[Path, typer.Option("--dir", help="where to make the NAME folder")] = Path("."),
 ) -> None:
     """Write a working skeleton of a new agent package into DIR/NAME: its pyproject.toml (an entry point in the group
-    roundtrip.agents), one tool as a Python function whose entity the agent's resolver checks for the caller, a policy,
-    an in-memory backend as its dependency, and a test of its turns (services/testing/__init__.py). An existing folder
-    that is not empty is left alone (exit status 1)."""
+    roundtrip.agents, package data for its JSON tool documents), a tool as a Python function and one as a JSON Schema
+    document whose entity the agent's resolver checks for the caller, a policy, a backend in a SQLite file as its
+    dependency (the gate's and the executor's processes share it), a Dockerfile on the fleet's image, and tests of
+    its turns (services/testing/__init__.py). An existing folder that is not empty is left alone (exit status 1)."""
     from roundtrip._cli.skeleton import package_name, skeleton
 
     try:
-        files = skeleton(name)
+        files = skeleton(name, python=sys.executable)  # its README's test command: this roundtrip's venv
     except ValueError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
@@ -107,6 +108,7 @@ def init(
         path.write_text(text, encoding="utf-8")
         typer.echo(f"  created {path}")
     typer.echo(
-        f"Next: cd {target} && PYTHONPATH=. python -m pytest; roundtrip agent check {package_name(name)}.agent:AGENT; "
-        f"pip install -e . and run it with ROUNDTRIP_AGENT={name}"
+        f"Next: cd {target} && {sys.executable} -m pytest; roundtrip agent check {package_name(name)}.agent:AGENT; "
+        f"{sys.executable} -m pip install -e . and run it with ROUNDTRIP_AGENT={name}; its Dockerfile adds it to the "
+        "fleet's image"
     )

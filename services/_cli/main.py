@@ -12,7 +12,7 @@ import runpy
 import signal
 import sys
 import uuid
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -156,14 +156,15 @@ def up(
         os.environ["ROUNDTRIP_HEALTH_PORT_PER_SERVICE"] = "true"
         get_settings.cache_clear()
     settings = get_settings()
-    typer.echo("roundtrip: starting the fleet")
+    agent = _checked_agent(settings)  # before the broker: a bad agent or agent setting is said before any start-up
+    typer.echo(f"roundtrip: starting the fleet (agent {agent.name})")
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
         fleet.start()
     except (FleetError, BrokerError) as exc:  # the embedded broker's error names its log's last lines
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
-    _say_ready(port)
+    _say_ready(port, agent)
     stop = {"now": False}
     for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
         signal.signal(signum, lambda *_: stop.update(now=True))
@@ -174,7 +175,7 @@ def up(
     typer.echo("roundtrip: stopped")
 
 
-def _say_ready(port: int | None) -> None:
+def _say_ready(port: int | None, agent: Any) -> None:
     """`up`'s "Ready." line, with each service's health port when they serve one."""
     if port:
         typer.echo(
@@ -182,9 +183,31 @@ def _say_ready(port: int | None) -> None:
             + ", ".join(f"{name} :{port + topology.index(name)}" for name in FLEET_SERVICES)
             + " (/healthz /readyz /metrics)"
         )
-    typer.echo(
+    typer.echo(_ready(agent))
+
+
+def _checked_agent(settings: Any) -> Any:
+    """The agent the fleet will run, found and checked (its own settings too); one line and exit 1 if it cannot."""
+    from roundtrip._kernel.settings import ConfigurationError
+    from roundtrip._sdk.agent import current_agent
+
+    try:
+        return current_agent(settings.agent)
+    except ConfigurationError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+
+
+def _ready(agent: Any) -> str:
+    """The banner once the fleet is up, with the agent's own example (Agent.example_ask, example_customer), else a
+    greeting as a customer id of yours."""
+    import json
+
+    ask = json.dumps(agent.example_ask or "hello", ensure_ascii=False)
+    customer = agent.example_customer or "<a customer id of yours>"
+    return (
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
-        f'  {_this_command()} ask "cancel my last order" --customer cus_1001\n'
+        f"  {_this_command()} ask {ask} --customer {customer}\n"
         "Crashed processes are restarted. Ctrl-C stops everything."
     )
 

@@ -1,10 +1,11 @@
 """The files `roundtrip agent init NAME` writes: a working agent package to grow one's own from.
 
-One tool as a Python function (close_ticket), whose `ticket_id` is an entity the gate resolves for the caller
-(the resolver answers only the customer's own tickets: another customer's and an invented id look the same), a
-policy (a closed ticket cannot be closed again), an in-memory backend as its one dependency, its own
-pyproject.toml with the entry point (group `roundtrip.agents`), and a test of three turns on
-services/testing/__init__.py.
+Two tools, one a Python function (close_ticket), one a JSON Schema document (get_ticket, package data of its
+wheel), whose `ticket_id` is an entity the gate resolves for the caller (the resolver answers only the customer's
+own tickets: another customer's and an invented id look the same), a policy (a closed ticket cannot be closed
+again), a backend in a SQLite file as its one dependency (shared by the gate's and the executor's processes, each
+with its own instance), its own settings, its own pyproject.toml with the entry point (group `roundtrip.agents`)
+and package data, a Dockerfile on the fleet's image, and tests of its turns on services/testing/__init__.py.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ name = "${name}"
 version = "0.1.0"
 description = "The ${name} support agent, run by the roundtrip fleet"
 requires-python = ">=3.11"
+# roundtrip's distribution is roundtrip-fleet (the PyPI project `roundtrip` is another, unrelated one)
 dependencies = ["roundtrip-fleet"]
 
 [project.entry-points."roundtrip.agents"]
@@ -31,75 +33,154 @@ ${name} = "${package}.agent:AGENT"
 [tool.setuptools]
 packages = ["${package}"]
 
+[tool.setuptools.package-data]
+${package} = ["schemas/*.json"]  # its JSON Schema tool documents: the wheel carries them
+
 [tool.pytest.ini_options]
 testpaths = ["tests"]
+pythonpath = ["."]
 """
 
 README = """# ${name}
 
 A support agent for the roundtrip fleet (`roundtrip agent init` made this skeleton).
 
-- `${package}/agent.py`: the agent: its prompt, its tool (a Python function), the resolver of its entity
-  kind (the gate's ownership check), its policy, its dependency.
-- `${package}/backend.py`: an in-memory backend; replace it with your company's client.
+- `${package}/agent.py`: the agent: its prompt, its tools (close_ticket, a Python function; get_ticket, a JSON
+  Schema document in `${package}/schemas/`), the resolver of its entity kind (the gate's ownership check), its
+  policy, its own settings, its dependency.
+- `${package}/backend.py`: the ticket desk, a SQLite file (`${package}.db` in the fleet's state folder, or
+  `ROUNDTRIP_${upper}_DATABASE`); replace it with your company's client.
 - `tests/test_agent.py`: turns through the fleet's gate, guard rules and executor with a scripted model.
+- `Dockerfile`: the fleet's image with this agent in it.
 
-    PYTHONPATH=. python -m pytest          # the tests
+Dependencies are per process: in the fleet the gate (resolvers, policies) and the executor (handlers) are separate
+processes, each with its own instance of every dependency, and `run_turn` gives them two instances too. State that
+both must see lives in a backend they share (this SQLite file, a database, a service), never in memory.
+
+    ${python} -m pytest                    # the tests, with the Python of the roundtrip that made this skeleton
     roundtrip agent check ${package}.agent:AGENT
-    pip install -e .                       # then: ROUNDTRIP_AGENT=${name} roundtrip up
+    ${python} -m pip install -e .          # then: ROUNDTRIP_AGENT=${name} roundtrip up
+    docker build --build-arg FLEET_IMAGE=roundtrip:latest -t ${name} .   # the fleet's image + this agent
+
+In the fleet's manifests, set ROUNDTRIP_AGENT=${name} and its own settings (ROUNDTRIP_${upper}_*) in the ConfigMap
+(the Secret for secrets) and run every service from this image.
+"""
+
+DOCKERFILE = """# The fleet's image with this agent in it, every service runs from it (ROUNDTRIP_AGENT=${name}).
+# FLEET_IMAGE is the fleet's own image (the roundtrip project's Dockerfile: docker build -t roundtrip .).
+ARG FLEET_IMAGE=roundtrip:latest
+FROM $${FLEET_IMAGE}
+USER 0
+COPY . /src/${name}
+# roundtrip-fleet is in the image already, so pip keeps it; the agent's other dependencies come from your index
+RUN pip install --no-cache-dir /src/${name} && rm -rf /src/${name}
+USER 10001
+ENV ROUNDTRIP_AGENT=${name}
 """
 
 INIT = '''"""The ${name} support agent (the object is ${package}.agent:AGENT)."""
 '''
 
-BACKEND = '''"""The agent's backend: an in-memory ticket desk. Replace it with your company's client (HTTP, a pool).
+BACKEND = '''"""The agent's backend: a ticket desk in a SQLite file. Replace it with your company's client.
 
-Every read is scoped to a customer: a ticket that is someone else's is not found, exactly like one that does not
-exist, so nothing tells a caller that it exists.
+A file, not memory: the fleet's gate and executor are separate processes, each opening its own instance of this
+class, and both must see the same tickets (the policy reads what close_ticket changed). Every read is scoped to a
+customer: a ticket that is someone else's is not found, exactly like one that does not exist.
 """
 
 from __future__ import annotations
 
-import copy
+import asyncio
+import sqlite3
+from pathlib import Path
 from typing import Any
+
+DEMO = [
+    ("T-1001", "cus_1", "open", "The app logs me out"),
+    ("T-1002", "cus_1", "closed", "Invoice address"),
+    ("T-2001", "cus_2", "open", "Refund"),
+]
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS tickets (ticket_id TEXT PRIMARY KEY, customer_id TEXT NOT NULL, "
+    "status TEXT NOT NULL, subject TEXT NOT NULL, note TEXT NOT NULL DEFAULT '')"
+)
 
 
 class Tickets:
-    def __init__(self, tickets: list[dict[str, Any]]) -> None:
-        self._tickets = {t["ticket_id"]: copy.deepcopy(t) for t in tickets}
-        self.closed: list[str] = []  # what was closed, in order (the tests read it)
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._db() as db:  # the demo tickets, once per file
+            db.execute(SCHEMA)
+            db.executemany("INSERT OR IGNORE INTO tickets (ticket_id, customer_id, status, subject) VALUES (?,?,?,?)",
+                           DEMO)
 
-    @classmethod
-    def demo(cls) -> Tickets:
-        return cls([
-            {"ticket_id": "T-1001", "customer_id": "cus_1", "status": "open", "subject": "The app logs me out"},
-            {"ticket_id": "T-1002", "customer_id": "cus_1", "status": "closed", "subject": "Invoice address"},
-            {"ticket_id": "T-2001", "customer_id": "cus_2", "status": "open", "subject": "Refund"},
-        ])
+    def _db(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=10)
+        db.row_factory = sqlite3.Row
+        return db
+
+    def _get(self, customer_id: str, ticket_id: str) -> dict[str, Any] | None:
+        with self._db() as db:
+            found = db.execute(
+                "SELECT * FROM tickets WHERE ticket_id = ? AND customer_id = ?", (ticket_id, customer_id)
+            ).fetchone()
+        return dict(found) if found else None
+
+    def _close(self, customer_id: str, ticket_id: str, note: str) -> dict[str, Any]:
+        with self._db() as db:
+            done = db.execute(
+                "UPDATE tickets SET status = 'closed', note = ? WHERE ticket_id = ? AND customer_id = ?",
+                (note, ticket_id, customer_id),
+            )
+        if done.rowcount != 1:
+            raise LookupError(ticket_id)
+        return self._get(customer_id, ticket_id) or {}
 
     async def get(self, customer_id: str, ticket_id: str) -> dict[str, Any] | None:
-        ticket = self._tickets.get(ticket_id)
-        return copy.deepcopy(ticket) if ticket and ticket["customer_id"] == customer_id else None
+        return await asyncio.to_thread(self._get, customer_id, ticket_id)
 
     async def close(self, customer_id: str, ticket_id: str, note: str) -> dict[str, Any]:
-        ticket = self._tickets[ticket_id]
-        if ticket["customer_id"] != customer_id:
-            raise LookupError(ticket_id)
-        ticket.update(status="closed", note=note)
-        self.closed.append(ticket_id)
-        return copy.deepcopy(ticket)
+        return await asyncio.to_thread(self._close, customer_id, ticket_id, note)
+
+    def statuses(self) -> dict[str, str]:
+        """ticket id -> status (the tests read it)."""
+        with self._db() as db:
+            return {row["ticket_id"]: row["status"] for row in db.execute("SELECT ticket_id, status FROM tickets")}
 
     async def aclose(self) -> None:
         """Called once at the service's shutdown (a real client closes its connections here)."""
 '''
 
+TOOL = """{
+  "name": "get_ticket",
+  "description": "Show one of the customer's support tickets: its subject, its status and the note it was closed with.",
+  "input_schema": {
+    "$$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+      "ticket_id": {
+        "type": "string",
+        "pattern": "^T-[0-9]{4}$$",
+        "x-entity": "ticket",
+        "description": "The ticket's id as the customer gave it, e.g. T-1001. Never guess one."
+      }
+    },
+    "required": ["ticket_id"],
+    "additionalProperties": false
+  }
+}
+"""
+
 AGENT = '''"""The ${name} support agent: everything the fleet needs to run it, in one object (AGENT)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from roundtrip import Agent, Entity, ToolContext, tool
 from ${package}.backend import Tickets
@@ -107,6 +188,13 @@ from ${package}.backend import Tickets
 SYSTEM_PROMPT = """You are the support agent of ${name}. You act only for the signed-in customer; their identity
 is fixed by the session, never by what anyone writes. Never guess a ticket id: ask the customer for it. If a tool
 returns an error, read it and correct your call instead of repeating it. Answer politely and concisely."""
+
+
+class Settings(BaseSettings):
+    """The agent's own settings (ROUNDTRIP_${upper}_*)."""
+
+    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_${upper}_", extra="ignore")
+    database: Path | None = Field(None, description="SQLite file of the tickets; unset: ${package}.db in state_dir")
 
 
 @tool
@@ -117,6 +205,11 @@ async def close_ticket(
 ) -> dict[str, Any]:
     """Close one of the customer's open support tickets, with a note saying why."""
     return await ctx.deps.tickets.close(ctx.customer_id, ticket_id, note)
+
+
+async def get_ticket(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """The handler of schemas/get_ticket.json (the gate has checked that the ticket is the customer's)."""
+    return await ctx.deps.tickets.get(ctx.customer_id, args["ticket_id"]) or {}
 
 
 async def resolve_ticket(ticket_id: str, ctx: ToolContext) -> dict[str, Any] | None:
@@ -130,61 +223,93 @@ async def only_open_tickets(args: dict[str, Any], entities: dict[str, dict[str, 
     return None if ticket["status"] == "open" else f"ticket {ticket['ticket_id']} is already {ticket['status']}."
 
 
+def tickets(fleet_settings: Any, own: Settings) -> Tickets:
+    """Made once per process (the gate's, the executor's): every instance opens the same file."""
+    return Tickets(own.database or Path(fleet_settings.state_dir) / "${package}.db")
+
+
 AGENT = Agent(
     name="${name}",
     system_prompt=SYSTEM_PROMPT,
+    tools_dir=Path(__file__).parent / "schemas",  # JSON Schema tool documents (package data of the wheel)
+    handlers={"get_ticket": get_ticket},
     tools=[close_ticket],
     entities={"ticket": resolve_ticket},
     policies={"close_ticket": only_open_tickets},
     serial=frozenset({"close_ticket"}),  # a side effect: never next to another call
-    dependencies={"tickets": lambda fleet_settings, own_settings: Tickets.demo()},
+    settings=Settings,
+    dependencies={"tickets": tickets},
+    example_ask="please close T-1001, the update fixed it",  # what `roundtrip up` suggests to try
+    example_customer="cus_1",
 )
 '''
 
-TEST = '''"""${name}'s turns through the fleet's own gate, guard rules and executor, a scripted model, no Kafka."""
+TEST = '''"""${name}'s turns through the fleet's own gate, guard rules and executor, with a scripted model (no Kafka).
 
-from roundtrip.testing import ScriptedModel, call, run_turn
+Each test has its own state folder (tmp_path), so its own tickets file; the gate and the executor each open their
+own instance of the backend, as the fleet's processes do.
+"""
+
+import pytest
+
+from roundtrip.testing import ScriptedModel, Settings, call, run_turn
 from ${package}.agent import AGENT
 from ${package}.backend import Tickets
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return Settings(_env_file=None, state_dir=tmp_path)
+
+
+def statuses(settings):
+    return Tickets(settings.state_dir / "${package}.db").statuses()
 
 
 def test_the_agent_fits_together():
     assert AGENT.problems() == []
 
 
-def test_a_customer_closes_their_own_open_ticket():
-    tickets = Tickets.demo()
+def test_a_customer_closes_their_own_open_ticket(settings):
     model = ScriptedModel([call("close_ticket", ticket_id="T-1001", note="fixed by the update"), "T-1001 is closed."])
-    result = run_turn(AGENT, "cus_1", "Please close T-1001, it is fixed", model=model, deps={"tickets": tickets})
+    result = run_turn(AGENT, "cus_1", "Please close T-1001, the update fixed it", model=model, settings=settings)
     assert result.outcome == "end_turn" and result.text == "T-1001 is closed."
     assert result.calls[0].ok and result.calls[0].result["status"] == "closed"
-    assert tickets.closed == ["T-1001"]
+    assert statuses(settings)["T-1001"] == "closed"
 
 
-def test_another_customers_ticket_and_an_invented_one_never_reach_the_backend():
-    tickets = Tickets.demo()
-    model = ScriptedModel([[call("close_ticket", ticket_id="T-2001"), call("close_ticket", ticket_id="T-9999")],
+def test_another_customers_ticket_and_an_invented_one_never_reach_the_backend(settings):
+    model = ScriptedModel([[call("close_ticket", ticket_id="T-2001"), call("get_ticket", ticket_id="T-9999")],
                            "I could not find those tickets."])
-    result = run_turn(AGENT, "cus_1", "Close T-2001 and T-9999", model=model, deps={"tickets": tickets})
+    result = run_turn(AGENT, "cus_1", "Close T-2001 and show T-9999", model=model, settings=settings)
     assert [c.is_error for c in result.calls] == [True, True]
     assert all("was not found" in c.content for c in result.calls)
-    assert tickets.closed == []
+    assert statuses(settings)["T-2001"] == "open"
 
 
-def test_the_policy_refuses_a_closed_ticket():
-    tickets = Tickets.demo()
+def test_the_policy_refuses_a_closed_ticket(settings):
     model = ScriptedModel([call("close_ticket", ticket_id="T-1002"), "T-1002 was already closed."])
-    result = run_turn(AGENT, "cus_1", "Close T-1002", model=model, deps={"tickets": tickets})
+    result = run_turn(AGENT, "cus_1", "Close T-1002", model=model, settings=settings)
     assert result.calls[0].is_error and "already closed" in result.calls[0].content
-    assert tickets.closed == []
+
+
+def test_the_policy_sees_what_a_handler_changed_earlier_in_the_turn(settings):
+    """The policy runs in the gate's process, the handler in the executor's: the second close is refused only when
+    both see one backend (with one in memory it would go through, in the fleet and in run_turn alike)."""
+    model = ScriptedModel([call("close_ticket", ticket_id="T-1001"), call("close_ticket", ticket_id="T-1001"), "Done."])
+    result = run_turn(AGENT, "cus_1", "Close T-1001. And close T-1001.", model=model, settings=settings)
+    first, second = result.calls
+    assert first.ok and second.is_error and "already closed" in second.content
 '''
 
 FILES = {
     "pyproject.toml": PYPROJECT,
     "README.md": README,
+    "Dockerfile": DOCKERFILE,
     "${package}/__init__.py": INIT,
     "${package}/backend.py": BACKEND,
     "${package}/agent.py": AGENT,
+    "${package}/schemas/get_ticket.json": TOOL,
     "tests/test_agent.py": TEST,
 }
 
@@ -199,7 +324,9 @@ def package_name(name: str) -> str:
     return package
 
 
-def skeleton(name: str) -> dict[str, str]:
-    """Relative path -> text of every file of the skeleton of the agent `name`."""
-    values = {"name": name, "package": package_name(name)}
+def skeleton(name: str, python: str = "python") -> dict[str, str]:
+    """Relative path -> text of every file of the skeleton of the agent `name` (`python`: the interpreter its README
+    runs the tests with: the one of the roundtrip that made it, whose venv has roundtrip)."""
+    package = package_name(name)
+    values = {"name": name, "package": package, "upper": package.upper(), "python": python}
     return {Template(path).substitute(values): Template(text).substitute(values) for path, text in FILES.items()}

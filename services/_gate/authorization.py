@@ -18,11 +18,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
 from roundtrip._sdk.context import ToolContext
 from roundtrip._sdk.registry import ToolSpec
+from roundtrip._sdk.texts import gate_message
 
 # (entity kind, entity id, customer id) -> the entity as the customer may see it, or None
 EntityLookup = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
@@ -34,12 +35,16 @@ class LookupFailed(Exception):
     """The backend could not answer; the gate fails closed."""
 
 
-def _not_found(kind: str, entity_id: str) -> str:
+Say = Callable[..., str]  # (message key, **fields) -> the agent's words for the gate's refusal (Agent.message)
+
+
+def _not_found(say: Say, kind: str, entity_id: str, tools: Container[str]) -> str:
+    """Not found, naming the agent's list tool for the kind only when it has one (`list_<kind>s`)."""
     shown = entity_id if len(entity_id) <= 40 else entity_id[:37] + "..."
-    return (
-        f"{kind.capitalize()} {shown} was not found among this customer's {kind}s. "
-        f"Do not guess ids: use list_{kind}s to see the customer's {kind}s and their ids."
-    )
+    fields = {"Kind": kind.capitalize(), "kind": kind, "id": shown}
+    if f"list_{kind}s" in tools:
+        return say("not_found_listed", list_tool=f"list_{kind}s", **fields)
+    return say("not_found", **fields)
 
 
 def _belongs(entity: Any, kind: str, entity_id: str, customer_id: str) -> bool:
@@ -58,21 +63,24 @@ async def authorize(
     lookup: EntityLookup,
     policy: Policy | None,
     resolved: dict[str, dict[str, Any]] | None = None,
+    say: Say = gate_message,
+    tools: Container[str] = (),
 ) -> str | None:
-    """None when the call may run; otherwise the reason it may not. `resolved` receives the entities it read."""
+    """None when the call may run; otherwise the reason it may not (worded by `say`; `tools`: the agent's tool names,
+    for the not-found hint). `resolved` receives the entities it read."""
     entities: dict[str, dict[str, Any]] = {} if resolved is None else resolved
     for field, kind in spec.entity_refs.items():
         if field not in tool_input:
             continue
         entity_id = tool_input[field]
         if not isinstance(entity_id, str) or not entity_id:
-            return f"`{field}` must be a {kind} id (a string)."
+            return say("not_an_id", field=field, kind=kind)
         try:
             entity = await lookup(kind, entity_id, ctx.customer_id)
         except Exception as exc:  # noqa: BLE001 - any backend failure denies the call
             raise LookupFailed(f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
         if entity is None or not _belongs(entity, kind, entity_id, ctx.customer_id):
-            return _not_found(kind, entity_id)
+            return _not_found(say, kind, entity_id, tools)
         entities[field] = entity
     if policy is not None:
         return await policy(tool_input, entities, ctx)

@@ -34,9 +34,9 @@ from roundtrip._kernel.wire.events import (
     ExecuteToolBatch,
     ToolCall,
 )
-from roundtrip._sdk.agent import GATE_MESSAGES
 from roundtrip._sdk.context import Dependencies, ToolContext
 from roundtrip._sdk.registry import Registry, allow
+from roundtrip._sdk.texts import gate_message
 
 log = logging.getLogger("roundtrip.gate")
 security = logging.getLogger("roundtrip.security")
@@ -57,7 +57,7 @@ class Gate:
     step_memo: bool = True  # one look-up per (kind, id, customer) within a step
     concurrent: bool = True  # check the calls of a step concurrently
     agent_settings: Any = None  # the agent's own settings, which its approval rules read
-    messages: Callable[[str], str] = GATE_MESSAGES.__getitem__  # the agent's wording of the gate's generic errors
+    messages: Callable[..., str] = gate_message  # (key, **fields) -> the agent's wording of the gate's refusals
     decisions: DecisionSigner | None = None  # verifies people's decisions (None: no decision is ever accepted)
     approval_timeout_s: float = 900.0  # how long a held call waits for a person
     unavailable: Callable[[str], str | None] = lambda name: (
@@ -117,18 +117,15 @@ class Gate:
         if spec is None and (why := self.unavailable(name)):
             return reject(why, "tool_unavailable")
         if spec is None:
-            return reject(self._unknown_tool(name), "unknown_tool")
+            return reject(self._unknown(name), "unknown_tool")
         if name not in self.validators:
             self.validators[name] = InputValidator(spec.input_schema)
         problems = self.validators[name].problems(call.input)
         if problems:
-            return reject(
-                f"Invalid input for {name}: " + "; ".join(problems) + ". Fix these fields and call again.",
-                "invalid_input",
-            )
+            return reject(self.messages("invalid_input", tool=name, problems="; ".join(problems)), "invalid_input")
         if not customer_id:
             security.error("turn %s: no principal on the turn; call %s refused", turn_id, call.id)
-            return reject("This request has no signed-in customer, so no tool may act on an account.", "no_principal")
+            return reject(self.messages("no_principal"), "no_principal")
         policy = self.registry.policy(name)
         lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
         ctx = self._context(call, customer_id, turn_id, metadata)
@@ -142,23 +139,18 @@ class Gate:
                 lookups.for_call(state_free=policy is allow and rule is None),
                 policy,
                 resolved=entities,
+                say=self.messages,
+                tools=self.registry.specs,
             )
         except LookupFailed as exc:
             log.warning("turn %s: %s", turn_id, exc)
             return reject(self.messages("lookup_failed"), "lookup_failed")
         if denial:
-            return reject(f"Not allowed: {denial}", "not_allowed")
+            return reject(self.messages("not_allowed", reason=denial), "not_allowed")
         why = rule(call.input, entities, self.agent_settings) if rule is not None else None
         if not why:
             return CheckedCall(id=call.id, name=name, input=call.input, approved=True)
         return self._held_or_decided(call, name, turn_id, why, entities, decision, reject)
-
-    def _unknown_tool(self, name: str) -> str:
-        """What the model reads for a tool the agent does not have: the closest name, if one is close, and all."""
-        known = ", ".join(sorted(self.registry.specs))
-        close = difflib.get_close_matches(name.strip().lower()[:80], list(self.registry.specs), n=1, cutoff=0.75)
-        hint = f" Did you mean {close[0]}?" if close else ""
-        return f"Unknown tool {name[:80]!r}.{hint} Available tools: {known}."
 
     def _context(self, call: ToolCall, customer_id: str, turn_id: str, metadata: dict[str, Any] | None) -> ToolContext:
         """The context a call's resolvers and policy see (and its handler, later, in the executor)."""
@@ -196,8 +188,16 @@ class Gate:
             security.error(
                 "turn %s: approval %s refused for call %s: %s", turn_id, decision.approval_id, call.id, problem
             )
-            return reject(f"Not run: {problem}. Nothing was done.", "not_allowed")
+            return reject(self.messages("decision_refused", problem=problem), "not_allowed")
         return CheckedCall(id=call.id, name=name, input=call.input, approved=True, approved_by=decision.decided_by)
+
+    def _unknown(self, name: str) -> str:
+        """A tool the agent has not: the ones it has, and the close name the model may have meant."""
+        known = ", ".join(sorted(self.registry.specs))
+        close = difflib.get_close_matches(name.strip().lower()[:80], list(self.registry.specs), n=1, cutoff=0.75)
+        if close:
+            return self.messages("unknown_tool_close", tool=repr(name[:80]), close=close[0], tools=known)
+        return self.messages("unknown_tool", tool=repr(name[:80]), tools=known)
 
     def _decision_problem(self, decision: ApprovalDecided, call: ToolCall, turn_id: str, digest: str) -> str | None:
         """Why a decision does not let exactly this call run (None: it does)."""
@@ -256,7 +256,7 @@ class Gate:
             checked = list(await asyncio.gather(*(self._traced(c, command, lookups) for c in command.calls)))
         else:
             checked = [await self._traced(c, command, lookups) for c in command.calls]
-        checked = one_hold_per_step(checked)
+        checked = one_hold_per_step(checked, self.messages)
         batch = ExecuteToolBatch(
             turn=command.turn,
             step=command.step,
@@ -279,7 +279,7 @@ class Gate:
             return self.signer.sign(ExecuteToolBatch.model_validate(json_safe(batch.model_dump(mode="json"))))
 
 
-def one_hold_per_step(checked: list[CheckedCall]) -> list[CheckedCall]:
+def one_hold_per_step(checked: list[CheckedCall], say: Callable[..., str] = gate_message) -> list[CheckedCall]:
     """A step waits for at most one person's decision: a second held call is answered, not held."""
     out, held = [], None
     for call in checked:
@@ -290,11 +290,7 @@ def one_hold_per_step(checked: list[CheckedCall]) -> list[CheckedCall]:
                 name=call.name,
                 input=call.input,
                 approved=False,
-                error=(
-                    f"Not run: this call needs a person's approval and another call of this step ({held}) is already "
-                    "waiting "
-                    "for one. Make this call again, on its own, once that one is decided."
-                ),
+                error=say("approval_pending", held=held),
             )
         elif call.hold:
             held = f"{call.name} {call.id}"

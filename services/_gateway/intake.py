@@ -112,8 +112,24 @@ def addressed(value: bytes | None) -> dict[str, Any] | None:
     return ids
 
 
-def refusal(ids: dict[str, Any], reason: str) -> SupportReply:
-    """The reply to a refused request: no turn, nothing spent, the reason."""
+def metadata_of(value: bytes | None) -> dict[str, Any] | None:
+    """The record's metadata when it is valid as a request's metadata (the contract: it comes back as it came), even
+    if the rest of the request is not; else None."""
+    try:
+        given = json.loads(value or b"")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(given, dict) or given.get("metadata") is None:
+        return None
+    probe = {"request_id": "r", "conversation_id": "c", "customer_id": "c", "text": "t", "metadata": given["metadata"]}
+    try:
+        return SupportRequest.model_validate(probe).metadata  # the same rules as an accepted request's
+    except ValidationError:
+        return None
+
+
+def refusal(ids: dict[str, Any], reason: str, metadata: dict[str, Any] | None = None) -> SupportReply:
+    """The reply to a refused request: no turn, nothing spent, the reason, the request's metadata if it was valid."""
     return SupportReply(
         request_id=ids["request_id"],
         conversation_id=ids["conversation_id"],
@@ -126,6 +142,7 @@ def refusal(ids: dict[str, Any], reason: str) -> SupportReply:
         cost_usd=0.0,
         trace_id=current_trace_id(),
         reason=reason,
+        metadata=metadata,
     )
 
 
@@ -143,6 +160,6 @@ def refuser(reply: Callable[[SupportReply, str], Awaitable[None]]):
         log.warning(
             "request %s of conversation %s refused: %s", ids["request_id"][:200], ids["conversation_id"][:200], shown
         )
-        await reply(refusal(ids, shown), ids["conversation_id"])
+        await reply(refusal(ids, shown, metadata_of(record.value)), ids["conversation_id"])
 
     return on_failure

@@ -6,14 +6,16 @@ but end_turn) after one, the reply says what was done and that nothing more was 
 apology that would have the customer ask for it again. The loop reads them from the turn's own transcript (`done`);
 an end from outside the loop, which has no transcript, from what the executor recorded in the turn's row
 (`recorded`, services/_kernel/storage/sideeffects.py). What was done is worded by the agent
-(`Agent.describe_action(tool, input, result text)`, None for the generic words), else "<tool> succeeded (<input>)".
+(`Agent.describe_action(tool, input, result text)`, None for the generic words), else "<tool> succeeded" with the ids of
+the entities it named (`shown`: the tool's x-entity fields, ids the customer knows); never the rest of its input, which
+may carry internal keys (an idempotency key, a reference the customer never saw).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from roundtrip._guard.replies import DEFAULT, Replies
@@ -26,9 +28,10 @@ log = logging.getLogger("roundtrip.guard")
 Describe = Callable[[str, dict[str, Any], str], "str | None"]  # (tool, input, result text) -> what the customer reads
 
 
-def generic(tool: str, args: dict[str, Any], result: str) -> str:
-    shown = ", ".join(f"{key}={value}" for key, value in args.items())
-    return f"{tool} succeeded ({shown[:117] + '…' if len(shown) > 120 else shown})"
+def generic(tool: str, args: dict[str, Any], result: str, fields: Sequence[str] = ()) -> str:
+    """The words of a side effect without the agent's: the tool, and the entities it named (only those fields)."""
+    shown = ", ".join(f"{key}={str(args[key])[:60]}" for key in fields if key in args)
+    return f"{tool} succeeded ({shown})" if shown else f"{tool} succeeded"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Acts:
     side_effects: frozenset[str] = frozenset()
     describe: Describe | None = None
     replies: Replies = DEFAULT  # the agent's words for an early end
+    shown: Mapping[str, Sequence[str]] = field(default_factory=dict, hash=False)  # tool -> its entity-id fields
 
     def done(self, messages: Sequence[dict]) -> list[str]:
         """What the successful side effects of one turn's messages did, in the order they were called, once each."""
@@ -89,4 +93,4 @@ class Acts:
                     return words
             except Exception:  # noqa: BLE001 - the agent's words failed: the generic ones still tell the truth
                 log.exception("the agent's describe_action failed for %s; the generic words are used", tool)
-        return generic(tool, args, result)
+        return generic(tool, args, result, self.shown.get(tool, ()))

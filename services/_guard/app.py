@@ -59,7 +59,8 @@ def policy_from(settings: LoopRules, replies: Replies = DEFAULT) -> Policy:
 def guard_of(
     settings: Settings, ledger: Ledger, conversations: Conversations, prices: PriceTable, publish: Publish, agent: Agent
 ) -> Guard:
-    words = Replies.of(agent.replies)  # the customer reads the agent's own words when the fleet ends a turn
+    words = Replies.of(agent.replies, agent.acted_replies)  # the agent's own words when the fleet ends a turn
+    shown = {name: tuple(spec.entity_refs) for name, spec in agent.registry.specs.items()}
     return Guard(
         ledger,
         policy_from(settings, words),
@@ -73,7 +74,7 @@ def guard_of(
         outbox_after_s=settings.outbox_after_s,
         conversations=conversations,
         decisions=DecisionSigner(parse_keys(settings.decision_keys)),
-        acts=Acts(frozenset(agent.serial), agent.describe_action, words),
+        acts=Acts(frozenset(agent.serial), agent.describe_action, words, shown),
     )
 
 

@@ -2,7 +2,9 @@
 
 POLITE holds the defaults; an agent words any of them its own way (`Agent.replies`, by outcome): `Replies.of` them is
 what the guard's parts say (built once, at the guard's bootstrap, and handed to them). A turn that ends early after it
-changed something says so instead (`acted`, with the words of services/_guard/acted.py).
+changed something says so instead (`acted`, with the words of services/_guard/acted.py): the agent's template for that
+outcome (`Agent.acted_replies`, outcome -> text with `{done}`; the key "default" for any outcome it does not name),
+else ACTED with the outcome's reason (STOPPED).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from roundtrip._kernel.wire.events import Outcome
+from roundtrip._sdk.texts import ACTED_DEFAULT
 
 POLITE = {
     Outcome.STEP_LIMIT: (
@@ -86,27 +89,35 @@ STOPPED = {
 }
 
 
+ACTED = (
+    "I'm sorry, I had to stop before finishing your request: {why}. What I did before stopping: {done}. "
+    "Nothing else was changed. Please reply here if anything more is needed, rather than asking for all of it again."
+)
+
+
 @dataclass(frozen=True)
 class Replies:
-    """The words of one agent: its own for an outcome where it has them, the defaults (POLITE) otherwise."""
+    """The words of one agent: its own for an outcome where it has them, the defaults (POLITE, ACTED) otherwise."""
 
     own: Mapping[Outcome, str] = field(default_factory=dict, hash=False)
+    own_acted: Mapping[str, str] = field(default_factory=dict, hash=False)  # outcome value or "default" -> template
 
     @classmethod
-    def of(cls, texts: Mapping[str, str]) -> Replies:
-        """From the agent's `replies` (Outcome value -> text)."""
-        return cls({Outcome(outcome): text for outcome, text in texts.items()})
+    def of(cls, texts: Mapping[str, str], acted: Mapping[str, str] | None = None) -> Replies:
+        """From the agent's `replies` (Outcome value -> text) and `acted_replies` (Outcome value or "default" ->
+        a template naming `{done}`)."""
+        return cls({Outcome(outcome): text for outcome, text in texts.items()}, dict(acted or {}))
 
     def polite(self, outcome: Outcome) -> str:
         return self.own.get(outcome) or POLITE[outcome]
 
     def acted(self, outcome: Outcome, done: Sequence[str]) -> str:
-        """The end of a turn that had changed something: why it stopped, what was done, that nothing more was."""
-        return (
-            f"I'm sorry, I had to stop before finishing your request: {STOPPED.get(outcome, 'something went wrong')}. "
-            f"What I did before stopping: {'; '.join(done)}. Nothing else was changed. "
-            "Please reply here if anything more is needed, rather than asking for all of it again."
-        )
+        """The end of a turn that had already changed something: why it stopped, what was done, nothing more was."""
+        said = "; ".join(done)
+        own = self.own_acted.get(outcome.value) or self.own_acted.get(ACTED_DEFAULT)
+        if own:
+            return own.format(done=said)
+        return ACTED.format(why=STOPPED.get(outcome, "something went wrong"), done=said)
 
 
 DEFAULT = Replies()  # no agent's own words: the unit tests of the guard's parts

@@ -38,22 +38,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from roundtrip._kernel.settings import ConfigurationError, describe_invalid
-from roundtrip._kernel.wire.events import Outcome
+from roundtrip._kernel.settings.checks import env_name_in
 from roundtrip._sdk.context import Dependencies
 from roundtrip._sdk.functions import FunctionTool, function_tool
 from roundtrip._sdk.mcp import McpServer
 from roundtrip._sdk.registry import ApprovalRule, EntityResolver, Handler, Policy, Registry, ToolSpec, binding_problems
 from roundtrip._sdk.sources import SchemaFolder, Toolbox, ToolSource
+from roundtrip._sdk.texts import gate_message, text_problems
 
 DEFAULT_AGENT = "roundtrip._shop.agent:AGENT"  # the demo agent, when ROUNDTRIP_AGENT is unset
 # What ROUNDTRIP_AGENT said before the package was `roundtrip` (its modules were `services.*`), still honoured
 RENAMED = {"services.shop.agent:AGENT": DEFAULT_AGENT}
 ENTRY_POINT_GROUP = "roundtrip.agents"
 AGENT_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
-GATE_MESSAGES = {
-    "lookup_failed": "A system this call needs could not be reached to verify it; nothing was done. Try again shortly.",
-    "internal_error": "This call could not be checked (an internal error in the gate); nothing was done. Try again.",
-}
 Factory = Callable[[Any, Any], Any]  # (the fleet's Settings, the agent's own settings) -> a client
 
 
@@ -103,10 +100,16 @@ class Agent:
     dependencies: Mapping[str, Factory] = field(default_factory=dict)
     replies: Mapping[str, str] = field(default_factory=dict)  # Outcome value -> what the customer reads
     messages: Mapping[str, str] = field(default_factory=dict)  # GATE_MESSAGES key -> what the model reads
+    # a turn that ends early after a side effect: outcome value (or "default") -> a template naming {done}
+    acted_replies: Mapping[str, str] = field(default_factory=dict)
+    # the `roundtrip up` banner's example: a request of this agent's customers and the customer id to try it as
+    example_ask: str = ""
+    example_customer: str = ""
     model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
     mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/_sdk/mcp.py), as tools= does
     # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
-    # (tool, input, result text) -> "I cancelled order ord_1"; None (or returning None): "<tool> succeeded (<input>)"
+    # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded" with
+    # the ids of the entities it named
     describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
 
     @cached_property
@@ -170,7 +173,8 @@ class Agent:
         try:
             return self.settings()
         except ValidationError as exc:
-            raise AgentError(f"agent {self.name}: invalid settings: {describe_invalid(exc)}") from None
+            said = describe_invalid(exc, env_name_in(self.settings))  # the variables as its user spells them
+            raise AgentError(f"agent {self.name}: invalid settings: {said}") from None
 
     @cached_property
     def digest(self) -> str:
@@ -187,9 +191,9 @@ class Agent:
         """The model the fleet calls: ROUNDTRIP_MODEL when set, else the agent's default, else the fleet's."""
         return settings.model if self.model is None or "model" in settings.model_fields_set else self.model
 
-    def message(self, key: str) -> str:
-        """A generic error of the gate, as this agent words it."""
-        return self.messages.get(key, GATE_MESSAGES[key])
+    def message(self, key: str, **fields: Any) -> str:
+        """A refusal of the gate, as this agent words it, with its fields filled (GATE_FIELDS)."""
+        return gate_message(key, self.messages, **fields)
 
     def holds_calls(self) -> bool:
         """Some approval rule can hold a call with these settings: people's decisions matter, so do their keys."""
@@ -236,15 +240,6 @@ def _identity(agent: Agent) -> list[str]:
     return problems
 
 
-def _texts(agent: Agent) -> list[str]:
-    problems, outcomes = [], {o.value for o in Outcome}
-    if stray := sorted(set(agent.replies) - outcomes):
-        problems.append(f"replies for unknown outcomes {stray} (known: {sorted(outcomes)})")
-    if stray := sorted(set(agent.messages) - set(GATE_MESSAGES)):
-        problems.append(f"messages for unknown keys {stray} (known: {sorted(GATE_MESSAGES)})")
-    return problems
-
-
 def _dependencies(agent: Agent) -> list[str]:
     if agent.describe_action is not None and not callable(agent.describe_action):
         return ["describe_action must be a function (tool, input, result) -> str"]
@@ -288,7 +283,7 @@ def _mcp(agent: Agent) -> list[str]:
 
 # What `Agent.check` asks, in order: each `(agent) -> [problem, ...]`. A part of the fleet with more to check
 # (e.g. the tools of an MCP server against the agent's annotations) appends its own.
-CHECKS: list[Callable[[Agent], Iterable[str]]] = [_identity, _texts, _dependencies, _tools, _own_settings, _mcp]
+CHECKS: list[Callable[[Agent], Iterable[str]]] = [_identity, text_problems, _dependencies, _tools, _own_settings, _mcp]
 
 
 def _resolve(spec: str) -> Any:

@@ -10,6 +10,8 @@
 The turn goes through the fleet's own code, in this process: the model service's handler, the guard's
 rules, the gate (schema validation, existence and ownership through the agent's resolvers, policies, approval
 rules) and the executor (the agent's handlers, with its dependencies, or the ones the test passes as `deps`).
+The agent's dependencies are made as the fleet makes them, once per process: the gate (its resolvers and policies)
+and the executor (its handlers) each get their own instance, so state one keeps in memory is not the other's.
 
 A model answers each model call with one response: a str (the answer, stop_reason end_turn), `call(tool, **input)`
 (one tool call), a list of them (one response with all of them: parallel calls), or `reply(..., stop_reason=...)`.
@@ -17,6 +19,9 @@ A model answers each model call with one response: a str (the answer, stop_reaso
 - `FunctionModel(fn)`: `fn(messages, info)` returns the response, given the transcript so far and a ModelInfo
   (step, the tools as the model sees them, the system prompt): a model that reads the tool results.
 Both keep the transcripts they were sent (`requests`).
+
+`Settings` is the fleet's settings a turn runs with (`settings=`; by default the environment's): e.g.
+`Settings(state_dir=tmp_path)`, the state folder the agent's dependencies may keep their files in.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ __all__ = [
     "Reply",
     "ScriptExhausted",
     "ScriptedModel",
+    "Settings",
     "ToolRun",
     "TurnResult",
     "arun_turn",
@@ -245,23 +251,30 @@ async def arun_turn(
     approve: bool | Callable[[ApprovalRequested], bool] | None = None,
     persona: str | None = None,
 ) -> TurnResult:
-    """One turn of `agent` (an Agent or its import string) for `customer_id`. `deps`: the clients its handlers and
-    resolvers get (else the agent's own are made, and closed after). `approve`: True/False decides every held call,
-    a function decides each; None leaves the turn AWAITING_APPROVAL at the first."""
+    """One turn of `agent` (an Agent or its import string) for `customer_id`. `deps`: the clients its handlers,
+    resolvers and policies get, one set shared by all; else the agent's own are made as the fleet makes them, once
+    per process: one instance of each for the gate (resolvers, policies) and another for the executor (handlers),
+    closed after. So a policy that reads state a handler changed sees it only through a backend the two share (a
+    database, a service), as in the fleet. `approve`: True/False decides every held call, a function decides each;
+    None leaves the turn AWAITING_APPROVAL at the first."""
     agent = (load_agent(agent) if isinstance(agent, str) else agent).check()
     settings = settings or Settings(_env_file=None)
-    clients = Dependencies(deps) if deps is not None else agent.open_dependencies(settings)
     decide = approve if callable(approve) or approve is None else (lambda _: bool(approve))
     started = time.perf_counter()
+    if deps is not None:
+        executor_clients = gate_clients = Dependencies(deps)
+    else:  # the gate's process and the executor's: each its own instance of every client
+        gate_clients = agent.open_dependencies(settings)
+        executor_clients = agent.open_dependencies(settings)
     try:
         async with agent.toolbox:  # its tool sources, started as a service starts them (an MCP server lists its tools)
             model.bind(agent)
-            ended: Ended = await InProcess(agent, model, clients, settings).turn(
-                text, customer_id, persona, approve=decide
-            )
+            fleet = InProcess(agent, model, executor_clients, settings, gate_deps=gate_clients)
+            ended: Ended = await fleet.turn(text, customer_id, persona, approve=decide)
     finally:
         if deps is None:
-            await clients.aclose()
+            await executor_clients.aclose()
+            await gate_clients.aclose()
     return TurnResult(
         ended.outcome,
         ended.text,

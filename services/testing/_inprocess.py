@@ -8,7 +8,9 @@ verified, the calls run by its Runner, held calls asked for). A held call is dec
 decision signed by the decision key, which the gate verifies, resumed as the guard resumes it.
 
 What it leaves out is what the fleet adds: the broker hops and the events' (de)serialisation, the guard's ledger
-and conversation store, the turn fence, the exporters of the telemetry, and the processes.
+and conversation store, the turn fence, the exporters of the telemetry, and the processes. What the processes
+mean for an agent it keeps: the gate and the executor are two processes in the fleet, each with its own instance
+of the agent's dependencies, and `run_turn` gives them two instances too (`gate_deps` and `deps`).
 tests/benchmarks/ times it against the fleet; services/testing/__init__.py runs agents' tests on it.
 """
 
@@ -23,10 +25,12 @@ from typing import Any
 from roundtrip._executor.handlers import execute
 from roundtrip._executor.runner import Runner
 from roundtrip._gate.app import gate_for
+from roundtrip._guard.acted import Acts
 from roundtrip._guard.app import policy_from
 from roundtrip._guard.approvals import resumed
 from roundtrip._guard.loop import continued
 from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Finish, decide
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, parse_keys
@@ -67,10 +71,18 @@ class InProcess:
     models). `retrying`: how the model handler retries (its default when None: a limiter of each call's own)."""
 
     def __init__(
-        self, agent: Agent, client: Any, deps: Dependencies, settings: Settings, retrying: Retrying | None = None
+        self,
+        agent: Agent,
+        client: Any,
+        deps: Dependencies,
+        settings: Settings,
+        retrying: Retrying | None = None,
+        gate_deps: Dependencies | None = None,
     ) -> None:
+        """`deps`: the executor's clients (its handlers'); `gate_deps`: the gate's (its resolvers' and policies'),
+        the same ones when None. In the fleet they are two processes, each with its own instance of every client."""
         self.agent, self.client, self.settings, self.retrying = agent, client, settings, retrying
-        self.gate = gate_for(agent, settings, deps)
+        self.gate = gate_for(agent, settings, deps if gate_deps is None else gate_deps)
         self.signer = Signer(parse_keys(settings.approval_keys))
         self.decisions = DecisionSigner(parse_keys(settings.decision_keys))
         self.runner = Runner(
@@ -81,7 +93,10 @@ class InProcess:
             settings.max_block_bytes,
             fallback=agent.toolbox.handler,
         )
-        self.policy, self.prices = policy_from(settings), PriceTable.from_json(settings.prices)
+        words = Replies.of(agent.replies, agent.acted_replies)  # the agent's own words, as the guard says them
+        self.policy, self.prices = policy_from(settings, words), PriceTable.from_json(settings.prices)
+        shown = {name: tuple(spec.entity_refs) for name, spec in agent.registry.specs.items()}
+        self.acts = Acts(frozenset(agent.serial), agent.describe_action, words, shown)
         self.limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
 
     def new_turn(self, customer_id: str, persona: str | None = None) -> Turn:
@@ -140,7 +155,7 @@ class InProcess:
                 )
                 return Ended(
                     decision.outcome.value,
-                    decision.text,
+                    self.acts.reply(decision.outcome, decision.text, self.acts.done(event.messages)),
                     transcript,
                     event.step,
                     decision.detail,

@@ -17,7 +17,9 @@ because the session's broker is a single node.
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 import uuid
 
 import httpx
@@ -29,7 +31,7 @@ from roundtrip._kernel.wire import topics
 from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.local_deployment import LocalDeployment, LocalWorld
 from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest
-from tests.manifests import compose_config, k8s_documents
+from tests.manifests import compose_config, k8s_documents, kinds
 
 EXECUTORS = 3
 CUSTOMER = "cus_1001"
@@ -109,6 +111,56 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
         assert len(runs) == EXECUTORS and all(n > 0 for n in runs.values()), f"tool calls run per executor: {runs}"
     except BaseException:
         print(f"deploy from {shape}: the last lines of every process's log\n{deployment.tails()}")
+        raise
+    finally:
+        await deployment.stop()
+
+
+async def test_the_k8s_manifests_run_a_users_agent_the_example_carrier(
+    kafka_bootstrap, postgres_url, otlp_receiver, tmp_path
+):
+    """The manifests with a user's agent (issue 29, item 4): the example carrier agent (examples/telecom-agent,
+    installed as its own distribution, as its image would have it: docs/operating/deploy.md) named by
+    ROUNDTRIP_AGENT in the ConfigMap, with its own setting there (its lines' database, on a volume the gate's and the
+    executor's pods share: here a path all the processes see), and the demo shop taken out, as its user would. One
+    executor: the shop's run above scales them."""
+    pytest.importorskip("telecom_agent", reason="the example agent is installed by scripts/setup.sh")
+    script = tmp_path / "scripts.json"
+    script.write_text(
+        json.dumps(
+            {
+                "replan": [
+                    [{"type": "tool_use", "name": "change_plan", "input": {"line_id": "ln_5550303", "plan": "basic"}}],
+                    [{"type": "text", "text": "Your line ln_5550303 moves to basic."}],
+                ]
+            }
+        )
+    )
+    docs = [d for d in k8s_documents() if d["metadata"]["name"] != "shop" or d["kind"] not in ("Deployment", "Service")]
+    config = kinds(docs, "ConfigMap")["roundtrip-config"]["data"]
+    del config["ROUNDTRIP_SHOP_URL"]  # no demo shop: this agent's backend is its own
+    config |= {
+        "ROUNDTRIP_AGENT": "telecom",
+        "ROUNDTRIP_TELECOM_DATABASE": str(tmp_path / "lines.db"),
+        "ROUNDTRIP_SIMULATOR_SCRIPT": str(script),
+    }
+    manifest = k8s_manifest(docs, replicas={"executor": 1})
+    world = LocalWorld(kafka_bootstrap, postgres_url, otlp_receiver.endpoint, tag=f"ship_tc_{uuid.uuid4().hex[:8]}")
+    deployment = LocalDeployment(manifest, world, tmp_path / "pods")
+    try:
+        await deployment.start(timeout=START_TIMEOUT_S)
+        client = FleetClient(Settings(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=world.topic_prefix))
+        await client.start()
+        try:
+            asked = await client.ask("move my line to basic", "cus_2003", persona="script:replan")
+            reply = await deployment.while_running(client.reply(asked, timeout=REPLY_TIMEOUT_S))
+        finally:
+            await client.stop()
+        assert reply.outcome == "end_turn" and reply.text == "Your line ln_5550303 moves to basic.", reply
+        with sqlite3.connect(tmp_path / "lines.db") as db:  # the executor's pod changed it; the gate's pod resolved it
+            assert db.execute("SELECT plan FROM lines WHERE line_id = 'ln_5550303'").fetchone() == ("basic",)
+    except BaseException:
+        print(f"deploy of the carrier agent: the last lines of every process's log\n{deployment.tails()}")
         raise
     finally:
         await deployment.stop()

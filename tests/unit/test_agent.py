@@ -21,6 +21,7 @@ from roundtrip import AgentError, always, load_agent
 from roundtrip._kernel.settings import DEV_DECISION_KEYS, ConfigurationError, InsecureConfiguration, Settings
 from roundtrip._kernel.wire.events import Outcome
 from roundtrip._sdk import agent as agents
+from roundtrip._sdk.texts import GATE_MESSAGES
 from tests.agents import SHOP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +180,7 @@ def test_the_agents_reply_texts_replace_the_guards_defaults_and_only_those():
 def test_the_gates_generic_errors_are_the_agents_words():
     assert SHOP.message("lookup_failed").startswith("The order system could not be reached")
     plain = dataclasses.replace(SHOP, messages={})
-    assert plain.message("lookup_failed") == agents.GATE_MESSAGES["lookup_failed"]
+    assert plain.message("lookup_failed") == GATE_MESSAGES["lookup_failed"]
 
 
 def test_the_model_default_gives_way_to_roundtrip_model():
@@ -318,3 +319,57 @@ def test_roundtrip_config_shows_the_agents_own_settings_and_warns_once_its_rule_
     assert "# the agent's own settings (support-agent)" in held.stdout
     assert re.search(r"(?m)^ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS +5000$", held.stdout)
     assert "ROUNDTRIP_DECISION_KEYS" in held.stderr and "ROUNDTRIP_DECISION_KEYS" not in quiet.stderr
+
+
+def test_an_invalid_setting_of_the_agents_own_names_the_variable_as_its_user_spells_it():
+    from pydantic import Field
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    class Nordlicht(BaseSettings):
+        model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_NORDLICHT_", extra="ignore")
+        backend_url: str
+        region: str = Field("nord", validation_alias="NORDLICHT_REGION")
+        retries: int = 3
+
+    os.environ.pop("ROUNDTRIP_NORDLICHT_BACKEND_URL", None)
+    problems = dataclasses.replace(SHOP, settings=Nordlicht).problems()
+    assert problems == ["invalid settings: ROUNDTRIP_NORDLICHT_BACKEND_URL: Field required"]
+    os.environ.update(ROUNDTRIP_NORDLICHT_BACKEND_URL="http://x", ROUNDTRIP_NORDLICHT_RETRIES="many")
+    try:
+        (said,) = dataclasses.replace(SHOP, settings=Nordlicht).problems()
+    finally:
+        for name in ("ROUNDTRIP_NORDLICHT_BACKEND_URL", "ROUNDTRIP_NORDLICHT_RETRIES"):
+            os.environ.pop(name)
+    assert said.startswith("invalid settings: ROUNDTRIP_NORDLICHT_RETRIES: ")
+    from roundtrip._kernel.settings.checks import env_name_in
+
+    assert env_name_in(Nordlicht)("region") == "NORDLICHT_REGION"
+
+
+def test_up_refuses_a_bad_agent_setting_before_the_broker_starts(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
+        "ROUNDTRIP_STATE_DIR": str(tmp_path),
+        "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "lots",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "up"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().startswith(
+        "error: agent 'support-agent': invalid settings: ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS"
+    )
+    assert "starting the fleet" not in done.stdout and not (tmp_path / "logs").exists()  # nothing was started
+
+
+def test_the_up_banners_example_is_the_agents_own():
+    from roundtrip._cli.main import _ready
+
+    assert 'ask "cancel my last order" --customer cus_1001\n' in _ready(SHOP)
+    own = dataclasses.replace(SHOP, example_ask="Welche Anschlüsse habe ich?", example_customer="cus_2001")
+    assert 'ask "Welche Anschlüsse habe ich?" --customer cus_2001\n' in _ready(own)
+    assert "cancel" not in _ready(dataclasses.replace(SHOP, example_ask="", example_customer=""))

@@ -302,7 +302,7 @@ def test_agent_init_makes_a_package_that_passes_the_check_and_its_own_tests(tmp_
     checked = CliRunner().invoke(app, ["agent", "check", "acme_desk.agent:AGENT"])
     assert (
         checked.exit_code == 0
-        and "agent acme-desk: ok: 1 tools (close_ticket), entity kinds ['ticket']" in checked.output
+        and "agent acme-desk: ok: 2 tools (close_ticket, get_ticket), entity kinds ['ticket']" in checked.output
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
         "PYTHONPATH": os.pathsep.join([str(package), str(ROOT)])
@@ -315,7 +315,8 @@ def test_agent_init_makes_a_package_that_passes_the_check_and_its_own_tests(tmp_
         cwd=package,
         timeout=300,
     )
-    assert tests.returncode == 0 and "4 passed" in tests.stdout, tests.stdout + tests.stderr
+    assert tests.returncode == 0 and "5 passed" in tests.stdout, tests.stdout + tests.stderr
+    assert f"{sys.executable} -m pytest" in (package / "README.md").read_text()  # this venv's Python, not the system's
     again = CliRunner().invoke(app, ["agent", "init", "acme-desk", "--dir", str(tmp_path)])
     assert again.exit_code == 1 and "exists and is not empty" in again.output
     assert CliRunner().invoke(app, ["agent", "init", "9lives", "--dir", str(tmp_path)]).exit_code == 1

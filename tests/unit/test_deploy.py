@@ -447,12 +447,14 @@ def test_compose_jaeger_is_the_v2_release_scripts_jaeger_builds(compose):
     assert "4318:4318" in jaeger["ports"] and "16686:16686" in jaeger["ports"]
 
 
-def test_compose_databases_are_postgres(compose):
-    services = compose["services"]
+def test_compose_databases_are_postgres():
+    services = compose_config()["services"]  # resolved, with nothing exported
     assert services["postgres"]["image"].startswith("postgres:16")
     shop = services["shop"]["environment"]["ROUNDTRIP_SHOP_DATABASE_URL"]
     ledger = services["guard"]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"]
-    assert {services[n]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"] for n in ("model", "executor")} == {ledger}
+    assert {
+        services[n]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"] for n in ("gateway", "model", "executor", "migrate")
+    } == {ledger}
     for name in ("guard", "model", "executor"):
         assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert shop.startswith("postgresql+asyncpg://") and shop.endswith("@postgres:5432/shop")
@@ -683,3 +685,50 @@ def test_the_mini_loader_handles_anchors_and_merges():
         "    list:\n      - name: p\n        port: 80\n      - 'q'\n"
     )[0]
     assert doc["s"]["one"] == {"env": {"K": "v", "N": 3}, "cmd": ["a", "b c"], "list": [{"name": "p", "port": 80}, "q"]}
+
+
+# -- a user's agent in the manifests (issue 29, item 4) ------------------------------------------------------------
+
+LEDGER_USERS = ("gateway", "guard", "model", "executor", "migrate")  # the services the topology says share the ledger
+
+
+def test_compose_runs_a_users_agent_image_with_its_settings_and_their_ledger_and_kafka(tmp_path):
+    (tmp_path / "agent.env").write_text("ROUNDTRIP_TELECOM_DATABASE=/var/lib/telecom/lines.db\n")
+    ledger = "postgresql+asyncpg://fleet:pw@db.example.internal:5432/ledger"
+    resolved = compose_config(
+        FLEET_IMAGE="acme-fleet:1.4",
+        ROUNDTRIP_AGENT="telecom",
+        AGENT_ENV_FILE=str(tmp_path / "agent.env"),
+        ROUNDTRIP_LEDGER_DATABASE_URL=ledger,
+        ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="broker-1.example.internal:9092",
+    )["services"]
+    fleet = [name for name, service in resolved.items() if service.get("build")]
+    assert {"gateway", "model", "guard", "gate", "executor", "topics", "migrate"} <= set(fleet)
+    for name in fleet:
+        env = resolved[name]["environment"]
+        assert resolved[name]["image"] == "acme-fleet:1.4", name
+        assert env["ROUNDTRIP_AGENT"] == "telecom" and env["ROUNDTRIP_TELECOM_DATABASE"] == "/var/lib/telecom/lines.db"
+        assert env["ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS"] == "broker-1.example.internal:9092", name
+    assert {resolved[n]["environment"]["ROUNDTRIP_LEDGER_DATABASE_URL"] for n in LEDGER_USERS} == {ledger}
+    plain = compose_config()["services"]  # nothing exported, no agent.env: the demo, as before
+    assert plain["guard"]["image"] == "roundtrip:latest" and plain["guard"]["environment"]["ROUNDTRIP_AGENT"] == ""
+
+
+def test_the_k8s_config_has_the_agents_slot_and_every_ledger_user_reads_the_secrets_ledger(k8s):
+    from roundtrip._kernel.wire import topology
+
+    config = kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
+    assert config["ROUNDTRIP_AGENT"] == ""  # the demo shop's agent until a user names theirs
+    sharing = {s.name for s in topology.SERVICES if s.shares_ledger}
+    assert sharing <= set(LEDGER_USERS)
+    secret = (K8S / "secret.yaml").read_text()
+    comment = next(line for line in secret.splitlines() if "the one turn ledger" in line)
+    assert all(name in comment for name in sharing), comment
+    for name in sharing:
+        (main,) = kinds(k8s, "Deployment")[name]["spec"]["template"]["spec"]["containers"]
+        assert container_env(k8s, main)["ROUNDTRIP_AGENT"] == "", name
+
+
+def test_the_image_installs_agent_packages_named_at_build_time():
+    text = DOCKERFILE.read_text()
+    assert 'ARG AGENT_PACKAGES=""' in text and "pip install /wheels/*.whl ${AGENT_PACKAGES}" in text

@@ -16,7 +16,7 @@ from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from roundtrip._shop.app import in_process
 from roundtrip._shop.help_articles import INJECTION_ORDER_ID
-from tests.agents import SHOP, shop_deps
+from tests.agents import SCHEMAS, SHOP, shop_deps, shop_registry
 
 REGISTRY = SHOP.registry
 SIGNER = Signer(parse_keys("k1:unit"))
@@ -346,3 +346,69 @@ async def test_concurrent_lookups_of_one_order_in_a_step_share_one_backend_call(
     step = StepLookups(slow)
     results = await asyncio.gather(*(step.for_call(state_free=False)("order", "ord_1", "cus_1") for _ in range(5)))
     assert len(started) == 1 and all(r["order_id"] == "ord_1" for r in results)
+
+
+# -- the agent's words ---------------------------------------------------------------------------------
+
+
+async def test_the_not_found_text_names_the_list_tool_only_when_the_agent_has_one(shop, lookup, tmp_path):
+    with_list = await Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop)).check_call(
+        call("lookup_order", {"order_id": "ord_9f3c4e21"}), "cus_1001", "t"
+    )
+    assert "use list_orders to see the customer's orders" in with_list.error
+    folder = tmp_path / "tools"  # an agent whose tools find an order only by the id the customer gives
+    folder.mkdir()
+    (folder / "lookup_order.json").write_text((SCHEMAS / "lookup_order.json").read_text())
+    lone = shop_registry(
+        folder, handlers={"lookup_order": SHOP.handlers["lookup_order"]}, policies={}, approvals={}, serial=frozenset()
+    )
+    without = await Gate(registry=lone, lookup=lookup, signer=SIGNER, deps=shop_deps(shop)).check_call(
+        call("lookup_order", {"order_id": "ord_9f3c4e21"}), "cus_1001", "t"
+    )
+    assert "not found among this customer's orders" in without.error and "list_" not in without.error
+
+
+async def test_every_refusal_of_the_gate_is_worded_by_the_agent(shop, lookup):
+    import dataclasses
+
+    german = dataclasses.replace(
+        SHOP,
+        messages={
+            "not_found_listed": "{Kind} {id} gibt es bei diesem Kunden nicht; {list_tool} zeigt seine {kind}s.",
+            "not_allowed": "Nicht erlaubt: {reason}",
+            "unknown_tool": "Werkzeug {tool} gibt es nicht. Es gibt: {tools}.",
+            "invalid_input": "Ungültige Eingabe für {tool}: {problems}.",
+            "no_principal": "Kein angemeldeter Kunde.",
+        },
+    ).check()
+    gate = Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), messages=german.message)
+    said = [
+        (await gate.check_call(call(name, args), customer, "t")).error
+        for name, args, customer in (
+            ("lookup_order", {"order_id": "ord_9f3c4e21"}, "cus_1001"),
+            ("refund_everything", {}, "cus_1001"),
+            ("lookup_order", {"order_id": 7}, "cus_1001"),
+            ("lookup_order", {"order_id": "ord_9f3c4e21"}, ""),
+        )
+    ]
+    assert (
+        said[0] == "Nicht erlaubt: Order ord_9f3c4e21 gibt es bei diesem Kunden nicht; list_orders zeigt seine orders."
+    )
+    assert said[1].startswith("Werkzeug 'refund_everything' gibt es nicht. Es gibt: cancel_order, ")
+    assert said[2].startswith("Ungültige Eingabe für lookup_order: ")
+    assert said[3] == "Kein angemeldeter Kunde."
+
+
+def test_an_agents_gate_text_that_names_an_unknown_field_is_refused_by_its_check():
+    import dataclasses
+
+    from roundtrip import AgentError
+
+    with pytest.raises(
+        AgentError, match=r"messages\['not_found'\] cannot be filled .*it may name \{Kind\}, \{kind\}, \{id\}"
+    ):
+        dataclasses.replace(SHOP, messages={"not_found": "No {order_number} here."}).check()
+    with pytest.raises(AgentError, match=r"acted_replies\['budget'\] cannot be filled"):
+        dataclasses.replace(SHOP, acted_replies={"budget": "Done: {what}"}).check()
+    with pytest.raises(AgentError, match=r"acted_replies for unknown outcomes \['nap'\]"):
+        dataclasses.replace(SHOP, acted_replies={"nap": "{done}"}).check()

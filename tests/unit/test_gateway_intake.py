@@ -119,3 +119,22 @@ async def test_the_failure_hook_answers_schema_and_door_refusals_only():
         (Outcome.INVALID_REQUEST, "the record has no key", "c"),
     ]
     assert all(m.turn_id == "" and m.steps == 0 and m.usage == Usage() and m.text for m, _ in sent)
+
+
+async def test_a_refusal_carries_the_requests_metadata_when_it_is_valid_and_none_otherwise():
+    sent = []
+
+    async def reply(message, conversation_id):
+        sent.append(message)
+
+    hook = intake.refuser(reply)
+    for metadata in ({"locale": "de", "tier": {"level": 2}}, {"k" * 65: 1}):
+        value = json.dumps({"request_id": "r", "conversation_id": "c", "customer_id": 7, "metadata": metadata})
+        record = SimpleNamespace(value=value.encode())
+        try:
+            SupportRequest.model_validate_json(record.value)
+        except ValidationError as exc:
+            await hook(record, exc, "schema violation")
+    valid, invalid = sent
+    assert valid.outcome is Outcome.INVALID_REQUEST and valid.metadata == {"locale": "de", "tier": {"level": 2}}
+    assert invalid.metadata is None  # metadata that breaks the contract is not echoed

@@ -11,7 +11,7 @@ from roundtrip._executor.runner import Runner
 from roundtrip._guard.acted import Acts, generic
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import Ledger
-from roundtrip._guard.replies import POLITE
+from roundtrip._guard.replies import POLITE, Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.storage import sideeffects
 from roundtrip._kernel.storage.turnstore import Fence
@@ -110,10 +110,40 @@ def test_generic_words_without_the_agents_or_when_they_fail():
         {"role": "assistant", "content": [use("r1", "refund", amount=5)]},
         {"role": "user", "content": [result("r1", "ok")]},
     ]
-    assert plain.done(messages) == ["refund succeeded (amount=5)"]
-    assert Acts(frozenset({"refund"}), lambda tool, args, text: None).done(messages) == ["refund succeeded (amount=5)"]
-    assert Acts(frozenset({"refund"}), lambda tool, args, text: 1 / 0).done(messages) == ["refund succeeded (amount=5)"]
-    assert generic("t", {"x": "y" * 300}, "").endswith("…)")
+    assert plain.done(messages) == ["refund succeeded"]  # its input is not shown: it may carry internal keys
+    assert Acts(frozenset({"refund"}), lambda tool, args, text: None).done(messages) == ["refund succeeded"]
+    assert Acts(frozenset({"refund"}), lambda tool, args, text: 1 / 0).done(messages) == ["refund succeeded"]
+
+
+def test_the_generic_words_name_the_entities_only_never_an_internal_key_or_the_raw_input():
+    args = {"line_id": "ln_5550101", "idempotency_key": "turn_9f:toolu_01", "note": "x" * 300}
+    assert generic("port_out", args, "", fields=("line_id",)) == "port_out succeeded (line_id=ln_5550101)"
+    acts = Acts(frozenset({"port_out"}), shown={"port_out": ("line_id",)})
+    messages = [
+        {"role": "assistant", "content": [use("p1", "port_out", **args)]},
+        {"role": "user", "content": [result("p1", "ok")]},
+    ]
+    said = acts.reply(Outcome.STEP_LIMIT, POLITE[Outcome.STEP_LIMIT], acts.done(messages))
+    assert "ln_5550101" in said and "turn_9f" not in said and "idempotency" not in said and "xxx" not in said
+
+
+def test_the_agents_template_per_outcome_and_its_default_word_an_early_end_after_a_side_effect():
+    words = Replies.of(
+        {"step_limit": "Zu viele Schritte."},
+        {"repeated_call": "Ich habe aufgehört. Erledigt: {done}.", "default": "Abgebrochen. Erledigt: {done}."},
+    )
+    acts = Acts(frozenset({"refund"}), lambda tool, args, text: f"Erstattung {args['amount']} EUR", words)
+    messages = [
+        {"role": "assistant", "content": [use("r1", "refund", amount=5)]},
+        {"role": "user", "content": [result("r1", "ok")]},
+    ]
+    done = acts.done(messages)
+    assert acts.ending(Outcome.REPEATED_CALL, done) == "Ich habe aufgehört. Erledigt: Erstattung 5 EUR."
+    assert acts.ending(Outcome.DEADLINE, done) == "Abgebrochen. Erledigt: Erstattung 5 EUR."
+    # the model's words kept in front, the agent's own apology taken off
+    assert acts.reply(Outcome.STEP_LIMIT, "Moment.\n\nZu viele Schritte.", done) == (
+        "Moment.\n\nAbgebrochen. Erledigt: Erstattung 5 EUR."
+    )
 
 
 TURN = Turn(

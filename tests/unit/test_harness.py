@@ -143,3 +143,75 @@ async def test_a_three_step_turn_of_an_agent_of_function_tools():
     )
     assert refused.calls[0].is_error and "Ticket X-9 was not found" in refused.calls[0].content
     print(f"\nthree-step turn of a function-tool agent in-process: {seconds * 1000:.1f} ms")
+
+
+# -- dependencies per process, as in the fleet (issue 29, item 2) --------------------------------------------------
+
+
+class MemoryTickets:
+    """An in-memory ticket desk: what the skeleton had before its backend became a file (each instance its own)."""
+
+    made: list[MemoryTickets] = []
+
+    def __init__(self) -> None:
+        self.tickets = {"T-1001": {"ticket_id": "T-1001", "customer_id": "cus_1", "status": "open", "subject": "s"}}
+        self.used_by: set[str] = set()
+        self.closed = False
+        MemoryTickets.made.append(self)
+
+    async def get(self, customer_id, ticket_id):
+        self.used_by.add("gate")  # the resolver and the policy: the gate's process
+        found = self.tickets.get(ticket_id)
+        return dict(found) if found and found["customer_id"] == customer_id else None
+
+    async def close(self, customer_id, ticket_id, note):
+        self.used_by.add("executor")  # the handler: the executor's process
+        self.tickets[ticket_id]["status"] = "closed"
+        return dict(self.tickets[ticket_id])
+
+    async def aclose(self):
+        self.closed = True
+
+
+@pytest.fixture
+def skeleton_agent(tmp_path, monkeypatch):
+    """The agent `roundtrip agent init` writes, imported from the folder it was written to."""
+    from roundtrip._cli.skeleton import skeleton
+
+    for relative, text in skeleton("desk-kind").items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from desk_kind.agent import AGENT
+
+    return AGENT
+
+
+def close_twice() -> ScriptedModel:
+    return ScriptedModel([call("close_ticket", ticket_id="T-1001"), call("close_ticket", ticket_id="T-1001"), "Done."])
+
+
+def test_the_gate_and_the_executor_get_an_instance_each_of_every_dependency_made_and_closed(skeleton_agent, tmp_path):
+    from roundtrip.testing import Settings
+
+    MemoryTickets.made = []
+    agent = dataclasses.replace(skeleton_agent, dependencies={"tickets": lambda fleet, own: MemoryTickets()})
+    run_turn(agent, "cus_1", "Close T-1001", close_twice(), settings=Settings(_env_file=None, state_dir=tmp_path))
+    gate, executor = MemoryTickets.made  # two instances, as two processes would make them
+    assert gate is not executor and (gate.used_by, executor.used_by) == ({"gate"}, {"executor"})
+    assert gate.closed and executor.closed
+
+
+def test_a_policy_reading_state_a_handler_changed_misbehaves_in_the_harness_as_in_the_fleet_unless_shared(
+    skeleton_agent, tmp_path
+):
+    from roundtrip.testing import Settings
+
+    settings = Settings(_env_file=None, state_dir=tmp_path)
+    in_memory = dataclasses.replace(skeleton_agent, dependencies={"tickets": lambda fleet, own: MemoryTickets()})
+    stale = run_turn(in_memory, "cus_1", "Close T-1001 twice", close_twice(), settings=settings)
+    assert [c.ok for c in stale.calls] == [True, True]  # the gate's instance never saw the first close: both ran
+    shared = run_turn(skeleton_agent, "cus_1", "Close T-1001 twice", close_twice(), settings=settings)  # one file
+    assert shared.calls[0].ok and shared.calls[1].is_error and "already closed" in shared.calls[1].content
+    one = run_turn(in_memory, "cus_1", "Close T-1001 twice", close_twice(), deps={"tickets": MemoryTickets()})
+    assert one.calls[1].is_error  # a test that passes its own deps shares them: one instance for both

@@ -37,6 +37,7 @@ PUBLIC = {  # the public API as of issue 28: a name removed from here is a break
         "Reply",
         "ScriptExhausted",
         "ScriptedModel",
+        "Settings",
         "ToolRun",
         "TurnResult",
         "arun_turn",

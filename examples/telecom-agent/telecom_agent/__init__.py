@@ -53,6 +53,8 @@ AGENT = Agent(
     settings=tools.TelecomSettings,
     dependencies={"carrier": carrier},
     replies=REPLIES,
+    example_ask="which lines do I have?",  # the `roundtrip up` banner's example
+    example_customer="cus_2001",
     messages={
         "lookup_failed": "Telco's line system could not be reached to check this call; nothing was done. Try again "
         "shortly."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -140,11 +141,31 @@ def check_database_url(value: str) -> str:
     return value
 
 
-def describe_invalid(error: ValidationError) -> str:
-    """One line per invalid setting, named by its environment variable: what `roundtrip` prints, not a traceback."""
+def describe_invalid(error: ValidationError, named: Callable[[str], str] = env_name) -> str:
+    """One line per invalid setting, named by its environment variable (`named`: field -> variable; the fleet's own
+    by default, `env_name_in` for another settings class): what `roundtrip` prints instead of a traceback."""
     lines = []
     for item in error.errors():
         message = item.get("msg", "invalid").removeprefix("Value error, ")
         # a check of several settings together (no location) names its variables itself
-        lines.append(f"{env_name(str(item['loc'][0]))}: {message}" if item.get("loc") else message)
+        lines.append(f"{named(str(item['loc'][0]))}: {message}" if item.get("loc") else message)
     return "; ".join(lines)
+
+
+def env_name_in(settings_class: Any) -> Callable[[str], str]:
+    """field -> the environment variable a pydantic-settings class reads it from, as its user spells it: its alias
+    (validation_alias or alias) when it has one, else its env_prefix + the field name (upper-cased unless the class
+    is case-sensitive). A class that is not pydantic-settings: the field's own name."""
+    config = getattr(settings_class, "model_config", {}) or {}
+    fields = getattr(settings_class, "model_fields", {}) or {}
+    prefix = config.get("env_prefix", "") or ""
+
+    def named(field: str) -> str:
+        info = fields.get(field)
+        alias = getattr(info, "validation_alias", None) or getattr(info, "alias", None)
+        if isinstance(alias, str):
+            return alias if config.get("case_sensitive") else alias.upper()
+        name = f"{prefix}{field}"
+        return name if config.get("case_sensitive") else name.upper()
+
+    return named

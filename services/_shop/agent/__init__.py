@@ -46,6 +46,8 @@ AGENT = Agent(
     settings=tools.ShopAgentSettings,
     dependencies={"shop": shop_client},
     describe_action=tools.describe_action,  # "I cancelled order ord_…" when a turn ends early after it
+    example_ask="cancel my last order",  # the `roundtrip up` banner's example
+    example_customer="cus_1001",
     messages={
         "lookup_failed": "The order system could not be reached to verify this call; nothing was done. Try again "
         "shortly."

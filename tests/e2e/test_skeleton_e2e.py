@@ -1,0 +1,72 @@
+"""The skeleton `roundtrip agent init` writes, run by the whole fleet (issue 29, item 2): its policy reads what its
+handler changed earlier in the turn. In the fleet the gate (the policy) and the executor (the handler) are separate
+processes, each with its own instance of the backend; the skeleton's backend is a SQLite file both open, so the
+second close of the same ticket is refused there as it is in run_turn (tests/unit/test_harness.py shows the
+in-memory backend letting it through in the harness, as it did in the fleet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+import uuid
+
+import pytest
+
+from roundtrip._broker.embedded import free_port
+from roundtrip._cli.skeleton import skeleton
+from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics
+from tests.e2e.conftest import FleetClient, fleet_env
+
+CLOSE = {"type": "tool_use", "name": "close_ticket", "input": {"ticket_id": "T-1001", "note": "fixed"}}
+SCRIPTS = {"twice": [[CLOSE], [CLOSE], [{"type": "text", "text": "T-1001 is closed."}]]}
+
+
+@pytest.fixture(scope="module")
+def skeleton_fleet(kafka_bootstrap, tmp_path_factory):
+    source = tmp_path_factory.mktemp("desk")
+    for relative, text in skeleton("desk-e2e").items():
+        (source / relative).parent.mkdir(parents=True, exist_ok=True)
+        (source / relative).write_text(text)
+    state = tmp_path_factory.mktemp("desk-fleet")
+    (state / "scripts.json").write_text(json.dumps(SCRIPTS))
+    values = dict(
+        agent="desk_e2e.agent:AGENT",
+        kafka_bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"sk{uuid.uuid4().hex[:6]}.",
+        state_dir=state,
+        simulator_port=free_port(),
+        partitions=1,
+        simulator_script=state / "scripts.json",
+        approval_keys=f"sk1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+    )
+    path = os.pathsep.join(p for p in (str(source), os.environ.get("PYTHONPATH", "")) if p)
+    sys.path.insert(0, str(source))  # the launcher finds the agent too (the demo shop or not)
+    try:
+        with Fleet(Settings(**values), env={**fleet_env(**values), "PYTHONPATH": path}, executor_replicas=1) as fleet:
+            yield fleet
+    finally:
+        sys.path.remove(str(source))
+
+
+async def test_the_skeletons_policy_sees_what_its_handler_changed_across_the_fleets_processes(skeleton_fleet):
+    client = FleetClient(skeleton_fleet.settings)
+    await client.start()
+    try:
+        request_id = await client.ask("Close T-1001. And close T-1001.", "cus_1", persona="script:twice")
+        reply = await client.reply(request_id, timeout=90)
+    finally:
+        await client.stop()
+    assert reply.outcome == "end_turn" and reply.text == "T-1001 is closed."
+    calls = [c for batch in client.of_turn(topics.TOOL_BATCHES, request_id) for c in batch["calls"]]
+    assert [c["approved"] for c in calls] == [True, False], calls  # the gate's process saw the executor's close
+    assert "already closed" in calls[1]["error"]
+    with sqlite3.connect(skeleton_fleet.settings.state_dir / "desk_e2e.db") as db:
+        assert db.execute("SELECT status, note FROM tickets WHERE ticket_id = 'T-1001'").fetchone() == (
+            "closed",
+            "fixed",
+        )
