@@ -79,7 +79,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         declared = topology.service(service)  # what it holds and shares (the app checks the keys again when it starts)
         if declared.signs_batches:
             settings.refuse_dev_approval_key(service)
-        if declared.accepts_decisions:
+        if declared.accepts_decisions or declared.signs_decisions:
             settings.refuse_dev_decision_key(service, agent.holds_calls())
         if declared.shares_ledger:
             settings.refuse_private_ledger(service)
@@ -125,11 +125,11 @@ def up(
         int | None,
         typer.Option(
             help="serve /healthz /readyz /metrics from each service on this port + its index "
-            "(gateway +0, model +1, guard +2, gate +3, executor +4, more executors +5 each)"
+            "(gateway +0, model +1, guard +2, gate +3, executor +4, console +5, more executors +6 each)"
         ),
     ] = None,
 ) -> None:
-    """Start everything on this machine: broker, simulator, shop and the five services.
+    """Start everything on this machine: broker, simulator, shop, the five services and the console.
 
     First the fleet's databases are brought to this code's revision (roundtrip db upgrade).
     Ready. is printed once every service has said it started, whatever the log level. One
@@ -172,6 +172,7 @@ def up(
     typer.echo(
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
         f'  {_this_command()} ask "cancel my last order" --customer cus_1001\n'
+        f"The console (approvals, turns): {console_url(settings)}\n"
         "Crashed processes are restarted. Ctrl-C stops everything."
     )
     stop = {"now": False}
@@ -182,6 +183,15 @@ def up(
     typer.echo("\nroundtrip: stopping")
     fleet.stop()
     typer.echo("roundtrip: stopped")
+
+
+def console_url(settings) -> str:
+    """Where the console answers on this machine, and as whom a visitor is signed in."""
+    host = "localhost" if settings.listen_host in ("127.0.0.1", "0.0.0.0", "::", "localhost") else settings.listen_host
+    who = settings.console_local_identity
+    return f"http://{host}:{settings.console_port}" + (
+        f" (signed in as {who})" if who else " (through your sign-on proxy)"
+    )
 
 
 def _this_command() -> str:
@@ -230,9 +240,7 @@ def ask(
 def chat(
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
     persona: Annotated[str | None, typer.Option(help="simulator persona for every request")] = None,
-    conversation: Annotated[
-        str | None, typer.Option(help="conversation id to continue (default: a new one)")
-    ] = None,
+    conversation: Annotated[str | None, typer.Option(help="conversation id to continue (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
 ) -> None:
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
@@ -456,9 +464,7 @@ def approvals_deny(
 
 @topics_app.command("create")
 def topics_create(
-    partitions: Annotated[
-        int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")
-    ] = None,
+    partitions: Annotated[int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
     executor_partitions: Annotated[int | None, typer.Option(help="partitions of the executor topic")] = None,
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
