@@ -103,7 +103,7 @@ def trace_link(jaeger: str | None, trace_id: str) -> str:
     if not trace_id:
         return ""
     if not jaeger:
-        return f"trace <code>{esc(trace_id)}</code> (<code>roundtrip trace {esc(trace_id)}</code>)"
+        return f"<code>{esc(trace_id)}</code> (<code>roundtrip trace {esc(trace_id)}</code>)"
     return f'<a href="{esc(jaeger)}/trace/{esc(trace_id)}" target="_blank" rel="noopener">trace in Jaeger</a>'
 
 
@@ -138,7 +138,7 @@ def approval_card(row: Any, request: Any, identity: Identity, csrf: str, jaeger:
         f"<p><strong>Results of the step so far:</strong></p>{results}"
         f'<p class="muted">approval <code>{esc(row.approval_id)}</code> · requested {esc(when(row.requested_at))} · '
         f'<a href="/turns/{quote(row.turn_id)}">turn {esc(row.turn_id)}</a> · '
-        f"{trace_link(jaeger, request.turn.trace_id)}</p>{action}</div>"
+        f"trace {trace_link(jaeger, request.turn.trace_id)}</p>{action}</div>"
     )
 
 
