@@ -190,7 +190,11 @@ class Settings(
         import getpass
         import socket
 
-        return f"{getpass.getuser()}@{socket.gethostname()}"
+        try:
+            login = getpass.getuser()
+        except (KeyError, OSError):  # a container's user without a name
+            login = "developer"
+        return f"{login}@{socket.gethostname()}"
 
     def refuse_console_local_user(self, service: str) -> None:
         """Raise InsecureConfiguration when a local user (everyone an approver, unauthenticated) is set outside
