@@ -87,7 +87,7 @@ class Console:
     def _html(self, request: Request, identity: Identity | None, title: str, body: str, status: int = 200) -> Response:
         response = HTMLResponse(pages.page(title, body, identity), status_code=status, headers=SECURITY_HEADERS)
         if identity is not None:
-            token = self.gate.token(identity, request.cookies.get(CSRF_COOKIE))
+            token = self._csrf(request, identity)
             response.set_cookie(
                 CSRF_COOKIE,
                 token,
@@ -99,7 +99,10 @@ class Console:
         return response
 
     def _csrf(self, request: Request, identity: Identity) -> str:
-        return self.gate.token(identity, request.cookies.get(CSRF_COOKIE))
+        """This request's CSRF token (the cookie's when it verifies, else a new one), for its forms and cookie."""
+        if getattr(request.state, "csrf", None) is None:
+            request.state.csrf = self.gate.token(identity, request.cookies.get(CSRF_COOKIE))
+        return request.state.csrf
 
     def _where(self, request: Request) -> str:
         peer = request.client.host if request.client else "?"
