@@ -40,6 +40,8 @@ log = logging.getLogger("roundtrip.console")
 audit = logging.getLogger("roundtrip.audit")
 Send = Callable[[BaseModel, str], Awaitable[None]]
 PUBLISH_TIMEOUT_S = 10.0
+TOLD = 200  # the decisions whose line a redirect can still show
+CANCEL_SENT = "cancel sent; the guard ends the turn with a polite reply"
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'; "
@@ -68,6 +70,7 @@ class Console:
     send_cancel: Send
     gate: Gatekeeper = field(init=False)
     sent: dict[str, str] = field(default_factory=dict)  # approval id -> what this console sent for it (not yet applied)
+    told: dict[str, str] = field(default_factory=dict)  # approval id -> the line its decider is shown (the last TOLD)
     _deciding: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
@@ -155,7 +158,7 @@ class Console:
 
     async def approvals(self, request: Request) -> Response:
         identity = self._identity(request)
-        done = request.query_params.get("sent", "")
+        done = self.told.get(request.query_params.get("decided", ""))  # never text from the URL: a link could lie
         head = pages.notice(done, "ok") if done else ""
         body = head + pages.live("/approvals/live", await self._inbox(request, identity))
         return self._html(request, identity, "Approvals", body)
@@ -192,7 +195,10 @@ class Console:
             self.sent[approval_id] = f"{past} by {identity.name} at {time.strftime('%H:%M:%S')}, waiting for the guard"
         self._audit(verdict, identity, request, approval=approval_id, turn=row.turn_id, tool=row.tool, reason=reason)
         message = f"{past} {row.tool} for {row.customer_id} (approval {approval_id}); the guard resumes the turn"
-        return RedirectResponse(f"/approvals?sent={_q(message)}", status_code=303)
+        self.told[approval_id] = message
+        while len(self.told) > TOLD:
+            self.told.pop(next(iter(self.told)))
+        return RedirectResponse(f"/approvals?decided={_q(approval_id)}", status_code=303)
 
     # -- turns ---------------------------------------------------------------------------------
     async def _turns(self, request: Request) -> str:
@@ -234,7 +240,7 @@ class Console:
         row, approvals = await self._read(self.books.turn(turn_id), identity, back="/turns")
         if row is None:
             raise Answer(404, f"no turn {turn_id}", identity, "/turns")
-        done = request.query_params.get("sent", "")
+        done = CANCEL_SENT if request.query_params.get("cancelled") else ""
         messages = ApprovalRequested.model_validate_json(approvals[0].request_json).messages if approvals else []
         body = (
             (pages.notice(done, "ok") if done else "")
@@ -265,7 +271,7 @@ class Console:
         attributes = {"roundtrip.cancelled_by": identity.name, "roundtrip.console.client": self._where(request)}
         await self._publish(row, "console.cancel", attributes, self.send_cancel, command, identity, back)
         self._audit("cancel", identity, request, turn=turn_id, customer=row.customer_id, reason=reason)
-        return RedirectResponse(f"{back}?sent={_q('cancel sent; the guard ends the turn with a polite reply')}", 303)
+        return RedirectResponse(f"{back}?cancelled=1", 303)
 
     # -- shared ----------------------------------------------------------------------------------
     async def _read(self, reading: Awaitable[Any], identity: Identity, back: str = "/approvals") -> Any:

@@ -202,3 +202,30 @@ async def test_the_server_refuses_anonymous_viewer_and_forged_posts_and_a_deny_r
     started = time.monotonic()
     await asyncio.to_thread(_wait, browser, lambda d: _card(d, approval_id) is None)  # gone from the inbox by itself
     assert time.monotonic() - started < 30
+
+
+async def test_an_approver_cancels_a_waiting_turn_from_its_page(
+    held_calls, browser, client, fleet_settings, shop_orders
+):
+    from selenium.webdriver.common.by import By
+
+    settings = fleet_settings[0]
+    _reset_shop(settings)
+    request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
+    request = await _waiting(client, request_id)
+    turn_id = request["turn"]["turn_id"]
+    await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
+    assert "awaiting" in browser.find_element(By.CSS_SELECTOR, "table.summary").text
+    form = browser.find_element(By.CSS_SELECTOR, "form.cancel")
+    form.find_element(By.NAME, "reason").send_keys("the customer called to stop it")
+    form.find_element(By.TAG_NAME, "button").click()
+    await asyncio.to_thread(_wait, browser, lambda d: "cancel sent" in d.page_source)
+    reply = await client.reply(request_id)
+    assert reply.outcome is Outcome.CANCELLED and _status(shop_orders, ORDER) == "pending"
+    # the turn has ended: its page offers no cancel, and its approval can no longer be decided
+    await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
+    assert "ended" in browser.find_element(By.CSS_SELECTOR, "table.summary").text
+    assert not browser.find_elements(By.CSS_SELECTOR, "form.cancel")
+    http, token = _signed_in(settings, APPROVER)
+    late = _post(http, f"/approvals/{request['approval_id']}/decide", token, {"csrf": token, "decision": "approve"})
+    assert late.status_code == 409 and "its turn is ended (cancelled)" in late.text, late.text

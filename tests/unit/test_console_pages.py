@@ -63,7 +63,9 @@ async def test_a_decision_is_signed_for_the_held_call_by_the_person_sent_once_an
 
     decide = f"/approvals/{event.approval_id}/decide"
     answer = await http.post(decide, data={"csrf": token, "decision": "approve", "reason": "ok", "decided_by": "x"})
-    assert answer.status_code == 303 and "approved" in answer.headers["location"]
+    assert answer.status_code == 303
+    assert "approved cancel_order for cus_1001" in (await http.get(answer.headers["location"])).text
+    assert "you were logged out" not in (await http.get("/approvals?decided=you+were+logged+out")).text
     ((decision, conversation),) = decisions.sent
     DECISIONS.verify(decision)  # signed with the decision key, which no page ever showed
     assert isinstance(decision, ApprovalDecided) and conversation == "conv_1"
