@@ -277,6 +277,29 @@ def _check_persona(persona: str | None) -> None:
         )
 
 
+@app.command("console")
+def console_command() -> None:
+    """Where the fleet's console is (approvals and turns in a browser) and whether it answers; `roundtrip up` starts it,
+    `roundtrip run console` runs one alone."""
+    import httpx
+
+    settings = _fleet_settings()
+    host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::") else settings.listen_host
+    url = f"http://{host}:{settings.console_port}"
+    typer.echo(f"The console (approvals, turns): {console_url(settings)}")
+    try:
+        answer = httpx.get(f"{url}/approvals", timeout=3)
+    except httpx.HTTPError as exc:
+        typer.secho(
+            f"error: nothing answers at {url} ({type(exc).__name__}); is the fleet up? (roundtrip up)",
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(1) from None
+    hint = ": it serves only those its sign-on proxy signs in" if answer.status_code == 401 else ""
+    typer.echo(f"  it answers (HTTP {answer.status_code}{hint})")
+
+
 @app.command()
 def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:
     """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or the local span files."""
