@@ -39,7 +39,9 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("console", settings)
     decisions = Outlet(broker, topics.APPROVAL_DECISIONS, ApprovalDecided, "A person's decision, signed by the console")
     cancels = Outlet(broker, topics.TURN_CONTROLS, CancelTurn, "A cancel a person sent from the console")
-    books = Books(settings.ledger_db_url)  # the ledger, opened read-only when first read (services/_console/books.py)
+    books = Books(
+        settings.ledger_db_url, settings.conversations_db_url
+    )  # the ledger, opened read-only when first read (services/_console/books.py)
     console = Console(settings, books, decisions, cancels)
     app = service_app(broker, log)
     config = uvicorn.Config(

@@ -9,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import PENDING, ApprovalRow, Ledger, TurnRow
 from roundtrip._kernel.storage.database import shown
 
@@ -22,9 +23,10 @@ class LedgerAway(Exception):
 
 
 class Books:
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, conversations_url: str | None = None) -> None:
+        self.url, self.conversations_url = url, conversations_url or url
         self._ledger: Ledger | None = None
+        self._conversations: Conversations | None = None
         self._opening = asyncio.Lock()
         self.last_error: str | None = None
 
@@ -53,6 +55,23 @@ class Books:
         if self._ledger is not None:
             await self._ledger.close()
             self._ledger = None
+        if self._conversations is not None:
+            await self._conversations.close()
+            self._conversations = None
+
+    async def transcript(self, turn_id: str) -> list[dict] | None:
+        """The turn's messages as the conversation store keeps an ended turn; None when it keeps none (or is away: the
+        page then shows what the ledger holds)."""
+        try:
+            if self._conversations is None:
+                self._conversations = await Conversations.open(self.conversations_url, read_only=True)
+            return await asyncio.wait_for(self._conversations.exchange(turn_id), READ_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the steps are a convenience of the page, never its failure
+            log.warning("the conversation store cannot be read: %s: %s", type(exc).__name__, exc)
+            store, self._conversations = self._conversations, None
+            if store is not None:
+                await _quietly(store.close())
+            return None
 
     # -- reads ---------------------------------------------------------------------------------
     async def waiting(self, limit: int = 100) -> list[ApprovalRow]:
@@ -75,14 +94,22 @@ class Books:
         return await self._read(both)
 
     async def turns(
-        self, status: str | None, outcome: str | None, customer: str | None, max_age_s: float | None, limit: int = 100
+        self,
+        status: str | None,
+        outcome: str | None,
+        customer: str | None,
+        max_age_s: float | None,
+        agent: str | None = None,
+        limit: int = 100,
     ) -> list[TurnRow]:
-        """Turns, newest first, filtered by status, outcome, customer and age (started within `max_age_s`)."""
-        fetched = limit * 4 if (outcome or max_age_s) else limit
+        """Turns, newest first, filtered by status, outcome, customer, age (started within `max_age_s`) and agent (the
+        start of the digest of the agent the turn started under)."""
+        fetched = limit * 4 if (outcome or max_age_s or agent) else limit
         rows = await self._read(lambda ledger: ledger.list(status=status, customer_id=customer, limit=fetched))
         now = time.time()
         rows = [r for r in rows if (not outcome or r.outcome == outcome)]
         rows = [r for r in rows if (not max_age_s or now - r.started_at <= max_age_s)]
+        rows = [r for r in rows if (not agent or (r.agent_digest or "").startswith(agent))]
         return rows[:limit]
 
 

@@ -152,7 +152,7 @@ def refusal(message: str, back: str) -> str:
     return f'{notice(message, "bad")}<p><a href="{esc(back)}">Back</a></p>'
 
 
-def turn_filters(status: str, outcome: str, customer: str, max_age_min: str) -> str:
+def turn_filters(status: str, outcome: str, customer: str, max_age_min: str, agent: str = "") -> str:
     options = "".join(
         f'<option value="{s}"{" selected" if s == status else ""}>{s or "any status"}</option>'
         for s in ("", *STATUS_COLOURS)
@@ -162,6 +162,7 @@ def turn_filters(status: str, outcome: str, customer: str, max_age_min: str) -> 
         f'<input type="text" name="outcome" placeholder="outcome (end_turn, cancelled…)" value="{esc(outcome)}">'
         f'<input type="text" name="customer" placeholder="customer" value="{esc(customer)}">'
         f'<input type="text" name="max_age_min" placeholder="started within minutes" value="{esc(max_age_min)}">'
+        f'<input type="text" name="agent" placeholder="agent (digest)" value="{esc(agent)}">'
         "<button>Filter</button></form>"
     )
 
@@ -175,10 +176,12 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
             f'<tr data-turn="{esc(r.turn_id)}"><td><a href="/turns/{quote(r.turn_id)}">{esc(r.turn_id)}</a></td>'
             f'<td class="status" style="color:{colour}">{esc(r.status)}</td><td>{esc(r.customer_id)}</td>'
             f"<td>{r.step}</td><td>{esc(r.outcome or '')}</td><td>{r.cost_usd:.4f}</td>"
-            f"<td>{tokens}/{r.output_tokens}</td><td>{now - r.started_at:.0f}</td></tr>"
+            f"<td>{tokens}/{r.output_tokens}</td><td>{now - r.started_at:.0f}</td>"
+            f"<td><code>{esc((r.agent_digest or '')[:12])}</code></td></tr>"
         )
     head = "".join(
-        f"<th>{h}</th>" for h in ("turn", "status", "customer", "steps", "outcome", "cost $", "tokens in/out", "age s")
+        f"<th>{h}</th>"
+        for h in ("turn", "status", "customer", "steps", "outcome", "cost $", "tokens in/out", "age s", "agent")
     )
     table = f"<table><tr>{head}</tr>{''.join(cells)}</table>" if cells else '<p class="muted">No turns.</p>'
     warning = notice(trouble, "bad") if trouble else ""

@@ -208,12 +208,8 @@ class Console:
         except ValueError:
             return pages.notice("started within: a number of minutes, please", "bad")
         try:
-            rows, trouble = (
-                await self.books.turns(
-                    q.get("status") or None, q.get("outcome") or None, q.get("customer") or None, age
-                ),
-                None,
-            )
+            wanted = [q.get(k) or None for k in ("status", "outcome", "customer")]
+            rows, trouble = await self.books.turns(*wanted, age, q.get("agent") or None), None
         except LedgerAway as exc:
             rows, trouble = [], str(exc)
         version = hashlib.sha256(
@@ -224,9 +220,7 @@ class Console:
     async def turns(self, request: Request) -> Response:
         identity = self._identity(request)
         q = request.query_params
-        filters = pages.turn_filters(
-            q.get("status", ""), q.get("outcome", ""), q.get("customer", ""), q.get("max_age_min", "")
-        )
+        filters = pages.turn_filters(*(q.get(k, "") for k in ("status", "outcome", "customer", "max_age_min", "agent")))
         src = "/turns/live" + (f"?{request.url.query}" if request.url.query else "")
         return self._html(request, identity, "Turns", filters + pages.live(src, await self._turns(request)))
 
@@ -241,7 +235,8 @@ class Console:
         if row is None:
             raise Answer(404, f"no turn {turn_id}", identity, "/turns")
         done = CANCEL_SENT if request.query_params.get("cancelled") else ""
-        messages = ApprovalRequested.model_validate_json(approvals[0].request_json).messages if approvals else []
+        held = ApprovalRequested.model_validate_json(approvals[0].request_json).messages if approvals else []
+        messages = (await self.books.transcript(turn_id) if row.status == "ended" else None) or held
         body = (
             (pages.notice(done, "ok") if done else "")
             + f"<h2>Turn {pages.esc(turn_id)}</h2>"

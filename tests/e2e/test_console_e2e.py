@@ -144,6 +144,7 @@ async def test_a_held_call_appears_without_reload_an_approver_approves_it_and_it
     await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
     page = browser.find_element(By.TAG_NAME, "main").text
     assert "end_turn" in page and "alice@example.com" in page and "approved" in page and "cancel_order" in page
+    assert "step 3: the model" in page and f"cancelled order {ORDER}" in page  # every step, to the answer
     browser.save_screenshot(str(SHOTS / "console-turn.png"))
     await asyncio.to_thread(browser.get, _url(settings, "/turns?customer=cus_1001&outcome=end_turn"))
     assert turn_id in browser.find_element(By.TAG_NAME, "table").text
