@@ -169,12 +169,7 @@ def up(
             + ", ".join(f"{name} :{port + topology.index(name)}" for name in FLEET_SERVICES)
             + " (/healthz /readyz /metrics)"
         )
-    typer.echo(
-        "\nReady. Publish to support.requests, read support.replies, or try:\n"
-        f'  {_this_command()} ask "cancel my last order" --customer cus_1001\n'
-        f"The console (approvals, turns): {console_url(settings)}\n"
-        "Crashed processes are restarted. Ctrl-C stops everything."
-    )
+    typer.echo(_ready_banner(settings))
     stop = {"now": False}
     for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
         signal.signal(signum, lambda *_: stop.update(now=True))
@@ -183,6 +178,15 @@ def up(
     typer.echo("\nroundtrip: stopping")
     fleet.stop()
     typer.echo("roundtrip: stopped")
+
+
+def _ready_banner(settings) -> str:
+    return (
+        "\nReady. Publish to support.requests, read support.replies, or try:\n"
+        f'  {_this_command()} ask "cancel my last order" --customer cus_1001\n'
+        f"The console (approvals, turns): {console_url(settings)}\n"
+        "Crashed processes are restarted. Ctrl-C stops everything."
+    )
 
 
 def console_url(settings) -> str:
