@@ -175,11 +175,14 @@ class Console:
             raise Answer(400, "the form names no decision (approve or deny)", identity)
         reason = str(form.get("reason", "")).strip()[:500]
         async with self._deciding:  # one decision at a time: a second one for the same approval sees the first
-            if approval_id in self.sent:
-                raise Answer(409, f"approval {approval_id}: {self.sent[approval_id]}: nothing sent", identity)
             row, turn = await self._read(self.books.approval(approval_id), identity)
             refused = desk.refusal(approval_id, row, turn)
+            if refused is None and approval_id in self.sent:
+                refused = desk.Refused(f"approval {approval_id}: {self.sent[approval_id]}: nothing sent")
             if refused is not None:
+                if row is None or row.status != "pending":  # applied or ended: no longer this console's to hold
+                    self.sent.pop(approval_id, None)
+                self._audit(f"refused {verdict}", identity, request, approval=approval_id, why=refused.message)
                 raise Answer(refused.status, refused.message, identity)
             decision = desk.signed_decision(
                 row, verdict == "approve", reason, identity.name, self.settings.decision_keys
@@ -261,6 +264,7 @@ class Console:
         row, _ = await self._read(self.books.turn(turn_id), identity, back)
         refused = desk.cancel_refusal(turn_id, row)
         if refused is not None:
+            self._audit("refused cancel", identity, request, turn=turn_id, why=refused.message)
             raise Answer(refused.status, refused.message, identity, back)
         command = desk.cancel_command(turn_id, f"{reason} ({identity.name})")
         attributes = {"roundtrip.cancelled_by": identity.name, "roundtrip.console.client": self._where(request)}

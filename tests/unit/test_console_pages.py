@@ -5,6 +5,7 @@ what people and models wrote is shown as text."""
 
 from __future__ import annotations
 
+import logging
 import re
 
 import httpx
@@ -54,7 +55,8 @@ async def signed_in(console: Console) -> tuple[httpx.AsyncClient, str]:
     return http, token
 
 
-async def test_a_decision_is_signed_for_the_held_call_by_the_person_sent_once_and_refused_after(guard):  # noqa: F811
+async def test_a_decision_is_signed_for_the_held_call_by_the_person_sent_once_and_refused_after(guard, caplog):  # noqa: F811
+    caplog.set_level(logging.INFO, logger="roundtrip.audit")
     event = await waiting_turn(guard)
     console, decisions, _ = console_for(str(guard.ledger.engine.url).replace("sqlite://", "sqlite+aiosqlite://"))
     http, token = await signed_in(console)
@@ -80,6 +82,12 @@ async def test_a_decision_is_signed_for_the_held_call_by_the_person_sent_once_an
     late = await http.post(decide, data={"csrf": token, "decision": "deny"})
     assert late.status_code == 409 and f"approval {event.approval_id} is approved by {ME}" in late.text
     assert len(decisions.sent) == 1
+    audit = [r.getMessage() for r in caplog.records if r.name == "roundtrip.audit"]
+    assert (
+        audit[0].startswith(f'approve by="{ME}" role=approver via=local')
+        and f'approval="{event.approval_id}"' in audit[0]
+    )
+    assert [a.split(" by=")[0] for a in audit] == ["approve", "refused deny", "refused deny"]
 
 
 async def test_kafka_away_is_said_and_nothing_is_recorded_as_sent(guard):  # noqa: F811
