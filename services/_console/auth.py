@@ -73,7 +73,7 @@ class Gatekeeper:
         key = settings.console_session_key
         self._key = key.get_secret_value().encode() if key else secrets.token_bytes(32)
 
-    def _from_proxy(self, request: Request) -> bool:
+    def from_proxy(self, request: Request) -> bool:
         host = request.client.host if request.client else ""
         try:
             peer = ipaddress.ip_address(host)
@@ -85,7 +85,7 @@ class Gatekeeper:
         """The signed-in person, or NotSignedIn."""
         headers = request.headers
         user = (headers.get(EMAIL_HEADER) or headers.get(USER_HEADER) or "").strip()
-        if self.proxies and user and self._from_proxy(request):
+        if self.proxies and user and self.from_proxy(request):
             groups = _names(headers.get(GROUPS_HEADER, ""))
             role = APPROVER if groups & self.approvers else VIEWER if groups & self.viewers else None
             return Identity(user[:200], role, "proxy")

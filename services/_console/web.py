@@ -110,7 +110,7 @@ class Console:
     def _where(self, request: Request) -> str:
         peer = request.client.host if request.client else "?"
         forwarded = request.headers.get("x-forwarded-for", "")
-        return f"{peer} for {forwarded}" if forwarded and self.gate._from_proxy(request) else peer
+        return f"{peer} for {forwarded}" if forwarded and self.gate.from_proxy(request) else peer
 
     async def _change(self, request: Request, back: str) -> tuple[Identity, Any]:
         """The identity and form of a genuine change by an approver; Answer(403) otherwise (and said in the log)."""
