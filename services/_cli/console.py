@@ -666,10 +666,10 @@ def _print_wide(renderable: RenderableType, needed: int) -> None:
 
 
 async def decide(settings: Settings, approval_id: str, approve: bool, reason: str, decided_by: str) -> int:
-    """Sign a decision with the first decision key and publish it to turn.approval_decisions (keyed by conversation)."""
-    from roundtrip._guard.ledger import AWAITING, PENDING, Ledger
-    from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
-    from roundtrip._kernel.wire.events import Decision
+    """Sign a decision with the first decision key and publish it to turn.approval_decisions (keyed by conversation):
+    the same checks and the same signed message as the console's (services/_console/desk.py)."""
+    from roundtrip._console.desk import refusal, signed_decision
+    from roundtrip._guard.ledger import Ledger
 
     if _ledger_missing(settings):
         return 2
@@ -679,29 +679,12 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
         turn = await ledger.get(row.turn_id) if row else None
     finally:
         await ledger.close()
-    if row is None:
-        console.print(f"[red]no approval {plain(approval_id)}[/] (see `roundtrip approvals`)")
+    refused = refusal(approval_id, row, turn)
+    if refused is not None:
+        hint = " (see `roundtrip approvals`)" if refused.status == 404 else ""
+        console.print(f"[red]{plain(refused.message)}[/]{hint}")
         return 1
-    if row.status != PENDING or turn is None or turn.status != AWAITING:
-        console.print(
-            f"[red]approval {plain(approval_id)} is {row.status}[/]"
-            + (f" by {plain(row.decided_by)}" if row.decided_by else "")
-            + (f"; its turn is {turn.status}" if turn else "")
-            + ": nothing sent"
-        )
-        return 1
-    decision = DecisionSigner(parse_keys(settings.decision_keys)).sign(
-        ApprovalDecided(
-            approval_id=row.approval_id,
-            turn_id=row.turn_id,
-            tool_use_id=row.tool_use_id,
-            input_sha256=row.input_sha256,
-            decision=Decision.APPROVE if approve else Decision.DENY,
-            reason=reason,
-            decided_by=decided_by,
-            decided_at=round(time.time(), 3),
-        )
-    )
+    decision = signed_decision(row, approve, reason, decided_by, settings.decision_keys)
     producer = kafka_clients(settings).producer()
     try:
         await producer.start()
@@ -722,8 +705,8 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
 
 
 async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
+    from roundtrip._console.desk import cancel_command
     from roundtrip._guard.ledger import ENDED, Ledger
-    from roundtrip._kernel.wire.events import CancelTurn
 
     if _ledger_missing(settings):
         return 2
@@ -741,7 +724,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     producer = kafka_clients(settings).producer()
     try:
         await producer.start()
-        command = CancelTurn(turn_id=turn_id, reason=reason)
+        command = cancel_command(turn_id, reason)  # the console's cancel too
         await producer.send_and_wait(
             topics.t(topics.TURN_CONTROLS, settings.topic_prefix),
             command.model_dump_json().encode(),

@@ -79,7 +79,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         declared = topology.service(service)  # what it holds and shares (the app checks the keys again when it starts)
         if declared.signs_batches:
             settings.refuse_dev_approval_key(service)
-        if declared.accepts_decisions:
+        if declared.accepts_decisions or declared.signs_decisions:
             settings.refuse_dev_decision_key(service, agent.holds_calls())
         if declared.shares_ledger:
             settings.refuse_private_ledger(service)
@@ -125,11 +125,11 @@ def up(
         int | None,
         typer.Option(
             help="serve /healthz /readyz /metrics from each service on this port + its index "
-            "(gateway +0, model +1, guard +2, gate +3, executor +4, more executors +5 each)"
+            "(gateway +0, model +1, guard +2, gate +3, executor +4, console +5, more executors +6 each)"
         ),
     ] = None,
 ) -> None:
-    """Start everything on this machine: broker, simulator, shop and the five services.
+    """Start everything on this machine: broker, simulator, shop, the five services and the console.
 
     First the fleet's databases are brought to this code's revision (roundtrip db upgrade).
     Ready. is printed once every service has said it started, whatever the log level. One
@@ -164,7 +164,7 @@ def up(
     except (FleetError, BrokerError) as exc:  # the embedded broker's error names its log's last lines
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
-    _say_ready(port, agent)
+    _say_ready(port, agent, settings)
     stop = {"now": False}
     for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
         signal.signal(signum, lambda *_: stop.update(now=True))
@@ -175,7 +175,7 @@ def up(
     typer.echo("roundtrip: stopped")
 
 
-def _say_ready(port: int | None, agent: Any) -> None:
+def _say_ready(port: int | None, agent: Any, settings: Any) -> None:
     """`up`'s "Ready." line, with each service's health port when they serve one."""
     if port:
         typer.echo(
@@ -183,7 +183,7 @@ def _say_ready(port: int | None, agent: Any) -> None:
             + ", ".join(f"{name} :{port + topology.index(name)}" for name in FLEET_SERVICES)
             + " (/healthz /readyz /metrics)"
         )
-    typer.echo(_ready(agent))
+    typer.echo(_ready(agent, settings))
 
 
 def _checked_agent(settings: Any) -> Any:
@@ -198,7 +198,7 @@ def _checked_agent(settings: Any) -> Any:
         raise typer.Exit(1) from None
 
 
-def _ready(agent: Any) -> str:
+def _ready(agent: Any, settings: Any) -> str:
     """The banner once the fleet is up, with the agent's own example (Agent.example_ask, example_customer), else a
     greeting as a customer id of yours."""
     import json
@@ -208,7 +208,17 @@ def _ready(agent: Any) -> str:
     return (
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
         f"  {_this_command()} ask {ask} --customer {customer}\n"
+        f"The console (approvals, turns): {console_url(settings)}\n"
         "Crashed processes are restarted. Ctrl-C stops everything."
+    )
+
+
+def console_url(settings) -> str:
+    """Where the console answers on this machine, and as whom a visitor is signed in."""
+    host = "localhost" if settings.listen_host in ("127.0.0.1", "0.0.0.0", "::", "localhost") else settings.listen_host
+    who = settings.console_local_identity
+    return f"http://{host}:{settings.console_port}" + (
+        f" (signed in as {who})" if who else " (through your sign-on proxy)"
     )
 
 
@@ -293,6 +303,29 @@ def _check_persona(persona: str | None) -> None:
         raise typer.BadParameter(
             f"unknown persona {persona!r}; the simulator's personas are: {', '.join(NAMES)}", param_hint="'--persona'"
         )
+
+
+@app.command("console")
+def console_command() -> None:
+    """Where the fleet's console is (approvals and turns in a browser) and whether it answers; `roundtrip up` starts it,
+    `roundtrip run console` runs one alone."""
+    import httpx
+
+    settings = _fleet_settings()
+    host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::") else settings.listen_host
+    url = f"http://{host}:{settings.console_port}"
+    typer.echo(f"The console (approvals, turns): {console_url(settings)}")
+    try:
+        answer = httpx.get(f"{url}/approvals", timeout=3)
+    except httpx.HTTPError as exc:
+        typer.secho(
+            f"error: nothing answers at {url} ({type(exc).__name__}); is the fleet up? (roundtrip up)",
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(1) from None
+    hint = ": it serves only those its sign-on proxy signs in" if answer.status_code == 401 else ""
+    typer.echo(f"  it answers (HTTP {answer.status_code}{hint})")
 
 
 @app.command()

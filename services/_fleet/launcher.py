@@ -3,7 +3,7 @@
 Order: the fleet's databases brought to this code's revision (`roundtrip db upgrade`), the
 embedded broker (unless bootstrap servers are configured), the topics, the simulator (unless an
 API key is set), the demo shop (when the agent is the demo shop's and names no shop URL of its own:
-`demo_shop()`), then the five services. Each child's output goes to state_dir/logs/<name>.log.
+`demo_shop()`), then the five services and the console. Each child's output goes to state_dir/logs/<name>.log.
 Ports are checked before anything starts.
 
 `Fleet` is the one object callers hold; what it does lives beside it in services/_fleet/:
@@ -84,9 +84,7 @@ class Fleet:
             for name in topology.names():
                 for replica in range(self.executor_replicas if name == "executor" else 1):
                     label = name if replica == 0 else f"{name}-{replica + 1}"
-                    self._spawn(
-                        label, processes.run_argv(name), f"consumer group {topology.group(name, prefix=s.topic_prefix)}"
-                    )
+                    self._spawn(label, processes.run_argv(name), parts.where(name, s))
             self._wait_services()
         except BaseException:
             self.stop()

@@ -65,6 +65,7 @@ def check_ports(settings: Settings, shop: ShopAgentSettings | None) -> None:
         wanted.append(("simulator", s.simulator_port, "ROUNDTRIP_SIMULATOR_PORT"))
     if shop is not None:
         wanted.append(("shop", shop.shop_port, "ROUNDTRIP_SHOP_PORT"))
+    wanted.append(("console", s.console_port, "ROUNDTRIP_CONSOLE_PORT"))
     taken = [
         f"port {port} ({what}) is already in use; stop what holds it or set {var}"
         for what, port, var in wanted
@@ -72,6 +73,15 @@ def check_ports(settings: Settings, shop: ShopAgentSettings | None) -> None:
     ]
     if taken:
         raise FleetError("cannot start the fleet: " + "; ".join(taken))
+
+
+def where(service: str, settings: Settings) -> str:
+    """What `roundtrip up` says a service is at: its consumer group, or the console's address (it consumes nothing)."""
+    from roundtrip._kernel.wire import topology
+
+    if topology.service(service).inputs:
+        return f"consumer group {topology.group(service, prefix=settings.topic_prefix)}"
+    return f"http://{settings.listen_host}:{settings.console_port}"
 
 
 def upgrade_databases(settings: Settings, say: Callable[[str], None]) -> None:

@@ -405,6 +405,14 @@ class Conversations(TurnStore):
         wanted = set(kept)
         return [m for r in rows if r.turn_id in wanted for m in json.loads(r.messages)]
 
+    async def exchange(self, turn_id: str) -> list[dict] | None:
+        """One stored turn as history (its messages, calls and results, the reply), or None when it is not stored (still
+        running, forgotten, dropped past the budget): what the console's turn page shows."""
+        rows = await self._run(
+            lambda conn: conn.execute(select(exchanges.c.messages).where(exchanges.c.turn_id == turn_id)).all()
+        )
+        return json.loads(rows[0].messages) if rows and rows[0].messages else None
+
     async def close_turn(
         self,
         conversation_id: str,

@@ -168,6 +168,7 @@ def bench_settings(
         kafka_port=kafka_port,
         kafka_controller_port=controller_port,
         simulator_port=free_port(),
+        console_port=free_port(),
         shop_port=free_port(),
         partitions=partitions,
         simulator_latency_ms=latency_ms,

@@ -93,6 +93,7 @@ def fleet_values(bootstrap: str, state, **more) -> dict:
         topic_prefix=f"chaos{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),
+        console_port=free_port(),
         shop_port=free_port(),
         partitions=4,
         simulator_latency_ms=300,

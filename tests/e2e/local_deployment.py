@@ -16,6 +16,7 @@ environment. What is replaced, by variable:
     ROUNDTRIP_*_DATABASE_URL             a database of the session's PostgreSQL, one per database the manifest
                                          names and run (same driver: postgresql+asyncpg stays so)
     ROUNDTRIP_OTLP_ENDPOINT              the session's OTLP receiver
+    ROUNDTRIP_CONSOLE_JAEGER_URL         a loopback Jaeger UI (a link for people's browsers, not an address)
     ROUNDTRIP_*_PORT                     this replica's own local port
     ROUNDTRIP_LISTEN_HOST                127.0.0.1
     ROUNDTRIP_STATE_DIR                  this replica's folder
@@ -188,6 +189,8 @@ class LocalDeployment:
             return self.world.database_url(value)
         if variable == "ROUNDTRIP_OTLP_ENDPOINT" and value:
             return self.world.otlp_endpoint
+        if variable == "ROUNDTRIP_CONSOLE_JAEGER_URL" and value:
+            return "http://127.0.0.1:16686"  # a link the console's pages show people; no process calls it
         if variable.endswith("_PORT") and value.isdigit():
             return str(replica.ports[int(value)])
         if variable == "ROUNDTRIP_LISTEN_HOST":

@@ -161,6 +161,7 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         "ROUNDTRIP_ENV": "development",
         "ROUNDTRIP_PARTITIONS": "2",
         "ROUNDTRIP_SIMULATOR_PORT": str(free_port()),
+        "ROUNDTRIP_CONSOLE_PORT": str(free_port()),
         "ROUNDTRIP_SHOP_PORT": str(free_port()),
         "PYTHONUNBUFFERED": "1",
     }

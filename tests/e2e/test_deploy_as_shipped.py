@@ -109,6 +109,13 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
                 health = replica.workload.main.ready[1]  # the port of its probes serves /metrics too
                 runs[replica.label] = tool_runs((await http.get(replica.url("/metrics", health), timeout=5)).text)
         assert len(runs) == EXECUTORS and all(n > 0 for n in runs.values()), f"tool calls run per executor: {runs}"
+
+        # the console runs too: compose is a development fleet, where a visitor is the local user; the cluster's
+        # console believes only its sign-on sidecar, which the shipped manifest leaves to the operator: refused
+        (console,) = deployment.replicas["console"]
+        page = httpx.get(console.url("/approvals", 8803), timeout=5)  # its manifest's ROUNDTRIP_CONSOLE_PORT
+        assert page.status_code == (200 if shape == "compose" else 401), page.text
+        assert ("Waiting for a person" if shape == "compose" else "not signed in") in page.text
     except BaseException:
         print(f"deploy from {shape}: the last lines of every process's log\n{deployment.tails()}")
         raise

@@ -24,6 +24,7 @@ def fleet_on_postgres(kafka_bootstrap, postgres_database, tmp_path):
         topic_prefix=f"fs{uuid.uuid4().hex[:6]}.",
         state_dir=tmp_path / ".roundtrip",
         simulator_port=free_port(),
+        console_port=free_port(),
         shop_port=free_port(),
         partitions=2,
         log_level="INFO",

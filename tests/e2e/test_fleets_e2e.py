@@ -19,6 +19,7 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.kafka.admin import consumer_lag
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
@@ -41,6 +42,7 @@ def other_fleet(fleet, fleet_settings, tmp_path_factory):
         state_dir=tmp_path_factory.mktemp("other-fleet"),
         anthropic_base_url=f"http://127.0.0.1:{session.simulator_port}",
         shop_url=session.shop_base_url,
+        console_port=free_port(),
         partitions=2,
         max_steps=10,
         log_level="INFO",

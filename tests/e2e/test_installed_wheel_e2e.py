@@ -95,7 +95,7 @@ def test_the_installed_wheel_imports_roundtrip_from_its_own_site_packages_with_t
 
 
 def test_the_installed_roundtrip_up_fetches_the_jars_runs_the_fleet_and_answers_one_ask(installed, tmp_path):
-    base = free_port_run(4)
+    base = free_port_run(5)
     cache, state, home = tmp_path / "kafka-cache", tmp_path / "state", tmp_path / "work"
     cache.mkdir()
     home.mkdir()
@@ -107,6 +107,7 @@ def test_the_installed_roundtrip_up_fetches_the_jars_runs_the_fleet_and_answers_
         ROUNDTRIP_KAFKA_CONTROLLER_PORT=str(base + 1),
         ROUNDTRIP_SIMULATOR_PORT=str(base + 2),
         ROUNDTRIP_SHOP_PORT=str(base + 3),
+        ROUNDTRIP_CONSOLE_PORT=str(base + 4),
     )
     output = tmp_path / "up.log"
     with open(output, "w") as log:

@@ -99,6 +99,7 @@ def traced(kafka_bootstrap, tmp_path_factory, jaeger):
         topic_prefix=f"jg{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),
+        console_port=free_port(),
         shop_port=free_port(),
         partitions=2,
         stuck_after_s=STUCK_AFTER_S,

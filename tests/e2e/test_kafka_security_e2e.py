@@ -124,6 +124,7 @@ def test_roundtrip_up_on_sasl_ssl_scram_512_serves_a_plain_client_and_a_wrong_pa
             "ROUNDTRIP_KAFKA_SASL_PASSWORD": "not-the-password",
             "ROUNDTRIP_STATE_DIR": str(tmp_path / "second"),
             "ROUNDTRIP_SIMULATOR_PORT": str(free_port()),
+            "ROUNDTRIP_CONSOLE_PORT": str(free_port()),
             "ROUNDTRIP_SHOP_PORT": str(free_port()),
         }
         at = time.monotonic()
@@ -211,6 +212,7 @@ def test_the_fleet_serves_a_plain_client_over_each_secured_listener(way, secured
         state_dir=state,
         env="development",
         simulator_port=free_port(),
+        console_port=free_port(),
         shop_port=free_port(),
         partitions=2,
         log_level="INFO",

@@ -61,6 +61,7 @@ async def giftwrap(kafka_bootstrap, tmp_path_factory):
         topic_prefix=f"mcp{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),
+        console_port=free_port(),
         shop_port=free_port(),
         partitions=2,
         log_level="INFO",

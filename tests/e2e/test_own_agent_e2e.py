@@ -95,6 +95,7 @@ def telecom_fleet(kafka_bootstrap, tmp_path_factory, installed):
         topic_prefix=f"tc{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),
+        console_port=free_port(),
         partitions=2,
         simulator_script=scripts,
         log_level="INFO",

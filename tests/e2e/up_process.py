@@ -26,6 +26,7 @@ def roundtrip_up(
         "ROUNDTRIP_KAFKA_PORT": str(free_port()),
         "ROUNDTRIP_KAFKA_CONTROLLER_PORT": str(free_port()),
         "ROUNDTRIP_SIMULATOR_PORT": str(free_port()),
+        "ROUNDTRIP_CONSOLE_PORT": str(free_port()),
         "ROUNDTRIP_SHOP_PORT": str(free_port()),
         **(env or {}),
     }

@@ -155,10 +155,10 @@ def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_
         for name in FLEET_SERVICES
         if re.search(
             r"\b(Ledger|Fence|TurnStore)\.open\(",
-            (ROOT / "services" / f"_{name}" / "app.py").read_text(encoding="utf-8"),
+            "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "services" / f"_{name}").glob("*.py")),
         )
     ]
-    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["executor", "gateway", "guard", "model"]
+    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["console", "executor", "gateway", "guard", "model"]
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
@@ -290,8 +290,15 @@ def test_the_scan_finds_what_the_services_read():
     assert {"ledger_db_url", "approval_keys"} <= settings_read_by("executor")
     assert {"ledger_db_url"} <= settings_read_by("model")
     assert {"shop_db_url", "shop_port"} <= settings_read_by("shop")  # the demo shop agent's own settings
-    assert {s.name for s in topology.SERVICES if s.shares_ledger} == {"gateway", "guard", "model", "executor"}
+    assert {s.name for s in topology.SERVICES if s.shares_ledger} == {
+        "gateway",
+        "guard",
+        "model",
+        "executor",
+        "console",
+    }
     assert {"ledger_db_url", "conversations_db_url", "decision_keys"} <= settings_read_by("guard")
+    assert {"ledger_db_url", "decision_keys"} <= settings_read_by("console")  # it signs what the guard verifies
     assert {"approval_keys", "decision_keys"} <= settings_read_by("gate")
     assert "ledger_db_url" in settings_read_by("gateway")  # the turns waiting for the model's capacity
 

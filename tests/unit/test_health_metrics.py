@@ -111,25 +111,20 @@ def test_the_port_is_off_by_default_exact_when_given_and_spread_per_service_on_o
     assert health.port_candidates("guard", Settings()) == []
     assert health.port_candidates("guard", Settings(health_port=8080)) == [8080]
     spread = Settings(health_port=9400, health_port_per_service=True)
-    assert [health.port_candidates(s, spread)[0] for s in ("gateway", "model", "guard", "gate", "executor")] == [
-        9400,
-        9401,
-        9402,
-        9403,
-        9404,
-    ]
-    assert health.port_candidates("executor", spread)[:3] == [9404, 9409, 9414]
+    services = ("gateway", "model", "guard", "gate", "executor", "console")
+    assert [health.port_candidates(s, spread)[0] for s in services] == [9400, 9401, 9402, 9403, 9404, 9405]
+    assert health.port_candidates("executor", spread)[:3] == [9404, 9410, 9416]  # a stride of the fleet's six
 
 
 async def test_a_second_replica_on_the_host_takes_the_next_port_and_an_exact_port_in_use_is_a_clear_error():
-    base = free_port_run(10)
+    base = free_port_run(11)
     settings = Settings(health_port=base, health_port_per_service=True)
     first = health.HealthServer("executor", "127.0.0.1", health.port_candidates("executor", settings))
     second = health.HealthServer("executor", "127.0.0.1", health.port_candidates("executor", settings))
     await first.start()
     try:
         await second.start()
-        assert (first.port, second.port) == (base + 4, base + 9)
+        assert (first.port, second.port) == (base + 4, base + 10)
         await second.stop()
         taken = health.HealthServer("guard", "127.0.0.1", [first.port])
         with pytest.raises(RuntimeError, match="ROUNDTRIP_HEALTH_PORT"):

@@ -17,11 +17,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "services"
 FIVE = {"_gateway", "_model", "_guard", "_gate", "_executor"}
-BELOW_THE_FLEET = {"_kernel", "_sdk", *FIVE, "_broker", "_simulator", "_shop", "roundtrip", "testing"}
+BELOW_THE_FLEET = {"_kernel", "_sdk", *FIVE, "_console", "_broker", "_simulator", "_shop", "roundtrip", "testing"}
 ALLOWED = {  # room -> the rooms it may import (besides itself and roundtrip.schemas)
     "_kernel": set(),
     "_sdk": {"_kernel"},
     **{service: {"_kernel", "_sdk"} for service in FIVE},  # never another service
+    # the console reads the guard's ledger as the CLI does (never another service's code), and the CLI decides with
+    # the console's desk: one check and one signed decision for both
+    "_console": {"_kernel", "_sdk", "_guard"},
     "_broker": {"_kernel"},
     "_simulator": {"_kernel"},
     "_shop": {"_kernel", "_sdk", "roundtrip"},  # the demo agent is written as any author's: with the public API

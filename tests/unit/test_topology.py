@@ -109,6 +109,12 @@ def test_an_output_the_topology_does_not_declare_fails_at_build():
 def test_every_topic_is_one_of_the_declared_names_and_the_ledger_sharers_are_declared():
     assert len(set(topology.topic_names())) == len(topology.topic_names())
     assert topics.DEAD_LETTERS in topology.topic_names() and topics.SUPPORT_REQUESTS in topology.topic_names()
-    assert {s.name for s in topology.SERVICES if s.shares_ledger} == {"gateway", "model", "guard", "executor"}
-    with pytest.raises(LookupError, match="the fleet's services are gateway, model, guard, gate, executor"):
+    assert {s.name for s in topology.SERVICES if s.shares_ledger} == {
+        "gateway",
+        "model",
+        "guard",
+        "executor",
+        "console",
+    }
+    with pytest.raises(LookupError, match="the fleet's services are gateway, model, guard, gate, executor, console"):
         topology.service("nosuch")

@@ -11,8 +11,8 @@ Both probes answer JSON: {"status": "ok" | "failing", "service": ..., "checks": 
 
 The port: ROUNDTRIP_HEALTH_PORT (0, the default, turns the endpoint off; 8080 in containers), on
 ROUNDTRIP_LISTEN_HOST. With ROUNDTRIP_HEALTH_PORT_PER_SERVICE (what `roundtrip up --health-port`
-sets) each service adds its index (gateway +0, model +1, guard +2, gate +3, executor +4) and a
-further replica on the same host takes the next free port in steps of 5.
+sets) each service adds its index (gateway +0, model +1, guard +2, gate +3, executor +4, console +5) and
+a further replica on the same host takes the next free port in steps of 6.
 
 A consumer that is not a FastStream subscriber reports its own state:
 

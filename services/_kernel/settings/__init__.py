@@ -32,6 +32,7 @@ from roundtrip._kernel.settings.concerns import (
     DEV_DECISION_SECRET,
     ApprovalSettings,
     Concern,
+    ConsoleSettings,
     ConversationSettings,
     Deployment,
     EmbeddedDefaults,
@@ -55,6 +56,7 @@ __all__ = [
     "DEV_DECISION_SECRET",
     "ApprovalSettings",
     "Concern",
+    "ConsoleSettings",
     "ConfigurationError",
     "ConversationSettings",
     "Deployment",
@@ -91,6 +93,7 @@ class Settings(
     TranscriptLimits,
     ApprovalSettings,
     TelemetrySettings,
+    ConsoleSettings,
     EmbeddedDefaults,
 ):
     """The fleet's settings: every concern (CONCERNS), and what needs more than one of them."""
@@ -177,6 +180,36 @@ class Settings(
                 "development key, with which anyone could approve a call. Set ROUNDTRIP_DECISION_KEYS to a secret of "
                 "your "
                 'own, e.g. "ops1:$(openssl rand -hex 32)", and give it to the people who decide.'
+            )
+
+    # -- the console's sign-in -------------------------------------------------------------
+    @property
+    def console_local_identity(self) -> str | None:
+        """Who the console signs in a request no proxy vouched for: in development only (ROUNDTRIP_CONSOLE_LOCAL_USER,
+        else `<login>@<host>` when no proxy is configured); None elsewhere."""
+        if not self.development:
+            return None
+        if self.console_local_user:
+            return self.console_local_user.strip()
+        if self.console_trusted_proxies.strip():
+            return None
+        import getpass
+        import socket
+
+        try:
+            login = getpass.getuser()
+        except (KeyError, OSError):  # a container's user without a name
+            login = "developer"
+        return f"{login}@{socket.gethostname()}"
+
+    def refuse_console_local_user(self, service: str) -> None:
+        """Raise InsecureConfiguration when a local user (everyone an approver, unauthenticated) is set outside
+        development."""
+        if self.console_local_user and not self.development:
+            raise InsecureConfiguration(
+                f"{service} refuses to start: ROUNDTRIP_CONSOLE_LOCAL_USER signs every visitor in as an approver, and "
+                "this is not the embedded development fleet. Put a sign-on proxy in front of the console and name it "
+                "in ROUNDTRIP_CONSOLE_TRUSTED_PROXIES, or set ROUNDTRIP_ENV=development on a laptop."
             )
 
 

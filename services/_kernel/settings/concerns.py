@@ -471,8 +471,8 @@ class TelemetrySettings(Concern):
     health_port_per_service: bool = Field(
         False,
         description=(
-            "Add the service's index to health_port (gateway +0, model +1, guard +2, gate +3, executor +4; another "
-            "replica on the host takes the next free port in steps of 5); `roundtrip up --health-port` sets it"
+            "Add the service's index to health_port (gateway +0, model +1, guard +2, gate +3, executor +4, console +5; "
+            "another replica on the host takes the next free port in steps of 6); `roundtrip up --health-port` sets it"
         ),
     )
 
@@ -486,6 +486,48 @@ class TelemetrySettings(Concern):
             if url.port == 4318 and url.hostname:
                 return f"{url.scheme}://{url.hostname}:16686"
         return None
+
+
+class ConsoleSettings(Concern):
+    heading = "the console: the web page where people decide held calls and watch turns"
+
+    console_port: int = Field(8803, ge=1, le=65535, description="Port of the console's web page (on listen_host)")
+    console_trusted_proxies: str = Field(
+        "",
+        description=(
+            "Comma-separated addresses or networks (`10.0.0.0/8`) of the sign-on proxy in front of the console "
+            "(oauth2-proxy style): only requests from them are signed in, as their X-Forwarded-User / -Email / "
+            "-Groups headers say; empty: those headers are never believed"
+        ),
+    )
+    console_approver_groups: str = Field(
+        "roundtrip-approvers",
+        description="Comma-separated groups (X-Forwarded-Groups) whose members may approve, deny and cancel",
+    )
+    console_viewer_groups: str = Field(
+        "roundtrip-viewers", description="Comma-separated groups whose members may look (the inbox, the turns) only"
+    )
+    console_local_user: str | None = Field(
+        None,
+        description=(
+            "Development only: who a request no proxy signed in is (an approver); unset in development: "
+            "`<login>@<host>` of the console's process; outside development it is refused"
+        ),
+    )
+    console_session_key: SecretStr | None = Field(
+        None,
+        json_schema_extra=SECRET,
+        description=(
+            "Secret the console's CSRF tokens are signed with; several replicas need the same one; unset: a random "
+            "one per process"
+        ),
+    )
+    console_secure_cookies: bool = Field(
+        True, description="The console's cookie is Secure (HTTPS only; browsers accept it on http://localhost too)"
+    )
+    console_jaeger_url: str | None = Field(
+        None, description="Jaeger's UI the console links a turn's trace to; unset: the Jaeger query URL, if any"
+    )
 
 
 class EmbeddedDefaults(Concern):
@@ -565,5 +607,6 @@ CONCERNS: tuple[type[Concern], ...] = (
     TranscriptLimits,
     ApprovalSettings,
     TelemetrySettings,
+    ConsoleSettings,
     EmbeddedDefaults,
 )

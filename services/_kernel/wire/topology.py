@@ -62,6 +62,9 @@ class Service:
     accepts_decisions: bool = (
         False  # verifies people's signed ApprovalDecided: holds ROUNDTRIP_DECISION_KEYS (never the dev key)
     )
+    signs_decisions: bool = (
+        False  # signs people's ApprovalDecided for them: holds ROUNDTRIP_DECISION_KEYS (the console)
+    )
     app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
 
     @property
@@ -140,6 +143,14 @@ SERVICES: tuple[Service, ...] = (
         outputs={topics.MODEL_CALLS: events.CallModel, topics.APPROVAL_REQUESTS: events.ApprovalRequested},
         shares_ledger=True,
         signs_batches=True,  # verifies the gate's signature before it runs anything
+    ),
+    Service(
+        "console",
+        "the web page where people decide held calls and watch turns (services/_console/)",
+        inputs=(),  # it reads the ledger, not a topic: what waits and what ended is recorded there
+        outputs={topics.APPROVAL_DECISIONS: events.ApprovalDecided, topics.TURN_CONTROLS: events.CancelTurn},
+        shares_ledger=True,  # reads it: the approvals that wait, the turns
+        signs_decisions=True,  # signs each decision with the first decision key; the browser never sees it
     ),
 )
 

@@ -1,0 +1,120 @@
+"""What the console reads: the turn ledger (read only), opened when first needed and again after a failure, so the
+console starts and answers while the database is away (its pages say so) and recovers by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from roundtrip._guard.conversations import Conversations
+from roundtrip._guard.ledger import PENDING, ApprovalRow, Ledger, TurnRow
+from roundtrip._kernel.storage.database import shown
+
+log = logging.getLogger("roundtrip.console")
+T = TypeVar("T")
+READ_TIMEOUT_S = 5.0
+
+
+class LedgerAway(Exception):
+    """The ledger could not be read: `str(exc)` says why, in one line (shown on the page)."""
+
+
+class Books:
+    def __init__(self, url: str, conversations_url: str | None = None) -> None:
+        self.url, self.conversations_url = url, conversations_url or url
+        self._ledger: Ledger | None = None
+        self._conversations: Conversations | None = None
+        self._opening = asyncio.Lock()
+        self.last_error: str | None = None
+
+    async def _open(self) -> Ledger:
+        async with self._opening:
+            if self._ledger is None:
+                self._ledger = await Ledger.open(self.url, read_only=True)
+            return self._ledger
+
+    async def _read(self, work: Callable[[Ledger], Awaitable[T]]) -> T:
+        try:
+            result = await asyncio.wait_for(work(await self._open()), READ_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - any failure of the database is said on the page, never a crash
+            reason = f"the turn ledger ({shown(self.url)}) cannot be read: {type(exc).__name__}: {exc}"[:400]
+            if reason != self.last_error:
+                log.warning("%s", reason)
+            self.last_error = reason
+            ledger, self._ledger = self._ledger, None
+            if ledger is not None:
+                await _quietly(ledger.close())
+            raise LedgerAway(reason) from None
+        self.last_error = None
+        return result
+
+    async def close(self) -> None:
+        if self._ledger is not None:
+            await self._ledger.close()
+            self._ledger = None
+        if self._conversations is not None:
+            await self._conversations.close()
+            self._conversations = None
+
+    async def transcript(self, turn_id: str) -> list[dict] | None:
+        """The turn's messages as the conversation store keeps an ended turn; None when it keeps none (or is away: the
+        page then shows what the ledger holds)."""
+        try:
+            if self._conversations is None:
+                self._conversations = await Conversations.open(self.conversations_url, read_only=True)
+            return await asyncio.wait_for(self._conversations.exchange(turn_id), READ_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the steps are a convenience of the page, never its failure
+            log.warning("the conversation store cannot be read: %s: %s", type(exc).__name__, exc)
+            store, self._conversations = self._conversations, None
+            if store is not None:
+                await _quietly(store.close())
+            return None
+
+    # -- reads ---------------------------------------------------------------------------------
+    async def waiting(self, limit: int = 100) -> list[ApprovalRow]:
+        """The approvals waiting for a person (their turn still awaits them), oldest deadline first."""
+        rows = await self._read(lambda ledger: ledger.list_approvals(status=PENDING, limit=limit))
+        return sorted(rows, key=lambda r: r.expires_at)
+
+    async def approval(self, approval_id: str) -> tuple[ApprovalRow | None, TurnRow | None]:
+        async def both(ledger: Ledger) -> tuple[ApprovalRow | None, TurnRow | None]:
+            row = await ledger.approval(approval_id)
+            return row, (await ledger.get(row.turn_id) if row else None)
+
+        return await self._read(both)
+
+    async def turn(self, turn_id: str) -> tuple[TurnRow | None, list[ApprovalRow]]:
+        async def both(ledger: Ledger) -> tuple[TurnRow | None, list[ApprovalRow]]:
+            row = await ledger.get(turn_id)
+            return row, (await ledger.list_approvals(status=None, turn_id=turn_id, limit=100) if row else [])
+
+        return await self._read(both)
+
+    async def turns(
+        self,
+        status: str | None,
+        outcome: str | None,
+        customer: str | None,
+        max_age_s: float | None,
+        agent: str | None = None,
+        limit: int = 100,
+    ) -> list[TurnRow]:
+        """Turns, newest first, filtered by status, outcome, customer, age (started within `max_age_s`) and agent (the
+        start of the digest of the agent the turn started under)."""
+        fetched = limit * 4 if (outcome or max_age_s or agent) else limit
+        rows = await self._read(lambda ledger: ledger.list(status=status, customer_id=customer, limit=fetched))
+        now = time.time()
+        rows = [r for r in rows if (not outcome or r.outcome == outcome)]
+        rows = [r for r in rows if (not max_age_s or now - r.started_at <= max_age_s)]
+        rows = [r for r in rows if (not agent or (r.agent_digest or "").startswith(agent))]
+        return rows[:limit]
+
+
+async def _quietly(awaitable: Awaitable[Any]) -> None:
+    try:
+        await awaitable
+    except Exception:  # noqa: BLE001 - closing a broken connection may fail too
+        pass

@@ -1,0 +1,262 @@
+"""The console's HTML, rendered on the server: the inbox of held calls, the turns, a turn, and the refusals.
+
+Every value from customers, models, tools and people goes through `esc` (html.escape): nothing they wrote is ever read
+as markup. The page's only script (SCRIPT) refreshes the inbox and the turns without a reload (it asks for the
+fragment every POLL_MS and swaps it in when it changed, keeping a reason being typed) and counts the deadlines down.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from typing import Any
+from urllib.parse import quote
+
+from roundtrip._console.auth import CSRF_FIELD, Identity
+
+POLL_MS = 1500
+STATUS_COLOURS = {
+    "running": "#0b7285",
+    "stuck": "#c92a2a",
+    "waiting": "#1864ab",
+    "awaiting": "#e67700",
+    "ending": "#862e9c",
+    "ended": "#868e96",
+}
+
+STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#212529;background:#f8f9fa}
+header{background:#212529;color:#fff;padding:.6em 1.2em;display:flex;gap:1.5em;align-items:center}
+header a{color:#fff;text-decoration:none}header .who{margin-left:auto;opacity:.8}
+main{padding:1em 1.2em;max-width:1200px}
+table{border-collapse:collapse;width:100%;background:#fff}td,th{border-bottom:1px solid #dee2e6;padding:.4em .5em;
+text-align:left;vertical-align:top}th{background:#f1f3f5}
+.card{background:#fff;border:1px solid #dee2e6;border-radius:6px;padding:.8em 1em;margin:0 0 1em}
+.card h3{margin:.1em 0 .4em}pre{background:#f1f3f5;padding:.5em;overflow:auto;max-height:14em;margin:.3em 0}
+.muted{color:#868e96}.notice{padding:.6em 1em;border-radius:6px;margin:0 0 1em}
+.ok{background:#d3f9d8}.bad{background:#ffe3e3}.warn{background:#fff3bf}
+button{padding:.35em .9em;border-radius:4px;border:1px solid #adb5bd;cursor:pointer}
+button.approve{background:#2b8a3e;color:#fff;border-color:#2b8a3e}button.deny{background:#c92a2a;color:#fff;
+border-color:#c92a2a}input[type=text]{width:22em;padding:.3em}.status{font-weight:600}
+.countdown{font-weight:600;color:#e67700}form.filters{margin:0 0 1em}
+form.filters input,form.filters select{margin-right:.6em}
+"""
+
+SCRIPT = """
+(function(){
+  function tick(){document.querySelectorAll('[data-expires]').forEach(function(el){
+    var left=Math.round(parseFloat(el.dataset.expires)-Date.now()/1000);
+    el.textContent=left>0?Math.floor(left/60)+' min '+(left%60)+' s left':'deadline passed';});}
+  function refresh(){var box=document.getElementById('live');if(!box){return;}
+    fetch(box.dataset.src,{credentials:'same-origin',cache:'no-store'}).then(function(r){
+      if(!r.ok){throw new Error('HTTP '+r.status);}return r.text();}).then(function(text){
+      var next=document.createElement('div');next.innerHTML=text;var fresh=next.firstElementChild;
+      document.getElementById('offline').hidden=true;
+      if(!fresh||fresh.dataset.version===(box.firstElementChild||{dataset:{}}).dataset.version){return;}
+      var typed={};box.querySelectorAll('input[name=reason]').forEach(function(i){typed[i.form.action]=i.value;});
+      box.replaceChildren(fresh);
+      box.querySelectorAll('input[name=reason]').forEach(function(i){if(typed[i.form.action]){i.value=typed[i.form.action];}});
+      tick();}).catch(function(){document.getElementById('offline').hidden=false;});}
+  tick();setInterval(tick,1000);setInterval(refresh,POLL);
+})();
+""".replace("POLL", str(POLL_MS))
+
+
+def esc(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def pretty(value: Any) -> str:
+    return esc(json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str))
+
+
+def when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else ""
+
+
+def page(title: str, body: str, identity: Identity | None) -> str:
+    who = (
+        f'<span class="who">{esc(identity.name)} ({esc(identity.role or "no role")})</span>'
+        if identity
+        else '<span class="who">not signed in</span>'
+    )
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · roundtrip console</title>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{STYLE}</style></head><body>'
+        f'<header><strong>roundtrip console</strong><a href="/approvals">Approvals</a><a href="/turns">Turns</a>{who}'
+        f'</header><main><div id="offline" class="notice bad" hidden>The console cannot reach its server; '
+        f"what you see may be out of date.</div>{body}</main><script>{SCRIPT}</script></body></html>"
+    )
+
+
+def live(src: str, fragment: str) -> str:
+    """A part of the page the script refreshes from `src`."""
+    return f'<div id="live" data-src="{esc(src)}">{fragment}</div>'
+
+
+def notice(text: str, kind: str) -> str:
+    return f'<div class="notice {esc(kind)}" role="status">{esc(text)}</div>'
+
+
+def trace_link(jaeger: str | None, trace_id: str) -> str:
+    if not trace_id:
+        return ""
+    if not jaeger:
+        return f"<code>{esc(trace_id)}</code> (<code>roundtrip trace {esc(trace_id)}</code>)"
+    return f'<a href="{esc(jaeger)}/trace/{esc(trace_id)}" target="_blank" rel="noopener">trace in Jaeger</a>'
+
+
+def _decide_form(approval_id: str, csrf: str) -> str:
+    action = f"/approvals/{quote(approval_id)}/decide"
+    return (
+        f'<form method="post" action="{esc(action)}" class="decide">'
+        f'<input type="hidden" name="{CSRF_FIELD}" value="{esc(csrf)}">'
+        f'<input type="text" name="reason" maxlength="500" placeholder="reason (the model reads it on a deny)">'
+        ' <button class="approve" name="decision" value="approve">Approve</button>'
+        ' <button class="deny" name="decision" value="deny">Deny</button></form>'
+    )
+
+
+def approval_card(row: Any, request: Any, identity: Identity, csrf: str, jaeger: str | None, sent: str | None) -> str:
+    """One held call: who, what exactly, why, the resolved entities, the step's results so far, the countdown."""
+    if sent:
+        action = f'<p class="notice warn">{esc(sent)}</p>'
+    elif identity.may_decide:
+        action = _decide_form(row.approval_id, csrf)
+    else:
+        action = '<p class="muted">You may look, not decide (viewer).</p>'
+    results = (
+        "".join(f"<pre>{pretty(r.get('content'))}</pre>" for r in request.results) or '<span class="muted">none</span>'
+    )
+    return (
+        f'<div class="card approval" id="{esc(row.approval_id)}" data-approval="{esc(row.approval_id)}">'
+        f"<h3>{esc(request.call.name)} for {esc(row.customer_id)} "
+        f'<span class="countdown" data-expires="{row.expires_at:.3f}"></span></h3>'
+        f'<p><strong>Why:</strong> {esc(row.reason)}</p><p><strong>Input:</strong></p><pre class="input">'
+        f"{pretty(request.call.input)}</pre><p><strong>Resolved:</strong></p><pre>{pretty(request.entities)}</pre>"
+        f"<p><strong>Results of the step so far:</strong></p>{results}"
+        f'<p class="muted">approval <code>{esc(row.approval_id)}</code> · requested {esc(when(row.requested_at))} · '
+        f'<a href="/turns/{quote(row.turn_id)}">turn {esc(row.turn_id)}</a> · '
+        f"trace {trace_link(jaeger, request.turn.trace_id)}</p>{action}</div>"
+    )
+
+
+def inbox(cards: list[str], version: str, trouble: str | None) -> str:
+    body = "".join(cards) or '<p class="muted" id="empty">No call is waiting for a person.</p>'
+    warning = notice(trouble, "bad") if trouble else ""
+    return f'<div data-version="{esc(version)}">{warning}<h2>Waiting for a person ({len(cards)})</h2>{body}</div>'
+
+
+def refusal(message: str, back: str) -> str:
+    return f'{notice(message, "bad")}<p><a href="{esc(back)}">Back</a></p>'
+
+
+def turn_filters(status: str, outcome: str, customer: str, max_age_min: str, agent: str = "") -> str:
+    options = "".join(
+        f'<option value="{s}"{" selected" if s == status else ""}>{s or "any status"}</option>'
+        for s in ("", *STATUS_COLOURS)
+    )
+    return (
+        f'<form class="filters" method="get" action="/turns"><select name="status">{options}</select>'
+        f'<input type="text" name="outcome" placeholder="outcome (end_turn, cancelled…)" value="{esc(outcome)}">'
+        f'<input type="text" name="customer" placeholder="customer" value="{esc(customer)}">'
+        f'<input type="text" name="max_age_min" placeholder="started within minutes" value="{esc(max_age_min)}">'
+        f'<input type="text" name="agent" placeholder="agent (digest)" value="{esc(agent)}">'
+        "<button>Filter</button></form>"
+    )
+
+
+def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) -> str:
+    cells = []
+    for r in rows:
+        colour = STATUS_COLOURS.get(r.status, "#212529")
+        tokens = r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens
+        cells.append(
+            f'<tr data-turn="{esc(r.turn_id)}"><td><a href="/turns/{quote(r.turn_id)}">{esc(r.turn_id)}</a></td>'
+            f'<td class="status" style="color:{colour}">{esc(r.status)}</td><td>{esc(r.customer_id)}</td>'
+            f"<td>{r.step}</td><td>{esc(r.outcome or '')}</td><td>{r.cost_usd:.4f}</td>"
+            f"<td>{tokens}/{r.output_tokens}</td><td>{now - r.started_at:.0f}</td>"
+            f"<td><code>{esc((r.agent_digest or '')[:12])}</code></td></tr>"
+        )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("turn", "status", "customer", "steps", "outcome", "cost $", "tokens in/out", "age s", "agent")
+    )
+    table = f"<table><tr>{head}</tr>{''.join(cells)}</table>" if cells else '<p class="muted">No turns.</p>'
+    warning = notice(trouble, "bad") if trouble else ""
+    return f'<div data-version="{esc(version)}">{warning}{table}</div>'
+
+
+def _block(block: dict[str, Any]) -> str:
+    kind = block.get("type")
+    if kind == "text":
+        return f"<pre>{esc(block.get('text'))}</pre>"
+    if kind == "tool_use":
+        return f"<p><strong>calls {esc(block.get('name'))}</strong></p><pre>{pretty(block.get('input'))}</pre>"
+    if kind == "tool_result":
+        mark = '<span style="color:#c92a2a">error</span>' if block.get("is_error") else "result"
+        return f"<p>{mark} of <code>{esc(block.get('tool_use_id'))}</code></p><pre>{pretty(block.get('content'))}</pre>"
+    return f"<pre>{pretty(block)}</pre>"
+
+
+def transcript(messages: list[dict[str, Any]]) -> str:
+    """The turn's steps as the model saw them: each assistant message a step and its calls, the tool results after it
+    (a rejected call's result is the gate's reason)."""
+    if not messages:
+        return '<p class="muted">No transcript is kept for this turn; its steps are in its trace.</p>'
+    parts, step = [], 0
+    for message in messages:
+        content = message.get("content")
+        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+        if message.get("role") == "assistant":
+            step += 1
+            parts.append(f"<h4>step {step}: the model</h4>")
+        else:
+            parts.append(f"<h4>{'the customer' if step == 0 else 'tool results'}</h4>")
+        parts += [_block(b) for b in blocks if isinstance(b, dict)]
+    return "".join(parts)
+
+
+def approvals_history(rows: list[Any]) -> str:
+    if not rows:
+        return '<p class="muted">No call of this turn waited for a person.</p>'
+    head = "".join(f"<th>{h}</th>" for h in ("approval", "tool", "why", "status", "decided by", "at", "their reason"))
+    cells = "".join(
+        f"<tr><td><code>{esc(r.approval_id)}</code></td><td>{esc(r.tool)}</td><td>{esc(r.reason)}</td>"
+        f'<td class="status">{esc(r.status)}</td><td>{esc(r.decided_by or "")}</td><td>{esc(when(r.decided_at))}</td>'
+        f"<td>{esc(r.decision_reason or '')}</td></tr>"
+        for r in rows
+    )
+    return f"<table>{head and '<tr>' + head + '</tr>'}{cells}</table>"
+
+
+def cancel_form(turn_id: str, csrf: str) -> str:
+    return (
+        f'<form method="post" action="/turns/{quote(turn_id)}/cancel" class="cancel">'
+        f'<input type="hidden" name="{CSRF_FIELD}" value="{esc(csrf)}">'
+        '<input type="text" name="reason" maxlength="500" placeholder="reason (recorded with the turn)">'
+        ' <button class="deny">Cancel this turn</button></form>'
+    )
+
+
+def turn_summary(row: Any, jaeger: str | None, now: float) -> str:
+    colour = STATUS_COLOURS.get(row.status, "#212529")
+    facts = [
+        ("status", f'<span class="status" style="color:{colour}">{esc(row.status)}</span>'),
+        ("outcome", esc(row.outcome or "")),
+        ("customer", esc(row.customer_id)),
+        ("conversation", esc(row.conversation_id)),
+        ("steps", str(row.step)),
+        ("started", f"{esc(when(row.started_at))} ({now - row.started_at:.0f} s ago)"),
+        ("ended", esc(when(row.ended_at))),
+        (
+            "tokens",
+            f"{row.input_tokens} in, {row.output_tokens} out, cache {row.cache_creation_input_tokens} written / "
+            f"{row.cache_read_input_tokens} read",
+        ),
+        ("cost", f"${row.cost_usd:.4f}"),
+        ("trace", trace_link(jaeger, row.trace_id)),
+    ]
+    rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
+    return f'<table class="summary" data-status="{esc(row.status)}">{rows}</table>'

@@ -1,0 +1,232 @@
+"""The console in a real browser (issue 33): Debian's headless Chromium driven by Selenium against the session's fleet.
+
+The browser is its own sign-on proxy: it sends oauth2-proxy's headers (X-Forwarded-Email, -User, -Groups) on every
+request (Chrome DevTools' Network.setExtraHTTPHeaders), and the fleet's console believes them from 127.0.0.1 only
+(ROUNDTRIP_CONSOLE_TRUSTED_PROXIES in tests/e2e/conftest.py). The gate holds cancellations above 50.00 EUR (Alice's
+pending ord_a1000003 is 87.00 EUR). What the server refuses is asked of it directly (httpx), never left to a hidden
+button. The screenshots of docs/console.md are taken here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import Outcome
+from tests.e2e.test_approvals_e2e import _reset_shop, _spans, _status, _waiting
+
+ORDER = "ord_a1000003"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
+APPROVER = {
+    "X-Forwarded-User": "alice",
+    "X-Forwarded-Email": "alice@example.com",
+    "X-Forwarded-Groups": "support,roundtrip-approvers",
+}
+VIEWER = {"X-Forwarded-User": "vic", "X-Forwarded-Email": "vic@example.com", "X-Forwarded-Groups": "roundtrip-viewers"}
+
+
+@pytest.fixture(scope="module")
+async def held_calls(fleet):
+    async with fleet.reconfigured(("gate",), approval_cancel_above_cents=5000, approval_timeout_s=60):
+        yield
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    assert shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER), "apt-get install chromium chromium-driver (.ci/run)"
+    options = Options()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,1100",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": APPROVER})  # the sign-on proxy's word
+    yield driver
+    driver.quit()
+
+
+def _url(settings, path: str = "/approvals") -> str:
+    return f"http://localhost:{settings.console_port}{path}"
+
+
+def _wait(driver, predicate, timeout: float = 30.0):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: predicate(d))
+
+
+def _card(driver, approval_id: str):
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(By.CSS_SELECTOR, f'[data-approval="{approval_id}"]')
+    return found[0] if found else None
+
+
+def _signed_in(settings, headers: dict[str, str]) -> tuple[httpx.Client, str]:
+    """An HTTP client as the person `headers` names, with the CSRF token the console gave it (cookie and form)."""
+    client = httpx.Client(base_url=f"http://127.0.0.1:{settings.console_port}", headers=headers, timeout=10)
+    page = client.get("/approvals")
+    assert page.status_code == 200, page.text
+    token = re.search(r"roundtrip_csrf=([^;]+)", page.headers["set-cookie"]).group(1)
+    assert "HttpOnly" in page.headers["set-cookie"] and "Secure" in page.headers["set-cookie"]
+    assert "samesite=strict" in page.headers["set-cookie"].lower()
+    return client, token
+
+
+def _post(client: httpx.Client, path: str, cookie: str | None, form: dict[str, str]) -> httpx.Response:
+    return client.post(path, data=form, headers={"Cookie": f"roundtrip_csrf={cookie}"} if cookie else {})
+
+
+async def test_a_held_call_appears_without_reload_an_approver_approves_it_and_it_runs_once(
+    held_calls, browser, client, fleet, fleet_settings, shop_orders
+):
+    from selenium.webdriver.common.by import By
+
+    settings = fleet_settings[0]
+    _reset_shop(settings)
+    await asyncio.to_thread(browser.get, _url(settings))
+    browser.execute_script("window.notReloaded = true")
+    request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
+    request = await _waiting(client, request_id)
+    approval_id, turn_id = request["approval_id"], request["turn"]["turn_id"]
+
+    card = await asyncio.to_thread(_wait, browser, lambda d: _card(d, approval_id))  # the page asked for it by itself
+    assert browser.execute_script("return window.notReloaded === true")
+    text = card.text
+    assert "cancel_order for cus_1001" in text and ORDER in text and "87.00 EUR" in text and "left" in text, text
+    assert "trace" in text and f"turn {turn_id}" in text
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / "console-inbox.png"))
+
+    card.find_element(By.NAME, "reason").send_keys("customer confirmed by phone")
+    card.find_element(By.CSS_SELECTOR, "button.approve").click()
+    await asyncio.to_thread(_wait, browser, lambda d: "approved cancel_order for cus_1001" in d.page_source)
+    reply = await client.reply(request_id)
+    assert reply.outcome is Outcome.END_TURN and f"cancelled order {ORDER}" in reply.text
+    assert _status(shop_orders, ORDER) == "cancelled"
+    resumed = [
+        b for b in client.of_turn(topics.TOOL_BATCHES, request_id) if any(c.get("approved_by") for c in b["calls"])
+    ]
+    assert len(resumed) == 1 and resumed[0]["calls"][0]["approved_by"] == "alice@example.com"  # the signed-in person
+    assert len(await _spans(settings, reply.trace_id, "execute_tool cancel_order")) == 1  # run exactly once
+    (span,) = await _spans(settings, reply.trace_id, "console.decide")
+    assert span["attributes"]["roundtrip.decided_by"] == "alice@example.com"
+    assert span["attributes"]["roundtrip.decision"] == "approve" and span["attributes"]["enduser.role"] == "approver"
+    log = (fleet.sync.logs / "console.log").read_text()
+    assert 'approve by="alice@example.com" role=approver via=proxy from="127.0.0.1"' in log
+    assert f'approval="{approval_id}"' in log and '"customer confirmed by phone"' in log
+
+    # a second decision, the approval ended: refused with the reason, nothing sent
+    http, token = _signed_in(settings, APPROVER)
+    again = _post(http, f"/approvals/{approval_id}/decide", token, {"csrf": token, "decision": "deny"})
+    assert again.status_code == 409 and f"approval {approval_id} is approved by alice@example.com" in again.text
+    assert len([d for d in client.seen[topics.APPROVAL_DECISIONS] if d["approval_id"] == approval_id]) == 1
+
+    # the turn's page: its outcome, its approval history, its steps
+    await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
+    page = browser.find_element(By.TAG_NAME, "main").text
+    assert "end_turn" in page and "alice@example.com" in page and "approved" in page and "cancel_order" in page
+    assert "step 3: the model" in page and f"cancelled order {ORDER}" in page  # every step, to the answer
+    browser.save_screenshot(str(SHOTS / "console-turn.png"))
+    await asyncio.to_thread(browser.get, _url(settings, "/turns?customer=cus_1001&outcome=end_turn"))
+    assert turn_id in browser.find_element(By.TAG_NAME, "table").text
+
+
+async def test_the_server_refuses_anonymous_viewer_and_forged_posts_and_a_deny_reaches_the_model(
+    held_calls, browser, client, fleet_settings, shop_orders
+):
+    from selenium.webdriver.common.by import By
+
+    settings = fleet_settings[0]
+    _reset_shop(settings)
+    request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
+    request = await _waiting(client, request_id)
+    approval_id = request["approval_id"]
+    decide = f"/approvals/{approval_id}/decide"
+
+    anonymous = httpx.Client(base_url=f"http://127.0.0.1:{settings.console_port}", timeout=10)
+    assert anonymous.get("/approvals").status_code == 401
+    assert anonymous.post(decide, data={"decision": "approve"}).status_code == 401
+
+    viewer, viewer_token = _signed_in(settings, VIEWER)
+    seen = viewer.get("/approvals/live").text
+    assert approval_id in seen and "You may look, not decide (viewer)" in seen and "button" not in seen
+    refused = _post(viewer, decide, viewer_token, {"csrf": viewer_token, "decision": "approve"})
+    assert refused.status_code == 403 and "vic@example.com is a viewer" in refused.text
+
+    approver, token = _signed_in(settings, APPROVER)
+    for cookie, form_token in ((token, "forged.0000"), (None, token), (viewer_token, viewer_token), (token, "")):
+        forged = _post(approver, decide, cookie, {"csrf": form_token, "decision": "approve"})
+        assert forged.status_code == 403 and "CSRF token" in forged.text, (cookie, form_token, forged.text)
+    assert (
+        _post(approver, "/approvals/appr_nosuch/decide", token, {"csrf": token, "decision": "approve"}).status_code
+        == 404
+    )
+    await asyncio.sleep(1)
+    assert not [d for d in client.seen[topics.APPROVAL_DECISIONS] if d["approval_id"] == approval_id]  # nothing sent
+
+    await asyncio.to_thread(browser.get, _url(settings))
+    card = await asyncio.to_thread(_wait, browser, lambda d: _card(d, approval_id))
+    card.find_element(By.NAME, "reason").send_keys("a fraud review is open on this order")
+    card.find_element(By.CSS_SELECTOR, "button.deny").click()
+    await asyncio.to_thread(_wait, browser, lambda d: "denied cancel_order for cus_1001" in d.page_source)
+    reply = await client.reply(request_id)
+    assert reply.outcome is Outcome.END_TURN and "a fraud review is open on this order" in reply.text
+    assert _status(shop_orders, ORDER) == "pending"
+    results = [
+        b
+        for c in client.of_turn(topics.MODEL_CALLS, request_id)
+        for m in c["messages"][-1:]
+        if isinstance(m["content"], list)
+        for b in m["content"]
+        if b.get("tool_use_id") == request["call"]["id"]
+    ]
+    assert results and results[-1]["is_error"] and "declined it" in results[-1]["content"]
+    started = time.monotonic()
+    await asyncio.to_thread(_wait, browser, lambda d: _card(d, approval_id) is None)  # gone from the inbox by itself
+    assert time.monotonic() - started < 30
+
+
+async def test_an_approver_cancels_a_waiting_turn_from_its_page(
+    held_calls, browser, client, fleet_settings, shop_orders
+):
+    from selenium.webdriver.common.by import By
+
+    settings = fleet_settings[0]
+    _reset_shop(settings)
+    request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
+    request = await _waiting(client, request_id)
+    turn_id = request["turn"]["turn_id"]
+    await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
+    assert "awaiting" in browser.find_element(By.CSS_SELECTOR, "table.summary").text
+    form = browser.find_element(By.CSS_SELECTOR, "form.cancel")
+    form.find_element(By.NAME, "reason").send_keys("the customer called to stop it")
+    form.find_element(By.TAG_NAME, "button").click()
+    await asyncio.to_thread(_wait, browser, lambda d: "cancel sent" in d.page_source)
+    reply = await client.reply(request_id)
+    assert reply.outcome is Outcome.CANCELLED and _status(shop_orders, ORDER) == "pending"
+    # the turn has ended: its page offers no cancel, and its approval can no longer be decided
+    await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
+    assert "ended" in browser.find_element(By.CSS_SELECTOR, "table.summary").text
+    assert not browser.find_elements(By.CSS_SELECTOR, "form.cancel")
+    http, token = _signed_in(settings, APPROVER)
+    late = _post(http, f"/approvals/{request['approval_id']}/decide", token, {"csrf": token, "decision": "approve"})
+    assert late.status_code == 409 and "its turn is ended (cancelled)" in late.text, late.text

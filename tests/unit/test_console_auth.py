@@ -1,0 +1,118 @@
+"""The console's sign-in, roles and CSRF tokens (services/_console/auth.py), and what its desk refuses
+(services/_console/desk.py): offline, on real Starlette requests."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from starlette.requests import Request
+
+from roundtrip._console.auth import APPROVER, VIEWER, Gatekeeper, NotSignedIn
+from roundtrip._console.desk import cancel_refusal, refusal
+from roundtrip._guard.ledger import ApprovalRow, TurnRow
+from roundtrip._kernel.settings import InsecureConfiguration, Settings
+
+PROXY = "10.1.2.3"
+ALICE = {
+    "x-forwarded-user": "alice",
+    "x-forwarded-email": "alice@example.com",
+    "x-forwarded-groups": "a, roundtrip-approvers",
+}
+
+
+def request(peer: str, headers: dict[str, str] | None = None, cookie: str | None = None) -> Request:
+    raw = [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    if cookie:
+        raw.append((b"cookie", f"roundtrip_csrf={cookie}".encode()))
+    return Request({"type": "http", "method": "GET", "path": "/", "headers": raw, "client": (peer, 50000)})
+
+
+def production(**values) -> Settings:
+    return Settings(_env_file=None, env="production", **values)
+
+
+def test_proxy_headers_are_believed_only_from_the_configured_proxies():
+    gate = Gatekeeper(production(console_trusted_proxies=f"{PROXY}, 192.168.0.0/16"))
+    assert gate.identify(request(PROXY, ALICE)).name == "alice@example.com"
+    assert gate.identify(request("192.168.7.7", ALICE)).role == APPROVER
+    with pytest.raises(NotSignedIn, match="not signed in"):
+        gate.identify(request("10.9.9.9", ALICE))  # anyone can type the header: not from the proxy, not believed
+    with pytest.raises(NotSignedIn, match="not signed in"):
+        gate.identify(request(PROXY))  # the proxy named nobody
+
+
+def test_without_a_configured_proxy_nobody_is_signed_in_outside_development():
+    gate = Gatekeeper(production())
+    with pytest.raises(NotSignedIn, match="ROUNDTRIP_CONSOLE_TRUSTED_PROXIES"):
+        gate.identify(request("127.0.0.1", ALICE))
+
+
+def test_roles_come_from_the_groups():
+    gate = Gatekeeper(production(console_trusted_proxies=PROXY, console_viewer_groups="support"))
+    viewer = gate.identify(request(PROXY, {**ALICE, "x-forwarded-groups": "support"}))
+    assert viewer.role == VIEWER and not viewer.may_decide
+    assert gate.identify(request(PROXY, {**ALICE, "x-forwarded-groups": "marketing"})).role is None
+    assert gate.identify(request(PROXY, {"x-forwarded-user": "bob"})).name == "bob"  # no e-mail: the user
+
+
+def test_the_local_user_is_for_development_only():
+    dev = Settings(_env_file=None, env="development")
+    assert Gatekeeper(dev).identify(request("127.0.0.1")).via == "local"
+    assert Gatekeeper(dev.model_copy(update={"console_local_user": "me@laptop"})).identify(request("1.2.3.4")).name == (
+        "me@laptop"
+    )
+    assert production(console_local_user="me@laptop").console_local_identity is None
+    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_CONSOLE_LOCAL_USER"):
+        production(console_local_user="me@laptop").refuse_console_local_user("console")
+    with pytest.raises(ValueError, match="ROUNDTRIP_CONSOLE_TRUSTED_PROXIES"):
+        Gatekeeper(production(console_trusted_proxies="not-an-address"))
+
+
+def test_a_csrf_token_is_bound_to_its_person_and_must_match_the_cookie():
+    gate = Gatekeeper(production(console_trusted_proxies=PROXY, console_session_key="k" * 32))
+    alice = gate.identify(request(PROXY, ALICE))
+    bob = gate.identify(request(PROXY, {**ALICE, "x-forwarded-email": "bob@example.com"}))
+    token = gate.token(alice, None)
+    assert gate.token(alice, token) == token and gate.token(bob, token) != token
+    assert gate.check_post(alice, request(PROXY, ALICE, cookie=token), token)
+    assert not gate.check_post(alice, request(PROXY, ALICE), token)  # no cookie: a post from elsewhere
+    tampered = token[:-1] + ("1" if token.endswith("0") else "0")
+    assert not gate.check_post(alice, request(PROXY, ALICE, cookie=tampered), tampered)
+    assert not gate.check_post(bob, request(PROXY, ALICE, cookie=token), token)  # someone else's token
+    other = Gatekeeper(production(console_trusted_proxies=PROXY, console_session_key="x" * 32))
+    assert not other.check_post(alice, request(PROXY, ALICE, cookie=token), token)  # signed with another key
+
+
+def _approval(status: str = "pending", expires_in: float = 60, decided_by: str | None = None) -> ApprovalRow:
+    now = time.time()
+    return ApprovalRow(
+        "appr_1", "turn_1", 1, "toolu_1", "cancel_order", "0" * 64, "cus_1", "conv_1", status, "why", now,
+        now + expires_in, decided_by, None, None, None, "{}",
+    )  # fmt: skip
+
+
+def _turn(status: str, outcome: str | None = None) -> TurnRow:
+    now = time.time()
+    return TurnRow(
+        "turn_1", "req_1", "conv_1", "cus_1", status, 1, now, now, None, None, outcome, 0, 0, 0, 0, 0.0, "t" * 32,
+        None, "{}", None,
+    )  # fmt: skip
+
+
+def test_the_desk_refuses_an_approval_that_has_ended_or_passed_its_deadline():
+    assert refusal("appr_1", _approval(), _turn("awaiting")) is None
+    assert refusal("appr_x", None, None).status == 404
+    decided = refusal("appr_1", _approval("approved", decided_by="bob"), _turn("running"))
+    assert (
+        decided.status == 409
+        and decided.message == "approval appr_1 is approved by bob; its turn is running: nothing sent"
+    )
+    cancelled = refusal("appr_1", _approval(), _turn("ended", "cancelled"))
+    assert "its turn is ended (cancelled)" in cancelled.message
+    assert "passed its deadline" in refusal("appr_1", _approval(expires_in=-5), _turn("awaiting")).message
+    assert (
+        cancel_refusal("turn_1", _turn("ended", "end_turn")).message
+        == "turn turn_1 already ended (end_turn): nothing sent"
+    )
+    assert cancel_refusal("turn_1", _turn("running")) is None and cancel_refusal("turn_x", None).status == 404
