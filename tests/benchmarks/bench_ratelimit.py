@@ -5,7 +5,7 @@ One fleet (embedded Kafka, simulator at 1 s ± 30 %, shop, the five services), t
 
   cold       600 requests a minute enforced over `--burst-s` seconds (1: the bucket holds 10 requests; the API may
              enforce a limit over intervals shorter than a minute), met by a cold fleet: it runs first, before the
-             warm-up, so the model service's limiter has seen no answer yet (its slow start, services/_model/capacity.py)
+             warm-up, so the model service's limiter has seen no answer yet (its slow start, capacity.py)
   rpm        600 requests a minute
   itpm       an input-token limit instead (`--itpm`, 15,000 a minute: about 7 calls a second of these turns)
   halved     600 requests a minute, then 300 from the middle of the phase (another app took half)
@@ -22,7 +22,8 @@ per second, how many of them the bucket's store paid for (its level at the start
 against the limit's rate, turn p50/p99; then the phases side by side (turns end_turn / model_error / other, the share
 of calls answered 429). Figures go to docs/benchmarks.md by hand.
 
-    .venv/bin/python -m tests.benchmarks.bench_ratelimit [--phases cold,rpm,itpm,halved,replicas,inprocess] [--seconds 90]
+    .venv/bin/python -m tests.benchmarks.bench_ratelimit [--phases cold,rpm,itpm,halved,replicas,inprocess] \
+        [--seconds 90] [--burst-s 1]
 """
 
 from __future__ import annotations
