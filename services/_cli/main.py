@@ -69,7 +69,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         return
     from roundtrip._kernel.observability import agent_digest, health
     from roundtrip._kernel.observability.telemetry import setup_telemetry
-    from roundtrip._kernel.runtime import announce_ready, settle_heap
+    from roundtrip._kernel.runtime import announce_ready, run_loop, settle_heap
     from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration
     from roundtrip._sdk.agent import current_agent
 
@@ -115,7 +115,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         finally:
             shutdown_telemetry()
 
-    asyncio.run(main())
+    run_loop(main())  # uvloop where installed (services/_kernel/runtime.py)
 
 
 @app.command()

@@ -6,10 +6,14 @@ holds its place in the gateway's key-ordered consumer; once that consumer holds 
 (where `roundtrip lag` shows it) instead of starting turns the stuck-turn rule then ends.
 Turns are admitted in arrival order.
 
-The count is this gateway replica's: a turn is released when this replica sees its end. A turn
-whose end it never sees (its outcome was read by another replica, or it started before a
-restart) is forgotten after `forget_after_s` (the turn deadline and then some), so a miss can
-only delay admission, never stop it.
+The count is this gateway replica's: a turn is released when this replica sees its end. With several
+replicas, the outcomes' partitions are assigned apart from the requests' (two consumer groups), so about
+half of a replica's turns end at another one: every second the throttle asks the ledger which of this
+replica's running turns have ended and releases them (services/_gateway/throttle.py; without it, two
+replicas each kept the turns the other saw end until `forget_after_s`, and with the limit full admission
+stopped for minutes: docs/benchmarks.md, issue 32). A turn whose end is never seen nor read (the ledger
+cannot be read) is forgotten after `forget_after_s` (the turn deadline and then some), so a miss can only
+delay admission, never stop it.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ class Admission:
             self._handed -= 1
         self._running[turn_id] = time.monotonic()
         return time.monotonic() - started
+
+    def running_ids(self) -> list[str]:
+        return list(self._running)
 
     def release(self, turn_id: str) -> None:
         if self._running.pop(turn_id, None) is not None:

@@ -8,8 +8,9 @@ admission limit is cut to BETA of the turns it runs now, so new requests wait in
 running; while fewer than LOW wait, the limit climbs back by STEP of ROUNDTRIP_MAX_RUNNING_TURNS per
 check; in between it holds. Some turns waiting is the point: the model service then always has a
 call ready for its next slot, so the limit is used to the full. Every gateway replica reads the same
-ledger, so they close and open together, with no coordinator. A ledger that cannot be read leaves the
-admission as it is.
+ledger, so they close and open together, with no coordinator. The same check releases this replica's running
+turns that the ledger says have ended, whose outcome another replica read (services/_gateway/admission.py). A
+ledger that cannot be read leaves the admission as it is.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class Throttle:
             await asyncio.sleep(CHECK_S)
             try:
                 self.adjust(await self.store.waiting_for_capacity())
+                for turn_id in await self.store.ended_among(self.admission.running_ids()):
+                    self.admission.release(turn_id)  # its outcome went to another replica
                 failing = False
             except Exception as exc:  # noqa: BLE001 - the admission goes on as it is; said once per outage
                 if not failing:

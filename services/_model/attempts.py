@@ -114,8 +114,10 @@ async def attempt(
         except anthropic.APIError as exc:
             if wait_for_capacity and (pause := _capacity_wait(exc)) is not None:
                 out.refusals, last = out.refusals + 1, describe(exc)
-                capacity.refused(pause, started)
+                capacity.refused(pause, started)  # the window shrinks before this call's place is given on
+                capacity.ended()
                 continue
+            capacity.ended()
             if _transient(exc) and transient < retries:
                 pause = min(MAX_BACKOFF_S, BACKOFF_S * 2**transient) * random.uniform(0.75, 1.0)
                 transient += 1
@@ -124,7 +126,11 @@ async def attempt(
                     continue
             out.error = describe(exc)
             return out
+        except BaseException:
+            capacity.ended()
+            raise
         capacity.answered(out.headers, started_at=started, waited=waited > 0, **_counted(out.message))
+        capacity.ended()  # after the answer grew the window
         return out
 
 

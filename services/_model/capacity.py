@@ -17,6 +17,14 @@ The limiter keeps one number, the rate (calls per second) this process may start
 * **Additive increase.** An answer with room left raises the rate so that it would climb from zero to the
   ceiling in RAMP_S seconds of calls, and only while calls wait here (a rate nobody uses is not tested).
 
+* **Slow start.** Until the first answer, and again from a 429 on, the process has too little to go by: the
+  headers it knows may be stale, the bucket may hold less than the minute's limit (the API may enforce a limit
+  over shorter intervals, or other applications of the organisation drain it). So a window caps the calls in
+  flight (started, not answered): INITIAL_WINDOW of them, one more per answer with room left (doubling per round
+  trip, as TCP's slow start grows its window by the acknowledgements), and none past the calls the rate keeps in
+  flight (OPEN_AFTER of its rate x the calls' latency), where the window opens and pacing alone rules. An answer
+  that announces no limit opens it at once (nothing to protect); a drained answer stops its growth.
+
 Replicas are not told about each other: each sees the same organisation-wide headers and 429s and cuts
 when they say so, and AIMD's cuts in proportion to each one's rate make them converge on equal shares of
 the one limit (Chiu and Jain, 1989), with no coordinator. With no header and no refusal, nothing is paced.
@@ -41,6 +49,9 @@ BACKLOG_S = (
     2.0  # more calls waiting than this many seconds of the rate: the process is at its limit (its consumer pauses)
 )
 TOKEN_EWMA = 0.05  # weight of the newest call in the average tokens per call (calls of one turn differ a lot)
+INITIAL_WINDOW = 4  # calls in flight while nothing is known (a cold process), and again after a 429
+OPEN_AFTER = 2.0  # the window opens when it holds this many times the calls the rate keeps in flight
+LATENCY_EWMA = 0.1  # weight of the newest answer in the average latency of a call
 DIMENSIONS = ("requests", "input-tokens", "output-tokens")
 HEADER = "anthropic-ratelimit-{}-{}"
 
@@ -79,8 +90,11 @@ class Capacity:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         on_throttle: Callable[[bool], None] | None = None,
+        slow_start: bool = True,
     ) -> None:
+        """`slow_start` off: no window of calls in flight, ever (a plain loop's stand-in for no limiter)."""
         self._clock = clock
+        self._slow_start = slow_start
         self._rng = rng or random.Random()
         self.rate: float | None = None  # calls per second this process starts; None: not paced (no limit known)
         self._next_at = 0.0  # the next free slot
@@ -94,6 +108,12 @@ class Capacity:
         self._top_rate = 0.0  # the highest rate in use when a cut came (the ramp's top while no ceiling is known)
         self._per_call = {"input-tokens": 0.0, "output-tokens": 0.0}  # average tokens counted per call
         self._started: deque[float] = deque()  # starts of the last EPOCH_S: the rate in use before any is known
+        self.window: float | None = (
+            INITIAL_WINDOW if slow_start else None
+        )  # calls in flight allowed (None: open, the rate alone rules)
+        self.in_flight = 0  # started and not ended (`ended`)
+        self._window_waiters: deque[asyncio.Future[None]] = deque()
+        self._latency = 0.0  # average seconds from a call's start to its answer
         self.waiting = 0
         self.throttled = False
         self._on_throttle = on_throttle
@@ -101,29 +121,72 @@ class Capacity:
 
     # -- the calls' side --------------------------------------------------------------------
     async def acquire(self, deadline: float) -> float:
-        """Wait for this call's slot (FIFO, 1/rate apart, after any hold); the seconds waited.
-        Raises Busy, at once, when it would have to wait past `deadline` (monotonic)."""
+        """Wait for this call's place in the window (FIFO), then its slot (1/rate apart, after any hold); the seconds
+        waited. Raises Busy when it would have to wait past `deadline` (monotonic): at once for a slot, when the
+        deadline comes for the window. Every acquire that returns is followed by one `ended`."""
         begun = now = self._clock()
         self.waiting += 1
         self._check_throttle()
         try:
-            while True:
-                slot = max(now, self._next_at, self.hold_until)
-                if slot > now and slot > deadline:  # no wait, no refusal: a call due now is never busy
-                    raise Busy(f"no capacity for {slot - now:.1f} s, past the turn's deadline")
-                if self.rate is not None:
-                    self._next_at = slot + 1.0 / self.rate
-                if slot > now:
-                    await asyncio.sleep(slot - now)
-                now = self._clock()
-                if self.hold_until <= now:  # a 429 during the sleep moved every slot past its hold: take a new one
-                    break
+            await self._enter_window(deadline)
+            try:
+                now = await self._slot(deadline)
+            except BaseException:
+                self.ended()
+                raise
         finally:
             self.waiting -= 1
             self._check_throttle()
         self._started.append(now)
         self._forget_starts(now)
         return now - begun
+
+    async def _enter_window(self, deadline: float) -> None:
+        if self.window is None or (self.in_flight < self.window and not self._window_waiters):
+            self.in_flight += 1
+            return
+        entered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._window_waiters.append(entered)
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+                await entered  # `_admit` counted this call in flight when it set the result
+        except BaseException as exc:
+            if entered.done() and not entered.cancelled():  # admitted as it gave up: give its place back
+                self.ended()
+            else:
+                entered.cancel()
+                with contextlib.suppress(ValueError):
+                    self._window_waiters.remove(entered)
+            if isinstance(exc, TimeoutError):
+                raise Busy("no room among the calls in flight before the turn's deadline") from None
+            raise
+
+    async def _slot(self, deadline: float) -> float:
+        now = self._clock()
+        while True:
+            slot = max(now, self._next_at, self.hold_until)
+            if slot > now and slot > deadline:  # no wait, no refusal: a call due now is never busy
+                raise Busy(f"no capacity for {slot - now:.1f} s, past the turn's deadline")
+            if self.rate is not None:
+                self._next_at = slot + 1.0 / self.rate
+            if slot > now:
+                await asyncio.sleep(slot - now)
+            now = self._clock()
+            if self.hold_until <= now:  # a 429 during the sleep moved every slot past its hold: take a new one
+                return now
+
+    def ended(self) -> None:
+        """A call that `acquire` let start has ended (answered, refused, failed or cancelled): its place in the window
+        goes to the next call waiting."""
+        self.in_flight = max(0, self.in_flight - 1)
+        self._admit()
+
+    def _admit(self) -> None:
+        while self._window_waiters and (self.window is None or self.in_flight < self.window):
+            entered = self._window_waiters.popleft()
+            if not entered.done():
+                self.in_flight += 1
+                entered.set_result(None)
 
     def answered(
         self, headers: Mapping[str, str] | None, input_tokens: int, output_tokens: int, started_at: float, waited: bool
@@ -138,13 +201,29 @@ class Capacity:
                 ceiling  # the first ceiling known, or a rate at the ceiling follows it (it moves with the calls' sizes)
             )
         self._answers += 1
-        self._drained_answers += self._drained(reading)
+        drained = self._drained(reading)
+        self._drained_answers += drained
         self._limited = self._limited or waited
         now = self._clock()
+        self._grow_window(now - started_at, drained, ceiling)
         if now - self._epoch_at >= EPOCH_S and self.rate is not None:
             self._adapt(ceiling, now)
         if ceiling is not None and self.rate is not None:
             self.rate = min(self.rate, ceiling)
+
+    def _grow_window(self, latency: float, drained: bool, ceiling: float | None) -> None:
+        """Slow start: one more call in flight per answer with room left, until the window holds OPEN_AFTER times what
+        the rate keeps in flight; an answer announcing no limit opens it at once."""
+        self._latency = latency if self._latency == 0 else self._latency + LATENCY_EWMA * (latency - self._latency)
+        if self.window is None:
+            return
+        if ceiling is None and self.rate is None:  # no limit announced, none learnt from a 429: nothing to protect
+            self.window = None
+        elif not drained:
+            self.window += 1
+            if self.window >= max(INITIAL_WINDOW, OPEN_AFTER * (self.rate or 0.0) * self._latency):
+                self.window = None
+        self._admit()
 
     def _adapt(self, ceiling: float | None, now: float) -> None:
         """The end of an epoch: cut in proportion to the share of answers that found the bucket drained (every replica
@@ -162,6 +241,8 @@ class Capacity:
         """A 429 or 529 for a call started at `started_at`: cut the rate, hold the process `retry_after` + jitter."""
         self.refusals += 1
         self._cut(started_at)
+        if self._slow_start:  # slow start again from the hold's end
+            self.window = min(self.window or INITIAL_WINDOW, INITIAL_WINDOW)
         now = self._clock()
         spacing = 1.0 / self.rate if self.rate else 0.0
         until = now + retry_after + self._rng.uniform(0.0, 0.25 * retry_after + spacing)
@@ -189,7 +270,8 @@ class Capacity:
 
     def _learn(self, reading: Reading, input_tokens: int, output_tokens: int) -> None:
         if self._limit and not reading.limit:  # the limits that were announced are gone (a simulator's, lifted)
-            self.rate, self._peak = None, {}
+            self.rate, self._peak, self.window = None, {}, None
+            self._admit()
         self._limit = dict(reading.limit)
         for dimension, left in reading.remaining.items():
             self._peak[dimension] = max(self._peak.get(dimension, 0.0), left)

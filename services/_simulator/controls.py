@@ -2,7 +2,8 @@
 
 GET  /v1/_limits                      {"limits": {"rpm": 600, ...}, "remaining": {...}, "refused": n}
 POST /v1/_limits   {"rpm": 300}       change the limits named (null removes one); answers as GET
-                                      ("another app took half": POST the halved limit)
+                                      ("another app took half": POST the halved limit); {"burst_s": 1}
+                                      enforces them over one second (null: a minute)
 POST /v1/_overload {"seconds": 5}     a burst of 529s from now for that long (0 ends it; "status": 500 a
                                       burst of that 5xx instead); answers {"overloaded": n}
 """
@@ -62,11 +63,16 @@ async def _object(request: Request) -> dict:
     return body
 
 
-def _limits(body: dict) -> dict[str, int | None]:
-    unknown = sorted(set(body) - set(KINDS))
+def _limits(body: dict) -> dict[str, float | None]:
+    unknown = sorted(set(body) - set(KINDS) - {"burst_s"})
     if unknown:
-        raise invalid(f"unknown limit {unknown[0]!r}; expected {', '.join(KINDS)}")
+        raise invalid(f"unknown limit {unknown[0]!r}; expected {', '.join(KINDS)} or burst_s")
+    burst = body.get("burst_s")
+    if burst is not None and (isinstance(burst, bool) or not isinstance(burst, int | float) or not 0 < burst <= 60):
+        raise invalid(f"burst_s: expected seconds over which the limits are enforced (0-60] or null, got {burst!r}")
     for name, value in body.items():
+        if name == "burst_s":
+            continue
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise invalid(f"{name}: expected a positive whole number per minute or null, got {value!r}")
     return body

@@ -17,6 +17,12 @@ that are set, and `anthropic-ratelimit-tokens-*` for the token limit nearest to 
 (reset: RFC 3339, when that bucket will be full again). A limit that is not set is neither
 enforced nor announced. `configure` changes limits mid-run (POST /v1/_limits): a bucket keeps
 what it holds, up to its new limit.
+
+The API says a limit may be enforced over intervals shorter than a minute (60 requests a minute as one a
+second), so a burst can be refused while the minute's total is well within the limit: `burst_s` (POST
+/v1/_limits {"burst_s": 1}) makes every bucket hold only that many seconds of its refill (limit x burst_s / 60;
+60, the default, is a whole minute's). The headers still announce the per-minute limit, and `remaining` what the
+short bucket holds.
 """
 
 from __future__ import annotations
@@ -36,26 +42,34 @@ UNITS = {"requests": "requests", "input-tokens": "input tokens", "output-tokens"
 HEADER = "anthropic-ratelimit-"
 
 
+MINUTE_S = 60.0
+
+
 @dataclass
 class Bucket:
-    """At most `limit`, refilled at limit/60 per second."""
+    """At most `limit` x burst_s / 60 (a minute's limit by default), refilled at limit/60 per second."""
 
     limit: int
     level: float
     at: float
+    burst_s: float = MINUTE_S
+
+    @property
+    def holds(self) -> float:
+        return self.limit * self.burst_s / MINUTE_S
 
     def refill(self, now: float) -> None:
-        self.level = min(float(self.limit), self.level + (now - self.at) * self.limit / 60.0)
+        self.level = min(self.holds, self.level + (now - self.at) * self.limit / MINUTE_S)
         self.at = now
 
     def wait(self, amount: float) -> float:
-        """Seconds until the bucket holds `amount` (0: now; inf: never, it is more than the limit)."""
-        if amount > self.limit:
+        """Seconds until the bucket holds `amount` (0: now; inf: never, it is more than the bucket holds)."""
+        if amount > self.holds:
             return math.inf
-        return max(0.0, (amount - self.level) * 60.0 / self.limit)
+        return max(0.0, (amount - self.level) * MINUTE_S / self.limit)
 
     def until_full(self) -> float:
-        return (self.limit - self.level) * 60.0 / self.limit
+        return (self.holds - self.level) * MINUTE_S / self.limit
 
 
 class Admitted:
@@ -88,22 +102,32 @@ class RateLimits:
     ):
         self._clock, self._wall = clock, wall
         self._buckets: dict[str, Bucket] = {}
+        self.burst_s = MINUTE_S  # every bucket holds this many seconds of its refill
         self.refused = 0
         self.in_flight = 0  # requests admitted and not answered yet
         self.configure({"rpm": rpm, "itpm": itpm, "otpm": otpm})
 
-    def configure(self, limits: dict[str, int | None]) -> None:
-        """Set, change (None: remove) the limits named: {"rpm": 300} halves a limit of 600, the rest unchanged."""
+    def configure(self, limits: dict[str, float | None]) -> None:
+        """Set, change (None: remove) the limits named: {"rpm": 300} halves a limit of 600, the rest unchanged;
+        {"burst_s": 1} enforces every limit over one second (None: a minute again)."""
         now = self._refill()
+        limits = dict(limits)
+        if "burst_s" in limits:
+            self.burst_s = limits.pop("burst_s") or MINUTE_S
+        for bucket in self._buckets.values():
+            bucket.burst_s = self.burst_s
+            bucket.level = min(bucket.level, bucket.holds)
         for name, limit in limits.items():
             kind = KINDS[name]
             if limit is None:
                 self._buckets.pop(kind, None)
             elif kind in self._buckets:
                 bucket = self._buckets[kind]
-                bucket.limit, bucket.level = limit, min(bucket.level, float(limit))
+                bucket.limit = limit
+                bucket.level = min(bucket.level, bucket.holds)
             else:
-                self._buckets[kind] = Bucket(limit, float(limit), now)
+                bucket = self._buckets[kind] = Bucket(limit, 0.0, now, self.burst_s)
+                bucket.level = bucket.holds
 
     def admit(self, body: dict, cache: PromptCache) -> Admitted:
         """Take what this request costs from every bucket, or raise the API's 429."""
@@ -148,6 +172,7 @@ class RateLimits:
         return {
             "limits": {names[k]: b.limit for k, b in self._buckets.items()},
             "remaining": {names[k]: math.floor(b.level) for k, b in self._buckets.items()},
+            "burst_s": self.burst_s,
             "refused": self.refused,
         }
 

@@ -247,8 +247,10 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
             for name in variants:
                 await one_run(name, concurrency, total)
         top = max(args.concurrency)
-        for replicas in sorted(r for r in args.model_replicas if r > 1):
-            added = add_model_replicas(fleet, replicas, say)
+        grown = [(("model",), r) for r in sorted(r for r in args.model_replicas if r > 1)]
+        grown += [(SERVICES, args.all_replicas)] if args.all_replicas > 1 else []
+        for services, replicas in grown:
+            added = add_replicas(fleet, services, replicas, say)
             pids.update(added)
             meter = CpuMeter(pids)
             await asyncio.sleep(3.0)  # the group rebalances; let it settle
@@ -307,16 +309,27 @@ def turns_for(args: argparse.Namespace, concurrency: int) -> int:
 
 def add_model_replicas(fleet: Fleet, replicas: int, say: Callable[[str], None]) -> dict[str, int]:
     """Grow the model service to `replicas` processes (same consumer group); returns the new ones' pids."""
-    have = [c for c in fleet.children if c.name == "model" or c.name.startswith("model-")]
+    return add_replicas(fleet, ("model",), replicas, say)
+
+
+SERVICES = ("gateway", "model", "guard", "gate", "executor")
+
+
+def add_replicas(fleet: Fleet, services: tuple[str, ...], replicas: int, say: Callable[[str], None]) -> dict[str, int]:
+    """Grow each of `services` to `replicas` processes (its own consumer group); returns the new ones' pids."""
     names = []
-    for i in range(len(have), replicas):
-        name = f"model-{i + 1}"
-        fleet._spawn(
-            name, [sys.executable, "-m", "roundtrip._cli.main", "run", "model"], "consumer group roundtrip-model"
-        )  # noqa: SLF001
-        names.append(name)
+    for service in services:
+        have = [c for c in fleet.children if c.name == service or c.name.startswith(f"{service}-")]
+        for i in range(len(have), replicas):
+            name = f"{service}-{i + 1}"
+            fleet._spawn(  # noqa: SLF001
+                name,
+                [sys.executable, "-m", "roundtrip._cli.main", "run", service],
+                f"consumer group roundtrip-{service}",
+            )
+            names.append(name)
     fleet._wait_services(names=set(names))  # noqa: SLF001
-    say(f"model service scaled to {replicas} replicas")
+    say(f"{', '.join(services)} scaled to {replicas} replicas")
     return {c.name: c.process.pid for c in fleet.children if c.name in names}
 
 
@@ -639,6 +652,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="after the runs, grow the model service to these replica counts and run the fleet again at "
         "the highest concurrency (default none; realistic: 1,3)",
+    )
+    parser.add_argument(
+        "--all-replicas",
+        type=int,
+        default=1,
+        help="after the runs (and any --model-replicas), grow every service (gateway, model, guard, gate, executor) "
+        "to this many replicas and run the fleet again at the highest concurrency; the report labels that run with "
+        "its replica count in the model column (default 1: not run)",
     )
     parser.add_argument(
         "--warmup",

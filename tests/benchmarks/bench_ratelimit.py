@@ -3,6 +3,9 @@
 One fleet (embedded Kafka, simulator at 1 s ± 30 %, shop, the five services), then phases of
 `--seconds` each, 60 turns in flight (closed loop, careful persona, 3 model calls per turn):
 
+  cold       600 requests a minute enforced over `--burst-s` seconds (1: the bucket holds 10 requests; the API may
+             enforce a limit over intervals shorter than a minute), met by a cold fleet: it runs first, before the
+             warm-up, so the model service's limiter has seen no answer yet (its slow start, capacity.py)
   rpm        600 requests a minute
   itpm       an input-token limit instead (`--itpm`, 15,000 a minute: about 7 calls a second of these turns)
   halved     600 requests a minute, then 300 from the middle of the phase (another app took half)
@@ -19,7 +22,8 @@ per second, how many of them the bucket's store paid for (its level at the start
 against the limit's rate, turn p50/p99; then the phases side by side (turns end_turn / model_error / other, the share
 of calls answered 429). Figures go to docs/benchmarks.md by hand.
 
-    .venv/bin/python -m tests.benchmarks.bench_ratelimit [--phases rpm,itpm,halved,replicas,inprocess] [--seconds 90]
+    .venv/bin/python -m tests.benchmarks.bench_ratelimit [--phases cold,rpm,itpm,halved,replicas,inprocess] \
+        [--seconds 90] [--burst-s 1]
 """
 
 from __future__ import annotations
@@ -136,6 +140,7 @@ def side_by_side(results: list[dict]) -> list[str]:
 async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counted: list | None = None) -> dict:
     itpm = name == "itpm"
     values = {"rpm": None, "itpm": args.itpm} if itpm else {"rpm": RPM, "itpm": None}
+    values["burst_s"] = args.burst_s if name == "cold" else None
     kind = "itpm" if itpm else "rpm"
     set_full(base_url, **values)
     start, started = limits(base_url), time.perf_counter()
@@ -173,9 +178,13 @@ async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list
     fleet_turn = lambda i: driver.turn(f"{TEXT} (ref {i})", CUSTOMERS[i % len(CUSTOMERS)], PERSONA)  # noqa: E731
     results = []
     try:
-        limits(settings.model_base_url, rpm=None, itpm=None)
+        limits(settings.model_base_url, rpm=None, itpm=None, burst_s=None)
+        if "cold" in args.phases:  # before any call: the limiter has seen no answer
+            results.append(await phase("cold", fleet_turn, settings.model_base_url, args))
+            say(line(results[-1]))
+            limits(settings.model_base_url, rpm=None, itpm=None, burst_s=None)
         await closed_loop(fleet_turn, 10, 30, 60)  # warm: connections, caches
-        for name in args.phases:
+        for name in (name for name in args.phases if name != "cold"):
             if name == "replicas":
                 add_model_replicas(fleet, 3, say)
                 await asyncio.sleep(5.0)  # the group rebalances
@@ -201,7 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tests.benchmarks.bench_ratelimit", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--phases", type=lambda s: s.split(","), default=["rpm", "itpm", "halved", "inprocess", "replicas"]
+        "--phases", type=lambda s: s.split(","), default=["cold", "rpm", "itpm", "halved", "inprocess", "replicas"]
+    )
+    parser.add_argument(
+        "--burst-s",
+        type=float,
+        default=1.0,
+        help="the cold phase's limit is enforced over this many seconds (default 1)",
     )
     parser.add_argument("--seconds", type=float, default=90.0, help="length of each phase (default 90)")
     parser.add_argument("--concurrency", type=int, default=60, help="turns in flight (default 60)")

@@ -21,6 +21,7 @@ from typing import Any
 import anthropic
 
 from roundtrip._kernel.settings import Settings
+from roundtrip._model.capacity import Capacity
 from roundtrip._model.handlers import Retrying
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip.testing._inprocess import InProcess
@@ -69,7 +70,9 @@ class InProcessLoop:
         )
         self.shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
         model, retrying = (
-            (SdkOnly(self.client), Retrying(retries=0, wait_for_capacity=False)) if plain else (self.client, None)
+            (SdkOnly(self.client), Retrying(Capacity(slow_start=False), retries=0, wait_for_capacity=False))
+            if plain
+            else (self.client, None)
         )
         self.loop = InProcess(SHOP, model, shop_deps(self.shop), settings, retrying)
 

@@ -316,3 +316,14 @@ async def test_a_decision_for_a_turn_that_ended_while_waiting_changes_nothing(le
     )  # no longer listed as waiting
     assert await ledger.close_approvals(t["turn_id"], "ended") == 1
     assert (await ledger.get(t["turn_id"])).status == ENDED
+
+
+async def test_a_gateway_reads_which_of_its_running_turns_have_ended(ledger):
+    """Services/_gateway/throttle.py: the turns whose outcome another gateway replica read (an IN list of ids)."""
+    running, ended = turn(), turn()
+    for t in (running, ended):
+        assert await ledger.start(t, pending="{}") is True
+    assert await ledger.end(ended["turn_id"], "cancelled", pending="{}") is not None
+    ids = [running["turn_id"], ended["turn_id"], "turn_unknown"]
+    assert await ledger.ended_among(ids) == {ended["turn_id"]}
+    assert await ledger.ended_among([]) == set()

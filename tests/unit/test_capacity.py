@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from roundtrip._model.attempts import MARGIN_S, attempt
-from roundtrip._model.capacity import BETA, EPOCH_S, Busy, Capacity, Reading
+from roundtrip._model.capacity import BETA, EPOCH_S, INITIAL_WINDOW, Busy, Capacity, Reading
 
 
 def headers(limit: float, remaining: float, dimension: str = "requests") -> dict[str, str]:
@@ -104,6 +104,7 @@ async def test_waiting_calls_start_one_slot_apart_in_order_and_busy_past_the_dea
     async def one() -> None:
         await capacity.acquire(time.monotonic() + 10)
         starts.append(time.monotonic())
+        capacity.ended()
 
     await asyncio.gather(*(one() for _ in range(5)))
     gaps = [b - a for a, b in itertools.pairwise(starts)]
@@ -212,3 +213,107 @@ async def test_a_turn_that_ended_while_its_call_waited_is_not_called():
     await capacity.acquire(time.monotonic() + 5)
     out = await attempt(never, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=ended)
     assert out.gone and out.attempts == 0
+
+
+async def started_after(capacity: Capacity, tasks: list[asyncio.Task], rounds: int = 5) -> int:
+    """How many of `tasks` (each an acquire) have been let start, once the loop has run a little."""
+    for _ in range(rounds):
+        await asyncio.sleep(0.002)
+    return sum(task.done() for task in tasks)
+
+
+async def test_a_cold_limiter_starts_a_few_calls_and_an_answer_announcing_no_limit_opens_it():
+    capacity = Capacity()
+    tasks = [asyncio.create_task(capacity.acquire(time.monotonic() + 10)) for _ in range(20)]
+    assert await started_after(capacity, tasks) == INITIAL_WINDOW and capacity.in_flight == INITIAL_WINDOW
+    capacity.answered({}, 100, 20, started_at=time.monotonic() - 1.0, waited=False)  # no rate-limit header at all
+    capacity.ended()
+    assert await started_after(capacity, tasks) == 20 and capacity.window is None and capacity.rate is None
+
+
+async def test_each_answer_with_room_lets_two_calls_start_and_the_window_opens_at_what_the_rate_keeps_in_flight():
+    capacity = Capacity()
+    tasks = [asyncio.create_task(capacity.acquire(time.monotonic() + 10)) for _ in range(40)]
+    started = await started_after(capacity, tasks)
+    assert started == INITIAL_WINDOW
+    # 6,000 requests a minute: 100 calls/s; answers 0.05 s after their start: the rate keeps 5 in flight, and the
+    # window opens when it holds OPEN_AFTER times that (10)
+    capacity.answered(headers(6000, 5999), 100, 20, started_at=time.monotonic() - 0.05, waited=False)
+    capacity.ended()
+    assert await started_after(capacity, tasks) == started + 2  # its own place and one more
+    started += 2
+    capacity.answered(headers(6000, 2000), 100, 20, started_at=time.monotonic() - 0.05, waited=False)  # drained
+    capacity.ended()
+    assert await started_after(capacity, tasks) == started + 1  # its own place only: the window did not grow
+    started += 1
+    windows = []
+    while capacity.window is not None:
+        windows.append(capacity.window)
+        capacity.answered(headers(6000, 5999), 100, 20, started_at=time.monotonic() - 0.05, waited=False)
+        capacity.ended()
+    # one more per answer, open once it holds about OPEN_AFTER x 100/s x 0.05 s (the latency measured is a little more)
+    assert windows == list(range(INITIAL_WINDOW + 1, windows[-1] + 1)) and windows[-1] in (9, 10), windows
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)  # open: the rate alone paces the rest (100/s)
+
+
+async def test_a_429_starts_slow_again_from_the_end_of_its_hold():
+    capacity = Capacity(rng=random.Random(3))
+    capacity.answered({}, 100, 20, started_at=time.monotonic(), waited=False)  # open
+    capacity.answered(headers(60000, 59000), 100, 20, started_at=time.monotonic() - 1.0, waited=False)
+    assert capacity.window is None
+    capacity.refused(0.05, started_at=time.monotonic())
+    assert capacity.window == INITIAL_WINDOW
+    tasks = [asyncio.create_task(capacity.acquire(time.monotonic() + 10)) for _ in range(12)]
+    await asyncio.sleep(0.2)  # the hold has ended
+    assert sum(task.done() for task in tasks) == INITIAL_WINDOW
+
+
+async def test_a_call_waiting_for_room_in_the_window_is_busy_at_its_deadline_and_gives_no_place_away():
+    capacity = Capacity()
+    for _ in range(INITIAL_WINDOW):
+        await capacity.acquire(time.monotonic() + 10)
+    with pytest.raises(Busy):
+        await capacity.acquire(time.monotonic() + 0.05)
+    assert capacity.in_flight == INITIAL_WINDOW and capacity.waiting == 0
+    capacity.ended()
+    await asyncio.wait_for(capacity.acquire(time.monotonic() + 1), 1)  # the place it gave back goes on
+
+
+async def test_a_cold_fleet_against_a_bucket_of_a_tenth_of_a_second_is_refused_little():
+    """60 callers in a closed loop (each call answered after 0.1 s ± 30 %) against 6,000 requests a minute enforced
+    over 0.1 s (a bucket of 10, refilled at 100 a second): without slow start the first wave alone meets 50 429s;
+    with it, only a few calls start before the first answer's headers give the rate."""
+
+    async def run(slow_start: bool) -> tuple[int, int]:
+        bucket, at, ok, refused = [10.0], [time.monotonic()], [0], [0]
+        rng = random.Random(7)
+
+        async def call(n: int):
+            await asyncio.sleep(0.01)  # the request's way to the API: a 429 comes back no sooner than this
+            now = time.monotonic()
+            bucket[0], at[0] = min(10.0, bucket[0] + (now - at[0]) * 100), now
+            if bucket[0] < 1:
+                refused[0] += 1
+                raise status_error(429, {"retry-after-ms": "100"})
+            bucket[0] -= 1
+            await asyncio.sleep(0.1 * rng.uniform(0.7, 1.3))
+            ok[0] += 1
+            return Message(), headers(6000, int(bucket[0]))
+
+        async def on_wait() -> bool:
+            return True
+
+        capacity = Capacity(rng=random.Random(1), slow_start=slow_start)
+        stop = time.monotonic() + 1.5
+
+        async def caller() -> None:
+            while time.monotonic() < stop:
+                await attempt(call, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=on_wait)
+
+        await asyncio.gather(*(caller() for _ in range(60)))
+        return ok[0], refused[0]
+
+    ok, refused = await run(slow_start=True)
+    unpaced_ok, unpaced_refused = await run(slow_start=False)
+    assert unpaced_refused >= 40, (unpaced_ok, unpaced_refused)  # the burst the slow start avoids
+    assert refused <= 0.05 * (ok + refused), (ok, refused)

@@ -42,6 +42,9 @@ async def test_the_ledger_is_read_each_check_and_a_failing_read_leaves_admission
                 raise answer
             return answer
 
+        async def ended_among(self, turn_ids: list[str]) -> set[str]:
+            return set()
+
     admission = Admission(limit=10, forget_after_s=600)
     for i in range(10):
         await admission.admit(f"turn_{i}")
@@ -52,3 +55,34 @@ async def test_the_ledger_is_read_each_check_and_a_failing_read_leaves_admission
     await asyncio.sleep(0.05)
     task.cancel()
     assert throttle.waiting == 0 and 9 <= admission.limit <= 10
+
+
+async def test_running_turns_that_ended_at_another_replica_are_released_from_the_ledger(monkeypatch):
+    """Two gateway replicas: the outcomes' partitions are assigned apart from the requests', so a replica does not see
+    the end of about half its turns. Each check asks the ledger which of its running turns ended and frees their places,
+    so a full replica admits again within a check instead of after the turn deadline."""
+    import roundtrip._gateway.throttle as module
+
+    monkeypatch.setattr(module, "CHECK_S", 0.01)
+    ended: set[str] = set()
+    asked: list[list[str]] = []
+
+    class Store:
+        async def waiting_for_capacity(self) -> int:
+            return 0
+
+        async def ended_among(self, turn_ids: list[str]) -> set[str]:
+            asked.append(sorted(turn_ids))
+            return ended & set(turn_ids)
+
+    admission = Admission(limit=4, forget_after_s=600)
+    for i in range(4):
+        await admission.admit(f"turn_{i}")
+    late = asyncio.create_task(admission.admit("turn_late"))
+    task = asyncio.create_task(Throttle(admission, Store()).run())
+    await asyncio.sleep(0.05)
+    assert not late.done() and asked and asked[-1] == [f"turn_{i}" for i in range(4)]
+    ended.update({"turn_1", "turn_3"})  # their outcomes went to the other replica
+    await asyncio.wait_for(late, 1)
+    task.cancel()
+    assert admission.running == 3 and "turn_late" in admission.running_ids()

@@ -20,3 +20,15 @@ def test_settle_heap_freezes_what_start_up_left_and_raises_the_young_threshold()
     frozen, count, threshold, wanted = json.loads(out)
     assert frozen == count > 10_000
     assert threshold == wanted == 10_000
+
+
+def test_a_service_runs_on_uvloop_where_it_is_installed():
+    code = (
+        "import asyncio, uvloop\n"
+        "from roundtrip._kernel.runtime import run_loop\n"
+        "async def main():\n"
+        "    return type(asyncio.get_running_loop()).__module__\n"
+        "print(run_loop(main()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().startswith("uvloop"), out

@@ -193,3 +193,21 @@ def test_overload_refuses_nonsense():
         Overload(every=0)
     with pytest.raises(ValueError):
         Overload().start(5, status=404)
+
+
+def test_a_limit_enforced_over_one_second_refuses_a_burst_the_minute_would_allow():
+    clock = Clock()
+    rl = limits(clock, rpm=600)
+    rl.configure({"burst_s": 1})  # 600 a minute as 10 a second: the bucket holds 10
+    for _ in range(10):
+        admit(rl, body())
+    error = refusal(rl, body())
+    assert error.headers["retry-after"] == "1" and rl.snapshot()["remaining"] == {"rpm": 0}
+    clock.now = 0.5
+    admit(rl, body())  # 5 refilled in half a second
+    assert rl.headers()["anthropic-ratelimit-requests-limit"] == "600"  # the per-minute limit is still announced
+    clock.now = 100.0
+    assert rl.snapshot()["remaining"] == {"rpm": 10}  # never more than a second's refill
+    rl.configure({"burst_s": None})
+    clock.now = 200.0
+    assert rl.snapshot()["remaining"] == {"rpm": 600} and rl.snapshot()["burst_s"] == 60.0

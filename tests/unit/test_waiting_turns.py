@@ -75,3 +75,18 @@ async def test_a_held_back_consumer_pauses_fetching_and_resumes_when_released():
     assert not kafka.paused and not consumer.paused
     await consumer.drain()
     await asyncio.wait_for(task, 2)
+
+
+async def test_the_ledger_says_which_of_a_gateways_running_turns_have_ended(tmp_path):
+    """What a gateway replica asks every second for the turns whose outcome another replica read."""
+    url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    ledger = await Ledger.open(url)
+    try:
+        now = time.time()
+        for name in ("t1", "t2", "t3"):
+            await ledger.start(turn(name), pending="{}", now=now, deadline_at=now + 300)
+        assert await ledger.end("t2", "cancelled", pending="{}") is not None
+        assert await ledger.ended_among(["t1", "t2", "t3", "t_unknown"]) == {"t2"}
+        assert await ledger.ended_among([]) == set()
+    finally:
+        await ledger.close()

@@ -138,6 +138,9 @@ _CLAIM = update(turns).where(AT_STEP, IS_LIVE, BEFORE_DEADLINE)
 _RELEASE_ENDING = update(turns).where(AT_STEP, turns.c.status == ENDING)
 _WAITING = update(turns).where(AT_STEP, IS_LIVE)
 _COUNT_WAITING = select(func.count()).select_from(turns).where(turns.c.status == WAITING)
+_ENDED_AMONG = select(turns.c.turn_id).where(
+    turns.c.turn_id.in_(bindparam("b_ids", expanding=True)), turns.c.status.in_((ENDING, ENDED))
+)
 _ACTED = update(turns).where(AT_STEP).values(acted=func.coalesce(turns.c.acted, "") + bindparam("b_lines"))
 
 
@@ -254,6 +257,15 @@ class TurnStore:
     async def waiting_for_capacity(self) -> int:
         """Turns whose model call waits for the API's rate limits now (the gateway's signal to admit fewer)."""
         return await self._run(lambda conn: conn.execute(_COUNT_WAITING).scalar_one(), single=True)
+
+    async def ended_among(self, turn_ids: list[str]) -> set[str]:
+        """Those of `turn_ids` whose turn has ended (or is ending): a gateway replica's running turns whose outcome
+        another replica read."""
+        if not turn_ids:
+            return set()
+        return await self._run(
+            lambda conn: set(conn.execute(_ENDED_AMONG, {"b_ids": list(turn_ids)}).scalars()), single=True
+        )
 
     async def _update(self, statement: Any, params: dict[str, Any] | None = None) -> bool:
         """A conditional update; True when it changed the one row (the caller owns the transition)."""
