@@ -25,6 +25,11 @@ by the kernel's message path (`kafka_metrics`) instead of FastStream's per-messa
 | roundtrip_model_capacity_wait_seconds | histogram | | model, per call: time it waited for the API's capacity (the limiter's slots and holds) |
 | roundtrip_model_waiting | gauge | | model, calls waiting for capacity now |
 | roundtrip_in_flight | gauge | service, subscription (the topic) | any consumer: messages being handled now |
+| roundtrip_dependency_unavailable | gauge | consumer, dependency | any consumer: 1 while it waits for a dependency |
+| roundtrip_retried_messages_total | counter | consumer, dependency | any consumer: a try of a message that waits |
+| roundtrip_ledger_rows | gauge | status | guard sweeper: the turn ledger's rows |
+| roundtrip_ledger_oldest_ended_seconds | gauge | | guard sweeper: age of the oldest ended turn kept (0: none) |
+| roundtrip_ledger_deleted_total | counter | | guard sweeper: ended turns deleted after their retention |
 | roundtrip_ignored_fields_total | counter | message | gateway, per unknown field of a request (ignored) |
 | roundtrip_refused_requests_total | counter | reason (schema, key, reused) | gateway, per request answered `invalid_request` |
 """
@@ -99,6 +104,21 @@ model_capacity_wait = Histogram(
 )
 model_waiting = Gauge("roundtrip_model_waiting", "Model calls waiting for the API's capacity now")
 in_flight_messages = Gauge("roundtrip_in_flight", "Messages being handled right now", ["service", "subscription"])
+dependency_unavailable = Gauge(
+    "roundtrip_dependency_unavailable",
+    "1 while the consumer waits for a dependency (its partitions paused, the failed messages retried)",
+    ["consumer", "dependency"],
+)
+retried_messages = Counter(
+    "roundtrip_retried_messages",
+    "Messages retried because a dependency was unavailable (not dead-lettered)",
+    ["consumer", "dependency"],
+)
+ledger_rows = Gauge("roundtrip_ledger_rows", "Rows of the turn ledger, by status", ["status"])
+ledger_oldest_ended = Gauge(
+    "roundtrip_ledger_oldest_ended_seconds", "Age of the oldest ended turn the ledger keeps (0: none)"
+)
+ledger_deleted = Counter("roundtrip_ledger_deleted", "Ended turns deleted after ROUNDTRIP_LEDGER_RETENTION_S")
 ignored_fields = Counter(
     "roundtrip_ignored_fields", "Fields of public messages the fleet does not know, ignored", ["message"]
 )
