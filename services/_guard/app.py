@@ -23,7 +23,7 @@ from faststream import FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
-from roundtrip._guard import sweeper
+from roundtrip._guard import retention, sweeper
 from roundtrip._guard.acted import Acts
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.conversations import Conversations
@@ -160,6 +160,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             pool_size=settings.database_pool_size,
         )
         state["guard"] = guard_of(settings, ledger, conversations, prices, publish, agent)
+        # ended turns are deleted after their retention: it must outlast the requests a redelivery can still bring
+        retention.check_outlasts(settings.ledger_retention_s, await retention.requests_retention_ms(settings))
 
     @app.after_startup
     async def start_sweeper() -> None:
@@ -168,13 +170,16 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         state["sweeper"] = asyncio.create_task(
             sweeper.run(guard.sweeper, outlets[topics.TURN_EVENTS], settings.sweep_interval_s, guard.conversations)
         )
+        kept = retention.Retention(guard.ledger, settings.ledger_retention_s)
+        state["retention"] = asyncio.create_task(retention.run(kept, settings.sweep_interval_s))
 
     @app.on_shutdown
     async def stop() -> None:
-        if task := state.pop("sweeper", None):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for name in ("sweeper", "retention"):
+            if task := state.pop(name, None):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     @app.after_shutdown
     async def close_ledger() -> None:

@@ -27,9 +27,9 @@ by the kernel's message path (`kafka_metrics`) instead of FastStream's per-messa
 | roundtrip_in_flight | gauge | service, subscription (the topic) | any consumer: messages being handled now |
 | roundtrip_dependency_unavailable | gauge | consumer, dependency | any consumer: 1 while it waits for a dependency |
 | roundtrip_retried_messages_total | counter | consumer, dependency | any consumer: a try of a message that waits |
-| roundtrip_ledger_rows | gauge | status | guard sweeper: the turn ledger's rows |
-| roundtrip_ledger_oldest_ended_seconds | gauge | | guard sweeper: age of the oldest ended turn kept (0: none) |
-| roundtrip_ledger_deleted_total | counter | | guard sweeper: ended turns deleted after their retention |
+| roundtrip_ledger_rows | gauge | | guard: turns in the ledger (PostgreSQL: the planner's estimate) |
+| roundtrip_ledger_oldest_ended_seconds | gauge | | guard: age of the oldest ended turn kept (0: none) |
+| roundtrip_ledger_deleted_total | counter | | guard: ended turns deleted after their retention |
 | roundtrip_ignored_fields_total | counter | message | gateway, per unknown field of a request (ignored) |
 | roundtrip_refused_requests_total | counter | reason (schema, key, reused) | gateway, per request answered `invalid_request` |
 """
@@ -114,7 +114,7 @@ retried_messages = Counter(
     "Messages retried because a dependency was unavailable (not dead-lettered)",
     ["consumer", "dependency"],
 )
-ledger_rows = Gauge("roundtrip_ledger_rows", "Rows of the turn ledger, by status", ["status"])
+ledger_rows = Gauge("roundtrip_ledger_rows", "Turns in the ledger (PostgreSQL: the planner's estimate)")
 ledger_oldest_ended = Gauge(
     "roundtrip_ledger_oldest_ended_seconds", "Age of the oldest ended turn the ledger keeps (0: none)"
 )
