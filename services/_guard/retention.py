@@ -144,7 +144,7 @@ async def run(retention: Retention, interval_s: float) -> None:
 
 async def requests_retention_ms(settings: Settings) -> int | None:
     """The requests topic's retention.ms as the broker says it (-1: for ever); None when it cannot be read."""
-    from aiokafka.admin import ConfigResource, ConfigResourceType
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
     from roundtrip._kernel.kafka.admin import _admin
     from roundtrip._kernel.kafka.clients import kafka_clients

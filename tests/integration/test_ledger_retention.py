@@ -162,3 +162,16 @@ def test_the_guard_refuses_a_retention_shorter_than_the_requests_topics():
     assert "\n" not in line and "ROUNDTRIP_LEDGER_RETENTION_S (3 d)" in line and "(7 d, retention.ms)" in line
     with pytest.raises(RetentionTooShort, match="for ever"):
         check_outlasts(30 * DAY, -1)
+
+
+async def test_the_guard_reads_the_requests_topics_retention_from_the_broker(kafka_bootstrap, kafka_topics):
+    from roundtrip._guard.retention import requests_retention_ms
+    from roundtrip._kernel.settings import Settings
+
+    settings = Settings(_env_file=None, kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=kafka_topics)
+    kept = await requests_retention_ms(settings)
+    assert kept is not None and kept > 0  # the broker's default (7 days) unless the topic says otherwise
+    with pytest.raises(RetentionTooShort):
+        check_outlasts(kept / 1000 - 1, kept)
+    gone = Settings(_env_file=None, kafka_bootstrap_servers=kafka_bootstrap, topic_prefix="nosuchfleet.")
+    assert await requests_retention_ms(gone) is None  # not there: not checked, said in a warning
