@@ -83,11 +83,13 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
             settings.refuse_dev_decision_key(service, agent.holds_calls())
         if declared.shares_ledger:
             settings.refuse_private_ledger(service)
+        module = importlib.import_module(declared.app_module)
+        if (preflight := getattr(module, "preflight", None)) is not None:
+            asyncio.run(preflight(settings))  # the service's checks that ask the broker (the guard's retention)
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2 if isinstance(exc, InsecureConfiguration) else 1) from None
     setup_telemetry(service, settings)
-    module = importlib.import_module(declared.app_module)
     stream = module.build(settings, agent)  # the one composition root: the agent loaded once, handed to the service
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
     log = logging.getLogger(f"roundtrip.{service}")
@@ -230,9 +232,7 @@ def ask(
 def chat(
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
     persona: Annotated[str | None, typer.Option(help="simulator persona for every request")] = None,
-    conversation: Annotated[
-        str | None, typer.Option(help="conversation id to continue (default: a new one)")
-    ] = None,
+    conversation: Annotated[str | None, typer.Option(help="conversation id to continue (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
 ) -> None:
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
@@ -456,9 +456,7 @@ def approvals_deny(
 
 @topics_app.command("create")
 def topics_create(
-    partitions: Annotated[
-        int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")
-    ] = None,
+    partitions: Annotated[int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
     executor_partitions: Annotated[int | None, typer.Option(help="partitions of the executor topic")] = None,
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""

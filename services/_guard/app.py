@@ -136,6 +136,12 @@ async def republish_left_over(guard: Guard) -> None:
         log.exception("republishing the outbox at start-up failed; the sweeper retries")
 
 
+async def preflight(settings: Settings) -> None:
+    """`roundtrip run guard` asks this before it builds the guard: ended turns are deleted after their retention, which
+    must outlast the requests a redelivery can still bring (RetentionTooShort: it refuses to start, in one line)."""
+    retention.check_outlasts(settings.ledger_retention_s, await retention.requests_retention_ms(settings))
+
+
 def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("guard", settings)
     outlets = {topic: Outlet(broker, topic, model) for topic, model in topology.service("guard").outputs.items()}
@@ -160,8 +166,6 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             pool_size=settings.database_pool_size,
         )
         state["guard"] = guard_of(settings, ledger, conversations, prices, publish, agent)
-        # ended turns are deleted after their retention: it must outlast the requests a redelivery can still bring
-        retention.check_outlasts(settings.ledger_retention_s, await retention.requests_retention_ms(settings))
 
     @app.after_startup
     async def start_sweeper() -> None:

@@ -175,3 +175,29 @@ async def test_the_guard_reads_the_requests_topics_retention_from_the_broker(kaf
         check_outlasts(kept / 1000 - 1, kept)
     gone = Settings(_env_file=None, kafka_bootstrap_servers=kafka_bootstrap, topic_prefix="nosuchfleet.")
     assert await requests_retention_ms(gone) is None  # not there: not checked, said in a warning
+
+
+async def test_roundtrip_run_guard_refuses_a_short_retention_in_one_line(kafka_bootstrap, kafka_topics, tmp_path):
+    import subprocess
+    import sys
+
+    url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
+        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "ROUNDTRIP_TOPIC_PREFIX": kafka_topics,
+        "ROUNDTRIP_LEDGER_DATABASE_URL": url,
+        "ROUNDTRIP_STATE_DIR": str(tmp_path),
+        "ROUNDTRIP_LEDGER_RETENTION_S": "3600",  # an hour, under the broker's default 7 days
+    }
+    ran = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "roundtrip._cli.main", "run", "guard"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    errors = [line for line in ran.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "guard refuses to start: ROUNDTRIP_LEDGER_RETENTION_S (1 h)" in errors[0], ran.stderr
+    assert "Traceback" not in ran.stderr
