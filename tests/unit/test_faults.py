@@ -129,7 +129,7 @@ def test_a_transport_failure_under_an_mcp_session_or_a_socket_is_retried():
 
     assert faults.unavailable(raised(anyio.ClosedResourceError())) == faults.NETWORK
     assert faults.unavailable(raised(ConnectionResetError(104, "reset by peer"))) == faults.NETWORK
-    assert faults.unavailable(raised(TimeoutError())) == faults.NETWORK
+    assert faults.unavailable(raised(TimeoutError())) is None  # a handler's own wait_for: not a dependency's
     # a handler's own error raised *because of* an outage (a lookup that could not reach the shop) is the outage's
     lookup = raised(RuntimeError("could not verify order o1"), httpx.ConnectError("refused", request=REQUEST))
     assert faults.unavailable(lookup) == faults.HTTP

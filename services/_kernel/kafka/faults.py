@@ -10,7 +10,9 @@ that raises hands its record to the kernel's message path (services/_kernel/kafk
   502, 503, 504 or 429; the Messages API's connection failed, timed out or it answered 429, 5xx or 529.
   The record is retried, its consumer paused until the dependency answers again (KeyOrderedConsumer).
 * **None**: the message fails for what it is (bad JSON, a schema violation, a bug the message
-  triggers, an HTTP 4xx, a constraint the database refuses): it goes to the dead-letter topic.
+  triggers, an HTTP 4xx, a constraint the database refuses): it goes to the dead-letter topic. A bare
+  `TimeoutError` counts as a dependency's only when a client's code raised it (the handler's own `wait_for`
+  timing out may be the message's doing, and a record retried for ever would hold its consumer).
 
 The rule reads the whole failure: the exception, its cause and context, SQLAlchemy's wrapped driver
 error (`orig`), and every leaf of an exception group (unavailable only when each leaf that is not a
@@ -156,8 +158,10 @@ def _one(exc: BaseException) -> str | None:
         return _httpx(exc)
     if module.startswith("anyio") and type(exc).__name__ in ("ClosedResourceError", "BrokenResourceError"):
         return NETWORK  # a stream (an MCP session's) closed under its user
-    if isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)):
+    if isinstance(exc, (ConnectionError, socket.gaierror)):
         return NETWORK
+    if isinstance(exc, TimeoutError):  # a client's timeout is its dependency's; a handler's own wait_for is not
+        return _raised_in(exc)
     if isinstance(exc, OSError) and exc.errno in _NETWORK_ERRNOS:
         return NETWORK
     return None
