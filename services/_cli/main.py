@@ -56,6 +56,10 @@ def _logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+async def _no_preflight(settings: object) -> None:
+    """A service without checks to make before it is built."""
+
+
 @app.command()
 def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUNNABLE)}")]) -> None:
     """Run one service in the foreground (Ctrl-C stops it)."""
@@ -84,8 +88,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         if declared.shares_ledger:
             settings.refuse_private_ledger(service)
         module = importlib.import_module(declared.app_module)
-        if (preflight := getattr(module, "preflight", None)) is not None:
-            asyncio.run(preflight(settings))  # the service's checks that ask the broker (the guard's retention)
+        asyncio.run(getattr(module, "preflight", _no_preflight)(settings))  # checks that ask the broker (the guard's)
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2 if isinstance(exc, InsecureConfiguration) else 1) from None

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from roundtrip._kernel.kafka import faults
 from roundtrip._sdk.context import ToolContext
 from roundtrip._sdk.registry import ToolSpec
 
@@ -69,7 +70,9 @@ async def authorize(
             return f"`{field}` must be a {kind} id (a string)."
         try:
             entity = await lookup(kind, entity_id, ctx.customer_id)
-        except Exception as exc:  # noqa: BLE001 - any backend failure denies the call
+        except Exception as exc:  # noqa: BLE001 - any backend failure denies the call ...
+            if (dependency := faults.unavailable(exc)) is not None:  # ... but one that is away is asked again
+                raise faults.RetryLater(dependency, f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
             raise LookupFailed(f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
         if entity is None or not _belongs(entity, kind, entity_id, ctx.customer_id):
             return _not_found(kind, entity_id)

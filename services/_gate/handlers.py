@@ -158,8 +158,6 @@ class Gate:
                 resolved=entities,
             )
         except LookupFailed as exc:
-            if (dependency := faults.unavailable(exc.__cause__ or exc)) is not None:
-                raise faults.RetryLater(dependency, str(exc)) from exc  # the backend is away: ask again, not "no"
             log.warning("turn %s: %s", turn_id, exc)
             return reject(self.messages("lookup_failed"), "lookup_failed")
         if denial:
