@@ -54,8 +54,11 @@ class PostgresServer:
     `durable=False` (the tests') turns fsync and synchronous commit off; the benchmark runs it with the server's
     own durable defaults, as production does (docs/benchmarks.md)."""
 
-    def __init__(self, bindir: Path, durable: bool = False):
+    def __init__(self, bindir: Path, durable: bool = False, crash_safe: bool = False):
         self.bindir, self.durable = bindir, durable
+        # crash_safe: a commit is written to the OS before it returns (synchronous_commit on), so it survives a SIGKILL
+        # of the server (not of the machine: fsync stays off); the crash tests need that, a benchmark's durable more
+        self.crash_safe = crash_safe
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="roundtrip-pg-"))  # not under pytest's 0700 tmp: see below
         self.data = self.root / "data"
@@ -86,6 +89,39 @@ class PostgresServer:
             str(self.bindir / "initdb"), "-D", str(self.data), "-U", PG_USER, "--auth=trust",
             "-E", "UTF8", "--no-locale", "--no-sync", "--no-instructions",
         )  # fmt: skip
+        self._launch()
+        atexit.register(self.stop)
+        self._wait_ready(60)
+        self._run(str(self.bindir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, PG_DATABASE)
+        return f"postgresql+asyncpg://{PG_USER}@127.0.0.1:{self.port}/{PG_DATABASE}"
+
+    def halt(self, sig: signal.Signals = signal.SIGINT) -> None:
+        """Stop the server and keep its data: SIGINT is a fast shutdown, SIGKILL a crash (its whole process group,
+        backends included, as an OOM kill or a lost node does); `resume()` starts it again on the same port."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        if sig == signal.SIGKILL:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.send_signal(sig)
+        proc.wait(30)
+        if sig == signal.SIGKILL:  # the backends share the group; wait until none holds the port or the shared memory
+            deadline = time.monotonic() + 10
+            while (
+                time.monotonic() < deadline
+                and subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0
+            ):
+                time.sleep(0.05)
+
+    def resume(self, timeout: float = 60) -> None:
+        """Start the halted server again on its data (crash recovery after a SIGKILL)."""
+        (self.data / "postmaster.pid").unlink(missing_ok=True)  # a crashed postmaster leaves it behind
+        self._launch()
+        self._wait_ready(timeout)
+
+    def _launch(self) -> None:
         options = {
             "listen_addresses": "127.0.0.1",
             "port": self.port,
@@ -96,7 +132,7 @@ class PostgresServer:
         if not self.durable:
             options |= {
                 "fsync": "off",
-                "synchronous_commit": "off",
+                "synchronous_commit": "on" if self.crash_safe else "off",
                 "full_page_writes": "off",
                 "shared_buffers": "32MB",
             }
@@ -114,10 +150,6 @@ class PostgresServer:
                 preexec_fn=die_with_parent_preexec(signal.SIGINT),  # fast shutdown if pytest dies
                 **self.run_as,  # type: ignore[arg-type]
             )
-        atexit.register(self.stop)
-        self._wait_ready(60)
-        self._run(str(self.bindir / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, PG_DATABASE)
-        return f"postgresql+asyncpg://{PG_USER}@127.0.0.1:{self.port}/{PG_DATABASE}"
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

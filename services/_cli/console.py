@@ -487,9 +487,12 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
 
     if _ledger_missing(settings):
         return 2
+    from roundtrip._guard.retention import Retention
+
     ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
     try:
         rows = await ledger.list(status=status, customer_id=customer, limit=limit)
+        size = await Retention(ledger, settings.ledger_retention_s).size()
     finally:
         await ledger.close()
     table = Table(box=None, pad_edge=False)
@@ -530,6 +533,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
             plain(r.trace_id),
         )
     console.print(table if rows else "no turns")
+    console.print(f"[dim]{plain(size.line(settings.ledger_retention_s))}[/]")
     return 0
 
 

@@ -56,6 +56,10 @@ def _logging() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+async def _no_preflight(settings: object) -> None:
+    """A service without checks to make before it is built."""
+
+
 @app.command()
 def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUNNABLE)}")]) -> None:
     """Run one service in the foreground (Ctrl-C stops it)."""
@@ -83,11 +87,12 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
             settings.refuse_dev_decision_key(service, agent.holds_calls())
         if declared.shares_ledger:
             settings.refuse_private_ledger(service)
+        module = importlib.import_module(declared.app_module)
+        asyncio.run(getattr(module, "preflight", _no_preflight)(settings))  # checks that ask the broker (the guard's)
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2 if isinstance(exc, InsecureConfiguration) else 1) from None
     setup_telemetry(service, settings)
-    module = importlib.import_module(declared.app_module)
     stream = module.build(settings, agent)  # the one composition root: the agent loaded once, handed to the service
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
     log = logging.getLogger(f"roundtrip.{service}")

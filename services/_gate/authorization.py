@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Container
 from typing import Any
 
+from roundtrip._kernel.kafka import faults
 from roundtrip._sdk.context import ToolContext
 from roundtrip._sdk.registry import ToolSpec
 from roundtrip._sdk.texts import gate_message
@@ -77,7 +78,9 @@ async def authorize(
             return say("not_an_id", field=field, kind=kind)
         try:
             entity = await lookup(kind, entity_id, ctx.customer_id)
-        except Exception as exc:  # noqa: BLE001 - any backend failure denies the call
+        except Exception as exc:  # noqa: BLE001 - any backend failure denies the call ...
+            if (dependency := faults.unavailable(exc)) is not None:  # ... but one that is away is asked again
+                raise faults.RetryLater(dependency, f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
             raise LookupFailed(f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
         if entity is None or not _belongs(entity, kind, entity_id, ctx.customer_id):
             return _not_found(say, kind, entity_id, tools)

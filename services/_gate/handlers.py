@@ -22,6 +22,7 @@ from typing import Any
 
 from roundtrip._gate.authorization import EntityLookup, LookupFailed, OwnershipCache, StepLookups, authorize
 from roundtrip._gate.validation import SAFE_INTEGER, InputValidator
+from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import mark_error, tracer
 from roundtrip._kernel.wire.approvals import ApprovalError, DecisionSigner, Signer, input_digest
@@ -85,7 +86,11 @@ class Gate:
     ) -> CheckedCall:
         try:
             return await self._check_call(call, customer_id, turn_id, blocked, lookups, decision, metadata)
-        except Exception:  # noqa: BLE001 - the gate fails closed and keeps serving
+        except faults.RetryLater:
+            raise  # a backend or the database is away: the whole step waits for it (nothing is approved meanwhile)
+        except Exception as exc:  # noqa: BLE001 - the gate fails closed and keeps serving
+            if (dependency := faults.unavailable(exc)) is not None:
+                raise faults.RetryLater(dependency, f"{type(exc).__name__}: {exc}") from exc
             log.exception("gate failed while checking %s (%s); rejecting it", str(call.name)[:80], call.id)
             metrics.gate_rejections.labels(self._tool_label(call.name), "internal_error").inc()
             return CheckedCall(

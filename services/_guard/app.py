@@ -23,7 +23,7 @@ from faststream import FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
-from roundtrip._guard import sweeper
+from roundtrip._guard import retention, sweeper
 from roundtrip._guard.acted import Acts
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.conversations import Conversations
@@ -137,6 +137,12 @@ async def republish_left_over(guard: Guard) -> None:
         log.exception("republishing the outbox at start-up failed; the sweeper retries")
 
 
+async def preflight(settings: Settings) -> None:
+    """`roundtrip run guard` asks this before it builds the guard: ended turns are deleted after their retention, which
+    must outlast the requests a redelivery can still bring (RetentionTooShort: it refuses to start, in one line)."""
+    retention.check_outlasts(settings.ledger_retention_s, await retention.requests_retention_ms(settings))
+
+
 def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("guard", settings)
     outlets = {topic: Outlet(broker, topic, model) for topic, model in topology.service("guard").outputs.items()}
@@ -169,13 +175,16 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         state["sweeper"] = asyncio.create_task(
             sweeper.run(guard.sweeper, outlets[topics.TURN_EVENTS], settings.sweep_interval_s, guard.conversations)
         )
+        kept = retention.Retention(guard.ledger, settings.ledger_retention_s)
+        state["retention"] = asyncio.create_task(retention.run(kept, settings.sweep_interval_s))
 
     @app.on_shutdown
     async def stop() -> None:
-        if task := state.pop("sweeper", None):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for name in ("sweeper", "retention"):
+            if task := state.pop(name, None):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     @app.after_shutdown
     async def close_ledger() -> None:

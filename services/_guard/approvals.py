@@ -14,6 +14,7 @@ The wait is ONE span in the turn's trace, from the request to the decision (or t
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -46,6 +47,9 @@ from roundtrip._kernel.wire.fingerprints import fingerprint
 
 log = logging.getLogger("roundtrip.guard")
 security = logging.getLogger("roundtrip.security")
+
+
+MAX_WAIT_FOR_REQUEST_S = 120.0  # a decision whose request is not recorded yet waits for it this long at most
 
 
 class DecisionRefused(Exception):
@@ -185,7 +189,7 @@ class Approvals:
                 exc,
             )
             raise DecisionRefused(f"forged decision: {exc}") from None
-        approval = await self.ledger.approval(decision.approval_id)
+        approval = await self._recorded(decision)
         if approval is None:
             raise DecisionRefused(f"no approval {decision.approval_id} was requested")
         if (decision.turn_id, decision.tool_use_id, decision.input_sha256) != (
@@ -202,6 +206,21 @@ class Approvals:
             raise DecisionRefused(
                 "decision for another call: its turn, tool_use id or arguments differ from the approval requested"
             )
+        return approval
+
+    async def _recorded(self, decision: ApprovalDecided) -> ApprovalRow | None:
+        """The approval of a (verified) decision; while its turn is open and before its deadline, waited for when not
+        recorded yet: a decision may overtake its request (another topic, another consumer, and after an outage of the
+        database both are retried at once). Only this conversation waits; an unknown turn or an ended one does not."""
+        pause, waited = 0.1, 0.0
+        while (approval := await self.ledger.approval(decision.approval_id)) is None:
+            row = await self.ledger.get(decision.turn_id)
+            if row is None or row.status == ENDED or waited >= MAX_WAIT_FOR_REQUEST_S:
+                return None
+            if row.deadline_at is not None and time.time() >= row.deadline_at:
+                return None
+            await asyncio.sleep(pause)
+            waited, pause = waited + pause, min(pause * 2, 2.0)
         return approval
 
     async def _still_waiting(self, approval: ApprovalRow) -> float:

@@ -24,6 +24,7 @@ from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import ENDED, STUCK, Ledger, TurnRow
 from roundtrip._guard.outbox import Bounded, Outbox
 from roundtrip._guard.outside import Outside, in_turn_trace
+from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability.telemetry import mark_error
 from roundtrip._kernel.wire.events import Outcome, Turn, TurnFlagged
 
@@ -124,7 +125,7 @@ class Sweeper:
 async def run(sweeper: Sweeper, flag: Flag, interval_s: float, conversations: Conversations | None = None) -> None:
     """Sweep every interval_s, for ever (cancel the task to stop it); every RETENTION_EVERY_S, delete the conversations
     idle past their retention. A failed sweep (a database hiccup) is logged and retried at the next tick."""
-    expired_at = 0.0
+    expired_at, away_since, away = 0.0, None, ""
     while True:
         await asyncio.sleep(interval_s)
         try:
@@ -133,5 +134,15 @@ async def run(sweeper: Sweeper, flag: Flag, interval_s: float, conversations: Co
                 expired_at = time.monotonic()
                 if expired := await conversations.expire():
                     log.info("deleted %d conversations idle for more than %g s", expired, conversations.retention_s)
-        except Exception:  # noqa: BLE001 - the sweeper must outlive a database hiccup
-            log.exception("sweeping for stuck turns failed; will retry")
+        except Exception as exc:  # noqa: BLE001 - the sweeper must outlive a database hiccup
+            if (dependency := faults.unavailable(exc)) is None:
+                log.exception("sweeping for stuck turns failed; will retry")
+            elif away_since is None:  # said once per outage, not once per tick
+                away_since, away = time.monotonic(), dependency
+                log.warning(
+                    "sweeping paused: the %s is unavailable (%s); retried every %g s", dependency, exc, interval_s
+                )
+            continue
+        if away_since is not None:
+            log.warning("sweeping again: the %s answered after %.1f s", away, time.monotonic() - away_since)
+            away_since = None

@@ -123,10 +123,10 @@ class RateLimits:
                 self._buckets.pop(kind, None)
             elif kind in self._buckets:
                 bucket = self._buckets[kind]
-                bucket.limit = limit
+                bucket.limit = int(limit)
                 bucket.level = min(bucket.level, bucket.holds)
             else:
-                bucket = self._buckets[kind] = Bucket(limit, 0.0, now, self.burst_s)
+                bucket = self._buckets[kind] = Bucket(int(limit), 0.0, now, self.burst_s)
                 bucket.level = bucket.holds
 
     def admit(self, body: dict, cache: PromptCache) -> Admitted:

@@ -190,6 +190,23 @@ async def test_a_backend_outage_fails_closed(shop):
     assert not result.approved and "could not be reached" in result.error
 
 
+async def test_a_backend_that_is_unreachable_is_asked_again_later_not_answered_no(shop):
+    import httpx
+
+    from roundtrip._kernel.kafka import faults
+
+    async def away(kind, entity_id, customer_id):
+        try:
+            raise httpx.ConnectError("All connection attempts failed")
+        except httpx.ConnectError as exc:  # what ShopClient raises when the shop refuses the connection
+            raise ShopUnavailable(f"shop unreachable: {exc!r}") from exc
+
+    gate = Gate(registry=REGISTRY, lookup=away, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
+    with pytest.raises(faults.RetryLater) as later:  # the message path retries the step; nothing is approved meanwhile
+        await gate.check_call(call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t")
+    assert later.value.dependency == faults.HTTP
+
+
 async def test_a_bug_in_a_policy_fails_closed_and_does_not_raise(shop, lookup, monkeypatch):
     async def broken(args, entities, ctx):
         raise KeyError("boom")

@@ -126,6 +126,19 @@ async def test_a_handler_that_raises_dead_letters_its_record_and_the_service_goe
     assert letter_of(wired.producer).reason == "ValueError: order ord_1 is not yours"
 
 
+async def test_a_handler_that_finds_the_database_away_is_retried_later_never_dead_lettered(wired):
+    import sqlalchemy.exc
+
+    from roundtrip._kernel.kafka import faults
+
+    refused = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+    wired.behaviour["raise"] = sqlalchemy.exc.OperationalError("UPDATE turns", {}, refused)
+    with pytest.raises(faults.RetryLater) as later:
+        await wired.process(record(CancelTurn(turn_id="turn_3").model_dump_json().encode()))
+    assert later.value.dependency == faults.DATABASE and "Connect call failed" in later.value.reason
+    assert wired.producer.sent == []  # no dead letter: the consumer retries the record
+
+
 async def test_a_dead_letter_that_cannot_be_published_is_left_to_the_consumers_rescue_with_its_reason(wired):
     wired.producer.fail = True
     with pytest.raises(messaging.DeadLetterFailed) as failed:

@@ -5,7 +5,9 @@ Each service runs as its own principal (`User:roundtrip-<service>` unless told o
 * for every input: Read and Describe on its topic, Read on its consumer group (`<prefix>roundtrip-<service>...`);
 * for every output and the dead letters: Write and Describe on the topic, IdempotentWrite on the cluster;
 * the gateway also: Read and Describe on `support.replies` (it reads which turns were answered, with no group)
-  and Write and Describe on its transactional ids (`<prefix>roundtrip-gateway-` prefixed: one per replica).
+  and Write and Describe on its transactional ids (`<prefix>roundtrip-gateway-` prefixed: one per replica);
+* the guard also: DescribeConfigs and Describe on `support.requests` (its ledger's retention must outlast the topic's
+  retention.ms: services/_guard/retention.py).
 
 Every name carries the fleet's topic prefix (ROUNDTRIP_TOPIC_PREFIX): topics, groups and transactional ids alike, so
 the ACLs of two fleets on one cluster grant neither fleet anything of the other's.
@@ -81,6 +83,8 @@ def for_service(service: topology.Service, prefix: str = "", principal: str = DE
     if service.name == "gateway":
         acls.append(_topic(who, topics.SUPPORT_REPLIES, prefix, "Read"))
         acls.append(Acl(who, "transactional-id", f"{prefix}roundtrip-gateway-", ("Write", "Describe"), prefixed=True))
+    if service.name == "guard":  # it reads the requests topic's retention.ms before it starts
+        acls.append(_topic(who, topics.SUPPORT_REQUESTS, prefix, "DescribeConfigs"))
     return _merged(acls)
 
 

@@ -19,6 +19,8 @@ Confluent Parallel Consumer (key-ordering mode) and LINE's Decaton do, small:
 * **Rebalance and shutdown lose nothing.** Revoked partitions stop starting records; the
   running ones finish (bounded by `drain_timeout_s`), then their offsets are committed, so
   the next owner starts at the first record that did not finish.
+* **A dependency's outage waits.** A record that raised `faults.RetryLater` is retried in its place, the
+  partitions paused until it goes through (services/_kernel/kafka/outages.py: a log line, a metric, /readyz).
 * **A record is never dropped because handling it failed.** The processing callable owns
   the dead-letter path; if even that raises (say Kafka is down), the record is retried with
   backoff while its key waits: nothing after it in that conversation overtakes it.
@@ -39,6 +41,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import ConsumerStoppedError, KafkaError
+
+from roundtrip._kernel.kafka.faults import RetryLater
+from roundtrip._kernel.kafka.outages import Outages, rescue_until_done
 
 log = logging.getLogger("roundtrip.consumer")
 
@@ -124,6 +129,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
         self._running = 0
         self._paused = False
         self._held_back = False  # hold(): the handler asked for no new records
+        self.outages = Outages(name)  # dependencies unavailable now: no new records until they answer
         self._stopping = False
         self._room = asyncio.Event()
         self._room.set()
@@ -171,7 +177,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             self._committer = asyncio.create_task(self._commit_loop(), name=f"{self.name}-commits")
         while not self._stopping:
             try:
-                if self._paused or self._held_back or self._held >= self._limit:
+                if self._paused or self._held_back or self.outages or self._held >= self._limit:
                     await self._wait_for_room(consumer)
                     continue
                 # never take more than there is room for: the rest stays in Kafka (or aiokafka's bounded prefetch)
@@ -196,11 +202,12 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             self._paused = True
             self._room.clear()
             consumer.pause(*consumer.assignment())
-            why = "held back by its handler" if self._held_back else "the limit"
-            log.info("%s: %d records in flight (%s): paused fetching", self.name, self._held, why)
+            if not self.outages:  # an outage says so itself, once
+                why = "held back by its handler" if self._held_back else "the limit"
+                log.info("%s: %d records in flight (%s): paused fetching", self.name, self._held, why)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._room.wait(), timeout=max(0.5, self._idle_wait_ms / 1000))
-        if self._held < self._limit and not self._held_back:
+        if self._held < self._limit and not self._held_back and not self.outages:
             self._paused = False
             consumer.resume(*consumer.assignment())
         else:
@@ -245,38 +252,28 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             self._tasks.pop(key, None)
 
     async def _handle(self, record: Any, part: _Partition) -> bool:
-        """Process one record; True when it is finished (handled or dead-lettered)."""
+        """Process one record; True when it is finished (handled or dead-lettered), False when it was given up (a
+        rebalance, a stop: not finished, so never committed). A dependency's outage: retried in place, paused."""
         try:
             await self._process(record)
             return True
         except asyncio.CancelledError:
             raise
+        except RetryLater as exc:
+            finished = await self.outages.retry(
+                lambda: self._process(record), exc, self._given_up(part), self._rescued(record, part)
+            )
+            self._room.set()
+            return finished
         except BaseException as exc:  # noqa: BLE001 - nothing a message does may stop the consumer
-            failure: BaseException = exc
-        delay = 0.25
-        while True:
-            try:
-                if self._rescue is None:
-                    raise failure
-                await self._rescue(record, failure)
-                return True
-            except asyncio.CancelledError:
-                raise
-            except BaseException as exc:  # noqa: BLE001
-                log.error(
-                    "%s: %s[%d]@%d could not be handled nor dead-lettered (%s: %s); retrying in %.1f s",
-                    self.name,
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                    type(exc).__name__,
-                    _short(exc),
-                    delay,
-                )
-                if part.revoked or self._stopping:
-                    return False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+            return await self._rescued(record, part)(exc)
+
+    def _given_up(self, part: _Partition) -> Callable[[], bool]:
+        return lambda: part.revoked or self._stopping
+
+    def _rescued(self, record: Any, part: _Partition) -> Callable[[BaseException], Awaitable[bool]]:
+        """The processing callable failed past its own dead-letter path: dead-letter it here, retried until it is."""
+        return lambda failure: rescue_until_done(self.name, self._rescue, record, failure, self._given_up(part))
 
     def _finished(self, part: _Partition, n: int) -> None:
         self._held -= n

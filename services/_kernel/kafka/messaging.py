@@ -13,7 +13,10 @@ app's lifecycle and the AsyncAPI document; its per-message loop and middleware c
 large share of every service's CPU (docs/benchmarks.md, "Figures the code points to"). What
 this takes of FastStream beyond its public API is in services/_kernel/kafka/faststream_seam.py.
 
-A message that cannot be processed (bad JSON, schema violation, a bug) never kills the
+A failure that says a dependency is unavailable (the database, the broker, a backend: the one rule
+is services/_kernel/kafka/faults.py) is no reason to dead-letter: the message path raises `RetryLater`, and the
+key-ordered consumer pauses its partitions and retries the record until the dependency answers (no
+failure hook, no dead letter). A message that cannot be processed (bad JSON, schema violation, a bug) never kills the
 service: it is published with the reason to the dead-letter topic, and whatever escapes
 even that (a failed dead-letter publish) is dead-lettered by the consumer's rescue,
 retried until it is.
@@ -37,6 +40,7 @@ from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel, ValidationError
 
+from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.kafka.consumer import Commit, KeyOrderedConsumer
@@ -184,6 +188,9 @@ def _message_path(
                 except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
                     reason = describe_error(exc, record.value)
                     log.debug("%s", traceback.format_exc())
+                    if (dependency := faults.unavailable(exc)) is not None:
+                        mark_error(span, f"retried later: {reason}", type(exc).__name__)
+                        raise faults.RetryLater(dependency, reason) from exc
                     mark_error(span, f"dead-lettered: {reason}", type(exc).__name__)
                     count.failed(type(exc).__name__)
                     if on_failure is not None:
@@ -217,6 +224,11 @@ def _assigned(consumer: KeyOrderedConsumer) -> bool:
     return bool(consumer.assigned)
 
 
+def _no_outage(consumer: KeyOrderedConsumer) -> bool:
+    """Ready: the consumer waits for no dependency (none of its partitions is paused for one)."""
+    return not consumer.outages
+
+
 def _polled_lately(consumer: KeyOrderedConsumer):
     return lambda: time.monotonic() - consumer.last_poll < LIVENESS_SILENCE_S
 
@@ -238,11 +250,14 @@ def service_app(broker: KafkaBroker, logger: logging.Logger) -> FastStream:
         for consumer in consumers_of(broker):
             health.register_liveness(f"consumer {consumer.name}", _polled_lately(consumer))
             health.register_readiness(f"consumer {consumer.name}", functools.partial(_assigned, consumer))
+            # not ready while it waits for a dependency (its partitions paused): the outage shows on /readyz
+            health.register_readiness(f"dependencies of {consumer.name}", functools.partial(_no_outage, consumer))
 
     @app.on_shutdown
     async def drain_consumers() -> None:
         for consumer in consumers_of(broker):
             health.unregister(f"consumer {consumer.name}")
+            health.unregister(f"dependencies of {consumer.name}")
             await consumer.drain()
 
     return app

@@ -80,6 +80,21 @@ model_capacity_wait = Histogram(
 )
 model_waiting = Gauge("roundtrip_model_waiting", "Model calls waiting for the API's capacity now")
 in_flight_messages = Gauge("roundtrip_in_flight", "Messages being handled right now", ["service", "subscription"])
+dependency_unavailable = Gauge(
+    "roundtrip_dependency_unavailable",
+    "1 while the consumer waits for a dependency (its partitions paused, the failed messages retried)",
+    ["consumer", "dependency"],
+)
+retried_messages = Counter(
+    "roundtrip_retried_messages",
+    "Messages retried because a dependency was unavailable (not dead-lettered)",
+    ["consumer", "dependency"],
+)
+ledger_rows = Gauge("roundtrip_ledger_rows", "Turns in the ledger (PostgreSQL: the planner's estimate)")
+ledger_oldest_ended = Gauge(
+    "roundtrip_ledger_oldest_ended_seconds", "Age of the oldest ended turn the ledger keeps (0: none)"
+)
+ledger_deleted = Counter("roundtrip_ledger_deleted", "Ended turns deleted after ROUNDTRIP_LEDGER_RETENTION_S")
 ignored_fields = Counter(
     "roundtrip_ignored_fields", "Fields of public messages the fleet does not know, ignored", ["message"]
 )

@@ -336,6 +336,15 @@ class TurnLedger(Concern):
     outbox_after_s: float = Field(
         5.0, gt=0, description=("The guard's sweeper republishes a recorded decision still unpublished after this long")
     )
+    ledger_retention_s: float = Field(
+        14 * 86400.0,
+        gt=0,
+        description=(
+            "An ended turn (its approvals and side-effect records with it) is deleted this long (14 days) after its "
+            "end, by the guard's sweeper in small batches. It recognises a request delivered again, so it must "
+            "outlast the requests topic's retention.ms: the guard refuses to start when it is shorter"
+        ),
+    )
     database_pool_size: int = Field(
         POOL_SIZE,
         ge=1,

@@ -19,6 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from roundtrip._kernel.settings.concerns import POOL_SIZE
 from roundtrip._kernel.settings.display import without_passwords
 
+JOURNAL_LIMIT_BYTES = 64 * 1024 * 1024
+
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
@@ -54,6 +56,8 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
             if not read_only:  # a read-only connection cannot change the journal (the writers made it WAL)
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
+            # a checkpointed WAL is cut back to this size, not kept at its largest burst (services/_guard/retention.py)
+            cur.execute(f"PRAGMA journal_size_limit={JOURNAL_LIMIT_BYTES}")
             cur.execute("PRAGMA busy_timeout=0")  # on the event loop: fail at once when locked (see TurnStore._run)
             cur.close()
 

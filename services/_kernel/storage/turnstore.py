@@ -103,6 +103,7 @@ turns = Table(
     Column("acted", Text),  # the side effects the turn has had: JSON lines the executor appends (kernel/sideeffects.py)
 )
 CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)  # the guard: is a turn of it running?
+ENDED_AT_INDEX = Index("ix_turns_ended_at", turns.c.ended_at)  # migration ledger_0005: retention deletes oldest first
 # One row per call held for a person's approval (the guard writes it; `roundtrip approvals` reads it).
 approvals = Table(
     "approvals",

@@ -1,0 +1,154 @@
+"""A consumer's view of its dependencies' outages: when one began, said once, counted, shown.
+
+`KeyOrderedConsumer` keeps one `Outages`: a record whose handler failed with `faults.RetryLater` begins
+(or joins) the outage of its dependency, which pauses the consumer's partitions; the first record that
+then goes through ends it and the consumer resumes. One warning when an outage begins and one line
+when it ends, never one per message; `roundtrip_dependency_unavailable{consumer, dependency}` is 1 meanwhile
+and /readyz fails (services/_kernel/kafka/messaging.py registers `waiting` as a readiness check).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from roundtrip._kernel.kafka.faults import RetryLater
+from roundtrip._kernel.observability import metrics
+
+log = logging.getLogger("roundtrip.consumer")
+
+RETRY_FIRST_S, RETRY_MAX_S = 0.25, 5.0  # a failed record's next try: doubled each time up to the maximum
+
+
+class Outages:
+    def __init__(self, consumer: str) -> None:
+        self.consumer = consumer
+        self._since: dict[str, float] = {}  # dependency -> when its outage began (monotonic)
+        self._retrying: dict[str, int] = {}  # dependency -> records waiting for it now
+
+    @property
+    def waiting(self) -> tuple[str, ...]:
+        """The dependencies the consumer waits for now (empty: none)."""
+        return tuple(self._since)
+
+    def __bool__(self) -> bool:
+        return bool(self._since)
+
+    async def retry(
+        self,
+        attempt: Callable[[], Awaitable[None]],
+        failed: RetryLater,
+        given_up: Callable[[], bool],
+        rescue: Callable[[BaseException], Awaitable[bool]],
+    ) -> bool:
+        """Try `attempt` again with backoff until it goes through (True), `given_up()` (False), or it fails for what
+        the message is (`rescue(exc)`: the dead-letter path, whose answer is returned)."""
+        dependency, delay, answered = failed.dependency, RETRY_FIRST_S, False
+        self.waits(dependency, failed.reason)
+        try:
+            while not given_up():
+                await asyncio.sleep(delay)
+                if given_up():
+                    break
+                delay = min(delay * 2, RETRY_MAX_S)
+                try:
+                    await attempt()
+                except asyncio.CancelledError:
+                    raise
+                except RetryLater as exc:
+                    self.failed(dependency, exc.reason)
+                    continue
+                except BaseException as exc:  # noqa: BLE001 - the dependency answered; the message itself failed
+                    answered = True
+                    return await rescue(exc)
+                answered = True
+                return True
+            return False
+        finally:
+            self.stops_waiting(dependency, answered)
+
+    def waits(self, dependency: str, reason: str) -> None:
+        """A record could not be handled because `dependency` is unavailable; it waits (call `stops_waiting` after)."""
+        self._retrying[dependency] = self._retrying.get(dependency, 0) + 1
+        self.failed(dependency, reason)
+
+    def failed(self, dependency: str, reason: str) -> None:
+        """One more try of a waiting record failed for `dependency` (the first begins its outage)."""
+        metrics.retried_messages.labels(self.consumer, dependency).inc()
+        if dependency in self._since:
+            return
+        self._since[dependency] = time.monotonic()
+        metrics.dependency_unavailable.labels(self.consumer, dependency).set(1)
+        log.warning(
+            "%s: the %s is unavailable (%s); paused fetching, its messages are retried until it answers",
+            self.consumer,
+            dependency,
+            reason[:300],
+        )
+
+    def stops_waiting(self, dependency: str, answered: bool) -> None:
+        """A waiting record went through (`answered`: the outage is over) or was given up (a rebalance, a stop:
+        when it was the last one waiting, the consumer stops waiting too; the next record finds out afresh)."""
+        left = self._retrying.get(dependency, 1) - 1
+        if left > 0:
+            self._retrying[dependency] = left
+        else:
+            self._retrying.pop(dependency, None)
+        since = self._since.get(dependency)
+        if since is None or (not answered and left > 0):
+            return
+        del self._since[dependency]
+        metrics.dependency_unavailable.labels(self.consumer, dependency).set(0)
+        if answered:
+            log.warning(
+                "%s: the %s answers again after %.1f s; resumed fetching",
+                self.consumer,
+                dependency,
+                time.monotonic() - since,
+            )
+
+
+async def rescue_until_done(
+    consumer: str,
+    rescue: Callable[[Any, BaseException], Awaitable[None]] | None,
+    record: Any,
+    failure: BaseException,
+    given_up: Callable[[], bool],
+) -> bool:
+    """The record's processing failed past its own dead-letter path: `rescue(record, failure)` (dead-letter it) until
+    it succeeds (True) or `given_up()` (False), with backoff while its key waits; nothing else may stop the consumer."""
+    delay = 0.25
+    while True:
+        try:
+            if rescue is None:
+                raise failure
+            await rescue(record, failure)
+            return True
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            log.error(
+                "%s: %s[%d]@%d could not be handled nor dead-lettered (%s: %s); retrying in %.1f s",
+                consumer,
+                record.topic,
+                record.partition,
+                record.offset,
+                type(exc).__name__,
+                _short(exc),
+                delay,
+            )
+            if given_up():
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - even str() of an exception can fail (RecursionError)
+        text = "<unprintable>"
+    return text if len(text) <= limit else text[:limit] + "…"
