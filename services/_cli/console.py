@@ -42,6 +42,7 @@ from roundtrip._kernel.wire.events import (
     SupportRequest,
     SupportStatus,
     TurnFlagged,
+    TurnState,
 )
 
 # emoji off: a customer's ":smile:" stays as typed; the lines' own markup is the fleet's, the values in them go through plain()
@@ -133,7 +134,7 @@ class Session:
                     with contextlib.suppress(ValueError):
                         order.add(self.watched[record.topic], json.loads(record.value))
             for topic, data in order.ready():
-                if topic == topics.SUPPORT_STATUS:  # the turn waits for a person: so does ask, up to the wait's end
+                if topic == topics.SUPPORT_STATUS and data.get("until"):  # a wait for a person: ask waits as long
                     deadline = max(deadline, time.monotonic() + max(0.0, data.get("until", 0) - time.time()) + timeout)
                 reply = _render(topic, data, request.request_id, seen, waiting)
                 if reply is not None:
@@ -254,6 +255,11 @@ WAITING_ON = {
 def _show_status(data: dict[str, Any]) -> None:
     """What the app is told while its turn waits (support.status)."""
     status = SupportStatus.model_validate(data)
+    if status.state == TurnState.WORKING:
+        console.print(
+            f"  [dim]working on step {status.step}[/]" + (f": {plain(status.activity)}" if status.activity else "")
+        )
+        return
     console.print(
         f"  [yellow]{status.state.value}[/] until {time.strftime('%H:%M:%S', time.localtime(status.until))} "
         "(support.status): the reply comes once a person decides, or then"

@@ -134,3 +134,17 @@ def test_another_requests_records_are_not_shown(capsys):
     for topic, data in other.values():
         order.add(topic, data)
     assert order.ready() == []
+
+
+def test_a_steps_working_status_is_shown_before_its_model_line_whenever_it_arrives():
+    records = _records()
+    working = (
+        topics.SUPPORT_STATUS,
+        {"request_id": "req_1", "turn_id": "turn_1", "state": "working", "step": 2, "activity": "Looking up"},
+    )
+    order = StepOrder("req_1", clock=lambda: 0.0)
+    for name in ("call0", "model1", "check1", "gate1", "call1", "model2"):
+        order.add(*records[name])
+    order.add(*working)  # the model line of step 2 came before its progress, in one poll
+    shown = [(topic, data.get("step")) for topic, data in order.ready()]
+    assert shown.index((topics.SUPPORT_STATUS, 2)) == shown.index((topics.ITERATIONS, 2)) - 1

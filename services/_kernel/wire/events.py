@@ -133,22 +133,32 @@ class SupportReply(Message):
 class TurnState(StrEnum):
     """Where a turn that has not been answered yet stands (SupportStatus.state)."""
 
+    WORKING = "working"
     WAITING_FOR_APPROVAL = "waiting_for_approval"
 
 
 class SupportStatus(Message):
     """What the fleet publishes to `support.status` while a turn is under way: never its reply, which comes once, on
-    `support.replies`. At least once (the same state of a turn may come twice); a status read after its turn's reply is stale."""
+    `support.replies`. `working` as each step of the turn starts (with what the customer may read of it), and
+    `waiting_for_approval` when a call waits for a person. At least once (the same state of a turn may come twice); a
+    status read after its turn's reply is stale."""
 
     request_id: str
     conversation_id: str
     customer_id: str
     turn_id: str
     state: TurnState = Field(
-        description="waiting_for_approval: a call waits for a person; the reply comes once they decide, "
-        "or by `until` at the latest"
+        description="working: step `step` of the turn starts (its model call, after the tools named in `activity` "
+        "ran); waiting_for_approval: a call waits for a person; the reply comes once they decide, or by `until` at "
+        "the latest"
     )
-    until: float = Field(description="Unix time the wait ends at the latest (the approval deadline)")
+    step: int = Field(0, ge=0, description="working: the turn's model call that starts (1-based); 0 otherwise")
+    activity: str = Field(
+        "",
+        description="working: what the customer may read of the step, in the agent's words for the tools it runs "
+        '("Looking up your order"); empty when the agent declares none',
+    )
+    until: float = Field(0.0, description="waiting_for_approval: Unix time the wait ends at the latest (its deadline)")
     at: float = Field(description="Unix time the fleet entered this state")
     reason: str = Field("", description="Why, in the agent's words (the rule that asks for a person)")
     approval_id: str = Field("", description="The approval a person decides (roundtrip approvals)")
