@@ -21,7 +21,8 @@ SCRIPT = [
     {"content": [{"type": "text", "text": "Your order  is on its way.\n"}], "stop_reason": "end_turn"},
 ]
 ORDER = re.compile(
-    r"message_start (content_block_start (ping )?(content_block_delta )*content_block_stop )+message_delta message_stop"
+    r"message_start content_block_start ping (content_block_delta )*content_block_stop "
+    r"(content_block_start (content_block_delta )*content_block_stop )*message_delta message_stop"
 )
 
 
