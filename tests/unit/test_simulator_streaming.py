@@ -9,6 +9,7 @@ import re
 import time
 
 import anthropic
+import httpx
 import pytest
 
 from roundtrip._simulator import running_simulator
@@ -121,8 +122,10 @@ async def test_the_events_come_in_the_apis_order_with_the_usage_at_the_start_and
     raw = await client.messages.create(
         **_request([{"role": "user", "content": "where is my order?"}], "careful"), stream=True
     )
-    events = [event async for event in raw]
-    assert ORDER.fullmatch(" ".join(e.type for e in events))
+    events = [event async for event in raw]  # the SDK passes on every event but the ping
+    assert ORDER.fullmatch(
+        " ".join(e.type for e in events).replace("content_block_start", "content_block_start ping", 1)
+    )
     start, delta = events[0], events[-2]
     assert start.message.content == [] and start.message.stop_reason is None and start.message.usage.input_tokens > 0
     assert delta.delta.stop_reason == "tool_use" and delta.usage.output_tokens > 1
@@ -130,6 +133,19 @@ async def test_the_events_come_in_the_apis_order_with_the_usage_at_the_start_and
         e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
     ]
     assert len(tool_deltas) > 1  # the input arrives in pieces, as the API sends it
+
+
+async def test_the_wire_carries_server_sent_events_with_one_ping_after_the_first_block_starts(base_url):
+    body = _request([{"role": "user", "content": "Please cancel my order"}], "script:two")
+    headers = {"x-api-key": "sim", **body.pop("extra_headers")}
+    async with httpx.AsyncClient(base_url=base_url) as http:
+        async with http.stream("POST", "/v1/messages", json={**body, "stream": True}, headers=headers) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            lines = [line async for line in response.aiter_lines()]
+    names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert ORDER.fullmatch(" ".join(names)) and names.count("ping") == 1
+    data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    assert [d["type"] for d in data] == names  # each event's data names its event
 
 
 async def test_the_latency_is_spread_over_the_stream_so_the_first_text_comes_early(client):
