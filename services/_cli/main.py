@@ -205,8 +205,15 @@ def ask(
     ] = None,
     conversation: Annotated[str | None, typer.Option(help="conversation id (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the reply")] = 120.0,
+    stream: Annotated[
+        bool | None,
+        typer.Option(
+            "--stream/--no-stream", help="stream the reply's text as it is written (default: ROUNDTRIP_STREAM_REPLIES)"
+        ),
+    ] = None,
 ) -> None:
     """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
+    With --stream the text of each model call is shown as the model writes it (support.stream).
 
     A turn waiting for a person's approval is followed to its end: ask waits up to the approval deadline plus
     --timeout.
@@ -221,7 +228,9 @@ def ask(
 
     _check_persona(persona)
     code = asyncio.run(
-        do_ask(_fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout)
+        do_ask(
+            _fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout, stream
+        )
     )
     raise typer.Exit(code)
 
@@ -230,9 +239,7 @@ def ask(
 def chat(
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
     persona: Annotated[str | None, typer.Option(help="simulator persona for every request")] = None,
-    conversation: Annotated[
-        str | None, typer.Option(help="conversation id to continue (default: a new one)")
-    ] = None,
+    conversation: Annotated[str | None, typer.Option(help="conversation id to continue (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
 ) -> None:
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
@@ -456,9 +463,7 @@ def approvals_deny(
 
 @topics_app.command("create")
 def topics_create(
-    partitions: Annotated[
-        int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")
-    ] = None,
+    partitions: Annotated[int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
     executor_partitions: Annotated[int | None, typer.Option(help="partitions of the executor topic")] = None,
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""

@@ -65,9 +65,21 @@ def describe(exc: anthropic.APIError) -> str:
     return f"{type(exc).__name__}{f' ({status})' if status else ''}: {exc.message if hasattr(exc, 'message') else exc}"
 
 
+STREAM_ERRORS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500}  # an error event's status
+
+
+def _status(exc: anthropic.APIError) -> int | None:
+    """The HTTP status of a refusal; for an `error` event in a stream (its response was a 200), the status its error
+    type stands for (an overloaded_error mid-stream is a 529)."""
+    status = getattr(exc, "status_code", None)
+    if status == 200 and isinstance(body := getattr(exc, "body", None), dict):
+        return STREAM_ERRORS.get(str((body.get("error") or {}).get("type")), status)
+    return status
+
+
 def _capacity_wait(exc: anthropic.APIError) -> float | None:
     """The pause a capacity refusal asks for; None when `exc` is not about capacity."""
-    status = getattr(exc, "status_code", None)
+    status = _status(exc)
     if status == 429:
         return retry_after(exc)  # no retry-after: a spend limit, not a rate
     if status == 529:
@@ -76,7 +88,7 @@ def _capacity_wait(exc: anthropic.APIError) -> float | None:
 
 
 def _transient(exc: anthropic.APIError) -> bool:
-    status = getattr(exc, "status_code", None)
+    status = _status(exc)
     return (
         isinstance(exc, anthropic.APIConnectionError) or status in (408, 409) or (status is not None and status >= 500)
     )

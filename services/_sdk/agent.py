@@ -109,8 +109,7 @@ class Agent:
     # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
     # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded (<input>)"
     describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
-    # what the customer reads while a tool runs (tool name -> e.g. "Looking up your order"), on support.status as the
-    # step after its call starts; a tool not named here says nothing (the status still says the turn is working)
+    # what the customer reads on support.status while a tool runs (name -> "Looking up your order"); default: nothing
     progress: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
@@ -143,15 +142,6 @@ class Agent:
         problems += binding_problems(
             specs, handlers, self.policies, self.entities, self.approvals, self.serial, self.mounted
         )
-        problems += [
-            f"progress words for {name!r}, which is no tool of the agent"
-            for name in sorted(set(self.progress) - set(specs) - self.mounted)
-        ]
-        problems += [
-            f"progress words for {name!r} are not a string"
-            for name, words in self.progress.items()
-            if not isinstance(words, str)
-        ]
         return specs, handlers, problems
 
     @property
@@ -255,6 +245,10 @@ def _texts(agent: Agent) -> list[str]:
         problems.append(f"replies for unknown outcomes {stray} (known: {sorted(outcomes)})")
     if stray := sorted(set(agent.messages) - set(GATE_MESSAGES)):
         problems.append(f"messages for unknown keys {stray} (known: {sorted(GATE_MESSAGES)})")
+    if stray := sorted(set(agent.progress) - set(agent.tool_parts[0]) - agent.mounted):
+        problems.append(f"progress words for unknown tools {stray}")
+    if stray := sorted(name for name, words in agent.progress.items() if not isinstance(words, str)):
+        problems.append(f"progress words that are not text: {stray}")
     return problems
 
 

@@ -198,6 +198,24 @@ async def test_cancel_ends_a_running_turn_once(guard):
     assert guard.recorder.sent[-1][1].outcome is Outcome.CANCELLED
 
 
+async def test_a_streaming_turn_ended_otherwise_than_by_the_model_has_its_text_cut(guard):
+    """The text a cancelled turn streamed is not its reply: a cut of every step (step 0) goes beside the end."""
+    streaming = TURN.model_copy(update={"stream": True})
+    await guard.starts.on_start(StartTurn(turn=streaming, text="hi"))
+    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
+    (cut,) = [m for t, m in guard.recorder.sent if t == topics.SUPPORT_STREAM]
+    assert (cut.turn_id, cut.step, cut.stream_id, cut.cut, cut.text) == ("turn_1", 0, "", True, "")
+    assert guard.recorder.sent[-1][0] in (topics.OUTCOMES, topics.SUPPORT_STREAM)
+
+
+async def test_a_turn_that_streams_and_ends_by_the_models_answer_or_does_not_stream_has_nothing_cut(guard):
+    await guard.starts.on_start(StartTurn(turn=TURN.model_copy(update={"stream": True}), text="hi"))
+    await guard.loop.on_iteration(iteration(1, stop_reason="end_turn").model_copy(update={"turn": TURN}))
+    await guard.starts.on_start(StartTurn(turn=TURN.model_copy(update={"turn_id": "turn_2"}), text="hi"))
+    await guard.outside.on_cancel(CancelTurn(turn_id="turn_2"))  # streams by the setting only: off
+    assert [m for t, m in guard.recorder.sent if t == topics.SUPPORT_STREAM] == []
+
+
 async def test_budget_outcome_carries_the_cost(guard):
     guard.loop.policy = Policy(budget_usd=0.0005)
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))

@@ -64,6 +64,11 @@ class SupportRequest(Message):
     disable_parallel_tool_use: bool | None = Field(
         None, description="At most one tool call per model response for this request (null: the deployment's setting)"
     )
+    stream: bool | None = Field(
+        None,
+        description="Stream the text of each model call to support.stream as it is written (null: the deployment's "
+        "setting, ROUNDTRIP_STREAM_REPLIES); the reply still comes once, on support.replies",
+    )
     metadata: dict[MetadataKey, JsonValue] | None = Field(
         None,
         max_length=METADATA_MAX_KEYS,
@@ -166,6 +171,36 @@ class SupportStatus(Message):
     metadata: dict[str, JsonValue] | None = Field(None, description="The request's metadata, as it came")
 
 
+class StreamedText(Message):
+    """What the fleet publishes to `support.stream` for a turn that streams: the text of each model call (a step) as
+    the model writes it, in chunks, keyed by the conversation. Never the reply, which comes once, on
+    `support.replies`: when it arrives, it replaces whatever was shown. Each attempt of a step's call is a stream of its
+    own (`stream_id`); its chunks are numbered from 0 (`sequence`), and a chunk may come twice (same turn, step,
+    stream and sequence: show it once). A stream ends with a chunk that says `final` (the call completed; `tool_use`:
+    the step goes on to tools, so its text is not the answer) or one that says `cut` (discard what was shown of it)."""
+
+    request_id: str
+    conversation_id: str
+    customer_id: str
+    turn_id: str
+    step: int = Field(
+        ge=0, description="The model call of the turn (1-based) the text belongs to; 0 in a cut of the whole turn"
+    )
+    stream_id: str = Field(
+        description="One attempt of the step's call; empty in a cut: every stream of that step (of every step: step 0)"
+    )
+    sequence: int = Field(ge=0, description="The chunk's place in its stream, from 0")
+    text: str = Field("", description="Text the model wrote since the stream's previous chunk")
+    final: bool = Field(False, description="The stream's last chunk: the call completed")
+    tool_use: bool = Field(False, description="With final: the call ended in tool_use (the turn goes on to tools)")
+    cut: bool = Field(
+        False,
+        description="The stream was cut (the service died, the call was retried after a 429/529 or an error, the "
+        "guard ended the turn otherwise): discard what was shown of it",
+    )
+    trace_id: str = Field("", description="W3C trace id of the turn")
+
+
 # -- the turn and its loop ----------------------------------------------------------------
 
 
@@ -192,6 +227,9 @@ class Turn(Message):
     )
     disable_parallel_tool_use: bool | None = Field(
         None, description="The request's override of the deployment's setting"
+    )
+    stream: bool | None = Field(
+        None, description="The request's `stream`: its text to support.stream (null: the setting)"
     )
     metadata: dict[str, Any] | None = Field(
         None, description="The request's metadata (the app's own facts), as it came"
@@ -401,7 +439,7 @@ class DeadLettered(Message):
     offset: int | None = None
 
 
-PUBLIC = (SupportRequest, SupportReply, SupportStatus)
+PUBLIC = (SupportRequest, SupportReply, SupportStatus, StreamedText)
 INTERNAL = (
     StartTurn,
     CancelTurn,
