@@ -8,8 +8,8 @@ parsed once, when its block stops (the SDK's own helper re-parses the growing JS
 nested as deep as the simulator's `deep` persona writes them).
 
 The text goes to support.stream as StreamedText chunks (`Chunks`): one chunk per ROUNDTRIP_STREAM_CHUNK_MS or per
-ROUNDTRIP_STREAM_CHUNK_CHARS, whichever comes first, and at the end of each text block, so a token is not a Kafka
-message. Each attempt of the call is its own stream (`stream_id`); an attempt that fails after some text (a retry
+ROUNDTRIP_STREAM_CHUNK_CHARS, whichever comes first, and as the next block starts (the last block's text goes with the
+stream's final chunk), so a token is not a Kafka message. Each attempt of the call is its own stream (`stream_id`); an attempt that fails after some text (a retry
 after a 429, a 529, a lost connection) is cut: a chunk with `cut` tells the app to discard it. A call that may be a
 redelivery (its command was published before this process started: the process that had it may have died
 mid-stream) begins with a cut of every earlier stream of its step.
@@ -131,6 +131,8 @@ async def read(events: Any, chunks: Chunks | None) -> anthropic.types.Message:
         if kind == "message_start":
             message = event.message.model_dump(mode="json", exclude_none=True)
         elif kind == "content_block_start":
+            if chunks is not None:  # the text before this block goes now; a last block's text goes with the final chunk
+                chunks.flush()
             blocks.append(_block(event.content_block))
         elif kind == "content_block_delta":
             delta = event.delta
@@ -144,8 +146,6 @@ async def read(events: Any, chunks: Chunks | None) -> anthropic.types.Message:
             if event.index in json_parts:
                 raw = "".join(json_parts.pop(event.index))
                 blocks[event.index]["input"] = json.loads(raw) if raw else {}
-            if chunks is not None and blocks[event.index].get("type") == "text":
-                chunks.flush()
         elif kind == "message_delta":
             message["stop_reason"], message["stop_sequence"] = event.delta.stop_reason, event.delta.stop_sequence
             usage = event.usage.model_dump(mode="json", exclude_none=True)
