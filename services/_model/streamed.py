@@ -8,11 +8,12 @@ parsed once, when its block stops (the SDK's own helper re-parses the growing JS
 nested as deep as the simulator's `deep` persona writes them).
 
 The text goes to support.stream as StreamedText chunks (`Chunks`): one chunk per ROUNDTRIP_STREAM_CHUNK_MS or per
-ROUNDTRIP_STREAM_CHUNK_CHARS, whichever comes first, and as the next block starts (the last block's text goes with the
-stream's final chunk), so a token is not a Kafka message. Each attempt of the call is its own stream (`stream_id`); an attempt that fails after some text (a retry
-after a 429, a 529, a lost connection) is cut: a chunk with `cut` tells the app to discard it. A call that may be a
-redelivery (its command was published before this process started: the process that had it may have died
-mid-stream) begins with a cut of every earlier stream of its step.
+ROUNDTRIP_STREAM_CHUNK_CHARS, whichever comes first, and as the next block starts (the last block's text goes with
+the stream's final chunk), so a token is not a Kafka message. Each attempt of the call is its own stream
+(`stream_id`); an attempt that fails after some text (a retry after a 429, a 529, a lost connection) is cut: a chunk
+with `cut` tells the app to discard it. A call that may be a redelivery (its command was published before this
+process started: the process that had it may have died mid-stream) begins with a cut of every earlier stream of its
+step.
 """
 
 from __future__ import annotations
