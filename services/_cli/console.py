@@ -145,10 +145,11 @@ class Session:
             for records in (await self.consumer.getmany(timeout_ms=500)).values():
                 for record in records:
                     with contextlib.suppress(ValueError):
-                        if self.watched[record.topic] == topics.SUPPORT_STREAM:  # shown as it comes, not held
-                            streamed.show(json.loads(record.value))
-                        else:
-                            order.add(self.watched[record.topic], json.loads(record.value))
+                        name, data = self.watched[record.topic], json.loads(record.value)
+                        if name == topics.SUPPORT_STREAM:  # shown as it comes, not held
+                            streamed.show(data)
+                        elif stream or not (name == topics.SUPPORT_STATUS and data.get("state") == "working"):
+                            order.add(name, data)  # each step's progress beside its streamed text (--stream)
             for topic, data in order.ready():
                 if topic == topics.SUPPORT_STATUS and data.get("until"):  # a wait for a person: ask waits as long
                     deadline = max(deadline, time.monotonic() + max(0.0, data.get("until", 0) - time.time()) + timeout)
