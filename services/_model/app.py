@@ -57,7 +57,13 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     @subscribe(broker, topics.MODEL_CALLS, "model", settings)
     async def on_call_model(command: CallModel) -> None:
         chunks = chunks_for(command, settings, streamed, started_at)
-        event = await call_model(command, client, state["fence"], limits, retrying, chunks)
+        try:
+            await answered(command, await call_model(command, client, state["fence"], limits, retrying, chunks))
+        finally:
+            if chunks is not None:  # the step's text acknowledged beside its iteration event, before the commit
+                await chunks.sent()
+
+    async def answered(command: CallModel, event: ModelResponded | None) -> None:
         if event is None:
             log.warning(
                 "turn %s step %d: model not called: the turn has ended, been cancelled, moved on or passed its deadline",

@@ -109,14 +109,14 @@ def _caller(command: CallModel, client: ModelClient, chunks: Chunks | None) -> C
     return call
 
 
-async def _stream_ended(chunks: Chunks | None, out: Tried) -> None:
-    """The step's stream: final when the call was answered, else cut; sent before the iteration event goes out."""
+def _stream_ended(chunks: Chunks | None, out: Tried) -> None:
+    """The step's stream: final when the call was answered, else cut (acknowledged beside the iteration event:
+    the service awaits `chunks.sent()`)."""
     if chunks is not None:
         if out.message is not None and not out.error:
             chunks.end(out.message.stop_reason)
         else:
             chunks.cut()
-        await chunks.sent()
 
 
 async def call_model(
@@ -152,7 +152,7 @@ async def call_model(
         retrying.wait_for_capacity,
     )
     observe(out, retrying.capacity)
-    await _stream_ended(chunks, out)
+    _stream_ended(chunks, out)
     if out.gone:
         return None
     if out.error:

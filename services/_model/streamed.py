@@ -44,7 +44,7 @@ class Chunks:
         self.stream_id, self.sequence, self.open = "", 0, False  # open: this stream published text, not ended
         self._buffer: list[str] = []
         self._size, self._since = 0, 0.0
-        self._sending: asyncio.Task | None = None
+        self._sending: list[asyncio.Task] = []
         self.published = 0  # chunks of this call (every stream, cuts included)
 
     def _chunk(self, stream_id: str, sequence: int, **fields: Any) -> StreamedText:
@@ -62,24 +62,18 @@ class Chunks:
         )
 
     def _publish(self, chunk: StreamedText) -> None:
-        """Send after the chunks before it (one conversation's chunks stay in order), off the stream's reading."""
-        before = self._sending
-
-        async def send() -> None:
-            if before is not None:
-                await asyncio.gather(before, return_exceptions=True)
-            await self.send(chunk, self.turn.conversation_id)
-
+        """Send it off the stream's reading, without waiting for the chunks before it to be acknowledged: the tasks
+        start in order, and each hands its record to the producer at its first step, so one conversation's chunks
+        reach their partition in order (and carry their sequence) while their acknowledgements overlap."""
         self.published += 1
-        self._sending = asyncio.create_task(send())
+        self._sending.append(asyncio.create_task(self.send(chunk, self.turn.conversation_id)))
 
     async def sent(self) -> None:
-        """Wait until every chunk so far is acknowledged (before the step's iteration event goes out)."""
-        if self._sending is not None:
-            try:
-                await self._sending
-            except Exception as exc:  # noqa: BLE001 - the streamed text is a courtesy: the iteration goes out anyway
-                log.warning("turn %s step %d: streamed text not published: %s", self.turn.turn_id, self.step, exc)
+        """Wait until every chunk so far is acknowledged (the command's offset is committed only after that)."""
+        sending, self._sending = self._sending, []
+        for result in await asyncio.gather(*sending, return_exceptions=True):
+            if isinstance(result, Exception):  # the streamed text is a courtesy: the iteration goes out anyway
+                log.warning("turn %s step %d: streamed text not published: %s", self.turn.turn_id, self.step, result)
 
     def cut_earlier(self) -> None:
         """Every earlier stream of this step is cut (a redelivered call: the process that streamed it may be gone)."""

@@ -60,7 +60,9 @@ async def test_a_streamed_call_publishes_its_text_in_order_and_makes_the_plain_c
     client, sent = client_for(simulator), Sent()
     plain = await call_model(CallModel(turn=TURN, step=0, messages=ASK), client)  # writes the prompt cache
     command = CallModel(turn=TURN, step=0, messages=ASK)
-    streamed = await call_model(command, client, chunks=Chunks(TURN, 1, sent, chunk_s=10.0, chunk_chars=1))
+    chunks = Chunks(TURN, 1, sent, chunk_s=10.0, chunk_chars=1)
+    streamed = await call_model(command, client, chunks=chunks)
+    await chunks.sent()  # the model service awaits them beside the iteration event
     again = await call_model(CallModel(turn=TURN, step=0, messages=ASK), client)  # reads it, as the stream did
     await client.aclose()
     assert (streamed.content, streamed.stop_reason, streamed.tool_calls) == (
@@ -107,8 +109,9 @@ async def test_a_stream_the_api_breaks_off_is_cut_and_the_retry_streams_again(si
     event = await call_model(
         CallModel(turn=turn, step=0, messages=[{"role": "user", "content": LONG}]),
         client,
-        chunks=Chunks(turn, 1, sent, 0.0, 1),
+        chunks=(chunks := Chunks(turn, 1, sent, 0.0, 1)),
     )
+    await chunks.sent()
     await client.aclose()
     first, second = sent.chunks[0].stream_id, sent.chunks[-1].stream_id
     broken = [c for c in sent.chunks if c.stream_id == first]
@@ -128,7 +131,8 @@ async def test_a_call_that_fails_after_some_text_ends_its_stream_cut(simulator):
     turn = TURN.model_copy(update={"persona": "terse", "deadline_at": 0.0})
     retrying = Retrying(wait_for_capacity=False)  # a capacity refusal is the call's error at once
     command = CallModel(turn=turn, step=0, messages=[{"role": "user", "content": LONG}])
-    event = await call_model(command, client, retrying=retrying, chunks=Chunks(turn, 1, sent, 0.0, 1))
+    event = await call_model(command, client, retrying=retrying, chunks=(chunks := Chunks(turn, 1, sent, 0.0, 1)))
+    await chunks.sent()
     await client.aclose()
     assert event.error and "overloaded" in event.error
     assert sent.chunks[0].text and sent.chunks[-1].cut and not any(c.final for c in sent.chunks)
@@ -144,3 +148,22 @@ def test_a_turn_streams_by_its_request_else_by_the_setting():
     assert chunks_for(CallModel(turn=refused, step=0, messages=ASK), on, sent, 0.0) is None
     assert chunks_for(CallModel(turn=plain, step=2, messages=ASK), on, sent, 0.0).step == 3
     assert chunks_for(CallModel(turn=asked, step=0, messages=ASK), off, sent, 0.0) is not None
+
+
+async def test_a_call_published_before_the_process_started_first_cuts_every_earlier_stream_of_its_step():
+    """Its process may have died mid-stream (the e2e kills one): the new one cannot know that stream's id."""
+    from types import SimpleNamespace
+
+    from roundtrip._kernel.kafka import messaging
+
+    sent, on = Sent(), Settings(_env_file=None, stream_replies=True)
+    command = CallModel(turn=TURN, step=1, messages=ASK)
+    for published_at, cuts in ((99.0, 1), (101.0, 0)):  # the process started at 100
+        sent.chunks.clear()
+        token = messaging._record.set(SimpleNamespace(timestamp=published_at * 1000))
+        try:
+            chunks = chunks_for(command, on, sent, started_at=100.0)
+        finally:
+            messaging._record.reset(token)
+        await chunks.sent()
+        assert [(c.step, c.stream_id, c.cut) for c in sent.chunks] == [(2, "", True)] * cuts
