@@ -10,8 +10,8 @@
 
 The message is the one a plain request gets (every persona and scripted mode, its ids and usage), so a stream
 and a plain call of the same request answer the same. Pacing: the first event after FIRST_EVENT_SHARE of the
-request's latency, the deltas spread evenly over the rest, so a streamed answer is complete when a plain one
-arrives. A fault `529-midstream` (x-roundtrip-fault) stops the stream after its first text delta with the API's
+request's latency, the deltas spread evenly over the rest (each at its own time from the start, so a busy event
+loop's late wake-ups do not add up), so a streamed answer is complete when a plain one arrives. A fault `529-midstream` (x-roundtrip-fault) stops the stream after its first text delta with the API's
 `error` event (overloaded_error), as the real API does when it is overloaded mid-answer.
 """
 
@@ -104,13 +104,16 @@ async def body(
     """The response body: each event framed as SSE, paced over `latency_s` (the first after FIRST_EVENT_SHARE)."""
     pairs = events(message)
     deltas = sum(1 for event, _ in pairs if event == "content_block_delta")
+    clock = asyncio.get_running_loop().time
+    due = clock() + latency_s * FIRST_EVENT_SHARE  # each event at its own time: a late wake-up does not add up
     if latency_s > 0:
-        await asyncio.sleep(latency_s * FIRST_EVENT_SHARE)
+        await asyncio.sleep(due - clock())
     pause = latency_s * (1 - FIRST_EVENT_SHARE) / max(1, deltas)
     texts = 0
     for event, data in pairs:
         if event == "content_block_delta" and pause > 0:
-            await asyncio.sleep(pause)
+            due += pause
+            await asyncio.sleep(max(0.0, due - clock()))
         yield _frame(event, data)
         texts += event == "content_block_delta" and data["delta"]["type"] == "text_delta"
         if fault == MIDSTREAM_FAULT and texts == 1:
