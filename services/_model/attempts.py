@@ -17,6 +17,7 @@ to the SDK (the rate-limit benchmark's, tests/benchmarks/inprocess.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,6 +28,7 @@ import anthropic
 
 from roundtrip._model.capacity import Busy, Capacity
 
+log = logging.getLogger("roundtrip.model")
 MARGIN_S = 2.0  # give up this long before the turn's deadline
 MARK_AFTER_S = 1.0  # a wait for capacity longer than this marks the turn waiting in the ledger
 BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0  # transient errors: the first pause, doubled per retry up to this
@@ -129,6 +131,7 @@ async def attempt(
             if _transient(exc) and transient < retries:
                 pause = min(MAX_BACKOFF_S, BACKOFF_S * 2**transient) * random.uniform(0.75, 1.0)
                 transient += 1
+                log.info("model call tried again in %.1f s after %s", pause, describe(exc))
                 if time.monotonic() + pause < give_up:
                     await asyncio.sleep(pause)
                     continue
