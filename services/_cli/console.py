@@ -38,10 +38,12 @@ from roundtrip._kernel.wire.events import (
     ExecuteToolBatch,
     ModelResponded,
     Outcome,
+    StreamedText,
     SupportReply,
     SupportRequest,
     SupportStatus,
     TurnFlagged,
+    TurnState,
 )
 
 # emoji off: a customer's ":smile:" stays as typed; the markup is the fleet's, the values go through plain()
@@ -82,6 +84,7 @@ class Session:
                 topics.APPROVAL_REQUESTS,
                 topics.APPROVAL_DECISIONS,
                 topics.SUPPORT_STATUS,
+                topics.SUPPORT_STREAM,
             )
         }
         kafka = kafka_clients(settings)
@@ -105,14 +108,24 @@ class Session:
         await self.consumer.stop()
         await self.producer.stop()
 
-    async def ask(self, text: str, customer: str, persona: str | None, conversation: str, timeout: float) -> int:
-        """Publish one request, show each step of its turn, then the reply; its exit code, 1 on timeout."""
+    async def ask(
+        self,
+        text: str,
+        customer: str,
+        persona: str | None,
+        conversation: str,
+        timeout: float,
+        stream: bool | None = None,
+    ) -> int:
+        """Publish one request, show each step of its turn (and its text as it streams, when it does), then the
+        reply; its exit code (`exit_code`), 1 on timeout."""
         request = SupportRequest(
             request_id=f"req_{int(time.time() * 1000)}",
             conversation_id=conversation,
             customer_id=customer,
             text=text,
             persona=persona,
+            stream=stream,
         )
         await self.producer.send_and_wait(
             topics.t(topics.SUPPORT_REQUESTS, self.settings.topic_prefix),
@@ -126,14 +139,19 @@ class Session:
         seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
         waiting: set[str] = set()  # approval ids of this turn
         order = StepOrder(request.request_id)  # what Kafka's fetches return, in the order it happened
+        streamed = TextShown(request.request_id)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for records in (await self.consumer.getmany(timeout_ms=500)).values():
                 for record in records:
                     with contextlib.suppress(ValueError):
-                        order.add(self.watched[record.topic], json.loads(record.value))
+                        name, data = self.watched[record.topic], json.loads(record.value)
+                        if name == topics.SUPPORT_STREAM:  # shown as it comes, not held
+                            streamed.show(data)
+                        elif stream or not (name == topics.SUPPORT_STATUS and data.get("state") == "working"):
+                            order.add(name, data)  # each step's progress beside its streamed text (--stream)
             for topic, data in order.ready():
-                if topic == topics.SUPPORT_STATUS:  # the turn waits for a person: so does ask, up to the wait's end
+                if topic == topics.SUPPORT_STATUS and data.get("until"):  # a wait for a person: ask waits as long
                     deadline = max(deadline, time.monotonic() + max(0.0, data.get("until", 0) - time.time()) + timeout)
                 reply = _render(topic, data, request.request_id, seen, waiting)
                 if reply is not None:
@@ -143,6 +161,38 @@ class Session:
             f"{self.settings.state_dir / 'logs'})"
         )
         return 1
+
+
+class TextShown:
+    """The text of a turn that streams (support.stream), written to the terminal as it comes: each chunk once, a
+    stream's end closes its line, a cut says its text is discarded (the reply that follows is the answer)."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id, self.open = request_id, ""
+        self.seen: set[tuple[int, str, int, bool]] = set()
+
+    def show(self, data: dict[str, Any]) -> None:
+        if data.get("request_id") != self.request_id:
+            return
+        chunk = StreamedText.model_validate(data)
+        key = (chunk.step, chunk.stream_id, chunk.sequence, chunk.cut)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        if chunk.cut:
+            if self.open:  # a line of it is on the screen
+                console.print()
+                console.print("  [dim](the text above was cut: discarded)[/]")
+            self.open = ""
+            return
+        if chunk.text:
+            if self.open != chunk.stream_id:
+                console.print("  [cyan]»[/] ", end="")
+            console.print(plain(chunk.text), end="", soft_wrap=True, highlight=False)
+            self.open = chunk.stream_id
+        if chunk.final and self.open:
+            console.print()
+            self.open = ""
 
 
 # `roundtrip ask`'s exit code by the reply's outcome (in its --help and the README); 1: no reply, 2: not asked
@@ -203,13 +253,19 @@ def show_reply(reply: SupportReply) -> int:
 
 
 async def ask(
-    settings: Settings, text: str, customer: str, persona: str | None, conversation: str, timeout: float
+    settings: Settings,
+    text: str,
+    customer: str,
+    persona: str | None,
+    conversation: str,
+    timeout: float,
+    stream: bool | None = None,
 ) -> int:
     session = Session(settings)
     try:
         if not await session.start():
             return 2
-        return await session.ask(text, customer, persona, conversation, timeout)
+        return await session.ask(text, customer, persona, conversation, timeout, stream)
     finally:
         await session.stop()
 
@@ -255,6 +311,11 @@ WAITING_ON = {
 def _show_status(data: dict[str, Any]) -> None:
     """What the app is told while its turn waits (support.status)."""
     status = SupportStatus.model_validate(data)
+    if status.state == TurnState.WORKING:
+        console.print(
+            f"  [dim]working on step {status.step}[/]" + (f": {plain(status.activity)}" if status.activity else "")
+        )
+        return
     console.print(
         f"  [yellow]{status.state.value}[/] until {time.strftime('%H:%M:%S', time.localtime(status.until))} "
         "(support.status): the reply comes once a person decides, or then"

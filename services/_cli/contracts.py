@@ -57,9 +57,11 @@ def asyncapi_document() -> dict:
         version="1",
         description=(
             "Topics of the roundtrip fleet. Clients publish SupportRequest to support.requests and read SupportReply "
-            "from support.replies (exactly one per request); they may read SupportStatus from support.status (a turn "
-            "waiting for a person, and until when: never a reply). Every other topic is internal. Messages are JSON, "
-            "keyed by conversation id."
+            "from support.replies (exactly one per request); they may read SupportStatus from support.status (each "
+            "step as it starts, with what the customer may read of it; a turn waiting for a person, and until when: "
+            "never a reply) and StreamedText from support.stream (the text of a turn that streams, as the model "
+            "writes it: never the reply either). Every other topic is internal. Messages are JSON, keyed by "
+            "conversation id."
         ),
     )
     return _refer_to_schema_files(spec.to_specification().to_jsonable())

@@ -5,7 +5,8 @@ no order between topics, so within one poll a step's gate verdict (turn.tool_bat
 before that step's model line (turn.iterations), and a record can even come a poll later than one
 that followed it. So each record of the turn waits here until what it follows has been shown: a
 model response (step n) follows the model call of step n-1, a gate verdict and the calls' check
-follow the model response of their step, a held call follows its gate verdict, the wait's status
+follow the model response of their step (a step's `working` status comes before it), a held call follows its
+gate verdict, the wait's status
 and a person's decision follow the held call, the step's results follow its verdict. A record whose
 predecessor never comes is shown after HOLD_S anyway; the reply shows everything still held first.
 """
@@ -37,6 +38,11 @@ PHASE = {
 }
 
 
+def _working(topic: str, data: dict[str, Any]) -> bool:
+    """A step's progress (support.status, state working), not a wait for a person."""
+    return topic == topics.SUPPORT_STATUS and data.get("state") == "working"
+
+
 @dataclass(order=True)
 class Held:
     sort: tuple[int, int, int]
@@ -65,9 +71,10 @@ class StepOrder:
         if mine:
             if topic == topics.APPROVAL_REQUESTS:
                 self.approval_step[data.get("approval_id", "")] = data.get("step", LAST)
-            self.held.append(
-                Held((self._step(topic, data), PHASE.get(topic, 7), next(self._seq)), topic, data, self.clock())
-            )
+            phase = (
+                -1 if _working(topic, data) else PHASE.get(topic, 7)
+            )  # a step's progress comes before its model line
+            self.held.append(Held((self._step(topic, data), phase, next(self._seq)), topic, data, self.clock()))
 
     def ready(self) -> list[tuple[str, dict[str, Any]]]:
         """The records that may be shown now, in order: each whose predecessors were shown, or that waited HOLD_S;
@@ -91,6 +98,9 @@ class StepOrder:
             out.append((due.topic, due.data))
 
     def _step(self, topic: str, data: dict[str, Any]) -> int:
+        if _working(topic, data):
+            step = data.get("step")
+            return step if isinstance(step, int) else LAST
         if topic in (topics.SUPPORT_STATUS, topics.APPROVAL_DECISIONS):
             return self.approval_step.get(data.get("approval_id", ""), LAST)
         step = data.get("step")
@@ -99,6 +109,8 @@ class StepOrder:
     def _after(self, held: Held) -> tuple[tuple[str, Any], ...]:
         """The keys shown before this record may be: what it follows."""
         topic, data, step = held.topic, held.data, held.sort[0]
+        if _working(topic, data):  # follows nothing: it is told as the step starts
+            return ()
         if topic == topics.ITERATIONS:
             return ((topics.MODEL_CALLS, step - 1),)
         if topic in (topics.TOOL_CALLS, topics.TOOL_BATCHES):

@@ -248,8 +248,15 @@ def ask(
     ] = None,
     conversation: Annotated[str | None, typer.Option(help="conversation id (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the reply")] = 120.0,
+    stream: Annotated[
+        bool | None,
+        typer.Option(
+            "--stream/--no-stream", help="stream the reply's text as it is written (default: ROUNDTRIP_STREAM_REPLIES)"
+        ),
+    ] = None,
 ) -> None:
     """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
+    With --stream the text of each model call is shown as the model writes it (support.stream).
 
     A turn waiting for a person's approval is followed to its end: ask waits up to the approval deadline plus
     --timeout.
@@ -264,7 +271,9 @@ def ask(
 
     _check_persona(persona)
     code = asyncio.run(
-        do_ask(_fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout)
+        do_ask(
+            _fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout, stream
+        )
     )
     raise typer.Exit(code)
 

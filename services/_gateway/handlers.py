@@ -26,6 +26,7 @@ def start_turn(request: SupportRequest, trace_id: str, span_id: str = "", starte
         span_id=span_id,
         started_at=started_at,
         disable_parallel_tool_use=request.disable_parallel_tool_use,
+        stream=request.stream,
         metadata=request.metadata,
     )
     return StartTurn(turn=turn, text=request.text)

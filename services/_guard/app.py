@@ -75,6 +75,8 @@ def guard_of(
         conversations=conversations,
         decisions=DecisionSigner(parse_keys(settings.decision_keys)),
         acts=Acts(frozenset(agent.serial), agent.describe_action, words, shown),
+        progress=agent.progress,  # the customer's words for what a step's tools do (support.status)
+        streams_by_default=settings.stream_replies,
     )
 
 

@@ -13,6 +13,8 @@ store and the step clock (one replica's loop round trips); nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from roundtrip._guard.acted import Acts
 from roundtrip._guard.approvals import Approvals
 from roundtrip._guard.conversations import Conversations
@@ -49,12 +51,21 @@ class Guard:
         decisions: DecisionSigner | None = None,
         agent_digest: str | None = None,
         acts: Acts | None = None,
+        progress: Mapping[str, str] | None = None,
+        streams_by_default: bool = False,
     ) -> None:
         steps = StepClock()
         # a start waiting for its conversation's running turn gives up past the longest a turn can live
         order = ConversationOrder(ledger, give_up_after_s=turn_deadline_s + stuck_grace_s + 60, poll_s=wait_poll_s)
         self.ledger, self.conversations = ledger, conversations
-        self.outbox = Outbox(ledger, publish, outbox_after_s, on_ended=order.ended)
+        self.outbox = Outbox(
+            ledger,
+            publish,
+            outbox_after_s,
+            on_ended=order.ended,
+            progress=progress,
+            streams_by_default=streams_by_default,
+        )
         self.starts = Starts(
             ledger, self.outbox, order, turn_deadline_s, conversations, steps, agent_digest, policy.replies
         )

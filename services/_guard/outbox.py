@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiokafka.errors import KafkaError
@@ -26,7 +26,15 @@ from pydantic import BaseModel
 
 from roundtrip._guard.ledger import Ledger, TurnRow
 from roundtrip._kernel.wire import topology
-from roundtrip._kernel.wire.events import TurnEnded
+from roundtrip._kernel.wire.events import (
+    CallModel,
+    CheckToolCalls,
+    Outcome,
+    StreamedText,
+    SupportStatus,
+    TurnEnded,
+    TurnState,
+)
 
 log = logging.getLogger("roundtrip.guard")
 
@@ -35,6 +43,29 @@ MODEL_OF: dict[str, type[BaseModel]] = topology.service("guard").outputs  # topi
 TOPIC_OF: dict[type[BaseModel], str] = {model: topic for topic, model in MODEL_OF.items()}
 SWEEP_PUBLISH_TIMEOUT_S = 1.0  # a sweeper publish taking longer means the broker is away (a healthy one acks in ms)
 CLEAR_BATCH_S = 0.05  # published decisions are cleared from the outbox together, this often
+
+
+def working(message: BaseModel, words: Mapping[str, str]) -> SupportStatus | None:
+    """The progress the app is told of as a decision goes out: the step it starts (`working`), with the agent's words
+    for the tools it runs first; None for a decision that starts no step (an end, an approval's wait)."""
+    if not isinstance(message, CallModel | CheckToolCalls):
+        return None
+    turn, activity = message.turn, ""
+    if isinstance(message, CheckToolCalls):
+        said = (words.get(call.name, "") for call in message.calls if call.id not in message.blocked)
+        activity = "; ".join(dict.fromkeys(w for w in said if w))
+    return SupportStatus(
+        request_id=turn.request_id,
+        conversation_id=turn.conversation_id,
+        customer_id=turn.customer_id,
+        turn_id=turn.turn_id,
+        state=TurnState.WORKING,
+        step=message.step + 1,
+        activity=activity,
+        at=round(time.time(), 3),
+        trace_id=turn.trace_id,
+        metadata=turn.metadata,
+    )
 
 
 def pending_copy(message: BaseModel) -> str:
@@ -49,11 +80,36 @@ def traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
+def turn_cut(message: BaseModel, streams_by_default: bool = False) -> StreamedText | None:
+    """The cut of a streaming turn's text when it ends otherwise than by the model's answer (a rule, a cancel, a
+    deadline, an error): whatever was streamed is not its reply. None for any other decision."""
+    if not isinstance(message, TurnEnded) or message.outcome is Outcome.END_TURN:
+        return None
+    turn = message.turn
+    if not (streams_by_default if turn.stream is None else turn.stream):
+        return None
+    return StreamedText(
+        request_id=turn.request_id,
+        conversation_id=turn.conversation_id,
+        customer_id=turn.customer_id,
+        turn_id=turn.turn_id,
+        step=0,  # every step of the turn
+        stream_id="",
+        sequence=0,
+        cut=True,
+        trace_id=turn.trace_id,
+    )
+
+
 class Outbox:
     """Publishes recorded decisions and clears their pending copies; republishes the ones left pending.
 
     `on_ended(conversation_id)` hears of every end this replica publishes (a start of the same
-    conversation waits for it: services/_guard/starts.py)."""
+    conversation waits for it: services/_guard/starts.py). Beside each decision that starts a step goes the
+    turn's progress to support.status (`working`, with `progress`: the agent's words per tool), at least once like
+    the decision, and never in its way: a status that fails to go out is only logged. The end of a turn that streams
+    (`streams_by_default`: ROUNDTRIP_STREAM_REPLIES, for a turn whose request did not say) by anything but the model's
+    answer cuts its streamed text (support.stream), likewise."""
 
     def __init__(
         self,
@@ -61,8 +117,12 @@ class Outbox:
         publish: Publish,
         after_s: float = 5.0,
         on_ended: Callable[[str], None] = lambda conversation_id: None,
+        progress: Mapping[str, str] | None = None,
+        streams_by_default: bool = False,
     ) -> None:
         self.ledger, self.publish, self.on_ended = ledger, publish, on_ended
+        self.progress: Mapping[str, str] = progress or {}
+        self.streams_by_default = streams_by_default  # ROUNDTRIP_STREAM_REPLIES: a turn's `stream` unless it says
         self.after_s = after_s  # the sweeper republishes a decision still unpublished after this long
         self._clearing: asyncio.Task | None = None
         self._to_clear: list[tuple[str, str]] = []
@@ -72,12 +132,25 @@ class Outbox:
 
         Clears are batched: one transaction for all the decisions published meanwhile (under load,
         one write instead of one per step)."""
-        await self.publish(TOPIC_OF[type(message)], message, conversation_id)
+        told = [m for m in (working(message, self.progress), turn_cut(message, self.streams_by_default)) if m]
+        if not told:
+            await self.publish(TOPIC_OF[type(message)], message, conversation_id)
+        else:  # side by side: what the app is told costs the step no round trip of its own
+            await asyncio.gather(
+                self.publish(TOPIC_OF[type(message)], message, conversation_id),
+                *(self._told(m, turn_id, conversation_id) for m in told),
+            )
         if isinstance(message, TurnEnded):
             self.on_ended(conversation_id)
         self._to_clear.append((turn_id, pending))
         if self._clearing is None or self._clearing.done():
             self._clearing = asyncio.create_task(self._clear())
+
+    async def _told(self, message: BaseModel, turn_id: str, conversation_id: str) -> None:
+        try:
+            await self.publish(TOPIC_OF[type(message)], message, conversation_id)
+        except Exception as exc:  # noqa: BLE001 - a courtesy to the app: the decision must not wait on it
+            log.warning("turn %s: %s not published: %s", turn_id, type(message).__name__, exc)
 
     async def _clear(self) -> None:
         await asyncio.sleep(CLEAR_BATCH_S)

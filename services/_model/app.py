@@ -2,32 +2,49 @@
 
 One limiter per process (services/_model/capacity.py) paces every call by what the API says of its rate
 limits; while it is at its limit (a 429's hold, or more calls waiting than it starts in a few seconds) the
-consumer of turn.model_calls is held back, so the waiting work is lag on that topic (`roundtrip lag`, KEDA)."""
+consumer of turn.model_calls is held back, so the waiting work is lag on that topic (`roundtrip lag`, KEDA).
+A turn that streams has its text published to support.stream as it comes (services/_model/streamed.py)."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import time
 
 from faststream import FastStream
 
-from roundtrip._kernel.kafka.messaging import Outlet, consumers_of, make_broker, service_app, subscribe
+from roundtrip._kernel.kafka.messaging import Outlet, consumers_of, current_record, make_broker, service_app, subscribe
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.events import CallModel, ModelResponded
+from roundtrip._kernel.wire.events import CallModel, ModelResponded, StreamedText
 from roundtrip._model.capacity import Capacity
 from roundtrip._model.client import ModelClient
 from roundtrip._model.handlers import Limits, Retrying, call_model
+from roundtrip._model.streamed import Chunks, Send
 from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.model")
 
 
+def chunks_for(command: CallModel, settings: Settings, send: Send, started_at: float) -> Chunks | None:
+    """The chunks of the call's text when its turn streams (its request's `stream`, else the setting), else None.
+    A call published before this process started may be a redelivery: every earlier stream of its step is cut first."""
+    if not (settings.stream_replies if command.turn.stream is None else command.turn.stream):
+        return None
+    chunks = Chunks(command.turn, command.step + 1, send, settings.stream_chunk_ms / 1000, settings.stream_chunk_chars)
+    record = current_record()
+    if record is not None and record.timestamp / 1000 < started_at:
+        chunks.cut_earlier()
+    return chunks
+
+
 def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("model", settings)
     responded = Outlet(broker, topics.ITERATIONS, ModelResponded)
+    streamed = Outlet(broker, topics.SUPPORT_STREAM, StreamedText)  # the text of a turn that streams, as it comes
+    started_at = time.time()  # a call published before this: perhaps a redelivery of one streamed by a dead process
     # the agent's tools, MCP ones included as their servers are listed (a list kept current in place)
     client = ModelClient(settings, agent.toolbox.api_tools, agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
@@ -40,7 +57,14 @@ def build(settings: Settings, agent: Agent) -> FastStream:
 
     @subscribe(broker, topics.MODEL_CALLS, "model", settings)
     async def on_call_model(command: CallModel) -> None:
-        event = await call_model(command, client, state["fence"], limits, retrying)
+        chunks = chunks_for(command, settings, streamed, started_at)
+        try:
+            await answered(command, await call_model(command, client, state["fence"], limits, retrying, chunks))
+        finally:
+            if chunks is not None:  # the step's text acknowledged beside its iteration event, before the commit
+                await chunks.sent()
+
+    async def answered(command: CallModel, event: ModelResponded | None) -> None:
         if event is None:
             log.warning(
                 "turn %s step %d: model not called: the turn has ended, been cancelled, moved on or passed its "

@@ -17,6 +17,7 @@ to the SDK (the rate-limit benchmark's, tests/benchmarks/inprocess.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,6 +28,7 @@ import anthropic
 
 from roundtrip._model.capacity import Busy, Capacity
 
+log = logging.getLogger("roundtrip.model")
 MARGIN_S = 2.0  # give up this long before the turn's deadline
 MARK_AFTER_S = 1.0  # a wait for capacity longer than this marks the turn waiting in the ledger
 BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0  # transient errors: the first pause, doubled per retry up to this
@@ -65,20 +67,31 @@ def describe(exc: anthropic.APIError) -> str:
     return f"{type(exc).__name__}{f' ({status})' if status else ''}: {exc.message if hasattr(exc, 'message') else exc}"
 
 
+STREAM_ERRORS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500}  # an error event's status
+
+
+def _status(exc: anthropic.APIError) -> int | None:
+    """The HTTP status of a refusal; for an `error` event in a stream (its response was a 200), the status its error
+    type stands for (an overloaded_error mid-stream is a 529)."""
+    status = getattr(exc, "status_code", None)
+    if status == 200 and isinstance(body := getattr(exc, "body", None), dict):
+        return STREAM_ERRORS.get(str((body.get("error") or {}).get("type")), status)
+    return status
+
+
 def _capacity_wait(exc: anthropic.APIError) -> float | None:
     """The pause a capacity refusal asks for; None when `exc` is not about capacity."""
-    if not isinstance(exc, anthropic.APIStatusError):
-        return None
-    status = exc.status_code
+    status = _status(exc)
+    after = retry_after(exc) if isinstance(exc, anthropic.APIStatusError) else None
     if status == 429:
-        return retry_after(exc)  # no retry-after: a spend limit, not a rate
+        return after  # no retry-after: a spend limit, not a rate
     if status == 529:
-        return retry_after(exc) or OVERLOADED_PAUSE_S
+        return after or OVERLOADED_PAUSE_S
     return None
 
 
 def _transient(exc: anthropic.APIError) -> bool:
-    status = getattr(exc, "status_code", None)
+    status = _status(exc)
     return (
         isinstance(exc, anthropic.APIConnectionError) or status in (408, 409) or (status is not None and status >= 500)
     )
@@ -121,6 +134,7 @@ async def attempt(
             if _transient(exc) and transient < retries:
                 pause = min(MAX_BACKOFF_S, BACKOFF_S * 2**transient) * random.uniform(0.75, 1.0)
                 transient += 1
+                log.info("model call tried again in %.1f s after %s", pause, describe(exc))
                 if time.monotonic() + pause < give_up:
                     await asyncio.sleep(pause)
                     continue

@@ -27,6 +27,8 @@ from typing import Any
 import anthropic
 
 from roundtrip._kernel.settings import Settings
+from roundtrip._model import streamed
+from roundtrip._model.streamed import Chunks
 
 MAX_BREAKPOINTS = 4  # the Messages API refuses a request with more blocks marked cache_control
 UNCACHEABLE = {"thinking", "redacted_thinking"}  # blocks cache_control may not be put on
@@ -137,6 +139,38 @@ class ModelClient:
             **({"tool_choice": choice} if choice else {}),
         )
         return await raw.parse(), raw.headers
+
+    async def stream_answer(
+        self,
+        messages: list[dict[str, Any]],
+        persona: str | None,
+        disable_parallel_tool_use: bool | None = None,
+        attempt: int | None = None,
+        chunks: Chunks | None = None,
+    ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
+        """`answer` on the streaming endpoint: the same message and headers, its text to `chunks` as it comes
+        (services/_model/streamed.py). A refusal before the stream (429, 529) raises as `answer` does; an `error` event
+        in the stream (the API overloaded mid-answer) raises the SDK's APIStatusError."""
+        headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
+        if persona and self._settings.use_simulator:
+            headers["x-roundtrip-persona"] = persona
+        choice = self.tool_choice(disable_parallel_tool_use)
+        # the transcript and the tools are the wire's JSON dicts, not the SDK's TypedDicts (the same shapes)
+        raw = await self._client.messages.with_raw_response.create(  # type: ignore[call-overload]
+            model=self._model,
+            max_tokens=self._settings.max_tokens,
+            system=self._system,
+            tools=self._tools,
+            messages=self.prepared(messages),
+            extra_headers=headers,
+            stream=True,
+            **({"tool_choice": choice} if choice else {}),
+        )
+        events = await raw.parse()
+        try:
+            return await streamed.read(events, chunks), raw.headers
+        finally:
+            await events.close()
 
     async def aclose(self) -> None:
         await self._client.close()

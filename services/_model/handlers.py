@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from roundtrip._model.attempts import Tried, attempt
 from roundtrip._model.capacity import Capacity
 from roundtrip._model.client import ModelClient
 from roundtrip._model.observed import observe
+from roundtrip._model.streamed import Chunks
 
 log = logging.getLogger("roundtrip.model")
 
@@ -91,14 +93,43 @@ class Retrying:
     wait_for_capacity: bool = True
 
 
+def _caller(command: CallModel, client: ModelClient, chunks: Chunks | None) -> Callable[[int], Awaitable[Any]]:
+    """The call of each attempt: the message and the answer's headers (the rate limits); streamed, with `chunks`."""
+    turn = command.turn
+
+    async def call(n: int) -> tuple[Any, Any]:
+        if isinstance(client, ModelClient) and chunks is not None:
+            chunks.begin()  # a new stream: the attempt before it, if it showed text, is cut
+            return await client.stream_answer(
+                command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n, chunks=chunks
+            )
+        if isinstance(client, ModelClient):
+            return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
+        return await client.create(command.messages, turn.persona, turn.disable_parallel_tool_use), {}  # a test's model
+
+    return call
+
+
+def _stream_ended(chunks: Chunks | None, out: Tried) -> None:
+    """The step's stream: final when the call was answered, else cut (acknowledged beside the iteration event:
+    the service awaits `chunks.sent()`)."""
+    if chunks is not None:
+        if out.message is not None and not out.error:
+            chunks.end(out.message.stop_reason)
+        else:
+            chunks.cut()
+
+
 async def call_model(
     command: CallModel,
     client: ModelClient,
     fence: Fence | None = None,
     limits: Limits | None = None,
     retrying: Retrying | None = None,
+    chunks: Chunks | None = None,
 ) -> ModelResponded | None:
-    """The next iteration of the turn, or None when the fence refuses the call (the turn may not act any more)."""
+    """The next iteration of the turn, or None when the fence refuses the call (the turn may not act any more).
+    With `chunks` (a turn that streams) the call is streamed, its text published as it comes (streamed.py)."""
     limits, retrying = limits or Limits(), retrying or Retrying()
     turn = command.turn
     if fence is not None and not await fence.claim_model_call(turn.turn_id, command.step):
@@ -108,8 +139,9 @@ async def call_model(
         return None
     step = command.step + 1
     started = time.perf_counter()
-    out = await _attempted(command, client, fence, retrying)
+    out = await _attempted(command, client, fence, retrying, chunks)
     observe(out, retrying.capacity)
+    _stream_ended(chunks, out)
     if out.gone:
         return None
     if out.error:
@@ -128,21 +160,19 @@ async def call_model(
     return _responded(command, message, step, limits)
 
 
-async def _attempted(command: CallModel, client: ModelClient, fence: Fence | None, retrying: Retrying) -> Tried:
-    """The model called as `retrying` says (retries, capacity waits recorded in the fence, the turn's deadline)."""
+async def _attempted(
+    command: CallModel, client: ModelClient, fence: Fence | None, retrying: Retrying, chunks: Chunks | None
+) -> Tried:
+    """The model called as `retrying` says (retries, capacity waits recorded in the fence, the turn's deadline);
+    streamed when `chunks` is given."""
     turn = command.turn
 
     async def waiting() -> bool:
         trace.get_current_span().add_event("waiting for model capacity", {"roundtrip.step": command.step})
         return await fence.wait_for_capacity(turn.turn_id, command.step) if fence is not None else True
 
-    async def call(n: int) -> tuple[Any, Any]:
-        if isinstance(client, ModelClient):  # the message and the answer's headers (the rate limits)
-            return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
-        return await client.create(command.messages, turn.persona, turn.disable_parallel_tool_use), {}  # a test's model
-
     return await attempt(
-        call,
+        _caller(command, client, chunks),
         retrying.capacity,
         turn.deadline_at or time.time() + retrying.deadline_s,
         retrying.retries,

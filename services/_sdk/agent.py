@@ -111,6 +111,8 @@ class Agent:
     # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded" with
     # the ids of the entities it named
     describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
+    # what the customer reads on support.status while a tool runs (name -> "Looking up your order"); default: nothing
+    progress: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def sources(self) -> tuple[ToolSource, ...]:

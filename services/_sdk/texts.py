@@ -85,4 +85,8 @@ def text_problems(agent: Any) -> list[str]:
         problems += template_problems(f"messages[{key!r}]", text, GATE_FIELDS.get(key, ()))
     for key, text in agent.acted_replies.items():
         problems += template_problems(f"acted_replies[{key!r}]", text, ACTED_FIELDS)
+    if stray := sorted(set(agent.progress) - set(agent.tool_parts[0]) - agent.mounted):
+        problems.append(f"progress words for unknown tools {stray}")
+    if stray := sorted(name for name, words in agent.progress.items() if not isinstance(words, str)):
+        problems.append(f"progress words that are not text: {stray}")
     return problems

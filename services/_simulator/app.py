@@ -9,7 +9,9 @@ Request headers a test or a load run may send (the SDK passes them via
 `default_headers=` or `extra_headers=`):
   x-roundtrip-persona          careful | careless | stubborn | looping | flailing | sloppy |
                                parallel | refusing | terse | mix   (else the app's default)
-  x-roundtrip-fault            429 | 529 | 500 | 502 | 503 | 504 | timeout: force that fault
+  x-roundtrip-fault            429 | 529 | 500 | 502 | 503 | 504 | timeout: force that fault;
+                               529-midstream: a stream stops after its first text delta with an
+                               overloaded_error event (a plain request gets a 529)
   x-roundtrip-fault-attempts   N: fault only the first N attempts (the SDK numbers its
                                attempts in `x-stainless-retry-count`); default: every attempt
   x-roundtrip-fault-delay      seconds the `timeout` fault sleeps (default 30); set it above
@@ -17,6 +19,7 @@ Request headers a test or a load run may send (the SDK passes them via
   x-roundtrip-latency-ms       latency of this response (else the app's latency_ms)
   x-roundtrip-retry-after-ms   `retry-after-ms` sent with 429/5xx (else the app's retry_after_ms)
 
+`"stream": true` answers with the same message as server-sent events (services/_simulator/streaming.py).
 Scripted mode (persona `script:NAME`), PUT /v1/_scripts/NAME and GET /v1/_received: services/_simulator/scripted.py.
 """
 
@@ -33,10 +36,10 @@ from dataclasses import dataclass, field
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import controls, personas
+from . import controls, personas, streaming
 from .engine import respond
 from .errors import ApiError, invalid
 from .overload import Overload
@@ -76,6 +79,7 @@ class _State:
     limits: RateLimits = field(default_factory=RateLimits)
     overload: Overload = field(default_factory=Overload)
     served: int = 0
+    streamed: int = 0  # of them, answered as a stream (`"stream": true`: streaming.py)
     parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
     latency_jitter: float = 0.0
     scripts: Scripts = field(default_factory=Scripts)
@@ -96,16 +100,24 @@ class _State:
             persona = wanted if scripted else _persona(request, body, self)
             self.scripts.record(persona, body)
             self.overload.check()
+            streamed = bool(body.get("stream"))
             with self.limits.admit(body, self.cache) as call:
-                await _latency(request, self)
-                await _fault(request, self)
+                latency_s = _latency_s(request, self)
+                if not streamed:  # a stream spends its latency as it goes (streaming.py)
+                    await asyncio.sleep(latency_s)
+                fault = await _fault(request, self, streamed)
                 message = respond(body, persona, self.cache, scripted)
                 call.produced(message["usage"]["output_tokens"])
         except ApiError as error:
             return _error_response(error, request_id)
         self.served += 1
         self.parallel_disabled += bool((body.get("tool_choice") or {}).get("disable_parallel_tool_use"))
-        return JSONResponse(message, headers={"request-id": request_id, "x-roundtrip-persona": persona})
+        headers = {"request-id": request_id, "x-roundtrip-persona": persona}
+        if streamed:
+            self.streamed += 1
+            events = streaming.body(message, latency_s, fault, request_id)
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        return JSONResponse(message, headers=headers)
 
     async def count_tokens(self, request: Request) -> Response:
         request_id = _request_id()
@@ -124,6 +136,7 @@ class _State:
                 "default_persona": self.default_persona,
                 "personas": list(personas.NAMES),
                 "served": self.served,
+                "streamed": self.streamed,
                 "parallel_disabled": self.parallel_disabled,
                 "rate_limited": self.limits.refused,
                 "in_flight": self.limits.in_flight,
@@ -230,16 +243,16 @@ def _number(request: Request, header: str, default: float) -> float:
     return number
 
 
-async def _latency(request: Request, state: _State) -> None:
+def _latency_s(request: Request, state: _State) -> float:
     latency = _number(request, LATENCY_HEADER, state.latency_ms)
     if latency > 0 and state.latency_jitter:
         latency *= state.rng.uniform(1 - state.latency_jitter, 1 + state.latency_jitter)
-    if latency > 0:
-        await asyncio.sleep(latency / 1000)
+    return max(0.0, latency / 1000)
 
 
-async def _fault(request: Request, state: _State) -> None:
-    """Raise the forced (or randomly injected) fault of this request, or sleep for `timeout`."""
+async def _fault(request: Request, state: _State, streamed: bool = False) -> str:
+    """Raise the forced (or randomly injected) fault of this request, or sleep for `timeout`; the fault a stream
+    raises as it goes (`529-midstream`, streaming.py) is returned (a plain request gets a 529 for it)."""
     fault = request.headers.get(FAULT_HEADER, "").strip().lower()
     if fault:
         attempt = _number(request, "x-stainless-retry-count", 0)  # 0 on the first try, 1 on the first retry...
@@ -248,12 +261,17 @@ async def _fault(request: Request, state: _State) -> None:
     elif state.fault_rate and state.rng.random() < state.fault_rate:
         fault = "529"
     if not fault:
-        return
+        return ""
     if fault == "timeout":
         await _sleep_unless_disconnected(request, _number(request, FAULT_DELAY_HEADER, DEFAULT_TIMEOUT_FAULT_S))
-        return
+        return ""
+    if fault == streaming.MIDSTREAM_FAULT:
+        if streamed:
+            return fault
+        fault = "529"
     if fault not in FAULTS:
-        raise invalid(f"{FAULT_HEADER}: unknown fault {fault!r}; expected one of {', '.join([*FAULTS, 'timeout'])}")
+        known = ", ".join([*FAULTS, "timeout", streaming.MIDSTREAM_FAULT])
+        raise invalid(f"{FAULT_HEADER}: unknown fault {fault!r}; expected one of {known}")
     status, message = FAULTS[fault]
     retry_after_ms = _number(request, RETRY_AFTER_HEADER, state.retry_after_ms)
     headers = {"retry-after-ms": f"{retry_after_ms:g}", "retry-after": str(max(1, math.ceil(retry_after_ms / 1000)))}

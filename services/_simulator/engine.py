@@ -31,7 +31,7 @@ def respond(body: dict, persona: str, cache: PromptCache, scripted: Reply | None
     transcript = Transcript.from_request(body)
     reply = scripted or PERSONAS[persona](transcript)
     content = _offered_tools_only(reply.content, body)
-    digest = request_digest(persona, body)
+    digest = request_digest(persona, {k: v for k, v in body.items() if k != "stream"})  # streamed or not: the same
     content = _with_ids(content, digest)
     stop_reason, stop_sequence = reply.stop_reason, reply.stop_sequence
     if stop_reason is None:

@@ -68,10 +68,8 @@ def _validate(body: Any, *, count_tokens: bool) -> None:
     for key in body:
         if key not in allowed:
             raise invalid(f"{key}: Extra inputs are not permitted")
-    if body.get("stream"):
-        raise invalid(
-            "stream: the roundtrip simulator does not support streaming; send a non-streaming request (stream=false)"
-        )
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise invalid("stream: Input should be a valid boolean")
     _model(body)
     if not count_tokens:
         _max_tokens(body)

@@ -64,6 +64,7 @@ TEXT = "where is my order?"
 PERSONA = "careful"
 CUSTOMERS = ("cus_1001", "cus_1002", "cus_1003")
 CALLS_PER_TURN = 3
+STREAMED = "fleet+stream"  # the fleet's variant whose requests ask for "stream": true (--stream)
 # issue 7's bar: at 1 concurrent turn, fleet overhead per iteration <= 10 ms p50; with model latency,
 # fleet turns/s >= 0.9x the in-process loop's at 100 concurrent turns and no wrong turn at any; at zero latency,
 # fleet CPU per turn <= 2x and fleet turns/s >= 0.5x the in-process loop's
@@ -92,6 +93,8 @@ class Run:
     kafka_iteration_p50_ms: float = float(
         "nan"
     )  # the fleet's iterations from Kafka timestamps (whole ms), a cross-check
+    first_text_ms: list[float] = field(default_factory=list)  # a streamed run's: request -> its first streamed text
+    chunks: int = 0  # a streamed run's chunks on support.stream
 
     @property
     def turns_per_s(self) -> float:
@@ -132,6 +135,9 @@ def summarise(variant: str, concurrency: int, timings: list[TurnTiming], seconds
             run.wrong += 1
             continue
         its = [x * 1000 for x in t.iterations()]
+        if t.first_text:
+            run.first_text_ms.append((t.first_text - t.started) * 1000)
+        run.chunks += t.chunks
         run.first_iteration_ms.append(its[0])
         run.iteration_ms += its[1:]
         run.turn_ms.append(t.latency * 1000)
@@ -207,6 +213,8 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
         "in-process": lambda i: local.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA),
         "fleet": lambda i: driver.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA),
     }
+    if args.stream:  # the same turns, their text streamed to support.stream (issue 34)
+        variants[STREAMED] = lambda i: driver.turn(TEXT, CUSTOMERS[i % len(CUSTOMERS)], PERSONA, stream=True)
     runs: list[Run] = []
     settle_heap()  # the services' runtime settings (services/_kernel/runtime.py), for the in-process loop too
 
@@ -224,7 +232,7 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
         t1 = time.time_ns()
         run = summarise(name, concurrency, timings, seconds)
         run.model_replicas = replicas
-        if name == "fleet":
+        if name.startswith("fleet"):
             run.timings = timings
         run.cpu_s = meter.stop()
         run.others_cores = max(0.0, (machine_cpu_seconds() - machine0) - sum(run.cpu_s.values())) / seconds
@@ -245,7 +253,8 @@ async def measure(fleet: Fleet, settings: Settings, args: argparse.Namespace, sa
         for concurrency in args.concurrency:
             total = args.turns_single if concurrency == 1 else turns_for(args, concurrency)
             for name in variants:
-                await one_run(name, concurrency, total)
+                if name != STREAMED or concurrency in args.stream:
+                    await one_run(name, concurrency, total)
         top = max(args.concurrency)
         grown = [(("model",), r) for r in sorted(r for r in args.model_replicas if r > 1)]
         grown += [(SERVICES, args.all_replicas)] if args.all_replicas > 1 else []
@@ -446,6 +455,7 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
             and ("in-process", r.concurrency) not in by
         ):
             w(f"  c={r.concurrency}: fleet {fmt(r.turns_per_s)} turns/s, wrong turns {r.wrong}")
+    streaming_report(runs, profiles, w)
     w("")
     w("CPU ms per turn by process:")
     for r in runs:
@@ -472,6 +482,37 @@ def report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], meta: dict) 
         for name, v in named.items():
             w(f"    {name:<44}{v['n']:>7}{fmt(v['p50_ms'], 2):>9}{fmt(v['p99_ms'], 2):>9}")
     return "\n".join(lines)
+
+
+def streaming_report(runs: list[Run], profiles: dict[str, tuple[dict, dict]], w: Callable[[str], None]) -> None:
+    """Time to the first streamed text beside time to the whole reply, and what streaming costs: CPU and Kafka
+    messages per turn, streamed and not, at each concurrency the streamed variant ran at."""
+    streamed = {r.concurrency: r for r in runs if r.variant == STREAMED}
+    plain = {r.concurrency: r for r in runs if r.variant == "fleet" and r.model_replicas == 1}
+    if not streamed:
+        return
+    w("")
+    w("streamed replies (issue 34): time to the first streamed text beside time to the whole reply (ms)")
+    w(
+        f"  {'conc':>5}{'variant':>14}{'turns':>7}{'1st text p50':>14}{'1st text p99':>14}{'turn p50':>10}"
+        f"{'turn p99':>10}{'CPU/turn':>10}{'Kafka msgs/turn':>17}{'chunks/turn':>13}"
+    )
+    for c in sorted(streamed):
+        for r in (plain.get(c), streamed[c]):
+            if r is None or not r.turns:
+                continue
+            cpu = sum(r.cpu_s.values()) * 1000 / r.turns
+            label = f"{c} concurrent" + (", streamed" if r.variant == STREAMED else "")
+            hops = profiles.get(label, ({}, {}))[0]
+            messages = sum(h["published"] for h in hops.values()) / r.turns if hops else float("nan")
+            w(
+                f"  {c:>5}{r.variant:>14}{r.turns:>7}"
+                f"{fmt(r.p('first_text_ms', 0.5)):>14}{fmt(r.p('first_text_ms', 0.99)):>14}"
+                f"{fmt(r.p('turn_ms', 0.5)):>10}{fmt(r.p('turn_ms', 0.99)):>10}{fmt(cpu):>10}{fmt(messages):>17}"
+                f"{fmt(r.chunks / r.turns):>13}"
+            )
+    w("  (1st text: request -> the first chunk with text read from support.stream; Kafka msgs/turn: every record the")
+    w("   fleet's spans show published in the run's window, per turn; chunks/turn: records on support.stream)")
 
 
 def plot(runs: list[Run], path: Path, latency: float = 0.0) -> str:
@@ -570,15 +611,17 @@ def _run_all(
         fleet.stop()
     spans = read_spans(settings.effective_span_file)
     for run in runs:
-        if run.variant == "fleet":
+        if run.variant.startswith("fleet"):
             precise_iterations(run, spans)
     profiles = {
-        f"{r.concurrency} concurrent" + (f", {r.model_replicas} model replicas" if r.model_replicas > 1 else ""): (
+        f"{r.concurrency} concurrent"
+        + (", streamed" if r.variant == STREAMED else "")
+        + (f", {r.model_replicas} model replicas" if r.model_replicas > 1 else ""): (
             hop_profile(spans, *r.window_ns),
             named_span_profile(spans, *r.window_ns),
         )
         for r in runs
-        if r.variant == "fleet"
+        if r.variant.startswith("fleet")
     }
     meta = {
         "turn": f'careful persona, "{TEXT}", {CALLS_PER_TURN} model calls per turn',
@@ -707,6 +750,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="sample the processes with py-spy during the busiest runs (the fleet's, and this one in the in-process "
         "run); profiles go to DIR",
+    )
+    parser.add_argument(
+        "--stream",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[],
+        help='also run the fleet with streamed replies ("stream": true) at these concurrency levels: time to the '
+        "first streamed text beside time to the reply, CPU and Kafka messages per turn (e.g. --stream 1,100)",
     )
     parser.add_argument("--py-spy-seconds", type=float, default=10.0)
     parser.add_argument("--keep-state", action="store_true", help="keep the temporary state dir (logs, spans)")

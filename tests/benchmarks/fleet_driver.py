@@ -1,4 +1,5 @@
-"""Drives the running fleet like a client app: publish to support.requests, read support.replies.
+"""Drives the running fleet like a client app: publish to support.requests, read support.replies (and, for a turn
+that streams, support.stream: when its first text came, how many chunks).
 
 It also watches turn.iterations, but reads only each record's key (the conversation id,
 which the benchmark chooses) and its Kafka timestamp (set by the model service's producer
@@ -43,7 +44,7 @@ class FleetDriver:
         )
         await self.producer.start()
         await self.consumer.start()
-        wanted = [self.topic(topics.SUPPORT_REPLIES), self.topic(topics.ITERATIONS)]
+        wanted = [self.topic(topics.SUPPORT_REPLIES), self.topic(topics.ITERATIONS), self.topic(topics.SUPPORT_STREAM)]
         parts = []
         for name in wanted:
             for _ in range(100):  # metadata may lag just after the topics were created
@@ -68,13 +69,16 @@ class FleetDriver:
         await self.producer.stop()
 
     async def _read(self) -> None:
-        replies = self.topic(topics.SUPPORT_REPLIES)
+        replies, streamed = self.topic(topics.SUPPORT_REPLIES), self.topic(topics.SUPPORT_STREAM)
         while True:
             batches = await self.consumer.getmany(timeout_ms=1000)
             now = time.perf_counter()
             for tp, records in batches.items():
                 for record in records:
                     key = record.key.decode() if record.key else ""
+                    if tp.topic == streamed:
+                        self._streamed(key, record.value, now)
+                        continue
                     if tp.topic != replies:
                         if key in self._iterations:
                             self._iterations[key].append(record.timestamp / 1000)
@@ -99,12 +103,26 @@ class FleetDriver:
                     if not done.done():
                         done.set_result(None)
 
-    async def turn(self, text: str, customer_id: str, persona: str | None, timeout: float | None = None) -> TurnTiming:
+    def _streamed(self, key: str, value: bytes, now: float) -> None:
+        """A chunk of a streamed turn: counted, and the first with text marks the time to the first streamed text."""
+        waiting = self._waiting.get(key)
+        if waiting is None:
+            return
+        timing = waiting[0]
+        timing.chunks += 1
+        if not timing.first_text and json.loads(value).get("text"):
+            timing.first_text = now
+
+    async def turn(
+        self, text: str, customer_id: str, persona: str | None, timeout: float | None = None, stream: bool = False
+    ) -> TurnTiming:
         request_id = f"req_{uuid.uuid4().hex[:12]}"
         conversation_id = f"conv_{request_id}"
         body = {"request_id": request_id, "conversation_id": conversation_id, "customer_id": customer_id, "text": text}
         if persona:
             body["persona"] = persona
+        if stream:  # its text to support.stream as it is written
+            body["stream"] = True
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         wall0, timing = time.time(), TurnTiming(started=time.perf_counter())
         timing.conversation_id, timing.wall_started = conversation_id, wall0

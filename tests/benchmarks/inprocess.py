@@ -40,6 +40,8 @@ class TurnTiming:
     conversation_id: str = ""  # the fleet's turns: whose spans say when each response was published
     wall_started: float = 0.0  # time.time() at `started`
     usage: dict = field(default_factory=dict)  # the fleet's turns: the reply's usage
+    first_text: float = 0.0  # a streamed turn's: when its first chunk with text was read (support.stream)
+    chunks: int = 0  # a streamed turn's chunks on support.stream
 
     @property
     def latency(self) -> float:

@@ -91,9 +91,10 @@ def hop_profile(spans: list[dict], since_ns: int = 0, until_ns: int | None = Non
         if producer is not None:
             hop[topic].append((s["start_ns"] - producer["start_ns"]) / 1e6)
     out: dict[str, dict[str, float]] = {}
-    for topic in sorted(set(hop) | set(handler)):
+    for topic in sorted(set(hop) | set(handler) | set(publish)):  # a topic only apps read has no consumer span
         out[topic] = {
             "n": len(handler[topic]),
+            "published": len(publish[topic]),
             "hop_p50_ms": percentile(hop[topic], 0.5),
             "hop_p99_ms": percentile(hop[topic], 0.99),
             "handler_p50_ms": percentile(handler[topic], 0.5),

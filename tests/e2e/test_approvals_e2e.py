@@ -74,7 +74,11 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
 
     # the app is told, on support.status, that its turn waits for a person and until when
     (status,) = await client.wait_for(
-        lambda: [s for s in client.seen[topics.SUPPORT_STATUS] if s["request_id"] == request_id]
+        lambda: [
+            s
+            for s in client.seen[topics.SUPPORT_STATUS]
+            if s["request_id"] == request_id and s["state"] == "waiting_for_approval"  # each step's `working` too
+        ]
     )
     assert status["state"] == "waiting_for_approval" and status["until"] == request["expires_at"]
     assert (status["turn_id"], status["approval_id"], status["customer_id"]) == (turn_id, approval_id, "cus_1001")

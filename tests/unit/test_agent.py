@@ -117,6 +117,8 @@ def test_a_failing_factory_is_one_line(package):
         ({"name": "has spaces"}, "the name must match"),
         ({"tools_dir": "/nonexistent/tools"}, "is not a folder"),
         ({"dependencies": {"not an identifier": lambda fleet, own: None}}, "need an identifier as name"),
+        ({"progress": {"refund": "Refunding you"}}, "progress words for unknown tools ['refund']"),
+        ({"progress": {"lookup_order": 7}}, "progress words that are not text: ['lookup_order']"),
     ],
 )
 def test_an_agent_that_does_not_fit_together_is_refused_naming_the_problem(change, problem):

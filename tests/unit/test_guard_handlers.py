@@ -11,7 +11,17 @@ from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.events import CancelTurn, ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
+from roundtrip._kernel.wire.events import (
+    CancelTurn,
+    ModelResponded,
+    Outcome,
+    StartTurn,
+    SupportStatus,
+    ToolCall,
+    Turn,
+    TurnState,
+    Usage,
+)
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from tests.databases import migrated
 
@@ -20,12 +30,18 @@ PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
 
 
 class Recorder:
+    """The guard's publishes: its decisions in `sent`, the progress it tells the app (support.status, working) apart."""
+
     def __init__(self):
         self.sent: list[tuple[str, object]] = []
+        self.progress: list[SupportStatus] = []
         self.flags: list[object] = []
 
     async def __call__(self, topic, message, conversation_id):
-        self.sent.append((topic, message))
+        if topic == topics.SUPPORT_STATUS and message.state == TurnState.WORKING:
+            self.progress.append(message)
+        else:
+            self.sent.append((topic, message))
 
     async def flag(self, message, conversation_id):
         self.flags.append(message)
@@ -46,6 +62,7 @@ async def guard(tmp_path):
         turn_deadline_s=300,
     )
     g.recorder = recorder
+    g.outbox.progress = {"list_orders": "Looking up your orders"}  # the agent's words (Agent.progress)
     yield g
     await g.outbox.drain()
     await ledger.close()
@@ -116,6 +133,31 @@ async def test_an_iteration_moves_the_turn_once(guard):
     assert (row.status, row.step, row.outcome, row.input_tokens) == ("ended", 2, "end_turn", 200)
 
 
+async def test_every_step_of_a_turn_is_told_as_working_with_the_agents_words_for_its_tools(guard):
+    """support.status: step 1 at the start, step 2 as its tools go to the gate (their words), none for the end."""
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+    other = ToolCall(id="toolu_2", name="search_help_center", input={}, fingerprint=fingerprint("search", {}))
+    await guard.loop.on_iteration(iteration(1, calls=[LIST, other]))
+    await guard.loop.on_iteration(iteration(2, stop_reason="end_turn"))
+    told = [(s.state, s.step, s.activity, s.turn_id, s.request_id) for s in guard.recorder.progress]
+    assert told == [
+        (TurnState.WORKING, 1, "", "turn_1", "req_1"),
+        (TurnState.WORKING, 2, "Looking up your orders", "turn_1", "req_1"),  # a tool without words says nothing
+    ]
+    assert [t for t, _ in guard.recorder.sent] == [topics.MODEL_CALLS, topics.TOOL_CALLS, topics.OUTCOMES]
+
+
+async def test_a_status_the_broker_refuses_does_not_hold_up_the_decision(guard):
+    async def no_status(topic, message, conversation_id):
+        if topic == topics.SUPPORT_STATUS:
+            raise RuntimeError("broker refused")
+        await guard.recorder(topic, message, conversation_id)
+
+    guard.outbox.publish = no_status
+    assert await guard.starts.on_start(StartTurn(turn=TURN, text="hi")) == "started"
+    assert [t for t, _ in guard.recorder.sent] == [topics.MODEL_CALLS] and guard.recorder.progress == []
+
+
 async def test_a_decision_recorded_but_not_published_is_republished_on_redelivery(guard):
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
 
@@ -154,6 +196,24 @@ async def test_cancel_ends_a_running_turn_once(guard):
     assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
     assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_nope")) == "unknown turn"
     assert guard.recorder.sent[-1][1].outcome is Outcome.CANCELLED
+
+
+async def test_a_streaming_turn_ended_otherwise_than_by_the_model_has_its_text_cut(guard):
+    """The text a cancelled turn streamed is not its reply: a cut of every step (step 0) goes beside the end."""
+    streaming = TURN.model_copy(update={"stream": True})
+    await guard.starts.on_start(StartTurn(turn=streaming, text="hi"))
+    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
+    (cut,) = [m for t, m in guard.recorder.sent if t == topics.SUPPORT_STREAM]
+    assert (cut.turn_id, cut.step, cut.stream_id, cut.cut, cut.text) == ("turn_1", 0, "", True, "")
+    assert guard.recorder.sent[-1][0] in (topics.OUTCOMES, topics.SUPPORT_STREAM)
+
+
+async def test_a_turn_that_streams_and_ends_by_the_models_answer_or_does_not_stream_has_nothing_cut(guard):
+    await guard.starts.on_start(StartTurn(turn=TURN.model_copy(update={"stream": True}), text="hi"))
+    await guard.loop.on_iteration(iteration(1, stop_reason="end_turn").model_copy(update={"turn": TURN}))
+    await guard.starts.on_start(StartTurn(turn=TURN.model_copy(update={"turn_id": "turn_2"}), text="hi"))
+    await guard.outside.on_cancel(CancelTurn(turn_id="turn_2"))  # streams by the setting only: off
+    assert [m for t, m in guard.recorder.sent if t == topics.SUPPORT_STREAM] == []
 
 
 async def test_budget_outcome_carries_the_cost(guard):

@@ -135,3 +135,35 @@ def test_another_requests_records_are_not_shown(capsys):
     for topic, data in other.values():
         order.add(topic, data)
     assert order.ready() == []
+
+
+def test_a_steps_working_status_is_shown_before_its_model_line_whenever_it_arrives():
+    records = _records()
+    working = (
+        topics.SUPPORT_STATUS,
+        {"request_id": "req_1", "turn_id": "turn_1", "state": "working", "step": 2, "activity": "Looking up"},
+    )
+    order = StepOrder("req_1", clock=lambda: 0.0)
+    for name in ("call0", "model1", "check1", "gate1", "call1", "model2"):
+        order.add(*records[name])
+    order.add(*working)  # the model line of step 2 came before its progress, in one poll
+    shown = [(topic, data.get("step")) for topic, data in order.ready()]
+    assert shown.index((topics.SUPPORT_STATUS, 2)) == shown.index((topics.ITERATIONS, 2)) - 1
+
+
+def test_streamed_text_is_written_as_it_comes_once_and_a_cut_says_it_is_discarded(capsys):
+    shown = console.TextShown("req_1")
+    base = {"request_id": "req_1", "conversation_id": "conv_1", "customer_id": "cus_1001", "turn_id": "turn_1"}
+    for chunk in (
+        {"step": 1, "stream_id": "a", "sequence": 0, "text": "Let me "},
+        {"step": 1, "stream_id": "a", "sequence": 0, "text": "Let me "},  # a duplicate: shown once
+        {"step": 1, "stream_id": "a", "sequence": 1, "text": "look", "cut": False},
+        {"step": 1, "stream_id": "a", "sequence": 2, "cut": True},
+        {"step": 1, "stream_id": "b", "sequence": 0, "text": "Your order "},
+        {"step": 1, "stream_id": "b", "sequence": 1, "text": "is on its way.", "final": True},
+        {"step": 1, "stream_id": "c", "sequence": 0, "text": "not mine", "request_id": "req_2"},
+    ):
+        shown.show({**base, **chunk})
+    out = capsys.readouterr().out
+    assert "Let me look\n" in out and out.count("Let me") == 1 and "cut: discarded" in out
+    assert "Your order is on its way.\n" in out and "not mine" not in out

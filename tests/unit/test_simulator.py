@@ -351,7 +351,10 @@ async def test_unanswered_tool_use_is_a_400(client):
             {"model": MODEL, "max_tokens": "9", "messages": [{"role": "user", "content": "x"}]},
             "max_tokens: Input should be a valid integer",
         ),
-        ({"model": MODEL, "max_tokens": 9, "messages": [{"role": "user", "content": "x"}], "stream": True}, "stream"),
+        (
+            {"model": MODEL, "max_tokens": 9, "messages": [{"role": "user", "content": "x"}], "stream": "yes"},
+            "stream: Input should be a valid boolean",
+        ),
         ({"model": MODEL, "max_tokens": 9, "messages": [{"role": "assistant", "content": "x"}]}, "first message"),
         ({"model": MODEL, "max_tokens": 9, "messages": [], "tools": TOOLS}, "at least 1 item"),
         (

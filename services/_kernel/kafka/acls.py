@@ -111,7 +111,7 @@ def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[A
 
 
 def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
-    """The user's app: publish requests, read replies (and the status of a turn waiting for a person) in its own
+    """The user's app: publish requests, read replies (and the status of its turns, and their streamed text) in its own
     consumer group `group`."""
     who = principal.format(name=APP)
     return _merged(
@@ -119,6 +119,7 @@ def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) ->
             _topic(who, topics.SUPPORT_REQUESTS, prefix, "Write"),
             _topic(who, topics.SUPPORT_REPLIES, prefix, "Read"),
             _topic(who, topics.SUPPORT_STATUS, prefix, "Read"),
+            _topic(who, topics.SUPPORT_STREAM, prefix, "Read"),
             Acl(who, "group", group, ("Read",)),
             Acl(who, "cluster", "kafka-cluster", ("IdempotentWrite",)),
         ]

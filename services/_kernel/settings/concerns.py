@@ -273,6 +273,19 @@ class ModelSettings(Concern):
             "response (a request may override it)"
         ),
     )
+    stream_replies: bool = Field(
+        False,
+        description=(
+            "Stream the text of every model call to support.stream as it is written (a request's `stream` overrides "
+            "it); the reply still comes once, on support.replies"
+        ),
+    )
+    stream_chunk_ms: float = Field(
+        100.0, gt=0, description="Streamed text waits at most this long before it is published as one chunk"
+    )
+    stream_chunk_chars: int = Field(
+        400, ge=1, description="Streamed text is published as soon as this many characters wait, however soon"
+    )
     cache_history: bool = Field(
         True,
         description=(

@@ -64,6 +64,11 @@ class SupportRequest(Message):
     disable_parallel_tool_use: bool | None = Field(
         None, description="At most one tool call per model response for this request (null: the deployment's setting)"
     )
+    stream: bool | None = Field(
+        None,
+        description="Stream the text of each model call to support.stream as it is written (null: the deployment's "
+        "setting, ROUNDTRIP_STREAM_REPLIES); the reply still comes once, on support.replies",
+    )
     metadata: dict[MetadataKey, JsonValue] | None = Field(
         None,
         max_length=METADATA_MAX_KEYS,
@@ -134,28 +139,67 @@ class SupportReply(Message):
 class TurnState(StrEnum):
     """Where a turn that has not been answered yet stands (SupportStatus.state)."""
 
+    WORKING = "working"
     WAITING_FOR_APPROVAL = "waiting_for_approval"
 
 
 class SupportStatus(Message):
     """What the fleet publishes to `support.status` while a turn is under way: never its reply, which comes once, on
-    `support.replies`. At least once (the same state of a turn may come twice); a status read after its turn's reply
-    is stale."""
+    `support.replies`. `working` as each step of the turn starts (with what the customer may read of it), and
+    `waiting_for_approval` when a call waits for a person. At least once (the same state of a turn may come twice); a
+    status read after its turn's reply is stale."""
 
     request_id: str
     conversation_id: str
     customer_id: str
     turn_id: str
     state: TurnState = Field(
-        description="waiting_for_approval: a call waits for a person; the reply comes once they decide, "
-        "or by `until` at the latest"
+        description="working: step `step` of the turn starts (its model call, after the tools named in `activity` "
+        "ran); waiting_for_approval: a call waits for a person; the reply comes once they decide, or by `until` at "
+        "the latest"
     )
-    until: float = Field(description="Unix time the wait ends at the latest (the approval deadline)")
+    step: int = Field(0, ge=0, description="working: the turn's model call that starts (1-based); 0 otherwise")
+    activity: str = Field(
+        "",
+        description="working: what the customer may read of the step, in the agent's words for the tools it runs "
+        '("Looking up your order"); empty when the agent declares none',
+    )
+    until: float = Field(0.0, description="waiting_for_approval: Unix time the wait ends at the latest (its deadline)")
     at: float = Field(description="Unix time the fleet entered this state")
     reason: str = Field("", description="Why, in the agent's words (the rule that asks for a person)")
     approval_id: str = Field("", description="The approval a person decides (roundtrip approvals)")
     trace_id: str = Field(description="W3C trace id of the turn")
     metadata: dict[str, JsonValue] | None = Field(None, description="The request's metadata, as it came")
+
+
+class StreamedText(Message):
+    """What the fleet publishes to `support.stream` for a turn that streams: the text of each model call (a step) as
+    the model writes it, in chunks, keyed by the conversation. Never the reply, which comes once, on
+    `support.replies`: when it arrives, it replaces whatever was shown. Each attempt of a step's call is a stream of its
+    own (`stream_id`); its chunks are numbered from 0 (`sequence`), and a chunk may come twice (same turn, step,
+    stream and sequence: show it once). A stream ends with a chunk that says `final` (the call completed; `tool_use`:
+    the step goes on to tools, so its text is not the answer) or one that says `cut` (discard what was shown of it)."""
+
+    request_id: str
+    conversation_id: str
+    customer_id: str
+    turn_id: str
+    step: int = Field(
+        ge=0, description="The model call of the turn (1-based) the text belongs to; 0 in a cut of the whole turn"
+    )
+    stream_id: str = Field(
+        description="One attempt of the step's call; empty in a cut: every stream of that step (of every step: step 0)"
+    )
+    sequence: int = Field(ge=0, description="The chunk's place in its stream, from 0")
+    text: str = Field("", description="Text the model wrote since the stream's previous chunk")
+    final: bool = Field(False, description="The stream's last chunk: the call completed")
+    tool_use: bool = Field(False, description="With final: the call ended in tool_use (the turn goes on to tools)")
+    cut: bool = Field(
+        False,
+        description="The stream was cut (the service died, the call was retried after a 429/529 or an error, the "
+        "guard ended the turn otherwise): discard what was shown of it",
+    )
+    trace_id: str = Field("", description="W3C trace id of the turn")
 
 
 # -- the turn and its loop ----------------------------------------------------------------
@@ -184,6 +228,9 @@ class Turn(Message):
     )
     disable_parallel_tool_use: bool | None = Field(
         None, description="The request's override of the deployment's setting"
+    )
+    stream: bool | None = Field(
+        None, description="The request's `stream`: its text to support.stream (null: the setting)"
     )
     metadata: dict[str, Any] | None = Field(
         None, description="The request's metadata (the app's own facts), as it came"
@@ -393,7 +440,7 @@ class DeadLettered(Message):
     offset: int | None = None
 
 
-PUBLIC = (SupportRequest, SupportReply, SupportStatus)
+PUBLIC = (SupportRequest, SupportReply, SupportStatus, StreamedText)
 INTERNAL = (
     StartTurn,
     CancelTurn,

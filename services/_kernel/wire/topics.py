@@ -1,4 +1,4 @@
-"""Topic names. The public contract is the first three; the rest are internal to the fleet.
+"""Topic names. The public contract is the first four; the rest are internal to the fleet.
 
 Who reads and writes each is declared in services/_kernel/wire/topology.py (`topology.topic_names()` lists them all)."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 SUPPORT_REQUESTS = "support.requests"  # public: clients publish SupportRequest
 SUPPORT_REPLIES = "support.replies"  # public: clients read SupportReply
-SUPPORT_STATUS = "support.status"  # public: clients may read SupportStatus (a turn waiting for a person)
+SUPPORT_STATUS = "support.status"  # public: clients may read SupportStatus (each step, a turn waiting for a person)
+SUPPORT_STREAM = "support.stream"  # public: clients may read StreamedText (the text of a turn that streams)
 TURN_STARTS = "turn.starts"  # StartTurn: gateway -> guard
 TURN_CONTROLS = "turn.controls"  # CancelTurn: operators -> guard
 MODEL_CALLS = "turn.model_calls"  # CallModel: guard/executor -> model

@@ -105,7 +105,7 @@ SERVICES: tuple[Service, ...] = (
         "model",
         "calls the model, one iteration event per response",
         inputs=(Input(topics.MODEL_CALLS, events.CallModel),),
-        outputs={topics.ITERATIONS: events.ModelResponded},
+        outputs={topics.ITERATIONS: events.ModelResponded, topics.SUPPORT_STREAM: events.StreamedText},
         shares_ledger=True,
     ),
     Service(
@@ -124,6 +124,7 @@ SERVICES: tuple[Service, ...] = (
             topics.OUTCOMES: events.TurnEnded,
             topics.TURN_EVENTS: events.TurnFlagged,
             topics.SUPPORT_STATUS: events.SupportStatus,
+            topics.SUPPORT_STREAM: events.StreamedText,  # a cut of the turn's text when it ends otherwise
         },
         shares_ledger=True,
         accepts_decisions=True,  # a person's decision resumes the turn waiting for it

@@ -48,6 +48,14 @@ AGENT = Agent(
     describe_action=tools.describe_action,  # "I cancelled order ord_…" when a turn ends early after it
     example_ask="cancel my last order",  # the `roundtrip up` banner's example
     example_customer="cus_1001",
+    progress={  # what the customer reads on support.status while these run
+        "list_orders": "Looking up your orders",
+        "lookup_order": "Looking up your order",
+        "cancel_order": "Cancelling your order",
+        "get_shipping_status": "Checking the shipping status",
+        "search_help_center": "Searching the help center",
+        "escalate_to_human": "Handing you over to a person",
+    },
     messages={
         "lookup_failed": "The order system could not be reached to verify this call; nothing was done. Try again "
         "shortly."
