@@ -36,7 +36,7 @@ fi
 # latency, a deadline, a broker coming back), so two halves on two cores take about the time of the longer one.
 # Each run has its own broker, fleet and temporary folders (every port is a free one), so they share nothing.
 # The first half reports here as it goes; the second writes its log and is shown when it ends.
-halves=("tests/unit tests/chaos" "tests/integration tests/e2e")
+halves=("tests/unit tests/integration tests/chaos" "tests/e2e")
 work=$(mktemp -d -t roundtrip-tests.XXXXXX)  # each half's own --basetemp, and the second half's log
 log=$work/second-half.log
 started=$SECONDS

@@ -370,8 +370,10 @@ def test_up_refuses_a_bad_agent_setting_before_the_broker_starts(tmp_path):
 
 def test_the_up_banners_example_is_the_agents_own():
     from roundtrip._cli.main import _ready
+    from roundtrip._kernel.settings import Settings
 
-    assert 'ask "cancel my last order" --customer cus_1001\n' in _ready(SHOP)
+    settings = Settings()
+    assert 'ask "cancel my last order" --customer cus_1001\n' in _ready(SHOP, settings)
     own = dataclasses.replace(SHOP, example_ask="Welche Anschlüsse habe ich?", example_customer="cus_2001")
-    assert 'ask "Welche Anschlüsse habe ich?" --customer cus_2001\n' in _ready(own)
-    assert "cancel" not in _ready(dataclasses.replace(SHOP, example_ask="", example_customer=""))
+    assert 'ask "Welche Anschlüsse habe ich?" --customer cus_2001\n' in _ready(own, settings)
+    assert "cancel" not in _ready(dataclasses.replace(SHOP, example_ask="", example_customer=""), settings)

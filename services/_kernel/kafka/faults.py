@@ -6,7 +6,7 @@ that raises hands its record to the kernel's message path (services/_kernel/kafk
 
 * **a dependency** (its name, one of DEPENDENCIES): the database refused the connection, dropped it,
   is starting up or shutting down, is locked by another writer; the broker is away (aiokafka's
-  retriable errors); an HTTP backend (the shop, an MCP server over HTTP) did not answer or answered
+  retriable errors); an HTTP backend (an agent's service, an MCP server over HTTP) did not answer or answered
   502, 503, 504 or 429; the Messages API's connection failed, timed out or it answered 429, 5xx or 529.
   The record is retried, its consumer paused until the dependency answers again (KeyOrderedConsumer).
 * **None**: the message fails for what it is (bad JSON, a schema violation, a bug the message
@@ -15,8 +15,8 @@ that raises hands its record to the kernel's message path (services/_kernel/kafk
   timing out may be the message's doing, and a record retried for ever would hold its consumer).
 
 The rule reads the whole failure: the exception, its cause and context, SQLAlchemy's wrapped driver
-error (`orig`), and every leaf of an exception group (unavailable only when each leaf that is not a
-cancellation is). It imports none of the clients: it knows them by the modules their types live in,
+error (`orig`), and every leaf of an exception group (unavailable only when each leaf that is not
+asyncio's CancelledError is). It imports none of the clients: it knows them by the modules their types live in,
 so it costs nothing in a process that does not use them.
 """
 
