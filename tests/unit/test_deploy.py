@@ -696,7 +696,8 @@ def test_the_mini_loader_handles_anchors_and_merges():
 
 # -- a user's agent in the manifests (issue 29, item 4) ------------------------------------------------------------
 
-LEDGER_USERS = ("gateway", "guard", "model", "executor", "console", "migrate")  # the services the topology says share the ledger
+# the services the topology says share the ledger
+LEDGER_USERS = ("gateway", "guard", "model", "executor", "console", "migrate")
 
 
 def test_compose_runs_a_users_agent_image_with_its_settings_and_their_ledger_and_kafka(tmp_path):
