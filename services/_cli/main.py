@@ -77,6 +77,9 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration
     from roundtrip._sdk.agent import current_agent
 
+    # until the service has started, a refused or failed connection is said once, by main() (one line naming
+    # the cause: services/_kernel/kafka/refusals.py), not also by aiokafka (the preflight's checks included)
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         agent = current_agent(settings.agent)  # the agent every service runs: found and checked once, here
         agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
@@ -96,9 +99,6 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     stream = module.build(settings, agent)  # the one composition root: the agent loaded once, handed to the service
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
     log = logging.getLogger(f"roundtrip.{service}")
-    # until the service has started, a refused or failed connection is said once, by main() (one line naming
-    # the cause: services/_kernel/kafka/refusals.py), not also by aiokafka
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
     async def announce() -> None:
         logging.getLogger("aiokafka").setLevel(logging.WARNING)  # from here on its reconnects are worth seeing

@@ -145,6 +145,7 @@ async def run(retention: Retention, interval_s: float) -> None:
 async def requests_retention_ms(settings: Settings) -> int | None:
     """The requests topic's retention.ms as the broker says it (-1: for ever); None when it cannot be read."""
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+    from aiokafka.errors import KafkaConnectionError
 
     from roundtrip._kernel.kafka.admin import _admin
     from roundtrip._kernel.kafka.clients import kafka_clients
@@ -159,6 +160,9 @@ async def requests_retention_ms(settings: Settings) -> int | None:
             for entry in entries:
                 if entry[0] == "retention.ms" and entry[1] is not None:
                     return int(entry[1])
+        return None
+    except KafkaConnectionError as exc:  # no broker: the service's own start says so, in one line
+        log.debug("cannot read retention.ms of %s: %s", name, exc)
         return None
     except Exception as exc:  # noqa: BLE001 - not allowed (ACLs) or not there: the guard says so and goes on
         log.warning("cannot read retention.ms of %s (%s: %s); the ledger's retention is not checked against it",
