@@ -30,7 +30,7 @@ def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everythin
     for name in ("kafka", "simulator", "shop", "gateway", "model", "guard", "gate", "executor"):
         assert f"  {name}" in output  # says where each listens
     pids = [int(pid) for pid in re.findall(r"\(pid (\d+),", output)]
-    assert len(pids) == 7  # simulator, shop and the five services (the broker's port is checked below)
+    assert len(pids) == 8  # simulator, shop, the five services and the console (the broker's port: below)
 
     shop = f"http://127.0.0.1:{env['ROUNDTRIP_SHOP_PORT']}"
     before = {o["order_id"]: o["status"] for o in httpx.get(f"{shop}/admin/orders").json()["orders"]}

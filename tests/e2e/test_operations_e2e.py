@@ -73,7 +73,7 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
 ):
     settings, env = fleet_settings
     batches = settings.topic_prefix + topics.TOOL_BATCHES
-    base = free_port_run(10)  # guard: base + 2, executors: base + 4 and base + 9
+    base = free_port_run(11)  # guard: base + 2, executors: base + 4 and base + 10 (replicas step by 6)
     async with (
         fleet.reconfigured(("simulator",), simulator_latency_ms=SIMULATOR_LATENCY_MS),
         fleet.reconfigured(("guard",), health_port=base, health_port_per_service=True),
@@ -149,7 +149,7 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
             before, "roundtrip_cost_usd_total", model=settings.model
         )
         assert _value(after, "process_resident_memory_bytes") > 0
-        executors = [await _scrape(http, port) for port in (base + 4, base + 9)]
+        executors = [await _scrape(http, port) for port in (base + 4, base + 10)]
         ran = sum(_value(s, "roundtrip_tool_executions_total", tool="list_orders", result="ok") for s in executors)
         assert ran == REQUESTS
         received = sum(
@@ -159,6 +159,6 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
             for s in executors
         )
         assert received >= REQUESTS
-        for port in (base + 4, base + 9):
+        for port in (base + 4, base + 10):
             assert (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
             assert (await http.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200
