@@ -48,9 +48,8 @@ class Runner:
     ) -> None:
         self.registry, self.deps, self.timeout_s, self.parallel = registry, deps, timeout_s, parallel
         self.fallback = fallback  # the handler of a tool not (yet) in the registry: an MCP tool (services/_sdk/mcp.py)
-        self.max_result_bytes = (
-            max_result_bytes  # a larger result is cut with a marker (services/_kernel/wire/limits.py)
-        )
+        # a larger result is cut with a marker (services/_kernel/wire/limits.py)
+        self.max_result_bytes = max_result_bytes
 
     async def run_one(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
         if not call.approved:

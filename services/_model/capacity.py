@@ -45,9 +45,8 @@ BETA = 0.7  # multiplicative decrease
 RAMP_S = 20.0  # additive increase: the ceiling over this many seconds (ceiling / RAMP_S calls per second, per second)
 EPOCH_S = 2.0  # at most one cut per this long
 MIN_RATE = 0.05  # calls per second: never slower than this (a hold still stops everything)
-BACKLOG_S = (
-    2.0  # more calls waiting than this many seconds of the rate: the process is at its limit (its consumer pauses)
-)
+# more calls waiting than this many seconds of the rate: the process is at its limit (its consumer pauses)
+BACKLOG_S = 2.0
 TOKEN_EWMA = 0.05  # weight of the newest call in the average tokens per call (calls of one turn differ a lot)
 INITIAL_WINDOW = 4  # calls in flight while nothing is known (a cold process), and again after a 429
 OPEN_AFTER = 2.0  # the window opens when it holds this many times the calls the rate keeps in flight
@@ -197,9 +196,8 @@ class Capacity:
         self._learn(reading, input_tokens, output_tokens)
         ceiling = self.ceiling()
         if ceiling is not None and (self.rate is None or (before is not None and self.rate >= before)):
-            self.rate = (
-                ceiling  # the first ceiling known, or a rate at the ceiling follows it (it moves with the calls' sizes)
-            )
+            # the first ceiling known, or a rate at the ceiling follows it (it moves with the calls' sizes)
+            self.rate = ceiling
         self._answers += 1
         drained = self._drained(reading)
         self._drained_answers += drained

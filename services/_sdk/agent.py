@@ -86,9 +86,8 @@ def always(reason: str) -> ApprovalRule:
 class Agent:
     name: str
     system_prompt: str
-    tools_dir: Path | str | None = (
-        None  # JSON Schema tool documents, one file a tool: SchemaFolder(tools_dir, handlers)
-    )
+    # JSON Schema tool documents, one file a tool: SchemaFolder(tools_dir, handlers)
+    tools_dir: Path | str | None = None
     handlers: Mapping[str, Handler] = field(default_factory=dict)  # of the tools_dir's tools, by name
     # tool sources, any mix (services/_sdk/sources.py): SchemaFolder, @tool functions (or plain async ones), McpServer
     tools: Sequence[ToolSource | Callable[..., Any]] = ()

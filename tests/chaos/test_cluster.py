@@ -34,9 +34,8 @@ from tests.chaos.harness import (
 
 pytestmark = [pytest.mark.chaos, pytest.mark.chaos_cluster, pytest.mark.timeout(300)]
 
-REPLY_TIMEOUT_S = (
-    150  # a step lost with a broker is ended by the stuck rule within ~25 s; the majority outage adds 45 s
-)
+# a step lost with a broker is ended by the stuck rule within ~25 s; the majority outage adds 45 s
+REPLY_TIMEOUT_S = 150
 
 
 async def _finish(

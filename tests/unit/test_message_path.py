@@ -18,9 +18,8 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn, DeadLettered
 
-PREFIX = (
-    "unit."  # the records come from, and the dead letters go to, the topics of the settings the broker was made with
-)
+# the records come from, and the dead letters go to, the topics of the settings the broker was made with
+PREFIX = "unit."
 SETTINGS = Settings(_env_file=None, topic_prefix=PREFIX)
 
 

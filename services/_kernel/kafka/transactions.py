@@ -20,9 +20,8 @@ from pydantic import BaseModel
 
 from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
 
-DISCARD_TIMEOUT_S = (
-    10  # stopping a broken producer flushes nothing that matters: its transaction is settled by the next
-)
+# stopping a broken producer flushes nothing that matters: its transaction is settled by the next
+DISCARD_TIMEOUT_S = 10
 RESTART_TIMEOUT_S = 30  # a fresh producer that cannot register (no coordinator) gives up; the next commit tries again
 
 

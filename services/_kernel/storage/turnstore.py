@@ -62,9 +62,8 @@ LOCKED_RETRY_S = (0.0005, 0.002)  # before that: tried again on the event loop a
 
 RUNNING, STUCK, ENDING, ENDED = "running", "stuck", "ending", "ended"
 AWAITING = "awaiting"  # a call waits for a person's decision: nothing may act, the stuck rule does not apply
-WAITING = (
-    "waiting"  # its model call waits for the API's capacity (rate limits): it may act, the stuck rule does not apply
-)
+# its model call waits for the API's capacity (rate limits): it may act, the stuck rule does not apply
+WAITING = "waiting"
 LIVE = (RUNNING, STUCK, WAITING)  # may still act: claims succeed only in these states
 OPEN = (*LIVE, AWAITING)  # not ended: an end from outside (cancel, deadline) may still end these
 

@@ -53,18 +53,14 @@ class Service:
     summary: str
     inputs: tuple[Input, ...]
     outputs: dict[str, type[BaseModel]] = field(default_factory=dict)  # topic -> the message published there
-    shares_ledger: bool = (
-        False  # claims, records or counts turns in the turn ledger: needs the fleet's one ledger database
-    )
-    signs_batches: bool = (
-        False  # signs or verifies approved tool batches: holds ROUNDTRIP_APPROVAL_KEYS (never the dev key)
-    )
-    accepts_decisions: bool = (
-        False  # verifies people's signed ApprovalDecided: holds ROUNDTRIP_DECISION_KEYS (never the dev key)
-    )
-    signs_decisions: bool = (
-        False  # signs people's ApprovalDecided for them: holds ROUNDTRIP_DECISION_KEYS (the console)
-    )
+    # claims, records or counts turns in the turn ledger: needs the fleet's one ledger database
+    shares_ledger: bool = False
+    # signs or verifies approved tool batches: holds ROUNDTRIP_APPROVAL_KEYS (never the dev key)
+    signs_batches: bool = False
+    # verifies people's signed ApprovalDecided: holds ROUNDTRIP_DECISION_KEYS (never the dev key)
+    accepts_decisions: bool = False
+    # signs people's ApprovalDecided for them: holds ROUNDTRIP_DECISION_KEYS (the console)
+    signs_decisions: bool = False
     app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
 
     @property
