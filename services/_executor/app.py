@@ -30,7 +30,7 @@ log = logging.getLogger("roundtrip.executor")
 def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("executor", settings)
     deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
-    runner = _runner(settings, agent, deps)
+    runner = runner_for(settings, agent, deps)
     signer = Signer(parse_keys(settings.approval_keys))
     seen = SeenIds()
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
@@ -87,7 +87,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     return app
 
 
-def _runner(settings: Settings, agent: Agent, deps: Any) -> Runner:
+def runner_for(settings: Settings, agent: Agent, deps: Any) -> Runner:
     """What runs the calls of a batch: the agent's handlers (its MCP tools by the toolbox), with the fleet's limits."""
     return Runner(
         agent.registry,

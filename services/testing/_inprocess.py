@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from roundtrip._executor.app import runner_for
 from roundtrip._executor.handlers import execute
-from roundtrip._executor.runner import Runner
 from roundtrip._gate.app import gate_for
 from roundtrip._guard.acted import Acts
 from roundtrip._guard.app import policy_from
@@ -85,14 +85,7 @@ class InProcess:
         self.gate = gate_for(agent, settings, deps if gate_deps is None else gate_deps)
         self.signer = Signer(parse_keys(settings.approval_keys))
         self.decisions = DecisionSigner(parse_keys(settings.decision_keys))
-        self.runner = Runner(
-            agent.registry,
-            deps,
-            settings.tool_timeout_s,
-            settings.parallel_tools,
-            settings.max_block_bytes,
-            fallback=agent.toolbox.handler,
-        )
+        self.runner = runner_for(settings, agent, deps)  # the executor's, with the fleet's limits
         words = Replies.of(agent.replies, agent.acted_replies)  # the agent's own words, as the guard says them
         self.policy, self.prices = policy_from(settings, words), PriceTable.from_json(settings.prices)
         shown = {name: tuple(spec.entity_refs) for name, spec in agent.registry.specs.items()}

@@ -43,7 +43,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import ConsumerStoppedError, KafkaError
 
 from roundtrip._kernel.kafka.faults import RetryLater
-from roundtrip._kernel.kafka.outages import Outages, rescue_until_done
+from roundtrip._kernel.kafka.outages import Outages, rescue_until_done, shortened
 
 log = logging.getLogger("roundtrip.consumer")
 
@@ -311,7 +311,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
                     await self._consumer.commit(offsets)
             except Exception as exc:  # noqa: BLE001 - commits are retried; at least once holds meanwhile
                 log.warning(
-                    "%s: committing %s failed: %s: %s", self.name, _fmt(offsets), type(exc).__name__, _short(exc)
+                    "%s: committing %s failed: %s: %s", self.name, _fmt(offsets), type(exc).__name__, shortened(exc)
                 )
                 return False
             for tp, offset in offsets.items():
@@ -376,14 +376,6 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
                 await self._committer
         for task in list(self._tasks.values()):
             task.cancel()
-
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 - even str() of an exception can fail (RecursionError)
-        text = "<unprintable>"
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _fmt(offsets: dict[TopicPartition, int]) -> str:

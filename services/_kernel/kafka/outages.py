@@ -137,7 +137,7 @@ async def rescue_until_done(
                 record.partition,
                 record.offset,
                 type(exc).__name__,
-                _short(exc),
+                shortened(exc),
                 delay,
             )
             if given_up():
@@ -146,7 +146,8 @@ async def rescue_until_done(
             delay = min(delay * 2, 30.0)
 
 
-def _short(exc: BaseException, limit: int = 300) -> str:
+def shortened(exc: BaseException, limit: int = 300) -> str:
+    """An exception's text for a log line: at most `limit` characters, and never an error of its own."""
     try:
         text = str(exc)
     except Exception:  # noqa: BLE001 - even str() of an exception can fail (RecursionError)
