@@ -35,15 +35,11 @@ def start_turn(request: SupportRequest, trace_id: str, span_id: str = "", starte
 def reply_for(ended: TurnEnded) -> SupportReply:
     turn = ended.turn
     return SupportReply(
-        request_id=turn.request_id,
-        conversation_id=turn.conversation_id,
-        customer_id=turn.customer_id,
-        turn_id=turn.turn_id,
+        **turn.addressed(),
         text=ended.text,
         outcome=ended.outcome,
         steps=ended.step,
         usage=ended.spent,
         cost_usd=ended.cost_usd,
-        trace_id=turn.trace_id,
         metadata=turn.metadata,
     )

@@ -287,16 +287,12 @@ def waiting_status(event: ApprovalRequested) -> SupportStatus:
     """What the app is told of the wait: its turn waits for a person until the approval deadline."""
     turn = event.turn
     return SupportStatus(
-        request_id=turn.request_id,
-        conversation_id=turn.conversation_id,
-        customer_id=turn.customer_id,
-        turn_id=turn.turn_id,
+        **turn.addressed(),
         state=TurnState.WAITING_FOR_APPROVAL,
         until=event.expires_at,
         at=event.requested_at,
         reason=event.reason,
         approval_id=event.approval_id,
-        trace_id=turn.trace_id,
         metadata=turn.metadata,
     )
 

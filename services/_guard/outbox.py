@@ -55,15 +55,11 @@ def working(message: BaseModel, words: Mapping[str, str]) -> SupportStatus | Non
         said = (words.get(call.name, "") for call in message.calls if call.id not in message.blocked)
         activity = "; ".join(dict.fromkeys(w for w in said if w))
     return SupportStatus(
-        request_id=turn.request_id,
-        conversation_id=turn.conversation_id,
-        customer_id=turn.customer_id,
-        turn_id=turn.turn_id,
+        **turn.addressed(),
         state=TurnState.WORKING,
         step=message.step + 1,
         activity=activity,
         at=round(time.time(), 3),
-        trace_id=turn.trace_id,
         metadata=turn.metadata,
     )
 
@@ -89,15 +85,11 @@ def turn_cut(message: BaseModel, streams_by_default: bool = False) -> StreamedTe
     if not (streams_by_default if turn.stream is None else turn.stream):
         return None
     return StreamedText(
-        request_id=turn.request_id,
-        conversation_id=turn.conversation_id,
-        customer_id=turn.customer_id,
-        turn_id=turn.turn_id,
+        **turn.addressed(),
         step=0,  # every step of the turn
         stream_id="",
         sequence=0,
         cut=True,
-        trace_id=turn.trace_id,
     )
 
 

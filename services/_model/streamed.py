@@ -48,18 +48,7 @@ class Chunks:
         self.published = 0  # chunks of this call (every stream, cuts included)
 
     def _chunk(self, stream_id: str, sequence: int, **fields: Any) -> StreamedText:
-        turn = self.turn
-        return StreamedText(
-            request_id=turn.request_id,
-            conversation_id=turn.conversation_id,
-            customer_id=turn.customer_id,
-            turn_id=turn.turn_id,
-            step=self.step,
-            stream_id=stream_id,
-            sequence=sequence,
-            trace_id=turn.trace_id,
-            **fields,
-        )
+        return StreamedText(**self.turn.addressed(), step=self.step, stream_id=stream_id, sequence=sequence, **fields)
 
     def _publish(self, chunk: StreamedText) -> None:
         """Send it off the stream's reading, without waiting for the chunks before it to be acknowledged: the tasks

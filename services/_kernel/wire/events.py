@@ -239,6 +239,16 @@ class Turn(Message):
         "", description="Digest of the agent (its prompt and tools) the turn was started under (set by the guard)"
     )
 
+    def addressed(self) -> dict[str, str]:
+        """The fields by which an app matches a public event (a reply, a status, streamed text) to its request."""
+        return {
+            "request_id": self.request_id,
+            "conversation_id": self.conversation_id,
+            "customer_id": self.customer_id,
+            "turn_id": self.turn_id,
+            "trace_id": self.trace_id,
+        }
+
 
 class ToolCall(Message):
     """One tool_use block the model emitted, as untrusted input."""
