@@ -63,9 +63,8 @@ class Fleet:
         s = self.settings
         self.logs.mkdir(parents=True, exist_ok=True)
         self._claimed = claim_folder(s.state_dir)
-        if (
-            s.ledger_database_url is None
-        ):  # the children share this folder, so its SQLite file is the fleet's one ledger
+        # the children share this folder, so its SQLite file is the fleet's one ledger
+        if s.ledger_database_url is None:
             self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
         fleet_state.record(
             s.state_dir, {**os.environ, **self.env}

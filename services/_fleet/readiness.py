@@ -51,9 +51,8 @@ def wait_services(children: list[Child], timeout: float = 60, names: set[str] | 
         for fd in readable:
             child, said = pending.pop(fd), os.read(fd, 256)
             close_ready(child)
-            if not said.startswith(
-                b"ready"
-            ):  # the end of the pipe without a word: the child has exited (or is exiting)
+            # the end of the pipe without a word: the child has exited (or is exiting)
+            if not said.startswith(b"ready"):
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     child.process.wait(timeout=10)
                 check_alive(children)

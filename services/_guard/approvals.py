@@ -127,9 +127,8 @@ class Approvals:
         approval = await self._requested(decision)
         status = "approved" if decision.decision is Decision.APPROVE else "denied"
         if approval.status != PENDING:
-            if (
-                approval.status == status
-            ):  # the same decision again (redelivered, or published twice): nothing runs twice
+            # the same decision again (redelivered, or published twice): nothing runs twice
+            if approval.status == status:
                 span.add_event("duplicate decision dropped", {"roundtrip.decided_by": approval.decided_by or ""})
                 log.info(
                     "approval %s: already %s by %s; duplicate dropped",

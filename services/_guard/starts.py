@@ -120,9 +120,8 @@ class Starts:
                 history = await self.conversations.history(turn.conversation_id)
         now = time.time()
         changes: dict[str, float | int | str] = {"history_messages": len(history)}
-        if (
-            self.agent_digest
-        ):  # every service handling the turn compares it with its own (services/_kernel/observability/agent_digest.py)
+        # every service handling the turn compares it with its own (services/_kernel/observability/agent_digest.py)
+        if self.agent_digest:
             changes["agent_digest"] = self.agent_digest
         if not turn.deadline_at:  # the turn's deadline travels with it: the gate signs it into every approval
             changes["deadline_at"] = round(now + self.turn_deadline_s, 3)
@@ -164,9 +163,8 @@ class Starts:
     async def _started_before(self, row: TurnRow, command: StartTurn) -> str:
         """A start the ledger has seen: republish its first decision if that may not be out, else drop it."""
         if row.step == 0 and row.pending:
-            if (
-                row.outcome is None
-            ):  # not refused: its exchange may not have been opened (the start failed after the record)
+            # not refused: its exchange may not have been opened (the start failed after the record)
+            if row.outcome is None:
                 await self._open(command)
             await self.outbox.republish(row)
             return "republished"

@@ -97,9 +97,8 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
         try:
             await wave()
             deadline = time.monotonic() + STUCK_AFTER_S + 10
-            while not all(
-                row.flagged_at for row in (await rows()).values()
-            ):  # the first wave is flagged, the broker up
+            # the first wave is flagged, the broker up
+            while not all(row.flagged_at for row in (await rows()).values()):
                 assert time.monotonic() < deadline, "the first wave was not flagged"
                 await asyncio.sleep(0.1)
             second_started = await wave()
