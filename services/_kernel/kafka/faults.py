@@ -101,18 +101,25 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
 
 
+# the clients whose errors (or code) say which dependency is away, by the module they live in
+_CLIENTS = (
+    (("sqlalchemy", "asyncpg", "sqlite3", "psycopg"), DATABASE),
+    (("aiokafka",), KAFKA),
+    (("anthropic",), MODEL),
+    (("httpx",), HTTP),
+)
+
+
+def _client_of(module: str) -> str | None:
+    """The dependency a client's module speaks for; None for any other module."""
+    return next((dependency for prefixes, dependency in _CLIENTS if module.startswith(prefixes)), None)
+
+
 def _origin(exc: BaseException) -> str | None:
     """The client the outermost error came from: a connection refused under SQLAlchemy is the database's."""
     for link in _chain(exc):
-        module = type(link).__module__
-        if module.startswith(("sqlalchemy", "asyncpg", "sqlite3", "psycopg")):
-            return DATABASE
-        if module.startswith("aiokafka"):
-            return KAFKA
-        if module.startswith("anthropic"):
-            return MODEL
-        if module.startswith("httpx"):
-            return HTTP
+        if (dependency := _client_of(type(link).__module__)) is not None:
+            return dependency
     return _raised_in(exc)
 
 
@@ -123,15 +130,7 @@ def _raised_in(exc: BaseException) -> str | None:
     for _ in range(200):
         if frames is None:
             break
-        module = str(frames.tb_frame.f_globals.get("__name__", ""))
-        if module.startswith(("sqlalchemy", "asyncpg", "sqlite3", "psycopg")):
-            found = DATABASE
-        elif module.startswith("aiokafka"):
-            found = KAFKA
-        elif module.startswith("anthropic"):
-            found = MODEL
-        elif module.startswith("httpx"):
-            found = HTTP
+        found = _client_of(str(frames.tb_frame.f_globals.get("__name__", ""))) or found
         frames = frames.tb_next
     return found
 
