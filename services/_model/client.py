@@ -123,21 +123,7 @@ class ModelClient:
         """The model's message and the answer's HTTP headers (the rate-limit headers among them).
         `attempt`: retries of this call before this one (sent as the SDK would, `x-stainless-retry-count`); None: the
         SDK numbers its own retries (a client given `sdk_retries`)."""
-        headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
-        if persona and self._settings.use_simulator:
-            headers["x-roundtrip-persona"] = persona
-        choice = self.tool_choice(disable_parallel_tool_use)
-        messages = self.prepared(messages)
-        # the transcript and the tools are the wire's JSON dicts, not the SDK's TypedDicts (the same shapes)
-        raw = await self._client.messages.with_raw_response.create(  # type: ignore[call-overload]
-            model=self._model,
-            max_tokens=self._settings.max_tokens,
-            system=self._system,
-            tools=self._tools,
-            messages=messages,
-            extra_headers=headers,
-            **({"tool_choice": choice} if choice else {}),
-        )
+        raw = await self._raw(messages, persona, disable_parallel_tool_use, attempt, stream=False)
         return await raw.parse(), raw.headers
 
     async def stream_answer(
@@ -151,26 +137,37 @@ class ModelClient:
         """`answer` on the streaming endpoint: the same message and headers, its text to `chunks` as it comes
         (services/_model/streamed.py). A refusal before the stream (429, 529) raises as `answer` does; an `error` event
         in the stream (the API overloaded mid-answer) raises the SDK's APIStatusError."""
+        raw = await self._raw(messages, persona, disable_parallel_tool_use, attempt, stream=True)
+        events = await raw.parse()
+        try:
+            return await streamed.read(events, chunks), raw.headers
+        finally:
+            await events.close()
+
+    async def _raw(
+        self,
+        messages: list[dict[str, Any]],
+        persona: str | None,
+        disable_parallel_tool_use: bool | None,
+        attempt: int | None,
+        stream: bool,
+    ) -> Any:
+        """The SDK's raw response of one call (its headers, and the message or the event stream to parse)."""
         headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
         if persona and self._settings.use_simulator:
             headers["x-roundtrip-persona"] = persona
         choice = self.tool_choice(disable_parallel_tool_use)
         # the transcript and the tools are the wire's JSON dicts, not the SDK's TypedDicts (the same shapes)
-        raw = await self._client.messages.with_raw_response.create(  # type: ignore[call-overload]
+        return await self._client.messages.with_raw_response.create(  # type: ignore[call-overload]
             model=self._model,
             max_tokens=self._settings.max_tokens,
             system=self._system,
             tools=self._tools,
             messages=self.prepared(messages),
             extra_headers=headers,
-            stream=True,
+            **({"stream": True} if stream else {}),
             **({"tool_choice": choice} if choice else {}),
         )
-        events = await raw.parse()
-        try:
-            return await streamed.read(events, chunks), raw.headers
-        finally:
-            await events.close()
 
     async def aclose(self) -> None:
         await self._client.close()
