@@ -38,6 +38,7 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import SupportRequest
 from roundtrip._shop import db as shopdb
+from tests.readers import stop_reader
 
 # Topics a fleet service consumes (poison there must be dead-lettered). support.replies, turn.events
 # and roundtrip.dead_letters are outputs only: no service of the fleet reads them.
@@ -222,9 +223,7 @@ class Observer:
         await self.stop()
 
     async def stop(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        await self.consumer.stop()
+        await stop_reader(self._task, self.consumer)
         await self.producer.stop()
 
     async def send(

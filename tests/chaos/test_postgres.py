@@ -26,6 +26,7 @@ from tests.agents import ShopFleetSettings
 from tests.chaos.conftest import _env, fleet_values
 from tests.chaos.harness import audit, new_tag, plan_load, report, seed_customers
 from tests.databases import PostgresServer, find_pg_bindir
+from tests.readers import stop_reader
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(200)]
 
@@ -78,9 +79,7 @@ class Approver:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        await self.consumer.stop()
+        await stop_reader(self.task, self.consumer)
 
     async def _approve(self) -> None:
         async for record in self.consumer:

@@ -28,6 +28,7 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import SupportReply
 from tests.agents import ShopFleetSettings
+from tests.readers import stop_reader
 
 
 def fleet_env(**values) -> dict[str, str]:
@@ -89,8 +90,7 @@ class FleetClient:
             self._arrived.set()
 
     async def stop(self) -> None:
-        self._task.cancel()
-        await self.consumer.stop()
+        await stop_reader(self._task, self.consumer)
         await self.producer.stop()
 
     async def publish_raw(self, value: bytes, key: bytes | None = b"raw") -> None:
