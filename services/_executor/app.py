@@ -26,13 +26,18 @@ from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.executor")
 
+# A batch delivered again comes within minutes: the executor crashed or lost its partitions before committing, or
+# the guard republished a decision after outbox_after_s. Past this window the turn fence is what keeps a batch from
+# running twice; the window only bounds this cheap first check (and the memory it takes: rate x window).
+DUPLICATE_WINDOW_S = 600.0
+
 
 def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("executor", settings)
     deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
     runner = runner_for(settings, agent, deps)
     signer = Signer(parse_keys(settings.approval_keys))
-    seen = SeenIds()
+    seen = SeenIds(max_age_s=DUPLICATE_WINDOW_S)
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
     request_approval = Outlet(broker, topics.APPROVAL_REQUESTS, ApprovalRequested)
 

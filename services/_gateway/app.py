@@ -56,7 +56,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         transactional_id("gateway", topics.SUPPORT_REPLIES, settings.instance_id, settings.topic_prefix),
     )
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
-    replied = RepliedTurns(kafka, replies_topic)
+    replied = RepliedTurns(kafka, replies_topic, settings.reply_memory_s)
     subscribe_requests(broker, settings, admission, start, refusals)
     subscribe_outcomes(broker, settings, agent, admission, replies, replied)
     app = service_app(broker, log)
@@ -99,7 +99,7 @@ def subscribe_requests(
 ) -> None:
     """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it; a request it
     refuses gets an invalid_request reply (services/_gateway/intake.py)."""
-    started = SeenRequests()
+    started = SeenRequests(memory_s=settings.reply_memory_s)
 
     # a request waiting for admission holds nothing but its place: a rebalance or a stop interrupts it
     # (it is read again), instead of waiting for a turn to end

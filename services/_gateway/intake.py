@@ -10,9 +10,9 @@ keyed by its conversation id (its conversation's order would be lost), and a req
 in its conversation with other content. A record that names no request id and conversation id
 (malformed JSON, say) has no one to answer: it is only dead-lettered.
 
-The reuse check remembers the requests this replica read since it started (the last
-`REMEMBERED` of them); the requests of a conversation come to one replica (one key, one
-partition), until a restart or a rebalance: then a reused id is taken for a duplicate (the
+The reuse check remembers the requests this replica read since it started (at most the last
+`REMEMBERED` of them, read within ROUNDTRIP_REPLY_MEMORY_S); the requests of a conversation come
+to one replica (one key, one partition), until a restart or a rebalance: then a reused id is taken for a duplicate (the
 guard's ledger drops it). A refusal's reply is published at least once: the record read again after a crash
 may be answered again.
 """
@@ -78,8 +78,8 @@ def content_digest(request: SupportRequest) -> bytes:
 class SeenRequests:
     """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused otherwise."""
 
-    def __init__(self, capacity: int = REMEMBERED) -> None:
-        self._digests = SeenIds(capacity)
+    def __init__(self, capacity: int = REMEMBERED, memory_s: float | None = None) -> None:
+        self._digests = SeenIds(capacity, max_age_s=memory_s)
 
     def add(self, turn_id: str, request: SupportRequest) -> bool:
         """True: a new request. False: a copy of one seen. InvalidRequest: its id was used before with other content."""

@@ -7,7 +7,7 @@ at another offset. So the gateway remembers the turns it replied to, and that me
 survive what the process does not:
 
 * `committed`: turns whose reply is committed, filled from `support.replies` itself (read
-  committed, the last `REPLY_MEMORY_S`) when the gateway starts and after each rebalance (another
+  committed, the last `reply_memory_s`) when the gateway starts and after each rebalance (another
   replica may have answered the partitions it now has), then by every commit;
 * `staged`: replies waiting for their commit, by turn -> the (partition, offset) of the end they
   answer. A rebalance that drops them (`forget`) drops them here too, so the end, read again by
@@ -29,14 +29,14 @@ from roundtrip._kernel.kafka.dedupe import SeenIds
 
 log = logging.getLogger("roundtrip.gateway")
 
-REPLY_MEMORY_S = 3600.0  # how far back support.replies is read to learn which turns were answered
+REPLY_MEMORY_S = 3600.0  # how far back support.replies is read to learn which turns were answered (reply_memory_s)
 PRIME_TIMEOUT_S = 30.0
 
 
 class RepliedTurns:
     def __init__(self, kafka: KafkaClients | str, replies_topic: str, memory_s: float = REPLY_MEMORY_S) -> None:
         self._kafka, self._topic, self._memory_s = clients_of(kafka), replies_topic, memory_s
-        self.committed = SeenIds(capacity=1_000_000)
+        self.committed = SeenIds(capacity=1_000_000, max_age_s=memory_s)  # what a restart would read back
         self.staged: dict[str, tuple[TopicPartition, int]] = {}
         self._primed = False
         self._lock = asyncio.Lock()

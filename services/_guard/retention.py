@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, select, text
+from sqlalchemy import String, any_, bindparam, delete, func, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtrip._kernel.kafka import faults
@@ -79,6 +80,13 @@ class Retention:
             .limit(batch)
         )
         self._doomed = doomed.with_for_update(skip_locked=True) if self._postgres else doomed
+        # the batch's ids as one array on PostgreSQL (`= ANY($1)`): an IN list of n placeholders is new SQL for each
+        # n, and asyncpg prepares (and keeps, on every pooled connection) a statement per SQL text, which the soak
+        # showed as the guard's memory growing with every batch of another size
+        ids = bindparam("b_ids", type_=ARRAY(String)) if self._postgres else bindparam("b_ids", expanding=True)
+        chosen = (lambda column: column == any_(ids)) if self._postgres else (lambda column: column.in_(ids))
+        self._delete_approvals = delete(approvals).where(chosen(approvals.c.turn_id))
+        self._delete_turns = delete(turns).where(chosen(turns.c.turn_id), turns.c.status == ENDED)
 
     async def sweep(self, now: float | None = None) -> int:
         """One pass: delete the turns ended before now - retention, in batches, at most max_batches; how many."""
@@ -99,8 +107,8 @@ class Retention:
         ids = conn.execute(self._doomed, {"b_before": before}).scalars().all()
         if not ids:
             return 0
-        conn.execute(delete(approvals).where(approvals.c.turn_id.in_(ids)))
-        return conn.execute(delete(turns).where(turns.c.turn_id.in_(ids), turns.c.status == ENDED)).rowcount
+        conn.execute(self._delete_approvals, {"b_ids": list(ids)})
+        return conn.execute(self._delete_turns, {"b_ids": list(ids)}).rowcount
 
     async def size(self) -> LedgerSize:
         """The ledger's rows and its oldest ended turn (cheap: an estimate and an index's first entry on PostgreSQL)."""

@@ -234,9 +234,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=60.0, help="how long the load runs (default 60)")
     parser.add_argument("--concurrency", type=int, default=20, help="clients, each a turn at a time (default 20)")
     parser.add_argument("--retention-s", type=float, default=120.0, help="ROUNDTRIP_LEDGER_RETENTION_S (default 120)")
+    parser.add_argument(
+        "--reply-memory-s", type=float, default=300.0, help="ROUNDTRIP_REPLY_MEMORY_S of the gateway (default 300)"
+    )
     parser.add_argument("--sample-s", type=float, default=60.0, help="seconds between samples (default 60)")
     parser.add_argument("--warmup-min", type=float, default=10.0, help="minutes left out of the slopes (default 10)")
     parser.add_argument("--plot", type=Path, default=Path("soak.png"), help="where the plot goes (default soak.png)")
+    parser.add_argument(
+        "--trace-memory",
+        metavar="SERVICE",
+        action="append",
+        default=[],
+        help="count SERVICE's live objects each sample (python -m tests.benchmarks.memtrace reads them)",
+    )
     args = parser.parse_args(argv)
     bindir = find_pg_bindir()
     if bindir is None:
@@ -246,11 +256,30 @@ def main(argv: list[str] | None = None) -> int:
     try:
         url = server.start()
         settings, env = bench_settings(state, 4, latency_ms=1000, jitter=0.3, database_url=url)
+        # the gateway's memory of answered turns cycles within the run too, as the ledger's retention does
+        env["ROUNDTRIP_REPLY_MEMORY_S"] = str(args.reply_memory_s)
         print(f"[soak] PostgreSQL on port {server.port}; starting the fleet in {state}", flush=True)
+
+        def traced(name: str) -> dict[str, str]:
+            if name not in args.trace_memory:
+                return {}
+            (state / "memtrace").mkdir(exist_ok=True)
+            here = str(Path(__file__).parent / "memtrace")
+            print(f"[soak] {name} counted: python -m tests.benchmarks.memtrace {state / 'memtrace'}")
+            return {
+                "PYTHONPATH": os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])]),
+                "ROUNDTRIP_MEMTRACE_DIR": str(state / "memtrace"),
+                "ROUNDTRIP_MEMTRACE_S": str(args.sample_s),
+                "ROUNDTRIP_MEMTRACE_NAME": name,
+                "ROUNDTRIP_MEMTRACE_HOLDERS": os.environ.get("ROUNDTRIP_MEMTRACE_HOLDERS", ""),
+            }
+
         with Fleet(settings, env=env) as fleet:
             # the ledger's retention must outlast the requests topic's: shorten the topic's, then the guard's
             asyncio.run(_shorten_requests_retention(settings, int(args.retention_s * 1000 / 2)))
-            fleet.restart("guard", {**env, "ROUNDTRIP_LEDGER_RETENTION_S": str(args.retention_s)})
+            fleet.restart("guard", {**env, "ROUNDTRIP_LEDGER_RETENTION_S": str(args.retention_s), **traced("guard")})
+            for name in set(args.trace_memory) - {"guard"}:
+                fleet.restart(name, {**env, **traced(name)})
             samples, outcome = asyncio.run(soak(fleet, settings, url, server.port, args))
         print(report(samples, outcome, args), flush=True)
         print(plot(samples, args.plot), flush=True)

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 
 class SeenIds:
-    """The last `capacity` keys seen (the least recently seen go first), each with a value remembered for it."""
+    """The last `capacity` keys seen (the least recently seen go first), each with a value remembered for it; with
+    `max_age_s`, also no key last seen longer ago than that, so a steady rate holds rate x max_age_s keys, not
+    `capacity` (which a slow rate would take hours to fill: memory growing all that while)."""
 
-    def __init__(self, capacity: int = 100_000) -> None:
-        self._ids: OrderedDict[str, Any] = OrderedDict()
-        self._capacity = capacity
+    def __init__(
+        self, capacity: int = 100_000, max_age_s: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._ids: OrderedDict[str, tuple[Any, float]] = OrderedDict()
+        self._capacity, self._max_age_s, self._clock = capacity, max_age_s, clock
 
     def add(self, key: str) -> bool:
         """Remember `key`; False when it was already there (a duplicate)."""
@@ -19,13 +25,22 @@ class SeenIds:
 
     def first(self, key: str, value: Any) -> Any:
         """Remember `value` for a new `key` and return None; for a key seen before, the value first remembered."""
-        if key in self._ids:
+        now = self._clock()
+        if (seen := self._ids.get(key)) is not None:
+            self._ids[key] = (seen[0], now)
             self._ids.move_to_end(key)
-            return self._ids[key]
-        self._ids[key] = value
+            return seen[0]
+        self._ids[key] = (value, now)
         if len(self._ids) > self._capacity:
             self._ids.popitem(last=False)
+        if self._max_age_s is not None:
+            too_old = now - self._max_age_s
+            while self._ids and next(iter(self._ids.values()))[1] < too_old:
+                self._ids.popitem(last=False)
         return None
 
     def __contains__(self, key: str) -> bool:
         return key in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)

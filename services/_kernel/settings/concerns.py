@@ -136,6 +136,16 @@ class KafkaSettings(Concern):
             " the limit it pauses fetching"
         ),
     )
+    reply_memory_s: float = Field(
+        3600.0,
+        gt=0,
+        description=(
+            "How far back the gateway remembers the turns it answered (and, for its reuse check, the requests it "
+            "read): an end delivered again within it never gets a second reply. Read back from support.replies when "
+            "a gateway starts or takes partitions over, so the memory a replica keeps is this window's, whatever its "
+            "rate; must cover how long a crashed guard's decisions can take to be republished"
+        ),
+    )
     commit_interval_ms: float = Field(
         500.0,
         ge=0,

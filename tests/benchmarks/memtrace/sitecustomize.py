@@ -1,0 +1,81 @@
+"""Loaded by a service process only when the soak's `--trace-memory` puts this folder first on PYTHONPATH.
+
+Every ROUNDTRIP_MEMTRACE_S seconds it writes to ROUNDTRIP_MEMTRACE_DIR the count of live objects per type (what
+the garbage collector tracks: the containers that hold memory) and, with ROUNDTRIP_MEMTRACE_FRAMES set, a
+tracemalloc snapshot (slow, and its own copies inflate the RSS); `python -m tests.benchmarks.memtrace DIR` compares
+them: what a process holds more of as the run goes on."""
+
+import os
+
+if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
+    import collections
+    import gc
+    import json
+    import sys
+    import threading
+    import time
+    import tracemalloc
+
+    _frames = int(os.environ.get("ROUNDTRIP_MEMTRACE_FRAMES", "0"))
+    if _frames:
+        tracemalloc.start(_frames)
+
+    def _statements(stem: str) -> None:
+        """The SQL in each SQLAlchemy cache (compiled statements, asyncpg's prepared ones): new SQL grows it."""
+        lru = getattr(sys.modules.get("sqlalchemy.util._collections"), "LRUCache", None)
+        if lru is None:
+            return
+        held = []
+        for cache in [o for o in gc.get_objects() if isinstance(o, lru)]:
+            for _ in range(3):  # the service's thread may change it meanwhile
+                try:
+                    held.append(
+                        [k if isinstance(k, str) else getattr(v, "string", "?") for k, v in list(cache.items())]
+                    )
+                    break
+                except RuntimeError:
+                    continue
+        with open(stem + ".sql.json", "w") as out:
+            json.dump(held, out)
+
+    def _holders(stem: str) -> None:
+        """For a few objects of ROUNDTRIP_MEMTRACE_HOLDERS (a type's name): what refers to them, three levels up."""
+        name = os.environ.get("ROUNDTRIP_MEMTRACE_HOLDERS")
+        if not name:
+            return
+        found = [o for o in gc.get_objects() if type(o).__qualname__ == name][-3:]
+        lines = []
+
+        def up(obj: object, depth: int) -> None:
+            for ref in gc.get_referrers(obj)[:6]:
+                if ref is found or type(ref).__name__ == "frame":
+                    continue
+                label = type(ref).__module__ + "." + type(ref).__qualname__
+                if isinstance(ref, dict):
+                    label += " keys " + repr(list(ref)[:6])[:200]
+                lines.append("  " * depth + label)
+                if depth < 3:
+                    up(ref, depth + 1)
+
+        for obj in found:
+            lines.append(repr(obj)[:200])
+            up(obj, 1)
+        with open(stem + ".holders.txt", "w") as out:
+            out.write("\n".join(lines))
+
+    def _dump(folder: str, every: float, name: str) -> None:
+        n = 0
+        while True:
+            time.sleep(every)
+            n += 1
+            stem = os.path.join(folder, f"{name}.{os.getpid()}-{n:04d}")
+            counts = collections.Counter(type(o).__module__ + "." + type(o).__qualname__ for o in gc.get_objects())
+            with open(stem + ".types.json", "w") as out:
+                json.dump(counts, out)
+            _statements(stem)
+            _holders(stem)
+            if _frames:
+                tracemalloc.take_snapshot().dump(stem + ".snap")
+
+    _args = (_dir, float(os.environ.get("ROUNDTRIP_MEMTRACE_S", "60")), os.environ.get("ROUNDTRIP_MEMTRACE_NAME", ""))
+    threading.Thread(target=_dump, args=_args, daemon=True).start()
