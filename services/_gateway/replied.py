@@ -29,12 +29,12 @@ from roundtrip._kernel.kafka.dedupe import SeenIds
 
 log = logging.getLogger("roundtrip.gateway")
 
-REPLY_MEMORY_S = 3600.0  # how far back support.replies is read to learn which turns were answered (reply_memory_s)
 PRIME_TIMEOUT_S = 30.0
 
 
 class RepliedTurns:
-    def __init__(self, kafka: KafkaClients | str, replies_topic: str, memory_s: float = REPLY_MEMORY_S) -> None:
+    def __init__(self, kafka: KafkaClients | str, replies_topic: str, memory_s: float) -> None:
+        """`memory_s` (ROUNDTRIP_REPLY_MEMORY_S): how far back support.replies is read, and this memory kept."""
         self._kafka, self._topic, self._memory_s = clients_of(kafka), replies_topic, memory_s
         self.committed = SeenIds(capacity=1_000_000, max_age_s=memory_s)  # what a restart would read back
         self.staged: dict[str, tuple[TopicPartition, int]] = {}

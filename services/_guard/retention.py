@@ -48,6 +48,13 @@ _COUNT = select(func.count()).select_from(turns)
 _ESTIMATE = text("SELECT reltuples::bigint FROM pg_class WHERE relname = 'turns'")
 
 
+def _among_ids(column: Any, postgres: bool) -> Any:
+    """`column` is one of the batch's ids, bound as `b_ids`."""
+    if postgres:
+        return column == any_(bindparam("b_ids", type_=ARRAY(String)))
+    return column.in_(bindparam("b_ids", expanding=True))
+
+
 class RetentionTooShort(ConfigurationError):
     """ROUNDTRIP_LEDGER_RETENTION_S shorter than the requests topic's retention.ms: dedupe would not hold."""
 
@@ -83,10 +90,8 @@ class Retention:
         # the batch's ids as one array on PostgreSQL (`= ANY($1)`): an IN list of n placeholders is new SQL for each
         # n, and asyncpg prepares (and keeps, on every pooled connection) a statement per SQL text, which the soak
         # showed as the guard's memory growing with every batch of another size
-        ids = bindparam("b_ids", type_=ARRAY(String)) if self._postgres else bindparam("b_ids", expanding=True)
-        chosen = (lambda column: column == any_(ids)) if self._postgres else (lambda column: column.in_(ids))
-        self._delete_approvals = delete(approvals).where(chosen(approvals.c.turn_id))
-        self._delete_turns = delete(turns).where(chosen(turns.c.turn_id), turns.c.status == ENDED)
+        self._delete_approvals = delete(approvals).where(_among_ids(approvals.c.turn_id, self._postgres))
+        self._delete_turns = delete(turns).where(_among_ids(turns.c.turn_id, self._postgres), turns.c.status == ENDED)
 
     async def sweep(self, now: float | None = None) -> int:
         """One pass: delete the turns ended before now - retention, in batches, at most max_batches; how many."""

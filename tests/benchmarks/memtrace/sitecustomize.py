@@ -44,11 +44,15 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
         if not name:
             return
         found = [o for o in gc.get_objects() if type(o).__qualname__ == name][-3:]
-        lines = []
+        lines: list[str] = []
+        mine = {id(found)}  # the lists this sampler makes refer to the objects too: not holders
 
         def up(obj: object, depth: int) -> None:
-            for ref in gc.get_referrers(obj)[:6]:
-                if ref is found or type(ref).__name__ == "frame":
+            refs = gc.get_referrers(obj)
+            mine.add(id(refs))
+            shown = 0
+            for ref in refs:
+                if id(ref) in mine or type(ref).__name__ == "frame":
                     continue
                 label = type(ref).__module__ + "." + type(ref).__qualname__
                 if isinstance(ref, dict):
@@ -56,6 +60,9 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
                 lines.append("  " * depth + label)
                 if depth < 3:
                     up(ref, depth + 1)
+                shown += 1
+                if shown == 6:
+                    break
 
         for obj in found:
             lines.append(repr(obj)[:200])
