@@ -46,6 +46,18 @@ async def _waiting(client, request_id: str) -> dict:
     return request
 
 
+async def _told_waiting(client, request_id: str) -> dict:
+    """The support.status that says the turn waits for a person: the guard has recorded it as awaiting."""
+    (status,) = await client.wait_for(
+        lambda: [
+            s
+            for s in client.seen[topics.SUPPORT_STATUS]
+            if s["request_id"] == request_id and s["state"] == "waiting_for_approval"  # each step's `working` too
+        ]
+    )
+    return status
+
+
 def _tool_spans(settings, trace_id: str, name: str) -> list[dict]:
     path = settings.effective_span_file
     spans = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
@@ -73,13 +85,7 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
     assert "87.00 EUR" in request["reason"] and request["turn"]["trace_id"]
 
     # the app is told, on support.status, that its turn waits for a person and until when
-    (status,) = await client.wait_for(
-        lambda: [
-            s
-            for s in client.seen[topics.SUPPORT_STATUS]
-            if s["request_id"] == request_id and s["state"] == "waiting_for_approval"  # each step's `working` too
-        ]
-    )
+    status = await _told_waiting(client, request_id)
     assert status["state"] == "waiting_for_approval" and status["until"] == request["expires_at"]
     assert (status["turn_id"], status["approval_id"], status["customer_id"]) == (turn_id, approval_id, "cus_1001")
 

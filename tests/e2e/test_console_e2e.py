@@ -20,7 +20,7 @@ import pytest
 
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import Outcome
-from tests.e2e.test_approvals_e2e import _reset_shop, _spans, _status, _waiting
+from tests.e2e.test_approvals_e2e import _reset_shop, _spans, _status, _told_waiting, _waiting
 
 ORDER = "ord_a1000003"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -215,6 +215,9 @@ async def test_an_approver_cancels_a_waiting_turn_from_its_page(
     request_id = await client.ask("cancel my last order", customer="cus_1001", persona="careful")
     request = await _waiting(client, request_id)
     turn_id = request["turn"]["turn_id"]
+    # the executor's approval request reaches the guard after the test sees it: the page shows the turn awaiting
+    # once the guard has recorded it, which its support.status says
+    await _told_waiting(client, request_id)
     await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
     assert "awaiting" in browser.find_element(By.CSS_SELECTOR, "table.summary").text
     form = browser.find_element(By.CSS_SELECTOR, "form.cancel")
