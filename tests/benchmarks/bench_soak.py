@@ -247,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="count SERVICE's live objects each sample (python -m tests.benchmarks.memtrace reads them)",
     )
+    parser.add_argument(
+        "--trace-holders",
+        metavar="TYPE",
+        default="",
+        help="with --trace-memory: also write what refers to a few live objects of the type named TYPE",
+    )
     args = parser.parse_args(argv)
     bindir = find_pg_bindir()
     if bindir is None:
@@ -271,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ROUNDTRIP_MEMTRACE_DIR": str(state / "memtrace"),
                 "ROUNDTRIP_MEMTRACE_S": str(args.sample_s),
                 "ROUNDTRIP_MEMTRACE_NAME": name,
-                "ROUNDTRIP_MEMTRACE_HOLDERS": os.environ.get("ROUNDTRIP_MEMTRACE_HOLDERS", ""),
+                "ROUNDTRIP_MEMTRACE_HOLDERS": args.trace_holders,
+                "ROUNDTRIP_MEMTRACE_DEPTH": "6",
             }
 
         with Fleet(settings, env=env) as fleet:

@@ -20,6 +20,16 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
     if _frames:
         tracemalloc.start(_frames)
 
+    def _name(kind: type) -> str:
+        """module.qualname of a type (a few types' __module__ is a descriptor, not a string)."""
+        return f"{type.__dict__['__module__'].__get__(kind)}.{kind.__qualname__}"
+
+    def _sql(element: object) -> str:
+        try:
+            return " ".join(str(element).split())[:300]
+        except Exception as exc:  # noqa: BLE001 - a fragment that cannot compile alone
+            return f"(no SQL: {type(exc).__name__})"
+
     def _statements(stem: str) -> None:
         """The SQL in each SQLAlchemy cache (compiled statements, asyncpg's prepared ones): new SQL grows it."""
         lru = getattr(sys.modules.get("sqlalchemy.util._collections"), "LRUCache", None)
@@ -39,10 +49,12 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
             json.dump(held, out)
 
     def _holders(stem: str) -> None:
-        """For a few objects of ROUNDTRIP_MEMTRACE_HOLDERS (a type's name): what refers to them, three levels up."""
+        """For a few objects of ROUNDTRIP_MEMTRACE_HOLDERS (a type's name): what refers to them, up to DEPTH levels
+        up (ROUNDTRIP_MEMTRACE_DEPTH, default 3); a SQLAlchemy element is shown with its SQL."""
         name = os.environ.get("ROUNDTRIP_MEMTRACE_HOLDERS")
         if not name:
             return
+        depth_max = int(os.environ.get("ROUNDTRIP_MEMTRACE_DEPTH", "3"))
         found = [o for o in gc.get_objects() if type(o).__qualname__ == name][-3:]
         lines: list[str] = []
         mine = {id(found)}  # the lists this sampler makes refer to the objects too: not holders
@@ -54,18 +66,20 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
             for ref in refs:
                 if id(ref) in mine or type(ref).__name__ == "frame":
                     continue
-                label = type(ref).__module__ + "." + type(ref).__qualname__
+                label = _name(type(ref))
                 if isinstance(ref, dict):
                     label += " keys " + repr(list(ref)[:6])[:200]
+                elif label.startswith("sqlalchemy.sql."):
+                    label += " " + _sql(ref)
                 lines.append("  " * depth + label)
-                if depth < 3:
+                if depth < depth_max:
                     up(ref, depth + 1)
                 shown += 1
-                if shown == 6:
+                if shown == (6 if depth == 1 else 2):  # deeper, the first few: the chain, not the tree
                     break
 
         for obj in found:
-            lines.append(repr(obj)[:200])
+            lines.append(repr(obj)[:200] + " " + _sql(obj))
             up(obj, 1)
         with open(stem + ".holders.txt", "w") as out:
             out.write("\n".join(lines))
@@ -76,7 +90,10 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
             time.sleep(every)
             n += 1
             stem = os.path.join(folder, f"{name}.{os.getpid()}-{n:04d}")
-            counts = collections.Counter(type(o).__module__ + "." + type(o).__qualname__ for o in gc.get_objects())
+            # the collector first: what is left is reachable (a cycle of SQLAlchemy elements waits for the next full
+            # collection otherwise and looks retained); the count of what it freed is kept beside the counts
+            counts = collections.Counter({"(garbage collected first)": gc.collect()})
+            counts.update(_name(type(o)) for o in gc.get_objects())
             with open(stem + ".types.json", "w") as out:
                 json.dump(counts, out)
             _statements(stem)
