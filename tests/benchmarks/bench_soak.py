@@ -278,7 +278,6 @@ def main(argv: list[str] | None = None) -> int:
                 "ROUNDTRIP_MEMTRACE_S": str(args.sample_s),
                 "ROUNDTRIP_MEMTRACE_NAME": name,
                 "ROUNDTRIP_MEMTRACE_HOLDERS": args.trace_holders,
-                "ROUNDTRIP_MEMTRACE_DEPTH": "6",
             }
 
         with Fleet(settings, env=env) as fleet:

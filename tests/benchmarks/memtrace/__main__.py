@@ -11,10 +11,14 @@ import tracemalloc
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from tests.benchmarks.memtrace.sitecustomize import FREED
+
 
 def _types(paths: list[Path], start: int, top: int) -> None:
     counts = [json.loads(p.read_text()) for p in paths]
+    freed = [c.pop(FREED, 0) for c in counts]  # not a type: what the sampler's collection freed before it counted
     print("  live objects per sample: " + " ".join(str(sum(c.values())) for c in counts))
+    print("  garbage freed before each sample: " + " ".join(map(str, freed)))
     if len(counts) <= start:
         return
     old, new = counts[start - 1], counts[-1]

@@ -7,6 +7,9 @@ them: what a process holds more of as the run goes on."""
 
 import os
 
+FREED = "(objects the collection before this sample freed)"  # in each sample's counts; the reader shows it apart
+HOLDER_LEVELS = 6  # how far up the holders sample follows what refers to an object
+
 if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
     import collections
     import gc
@@ -49,12 +52,11 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
             json.dump(held, out)
 
     def _holders(stem: str) -> None:
-        """For a few objects of ROUNDTRIP_MEMTRACE_HOLDERS (a type's name): what refers to them, up to DEPTH levels
-        up (ROUNDTRIP_MEMTRACE_DEPTH, default 3); a SQLAlchemy element is shown with its SQL."""
+        """For a few objects of ROUNDTRIP_MEMTRACE_HOLDERS (a type's name): what refers to them, HOLDER_LEVELS levels
+        up; a SQLAlchemy element is shown with its SQL."""
         name = os.environ.get("ROUNDTRIP_MEMTRACE_HOLDERS")
         if not name:
             return
-        depth_max = int(os.environ.get("ROUNDTRIP_MEMTRACE_DEPTH", "3"))
         found = [o for o in gc.get_objects() if type(o).__qualname__ == name][-3:]
         lines: list[str] = []
         mine = {id(found)}  # the lists this sampler makes refer to the objects too: not holders
@@ -72,7 +74,7 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
                 elif label.startswith("sqlalchemy.sql."):
                     label += " " + _sql(ref)
                 lines.append("  " * depth + label)
-                if depth < depth_max:
+                if depth < HOLDER_LEVELS:
                     up(ref, depth + 1)
                 shown += 1
                 if shown == (6 if depth == 1 else 2):  # deeper, the first few: the chain, not the tree
@@ -92,7 +94,7 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
             stem = os.path.join(folder, f"{name}.{os.getpid()}-{n:04d}")
             # the collector first: what is left is reachable (a cycle of SQLAlchemy elements waits for the next full
             # collection otherwise and looks retained); the count of what it freed is kept beside the counts
-            counts = collections.Counter({"(garbage collected first)": gc.collect()})
+            counts = collections.Counter({FREED: gc.collect()})
             counts.update(_name(type(o)) for o in gc.get_objects())
             with open(stem + ".types.json", "w") as out:
                 json.dump(counts, out)
