@@ -731,11 +731,17 @@ def _print_wide(renderable: RenderableType, needed: int) -> None:
 
 
 async def decide(settings: Settings, approval_id: str, approve: bool, reason: str, decided_by: str) -> int:
-    """Sign a decision with the first decision key and publish it to turn.approval_decisions (keyed by conversation):
-    the same checks and the same signed message as the console's (services/_console/desk.py)."""
-    from roundtrip._console.desk import refusal, signed_decision
+    """Sign a decision with the decision signing key and publish it to turn.approval_decisions (keyed by
+    conversation): the same checks and the same signed message as the console's (services/_console/desk.py)."""
+    from roundtrip._console.desk import decision_signer, refusal, signed_decision
     from roundtrip._guard.ledger import Ledger
+    from roundtrip._kernel.settings import ConfigurationError
 
+    try:  # the key first: a placeholder, a malformed or (outside development) the published key signs nothing
+        settings.refuse_unfit_keys("roundtrip approvals", ("decision_signing_key",))
+    except ConfigurationError as exc:
+        console.print(f"[red]{plain(str(exc))}[/]")
+        return 2
     if _ledger_missing(settings):
         return 2
     ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
@@ -749,7 +755,7 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
         hint = " (see `roundtrip approvals`)" if refused.status == 404 else ""
         console.print(f"[red]{plain(refused.message)}[/]{hint}")
         return 1
-    decision = signed_decision(row, approve, reason, decided_by, settings.decision_keys)
+    decision = signed_decision(row, approve, reason, decided_by, decision_signer(settings))
     producer = kafka_clients(settings).producer()
     try:
         await producer.start()

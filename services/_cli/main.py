@@ -84,10 +84,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         agent = current_agent(settings.agent)  # the agent every service runs: found and checked once, here
         agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
         declared = topology.service(service)  # what it holds and shares (the app checks the keys again when it starts)
-        if declared.signs_batches:
-            settings.refuse_dev_approval_key(service)
-        if declared.accepts_decisions or declared.signs_decisions:
-            settings.refuse_dev_decision_key(service, agent.holds_calls())
+        settings.refuse_unfit_keys(service, declared.keys, agent.holds_calls())
         if declared.shares_ledger:
             settings.refuse_private_ledger(service)
         module = importlib.import_module(declared.app_module)
@@ -405,6 +402,33 @@ def config() -> None:
     )
     for warning in display.warnings(settings, agent.holds_calls()):
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
+
+
+@app.command()
+def keys(
+    purpose: Annotated[
+        str,
+        typer.Argument(
+            help="batch: the gate signs approved batches, executors and the guard verify; decision: the console and "
+            "`roundtrip approvals` sign people's decisions, the gate and the guard verify"
+        ),
+    ],
+    key_id: Annotated[
+        str | None, typer.Option(help="the id the signatures name (default: the purpose and today's date)")
+    ] = None,
+) -> None:
+    """Make a new Ed25519 key pair and print it as two settings: the private key line for the signer's Secret and
+    the public key line for the verifiers (nothing is written anywhere else). Rotate by adding the new public key to
+    the verify keys everywhere, then giving the signer the new private key, then dropping the old public key."""
+    from roundtrip._cli.keys import Purpose, default_key_id, pair_lines
+
+    if purpose not in tuple(Purpose):
+        raise typer.BadParameter(f"unknown purpose {purpose!r}; choose batch or decision")
+    try:
+        lines = pair_lines(Purpose(purpose), key_id or default_key_id(Purpose(purpose)))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo("\n".join(lines))
 
 
 @app.command()

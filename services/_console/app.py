@@ -20,7 +20,7 @@ from roundtrip._console.books import Books
 from roundtrip._console.web import Console, application
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn
 from roundtrip._sdk.agent import Agent
 
@@ -57,7 +57,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     running: list[asyncio.Task] = []
 
     async def refuse_insecure() -> None:
-        settings.refuse_dev_decision_key("console", agent.holds_calls())
+        settings.refuse_unfit_keys("console", topology.service("console").keys, agent.holds_calls())
         settings.refuse_console_local_user("console")
 
     async def serve() -> None:

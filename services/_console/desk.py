@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 
 from roundtrip._guard.ledger import AWAITING, ENDED, PENDING, ApprovalRow, TurnRow
-from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
+from roundtrip._kernel.wire.approvals import Signer
+from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn, Decision
 
 
@@ -43,10 +44,15 @@ def refusal(
     return None
 
 
-def signed_decision(row: ApprovalRow, approve: bool, reason: str, decided_by: str, keys: str) -> ApprovalDecided:
-    """The decision on the very call the approval names (turn, tool_use id, input digest), signed with the first of
-    `keys` (ROUNDTRIP_DECISION_KEYS)."""
-    return DecisionSigner(parse_keys(keys)).sign(
+def decision_signer(settings: Settings) -> Signer:
+    """The private key people's decisions are signed with (ROUNDTRIP_DECISION_SIGNING_KEY), in this process only."""
+    return Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
+
+
+def signed_decision(row: ApprovalRow, approve: bool, reason: str, decided_by: str, signer: Signer) -> ApprovalDecided:
+    """The decision on the very call the approval names (turn, tool_use id, input digest), signed by `signer` (the
+    decision signing key)."""
+    return signer.sign(
         ApprovalDecided(
             approval_id=row.approval_id,
             turn_id=row.turn_id,

@@ -185,7 +185,7 @@ class Console:
                 self._audit(f"refused {verdict}", identity, request, approval=approval_id, why=refused.message)
                 raise Answer(refused.status, refused.message, identity)
             decision = desk.signed_decision(
-                row, verdict == "approve", reason, identity.name, self.settings.decision_keys
+                row, verdict == "approve", reason, identity.name, desk.decision_signer(self.settings)
             )
             attributes = {
                 "roundtrip.approval_id": approval_id,

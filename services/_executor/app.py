@@ -19,8 +19,8 @@ from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, 
 from roundtrip._kernel.observability.telemetry import mark_error
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
-from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.wire.approvals import Verifier
 from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch
 from roundtrip._sdk.agent import Agent
 
@@ -36,7 +36,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("executor", settings)
     deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
     runner = runner_for(settings, agent, deps)
-    signer = Signer(parse_keys(settings.approval_keys))
+    batches = Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS")  # public keys: it cannot sign
     seen = SeenIds(max_age_s=DUPLICATE_WINDOW_S)
     call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
     request_approval = Outlet(broker, topics.APPROVAL_REQUESTS, ApprovalRequested)
@@ -47,7 +47,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
         # the signature first: a forged batch reusing a real turn and step is refused (dead-lettered and
         # logged on roundtrip.security by the raise), never mistaken for a duplicate
-        verify(batch, signer)
+        verify(batch, batches)
         # a step resumed after a person's approval is a second batch of the same step
         key = f"{batch.turn.turn_id}:{batch.step}" + ":resumed" * any(c.approved_by for c in batch.calls)
         if key in seen:
@@ -56,7 +56,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             return
         try:
             command = await execute(
-                batch, signer, runner, state["fence"], verified=True, max_transcript_bytes=settings.max_transcript_bytes
+                batch, batches, runner, state["fence"], verified=True, max_transcript_bytes=settings.max_transcript_bytes
             )
         except BatchNotRun as exc:
             _not_run(batch, exc)
@@ -76,7 +76,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         await call_model(command, batch.turn.conversation_id)
 
     app = service_app(broker, log)
-    app.on_startup(lambda: settings.refuse_dev_approval_key("executor"))  # outside development, never the published key
+    # its keys again (`roundtrip run` checked them before building): outside development, never a published one
+    app.on_startup(lambda: settings.refuse_unfit_keys("executor", topology.service("executor").keys))
     agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
 
     @app.on_startup

@@ -24,7 +24,7 @@ from opentelemetry import trace
 from roundtrip._executor.runner import Runner
 from roundtrip._kernel.storage import sideeffects
 from roundtrip._kernel.storage.turnstore import Fence
-from roundtrip._kernel.wire.approvals import Signer, approval_id_for, in_tool_use_order
+from roundtrip._kernel.wire.approvals import Verifier, approval_id_for, in_tool_use_order
 from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch
 from roundtrip._kernel.wire.limits import fit_transcript
 
@@ -38,10 +38,10 @@ class BatchNotRun(Exception):
     """An approved batch that must not run any more: its approval expired, or its turn ended or moved on."""
 
 
-def verify(batch: ExecuteToolBatch, signer: Signer) -> None:
+def verify(batch: ExecuteToolBatch, verifier: Verifier) -> None:
     """Raise (ApprovalError) for a batch the gate did not sign as it is, with a `roundtrip.security` line."""
     try:
-        signer.verify(batch)
+        verifier.verify(batch)
     except Exception as exc:
         security.error(
             "refused batch for turn %s step %d (customer %s): %s",
@@ -62,7 +62,7 @@ def lease_for(batch: ExecuteToolBatch, runner: Runner) -> float:
 
 async def execute(
     batch: ExecuteToolBatch,
-    signer: Signer,
+    verifier: Verifier,
     runner: Runner,
     fence: Fence | None = None,
     verified: bool = False,
@@ -70,7 +70,7 @@ async def execute(
 ) -> CallModel | ApprovalRequested:
     """Run a batch (verified here unless `verified`); BatchNotRun when too late or its turn may not act any more."""
     if not verified:
-        verify(batch, signer)
+        verify(batch, verifier)
     span = trace.get_current_span()
     now = time.time()
     if batch.expires_at and now > batch.expires_at:
@@ -107,6 +107,8 @@ async def execute(
             messages=batch.messages,
             results=results,
             spent=batch.spent,
+            hold_key_id=held.hold.key_id,
+            hold_signature=held.hold.signature,
         )
     results = in_tool_use_order(batch.messages, results)
     messages, replaced = fit_transcript([*batch.messages, {"role": "user", "content": results}], max_transcript_bytes)

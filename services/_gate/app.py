@@ -10,7 +10,8 @@ from roundtrip._gate.handlers import Gate
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, parse_keys
+from roundtrip._kernel.wire import topology
+from roundtrip._kernel.wire.approvals import DecisionVerifier, Signer
 from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch
 from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies, ToolContext
@@ -29,13 +30,13 @@ def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
     return Gate(
         registry=registry,
         lookup=lookup,
-        signer=Signer(parse_keys(settings.approval_keys)),
+        signer=Signer.of(settings.key_text("batch_signing_key"), "ROUNDTRIP_BATCH_SIGNING_KEY"),
         deps=deps,
         batch_ttl_s=settings.stuck_after_s,
         agent_settings=agent.own_settings,
         messages=agent.message,
         unavailable=agent.toolbox.unavailable,
-        decisions=DecisionSigner(parse_keys(settings.decision_keys)),
+        decisions=DecisionVerifier.of(settings.decision_verify_keys, "ROUNDTRIP_DECISION_VERIFY_KEYS"),
         approval_timeout_s=settings.approval_timeout_s,
     )
 
@@ -55,8 +56,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         await execute(batch, command.turn.conversation_id)
 
     app = service_app(broker, log)
-    app.on_startup(lambda: settings.refuse_dev_approval_key("gate"))  # outside development, never the published key
-    app.on_startup(lambda: settings.refuse_dev_decision_key("gate", agent.holds_calls()))
+    # its keys again (`roundtrip run` checked them before building): outside development, never a published one
+    app.on_startup(lambda: settings.refuse_unfit_keys("gate", topology.service("gate").keys, agent.holds_calls()))
     agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
     app.after_shutdown(deps.aclose)
     return app

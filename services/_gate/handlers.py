@@ -25,7 +25,7 @@ from roundtrip._gate.validation import SAFE_INTEGER, InputValidator
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import mark_error, tracer
-from roundtrip._kernel.wire.approvals import ApprovalError, DecisionSigner, Signer, input_digest
+from roundtrip._kernel.wire.approvals import ApprovalError, DecisionVerifier, Signer, input_digest
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,
     ApprovalHold,
@@ -59,7 +59,7 @@ class Gate:
     concurrent: bool = True  # check the calls of a step concurrently
     agent_settings: Any = None  # the agent's own settings, which its approval rules read
     messages: Callable[..., str] = gate_message  # (key, **fields) -> the agent's wording of the gate's refusals
-    decisions: DecisionSigner | None = None  # verifies people's decisions (None: no decision is ever accepted)
+    decisions: DecisionVerifier | None = None  # verifies people's decisions (None: no decision is ever accepted)
     approval_timeout_s: float = 900.0  # how long a held call waits for a person
     unavailable: Callable[[str], str | None] = lambda name: (
         None
@@ -255,13 +255,30 @@ class Gate:
                 mark_error(span, f"rejected: {result.error or ''}", "rejected")
             return result
 
+    def _signed_hold(self, call: CheckedCall, command: CheckToolCalls) -> CheckedCall:
+        """A held call with the gate's signature of its hold: the guard records the wait only under it, so no writer
+        of turn.approval_requests can make a turn wait for another customer or another call."""
+        if call.hold is None:
+            return call
+        turn = command.turn
+        key_id, signature = self.signer.sign_hold(
+            turn.turn_id,
+            turn.customer_id,
+            turn.conversation_id,
+            command.step,
+            call.id,
+            call.hold.input_sha256,
+            call.hold.expires_at,
+        )
+        return call.model_copy(update={"hold": call.hold.model_copy(update={"key_id": key_id, "signature": signature})})
+
     async def check(self, command: CheckToolCalls) -> ExecuteToolBatch:
         lookups = StepLookups(self.lookup, self.ownership, self.step_memo)
         if self.concurrent and len(command.calls) > 1:
             checked = list(await asyncio.gather(*(self._traced(c, command, lookups) for c in command.calls)))
         else:
             checked = [await self._traced(c, command, lookups) for c in command.calls]
-        checked = one_hold_per_step(checked, self.messages)
+        checked = [self._signed_hold(c, command) for c in one_hold_per_step(checked, self.messages)]
         batch = ExecuteToolBatch(
             turn=command.turn,
             step=command.step,

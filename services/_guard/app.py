@@ -36,7 +36,7 @@ from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, 
 from roundtrip._kernel.observability.telemetry import tracer
 from roundtrip._kernel.settings import LoopRules, Settings
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
+from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CancelTurn, ModelResponded, StartTurn
 from roundtrip._sdk.agent import Agent
 
@@ -73,7 +73,8 @@ def guard_of(
         turn_deadline_s=settings.turn_deadline_s,
         outbox_after_s=settings.outbox_after_s,
         conversations=conversations,
-        decisions=DecisionSigner(parse_keys(settings.decision_keys)),
+        decisions=DecisionVerifier.of(settings.decision_verify_keys, "ROUNDTRIP_DECISION_VERIFY_KEYS"),
+        holds=Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS"),
         acts=Acts(frozenset(agent.serial), agent.describe_action, words, shown),
         progress=agent.progress,  # the customer's words for what a step's tools do (support.status)
         streams_by_default=settings.stream_replies,
@@ -156,8 +157,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
 
     subscribe_handlers(broker, settings, lambda: state["guard"])
     app = service_app(broker, log)
-    # approvals on outside development: never the published key
-    app.on_startup(lambda: settings.refuse_dev_decision_key("guard", agent.holds_calls()))
+    # its keys again (`roundtrip run` checked them before building): outside development, never a published one
+    app.on_startup(lambda: settings.refuse_unfit_keys("guard", topology.service("guard").keys, agent.holds_calls()))
 
     @app.on_startup
     async def open_ledger() -> None:

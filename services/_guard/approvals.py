@@ -30,7 +30,7 @@ from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Bounded, Outbox, pending_copy, traceparent
 from roundtrip._guard.outside import Outside
 from roundtrip._kernel.observability.telemetry import tracer
-from roundtrip._kernel.wire.approvals import ApprovalError, DecisionSigner, in_tool_use_order
+from roundtrip._kernel.wire.approvals import ApprovalError, DecisionVerifier, Verifier, in_tool_use_order
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -57,18 +57,26 @@ class DecisionRefused(Exception):
     Raised in the handler, so the kernel dead-letters it with this reason."""
 
 
+class RequestRefused(Exception):
+    """An approval request the gate did not sign as it reads (forged, edited, for another customer). Raised in the
+    handler, so the kernel dead-letters it with this reason."""
+
+
 @dataclass
 class Approvals:
     ledger: Ledger
     outbox: Outbox
     outside: Outside  # ends the turns whose approval expired
-    decisions: DecisionSigner | None = None  # verifies people's approval decisions (None: every decision is refused)
+    decisions: DecisionVerifier | None = None  # verifies people's approval decisions (None: every decision is refused)
     steps: StepClock = field(default_factory=StepClock)
+    holds: Verifier | None = None  # the gate's public keys: its signature of each hold (None: every request is refused)
 
     async def on_requested(self, event: ApprovalRequested) -> str:
-        """Record the turn as AWAITING (no thread waits: the decision or the deadline moves it on)."""
+        """Record the turn as AWAITING (no thread waits: the decision or the deadline moves it on); a request the
+        gate did not hold as it reads raises RequestRefused."""
         span = trace.get_current_span()
         span.set_attributes({"roundtrip.approval_id": event.approval_id, "roundtrip.tool": event.call.name})
+        self._check_hold(event)
         approval = dict(
             approval_id=event.approval_id,
             turn_id=event.turn.turn_id,
@@ -112,6 +120,23 @@ class Approvals:
             row.status if row else "unknown turn",
         )
         return "not awaiting"
+
+    def _check_hold(self, event: ApprovalRequested) -> None:
+        """Only a wait the gate signed (this turn, customer, conversation, step, call, input and deadline) is recorded:
+        anything else is refused, dead-lettered with the reason and logged on roundtrip.security."""
+        try:
+            if self.holds is None:
+                raise ApprovalError("this guard has no batch verify keys: it records no approval request")
+            self.holds.verify_hold(event)
+        except ApprovalError as exc:
+            security.error(
+                "refused approval request %s for turn %s (customer %s): %s",
+                event.approval_id,
+                event.turn.turn_id,
+                event.turn.customer_id,
+                exc,
+            )
+            raise RequestRefused(str(exc)) from None
 
     async def on_decision(self, decision: ApprovalDecided) -> str:
         """Resume the waiting step: approved -> the gate checks the call again and signs it; denied -> the model

@@ -26,12 +26,12 @@ from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Policy
 from roundtrip._guard.starts import ConversationOrder, Starts
 from roundtrip._guard.sweeper import Sweeper
-from roundtrip._kernel.wire.approvals import DecisionSigner
+from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 
 
 class Guard:
     """The guard's parts, wired. `conversations` None: every request stands alone (unit tests of the loop);
-    `decisions` None: every person's decision is refused; `acts` None: no tool counts as a side effect. The agent's
+    `decisions` None: every person's decision is refused; `holds` None: every approval request is refused; `acts` None: no tool counts as a side effect. The agent's
     words for an early end are `policy.replies` (and `acts.replies` for one after a side effect)."""
 
     def __init__(
@@ -48,7 +48,8 @@ class Guard:
         outbox_after_s: float = 5.0,
         conversations: Conversations | None = None,
         wait_poll_s: float = 0.5,
-        decisions: DecisionSigner | None = None,
+        decisions: DecisionVerifier | None = None,
+        holds: Verifier | None = None,
         agent_digest: str | None = None,
         acts: Acts | None = None,
         progress: Mapping[str, str] | None = None,
@@ -72,7 +73,7 @@ class Guard:
         acts = acts or Acts()
         self.loop = Loop(ledger, self.outbox, policy, prices, model, conversations, steps, acts)
         self.outside = Outside(ledger, self.outbox, conversations, steps, acts)
-        self.approvals = Approvals(ledger, self.outbox, self.outside, decisions, steps)
+        self.approvals = Approvals(ledger, self.outbox, self.outside, decisions, steps, holds)
         self.sweeper = Sweeper(
             ledger, self.outbox, self.outside, self.approvals, stuck_after_s, stuck_grace_s, turn_deadline_s
         )

@@ -33,7 +33,7 @@ from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Finish, decide
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.wire.approvals import DecisionSigner, Signer, parse_keys
+from roundtrip._kernel.wire.approvals import Signer, Verifier
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -83,8 +83,9 @@ class InProcess:
         the same ones when None. In the fleet they are two processes, each with its own instance of every client."""
         self.agent, self.client, self.settings, self.retrying = agent, client, settings, retrying
         self.gate = gate_for(agent, settings, deps if gate_deps is None else gate_deps)
-        self.signer = Signer(parse_keys(settings.approval_keys))
-        self.decisions = DecisionSigner(parse_keys(settings.decision_keys))
+        # as in the fleet: the executor checks with the gate's public keys; a person signs with the decision key
+        self.batches = Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS")
+        self.decisions = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
         self.runner = runner_for(settings, agent, deps)  # the executor's, with the fleet's limits
         words = Replies.of(agent.replies, agent.acted_replies)  # the agent's own words, as the guard says them
         self.policy, self.prices = policy_from(settings, words), PriceTable.from_json(settings.prices)
@@ -161,7 +162,7 @@ class InProcess:
     async def _run(self, check: Any) -> CallModel | ApprovalRequested:
         """A step's calls through the gate, then the executor."""
         batch = await self.gate.check(check)
-        return await execute(batch, self.signer, self.runner, max_transcript_bytes=self.settings.max_transcript_bytes)
+        return await execute(batch, self.batches, self.runner, max_transcript_bytes=self.settings.max_transcript_bytes)
 
     async def _decided(self, request: ApprovalRequested, approved: bool) -> CallModel | ApprovalRequested:
         """The step after a person's signed decision, resumed as the guard resumes it."""

@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from roundtrip._kernel.settings import ConfigurationError, Settings, describe_invalid
+from tests.signing import key_environment
 
 
 def settings(**values) -> Settings:
@@ -104,7 +105,7 @@ def test_a_service_that_shares_the_ledger_refuses_to_start_without_it(service):
         capture_output=True,
         text=True,
         timeout=60,
-        env=clean_env(ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1", ROUNDTRIP_APPROVAL_KEYS=f"k1:{'ab' * 32}"),
+        env=clean_env(ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1", **key_environment()),
     )
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()

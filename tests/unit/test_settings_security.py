@@ -1,4 +1,4 @@
-"""The published development approval key outside development, and stable replica identities."""
+"""The signing keys refused at start (published, placeholder, malformed, retired), and stable replica identities."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from roundtrip._kernel.kafka.transactions import transactional_id
-from roundtrip._kernel.settings import DEV_APPROVAL_KEYS, InsecureConfiguration, Settings
+from roundtrip._kernel.settings import DEV_BATCH_SIGNING_KEY, DEV_BATCH_VERIFY_KEYS, InsecureConfiguration, Settings
 from roundtrip._sdk.agent import load_agent
+from tests.signing import key_environment, key_settings, pair
 
 
 def settings(**values) -> Settings:
@@ -26,31 +27,67 @@ def test_development_means_the_embedded_broker_or_an_explicit_env():
 
 
 @pytest.mark.parametrize(
-    "keys", [DEV_APPROVAL_KEYS, f"k2:{'ab' * 32},{DEV_APPROVAL_KEYS}", "other:roundtrip-dev-only-approval-key"]
+    "name,value",
+    [
+        ("batch_verify_keys", DEV_BATCH_VERIFY_KEYS),
+        ("batch_verify_keys", f"{pair('k2').verify},{DEV_BATCH_VERIFY_KEYS}"),
+        ("batch_verify_keys", "other:" + DEV_BATCH_VERIFY_KEYS.partition(":")[2]),
+        ("batch_signing_key", DEV_BATCH_SIGNING_KEY),
+    ],
 )
-def test_the_published_key_is_refused_outside_development_even_as_a_verifying_key(keys):
-    production = settings(kafka_bootstrap_servers="kafka:9092", approval_keys=keys)
-    assert production.dev_approval_key_in_use
+def test_the_published_key_is_refused_outside_development_even_as_a_verifying_key(name, value):
+    own = key_settings()
+    production = settings(kafka_bootstrap_servers="kafka:9092", **own | {name: value})
     with pytest.raises(InsecureConfiguration, match="published development key") as refused:
-        production.refuse_dev_approval_key("executor")
-    assert "ROUNDTRIP_APPROVAL_KEYS" in str(refused.value) and "openssl rand" in str(refused.value)
-    settings(approval_keys=keys).refuse_dev_approval_key("executor")  # the embedded development fleet: allowed
-    settings(kafka_bootstrap_servers="kafka:9092", approval_keys=f"k1:{'ab' * 32}").refuse_dev_approval_key("gate")
+        production.refuse_unfit_keys("executor", (name,))
+    assert f"ROUNDTRIP_{name.upper()}" in str(refused.value) and "roundtrip keys" in str(refused.value)
+    settings(**own | {name: value}).refuse_unfit_keys("executor", (name,))  # the embedded development fleet: allowed
+    settings(kafka_bootstrap_servers="kafka:9092", **own).refuse_unfit_keys("gate", (name,))
 
 
-@pytest.mark.parametrize("service", ["gate", "executor"])
-def test_gate_and_executor_do_not_start_with_the_published_key_in_production(service):
+def run_service(service: str, **variables: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
-    env.update(ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1", ROUNDTRIP_ENV="production")
-    done = subprocess.run(
+    env.update(ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1", **variables)
+    return subprocess.run(
         [sys.executable, "-m", "roundtrip._cli.main", "run", service],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+@pytest.mark.parametrize("service", ["gate", "executor", "guard", "console"])
+def test_no_service_that_holds_a_key_starts_with_the_published_one_in_production(service):
+    # approvals on (the demo shop holds a cancel above 50.00 EUR): the decision keys matter to the console too
+    done = run_service(service, ROUNDTRIP_ENV="production", ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS="5000")
     assert done.returncode == 2, done.stderr
-    assert f"error: {service} refuses to start" in done.stderr and "published development key" in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {service} refuses to start") and "published" in lines[0]
+
+
+SECRET_PART = "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0"  # valid base64 of 27 bytes: no key
+
+
+@pytest.mark.parametrize(
+    "variable,value,says",
+    [
+        ("ROUNDTRIP_BATCH_SIGNING_KEY", "k1:CHANGE-ME", "placeholder CHANGE-ME"),
+        ("ROUNDTRIP_BATCH_SIGNING_KEY", f"k1:{SECRET_PART}", "an Ed25519 key is 32"),
+        ("ROUNDTRIP_BATCH_SIGNING_KEY", f"{SECRET_PART}=", "must look like key_id:base64-key"),
+        ("ROUNDTRIP_DECISION_VERIFY_KEYS", f"ops1:{SECRET_PART}%%", "is not base64"),
+        ("ROUNDTRIP_APPROVAL_KEYS", f"k1:{SECRET_PART}", "is retired"),
+        ("ROUNDTRIP_DECISION_KEYS", f"ops1:{SECRET_PART}", "Migrating from HMAC keys"),
+    ],
+)
+def test_a_placeholder_malformed_or_retired_key_stops_the_gate_with_one_line_that_shows_no_secret(
+    variable, value, says
+):
+    done = run_service("gate", ROUNDTRIP_ENV="production", **key_environment() | {variable: value})
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: gate refuses to start") and says in lines[0], lines
+    assert SECRET_PART[:8] not in done.stderr + done.stdout
 
 
 def test_roundtrip_config_warns_while_the_published_key_is_in_use(monkeypatch):
@@ -58,12 +95,16 @@ def test_roundtrip_config_warns_while_the_published_key_is_in_use(monkeypatch):
     from roundtrip._kernel.settings import get_settings
 
     get_settings.cache_clear()
-    monkeypatch.setenv("ROUNDTRIP_APPROVAL_KEYS", DEV_APPROVAL_KEYS)
+    for variable in key_environment():
+        monkeypatch.delenv(variable, raising=False)
     out = CliRunner().invoke(app, ["config"])
-    assert "warning" in out.output and "published development key" in out.output
-    monkeypatch.setenv("ROUNDTRIP_APPROVAL_KEYS", f"k1:{'ab' * 32}")
+    assert "warning" in out.output and "published development pair" in out.output
+    assert DEV_BATCH_SIGNING_KEY.partition(":")[2] not in out.output  # published or not, a private key is never shown
+    for variable, value in key_environment().items():
+        monkeypatch.setenv(variable, value)
     get_settings.cache_clear()
-    assert "warning" not in CliRunner().invoke(app, ["config"]).output
+    shown = CliRunner().invoke(app, ["config"]).output
+    assert "warning" not in shown and "ROUNDTRIP_BATCH_SIGNING_KEY" in shown and "k1:***" in shown
     get_settings.cache_clear()
 
 
@@ -110,7 +151,7 @@ def test_the_local_fleet_gives_every_replica_its_own_stable_identity(tmp_path, m
     assert spawned["gateway"].endswith("-gateway") and spawned["executor-2"].endswith("-executor-2")
 
 
-@pytest.mark.parametrize("service", ["gate", "executor"])
+@pytest.mark.parametrize("service", ["gate", "executor", "guard"])
 async def test_the_apps_themselves_refuse_to_start_with_the_published_key_in_production(service):
     import importlib
 

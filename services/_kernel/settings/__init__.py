@@ -12,6 +12,8 @@ with. `get_settings()` is for the entry points (the CLI, `python -m ...`) only.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,10 +28,11 @@ from roundtrip._kernel.settings.checks import (
 )
 from roundtrip._kernel.settings.concerns import (
     CONCERNS,
-    DEV_APPROVAL_KEYS,
-    DEV_APPROVAL_SECRET,
-    DEV_DECISION_KEYS,
-    DEV_DECISION_SECRET,
+    DEV_BATCH_SIGNING_KEY,
+    DEV_BATCH_VERIFY_KEYS,
+    DEV_DECISION_SIGNING_KEY,
+    DEV_DECISION_VERIFY_KEYS,
+    RETIRED_KEY_SETTINGS,
     ApprovalSettings,
     Concern,
     ConsoleSettings,
@@ -50,10 +53,11 @@ from roundtrip._kernel.settings.concerns import (
 __all__ = [
     "ASYNC_DRIVERS",
     "CONCERNS",
-    "DEV_APPROVAL_KEYS",
-    "DEV_APPROVAL_SECRET",
-    "DEV_DECISION_KEYS",
-    "DEV_DECISION_SECRET",
+    "DEV_BATCH_SIGNING_KEY",
+    "DEV_BATCH_VERIFY_KEYS",
+    "DEV_DECISION_SIGNING_KEY",
+    "DEV_DECISION_VERIFY_KEYS",
+    "KEY_SETTINGS",
     "ApprovalSettings",
     "Concern",
     "ConsoleSettings",
@@ -78,6 +82,16 @@ __all__ = [
     "get_settings",
     "parse_bootstrap_servers",
 ]
+
+
+# The key settings, each with the published development value it must not hold outside development.
+KEY_SETTINGS = {
+    "batch_signing_key": DEV_BATCH_SIGNING_KEY,
+    "batch_verify_keys": DEV_BATCH_VERIFY_KEYS,
+    "decision_signing_key": DEV_DECISION_SIGNING_KEY,
+    "decision_verify_keys": DEV_DECISION_VERIFY_KEYS,
+}
+MIGRATION = "docs/approvals.md, Migrating from HMAC keys"
 
 
 class Settings(
@@ -158,29 +172,38 @@ class Settings(
                 "or set ROUNDTRIP_ENV=development for a fleet on one machine."
             )
 
-    def refuse_dev_approval_key(self, service: str) -> None:
-        """Raise InsecureConfiguration when the published development key is configured outside development."""
-        if self.dev_approval_key_in_use and not self.development:
-            raise InsecureConfiguration(
-                f"{service} refuses to start: ROUNDTRIP_APPROVAL_KEYS contains the published development key, which "
-                "anyone "
-                "can sign batches with, and this is not the embedded development fleet "
-                f"(ROUNDTRIP_ENV={self.env or 'unset'}, "
-                f"Kafka at {self.kafka_bootstrap_servers}). Set ROUNDTRIP_APPROVAL_KEYS to a secret of your own, e.g. "
-                '"k1:$(openssl rand -hex 32)", or ROUNDTRIP_ENV=development on a laptop.'
-            )
+    def key_text(self, name: str) -> str:
+        """The raw value of key setting `name` (a private key's secret included): for the signers and checks only."""
+        value = getattr(self, name)
+        return value if isinstance(value, str) else value.get_secret_value()
 
-    def refuse_dev_decision_key(self, service: str, approvals: bool) -> None:
-        """Raise InsecureConfiguration when approvals are on (`approvals`: the agent has a rule that can hold a call)
-        outside development with the published decision key."""
-        if approvals and self.dev_decision_key_in_use and not self.development:
-            raise InsecureConfiguration(
-                f"{service} refuses to start: the agent has approval rules and ROUNDTRIP_DECISION_KEYS contains the "
-                "published "
-                "development key, with which anyone could approve a call. Set ROUNDTRIP_DECISION_KEYS to a secret of "
-                "your "
-                'own, e.g. "ops1:$(openssl rand -hex 32)", and give it to the people who decide.'
-            )
+    def refuse_unfit_keys(self, service: str, held: Iterable[str], approvals: bool = True) -> None:
+        """Raise ConfigurationError (one line, no key material) for a key this process holds (`held`: names in
+        KEY_SETTINGS) that cannot be used: a retired HMAC setting still set, a placeholder, a malformed key; and
+        InsecureConfiguration for a published development key outside development (the decision keys only while
+        `approvals`: the agent has a rule that can hold a call)."""
+        from roundtrip._kernel.wire.approvals import KeyConfigError, published_in
+
+        for retired, replaced_by in RETIRED_KEY_SETTINGS.items():
+            if os.environ.get(retired, "").strip():
+                raise ConfigurationError(
+                    f"{service} refuses to start: {retired} (HMAC) is retired; Ed25519 key pairs replaced it: "
+                    f"{replaced_by}. Make a pair with `roundtrip keys`, then unset {retired} ({MIGRATION})."
+                )
+        for name in held:
+            setting = env_name(name)
+            try:
+                published = published_in(self.key_text(name), setting, KEY_SETTINGS[name])
+            except KeyConfigError as exc:
+                raise ConfigurationError(f"{service} refuses to start: {exc}") from None
+            if published and not self.development and (approvals or not name.startswith("decision_")):
+                whose = "sign batches" if name.startswith("batch_") else "approve a call"
+                raise InsecureConfiguration(
+                    f"{service} refuses to start: {setting} holds the published development key, with which anyone "
+                    f"can {whose}, and this is not the embedded development fleet (ROUNDTRIP_ENV={self.env or 'unset'}"
+                    f", Kafka at {self.kafka_bootstrap_servers}). Make a pair of your own with `roundtrip keys`, or set"
+                    " ROUNDTRIP_ENV=development on a laptop."
+                )
 
     # -- the console's sign-in -------------------------------------------------------------
     @property

@@ -30,18 +30,27 @@ from roundtrip._kernel.settings.checks import (
 KEYS: JsonDict = {"secret": "keys"}  # key_id:secret pairs: the ids may be shown, the secrets never
 SECRET: JsonDict = {"secret": "value"}
 
-# Demo signing key: fine for a laptop, replaced in production via ROUNDTRIP_APPROVAL_KEYS.
-# It is published (README), so anyone can sign a batch with it: outside the embedded
-# development fleet the gate and the executor refuse to start while it is configured.
-DEV_APPROVAL_KEYS = "dev1:roundtrip-dev-only-approval-key"
-DEV_APPROVAL_SECRET = DEV_APPROVAL_KEYS.split(":", 1)[1]
-# Demo key people sign approval decisions with (roundtrip approvals); published too, so refused outside
-# development while approvals are configured.
-DEV_DECISION_KEYS = "ops1:roundtrip-dev-only-decision-key"
-DEV_DECISION_SECRET = DEV_DECISION_KEYS.split(":", 1)[1]
+# The development key pairs: fine for a laptop, replaced in production (`roundtrip keys` makes a pair). They are
+# published here, so anyone can sign with them: outside the embedded development fleet every service that holds one
+# (to sign or to verify) refuses to start while it is configured.
+DEV_BATCH_SIGNING_KEY = "dev1:/t+ECEMeaxV7ZzdJxjb5iuhb57b4Y0T0YUBzzbViP0k="
+DEV_BATCH_VERIFY_KEYS = "dev1:ZPXmekSmiDVxXLUU+HkczA5SeM96Cts84D66Z2KPGuA="
+# People sign approval decisions with this one (the console, `roundtrip approvals`); refused outside development while
+# approvals are configured.
+DEV_DECISION_SIGNING_KEY = "ops1:VY8ZvLjJia3z3LHbdEIGtwV3hd+O3myBXulDO6DbZMk="
+DEV_DECISION_VERIFY_KEYS = "ops1:yYB9AT5pdbquSTalmxoGUSTYoqt+JDM7RfbFPKzd9ns="
+# The HMAC settings the key pairs replaced: a service that finds one set says what replaced it and stops.
+RETIRED_KEY_SETTINGS = {
+    "ROUNDTRIP_APPROVAL_KEYS": "ROUNDTRIP_BATCH_SIGNING_KEY (the gate) and ROUNDTRIP_BATCH_VERIFY_KEYS (the executors"
+    " and the guard)",
+    "ROUNDTRIP_DECISION_KEYS": "ROUNDTRIP_DECISION_SIGNING_KEY (the console, `roundtrip approvals`) and "
+    "ROUNDTRIP_DECISION_VERIFY_KEYS (the gate and the guard)",
+}
 
 
-def _holds_secret(keys: str, secret: str) -> bool:
+def _holds_key(keys: str, published: str) -> bool:
+    """True when `keys` (its value, not a file it names) lists the published `key_id:base64` key's bytes."""
+    secret = published.partition(":")[2]
     return any(part.partition(":")[2].strip() == secret for part in keys.split(","))
 
 
@@ -67,8 +76,8 @@ class Deployment(Concern):
     env: str | None = Field(
         None,
         description=(
-            "`development` or `production`; unset: development only with the embedded broker (the published approval "
-            "key is refused outside development)"
+            "`development` or `production`; unset: development only with the embedded broker (the published "
+            "development keys are refused outside development)"
         ),
     )
     agent: str | None = Field(
@@ -405,24 +414,38 @@ class ConversationSettings(Concern):
 
 
 class GateSettings(Concern):
-    """`ROUNDTRIP_APPROVAL_KEYS` must be replaced by a real secret outside a laptop: the gate signs with the first
-    key, the executor accepts any listed key (rotate by prepending a new one). The default key is published, so
-    outside the embedded development fleet (Kafka configured by `ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS` and
-    `ROUNDTRIP_ENV` not `development`) the gate and the executor refuse to start while it is listed, even as a
-    verifying key."""
+    """Ed25519 key pairs (`roundtrip keys` makes one): the gate signs each batch it approved, and each call it holds
+    for a person, with `ROUNDTRIP_BATCH_SIGNING_KEY`; the executors and the guard check with the public keys of
+    `ROUNDTRIP_BATCH_VERIFY_KEYS` and cannot sign. Rotate by adding the new public key to the verify keys everywhere,
+    then giving the gate the new private key, then removing the old public key. A value may be `file:<path>` (a mounted
+    Secret). The development pair is published, so outside the embedded development fleet (Kafka configured by
+    `ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS` and `ROUNDTRIP_ENV` not `development`) a service that holds it refuses to start,
+    as it does with a placeholder (`CHANGE-ME`) or a malformed key anywhere."""
 
-    heading = "the gate: it signs the batches it approved, executors verify"
+    heading = "signed batches: the gate signs, executors and the guard verify"
 
-    approval_keys: str = Field(
-        DEV_APPROVAL_KEYS,
+    batch_signing_key: SecretStr = Field(
+        SecretStr(DEV_BATCH_SIGNING_KEY),
         json_schema_extra=KEYS,
-        description="Comma-separated key_id:secret pairs for signing approved batches; the first one signs",
+        description=(
+            "The gate's `key_id:private` (base64 of the 32-byte Ed25519 key) that signs approved batches and holds; "
+            "only the gate holds it"
+        ),
+    )
+    batch_verify_keys: str = Field(
+        DEV_BATCH_VERIFY_KEYS,
+        description=(
+            "Comma-separated `key_id:public` keys (base64) executors and the guard check the gate's signatures with; "
+            "every listed key verifies (rotation)"
+        ),
     )
 
     @property
-    def dev_approval_key_in_use(self) -> bool:
-        """True when any configured approval key (signing or verifying) has the published development secret."""
-        return _holds_secret(self.approval_keys, DEV_APPROVAL_SECRET)
+    def dev_batch_key_in_use(self) -> bool:
+        """True when the published development pair is configured, to sign or to verify."""
+        return _holds_key(self.batch_signing_key.get_secret_value(), DEV_BATCH_SIGNING_KEY) or _holds_key(
+            self.batch_verify_keys, DEV_BATCH_VERIFY_KEYS
+        )
 
 
 class ExecutorSettings(Concern):
@@ -462,19 +485,28 @@ class ApprovalSettings(Concern):
             " runs"
         ),
     )
-    decision_keys: str = Field(
-        DEV_DECISION_KEYS,
+    decision_signing_key: SecretStr = Field(
+        SecretStr(DEV_DECISION_SIGNING_KEY),
         json_schema_extra=KEYS,
         description=(
-            "Comma-separated `key_id:secret` pairs approval decisions are signed with (the first signs in `roundtrip "
-            "approvals`); the published default is refused outside development while approvals are configured (the "
-            "agent has an approval rule that can hold a call)"
+            "The `key_id:private` Ed25519 key people's decisions are signed with: the console's and `roundtrip "
+            "approvals`' only; the published default is refused outside development while approvals are configured "
+            "(the agent has an approval rule that can hold a call)"
+        ),
+    )
+    decision_verify_keys: str = Field(
+        DEV_DECISION_VERIFY_KEYS,
+        description=(
+            "Comma-separated `key_id:public` keys the gate and the guard check people's decisions with (rotation: "
+            "every listed key verifies)"
         ),
     )
 
     @property
     def dev_decision_key_in_use(self) -> bool:
-        return _holds_secret(self.decision_keys, DEV_DECISION_SECRET)
+        return _holds_key(self.decision_signing_key.get_secret_value(), DEV_DECISION_SIGNING_KEY) or _holds_key(
+            self.decision_verify_keys, DEV_DECISION_VERIFY_KEYS
+        )
 
 
 class TelemetrySettings(Concern):

@@ -10,6 +10,7 @@ import inspect
 import re
 from typing import TYPE_CHECKING, Any
 
+from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
 from roundtrip._kernel.settings.checks import env_name
@@ -31,6 +32,8 @@ def masked(field: FieldInfo, value: Any) -> str:
         return '""'
     secret = field.json_schema_extra.get("secret") if isinstance(field.json_schema_extra, dict) else None
     if secret:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
         if secret == "keys":
             return ",".join(
                 f"{key_id.strip()}:{HIDDEN}" if colon else HIDDEN  # an entry without an id is all secret
@@ -90,17 +93,22 @@ def warnings(settings: Settings, approvals: bool = False) -> list[str]:
     """What a person should fix before this configuration leaves a laptop (the published development keys in use;
     `approvals`: the agent has an approval rule that can hold a call)."""
     found = []
-    if settings.dev_approval_key_in_use:
-        where = "development only" if settings.development else "the gate and the executor will REFUSE TO START here"
+    if settings.dev_batch_key_in_use:
+        where = (
+            "development only" if settings.development else "the gate, the executor and the guard will REFUSE TO START"
+        )
         found.append(
-            "ROUNDTRIP_APPROVAL_KEYS holds the published development key: anyone can sign batches with it "
-            f'({where}). Set it to a secret of your own, e.g. "k1:$(openssl rand -hex 32)".'
+            "ROUNDTRIP_BATCH_SIGNING_KEY / ROUNDTRIP_BATCH_VERIFY_KEYS hold the published development pair: anyone "
+            f"can sign batches with it ({where}). Make a pair of your own with `roundtrip keys`."
         )
     if approvals and settings.dev_decision_key_in_use:
-        where = "development only" if settings.development else "the gate and the guard will REFUSE TO START here"
+        where = (
+            "development only" if settings.development else "the console, the gate and the guard will REFUSE TO START"
+        )
         found.append(
-            "approvals are on and ROUNDTRIP_DECISION_KEYS holds the published development key: anyone can approve "
-            f'a call with it ({where}). Set it to a secret of your own, e.g. "ops1:$(openssl rand -hex 32)".'
+            "approvals are on and ROUNDTRIP_DECISION_SIGNING_KEY / ROUNDTRIP_DECISION_VERIFY_KEYS hold the published "
+            f"development pair: anyone can approve a call with it ({where}). Make a pair of your own with "
+            "`roundtrip keys`."
         )
     return found
 
@@ -131,6 +139,8 @@ def reference() -> str:
 
 def _shown_default(field: FieldInfo) -> str:
     value = field.get_default(call_default_factory=True)
+    if isinstance(value, SecretStr):
+        return "the published development key"
     if value is None:
         return "(unset)"
     if value == "":

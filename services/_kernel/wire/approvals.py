@@ -1,80 +1,238 @@
 """Signed approvals: the gate signs each batch it approved; the executor runs only what verifies.
 
-HMAC-SHA256 over the RFC 8785 canonical JSON of the whole batch (turn, step, transcript,
-every call and its verdict) but the signature fields. `key_id` names the key so keys can
-rotate: every configured key verifies, the first one signs.
+Ed25519 over the RFC 8785 canonical JSON of the whole batch (turn, step, transcript, every call
+and its verdict) but the signature fields. Signing takes the private key, checking only the
+public one, so a process that checks cannot sign: the gate holds the batch signing key
+(ROUNDTRIP_BATCH_SIGNING_KEY), executors and the guard only its public keys
+(ROUNDTRIP_BATCH_VERIFY_KEYS). `key_id` names the key so keys can rotate: every listed public
+key verifies, the one private key signs.
 
-A person's decision on a held call (ApprovalDecided) is signed the same way with a decision
-key (ROUNDTRIP_DECISION_KEYS, held by the people who decide, not by the gate or executors),
-and binds the exact call: turn, tool_use id and `input_digest` of the name and input shown.
+A person's decision on a held call (ApprovalDecided) is signed the same way with the decision
+signing key (ROUNDTRIP_DECISION_SIGNING_KEY, held by the console and by the operator's
+`roundtrip approvals`); the gate and the guard verify it with ROUNDTRIP_DECISION_VERIFY_KEYS. It
+binds the exact call: turn, tool_use id and `input_digest` of the name and input shown.
+
+Each call the gate holds for a person carries the gate's signature over who and what waits
+(turn, customer, conversation, step, tool_use id, input digest, deadline); the executor copies
+it into the ApprovalRequested, and the guard records a wait only under that signature.
+
+A key is `key_id:base64` of the raw 32 bytes (`roundtrip keys` makes a pair); a setting's value may
+instead be `file:<path>`, the file (a mounted Kubernetes Secret) holding the value.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
-import hmac
+import re
+from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from pydantic import BaseModel
 
-from roundtrip._kernel.wire.events import ApprovalDecided
+from roundtrip._kernel.wire.events import ApprovalRequested
 from roundtrip._kernel.wire.fingerprints import canonical_json
+
+KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+PLACEHOLDER = "CHANGE-ME"
+FILE_PREFIX = "file:"
 
 
 class ApprovalError(Exception):
-    """A batch that must not run: unsigned, unknown key, or signature mismatch."""
+    """A batch, decision or hold that must not act: unsigned, unknown key, or signature mismatch."""
 
 
-def parse_keys(spec: str) -> dict[str, bytes]:
-    keys: dict[str, bytes] = {}
-    for part in filter(None, (p.strip() for p in spec.split(","))):
-        key_id, sep, secret = part.partition(":")
-        if not sep or not key_id or not secret:
-            raise ValueError(f"approval key {part[:12]!r}... must look like key_id:secret")
-        keys[key_id] = secret.encode()
-    if not keys:
-        raise ValueError("at least one approval key is required")
+class KeyConfigError(ValueError):
+    """A key setting that cannot be used; its message names the setting and the entry, never the key's bytes."""
+
+
+# -- keys: `key_id:base64`, read from the setting's value or from the file it names ----------
+
+
+def setting_text(value: str, setting: str) -> str:
+    """The setting's value, or the content of the file `file:<path>` names (a mounted Secret)."""
+    value = value.strip()
+    if not value.startswith(FILE_PREFIX):
+        return value
+    path = Path(value[len(FILE_PREFIX) :].strip())
+    try:
+        return path.read_text().strip()
+    except OSError as exc:
+        raise KeyConfigError(f"{setting} names {path}, which cannot be read ({exc.strerror or type(exc).__name__})")
+
+
+def _entries(text: str, setting: str) -> list[tuple[str, bytes]]:
+    """(key id, 32 raw bytes) of each `key_id:base64` entry; KeyConfigError naming only the id and the place."""
+    found: list[tuple[str, bytes]] = []
+    for place, part in enumerate(filter(None, (p.strip() for p in text.split(","))), start=1):
+        key_id, sep, encoded = (s.strip() for s in part.partition(":"))
+        # the id is shown only when a colon parts it from the key: an entry without one may be all secret
+        where = f"{setting} entry {place}" + (f" (key id {key_id!r})" if sep and KEY_ID.fullmatch(key_id) else "")
+        if PLACEHOLDER.lower() in part.lower():
+            raise KeyConfigError(
+                f"{where} is the manifest's placeholder {PLACEHOLDER}: put a key made by `roundtrip keys` there"
+            )
+        if not sep or not KEY_ID.fullmatch(key_id) or not encoded:
+            raise KeyConfigError(f"{where} must look like key_id:base64-key (make a pair with `roundtrip keys`)")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise KeyConfigError(f"{where} is not base64 (make a pair with `roundtrip keys`)") from None
+        if len(raw) != 32:
+            raise KeyConfigError(
+                f"{where} is {len(raw)} bytes, an Ed25519 key is 32 (make a pair with `roundtrip keys`)"
+            )
+        found.append((key_id, raw))
+    if not found:
+        raise KeyConfigError(f"{setting} holds no key (make a pair with `roundtrip keys`)")
+    return found
+
+
+def signing_key(value: str, setting: str) -> tuple[str, Ed25519PrivateKey]:
+    """The one `key_id:private` of a signing setting."""
+    entries = _entries(setting_text(value, setting), setting)
+    if len(entries) > 1:
+        raise KeyConfigError(
+            f"{setting} holds {len(entries)} keys; it takes one (rotate by listing the old public key among the "
+            "verify keys)"
+        )
+    key_id, raw = entries[0]
+    return key_id, Ed25519PrivateKey.from_private_bytes(raw)
+
+
+def verify_keys(value: str, setting: str) -> dict[str, Ed25519PublicKey]:
+    """Every `key_id:public` of a verify setting."""
+    keys: dict[str, Ed25519PublicKey] = {}
+    for key_id, raw in _entries(setting_text(value, setting), setting):
+        if key_id in keys:
+            raise KeyConfigError(f"{setting} lists key id {key_id!r} twice")
+        keys[key_id] = Ed25519PublicKey.from_public_bytes(raw)
     return keys
 
 
-def _digest(message: BaseModel, secret: bytes) -> str:
-    body = canonical_json(message.model_dump(mode="json", exclude={"key_id", "signature"}))
-    return hmac.new(secret, body, hashlib.sha256).hexdigest()
+def new_pair() -> tuple[str, str]:
+    """A fresh key pair: (base64 private, base64 public), what `roundtrip keys` prints."""
+    private = Ed25519PrivateKey.generate()
+    return _b64(private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())), public_of(private)
+
+
+def public_of(private: Ed25519PrivateKey) -> str:
+    return _b64(private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+# -- signing and checking -------------------------------------------------------------------
+
+
+def _body(message: BaseModel) -> bytes:
+    return canonical_json(message.model_dump(mode="json", exclude={"key_id", "signature"}))
+
+
+def _hold_body(
+    turn_id: str, customer_id: str, conversation_id: str, step: int, tool_use_id: str, digest: str, expires_at: float
+) -> bytes:
+    """What the gate's signature of a hold covers: who waits, for which exact call, until when."""
+    return canonical_json(
+        {
+            "signed": "approval hold",
+            "turn_id": turn_id,
+            "customer_id": customer_id,
+            "conversation_id": conversation_id,
+            "step": step,
+            "tool_use_id": tool_use_id,
+            "input_sha256": digest,
+            "expires_at": expires_at,
+        }
+    )
 
 
 class Signer:
-    """Signs and verifies messages with `key_id` and `signature` fields (batches; decisions with their own keys)."""
+    """Signs messages with `key_id` and `signature` fields with the one private key it holds (the gate: batches and
+    holds; the console and `roundtrip approvals`: decisions). It cannot verify: the verifiers are other processes."""
+
+    def __init__(self, key_id: str, private: Ed25519PrivateKey) -> None:
+        self.key_id, self._private = key_id, private
+
+    @classmethod
+    def of(cls, value: str, setting: str) -> Signer:
+        return cls(*signing_key(value, setting))
+
+    def sign(self, message):
+        return message.model_copy(update={"key_id": self.key_id, "signature": self._private.sign(_body(message)).hex()})
+
+    def sign_hold(
+        self,
+        turn_id: str,
+        customer_id: str,
+        conversation_id: str,
+        step: int,
+        tool_use_id: str,
+        digest: str,
+        expires_at: float,
+    ) -> tuple[str, str]:
+        """(key id, signature) of a hold, copied into the ApprovalRequested the guard checks."""
+        body = _hold_body(turn_id, customer_id, conversation_id, step, tool_use_id, digest, expires_at)
+        return self.key_id, self._private.sign(body).hex()
+
+
+class Verifier:
+    """Checks what a Signer signed, with public keys only (any listed key id: rotation)."""
 
     what = "batch"
     who = "the gate did not approve it"
 
-    def __init__(self, keys: dict[str, bytes]) -> None:
+    def __init__(self, keys: dict[str, Ed25519PublicKey]) -> None:
         self._keys = keys
-        self._signing_id = next(iter(keys))
 
-    def sign(self, message):
-        return message.model_copy(
-            update={"key_id": self._signing_id, "signature": _digest(message, self._keys[self._signing_id])}
-        )
+    @classmethod
+    def of(cls, value: str, setting: str):
+        return cls(verify_keys(value, setting))
+
+    def _check(self, key_id: str, signature: str, body: bytes, what: str, who: str) -> None:
+        if not signature or not key_id:
+            raise ApprovalError(f"unsigned {what}: {who}")
+        public = self._keys.get(key_id)
+        if public is None:
+            raise ApprovalError(f"{what} signed with unknown key id {key_id!r}")
+        try:
+            public.verify(bytes.fromhex(signature), body)
+        except (InvalidSignature, ValueError):
+            raise ApprovalError(
+                f"signature mismatch: the {what} was tampered with or signed for another turn"
+            ) from None
 
     def verify(self, message) -> None:
-        if not message.signature or not message.key_id:
-            raise ApprovalError(f"unsigned {self.what}: {self.who}")
-        secret = self._keys.get(message.key_id)
-        if secret is None:
-            raise ApprovalError(f"{self.what} signed with unknown key id {message.key_id!r}")
-        if not hmac.compare_digest(_digest(message, secret), message.signature):
-            raise ApprovalError(f"signature mismatch: the {self.what} was tampered with or signed for another turn")
+        self._check(message.key_id, message.signature, _body(message), self.what, self.who)
+
+    def verify_hold(self, event: ApprovalRequested) -> None:
+        """The gate's signature of the hold this approval request copies: the turn's customer and conversation, the
+        step, the exact call (its input digest, recomputed from the call it carries) and the deadline."""
+        if event.input_sha256 != input_digest(event.call.name, event.call.input):
+            raise ApprovalError("approval request's call does not match its input digest: it was edited")
+        body = _hold_body(
+            event.turn.turn_id,
+            event.turn.customer_id,
+            event.turn.conversation_id,
+            event.step,
+            event.call.id,
+            event.input_sha256,
+            event.expires_at,
+        )
+        self._check(event.hold_key_id, event.hold_signature, body, "approval request", "the gate did not hold it")
 
 
-class DecisionSigner(Signer):
-    """Signs and verifies a person's ApprovalDecided (ROUNDTRIP_DECISION_KEYS)."""
+class DecisionVerifier(Verifier):
+    """Checks a person's ApprovalDecided (ROUNDTRIP_DECISION_VERIFY_KEYS)."""
 
     what = "decision"
     who = "no decision key signed it"
-
-    def sign(self, message: ApprovalDecided) -> ApprovalDecided:
-        return super().sign(message)
 
 
 def input_digest(name: str, tool_input: Any) -> str:
@@ -99,3 +257,11 @@ def in_tool_use_order(messages: list[dict[str, Any]], results: list[dict[str, An
             }
             break
     return sorted(results, key=lambda b: order.get(b.get("tool_use_id"), len(order)))
+
+
+def published_in(value: str, setting: str, published: str) -> bool:
+    """Whether a key setting (read and checked as its signer or verifier will be: KeyConfigError when unusable) holds
+    the published `key_id:base64` development key's bytes, under any key id."""
+    (signing_key if setting.endswith("_SIGNING_KEY") else verify_keys)(value, setting)
+    ours = {raw for _, raw in _entries(published, "the development key")}
+    return any(raw in ours for _, raw in _entries(setting_text(value, setting), setting))

@@ -334,6 +334,14 @@ class ApprovalHold(Message):
     expires_at: float = Field(
         description="Unix time after which the turn ends without the call (the approval deadline)"
     )
+    key_id: str = Field("", description="The gate's batch signing key that signed this hold")
+    signature: str = Field(
+        "",
+        description=(
+            "The gate's Ed25519 signature (hex) of the hold: turn, customer, conversation, step, tool_use id, "
+            "input_sha256 and expires_at"
+        ),
+    )
 
 
 class CheckedCall(Message):
@@ -386,6 +394,14 @@ class ApprovalRequested(Message):
         default_factory=list, description="tool_result blocks of the step's calls that already ran"
     )
     spent: Usage = Field(default_factory=Usage)
+    hold_key_id: str = Field("", description="The key id of the gate's signature of the hold (copied from the batch)")
+    hold_signature: str = Field(
+        "",
+        description=(
+            "The gate's signature of the hold (copied from the batch): the guard records the wait only when it verifies"
+            " with ROUNDTRIP_BATCH_VERIFY_KEYS"
+        ),
+    )
 
 
 class Decision(StrEnum):
@@ -395,8 +411,8 @@ class Decision(StrEnum):
 
 class ApprovalDecided(Message):
     """Command (people, any Kafka client): approve or deny one waiting call. Publish to turn.approval_decisions,
-    keyed by the conversation id, signed: `signature` = hex HMAC-SHA256 with the decision key `key_id` over the
-    RFC 8785 canonical JSON of every other field. It binds the exact call: turn, tool_use id and input digest."""
+    keyed by the conversation id, signed: `signature` = hex Ed25519 signature by the decision signing key `key_id`
+    of the RFC 8785 canonical JSON of every other field. It binds the exact call: turn, tool_use id and input digest."""
 
     approval_id: str
     turn_id: str

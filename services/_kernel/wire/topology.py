@@ -55,17 +55,30 @@ class Service:
     outputs: dict[str, type[BaseModel]] = field(default_factory=dict)  # topic -> the message published there
     # claims, records or counts turns in the turn ledger: needs the fleet's one ledger database
     shares_ledger: bool = False
-    # signs or verifies approved tool batches: holds ROUNDTRIP_APPROVAL_KEYS (never the dev key)
+    # signs approved tool batches and the holds in them: holds the private ROUNDTRIP_BATCH_SIGNING_KEY (the gate only)
     signs_batches: bool = False
-    # verifies people's signed ApprovalDecided: holds ROUNDTRIP_DECISION_KEYS (never the dev key)
+    # checks the gate's signatures (batches, holds): holds the public ROUNDTRIP_BATCH_VERIFY_KEYS, cannot sign
+    verifies_batches: bool = False
+    # verifies people's signed ApprovalDecided: holds the public ROUNDTRIP_DECISION_VERIFY_KEYS, cannot sign
     accepts_decisions: bool = False
-    # signs people's ApprovalDecided for them: holds ROUNDTRIP_DECISION_KEYS (the console)
+    # signs people's ApprovalDecided for them: holds the private ROUNDTRIP_DECISION_SIGNING_KEY (the console)
     signs_decisions: bool = False
     app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
 
     @property
     def app_module(self) -> str:
         return self.app or f"roundtrip._{self.name}.app"
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The key settings this service holds (roundtrip._kernel.settings.KEY_SETTINGS), by its roles: no other."""
+        roles = (
+            (self.signs_batches, "batch_signing_key"),
+            (self.verifies_batches, "batch_verify_keys"),
+            (self.signs_decisions, "decision_signing_key"),
+            (self.accepts_decisions, "decision_verify_keys"),
+        )
+        return tuple(name for holds, name in roles if holds)
 
     def input(self, topic: str, role: str | None = None) -> Input:
         for declared in self.inputs:
@@ -124,6 +137,7 @@ SERVICES: tuple[Service, ...] = (
         },
         shares_ledger=True,
         accepts_decisions=True,  # a person's decision resumes the turn waiting for it
+        verifies_batches=True,  # records a wait only under the gate's signature of the hold
     ),
     Service(
         "gate",
@@ -139,7 +153,7 @@ SERVICES: tuple[Service, ...] = (
         inputs=(Input(topics.TOOL_BATCHES, events.ExecuteToolBatch),),
         outputs={topics.MODEL_CALLS: events.CallModel, topics.APPROVAL_REQUESTS: events.ApprovalRequested},
         shares_ledger=True,
-        signs_batches=True,  # verifies the gate's signature before it runs anything
+        verifies_batches=True,  # checks the gate's signature before it runs anything
     ),
     Service(
         "console",
@@ -147,7 +161,7 @@ SERVICES: tuple[Service, ...] = (
         inputs=(),  # it reads the ledger, not a topic: what waits and what ended is recorded there
         outputs={topics.APPROVAL_DECISIONS: events.ApprovalDecided, topics.TURN_CONTROLS: events.CancelTurn},
         shares_ledger=True,  # reads it: the approvals that wait, the turns
-        signs_decisions=True,  # signs each decision with the first decision key; the browser never sees it
+        signs_decisions=True,  # signs each decision with the decision signing key; the browser never sees it
     ),
 )
 
