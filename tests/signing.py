@@ -1,8 +1,8 @@
 """Fresh Ed25519 key pairs for tests, in the settings' own form (`key_id:base64`), made as `roundtrip keys` makes them.
 
-    pair("k1")                 a Pair: .signing (key_id:private), .verify (key_id:public), .signer, .verifier
-    key_settings()             the four key settings of a fleet with fresh pairs (Settings(**key_settings()))
-    key_environment()          the same as ROUNDTRIP_* variables, for a service started as a process
+pair("k1")                 a Pair: .signing (key_id:private), .verify (key_id:public), .signer, .verifier
+key_settings()             the four key settings of a fleet with fresh pairs (Settings(**key_settings()))
+key_environment()          the same as ROUNDTRIP_* variables, for a service started as a process
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 
 from roundtrip._guard.ledger import AWAITING, ENDED, PENDING, ApprovalRow, TurnRow
-from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn, Decision
 
 

@@ -56,7 +56,12 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             return
         try:
             command = await execute(
-                batch, batches, runner, state["fence"], verified=True, max_transcript_bytes=settings.max_transcript_bytes
+                batch,
+                batches,
+                runner,
+                state["fence"],
+                verified=True,
+                max_transcript_bytes=settings.max_transcript_bytes,
             )
         except BatchNotRun as exc:
             _not_run(batch, exc)

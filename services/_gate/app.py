@@ -9,8 +9,7 @@ from faststream import FastStream
 from roundtrip._gate.handlers import Gate
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire import topology
+from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Signer
 from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch
 from roundtrip._sdk.agent import Agent

@@ -31,8 +31,9 @@ from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 
 class Guard:
     """The guard's parts, wired. `conversations` None: every request stands alone (unit tests of the loop);
-    `decisions` None: every person's decision is refused; `holds` None: every approval request is refused; `acts` None: no tool counts as a side effect. The agent's
-    words for an early end are `policy.replies` (and `acts.replies` for one after a side effect)."""
+    `decisions` None: every person's decision is refused; `holds` None: every approval request is refused; `acts`
+    None: no tool counts as a side effect. The agent's words for an early end are `policy.replies` (and
+    `acts.replies` for one after a side effect)."""
 
     def __init__(
         self,

@@ -25,10 +25,10 @@ import httpx
 from roundtrip._broker.embedded import free_port
 from roundtrip._gate.handlers import Gate
 from roundtrip._gate.validation import InputValidator
-from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._shop.agent.client import ShopClient
 from tests.agents import SHOP, shop_deps
+from tests.signing import pair
 
 REGISTRY = SHOP.registry
 
@@ -107,7 +107,7 @@ def make_gate(shop: ShopClient, **options: Any) -> Gate:
     return Gate(
         registry=REGISTRY,
         lookup=lookup,
-        signer=Signer(parse_keys("k1:bench")),
+        signer=pair("k1").signer,
         deps=shop_deps(shop),
         agent_settings=SHOP.own_settings,
         **options,

@@ -22,6 +22,7 @@ from tests.agents import ShopFleetSettings
 from tests.chaos.harness import Observer
 from tests.databases import new_database
 from tests.processes import embedded_cluster, embedded_kafka
+from tests.signing import key_settings
 
 
 def _env(**values) -> dict[str, str]:
@@ -88,21 +89,23 @@ def chaos_database(request) -> str:
 
 def fleet_values(bootstrap: str, state, **more) -> dict:
     """Settings of the suite's fleets: a stuck turn costs seconds, the simulator answers like a (fast) real model."""
-    return dict(
-        kafka_bootstrap_servers=bootstrap,
-        topic_prefix=f"chaos{uuid.uuid4().hex[:6]}.",
-        state_dir=state,
-        simulator_port=free_port(),
-        console_port=free_port(),
-        shop_port=free_port(),
-        partitions=4,
-        simulator_latency_ms=300,
-        simulator_latency_jitter=0.3,
-        stuck_after_s=15,
-        stuck_grace_s=5,
-        log_level="INFO",
-        approval_keys=f"chaos1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # not the published development key
-        **more,
+    return (
+        key_settings("chaos1")
+        | dict(  # fresh pairs, never the published development keys
+            kafka_bootstrap_servers=bootstrap,
+            topic_prefix=f"chaos{uuid.uuid4().hex[:6]}.",
+            state_dir=state,
+            simulator_port=free_port(),
+            console_port=free_port(),
+            shop_port=free_port(),
+            partitions=4,
+            simulator_latency_ms=300,
+            simulator_latency_jitter=0.3,
+            stuck_after_s=15,
+            stuck_grace_s=5,
+            log_level="INFO",
+            **more,
+        )
     )
 
 

@@ -13,25 +13,24 @@ import asyncio
 import json
 import signal
 import time
-import uuid
 
 import pytest
 from aiokafka import AIOKafkaConsumer
 
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
 from roundtrip._kernel.wire.events import ApprovalDecided, Decision
 from tests.agents import ShopFleetSettings
 from tests.chaos.conftest import _env, fleet_values
 from tests.chaos.harness import audit, new_tag, plan_load, report, seed_customers
 from tests.databases import PostgresServer, find_pg_bindir
 from tests.readers import stop_reader
+from tests.signing import pair
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(200)]
 
 REPLY_TIMEOUT_S = 75  # a turn that waited for the database is ended by the stuck rule within ~25 s of its return
-DECISION_KEYS = f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}"
+DECISION = pair("ops1")  # the people's pair: the Approver signs with it, the fleet verifies
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +56,8 @@ def chaos_settings(chaos_kafka, database, tmp_path_factory):
         conversations_database_url=url,
         approval_cancel_above_cents=500,
         approval_timeout_s=120,
-        decision_keys=DECISION_KEYS,
+        decision_signing_key=DECISION.signing,
+        decision_verify_keys=DECISION.verify,
     )
     return ShopFleetSettings(**values), _env(**values)
 
@@ -67,7 +67,7 @@ class Approver:
 
     def __init__(self, settings, observer) -> None:
         self.settings, self.observer, self.asked, self.decided = settings, observer, 0, 0
-        self.signer = DecisionSigner(parse_keys(DECISION_KEYS))
+        self.signer = DECISION.signer
 
     async def __aenter__(self) -> Approver:
         self.consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap_servers, enable_auto_commit=False)

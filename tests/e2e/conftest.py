@@ -29,6 +29,7 @@ from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import SupportReply
 from tests.agents import ShopFleetSettings
 from tests.readers import stop_reader
+from tests.signing import key_settings
 
 
 def fleet_env(**values) -> dict[str, str]:
@@ -196,8 +197,7 @@ def fleet_settings(kafka_bootstrap, tmp_path_factory, otlp_receiver) -> tuple[Se
         max_steps=10,
         log_level="INFO",
         # not the embedded broker, so not "development": the published development key would be refused
-        approval_keys=f"e2e1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # likewise for people's approval decisions
+        **key_settings("e2e1"),  # fresh pairs, never the published development keys
     )
     return ShopFleetSettings(**values), fleet_env(**values)
 

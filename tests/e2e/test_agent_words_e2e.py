@@ -19,6 +19,7 @@ from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import Outcome
 from tests.e2e.conftest import FleetClient, fleet_env
+from tests.signing import key_settings
 
 CAROL = "cus_2003"  # holds ln_5550303
 
@@ -46,8 +47,7 @@ def german_fleet(kafka_bootstrap, tmp_path_factory):
         simulator_port=free_port(),
         partitions=1,
         simulator_script=state / "scripts.json",
-        approval_keys=f"de1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        **key_settings("de1"),  # fresh pairs, never the published development keys
     )
     with Fleet(Settings(**values), env=fleet_env(**values), executor_replicas=1) as fleet:
         yield fleet

@@ -18,9 +18,10 @@ import httpx
 import pytest
 
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
+from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import ApprovalDecided, Decision, Outcome
 from tests.e2e.test_guard_e2e import roundtrip_cli
+from tests.signing import pair
 
 APPROVAL_TIMEOUT_S = 25.0  # the listing CLIs (processes of their own, seconds each on a busy machine) run within it
 ORDER = "ord_a1000003"
@@ -232,7 +233,7 @@ async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_dec
     )
     request_id = request["turn"]["request_id"]
     conversation = conversation_id.encode()
-    signer = DecisionSigner(parse_keys(settings.decision_keys))
+    signer = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
 
     def decision(**overrides) -> bytes:
         values = dict(
@@ -247,8 +248,8 @@ async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_dec
         return signer.sign(ApprovalDecided(**(values | overrides))).model_dump_json().encode()
 
     forged = (
-        DecisionSigner(parse_keys("ops1:guessed"))
-        .sign(ApprovalDecided.model_validate_json(decision()))
+        pair("ops1")  # a key of the attacker's own under the people's key id
+        .signer.sign(ApprovalDecided.model_validate_json(decision()))
         .model_dump_json()
         .encode()
     )

@@ -12,7 +12,8 @@ database URLs -> databases of the session's PostgreSQL in the manifest's URL for
 and the listen host -> the local processes, the OTLP endpoint -> a local receiver, and the topics get a
 prefix of the run's own because the broker is shared with other tests. One substitution is not an
 address: the topics' replication factor and min.insync.replicas (3 and 2 in the ConfigMap) become 1,
-because the session's broker is a single node.
+because the session's broker is a single node. And the k8s Secrets' key placeholders (CHANGE-ME) are filled with
+freshly made pairs, as the operator must before applying them (tests/manifests.py: with_keys_filled).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from roundtrip._kernel.wire import topics
 from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.local_deployment import LocalDeployment, LocalWorld
 from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest
-from tests.manifests import compose_config, k8s_documents, kinds
+from tests.manifests import compose_config, k8s_documents, kinds, with_keys_filled
 
 EXECUTORS = 3
 CUSTOMER = "cus_1001"
@@ -41,7 +42,8 @@ REPLY_TIMEOUT_S = 60  # the turns together; a turn with the simulator takes well
 
 def manifest_of(shape: str):
     if shape == "k8s":
-        return k8s_manifest(k8s_documents(), replicas={"executor": EXECUTORS})
+        # the operator's one step before applying: the Secrets' keys, made with `roundtrip keys`
+        return k8s_manifest(with_keys_filled(k8s_documents()), replicas={"executor": EXECUTORS})
     return compose_manifest(compose_config(), scale={"executor": EXECUTORS})  # `docker compose up --scale executor=3`
 
 
@@ -143,7 +145,11 @@ async def test_the_k8s_manifests_run_a_users_agent_the_example_carrier(
             }
         )
     )
-    docs = [d for d in k8s_documents() if d["metadata"]["name"] != "shop" or d["kind"] not in ("Deployment", "Service")]
+    docs = [
+        d
+        for d in with_keys_filled(k8s_documents())
+        if d["metadata"]["name"] != "shop" or d["kind"] not in ("Deployment", "Service")
+    ]
     config = kinds(docs, "ConfigMap")["roundtrip-config"]["data"]
     del config["ROUNDTRIP_SHOP_URL"]  # no demo shop: this agent's backend is its own
     config |= {

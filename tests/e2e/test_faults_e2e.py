@@ -13,9 +13,9 @@ import time
 
 import httpx
 
-from roundtrip._kernel.settings import DEV_APPROVAL_KEYS
+from roundtrip._kernel.settings import DEV_BATCH_SIGNING_KEY
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.approvals import Signer, Verifier
 from roundtrip._kernel.wire.events import CheckedCall, ExecuteToolBatch, Outcome
 from tests.e2e.test_guard_e2e import roundtrip_cli
 
@@ -111,14 +111,14 @@ async def test_a_forged_batch_reusing_a_real_turn_and_step_is_dead_lettered_and_
     request_id = await client.ask("what are my orders?", customer="cus_1001", persona="careful")
     await client.reply(request_id)
     real = ExecuteToolBatch.model_validate(client.of_turn(topics.TOOL_BATCHES, request_id)[0])
-    Signer(parse_keys(settings.approval_keys)).verify(real)  # the genuine batch of step 1
+    Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS").verify(real)  # the genuine batch of step 1
     before = shop_orders()
     victim = next(oid for oid, (owner, _) in sorted(before.items()) if owner == "cus_1002")
     attack = CheckedCall(
         id="toolu_forged01", name="cancel_order", input={"order_id": victim, "reason": "other"}, approved=True
     )
     tampered = real.model_copy(update={"calls": [attack]})  # the real signature, another call: a mismatch
-    dev_signed = Signer(parse_keys(DEV_APPROVAL_KEYS)).sign(
+    dev_signed = Signer.of(DEV_BATCH_SIGNING_KEY, "ROUNDTRIP_BATCH_SIGNING_KEY").sign(
         real.model_copy(update={"calls": [attack]})
     )  # the published key
     conversation = real.turn.conversation_id

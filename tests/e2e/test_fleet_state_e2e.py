@@ -15,6 +15,7 @@ import pytest
 from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.settings import Settings
+from tests.signing import key_settings
 
 
 @pytest.fixture
@@ -30,8 +31,7 @@ def fleet_on_postgres(kafka_bootstrap, postgres_database, tmp_path):
         log_level="INFO",
         ledger_database_url=postgres_database,
         conversations_database_url=postgres_database,
-        approval_keys=f"e2e1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        **key_settings("e2e1"),  # fresh pairs, never the published development keys
     )
     env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()} | {
         "ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS": "5000"

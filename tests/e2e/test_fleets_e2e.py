@@ -27,6 +27,7 @@ from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import Outcome
 from tests.agents import ShopFleetSettings
 from tests.e2e.conftest import AsyncFleet, FleetClient, fleet_env
+from tests.signing import key_settings
 
 OTHER_EXECUTORS = 1
 OTHER_PREFIX = f"other{uuid.uuid4().hex[:6]}."
@@ -46,8 +47,7 @@ def other_fleet(fleet, fleet_settings, tmp_path_factory):
         partitions=2,
         max_steps=10,
         log_level="INFO",
-        approval_keys=f"oth1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        **key_settings("oth1"),  # fresh pairs, never the published development keys
     )
     settings, env = ShopFleetSettings(**values), fleet_env(**values)
     with Fleet(settings, env=env, executor_replicas=OTHER_EXECUTORS) as running:

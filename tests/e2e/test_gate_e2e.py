@@ -10,8 +10,9 @@ import asyncio
 import uuid
 
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import Signer, parse_keys
+from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import CheckedCall, ExecuteToolBatch, Outcome, Turn
+from tests.signing import pair
 
 CANCELLABLE = {"pending", "processing"}
 
@@ -115,8 +116,8 @@ async def test_batches_without_a_valid_signature_are_never_executed_and_are_dead
     client, shop_orders, fleet_settings
 ):
     settings = fleet_settings[0]
-    real = Signer(parse_keys(settings.approval_keys))
-    real_key_id = next(iter(parse_keys(settings.approval_keys)))
+    real = Signer.of(settings.key_text("batch_signing_key"), "ROUNDTRIP_BATCH_SIGNING_KEY")  # the gate's, for the test
+    real_key_id = real.key_id
     before = shop_orders()
     # a target that a run batch would visibly change: some customer's cancellable order, if any is left
     target = next(
@@ -127,9 +128,9 @@ async def test_batches_without_a_valid_signature_are_never_executed_and_are_dead
 
     unsigned, c1 = _forged_batch(victim, target[0])
     forged, c2 = _forged_batch(victim, target[0])
-    forged = forged.model_copy(update={"key_id": real_key_id, "signature": "0" * 64})
+    forged = forged.model_copy(update={"key_id": real_key_id, "signature": "0" * 128})
     attacker, c3 = _forged_batch(victim, target[0])
-    attacker = Signer(parse_keys("attacker:secret")).sign(attacker)
+    attacker = pair("attacker").signer.sign(attacker)
     # a genuinely approved batch (signed with the fleet's key for the owner's turn) ...
     genuine, _ = _forged_batch(target[1], target[0])
     genuine = real.sign(genuine)

@@ -27,6 +27,7 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import Outcome
 from tests.e2e.conftest import AsyncFleet, FleetClient, fleet_env
 from tests.jaeger import Jaeger, jaeger_binary
+from tests.signing import key_settings
 
 TURN_SPAN_NAME = turn_span_name("support-agent")  # the demo agent the fleet runs
 
@@ -106,7 +107,7 @@ def traced(kafka_bootstrap, tmp_path_factory, jaeger):
         stuck_grace_s=STUCK_GRACE_S,
         log_level="INFO",
         # not the embedded broker, so not "development": the published development key would be refused
-        approval_keys=f"jg1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        **key_settings("jg1"),  # fresh pairs, never the published development keys
     )
     # spans leave each process within 0.3 s (the SDK's default is 5 s): a SIGKILLed executor loses less, tests wait less
     settings, env = Settings(**values), {**fleet_env(**values), "OTEL_BSP_SCHEDULE_DELAY": "300"}

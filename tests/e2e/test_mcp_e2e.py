@@ -24,6 +24,7 @@ from roundtrip._kernel.wire.events import Outcome
 from tests.e2e.conftest import FleetClient, fleet_env
 from tests.e2e.test_gate_e2e import _tool_results
 from tests.mcp_server import TOOL, answers, calls, start
+from tests.signing import key_settings
 
 CUSTOMER, OWN_ORDER, FOREIGN_ORDER = "cus_1001", "ord_a1000001", "ord_9f3c4e21"  # ord_9f3c4e21 is cus_1002's
 LISTED = "MCP server giftwrap is up: mounted ['gift_wrap_order']"
@@ -65,8 +66,7 @@ async def giftwrap(kafka_bootstrap, tmp_path_factory):
         shop_port=free_port(),
         partitions=2,
         log_level="INFO",
-        approval_keys=f"e2e1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        **key_settings("e2e1"),  # fresh pairs, never the published development keys
         agent="tests.mcp_agent:AGENT",
     )
     settings = Settings(**values)

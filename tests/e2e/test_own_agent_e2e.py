@@ -28,9 +28,10 @@ from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import DecisionSigner, parse_keys
+from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import ApprovalDecided, Decision, Outcome
 from tests.e2e.conftest import FleetClient, fleet_env
+from tests.signing import key_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "examples" / "telecom-agent"
@@ -99,8 +100,7 @@ def telecom_fleet(kafka_bootstrap, tmp_path_factory, installed):
         partitions=2,
         simulator_script=scripts,
         log_level="INFO",
-        approval_keys=f"tc1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        **key_settings("tc1"),  # fresh pairs, never the published development keys
     )
     env = fleet_env(
         **values
@@ -189,7 +189,7 @@ async def test_its_approval_rule_holds_a_port_out_until_a_signed_decision(client
     await asyncio.sleep(2)  # held: nothing ran, no reply
     assert line(settings, "ln_5550101") == ("plus", "active") and not client.replies.get(request_id)
 
-    signer = DecisionSigner(parse_keys(settings.decision_keys))
+    signer = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
     decision = signer.sign(
         ApprovalDecided(
             approval_id=request["approval_id"],

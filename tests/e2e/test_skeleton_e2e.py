@@ -21,6 +21,7 @@ from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from tests.e2e.conftest import FleetClient, fleet_env
+from tests.signing import key_settings
 
 CLOSE = {"type": "tool_use", "name": "close_ticket", "input": {"ticket_id": "T-1001", "note": "fixed"}}
 SCRIPTS = {"twice": [[CLOSE], [CLOSE], [{"type": "text", "text": "T-1001 is closed."}]]}
@@ -42,7 +43,7 @@ def skeleton_fleet(kafka_bootstrap, tmp_path_factory):
         simulator_port=free_port(),
         partitions=1,
         simulator_script=state / "scripts.json",
-        approval_keys=f"sk1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        **key_settings("sk1"),  # fresh pairs, never the published development keys
     )
     path = os.pathsep.join(p for p in (str(source), os.environ.get("PYTHONPATH", "")) if p)
     sys.path.insert(0, str(source))  # the launcher finds the agent too (the demo shop or not)

@@ -18,11 +18,12 @@ from pathlib import Path
 import pytest
 
 from roundtrip import AgentError, always, load_agent
-from roundtrip._kernel.settings import DEV_DECISION_KEYS, ConfigurationError, InsecureConfiguration, Settings
+from roundtrip._kernel.settings import DEV_DECISION_VERIFY_KEYS, ConfigurationError, InsecureConfiguration, Settings
 from roundtrip._kernel.wire.events import Outcome
 from roundtrip._sdk import agent as agents
 from roundtrip._sdk.texts import GATE_MESSAGES
 from tests.agents import SHOP
+from tests.signing import key_environment, key_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -205,9 +206,15 @@ def test_approvals_are_configured_whenever_a_rule_of_the_agent_can_hold_a_call(m
         SHOP, approvals={"escalate_to_human": always("a person decides every escalation")}
     )
     assert always_asks.holds_calls()  # no threshold anywhere, and still a person decides: the defect of issue 19
-    production = Settings(_env_file=None, kafka_bootstrap_servers="kafka:9092", decision_keys=DEV_DECISION_KEYS)
-    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_DECISION_KEYS contains the published development key"):
-        production.refuse_dev_decision_key("guard", always_asks.holds_calls())
+    production = Settings(
+        _env_file=None,
+        kafka_bootstrap_servers="kafka:9092",
+        **key_settings() | {"decision_verify_keys": DEV_DECISION_VERIFY_KEYS},
+    )
+    with pytest.raises(
+        InsecureConfiguration, match="ROUNDTRIP_DECISION_VERIFY_KEYS holds the published development key"
+    ):
+        production.refuse_unfit_keys("guard", ("decision_verify_keys",), always_asks.holds_calls())
 
 
 def test_the_guard_refuses_the_published_decision_key_for_an_agent_that_always_asks(tmp_path):
@@ -227,19 +234,21 @@ def test_the_guard_refuses_the_published_decision_key_for_an_agent_that_always_a
         "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
         "ROUNDTRIP_STATE_DIR": str(tmp_path / "state"),
     }
+    batch = {k: v for k, v in key_environment().items() if "BATCH" in k}  # its own batch pair, the published decisions
     done = subprocess.run(
         [sys.executable, "-m", "roundtrip._cli.main", "run", "guard"],
         capture_output=True,
         text=True,
-        env=env,
+        env=env | batch,
         timeout=60,
         cwd=tmp_path,
     )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: guard refuses to start: the agent has approval rules"), (
+    assert len(lines) == 1 and lines[0].startswith("error: guard refuses to start: ROUNDTRIP_DECISION_VERIFY_KEYS"), (
         done.stderr
     )
+    assert "the agent has approval rules" in lines[0]
     assert "Traceback" not in done.stderr
 
 
@@ -320,7 +329,7 @@ def test_roundtrip_config_shows_the_agents_own_settings_and_warns_once_its_rule_
     assert quiet.returncode == held.returncode == 0
     assert "# the agent's own settings (support-agent)" in held.stdout
     assert re.search(r"(?m)^ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS +5000$", held.stdout)
-    assert "ROUNDTRIP_DECISION_KEYS" in held.stderr and "ROUNDTRIP_DECISION_KEYS" not in quiet.stderr
+    assert "ROUNDTRIP_DECISION_SIGNING_KEY" in held.stderr and "ROUNDTRIP_DECISION_SIGNING_KEY" not in quiet.stderr
 
 
 def test_an_invalid_setting_of_the_agents_own_names_the_variable_as_its_user_spells_it():

@@ -155,7 +155,9 @@ def test_no_service_can_sign_what_another_verifies_but_the_one_signer():
 
 def held(**changes) -> ApprovalRequested:
     expires = round(time.time() + 900, 3)
-    key_id, signature = GATE.signer.sign_hold("turn_1", "cus_1001", "c1", 1, "toolu_1", input_digest("cancel_order", CANCEL), expires)
+    key_id, signature = GATE.signer.sign_hold(
+        "turn_1", "cus_1001", "c1", 1, "toolu_1", input_digest("cancel_order", CANCEL), expires
+    )
     base = ApprovalRequested(
         approval_id=approval_id_for("turn_1", 1, "toolu_1"),
         turn=TURN,

@@ -22,14 +22,7 @@ from roundtrip._guard.rules import Policy
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.approvals import (
-    DecisionSigner,
-    Signer,
-    approval_id_for,
-    in_tool_use_order,
-    input_digest,
-    parse_keys,
-)
+from roundtrip._kernel.wire.approvals import Signer, approval_id_for, in_tool_use_order, input_digest
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,
     ApprovalRequested,
@@ -53,12 +46,16 @@ from roundtrip._shop.app import in_process
 from roundtrip._simulator.server import running_simulator
 from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry
 from tests.databases import migrated
+from tests.signing import key_settings, pair
 from tests.unit.test_guard_handlers import Recorder
 
 REGISTRY = SHOP.registry
-SIGNER = Signer(parse_keys("k1:unit"))
-DECISIONS = DecisionSigner(parse_keys("ops1:unit-decisions"))
-FORGER = DecisionSigner(parse_keys("ops1:not-the-key"))
+GATE_KEYS, PEOPLE_KEYS = pair("k1"), pair("ops1")
+SIGNER = GATE_KEYS.signer  # the gate's private key
+BATCHES = GATE_KEYS.verifier  # the executors' and the guard's public key
+PEOPLE = PEOPLE_KEYS.signer  # the console's private key
+DECISIONS = PEOPLE_KEYS.decisions  # the gate's and the guard's public key
+FORGER = pair("ops1").signer  # a key of its own under the people's key id
 CANCEL = {"order_id": "ord_a1000003", "reason": "customer_request"}  # Alice's pending order, 87.00 EUR
 
 
@@ -77,7 +74,7 @@ def turn(deadline_at: float = 0.0) -> Turn:
     )
 
 
-def decided(decision: Decision = Decision.APPROVE, signer: DecisionSigner = DECISIONS, **overrides) -> ApprovalDecided:
+def decided(decision: Decision = Decision.APPROVE, signer: Signer = PEOPLE, **overrides) -> ApprovalDecided:
     values = dict(
         approval_id=approval_id_for("turn_1", 1, "toolu_c"),
         turn_id="turn_1",
@@ -202,7 +199,7 @@ async def test_one_call_per_step_waits_for_a_person_the_second_is_told_to_come_b
     assert (
         held.hold and not second.approved and "already waiting" in second.error and listed.approved and not listed.hold
     )
-    SIGNER.verify(batch)
+    BATCHES.verify(batch)
 
 
 # -- the executor: the others run, the held one waits; serial tools run in order ---------------------------
@@ -295,7 +292,7 @@ async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resume
             calls=[checked("cancel_order", "c1", hold=hold), checked("lookup_order", "c2")],
         )
     )
-    asked = await execute(batch, SIGNER, runner)
+    asked = await execute(batch, BATCHES, runner)
     assert isinstance(asked, ApprovalRequested)
     assert recording.events == [("start", "c2"), ("end", "c2")]  # only the other call ran
     assert (
@@ -313,7 +310,7 @@ async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resume
             calls=[checked("cancel_order", "c1", approved_by="alice")],
         )
     )
-    command = await execute(resumed, SIGNER, runner)
+    command = await execute(resumed, BATCHES, runner)
     assert isinstance(command, CallModel)
     assert [b["tool_use_id"] for b in command.messages[-1]["content"]] == ["c1", "c2"]  # the model's order, one message
     assert recording.events[2:] == [("start", "c1"), ("end", "c1")]
@@ -339,6 +336,7 @@ async def guard(tmp_path):
         stuck_grace_s=0.01,
         turn_deadline_s=300,
         decisions=DECISIONS,
+        holds=BATCHES,
     )
     g.recorder = recorder
     yield g
@@ -371,6 +369,9 @@ async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalReques
     row = await guard.ledger.get("turn_1")
     assert row.status == RUNNING and row.step == 1
     now = time.time()
+    key_id, signature = SIGNER.sign_hold(  # as the gate signs the hold in the batch the executor copies it from
+        "turn_1", "cus_1001", "conv_1", 1, "toolu_c", input_digest("cancel_order", CANCEL), round(now + expires_in, 3)
+    )
     event = ApprovalRequested(
         approval_id=approval_id_for("turn_1", 1, "toolu_c"),
         turn=turn(deadline_at=row.deadline_at),
@@ -380,14 +381,68 @@ async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalReques
         entities={"order_id": {"order_id": "ord_a1000003", "total_cents": 8700}},
         input_sha256=input_digest("cancel_order", CANCEL),
         requested_at=now,
-        expires_at=now + expires_in,
+        expires_at=round(now + expires_in, 3),
         messages=messages,
         results=[{"type": "tool_result", "tool_use_id": "toolu_l", "content": "{}"}],
+        hold_key_id=key_id,
+        hold_signature=signature,
     )
     assert await guard.approvals.on_requested(event) == "awaiting"
     assert await guard.approvals.on_requested(event) == "duplicate"
     await guard.outbox.drain()
     return event
+
+
+async def test_the_guard_records_no_wait_the_gate_did_not_sign_for_this_customer_and_call(guard, caplog):
+    """A writer of turn.approval_requests cannot park a live turn for another customer, another call or a later
+    deadline: each is refused (so dead-lettered by the kernel) and said on roundtrip.security; the turn runs on."""
+    from roundtrip._guard.approvals import RequestRefused
+    from roundtrip._kernel.wire.events import ModelResponded, StartTurn, Usage
+
+    await guard.starts.on_start(StartTurn(turn=turn(), text="cancel my last order"))
+    messages = transcript(("toolu_c", "cancel_order"))
+    await guard.loop.on_iteration(
+        ModelResponded(
+            turn=turn(),
+            step=1,
+            messages=messages[:1],
+            content=messages[1]["content"],
+            stop_reason="tool_use",
+            tool_calls=[ToolCall(id="toolu_c", name="cancel_order", input=CANCEL, fingerprint="a")],
+            usage=Usage(input_tokens=10),
+            spent=Usage(input_tokens=10),
+        )
+    )
+    expires = round(time.time() + 60, 3)
+    digest = input_digest("cancel_order", CANCEL)
+    key_id, signature = SIGNER.sign_hold("turn_1", "cus_1001", "conv_1", 1, "toolu_c", digest, expires)
+    genuine = ApprovalRequested(
+        approval_id=approval_id_for("turn_1", 1, "toolu_c"),
+        turn=turn(),
+        step=1,
+        call=CheckedCall(id="toolu_c", name="cancel_order", input=CANCEL, approved=True),
+        reason="above 50.00 EUR",
+        input_sha256=digest,
+        requested_at=time.time(),
+        expires_at=expires,
+        messages=messages,
+        hold_key_id=key_id,
+        hold_signature=signature,
+    )
+    forged_key, forged_signature = FORGER.sign_hold("turn_1", "cus_1001", "conv_1", 1, "toolu_c", digest, expires)
+    for forged in (
+        genuine.model_copy(update={"turn": turn().model_copy(update={"customer_id": "cus_1002"})}),
+        genuine.model_copy(update={"expires_at": expires + 86400}),
+        genuine.model_copy(update={"hold_key_id": "", "hold_signature": ""}),
+        genuine.model_copy(update={"hold_key_id": "k1", "hold_signature": forged_signature}),
+    ):
+        with caplog.at_level("ERROR", logger="roundtrip.security"), pytest.raises(RequestRefused):
+            await guard.approvals.on_requested(forged)
+    assert (await guard.ledger.get("turn_1")).status == RUNNING and await guard.ledger.approval(
+        genuine.approval_id
+    ) is None
+    assert sum("refused approval request" in r.getMessage() for r in caplog.records) == 4
+    assert await guard.approvals.on_requested(genuine) == "awaiting"
 
 
 async def test_a_waiting_turn_is_never_flagged_stuck_and_nothing_can_act_for_it(guard):
@@ -555,14 +610,19 @@ async def test_parallel_use_is_disabled_per_deployment_or_per_request_and_the_re
 
 
 def test_the_published_decision_key_is_refused_outside_development_only_while_approvals_are_on():
-    from roundtrip._kernel.settings import DEV_DECISION_KEYS, InsecureConfiguration
+    from roundtrip._kernel.settings import DEV_DECISION_VERIFY_KEYS, InsecureConfiguration
 
-    production = dict(_env_file=None, kafka_bootstrap_servers="kafka:9092", decision_keys=DEV_DECISION_KEYS)
-    Settings(**production).refuse_dev_decision_key("guard", approvals=False)  # approvals off: the key is never used
-    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_DECISION_KEYS"):
-        Settings(**production).refuse_dev_decision_key("guard", approvals=True)
-    Settings(**production | {"decision_keys": f"ops1:{'ab' * 32}"}).refuse_dev_decision_key("gate", approvals=True)
-    Settings(_env_file=None, decision_keys=DEV_DECISION_KEYS).refuse_dev_decision_key("gate", approvals=True)
+    own = key_settings()
+    production = dict(_env_file=None, kafka_bootstrap_servers="kafka:9092", **own)
+    published = production | {"decision_verify_keys": DEV_DECISION_VERIFY_KEYS}
+    held = ("decision_verify_keys",)
+    Settings(**published).refuse_unfit_keys("guard", held, approvals=False)  # approvals off: the key is never used
+    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_DECISION_VERIFY_KEYS"):
+        Settings(**published).refuse_unfit_keys("guard", held, approvals=True)
+    Settings(**production).refuse_unfit_keys("gate", held, approvals=True)
+    Settings(_env_file=None, **own | {"decision_verify_keys": DEV_DECISION_VERIFY_KEYS}).refuse_unfit_keys(
+        "gate", held, approvals=True
+    )
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from roundtrip._console.books import Books
 from roundtrip._console.web import Console, application
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CancelTurn, Decision
-from tests.unit.test_approvals_flow import DECISIONS, guard, waiting_turn  # noqa: F401 - guard is a fixture
+from tests.unit.test_approvals_flow import DECISIONS, PEOPLE_KEYS, guard, waiting_turn  # noqa: F401 - a fixture
 
 ME = "tester@unit"
 
@@ -39,7 +39,7 @@ def console_for(ledger_url: str) -> tuple[Console, Outlet, Outlet]:
         env="development",
         console_local_user=ME,
         console_secure_cookies=False,  # httpx keeps a Secure cookie for https only
-        decision_keys="ops1:unit-decisions",
+        decision_signing_key=PEOPLE_KEYS.signing,  # the console holds the private key; the guard the public
         ledger_database_url=ledger_url,
     )
     decisions, cancels = Outlet(), Outlet()

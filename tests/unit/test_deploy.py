@@ -21,7 +21,15 @@ import pytest
 
 from roundtrip._cli.main import ALL_RUNNABLE, FLEET_SERVICES
 from roundtrip._kernel.kafka.messaging import group
-from roundtrip._kernel.settings import DEV_APPROVAL_KEYS, DEV_DECISION_KEYS, InsecureConfiguration, Settings
+from roundtrip._kernel.settings import (
+    DEV_BATCH_SIGNING_KEY,
+    DEV_BATCH_VERIFY_KEYS,
+    DEV_DECISION_SIGNING_KEY,
+    DEV_DECISION_VERIFY_KEYS,
+    ConfigurationError,
+    InsecureConfiguration,
+    Settings,
+)
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._shop.agent.settings import ShopAgentSettings
 from tests.manifests import (
@@ -39,6 +47,7 @@ from tests.manifests import (
     kinds,
     load_all,
     mini_yaml_load_all,
+    with_keys_filled,
 )
 
 README = ROOT / "deploy" / "README.md"
@@ -232,20 +241,27 @@ def test_compose_kafka_is_the_settings_kafka_version(compose):
 
 
 def test_keys_default_to_the_dev_keys_in_compose_only(compose, k8s):
-    # the local demo starts without any secret; an exported ROUNDTRIP_APPROVAL_KEYS / ROUNDTRIP_DECISION_KEYS wins
-    for variable, dev_keys, services in (
-        ("ROUNDTRIP_APPROVAL_KEYS", DEV_APPROVAL_KEYS, ("gate", "executor")),
-        ("ROUNDTRIP_DECISION_KEYS", DEV_DECISION_KEYS, ("guard", "gate")),
+    # the local demo starts without any secret; an exported ROUNDTRIP_BATCH_SIGNING_KEY (etc.) wins. Each service is
+    # given only its half of each pair: the private halves to their one signer, the public ones to the verifiers.
+    secrets = {name: s["stringData"] for name, s in kinds(k8s, "Secret").items()}
+    for variable, dev_keys, services, secret in (
+        ("ROUNDTRIP_BATCH_SIGNING_KEY", DEV_BATCH_SIGNING_KEY, ("gate",), "roundtrip-secrets"),
+        ("ROUNDTRIP_BATCH_VERIFY_KEYS", DEV_BATCH_VERIFY_KEYS, ("executor", "guard"), "roundtrip-secrets"),
+        ("ROUNDTRIP_DECISION_SIGNING_KEY", DEV_DECISION_SIGNING_KEY, ("console",), "roundtrip-console"),
+        ("ROUNDTRIP_DECISION_VERIFY_KEYS", DEV_DECISION_VERIFY_KEYS, ("gate", "guard"), "roundtrip-secrets"),
     ):
-        for name in services:
-            assert compose["services"][name]["environment"][variable] == "${" + variable + ":-" + dev_keys + "}"
-        # a cluster never gets a published key: the Secret is a template to fill in
+        for name, service in roundtrip_services(compose).items():
+            given = service["environment"].get(variable)
+            assert given == ("${" + variable + ":-" + dev_keys + "}" if name in services else None), (name, variable)
+            if name in kinds(k8s, "Deployment"):
+                assert (variable in k8s_env(k8s, name)) == (name in services), (name, variable)
+        # a cluster never gets a published key: the Secrets are templates to fill in
         texts = [p.read_text() for p in K8S.glob("*.yaml")]
         assert not any(dev_keys.split(":", 1)[1] in t for t in texts), (
             f"the published {variable} must not ship to a cluster"
         )
-        assert "CHANGE-ME" in kinds(k8s, "Secret")["roundtrip-secrets"]["stringData"][variable]
-    assert "PRODUCTION MUST SET IT" in COMPOSE.read_text()
+        assert "CHANGE-ME" in secrets[secret][variable]
+    assert "PRODUCTION MUST SET THEM" in COMPOSE.read_text()
     # compose is a development fleet unless the operator says otherwise (the published keys are refused elsewhere);
     # a cluster never is
     assert compose["x-roundtrip-env"]["ROUNDTRIP_ENV"] == "${ROUNDTRIP_ENV:-development}"
@@ -264,8 +280,10 @@ MUST_BE_GIVEN = {
         "ROUNDTRIP_LEDGER_DATABASE_URL",
     ),  # default: the ledger
     "shop_db_url": ("ROUNDTRIP_SHOP_DATABASE_URL",),
-    "approval_keys": ("ROUNDTRIP_APPROVAL_KEYS",),
-    "decision_keys": ("ROUNDTRIP_DECISION_KEYS",),
+    "batch_signing_key": ("ROUNDTRIP_BATCH_SIGNING_KEY",),
+    "batch_verify_keys": ("ROUNDTRIP_BATCH_VERIFY_KEYS",),
+    "decision_signing_key": ("ROUNDTRIP_DECISION_SIGNING_KEY",),
+    "decision_verify_keys": ("ROUNDTRIP_DECISION_VERIFY_KEYS",),
 }
 
 
@@ -275,7 +293,11 @@ def settings_read_by(service: str) -> set[str]:
     services/_cli/main.py)."""
     folder = ROOT / "services" / f"_{service}"
     read = {
-        name for path in folder.rglob("*.py") for name in re.findall(r"\b(?:settings|own)\.(\w+)", path.read_text())
+        name
+        for path in folder.rglob("*.py")
+        for name in re.findall(r"\b(?:settings|own)\.(?:key_text\(\"(\w+)\"\)|(\w+))", path.read_text())
+        for name in name
+        if name
     }
     if service in topology.names() and topology.service(service).shares_ledger:
         read |= {"ledger_db_url", "refuse_private_ledger"}
@@ -287,7 +309,7 @@ def k8s_env(k8s, name: str) -> dict[str, str]:
 
 
 def test_the_scan_finds_what_the_services_read():
-    assert {"ledger_db_url", "approval_keys"} <= settings_read_by("executor")
+    assert {"ledger_db_url", "batch_verify_keys"} <= settings_read_by("executor")
     assert {"ledger_db_url"} <= settings_read_by("model")
     assert {"shop_db_url", "shop_port"} <= settings_read_by("shop")  # the demo shop agent's own settings
     assert {s.name for s in topology.SERVICES if s.shares_ledger} == {
@@ -297,9 +319,11 @@ def test_the_scan_finds_what_the_services_read():
         "executor",
         "console",
     }
-    assert {"ledger_db_url", "conversations_db_url", "decision_keys"} <= settings_read_by("guard")
-    assert {"ledger_db_url", "decision_keys"} <= settings_read_by("console")  # it signs what the guard verifies
-    assert {"approval_keys", "decision_keys"} <= settings_read_by("gate")
+    assert {"ledger_db_url", "conversations_db_url", "decision_verify_keys", "batch_verify_keys"} <= settings_read_by(
+        "guard"
+    )
+    assert {"ledger_db_url", "decision_signing_key"} <= settings_read_by("console")  # it signs what the guard verifies
+    assert {"batch_signing_key", "decision_verify_keys"} <= settings_read_by("gate")
     assert "ledger_db_url" in settings_read_by("gateway")  # the turns waiting for the model's capacity
 
 
@@ -314,8 +338,22 @@ def test_each_service_is_given_what_its_code_reads(compose, k8s, name):
         assert not missing, f"{name} in {where} reads {missing} but is not given it: it falls back to a private default"
 
 
+def test_each_service_reads_exactly_the_keys_its_roles_give_it_and_refuses_them_unfit():
+    key_settings = {"batch_signing_key", "batch_verify_keys", "decision_signing_key", "decision_verify_keys"}
+    for service in topology.SERVICES:
+        assert settings_read_by(service.name) & key_settings == set(service.keys), service.name
+        if service.keys:
+            assert "refuse_unfit_keys" in settings_read_by(service.name), service.name
+
+
 @pytest.mark.parametrize(
-    "variable", ["ROUNDTRIP_LEDGER_DATABASE_URL", "ROUNDTRIP_APPROVAL_KEYS", "ROUNDTRIP_DECISION_KEYS"]
+    "variable",
+    [
+        "ROUNDTRIP_LEDGER_DATABASE_URL",
+        "ROUNDTRIP_BATCH_SIGNING_KEY",
+        "ROUNDTRIP_BATCH_VERIFY_KEYS",
+        "ROUNDTRIP_DECISION_VERIFY_KEYS",
+    ],
 )
 def test_the_services_share_one_ledger_and_one_set_of_each_key(compose, k8s, variable):
     # the gate signs what the executors verify; the guard and the model service fence on the ledger the guard keeps
@@ -346,20 +384,37 @@ def refusals_of(service: str) -> list[str]:
 
 
 def test_the_guard_the_gate_and_the_executor_refuse_what_cannot_work():
-    assert refusals_of("guard") == ["refuse_dev_decision_key", "refuse_private_ledger"]
-    assert refusals_of("gate") == ["refuse_dev_approval_key", "refuse_dev_decision_key"]
-    assert refusals_of("executor") == ["refuse_dev_approval_key", "refuse_private_ledger"]
+    assert refusals_of("guard") == ["refuse_private_ledger", "refuse_unfit_keys"]
+    assert refusals_of("gate") == ["refuse_unfit_keys"]
+    assert refusals_of("executor") == ["refuse_private_ledger", "refuse_unfit_keys"]
     assert refusals_of("model") == ["refuse_private_ledger"]
+
+
+def refuse(settings: Settings, refusal: str, name: str, approvals: bool = True) -> None:
+    """One start-up refusal as `roundtrip run` makes it (`approvals`: the agent has a rule that can hold a call)."""
+    if refusal == "refuse_unfit_keys":
+        settings.refuse_unfit_keys(name, topology.service(name).keys, approvals)
+    else:
+        getattr(settings, refusal)(name)
 
 
 @pytest.mark.parametrize("name", ALL_RUNNABLE)
 def test_the_shipped_configuration_passes_the_start_up_checks_even_with_approvals_on(k8s, monkeypatch, name):
-    # k8s: the template's keys are not the published ones, the ledger is shared; compose: a development fleet (below).
-    # Settings() itself checks the forms (broker list, database URLs, min ISR <= replication factor).
-    settings = settings_of(k8s_env(k8s, name), monkeypatch)
+    # k8s: the Secrets filled as the operator must (the template's placeholders are refused: below), the ledger is
+    # shared; compose: a development fleet (below). Settings() itself checks the forms (broker list, database URLs,
+    # min ISR <= replication factor).
+    settings = settings_of(k8s_env(with_keys_filled(k8s), name), monkeypatch)
     assert not settings.development
-    for refusal in refusals_of(name):  # approvals on: the agent has a rule that can hold a call
-        getattr(settings, refusal)(name, *([True] if refusal == "refuse_dev_decision_key" else []))
+    for refusal in refusals_of(name):
+        refuse(settings, refusal, name)
+
+
+@pytest.mark.parametrize("name", [s.name for s in topology.SERVICES if s.keys])
+def test_the_shipped_secrets_unfilled_stop_every_service_that_holds_a_key(k8s, monkeypatch, name):
+    settings = settings_of(k8s_env(k8s, name), monkeypatch)
+    with pytest.raises(ConfigurationError, match="placeholder CHANGE-ME") as refused:
+        settings.refuse_unfit_keys(name, topology.service(name).keys, approvals=True)
+    assert not isinstance(refused.value, InsecureConfiguration)  # `roundtrip run` exits 1: fix the configuration
 
 
 def test_k8s_topics_are_made_for_a_production_cluster(k8s):
@@ -584,7 +639,7 @@ def test_executors_scale(compose, k8s):
 def test_compose_v2_resolves_the_file_without_any_secret_set():
     resolved = compose_config()  # what `docker compose up` (or `up jaeger`) sees with nothing exported
     services = resolved["services"]
-    assert services["gate"]["environment"]["ROUNDTRIP_APPROVAL_KEYS"] == DEV_APPROVAL_KEYS
+    assert services["gate"]["environment"]["ROUNDTRIP_BATCH_SIGNING_KEY"] == DEV_BATCH_SIGNING_KEY
     assert services["model"]["environment"]["ROUNDTRIP_MODEL"] == Settings.model_fields["model"].default
     assert services["executor"]["deploy"]["replicas"] == 2
     for name in FLEET_SERVICES:
@@ -598,15 +653,14 @@ def test_compose_v2_starts_the_demo_without_any_secret_even_with_approvals_on(mo
     env = compose_config(ROUNDTRIP_APPROVAL_CANCEL_ABOVE_CENTS="5000")["services"][name]["environment"]
     settings = settings_of(env, monkeypatch)
     assert settings.development  # ROUNDTRIP_ENV=development: the development keys are accepted
-    approvals_on = {"refuse_dev_decision_key": [True]}  # the agent has a rule that can hold a call
-    for refusal in refusals_of(name):
-        getattr(settings, refusal)(name, *approvals_on.get(refusal, []))
+    for refusal in refusals_of(name):  # approvals on: the agent has a rule that can hold a call
+        refuse(settings, refusal, name)
     # and the operator's ROUNDTRIP_ENV=production refuses them (so the demo's keys never slip into production)
     env = compose_config(ROUNDTRIP_ENV="production")["services"][name]["environment"]
     settings = settings_of(env, monkeypatch)
-    for refusal in [r for r in refusals_of(name) if r.startswith("refuse_dev_")]:
+    if "refuse_unfit_keys" in refusals_of(name):
         with pytest.raises(InsecureConfiguration):
-            getattr(settings, refusal)(name, *approvals_on.get(refusal, []))
+            refuse(settings, "refuse_unfit_keys", name)
     if "refuse_private_ledger" in refusals_of(name):
         settings.refuse_private_ledger(name)  # compose gives the shared ledger, development or not
 
@@ -624,9 +678,9 @@ def test_compose_v2_topics_fit_its_one_kafka_node():
 
 
 def test_compose_v2_takes_the_operators_secret():
-    resolved = compose_config(ROUNDTRIP_APPROVAL_KEYS="k9:operator-secret")
-    for name in ("gate", "executor"):
-        assert resolved["services"][name]["environment"]["ROUNDTRIP_APPROVAL_KEYS"] == "k9:operator-secret"
+    resolved = compose_config(ROUNDTRIP_BATCH_VERIFY_KEYS="k9:operator-public")
+    for name in ("executor", "guard"):
+        assert resolved["services"][name]["environment"]["ROUNDTRIP_BATCH_VERIFY_KEYS"] == "k9:operator-public"
 
 
 def test_compose_v2_rejects_a_broken_file(tmp_path):

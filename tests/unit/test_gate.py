@@ -10,16 +10,18 @@ import pytest
 from roundtrip._gate.authorization import OwnershipCache, StepLookups
 from roundtrip._gate.handlers import Gate
 from roundtrip._gate.validation import InputValidator, ecma_regex
-from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from roundtrip._shop.app import in_process
 from roundtrip._shop.help_articles import INJECTION_ORDER_ID
 from tests.agents import SCHEMAS, SHOP, shop_deps, shop_registry
+from tests.signing import pair
 
 REGISTRY = SHOP.registry
-SIGNER = Signer(parse_keys("k1:unit"))
+GATE_KEYS = pair("k1")
+SIGNER = GATE_KEYS.signer  # the gate's private key
+BATCHES = GATE_KEYS.verifier  # the executors' public key
 
 
 class CountingLookup:
@@ -233,8 +235,8 @@ async def test_a_step_with_numbers_canonical_json_cannot_carry_is_still_signed(g
         ],
     )
     batch = await gate.check(command)
-    SIGNER.verify(batch)
-    SIGNER.verify(type(batch).model_validate_json(batch.model_dump_json()))  # as the executor sees it off the wire
+    BATCHES.verify(batch)
+    BATCHES.verify(type(batch).model_validate_json(batch.model_dump_json()))  # as the executor sees it off the wire
     assert not batch.calls[0].approved and "`limit`" in batch.calls[0].error
 
 
@@ -289,7 +291,7 @@ async def test_a_help_article_telling_the_model_to_cancel_an_order_does_not_auth
 async def test_check_signs_the_batch_for_its_turn(gate):
     command = CheckToolCalls(turn=turn(), step=1, messages=[], calls=[call("list_orders", {})])
     batch = await gate.check(command)
-    SIGNER.verify(batch)
+    BATCHES.verify(batch)
     assert batch.key_id == "k1" and batch.expires_at > 0 and batch.calls[0].approved
 
 

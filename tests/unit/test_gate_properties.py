@@ -31,12 +31,12 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from roundtrip._gate.handlers import Gate
-from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import ToolCall
 from roundtrip._sdk.context import ToolContext, ToolError
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip._shop.app import in_process
 from tests.agents import SHOP, shop_deps
+from tests.signing import pair
 
 MAX_EXAMPLES = 420
 CALLS_PER_EXAMPLE = 24  # 420 x 24 = 10,080 calls
@@ -270,7 +270,7 @@ def make_gate(shop: Shop) -> Gate:
     return Gate(
         registry=REGISTRY,
         lookup=lookup,
-        signer=Signer(parse_keys("k1:prop")),
+        signer=pair("k1").signer,
         deps=shop_deps(shop.client),
         agent_settings=SHOP.own_settings,
     )

@@ -14,7 +14,6 @@ from mcp.shared.exceptions import MCPError
 
 from roundtrip._executor.runner import Runner
 from roundtrip._gate.handlers import Gate
-from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckedCall, ToolCall, Turn
 from roundtrip._sdk.agent import AgentError
 from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
@@ -22,6 +21,7 @@ from roundtrip._sdk.mcp import McpMount, McpServer, result_of, strict_copy
 from roundtrip._sdk.registry import RegistryError, check_tool_document
 from roundtrip._sdk.sources import Toolbox
 from tests.agents import SHOP
+from tests.signing import pair
 
 WRAP_SCHEMA = {
     "type": "object",
@@ -214,7 +214,7 @@ def gate_for(agent, tools) -> Gate:
     return Gate(
         registry=agent.registry,
         lookup=owned_orders,
-        signer=Signer(parse_keys("k1:unit")),
+        signer=pair("k1").signer,
         agent_settings=agent.own_settings,
         unavailable=tools.unavailable,
     )

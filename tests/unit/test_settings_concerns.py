@@ -54,8 +54,8 @@ def test_a_concern_reads_its_own_variables_alone(clean_env):
 
 
 SECRETS = {
-    "ROUNDTRIP_APPROVAL_KEYS": "k2:approvalsecret2,k1:approvalsecret1",
-    "ROUNDTRIP_DECISION_KEYS": "ops9:decisionsecret9",
+    "ROUNDTRIP_BATCH_SIGNING_KEY": "k2:approvalsecret2",
+    "ROUNDTRIP_DECISION_SIGNING_KEY": "ops9:decisionsecret9",
     "ANTHROPIC_API_KEY": "sk-ant-apikeysecret",
     "ROUNDTRIP_LEDGER_DATABASE_URL": "postgresql+asyncpg://roundtrip:ledgerpassword@db:5432/ledger",
     "ROUNDTRIP_CONVERSATIONS_DATABASE_URL": "postgresql+asyncpg://db:5432/conv?user=rt&password=querypassword",
@@ -80,7 +80,7 @@ def test_roundtrip_config_prints_every_setting_under_its_concern_and_no_secret(c
     ):
         assert secret not in done.output  # stdout and stderr (which fleet it read)
     out = done.stdout
-    assert "k2:***,k1:***" in out and "ops9:***" in out  # which keys are configured shows, their secrets do not
+    assert "k2:***" in out and "ops9:***" in out  # which keys are configured shows, their secrets do not
     assert "postgresql+asyncpg://roundtrip:***@db:5432/ledger" in out and "password=***" in out
     headings = [line[2:] for line in out.splitlines() if line.startswith("# ")]
     assert headings == [*(concern.heading for concern in CONCERNS), "the agent's own settings (support-agent)"]
@@ -98,10 +98,10 @@ def test_roundtrip_config_help_says_what_it_prints():
 def test_a_secret_field_is_hidden_whatever_its_value():
     shown = dict(
         row
-        for _, rows in grouped(Settings(_env_file=None, anthropic_api_key="nocolon", approval_keys="lonesecret"))
+        for _, rows in grouped(Settings(_env_file=None, anthropic_api_key="nocolon", batch_signing_key="lonesecret"))
         for row in rows
     )
-    assert shown["ANTHROPIC_API_KEY"] == "***" and "lonesecret" not in shown["ROUNDTRIP_APPROVAL_KEYS"]
+    assert shown["ANTHROPIC_API_KEY"] == "***" and "lonesecret" not in shown["ROUNDTRIP_BATCH_SIGNING_KEY"]
     assert (
         without_passwords("see postgresql+asyncpg://u:p4ss@h/db and http://x:tok@h?token=t0k")
         == "see postgresql+asyncpg://u:***@h/db and http://x:***@h?token=***"

@@ -6,11 +6,11 @@ import json
 
 from roundtrip._executor.runner import Runner
 from roundtrip._gate.handlers import Gate
-from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckedCall, CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent import AGENT as SHOP
 from tests.agents import shop_deps, shop_registry
+from tests.signing import pair
 
 
 def _turn(metadata):
@@ -56,7 +56,7 @@ async def test_a_policy_at_the_gate_reads_the_request_metadata_too():
         raise AssertionError("search_help_center references no entity")
 
     registry = shop_registry(policies={**SHOP.policies, "search_help_center": gold_only})
-    gate = Gate(registry=registry, lookup=lookup, signer=Signer(parse_keys("k1:secret")))
+    gate = Gate(registry=registry, lookup=lookup, signer=pair("k1").signer)
     call = ToolCall(id="toolu_1", name="search_help_center", input={"query": "refunds"}, fingerprint="f")
 
     async def checked(metadata):

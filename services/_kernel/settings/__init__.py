@@ -197,7 +197,7 @@ class Settings(
             except KeyConfigError as exc:
                 raise ConfigurationError(f"{service} refuses to start: {exc}") from None
             if published and not self.development and (approvals or not name.startswith("decision_")):
-                whose = "sign batches" if name.startswith("batch_") else "approve a call"
+                whose = "sign batches" if name.startswith("batch_") else "approve a call (the agent has approval rules)"
                 raise InsecureConfiguration(
                     f"{service} refuses to start: {setting} holds the published development key, with which anyone "
                     f"can {whose}, and this is not the embedded development fleet (ROUNDTRIP_ENV={self.env or 'unset'}"

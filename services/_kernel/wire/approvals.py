@@ -27,16 +27,17 @@ import binascii
 import hashlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from pydantic import BaseModel
 
-from roundtrip._kernel.wire.events import ApprovalRequested
+from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, ExecuteToolBatch
 from roundtrip._kernel.wire.fingerprints import canonical_json
 
+Signed = TypeVar("Signed", ExecuteToolBatch, ApprovalDecided)  # the messages with key_id and signature fields
 KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 PLACEHOLDER = "CHANGE-ME"
 FILE_PREFIX = "file:"
@@ -62,7 +63,9 @@ def setting_text(value: str, setting: str) -> str:
     try:
         return path.read_text().strip()
     except OSError as exc:
-        raise KeyConfigError(f"{setting} names {path}, which cannot be read ({exc.strerror or type(exc).__name__})")
+        raise KeyConfigError(
+            f"{setting} names {path}, which cannot be read ({exc.strerror or type(exc).__name__})"
+        ) from None
 
 
 def _entries(text: str, setting: str) -> list[tuple[str, bytes]]:
@@ -164,7 +167,7 @@ class Signer:
     def of(cls, value: str, setting: str) -> Signer:
         return cls(*signing_key(value, setting))
 
-    def sign(self, message):
+    def sign(self, message: Signed) -> Signed:
         return message.model_copy(update={"key_id": self.key_id, "signature": self._private.sign(_body(message)).hex()})
 
     def sign_hold(
@@ -192,7 +195,7 @@ class Verifier:
         self._keys = keys
 
     @classmethod
-    def of(cls, value: str, setting: str):
+    def of(cls, value: str, setting: str) -> Self:
         return cls(verify_keys(value, setting))
 
     def _check(self, key_id: str, signature: str, body: bytes, what: str, who: str) -> None:
@@ -208,7 +211,7 @@ class Verifier:
                 f"signature mismatch: the {what} was tampered with or signed for another turn"
             ) from None
 
-    def verify(self, message) -> None:
+    def verify(self, message: ExecuteToolBatch | ApprovalDecided) -> None:
         self._check(message.key_id, message.signature, _body(message), self.what, self.who)
 
     def verify_hold(self, event: ApprovalRequested) -> None:
