@@ -99,6 +99,25 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
     listed = await asyncio.to_thread(roundtrip_cli, fleet_settings, "approvals")
     assert approval_id in listed.stdout and f"cancel_order({ORDER})" in listed.stdout, listed.stdout + listed.stderr
 
+    # a writer of turn.approval_requests copies the request for another customer, or a later deadline: the guard
+    # records neither (the gate's signature of the hold covers both) and dead-letters them with the reason
+    conversation = request["turn"]["conversation_id"]
+    for forged in (
+        request | {"turn": request["turn"] | {"customer_id": "cus_1002"}},
+        request | {"expires_at": request["expires_at"] + 3600},
+    ):
+        await client.producer.send_and_wait(
+            client.topic(topics.APPROVAL_REQUESTS), json.dumps(forged).encode(), key=conversation.encode()
+        )
+
+    def refused() -> list[dict] | None:
+        seen = client.seen[topics.DEAD_LETTERS]
+        found = [x for x in seen if x.get("key") == conversation and x["service"] == "guard"]
+        return found if len(found) >= 2 else None
+
+    letters = await client.wait_for(refused, timeout=30)
+    assert len(letters) == 2 and all("signature mismatch" in x["reason"] for x in letters), letters
+
     approved = await asyncio.to_thread(
         roundtrip_cli, fleet_settings, "approvals", "approve", approval_id, "--by", "alice@support"
     )

@@ -200,6 +200,11 @@ async def test_one_call_per_step_waits_for_a_person_the_second_is_told_to_come_b
         held.hold and not second.approved and "already waiting" in second.error and listed.approved and not listed.hold
     )
     BATCHES.verify(batch)
+    # the hold carries the gate's own signature, which the executor copies into the request the guard checks
+    runner = Runner(recording_registry(Recording()), deps=shop_deps(None), timeout_s=5, parallel=True)
+    asked = await execute(batch, BATCHES, runner)
+    assert isinstance(asked, ApprovalRequested) and asked.hold_key_id == GATE_KEYS.key_id and asked.hold_signature
+    BATCHES.verify_hold(asked)
 
 
 # -- the executor: the others run, the held one waits; serial tools run in order ---------------------------
