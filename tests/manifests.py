@@ -191,7 +191,8 @@ def k8s_documents() -> list[dict[str, Any]]:
     return docs
 
 
-KEY_PLACEHOLDERS = (  # the Secrets' key settings an operator fills with `roundtrip keys` (docs/operating/deploy.md)
+KEY_PLACEHOLDERS = (  # the Secrets' key settings an operator fills (docs/operating/deploy.md)
+    "ROUNDTRIP_CONSOLE_SESSION_KEY",
     "ROUNDTRIP_BATCH_SIGNING_KEY",
     "ROUNDTRIP_BATCH_VERIFY_KEYS",
     "ROUNDTRIP_DECISION_SIGNING_KEY",
@@ -202,12 +203,14 @@ KEY_PLACEHOLDERS = (  # the Secrets' key settings an operator fills with `roundt
 def with_keys_filled(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`docs` with every key setting of a Secret that holds the CHANGE-ME placeholder set to a freshly made pair's
     half, as an operator fills them with the lines of `roundtrip keys batch` and `roundtrip keys decision` (one pair
-    each, whichever Secret holds the line). Nothing else changes: the shipped placeholders alone must stop the fleet."""
+    each, whichever Secret holds the line), and the console's session key (`openssl rand -hex 32`). Nothing else
+    changes: the shipped placeholders alone must stop the fleet."""
     import copy
+    import secrets
 
     from tests.signing import key_environment
 
-    made = key_environment()
+    made = key_environment() | {"ROUNDTRIP_CONSOLE_SESSION_KEY": secrets.token_hex(32)}
     filled = copy.deepcopy(docs)
     for secret in kinds(filled, "Secret").values():
         data = secret.get("stringData", {})

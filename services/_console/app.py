@@ -59,6 +59,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     async def refuse_insecure() -> None:
         settings.refuse_unfit_keys("console", topology.service("console").keys, agent.holds_calls())
         settings.refuse_console_local_user("console")
+        settings.refuse_weak_session_key("console")
 
     async def serve() -> None:
         running.append(asyncio.create_task(server.serve(), name="console web"))

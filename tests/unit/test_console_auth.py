@@ -11,7 +11,7 @@ from starlette.requests import Request
 from roundtrip._console.auth import APPROVER, VIEWER, Gatekeeper, NotSignedIn
 from roundtrip._console.desk import cancel_refusal, refusal
 from roundtrip._guard.ledger import ApprovalRow, TurnRow
-from roundtrip._kernel.settings import InsecureConfiguration, Settings
+from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration, Settings
 
 PROXY = "10.1.2.3"
 ALICE = {
@@ -67,6 +67,18 @@ def test_the_local_user_is_for_development_only():
         production(console_local_user="me@laptop").refuse_console_local_user("console")
     with pytest.raises(ValueError, match="ROUNDTRIP_CONSOLE_TRUSTED_PROXIES"):
         Gatekeeper(production(console_trusted_proxies="not-an-address"))
+
+
+@pytest.mark.parametrize(
+    "key,says", [("CHANGE-ME-to-64-random-hex-chars", "placeholder CHANGE-ME"), ("s3cr3t-but-short", "16 bytes")]
+)
+def test_a_placeholder_or_short_session_key_is_refused_outside_development_without_showing_it(key, says):
+    with pytest.raises(ConfigurationError, match=says) as refused:
+        production(console_session_key=key).refuse_weak_session_key("console")
+    assert key not in str(refused.value) and "\n" not in str(refused.value)
+    production(console_session_key="k" * 32).refuse_weak_session_key("console")
+    production().refuse_weak_session_key("console")  # unset: a random key per process
+    Settings(_env_file=None, env="development", console_session_key=key).refuse_weak_session_key("console")
 
 
 def test_a_csrf_token_is_bound_to_its_person_and_must_match_the_cookie():

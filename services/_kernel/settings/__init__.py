@@ -225,6 +225,26 @@ class Settings(
             login = "developer"
         return f"{login}@{socket.gethostname()}"
 
+    def refuse_weak_session_key(self, service: str) -> None:
+        """Raise ConfigurationError outside development for a console session key that is the manifests' placeholder
+        or shorter than 32 bytes (anyone who guesses it forges the console's CSRF tokens); never shows the key."""
+        key = self.console_session_key.get_secret_value() if self.console_session_key else None
+        if key is None or self.development:
+            return
+        problem = (
+            "is the manifest's placeholder CHANGE-ME"
+            if "change-me" in key.lower()
+            else f"is {len(key.encode())} bytes, shorter than 32"
+            if len(key.encode()) < 32
+            else None
+        )
+        if problem:
+            raise ConfigurationError(
+                f"{service} refuses to start: ROUNDTRIP_CONSOLE_SESSION_KEY {problem}; set it to a secret of your "
+                'own, e.g. "$(openssl rand -hex 32)" (the same for every console replica), or leave it unset for one '
+                "replica."
+            )
+
     def refuse_console_local_user(self, service: str) -> None:
         """Raise InsecureConfiguration when a local user (everyone an approver, unauthenticated) is set outside
         development."""

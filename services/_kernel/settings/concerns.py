@@ -583,7 +583,7 @@ class ConsoleSettings(Concern):
         json_schema_extra=SECRET,
         description=(
             "Secret the console's CSRF tokens are signed with; several replicas need the same one; unset: a random "
-            "one per process"
+            "one per process; outside development a placeholder (`CHANGE-ME`) or one shorter than 32 bytes is refused"
         ),
     )
     console_secure_cookies: bool = Field(
