@@ -159,6 +159,7 @@ def up(
         get_settings.cache_clear()
     settings = get_settings()
     agent = _checked_agent(settings)  # before the broker: a bad agent or agent setting is said before any start-up
+    _checked_keys(settings, agent)  # likewise a key a service would refuse, once, not as a restart loop
     typer.echo(f"roundtrip: starting the fleet (agent {agent.name})")
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
@@ -198,6 +199,19 @@ def _checked_agent(settings: Any) -> Any:
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
+
+
+def _checked_keys(settings: Any, agent: Any) -> None:
+    """Every service's keys as `roundtrip run` checks them; one line and exit 1 (2: a published key) if one cannot."""
+    from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration
+
+    try:
+        settings.refuse_unfit_keys("the fleet", ())  # a retired setting, whichever service it was meant for
+        for declared in topology.SERVICES:
+            settings.refuse_unfit_keys(declared.name, declared.keys, agent.holds_calls())
+    except ConfigurationError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2 if isinstance(exc, InsecureConfiguration) else 1) from None
 
 
 def _ready(agent: Any, settings: Any) -> str:

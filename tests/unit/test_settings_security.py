@@ -160,3 +160,32 @@ async def test_the_apps_themselves_refuse_to_start_with_the_published_key_in_pro
     )
     with pytest.raises(InsecureConfiguration):
         await app.start()  # before the broker is even contacted
+
+
+def test_roundtrip_approvals_signs_nothing_with_a_placeholder_or_malformed_key(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
+    for value, says in (("ops1:CHANGE-ME-with-roundtrip-keys-decision", "placeholder"), (f"ops1:{SECRET_PART}", "32")):
+        done = subprocess.run(
+            [sys.executable, "-m", "roundtrip._cli.main", "approvals", "approve", "appr_x"],
+            env=env | {"ROUNDTRIP_STATE_DIR": str(tmp_path), "ROUNDTRIP_DECISION_SIGNING_KEY": value},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2 and "ROUNDTRIP_DECISION_SIGNING_KEY" in done.stdout and says in done.stdout, done
+        assert SECRET_PART[:8] not in done.stdout + done.stderr
+
+
+def test_roundtrip_up_says_a_retired_key_setting_once_before_starting_anything(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "up"],
+        env=env | {"ROUNDTRIP_STATE_DIR": str(tmp_path), "ROUNDTRIP_APPROVAL_KEYS": f"k1:{SECRET_PART}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and "ROUNDTRIP_APPROVAL_KEYS (HMAC) is retired" in lines[0], done
+    assert "ROUNDTRIP_BATCH_SIGNING_KEY" in lines[0] and SECRET_PART[:8] not in done.stdout + done.stderr
+    assert lines[0].startswith("error: the fleet refuses to start") and list(tmp_path.iterdir()) == []  # nothing ran
