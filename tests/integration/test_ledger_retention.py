@@ -18,6 +18,7 @@ from roundtrip._guard.ledger import ENDED, Ledger
 from roundtrip._guard.retention import Retention, RetentionTooShort, check_outlasts
 from roundtrip._kernel.storage.turnstore import Fence, approvals, turns
 from tests.databases import migrated, new_database
+from tests.signing import key_environment
 
 DAY = 86400.0
 RETENTION_S = 14 * DAY
@@ -188,6 +189,7 @@ async def test_roundtrip_run_guard_refuses_a_short_retention_in_one_line(kafka_b
         "ROUNDTRIP_LEDGER_DATABASE_URL": url,
         "ROUNDTRIP_STATE_DIR": str(tmp_path),
         "ROUNDTRIP_LEDGER_RETENTION_S": "3600",  # an hour, under the broker's default 7 days
+        **key_environment(),  # not development: keys of its own, so the retention is what it refuses
     }
     ran = await asyncio.to_thread(
         subprocess.run,
