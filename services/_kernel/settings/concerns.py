@@ -475,6 +475,11 @@ class TranscriptLimits(Concern):
 
 
 class ApprovalSettings(Concern):
+    """People's decisions are signed with an Ed25519 key pair (`roundtrip keys decision`): the console and the
+    operators' `roundtrip approvals` sign with `ROUNDTRIP_DECISION_SIGNING_KEY`; the gate and the guard check with the
+    public keys of `ROUNDTRIP_DECISION_VERIFY_KEYS` and cannot sign. Rotation, files and the refusals at start are as
+    for the batch pair."""
+
     heading = "approvals by a person"
 
     approval_timeout_s: float = Field(
