@@ -30,6 +30,7 @@ from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Bounded, Outbox, pending_copy, traceparent
 from roundtrip._guard.outside import Outside
 from roundtrip._kernel.observability.telemetry import tracer
+from roundtrip._kernel.storage.turnstore import disagreement, refused
 from roundtrip._kernel.wire.approvals import ApprovalError, DecisionSigner, in_tool_use_order
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,
@@ -100,6 +101,8 @@ class Approvals:
             await self.outbox.emit(event.turn.turn_id, pending, status, event.turn.conversation_id)
             return "awaiting"
         row = await self.ledger.get(event.turn.turn_id)
+        if row is not None and (why := disagreement(event.turn, row)) is not None:
+            raise refused(event.turn, "guard", why)  # dead-lettered: it may not hold another customer's turn
         if row is not None and row.status == ENDING and row.step == event.step:
             await self.ledger.release_ending_lease(row.turn_id, row.step)  # the step's calls are done: the end may go
         known = await self.ledger.approval(event.approval_id)
