@@ -158,7 +158,7 @@ def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_
             "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "services" / f"_{name}").glob("*.py")),
         )
     ]
-    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["console", "executor", "gateway", "guard", "model"]
+    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["console", "executor", "gate", "gateway", "guard", "model"]
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
@@ -294,6 +294,7 @@ def test_the_scan_finds_what_the_services_read():
         "gateway",
         "guard",
         "model",
+        "gate",
         "executor",
         "console",
     }
@@ -347,7 +348,7 @@ def refusals_of(service: str) -> list[str]:
 
 def test_the_guard_the_gate_and_the_executor_refuse_what_cannot_work():
     assert refusals_of("guard") == ["refuse_dev_decision_key", "refuse_private_ledger"]
-    assert refusals_of("gate") == ["refuse_dev_approval_key", "refuse_dev_decision_key"]
+    assert refusals_of("gate") == ["refuse_dev_approval_key", "refuse_dev_decision_key", "refuse_private_ledger"]
     assert refusals_of("executor") == ["refuse_dev_approval_key", "refuse_private_ledger"]
     assert refusals_of("model") == ["refuse_private_ledger"]
 
@@ -697,7 +698,7 @@ def test_the_mini_loader_handles_anchors_and_merges():
 # -- a user's agent in the manifests (issue 29, item 4) ------------------------------------------------------------
 
 # the services the topology says share the ledger
-LEDGER_USERS = ("gateway", "guard", "model", "executor", "console", "migrate")
+LEDGER_USERS = ("gateway", "guard", "model", "gate", "executor", "console", "migrate")
 
 
 def test_compose_runs_a_users_agent_image_with_its_settings_and_their_ledger_and_kafka(tmp_path):
