@@ -135,6 +135,8 @@ class Loop:
         if outcome in ERROR_OUTCOMES:
             mark_error(span, f"{outcome}: {decision.detail}" if decision.detail else outcome, outcome)
         if self.conversations is not None:  # stored before the end is recorded: the next turn waits for the end
+            # only the turn's own customer's end may write its conversation's history (one read a turn, at its end)
+            await self.ledger.refuse_if_not_recorded(event.turn, "guard")
             await self.conversations.close_turn(
                 event.turn.conversation_id,
                 event.turn.turn_id,
