@@ -4,10 +4,10 @@ An agent declares `mcp_servers=[McpServer(name, url, tools, entities)]`. It moun
 `tools`, or, left out, those `entities` annotates. A tool the server adds later is not mounted, since the agent
 has not said which of its arguments name an entity. `tools="all"` takes every tool the server lists for which
 `entities` has an entry (`{}`: it takes no entity id); a listed tool without one is refused, not mounted, with a
-reason the logs and `roundtrip agent check` show, until the agent declares its entities. Every process that runs the agent's tools
-(model, gate, executor) lists each server's tools when it starts, in the background: a server that is down is
-asked again with a bounded backoff (0.5 s doubling up to `retry_max_s`), and until it answers its tools are
-refused with a sentence saying so (the gate's message, or the executor's `is_error` result); the service itself
+reason the logs and `roundtrip agent check` show, until the agent declares its entities. Every process that runs
+the agent's tools (model, gate, executor) lists each server's tools when it starts, in the background: a server that
+is down is asked again with a bounded backoff (0.5 s doubling up to `retry_max_s`), and until it answers its tools
+are refused with a sentence saying so (the gate's message, or the executor's `is_error` result); the service itself
 starts and serves its other tools. A listing is taken once and kept for the life of the process.
 
 A listed tool becomes a tool of the agent's registry like a local one: its `inputSchema` is what the model sees,

@@ -31,7 +31,7 @@ class ShopAgentSettings(BaseSettings):
     shop_database_url: DatabaseUrl = Field(
         None,
         json_schema_extra=SECRET_URL,
-        description="SQLAlchemy URL of the shop database; unset means a SQLite file in state_dir"
+        description="SQLAlchemy URL of the shop database; unset means a SQLite file in state_dir",
     )
 
     @property
