@@ -287,3 +287,25 @@ def test_a_python_tool_with_an_entity_inside_a_list_is_refused_naming_the_tool_a
             "resolve it: make the id a top-level argument (or drop the annotation)",
         ]
     ]
+
+
+def test_agent_check_lists_an_x_entity_the_gate_would_not_check_with_the_tool_and_path(tmp_path, monkeypatch):
+    folder = tmp_path / "tools"
+    folder.mkdir()
+    nested = _broken(lambda doc: _set(doc, "input_schema.properties.cards.items.properties.text.x-entity", "order"))
+    (folder / "wrap_order.json").write_text(json.dumps(nested))
+    (tmp_path / "desk_nested_entity.py").write_text(
+        "from roundtrip import Agent\n"
+        "async def handler(args, ctx):\n    return {}\n"
+        f"AGENT = Agent(name='desk', system_prompt='You help.', tools_dir={str(folder)!r},\n"
+        "              handlers={'wrap_order': handler}, entities={'order': handler})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    checked = CliRunner().invoke(app, ["agent", "check", "desk_nested_entity:AGENT"])
+    assert checked.exit_code == 1, checked.output
+    assert checked.output.splitlines() == [
+        "agent 'desk': 1 problem",
+        f"  - {folder / 'wrap_order.json'}: $.input_schema.properties.cards.items.properties.text['x-entity']: "
+        "x-entity of wrap_order is only checked on a top-level property of input_schema; here the gate would not "
+        "resolve it: make the id a top-level argument (or drop the annotation)",
+    ]
