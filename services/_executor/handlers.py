@@ -44,7 +44,7 @@ def verify(batch: ExecuteToolBatch, signer: Signer) -> None:
         signer.verify(batch)
     except Exception as exc:
         security.error(
-            "refused batch for turn %s step %d (customer %s): %s",
+            "refused batch for turn %r step %d (customer %r): %s",
             batch.turn.turn_id,
             batch.step,
             batch.turn.customer_id,

@@ -129,7 +129,7 @@ class Gate:
         if problems:
             return reject(self.messages("invalid_input", tool=name, problems="; ".join(problems)), "invalid_input")
         if not customer_id:
-            security.error("turn %s: no principal on the turn; call %s refused", turn_id, call.id)
+            security.error("turn %r: no principal on the turn; call %r refused", turn_id, call.id)
             return reject(self.messages("no_principal"), "no_principal")
         policy = self.registry.policy(name)
         lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
@@ -191,7 +191,7 @@ class Gate:
         problem = self._decision_problem(decision, call, turn_id, digest)
         if problem:
             security.error(
-                "turn %s: approval %s refused for call %s: %s", turn_id, decision.approval_id, call.id, problem
+                "turn %r: approval %r refused for call %r: %s", turn_id, decision.approval_id, call.id, problem
             )
             return reject(self.messages("decision_refused", problem=problem), "not_allowed")
         return CheckedCall(id=call.id, name=name, input=call.input, approved=True, approved_by=decision.decided_by)

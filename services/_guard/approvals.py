@@ -184,7 +184,7 @@ class Approvals:
             self.decisions.verify(decision)
         except ApprovalError as exc:
             security.error(
-                "refused decision %s for turn %s by %r: %s",
+                "refused decision %r for turn %r by %r: %s",
                 decision.approval_id,
                 decision.turn_id,
                 decision.decided_by,
@@ -200,7 +200,7 @@ class Approvals:
             approval.input_sha256,
         ):
             security.error(
-                "decision %s names another call than the one requested (turn %s, call %s)",
+                "decision %r names another call than the one requested (turn %r, call %r)",
                 decision.approval_id,
                 decision.turn_id,
                 decision.tool_use_id,

@@ -78,7 +78,8 @@ class DecisionSigner(Signer):
 
 
 def input_digest(name: str, tool_input: Any) -> str:
-    """What an approval binds: SHA-256 of the canonical JSON of the tool name and its exact input."""
+    """What an approval binds: SHA-256 of the canonical JSON of the tool name and its exact input (RFC 8785 of the raw
+    values, not normalised: the digest is of the input as it runs)."""
     return hashlib.sha256(canonical_json({"name": name, "input": tool_input})).hexdigest()
 
 
