@@ -18,6 +18,8 @@ from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies, ToolContext
 
 log = logging.getLogger("roundtrip.gate")
+# PostgreSQL connections a gate replica keeps for the ledger (deploy/README.md, "Database connections")
+GATE_POOL_SIZE = 2
 
 
 def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
@@ -66,7 +68,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
 
     @app.on_startup
     async def open_ledger() -> None:
-        store = await TurnStore.open(settings.ledger_db_url, pool_size=settings.database_pool_size)
+        # one short read per turn per replica (then remembered): two connections carry it
+        store = await TurnStore.open(settings.ledger_db_url, pool_size=GATE_POOL_SIZE)
         state["turns"] = RecordedTurns(store)
 
     @app.after_shutdown

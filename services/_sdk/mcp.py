@@ -40,7 +40,8 @@ from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from roundtrip._sdk.context import ToolContext, ToolError
-from roundtrip._sdk.registry import _NAMED_SUBSCHEMAS, RegistryError, ToolSpec, check_tool_document
+from roundtrip._sdk.entity_places import NAMED_SUBSCHEMAS
+from roundtrip._sdk.registry import RegistryError, ToolSpec, check_tool_document
 from roundtrip._sdk.sources import OnListed, ToolSource
 
 log = logging.getLogger("roundtrip.mcp")
@@ -165,7 +166,7 @@ def _object_schemas(schema: Any, path: str = "#") -> list[tuple[str, dict[str, A
     if schema.get("type") == "object" or "properties" in schema:
         found.append((path, schema))
     for key, value in schema.items():
-        if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+        if key in NAMED_SUBSCHEMAS and isinstance(value, dict):
             for name, sub in value.items():
                 found += _object_schemas(sub, f"{path}/{key}/{name}")
         elif key in (

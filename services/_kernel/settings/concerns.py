@@ -357,9 +357,10 @@ class TurnLedger(Concern):
         None,
         json_schema_extra=SECRET_URL,
         description=(
-            "SQLAlchemy URL of the turn ledger (the guard's, and the fence the executor and model service check), "
-            "`postgresql+asyncpg://…` or `sqlite+aiosqlite:///…`; unset means a SQLite file in state_dir, which only "
-            "the development fleet may use (guard, model and executor refuse to start without it elsewhere)"
+            "SQLAlchemy URL of the turn ledger (the guard's, the fence the executor and model service check, the "
+            "principals the gate authorizes for), `postgresql+asyncpg://…` or `sqlite+aiosqlite:///…`; unset means a "
+            "SQLite file in state_dir, which only the development fleet may use (every service that shares it refuses "
+            "to start without it elsewhere)"
         ),
     )
     outbox_after_s: float = Field(
