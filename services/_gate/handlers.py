@@ -229,7 +229,10 @@ class Gate:
             away.until = deadline or None
             raise away
         log.warning(
-            "turn %s: %s still unavailable at the turn's deadline; call %s refused", command.turn.turn_id, away, call.id
+            "turn %s: call %s refused: its backend is still away at the turn's deadline (%s)",
+            command.turn.turn_id,
+            call.id,
+            away,
         )
         metrics.gate_rejections.labels(self._tool_label(call.name), "lookup_failed").inc()
         return CheckedCall(
