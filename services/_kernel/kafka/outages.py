@@ -30,12 +30,12 @@ from roundtrip._kernel.observability import metrics
 log = logging.getLogger("roundtrip.consumer")
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.25, 5.0  # a failed record's next try: doubled each time up to the maximum
-_KEY = "\x00key"  # what a record waits for when only its key is held (no dependency's name can be it)
+_KEY_ONLY = "\x00key"  # what a record waits for when only its key is held (no dependency's name can be it)
 
 
 def _waits_for(failed: RetryLater, key: Hashable) -> str:
-    """_KEY for a backend's failure of a record with a key; otherwise the fleet's dependency the consumer waits for."""
-    return _KEY if failed.backend and key is not None else failed.dependency
+    """_KEY_ONLY for a backend's failure of a record with a key; otherwise the fleet's dependency to wait for."""
+    return _KEY_ONLY if failed.backend and key is not None else failed.dependency
 
 
 def next_try(delay: float, until: float | None) -> float:
@@ -52,7 +52,7 @@ class Outages:
         self.consumer = consumer
         self._since: dict[str, float] = {}  # dependency -> when its outage began (monotonic)
         self._retrying: dict[str, int] = {}  # dependency -> records waiting for it now
-        self._held: dict[Hashable, float] = {}  # key -> when its record began to wait for a backend (monotonic)
+        self._held: set[Hashable] = set()  # keys whose record waits for a backend now
 
     @property
     def waiting(self) -> tuple[str, ...]:
@@ -93,7 +93,7 @@ class Outages:
                 except asyncio.CancelledError:
                     raise
                 except RetryLater as exc:
-                    if _waits_for(exc, key) == waiting == _KEY:
+                    if _waits_for(exc, key) == waiting == _KEY_ONLY:
                         metrics.retried_messages.labels(self.consumer, exc.dependency).inc()
                     elif _waits_for(exc, key) == waiting:
                         self.failed(waiting, exc.reason)
@@ -114,12 +114,12 @@ class Outages:
     def _begin(self, failed: RetryLater, key: Hashable, label: str) -> str:
         """The record waits: its key held (a backend's failure), or the consumer paused for the dependency."""
         waiting = _waits_for(failed, key)
-        if waiting != _KEY:
+        if waiting != _KEY_ONLY:
             self.waits(waiting, failed.reason)
             return waiting
         metrics.retried_messages.labels(self.consumer, failed.dependency).inc()
         if key not in self._held:
-            self._held[key] = time.monotonic()
+            self._held.add(key)
             metrics.held_keys.labels(self.consumer).set(len(self._held))
             log.warning(
                 "%s: key %s held: a backend (%s) is unavailable (%s); its records are retried, the other keys go on",
@@ -128,13 +128,14 @@ class Outages:
                 failed.dependency,
                 failed.reason[:300],
             )
-        return _KEY
+        return _KEY_ONLY
 
     def _end(self, waiting: str, key: Hashable, answered: bool) -> None:
-        if waiting != _KEY:
+        if waiting != _KEY_ONLY:
             self.stops_waiting(waiting, answered)
             return
-        if self._held.pop(key, None) is not None:
+        if key in self._held:
+            self._held.discard(key)
             metrics.held_keys.labels(self.consumer).set(len(self._held))
 
     def waits(self, dependency: str, reason: str) -> None:
