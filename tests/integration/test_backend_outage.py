@@ -23,12 +23,14 @@ import uvicorn
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from roundtrip._broker.embedded import free_port
+from roundtrip._guard.ledger import Ledger
 from roundtrip._kernel.kafka.admin import ensure_topics
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch, ToolCall, Turn
 from roundtrip._kernel.wire.topology import group
 from roundtrip._shop.agent import AGENT as SHOP
 from roundtrip._shop.app import create_app
+from tests.databases import migrated
 from tests.processes import start_service
 
 pytestmark = pytest.mark.integration
@@ -88,12 +90,16 @@ async def test_a_backend_that_times_out_for_one_conversation_holds_only_it_until
 ):
     prefix = f"away{uuid.uuid4().hex[:6]}."
     health = free_port()
+    ledger_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    await migrated(ledger_url)  # the gate authorizes for the turn as the ledger recorded it at its start
+    ledger = await Ledger.open(ledger_url)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
     env |= {
         "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
         "ROUNDTRIP_TOPIC_PREFIX": prefix,
         "ROUNDTRIP_STATE_DIR": str(tmp_path),
         "ROUNDTRIP_SHOP_URL": slow_shop,
+        "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url,
         "ROUNDTRIP_TOOL_TIMEOUT_S": str(TOOL_TIMEOUT_S),
         "ROUNDTRIP_HEALTH_PORT": str(health),
         "ROUNDTRIP_ENV": "development",
@@ -124,6 +130,7 @@ async def test_a_backend_that_times_out_for_one_conversation_holds_only_it_until
 
     async def publish(conversation: str, order_id: str, deadline_at: float) -> None:
         command = step(conversation, order_id, deadline_at)
+        await ledger.start(command.turn.model_dump(mode="json"), pending="{}")  # as the guard starts the turn
         published[conversation] = time.time()
         await producer.send_and_wait(
             prefix + topics.TOOL_CALLS, command.model_dump_json().encode(), key=conversation.encode()
@@ -199,6 +206,7 @@ async def test_a_backend_that_times_out_for_one_conversation_holds_only_it_until
         reader.cancel()
         await batches.stop()
         await producer.stop()
+        await ledger.close()
         gate.terminate()
         gate.wait(20)
         print(json.dumps({c: [round(t - published[c], 2) for t, _ in v] for c, v in got.items()}))
