@@ -225,7 +225,9 @@ class Gate:
         due again at the deadline: the consumer holds this conversation only); after it, the call is refused as
         lookup_failed, so the step is answered and the turn ends by its deadline rules (docs/faults.md)."""
         deadline = command.turn.deadline_at
-        if not away.backend or not deadline or time.time() < deadline:
+        if not away.backend:
+            raise away
+        if not deadline or time.time() < deadline:
             away.until = deadline or None
             raise away
         log.warning(

@@ -6,7 +6,8 @@ call refused in the agent's words; every step gets exactly one batch; the gate s
 held key (`roundtrip_held_keys`), with one log line for it (services/_kernel/kafka/outages.py, docs/faults.md).
 
 This is the gate's half of the turn: past the deadline no executor runs the batch (it expires with the turn) and the
-guard's sweeper ends the turn with its one reply, as for any turn past its deadline (tests/e2e/test_guard_e2e.py).
+guard's sweeper ends the turn with its one reply, as for any turn past its deadline: the whole turn is
+tests/e2e/test_backend_outage_e2e.py.
 """
 
 from __future__ import annotations

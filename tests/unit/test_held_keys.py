@@ -221,6 +221,13 @@ def test_a_failure_is_a_backends_only_when_it_says_so():
     except ValueError as wrapped:
         assert faults.of_backend(wrapped) is backend
     assert faults.of_backend(faults.RetryLater(faults.DATABASE, "x")) is None
+    try:
+        try:
+            raise backend
+        except faults.RetryLater:
+            raise ConnectionRefusedError(111, "the ledger refused")  # noqa: B904 - its context only
+    except ConnectionRefusedError as meanwhile:
+        assert faults.of_backend(meanwhile) is None  # the ledger's, though raised while the backend was away
     assert faults.of_backend(ConnectionRefusedError(111, "refused")) is None  # unmarked: the fleet's
     assert faults.of_backend(ExceptionGroup("g", [backend, faults.RetryLater(faults.HTTP, "y", backend=True)]))
     assert faults.of_backend(ExceptionGroup("g", [backend, faults.RetryLater(faults.DATABASE, "y")])) is None

@@ -66,8 +66,10 @@ class RetryLater(Exception):
 
 
 def of_backend(exc: BaseException) -> RetryLater | None:
-    """The backend's `RetryLater` that `exc` is or was raised from (every leaf's, for a group), or None: a failure
-    that does not say it is a backend's is the fleet's (the conservative answer: the whole consumer waits)."""
+    """The backend's `RetryLater` that `exc` is or was raised from (`raise ... from`; every leaf's, for a group), or
+    None: a failure that does not say it is a backend's is the fleet's (the conservative answer: the whole consumer
+    waits). Only explicit causes count: the ledger failing while a handler handled a backend's outage is the
+    ledger's."""
     if isinstance(exc, BaseExceptionGroup):
         leaves = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
         found = [of_backend(e) for e in leaves]
@@ -78,7 +80,7 @@ def of_backend(exc: BaseException) -> RetryLater | None:
             return None
         if isinstance(link, RetryLater):
             return link if link.backend else None
-        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+        link = link.__cause__
     return None
 
 
