@@ -14,12 +14,14 @@ import pytest
 from aiokafka import TopicPartition
 from prometheus_client import REGISTRY
 
+from roundtrip._gate.authorization import authorize
 from roundtrip._gate.handlers import Gate
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.kafka.outages import next_try
 from roundtrip._kernel.wire.approvals import Signer, parse_keys
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
+from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from roundtrip._shop.app import in_process
 from tests.agents import SHOP, shop_deps
@@ -292,3 +294,23 @@ async def test_a_backend_still_away_at_the_deadline_refuses_that_call_and_answer
     assert not stuck.approved and stuck.error == SHOP.message("lookup_failed")
     assert other.approved  # the step's other call is checked as ever
     SIGNER.verify(batch)  # signed (bound to the passed deadline: no executor runs it; the guard ends the turn)
+
+
+async def test_a_policy_whose_backend_is_away_holds_its_conversation_and_a_bug_in_it_does_not():
+    spec = SHOP.registry.get("list_orders")
+    ctx = ToolContext(customer_id="cus_1001", tool_use_id="toolu_1", idempotency_key="t:toolu_1")
+
+    async def no_entities(kind, entity_id, customer_id):
+        raise AssertionError("list_orders references no entity")
+
+    async def away(tool_input, entities, ctx):
+        raise httpx.ConnectError("All connection attempts failed")
+
+    async def buggy(tool_input, entities, ctx):
+        raise KeyError("status")
+
+    with pytest.raises(faults.RetryLater) as later:
+        await authorize(spec, {}, ctx, no_entities, away)
+    assert later.value.backend and later.value.dependency == faults.HTTP
+    with pytest.raises(KeyError):  # the gate's check_call turns it into internal_error, as ever
+        await authorize(spec, {}, ctx, no_entities, buggy)
