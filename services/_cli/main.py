@@ -18,6 +18,7 @@ import typer
 
 from roundtrip._cli.agent import agent_app
 from roundtrip._cli.help import flags_without_type, reflow_help
+from roundtrip._kernel.observability.logs import configure as configure_logging
 from roundtrip._kernel.settings import get_settings
 from roundtrip._kernel.wire import topology
 
@@ -51,7 +52,7 @@ ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
 
 def _logging() -> None:
     level = get_settings().log_level.upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(level)
     for noisy in ("aiokafka", "httpx", "httpx2", "httpcore", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

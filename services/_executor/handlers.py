@@ -44,7 +44,7 @@ def verify(batch: ExecuteToolBatch, verifier: Verifier) -> None:
         verifier.verify(batch)
     except Exception as exc:
         security.error(
-            "refused batch for turn %s step %d (customer %s): %s",
+            "refused batch for turn %r step %d (customer %r): %s",
             batch.turn.turn_id,
             batch.step,
             batch.turn.customer_id,
@@ -78,7 +78,7 @@ async def execute(
         raise BatchNotRun(
             f"approval expired {now - batch.expires_at:.1f} s ago (the turn's deadline); the guard ends the turn"
         )
-    if fence is not None and not await fence.claim_batch(batch.turn.turn_id, batch.step, lease_for(batch, runner), now):
+    if fence is not None and not await fence.claim_batch(batch.turn, batch.step, lease_for(batch, runner), now):
         span.add_event("batch not run: the turn has ended or moved on", {"roundtrip.step": batch.step})
         raise BatchNotRun(
             "the turn has ended, been cancelled, moved past this step or passed its deadline; nothing was run"

@@ -7,8 +7,10 @@ import logging
 from faststream import FastStream
 
 from roundtrip._gate.handlers import Gate
+from roundtrip._gate.recorded import RecordedTurns
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Signer
 from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch
@@ -16,6 +18,8 @@ from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies, ToolContext
 
 log = logging.getLogger("roundtrip.gate")
+# PostgreSQL connections a gate replica keeps for the ledger (deploy/README.md, "Database connections")
+GATE_POOL_SIZE = 2
 
 
 def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
@@ -45,10 +49,13 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     execute = Outlet(broker, topics.TOOL_BATCHES, ExecuteToolBatch)
     deps = agent.open_dependencies(settings)
     gate = gate_for(agent, settings, deps)
+    state: dict[str, RecordedTurns] = {}
 
     @subscribe(broker, topics.TOOL_CALLS, "gate", settings)
     async def on_check_tool_calls(command: CheckToolCalls) -> None:
-        batch = await gate.check(command)
+        # authorized for the turn the ledger recorded at its start; a copy naming anyone else is refused here
+        turn = await state["turns"].authorized(command.turn)
+        batch = await gate.check(command.model_copy(update={"turn": turn}))
         rejected = [c.name for c in batch.calls if not c.approved]
         if rejected:
             log.info("turn %s step %d: rejected %s", command.turn.turn_id, command.step, rejected)
@@ -58,5 +65,17 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     # its keys again (`roundtrip run` checked them before building): outside development, never a published one
     app.on_startup(lambda: settings.refuse_unfit_keys("gate", topology.service("gate").keys, agent.holds_calls()))
     agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
-    app.after_shutdown(deps.aclose)
+
+    @app.on_startup
+    async def open_ledger() -> None:
+        # one short read per turn per replica (then remembered): two connections carry it
+        store = await TurnStore.open(settings.ledger_db_url, pool_size=GATE_POOL_SIZE)
+        state["turns"] = RecordedTurns(store)
+
+    @app.after_shutdown
+    async def close() -> None:
+        await deps.aclose()
+        if "turns" in state:
+            await state["turns"].store.close()
+
     return app

@@ -80,13 +80,19 @@ async def authorize(
             entity = await lookup(kind, entity_id, ctx.customer_id)
         except Exception as exc:  # noqa: BLE001 - any backend failure denies the call ...
             if (dependency := faults.unavailable(exc)) is not None:  # ... but one that is away is asked again
-                raise faults.RetryLater(dependency, f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
+                why = f"could not verify {kind} {entity_id[:40]}: {exc}"
+                raise faults.RetryLater(dependency, why, backend=True) from exc  # the agent's: its conversation waits
             raise LookupFailed(f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
         if entity is None or not _belongs(entity, kind, entity_id, ctx.customer_id):
             return _not_found(say, kind, entity_id, tools)
         entities[field] = entity
     if policy is not None:
-        return await policy(tool_input, entities, ctx)
+        try:
+            return await policy(tool_input, entities, ctx)
+        except Exception as exc:  # a policy reads the agent's backends too: one that is away holds its conversation
+            if (dependency := faults.unavailable(exc)) is not None:
+                raise faults.RetryLater(dependency, f"{spec.name}'s policy: {exc}", backend=True) from exc
+            raise
     return None
 
 

@@ -87,10 +87,10 @@ class Gate:
         try:
             return await self._check_call(call, customer_id, turn_id, blocked, lookups, decision, metadata)
         except faults.RetryLater:
-            raise  # a backend or the database is away: the whole step waits for it (nothing is approved meanwhile)
+            raise  # an agent's backend is away: the step waits for it (nothing is approved meanwhile), see _traced
         except Exception as exc:  # noqa: BLE001 - the gate fails closed and keeps serving
-            if (dependency := faults.unavailable(exc)) is not None:
-                raise faults.RetryLater(dependency, f"{type(exc).__name__}: {exc}") from exc
+            if (dependency := faults.unavailable(exc)) is not None:  # what a call reaches is the agent's backends
+                raise faults.RetryLater(dependency, f"{type(exc).__name__}: {exc}", backend=True) from exc
             log.exception("gate failed while checking %s (%s); rejecting it", str(call.name)[:80], call.id)
             metrics.gate_rejections.labels(self._tool_label(call.name), "internal_error").inc()
             return CheckedCall(
@@ -129,7 +129,7 @@ class Gate:
         if problems:
             return reject(self.messages("invalid_input", tool=name, problems="; ".join(problems)), "invalid_input")
         if not customer_id:
-            security.error("turn %s: no principal on the turn; call %s refused", turn_id, call.id)
+            security.error("turn %r: no principal on the turn; call %r refused", turn_id, call.id)
             return reject(self.messages("no_principal"), "no_principal")
         policy = self.registry.policy(name)
         lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
@@ -191,7 +191,7 @@ class Gate:
         problem = self._decision_problem(decision, call, turn_id, digest)
         if problem:
             security.error(
-                "turn %s: approval %s refused for call %s: %s", turn_id, decision.approval_id, call.id, problem
+                "turn %r: approval %r refused for call %r: %s", turn_id, decision.approval_id, call.id, problem
             )
             return reject(self.messages("decision_refused", problem=problem), "not_allowed")
         return CheckedCall(id=call.id, name=name, input=call.input, approved=True, approved_by=decision.decided_by)
@@ -220,6 +220,27 @@ class Gate:
             return "the approval was given for other arguments than these"
         return None
 
+    def _backend_away(self, call: ToolCall, command: CheckToolCalls, away: faults.RetryLater) -> CheckedCall:
+        """An agent's backend is still away for this call: before the turn's deadline the step waits (raised again,
+        due again at the deadline: the consumer holds this conversation only); after it, the call is refused as
+        lookup_failed, so the step is answered and the turn ends by its deadline rules (docs/faults.md)."""
+        deadline = command.turn.deadline_at
+        if not away.backend:
+            raise away
+        if not deadline or time.time() < deadline:
+            away.until = deadline or None
+            raise away
+        log.warning(
+            "turn %s: call %s refused: its backend is still away at the turn's deadline (%s)",
+            command.turn.turn_id,
+            call.id,
+            away,
+        )
+        metrics.gate_rejections.labels(self._tool_label(call.name), "lookup_failed").inc()
+        return CheckedCall(
+            id=call.id, name=call.name, input=call.input, approved=False, error=self.messages("lookup_failed")
+        )
+
     def _tool_label(self, name: object) -> str:
         """The tool as a metric label: a name the model made up is not a new time series."""
         return name if isinstance(name, str) and name in self.registry.specs else "unknown"
@@ -237,15 +258,18 @@ class Gate:
                 }
             )
             decision = next((d for d in command.decisions if d.tool_use_id == call.id), None)
-            result = await self.check_call(
-                call,
-                command.turn.customer_id,
-                command.turn.turn_id,
-                command.blocked.get(call.id),
-                lookups,
-                decision,
-                command.turn.metadata,
-            )
+            try:
+                result = await self.check_call(
+                    call,
+                    command.turn.customer_id,
+                    command.turn.turn_id,
+                    command.blocked.get(call.id),
+                    lookups,
+                    decision,
+                    command.turn.metadata,
+                )
+            except faults.RetryLater as away:
+                result = self._backend_away(call, command, away)
             span.set_attribute("roundtrip.approved", result.approved)
             if result.hold:
                 span.set_attribute("roundtrip.hold", result.hold.reason[:200])

@@ -116,12 +116,12 @@ def subscribe_requests(
             span.set_attributes({"roundtrip.turn_id": turn.turn_id, "roundtrip.customer_id": turn.customer_id})
             if not started.add(turn.turn_id, request):
                 span.add_event("duplicate request dropped")
-                log.info("duplicate request %s (turn %s) dropped", request.request_id, turn.turn_id)
+                log.info("duplicate request %r (turn %r) dropped", request.request_id, turn.turn_id)
                 return
             waited = await admission.admit(turn.turn_id)
             if waited > 0.001:
                 span.set_attribute("roundtrip.admission_wait_s", round(waited, 3))
-            log.info("turn %s started for %s (trace %s)", turn.turn_id, turn.customer_id, turn.trace_id)
+            log.info("turn %r started for %r (trace %s)", turn.turn_id, turn.customer_id, turn.trace_id)
             await start(command, turn.conversation_id)
 
 

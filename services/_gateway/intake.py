@@ -158,7 +158,7 @@ def refuser(reply: Callable[[SupportReply, str], Awaitable[None]]):
         shown = str(exc) if isinstance(exc, InvalidRequest) else reason
         metrics.refused_requests.labels(exc.kind if isinstance(exc, InvalidRequest) else "schema").inc()
         log.warning(
-            "request %s of conversation %s refused: %s", ids["request_id"][:200], ids["conversation_id"][:200], shown
+            "request %r of conversation %r refused: %s", ids["request_id"][:200], ids["conversation_id"][:200], shown
         )
         await reply(refusal(ids, shown, metadata_of(record.value)), ids["conversation_id"])
 

@@ -30,6 +30,7 @@ from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Bounded, Outbox, pending_copy, traceparent
 from roundtrip._guard.outside import Outside
 from roundtrip._kernel.observability.telemetry import tracer
+from roundtrip._kernel.storage.turnstore import disagreement, refused
 from roundtrip._kernel.wire.approvals import ApprovalError, DecisionVerifier, Verifier, in_tool_use_order
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,
@@ -108,6 +109,8 @@ class Approvals:
             await self.outbox.emit(event.turn.turn_id, pending, status, event.turn.conversation_id)
             return "awaiting"
         row = await self.ledger.get(event.turn.turn_id)
+        if row is not None and (why := disagreement(event.turn, row)) is not None:
+            raise refused(event.turn, "guard", why)  # dead-lettered: it may not hold another customer's turn
         if row is not None and row.status == ENDING and row.step == event.step:
             await self.ledger.release_ending_lease(row.turn_id, row.step)  # the step's calls are done: the end may go
         known = await self.ledger.approval(event.approval_id)
@@ -206,7 +209,7 @@ class Approvals:
             self.decisions.verify(decision)
         except ApprovalError as exc:
             security.error(
-                "refused decision %s for turn %s by %r: %s",
+                "refused decision %r for turn %r by %r: %s",
                 decision.approval_id,
                 decision.turn_id,
                 decision.decided_by,
@@ -222,7 +225,7 @@ class Approvals:
             approval.input_sha256,
         ):
             security.error(
-                "decision %s names another call than the one requested (turn %s, call %s)",
+                "decision %r names another call than the one requested (turn %r, call %r)",
                 decision.approval_id,
                 decision.turn_id,
                 decision.tool_use_id,

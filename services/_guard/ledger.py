@@ -24,18 +24,22 @@ from sqlalchemy import bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from roundtrip._kernel.storage.turnstore import (
+    AT_STEP,
     AWAITING,
     ENDED,
     ENDING,
     IS_LIVE,
     LIVE,
+    OF_PRINCIPAL,
     OPEN,
     RUNNING,
     STUCK,
+    Principal,
     TurnStore,
     approvals,
     make_engine,
     no_live_lease,
+    principal,
     turns,
 )
 
@@ -62,7 +66,7 @@ class _Refused(Exception):
 
 # the statements of every step, built once (see services/_kernel/storage/turnstore.py); `b_` names are the conditions
 _START = insert(turns)
-_ADVANCE = update(turns).where(turns.c.turn_id == bindparam("b_turn_id"), turns.c.step == bindparam("b_step"), IS_LIVE)
+_ADVANCE = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE)
 _GET = select(turns).where(turns.c.turn_id == bindparam("b_turn_id"))
 _LIVE_TURNS = select(turns).where(
     turns.c.conversation_id == bindparam("b_conversation_id"),
@@ -155,7 +159,11 @@ class LedgerApprovals(TurnStore):
             moved = conn.execute(
                 update(turns)
                 .where(
-                    turns.c.turn_id == approval["turn_id"], turns.c.step == approval["step"], turns.c.status.in_(LIVE)
+                    turns.c.turn_id == approval["turn_id"],
+                    turns.c.step == approval["step"],
+                    turns.c.customer_id == approval["customer_id"],
+                    turns.c.conversation_id == approval["conversation_id"],
+                    turns.c.status.in_(LIVE),
                 )
                 .values(
                     status=AWAITING,
@@ -316,7 +324,7 @@ class Ledger(LedgerApprovals):
 
     async def advance(
         self,
-        turn_id: str,
+        turn: Principal,
         step: int,
         usage: dict[str, int],
         cost_usd: float,
@@ -325,8 +333,8 @@ class Ledger(LedgerApprovals):
         traceparent: str | None = None,
         now: float | None = None,
     ) -> bool:
-        """Record iteration `step` (and the end, with an outcome). Only from step-1 and a live turn.
-        The model answered, so the executor's lease of the previous step is over."""
+        """Record iteration `step` (and the end, with an outcome). Only from step-1, a live turn, and the turn's own
+        customer and conversation. The model answered, so the executor's lease of the previous step is over."""
         now = now or time.time()
         values: dict[str, Any] = dict(
             step=step,
@@ -343,7 +351,7 @@ class Ledger(LedgerApprovals):
         )
         if outcome:
             values.update(outcome=outcome, ended_at=now)
-        return await self._update(_ADVANCE, {"b_turn_id": turn_id, "b_step": step - 1, **values})
+        return await self._update(_ADVANCE, {**principal(turn), "b_step": step - 1, **values})
 
     async def end(
         self,

@@ -27,6 +27,7 @@ from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Continue, Finish, Policy, decide
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error
+from roundtrip._kernel.storage.turnstore import disagreement, refused
 from roundtrip._kernel.wire.events import CallModel, CheckToolCalls, ModelResponded, Outcome, TurnEnded
 
 log = logging.getLogger("roundtrip.guard")
@@ -95,7 +96,7 @@ class Loop:
             message, outcome = await self._finished(event, decision, cost, span), decision.outcome.value
         pending = pending_copy(message)
         if await self.ledger.advance(
-            event.turn.turn_id,
+            event.turn,
             event.step,
             event.spent.model_dump(),
             cost,
@@ -134,6 +135,8 @@ class Loop:
         if outcome in ERROR_OUTCOMES:
             mark_error(span, f"{outcome}: {decision.detail}" if decision.detail else outcome, outcome)
         if self.conversations is not None:  # stored before the end is recorded: the next turn waits for the end
+            # only the turn's own customer's end may write its conversation's history (one read a turn, at its end)
+            await self.ledger.refuse_if_not_recorded(event.turn, "guard")
             await self.conversations.close_turn(
                 event.turn.conversation_id,
                 event.turn.turn_id,
@@ -157,8 +160,10 @@ class Loop:
         """Why the ledger refused the step: a redelivery (republish a decision maybe not out), a duplicate, a gap."""
         row = await self.ledger.get(event.turn.turn_id)
         if row is None:
-            log.warning("turn %s: iteration for a turn the ledger does not know; dropped", event.turn.turn_id)
+            log.warning("turn %r: iteration for a turn the ledger does not know; dropped", event.turn.turn_id)
             return "unknown turn"
+        if (why := disagreement(event.turn, row)) is not None:
+            raise refused(event.turn, "guard", why)  # dead-lettered: another customer's or conversation's copy
         if event.step == row.step and row.pending:
             await self.outbox.republish(row)
             return "republished"

@@ -189,7 +189,7 @@ class Starts:
             row = await self.ledger.get(turn.turn_id)
             return await self._started_before(row, command) if row is not None else "duplicate"
         security.warning(
-            "turn %s refused: customer %s named conversation %s of another customer (request %s)",
+            "turn %r refused: customer %r named conversation %r of another customer (request %r)",
             turn.turn_id,
             turn.customer_id,
             turn.conversation_id,

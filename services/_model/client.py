@@ -77,7 +77,7 @@ class ModelClient:
         self._system = [{"type": "text", "text": system_prompt, "cache_control": {"type": "ephemeral"}}]
         self._model = model
         self._client = anthropic.AsyncAnthropic(
-            api_key=settings.anthropic_api_key or "simulator",
+            api_key=settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else "simulator",
             base_url=settings.model_base_url,
             # the model service: services/_model/attempts.py retries, through the process's limiter
             max_retries=sdk_retries,

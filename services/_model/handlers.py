@@ -132,7 +132,7 @@ async def call_model(
     With `chunks` (a turn that streams) the call is streamed, its text published as it comes (streamed.py)."""
     limits, retrying = limits or Limits(), retrying or Retrying()
     turn = command.turn
-    if fence is not None and not await fence.claim_model_call(turn.turn_id, command.step):
+    if fence is not None and not await fence.claim_model_call(turn, command.step):
         trace.get_current_span().add_event(
             "model not called: the turn has ended or moved on", {"roundtrip.step": command.step}
         )
@@ -169,7 +169,7 @@ async def _attempted(
 
     async def waiting() -> bool:
         trace.get_current_span().add_event("waiting for model capacity", {"roundtrip.step": command.step})
-        return await fence.wait_for_capacity(turn.turn_id, command.step) if fence is not None else True
+        return await fence.wait_for_capacity(turn, command.step) if fence is not None else True
 
     return await attempt(
         _caller(command, client, chunks),

@@ -183,9 +183,7 @@ class Agent:
         local = [tool for tool in self.registry.api_tools(cache=False) if tool["name"] in self.registry.local]
         seen: dict[str, Any] = {"system": self.system_prompt, "tools": local}
         if servers := self.mcp_sources:  # what it mounts, not what the servers list (that is known only at run time)
-            seen["mcp"] = [
-                [s.name, sorted(s.tools or []), {t: dict(a) for t, a in s.entities.items()}] for s in servers
-            ]
+            seen["mcp"] = [[s.name, s.named, {t: dict(a) for t, a in s.entities.items()}] for s in servers]
         return hashlib.sha256(json.dumps(seen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
     def model_for(self, settings: Any) -> str:

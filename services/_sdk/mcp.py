@@ -1,9 +1,13 @@
 """MCP tools: the tools of an MCP server (streamable HTTP, the `mcp` package's client) mounted by an agent.
 
-An agent declares `mcp_servers=[McpServer(name, url, tools, entities)]`. Every process that runs the agent's tools
-(model, gate, executor) lists each server's tools when it starts, in the background: a server that is down is
-asked again with a bounded backoff (0.5 s doubling up to `retry_max_s`), and until it answers its tools are
-refused with a sentence saying so (the gate's message, or the executor's `is_error` result); the service itself
+An agent declares `mcp_servers=[McpServer(name, url, tools, entities)]`. It mounts only the tools it names: those of
+`tools`, or, left out, those `entities` annotates. A tool the server adds later is not mounted, since the agent
+has not said which of its arguments name an entity. `tools="all"` takes every tool the server lists for which
+`entities` has an entry (`{}`: it takes no entity id); a listed tool without one is refused, not mounted, with a
+reason the logs and `roundtrip agent check` show, until the agent declares its entities. Every process that runs
+the agent's tools (model, gate, executor) lists each server's tools when it starts, in the background: a server that
+is down is asked again with a bounded backoff (0.5 s doubling up to `retry_max_s`), and until it answers its tools
+are refused with a sentence saying so (the gate's message, or the executor's `is_error` result); the service itself
 starts and serves its other tools. A listing is taken once and kept for the life of the process.
 
 A listed tool becomes a tool of the agent's registry like a local one: its `inputSchema` is what the model sees,
@@ -32,11 +36,12 @@ import os
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from roundtrip._sdk.context import ToolContext, ToolError
-from roundtrip._sdk.registry import _NAMED_SUBSCHEMAS, RegistryError, ToolSpec, check_tool_document
+from roundtrip._sdk.entity_places import NAMED_SUBSCHEMAS
+from roundtrip._sdk.registry import RegistryError, ToolSpec, check_tool_document
 from roundtrip._sdk.sources import OnListed, ToolSource
 
 log = logging.getLogger("roundtrip.mcp")
@@ -59,12 +64,13 @@ class McpServer(ToolSource):
 
     `url`: its streamable HTTP endpoint (e.g. http://billing:8000/mcp), or a function of the agent's own settings
     returning it, or None: the environment variable ROUNDTRIP_MCP_<NAME>_URL. `tools`: the tools of the server
-    the agent mounts (None: every tool it lists). `entities`: per tool, the arguments that name an entity, by
-    kind (`x-entity`), each checked by the agent's resolver of that kind."""
+    the agent mounts, by name (left out: the tools `entities` names), or "all": every tool it lists that `entities`
+    has an entry for (the others are refused with the reason). `entities`: per tool, the arguments that name an
+    entity, by kind (`x-entity`), each checked by the agent's resolver of that kind (`{}`: none does)."""
 
     name: str
     url: str | Callable[[Any], str] | None = None
-    tools: Collection[str] | None = None
+    tools: Collection[str] | Literal["all"] = ()
     entities: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     timeout_s: float = 10.0  # one listing attempt
     retry_max_s: float = 30.0  # the longest wait between two listing attempts
@@ -77,9 +83,20 @@ class McpServer(ToolSource):
     def label(self) -> str:  # type: ignore[override]
         return f"MCP server {self.name}"
 
+    @property
+    def takes_all(self) -> bool:
+        """`tools="all"`: every listed tool the agent declares the entities of."""
+        return isinstance(self.tools, str) and self.tools == "all"
+
+    @property
+    def named(self) -> list[str] | str:
+        """The `tools` it names, sorted, or "all" (for the agent's digest)."""
+        return "all" if self.takes_all else sorted(self.tools or ())
+
     def declared(self) -> frozenset[str]:
         """The tools this declaration names (its `tools` and the tools it annotates)."""
-        return frozenset(self.tools or ()) | frozenset(self.entities)
+        listed = () if isinstance(self.tools, str) else (self.tools or ())
+        return frozenset(listed) | frozenset(self.entities)
 
     def specs(self) -> Mapping[str, ToolSpec]:
         return {}  # known once a process has listed them (its McpMount)
@@ -101,7 +118,15 @@ class McpServer(ToolSource):
         found = []
         if not isinstance(self.name, str) or not SERVER_NAME.match(self.name):
             found.append(f"MCP server name {self.name!r} must match {SERVER_NAME.pattern}")
-        if self.tools is not None and (stray := sorted(set(self.entities) - set(self.tools))):
+        if isinstance(self.tools, str) and not self.takes_all:
+            found.append(f"MCP server {self.name}: tools must be a list of tool names or 'all', not {self.tools!r}")
+        elif not self.takes_all and not self.declared():
+            found.append(
+                f"MCP server {self.name} names no tools: list the ones the agent mounts (tools=[...]), or take every "
+                "tool it lists with tools='all' and an entry in entities for each (an empty one for a tool that takes "
+                "no entity id)"
+            )
+        elif not self.takes_all and self.tools and (stray := sorted(set(self.entities) - set(self.tools))):
             found.append(f"MCP server {self.name}: entities for tools it does not mount: {stray}")
         if unbound := sorted({k for args in self.entities.values() for k in args.values()} - set(kinds)):
             found.append(f"MCP server {self.name}: x-entity kinds without a resolver: {unbound}")
@@ -141,7 +166,7 @@ def _object_schemas(schema: Any, path: str = "#") -> list[tuple[str, dict[str, A
     if schema.get("type") == "object" or "properties" in schema:
         found.append((path, schema))
     for key, value in schema.items():
-        if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+        if key in NAMED_SUBSCHEMAS and isinstance(value, dict):
             for name, sub in value.items():
                 found += _object_schemas(sub, f"{path}/{key}/{name}")
         elif key in (
@@ -232,8 +257,8 @@ class McpMount(ToolSource):
         return self._refused
 
     def declared(self) -> frozenset[str]:
-        """What the agent declares of it, and, when it mounts the server whole, every tool the server lists."""
-        return self.server.declared() | (frozenset(self.listed or ()) if self.server.tools is None else frozenset())
+        """What the agent declares of it (with tools="all" too: only the tools it declares the entities of)."""
+        return self.server.declared()
 
     async def list_once(self) -> dict[str, Any]:
         tools: dict[str, Any] = {}
@@ -250,7 +275,14 @@ class McpMount(ToolSource):
     def take(self, listed: dict[str, Any]) -> list[str]:
         """Keep a listing: check each tool it mounts (one that does not fit is refused); what is missing, one line."""
         server, self.listed = self.server, listed
-        for name in sorted(n for n in listed if server.tools is None or n in server.tools):
+        if server.takes_all and (unannotated := sorted(set(listed) - server.declared())):
+            why = (
+                "the agent takes all of its server's tools but declares no entities for this one (name it in "
+                "McpServer's entities, with {} if none of its arguments is an entity id)"
+            )
+            self._refused.update(dict.fromkeys(unannotated, why))
+            log.warning("MCP server %s: tools %s not mounted: %s", server.name, unannotated, why)
+        for name in sorted(n for n in listed if n in server.declared()):
             try:
                 self._fit[name] = check_tool_document(
                     strict_copy(server, listed[name]), source=f"MCP server {server.name}"

@@ -8,7 +8,8 @@ strips the `x-` keywords and marks the last tool for prompt caching.
 
 What one document must be is schemas/tool.json (`roundtrip.schemas`), a JSON Schema checked with
 `jsonschema`: each violation is one problem naming where it was found and its JSON path. What a
-schema cannot say is checked here: the name of its file, and the bindings (a schema without a
+schema cannot say is checked here: an `x-entity` anywhere but on a top-level property (the only place the gate
+resolves one), the name of its file, and the bindings (a schema without a
 handler, a handler without a schema, a policy or entity kind unbound). Loading fails loudly
 (RegistryError, with every problem found in its `problems`). Tools declared as Python functions
 (services/_sdk/functions.py) and an MCP server's tools (services/_sdk/mcp.py) become the same
@@ -30,6 +31,7 @@ from jsonschema.exceptions import ValidationError
 
 import roundtrip.schemas
 from roundtrip._sdk.context import ToolContext
+from roundtrip._sdk.entity_places import NAMED_SUBSCHEMAS, entity_problems
 
 Handler = Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]]
 Policy = Callable[[dict[str, Any], dict[str, dict[str, Any]], ToolContext], Awaitable[str | None]]
@@ -41,10 +43,6 @@ ApprovalRule = Callable[[dict[str, Any], dict[str, dict[str, Any]], Any], str | 
 async def allow(args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: ToolContext) -> str | None:
     """The policy of a tool that declares none."""
     return None
-
-
-# Keywords whose value maps *names* (not keywords) to subschemas.
-_NAMED_SUBSCHEMAS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 
 
 class RegistryError(Exception):
@@ -77,7 +75,7 @@ def strip_extensions(schema: Any, top: bool = True) -> Any:
     for key, value in schema.items():
         if key.startswith("x-") or (top and key == "$schema"):
             continue
-        if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+        if key in NAMED_SUBSCHEMAS and isinstance(value, dict):
             out[key] = {name: strip_extensions(sub, top=False) for name, sub in value.items()}
         elif isinstance(value, (dict, list)) and key not in ("enum", "const", "examples", "default"):
             out[key] = strip_extensions(value, top=False)
@@ -145,6 +143,7 @@ def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None
     the rule), and its ToolSpec when its name, description and input schema can be read."""
     errors = list(tool_document_validator().iter_errors(doc))
     problems = list(dict.fromkeys(f"{source}: {error.json_path}: {_sentence(error, doc)}" for error in errors))
+    problems += entity_problems(doc, source)
     if any(list(error.absolute_path)[:1] in ([], ["name"]) for error in errors):
         return None, problems
     name, description, schema = doc["name"], doc["description"], doc["input_schema"]

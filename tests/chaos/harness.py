@@ -463,7 +463,7 @@ def ledger_rows(settings: Settings) -> dict[str, dict]:
             conn.close()
 
     async def read() -> dict[str, dict]:  # PostgreSQL: asyncpg, in a thread of its own (callers are on the test's loop)
-        engine = create_async_engine(settings.ledger_database_url)
+        engine = create_async_engine(settings.ledger_db_url)
         try:
             async with engine.connect() as conn:
                 rows = (await conn.execute(text(f"SELECT {LEDGER_COLUMNS} FROM turns"))).mappings().all()

@@ -141,7 +141,7 @@ async def test_a_forged_batch_reusing_a_real_turn_and_step_is_dead_lettered_and_
         reasons
     )
     assert all("toolu_forged01" in letter["payload"] for letter in found)
-    logged = await _logged(settings, f"refused batch for turn {real.turn.turn_id} step 1", timeout=10)
+    logged = await _logged(settings, f"refused batch for turn {real.turn.turn_id!r} step 1", timeout=10)
     security = [line for line in logged if "roundtrip.security" in line]
     assert len(security) >= 2, logged
     await asyncio.sleep(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
@@ -33,6 +34,11 @@ async def fence(ledger):
     await fence.close()
 
 
+def key(t: dict) -> SimpleNamespace:
+    """The turn as the fence and the ledger take it: its id and principal."""
+    return SimpleNamespace(**t)
+
+
 def turn(**extra):
     tid = f"turn_{uuid.uuid4().hex[:12]}"
     return {
@@ -59,11 +65,11 @@ async def test_a_turn_starts_once(ledger):
 async def test_each_step_advances_once_and_only_in_order(ledger):
     t = turn()
     await ledger.start(t, pending="{}")
-    assert await ledger.advance(t["turn_id"], 1, USAGE, 0.01, pending="x") is True
-    assert await ledger.advance(t["turn_id"], 1, USAGE, 0.01, pending="x") is False  # duplicate step
-    assert await ledger.advance(t["turn_id"], 3, USAGE, 0.01, pending="x") is False  # a gap
-    assert await ledger.advance(t["turn_id"], 2, USAGE, 0.02, pending="y", outcome="end_turn") is True
-    assert await ledger.advance(t["turn_id"], 3, USAGE, 0.03, pending="z") is False  # ended turns do not move
+    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x") is True
+    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x") is False  # duplicate step
+    assert await ledger.advance(key(t), 3, USAGE, 0.01, pending="x") is False  # a gap
+    assert await ledger.advance(key(t), 2, USAGE, 0.02, pending="y", outcome="end_turn") is True
+    assert await ledger.advance(key(t), 3, USAGE, 0.03, pending="z") is False  # ended turns do not move
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.step, row.outcome, row.cost_usd, row.input_tokens, row.pending) == (
         ENDED,
@@ -82,7 +88,7 @@ async def test_each_step_advances_once_and_only_in_order(ledger):
 async def test_racing_replicas_cannot_both_take_a_step(ledger):
     t = turn()
     await ledger.start(t, pending="{}")
-    results = await asyncio.gather(*(ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p") for _ in range(8)))
+    results = await asyncio.gather(*(ledger.advance(key(t), 1, USAGE, 0.0, pending="p") for _ in range(8)))
     assert sorted(results) == [False] * 7 + [True]
 
 
@@ -105,7 +111,7 @@ async def test_progress_unflags_a_stuck_turn(ledger):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0)
     await ledger.flag_stuck(t["turn_id"], now=1061.0)
-    assert await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1070.0) is True
+    assert await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1070.0) is True
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.flagged_at) == (RUNNING, None)
 
@@ -127,51 +133,49 @@ async def test_listing_filters_by_status_and_customer(ledger):
 async def test_a_claim_succeeds_only_while_the_turn_is_live_at_that_step_and_before_its_deadline(ledger, fence):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
-    assert await fence.claim_model_call(t["turn_id"], 0, now=1001.0) is True
-    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1002.0) is False  # the turn is not at step 1 yet
-    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1003.0)
-    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1004.0) is True
+    assert await fence.claim_model_call(key(t), 0, now=1001.0) is True
+    assert await fence.claim_batch(key(t), 1, lease_s=15, now=1002.0) is False  # the turn is not at step 1 yet
+    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1003.0)
+    assert await fence.claim_batch(key(t), 1, lease_s=15, now=1004.0) is True
     assert (
-        await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1005.0) is True
+        await fence.claim_batch(key(t), 1, lease_s=15, now=1005.0) is True
     )  # a redelivery re-claims (idempotent calls)
-    assert await fence.claim_batch(t["turn_id"], 0, lease_s=15, now=1005.0) is False  # a step the turn has left
+    assert await fence.claim_batch(key(t), 0, lease_s=15, now=1005.0) is False  # a step the turn has left
     row = await ledger.get(t["turn_id"])
     assert (row.lease_step, row.lease_until) == (1, 1020.0)
-    assert await fence.claim_model_call(t["turn_id"], 1, now=1006.0) is True  # the calls are done: lease released
+    assert await fence.claim_model_call(key(t), 1, now=1006.0) is True  # the calls are done: lease released
     assert (await ledger.get(t["turn_id"])).lease_until is None
-    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1300.0) is False  # at the deadline
-    assert await fence.claim_model_call(t["turn_id"], 1, now=1300.5) is False
-    assert await fence.claim_batch("turn_unknown", 1, lease_s=15) is False
+    assert await fence.claim_batch(key(t), 1, lease_s=15, now=1300.0) is False  # at the deadline
+    assert await fence.claim_model_call(key(t), 1, now=1300.5) is False
+    assert await fence.claim_batch(key(turn(turn_id="turn_unknown")), 1, lease_s=15) is False
 
 
 async def test_nothing_can_be_claimed_after_the_end(ledger, fence):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
-    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1001.0)
+    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1001.0)
     assert await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1002.0) == ENDED  # the end wins
-    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1003.0) is False
-    assert await fence.claim_model_call(t["turn_id"], 1, now=1003.0) is False
+    assert await fence.claim_batch(key(t), 1, lease_s=15, now=1003.0) is False
+    assert await fence.claim_model_call(key(t), 1, now=1003.0) is False
 
 
 async def test_an_end_waits_for_a_claimed_batch_then_lands_after_it(ledger, fence):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
-    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1001.0)
-    assert await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1002.0) is True  # the claim wins
+    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1001.0)
+    assert await fence.claim_batch(key(t), 1, lease_s=15, now=1002.0) is True  # the claim wins
     assert (
         await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1003.0) is None
     )  # no end under a live lease
     assert await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1003.0, defer=True) == ENDING
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.outcome, row.pending) == (ENDING, "cancelled", "e")
-    assert (
-        await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1004.0) is False
-    )  # no new claim, not even a redelivery
+    assert await fence.claim_batch(key(t), 1, lease_s=15, now=1004.0) is False  # no new claim, not even a redelivery
     assert await ledger.finish_ending(t["turn_id"], now=1005.0) is False  # the claimed calls may still be running
     await ledger.published(t["turn_id"], "e")
     assert (await ledger.get(t["turn_id"])).pending == "e"  # an ENDING turn's end is not out yet
     assert (
-        await fence.claim_model_call(t["turn_id"], 1, now=1006.0) is False
+        await fence.claim_model_call(key(t), 1, now=1006.0) is False
     )  # the executor is done: no model call, lease released
     assert await ledger.finish_ending(t["turn_id"], now=1006.5) is True
     row = await ledger.get(t["turn_id"])
@@ -181,8 +185,8 @@ async def test_an_end_waits_for_a_claimed_batch_then_lands_after_it(ledger, fenc
 async def test_a_lease_that_runs_out_no_longer_holds_the_end_back(ledger, fence):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0)
-    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1001.0)
-    await fence.claim_batch(t["turn_id"], 1, lease_s=15, now=1002.0)
+    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1001.0)
+    await fence.claim_batch(key(t), 1, lease_s=15, now=1002.0)
     assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, now=1016.9) is None
     assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, now=1017.0) == ENDED
 
@@ -192,7 +196,7 @@ async def test_ends_are_conditional_on_the_state_they_were_decided_from(ledger):
     await ledger.start(t, pending="{}", now=1000.0)
     await ledger.flag_stuck(t["turn_id"], now=1061.0, stuck_after_s=60)
     stale = await ledger.get(t["turn_id"])
-    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1095.0)  # it moved after the sweeper read it
+    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1095.0)  # it moved after the sweeper read it
     assert (
         await ledger.end(
             t["turn_id"],
@@ -229,7 +233,7 @@ async def test_a_turn_is_flagged_only_when_still_idle_at_the_moment_of_the_flag(
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0)
     assert await ledger.flag_stuck(t["turn_id"], now=1059.0, stuck_after_s=60) is False
-    await ledger.advance(t["turn_id"], 1, USAGE, 0.0, pending="p", now=1050.0)
+    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1050.0)
     assert await ledger.flag_stuck(t["turn_id"], now=1070.0, stuck_after_s=60, step=0) is False  # decided at step 0
     assert await ledger.flag_stuck(t["turn_id"], now=1110.0, stuck_after_s=60, step=1) is True
 
@@ -272,8 +276,8 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
 
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)
-    assert await ledger.advance(t["turn_id"], 1, USAGE, 0.01, "{}")
-    assert await fence.claim_batch(t["turn_id"], 1, 30)  # the executor runs the step's other calls ...
+    assert await ledger.advance(key(t), 1, USAGE, 0.01, "{}")
+    assert await fence.claim_batch(key(t), 1, 30)  # the executor runs the step's other calls ...
     approval = approval_of(t)
     assert await ledger.await_approval(approval)  # ... and its held call waits
     assert not await ledger.await_approval(approval)  # the same request twice
@@ -281,7 +285,7 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert (
         row.status == AWAITING and row.lease_until is None and row.deadline_at == pytest.approx(approval["expires_at"])
     )
-    assert not await fence.claim_batch(t["turn_id"], 1, 30) and not await fence.claim_model_call(t["turn_id"], 1)
+    assert not await fence.claim_batch(key(t), 1, 30) and not await fence.claim_model_call(key(t), 1)
     assert not await ledger.flag_stuck(t["turn_id"], time.time() + 3600)  # the stuck rule does not apply
     idle, expired, _ = await ledger.overdue(time.time() + 3600, 1, 1, 300)
     assert t["turn_id"] not in {r.turn_id for r in idle + expired}
@@ -299,13 +303,13 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert row.status == RUNNING and row.pending.startswith('{"n": ')
     (kept,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
     assert kept.status == "approved" and kept.decided_by == f"person{row.pending[6]}"
-    assert await fence.claim_batch(t["turn_id"], 1, 30)  # the approved call may run now
+    assert await fence.claim_batch(key(t), 1, 30)  # the approved call may run now
 
 
 async def test_a_decision_for_a_turn_that_ended_while_waiting_changes_nothing(ledger):
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)
-    await ledger.advance(t["turn_id"], 1, USAGE, 0.01, "{}")
+    await ledger.advance(key(t), 1, USAGE, 0.01, "{}")
     approval = approval_of(t)
     assert await ledger.await_approval(approval)
     assert await ledger.end(t["turn_id"], "cancelled", "{}", step=1) == ENDED  # a waiting turn can be cancelled

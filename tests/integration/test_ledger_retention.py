@@ -10,6 +10,7 @@ import asyncio
 import os
 import statistics
 import time
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import func, insert, select
@@ -124,8 +125,8 @@ async def test_100000_ended_turns_are_deleted_in_batches_while_the_hot_path_keep
 async def _hot_step(ledger: Ledger, fence: Fence, turn_id: str) -> float:
     started = time.perf_counter()
     assert await ledger.start(turn(turn_id), pending="{}")
-    assert await fence.claim_batch(turn_id, 0, lease_s=30)
-    assert await ledger.advance(turn_id, 1, {}, 0.0, pending="{}")
+    assert await fence.claim_batch(SimpleNamespace(**turn(turn_id)), 0, lease_s=30)
+    assert await ledger.advance(SimpleNamespace(**turn(turn_id)), 1, {}, 0.0, pending="{}")
     return time.perf_counter() - started
 
 

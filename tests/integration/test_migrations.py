@@ -167,7 +167,7 @@ async def test_a_ledger_of_the_first_fleet_is_upgraded_in_place_with_its_turns_k
     try:
         old = await ledger.get("turn_old_2")
         assert (old.status, old.step, old.deadline_at, old.lease_until) == ("running", 1, None, None)
-        assert await fence.claim_batch("turn_old_2", 1, lease_s=30)  # the new columns work on the old rows
+        assert await fence.claim_batch(old, 1, lease_s=30)  # the new columns work on the old rows
         assert (await ledger.get("turn_old_2")).lease_step == 1
         assert (await ledger.get("turn_old_1")).outcome == "end_turn"
     finally:

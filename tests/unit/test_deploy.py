@@ -167,7 +167,7 @@ def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_
             "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "services" / f"_{name}").glob("*.py")),
         )
     ]
-    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["console", "executor", "gateway", "guard", "model"]
+    assert sorted(opens) == sorted(LEDGER_SERVICES) == ["console", "executor", "gate", "gateway", "guard", "model"]
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_SERVICES))
@@ -316,6 +316,7 @@ def test_the_scan_finds_what_the_services_read():
         "gateway",
         "guard",
         "model",
+        "gate",
         "executor",
         "console",
     }
@@ -385,7 +386,7 @@ def refusals_of(service: str) -> list[str]:
 
 def test_the_guard_the_gate_and_the_executor_refuse_what_cannot_work():
     assert refusals_of("guard") == ["refuse_private_ledger", "refuse_unfit_keys"]
-    assert refusals_of("gate") == ["refuse_unfit_keys"]
+    assert refusals_of("gate") == ["refuse_private_ledger", "refuse_unfit_keys"]
     assert refusals_of("executor") == ["refuse_private_ledger", "refuse_unfit_keys"]
     assert refusals_of("model") == ["refuse_private_ledger"]
 
@@ -751,7 +752,7 @@ def test_the_mini_loader_handles_anchors_and_merges():
 # -- a user's agent in the manifests (issue 29, item 4) ------------------------------------------------------------
 
 # the services the topology says share the ledger
-LEDGER_USERS = ("gateway", "guard", "model", "executor", "console", "migrate")
+LEDGER_USERS = ("gateway", "guard", "model", "gate", "executor", "console", "migrate")
 
 
 def test_compose_runs_a_users_agent_image_with_its_settings_and_their_ledger_and_kafka(tmp_path):

@@ -244,12 +244,12 @@ async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_do
     try:
         await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
         await guard.loop.on_iteration(iteration(1, calls=[LIST]))
-        assert await fence.claim_batch("turn_1", 1, lease_s=30)  # an executor is running step 1's calls
+        assert await fence.claim_batch(TURN, 1, lease_s=30)  # an executor is running step 1's calls
         assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelling"
         assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
         assert guard.recorder.sent[-1][0] == topics.TOOL_CALLS  # no end published while the calls may still run
         assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
-        assert await fence.claim_model_call("turn_1", 1) is False  # the executor is done; no model call for this turn
+        assert await fence.claim_model_call(TURN, 1) is False  # the executor is done; no model call for this turn
         assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 1)
         topic, ended = guard.recorder.sent[-1]
         assert topic == topics.OUTCOMES and ended.outcome is Outcome.CANCELLED and ended.step == 1

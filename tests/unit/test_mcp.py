@@ -178,11 +178,54 @@ async def test_a_listed_tool_named_like_a_local_one_is_refused():
         description="Lists orders, the server's way of doing it.",
         input_schema={"type": "object", "properties": {}},
     )
-    agent, tools = mounted(FakeMcp(tools=[clash]), McpServer("giftwrap", url="http://mcp.test/mcp"))
+    agent, tools = mounted(FakeMcp(tools=[clash]), dataclasses.replace(SERVER, tools="all"))
     await tools.start()
     await tools.aclose()
-    assert "already declared" in tools.refused["list_orders"]
+    assert "declares no entities for this one" in tools.refused["list_orders"]
     assert agent.registry.handler("list_orders") is SHOP.handlers["list_orders"]
+    with pytest.raises(AgentError, match=r"named like a local tool: \['list_orders'\]"):
+        mounted(FakeMcp(tools=[clash]), dataclasses.replace(SERVER, tools="all", entities={"list_orders": {}}))
+
+
+# A tool the server adds after the agent was written: it names no entity the agent knows of, so nothing would check
+# the ids it takes.
+LATER = SimpleNamespace(
+    name="transfer_gift",
+    description="Moves a gift wrap from one order to another order.",
+    input_schema={"type": "object", "properties": {"from_order": {"type": "string"}, "to_order": {"type": "string"}}},
+)
+
+
+async def test_a_tool_the_server_adds_later_is_not_mounted_when_the_agent_names_its_tools():
+    for server in (SERVER, dataclasses.replace(SERVER, tools=["gift_wrap_order"])):
+        agent, tools = mounted(FakeMcp(tools=[WRAP, LATER]), server)
+        await tools.start()
+        await tools.aclose()
+        assert "gift_wrap_order" in agent.registry and "transfer_gift" not in agent.registry
+        assert "transfer_gift" not in [t["name"] for t in tools.api_tools]  # the model never sees it
+        assert tools.owner("transfer_gift") is None and tools.unavailable("transfer_gift") is None
+
+
+async def test_all_tools_mounts_only_those_the_agent_declares_the_entities_of_and_names_the_others():
+    every = dataclasses.replace(SERVER, tools="all")
+    agent, tools = mounted(FakeMcp(tools=[WRAP, LATER]), every)
+    assert await tools.problems() == [
+        "MCP tool transfer_gift not mounted: the agent takes all of its server's tools but declares no entities for "
+        "this one (name it in McpServer's entities, with {} if none of its arguments is an entity id)"
+    ]
+    assert "gift_wrap_order" in agent.registry and "transfer_gift" not in agent.registry
+    refused = await gate_for(agent, tools).check_call(
+        ToolCall(id="toolu_2", name="transfer_gift", input={"from_order": "a", "to_order": "b"}, fingerprint="f"),
+        "cus_1001",
+        "t",
+    )
+    assert not refused.approved
+    declared = dataclasses.replace(
+        every, entities={**every.entities, "transfer_gift": {"from_order": "order", "to_order": "order"}}
+    )
+    agent, tools = mounted(FakeMcp(tools=[WRAP, LATER]), declared)
+    assert await tools.problems() == []
+    assert agent.registry.get("transfer_gift").entity_refs == {"from_order": "order", "to_order": "order"}
 
 
 async def test_problems_name_a_server_that_does_not_answer_a_declared_tool_it_does_not_list_and_a_refused_one():
@@ -196,11 +239,11 @@ async def test_problems_name_a_server_that_does_not_answer_a_declared_tool_it_do
         description="Lists orders, the server's way of doing it.",
         input_schema={"type": "object", "properties": {}},
     )
-    every_tool = McpServer("giftwrap", url="u", entities={"track_gift": {"order_id": "order"}})  # mounts all it lists
+    every_tool = McpServer("giftwrap", url="u", tools="all", entities={"track_gift": {"order_id": "order"}})
     _, tools = mounted(FakeMcp(tools=[clash]), every_tool)
     problems = await tools.problems()
     assert problems[0] == "MCP server giftwrap does not list ['track_gift'], which the agent declares"
-    assert problems[1].startswith("MCP tool list_orders not mounted: tool list_orders is already declared")
+    assert problems[1].startswith("MCP tool list_orders not mounted: the agent takes all of its server's tools")
 
 
 # -- the gate and the executor ---------------------------------------------------------------------
@@ -320,9 +363,9 @@ async def test_an_executor_that_has_not_listed_the_server_yet_still_calls_a_decl
 def test_an_mcp_server_without_a_url_names_the_variable_to_set(monkeypatch):
     monkeypatch.delenv("ROUNDTRIP_MCP_GIFT_WRAP_URL", raising=False)
     with pytest.raises(AgentError, match="set ROUNDTRIP_MCP_GIFT_WRAP_URL"):
-        dataclasses.replace(SHOP, mcp_servers=[McpServer("gift-wrap")]).check()
+        dataclasses.replace(SHOP, mcp_servers=[McpServer("gift-wrap", tools=["wrap"])]).check()
     monkeypatch.setenv("ROUNDTRIP_MCP_GIFT_WRAP_URL", "http://mcp.test/mcp")
-    assert dataclasses.replace(SHOP, mcp_servers=[McpServer("gift-wrap")]).check()
+    assert dataclasses.replace(SHOP, mcp_servers=[McpServer("gift-wrap", tools=["wrap"])]).check()
 
 
 def test_a_url_function_that_fails_is_one_line():
@@ -330,7 +373,7 @@ def test_a_url_function_that_fails_is_one_line():
         raise KeyError("billing_url")
 
     with pytest.raises(AgentError, match="the URL of MCP server w could not be read: KeyError: 'billing_url'"):
-        dataclasses.replace(SHOP, mcp_servers=[McpServer("w", url=broken)]).check()
+        dataclasses.replace(SHOP, mcp_servers=[McpServer("w", url=broken, tools=["t"])]).check()
 
 
 @pytest.mark.parametrize(
@@ -344,6 +387,8 @@ def test_a_url_function_that_fails_is_one_line():
         ([McpServer("w", url="u"), McpServer("w", url="v")], "MCP servers declared twice: ['w']"),
         ([McpServer("w", url="u", tools=["list_orders"])], "named like a local tool: ['list_orders']"),
         ([McpServer("w w", url="u")], "MCP server name 'w w'"),
+        ([McpServer("w", url="u")], "MCP server w names no tools: list the ones the agent mounts (tools=[...])"),
+        ([McpServer("w", url="u", tools="wrap")], "tools must be a list of tool names or 'all', not 'wrap'"),
     ],
 )
 def test_an_mcp_declaration_that_does_not_fit_fails_at_start(servers, problem):

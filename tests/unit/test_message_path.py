@@ -138,6 +138,23 @@ async def test_a_handler_that_finds_the_database_away_is_retried_later_never_dea
     assert wired.producer.sent == []  # no dead letter: the consumer retries the record
 
 
+async def test_a_backends_retry_later_stays_a_backends_with_its_deadline_and_anything_unmarked_is_the_fleets(wired):
+    from roundtrip._kernel.kafka import faults
+
+    try:
+        raise faults.RetryLater(faults.HTTP, "ReadTimeout", backend=True, until=1_800_000_000.0)
+    except faults.RetryLater as exc:
+        wired.behaviour["raise"] = exc
+    with pytest.raises(faults.RetryLater) as later:
+        await wired.process(record(CancelTurn(turn_id="turn_4").model_dump_json().encode()))
+    assert later.value.backend and later.value.until == 1_800_000_000.0 and later.value.dependency == faults.HTTP
+    wired.behaviour["raise"] = ConnectionRefusedError(111, "Connect call failed")
+    with pytest.raises(faults.RetryLater) as later:
+        await wired.process(record(CancelTurn(turn_id="turn_5").model_dump_json().encode()))
+    assert not later.value.backend and later.value.until is None
+    assert wired.producer.sent == []
+
+
 async def test_a_dead_letter_that_cannot_be_published_is_left_to_the_consumers_rescue_with_its_reason(wired):
     wired.producer.fail = True
     with pytest.raises(messaging.DeadLetterFailed) as failed:

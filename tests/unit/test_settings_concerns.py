@@ -8,13 +8,23 @@ import importlib
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
 from roundtrip._cli.main import app
-from roundtrip._kernel.settings import CONCERNS, LoopRules, ModelSettings, Settings, env_name, get_settings
+from roundtrip._kernel.settings import (
+    CONCERNS,
+    LoopRules,
+    ModelSettings,
+    Settings,
+    describe_invalid,
+    env_name,
+    get_settings,
+)
 from roundtrip._kernel.settings.display import grouped, without_passwords
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._sdk.agent import load_agent
+from roundtrip._shop.agent.settings import ShopAgentSettings
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
 
@@ -46,10 +56,10 @@ def test_a_concern_reads_its_own_variables_alone(clean_env):
     clean_env.setenv("ROUNDTRIP_MAX_STEPS", "3")
     clean_env.setenv("ANTHROPIC_API_KEY", "sk-test")
     assert LoopRules().max_steps == 3 and Settings().max_steps == 3
-    assert ModelSettings().anthropic_api_key == "sk-test" and not ModelSettings().use_simulator
+    assert ModelSettings().anthropic_api_key.get_secret_value() == "sk-test" and not ModelSettings().use_simulator
     clean_env.delenv("ANTHROPIC_API_KEY")
     clean_env.setenv("ROUNDTRIP_ANTHROPIC_API_KEY", "sk-other")
-    assert Settings().anthropic_api_key == "sk-other"
+    assert Settings().anthropic_api_key.get_secret_value() == "sk-other"
     assert not hasattr(LoopRules(), "anthropic_api_key")  # a part given the loop rules gets only those
 
 
@@ -61,7 +71,23 @@ SECRETS = {
     "ROUNDTRIP_CONVERSATIONS_DATABASE_URL": "postgresql+asyncpg://db:5432/conv?user=rt&password=querypassword",
     "ROUNDTRIP_SHOP_DATABASE_URL": "postgresql+asyncpg://shop:shoppassword@db/shop",
     "ROUNDTRIP_OTLP_ENDPOINT": "https://tracer:otlppassword@collector:4318",
+    "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+    "ROUNDTRIP_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+    "ROUNDTRIP_KAFKA_SASL_USERNAME": "roundtrip",
+    "ROUNDTRIP_KAFKA_SASL_PASSWORD": "saslpassword",
+    "ROUNDTRIP_CONSOLE_SESSION_KEY": "sessionkeysecret",
 }
+SHOWN_NEVER = (
+    "approvalsecret",
+    "decisionsecret",
+    "apikeysecret",
+    "ledgerpassword",
+    "querypassword",
+    "shoppassword",
+    "otlppassword",
+    "saslpassword",
+    "sessionkeysecret",
+)
 
 
 def test_roundtrip_config_prints_every_setting_under_its_concern_and_no_secret(clean_env):
@@ -69,15 +95,7 @@ def test_roundtrip_config_prints_every_setting_under_its_concern_and_no_secret(c
         clean_env.setenv(name, value)
     done = CliRunner().invoke(app, ["config"])
     assert done.exit_code == 0, done.output
-    for secret in (
-        "approvalsecret",
-        "decisionsecret",
-        "apikeysecret",
-        "ledgerpassword",
-        "querypassword",
-        "shoppassword",
-        "otlppassword",
-    ):
+    for secret in SHOWN_NEVER:
         assert secret not in done.output  # stdout and stderr (which fleet it read)
     out = done.stdout
     assert "k2:***" in out and "ops9:***" in out  # which keys are configured shows, their secrets do not
@@ -173,3 +191,53 @@ def test_only_entry_points_read_the_cached_settings():
     # commands' module) and `python -m ...`'s main() are entry points
     assert library == {}
     assert "_cli/main.py" in readers
+
+
+def test_every_secret_setting_is_a_secret_str_and_its_value_is_read_where_used(clean_env):
+    for name, value in SECRETS.items():
+        clean_env.setenv(name, value)
+    settings = Settings(_env_file=None)
+    for field in (
+        "anthropic_api_key",
+        "ledger_database_url",
+        "conversations_database_url",
+        "kafka_sasl_password",
+        "console_session_key",
+    ):
+        assert isinstance(getattr(settings, field), SecretStr), field
+    dumped = repr(settings) + str(settings.model_dump())  # the approval and decision keys are not SecretStr yet, nor
+    # is the OTLP endpoint (an address, whose password `roundtrip config` hides)
+    assert not any(
+        secret in dumped for secret in SHOWN_NEVER if secret not in ("approvalsecret", "decisionsecret", "otlppassword")
+    )
+    assert settings.ledger_db_url == SECRETS["ROUNDTRIP_LEDGER_DATABASE_URL"]  # what the engines open
+    assert settings.conversations_db_url == SECRETS["ROUNDTRIP_CONVERSATIONS_DATABASE_URL"]
+    assert not settings.use_simulator
+
+
+@pytest.mark.parametrize(
+    "broken, variable",
+    [
+        ({"ROUNDTRIP_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT"}, None),  # the password set where SASL is not used
+        ({"ROUNDTRIP_PARTITIONS": "six"}, "ROUNDTRIP_PARTITIONS"),
+        (
+            {"ROUNDTRIP_LEDGER_DATABASE_URL": "mysql://roundtrip:ledgerpassword@db/ledger"},
+            "ROUNDTRIP_LEDGER_DATABASE_URL",
+        ),
+    ],
+)
+def test_a_settings_error_does_not_repeat_a_secret_of_the_environment(clean_env, broken, variable):
+    for name, value in {**SECRETS, **broken}.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(ValidationError) as refused:
+        Settings(_env_file=None)
+    said = str(refused.value) + repr(refused.value) + describe_invalid(refused.value)
+    assert not any(secret in said for secret in SHOWN_NEVER), said
+    assert variable is None or variable in describe_invalid(refused.value)
+    done = CliRunner().invoke(app, ["config"])
+    assert done.exit_code != 0 and not any(secret in done.output for secret in SHOWN_NEVER), done.output
+
+
+def test_every_concern_hides_its_input_in_errors():
+    assert all(concern.model_config.get("hide_input_in_errors") for concern in CONCERNS)
+    assert ShopAgentSettings.model_config.get("hide_input_in_errors")

@@ -7,12 +7,14 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 from jsonschema import Draft202012Validator
 from typer.testing import CliRunner
 
 import roundtrip.schemas
+from roundtrip import Entity, ToolContext, tool
 from roundtrip._cli.main import app
 from roundtrip._sdk.registry import TOOL_DOCUMENT, collect_specs, document_problems, tool_document_validator
 
@@ -151,6 +153,42 @@ RULES = [  # (what is changed, the JSON path named, the rule said)
         "x-entity of wrap_order must be a non-empty string",
     ),
     (
+        "input_schema.properties.ribbon.properties.color.x-entity",
+        "order",
+        "$.input_schema.properties.ribbon.properties.color['x-entity']",
+        "x-entity of wrap_order is only checked on a top-level property of input_schema",
+    ),
+    (
+        "input_schema.properties.cards.items.x-entity",
+        "order",
+        "$.input_schema.properties.cards.items['x-entity']",
+        "here the gate would not resolve it",
+    ),
+    (
+        "input_schema.x-entity",
+        "order",
+        "$.input_schema['x-entity']",
+        "x-entity of wrap_order is only checked on a top-level property",
+    ),
+    (
+        "input_schema.properties.order_id.anyOf",
+        [{"type": "string", "x-entity": "order"}],
+        "$.input_schema.properties.order_id.anyOf[0]['x-entity']",
+        "x-entity of wrap_order is only checked on a top-level property",
+    ),
+    (
+        "input_schema.properties.ribbon.$ref",
+        "#/properties/order_id",
+        "$.input_schema.properties.ribbon",
+        "$ref #/properties/order_id of wrap_order leads to an x-entity the gate does not check through a reference",
+    ),
+    (
+        "input_schema.properties.order_id.$anchor",
+        "order",
+        "$.input_schema.properties.order_id",
+        "the x-entity property of wrap_order must not be a $ref target ($anchor)",
+    ),
+    (
         "input_schema.properties.cards.maxItems",
         -1,
         "$.input_schema.properties.cards.maxItems",
@@ -197,4 +235,77 @@ def test_agent_check_reports_each_violation_of_the_folder_as_one_line_naming_fil
         "characters or more)",
         f"  - {folder / 'wrap_order.json'}: $.input_schema.properties.ribbon: wrap_order #/properties/ribbon must set "
         "additionalProperties: false",
+    ]
+
+
+def test_an_x_entity_behind_a_ref_is_refused_where_it_is_and_where_it_is_referred_to():
+    doc = _broken(
+        lambda doc: doc["input_schema"].update(
+            {
+                "$defs": {"order_ref": {"type": "string", "x-entity": "order"}},
+                "properties": {"gift_for": {"$ref": "#/$defs/order_ref"}},
+                "required": [],
+            }
+        )
+    )
+    spec, problems = document_problems(doc, "wrap_order.json")
+    assert set(problems) == {
+        "wrap_order.json: $.input_schema['$defs'].order_ref['x-entity']: x-entity of wrap_order is only checked on "
+        "a top-level property of input_schema; here the gate would not resolve it: make the id a top-level argument "
+        "(or drop the annotation)",
+        "wrap_order.json: $.input_schema.properties.gift_for: $ref #/$defs/order_ref of wrap_order leads to an "
+        "x-entity the gate does not check through a reference: annotate the top-level property itself",
+    }
+    assert spec is not None and spec.entity_refs == {}  # what the gate would have checked: nothing
+
+
+def test_a_recursive_schema_holding_an_entity_is_refused_and_a_top_level_entity_with_a_ref_is_not():
+    recursive = _broken(lambda doc: doc["input_schema"]["properties"].update(parent={"$ref": "#"}))
+    assert any("$ref # of wrap_order leads to an x-entity" in p for p in document_problems(recursive)[1])
+    annotated_ref = _broken(
+        lambda doc: doc["input_schema"].update(
+            {
+                "$defs": {"order_id": {"type": "string", "pattern": "^ord_[0-9a-f]{8}$"}},
+                "properties": {"order_id": {"$ref": "#/$defs/order_id", "x-entity": "order"}},
+            }
+        )
+    )
+    spec, problems = document_problems(annotated_ref)
+    assert problems == [] and spec is not None and spec.entity_refs == {"order_id": "order"}
+
+
+def test_a_python_tool_with_an_entity_inside_a_list_is_refused_naming_the_tool_and_path():
+    @tool
+    async def wrap_orders(ctx: ToolContext, order_ids: list[Annotated[str, Entity("order")]]) -> dict:
+        """Gift-wrap several of the customer's orders at once."""
+        return {}
+
+    assert [p.split(": ", 2)[1:] for p in wrap_orders.problems({"order"})] == [
+        [
+            "$.input_schema.properties.order_ids.items['x-entity']",
+            "x-entity of wrap_orders is only checked on a top-level property of input_schema; here the gate would not "
+            "resolve it: make the id a top-level argument (or drop the annotation)",
+        ]
+    ]
+
+
+def test_agent_check_lists_an_x_entity_the_gate_would_not_check_with_the_tool_and_path(tmp_path, monkeypatch):
+    folder = tmp_path / "tools"
+    folder.mkdir()
+    nested = _broken(lambda doc: _set(doc, "input_schema.properties.cards.items.properties.text.x-entity", "order"))
+    (folder / "wrap_order.json").write_text(json.dumps(nested))
+    (tmp_path / "desk_nested_entity.py").write_text(
+        "from roundtrip import Agent\n"
+        "async def handler(args, ctx):\n    return {}\n"
+        f"AGENT = Agent(name='desk', system_prompt='You help.', tools_dir={str(folder)!r},\n"
+        "              handlers={'wrap_order': handler}, entities={'order': handler})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    checked = CliRunner().invoke(app, ["agent", "check", "desk_nested_entity:AGENT"])
+    assert checked.exit_code == 1, checked.output
+    assert checked.output.splitlines() == [
+        "agent 'desk': 1 problem",
+        f"  - {folder / 'wrap_order.json'}: $.input_schema.properties.cards.items.properties.text['x-entity']: "
+        "x-entity of wrap_order is only checked on a top-level property of input_schema; here the gate would not "
+        "resolve it: make the id a top-level argument (or drop the annotation)",
     ]

@@ -113,6 +113,7 @@ def test_every_topic_is_one_of_the_declared_names_and_the_ledger_sharers_are_dec
         "gateway",
         "model",
         "guard",
+        "gate",
         "executor",
         "console",
     }

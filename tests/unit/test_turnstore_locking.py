@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from types import SimpleNamespace
 
 from sqlalchemy import update
 
 from roundtrip._kernel.storage.turnstore import TurnStore, turns
 from tests.databases import migrated
+
+T1 = SimpleNamespace(turn_id="t1", customer_id="cus", conversation_id="c")  # its id and principal, as started below
 
 
 async def test_a_locked_file_does_not_stall_the_event_loop(tmp_path):
@@ -49,14 +52,14 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
         assert (await ledger.get("t1")).step == 7
         other.execute("UPDATE turns SET step = 8 WHERE turn_id = 't1'")
         assert not await ledger.advance(
-            "t1",
+            T1,
             8,
             {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
             0.0,
             "{}",
         )  # from step 7: no longer there
         assert await ledger.advance(
-            "t1",
+            T1,
             9,
             {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
             0.0,

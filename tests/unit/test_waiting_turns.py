@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 from roundtrip._guard.ledger import Ledger
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
@@ -17,6 +18,9 @@ def turn(turn_id: str) -> dict:
     return {"turn_id": turn_id, "request_id": "r", "conversation_id": f"c_{turn_id}", "customer_id": "cus_1"}
 
 
+T1 = SimpleNamespace(**turn("t1"))  # as the fence and the ledger take a turn: its id and principal
+
+
 async def test_a_waiting_turn_is_live_never_stuck_ended_at_its_deadline_and_counted(tmp_path):
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, fence = await Ledger.open(url), await Fence.open(url)
@@ -24,16 +28,16 @@ async def test_a_waiting_turn_is_live_never_stuck_ended_at_its_deadline_and_coun
         start = time.time() - 1000  # long ago: an idle running turn would be stuck by now
         await ledger.start(turn("t1"), pending="{}", now=start, deadline_at=start + 2000)
         await ledger.start(turn("t2"), pending="{}", now=start, deadline_at=start + 2000)
-        assert await fence.claim_model_call("t1", 0, now=start)
-        assert await fence.wait_for_capacity("t1", 0, now=start)
-        assert not await fence.wait_for_capacity("t1", 3)  # not at that step: refused
+        assert await fence.claim_model_call(T1, 0, now=start)
+        assert await fence.wait_for_capacity(T1, 0, now=start)
+        assert not await fence.wait_for_capacity(T1, 3)  # not at that step: refused
         assert await ledger.waiting_for_capacity() == 1
         idle, expired, _ = await ledger.overdue(time.time(), stuck_after_s=60, grace_s=30, deadline_s=300)
         assert [r.turn_id for r in idle] == ["t2"] and not expired  # only the running one is idle
         assert not await ledger.flag_stuck("t1", stuck_after_s=60)
-        assert await ledger.advance("t1", 1, {}, 0.0, pending="{}")  # the call answered: the next step runs
+        assert await ledger.advance(T1, 1, {}, 0.0, pending="{}")  # the call answered: the next step runs
         assert (await ledger.get("t1")).status == RUNNING
-        assert await fence.wait_for_capacity("t1", 1)
+        assert await fence.wait_for_capacity(T1, 1)
         _, expired, _ = await ledger.overdue(start + 2001, stuck_after_s=60, grace_s=30, deadline_s=300)
         assert (
             "t1" in [r.turn_id for r in expired] and (await ledger.get("t1")).status == WAITING

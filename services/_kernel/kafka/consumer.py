@@ -19,8 +19,11 @@ Confluent Parallel Consumer (key-ordering mode) and LINE's Decaton do, small:
 * **Rebalance and shutdown lose nothing.** Revoked partitions stop starting records; the
   running ones finish (bounded by `drain_timeout_s`), then their offsets are committed, so
   the next owner starts at the first record that did not finish.
-* **A dependency's outage waits.** A record that raised `faults.RetryLater` is retried in its place, the
-  partitions paused until it goes through (services/_kernel/kafka/outages.py: a log line, a metric, /readyz).
+* **An outage holds only what it must.** A record that raised `faults.RetryLater` is retried in its place (its
+  offset uncommitted, its key's later records behind it). For the fleet's own dependency (the ledger, the broker)
+  the partitions are paused until it goes through: nothing else would; for an agent's backend
+  (`RetryLater.backend`) only its key is held and the other keys go on (services/_kernel/kafka/outages.py: a log
+  line, a metric, /readyz for the fleet's).
 * **A record is never dropped because handling it failed.** The processing callable owns
   the dead-letter path; if even that raises (say Kafka is down), the record is retried with
   backoff while its key waits: nothing after it in that conversation overtakes it.
@@ -235,7 +238,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
                     break  # not started: whoever owns the partition next reads it again
                 self._running += 1
                 try:
-                    finished = await self._handle(record, part)
+                    finished = await self._handle(record, part, key)
                 finally:
                     self._running -= 1
                 if not finished:
@@ -251,9 +254,10 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             del self._keys[key]
             self._tasks.pop(key, None)
 
-    async def _handle(self, record: Any, part: _Partition) -> bool:
+    async def _handle(self, record: Any, part: _Partition, key: tuple[TopicPartition, Any]) -> bool:
         """Process one record; True when it is finished (handled or dead-lettered), False when it was given up (a
-        rebalance, a stop: not finished, so never committed). A dependency's outage: retried in place, paused."""
+        rebalance, a stop: not finished, so never committed). An outage: retried in place, the consumer paused (the
+        fleet's dependency) or only `key` held (an agent's backend)."""
         try:
             await self._process(record)
             return True
@@ -261,7 +265,12 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
             raise
         except RetryLater as exc:
             finished = await self.outages.retry(
-                lambda: self._process(record), exc, self._given_up(part), self._rescued(record, part)
+                lambda: self._process(record),
+                exc,
+                self._given_up(part),
+                self._rescued(record, part),
+                key=key,
+                label=f"{record.key!r:.80} of {record.topic}[{record.partition}]",
             )
             self._room.set()
             return finished

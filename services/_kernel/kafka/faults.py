@@ -8,7 +8,9 @@ that raises hands its record to the kernel's message path (services/_kernel/kafk
   is starting up or shutting down, is locked by another writer; the broker is away (aiokafka's
   retriable errors); an HTTP backend (an agent's service, an MCP server over HTTP) did not answer or answered
   502, 503, 504 or 429; the Messages API's connection failed, timed out or it answered 429, 5xx or 529.
-  The record is retried, its consumer paused until the dependency answers again (KeyOrderedConsumer).
+  The record is retried, its consumer paused until the dependency answers again (KeyOrderedConsumer); unless the
+  failure is a **backend's** (`RetryLater(..., backend=True)`: a system of the agent's, reached by a resolver, a
+  policy or a tool): then only the record's key (its conversation) waits, the other keys go on.
 * **None**: the message fails for what it is (bad JSON, a schema violation, a bug the message
   triggers, an HTTP 4xx, a constraint the database refuses): it goes to the dead-letter topic. A bare
   `TimeoutError` counts as a dependency's only when a client's code raised it (the handler's own `wait_for`
@@ -48,12 +50,38 @@ _DEPTH = 16  # how far along causes and contexts the rule looks (a cycle or a ve
 
 
 class RetryLater(Exception):
-    """A record's handler failed because `dependency` is unavailable: retry the record, do not dead-letter it."""
+    """A record's handler failed because `dependency` is unavailable: retry the record, do not dead-letter it.
 
-    def __init__(self, dependency: str, reason: str) -> None:
+    `backend`: the dependency is one of the agent's backends (the company's systems, reached on behalf of one
+    conversation), not the fleet's own (the ledger, the broker, the Messages API): the consumer holds only the
+    record's key instead of pausing. `until`: the wall-clock time (epoch seconds, the turn's deadline) after which the
+    handler answers the record without the backend, so the consumer tries it again right then."""
+
+    def __init__(self, dependency: str, reason: str, *, backend: bool = False, until: float | None = None) -> None:
         super().__init__(f"{dependency} unavailable: {reason}")
         self.dependency = dependency
         self.reason = reason
+        self.backend = backend
+        self.until = until
+
+
+def of_backend(exc: BaseException) -> RetryLater | None:
+    """The backend's `RetryLater` that `exc` is or was raised from (`raise ... from`; every leaf's, for a group), or
+    None: a failure that does not say it is a backend's is the fleet's (the conservative answer: the whole consumer
+    waits). Only explicit causes count: the ledger failing while a handler handled a backend's outage is the
+    ledger's."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [e for e in exc.exceptions if not isinstance(e, asyncio.CancelledError)]
+        found = [of_backend(e) for e in leaves]
+        return found[0] if found and all(found) else None
+    link: BaseException | None = exc
+    for _ in range(_DEPTH):
+        if link is None:
+            return None
+        if isinstance(link, RetryLater):
+            return link if link.backend else None
+        link = link.__cause__
+    return None
 
 
 def unavailable(exc: BaseException) -> str | None:

@@ -15,11 +15,11 @@ this takes of FastStream beyond its public API is in services/_kernel/kafka/fast
 
 A failure that says a dependency is unavailable (the database, the broker, a backend: the one rule
 is services/_kernel/kafka/faults.py) is no reason to dead-letter: the message path raises `RetryLater`, and the
-key-ordered consumer pauses its partitions and retries the record until the dependency answers (no
-failure hook, no dead letter). A message that cannot be processed (bad JSON, schema violation, a bug) never kills the
-service: it is published with the reason to the dead-letter topic, and whatever escapes
-even that (a failed dead-letter publish) is dead-lettered by the consumer's rescue,
-retried until it is.
+key-ordered consumer retries the record until the dependency answers (no failure hook, no dead letter), its
+partitions paused for the fleet's own dependencies, only the record's key held for an agent's backend. A message
+that cannot be processed (bad JSON, schema violation, a bug) never kills the service: it is published with the
+reason to the dead-letter topic, and whatever escapes even that (a failed dead-letter publish) is dead-lettered by
+the consumer's rescue, retried until it is.
 """
 
 from __future__ import annotations
@@ -190,7 +190,10 @@ def _message_path(
                     log.debug("%s", traceback.format_exc())
                     if (dependency := faults.unavailable(exc)) is not None:
                         mark_error(span, f"retried later: {reason}", type(exc).__name__)
-                        raise faults.RetryLater(dependency, reason) from exc
+                        held = faults.of_backend(exc)  # a backend's: only this record's key waits
+                        raise faults.RetryLater(
+                            dependency, reason, backend=held is not None, until=held.until if held else None
+                        ) from exc
                     mark_error(span, f"dead-lettered: {reason}", type(exc).__name__)
                     count.failed(type(exc).__name__)
                     if on_failure is not None:

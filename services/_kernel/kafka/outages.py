@@ -1,10 +1,19 @@
 """A consumer's view of its dependencies' outages: when one began, said once, counted, shown.
 
-`KeyOrderedConsumer` keeps one `Outages`: a record whose handler failed with `faults.RetryLater` begins
-(or joins) the outage of its dependency, which pauses the consumer's partitions; the first record that
-then goes through ends it and the consumer resumes. One warning when an outage begins and one line
-when it ends, never one per message; `roundtrip_dependency_unavailable{consumer, dependency}` is 1 meanwhile
-and /readyz fails (services/_kernel/kafka/messaging.py registers `waiting` as a readiness check).
+`KeyOrderedConsumer` keeps one `Outages`. A record whose handler failed with `faults.RetryLater` is retried in its
+place with backoff; what else waits depends on whose the dependency is:
+
+* **the fleet's own** (the ledger, the broker, the Messages API): the record begins (or joins) the outage of its
+  dependency, which pauses the consumer's partitions; the first record that then goes through ends it and the
+  consumer resumes. One warning when an outage begins and one line when it ends, never one per message;
+  `roundtrip_dependency_unavailable{consumer, dependency}` is 1 meanwhile and /readyz fails
+  (services/_kernel/kafka/messaging.py registers `waiting` as a readiness check): nothing else could go through.
+* **an agent's backend** (`RetryLater.backend`: a resolver, a policy, a tool talking to the company's systems on
+  behalf of one conversation): only the record's key is held (its later records wait behind it, as always); the
+  consumer keeps fetching and the other keys go on. One warning when a key begins to be held, never one per try;
+  `roundtrip_held_keys{consumer}` counts the keys held now. Readiness is not touched: the replica serves the other
+  conversations. A try is due again at `RetryLater.until` (the turn's deadline) when that comes before the backoff's,
+  so the handler that answers without the backend after it does so right then.
 """
 
 from __future__ import annotations
@@ -12,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any
 
 from roundtrip._kernel.kafka.faults import RetryLater
@@ -21,6 +30,21 @@ from roundtrip._kernel.observability import metrics
 log = logging.getLogger("roundtrip.consumer")
 
 RETRY_FIRST_S, RETRY_MAX_S = 0.25, 5.0  # a failed record's next try: doubled each time up to the maximum
+_KEY_ONLY = "\x00key"  # what a record waits for when only its key is held (no dependency's name can be it)
+
+
+def _waits_for(failed: RetryLater, key: Hashable) -> str:
+    """_KEY_ONLY for a backend's failure of a record with a key; otherwise the fleet's dependency to wait for."""
+    return _KEY_ONLY if failed.backend and key is not None else failed.dependency
+
+
+def next_try(delay: float, until: float | None) -> float:
+    """The wait before the next try: the backoff, cut short at `until` (epoch seconds) while that is still ahead."""
+    if until is not None:
+        left = until - time.time()
+        if 0 < left < delay:
+            return left + 0.01  # just past it: the handler sees the deadline gone
+    return delay
 
 
 class Outages:
@@ -28,6 +52,7 @@ class Outages:
         self.consumer = consumer
         self._since: dict[str, float] = {}  # dependency -> when its outage began (monotonic)
         self._retrying: dict[str, int] = {}  # dependency -> records waiting for it now
+        self._held: set[Hashable] = set()  # keys whose record waits for a backend now
 
     @property
     def waiting(self) -> tuple[str, ...]:
@@ -37,20 +62,29 @@ class Outages:
     def __bool__(self) -> bool:
         return bool(self._since)
 
+    @property
+    def held_keys(self) -> int:
+        """Keys whose record waits for an agent's backend now (the consumer's other keys go on)."""
+        return len(self._held)
+
     async def retry(
         self,
         attempt: Callable[[], Awaitable[None]],
         failed: RetryLater,
         given_up: Callable[[], bool],
         rescue: Callable[[BaseException], Awaitable[bool]],
+        key: Hashable = None,
+        label: str = "",
     ) -> bool:
         """Try `attempt` again with backoff until it goes through (True), `given_up()` (False), or it fails for what
-        the message is (`rescue(exc)`: the dead-letter path, whose answer is returned)."""
-        dependency, delay, answered = failed.dependency, RETRY_FIRST_S, False
-        self.waits(dependency, failed.reason)
+        the message is (`rescue(exc)`: the dead-letter path, whose answer is returned). A backend's failure holds
+        `key` (named `label` in the log) alone; the fleet's pauses the consumer; a try that fails the other way
+        moves the record from one wait to the other."""
+        delay, answered = RETRY_FIRST_S, False
+        waiting = self._begin(failed, key, label)
         try:
             while not given_up():
-                await asyncio.sleep(delay)
+                await asyncio.sleep(next_try(delay, failed.until))
                 if given_up():
                     break
                 delay = min(delay * 2, RETRY_MAX_S)
@@ -59,7 +93,14 @@ class Outages:
                 except asyncio.CancelledError:
                     raise
                 except RetryLater as exc:
-                    self.failed(dependency, exc.reason)
+                    if _waits_for(exc, key) == waiting == _KEY_ONLY:
+                        metrics.retried_messages.labels(self.consumer, exc.dependency).inc()
+                    elif _waits_for(exc, key) == waiting:
+                        self.failed(waiting, exc.reason)
+                    else:
+                        self._end(waiting, key, answered=False)
+                        waiting = self._begin(exc, key, label)
+                    failed = exc
                     continue
                 except BaseException as exc:  # noqa: BLE001 - the dependency answered; the message itself failed
                     answered = True
@@ -68,7 +109,34 @@ class Outages:
                 return True
             return False
         finally:
-            self.stops_waiting(dependency, answered)
+            self._end(waiting, key, answered)
+
+    def _begin(self, failed: RetryLater, key: Hashable, label: str) -> str:
+        """The record waits: its key held (a backend's failure), or the consumer paused for the dependency."""
+        waiting = _waits_for(failed, key)
+        if waiting != _KEY_ONLY:
+            self.waits(waiting, failed.reason)
+            return waiting
+        metrics.retried_messages.labels(self.consumer, failed.dependency).inc()
+        if key not in self._held:
+            self._held.add(key)
+            metrics.held_keys.labels(self.consumer).set(len(self._held))
+            log.warning(
+                "%s: key %s held: a backend (%s) is unavailable (%s); its records are retried, the other keys go on",
+                self.consumer,
+                label or "?",
+                failed.dependency,
+                failed.reason[:300],
+            )
+        return _KEY_ONLY
+
+    def _end(self, waiting: str, key: Hashable, answered: bool) -> None:
+        if waiting != _KEY_ONLY:
+            self.stops_waiting(waiting, answered)
+            return
+        if key in self._held:
+            self._held.discard(key)
+            metrics.held_keys.labels(self.consumer).set(len(self._held))
 
     def waits(self, dependency: str, reason: str) -> None:
         """A record could not be handled because `dependency` is unavailable; it waits (call `stops_waiting` after)."""

@@ -85,6 +85,11 @@ dependency_unavailable = Gauge(
     "1 while the consumer waits for a dependency (its partitions paused, the failed messages retried)",
     ["consumer", "dependency"],
 )
+held_keys = Gauge(
+    "roundtrip_held_keys",
+    "Keys (conversations) whose record waits for an agent's backend; the consumer's other keys go on",
+    ["consumer"],
+)
 retried_messages = Counter(
     "roundtrip_retried_messages",
     "Messages retried because a dependency was unavailable (not dead-lettered)",

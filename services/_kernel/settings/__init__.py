@@ -131,11 +131,15 @@ class Settings(
 
     @property
     def ledger_db_url(self) -> str:
-        return self.ledger_database_url or _sqlite(self.state_dir / "ledger.db")
+        if self.ledger_database_url is not None:
+            return self.ledger_database_url.get_secret_value()
+        return _sqlite(self.state_dir / "ledger.db")
 
     @property
     def conversations_db_url(self) -> str:
-        return self.conversations_database_url or self.ledger_db_url
+        if self.conversations_database_url is not None:
+            return self.conversations_database_url.get_secret_value()
+        return self.ledger_db_url
 
     @property
     def effective_span_file(self) -> Path | None:

@@ -145,7 +145,7 @@ def describe_invalid(error: ValidationError, named: Callable[[str], str] = env_n
     """One line per invalid setting, named by its environment variable (`named`: field -> variable; the fleet's own
     by default, `env_name_in` for another settings class): what `roundtrip` prints instead of a traceback."""
     lines = []
-    for item in error.errors():
+    for item in error.errors(include_input=False):
         message = item.get("msg", "invalid").removeprefix("Value error, ")
         # a check of several settings together (no location) names its variables itself
         lines.append(f"{named(str(item['loc'][0]))}: {message}" if item.get("loc") else message)

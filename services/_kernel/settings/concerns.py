@@ -4,7 +4,9 @@ Each concern is its own pydantic-settings class reading `ROUNDTRIP_<FIELD>` from
 that needs only one concern can ask for only that one (`health.port_candidates` takes `TelemetrySettings`;
 `EmbeddedKafka.of` takes `EmbeddedDefaults`) and a test can build it alone (`LoopRules(max_steps=3)`).
 `roundtrip._kernel.settings.Settings` is all of them together. A field with `secret` in its json_schema_extra
-is never shown (`roundtrip config` masks it).
+is never shown (`roundtrip config` masks it); a secret is a `SecretStr` (its repr, a dump or a log of the settings
+shows `**********`; the code that needs it calls `get_secret_value()`), and a settings error never repeats the
+values it was given (`hide_input_in_errors`: a password set beside a wrong setting stays out of the message).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from roundtrip._kernel.settings.checks import (
 
 KEYS: JsonDict = {"secret": "keys"}  # key_id:secret pairs: the ids may be shown, the secrets never
 SECRET: JsonDict = {"secret": "value"}
+SECRET_URL: JsonDict = {"secret": "url"}  # a URL that may carry a password: shown without it
 
 # The development key pairs: fine for a laptop, replaced in production (`roundtrip keys` makes a pair). They are
 # published here, so anyone can sign with them: outside the embedded development fleet every service that holds one
@@ -54,11 +57,13 @@ def _holds_key(keys: str, published: str) -> bool:
     return any(part.partition(":")[2].strip() == secret for part in keys.split(","))
 
 
-def _database_url(value: str | None) -> str | None:
-    return None if value is None or not value.strip() else check_database_url(value.strip())
+def _database_url(value: SecretStr | None) -> SecretStr | None:
+    url = value.get_secret_value().strip() if value is not None else ""
+    return SecretStr(check_database_url(url)) if url else None
 
 
-DatabaseUrl = Annotated[str | None, AfterValidator(_database_url)]  # unset, or a URL the fleet's async engines open
+# unset, or a URL the fleet's async engines open (a secret: it may carry the database's password)
+DatabaseUrl = Annotated[SecretStr | None, AfterValidator(_database_url)]
 _upper = BeforeValidator(lambda value: value.strip().upper() if isinstance(value, str) else value)
 ExistingFile = Annotated[Path | None, AfterValidator(existing_file)]  # unset, or a file this process can read
 
@@ -66,7 +71,7 @@ ExistingFile = Annotated[Path | None, AfterValidator(existing_file)]  # unset, o
 class Concern(BaseSettings):
     """One concern's settings, read from ROUNDTRIP_* environment variables."""
 
-    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore", hide_input_in_errors=True)
     heading: ClassVar[str]  # what `roundtrip config` and the README's configuration call this group
 
 
@@ -265,7 +270,7 @@ class ModelSettings(Concern):
 
     heading = "the model"
 
-    anthropic_api_key: str | None = Field(
+    anthropic_api_key: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("ANTHROPIC_API_KEY", "ROUNDTRIP_ANTHROPIC_API_KEY"),
         json_schema_extra=SECRET,
@@ -315,7 +320,7 @@ class ModelSettings(Concern):
 
     @property
     def use_simulator(self) -> bool:
-        return not self.anthropic_api_key
+        return self.anthropic_api_key is None or not self.anthropic_api_key.get_secret_value()
 
 
 class LoopRules(Concern):
@@ -359,10 +364,12 @@ class TurnLedger(Concern):
 
     ledger_database_url: DatabaseUrl = Field(
         None,
+        json_schema_extra=SECRET_URL,
         description=(
-            "SQLAlchemy URL of the turn ledger (the guard's, and the fence the executor and model service check), "
-            "`postgresql+asyncpg://…` or `sqlite+aiosqlite:///…`; unset means a SQLite file in state_dir, which only "
-            "the development fleet may use (guard, model and executor refuse to start without it elsewhere)"
+            "SQLAlchemy URL of the turn ledger (the guard's, the fence the executor and model service check, the "
+            "principals the gate authorizes for), `postgresql+asyncpg://…` or `sqlite+aiosqlite:///…`; unset means a "
+            "SQLite file in state_dir, which only the development fleet may use (every service that shares it refuses "
+            "to start without it elsewhere)"
         ),
     )
     outbox_after_s: float = Field(
@@ -395,6 +402,7 @@ class ConversationSettings(Concern):
 
     conversations_database_url: DatabaseUrl = Field(
         None,
+        json_schema_extra=SECRET_URL,
         description=(
             "SQLAlchemy URL of the conversation store (the guard's history per conversation); unset means the ledger's"
             " database"

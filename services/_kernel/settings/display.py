@@ -1,7 +1,8 @@
 """What `roundtrip config` prints: the effective settings under a heading per concern, no secret among them.
 
-Secrets are the fields marked `secret` (the API key; the approval and decision keys, whose key ids are shown and
-their secrets not) and any password or token a URL carries (`postgresql+asyncpg://roundtrip:***@db/ledger`).
+Secrets are the fields marked `secret` or typed `SecretStr` (the API key, the Kafka passwords, the console's session
+key; the approval and decision keys, whose key ids are shown and their secrets not) and any password or token a URL
+carries (`postgresql+asyncpg://roundtrip:***@db/ledger`: a database URL shows without its password).
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def masked(field: FieldInfo, value: Any) -> str:
     if value == "":
         return '""'
     secret = field.json_schema_extra.get("secret") if isinstance(field.json_schema_extra, dict) else None
+    if isinstance(value, SecretStr):
+        if secret not in ("keys", "url"):
+            return HIDDEN  # a secret no marker says how to show: not at all
+        value = value.get_secret_value()
+    if secret == "url":
+        return without_passwords(str(value))
     if secret:
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
@@ -117,8 +124,9 @@ REFERENCE_INTRO = """# Configuration reference
 
 Generated from the settings classes (`roundtrip contracts` writes this page; a test fails when it drifts).
 Environment variables (pydantic-settings, prefix `ROUNDTRIP_`), one group per concern; `roundtrip config` prints
-the effective values under the same headings, with every secret hidden (the API key, the secrets of the approval
-and decision keys, any password in a URL).
+the effective values under the same headings, with every secret hidden (the API key, the Kafka passwords, the
+console's session key, the secrets of the approval and decision keys, any password in a URL). Secrets are read as
+`SecretStr`, and a refused setting is named without repeating any value the environment gave.
 """
 
 

@@ -19,6 +19,10 @@ The fence (see the README, "When things go wrong"):
   flagged stuck, still ended at its deadline.
 * `record_acted` (executor, after a step's calls ran): appends the side effects that succeeded
   (services/_kernel/storage/sideeffects.py), still under the lease, for the reply of an end from outside.
+* Every claim also compares the turn's principal (its customer and conversation) with the row the guard
+  recorded from the gateway's request: an event whose turn names another customer than the ledger's claims
+  nothing, and the claimer raises `TurnRefused` (dead-lettered with the reason, logged on `roundtrip.security`).
+  Anything that can write an internal topic can copy a live turn, so the ledger, not the event, says whose it is.
 * Every end from outside the loop (cancel, deadline, stuck) is conditional on no live lease,
   so an end never lands while a claimed batch is running: either the claim wins (the side
   effect happens, and the end is recorded after it) or the end wins (the claim fails).
@@ -30,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import (
     Column,
@@ -57,6 +61,7 @@ from roundtrip._kernel.migrations.schema import reaching, require
 from roundtrip._kernel.storage.database import POOL_SIZE, make_engine
 
 log = logging.getLogger("roundtrip.fence")
+security = logging.getLogger("roundtrip.security")
 SQLITE_LOCK_WAIT_MS = 30_000  # how long a write that found the file locked waits for it, in a thread
 LOCKED_RETRY_S = (0.0005, 0.002)  # before that: tried again on the event loop after these pauses (docs/benchmarks.md)
 
@@ -134,14 +139,64 @@ approvals = Table(
 IS_LIVE = or_(*(turns.c.status == status for status in LIVE))  # = status IN LIVE, compiled once
 BEFORE_DEADLINE = turns.c.deadline_at.is_(None) | (turns.c.deadline_at > bindparam("b_now"))
 AT_STEP = (turns.c.turn_id == bindparam("b_turn_id")) & (turns.c.step == bindparam("b_step"))
-_CLAIM = update(turns).where(AT_STEP, IS_LIVE, BEFORE_DEADLINE)
-_RELEASE_ENDING = update(turns).where(AT_STEP, turns.c.status == ENDING)
-_WAITING = update(turns).where(AT_STEP, IS_LIVE)
+# the turn is the one the ledger recorded for this customer and conversation (see `principal`)
+OF_PRINCIPAL = (turns.c.customer_id == bindparam("b_customer_id")) & (
+    turns.c.conversation_id == bindparam("b_conversation_id")
+)
+_CLAIM = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE, BEFORE_DEADLINE)
+_RELEASE_ENDING = update(turns).where(AT_STEP, OF_PRINCIPAL, turns.c.status == ENDING)
+_WAITING = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE)
+_RECORDED = select(turns.c.customer_id, turns.c.conversation_id, turns.c.turn_json).where(
+    turns.c.turn_id == bindparam("b_turn_id")
+)
 _COUNT_WAITING = select(func.count()).select_from(turns).where(turns.c.status == WAITING)
 _ENDED_AMONG = select(turns.c.turn_id).where(
     turns.c.turn_id.in_(bindparam("b_ids", expanding=True)), turns.c.status.in_((ENDING, ENDED))
 )
 _ACTED = update(turns).where(AT_STEP).values(acted=func.coalesce(turns.c.acted, "") + bindparam("b_lines"))
+
+
+class Principal(Protocol):
+    """What names a turn and whose it is: the wire's `Turn` (events.py) has these and more."""
+
+    turn_id: str
+    customer_id: str
+    conversation_id: str
+
+
+def principal(turn: Principal) -> dict[str, str]:
+    """The bind parameters of `AT_STEP`'s turn and `OF_PRINCIPAL`."""
+    return {"b_turn_id": turn.turn_id, "b_customer_id": turn.customer_id, "b_conversation_id": turn.conversation_id}
+
+
+class TurnRefused(Exception):
+    """An event whose turn is not the ledger's (another customer or conversation than the one recorded at its
+    start): it must not act. Raised out of the handler, so the record is dead-lettered with this reason."""
+
+
+def refused(turn: Principal, service: str, why: str) -> TurnRefused:
+    """The refusal of `turn`'s event, logged on `roundtrip.security` (ids with %r: they came off a topic)."""
+    security.error(
+        "%s refused an event for turn %r (customer %r, conversation %r): %s",
+        service,
+        turn.turn_id,
+        turn.customer_id,
+        turn.conversation_id,
+        why,
+    )
+    return TurnRefused(f"turn {turn.turn_id!r} refused: {why}")
+
+
+def disagreement(turn: Principal, recorded: Any) -> str | None:
+    """Why `turn` is not the one the ledger recorded (`recorded`: its row's customer_id and conversation_id, or None
+    when the ledger has no such turn); None when it is."""
+    if recorded is None:
+        return "the ledger has no such turn"
+    if recorded.customer_id != turn.customer_id:
+        return "its customer is not the one the turn was started for"
+    if recorded.conversation_id != turn.conversation_id:
+        return "its conversation is not the one the turn was started in"
+    return None
 
 
 def sqlite_locked(exc: OperationalError) -> bool:
@@ -267,41 +322,59 @@ class TurnStore:
             lambda conn: set(conn.execute(_ENDED_AMONG, {"b_ids": list(turn_ids)}).scalars()), single=True
         )
 
+    async def recorded(self, turn_id: str) -> Any:
+        """The turn's principal and its turn as the guard recorded it at the start (customer_id, conversation_id,
+        turn_json), or None when the ledger has no such turn."""
+        return await self._run(lambda conn: conn.execute(_RECORDED, {"b_turn_id": turn_id}).first(), single=True)
+
+    async def refuse_if_not_recorded(self, turn: Principal, service: str) -> None:
+        """Raise TurnRefused (logged on roundtrip.security) when `turn` is not the ledger's: the rare path after a
+        refused claim, which tells a forged turn from one that has ended or moved on."""
+        why = disagreement(turn, await self.recorded(turn.turn_id))
+        if why is not None and why != "the ledger has no such turn":
+            raise refused(turn, service, why)
+
     async def _update(self, statement: Any, params: dict[str, Any] | None = None) -> bool:
         """A conditional update; True when it changed the one row (the caller owns the transition)."""
         return await self._run(lambda conn: conn.execute(statement, params).rowcount == 1, write=True, single=True)
 
 
 class Fence(TurnStore):
-    """What the executor and the model service ask right before they act for a turn."""
+    """What the executor and the model service ask right before they act for a turn.
 
-    async def claim_batch(self, turn_id: str, step: int, lease_s: float, now: float | None = None) -> bool:
+    Each claim takes the event's `turn` and succeeds only for the ledger's own principal of it; a claim refused
+    because the turn names another customer or conversation raises TurnRefused (one read, on the refused path
+    only), any other refusal returns False."""
+
+    async def claim_batch(self, turn: Principal, step: int, lease_s: float, now: float | None = None) -> bool:
         """Take a lease on (turn, step) for `lease_s`, only while the turn is live, at `step`, before its deadline.
 
         A redelivered batch of the same step may claim again (its calls are idempotent by
         tool_use_id); a batch of a step the turn has left, or of a turn that ended, cannot."""
         now = now or time.time()
-        return await self._update(
-            _CLAIM,
-            {"b_turn_id": turn_id, "b_step": step, "b_now": now, "lease_step": step, "lease_until": now + lease_s},
-        )
-
-    async def claim_model_call(self, turn_id: str, step: int, now: float | None = None) -> bool:
-        """True when the turn is live at `step` before its deadline (and the step's executor lease is released)."""
-        now = now or time.time()
-        if await self._update(_CLAIM, {"b_turn_id": turn_id, "b_step": step, "b_now": now, "lease_until": None}):
+        claim = {**principal(turn), "b_step": step, "b_now": now, "lease_step": step, "lease_until": now + lease_s}
+        if await self._update(_CLAIM, claim):
             return True
-        # Refused (the rare path): if an end is waiting for this step's lease, let it go now.
-        await self._update(_RELEASE_ENDING, {"b_turn_id": turn_id, "b_step": step, "lease_until": None})
+        await self.refuse_if_not_recorded(turn, "executor")
         return False
 
-    async def wait_for_capacity(self, turn_id: str, step: int, now: float | None = None) -> bool:
+    async def claim_model_call(self, turn: Principal, step: int, now: float | None = None) -> bool:
+        """True when the turn is live at `step` before its deadline (and the step's executor lease is released)."""
+        now = now or time.time()
+        if await self._update(_CLAIM, {**principal(turn), "b_step": step, "b_now": now, "lease_until": None}):
+            return True
+        await self.refuse_if_not_recorded(turn, "model")
+        # Refused (the rare path): if an end is waiting for this step's lease, let it go now.
+        await self._update(_RELEASE_ENDING, {**principal(turn), "b_step": step, "lease_until": None})
+        return False
+
+    async def wait_for_capacity(self, turn: Principal, step: int, now: float | None = None) -> bool:
         """The turn's call at `step` waits for the API's capacity: WAITING (not stuck, however long, up to its
         deadline). False when the turn may not act any more (ended, cancelled, moved on)."""
         now = now or time.time()
         return await self._update(
             _WAITING,
-            {"b_turn_id": turn_id, "b_step": step, "status": WAITING, "last_progress_at": now, "flagged_at": None},
+            {**principal(turn), "b_step": step, "status": WAITING, "last_progress_at": now, "flagged_at": None},
         )
 
     async def record_acted(self, turn_id: str, step: int, lines: str) -> None:

@@ -198,7 +198,7 @@ class Verifier:
     def of(cls, value: str, setting: str) -> Self:
         return cls(verify_keys(value, setting))
 
-    def _check(self, key_id: str, signature: str, body: bytes, what: str, who: str) -> None:
+    def _check(self, key_id: str, signature: str, body: bytes, what: str, who: str, mismatch: str = "") -> None:
         if not signature or not key_id:
             raise ApprovalError(f"unsigned {what}: {who}")
         public = self._keys.get(key_id)
@@ -208,7 +208,7 @@ class Verifier:
             public.verify(bytes.fromhex(signature), body)
         except (InvalidSignature, ValueError):
             raise ApprovalError(
-                f"signature mismatch: the {what} was tampered with or signed for another turn"
+                f"signature mismatch: the {what} " + (mismatch or "was tampered with or signed for another turn")
             ) from None
 
     def verify(self, message: ExecuteToolBatch | ApprovalDecided) -> None:
@@ -228,7 +228,14 @@ class Verifier:
             event.input_sha256,
             event.expires_at,
         )
-        self._check(event.hold_key_id, event.hold_signature, body, "approval request", "the gate did not hold it")
+        self._check(
+            event.hold_key_id,
+            event.hold_signature,
+            body,
+            "approval request",
+            "the gate did not hold it",
+            "is not the hold the gate signed (its turn, customer, conversation, step, call or deadline differ)",
+        )
 
 
 class DecisionVerifier(Verifier):
@@ -239,7 +246,8 @@ class DecisionVerifier(Verifier):
 
 
 def input_digest(name: str, tool_input: Any) -> str:
-    """What an approval binds: SHA-256 of the canonical JSON of the tool name and its exact input."""
+    """What an approval binds: SHA-256 of the canonical JSON of the tool name and its exact input (RFC 8785 of the raw
+    values, not normalised: the digest is of the input as it runs)."""
     return hashlib.sha256(canonical_json({"name": name, "input": tool_input})).hexdigest()
 
 

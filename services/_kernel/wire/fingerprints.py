@@ -1,7 +1,9 @@
-"""Canonical JSON and call fingerprints (tool name + hash of the canonical input).
+"""Canonical JSON (what is signed) and call fingerprints (what the guard compares to find repeats).
 
-Canonical JSON is RFC 8785 (JCS): key order, whitespace and number spelling (1.0 vs 1)
-do not change it. Strings are NFC-normalised first, so visually identical input is too.
+Canonical JSON is RFC 8785 (JCS) of the values exactly as they are: key order, whitespace and number spelling
+(1.0 vs 1) do not change it, and nothing else is rewritten, so the bytes the gate signs and the approval digest
+cover are the input the executor runs. A fingerprint is a different question (is this the same call again?):
+there visually identical input is the same call, so strings are NFC-normalised first.
 """
 
 from __future__ import annotations
@@ -26,12 +28,19 @@ def _normalise(value: Any) -> Any:
 
 
 def canonical_json(value: Any) -> bytes:
+    """RFC 8785 of the raw values: what a signature or a digest covers (two spellings of one string in different
+    Unicode normalisation forms are two inputs, since a tool may treat them differently)."""
+    return rfc8785.dumps(value)
+
+
+def normalised_json(value: Any) -> bytes:
+    """RFC 8785 of the values with every string NFC-normalised: for comparing calls, never for signing."""
     return rfc8785.dumps(_normalise(value))
 
 
 def fingerprint(tool_name: str, tool_input: Any) -> str:
     try:
-        body = canonical_json(tool_input)
+        body = normalised_json(tool_input)
     except (rfc8785.CanonicalizationError, TypeError, ValueError):
         body = repr(tool_input).encode()
     return f"{tool_name}:{hashlib.sha256(body).hexdigest()[:16]}"

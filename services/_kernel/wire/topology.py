@@ -144,6 +144,7 @@ SERVICES: tuple[Service, ...] = (
         "validates and authorizes each tool call, signs the approved batch",
         inputs=(Input(topics.TOOL_CALLS, events.CheckToolCalls),),
         outputs={topics.TOOL_BATCHES: events.ExecuteToolBatch},
+        shares_ledger=True,  # reads it: each turn's principal as recorded at its start, which it authorizes for
         signs_batches=True,
         accepts_decisions=True,  # a decided call's batch is signed only with a person's valid decision
     ),

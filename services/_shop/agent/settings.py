@@ -12,11 +12,11 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from roundtrip._kernel.settings.concerns import DatabaseUrl
+from roundtrip._kernel.settings.concerns import SECRET_URL, DatabaseUrl
 
 
 class ShopAgentSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore", hide_input_in_errors=True)
 
     approval_cancel_above_cents: int | None = Field(
         None,
@@ -29,7 +29,9 @@ class ShopAgentSettings(BaseSettings):
     )
     shop_port: int = Field(8802, description="Port of the embedded demo shop")
     shop_database_url: DatabaseUrl = Field(
-        None, description="SQLAlchemy URL of the shop database; unset means a SQLite file in state_dir"
+        None,
+        json_schema_extra=SECRET_URL,
+        description="SQLAlchemy URL of the shop database; unset means a SQLite file in state_dir",
     )
 
     @property
@@ -37,4 +39,6 @@ class ShopAgentSettings(BaseSettings):
         return self.shop_url or f"http://127.0.0.1:{self.shop_port}"
 
     def shop_db_url(self, state_dir: Path) -> str:
-        return self.shop_database_url or f"sqlite+aiosqlite:///{(Path(state_dir) / 'shop.db').resolve()}"
+        if self.shop_database_url is not None:
+            return self.shop_database_url.get_secret_value()
+        return f"sqlite+aiosqlite:///{(Path(state_dir) / 'shop.db').resolve()}"

@@ -1,0 +1,57 @@
+"""The turn the gate authorizes for: the one the ledger recorded at its start, never the one an event carries.
+
+The principal of a turn (its customer, from the support request's envelope) is written into the ledger when
+the guard starts the turn. Every internal topic can be written by more than the service that should (a
+compromised service, a producer on an unsecured listener), so the gate compares the command's turn with that
+record and authorizes for the record: a command whose turn names another customer, conversation or metadata
+than its start did is refused (dead-lettered with the reason, logged on `roundtrip.security`) and nothing is
+signed for it.
+
+A turn's record never changes after its start but for its deadline (an approval extends it; the executor's
+claim checks the ledger's own), so each gate replica reads a turn once and keeps it for the turn's next steps.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from roundtrip._kernel.storage.turnstore import TurnStore, disagreement, refused
+from roundtrip._kernel.wire.events import Turn
+
+REMEMBERED = 20_000  # turns a replica keeps (a turn runs for minutes; about 1 KB each)
+
+
+class RecordedTurns:
+    def __init__(self, store: TurnStore, remembered: int = REMEMBERED) -> None:
+        self.store = store
+        self._turns: OrderedDict[str, Turn] = OrderedDict()
+        self._remembered = remembered
+
+    async def authorized(self, turn: Turn) -> Turn:
+        """`turn` as the ledger recorded it; TurnRefused when the event's copy differs from that record."""
+        recorded = self._turns.get(turn.turn_id)
+        if recorded is None:
+            row = await self.store.recorded(turn.turn_id)
+            if (why := disagreement(turn, row)) is not None:
+                raise refused(turn, "gate", why)
+            recorded = Turn.model_validate_json(row.turn_json)
+            self._remember(recorded)
+        if (why := disagreement(turn, recorded)) is not None:
+            raise refused(turn, "gate", why)
+        changed = changed_fields(turn, recorded)
+        if changed:
+            raise refused(turn, "gate", f"its {', '.join(changed)} differ from the turn's start")
+        # the deadline is the one field a turn's record changes (an approval extends it); the fence checks it
+        return recorded.model_copy(update={"deadline_at": turn.deadline_at})
+
+    def _remember(self, turn: Turn) -> None:
+        self._turns[turn.turn_id] = turn
+        while len(self._turns) > self._remembered:
+            self._turns.popitem(last=False)
+
+
+def changed_fields(turn: Turn, recorded: Turn) -> list[str]:
+    """The fields of `turn` that are not as recorded at its start, its deadline aside."""
+    return [
+        name for name in Turn.model_fields if name != "deadline_at" and getattr(turn, name) != getattr(recorded, name)
+    ]

@@ -1,0 +1,37 @@
+"""The services' log lines: one record, one line, whatever the values in it hold.
+
+Ids that come from outside (request, conversation, customer and turn ids, tool names, tool_use ids) may hold any
+character, and a newline in one would start a second line that reads like a line of its own (a forged
+`roundtrip.security` line). The lines that name such ids write them with `%r`; `OneLineFormatter` is the net under
+every other line: it escapes the control characters and line separators of the message (a traceback that follows
+it keeps its lines).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# C0 controls but tab, DEL, C1 controls (NEL among them) and the Unicode line and paragraph separators
+_BREAKING = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that could end or rewrite a log line spelled out (`\\n`, `\\x1b`, `\\u2028`)."""
+    return _BREAKING.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
+class OneLineFormatter(logging.Formatter):
+    """A formatter whose message part is always one line (see the module)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
+
+
+def configure(level: str | int) -> None:
+    """The services' logging: one line a record on stderr, at `level`."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter(FORMAT))
+    logging.basicConfig(level=level, handlers=[handler])
