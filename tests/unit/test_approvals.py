@@ -188,7 +188,7 @@ def test_the_gates_signature_of_a_hold_covers_customer_conversation_step_call_an
     ):
         with pytest.raises(ApprovalError, match="signature mismatch"):
             GATE.verifier.verify_hold(edited)
-    with pytest.raises(ApprovalError, match="does not match its input digest"):
+    with pytest.raises(ApprovalError, match="not the one its signed input digest names"):
         GATE.verifier.verify_hold(held(call=held().call.model_copy(update={"input": other})))
     with pytest.raises(ApprovalError, match="unsigned approval request"):
         GATE.verifier.verify_hold(held(hold_key_id="", hold_signature=""))

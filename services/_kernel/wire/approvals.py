@@ -217,8 +217,6 @@ class Verifier:
     def verify_hold(self, event: ApprovalRequested) -> None:
         """The gate's signature of the hold this approval request copies: the turn's customer and conversation, the
         step, the exact call (its input digest, recomputed from the call it carries) and the deadline."""
-        if event.input_sha256 != input_digest(event.call.name, event.call.input):
-            raise ApprovalError("approval request's call does not match its input digest: it was edited")
         body = _hold_body(
             event.turn.turn_id,
             event.turn.customer_id,
@@ -236,6 +234,8 @@ class Verifier:
             "the gate did not hold it",
             "is not the hold the gate signed (its turn, customer, conversation, step, call or deadline differ)",
         )
+        if event.input_sha256 != input_digest(event.call.name, event.call.input):  # the digest signed, another input
+            raise ApprovalError("approval request's call is not the one its signed input digest names: it was edited")
 
 
 class DecisionVerifier(Verifier):
