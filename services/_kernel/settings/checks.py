@@ -21,7 +21,7 @@ class ConfigurationError(RuntimeError):
 
 
 class InsecureConfiguration(ConfigurationError):
-    """A setting that must not be used outside development (the published approval key)."""
+    """A setting that must not be used outside development (a published development key)."""
 
 
 def env_name(field: str) -> str:

@@ -1,7 +1,7 @@
 """What `roundtrip config` prints: the effective settings under a heading per concern, no secret among them.
 
 Secrets are the fields marked `secret` or typed `SecretStr` (the API key, the Kafka passwords, the console's session
-key; the approval and decision keys, whose key ids are shown and their secrets not) and any password or token a URL
+key; the private batch and decision signing keys, whose key ids are shown and their keys not) and any password or token a URL
 carries (`postgresql+asyncpg://roundtrip:***@db/ledger`: a database URL shows without its password).
 """
 
@@ -125,7 +125,7 @@ REFERENCE_INTRO = """# Configuration reference
 Generated from the settings classes (`roundtrip contracts` writes this page; a test fails when it drifts).
 Environment variables (pydantic-settings, prefix `ROUNDTRIP_`), one group per concern; `roundtrip config` prints
 the effective values under the same headings, with every secret hidden (the API key, the Kafka passwords, the
-console's session key, the secrets of the approval and decision keys, any password in a URL). Secrets are read as
+console's session key, the private signing keys (their ids are shown), any password in a URL). Secrets are read as
 `SecretStr`, and a refused setting is named without repeating any value the environment gave.
 """
 
