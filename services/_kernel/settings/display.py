@@ -1,8 +1,8 @@
 """What `roundtrip config` prints: the effective settings under a heading per concern, no secret among them.
 
 Secrets are the fields marked `secret` or typed `SecretStr` (the API key, the Kafka passwords, the console's session
-key; the private batch and decision signing keys, whose key ids are shown and their keys not) and any password or token a URL
-carries (`postgresql+asyncpg://roundtrip:***@db/ledger`: a database URL shows without its password).
+key; the private batch and decision signing keys, whose key ids are shown and their keys not) and any password or
+token a URL carries (`postgresql+asyncpg://roundtrip:***@db/ledger`: a database URL shows without its password).
 """
 
 from __future__ import annotations
