@@ -91,6 +91,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
             settings.refuse_dev_decision_key(service, agent.holds_calls())
         if declared.shares_ledger:
             settings.refuse_private_ledger(service)
+        settings.refuse_plaintext_kafka(service)  # every service talks to Kafka: never in the clear by accident
         module = importlib.import_module(declared.app_module)
         asyncio.run(getattr(module, "preflight", _no_preflight)(settings))  # checks that ask the broker (the guard's)
     except ConfigurationError as exc:

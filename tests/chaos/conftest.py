@@ -90,6 +90,7 @@ def fleet_values(bootstrap: str, state, **more) -> dict:
     """Settings of the suite's fleets: a stuck turn costs seconds, the simulator answers like a (fast) real model."""
     return dict(
         kafka_bootstrap_servers=bootstrap,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=f"chaos{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),

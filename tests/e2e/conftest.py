@@ -186,6 +186,7 @@ def fleet_settings(kafka_bootstrap, tmp_path_factory, otlp_receiver) -> tuple[Se
         otlp_endpoint=otlp_receiver.endpoint,  # spans go both to an OTLP receiver and to the local span file
         span_file=state / "spans.jsonl",
         kafka_bootstrap_servers=kafka_bootstrap,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=f"e2e{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),

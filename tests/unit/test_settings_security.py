@@ -115,7 +115,7 @@ async def test_the_apps_themselves_refuse_to_start_with_the_published_key_in_pro
     import importlib
 
     app = importlib.import_module(f"roundtrip._{service}.app").build(
-        settings(kafka_bootstrap_servers="127.0.0.1:1"), load_agent()
+        settings(kafka_bootstrap_servers="127.0.0.1:1", kafka_allow_plaintext=True), load_agent()
     )
     with pytest.raises(InsecureConfiguration):
         await app.start()  # before the broker is even contacted
