@@ -181,8 +181,8 @@ class Settings(
         if self.kafka_security_protocol == "PLAINTEXT" and not self.kafka_allow_plaintext and not self.development:
             raise ConfigurationError(
                 f"{service} refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT (Kafka at "
-                f"{self.bootstrap_servers}, ROUNDTRIP_ENV={self.env or 'unset'}), so anyone on the network can read and "
-                "write the fleet's topics. Set SASL_SSL (or SSL) with its ROUNDTRIP_KAFKA_* settings, "
+                f"{self.bootstrap_servers}, ROUNDTRIP_ENV={self.env or 'unset'}), so anyone on the network can read "
+                "and write the fleet's topics. Set SASL_SSL (or SSL) with its ROUNDTRIP_KAFKA_* settings, "
                 "ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true for a network you trust on purpose, or ROUNDTRIP_ENV=development "
                 "on a laptop."
             )
