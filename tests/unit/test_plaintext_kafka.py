@@ -102,3 +102,27 @@ async def test_the_apps_themselves_refuse_before_the_broker_is_contacted(service
     app = importlib.import_module(f"roundtrip._{service}.app").build(settings(**values), load_agent())
     with pytest.raises(ConfigurationError, match="ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT"):
         await app.start()
+
+
+def test_the_consoles_development_sign_in_is_refused_by_roundtrip_run_in_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
+    env.update(
+        ROUNDTRIP_ENV="production",
+        ROUNDTRIP_CONSOLE_LOCAL_USER="me@laptop",  # every visitor an approver: development only
+        ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1",
+        ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT="true",
+        ROUNDTRIP_LEDGER_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
+        ROUNDTRIP_DECISION_KEYS=f"ops1:{'cd' * 32}",
+        ROUNDTRIP_STATE_DIR=str(tmp_path / "state"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", "run", "console"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: console refuses to start: ROUNDTRIP_CONSOLE_LOCAL_USER"), done.stderr
