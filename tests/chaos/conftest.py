@@ -93,6 +93,7 @@ def fleet_values(bootstrap: str, state, **more) -> dict:
         key_settings("chaos1")
         | dict(  # fresh pairs, never the published development keys
             kafka_bootstrap_servers=bootstrap,
+            kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
             topic_prefix=f"chaos{uuid.uuid4().hex[:6]}.",
             state_dir=state,
             simulator_port=free_port(),

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -24,6 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import SupportReply
@@ -61,13 +61,10 @@ class FleetClient:
 
     async def start(self) -> None:
         watched = [self.topic(n) for n in topology.topic_names() if n != topics.SUPPORT_REQUESTS]
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap_servers)
+        kafka = kafka_clients(self.settings)  # as the settings connect: PLAINTEXT, or TLS and SASL
+        self.producer = kafka.producer()
         # No consumer group: nothing to rebalance or time out while a test blocks, and every record is seen once.
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.settings.bootstrap_servers,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-        )
+        self.consumer = kafka.consumer(enable_auto_commit=False, isolation_level="read_committed")
         await self.producer.start()
         await self.consumer.start()
         partitions = await partitions_of(self.consumer, watched)
@@ -187,6 +184,7 @@ def fleet_settings(kafka_bootstrap, tmp_path_factory, otlp_receiver) -> tuple[Se
         otlp_endpoint=otlp_receiver.endpoint,  # spans go both to an OTLP receiver and to the local span file
         span_file=state / "spans.jsonl",
         kafka_bootstrap_servers=kafka_bootstrap,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=f"e2e{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),

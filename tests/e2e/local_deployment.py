@@ -24,6 +24,8 @@ environment. What is replaced, by variable:
     ROUNDTRIP_REPLICATION_FACTOR,        1: the session's broker is one node (not an address: the one
     ROUNDTRIP_MIN_INSYNC_REPLICAS        substitution of another kind)
     any other URL                        the local process of the workload its host and port name
+    a path a volume mounts (k8s)         the file written in the replica's folder (mounts/<path>), its text
+                                         the manifest's Secret or ConfigMap (a Kafka CA, say)
 
 A URL left pointing anywhere but loopback raises DeployError before anything starts. `roundtrip` in a
 command is the entry point of this virtualenv (next to sys.executable).
@@ -50,6 +52,7 @@ from sqlalchemy.engine import make_url
 
 from roundtrip._broker.embedded import die_with_parent_preexec, free_port
 from tests.e2e.manifest_workloads import Container, Manifest, Workload
+from tests.manifests import files_here
 
 T = TypeVar("T")
 SINGLE_BROKER = {"ROUNDTRIP_REPLICATION_FACTOR": "1", "ROUNDTRIP_MIN_INSYNC_REPLICAS": "1"}
@@ -180,7 +183,7 @@ class LocalDeployment:
         for variable, value in env.items():
             if "://" in value and urlsplit(value).hostname not in ("127.0.0.1", None):
                 raise DeployError(f"{replica.label}: {variable}={value} still points away from this machine")
-        return env
+        return files_here(env, container.files, replica.folder / "mounts")
 
     def _localize(self, replica: Replica, variable: str, value: str) -> str:
         if variable == "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS":

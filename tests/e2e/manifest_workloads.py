@@ -9,7 +9,7 @@ wait for with `service_completed_successfully` is a one-shot workload, and `afte
 service waits for. `Manifest.addresses` maps every (host, port) at which one workload reaches another
 (a k8s Service and its DNS names, a compose service name) to (that workload, the port its process
 listens on as the manifest numbers it). Every container starts from the image's ENV (the Dockerfile's
-last stage), as a container runtime does.
+last stage), as a container runtime does, and has the files its Secret and ConfigMap volumes mount (k8s).
 
 Nothing is guessed: a kind of workload, a container layout or a compose service the test cannot run
 raises ManifestError, so a manifest that grows one fails the test instead of being half run.
@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.manifests import DOCKERFILE, container_env, full_command, kinds
+from tests.manifests import DOCKERFILE, container_env, full_command, kinds, mounted_files
 
 # compose services that are not the roundtrip image: the test session provides each (its broker, its PostgreSQL,
 # an OTLP receiver) and the addresses that name them are replaced by the session's
@@ -40,6 +40,7 @@ class Container:
     argv: list[str]
     env: dict[str, str]  # as the manifest gives it, over the image's ENV
     ready: tuple[str, int] | None = None  # readiness: GET path on a port the process listens on (manifest numbering)
+    files: dict[str, str] = field(default_factory=dict)  # k8s: path -> text of what its Secret/ConfigMap volumes mount
 
 
 @dataclass
@@ -113,13 +114,13 @@ def k8s_manifest(docs: list[dict[str, Any]], replicas: dict[str, int] | None = N
         (main,) = pod["containers"]
         ports_of[name] = {p["name"]: p["containerPort"] for p in main.get("ports", []) if "name" in p}
 
-        def container(c: dict[str, Any], ports: dict[str, int] = ports_of[name]) -> Container:
+        def container(c: dict[str, Any], ports: dict[str, int] = ports_of[name], pod: dict = pod) -> Container:
             probe = c.get("readinessProbe", {}).get("httpGet")
             ready = None
             if probe:
                 port = probe["port"]
                 ready = (probe.get("path", "/"), ports[port] if isinstance(port, str) else int(port))
-            return Container(full_command(c), {**base, **container_env(docs, c)}, ready)
+            return Container(full_command(c), {**base, **container_env(docs, c)}, ready, mounted_files(docs, pod, c))
 
         workloads[name] = Workload(
             name,

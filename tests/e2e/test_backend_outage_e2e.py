@@ -76,6 +76,7 @@ async def client(kafka_bootstrap, tmp_path, slow_shop):
     (state / "scripts.json").write_text(json.dumps(SCRIPTS))
     values = dict(
         kafka_bootstrap_servers=kafka_bootstrap,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=f"bo{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),

@@ -7,6 +7,11 @@ real Compose v2; both over the image's ENV), init containers and one-shot jobs f
 added to the manifests later runs here too. Every replica has its own folder, state dir, HOSTNAME and
 ports: nothing is shared but Kafka and PostgreSQL, as between pods or containers with their own disks.
 
+The k8s manifests connect as shipped, SASL_SSL with SCRAM-SHA-512 and the CA their pods mount: they run against
+a broker of this module secured that way (services/_broker/secured.py: a throwaway CA, a SCRAM user), and the test
+fills the Kafka Secret the operator fills (user, password, the CA's PEM). Compose, a development fleet on its own
+Kafka, runs on the session's PLAINTEXT broker.
+
 Only addresses are replaced (tests/e2e/local_deployment.py has the list): Kafka -> the session's broker,
 database URLs -> databases of the session's PostgreSQL in the manifest's URL form, service URLs, ports
 and the listen host -> the local processes, the OTLP endpoint -> a local receiver, and the topics get a
@@ -22,10 +27,14 @@ import json
 import re
 import sqlite3
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import httpx
 import pytest
 
+from roundtrip._broker.embedded import free_port
+from roundtrip._broker.secured import Listener, Tls, client_security, make_tls, secured_kafka
 from roundtrip._cli.console import partitions_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
@@ -35,15 +44,61 @@ from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest
 from tests.manifests import compose_config, k8s_documents, kinds, with_keys_filled
 
 EXECUTORS = 3
+KAFKA_USER, KAFKA_PASSWORD = "roundtrip", f"shipped-{uuid.uuid4().hex}"  # what the operator puts in the Secret
+FILLED = ("ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD", "ca")
 CUSTOMER = "cus_1001"
 START_TIMEOUT_S = 120  # every replica ready (2 busy cores, ~15 processes a shape)
 REPLY_TIMEOUT_S = 60  # the turns together; a turn with the simulator takes well under a second
 
 
-def manifest_of(shape: str):
+@dataclass(frozen=True)
+class SecuredKafka:
+    bootstrap: str
+    listener: Listener
+    tls: Tls
+
+    @property
+    def client(self) -> dict:
+        """The fleet's settings for a client of it (Settings keyword arguments): the user the Secret is filled with."""
+        return client_security(self.listener, self.tls, KAFKA_USER, KAFKA_PASSWORD)
+
+
+@pytest.fixture(scope="module")
+def secured_kafka_broker(tmp_path_factory) -> Iterator[SecuredKafka]:
+    """A one-node Kafka whose only client listener is SASL_SSL + SCRAM-SHA-512 (what the k8s manifests ship)."""
+    folder = tmp_path_factory.mktemp("shipped-kafka")
+    tls = make_tls(folder / "tls")
+    listener = Listener("SASLSSL", "SASL_SSL", free_port(), ("SCRAM-SHA-512",))
+    kafka = secured_kafka(
+        folder / "kafka",
+        [listener],
+        tls,
+        {KAFKA_USER: KAFKA_PASSWORD},
+        controller_port=free_port(),
+        die_with_parent=True,
+    )
+    with kafka:
+        kafka.wait_ready(120)
+        yield SecuredKafka(f"127.0.0.1:{listener.port}", listener, tls)
+
+
+def filled_k8s_documents(kafka: SecuredKafka, docs: list[dict] | None = None) -> list[dict]:
+    """deploy/k8s with the Kafka Secret filled as its operator does, and the key Secrets' placeholders with fresh pairs
+    made as `roundtrip keys` makes them (the rest of its template as shipped)."""
+    docs = with_keys_filled(docs if docs is not None else k8s_documents())
+    secret = kinds(docs, "Secret")["roundtrip-kafka"]["stringData"]
+    assert all("CHANGE-ME" in secret[k] for k in FILLED), "the shipped Secret should be a template to fill"
+    secret |= {
+        "ROUNDTRIP_KAFKA_SASL_USERNAME": KAFKA_USER,
+        "ROUNDTRIP_KAFKA_SASL_PASSWORD": KAFKA_PASSWORD,
+        "ca": kafka.tls.ca.read_text(),
+    }
+    return docs
+
+
+def manifest_of(shape: str, kafka: SecuredKafka):
     if shape == "k8s":
-        # the operator's one step before applying: the Secrets' keys, made with `roundtrip keys`
-        return k8s_manifest(with_keys_filled(k8s_documents()), replicas={"executor": EXECUTORS})
+        return k8s_manifest(filled_k8s_documents(kafka), replicas={"executor": EXECUTORS})
     return compose_manifest(compose_config(), scale={"executor": EXECUTORS})  # `docker compose up --scale executor=3`
 
 
@@ -54,20 +109,22 @@ def tool_runs(metrics: str) -> float:
 
 @pytest.mark.parametrize("shape", ["k8s", "compose"])
 async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
-    shape, kafka_bootstrap, postgres_url, otlp_receiver, tmp_path
+    shape, kafka_bootstrap, secured_kafka_broker, postgres_url, otlp_receiver, tmp_path
 ):
-    manifest = manifest_of(shape)
+    manifest = manifest_of(shape, secured_kafka_broker)
     assert manifest.workloads["executor"].replicas == EXECUTORS
-    world = LocalWorld(
-        kafka_bootstrap, postgres_url, otlp_receiver.endpoint, tag=f"ship_{shape}_{uuid.uuid4().hex[:8]}"
+    # k8s: its secured Kafka; compose: its own (plaintext) Kafka, for which the session's broker stands in
+    bootstrap, security = (
+        (secured_kafka_broker.bootstrap, secured_kafka_broker.client) if shape == "k8s" else (kafka_bootstrap, {})
     )
+    world = LocalWorld(bootstrap, postgres_url, otlp_receiver.endpoint, tag=f"ship_{shape}_{uuid.uuid4().hex[:8]}")
     deployment = LocalDeployment(manifest, world, tmp_path)
     try:
         await deployment.start(timeout=START_TIMEOUT_S)
         shop = deployment.replicas["executor"][0].envs[id(manifest.workloads["executor"].main)]["ROUNDTRIP_SHOP_URL"]
         before = httpx.get(f"{shop}/admin/orders", timeout=5).json()["orders"]
 
-        client = FleetClient(Settings(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=world.topic_prefix))
+        client = FleetClient(Settings(kafka_bootstrap_servers=bootstrap, topic_prefix=world.topic_prefix, **security))
         await client.start()
         try:
             batches = await partitions_of(client.consumer, [world.topic_prefix + topics.TOOL_BATCHES])
@@ -111,6 +168,8 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
                 health = replica.workload.main.ready[1]  # the port of its probes serves /metrics too
                 runs[replica.label] = tool_runs((await http.get(replica.url("/metrics", health), timeout=5)).text)
         assert len(runs) == EXECUTORS and all(n > 0 for n in runs.values()), f"tool calls run per executor: {runs}"
+        logs = "".join(p.log.read_text(errors="replace") for r in deployment.all() for p in r.processes)
+        assert KAFKA_PASSWORD not in logs  # the Secret's password is never said
 
         # the console runs too: compose is a development fleet, where a visitor is the local user; the cluster's
         # console believes only its sign-on sidecar, which the shipped manifest leaves to the operator: refused
@@ -126,7 +185,7 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
 
 
 async def test_the_k8s_manifests_run_a_users_agent_the_example_carrier(
-    kafka_bootstrap, postgres_url, otlp_receiver, tmp_path
+    secured_kafka_broker, postgres_url, otlp_receiver, tmp_path
 ):
     """The manifests with a user's agent (issue 29, item 4): the example carrier agent (examples/telecom-agent,
     installed as its own distribution, as its image would have it: docs/operating/deploy.md) named by
@@ -145,11 +204,8 @@ async def test_the_k8s_manifests_run_a_users_agent_the_example_carrier(
             }
         )
     )
-    docs = [
-        d
-        for d in with_keys_filled(k8s_documents())
-        if d["metadata"]["name"] != "shop" or d["kind"] not in ("Deployment", "Service")
-    ]
+    docs = [d for d in k8s_documents() if d["metadata"]["name"] != "shop" or d["kind"] not in ("Deployment", "Service")]
+    docs = filled_k8s_documents(secured_kafka_broker, docs)
     config = kinds(docs, "ConfigMap")["roundtrip-config"]["data"]
     del config["ROUNDTRIP_SHOP_URL"]  # no demo shop: this agent's backend is its own
     config |= {
@@ -158,11 +214,14 @@ async def test_the_k8s_manifests_run_a_users_agent_the_example_carrier(
         "ROUNDTRIP_SIMULATOR_SCRIPT": str(script),
     }
     manifest = k8s_manifest(docs, replicas={"executor": 1})
-    world = LocalWorld(kafka_bootstrap, postgres_url, otlp_receiver.endpoint, tag=f"ship_tc_{uuid.uuid4().hex[:8]}")
+    kafka = secured_kafka_broker
+    world = LocalWorld(kafka.bootstrap, postgres_url, otlp_receiver.endpoint, tag=f"ship_tc_{uuid.uuid4().hex[:8]}")
     deployment = LocalDeployment(manifest, world, tmp_path / "pods")
     try:
         await deployment.start(timeout=START_TIMEOUT_S)
-        client = FleetClient(Settings(kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=world.topic_prefix))
+        client = FleetClient(
+            Settings(kafka_bootstrap_servers=kafka.bootstrap, topic_prefix=world.topic_prefix, **kafka.client)
+        )
         await client.start()
         try:
             asked = await client.ask("move my line to basic", "cus_2003", persona="script:replan")

@@ -22,6 +22,7 @@ from tests.signing import key_settings
 def fleet_on_postgres(kafka_bootstrap, postgres_database, tmp_path):
     values = dict(
         kafka_bootstrap_servers=kafka_bootstrap,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=f"fs{uuid.uuid4().hex[:6]}.",
         state_dir=tmp_path / ".roundtrip",
         simulator_port=free_port(),

@@ -39,6 +39,7 @@ def other_fleet(fleet, fleet_settings, tmp_path_factory):
     session = fleet_settings[0]
     values = dict(
         kafka_bootstrap_servers=session.bootstrap_servers,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=OTHER_PREFIX,
         state_dir=tmp_path_factory.mktemp("other-fleet"),
         anthropic_base_url=f"http://127.0.0.1:{session.simulator_port}",

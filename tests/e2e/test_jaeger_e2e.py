@@ -97,6 +97,7 @@ def traced(kafka_bootstrap, tmp_path_factory, jaeger):
         otlp_endpoint=jaeger.otlp_http_endpoint,
         jaeger_query_url=jaeger.query_url,
         kafka_bootstrap_servers=kafka_bootstrap,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=f"jg{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),

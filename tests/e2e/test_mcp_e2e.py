@@ -59,6 +59,7 @@ async def giftwrap(kafka_bootstrap, tmp_path_factory):
     }
     values = dict(
         kafka_bootstrap_servers=kafka_bootstrap,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=f"mcp{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),

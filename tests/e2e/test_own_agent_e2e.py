@@ -93,6 +93,7 @@ def telecom_fleet(kafka_bootstrap, tmp_path_factory, installed):
     values = dict(
         agent="telecom",
         kafka_bootstrap_servers=kafka_bootstrap,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=f"tc{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),

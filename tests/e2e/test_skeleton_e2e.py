@@ -38,6 +38,7 @@ def skeleton_fleet(kafka_bootstrap, tmp_path_factory):
     values = dict(
         agent="desk_e2e.agent:AGENT",
         kafka_bootstrap_servers=kafka_bootstrap,
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
         topic_prefix=f"sk{uuid.uuid4().hex[:6]}.",
         state_dir=state,
         simulator_port=free_port(),

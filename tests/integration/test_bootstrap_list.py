@@ -38,6 +38,7 @@ async def test_topics_a_service_and_lag_work_on_a_list_of_three_bootstrap_server
         "ROUNDTRIP_STATE_DIR": str(tmp_path),
         "ROUNDTRIP_PARTITIONS": "2",
         "ROUNDTRIP_LEDGER_DATABASE_URL": ledger_url,
+        "ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT": "true",  # the test broker listens in the clear; this is not development
         "PYTHONUNBUFFERED": "1",
     }
 

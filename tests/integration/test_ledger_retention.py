@@ -191,6 +191,7 @@ async def test_roundtrip_run_guard_refuses_a_short_retention_in_one_line(kafka_b
         "ROUNDTRIP_STATE_DIR": str(tmp_path),
         "ROUNDTRIP_LEDGER_RETENTION_S": "3600",  # an hour, under the broker's default 7 days
         **key_environment(),  # not development: keys of its own, so the retention is what it refuses
+        "ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT": "true",  # the test broker listens in the clear; this is not development
     }
     ran = await asyncio.to_thread(
         subprocess.run,

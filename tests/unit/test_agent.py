@@ -243,7 +243,7 @@ def test_the_guard_refuses_the_published_decision_key_for_an_agent_that_always_a
         timeout=60,
         cwd=tmp_path,
     )
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: guard refuses to start: ROUNDTRIP_DECISION_VERIFY_KEYS"), (
         done.stderr

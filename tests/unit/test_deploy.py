@@ -15,6 +15,7 @@ import copy
 import os
 import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,11 +43,13 @@ from tests.manifests import (
     compose_config,
     container,
     container_env,
+    files_here,
     full_command,
     k8s_documents,
     kinds,
     load_all,
     mini_yaml_load_all,
+    mounted_files,
     with_keys_filled,
 )
 
@@ -262,9 +265,9 @@ def test_keys_default_to_the_dev_keys_in_compose_only(compose, k8s):
         )
         assert "CHANGE-ME" in secrets[secret][variable]
     assert "PRODUCTION MUST SET THEM" in COMPOSE.read_text()
-    # compose is a development fleet unless the operator says otherwise (the published keys are refused elsewhere);
-    # a cluster never is
-    assert compose["x-roundtrip-env"]["ROUNDTRIP_ENV"] == "${ROUNDTRIP_ENV:-development}"
+    # compose is a development fleet on its own Kafka unless the operator says otherwise (the published keys are
+    # refused elsewhere; test_compose_v2_is_development_only_on_its_own_kafka); a cluster never is
+    assert compose["x-roundtrip-env"]["ROUNDTRIP_ENV"].startswith("${ROUNDTRIP_ENV:-")
     assert "ROUNDTRIP_ENV" not in kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
 
 
@@ -304,8 +307,14 @@ def settings_read_by(service: str) -> set[str]:
     return read
 
 
-def k8s_env(k8s, name: str) -> dict[str, str]:
-    return container_env(k8s, container(kinds(k8s, "Deployment")[name]))
+def k8s_env(k8s, name: str, mounts: Path | None = None) -> dict[str, str]:
+    """The environment of the Deployment's container; with `mounts`, the files its volumes mount are written there
+    and the environment's paths to them point at those (the settings check that a CA file exists)."""
+    deployment = kinds(k8s, "Deployment")[name]
+    env = container_env(k8s, container(deployment))
+    if mounts is None:
+        return env
+    return files_here(env, mounted_files(k8s, deployment["spec"]["template"]["spec"], container(deployment)), mounts)
 
 
 def test_the_scan_finds_what_the_services_read():
@@ -400,22 +409,25 @@ def refuse(settings: Settings, refusal: str, name: str, approvals: bool = True) 
 
 
 @pytest.mark.parametrize("name", ALL_RUNNABLE)
-def test_the_shipped_configuration_passes_the_start_up_checks_even_with_approvals_on(k8s, monkeypatch, name):
+def test_the_shipped_configuration_passes_the_start_up_checks_even_with_approvals_on(k8s, monkeypatch, name, tmp_path):
     # k8s: the Secrets filled as the operator must (the template's placeholders are refused: below), the ledger is
-    # shared; compose: a development fleet (below). Settings() itself checks the forms (broker list, database URLs,
-    # min ISR <= replication factor).
-    settings = settings_of(k8s_env(with_keys_filled(k8s), name), monkeypatch)
+    # shared, Kafka is SASL_SSL; compose: a development fleet (below). Settings() itself checks the forms (broker list,
+    # database URLs, min ISR <= replication factor, the Kafka security settings fit together and the CA file the pod
+    # mounts is there).
+    settings = settings_of(k8s_env(with_keys_filled(k8s), name, tmp_path), monkeypatch)
     assert not settings.development
-    for refusal in refusals_of(name):
+    for refusal in refusals_of(name):  # approvals on: the agent has a rule that can hold a call
         refuse(settings, refusal, name)
+    if name in topology.names():  # every fleet service talks to Kafka
+        settings.refuse_plaintext_kafka(name)
 
 
 @pytest.mark.parametrize("name", [s.name for s in topology.SERVICES if s.keys])
-def test_the_shipped_secrets_unfilled_stop_every_service_that_holds_a_key(k8s, monkeypatch, name):
-    settings = settings_of(k8s_env(k8s, name), monkeypatch)
+def test_the_shipped_secrets_unfilled_stop_every_service_that_holds_a_key(k8s, monkeypatch, name, tmp_path):
+    settings = settings_of(k8s_env(k8s, name, tmp_path), monkeypatch)
     with pytest.raises(ConfigurationError, match="placeholder CHANGE-ME") as refused:
         settings.refuse_unfit_keys(name, topology.service(name).keys, approvals=True)
-    assert not isinstance(refused.value, InsecureConfiguration)  # `roundtrip run` exits 1: fix the configuration
+    assert not isinstance(refused.value, InsecureConfiguration)  # not a published key: one the operator must fill
 
 
 def test_k8s_topics_are_made_for_a_production_cluster(k8s):
@@ -431,10 +443,33 @@ def test_k8s_topics_are_made_for_a_production_cluster(k8s):
     )
 
 
-@pytest.mark.parametrize("name", topology.names())
-def test_every_kafka_client_and_keda_connect_as_the_same_kafka_user(k8s, name, monkeypatch):
+def test_k8s_ships_sasl_ssl_and_a_kafka_secret_the_operator_must_fill(k8s):
     (secret,) = [d for d in k8s if d["kind"] == "Secret" and d["metadata"]["name"] == "roundtrip-kafka"]
-    env = k8s_env(k8s, name)
+    kafka = secret["stringData"]
+    assert (kafka["ROUNDTRIP_KAFKA_SECURITY_PROTOCOL"], kafka["ROUNDTRIP_KAFKA_SASL_MECHANISM"]) == (
+        "SASL_SSL",
+        "SCRAM-SHA-512",
+    )
+    assert (kafka["sasl"], kafka["tls"]) == ("scram_sha512", "enable")  # KEDA's names for the same
+    for key in ("ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD", "ca"):
+        assert "CHANGE-ME" in kafka[key], key  # placeholders: the template applied as is connects to nothing
+    # nothing about Kafka in the ConfigMap the demo shop and the simulator read too (they never talk to Kafka)
+    assert not [k for k in kinds(k8s, "ConfigMap")["roundtrip-config"]["data"] if k.startswith("ROUNDTRIP_KAFKA_SEC")]
+    # every container that reads the Kafka Secret has its CA at the path the Secret names; no other reads it
+    for name, deployment in kinds(k8s, "Deployment").items():
+        pod = deployment["spec"]["template"]["spec"]
+        for c in all_containers(deployment):
+            reads = {"secretRef": {"name": "roundtrip-kafka"}} in c.get("envFrom", [])
+            assert reads == (name in topology.names()), (name, c["name"])
+            if reads:
+                files = mounted_files(k8s, pod, c)
+                assert files[kafka["ROUNDTRIP_KAFKA_SSL_CAFILE"]] == kafka["ca"], (name, c["name"])
+
+
+@pytest.mark.parametrize("name", topology.names())
+def test_every_kafka_client_and_keda_connect_as_the_same_kafka_user(k8s, name, monkeypatch, tmp_path):
+    (secret,) = [d for d in k8s if d["kind"] == "Secret" and d["metadata"]["name"] == "roundtrip-kafka"]
+    env = k8s_env(k8s, name, tmp_path)
     assert {
         "ROUNDTRIP_KAFKA_SASL_USERNAME",
         "ROUNDTRIP_KAFKA_SASL_PASSWORD",
@@ -664,6 +699,26 @@ def test_compose_v2_starts_the_demo_without_any_secret_even_with_approvals_on(mo
             refuse(settings, "refuse_unfit_keys", name)
     if "refuse_private_ledger" in refusals_of(name):
         settings.refuse_private_ledger(name)  # compose gives the shared ledger, development or not
+
+
+@pytest.mark.parametrize("name", FLEET_SERVICES)
+def test_compose_v2_is_development_only_on_its_own_kafka(monkeypatch, name):
+    own = settings_of(compose_config()["services"][name]["environment"], monkeypatch)
+    assert own.development and own.kafka_security_protocol == "PLAINTEXT"
+    own.refuse_plaintext_kafka(name)  # the demo on compose's own (plaintext) Kafka starts
+    # an external Kafka is never development by default: its PLAINTEXT is refused, as the published keys are
+    external = compose_config(ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="broker-1.example.internal:9092")
+    settings = settings_of(external["services"][name]["environment"], monkeypatch)
+    assert not settings.development
+    with pytest.raises(ConfigurationError, match="ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT"):
+        settings.refuse_plaintext_kafka(name)
+    if "refuse_unfit_keys" in refusals_of(name):
+        with pytest.raises(InsecureConfiguration):
+            refuse(settings, "refuse_unfit_keys", name)
+    # the operator's word wins either way
+    chosen = compose_config(ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="localhost:9094", ROUNDTRIP_ENV="development")
+    assert settings_of(chosen["services"][name]["environment"], monkeypatch).development
+    assert compose_config(ROUNDTRIP_ENV="production")["services"][name]["environment"]["ROUNDTRIP_ENV"] == "production"
 
 
 def test_compose_v2_topics_fit_its_one_kafka_node():

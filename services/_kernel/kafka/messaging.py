@@ -67,6 +67,7 @@ MESSAGE_LOG_LEVEL = logging.DEBUG
 _CONSUMERS = "_roundtrip_consumers"
 _SERVICE = "_roundtrip_service"  # (service name, turn-starting topics) of a broker made by make_broker
 _PREFIX = "_roundtrip_topic_prefix"  # the topic prefix of the settings make_broker was given
+_REFUSE = "_roundtrip_refuse"  # the check of the settings make_broker was given that service_app runs at start
 _record: contextvars.ContextVar[Any] = contextvars.ContextVar("roundtrip_record", default=None)
 Failed = Callable[[Any, BaseException, str], Awaitable[None]]  # (record, exception, reason): see subscribe's on_failure
 LIVENESS_SILENCE_S = 60.0  # a consumer loop that has not polled for this long is wedged: restart the process
@@ -246,6 +247,9 @@ def consumers_of(broker: KafkaBroker) -> list[KeyOrderedConsumer]:
 def service_app(broker: KafkaBroker, logger: logging.Logger) -> FastStream:
     """The service's FastStream app; on shutdown its consumers finish what runs and commit first."""
     app = FastStream(broker, logger=logger)
+    refuse = getattr(broker, _REFUSE, None)
+    if refuse is not None:  # before the broker is contacted: a PLAINTEXT Kafka outside development is refused
+        app.on_startup(refuse)
 
     @app.on_startup
     async def report_health() -> None:
@@ -387,6 +391,7 @@ def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = 
     )
     setattr(broker, _SERVICE, (service, frozenset(topics.t(t, settings.topic_prefix) for t in turn_roots)))
     setattr(broker, _PREFIX, settings.topic_prefix)
+    setattr(broker, _REFUSE, functools.partial(settings.refuse_plaintext_kafka, service))
     return broker
 
 

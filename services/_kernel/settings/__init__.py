@@ -209,6 +209,19 @@ class Settings(
                     " ROUNDTRIP_ENV=development on a laptop."
                 )
 
+    def refuse_plaintext_kafka(self, service: str) -> None:
+        """Raise InsecureConfiguration when a service would talk to Kafka in the clear outside development: on PLAINTEXT
+        anyone on the network reads every record and can write any internal topic, so only an explicit
+        ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT lets it through."""
+        if self.kafka_security_protocol == "PLAINTEXT" and not self.kafka_allow_plaintext and not self.development:
+            raise InsecureConfiguration(
+                f"{service} refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT (Kafka at "
+                f"{self.bootstrap_servers}, ROUNDTRIP_ENV={self.env or 'unset'}), so anyone on the network can read "
+                "and write the fleet's topics. Set SASL_SSL (or SSL) with its ROUNDTRIP_KAFKA_* settings, "
+                "ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true for a network you trust on purpose, or ROUNDTRIP_ENV=development "
+                "on a laptop."
+            )
+
     # -- the console's sign-in -------------------------------------------------------------
     @property
     def console_local_identity(self) -> str | None:

@@ -21,7 +21,8 @@ class ConfigurationError(RuntimeError):
 
 
 class InsecureConfiguration(ConfigurationError):
-    """A setting that must not be used outside development (a published development key)."""
+    """A setting that must not be used outside development (a published key, a PLAINTEXT Kafka, the console's local
+    user)."""
 
 
 def env_name(field: str) -> str:

@@ -193,7 +193,11 @@ class KafkaSecurity(Concern):
     """Every Kafka client of the fleet (the services, the gateway's transactional producer, `roundtrip topics`, `lag`,
     `ask`, `chat`, `approvals`, `cancel`, `dead-letters`) connects this way. Settings that do not fit together are
     refused at start with one line; the password never shows in `roundtrip config`, a log or a span. Examples for
-    Confluent Cloud, Amazon MSK (SCRAM, IAM) and OIDC: the deployment page."""
+    Confluent Cloud, Amazon MSK (SCRAM, IAM) and OIDC: the deployment page.
+
+    Outside development (`ROUNDTRIP_ENV`) a service refuses to start on `PLAINTEXT`, where anyone on the network
+    can read every record and write any internal topic, unless `ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true` says the
+    network is trusted on purpose. The embedded broker of `roundtrip up` is development, so it needs neither."""
 
     """How every Kafka client of the fleet connects: TLS and SASL, named after the standard client properties
     (security.protocol, sasl.mechanism, ssl.truststore: services/_kernel/kafka/security.py turns them into aiokafka's
@@ -230,6 +234,13 @@ class KafkaSecurity(Concern):
     kafka_ssl_keyfile: ExistingFile = Field(None, description="PEM file of this client's private key (mTLS)")
     kafka_ssl_key_password: SecretStr | None = Field(
         None, json_schema_extra=SECRET, description=("Password of that key, if it has one; never shown")
+    )
+    kafka_allow_plaintext: bool = Field(
+        False,
+        description=(
+            "`true`: a service outside development starts on `PLAINTEXT` all the same (a network trusted on purpose); "
+            "without it, it refuses to"
+        ),
     )
 
     @field_validator(
