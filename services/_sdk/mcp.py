@@ -137,7 +137,8 @@ class McpServer(ToolSource):
             found.append(f"MCP server {self.name}: x-entity kinds without a resolver: {unbound}")
         if self.auth is not None and not isinstance(self.auth, BearerToken | ClientCredentials):
             found.append(
-                f"MCP server {self.name}: auth must be a BearerToken or ClientCredentials, not {type(self.auth).__name__}"
+                f"MCP server {self.name}: auth must be a BearerToken or ClientCredentials, "
+                f"not {type(self.auth).__name__}"
             )
         elif self.auth is not None:
             found += [f"MCP server {self.name}: {problem}" for problem in self.auth.problems()]

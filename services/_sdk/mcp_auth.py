@@ -107,12 +107,15 @@ class ClientCredentials:
 
     @property
     def source(self) -> str:
-        return f"client {self.client_id} at {self.issuer}, secret from {_where(self.client_secret_env, self.client_secret_file)}"
+        secret = _where(self.client_secret_env, self.client_secret_file)
+        return f"client {self.client_id} at {self.issuer}, secret from {secret}"
 
     def problems(self) -> list[str]:
         found = _place_problems("ClientCredentials' secret", self.client_secret_env, self.client_secret_file)
         if not isinstance(self.issuer, str) or not self.issuer.startswith(("https://", "http://")):
-            found.append(f"ClientCredentials: issuer must be the authorization server's issuer URL, not {self.issuer!r}")
+            found.append(
+                f"ClientCredentials: issuer must be the authorization server's issuer URL, not {self.issuer!r}"
+            )
         if not isinstance(self.client_id, str) or not self.client_id:
             found.append("ClientCredentials: client_id is empty")
         if isinstance(self.scopes, str):
