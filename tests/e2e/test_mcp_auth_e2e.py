@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import uuid
@@ -114,7 +115,7 @@ async def guarded(kafka_bootstrap, tmp_path_factory):
         client = FleetClient(settings)
         await client.start()
         try:
-            yield client, files, issuer
+            yield client, files, issuer, env
         finally:
             await client.stop()
     finally:
@@ -136,7 +137,7 @@ def trace_id_of(traceparent: str | None) -> str | None:
 
 
 async def test_mcp_servers_with_credentials_through_the_fleet(guarded):
-    client, files, issuer = guarded
+    client, files, issuer, env = guarded
     await wait_until(lambda: listed_everywhere(files["logs"], "giftwrap", "gift_wrap_order"), "giftwrap listed")
     await wait_until(lambda: listed_everywhere(files["logs"], "engraving", "engrave_order"), "engraving listed")
     card = {"order_id": OWN_ORDER, "message": "Happy birthday"}
@@ -183,6 +184,27 @@ async def test_mcp_servers_with_credentials_through_the_fleet(guarded):
         for line in fleet_logs(files["logs"]).splitlines()
     )
 
-    # no secret is in any log of the fleet
-    text = fleet_logs(files["logs"])
+    # `roundtrip agent check` says which server refused which credentials, by their source
+    roundtrip = str(Path(sys.executable).with_name("roundtrip"))
+    checked = await asyncio.to_thread(
+        subprocess.run,
+        [roundtrip, "agent", "check", "tests.mcp_auth_agent:AGENT"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 1, checked
+    lines = checked.stdout.splitlines()
+    assert any(
+        "MCP server giftwrap" in line and f"refused the credentials bearer token (file {files['fleet_token']})" in line
+        for line in lines
+    ), checked.stdout
+    assert any(
+        "MCP server engraving" in line and "refused the credentials OAuth client credentials (client roundtrip" in line
+        for line in lines
+    ), checked.stdout
+
+    # no secret is in any log of the fleet, nor in what the check printed
+    text = fleet_logs(files["logs"]) + checked.stdout + checked.stderr
     assert TOKEN not in text and SECRET not in text
