@@ -107,7 +107,7 @@ class McpServer(ToolSource):
         return {}  # known once a process has listed them (its McpMount)
 
     def bind(self, own_settings: Any) -> McpMount:
-        return McpMount(self, self.url_for(own_settings) or "")
+        return McpMount(self, self.url_for(own_settings) or "", own_settings=own_settings)
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
         """One call over a connection of its own (a server whose URL is a function of the agent's settings: `bind`)."""
@@ -249,8 +249,9 @@ def result_of(name: str, result: Any) -> dict[str, Any]:
 class McpMount(ToolSource):
     """One MCP server in one process: its listing (retried until it answers), the tools of it that fit, its calls."""
 
-    def __init__(self, server: McpServer, url: str, connect: Connect | None = None) -> None:
+    def __init__(self, server: McpServer, url: str, connect: Connect | None = None, own_settings: Any = None) -> None:
         self.server, self.url, self._connect = server, url, connect
+        self._own_settings = own_settings  # the agent's own settings: a credential may be one of them
         self.label = server.label
         self.listed: dict[str, Any] | None = None  # tool name -> the server's Tool, once listed
         self.last_error: str | None = None
@@ -288,9 +289,9 @@ class McpMount(ToolSource):
 
         headers: dict[str, str] = {}
         if isinstance(self.server.auth, BearerToken):
-            headers = self.server.auth.headers()
+            headers = self.server.auth.headers(self._own_settings)
         elif isinstance(self.server.auth, ClientCredentials) and self._provider is None:
-            self._provider = self.server.auth.provider(self.url)
+            self._provider = self.server.auth.provider(self.url, self._own_settings)
         endpoint = httpx2.URL(self.url)
 
         async def note(response: httpx2.Response) -> None:

@@ -1,12 +1,14 @@
 """The credentials an agent gives an MCP server: `McpServer(name, ..., auth=BearerToken(...) | ClientCredentials(...))`.
 
-- `BearerToken(env="BILLING_MCP_TOKEN")` or `BearerToken(file="/var/run/secrets/billing/token")`: sent as
+- `BearerToken(env="BILLING_MCP_TOKEN")`, `BearerToken(file="/var/run/secrets/billing/token")` or
+  `BearerToken(setting="billing_token")` (a field of the agent's own settings, a SecretStr): sent as
   `Authorization: Bearer <token>` on every request; `header="X-Api-Key"` sends the value as it is under another header.
-- `ClientCredentials(issuer, client_id, client_secret_env=... | client_secret_file=..., scopes=[...])`: OAuth 2.1
-  client credentials (the MCP authorization spec), done by the `mcp` package's own `ClientCredentialsOAuthProvider`:
-  on the server's 401 it reads the server's protected-resource metadata, takes the authorization server only if it is
-  `issuer`, and asks it for a token with the client's id and secret. One provider per server and process holds the
-  token and takes a new one a little before it expires (and again on a 401, retrying the request once).
+- `ClientCredentials(issuer, client_id, client_secret_env=... | client_secret_file=... | client_secret_setting=...,
+  scopes=[...])`: OAuth 2.1 client credentials (the MCP authorization spec), done by the `mcp` package's own
+  `ClientCredentialsOAuthProvider`: on the server's 401 it reads the server's protected-resource metadata, takes the
+  authorization server only if it is `issuer`, and asks it for a token with the client's id and secret. One provider
+  per server and process holds the token and takes a new one a little before it expires (and again on a 401,
+  retrying the request once).
 
 A secret is read when a connection needs it, not when the agent is declared: a file each time (a rotated Kubernetes
 Secret is taken without a restart), a client secret when the provider is made (again after the server refused it).
@@ -33,24 +35,34 @@ class CredentialError(Exception):
     """A credential cannot be read (one line naming where it should be, never a value)."""
 
 
-def _where(env: str | None, file: str | Path | None) -> str:
-    return f"env {env}" if env else f"file {file}"
+def _where(env: str | None, file: str | Path | None, setting: str | None) -> str:
+    return f"env {env}" if env else f"setting {setting}" if setting else f"file {file}"
 
 
-def _place_problems(what: str, env: str | None, file: str | Path | None) -> list[str]:
-    if bool(env) == bool(file):
-        return [f"{what}: give exactly one of env= (an environment variable) or file= (a mounted secret file)"]
-    if env is not None and not isinstance(env, str):
-        return [f"{what}: env must be the name of an environment variable, not {type(env).__name__}"]
+def _place_problems(what: str, env: str | None, file: str | Path | None, setting: str | None) -> list[str]:
+    if sum(map(bool, (env, file, setting))) != 1:
+        return [
+            f"{what}: give exactly one of env= (an environment variable), file= (a mounted secret file) or "
+            "setting= (a field of the agent's own settings)"
+        ]
+    for name, value in (("env", env), ("setting", setting)):
+        if value is not None and not isinstance(value, str):
+            return [f"{what}: {name} must be a name, not {type(value).__name__}"]
     return []
 
 
-def _read(env: str | None, file: str | Path | None) -> str:
+def _read(env: str | None, file: str | Path | None, setting: str | None, own_settings: Any) -> str:
     """The secret, stripped; CredentialError when it is not there."""
     if env:
         value = os.environ.get(env, "").strip()
         if not value:
             raise CredentialError(f"environment variable {env} is not set")
+        return value
+    if setting:
+        held = getattr(own_settings, setting, None)
+        value = (held.get_secret_value() if hasattr(held, "get_secret_value") else str(held or "")).strip()
+        if not value:
+            raise CredentialError(f"the agent's setting {setting} is not set")
         return value
     try:
         value = Path(file or "").read_text(encoding="utf-8").strip()
@@ -63,13 +75,15 @@ def _read(env: str | None, file: str | Path | None) -> str:
 
 @dataclass(frozen=True)
 class BearerToken:
-    """A token sent on every request to the server: from an environment variable (`env`) or a mounted secret file
-    (`file`, read at each connection). `header`: Authorization (the value as `Bearer <token>`) or another header
-    name, which carries the value as it is (e.g. an API key)."""
+    """A token sent on every request to the server: from an environment variable (`env`), a mounted secret file
+    (`file`, read at each connection) or a field of the agent's own settings (`setting`, best a SecretStr).
+    `header`: Authorization (the value as `Bearer <token>`) or another header name, which carries the value as it is
+    (e.g. an API key)."""
 
     env: str | None = None
     file: str | Path | None = None
     header: str = "Authorization"
+    setting: str | None = None
 
     @property
     def kind(self) -> str:
@@ -77,24 +91,29 @@ class BearerToken:
 
     @property
     def source(self) -> str:
-        return _where(self.env, self.file)
+        return _where(self.env, self.file, self.setting)
+
+    @property
+    def setting_name(self) -> str | None:
+        return self.setting
 
     def problems(self) -> list[str]:
-        found = _place_problems("BearerToken", self.env, self.file)
+        found = _place_problems("BearerToken", self.env, self.file, self.setting)
         if not isinstance(self.header, str) or not self.header.replace("-", "").isalnum():
             found.append(f"BearerToken: header must be an HTTP header name, not {self.header!r}")
         return found
 
-    def headers(self) -> dict[str, str]:
-        value = _read(self.env, self.file)
+    def headers(self, own_settings: Any = None) -> dict[str, str]:
+        value = _read(self.env, self.file, self.setting, own_settings)
         return {self.header: f"Bearer {value}" if self.header.lower() == "authorization" else value}
 
 
 @dataclass(frozen=True)
 class ClientCredentials:
-    """OAuth 2.1 client credentials: the client's id and secret (from `client_secret_env` or `client_secret_file`)
-    exchanged at the authorization server `issuer` (its issuer URL, as its metadata says it) for a token, with
-    `scopes`. `auth_method`: how the secret goes to the token endpoint (HTTP Basic, or in the form)."""
+    """OAuth 2.1 client credentials: the client's id and secret (from `client_secret_env`, `client_secret_file` or
+    `client_secret_setting`, a field of the agent's own settings) exchanged at the authorization server `issuer` (its
+    issuer URL, as its metadata says it) for a token, with `scopes`. `auth_method`: how the secret goes to the token
+    endpoint (HTTP Basic, or in the form)."""
 
     issuer: str
     client_id: str
@@ -102,16 +121,23 @@ class ClientCredentials:
     client_secret_file: str | Path | None = None
     scopes: Sequence[str] = ()
     auth_method: Literal["client_secret_basic", "client_secret_post"] = "client_secret_basic"
+    client_secret_setting: str | None = None
 
     kind = "OAuth client credentials"
 
     @property
     def source(self) -> str:
-        secret = _where(self.client_secret_env, self.client_secret_file)
+        secret = _where(self.client_secret_env, self.client_secret_file, self.client_secret_setting)
         return f"client {self.client_id} at {self.issuer}, secret from {secret}"
 
+    @property
+    def setting_name(self) -> str | None:
+        return self.client_secret_setting
+
     def problems(self) -> list[str]:
-        found = _place_problems("ClientCredentials' secret", self.client_secret_env, self.client_secret_file)
+        found = _place_problems(
+            "ClientCredentials' secret", self.client_secret_env, self.client_secret_file, self.client_secret_setting
+        )
         if not isinstance(self.issuer, str) or not self.issuer.startswith(("https://", "http://")):
             found.append(
                 f"ClientCredentials: issuer must be the authorization server's issuer URL, not {self.issuer!r}"
@@ -124,9 +150,10 @@ class ClientCredentials:
             found.append(f"ClientCredentials: auth_method {self.auth_method!r} is not client_secret_basic or _post")
         return found
 
-    def provider(self, url: str) -> httpx2.Auth:
+    def provider(self, url: str, own_settings: Any = None) -> httpx2.Auth:
         """The `mcp` package's provider for the server at `url`, holding its tokens in this process."""
-        return _provider(self, url, _read(self.client_secret_env, self.client_secret_file))
+        secret = _read(self.client_secret_env, self.client_secret_file, self.client_secret_setting, own_settings)
+        return _provider(self, url, secret)
 
 
 McpAuth = BearerToken | ClientCredentials

@@ -12,6 +12,8 @@ import httpx2
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from roundtrip import BearerToken, ClientCredentials
 from roundtrip._sdk.context import ToolError
@@ -36,6 +38,32 @@ def test_a_bearer_token_from_the_environment_or_a_mounted_file(monkeypatch, tmp_
     assert BearerToken(env="GIFT_TOKEN", header="X-Api-Key").kind == "X-Api-Key header"
 
 
+class OwnSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GIFTSHOP_")
+    billing_token: SecretStr = SecretStr("")
+
+
+async def test_a_secret_from_the_agents_own_settings(monkeypatch):
+    monkeypatch.setenv("GIFTSHOP_BILLING_TOKEN", SECRET)
+    token = BearerToken(setting="billing_token")
+    assert token.headers(OwnSettings()) == {"Authorization": f"Bearer {SECRET}"}
+    assert token.source == "setting billing_token"
+    with pytest.raises(CredentialError, match="^the agent's setting billing_token is not set$"):
+        token.headers(None)
+    server = dataclasses.replace(SERVER, auth=token)
+    fake = FakeMcp()
+    mount = server.bind(OwnSettings())  # each process's mount reads it from the agent's own settings
+    mount._connect = fake
+    assert mount._own_settings.billing_token.get_secret_value() == SECRET
+    agent = dataclasses.replace(SHOP, settings=OwnSettings, mcp_servers=[server])
+    assert agent.problems() == []
+    wrong = dataclasses.replace(server, auth=BearerToken(setting="bililng_token"))
+    assert any(
+        "name the setting bililng_token, which the agent's own settings" in problem
+        for problem in dataclasses.replace(agent, mcp_servers=[wrong]).problems()
+    )
+
+
 def test_a_secret_that_is_not_there_is_one_line_naming_where_it_should_be(monkeypatch, tmp_path):
     monkeypatch.delenv("GIFT_TOKEN", raising=False)
     with pytest.raises(CredentialError, match="^environment variable GIFT_TOKEN is not set$"):
@@ -52,6 +80,7 @@ def test_a_secret_that_is_not_there_is_one_line_naming_where_it_should_be(monkey
     [
         (BearerToken(), "exactly one of env="),
         (BearerToken(env="A", file="/b"), "exactly one of env="),
+        (BearerToken(env="A", setting="b"), "exactly one of env="),
         (BearerToken(env="A", header="Bad Header:"), "header must be an HTTP header name"),
         (ClientCredentials(issuer="auth.example", client_id="c", client_secret_env="S"), "issuer must be"),
         (ClientCredentials(issuer=ISSUER, client_id="", client_secret_env="S"), "client_id is empty"),
