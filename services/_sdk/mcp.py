@@ -78,7 +78,7 @@ class McpServer(ToolSource):
     @property
     def credentials(self) -> str:
         """The credentials it is given, by kind and source (never a value), for a log line or a check."""
-        return f"{self.auth.kind} ({self.auth.source})" if self.auth is not None else "no credentials"
+        return f"{self.auth.kind} ({self.auth.source})" if self.auth is not None else "none (McpServer gives no auth=)"
 
     @property
     def env_var(self) -> str:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import SecretStr
+
 if TYPE_CHECKING:
     import httpx2
 
@@ -59,8 +61,8 @@ def _read(env: str | None, file: str | Path | None, setting: str | None, own_set
             raise CredentialError(f"environment variable {env} is not set")
         return value
     if setting:
-        held = getattr(own_settings, setting, None)
-        value = (held.get_secret_value() if hasattr(held, "get_secret_value") else str(held or "")).strip()
+        held: Any = getattr(own_settings, setting, None)
+        value = (held.get_secret_value() if isinstance(held, SecretStr) else str(held or "")).strip()
         if not value:
             raise CredentialError(f"the agent's setting {setting} is not set")
         return value
