@@ -90,6 +90,7 @@ async def guarded(kafka_bootstrap, tmp_path_factory):
             await wait_until(lambda url=url: answers(url), f"{url} answering")
         values = dict(
             kafka_bootstrap_servers=kafka_bootstrap,
+            kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
             topic_prefix=f"mcpauth{uuid.uuid4().hex[:6]}.",
             state_dir=state,
             simulator_port=free_port(),
