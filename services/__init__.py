@@ -9,7 +9,7 @@
 - Tools come from tool sources, any mix in `Agent(tools=[...])`: JSON Schema documents in a
   `SchemaFolder(path, handlers=...)` (or the agent's `tools_dir`) (each must satisfy `roundtrip.schemas`' tool.json),
   Python functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`; `FunctionTool` is what `@tool`
-  makes), or an MCP server's tools (`McpServer`).
+  makes), or an MCP server's tools (`McpServer`; its credentials: `BearerToken`, `ClientCredentials`).
 - Handlers, resolvers and policies get a `ToolContext` (the principal, `ctx.deps`: the agent's `Dependencies`) and
   raise `ToolError` for a result the model reads as an error; `allow` is the policy of a tool that declares none.
 - `always(reason)` and `@approval_rule(can_hold=...)`: calls a person approves first.
@@ -23,12 +23,15 @@ from roundtrip._sdk.agent import Agent, AgentError, always, approval_rule, load_
 from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.functions import Entity, FunctionTool, tool
 from roundtrip._sdk.mcp import McpServer
+from roundtrip._sdk.mcp_auth import BearerToken, ClientCredentials
 from roundtrip._sdk.registry import allow
 from roundtrip._sdk.sources import SchemaFolder, ToolSource
 
 __all__ = [
     "Agent",
     "AgentError",
+    "BearerToken",
+    "ClientCredentials",
     "Dependencies",
     "Entity",
     "FunctionTool",

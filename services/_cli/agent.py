@@ -51,7 +51,8 @@ def check(
     Exit status 1 when there is any problem (or the agent cannot be found), 0 with a one-line summary when it fits
     together. The current folder is on the import path (as for uvicorn), so a package not installed yet is found.
     An agent with MCP servers also has each server asked once what it lists (unless --offline): a server that does not
-    answer, a tool the agent declares or annotates that it does not list, a listed schema that does not fit."""
+    answer, a server that refuses the credentials the agent gives it (named by kind and source, never their value), a
+    tool the agent declares or annotates that it does not list, a listed schema that does not fit."""
     from roundtrip._kernel.settings import get_settings
     from roundtrip._sdk.agent import AgentError, load_agent
 

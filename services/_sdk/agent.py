@@ -277,6 +277,11 @@ def _mcp(agent: Agent) -> list[str]:
             continue
         if not url:
             problems.append(f"MCP server {server.name} has no URL: set {server.env_var} (or give McpServer a url)")
+        if (setting := server.auth and server.auth.setting_name) and not hasattr(agent.own_settings, setting):
+            problems.append(
+                f"MCP server {server.name}: its credentials name the setting {setting}, which the agent's "
+                "own settings (Agent(settings=...)) do not have"
+            )
     return problems
 
 

@@ -34,13 +34,17 @@ import json
 import logging
 import os
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from opentelemetry import propagate
+
 from roundtrip._sdk.context import ToolContext, ToolError
 from roundtrip._sdk.entity_places import NAMED_SUBSCHEMAS
+from roundtrip._sdk.mcp_auth import BearerToken, ClientCredentials, CredentialError, McpAuth
 from roundtrip._sdk.registry import RegistryError, ToolSpec, check_tool_document
 from roundtrip._sdk.sources import OnListed, ToolSource
 
@@ -50,12 +54,7 @@ SERVER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
 FIRST_RETRY_S = 0.5
 MAX_PAGES = 100  # a paginated listing that never ends cannot hold a process
 Connect = Callable[[str], Any]  # url -> an async context manager with list_tools/call_tool (mcp.Client)
-
-
-def _client(url: str) -> Any:
-    from mcp import Client  # imported where used: the SDK takes seconds to import, only an agent with servers needs it
-
-    return Client(url)
+REFUSING = (401, 403)  # the HTTP answers of a server that does not accept the credentials (or their absence)
 
 
 @dataclass(frozen=True)
@@ -74,6 +73,12 @@ class McpServer(ToolSource):
     entities: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     timeout_s: float = 10.0  # one listing attempt
     retry_max_s: float = 30.0  # the longest wait between two listing attempts
+    auth: McpAuth | None = None  # its credentials (services/_sdk/mcp_auth.py): BearerToken or ClientCredentials
+
+    @property
+    def credentials(self) -> str:
+        """The credentials it is given, by kind and source (never a value), for a log line or a check."""
+        return f"{self.auth.kind} ({self.auth.source})" if self.auth is not None else "none (McpServer gives no auth=)"
 
     @property
     def env_var(self) -> str:
@@ -102,7 +107,7 @@ class McpServer(ToolSource):
         return {}  # known once a process has listed them (its McpMount)
 
     def bind(self, own_settings: Any) -> McpMount:
-        return McpMount(self, self.url_for(own_settings) or "")
+        return McpMount(self, self.url_for(own_settings) or "", own_settings=own_settings)
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
         """One call over a connection of its own (a server whose URL is a function of the agent's settings: `bind`)."""
@@ -130,6 +135,13 @@ class McpServer(ToolSource):
             found.append(f"MCP server {self.name}: entities for tools it does not mount: {stray}")
         if unbound := sorted({k for args in self.entities.values() for k in args.values()} - set(kinds)):
             found.append(f"MCP server {self.name}: x-entity kinds without a resolver: {unbound}")
+        if self.auth is not None and not isinstance(self.auth, BearerToken | ClientCredentials):
+            found.append(
+                f"MCP server {self.name}: auth must be a BearerToken or ClientCredentials, "
+                f"not {type(self.auth).__name__}"
+            )
+        elif self.auth is not None:
+            found += [f"MCP server {self.name}: {problem}" for problem in self.auth.problems()]
         return found
 
 
@@ -237,11 +249,14 @@ def result_of(name: str, result: Any) -> dict[str, Any]:
 class McpMount(ToolSource):
     """One MCP server in one process: its listing (retried until it answers), the tools of it that fit, its calls."""
 
-    def __init__(self, server: McpServer, url: str, connect: Connect = _client) -> None:
+    def __init__(self, server: McpServer, url: str, connect: Connect | None = None, own_settings: Any = None) -> None:
         self.server, self.url, self._connect = server, url, connect
+        self._own_settings = own_settings  # the agent's own settings: a credential may be one of them
         self.label = server.label
         self.listed: dict[str, Any] | None = None  # tool name -> the server's Tool, once listed
         self.last_error: str | None = None
+        self.refusing: str | None = None  # why the server refuses the credentials, while it does
+        self._provider: Any = None  # the OAuth provider of ClientCredentials: its token, for the life of the process
         self._fit: dict[str, ToolSpec] = {}  # the listed tools it mounts, checked
         self._refused: dict[str, str] = {}  # the listed tools it would mount that do not fit -> why
         self._task: asyncio.Task[None] | None = None
@@ -260,9 +275,82 @@ class McpMount(ToolSource):
         """What the agent declares of it (with tools="all" too: only the tools it declares the entities of)."""
         return self.server.declared()
 
+    @asynccontextmanager
+    async def connection(self, answers: list[int]) -> AsyncIterator[Any]:
+        """A client of the server over a connection of its own, with the server's credentials; `answers` gets the
+        HTTP status of every answer of the MCP endpoint itself (not of the OAuth discovery or token requests)."""
+        if self._connect is not None:
+            async with self._connect(self.url) as client:
+                yield client
+            return
+        import httpx2  # imported where used: the SDK takes seconds to import, only an agent with servers needs it
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        headers: dict[str, str] = {}
+        if isinstance(self.server.auth, BearerToken):
+            headers = self.server.auth.headers(self._own_settings)
+        elif isinstance(self.server.auth, ClientCredentials) and self._provider is None:
+            self._provider = self.server.auth.provider(self.url, self._own_settings)
+        endpoint = httpx2.URL(self.url)
+
+        async def note(response: httpx2.Response) -> None:
+            if response.request.url.copy_with(query=None) == endpoint.copy_with(query=None):
+                answers.append(response.status_code)
+
+        async with (
+            httpx2.AsyncClient(
+                headers=headers,
+                auth=self._provider,
+                timeout=httpx2.Timeout(30.0, read=300.0),  # the mcp package's own defaults
+                event_hooks={"response": [note]},
+            ) as http,
+            Client(streamable_http_client(self.url, http_client=http)) as client,
+        ):
+            yield client
+
+    def refusal(self, exc: BaseException, answers: list[int]) -> str | None:
+        """Why a failed exchange failed, when it is the credentials: the server answered 401 or 403 last, the
+        authorization server refused the client, or the secret cannot be read. None for any other failure."""
+        exc = leaf(exc)
+        if isinstance(exc, CredentialError):
+            return f"its credentials cannot be read: {exc}"
+        if type(exc).__name__ in ("OAuthTokenError", "OAuthFlowError", "OAuthRegistrationError"):
+            self._provider = None  # made again at the next call, with the secret read again (it may have rotated)
+            return f"the authorization server did not give a token: {describe(exc)}"
+        if answers and answers[-1] in REFUSING:
+            self._provider = None
+            return f"HTTP {answers[-1]}"
+        return None
+
+    def note_refusal(self, why: str | None) -> None:
+        """One operator line when the server starts refusing the credentials (naming them, never their value), one
+        when it accepts them again."""
+        if why is not None and why != self.refusing:
+            log.error(
+                "MCP server %s (%s) refused the credentials %s: %s; its tools answer is_error until it accepts them",
+                self.server.name,
+                shown(self.url),
+                self.server.credentials,
+                why,
+            )
+        elif why is None and self.refusing is not None:
+            log.warning("MCP server %s accepts the credentials %s again", self.server.name, self.server.credentials)
+        self.refusing = why
+
     async def list_once(self) -> dict[str, Any]:
+        answers: list[int] = []
+        try:
+            tools = await self._list(answers)
+        except Exception as exc:
+            self.note_refusal(self.refusal(exc, answers))
+            raise
+        self.note_refusal(None)
+        return tools
+
+    async def _list(self, answers: list[int]) -> dict[str, Any]:
         tools: dict[str, Any] = {}
-        async with self._connect(self.url) as client:
+        async with self.connection(answers) as client:
             cursor = None
             for _ in range(MAX_PAGES):
                 page = await client.list_tools(cursor=cursor)
@@ -306,7 +394,7 @@ class McpMount(ToolSource):
                 if attempted is not None:
                     attempted.set()
                 error = describe(exc)
-                if error != self.last_error:
+                if error != self.last_error and self.refusing is None:  # a refusal has said so already
                     log.warning(
                         "MCP server %s (%s) unavailable: %s; its tools are refused, asking again every %g s at most",
                         self.server.name,
@@ -340,6 +428,11 @@ class McpMount(ToolSource):
         try:
             listed = await asyncio.wait_for(self.list_once(), self.server.timeout_s)
         except Exception as exc:  # noqa: BLE001 - reported, like every other problem
+            if self.refusing is not None:
+                return [
+                    f"MCP server {self.server.name} ({shown(self.url)}) refused the credentials "
+                    f"{self.server.credentials}: {self.refusing}"
+                ]
             return [f"MCP server {self.server.name} ({shown(self.url)}) does not answer: {describe(exc)}"]
         missing = self.take(listed)
         on_listed(self)
@@ -352,6 +445,11 @@ class McpMount(ToolSource):
             self._task = None
 
     def unavailable(self, name: str) -> str | None:
+        if not self.up and self.refusing is not None:
+            return (
+                f"Tool {name} is unavailable: the {self.server.name} service it belongs to does not accept the "
+                "fleet's credentials right now; nothing was done. Do without it."
+            )
         if not self.up:
             return (
                 f"Tool {name} is unavailable: the {self.server.name} service it belongs to cannot be reached "
@@ -360,11 +458,22 @@ class McpMount(ToolSource):
         return f"Tool {name} is not offered by the {self.server.name} service any more; nothing was done."
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-        meta = {"roundtrip/customer_id": ctx.customer_id, "roundtrip/idempotency_key": ctx.idempotency_key}
+        meta: dict[str, Any] = {
+            "roundtrip/customer_id": ctx.customer_id,
+            "roundtrip/idempotency_key": ctx.idempotency_key,
+        }
+        propagate.inject(meta)  # the turn's traceparent (the execute_tool span's), so the server's spans join the turn
+        answers: list[int] = []
         try:
-            async with self._connect(self.url) as client:
+            async with self.connection(answers) as client:
                 result = await client.call_tool(name, args, meta=meta)
         except Exception as exc:  # noqa: BLE001 - the transport failed: the model reads it as an error result
+            if (why := self.refusal(exc, answers)) is not None:
+                self.note_refusal(why)
+                raise ToolError(
+                    f"{name} was not done: the {self.server.name} service did not accept the fleet's credentials. "
+                    "Tell the customer it cannot be done right now; do not retry."
+                ) from None
             log.warning("MCP server %s: %s failed: %s", self.server.name, name, describe(exc))
             from mcp.shared.exceptions import MCPError  # loaded already: the client was
 
@@ -376,4 +485,5 @@ class McpMount(ToolSource):
                 f"{name} could not be completed: the {self.server.name} service could not be reached or "
                 "did not answer, so whether it acted is unknown. Tell the customer, do not retry at once."
             ) from None
+        self.note_refusal(None)
         return result_of(name, result)

@@ -15,6 +15,8 @@ PUBLIC = {  # the public API as of issue 28: a name removed from here is a break
     "roundtrip": [
         "Agent",
         "AgentError",
+        "BearerToken",
+        "ClientCredentials",
         "Dependencies",
         "Entity",
         "FunctionTool",
