@@ -39,8 +39,6 @@ def masked(field: FieldInfo, value: Any) -> str:
     if secret == "url":
         return without_passwords(str(value))
     if secret:
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
         if secret == "keys":
             return ",".join(
                 f"{key_id.strip()}:{HIDDEN}" if colon else HIDDEN  # an entry without an id is all secret
