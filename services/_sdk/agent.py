@@ -104,6 +104,9 @@ class Agent:
     # the `roundtrip up` banner's example: a request of this agent's customers and the customer id to try it as
     example_ask: str = ""
     example_customer: str = ""
+    # the model's responses to example_ask in the simulator's script format (services/_simulator/scripted.py): with no
+    # API key the banner's example asks with persona script:example, and `roundtrip ask` hands the simulator this script
+    example_script: Sequence[Any] = ()
     model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
     mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/_sdk/mcp.py), as tools= does
     # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
