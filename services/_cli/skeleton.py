@@ -73,7 +73,7 @@ both must see lives in a backend they share (this SQLite file, a database, a ser
 
 Without the package index (roundtrip-fleet is not on it), install from the fleet's wheel: `pip install
 --find-links DIR '.[test]'`, DIR holding roundtrip-fleet's wheel and its dependencies' (the fleet's manual:
-Deploy, "Installing without the package index").
+Your own agent, "Installing without the package index").
     docker build --build-arg FLEET_IMAGE=roundtrip:latest -t ${name} .   # the fleet's image + this agent
 
 In the fleet's manifests, set ROUNDTRIP_AGENT=${name} and its own settings (ROUNDTRIP_${upper}_*) in the ConfigMap

@@ -377,3 +377,15 @@ def test_the_up_banners_example_is_the_agents_own():
     own = dataclasses.replace(SHOP, example_ask="Welche Anschlüsse habe ich?", example_customer="cus_2001")
     assert 'ask "Welche Anschlüsse habe ich?" --customer cus_2001\n' in _ready(own, settings)
     assert "cancel" not in _ready(dataclasses.replace(SHOP, example_ask="", example_customer=""), settings)
+
+
+def test_with_no_key_the_banner_asks_with_the_agents_example_script_and_with_a_key_without():
+    from roundtrip._cli.main import _ready
+    from roundtrip._kernel.settings import Settings
+
+    script = [[{"type": "tool_use", "name": "lookup_order", "input": {"order_id": "ord_a1000001"}}], ["Found it."]]
+    own = dataclasses.replace(SHOP, example_ask="where is ord_a1000001?", example_script=script)
+    assert 'ask "where is ord_a1000001?" --customer cus_1001 --persona script:example\n' in _ready(own, Settings())
+    keyed = Settings(anthropic_api_key="sk-ant-test")
+    assert 'ask "where is ord_a1000001?" --customer cus_1001\n' in _ready(own, keyed)
+    assert "--persona" not in _ready(SHOP, Settings())  # the simulator's personas play the demo shop
