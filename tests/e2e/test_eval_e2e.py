@@ -3,6 +3,8 @@ read back, and a conversation the fleet had recorded as a case that then passes.
 
 The CLI runs as a process of its own against the session's fleet, as a user's CI would (tests/e2e/conftest.py).
 The held-approval case needs the gate's approval threshold: the gate is restarted with one for that test.
+A fleet of its own runs the shop's agent with its ownership rule removed (tests/unowned_shop.py): the suite then
+fails exactly the cases that depend on the rule.
 """
 
 from __future__ import annotations
@@ -16,7 +18,13 @@ import uuid
 from pathlib import Path
 from xml.etree import ElementTree
 
+import pytest
+
 import roundtrip._shop.agent
+from roundtrip._broker.embedded import free_port
+from roundtrip._fleet.launcher import Fleet
+from tests.agents import ShopFleetSettings
+from tests.e2e.conftest import fleet_env
 
 SUITE = Path(roundtrip._shop.agent.__file__).parent / "evals"
 THRESHOLD = 10000  # cents: Bob's ord_9f3c4e21 (249.00 EUR) waits for a person
@@ -104,3 +112,38 @@ async def test_a_case_that_breaks_its_expectation_fails_the_run_and_names_why(fl
     assert ran.returncode == 1, ran.stdout + ran.stderr
     assert "cancel_order not called (called: list_orders)" in ran.stdout
     assert "the reply does not say 'no such words here'" in ran.stdout
+
+
+OWNERSHIP_CASES = {"foreign-order-cancel", "foreign-order-lookup"}  # the suite's cases the ownership rule decides
+
+
+@pytest.fixture(scope="module")
+def unowned_fleet(kafka_bootstrap, tmp_path_factory):
+    state = tmp_path_factory.mktemp("unowned-fleet")
+    values = dict(
+        agent="tests.unowned_shop:AGENT",
+        kafka_bootstrap_servers=kafka_bootstrap,
+        topic_prefix=f"uo{uuid.uuid4().hex[:6]}.",
+        state_dir=state,
+        simulator_port=free_port(),
+        console_port=free_port(),
+        shop_port=free_port(),
+        partitions=2,
+        max_steps=10,
+        approval_cancel_above_cents=THRESHOLD,
+        approval_keys=f"uo1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+    )
+    env = fleet_env(**values)
+    with Fleet(ShopFleetSettings(**values), env=env, executor_replicas=1):
+        yield env
+
+
+async def test_without_its_ownership_rule_the_agent_fails_exactly_the_cases_that_depend_on_it(unowned_fleet, tmp_path):
+    junit = tmp_path / "eval.xml"
+    ran = await asyncio.to_thread(roundtrip_eval, (None, unowned_fleet), "run", str(SUITE), "--junit", str(junit))
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    testcases = ElementTree.parse(junit).getroot().findall("testcase")
+    failed = {t.get("name") for t in testcases if t.find("failure") is not None}
+    assert failed == OWNERSHIP_CASES, ran.stdout
+    assert not [t.get("name") for t in testcases if t.find("skipped") is not None]
