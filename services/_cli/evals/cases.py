@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from roundtrip._kernel.wire.events import Outcome
+from roundtrip._kernel.wire.events import Outcome, SupportRequest
 from roundtrip._simulator.scripted import ScriptError, parse_script
 
 EXPECTATIONS = (
@@ -47,6 +47,11 @@ EXPECTATIONS = (
 )
 TURN_KEYS = ("message", "script", "persona", "decide", "expect")
 CASE_KEYS = ("name", "description", "customer", "turns", "runs", "min_pass_rate", "needs", *TURN_KEYS)
+
+
+# what a request may carry: a longer message or customer id would be refused as the request is made
+MESSAGE_MAX = next(m.max_length for m in SupportRequest.model_fields["text"].metadata if hasattr(m, "max_length"))
+ID_MAX = next(m.max_length for m in SupportRequest.model_fields["customer_id"].metadata if hasattr(m, "max_length"))
 
 
 class CaseError(ValueError):
@@ -157,8 +162,8 @@ def parse_turn(where: str, raw: Any) -> Turn:
     if unknown := sorted(set(raw) - set(TURN_KEYS)):
         raise CaseError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(TURN_KEYS)})")
     message = raw.get("message")
-    if not isinstance(message, str) or not message.strip():
-        raise CaseError(f"{where}.message: expected what the customer writes")
+    if not isinstance(message, str) or not message.strip() or len(message) > MESSAGE_MAX:
+        raise CaseError(f"{where}.message: expected what the customer writes (at most {MESSAGE_MAX} characters)")
     decide = raw.get("decide", "deny")
     if decide not in ("approve", "deny"):
         raise CaseError(f"{where}.decide: expected approve or deny, not {decide!r}")
@@ -183,7 +188,7 @@ def parse_case(path: Path, raw: Any) -> Case:
     if unknown := sorted(set(raw) - set(CASE_KEYS)):
         raise CaseError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(CASE_KEYS)})")
     customer = raw.get("customer")
-    if not isinstance(customer, str) or not customer:
+    if not isinstance(customer, str) or not customer or len(customer) > ID_MAX:
         raise CaseError(f"{where}: customer: expected the customer id the conversation is asked as")
     if "turns" in raw:
         if set(raw) & set(TURN_KEYS):

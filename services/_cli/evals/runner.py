@@ -177,11 +177,13 @@ class Asker:
             key=conversation.encode(),
         )
         deciding = asyncio.create_task(self._decide_each(request.request_id, turn.decide == "approve"))
+        replied = asyncio.create_task(self.replied[request.request_id].wait())
         try:
-            await asyncio.wait_for(self.replied[request.request_id].wait(), timeout)
-        except TimeoutError:
-            pass
+            await asyncio.wait({replied, self.reader}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if self.reader.done() and not self.reader.cancelled() and self.reader.exception() is not None:
+                raise FleetUnavailable(f"reading the fleet's topics failed: {self.reader.exception()}")
         finally:
+            replied.cancel()
             deciding.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await deciding
@@ -221,7 +223,7 @@ class Asker:
 
 async def run_case(asker: Asker, case: Case, run: int, timeout: float) -> RunResult:
     """One run of a case: its turns in one new conversation, in order."""
-    conversation = f"conv_eval_{asker.token}_{case.name}_{run}"
+    conversation = f"conv_eval_{asker.token}_{case.name[:100]}_{run}"  # within a request's 200 characters
     result = RunResult(conversation=conversation)
     started = time.monotonic()
     simulated = asker.settings.use_simulator
