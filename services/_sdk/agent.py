@@ -154,6 +154,11 @@ class Agent:
         return frozenset(name for source in self.sources for name in source.declared() - set(source.specs()))
 
     @property
+    def offered(self) -> frozenset[str]:
+        """Every tool name it offers: its sources' and those its MCP servers are declared to bring."""
+        return frozenset(self.tool_parts[0]) | self.mounted
+
+    @property
     def mcp_sources(self) -> list[McpServer]:
         return [source for source in self.sources if isinstance(source, McpServer)]
 
@@ -283,9 +288,32 @@ def _mcp(agent: Agent) -> list[str]:
     return problems
 
 
+def _example_script(agent: Agent) -> list[str]:
+    """The example the simulator plays with no key (`roundtrip up`'s banner) is a script it can play, of this agent's
+    tools: else `roundtrip ask` with it fails at the simulator, after the fleet is up."""
+    if not agent.example_script:
+        return []
+    from roundtrip._simulator.scripted import ScriptError, parse_script  # the format's one definition
+
+    try:
+        replies = parse_script("example_script", list(agent.example_script))
+    except ScriptError as exc:
+        return [str(exc).replace("script 'example_script'", "example_script", 1)]
+    called = {block["name"] for reply in replies for block in reply.content if block["type"] == "tool_use"}
+    return [f"example_script calls {name}, not a tool of this agent" for name in sorted(called - agent.offered)]
+
+
 # What `Agent.check` asks, in order: each `(agent) -> [problem, ...]`. A part of the fleet with more to check
 # (e.g. the tools of an MCP server against the agent's annotations) appends its own.
-CHECKS: list[Callable[[Agent], Iterable[str]]] = [_identity, text_problems, _dependencies, _tools, _own_settings, _mcp]
+CHECKS: list[Callable[[Agent], Iterable[str]]] = [
+    _identity,
+    text_problems,
+    _dependencies,
+    _tools,
+    _own_settings,
+    _mcp,
+    _example_script,
+]
 
 
 def _resolve(spec: str) -> Any:
