@@ -290,7 +290,9 @@ def ask(
 @app.command()
 def chat(
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
-    persona: Annotated[str | None, typer.Option(help="simulator persona for every request")] = None,
+    persona: Annotated[
+        str | None, typer.Option(help="simulator persona for every request (or script:NAME, as for ask)")
+    ] = None,
     conversation: Annotated[str | None, typer.Option(help="conversation id to continue (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
 ) -> None:
