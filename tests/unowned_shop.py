@@ -1,7 +1,7 @@
 """The demo shop's agent with its ownership rule removed: its resolver finds any customer's order by its id alone,
 from a backend that does not say whose it is (so the gate's own check of an entity's customer_id has nothing to
-compare), and its cancel policy checks only the status (tests/e2e/test_eval_e2e.py: the shop's evaluation suite must fail exactly the cases
-that depend on the rule, and no other)."""
+compare), and its cancel policy checks only the status. tests/e2e/test_eval_e2e.py: the shop's evaluation suite
+must fail exactly the cases that depend on the rule, and no other."""
 
 from __future__ import annotations
 
