@@ -90,8 +90,9 @@ def init(
     """Write a working skeleton of a new agent package into DIR/NAME: its pyproject.toml (an entry point in the group
     roundtrip.agents, package data for its JSON tool documents), a tool as a Python function and one as a JSON Schema
     document whose entity the agent's resolver checks for the caller, a policy, a backend in a SQLite file as its
-    dependency (the gate's and the executor's processes share it), a Dockerfile on the fleet's image, and tests of
-    its turns (services/testing/__init__.py). An existing folder that is not empty is left alone (exit status 1)."""
+    dependency (the gate's and the executor's processes share it), a Dockerfile on the fleet's image, tests of its
+    turns (on roundtrip.testing; pytest in its `test` extra), an example the simulator plays with no API key, and two
+    evaluation cases (roundtrip eval run evals). An existing folder that is not empty is left alone (exit status 1)."""
     from roundtrip._cli.skeleton import package_name, skeleton
 
     try:
@@ -109,7 +110,7 @@ def init(
         path.write_text(text, encoding="utf-8")
         typer.echo(f"  created {path}")
     typer.echo(
-        f"Next: cd {target} && {sys.executable} -m pytest; roundtrip agent check {package_name(name)}.agent:AGENT; "
-        f"{sys.executable} -m pip install -e . and run it with ROUNDTRIP_AGENT={name}; its Dockerfile adds it to the "
-        "fleet's image"
+        f"Next: cd {target} && {sys.executable} -m pip install -e '.[test]' && {sys.executable} -m pytest; "
+        f"roundtrip agent check {package_name(name)}.agent:AGENT; run it with ROUNDTRIP_AGENT={name} roundtrip up and "
+        "try its conversations with roundtrip eval run evals; its Dockerfile adds it to the fleet's image"
     )

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import typer
 
 from roundtrip._cli.agent import agent_app
+from roundtrip._cli.evals import eval_app
 from roundtrip._cli.help import flags_without_type, reflow_help
 from roundtrip._kernel.observability.logs import configure as configure_logging
 from roundtrip._kernel.settings import get_settings
@@ -45,6 +46,7 @@ db_app = typer.Typer(
 )
 app.add_typer(db_app, name="db")
 app.add_typer(agent_app, name="agent")  # check | init: services/_cli/agent.py
+app.add_typer(eval_app, name="eval")  # run | record: services/_cli/evals/
 
 FLEET_SERVICES = topology.names()
 ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
@@ -226,9 +228,11 @@ def _ready(agent: Any, settings: Any) -> str:
 
     ask = json.dumps(agent.example_ask or "hello", ensure_ascii=False)
     customer = agent.example_customer or "<a customer id of yours>"
+    # with no key the simulator plays the shop's personas, any other agent only from a script: the agent's own
+    scripted = f" --persona {EXAMPLE_PERSONA}" if settings.use_simulator and agent.example_script else ""
     return (
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
-        f"  {_this_command()} ask {ask} --customer {customer}\n"
+        f"  {_this_command()} ask {ask} --customer {customer}{scripted}\n"
         f"The console (approvals, turns): {console_url(settings)}\n"
         "Crashed processes are restarted. Ctrl-C stops everything."
     )
@@ -260,7 +264,11 @@ def ask(
     text: Annotated[str, typer.Argument(help="what the customer writes")],
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
     persona: Annotated[
-        str | None, typer.Option(help="simulator persona: careful, careless, stubborn, sloppy, parallel, ...")
+        str | None,
+        typer.Option(
+            help="simulator persona: careful, careless, stubborn, sloppy, parallel, direct, ..., or script:NAME "
+            "(script:example: the agent's example_script)"
+        ),
     ] = None,
     conversation: Annotated[str | None, typer.Option(help="conversation id (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for the reply")] = 120.0,
@@ -286,10 +294,10 @@ def ask(
     from roundtrip._cli.console import ask as do_ask
 
     _check_persona(persona)
+    settings = _fleet_settings()
+    _hand_example_script(settings, persona)
     code = asyncio.run(
-        do_ask(
-            _fleet_settings(), text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout, stream
-        )
+        do_ask(settings, text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout, stream)
     )
     raise typer.Exit(code)
 
@@ -297,7 +305,9 @@ def ask(
 @app.command()
 def chat(
     customer: Annotated[str, typer.Option(help="customer id (the principal), e.g. cus_1001")],
-    persona: Annotated[str | None, typer.Option(help="simulator persona for every request")] = None,
+    persona: Annotated[
+        str | None, typer.Option(help="simulator persona for every request (or script:NAME, as for ask)")
+    ] = None,
     conversation: Annotated[str | None, typer.Option(help="conversation id to continue (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
 ) -> None:
@@ -305,9 +315,9 @@ def chat(
     from roundtrip._cli.console import chat as do_chat
 
     _check_persona(persona)
-    code = asyncio.run(
-        do_chat(_fleet_settings(), customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout)
-    )
+    settings = _fleet_settings()
+    _hand_example_script(settings, persona)
+    code = asyncio.run(do_chat(settings, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
 
 
@@ -325,14 +335,43 @@ def _fleet_settings():
     return settings
 
 
-def _check_persona(persona: str | None) -> None:
-    """Refuse a persona the simulator does not have before anything is published (no model call is spent on it)."""
-    from roundtrip._simulator.personas import NAMES
+EXAMPLE_PERSONA = "script:example"  # the agent's example_script, handed to the simulator by `ask` itself
 
-    if persona is not None and persona not in NAMES:
-        raise typer.BadParameter(
-            f"unknown persona {persona!r}; the simulator's personas are: {', '.join(NAMES)}", param_hint="'--persona'"
-        )
+
+def _check_persona(persona: str | None) -> None:
+    """Refuse a persona the simulator does not play before anything is published (no model call is spent on it): one
+    of its personas, or script:NAME (a script it has loaded: services/_simulator/scripted.py)."""
+    from roundtrip._simulator.personas import NAMES
+    from roundtrip._simulator.scripted import PREFIX
+
+    if persona is None or persona in NAMES or (persona.startswith(PREFIX) and persona[len(PREFIX) :].strip()):
+        return
+    raise typer.BadParameter(
+        f"unknown persona {persona!r}; the simulator's personas are: {', '.join(NAMES)}, or {PREFIX}NAME (a script "
+        "it plays: ROUNDTRIP_SIMULATOR_SCRIPT, or the agent's example_script as script:example)",
+        param_hint="'--persona'",
+    )
+
+
+def _hand_example_script(settings: Any, persona: str | None) -> None:
+    """Put the agent's example_script to the simulator when the request names it (script:example), so the banner's
+    example plays with no API key however often the simulator restarted; one line and exit 2 when it cannot."""
+    import httpx
+
+    if persona != EXAMPLE_PERSONA or not settings.use_simulator:
+        return
+    agent = _checked_agent(settings)
+    if not agent.example_script:
+        return  # a script of that name loaded some other way, or the simulator says it has none
+    url = f"{settings.model_base_url}/v1/_scripts/example"
+    try:
+        answer = httpx.put(url, json=list(agent.example_script), timeout=10)
+    except httpx.HTTPError as exc:
+        typer.secho(f"error: the simulator at {url} does not answer ({type(exc).__name__}); is the fleet up?", err=True)
+        raise typer.Exit(2) from None
+    if answer.status_code != 200:
+        typer.secho(f"error: the simulator refused agent {agent.name}'s example_script: {answer.text}", err=True)
+        raise typer.Exit(2)
 
 
 @app.command("console")

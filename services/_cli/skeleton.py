@@ -5,7 +5,9 @@ wheel), whose `ticket_id` is an entity the gate resolves for the caller (the res
 own tickets: another customer's and an invented id look the same), a policy (a closed ticket cannot be closed
 again), a backend in a SQLite file as its one dependency (shared by the gate's and the executor's processes, each
 with its own instance), its own settings, its own pyproject.toml with the entry point (group `roundtrip.agents`)
-and package data, a Dockerfile on the fleet's image, and tests of its turns on services/testing/__init__.py.
+and package data (and a `test` extra: pytest), a Dockerfile on the fleet's image, tests of its turns on
+`roundtrip.testing` (services/testing/__init__.py), an example the simulator plays with no API key (its
+example_script) and two evaluation cases (`roundtrip eval run evals`: services/_cli/evals/).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ description = "The ${name} support agent, run by the roundtrip fleet"
 requires-python = ">=3.11"
 # roundtrip's distribution is roundtrip-fleet (the PyPI project `roundtrip` is another, unrelated one)
 dependencies = ["roundtrip-fleet"]
+
+[project.optional-dependencies]
+test = ["pytest"]  # pip install -e '.[test]': its tests run with the fleet's harness, roundtrip.testing
 
 [project.entry-points."roundtrip.agents"]
 ${name} = "${package}.agent:AGENT"
@@ -51,15 +56,24 @@ A support agent for the roundtrip fleet (`roundtrip agent init` made this skelet
 - `${package}/backend.py`: the ticket desk, a SQLite file (`${package}.db` in the fleet's state folder, or
   `ROUNDTRIP_${upper}_DATABASE`); replace it with your company's client.
 - `tests/test_agent.py`: turns through the fleet's gate, guard rules and executor with a scripted model.
+- `evals/`: conversations the running fleet must keep handling the same way (`roundtrip eval run evals`), each a
+  JSON case: the customer, what they write, the model's responses as a script (played by the simulator when no
+  API key is set) and what must happen (the tools called, the calls the gate refuses, the outcome).
 - `Dockerfile`: the fleet's image with this agent in it.
 
 Dependencies are per process: in the fleet the gate (resolvers, policies) and the executor (handlers) are separate
 processes, each with its own instance of every dependency, and `run_turn` gives them two instances too. State that
 both must see lives in a backend they share (this SQLite file, a database, a service), never in memory.
 
-    ${python} -m pytest                    # the tests, with the Python of the roundtrip that made this skeleton
+    ${python} -m pip install -e '.[test]'  # the agent and pytest, into the venv of the roundtrip that made it
+    ${python} -m pytest                    # its tests
     roundtrip agent check ${package}.agent:AGENT
-    ${python} -m pip install -e .          # then: ROUNDTRIP_AGENT=${name} roundtrip up
+    ROUNDTRIP_AGENT=${name} roundtrip up   # then, in another shell: the banner's example, and
+    roundtrip eval run evals               # its conversations through the fleet
+
+Without the package index (roundtrip-fleet is not on it), install from the fleet's wheel: `pip install
+--find-links DIR '.[test]'`, DIR holding roundtrip-fleet's wheel and its dependencies' (the fleet's manual:
+Your own agent, "Installing without the package index").
     docker build --build-arg FLEET_IMAGE=roundtrip:latest -t ${name} .   # the fleet's image + this agent
 
 In the fleet's manifests, set ROUNDTRIP_AGENT=${name} and its own settings (ROUNDTRIP_${upper}_*) in the ConfigMap
@@ -239,8 +253,12 @@ AGENT = Agent(
     serial=frozenset({"close_ticket"}),  # a side effect: never next to another call
     settings=Settings,
     dependencies={"tickets": tickets},
-    example_ask="please close T-1001, the update fixed it",  # what `roundtrip up` suggests to try
+    example_ask="what is happening with my ticket T-1001?",  # what `roundtrip up` suggests to try
     example_customer="cus_1",
+    example_script=[  # the model's responses to it when no API key is set (the simulator plays them)
+        [{"type": "tool_use", "name": "get_ticket", "input": {"ticket_id": "T-1001"}}],
+        [{"type": "text", "text": "Here is ticket T-1001 as the desk has it."}],
+    ],
 )
 '''
 
@@ -302,6 +320,30 @@ def test_the_policy_sees_what_a_handler_changed_earlier_in_the_turn(settings):
     assert first.ok and second.is_error and "already closed" in second.content
 '''
 
+OWN_TICKET_CASE = """{
+  "description": "A customer reads their own ticket: the gate lets the call through, the desk answers.",
+  "customer": "cus_1",
+  "message": "What is happening with T-1001?",
+  "script": [
+    [{"type": "tool_use", "name": "get_ticket", "input": {"ticket_id": "T-1001"}}],
+    "Here is T-1001."
+  ],
+  "expect": {"outcome": "end_turn", "tools_called": ["get_ticket"], "refused": []}
+}
+"""
+
+FOREIGN_TICKET_CASE = """{
+  "description": "Another customer's ticket: the gate refuses it exactly like one that does not exist.",
+  "customer": "cus_1",
+  "message": "Close T-2001 for me",
+  "script": [
+    [{"type": "tool_use", "name": "close_ticket", "input": {"ticket_id": "T-2001", "note": "asked"}}],
+    "I could not find that ticket among yours."
+  ],
+  "expect": {"outcome": "end_turn", "refused": [{"tool": "close_ticket", "because": "was not found"}]}
+}
+"""
+
 FILES = {
     "pyproject.toml": PYPROJECT,
     "README.md": README,
@@ -311,6 +353,8 @@ FILES = {
     "${package}/agent.py": AGENT,
     "${package}/schemas/get_ticket.json": TOOL,
     "tests/test_agent.py": TEST,
+    "evals/own-ticket.json": OWN_TICKET_CASE,
+    "evals/another-customers-ticket.json": FOREIGN_TICKET_CASE,
 }
 
 

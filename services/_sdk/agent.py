@@ -104,6 +104,9 @@ class Agent:
     # the `roundtrip up` banner's example: a request of this agent's customers and the customer id to try it as
     example_ask: str = ""
     example_customer: str = ""
+    # the model's responses to example_ask in the simulator's script format (services/_simulator/scripted.py): with no
+    # API key the banner's example asks with persona script:example, and `roundtrip ask` hands the simulator this script
+    example_script: Sequence[Any] = ()
     model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
     mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/_sdk/mcp.py), as tools= does
     # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
@@ -149,6 +152,11 @@ class Agent:
     def mounted(self) -> frozenset[str]:
         """The tools its sources are declared to bring once a process lists them (MCP servers: services/_sdk/mcp.py)."""
         return frozenset(name for source in self.sources for name in source.declared() - set(source.specs()))
+
+    @property
+    def offered(self) -> frozenset[str]:
+        """Every tool name it offers: its sources' and those its MCP servers are declared to bring."""
+        return frozenset(self.tool_parts[0]) | self.mounted
 
     @property
     def mcp_sources(self) -> list[McpServer]:
@@ -285,9 +293,32 @@ def _mcp(agent: Agent) -> list[str]:
     return problems
 
 
+def _example_script(agent: Agent) -> list[str]:
+    """The example the simulator plays with no key (`roundtrip up`'s banner) is a script it can play, of this agent's
+    tools: else `roundtrip ask` with it fails at the simulator, after the fleet is up."""
+    if not agent.example_script:
+        return []
+    from roundtrip._simulator.scripted import ScriptError, parse_script  # the format's one definition
+
+    try:
+        replies = parse_script("example_script", list(agent.example_script))
+    except ScriptError as exc:
+        return [str(exc).replace("script 'example_script'", "example_script", 1)]
+    called = {block["name"] for reply in replies for block in reply.content if block["type"] == "tool_use"}
+    return [f"example_script calls {name}, not a tool of this agent" for name in sorted(called - agent.offered)]
+
+
 # What `Agent.check` asks, in order: each `(agent) -> [problem, ...]`. A part of the fleet with more to check
 # (e.g. the tools of an MCP server against the agent's annotations) appends its own.
-CHECKS: list[Callable[[Agent], Iterable[str]]] = [_identity, text_problems, _dependencies, _tools, _own_settings, _mcp]
+CHECKS: list[Callable[[Agent], Iterable[str]]] = [
+    _identity,
+    text_problems,
+    _dependencies,
+    _tools,
+    _own_settings,
+    _mcp,
+    _example_script,
+]
 
 
 def _resolve(spec: str) -> Any:

@@ -13,18 +13,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 import roundtrip
 import roundtrip.testing
+from roundtrip._cli.skeleton import skeleton
 from tests.ports import free_port_run
-from tests.wheel import ROOT, build_wheel
+from tests.wheel import ROOT, build_wheel, pip_wheel
 
 pytestmark = pytest.mark.timeout(1500)  # a fresh venv's dependencies, the jars fetched once, a fleet started
 
@@ -144,3 +148,63 @@ def test_the_installed_roundtrip_up_fetches_the_jars_runs_the_fleet_and_answers_
     broker_log = (state / "logs" / "kafka.log").read_text(errors="replace")
     assert "No configuration found" not in broker_log  # log4j2.yaml came with the wheel
     assert re.search(r"(?m)^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d+\] INFO .+ \(\w+\)$", broker_log), broker_log[-2000:]
+
+
+def test_an_agent_installed_from_wheels_alone_plays_its_banners_example_with_no_key(
+    installed, tmp_path, kafka_bootstrap
+):
+    """Issue 45: an agent of `roundtrip agent init`, installed with roundtrip-fleet from a folder of wheels and no
+    package index, runs in the installed fleet; with no API key the banner's example plays its example_script and
+    calls its tool."""
+    wheelhouse, source, home = tmp_path / "wheelhouse", tmp_path / "src", tmp_path / "work"
+    home.mkdir()
+    for relative, text in skeleton("desk-wheel").items():
+        (source / relative).parent.mkdir(parents=True, exist_ok=True)
+        (source / relative).write_text(text)
+    pip_wheel(source, wheelhouse)  # the agent's wheel, then the fleet's beside it
+    shutil.copy(build_wheel(tmp_path / "fleet"), wheelhouse)
+    python = str(installed / "bin" / "python")
+    gone = run([python, "-m", "pip", "uninstall", "-y", "-q", "roundtrip-fleet"], clean_env(installed), home, 300)
+    assert gone.returncode == 0, gone.stderr
+    pip = run(
+        [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheelhouse), "desk-wheel"],
+        clean_env(installed),
+        home,
+        600,
+    )
+    assert pip.returncode == 0, pip.stdout + pip.stderr  # roundtrip-fleet came from the wheelhouse, as the agent did
+    base = free_port_run(2)
+    env = clean_env(
+        installed,
+        ROUNDTRIP_AGENT="desk-wheel",
+        ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap,
+        ROUNDTRIP_TOPIC_PREFIX=f"whl{uuid.uuid4().hex[:6]}.",
+        ROUNDTRIP_STATE_DIR=str(tmp_path / "state"),
+        ROUNDTRIP_SIMULATOR_PORT=str(base),
+        ROUNDTRIP_CONSOLE_PORT=str(base + 1),
+        ROUNDTRIP_APPROVAL_KEYS=f"whl1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # not the embedded broker: no dev key
+    )
+    output = tmp_path / "up.log"
+    with open(output, "w") as log:
+        up = subprocess.Popen([str(installed / "bin" / "roundtrip"), "up"], env=env, cwd=home, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 300
+            while "Ready." not in output.read_text():
+                assert up.poll() is None, output.read_text()
+                assert time.monotonic() < deadline, output.read_text()
+                time.sleep(0.5)
+            time.sleep(1)  # the rest of the banner
+            line = next(line for line in output.read_text().splitlines() if " ask " in line)
+            words = shlex.split(line)
+            assert words[0] == "roundtrip" and words[words.index("--persona") + 1] == "script:example", line
+            ask = run([str(installed / "bin" / "roundtrip"), *words[1:]], env, home, 180)
+            assert ask.returncode == 0, ask.stdout + ask.stderr
+            assert "calls get_ticket" in ask.stdout and "gate  get_ticket: approved" in ask.stdout, ask.stdout
+        finally:
+            if up.poll() is None:
+                up.send_signal(signal.SIGINT)
+            try:
+                up.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                up.kill()
+                raise

@@ -7,9 +7,12 @@ in-memory backend letting it through in the harness, as it did in the fleet).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shlex
 import sqlite3
+import subprocess
 import sys
 import uuid
 
@@ -72,3 +75,37 @@ async def test_the_skeletons_policy_sees_what_its_handler_changed_across_the_fle
             "closed",
             "fixed",
         )
+
+
+def _cli(fleet, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "roundtrip._cli.main", *args],
+        env={**os.environ, **fleet.env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+async def test_with_no_key_the_banners_example_plays_the_agents_script_and_calls_its_tool(skeleton_fleet):
+    from desk_e2e.agent import AGENT  # the fixture put the skeleton on the import path
+
+    from roundtrip._cli.main import _ready
+
+    line = next(line for line in _ready(AGENT, skeleton_fleet.settings).splitlines() if " ask " in line)
+    words = shlex.split(line)
+    assert words[words.index("--persona") + 1] == "script:example"
+    asked = await asyncio.to_thread(_cli, skeleton_fleet, *words[words.index("ask") :])
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    assert "calls get_ticket" in asked.stdout and "gate  get_ticket: approved" in asked.stdout, asked.stdout
+    assert "Here is ticket T-1001 as the desk has it." in asked.stdout
+
+
+async def test_the_skeletons_two_eval_cases_pass_through_the_fleet(skeleton_fleet, tmp_path):
+    for relative, text in skeleton("desk-e2e").items():
+        if relative.startswith("evals/"):
+            (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / relative).write_text(text)
+    ran = await asyncio.to_thread(_cli, skeleton_fleet, "eval", "run", str(tmp_path / "evals"))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "2 passed, 0 failed, 0 skipped of 2 cases" in ran.stdout

@@ -386,3 +386,32 @@ def test_the_up_banners_example_is_the_agents_own():
     own = dataclasses.replace(SHOP, example_ask="Welche Anschlüsse habe ich?", example_customer="cus_2001")
     assert 'ask "Welche Anschlüsse habe ich?" --customer cus_2001\n' in _ready(own, settings)
     assert "cancel" not in _ready(dataclasses.replace(SHOP, example_ask="", example_customer=""), settings)
+
+
+def test_with_no_key_the_banner_asks_with_the_agents_example_script_and_with_a_key_without():
+    from roundtrip._cli.main import _ready
+    from roundtrip._kernel.settings import Settings
+
+    script = [
+        [{"type": "tool_use", "name": "lookup_order", "input": {"order_id": "ord_a1000001"}}],
+        [{"type": "text", "text": "Found it."}],
+    ]
+    own = dataclasses.replace(SHOP, example_ask="where is ord_a1000001?", example_script=script)
+    assert 'ask "where is ord_a1000001?" --customer cus_1001 --persona script:example\n' in _ready(own, Settings())
+    keyed = Settings(anthropic_api_key="sk-ant-test")
+    assert 'ask "where is ord_a1000001?" --customer cus_1001\n' in _ready(own, keyed)
+    assert "--persona" not in _ready(SHOP, Settings())  # the simulator's personas play the demo shop
+
+
+def test_an_example_script_that_cannot_play_or_calls_another_tool_is_a_problem_of_the_agent():
+    good = [
+        [{"type": "tool_use", "name": "lookup_order", "input": {"order_id": "ord_a1000001"}}],
+        [{"type": "text", "text": "Found it."}],
+    ]
+    assert dataclasses.replace(SHOP, example_script=good).problems() == []
+    unknown = [[{"type": "tool_use", "name": "renew_loan", "input": {}}]]
+    assert dataclasses.replace(SHOP, example_script=unknown).problems() == [
+        "example_script calls renew_loan, not a tool of this agent"
+    ]
+    (broken,) = dataclasses.replace(SHOP, example_script=[{"content": []}]).problems()
+    assert broken.startswith("example_script response 1: expected a list of content blocks")

@@ -210,3 +210,24 @@ def test_the_unrelated_roundtrip_distribution_beside_ours_is_refused_in_one_line
     assert cli.clash() is not None
     monkeypatch.undo()
     assert cli.clash() is None  # this venv has roundtrip-fleet only
+
+
+@pytest.mark.parametrize("persona", ["script:renew", "script:example", "direct"])
+def test_ask_takes_every_persona_the_simulator_plays_scripts_included(monkeypatch, tmp_path, persona):
+    asked = []
+
+    async def ask(settings, text, customer, persona, conversation, timeout, stream):
+        asked.append(persona)
+        return 0
+
+    monkeypatch.setattr(console, "ask", ask)
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("ROUNDTRIP_SIMULATOR_PORT", "9")  # script:example of the shop (it has none): nothing is put
+    result = CliRunner().invoke(app, ["ask", "renew my loan", "--customer", "cus_1", "--persona", persona])
+    assert result.exit_code == 0, result.output
+    assert asked == [persona]
+
+
+def test_a_script_persona_without_a_name_is_refused(never_asked):
+    result = CliRunner().invoke(app, ["ask", "hello", "--customer", "cus_1001", "--persona", "script:"])
+    assert result.exit_code != 0 and "unknown persona 'script:'" in result.output

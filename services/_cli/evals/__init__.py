@@ -1,0 +1,158 @@
+"""`roundtrip eval run|record`: a suite of conversations through the running fleet, and a conversation made a case.
+
+Cases (services/_cli/evals/cases.py), the runs through the fleet (runner.py), the report, baseline and JUnit XML
+(report.py), recording (record.py). services/_cli/main.py mounts the commands; what they need is imported when they
+run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from roundtrip._cli.evals.report import Change
+    from roundtrip._cli.evals.runner import CaseResult
+
+eval_app = typer.Typer(
+    help="Evaluations: run a suite of conversation cases through the fleet, or record a conversation as a case.",
+    no_args_is_help=True,
+)
+
+
+@eval_app.command("run")
+def run(
+    suite: Annotated[list[Path], typer.Argument(help="case files (JSON), or folders of them")],
+    runs: Annotated[int | None, typer.Option(help="run every case this many times (default: each case's runs)")] = None,
+    baseline: Annotated[
+        Path | None, typer.Option(help="compare with this saved baseline: a drop of a pass rate fails the run")
+    ] = None,
+    save_baseline: Annotated[Path | None, typer.Option(help="write this run's results as a baseline here")] = None,
+    junit: Annotated[Path | None, typer.Option(help="write JUnit XML here (one testcase per case), for CI")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for each turn's reply")] = 120.0,
+    concurrency: Annotated[int, typer.Option(help="runs in flight at once (each its own conversation)")] = 4,
+) -> None:
+    """Run each case's conversation through the running fleet as a user's app would (support.requests, then its
+    reply and its turn's events from the topics): against the real model when ANTHROPIC_API_KEY is set, else the
+    simulator, which plays each turn's script (or persona). Then a table of the cases (pass rate, outcome, steps,
+    tools, cost), the cost and tokens in all, and what changed against --baseline.
+
+    Exit codes: 0 every case passed (with --baseline: no case regressed); 1 a case failed (with --baseline: a pass
+    rate dropped, or a new case fails); 2 not run (a case file that is wrong, the fleet not up)."""
+    from roundtrip._cli.evals.cases import CaseError, load_suite
+    from roundtrip._cli.evals.report import changes, load_baseline
+    from roundtrip._cli.evals.report import junit as junit_xml
+    from roundtrip._cli.evals.report import save_baseline as save
+    from roundtrip._cli.evals.runner import FleetUnavailable, run_suite
+    from roundtrip._cli.main import _checked_agent, _fleet_settings
+
+    if (runs is not None and runs < 1) or concurrency < 1:
+        raise typer.BadParameter("--runs and --concurrency take a number of at least 1")
+    try:
+        cases = load_suite(suite)
+        before = load_baseline(baseline) if baseline else None
+    except (CaseError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    if runs is not None:
+        cases = [replace(case, runs=runs) for case in cases]
+    settings = _fleet_settings()
+    agent = _checked_agent(settings)
+    model = "the simulator" if settings.use_simulator else f"the model {agent.model_for(settings)}"
+    typer.echo(f"roundtrip eval: {len(cases)} cases against agent {agent.name} and {model}")
+    try:
+        results = asyncio.run(run_suite(settings, cases, agent.own_settings, timeout, concurrency, _said))
+    except FleetUnavailable as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    changed = changes(results, before) if before is not None else []
+    _report(results, changed, before is not None)
+    if save_baseline:
+        save(save_baseline, results)
+        typer.echo(f"baseline written to {save_baseline}")
+    if junit:
+        junit.write_text(junit_xml(results, suite[0].stem if len(suite) == 1 else "eval"), encoding="utf-8")
+        typer.echo(f"JUnit XML written to {junit}")
+    failed = any(c.regression for c in changed) if before is not None else any(not r.passed for r in results)
+    raise typer.Exit(1 if failed else 0)
+
+
+def _said(result: CaseResult) -> None:
+    """A line as each case's runs are in."""
+    mark = "skip" if result.skipped else ("pass" if result.passed else "FAIL")
+    typer.echo(f"  {mark}  {result.case.name}" + (f" ({result.skipped})" if result.skipped else ""))
+
+
+def _report(results: list[CaseResult], changed: list[Change], compared: bool) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from roundtrip._cli.evals.report import summary, totals
+
+    console = Console(highlight=False, emoji=False, width=200)
+    table = Table(box=None, pad_edge=False)
+    for column in ("case", "result", "passed", "outcome", "steps", "tools", "cost $"):
+        table.add_column(column)
+    for result in results:
+        if result.skipped:
+            table.add_row(escape(result.case.name), "skipped", "-", "-", "-", result.skipped, "-", style="dim")
+            continue
+        said = summary(result)
+        table.add_row(
+            escape(result.case.name),
+            "[green]pass[/]" if result.passed else "[red]FAIL[/]",
+            f"{sum(r.passed for r in result.runs)}/{len(result.runs)}",
+            said["outcome"],
+            f"{said['steps']:g}",
+            ", ".join(said["tools"]) or "-",
+            f"{said['cost_usd']:.4f}",
+        )
+    console.print()
+    console.print(table)
+    for result in results:
+        for i, run in enumerate(result.runs):
+            for reason in run.failures:
+                console.print(f"[red]{escape(result.case.name)}[/] run {i + 1} ({run.conversation}): {escape(reason)}")
+    count = totals(results)
+    console.print(
+        f"\n{count['passed']} passed, {count['failed']} failed, {count['skipped']} skipped of {count['cases']} cases "
+        f"({count['runs']} runs); cost ${count['cost_usd']:.4f}, {count['input_tokens']} input and "
+        f"{count['output_tokens']} output tokens"
+    )
+    if compared:
+        if not changed:
+            console.print("against the baseline: no change")
+        for change in changed:
+            mark = "[red]regression[/]" if change.regression else "changed"
+            console.print(f"{mark}  {escape(change.case)}: {escape(change.said)}")
+
+
+@eval_app.command("record")
+def record(
+    conversation: Annotated[str, typer.Argument(help="the conversation (roundtrip conversations lists them)")],
+    out: Annotated[Path | None, typer.Option(help="write the case here (default: print it)")] = None,
+) -> None:
+    """Turn a conversation the fleet has had into a case that replays it: each turn the customer's words, the model's
+    responses as a script, and what the turn did as expectations (outcome, tools called, steps)."""
+    from roundtrip._cli.evals.cases import case_json
+    from roundtrip._cli.evals.record import NotRecorded
+    from roundtrip._cli.evals.record import record as make
+    from roundtrip._cli.main import _fleet_settings
+
+    try:
+        case, notes = asyncio.run(make(_fleet_settings(), conversation))
+    except NotRecorded as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+    for note in notes:
+        typer.secho(f"note: {note}", fg="yellow", err=True)
+    if out is None:
+        typer.echo(case_json(case), nl=False)
+        return
+    out.write_text(case_json(case), encoding="utf-8")
+    typer.echo(f"case written to {out} ({len(case['turns'])} turns)")
