@@ -25,6 +25,7 @@ from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
 from tests.agents import ShopFleetSettings
 from tests.e2e.conftest import fleet_env
+from tests.signing import key_settings
 
 SUITE = Path(roundtrip._shop.agent.__file__).parent / "evals"
 THRESHOLD = 10000  # cents: Bob's ord_9f3c4e21 (249.00 EUR) waits for a person
@@ -131,8 +132,8 @@ def unowned_fleet(kafka_bootstrap, tmp_path_factory):
         partitions=2,
         max_steps=10,
         approval_cancel_above_cents=THRESHOLD,
-        approval_keys=f"uo1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
-        decision_keys=f"ops1:{uuid.uuid4().hex}{uuid.uuid4().hex}",
+        kafka_allow_plaintext=True,  # the test broker listens in the clear; the fleet is not development
+        **key_settings("uo1"),  # fresh pairs, never the published development keys
     )
     env = fleet_env(**values)
     with Fleet(ShopFleetSettings(**values), env=env, executor_replicas=1):

@@ -198,7 +198,7 @@ class Asker:
 
     async def _decide(self, asked: ApprovalRequested, approve: bool) -> None:
         """The decision on a held call, once the guard has recorded it (the request may come before its row)."""
-        from roundtrip._console.desk import refusal, signed_decision
+        from roundtrip._console.desk import decision_signer, refusal, signed_decision
         from roundtrip._guard.ledger import Ledger
 
         ledger = await Ledger.open(self.settings.ledger_db_url, read_only=True)
@@ -213,7 +213,9 @@ class Asker:
                 return  # never decidable: the turn ends by its approval deadline, and the case says so
         finally:
             await ledger.close()
-        decision = signed_decision(row, approve, "decided by roundtrip eval", DECIDED_BY, self.settings.decision_keys)
+        decision = signed_decision(
+            row, approve, "decided by roundtrip eval", DECIDED_BY, decision_signer(self.settings)
+        )
         await self.producer.send_and_wait(
             topics.t(topics.APPROVAL_DECISIONS, self.settings.topic_prefix),
             decision.model_dump_json().encode(),
