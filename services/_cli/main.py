@@ -63,6 +63,19 @@ async def _no_preflight(settings: object) -> None:
     """A service without checks to make before it is built."""
 
 
+def _refuse_unfit(settings, declared: topology.Service, holds_calls: bool) -> None:
+    """ConfigurationError for what this service must not run with (outside development: published or placeholder
+    keys, a private ledger, the console's development sign-in, Kafka in the clear)."""
+    service = declared.name
+    settings.refuse_unfit_keys(service, declared.keys, holds_calls)
+    if declared.shares_ledger:
+        settings.refuse_private_ledger(service)
+    if declared.signs_decisions:  # the console: its development sign-in (everyone an approver) stays there
+        settings.refuse_console_local_user(service)
+        settings.refuse_weak_session_key(service)
+    settings.refuse_plaintext_kafka(service)  # every service talks to Kafka: never in the clear by accident
+
+
 @app.command()
 def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUNNABLE)}")]) -> None:
     """Run one service in the foreground (Ctrl-C stops it)."""
@@ -87,13 +100,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         agent = current_agent(settings.agent)  # the agent every service runs: found and checked once, here
         agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
         declared = topology.service(service)  # what it holds and shares (the app checks the keys again when it starts)
-        settings.refuse_unfit_keys(service, declared.keys, agent.holds_calls())
-        if declared.shares_ledger:
-            settings.refuse_private_ledger(service)
-        if declared.signs_decisions:  # the console: its development sign-in (everyone an approver) stays there
-            settings.refuse_console_local_user(service)
-            settings.refuse_weak_session_key(service)
-        settings.refuse_plaintext_kafka(service)  # every service talks to Kafka: never in the clear by accident
+        _refuse_unfit(settings, declared, agent.holds_calls())
         module = importlib.import_module(declared.app_module)
         asyncio.run(getattr(module, "preflight", _no_preflight)(settings))  # checks that ask the broker (the guard's)
     except ConfigurationError as exc:  # insecure or unworkable alike: one line, exit code 1, as when the app refuses

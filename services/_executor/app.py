@@ -68,14 +68,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             return
         seen.add(key)
         if isinstance(command, ApprovalRequested):
-            log.info(
-                "turn %s step %d: %s(%s) waits for approval %s",
-                batch.turn.turn_id,
-                batch.step,
-                command.call.name,
-                command.call.id,
-                command.approval_id,
-            )
+            _waits(command)
             await request_approval(command, batch.turn.conversation_id)
             return
         await call_model(command, batch.turn.conversation_id)
@@ -107,6 +100,17 @@ def runner_for(settings: Settings, agent: Agent, deps: Any) -> Runner:
         settings.parallel_tools,
         settings.max_block_bytes,
         fallback=agent.toolbox.handler,
+    )
+
+
+def _waits(request: ApprovalRequested) -> None:
+    log.info(
+        "turn %s step %d: %s(%s) waits for approval %s",
+        request.turn.turn_id,
+        request.step,
+        request.call.name,
+        request.call.id,
+        request.approval_id,
     )
 
 

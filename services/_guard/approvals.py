@@ -133,7 +133,7 @@ class Approvals:
             self.holds.verify_hold(event)
         except ApprovalError as exc:
             security.error(
-                "refused approval request %s for turn %s (customer %s): %s",
+                "refused approval request %r for turn %r (customer %r): %s",
                 event.approval_id,
                 event.turn.turn_id,
                 event.turn.customer_id,

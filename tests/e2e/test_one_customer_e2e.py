@@ -2,9 +2,10 @@
 
 The attacker copies the events of Alice's live turn (held for a person's approval of a cancellation above the
 threshold, so it stays live while the copies arrive) and publishes them again with a plain Kafka producer: the
-customer rewritten to Bob, the cancelled order rewritten to Bob's, a batch's signature rewritten. Each copy must
-be dead-lettered by the service it reached with a reason, no service may act for Bob (no batch signed, no model
-called, no approval recorded, Bob's order untouched), and Alice's turn still ends with exactly one reply.
+customer rewritten to Bob, the cancelled order rewritten to Bob's, a batch's or a hold's signature rewritten.
+Each copy must be dead-lettered by the service it reached with a reason, no service may act for Bob (no batch
+signed, no model called, no approval recorded, Bob's order untouched), and Alice's turn still ends with exactly
+one reply.
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ async def test_a_writer_to_every_internal_topic_cannot_act_for_another_customer(
         "batch on bob's order": (topics.TOOL_BATCHES, _rewritten(batch, order=bobs), "executor", "signature"),
         "batch resigned": (topics.TOOL_BATCHES, _rewritten(batch, signature="0" * 64), "executor", "signature"),
         "approval for bob": (topics.APPROVAL_REQUESTS, _rewritten(approval, BOB, bobs), "guard", "customer"),
+        "approval on bob's order": (topics.APPROVAL_REQUESTS, _rewritten(approval, order=bobs), "guard", "edited"),
+        "approval resigned": (
+            topics.APPROVAL_REQUESTS,
+            _rewritten(approval, hold_signature="0" * 128),
+            "guard",
+            "signature",
+        ),
     }
     # the same step's calls with only the order rewritten: the gate authorizes them for Alice, whose order it is not
     await client.producer.send_and_wait(
