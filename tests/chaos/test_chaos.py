@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +35,7 @@ from tests.chaos.harness import (
     Fault,
     Planned,
     audit,
+    executions,
     ledger_rows,
     new_tag,
     plan_load,
@@ -171,6 +174,46 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
         text = "".join(p.read_text(errors="replace") for p in logs.glob(log_glob))
         missing = [f"{t} step {n}" for t, n in steps if f"turn {t} step {n}: {refusal}" not in text]
         assert not missing, f"{topic} delivered again was not refused by the fence: {missing[:5]}"
+
+
+BROKEN_EXECUTOR = [sys.executable, str(Path(__file__).with_name("broken_executor.py"))]
+
+
+async def test_a_broken_executor_that_runs_batches_again_fails_the_audit(chaos_fleet, chaos_settings, observer, capsys):
+    """The suite can fail: with the executors replaced by a copy whose checks against running a batch again are
+    removed (tests/chaos/broken_executor.py), the signed batches of finished turns delivered again run their calls
+    again. The shop answers each from its idempotency record and changes nothing, so counting stored answers sees
+    no duplicate; its execution log does, and the audit the other scenarios pass flags the duplicated runs."""
+    settings = chaos_settings[0]
+    started = time.monotonic()
+    tag = new_tag("broken")
+    customers = await seed_customers(settings, tag, 4)
+    plan = plan_load(tag, customers, conversations=8, requests=8)
+    await observer.drive(plan, rate_per_s=10)
+    await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S, linger_s=1)
+    turn_ids = {p.turn_id for p in plan}
+
+    async def runs() -> Counter:
+        return Counter((r["turn_id"], r["tool_use_id"]) for r in await executions(settings) if r["turn_id"] in turn_ids)
+
+    calls = await runs()
+    assert calls and set(calls.values()) == {1}, f"the load should have run side-effecting calls, each once: {calls}"
+    conversations = {p.request.conversation_id.encode() for p in plan}
+    again = [r for r in observer.seen.raw if r[0] == topics.TOOL_BATCHES and r[1] in conversations]
+    async with chaos_fleet.replaced("executor", BROKEN_EXECUTOR):
+        for topic, key, value, headers in again:
+            await observer.send(topic, value, key, headers)
+        deadline = time.monotonic() + 60
+        while (now := await runs()) and not all(now[call] >= 2 for call in calls):
+            assert time.monotonic() < deadline, f"the broken executors should have run every call again: {now}"
+            await asyncio.sleep(0.5)
+    result = await audit("a broken executor: batches run again", settings, observer, plan, started)
+    with capsys.disabled():
+        print("\n" + result.line(), flush=True)
+    assert [p.split(":")[0] for p in result.problems()] == ["duplicated executions"], result.problems()
+    assert len(result.duplicate_executions) == len(calls)
+    assert not result.duplicate_side_effects, "stored answers stay one per call: they cannot show a second run"
+    assert not result.duplicated and not result.lost, "the model service's fence still refuses the ended turns"
 
 
 async def _executor_logged(settings, text: str, timeout: float) -> list[str]:
