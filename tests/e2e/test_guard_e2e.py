@@ -164,6 +164,7 @@ async def test_duplicated_iteration_events_are_dropped(client, shop_orders):
     assert shop_orders() == before
 
 
+@pytest.mark.kills_services
 async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(client, fleet, fleet_settings):
     # the grace leaves `roundtrip turns` (its own process, seconds to start on a busy machine, the e2e tier running
     # beside the others) time to list it stuck
