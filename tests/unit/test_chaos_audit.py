@@ -178,3 +178,15 @@ def test_a_turn_not_yet_ended_at_the_fault_counts_as_in_flight():
     ledger[plan[0].turn_id]["ended_at"] = None
     result = _judge(plan, replies, ledger, effects, runs, faults=[Fault("a kill", T0 + 10)])
     assert result.in_flight == {"a kill": 1}
+
+
+def test_a_fault_with_a_settling_time_explains_re_runs_that_long_after_it():
+    """A cluster's clients take seconds to find new leaders after a broker's fault: a call first run then may run
+    again. Past the settling time, a re-run is a duplicate again."""
+    plan = _plan()
+    replies, ledger, effects, runs = _clean(plan)
+    runs.append(_run(plan, 1, T0 + 1.8))  # call 1 first ran at T0+1.5
+    settling = Fault("a broker SIGKILLed", T0 - 30, T0 - 25, settle_s=30)
+    assert _judge(plan, replies, ledger, effects, runs, faults=[settling]).duplicate_executions == []
+    brief = Fault("a broker SIGKILLed", T0 - 30, T0 - 25)
+    assert len(_judge(plan, replies, ledger, effects, runs, faults=[brief]).duplicate_executions) == 1
