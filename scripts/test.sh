@@ -29,12 +29,14 @@ rm -rf "$site"
 
 if [ $# -gt 0 ]; then
   echo "==> pytest $*"
-  exec .venv/bin/python -m pytest -q "$@"
+  exec .venv/bin/python -m pytest -q -rs "$@"
 fi
 
 # The whole suite as two pytest runs side by side: most of an e2e or chaos test is waiting (for a simulated model's
 # latency, a deadline, a broker coming back), so two halves on two cores take about the time of the longer one.
 # Each run has its own broker, fleet and temporary folders (every port is a free one), so they share nothing.
+# -rs lists every skip with its reason; in CI (CI=true) a skip fails the run but the Jaeger tests' when Go is
+# unusable (tests/ci_skips.py).
 # The first half reports here as it goes; the second writes its log and is shown when it ends.
 halves=("tests/unit tests/integration tests/chaos" "tests/e2e")
 work=$(mktemp -d -t roundtrip-tests.XXXXXX)  # each half's own --basetemp, and the second half's log
@@ -42,11 +44,11 @@ log=$work/second-half.log
 started=$SECONDS
 echo "==> pytest, two halves side by side: [${halves[0]}] here, [${halves[1]}] into $log (shown when it ends)"
 # shellcheck disable=SC2086  # each half is a list of folders
-.venv/bin/python -m pytest -q -p no:cacheprovider --basetemp "$work/second" ${halves[1]} >"$log" 2>&1 &
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider --basetemp "$work/second" ${halves[1]} >"$log" 2>&1 &
 second=$!
 set +e
 # shellcheck disable=SC2086
-.venv/bin/python -m pytest -q -p no:cacheprovider --basetemp "$work/first" ${halves[0]}
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider --basetemp "$work/first" ${halves[0]}
 first_rc=$?
 echo "==> [${halves[0]}] exited $first_rc after $((SECONDS - started)) s; waiting for [${halves[1]}]"
 wait "$second"

@@ -34,6 +34,7 @@ import pytest_asyncio
 
 from roundtrip._broker.embedded import EmbeddedKafka
 from roundtrip._kernel.kafka.admin import create_topics
+from tests.ci_skips import pytest_runtest_makereport  # noqa: F401 - a hook: in CI a skip fails
 from tests.databases import PostgresServer, find_pg_bindir
 from tests.processes import embedded_kafka
 

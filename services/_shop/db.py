@@ -11,6 +11,11 @@ it, so an order of another customer is indistinguishable from a missing one (bot
 - its outcome is stored under (customer_id, idempotency key) in the same transaction, so a
   replay returns the first response and never cancels twice; a key reused for another
   request is a conflict (HTTP 422).
+
+Every write request that reaches the database is first appended to `executions` (its own
+transaction, before the replay check): the shop's record of how often a side effect was asked
+for, replays included. The chaos suite counts these, since a replay leaves the other tables as
+they were (tests/chaos/harness.py).
 """
 
 from __future__ import annotations
@@ -91,6 +96,18 @@ idempotency = Table(
     Column("status_code", Integer, nullable=False),
     Column("response", JSON, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+# Append-only: one row per write request under an idempotency key, replays and conflicts included.
+executions = Table(
+    "executions",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("customer_id", String(64), nullable=False),
+    Column("key", String(255), nullable=False),
+    Column("endpoint", String(64), nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Index("ix_executions_key", "customer_id", "key"),
 )
 
 escalations = Table(
@@ -316,7 +333,7 @@ async def seed_demo_data(engine: AsyncEngine) -> int:
 async def reset_demo_data(engine: AsyncEngine) -> None:
     """Put the demo data back to its initial state (for demos and tests; drops everything else)."""
     async with engine.begin() as conn:
-        for table in (idempotency, escalations, orders, customers):
+        for table in (executions, idempotency, escalations, orders, customers):
             await conn.execute(delete(table))
         await conn.execute(insert(customers), DEMO_CUSTOMERS)
         await conn.execute(insert(orders), DEMO_ORDERS)
@@ -439,6 +456,13 @@ def _conflict(key: str) -> Outcome:
     )
 
 
+async def _log_execution(engine: AsyncEngine, customer_id: str, key: str, endpoint: str) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(executions).values(customer_id=customer_id, key=key, endpoint=endpoint, at=datetime.now(UTC))
+        )
+
+
 async def _replay(
     engine: AsyncEngine, customer_id: str, key: str, endpoint: str, request: dict[str, Any]
 ) -> Outcome | None:
@@ -474,6 +498,7 @@ async def cancel_order(
 ) -> Outcome:
     """Cancel the principal's order once. 200 order | 404 not found | 409 not cancellable | 422 key reuse."""
     endpoint, request = "cancel_order", {"order_id": order_id, "reason": reason}
+    await _log_execution(engine, customer_id, idempotency_key, endpoint)
     if (seen := await _replay(engine, customer_id, idempotency_key, endpoint, request)) is not None:
         return seen
     try:
@@ -511,6 +536,7 @@ async def create_escalation(
 ) -> Outcome:
     """Open a ticket for a human agent once per key. 201 {"ticket_id", ...} | 422 key reuse."""
     endpoint, request = "escalate", {"summary": summary, "urgency": urgency}
+    await _log_execution(engine, customer_id, idempotency_key, endpoint)
     if (seen := await _replay(engine, customer_id, idempotency_key, endpoint, request)) is not None:
         return seen
     ticket_id = f"tkt_{uuid.uuid4().hex[:8]}"
@@ -543,4 +569,11 @@ async def count_escalations(engine: AsyncEngine, customer_id: str | None = None)
     query = select(func.count()).select_from(escalations)
     if customer_id is not None:
         query = query.where(escalations.c.customer_id == customer_id)
+    return int((await _read(engine, query))[0][0])
+
+
+async def count_executions(engine: AsyncEngine, customer_id: str, key: str) -> int:
+    """How many times a write under this key was asked for (the first run and every replay)."""
+    query = select(func.count()).select_from(executions)
+    query = query.where(executions.c.customer_id == customer_id, executions.c.key == key)
     return int((await _read(engine, query))[0][0])

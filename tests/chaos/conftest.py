@@ -9,13 +9,16 @@ Settings chosen so a fault costs seconds, not minutes: a turn with no progress i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
 
 from roundtrip._broker.embedded import EmbeddedKafka, free_port
+from roundtrip._fleet import children
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.settings import Settings
 from tests.agents import ShopFleetSettings
@@ -42,6 +45,22 @@ class ChaosFleet:
         """SIGKILL every process of a service, then start it again and wait until it runs."""
         await asyncio.to_thread(self.sync.kill, name)
         await asyncio.to_thread(self.sync.respawn, name)
+
+    @contextlib.asynccontextmanager
+    async def replaced(self, name: str, argv: list[str]) -> AsyncIterator[None]:
+        """Run `argv` in place of every process of a service (the same names, logs and settings; it must say it
+        is ready as the service does), then the service itself again."""
+        await asyncio.to_thread(self._respawn_as, name, argv)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(self._respawn_as, name, children.run_argv(name))
+
+    def _respawn_as(self, name: str, argv: list[str]) -> None:
+        self.sync.kill(name)
+        for child in children.of_service(self.sync.children, name):
+            child.process.args = argv  # Fleet.respawn starts a dead child again with the arguments it ran with
+        self.sync.respawn(name)
 
     async def restart(self, name: str, **values) -> None:
         await asyncio.to_thread(self.sync.restart, name, _env(**values) if values else None)

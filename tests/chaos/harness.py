@@ -8,9 +8,13 @@
   scenario its own customers with cancellable orders in the shop's real database.
 * `poison_messages` makes every kind of bad message for a topic; `check_dead_letters` finds
   each one's dead letter by (topic, partition, offset) and compares the original bytes.
-* `audit` reads the shop database (orders, one idempotency record per tool_use_id) and the
-  turn ledger, and counts what the issue asks: replies, lost, duplicated, duplicate side
-  effects, side effects after their turn's end.
+* `audit` reads the shop database (its side effects, one idempotency record per tool_use_id, and its
+  execution log, one row per run of a call, replays included) and the turn ledger, and `judge` counts:
+  replies lost, duplicated or stray; side effects duplicated or after their turn's end; calls run more
+  than once (a re-run is the doing of a fault only when the call first ran within RERUN_MARGIN_S of one
+  the scenario declares); and, with the scenario's `Expect`, outcomes outside the expected set, fewer
+  `end_turn` or side effects than its floor, a fault that hit fewer turns in flight than it should.
+* `Observer.wait_for` raises when what a scenario waits for does not come in time.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import base64
 import concurrent.futures
 import itertools
 import json
+import math
 import sqlite3
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -36,7 +42,7 @@ from roundtrip._gateway.handlers import turn_id_for
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.events import SupportRequest
+from roundtrip._kernel.wire.events import Outcome, SupportRequest
 from roundtrip._shop import db as shopdb
 from tests.readers import stop_reader
 
@@ -259,7 +265,14 @@ class Observer:
         for planned in retries:
             await self.ask(planned)
 
-    async def wait_for(self, predicate, timeout: float) -> Any:
+    async def wait_for(self, predicate: Callable[[], Any], timeout: float, what: str = "") -> Any:
+        """The first truthy value of `predicate()`, checked as records arrive; AssertionError after `timeout`."""
+        result = await self._poll(predicate, timeout)
+        if not result:
+            raise AssertionError(f"waited {timeout:g} s in vain for {what or 'the scenario to go on'}")
+        return result
+
+    async def _poll(self, predicate: Callable[[], Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
         while True:
             result = predicate()
@@ -272,8 +285,9 @@ class Observer:
                 pass
 
     async def wait_for_replies(self, request_ids: list[str], timeout: float, linger_s: float = 4.0) -> None:
-        """Until every request has a reply (or `timeout`), then `linger_s` more to catch a late duplicate."""
-        await self.wait_for(lambda: all(rid in self.seen.replies for rid in request_ids), timeout)
+        """Until every request has a reply (or `timeout`), then `linger_s` more to catch a late duplicate. No raise
+        at the timeout: the audit that follows names each request left without a reply (`lost`)."""
+        await self._poll(lambda: all(rid in self.seen.replies for rid in request_ids), timeout)
         await asyncio.sleep(linger_s)
 
 
@@ -405,6 +419,41 @@ def _epoch(value: Any) -> float:
     return value.timestamp()
 
 
+# How long before a fault a call's first run may be for its re-runs to count as that fault's doing: a handler
+# between the shop's answer and its offset's commit (or its record in the fence) when a process or the broker
+# died, or the database went away, runs the call again on redelivery, by design under its idempotency key.
+RERUN_MARGIN_S = 10.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault a scenario injected: from `at` to `until` (epoch seconds; None: an instant, or down for good), and
+    how long after that the fleet may still be finding its feet (`settle_s`: a cluster's new leaders take longer)."""
+
+    label: str
+    at: float
+    until: float | None = None
+    settle_s: float = RERUN_MARGIN_S
+
+    def explains_rerun_of(self, first_run: float) -> bool:
+        return self.at - RERUN_MARGIN_S <= first_run <= (self.until or self.at) + self.settle_s
+
+
+CALM = frozenset({Outcome.END_TURN, Outcome.REPEATED_CALL})  # the persona mix, nothing failing: stubborn repeats
+FAULTY = CALM | {Outcome.DEADLINE}  # a step lost with a fault is ended by the stuck rule
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a scenario must show besides the zeros: how its turns ended, that tools ran, that its faults hit
+    turns in flight (started before the fault, ended after it, by the ledger)."""
+
+    outcomes: frozenset[str] = CALM  # every reply's outcome is one of these
+    end_turn: float = 0.5  # at least this share of the requests ends `end_turn`
+    side_effects: int = 1  # at least this many side effects (a cancel that changed an order, a ticket)
+    in_flight: int = 1  # at least this many turns in flight at each fault
+
+
 @dataclass
 class Audit:
     scenario: str
@@ -415,9 +464,15 @@ class Audit:
     duplicated: list[str] = field(default_factory=list)
     strays: list[str] = field(default_factory=list)  # replies to requests nobody sent
     side_effects: int = 0
+    executions: int = 0  # runs of a side-effecting call the shop received (replays included)
     duplicate_side_effects: list[str] = field(default_factory=list)
+    duplicate_executions: list[str] = field(default_factory=list)
+    reruns_after_faults: list[str] = field(default_factory=list)  # re-runs a fault explains (reported, not failed)
     late_side_effects: list[str] = field(default_factory=list)
     outcomes: Counter = field(default_factory=Counter)
+    unexpected_outcomes: list[str] = field(default_factory=list)
+    in_flight: dict[str, int] = field(default_factory=dict)  # fault label -> turns in flight when it landed
+    shortfalls: list[str] = field(default_factory=list)  # an expectation (Expect) the run fell short of
     poison_sent: int = 0
     poison_dead_lettered: int = 0
     poison_problems: list[str] = field(default_factory=list)
@@ -425,13 +480,14 @@ class Audit:
 
     def line(self) -> str:
         top = ", ".join(f"{k} {v}" for k, v in self.outcomes.most_common())
+        flight = ", ".join(f"{k} {v}" for k, v in self.in_flight.items())
         return (
             f"[chaos] {self.scenario}: turns {self.turns}, replies {self.replies}, lost {len(self.lost)}, "
             f"duplicated {len(self.duplicated)}, side effects {self.side_effects} (duplicate "
-            f"{len(self.duplicate_side_effects)}, "
-            f"late {len(self.late_side_effects)}), poison dead-lettered "
-            f"{self.poison_dead_lettered}/{self.poison_sent}, "
-            f"{self.seconds:.0f} s; outcomes: {top}"
+            f"{len(self.duplicate_side_effects)}, late {len(self.late_side_effects)}), runs {self.executions} "
+            f"(duplicate {len(self.duplicate_executions)}, re-run after a fault {len(self.reruns_after_faults)}), "
+            f"poison dead-lettered {self.poison_dead_lettered}/{self.poison_sent}, "
+            f"{self.seconds:.0f} s; outcomes: {top}" + (f"; turns in flight at {flight}" if flight else "")
         )
 
     def problems(self) -> list[str]:
@@ -441,7 +497,10 @@ class Audit:
             ("duplicated replies", self.duplicated),
             ("stray replies", self.strays),
             ("duplicate side effects", self.duplicate_side_effects),
+            ("duplicated executions", self.duplicate_executions),
             ("side effects after the turn's end", self.late_side_effects),
+            ("unexpected outcomes", self.unexpected_outcomes),
+            ("short of the scenario's expectations", self.shortfalls),
             ("poison", self.poison_problems),
         ):
             if items:
@@ -449,7 +508,7 @@ class Audit:
         return out
 
 
-LEDGER_COLUMNS = "turn_id, request_id, status, step, ended_at, outcome"
+LEDGER_COLUMNS = "turn_id, request_id, status, step, started_at, ended_at, outcome"
 
 
 def ledger_rows(settings: Settings) -> dict[str, dict]:
@@ -475,17 +534,20 @@ def ledger_rows(settings: Settings) -> dict[str, dict]:
         return pool.submit(asyncio.run, read()).result(60)
 
 
-async def side_effects(settings: Settings) -> list[dict]:
-    """Every side effect the shop performed: a cancel that changed an order (200) or a ticket opened (201),
-    from its idempotency record (one per customer and `turn_id:tool_use_id`, written in the same transaction)."""
+async def _shop_rows(settings: Settings, table: Any) -> list[Any]:
     engine = shopdb.make_engine(settings.shop_db_url)
     try:
         async with engine.connect() as conn:
-            rows = (await conn.execute(select(shopdb.idempotency))).mappings().all()
+            return list((await conn.execute(select(table))).mappings().all())
     finally:
         await engine.dispose()
+
+
+async def side_effects(settings: Settings) -> list[dict]:
+    """Every side effect the shop performed: a cancel that changed an order (200) or a ticket opened (201),
+    from its idempotency record (one per customer and `turn_id:tool_use_id`, written in the same transaction)."""
     effects = []
-    for r in rows:
+    for r in await _shop_rows(settings, shopdb.idempotency):
         if (r["endpoint"], r["status_code"]) in (("cancel_order", 200), ("escalate", 201)):
             turn_id, _, tool_use_id = r["key"].partition(":")
             effects.append(
@@ -501,32 +563,55 @@ async def side_effects(settings: Settings) -> list[dict]:
     return effects
 
 
-async def audit(
-    scenario: str,
-    settings: Settings,
-    observer: Observer,
+async def executions(settings: Settings) -> list[dict]:
+    """Every run of a side-effecting call the shop received, from its append-only execution log: a replay of
+    a call that ran before is there too, though it changed nothing (services/_shop/db.py)."""
+    runs = []
+    for r in await _shop_rows(settings, shopdb.executions):
+        turn_id, _, tool_use_id = r["key"].partition(":")
+        runs.append(
+            {
+                "turn_id": turn_id,
+                "tool_use_id": tool_use_id,
+                "endpoint": r["endpoint"],
+                "customer_id": r["customer_id"],
+                "at": _epoch(r["at"]),
+            }
+        )
+    return runs
+
+
+def judge(
+    result: Audit,
     plan: list[Planned],
-    started: float,
-    poison: list[Poison] = (),
+    replies: dict[str, list[tuple[dict, float]]],
+    ledger: dict[str, dict],
+    effects: list[dict],
+    runs: list[dict],
+    expect: Expect | None = None,
+    faults: Sequence[Fault] = (),
 ) -> Audit:
+    """Fill `result` from what the scenario saw: the replies (request id -> (reply, timestamp)), the ledger's rows,
+    the shop's side effects and its execution log. Without `expect`, only the zeros are checked."""
     expected = {p.request.request_id: p for p in plan}
-    result = Audit(scenario, requests=len(expected))
     tag = scenario_tag(plan)
-    for rid, got in observer.seen.replies.items():
+    for rid, got in replies.items():
         if rid in expected:
             result.replies += 1
-            result.outcomes[got[0][0]["outcome"]] += 1
+            outcome = got[0][0]["outcome"]
+            result.outcomes[outcome] += 1
+            if expect is not None and outcome not in expect.outcomes:
+                result.unexpected_outcomes.append(f"{rid} {outcome}")
             if len(got) > 1:
                 result.duplicated.append(f"{rid} x{len(got)} ({', '.join(g[0]['outcome'] for g in got)})")
         elif tag and rid.startswith(tag + "-"):
             result.strays.append(rid)
-    result.lost = sorted(rid for rid in expected if rid not in observer.seen.replies)
-    ledger = ledger_rows(settings)
+    result.lost = sorted(rid for rid in expected if rid not in replies)
     turn_of = {p.turn_id: p.request.request_id for p in plan}
     result.turns = sum(1 for t in turn_of if t in ledger)
-    reply_at = {rid: min(ts for _, ts in got) for rid, got in observer.seen.replies.items()}
+    reply_at = {rid: min(ts for _, ts in got) for rid, got in replies.items()}
 
-    effects = [e for e in await side_effects(settings) if e["turn_id"] in turn_of]
+    effects = [e for e in effects if e["turn_id"] in turn_of]
     result.side_effects = len(effects)
     per_order = Counter(e["order_id"] for e in effects if e["endpoint"] == "cancel_order")
     result.duplicate_side_effects += [f"order {o} cancelled {n} times" for o, n in per_order.items() if n > 1]
@@ -546,6 +631,66 @@ async def audit(
             result.late_side_effects.append(
                 f"{e['endpoint']} {e['order_id'] or ''} of {e['turn_id']} {e['at'] - replied:.3f} s after its reply"
             )
+
+    runs = [r for r in runs if r["turn_id"] in turn_of]
+    result.executions = len(runs)
+    per_key: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in runs:
+        per_key[(r["customer_id"], r["turn_id"], r["tool_use_id"])].append(r["at"])
+    for (_, turn_id, tool_use_id), times in per_key.items():
+        if len(times) < 2:
+            continue
+        first = min(times)
+        what = f"{turn_id}:{tool_use_id} ran {len(times)} times"
+        near = next((f for f in faults if f.explains_rerun_of(first)), None)
+        if near is not None:
+            result.reruns_after_faults.append(f"{what} ({near.label})")
+        else:
+            result.duplicate_executions.append(what)
+
+    for f in faults:
+        result.in_flight[f.label] = sum(
+            1
+            for t in turn_of
+            if (row := ledger.get(t)) is not None
+            and row["started_at"] < f.at
+            and (row["ended_at"] is None or row["ended_at"] > f.at)
+        )
+    if expect is not None:
+        result.shortfalls += [
+            f"{n} turns in flight at {label}, fewer than {expect.in_flight}"
+            for label, n in result.in_flight.items()
+            if n < expect.in_flight
+        ]
+        if result.side_effects < expect.side_effects:
+            result.shortfalls.append(f"{result.side_effects} side effects, fewer than {expect.side_effects}")
+        floor = math.ceil(expect.end_turn * len(expected))
+        if result.outcomes[Outcome.END_TURN] < floor:
+            result.shortfalls.append(f"{result.outcomes[Outcome.END_TURN]} turns ended end_turn, fewer than {floor}")
+    return result
+
+
+async def audit(
+    scenario: str,
+    settings: Settings,
+    observer: Observer,
+    plan: list[Planned],
+    started: float,
+    poison: Sequence[Poison] = (),
+    expect: Expect | None = None,
+    faults: Sequence[Fault] = (),
+) -> Audit:
+    """The scenario's audit from the shop's database, the ledger and what `observer` saw (see `judge`)."""
+    result = judge(
+        Audit(scenario, requests=len({p.request.request_id for p in plan})),
+        plan,
+        observer.seen.replies,
+        ledger_rows(settings),
+        await side_effects(settings),
+        await executions(settings),
+        expect,
+        list(faults),
+    )
     if poison:
         intact, problems = check_dead_letters(observer, list(poison))
         result.poison_sent, result.poison_dead_lettered, result.poison_problems = len(poison), len(intact), problems

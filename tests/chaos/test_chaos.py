@@ -5,7 +5,11 @@ database, the turn ledger, support.replies (read_committed) and roundtrip.dead_l
 * every request exactly one reply: none lost, none duplicated (an app's retry included);
 * no duplicate side effect: no order cancelled twice, one side effect per tool_use_id;
 * no side effect after its turn's end (the ledger's ended_at, and the reply's timestamp);
-* every poison message dead-lettered with its original bytes, key and headers, and a reason.
+* every poison message dead-lettered with its original bytes, key and headers, and a reason;
+* no call run twice by the shop's execution log (a re-run counts as a fault's doing only when the call first
+  ran near a fault the scenario declares: redelivery after a crash runs it again, under its idempotency key);
+* the scenario's `Expect`: outcomes within its set, a floor of `end_turn` and of side effects, and each fault
+  landing on turns in flight (started before it, ended after it, by the ledger).
 
 Run: .venv/bin/python -m pytest -q tests/chaos -s
 """
@@ -14,17 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn, Outcome, SupportRequest
 from tests.chaos.harness import (
+    CALM,
     CONSUMED,
+    FAULTY,
+    Expect,
+    Fault,
     Planned,
     audit,
+    executions,
     ledger_rows,
     new_tag,
     plan_load,
@@ -60,9 +71,11 @@ async def test_poison_of_every_kind_on_every_topic_is_dead_lettered_intact_while
             and all(p.request.request_id in observer.seen.replies for p in plan)
         ),
         timeout=60,
+        what="a dead letter of every poison message and a reply to every request",
     )
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S, linger_s=2)
-    report(await audit("poison on every topic", settings, observer, plan, started, poison), capsys)
+    expect = Expect(CALM, side_effects=len(plan) // 5)
+    report(await audit("poison on every topic", settings, observer, plan, started, poison, expect), capsys)
 
 
 @ON_BOTH_DATABASES
@@ -75,15 +88,20 @@ async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, obs
     turn_ids = {p.turn_id for p in plan}
     load = asyncio.create_task(observer.drive(plan, rate_per_s=5))  # ~24 s of load; each kill + respawn takes ~4-5 s
     await asyncio.sleep(2)
-    live_at_kill = {}
+    live_at_kill, faults = {}, []
     for name in ("executor", "model", "guard", "gate", "gateway"):  # both executor replicas at once
         live_at_kill[name] = sum(
             1 for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] != "ended"
         )
+        at = time.time()
         await chaos_fleet.kill_and_respawn(name)
+        faults.append(Fault(f"the {name} SIGKILLed", at, time.time()))
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
-    result = await audit("every service SIGKILLed mid-load", settings, observer, plan, started)
+    expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=2)
+    result = await audit(
+        "every service SIGKILLed mid-load", settings, observer, plan, started, expect=expect, faults=faults
+    )
     report(result, capsys)
     with capsys.disabled():
         print(
@@ -101,12 +119,18 @@ async def test_broker_sigkilled_mid_load_and_restarted_on_its_data(chaos_fleet, 
     plan = plan_load(tag, customers, conversations=24, requests=60)
     load = asyncio.create_task(observer.drive(plan, rate_per_s=6))
     await asyncio.sleep(3)
+    at = time.time()
     await chaos_fleet.kill_broker()
     await asyncio.sleep(3)  # down while turns are mid-flight (and while turns end)
     await chaos_fleet.start_broker()
+    fault = Fault("the broker SIGKILLed", at, time.time())
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
-    report(await audit("broker SIGKILLed mid-load", settings, observer, plan, started), capsys)
+    expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=3)
+    report(
+        await audit("broker SIGKILLed mid-load", settings, observer, plan, started, expect=expect, faults=[fault]),
+        capsys,
+    )
 
 
 async def test_every_internal_message_delivered_again_after_its_consumers_restarted(
@@ -129,7 +153,11 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
     for topic, key, value, headers in again:
         await observer.send(topic, value, key, headers)
     await asyncio.sleep(6)
-    result = await audit("internal messages delivered again after restarts", settings, observer, plan, started)
+    # no fault declared: the restarts came after every turn had ended, so any call run again is a duplicate
+    expect = Expect(CALM, side_effects=len(plan) // 5, in_flight=0)
+    result = await audit(
+        "internal messages delivered again after restarts", settings, observer, plan, started, expect=expect
+    )
     report(result, capsys)
     with capsys.disabled():
         kinds = Counter(topic for topic, *_ in again)
@@ -146,6 +174,46 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
         text = "".join(p.read_text(errors="replace") for p in logs.glob(log_glob))
         missing = [f"{t} step {n}" for t, n in steps if f"turn {t} step {n}: {refusal}" not in text]
         assert not missing, f"{topic} delivered again was not refused by the fence: {missing[:5]}"
+
+
+BROKEN_EXECUTOR = [sys.executable, str(Path(__file__).with_name("broken_executor.py"))]
+
+
+async def test_a_broken_executor_that_runs_batches_again_fails_the_audit(chaos_fleet, chaos_settings, observer, capsys):
+    """The suite can fail: with the executors replaced by a copy whose checks against running a batch again are
+    removed (tests/chaos/broken_executor.py), the signed batches of finished turns delivered again run their calls
+    again. The shop answers each from its idempotency record and changes nothing, so counting stored answers sees
+    no duplicate; its execution log does, and the audit the other scenarios pass flags the duplicated runs."""
+    settings = chaos_settings[0]
+    started = time.monotonic()
+    tag = new_tag("broken")
+    customers = await seed_customers(settings, tag, 4)
+    plan = plan_load(tag, customers, conversations=8, requests=8)
+    await observer.drive(plan, rate_per_s=10)
+    await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S, linger_s=1)
+    turn_ids = {p.turn_id for p in plan}
+
+    async def runs() -> Counter:
+        return Counter((r["turn_id"], r["tool_use_id"]) for r in await executions(settings) if r["turn_id"] in turn_ids)
+
+    calls = await runs()
+    assert calls and set(calls.values()) == {1}, f"the load should have run side-effecting calls, each once: {calls}"
+    conversations = {p.request.conversation_id.encode() for p in plan}
+    again = [r for r in observer.seen.raw if r[0] == topics.TOOL_BATCHES and r[1] in conversations]
+    async with chaos_fleet.replaced("executor", BROKEN_EXECUTOR):
+        for topic, key, value, headers in again:
+            await observer.send(topic, value, key, headers)
+        deadline = time.monotonic() + 60
+        while (now := await runs()) and not all(now[call] >= 2 for call in calls):
+            assert time.monotonic() < deadline, f"the broken executors should have run every call again: {now}"
+            await asyncio.sleep(0.5)
+    result = await audit("a broken executor: batches run again", settings, observer, plan, started)
+    with capsys.disabled():
+        print("\n" + result.line(), flush=True)
+    assert [p.split(":")[0] for p in result.problems()] == ["duplicated executions"], result.problems()
+    assert len(result.duplicate_executions) == len(calls)
+    assert not result.duplicate_side_effects, "stored answers stay one per call: they cannot show a second run"
+    assert not result.duplicated and not result.lost, "the model service's fence still refuses the ended turns"
 
 
 async def _executor_logged(settings, text: str, timeout: float) -> list[str]:
@@ -199,16 +267,18 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
                 if b["turn_id"] in turn_ids and any(n == name for n, _ in b["calls"])
             }
 
-        await observer.wait_for(lambda: len(batches("list_orders")) == count, timeout=30)
+        await observer.wait_for(
+            lambda: len(batches("list_orders")) == count, timeout=30, what="every turn's signed list_orders"
+        )
         await asyncio.sleep(0.3)  # step 1's list_orders run; step 2 is at the model for ~1.5 s
         already = set(batches("cancel_order"))
-        paused = chaos_fleet.pause("executor")
+        paused_at, paused = time.time(), chaos_fleet.pause("executor")
         signed = await observer.wait_for(
-            lambda: len(batches("cancel_order")) == count and batches("cancel_order"), timeout=30
+            lambda: len(batches("cancel_order")) == count and batches("cancel_order"),
+            timeout=30,
+            what="every turn's signed cancel_order",
         )
-        held = [
-            t for t in (signed or batches("cancel_order")) if t not in already
-        ]  # signed cancels waiting at paused executors
+        held = [t for t in signed if t not in already]  # signed cancels waiting at paused executors
         cancelled = held[::2]
         for turn_id in cancelled:
             conversation = plan[turn_ids.index(turn_id)].request.conversation_id
@@ -220,6 +290,7 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
         await observer.wait_for_replies([p.request.request_id for p in plan], timeout=60, linger_s=0)
     finally:
         chaos_fleet.resume(paused)
+    fault = Fault("the executors SIGSTOPped", paused_at, time.time())
     # the executors reach the held batches now: every one is refused by the fence (or as expired)
     refused = {t: await _executor_logged(settings, f"turn {t} step 2: not run", timeout=60) for t in held}
     await asyncio.sleep(2)
@@ -230,7 +301,19 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
     )
     await chaos_fleet.restart("guard", turn_deadline_s=settings.turn_deadline_s)
 
-    result = await audit("paused executors, turns cancelled / past deadline", settings, observer, plan, started)
+    # the cancels signed before the pause ran (end_turn); the held ones' turns were cancelled or passed their deadline
+    expect = Expect(
+        frozenset({Outcome.END_TURN, Outcome.CANCELLED, Outcome.DEADLINE}), end_turn=0, side_effects=0, in_flight=count
+    )
+    result = await audit(
+        "paused executors, turns cancelled / past deadline",
+        settings,
+        observer,
+        plan,
+        started,
+        expect=expect,
+        faults=[fault],
+    )
     report(result, capsys)
     with capsys.disabled():
         print(
@@ -239,7 +322,9 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
             f"refused by the fence {sum(1 for v in refused.values() if v)}",
             flush=True,
         )
-    assert len(held) >= 2, "the executors should have been paused with signed cancel batches waiting"
+    assert len(held) >= count - 2, (
+        f"the executors should have been paused with (nearly) every signed cancel waiting: {len(held)} of {count}"
+    )
     outcome_of = {rid: got[0][0]["outcome"] for rid, got in observer.seen.replies.items()}
     for turn_id in held:
         rid = plan[turn_ids.index(turn_id)].request.request_id
@@ -271,14 +356,23 @@ async def test_compound_stuck_turns_end_while_the_broker_is_down_and_the_guard_i
     hung = chaos_fleet.pause("model")
     try:
         await observer.drive(plan, rate_per_s=20)
-        ended_unannounced = await _stuck_then_broker_down_then_guard_killed(chaos_fleet, settings, turn_ids)
+        ended_unannounced, fault = await _stuck_then_broker_down_then_guard_killed(chaos_fleet, settings, turn_ids)
         await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S, linger_s=0)
     finally:
         chaos_fleet.resume(hung)  # it now reads the stale model calls of ended turns
     refused = await _model_refusals(settings, turn_ids, timeout=60)
     await asyncio.sleep(3)
+    # the model hung from the start: no tool ran; every turn was stuck when the broker died, and the first flagged
+    # may have reached its end by then on a slow machine: most, not all, were still in flight
+    expect = Expect(frozenset({Outcome.DEADLINE}), end_turn=0, side_effects=0, in_flight=len(turn_ids) // 2)
     result = await audit(
-        "compound: stuck turns end while the broker is down, guard killed mid-sweep", settings, observer, plan, started
+        "compound: stuck turns end while the broker is down, guard killed mid-sweep",
+        settings,
+        observer,
+        plan,
+        started,
+        expect=expect,
+        faults=[fault],
     )
     report(result, capsys)
     with capsys.disabled():
@@ -291,10 +385,10 @@ async def test_compound_stuck_turns_end_while_the_broker_is_down_and_the_guard_i
     assert refused == turn_ids, "the model was called (or not asked) for a turn that had ended"
 
 
-async def _stuck_then_broker_down_then_guard_killed(chaos_fleet, settings, turn_ids: set[str]) -> int:
+async def _stuck_then_broker_down_then_guard_killed(chaos_fleet, settings, turn_ids: set[str]) -> tuple[int, Fault]:
     """Wait until every turn is flagged stuck, kill the broker, let the grace pass (the sweeper ends turns
     it cannot announce), SIGKILL the guard, start the broker and the guard again. Returns the turns the
-    ledger had ended while the broker was down."""
+    ledger had ended while the broker was down, and the outage."""
 
     def ledger_of(status: str) -> set[str]:
         return {t for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] == status}
@@ -305,13 +399,15 @@ async def _stuck_then_broker_down_then_guard_killed(chaos_fleet, settings, turn_
     assert len(ledger_of("stuck")) == len(turn_ids), (
         "every turn should be flagged stuck while the model service is down"
     )
+    at = time.time()
     await chaos_fleet.kill_broker()
     await asyncio.sleep(settings.stuck_grace_s + 2)  # past the grace: the sweeper ends turns it cannot announce
     ended_unannounced = len(ledger_of("ended"))
     await asyncio.to_thread(chaos_fleet.sync.kill, "guard")  # mid-sweep, publishes hanging on the dead broker
     await chaos_fleet.start_broker()
+    fault = Fault("the broker SIGKILLed (turns stuck)", at, time.time())
     await asyncio.to_thread(chaos_fleet.sync.respawn, "guard")
-    return ended_unannounced
+    return ended_unannounced, fault
 
 
 async def _model_refusals(settings, turn_ids: set[str], timeout: float) -> set[str]:

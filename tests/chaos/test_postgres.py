@@ -22,7 +22,7 @@ from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ApprovalDecided, Decision
 from tests.agents import ShopFleetSettings
 from tests.chaos.conftest import _env, fleet_values
-from tests.chaos.harness import audit, new_tag, plan_load, report, seed_customers
+from tests.chaos.harness import FAULTY, Expect, Fault, audit, new_tag, plan_load, report, seed_customers
 from tests.databases import PostgresServer, find_pg_bindir
 from tests.readers import stop_reader
 from tests.signing import pair
@@ -106,6 +106,7 @@ async def approver(chaos_fleet, chaos_settings, observer):
 
 
 async def _run(name, database, chaos_settings, observer, capsys, fault, requests=40, rate=5.0):
+    """Drive the load while `fault(server)` runs (it returns the Fault it made), audit, assert."""
     settings = chaos_settings[0]
     started = time.monotonic()
     tag = new_tag(name.split()[0].lower())
@@ -113,10 +114,11 @@ async def _run(name, database, chaos_settings, observer, capsys, fault, requests
     plan = plan_load(tag, customers, conversations=20, requests=requests)
     letters_before = len(observer.seen.dead_letters)
     load = asyncio.create_task(observer.drive(plan, rate_per_s=rate))
-    await fault(database[0])
+    made = await fault(database[0])
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S, linger_s=3)
-    result = await audit(name, settings, observer, plan, started)
+    expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=2)
+    result = await audit(name, settings, observer, plan, started, expect=expect, faults=[made])
     report(result, capsys)
     letters = observer.seen.dead_letters[letters_before:]
     assert not letters, f"{len(letters)} dead-lettered: " + "; ".join(
@@ -126,21 +128,25 @@ async def _run(name, database, chaos_settings, observer, capsys, fault, requests
 
 
 async def test_postgres_sigkilled_mid_load_and_restarted(database, chaos_settings, observer, approver, capsys):
-    async def fault(server: PostgresServer) -> None:
+    async def fault(server: PostgresServer) -> Fault:
         await asyncio.sleep(3)
+        at = time.time()
         await asyncio.to_thread(server.halt, signal.SIGKILL)  # postmaster and backends: a crash, then crash recovery
         await asyncio.sleep(5)
         await asyncio.to_thread(server.resume)
+        return Fault("PostgreSQL SIGKILLed", at, time.time())
 
     await _run("PostgreSQL SIGKILLed mid-load", database, chaos_settings, observer, capsys, fault)
 
 
 async def test_postgres_unreachable_for_30_s(database, chaos_settings, observer, approver, capsys):
-    async def fault(server: PostgresServer) -> None:
+    async def fault(server: PostgresServer) -> Fault:
         await asyncio.sleep(3)
+        at = time.time()
         await asyncio.to_thread(server.halt, signal.SIGINT)  # stopped: every connection refused for 30 s
         await asyncio.sleep(30)
         await asyncio.to_thread(server.resume)
+        return Fault("PostgreSQL stopped", at, time.time())
 
     await _run("PostgreSQL unreachable 30 s", database, chaos_settings, observer, capsys, fault, requests=30, rate=6)
 
@@ -148,10 +154,14 @@ async def test_postgres_unreachable_for_30_s(database, chaos_settings, observer,
 async def test_postgres_fast_restart_during_a_burst_of_approvals(database, chaos_settings, observer, approver, capsys):
     asked = approver.asked
 
-    async def fault(server: PostgresServer) -> None:
-        await observer.wait_for(lambda: approver.asked >= asked + 5, timeout=30)  # decisions coming in
+    async def fault(server: PostgresServer) -> Fault:
+        await observer.wait_for(
+            lambda: approver.asked >= asked + 5, timeout=30, what="five approvals asked"
+        )  # decisions coming in
+        at = time.time()
         await asyncio.to_thread(server.halt, signal.SIGINT)
         await asyncio.to_thread(server.resume)  # a fast restart: down for about a second
+        return Fault("PostgreSQL restarted", at, time.time())
 
     await _run("PostgreSQL fast restart during approvals", database, chaos_settings, observer, capsys, fault, rate=10)
     assert approver.decided > asked + 5, "the burst should have had approvals"

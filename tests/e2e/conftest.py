@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from roundtrip._broker.embedded import free_port
+from roundtrip._fleet.children import of_service
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients
@@ -28,6 +29,7 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import SupportReply
 from tests.agents import ShopFleetSettings
+from tests.e2e import crashes
 from tests.readers import stop_reader
 from tests.signing import key_settings
 
@@ -205,8 +207,10 @@ class AsyncFleet:
 
     def __init__(self, fleet: Fleet) -> None:
         self.sync = fleet
+        self.restarted: set[int] = set()  # pids a restart ended: on purpose, never a crash (tests/e2e/crashes.py)
 
     async def restart(self, name: str, env: dict[str, str] | None = None) -> None:
+        self.restarted |= {c.process.pid for c in of_service(self.sync.children, name) if c.process.poll() is None}
         await asyncio.to_thread(self.sync.restart, name, env)
 
     async def respawn(self, name: str, env: dict[str, str] | None = None) -> None:
@@ -243,12 +247,20 @@ def fleet(fleet_settings):
 
 @pytest.fixture(autouse=True)
 def _fleet_whole_after_each_test(request):
-    """A test that fails after killing a service (before it respawns it) leaves the session's fleet whole again: the
-    tests after it would otherwise fail on the missing service, hiding the one real failure among theirs."""
-    yield
+    """A process of the session's fleet that exited during a test fails it (named, with the last lines of its log),
+    unless the test ended it on purpose (a restart, or the marker `kills_services`: tests/e2e/crashes.py); either
+    way the fleet is whole again for the next test, which would otherwise fail on the missing service too."""
     if "fleet" not in request.fixturenames:
+        yield
         return
-    request.getfixturevalue("fleet").sync.respawn_exited()
+    fleet = request.getfixturevalue("fleet")
+    watch = crashes.Watch.of(fleet.sync)
+    yield
+    failure = crashes.after_test(
+        fleet.sync, watch, fleet.restarted, request.node.get_closest_marker(crashes.ON_PURPOSE) is not None
+    )
+    if failure:
+        pytest.fail(failure, pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,14 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
+from sqlalchemy import insert, select
 
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import Outcome
+from roundtrip._shop import db as shop_db
 
 
 def executed(client, request_id: str, tool: str) -> int:
@@ -127,23 +130,68 @@ async def test_alternating_loops_and_failure_streaks_are_caught_by_their_own_rul
         assert len(ids) == len(set(ids)) == 5  # all different calls, all failing
 
 
-async def test_a_duplicated_support_request_gets_one_reply_and_one_side_effect(client, shop_orders):
+async def _customer_with_one_cancellable_order(settings) -> tuple[str, str]:
+    """A new customer of the shop's with a pending order (and an older delivered one): "cancel my last order" has
+    exactly one order to cancel, whatever the session's other tests did to the demo customers."""
+    tag = uuid.uuid4().hex[:8]
+    customer, pending, delivered = f"cus_dup{tag}", f"ord_{tag}", f"ord_{uuid.uuid4().hex[:8]}"
+    engine = shop_db.make_engine(settings.shop_db_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                insert(shop_db.customers), [{"customer_id": customer, "name": "Dee Plicate", "email": "d@example.com"}]
+            )
+            item = [shop_db._item("SKU-DUP", "Twin socks", 1, 1200)]
+            await conn.execute(
+                insert(shop_db.orders),
+                [
+                    shop_db._order(pending, customer, "pending", "2026-11-30T10:00:00", item),
+                    shop_db._order(delivered, customer, "delivered", "2026-10-01T10:00:00", item),
+                ],
+            )
+    finally:
+        await engine.dispose()
+    return customer, pending
+
+
+async def _runs_of(settings, customer: str) -> list[tuple[str, str]]:
+    """(endpoint, idempotency key) of every write the shop was asked to run for the customer (services/_shop/db.py)."""
+    engine = shop_db.make_engine(settings.shop_db_url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                select(shop_db.executions.c.endpoint, shop_db.executions.c.key).where(
+                    shop_db.executions.c.customer_id == customer
+                )
+            )
+            return [(r.endpoint, r.key) for r in rows]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_duplicated_support_request_gets_one_reply_and_one_side_effect(client, fleet_settings, shop_orders):
+    settings = fleet_settings[0]
+    customer, pending = await _customer_with_one_cancellable_order(settings)
     before = shop_orders()
     body = {
-        "request_id": "req_dup_1",
-        "conversation_id": "conv_dup_1",
-        "customer_id": "cus_1001",
+        "request_id": f"req_dup_{customer}",
+        "conversation_id": f"conv_dup_{customer}",
+        "customer_id": customer,
         "text": "cancel my last order",
         "persona": "careful",
     }
     for _ in range(2):
-        await client.publish_raw(json.dumps(body).encode(), key=b"conv_dup_1")
-    await client.reply("req_dup_1")
-    await asyncio.sleep(3)
-    assert len(client.replies["req_dup_1"]) == 1
-    changed = [oid for oid in before if before[oid] != shop_orders()[oid]]
-    assert len(changed) <= 1
-    assert len(client.of_turn(topics.ITERATIONS, "req_dup_1")) == client.replies["req_dup_1"][0].steps
+        await client.publish_raw(json.dumps(body).encode(), key=body["conversation_id"].encode())
+    reply = await client.reply(body["request_id"])
+    await asyncio.sleep(3)  # the window a second reply or a second run of the cancel would have come in
+    assert len(client.replies[body["request_id"]]) == 1
+    assert reply.outcome is Outcome.END_TURN and reply.steps == 3  # list_orders, cancel_order, the answer
+    assert pending in reply.text
+    after = shop_orders()
+    assert {oid: after[oid] for oid in after if before.get(oid) != after[oid]} == {pending: (customer, "cancelled")}
+    ((endpoint, key),) = await _runs_of(settings, customer)  # the cancel ran once: no replay either
+    assert endpoint == "cancel_order" and key.startswith(reply.turn_id + ":")
+    assert len(client.of_turn(topics.ITERATIONS, body["request_id"])) == reply.steps
 
 
 async def test_duplicated_iteration_events_are_dropped(client, shop_orders):
@@ -164,6 +212,7 @@ async def test_duplicated_iteration_events_are_dropped(client, shop_orders):
     assert shop_orders() == before
 
 
+@pytest.mark.kills_services
 async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(client, fleet, fleet_settings):
     # the grace leaves `roundtrip turns` (its own process, seconds to start on a busy machine, the e2e tier running
     # beside the others) time to list it stuck

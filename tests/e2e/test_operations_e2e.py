@@ -11,6 +11,7 @@ import sys
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from roundtrip._kernel.kafka.admin import consumer_lag
@@ -68,6 +69,7 @@ async def _until(predicate, timeout: float, every: float = 0.25):
     raise AssertionError(f"not within {timeout:g} s")
 
 
+@pytest.mark.kills_services
 async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_gets_one_reply(
     client, fleet, fleet_settings
 ):

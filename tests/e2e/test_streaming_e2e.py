@@ -13,6 +13,8 @@ import json
 import uuid
 from collections import defaultdict
 
+import pytest
+
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import Outcome
 
@@ -71,6 +73,7 @@ async def test_a_streamed_turn_gets_its_chunks_in_order_then_one_reply_that_is_i
     assert sorted(set(_working(client, request_id))) == list(range(1, reply.steps + 1))  # every step told
 
 
+@pytest.mark.kills_services
 async def test_a_model_service_killed_mid_stream_leaves_the_stream_cut_and_the_turn_one_reply(client, fleet):
     async with fleet.reconfigured(("simulator",), simulator_latency_ms=LATENCY_MS):
         request_id = await _ask_streamed(client, "hello, anybody there?", "terse")

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from roundtrip._broker.embedded import free_port
+from tests.ports import free_port_run
 
 
 @contextmanager
@@ -20,14 +20,15 @@ def roundtrip_up(
     tmp_path: Path, *args: str, env: dict[str, str] | None = None
 ) -> Iterator[tuple[subprocess.Popen, dict[str, str], Path]]:
     """Start `roundtrip up ARGS`, wait for "Ready.", yield (process, its environment, its output); Ctrl-C it then."""
+    base = free_port_run(5)  # below the ephemeral range: still free when up's parts bind them (tests/ports.py)
     full_env = {
         **os.environ,
         "ROUNDTRIP_STATE_DIR": str(tmp_path / "state"),
-        "ROUNDTRIP_KAFKA_PORT": str(free_port()),
-        "ROUNDTRIP_KAFKA_CONTROLLER_PORT": str(free_port()),
-        "ROUNDTRIP_SIMULATOR_PORT": str(free_port()),
-        "ROUNDTRIP_CONSOLE_PORT": str(free_port()),
-        "ROUNDTRIP_SHOP_PORT": str(free_port()),
+        "ROUNDTRIP_KAFKA_PORT": str(base),
+        "ROUNDTRIP_KAFKA_CONTROLLER_PORT": str(base + 1),
+        "ROUNDTRIP_SIMULATOR_PORT": str(base + 2),
+        "ROUNDTRIP_CONSOLE_PORT": str(base + 3),
+        "ROUNDTRIP_SHOP_PORT": str(base + 4),
         **(env or {}),
     }
     for var in (

@@ -15,9 +15,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from tests.jaeger import Jaeger, jaeger_binary
 
-pytestmark = pytest.mark.skipif(
-    jaeger_binary() is None, reason="Jaeger v2 not built: run `bash scripts/jaeger.sh build`"
-)
+pytestmark = [
+    pytest.mark.jaeger,
+    pytest.mark.skipif(jaeger_binary() is None, reason="Jaeger v2 not built: run `bash scripts/jaeger.sh build`"),
+]
 
 
 @pytest.fixture(scope="module")

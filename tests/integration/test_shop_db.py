@@ -142,6 +142,20 @@ async def test_cancel_is_idempotent_by_key(engine):
     assert third.status_code == 409 and third.body["status"] == "cancelled"
 
 
+async def test_every_run_of_a_write_is_logged_replays_and_conflicts_included(engine):
+    """The execution log counts requests, not effects: a replay changes no other table, yet it is a second run."""
+    await db.cancel_order(engine, ALICE, "ord_a1000003", "customer_request", "k-log")
+    assert await db.count_executions(engine, ALICE, "k-log") == 1
+    assert (await db.cancel_order(engine, ALICE, "ord_a1000003", "customer_request", "k-log")).replayed
+    assert (await db.cancel_order(engine, ALICE, "ord_a1000004", "customer_request", "k-log")).status_code == 422
+    await db.create_escalation(engine, ALICE, "Parcel arrived damaged", "high", "esc-log")
+    await db.create_escalation(engine, ALICE, "Parcel arrived damaged", "high", "esc-log")
+    assert await db.count_executions(engine, ALICE, "k-log") == 3
+    assert await db.count_executions(engine, ALICE, "esc-log") == 2
+    assert await db.count_executions(engine, BOB, "k-log") == 0
+    assert await _count(engine, db.idempotency) == 2  # what the stored answers alone would say: one run each
+
+
 async def test_same_key_for_a_different_order_is_a_conflict(engine):
     assert (await db.cancel_order(engine, ALICE, "ord_a1000003", "customer_request", "k-reuse")).status_code == 200
     reused = await db.cancel_order(engine, ALICE, "ord_a1000004", "customer_request", "k-reuse")
@@ -215,6 +229,7 @@ async def test_reset_restores_the_demo_data(engine):
     await db.reset_demo_data(engine)
     assert (await db.get_order(engine, ALICE, "ord_a1000003"))["status"] == "pending"
     assert await _count(engine, db.idempotency) == 0
+    assert await _count(engine, db.executions) == 0
 
 
 async def test_sqlite_reads_run_inline_and_wait_in_the_async_engine_when_the_file_is_locked(tmp_path, monkeypatch):
