@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from roundtrip._sdk.agent import CHECKS, Agent
+
 if TYPE_CHECKING:
     from roundtrip._sdk.agent import Agent
 
@@ -114,3 +116,22 @@ def init(
         f"roundtrip agent check {package_name(name)}.agent:AGENT; run it with ROUNDTRIP_AGENT={name} roundtrip up and "
         "try its conversations with roundtrip eval run evals; its Dockerfile adds it to the fleet's image"
     )
+
+
+def example_script_problems(agent: Agent) -> list[str]:
+    """The example the simulator plays with no key (`roundtrip up`'s banner) is a script it can play, of this agent's
+    tools: else `roundtrip ask` with it fails at the simulator, after the fleet is up."""
+    if not agent.example_script:
+        return []
+    from roundtrip._simulator.scripted import ScriptError, parse_script  # the script format's one definition
+
+    try:
+        replies = parse_script("example_script", list(agent.example_script))
+    except ScriptError as exc:
+        return [str(exc).replace("script 'example_script'", "example_script", 1)]
+    called = {block["name"] for reply in replies for block in reply.content if block["type"] == "tool_use"}
+    return [f"example_script calls {name}, not a tool of this agent" for name in sorted(called - agent.offered)]
+
+
+# the SDK knows no simulator: the fleet's command line, which does, adds this check of the agent's example
+CHECKS.append(example_script_problems)

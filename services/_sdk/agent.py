@@ -293,21 +293,6 @@ def _mcp(agent: Agent) -> list[str]:
     return problems
 
 
-def _example_script(agent: Agent) -> list[str]:
-    """The example the simulator plays with no key (`roundtrip up`'s banner) is a script it can play, of this agent's
-    tools: else `roundtrip ask` with it fails at the simulator, after the fleet is up."""
-    if not agent.example_script:
-        return []
-    from roundtrip._simulator.scripted import ScriptError, parse_script  # the format's one definition
-
-    try:
-        replies = parse_script("example_script", list(agent.example_script))
-    except ScriptError as exc:
-        return [str(exc).replace("script 'example_script'", "example_script", 1)]
-    called = {block["name"] for reply in replies for block in reply.content if block["type"] == "tool_use"}
-    return [f"example_script calls {name}, not a tool of this agent" for name in sorted(called - agent.offered)]
-
-
 # What `Agent.check` asks, in order: each `(agent) -> [problem, ...]`. A part of the fleet with more to check
 # (e.g. the tools of an MCP server against the agent's annotations) appends its own.
 CHECKS: list[Callable[[Agent], Iterable[str]]] = [
@@ -317,7 +302,6 @@ CHECKS: list[Callable[[Agent], Iterable[str]]] = [
     _tools,
     _own_settings,
     _mcp,
-    _example_script,
 ]
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+import roundtrip._cli.agent  # noqa: F401 - adds the check of an example script (the SDK knows no simulator)
 from roundtrip import AgentError, always, load_agent
 from roundtrip._kernel.settings import DEV_DECISION_VERIFY_KEYS, ConfigurationError, InsecureConfiguration, Settings
 from roundtrip._kernel.wire.events import Outcome
