@@ -101,6 +101,10 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
         declared = topology.service(service)  # what it holds and shares (the app checks the keys again when it starts)
         _refuse_unfit(settings, declared, agent.holds_calls())
+        if service == "model":  # its platform as configured: the model id's form, the region, the credentials
+            from roundtrip._model.providers import refuse_unusable
+
+            refuse_unusable(settings, agent.model_for(settings))
         module = importlib.import_module(declared.app_module)
         asyncio.run(getattr(module, "preflight", _no_preflight)(settings))  # checks that ask the broker (the guard's)
     except ConfigurationError as exc:  # insecure or unworkable alike: one line, exit code 1, as when the app refuses
