@@ -246,7 +246,7 @@ class Foundry:
             return "ROUNDTRIP_FOUNDRY_RESOURCE is not set (nor ANTHROPIC_FOUNDRY_RESOURCE): the Foundry resource's name"
         if settings.foundry_entra_id:
             return _missing_extra("foundry", "azure.identity")
-        if not _secret(settings.foundry_api_key):
+        if not (_secret(settings.foundry_api_key) or os.environ.get("ANTHROPIC_FOUNDRY_API_KEY")):
             return "ROUNDTRIP_FOUNDRY_API_KEY is not set (nor ANTHROPIC_FOUNDRY_API_KEY), and ROUNDTRIP_FOUNDRY_ENTRA_ID is off"
         return None
 

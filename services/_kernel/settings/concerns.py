@@ -390,9 +390,8 @@ class ModelPlatform(Concern):
     )
     foundry_api_key: SecretStr | None = Field(
         None,
-        validation_alias=AliasChoices("ROUNDTRIP_FOUNDRY_API_KEY", "ANTHROPIC_FOUNDRY_API_KEY"),
         json_schema_extra=SECRET,
-        description="foundry: the resource's key (also ANTHROPIC_FOUNDRY_API_KEY)",
+        description="foundry: the resource's key (else ANTHROPIC_FOUNDRY_API_KEY)",
     )
     foundry_entra_id: bool = Field(
         False,
