@@ -162,8 +162,9 @@ class ModelClient:
         if persona and self._persona_header:
             headers["x-roundtrip-persona"] = persona
         choice = self.tool_choice(disable_parallel_tool_use)
-        # the transcript and the tools are the wire's JSON dicts, not the SDK's TypedDicts (the same shapes)
-        return await self._client.messages.with_raw_response.create(  # type: ignore[call-overload]
+        # the transcript and the tools are the wire's JSON dicts, not the SDK's TypedDicts (the same shapes); the client
+        # is the platform's (providers.py), each with the same `messages`
+        return await self._client.messages.with_raw_response.create(
             model=self._model,
             max_tokens=self._settings.max_tokens,
             system=self._system,

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import anthropic
 
+from roundtrip._kernel.observability.telemetry import PROVIDER_NAMES
 from roundtrip._kernel.settings import ConfigurationError, Settings
 
 # a Bedrock model id: a foundation model, a cross-region inference profile (us., eu., apac., global., ...) or an ARN
@@ -67,7 +68,7 @@ def _missing_extra(name: str, module: str) -> str | None:
 
 
 class AnthropicApi:
-    name, otel_name = "anthropic", "anthropic"
+    name, otel_name = "anthropic", PROVIDER_NAMES["anthropic"]
 
     def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
         return anthropic.AsyncAnthropic(
@@ -86,7 +87,7 @@ class AnthropicApi:
 
 
 class Bedrock:
-    name, otel_name = "bedrock", "aws.bedrock"
+    name, otel_name = "bedrock", PROVIDER_NAMES["bedrock"]
 
     def region(self, settings: Settings) -> str | None:
         region = settings.model_region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -135,7 +136,7 @@ class Bedrock:
 
 
 def _aws_regions(session: Any) -> set[str]:
-    """Every region botocore's endpoint data knows, in every partition (Bedrock's own list there is not kept current)."""
+    """Every region botocore's endpoint data knows, in every partition (its list of Bedrock's is not kept current)."""
     return {
         region
         for partition in session.get_available_partitions()
@@ -144,7 +145,7 @@ def _aws_regions(session: Any) -> set[str]:
 
 
 class Vertex:
-    name, otel_name = "vertex", "gcp.vertex_ai"
+    name, otel_name = "vertex", PROVIDER_NAMES["vertex"]
 
     def region(self, settings: Settings) -> str | None:
         return settings.model_region or os.environ.get("CLOUD_ML_REGION")
@@ -156,7 +157,7 @@ class Vertex:
         project = self._project(settings)
         return anthropic.AsyncAnthropicVertex(
             region=self.region(settings) or "",
-            **({"project_id": project} if project else {}),  # else the credentials' project
+            project_id=project or anthropic.NOT_GIVEN,  # not given: ANTHROPIC_VERTEX_PROJECT_ID, else the credentials'
             access_token=_secret(settings.vertex_access_token),
             base_url=settings.anthropic_base_url,
             max_retries=max_retries,
@@ -174,7 +175,9 @@ class Vertex:
             )
         region = self.region(settings)
         if not region:
-            return "ROUNDTRIP_MODEL_REGION is not set (nor CLOUD_ML_REGION): the Vertex AI region, e.g. us-east5 or global"
+            return (
+                "ROUNDTRIP_MODEL_REGION is not set (nor CLOUD_ML_REGION): the Vertex AI region, e.g. us-east5 or global"
+            )
         if not VERTEX_REGION.match(region):
             return f"ROUNDTRIP_MODEL_REGION={region} is not a Vertex AI region (e.g. us-east5, europe-west1, global)"
         if _secret(settings.vertex_access_token):
@@ -201,11 +204,11 @@ class Vertex:
 class _Foundry(anthropic.AsyncAnthropicFoundry):
     """The SDK's Foundry client, its spans named as the GenAI conventions name Azure AI Foundry's inference."""
 
-    _gen_ai_provider_name = "azure.ai.inference"
+    _gen_ai_provider_name = PROVIDER_NAMES["foundry"]
 
 
 class Foundry:
-    name, otel_name = "foundry", "azure.ai.inference"
+    name, otel_name = "foundry", PROVIDER_NAMES["foundry"]
 
     def region(self, settings: Settings) -> str | None:
         return None  # the resource says where
@@ -247,7 +250,9 @@ class Foundry:
         if settings.foundry_entra_id:
             return _missing_extra("foundry", "azure.identity")
         if not (_secret(settings.foundry_api_key) or os.environ.get("ANTHROPIC_FOUNDRY_API_KEY")):
-            return "ROUNDTRIP_FOUNDRY_API_KEY is not set (nor ANTHROPIC_FOUNDRY_API_KEY), and ROUNDTRIP_FOUNDRY_ENTRA_ID is off"
+            return (
+                "ROUNDTRIP_FOUNDRY_API_KEY is not set (nor ANTHROPIC_FOUNDRY_API_KEY), nor ROUNDTRIP_FOUNDRY_ENTRA_ID"
+            )
         return None
 
 

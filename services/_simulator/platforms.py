@@ -1,4 +1,4 @@
-"""The Messages API in each cloud platform's shape, so the SDK's own platform clients can be tested against the simulator.
+"""The Messages API in each cloud platform's shape, so the SDK's own platform clients can be tested against it.
 
 Each platform carries the same Messages API body in its own envelope (the model in the path, `anthropic_version` in
 the body), its own authentication and its own error answers; a platform answers a throttle without any
