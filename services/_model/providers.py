@@ -113,7 +113,7 @@ class Bedrock:
         if not BEDROCK_MODEL.match(model):
             return (
                 f"ROUNDTRIP_MODEL={model} is not a Bedrock model id: Bedrock takes anthropic.claude-... (e.g. "
-                "anthropic.claude-sonnet-4-5-20250929-v1:0), an inference profile (us.anthropic.claude-..., "
+                "anthropic.claude-sonnet-4-6), an inference profile (us.anthropic.claude-..., "
                 "global.anthropic.claude-...) or an inference profile's ARN"
             )
         if problem := _missing_extra("bedrock", "boto3"):
@@ -168,10 +168,10 @@ class Vertex:
     def refusal(self, settings: Settings, model: str) -> str | None:
         if not VERTEX_MODEL.match(model) or DATED.search(model):
             dated = DATED.search(model)
-            example = f"{model[: dated.start()]}@{dated.group(1)}" if dated else "claude-sonnet-4-5@20250929"
+            example = f"{model[: dated.start()]}@{dated.group(1)}" if dated else "claude-sonnet-4-6"
             return (
-                f"ROUNDTRIP_MODEL={model} is not a Vertex AI model id: Vertex takes claude-... with its date after "
-                f"an @ (e.g. {example})"
+                f"ROUNDTRIP_MODEL={model} is not a Vertex AI model id: Vertex takes claude-..., a dated model with its "
+                f"date after an @ (e.g. {example})"
             )
         region = self.region(settings)
         if not region:
@@ -243,7 +243,7 @@ class Foundry:
         if model.startswith("anthropic.") or "@" in model or model.startswith("arn:"):
             return (
                 f"ROUNDTRIP_MODEL={model} is not a Foundry model id: Foundry takes the deployment's name, by default "
-                "the model's (e.g. claude-sonnet-4-5)"
+                "the model's (e.g. claude-sonnet-4-6)"
             )
         if not (settings.anthropic_base_url or self._resource(settings)):
             return "ROUNDTRIP_FOUNDRY_RESOURCE is not set (nor ANTHROPIC_FOUNDRY_RESOURCE): the Foundry resource's name"
