@@ -240,7 +240,7 @@ class Foundry:
         )
 
     def refusal(self, settings: Settings, model: str) -> str | None:
-        if model.startswith("anthropic.") or "@" in model or model.startswith("arn:"):
+        if BEDROCK_MODEL.match(model) or "@" in model:  # Bedrock's or Vertex AI's form
             return (
                 f"ROUNDTRIP_MODEL={model} is not a Foundry model id: Foundry takes the deployment's name, by default "
                 "the model's (e.g. claude-sonnet-4-6)"

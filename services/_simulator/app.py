@@ -85,6 +85,7 @@ class _State:
     served: int = 0
     streamed: int = 0  # of them, answered as a stream (`"stream": true`: streaming.py)
     parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
+    by_platform: dict[str, int] = field(default_factory=dict)  # of them, answered in a platform's shape (platforms.py)
     latency_jitter: float = 0.0
     scripts: Scripts = field(default_factory=Scripts)
 
@@ -125,6 +126,8 @@ class _State:
         except ApiError as error:
             return (platform.error if platform else _error_response)(error, request_id)
         self.served += 1
+        if platform:
+            self.by_platform[platform.name] = self.by_platform.get(platform.name, 0) + 1
         self.parallel_disabled += bool((body.get("tool_choice") or {}).get("disable_parallel_tool_use"))
         headers = {"request-id": request_id, "x-roundtrip-persona": persona}
         if streamed:
@@ -155,6 +158,7 @@ class _State:
                 "served": self.served,
                 "streamed": self.streamed,
                 "parallel_disabled": self.parallel_disabled,
+                "platforms": self.by_platform,
                 "rate_limited": self.limits.refused,
                 "in_flight": self.limits.in_flight,
                 "overloaded": self.overload.answered,

@@ -119,6 +119,7 @@ async def test_each_platform_throttles_in_its_own_words_without_rate_limit_heade
         ("vertex", {"vertex_project_id": None}, "ROUNDTRIP_VERTEX_PROJECT_ID is not set"),
         ("vertex", {"vertex_access_token": None}, "no Google credentials for Vertex AI"),
         ("foundry", {"model": "claude-haiku-4-5@20251001"}, "is not a Foundry model id"),
+        ("foundry", {"model": BEDROCK_MODEL}, "is not a Foundry model id"),
         ("foundry", {"foundry_api_key": None}, "ROUNDTRIP_FOUNDRY_API_KEY is not set"),
     ],
 )
