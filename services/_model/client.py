@@ -87,7 +87,7 @@ class ModelClient:
         # the simulator's persona header: to the simulator the Anthropic API stands in for, or to an endpoint given
         # a platform (the simulator in that platform's shape); a turn has a persona only when its request names one
         self._persona_header = settings.use_simulator or (
-            settings.model_provider != "anthropic" and settings.anthropic_base_url is not None
+            settings.model_provider != "anthropic" and bool(settings.anthropic_base_url)
         )
 
     @property

@@ -103,7 +103,7 @@ class Bedrock:
     def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
         return anthropic.AsyncAnthropicBedrock(
             aws_region=self.region(settings),
-            base_url=settings.anthropic_base_url,
+            base_url=settings.anthropic_base_url or None,  # empty: the platform's own
             max_retries=max_retries,
             timeout=settings.model_timeout_s,
             http_client=http_client,
@@ -159,7 +159,7 @@ class Vertex:
             region=self.region(settings) or "",
             project_id=project or anthropic.NOT_GIVEN,  # not given: ANTHROPIC_VERTEX_PROJECT_ID, else the credentials'
             access_token=_secret(settings.vertex_access_token),
-            base_url=settings.anthropic_base_url,
+            base_url=settings.anthropic_base_url or None,  # empty: the platform's own
             max_retries=max_retries,
             timeout=settings.model_timeout_s,
             http_client=http_client,
@@ -228,7 +228,7 @@ class Foundry:
             }
         where = (
             {"base_url": settings.anthropic_base_url}
-            if settings.anthropic_base_url
+            if settings.anthropic_base_url  # empty: the resource's
             else {"resource": self._resource(settings)}
         )
         return _Foundry(
