@@ -466,9 +466,10 @@ def config() -> None:
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
-    typer.echo(
-        display.render(settings, display.own_group(f"the agent's own settings ({agent.name})", agent.own_settings))
-    )
+    from roundtrip._model.providers import in_effect
+
+    own = display.own_group(f"the agent's own settings ({agent.name})", agent.own_settings)
+    typer.echo(display.render(settings, [("the model's platform in effect", in_effect(settings)), *own]))
     for warning in display.warnings(settings, agent.holds_calls()):
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
 

@@ -267,3 +267,17 @@ def refuse_unusable(settings: Settings, model: str) -> None:
     """Raise ConfigurationError (one line) when the model service could not call its platform as configured."""
     if problem := of(settings).refusal(settings, model):
         raise ConfigurationError(f"model refuses to start: {problem}")
+
+
+def in_effect(settings: Settings) -> list[tuple[str, str]]:
+    """What `roundtrip config` shows of the model's platform as the model service would reach it (the region and the
+    endpoint its client takes from the environment too), no credential among it."""
+    from roundtrip._kernel.settings.display import without_passwords
+
+    provider = of(settings)
+    endpoint = settings.model_base_url if provider.name == "anthropic" else settings.anthropic_base_url
+    return [
+        ("provider", provider.name),
+        ("region", provider.region(settings) or "(none)"),
+        ("endpoint", without_passwords(endpoint) if endpoint else "(the platform's own)"),
+    ]

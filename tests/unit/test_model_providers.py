@@ -171,3 +171,40 @@ def test_a_platforms_model_id_is_priced_as_its_family(model, named):
     assert table.price(model) == table.price(named)
     overridden = PriceTable.from_json('{"default": [3, 15, 3.75, 0.3], "claude-opus-4-5": [1, 2, 3, 4]}', "bedrock")
     assert overridden.price("global.anthropic.claude-opus-4-5-20251101-v1:0").input == 1.0  # ROUNDTRIP_PRICES first
+
+
+@pytest.mark.parametrize(
+    ("env", "shown"),
+    [
+        ({"ROUNDTRIP_MODEL_PROVIDER": "bedrock", "AWS_REGION": "eu-central-1"}, ("bedrock", "eu-central-1")),
+        (
+            {
+                "ROUNDTRIP_MODEL_PROVIDER": "vertex",
+                "ROUNDTRIP_MODEL_REGION": "europe-west1",
+                "ROUNDTRIP_VERTEX_ACCESS_TOKEN": "ya29.secret-token",
+            },
+            ("vertex", "europe-west1"),
+        ),
+        ({"ROUNDTRIP_MODEL_PROVIDER": "foundry", "ROUNDTRIP_FOUNDRY_API_KEY": "foundry-secret-key"}, ("foundry", "")),
+    ],
+)
+def test_roundtrip_config_shows_the_platform_and_its_region_and_no_credential(monkeypatch, env, shown):
+    from typer.testing import CliRunner
+
+    from roundtrip._cli.main import app
+    from roundtrip._kernel.settings import get_settings
+
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", "/nonexistent/roundtrip-state")  # no fleet runs there: this shell's
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        out = CliRunner().invoke(app, ["config"])
+    finally:
+        get_settings.cache_clear()
+    assert out.exit_code == 0, out.output
+    rows = dict(
+        line.split(None, 1) for line in out.stdout.split("# the model's platform in effect\n")[1].splitlines()[:3]
+    )
+    assert rows["provider"] == shown[0] and (not shown[1] or rows["region"] == shown[1])
+    assert "secret-" not in out.output and "ya29" not in out.output
