@@ -54,6 +54,9 @@ PLATFORMS = {
 }
 
 
+OTEL_NAMES = {"bedrock": "aws.bedrock", "vertex": "gcp.vertex_ai", "foundry": "azure.ai.inference"}
+
+
 def platform_env(settings, name: str) -> dict[str, str]:
     suffix, values, _ = PLATFORMS[name]
     return {
@@ -95,6 +98,20 @@ async def _ask(client, text: str, persona: str, stream: bool = False) -> str:
     return request_id
 
 
+async def _chat_spans(settings, trace_id: str, steps: int) -> list[dict]:
+    """The SDK's spans of the model calls of a turn's trace, from the span file (each service writes it in batches)."""
+    deadline = asyncio.get_running_loop().time() + 15
+    while True:
+        lines = settings.effective_span_file.read_text().splitlines()
+        spans = [json.loads(line) for line in lines if line.strip()]
+        chats = [
+            s for s in spans if s["trace_id"] == trace_id and s["attributes"].get("gen_ai.operation.name") == "chat"
+        ]
+        if len(chats) >= steps or asyncio.get_running_loop().time() > deadline:
+            return chats
+        await asyncio.sleep(0.5)
+
+
 def _refused_at_start(fleet, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         run_argv("model"),
@@ -115,6 +132,9 @@ async def test_the_fleet_runs_its_turns_on_each_platform_with_the_platforms_sdk_
         streamed_id = await _ask(client, "where are my orders?", "parallel", stream=True)
         reply = await client.reply(request_id, timeout=90)
         streamed = await client.reply(streamed_id, timeout=90)
+        # the SDK's span of each call (one a step) names the platform as the GenAI conventions do (read before the
+        # service is restarted: its last batch of spans goes out on its own schedule)
+        chats = await _chat_spans(settings, reply.trace_id, reply.steps)
 
     # three steps: the orders listed, two lookups in parallel, the answer
     assert reply.outcome is Outcome.END_TURN and reply.steps >= 3, reply
@@ -138,6 +158,9 @@ async def test_the_fleet_runs_its_turns_on_each_platform_with_the_platforms_sdk_
 
     # every call of both turns went to the platform's endpoints
     assert await _platform_calls(settings, name) - before >= reply.steps + streamed.steps
+    assert len(chats) == reply.steps and {span["attributes"]["gen_ai.provider.name"] for span in chats} == {
+        OTEL_NAMES[name]
+    }, chats
 
     wrong = _refused_at_start(fleet, {**env, "ROUNDTRIP_MODEL": PLATFORMS[name][2]})
     assert wrong.returncode == 1, wrong.stderr
