@@ -24,6 +24,10 @@ COPY --from=build /wheels /wheels
 # or extend this image with a package of your own folder (docs/operating/deploy.md, "Your agent in the image"):
 #   FROM roundtrip:latest / USER 0 / COPY . /src/agent / RUN pip install /src/agent / USER 10001
 # The fleet's own distribution is roundtrip-fleet (the wheel here): an agent's dependency on it is met by it.
+# The model on a cloud platform needs its client's extra (docs/operating/model-providers.md), e.g.
+#   docker build --build-arg MODEL_EXTRAS=bedrock -t roundtrip .
+ARG MODEL_EXTRAS=""
+RUN if [ -n "${MODEL_EXTRAS}" ]; then pip install "$(echo /wheels/*.whl)[${MODEL_EXTRAS}]"; fi
 ARG AGENT_PACKAGES=""
 RUN pip install /wheels/*.whl ${AGENT_PACKAGES} && rm -rf /wheels
 

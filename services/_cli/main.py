@@ -101,6 +101,10 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
         declared = topology.service(service)  # what it holds and shares (the app checks the keys again when it starts)
         _refuse_unfit(settings, declared, agent.holds_calls())
+        if service == "model":  # its platform as configured: the model id's form, the region, the credentials
+            from roundtrip._model.providers import refuse_unusable
+
+            refuse_unusable(settings, agent.model_for(settings))
         module = importlib.import_module(declared.app_module)
         asyncio.run(getattr(module, "preflight", _no_preflight)(settings))  # checks that ask the broker (the guard's)
     except ConfigurationError as exc:  # insecure or unworkable alike: one line, exit code 1, as when the app refuses
@@ -462,9 +466,10 @@ def config() -> None:
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
-    typer.echo(
-        display.render(settings, display.own_group(f"the agent's own settings ({agent.name})", agent.own_settings))
-    )
+    from roundtrip._model.providers import in_effect
+
+    own = display.own_group(f"the agent's own settings ({agent.name})", agent.own_settings)
+    typer.echo(display.render(settings, [("the model's platform in effect", in_effect(settings)), *own]))
     for warning in display.warnings(settings, agent.holds_calls()):
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
 

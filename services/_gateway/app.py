@@ -28,7 +28,13 @@ from roundtrip._kernel.kafka.messaging import (
     topic_of,
 )
 from roundtrip._kernel.kafka.transactions import TransactionalOutlet, transactional_id
-from roundtrip._kernel.observability.telemetry import bind_turn, new_turn_ids, record_turn_span, tracer
+from roundtrip._kernel.observability.telemetry import (
+    PROVIDER_NAMES,
+    bind_turn,
+    new_turn_ids,
+    record_turn_span,
+    tracer,
+)
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire import topics
@@ -167,6 +173,7 @@ def subscribe_outcomes(
                 agent_name=agent.name,
                 agent_digest=agent.digest,
                 model=agent.model_for(settings),
+                provider=PROVIDER_NAMES[settings.model_provider],
             )
             # the reply becomes visible with the commit of this message's offset: no second reply after a crash
             replies.stage(reply_for(ended), key_of(ended.turn.conversation_id), raw)

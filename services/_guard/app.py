@@ -149,7 +149,7 @@ async def preflight(settings: Settings) -> None:
 def build(settings: Settings, agent: Agent) -> FastStream:
     broker = make_broker("guard", settings)
     outlets = {topic: Outlet(broker, topic, model) for topic, model in topology.service("guard").outputs.items()}
-    prices = PriceTable.from_json(settings.prices)
+    prices = PriceTable.from_json(settings.prices, settings.model_provider)
     state: dict[str, Any] = {}
 
     async def publish(topic: str, message: BaseModel, conversation_id: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from roundtrip._kernel.wire.events import Usage
@@ -16,17 +17,48 @@ class Price:
     cache_read: float
 
 
+# List prices (USD per million tokens: input, output, 5-minute cache write, cache read) by model family, the same on
+# the Anthropic API and at the platforms' global endpoints; a platform's regional endpoint or a negotiated rate is
+# ROUNDTRIP_PRICES's to say. The longest family a model id starts with (once normalized: `family`) is its price.
+LIST_PRICES = {
+    "claude-opus-4-5": Price(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4-6": Price(5.0, 25.0, 6.25, 0.50),
+    "claude-opus-4": Price(15.0, 75.0, 18.75, 1.50),
+    "claude-sonnet-4": Price(3.0, 15.0, 3.75, 0.30),
+    "claude-3-7-sonnet": Price(3.0, 15.0, 3.75, 0.30),
+    "claude-haiku-4-5": Price(1.0, 5.0, 1.25, 0.10),
+    "claude-3-5-haiku": Price(0.80, 4.0, 1.0, 0.08),
+}
+# per ROUNDTRIP_MODEL_PROVIDER (services/_model/providers.py): its models' prices, by family
+PROVIDER_PRICES: dict[str, dict[str, Price]] = {
+    "anthropic": LIST_PRICES,
+    "bedrock": LIST_PRICES,
+    "vertex": LIST_PRICES,
+    "foundry": LIST_PRICES,
+}
+
+
+def family(model: str) -> str:
+    """The Anthropic name of a platform's model id: `us.anthropic.claude-sonnet-4-5-20250929-v1:0` (Bedrock) and
+    `claude-sonnet-4-5@20250929` (Vertex) are `claude-sonnet-4-5-20250929`."""
+    name = re.sub(r"^(?:[a-z]{2,6}\.)?anthropic\.", "", model)
+    return re.sub(r"-v\d+(?::\d+)?$", "", name).replace("@", "-")
+
+
 class PriceTable:
-    def __init__(self, prices: dict[str, Price]) -> None:
+    def __init__(self, prices: dict[str, Price], provider: str = "anthropic") -> None:
+        """`prices`: ROUNDTRIP_PRICES (its 'default' for models no table names); `provider`: whose list prices apply to
+        the models `prices` does not name."""
         if "default" not in prices:
             raise ValueError("the price table needs a 'default' entry")
         self._prices = prices
+        self._listed = PROVIDER_PRICES.get(provider, {})
 
     @classmethod
-    def from_json(cls, text: str) -> PriceTable:
+    def from_json(cls, text: str, provider: str = "anthropic") -> PriceTable:
         try:
             raw = json.loads(text)
-            return cls({model: Price(*map(float, values)) for model, values in raw.items()})
+            return cls({model: Price(*map(float, values)) for model, values in raw.items()}, provider)
         except (ValueError, TypeError) as exc:
             raise ValueError(
                 f'ROUNDTRIP_PRICES must be JSON like {{"default": [3.0, 15.0, 3.75, 0.30]}} '
@@ -34,14 +66,23 @@ class PriceTable:
             ) from exc
 
     def cost(self, model: str, usage: Usage) -> float:
-        p = (
-            self._prices.get(model)
-            or next((v for k, v in self._prices.items() if model.startswith(k)), None)
-            or self._prices["default"]
-        )
+        p = self.price(model)
         return (
             usage.input_tokens * p.input
             + usage.output_tokens * p.output
             + usage.cache_creation_input_tokens * p.cache_write
             + usage.cache_read_input_tokens * p.cache_read
         ) / 1_000_000
+
+    def price(self, model: str) -> Price:
+        """ROUNDTRIP_PRICES's entry for the model (by its id or its family), else the provider's list price of its
+        family, else ROUNDTRIP_PRICES's default."""
+        names = (model, family(model))
+        configured = [(k, v) for k, v in self._prices.items() if k != "default"]
+        for name in names:
+            if name in self._prices and name != "default":
+                return self._prices[name]
+            if found := next((v for k, v in configured if name.startswith(k)), None):
+                return found
+        listed = [k for k in self._listed if names[1].startswith(k)]
+        return self._listed[max(listed, key=len)] if listed else self._prices["default"]

@@ -1,4 +1,5 @@
-"""The Anthropic client wrapper: the real API with a key, the local simulator without.
+"""The model's client: the SDK's client of the configured platform (services/_model/providers.py), on the Anthropic
+API the real API with a key, the local simulator without.
 
 It owns the static prefix of every call (the agent's system prompt and tools, marked for prompt
 caching) so the handler only passes the transcript. With `cache_history`, the transcript is
@@ -27,7 +28,7 @@ from typing import Any
 import anthropic
 
 from roundtrip._kernel.settings import Settings
-from roundtrip._model import streamed
+from roundtrip._model import providers, streamed
 from roundtrip._model.streamed import Chunks
 
 MAX_BREAKPOINTS = 4  # the Messages API refuses a request with more blocks marked cache_control
@@ -76,13 +77,17 @@ class ModelClient:
         self._tools = tools
         self._system = [{"type": "text", "text": system_prompt, "cache_control": {"type": "ephemeral"}}]
         self._model = model
-        self._client = anthropic.AsyncAnthropic(
-            api_key=settings.anthropic_api_key.get_secret_value() if settings.anthropic_api_key else "simulator",
-            base_url=settings.model_base_url,
+        self._provider = providers.of(settings)
+        self._client = self._provider.client(
+            settings,
             # the model service: services/_model/attempts.py retries, through the process's limiter
             max_retries=sdk_retries,
-            timeout=settings.model_timeout_s,
             http_client=anthropic.DefaultAioHttpClient(timeout=settings.model_timeout_s),
+        )
+        # the simulator's persona header: to the simulator the Anthropic API stands in for, or to an endpoint given
+        # a platform (the simulator in that platform's shape); a turn has a persona only when its request names one
+        self._persona_header = settings.use_simulator or (
+            settings.model_provider != "anthropic" and bool(settings.anthropic_base_url)
         )
 
     @property
@@ -154,11 +159,12 @@ class ModelClient:
     ) -> Any:
         """The SDK's raw response of one call (its headers, and the message or the event stream to parse)."""
         headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
-        if persona and self._settings.use_simulator:
+        if persona and self._persona_header:
             headers["x-roundtrip-persona"] = persona
         choice = self.tool_choice(disable_parallel_tool_use)
-        # the transcript and the tools are the wire's JSON dicts, not the SDK's TypedDicts (the same shapes)
-        return await self._client.messages.with_raw_response.create(  # type: ignore[call-overload]
+        # the transcript and the tools are the wire's JSON dicts, not the SDK's TypedDicts (the same shapes); the client
+        # is the platform's (providers.py), each with the same `messages`
+        return await self._client.messages.with_raw_response.create(
             model=self._model,
             max_tokens=self._settings.max_tokens,
             system=self._system,

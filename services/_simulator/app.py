@@ -3,7 +3,8 @@
 Routes: POST /v1/messages, POST /v1/messages/count_tokens, GET /health, and the controls of
 controls.py (GET/POST /v1/_limits, POST /v1/_overload). Rate limits (ratelimits.py) and 529
 bursts (overload.py) apply to /v1/messages; its every response carries the anthropic-ratelimit-*
-headers of the limits set.
+headers of the limits set. The same Messages API in Bedrock's, Vertex AI's and Foundry's shapes
+(platforms.py) shares the limits, personas and faults, and sends no rate-limit header.
 
 Request headers a test or a load run may send (the SDK passes them via
 `default_headers=` or `extra_headers=`):
@@ -31,6 +32,7 @@ import math
 import random
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
@@ -39,15 +41,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import controls, personas, streaming
+from . import controls, personas, platforms, streaming
 from .engine import respond
 from .errors import ApiError, invalid
 from .overload import Overload
+from .platforms import Platform
 from .ratelimits import RateLimits
 from .scripted import Scripts
 from .usage import PromptCache, estimate_tokens, prompt_of
 from .validation import validate_count_tokens, validate_create
 
+VERTEX_MODELS = "/v1/projects/{project}/locations/{region}/publishers/anthropic/models"
 PERSONA_HEADER = "x-roundtrip-persona"
 FAULT_HEADER = "x-roundtrip-fault"
 FAULT_ATTEMPTS_HEADER = "x-roundtrip-fault-attempts"
@@ -81,6 +85,7 @@ class _State:
     served: int = 0
     streamed: int = 0  # of them, answered as a stream (`"stream": true`: streaming.py)
     parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
+    by_platform: dict[str, int] = field(default_factory=dict)  # of them, answered in a platform's shape (platforms.py)
     latency_jitter: float = 0.0
     scripts: Scripts = field(default_factory=Scripts)
 
@@ -89,11 +94,21 @@ class _State:
         response.headers.update(self.limits.headers())
         return response
 
-    async def _message(self, request: Request) -> Response:
+    def on(self, platform: Platform) -> Callable[[Request], Awaitable[Response]]:
+        """The Messages API in `platform`'s shape (platforms.py): no anthropic-ratelimit-* header on any answer."""
+
+        async def messages(request: Request) -> Response:
+            return await self._message(request, platform)
+
+        return messages
+
+    async def _message(self, request: Request, platform: Platform | None = None) -> Response:
         request_id = _request_id()
         try:
-            _authenticate(request)
+            platform.authenticate(request) if platform else _authenticate(request)
             body = await _json_body(request)
+            if platform:
+                body = platform.body(request, body)
             validate_create(body)
             wanted = request.headers.get(PERSONA_HEADER, "").strip()
             scripted = self.scripts.reply_for(wanted, body)
@@ -109,12 +124,17 @@ class _State:
                 message = respond(body, persona, self.cache, scripted)
                 call.produced(message["usage"]["output_tokens"])
         except ApiError as error:
-            return _error_response(error, request_id)
+            return (platform.error if platform else _error_response)(error, request_id)
         self.served += 1
+        if platform:
+            self.by_platform[platform.name] = self.by_platform.get(platform.name, 0) + 1
         self.parallel_disabled += bool((body.get("tool_choice") or {}).get("disable_parallel_tool_use"))
         headers = {"request-id": request_id, "x-roundtrip-persona": persona}
         if streamed:
             self.streamed += 1
+            if platform and platform.event_stream:
+                events = streaming.body(message, latency_s, fault, request_id, frame=platforms.event_frame)
+                return StreamingResponse(events, media_type="application/vnd.amazon.eventstream", headers=headers)
             events = streaming.body(message, latency_s, fault, request_id)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         return JSONResponse(message, headers=headers)
@@ -138,6 +158,7 @@ class _State:
                 "served": self.served,
                 "streamed": self.streamed,
                 "parallel_disabled": self.parallel_disabled,
+                "platforms": self.by_platform,
                 "rate_limited": self.limits.refused,
                 "in_flight": self.limits.in_flight,
                 "overloaded": self.overload.answered,
@@ -179,6 +200,11 @@ def create_app(
         routes=[
             Route("/v1/messages", state.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", state.count_tokens, methods=["POST"]),
+            Route("/model/{model:path}/invoke", state.on(platforms.BEDROCK), methods=["POST"]),
+            Route("/model/{model:path}/invoke-with-response-stream", state.on(platforms.BEDROCK), methods=["POST"]),
+            Route(f"{VERTEX_MODELS}/{{model}}:rawPredict", state.on(platforms.VERTEX), methods=["POST"]),
+            Route(f"{VERTEX_MODELS}/{{model}}:streamRawPredict", state.on(platforms.VERTEX), methods=["POST"]),
+            Route("/anthropic/v1/messages", state.on(platforms.FOUNDRY), methods=["POST"]),
             Route("/health", state.health, methods=["GET"]),
             *controls.routes(state.limits, state.overload),
             Route("/v1/_scripts/{name}", state.scripts.put, methods=["PUT"]),

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 FIRST_EVENT_SHARE = 0.3  # of the latency, before message_start: the time to the first token
@@ -94,15 +94,21 @@ def _frame(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
-def _overloaded(request_id: str) -> bytes:
+def _overloaded(request_id: str) -> dict[str, Any]:
     error = {"type": "overloaded_error", "message": "Overloaded (simulated fault, mid-stream)."}
-    return _frame("error", {"type": "error", "error": error, "request_id": request_id})
+    return {"type": "error", "error": error, "request_id": request_id}
 
 
 async def body(
-    message: dict[str, Any], latency_s: float, fault: str = "", request_id: str = ""
+    message: dict[str, Any],
+    latency_s: float,
+    fault: str = "",
+    request_id: str = "",
+    frame: Callable[[str, dict[str, Any]], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
-    """The response body: each event framed as SSE, paced over `latency_s` (the first after FIRST_EVENT_SHARE)."""
+    """The response body: each event framed as SSE (or by `frame`: Bedrock's event-stream, platforms.py), paced over
+    `latency_s` (the first after FIRST_EVENT_SHARE)."""
+    frame = frame or _frame
     pairs = events(message)
     deltas = sum(1 for event, _ in pairs if event == "content_block_delta")
     clock = asyncio.get_running_loop().time
@@ -115,8 +121,8 @@ async def body(
         if event == "content_block_delta" and pause > 0:
             due += pause
             await asyncio.sleep(max(0.0, due - clock()))
-        yield _frame(event, data)
+        yield frame(event, data)
         texts += event == "content_block_delta" and data["delta"]["type"] == "text_delta"
         if fault == MIDSTREAM_FAULT and texts == 1:
-            yield _overloaded(request_id)
+            yield frame("error", _overloaded(request_id))
             return

@@ -88,7 +88,10 @@ class InProcess:
         self.decisions = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
         self.runner = runner_for(settings, agent, deps)  # the executor's, with the fleet's limits
         words = Replies.of(agent.replies, agent.acted_replies)  # the agent's own words, as the guard says them
-        self.policy, self.prices = policy_from(settings, words), PriceTable.from_json(settings.prices)
+        self.policy, self.prices = (
+            policy_from(settings, words),
+            PriceTable.from_json(settings.prices, settings.model_provider),
+        )
         shown = {name: tuple(spec.entity_refs) for name, spec in agent.registry.specs.items()}
         self.acts = Acts(frozenset(agent.serial), agent.describe_action, words, shown)
         self.limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)

@@ -208,3 +208,74 @@ def test_an_agent_installed_from_wheels_alone_plays_its_banners_example_with_no_
             except subprocess.TimeoutExpired:
                 up.kill()
                 raise
+
+
+def test_the_installed_wheel_with_the_bedrock_extra_runs_the_fleet_on_bedrock(installed, tmp_path):
+    """The default install has no platform's library; with `roundtrip-fleet[bedrock]` installed, `roundtrip up` runs
+    the fleet on Bedrock (the SDK's AsyncAnthropicBedrock signing with fake AWS keys) against the simulator in
+    Bedrock's shape, run from the same venv, and one `roundtrip ask` ends its turn there."""
+    python, roundtrip_bin = str(installed / "bin" / "python"), str(installed / "bin" / "roundtrip")
+    light = run([python, "-c", "import boto3"], clean_env(installed), tmp_path, 60)
+    assert light.returncode != 0 and "No module named 'boto3'" in light.stderr  # only through the extra
+    (wheel,) = (installed.parent / "dist").glob("*.whl")
+    pip = run([python, "-m", "pip", "install", "-q", f"{wheel}[bedrock]"], clean_env(installed), tmp_path, 1200)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+
+    base = free_port_run(5)
+    simulator_url = f"http://127.0.0.1:{base + 2}"
+    env = clean_env(
+        installed,
+        ROUNDTRIP_STATE_DIR=str(tmp_path / "state"),
+        ROUNDTRIP_KAFKA_PORT=str(base),
+        ROUNDTRIP_KAFKA_CONTROLLER_PORT=str(base + 1),
+        ROUNDTRIP_SIMULATOR_PORT=str(base + 2),
+        ROUNDTRIP_SHOP_PORT=str(base + 3),
+        ROUNDTRIP_CONSOLE_PORT=str(base + 4),
+        ROUNDTRIP_MODEL_PROVIDER="bedrock",
+        ROUNDTRIP_MODEL="us.anthropic.claude-sonnet-4-6",
+        ROUNDTRIP_MODEL_REGION="us-east-1",
+        ROUNDTRIP_ANTHROPIC_BASE_URL=simulator_url,
+        AWS_ACCESS_KEY_ID="AKIDEXAMPLE",
+        AWS_SECRET_ACCESS_KEY="wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
+    home = tmp_path / "work"
+    home.mkdir()
+    simulator = subprocess.Popen(
+        [roundtrip_bin, "run", "simulator"], env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    output = tmp_path / "up.log"
+    try:
+        with open(output, "w") as log:
+            up = subprocess.Popen([roundtrip_bin, "up"], env=env, cwd=home, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 600
+                while "Ready." not in output.read_text():
+                    assert up.poll() is None, output.read_text()
+                    assert time.monotonic() < deadline, output.read_text()
+                    time.sleep(0.5)
+                ask = run([roundtrip_bin, "ask", "cancel my last order", "--customer", "cus_1001"], env, home, 180)
+                assert ask.returncode == 0, ask.stdout + ask.stderr
+                assert "end_turn" in ask.stdout and "I've cancelled order ord_a1000003" in ask.stdout, ask.stdout
+                health = run(
+                    [
+                        python,
+                        "-c",
+                        f"import urllib.request as u; print(u.urlopen('{simulator_url}/health').read().decode())",
+                    ],
+                    env,
+                    home,
+                    30,
+                )
+                assert json.loads(health.stdout)["platforms"].get("bedrock", 0) >= 2, health.stdout  # its every call
+            finally:
+                if up.poll() is None:
+                    up.send_signal(signal.SIGINT)
+                try:
+                    up.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    up.kill()
+                    raise
+    finally:
+        simulator.terminate()
+        simulator.wait(timeout=30)

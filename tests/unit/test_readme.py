@@ -146,7 +146,7 @@ def test_config_names_the_api_key_as_the_docs_do(monkeypatch):
     finally:
         get_settings.cache_clear()
     assert shown.exit_code == 0, shown.output
-    (line,) = [line for line in shown.stdout.splitlines() if "API_KEY" in line]
+    (line,) = [line for line in shown.stdout.splitlines() if line.startswith("ANTHROPIC_API_KEY")]
     assert line.split() == ["ANTHROPIC_API_KEY", "***"] and "sk-ant-secret" not in shown.output
     assert "| `ANTHROPIC_API_KEY` |" in CONFIGURATION
 

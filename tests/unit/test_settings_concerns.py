@@ -101,7 +101,11 @@ def test_roundtrip_config_prints_every_setting_under_its_concern_and_no_secret(c
     assert "k2:***" in out and "ops9:***" in out  # which keys are configured shows, their secrets do not
     assert "postgresql+asyncpg://roundtrip:***@db:5432/ledger" in out and "password=***" in out
     headings = [line[2:] for line in out.splitlines() if line.startswith("# ")]
-    assert headings == [*(concern.heading for concern in CONCERNS), "the agent's own settings (support-agent)"]
+    assert headings == [
+        *(concern.heading for concern in CONCERNS),
+        "the model's platform in effect",  # services/_model/providers.py: in_effect
+        "the agent's own settings (support-agent)",
+    ]
     blocks = {block.splitlines()[0][2:]: block for block in out.strip().split("\n\n")}
     for concern in CONCERNS:
         for name in concern.model_fields:

@@ -326,6 +326,16 @@ class TurnIdGenerator(IdGenerator):
         return True
 
 
+# gen_ai.provider.name (the OpenTelemetry GenAI conventions' names) per ROUNDTRIP_MODEL_PROVIDER: the turn's span says
+# it as the SDK's span of each call does (services/_model/providers.py)
+PROVIDER_NAMES = {
+    "anthropic": "anthropic",
+    "bedrock": "aws.bedrock",
+    "vertex": "gcp.vertex_ai",
+    "foundry": "azure.ai.inference",
+}
+
+
 def record_turn_span(
     turn: Any,
     *,
@@ -336,6 +346,7 @@ def record_turn_span(
     agent_name: str,
     agent_digest: str = "",
     model: str = "",
+    provider: str = "anthropic",
     end_time: float | None = None,
     using: trace.Tracer | None = None,
 ) -> trace.Span:
@@ -344,7 +355,7 @@ def record_turn_span(
     started = turn.started_at or time.time()
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "invoke_agent",
-        "gen_ai.provider.name": "anthropic",
+        "gen_ai.provider.name": provider,
         "gen_ai.agent.name": agent_name,
         "gen_ai.conversation.id": turn.conversation_id,
         "roundtrip.turn_id": turn.turn_id,

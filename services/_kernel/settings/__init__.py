@@ -44,6 +44,7 @@ from roundtrip._kernel.settings.concerns import (
     KafkaSecurity,
     KafkaSettings,
     LoopRules,
+    ModelPlatform,
     ModelSettings,
     TelemetrySettings,
     TranscriptLimits,
@@ -71,6 +72,7 @@ __all__ = [
     "KafkaSecurity",
     "KafkaSettings",
     "LoopRules",
+    "ModelPlatform",
     "ModelSettings",
     "Settings",
     "TelemetrySettings",
@@ -99,6 +101,7 @@ class Settings(
     KafkaSettings,
     KafkaSecurity,
     ModelSettings,
+    ModelPlatform,
     LoopRules,
     TurnLedger,
     ConversationSettings,
@@ -125,6 +128,7 @@ class Settings(
 
     @property
     def model_base_url(self) -> str | None:
+        """The endpoint override, else the simulator on the Anthropic API with no key, else None (the SDK's own)."""
         if self.anthropic_base_url:
             return self.anthropic_base_url
         return f"http://127.0.0.1:{self.simulator_port}" if self.use_simulator else None

@@ -12,7 +12,7 @@ values it was given (`hide_input_in_errors`: a password set beside a wrong setti
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, SecretStr, field_validator, model_validator
@@ -288,9 +288,26 @@ class ModelSettings(Concern):
         description="The real Anthropic API is used when set (also ROUNDTRIP_ANTHROPIC_API_KEY)",
     )
     anthropic_base_url: str | None = Field(
-        None, description=("Override the API base URL (the simulator is used when no key is set)")
+        None,
+        description=(
+            "Override the endpoint on every platform (a VPC endpoint, the simulator): the base URL its SDK client "
+            "takes; on the Anthropic API with no key the simulator is used"
+        ),
     )
-    model: str = Field("claude-sonnet-4-6", description="Model name sent to the Messages API")
+    model_provider: Literal["anthropic", "bedrock", "vertex", "foundry"] = Field(
+        "anthropic",
+        description=(
+            "`anthropic` (the Anthropic API), `bedrock` (Amazon Bedrock), `vertex` (Google Vertex AI) or `foundry` "
+            "(Microsoft Foundry); a platform's client comes with the package's extra of that name"
+        ),
+    )
+    model: str = Field(
+        "claude-sonnet-4-6",
+        description=(
+            "Model id sent to the Messages API: on bedrock `anthropic.claude-...` or an inference profile "
+            "(`us.anthropic.claude-...`, an ARN), on vertex `claude-...` or `claude-...@DATE`"
+        ),
+    )
     max_tokens: int = Field(1024, ge=1, description="max_tokens of each model call")
     model_max_retries: int = Field(
         2,
@@ -331,7 +348,63 @@ class ModelSettings(Concern):
 
     @property
     def use_simulator(self) -> bool:
-        return self.anthropic_api_key is None or not self.anthropic_api_key.get_secret_value()
+        """The Anthropic API with no key: the local simulator stands in (a platform is reached with its own
+        credentials, the simulator only through ROUNDTRIP_ANTHROPIC_BASE_URL)."""
+        return self.model_provider == "anthropic" and (
+            self.anthropic_api_key is None or not self.anthropic_api_key.get_secret_value()
+        )
+
+
+class ModelPlatform(Concern):
+    """Where the model is reached: the Anthropic API, or Claude on a cloud platform through the SDK's own client for it
+    (services/_model/providers.py). Credentials come the platform's standard way (the AWS default chain, Google's
+    application default credentials, an Azure key or Microsoft Entra ID); `ROUNDTRIP_ANTHROPIC_BASE_URL` overrides the
+    endpoint on every platform."""
+
+    heading = "the model's platform"
+
+    model_region: str | None = Field(
+        None,
+        description=(
+            "bedrock: the AWS region (else AWS_REGION, AWS_DEFAULT_REGION or the profile's); vertex: the Google Cloud "
+            "region, e.g. us-east5, europe-west1 or global (else CLOUD_ML_REGION)"
+        ),
+    )
+    vertex_project_id: str | None = Field(
+        None, description="vertex: the Google Cloud project (else ANTHROPIC_VERTEX_PROJECT_ID, else the credentials')"
+    )
+    vertex_access_token: SecretStr | None = Field(
+        None,
+        json_schema_extra=SECRET,
+        description=(
+            "vertex: an OAuth access token used as is, instead of the application default credentials (which refresh "
+            "their own)"
+        ),
+    )
+    foundry_resource: str | None = Field(
+        None,
+        description=(
+            "foundry: the Foundry resource, `NAME` of https://NAME.services.ai.azure.com/anthropic/ (else "
+            "ANTHROPIC_FOUNDRY_RESOURCE)"
+        ),
+    )
+    foundry_api_key: SecretStr | None = Field(
+        None,
+        json_schema_extra=SECRET,
+        description="foundry: the resource's key (else ANTHROPIC_FOUNDRY_API_KEY)",
+    )
+    foundry_entra_id: bool = Field(
+        False,
+        description=(
+            "foundry: sign in with Microsoft Entra ID (azure-identity's DefaultAzureCredential: workload identity, a "
+            "managed identity, the Azure CLI) instead of a key"
+        ),
+    )
+
+    @field_validator("model_region", "vertex_project_id", "foundry_resource", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:  # an empty key of a ConfigMap (deploy/k8s) sets nothing
+        return None if isinstance(value, str) and not value.strip() else value
 
 
 class LoopRules(Concern):
@@ -687,6 +760,7 @@ CONCERNS: tuple[type[Concern], ...] = (
     KafkaSettings,
     KafkaSecurity,
     ModelSettings,
+    ModelPlatform,
     LoopRules,
     TurnLedger,
     ConversationSettings,

@@ -1,0 +1,283 @@
+"""The model port: where the model service's calls go (ROUNDTRIP_MODEL_PROVIDER), behind one small interface.
+
+`ModelClient` (services/_model/client.py) asks the provider for the `anthropic` SDK's own client of its platform
+(`AsyncAnthropic`, `AsyncAnthropicBedrock`, `AsyncAnthropicVertex`, `AsyncAnthropicFoundry`); every one of them has the
+same `messages` resource, so nothing after the client's construction knows the platform. The SDK signs and
+authenticates: botocore's SigV4 from the AWS default chain (keys in the environment, a profile, IRSA or EKS pod
+identity), google-auth's application default credentials (workload identity, a key file) or a given token, a Foundry
+key or a Microsoft Entra ID token from azure-identity. Nothing here signs a request or mints a token.
+
+What differs between the platforms lives in each adapter: how its client is built, which model ids it takes, the
+`gen_ai.provider.name` of the SDK's span of each call (the OpenTelemetry GenAI names: anthropic, aws.bedrock,
+gcp.vertex_ai, azure.ai.inference), what must be configured for it to work. `refusal` says at start, in one line
+naming the setting, what would otherwise fail every turn later: a model id of another platform's form, no region, no
+credentials, the platform's extra not installed. Prices per platform: services/_guard/pricing.py.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Protocol
+
+import anthropic
+
+from roundtrip._kernel.observability.telemetry import PROVIDER_NAMES
+from roundtrip._kernel.settings import ConfigurationError, Settings
+
+# a Bedrock model id: a foundation model, a cross-region inference profile (us., eu., apac., global., ...) or an ARN
+# (an application inference profile, provisioned throughput)
+BEDROCK_MODEL = re.compile(r"^(?:[a-z]{2,6}\.)?anthropic\.claude-[A-Za-z0-9.:-]+$|^arn:aws[a-z-]*:bedrock:\S+$")
+VERTEX_MODEL = re.compile(r"^claude-[a-z0-9.-]+(?:@\d{8})?$")
+DATED = re.compile(r"-(\d{8})$")  # the Anthropic API's dated id, claude-...-20250929 (Vertex writes @20250929)
+VERTEX_REGION = re.compile(r"^(?:global|us|eu|[a-z]+-[a-z]+\d+)$")
+
+
+class Provider(Protocol):
+    """One platform the model is reached on."""
+
+    name: str  # ROUNDTRIP_MODEL_PROVIDER
+    otel_name: str  # gen_ai.provider.name of the SDK's span of each call
+
+    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
+        """The SDK's client of the platform (its `messages.with_raw_response.create` is the call)."""
+        ...
+
+    def refusal(self, settings: Settings, model: str) -> str | None:
+        """Why the model service cannot call the model as configured (one line naming the setting), or None."""
+        ...
+
+    def region(self, settings: Settings) -> str | None:
+        """The region calls go to, as `roundtrip config` shows it (None: the platform has none)."""
+        ...
+
+
+def _secret(value: Any) -> str | None:
+    return value.get_secret_value() if value is not None and value.get_secret_value() else None
+
+
+def _missing_extra(name: str, module: str) -> str | None:
+    try:
+        __import__(module)
+    except ImportError:
+        return (
+            f"ROUNDTRIP_MODEL_PROVIDER={name} needs {module}, which is not installed: install the package with its "
+            f"extra, pip install 'roundtrip-fleet[{name}]'"
+        )
+    return None
+
+
+class AnthropicApi:
+    name, otel_name = "anthropic", PROVIDER_NAMES["anthropic"]
+
+    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
+        return anthropic.AsyncAnthropic(
+            api_key=_secret(settings.anthropic_api_key) or "simulator",
+            base_url=settings.model_base_url,
+            max_retries=max_retries,
+            timeout=settings.model_timeout_s,
+            http_client=http_client,
+        )
+
+    def refusal(self, settings: Settings, model: str) -> str | None:
+        return None  # the API names its models freely; no key: the simulator
+
+    def region(self, settings: Settings) -> str | None:
+        return None
+
+
+class Bedrock:
+    name, otel_name = "bedrock", PROVIDER_NAMES["bedrock"]
+
+    def region(self, settings: Settings) -> str | None:
+        region = settings.model_region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region is None:
+            try:
+                import boto3
+
+                region = boto3.Session().region_name  # the profile's
+            except Exception:  # noqa: BLE001 - no boto3, no profile: no region
+                return None
+        return region
+
+    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
+        return anthropic.AsyncAnthropicBedrock(
+            aws_region=self.region(settings),
+            base_url=settings.anthropic_base_url or None,  # empty: the platform's own
+            max_retries=max_retries,
+            timeout=settings.model_timeout_s,
+            http_client=http_client,
+        )
+
+    def refusal(self, settings: Settings, model: str) -> str | None:
+        if not BEDROCK_MODEL.match(model):
+            return (
+                f"ROUNDTRIP_MODEL={model} is not a Bedrock model id: Bedrock takes anthropic.claude-... (e.g. "
+                "anthropic.claude-sonnet-4-6), an inference profile (us.anthropic.claude-..., "
+                "global.anthropic.claude-...) or an inference profile's ARN"
+            )
+        if problem := _missing_extra("bedrock", "boto3"):
+            return problem
+        import boto3
+
+        region = self.region(settings)
+        if not region:
+            return "ROUNDTRIP_MODEL_REGION is not set (nor AWS_REGION, AWS_DEFAULT_REGION or the profile's region)"
+        if region not in _aws_regions(boto3.Session()):
+            return f"ROUNDTRIP_MODEL_REGION={region} is not an AWS region (e.g. us-east-1, eu-central-1)"
+        if os.environ.get("AWS_BEARER_TOKEN_BEDROCK"):
+            return None  # a Bedrock API key: the SDK sends it as a bearer token
+        if boto3.Session(region_name=region).get_credentials() is None:
+            return (
+                "no AWS credentials for Bedrock: give the model service a role (IRSA or EKS pod identity), a profile, "
+                "or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            )
+        return None
+
+
+def _aws_regions(session: Any) -> set[str]:
+    """Every region botocore's endpoint data knows, in every partition (its list of Bedrock's is not kept current)."""
+    return {
+        region
+        for partition in session.get_available_partitions()
+        for region in session.get_available_regions("ec2", partition_name=partition)
+    }
+
+
+class Vertex:
+    name, otel_name = "vertex", PROVIDER_NAMES["vertex"]
+
+    def region(self, settings: Settings) -> str | None:
+        return settings.model_region or os.environ.get("CLOUD_ML_REGION")
+
+    def _project(self, settings: Settings) -> str | None:
+        return settings.vertex_project_id or os.environ.get("ANTHROPIC_VERTEX_PROJECT_ID")
+
+    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
+        project = self._project(settings)
+        return anthropic.AsyncAnthropicVertex(
+            region=self.region(settings) or "",
+            project_id=project or anthropic.NOT_GIVEN,  # not given: ANTHROPIC_VERTEX_PROJECT_ID, else the credentials'
+            access_token=_secret(settings.vertex_access_token),
+            base_url=settings.anthropic_base_url or None,  # empty: the platform's own
+            max_retries=max_retries,
+            timeout=settings.model_timeout_s,
+            http_client=http_client,
+        )
+
+    def refusal(self, settings: Settings, model: str) -> str | None:
+        if not VERTEX_MODEL.match(model) or DATED.search(model):
+            dated = DATED.search(model)
+            example = f"{model[: dated.start()]}@{dated.group(1)}" if dated else "claude-sonnet-4-6"
+            return (
+                f"ROUNDTRIP_MODEL={model} is not a Vertex AI model id: Vertex takes claude-..., a dated model with its "
+                f"date after an @ (e.g. {example})"
+            )
+        region = self.region(settings)
+        if not region:
+            return (
+                "ROUNDTRIP_MODEL_REGION is not set (nor CLOUD_ML_REGION): the Vertex AI region, e.g. us-east5 or global"
+            )
+        if not VERTEX_REGION.match(region):
+            return f"ROUNDTRIP_MODEL_REGION={region} is not a Vertex AI region (e.g. us-east5, europe-west1, global)"
+        if _secret(settings.vertex_access_token):
+            if not self._project(settings):
+                return "ROUNDTRIP_VERTEX_PROJECT_ID is not set: with an access token the project cannot be inferred"
+            return None
+        if problem := _missing_extra("vertex", "google.auth"):
+            return problem
+        import google.auth
+        from google.auth.exceptions import DefaultCredentialsError
+
+        try:
+            _, project = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        except DefaultCredentialsError:
+            return (
+                "no Google credentials for Vertex AI: give the model service workload identity, "
+                "GOOGLE_APPLICATION_CREDENTIALS, or ROUNDTRIP_VERTEX_ACCESS_TOKEN"
+            )
+        if not (self._project(settings) or project):
+            return "ROUNDTRIP_VERTEX_PROJECT_ID is not set and the credentials name no project"
+        return None
+
+
+class _Foundry(anthropic.AsyncAnthropicFoundry):
+    """The SDK's Foundry client, its spans named as the GenAI conventions name Azure AI Foundry's inference."""
+
+    _gen_ai_provider_name = PROVIDER_NAMES["foundry"]
+
+
+class Foundry:
+    name, otel_name = "foundry", PROVIDER_NAMES["foundry"]
+
+    def region(self, settings: Settings) -> str | None:
+        return None  # the resource says where
+
+    def _resource(self, settings: Settings) -> str | None:
+        return settings.foundry_resource or os.environ.get("ANTHROPIC_FOUNDRY_RESOURCE")
+
+    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
+        credentials: dict[str, Any] = {"api_key": _secret(settings.foundry_api_key)}
+        if settings.foundry_entra_id:
+            from azure.identity import DefaultAzureCredential, get_bearer_token_provider
+
+            credentials = {
+                "azure_ad_token_provider": get_bearer_token_provider(
+                    DefaultAzureCredential(), "https://ai.azure.com/.default"
+                )
+            }
+        where = (
+            {"base_url": settings.anthropic_base_url}
+            if settings.anthropic_base_url  # empty: the resource's
+            else {"resource": self._resource(settings)}
+        )
+        return _Foundry(
+            **credentials,
+            **where,
+            max_retries=max_retries,
+            timeout=settings.model_timeout_s,
+            http_client=http_client,
+        )
+
+    def refusal(self, settings: Settings, model: str) -> str | None:
+        if BEDROCK_MODEL.match(model) or "@" in model:  # Bedrock's or Vertex AI's form
+            return (
+                f"ROUNDTRIP_MODEL={model} is not a Foundry model id: Foundry takes the deployment's name, by default "
+                "the model's (e.g. claude-sonnet-4-6)"
+            )
+        if not (settings.anthropic_base_url or self._resource(settings)):
+            return "ROUNDTRIP_FOUNDRY_RESOURCE is not set (nor ANTHROPIC_FOUNDRY_RESOURCE): the Foundry resource's name"
+        if settings.foundry_entra_id:
+            return _missing_extra("foundry", "azure.identity")
+        if not (_secret(settings.foundry_api_key) or os.environ.get("ANTHROPIC_FOUNDRY_API_KEY")):
+            return (
+                "ROUNDTRIP_FOUNDRY_API_KEY is not set (nor ANTHROPIC_FOUNDRY_API_KEY), nor ROUNDTRIP_FOUNDRY_ENTRA_ID"
+            )
+        return None
+
+
+PROVIDERS: dict[str, Provider] = {p.name: p for p in (AnthropicApi(), Bedrock(), Vertex(), Foundry())}
+
+
+def of(settings: Settings) -> Provider:
+    return PROVIDERS[settings.model_provider]
+
+
+def refuse_unusable(settings: Settings, model: str) -> None:
+    """Raise ConfigurationError (one line) when the model service could not call its platform as configured."""
+    if problem := of(settings).refusal(settings, model):
+        raise ConfigurationError(f"model refuses to start: {problem}")
+
+
+def in_effect(settings: Settings) -> list[tuple[str, str]]:
+    """What `roundtrip config` shows of the model's platform as the model service would reach it (the region and the
+    endpoint its client takes from the environment too), no credential among it."""
+    from roundtrip._kernel.settings.display import without_passwords
+
+    provider = of(settings)
+    endpoint = settings.model_base_url if provider.name == "anthropic" else settings.anthropic_base_url
+    return [
+        ("provider", provider.name),
+        ("region", provider.region(settings) or "(none)"),
+        ("endpoint", without_passwords(endpoint) if endpoint else "(the platform's own)"),
+    ]
