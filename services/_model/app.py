@@ -19,6 +19,7 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CallModel, ModelResponded, StreamedText
+from roundtrip._model import providers
 from roundtrip._model.capacity import Capacity
 from roundtrip._model.client import ModelClient
 from roundtrip._model.handlers import Limits, Retrying, call_model
@@ -49,7 +50,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     client = ModelClient(settings, agent.toolbox.api_tools, agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
     held: list = []  # the consumer of turn.model_calls, once subscribed
-    capacity = Capacity(on_throttle=functools.partial(_hold_all, held))
+    # what the limiter learns the rate from is the platform's (providers.py): headers, or the 429s alone
+    capacity = Capacity(on_throttle=functools.partial(_hold_all, held), signals=providers.of(settings).signals)
     retrying = Retrying(capacity, settings.model_max_retries, settings.turn_deadline_s)
     metrics.model_waiting.set_function(lambda: capacity.waiting)
 

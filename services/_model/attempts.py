@@ -1,15 +1,18 @@
 """One model call, tried until the API answers it, the turn's deadline comes, or an error says trying again is useless.
 
 How each refusal is taken (the SDK retries nothing: services/_model/client.py):
-* **Capacity** (a 429 with `retry-after`, any 529): "later", never "fail". The process's limiter
-  (services/_model/capacity.py) hears it, holds every call of the process, and this one waits again for
-  its slot, for as long as the turn's deadline allows (less MARGIN_S, so the turn ends with its own
-  answer rather than the sweeper's). The turn is marked waiting in the ledger (`on_wait`), where the
+* **Capacity** (a 429 with `retry-after`, any 529, and on a platform that sends no rate-limit headers a 429
+  without `retry-after`: its throttle, Bedrock's ThrottlingException, Vertex AI's RESOURCE_EXHAUSTED):
+  "later", never "fail". The process's limiter (services/_model/capacity.py) hears it, holds every call of
+  the process (a retry-after) or cuts its window and pauses this call alone (a bare throttle), and this one
+  waits again for its slot, for as long as the turn's deadline allows (less MARGIN_S, so the turn ends with
+  its own answer rather than the sweeper's). The turn is marked waiting in the ledger (`on_wait`), where the
   stuck rule leaves it alone and `roundtrip turns` shows it. Past the deadline the call is `busy`.
 * **Transient** (a timeout, a lost connection, 408, 409, another 5xx): tried again up to `retries` times
   (ROUNDTRIP_MODEL_MAX_RETRIES), after an exponential pause with jitter.
-* **Anything else** (400, 401, 403, 404, 413, a 429 with no `retry-after`, which is how a spend limit answers):
-  the error, at once.
+* **Anything else** (400, 401, 403, 404, 413, and on the Anthropic API a 429 with no `retry-after`, which is
+  how a spend limit answers there): the error, at once. Which a bare 429 is, the platform's adapter says
+  (`Signals.bare_429_throttles`, services/_model/providers.py), not this module.
 With `wait_for_capacity` off, a capacity refusal is the error too, at once: a plain loop that leaves the retries
 to the SDK (the rate-limit benchmark's, tests/benchmarks/inprocess.py).
 """
@@ -79,15 +82,16 @@ def _status(exc: anthropic.APIError) -> int | None:
     return status
 
 
-def _capacity_wait(exc: anthropic.APIError) -> float | None:
-    """The pause a capacity refusal asks for; None when `exc` is not about capacity."""
+def _capacity_wait(exc: anthropic.APIError, bare_429_throttles: bool) -> tuple[bool, float | None]:
+    """Whether `exc` is about capacity, and the pause it asks for (None: a throttle that said nothing)."""
     status = _status(exc)
     after = retry_after(exc) if isinstance(exc, anthropic.APIStatusError) else None
     if status == 429:
-        return after  # no retry-after: a spend limit, not a rate
+        # no retry-after: a spend limit on the Anthropic API, the platform's throttle where no header tells the rate
+        return after is not None or bare_429_throttles, after
     if status == 529:
-        return after or OVERLOADED_PAUSE_S
-    return None
+        return True, after or OVERLOADED_PAUSE_S
+    return False, None
 
 
 def _transient(exc: anthropic.APIError) -> bool:
@@ -108,6 +112,8 @@ async def attempt(
     """Run `call(attempt_number)` through the limiter until it is answered (see the module's docstring).
     `deadline_at`: Unix time the turn may act until."""
     out, marked, transient, last = Tried(), False, 0, "waiting for its slot"
+    in_a_row = 0  # refusals since the last answer of any kind
+    kept: bool | None = False  # the call's place in the window was kept through a throttle's pause
     give_up = time.monotonic() + (deadline_at - MARGIN_S - time.time())
     while True:
         if not marked and (out.refusals or capacity.delay() > MARK_AFTER_S):
@@ -115,21 +121,42 @@ async def attempt(
             if not await on_wait():
                 out.gone = True
                 return out
-        try:
-            waited = await capacity.acquire(give_up)
-        except Busy as exc:
-            out.error, out.busy = f"rate limited until the turn's deadline ({last}): {exc}", True
-            return out
+        if kept:  # a throttled call tries again in the place it kept
+            waited, kept = 0.0, False
+        else:
+            try:
+                waited = await capacity.acquire(give_up)
+            except Busy as exc:
+                out.error, out.busy = f"rate limited until the turn's deadline ({last}): {exc}", True
+                return out
         out.waited_s += waited
         started, out.attempts = time.monotonic(), out.attempts + 1
         try:
             out.message, out.headers = await call(out.attempts - 1)
         except anthropic.APIError as exc:
-            if wait_for_capacity and (pause := _capacity_wait(exc)) is not None:
-                out.refusals, last = out.refusals + 1, describe(exc)
-                capacity.refused(pause, started)  # the window shrinks before this call's place is given on
+            about_capacity, after = _capacity_wait(exc, capacity.signals.bare_429_throttles)
+            if wait_for_capacity and about_capacity:
+                out.refusals, last, in_a_row = out.refusals + 1, describe(exc), in_a_row + 1
+                # the window shrinks before this call's place is given on
+                pause = capacity.refused(after, started, in_a_row)
+                if pause > 0:  # a throttle without retry-after: this call pauses, keeping its place in the window
+                    try:
+                        kept = await _paused(pause, give_up, on_wait, marked)
+                    except BaseException:
+                        capacity.ended()
+                        raise
+                    if kept:
+                        marked = True
+                        continue
+                    capacity.ended()
+                    if kept is None:
+                        out.error, out.busy = f"rate limited until the turn's deadline ({last})", True
+                    else:
+                        out.gone = True
+                    return out
                 capacity.ended()
                 continue
+            in_a_row = 0
             capacity.ended()
             if _transient(exc) and transient < retries:
                 pause = min(MAX_BACKOFF_S, BACKOFF_S * 2**transient) * random.uniform(0.75, 1.0)
@@ -146,6 +173,18 @@ async def attempt(
         capacity.answered(out.headers, started_at=started, waited=waited > 0, **_counted(out.message))
         capacity.ended()  # after the answer grew the window
         return out
+
+
+async def _paused(pause: float, give_up: float, on_wait: Mark, marked: bool) -> bool | None:
+    """A throttled call's own pause, its place in the window kept (handing it on would start a call that meets the same
+    empty bucket): True once it may try again, False when its turn ended meanwhile, None when the pause would pass the
+    deadline. The turn is marked waiting first, if it is not yet."""
+    if time.monotonic() + pause > give_up:
+        return None
+    if not marked and not await on_wait():
+        return False
+    await asyncio.sleep(pause)
+    return True
 
 
 def _counted(message: Any) -> dict[str, int]:

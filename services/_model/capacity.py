@@ -28,12 +28,25 @@ The limiter keeps one number, the rate (calls per second) this process may start
 Replicas are not told about each other: each sees the same organisation-wide headers and 429s and cuts
 when they say so, and AIMD's cuts in proportion to each one's rate make them converge on equal shares of
 the one limit (Chiu and Jain, 1989), with no coordinator. With no header and no refusal, nothing is paced.
+
+**Without headers** (Amazon Bedrock, Google Vertex AI, Microsoft Foundry: `Signals` of the platform's adapter,
+services/_model/providers.py), there is no limit to read, only the 429s themselves, so the window of calls in flight is
+the whole control, as TCP's congestion window is: no pacing, and the rate is what the window keeps in flight per round
+trip. Slow start as above (INITIAL_WINDOW, one more per answer) until the first 429; from then on **additive increase**
+of one call per round trip (1/window per answer, and only while the window is full: a window nobody fills is not
+tested; INCREASE is half a call) and **multiplicative decrease** to BETA of the window on a 429, once per round trip (a 429 of a call started
+before the last cut says nothing of the window since), never below MIN_WINDOW. A 429 with `retry-after` holds the
+process as above; one without (Bedrock's ThrottlingException, Vertex's RESOURCE_EXHAUSTED) holds only its own call, for
+about a round trip with jitter, doubling with each of its refusals in a row (`refused`'s answer): the cut window
+already slows the process, and the pause keeps one call from hammering a bucket that stays empty. Replicas converge on
+equal windows of the one limit by the same rule.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import time
 from collections import deque
@@ -51,8 +64,28 @@ TOKEN_EWMA = 0.05  # weight of the newest call in the average tokens per call (c
 INITIAL_WINDOW = 4  # calls in flight while nothing is known (a cold process), and again after a 429
 OPEN_AFTER = 2.0  # the window opens when it holds this many times the calls the rate keeps in flight
 LATENCY_EWMA = 0.1  # weight of the newest answer in the average latency of a call
+# without headers: calls the window grows by per round trip once slow start has ended. TCP's is 1; a window of ~10 calls
+# is tiny next to TCP's, and each 429 cycle (from WINDOW_BETA of the window back to where the 429 came) lasts
+# (1 - WINDOW_BETA) x window / INCREASE round trips: 0.5 halves the share of calls refused (tests/unit/test_capacity_aimd.py)
+INCREASE = 0.5
+WINDOW_BETA = BETA  # without headers: a 429 cuts the window to this share of itself
+MIN_WINDOW = 1.0  # without headers: the fewest calls in flight a 429 can cut the window to
+BARE_PAUSE_S = 1.0  # without headers: a refused call's first pause while no answer has measured a round trip
+MAX_BARE_PAUSE_S = 8.0  # ... and the longest, after refusals in a row
 DIMENSIONS = ("requests", "input-tokens", "output-tokens")
 HEADER = "anthropic-ratelimit-{}-{}"
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What a platform's answers tell the limiter (each adapter of services/_model/providers.py says which)."""
+
+    headers: bool  # its answers carry `anthropic-ratelimit-*`: the rate is learnt from them; else from the 429s alone
+    bare_429_throttles: bool  # a 429 without retry-after is a throttle to wait out; else a spend limit (the error)
+
+
+HEADERS = Signals(headers=True, bare_429_throttles=False)  # the Anthropic API
+REFUSALS = Signals(headers=False, bare_429_throttles=True)  # Bedrock, Vertex AI, Foundry
 
 
 class Busy(Exception):
@@ -90,8 +123,12 @@ class Capacity:
         rng: random.Random | None = None,
         on_throttle: Callable[[bool], None] | None = None,
         slow_start: bool = True,
+        signals: Signals = HEADERS,
     ) -> None:
-        """`slow_start` off: no window of calls in flight, ever (a plain loop's stand-in for no limiter)."""
+        """`slow_start` off: no window of calls in flight, ever (a plain loop's stand-in for no limiter), where headers
+        are read; without them the window is the limiter and is always kept."""
+        self.signals = signals
+        slow_start = slow_start or not signals.headers
         self._clock = clock
         self._slow_start = slow_start
         self._rng = rng or random.Random()
@@ -113,6 +150,7 @@ class Capacity:
         self.in_flight = 0  # started and not ended (`ended`)
         self._window_waiters: deque[asyncio.Future[None]] = deque()
         self._latency = 0.0  # average seconds from a call's start to its answer
+        self.threshold = math.inf  # without headers: the window where slow start ends (BETA of it at the last 429)
         self.waiting = 0
         self.throttled = False
         self._on_throttle = on_throttle
@@ -191,6 +229,9 @@ class Capacity:
         self, headers: Mapping[str, str] | None, input_tokens: int, output_tokens: int, started_at: float, waited: bool
     ) -> None:
         """A call started at `started_at` was answered: learn the limits; once per epoch, adapt the rate."""
+        if not self.signals.headers:
+            self._widen(self._clock() - started_at)
+            return
         reading = Reading.of(headers)
         before = self.ceiling()
         self._learn(reading, input_tokens, output_tokens)
@@ -223,6 +264,15 @@ class Capacity:
                 self.window = None
         self._admit()
 
+    def _widen(self, latency: float) -> None:
+        """Without headers, an answer: one more call in flight during slow start, 1/window more after it (one per round
+        trip), while the window is full."""
+        self._latency = latency if self._latency == 0 else self._latency + LATENCY_EWMA * (latency - self._latency)
+        assert self.window is not None  # without headers the window is never open
+        if self._window_waiters or self.in_flight >= self.window:  # the answered call is still counted in flight
+            self.window += 1.0 if self.window < self.threshold else INCREASE / self.window
+        self._admit()
+
     def _adapt(self, ceiling: float | None, now: float) -> None:
         """The end of an epoch: cut in proportion to the share of answers that found the bucket drained (every replica
         sees the same share, so each cuts the same fraction of its own rate), then, if calls waited, add the same
@@ -235,12 +285,22 @@ class Capacity:
         self.rate = max(MIN_RATE, rate)
         self._epoch_at, self._answers, self._drained_answers, self._limited = now, 0, 0, False
 
-    def refused(self, retry_after: float, started_at: float) -> None:
-        """A 429 or 529 for a call started at `started_at`: cut the rate, hold the process `retry_after` + jitter."""
+    def refused(self, retry_after: float | None, started_at: float, in_a_row: int = 1) -> float:
+        """A 429 or 529 for a call started at `started_at`, its `retry_after` (None: it said nothing), the call's
+        `in_a_row`-th refusal without an answer between. With a retry-after, cut and hold the process `retry_after` +
+        jitter; without headers and without retry-after, cut the window and hold only this call: the seconds it pauses
+        before it tries again (0: the process's hold is its pause)."""
         self.refusals += 1
-        self._cut(started_at)
-        if self._slow_start:  # slow start again from the hold's end
-            self.window = min(self.window or INITIAL_WINDOW, INITIAL_WINDOW)
+        if not self.signals.headers:
+            self._narrow(started_at)
+            if retry_after is None:
+                base = self._latency or BARE_PAUSE_S
+                return min(MAX_BARE_PAUSE_S, base * 2 ** (in_a_row - 1)) * self._rng.uniform(0.5, 1.0)
+        else:
+            self._cut(started_at)
+            if self._slow_start:  # slow start again from the hold's end
+                self.window = min(self.window or INITIAL_WINDOW, INITIAL_WINDOW)
+        retry_after = retry_after or 0.0
         now = self._clock()
         spacing = 1.0 / self.rate if self.rate else 0.0
         until = now + retry_after + self._rng.uniform(0.0, 0.25 * retry_after + spacing)
@@ -251,6 +311,16 @@ class Capacity:
                 # the hold ends on its own: look again then, whether calls wait or not
                 asyncio.get_running_loop().call_later(until - now + 0.001, self._check_throttle)
         self._check_throttle()
+        return 0.0
+
+    def _narrow(self, started_at: float) -> None:
+        """Without headers, a 429: the window to BETA of itself, once per round trip (a call started before the last
+        cut was started by the window before it), never below MIN_WINDOW; slow start ends there."""
+        if started_at < self._cut_at:
+            return
+        assert self.window is not None
+        self.window = self.threshold = max(MIN_WINDOW, self.window * WINDOW_BETA)
+        self._cut_at = self._clock()
 
     # -- what it knows --------------------------------------------------------------------
     def delay(self) -> float:
@@ -297,11 +367,14 @@ class Capacity:
     def _check_throttle(self) -> None:
         """Throttled while a hold lasts or more calls wait than BACKLOG_S of the rate; released at half that backlog."""
         now = self._clock()
-        backlog = max(2.0, (self.rate or 0.0) * BACKLOG_S)
-        if self.hold_until > now or (self.rate is not None and self.waiting > backlog):
+        rate = self.rate
+        if not self.signals.headers and self.window is not None and self._latency > 0:
+            rate = self.window / self._latency  # what the window keeps in flight per round trip
+        backlog = max(2.0, (rate or 0.0) * BACKLOG_S)
+        if self.hold_until > now or (rate is not None and self.waiting > backlog):
             throttled = True
         else:
-            throttled = self.throttled and self.rate is not None and self.waiting > backlog / 2
+            throttled = self.throttled and rate is not None and self.waiting > backlog / 2
         if throttled != self.throttled:
             self.throttled = throttled
             if self._on_throttle is not None:

@@ -9,7 +9,9 @@ key or a Microsoft Entra ID token from azure-identity. Nothing here signs a requ
 
 What differs between the platforms lives in each adapter: how its client is built, which model ids it takes, the
 `gen_ai.provider.name` of the SDK's span of each call (the OpenTelemetry GenAI names: anthropic, aws.bedrock,
-gcp.vertex_ai, azure.ai.inference), what must be configured for it to work. `refusal` says at start, in one line
+gcp.vertex_ai, azure.ai.inference), what its rate limiter learns from (`signals`: the Anthropic API's
+`anthropic-ratelimit-*` headers, where a 429 without retry-after is a spend limit; on the platforms, which send no such
+header, the 429s themselves, each one a throttle: services/_model/capacity.py), what must be configured for it to work. `refusal` says at start, in one line
 naming the setting, what would otherwise fail every turn later: a model id of another platform's form, no region, no
 credentials, the platform's extra not installed. Prices per platform: services/_guard/pricing.py.
 """
@@ -24,6 +26,7 @@ import anthropic
 
 from roundtrip._kernel.observability.telemetry import PROVIDER_NAMES
 from roundtrip._kernel.settings import ConfigurationError, Settings
+from roundtrip._model.capacity import HEADERS, REFUSALS, Signals
 
 # a Bedrock model id: a foundation model, a cross-region inference profile (us., eu., apac., global., ...) or an ARN
 # (an application inference profile, provisioned throughput)
@@ -38,6 +41,7 @@ class Provider(Protocol):
 
     name: str  # ROUNDTRIP_MODEL_PROVIDER
     otel_name: str  # gen_ai.provider.name of the SDK's span of each call
+    signals: Signals  # what the limiter learns the shared rate from, and what a 429 without retry-after means
 
     def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
         """The SDK's client of the platform (its `messages.with_raw_response.create` is the call)."""
@@ -69,6 +73,7 @@ def _missing_extra(name: str, module: str) -> str | None:
 
 class AnthropicApi:
     name, otel_name = "anthropic", PROVIDER_NAMES["anthropic"]
+    signals = HEADERS
 
     def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
         return anthropic.AsyncAnthropic(
@@ -88,6 +93,7 @@ class AnthropicApi:
 
 class Bedrock:
     name, otel_name = "bedrock", PROVIDER_NAMES["bedrock"]
+    signals = REFUSALS
 
     def region(self, settings: Settings) -> str | None:
         region = settings.model_region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
@@ -146,6 +152,7 @@ def _aws_regions(session: Any) -> set[str]:
 
 class Vertex:
     name, otel_name = "vertex", PROVIDER_NAMES["vertex"]
+    signals = REFUSALS
 
     def region(self, settings: Settings) -> str | None:
         return settings.model_region or os.environ.get("CLOUD_ML_REGION")
@@ -209,6 +216,7 @@ class _Foundry(anthropic.AsyncAnthropicFoundry):
 
 class Foundry:
     name, otel_name = "foundry", PROVIDER_NAMES["foundry"]
+    signals = REFUSALS
 
     def region(self, settings: Settings) -> str | None:
         return None  # the resource says where
