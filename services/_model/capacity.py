@@ -33,13 +33,15 @@ the one limit (Chiu and Jain, 1989), with no coordinator. With no header and no 
 services/_model/providers.py), there is no limit to read, only the 429s themselves, so the window of calls in flight is
 the whole control, as TCP's congestion window is: no pacing, and the rate is what the window keeps in flight per round
 trip. Slow start as above (INITIAL_WINDOW, one more per answer) until the first 429; from then on **additive increase**
-of one call per round trip (1/window per answer, and only while the window is full: a window nobody fills is not
-tested; INCREASE is half a call) and **multiplicative decrease** to BETA of the window on a 429, once per round trip (a 429 of a call started
-before the last cut says nothing of the window since), never below MIN_WINDOW. A 429 with `retry-after` holds the
-process as above; one without (Bedrock's ThrottlingException, Vertex's RESOURCE_EXHAUSTED) holds only its own call, for
-about a round trip with jitter, doubling with each of its refusals in a row (`refused`'s answer): the cut window
-already slows the process, and the pause keeps one call from hammering a bucket that stays empty. Replicas converge on
-equal windows of the one limit by the same rule.
+of INCREASE calls per round trip (INCREASE/window per answer, and only while the window is full: a window nobody fills
+is not tested) and **multiplicative decrease** to WINDOW_BETA of the window on a 429, once per round trip (a 429 of a
+call started before the last cut says nothing of the window since), never below MIN_WINDOW. A 429 with `retry-after`
+holds the process as above; one without (Bedrock's ThrottlingException, Vertex's RESOURCE_EXHAUSTED) holds only its own
+call, for about a round trip with jitter, doubling with each of its refusals in a row (`refused`'s answer), and the call
+keeps its place in the window meanwhile (services/_model/attempts.py): the cut window slows the process, and neither the
+call nor a successor of its place hammers a bucket that stays empty. Replicas converge on equal windows of the one
+limit by the same rule, each probing on its own: N replicas' windows grow N times as fast, so they meet more 429s than
+one process.
 """
 
 from __future__ import annotations
@@ -64,9 +66,9 @@ TOKEN_EWMA = 0.05  # weight of the newest call in the average tokens per call (c
 INITIAL_WINDOW = 4  # calls in flight while nothing is known (a cold process), and again after a 429
 OPEN_AFTER = 2.0  # the window opens when it holds this many times the calls the rate keeps in flight
 LATENCY_EWMA = 0.1  # weight of the newest answer in the average latency of a call
-# without headers: calls the window grows by per round trip once slow start has ended. TCP's is 1; a window of ~10 calls
-# is tiny next to TCP's, and each 429 cycle (from WINDOW_BETA of the window back to where the 429 came) lasts
-# (1 - WINDOW_BETA) x window / INCREASE round trips: 0.5 halves the share of calls refused (tests/unit/test_capacity_aimd.py)
+# without headers: calls the window grows by per round trip once slow start has ended. TCP's is 1; a window of ~10
+# calls is tiny next to TCP's, and each 429 cycle (from WINDOW_BETA of the window back to where the 429 came) lasts
+# (1 - WINDOW_BETA) x window / INCREASE round trips: 0.5 halves the share of calls refused (test_capacity_aimd.py)
 INCREASE = 0.5
 WINDOW_BETA = BETA  # without headers: a 429 cuts the window to this share of itself
 MIN_WINDOW = 1.0  # without headers: the fewest calls in flight a 429 can cut the window to

@@ -11,9 +11,10 @@ What differs between the platforms lives in each adapter: how its client is buil
 `gen_ai.provider.name` of the SDK's span of each call (the OpenTelemetry GenAI names: anthropic, aws.bedrock,
 gcp.vertex_ai, azure.ai.inference), what its rate limiter learns from (`signals`: the Anthropic API's
 `anthropic-ratelimit-*` headers, where a 429 without retry-after is a spend limit; on the platforms, which send no such
-header, the 429s themselves, each one a throttle: services/_model/capacity.py), what must be configured for it to work. `refusal` says at start, in one line
-naming the setting, what would otherwise fail every turn later: a model id of another platform's form, no region, no
-credentials, the platform's extra not installed. Prices per platform: services/_guard/pricing.py.
+header, the 429s themselves, each one a throttle: services/_model/capacity.py), what must be configured for it to
+work. `refusal` says at start, in one line naming the setting, what would otherwise fail every turn later: a model id
+of another platform's form, no region, no credentials, the platform's extra not installed. Prices per platform:
+services/_guard/pricing.py.
 """
 
 from __future__ import annotations

@@ -20,10 +20,18 @@ that drained it would show the 429s that follow. Per phase:
 turns by outcome, the share of calls answered 429 (the simulator's count), successful calls (or input tokens)
 per second, how many of them the bucket's store paid for (its level at the start less at the end), the rest
 against the limit's rate, turn p50/p99; then the phases side by side (turns end_turn / model_error / other, the share
-of calls answered 429). Figures go to docs/benchmarks.md by hand.
+of calls answered 429). Each phase also says, after its first `--settle-s` seconds (10), the share of calls answered
+429 and the share of the admitted rate used. Figures go to docs/benchmarks.md by hand.
+
+`--platform bedrock` (or vertex, foundry) runs the fleet's model service on that platform from its start (the SDK's own
+client, the simulator in the platform's shape), whose throttle is a 429 without any `anthropic-ratelimit-*` header
+(Bedrock and Vertex AI without retry-after too): the limiter has only the 429s to learn from (its AIMD window,
+services/_model/capacity.py). Its default phase is `cold` alone, issue 43's bar: the simulator admitting 10 calls a
+second (600 a minute over 1 s), 60 turns in flight, a cold fleet; every turn end_turn, <= 5 % of calls answered 429
+after the first 10 s, >= 85 % of the admitted rate used.
 
     .venv/bin/python -m tests.benchmarks.bench_ratelimit [--phases cold,rpm,itpm,halved,replicas,inprocess] \
-        [--seconds 90] [--burst-s 1]
+        [--seconds 90] [--burst-s 1] [--platform bedrock]
 """
 
 from __future__ import annotations
@@ -41,8 +49,11 @@ from roundtrip._fleet.launcher import Fleet
 from tests.benchmarks.bench_loop import CUSTOMERS, PERSONA, TEXT, add_model_replicas, bench_settings, closed_loop
 from tests.benchmarks.fleet_driver import FleetDriver
 from tests.benchmarks.inprocess import InProcessLoop, TurnTiming
+from tests.e2e.test_model_providers_e2e import PLATFORMS, platform_env
 
 RPM = 600
+BAR = (0.05, 0.85)  # a platform's cold phase: at most this share of calls answered 429 after settling, at least this
+# share of the admitted rate used
 
 
 def limits(base_url: str, **values: int | None) -> dict:
@@ -76,10 +87,12 @@ def summary(
     unit: str,
     window: tuple[float, float, float],
     counted: list[tuple[float, int]] = (),
+    settled: tuple[float, int, int] = (0.0, 0, 0),
 ) -> dict:
-    """`window`: (its start and end on the perf_counter axis, what the bucket's store paid for in it: its level at the
-    start less at the end, less what a lowered limit cut off). The window is the time turns were being started (60 in
-    flight); the phase goes on until the last of them ends, with fewer and fewer in flight."""
+    """`settled`: (when the first `--settle-s` seconds ended, on the perf_counter axis; the simulator's 429s then, and
+    at the end). `window`: (its start and end on the perf_counter axis, what the bucket's store paid for in it: its
+    level at the start less at the end, less what a lowered limit cut off). The window is the time turns were being
+    started (60 in flight); the phase goes on until the last of them ends, with fewer and fewer in flight."""
     outcomes = Counter(t.outcome for t in timings)
     calls = sum(t.steps for t in timings)
     tokens = sum((t.usage.get("input_tokens", 0) + t.usage.get("cache_creation_input_tokens", 0)) for t in timings)
@@ -91,6 +104,10 @@ def summary(
     else:
         in_window, per_call = sum(1 for t in timings for at in t.responses if start <= at <= end), 1.0
     latencies = [t.latency for t in timings if t.outcome == "end_turn"]
+    settle_at, refused_then, refused_end = settled
+    answered_after = sum(1 for t in timings for at in t.responses if at >= settle_at)
+    refused_after = refused_end - refused_then
+    used_after = sum(1 for t in timings for at in t.responses if settle_at <= at <= end)
     return {
         "phase": name,
         "turns": len(timings),
@@ -108,6 +125,8 @@ def summary(
         "p50_s": p(latencies, 0.5),
         "p99_s": p(latencies, 0.99),
         "seconds": seconds,
+        "refused_after_share": refused_after / max(1, answered_after + refused_after),
+        "used_after_share": used_after / max(1e-9, (end - settle_at) * per_s_limit) if end > settle_at else 0.0,
     }
 
 
@@ -119,20 +138,34 @@ def line(s: dict) -> str:
         f"{s['unit']}/s, {s['burst']:.0f} from the bucket's store, the rest {100 * s['refill_share']:.0f} % of the "
         "limit "
         f"({s['limit_per_s']:.1f}/s); whole phase {s['used_per_s']:.1f}/s in {s['seconds']:.0f} s; "
-        f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s"
+        f"turn p50 {s['p50_s']:.1f} s, p99 {s['p99_s']:.1f} s; after the first {s['settle_s']:.0f} s "
+        f"{100 * s['refused_after_share']:.1f} % of calls answered 429, {100 * s['used_after_share']:.0f} % of the "
+        "admitted rate used"
+    )
+
+
+def verdict(s: dict) -> str:
+    """Issue 43's bar for a phase under a throttle without headers."""
+    turns_ok = s["outcomes"].get("end_turn", 0) == s["turns"]
+    met = turns_ok and s["refused_after_share"] <= BAR[0] and s["used_after_share"] >= BAR[1]
+    return (
+        f"  bar ({'met' if met else 'NOT met'}): every turn end_turn {'yes' if turns_ok else 'no'}, "
+        f"429s after settling {100 * s['refused_after_share']:.1f} % (<= {100 * BAR[0]:.0f} %), admitted rate used "
+        f"{100 * s['used_after_share']:.0f} % (>= {100 * BAR[1]:.0f} %)"
     )
 
 
 def side_by_side(results: list[dict]) -> list[str]:
     """The phases' turns and 429 shares in one table: the fleet's phases beside the plain in-process loop."""
-    rows = ["  phase      end_turn  model_error  other  429s among calls"]
+    rows = ["  phase      end_turn  model_error  other  429s among calls  429s after settling  admitted rate used"]
     for s in results:
         outcomes = Counter(s["outcomes"])
         done, failed = outcomes.pop("end_turn", 0), outcomes.pop("model_error", 0)
         who = "plain loop" if s["phase"] == "inprocess" else "fleet"
         rows.append(
             f"  {s['phase']:<10} {done:>8}  {failed:>11}  {sum(outcomes.values()):>5}  "
-            f"{100 * s['refused_share']:>5.1f} %  ({who})"
+            f"{100 * s['refused_share']:>14.1f} %  {100 * s['refused_after_share']:>17.1f} %  "
+            f"{100 * s['used_after_share']:>16.0f} %  ({who})"
         )
     return rows
 
@@ -145,6 +178,8 @@ async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counte
     set_full(base_url, **values)
     start, started = limits(base_url), time.perf_counter()
     loop = asyncio.create_task(closed_loop(turn, args.concurrency, 10**9, args.seconds))
+    settle_at = started + min(args.settle_s, args.seconds)
+    settled = asyncio.create_task(_refused_at(base_url, settle_at))
     cut = 0.0
     if name == "halved":
         await asyncio.sleep(args.seconds / 2)
@@ -154,6 +189,7 @@ async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counte
     stopped, at_stop = time.perf_counter(), limits(base_url)
     timings, seconds = await loop
     end = limits(base_url)
+    refused_then = await settled
     limit_per_s = (args.itpm if itpm else RPM) / 60
     if name == "halved":  # the limit in force, averaged over the window
         limit_per_s = (RPM / 60 + RPM / 120) / 2
@@ -167,7 +203,14 @@ async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counte
         "input tokens" if itpm else "calls",
         (started, stopped, burst),
         counted or [],
-    )
+        (settle_at, refused_then, at_stop["refused"]),
+    ) | {"settle_s": settle_at - started, "platform": args.platform}
+
+
+async def _refused_at(base_url: str, at: float) -> int:
+    """The simulator's count of 429s at `at` (perf_counter)."""
+    await asyncio.sleep(max(0.0, at - time.perf_counter()))
+    return (await asyncio.to_thread(limits, base_url))["refused"]
 
 
 async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list[dict]:
@@ -182,8 +225,11 @@ async def measure(fleet: Fleet, settings, args: argparse.Namespace, say) -> list
         if "cold" in args.phases:  # before any call: the limiter has seen no answer
             results.append(await phase("cold", fleet_turn, settings.model_base_url, args))
             say(line(results[-1]))
+            if args.platform != "anthropic":
+                say(verdict(results[-1]))
             limits(settings.model_base_url, rpm=None, itpm=None, burst_s=None)
-        await closed_loop(fleet_turn, 10, 30, 60)  # warm: connections, caches
+        if any(name != "cold" for name in args.phases):
+            await closed_loop(fleet_turn, 10, 30, 60)  # warm: connections, caches
         for name in (name for name in args.phases if name != "cold"):
             if name == "replicas":
                 add_model_replicas(fleet, 3, say)
@@ -210,7 +256,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tests.benchmarks.bench_ratelimit", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "--phases", type=lambda s: s.split(","), default=["cold", "rpm", "itpm", "halved", "inprocess", "replicas"]
+        "--phases",
+        type=lambda s: s.split(","),
+        default=None,
+        help="default: cold,rpm,itpm,halved,inprocess,replicas; with --platform, cold",
+    )
+    parser.add_argument(
+        "--platform",
+        choices=["anthropic", *PLATFORMS],
+        default="anthropic",
+        help="the model service's platform (ROUNDTRIP_MODEL_PROVIDER) against the simulator in its shape",
+    )
+    parser.add_argument(
+        "--settle-s", type=float, default=10.0, help="429s and the rate used are counted after this (default 10)"
     )
     parser.add_argument(
         "--burst-s",
@@ -225,9 +283,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     args = parser.parse_args(argv)
+    if args.phases is None:
+        args.phases = (
+            ["cold"] if args.platform != "anthropic" else ["cold", "rpm", "itpm", "halved", "inprocess", "replicas"]
+        )
     say = lambda text: print(text, flush=True)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="roundtrip-ratelimit-") as state:
         settings, env = bench_settings(Path(state), 6, 1000.0, 0.3)
+        if args.platform != "anthropic":  # the model service on the platform from its start: a cold fleet there
+            env |= platform_env(settings, args.platform)
+            say(f"model service on {args.platform}: the simulator's throttle sends no rate-limit header")
         fleet = Fleet(settings, env=env, say=say)
         try:
             fleet.start()

@@ -1,5 +1,5 @@
-"""The limiter where no rate-limit header is sent (Bedrock, Vertex AI, Foundry): the AIMD window of calls in flight learnt
-from the 429s alone (services/_model/capacity.py), and how services/_model/attempts.py takes a 429 without
+"""The limiter where no rate-limit header is sent (Bedrock, Vertex AI, Foundry): the AIMD window of calls in flight
+learnt from the 429s alone (services/_model/capacity.py), and how services/_model/attempts.py takes a 429 without
 retry-after on such a platform and on the Anthropic API. Fakes only: a simulated clock and bucket."""
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ async def test_a_bare_429_on_a_platform_waits_and_succeeds_and_on_the_anthropic_
         answers: list = [status_error(429), status_error(429), (Message(), {})]
         marked: list[bool] = []
 
-        async def call(n: int):
+        async def call(n: int, answers: list = answers):
             answer = answers.pop(0)
             if isinstance(answer, Exception):
                 raise answer
@@ -228,4 +228,3 @@ def test_without_the_cuts_the_same_fleet_meets_a_storm_of_429s():
     finally:
         Capacity._narrow = original  # type: ignore[method-assign]
     assert refused > 0.2 * (ok + refused), (refused, ok)
-
