@@ -121,6 +121,9 @@ async def attempt(
             if not await on_wait():
                 out.gone = True
                 return out
+        if kept and capacity.delay() > 0:  # a retry-after came during the pause: the call waits for the hold as all do
+            capacity.ended()
+            kept = False
         if kept:  # a throttled call tries again in the place it kept
             waited, kept = 0.0, False
         else:
@@ -137,7 +140,7 @@ async def attempt(
             about_capacity, after = _capacity_wait(exc, capacity.signals.bare_429_throttles)
             if wait_for_capacity and about_capacity:
                 out.refusals, last, in_a_row = out.refusals + 1, describe(exc), in_a_row + 1
-                # the window shrinks before this call's place is given on
+                # the window shrinks before this call's place is given on (or kept through its pause)
                 pause = capacity.refused(after, started, in_a_row)
                 if pause > 0:  # a throttle without retry-after: this call pauses, keeping its place in the window
                     try:

@@ -152,7 +152,9 @@ class Capacity:
         self.in_flight = 0  # started and not ended (`ended`)
         self._window_waiters: deque[asyncio.Future[None]] = deque()
         self._latency = 0.0  # average seconds from a call's start to its answer
-        self.threshold = math.inf  # without headers: the window where slow start ends (BETA of it at the last 429)
+        self.threshold = (
+            math.inf
+        )  # without headers: the window where slow start ends (WINDOW_BETA of it at the last 429)
         self.waiting = 0
         self.throttled = False
         self._on_throttle = on_throttle
@@ -267,8 +269,8 @@ class Capacity:
         self._admit()
 
     def _widen(self, latency: float) -> None:
-        """Without headers, an answer: one more call in flight during slow start, 1/window more after it (one per round
-        trip), while the window is full."""
+        """Without headers, an answer: one more call in flight during slow start, INCREASE/window more after it
+        (INCREASE per round trip), while the window is full."""
         self._latency = latency if self._latency == 0 else self._latency + LATENCY_EWMA * (latency - self._latency)
         assert self.window is not None  # without headers the window is never open
         if self._window_waiters or self.in_flight >= self.window:  # the answered call is still counted in flight

@@ -4,6 +4,7 @@ retry-after on such a platform and on the Anthropic API. Fakes only: a simulated
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import random
 import time
@@ -228,3 +229,24 @@ def test_without_the_cuts_the_same_fleet_meets_a_storm_of_429s():
     finally:
         Capacity._narrow = original  # type: ignore[method-assign]
     assert refused > 0.2 * (ok + refused), (refused, ok)
+
+
+async def test_a_hold_that_comes_during_a_throttled_calls_pause_is_waited_for_and_its_place_given_back():
+    capacity = Capacity(signals=REFUSALS, rng=random.Random(4))
+    capacity._latency = 0.1  # its pause: 0.05-0.1 s
+    answers: list = [status_error(429), (Message(), {})]
+
+    async def call(n: int):
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):  # another call's 429 with retry-after comes while this one pauses
+            asyncio.get_running_loop().call_later(0.01, capacity.refused, 0.4, time.monotonic())
+            raise answer
+        return answer
+
+    async def on_wait() -> bool:
+        return True
+
+    started = time.monotonic()
+    out = await attempt(call, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=on_wait)
+    assert out.error is None and out.attempts == 2 and time.monotonic() - started >= 0.4
+    assert capacity.in_flight == 0
