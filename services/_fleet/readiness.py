@@ -14,7 +14,7 @@ import select
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -34,10 +34,11 @@ class Retries:
     say: Callable[[str], None]
     setting: Callable[[int], str | None] = lambda port: None
     attempts: int = 3
+    causes: dict[str, causes.Cause] = field(default_factory=dict)  # child name -> why it last exited
 
     def exited(self, child: Child, now: float) -> None:
         """`child` has exited: schedule its restart, or raise FleetError when it has had its attempts."""
-        cause = causes.of_run(child.log_path, child.log_start)
+        cause = self.causes[child.name] = causes.of_run(child.log_path, child.log_start)
         if child.restarts >= self.attempts:
             raise FleetError(failure(child, cause, self.setting))
         child.delay = self.policy.next_delay(child.delay, 0.0)  # a start that failed is a death without uptime
@@ -85,11 +86,13 @@ def wait_http(url: str, name: str, children: list[Child], timeout: float = 30, r
         check_alive(children, retries)
         try:
             if httpx.get(url, timeout=1).status_code == 200:
+                if retries is not None:
+                    retries.causes.pop(name, None)  # it serves: an earlier exit is no longer a reason
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
-    _still_failing(children, retries)
+    _still_failing([c for c in children if c.name == name], retries)
     raise FleetError(f"{name} did not answer {url} within {timeout:g} s")
 
 
@@ -115,6 +118,8 @@ def wait_services(
             close_ready(child)
             if said.startswith(b"ready"):
                 waiting.remove(child)
+                if retries is not None:
+                    retries.causes.pop(child.name, None)  # it started: an earlier exit is no longer a reason
                 continue
             # the end of the pipe without a word: the child has exited (or is exiting)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -127,7 +132,8 @@ def wait_services(
 
 
 def _still_failing(children: list[Child], retries: Retries | None) -> None:
-    """At the end of a wait: a child still failing is the reason, named with its cause, not the timeout."""
+    """At the end of a wait: a child that failed and is not up yet is the reason, named with its last exit's cause,
+    rather than the timeout."""
     for child in children:
-        if child.restart_due is not None and retries is not None:
-            raise FleetError(failure(child, causes.of_run(child.log_path, child.log_start), retries.setting))
+        if retries is not None and child.name in retries.causes:
+            raise FleetError(failure(child, retries.causes[child.name], retries.setting))
