@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from roundtrip._fleet.launcher import Fleet
+from roundtrip._fleet.parts import port_settings
 from roundtrip._fleet.readiness import Retries
 from roundtrip._fleet.supervisor import FleetError, RestartPolicy
 from roundtrip._kernel.settings import Settings
@@ -91,12 +92,12 @@ def test_a_part_that_keeps_failing_stops_the_start_with_one_line_naming_the_port
 
 
 def test_a_part_still_failing_when_the_time_is_up_is_named_rather_than_the_timeout(fleet, tmp_path):
-    fleet.policy = RestartPolicy(initial_s=5)
+    fleet.policy = RestartPolicy(initial_s=60)  # its restart is never due within the wait
     fleet._retries.policy = fleet.policy
     fleet._spawn("console", flaky(tmp_path, fails=99), "test")
 
     with pytest.raises(FleetError, match=r"^console could not start: port 18003 is taken; .* \(1 attempt; log "):
-        fleet._wait_services(timeout=2)
+        fleet._wait_services(timeout=8)  # time for the first run to start and exit on a busy machine
 
 
 def test_without_retries_an_exit_is_one_line_with_its_cause(fleet, tmp_path):
@@ -106,3 +107,10 @@ def test_without_retries_an_exit_is_one_line_with_its_cause(fleet, tmp_path):
     with pytest.raises(FleetError) as raised:
         fleet._wait_services(timeout=30)
     assert str(raised.value).startswith("console could not start: port 18003 is taken; stop what holds it (1 attempt")
+
+
+def test_each_port_a_part_binds_is_named_by_its_setting(tmp_path):
+    settings = Settings(state_dir=tmp_path, console_port=18003, health_port=9400, health_port_per_service=True)
+    named = port_settings(settings, shop=None)
+    assert named[18003] == "ROUNDTRIP_CONSOLE_PORT" and named[settings.simulator_port] == "ROUNDTRIP_SIMULATOR_PORT"
+    assert named[9405] == named[9411] == "ROUNDTRIP_HEALTH_PORT (up --health-port)"  # the console's, a 2nd replica's
