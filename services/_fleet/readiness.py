@@ -34,11 +34,11 @@ class Retries:
     say: Callable[[str], None]
     setting: Callable[[int], str | None] = lambda port: None
     attempts: int = 3
-    causes: dict[str, causes.Cause] = field(default_factory=dict)  # child name -> why it last exited
+    last_causes: dict[str, causes.Cause] = field(default_factory=dict)  # child name -> why it last exited
 
     def exited(self, child: Child, now: float) -> None:
         """`child` has exited: schedule its restart, or raise FleetError when it has had its attempts."""
-        cause = self.causes[child.name] = causes.of_run(child.log_path, child.log_start)
+        cause = self.last_causes[child.name] = causes.of_run(child.log_path, child.log_start)
         if child.restarts >= self.attempts:
             raise FleetError(failure(child, cause, self.setting))
         child.delay = self.policy.next_delay(child.delay, 0.0)  # a start that failed is a death without uptime
@@ -87,7 +87,7 @@ def wait_http(url: str, name: str, children: list[Child], timeout: float = 30, r
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 if retries is not None:
-                    retries.causes.pop(name, None)  # it serves: an earlier exit is no longer a reason
+                    retries.last_causes.pop(name, None)  # it serves: an earlier exit is no longer a reason
                 return
         except httpx.HTTPError:
             pass
@@ -119,7 +119,7 @@ def wait_services(
             if said.startswith(b"ready"):
                 waiting.remove(child)
                 if retries is not None:
-                    retries.causes.pop(child.name, None)  # it started: an earlier exit is no longer a reason
+                    retries.last_causes.pop(child.name, None)  # it started: an earlier exit is no longer a reason
                 continue
             # the end of the pipe without a word: the child has exited (or is exiting)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -135,5 +135,5 @@ def _still_failing(children: list[Child], retries: Retries | None) -> None:
     """At the end of a wait: a child that failed and is not up yet is the reason, named with its last exit's cause,
     rather than the timeout."""
     for child in children:
-        if retries is not None and child.name in retries.causes:
-            raise FleetError(failure(child, retries.causes[child.name], retries.setting))
+        if retries is not None and child.name in retries.last_causes:
+            raise FleetError(failure(child, retries.last_causes[child.name], retries.setting))
