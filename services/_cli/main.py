@@ -164,7 +164,9 @@ def up(
 
     Supervises them: a process that dies (any service, a replica, the simulator, the shop or
     the embedded broker) is restarted with exponential backoff (0.5 s doubling to 30 s, reset
-    after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything."""
+    after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything. A part that exits before
+    it is ready is restarted the same way, three times, while the rest go on starting; then up
+    stops with one line: the cause from its log (a taken port and its setting, a refused setting)."""
     import os
 
     from roundtrip._broker.embedded import BrokerError
@@ -182,7 +184,7 @@ def up(
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
         fleet.start()
-    except (FleetError, BrokerError) as exc:  # the embedded broker's error names its log's last lines
+    except (FleetError, BrokerError) as exc:  # a part's one-line cause (_fleet/causes.py), the broker's log tail
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     _say_ready(port, agent, settings)

@@ -10,7 +10,9 @@ Ports are checked before anything starts.
 - parts.py: the ports, the databases, the embedded broker, the topics, the demo shop's settings;
 - children.py: the child processes (started with their log and ready pipe, stopped, killed);
 - readiness.py: waiting until each child serves: a service says so on its pipe, whatever its log level,
-  so an earlier run's log can never count;
+  so an earlier run's log can never count; one that exits first is restarted with the same backoff a few
+  times (`Retries`) while the others go on starting, then `up` stops with the cause from its log in one
+  line (causes.py: "port 8000 is taken; ... set ROUNDTRIP_CONSOLE_PORT", a settings error's line);
 - supervisor.py: `supervise`, what `roundtrip up` runs once everything does: any child that dies, the
   embedded broker included (same data dir), is restarted with exponential backoff (`RestartPolicy`),
   each death and restart reported, until it is told to stop. It sleeps in select() on the children's
@@ -50,10 +52,12 @@ class Fleet:
     children: list[Child] = field(default_factory=list)
     broker: EmbeddedKafka | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
+    start_attempts: int = 3  # restarts of a part that exits before it is ready, before start() gives up
     _kafka: Child | None = field(
         default=None, init=False, repr=False
     )  # the embedded broker's process, as supervise() sees it
     _claimed: Path | None = field(default=None, init=False, repr=False)  # our RUNNING_FILE in the state folder
+    _retries: readiness.Retries | None = field(default=None, init=False, repr=False)  # while start() runs
 
     def __post_init__(self) -> None:
         self.logs = self.settings.state_dir / "logs"
@@ -72,6 +76,14 @@ class Fleet:
         try:  # whatever fails, stop() undoes what started and releases the folder
             shop = demo_shop(s, self.env)
             parts.check_ports(s, shop)
+            # a port can still be lost between that check and the part's bind: the part is restarted, then named
+            self._retries = readiness.Retries(
+                self.policy,
+                lambda child: self._restart_child(child, ready_pipe=True),
+                self.say,
+                parts.port_settings(s, shop).get,
+                self.start_attempts,
+            )
             parts.upgrade_databases(s, self.say)
             if s.embedded_broker:
                 self._start_broker()
@@ -88,6 +100,8 @@ class Fleet:
         except BaseException:
             self.stop()
             raise
+        finally:
+            self._retries = None  # from here on supervise() restarts what dies
 
     def stop(self) -> None:
         processes.stop(self.children)
@@ -162,28 +176,43 @@ class Fleet:
 
     def _start_http(self, name: str, base_url: str) -> None:
         self._spawn(name, processes.run_argv(name), base_url)
-        readiness.wait_http(f"{base_url}/health", name, self.children)
+        readiness.wait_http(f"{base_url}/health", name, self.children, retries=self._retries)
 
     def _spawn(self, name: str, argv: list[str], where: str) -> None:
         log_path = self.logs / f"{name}.log"
-        process, ready_fd = processes.popen(
-            argv, log_path, {**os.environ, **self.env}, ready_pipe=name.split("-")[0] in topology.names()
-        )
-        self.children.append(Child(name, process, log_path, where, ready_fd=ready_fd))
+        log_start = _size(log_path)
+        process, ready_fd = processes.popen(argv, log_path, {**os.environ, **self.env}, ready_pipe=_is_service(name))
+        self.children.append(Child(name, process, log_path, where, ready_fd=ready_fd, log_start=log_start))
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
 
-    def _restart_child(self, child: Child) -> None:
-        """A new process for a dead child, as supervise() asks: the broker on its data dir (topics, offsets kept)."""
+    def _restart_child(self, child: Child, ready_pipe: bool = False) -> None:
+        """A new process for a dead child, as supervise() asks: the broker on its data dir (topics, offsets kept).
+        With `ready_pipe` (while the fleet starts), a service gets a new pipe to say "ready" on."""
         if child is self._kafka and self.broker is not None:
             self.broker.start()
             assert self.broker.proc is not None  # started again
             child.process = self.broker.proc
         else:
             processes.close_ready(child)
-            child.process, _ = processes.popen(_argv(child), child.log_path, {**os.environ, **self.env})
+            child.log_start = _size(child.log_path)
+            child.process, child.ready_fd = processes.popen(
+                _argv(child), child.log_path, {**os.environ, **self.env}, ready_pipe and _is_service(child.name)
+            )
 
     def _wait_services(self, timeout: float = 60, names: set[str] | None = None) -> None:
-        readiness.wait_services(self.children, timeout, names)
+        readiness.wait_services(self.children, timeout, names, self._retries)
+
+
+def _is_service(name: str) -> bool:
+    """A service or a replica of one: it says "ready" on a pipe (the simulator and shop serve HTTP)."""
+    return name.split("-")[0] in topology.names()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _argv(child: Child) -> list[str]:

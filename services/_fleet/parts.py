@@ -53,8 +53,8 @@ def demo_shop(settings: Deployment, env: dict[str, str]) -> ShopAgentSettings | 
     return None if shop.shop_url else shop
 
 
-def check_ports(settings: Settings, shop: ShopAgentSettings | None) -> None:
-    """Every port the embedded parts will listen on is free, or FleetError names each taken one and its setting."""
+def wanted_ports(settings: Settings, shop: ShopAgentSettings | None) -> list[tuple[str, int, str]]:
+    """(what, port, its setting) of every port the embedded parts will listen on."""
     s, wanted = settings, []
     if s.embedded_broker:
         wanted += [
@@ -66,9 +66,28 @@ def check_ports(settings: Settings, shop: ShopAgentSettings | None) -> None:
     if shop is not None:
         wanted.append(("shop", shop.shop_port, "ROUNDTRIP_SHOP_PORT"))
     wanted.append(("console", s.console_port, "ROUNDTRIP_CONSOLE_PORT"))
+    return wanted
+
+
+def port_settings(settings: Settings, shop: ShopAgentSettings | None) -> dict[int, str]:
+    """port -> the setting that moves it, for the ports a part of the fleet binds: its own (wanted_ports) and the
+    services' health ports (ROUNDTRIP_HEALTH_PORT, `up --health-port`: each service and replica on its own)."""
+    from roundtrip._kernel.observability.health import PORT_STRIDE, REPLICA_PORTS
+
+    found: dict[int, str] = {}
+    if settings.health_port:
+        span = PORT_STRIDE * REPLICA_PORTS if settings.health_port_per_service else 1
+        for port in range(settings.health_port, settings.health_port + span):
+            found[port] = "ROUNDTRIP_HEALTH_PORT (up --health-port)"
+    found.update({port: var for _, port, var in wanted_ports(settings, shop)})
+    return found
+
+
+def check_ports(settings: Settings, shop: ShopAgentSettings | None) -> None:
+    """Every port the embedded parts will listen on is free, or FleetError names each taken one and its setting."""
     taken = [
         f"port {port} ({what}) is already in use; stop what holds it or set {var}"
-        for what, port, var in wanted
+        for what, port, var in wanted_ports(settings, shop)
         if not port_is_free(port)
     ]
     if taken:

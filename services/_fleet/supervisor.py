@@ -58,6 +58,7 @@ class Child:
     restart_due: float | None = None
     restarts: int = 0
     ready_fd: int | None = None  # read end of the pipe this process says "ready" on (services only), until it has
+    log_start: int = 0  # where this process's output begins in its log (each run appends): what its cause is read from
 
 
 def signal_wakeup() -> tuple[int | None, Callable[[], None]]:
@@ -97,7 +98,7 @@ def supervise(
                 if child.restart_due is None and child.process.poll() is not None:
                     _schedule_restart(child, now, policy, say)
                 elif child.restart_due is not None and child.restart_due <= now:
-                    _restart(child, now, restart, policy, say)
+                    restart_now(child, now, restart, policy, say)
             timeout = 1.0
             for child in supervised():
                 if child.restart_due is not None:
@@ -130,7 +131,7 @@ def _schedule_restart(child: Child, now: float, policy: RestartPolicy, say: Call
     )
 
 
-def _restart(
+def restart_now(
     child: Child, now: float, restart: Callable[[Child], None], policy: RestartPolicy, say: Callable[[str], None]
 ) -> None:
     try:

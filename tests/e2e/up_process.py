@@ -20,6 +20,20 @@ def roundtrip_up(
     tmp_path: Path, *args: str, env: dict[str, str] | None = None
 ) -> Iterator[tuple[subprocess.Popen, dict[str, str], Path]]:
     """Start `roundtrip up ARGS`, wait for "Ready.", yield (process, its environment, its output); Ctrl-C it then."""
+    with up_started(tmp_path, *args, env=env) as (process, full_env, output):
+        deadline = time.monotonic() + 120
+        while "Ready." not in output.read_text():
+            assert process.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, output.read_text()
+            time.sleep(0.2)
+        yield process, full_env, output
+
+
+@contextmanager
+def up_started(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen, dict[str, str], Path]]:
+    """Start `roundtrip up ARGS` and yield (process, its environment, its output) at once; Ctrl-C it then."""
     base = free_port_run(5)  # below the ephemeral range: still free when up's parts bind them (tests/ports.py)
     full_env = {
         **os.environ,
@@ -48,11 +62,6 @@ def roundtrip_up(
         cwd=tmp_path,
     )
     try:
-        deadline = time.monotonic() + 120
-        while "Ready." not in output.read_text():
-            assert process.poll() is None, output.read_text()
-            assert time.monotonic() < deadline, output.read_text()
-            time.sleep(0.2)
         yield process, full_env, output
     finally:
         if process.poll() is None:
