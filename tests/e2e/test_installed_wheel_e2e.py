@@ -28,6 +28,7 @@ import roundtrip
 import roundtrip.testing
 from roundtrip._cli.skeleton import skeleton
 from tests.ports import free_port_run
+from tests.signing import key_environment
 from tests.wheel import ROOT, build_wheel, pip_wheel
 
 pytestmark = pytest.mark.timeout(1500)  # a fresh venv's dependencies, the jars fetched once, a fleet started
@@ -182,7 +183,8 @@ def test_an_agent_installed_from_wheels_alone_plays_its_banners_example_with_no_
         ROUNDTRIP_STATE_DIR=str(tmp_path / "state"),
         ROUNDTRIP_SIMULATOR_PORT=str(base),
         ROUNDTRIP_CONSOLE_PORT=str(base + 1),
-        ROUNDTRIP_APPROVAL_KEYS=f"whl1:{uuid.uuid4().hex}{uuid.uuid4().hex}",  # not the embedded broker: no dev key
+        ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT="true",  # the test broker listens in the clear; the fleet is not development
+        **key_environment("whl1"),  # not the embedded broker: fresh key pairs, never the published ones
     )
     output = tmp_path / "up.log"
     with open(output, "w") as log:
