@@ -50,6 +50,9 @@ USER_HEADER, EMAIL_HEADER, GROUPS_HEADER = "x-forwarded-user", "x-forwarded-emai
 ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
 LEEWAY_S = 30  # clocks of the issuer and the console disagree a little
 JWKS_LIFESPAN_S = 300
+# A token with a key id the cached keys lack fetches them again at most this often: forged key ids cannot make the
+# console hammer the issuer, and a key the issuer rotated in is believed within this long.
+JWKS_REFRESH_COOLDOWN_S = 30.0
 REFUSAL_WINDOW_S = 60.0
 security = logging.getLogger("roundtrip.security")
 
@@ -142,7 +145,13 @@ class Issuer:
                         found = await http.get(f"{self.issuer}/.well-known/openid-configuration")
                         found.raise_for_status()
                         url = str(found.json()["jwks_uri"])
-                self._client = jwt.PyJWKClient(url, cache_keys=True, lifespan=JWKS_LIFESPAN_S, timeout=10)
+                self._client = jwt.PyJWKClient(
+                    url,
+                    cache_keys=True,
+                    lifespan=JWKS_LIFESPAN_S,
+                    timeout=10,
+                    cooldown_duration=JWKS_REFRESH_COOLDOWN_S,
+                )
             return self._client
 
     async def key(self, token: str) -> Any:
@@ -155,7 +164,9 @@ class Gatekeeper:
 
     def __init__(self, settings: Settings) -> None:
         self.issuer = (
-            Issuer(settings.console_oidc_issuer, settings.console_oidc_jwks_url) if settings.console_oidc_issuer else None
+            Issuer(settings.console_oidc_issuer, settings.console_oidc_jwks_url)
+            if settings.console_oidc_issuer
+            else None
         )
         self.audience = settings.console_oidc_audience or ""
         self.token_headers = [h.lower() for h in _names(settings.console_oidc_token_headers)] or ["authorization"]
