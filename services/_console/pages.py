@@ -1,8 +1,8 @@
 """The console's HTML, rendered on the server: the inbox of held calls, the turns, a turn, and the refusals.
 
 Every value from customers, models, tools and people goes through `esc` (html.escape): nothing they wrote is ever read
-as markup. The page has no inline script or style (its Content-Security-Policy allows neither, services/_console/web.py):
-STYLE and SCRIPT are served as /static/console.css and /static/console.js. The script refreshes the inbox and the
+as markup. The page has no inline script or style (its Content-Security-Policy allows neither, see web.py); STYLE
+and SCRIPT are served as /static/console.css and /static/console.js. The script refreshes the inbox and the
 turns without a reload (it asks for the fragment every POLL_MS, parses it with DOMParser, which runs no script, and
 swaps it in when it changed, keeping a reason being typed) and counts the deadlines down.
 """

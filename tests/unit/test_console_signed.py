@@ -290,11 +290,12 @@ def _rendered(text: str) -> str:
         input_tokens = output_tokens = cache_creation_input_tokens = cache_read_input_tokens = 0
         started_at, agent_digest = 1.0, text
 
+    call = {"type": "tool_use", "name": text, "input": {"q": text}}
     messages = [
         {"role": "user", "content": text},
-        {"role": "assistant", "content": [{"type": "text", "text": text}, {"type": "tool_use", "name": text, "input": {"q": text}}]},
+        {"role": "assistant", "content": [{"type": "text", "text": text}, call]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": text, "content": text, "is_error": True}]},
-    ]  # fmt: skip
+    ]
     card = pages.approval_card(Row, request, pages.Identity(text, "approver", "token"), "tok", None, None)
     return pages.page(
         text,
