@@ -78,6 +78,15 @@ async def test_the_local_user_and_the_trusted_proxies_are_for_development_only()
         Gatekeeper(development(console_trusted_proxies="not-an-address"))
 
 
+def test_the_shipped_sign_on_placeholders_stop_the_console_outside_development():
+    shipped = {"console_oidc_issuer": "https://CHANGE-ME.example.com/realms/staff", "console_oidc_audience": "app"}
+    with pytest.raises(ConfigurationError, match="ROUNDTRIP_CONSOLE_OIDC_ISSUER is the manifest's placeholder"):
+        production(**shipped).refuse_console_local_user("console")
+    production(console_oidc_issuer="https://sso.example.com", console_oidc_audience="app").refuse_console_local_user(
+        "console"
+    )
+
+
 @pytest.mark.parametrize(
     "key,says", [("CHANGE-ME-to-64-random-hex-chars", "placeholder CHANGE-ME"), ("s3cr3t-but-short", "16 bytes")]
 )

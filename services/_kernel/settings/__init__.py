@@ -281,6 +281,16 @@ class Settings(
                 "word of a source address (anything reaching that address names any approver), and this is not "
                 "development. Use the signed mode: ROUNDTRIP_CONSOLE_OIDC_ISSUER and ROUNDTRIP_CONSOLE_OIDC_AUDIENCE."
             )
+        placeholder = [
+            name
+            for name, value in (("ISSUER", self.console_oidc_issuer), ("AUDIENCE", self.console_oidc_audience))
+            if value and "change-me" in value.lower()
+        ]
+        if placeholder and not self.development:
+            raise ConfigurationError(
+                f"{service} refuses to start: ROUNDTRIP_CONSOLE_OIDC_{placeholder[0]} is the manifest's placeholder "
+                "CHANGE-ME; set your OIDC provider's issuer and the client id its tokens are issued for."
+            )
         if self.console_oidc_issuer and not self.console_oidc_audience:
             raise ConfigurationError(
                 f"{service} refuses to start: ROUNDTRIP_CONSOLE_OIDC_ISSUER is set but ROUNDTRIP_CONSOLE_OIDC_AUDIENCE "
