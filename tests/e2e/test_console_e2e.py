@@ -40,8 +40,9 @@ async def held_calls(fleet):
 
 
 def _token(issuer: oidc_issuer.Running, email: str, groups: list[str], **claims) -> str:
+    person = {"sub": email.split("@")[0], "email": email, "aud": AUDIENCE, "groups": groups}
     lifetime = {"exp": int(time.time()) + 3600}  # the module's tests outlast the issuer's default 300 s
-    return issuer.mint(sub=email.split("@")[0], email=email, aud=AUDIENCE, groups=groups, **{**lifetime, **claims})
+    return issuer.mint(**(person | lifetime | claims))
 
 
 @pytest.fixture(scope="module")
