@@ -5,9 +5,9 @@ front of the console as an identity-aware proxy (oauth2-proxy, Google IAP, or an
 token) and passes the signed OIDC token with every request (`Authorization: Bearer`, oauth2-proxy's
 `X-Forwarded-Access-Token`, IAP's `x-goog-iap-jwt-assertion`: ROUNDTRIP_CONSOLE_OIDC_TOKEN_HEADERS). The console
 believes a token only when PyJWT verifies its signature with one of the issuer's published keys (the JWKS named by
-the issuer's discovery document, cached by PyJWKClient and fetched again for a key id it does not know), its issuer,
-its audience and its expiry. Who the person is and their groups come from the token's claims. Where the request comes
-from proves nothing, so it is not asked.
+the issuer's discovery document, cached 5 minutes by PyJWKClient and fetched again for a key id it does not know),
+its issuer, its audience and its expiry. Who the person is and their groups come from the token's claims. Where the
+request comes from proves nothing, so it is not asked.
 
 **Identity, development.** ROUNDTRIP_CONSOLE_TRUSTED_PROXIES believes `X-Forwarded-User` / `-Email` / `-Groups` from
 those addresses on their word alone, and a request nobody vouched for is the local user (ROUNDTRIP_CONSOLE_LOCAL_USER,
@@ -107,6 +107,11 @@ def _names(spec: str) -> set[str]:
     return {part.strip() for part in spec.split(",") if part.strip()}
 
 
+def _ordered(spec: str) -> list[str]:
+    """A comma-separated list whose order matters (the first present wins)."""
+    return [part.strip() for part in spec.split(",") if part.strip()]
+
+
 def _networks(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     try:
         return [ipaddress.ip_network(part, strict=False) for part in _names(spec)]
@@ -126,6 +131,10 @@ def _claimed(token: str) -> str | None:
     return None
 
 
+class IssuerAway(Exception):
+    """The issuer's discovery document could not be read."""
+
+
 class Issuer:
     """The OIDC issuer's keys: its discovery document read once, its JWKS through PyJWKClient (cached, and fetched
     again for a key id it does not hold)."""
@@ -141,13 +150,16 @@ class Issuer:
             if self._client is None:
                 url = self._jwks_url
                 if not url:
-                    async with httpx.AsyncClient(timeout=10) as http:
-                        found = await http.get(f"{self.issuer}/.well-known/openid-configuration")
-                        found.raise_for_status()
-                        url = str(found.json()["jwks_uri"])
-                self._client = jwt.PyJWKClient(
-                    url,
-                    cache_keys=True,
+                    try:
+                        async with httpx.AsyncClient(timeout=10) as http:
+                            found = await http.get(f"{self.issuer}/.well-known/openid-configuration")
+                            found.raise_for_status()
+                            url = str(found.json()["jwks_uri"])
+                    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:  # away, or no discovery document
+                        raise IssuerAway(f"{type(exc).__name__}: {exc}"[:300]) from None
+                self._client = jwt.PyJWKClient(  # the key set is cached, not each key: one the issuer withdrew
+                    url,  # is no longer believed once the set is fetched again
+                    cache_keys=False,
                     lifespan=JWKS_LIFESPAN_S,
                     timeout=10,
                     cooldown_duration=JWKS_REFRESH_COOLDOWN_S,
@@ -169,8 +181,8 @@ class Gatekeeper:
             else None
         )
         self.audience = settings.console_oidc_audience or ""
-        self.token_headers = [h.lower() for h in _names(settings.console_oidc_token_headers)] or ["authorization"]
-        self.name_claims = [c for c in settings.console_oidc_name_claims.split(",") if c.strip()]
+        self.token_headers = _ordered(settings.console_oidc_token_headers.lower()) or ["authorization"]
+        self.name_claims = _ordered(settings.console_oidc_name_claims)
         self.groups_claim = settings.console_oidc_groups_claim.strip()
         self.refusals = Refusals()
         self.proxies = [] if self.issuer else _networks(settings.console_trusted_proxies)
@@ -235,8 +247,8 @@ class Gatekeeper:
             raise NotSignedIn("the console cannot reach the sign-on's keys: try again in a minute", 503) from None
         except jwt.PyJWKClientError as exc:  # no key of the issuer has this token's key id
             raise self._refuse(request, "unknown-key", token, str(exc)[:200]) from None
-        except httpx.HTTPError as exc:
-            security.error("the console cannot read the issuer's discovery document: %s: %s", type(exc).__name__, exc)
+        except IssuerAway as exc:
+            security.error("the console cannot read the issuer's discovery document: %s", exc)
             raise NotSignedIn("the console cannot reach the sign-on's keys: try again in a minute", 503) from None
         except jwt.PyJWTError as exc:  # malformed, not yet valid, a required claim missing, an algorithm refused
             raise self._refuse(request, "invalid-token", token, f"{type(exc).__name__}: {exc}"[:200]) from None

@@ -68,6 +68,8 @@ async def test_a_token_the_issuer_signed_signs_its_person_in_with_the_role_of_th
     )
     assert (vic.name, vic.role, vic.may_decide) == ("vic@example.com", VIEWER, False)
     assert (await gate.identify(request(bearer(person(issuer, groups=["marketing"]))))).role is None
+    both = {**bearer(person(issuer)), "X-Forwarded-Access-Token": person(issuer, "vic@example.com")}
+    assert (await gate.identify(request(both))).name == "alice@example.com"  # the first header of the setting wins
     iap = Gatekeeper(
         settings_for(issuer, console_oidc_token_headers="x-goog-iap-jwt-assertion", console_oidc_groups_claim="roles")
     )
