@@ -202,11 +202,16 @@ KEY_PLACEHOLDERS = (  # the Secrets' key settings an operator fills (docs/operat
 )
 
 
-def with_keys_filled(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_keys_filled(
+    docs: list[dict[str, Any]],
+    issuer: str = "https://sso.example.com/realms/staff",
+    audience: str = "roundtrip-console",
+) -> list[dict[str, Any]]:
     """`docs` with every key setting of a Secret that holds the CHANGE-ME placeholder set to a freshly made pair's
     half, as an operator fills them with the lines of `roundtrip keys batch` and `roundtrip keys decision` (one pair
-    each, whichever Secret holds the line), and the console's session key (`openssl rand -hex 32`). Nothing else
-    changes: the shipped placeholders alone must stop the fleet."""
+    each, whichever Secret holds the line), and the console's session key (`openssl rand -hex 32`); and the console's
+    OIDC issuer and audience placeholders with `issuer` and `audience` (a test that signs in passes its own issuer's).
+    Nothing else changes: the shipped placeholders alone must stop the fleet."""
     import copy
     import secrets
 
@@ -219,6 +224,12 @@ def with_keys_filled(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for variable in KEY_PLACEHOLDERS:
             if "CHANGE-ME" in str(data.get(variable, "")):
                 data[variable] = made[variable]
+    sign_on = {"ROUNDTRIP_CONSOLE_OIDC_ISSUER": issuer, "ROUNDTRIP_CONSOLE_OIDC_AUDIENCE": audience}
+    for workload in kinds(filled, "Deployment").values():
+        for c in all_containers(workload):
+            for variable in c.get("env", []):
+                if variable["name"] in sign_on and "CHANGE-ME" in str(variable.get("value", "")):
+                    variable["value"] = sign_on[variable["name"]]
     return filled
 
 

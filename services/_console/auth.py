@@ -1,11 +1,21 @@
 """Who is asking, and what they may do: the console's sign-in, its roles and its CSRF tokens.
 
-**Identity.** The company's single sign-on sits in front of the console as a reverse proxy (oauth2-proxy, or any proxy
-that sets the same headers): it authenticates the person and passes `X-Forwarded-User`, `X-Forwarded-Email` and
-`X-Forwarded-Groups`. Those headers are believed only when ROUNDTRIP_CONSOLE_TRUSTED_PROXIES is set and only on a
-connection from one of its addresses; from anywhere else they are ignored (anyone can type a header). In the
-development fleet, a request no proxy vouched for is the local user (ROUNDTRIP_CONSOLE_LOCAL_USER, else
-`<login>@<host>`), an approver. Nobody else is served a page.
+**Identity, the signed mode** (ROUNDTRIP_CONSOLE_OIDC_ISSUER and _AUDIENCE). The company's single sign-on sits in
+front of the console as an identity-aware proxy (oauth2-proxy, Google IAP, or any proxy that forwards the person's
+token) and passes the signed OIDC token with every request (`Authorization: Bearer`, oauth2-proxy's
+`X-Forwarded-Access-Token`, IAP's `x-goog-iap-jwt-assertion`: ROUNDTRIP_CONSOLE_OIDC_TOKEN_HEADERS). The console
+believes a token only when PyJWT verifies its signature with one of the issuer's published keys (the JWKS named by
+the issuer's discovery document, cached 5 minutes by PyJWKClient and fetched again for a key id it does not know),
+its issuer, its audience and its expiry. Who the person is and their groups come from the token's claims. Where the
+request comes from proves nothing, so it is not asked.
+
+**Identity, development.** ROUNDTRIP_CONSOLE_TRUSTED_PROXIES believes `X-Forwarded-User` / `-Email` / `-Groups` from
+those addresses on their word alone, and a request nobody vouched for is the local user (ROUNDTRIP_CONSOLE_LOCAL_USER,
+else `<login>@<host>`), an approver. Both are refused outside development (Settings.refuse_console_local_user).
+
+**Refusals** of a sign-in (no token, a bad signature, expired, another audience or issuer) are written to the
+`roundtrip.security` log with the reason, the address and the identity the token claims (unverified, quoted), at most
+one line per address and reason a minute, with the count of those not written.
 
 **Roles.** `approver` (may approve, deny and cancel) and `viewer` (may look), from the groups the proxy names
 (ROUNDTRIP_CONSOLE_APPROVER_GROUPS, ROUNDTRIP_CONSOLE_VIEWER_GROUPS). A signed-in person in neither is refused.
@@ -17,12 +27,18 @@ nor make a token that verifies for this person, so a forged or replayed post fro
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
+import logging
 import secrets
+import time
 from dataclasses import dataclass
+from typing import Any
 
+import httpx
+import jwt
 from starlette.requests import Request
 
 from roundtrip._kernel.settings import Settings
@@ -30,13 +46,22 @@ from roundtrip._kernel.settings import Settings
 APPROVER, VIEWER = "approver", "viewer"
 CSRF_COOKIE, CSRF_FIELD = "roundtrip_csrf", "csrf"
 USER_HEADER, EMAIL_HEADER, GROUPS_HEADER = "x-forwarded-user", "x-forwarded-email", "x-forwarded-groups"
+# Asymmetric algorithms only: a token "signed" with a shared secret or none at all is never believed.
+ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
+LEEWAY_S = 30  # clocks of the issuer and the console disagree a little
+JWKS_LIFESPAN_S = 300
+# A token with a key id the cached keys lack fetches them again at most this often: forged key ids cannot make the
+# console hammer the issuer, and a key the issuer rotated in is believed within this long.
+JWKS_REFRESH_COOLDOWN_S = 30.0
+REFUSAL_WINDOW_S = 60.0
+security = logging.getLogger("roundtrip.security")
 
 
 @dataclass(frozen=True)
 class Identity:
     name: str  # what `decided_by` records: the e-mail the proxy names, else its user
     role: str | None  # APPROVER, VIEWER, or None (signed in, but in no console group)
-    via: str  # "proxy" or "local"
+    via: str  # "token" (signed), "proxy" (development headers) or "local"
 
     @property
     def may_decide(self) -> bool:
@@ -46,13 +71,45 @@ class Identity:
 class NotSignedIn(Exception):
     """No identity the console believes: `message` says why (shown on the 401 page)."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, status: int = 401) -> None:
         super().__init__(message)
-        self.message = message
+        self.message, self.status = message, status
+
+
+class Refusals:
+    """The log of refused sign-ins, at most one line per (address, reason) a window, with the count not written."""
+
+    def __init__(self, window_s: float = REFUSAL_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # -> (when its last line was written, since then)
+
+    def refused(self, reason: str, address: str, claimed: str | None, detail: str = "") -> None:
+        now = time.monotonic()
+        key = (address, reason)
+        last, unwritten = self._seen.get(key, (-self.window_s, 0))
+        if now - last < self.window_s:
+            self._seen[key] = (last, unwritten + 1)
+            return
+        if len(self._seen) > 10_000:  # a flood from many addresses: forget the old windows, never grow without end
+            self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.window_s}
+        self._seen[key] = (now, 0)
+        security.warning(
+            "refused sign-in: reason=%s from=%r claimed=%r%s%s",
+            reason,
+            address,
+            claimed,
+            f" detail={detail!r}" if detail else "",
+            f" (and {unwritten} more from this address for this reason since the last line)" if unwritten else "",
+        )
 
 
 def _names(spec: str) -> set[str]:
     return {part.strip() for part in spec.split(",") if part.strip()}
+
+
+def _ordered(spec: str) -> list[str]:
+    """A comma-separated list whose order matters (the first present wins)."""
+    return [part.strip() for part in spec.split(",") if part.strip()]
 
 
 def _networks(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -62,11 +119,73 @@ def _networks(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         raise ValueError(f"ROUNDTRIP_CONSOLE_TRUSTED_PROXIES: {exc}") from None
 
 
+def _claimed(token: str) -> str | None:
+    """Who a token says it is, unverified: for the refusal's log line only."""
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError:
+        return None
+    for claim in ("email", "preferred_username", "sub"):
+        if isinstance(claims.get(claim), str):
+            return claims[claim][:200]
+    return None
+
+
+class IssuerAway(Exception):
+    """The issuer's discovery document could not be read."""
+
+
+class Issuer:
+    """The OIDC issuer's keys: its discovery document read once, its JWKS through PyJWKClient (cached, and fetched
+    again for a key id it does not hold)."""
+
+    def __init__(self, issuer: str, jwks_url: str | None) -> None:
+        self.issuer = issuer.rstrip("/")
+        self._jwks_url = jwks_url
+        self._client: jwt.PyJWKClient | None = None
+        self._lock = asyncio.Lock()
+
+    async def _keys(self) -> jwt.PyJWKClient:
+        async with self._lock:
+            if self._client is None:
+                url = self._jwks_url
+                if not url:
+                    try:
+                        async with httpx.AsyncClient(timeout=10) as http:
+                            found = await http.get(f"{self.issuer}/.well-known/openid-configuration")
+                            found.raise_for_status()
+                            url = str(found.json()["jwks_uri"])
+                    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:  # away, or no discovery document
+                        raise IssuerAway(f"{type(exc).__name__}: {exc}"[:300]) from None
+                self._client = jwt.PyJWKClient(  # the key set is cached, not each key: one the issuer withdrew
+                    url,  # is no longer believed once the set is fetched again
+                    cache_keys=False,
+                    lifespan=JWKS_LIFESPAN_S,
+                    timeout=10,
+                    cooldown_duration=JWKS_REFRESH_COOLDOWN_S,
+                )
+            return self._client
+
+    async def key(self, token: str) -> Any:
+        keys = await self._keys()
+        return (await asyncio.to_thread(keys.get_signing_key_from_jwt, token)).key
+
+
 class Gatekeeper:
     """The console's sign-in as the settings configure it."""
 
     def __init__(self, settings: Settings) -> None:
-        self.proxies = _networks(settings.console_trusted_proxies)
+        self.issuer = (
+            Issuer(settings.console_oidc_issuer, settings.console_oidc_jwks_url)
+            if settings.console_oidc_issuer
+            else None
+        )
+        self.audience = settings.console_oidc_audience or ""
+        self.token_headers = _ordered(settings.console_oidc_token_headers.lower()) or ["authorization"]
+        self.name_claims = _ordered(settings.console_oidc_name_claims)
+        self.groups_claim = settings.console_oidc_groups_claim.strip()
+        self.refusals = Refusals()
+        self.proxies = [] if self.issuer else _networks(settings.console_trusted_proxies)
         self.approvers = _names(settings.console_approver_groups)
         self.viewers = _names(settings.console_viewer_groups)
         self.local = settings.console_local_identity
@@ -81,20 +200,79 @@ class Gatekeeper:
             return False
         return any(peer in network for network in self.proxies)
 
-    def identify(self, request: Request) -> Identity:
+    def _role(self, groups: set[str]) -> str | None:
+        return APPROVER if groups & self.approvers else VIEWER if groups & self.viewers else None
+
+    def _token(self, request: Request) -> str | None:
+        for name in self.token_headers:
+            value = request.headers.get(name, "").strip()
+            if name == "authorization":
+                scheme, _, value = value.partition(" ")
+                value = value.strip() if scheme.lower() == "bearer" else ""
+            if value:
+                return value
+        return None
+
+    def _refuse(self, request: Request, reason: str, token: str | None, detail: str = "") -> NotSignedIn:
+        address = request.client.host if request.client else "?"
+        self.refusals.refused(reason, address, _claimed(token) if token else None, detail)
+        return NotSignedIn(f"not signed in: {reason.replace('-', ' ')}: open the console through the company's sign-on")
+
+    async def _verified(self, request: Request) -> Identity:
+        assert self.issuer is not None
+        token = self._token(request)
+        if token is None:
+            raise self._refuse(request, "no-token", None)
+        try:
+            key = await self.issuer.key(token)
+            claims = jwt.decode(
+                token,
+                key,
+                algorithms=ALGORITHMS,
+                audience=self.audience,
+                issuer=self.issuer.issuer,
+                leeway=LEEWAY_S,
+                options={"require": ["exp", "iss", "aud"]},
+            )
+        except jwt.ExpiredSignatureError:
+            raise self._refuse(request, "expired", token) from None
+        except jwt.InvalidAudienceError:
+            raise self._refuse(request, "wrong-audience", token) from None
+        except jwt.InvalidIssuerError:
+            raise self._refuse(request, "wrong-issuer", token) from None
+        except jwt.InvalidSignatureError:
+            raise self._refuse(request, "bad-signature", token) from None
+        except jwt.PyJWKClientConnectionError as exc:
+            security.error("the console cannot fetch the issuer's keys: %s", exc)
+            raise NotSignedIn("the console cannot reach the sign-on's keys: try again in a minute", 503) from None
+        except jwt.PyJWKClientError as exc:  # no key of the issuer has this token's key id
+            raise self._refuse(request, "unknown-key", token, str(exc)[:200]) from None
+        except IssuerAway as exc:
+            security.error("the console cannot read the issuer's discovery document: %s", exc)
+            raise NotSignedIn("the console cannot reach the sign-on's keys: try again in a minute", 503) from None
+        except jwt.PyJWTError as exc:  # malformed, not yet valid, a required claim missing, an algorithm refused
+            raise self._refuse(request, "invalid-token", token, f"{type(exc).__name__}: {exc}"[:200]) from None
+        name = next((claims[c] for c in self.name_claims if isinstance(claims.get(c), str) and claims[c]), None)
+        if name is None:
+            raise self._refuse(request, "no-name-claim", token)
+        raw = claims.get(self.groups_claim, [])
+        groups = _names(raw) if isinstance(raw, str) else {str(g) for g in raw} if isinstance(raw, list) else set()
+        return Identity(name[:200], self._role(groups), "token")
+
+    async def identify(self, request: Request) -> Identity:
         """The signed-in person, or NotSignedIn."""
+        if self.issuer is not None:
+            return await self._verified(request)
         headers = request.headers
         user = (headers.get(EMAIL_HEADER) or headers.get(USER_HEADER) or "").strip()
         if self.proxies and user and self.from_proxy(request):
-            groups = _names(headers.get(GROUPS_HEADER, ""))
-            role = APPROVER if groups & self.approvers else VIEWER if groups & self.viewers else None
-            return Identity(user[:200], role, "proxy")
+            return Identity(user[:200], self._role(_names(headers.get(GROUPS_HEADER, ""))), "proxy")
         if self.local:
             return Identity(self.local, APPROVER, "local")
         if not self.proxies:
             raise NotSignedIn(
                 "no sign-in is configured: put the company's sign-on proxy in front of the console and name its "
-                "addresses in ROUNDTRIP_CONSOLE_TRUSTED_PROXIES"
+                "issuer in ROUNDTRIP_CONSOLE_OIDC_ISSUER (docs/console.md)"
             )
         raise NotSignedIn("not signed in: open the console through the company's sign-on")
 

@@ -1,8 +1,10 @@
 """The console's HTML, rendered on the server: the inbox of held calls, the turns, a turn, and the refusals.
 
 Every value from customers, models, tools and people goes through `esc` (html.escape): nothing they wrote is ever read
-as markup. The page's only script (SCRIPT) refreshes the inbox and the turns without a reload (it asks for the
-fragment every POLL_MS and swaps it in when it changed, keeping a reason being typed) and counts the deadlines down.
+as markup. The page has no inline script or style (its Content-Security-Policy allows neither, see web.py); STYLE
+and SCRIPT are served as /static/console.css and /static/console.js. The script refreshes the inbox and the
+turns without a reload (it asks for the fragment every POLL_MS, parses it with DOMParser, which runs no script, and
+swaps it in when it changed, keeping a reason being typed) and counts the deadlines down.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ button{padding:.35em .9em;border-radius:4px;border:1px solid #adb5bd;cursor:poin
 button.approve{background:#2b8a3e;color:#fff;border-color:#2b8a3e}button.deny{background:#c92a2a;color:#fff;
 border-color:#c92a2a}input[type=text]{width:22em;padding:.3em}.status{font-weight:600}
 .countdown{font-weight:600;color:#e67700}form.filters{margin:0 0 1em}
-form.filters input,form.filters select{margin-right:.6em}
-"""
+form.filters input,form.filters select{margin-right:.6em}.error{color:#c92a2a}
+""" + "".join(f".st-{status}{{color:{colour}}}" for status, colour in STATUS_COLOURS.items())
 
 SCRIPT = """
 (function(){
@@ -51,7 +53,8 @@ SCRIPT = """
   function refresh(){var box=document.getElementById('live');if(!box){return;}
     fetch(box.dataset.src,{credentials:'same-origin',cache:'no-store'}).then(function(r){
       if(!r.ok){throw new Error('HTTP '+r.status);}return r.text();}).then(function(text){
-      var next=document.createElement('div');next.innerHTML=text;var fresh=next.firstElementChild;
+      var parsed=new DOMParser().parseFromString(text,'text/html').body.firstElementChild;
+      var fresh=parsed?document.importNode(parsed,true):null;
       document.getElementById('offline').hidden=true;
       if(!fresh||fresh.dataset.version===(box.firstElementChild||{dataset:{}}).dataset.version){return;}
       var typed={};box.querySelectorAll('input[name=reason]').forEach(function(i){typed[i.form.action]=i.value;});
@@ -61,6 +64,10 @@ SCRIPT = """
   tick();setInterval(tick,1000);setInterval(refresh,POLL);
 })();
 """.replace("POLL", str(POLL_MS))
+
+
+def _status_class(status: str) -> str:
+    return f"st-{status}" if status in STATUS_COLOURS else ""
 
 
 def esc(value: Any) -> str:
@@ -83,10 +90,11 @@ def page(title: str, body: str, identity: Identity | None) -> str:
     )
     return (
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · roundtrip console</title>'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{STYLE}</style></head><body>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="stylesheet" href="/static/console.css"></head><body>'
         f'<header><strong>roundtrip console</strong><a href="/approvals">Approvals</a><a href="/turns">Turns</a>{who}'
         f'</header><main><div id="offline" class="notice bad" hidden>The console cannot reach its server; '
-        f"what you see may be out of date.</div>{body}</main><script>{SCRIPT}</script></body></html>"
+        f"what you see may be out of date.</div>{body}</main><script src='/static/console.js'></script></body></html>"
     )
 
 
@@ -170,11 +178,10 @@ def turn_filters(status: str, outcome: str, customer: str, max_age_min: str, age
 def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) -> str:
     cells = []
     for r in rows:
-        colour = STATUS_COLOURS.get(r.status, "#212529")
         tokens = r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens
         cells.append(
             f'<tr data-turn="{esc(r.turn_id)}"><td><a href="/turns/{quote(r.turn_id)}">{esc(r.turn_id)}</a></td>'
-            f'<td class="status" style="color:{colour}">{esc(r.status)}</td><td>{esc(r.customer_id)}</td>'
+            f'<td class="status {_status_class(r.status)}">{esc(r.status)}</td><td>{esc(r.customer_id)}</td>'
             f"<td>{r.step}</td><td>{esc(r.outcome or '')}</td><td>{r.cost_usd:.4f}</td>"
             f"<td>{tokens}/{r.output_tokens}</td><td>{now - r.started_at:.0f}</td>"
             f"<td><code>{esc((r.agent_digest or '')[:12])}</code></td></tr>"
@@ -195,7 +202,7 @@ def _block(block: dict[str, Any]) -> str:
     if kind == "tool_use":
         return f"<p><strong>calls {esc(block.get('name'))}</strong></p><pre>{pretty(block.get('input'))}</pre>"
     if kind == "tool_result":
-        mark = '<span style="color:#c92a2a">error</span>' if block.get("is_error") else "result"
+        mark = '<span class="error">error</span>' if block.get("is_error") else "result"
         return f"<p>{mark} of <code>{esc(block.get('tool_use_id'))}</code></p><pre>{pretty(block.get('content'))}</pre>"
     return f"<pre>{pretty(block)}</pre>"
 
@@ -241,9 +248,8 @@ def cancel_form(turn_id: str, csrf: str) -> str:
 
 
 def turn_summary(row: Any, jaeger: str | None, now: float) -> str:
-    colour = STATUS_COLOURS.get(row.status, "#212529")
     facts = [
-        ("status", f'<span class="status" style="color:{colour}">{esc(row.status)}</span>'),
+        ("status", f'<span class="status {_status_class(row.status)}">{esc(row.status)}</span>'),
         ("outcome", esc(row.outcome or "")),
         ("customer", esc(row.customer_id)),
         ("conversation", esc(row.conversation_id)),

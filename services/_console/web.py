@@ -44,7 +44,7 @@ TOLD = 200  # the decisions whose line a redirect can still show
 CANCEL_SENT = "cancel sent; the guard ends the turn with a polite reply"
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; connect-src 'self'; "
+        "default-src 'none'; style-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self'; "
         "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Frame-Options": "DENY",
@@ -78,11 +78,11 @@ class Console:
         self.jaeger = (self.settings.console_jaeger_url or self.settings.effective_jaeger_query_url or "").rstrip("/")
 
     # -- the frame of every request -------------------------------------------------------------
-    def _identity(self, request: Request) -> Identity:
+    async def _identity(self, request: Request) -> Identity:
         try:
-            identity = self.gate.identify(request)
+            identity = await self.gate.identify(request)
         except NotSignedIn as exc:
-            raise Answer(401, exc.message) from None
+            raise Answer(exc.status, exc.message) from None
         if identity.role is None:
             raise Answer(403, f"{identity.name} is signed in but in no group of the console (viewer or approver)")
         return identity
@@ -114,7 +114,7 @@ class Console:
 
     async def _change(self, request: Request, back: str) -> tuple[Identity, Any]:
         """The identity and form of a genuine change by an approver; Answer(403) otherwise (and said in the log)."""
-        identity = self._identity(request)
+        identity = await self._identity(request)
         form = await request.form()
         if not self.gate.check_post(identity, request, str(form.get(CSRF_FIELD, ""))):
             audit.warning(
@@ -157,14 +157,14 @@ class Console:
         return pages.inbox(cards, version, trouble)
 
     async def approvals(self, request: Request) -> Response:
-        identity = self._identity(request)
+        identity = await self._identity(request)
         done = self.told.get(request.query_params.get("decided", ""))  # never text from the URL: a link could lie
         head = pages.notice(done, "ok") if done else ""
         body = head + pages.live("/approvals/live", await self._inbox(request, identity))
         return self._html(request, identity, "Approvals", body)
 
     async def approvals_live(self, request: Request) -> Response:
-        identity = self._identity(request)
+        identity = await self._identity(request)
         return HTMLResponse(await self._inbox(request, identity), headers=SECURITY_HEADERS)
 
     async def decide(self, request: Request) -> Response:
@@ -221,18 +221,18 @@ class Console:
         return pages.turns_table(rows, version, trouble, time.time())
 
     async def turns(self, request: Request) -> Response:
-        identity = self._identity(request)
+        identity = await self._identity(request)
         q = request.query_params
         filters = pages.turn_filters(*(q.get(k, "") for k in ("status", "outcome", "customer", "max_age_min", "agent")))
         src = "/turns/live" + (f"?{request.url.query}" if request.url.query else "")
         return self._html(request, identity, "Turns", filters + pages.live(src, await self._turns(request)))
 
     async def turns_live(self, request: Request) -> Response:
-        self._identity(request)
+        await self._identity(request)
         return HTMLResponse(await self._turns(request), headers=SECURITY_HEADERS)
 
     async def turn(self, request: Request) -> Response:
-        identity = self._identity(request)
+        identity = await self._identity(request)
         turn_id = request.path_params["turn_id"]
         row, approvals = await self._read(self.books.turn(turn_id), identity, back="/turns")
         if row is None:
@@ -323,8 +323,17 @@ def _q(text: str) -> str:
     return quote(text, safe="")
 
 
+def _static(body: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
+    async def serve(request: Request) -> Response:
+        return Response(body, media_type=media_type, headers=SECURITY_HEADERS)
+
+    return serve
+
+
 def application(console: Console) -> Starlette:
     routes = [
+        Route("/static/console.css", _static(pages.STYLE, "text/css")),
+        Route("/static/console.js", _static(pages.SCRIPT, "text/javascript")),
         Route("/", lambda request: RedirectResponse("/approvals", 303)),
         Route("/approvals", console.approvals),
         Route("/approvals/live", console.approvals_live),

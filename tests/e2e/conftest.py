@@ -191,7 +191,6 @@ def fleet_settings(kafka_bootstrap, tmp_path_factory, otlp_receiver) -> tuple[Se
         state_dir=state,
         simulator_port=free_port(),
         console_port=free_port(),
-        console_trusted_proxies="127.0.0.1",  # test_console_e2e.py: the browser is its own sign-on proxy
         shop_port=free_port(),
         partitions=4,
         max_steps=10,

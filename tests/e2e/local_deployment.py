@@ -17,6 +17,8 @@ environment. What is replaced, by variable:
                                          names and run (same driver: postgresql+asyncpg stays so)
     ROUNDTRIP_OTLP_ENDPOINT              the session's OTLP receiver
     ROUNDTRIP_CONSOLE_JAEGER_URL         a loopback Jaeger UI (a link for people's browsers, not an address)
+    ROUNDTRIP_CONSOLE_OIDC_ISSUER        kept: the company's sign-on is no workload of the manifest; the test
+                                         fills it with its own issuer's loopback URL, as the operator fills it
     ROUNDTRIP_*_PORT                     this replica's own local port
     ROUNDTRIP_LISTEN_HOST                127.0.0.1
     ROUNDTRIP_STATE_DIR                  this replica's folder
@@ -194,6 +196,8 @@ class LocalDeployment:
             return self.world.otlp_endpoint
         if variable == "ROUNDTRIP_CONSOLE_JAEGER_URL" and value:
             return "http://127.0.0.1:16686"  # a link the console's pages show people; no process calls it
+        if variable == "ROUNDTRIP_CONSOLE_OIDC_ISSUER":
+            return value  # loopback or refused below, like every URL
         if variable.endswith("_PORT") and value.isdigit():
             return str(replica.ports[int(value)])
         if variable == "ROUNDTRIP_LISTEN_HOST":

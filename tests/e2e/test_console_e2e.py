@@ -1,10 +1,11 @@
 """The console in a real browser (issue 33): Debian's headless Chromium driven by Selenium against the session's fleet.
 
-The browser is its own sign-on proxy: it sends oauth2-proxy's headers (X-Forwarded-Email, -User, -Groups) on every
-request (Chrome DevTools' Network.setExtraHTTPHeaders), and the fleet's console believes them from 127.0.0.1 only
-(ROUNDTRIP_CONSOLE_TRUSTED_PROXIES in tests/e2e/conftest.py). The gate holds cancellations above 50.00 EUR (Alice's
-pending ord_a1000003 is 87.00 EUR). What the server refuses is asked of it directly (httpx), never left to a hidden
-button. The screenshots of docs/console.md are taken here.
+The console runs in the signed mode against a real OIDC issuer process (tests/oidc_issuer.py: discovery document,
+JWKS, RS256 tokens). The browser is its own identity-aware proxy: it sends the token the issuer signed for the person
+as `Authorization: Bearer` on every request (Chrome DevTools' Network.setExtraHTTPHeaders), as oauth2-proxy would;
+the identity headers the development mode believes are sent too, and ignored. The gate holds cancellations above
+50.00 EUR (Alice's pending ord_a1000003 is 87.00 EUR). What the server refuses is asked of it directly (httpx), never
+left to a hidden button. The screenshots of docs/console.md are taken here.
 """
 
 from __future__ import annotations
@@ -20,17 +21,16 @@ import pytest
 
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import Outcome
+from tests import oidc_issuer
 from tests.e2e.test_approvals_e2e import _reset_shop, _spans, _status, _told_waiting, _waiting
 
 ORDER = "ord_a1000003"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "img"
-APPROVER = {
-    "X-Forwarded-User": "alice",
-    "X-Forwarded-Email": "alice@example.com",
-    "X-Forwarded-Groups": "support,roundtrip-approvers",
-}
-VIEWER = {"X-Forwarded-User": "vic", "X-Forwarded-Email": "vic@example.com", "X-Forwarded-Groups": "roundtrip-viewers"}
+AUDIENCE = "roundtrip-console"
+APPROVER: dict[str, str] = {}  # the headers a proxy sends for Alice, an approver (`signed` fills them)
+VIEWER: dict[str, str] = {}  # and for Vic, a viewer
+FORGED = {"X-Forwarded-Email": "mallory@example.com", "X-Forwarded-Groups": "roundtrip-approvers"}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +39,26 @@ async def held_calls(fleet):
         yield
 
 
+def _token(issuer: oidc_issuer.Running, email: str, groups: list[str], **claims) -> str:
+    person = {"sub": email.split("@")[0], "email": email, "aud": AUDIENCE, "groups": groups}
+    lifetime = {"exp": int(time.time()) + 3600}  # the module's tests outlast the issuer's default 300 s
+    return issuer.mint(**(person | lifetime | claims))
+
+
 @pytest.fixture(scope="module")
-def browser():
+async def signed(fleet):
+    """The issuer's process, and the console restarted in the signed mode trusting it."""
+    with oidc_issuer.running() as issuer:
+        APPROVER.update(
+            {"Authorization": f"Bearer {_token(issuer, 'alice@example.com', ['support', 'roundtrip-approvers'])}"}
+        )
+        VIEWER.update({"Authorization": f"Bearer {_token(issuer, 'vic@example.com', ['roundtrip-viewers'])}"})
+        async with fleet.reconfigured(("console",), console_oidc_issuer=issuer.url, console_oidc_audience=AUDIENCE):
+            yield issuer
+
+
+@pytest.fixture(scope="module")
+def browser(signed):
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -58,7 +76,7 @@ def browser():
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.execute_cdp_cmd("Network.enable", {})
-    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": APPROVER})  # the sign-on proxy's word
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {**FORGED, **APPROVER}})  # the proxy's token
     yield driver
     driver.quit()
 
@@ -131,7 +149,7 @@ async def test_a_held_call_appears_without_reload_an_approver_approves_it_and_it
     assert span["attributes"]["roundtrip.decided_by"] == "alice@example.com"
     assert span["attributes"]["roundtrip.decision"] == "approve" and span["attributes"]["enduser.role"] == "approver"
     log = (fleet.sync.logs / "console.log").read_text()
-    assert 'approve by="alice@example.com" role=approver via=proxy from="127.0.0.1"' in log
+    assert 'approve by="alice@example.com" role=approver via=token from="127.0.0.1"' in log
     assert f'approval="{approval_id}"' in log and '"customer confirmed by phone"' in log
 
     # a second decision, the approval ended: refused with the reason, nothing sent
@@ -148,6 +166,34 @@ async def test_a_held_call_appears_without_reload_an_approver_approves_it_and_it
     browser.save_screenshot(str(SHOTS / "console-turn.png"))
     await asyncio.to_thread(browser.get, _url(settings, "/turns?customer=cus_1001&outcome=end_turn"))
     assert turn_id in browser.find_element(By.TAG_NAME, "table").text
+
+
+def test_every_refused_sign_in_is_refused_and_audited_and_the_page_allows_no_inline_script(
+    signed, fleet, fleet_settings
+):
+    settings = fleet_settings[0]
+    now = int(time.time())
+    base = {"iss": signed.url, "aud": AUDIENCE, "email": "mallory@example.com", "groups": ["roundtrip-approvers"]}
+    mallory = "mallory@example.com"
+    forged = oidc_issuer.sign({**base, "exp": now + 300}, oidc_issuer.another_key())
+    tokens = {
+        "bad-signature": forged,
+        "expired": _token(signed, mallory, ["roundtrip-approvers"], exp=now - 600),
+        "wrong-audience": _token(signed, mallory, [], aud="another-app"),
+        "wrong-issuer": _token(signed, mallory, [], iss="https://evil.example"),
+    }
+    attempts = {"no-token": FORGED} | {k: {"Authorization": f"Bearer {t}"} for k, t in tokens.items()}
+    for reason, headers in attempts.items():
+        answer = httpx.get(f"http://127.0.0.1:{settings.console_port}/approvals", headers=headers, timeout=10)
+        assert answer.status_code == 401 and "mallory" not in answer.text, (reason, answer.text)
+    log = (fleet.sync.logs / "console.log").read_text()
+    for reason in attempts:
+        assert f"refused sign-in: reason={reason} from='127.0.0.1'" in log, reason
+    assert "claimed='mallory@example.com'" in log and "Bearer" not in log
+
+    page = httpx.get(f"http://127.0.0.1:{settings.console_port}/approvals", headers=APPROVER, timeout=10)
+    policy = page.headers["content-security-policy"]
+    assert page.status_code == 200 and "unsafe-inline" not in policy and "frame-ancestors 'none'" in policy
 
 
 async def test_the_server_refuses_anonymous_viewer_and_forged_posts_and_a_deny_reaches_the_model(

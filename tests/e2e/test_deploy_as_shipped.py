@@ -18,7 +18,10 @@ and the listen host -> the local processes, the OTLP endpoint -> a local receive
 prefix of the run's own because the broker is shared with other tests. One substitution is not an
 address: the topics' replication factor and min.insync.replicas (3 and 2 in the ConfigMap) become 1,
 because the session's broker is a single node. And the k8s Secrets' key placeholders (CHANGE-ME) are filled with
-freshly made pairs, as the operator must before applying them (tests/manifests.py: with_keys_filled).
+freshly made pairs, as the operator must before applying them (tests/manifests.py: with_keys_filled), and the
+console's OIDC issuer and audience with those of a real test issuer process (tests/oidc_issuer.py), which compose
+gets as its operator gives them (ROUNDTRIP_CONSOLE_OIDC_ISSUER and _AUDIENCE in the environment): both consoles run in
+the signed mode and serve a page only to a token that issuer signed.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from roundtrip._broker.secured import Listener, Tls, client_security, make_tls, 
 from roundtrip._cli.console import partitions_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
+from tests import oidc_issuer
 from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.local_deployment import LocalDeployment, LocalWorld
 from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest
@@ -49,6 +53,14 @@ FILLED = ("ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD", "ca"
 CUSTOMER = "cus_1001"
 START_TIMEOUT_S = 120  # every replica ready (2 busy cores, ~15 processes a shape)
 REPLY_TIMEOUT_S = 60  # the turns together; a turn with the simulator takes well under a second
+AUDIENCE = "roundtrip-console"
+
+
+@pytest.fixture(scope="module")
+def issuer() -> Iterator[oidc_issuer.Running]:
+    """The company's OIDC provider the shipped consoles are configured with."""
+    with oidc_issuer.running() as running:
+        yield running
 
 
 @dataclass(frozen=True)
@@ -82,10 +94,10 @@ def secured_kafka_broker(tmp_path_factory) -> Iterator[SecuredKafka]:
         yield SecuredKafka(f"127.0.0.1:{listener.port}", listener, tls)
 
 
-def filled_k8s_documents(kafka: SecuredKafka, docs: list[dict] | None = None) -> list[dict]:
-    """deploy/k8s with the Kafka Secret filled as its operator does, and the key Secrets' placeholders with fresh pairs
-    made as `roundtrip keys` makes them (the rest of its template as shipped)."""
-    docs = with_keys_filled(docs if docs is not None else k8s_documents())
+def filled_k8s_documents(kafka: SecuredKafka, issuer: str, docs: list[dict] | None = None) -> list[dict]:
+    """deploy/k8s with the Kafka Secret filled as its operator does, the key Secrets' placeholders with fresh pairs
+    made as `roundtrip keys` makes them and the console's issuer (the rest of its template as shipped)."""
+    docs = with_keys_filled(docs if docs is not None else k8s_documents(), issuer, AUDIENCE)
     secret = kinds(docs, "Secret")["roundtrip-kafka"]["stringData"]
     assert all("CHANGE-ME" in secret[k] for k in FILLED), "the shipped Secret should be a template to fill"
     secret |= {
@@ -96,10 +108,11 @@ def filled_k8s_documents(kafka: SecuredKafka, docs: list[dict] | None = None) ->
     return docs
 
 
-def manifest_of(shape: str, kafka: SecuredKafka):
+def manifest_of(shape: str, kafka: SecuredKafka, issuer: str):
     if shape == "k8s":
-        return k8s_manifest(filled_k8s_documents(kafka), replicas={"executor": EXECUTORS})
-    return compose_manifest(compose_config(), scale={"executor": EXECUTORS})  # `docker compose up --scale executor=3`
+        return k8s_manifest(filled_k8s_documents(kafka, issuer), replicas={"executor": EXECUTORS})
+    sign_on = {"ROUNDTRIP_CONSOLE_OIDC_ISSUER": issuer, "ROUNDTRIP_CONSOLE_OIDC_AUDIENCE": AUDIENCE}  # its .env
+    return compose_manifest(compose_config(**sign_on), scale={"executor": EXECUTORS})  # `--scale executor=3`
 
 
 def tool_runs(metrics: str) -> float:
@@ -109,9 +122,9 @@ def tool_runs(metrics: str) -> float:
 
 @pytest.mark.parametrize("shape", ["k8s", "compose"])
 async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
-    shape, kafka_bootstrap, secured_kafka_broker, postgres_url, otlp_receiver, tmp_path
+    shape, kafka_bootstrap, secured_kafka_broker, issuer, postgres_url, otlp_receiver, tmp_path
 ):
-    manifest = manifest_of(shape, secured_kafka_broker)
+    manifest = manifest_of(shape, secured_kafka_broker, issuer.url)
     assert manifest.workloads["executor"].replicas == EXECUTORS
     # k8s: its secured Kafka; compose: its own (plaintext) Kafka, for which the session's broker stands in
     bootstrap, security = (
@@ -171,12 +184,17 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
         logs = "".join(p.log.read_text(errors="replace") for r in deployment.all() for p in r.processes)
         assert KAFKA_PASSWORD not in logs  # the Secret's password is never said
 
-        # the console runs too: compose is a development fleet, where a visitor is the local user; the cluster's
-        # console believes only its sign-on sidecar, which the shipped manifest leaves to the operator: refused
+        # the console runs too, in the signed mode: a page for a token the issuer signed, nobody else's
         (console,) = deployment.replicas["console"]
-        page = httpx.get(console.url("/approvals", 8803), timeout=5)  # its manifest's ROUNDTRIP_CONSOLE_PORT
-        assert page.status_code == (200 if shape == "compose" else 401), page.text
-        assert ("Waiting for a person" if shape == "compose" else "not signed in") in page.text
+        page = console.url("/approvals", 8803)  # its manifest's ROUNDTRIP_CONSOLE_PORT
+        anonymous = httpx.get(page, headers={"X-Forwarded-Email": "mallory@example.com"}, timeout=5)
+        assert anonymous.status_code == 401 and "not signed in" in anonymous.text, anonymous.text
+        token = issuer.mint(email="alice@example.com", aud=AUDIENCE, groups=["roundtrip-approvers"])
+        signed_in = httpx.get(page, headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        assert signed_in.status_code == 200 and "Waiting for a person" in signed_in.text, signed_in.text
+        assert "alice@example.com (approver)" in signed_in.text
+        log = "".join(p.log.read_text(errors="replace") for p in console.processes)
+        assert "refused sign-in: reason=no-token from='127.0.0.1'" in log
     except BaseException:
         print(f"deploy from {shape}: the last lines of every process's log\n{deployment.tails()}")
         raise
@@ -185,7 +203,7 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
 
 
 async def test_the_k8s_manifests_run_a_users_agent_the_example_carrier(
-    secured_kafka_broker, postgres_url, otlp_receiver, tmp_path
+    secured_kafka_broker, issuer, postgres_url, otlp_receiver, tmp_path
 ):
     """The manifests with a user's agent (issue 29, item 4): the example carrier agent (examples/telecom-agent,
     installed as its own distribution, as its image would have it: docs/operating/deploy.md) named by
@@ -205,7 +223,7 @@ async def test_the_k8s_manifests_run_a_users_agent_the_example_carrier(
         )
     )
     docs = [d for d in k8s_documents() if d["metadata"]["name"] != "shop" or d["kind"] not in ("Deployment", "Service")]
-    docs = filled_k8s_documents(secured_kafka_broker, docs)
+    docs = filled_k8s_documents(secured_kafka_broker, issuer.url, docs)
     config = kinds(docs, "ConfigMap")["roundtrip-config"]["data"]
     del config["ROUNDTRIP_SHOP_URL"]  # no demo shop: this agent's backend is its own
     config |= {

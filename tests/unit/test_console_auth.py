@@ -32,41 +32,59 @@ def production(**values) -> Settings:
     return Settings(_env_file=None, env="production", **values)
 
 
-def test_proxy_headers_are_believed_only_from_the_configured_proxies():
-    gate = Gatekeeper(production(console_trusted_proxies=f"{PROXY}, 192.168.0.0/16"))
-    assert gate.identify(request(PROXY, ALICE)).name == "alice@example.com"
-    assert gate.identify(request("192.168.7.7", ALICE)).role == APPROVER
-    with pytest.raises(NotSignedIn, match="not signed in"):
-        gate.identify(request("10.9.9.9", ALICE))  # anyone can type the header: not from the proxy, not believed
-    with pytest.raises(NotSignedIn, match="not signed in"):
-        gate.identify(request(PROXY))  # the proxy named nobody
+def development(**values) -> Settings:
+    return Settings(_env_file=None, env="development", **values)
 
 
-def test_without_a_configured_proxy_nobody_is_signed_in_outside_development():
+async def test_development_proxy_headers_are_believed_only_from_the_configured_proxies():
+    gate = Gatekeeper(development(console_trusted_proxies=f"{PROXY}, 192.168.0.0/16"))
+    assert (await gate.identify(request(PROXY, ALICE))).name == "alice@example.com"
+    assert (await gate.identify(request("192.168.7.7", ALICE))).role == APPROVER
+    with pytest.raises(NotSignedIn, match="not signed in"):
+        await gate.identify(request("10.9.9.9", ALICE))  # anyone can type the header: not from the proxy, not believed
+    with pytest.raises(NotSignedIn, match="not signed in"):
+        await gate.identify(request(PROXY))  # the proxy named nobody
+
+
+async def test_without_a_configured_sign_in_nobody_is_signed_in_outside_development():
     gate = Gatekeeper(production())
-    with pytest.raises(NotSignedIn, match="ROUNDTRIP_CONSOLE_TRUSTED_PROXIES"):
-        gate.identify(request("127.0.0.1", ALICE))
+    with pytest.raises(NotSignedIn, match="ROUNDTRIP_CONSOLE_OIDC_ISSUER"):
+        await gate.identify(request("127.0.0.1", ALICE))
 
 
-def test_roles_come_from_the_groups():
-    gate = Gatekeeper(production(console_trusted_proxies=PROXY, console_viewer_groups="support"))
-    viewer = gate.identify(request(PROXY, {**ALICE, "x-forwarded-groups": "support"}))
+async def test_roles_come_from_the_groups():
+    gate = Gatekeeper(development(console_trusted_proxies=PROXY, console_viewer_groups="support"))
+    viewer = await gate.identify(request(PROXY, {**ALICE, "x-forwarded-groups": "support"}))
     assert viewer.role == VIEWER and not viewer.may_decide
-    assert gate.identify(request(PROXY, {**ALICE, "x-forwarded-groups": "marketing"})).role is None
-    assert gate.identify(request(PROXY, {"x-forwarded-user": "bob"})).name == "bob"  # no e-mail: the user
+    assert (await gate.identify(request(PROXY, {**ALICE, "x-forwarded-groups": "marketing"}))).role is None
+    assert (await gate.identify(request(PROXY, {"x-forwarded-user": "bob"}))).name == "bob"  # no e-mail: the user
 
 
-def test_the_local_user_is_for_development_only():
-    dev = Settings(_env_file=None, env="development")
-    assert Gatekeeper(dev).identify(request("127.0.0.1")).via == "local"
-    assert Gatekeeper(dev.model_copy(update={"console_local_user": "me@laptop"})).identify(request("1.2.3.4")).name == (
-        "me@laptop"
-    )
+async def test_the_local_user_and_the_trusted_proxies_are_for_development_only():
+    dev = development()
+    assert (await Gatekeeper(dev).identify(request("127.0.0.1"))).via == "local"
+    local = Gatekeeper(dev.model_copy(update={"console_local_user": "me@laptop"}))
+    assert (await local.identify(request("1.2.3.4"))).name == "me@laptop"
     assert production(console_local_user="me@laptop").console_local_identity is None
-    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_CONSOLE_LOCAL_USER"):
+    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_CONSOLE_LOCAL_USER") as refused:
         production(console_local_user="me@laptop").refuse_console_local_user("console")
+    assert "\n" not in str(refused.value)
+    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_CONSOLE_TRUSTED_PROXIES.*signed mode"):
+        production(console_trusted_proxies=PROXY).refuse_console_local_user("console")
+    development(console_trusted_proxies=PROXY).refuse_console_local_user("console")
+    with pytest.raises(ConfigurationError, match="ROUNDTRIP_CONSOLE_OIDC_AUDIENCE"):
+        production(console_oidc_issuer="https://sso.example").refuse_console_local_user("console")
     with pytest.raises(ValueError, match="ROUNDTRIP_CONSOLE_TRUSTED_PROXIES"):
-        Gatekeeper(production(console_trusted_proxies="not-an-address"))
+        Gatekeeper(development(console_trusted_proxies="not-an-address"))
+
+
+def test_the_shipped_sign_on_placeholders_stop_the_console_outside_development():
+    shipped = {"console_oidc_issuer": "https://CHANGE-ME.example.com/realms/staff", "console_oidc_audience": "app"}
+    with pytest.raises(ConfigurationError, match="ROUNDTRIP_CONSOLE_OIDC_ISSUER is the manifest's placeholder"):
+        production(**shipped).refuse_console_local_user("console")
+    production(console_oidc_issuer="https://sso.example.com", console_oidc_audience="app").refuse_console_local_user(
+        "console"
+    )
 
 
 @pytest.mark.parametrize(
@@ -81,10 +99,10 @@ def test_a_placeholder_or_short_session_key_is_refused_outside_development_witho
     Settings(_env_file=None, env="development", console_session_key=key).refuse_weak_session_key("console")
 
 
-def test_a_csrf_token_is_bound_to_its_person_and_must_match_the_cookie():
-    gate = Gatekeeper(production(console_trusted_proxies=PROXY, console_session_key="k" * 32))
-    alice = gate.identify(request(PROXY, ALICE))
-    bob = gate.identify(request(PROXY, {**ALICE, "x-forwarded-email": "bob@example.com"}))
+async def test_a_csrf_token_is_bound_to_its_person_and_must_match_the_cookie():
+    gate = Gatekeeper(development(console_trusted_proxies=PROXY, console_session_key="k" * 32))
+    alice = await gate.identify(request(PROXY, ALICE))
+    bob = await gate.identify(request(PROXY, {**ALICE, "x-forwarded-email": "bob@example.com"}))
     token = gate.token(alice, None)
     assert gate.token(alice, token) == token and gate.token(bob, token) != token
     assert gate.check_post(alice, request(PROXY, ALICE, cookie=token), token)
@@ -92,7 +110,7 @@ def test_a_csrf_token_is_bound_to_its_person_and_must_match_the_cookie():
     tampered = token[:-1] + ("1" if token.endswith("0") else "0")
     assert not gate.check_post(alice, request(PROXY, ALICE, cookie=tampered), tampered)
     assert not gate.check_post(bob, request(PROXY, ALICE, cookie=token), token)  # someone else's token
-    other = Gatekeeper(production(console_trusted_proxies=PROXY, console_session_key="x" * 32))
+    other = Gatekeeper(development(console_trusted_proxies=PROXY, console_session_key="x" * 32))
     assert not other.check_post(alice, request(PROXY, ALICE, cookie=token), token)  # signed with another key
 
 

@@ -103,11 +103,18 @@ async def test_the_apps_themselves_refuse_before_the_broker_is_contacted(service
         await app.start()
 
 
-def test_the_consoles_development_sign_in_is_refused_by_roundtrip_run_in_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "variable,value",
+    [
+        ("ROUNDTRIP_CONSOLE_LOCAL_USER", "me@laptop"),  # every visitor an approver: development only
+        ("ROUNDTRIP_CONSOLE_TRUSTED_PROXIES", "127.0.0.1"),  # identity on the word of an address: development only
+    ],
+)
+def test_the_consoles_development_sign_in_is_refused_by_roundtrip_run_in_one_line(tmp_path, variable, value):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
     env.update(
         ROUNDTRIP_ENV="production",
-        ROUNDTRIP_CONSOLE_LOCAL_USER="me@laptop",  # every visitor an approver: development only
+        **{variable: value},
         ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:1",
         ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT="true",
         ROUNDTRIP_LEDGER_DATABASE_URL=f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}",
@@ -124,4 +131,4 @@ def test_the_consoles_development_sign_in_is_refused_by_roundtrip_run_in_one_lin
     )
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1 and len(lines) == 1, done.stderr
-    assert lines[0].startswith("error: console refuses to start: ROUNDTRIP_CONSOLE_LOCAL_USER"), done.stderr
+    assert lines[0].startswith(f"error: console refuses to start: {variable}"), done.stderr

@@ -231,7 +231,7 @@ class Settings(
     def console_local_identity(self) -> str | None:
         """Who the console signs in a request no proxy vouched for: in development only (ROUNDTRIP_CONSOLE_LOCAL_USER,
         else `<login>@<host>` when no proxy is configured); None elsewhere."""
-        if not self.development:
+        if not self.development or self.console_oidc_issuer:
             return None
         if self.console_local_user:
             return self.console_local_user.strip()
@@ -272,8 +272,29 @@ class Settings(
         if self.console_local_user and not self.development:
             raise InsecureConfiguration(
                 f"{service} refuses to start: ROUNDTRIP_CONSOLE_LOCAL_USER signs every visitor in as an approver, and "
-                "this is not the embedded development fleet. Put a sign-on proxy in front of the console and name it "
-                "in ROUNDTRIP_CONSOLE_TRUSTED_PROXIES, or set ROUNDTRIP_ENV=development on a laptop."
+                "this is not the embedded development fleet. Put a sign-on proxy in front of the console and name "
+                "its issuer in ROUNDTRIP_CONSOLE_OIDC_ISSUER, or set ROUNDTRIP_ENV=development on a laptop."
+            )
+        if self.console_trusted_proxies.strip() and not self.development:
+            raise InsecureConfiguration(
+                f"{service} refuses to start: ROUNDTRIP_CONSOLE_TRUSTED_PROXIES believes identity headers on the "
+                "word of a source address (anything reaching that address names any approver), and this is not "
+                "development. Use the signed mode: ROUNDTRIP_CONSOLE_OIDC_ISSUER and ROUNDTRIP_CONSOLE_OIDC_AUDIENCE."
+            )
+        placeholder = [
+            name
+            for name, value in (("ISSUER", self.console_oidc_issuer), ("AUDIENCE", self.console_oidc_audience))
+            if value and "change-me" in value.lower()
+        ]
+        if placeholder and not self.development:
+            raise ConfigurationError(
+                f"{service} refuses to start: ROUNDTRIP_CONSOLE_OIDC_{placeholder[0]} is the manifest's placeholder "
+                "CHANGE-ME; set your OIDC provider's issuer and the client id its tokens are issued for."
+            )
+        if self.console_oidc_issuer and not self.console_oidc_audience:
+            raise ConfigurationError(
+                f"{service} refuses to start: ROUNDTRIP_CONSOLE_OIDC_ISSUER is set but ROUNDTRIP_CONSOLE_OIDC_AUDIENCE "
+                "is not: name the client id the forwarded tokens are issued for."
             )
 
 

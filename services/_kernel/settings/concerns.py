@@ -653,17 +653,47 @@ class ConsoleSettings(Concern):
     heading = "the console: the web page where people decide held calls and watch turns"
 
     console_port: int = Field(8803, ge=1, le=65535, description="Port of the console's web page (on listen_host)")
+    console_oidc_issuer: str | None = Field(
+        None,
+        description=(
+            "The signed mode: the OIDC issuer (`https://login.example.com/realms/staff`) whose signed token the "
+            "sign-on proxy forwards with every request; its keys come from the issuer's discovery document. Set, "
+            "only a token it signed is believed (issuer, audience, expiry, signature)"
+        ),
+    )
+    console_oidc_audience: str | None = Field(
+        None, description="The audience (`aud`) the forwarded token must name: the sign-on proxy's client id"
+    )
+    console_oidc_jwks_url: str | None = Field(
+        None,
+        description=(
+            "Where the issuer's keys are, when it publishes no discovery document (Google IAP: "
+            "`https://www.gstatic.com/iap/verify/public_key-jwk`); unset: the discovery document's `jwks_uri`"
+        ),
+    )
+    console_oidc_token_headers: str = Field(
+        "authorization,x-forwarded-access-token",
+        description=(
+            "Comma-separated request headers the token is read from, the first present wins (`authorization`: "
+            "`Bearer <token>`; oauth2-proxy: `x-forwarded-access-token`; Google IAP: `x-goog-iap-jwt-assertion`)"
+        ),
+    )
+    console_oidc_name_claims: str = Field(
+        "email,preferred_username,sub", description="The token's claims that name the person, the first present wins"
+    )
+    console_oidc_groups_claim: str = Field(
+        "groups", description="The token's claim holding the person's groups (a list, or a comma-separated string)"
+    )
     console_trusted_proxies: str = Field(
         "",
         description=(
-            "Comma-separated addresses or networks (`10.0.0.0/8`) of the sign-on proxy in front of the console "
-            "(oauth2-proxy style): only requests from them are signed in, as their X-Forwarded-User / -Email / "
-            "-Groups headers say; empty: those headers are never believed"
+            "Development only (refused elsewhere: use the signed mode): comma-separated addresses or networks of a "
+            "proxy whose X-Forwarded-User / -Email / -Groups headers are believed on its word alone"
         ),
     )
     console_approver_groups: str = Field(
         "roundtrip-approvers",
-        description="Comma-separated groups (X-Forwarded-Groups) whose members may approve, deny and cancel",
+        description="Comma-separated groups (the token's group claim) whose members may approve, deny and cancel",
     )
     console_viewer_groups: str = Field(
         "roundtrip-viewers", description="Comma-separated groups whose members may look (the inbox, the turns) only"
