@@ -42,7 +42,7 @@ class FeedingKafka:
         self.commits.append(dict(offsets))
 
     async def getmany(self, timeout_ms=0, max_records=None):
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # a fake poll's wait: the consumer loop yields as on a real broker
         if self.paused or not self.records:
             return {}
         batch, self.records = self.records[:5], self.records[5:]
@@ -123,4 +123,4 @@ async def _until(condition, timeout: float) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # poll interval: the condition awaited

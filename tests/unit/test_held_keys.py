@@ -56,6 +56,7 @@ class FeedKafka:
         self.paused = False
 
     async def getmany(self, timeout_ms=0, max_records=None):
+        # a fake poll's wait: the consumer loop yields as on a real broker
         await asyncio.sleep(min(timeout_ms, 20) / 1000)
         if self.paused or not self.feed:
             return {}
@@ -71,7 +72,7 @@ async def until_true(check, timeout: float = 5.0) -> None:
     end = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < end, "timed out"
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # poll interval: the condition awaited
 
 
 async def started(process, name: str, **options) -> tuple[KeyOrderedConsumer, FeedKafka, asyncio.Task]:
@@ -139,7 +140,7 @@ async def test_the_fleets_own_dependency_still_pauses_the_whole_consumer():
     kafka.feed = [rec(0, b"c1")]
     await until_true(lambda: kafka.paused)
     kafka.feed = [rec(1, b"c2")]
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(0.6)  # the window the second record would (wrongly) have been processed in
     assert done == [] and consumer.outages.waiting == (faults.DATABASE,) and consumer.outages.held_keys == 0
     away["on"] = False
     await until_true(lambda: done == [0, 1])

@@ -61,21 +61,23 @@ class FakeKafka:
         self.paused = False
 
     async def getmany(self, timeout_ms=0, max_records=None):
+        # a fake poll's wait: the consumer loop yields as on a real broker
         await asyncio.sleep(min(timeout_ms, 20) / 1000)
         return {}
 
 
 async def test_a_held_back_consumer_pauses_fetching_and_resumes_when_released():
+    # a processing step that only yields to the loop
     consumer = KeyOrderedConsumer(process=lambda record: asyncio.sleep(0), idle_wait_ms=50)
     kafka = FakeKafka()
     task = asyncio.create_task(consumer.run(kafka))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a few idle polls (50 ms apart)
     assert not kafka.paused
     consumer.hold(True)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # two idle polls (50 ms apart): the hold is seen
     assert kafka.paused and consumer.paused
     consumer.hold(False)
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # two idle polls (50 ms apart): the release is seen
     assert not kafka.paused and not consumer.paused
     await consumer.drain()
     await asyncio.wait_for(task, 2)
