@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
+from tests import waiting
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,11 +67,7 @@ async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> 
 
 
 async def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)  # poll interval: the condition awaited
+    await waiting.until(predicate, timeout, what)
 
 
 async def test_one_key_in_order_many_keys_at_once(kafka_bootstrap, topic_prefix):

@@ -16,6 +16,7 @@ from roundtrip._kernel.kafka import faults, messaging
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn
+from tests import waiting
 from tests.databases import PostgresServer, find_pg_bindir, migrated
 
 PREFIX = "outage."
@@ -120,7 +121,4 @@ async def test_a_consumer_waits_out_a_database_outage_and_dead_letters_nothing(s
 
 
 async def _until(condition, timeout: float) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)  # poll interval: the condition awaited
+    await waiting.until(condition, timeout)

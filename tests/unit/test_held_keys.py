@@ -23,6 +23,7 @@ from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from roundtrip._shop.app import in_process
+from tests import waiting
 from tests.agents import SHOP, shop_deps
 from tests.signing import pair
 
@@ -69,10 +70,7 @@ def held_gauge(consumer: str) -> float | None:
 
 
 async def until_true(check, timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, "timed out"
-        await asyncio.sleep(0.02)  # poll interval: the condition awaited
+    await waiting.until(check, timeout)
 
 
 async def started(process, name: str, **options) -> tuple[KeyOrderedConsumer, FeedKafka, asyncio.Task]:
