@@ -113,7 +113,7 @@ class PostgresServer:
                 time.monotonic() < deadline
                 and subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True).returncode == 0
             ):
-                time.sleep(0.05)
+                time.sleep(0.05)  # poll interval: the server's processes exiting
 
     def resume(self, timeout: float = 60) -> None:
         """Start the halted server again on its data (crash recovery after a SIGKILL)."""
@@ -163,7 +163,7 @@ class PostgresServer:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"postgres not ready after {timeout}s:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll interval: the server accepting connections
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

@@ -110,7 +110,7 @@ class Jaeger:
                 pass
             if time.monotonic() > deadline:
                 raise JaegerError(f"jaeger was not ready within {timeout:g} s" + self._log_tail())
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll interval: Jaeger answering its readiness probe
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -95,7 +95,7 @@ def start_shop(port: int, folder: Path) -> subprocess.Popen[bytes]:
                 return proc
         except httpx.HTTPError:
             pass
-        time.sleep(0.1)
+        time.sleep(0.1)  # poll interval: the shop answering its health probe
     proc.kill()
     raise RuntimeError("the shop did not start")
 

@@ -144,7 +144,7 @@ async def ring(bootstrap: str, laps: int, commit_each: bool, warmup: int = 0, pr
             ended = await asyncio.wait_for(lap_done.get(), 30)
             if n >= warmup:
                 laps_ms.append((ended - started) * 1000)
-            await asyncio.sleep(GAP_S)
+            await asyncio.sleep(GAP_S)  # the gap between laps: one record round the ring at a time
         return laps_ms
     finally:
         for t in tasks:
@@ -297,7 +297,7 @@ async def _feed(bootstrap: str, topic: str, rate: float, seconds: float) -> None
         started, n = time.perf_counter(), 0
         while (now := time.perf_counter()) - started < seconds:
             if (delay := started + n / rate - now) > 0:
-                await asyncio.sleep(delay)
+                await asyncio.sleep(delay)  # pacing: the next record is due at the offered rate
             await (await producer.send(topic, BODY, key=f"conv_{n % KEYS}".encode()))
             n += 1
     finally:

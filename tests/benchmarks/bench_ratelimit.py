@@ -182,10 +182,10 @@ async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counte
     settled = asyncio.create_task(_refused_at(base_url, settle_at))
     cut = 0.0
     if name == "halved":
-        await asyncio.sleep(args.seconds / 2)
+        await asyncio.sleep(args.seconds / 2)  # the first half of the run at the full rate limit
         before = limits(base_url)["remaining"][kind]
         cut = before - limits(base_url, rpm=RPM // 2)["remaining"][kind]
-    await asyncio.sleep(max(0.0, started + args.seconds - time.perf_counter()))
+    await asyncio.sleep(max(0.0, started + args.seconds - time.perf_counter()))  # the rest of the measured run
     stopped, at_stop = time.perf_counter(), limits(base_url)
     timings, seconds = await loop
     end = limits(base_url)

@@ -137,6 +137,7 @@ async def soak(fleet: Fleet, settings, url: str, pg_port: int, args: argparse.Na
     counted = 0
     try:
         while time.monotonic() < stop_at:
+            # the interval between two samples of the soak
             await asyncio.sleep(min(args.sample_s, max(0.0, stop_at - time.monotonic())))
             now = time.monotonic()
             pg_sockets = _sockets_to(pg_port)

@@ -51,7 +51,7 @@ class FleetDriver:
                 found = await partitions_of(self.consumer, [name])
                 if found:
                     break
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # poll interval: the fleet's health ports answering
             else:
                 raise RuntimeError(f"topic {name} has no partitions")
             parts += found
@@ -140,7 +140,7 @@ class FleetDriver:
         # the last iteration record may be read a moment after the reply (another topic)
         deadline = time.perf_counter() + 2.0
         while len(self._iterations[conversation_id]) < timing.steps and time.perf_counter() < deadline:
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # poll interval: the conversation's iterations arriving (timed to the ms)
         # iteration records carry wall-clock ms; put them on this turn's perf_counter axis
         walls = self._iterations.pop(conversation_id, [])
         timing.responses = [timing.started + (w - wall0) for w in walls]

@@ -243,7 +243,7 @@ class Observer:
             except Exception:  # noqa: BLE001 - the broker is being killed under us: wait and retry
                 if attempt == 59:
                     raise
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # retry interval: the broker not answering yet (60 tries)
         raise AssertionError("unreachable")
 
     async def ask(self, planned: Planned) -> None:
@@ -261,7 +261,7 @@ class Observer:
                 retries.append(planned)
             if len(retries) > 2:
                 await self.ask(retries.pop(0))
-            await asyncio.sleep(1 / rate_per_s)
+            await asyncio.sleep(1 / rate_per_s)  # pacing: the next request is due at the offered rate
         for planned in retries:
             await self.ask(planned)
 
@@ -288,7 +288,7 @@ class Observer:
         """Until every request has a reply (or `timeout`), then `linger_s` more to catch a late duplicate. No raise
         at the timeout: the audit that follows names each request left without a reply (`lost`)."""
         await self._poll(lambda: all(rid in self.seen.replies for rid in request_ids), timeout)
-        await asyncio.sleep(linger_s)
+        await asyncio.sleep(linger_s)  # the window a late or duplicate reply would have come in
 
 
 async def drive_while(

@@ -87,7 +87,7 @@ async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, obs
     plan = plan_load(tag, customers, conversations=40, requests=120)
     turn_ids = {p.turn_id for p in plan}
     load = asyncio.create_task(observer.drive(plan, rate_per_s=5))  # ~24 s of load; each kill + respawn takes ~4-5 s
-    await asyncio.sleep(2)
+    await asyncio.sleep(2)  # turns in flight before the first kill
     live_at_kill, faults = {}, []
     for name in ("executor", "model", "guard", "gate", "gateway"):  # both executor replicas at once
         live_at_kill[name] = sum(
@@ -118,7 +118,7 @@ async def test_broker_sigkilled_mid_load_and_restarted_on_its_data(chaos_fleet, 
     customers = await seed_customers(settings, tag, 10)
     plan = plan_load(tag, customers, conversations=24, requests=60)
     load = asyncio.create_task(observer.drive(plan, rate_per_s=6))
-    await asyncio.sleep(3)
+    await asyncio.sleep(3)  # turns in flight before the broker is killed
     at = time.time()
     await chaos_fleet.kill_broker()
     await asyncio.sleep(3)  # down while turns are mid-flight (and while turns end)
@@ -152,7 +152,7 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
         await chaos_fleet.kill_and_respawn(name)
     for topic, key, value, headers in again:
         await observer.send(topic, value, key, headers)
-    await asyncio.sleep(6)
+    await asyncio.sleep(6)  # the window the delivered-again messages would have been (wrongly) run in
     # no fault declared: the restarts came after every turn had ended, so any call run again is a duplicate
     expect = Expect(CALM, side_effects=len(plan) // 5, in_flight=0)
     result = await audit(
@@ -206,7 +206,7 @@ async def test_a_broken_executor_that_runs_batches_again_fails_the_audit(chaos_f
         deadline = time.monotonic() + 60
         while (now := await runs()) and not all(now[call] >= 2 for call in calls):
             assert time.monotonic() < deadline, f"the broken executors should have run every call again: {now}"
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # poll interval: the broken executors' runs in the shop's log
     result = await audit("a broken executor: batches run again", settings, observer, plan, started)
     with capsys.disabled():
         print("\n" + result.line(), flush=True)
@@ -227,7 +227,7 @@ async def _executor_logged(settings, text: str, timeout: float) -> list[str]:
         ]
         if lines or time.monotonic() > deadline:
             return lines
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval: the executors' log
 
 
 async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or_pass_their_deadline(
@@ -293,7 +293,7 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
     fault = Fault("the executors SIGSTOPped", paused_at, time.time())
     # the executors reach the held batches now: every one is refused by the fence (or as expired)
     refused = {t: await _executor_logged(settings, f"turn {t} step 2: not run", timeout=60) for t in held}
-    await asyncio.sleep(2)
+    await asyncio.sleep(2)  # the window a refused batch would (wrongly) have reached the shop in
     await chaos_fleet.restart(
         "simulator",
         simulator_latency_ms=settings.simulator_latency_ms,
@@ -361,7 +361,7 @@ async def test_compound_stuck_turns_end_while_the_broker_is_down_and_the_guard_i
     finally:
         chaos_fleet.resume(hung)  # it now reads the stale model calls of ended turns
     refused = await _model_refusals(settings, turn_ids, timeout=60)
-    await asyncio.sleep(3)
+    await asyncio.sleep(3)  # the window a stale model call would (wrongly) have led to a step or reply in
     # the model hung from the start: no tool ran; every turn was stuck when the broker died, and the first flagged
     # may have reached its end by then on a slow machine: most, not all, were still in flight
     expect = Expect(frozenset({Outcome.DEADLINE}), end_turn=0, side_effects=0, in_flight=len(turn_ids) // 2)
@@ -395,7 +395,7 @@ async def _stuck_then_broker_down_then_guard_killed(chaos_fleet, settings, turn_
 
     deadline = time.monotonic() + settings.stuck_after_s + 20
     while len(ledger_of("stuck")) < len(turn_ids) and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval: the sweeper's stuck flags in the ledger
     assert len(ledger_of("stuck")) == len(turn_ids), (
         "every turn should be flagged stuck while the model service is down"
     )
@@ -417,4 +417,4 @@ async def _model_refusals(settings, turn_ids: set[str], timeout: float) -> set[s
         refused = {t for t in turn_ids if f"turn {t} step 0: model not called" in text}
         if refused == turn_ids or time.monotonic() > deadline:
             return refused
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval: the model service's log

@@ -92,7 +92,7 @@ async def _leader_sigkilled_under_load(
     plan = plan_load(tag, await seed_customers(settings, tag, 10), conversations=24, requests=requests)
     poison = poison_sampler(tag, shift)
     load = asyncio.create_task(observer.drive(plan, rate_per_s=5))
-    await asyncio.sleep(3)
+    await asyncio.sleep(3)  # turns in flight before the fault
     leader = await cluster.leader_of(observer.topic(topic), 0)
     at = time.time()
     cluster.node(leader).kill()
@@ -146,7 +146,7 @@ async def test_a_rolling_restart_of_every_broker_under_load(
     stops: list[Fault] = []
 
     async def roll() -> None:
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # turns in flight before the roll
         for node in cluster.nodes:  # one at a time, each back in sync before the next, as an operator does
             at = time.time()
             await asyncio.to_thread(node.stop)
@@ -195,7 +195,7 @@ async def test_a_majority_down_for_45_s_then_back(cluster, cluster_fleet, cluste
     plan = plan_load(tag, await seed_customers(settings, tag, 10), conversations=24, requests=60)
     poison = poison_sampler(tag, shift=6)
     load = asyncio.create_task(observer.drive(plan, rate_per_s=4))
-    await asyncio.sleep(4)
+    await asyncio.sleep(4)  # turns in flight before the fault
     leader = await cluster.leader_of(observer.topic(topics.SUPPORT_REQUESTS), 0)
     down = [leader, leader % 3 + 1]
     at = time.time()

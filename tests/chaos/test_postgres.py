@@ -129,10 +129,10 @@ async def _run(name, database, chaos_settings, observer, capsys, fault, requests
 
 async def test_postgres_sigkilled_mid_load_and_restarted(database, chaos_settings, observer, approver, capsys):
     async def fault(server: PostgresServer) -> Fault:
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # turns in flight before the fault
         at = time.time()
         await asyncio.to_thread(server.halt, signal.SIGKILL)  # postmaster and backends: a crash, then crash recovery
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # down 5 s while turns are in flight
         await asyncio.to_thread(server.resume)
         return Fault("PostgreSQL SIGKILLed", at, time.time())
 
@@ -141,10 +141,10 @@ async def test_postgres_sigkilled_mid_load_and_restarted(database, chaos_setting
 
 async def test_postgres_unreachable_for_30_s(database, chaos_settings, observer, approver, capsys):
     async def fault(server: PostgresServer) -> Fault:
-        await asyncio.sleep(3)
+        await asyncio.sleep(3)  # turns in flight before the fault
         at = time.time()
         await asyncio.to_thread(server.halt, signal.SIGINT)  # stopped: every connection refused for 30 s
-        await asyncio.sleep(30)
+        await asyncio.sleep(30)  # the 30 s of the outage the test is named for
         await asyncio.to_thread(server.resume)
         return Fault("PostgreSQL stopped", at, time.time())
 

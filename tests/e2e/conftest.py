@@ -57,13 +57,16 @@ class FleetClient:
         self.seen: dict[str, list[dict]] = defaultdict(list)  # logical topic -> messages
         self.replies: dict[str, list[SupportReply]] = defaultdict(list)
         self._arrived = asyncio.Event()
+        self._read_to: dict[tuple[str, int], int] = {}  # (topic, partition) -> the offset after its last record read
 
     def topic(self, name: str) -> str:
         return self.settings.topic_prefix + name
 
     async def start(self) -> None:
-        watched = [self.topic(n) for n in topology.topic_names() if n != topics.SUPPORT_REQUESTS]
+        watched = [self.topic(n) for n in topology.topic_names()]
         kafka = kafka_clients(self.settings)  # as the settings connect: PLAINTEXT, or TLS and SASL
+        self.admin = kafka.admin()
+        await self.admin.start()
         self.producer = kafka.producer()
         # No consumer group: nothing to rebalance or time out while a test blocks, and every record is seen once.
         self.consumer = kafka.consumer(enable_auto_commit=False, isolation_level="read_committed")
@@ -72,13 +75,17 @@ class FleetClient:
         partitions = await partitions_of(self.consumer, watched)
         assert len({tp.topic for tp in partitions}) == len(watched), "the fleet's topics should exist"
         self.consumer.assign(partitions)
+        self._partitions = partitions
         await self.consumer.seek_to_beginning(*partitions)
         self._task = asyncio.create_task(self._collect())
 
     async def _collect(self) -> None:
         prefix = self.settings.topic_prefix
         async for record in self.consumer:
+            self._read_to[record.topic, record.partition] = record.offset + 1
             name = record.topic[len(prefix) :]
+            if name == topics.SUPPORT_REQUESTS:  # read for `settled` only: what the fleet was asked is the test's own
+                continue
             try:
                 data = json.loads(record.value)
             except ValueError:
@@ -92,6 +99,7 @@ class FleetClient:
     async def stop(self) -> None:
         await stop_reader(self._task, self.consumer)
         await self.producer.stop()
+        await self.admin.close()
 
     async def publish_raw(self, value: bytes, key: bytes | None = b"raw") -> None:
         await self.producer.send_and_wait(self.topic(topics.SUPPORT_REQUESTS), value, key=key)
@@ -126,6 +134,40 @@ class FleetClient:
                 await self._arrived.wait()
 
         return await asyncio.wait_for(loop(), timeout)
+
+    async def settled(self, timeout: float = 60.0) -> None:
+        """Wait until the fleet has done all it will do with what is on its topics: every consumer group of the fleet
+        has committed past every record of the topic it reads, and nothing new was written meanwhile. A service
+        writes what a record leads to before it commits past the record, so a second reply or a call run twice that
+        the fleet was going to make is on a topic (and in `seen`) once this returns: "nothing more happened" is
+        then a positive signal, not a window. It says nothing of what a timer does later (a sweeper, a deadline)."""
+
+        async def loop() -> None:
+            while True:
+                await self._read_to_end()
+                marks = dict(self._read_to)
+                for group, logical in topology.groups(self.settings.topic_prefix).items():
+                    await self._committed_past(group, self.topic(logical), marks)
+                await self._read_to_end()
+                if self._read_to == marks:
+                    return
+
+        await asyncio.wait_for(loop(), timeout)
+
+    async def _read_to_end(self) -> None:
+        ends = await self.consumer.end_offsets(self._partitions)
+        for tp, end in ends.items():
+            while await self.consumer.position(tp) < end:
+                await asyncio.sleep(0.05)  # poll interval: the collector reading what is already on the topics
+
+    async def _committed_past(self, group: str, topic: str, marks: dict[tuple[str, int], int]) -> None:
+        wanted = {p: o for (t, p), o in marks.items() if t == topic}
+        while True:
+            offsets = await self.admin.list_consumer_group_offsets(group)
+            committed = {tp.partition: m.offset for tp, m in offsets.items() if tp.topic == topic}
+            if all(committed.get(p, -1) >= o for p, o in wanted.items()):
+                return
+            await asyncio.sleep(0.1)  # poll interval: a group commits what it finished every commit interval
 
     async def reply(self, request_id: str, timeout: float = 60.0) -> SupportReply:
         return (await self.wait_for(lambda: self.replies.get(request_id), timeout))[0]

@@ -247,7 +247,7 @@ class LocalDeployment:
 
     async def _exit_code(self, process: Process) -> int:
         while process.popen.poll() is None:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # poll interval: the one-off container's process exiting
         return process.popen.returncode
 
     async def _run(self, replica: Replica, http: httpx.AsyncClient) -> None:
@@ -260,7 +260,7 @@ class LocalDeployment:
                 )
             for other in self.replicas[name]:
                 while condition == "service_started" and other.main is None:
-                    await asyncio.sleep(0.1)
+                    await asyncio.sleep(0.1)  # poll interval: the service it depends on started
                 if condition != "service_started":
                     await other.done.wait()
         for i, container in enumerate(replica.workload.init):
@@ -278,7 +278,7 @@ class LocalDeployment:
                 with contextlib.suppress(httpx.HTTPError):
                     if (await http.get(url, timeout=2)).status_code == 200:
                         break
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.2)  # poll interval: the health check answering
         replica.done.set()
 
     async def start(self, timeout: float) -> None:
@@ -322,7 +322,7 @@ class LocalDeployment:
                 os.killpg(p.popen.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while any(p.popen.poll() is None for p in processes) and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # poll interval: the stopped processes exiting within the grace
         for p in processes:
             if p.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

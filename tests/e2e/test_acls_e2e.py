@@ -217,4 +217,4 @@ async def _wait_http(url: str, timeout: float = 60.0) -> None:
                     return
             except httpx.HTTPError:
                 pass
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # poll interval: the health port answering

@@ -69,7 +69,7 @@ async def _spans(settings, trace_id: str, name: str, count: int = 1, timeout: fl
     deadline = time.monotonic() + timeout
     while len(found := _tool_spans(settings, trace_id, name)) < count:
         assert time.monotonic() < deadline, f"no {name!r} span in trace {trace_id}"
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval: the spans written to the span file
     return found
 
 
@@ -91,7 +91,7 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
     assert (status["turn_id"], status["approval_id"], status["customer_id"]) == (turn_id, approval_id, "cus_1001")
 
     # waiting: longer than the stuck rule's 2 s + 2 s grace, and nothing is flagged, ended or cancelled
-    await asyncio.sleep(6)
+    await asyncio.sleep(6)  # a timer's window, no record to wait on: the sweeper would have flagged it by now
     assert not [f for f in client.seen[topics.TURN_EVENTS] if f["turn"]["turn_id"] == turn_id]
     assert not client.replies.get(request_id) and _status(shop_orders, ORDER) == "pending"
     turns = await asyncio.to_thread(roundtrip_cli, fleet_settings, "turns", "--status", "awaiting")
@@ -134,7 +134,7 @@ async def test_a_cancellation_above_the_threshold_waits_is_never_stuck_and_runs_
             json.dumps(decision).encode(),
             key=request["turn"]["conversation_id"].encode(),
         )
-    await asyncio.sleep(4)
+    await client.settled()  # the copies of the decision handled: a second run would be on the batches topic
     resumed = [
         b for b in client.of_turn(topics.TOOL_BATCHES, request_id) if any(c.get("approved_by") for c in b["calls"])
     ]
@@ -305,7 +305,7 @@ async def test_no_decision_ends_the_turn_politely_and_late_forged_or_foreign_dec
 
     reasons = " | ".join(letter["reason"] for letter in await client.wait_for(letters, timeout=30))
     assert "forged decision" in reasons and "decision for another call" in reasons and "expired" in reasons, reasons
-    await asyncio.sleep(1)
+    await client.settled()  # the forged decisions handled: a run of the cancel would have reached the shop
     assert _status(shop_orders, ORDER) == "pending" and len(client.replies[request_id]) == 1
 
 

@@ -62,7 +62,7 @@ async def slow_shop(tmp_path):
     task = asyncio.create_task(server.serve())
     while not server.started:
         assert not task.done(), "the shop did not start"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # poll interval: the shop's server started
     yield f"http://127.0.0.1:{port}"
     released.set()
     server.should_exit = True
@@ -132,7 +132,7 @@ async def test_a_turn_held_by_its_backend_holds_only_its_conversation_and_ends_b
     (refused,) = batch["calls"]  # answered after its deadline: refused in the agent's words, run by no one
     assert not refused["approved"] and refused["error"] == SHOP.message("lookup_failed")
     assert batch["expires_at"] <= time.time()
-    await asyncio.sleep(3)  # nothing more comes for it: one reply, one batch, no next model call
+    await client.settled()  # nothing more comes for it: one reply, one batch, no next model call
     assert len(client.replies[stuck]) == 1
     assert len(client.of_turn(topics.TOOL_BATCHES, stuck)) == 1
     assert len(client.of_turn(topics.MODEL_CALLS, stuck)) == 1  # the first call only

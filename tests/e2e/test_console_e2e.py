@@ -226,7 +226,7 @@ async def test_the_server_refuses_anonymous_viewer_and_forged_posts_and_a_deny_r
         _post(approver, "/approvals/appr_nosuch/decide", token, {"csrf": token, "decision": "approve"}).status_code
         == 404
     )
-    await asyncio.sleep(1)
+    await client.settled()  # the topics read to their end: a decision the console sent would be in `seen`
     assert not [d for d in client.seen[topics.APPROVAL_DECISIONS] if d["approval_id"] == approval_id]  # nothing sent
 
     await asyncio.to_thread(browser.get, _url(settings))

@@ -55,7 +55,7 @@ async def test_an_unknown_field_is_ignored_and_the_metadata_comes_back_in_the_re
         ]
     ):
         assert time.monotonic() < deadline, "the turn span should be written"
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval: the turn span written to the span file
     assert json.loads(turn_spans[0]["attributes"]["roundtrip.metadata"]) == reply.metadata
 
 
@@ -98,7 +98,7 @@ async def test_a_request_id_reused_with_other_text_is_refused_and_the_same_reque
     marker = {**body, "request_id": f"{body['request_id']}_next"}
     await _publish(client, marker)  # after it in the same conversation (key-ordered): its reply means the copy was read
     await client.reply(marker["request_id"])
-    await asyncio.sleep(2)
+    await client.settled()  # every record handled: a second turn or reply for the copy would be in `seen`
     assert [r.outcome for r in client.replies[body["request_id"]]] == [Outcome.END_TURN, Outcome.INVALID_REQUEST]
     assert len({it["turn"]["turn_id"] for it in client.of_turn(topics.ITERATIONS, body["request_id"])}) == 1
 

@@ -50,7 +50,7 @@ async def _logged(settings, text: str, timeout: float) -> list[str]:
         if lines or time.monotonic() > deadline:
             assert lines, f"no executor logged {text!r} within {timeout:g} s"
             return lines
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # poll interval: the executors' logs
 
 
 def _executors(fleet) -> list:
@@ -96,7 +96,7 @@ async def test_a_cancel_while_a_signed_batch_waits_means_the_batch_never_runs(
         # the executors now reach the signed cancel_order batch: the fence refuses it
         refused = await _logged(settings, f"turn {turn_id} step 2: not run", timeout=90)  # after a rebalance, maybe
         assert "ended, been cancelled" in refused[0]
-        await asyncio.sleep(2)
+        await client.settled()  # the executors committed past the batch they refused
     assert shop_orders() == before  # the order was NOT cancelled
     assert len(client.replies[request_id]) == 1  # exactly one reply
     assert not [
@@ -144,7 +144,7 @@ async def test_a_forged_batch_reusing_a_real_turn_and_step_is_dead_lettered_and_
     logged = await _logged(settings, f"refused batch for turn {real.turn.turn_id!r} step 1", timeout=10)
     security = [line for line in logged if "roundtrip.security" in line]
     assert len(security) >= 2, logged
-    await asyncio.sleep(1)
+    await client.settled()  # the forged batches handled: a (wrong) run would have reached the shop
     assert shop_orders() == before
 
 

@@ -160,7 +160,8 @@ async def test_both_fleets_serve_and_each_reply_reaches_its_own_fleet_only(clien
     assert all(reply.outcome is Outcome.END_TURN and reply.text for reply in replies), [
         (r.outcome, r.text) for r in replies
     ]
-    await asyncio.sleep(2)  # a reply that went astray would have arrived by now
+    # both fleets settled: a reply that went astray would be on the other fleet's replies topic, and in its `seen`
+    await asyncio.gather(client.settled(), other_client.settled())
     assert not set(asked["other"]) & set(client.replies), (
         "the session fleet's replies topic got the other fleet's reply"
     )
@@ -209,7 +210,7 @@ async def test_killing_one_fleets_executor_rebalances_no_group_of_the_other(flee
             "the other fleet's executor group never rebalanced: the probe would see nothing"
         )
         seen_states |= {state for state, _ in (await _members(bootstrap, session.topic_prefix)).values()}
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # poll interval: the group members' states while the group settles
     await asyncio.sleep(3.5)  # a heartbeat interval: a rebalance the kill started elsewhere would have begun
     seen_states |= {state for state, _ in (await _members(bootstrap, session.topic_prefix)).values()}
 

@@ -6,7 +6,6 @@ compares snapshots taken around its own turns instead of expecting absolute stat
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 from roundtrip._kernel.wire import topics
@@ -171,7 +170,7 @@ async def test_batches_without_a_valid_signature_are_never_executed_and_are_dead
     assert "signature mismatch" in found[c2]["reason"] and "signature mismatch" in found[conv4]["reason"]
     assert "unknown key" in found[c3]["reason"] and "unsigned" in found[c1]["reason"]
 
-    await asyncio.sleep(1.0)  # anything an executor had (wrongly) run would have reached the shop and the model by now
+    await client.settled()  # the forged batches handled: a (wrong) run would have reached the shop and the model
     assert shop_orders() == before
     turn_ids = {b.turn.turn_id for b in sent.values()}
     assert not [m for m in client.seen[topics.MODEL_CALLS] if m.get("turn", {}).get("turn_id") in turn_ids]

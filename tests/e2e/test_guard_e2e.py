@@ -183,7 +183,7 @@ async def test_a_duplicated_support_request_gets_one_reply_and_one_side_effect(c
     for _ in range(2):
         await client.publish_raw(json.dumps(body).encode(), key=body["conversation_id"].encode())
     reply = await client.reply(body["request_id"])
-    await asyncio.sleep(3)  # the window a second reply or a second run of the cancel would have come in
+    await client.settled()  # every record handled: a second reply or a second run of the cancel would have happened
     assert len(client.replies[body["request_id"]]) == 1
     assert reply.outcome is Outcome.END_TURN and reply.steps == 3  # list_orders, cancel_order, the answer
     assert pending in reply.text
@@ -206,7 +206,7 @@ async def test_duplicated_iteration_events_are_dropped(client, shop_orders):
             json.dumps(iteration).encode(),
             key=iteration["turn"]["conversation_id"].encode(),
         )
-    await asyncio.sleep(3)
+    await client.settled()  # the redelivered iterations handled: a step checked twice would be in `seen`
     assert len(client.replies[request_id]) == 1
     assert len(client.of_turn(topics.TOOL_CALLS, request_id)) == reply.steps - 1  # no step was checked twice
     assert shop_orders() == before
@@ -240,7 +240,7 @@ async def test_a_turn_whose_executors_died_is_flagged_stuck_then_ended_politely(
         finally:
             await fleet.respawn("executor")
     # The stale batch the executors find on their return has expired: it never runs, and no second reply comes.
-    await asyncio.sleep(3)
+    await client.settled()  # the returned executors handled the stale batch
     assert len(client.replies[request_id]) == 1
 
 
@@ -257,5 +257,5 @@ async def test_turns_cancel_stops_a_stubborn_turn_mid_loop(client, fleet, fleet_
     assert reply.outcome is Outcome.CANCELLED
     assert reply.steps < fleet_settings[0].max_steps
     assert "sorry" in reply.text.lower()
-    await asyncio.sleep(2)
+    await client.settled()  # the steps in flight at the cancel handled: a second reply would be in `seen`
     assert len(client.replies[request_id]) == 1

@@ -124,7 +124,7 @@ def test_the_installed_roundtrip_up_fetches_the_jars_runs_the_fleet_and_answers_
             while "Ready." not in output.read_text():
                 assert up.poll() is None, output.read_text()
                 assert time.monotonic() < deadline, output.read_text()
-                time.sleep(0.5)
+                time.sleep(0.5)  # poll interval: `up` printing its banner
             started = output.read_text()
             assert f"with mvn into {cache}" in started, started  # the cache was empty: up fetched the jars itself
             assert list((cache / "libs").glob("kafka_2.13-*.jar"))
@@ -194,7 +194,7 @@ def test_an_agent_installed_from_wheels_alone_plays_its_banners_example_with_no_
             while "Ready." not in output.read_text():
                 assert up.poll() is None, output.read_text()
                 assert time.monotonic() < deadline, output.read_text()
-                time.sleep(0.5)
+                time.sleep(0.5)  # poll interval: `up` printing its banner
             time.sleep(1)  # the rest of the banner
             line = next(line for line in output.read_text().splitlines() if " ask " in line)
             words = shlex.split(line)
@@ -255,7 +255,7 @@ def test_the_installed_wheel_with_the_bedrock_extra_runs_the_fleet_on_bedrock(in
                 while "Ready." not in output.read_text():
                     assert up.poll() is None, output.read_text()
                     assert time.monotonic() < deadline, output.read_text()
-                    time.sleep(0.5)
+                    time.sleep(0.5)  # poll interval: `up` printing its banner
                 ask = run([roundtrip_bin, "ask", "cancel my last order", "--customer", "cus_1001"], env, home, 180)
                 assert ask.returncode == 0, ask.stdout + ask.stderr
                 assert "end_turn" in ask.stdout and "I've cancelled order ord_a1000003" in ask.stdout, ask.stdout

@@ -174,7 +174,7 @@ async def wait_trace(jaeger: Jaeger, trace_id: str, ready, timeout: float = 30.0
         assert time.monotonic() < deadline, f"trace {trace_id} not complete in Jaeger: " + (
             ", ".join(sorted(s["operationName"] for s in found["spans"])) if found else "absent"
         )
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval: the trace in Jaeger's query API
 
 
 def has_root(trace: dict) -> bool:

@@ -228,6 +228,7 @@ def test_the_fleet_serves_a_plain_client_over_each_secured_listener(way, secured
         first = asyncio.run(ask_and_wait(bootstrap, values["topic_prefix"], by_hand(listener, tls)))
         assert first.outcome == "end_turn" and first.text
         if way == "oauthbearer":  # every session of the fleet has outlived its token by now: the turns still complete
+            # until every session has outlived its token
             time.sleep(max(0.0, started + 2.5 * TOKEN_LIFETIME_S - time.monotonic()))
             later = [
                 asyncio.run(ask_and_wait(bootstrap, values["topic_prefix"], by_hand(listener, tls))) for _ in range(2)

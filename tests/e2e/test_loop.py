@@ -143,7 +143,7 @@ async def test_a_plain_kafka_client_gets_exactly_one_reply(client, fleet_setting
     reply = await client.reply("req_console_1")
     assert reply.conversation_id == "conv_console" and reply.customer_id == "cus_1002"
     assert reply.outcome is Outcome.END_TURN
-    await asyncio.sleep(2)
+    await client.settled()  # every record handled: a second reply would be in `seen`
     assert len(client.replies["req_console_1"]) == 1
 
 
@@ -198,7 +198,7 @@ async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client,
         ):
             break
         assert time.monotonic() < deadline, f"services in trace: {sorted({s['service'] for s in in_trace})}"
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval: the spans written to the span file
 
     assert {s["trace_id"] for s in turn_spans} == {reply.trace_id}
     names = {s["name"] for s in in_trace}
@@ -223,6 +223,6 @@ async def test_all_spans_of_a_turn_from_every_service_share_one_trace_id(client,
             f"every service should export the turn's spans over OTLP; got "
             f"{sorted({(s['service'], s['name']) for s in in_otlp})}"
         )
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval: the spans the OTLP receiver got
     exported = {s["name"] for s in otlp_receiver.spans if s["trace_id"] == reply.trace_id}
     assert required <= exported

@@ -34,7 +34,7 @@ async def wait_until(predicate, what: str, timeout: float = 60.0) -> None:
     for _ in range(int(timeout / 0.2)):
         if predicate():
             return
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # poll interval: the condition awaited (the fleet's logs)
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
 
 

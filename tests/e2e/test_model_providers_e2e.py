@@ -109,7 +109,7 @@ async def _chat_spans(settings, trace_id: str, steps: int) -> list[dict]:
         ]
         if len(chats) >= steps or asyncio.get_running_loop().time() > deadline:
             return chats
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.5)  # poll interval: the chat requests the provider's stub recorded
 
 
 def _refused_at_start(fleet, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -99,7 +99,7 @@ async def test_a_writer_to_every_internal_topic_cannot_act_for_another_customer(
         assert why in letter["reason"].lower(), (name, letter["reason"])
     assert "input" not in found  # an input the model could have sent too: refused as a call, not as a forgery
 
-    await asyncio.sleep(2)  # anything a service had (wrongly) done for Bob would have reached its topic by now
+    await client.settled()  # every forged record handled: anything done (wrongly) for Bob would be on its topic
     assert shop_orders() == before
     for topic in (topics.MODEL_CALLS, topics.ITERATIONS, topics.TOOL_BATCHES, topics.APPROVAL_REQUESTS):
         for_bob = [
@@ -125,6 +125,6 @@ async def test_a_writer_to_every_internal_topic_cannot_act_for_another_customer(
     assert denied.returncode == 0, denied.stderr
     reply = await client.reply(request_id, timeout=60)
     assert reply.outcome is Outcome.END_TURN and reply.customer_id == ALICE and bobs not in reply.text
-    await asyncio.sleep(2)
+    await client.settled()  # every record handled: a second reply would be in `seen`
     assert len(client.replies[request_id]) == 1
     assert shop_orders() == before  # Alice's held cancellation was denied; Bob's order never touched

@@ -65,7 +65,7 @@ async def _until(predicate, timeout: float, every: float = 0.25):
     while time.monotonic() < deadline:
         if result := await predicate():
             return result
-        await asyncio.sleep(every)
+        await asyncio.sleep(every)  # poll interval: the caller's `every`
     raise AssertionError(f"not within {timeout:g} s")
 
 
@@ -103,7 +103,7 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
         ids = []
         for i in range(REQUESTS):
             ids.append(await client.ask("show me my orders", customer=f"cus_100{1 + i % 3}", persona="careful"))
-            await asyncio.sleep(ASK_EVERY_S)
+            await asyncio.sleep(ASK_EVERY_S)  # pacing: the requests spread over the executors' absence
         await watching
         assert seen == sorted(seen), f"the backlog only grows while no executor runs: {seen}"
         assert len(set(seen)) >= 3, f"the backlog should be seen building up, not appear at once: {seen}"
@@ -130,7 +130,7 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
         assert sum(p["lag"] for p in after_cli["groups"][0]["partitions"] if p["topic"] == batches) == 0
         assert after_cli["groups"][0]["members"], "the respawned executors are members again"
 
-        await asyncio.sleep(1.0)  # a duplicate reply would arrive by now
+        await client.settled()  # every record handled: a duplicate reply would be in `seen`
         assert all(len(client.replies[i]) == 1 for i in ids), {
             i: len(client.replies[i]) for i in ids if len(client.replies[i]) != 1
         }

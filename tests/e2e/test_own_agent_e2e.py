@@ -10,7 +10,6 @@ change), its approval rule holds a port-out until a person's signed decision, it
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sqlite3
@@ -187,7 +186,7 @@ async def test_its_approval_rule_holds_a_port_out_until_a_signed_decision(client
     (request,) = await client.wait_for(lambda: client.of_turn(topics.APPROVAL_REQUESTS, request_id), timeout=60)
     assert request["call"]["name"] == "port_out_number" and "a person confirms every port-out" in request["reason"]
     assert request["entities"]["line_id"]["your_role"] == "holder"
-    await asyncio.sleep(2)  # held: nothing ran, no reply
+    await client.settled()  # every record handled, the call held: nothing ran, no reply
     assert line(settings, "ln_5550101") == ("plus", "active") and not client.replies.get(request_id)
 
     signer = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")

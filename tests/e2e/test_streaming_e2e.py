@@ -59,7 +59,7 @@ def _working(client, request_id: str) -> list[int]:
 async def test_a_streamed_turn_gets_its_chunks_in_order_then_one_reply_that_is_its_final_text(client):
     request_id = await _ask_streamed(client, "where are my orders?", "parallel")
     reply = await client.reply(request_id, timeout=60)
-    await asyncio.sleep(1)  # a second reply, or a late chunk, would have come by now
+    await client.settled()  # every record handled: a second reply, or a late chunk, would be in `seen` now
     assert len(client.replies[request_id]) == 1 and reply.outcome is Outcome.END_TURN and reply.steps >= 2
     streams = _streams(_chunks(client, request_id))
     assert sorted({step for step, _ in streams}) == list(range(1, reply.steps + 1))  # one stream a step
@@ -81,12 +81,13 @@ async def test_a_model_service_killed_mid_stream_leaves_the_stream_cut_and_the_t
         await fleet.kill("model")  # SIGKILL, mid-stream: its call is neither answered nor committed
         try:
             killed = {c["stream_id"] for c in _chunks(client, request_id)}
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)  # the window in which a final chunk the dead process had sent would be read
             assert not any(c["final"] for c in _chunks(client, request_id))  # the stream never ended
         finally:
             await fleet.respawn("model")
-        reply = await client.reply(request_id, timeout=60)  # the call redelivered to the new process, once its group
-        await asyncio.sleep(1)  # has given up the dead member (its session timeout)
+        # the call redelivered to the new process, once its group has given up the dead member (its session timeout)
+        reply = await client.reply(request_id, timeout=60)
+        await client.settled()  # the model's group committed past the call: no third delivery of it can come
     assert len(client.replies[request_id]) == 1 and reply.outcome is Outcome.END_TURN and reply.steps == 1
     chunks = _chunks(client, request_id)
     (whole_step_cut,) = [c for c in chunks if c["cut"] and c["stream_id"] == "" and c["step"] == 1]

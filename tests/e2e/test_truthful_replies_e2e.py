@@ -41,7 +41,7 @@ class Asked:
             if health["served"] == self.served + step and health["in_flight"] >= 1:
                 return calls[0]["turn"]["turn_id"]
             assert health["served"] <= self.served + step and time.monotonic() < deadline, f"missed the call: {health}"
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # poll interval: the stub's served counter
 
     def cancelled(self, after: dict) -> list[str]:
         return [o for o, (_, status) in after.items() if status == "cancelled" and self.before[o][1] != "cancelled"]

@@ -4,7 +4,6 @@ a SIGKILLed embedded broker comes back on its data and the fleet answers again."
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -64,7 +63,7 @@ async def test_a_killed_executor_is_restarted_and_the_turns_in_flight_each_get_o
         os.kill(victim, signal.SIGKILL)
 
         replies = {r: await client.reply(r, timeout=120) for r in requests}
-        await asyncio.sleep(3)  # a duplicate reply would arrive by now
+        await client.settled()  # every record handled: a duplicate reply would be in `seen`
     finally:
         await client.stop()
 
@@ -118,7 +117,7 @@ def test_a_killed_broker_is_restarted_on_its_data_and_the_fleet_answers_again(tm
         deadline = time.monotonic() + 60
         while "roundtrip: kafka restarted" not in log.read_text():
             assert time.monotonic() < deadline and process.poll() is None, log.read_text()
-            time.sleep(0.2)
+            time.sleep(0.2)  # poll interval: the supervisor's log
         output = log.read_text()
         assert re.search(
             rf"(?m)^roundtrip: kafka \(pid {victim}\) died: killed by SIGKILL after [\d.]+ s up; restarting in 0.5 s",
@@ -133,7 +132,7 @@ def test_a_killed_broker_is_restarted_on_its_data_and_the_fleet_answers_again(tm
             except OSError:
                 pass
             assert time.monotonic() < deadline + 60, "the restarted broker did not serve"
-            time.sleep(0.5)
+            time.sleep(0.5)  # poll interval: the restarted broker answering
 
         # same data dir: the topics are still there, and the services (or their restarts) serve again
         ask = subprocess.run(

@@ -25,7 +25,7 @@ def roundtrip_up(
         while "Ready." not in output.read_text():
             assert process.poll() is None, output.read_text()
             assert time.monotonic() < deadline, output.read_text()
-            time.sleep(0.2)
+            time.sleep(0.2)  # poll interval: `up` printing its banner
         yield process, full_env, output
 
 

@@ -33,7 +33,7 @@ async def main() -> None:
     async def process(record) -> None:
         if args.block_value is not None and record.value.decode() == args.block_value:
             await asyncio.Event().wait()
-        await asyncio.sleep(random.uniform(0, 0.01))
+        await asyncio.sleep(random.uniform(0, 0.01))  # a random processing time: the records finish out of order
         os.write(fd, f"{record.key.decode()} {record.value.decode()} {record.offset}\n".encode())
 
     koc = KeyOrderedConsumer(process, name="worker", max_in_flight=args.max_in_flight, commit_interval_s=0.05)
@@ -49,7 +49,7 @@ async def main() -> None:
     await consumer.start()
     task = asyncio.create_task(koc.run(consumer))
     while not koc.assigned:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # poll interval: the worker's partitions assigned
     print("ready", flush=True)
     await task
 

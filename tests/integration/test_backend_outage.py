@@ -65,7 +65,7 @@ async def slow_shop(tmp_path):
     task = asyncio.create_task(server.serve())
     while not server.started:
         assert not task.done(), "the shop did not start"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # poll interval: the shop's server started
     yield f"http://127.0.0.1:{port}"
     released.set()
     server.should_exit = True
@@ -141,7 +141,7 @@ async def test_a_backend_that_times_out_for_one_conversation_holds_only_it_until
         end = time.monotonic() + timeout
         while not condition():
             assert time.monotonic() < end, f"timed out waiting for {what}"
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # poll interval: the condition awaited
 
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{health}") as probe:
@@ -200,7 +200,7 @@ async def test_a_backend_that_times_out_for_one_conversation_holds_only_it_until
             end = time.monotonic() + 10
             while (await probe_consumer.committed(tp)) != 1 + len(first) + len(later):
                 assert time.monotonic() < end, await probe_consumer.committed(tp)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.2)  # poll interval: the group's committed offset
         finally:
             await probe_consumer.stop()
     finally:

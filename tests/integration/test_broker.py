@@ -130,7 +130,7 @@ async def test_an_existing_dead_letter_topic_gets_the_larger_limit_and_keeps_its
         config = await _topic_config(kafka_bootstrap, name)
         if int(config["max.message.bytes"]) == DEAD_LETTER_MAX_BYTES:
             break
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # poll interval: the topic's config as the broker reports it
     assert int(config["max.message.bytes"]) == DEAD_LETTER_MAX_BYTES and config["retention.ms"] == "123456789"
 
 

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
+from tests import waiting
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,11 +67,7 @@ async def committed(bootstrap: str, group: str, topic: str, partitions: int) -> 
 
 
 async def wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    await waiting.until(predicate, timeout, what)
 
 
 async def test_one_key_in_order_many_keys_at_once(kafka_bootstrap, topic_prefix):
@@ -89,7 +86,7 @@ async def test_one_key_in_order_many_keys_at_once(kafka_bootstrap, topic_prefix)
             overlap["same_key"] += 1
         running.add(key)
         overlap["max"] = max(overlap["max"], len(running))
-        await asyncio.sleep(random.uniform(0.001, 0.02))
+        await asyncio.sleep(random.uniform(0.001, 0.02))  # a random processing time: the records finish out of order
         seen[key].append(int(record.value.decode().split(":")[1]))
         running.discard(key)
 
@@ -235,7 +232,7 @@ async def test_at_the_limit_it_pauses_instead_of_buffering(kafka_bootstrap, topi
         await wait_until(lambda: koc.paused, what="the pause")
         await asyncio.sleep(1.5)  # several polls while paused: nothing more is taken
         assert koc.in_flight == 25 and high_water["held"] <= 25  # exactly the limit, never more
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # more polls while paused: still nothing more is taken
         assert koc.in_flight == 25 and koc.paused
         release.set()
         await wait_until(lambda: koc.processed == 400, what="everything after the release")

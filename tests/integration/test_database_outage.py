@@ -16,6 +16,7 @@ from roundtrip._kernel.kafka import faults, messaging
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn
+from tests import waiting
 from tests.databases import PostgresServer, find_pg_bindir, migrated
 
 PREFIX = "outage."
@@ -42,7 +43,7 @@ class FeedingKafka:
         self.commits.append(dict(offsets))
 
     async def getmany(self, timeout_ms=0, max_records=None):
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # a fake poll's wait: the consumer loop yields as on a real broker
         if self.paused or not self.records:
             return {}
         batch, self.records = self.records[:5], self.records[5:]
@@ -104,8 +105,8 @@ async def test_a_consumer_waits_out_a_database_outage_and_dead_letters_nothing(s
     try:
         await _until(lambda: consumer.processed >= 10, 20)
         server.pg.halt(how)
-        await _until(lambda: consumer.outages.waiting == (faults.DATABASE,), 20)
-        assert kafka.paused  # its partitions paused while the database is away
+        # the outage is recorded first, then the loop pauses its partitions while the database is away
+        await _until(lambda: consumer.outages.waiting == (faults.DATABASE,) and kafka.paused, 20)
         await asyncio.sleep(2)  # the records in hand are retried meanwhile, none dead-lettered
         assert consumer.outages and producer.sent == []
         await asyncio.to_thread(server.pg.resume)
@@ -120,7 +121,4 @@ async def test_a_consumer_waits_out_a_database_outage_and_dead_letters_nothing(s
 
 
 async def _until(condition, timeout: float) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
+    await waiting.until(condition, timeout)

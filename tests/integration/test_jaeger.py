@@ -40,7 +40,7 @@ def test_a_span_exported_over_otlp_http_is_found_by_service_and_by_trace_id(jaeg
 
     deadline = time.monotonic() + 15
     while not (traces := jaeger.traces("roundtrip-jaegertest")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.2)  # poll interval: the trace in Jaeger's query API
     (found,) = traces
     assert found["traceID"] == trace_id
     spans = {s["operationName"]: s for s in found["spans"]}

@@ -109,7 +109,7 @@ def test_the_simulator_process_reads_its_limits_from_the_environment(tmp_path):
                 break
             except httpx.HTTPError:
                 assert process.poll() is None and time.monotonic() < deadline, process.stderr.read().decode()
-                time.sleep(0.1)
+                time.sleep(0.1)  # poll interval: the simulator answering
         sync = anthropic.Anthropic(base_url=url, api_key="sim", max_retries=0)
         raw = sync.messages.with_raw_response.create(**HI)
         assert raw.headers["anthropic-ratelimit-requests-limit"] == "1"

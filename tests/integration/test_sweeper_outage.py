@@ -91,7 +91,7 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
             deadline = time.monotonic() + 30
             while len(recorded := await rows()) < len(requests):
                 assert time.monotonic() < deadline, "the guard did not record the turns"
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # poll interval: the guard's rows in the ledger
             return max(recorded[rid].started_at for rid in ids)
 
         try:
@@ -100,7 +100,7 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
             # the first wave is flagged, the broker up
             while not all(row.flagged_at for row in (await rows()).values()):
                 assert time.monotonic() < deadline, "the first wave was not flagged"
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # poll interval: the sweeper's flags in the ledger
             second_started = await wave()
             await producer.stop()
             os.killpg(own_kafka.proc.pid, signal.SIGKILL)  # the broker goes away before the second wave is stuck
@@ -115,7 +115,7 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
                 assert time.monotonic() < deadline, {
                     rid: (r.status, r.flagged_at, r.pending_at) for rid, r in (await rows()).items()
                 }
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.2)  # poll interval: the ledger's rows
             ended = await rows()
             assert own_kafka.proc.poll() is not None, "the broker must still be down"
             for row in ended.values():

@@ -47,7 +47,7 @@ async def committed_offset(consumer, record, timeout=15.0):
         offset = await consumer.committed(tp)
         if offset is not None or asyncio.get_running_loop().time() > deadline:
             return offset
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # poll interval: the group's committed offset
 
 
 @pytest.fixture

@@ -20,14 +20,14 @@ async def test_admits_up_to_the_limit_then_in_arrival_order():
         order.append(turn)
 
     waiting = [asyncio.create_task(wait(t)) for t in ("t3", "t4", "t5")]
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the waiters' tasks run to their wait (no I/O: a few loop turns)
     assert admission.running == 2 and admission.waiting == 3 and order == []
     admission.release("t1")
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the woken waiter's task runs on (a few loop turns)
     assert order == ["t3"] and admission.running == 2
     admission.release("t2")
     admission.release("t3")
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # the woken waiters' tasks run on (a few loop turns)
     assert order == ["t3", "t4", "t5"] and admission.running == 2
     await asyncio.gather(*waiting)
 
@@ -36,10 +36,10 @@ async def test_a_newcomer_does_not_overtake_a_woken_waiter():
     admission = Admission(limit=1, forget_after_s=60)
     await admission.admit("t1")
     first = asyncio.create_task(admission.admit("t2"))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # t2's task runs to its wait (a few loop turns)
     admission.release("t1")  # the slot is handed to t2 ...
     late = asyncio.create_task(admission.admit("t3"))  # ... so t3, arriving now, waits
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # t2 takes the slot, t3 reaches its wait (a few loop turns)
     assert first.done() and not late.done()
     admission.release("t2")
     await asyncio.wait_for(late, 1)
@@ -50,7 +50,7 @@ async def test_a_cancelled_waiter_passes_its_slot_on():
     await admission.admit("t1")
     gone = asyncio.create_task(admission.admit("t2"))
     next_one = asyncio.create_task(admission.admit("t3"))
-    await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)  # both tasks run to their wait (a few loop turns)
     gone.cancel()
     admission.release("t1")
     await asyncio.wait_for(next_one, 1)

@@ -218,7 +218,7 @@ async def test_a_turn_that_ended_while_its_call_waited_is_not_called():
 async def started_after(capacity: Capacity, tasks: list[asyncio.Task], rounds: int = 5) -> int:
     """How many of `tasks` (each an acquire) have been let start, once the loop has run a little."""
     for _ in range(rounds):
-        await asyncio.sleep(0.002)
+        await asyncio.sleep(0.002)  # a loop turn or two: the granted acquires complete
     return sum(task.done() for task in tasks)
 
 
@@ -296,7 +296,7 @@ async def test_a_cold_fleet_against_a_bucket_of_a_tenth_of_a_second_is_refused_l
                 refused[0] += 1
                 raise status_error(429, {"retry-after-ms": "100"})
             bucket[0] -= 1
-            await asyncio.sleep(0.1 * rng.uniform(0.7, 1.3))
+            await asyncio.sleep(0.1 * rng.uniform(0.7, 1.3))  # the simulated call's time at the API, jittered
             ok[0] += 1
             return Message(), headers(6000, int(bucket[0]))
 

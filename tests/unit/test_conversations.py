@@ -352,7 +352,7 @@ async def test_a_second_request_waits_for_the_running_turn_then_sees_it(guard):
     await guard.starts.on_start(StartTurn(turn=turn(1), text="what orders do I have?"))
     call = guard.outbox.publish.sent[-1][1]
     second = asyncio.create_task(guard.starts.on_start(StartTurn(turn=turn(2), text="and the second?")))
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # the window the second start would have (wrongly) gone through in
     assert not second.done()  # waits: turn 1 is still running
     await guard.loop.on_iteration(
         responded(call.turn, 1, call.messages, [{"type": "text", "text": "You have two."}], "end_turn")

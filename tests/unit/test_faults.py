@@ -182,6 +182,7 @@ class OneRecordKafka:
         self.paused = False
 
     async def getmany(self, timeout_ms=0, max_records=None):
+        # a fake poll's wait: the consumer loop yields as on a real broker
         await asyncio.sleep(min(timeout_ms, 20) / 1000)
         if self.paused or self.given:
             return {}
@@ -217,7 +218,7 @@ async def test_a_retry_later_pauses_the_consumer_once_retries_the_record_and_res
     )
     assert retried is not None and retried >= 2
     outage["on"] = False
-    await asyncio.sleep(2.5)
+    await asyncio.sleep(2.5)  # the next retry after the outage ends (at most 1 s apart), with slack
     assert done == [0] and not consumer.outages and not kafka.paused and gauge("unitretry") == 0
     lines = [r.getMessage() for r in caplog.records if "unitretry" in r.getMessage()]
     assert sum("unavailable" in line for line in lines) == 1, lines  # once per outage, not once per try
@@ -235,7 +236,7 @@ async def test_a_record_retried_later_is_not_committed_when_its_partition_is_giv
     await consumer.on_partitions_assigned([TP])
     kafka = OneRecordKafka()
     task = asyncio.create_task(consumer.run(kafka))
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # the first retries of the record
     await consumer.drain()  # the retry loop gives the record up: not finished, so its offset stays uncommitted
     await asyncio.wait_for(task, 2)
     # committed at the record itself (the first unfinished one): the next owner reads it again; no outage is left

@@ -359,7 +359,7 @@ async def test_concurrent_lookups_of_one_order_in_a_step_share_one_backend_call(
 
     async def slow(kind, entity_id, customer_id):
         started.append(entity_id)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the backend call's own time: the five look-ups overlap
         return {"order_id": entity_id, "customer_id": customer_id}
 
     step = StepLookups(slow)

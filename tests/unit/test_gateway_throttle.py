@@ -18,7 +18,7 @@ async def test_turns_waiting_for_capacity_cut_admission_below_the_running_turns_
     throttle.adjust(waiting=30)
     assert admission.limit == int(50 * BETA)  # new turns wait until running ones end and the model catches up
     late = asyncio.create_task(admission.admit("turn_new"))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # the window the late admit would (wrongly) have gone through in
     assert not late.done()
     for i in range(20):
         admission.release(f"turn_{i}")
@@ -51,8 +51,8 @@ async def test_the_ledger_is_read_each_check_and_a_failing_read_leaves_admission
     throttle = Throttle(admission, Store())
     task = asyncio.create_task(throttle.run())
     while answers:
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)  # poll interval: the throttle's checks (0.01 s apart) using up the answers
+    await asyncio.sleep(0.05)  # several more checks (0.01 s apart) after the last answer
     task.cancel()
     assert throttle.waiting == 0 and 9 <= admission.limit <= 10
 
@@ -80,7 +80,7 @@ async def test_running_turns_that_ended_at_another_replica_are_released_from_the
         await admission.admit(f"turn_{i}")
     late = asyncio.create_task(admission.admit("turn_late"))
     task = asyncio.create_task(Throttle(admission, Store()).run())
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # several checks (0.01 s apart): the throttle asked the ledger
     assert not late.done() and asked and asked[-1] == [f"turn_{i}" for i in range(4)]
     ended.update({"turn_1", "turn_3"})  # their outcomes went to the other replica
     await asyncio.wait_for(late, 1)

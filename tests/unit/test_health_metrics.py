@@ -74,7 +74,7 @@ async def test_a_check_that_raises_or_hangs_fails_the_probe_without_breaking_it(
         raise RuntimeError("no consumer")
 
     async def hangs() -> bool:
-        await asyncio.sleep(10)
+        await asyncio.sleep(10)  # a check that hangs past the probe's timeout
         return True
 
     server.register("live", "t-broken", broken)
@@ -91,7 +91,7 @@ async def test_a_heartbeat_fails_liveness_when_the_poll_loop_goes_quiet(server):
     beat = health.heartbeat("t-poll", max_silence_s=0.2)
     server.register("live", "t-poll", health._liveness["t-poll"])
     assert (await server.http.get("/healthz")).status_code == 200
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # past the heartbeat's 0.2 s of allowed silence
     assert (await server.http.get("/healthz")).status_code == 503
     beat()
     assert (await server.http.get("/healthz")).status_code == 200

@@ -23,6 +23,7 @@ from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from roundtrip._shop.app import in_process
+from tests import waiting
 from tests.agents import SHOP, shop_deps
 from tests.signing import pair
 
@@ -56,6 +57,7 @@ class FeedKafka:
         self.paused = False
 
     async def getmany(self, timeout_ms=0, max_records=None):
+        # a fake poll's wait: the consumer loop yields as on a real broker
         await asyncio.sleep(min(timeout_ms, 20) / 1000)
         if self.paused or not self.feed:
             return {}
@@ -68,10 +70,7 @@ def held_gauge(consumer: str) -> float | None:
 
 
 async def until_true(check, timeout: float = 5.0) -> None:
-    end = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < end, "timed out"
-        await asyncio.sleep(0.02)
+    await waiting.until(check, timeout)
 
 
 async def started(process, name: str, **options) -> tuple[KeyOrderedConsumer, FeedKafka, asyncio.Task]:
@@ -139,7 +138,7 @@ async def test_the_fleets_own_dependency_still_pauses_the_whole_consumer():
     kafka.feed = [rec(0, b"c1")]
     await until_true(lambda: kafka.paused)
     kafka.feed = [rec(1, b"c2")]
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(0.6)  # the window the second record would (wrongly) have been processed in
     assert done == [] and consumer.outages.waiting == (faults.DATABASE,) and consumer.outages.held_keys == 0
     away["on"] = False
     await until_true(lambda: done == [0, 1])

@@ -147,7 +147,7 @@ async def test_a_server_down_at_start_is_refused_clearly_then_mounted_once_it_an
         for _ in range(500):
             if "gift_wrap_order" in agent.registry:
                 break
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # poll interval: the tool mounted once the server answers
         assert "gift_wrap_order" in agent.registry
         assert tools.unavailable("gift_wrap_order") is None
         assert "gift_wrap_order" in [t["name"] for t in tools.api_tools]  # the same list object, now with it

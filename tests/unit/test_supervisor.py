@@ -60,7 +60,7 @@ class Supervised:
         deadline = time.monotonic() + timeout
         while not (result := predicate()):
             assert time.monotonic() < deadline, "\n".join(self.lines)
-            time.sleep(0.02)
+            time.sleep(0.02)  # poll interval: the supervisor's log lines
         return result
 
     def close(self) -> None:
@@ -106,7 +106,7 @@ def test_a_crash_loop_backs_off_exponentially_up_to_the_cap(supervised):
 def test_stop_ends_supervision_promptly_and_stop_kills_every_child(supervised):
     supervised.spawn("gateway", SLEEPER)
     supervised.thread.start()
-    time.sleep(0.2)
+    time.sleep(0.2)  # the supervise loop running (in its wait) when stop is set
     started = time.monotonic()
     supervised.stop.set()
     supervised.thread.join(5)

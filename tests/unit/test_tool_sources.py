@@ -51,7 +51,7 @@ def giftwrap(tmp_path_factory):
         for _ in range(300):
             if answers(url) or process.poll() is not None:
                 break
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll interval: the MCP server answering
         assert answers(url), (folder / "server.out").read_text(errors="replace")
         yield url, log
     finally:

@@ -183,7 +183,7 @@ async def test_over_its_real_transport_a_refused_connection_is_unreachable_and_a
 
     async def silent(reader, writer):  # accepts, reads the request, never answers
         await reader.read(65536)
-        await asyncio.sleep(5)
+        await asyncio.sleep(5)  # a server that never answers within the client's timeout
         writer.close()
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)

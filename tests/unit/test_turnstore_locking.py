@@ -25,7 +25,7 @@ async def test_a_locked_file_does_not_stall_the_event_loop(tmp_path):
         write = asyncio.create_task(store._update(update(turns).where(turns.c.turn_id == "t").values(step=1)))
         ticks, started = 0, time.monotonic()
         while time.monotonic() - started < 0.3:  # the loop keeps running meanwhile
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # the loop's other tasks run meanwhile
             ticks += 1
         assert ticks >= 15 and not write.done()  # the write waits for the lock, the loop does not
         other.execute("COMMIT")

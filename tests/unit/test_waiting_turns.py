@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from roundtrip._guard.ledger import Ledger
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.storage.turnstore import RUNNING, WAITING, Fence
+from tests import waiting
 from tests.databases import migrated
 
 
@@ -61,22 +62,22 @@ class FakeKafka:
         self.paused = False
 
     async def getmany(self, timeout_ms=0, max_records=None):
+        # a fake poll's wait: the consumer loop yields as on a real broker
         await asyncio.sleep(min(timeout_ms, 20) / 1000)
         return {}
 
 
 async def test_a_held_back_consumer_pauses_fetching_and_resumes_when_released():
+    # a processing step that only yields to the loop
     consumer = KeyOrderedConsumer(process=lambda record: asyncio.sleep(0), idle_wait_ms=50)
     kafka = FakeKafka()
     task = asyncio.create_task(consumer.run(kafka))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # an idle poll (50 ms): a pause unasked for would have come by now
     assert not kafka.paused
     consumer.hold(True)
-    await asyncio.sleep(0.1)
-    assert kafka.paused and consumer.paused
+    await waiting.until(lambda: kafka.paused and consumer.paused, 5, "the pause")
     consumer.hold(False)
-    await asyncio.sleep(0.1)
-    assert not kafka.paused and not consumer.paused
+    await waiting.until(lambda: not kafka.paused and not consumer.paused, 5, "the resume")
     await consumer.drain()
     await asyncio.wait_for(task, 2)
 

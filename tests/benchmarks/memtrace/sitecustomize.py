@@ -89,7 +89,7 @@ if _dir := os.environ.get("ROUNDTRIP_MEMTRACE_DIR"):
     def _dump(folder: str, every: float, name: str) -> None:
         n = 0
         while True:
-            time.sleep(every)
+            time.sleep(every)  # the interval between two memory snapshots
             n += 1
             stem = os.path.join(folder, f"{name}.{os.getpid()}-{n:04d}")
             # the collector first: what is left is reachable (a cycle of SQLAlchemy elements waits for the next full
