@@ -124,7 +124,7 @@ def running() -> Iterator[Running]:
             except httpx.HTTPError:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the test OIDC issuer did not start (exit {process.poll()})") from None
-                time.sleep(0.1)
+                time.sleep(0.1)  # poll interval: the issuer process binding its port
         yield issuer
     finally:
         process.terminate()

@@ -101,6 +101,50 @@ def _transient(exc: anthropic.APIError) -> bool:
     )
 
 
+async def _paused_in_place(
+    pause: float, capacity: Capacity, give_up: float, on_wait: Mark, marked: bool
+) -> bool | None:
+    """A throttle's pause in the call's kept place: True to try again there; otherwise its place is given back
+    (None: the pause would pass the turn's deadline; False: the turn may not act any more)."""
+    try:
+        kept = await _paused(pause, give_up, on_wait, marked)
+    except BaseException:
+        capacity.ended()
+        raise
+    if not kept:
+        capacity.ended()
+    return kept
+
+
+async def _slot(capacity: Capacity, give_up: float, out: Tried, last: str) -> float:
+    """The call's place in the window: how long it waited for it, or -1 (and `out` says busy) when none comes before
+    the turn's deadline."""
+    try:
+        return await capacity.acquire(give_up)
+    except Busy as exc:
+        out.error, out.busy = f"rate limited until the turn's deadline ({last}): {exc}", True
+        return -1.0
+
+
+def _ended_paused(out: Tried, kept: bool | None, last: str) -> Tried:
+    if kept is None:
+        out.error, out.busy = f"rate limited until the turn's deadline ({last})", True
+    else:
+        out.gone = True
+    return out
+
+
+async def _backed_off(exc: anthropic.APIError, tried: int, give_up: float) -> bool:
+    """The pause before a transient failure's next try (the `tried`-th retry), taken unless it would pass the
+    turn's deadline; True when the call should be tried again."""
+    pause = min(MAX_BACKOFF_S, BACKOFF_S * 2**tried) * random.uniform(0.75, 1.0)
+    log.info("model call tried again in %.1f s after %s", pause, describe(exc))
+    if time.monotonic() + pause < give_up:
+        await asyncio.sleep(pause)
+        return True
+    return False
+
+
 async def attempt(
     call: Callable[[int], Awaitable[tuple[Any, Mapping[str, str]]]],
     capacity: Capacity,
@@ -126,12 +170,8 @@ async def attempt(
             kept = False
         if kept:  # a throttled call tries again in the place it kept
             waited, kept = 0.0, False
-        else:
-            try:
-                waited = await capacity.acquire(give_up)
-            except Busy as exc:
-                out.error, out.busy = f"rate limited until the turn's deadline ({last}): {exc}", True
-                return out
+        elif (waited := await _slot(capacity, give_up, out, last)) < 0:
+            return out  # busy until the turn's deadline
         out.waited_s += waited
         started, out.attempts = time.monotonic(), out.attempts + 1
         try:
@@ -143,30 +183,18 @@ async def attempt(
                 # the window shrinks before this call's place is given on (or kept through its pause)
                 pause = capacity.refused(after, started, in_a_row)
                 if pause > 0:  # a throttle without retry-after: this call pauses, keeping its place in the window
-                    try:
-                        kept = await _paused(pause, give_up, on_wait, marked)
-                    except BaseException:
-                        capacity.ended()
-                        raise
+                    kept = await _paused_in_place(pause, capacity, give_up, on_wait, marked)
                     if kept:
                         marked = True
                         continue
-                    capacity.ended()
-                    if kept is None:
-                        out.error, out.busy = f"rate limited until the turn's deadline ({last})", True
-                    else:
-                        out.gone = True
-                    return out
+                    return _ended_paused(out, kept, last)
                 capacity.ended()
                 continue
             in_a_row = 0
             capacity.ended()
             if _transient(exc) and transient < retries:
-                pause = min(MAX_BACKOFF_S, BACKOFF_S * 2**transient) * random.uniform(0.75, 1.0)
                 transient += 1
-                log.info("model call tried again in %.1f s after %s", pause, describe(exc))
-                if time.monotonic() + pause < give_up:
-                    await asyncio.sleep(pause)
+                if await _backed_off(exc, transient - 1, give_up):
                     continue
             out.error = describe(exc)
             return out

@@ -209,6 +209,7 @@ async def phase(name: str, turn, base_url: str, args: argparse.Namespace, counte
 
 async def _refused_at(base_url: str, at: float) -> int:
     """The simulator's count of 429s at `at` (perf_counter)."""
+    # the moment of the run the count is read at (the settle time after the cold start)
     await asyncio.sleep(max(0.0, at - time.perf_counter()))
     return (await asyncio.to_thread(limits, base_url))["refused"]
 

@@ -21,7 +21,7 @@ def wait_for(output: Path, pattern: str, process, timeout: float = 150) -> re.Ma
     while not (match := re.search(pattern, output.read_text(), re.MULTILINE)):
         assert process.poll() is None, output.read_text()
         assert time.monotonic() < deadline, output.read_text()
-        time.sleep(0.05)
+        time.sleep(0.05)  # poll interval: `up` printing the part's start line
     return match
 
 

@@ -137,7 +137,7 @@ async def test_refusals_are_rate_limited_per_address_and_reason_with_a_count(cap
     log.refused("expired", "1.1.1.1", "a@x")
     log.refused("no-token", "2.2.2.2", None)
     assert len(refusals(caplog)) == 3
-    time.sleep(0.35)
+    time.sleep(0.35)  # past the log's 0.3 s window: the next refusal from that address is written again
     log.refused("no-token", "1.1.1.1", "mallory\nforged line")
     last = refusals(caplog)[-1]
     assert "and 4 more from this address" in last and "\n" not in last and "'mallory\\nforged line'" in last
@@ -153,7 +153,7 @@ async def test_a_key_the_issuer_rotated_in_is_fetched_again_for_its_unknown_key_
     assert kid in str(httpx.get(f"{issuer.url}/jwks").json())
     with pytest.raises(NotSignedIn):  # within the cooldown after its last fetch: the keys it holds only
         await gate.identify(request(bearer(token)))
-    time.sleep(4.1)
+    time.sleep(4.1)  # past the 4 s cooldown between key-set fetches set above
     assert (await gate.identify(request(bearer(token)))).name == "alice@example.com"
     assert issuer.jwks_fetches() == before + 2  # the test's own look, and the console's one refresh
 
