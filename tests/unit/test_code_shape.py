@@ -13,6 +13,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.syntax import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 FUNCTION_LINES, CLASS_LINES, MODULE_LINES = 60, 300, 400
 
@@ -25,7 +27,7 @@ def _longer_than(kinds: tuple[type, ...], limit: int) -> list[tuple[int, str]]:
     """(length, 'file:line name (length lines)') of every definition of these kinds over the limit, longest first."""
     found = []
     for path in _modules():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse(path.read_text(), str(path))):
             if isinstance(node, kinds) and (length := node.end_lineno - node.lineno + 1) > limit:
                 found.append((length, f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)"))
     return sorted(found, reverse=True)

@@ -14,6 +14,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+from tests.syntax import parse
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "services"
 FIVE = {"_gateway", "_model", "_guard", "_gate", "_executor"}
@@ -47,7 +49,7 @@ def _imports() -> list[tuple[str, str, str]]:
     for path in sorted(SERVICES.rglob("*.py")):
         module = _module(path)
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for node in ast.walk(parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level:
@@ -96,7 +98,7 @@ def test_no_import_climbs_upward_or_crosses_to_another_service():
 
 def test_the_schemas_package_is_data_that_imports_nothing_of_the_package():
     for path in sorted((ROOT / "schemas").rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse(path.read_text(encoding="utf-8"))
         assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], path
 
 

@@ -25,6 +25,7 @@ from roundtrip._kernel.settings.display import grouped, without_passwords
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._sdk.agent import load_agent
 from roundtrip._shop.agent.settings import ShopAgentSettings
+from tests.syntax import parse
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
 
@@ -159,7 +160,7 @@ def test_a_service_uses_the_prefix_it_was_built_with_not_the_environments(clean_
 
 def _calls_to_get_settings(path: Path) -> list[str]:
     """The functions of a module that call get_settings()."""
-    tree = ast.parse(path.read_text())
+    tree = parse(path.read_text())
     found = []
     for function in ast.walk(tree):
         if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -12,6 +12,8 @@ import io
 import tokenize
 from pathlib import Path
 
+from tests.syntax import parse
+
 TESTS = Path(__file__).resolve().parents[1]
 MIN_WORDS = 3  # "# poll interval" alone says nothing of what is polled
 
@@ -49,7 +51,7 @@ def unexplained_sleeps(root: Path = TESTS) -> list[str]:
     for path in sorted(root.rglob("*.py")):
         source = path.read_text()
         comments, alone = _comments(source)
-        for call in _sleeps(ast.parse(source, str(path))):
+        for call in _sleeps(parse(source, str(path))):
             if not _explained(call, comments, alone):
                 found.append(f"{path.relative_to(root.parent)}:{call.lineno}")
     return found
