@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from roundtrip._kernel.storage.turnstore import TurnStore, disagreement, refused
+from roundtrip._kernel.storage.turnstore import NO_SUCH_TURN, TurnStore, disagreement, refused
 from roundtrip._kernel.wire.events import Turn
 
 REMEMBERED = 20_000  # turns a replica keeps (a turn runs for minutes; about 1 KB each)
@@ -32,14 +32,14 @@ class RecordedTurns:
         recorded = self._turns.get(turn.turn_id)
         if recorded is None:
             row = await self.store.recorded(turn.turn_id)
-            if (why := disagreement(turn, row)) is not None:
-                raise refused(turn, "gate", why)
+            if row is None:
+                raise refused(turn, "gate", NO_SUCH_TURN)  # the gate signs: an unknown turn gets nothing
             recorded = Turn.model_validate_json(row.turn_json)
             self._remember(recorded)
+        # the principal first, in its own words; then any other field the copy changed
         if (why := disagreement(turn, recorded)) is not None:
             raise refused(turn, "gate", why)
-        changed = changed_fields(turn, recorded)
-        if changed:
+        if changed := changed_fields(turn, recorded):
             raise refused(turn, "gate", f"its {', '.join(changed)} differ from the turn's start")
         # the deadline is the one field a turn's record changes (an approval extends it); the fence checks it
         return recorded.model_copy(update={"deadline_at": turn.deadline_at})

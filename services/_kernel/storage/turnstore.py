@@ -187,11 +187,14 @@ def refused(turn: Principal, service: str, why: str) -> TurnRefused:
     return TurnRefused(f"turn {turn.turn_id!r} refused: {why}")
 
 
+NO_SUCH_TURN = "the ledger has no such turn"  # a turn deleted by retention, or never started: not itself a forgery
+
+
 def disagreement(turn: Principal, recorded: Any) -> str | None:
     """Why `turn` is not the one the ledger recorded (`recorded`: its row's customer_id and conversation_id, or None
     when the ledger has no such turn); None when it is."""
     if recorded is None:
-        return "the ledger has no such turn"
+        return NO_SUCH_TURN
     if recorded.customer_id != turn.customer_id:
         return "its customer is not the one the turn was started for"
     if recorded.conversation_id != turn.conversation_id:
@@ -331,7 +334,7 @@ class TurnStore:
         """Raise TurnRefused (logged on roundtrip.security) when `turn` is not the ledger's: the rare path after a
         refused claim, which tells a forged turn from one that has ended or moved on."""
         why = disagreement(turn, await self.recorded(turn.turn_id))
-        if why is not None and why != "the ledger has no such turn":
+        if why is not None and why != NO_SUCH_TURN:
             raise refused(turn, service, why)
 
     async def _update(self, statement: Any, params: dict[str, Any] | None = None) -> bool:
