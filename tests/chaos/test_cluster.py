@@ -61,7 +61,9 @@ async def _finish(
     expected = {(observer.topic(p.topic), p.partition, p.offset) for p in poison}
     await observer.wait_for(
         lambda: expected <= {(d["topic"], d.get("partition"), d.get("offset")) for d in observer.seen.dead_letters},
-        timeout=60,
+        # past a majority's return the dead letters wait for leader elections and the services' backoff (a
+        # clean-clone run saw 60 s run out once); the wait ends as soon as every one is there
+        timeout=120,
         what="a dead letter of every poison message",
     )
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
