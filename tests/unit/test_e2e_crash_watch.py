@@ -49,6 +49,10 @@ import time
 import pytest
 
 PIDS = []
+# One loop for the session, as the e2e tier has (loop scope "session"): a process is started from a thread of the
+# loop's executor and gets SIGTERM when that thread ends (die_with_parent_preexec), which asyncio.run's shutdown of
+# its executor would do to the sleeper a restart started, at some moment in a later test.
+LOOP = asyncio.new_event_loop()
 
 
 def _sigkill(fleet):
@@ -74,11 +78,11 @@ def test_a_declared_sigkill(fleet):
 
 
 def test_a_restart(fleet):
-    asyncio.run(fleet.restart("sleeper"))
+    LOOP.run_until_complete(fleet.restart("sleeper"))
 
 
 def test_fleet_kill_undeclared(fleet):
-    asyncio.run(fleet.kill("sleeper"))
+    LOOP.run_until_complete(fleet.kill("sleeper"))
 
 
 def test_a_test_without_the_fleet():
