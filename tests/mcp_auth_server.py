@@ -4,6 +4,11 @@ resource-server support (a TokenVerifier, AuthSettings: its bearer middleware an
 
     python -m tests.mcp_auth_server PORT LOG TOOL token FILE      the token must be FILE's content (read per request)
     python -m tests.mcp_auth_server PORT LOG TOOL oauth ISSUER    the token must be active at ISSUER's /introspect
+    ... [SPANS]                                                   its spans appended to the span file SPANS
+
+With SPANS, the `mcp` package's own server spans (one per request, a child of the trace context the request's
+`_meta` carries) are exported as a company's MCP server would export them to its collector: here to the fleet's span
+file, which `roundtrip trace` reads, as service `mcp-TOOL`.
 
 Its one tool, TOOL(order_id, message), serves http://127.0.0.1:PORT/mcp; each call it receives is one JSON line of LOG
 ({"tool", "arguments", "customer_id", "client_id", "traceparent"}: who called, and the trace context its `_meta`
@@ -85,6 +90,21 @@ def build(port: int, log: Path, tool: str, mode: str, arg: str) -> MCPServer:
     return server
 
 
+def export_spans(tool: str, spans: Path) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from roundtrip._kernel.observability.telemetry import JsonLinesSpanExporter
+
+    provider = TracerProvider(resource=Resource.create({"service.name": f"mcp-{tool}"}))
+    provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(spans)))  # written as each span ends
+    trace.set_tracer_provider(provider)
+
+
 if __name__ == "__main__":
     port, log, tool, mode, arg = int(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    if len(sys.argv) > 6:
+        export_spans(tool, Path(sys.argv[6]))
     build(port, log, tool, mode, arg).run("streamable-http", port=port)

@@ -16,7 +16,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.measure import Measurement
@@ -27,7 +26,7 @@ from rich.text import Text
 from roundtrip._cli.live_order import StepOrder
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients
-from roundtrip._kernel.observability.telemetry import span_files
+from roundtrip._kernel.observability import traces
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.database import shown
 from roundtrip._kernel.wire import topics
@@ -406,85 +405,23 @@ def _show_step(topic: str, data: dict[str, Any], waiting: set[str]) -> None:
 
 def show_trace(settings: Settings, wanted: str) -> int:
     """The spans of one turn (turn id or trace id): from Jaeger's query API if configured, else the span files."""
-    url = settings.effective_jaeger_query_url
-    if url:
-        try:
-            trace_id, mine = _spans_from_jaeger(url, wanted)
-        except httpx.HTTPError as exc:
-            console.print(f"[red]cannot read Jaeger[/] at {url} ({exc}); is it up? (ROUNDTRIP_JAEGER_QUERY_URL)")
+    try:
+        trace_id, mine = traces.read(settings, wanted)
+    except traces.TraceUnreadable as exc:
+        if settings.effective_jaeger_query_url:
+            console.print(f"[red]{escape(str(exc))}[/]; is it up? (ROUNDTRIP_JAEGER_QUERY_URL)")
             return 2
-        where = f"Jaeger at {url}"
-    else:
-        path = settings.effective_span_file
-        files = span_files(path, settings.span_file_backups) if path is not None else []
-        if not files:
-            console.print(
-                f"[red]no span file[/] at {path}; with ROUNDTRIP_OTLP_ENDPOINT set, set ROUNDTRIP_JAEGER_QUERY_URL "
-                "to read the trace from Jaeger"
-            )
-            return 1
-        trace_id, mine = _spans_from_files(files, wanted)
-        where = ", ".join(str(f) for f in files)
+        console.print(
+            f"[red]{escape(str(exc))}[/]; with ROUNDTRIP_OTLP_ENDPOINT set, set ROUNDTRIP_JAEGER_QUERY_URL "
+            "to read the trace from Jaeger"
+        )
+        return 1
     if not mine:
-        console.print(f"[red]no spans[/] for {wanted} in {where}")
+        where = settings.effective_jaeger_query_url or settings.effective_span_file
+        console.print(f"[red]no spans[/] for {escape(wanted)} in {where}")
         return 1
     _print_trace(trace_id, mine)
     return 0
-
-
-def _spans_from_files(files: list[Path], wanted: str) -> tuple[str, list[dict]]:
-    spans = [json.loads(line) for path in files for line in path.read_text().splitlines() if line.strip()]
-    trace_id = wanted
-    if not any(s["trace_id"] == wanted for s in spans):
-        trace_id = next((s["trace_id"] for s in spans if s["attributes"].get("roundtrip.turn_id") == wanted), "")
-    return trace_id, [s for s in spans if s["trace_id"] == trace_id]
-
-
-def _spans_from_jaeger(url: str, wanted: str) -> tuple[str, list[dict]]:
-    """GET /api/traces/<id>, or search the turn spans by tag roundtrip.turn_id; spans in the span file's shape."""
-    data: list[dict] = []
-    if len(wanted) == 32 and all(c in "0123456789abcdef" for c in wanted.lower()):
-        response = httpx.get(f"{url}/api/traces/{wanted.lower()}", timeout=10)
-        if response.status_code != 404:
-            response.raise_for_status()
-            data = response.json().get("data") or []
-    if not data:
-        response = httpx.get(
-            f"{url}/api/traces",
-            timeout=10,
-            params={
-                "service": "roundtrip-gateway",
-                "tags": json.dumps({"roundtrip.turn_id": wanted}),
-                "limit": 5,
-                "lookback": "7d",
-            },
-        )
-        response.raise_for_status()
-        data = response.json().get("data") or []
-    if not data:
-        return wanted, []
-    found = data[0]
-    return found["traceID"], [jaeger_span(span, found.get("processes", {})) for span in found["spans"]]
-
-
-def jaeger_span(span: dict, processes: dict) -> dict:
-    """A span of Jaeger's JSON API in the shape of the span file's records."""
-    tags = {t["key"]: t["value"] for t in span.get("tags", [])}
-    parent = next((r["spanID"] for r in span.get("references", []) if r.get("refType") == "CHILD_OF"), None)
-    error = tags.get("error") in (True, "true") or tags.get("otel.status_code") == "ERROR"
-    return {
-        "trace_id": span["traceID"],
-        "span_id": span["spanID"],
-        "parent_id": parent,
-        "name": span["operationName"],
-        "service": processes.get(span.get("processID"), {}).get("serviceName", "?"),
-        "start_ns": span["startTime"] * 1000,
-        "end_ns": (span["startTime"] + span["duration"]) * 1000,
-        "status": "ERROR" if error else "UNSET",
-        "status_message": tags.get("otel.status_description"),
-        "attributes": tags,
-        "links": [r["spanID"] for r in span.get("references", []) if r.get("refType") == "FOLLOWS_FROM"],
-    }
 
 
 def _print_trace(trace_id: str, spans: list[dict]) -> None:

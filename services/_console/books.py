@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import PENDING, ApprovalRow, Ledger, TurnRow
 from roundtrip._kernel.storage.database import shown
+from roundtrip._kernel.storage.turnstore import AWAITING, STUCK
 
 log = logging.getLogger("roundtrip.console")
 T = TypeVar("T")
@@ -101,16 +102,38 @@ class Books:
         max_age_s: float | None,
         agent: str | None = None,
         limit: int = 100,
+        conversation: str | None = None,
     ) -> list[TurnRow]:
-        """Turns, newest first, filtered by status, outcome, customer, age (started within `max_age_s`) and agent (the
-        start of the digest of the agent the turn started under)."""
-        fetched = limit * 4 if (outcome or max_age_s or agent) else limit
-        rows = await self._read(lambda ledger: ledger.list(status=status, customer_id=customer, limit=fetched))
-        now = time.time()
-        rows = [r for r in rows if (not outcome or r.outcome == outcome)]
-        rows = [r for r in rows if (not max_age_s or now - r.started_at <= max_age_s)]
-        rows = [r for r in rows if (not agent or (r.agent_digest or "").startswith(agent))]
-        return rows[:limit]
+        """Turns filtered by status, outcome, customer, conversation, age (started within `max_age_s`) and agent (the
+        start of the digest of the agent the turn started under), in the order people look at them: those that need
+        someone (stuck, awaiting a person) first, then by conversation (the one with the newest turn first, its turns
+        together, newest first)."""
+        since = time.time() - max_age_s if max_age_s else None
+        rows = await self._read(
+            lambda ledger: ledger.list(
+                status=status,
+                customer_id=customer,
+                limit=limit * 4 if agent else limit,
+                conversation_id=conversation,
+                outcome=outcome,
+                since=since,
+            )
+        )
+        rows = [r for r in rows if (not agent or (r.agent_digest or "").startswith(agent))][:limit]
+        return in_reading_order(rows)
+
+
+NEEDS_SOMEONE = (STUCK, AWAITING)
+
+
+def in_reading_order(rows: list[TurnRow]) -> list[TurnRow]:
+    newest: dict[str, float] = {}
+    for r in rows:
+        newest[r.conversation_id] = max(newest.get(r.conversation_id, 0.0), r.started_at)
+    return sorted(
+        rows,
+        key=lambda r: (r.status not in NEEDS_SOMEONE, -newest[r.conversation_id], r.conversation_id, -r.started_at),
+    )
 
 
 async def _quietly(awaitable: Awaitable[Any]) -> None:

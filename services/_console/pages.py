@@ -35,7 +35,14 @@ main{padding:1em 1.2em;max-width:1200px}
 table{border-collapse:collapse;width:100%;background:#fff}td,th{border-bottom:1px solid #dee2e6;padding:.4em .5em;
 text-align:left;vertical-align:top}th{background:#f1f3f5}
 .card{background:#fff;border:1px solid #dee2e6;border-radius:6px;padding:.8em 1em;margin:0 0 1em}
-.card h3{margin:.1em 0 .4em}pre{background:#f1f3f5;padding:.5em;overflow:auto;max-height:14em;margin:.3em 0}
+.card h3{margin:.1em 0 .4em}pre{background:#f1f3f5;padding:.5em;overflow:auto;max-height:24em;margin:.3em 0;
+white-space:pre-wrap;overflow-wrap:anywhere}
+blockquote.words{margin:.3em 0;padding:.4em .8em;border-left:4px solid #1864ab;background:#e7f5ff;white-space:pre-wrap}
+.said{white-space:pre-wrap;margin:.3em 0}details>summary{cursor:pointer;color:#1864ab}
+.step{background:#fff;border:1px solid #dee2e6;border-radius:6px;padding:.6em 1em;margin:0 0 .8em}
+.step h4{margin:.1em 0 .4em}.facts{color:#495057;font-size:13px}.call{border-top:1px dashed #dee2e6;padding:.4em 0}
+.v-approved{color:#2b8a3e;font-weight:600}.v-rejected{color:#c92a2a;font-weight:600}
+.v-held{color:#e67700;font-weight:600}.ending{font-weight:600}
 .muted{color:#868e96}.notice{padding:.6em 1em;border-radius:6px;margin:0 0 1em}
 .ok{background:#d3f9d8}.bad{background:#ffe3e3}.warn{background:#fff3bf}
 button{padding:.35em .9em;border-radius:4px;border:1px solid #adb5bd;cursor:pointer}
@@ -58,7 +65,10 @@ SCRIPT = """
       document.getElementById('offline').hidden=true;
       if(!fresh||fresh.dataset.version===(box.firstElementChild||{dataset:{}}).dataset.version){return;}
       var typed={};box.querySelectorAll('input[name=reason]').forEach(function(i){typed[i.form.action]=i.value;});
+      var opened={};box.querySelectorAll('details[data-key]').forEach(function(d){opened[d.dataset.key]=d.open;});
       box.replaceChildren(fresh);
+      box.querySelectorAll('details[data-key]').forEach(function(d){
+        if(d.dataset.key in opened){d.open=opened[d.dataset.key];}});
       box.querySelectorAll('input[name=reason]').forEach(function(i){if(typed[i.form.action]){i.value=typed[i.form.action];}});
       tick();}).catch(function(){document.getElementById('offline').hidden=false;});}
   tick();setInterval(tick,1000);setInterval(refresh,POLL);
@@ -107,12 +117,53 @@ def notice(text: str, kind: str) -> str:
     return f'<div class="notice {esc(kind)}" role="status">{esc(text)}</div>'
 
 
-def trace_link(jaeger: str | None, trace_id: str) -> str:
+def trace_link(template: str | None, trace_id: str) -> str:
+    """A link to the trace where the deployment's tracing UI shows it; else the command that prints it."""
     if not trace_id:
         return ""
-    if not jaeger:
+    if not template:
         return f"<code>{esc(trace_id)}</code> (<code>roundtrip trace {esc(trace_id)}</code>)"
-    return f'<a href="{esc(jaeger)}/trace/{esc(trace_id)}" target="_blank" rel="noopener">trace in Jaeger</a>'
+    href = template.replace("{trace_id}", quote(trace_id, safe=""))
+    return f'<a href="{esc(href)}" target="_blank" rel="noopener">trace {esc(trace_id[:8])}…</a>'
+
+
+LONG_RESULT = 1200  # characters: a longer result is collapsed, a click away
+
+
+def result_html(value: Any, key: str = "") -> str:
+    """A tool result as it reads best: JSON pretty-printed, text as text, wrapped; a long one collapsed."""
+    shown = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    block = f'<pre class="result">{esc(shown)}</pre>'
+    if len(shown) <= LONG_RESULT:
+        return block
+    lines = shown.count("\n") + 1
+    return (
+        f'<details data-key="{esc(key)}"><summary>{lines} lines, {len(shown)} characters: show</summary>{block}'
+        "</details>"
+    )
+
+
+def words(texts: list[str]) -> str:
+    return "".join(f'<blockquote class="words">{esc(t)}</blockquote>' for t in texts) or (
+        '<span class="muted">(no words of the customer in this turn)</span>'
+    )
+
+
+def history_html(messages: list[dict[str, Any]], key: str) -> str:
+    """The conversation's earlier turns, collapsed: the customer's words and the model's text of each."""
+    if not messages:
+        return ""
+    from roundtrip._console.timeline import texts
+
+    lines = [
+        f'<p><strong>{"customer" if m.get("role") == "user" else "model"}:</strong></p><p class="said">{esc(text)}</p>'
+        for m in messages
+        if (text := texts(m))
+    ]
+    return (
+        f'<details class="history" data-key="{esc(key)}"><summary>Earlier in this conversation '
+        f"({len(messages)} messages)</summary>{''.join(lines)}</details>"
+    )
 
 
 def _decide_form(approval_id: str, csrf: str) -> str:
@@ -126,27 +177,45 @@ def _decide_form(approval_id: str, csrf: str) -> str:
     )
 
 
-def approval_card(row: Any, request: Any, identity: Identity, csrf: str, jaeger: str | None, sent: str | None) -> str:
-    """One held call: who, what exactly, why, the resolved entities, the step's results so far, the countdown."""
+def approval_card(
+    row: Any, request: Any, identity: Identity, csrf: str, trace_template: str | None, sent: str | None
+) -> str:
+    """One held call as a person decides it: what the customer asked, what the model said at this step, the exact
+    call and the entity it resolves to, why a person must decide, the step's results so far, the conversation's
+    earlier turns collapsed, the countdown to the deadline, and the decision form."""
+    from roundtrip._console.timeline import customer_words, last_model_text, result_value
+
     if sent:
         action = f'<p class="notice warn">{esc(sent)}</p>'
     elif identity.may_decide:
         action = _decide_form(row.approval_id, csrf)
     else:
         action = '<p class="muted">You may look, not decide (viewer).</p>'
+    history = request.turn.history_messages
+    said = last_model_text(request.messages)
     results = (
-        "".join(f"<pre>{pretty(r.get('content'))}</pre>" for r in request.results) or '<span class="muted">none</span>'
+        "".join(
+            result_html(result_value(r.get("content")), f"{row.approval_id}-r{i}")
+            for i, r in enumerate(request.results)
+        )
+        or '<span class="muted">none</span>'
     )
     return (
         f'<div class="card approval" id="{esc(row.approval_id)}" data-approval="{esc(row.approval_id)}">'
         f"<h3>{esc(request.call.name)} for {esc(row.customer_id)} "
         f'<span class="countdown" data-expires="{row.expires_at:.3f}"></span></h3>'
-        f'<p><strong>Why:</strong> {esc(row.reason)}</p><p><strong>Input:</strong></p><pre class="input">'
-        f"{pretty(request.call.input)}</pre><p><strong>Resolved:</strong></p><pre>{pretty(request.entities)}</pre>"
-        f"<p><strong>Results of the step so far:</strong></p>{results}"
-        f'<p class="muted">approval <code>{esc(row.approval_id)}</code> · requested {esc(when(row.requested_at))} · '
+        f'<p><strong>The customer asked:</strong></p><div class="customer">'
+        f"{words(customer_words(request.messages[history:]))}</div>"
+        f"<p><strong>The model said (step {request.step}):</strong></p>"
+        + (f'<p class="said model-text">{esc(said)}</p>' if said else '<p class="muted">(nothing, only the call)</p>')
+        + f"<p><strong>Why a person decides:</strong> {esc(row.reason)}</p><p><strong>The call:</strong></p>"
+        f'<pre class="input">{pretty(request.call.input)}</pre><p><strong>Resolved for this customer:</strong></p>'
+        f"<pre>{pretty(request.entities)}</pre><p><strong>Results of the step so far:</strong></p>{results}"
+        + history_html(request.messages[:history], f"{row.approval_id}-history")
+        + f'<p class="muted">approval <code>{esc(row.approval_id)}</code> · requested {esc(when(row.requested_at))} · '
+        f"deadline {esc(when(row.expires_at))} · "
         f'<a href="/turns/{quote(row.turn_id)}">turn {esc(row.turn_id)}</a> · '
-        f"trace {trace_link(jaeger, request.turn.trace_id)}</p>{action}</div>"
+        f"{trace_link(trace_template, request.turn.trace_id)}</p>{action}</div>"
     )
 
 
@@ -160,7 +229,9 @@ def refusal(message: str, back: str) -> str:
     return f'{notice(message, "bad")}<p><a href="{esc(back)}">Back</a></p>'
 
 
-def turn_filters(status: str, outcome: str, customer: str, max_age_min: str, agent: str = "") -> str:
+def turn_filters(
+    status: str, outcome: str, customer: str, max_age_min: str, agent: str = "", conversation: str = ""
+) -> str:
     options = "".join(
         f'<option value="{s}"{" selected" if s == status else ""}>{s or "any status"}</option>'
         for s in ("", *STATUS_COLOURS)
@@ -169,6 +240,7 @@ def turn_filters(status: str, outcome: str, customer: str, max_age_min: str, age
         f'<form class="filters" method="get" action="/turns"><select name="status">{options}</select>'
         f'<input type="text" name="outcome" placeholder="outcome (end_turn, cancelled…)" value="{esc(outcome)}">'
         f'<input type="text" name="customer" placeholder="customer" value="{esc(customer)}">'
+        f'<input type="text" name="conversation" placeholder="conversation" value="{esc(conversation)}">'
         f'<input type="text" name="max_age_min" placeholder="started within minutes" value="{esc(max_age_min)}">'
         f'<input type="text" name="agent" placeholder="agent (digest)" value="{esc(agent)}">'
         "<button>Filter</button></form>"
@@ -182,47 +254,29 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
         cells.append(
             f'<tr data-turn="{esc(r.turn_id)}"><td><a href="/turns/{quote(r.turn_id)}">{esc(r.turn_id)}</a></td>'
             f'<td class="status {_status_class(r.status)}">{esc(r.status)}</td><td>{esc(r.customer_id)}</td>'
+            f'<td><a href="/turns?conversation={quote(r.conversation_id)}">{esc(r.conversation_id)}</a></td>'
             f"<td>{r.step}</td><td>{esc(r.outcome or '')}</td><td>{r.cost_usd:.4f}</td>"
             f"<td>{tokens}/{r.output_tokens}</td><td>{now - r.started_at:.0f}</td>"
             f"<td><code>{esc((r.agent_digest or '')[:12])}</code></td></tr>"
         )
     head = "".join(
         f"<th>{h}</th>"
-        for h in ("turn", "status", "customer", "steps", "outcome", "cost $", "tokens in/out", "age s", "agent")
+        for h in (
+            "turn",
+            "status",
+            "customer",
+            "conversation",
+            "steps",
+            "outcome",
+            "cost $",
+            "tokens in/out",
+            "age s",
+            "agent",
+        )
     )
     table = f"<table><tr>{head}</tr>{''.join(cells)}</table>" if cells else '<p class="muted">No turns.</p>'
     warning = notice(trouble, "bad") if trouble else ""
     return f'<div data-version="{esc(version)}">{warning}{table}</div>'
-
-
-def _block(block: dict[str, Any]) -> str:
-    kind = block.get("type")
-    if kind == "text":
-        return f"<pre>{esc(block.get('text'))}</pre>"
-    if kind == "tool_use":
-        return f"<p><strong>calls {esc(block.get('name'))}</strong></p><pre>{pretty(block.get('input'))}</pre>"
-    if kind == "tool_result":
-        mark = '<span class="error">error</span>' if block.get("is_error") else "result"
-        return f"<p>{mark} of <code>{esc(block.get('tool_use_id'))}</code></p><pre>{pretty(block.get('content'))}</pre>"
-    return f"<pre>{pretty(block)}</pre>"
-
-
-def transcript(messages: list[dict[str, Any]]) -> str:
-    """The turn's steps as the model saw them: each assistant message a step and its calls, the tool results after it
-    (a rejected call's result is the gate's reason)."""
-    if not messages:
-        return '<p class="muted">No transcript is kept for this turn; its steps are in its trace.</p>'
-    parts, step = [], 0
-    for message in messages:
-        content = message.get("content")
-        blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
-        if message.get("role") == "assistant":
-            step += 1
-            parts.append(f"<h4>step {step}: the model</h4>")
-        else:
-            parts.append(f"<h4>{'the customer' if step == 0 else 'tool results'}</h4>")
-        parts += [_block(b) for b in blocks if isinstance(b, dict)]
-    return "".join(parts)
 
 
 def approvals_history(rows: list[Any]) -> str:
@@ -247,7 +301,7 @@ def cancel_form(turn_id: str, csrf: str) -> str:
     )
 
 
-def turn_summary(row: Any, jaeger: str | None, now: float) -> str:
+def turn_summary(row: Any, trace_template: str | None, now: float) -> str:
     facts = [
         ("status", f'<span class="status {_status_class(row.status)}">{esc(row.status)}</span>'),
         ("outcome", esc(row.outcome or "")),
@@ -262,7 +316,72 @@ def turn_summary(row: Any, jaeger: str | None, now: float) -> str:
             f"{row.cache_read_input_tokens} read",
         ),
         ("cost", f"${row.cost_usd:.4f}"),
-        ("trace", trace_link(jaeger, row.trace_id)),
+        ("trace", trace_link(trace_template, row.trace_id)),
     ]
     rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
     return f'<table class="summary" data-status="{esc(row.status)}">{rows}</table>'
+
+
+def _model_facts(model: Any) -> str:
+    if model is None:
+        return '<p class="facts muted">model call: its span has not arrived (spans are written in batches)</p>'
+    cost = f" · ${model.cost_usd:.4f}" if model.cost_usd is not None else ""
+    tries = f" ({model.attempts} attempts)" if model.attempts > 1 else ""
+    return (
+        f'<p class="facts model">model call {model.latency_ms:.0f} ms{tries} · tokens {model.input_tokens} in, '
+        f"{model.output_tokens} out, cache {model.cache_read_tokens} read / {model.cache_write_tokens} written"
+        f"{cost} · stop <code>{esc(model.stop_reason)}</code></p>"
+    )
+
+
+def _call_html(call: Any, approvals: list[Any], key: str) -> str:
+    verdict = (
+        f'<span class="verdict v-{esc(call.verdict)}">{esc(call.verdict)}</span>'
+        if call.verdict
+        else '<span class="muted">gate: not yet in the trace</span>'
+    )
+    by = f" by {esc(call.approved_by)}" if call.approved_by else ""
+    reason = f" <span class='reason'>{esc(call.reason)}</span>" if call.reason else ""
+    ran = f" · ran {call.ran_ms:.0f} ms" if call.ran_ms is not None else ""
+    decided = "".join(
+        f'<p class="facts approval">approval <code>{esc(a.approval_id)}</code>: {esc(a.status)}'
+        + (f" by {esc(a.decided_by)} at {esc(when(a.decided_at))}" if a.decided_by else "")
+        + (f": <span class='reason'>{esc(a.decision_reason)}</span>" if a.decision_reason else "")
+        + "</p>"
+        for a in approvals
+        if a.tool_use_id == call.tool_use_id
+    )
+    if call.has_result:
+        mark = '<span class="error">error</span>' if call.is_error else "result"
+        result = f"<p>{mark}</p>{result_html(call.result, key)}"
+    else:
+        result = '<p class="muted">no result yet</p>'
+    return (
+        f'<div class="call" data-call="{esc(call.tool_use_id)}"><p><strong>{esc(call.name)}</strong> '
+        f"{verdict}{by}{reason}{ran}</p>"
+        + (f'<pre class="input">{pretty(call.input)}</pre>' if call.input is not None else "")
+        + decided
+        + result
+        + "</div>"
+    )
+
+
+def timeline(tl: Any, approvals: list[Any], version: str, trouble: str | None) -> str:
+    """The turn's steps (timeline.build), the customer's words first and the guard's ending last."""
+    steps = []
+    for step in tl.steps:
+        said = f'<p class="said model-text">{esc(step.text)}</p>' if step.text else ""
+        calls = "".join(_call_html(c, approvals, f"s{step.number}-{c.tool_use_id}") for c in step.calls)
+        guard = f'<p class="facts">guard: {esc(step.decision)}</p>' if step.decision else ""
+        steps.append(
+            f'<div class="step" data-step="{step.number}"><h4>Step {step.number}</h4>'
+            f"{_model_facts(step.model)}{said}{calls}{guard}</div>"
+        )
+    body = "".join(steps) or '<p class="muted">No step has been recorded yet.</p>'
+    ending = f'<p class="ending">{esc(tl.ending)}</p>' if tl.ending else ""
+    warning = notice(trouble, "warn") if trouble else ""
+    return (
+        f'<div data-version="{esc(version)}">{warning}{history_html(tl.history, "history")}'
+        f'<h3>The customer</h3><div class="customer">{words(tl.customer)}</div>'
+        f"<h3>Steps</h3>{body}{ending}</div>"
+    )

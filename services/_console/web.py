@@ -2,8 +2,9 @@
 
     GET  /approvals                      the inbox: every call waiting for a person, refreshed without a reload
     POST /approvals/{id}/decide          approve or deny (approvers; CSRF token); signed and published here
-    GET  /turns?status&outcome&customer&max_age_min    the turns, filtered, refreshed without a reload
-    GET  /turns/{id}                     a turn: its facts, steps, calls, approvals, outcome, cost, trace
+    GET  /turns?status&outcome&customer&conversation&max_age_min&agent    the turns, filtered, refreshed
+    GET  /turns/{id}                     a turn as a timeline: per step the model call, each call's verdict, result
+                                         and time, the approvals, the guard's ending; live while it runs
     POST /turns/{id}/cancel              the same CancelTurn `roundtrip turns cancel` sends (approvers; CSRF token)
     GET  .../live                        the refreshed part of a page (what its script asks for)
 
@@ -29,9 +30,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from roundtrip._console import desk, pages
+from roundtrip._console import desk, pages, timeline
 from roundtrip._console.auth import CSRF_COOKIE, CSRF_FIELD, Gatekeeper, Identity, NotSignedIn
 from roundtrip._console.books import Books, LedgerAway
+from roundtrip._guard.pricing import PriceTable
+from roundtrip._kernel.observability import traces
 from roundtrip._kernel.observability.telemetry import span_in_turn
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import ApprovalRequested, Turn
@@ -75,7 +78,11 @@ class Console:
 
     def __post_init__(self) -> None:
         self.gate = Gatekeeper(self.settings)
-        self.jaeger = (self.settings.console_jaeger_url or self.settings.effective_jaeger_query_url or "").rstrip("/")
+        self.trace_template = self.settings.trace_link_template()
+        try:
+            self.prices: PriceTable | None = PriceTable.from_json(self.settings.prices, self.settings.model_provider)
+        except ValueError:  # the guard refuses such prices at its start; the page then shows no cost per step
+            self.prices = None
 
     # -- the frame of every request -------------------------------------------------------------
     async def _identity(self, request: Request) -> Identity:
@@ -146,7 +153,7 @@ class Console:
                 ApprovalRequested.model_validate_json(r.request_json),
                 identity,
                 csrf,
-                self.jaeger,
+                self.trace_template,
                 self.sent.get(r.approval_id),
             )
             for r in rows
@@ -211,8 +218,13 @@ class Console:
         except ValueError:
             return pages.notice("started within: a number of minutes, please", "bad")
         try:
-            status, outcome, customer = (q.get(k) or None for k in ("status", "outcome", "customer"))
-            rows, trouble = await self.books.turns(status, outcome, customer, age, q.get("agent") or None), None
+            status, outcome, customer, conversation = (
+                q.get(k) or None for k in ("status", "outcome", "customer", "conversation")
+            )
+            rows = await self.books.turns(
+                status, outcome, customer, age, q.get("agent") or None, conversation=conversation
+            )
+            trouble = None
         except LedgerAway as exc:
             rows, trouble = [], str(exc)
         version = hashlib.sha256(
@@ -223,13 +235,40 @@ class Console:
     async def turns(self, request: Request) -> Response:
         identity = await self._identity(request)
         q = request.query_params
-        filters = pages.turn_filters(*(q.get(k, "") for k in ("status", "outcome", "customer", "max_age_min", "agent")))
+        filters = pages.turn_filters(
+            *(q.get(k, "") for k in ("status", "outcome", "customer", "max_age_min", "agent", "conversation"))
+        )
         src = "/turns/live" + (f"?{request.url.query}" if request.url.query else "")
         return self._html(request, identity, "Turns", filters + pages.live(src, await self._turns(request)))
 
     async def turns_live(self, request: Request) -> Response:
         await self._identity(request)
         return HTMLResponse(await self._turns(request), headers=SECURITY_HEADERS)
+
+    async def _timeline(self, row: Any, approvals: list[Any]) -> str:
+        """The turn's steps from its transcript (the conversation store keeps an ended turn's; a held call carries the
+        transcript so far) joined with its trace's spans."""
+        messages, history = [], 0
+        if row.status == "ended":
+            messages = await self.books.transcript(row.turn_id) or []
+        if not messages and approvals:
+            held = ApprovalRequested.model_validate_json(approvals[-1].request_json)
+            messages, history = held.messages, held.turn.history_messages
+        spans, trouble = [], None
+        if row.trace_id:
+            try:
+                _, spans = await asyncio.to_thread(traces.read, self.settings, row.trace_id)
+            except traces.TraceUnreadable as exc:
+                trouble = f"the turn's trace cannot be read ({exc}): the steps lack their times and verdicts"
+            except Exception as exc:  # noqa: BLE001 - a broken span file is the page's note, never its failure
+                trouble = f"the turn's trace cannot be read: {type(exc).__name__}: {exc}"[:300]
+        built = timeline.build(messages, history, spans, row.outcome if row.status == "ended" else None, self.prices)
+        version = hashlib.sha256(
+            json.dumps(
+                [row.status, row.step, len(messages), len(spans), [a.status for a in approvals], trouble]
+            ).encode()
+        ).hexdigest()[:16]
+        return pages.timeline(built, approvals, version, trouble)
 
     async def turn(self, request: Request) -> Response:
         identity = await self._identity(request)
@@ -238,12 +277,11 @@ class Console:
         if row is None:
             raise Answer(404, f"no turn {turn_id}", identity, "/turns")
         done = CANCEL_SENT if request.query_params.get("cancelled") else ""
-        held = ApprovalRequested.model_validate_json(approvals[0].request_json).messages if approvals else []
-        messages = (await self.books.transcript(turn_id) if row.status == "ended" else None) or held
+        steps = await self._timeline(row, approvals)
         body = (
             (pages.notice(done, "ok") if done else "")
             + f"<h2>Turn {pages.esc(turn_id)}</h2>"
-            + pages.turn_summary(row, self.jaeger, time.time())
+            + pages.turn_summary(row, self.trace_template, time.time())
             + (
                 pages.cancel_form(turn_id, self._csrf(request, identity))
                 if row.status != "ended" and identity.may_decide
@@ -251,10 +289,17 @@ class Console:
             )
             + "<h3>Approvals</h3>"
             + pages.approvals_history(approvals)
-            + "<h3>Steps and calls</h3>"
-            + pages.transcript(messages)
+            + (steps if row.status == "ended" else pages.live(f"/turns/{_q(turn_id)}/live", steps))
         )
         return self._html(request, identity, f"Turn {turn_id}", body)
+
+    async def turn_live(self, request: Request) -> Response:
+        identity = await self._identity(request)
+        turn_id = request.path_params["turn_id"]
+        row, approvals = await self._read(self.books.turn(turn_id), identity, back="/turns")
+        if row is None:
+            raise Answer(404, f"no turn {turn_id}", identity, "/turns")
+        return HTMLResponse(await self._timeline(row, approvals), headers=SECURITY_HEADERS)
 
     async def cancel(self, request: Request) -> Response:
         turn_id = request.path_params["turn_id"]
@@ -341,6 +386,7 @@ def application(console: Console) -> Starlette:
         Route("/turns", console.turns),
         Route("/turns/live", console.turns_live),
         Route("/turns/{turn_id}", console.turn),
+        Route("/turns/{turn_id}/live", console.turn_live),
         Route("/turns/{turn_id}/cancel", console.cancel, methods=["POST"]),
     ]
     return Starlette(routes=routes, exception_handlers={Answer: console.answer})

@@ -477,12 +477,27 @@ class Ledger(LedgerApprovals):
         """The turns of a conversation that have not ended (running, stuck, ending), except `but`."""
         return await self._rows(_LIVE_TURNS, {"b_conversation_id": conversation_id, "b_but": but or ""})
 
-    async def list(self, status: str | None = None, customer_id: str | None = None, limit: int = 50) -> list[TurnRow]:
+    async def list(
+        self,
+        status: str | None = None,
+        customer_id: str | None = None,
+        limit: int = 50,
+        conversation_id: str | None = None,
+        outcome: str | None = None,
+        since: float | None = None,
+    ) -> list[TurnRow]:
+        """The newest turns first, those that match every filter given (`since`: started at or after)."""
         query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)
-        if status:
-            query = query.where(turns.c.status == status)
-        if customer_id:
-            query = query.where(turns.c.customer_id == customer_id)
+        for column, value in (
+            (turns.c.status, status),
+            (turns.c.customer_id, customer_id),
+            (turns.c.conversation_id, conversation_id),
+            (turns.c.outcome, outcome),
+        ):
+            if value:
+                query = query.where(column == value)
+        if since:
+            query = query.where(turns.c.started_at >= since)
         return await self._rows(query)
 
     async def overdue(

@@ -131,6 +131,10 @@ async def test_a_held_call_appears_without_reload_an_approver_approves_it_and_it
     text = card.text
     assert "cancel_order for cus_1001" in text and ORDER in text and "87.00 EUR" in text and "left" in text, text
     assert "trace" in text and f"turn {turn_id}" in text
+    # the customer's own words beside the call, and what the model said at that step
+    words = card.find_element(By.CSS_SELECTOR, ".customer").text
+    assert words == "cancel my last order", words
+    assert "The model said (step 2)" in text
     SHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SHOTS / "console-inbox.png"))
 
@@ -158,11 +162,27 @@ async def test_a_held_call_appears_without_reload_an_approver_approves_it_and_it
     assert again.status_code == 409 and f"approval {approval_id} is approved by alice@example.com" in again.text
     assert len([d for d in client.seen[topics.APPROVAL_DECISIONS] if d["approval_id"] == approval_id]) == 1
 
-    # the turn's page: its outcome, its approval history, its steps
-    await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
+    # the turn's page as a timeline: each step's model call with its latency and tokens, each call's verdict, the
+    # results formatted, the approval's who and why, the guard's ending (the spans arrive in batches: read again)
+    def timeline(driver):
+        driver.get(_url(settings, f"/turns/{turn_id}"))
+        steps = driver.find_elements(By.CSS_SELECTOR, ".step")
+        facts = [s.find_elements(By.CSS_SELECTOR, ".facts.model") for s in steps]
+        verdicts = driver.find_elements(By.CSS_SELECTOR, ".verdict")
+        return len(steps) == 3 and all(facts) and len(verdicts) >= 2 and steps
+
+    steps = await asyncio.to_thread(_wait, browser, timeline)
+    for step in steps:
+        model = step.find_element(By.CSS_SELECTOR, ".facts.model").text
+        assert re.search(r"model call \d+ ms .*tokens \d+ in, \d+ out, cache \d+ read / \d+ written", model), model
+    held = steps[1].find_element(By.CSS_SELECTOR, "[data-call] .verdict")
+    assert held.text == "approved" and "by alice@example.com" in steps[1].text  # the gate's last word: the approval
+    assert "customer confirmed by phone" in steps[1].text
+    results = [r.text for r in browser.find_elements(By.CSS_SELECTOR, "pre.result")]
+    assert any(r.startswith(("{", "[")) and '\n  "' in r for r in results), results  # JSON, pretty-printed
     page = browser.find_element(By.TAG_NAME, "main").text
-    assert "end_turn" in page and "alice@example.com" in page and "approved" in page and "cancel_order" in page
-    assert "step 3: the model" in page and f"cancelled order {ORDER}" in page  # every step, to the answer
+    assert "end_turn" in page and "The model finished its answer." in page
+    assert f"cancelled order {ORDER}" in page  # every step, to the answer
     browser.save_screenshot(str(SHOTS / "console-turn.png"))
     await asyncio.to_thread(browser.get, _url(settings, "/turns?customer=cus_1001&outcome=end_turn"))
     assert turn_id in browser.find_element(By.TAG_NAME, "table").text

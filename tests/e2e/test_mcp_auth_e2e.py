@@ -5,7 +5,9 @@ real authorization server (tests/oauth_server.py, authlib's, its own process) th
 credentials through the `mcp` package's provider.
 
 One story, in order: every service lists both servers with their credentials; a call to each reaches it with the
-request's customer and the turn's trace id in its `_meta` traceparent (engraving: as the OAuth client `roundtrip`);
+request's customer and the turn's trace id in its `_meta` traceparent (engraving: as the OAuth client `roundtrip`),
+and the server's own span (the `mcp` package's, exported to the fleet's span file) is in the turn's trace under the
+executor's, where `roundtrip trace` shows it;
 the server's token is changed (the fleet's is revoked) and a giftwrap call is an `is_error` result that never reaches
 it, while engraving and a local tool serve on, with one log line naming the server; the OAuth client is revoked at the
 authorization server and an engraving call is an `is_error` result too; no secret is in any log of the fleet.
@@ -67,6 +69,7 @@ async def guarded(kafka_bootstrap, tmp_path_factory):
         "giftwrap": state / "giftwrap.jsonl",
         "engraving": state / "engraving.jsonl",
         "logs": state / "logs",
+        "spans": state / "spans.jsonl",  # the fleet's span file (state_dir/spans.jsonl)
     }
     files["clients"].write_text(json.dumps({"roundtrip": SECRET}))
     files["server_token"].write_text(TOKEN)
@@ -76,12 +79,12 @@ async def guarded(kafka_bootstrap, tmp_path_factory):
         spawn(["tests.oauth_server", str(ports["oauth"]), str(files["clients"])], state / "oauth.out"),
         spawn(
             ["tests.mcp_auth_server", str(ports["giftwrap"]), str(files["giftwrap"]), "gift_wrap_order", "token"]
-            + [str(files["server_token"])],
+            + [str(files["server_token"]), str(files["spans"])],
             state / "giftwrap.out",
         ),
         spawn(
             ["tests.mcp_auth_server", str(ports["engraving"]), str(files["engraving"]), "engrave_order", "oauth"]
-            + [issuer],
+            + [issuer, str(files["spans"])],
             state / "engraving.out",
         ),
     ]
@@ -137,6 +140,24 @@ def trace_id_of(traceparent: str | None) -> str | None:
     return traceparent.split("-")[1] if traceparent else None
 
 
+def spans_of(path: Path, trace_id: str) -> list[dict]:
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    return [span for span in map(json.loads, filter(None, lines)) if span["trace_id"] == trace_id]
+
+
+def server_span_under_the_executor(path: Path, trace_id: str, tool: str) -> dict | None:
+    """The MCP server's own span of the call (`mcp` package: `tools/call TOOL`, kind SERVER), once the fleet's span
+    it is the child of (an executor's) is in the file too (the fleet's spans are written in batches)."""
+    spans = spans_of(path, trace_id)
+    by_id = {span["span_id"]: span for span in spans}
+    for span in spans:
+        if span["service"] == f"mcp-{tool}" and span["name"] == f"tools/call {tool}" and span["kind"] == "SERVER":
+            parent = by_id.get(span["parent_id"])
+            if parent is not None and parent["service"] == "roundtrip-executor":
+                return span
+    return None
+
+
 async def test_mcp_servers_with_credentials_through_the_fleet(guarded):
     client, files, issuer, env = guarded
     await wait_until(lambda: listed_everywhere(files["logs"], "giftwrap", "gift_wrap_order"), "giftwrap listed")
@@ -149,6 +170,23 @@ async def test_mcp_servers_with_credentials_through_the_fleet(guarded):
     (reached,) = calls(files["giftwrap"])
     assert reached["customer_id"] == CUSTOMER and reached["client_id"] == "static"
     assert trace_id_of(reached["traceparent"]) == reply.trace_id, (reached, reply.trace_id)
+    # the server's own span is in the turn's trace, under the executor's, and `roundtrip trace` shows it
+    await wait_until(
+        lambda: server_span_under_the_executor(files["spans"], reply.trace_id, "gift_wrap_order") is not None,
+        "the MCP server's span under the executor's in the turn's trace",
+    )
+    roundtrip = str(Path(sys.executable).with_name("roundtrip"))
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [roundtrip, "trace", reply.trace_id],
+        env={**os.environ, **env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown
+    rows = shown.stdout.splitlines()
+    assert any("mcp-gift_wrap_order" in row and "tools/call gift_wrap_order" in row for row in rows), shown.stdout
 
     # with an OAuth token of the client `roundtrip`, from the authorization server
     reply, results = await ask(client, "engrave_order", card)
@@ -156,6 +194,10 @@ async def test_mcp_servers_with_credentials_through_the_fleet(guarded):
     (reached,) = calls(files["engraving"])
     assert reached["client_id"] == "roundtrip" and reached["customer_id"] == CUSTOMER
     assert trace_id_of(reached["traceparent"]) == reply.trace_id
+    await wait_until(
+        lambda: server_span_under_the_executor(files["spans"], reply.trace_id, "engrave_order") is not None,
+        "the engraving server's span under the executor's in the turn's trace",
+    )
 
     # the server's token changes: the fleet's is refused, an is_error result; the other tools serve on
     files["server_token"].write_text(f"tok-{uuid.uuid4().hex}")
@@ -186,7 +228,6 @@ async def test_mcp_servers_with_credentials_through_the_fleet(guarded):
     )
 
     # `roundtrip agent check` says which server refused which credentials, by their source
-    roundtrip = str(Path(sys.executable).with_name("roundtrip"))
     checked = await asyncio.to_thread(
         subprocess.run,
         [roundtrip, "agent", "check", "tests.mcp_auth_agent:AGENT"],

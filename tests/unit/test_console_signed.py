@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.requests import Request
 
-from roundtrip._console import auth, pages
+from roundtrip._console import auth, pages, timeline
 from roundtrip._console.auth import APPROVER, VIEWER, Gatekeeper, NotSignedIn, Refusals
 from roundtrip._console.books import Books
 from roundtrip._console.web import Console, application
@@ -265,19 +265,34 @@ def test_hostile_text_in_every_field_creates_no_element_or_script():
 
 
 def _rendered(text: str) -> str:
-    """The inbox card, the turn's transcript and its approvals, the turns table and a refusal, with `text` in every
-    field customers, models, tools and people write."""
+    """The inbox card, the turn's timeline (transcript and spans) and its approvals, the turns table and a refusal,
+    with `text` in every field customers, models, tools, services and people write."""
+    call = {"type": "tool_use", "id": "toolu_1", "name": text, "input": {"q": text}}
+    messages = [
+        {"role": "user", "content": text},  # an earlier turn of the conversation
+        {"role": "assistant", "content": [{"type": "text", "text": text}]},
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": [{"type": "text", "text": text}, call]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": text}]},
+    ]
     request = ApprovalRequested.model_validate(
         {
             "approval_id": "appr_x",
-            "turn": {"turn_id": "t", "request_id": "r", "conversation_id": "c", "customer_id": text, "trace_id": "x"},
+            "turn": {
+                "turn_id": "t",
+                "request_id": "r",
+                "conversation_id": "c",
+                "customer_id": text,
+                "trace_id": "x",
+                "history_messages": 2,
+            },
             "step": 1,
             "call": {"id": "toolu_1", "name": "cancel_order", "input": {"note": text}, "approved": True},
             "reason": text,
             "input_sha256": "0" * 64,
             "requested_at": 1.0,
             "expires_at": 2.0,
-            "messages": [],
+            "messages": messages[:4],
             "entities": {"order": {"note": text}},
             "results": [{"type": "tool_result", "tool_use_id": "toolu_0", "content": text}],
         }
@@ -286,24 +301,36 @@ def _rendered(text: str) -> str:
     class Row:
         approval_id, turn_id, customer_id, reason, tool, status = "appr_x", "t", text, text, text, "denied"
         requested_at, expires_at, decided_by, decided_at, decision_reason = 1.0, 2.0, text, 3.0, text
+        tool_use_id, conversation_id = "toolu_1", text
 
     class TurnRow:
         turn_id, status, customer_id, step, outcome, cost_usd = "t", "ended", text, 1, text, 0.0
         input_tokens = output_tokens = cache_creation_input_tokens = cache_read_input_tokens = 0
-        started_at, agent_digest = 1.0, text
+        started_at, agent_digest, conversation_id = 1.0, text, text
 
-    call = {"type": "tool_use", "name": text, "input": {"q": text}}
-    messages = [
-        {"role": "user", "content": text},
-        {"role": "assistant", "content": [{"type": "text", "text": text}, call]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": text, "content": text, "is_error": True}]},
+    def span(name: str, **attributes) -> dict:
+        return {
+            "name": name,
+            "service": "roundtrip-model" if name == "chat" else "roundtrip-x",
+            "start_ns": 0,
+            "end_ns": 1_000_000,
+            "status_message": f"rejected: {text}",
+            "attributes": {"roundtrip.step": 1, **attributes},
+        }
+
+    spans = [
+        span("chat", **{"gen_ai.operation.name": "chat", "gen_ai.response.finish_reasons": [text]}),
+        span("gate.check_call", **{"roundtrip.tool_use_id": "toolu_1", "roundtrip.approved": False}),
+        span(f"execute_tool {text}", **{"gen_ai.tool.call.id": "toolu_1", "gen_ai.tool.name": text}),
+        span("guard.decide", **{"roundtrip.decision": text, "roundtrip.outcome": text, "roundtrip.detail": text}),
     ]
+    steps = timeline.build(messages, 2, spans, text)
     card = pages.approval_card(Row, request, pages.Identity(text, "approver", "token"), "tok", None, None)
     return pages.page(
         text,
         pages.inbox([card], "v", text)
         + pages.turns_table([TurnRow], "v", text, 5.0)
-        + pages.transcript(messages)
+        + pages.timeline(steps, [Row], "v", text)
         + pages.approvals_history([Row])
         + pages.refusal(text, "/turns")
         + pages.notice(text, "ok"),

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from roundtrip._cli import console
-from roundtrip._kernel.observability import telemetry
+from roundtrip._kernel.observability import telemetry, traces
 from roundtrip._kernel.observability.telemetry import (
     STEP_HEADER,
     TURN_ID_HEADER,
@@ -293,7 +293,7 @@ def test_a_jaeger_span_reads_like_a_span_file_record():
             {"key": "roundtrip.turn_id", "value": "turn_1"},
         ],
     }
-    got = console.jaeger_span(span, {"p1": {"serviceName": "roundtrip-guard"}})
+    got = traces.jaeger_span(span, {"p1": {"serviceName": "roundtrip-guard"}})
     assert got["parent_id"] == SPAN_ID and got["links"] == ["2" * 16] and got["service"] == "roundtrip-guard"
     assert got["status"] == "ERROR" and got["status_message"] == "deadline: x"
     assert (got["start_ns"], got["end_ns"]) == (1_000_000, 1_500_000)

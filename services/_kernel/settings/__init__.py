@@ -145,6 +145,13 @@ class Settings(
             return self.conversations_database_url.get_secret_value()
         return self.ledger_db_url
 
+    def trace_link_template(self) -> str | None:
+        """The console's link to a trace, `{trace_id}` to fill; None when there is nowhere to link."""
+        if self.console_trace_url:
+            return self.console_trace_url
+        jaeger = (self.console_jaeger_url or self.effective_jaeger_query_url or "").rstrip("/")
+        return f"{jaeger}/trace/{{trace_id}}" if jaeger else None
+
     @property
     def effective_span_file(self) -> Path | None:
         if self.otlp_endpoint and self.span_file is None:

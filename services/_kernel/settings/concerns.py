@@ -719,6 +719,22 @@ class ConsoleSettings(Concern):
     console_jaeger_url: str | None = Field(
         None, description="Jaeger's UI the console links a turn's trace to; unset: the Jaeger query URL, if any"
     )
+    console_trace_url: str | None = Field(
+        None,
+        description=(
+            "Where the console links a turn's trace: a URL with {trace_id} in it (any tracing UI); unset: "
+            "Jaeger's page of the trace at the console's Jaeger URL"
+        ),
+    )
+
+    @field_validator("console_trace_url")
+    @classmethod
+    def _trace_template(cls, value: str | None) -> str | None:
+        if value and ("{trace_id}" not in value or not value.startswith(("http://", "https://"))):
+            raise ValueError(
+                "an http(s) URL with {trace_id} where the trace id goes, e.g. https://jaeger/trace/{trace_id}"
+            )
+        return value or None
 
 
 class EmbeddedDefaults(Concern):
