@@ -252,7 +252,7 @@ class Console:
         if row.status == "ended":
             messages = await self.books.transcript(row.turn_id) or []
         if not messages and approvals:
-            held = ApprovalRequested.model_validate_json(approvals[-1].request_json)
+            held = ApprovalRequested.model_validate_json(approvals[0].request_json)  # the newest: the most steps
             messages, history = held.messages, held.turn.history_messages
         spans, trouble = [], None
         if row.trace_id:
