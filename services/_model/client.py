@@ -112,12 +112,6 @@ class ModelClient:
         )
         return {"type": "auto", "disable_parallel_tool_use": True} if disabled else None
 
-    async def create(
-        self, messages: list[dict[str, Any]], persona: str | None = None, disable_parallel_tool_use: bool | None = None
-    ) -> anthropic.types.Message:
-        """The model's message (the interface every model of services/testing/_inprocess.py has)."""
-        return (await self.answer(messages, persona, disable_parallel_tool_use))[0]
-
     async def answer(
         self,
         messages: list[dict[str, Any]],

@@ -27,8 +27,8 @@ from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._kernel.wire.limits import cap_text, fit_transcript, input_problem, json_size, omitted
 from roundtrip._model.attempts import Tried, attempt
 from roundtrip._model.capacity import Capacity
-from roundtrip._model.client import ModelClient
 from roundtrip._model.observed import observe
+from roundtrip._model.port import Model
 from roundtrip._model.streamed import Chunks
 
 log = logging.getLogger("roundtrip.model")
@@ -93,19 +93,17 @@ class Retrying:
     wait_for_capacity: bool = True
 
 
-def _caller(command: CallModel, client: ModelClient, chunks: Chunks | None) -> Callable[[int], Awaitable[Any]]:
+def _caller(command: CallModel, client: Model, chunks: Chunks | None) -> Callable[[int], Awaitable[Any]]:
     """The call of each attempt: the message and the answer's headers (the rate limits); streamed, with `chunks`."""
     turn = command.turn
 
     async def call(n: int) -> tuple[Any, Any]:
-        if isinstance(client, ModelClient) and chunks is not None:
+        if chunks is not None:
             chunks.begin()  # a new stream: the attempt before it, if it showed text, is cut
             return await client.stream_answer(
                 command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n, chunks=chunks
             )
-        if isinstance(client, ModelClient):
-            return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
-        return await client.create(command.messages, turn.persona, turn.disable_parallel_tool_use), {}  # a test's model
+        return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
 
     return call
 
@@ -122,7 +120,7 @@ def _stream_ended(chunks: Chunks | None, out: Tried) -> None:
 
 async def call_model(
     command: CallModel,
-    client: ModelClient,
+    client: Model,
     fence: Fence | None = None,
     limits: Limits | None = None,
     retrying: Retrying | None = None,
@@ -161,7 +159,7 @@ async def call_model(
 
 
 async def _attempted(
-    command: CallModel, client: ModelClient, fence: Fence | None, retrying: Retrying, chunks: Chunks | None
+    command: CallModel, client: Model, fence: Fence | None, retrying: Retrying, chunks: Chunks | None
 ) -> Tried:
     """The model called as `retrying` says (retries, capacity waits recorded in the fence, the turn's deadline);
     streamed when `chunks` is given."""

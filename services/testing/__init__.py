@@ -131,7 +131,8 @@ def _message(response: Response, step: int, model: str) -> anthropic.types.Messa
 
 
 class _Model:
-    """What services/testing/_inprocess.py calls: `create(...)` -> an anthropic Message, from `respond`."""
+    """A model of the model port (roundtrip._model.port.Model) whose answers come from `respond`: what the in-process
+    loop calls, as the model service calls the SDK-backed client."""
 
     model = "scripted"
 
@@ -146,12 +147,31 @@ class _Model:
     def respond(self, messages: list[dict[str, Any]], info: ModelInfo) -> Response:
         raise NotImplementedError
 
-    async def create(
-        self, messages: list[dict[str, Any]], persona: str | None = None, disable_parallel_tool_use: bool | None = None
-    ) -> anthropic.types.Message:
+    async def answer(
+        self,
+        messages: list[dict[str, Any]],
+        persona: str | None = None,
+        disable_parallel_tool_use: bool | None = None,
+        attempt: int | None = None,
+    ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
         self.requests.append(messages)
         step = len(self.requests)
-        return _message(self.respond(messages, ModelInfo(step, self.tools, self.system)), step, self.model)
+        return _message(self.respond(messages, ModelInfo(step, self.tools, self.system)), step, self.model), {}
+
+    async def stream_answer(
+        self,
+        messages: list[dict[str, Any]],
+        persona: str | None = None,
+        disable_parallel_tool_use: bool | None = None,
+        attempt: int | None = None,
+        chunks: Any = None,
+    ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
+        message, headers = await self.answer(messages, persona, disable_parallel_tool_use, attempt)
+        if chunks is not None:
+            for block in message.content:
+                if block.type == "text":
+                    chunks.text(block.text)
+        return message, headers
 
 
 class ScriptedModel(_Model):

@@ -44,6 +44,7 @@ from roundtrip._kernel.wire.events import (
     Usage,
 )
 from roundtrip._model.handlers import Limits, Retrying, call_model
+from roundtrip._model.port import Model
 from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies
 
@@ -66,14 +67,14 @@ class Ended:
 
 
 class InProcess:
-    """One agent's fleet in this process. `client` is the model: `await create(messages, persona, parallel_off)` ->
-    an anthropic Message, and a `model` name (roundtrip._model.client.ModelClient, or services/testing/__init__.py's
-    models). `retrying`: how the model handler retries (its default when None: a limiter of each call's own)."""
+    """One agent's fleet in this process. `client` is the model, through the model service's port
+    (roundtrip._model.port.Model: the SDK-backed client, or roundtrip.testing's models). `retrying`: how the model
+    handler retries (its default when None: a limiter of each call's own)."""
 
     def __init__(
         self,
         agent: Agent,
-        client: Any,
+        client: Model,
         deps: Dependencies,
         settings: Settings,
         retrying: Retrying | None = None,

@@ -60,8 +60,11 @@ class SdkOnly:
     def __init__(self, client: Any) -> None:
         self.client, self.model = client, client.model
 
-    async def create(self, *args: Any, **kwargs: Any) -> anthropic.types.Message:
-        return await self.client.create(*args, **kwargs)
+    async def answer(self, *args: Any, **kwargs: Any) -> tuple[anthropic.types.Message, dict[str, str]]:
+        return (await self.client.answer(*args, **kwargs))[0], {}
+
+    async def stream_answer(self, *args: Any, **kwargs: Any) -> tuple[anthropic.types.Message, dict[str, str]]:
+        return (await self.client.stream_answer(*args, **kwargs))[0], {}
 
 
 class InProcessLoop:
