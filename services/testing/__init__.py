@@ -307,10 +307,22 @@ async def arun_turn(
     )
 
 
-def run_turn(agent: Agent | str, customer_id: str, text: str, model: _Model, **options: Any) -> TurnResult:
+def run_turn(
+    agent: Agent | str,
+    customer_id: str,
+    text: str,
+    model: _Model,
+    *,
+    deps: Mapping[str, Any] | None = None,
+    settings: Settings | None = None,
+    approve: bool | Callable[[ApprovalRequested], bool] | None = None,
+    persona: str | None = None,
+) -> TurnResult:
     """`arun_turn` for a test that is not async (in an async test, `await arun_turn(...)`)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(arun_turn(agent, customer_id, text, model, **options))
+        return asyncio.run(
+            arun_turn(agent, customer_id, text, model, deps=deps, settings=settings, approve=approve, persona=persona)
+        )
     raise RuntimeError("run_turn was called inside a running event loop: use `await arun_turn(...)` there")
