@@ -434,7 +434,7 @@ class Conversations(TurnStore):
 
         of_turn = {"b_turn_id": turn_id, "b_conversation_id": conversation_id, "b_now": now}
         values = {"messages": json.dumps(exchange), "tokens": tokens, "ended_at": now, "outcome": outcome}
-        if self.engine.dialect.name == "postgresql":  # one statement, one round trip (docs/benchmarks.md, issue 23)
+        if self.engine.dialect.name == "postgresql":  # one statement, one round trip
             given = {**of_turn, **{f"b_{k}": v for k, v in values.items()}}
             rows = await self._run(lambda conn: conn.execute(_CLOSE_IN_ONE, given).all(), write=True, single=True)
             if not rows or rows[0].stored_now != 1:  # forgotten, expired, or never opened

@@ -93,7 +93,7 @@ class Starts:
     outbox: Outbox
     order: ConversationOrder
     turn_deadline_s: float = 300.0  # a turn whose request names no deadline gets this one
-    conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
+    conversations: Conversations | None = None  # None: every request stands alone (no conversation store)
     steps: StepClock = field(default_factory=StepClock)
     agent_digest: str | None = None  # recorded with each turn it starts (Agent.digest)
     replies: Replies = DEFAULT  # the agent's words for a refused conversation

@@ -143,7 +143,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
         self.assigned = False  # readiness: the group gave us partitions (or joined with none)
         self.processed = 0
 
-    # -- what operators and tests can see ---------------------------------------------------
+    # -- what operators and health checks see -----------------------------------------------
     @property
     def process(self) -> Process:
         """What each record is handed to (the `process` it was made with)."""
