@@ -22,6 +22,7 @@ running in a forgotten conversation saves nothing when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -378,7 +379,7 @@ class Conversations(TurnStore):
     async def open_turn(self, conversation_id: str, turn_id: str, text: str, now: float | None = None) -> None:
         """Remember that `turn_id` runs in the conversation (idempotent); it becomes history when it ends."""
         now = now or time.time()
-        try:
+        with contextlib.suppress(IntegrityError):  # open already: the start was redelivered
             await self._run(
                 lambda conn: conn.execute(
                     _NEW_EXCHANGE,
@@ -393,8 +394,6 @@ class Conversations(TurnStore):
                 write=True,
                 single=True,
             )
-        except IntegrityError:
-            pass
 
     async def history(self, conversation_id: str) -> list[dict]:
         """The stored exchanges of the conversation, oldest first, as one transcript within the budget."""

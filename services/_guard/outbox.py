@@ -187,7 +187,7 @@ class Outbox:
                     type(exc).__name__,
                 )
                 break
-            except Exception:  # noqa: BLE001 - the rest of the outbox still goes out; this row stays pending
+            except Exception:  # the rest of the outbox still goes out; this row stays pending
                 log.exception("turn %s: republishing its pending decision failed; will retry", row.turn_id)
         return count
 

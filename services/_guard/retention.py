@@ -146,7 +146,7 @@ async def run(retention: Retention, interval_s: float) -> None:
                 measured_at = time.monotonic()
                 await retention.measure()
             away = False
-        except Exception as exc:  # noqa: BLE001 - the retention must outlive a database hiccup
+        except Exception as exc:  # the retention must outlive a database hiccup
             if faults.unavailable(exc) is None:
                 log.exception("deleting ended turns failed; will retry")
             elif not away:

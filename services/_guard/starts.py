@@ -15,6 +15,7 @@ maybe not published is published again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -75,10 +76,8 @@ class ConversationOrder:
                     live[0].turn_id,
                 )
                 break
-            try:
+            with contextlib.suppress(TimeoutError):  # no word of its end: look at the ledger again
                 await asyncio.wait_for(ended.wait(), self.poll_s)
-            except TimeoutError:
-                pass
             self._ended.pop(conversation, None)
         self._ended.pop(conversation, None)
         waited = time.monotonic() - started

@@ -20,5 +20,5 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 async def partitions_of(consumer: AIOKafkaConsumer, names: Iterable[str]) -> list[TopicPartition]:
     """Every partition of these topics (none for a topic that does not exist), from one metadata request."""
-    metadata = await consumer._client.fetch_all_metadata()  # noqa: SLF001 - see the module's docstring
+    metadata = await consumer._client.fetch_all_metadata()  # see the module's docstring
     return [TopicPartition(name, p) for name in names for p in sorted(metadata.partitions_for_topic(name) or ())]

@@ -359,7 +359,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
                 if key[0] in gone:
                     task.cancel()
         waits = [asyncio.ensure_future(p.idle.wait()) for p in parts]
-        done, pending = await asyncio.wait(waits, timeout=self._drain_timeout)
+        _, pending = await asyncio.wait(waits, timeout=self._drain_timeout)
         for w in pending:
             w.cancel()
         if pending:

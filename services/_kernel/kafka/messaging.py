@@ -186,7 +186,7 @@ def _message_path(
                     message = model.model_validate_json(record.value or b"")
                     agent_digest.check(message, span)
                     await handler(message)
-                except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
+                except Exception as exc:  # the point is to never die on one message
                     reason = describe_error(exc, record.value)
                     log.debug("%s", traceback.format_exc())
                     if (dependency := faults.unavailable(exc)) is not None:
@@ -201,7 +201,7 @@ def _message_path(
                         await _tell(on_failure, record, exc, reason)
                     try:
                         await _publish_dead_letter(broker, service, record, reason)
-                    except Exception as failed:  # noqa: BLE001 - the consumer's rescue retries the dead letter
+                    except Exception as failed:  # the consumer's rescue retries the dead letter
                         raise DeadLetterFailed(reason) from failed
         finally:
             count.done(time.perf_counter() - started)
