@@ -102,7 +102,8 @@ def page(title: str, body: str, identity: Identity | None) -> str:
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · roundtrip console</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="stylesheet" href="/static/console.css"></head><body>'
-        f'<header><strong>roundtrip console</strong><a href="/approvals">Approvals</a><a href="/turns">Turns</a>{who}'
+        f'<header><strong>roundtrip console</strong><a href="/approvals">Approvals</a><a href="/turns">Turns</a>'
+        f'<a href="/dead-letters">Dead letters</a>{who}'
         f'</header><main><div id="offline" class="notice bad" hidden>The console cannot reach its server; '
         f"what you see may be out of date.</div>{body}</main><script src='/static/console.js'></script></body></html>"
     )
@@ -385,3 +386,93 @@ def timeline(tl: Any, approvals: list[Any], version: str, trouble: str | None) -
         f'<h3>The customer</h3><div class="customer">{words(tl.customer)}</div>'
         f"<h3>Steps</h3>{body}{ending}</div>"
     )
+
+
+# -- dead letters (services/_console/letters.py) -----------------------------------------------------------------------
+HANDLED_AS = {"redrive": "re-driven", "discard": "discarded"}
+STYLE += "pre.record{white-space:pre-wrap;overflow-wrap:anywhere}.letter details{margin:.4em 0}"
+
+
+def age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.0f} h" if seconds < 172_800 else f"{seconds / 86400:.0f} d"
+
+
+def record_text(text: str) -> str:
+    """A dead-lettered record for people, escaped: pretty-printed when it is JSON, else as it is."""
+    try:
+        return pretty(json.loads(text))
+    except (ValueError, RecursionError):
+        return esc(text)
+
+
+def _letter_form(letter_id: str, csrf: str, redrivable: bool) -> str:
+    base = f"/dead-letters/{quote(letter_id, safe='')}"
+    redrive = (
+        f'<button class="approve redrive" formaction="{esc(base)}/redrive">Re-drive to its topic</button> '
+        if redrivable
+        else ""
+    )
+    return (
+        f'<form method="post" action="{esc(base)}/discard" class="letter">'
+        f'<input type="hidden" name="{CSRF_FIELD}" value="{esc(csrf)}">'
+        '<input type="text" name="reason" maxlength="500" placeholder="reason (recorded with it)"> '
+        f'{redrive}<button class="deny discard">Discard</button></form>'
+    )
+
+
+def letter_card(
+    item: Any, handling: Any, identity: Identity, csrf: str, now: float, not_redrivable: str | None
+) -> str:
+    """One dead letter: where it came from, its key, why, how old, the original record as text, and what was done
+    with it (or the form to re-drive or discard it)."""
+    letter = item.letter
+    if handling is not None:
+        what = HANDLED_AS.get(handling.action, handling.action)
+        note = f": {esc(handling.note)}" if handling.note else ""
+        action = f'<p class="notice ok">{esc(what)} by {esc(handling.by)} at {esc(when(handling.at))}{note}</p>'
+    elif identity.may_decide:
+        refused = f'<p class="muted">{esc(not_redrivable)}</p>' if not_redrivable else ""
+        action = refused + _letter_form(item.id, csrf, not_redrivable is None)
+    else:
+        action = '<p class="muted">You may look, not re-drive or discard (viewer).</p>'
+    if letter is not None:
+        facts = [
+            ("source topic", f"<code>{esc(letter.topic)}</code> (partition {esc(letter.partition)}, "
+             f"offset {esc(letter.offset)})"),
+            ("key", f"<code>{esc(letter.key)}</code>"),
+            ("refused by", esc(letter.service)),
+            ("headers", esc(", ".join(h.get("key", "") for h in letter.headers)) or '<span class="muted">none</span>'),
+        ]
+        record = letter.payload
+    else:
+        facts, record = [], item.raw
+    facts = [("reason", f'<span class="error">{esc(item.reason)}</span>'), *facts]
+    facts.append(("age", f"{esc(age(now - item.at))} (dead-lettered {esc(when(item.at))})"))
+    rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
+    state = "waiting" if handling is None else handling.action
+    return (
+        f'<div class="card letter" data-letter="{esc(item.id)}" data-state="{esc(state)}">'
+        f"<h3>dead letter {esc(item.id)}</h3><table>{rows}</table>"
+        f'<details data-key="letter-{esc(item.id)}"{"" if handling else " open"}><summary>the original record</summary>'
+        f'<pre class="record">{record_text(record)}</pre></details>{action}</div>'
+    )
+
+
+def dead_letters(cards: list[str], counted: list[tuple[str, int, int]], version: str, trouble: str | None) -> str:
+    """The dead letters' fragment: counts per reason, then each letter (waiting ones first)."""
+    rows = "".join(f"<tr><td>{esc(kind)}</td><td>{waiting}</td><td>{done}</td></tr>" for kind, waiting, done in counted)
+    table = (
+        f'<table class="reasons"><tr><th>reason</th><th>waiting</th><th>handled</th></tr>{rows}</table>'
+        if rows
+        else ""
+    )
+    body = "".join(cards) or '<p class="muted" id="empty">No dead letters.</p>'
+    warning = notice(trouble, "bad") if trouble else ""
+    waiting = sum(c[1] for c in counted)
+    return f'<div data-version="{esc(version)}">{warning}<h2>Dead letters ({waiting} waiting)</h2>{table}{body}</div>'
+
