@@ -386,6 +386,7 @@ async def test_a_dead_letter_is_re_driven_once_the_turn_answered_once_and_anothe
     forged = _post(approver, f"/dead-letters/{letter_id}/redrive", token, {"csrf": "forged.0000"})
     assert forged.status_code == 403 and "CSRF token" in forged.text
 
+    card = _letter(browser, conversation)  # as the page shows it now (it swaps in a fresh list when one changed)
     card.find_element(By.NAME, "reason").send_keys("executors have the rotated key now")
     card.find_element(By.CSS_SELECTOR, "button.redrive").click()
     await asyncio.to_thread(_wait, browser, lambda d: f"dead letter {letter_id} re-driven to" in d.page_source)
