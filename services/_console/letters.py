@@ -202,7 +202,9 @@ class Letters:
             found = await partitions_of(consumer, [self.dead_topic, self.handled_topic])
             missing = {self.dead_topic, self.handled_topic} - {tp.topic for tp in found}
             if missing:
-                raise LettersAway(f"no topic {', '.join(sorted(missing))}: create the fleet's topics (roundtrip topics)")
+                raise LettersAway(
+                    f"no topic {', '.join(sorted(missing))}: create the fleet's topics (roundtrip topics)"
+                )
             consumer.assign(found)
             dead = [tp for tp in found if tp.topic == self.dead_topic]
             ends = await consumer.end_offsets(dead)
@@ -274,7 +276,7 @@ class Letters:
             assert item is not None  # refusal() refuses an unknown letter
             claim = DeadLetterHandled(
                 letter_id=wanted,
-                action=action,  # type: ignore[arg-type] - REDRIVE or DISCARD
+                action=action,  # REDRIVE or DISCARD
                 claim=uuid.uuid4().hex,
                 by=by,
                 at=round(time.time(), 3),

@@ -425,9 +425,7 @@ def _letter_form(letter_id: str, csrf: str, redrivable: bool) -> str:
     )
 
 
-def letter_card(
-    item: Any, handling: Any, identity: Identity, csrf: str, now: float, not_redrivable: str | None
-) -> str:
+def letter_card(item: Any, handling: Any, identity: Identity, csrf: str, now: float, not_redrivable: str | None) -> str:
     """One dead letter: where it came from, its key, why, how old, the original record as text, and what was done
     with it (or the form to re-drive or discard it)."""
     letter = item.letter
@@ -442,8 +440,10 @@ def letter_card(
         action = '<p class="muted">You may look, not re-drive or discard (viewer).</p>'
     if letter is not None:
         facts = [
-            ("source topic", f"<code>{esc(letter.topic)}</code> (partition {esc(letter.partition)}, "
-             f"offset {esc(letter.offset)})"),
+            (
+                "source topic",
+                f"<code>{esc(letter.topic)}</code> (partition {esc(letter.partition)}, offset {esc(letter.offset)})",
+            ),
             ("key", f"<code>{esc(letter.key)}</code>"),
             ("refused by", esc(letter.service)),
             ("headers", esc(", ".join(h.get("key", "") for h in letter.headers)) or '<span class="muted">none</span>'),
@@ -467,12 +467,9 @@ def dead_letters(cards: list[str], counted: list[tuple[str, int, int]], version:
     """The dead letters' fragment: counts per reason, then each letter (waiting ones first)."""
     rows = "".join(f"<tr><td>{esc(kind)}</td><td>{waiting}</td><td>{done}</td></tr>" for kind, waiting, done in counted)
     table = (
-        f'<table class="reasons"><tr><th>reason</th><th>waiting</th><th>handled</th></tr>{rows}</table>'
-        if rows
-        else ""
+        f'<table class="reasons"><tr><th>reason</th><th>waiting</th><th>handled</th></tr>{rows}</table>' if rows else ""
     )
     body = "".join(cards) or '<p class="muted" id="empty">No dead letters.</p>'
     warning = notice(trouble, "bad") if trouble else ""
     waiting = sum(c[1] for c in counted)
     return f'<div data-version="{esc(version)}">{warning}<h2>Dead letters ({waiting} waiting)</h2>{table}{body}</div>'
-

@@ -399,13 +399,13 @@ class DeadLetterDesk:
         cards = []
         for item, handling in listed:
             refused = None if handling else letters.refusal(item.id, letters.REDRIVE, item, None, prefix)
-            cards.append(
-                pages.letter_card(item, handling, identity, csrf, now, refused.message if refused else None)
-            )
+            cards.append(pages.letter_card(item, handling, identity, csrf, now, refused.message if refused else None))
         version = hashlib.sha256(
             json.dumps([[i.id, h.claim if h else None] for i, h in listed] + [trouble]).encode()
         ).hexdigest()[:16]
-        return pages.dead_letters(cards, letters.counts(self.shelf.letters.values(), self.shelf.handled), version, trouble)
+        return pages.dead_letters(
+            cards, letters.counts(self.shelf.letters.values(), self.shelf.handled), version, trouble
+        )
 
     async def page(self, request: Request) -> Response:
         identity = await self.console._identity(request)

@@ -111,7 +111,10 @@ async def test_a_dead_letter_is_re_driven_once_to_its_topic_as_it_was(log, caplo
 
     answer = await http.post(f"/dead-letters/{wanted}/redrive", data={"csrf": token, "reason": "keys fixed"})
     assert answer.status_code == 303
-    assert f"dead letter {wanted} re-driven to turn.tool_batches by {ME}" in (await http.get(answer.headers["location"])).text
+    assert (
+        f"dead letter {wanted} re-driven to turn.tool_batches by {ME}"
+        in (await http.get(answer.headers["location"])).text
+    )
     assert log.redriven == [(topics.TOOL_BATCHES, BATCH, b"conv_1", HEADERS)]  # the record as it was
     assert "<td>SignatureInvalid</td><td>0</td><td>1</td>" in (await http.get("/dead-letters/live")).text
 
@@ -187,7 +190,9 @@ def test_what_a_dead_letter_carries_is_shown_as_text(log):
     item = letters.parse_letter(0, 0, 1_000, log.dead[0])
     handling = DeadLetterHandled(letter_id=item.id, action="discard", claim="c", by=hostile, at=1.0, note=hostile)
     me = Identity(ME, "approver", "local")
-    shown = pages.letter_card(item, None, me, "tok", 10.0, None) + pages.letter_card(item, handling, me, "t", 10.0, None)
+    shown = pages.letter_card(item, None, me, "tok", 10.0, None) + pages.letter_card(
+        item, handling, me, "t", 10.0, None
+    )
     shown += pages.dead_letters([], [(letters.kind_of(hostile), 1, 0)], "v", hostile)
     assert not re.search(r"<(script|img)", shown, re.I) and "&lt;script&gt;" in shown and "&lt;img" in shown
 
