@@ -403,9 +403,9 @@ def age(seconds: float) -> str:
 
 
 def record_text(text: str) -> str:
-    """A dead-lettered record for people, escaped: pretty-printed when it is JSON, else as it is."""
+    """A dead-lettered record for people, escaped: indented when it is JSON (its keys in their order), else as it is."""
     try:
-        return pretty(json.loads(text))
+        return esc(json.dumps(json.loads(text), indent=2, ensure_ascii=False))
     except (ValueError, RecursionError):
         return esc(text)
 
