@@ -18,6 +18,7 @@ import logging
 import uvicorn
 from faststream import FastStream
 
+from roundtrip._console import letter_pages
 from roundtrip._console.books import Books
 from roundtrip._console.letters import Letters, raw_sender
 from roundtrip._console.web import Console, application
@@ -50,7 +51,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     console = Console(settings, books, decisions, cancels)
     app = service_app(broker, log)
     config = uvicorn.Config(
-        application(console, dead_letters),
+        application(console, letter_pages.routes(console, dead_letters)),
         host=settings.listen_host,
         port=settings.console_port,
         log_level="warning",

@@ -6,9 +6,7 @@
     GET  /turns/{id}                     a turn as a timeline: per step the model call, each call's verdict, result
                                          and time, the approvals, the guard's ending; live while it runs
     POST /turns/{id}/cancel              the same CancelTurn `roundtrip turns cancel` sends (approvers; CSRF token)
-    GET  /dead-letters                   the dead letters: counts per reason, each with its original record as text
-    POST /dead-letters/{id}/redrive      publish its original record to its source topic, once (approvers; CSRF token)
-    POST /dead-letters/{id}/discard      mark it handled, once (approvers; CSRF token)
+    /dead-letters                        the dead letters, re-drive and discard: services/_console/letter_pages.py
     GET  .../live                        the refreshed part of a page (what its script asks for)
 
 Every change is written to the audit log (logger `roundtrip.audit`: who, what, when, from where) and on a span in the
@@ -23,7 +21,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +29,9 @@ from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
-from roundtrip._console import desk, letters, pages, timeline
+from roundtrip._console import desk, pages, timeline
 from roundtrip._console.auth import CSRF_COOKIE, CSRF_FIELD, Gatekeeper, Identity, NotSignedIn
 from roundtrip._console.books import Books, LedgerAway
 from roundtrip._guard.pricing import PriceTable
@@ -379,90 +377,8 @@ def _static(body: str, media_type: str) -> Callable[[Request], Awaitable[Respons
     return serve
 
 
-@dataclass
-class DeadLetterDesk:
-    """The dead letters' page and its two changes, re-drive and discard, with the console's sign-in, CSRF check and
-    audit; reading, the once-only rule and the re-drive itself are services/_console/letters.py."""
-
-    console: Console
-    shelf: letters.Letters  # the dead letters read, and their re-drive
-    told: dict[str, str] = field(default_factory=dict)  # letter id -> the line its handler is shown (the last TOLD)
-
-    async def _fragment(self, request: Request, identity: Identity) -> str:
-        try:
-            await self.shelf.refresh()
-            trouble = None
-        except letters.LettersAway as exc:
-            trouble = str(exc)
-        listed = self.shelf.listed()
-        csrf, now, prefix = self.console._csrf(request, identity), time.time(), self.shelf.prefix
-        cards = []
-        for item, handling in listed:
-            refused = None if handling else letters.refusal(item.id, letters.REDRIVE, item, None, prefix)
-            cards.append(pages.letter_card(item, handling, identity, csrf, now, refused.message if refused else None))
-        version = hashlib.sha256(
-            json.dumps([[i.id, h.claim if h else None] for i, h in listed] + [trouble]).encode()
-        ).hexdigest()[:16]
-        return pages.dead_letters(
-            cards, letters.counts(self.shelf.letters.values(), self.shelf.handled), version, trouble
-        )
-
-    async def page(self, request: Request) -> Response:
-        identity = await self.console._identity(request)
-        done = self.told.get(request.query_params.get("handled", ""))  # never text from the URL: a link could lie
-        head = pages.notice(done, "ok") if done else ""
-        body = head + pages.live("/dead-letters/live", await self._fragment(request, identity))
-        return self.console._html(request, identity, "Dead letters", body)
-
-    async def live(self, request: Request) -> Response:
-        identity = await self.console._identity(request)
-        return HTMLResponse(await self._fragment(request, identity), headers=SECURITY_HEADERS)
-
-    async def redrive(self, request: Request) -> Response:
-        return await self._act(request, letters.REDRIVE)
-
-    async def discard(self, request: Request) -> Response:
-        return await self._act(request, letters.DISCARD)
-
-    async def _act(self, request: Request, action: str) -> Response:
-        wanted, back = request.path_params["letter_id"], "/dead-letters"
-        identity, form = await self.console._change(request, back)
-        note = str(form.get("reason", "")).strip()[:500]
-        try:
-            item, claim = await self.shelf.act(wanted, action, identity.name, note)
-        except desk.Refused as refused:
-            self.console._audit(f"refused {action} dead letter", identity, request, letter=wanted, why=refused.message)
-            raise Answer(refused.status, refused.message, identity, back) from None
-        except letters.LettersAway as exc:
-            raise Answer(503, f"{exc}: nothing done", identity, back) from None
-        except Exception as exc:  # noqa: BLE001 - Kafka did not take it: the letter was released, the page says so
-            log.error("%s of dead letter %s not confirmed by Kafka: %s: %s", action, wanted, type(exc).__name__, exc)
-            raise Answer(
-                503,
-                f"Kafka did not confirm the {action} of dead letter {wanted} within {letters.PUBLISH_TIMEOUT_S:.0f} s "
-                f"({type(exc).__name__}): it waits again; look at the page before you repeat it",
-                identity,
-                back,
-            ) from None
-        letter = item.letter
-        self.console._audit(
-            f"{action} dead letter",
-            identity,
-            request,
-            letter=wanted,
-            topic=letter.topic if letter else "",
-            key=(letter.key or "") if letter else "",
-            reason=item.reason,
-            note=note,
-        )
-        where = f" to {claim.topic}" if claim.topic else ""
-        self.told[wanted] = f"dead letter {wanted} {letters.PAST[action]}{where} by {identity.name}"
-        while len(self.told) > TOLD:
-            self.told.pop(next(iter(self.told)))
-        return RedirectResponse(f"/dead-letters?handled={_q(wanted)}", status_code=303)
-
-
-def application(console: Console, dead_letters: letters.Letters | None = None) -> Starlette:
+def application(console: Console, more: Sequence[BaseRoute] = ()) -> Starlette:
+    """The console's routes, and `more` of its other pages (the dead letters': services/_console/letter_pages.py)."""
     routes = [
         Route("/static/console.css", _static(pages.STYLE, "text/css")),
         Route("/static/console.js", _static(pages.SCRIPT, "text/javascript")),
@@ -476,12 +392,4 @@ def application(console: Console, dead_letters: letters.Letters | None = None) -
         Route("/turns/{turn_id}/live", console.turn_live),
         Route("/turns/{turn_id}/cancel", console.cancel, methods=["POST"]),
     ]
-    if dead_letters is not None:
-        letter_desk = DeadLetterDesk(console, dead_letters)
-        routes += [
-            Route("/dead-letters", letter_desk.page),
-            Route("/dead-letters/live", letter_desk.live),
-            Route("/dead-letters/{letter_id}/redrive", letter_desk.redrive, methods=["POST"]),
-            Route("/dead-letters/{letter_id}/discard", letter_desk.discard, methods=["POST"]),
-        ]
-    return Starlette(routes=routes, exception_handlers={Answer: console.answer})
+    return Starlette(routes=[*routes, *more], exception_handlers={Answer: console.answer})

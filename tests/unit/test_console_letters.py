@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from roundtrip._console import letters, pages
+from roundtrip._console import letter_pages, letters
 from roundtrip._console.auth import Identity
 from roundtrip._console.books import Books
 from roundtrip._console.letters import Letters
@@ -84,7 +84,7 @@ async def signed_in(log: Log) -> tuple[httpx.AsyncClient, str]:
     """A console (a new replica, or one just restarted: it reads the log from the start) and its CSRF token."""
     s = settings()
     console = Console(s, Books("sqlite+aiosqlite:///nowhere/ledger.db"), _never, _never)
-    app = application(console, Shelf(s, log))
+    app = application(console, letter_pages.routes(console, Shelf(s, log)))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
     page = await http.get("/dead-letters")
     assert page.status_code == 200, page.text
@@ -176,7 +176,8 @@ async def test_kafka_away_is_said_on_the_page_and_nothing_is_done(log):
     s = settings()
     console = Console(s, Books("sqlite+aiosqlite:///nowhere/ledger.db"), _never, _never)
     http = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=application(console, Away(s, log))), base_url="http://testserver"
+        transport=httpx.ASGITransport(app=application(console, letter_pages.routes(console, Away(s, log)))),
+        base_url="http://testserver",
     )
     page = await http.get("/dead-letters")
     assert page.status_code == 200 and "cannot be read from Kafka" in page.text
@@ -190,10 +191,10 @@ def test_what_a_dead_letter_carries_is_shown_as_text(log):
     item = letters.parse_letter(0, 0, 1_000, log.dead[0])
     handling = DeadLetterHandled(letter_id=item.id, action="discard", claim="c", by=hostile, at=1.0, note=hostile)
     me = Identity(ME, "approver", "local")
-    shown = pages.letter_card(item, None, me, "tok", 10.0, None) + pages.letter_card(
+    shown = letter_pages.letter_card(item, None, me, "tok", 10.0, None) + letter_pages.letter_card(
         item, handling, me, "t", 10.0, None
     )
-    shown += pages.dead_letters([], [(letters.kind_of(hostile), 1, 0)], "v", hostile)
+    shown += letter_pages.dead_letters([], [(letters.kind_of(hostile), 1, 0)], "v", hostile)
     assert not re.search(r"<(script|img)", shown, re.I) and "&lt;script&gt;" in shown and "&lt;img" in shown
 
 
