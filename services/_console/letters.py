@@ -203,7 +203,7 @@ class Letters:
             missing = {self.dead_topic, self.handled_topic} - {tp.topic for tp in found}
             if missing:
                 raise LettersAway(
-                    f"no topic {', '.join(sorted(missing))}: create the fleet's topics (roundtrip topics)"
+                    f"no topic {', '.join(sorted(missing))}: create the fleet's topics (roundtrip topics create)"
                 )
             consumer.assign(found)
             dead = [tp for tp in found if tp.topic == self.dead_topic]
