@@ -33,27 +33,7 @@ def build_wheel(out: Path) -> Path:
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns(*CACHES))
         else:
             shutil.copy2(ROOT / name, src / name)
-    built = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-cache-dir",
-            "-q",
-            "--wheel-dir",
-            str(out),
-            str(src),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, f"pip wheel failed:\n{built.stdout}\n{built.stderr}"
-    (wheel,) = out.glob("*.whl")
-    return wheel
+    return pip_wheel(src, out)
 
 
 def wheel_files(wheel: Path) -> list[str]:

@@ -272,12 +272,17 @@ class Console:
         ).hexdigest()[:16]
         return pages.timeline(built, approvals, version, trouble)
 
-    async def turn(self, request: Request) -> Response:
+    async def _known_turn(self, request: Request) -> tuple[Identity, str, Any, list[Any]]:
+        """Who asks, the turn id of the path, its ledger row and approvals; Answer(404) for a turn the ledger lacks."""
         identity = await self._identity(request)
         turn_id = request.path_params["turn_id"]
         row, approvals = await self._read(self.books.turn(turn_id), identity, back="/turns")
         if row is None:
             raise Answer(404, f"no turn {turn_id}", identity, "/turns")
+        return identity, turn_id, row, approvals
+
+    async def turn(self, request: Request) -> Response:
+        identity, turn_id, row, approvals = await self._known_turn(request)
         done = CANCEL_SENT if request.query_params.get("cancelled") else ""
         steps = await self._timeline(row, approvals)
         body = (
@@ -296,11 +301,7 @@ class Console:
         return self._html(request, identity, f"Turn {turn_id}", body)
 
     async def turn_live(self, request: Request) -> Response:
-        identity = await self._identity(request)
-        turn_id = request.path_params["turn_id"]
-        row, approvals = await self._read(self.books.turn(turn_id), identity, back="/turns")
-        if row is None:
-            raise Answer(404, f"no turn {turn_id}", identity, "/turns")
+        _, _, row, approvals = await self._known_turn(request)
         return HTMLResponse(await self._timeline(row, approvals), headers=SECURITY_HEADERS)
 
     async def cancel(self, request: Request) -> Response:
