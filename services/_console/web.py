@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 from starlette.applications import Starlette
@@ -33,6 +33,7 @@ from starlette.routing import Route
 from roundtrip._console import desk, pages, timeline
 from roundtrip._console.auth import CSRF_COOKIE, CSRF_FIELD, Gatekeeper, Identity, NotSignedIn
 from roundtrip._console.books import Books, LedgerAway
+from roundtrip._guard.ledger import TurnRow
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._kernel.observability import traces
 from roundtrip._kernel.observability.telemetry import span_in_turn
@@ -112,7 +113,7 @@ class Console:
         """This request's CSRF token (the cookie's when it verifies, else a new one), for its forms and cookie."""
         if getattr(request.state, "csrf", None) is None:
             request.state.csrf = self.gate.token(identity, request.cookies.get(CSRF_COOKIE))
-        return request.state.csrf
+        return cast(str, request.state.csrf)
 
     def _where(self, request: Request) -> str:
         peer = request.client.host if request.client else "?"
@@ -254,6 +255,7 @@ class Console:
         if not messages and approvals:
             held = ApprovalRequested.model_validate_json(approvals[0].request_json)  # the newest: the most steps
             messages, history = held.messages, held.turn.history_messages
+        spans: list[dict[str, Any]]
         spans, trouble = [], None
         if row.trace_id:
             try:
@@ -325,7 +327,14 @@ class Console:
             raise Answer(503, f"{exc}: nothing sent", identity, back) from None
 
     async def _publish(
-        self, turn, name, attributes, send: Send, message, identity: Identity, back="/approvals"
+        self,
+        turn: TurnRow,
+        name: str,
+        attributes: dict[str, Any],
+        send: Send,
+        message: BaseModel,
+        identity: Identity,
+        back: str = "/approvals",
     ) -> None:
         """Publish `message` in a span of the turn's trace; Answer(503) when Kafka did not take it in time."""
         with span_in_turn(name, Turn.model_validate(turn.turn), turn.traceparent, turn.step) as span:
