@@ -145,4 +145,4 @@ class TransactionalOutlet:
     async def _start_and_read(self, admin: AIOKafkaAdminClient) -> dict[Any, Any]:
         await self.start()
         await admin.start()
-        return await admin.list_consumer_group_offsets(self.group_id)  # type: ignore[no-any-return]  # aiokafka: no types
+        return await admin.list_consumer_group_offsets(self.group_id)  # type: ignore[no-any-return]  # aiokafka ships no types
