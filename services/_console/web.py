@@ -327,15 +327,9 @@ class Console:
             raise Answer(503, f"{exc}: nothing sent", identity, back) from None
 
     async def _publish(
-        self,
-        turn: TurnRow,
-        name: str,
-        attributes: dict[str, Any],
-        send: Send,
-        message: BaseModel,
-        identity: Identity,
+        self, turn: TurnRow, name: str, attributes: dict[str, Any], send: Send, message: BaseModel, identity: Identity,
         back: str = "/approvals",
-    ) -> None:
+    ) -> None:  # fmt: skip
         """Publish `message` in a span of the turn's trace; Answer(503) when Kafka did not take it in time."""
         with span_in_turn(name, Turn.model_validate(turn.turn), turn.traceparent, turn.step) as span:
             span.set_attributes({**attributes, "enduser.id": identity.name, "enduser.role": identity.role or ""})
