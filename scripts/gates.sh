@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-echo "==> ruff check: lint (F, E, I, B, UP; pyproject.toml [tool.ruff])"
+echo "==> ruff check: lint (F, E, I, B, UP, BLE, SIM, RUF with RUF100; pyproject.toml [tool.ruff])"
 .venv/bin/ruff check --quiet .
 echo "==> ruff format --check"
 .venv/bin/ruff format --check --quiet .

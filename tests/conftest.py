@@ -121,7 +121,7 @@ def postgres_url() -> Iterator[str]:
     server = PostgresServer(bindir)
     try:
         url = server.start()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - whatever stops it, one line says so (pytest.fail raises)
         server.stop()
         pytest.fail(f"could not start a throwaway PostgreSQL from {bindir}: {e}", pytrace=False)
     try:

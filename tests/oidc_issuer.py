@@ -52,7 +52,7 @@ def build(port: int) -> ThreadingHTTPServer:
             self.end_headers()
             self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:  # http.server's name
             if self.path == "/.well-known/openid-configuration":
                 self._json(
                     {
@@ -73,7 +73,7 @@ def build(port: int) -> ThreadingHTTPServer:
             else:
                 self._json({"error": "not found"}, 404)
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if self.path == "/mint":
                 now = int(time.time())
@@ -85,7 +85,7 @@ def build(port: int) -> ThreadingHTTPServer:
             else:
                 self._json({"error": "not found"}, 404)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+        def log_message(self, format: str, *args: Any) -> None:  # quiet
             pass
 
     return ThreadingHTTPServer(("127.0.0.1", port), Handler)

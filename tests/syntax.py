@@ -23,4 +23,4 @@ def parse(source: str, filename: str = "<unknown>") -> ast.Module:
         done = subprocess.run(
             [sys.executable, "-c", _FRESH, filename], input=source.encode(), capture_output=True, check=True
         )
-        return pickle.loads(done.stdout)  # noqa: S301 - our own child's output
+        return pickle.loads(done.stdout)  # our own child's output

@@ -74,8 +74,19 @@ def runtime_files() -> dict[str, Path]:
 def pip_wheel(source: Path, out: Path) -> Path:
     """The wheel of the project at `source` (another one than this checkout: an agent package), built as above."""
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-cache-dir", "-q"]
-        + ["--wheel-dir", str(out), str(source)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "-q",
+            "--wheel-dir",
+            str(out),
+            str(source),
+        ],
         capture_output=True,
         text=True,
         timeout=300,

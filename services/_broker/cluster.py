@@ -13,7 +13,7 @@ loopback (PLAINTEXT). Topics default to what production runs: replication factor
         cluster.node(2).stop()                       # SIGTERM: Kafka's controlled shutdown
         await cluster.wait_in_sync()                 # every partition's in-sync replicas are all its replicas
 
-The chaos suite's cluster scenarios run on it (tests/chaos/test_cluster.py); the fleet's runtime does not.
+It is for seeing the fleet through a broker's failure on one machine; the fleet's runtime does not use it.
 """
 
 from __future__ import annotations

@@ -326,7 +326,7 @@ class EmbeddedKafka:
         # check by a real client (a secured port does not answer the plain metadata probe)
         self.format_args, self.probe = tuple(format_args), probe
         # Linux: the JVM gets SIGTERM when the thread that started it exits. Only for callers that
-        # start the broker from the main thread and want no orphan if they are killed (tests).
+        # start the broker from the main thread and want no orphan if they are killed.
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
         self.formatted_on_start = False  # did the last start() format the storage?

@@ -13,7 +13,7 @@ The KRaft controller listener stays PLAINTEXT on loopback (SCRAM is not allowed 
 inter-broker one; the broker authenticates on it as ADMIN_USER. Readiness is a real client of the first listener
 (`EmbeddedKafka(probe=...)`), since a secured port does not answer the plain metadata probe.
 
-The keys are unencrypted PEM files with a two-day lifetime, for tests and a laptop only.
+The keys are unencrypted PEM files with a two-day lifetime, for a laptop only.
 """
 
 from __future__ import annotations

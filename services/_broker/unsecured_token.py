@@ -1,6 +1,6 @@
 """An OAUTHBEARER token provider for a broker with Kafka's default unsecured validator: unsigned JWS tokens.
 
-For the secured embedded broker (services/_broker/secured.py), tests and a laptop; never for a real cluster,
+For the secured embedded broker (services/_broker/secured.py) on a laptop; never for a real cluster,
 whose validator checks signatures (deploy/README.md shows MSK IAM and OIDC providers).
 
     ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER=roundtrip._broker.unsecured_token:UnsecuredTokenProvider

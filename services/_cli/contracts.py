@@ -2,8 +2,8 @@
 (contracts/asyncapi.json), whose messages refer to those schema files, and the manual's configuration reference
 (docs/reference/configuration.md, from the settings classes).
 
-`roundtrip contracts` writes them into a checkout (from an installed package it says it needs one); a test
-regenerates them in memory and fails when the checked-in files drift from the code.
+`roundtrip contracts` writes them into a checkout (from an installed package it says it needs one); the checked-in
+files are what this writes from the code, never edited by hand.
 """
 
 from __future__ import annotations

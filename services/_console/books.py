@@ -4,6 +4,7 @@ console starts and answers while the database is away (its pages say so) and rec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -137,7 +138,5 @@ def in_reading_order(rows: list[TurnRow]) -> list[TurnRow]:
 
 
 async def _quietly(awaitable: Awaitable[Any]) -> None:
-    try:
+    with contextlib.suppress(Exception):  # closing a broken connection may fail too
         await awaitable
-    except Exception:  # noqa: BLE001 - closing a broken connection may fail too
-        pass

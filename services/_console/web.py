@@ -255,8 +255,8 @@ class Console:
         if not messages and approvals:
             held = ApprovalRequested.model_validate_json(approvals[0].request_json)  # the newest: the most steps
             messages, history = held.messages, held.turn.history_messages
-        spans: list[dict[str, Any]]
-        spans, trouble = [], None
+        spans: list[dict[str, Any]] = []
+        trouble = None
         if row.trace_id:
             try:
                 _, spans = await asyncio.to_thread(traces.read, self.settings, row.trace_id)

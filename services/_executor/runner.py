@@ -96,7 +96,7 @@ class Runner:
                     f"{call.name} did not answer within {self.timeout_s:g} s; it may be unavailable.",
                     is_error=True,
                 )
-            except Exception as exc:  # noqa: BLE001 - a tool bug becomes an error result, not a dead service
+            except Exception as exc:  # a tool bug becomes an error result, not a dead service
                 span.record_exception(exc)
                 mark_error(span, f"{type(exc).__name__}: {exc}", type(exc).__name__)
                 log.exception("tool %s failed", call.name)

@@ -1,1 +1,1 @@
-"""The local fleet: every part as a supervised process (`roundtrip up`, the e2e tests) and its recorded state."""
+"""The local fleet: every part as a supervised process (`roundtrip up`) and its recorded state."""

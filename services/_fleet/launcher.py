@@ -1,4 +1,4 @@
-"""Starts, supervises and stops the fleet as separate processes: what `roundtrip up` and the e2e tests run.
+"""Starts, supervises and stops the fleet as separate processes: what `roundtrip up` runs.
 
 Order: the fleet's databases brought to this code's revision (`roundtrip db upgrade`), the
 embedded broker (unless bootstrap servers are configured), the topics, the simulator (unless an
@@ -30,8 +30,8 @@ from roundtrip._broker.embedded import EmbeddedKafka
 from roundtrip._fleet import children as processes
 from roundtrip._fleet import parts, readiness
 from roundtrip._fleet import state as fleet_state
-from roundtrip._fleet.parts import demo_shop  # tests/unit/test_fleet.py imports it from here, as ever
-from roundtrip._fleet.supervisor import (  # FleetError: what `roundtrip up` prints, from here as ever
+from roundtrip._fleet.parts import demo_shop
+from roundtrip._fleet.supervisor import (  # FleetError: what `roundtrip up` prints
     Child,
     FleetError,
     RestartPolicy,
@@ -123,7 +123,7 @@ class Fleet:
         self.stop()
 
     def kill(self, name: str) -> None:
-        """SIGKILL every process of one service (tests of crash recovery)."""
+        """SIGKILL every process of one service (a crash, on purpose: how the fleet recovers)."""
         processes.kill(processes.of_service(self.children, name))
 
     def respawn(self, name: str, env: dict[str, str] | None = None) -> None:

@@ -78,7 +78,7 @@ async def authorize(
             return say("not_an_id", field=field, kind=kind)
         try:
             entity = await lookup(kind, entity_id, ctx.customer_id)
-        except Exception as exc:  # noqa: BLE001 - any backend failure denies the call ...
+        except Exception as exc:  # any backend failure denies the call ...
             if (dependency := faults.unavailable(exc)) is not None:  # ... but one that is away is asked again
                 why = f"could not verify {kind} {entity_id[:40]}: {exc}"
                 raise faults.RetryLater(dependency, why, backend=True) from exc  # the agent's: its conversation waits

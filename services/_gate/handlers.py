@@ -88,7 +88,7 @@ class Gate:
             return await self._check_call(call, customer_id, turn_id, blocked, lookups, decision, metadata)
         except faults.RetryLater:
             raise  # an agent's backend is away: the step waits for it (nothing is approved meanwhile), see _traced
-        except Exception as exc:  # noqa: BLE001 - the gate fails closed and keeps serving
+        except Exception as exc:  # the gate fails closed and keeps serving
             if (dependency := faults.unavailable(exc)) is not None:  # what a call reaches is the agent's backends
                 raise faults.RetryLater(dependency, f"{type(exc).__name__}: {exc}", backend=True) from exc
             log.exception("gate failed while checking %s (%s); rejecting it", str(call.name)[:80], call.id)

@@ -239,7 +239,7 @@ class InputValidator:
     def __init__(self, schema: dict[str, Any], compiled: bool = True) -> None:
         GateValidator.check_schema(schema)
         self._schema = schema
-        self._compiled = compiled  # False: a new validator per call (only for the benchmark's comparison)
+        self._compiled = compiled  # False: a new validator per call, the uncached baseline
         self._validator = GateValidator(schema, format_checker=GateValidator.FORMAT_CHECKER)
 
     def _schema_errors(self, tool_input: dict[str, Any]) -> list[ValidationError]:

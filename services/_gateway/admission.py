@@ -9,11 +9,10 @@ Turns are admitted in arrival order.
 The count is this gateway replica's: a turn is released when this replica sees its end. With several
 replicas, the outcomes' partitions are assigned apart from the requests' (two consumer groups), so about
 half of a replica's turns end at another one: every second the throttle asks the ledger which of this
-replica's running turns have ended and releases them (services/_gateway/throttle.py; without it, two
-replicas each kept the turns the other saw end until `forget_after_s`, and with the limit full admission
-stopped for minutes: docs/benchmarks.md, issue 32). A turn whose end is never seen nor read (the ledger
-cannot be read) is forgotten after `forget_after_s` (the turn deadline and then some), so a miss can only
-delay admission, never stop it.
+replica's running turns have ended and releases them (services/_gateway/throttle.py; without it a replica keeps
+the turns another one saw end until `forget_after_s`, and with the limit full, admission stops:
+docs/decisions/admission.md). A turn whose end is never seen nor read (the ledger cannot be read) is forgotten after
+`forget_after_s` (the turn deadline and then some), so a miss can only delay admission, never stop it.
 """
 
 from __future__ import annotations

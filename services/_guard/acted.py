@@ -91,6 +91,6 @@ class Acts:
             try:
                 if words := self.describe(tool, args, result):
                     return words
-            except Exception:  # noqa: BLE001 - the agent's words failed: the generic ones still tell the truth
+            except Exception:  # the agent's words failed: the generic ones still tell the truth
                 log.exception("the agent's describe_action failed for %s; the generic words are used", tool)
         return generic(tool, args, result, self.shown.get(tool, ()))

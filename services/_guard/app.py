@@ -136,7 +136,7 @@ async def republish_left_over(guard: Guard) -> None:
     try:
         if republished := await guard.outbox.republish_all(older_than=time.time()):
             log.warning("republished %d decisions left unpublished by an earlier run", republished)
-    except Exception:  # noqa: BLE001 - the sweeper retries
+    except Exception:  # the sweeper retries
         log.exception("republishing the outbox at start-up failed; the sweeper retries")
 
 

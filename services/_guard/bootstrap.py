@@ -1,4 +1,4 @@
-"""The guard's parts wired over one ledger: what `build` (services/_guard/app.py) starts, and what the unit tests drive.
+"""The guard's parts wired over one ledger: what `build` (services/_guard/app.py) starts, or a caller drives directly.
 
     starts.py     turn start and conversation order (turn.starts)
     loop.py       the loop decision on each model response (turn.iterations)
@@ -30,7 +30,7 @@ from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 
 
 class Guard:
-    """The guard's parts, wired. `conversations` None: every request stands alone (unit tests of the loop);
+    """The guard's parts, wired. `conversations` None: every request stands alone (no conversation store);
     `decisions` None: every person's decision is refused; `holds` None: every approval request is refused; `acts`
     None: no tool counts as a side effect. The agent's words for an early end are `policy.replies` (and
     `acts.replies` for one after a side effect)."""

@@ -22,6 +22,7 @@ running in a forgotten conversation saves nothing when it ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -380,7 +381,7 @@ class Conversations(TurnStore):
     async def open_turn(self, conversation_id: str, turn_id: str, text: str, now: float | None = None) -> None:
         """Remember that `turn_id` runs in the conversation (idempotent); it becomes history when it ends."""
         now = now or time.time()
-        try:
+        with contextlib.suppress(IntegrityError):  # open already: the start was redelivered
             await self._run(
                 lambda conn: conn.execute(
                     _NEW_EXCHANGE,
@@ -395,8 +396,6 @@ class Conversations(TurnStore):
                 write=True,
                 single=True,
             )
-        except IntegrityError:
-            pass
 
     async def history(self, conversation_id: str) -> list[dict[str, Any]]:
         """The stored exchanges of the conversation, oldest first, as one transcript within the budget."""
@@ -436,7 +435,7 @@ class Conversations(TurnStore):
 
         of_turn = {"b_turn_id": turn_id, "b_conversation_id": conversation_id, "b_now": now}
         values = {"messages": json.dumps(exchange), "tokens": tokens, "ended_at": now, "outcome": outcome}
-        if self.engine.dialect.name == "postgresql":  # one statement, one round trip (docs/benchmarks.md, issue 23)
+        if self.engine.dialect.name == "postgresql":  # one statement, one round trip
             given = {**of_turn, **{f"b_{k}": v for k, v in values.items()}}
             rows = await self._run(lambda conn: conn.execute(_CLOSE_IN_ONE, given).all(), write=True, single=True)
             if not rows or rows[0].stored_now != 1:  # forgotten, expired, or never opened

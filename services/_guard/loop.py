@@ -78,7 +78,7 @@ class Loop:
     policy: Policy
     prices: PriceTable
     model: str = ""  # the model priced when an iteration does not name its own
-    conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
+    conversations: Conversations | None = None  # None: every request stands alone (no conversation store)
     steps: StepClock = field(default_factory=StepClock)
     acts: Acts = field(default_factory=Acts)  # the agent's side effects: an early end after one says what was done
 

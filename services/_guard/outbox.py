@@ -155,7 +155,7 @@ class Outbox:
                 log.warning("could not clear %d published decisions: %s", len(batch), exc)
 
     async def drain(self) -> None:
-        """Wait for the pending-copy clean-ups (shutdown, tests)."""
+        """Wait for the pending-copy clean-ups (at shutdown, or before reading the ledger's pending copies)."""
         if self._clearing is not None:
             await asyncio.gather(self._clearing, return_exceptions=True)
 
@@ -188,7 +188,7 @@ class Outbox:
                     type(exc).__name__,
                 )
                 break
-            except Exception:  # noqa: BLE001 - the rest of the outbox still goes out; this row stays pending
+            except Exception:  # the rest of the outbox still goes out; this row stays pending
                 log.exception("turn %s: republishing its pending decision failed; will retry", row.turn_id)
         return count
 

@@ -120,4 +120,4 @@ class Replies:
         return ACTED.format(why=STOPPED.get(outcome, "something went wrong"), done=said)
 
 
-DEFAULT = Replies()  # no agent's own words: the unit tests of the guard's parts
+DEFAULT = Replies()  # no agent's own words: POLITE and ACTED as they are

@@ -1,5 +1,5 @@
 """Retention of ended turns: deleted, with their approvals and side-effect records, ROUNDTRIP_LEDGER_RETENTION_S after
-their end (issue 31), so the table every start, claim and advance touches stays the size of its window.
+their end, so the table every start, claim and advance touches stays the size of its window.
 
 * **Bounded batches, oldest first, by an index** (`ix_turns_ended_at`, migration ledger_0005): each batch is one
   short transaction that selects at most BATCH ended turns past the retention and deletes them and their approvals.
@@ -146,7 +146,7 @@ async def run(retention: Retention, interval_s: float) -> None:
                 measured_at = time.monotonic()
                 await retention.measure()
             away = False
-        except Exception as exc:  # noqa: BLE001 - the retention must outlive a database hiccup
+        except Exception as exc:  # the retention must outlive a database hiccup
             if faults.unavailable(exc) is None:
                 log.exception("deleting ended turns failed; will retry")
             elif not away:

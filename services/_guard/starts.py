@@ -15,6 +15,7 @@ maybe not published is published again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -76,10 +77,8 @@ class ConversationOrder:
                     live[0].turn_id,
                 )
                 break
-            try:
+            with contextlib.suppress(TimeoutError):  # no word of its end: look at the ledger again
                 await asyncio.wait_for(ended.wait(), self.poll_s)
-            except TimeoutError:
-                pass
             self._ended.pop(conversation, None)
         self._ended.pop(conversation, None)
         waited = time.monotonic() - started
@@ -94,7 +93,7 @@ class Starts:
     outbox: Outbox
     order: ConversationOrder
     turn_deadline_s: float = 300.0  # a turn whose request names no deadline gets this one
-    conversations: Conversations | None = None  # None: every request stands alone (unit tests of the loop)
+    conversations: Conversations | None = None  # None: every request stands alone (no conversation store)
     steps: StepClock = field(default_factory=StepClock)
     agent_digest: str | None = None  # recorded with each turn it starts (Agent.digest)
     replies: Replies = DEFAULT  # the agent's words for a refused conversation

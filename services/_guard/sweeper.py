@@ -134,7 +134,7 @@ async def run(sweeper: Sweeper, flag: Flag, interval_s: float, conversations: Co
                 expired_at = time.monotonic()
                 if expired := await conversations.expire():
                     log.info("deleted %d conversations idle for more than %g s", expired, conversations.retention_s)
-        except Exception as exc:  # noqa: BLE001 - the sweeper must outlive a database hiccup
+        except Exception as exc:  # the sweeper must outlive a database hiccup
             if (dependency := faults.unavailable(exc)) is None:
                 log.exception("sweeping for stuck turns failed; will retry")
             elif away_since is None:  # said once per outage, not once per tick

@@ -9,15 +9,15 @@ nothing happens (Kubernetes and Compose ask /readyz instead).
 **The heap.**
 A service holds a large heap from start-up on (the SDK, SQLAlchemy, OpenTelemetry, pydantic's
 schemas), alive as long as the process. CPython's full collection walks every object of it, with
-the event loop stopped, every few seconds under load: long pauses and seconds of CPU over a
-benchmark run (docs/benchmarks.md, "Figures the code points to").
+the event loop stopped, every few seconds under load: long pauses and seconds of CPU
+(docs/decisions/process-runtime.md).
 `settle_heap()`, called when start-up is done, moves them out of the collector's reach
 (`gc.freeze`) and lets the youngest generation grow to 10,000 objects (from 700) before it is
 collected, so most of a message's short-lived objects are gone by then.
 
 **The loop.** `run_loop()` runs a service's main coroutine on uvloop, asyncio's event loop on libuv, where it is
-installed (a dependency on every platform but Windows), else on asyncio's own: about 8-10 % less CPU per turn in
-the five services, measured under contention (docs/benchmarks.md, "Cost per turn", issue 32).
+installed (a dependency on every platform but Windows), else on asyncio's own: it costs the five services less CPU
+per turn (docs/decisions/process-runtime.md).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ How each refusal is taken (the SDK retries nothing: services/_model/client.py):
   how a spend limit answers there): the error, at once. Which a bare 429 is, the platform's adapter says
   (`Signals.bare_429_throttles`, services/_model/providers.py), not this module.
 With `wait_for_capacity` off, a capacity refusal is the error too, at once: a plain loop that leaves the retries
-to the SDK (the rate-limit benchmark's, tests/benchmarks/inprocess.py).
+to the SDK.
 """
 
 from __future__ import annotations

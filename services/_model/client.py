@@ -15,8 +15,7 @@ every answer's rate-limit headers, which `create` returns with the message.
 
 Its HTTP transport is aiohttp (the SDK's `aiohttp` extra) rather than the default httpx pool,
 which walks every pooled connection on each request and response: with hundreds of calls in
-flight in one process that walk cost more than the rest of the call (docs/benchmarks.md,
-"Figures the code points to").
+flight in one process that walk cost more than the rest of the call (docs/decisions/http-clients.md).
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ class ModelClient:
     def __init__(
         self, settings: Settings, tools: list[dict[str, Any]], system_prompt: str, model: str, sdk_retries: int = 0
     ) -> None:
-        """`sdk_retries`: the SDK's own retries; 0 in the model service, whose limiter must see every 429 (a benchmark
-        gives the in-process loop the SDK's default to compare)."""
+        """`sdk_retries`: the SDK's own retries; 0 in the model service, whose limiter must see every 429; a plain
+        loop without the fleet's limiter takes the SDK's default."""
         self._settings = settings
         self._tools = tools
         self._system = [{"type": "text", "text": system_prompt, "cache_control": {"type": "ephemeral"}}]

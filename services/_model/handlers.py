@@ -185,7 +185,7 @@ def _responded(command: CallModel, message: Any, step: int, limits: Limits) -> M
     try:
         content, calls = _blocks(message, limits)
         messages, replaced = fit_transcript(command.messages, max(0, limits.transcript_bytes - json_size(content)))
-    except Exception as exc:  # noqa: BLE001 - a response we cannot carry still ends the turn with its cost counted
+    except Exception as exc:  # a response we cannot carry still ends the turn with its cost counted
         log.exception("turn %s step %d: the model's response could not be processed", command.turn.turn_id, step)
         return ModelResponded(
             turn=command.turn,

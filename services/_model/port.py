@@ -1,5 +1,5 @@
 """The one interface the model service calls a model through: the SDK-backed client of every provider
-(services/_model/client.py) and the models an author tests an agent with (roundtrip.testing) implement it alike."""
+(services/_model/client.py) and the scripted models of roundtrip.testing implement it alike."""
 
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ it, so an order of another customer is indistinguishable from a missing one (bot
 
 Every write request that reaches the database is first appended to `executions` (its own
 transaction, before the replay check): the shop's record of how often a side effect was asked
-for, replays included. The chaos suite counts these, since a replay leaves the other tables as
-they were (tests/chaos/harness.py).
+for, replays included: the count of side effects asked for, since a replay leaves the other tables as they
+were.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ async def _read(engine: AsyncEngine, query: Any) -> list[Any]:
 
     On a SQLite file it runs inline on the event loop: a read of the local file is quick, while
     aiosqlite's hop to its thread and back costs more than the read itself, and more again when the
-    shop has been idle (both threads have to be woken; docs/benchmarks.md, "Figures the code points to").
+    shop has been idle (both threads have to be woken; docs/decisions/ledger-statements.md).
     In WAL mode a reader never waits for a writer; in the rare case SQLite reports the file locked,
     the async engine (which waits for it in its thread) runs the query."""
     inline = _inline_readers.get(engine)
@@ -331,7 +331,7 @@ async def seed_demo_data(engine: AsyncEngine) -> int:
 
 
 async def reset_demo_data(engine: AsyncEngine) -> None:
-    """Put the demo data back to its initial state (for demos and tests; drops everything else)."""
+    """Put the demo data back to its initial state (for a demo run again; drops everything else)."""
     async with engine.begin() as conn:
         for table in (executions, idempotency, escalations, orders, customers):
             await conn.execute(delete(table))
@@ -408,7 +408,7 @@ async def shipping_status(engine: AsyncEngine, customer_id: str, order_id: str) 
 
 
 async def admin_orders(engine: AsyncEngine) -> list[dict[str, Any]]:
-    """Every order with its owner (no principal: tests and the demo only)."""
+    """Every order with its owner (no principal: the demo shop's own admin view)."""
     query = (
         select(orders, customers.c.name.label("customer_name"))
         .join(customers, customers.c.customer_id == orders.c.customer_id)

@@ -6,7 +6,7 @@ bursts (overload.py) apply to /v1/messages; its every response carries the anthr
 headers of the limits set. The same Messages API in Bedrock's, Vertex AI's and Foundry's shapes
 (platforms.py) shares the limits, personas and faults, and sends no rate-limit header.
 
-Request headers a test or a load run may send (the SDK passes them via
+Request headers a caller may send (the SDK passes them via
 `default_headers=` or `extra_headers=`):
   x-roundtrip-persona          careful | careless | stubborn | looping | flailing | sloppy |
                                parallel | refusing | terse | mix   (else the app's default)

@@ -1,4 +1,4 @@
-"""Endpoints a test or a benchmark steers the simulator with mid-run (no API key, not part of the API).
+"""Endpoints that steer the simulator mid-run: its limits and bursts of overload (no API key, not part of the API).
 
 GET  /v1/_limits                      {"limits": {"rpm": 600, ...}, "remaining": {...}, "refused": n}
 POST /v1/_limits   {"rpm": 300}       change the limits named (null removes one); answers as GET

@@ -29,7 +29,7 @@ MESSAGES = {
 
 class Overload:
     def __init__(self, every: float | None = None, seconds: float = 5.0, clock: Callable[[], float] = time.monotonic):
-        if every is not None and every <= 0 or seconds <= 0:
+        if (every is not None and every <= 0) or seconds <= 0:
             raise ValueError("overload every and seconds must be positive")
         self._every, self._seconds, self._clock = every, seconds, clock
         self._origin = clock()

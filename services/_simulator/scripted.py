@@ -1,5 +1,5 @@
 """Scripted mode: the simulator says what a script says instead of playing a persona, so any agent's e2e runs
-through the real fleet with no API key; and it keeps the requests it received, so a test can read what reached
+through the real fleet with no API key; and it keeps the requests it received, so a caller can read what reached
 the model (its system prompt, its tools).
 
 A script is a list of the model's responses in one turn: the i-th is the response to the turn's i-th request

@@ -1,5 +1,5 @@
-"""Run the simulator: in the foreground (`python -m roundtrip._simulator`) or, for tests and
-demos, in a background thread on a free port (`running_simulator()`).
+"""Run the simulator: in the foreground (`python -m roundtrip._simulator`) or in a background thread on a free port
+(`running_simulator()`), for a process that needs a model of its own for a while.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def serve(host: str = "127.0.0.1", port: int = 8801, log_level: str = "info", **
 def running_simulator(host: str = "127.0.0.1", port: int = 0, **app_options: Any) -> Iterator[str]:
     """Serve in a daemon thread; yield the base URL (e.g. http://127.0.0.1:41234) for AsyncAnthropic(base_url=...)."""
     # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on such sockets (else each response
-    # waits for the client's delayed ACK; docs/benchmarks.md, "Figures the code points to")
+    # waits for the client's delayed ACK, about 40 ms)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

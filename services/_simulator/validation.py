@@ -13,8 +13,8 @@ from typing import Any
 
 from .errors import ApiError, invalid
 
-# The parameters the SDK (anthropic 2.10) can send; a test checks them against the SDK's own
-# type definitions. Spelled out here so the simulator starts without importing the SDK.
+# The parameters the SDK (anthropic 2.10) can send, as its own type definitions declare them. Spelled out here so
+# the simulator starts without importing the SDK.
 COUNT_TOKENS_PARAMS = frozenset(
     {
         "cache_control",

@@ -11,7 +11,7 @@ What it leaves out is what the fleet adds: the broker hops and the events' (de)s
 and conversation store, the turn fence, the exporters of the telemetry, and the processes. What the processes
 mean for an agent it keeps: the gate and the executor are two processes in the fleet, each with its own instance
 of the agent's dependencies, and `run_turn` gives them two instances too (`gate_deps` and `deps`).
-tests/benchmarks/ times it against the fleet; services/testing/__init__.py runs agents' tests on it.
+services/testing/__init__.py runs agents' tests on it.
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ class Run:
 
 
 def fmt(v: float, digits: int = 1) -> str:
-    return "n/a" if v != v else f"{v:.{digits}f}"  # noqa: PLR0124 - NaN check
+    return "n/a" if v != v else f"{v:.{digits}f}"  # NaN check
 
 
 async def closed_loop(
@@ -331,13 +331,13 @@ def add_replicas(fleet: Fleet, services: tuple[str, ...], replicas: int, say: Ca
         have = [c for c in fleet.children if c.name == service or c.name.startswith(f"{service}-")]
         for i in range(len(have), replicas):
             name = f"{service}-{i + 1}"
-            fleet._spawn(  # noqa: SLF001
+            fleet._spawn(
                 name,
                 [sys.executable, "-m", "roundtrip._cli.main", "run", service],
                 f"consumer group roundtrip-{service}",
             )
             names.append(name)
-    fleet._wait_services(names=set(names))  # noqa: SLF001
+    fleet._wait_services(names=set(names))
     say(f"{', '.join(services)} scaled to {replicas} replicas")
     return {c.name: c.process.pid for c in fleet.children if c.name in names}
 

@@ -14,6 +14,7 @@ the turn as `model_error`. The turns, their handlers and the guard's rules stay 
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +51,7 @@ class TurnTiming:
     def iterations(self) -> list[float]:
         """Seconds per loop iteration: previous response (or the start) -> this response."""
         marks = [self.started, *self.responses]
-        return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+        return [b - a for a, b in itertools.pairwise(marks)]
 
 
 class SdkOnly:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import math
@@ -240,7 +241,7 @@ class Observer:
         for attempt in range(60):
             try:
                 return await self.producer.send_and_wait(self.topic(topic), value, key=key, headers=headers or None)
-            except Exception:  # noqa: BLE001 - the broker is being killed under us: wait and retry
+            except Exception:  # the broker is being killed under us: wait and retry
                 if attempt == 59:
                     raise
                 await asyncio.sleep(0.5)  # retry interval: the broker not answering yet (60 tries)
@@ -279,10 +280,8 @@ class Observer:
             if result or time.monotonic() > deadline:
                 return result
             self._arrived.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), timeout=min(1.0, max(0.01, deadline - time.monotonic())))
-            except TimeoutError:
-                pass
 
     async def wait_for_replies(self, request_ids: list[str], timeout: float, linger_s: float = 4.0) -> None:
         """Until every request has a reply (or `timeout`), then `linger_s` more to catch a late duplicate. No raise
@@ -316,7 +315,7 @@ def stall_s(observer: Observer, plan: list[Planned], at: float, until: float | N
     if not after:
         return float("inf")
     points = [max([t for t in times if t <= at], default=at), *after]
-    return max(b - a for a, b in zip(points, points[1:], strict=False))
+    return max(b - a for a, b in itertools.pairwise(points))
 
 
 # -- poison ----------------------------------------------------------------------------------

@@ -175,7 +175,7 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
     procs = []
     try:
         for name in ("simulator", "shop"):  # no Kafka: plain HTTP
-            log = open(tmp_path / f"{name}.log", "ab")
+            log = open(tmp_path / f"{name}.log", "ab")  # noqa: SIM115 - the child writes to it as long as it runs
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "roundtrip._cli.main", "run", name],

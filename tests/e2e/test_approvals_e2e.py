@@ -29,9 +29,11 @@ ORDER = "ord_a1000003"
 
 @pytest.fixture(scope="module")
 async def approvals_on(fleet, fleet_settings):
-    async with fleet.reconfigured(("gate",), approval_cancel_above_cents=5000, approval_timeout_s=APPROVAL_TIMEOUT_S):
-        async with fleet.reconfigured(("guard",), stuck_after_s=2.0, stuck_grace_s=2.0):
-            yield
+    async with (
+        fleet.reconfigured(("gate",), approval_cancel_above_cents=5000, approval_timeout_s=APPROVAL_TIMEOUT_S),
+        fleet.reconfigured(("guard",), stuck_after_s=2.0, stuck_grace_s=2.0),
+    ):
+        yield
 
 
 def _reset_shop(settings) -> None:

@@ -285,13 +285,28 @@ async def test_an_approver_cancels_a_waiting_turn_from_its_page(
     # once the guard has recorded it, which its support.status says
     await _told_waiting(client, request_id)
     await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
+    watching = browser.current_window_handle
+    browser.execute_script("window.notReloaded = true")
     assert "awaiting" in browser.find_element(By.CSS_SELECTOR, "table.summary").text
+    # the waiting turn's timeline: the held call with the gate's reason
+    held = await asyncio.to_thread(_wait, browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".verdict.v-held"))
+    assert "refunds more than 50.00 EUR" in held[0].find_element(By.XPATH, "..").text
+    # cancelled from a second tab; the first, left open, shows how the turn ended by itself
+    browser.switch_to.new_window("tab")
+    browser.execute_cdp_cmd("Network.enable", {})  # the proxy's token, in this tab too
+    browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": APPROVER})
+    await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
     form = browser.find_element(By.CSS_SELECTOR, "form.cancel")
     form.find_element(By.NAME, "reason").send_keys("the customer called to stop it")
     form.find_element(By.TAG_NAME, "button").click()
     await asyncio.to_thread(_wait, browser, lambda d: "cancel sent" in d.page_source)
     reply = await client.reply(request_id)
     assert reply.outcome is Outcome.CANCELLED and _status(shop_orders, ORDER) == "pending"
+    browser.close()
+    browser.switch_to.window(watching)
+    ending = "A person cancelled the turn."
+    await asyncio.to_thread(_wait, browser, lambda d: ending in d.find_element(By.ID, "live").text)
+    assert browser.execute_script("return window.notReloaded === true")
     # the turn has ended: its page offers no cancel, and its approval can no longer be decided
     await asyncio.to_thread(browser.get, _url(settings, f"/turns/{turn_id}"))
     assert "ended" in browser.find_element(By.CSS_SELECTOR, "table.summary").text

@@ -78,13 +78,27 @@ async def guarded(kafka_bootstrap, tmp_path_factory):
     processes = [
         spawn(["tests.oauth_server", str(ports["oauth"]), str(files["clients"])], state / "oauth.out"),
         spawn(
-            ["tests.mcp_auth_server", str(ports["giftwrap"]), str(files["giftwrap"]), "gift_wrap_order", "token"]
-            + [str(files["server_token"]), str(files["spans"])],
+            [
+                "tests.mcp_auth_server",
+                str(ports["giftwrap"]),
+                str(files["giftwrap"]),
+                "gift_wrap_order",
+                "token",
+                str(files["server_token"]),
+                str(files["spans"]),
+            ],
             state / "giftwrap.out",
         ),
         spawn(
-            ["tests.mcp_auth_server", str(ports["engraving"]), str(files["engraving"]), "engrave_order", "oauth"]
-            + [issuer, str(files["spans"])],
+            [
+                "tests.mcp_auth_server",
+                str(ports["engraving"]),
+                str(files["engraving"]),
+                "engrave_order",
+                "oauth",
+                issuer,
+                str(files["spans"]),
+            ],
             state / "engraving.out",
         ),
     ]

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,7 +103,7 @@ def broker_pid(state_dir) -> int:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                argv = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
             if properties.encode() in argv and any(a.endswith(b"java") for a in argv[:1]):

@@ -96,7 +96,7 @@ async def test_a_consumer_waits_out_a_database_outage_and_dead_letters_nothing(s
             key=f"c{i % 7}".encode(),
             headers=[],
             value=CancelTurn(turn_id=f"t{i}").model_dump_json().encode(),
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
     kafka = FeedingKafka(records)

@@ -32,9 +32,11 @@ def test_a_span_exported_over_otlp_http_is_found_by_service_and_by_trace_id(jaeg
     provider = TracerProvider(resource=Resource.create({"service.name": "roundtrip-jaegertest"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{jaeger.otlp_http_endpoint}/v1/traces")))
     tracer = provider.get_tracer("test")
-    with tracer.start_as_current_span("guard.decide", attributes={"roundtrip.turn_id": "turn_jaeger1"}) as parent:
-        with tracer.start_as_current_span("tool lookup_order"):
-            pass
+    with (
+        tracer.start_as_current_span("guard.decide", attributes={"roundtrip.turn_id": "turn_jaeger1"}) as parent,
+        tracer.start_as_current_span("tool lookup_order"),
+    ):
+        pass
     trace_id = format(parent.get_span_context().trace_id, "032x")
     provider.shutdown()  # flushes
 

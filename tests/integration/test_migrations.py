@@ -360,7 +360,7 @@ async def test_the_listing_commands_never_write(url, tmp_path):
     # what they open cannot write, on either database
     ledger = await Ledger.open(url, read_only=True)
     try:
-        with pytest.raises(DBAPIError, match="(?i)read.?only"):
+        with pytest.raises(DBAPIError, match=r"(?i)read.?only"):
             await ledger.start({"turn_id": "t", "request_id": "r", "conversation_id": "c", "customer_id": "cus"}, "{}")
     finally:
         await ledger.close()

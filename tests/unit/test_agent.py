@@ -76,7 +76,7 @@ def test_a_name_is_looked_up_in_the_entry_point_group(package, monkeypatch):
     found = [EntryPoint(name="bank", value="acme_entry:BANK", group=agents.ENTRY_POINT_GROUP)]
     monkeypatch.setattr(agents, "entry_points", lambda group: found if group == agents.ENTRY_POINT_GROUP else [])
     assert load_agent("bank").name == "bank"
-    with pytest.raises(AgentError, match="no entry point of that name in the group roundtrip.agents"):
+    with pytest.raises(AgentError, match=r"no entry point of that name in the group roundtrip.agents"):
         load_agent("telecom")
 
 

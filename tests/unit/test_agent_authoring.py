@@ -122,7 +122,7 @@ def sync_tool(ctx: ToolContext, ticket_id: str) -> dict:
     return {}
 
 
-async def untyped(ctx: ToolContext, ticket_id) -> dict:  # noqa: ANN001 - the point of the test
+async def untyped(ctx: ToolContext, ticket_id) -> dict:  # the point of the test
     """A tool whose argument has no type, so it has no schema."""
     return {}
 

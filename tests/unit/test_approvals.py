@@ -193,7 +193,7 @@ def test_the_gates_signature_of_a_hold_covers_customer_conversation_step_call_an
     with pytest.raises(ApprovalError, match="unsigned approval request"):
         GATE.verifier.verify_hold(held(hold_key_id="", hold_signature=""))
     with pytest.raises(ApprovalError, match="signature mismatch"):  # signed by another key under the gate's id
-        key_id, forged = pair("k1").signer.sign_hold(
+        _key_id, forged = pair("k1").signer.sign_hold(
             "turn_1", "cus_1001", "c1", 1, "toolu_1", input_digest("cancel_order", CANCEL), held().expires_at
         )
         GATE.verifier.verify_hold(held(hold_signature=forged, expires_at=held().expires_at))
@@ -234,5 +234,5 @@ def test_a_key_setting_may_name_a_file(tmp_path):
     (tmp_path / "verify").write_text(GATE.verify)
     signer = Signer.of(f"file:{tmp_path / 'signing'}", "ROUNDTRIP_BATCH_SIGNING_KEY")
     Verifier.of(f"file:{tmp_path / 'verify'}", "ROUNDTRIP_BATCH_VERIFY_KEYS").verify(signer.sign(batch()))
-    with pytest.raises(KeyConfigError, match="names .*missing, which cannot be read"):
+    with pytest.raises(KeyConfigError, match=r"names .*missing, which cannot be read"):
         Signer.of(f"file:{tmp_path / 'missing'}", "ROUNDTRIP_BATCH_SIGNING_KEY")

@@ -434,7 +434,7 @@ async def test_the_guard_records_no_wait_the_gate_did_not_sign_for_this_customer
         hold_key_id=key_id,
         hold_signature=signature,
     )
-    forged_key, forged_signature = FORGER.sign_hold("turn_1", "cus_1001", "conv_1", 1, "toolu_c", digest, expires)
+    _forged_key, forged_signature = FORGER.sign_hold("turn_1", "cus_1001", "conv_1", 1, "toolu_c", digest, expires)
     for forged in (
         genuine.model_copy(update={"turn": turn().model_copy(update={"customer_id": "cus_1002"})}),
         genuine.model_copy(update={"expires_at": expires + 86400}),

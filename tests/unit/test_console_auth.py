@@ -69,7 +69,7 @@ async def test_the_local_user_and_the_trusted_proxies_are_for_development_only()
     with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_CONSOLE_LOCAL_USER") as refused:
         production(console_local_user="me@laptop").refuse_console_local_user("console")
     assert "\n" not in str(refused.value)
-    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_CONSOLE_TRUSTED_PROXIES.*signed mode"):
+    with pytest.raises(InsecureConfiguration, match=r"ROUNDTRIP_CONSOLE_TRUSTED_PROXIES.*signed mode"):
         production(console_trusted_proxies=PROXY).refuse_console_local_user("console")
     development(console_trusted_proxies=PROXY).refuse_console_local_user("console")
     with pytest.raises(ConfigurationError, match="ROUNDTRIP_CONSOLE_OIDC_AUDIENCE"):

@@ -12,7 +12,7 @@ from roundtrip._kernel.storage.database import make_engine
 async def test_a_postgresql_engine_keeps_its_pool_and_opens_no_overflow(size):
     engine = make_engine("postgresql+asyncpg://roundtrip@127.0.0.1:1/ledger", pool_size=size)  # no connection made yet
     try:
-        assert engine.pool.size() == size and engine.pool._max_overflow == 0  # noqa: SLF001 - the pool's own setting
+        assert engine.pool.size() == size and engine.pool._max_overflow == 0  # the pool's own setting
     finally:
         await engine.dispose()
 

@@ -76,7 +76,7 @@ def validation_error() -> ValidationError:
         "pg-full",
         "asyncpg",
         "pool-timeout",
-    ],  # fmt: skip
+    ],
 )
 def test_a_database_that_is_away_is_retried_later(exc):
     assert faults.unavailable(exc) == faults.DATABASE
@@ -91,7 +91,7 @@ def test_a_database_that_is_away_is_retried_later(exc):
         wrapped_by_sqlalchemy(sqlite3.OperationalError("no such table: turns")),
         wrapped_by_sqlalchemy(
             asyncpg.exceptions.InterfaceError("the server expects 2 arguments"), sqlalchemy.exc.InterfaceError
-        ),  # fmt: skip
+        ),
     ],
     ids=["sqlite-unique", "pg-unique", "pg-column", "sqlite-no-table", "pg-arguments"],
 )

@@ -10,7 +10,7 @@ TP, OTHER = TopicPartition("turn.outcomes", 0), TopicPartition("turn.outcomes", 
 
 def replied() -> RepliedTurns:
     memory = RepliedTurns("127.0.0.1:1", "support.replies", memory_s=3600.0)
-    memory._primed = True  # noqa: SLF001 - what reading support.replies would have found: nothing
+    memory._primed = True  # what reading support.replies would have found: nothing
     return memory
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from typing import ClassVar
 
 import pytest
 
@@ -151,7 +152,7 @@ async def test_a_three_step_turn_of_an_agent_of_function_tools():
 class MemoryTickets:
     """An in-memory ticket desk: what the skeleton had before its backend became a file (each instance its own)."""
 
-    made: list[MemoryTickets] = []
+    made: ClassVar[list[MemoryTickets]] = []
 
     def __init__(self) -> None:
         self.tickets = {"T-1001": {"ticket_id": "T-1001", "customer_id": "cus_1", "status": "open", "subject": "s"}}

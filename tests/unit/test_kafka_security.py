@@ -159,7 +159,7 @@ def test_a_provider_that_cannot_be_imported_is_one_line():
 def test_mtls_files_that_are_not_pem_are_one_line(tmp_path):
     (tmp_path / "cert.pem").write_text("not a certificate")
     s = settings(kafka_security_protocol="SSL", kafka_ssl_certfile=tmp_path / "cert.pem")
-    with pytest.raises(ConfigurationError, match="cannot load the Kafka TLS files .*ROUNDTRIP_KAFKA_SSL_CERTFILE="):
+    with pytest.raises(ConfigurationError, match=r"cannot load the Kafka TLS files .*ROUNDTRIP_KAFKA_SSL_CERTFILE="):
         client_options(s)
 
 

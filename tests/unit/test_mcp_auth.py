@@ -48,7 +48,7 @@ async def test_a_secret_from_the_agents_own_settings(monkeypatch):
     token = BearerToken(setting="billing_token")
     assert token.headers(OwnSettings()) == {"Authorization": f"Bearer {SECRET}"}
     assert token.source == "setting billing_token"
-    with pytest.raises(CredentialError, match="^the agent's setting billing_token is not set$"):
+    with pytest.raises(CredentialError, match=r"^the agent's setting billing_token is not set$"):
         token.headers(None)
     server = dataclasses.replace(SERVER, auth=token)
     fake = FakeMcp()
@@ -66,12 +66,12 @@ async def test_a_secret_from_the_agents_own_settings(monkeypatch):
 
 def test_a_secret_that_is_not_there_is_one_line_naming_where_it_should_be(monkeypatch, tmp_path):
     monkeypatch.delenv("GIFT_TOKEN", raising=False)
-    with pytest.raises(CredentialError, match="^environment variable GIFT_TOKEN is not set$"):
+    with pytest.raises(CredentialError, match=r"^environment variable GIFT_TOKEN is not set$"):
         BearerToken(env="GIFT_TOKEN").headers()
     with pytest.raises(CredentialError, match=r"^secret file .*missing cannot be read \(No such file"):
         BearerToken(file=tmp_path / "missing").headers()
     (tmp_path / "empty").write_text("\n")
-    with pytest.raises(CredentialError, match="is empty$"):
+    with pytest.raises(CredentialError, match=r"is empty$"):
         BearerToken(file=tmp_path / "empty").headers()
 
 

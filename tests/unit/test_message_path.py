@@ -85,7 +85,7 @@ def errors(topic: str) -> float:
 
 
 def letter_of(producer: FakeProducer) -> DeadLettered:
-    ((topic, value, key, headers),) = producer.sent
+    ((topic, value, key, _headers),) = producer.sent
     assert topic == topics.t(topics.DEAD_LETTERS, PREFIX) and key == b"conv_1"
     return DeadLettered.model_validate_json(value)
 

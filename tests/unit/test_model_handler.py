@@ -91,7 +91,7 @@ async def test_a_tool_input_no_event_could_carry_becomes_a_call_with_an_error_an
     if persona == "bloated":
         assert call.error.endswith("limit 65536") and int(call.error.split()[3]) > 600_000
     assert call.input == {"roundtrip_omitted": f"{call.error}; the input was not kept"}
-    assert [b for b in event.content if b["type"] == "tool_use"][0]["input"] == call.input
+    assert next(b for b in event.content if b["type"] == "tool_use")["input"] == call.input
     assert len(event.model_dump_json().encode()) < 10_000  # the event is small: it is published
     assert event.usage.output_tokens > (
         100_000 if persona == "bloated" else 100

@@ -56,7 +56,7 @@ async def test_a_claim_for_another_customer_or_conversation_is_refused_and_the_t
 
 
 async def test_a_refused_claim_of_an_ended_or_unknown_turn_is_not_a_forgery(stores):
-    ledger, fence = stores
+    _ledger, fence = stores
     assert not await fence.claim_batch(ALICE, 5, lease_s=10)  # a step the turn is not at: no refusal, just no
     unknown = ALICE.model_copy(update={"turn_id": "turn_gone"})  # deleted by retention, or never started
     assert not await fence.claim_model_call(unknown, 0)

@@ -260,3 +260,16 @@ def test_every_metric_is_documented():
     names = [m.describe()[0].name + ("_total" if isinstance(m, Counter) else "") for m in defined]
     assert len(names) >= 15, names
     assert [name for name in names if f"`{name}`" not in MANUAL] == []
+
+
+def test_the_benchmarks_page_is_todays_figures_each_with_its_command():
+    """docs/benchmarks.md holds the latest figures only (their history is docs/benchmarks-archive.md): short, and each
+    figure of its summary names the command that reproduces it."""
+    page = (DOCS / "benchmarks.md").read_text()
+    assert len(page.splitlines()) < 300
+    summary = page.split("\n## The figures in short\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in summary.splitlines() if line.startswith("| ") and not line.startswith("| ---")][1:]
+    assert len(rows) >= 10
+    without = [row for row in rows if "`" not in row.rstrip(" |").rsplit("|", 1)[-1]]
+    assert not without, f"figures without the command that reproduces them: {without}"
+    assert not re.search(r"\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth) round\b", page, re.I)

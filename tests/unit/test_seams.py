@@ -60,7 +60,7 @@ def test_a_kafka_subscriber_starts_its_fetch_loop_from_the_attribute_the_kernel_
 
 async def test_the_producer_the_kernel_publishes_on_is_the_aiokafka_producer_the_broker_connected(monkeypatch):
     broker = KafkaBroker("127.0.0.1:1")
-    with pytest.raises(RuntimeError, match="the broker is not connected$"):
+    with pytest.raises(RuntimeError, match=r"the broker is not connected$"):
         faststream_seam.kafka_producer(broker)
     producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1")
 
@@ -76,7 +76,7 @@ async def test_the_producer_the_kernel_publishes_on_is_the_aiokafka_producer_the
     except RuntimeError as moved:
         pytest.fail(f"{FASTSTREAM}: {moved}")
     await broker.config.producer.disconnect()
-    with pytest.raises(RuntimeError, match="the broker is not connected$"):
+    with pytest.raises(RuntimeError, match=r"the broker is not connected$"):
         faststream_seam.kafka_producer(broker)
 
 

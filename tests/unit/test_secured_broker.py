@@ -104,7 +104,7 @@ def test_the_throwaway_ca_signs_a_broker_certificate_for_loopback_and_a_client_c
 
 
 async def test_unsigned_tokens_say_who_and_until_when_and_a_fresh_one_comes_after_half_their_life():
-    header, claims, signature = unsigned_jws("app", 60, now=1000).split(".")
+    _header, _claims, signature = unsigned_jws("app", 60, now=1000).split(".")
     assert signature == ""
     provider = UnsecuredTokenProvider("app", lifetime_s=3600)
     first = await provider.token()

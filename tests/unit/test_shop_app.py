@@ -14,9 +14,11 @@ BOB = {"X-Customer-Id": "cus_1002"}
 
 @pytest.fixture
 async def client(tmp_path):
-    async with in_process(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}") as transport:
-        async with httpx.AsyncClient(transport=transport, base_url="http://shop") as c:
-            yield c
+    async with (
+        in_process(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}") as transport,
+        httpx.AsyncClient(transport=transport, base_url="http://shop") as c,
+    ):
+        yield c
 
 
 async def test_health(client):

@@ -113,10 +113,9 @@ def test_output_tokens_are_reserved_as_max_tokens_then_the_unused_part_given_bac
 
 def test_a_call_that_fails_after_admission_gives_all_its_output_tokens_back():
     rl = limits(Clock(), otpm=1000)
-    with pytest.raises(RuntimeError):
-        with rl.admit(body(max_tokens=800), PromptCache()) as call:
-            call.produced(50)
-            raise RuntimeError("fault")
+    with pytest.raises(RuntimeError), rl.admit(body(max_tokens=800), PromptCache()) as call:
+        call.produced(50)
+        raise RuntimeError("fault")
     assert rl.headers()["anthropic-ratelimit-output-tokens-remaining"] == "1000"
 
 

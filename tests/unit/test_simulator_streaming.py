@@ -138,10 +138,12 @@ async def test_the_events_come_in_the_apis_order_with_the_usage_at_the_start_and
 async def test_the_wire_carries_server_sent_events_with_one_ping_after_the_first_block_starts(base_url):
     body = _request([{"role": "user", "content": "Please cancel my order"}], "script:two")
     headers = {"x-api-key": "sim", **body.pop("extra_headers")}
-    async with httpx.AsyncClient(base_url=base_url) as http:
-        async with http.stream("POST", "/v1/messages", json={**body, "stream": True}, headers=headers) as response:
-            assert response.headers["content-type"].startswith("text/event-stream")
-            lines = [line async for line in response.aiter_lines()]
+    async with (
+        httpx.AsyncClient(base_url=base_url) as http,
+        http.stream("POST", "/v1/messages", json={**body, "stream": True}, headers=headers) as response,
+    ):
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line async for line in response.aiter_lines()]
     names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
     assert ORDER.fullmatch(" ".join(names)) and names.count("ping") == 1
     data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]

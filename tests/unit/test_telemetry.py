@@ -153,11 +153,10 @@ def record(topic="t.turn.iterations", key=b"conv_7", offset=42, headers=None):
 def consume(rec, tracer, roots=frozenset()):
     """The kernel's consumer span around a handler that starts a span and publishes."""
     seen = {}
-    with consuming(rec, "roundtrip-guard", roots, using=tracer):
-        with tracer.start_as_current_span("guard.decide"):
-            seen["new_turn"] = new_turn_ids()
-            with tracer.start_as_current_span("x create", kind=SpanKind.PRODUCER):
-                pass
+    with consuming(rec, "roundtrip-guard", roots, using=tracer), tracer.start_as_current_span("guard.decide"):
+        seen["new_turn"] = new_turn_ids()
+        with tracer.start_as_current_span("x create", kind=SpanKind.PRODUCER):
+            pass
     return seen
 
 
@@ -327,11 +326,13 @@ def test_roundtrip_ask_says_its_turn_is_stuck_and_where_it_waits(capsys):
 def test_a_span_started_by_the_sweeper_sits_under_the_turn_span_linked_to_the_last_hop(traced, monkeypatch):
     tracer, exporter = traced
     monkeypatch.setattr(telemetry, "tracer", lambda name="roundtrip": tracer)
-    with telemetry.span_in_turn(
-        "guard.turn_stuck", TURN, "00-4bf92f3577b34da6a3ce929d0e0e4736-3333333333333333-01", step=2
+    with (
+        telemetry.span_in_turn(
+            "guard.turn_stuck", TURN, "00-4bf92f3577b34da6a3ce929d0e0e4736-3333333333333333-01", step=2
+        ),
+        tracer.start_as_current_span("t create", kind=SpanKind.PRODUCER),
     ):
-        with tracer.start_as_current_span("t create", kind=SpanKind.PRODUCER):
-            pass
+        pass
     spans = {s.name: s for s in exporter.get_finished_spans()}
     stuck = spans["guard.turn_stuck"]
     assert format(stuck.parent.span_id, "016x") == SPAN_ID and hex_ids(stuck)[0] == TRACE_ID

@@ -46,7 +46,7 @@ def test_the_tool_document_schema_is_valid_json_schema_2020_12_and_ships_with_th
     schema = json.loads((ROOT / "schemas" / "tool.json").read_text(encoding="utf-8"))
     Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert TOOL_DOCUMENT == Path(roundtrip.schemas.__file__).parent / "tool.json"
+    assert Path(roundtrip.schemas.__file__).parent / "tool.json" == TOOL_DOCUMENT
     assert TOOL_DOCUMENT.samefile(ROOT / "schemas" / "tool.json")
     assert tool_document_validator().schema == schema
 

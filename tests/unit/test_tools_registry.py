@@ -41,7 +41,7 @@ def registry():
 
 
 def test_the_shop_agents_tools_are_the_schemas_in_its_own_folder(registry):
-    assert SCHEMAS == Path(__file__).resolve().parents[2] / "schemas" / "tools"
+    assert Path(__file__).resolve().parents[2] / "schemas" / "tools" == SCHEMAS
     assert set(registry.names) == TOOLS == {p.stem for p in SCHEMAS.glob("*.json")}
 
 

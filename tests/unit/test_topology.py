@@ -87,14 +87,14 @@ def test_every_app_builds_against_its_declaration():
 
 def test_a_subscription_the_topology_does_not_declare_fails_at_build():
     broker = make_broker("model", settings())
-    with pytest.raises(LookupError, match="declares no subscription of model to turn.tool_calls"):
+    with pytest.raises(LookupError, match=r"declares no subscription of model to turn.tool_calls"):
         subscribe(broker, topics.TOOL_CALLS, "model", settings())
 
 
 def test_a_handler_for_another_message_than_declared_fails_at_build():
     broker = make_broker("model", settings())
 
-    with pytest.raises(TypeError, match="the topology says turn.model_calls carries CallModel"):
+    with pytest.raises(TypeError, match=r"the topology says turn.model_calls carries CallModel"):
 
         @subscribe(broker, topics.MODEL_CALLS, "model", settings())
         async def on_call(command: events.CancelTurn) -> None: ...
@@ -102,7 +102,7 @@ def test_a_handler_for_another_message_than_declared_fails_at_build():
 
 def test_an_output_the_topology_does_not_declare_fails_at_build():
     broker = make_broker("gate", settings())
-    with pytest.raises(LookupError, match="declares no output CallModel of gate to turn.model_calls"):
+    with pytest.raises(LookupError, match=r"declares no output CallModel of gate to turn.model_calls"):
         Outlet(broker, topics.MODEL_CALLS, events.CallModel)
 
 

@@ -7,7 +7,7 @@ broker, all with the security the settings give (services/_kernel/kafka/security
     kafka.admin(client_id="roundtrip-admin") # AIOKafkaAdminClient
     KafkaBroker(kafka.bootstrap_list, **kafka.broker_options, ...)
 
-`clients_of(target)` takes a KafkaClients or a bootstrap string (PLAINTEXT at that address: tests, tools).
+`clients_of(target)` takes a KafkaClients or a bootstrap string (PLAINTEXT at that address: a local broker).
 Building a client does not connect; only starting it does.
 """
 

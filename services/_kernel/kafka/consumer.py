@@ -143,7 +143,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         self.assigned = False  # readiness: the group gave us partitions (or joined with none)
         self.processed = 0
 
-    # -- what operators and tests can see ---------------------------------------------------
+    # -- what operators and health checks see -----------------------------------------------
     @property
     def process(self) -> Process:
         """What each record is handed to (the `process` it was made with)."""
@@ -359,7 +359,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
                 if key[0] in gone:
                     task.cancel()
         waits = [asyncio.ensure_future(p.idle.wait()) for p in parts]
-        done, pending = await asyncio.wait(waits, timeout=self._drain_timeout)
+        _, pending = await asyncio.wait(waits, timeout=self._drain_timeout)
         for w in pending:
             w.cancel()
         if pending:

@@ -2,8 +2,8 @@
 
 The kernel lets FastStream do what it is good at (the connection, the consumer groups, the app's
 lifecycle, the AsyncAPI document) and runs each message itself (services/_kernel/kafka/messaging.py:
-FastStream's per-message loop and middleware chain cost a large share of every service's CPU,
-docs/benchmarks.md "Figures the code points to"). That needs FastStream's insides in four places:
+FastStream's per-message loop and middleware chain cost a large share of every service's CPU:
+docs/decisions/message-path.md). That needs FastStream's insides in four places:
 
 * `replace_consume_loop(subscriber, loop)`: a Kafka subscriber with a handler starts its fetch
   loop in `start()` as `self.add_task(self._run_consume_loop, (self.consumer,))`. Setting the
@@ -19,9 +19,8 @@ docs/benchmarks.md "Figures the code points to"). That needs FastStream's inside
   (`faststream_*`), which the kernel records itself (services/_kernel/observability/metrics.py), from modules the
   package `faststream.prometheus` does not export.
 
-tests/unit/test_seams.py checks each of these on the installed FastStream and names the attribute
-that changed; tests/integration/test_seams.py runs them on the real broker.
-pyproject.toml allows the FastStream versions both passed on; trying another one is running those two.
+pyproject.toml allows the FastStream versions on which these were checked; how they are checked, and how to try another
+version: docs/decisions/message-path.md, "The seams".
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ the handler's pydantic model (`model_validate_json`), one consumer span in the t
 publishes the same way: one producer span, the JSON bytes, straight to the broker's
 producer. FastStream keeps what it is good at: the connection, the consumer groups, the
 app's lifecycle and the AsyncAPI document; its per-message loop and middleware chain cost a
-large share of every service's CPU (docs/benchmarks.md, "Figures the code points to"). What
+large share of every service's CPU (docs/decisions/message-path.md). What
 this takes of FastStream beyond its public API is in services/_kernel/kafka/faststream_seam.py.
 
 A failure that says a dependency is unavailable (the database, the broker, a backend: the one rule
@@ -62,8 +62,8 @@ log = logging.getLogger("roundtrip")
 IDLE_FETCH_WAIT_MS = 5000
 
 # FastStream logs "Received" and "Processed" for every message at this level. At INFO that is
-# two formatted log lines per hop in every service, for CPU and no news (docs/benchmarks.md,
-# "Figures the code points to"); at DEBUG they show only with ROUNDTRIP_LOG_LEVEL=DEBUG.
+# two formatted log lines per hop in every service, for CPU and no news (docs/decisions/message-path.md);
+# at DEBUG they show only with ROUNDTRIP_LOG_LEVEL=DEBUG.
 MESSAGE_LOG_LEVEL = logging.DEBUG
 
 _CONSUMERS = "_roundtrip_consumers"
@@ -146,7 +146,7 @@ def _check_message(handler: Callable[[Any], Awaitable[Any]], declared: topology.
 
 def _declared(service: str, topic: str, role: str | None) -> topology.Input | None:
     """The topology's declaration of this subscription (LookupError if it has none); None for a service outside the
-    topology (a kernel test's own)."""
+    topology (one built on the kernel alone declares nothing)."""
     return topology.service(service).input(topic, role) if service in topology.names() else None
 
 
@@ -188,7 +188,7 @@ def _message_path(
                     message = model.model_validate_json(record.value or b"")
                     agent_digest.check(message, span)
                     await handler(message)
-                except Exception as exc:  # noqa: BLE001 - the point is to never die on one message
+                except Exception as exc:  # the point is to never die on one message
                     reason = describe_error(exc, record.value)
                     log.debug("%s", traceback.format_exc())
                     if (dependency := faults.unavailable(exc)) is not None:
@@ -203,7 +203,7 @@ def _message_path(
                         await _tell(on_failure, record, exc, reason)
                     try:
                         await _publish_dead_letter(broker, service, record, reason)
-                    except Exception as failed:  # noqa: BLE001 - the consumer's rescue retries the dead letter
+                    except Exception as failed:  # the consumer's rescue retries the dead letter
                         raise DeadLetterFailed(reason) from failed
         finally:
             count.done(time.perf_counter() - started)
@@ -415,7 +415,7 @@ class Outlet:
     """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id."""
 
     def __init__(self, broker: KafkaBroker, topic: str, schema: type[BaseModel], description: str = "") -> None:
-        if (service := _service_of(broker)) in topology.names():  # a kernel test's own service is not declared
+        if (service := _service_of(broker)) in topology.names():  # a service outside the topology declares nothing
             topology.service(service).output(topic, schema)
         self._broker, self._topic = broker, topic_of(broker, topic)
         broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)

@@ -25,7 +25,7 @@ def one_line(text: str) -> str:
 class OneLineFormatter(logging.Formatter):
     """A formatter whose message part is always one line (see the module)."""
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+    def formatMessage(self, record: logging.LogRecord) -> str:  # logging's name
         record.message = one_line(record.message)
         return super().formatMessage(record)
 

@@ -208,7 +208,7 @@ _kafka: dict[str, KafkaMetrics] = {}
 
 
 def kafka_metrics(service: str) -> KafkaMetrics:
-    """The Kafka metrics of `service` in this process (one per service: tests run several)."""
+    """The Kafka metrics of `service` in this process (one per service: a process may run several)."""
     if service not in _kafka:
         _kafka[service] = KafkaMetrics(service)
     return _kafka[service]

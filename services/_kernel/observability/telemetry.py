@@ -144,7 +144,7 @@ def new_turn_ids() -> tuple[str, str, float]:
     """(trace id, turn span id, start time) of the turn the current message starts.
 
     Fixed by `consuming` for a message of a turn-starting topic (the request); fresh random
-    ones otherwise (a handler called outside the broker, in tests)."""
+    ones otherwise (a handler called outside the broker's message path)."""
     hop = _hop.get()
     if hop is not None and hop.new_turn is not None:
         return hop.new_turn
@@ -593,8 +593,8 @@ _tracers: dict[str, trace.Tracer] = {}
 
 def tracer(name: str = "roundtrip") -> trace.Tracer:
     """The process's tracer `name` (made once: a tracer per call showed in every service's profile,
-    docs/benchmarks.md "Figures the code points to"; before the provider is installed it is OpenTelemetry's proxy, which
-    follows the provider once there is one)."""
+    docs/decisions/message-path.md; before the provider is installed it is OpenTelemetry's proxy, which follows the
+    provider once there is one)."""
     if name not in _tracers:
         _tracers[name] = trace.get_tracer(name)
     return _tracers[name]

@@ -2,7 +2,7 @@
 
 Each concern is its own pydantic-settings class reading `ROUNDTRIP_<FIELD>` from the environment, so a part
 that needs only one concern can ask for only that one (`health.port_candidates` takes `TelemetrySettings`;
-`EmbeddedKafka.of` takes `EmbeddedDefaults`) and a test can build it alone (`LoopRules(max_steps=3)`).
+`EmbeddedKafka.of` takes `EmbeddedDefaults`) and any caller can build it alone (`LoopRules(max_steps=3)`).
 `roundtrip._kernel.settings.Settings` is all of them together. A field with `secret` in its json_schema_extra
 is never shown (`roundtrip config` masks it); a secret is a `SecretStr` (its repr, a dump or a log of the settings
 shows `**********`; the code that needs it calls `get_secret_value()`), and a settings error never repeats the
@@ -484,8 +484,8 @@ class TurnLedger(Concern):
         description=(
             "PostgreSQL connections each process keeps open to the ledger (the guard also to the conversation store), "
             "and no more: a statement that finds them all busy waits for one (an extra connection per statement cost "
-            "far more under load: docs/benchmarks.md, issue 23). The server's `max_connections` must cover every "
-            "replica's: guard 2x, model and executor 1x each, gateway 1"
+            "far more under load: docs/decisions/ledger-statements.md). The server's `max_connections` must cover "
+            "every replica's: guard 2x, model and executor 1x each, gateway 1"
         ),
     )
 

@@ -120,7 +120,7 @@ def warnings(settings: Settings, approvals: bool = False) -> list[str]:
 
 REFERENCE_INTRO = """# Configuration reference
 
-Generated from the settings classes (`roundtrip contracts` writes this page; a test fails when it drifts).
+Generated from the settings classes (`roundtrip contracts` writes this page: edit the settings, not the page).
 Environment variables (pydantic-settings, prefix `ROUNDTRIP_`), one group per concern; `roundtrip config` prints
 the effective values under the same headings, with every secret hidden (the API key, the Kafka passwords, the
 console's session key, the private signing keys (their ids are shown), any password in a URL). Secrets are read as

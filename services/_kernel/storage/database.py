@@ -41,7 +41,7 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
     connections kept open and no more: a statement that finds them all in use waits for one. An
     overflow connection (opened for one statement, closed after it) costs a server process, its
     authentication and the connection's prepared statements: under load, far more than the wait
-    (docs/benchmarks.md, issue 23)."""
+    (docs/decisions/ledger-statements.md)."""
     if is_sqlite(url):
         parsed = make_url(url).set(drivername="sqlite")
         path = parsed.database or ""

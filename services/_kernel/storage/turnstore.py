@@ -63,7 +63,7 @@ from roundtrip._kernel.storage.database import POOL_SIZE, T, make_engine
 log = logging.getLogger("roundtrip.fence")
 security = logging.getLogger("roundtrip.security")
 SQLITE_LOCK_WAIT_MS = 30_000  # how long a write that found the file locked waits for it, in a thread
-LOCKED_RETRY_S = (0.0005, 0.002)  # before that: tried again on the event loop after these pauses (docs/benchmarks.md)
+LOCKED_RETRY_S = (0.0005, 0.002)  # before that: tried again on the event loop after these pauses (a lock lasts ~0.1 ms)
 
 RUNNING, STUCK, ENDING, ENDED = "running", "stuck", "ending", "ended"
 AWAITING = "awaiting"  # a call waits for a person's decision: nothing may act, the stuck rule does not apply
@@ -135,7 +135,7 @@ approvals = Table(
 # The statements of the hot path (every step of every turn) are built once, with bind parameters:
 # SQLAlchemy then compiles each once and only binds values; building a statement per call (and an
 # IN list, rendered at every execution) cost several times what the statement itself costs on SQLite
-# (docs/benchmarks.md). Bind names start with `b_`: a column's own name is its value in the SET.
+# (docs/decisions/ledger-statements.md). Bind names start with `b_`: a column's own name is its value in the SET.
 IS_LIVE = or_(*(turns.c.status == status for status in LIVE))  # = status IN LIVE, compiled once
 BEFORE_DEADLINE = turns.c.deadline_at.is_(None) | (turns.c.deadline_at > bindparam("b_now"))
 AT_STEP = (turns.c.turn_id == bindparam("b_turn_id")) & (turns.c.step == bindparam("b_step"))
@@ -217,7 +217,7 @@ class TurnStore:
 
     On SQLite the statements run inline on the event loop through one connection the store keeps open
     (checking a pooled connection out and back in, with its reset, cost about as much as the statement;
-    docs/benchmarks.md); every call is its own transaction, begun and ended before `_run` returns, so a
+    docs/decisions/ledger-statements.md); every call is its own transaction, begun and ended before `_run` returns, so a
     read never holds on to an old snapshot."""
 
     STORE = LEDGER  # the line of migrations of its tables (services/_kernel/migrations)
@@ -264,7 +264,7 @@ class TurnStore:
         never held between two calls from Python (in a thread that waits for the GIL, that gap
         held the lock across a GIL hand-off and made the other processes' writes find it locked).
         On PostgreSQL the server commits it as it runs: one round trip instead of three (BEGIN, the
-        statement, COMMIT), on every step's claims and advance (docs/benchmarks.md, issue 23)."""
+        statement, COMMIT), on every step's claims and advance (docs/decisions/ledger-statements.md)."""
         if isinstance(self.engine, AsyncEngine):
             if single and self._autocommit is not None:  # one statement: autocommit, one round trip, not three
                 async with self._autocommit.connect() as conn:

@@ -2,8 +2,8 @@
 
 The transport is aiohttp's (httpx-aiohttp): httpx's own pool walks every pooled connection on
 each request and response, which with many calls in flight costs more than the rest of the
-call (docs/benchmarks.md, "Figures the code points to"). Tests pass their own transport
-(httpx.ASGITransport, MockTransport).
+call (docs/decisions/http-clients.md). `transport` replaces it (httpx.ASGITransport: the shop app in the same
+process).
 
 Every customer call takes the principal explicitly and sends it as `X-Customer-Id`.
 Lookups return None on 404 (missing and not-yours look the same). Failures raise:

@@ -2,8 +2,8 @@
 then says what came back (the result, or the error) and ends the turn. A tool the request does not offer it
 declines to call, as a model would.
 
-It plays any agent's tools, not only the shop's (tests of an agent's own or MCP tools use it): what to call is
-written by the test, so a test can send a valid call, an invalid one or one naming another customer's entity.
+It plays any agent's tools, not only the shop's (an agent's own, or an MCP server's): what to call is written by
+the caller, who can so send a valid call, an invalid one or one naming another customer's entity.
 """
 
 from __future__ import annotations

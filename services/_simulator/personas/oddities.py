@@ -1,4 +1,4 @@
-"""Personas for the rarer stop reasons, to test how the fleet ends a turn.
+"""Personas for the rarer stop reasons, each of which the fleet must end a turn on.
 
 refusing: stop_reason "refusal" with no content.
 terse:    one short sentence; stop_reason "stop_sequence" (the request's first stop sequence)

@@ -1,4 +1,4 @@
-"""Personas whose tool input no event could carry, to test the fleet's size policy.
+"""Personas whose tool input no event could carry, which the fleet's size policy must refuse.
 
 bloated: search_help_center with a query of about 600 kB (needs a large max_tokens, as a real
          model would: ROUNDTRIP_MAX_TOKENS=200000)

@@ -1,4 +1,4 @@
-"""The index the sweeper deletes ended turns by, oldest first, after ROUNDTRIP_LEDGER_RETENTION_S (issue 31).
+"""The index the sweeper deletes ended turns by, oldest first, after ROUNDTRIP_LEDGER_RETENTION_S.
 
 On PostgreSQL the index is built by a plain CREATE INDEX, which holds writes to `turns` while it builds: seconds
 for millions of rows. On a ledger too large for that, build it first by hand with
