@@ -1,6 +1,8 @@
 """The console service: the web page (services/_console/web.py, served by uvicorn on ROUNDTRIP_CONSOLE_PORT) where
 people decide held calls and watch turns, and its two outlets: turn.approval_decisions (each decision signed here with
-the first decision key) and turn.control (the cancel `roundtrip turns cancel` sends).
+the first decision key) and turn.control (the cancel `roundtrip turns cancel` sends); and the dead letters
+(services/_console/letters.py): read from roundtrip.dead_letters, re-driven to their source topics, each re-drive or
+discard recorded on roundtrip.dead_letters.handled.
 
 It is a service like the others to `roundtrip run`: a FastStream app whose broker holds the outlets (no subscription:
 what waits and what ended is read from the turn ledger), with the health endpoint of every service. The web server
@@ -17,12 +19,14 @@ from collections.abc import Iterator
 import uvicorn
 from faststream import FastStream
 
+from roundtrip._console import letter_pages
 from roundtrip._console.books import Books
+from roundtrip._console.letters import Letters, raw_sender
 from roundtrip._console.web import Console, application
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn
+from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn, DeadLetterHandled
 from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.console")
@@ -43,10 +47,12 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     books = Books(
         settings.ledger_db_url, settings.conversations_db_url
     )  # the ledger, opened read-only when first read (services/_console/books.py)
+    handled = Outlet(broker, topics.DEAD_LETTERS_HANDLED, DeadLetterHandled, "A dead letter re-driven or discarded")
+    dead_letters = Letters(settings, handled, raw_sender(broker))  # read from Kafka when a page first asks
     console = Console(settings, books, decisions, cancels)
     app = service_app(broker, log)
     config = uvicorn.Config(
-        application(console),
+        application(console, letter_pages.routes(console, dead_letters)),
         host=settings.listen_host,
         port=settings.console_port,
         log_level="warning",
@@ -77,6 +83,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             with contextlib.suppress(Exception):
                 await running[0]
         await books.close()
+        await dead_letters.close()
 
     app.on_startup(refuse_insecure)
     app.after_startup(serve)

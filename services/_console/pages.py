@@ -102,7 +102,8 @@ def page(title: str, body: str, identity: Identity | None) -> str:
         f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)} · roundtrip console</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="stylesheet" href="/static/console.css"></head><body>'
-        f'<header><strong>roundtrip console</strong><a href="/approvals">Approvals</a><a href="/turns">Turns</a>{who}'
+        f'<header><strong>roundtrip console</strong><a href="/approvals">Approvals</a><a href="/turns">Turns</a>'
+        f'<a href="/dead-letters">Dead letters</a>{who}'
         f'</header><main><div id="offline" class="notice bad" hidden>The console cannot reach its server; '
         f"what you see may be out of date.</div>{body}</main><script src='/static/console.js'></script></body></html>"
     )

@@ -6,6 +6,7 @@
     GET  /turns/{id}                     a turn as a timeline: per step the model call, each call's verdict, result
                                          and time, the approvals, the guard's ending; live while it runs
     POST /turns/{id}/cancel              the same CancelTurn `roundtrip turns cancel` sends (approvers; CSRF token)
+    /dead-letters                        the dead letters, re-drive and discard: services/_console/letter_pages.py
     GET  .../live                        the refreshed part of a page (what its script asks for)
 
 Every change is written to the audit log (logger `roundtrip.audit`: who, what, when, from where) and on a span in the
@@ -20,7 +21,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -28,7 +29,7 @@ from pydantic import BaseModel
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from roundtrip._console import desk, pages, timeline
 from roundtrip._console.auth import CSRF_COOKIE, CSRF_FIELD, Gatekeeper, Identity, NotSignedIn
@@ -378,7 +379,8 @@ def _static(body: str, media_type: str) -> Callable[[Request], Awaitable[Respons
     return serve
 
 
-def application(console: Console) -> Starlette:
+def application(console: Console, more: Sequence[BaseRoute] = ()) -> Starlette:
+    """The console's routes, and `more` of its other pages (the dead letters': services/_console/letter_pages.py)."""
     routes = [
         Route("/static/console.css", _static(pages.STYLE, "text/css")),
         Route("/static/console.js", _static(pages.SCRIPT, "text/javascript")),
@@ -392,4 +394,4 @@ def application(console: Console) -> Starlette:
         Route("/turns/{turn_id}/live", console.turn_live),
         Route("/turns/{turn_id}/cancel", console.cancel, methods=["POST"]),
     ]
-    return Starlette(routes=routes, exception_handlers={Answer: console.answer})
+    return Starlette(routes=[*routes, *more], exception_handlers={Answer: console.answer})

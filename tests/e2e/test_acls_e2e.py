@@ -1,7 +1,8 @@
 """Least privilege on a real cluster (issue 20): each service runs as its own SCRAM principal, on a broker whose
 StandardAuthorizer denies whatever no ACL allows, with exactly the ACLs `roundtrip acls --apply` derives from the
-topology; turns of the user's app (its own principal, its own consumer group) get their replies, and the
-executor's principal is refused when it writes a signed batch to turn.tool_batches or reads support.requests.
+topology; turns of the user's app (its own principal, its own consumer group) get their replies, the console reads,
+re-drives and records a dead letter as its own principal, and the executor's principal is refused when it writes a
+signed batch to turn.tool_batches or reads support.requests.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -116,6 +118,40 @@ async def ask(bootstrap: str, texts: list[str]) -> dict[str, SupportReply]:
     raise AssertionError("unreachable")
 
 
+async def console_redrives_a_dead_letter(bootstrap: str, port: str) -> tuple[int, int]:
+    """As the console's principal: a malformed request the app published is dead-lettered by the gateway; the console
+    reads it (roundtrip.dead_letters, no group), re-drives it (roundtrip.dead_letters.handled, then support.requests:
+    the gateway dead-letters it again) and refuses a second re-drive. Returns the two posts' statuses."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-app"))
+    await producer.start()
+    try:
+        await producer.send_and_wait(PREFIX + topics.SUPPORT_REQUESTS, b"not json", key=b"conv_acl_junk")
+    finally:
+        await producer.stop()
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=15) as http, asyncio.timeout(60):
+
+        async def waiting() -> list[str]:
+            return re.findall(
+                r'data-letter="([^"]+)" data-state="waiting"', (await http.get("/dead-letters/live")).text
+            )
+
+        while not (letters := await waiting()):
+            await asyncio.sleep(0.5)  # poll interval: the gateway dead-lettering the record
+        page = await http.get("/dead-letters")
+        token = re.search(r"roundtrip_csrf=([^;]+)", page.headers["set-cookie"]).group(1)  # a Secure cookie
+        statuses = []
+        for _ in range(2):
+            answer = await http.post(
+                f"/dead-letters/{letters[0]}/redrive",
+                data={"csrf": token},
+                headers={"Cookie": f"roundtrip_csrf={token}"},
+            )
+            statuses.append(answer.status_code)
+        while letters[0] in (again := await waiting()) or not again:  # the re-driven record, dead-lettered again
+            await asyncio.sleep(0.5)
+    return statuses[0], statuses[1]
+
+
 async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | None, dict, dict[str, int]]:
     """As the executor's principal: forge a batch on turn.tool_batches; read the customers' requests (from the start,
     in its own group); ask the cluster about both topics. Returns the send's error, what was read, and the error
@@ -192,6 +228,9 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
 
         replies = await ask(bootstrap, ["where is my order?", "where is my order?"])
         assert [r.outcome for r in replies.values()] == ["end_turn", "end_turn"], replies
+
+        redriven = await console_redrives_a_dead_letter(bootstrap, env["ROUNDTRIP_CONSOLE_PORT"])
+        assert redriven == (303, 409), redriven
 
         forged, read, described = await executor_overreaches(bootstrap)
         assert forged is TopicAuthorizationFailedError  # it cannot write a batch for itself to run

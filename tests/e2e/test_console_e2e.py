@@ -11,6 +11,7 @@ left to a hidden button. The screenshots of docs/console.md are taken here.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import time
@@ -314,3 +315,109 @@ async def test_an_approver_cancels_a_waiting_turn_from_its_page(
     http, token = _signed_in(settings, APPROVER)
     late = _post(http, f"/approvals/{request['approval_id']}/decide", token, {"csrf": token, "decision": "approve"})
     assert late.status_code == 409 and "its turn is ended (cancelled)" in late.text, late.text
+
+
+HOSTILE = b'<script>window.pwned=1</script><img src=x onerror="window.pwned=2"> is no support request'
+HOSTILE_KEY = b'<img src=x onerror="window.pwned=3">'
+
+
+def _letter(driver, contains: str):
+    """The card of the waiting dead letter whose text contains `contains` (None until the page shows it)."""
+    from selenium.webdriver.common.by import By
+
+    found = [
+        card
+        for card in driver.find_elements(By.CSS_SELECTOR, '[data-letter][data-state="waiting"]')
+        if contains in card.text
+    ]
+    return found[0] if found else None
+
+
+async def test_a_dead_letter_is_re_driven_once_the_turn_answered_once_and_another_discarded(
+    signed, browser, client, fleet, fleet_settings
+):
+    """The gate's batch key was rotated before the executors knew the new one: the turn's first batch is refused and
+    dead-lettered (a transient reason). Once the executors have the key, an approver re-drives the dead letter from
+    the console: the batch runs once, the turn is answered once, and a second re-drive (after a console restart, too)
+    is refused. A malformed request carrying markup is shown as text and discarded."""
+    from selenium.webdriver.common.by import By
+
+    from tests.signing import key_settings
+
+    settings = fleet_settings[0]
+    async with fleet.reconfigured(("executor",), batch_verify_keys=key_settings("rot9")["batch_verify_keys"]):
+        request_id = await client.ask("what are my orders?", customer="cus_1001", persona="careful")
+        (refused,) = await client.wait_for(
+            lambda: [
+                d for d in client.seen[topics.DEAD_LETTERS] if d["service"] == "executor" and request_id in d["payload"]
+            ],
+            timeout=60,
+        )
+        await client.publish_raw(HOSTILE, key=HOSTILE_KEY)
+        await client.wait_for(
+            lambda: [d for d in client.seen[topics.DEAD_LETTERS] if d["key"] == HOSTILE_KEY.decode()], timeout=60
+        )
+    assert "unknown key id" in refused["reason"] and not client.replies.get(request_id)
+    batch = json.loads(refused["payload"])
+    conversation = refused["key"]
+
+    await asyncio.to_thread(browser.get, _url(settings, "/dead-letters"))
+    card = await asyncio.to_thread(_wait, browser, lambda d: _letter(d, conversation))
+    letter_id = card.get_attribute("data-letter")
+    text = card.text
+    assert topics.TOOL_BATCHES in text and "executor" in text and "unknown key id" in text, text
+    junk = await asyncio.to_thread(_wait, browser, lambda d: _letter(d, "is no support request"))
+    junk_id = junk.get_attribute("data-letter")
+    # the hostile record and key are text: no element, no script came of them
+    assert "<script>window.pwned=1</script>" in junk.find_element(By.CSS_SELECTOR, "pre.record").text
+    assert HOSTILE_KEY.decode() in junk.text
+    assert not browser.find_elements(By.CSS_SELECTOR, "main img, main script")
+    assert browser.execute_script("return window.pwned === undefined")
+    reasons = browser.find_element(By.CSS_SELECTOR, "table.reasons").text
+    assert "malformed JSON" in reasons, reasons
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SHOTS / "console-dead-letters.png"))
+
+    viewer, viewer_token = _signed_in(settings, VIEWER)
+    assert "You may look, not re-drive or discard (viewer)" in viewer.get("/dead-letters/live").text
+    refused_viewer = _post(viewer, f"/dead-letters/{letter_id}/redrive", viewer_token, {"csrf": viewer_token})
+    assert refused_viewer.status_code == 403 and "vic@example.com is a viewer" in refused_viewer.text
+    approver, token = _signed_in(settings, APPROVER)
+    forged = _post(approver, f"/dead-letters/{letter_id}/redrive", token, {"csrf": "forged.0000"})
+    assert forged.status_code == 403 and "CSRF token" in forged.text
+
+    card = _letter(browser, conversation)  # as the page shows it now (it swaps in a fresh list when one changed)
+    card.find_element(By.NAME, "reason").send_keys("executors have the rotated key now")
+    card.find_element(By.CSS_SELECTOR, "button.redrive").click()
+    await asyncio.to_thread(_wait, browser, lambda d: f"dead letter {letter_id} re-driven to" in d.page_source)
+    reply = await client.reply(request_id)
+    assert reply.outcome is Outcome.END_TURN, reply
+
+    await fleet.restart("console")  # what was handled is read back from Kafka
+    approver, token = _signed_in(settings, APPROVER)
+    again = _post(approver, f"/dead-letters/{letter_id}/redrive", token, {"csrf": token})
+    assert again.status_code == 409, again.text
+    assert f"dead letter {letter_id} was already re-driven by alice@example.com" in again.text
+
+    await asyncio.to_thread(browser.get, _url(settings, "/dead-letters"))
+    junk = await asyncio.to_thread(_wait, browser, lambda d: _letter(d, "is no support request"))
+    junk.find_element(By.NAME, "reason").send_keys("junk from a test producer")
+    junk.find_element(By.CSS_SELECTOR, "button.discard").click()
+    discarded = f"dead letter {junk_id} discarded by alice@example.com"
+    await asyncio.to_thread(_wait, browser, lambda d: discarded in d.page_source)
+    late = _post(approver, f"/dead-letters/{junk_id}/redrive", token, {"csrf": token})
+    assert late.status_code == 409 and "was already discarded by alice@example.com" in late.text, late.text
+
+    await client.settled()
+    assert len(client.replies[request_id]) == 1  # answered once
+    copies = [b for b in client.of_turn(topics.TOOL_BATCHES, request_id) if b["step"] == batch["step"]]
+    assert len(copies) == 2 and copies[0] == copies[1]  # the refused batch and its re-drive, the same record
+    # the executor's model call after the batch, made once
+    assert len([c for c in client.of_turn(topics.MODEL_CALLS, request_id) if c["step"] == batch["step"]]) == 1
+    for call in batch["calls"]:
+        ran = await _spans(settings, reply.trace_id, f"execute_tool {call['name']}")
+        assert len(ran) == 1, call  # the batch ran once
+    log = (fleet.sync.logs / "console.log").read_text()
+    assert 'redrive dead letter by="alice@example.com" role=approver via=token' in log
+    assert f'letter="{letter_id}"' in log and f'letter="{junk_id}"' in log
+    assert 'discard dead letter by="alice@example.com"' in log and 'refused redrive dead letter by="alice' in log

@@ -39,12 +39,26 @@ def test_every_declared_input_and_output_is_granted_to_its_service_only() -> Non
         for t in service.outputs:
             assert _allowed(mine, "topic", "acme." + t, "Write")
         read = {a.name for a in mine if a.kind == "topic" and "Read" in a.operations}
-        expected = {"acme." + i.topic for i in service.inputs} | (
+        expected = {"acme." + t for t in (*(i.topic for i in service.inputs), *service.reads)} | (
             {"acme." + topics.SUPPORT_REPLIES} if service.name == "gateway" else set()
         )
         assert read == expected
         written = {a.name for a in mine if a.kind == "topic" and "Write" in a.operations}
-        assert written == {"acme." + t for t in (*service.outputs, topics.DEAD_LETTERS)}
+        redriven = topology.redrive_topics() if service.redrives else ()
+        assert written == {"acme." + t for t in (*service.outputs, topics.DEAD_LETTERS, *redriven)}
+
+
+def test_the_console_reads_the_dead_letters_and_re_drives_only_to_topics_the_fleet_consumes() -> None:
+    console = acls.derive(prefix="acme.")["console"]
+    for read in (topics.DEAD_LETTERS, topics.DEAD_LETTERS_HANDLED):
+        assert _allowed(console, "topic", "acme." + read, "Read")
+    assert _allowed(console, "topic", "acme." + topics.DEAD_LETTERS_HANDLED, "Write")
+    for source in (topics.SUPPORT_REQUESTS, topics.TOOL_BATCHES, topics.MODEL_CALLS, topics.APPROVAL_DECISIONS):
+        assert _allowed(console, "topic", "acme." + source, "Write")
+    for never in (topics.SUPPORT_REPLIES, topics.SUPPORT_STATUS, topics.TURN_EVENTS):  # no service consumes them
+        assert not _allowed(console, "topic", "acme." + never, "Write")
+    assert not any(a.kind == "group" for a in console)  # it reads with no consumer group
+    assert not _allowed(console, "topic", "acme." + topics.TOOL_BATCHES, "Read")
 
 
 def test_the_gateway_owns_its_transactional_ids_by_prefix() -> None:

@@ -119,3 +119,14 @@ def test_every_topic_is_one_of_the_declared_names_and_the_ledger_sharers_are_dec
     }
     with pytest.raises(LookupError, match="the fleet's services are gateway, model, guard, gate, executor, console"):
         topology.service("nosuch")
+
+
+def test_dead_letters_are_re_driven_only_to_consumed_topics_and_their_handling_is_one_ordered_topic():
+    consumed = {i.topic for s in topology.SERVICES for i in s.inputs}
+    assert set(topology.redrive_topics()) == consumed and topics.SUPPORT_REPLIES not in consumed
+    assert [s.name for s in topology.SERVICES if s.redrives] == ["console"]
+    assert topics.DEAD_LETTERS_HANDLED in topology.topic_names()
+    counts = desired_topics("p.", 6)
+    assert counts["p." + topics.DEAD_LETTERS_HANDLED] == 1  # one order of claims: the first claim of a letter wins
+    for name in topology.service("console").reads:
+        assert name in topology.topic_names()

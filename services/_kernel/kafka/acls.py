@@ -4,6 +4,8 @@ Each service runs as its own principal (`User:roundtrip-<service>` unless told o
 
 * for every input: Read and Describe on its topic, Read on its consumer group (`<prefix>roundtrip-<service>...`);
 * for every output and the dead letters: Write and Describe on the topic, IdempotentWrite on the cluster;
+* for every topic it reads without a group (`reads`: the console, the dead letters and which were handled): Read and
+  Describe; a service that re-drives dead letters (the console): Write and Describe on every topic a service consumes;
 * the gateway also: Read and Describe on `support.replies` (it reads which turns were answered, with no group)
   and Write and Describe on its transactional ids (`<prefix>roundtrip-gateway-` prefixed: one per replica);
 * the guard also: DescribeConfigs and Describe on `support.requests` (its ledger's retention must outlast the topic's
@@ -79,6 +81,9 @@ def for_service(service: topology.Service, prefix: str = "", principal: str = DE
     acls = [_topic(who, i.topic, prefix, "Read") for i in service.inputs]
     acls += [Acl(who, "group", i.group(service.name, prefix), ("Read",)) for i in service.inputs]
     acls += [_topic(who, t, prefix, "Write") for t in (*service.outputs, topics.DEAD_LETTERS)]
+    acls += [_topic(who, t, prefix, "Read") for t in service.reads]
+    if service.redrives:
+        acls += [_topic(who, t, prefix, "Write") for t in topology.redrive_topics()]
     acls.append(Acl(who, "cluster", "kafka-cluster", ("IdempotentWrite",)))
     if service.name == "gateway":
         acls.append(_topic(who, topics.SUPPORT_REPLIES, prefix, "Read"))

@@ -60,7 +60,7 @@ def desired_topics(prefix: str, partitions: int, executor_partitions: int | None
     for name in topology.topic_names():
         if name == topics.TOOL_BATCHES:
             n = executor_partitions or partitions
-        elif name == topics.DEAD_LETTERS:
+        elif name in (topics.DEAD_LETTERS, topics.DEAD_LETTERS_HANDLED):  # one order: the first claim of a letter wins
             n = DEAD_LETTER_PARTITIONS
         else:
             n = partitions

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, field_validator
 
@@ -466,6 +466,20 @@ class DeadLettered(Message):
     offset: int | None = None
 
 
+class DeadLetterHandled(Message):
+    """Event: a person re-drove or discarded a dead letter in the console, or a console released its claim on one (the
+    re-drive could not be published). Keyed by the letter's id; every console replica reads the topic from its start:
+    the first claim of a letter wins, and only a release of that very claim frees the letter again."""
+
+    letter_id: str = Field(description="The dead letter's place on roundtrip.dead_letters: '<partition>-<offset>'")
+    action: Literal["redrive", "discard", "release"]
+    claim: str = Field(description="The id of the claim this record makes (or, for a release, frees)")
+    by: str = Field("", description="The signed-in person who re-drove or discarded it")
+    at: float = Field(description="When, epoch seconds")
+    note: str = Field("", description="Their reason")
+    topic: str = Field("", description="Where a re-drive published the original record (its source topic)")
+
+
 PUBLIC = (SupportRequest, SupportReply, SupportStatus, StreamedText)
 INTERNAL = (
     StartTurn,
@@ -477,6 +491,7 @@ INTERNAL = (
     TurnEnded,
     TurnFlagged,
     DeadLettered,
+    DeadLetterHandled,
     ApprovalRequested,
     ApprovalDecided,
 )

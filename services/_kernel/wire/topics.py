@@ -17,6 +17,7 @@ TOOL_BATCHES = "turn.tool_batches"  # ExecuteToolBatch (signed): gate -> executo
 OUTCOMES = "turn.outcomes"  # TurnEnded: guard -> gateway
 TURN_EVENTS = "turn.events"  # TurnFlagged (stuck turns): guard -> operators
 DEAD_LETTERS = "roundtrip.dead_letters"  # DeadLettered: any service
+DEAD_LETTERS_HANDLED = "roundtrip.dead_letters.handled"  # DeadLetterHandled: console -> console (all its replicas)
 APPROVAL_REQUESTS = "turn.approval_requests"  # ApprovalRequested: executor -> guard and operators
 APPROVAL_DECISIONS = "turn.approval_decisions"  # ApprovalDecided (signed): people, any Kafka client -> guard
 

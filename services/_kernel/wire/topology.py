@@ -63,6 +63,11 @@ class Service:
     accepts_decisions: bool = False
     # signs people's ApprovalDecided for them: holds the private ROUNDTRIP_DECISION_SIGNING_KEY (the console)
     signs_decisions: bool = False
+    # topics it reads without a consumer group (partitions assigned, read from their start or near their end)
+    reads: tuple[str, ...] = ()
+    # re-drives dead letters: publishes a dead letter's original record, unchanged, to its source topic, which may be
+    # any topic a service of the fleet consumes (`redrive_topics()`)
+    redrives: bool = False
     app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
 
     @property
@@ -160,7 +165,14 @@ SERVICES: tuple[Service, ...] = (
         "console",
         "the web page where people decide held calls and watch turns (services/_console/)",
         inputs=(),  # it reads the ledger, not a topic: what waits and what ended is recorded there
-        outputs={topics.APPROVAL_DECISIONS: events.ApprovalDecided, topics.TURN_CONTROLS: events.CancelTurn},
+        outputs={
+            topics.APPROVAL_DECISIONS: events.ApprovalDecided,
+            topics.TURN_CONTROLS: events.CancelTurn,
+            topics.DEAD_LETTERS_HANDLED: events.DeadLetterHandled,  # the dead letters re-driven or discarded
+        },
+        # the dead letters to show, and which of them were handled (by any replica, before any restart)
+        reads=(topics.DEAD_LETTERS, topics.DEAD_LETTERS_HANDLED),
+        redrives=True,  # an approver re-drives a dead letter to its source topic (services/_console/letters.py)
         shares_ledger=True,  # reads it: the approvals that wait, the turns
         signs_decisions=True,  # signs each decision with the decision signing key; the browser never sees it
     ),
@@ -194,6 +206,12 @@ def find_group(name: str, prefix: str = "") -> str | None:
     (`executor`, `roundtrip-executor` and `prod.roundtrip-executor` in the fleet of prefix `prod.`); None if none."""
     known = groups(prefix)
     return next((g for g in (name, prefix + name, f"{prefix}roundtrip-{name}") if g in known), None)
+
+
+def redrive_topics() -> tuple[str, ...]:
+    """The topics a dead letter may be re-driven to: each topic a service of the fleet consumes (a dead letter names
+    the topic its record came from; no other topic is ever written from one)."""
+    return tuple(dict.fromkeys(i.topic for s in SERVICES for i in s.inputs))
 
 
 def topic_names() -> tuple[str, ...]:

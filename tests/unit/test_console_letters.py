@@ -1,0 +1,223 @@
+"""Dead letters in the console (services/_console/letters.py), over an in-memory log of roundtrip.dead_letters and
+roundtrip.dead_letters.handled in the order Kafka keeps them: a dead letter is re-driven to its source topic once and as
+it was (value, key, headers), a second re-drive is refused here, by another replica and after a restart; the first
+claim wins a race and the loser sends nothing; a re-drive Kafka did not take waits again; only a topic the fleet
+consumes is written; what a dead letter carries is shown as text. The real broker and browser: tests/e2e/
+test_console_e2e.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from roundtrip._console import letter_pages, letters
+from roundtrip._console.auth import Identity
+from roundtrip._console.books import Books
+from roundtrip._console.letters import Letters
+from roundtrip._console.web import Console, application
+from roundtrip._kernel.kafka.messaging import dead_letter_of
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import DeadLetterHandled
+
+ME = "tester@unit"
+BATCH = b'{"turn": {"turn_id": "turn_1"}, "step": 1, "calls": []}'
+HEADERS = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), ("raw", b"\xff\x00")]
+
+
+class Log:
+    """Both topics as Kafka keeps them (one partition each), shared by every console reading them."""
+
+    def __init__(self) -> None:
+        self.dead: list[bytes] = []
+        self.handled: list[bytes] = []
+        self.redriven: list[tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]] = []
+        self.away = False  # Kafka takes no re-drive
+        self.rival: str | None = None  # another replica's claim lands just before the next one
+
+    def dead_letter(self, topic: str, value: bytes, key: bytes | None, reason: str, headers=HEADERS) -> str:
+        record = SimpleNamespace(topic=topic, partition=2, offset=40 + len(self.dead), value=value, key=key)
+        record.headers = headers
+        self.dead.append(dead_letter_of("executor", record, reason).model_dump_json().encode())
+        return letters.letter_id(0, len(self.dead) - 1)
+
+
+class Shelf(Letters):
+    """Letters reading `log` instead of Kafka."""
+
+    def __init__(self, settings: Settings, log: Log) -> None:
+        super().__init__(settings, self._claim, self._redrive)
+        self.log, self.read = log, [0, 0]
+
+    async def _claim(self, message, key: str) -> None:
+        if self.log.rival and message.action != letters.RELEASE:
+            rival = message.model_copy(update={"claim": uuid.uuid4().hex, "by": self.log.rival})
+            self.log.handled.append(rival.model_dump_json().encode())
+            self.log.rival = None
+        assert key == message.letter_id  # keyed by the letter
+        self.log.handled.append(message.model_dump_json().encode())
+
+    async def _redrive(self, topic, value, key, headers) -> None:
+        if self.log.away:
+            raise ConnectionError("Kafka is away")
+        self.log.redriven.append((topic, value, key, headers))
+
+    async def _read_to_end(self) -> None:
+        for i in range(self.read[0], len(self.log.dead)):
+            self._take(self.dead_topic, SimpleNamespace(partition=0, offset=i, timestamp=1e12, value=self.log.dead[i]))
+        for i in range(self.read[1], len(self.log.handled)):
+            self._take(self.handled_topic, SimpleNamespace(partition=0, offset=i, value=self.log.handled[i]))
+        self.read = [len(self.log.dead), len(self.log.handled)]
+
+
+def settings() -> Settings:
+    return Settings(_env_file=None, env="development", console_local_user=ME, console_secure_cookies=False)
+
+
+async def signed_in(log: Log) -> tuple[httpx.AsyncClient, str]:
+    """A console (a new replica, or one just restarted: it reads the log from the start) and its CSRF token."""
+    s = settings()
+    console = Console(s, Books("sqlite+aiosqlite:///nowhere/ledger.db"), _never, _never)
+    app = application(console, letter_pages.routes(console, Shelf(s, log)))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
+    page = await http.get("/dead-letters")
+    assert page.status_code == 200, page.text
+    return http, http.cookies["roundtrip_csrf"]
+
+
+async def _never(message, key) -> None:
+    raise AssertionError("no decision or cancel is sent from the dead letters")
+
+
+@pytest.fixture
+def log() -> Log:
+    return Log()
+
+
+async def test_a_dead_letter_is_re_driven_once_to_its_topic_as_it_was(log, caplog):
+    caplog.set_level(logging.INFO, logger="roundtrip.audit")
+    wanted = log.dead_letter(topics.TOOL_BATCHES, BATCH, b"conv_1", "SignatureInvalid: unknown key id 'k2'")
+    http, token = await signed_in(log)
+    page = (await http.get("/dead-letters/live")).text
+    assert f'data-letter="{wanted}"' in page and "unknown key id" in page and "conv_1" in page
+    assert "turn.tool_batches" in page and "traceparent" in page and "Re-drive" in page
+    assert "<td>SignatureInvalid</td><td>1</td><td>0</td>" in page  # counted per reason
+
+    answer = await http.post(f"/dead-letters/{wanted}/redrive", data={"csrf": token, "reason": "keys fixed"})
+    assert answer.status_code == 303
+    assert (
+        f"dead letter {wanted} re-driven to turn.tool_batches by {ME}"
+        in (await http.get(answer.headers["location"])).text
+    )
+    assert log.redriven == [(topics.TOOL_BATCHES, BATCH, b"conv_1", HEADERS)]  # the record as it was
+    assert "<td>SignatureInvalid</td><td>0</td><td>1</td>" in (await http.get("/dead-letters/live")).text
+
+    again = await http.post(f"/dead-letters/{wanted}/redrive", data={"csrf": token})
+    assert again.status_code == 409 and f"dead letter {wanted} was already re-driven by {ME}" in again.text
+    other, other_token = await signed_in(log)  # another replica, or this one restarted
+    assert (await other.post(f"/dead-letters/{wanted}/discard", data={"csrf": other_token})).status_code == 409
+    assert len(log.redriven) == 1
+    audit = caplog.text
+    assert f'redrive dead letter by="{ME}" role=approver via=local' in audit and '"keys fixed"' in audit
+    assert 'refused discard dead letter by="tester@unit"' in audit
+
+
+async def test_the_first_claim_wins_and_the_other_console_sends_nothing(log):
+    wanted = log.dead_letter(topics.TOOL_BATCHES, BATCH, b"conv_1", "SignatureInvalid: unknown key id 'k2'")
+    http, token = await signed_in(log)
+    log.rival = "bob@replica-2"
+    answer = await http.post(f"/dead-letters/{wanted}/redrive", data={"csrf": token})
+    assert answer.status_code == 409 and "already re-driven by bob@replica-2" in answer.text
+    assert not log.redriven
+
+
+async def test_a_re_drive_kafka_did_not_take_is_released_and_waits_again(log):
+    wanted = log.dead_letter(topics.SUPPORT_REQUESTS, b'{"request_id": "r"}', b"conv_9", "RuntimeError: boom")
+    http, token = await signed_in(log)
+    log.away = True
+    answer = await http.post(f"/dead-letters/{wanted}/redrive", data={"csrf": token})
+    assert answer.status_code == 503 and "it waits again" in answer.text
+    assert [json.loads(r)["action"] for r in log.handled] == ["redrive", "release"]
+    assert 'data-state="waiting"' in (await http.get("/dead-letters/live")).text
+    log.away = False
+    assert (await http.post(f"/dead-letters/{wanted}/redrive", data={"csrf": token})).status_code == 303
+    assert len(log.redriven) == 1
+
+
+async def test_only_a_topic_the_fleet_consumes_is_written_and_anything_can_be_discarded(log):
+    elsewhere = log.dead_letter("payments.ledger", b"{}", b"k", "RuntimeError: boom")
+    log.dead.append(b"\xffnot a dead letter")
+    unreadable = letters.letter_id(0, len(log.dead) - 1)
+    http, token = await signed_in(log)
+    page = (await http.get("/dead-letters/live")).text
+    assert "no service of this fleet consumes" in page and "formaction" not in page  # no re-drive offered
+    refused = await http.post(f"/dead-letters/{elsewhere}/redrive", data={"csrf": token})
+    assert refused.status_code == 409 and "it can only be discarded" in refused.text
+    assert (await http.post(f"/dead-letters/{unreadable}/redrive", data={"csrf": token})).status_code == 409
+    for wanted in (elsewhere, unreadable):
+        assert (await http.post(f"/dead-letters/{wanted}/discard", data={"csrf": token})).status_code == 303
+    assert not log.redriven
+    assert (await http.post("/dead-letters/0-999/discard", data={"csrf": token})).status_code == 404
+    forged = await http.post(f"/dead-letters/{elsewhere}/discard", data={"csrf": "forged.0"})
+    assert forged.status_code == 403
+
+
+async def test_kafka_away_is_said_on_the_page_and_nothing_is_done(log):
+    class Away(Shelf):
+        async def _read_to_end(self) -> None:
+            raise ConnectionError("no broker")
+
+    s = settings()
+    console = Console(s, Books("sqlite+aiosqlite:///nowhere/ledger.db"), _never, _never)
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=application(console, letter_pages.routes(console, Away(s, log)))),
+        base_url="http://testserver",
+    )
+    page = await http.get("/dead-letters")
+    assert page.status_code == 200 and "cannot be read from Kafka" in page.text
+    answer = await http.post("/dead-letters/0-0/redrive", data={"csrf": http.cookies["roundtrip_csrf"]})
+    assert answer.status_code == 503 and "nothing done" in answer.text
+
+
+def test_what_a_dead_letter_carries_is_shown_as_text(log):
+    hostile = '<script>alert(1)</script><img src=x onerror="alert(2)">'
+    log.dead_letter(f"{hostile}.topic", hostile.encode(), hostile.encode(), f"schema violation: {hostile}")
+    item = letters.parse_letter(0, 0, 1_000, log.dead[0])
+    handling = DeadLetterHandled(letter_id=item.id, action="discard", claim="c", by=hostile, at=1.0, note=hostile)
+    me = Identity(ME, "approver", "local")
+    shown = letter_pages.letter_card(item, None, me, "tok", 10.0, None) + letter_pages.letter_card(
+        item, handling, me, "t", 10.0, None
+    )
+    shown += letter_pages.dead_letters([], [(letters.kind_of(hostile), 1, 0)], "v", hostile)
+    assert not re.search(r"<(script|img)", shown, re.I) and "&lt;script&gt;" in shown and "&lt;img" in shown
+
+
+def test_the_first_claim_of_a_letter_wins_until_it_is_released():
+    def record(action: str, claim: str, letter: str = "0-1") -> DeadLetterHandled:
+        return DeadLetterHandled(letter_id=letter, action=action, claim=claim, by=claim, at=1.0)
+
+    handled: dict[str, DeadLetterHandled] = {}
+    for r in (record("redrive", "a"), record("discard", "b"), record("release", "b"), record("discard", "c", "0-2")):
+        letters.apply(handled, r)
+    assert handled["0-1"].claim == "a" and handled["0-2"].claim == "c"  # b lost, and its release freed nothing
+    letters.apply(handled, record("release", "a"))
+    letters.apply(handled, record("discard", "d"))
+    assert handled["0-1"].claim == "d"
+
+
+def test_the_original_record_comes_back_byte_for_byte_and_reasons_are_counted_by_kind(log):
+    log.dead_letter(topics.TOOL_BATCHES, b"\x00\xffbytes", b"\xfekey", "RuntimeError: boom")
+    item = letters.parse_letter(0, 0, 1_000, log.dead[0])
+    assert item.letter is not None and letters.original(item.letter) == (b"\x00\xffbytes", b"\xfekey", HEADERS)
+    assert letters.kind_of("malformed JSON: Expecting value") == "malformed JSON"
+    others = [letters.parse_letter(0, 1, 0, b"junk"), letters.parse_letter(0, 2, 0, b"junk")]
+    assert letters.counts([item, *others], {"0-2": None}) == [  # type: ignore[dict-item]
+        ("not a dead letter the fleet wrote (unreadable record)", 1, 1),
+        ("RuntimeError", 1, 0),
+    ]
