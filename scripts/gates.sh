@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The gates scripts/test.sh runs before pytest (docs/contributing.md, "The gates"): ruff's lint and its format check on
-# the whole tree, mypy on the package `roundtrip` (basic) and on the agent SDK's public API (strict). Any finding fails.
+# the whole tree, mypy in strict mode on the package `roundtrip` and on the example agent. Any finding fails.
 # Usage: bash scripts/gates.sh          (after scripts/setup.sh; quick: about a minute cold, seconds warm)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,5 +16,5 @@ tree=.venv/mypy-path
 rm -rf "$tree" && mkdir -p "$tree/roundtrip"
 for entry in services/*; do ln -s "../../../$entry" "$tree/roundtrip/${entry#services/}"; done
 ln -s ../../../schemas "$tree/roundtrip/schemas"
-echo "==> mypy: roundtrip (basic), its agent SDK's public API and the example agent (strict; pyproject.toml [tool.mypy])"
+echo "==> mypy --strict: roundtrip and the example agent (pyproject.toml [tool.mypy])"
 MYPYPATH=$tree:examples/telecom-agent .venv/bin/mypy -p roundtrip -p telecom_agent

@@ -24,6 +24,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, cast
 
 from roundtrip._broker.embedded import (
     DEFAULT_JAVA_OPTS,
@@ -41,7 +42,7 @@ NODE_JAVA_OPTS = DEFAULT_JAVA_OPTS.replace("-Xmx512m", "-Xmx384m")  # three JVMs
 class ClusterNode(EmbeddedKafka):
     """One node of a Cluster: an EmbeddedKafka that knows its node id and can be SIGKILLed."""
 
-    def __init__(self, node_id: int, data_dir: Path, port: int, controller_port: int, **options) -> None:
+    def __init__(self, node_id: int, data_dir: Path, port: int, controller_port: int, **options: Any) -> None:
         super().__init__(data_dir, port, controller_port, **options)
         self.node_id = node_id
 
@@ -110,7 +111,7 @@ class Cluster:
             list(pool.map(lambda node: node.stop(timeout), self.nodes))
 
     # -- the cluster's view, through the admin API --------------------------------------------
-    async def _describe(self, topics: list[str] | None = None) -> list[dict]:
+    async def _describe(self, topics: list[str] | None = None) -> list[dict[str, Any]]:
         running = self.running()
         if not running:
             raise BrokerError("no node of the cluster is running")
@@ -119,14 +120,14 @@ class Cluster:
         )
         await admin.start()
         try:
-            return await admin.describe_topics(topics)
+            return await admin.describe_topics(topics)  # type: ignore[no-any-return]  # aiokafka ships no types
         finally:
             await admin.close()
 
     async def leader_of(self, topic: str, partition: int) -> int:
         """Node id of the partition's leader (-1: none now)."""
         (described,) = await self._describe([topic])
-        return next(p["leader"] for p in described["partitions"] if p["partition"] == partition)
+        return cast(int, next(p["leader"] for p in described["partitions"] if p["partition"] == partition))
 
     async def out_of_sync(self) -> list[str]:
         """'topic/partition' of every partition whose in-sync replicas are fewer than its replicas."""
@@ -170,7 +171,7 @@ def start(
     host: str = "127.0.0.1",
     java_opts: str = NODE_JAVA_OPTS,
     timeout: float = 120.0,
-    **options,
+    **options: Any,
 ) -> Cluster:
     """n nodes in data_dir/node-<id> on free ports, formatted with one cluster id, started and serving clients.
 

@@ -41,6 +41,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from roundtrip._kernel.settings import EmbeddedDefaults
 
@@ -214,7 +215,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port nobody listens on right now (the kernel's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        return cast(int, s.getsockname()[1])
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -331,7 +332,7 @@ class EmbeddedKafka:
         self.formatted_on_start = False  # did the last start() format the storage?
 
     @classmethod
-    def of(cls, settings: EmbeddedDefaults, data_dir: Path | str, **options) -> EmbeddedKafka:
+    def of(cls, settings: EmbeddedDefaults, data_dir: Path | str, **options: Any) -> EmbeddedKafka:
         """The broker the embedded defaults describe: their ports, version, JVM options, log level and jar cache."""
         return cls(
             data_dir,

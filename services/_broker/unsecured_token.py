@@ -19,13 +19,14 @@ import json
 import logging
 import os
 import time
+from typing import Any
 
 from aiokafka.abc import AbstractTokenProvider
 
 log = logging.getLogger("roundtrip.kafka")
 
 
-def _part(value: dict) -> str:
+def _part(value: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(value, separators=(",", ":")).encode()).decode().rstrip("=")
 
 
@@ -36,7 +37,7 @@ def unsigned_jws(subject: str, lifetime_s: float, now: float | None = None) -> s
     return f"{_part({'alg': 'none'})}.{_part(claims)}."
 
 
-class UnsecuredTokenProvider(AbstractTokenProvider):
+class UnsecuredTokenProvider(AbstractTokenProvider):  # type: ignore[misc]  # aiokafka ships no types
     def __init__(self, subject: str | None = None, lifetime_s: float | None = None) -> None:
         self.subject = subject or os.environ.get("ROUNDTRIP_UNSECURED_TOKEN_SUBJECT", "admin")
         self.lifetime_s = lifetime_s or float(os.environ.get("ROUNDTRIP_UNSECURED_TOKEN_LIFETIME_S", "3600"))

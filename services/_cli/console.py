@@ -14,7 +14,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console, RenderableType
 from rich.markup import escape
@@ -44,6 +44,10 @@ from roundtrip._kernel.wire.events import (
     TurnFlagged,
     TurnState,
 )
+
+if TYPE_CHECKING:  # imported where used, for the start-up time of the CLI
+    from roundtrip._guard.ledger import ApprovalRow
+    from roundtrip._kernel.kafka.admin import GroupLag
 
 # emoji off: a customer's ":smile:" stays as typed; the markup is the fleet's, the values go through plain()
 console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
@@ -424,9 +428,9 @@ def show_trace(settings: Settings, wanted: str) -> int:
     return 0
 
 
-def _print_trace(trace_id: str, spans: list[dict]) -> None:
+def _print_trace(trace_id: str, spans: list[dict[str, Any]]) -> None:
     mine = sorted(spans, key=lambda s: s["start_ns"])
-    children: dict[str | None, list[dict]] = defaultdict(list)
+    children: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
     ids = {s["span_id"] for s in mine}
     for s in mine:
         children[s["parent_id"] if s["parent_id"] in ids else None].append(s)
@@ -435,7 +439,7 @@ def _print_trace(trace_id: str, spans: list[dict]) -> None:
     for column, justify in (("start ms", "right"), ("took ms", "right"), ("service", "left"), ("span", "left")):
         table.add_column(column, justify="right" if justify == "right" else "left")
 
-    def add(span: dict, depth: int) -> None:
+    def add(span: dict[str, Any], depth: int) -> None:
         took = (span["end_ns"] - span["start_ns"]) / 1e6
         name = ("  " * min(depth, 12)) + plain(span["name"])
         if span["status"] == "ERROR":
@@ -692,6 +696,7 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
         hint = " (see `roundtrip approvals`)" if refused.status == 404 else ""
         console.print(f"[red]{plain(refused.message)}[/]{hint}")
         return 1
+    row = cast("ApprovalRow", row)  # no refusal: the approval exists
     decision = signed_decision(row, approve, reason, decided_by, decision_signer(settings))
     producer = kafka_clients(settings).producer()
     try:
@@ -821,7 +826,7 @@ async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: 
         await asyncio.sleep(watch)
 
 
-def _render_lag(report, settings: Settings) -> None:
+def _render_lag(report: list[GroupLag], settings: Settings) -> None:
     table = Table(
         box=None, pad_edge=False, title=f"consumer lag at {time.strftime('%H:%M:%S')} ({settings.bootstrap_servers})"
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
+from typing import Any
 
 from faststream.specification import AsyncAPI
 
@@ -43,11 +44,11 @@ def checkout() -> Path:
     )
 
 
-def event_schemas() -> dict[str, dict]:
+def event_schemas() -> dict[str, dict[str, Any]]:
     return {model.__name__: model.model_json_schema() for model in (*events.PUBLIC, *events.INTERNAL)}
 
 
-def asyncapi_document() -> dict:
+def asyncapi_document() -> dict[str, Any]:
     settings = Settings(_env_file=None, topic_prefix="", kafka_bootstrap_servers="localhost:9092")
     agent = load_agent()  # the topics are the fleet's, whichever agent it runs: the demo agent's build declares them
     brokers = [importlib.import_module(s.app_module).build(settings, agent).broker for s in topology.SERVICES]
@@ -67,7 +68,7 @@ def asyncapi_document() -> dict:
     return _refer_to_schema_files(spec.to_specification().to_jsonable())
 
 
-def _refer_to_schema_files(document: dict) -> dict:
+def _refer_to_schema_files(document: dict[str, Any]) -> dict[str, Any]:
     """Each message's payload refers to its event's file in schemas/events/; the schemas those files hold
     (the events and their $defs) leave the document's components, so each is written once."""
     events_by_name = event_schemas()

@@ -9,13 +9,14 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import typer
 import typer.core
 
 
-def _flag_type_shown(display_type_rich):
+def _flag_type_shown(display_type_rich: Callable[..., str | None]) -> Any:  # Any: the caller marks the function
     def shown(option: typer.core.TyperOption, ctx: Any) -> str | None:
         return None if option.is_flag and option.metavar is None else display_type_rich(option, ctx)
 

@@ -20,7 +20,7 @@ from roundtrip._cli.agent import agent_app
 from roundtrip._cli.evals import eval_app
 from roundtrip._cli.help import flags_without_type, reflow_help
 from roundtrip._kernel.observability.logs import configure as configure_logging
-from roundtrip._kernel.settings import get_settings
+from roundtrip._kernel.settings import Settings, get_settings
 from roundtrip._kernel.wire import topology
 
 flags_without_type()
@@ -63,7 +63,7 @@ async def _no_preflight(settings: object) -> None:
     """A service without checks to make before it is built."""
 
 
-def _refuse_unfit(settings, declared: topology.Service, holds_calls: bool) -> None:
+def _refuse_unfit(settings: Settings, declared: topology.Service, holds_calls: bool) -> None:
     """ConfigurationError for what this service must not run with (outside development: published or placeholder
     keys, a private ledger, the console's development sign-in, Kafka in the clear)."""
     service = declared.name
@@ -170,7 +170,8 @@ def up(
     import os
 
     from roundtrip._broker.embedded import BrokerError
-    from roundtrip._fleet.launcher import Fleet, FleetError
+    from roundtrip._fleet.launcher import Fleet
+    from roundtrip._fleet.supervisor import FleetError
 
     port = health_port if health_port is not None else get_settings().health_port
     if port:  # five services on one host: each takes its own port (the children read these from the environment)
@@ -251,7 +252,7 @@ def _ready(agent: Any, settings: Any) -> str:
     )
 
 
-def console_url(settings) -> str:
+def console_url(settings: Settings) -> str:
     """Where the console answers on this machine, and as whom a visitor is signed in."""
     host = "localhost" if settings.listen_host in ("127.0.0.1", "0.0.0.0", "::", "localhost") else settings.listen_host
     who = settings.console_local_identity
@@ -334,7 +335,7 @@ def chat(
     raise typer.Exit(code)
 
 
-def _fleet_settings():
+def _fleet_settings() -> Settings:
     """The settings of the fleet this command talks to: the one running in the state folder (services/_fleet/state.py),
     else this shell's; which one is said on stderr, with the shell's variables that differ from the fleet's."""
     from roundtrip._fleet.state import adopt

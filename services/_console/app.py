@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 
 import uvicorn
 from faststream import FastStream
@@ -35,7 +36,7 @@ class _Server(uvicorn.Server):
     """uvicorn's server without its signal handlers: the process's are FastStream's, which stops this server."""
 
     @contextlib.contextmanager
-    def capture_signals(self):
+    def capture_signals(self) -> Iterator[None]:
         yield
 
 
@@ -60,7 +61,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         timeout_graceful_shutdown=5,
     )
     server = _Server(config)
-    running: list[asyncio.Task] = []
+    running: list[asyncio.Task[None]] = []
 
     async def refuse_insecure() -> None:
         settings.refuse_unfit_keys("console", topology.service("console").keys, agent.holds_calls())

@@ -35,7 +35,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import jwt
@@ -127,7 +127,7 @@ def _claimed(token: str) -> str | None:
         return None
     for claim in ("email", "preferred_username", "sub"):
         if isinstance(claims.get(claim), str):
-            return claims[claim][:200]
+            return cast(str, claims[claim][:200])
     return None
 
 

@@ -61,7 +61,7 @@ class Books:
             await self._conversations.close()
             self._conversations = None
 
-    async def transcript(self, turn_id: str) -> list[dict] | None:
+    async def transcript(self, turn_id: str) -> list[dict[str, Any]] | None:
         """The turn's messages as the conversation store keeps an ended turn; None when it keeps none (or is away: the
         page then shows what the ledger holds)."""
         try:

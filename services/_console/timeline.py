@@ -7,6 +7,7 @@ arrive in batches): the page shows what there is."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,7 +155,9 @@ def build(
     return Timeline(customer_words(own), messages[:history_messages], [steps[n] for n in sorted(steps)], ending)
 
 
-def _from_spans(spans: list[dict[str, Any]], step, calls: dict[str, Call], prices: PriceTable | None) -> None:
+def _from_spans(
+    spans: list[dict[str, Any]], step: Callable[[int], Step], calls: dict[str, Call], prices: PriceTable | None
+) -> None:
     model_calls: dict[int, list[dict[str, Any]]] = {}
     for span in sorted(spans, key=lambda s: s["start_ns"]):
         attrs, took = span["attributes"], (span["end_ns"] - span["start_ns"]) / 1e6

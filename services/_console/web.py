@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 from starlette.applications import Starlette
@@ -34,6 +34,7 @@ from starlette.routing import BaseRoute, Route
 from roundtrip._console import desk, pages, timeline
 from roundtrip._console.auth import CSRF_COOKIE, CSRF_FIELD, Gatekeeper, Identity, NotSignedIn
 from roundtrip._console.books import Books, LedgerAway
+from roundtrip._guard.ledger import TurnRow
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._kernel.observability import traces
 from roundtrip._kernel.observability.telemetry import span_in_turn
@@ -113,7 +114,7 @@ class Console:
         """This request's CSRF token (the cookie's when it verifies, else a new one), for its forms and cookie."""
         if getattr(request.state, "csrf", None) is None:
             request.state.csrf = self.gate.token(identity, request.cookies.get(CSRF_COOKIE))
-        return request.state.csrf
+        return cast(str, request.state.csrf)
 
     def _where(self, request: Request) -> str:
         peer = request.client.host if request.client else "?"
@@ -255,7 +256,7 @@ class Console:
         if not messages and approvals:
             held = ApprovalRequested.model_validate_json(approvals[0].request_json)  # the newest: the most steps
             messages, history = held.messages, held.turn.history_messages
-        spans: list[dict] = []
+        spans: list[dict[str, Any]] = []
         trouble = None
         if row.trace_id:
             try:
@@ -328,8 +329,9 @@ class Console:
             raise Answer(503, f"{exc}: nothing sent", identity, back) from None
 
     async def _publish(
-        self, turn, name, attributes, send: Send, message, identity: Identity, back="/approvals"
-    ) -> None:
+        self, turn: TurnRow, name: str, attributes: dict[str, Any], send: Send, message: BaseModel, identity: Identity,
+        back: str = "/approvals",
+    ) -> None:  # fmt: skip
         """Publish `message` in a span of the turn's trace; Answer(503) when Kafka did not take it in time."""
         with span_in_turn(name, Turn.model_validate(turn.turn), turn.traceparent, turn.step) as span:
             span.set_attributes({**attributes, "enduser.id": identity.name, "enduser.role": identity.role or ""})

@@ -29,7 +29,7 @@ def run_argv(name: str) -> list[str]:
 
 def popen(
     argv: list[str], log_path: Path, env: Mapping[str, str], ready_pipe: bool = False
-) -> tuple[subprocess.Popen, int | None]:
+) -> tuple[subprocess.Popen[bytes], int | None]:
     """Start one child with `env` (over nothing: pass the whole environment); with `ready_pipe`, also the pipe it
     says "ready" on (its read end is returned)."""
     # a stable identity per replica (not the pid): a restarted gateway fences its predecessor's transaction at once

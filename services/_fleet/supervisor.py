@@ -49,7 +49,7 @@ def describe_exit(code: int | None) -> str:
 @dataclass
 class Child:
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log_path: Path
     where: str = ""
     # supervision: when the current process started, the last backoff delay, the restart due time

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from faststream import FastStream
 
@@ -26,7 +27,7 @@ def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
     """The gate of this agent, with these clients: its look-ups are the agent's resolvers, scoped to the principal."""
     registry = agent.registry
 
-    async def lookup(kind: str, entity_id: str, customer_id: str):
+    async def lookup(kind: str, entity_id: str, customer_id: str) -> dict[str, Any] | None:
         ctx = ToolContext(customer_id=customer_id, tool_use_id="", idempotency_key="", deps=deps)
         return await registry.entity_resolver(kind)(entity_id, ctx)
 

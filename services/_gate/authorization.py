@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Container
-from typing import Any
+from typing import Any, cast
 
 from roundtrip._kernel.kafka import faults
 from roundtrip._sdk.context import ToolContext
@@ -54,7 +54,7 @@ def _belongs(entity: Any, kind: str, entity_id: str, customer_id: str) -> bool:
         return False
     if entity.get(f"{kind}_id", entity_id) != entity_id:  # a lenient backend (case, trimming) must not widen access
         return False
-    return entity.get("customer_id", customer_id) == customer_id
+    return cast(bool, entity.get("customer_id", customer_id) == customer_id)
 
 
 async def authorize(

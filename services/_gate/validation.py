@@ -64,7 +64,7 @@ def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: dict[str,
         yield ValidationError(f"{instance!r} does not match {pattern!r}")
 
 
-GateValidator = validators.extend(Draft202012Validator, {"pattern": _ecma_pattern})
+GateValidator = validators.extend(Draft202012Validator, {"pattern": _ecma_pattern})  # type: ignore[no-untyped-call]  # unannotated in types-jsonschema
 
 
 # -- showing values to a model -------------------------------------------------------------------

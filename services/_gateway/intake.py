@@ -146,7 +146,9 @@ def refusal(ids: dict[str, Any], reason: str, metadata: dict[str, Any] | None = 
     )
 
 
-def refuser(reply: Callable[[SupportReply, str], Awaitable[None]]):
+def refuser(
+    reply: Callable[[SupportReply, str], Awaitable[None]],
+) -> Callable[[Any, BaseException, str], Awaitable[None]]:
     """The requests subscription's failure hook: answer a refused request that can be addressed, with the reason."""
 
     async def on_failure(record: Any, exc: BaseException, reason: str) -> None:

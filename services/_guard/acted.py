@@ -43,7 +43,7 @@ class Acts:
     replies: Replies = DEFAULT  # the agent's words for an early end
     shown: Mapping[str, Sequence[str]] = field(default_factory=dict, hash=False)  # tool -> its entity-id fields
 
-    def done(self, messages: Sequence[dict]) -> list[str]:
+    def done(self, messages: Sequence[dict[str, Any]]) -> list[str]:
         """What the successful side effects of one turn's messages did, in the order they were called, once each."""
         results = results_of(list(messages))
         calls = []

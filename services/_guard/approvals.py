@@ -288,7 +288,7 @@ class Approvals:
         return ended
 
     @staticmethod
-    def _waited(approval: ApprovalRow, status: str, now: float, decided_by: str = "", reason: str = ""):
+    def _waited(approval: ApprovalRow, status: str, now: float, decided_by: str = "", reason: str = "") -> _EndAt:
         """The wait as ONE span of the turn's trace: from the request to the decision (or deadline); then its child."""
         parent = extract({"traceparent": approval.traceparent}) if approval.traceparent else otel_context.get_current()
         span = tracer().start_span("approval.wait", context=parent, start_time=int(approval.requested_at * 1e9))
@@ -378,7 +378,7 @@ class _EndAt:
         self._token = otel_context.attach(trace.set_span_in_context(self.span))
         return self.span
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         otel_context.detach(self._token)
         self.span.end(end_time=self.end_ns)
 

@@ -184,7 +184,7 @@ def estimate_tokens(value: Any) -> int:
 # -- exchanges: pure functions --------------------------------------------------------------
 
 
-def _blocks(content: Any) -> list[dict]:
+def _blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content.strip() else []
     return [
@@ -194,17 +194,19 @@ def _blocks(content: Any) -> list[dict]:
     ]
 
 
-def exchange_of(turn_messages: list[dict], final_content: list[dict], reply_text: str) -> list[dict]:
+def exchange_of(
+    turn_messages: list[dict[str, Any]], final_content: list[dict[str, Any]], reply_text: str
+) -> list[dict[str, Any]]:
     """One turn as history: its messages (from the customer's words on), the final response, and what
     the customer was told. Tool calls the turn never answered (it was stopped) are left out, empty
     blocks are dropped, and the exchange ends with an assistant message that says what the reply said."""
-    messages: list[dict] = []
+    messages: list[dict[str, Any]] = []
     for message in [*turn_messages, {"role": "assistant", "content": final_content}]:
         blocks = _blocks(message.get("content"))
         if blocks:
             messages.append({"role": message["role"], "content": blocks})
     # a tool_use is kept only when the next message answers it with a tool_result
-    kept: list[dict] = []
+    kept: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         if message["role"] == "assistant":
             answered = {
@@ -247,7 +249,7 @@ def exchange_of(turn_messages: list[dict], final_content: list[dict], reply_text
     return kept
 
 
-def compact(messages: list[dict], budget_tokens: int) -> list[dict]:
+def compact(messages: list[dict[str, Any]], budget_tokens: int) -> list[dict[str, Any]]:
     """An exchange over the budget with its largest tool results, tool inputs and texts replaced by markers
     (largest first) until it fits; ids, roles and tool_use/tool_result pairs are kept."""
     if estimate_tokens(messages) <= budget_tokens:
@@ -395,7 +397,7 @@ class Conversations(TurnStore):
                 single=True,
             )
 
-    async def history(self, conversation_id: str) -> list[dict]:
+    async def history(self, conversation_id: str) -> list[dict[str, Any]]:
         """The stored exchanges of the conversation, oldest first, as one transcript within the budget."""
         rows = await self._run(
             lambda conn: conn.execute(_STORED, {"b_conversation_id": conversation_id}).all(), single=True
@@ -404,7 +406,7 @@ class Conversations(TurnStore):
         wanted = set(kept)
         return [m for r in rows if r.turn_id in wanted for m in json.loads(r.messages)]
 
-    async def exchange(self, turn_id: str) -> list[dict] | None:
+    async def exchange(self, turn_id: str) -> list[dict[str, Any]] | None:
         """One stored turn as history (its messages, calls and results, the reply), or None when it is not stored (still
         running, forgotten, dropped past the budget): what the console's turn page shows."""
         rows = await self._run(
@@ -416,8 +418,8 @@ class Conversations(TurnStore):
         self,
         conversation_id: str,
         turn_id: str,
-        turn_messages: list[dict],
-        final_content: list[dict],
+        turn_messages: list[dict[str, Any]],
+        final_content: list[dict[str, Any]],
         reply_text: str,
         outcome: str,
         now: float | None = None,

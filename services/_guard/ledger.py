@@ -18,11 +18,12 @@ import builtins  # Ledger.list shadows the builtin in the annotations that follo
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
+from roundtrip._kernel.storage.database import make_engine
 from roundtrip._kernel.storage.turnstore import (
     AT_STEP,
     AWAITING,
@@ -37,7 +38,6 @@ from roundtrip._kernel.storage.turnstore import (
     Principal,
     TurnStore,
     approvals,
-    make_engine,
     no_live_lease,
     principal,
     turns,
@@ -116,7 +116,7 @@ class TurnRow:
 
     @property
     def turn(self) -> dict[str, Any]:
-        return json.loads(self.turn_json)
+        return cast("dict[str, Any]", json.loads(self.turn_json))
 
 
 @dataclass

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TypeVar
 
 from aiokafka.errors import KafkaError
 from opentelemetry.propagate import inject
@@ -37,6 +37,7 @@ from roundtrip._kernel.wire.events import (
 )
 
 log = logging.getLogger("roundtrip.guard")
+T = TypeVar("T")  # what a bounded publish returns
 
 Publish = Callable[[str, BaseModel, str], Awaitable[None]]  # (logical topic, message, conversation id)
 MODEL_OF: dict[str, type[BaseModel]] = topology.service("guard").outputs  # topic -> the message published there
@@ -116,7 +117,7 @@ class Outbox:
         self.progress: Mapping[str, str] = progress or {}
         self.streams_by_default = streams_by_default  # ROUNDTRIP_STREAM_REPLIES: a turn's `stream` unless it says
         self.after_s = after_s  # the sweeper republishes a decision still unpublished after this long
-        self._clearing: asyncio.Task | None = None
+        self._clearing: asyncio.Task[None] | None = None
         self._to_clear: list[tuple[str, str]] = []
 
     async def emit(self, turn_id: str, pending: str, message: BaseModel, conversation_id: str) -> None:
@@ -200,7 +201,7 @@ class Bounded:
     def __init__(self, timeout: float | None = None) -> None:
         self.timeout, self.reachable = SWEEP_PUBLISH_TIMEOUT_S if timeout is None else timeout, True
 
-    async def __call__(self, work: Callable[[], Awaitable[Any]], what: str) -> Any:
+    async def __call__(self, work: Callable[[], Awaitable[T]], what: str) -> T | None:
         try:
             return await asyncio.wait_for(work(), self.timeout)
         except (TimeoutError, KafkaError) as exc:

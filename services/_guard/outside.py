@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+from opentelemetry import trace
 
 from roundtrip._guard.acted import Acts
 from roundtrip._guard.conversations import Conversations
@@ -22,7 +26,7 @@ from roundtrip._kernel.wire.events import CancelTurn, Outcome, Turn, TurnEnded, 
 log = logging.getLogger("roundtrip.guard")
 
 
-def in_turn_trace(row: TurnRow, name: str):
+def in_turn_trace(row: TurnRow, name: str) -> AbstractContextManager[trace.Span]:
     """A span in the turn's own trace (under the turn span, linked to its last hop): Jaeger shows it with the turn."""
     return span_in_turn(name, Turn.model_validate(row.turn), row.traceparent, row.step)
 
@@ -46,7 +50,7 @@ class Outside:
         default_factory=Acts
     )  # an end after a side effect says what was done (what the executor recorded)
 
-    async def end(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen) -> str | None:
+    async def end(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen: Any) -> str | None:
         """Stuck past its grace, past its deadline, or cancelled: end it politely, once.
 
         Conditional on the state it was decided from (`row.step`, and whatever `seen` adds), so

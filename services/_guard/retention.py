@@ -24,7 +24,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import String, any_, bindparam, delete, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -113,7 +113,7 @@ class Retention:
         if not ids:
             return 0
         conn.execute(self._delete_approvals, {"b_ids": list(ids)})
-        return conn.execute(self._delete_turns, {"b_ids": list(ids)}).rowcount
+        return cast(int, conn.execute(self._delete_turns, {"b_ids": list(ids)}).rowcount)
 
     async def size(self) -> LedgerSize:
         """The ledger's rows and its oldest ended turn (cheap: an estimate and an index's first entry on PostgreSQL)."""

@@ -7,7 +7,9 @@ from the transcript's tool_use / tool_result blocks, so the rules need no other 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from roundtrip._guard.replies import DEFAULT, Replies
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, ToolCall
@@ -64,7 +66,7 @@ def text_of(event: ModelResponded) -> str:
     return "\n".join(b.get("text", "") for b in event.content if b.get("type") == "text").strip()
 
 
-def results_of(messages: list[dict]) -> dict[str, tuple[bool, str]]:
+def results_of(messages: list[dict[str, Any]]) -> dict[str, tuple[bool, str]]:
     """tool_use id -> (whether its tool_result is an error, the result's text), for every result in the transcript."""
     results: dict[str, tuple[bool, str]] = {}
     for message in messages:
@@ -78,7 +80,7 @@ def results_of(messages: list[dict]) -> dict[str, tuple[bool, str]]:
     return results
 
 
-def history(messages: list[dict]) -> list[PastCall]:
+def history(messages: list[dict[str, Any]]) -> list[PastCall]:
     """Every earlier tool call of the turn, with its step and whether its result was an error."""
     results = results_of(messages)
     calls, step = [], 0
@@ -97,7 +99,7 @@ def history(messages: list[dict]) -> list[PastCall]:
     return calls
 
 
-def _signature(calls) -> tuple[str, ...]:
+def _signature(calls: Iterable[PastCall | ToolCall]) -> tuple[str, ...]:
     return tuple(sorted(c.fingerprint for c in calls))
 
 

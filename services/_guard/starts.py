@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry import trace
 
@@ -109,7 +110,7 @@ class Starts:
         )
         if row is not None:
             return await self._started_before(row, command)
-        history: list[dict] = []
+        history: list[dict[str, Any]] = []
         if claim is not None:
             if claim.owner != turn.customer_id:
                 return await self._refuse(command)

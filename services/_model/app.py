@@ -13,6 +13,7 @@ import time
 
 from faststream import FastStream
 
+from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.kafka.messaging import Outlet, consumers_of, current_record, make_broker, service_app, subscribe
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.settings import Settings
@@ -49,7 +50,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     # the agent's tools, MCP ones included as their servers are listed (a list kept current in place)
     client = ModelClient(settings, agent.toolbox.api_tools, agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
-    held: list = []  # the consumer of turn.model_calls, once subscribed
+    held: list[KeyOrderedConsumer] = []  # the consumer of turn.model_calls, once subscribed
     # what the limiter learns the rate from is the platform's (providers.py): headers, or the 429s alone
     capacity = Capacity(on_throttle=functools.partial(_hold_all, held), signals=providers.of(settings).signals)
     retrying = Retrying(capacity, settings.model_max_retries, settings.turn_deadline_s)
@@ -96,7 +97,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     return app
 
 
-def _hold_all(consumers: list, throttled: bool) -> None:
+def _hold_all(consumers: list[KeyOrderedConsumer], throttled: bool) -> None:
     """The process is at its limit (or no longer): its consumer of model calls holds its fetches (or resumes)."""
     for consumer in consumers:
         consumer.hold(throttled)

@@ -76,7 +76,7 @@ STREAM_ERRORS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 
 def _status(exc: anthropic.APIError) -> int | None:
     """The HTTP status of a refusal; for an `error` event in a stream (its response was a 200), the status its error
     type stands for (an overloaded_error mid-stream is a 529)."""
-    status = getattr(exc, "status_code", None)
+    status: int | None = getattr(exc, "status_code", None)
     if status == 200 and isinstance(body := getattr(exc, "body", None), dict):
         return STREAM_ERRORS.get(str((body.get("error") or {}).get("type")), status)
     return status

@@ -54,6 +54,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 LOW = 0.5  # a dimension whose remaining is below this share of its peak is being drained: slow down
 BETA = 0.7  # multiplicative decrease
@@ -299,7 +300,7 @@ class Capacity:
             self._narrow(started_at)
             if retry_after is None:
                 base = self._latency or BARE_PAUSE_S
-                return min(MAX_BARE_PAUSE_S, base * 2 ** (in_a_row - 1)) * self._rng.uniform(0.5, 1.0)
+                return cast(float, min(MAX_BARE_PAUSE_S, base * 2 ** (in_a_row - 1)) * self._rng.uniform(0.5, 1.0))
         else:
             self._cut(started_at)
             if self._slow_start:  # slow start again from the hold's end

@@ -44,7 +44,7 @@ class Chunks:
         self.stream_id, self.sequence, self.open = "", 0, False  # open: this stream published text, not ended
         self._buffer: list[str] = []
         self._size, self._since = 0, 0.0
-        self._sending: list[asyncio.Task] = []
+        self._sending: list[asyncio.Task[None]] = []
         self.published = 0  # chunks of this call (every stream, cuts included)
 
     def _chunk(self, stream_id: str, sequence: int, **fields: Any) -> StreamedText:

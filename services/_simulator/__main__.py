@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
 def _positive(kind: type) -> Callable[[str], int | float]:
     def parse(text: str) -> int | float:
         try:
-            value = kind(text)
+            value: int | float = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
         if not value > 0:

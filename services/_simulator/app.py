@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -234,15 +235,15 @@ def _authenticate(request: Request) -> None:
         raise ApiError(401, "x-api-key header is required")
 
 
-async def _json_body(request: Request) -> dict:
+async def _json_body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     try:
-        return json.loads(raw)
+        return cast("dict[str, Any]", json.loads(raw))
     except ValueError as exc:
         raise invalid(f"There was an error parsing the body of your request: {exc}") from None
 
 
-def _persona(request: Request, body: dict, state: _State) -> str:
+def _persona(request: Request, body: dict[str, Any], state: _State) -> str:
     wanted = request.headers.get(PERSONA_HEADER, state.default_persona).strip().lower()
     first = body["messages"][0]["content"]
     first_text = (

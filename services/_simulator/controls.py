@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -53,7 +54,7 @@ def routes(limits: RateLimits, overload: Overload) -> list[Route]:
     ]
 
 
-async def _object(request: Request) -> dict:
+async def _object(request: Request) -> dict[str, Any]:
     try:
         body = json.loads(await request.body())
     except ValueError as exc:
@@ -63,7 +64,7 @@ async def _object(request: Request) -> dict:
     return body
 
 
-def _limits(body: dict) -> dict[str, float | None]:
+def _limits(body: dict[str, Any]) -> dict[str, float | None]:
     unknown = sorted(set(body) - set(KINDS) - {"burst_s"})
     if unknown:
         raise invalid(f"unknown limit {unknown[0]!r}; expected {', '.join(KINDS)} or burst_s")

@@ -21,12 +21,12 @@ NO_TOOLS_TEXT = (
 )
 
 
-def request_digest(persona: str, body: dict) -> str:
+def request_digest(persona: str, body: dict[str, Any]) -> str:
     canonical = json.dumps([persona, body], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def respond(body: dict, persona: str, cache: PromptCache, scripted: Reply | None = None) -> dict[str, Any]:
+def respond(body: dict[str, Any], persona: str, cache: PromptCache, scripted: Reply | None = None) -> dict[str, Any]:
     """The message the persona (or the scripted reply, when given) answers this request with."""
     transcript = Transcript.from_request(body)
     reply = scripted or PERSONAS[persona](transcript)
@@ -55,7 +55,7 @@ def respond(body: dict, persona: str, cache: PromptCache, scripted: Reply | None
     }
 
 
-def _offered_tools_only(content: list[dict], body: dict) -> list[dict]:
+def _offered_tools_only(content: list[dict[str, Any]], body: dict[str, Any]) -> list[dict[str, Any]]:
     offered = {t["name"] for t in body.get("tools") or []}
     choice = body.get("tool_choice") or {}
     if choice.get("type") == "none":
@@ -70,7 +70,7 @@ def _offered_tools_only(content: list[dict], body: dict) -> list[dict]:
     return kept
 
 
-def _with_ids(content: list[dict], digest: str) -> list[dict]:
+def _with_ids(content: list[dict[str, Any]], digest: str) -> list[dict[str, Any]]:
     out = []
     for index, block in enumerate(content):
         if block["type"] == "tool_use":
@@ -80,7 +80,9 @@ def _with_ids(content: list[dict], digest: str) -> list[dict]:
     return out
 
 
-def _cut_at_stop_sequence(content: list[dict], stop_sequences: tuple[str, ...]) -> tuple[list[dict], str | None]:
+def _cut_at_stop_sequence(
+    content: list[dict[str, Any]], stop_sequences: tuple[str, ...]
+) -> tuple[list[dict[str, Any]], str | None]:
     """Generation stops where a text first contains one of the stop sequences."""
     if not stop_sequences:
         return content, None
@@ -95,9 +97,9 @@ def _cut_at_stop_sequence(content: list[dict], stop_sequences: tuple[str, ...]) 
     return content, None
 
 
-def _within_max_tokens(content: list[dict], max_tokens: int) -> tuple[list[dict], int, bool]:
+def _within_max_tokens(content: list[dict[str, Any]], max_tokens: int) -> tuple[list[dict[str, Any]], int, bool]:
     """Keep what fits in max_tokens: a text is cut, a tool_use that does not fit is dropped."""
-    kept: list[dict] = []
+    kept: list[dict[str, Any]] = []
     used = 0
     for block in content:
         cost = output_tokens(block)

@@ -7,6 +7,8 @@ Status -> SDK class: 400 BadRequestError, 401 AuthenticationError, 404 NotFoundE
 
 from __future__ import annotations
 
+from typing import Any
+
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -33,7 +35,7 @@ class ApiError(Exception):
         self.error_type = error_type or ERROR_TYPES.get(status, "api_error")
         self.headers = headers or {}
 
-    def body(self, request_id: str) -> dict:
+    def body(self, request_id: str) -> dict[str, Any]:
         return {
             "type": "error",
             "error": {"type": self.error_type, "message": self.message},

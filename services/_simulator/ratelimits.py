@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
+from typing import Any
 
 from .errors import ApiError
 from .usage import PromptCache
@@ -129,7 +130,7 @@ class RateLimits:
                 bucket = self._buckets[kind] = Bucket(int(limit), 0.0, now, self.burst_s)
                 bucket.level = bucket.holds
 
-    def admit(self, body: dict, cache: PromptCache) -> Admitted:
+    def admit(self, body: dict[str, Any], cache: PromptCache) -> Admitted:
         """Take what this request costs from every bucket, or raise the API's 429."""
         usage = cache.input_usage(body, commit=False)
         cost = {
@@ -165,7 +166,7 @@ class RateLimits:
             headers.update(self._announce("tokens", min(tokens, key=lambda b: b.level / b.limit)))
         return headers
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """The limits and what each bucket holds (GET /v1/_limits), and how many requests were refused."""
         self._refill()
         names = {kind: name for name, kind in KINDS.items()}

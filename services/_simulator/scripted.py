@@ -62,7 +62,7 @@ def _reply(where: str, response: Any) -> Reply:
     return Reply([_block(where, block) for block in response["content"]], stop)
 
 
-def _block(where: str, block: Any) -> dict:
+def _block(where: str, block: Any) -> dict[str, Any]:
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text" and isinstance(block.get("text"), str):
         return {"type": "text", "text": block["text"]}
@@ -87,14 +87,14 @@ def load_scripts(path: Path | str | None) -> dict[str, list[Reply]]:
     return {name: parse_script(name, responses) for name, responses in data.items()}
 
 
-def responses_so_far(body: dict) -> int:
+def responses_so_far(body: dict[str, Any]) -> int:
     """The assistant messages since the customer's words that opened this turn (the script's position)."""
     messages = body["messages"]
     opener = max((i for i, m in enumerate(messages) if m["role"] == "user" and not _only_results(m)), default=0)
     return sum(1 for m in messages[opener + 1 :] if m["role"] == "assistant")
 
 
-def _only_results(message: dict) -> bool:
+def _only_results(message: dict[str, Any]) -> bool:
     content = message["content"]
     return isinstance(content, list) and bool(content) and all(b.get("type") == "tool_result" for b in content)
 
@@ -104,12 +104,12 @@ class Scripts:
 
     def __init__(self, scripts: dict[str, list[Reply]] | None = None) -> None:
         self.scripts = dict(scripts or {})
-        self.received: deque[dict] = deque(maxlen=RECEIVED_KEPT)
+        self.received: deque[dict[str, Any]] = deque(maxlen=RECEIVED_KEPT)
 
-    def record(self, persona: str, body: dict) -> None:
+    def record(self, persona: str, body: dict[str, Any]) -> None:
         self.received.append({"persona": persona, "body": body})
 
-    def reply_for(self, persona: str, body: dict) -> Reply | None:
+    def reply_for(self, persona: str, body: dict[str, Any]) -> Reply | None:
         """The scripted reply of this request, None when its persona names no script (raises ApiError 400 when the
         script is unknown or already played to its end)."""
         if not persona.startswith(PREFIX):

@@ -101,7 +101,7 @@ class Transcript:
         return any(r.name == name for step in self.steps for r in step.results)
 
     @classmethod
-    def from_request(cls, body: dict) -> Transcript:
+    def from_request(cls, body: dict[str, Any]) -> Transcript:
         messages = body["messages"]
         opener = 0
         for i, message in enumerate(messages):
@@ -120,7 +120,7 @@ class Transcript:
         )
 
 
-def _steps(messages: list[dict], start: int, stop: int) -> tuple[Step, ...]:
+def _steps(messages: list[dict[str, Any]], start: int, stop: int) -> tuple[Step, ...]:
     """The steps (a tool_use message and the tool_result message after it) in messages[start:stop]."""
     steps = []
     for i in range(max(0, start), min(stop, len(messages)) - 1):
@@ -135,22 +135,22 @@ def _steps(messages: list[dict], start: int, stop: int) -> tuple[Step, ...]:
     return tuple(steps)
 
 
-def text_of(message: dict) -> str:
+def text_of(message: dict[str, Any]) -> str:
     content = message["content"]
     if isinstance(content, str):
         return content
     return "\n".join(b["text"] for b in content if b.get("type") == "text")
 
 
-def _blocks(message: dict) -> list[dict]:
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
     return message["content"] if isinstance(message["content"], list) else []
 
 
-def _tool_results(message: dict) -> list[dict]:
+def _tool_results(message: dict[str, Any]) -> list[dict[str, Any]]:
     return [b for b in _blocks(message) if b.get("type") == "tool_result"]
 
 
-def _result(use: dict, block: dict | None) -> Result:
+def _result(use: dict[str, Any], block: dict[str, Any] | None) -> Result:
     call = Call(use["id"], use["name"], use["input"])
     if block is None:  # cannot happen after validation; treat as a failure
         return Result(call, True, "no result", None)

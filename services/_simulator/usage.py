@@ -40,12 +40,12 @@ def estimate_tokens(value: Any) -> int:
     return math.ceil(len(text) / 4)
 
 
-def prompt_of(body: dict) -> dict:
+def prompt_of(body: dict[str, Any]) -> dict[str, Any]:
     """The part of a request that is billed as input."""
     return {key: body[key] for key in ("tools", "system", "messages") if body.get(key) is not None}
 
 
-def output_tokens(block: dict) -> int:
+def output_tokens(block: dict[str, Any]) -> int:
     if block["type"] == "text":
         return estimate_tokens(block["text"])
     if block["type"] == "tool_use":
@@ -53,7 +53,7 @@ def output_tokens(block: dict) -> int:
     return estimate_tokens(block)
 
 
-def _prompt_items(body: dict) -> list[Any]:
+def _prompt_items(body: dict[str, Any]) -> list[Any]:
     items: list[Any] = list(body.get("tools") or [])
     system = body.get("system")
     if isinstance(system, str):
@@ -70,7 +70,7 @@ def _prompt_items(body: dict) -> list[Any]:
 MESSAGE_OVERHEAD_TOKENS = 8  # about len('{"role":"assistant","content":[]},') / 4
 
 
-def _prefixes(body: dict, items: list, total: int) -> tuple[list[str], list[int]]:
+def _prefixes(body: dict[str, Any], items: list[Any], total: int) -> tuple[list[str], list[int]]:
     """The running hash and token count of the prompt's prefix at each block boundary (the cache's keys and sizes)."""
     digest = hashlib.sha256(str(body["model"]).encode())
     hashes: list[str] = []
@@ -90,7 +90,7 @@ def _prefixes(body: dict, items: list, total: int) -> tuple[list[str], list[int]
     return hashes, tokens
 
 
-def _message_starts(body: dict) -> set[int]:
+def _message_starts(body: dict[str, Any]) -> set[int]:
     """Indexes (in _prompt_items) of the first block of each message."""
     index = len(body.get("tools") or []) + (1 if isinstance(body.get("system"), str) else len(body.get("system") or []))
     starts = set()
@@ -112,7 +112,7 @@ class PromptCache:
         self._expiry: dict[str, tuple[float, int]] = {}  # prefix hash -> (expires at, its tokens)
         self._max_entries = max_entries
 
-    def input_usage(self, body: dict, commit: bool = True) -> dict[str, Any]:
+    def input_usage(self, body: dict[str, Any], commit: bool = True) -> dict[str, Any]:
         """input_tokens, cache_creation_input_tokens, cache_read_input_tokens (+ TTL breakdown).
 
         commit=False only looks: the same figures, but nothing is written to or refreshed in the cache

@@ -81,7 +81,7 @@ def _validate(body: Any, *, count_tokens: bool) -> None:
     _cache_breakpoints(body)
 
 
-def _model(body: dict) -> None:
+def _model(body: dict[str, Any]) -> None:
     if "model" not in body:
         raise invalid("model: Field required")
     model = body["model"]
@@ -91,7 +91,7 @@ def _model(body: dict) -> None:
         raise ApiError(404, f"model: {model}")
 
 
-def _max_tokens(body: dict) -> None:
+def _max_tokens(body: dict[str, Any]) -> None:
     if "max_tokens" not in body:
         raise invalid("max_tokens: Field required")
     value = body["max_tokens"]
@@ -167,7 +167,7 @@ def _tool_choice(choice: Any, tool_names: set[str]) -> None:
         raise invalid(f"tool_choice: type '{choice['type']}' requires tools")
 
 
-def _messages(body: dict, *, has_tools: bool) -> None:
+def _messages(body: dict[str, Any], *, has_tools: bool) -> None:
     if "messages" not in body:
         raise invalid("messages: Field required")
     messages = body["messages"]
@@ -265,7 +265,7 @@ def _block(block: Any, path: str, role: str, seen_ids: set[str]) -> bool:
     return False
 
 
-def _tool_results_first(content: list, i: int) -> None:
+def _tool_results_first(content: list[Any], i: int) -> None:
     seen_other = False
     for j, block in enumerate(content):
         if block.get("type") == "tool_result":
@@ -278,7 +278,7 @@ def _tool_results_first(content: list, i: int) -> None:
             seen_other = True
 
 
-def _tool_pairing(messages: list) -> None:
+def _tool_pairing(messages: list[Any]) -> None:
     """Each assistant tool_use is answered by a tool_result in the very next user message, and vice versa."""
     for i, message in enumerate(messages):
         if message["role"] != "user" or not isinstance(message["content"], list):
@@ -320,13 +320,13 @@ def _tool_pairing(messages: list) -> None:
             )
 
 
-def _tool_use_ids(message: dict) -> list[str]:
+def _tool_use_ids(message: dict[str, Any]) -> list[str]:
     if message.get("role") != "assistant" or not isinstance(message.get("content"), list):
         return []
     return [b["id"] for b in message["content"] if b.get("type") == "tool_use"]
 
 
-def _cache_breakpoints(body: dict) -> None:
+def _cache_breakpoints(body: dict[str, Any]) -> None:
     found = 0
     for tool in body.get("tools") or []:
         found += bool(tool.get("cache_control"))

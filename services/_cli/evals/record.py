@@ -26,7 +26,7 @@ def _text(content: Any) -> str:
     return "\n".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
 
 
-def turn_case(exchange: list[dict], outcome: str | None, steps: int) -> tuple[dict[str, Any], str | None]:
+def turn_case(exchange: list[dict[str, Any]], outcome: str | None, steps: int) -> tuple[dict[str, Any], str | None]:
     """One stored turn as a case's turn, and a note when its outcome could not be kept as an expectation."""
     opener = next((m for m in exchange if m["role"] == "user" and _text(m["content"]).strip()), None)
     if opener is None:

@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from xml.etree import ElementTree
 
 from roundtrip._cli.evals.runner import CaseResult
@@ -47,7 +47,7 @@ def load_baseline(path: Path) -> dict[str, dict[str, Any]]:
         raise ValueError(f"baseline {path}: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("cases"), dict):
         raise ValueError(f"baseline {path}: not a baseline (roundtrip eval run --save-baseline writes one)")
-    return data["cases"]
+    return cast("dict[str, dict[str, Any]]", data["cases"])
 
 
 @dataclass

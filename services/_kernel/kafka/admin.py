@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -267,7 +269,7 @@ class GroupLag:
     def lag(self) -> int:
         return sum(p.lag for p in self.partitions)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "group": self.group,
             "state": self.state,
@@ -295,7 +297,7 @@ class GroupLag:
         }
 
 
-def _decode_members(members: list, protocol_type: str, wire: set[str]) -> tuple[list[GroupMember], set[str]]:
+def _decode_members(members: list[Any], protocol_type: str, wire: set[str]) -> tuple[list[GroupMember], set[str]]:
     """Members of a group and the fleet topics they subscribe to (from the consumer protocol's metadata)."""
     from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 
@@ -313,7 +315,7 @@ def _decode_members(members: list, protocol_type: str, wire: set[str]) -> tuple[
     return sorted(decoded, key=lambda m: (m.client_id, m.member_id)), subscribed
 
 
-async def _retrying(call, timeout: float):
+async def _retrying(call: Callable[[], Awaitable[Any]], timeout: float) -> Any:
     """Retry a group request while the coordinator is not there (a new cluster makes __consumer_offsets first)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -389,7 +391,7 @@ async def consumer_lag(
 
 def _topics_of(
     name: str,
-    committed: dict[str, dict],
+    committed: dict[str, dict[Any, Any]],
     described: dict[str, tuple[str, list[GroupMember], set[str]]],
     wire: set[str],
     fleet_groups: dict[str, str],

@@ -97,7 +97,7 @@ class _Partition:
         return slots[0].offset if slots else self.next_offset
 
 
-class KeyOrderedConsumer(ConsumerRebalanceListener):
+class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types
     def __init__(
         self,
         process: Process,
@@ -126,8 +126,8 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
         self._cancel_on_revoke = cancel_on_revoke
         self._consumer: AIOKafkaConsumer | None = None
         self._parts: dict[TopicPartition, _Partition] = {}
-        self._keys: dict[tuple[TopicPartition, Any], deque] = {}
-        self._tasks: dict[tuple[TopicPartition, Any], asyncio.Task] = {}  # key -> the task running its records
+        self._keys: dict[tuple[TopicPartition, Any], deque[tuple[Any, _Slot]]] = {}
+        self._tasks: dict[tuple[TopicPartition, Any], asyncio.Task[None]] = {}  # key -> the task running its records
         self._held = 0
         self._running = 0
         self._paused = False
@@ -138,7 +138,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):
         self._room.set()
         self._dirty = asyncio.Event()
         self._commit_lock = asyncio.Lock()
-        self._committer: asyncio.Task | None = None
+        self._committer: asyncio.Task[None] | None = None
         self.last_poll = time.monotonic()  # liveness: the loop polls at least every idle_wait_ms
         self.assigned = False  # readiness: the group gave us partitions (or joined with none)
         self.processed = 0

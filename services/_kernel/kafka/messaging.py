@@ -34,7 +34,7 @@ import time
 import traceback
 import typing
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
@@ -50,7 +50,9 @@ from roundtrip._kernel.observability.telemetry import consuming, mark_error, pub
 from roundtrip._kernel.settings import KafkaSettings, Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import DeadLettered
-from roundtrip._kernel.wire.topology import group  # one group per subscription: they join and rebalance independently
+from roundtrip._kernel.wire.topology import (
+    group as group,
+)  # one group per subscription: they join and rebalance independently
 
 log = logging.getLogger("roundtrip")
 
@@ -87,7 +89,7 @@ def subscribe(
     cancel_on_revoke: bool = False,
     on_failure: Failed | None = None,
     description: str | None = None,
-) -> Any:
+) -> Callable[[Callable[[Any], Awaitable[Any]]], Any]:
     """The decorator of a handler of `topic` (logical name), consumed key-ordered and concurrently.
 
     `@subscribe(broker, topics.MODEL_CALLS, "model", settings)` on `async def on_call_model(command: CallModel)`:
@@ -170,7 +172,7 @@ def _message_path(
     group_id: str,
     handler: Callable[[Any], Awaitable[Any]],
     on_failure: Failed | None = None,
-):
+) -> Callable[[Any], Awaitable[None]]:
     """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
     model = _message_model(handler)
     roots: frozenset[str] = getattr(broker, _SERVICE, (service, frozenset()))[1]
@@ -233,7 +235,7 @@ def _no_outage(consumer: KeyOrderedConsumer) -> bool:
     return not consumer.outages
 
 
-def _polled_lately(consumer: KeyOrderedConsumer):
+def _polled_lately(consumer: KeyOrderedConsumer) -> Callable[[], bool]:
     return lambda: time.monotonic() - consumer.last_poll < LIVENESS_SILENCE_S
 
 
@@ -241,7 +243,7 @@ def consumers_of(broker: KafkaBroker) -> list[KeyOrderedConsumer]:
     """The key-ordered consumers of a service's broker (health, metrics, graceful stop)."""
     if not hasattr(broker, _CONSUMERS):
         setattr(broker, _CONSUMERS, [])
-    return getattr(broker, _CONSUMERS)
+    return cast("list[KeyOrderedConsumer]", getattr(broker, _CONSUMERS))
 
 
 def service_app(broker: KafkaBroker, logger: logging.Logger) -> FastStream:
@@ -339,7 +341,7 @@ async def _publish_dead_letter(broker: KafkaBroker, service: str, record: Any, r
     await publish(broker, topic_of(broker, topics.DEAD_LETTERS), letter, key)
 
 
-def _rescuer(broker: KafkaBroker, service: str):
+def _rescuer(broker: KafkaBroker, service: str) -> Callable[[Any, BaseException], Awaitable[None]]:
     """The consumer's last resort: dead-letter the raw record when handling it raised past the middleware."""
 
     async def rescue(record: Any, exc: BaseException) -> None:

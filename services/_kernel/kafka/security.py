@@ -78,7 +78,7 @@ def ssl_context(s: KafkaSecurity) -> ssl.SSLContext:
     """A client TLS context: the brokers' certificates checked (host name included) against the CA file or the
     system's CAs; this client's certificate and key presented when set (mTLS)."""
     try:
-        return create_ssl_context(
+        return create_ssl_context(  # type: ignore[no-any-return]  # aiokafka ships no types
             cafile=str(s.kafka_ssl_cafile) if s.kafka_ssl_cafile else None,
             certfile=str(s.kafka_ssl_certfile) if s.kafka_ssl_certfile else None,
             keyfile=str(s.kafka_ssl_keyfile) if s.kafka_ssl_keyfile else None,

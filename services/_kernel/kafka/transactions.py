@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import socket
+from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -72,7 +73,7 @@ class TransactionalOutlet:
         if self._producer is not None:
             await self._producer.stop()
 
-    def stage(self, message: BaseModel, key: bytes, consumed) -> None:
+    def stage(self, message: BaseModel, key: bytes, consumed: Any) -> None:
         """Publish `message` with the commit that covers `consumed` (a ConsumerRecord)."""
         carrier: dict[str, str] = {}
         inject(carrier)  # the turn's trace continues in the reply, as with every other hop
@@ -141,7 +142,7 @@ class TransactionalOutlet:
             await admin.close()
         self._drop_below({tp: meta.offset for tp, meta in committed.items() if meta.offset >= 0})
 
-    async def _start_and_read(self, admin: AIOKafkaAdminClient) -> dict:
+    async def _start_and_read(self, admin: AIOKafkaAdminClient) -> dict[Any, Any]:
         await self.start()
         await admin.start()
-        return await admin.list_consumer_group_offsets(self.group_id)
+        return await admin.list_consumer_group_offsets(self.group_id)  # type: ignore[no-any-return]  # aiokafka ships no types

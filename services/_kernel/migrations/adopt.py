@@ -8,6 +8,8 @@ Revisions after the adoption (later than ledger_0002 and conversations_0001) use
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -16,12 +18,12 @@ def _inspector() -> sa.Inspector:
     return sa.inspect(op.get_bind())  # a new one each time: it caches what it read
 
 
-def create_table(name: str, *columns: sa.Column) -> None:
+def create_table(name: str, *columns: sa.Column[Any]) -> None:
     if not _inspector().has_table(name):
         op.create_table(name, *columns)
 
 
-def add_column(table: str, column: sa.Column) -> None:
+def add_column(table: str, column: sa.Column[Any]) -> None:
     if column.name not in {c["name"] for c in _inspector().get_columns(table)}:
         op.add_column(table, column)
 

@@ -170,10 +170,10 @@ def _transactional_sqlite(engine: Any) -> None:
     upgrade waits for the first, then finds its work done), and the DDL inside it (pysqlite would run it outside)."""
 
     @event.listens_for(engine, "connect")
-    def _own_transactions(dbapi_connection, _record):
+    def _own_transactions(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # SQLAlchemy's BEGIN below, not pysqlite's own
 
     @event.listens_for(engine, "begin")
-    def _begin(conn):
+    def _begin(conn: Connection) -> None:
         conn.exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_LOCK_WAIT_MS}")
         conn.exec_driver_sql("BEGIN IMMEDIATE")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -16,7 +17,7 @@ class TraceUnreadable(Exception):
     """Where the spans should be cannot be read: `str(exc)` says where and why, in one line."""
 
 
-def read(settings: Settings, wanted: str) -> tuple[str, list[dict]]:
+def read(settings: Settings, wanted: str) -> tuple[str, list[dict[str, Any]]]:
     """(trace id, its spans) for a turn id or a trace id; no spans when none is found."""
     url = settings.effective_jaeger_query_url
     if url:
@@ -31,7 +32,7 @@ def read(settings: Settings, wanted: str) -> tuple[str, list[dict]]:
     return from_files(files, wanted)
 
 
-def from_files(files: list[Path], wanted: str) -> tuple[str, list[dict]]:
+def from_files(files: list[Path], wanted: str) -> tuple[str, list[dict[str, Any]]]:
     """A line is parsed only when it names `wanted` (a trace id, or a turn id in its attributes): the files hold every
     turn's spans, and a page that reads one turn's while it runs must not parse them all."""
     lines = [line for path in files for line in _lines(path) if wanted in line]
@@ -58,9 +59,9 @@ def _lines(path: Path) -> list[str]:
         return []
 
 
-def from_jaeger(url: str, wanted: str) -> tuple[str, list[dict]]:
+def from_jaeger(url: str, wanted: str) -> tuple[str, list[dict[str, Any]]]:
     """GET /api/traces/<id>, or search the turn spans by tag roundtrip.turn_id."""
-    data: list[dict] = []
+    data: list[dict[str, Any]] = []
     if len(wanted) == 32 and all(c in "0123456789abcdef" for c in wanted.lower()):
         response = httpx.get(f"{url}/api/traces/{wanted.lower()}", timeout=10)
         if response.status_code != 404:
@@ -85,7 +86,7 @@ def from_jaeger(url: str, wanted: str) -> tuple[str, list[dict]]:
     return found["traceID"], [jaeger_span(span, found.get("processes", {})) for span in found["spans"]]
 
 
-def jaeger_span(span: dict, processes: dict) -> dict:
+def jaeger_span(span: dict[str, Any], processes: dict[Any, Any]) -> dict[str, Any]:
     """A span of Jaeger's JSON API in the shape of the span file's records."""
     tags = {t["key"]: t["value"] for t in span.get("tags", [])}
     parent = next((r["spanID"] for r in span.get("references", []) if r.get("refType") == "CHILD_OF"), None)

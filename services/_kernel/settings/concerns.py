@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, AliasChoices, BeforeValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -176,7 +185,7 @@ class KafkaSettings(Concern):
 
     @field_validator("min_insync_replicas")
     @classmethod
-    def _min_isr(cls, value: int | None, info) -> int | None:
+    def _min_isr(cls, value: int | None, info: ValidationInfo) -> int | None:
         factor = info.data.get("replication_factor", 1)
         if value is not None and value > factor:
             raise ValueError(

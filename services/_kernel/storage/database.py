@@ -10,16 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from roundtrip._kernel.settings.concerns import POOL_SIZE
+from roundtrip._kernel.settings.concerns import POOL_SIZE as POOL_SIZE  # re-exported: the stores' default
 from roundtrip._kernel.settings.display import without_passwords
 
 JOURNAL_LIMIT_BYTES = 64 * 1024 * 1024
+T = TypeVar("T")  # what a unit of work returns
 
 
 def is_sqlite(url: str) -> bool:
@@ -51,7 +52,7 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
         engine = create_engine(parsed, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _pragmas(conn, _record):  # WAL: readers (roundtrip turns) never block the guard
+        def _pragmas(conn: Any, _record: Any) -> None:  # WAL: readers (roundtrip turns) never block the guard
             cur = conn.cursor()
             if not read_only:  # a read-only connection cannot change the journal (the writers made it WAL)
                 cur.execute("PRAGMA journal_mode=WAL")
@@ -72,7 +73,7 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
     return create_async_engine(url, pool_size=pool_size, max_overflow=0)
 
 
-async def run_on(engine: Engine | AsyncEngine, work: Callable[[Connection], Any], write: bool = False) -> Any:
+async def run_on(engine: Engine | AsyncEngine, work: Callable[[Connection], T], write: bool = False) -> T:
     """`work(connection)` in one transaction (committed when `write`) on either kind of engine, which is disposed after:
     for the occasional job (a migration, a reading), not the hot path (`TurnStore._run`)."""
     try:

@@ -34,7 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, Self, cast
 
 from sqlalchemy import (
     Column,
@@ -58,7 +58,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtrip._kernel.migrations import LEDGER
 from roundtrip._kernel.migrations.schema import reaching, require
-from roundtrip._kernel.storage.database import POOL_SIZE, make_engine
+from roundtrip._kernel.storage.database import POOL_SIZE, T, make_engine
 
 log = logging.getLogger("roundtrip.fence")
 security = logging.getLogger("roundtrip.security")
@@ -232,7 +232,7 @@ class TurnStore:
         self._inline_auto: Connection | None = None  # ... and one in autocommit mode, for single statements
 
     @classmethod
-    async def open(cls, url: str, read_only: bool = False, pool_size: int = POOL_SIZE):
+    async def open(cls, url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -> Self:
         """The store on `url` (`read_only`: one that cannot write, for the CLI's listings; `pool_size`: its PostgreSQL
         connections, `ROUNDTRIP_DATABASE_POOL_SIZE`).
         Raises SchemaMismatch when its tables are not at this code's revision (`roundtrip db upgrade`),
@@ -256,7 +256,7 @@ class TurnStore:
         else:
             self.engine.dispose()
 
-    async def _run(self, work: Callable[[Connection], Any], write: bool = False, single: bool = False) -> Any:
+    async def _run(self, work: Callable[[Connection], T], write: bool = False, single: bool = False) -> T:
         """Run `work(connection)` in a transaction (write) or a plain connection, on either engine.
 
         `single`: `work` is one statement, so it runs in autocommit mode. On SQLite, SQLite commits
@@ -301,7 +301,7 @@ class TurnStore:
                 self._inline = conn
         return conn
 
-    def _run_waiting(self, work: Callable[[Connection], Any], write: bool, single: bool = False) -> Any:
+    def _run_waiting(self, work: Callable[[Connection], T], write: bool, single: bool = False) -> T:
         assert isinstance(self.engine, Engine)  # SQLite's, on the sync engine
         with self.engine.begin() if write and not single else self.engine.connect() as conn:
             if single:
@@ -314,7 +314,7 @@ class TurnStore:
 
     async def waiting_for_capacity(self) -> int:
         """Turns whose model call waits for the API's rate limits now (the gateway's signal to admit fewer)."""
-        return await self._run(lambda conn: conn.execute(_COUNT_WAITING).scalar_one(), single=True)
+        return cast(int, await self._run(lambda conn: conn.execute(_COUNT_WAITING).scalar_one(), single=True))
 
     async def ended_among(self, turn_ids: list[str]) -> set[str]:
         """Those of `turn_ids` whose turn has ended (or is ending): a gateway replica's running turns whose outcome

@@ -69,7 +69,7 @@ def cap_text(text: str, max_bytes: int, what: str = "text") -> str:
     return head + marker
 
 
-def _slots(messages: list[dict]) -> list[tuple[int, dict, str]]:
+def _slots(messages: list[dict[str, Any]]) -> list[tuple[int, dict[str, Any], str]]:
     """(size, block, field) of every tool input, tool result and text in the transcript, in order."""
     found = []
     for message in messages:
@@ -87,7 +87,7 @@ def _slots(messages: list[dict]) -> list[tuple[int, dict, str]]:
     return found
 
 
-def fit_transcript(messages: list[dict], max_bytes: int) -> tuple[list[dict], int]:
+def fit_transcript(messages: list[dict[str, Any]], max_bytes: int) -> tuple[list[dict[str, Any]], int]:
     """`messages` (a copy, when changed) under `max_bytes` of JSON; (messages, blocks replaced)."""
     size = json_size(messages)
     if size <= max_bytes:

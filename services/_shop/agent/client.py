@@ -13,7 +13,7 @@ Lookups return None on 404 (missing and not-yours look the same). Failures raise
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
@@ -131,7 +131,7 @@ class ShopClient:
         response = await self._request("GET", "/orders", customer_id, params=params)
         if response.status_code != 200:
             raise self._unexpected(response, "list_orders")
-        return self._json(response)["orders"]
+        return cast("list[dict[str, Any]]", self._json(response)["orders"])
 
     async def get_order(self, customer_id: str, order_id: str) -> dict[str, Any] | None:
         response = await self._request("GET", f"/orders/{_seg(order_id)}", customer_id)
@@ -139,7 +139,7 @@ class ShopClient:
             return None
         if response.status_code != 200:
             raise self._unexpected(response, "get_order")
-        return self._json(response)
+        return cast("dict[str, Any] | None", self._json(response))
 
     async def shipping_status(self, customer_id: str, order_id: str) -> dict[str, Any] | None:
         response = await self._request("GET", f"/orders/{_seg(order_id)}/shipping", customer_id)
@@ -147,7 +147,7 @@ class ShopClient:
             return None
         if response.status_code != 200:
             raise self._unexpected(response, "shipping_status")
-        return self._json(response)
+        return cast("dict[str, Any] | None", self._json(response))
 
     async def cancel_order(self, customer_id: str, order_id: str, reason: str, idempotency_key: str) -> dict[str, Any]:
         """The cancelled order. Raises OrderNotFound, OrderNotCancellable, IdempotencyConflict."""
@@ -159,7 +159,7 @@ class ShopClient:
             json={"reason": reason},
         )
         if response.status_code == 200:
-            return self._json(response)
+            return cast("dict[str, Any]", self._json(response))
         if response.status_code == 404:
             raise OrderNotFound(f"order {order_id} not found", 404)
         if response.status_code == 409:
@@ -173,7 +173,7 @@ class ShopClient:
         response = await self._request("GET", "/help/search", customer_id, params={"q": query})
         if response.status_code != 200:
             raise self._unexpected(response, "search_help")
-        return self._json(response)["articles"]
+        return cast("list[dict[str, Any]]", self._json(response)["articles"])
 
     async def escalate(self, customer_id: str, summary: str, urgency: str, idempotency_key: str) -> dict[str, Any]:
         response = await self._request(
@@ -184,7 +184,7 @@ class ShopClient:
             json={"summary": summary, "urgency": urgency},
         )
         if response.status_code in (200, 201):
-            return self._json(response)
+            return cast("dict[str, Any]", self._json(response))
         if response.status_code == 422:
             raise IdempotencyConflict(self._json(response).get("message", "idempotency conflict"), 422)
         raise self._unexpected(response, "escalate")
@@ -193,4 +193,4 @@ class ShopClient:
         response = await self._request("GET", "/admin/orders", None)
         if response.status_code != 200:
             raise self._unexpected(response, "admin_orders")
-        return self._json(response)["orders"]
+        return cast("list[dict[str, Any]]", self._json(response)["orders"])

@@ -21,7 +21,7 @@ The binding of all of them to tool names is the agent, in __init__.py.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from roundtrip import ToolContext, ToolError, approval_rule
 from roundtrip._shop.agent.client import IdempotencyConflict, OrderNotCancellable, OrderNotFound
@@ -112,7 +112,7 @@ async def cancel_order(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]
 
 
 async def get_shipping_status(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-    info = await ctx.deps.shop.shipping_status(ctx.customer_id, args["order_id"])
+    info: dict[str, Any] | None = await ctx.deps.shop.shipping_status(ctx.customer_id, args["order_id"])
     if info is None:
         raise ToolError(not_found_message(args["order_id"]))
     if info["status"] in ("pending", "processing"):
@@ -129,7 +129,9 @@ async def search_help_center(args: dict[str, Any], ctx: ToolContext) -> dict[str
 
 async def escalate_to_human(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     try:
-        ticket = await ctx.deps.shop.escalate(ctx.customer_id, args["summary"], args["urgency"], ctx.idempotency_key)
+        ticket: dict[str, Any] = await ctx.deps.shop.escalate(
+            ctx.customer_id, args["summary"], args["urgency"], ctx.idempotency_key
+        )
     except IdempotencyConflict:
         raise ToolError("This escalation conflicts with an earlier request; no new ticket was opened.") from None
     return ticket | {"message": "A human agent will contact the customer; share the ticket id with them."}
@@ -178,7 +180,7 @@ def cancel_order_approval(
 
 
 async def resolve_order(order_id: str, ctx: ToolContext) -> dict[str, Any] | None:
-    return await ctx.deps.shop.get_order(ctx.customer_id, order_id)
+    return cast("dict[str, Any] | None", await ctx.deps.shop.get_order(ctx.customer_id, order_id))
 
 
 # -- what a side effect did, as the customer reads it when the turn then ends early -----------------

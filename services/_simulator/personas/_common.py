@@ -7,7 +7,7 @@ are forgiving about shapes (`{"orders": [...]}` or a bare list, `articles` or `r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from ..transcript import Result, Step
 
@@ -20,16 +20,16 @@ CANCEL_REASON = "customer_request"
 class Reply:
     """Content blocks without ids (the engine assigns them); stop_reason None means 'infer'."""
 
-    content: list[dict] = field(default_factory=list)
+    content: list[dict[str, Any]] = field(default_factory=list)
     stop_reason: str | None = None
     stop_sequence: str | None = None
 
 
-def call(name: str, input: dict[str, Any] | None = None) -> dict:
+def call(name: str, input: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"type": "tool_use", "name": name, "input": dict(input or {})}
 
 
-def act(*calls: dict, preface: str | None = None) -> Reply:
+def act(*calls: dict[str, Any], preface: str | None = None) -> Reply:
     """Ask for one or more tool calls (stop_reason tool_use)."""
     content = [{"type": "text", "text": preface}] if preface else []
     return Reply(content + list(calls))
@@ -43,7 +43,7 @@ def answer(text: str) -> Reply:
 # -- reading results ---------------------------------------------------------------------
 
 
-def orders_in(result: Result | None) -> list[dict]:
+def orders_in(result: Result | None) -> list[dict[str, Any]]:
     """Orders of a list_orders result, newest first."""
     if result is None or result.is_error:
         return []
@@ -55,7 +55,7 @@ def orders_in(result: Result | None) -> list[dict]:
     return orders
 
 
-def newest(orders: list[dict], statuses: tuple[str, ...]) -> dict | None:
+def newest(orders: list[dict[str, Any]], statuses: tuple[str, ...]) -> dict[str, Any] | None:
     return next((o for o in orders if o.get("status") in statuses), None)
 
 
@@ -83,7 +83,7 @@ def error_text(result: Result) -> str:
     text = " ".join(str(text).split()) or "the request could not be completed"
     if len(text) > 200:
         text = text[:197] + "..."
-    return text.rstrip(".") + "."
+    return cast(str, text.rstrip(".") + ".")
 
 
 # -- talking -----------------------------------------------------------------------------
@@ -112,14 +112,14 @@ def sorry(step: Step) -> str:
     )
 
 
-def describe_order(order: dict) -> str:
+def describe_order(order: dict[str, Any]) -> str:
     details = [str(order["status"])] if order.get("status") else []
     if order.get("placed_at"):
         details.append(f"placed {order['placed_at']}")
     return f"{order['order_id']} ({', '.join(details)})" if details else order["order_id"]
 
 
-def order_list(orders: list[dict]) -> str:
+def order_list(orders: list[dict[str, Any]]) -> str:
     if not orders:
         return "I couldn't find any orders on your account."
     lines = "; ".join(describe_order(o) for o in orders[:5])
@@ -127,7 +127,7 @@ def order_list(orders: list[dict]) -> str:
     return f"Here are your most recent orders: {lines}{more}."
 
 
-def nothing_to_cancel(orders: list[dict]) -> str:
+def nothing_to_cancel(orders: list[dict[str, Any]]) -> str:
     if not orders:
         return (
             "I couldn't find any orders on your account, so there is nothing to cancel. Is there anything else I "

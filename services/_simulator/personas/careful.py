@@ -15,6 +15,7 @@ list_orders result, the N-th listed order is cancelled at once, with no second l
 from __future__ import annotations
 
 import re
+from typing import cast
 
 from ..transcript import Transcript
 from ._common import (
@@ -71,7 +72,7 @@ def listed_before(t: Transcript) -> str | None:
     position = ORDINALS[wanted.group(1)]
     if position > len(listed) or listed[position - 1] not in looked_up:
         return None
-    return listed[position - 1]
+    return cast(str, listed[position - 1])
 
 
 def cancel(t: Transcript) -> Reply:

@@ -8,6 +8,8 @@ After an error result they apologise and end the turn (stop_reason end_turn).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..transcript import Transcript
 from ._common import Reply, act, answer, call
 
@@ -17,8 +19,8 @@ DEPTH = 600
 SORRY = "I'm sorry, I couldn't look that up just now. Could you tell me a little more about what you need?"
 
 
-def _nested(depth: int) -> list:
-    value: list = []
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
     for _ in range(depth - 1):
         value = [value]
     return value

@@ -9,12 +9,14 @@ If a draft unexpectedly succeeds, it simply moves on; if a corrected call fails,
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..transcript import Transcript
 from . import careful
 from ._common import Reply
 
 
-def _draft(block: dict) -> dict:
+def _draft(block: dict[str, Any]) -> dict[str, Any]:
     """The sloppy first attempt at a call."""
     name, good = block["name"], block["input"]
     if name == "list_orders":
@@ -32,7 +34,7 @@ def _draft(block: dict) -> dict:
     return {**block, "input": bad}
 
 
-def _fixed(block: dict) -> dict:
+def _fixed(block: dict[str, Any]) -> dict[str, Any]:
     """The corrected call, written after reading the error."""
     if block["name"] == "list_orders":
         return {**block, "input": {**block["input"], "limit": 5}}
