@@ -148,7 +148,7 @@ async def console_redrives_a_dead_letter(bootstrap: str, port: str) -> tuple[int
             )
             statuses.append(answer.status_code)
         while letters[0] in (again := await waiting()) or not again:  # the re-driven record, dead-lettered again
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # a poll interval: the console's page is all there is to ask
     return statuses[0], statuses[1]
 
 
