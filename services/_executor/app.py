@@ -7,13 +7,12 @@ turn.tool_batches (`ROUNDTRIP_EXECUTOR_PARTITIONS`).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from faststream import FastStream
 from opentelemetry import trace
 
 from roundtrip._executor.handlers import BatchNotRun, execute, verify
-from roundtrip._executor.runner import Runner
+from roundtrip._executor.runner import runner_for
 from roundtrip._kernel.kafka.dedupe import SeenIds
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.observability.telemetry import mark_error
@@ -89,18 +88,6 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             await state["fence"].close()
 
     return app
-
-
-def runner_for(settings: Settings, agent: Agent, deps: Any) -> Runner:
-    """What runs the calls of a batch: the agent's handlers (its MCP tools by the toolbox), with the fleet's limits."""
-    return Runner(
-        agent.registry,
-        deps,
-        settings.tool_timeout_s,
-        settings.parallel_tools,
-        settings.max_block_bytes,
-        fallback=agent.toolbox.handler,
-    )
 
 
 def _waits(request: ApprovalRequested) -> None:

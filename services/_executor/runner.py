@@ -21,8 +21,10 @@ from opentelemetry import trace
 
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import mark_error, tracer
+from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CheckedCall, Turn
 from roundtrip._kernel.wire.limits import cap_text
+from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.registry import Handler, Registry
 
@@ -118,3 +120,15 @@ class Runner:
                 "calls run one after another", {"roundtrip.order": [c.name for c in todo]}
             )
         return [await self.run_one(c, turn) for c in todo]
+
+
+def runner_for(settings: Settings, agent: Agent, deps: Any) -> Runner:
+    """What runs the calls of a batch: the agent's handlers (its MCP tools by the toolbox), with the fleet's limits."""
+    return Runner(
+        agent.registry,
+        deps,
+        settings.tool_timeout_s,
+        settings.parallel_tools,
+        settings.max_block_bytes,
+        fallback=agent.toolbox.handler,
+    )

@@ -3,46 +3,21 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from faststream import FastStream
 
-from roundtrip._gate.handlers import Gate
+from roundtrip._gate.of_agent import gate_for
 from roundtrip._gate.recorded import RecordedTurns
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.approvals import DecisionVerifier, Signer
 from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch
 from roundtrip._sdk.agent import Agent
-from roundtrip._sdk.context import Dependencies, ToolContext
 
 log = logging.getLogger("roundtrip.gate")
 # PostgreSQL connections a gate replica keeps for the ledger (deploy/README.md, "Database connections")
 GATE_POOL_SIZE = 2
-
-
-def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
-    """The gate of this agent, with these clients: its look-ups are the agent's resolvers, scoped to the principal."""
-    registry = agent.registry
-
-    async def lookup(kind: str, entity_id: str, customer_id: str) -> dict[str, Any] | None:
-        ctx = ToolContext(customer_id=customer_id, tool_use_id="", idempotency_key="", deps=deps)
-        return await registry.entity_resolver(kind)(entity_id, ctx)
-
-    return Gate(
-        registry=registry,
-        lookup=lookup,
-        signer=Signer.of(settings.key_text("batch_signing_key"), "ROUNDTRIP_BATCH_SIGNING_KEY"),
-        deps=deps,
-        batch_ttl_s=settings.stuck_after_s,
-        agent_settings=agent.own_settings,
-        messages=agent.message,
-        unavailable=agent.toolbox.unavailable,
-        decisions=DecisionVerifier.of(settings.decision_verify_keys, "ROUNDTRIP_DECISION_VERIFY_KEYS"),
-        approval_timeout_s=settings.approval_timeout_s,
-    )
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:

@@ -30,30 +30,17 @@ from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.outbox import Publish
 from roundtrip._guard.pricing import PriceTable
-from roundtrip._guard.replies import DEFAULT, Replies
-from roundtrip._guard.rules import Policy
+from roundtrip._guard.replies import Replies
+from roundtrip._guard.rules import policy_from
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.observability.telemetry import tracer
-from roundtrip._kernel.settings import LoopRules, Settings
+from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CancelTurn, ModelResponded, StartTurn
 from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.guard")
-
-
-def policy_from(settings: LoopRules, replies: Replies = DEFAULT) -> Policy:
-    return Policy(
-        max_steps=settings.max_steps,
-        loop_rules=settings.loop_rules,
-        max_identical_calls=settings.max_identical_calls,
-        cycle_max_period=settings.cycle_max_period,
-        cycle_repeats=settings.cycle_repeats,
-        failure_streak=settings.failure_streak,
-        budget_usd=settings.turn_budget_usd,
-        replies=replies,
-    )
 
 
 def guard_of(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from roundtrip._guard.replies import DEFAULT, Replies
+from roundtrip._kernel.settings import LoopRules
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, ToolCall
 from roundtrip._kernel.wire.fingerprints import fingerprint
 
@@ -210,3 +211,16 @@ def decide(
             return checked
         return Continue(blocked={**checked, **unfit})
     return Continue(blocked=unfit)
+
+
+def policy_from(settings: LoopRules, replies: Replies = DEFAULT) -> Policy:
+    return Policy(
+        max_steps=settings.max_steps,
+        loop_rules=settings.loop_rules,
+        max_identical_calls=settings.max_identical_calls,
+        cycle_max_period=settings.cycle_max_period,
+        cycle_repeats=settings.cycle_repeats,
+        failure_streak=settings.failure_streak,
+        budget_usd=settings.turn_budget_usd,
+        replies=replies,
+    )

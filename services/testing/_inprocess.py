@@ -22,16 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roundtrip._executor.app import runner_for
 from roundtrip._executor.handlers import execute
-from roundtrip._gate.app import gate_for
+from roundtrip._executor.runner import runner_for
+from roundtrip._gate.of_agent import gate_for
 from roundtrip._guard.acted import Acts
-from roundtrip._guard.app import policy_from
 from roundtrip._guard.approvals import resumed
 from roundtrip._guard.loop import continued
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
-from roundtrip._guard.rules import Finish, decide
+from roundtrip._guard.rules import Finish, decide, policy_from
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.approvals import Signer, Verifier
 from roundtrip._kernel.wire.events import (

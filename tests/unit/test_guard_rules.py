@@ -97,8 +97,8 @@ def test_step_limit():
 
 
 def test_a_rule_that_ends_the_turn_says_the_agents_words_and_the_model_keeps_its_own():
-    from roundtrip._guard.app import policy_from
     from roundtrip._guard.replies import Replies
+    from roundtrip._guard.rules import policy_from
     from roundtrip._kernel.settings import Settings
 
     words = Replies.of({"step_limit": "Wir haben hier angehalten.", "end_turn": "Noch etwas?"})

@@ -96,6 +96,20 @@ def test_no_import_climbs_upward_or_crosses_to_another_service():
     assert offending == [], "\n".join(offending)
 
 
+SHELLS = {f"roundtrip.{service}.app" for service in FIVE}  # what subscribes a service and owns its lifecycle
+
+
+def test_the_in_process_harness_builds_the_services_cores_never_imports_their_shells():
+    """roundtrip.testing runs a turn through the services' own logic (the model handler, the guard's rules, the gate,
+    the runner), built as the services build them, without their subscriptions, brokers or lifecycles."""
+    shells = [
+        f"{where} {module} imports {target}"
+        for module, target, where in _imports()
+        if _room(module) == "testing" and (target in SHELLS or target.rsplit(".", 1)[0] in SHELLS)
+    ]
+    assert shells == [], "\n".join(shells)
+
+
 def test_the_schemas_package_is_data_that_imports_nothing_of_the_package():
     for path in sorted((ROOT / "schemas").rglob("*.py")):
         tree = parse(path.read_text(encoding="utf-8"))
