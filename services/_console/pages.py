@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import quote
 
 from roundtrip._console.auth import CSRF_FIELD, Identity
+from roundtrip._console.timeline import customer_words, last_model_text, result_value, texts
 
 POLL_MS = 1500
 STATUS_COLOURS = {
@@ -154,8 +155,6 @@ def history_html(messages: list[dict[str, Any]], key: str) -> str:
     """The conversation's earlier turns, collapsed: the customer's words and the model's text of each."""
     if not messages:
         return ""
-    from roundtrip._console.timeline import texts
-
     lines = [
         f'<p><strong>{"customer" if m.get("role") == "user" else "model"}:</strong></p><p class="said">{esc(text)}</p>'
         for m in messages
@@ -184,8 +183,6 @@ def approval_card(
     """One held call as a person decides it: what the customer asked, what the model said at this step, the exact
     call and the entity it resolves to, why a person must decide, the step's results so far, the conversation's
     earlier turns collapsed, the countdown to the deadline, and the decision form."""
-    from roundtrip._console.timeline import customer_words, last_model_text, result_value
-
     if sent:
         action = f'<p class="notice warn">{esc(sent)}</p>'
     elif identity.may_decide:

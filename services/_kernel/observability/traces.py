@@ -34,22 +34,16 @@ def read(settings: Settings, wanted: str) -> tuple[str, list[dict[str, Any]]]:
 
 def from_files(files: list[Path], wanted: str) -> tuple[str, list[dict[str, Any]]]:
     """A line is parsed only when it names `wanted` (a trace id, or a turn id in its attributes): the files hold every
-    turn's spans, and a page that reads one turn's while it runs must not parse them all."""
-    lines = [line for path in files for line in _lines(path) if wanted in line]
-    spans = [json.loads(line) for line in lines]
+    turn's spans, and a page that reads one turn's while it runs must not parse them all. The files are read once."""
+    lines = [line for path in files for line in _lines(path)]
+    spans = [json.loads(line) for line in lines if wanted in line]
     if any(s["trace_id"] == wanted for s in spans):
         return wanted, [s for s in spans if s["trace_id"] == wanted]
     trace_id = next((s["trace_id"] for s in spans if s["attributes"].get("roundtrip.turn_id") == wanted), "")
     if not trace_id:
         return wanted, []
-    return trace_id, [
-        s
-        for path in files
-        for line in _lines(path)
-        if trace_id in line
-        for s in [json.loads(line)]
-        if s["trace_id"] == trace_id
-    ]
+    # the turn's trace holds spans that do not name the turn (an MCP server's, for one)
+    return trace_id, [s for line in lines if trace_id in line for s in [json.loads(line)] if s["trace_id"] == trace_id]
 
 
 def _lines(path: Path) -> list[str]:
