@@ -305,7 +305,7 @@ def ask(
     stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error or model_busy; 6 the
     request was refused (conversation_refused, invalid_request).
     """
-    from roundtrip._cli.console import ask as do_ask
+    from roundtrip._cli.terminal import ask as do_ask
 
     _check_persona(persona)
     settings = _fleet_settings()
@@ -326,7 +326,7 @@ def chat(
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
 ) -> None:
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
-    from roundtrip._cli.console import chat as do_chat
+    from roundtrip._cli.terminal import chat as do_chat
 
     _check_persona(persona)
     settings = _fleet_settings()
@@ -414,7 +414,7 @@ def console_command() -> None:
 @app.command()
 def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:
     """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or span files."""
-    from roundtrip._cli.console import show_trace
+    from roundtrip._cli.terminal import show_trace
 
     raise typer.Exit(show_trace(_fleet_settings(), turn_or_trace_id))
 
@@ -424,7 +424,7 @@ def dead_letters(
     limit: Annotated[int, typer.Option(help="the last N dead letters")] = 20,
 ) -> None:
     """Show the messages no service could process, newest last, with the reason."""
-    from roundtrip._cli.console import show_dead_letters
+    from roundtrip._cli.terminal import show_dead_letters
 
     raise typer.Exit(asyncio.run(show_dead_letters(_fleet_settings(), limit)))
 
@@ -438,7 +438,7 @@ def lag(
     watch: Annotated[float | None, typer.Option(help="refresh every SECONDS until Ctrl-C")] = None,
 ) -> None:
     """Each consumer group's lag per topic and partition (committed, log end, lag), totals and members."""
-    from roundtrip._cli.console import show_lag
+    from roundtrip._cli.terminal import show_lag
 
     if watch is not None and watch <= 0:
         raise typer.BadParameter("--watch takes a number of seconds > 0")
@@ -537,7 +537,7 @@ def turns(
         return
     if status and status not in ("running", "stuck", "waiting", "awaiting", "ending", "ended"):
         raise typer.BadParameter("status must be running, stuck, waiting, awaiting, ending or ended")
-    from roundtrip._cli.console import list_turns
+    from roundtrip._cli.terminal import list_turns
 
     raise typer.Exit(asyncio.run(list_turns(_fleet_settings(), status, customer, limit)))
 
@@ -551,7 +551,7 @@ def conversations(
     """List conversations (newest activity first) with their turns, history kept and when they expire."""
     if ctx.invoked_subcommand is not None:
         return
-    from roundtrip._cli.console import list_conversations
+    from roundtrip._cli.terminal import list_conversations
 
     raise typer.Exit(asyncio.run(list_conversations(_fleet_settings(), customer, limit)))
 
@@ -559,7 +559,7 @@ def conversations(
 @conversations_app.command("forget")
 def conversations_forget(conversation_id: Annotated[str, typer.Argument(help="the conversation to erase")]) -> None:
     """Delete a conversation and its history now (a customer's right to erasure)."""
-    from roundtrip._cli.console import forget_conversation
+    from roundtrip._cli.terminal import forget_conversation
 
     raise typer.Exit(asyncio.run(forget_conversation(_fleet_settings(), conversation_id)))
 
@@ -570,7 +570,7 @@ def turns_cancel(
     reason: Annotated[str, typer.Option(help="recorded with the turn")] = "cancelled by an operator",
 ) -> None:
     """Stop a running turn now (a kill switch): the customer gets a polite reply."""
-    from roundtrip._cli.console import cancel_turn
+    from roundtrip._cli.terminal import cancel_turn
 
     raise typer.Exit(asyncio.run(cancel_turn(_fleet_settings(), turn_id, reason)))
 
@@ -596,7 +596,7 @@ def approvals(
     """List the calls waiting for a person's approval (who, what, why, deadline, trace id)."""
     if ctx.invoked_subcommand is not None:
         return
-    from roundtrip._cli.console import list_approvals
+    from roundtrip._cli.terminal import list_approvals
 
     raise typer.Exit(asyncio.run(list_approvals(_fleet_settings(), all_, limit)))
 
@@ -608,7 +608,7 @@ def approvals_approve(
     reason: Annotated[str, typer.Option(help="kept with the turn")] = "",
 ) -> None:
     """Approve one waiting call: it runs once, with exactly the arguments shown, and the turn goes on."""
-    from roundtrip._cli.console import decide
+    from roundtrip._cli.terminal import decide
 
     raise typer.Exit(asyncio.run(decide(_fleet_settings(), approval_id, True, reason, by or _me())))
 
@@ -620,7 +620,7 @@ def approvals_deny(
     by: Annotated[str | None, typer.Option(help="who decides (default: user@host)")] = None,
 ) -> None:
     """Deny one waiting call: it never runs; the model gets an error result with the reason and goes on."""
-    from roundtrip._cli.console import decide
+    from roundtrip._cli.terminal import decide
 
     raise typer.Exit(asyncio.run(decide(_fleet_settings(), approval_id, False, reason, by or _me())))
 

@@ -20,7 +20,7 @@ import uvicorn
 from faststream import FastStream
 
 from roundtrip._console import letter_pages
-from roundtrip._console.books import Books
+from roundtrip._console.ledger_reader import Books
 from roundtrip._console.letters import Letters, raw_sender
 from roundtrip._console.web import Console, application
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app
@@ -46,7 +46,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     cancels = Outlet(broker, topics.TURN_CONTROLS, CancelTurn, "A cancel a person sent from the console")
     books = Books(
         settings.ledger_db_url, settings.conversations_db_url
-    )  # the ledger, opened read-only when first read (services/_console/books.py)
+    )  # the ledger, opened read-only when first read (services/_console/ledger_reader.py)
     handled = Outlet(broker, topics.DEAD_LETTERS_HANDLED, DeadLetterHandled, "A dead letter re-driven or discarded")
     dead_letters = Letters(settings, handled, raw_sender(broker))  # read from Kafka when a page first asks
     console = Console(settings, books, decisions, cancels)

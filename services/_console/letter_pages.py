@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from roundtrip._console import desk, letters
+from roundtrip._console import decisions, letters
 from roundtrip._console.auth import CSRF_FIELD, Identity
 from roundtrip._console.pages import esc, live, notice, when
 from roundtrip._console.web import SECURITY_HEADERS, TOLD, Answer, Console, _q
@@ -94,7 +94,7 @@ class DeadLetterDesk:
         note = str(form.get("reason", "")).strip()[:500]
         try:
             item, claim = await self.shelf.act(wanted, action, identity.name, note)
-        except desk.Refused as refused:
+        except decisions.Refused as refused:
             self.console._audit(f"refused {action} dead letter", identity, request, letter=wanted, why=refused.message)
             raise Answer(refused.status, refused.message, identity, back) from None
         except letters.LettersAway as exc:

@@ -36,7 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from roundtrip._console.desk import Refused
+from roundtrip._console.decisions import Refused
 from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients

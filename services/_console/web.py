@@ -31,9 +31,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from roundtrip._console import desk, pages, timeline
+from roundtrip._console import decisions, pages, timeline
 from roundtrip._console.auth import CSRF_COOKIE, CSRF_FIELD, Gatekeeper, Identity, NotSignedIn
-from roundtrip._console.books import Books, LedgerAway
+from roundtrip._console.ledger_reader import Books, LedgerAway
 from roundtrip._guard.ledger import TurnRow
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._kernel.observability import traces
@@ -185,16 +185,16 @@ class Console:
         reason = str(form.get("reason", "")).strip()[:500]
         async with self._deciding:  # one decision at a time: a second one for the same approval sees the first
             row, turn = await self._read(self.books.approval(approval_id), identity)
-            refused = desk.refusal(approval_id, row, turn)
+            refused = decisions.refusal(approval_id, row, turn)
             if refused is None and approval_id in self.sent:
-                refused = desk.Refused(f"approval {approval_id}: {self.sent[approval_id]}: nothing sent")
+                refused = decisions.Refused(f"approval {approval_id}: {self.sent[approval_id]}: nothing sent")
             if refused is not None:
                 if row is None or row.status != "pending":  # applied or ended: no longer this console's to hold
                     self.sent.pop(approval_id, None)
                 self._audit(f"refused {verdict}", identity, request, approval=approval_id, why=refused.message)
                 raise Answer(refused.status, refused.message, identity)
-            decision = desk.signed_decision(
-                row, verdict == "approve", reason, identity.name, desk.decision_signer(self.settings)
+            decision = decisions.signed_decision(
+                row, verdict == "approve", reason, identity.name, decisions.decision_signer(self.settings)
             )
             attributes = {
                 "roundtrip.approval_id": approval_id,
@@ -311,11 +311,11 @@ class Console:
         identity, form = await self._change(request, back)
         reason = str(form.get("reason", "")).strip()[:500] or "cancelled in the console"
         row, _ = await self._read(self.books.turn(turn_id), identity, back)
-        refused = desk.cancel_refusal(turn_id, row)
+        refused = decisions.cancel_refusal(turn_id, row)
         if refused is not None:
             self._audit("refused cancel", identity, request, turn=turn_id, why=refused.message)
             raise Answer(refused.status, refused.message, identity, back)
-        command = desk.cancel_command(turn_id, f"{reason} ({identity.name})")
+        command = decisions.cancel_command(turn_id, f"{reason} ({identity.name})")
         attributes = {"roundtrip.cancelled_by": identity.name, "roundtrip.console.client": self._where(request)}
         await self._publish(row, "console.cancel", attributes, self.send_cancel, command, identity, back)
         self._audit("cancel", identity, request, turn=turn_id, customer=row.customer_id, reason=reason)

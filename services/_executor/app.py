@@ -11,7 +11,7 @@ import logging
 from faststream import FastStream
 from opentelemetry import trace
 
-from roundtrip._executor.handlers import BatchNotRun, execute, verify
+from roundtrip._executor.batches import BatchNotRun, execute, verify
 from roundtrip._executor.runner import runner_for
 from roundtrip._kernel.kafka.dedupe import SeenIds
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from roundtrip._gate.handlers import Gate
+from roundtrip._gate.gate import Gate
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Signer
 from roundtrip._sdk.agent import Agent

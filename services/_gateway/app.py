@@ -12,10 +12,10 @@ from faststream import FastStream
 from faststream.kafka import KafkaBroker
 
 from roundtrip._gateway.admission import Admission
-from roundtrip._gateway.handlers import reply_for, start_turn
 from roundtrip._gateway.intake import SeenRequests, check_key, note_unknown_fields, refuser
 from roundtrip._gateway.replied import RepliedTurns
 from roundtrip._gateway.throttle import Throttle
+from roundtrip._gateway.turns import reply_for, start_turn
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.kafka.messaging import (
     Outlet,

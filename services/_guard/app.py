@@ -24,7 +24,6 @@ from faststream.kafka import KafkaBroker
 from pydantic import BaseModel
 
 from roundtrip._guard import retention, sweeper
-from roundtrip._guard.acted import Acts
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import Ledger
@@ -32,6 +31,7 @@ from roundtrip._guard.outbox import Publish
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import policy_from
+from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.observability.telemetry import tracer
 from roundtrip._kernel.settings import Settings

@@ -25,10 +25,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 
+from roundtrip._guard.external_ends import Outside
 from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, PENDING, ApprovalRow, Ledger
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Bounded, Outbox, pending_copy, traceparent
-from roundtrip._guard.outside import Outside
 from roundtrip._kernel.observability.telemetry import tracer
 from roundtrip._kernel.storage.turnstore import disagreement, refused
 from roundtrip._kernel.wire.approvals import ApprovalError, DecisionVerifier, Verifier, in_tool_use_order

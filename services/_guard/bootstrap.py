@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from roundtrip._guard.acted import Acts
 from roundtrip._guard.approvals import Approvals
 from roundtrip._guard.conversations import Conversations
+from roundtrip._guard.external_ends import Outside
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.loop import Loop, StepClock
 from roundtrip._guard.outbox import Outbox, Publish
-from roundtrip._guard.outside import Outside
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Policy
+from roundtrip._guard.side_effects import Acts
 from roundtrip._guard.starts import ConversationOrder, Starts
 from roundtrip._guard.sweeper import Sweeper
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier

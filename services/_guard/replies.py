@@ -2,7 +2,7 @@
 
 POLITE holds the defaults; an agent words any of them its own way (`Agent.replies`, by outcome): `Replies.of` them is
 what the guard's parts say (built once, at the guard's bootstrap, and handed to them). A turn that ends early after it
-changed something says so instead (`acted`, with the words of services/_guard/acted.py): the agent's template for that
+changed something says so instead (`acted`, worded by _guard/side_effects.py): the agent's template for that
 outcome (`Agent.acted_replies`, outcome -> text with `{done}`; the key "default" for any outcome it does not name),
 else ACTED with the outcome's reason (STOPPED).
 """

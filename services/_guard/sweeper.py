@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from roundtrip._guard.approvals import Approvals
 from roundtrip._guard.conversations import Conversations
+from roundtrip._guard.external_ends import Outside, in_turn_trace
 from roundtrip._guard.ledger import ENDED, STUCK, Ledger, TurnRow
 from roundtrip._guard.outbox import Bounded, Outbox
-from roundtrip._guard.outside import Outside, in_turn_trace
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability.telemetry import mark_error
 from roundtrip._kernel.wire.events import Outcome, Turn, TurnFlagged

@@ -21,9 +21,9 @@ from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CallModel, ModelResponded, StreamedText
 from roundtrip._model import providers
+from roundtrip._model.calls import Limits, Retrying, call_model
 from roundtrip._model.capacity import Capacity
 from roundtrip._model.client import ModelClient
-from roundtrip._model.handlers import Limits, Retrying, call_model
 from roundtrip._model.streamed import Chunks, Send
 from roundtrip._sdk.agent import Agent
 

@@ -417,11 +417,6 @@ async def admin_orders(engine: AsyncEngine) -> list[dict[str, Any]]:
     return [order_json(r) | {"customer_name": r._mapping["customer_name"]} for r in await _read(engine, query)]
 
 
-async def get_customer(engine: AsyncEngine, customer_id: str) -> dict[str, Any] | None:
-    rows = await _read(engine, select(customers).where(customers.c.customer_id == customer_id))
-    return dict(rows[0]._mapping) if rows else None
-
-
 # -- idempotent writes -----------------------------------------------------------------------
 
 

@@ -22,15 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roundtrip._executor.handlers import execute
+from roundtrip._executor.batches import execute
 from roundtrip._executor.runner import runner_for
 from roundtrip._gate.of_agent import gate_for
-from roundtrip._guard.acted import Acts
 from roundtrip._guard.approvals import resumed
 from roundtrip._guard.loop import continued
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Finish, decide, policy_from
+from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.approvals import Signer, Verifier
 from roundtrip._kernel.wire.events import (
@@ -42,7 +42,7 @@ from roundtrip._kernel.wire.events import (
     Turn,
     Usage,
 )
-from roundtrip._model.handlers import Limits, Retrying, call_model
+from roundtrip._model.calls import Limits, Retrying, call_model
 from roundtrip._model.port import Model
 from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies

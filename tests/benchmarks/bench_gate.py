@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from roundtrip._broker.embedded import free_port
-from roundtrip._gate.handlers import Gate
+from roundtrip._gate.gate import Gate
 from roundtrip._gate.validation import InputValidator
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._shop.agent.client import ShopClient

@@ -22,8 +22,8 @@ from typing import Any
 import anthropic
 
 from roundtrip._kernel.settings import Settings
+from roundtrip._model.calls import Retrying
 from roundtrip._model.capacity import Capacity
-from roundtrip._model.handlers import Retrying
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip.testing._inprocess import InProcess
 from tests.agents import SHOP, shop_deps, shop_model_client

@@ -39,7 +39,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from roundtrip._gateway.handlers import turn_id_for
+from roundtrip._gateway.turns import turn_id_for
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics

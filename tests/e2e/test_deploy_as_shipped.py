@@ -38,7 +38,7 @@ import pytest
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._broker.secured import Listener, Tls, client_security, make_tls, secured_kafka
-from roundtrip._cli.console import partitions_of
+from roundtrip._cli.terminal import partitions_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from tests import oidc_issuer

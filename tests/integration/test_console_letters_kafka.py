@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from roundtrip._console import letters
-from roundtrip._console.desk import Refused
+from roundtrip._console.decisions import Refused
 from roundtrip._kernel.kafka.admin import create_topics
 from roundtrip._kernel.kafka.messaging import dead_letter_of
 from roundtrip._kernel.settings import Settings

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from roundtrip import always
-from roundtrip._executor.handlers import execute
+from roundtrip._executor.batches import execute
 from roundtrip._executor.runner import Runner
-from roundtrip._gate.handlers import Gate
+from roundtrip._gate.gate import Gate
 from roundtrip._guard.approvals import DecisionRefused
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
@@ -39,7 +39,7 @@ from roundtrip._kernel.wire.events import (
     TurnEnded,
     TurnState,
 )
-from roundtrip._model.handlers import call_model
+from roundtrip._model.calls import call_model
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip._shop.agent.tools import ShopAgentSettings
 from roundtrip._shop.app import in_process

@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import roundtrip._cli.console as console
+import roundtrip._cli.terminal as console
 from roundtrip._cli.main import app
 from roundtrip._kernel.wire import topology
 from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from rich.console import Console
 from typer.testing import CliRunner
 
-import roundtrip._cli.console as console
+import roundtrip._cli.terminal as console
 from roundtrip._cli.main import app
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (

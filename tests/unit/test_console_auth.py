@@ -1,5 +1,5 @@
 """The console's sign-in, roles and CSRF tokens (services/_console/auth.py), and what its desk refuses
-(services/_console/desk.py): offline, on real Starlette requests."""
+(services/_console/decisions.py): offline, on real Starlette requests."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from starlette.requests import Request
 
 from roundtrip._console.auth import APPROVER, VIEWER, Gatekeeper, NotSignedIn
-from roundtrip._console.desk import cancel_refusal, refusal
+from roundtrip._console.decisions import cancel_refusal, refusal
 from roundtrip._guard.ledger import ApprovalRow, TurnRow
 from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration, Settings
 

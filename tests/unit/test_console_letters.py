@@ -18,7 +18,7 @@ import pytest
 
 from roundtrip._console import letter_pages, letters
 from roundtrip._console.auth import Identity
-from roundtrip._console.books import Books
+from roundtrip._console.ledger_reader import Books
 from roundtrip._console.letters import Letters
 from roundtrip._console.web import Console, application
 from roundtrip._kernel.kafka.messaging import dead_letter_of

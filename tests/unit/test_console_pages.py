@@ -13,7 +13,7 @@ import pytest
 
 from roundtrip._console import pages, timeline
 from roundtrip._console.auth import Identity
-from roundtrip._console.books import Books
+from roundtrip._console.ledger_reader import Books
 from roundtrip._console.web import Console, application
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CancelTurn, Decision

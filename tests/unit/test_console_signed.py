@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from roundtrip._console import auth, pages, timeline
 from roundtrip._console.auth import APPROVER, VIEWER, Gatekeeper, NotSignedIn, Refusals
-from roundtrip._console.books import Books
+from roundtrip._console.ledger_reader import Books
 from roundtrip._console.web import Console, application
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested

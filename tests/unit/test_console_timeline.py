@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 
 from roundtrip._console import pages, timeline
-from roundtrip._console.books import in_reading_order
+from roundtrip._console.ledger_reader import in_reading_order
 from roundtrip._guard.pricing import PriceTable
 
 MS = 1_000_000

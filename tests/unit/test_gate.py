@@ -8,7 +8,7 @@ import json
 import pytest
 
 from roundtrip._gate.authorization import OwnershipCache, StepLookups
-from roundtrip._gate.handlers import Gate
+from roundtrip._gate.gate import Gate
 from roundtrip._gate.validation import InputValidator, ecma_regex
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from roundtrip._gate.handlers import Gate
+from roundtrip._gate.gate import Gate
 from roundtrip._kernel.wire.events import ToolCall
 from roundtrip._sdk.context import ToolContext, ToolError
 from roundtrip._shop.agent.client import ShopClient

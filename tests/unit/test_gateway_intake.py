@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from pydantic import ValidationError
 
 from roundtrip._gateway import intake
-from roundtrip._gateway.handlers import reply_for, start_turn
+from roundtrip._gateway.turns import reply_for, start_turn
 from roundtrip._kernel.wire.events import Outcome, SupportRequest, TurnEnded, Usage
 
 

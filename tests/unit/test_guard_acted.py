@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from roundtrip._executor.handlers import execute
+from roundtrip._executor.batches import execute
 from roundtrip._executor.runner import Runner
-from roundtrip._guard.acted import Acts, generic
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import POLITE, Replies
 from roundtrip._guard.rules import Policy
+from roundtrip._guard.side_effects import Acts, generic
 from roundtrip._kernel.storage import sideeffects
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire.events import (

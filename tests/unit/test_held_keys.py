@@ -1,6 +1,6 @@
 """An outage holds only what it must: an agent's backend away holds its record's key (conversation) while the other
 keys of the partition go on; the fleet's own dependency pauses the consumer; the gate answers a call whose backend is
-still away at the turn's deadline as refused (services/_kernel/kafka/outages.py, services/_gate/handlers.py)."""
+still away at the turn's deadline as refused (services/_kernel/kafka/outages.py, services/_gate/gate.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from aiokafka import TopicPartition
 from prometheus_client import REGISTRY
 
 from roundtrip._gate.authorization import authorize
-from roundtrip._gate.handlers import Gate
+from roundtrip._gate.gate import Gate
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.kafka.outages import next_try

@@ -6,7 +6,7 @@ it."""
 
 from __future__ import annotations
 
-import roundtrip._cli.console as console
+import roundtrip._cli.terminal as console
 from roundtrip._cli.live_order import HOLD_S, StepOrder
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from roundtrip._executor.handlers import verify
+from roundtrip._executor.batches import verify
 from roundtrip._gateway import intake
 from roundtrip._kernel.observability.logs import FORMAT, OneLineFormatter, one_line
 from roundtrip._kernel.wire.approvals import ApprovalError

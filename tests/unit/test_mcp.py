@@ -13,7 +13,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from roundtrip._executor.runner import Runner
-from roundtrip._gate.handlers import Gate
+from roundtrip._gate.gate import Gate
 from roundtrip._kernel.wire.events import CheckedCall, ToolCall, Turn
 from roundtrip._sdk.agent import AgentError
 from roundtrip._sdk.context import Dependencies, ToolContext, ToolError

@@ -9,8 +9,8 @@ import pytest
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CallModel, Turn, Usage
 from roundtrip._model.attempts import MARGIN_S
+from roundtrip._model.calls import call_model
 from roundtrip._model.client import ModelClient
-from roundtrip._model.handlers import call_model
 from roundtrip._simulator.server import running_simulator
 from tests.agents import shop_model_client
 from tests.databases import migrated

@@ -11,8 +11,8 @@ import pytest
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CallModel, StreamedText, Turn
 from roundtrip._model.app import chunks_for
+from roundtrip._model.calls import Retrying, call_model
 from roundtrip._model.client import ModelClient
-from roundtrip._model.handlers import Retrying, call_model
 from roundtrip._model.streamed import Chunks
 from roundtrip._simulator.server import running_simulator
 from tests.agents import shop_model_client

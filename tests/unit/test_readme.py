@@ -79,7 +79,7 @@ def matches_example(example: str, real: str) -> bool:
 
 
 def test_the_readme_ask_example_reads_as_the_console_prints_it():
-    import roundtrip._cli.console as console
+    import roundtrip._cli.terminal as console
     from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
 
     args, shown = ask_example()

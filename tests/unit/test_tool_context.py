@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from roundtrip._executor.runner import Runner
-from roundtrip._gate.handlers import Gate
+from roundtrip._gate.gate import Gate
 from roundtrip._kernel.wire.events import CheckedCall, CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent import AGENT as SHOP

@@ -198,7 +198,7 @@ class Asker:
 
     async def _decide(self, asked: ApprovalRequested, approve: bool) -> None:
         """The decision on a held call, once the guard has recorded it (the request may come before its row)."""
-        from roundtrip._console.desk import decision_signer, refusal, signed_decision
+        from roundtrip._console.decisions import decision_signer, refusal, signed_decision
         from roundtrip._guard.ledger import Ledger
 
         ledger = await Ledger.open(self.settings.ledger_db_url, read_only=True)

@@ -14,11 +14,11 @@ from typing import Any
 
 from opentelemetry import trace
 
-from roundtrip._guard.acted import Acts
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, Ledger, TurnRow
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Outbox, pending_copy
+from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error, span_in_turn
 from roundtrip._kernel.wire.events import CancelTurn, Outcome, Turn, TurnEnded, Usage

@@ -673,8 +673,8 @@ def _print_wide(renderable: RenderableType, needed: int) -> None:
 
 async def decide(settings: Settings, approval_id: str, approve: bool, reason: str, decided_by: str) -> int:
     """Sign a decision with the decision signing key and publish it to turn.approval_decisions (keyed by
-    conversation): the same checks and the same signed message as the console's (services/_console/desk.py)."""
-    from roundtrip._console.desk import decision_signer, refusal, signed_decision
+    conversation): the same checks and the same signed message as the console's (services/_console/decisions.py)."""
+    from roundtrip._console.decisions import decision_signer, refusal, signed_decision
     from roundtrip._guard.ledger import Ledger
     from roundtrip._kernel.settings import ConfigurationError
 
@@ -718,7 +718,7 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
 
 
 async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
-    from roundtrip._console.desk import cancel_command
+    from roundtrip._console.decisions import cancel_command
     from roundtrip._guard.ledger import ENDED, Ledger
 
     if _ledger_missing(settings):
