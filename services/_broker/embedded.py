@@ -1,20 +1,9 @@
 """The embedded broker: Apache Kafka itself, one node in KRaft mode, run as a Java subprocess.
 
-Its jars (`org.apache.kafka:kafka_2.13` and dependencies) are fetched once from Maven Central
-with `mvn` (the pom.xml beside it) into a cache folder, then every start is a plain
-`java -cp 'libs/*' kafka.Kafka server.properties`.
-
-    libs = fetch_kafka("4.1.1")                      # once; a no-op when cached
-    with EmbeddedKafka(Path(".roundtrip/kafka"), port=9092, controller_port=9093) as kafka:
-        kafka.wait_ready(60)
-        print(kafka.bootstrap)                       # 127.0.0.1:9092
-    EmbeddedKafka.of(settings, data_dir)             # the broker the settings' embedded defaults describe
-
+Its jars are fetched once from Maven Central with `mvn` (the pom.xml beside it) into a cache folder, then every start
+is a plain `java -cp 'libs/*' kafka.Kafka server.properties`. Its knobs are settings of the embedded defaults
+(ROUNDTRIP_KAFKA_PORT, _VERSION, _JAVA_OPTS, ...), passed in by the caller: this module reads no settings itself.
 `python -m roundtrip._broker.embedded [fetch|run]` does the same from a shell.
-
-Its knobs are settings of the embedded defaults (services/_kernel/settings/concerns.py: ROUNDTRIP_KAFKA_PORT,
-_CONTROLLER_PORT, _VERSION, _JAVA_OPTS, _LOG_LEVEL, _CACHE, _POM), passed in by the caller; this module reads
-no settings itself. JAVA_HOME is used to find `java` when set.
 """
 
 from __future__ import annotations
@@ -45,10 +34,10 @@ from typing import Any, cast
 
 from roundtrip._kernel.settings import EmbeddedDefaults
 
-_DEFAULTS = EmbeddedDefaults.model_fields  # the embedded broker's defaults are declared once, with its settings
+_DEFAULTS = EmbeddedDefaults.model_fields
 DEFAULT_VERSION: str = _DEFAULTS["kafka_version"].default
 DEFAULT_LOG_LEVEL: str = _DEFAULTS["kafka_log_level"].default
-# Small on purpose: the embedded broker shares a laptop (or a 2-core CI box) with the fleet.
+# Small on purpose: the embedded broker shares a laptop with the fleet.
 DEFAULT_JAVA_OPTS = (
     "-Xms64m -Xmx512m -XX:+UseSerialGC -XX:MaxMetaspaceSize=128m -Xss512k "
     "-XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true"
@@ -76,11 +65,6 @@ class PortInUseError(BrokerError):
 
 class BrokerStartError(BrokerError):
     """The broker exited early or did not become ready in time."""
-
-
-# ------------------------------------------------------------------------------------------
-# prerequisites and the jar cache
-# ------------------------------------------------------------------------------------------
 
 
 def kafka_cache_dir(version: str = DEFAULT_VERSION, cache: Path | None = None) -> Path:
@@ -135,13 +119,9 @@ def fetch_kafka(
     pom: Path | None = None,
     cache: Path | None = None,
 ) -> Path:
-    """Fetch the Kafka jars with mvn into the cache (once) and return the libs folder.
-
-    `pom` (ROUNDTRIP_KAFKA_POM) and `cache` (ROUNDTRIP_KAFKA_CACHE) replace the pom.xml beside it and
-    ~/.cache/roundtrip/kafka-<version>. The download goes into a temporary folder next to the cache, which
-    is renamed into place when complete, so an interrupted fetch never leaves a half-filled cache.
-    Concurrent callers are serialised with a lock file.
-    """
+    """Fetch the Kafka jars with mvn into the cache (once) and return the libs folder. The download goes into a
+    temporary folder renamed into place when complete, so an interrupted fetch never leaves a half-filled cache;
+    concurrent callers are serialised with a lock file."""
     given_cache, cache = cache, kafka_cache_dir(version, cache)
     if is_fetched(version, given_cache):
         return cache / "libs"
@@ -193,11 +173,6 @@ def fetch_configured(settings: EmbeddedDefaults, progress: Callable[[str], objec
     return fetch_kafka(settings.kafka_version, progress, pom=settings.kafka_pom, cache=settings.kafka_cache)
 
 
-# ------------------------------------------------------------------------------------------
-# ports and readiness
-# ------------------------------------------------------------------------------------------
-
-
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """True when a server could listen on host:port now (TIME_WAIT leftovers do not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -229,11 +204,8 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def probe_metadata(host: str, port: int, timeout: float = 2.0) -> list[tuple[int, str, int]]:
-    """Send a Kafka Metadata (v4, no topics) request; return the live brokers (id, host, port).
-
-    A broker that lists itself here has caught up with the metadata log and is unfenced, i.e.
-    ready for clients. Plain socket code, so it works from sync code and inside event loops.
-    """
+    """Send a Kafka Metadata (v4, no topics) request; return the live brokers (id, host, port). A broker lists itself
+    once it has caught up with the metadata log and is unfenced, i.e. ready for clients."""
     client_id = b"roundtrip-probe"
     header = struct.pack(">hhih", 3, 4, 1, len(client_id)) + client_id  # Metadata v4, corr id 1
     body = struct.pack(">i?", 0, False)  # topics: empty array (none); allow_auto_topic_creation
@@ -273,10 +245,6 @@ def random_cluster_id() -> str:
             return cid
 
 
-# ------------------------------------------------------------------------------------------
-# the broker process
-# ------------------------------------------------------------------------------------------
-
 _running: set[EmbeddedKafka] = set()  # started and not stopped: stopped at interpreter exit
 
 
@@ -288,11 +256,8 @@ def _stop_all() -> None:  # never leave a JVM behind when the Python process exi
 
 
 class EmbeddedKafka:
-    """One Apache Kafka node (broker + KRaft controller) in `data_dir`, as a subprocess.
-
-    The data (log.dirs) lives in data_dir/data and survives restarts: storage is formatted only
-    when data_dir/data/meta.properties does not exist yet.
-    """
+    """One Apache Kafka node (broker + KRaft controller) in `data_dir`, as a subprocess; its data survives restarts
+    (storage is formatted only when data_dir/data/meta.properties does not exist yet)."""
 
     def __init__(
         self,
@@ -322,14 +287,12 @@ class EmbeddedKafka:
         self.java_opts = java_opts if java_opts is not None else DEFAULT_JAVA_OPTS
         self.log_level, self.cache = log_level, cache
         self.extra_properties = dict(properties or {})
-        # secured brokers (services/_broker/secured.py): SCRAM users for `StorageTool format`, and a readiness
-        # check by a real client (a secured port does not answer the plain metadata probe)
+        # secured brokers: SCRAM users for `StorageTool format`; a secured port does not answer the plain probe
         self.format_args, self.probe = tuple(format_args), probe
-        # Linux: the JVM gets SIGTERM when the thread that started it exits. Only for callers that
-        # start the broker from the main thread and want no orphan if they are killed.
+        # Linux: the JVM gets SIGTERM when the thread that started it exits, so a killed caller leaves no orphan
         self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
-        self.formatted_on_start = False  # did the last start() format the storage?
+        self.formatted_on_start = False
 
     @classmethod
     def of(cls, settings: EmbeddedDefaults, data_dir: Path | str, **options: Any) -> EmbeddedKafka:
@@ -345,7 +308,6 @@ class EmbeddedKafka:
             **options,
         )
 
-    # -- paths and config --------------------------------------------------------------------
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
@@ -421,7 +383,6 @@ class EmbeddedKafka:
             *args,
         ]
 
-    # -- lifecycle -------------------------------------------------------------------------
     def format_storage(self, cluster_id: str | None = None) -> None:
         """Format log.dirs with `cluster_id` (a cluster's nodes share it) or a fresh one (kafka-storage format)."""
         cmd = self._java_cmd(
@@ -505,11 +466,8 @@ class EmbeddedKafka:
         return await asyncio.to_thread(self.wait_ready, timeout)
 
     def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM (Kafka's clean shutdown), then SIGKILL after `timeout`.
-
-        Returns the exit code: 0 after a clean shutdown (the JVM's 143 for "ended by our SIGTERM"
-        is reported as 0), -9 when it had to be killed, None when it was not running.
-        """
+        """SIGTERM (Kafka's clean shutdown), then SIGKILL after `timeout`; the exit code (the JVM's 143 after our
+        SIGTERM counts as 0), -9 when it had to be killed, None when it was not running."""
         proc, self.proc = self.proc, None
         _running.discard(self)
         if proc is None:
@@ -539,11 +497,8 @@ class EmbeddedKafka:
 
 
 def die_with_parent_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
-    """A Popen preexec_fn making the child get `sig` when the thread that started it exits (Linux).
-
-    libc is loaded here, in the parent, so the child only makes one system call between fork
-    and exec. Returns None where prctl does not exist.
-    """
+    """A Popen preexec_fn making the child get `sig` when the thread that started it exits (Linux; None elsewhere).
+    libc is loaded here, in the parent, so the child only makes one system call between fork and exec."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes
@@ -555,11 +510,6 @@ def die_with_parent_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | N
         prctl(pr_set_pdeathsig, sig)
 
     return preexec
-
-
-# ------------------------------------------------------------------------------------------
-# python -m roundtrip._broker.embedded
-# ------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:

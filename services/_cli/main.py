@@ -45,8 +45,8 @@ db_app = typer.Typer(
     help="The fleet's own tables (turns, approvals, conversations): their migrations.", no_args_is_help=True
 )
 app.add_typer(db_app, name="db")
-app.add_typer(agent_app, name="agent")  # check | init: services/_cli/agent.py
-app.add_typer(eval_app, name="eval")  # run | record: services/_cli/evals/
+app.add_typer(agent_app, name="agent")
+app.add_typer(eval_app, name="eval")
 
 FLEET_SERVICES = topology.names()
 ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
@@ -64,8 +64,7 @@ async def _no_preflight(settings: object) -> None:
 
 
 def _refuse_unfit(settings: Settings, declared: topology.Service, holds_calls: bool) -> None:
-    """ConfigurationError for what this service must not run with (outside development: published or placeholder
-    keys, a private ledger, the console's development sign-in, Kafka in the clear)."""
+    """ConfigurationError for what this service must not run with outside development."""
     service = declared.name
     settings.refuse_unfit_keys(service, declared.keys, holds_calls)
     if declared.shares_ledger:
@@ -73,7 +72,7 @@ def _refuse_unfit(settings: Settings, declared: topology.Service, holds_calls: b
     if declared.signs_decisions:  # the console: its development sign-in (everyone an approver) stays there
         settings.refuse_console_local_user(service)
         settings.refuse_weak_session_key(service)
-    settings.refuse_plaintext_kafka(service)  # every service talks to Kafka: never in the clear by accident
+    settings.refuse_plaintext_kafka(service)
 
 
 @app.command()
@@ -84,7 +83,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     _logging()
     settings = get_settings()
     if service in ("simulator", "shop"):
-        sys.argv = [f"roundtrip run {service}"]  # its own argument parser reads settings, not our argv
+        sys.argv = [f"roundtrip run {service}"]
         runpy.run_module(f"roundtrip._{service}", run_name="__main__")
         return
     from roundtrip._kernel.observability import agent_digest, health
@@ -93,36 +92,35 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     from roundtrip._kernel.settings import ConfigurationError
     from roundtrip._sdk.agent import current_agent
 
-    # until the service has started, a refused or failed connection is said once, by main() (one line naming
-    # the cause: services/_kernel/kafka/refusals.py), not also by aiokafka (the preflight's checks included)
+    # a refused connection is said once, by main(), not also by aiokafka
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
-        agent = current_agent(settings.agent)  # the agent every service runs: found and checked once, here
-        agent_digest.running(service, agent.digest)  # a turn started under another agent is then said
-        declared = topology.service(service)  # what it holds and shares (the app checks the keys again when it starts)
+        agent = current_agent(settings.agent)
+        agent_digest.running(service, agent.digest)
+        declared = topology.service(service)
         _refuse_unfit(settings, declared, agent.holds_calls())
-        if service == "model":  # its platform as configured: the model id's form, the region, the credentials
+        if service == "model":
             from roundtrip._model.providers import refuse_unusable
 
             refuse_unusable(settings, agent.model_for(settings))
         module = importlib.import_module(declared.app_module)
-        asyncio.run(getattr(module, "preflight", _no_preflight)(settings))  # checks that ask the broker (the guard's)
-    except ConfigurationError as exc:  # insecure or unworkable alike: one line, exit code 1, as when the app refuses
+        asyncio.run(getattr(module, "preflight", _no_preflight)(settings))
+    except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     setup_telemetry(service, settings)
-    stream = module.build(settings, agent)  # the one composition root: the agent loaded once, handed to the service
-    health.attach(stream, service, settings)  # /healthz /readyz /metrics when ROUNDTRIP_HEALTH_PORT is set
+    stream = module.build(settings, agent)
+    health.attach(stream, service, settings)
     log = logging.getLogger(f"roundtrip.{service}")
 
     async def announce() -> None:
-        logging.getLogger("aiokafka").setLevel(logging.WARNING)  # from here on its reconnects are worth seeing
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
         log.info("roundtrip %s started (broker %s)", service, settings.bootstrap_servers)
-        announce_ready(service)  # to `roundtrip up`, when it started us (services/_kernel/runtime.py)
+        announce_ready(service)
 
     stream.after_startup(announce)
 
-    async def settle() -> None:  # start-up is done: what it left alive stays (services/_kernel/runtime.py)
+    async def settle() -> None:
         log.debug("%d start-up objects frozen out of the garbage collector's reach", settle_heap())
 
     stream.after_startup(settle)
@@ -135,7 +133,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         finally:
             shutdown_telemetry()
 
-    run_loop(main())  # uvloop where installed (services/_kernel/runtime.py)
+    run_loop(main())
 
 
 @app.command()
@@ -174,7 +172,7 @@ def up(
     from roundtrip._fleet.supervisor import FleetError
 
     port = health_port if health_port is not None else get_settings().health_port
-    if port:  # five services on one host: each takes its own port (the children read these from the environment)
+    if port:
         os.environ["ROUNDTRIP_HEALTH_PORT"] = str(port)
         os.environ["ROUNDTRIP_HEALTH_PORT_PER_SERVICE"] = "true"
         get_settings.cache_clear()
@@ -185,14 +183,13 @@ def up(
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
         fleet.start()
-    except (FleetError, BrokerError) as exc:  # a part's one-line cause (_fleet/causes.py), the broker's log tail
+    except (FleetError, BrokerError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     _say_ready(port, agent, settings)
     stop = {"now": False}
     for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
         signal.signal(signum, lambda *_: stop.update(now=True))
-    # A child that dies is reported and restarted with backoff; the rest keep running.
     fleet.supervise(lambda: stop["now"])
     typer.echo("\nroundtrip: stopping")
     fleet.stop()
@@ -200,7 +197,6 @@ def up(
 
 
 def _say_ready(port: int | None, agent: Any, settings: Any) -> None:
-    """`up`'s "Ready." line, with each service's health port when they serve one."""
     if port:
         typer.echo(
             "  health and metrics: "
@@ -227,7 +223,7 @@ def _checked_keys(settings: Any, agent: Any) -> None:
     from roundtrip._kernel.settings import ConfigurationError
 
     try:
-        settings.refuse_unfit_keys("the fleet", ())  # a retired setting, whichever service it was meant for
+        settings.refuse_unfit_keys("the fleet", ())
         for declared in topology.SERVICES:
             settings.refuse_unfit_keys(declared.name, declared.keys, agent.holds_calls())
     except ConfigurationError as exc:
@@ -236,8 +232,7 @@ def _checked_keys(settings: Any, agent: Any) -> None:
 
 
 def _ready(agent: Any, settings: Any) -> str:
-    """The banner once the fleet is up, with the agent's own example (Agent.example_ask, example_customer), else a
-    greeting as a customer id of yours."""
+    """The banner once the fleet is up, with the agent's own example, else a greeting as a customer id of yours."""
     import json
 
     ask = json.dumps(agent.example_ask or "hello", ensure_ascii=False)
@@ -349,7 +344,7 @@ def _fleet_settings() -> Settings:
     return settings
 
 
-EXAMPLE_PERSONA = "script:example"  # the agent's example_script, handed to the simulator by `ask` itself
+EXAMPLE_PERSONA = "script:example"
 
 
 def _check_persona(persona: str | None) -> None:
@@ -376,7 +371,7 @@ def _hand_example_script(settings: Any, persona: str | None) -> None:
         return
     agent = _checked_agent(settings)
     if not agent.example_script:
-        return  # a script of that name loaded some other way, or the simulator says it has none
+        return
     url = f"{settings.model_base_url}/v1/_scripts/example"
     try:
         answer = httpx.put(url, json=list(agent.example_script), timeout=10)
@@ -748,7 +743,7 @@ def broker_run() -> None:
     raise typer.Exit(broker_main(["run"]))
 
 
-reflow_help(app)  # after every command is declared (services/_cli/help.py)
+reflow_help(app)
 
 
 def main() -> None:
@@ -760,19 +755,19 @@ def main() -> None:
     from roundtrip._kernel.migrations import DatabaseUnreachable, SchemaMismatch
     from roundtrip._kernel.settings import ConfigurationError, describe_invalid
 
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # client commands say it once, below; `run` resets it
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         app()
-    except ValidationError as exc:  # a ROUNDTRIP_* setting that cannot work: one line, no traceback, no restart loop
+    except ValidationError as exc:
         typer.secho(f"error: invalid configuration: {describe_invalid(exc)}", fg="red", err=True)
         raise SystemExit(1) from None
-    except ConfigurationError as exc:  # e.g. Kafka TLS files that do not load, a token provider that does not import
+    except ConfigurationError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise SystemExit(1) from None
     except (
         SchemaMismatch,
         DatabaseUnreachable,
-    ) as exc:  # a service or a command on a database behind, ahead or out of reach
+    ) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise SystemExit(1) from None
     except KafkaConnectionError as exc:
