@@ -1,19 +1,9 @@
 """A cluster of embedded brokers: n Apache Kafka nodes (KRaft, each a broker and a controller) on one machine.
 
-The same jars and the same `EmbeddedKafka` as the one-node broker (services/_broker/embedded.py): one data
-folder per node, one cluster id formatted into all of them, a static controller quorum of every node on
-loopback (PLAINTEXT). Topics default to what production runs: replication factor 3 and min.insync.replicas 2
-(the consumer offsets and the transaction state too). Each JVM gets -Xmx384m.
-
-    with start(Path("/tmp/kafka3"), n=3, libs_dir=libs) as cluster:
-        cluster.bootstrap                            # "127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3"
-        leader = await cluster.leader_of("t", 0)     # id (1..n) of the node leading partition 0 of t
-        cluster.node(leader).kill()                  # SIGKILL: no controlled shutdown
-        cluster.start(leader)                        # again on its data, until it serves clients
-        cluster.node(2).stop()                       # SIGTERM: Kafka's controlled shutdown
-        await cluster.wait_in_sync()                 # every partition's in-sync replicas are all its replicas
-
-It is for seeing the fleet through a broker's failure on one machine; the fleet's runtime does not use it.
+The same jars and `EmbeddedKafka` as the one-node broker: one data folder per node, one cluster id formatted into
+all of them, a static controller quorum of every node on loopback. Topics default to what production runs:
+replication factor 3 and min.insync.replicas 2. It is for seeing the fleet through a broker's failure on one machine;
+the fleet's runtime does not use it.
 """
 
 from __future__ import annotations
@@ -52,7 +42,7 @@ class ClusterNode(EmbeddedKafka):
             assert self.proc is not None
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-        return self.stop()  # the process is gone: stop() only forgets it
+        return self.stop()
 
 
 def node_properties(node_id: int, voters: str, n: int) -> dict[str, object]:
@@ -88,15 +78,13 @@ class Cluster:
         return [node for node in self.nodes if node.running()]
 
     def start(self, node_id: int | None = None, timeout: float = 120.0) -> Cluster:
-        """Start one node (or every node not running) on its data; return once each serves clients.
-
-        A KRaft broker opens its client listener only once it has caught up with the metadata log and the
-        controller has unfenced it, so its answer to a metadata request is the readiness that matters."""
+        """Start one node (or every node not running) on its data; return once each serves clients (a KRaft broker
+        answers a metadata request only once caught up with the metadata log and unfenced)."""
         targets = [self.node(node_id)] if node_id else [node for node in self.nodes if not node.running()]
         unformatted = [node for node in targets if not node.is_formatted]
         for node in unformatted:
             node.write_properties()
-        with ThreadPoolExecutor(max(1, len(unformatted))) as pool:  # one short JVM each, at once
+        with ThreadPoolExecutor(max(1, len(unformatted))) as pool:
             list(pool.map(lambda node: node.format_storage(self.cluster_id), unformatted))
         for node in targets:
             node.start()
@@ -110,12 +98,11 @@ class Cluster:
         with ThreadPoolExecutor(len(self.nodes)) as pool:
             list(pool.map(lambda node: node.stop(timeout), self.nodes))
 
-    # -- the cluster's view, through the admin API --------------------------------------------
     async def _describe(self, topics: list[str] | None = None) -> list[dict[str, Any]]:
         running = self.running()
         if not running:
             raise BrokerError("no node of the cluster is running")
-        admin = clients_of(",".join(n.bootstrap for n in running)).admin(  # PLAINTEXT, as the nodes listen
+        admin = clients_of(",".join(n.bootstrap for n in running)).admin(
             client_id="roundtrip-cluster", request_timeout_ms=10000
         )
         await admin.start()
@@ -173,9 +160,7 @@ def start(
     timeout: float = 120.0,
     **options: Any,
 ) -> Cluster:
-    """n nodes in data_dir/node-<id> on free ports, formatted with one cluster id, started and serving clients.
-
-    `options` go to each EmbeddedKafka (libs_dir, version, log_level, cache, die_with_parent, ...)."""
+    """n nodes in data_dir/node-<id> on free ports, formatted with one cluster id, started and serving clients."""
     ports = _ports(2 * n)
     voters = ",".join(f"{i}@{host}:{ports[n + i - 1]}" for i in range(1, n + 1))
     nodes = [

@@ -1,19 +1,10 @@
 """The embedded broker, secured: a throwaway CA and certificates, SCRAM users, SASL and TLS listeners.
 
-    tls = make_tls(data_dir / "tls")                          # openssl: a CA, the broker's and a client's certificate
-    listeners = [Listener("SCRAM", "SASL_SSL", 9092, ("SCRAM-SHA-512",)),
-                 Listener("MTLS", "SSL", 9094, client_auth=True)]
-    kafka = secured_kafka(data_dir, listeners, tls, users={"app": "app-secret"}, controller_port=9093)
-
-Each listener speaks one security protocol with its own SASL mechanisms: SCRAM-SHA-256/512 (the users are
-formatted into the metadata log: `StorageTool format --add-scram`), PLAIN (users in the listener's JAAS
-config), OAUTHBEARER (Kafka's default unsecured validator: unsigned JWS tokens, no identity provider; see
-services/_broker/unsecured_token.py for a client side), or SSL with a client certificate required (mTLS).
-The KRaft controller listener stays PLAINTEXT on loopback (SCRAM is not allowed there). The first listener is the
-inter-broker one; the broker authenticates on it as ADMIN_USER. Readiness is a real client of the first listener
-(`EmbeddedKafka(probe=...)`), since a secured port does not answer the plain metadata probe.
-
-The keys are unencrypted PEM files with a two-day lifetime, for a laptop only.
+Each listener speaks one protocol with its own SASL mechanisms: SCRAM (users formatted into the metadata log), PLAIN
+(users in the listener's JAAS config), OAUTHBEARER (Kafka's unsecured validator), or SSL with a client certificate
+required. The KRaft controller listener stays PLAINTEXT on loopback (SCRAM is not allowed there); the first listener
+is the inter-broker one. Readiness is a real client of the first listener, since a secured port does not answer the
+plain metadata probe. The keys are unencrypted PEM files with a two-day lifetime, for a laptop only.
 """
 
 from __future__ import annotations
@@ -43,9 +34,9 @@ _LOGIN = {
 @dataclass(frozen=True)
 class Listener:
     name: str  # the listener's name in server.properties (upper case)
-    protocol: str  # SSL, SASL_SSL or SASL_PLAINTEXT
+    protocol: str
     port: int
-    mechanisms: tuple[str, ...] = ()  # SASL mechanisms it accepts
+    mechanisms: tuple[str, ...] = ()
     client_auth: bool = False  # SSL: a client certificate signed by the CA is required (mTLS)
 
 
@@ -152,9 +143,8 @@ def secured_properties(
             [*(f"{lst.name}:{lst.protocol}" for lst in listeners), "CONTROLLER:PLAINTEXT"]
         ),
         "inter.broker.listener.name": first.name,
-        # for when an authorizer is configured: the broker itself (ADMIN_USER over SASL, CN=broker over mTLS: it checks
-        # transactions with itself on the inter-broker listener), and the controller listener's principal (PLAINTEXT on
-        # loopback: ANONYMOUS; no client listener here is ANONYMOUS, SSL ones require a certificate)
+        # for an authorizer: the broker itself (it checks transactions with itself on the inter-broker listener) and
+        # the loopback controller listener's ANONYMOUS; no client listener is ANONYMOUS, SSL ones require a certificate
         "super.users": f"User:{ADMIN_USER};{BROKER_PRINCIPAL};User:ANONYMOUS",
     }
     if first.mechanisms:
@@ -231,9 +221,7 @@ def ready_probe(host: str, listener: Listener, tls: Tls | None) -> Callable[[], 
             await admin.close()
 
     def ready() -> bool:
-        socket.create_connection(
-            (host, listener.port), timeout=2.0
-        ).close()  # listening yet? (no client log until it is)
+        socket.create_connection((host, listener.port), timeout=2.0).close()
         try:
             return asyncio.run(probe())
         except Exception as exc:  # noqa: BLE001 - not ready yet: the caller retries and reports the last one
@@ -264,11 +252,9 @@ def secured_kafka(
 
 
 def embedded_as_configured(settings: Any, data_dir: Path, **options: Any) -> tuple[EmbeddedKafka, dict[str, Any]]:
-    """The embedded broker secured as a fleet's settings say (`roundtrip up` with ROUNDTRIP_KAFKA_SECURITY_PROTOCOL set
-    and no bootstrap servers): one listener of their protocol and mechanism on kafka_port, their user formatted in
-    (SCRAM) or configured (PLAIN), a client certificate required on SSL; OAUTHBEARER with the unsecured validator.
-    Also the TLS settings its clients need where the settings leave them unset (the throwaway CA, the client's
-    certificate). The users are formatted in at the first start: delete `data_dir` to change them."""
+    """The embedded broker secured as a fleet's settings say: one listener of their protocol and mechanism on
+    kafka_port, with their user; also the TLS settings its clients need where the settings leave them unset. The users
+    are formatted in at the first start: delete `data_dir` to change them."""
     protocol, mechanism = settings.kafka_security_protocol, settings.kafka_sasl_mechanism
     listener = Listener(
         protocol.replace("_", ""),

@@ -1,15 +1,9 @@
 """An OAUTHBEARER token provider for a broker with Kafka's default unsecured validator: unsigned JWS tokens.
 
-For the secured embedded broker (services/_broker/secured.py) on a laptop; never for a real cluster,
-whose validator checks signatures (deploy/README.md shows MSK IAM and OIDC providers).
-
-    ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER=roundtrip._broker.unsecured_token:UnsecuredTokenProvider
-
-A token names its subject (`ROUNDTRIP_UNSECURED_TOKEN_SUBJECT`, default admin) and lives
-`ROUNDTRIP_UNSECURED_TOKEN_LIFETIME_S` seconds (default 3600); a fresh one is made once less than half of that is
-left, so a connection made after the old one expired (aiokafka does not re-authenticate a session, KIP-368: the
-broker closes it and the client connects again) authenticates with a valid token. Each new token is logged
-(its expiry, never the token).
+For the secured embedded broker on a laptop; never for a real cluster, whose validator checks signatures. A fresh
+token is made once less than half its lifetime is left, so a connection made after the old one expired (aiokafka does
+not re-authenticate a session, KIP-368: the broker closes it) authenticates with a valid token. Each new token is
+logged by its expiry, never the token.
 """
 
 from __future__ import annotations
