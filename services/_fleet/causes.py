@@ -1,10 +1,7 @@
-"""Why a child of the fleet exited, in one line, read from its own log: what `roundtrip up` says when a part keeps
-failing at start, instead of the last lines of a traceback.
-
-The cause is the first of: a port it could not bind (uvicorn, asyncio and the health endpoint all say `[Errno 98]`
-or "address already in use" with the address), the one-line refusal `roundtrip run` prints for bad configuration
-(`error: ...`), the last exception of a traceback that is not the exit itself (SystemExit, KeyboardInterrupt), the
-last error a logger said, the last line."""
+"""Why a child of the fleet exited, in one line read from its own log: what `roundtrip up` says when a part keeps
+failing at start. The cause is the first of: a port it could not bind, the one-line refusal `roundtrip run` prints
+for bad configuration, the last exception of a traceback that is not the exit itself, the last error a logger said,
+the last line."""
 
 from __future__ import annotations
 
@@ -38,7 +35,7 @@ class Cause:
 
 
 def of_log(text: str) -> Cause:
-    """The cause of an exit, from the part's log of that run (see the module's docstring for the order)."""
+    """The cause of an exit, from the part's log of that run."""
     lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
     lines = [line for line in lines if line.strip()]
     for line in lines:

@@ -1,8 +1,6 @@
-"""The fleet's child processes: each started with its log (state_dir/logs/<name>.log) and, for a service, the pipe it
-says "ready" on (`ROUNDTRIP_READY_FD`, services/_kernel/runtime.py); stopped with SIGTERM, or killed.
-
-A child is started in a session of its own and dies with the thread that started it (die_with_parent_preexec), so a
-killed `roundtrip up` leaves no orphans behind."""
+"""The fleet's child processes: each started with its log and, for a service, the pipe it says "ready" on; stopped
+with SIGTERM, or killed. A child runs in a session of its own and dies with the thread that started it, so a killed
+`roundtrip up` leaves no orphans behind."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ def run_argv(name: str) -> list[str]:
 def popen(
     argv: list[str], log_path: Path, env: Mapping[str, str], ready_pipe: bool = False
 ) -> tuple[subprocess.Popen[bytes], int | None]:
-    """Start one child with `env` (over nothing: pass the whole environment); with `ready_pipe`, also the pipe it
-    says "ready" on (its read end is returned)."""
+    """Start one child with `env` (the whole environment); with `ready_pipe`, also the pipe it says "ready" on."""
     # a stable identity per replica (not the pid): a restarted gateway fences its predecessor's transaction at once
     identity = f"{socket.gethostname()}-{log_path.stem}"
     env = {**env, "PYTHONUNBUFFERED": "1", "ROUNDTRIP_INSTANCE_ID": identity}
@@ -41,7 +38,7 @@ def popen(
         read_fd, write_fd = os.pipe()
         env[READY_FD_ENV] = str(write_fd)
     try:
-        with open(log_path, "ab") as out:  # the child has its own copy of the fd
+        with open(log_path, "ab") as out:
             process = subprocess.Popen(
                 argv,
                 stdout=out,
@@ -49,7 +46,7 @@ def popen(
                 env=env,
                 start_new_session=True,
                 pass_fds=() if write_fd is None else (write_fd,),
-                preexec_fn=die_with_parent_preexec(),  # a killed `roundtrip up` leaves no orphans behind
+                preexec_fn=die_with_parent_preexec(),
             )
     except BaseException:
         for fd in (read_fd, write_fd):
@@ -57,7 +54,7 @@ def popen(
                 os.close(fd)
         raise
     if write_fd is not None:
-        os.close(write_fd)  # the child's copy is the only one: its exit ends the pipe
+        os.close(write_fd)
     return process, read_fd
 
 

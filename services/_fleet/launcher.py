@@ -1,22 +1,9 @@
 """Starts, supervises and stops the fleet as separate processes: what `roundtrip up` runs.
 
-Order: the fleet's databases brought to this code's revision (`roundtrip db upgrade`), the
-embedded broker (unless bootstrap servers are configured), the topics, the simulator (unless an
-API key is set), the demo shop (when the agent is the demo shop's and names no shop URL of its own:
-`demo_shop()`), then the five services and the console. Each child's output goes to state_dir/logs/<name>.log.
-Ports are checked before anything starts.
-
-`Fleet` is the one object callers hold; what it does lives beside it in services/_fleet/:
-- parts.py: the ports, the databases, the embedded broker, the topics, the demo shop's settings;
-- children.py: the child processes (started with their log and ready pipe, stopped, killed);
-- readiness.py: waiting until each child serves: a service says so on its pipe, whatever its log level,
-  so an earlier run's log can never count; one that exits first is restarted with the same backoff a few
-  times (`Retries`) while the others go on starting, then `up` stops with the cause from its log in one
-  line (causes.py: "port 8000 is taken; ... set ROUNDTRIP_CONSOLE_PORT", a settings error's line);
-- supervisor.py: `supervise`, what `roundtrip up` runs once everything does: any child that dies, the
-  embedded broker included (same data dir), is restarted with exponential backoff (`RestartPolicy`),
-  each death and restart reported, until it is told to stop. It sleeps in select() on the children's
-  pidfds, so a death is seen at once without polling.
+Order: the fleet's databases brought to this code's revision, the embedded broker (unless bootstrap servers are
+configured), the topics, the simulator (unless an API key is set), the demo shop (when the agent is the demo shop's
+and names no shop URL of its own), then the five services and the console. Ports are checked before anything starts.
+`Fleet` is the one object callers hold; what it does lives beside it in services/_fleet/.
 """
 
 from __future__ import annotations
@@ -31,7 +18,7 @@ from roundtrip._fleet import children as processes
 from roundtrip._fleet import parts, readiness
 from roundtrip._fleet import state as fleet_state
 from roundtrip._fleet.parts import demo_shop
-from roundtrip._fleet.supervisor import (  # FleetError: what `roundtrip up` prints
+from roundtrip._fleet.supervisor import (
     Child,
     FleetError,
     RestartPolicy,
@@ -53,16 +40,13 @@ class Fleet:
     broker: EmbeddedKafka | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     start_attempts: int = 3  # restarts of a part that exits before it is ready, before start() gives up
-    _kafka: Child | None = field(
-        default=None, init=False, repr=False
-    )  # the embedded broker's process, as supervise() sees it
+    _kafka: Child | None = field(default=None, init=False, repr=False)
     _claimed: Path | None = field(default=None, init=False, repr=False)  # our RUNNING_FILE in the state folder
-    _retries: readiness.Retries | None = field(default=None, init=False, repr=False)  # while start() runs
+    _retries: readiness.Retries | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.logs = self.settings.state_dir / "logs"
 
-    # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         s = self.settings
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -70,9 +54,7 @@ class Fleet:
         # the children share this folder, so its SQLite file is the fleet's one ledger
         if s.ledger_database_url is None:
             self.env.setdefault("ROUNDTRIP_LEDGER_DATABASE_URL", s.ledger_db_url)
-        fleet_state.record(
-            s.state_dir, {**os.environ, **self.env}
-        )  # what the operator commands read (services/_fleet/state.py)
+        fleet_state.record(s.state_dir, {**os.environ, **self.env})
         try:  # whatever fails, stop() undoes what started and releases the folder
             shop = demo_shop(s, self.env)
             parts.check_ports(s, shop)
@@ -133,7 +115,7 @@ class Fleet:
             raise FleetError(f"{name} is not stopped")
         if env:
             self.env = {**self.env, **env}
-        fleet_state.record(self.settings.state_dir, {**os.environ, **self.env})  # the settings it now runs with
+        fleet_state.record(self.settings.state_dir, {**os.environ, **self.env})
         for child in dead:
             self.children.remove(child)
             processes.close_ready(child)
@@ -155,10 +137,8 @@ class Fleet:
         return [c for c in self.children if c.process.poll() is not None]
 
     def supervise(self, should_stop: Callable[[], bool]) -> None:
-        """Keep every child running until `should_stop()` (services/_fleet/supervisor.py): a child that dies (the
-        embedded broker too) is reported and started again after its backoff delay; the others keep running.
-        Call it from the thread that started the fleet: the children get SIGTERM when that thread ends
-        (die_with_parent_preexec)."""
+        """Keep every child running until `should_stop()`, the embedded broker too. Call it from the thread that
+        started the fleet: the children get SIGTERM when that thread ends."""
         supervise(
             lambda: [*([self._kafka] if self._kafka is not None else []), *self.children],
             self._restart_child,
@@ -167,11 +147,10 @@ class Fleet:
             self.say,
         )
 
-    # -- steps ----------------------------------------------------------------------
     def _start_broker(self) -> None:
         self.broker, self.settings, tls_env = parts.start_broker(self.settings, self.logs, self.say)
         self.env.update(tls_env)
-        assert self.broker.proc is not None  # started: it serves
+        assert self.broker.proc is not None
         self._kafka = Child("kafka", self.broker.proc, self.logs / "kafka.log", self.settings.bootstrap_servers)
 
     def _start_http(self, name: str, base_url: str) -> None:
@@ -190,7 +169,7 @@ class Fleet:
         With `ready_pipe` (while the fleet starts), a service gets a new pipe to say "ready" on."""
         if child is self._kafka and self.broker is not None:
             self.broker.start()
-            assert self.broker.proc is not None  # started again
+            assert self.broker.proc is not None
             child.process = self.broker.proc
         else:
             processes.close_ready(child)
@@ -218,5 +197,5 @@ def _size(path: Path) -> int:
 def _argv(child: Child) -> list[str]:
     """The command line a child was started with (the fleet starts each with a list of arguments)."""
     args = child.process.args
-    assert isinstance(args, list)  # never one string: the fleet starts each child with a list
+    assert isinstance(args, list)
     return [os.fsdecode(arg) for arg in args]

@@ -1,7 +1,5 @@
-"""The embedded parts of a local fleet and what comes before the services: the ports they need, the fleet's
-databases brought to this code's revision (`roundtrip db upgrade`), the embedded Apache Kafka (unless bootstrap
-servers are configured), the topics, and the demo shop's settings when the fleet runs the shop (`demo_shop`).
-The simulator and the shop run as children like the services (services/_fleet/children.py)."""
+"""The embedded parts of a local fleet and what comes before the services: the ports they need, the databases, the
+embedded Apache Kafka, the topics, and the demo shop's settings when the fleet runs the shop."""
 
 from __future__ import annotations
 
@@ -35,9 +33,8 @@ def runs_simulator(settings: ModelSettings) -> bool:
 
 
 def demo_shop(settings: Deployment, env: dict[str, str]) -> ShopAgentSettings | None:
-    """The demo shop's settings as the fleet's children read them (`env` over this process's), when the agent the
-    fleet runs is the demo shop's (its settings are ShopAgentSettings) and names no shop URL: the fleet runs the
-    shop."""
+    """The demo shop's settings as the fleet's children read them, when the fleet runs the shop: the agent is the
+    demo shop's and names no shop URL."""
     try:  # found, not checked: its checks read the children's environment (an MCP server's URL), each child runs them
         agent = load_agent(settings.agent, check=False)
     except AgentError as exc:
@@ -70,8 +67,7 @@ def wanted_ports(settings: Settings, shop: ShopAgentSettings | None) -> list[tup
 
 
 def port_settings(settings: Settings, shop: ShopAgentSettings | None) -> dict[int, str]:
-    """port -> the setting that moves it, for the ports a part of the fleet binds: its own (wanted_ports) and the
-    services' health ports (ROUNDTRIP_HEALTH_PORT, `up --health-port`: each service and replica on its own)."""
+    """port -> the setting that moves it, for the ports a part of the fleet binds, the services' health ports too."""
     from roundtrip._kernel.observability.health import PORT_STRIDE, REPLICA_PORTS
 
     found: dict[int, str] = {}
@@ -113,20 +109,20 @@ def upgrade_databases(settings: Settings, say: Callable[[str], None]) -> None:
 def start_broker(
     settings: Settings, logs: Path, say: Callable[[str], None]
 ) -> tuple[EmbeddedKafka, Settings, dict[str, str]]:
-    """Start the embedded broker (its jars fetched first, once) and wait until it serves: (the broker, the settings
-    its clients use, the environment the children need for it: a secured broker's throwaway CA)."""
+    """Start the embedded broker and wait until it serves: (the broker, the settings its clients use, the
+    environment the children need for it)."""
     from roundtrip._broker.embedded import EmbeddedKafka, fetch_configured
 
     s, env = settings, {}
     libs = fetch_configured(s, progress=say)
     options = dict(libs_dir=libs, log_file=logs / "kafka.log", die_with_parent=True)
-    if s.kafka_secured:  # secured as the settings say; its clients get the throwaway CA (services/_broker/secured.py)
+    if s.kafka_secured:
         from roundtrip._broker.secured import embedded_as_configured
 
         broker, tls_settings = embedded_as_configured(s, s.state_dir / "kafka-secured", **options)
         s = s.model_copy(update=tls_settings)
         env = {f"ROUNDTRIP_{key.upper()}": str(value) for key, value in tls_settings.items()}
-        for key, value in tls_settings.items():  # what commands run from the user's shell need too
+        for key, value in tls_settings.items():
             say(f"  kafka {s.kafka_security_protocol}: export ROUNDTRIP_{key.upper()}={value}")
     else:
         broker = EmbeddedKafka.of(s, s.state_dir / "kafka", **options)

@@ -1,10 +1,8 @@
 """Waiting for the fleet's children: an HTTP part (simulator, shop) until its /health answers, a service until it
-says "ready" on its pipe (services/_kernel/runtime.py; whatever its log level, so an earlier run's log never counts).
+says "ready" on its pipe (whatever its log level, so an earlier run's log never counts).
 
-A child that exits while the fleet waits is given to `Retries` when the caller passes one (`Fleet.start`): it is
-restarted after the supervisor's backoff (RestartPolicy) while the others go on starting, a bounded number of
-times; then, or with no Retries, the wait ends in a FleetError of one line, the cause read from the child's own
-log (services/_fleet/causes.py)."""
+A child that exits while the fleet waits is restarted by `Retries` after the supervisor's backoff, a bounded number of
+times; then the wait ends in a one-line FleetError, the cause read from the child's own log."""
 
 from __future__ import annotations
 
@@ -34,7 +32,7 @@ class Retries:
     say: Callable[[str], None]
     setting: Callable[[int], str | None] = lambda port: None
     attempts: int = 3
-    last_causes: dict[str, causes.Cause] = field(default_factory=dict)  # child name -> why it last exited
+    last_causes: dict[str, causes.Cause] = field(default_factory=dict)
 
     def exited(self, child: Child, now: float) -> None:
         """`child` has exited: schedule its restart, or raise FleetError when it has had its attempts."""
@@ -64,8 +62,7 @@ def failure(child: Child, cause: causes.Cause, setting: Callable[[int], str | No
 
 
 def check_alive(children: list[Child], retries: Retries | None = None) -> list[Child]:
-    """Every child is running, or is restarted through `retries` (those restarted now are returned); a child that
-    exited with no retries left is a FleetError naming its cause."""
+    """Every child is running, or is restarted through `retries` (those restarted now are returned)."""
     now, restarted = time.monotonic(), []
     for child in children:
         if child.restart_due is not None:
@@ -80,7 +77,7 @@ def check_alive(children: list[Child], retries: Retries | None = None) -> list[C
 
 
 def wait_http(url: str, name: str, children: list[Child], timeout: float = 30, retries: Retries | None = None) -> None:
-    """Until `url` answers 200; a child of `children` that exits first is restarted by `retries`, or an error."""
+    """Until `url` answers 200."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         check_alive(children, retries)
@@ -99,8 +96,7 @@ def wait_http(url: str, name: str, children: list[Child], timeout: float = 30, r
 def wait_services(
     children: list[Child], timeout: float = 60, names: set[str] | None = None, retries: Retries | None = None
 ) -> None:
-    """Wait until every service (of `names`) has said "ready" on its pipe; a child that exits first is restarted by
-    `retries` (and waited for again), or an error."""
+    """Wait until every service (of `names`) has said "ready" on its pipe."""
     deadline = time.monotonic() + timeout
     waiting = [c for c in children if c.ready_fd is not None and (names is None or c.name in names)]
     while waiting:
@@ -121,19 +117,17 @@ def wait_services(
                 if retries is not None:
                     retries.last_causes.pop(child.name, None)  # it started: an earlier exit is no longer a reason
                 continue
-            # the end of the pipe without a word: the child has exited (or is exiting)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.process.wait(timeout=10)
             if child.process.poll() is None:
                 raise FleetError(f"{child.name} closed its ready pipe without saying it started (log {child.log_path})")
         for child in check_alive(children, retries):
             if child.ready_fd is not None and child not in waiting:
-                waiting.append(child)  # one that had said ready and died: waited for again
+                waiting.append(child)
 
 
 def _still_failing(children: list[Child], retries: Retries | None) -> None:
-    """At the end of a wait: a child that failed and is not up yet is the reason, named with its last exit's cause,
-    rather than the timeout."""
+    """A child that failed and is not up yet is the reason a wait ended, rather than the timeout."""
     for child in children:
         if retries is not None and child.name in retries.last_causes:
             raise FleetError(failure(child, retries.last_causes[child.name], retries.setting))

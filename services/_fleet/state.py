@@ -1,14 +1,8 @@
-"""Which fleet an operator command talks to: the one `roundtrip up` runs in its state folder, with that fleet's
-settings.
+"""Which fleet an operator command talks to: the one `roundtrip up` runs in its state folder, with its settings.
 
-`roundtrip up` records the settings it gave its services (every ROUNDTRIP_* variable of their
-environment, the state folder made absolute) in state_dir/fleet.json, next to fleet.pid, readable
-by its user only (it holds the fleet's database URLs and keys, as the services' own environment
-does); the record goes when the fleet stops. A command run with that state folder (`turns`,
-`conversations`, `approvals`, `config`, `ask`, ...) takes those settings instead of its shell's, so it
-reads the fleet's ledger, not whatever its shell says, and says which fleet it read; the variables
-its shell sets otherwise are named. Without a running fleet there, the shell's settings are read,
-and the command says so.
+`roundtrip up` records its services' ROUNDTRIP_* environment in state_dir/fleet.json, readable by its user only (it
+holds the fleet's database URLs and keys, as the services' own environment does), until the fleet stops. A command run
+with that state folder takes those settings instead of its shell's, so it reads the fleet's ledger, and says so.
 """
 
 from __future__ import annotations
@@ -50,7 +44,7 @@ class Reading:
 
     state_dir: Path
     pid: int | None = None
-    differ: list[str] = field(default_factory=list)  # the shell's ROUNDTRIP_* variables the fleet has otherwise
+    differ: list[str] = field(default_factory=list)
 
     def lines(self, ledger: str) -> list[str]:
         """What the command says about it (`ledger`: the ledger's URL as shown, without its password)."""

@@ -1,6 +1,5 @@
-"""Supervising the fleet's child processes: the child and its restart state, the backoff between its restarts,
-its exit told in words, a wake-up of select() when a signal arrives, and `supervise`, the loop that restarts a
-child that dies (what `Fleet.supervise`, services/_fleet/launcher.py, runs once everything is up)."""
+"""Supervising the fleet's child processes: their restart state and backoff, and `supervise`, the loop that
+restarts a child that dies."""
 
 from __future__ import annotations
 
@@ -52,7 +51,6 @@ class Child:
     process: subprocess.Popen[bytes]
     log_path: Path
     where: str = ""
-    # supervision: when the current process started, the last backoff delay, the restart due time
     started_at: float = field(default_factory=time.monotonic)
     delay: float | None = None
     restart_due: float | None = None
@@ -85,12 +83,11 @@ def supervise(
     policy: RestartPolicy,
     say: Callable[[str], None],
 ) -> None:
-    """Keep every child of `supervised()` running until `should_stop()`: a child that dies is reported and given
-    a new process by `restart(child)` after its backoff delay; the others keep running. Blocks in select() on the
-    children's pidfds (and, in the main thread, on a signal wake-up fd, so a signal handler that makes
-    `should_stop()` true ends the wait at once); wakes at least every second."""
+    """Keep every child of `supervised()` running until `should_stop()`: a child that dies is reported and given a
+    new process by `restart(child)` after its backoff delay. Blocks in select() on the children's pidfds and, in the
+    main thread, on a signal wake-up fd, so a signal handler that makes `should_stop()` true ends the wait at once."""
     wake_r, restore = signal_wakeup()
-    pidfds: dict[int, int] = {}  # pid -> pidfd of the running children
+    pidfds: dict[int, int] = {}
     try:
         while not should_stop():
             now = time.monotonic()
@@ -151,7 +148,7 @@ class FleetError(RuntimeError):
     """The fleet cannot start or keep running: one line for `roundtrip up` to print."""
 
 
-RUNNING_FILE = "fleet.pid"  # in the state folder, while a fleet runs there: the pid of the process that runs it
+RUNNING_FILE = "fleet.pid"
 
 
 def claim_folder(state_dir: Path) -> Path:
@@ -179,6 +176,6 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process: alive
+    except PermissionError:
         return True
     return True
