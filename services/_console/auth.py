@@ -1,28 +1,10 @@
-"""Who is asking, and what they may do: the console's sign-in, its roles and its CSRF tokens.
+"""Who is asking, and what they may do: the console's sign-in, its roles and its CSRF tokens (docs/console.md).
 
-**Identity, the signed mode** (ROUNDTRIP_CONSOLE_OIDC_ISSUER and _AUDIENCE). The company's single sign-on sits in
-front of the console as an identity-aware proxy (oauth2-proxy, Google IAP, or any proxy that forwards the person's
-token) and passes the signed OIDC token with every request (`Authorization: Bearer`, oauth2-proxy's
-`X-Forwarded-Access-Token`, IAP's `x-goog-iap-jwt-assertion`: ROUNDTRIP_CONSOLE_OIDC_TOKEN_HEADERS). The console
-believes a token only when PyJWT verifies its signature with one of the issuer's published keys (the JWKS named by
-the issuer's discovery document, cached 5 minutes by PyJWKClient and fetched again for a key id it does not know),
-its issuer, its audience and its expiry. Who the person is and their groups come from the token's claims. Where the
-request comes from proves nothing, so it is not asked.
-
-**Identity, development.** ROUNDTRIP_CONSOLE_TRUSTED_PROXIES believes `X-Forwarded-User` / `-Email` / `-Groups` from
-those addresses on their word alone, and a request nobody vouched for is the local user (ROUNDTRIP_CONSOLE_LOCAL_USER,
-else `<login>@<host>`), an approver. Both are refused outside development (Settings.refuse_console_local_user).
-
-**Refusals** of a sign-in (no token, a bad signature, expired, another audience or issuer) are written to the
-`roundtrip.security` log with the reason, the address and the identity the token claims (unverified, quoted), at most
-one line per address and reason a minute, with the count of those not written.
-
-**Roles.** `approver` (may approve, deny and cancel) and `viewer` (may look), from the groups the proxy names
-(ROUNDTRIP_CONSOLE_APPROVER_GROUPS, ROUNDTRIP_CONSOLE_VIEWER_GROUPS). A signed-in person in neither is refused.
-
-**CSRF.** Every page sets a cookie `roundtrip_csrf` (HttpOnly, Secure, SameSite=Strict) holding a token signed for the
-signed-in identity; every POST must carry the same token in its form (`csrf`). Another site can neither read the cookie
-nor make a token that verifies for this person, so a forged or replayed post from elsewhere is refused.
+In the signed mode an identity-aware proxy passes the person's OIDC token, believed only when PyJWT verifies its
+signature with one of the issuer's published keys, its issuer, audience and expiry; where a request comes from proves
+nothing, so it is not asked. The development modes (trusted proxy headers, the local user) are refused outside
+development. Every POST must carry the CSRF token of its cookie, signed for the signed-in identity: another site can
+neither read the cookie nor make a token that verifies for this person.
 """
 
 from __future__ import annotations
@@ -81,7 +63,7 @@ class Refusals:
 
     def __init__(self, window_s: float = REFUSAL_WINDOW_S) -> None:
         self.window_s = window_s
-        self._seen: dict[tuple[str, str], tuple[float, int]] = {}  # -> (when its last line was written, since then)
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
 
     def refused(self, reason: str, address: str, claimed: str | None, detail: str = "") -> None:
         now = time.monotonic()
@@ -136,8 +118,7 @@ class IssuerAway(Exception):
 
 
 class Issuer:
-    """The OIDC issuer's keys: its discovery document read once, its JWKS through PyJWKClient (cached, and fetched
-    again for a key id it does not hold)."""
+    """The OIDC issuer's keys: its discovery document read once, its JWKS through PyJWKClient."""
 
     def __init__(self, issuer: str, jwks_url: str | None) -> None:
         self.issuer = issuer.rstrip("/")
@@ -155,7 +136,7 @@ class Issuer:
                             found = await http.get(f"{self.issuer}/.well-known/openid-configuration")
                             found.raise_for_status()
                             url = str(found.json()["jwks_uri"])
-                    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:  # away, or no discovery document
+                    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
                         raise IssuerAway(f"{type(exc).__name__}: {exc}"[:300]) from None
                 self._client = jwt.PyJWKClient(  # the key set is cached, not each key: one the issuer withdrew
                     url,  # is no longer believed once the set is fetched again
@@ -276,7 +257,6 @@ class Gatekeeper:
             )
         raise NotSignedIn("not signed in: open the console through the company's sign-on")
 
-    # -- CSRF -------------------------------------------------------------------------------
     def _mac(self, nonce: str, identity: Identity) -> str:
         return hmac.new(self._key, f"{nonce}\x00{identity.name}".encode(), hashlib.sha256).hexdigest()
 

@@ -1,10 +1,8 @@
 """What a person's word is, the same from the console and from `roundtrip approvals approve|deny`: whether an approval
-can still be decided (it exists, it is pending, its turn still waits for it, its deadline has not passed), and the
-signed ApprovalDecided that carries the decision to the guard (turn.approval_decisions, keyed by conversation).
+can still be decided, and the signed ApprovalDecided that carries the decision to the guard.
 
-The decision key signs here, in the process that holds it (the console, the CLI): it never leaves it. A decision that
-is refused here is never sent; one that is sent and then finds the turn moved on is refused by the guard too
-(services/_guard/approvals.py: DecisionRefused), so nothing is ever applied twice.
+The decision key signs here, in the process that holds it: it never leaves it. A decision refused here is never sent;
+one sent that then finds the turn moved on is refused by the guard too, so nothing is ever applied twice.
 """
 
 from __future__ import annotations
@@ -50,8 +48,7 @@ def decision_signer(settings: Settings) -> Signer:
 
 
 def signed_decision(row: ApprovalRow, approve: bool, reason: str, decided_by: str, signer: Signer) -> ApprovalDecided:
-    """The decision on the very call the approval names (turn, tool_use id, input digest), signed by `signer` (the
-    decision signing key)."""
+    """The decision on the very call the approval names (turn, tool_use id, input digest), signed by `signer`."""
     return signer.sign(
         ApprovalDecided(
             approval_id=row.approval_id,

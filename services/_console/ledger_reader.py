@@ -62,8 +62,7 @@ class Books:
             self._conversations = None
 
     async def transcript(self, turn_id: str) -> list[dict[str, Any]] | None:
-        """The turn's messages as the conversation store keeps an ended turn; None when it keeps none (or is away: the
-        page then shows what the ledger holds)."""
+        """The turn's messages as the conversation store keeps an ended turn; None when it keeps none or is away."""
         try:
             if self._conversations is None:
                 self._conversations = await Conversations.open(self.conversations_url, read_only=True)
@@ -75,7 +74,6 @@ class Books:
                 await _quietly(store.close())
             return None
 
-    # -- reads ---------------------------------------------------------------------------------
     async def waiting(self, limit: int = 100) -> list[ApprovalRow]:
         """The approvals waiting for a person (their turn still awaits them), oldest deadline first."""
         rows = await self._read(lambda ledger: ledger.list_approvals(status=PENDING, limit=limit))
@@ -105,10 +103,8 @@ class Books:
         limit: int = 100,
         conversation: str | None = None,
     ) -> list[TurnRow]:
-        """Turns filtered by status, outcome, customer, conversation, age (started within `max_age_s`) and agent (the
-        start of the digest of the agent the turn started under), in the order people look at them: those that need
-        someone (stuck, awaiting a person) first, then by conversation (the one with the newest turn first, its turns
-        together, newest first)."""
+        """Turns filtered by status, outcome, customer, conversation, age and agent (a prefix of its digest), in the
+        order people look at them: those that need someone first, then by conversation, newest first."""
         since = time.time() - max_age_s if max_age_s else None
         rows = await self._read(
             lambda ledger: ledger.list(

@@ -1,14 +1,8 @@
 """The dead letters' page (/dead-letters): its HTML and its two changes, re-drive and discard, with the console's
-sign-in, CSRF check and audit (services/_console/web.py). Reading, the once-only rule and the re-drive itself are
-services/_console/letters.py.
+sign-in, CSRF check and audit; reading, the once-only rule and the re-drive itself are in letters.py.
 
-    GET  /dead-letters                   the counts per reason, then each letter with its original record as text
-    POST /dead-letters/{id}/redrive      publish its original record to its source topic, once (approvers; CSRF token)
-    POST /dead-letters/{id}/discard      mark it handled, once (approvers; CSRF token)
-    GET  /dead-letters/live              the refreshed part of the page (what its script asks for)
-
-Everything a dead letter carries (record, key, reason, topic) and a person's note is escaped into the HTML
-(`pages.esc`): a dead letter is whatever some producer wrote.
+Everything a dead letter carries and a person's note is escaped into the HTML: a dead letter is whatever some
+producer wrote.
 """
 
 from __future__ import annotations
@@ -48,11 +42,11 @@ def routes(console: Console, shelf: letters.Letters) -> list[Route]:
 @dataclass
 class DeadLetterDesk:
     """The dead letters' page and its two changes, re-drive and discard, with the console's sign-in, CSRF check and
-    audit; reading, the once-only rule and the re-drive itself are services/_console/letters.py."""
+    audit."""
 
     console: Console
-    shelf: letters.Letters  # the dead letters read, and their re-drive
-    told: dict[str, str] = field(default_factory=dict)  # letter id -> the line its handler is shown (the last TOLD)
+    shelf: letters.Letters
+    told: dict[str, str] = field(default_factory=dict)
 
     async def _fragment(self, request: Request, identity: Identity) -> str:
         try:
@@ -126,7 +120,6 @@ class DeadLetterDesk:
         return RedirectResponse(f"/dead-letters?handled={_q(wanted)}", status_code=303)
 
 
-# -- the HTML --------------------------------------------------------------------------------------------------------
 HANDLED_AS = {"redrive": "re-driven", "discard": "discarded"}
 
 
@@ -164,7 +157,7 @@ def _letter_form(letter_id: str, csrf: str, redrivable: bool) -> str:
 
 def letter_card(item: Any, handling: Any, identity: Identity, csrf: str, now: float, not_redrivable: str | None) -> str:
     """One dead letter: where it came from, its key, why, how old, the original record as text, and what was done
-    with it (or the form to re-drive or discard it)."""
+    with it (or the forms)."""
     letter = item.letter
     if handling is not None:
         what = HANDLED_AS.get(handling.action, handling.action)

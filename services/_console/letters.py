@@ -1,24 +1,10 @@
 """Dead letters in the console: read them, re-drive one to its source topic once, or discard it once.
 
-**What is read.** The last LETTERS_KEPT records of roundtrip.dead_letters (each a `DeadLettered`: the service, the
-source topic, the reason, the original record's bytes, key and headers kept losslessly), and the whole of
-roundtrip.dead_letters.handled (a `DeadLetterHandled` per re-drive, discard or released claim), both read without a
-consumer group from one consumer whose partitions are assigned; every page read first reads both to their end.
-
-**Where "handled" is remembered: Kafka.** Each re-drive or discard is first a claim published to
-roundtrip.dead_letters.handled (one partition, keyed by the letter's id), which every console replica reads from its
-start, so what was handled survives a restart and is shared by replicas without a database of the console's own. The
-topic's single partition orders the claims: the first claim of a letter wins (`apply`); a console that finds, once its
-own claim is read back, that another claim came first sends nothing. Only a release of the winning claim (published
-when the re-drive itself could not be published) frees the letter again. The topic is not compacted: compaction keeps
-a key's last record, which may be a losing claim.
-
-**A re-drive** publishes the original record unchanged (its value, key and headers, from the base64 copies) to the
-topic it came from, and to no other: only a topic a service of the fleet consumes is accepted
-(`topology.redrive_topics()`), whatever a dead letter says. Its ids, key and trace context are the original's, so the
-services' dedupe holds (a step, a request, a tool call is still processed once) and its spans join the turn's trace.
-A console that dies between its claim and the re-drive leaves the letter marked re-driven though nothing was sent (at
-most once): its record is still on roundtrip.dead_letters for `roundtrip dead-letters` and a producer of one's own.
+What was handled is remembered in Kafka: each re-drive or discard is first a claim on roundtrip.dead_letters.handled
+(one partition, keyed by the letter's id), read from its start by every replica. The single partition orders the
+claims: the first claim of a letter wins, and a console that reads back its own claim behind another sends nothing.
+A re-drive publishes the original record unchanged, its ids and trace context included, so the services' dedupe holds,
+and only to a topic a service of the fleet consumes, whatever a dead letter says. docs/console.md has the whole story.
 """
 
 from __future__ import annotations
@@ -74,7 +60,6 @@ class Letter:
         return self.letter.reason if self.letter else "not a dead letter the fleet wrote (unreadable record)"
 
 
-# -- the pure parts --------------------------------------------------------------------------------
 def letter_id(partition: int, offset: int) -> str:
     return f"{partition}-{offset}"
 
@@ -98,8 +83,7 @@ def apply(handled: dict[str, DeadLetterHandled], record: DeadLetterHandled) -> N
 
 
 def kind_of(reason: str) -> str:
-    """What a reason is, for counting: its words before the first colon ("malformed JSON", "schema violation", the
-    exception's name)."""
+    """What a reason is, for counting: its words before the first colon."""
     head = reason.split(":", 1)[0].strip()
     return head[:80] or "(no reason)"
 
@@ -167,9 +151,8 @@ def raw_sender(broker: Any) -> SendRaw:
     return send
 
 
-# -- Kafka -----------------------------------------------------------------------------------------
 class Letters:
-    """The dead letters as the console shows them, and their re-drive and discard (see the module's docstring)."""
+    """The dead letters as the console shows them, and their re-drive and discard."""
 
     def __init__(self, settings: Settings, send_handled: SendHandled, send_raw: SendRaw) -> None:
         self.settings, self.prefix = settings, settings.topic_prefix
@@ -264,19 +247,18 @@ class Letters:
         ]
 
     async def act(self, wanted: str, action: str, by: str, note: str) -> tuple[Letter, DeadLetterHandled]:
-        """Re-drive or discard dead letter `wanted` for `by`: Refused when it is unknown, handled already (here, by
-        another replica, before a restart) or cannot be re-driven; LettersAway when Kafka cannot be read; the
-        publish's exception when the re-drive was not taken (the letter is released: it waits again)."""
+        """Re-drive or discard dead letter `wanted` for `by`: Refused when it is unknown, handled already or cannot be
+        re-driven; the publish's exception when the re-drive was not taken (the letter is released: it waits again)."""
         async with self._acting:  # one at a time here; replicas are ordered by the claims' topic
             await self.refresh()
             item = self.letters.get(wanted)
             refused = refusal(wanted, action, item, self.handled.get(wanted), self.prefix)
             if refused is not None:
                 raise refused
-            assert item is not None  # refusal() refuses an unknown letter
+            assert item is not None
             claim = DeadLetterHandled(
                 letter_id=wanted,
-                action=action,  # REDRIVE or DISCARD
+                action=action,
                 claim=uuid.uuid4().hex,
                 by=by,
                 at=round(time.time(), 3),
@@ -292,7 +274,7 @@ class Letters:
                         f"dead letter {wanted}: this console's claim was not recorded: nothing done"
                     )
                 if action == REDRIVE:
-                    assert item.letter is not None  # refusal() refuses a re-drive of anything else
+                    assert item.letter is not None
                     value, key, headers = original(item.letter)
                     await asyncio.wait_for(self.send_raw(item.letter.topic, value, key, headers), PUBLISH_TIMEOUT_S)
             except Refused:
@@ -303,7 +285,7 @@ class Letters:
             return item, claim
 
     async def _release(self, claim: DeadLetterHandled) -> None:
-        """Free the letter of a claim whose re-drive was not published (a claim that never landed frees nothing)."""
+        """Free the letter of a claim whose re-drive was not published."""
         release = claim.model_copy(update={"action": RELEASE, "at": round(time.time(), 3)})
         try:
             await asyncio.wait_for(self.send_handled(release, claim.letter_id), PUBLISH_TIMEOUT_S)

@@ -1,10 +1,8 @@
 """The console's HTML, rendered on the server: the inbox of held calls, the turns, a turn, and the refusals.
 
-Every value from customers, models, tools and people goes through `esc` (html.escape): nothing they wrote is ever read
-as markup. The page has no inline script or style (its Content-Security-Policy allows neither, see web.py); STYLE
-and SCRIPT are served as /static/console.css and /static/console.js. The script refreshes the inbox and the
-turns without a reload (it asks for the fragment every POLL_MS, parses it with DOMParser, which runs no script, and
-swaps it in when it changed, keeping a reason being typed) and counts the deadlines down.
+Every value from customers, models, tools and people goes through `esc`: nothing they wrote is ever read as markup.
+The page has no inline script or style (its Content-Security-Policy allows neither); the script refreshes a page's
+live part by parsing the fragment with DOMParser, which runs no script.
 """
 
 from __future__ import annotations
@@ -180,9 +178,8 @@ def _decide_form(approval_id: str, csrf: str) -> str:
 def approval_card(
     row: Any, request: Any, identity: Identity, csrf: str, trace_template: str | None, sent: str | None
 ) -> str:
-    """One held call as a person decides it: what the customer asked, what the model said at this step, the exact
-    call and the entity it resolves to, why a person must decide, the step's results so far, the conversation's
-    earlier turns collapsed, the countdown to the deadline, and the decision form."""
+    """One held call as a person decides it: what the customer asked, what the model said, the exact call and the
+    entity it resolves to, why a person must decide, the countdown to the deadline, and the decision form."""
     if sent:
         action = f'<p class="notice warn">{esc(sent)}</p>'
     elif identity.may_decide:

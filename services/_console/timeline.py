@@ -1,8 +1,6 @@
 """A turn as steps for its page: what the model was told and said (the transcript) joined with what each service
-did and how long it took (the turn's trace): per step the model call's latency, tokens, cost and stop reason, each
-tool call with the gate's verdict and reason, its result and the executor's time, the approvals of the step, and at
-the end the guard's decision in words. Either source may be missing (a running turn keeps no transcript yet; spans
-arrive in batches): the page shows what there is."""
+did and how long it took (the turn's trace). Either source may be missing (a running turn keeps no transcript yet;
+spans arrive in batches): the page shows what there is."""
 
 from __future__ import annotations
 
@@ -72,8 +70,8 @@ class Step:
 
 @dataclass
 class Timeline:
-    customer: list[str]  # the customer's words of this turn
-    history: list[dict[str, Any]]  # the conversation's earlier turns, as the model saw them
+    customer: list[str]
+    history: list[dict[str, Any]]
     steps: list[Step]
     ending: str  # the guard's decision at the end, in words ("" while it runs)
 

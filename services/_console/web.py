@@ -1,17 +1,8 @@
 """The console's pages and its two changes (a decision, a cancel), as a Starlette app.
 
-    GET  /approvals                      the inbox: every call waiting for a person, refreshed without a reload
-    POST /approvals/{id}/decide          approve or deny (approvers; CSRF token); signed and published here
-    GET  /turns?status&outcome&customer&conversation&max_age_min&agent    the turns, filtered, refreshed
-    GET  /turns/{id}                     a turn as a timeline: per step the model call, each call's verdict, result
-                                         and time, the approvals, the guard's ending; live while it runs
-    POST /turns/{id}/cancel              the same CancelTurn `roundtrip turns cancel` sends (approvers; CSRF token)
-    /dead-letters                        the dead letters, re-drive and discard: services/_console/letter_pages.py
-    GET  .../live                        the refreshed part of a page (what its script asks for)
-
-Every change is written to the audit log (logger `roundtrip.audit`: who, what, when, from where) and on a span in the
-turn's own trace. A decision for an approval that has ended (decided elsewhere, timed out, turn cancelled) is refused
-with the reason and never sent; so is a second one sent from this console before the guard applied the first.
+Every change is written to the audit log (logger `roundtrip.audit`) and on a span in the turn's own trace. A decision
+for an approval that has ended is refused with the reason and never sent; so is a second one sent from this console
+before the guard applied the first.
 """
 
 from __future__ import annotations
@@ -86,7 +77,6 @@ class Console:
         except ValueError:  # the guard refuses such prices at its start; the page then shows no cost per step
             self.prices = None
 
-    # -- the frame of every request -------------------------------------------------------------
     async def _identity(self, request: Request) -> Identity:
         try:
             identity = await self.gate.identify(request)
@@ -139,7 +129,6 @@ class Console:
             raise Answer(403, f"{identity.name} is a viewer: only approvers may decide or cancel", identity, back)
         return identity, form
 
-    # -- the inbox -----------------------------------------------------------------------------
     async def _inbox(self, request: Request, identity: Identity) -> str:
         try:
             rows, trouble = await self.books.waiting(), None
@@ -212,7 +201,6 @@ class Console:
             self.told.pop(next(iter(self.told)))
         return RedirectResponse(f"/approvals?decided={_q(approval_id)}", status_code=303)
 
-    # -- turns ---------------------------------------------------------------------------------
     async def _turns(self, request: Request) -> str:
         q = request.query_params
         try:
@@ -248,8 +236,8 @@ class Console:
         return HTMLResponse(await self._turns(request), headers=SECURITY_HEADERS)
 
     async def _timeline(self, row: Any, approvals: list[Any]) -> str:
-        """The turn's steps from its transcript (the conversation store keeps an ended turn's; a held call carries the
-        transcript so far) joined with its trace's spans."""
+        """The turn's steps from its transcript (the conversation store's, else the held call's) joined with its
+        trace's spans."""
         messages, history = [], 0
         if row.status == "ended":
             messages = await self.books.transcript(row.turn_id) or []
@@ -321,7 +309,6 @@ class Console:
         self._audit("cancel", identity, request, turn=turn_id, customer=row.customer_id, reason=reason)
         return RedirectResponse(f"{back}?cancelled=1", 303)
 
-    # -- shared ----------------------------------------------------------------------------------
     async def _read(self, reading: Awaitable[Any], identity: Identity, back: str = "/approvals") -> Any:
         try:
             return await reading
@@ -381,7 +368,7 @@ def _static(body: str, media_type: str) -> Callable[[Request], Awaitable[Respons
 
 
 def application(console: Console, more: Sequence[BaseRoute] = ()) -> Starlette:
-    """The console's routes, and `more` of its other pages (the dead letters': services/_console/letter_pages.py)."""
+    """The console's routes, and `more` of its other pages."""
     routes = [
         Route("/static/console.css", _static(pages.STYLE, "text/css")),
         Route("/static/console.js", _static(pages.SCRIPT, "text/javascript")),
