@@ -1,27 +1,8 @@
 """The HTTP side of the simulator: routes, persona choice, latency and faults.
 
-Routes: POST /v1/messages, POST /v1/messages/count_tokens, GET /health, and the controls of
-controls.py (GET/POST /v1/_limits, POST /v1/_overload). Rate limits (ratelimits.py) and 529
-bursts (overload.py) apply to /v1/messages; its every response carries the anthropic-ratelimit-*
-headers of the limits set. The same Messages API in Bedrock's, Vertex AI's and Foundry's shapes
-(platforms.py) shares the limits, personas and faults, and sends no rate-limit header.
-
-Request headers a caller may send (the SDK passes them via
-`default_headers=` or `extra_headers=`):
-  x-roundtrip-persona          careful | careless | stubborn | looping | flailing | sloppy |
-                               parallel | refusing | terse | mix   (else the app's default)
-  x-roundtrip-fault            429 | 529 | 500 | 502 | 503 | 504 | timeout: force that fault;
-                               529-midstream: a stream stops after its first text delta with an
-                               overloaded_error event (a plain request gets a 529)
-  x-roundtrip-fault-attempts   N: fault only the first N attempts (the SDK numbers its
-                               attempts in `x-stainless-retry-count`); default: every attempt
-  x-roundtrip-fault-delay      seconds the `timeout` fault sleeps (default 30); set it above
-                               the client's timeout
-  x-roundtrip-latency-ms       latency of this response (else the app's latency_ms)
-  x-roundtrip-retry-after-ms   `retry-after-ms` sent with 429/5xx (else the app's retry_after_ms)
-
-`"stream": true` answers with the same message as server-sent events (services/_simulator/streaming.py).
-Scripted mode (persona `script:NAME`), PUT /v1/_scripts/NAME and GET /v1/_received: services/_simulator/scripted.py.
+Rate limits and 529 bursts apply to /v1/messages, whose every response carries the anthropic-ratelimit-* headers of
+the limits set. A caller steers a request with x-roundtrip-* headers (persona, fault, latency); the routes and headers
+are listed in docs/decisions/simulator.md.
 """
 
 from __future__ import annotations
@@ -84,9 +65,9 @@ class _State:
     limits: RateLimits = field(default_factory=RateLimits)
     overload: Overload = field(default_factory=Overload)
     served: int = 0
-    streamed: int = 0  # of them, answered as a stream (`"stream": true`: streaming.py)
+    streamed: int = 0
     parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
-    by_platform: dict[str, int] = field(default_factory=dict)  # of them, answered in a platform's shape (platforms.py)
+    by_platform: dict[str, int] = field(default_factory=dict)
     latency_jitter: float = 0.0
     scripts: Scripts = field(default_factory=Scripts)
 
@@ -119,7 +100,7 @@ class _State:
             streamed = bool(body.get("stream"))
             with self.limits.admit(body, self.cache) as call:
                 latency_s = _latency_s(request, self)
-                if not streamed:  # a stream spends its latency as it goes (streaming.py)
+                if not streamed:
                     await asyncio.sleep(latency_s)
                 fault = await _fault(request, self, streamed)
                 message = respond(body, persona, self.cache, scripted)
@@ -279,7 +260,7 @@ def _latency_s(request: Request, state: _State) -> float:
 
 async def _fault(request: Request, state: _State, streamed: bool = False) -> str:
     """Raise the forced (or randomly injected) fault of this request, or sleep for `timeout`; the fault a stream
-    raises as it goes (`529-midstream`, streaming.py) is returned (a plain request gets a 529 for it)."""
+    raises as it goes (`529-midstream`) is returned."""
     fault = request.headers.get(FAULT_HEADER, "").strip().lower()
     if fault:
         attempt = _number(request, "x-stainless-retry-count", 0)  # 0 on the first try, 1 on the first retry...

@@ -1,12 +1,5 @@
-"""Endpoints that steer the simulator mid-run: its limits and bursts of overload (no API key, not part of the API).
-
-GET  /v1/_limits                      {"limits": {"rpm": 600, ...}, "remaining": {...}, "refused": n}
-POST /v1/_limits   {"rpm": 300}       change the limits named (null removes one); answers as GET
-                                      ("another app took half": POST the halved limit); {"burst_s": 1}
-                                      enforces them over one second (null: a minute)
-POST /v1/_overload {"seconds": 5}     a burst of 529s from now for that long (0 ends it; "status": 500 a
-                                      burst of that 5xx instead); answers {"overloaded": n}
-"""
+"""Endpoints that steer the simulator mid-run, not part of the API: its limits (/v1/_limits) and bursts of overload
+(/v1/_overload)."""
 
 from __future__ import annotations
 

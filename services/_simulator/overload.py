@@ -1,12 +1,6 @@
-"""529 `overloaded_error` bursts on demand: the API is overloaded for everyone for a while, then is not.
-
-A burst is started by POST /v1/_overload {"seconds": N} (now, for N seconds; {"seconds": 0} ends
-the one under way; "status": 500 makes it a burst of that 5xx instead, an outage rather than an
-overload; 400 or 401, a burst of an error that is not about capacity), or comes back on its own every `every` seconds
-for `seconds` each (ROUNDTRIP_SIMULATOR_OVERLOAD_EVERY / _SECONDS; the first one `every` seconds after the start).
-During a burst every /v1/messages request is answered 529 before it is admitted (it costs no rate limit) and, like the
-API's, without `retry-after`.
-"""
+"""529 `overloaded_error` bursts on demand or on a period: the API is overloaded for everyone for a while, then is
+not. During a burst every request is answered before it is admitted (it costs no rate limit) and, like the API's,
+without `retry-after`."""
 
 from __future__ import annotations
 
@@ -34,8 +28,8 @@ class Overload:
         self._every, self._seconds, self._clock = every, seconds, clock
         self._origin = clock()
         self._until = -1.0
-        self._status = 529  # of the burst started on demand
-        self.answered = 0  # requests answered 529 by a burst
+        self._status = 529
+        self.answered = 0
 
     def start(self, seconds: float, status: int = 529) -> None:
         """A burst of `status` from now for `seconds`; 0 ends the one started on demand."""

@@ -1,20 +1,8 @@
-"""The Messages API in each cloud platform's shape, so the SDK's own platform clients can be tested against it.
+"""The Messages API in each cloud platform's shape (Bedrock, Vertex AI, Foundry), so the SDK's own platform clients
+can be tested against it.
 
-Each platform carries the same Messages API body in its own envelope (the model in the path, `anthropic_version` in
-the body), its own authentication and its own error answers; a platform answers a throttle without any
-`anthropic-ratelimit-*` header (the limiter has only the 429 itself to learn from).
-
-  Amazon Bedrock   POST /model/{id}/invoke, /model/{id}/invoke-with-response-stream: a SigV4 `Authorization`
-                   (AWS4-HMAC-SHA256 ...) or a Bedrock API key (Bearer); errors {"message"} with `x-amzn-ErrorType`
-                   (a throttle: 429 ThrottlingException, no retry-after); the stream in AWS's binary event-stream
-                   framing, each event a `chunk` whose `bytes` is the base64 of the API's event.
-  Google Vertex AI POST /v1/projects/{p}/locations/{r}/publishers/anthropic/models/{id}:rawPredict (and
-                   :streamRawPredict, server-sent events as the API's): a bearer token; errors in Google's shape
-                   (a throttle: 429 RESOURCE_EXHAUSTED, no retry-after).
-  Microsoft Foundry POST /anthropic/v1/messages: the API's own shape, its key in `api-key`/`x-api-key` (or an Entra ID
-                   bearer token); a throttle: 429 with `retry-after`, no `anthropic-ratelimit-*` header.
-
-Base URLs for the SDK's clients: Bedrock the simulator's root, Vertex `<root>/v1`, Foundry `<root>/anthropic`.
+Each platform carries the same body in its own envelope, with its own authentication and error answers, and answers a
+throttle without any `anthropic-ratelimit-*` header. Routes and base URLs: docs/decisions/simulator.md.
 """
 
 from __future__ import annotations
@@ -138,8 +126,8 @@ def _foundry_error(error: ApiError, request_id: str) -> Response:
 
 
 def event_frame(event: str, data: dict[str, Any]) -> bytes:
-    """One event of a Bedrock stream: AWS event-stream framing (a prelude of total and headers length and its CRC32,
-    the headers, the payload, the message's CRC32), the payload a `chunk` with the API event's JSON in `bytes`."""
+    """One event of a Bedrock stream in AWS event-stream framing, the payload a `chunk` with the API event's JSON in
+    `bytes`."""
     raw = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
     payload = json.dumps({"bytes": base64.b64encode(raw).decode()}).encode()
     headers = b"".join(

@@ -1,28 +1,9 @@
 """Rate limits enforced like the Messages API's: requests, input tokens and output tokens per minute.
 
-Each limit set is a token bucket that holds at most the per-minute limit and refills continuously at
-limit/60 per second (the API's "token bucket algorithm": capacity is replenished continuously, not
-reset at the top of each minute). A request is admitted only if every bucket holds what it costs:
-  requests       1
-  input tokens   input_tokens + cache_creation_input_tokens, as the prompt cache would bill it when
-                 the request arrives (cache reads do not count toward ITPM, as for current models)
-  output tokens  max_tokens up front, the unused part given back when the response is done (the
-                 API estimates OTPM from max_tokens at the start and adjusts it at the end); a call
-                 that fails after admission gives all of it back
-Otherwise it is refused with the API's 429 `rate_limit_error` and `retry-after` (whole seconds,
-rounded up, until every short bucket holds enough). A request that could never fit (more than a
-whole limit) is refused without `retry-after`. Every response of /v1/messages carries
-`anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,remaining,reset}` for the limits
-that are set, and `anthropic-ratelimit-tokens-*` for the token limit nearest to running out
-(reset: RFC 3339, when that bucket will be full again). A limit that is not set is neither
-enforced nor announced. `configure` changes limits mid-run (POST /v1/_limits): a bucket keeps
-what it holds, up to its new limit.
-
-The API says a limit may be enforced over intervals shorter than a minute (60 requests a minute as one a
-second), so a burst can be refused while the minute's total is well within the limit: `burst_s` (POST
-/v1/_limits {"burst_s": 1}) makes every bucket hold only that many seconds of its refill (limit x burst_s / 60;
-60, the default, is a whole minute's). The headers still announce the per-minute limit, and `remaining` what the
-short bucket holds.
+Each limit is a token bucket refilled continuously at limit/60 per second, not reset each minute; a request is
+admitted only if every bucket holds what it costs, else refused with the API's 429 and `retry-after`. Output tokens
+are taken as max_tokens up front and the unused part given back at the end, as the API estimates OTPM. `burst_s`
+enforces a limit over a shorter interval. The rules: docs/decisions/simulator.md.
 """
 
 from __future__ import annotations
@@ -38,7 +19,7 @@ from typing import Any
 from .errors import ApiError
 from .usage import PromptCache
 
-KINDS = {"rpm": "requests", "itpm": "input-tokens", "otpm": "output-tokens"}  # setting -> header part
+KINDS = {"rpm": "requests", "itpm": "input-tokens", "otpm": "output-tokens"}
 UNITS = {"requests": "requests", "input-tokens": "input tokens", "output-tokens": "output tokens"}
 HEADER = "anthropic-ratelimit-"
 
@@ -103,9 +84,9 @@ class RateLimits:
     ):
         self._clock, self._wall = clock, wall
         self._buckets: dict[str, Bucket] = {}
-        self.burst_s = MINUTE_S  # every bucket holds this many seconds of its refill
+        self.burst_s = MINUTE_S
         self.refused = 0
-        self.in_flight = 0  # requests admitted and not answered yet
+        self.in_flight = 0
         self.configure({"rpm": rpm, "itpm": itpm, "otpm": otpm})
 
     def configure(self, limits: dict[str, float | None]) -> None:

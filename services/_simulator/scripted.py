@@ -1,25 +1,10 @@
 """Scripted mode: the simulator says what a script says instead of playing a persona, so any agent's e2e runs
 through the real fleet with no API key; and it keeps the requests it received, so a caller can read what reached
-the model (its system prompt, its tools).
+the model (docs/agent/testing.md).
 
-A script is a list of the model's responses in one turn: the i-th is the response to the turn's i-th request
-(counted from the customer's words that opened the turn, so each turn of a conversation starts the script again).
-A response is a list of content blocks, or an object with them and an optional stop reason:
-
-    {"telecom-port": [
-        [{"type": "tool_use", "name": "get_line", "input": {"line_id": "ln_5550101"}}],
-        {"content": [{"type": "text", "text": "Done."}], "stop_reason": "end_turn"}
-    ]}
-
-Blocks are `text` ({"text": ...}) or `tool_use` ({"name": ..., "input": {...}}; the simulator gives the id).
-Without a stop reason it is inferred like a persona's (tool_use when the response calls a tool, else end_turn).
-A request plays the script NAME when its persona is `script:NAME` (SupportRequest.persona, sent by the model
-service as the x-roundtrip-persona header). Scripts come from the file ROUNDTRIP_SIMULATOR_SCRIPT (or
-`--script`) at start, and from `PUT /v1/_scripts/NAME` (body: the list) while it runs. A request past the end of
-its script, or naming an unknown one, is answered 400 with the reason, never an invented response.
-
-`GET /v1/_received` lists the last RECEIVED_KEPT requests (newest last) as {"persona", "body"}; `?persona=`
-keeps those of one persona (e.g. `script:NAME`).
+A script is a list of the model's responses in one turn: the i-th answers the turn's i-th request, counted from the
+customer's words that opened the turn. A request past the end of its script, or naming an unknown one, is answered
+400 with the reason, never an invented response.
 """
 
 from __future__ import annotations
@@ -110,8 +95,8 @@ class Scripts:
         self.received.append({"persona": persona, "body": body})
 
     def reply_for(self, persona: str, body: dict[str, Any]) -> Reply | None:
-        """The scripted reply of this request, None when its persona names no script (raises ApiError 400 when the
-        script is unknown or already played to its end)."""
+        """The scripted reply of this request, None when its persona names no script (ApiError 400 when the script
+        is unknown or played to its end)."""
         if not persona.startswith(PREFIX):
             return None
         name = persona[len(PREFIX) :]

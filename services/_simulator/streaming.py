@@ -1,19 +1,8 @@
 """A message as the Messages API streams it (`"stream": true`): server-sent events in the API's order.
 
-    message_start                      the message with empty content, its input usage and output_tokens 1
-    content_block_start                per block: a text block with empty text, a tool_use block with input {}
-    ping                               once, after the first block starts (the API sends one)
-    content_block_delta (n)            text_delta pieces of a few words; input_json_delta pieces of the input's JSON
-    content_block_stop
-    message_delta                      stop_reason, stop_sequence and the final usage (cumulative)
-    message_stop
-
-The message is the one a plain request gets (every persona and scripted mode, its ids and usage), so a stream
-and a plain call of the same request answer the same. Pacing: the first event after FIRST_EVENT_SHARE of the
-request's latency, the deltas spread evenly over the rest (each at its own time from the start, so a busy event
-loop's late wake-ups do not add up), so a streamed answer is complete when a plain one arrives. A fault
-`529-midstream` (x-roundtrip-fault) stops the stream after its first text delta with the API's `error` event
-(overloaded_error), as the real API does when it is overloaded mid-answer.
+The message is the one a plain request gets, so a stream and a plain call of the same request answer the same; its
+deltas are paced so that a streamed answer is complete when a plain one arrives. `529-midstream` stops the stream
+after its first text delta with the API's overloaded_error event. The events: docs/decisions/simulator.md.
 """
 
 from __future__ import annotations
@@ -73,7 +62,7 @@ def events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": started})]
     for index, block in enumerate(message["content"]):
         block_events = _block_events(index, block)
-        if index == 0:  # the API pings once, after the first block starts
+        if index == 0:
             block_events.insert(1, ("ping", {"type": "ping"}))
         out += block_events
     out += [
@@ -82,7 +71,7 @@ def events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
-                "usage": usage,  # cumulative, as the API sends it: input, cache and output tokens
+                "usage": usage,
             },
         ),
         ("message_stop", {"type": "message_stop"}),
@@ -106,8 +95,7 @@ async def body(
     request_id: str = "",
     frame: Callable[[str, dict[str, Any]], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
-    """The response body: each event framed as SSE (or by `frame`: Bedrock's event-stream, platforms.py), paced over
-    `latency_s` (the first after FIRST_EVENT_SHARE)."""
+    """The response body: each event framed as SSE (or by `frame`), paced over `latency_s`."""
     frame = frame or _frame
     pairs = events(message)
     deltas = sum(1 for event, _ in pairs if event == "content_block_delta")

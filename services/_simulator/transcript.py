@@ -1,10 +1,7 @@
 """What a persona sees: the current turn of a (validated) request, read into plain values.
 
-A turn opens with the latest user message that carries words rather than tool results;
-each later assistant `tool_use` message plus the user message of `tool_result`s that
-answers it is one `Step`. Messages before the opener are the conversation's earlier turns:
-their steps are `earlier`, and `said_before` is the last thing the assistant said in them.
-Personas are pure functions of this `Transcript`.
+A turn opens with the latest user message that carries words rather than tool results; each later tool_use message
+and the tool_result message answering it is one `Step`. Personas are pure functions of this `Transcript`.
 """
 
 from __future__ import annotations
@@ -45,8 +42,8 @@ class Result:
 
     call: Call
     is_error: bool
-    text: str  # the tool_result content as text
-    data: Any  # that text parsed as JSON, or None
+    text: str
+    data: Any
 
     @property
     def name(self) -> str:
@@ -77,13 +74,13 @@ class Step:
 
 @dataclass(frozen=True)
 class Transcript:
-    request: str  # the customer's words that opened this turn
-    first_user_text: str  # the very first user message's text (for `mix`)
+    request: str
+    first_user_text: str
     steps: tuple[Step, ...]
     tools: frozenset[str]
     stop_sequences: tuple[str, ...] = ()
-    earlier: tuple[Step, ...] = ()  # steps of the conversation's earlier turns (the history), oldest first
-    said_before: str = ""  # the assistant's last words before this turn
+    earlier: tuple[Step, ...] = ()
+    said_before: str = ""
 
     @property
     def intent(self) -> str:

@@ -1,17 +1,8 @@
 """Token accounting like the real API, with a crude estimate: ceil(len(JSON text) / 4).
 
-Prompt caching, as the Messages API documents it: the prompt is read in the API's order
-(tools, system, messages), one block at a time. Each block marked `cache_control` (at most 4;
-a top-level `cache_control` marks the last block) is a breakpoint: the prefix up to and
-including it is written to the cache if it is not there yet. A request reads the longest
-cached prefix it can find: at each breakpoint, and at the block boundaries up to 20 blocks
-before it (the API's lookback). A prefix shorter than the model's minimum cacheable length
-(1024 tokens for Sonnet and Opus 4.1 and older, 4096 for Haiku 4.5 and Opus 4.5/4.6) is not
-cached. Billing: `cache_read_input_tokens` is the prefix read, `cache_creation_input_tokens`
-the rest up to the last breakpoint (written), `input_tokens` what follows the last
-breakpoint. An entry lives 5 minutes (or 1 hour with `ttl: "1h"`), refreshed on every hit.
-`cache_control` itself is not part of the prefix, and a string content is the same as one
-text block.
+Prompt caching as the Messages API documents it: each `cache_control` block is a breakpoint whose prefix is written
+to the cache; a request reads the longest cached prefix at a breakpoint or up to 20 block boundaries before it, and is
+billed cache reads, cache writes and plain input accordingly. The rules: docs/decisions/simulator.md.
 """
 
 from __future__ import annotations
@@ -109,15 +100,12 @@ class PromptCache:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, max_entries: int = 100_000):
         self._clock = clock
-        self._expiry: dict[str, tuple[float, int]] = {}  # prefix hash -> (expires at, its tokens)
+        self._expiry: dict[str, tuple[float, int]] = {}
         self._max_entries = max_entries
 
     def input_usage(self, body: dict[str, Any], commit: bool = True) -> dict[str, Any]:
-        """input_tokens, cache_creation_input_tokens, cache_read_input_tokens (+ TTL breakdown).
-
-        commit=False only looks: the same figures, but nothing is written to or refreshed in the cache
-        (what a request would be billed, before it is admitted).
-        """
+        """input_tokens, cache_creation_input_tokens, cache_read_input_tokens (+ TTL breakdown); commit=False only
+        looks: nothing is written to or refreshed in the cache (what a request would be billed before admission)."""
         total = estimate_tokens(prompt_of(body))
         items = _prompt_items(body)
         marked = [i for i, item in enumerate(items) if isinstance(item, dict) and item.get("cache_control")]

@@ -1,15 +1,8 @@
 """careful: looks every id up before acting, one call per step, stops at the first error.
 
-cancel: list_orders {} -> cancel_order {newest pending/processing order, customer_request}
-        -> "I've cancelled order ord_... ".   (three model calls on the happy path)
-track:  list_orders {} -> get_shipping_status {newest shipped/processing order} -> summary
-help:   search_help_center {query: the customer's words} -> article titles
-human:  escalate_to_human {summary, urgency normal} -> confirmation
-list:   list_orders {} -> summary
-
-A follow-up in a conversation ("cancel the second one you listed") uses the history: when the
-assistant's last words before this turn listed orders and those ids came from an earlier
-list_orders result, the N-th listed order is cancelled at once, with no second list_orders.
+cancel: list_orders -> cancel_order {newest pending/processing order} -> "I've cancelled order ord_...".
+A follow-up ("cancel the second one you listed") cancels the N-th order the assistant listed at once, when an
+earlier list_orders result showed those ids.
 """
 
 from __future__ import annotations
@@ -60,8 +53,8 @@ ORDER_ID = re.compile(r"\bord_[0-9a-z]+\b")
 
 
 def listed_before(t: Transcript) -> str | None:
-    """The order the customer points at ("the second one you listed"), from the conversation's history:
-    the N-th order id in the assistant's last words, if an earlier list_orders result showed it."""
+    """The order the customer points at ("the second one you listed"): the N-th order id in the assistant's last
+    words, if an earlier list_orders result showed it."""
     wanted = ORDINAL.search(t.request.lower())
     if wanted is None or not t.said_before:
         return None

@@ -1,11 +1,5 @@
-"""sloppy: the careful plan, but each call's first draft has a wrong type, a missing field or
-an invented enum value; after an `is_error` result it sends the corrected call once.
-
-cancel: list_orders {limit: "five"} -> (error) list_orders {limit: 5}
-        -> cancel_order {newest cancellable, reason: "changed_my_mind"} -> (error) reason "customer_request"
-        -> "I've cancelled order ord_..."
-If a draft unexpectedly succeeds, it simply moves on; if a corrected call fails, it apologises.
-"""
+"""sloppy: the careful plan, but each call's first draft has a wrong type, a missing field or an invented enum value;
+after an `is_error` result it sends the corrected call once."""
 
 from __future__ import annotations
 
