@@ -61,9 +61,6 @@ def _engine(request: Request) -> Any:
     return request.app.state.engine
 
 
-# -- endpoints ---------------------------------------------------------------------------------
-
-
 async def health(request: Request) -> JSONResponse:
     return JSONResponse({"ok": True})
 
@@ -154,11 +151,8 @@ async def _server_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def create_app(database_url: str, seed: bool = True) -> Starlette:
-    """The shop app; its lifespan creates the schema and (by default) seeds the demo data.
-
-    In-process use (httpx.ASGITransport does not run lifespans):
-    `async with app.router.lifespan_context(app): ...`.
-    """
+    """The shop app; its lifespan creates the schema and (by default) seeds the demo data (httpx.ASGITransport runs
+    no lifespan: use `app.router.lifespan_context(app)` in process)."""
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -217,10 +211,7 @@ def main(argv: list[str] | None = None) -> None:
 
 @asynccontextmanager
 async def in_process(database_url: str, seed: bool = True) -> AsyncIterator[Any]:
-    """Run the shop inside this process (lifespan included) and yield an httpx transport to it.
-
-    `ShopClient("http://shop", transport=transport)` or `httpx.AsyncClient(transport=transport)`.
-    """
+    """Run the shop inside this process (lifespan included) and yield an httpx transport to it."""
     import httpx
 
     app = create_app(database_url, seed=seed)

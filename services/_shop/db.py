@@ -1,21 +1,10 @@
-"""The demo shop's database: SQLAlchemy Core, async, one code path for SQLite and PostgreSQL
-(on a SQLite file the reads run inline on the event loop, see `_read`).
+"""The demo shop's database: SQLAlchemy Core, async, one code path for SQLite and PostgreSQL.
 
-Every query that touches customer data takes the principal's `customer_id` and filters on
-it, so an order of another customer is indistinguishable from a missing one (both: None).
-
-`cancel_order` is atomic and idempotent:
-- the state change is a single `UPDATE ... WHERE order_id AND customer_id AND status IN
-  (cancellable)`, so two concurrent cancels cannot both win (PostgreSQL re-checks the
-  WHERE after the row lock; SQLite serialises writers);
-- its outcome is stored under (customer_id, idempotency key) in the same transaction, so a
-  replay returns the first response and never cancels twice; a key reused for another
-  request is a conflict (HTTP 422).
-
-Every write request that reaches the database is first appended to `executions` (its own
-transaction, before the replay check): the shop's record of how often a side effect was asked
-for, replays included: the count of side effects asked for, since a replay leaves the other tables as they
-were.
+Every query that touches customer data filters on the principal's `customer_id`, so another customer's order is
+indistinguishable from a missing one. `cancel_order` is one `UPDATE ... WHERE order_id AND customer_id AND status IN
+(cancellable)`, so two concurrent cancels cannot both win; its outcome is stored under (customer_id, idempotency key)
+in the same transaction, so a replay returns the first response. Every write request is first appended to
+`executions` (before the replay check): the count of side effects asked for, replays included.
 """
 
 from __future__ import annotations
@@ -122,19 +111,13 @@ escalations = Table(
 )
 
 
-# -- engine --------------------------------------------------------------------------------
-
-
 # SQLite file -> a plain engine on the same file for reads, run inline on the event loop (see `_read`)
 _inline_readers: weakref.WeakKeyDictionary[AsyncEngine, Engine] = weakref.WeakKeyDictionary()
 
 
 def make_engine(database_url: str) -> AsyncEngine:
-    """An async engine for `sqlite+aiosqlite:///...` or `postgresql+asyncpg://...`.
-
-    Only connection set-up differs per backend (SQLite: create the file's folder, wait on
-    locks instead of failing, enforce foreign keys, reads inline); every query is the same.
-    """
+    """An async engine for `sqlite+aiosqlite:///...` or `postgresql+asyncpg://...`: only connection set-up differs
+    per backend, every query is the same."""
     url = make_url(database_url)
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":
@@ -156,13 +139,9 @@ def make_engine(database_url: str) -> AsyncEngine:
 
 
 async def _read(engine: AsyncEngine, query: Any) -> list[Any]:
-    """The rows of a read-only query.
-
-    On a SQLite file it runs inline on the event loop: a read of the local file is quick, while
-    aiosqlite's hop to its thread and back costs more than the read itself, and more again when the
-    shop has been idle (both threads have to be woken; docs/decisions/ledger-statements.md).
-    In WAL mode a reader never waits for a writer; in the rare case SQLite reports the file locked,
-    the async engine (which waits for it in its thread) runs the query."""
+    """The rows of a read-only query: on a SQLite file run inline on the event loop, since aiosqlite's hop to its
+    thread costs more than a read of the local file (docs/decisions/ledger-statements.md). A reader never waits for a
+    writer in WAL mode; when SQLite reports the file locked anyway, the async engine runs the query."""
     inline = _inline_readers.get(engine)
     if inline is not None:
         try:
@@ -186,9 +165,6 @@ async def dispose(engine: AsyncEngine) -> None:
 async def create_schema(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
         await conn.run_sync(metadata.create_all)
-
-
-# -- demo data -----------------------------------------------------------------------------
 
 
 def _ts(value: str) -> datetime:
@@ -233,7 +209,6 @@ def _order(
 
 
 DEMO_ORDERS = [
-    # Alice Martin
     _order(
         "ord_a1000001",
         "cus_1001",
@@ -282,7 +257,6 @@ DEMO_ORDERS = [
         tracking_number="01234567890123",
         eta="2026-08-19",
     ),
-    # Carol Nguyen
     _order(
         "ord_c3000001",
         "cus_1003",
@@ -307,11 +281,8 @@ DEMO_ORDERS = [
 
 
 async def seed_demo_data(engine: AsyncEngine) -> int:
-    """Insert the demo customers and orders that are missing. Returns the rows inserted.
-
-    Idempotent: existing rows are neither duplicated nor reset (a cancelled demo order stays
-    cancelled). Safe to run from several processes at once.
-    """
+    """Insert the demo customers and orders that are missing; the rows inserted. Existing rows are neither duplicated
+    nor reset, and several processes may run it at once."""
     for attempt in range(3):
         try:
             async with engine.begin() as conn:
@@ -337,9 +308,6 @@ async def reset_demo_data(engine: AsyncEngine) -> None:
             await conn.execute(delete(table))
         await conn.execute(insert(customers), DEMO_CUSTOMERS)
         await conn.execute(insert(orders), DEMO_ORDERS)
-
-
-# -- serialisation -------------------------------------------------------------------------
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -370,9 +338,6 @@ def order_json(row: Any) -> dict[str, Any]:
 
 def shipping_json(order: dict[str, Any]) -> dict[str, Any]:
     return {k: order[k] for k in ("order_id", "status", "carrier", "tracking_number", "eta")}
-
-
-# -- queries (all scoped to the principal) ----------------------------------------------------
 
 
 def _order_query(customer_id: str, order_id: str) -> Any:
@@ -415,9 +380,6 @@ async def admin_orders(engine: AsyncEngine) -> list[dict[str, Any]]:
         .order_by(orders.c.placed_at.desc(), orders.c.order_id.desc())
     )
     return [order_json(r) | {"customer_name": r._mapping["customer_name"]} for r in await _read(engine, query)]
-
-
-# -- idempotent writes -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -498,8 +460,8 @@ async def cancel_order(
         return seen
     try:
         async with engine.begin() as conn:
-            # The first statement writes, so on SQLite the transaction holds the write lock
-            # from here on; on PostgreSQL a concurrent UPDATE waits and re-checks the WHERE.
+            # the first statement writes: on SQLite the transaction holds the write lock from here on; on PostgreSQL
+            # a concurrent UPDATE waits and re-checks the WHERE
             changed = await conn.execute(
                 update(orders)
                 .where(
@@ -518,7 +480,7 @@ async def cancel_order(
                 outcome = Outcome(409, not_cancellable_body(order_id, order["status"]))
             await _remember(conn, customer_id, idempotency_key, endpoint, request, outcome)
     except IntegrityError:
-        # The same key won a race in another transaction; ours was rolled back in full.
+        # the same key won a race in another transaction; ours was rolled back in full
         seen = await _replay(engine, customer_id, idempotency_key, endpoint, request)
         if seen is None:
             raise

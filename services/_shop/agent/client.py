@@ -1,14 +1,9 @@
-"""Async client of the demo shop's HTTP API, over one shared httpx.AsyncClient on aiohttp.
+"""Async client of the demo shop's HTTP API, over one shared httpx.AsyncClient on aiohttp (httpx's own pool walks
+every pooled connection on each request, which costs more than the call with many in flight:
+docs/decisions/http-clients.md).
 
-The transport is aiohttp's (httpx-aiohttp): httpx's own pool walks every pooled connection on
-each request and response, which with many calls in flight costs more than the rest of the
-call (docs/decisions/http-clients.md). `transport` replaces it (httpx.ASGITransport: the shop app in the same
-process).
-
-Every customer call takes the principal explicitly and sends it as `X-Customer-Id`.
-Lookups return None on 404 (missing and not-yours look the same). Failures raise:
-`ShopUnavailable` (connection error, timeout, 5xx), `OrderNotFound`, `OrderNotCancellable`,
-`IdempotencyConflict`, or `ShopError` for any other unexpected answer.
+Every customer call sends the principal as `X-Customer-Id`. Lookups return None on 404 (missing and not-yours look
+the same); other failures raise the errors below.
 """
 
 from __future__ import annotations
@@ -73,8 +68,6 @@ class ShopClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    # -- plumbing ------------------------------------------------------------------------------
-
     async def _request(
         self, method: str, path: str, customer_id: str | None, *, idempotency_key: str | None = None, **kwargs: Any
     ) -> httpx.Response:
@@ -110,8 +103,6 @@ class ShopClient:
         except ValueError:
             body = response.text[:500]
         return ShopError(f"{what}: HTTP {response.status_code} {body}", response.status_code, body)
-
-    # -- API -------------------------------------------------------------------------------
 
     async def health(self) -> bool:
         try:

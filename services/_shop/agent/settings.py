@@ -1,9 +1,5 @@
 """The demo shop agent's own settings (ROUNDTRIP_* like the fleet's): where the shop is, and the approval threshold.
-
-The kernel names no shop: the fleet runs the embedded demo shop (services/_fleet/launcher.py) only when the agent it
-runs has these settings and no `shop_url`; the shop service (services/_shop/app.py) listens on `shop_port` and keeps its
-data in `shop_database_url`, else a SQLite file in the fleet's state_dir.
-"""
+The fleet runs the embedded demo shop only when the agent it runs has these settings and no `shop_url`."""
 
 from __future__ import annotations
 

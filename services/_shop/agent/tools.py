@@ -1,21 +1,8 @@
-"""The support agent's tools: async handlers, authorization policies, the approval rule and the resolver.
+"""The support agent's tools: async handlers, authorization policies, the approval rule and the resolver
+(docs/agent/tools.md says what each gets and returns); their binding to tool names is the agent, in __init__.py.
 
-A handler gets the model's input (already validated against its schema and authorized by
-the gate) and a ToolContext with the principal; it always acts for `ctx.customer_id`,
-never for a customer named in the input, through the shop client `ctx.deps.shop`. It
-returns a JSON-able dict, or raises ToolError with a sentence the model can act on.
-
-A policy gets the input, the referenced entities as resolved for the principal
-({field name: entity}, e.g. {"order_id": {...order...}}) and the context, and returns a
-denial reason (shown to the model) or None to allow.
-
-The approval rule of cancel_order gets the same input and resolved entities plus the agent's
-own settings (ShopAgentSettings: the threshold), and returns the reason to ask (shown to the
-person) or None. It runs only after validation, ownership and the policy passed.
-
-describe_action words a successful cancel or escalation for the reply of a turn the fleet ends early after it.
-
-The binding of all of them to tool names is the agent, in __init__.py.
+A handler always acts for `ctx.customer_id`, never for a customer named in the input: the model's input can name
+anyone, the principal cannot be chosen by the model.
 """
 
 from __future__ import annotations
@@ -28,9 +15,6 @@ from roundtrip._shop.agent.client import IdempotencyConflict, OrderNotCancellabl
 from roundtrip._shop.agent.settings import ShopAgentSettings
 
 CANCELLABLE = ("pending", "processing")
-
-
-# -- messages the model sees ------------------------------------------------------------------
 
 
 def not_found_message(order_id: str) -> str:
@@ -74,9 +58,6 @@ def _detail(order: dict[str, Any]) -> dict[str, Any]:
     detail["total"] = _money(order["total_cents"], order["currency"])
     detail["cancellable"] = order["status"] in CANCELLABLE
     return detail
-
-
-# -- handlers ---------------------------------------------------------------------------------
 
 
 async def list_orders(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
@@ -137,9 +118,6 @@ async def escalate_to_human(args: dict[str, Any], ctx: ToolContext) -> dict[str,
     return ticket | {"message": "A human agent will contact the customer; share the ticket id with them."}
 
 
-# -- authorization policies ------------------------------------------------------------------------
-
-
 async def cancel_order_policy(
     args: dict[str, Any], entities: dict[str, dict[str, Any]], ctx: ToolContext
 ) -> str | None:
@@ -152,9 +130,6 @@ async def cancel_order_policy(
     if order.get("status") not in CANCELLABLE:
         return not_cancellable_message(order_id, str(order.get("status")))
     return None
-
-
-# -- approval rules (when a person must approve a call first) -------------------------------------
 
 
 @approval_rule(can_hold=lambda settings: settings.approval_cancel_above_cents is not None)
@@ -176,14 +151,8 @@ def cancel_order_approval(
     )
 
 
-# -- entity resolvers (x-entity kind -> lookup scoped to the principal) ------------------------------
-
-
 async def resolve_order(order_id: str, ctx: ToolContext) -> dict[str, Any] | None:
     return cast("dict[str, Any] | None", await ctx.deps.shop.get_order(ctx.customer_id, order_id))
-
-
-# -- what a side effect did, as the customer reads it when the turn then ends early -----------------
 
 
 def describe_action(tool: str, args: dict[str, Any], result: str) -> str | None:
