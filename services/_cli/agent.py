@@ -1,7 +1,5 @@
-"""`roundtrip agent check|init`: what an agent author runs before the fleet does (services/_cli/main.py mounts it).
-
-What they need is imported when they run, not when `roundtrip` starts (every other command starts as fast as before).
-"""
+"""`roundtrip agent check|init`: what an agent author runs before the fleet does. What they need is imported when
+they run, not when `roundtrip` starts."""
 
 from __future__ import annotations
 
@@ -123,7 +121,7 @@ def example_script_problems(agent: Agent) -> list[str]:
     tools: else `roundtrip ask` with it fails at the simulator, after the fleet is up."""
     if not agent.example_script:
         return []
-    from roundtrip._simulator.scripted import ScriptError, parse_script  # the script format's one definition
+    from roundtrip._simulator.scripted import ScriptError, parse_script
 
     try:
         replies = parse_script("example_script", list(agent.example_script))

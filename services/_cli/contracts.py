@@ -1,9 +1,6 @@
 """Generates the checked-in contract: the event JSON Schemas (schemas/events/), the AsyncAPI document
-(contracts/asyncapi.json), whose messages refer to those schema files, and the manual's configuration reference
-(docs/reference/configuration.md, from the settings classes).
-
-`roundtrip contracts` writes them into a checkout (from an installed package it says it needs one); the checked-in
-files are what this writes from the code, never edited by hand.
+(contracts/asyncapi.json) and the manual's configuration reference. The checked-in files are what this writes from
+the code, never edited by hand.
 """
 
 from __future__ import annotations
@@ -20,9 +17,7 @@ from roundtrip._kernel.settings.display import reference
 from roundtrip._kernel.wire import events, topology
 from roundtrip._sdk.agent import load_agent
 
-ROOT = (
-    Path(__file__).resolve().parents[2]
-)  # the checkout: schemas/ and contracts/ beside services/ (in a checkout only)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class NotACheckout(RuntimeError):

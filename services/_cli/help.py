@@ -1,10 +1,6 @@
-"""How `roundtrip ... --help` reads: what typer 0.29 shows differently from what a person expects.
-
-* A flag (`--json`, `--help`) takes no value, but typer shows it as taking a `<bool>`: shown with no type.
-* A docstring's paragraph is wrapped at 100-odd columns in the source; typer keeps those line breaks and
-  then wraps again at the terminal's width, which cuts sentences in the middle: each paragraph is one line
-  for typer, wrapped once, at the terminal's width.
-"""
+"""How `roundtrip ... --help` reads: a flag is shown with no `<bool>` type, and each docstring paragraph is one line
+for typer, wrapped once at the terminal's width (typer keeps the source's line breaks and wraps again, cutting
+sentences in the middle)."""
 
 from __future__ import annotations
 

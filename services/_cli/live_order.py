@@ -1,14 +1,9 @@
 """The order of `roundtrip ask`'s live view: a turn's records shown in the order they happened.
 
-The view reads several topics at once. A fetch hands back each partition's records together and in
-no order between topics, so within one poll a step's gate verdict (turn.tool_batches) could come
-before that step's model line (turn.iterations), and a record can even come a poll later than one
-that followed it. So each record of the turn waits here until what it follows has been shown: a
-model response (step n) follows the model call of step n-1, a gate verdict and the calls' check
-follow the model response of their step (a step's `working` status comes before it), a held call follows its
-gate verdict, the wait's status
-and a person's decision follow the held call, the step's results follow its verdict. A record whose
-predecessor never comes is shown after HOLD_S anyway; the reply shows everything still held first.
+A fetch from several topics hands back each partition's records together and in no order between topics, so a step's
+gate verdict could come before that step's model line, even a poll later. So each record waits here until what it
+follows has been shown (`_after` says what that is); one whose predecessor never comes is shown after HOLD_S anyway,
+and the reply shows everything still held first.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The files `roundtrip agent init NAME` writes: a working agent package to grow one's own from.
 
-Two tools, one a Python function (close_ticket), one a JSON Schema document (get_ticket, package data of its
-wheel), whose `ticket_id` is an entity the gate resolves for the caller (the resolver answers only the customer's
-own tickets: another customer's and an invented id look the same), a policy (a closed ticket cannot be closed
-again), a backend in a SQLite file as its one dependency (shared by the gate's and the executor's processes, each
-with its own instance), its own settings, its own pyproject.toml with the entry point (group `roundtrip.agents`)
-and package data (and a `test` extra: pytest), a Dockerfile on the fleet's image, tests of its turns on
-`roundtrip.testing` (services/testing/__init__.py), an example the simulator plays with no API key (its
-example_script) and two evaluation cases (`roundtrip eval run evals`: services/_cli/evals/).
+Two tools (a Python function, and a JSON Schema document whose `ticket_id` is an entity the gate resolves for the
+caller: another customer's ticket and an invented id look the same), a policy, a SQLite backend as its one dependency,
+its own settings, pyproject.toml, Dockerfile, tests of its turns on `roundtrip.testing`, an example the simulator plays
+with no API key and two evaluation cases.
 """
 
 from __future__ import annotations
@@ -370,7 +366,7 @@ def package_name(name: str) -> str:
 
 def skeleton(name: str, python: str = "python") -> dict[str, str]:
     """Relative path -> text of every file of the skeleton of the agent `name` (`python`: the interpreter its README
-    runs the tests with: the one of the roundtrip that made it, whose venv has roundtrip)."""
+    runs the tests with, the one of the roundtrip that made it)."""
     package = package_name(name)
     values = {"name": name, "package": package, "upper": package.upper(), "python": python}
     return {Template(path).substitute(values): Template(text).substitute(values) for path, text in FILES.items()}

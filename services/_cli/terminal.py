@@ -149,7 +149,7 @@ class Session:
                 for record in records:
                     with contextlib.suppress(ValueError):
                         name, data = self.watched[record.topic], json.loads(record.value)
-                        if name == topics.SUPPORT_STREAM:  # shown as it comes, not held
+                        if name == topics.SUPPORT_STREAM:
                             streamed.show(data)
                         elif stream or not (name == topics.SUPPORT_STATUS and data.get("state") == "working"):
                             order.add(name, data)  # each step's progress beside its streamed text (--stream)
@@ -183,7 +183,7 @@ class TextShown:
             return
         self.seen.add(key)
         if chunk.cut:
-            if self.open:  # a line of it is on the screen
+            if self.open:
                 console.print()
                 console.print("  [dim](the text above was cut: discarded)[/]")
             self.open = ""
@@ -198,7 +198,7 @@ class TextShown:
             self.open = ""
 
 
-# `roundtrip ask`'s exit code by the reply's outcome (in its --help and the README); 1: no reply, 2: not asked
+# `roundtrip ask`'s exit code by the reply's outcome; 1: no reply, 2: not asked
 EXIT_CODES = {
     **dict.fromkeys(
         (
@@ -655,7 +655,7 @@ async def list_approvals(settings: Settings, everything: bool, limit: int) -> in
         return 0
     table = Table(box=None, pad_edge=False)
     for i, column in enumerate(APPROVAL_COLUMNS):
-        longest = max(len(column), *(len(c[i]) for c in cells))  # the header too: never cut
+        longest = max(len(column), *(len(c[i]) for c in cells))
         whole = column != "why"  # only the reason wraps: the ids and the call are never cut (people copy them)
         table.add_column(column, no_wrap=whole, min_width=longest if whole else min(longest, REASON_WIDTH))
     for row in cells:
@@ -672,8 +672,7 @@ def _print_wide(renderable: RenderableType, needed: int) -> None:
 
 
 async def decide(settings: Settings, approval_id: str, approve: bool, reason: str, decided_by: str) -> int:
-    """Sign a decision with the decision signing key and publish it to turn.approval_decisions (keyed by
-    conversation): the same checks and the same signed message as the console's (services/_console/decisions.py)."""
+    """Sign a decision and publish it to turn.approval_decisions: the same checks and message as the console's."""
     from roundtrip._console.decisions import decision_signer, refusal, signed_decision
     from roundtrip._guard.ledger import Ledger
     from roundtrip._kernel.settings import ConfigurationError
@@ -737,7 +736,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     producer = kafka_clients(settings).producer()
     try:
         await producer.start()
-        command = cancel_command(turn_id, reason)  # the console's cancel too
+        command = cancel_command(turn_id, reason)
         await producer.send_and_wait(
             topics.t(topics.TURN_CONTROLS, settings.topic_prefix),
             command.model_dump_json().encode(),

@@ -1,9 +1,5 @@
 """`roundtrip eval run|record`: a suite of conversations through the running fleet, and a conversation made a case.
-
-Cases (services/_cli/evals/cases.py), the runs through the fleet (runner.py), the report, baseline and JUnit XML
-(report.py), recording (record.py). services/_cli/main.py mounts the commands; what they need is imported when they
-run.
-"""
+What the commands need is imported when they run."""
 
 from __future__ import annotations
 

@@ -1,26 +1,8 @@
 """The cases of an evaluation suite: one JSON file a case, read and checked before anything is asked.
 
-A case is a conversation of one customer, one turn a message, each with what must be true of its turn:
-
-    {"customer": "cus_1001",
-     "turns": [{"message": "cancel ord_9f3c4e21",
-                "script": [[{"type": "tool_use", "name": "cancel_order", "input": {"order_id": "ord_9f3c4e21"}}],
-                           "I could not find that order."],
-                "expect": {"outcome": "end_turn", "refused": [{"tool": "cancel_order", "because": "No order"}]}}],
-     "runs": 1}
-
-A one-turn case may put `message`, `script`, `persona`, `decide` and `expect` at the top instead of `turns`. A
-`script` is the model's responses in that turn in the simulator's script format (services/_simulator/scripted.py;
-a plain string is a text response), played when the fleet runs the simulator; `persona` names one of the
-simulator's personas instead. Against the real model (a key is set) both are left out and the model answers.
-`decide` (approve or deny, default deny) is what a person says to a call the turn holds for approval. `needs` lists
-settings (the fleet's or the agent's own) that must be set for the case to mean anything (an approval threshold):
-without them it is skipped, and says so.
-
-Expectations (all optional): `outcome` (one or a list), `tools_called` and `tools_not_called` (names),
-`refused` (calls the gate rejected: [{"tool", "because": words of its error}]; [] means none may be), `held`
-(calls held for a person: [{"tool", "because"}]; [] none), `max_steps`, `max_cost_usd`, `reply_contains` and
-`reply_not_contains` (words, case-insensitive).
+A case is a conversation of one customer, one turn a message, each with what must be true of its turn; a turn's
+`script` is in the simulator's script format (a plain string is a text response). The format is in
+docs/agent/testing.md ("Evaluations through the fleet").
 """
 
 from __future__ import annotations
@@ -147,11 +129,11 @@ def _script(where: str, raw: Any) -> list[Any] | None:
     if raw is None:
         return None
     responses = raw if isinstance(raw, list) else None
-    if responses is not None:  # a plain string is a text response
+    if responses is not None:
         responses = [[{"type": "text", "text": r}] if isinstance(r, str) else r for r in responses]
     try:
         parse_script(where, responses)
-    except ScriptError as exc:  # "script 'WHERE' response 2: ..." said as "WHERE response 2: ..."
+    except ScriptError as exc:
         raise CaseError(str(exc).replace(f"script {where!r}", where, 1)) from None
     return responses
 

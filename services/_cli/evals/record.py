@@ -1,10 +1,8 @@
 """`roundtrip eval record CONVERSATION`: a conversation the fleet has had, as a case that replays it.
 
-Its turns come from the ledger (the customer, each turn's outcome and steps) and its history from the guard's
-conversation store (what the customer wrote, what the model answered and called). Each turn becomes the customer's
-message, the model's responses as a script (the simulator plays them; the real model, when a key is set, is asked
-afresh) and expectations of what it did: the outcome, the tools it called, the steps. A turn the guard stopped is
-kept as its history has it (the calls it answered, then the reply): its outcome is left for the author to expect.
+Its turns come from the ledger and its history from the guard's conversation store; each becomes the customer's
+message, the model's responses as a script, and expectations of what it did. A turn the guard stopped is kept as its
+history has it: its outcome is left for the author to expect.
 """
 
 from __future__ import annotations

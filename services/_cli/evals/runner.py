@@ -1,11 +1,8 @@
 """Run a suite's cases through the running fleet as a user's app would: each turn a SupportRequest published on
-support.requests, its reply read from support.replies, and what happened on the way (the model's calls, the gate's
-refusals, the calls held for a person) read from the turn's topics, without a consumer group, from their ends.
+support.requests, its reply read from support.replies, and what happened on the way read from the turn's topics.
 
-With no API key the fleet's model service calls the simulator: a turn's script is put to it first
-(PUT /v1/_scripts/NAME, a name of this run's own) and the request names it (persona script:NAME). With a key the
-real model answers and scripts and personas are left out. A call held for approval is decided as the case says,
-signed with the fleet's decision key like `roundtrip approvals approve|deny`.
+With no API key a turn's script is put to the simulator first, under a name of this run's own, and the request names
+it; with a key the real model answers. A held call is decided as the case says, signed with the fleet's decision key.
 """
 
 from __future__ import annotations
