@@ -83,7 +83,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     _logging()
     settings = get_settings()
     if service in ("simulator", "shop"):
-        sys.argv = [f"roundtrip run {service}"]
+        sys.argv = [f"roundtrip run {service}"]  # its own argument parser reads settings, not our argv
         runpy.run_module(f"roundtrip._{service}", run_name="__main__")
         return
     from roundtrip._kernel.observability import agent_digest, health
@@ -114,7 +114,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     log = logging.getLogger(f"roundtrip.{service}")
 
     async def announce() -> None:
-        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)  # from here on its reconnects are worth seeing
         log.info("roundtrip %s started (broker %s)", service, settings.bootstrap_servers)
         announce_ready(service)
 
@@ -172,7 +172,7 @@ def up(
     from roundtrip._fleet.supervisor import FleetError
 
     port = health_port if health_port is not None else get_settings().health_port
-    if port:
+    if port:  # each service takes its own port from there (the children read these from the environment)
         os.environ["ROUNDTRIP_HEALTH_PORT"] = str(port)
         os.environ["ROUNDTRIP_HEALTH_PORT_PER_SERVICE"] = "true"
         get_settings.cache_clear()
@@ -223,7 +223,7 @@ def _checked_keys(settings: Any, agent: Any) -> None:
     from roundtrip._kernel.settings import ConfigurationError
 
     try:
-        settings.refuse_unfit_keys("the fleet", ())
+        settings.refuse_unfit_keys("the fleet", ())  # a retired setting, whichever service it was meant for
         for declared in topology.SERVICES:
             settings.refuse_unfit_keys(declared.name, declared.keys, agent.holds_calls())
     except ConfigurationError as exc:
@@ -371,7 +371,7 @@ def _hand_example_script(settings: Any, persona: str | None) -> None:
         return
     agent = _checked_agent(settings)
     if not agent.example_script:
-        return
+        return  # a script of that name loaded some other way, or the simulator says it has none
     url = f"{settings.model_base_url}/v1/_scripts/example"
     try:
         answer = httpx.put(url, json=list(agent.example_script), timeout=10)
@@ -743,7 +743,7 @@ def broker_run() -> None:
     raise typer.Exit(broker_main(["run"]))
 
 
-reflow_help(app)
+reflow_help(app)  # after every command is declared
 
 
 def main() -> None:

@@ -149,7 +149,7 @@ class Session:
                 for record in records:
                     with contextlib.suppress(ValueError):
                         name, data = self.watched[record.topic], json.loads(record.value)
-                        if name == topics.SUPPORT_STREAM:
+                        if name == topics.SUPPORT_STREAM:  # shown as it comes, not held
                             streamed.show(data)
                         elif stream or not (name == topics.SUPPORT_STATUS and data.get("state") == "working"):
                             order.add(name, data)  # each step's progress beside its streamed text (--stream)

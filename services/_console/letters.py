@@ -255,7 +255,7 @@ class Letters:
             refused = refusal(wanted, action, item, self.handled.get(wanted), self.prefix)
             if refused is not None:
                 raise refused
-            assert item is not None
+            assert item is not None  # refusal() refuses an unknown letter
             claim = DeadLetterHandled(
                 letter_id=wanted,
                 action=action,
@@ -274,7 +274,7 @@ class Letters:
                         f"dead letter {wanted}: this console's claim was not recorded: nothing done"
                     )
                 if action == REDRIVE:
-                    assert item.letter is not None
+                    assert item.letter is not None  # refusal() refuses a re-drive of anything else
                     value, key, headers = original(item.letter)
                     await asyncio.wait_for(self.send_raw(item.letter.topic, value, key, headers), PUBLISH_TIMEOUT_S)
             except Refused:

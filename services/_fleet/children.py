@@ -38,7 +38,7 @@ def popen(
         read_fd, write_fd = os.pipe()
         env[READY_FD_ENV] = str(write_fd)
     try:
-        with open(log_path, "ab") as out:
+        with open(log_path, "ab") as out:  # the child has its own copy of the fd
             process = subprocess.Popen(
                 argv,
                 stdout=out,
@@ -54,7 +54,7 @@ def popen(
                 os.close(fd)
         raise
     if write_fd is not None:
-        os.close(write_fd)
+        os.close(write_fd)  # the child's copy is the only one: its exit ends the pipe
     return process, read_fd
 
 

@@ -117,13 +117,14 @@ def wait_services(
                 if retries is not None:
                     retries.last_causes.pop(child.name, None)  # it started: an earlier exit is no longer a reason
                 continue
+            # the end of the pipe without a word: the child has exited (or is exiting)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.process.wait(timeout=10)
             if child.process.poll() is None:
                 raise FleetError(f"{child.name} closed its ready pipe without saying it started (log {child.log_path})")
         for child in check_alive(children, retries):
             if child.ready_fd is not None and child not in waiting:
-                waiting.append(child)
+                waiting.append(child)  # one that had said ready and died: waited for again
 
 
 def _still_failing(children: list[Child], retries: Retries | None) -> None:

@@ -100,7 +100,7 @@ class _State:
             streamed = bool(body.get("stream"))
             with self.limits.admit(body, self.cache) as call:
                 latency_s = _latency_s(request, self)
-                if not streamed:
+                if not streamed:  # a stream spends its latency as it goes
                     await asyncio.sleep(latency_s)
                 fault = await _fault(request, self, streamed)
                 message = respond(body, persona, self.cache, scripted)

@@ -62,7 +62,7 @@ def events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     out: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": started})]
     for index, block in enumerate(message["content"]):
         block_events = _block_events(index, block)
-        if index == 0:
+        if index == 0:  # the API pings once, after the first block starts
             block_events.insert(1, ("ping", {"type": "ping"}))
         out += block_events
     out += [
@@ -71,7 +71,7 @@ def events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
-                "usage": usage,
+                "usage": usage,  # cumulative, as the API sends it
             },
         ),
         ("message_stop", {"type": "message_stop"}),

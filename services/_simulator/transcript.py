@@ -75,7 +75,7 @@ class Step:
 @dataclass(frozen=True)
 class Transcript:
     request: str
-    first_user_text: str
+    first_user_text: str  # the very first user message's text (for `mix`)
     steps: tuple[Step, ...]
     tools: frozenset[str]
     stop_sequences: tuple[str, ...] = ()
