@@ -164,8 +164,6 @@ def estimate_tokens(value: Any) -> int:
     return math.ceil(len(text) / 4)
 
 
-
-
 def _blocks(content: Any) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content.strip() else []
@@ -264,7 +262,6 @@ def within_budget(stored: list[tuple[str, int]], budget_tokens: int) -> tuple[li
     return kept, dropped
 
 
-
 class Claim(NamedTuple):
     """Who owns the conversation, and how many of its turns were ever stored (0: no history to read)."""
 
@@ -285,7 +282,6 @@ class ConversationRow:
 
 
 class Conversations(TurnStore):
-
     STORE = CONVERSATIONS
     budget_tokens: int = 20000
     retention_s: float = 30 * 86400.0
