@@ -223,8 +223,7 @@ class Approvals:
         return approval
 
     async def _recorded(self, decision: ApprovalDecided) -> ApprovalRow | None:
-        """The approval of a verified decision, waited for while its turn is open: a decision may overtake its request
-        (another topic, another consumer)."""
+        """The approval of a verified decision, waited for while its turn is open: it may overtake its request."""
         pause, waited = 0.1, 0.0
         while (approval := await self.ledger.approval(decision.approval_id)) is None:
             row = await self.ledger.get(decision.turn_id)

@@ -300,9 +300,7 @@ class Conversations(TurnStore):
         return store
 
     async def claim(self, conversation_id: str, customer_id: str, now: float | None = None) -> Claim:
-        """The owner of the conversation: `customer_id` when it is new (or expired), else whoever started it.
-
-        One upsert on the common path; only a refusal (another's, or expired) is read and changed in a transaction."""
+        """The owner: `customer_id` when new (or expired), else whoever started it; one upsert on the common path."""
         now = now or time.time()
         params = {
             "conversation_id": conversation_id,
@@ -391,15 +389,14 @@ class Conversations(TurnStore):
         outcome: str,
         now: float | None = None,
     ) -> bool:
-        """Store the ended turn as an exchange (a later, fuller end replaces an earlier one), then drop the oldest
-        past the budget. False when the conversation or the turn is gone: nothing is stored."""
+        """Store the ended turn's exchange, then drop the oldest past the budget; False when the turn is gone."""
         now = now or time.time()
         exchange = compact(exchange_of(turn_messages, final_content, reply_text), self.budget_tokens)
         tokens = estimate_tokens(exchange)
 
         of_turn = {"b_turn_id": turn_id, "b_conversation_id": conversation_id, "b_now": now}
         values = {"messages": json.dumps(exchange), "tokens": tokens, "ended_at": now, "outcome": outcome}
-        if self.engine.dialect.name == "postgresql":  # one statement, one round trip
+        if self.engine.dialect.name == "postgresql":
             given = {**of_turn, **{f"b_{k}": v for k, v in values.items()}}
             rows = await self._run(lambda conn: conn.execute(_CLOSE_IN_ONE, given).all(), write=True, single=True)
             if not rows or rows[0].stored_now != 1:  # forgotten, expired, or never opened
@@ -411,7 +408,7 @@ class Conversations(TurnStore):
         def work(conn: Connection) -> bool:
             rows = conn.execute(_EXCHANGES, {"b_conversation_id": conversation_id}).all()
             this = next((r for r in rows if r.turn_id == turn_id), None)
-            if this is None:  # forgotten, expired, or never opened
+            if this is None:
                 return False
             first = this.ended_at is None  # a redelivery or a fuller end counts no second turn
             if conn.execute(_STORE, {**of_turn, **values}).rowcount != 1:

@@ -185,8 +185,7 @@ class LedgerApprovals(TurnStore):
         deadline_at: float | None,
         now: float | None = None,
     ) -> bool:
-        """PENDING -> approved/denied and the turn AWAITING -> RUNNING with its next message, together; False when
-        decided already or the turn no longer waits."""
+        """The decision and the turn AWAITING -> RUNNING with its next message, together; False when that is stale."""
         now = now or time.time()
 
         def work(conn: Any) -> bool:
@@ -349,10 +348,8 @@ class Ledger(LedgerApprovals):
         now: float | None = None,
         defer: bool = False,
     ) -> str | None:
-        """End a live turn from outside the loop, conditional on the step, status and flag the caller saw.
-
-        An executor's live lease always blocks the end: with `defer`, the turn becomes ENDING instead (no claim can
-        succeed any more) and `finish_ending` ends it later. Returns ENDED, ENDING, or None."""
+        """End a live turn from outside the loop if it is as the caller saw it; ENDED, ENDING, or None. A live lease
+        blocks the end: with `defer` the turn becomes ENDING (no claim succeeds any more) for `finish_ending`."""
         now = now or time.time()
         seen = [turns.c.turn_id == turn_id, turns.c.status.in_(OPEN)]
         if step is not None:
@@ -458,7 +455,6 @@ class Ledger(LedgerApprovals):
         outcome: str | None = None,
         since: float | None = None,
     ) -> list[TurnRow]:
-        """The newest turns first, those that match every filter given (`since`: started at or after)."""
         query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)
         for column, value in (
             (turns.c.status, status),

@@ -70,8 +70,7 @@ def traceparent() -> str | None:
 
 
 def turn_cut(message: BaseModel, streams_by_default: bool = False) -> StreamedText | None:
-    """The cut of a streaming turn's text when it ends otherwise than by the model's answer: what was streamed is not
-    its reply."""
+    """The cut of a streaming turn's text when it ends otherwise than by the model's answer."""
     if not isinstance(message, TurnEnded) or message.outcome is Outcome.END_TURN:
         return None
     turn = message.turn
@@ -87,10 +86,8 @@ def turn_cut(message: BaseModel, streams_by_default: bool = False) -> StreamedTe
 
 
 class Outbox:
-    """Publishes recorded decisions and clears their pending copies; republishes the ones left pending.
-
-    `on_ended(conversation_id)` hears of every end this replica publishes (a start of the same conversation waits for
-    it). A status or a stream cut beside a decision never stands in its way: one that fails to go out is only logged."""
+    """Publishes recorded decisions, clears their pending copies, republishes the ones left pending. A status or a
+    stream cut beside a decision never stands in its way: one that fails to go out is only logged."""
 
     def __init__(
         self,
@@ -151,8 +148,7 @@ class Outbox:
             await self.emit(row.turn_id, row.pending, message, row.conversation_id)
 
     async def republish_all(self, older_than: float | None = None, timeout: float | None = None) -> int:
-        """Publish every recorded decision still not published; the pass stops at the first publish over `timeout`
-        (the broker is away: the rows stay pending) instead of waiting for the producer's retries."""
+        """Publish every decision still pending; stop at the first publish over `timeout` (the broker is away)."""
         older_than = time.time() - self.after_s if older_than is None else older_than
         timeout = SWEEP_PUBLISH_TIMEOUT_S if timeout is None else timeout
         count = 0
@@ -174,8 +170,7 @@ class Outbox:
 
 
 class Bounded:
-    """The sweeper's publishes, each bounded: after the first that does not get through, `reachable` turns false and
-    the sweep only records (the outbox publishes later), so a sweep never waits on Kafka's retries."""
+    """The sweeper's publishes, each bounded: after one fails, `reachable` turns false and the sweep only records."""
 
     def __init__(self, timeout: float | None = None) -> None:
         self.timeout, self.reachable = SWEEP_PUBLISH_TIMEOUT_S if timeout is None else timeout, True

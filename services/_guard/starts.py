@@ -43,8 +43,7 @@ class ConversationOrder:
             event.set()
 
     async def wait_for_earlier_turns(self, turn: Turn) -> float:
-        """Block this start until no other turn of its conversation is live, or (longer than a turn can live)
-        give_up_after_s has passed; the seconds waited."""
+        """Wait until no other turn of its conversation is live (at most give_up_after_s); the seconds waited."""
         started = time.monotonic()
         give_up = started + self.give_up_after_s
         conversation = turn.conversation_id
@@ -85,7 +84,7 @@ class Starts:
     outbox: Outbox
     order: ConversationOrder
     turn_deadline_s: float = 300.0
-    conversations: Conversations | None = None  # None: every request stands alone (no conversation store)
+    conversations: Conversations | None = None  # None: every request stands alone
     steps: StepClock = field(default_factory=StepClock)
     agent_digest: str | None = None
     replies: Replies = DEFAULT
