@@ -30,6 +30,7 @@ class RecordedTurns:
                 raise refused(turn, "gate", NO_SUCH_TURN)  # the gate signs: an unknown turn gets nothing
             recorded = Turn.model_validate_json(row.turn_json)
             self._remember(recorded)
+        # the principal first, in its own words; then any other field the copy changed
         if (why := disagreement(turn, recorded)) is not None:
             raise refused(turn, "gate", why)
         if changed := changed_fields(turn, recorded):

@@ -3,7 +3,8 @@
 Unknown fields are ignored (a producer may add them first), each name logged once. A refused request (the schema
 rejects it, its record is not keyed by its conversation id, or its id is reused with other content) gets an
 `invalid_request` reply when the record names a request id and a conversation id; else it is only dead-lettered. The
-reuse check remembers only this replica's requests: after a rebalance a reused id is taken for a duplicate.
+reuse check remembers only this replica's requests: after a rebalance a reused id is taken for a duplicate. A refusal's
+reply goes out at least once: the record read again after a crash may be answered again.
 """
 
 from __future__ import annotations
