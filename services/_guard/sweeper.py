@@ -38,7 +38,7 @@ class Sweeper:
     turn_deadline_s: float = 300.0
 
     async def sweep(self, flag: Flag, now: float | None = None) -> tuple[int, int]:
-        """One sweep of the ledger; (turns flagged, turns ended)."""
+        """Flag idle turns, end overdue ones, finish deferred ends, expire approvals, republish; (flagged, ended)."""
         now = now or time.time()
         idle, expired, ending = await self.ledger.overdue(
             now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s
