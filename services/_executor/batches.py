@@ -1,17 +1,9 @@
-"""Executor handler: verify the gate's signature, claim the step in the turn's fence, run the batch,
-produce the next model call. The side effects that succeeded are recorded in the fence (the turn's
-row) before that call goes out, so an end from outside the loop can say what was done.
+"""Executor handler: verify the gate's signature, claim the step in the turn's fence, run the batch, call the model.
 
-Order matters: the signature is checked first (a forged batch is refused, dead-lettered and
-logged on `roundtrip.security` even when it reuses a real turn and step), then duplicates,
-then the approval's expiry (the turn's deadline), then the fence: one conditional UPDATE that
-succeeds only while the turn is live at this step and before its deadline. Only then do the
-calls run.
-
-A batch with a call held for a person's approval runs its other calls, then becomes an
-ApprovalRequested (the guard records the turn as awaiting; nothing waits in a thread). A
-batch resumed after the decision carries the results of those calls and runs the approved
-one; the next model call gets all the step's results together, in tool_use order.
+Order matters: the signature is checked first (a forged batch is refused even when it reuses a real turn and step,
+never taken for a duplicate), then duplicates, then the turn's deadline, then the fence (one conditional UPDATE that
+succeeds only while the turn is live at this step); only then do the calls run. A held call's batch runs the others,
+then becomes an ApprovalRequested.
 """
 
 from __future__ import annotations
@@ -55,7 +47,6 @@ def verify(batch: ExecuteToolBatch, verifier: Verifier) -> None:
 
 
 def lease_for(batch: ExecuteToolBatch, runner: Runner) -> float:
-    """How long the claimed calls may take at most: one tool timeout (in parallel) or one per call."""
     approved = sum(1 for c in batch.calls if c.approved)
     return runner.timeout_s * (1 if runner.concurrent(batch.calls) else max(1, approved)) + LEASE_MARGIN_S
 
@@ -85,9 +76,8 @@ async def execute(
         )
     ran = await runner.run(batch.calls, batch.turn)
     if fence is not None and (acted := sideeffects.lines(batch.calls, ran, runner.registry.is_serial)):
-        await fence.record_acted(
-            batch.turn.turn_id, batch.step, acted
-        )  # before the next call: an end from outside reads it
+        # before the next call goes out: an end from outside the loop says what was done from it
+        await fence.record_acted(batch.turn.turn_id, batch.step, acted)
     results = [*batch.results, *ran]
     held = next((c for c in batch.calls if c.hold), None)
     if held is not None and held.hold is not None:

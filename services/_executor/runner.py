@@ -1,11 +1,7 @@
 """Runs the approved calls of one step, concurrently, each under a timeout.
 
-Every call yields a tool_result block (in the order of the tool_use blocks); a failing,
-slow or rejected call yields one with `is_error: true` and a sentence saying why. A call
-held for a person's approval yields nothing yet (it runs when the step resumes).
-
-A step holding a tool the agent declares serial (Agent.serial) runs its
-calls one after another in tool_use order, whatever `parallel` says.
+Every call but a held one yields a tool_result block, in tool_use order; a failing, slow or rejected call yields one
+with `is_error: true` and why. A step holding a serial tool runs its calls one after another, whatever `parallel` says.
 """
 
 from __future__ import annotations
@@ -49,8 +45,7 @@ class Runner:
         fallback: Callable[[str], Handler] | None = None,
     ) -> None:
         self.registry, self.deps, self.timeout_s, self.parallel = registry, deps, timeout_s, parallel
-        self.fallback = fallback  # the handler of a tool not (yet) in the registry: an MCP tool (services/_sdk/mcp.py)
-        # a larger result is cut with a marker (services/_kernel/wire/limits.py)
+        self.fallback = fallback  # the handler of a tool not in the registry: an MCP tool
         self.max_result_bytes = max_result_bytes
 
     async def run_one(self, call: CheckedCall, turn: Turn) -> dict[str, Any]:
@@ -107,11 +102,9 @@ class Runner:
                 )
 
     def concurrent(self, calls: list[CheckedCall]) -> bool:
-        """Whether this step's calls may run at the same time."""
         return self.parallel and not any(c.approved and self.registry.is_serial(c.name) for c in calls)
 
     async def run(self, calls: list[CheckedCall], turn: Turn) -> list[dict[str, Any]]:
-        """The tool_result blocks of every call but the held ones, in tool_use order."""
         todo = [c for c in calls if not c.hold]
         if self.concurrent(todo):
             return list(await asyncio.gather(*(self.run_one(c, turn) for c in todo)))

@@ -1,16 +1,9 @@
 """Existence and ownership of every entity a call references, then the tool's policy.
 
-The principal is the customer of the request envelope, passed in by the handler; tool
-input never names it. A missing entity and another customer's entity get the same
-answer, so a denial leaks nothing. Nothing here reads tool output (earlier results in
-the transcript): what a help article or any other result says cannot widen a turn.
-
-Look-ups are cached in two ways (chosen from the figures in docs/gate.md):
-- a per-step memo: all calls of one step are checked before any of them runs, so one
-  answer per (kind, id, customer) within the step is exactly as fresh as asking again;
-- an ownership cache across steps (short TTL, positive answers only), used only for calls
-  whose tool has no policy. Ownership never changes, but status does: a policy may
-  read it, so the look-ups of a tool with a policy always go to the backend.
+The principal is the customer of the request envelope; tool input never names it. A missing entity and another
+customer's get the same answer, so a denial leaks nothing. Nothing here reads tool output: what a result says cannot
+widen a turn. Ownership never changes but status does, so the cross-step ownership cache serves only tools without a
+policy; within a step every call is checked before any runs, so a per-step memo is as fresh as asking again.
 """
 
 from __future__ import annotations
@@ -26,7 +19,6 @@ from roundtrip._sdk.context import ToolContext
 from roundtrip._sdk.registry import ToolSpec
 from roundtrip._sdk.texts import gate_message
 
-# (entity kind, entity id, customer id) -> the entity as the customer may see it, or None
 EntityLookup = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
 Policy = Callable[[dict[str, Any], dict[str, dict[str, Any]], ToolContext], Awaitable[str | None]]
 Key = tuple[str, str, str]
@@ -36,7 +28,7 @@ class LookupFailed(Exception):
     """The backend could not answer; the gate fails closed."""
 
 
-Say = Callable[..., str]  # (message key, **fields) -> the agent's words for the gate's refusal (Agent.message)
+Say = Callable[..., str]  # (message key, **fields) -> the agent's words for the gate's refusal
 
 
 def _not_found(say: Say, kind: str, entity_id: str, tools: Container[str]) -> str:
@@ -67,8 +59,7 @@ async def authorize(
     say: Say = gate_message,
     tools: Container[str] = (),
 ) -> str | None:
-    """None when the call may run; otherwise the reason it may not (worded by `say`; `tools`: the agent's tool names,
-    for the not-found hint). `resolved` receives the entities it read."""
+    """None when the call may run, else the reason it may not; `resolved` receives the entities it read."""
     entities: dict[str, dict[str, Any]] = {} if resolved is None else resolved
     for field, kind in spec.entity_refs.items():
         if field not in tool_input:
@@ -89,7 +80,7 @@ async def authorize(
     if policy is not None:
         try:
             return await policy(tool_input, entities, ctx)
-        except Exception as exc:  # a policy reads the agent's backends too: one that is away holds its conversation
+        except Exception as exc:  # a policy reads the agent's backends too
             if (dependency := faults.unavailable(exc)) is not None:
                 raise faults.RetryLater(dependency, f"{spec.name}'s policy: {exc}", backend=True) from exc
             raise
@@ -125,8 +116,7 @@ class OwnershipCache:
 
 
 class StepLookups:
-    """The look-ups of one step: memoised within the step (in-flight ones shared), optionally
-    answered from the ownership cache for calls whose tool reads no entity state."""
+    """The look-ups of one step: memoised (in-flight ones shared), or from the ownership cache for policy-free tools."""
 
     def __init__(self, backend: EntityLookup, ownership: OwnershipCache | None = None, memo: bool = True) -> None:
         self._backend, self._ownership = backend, ownership

@@ -1,12 +1,8 @@
 """Gate handler: check every call of a step, sign the batch, hand it to the executors.
 
-`check_call` never raises: any input, however hostile, becomes either an approval or a
-rejection with a sentence the model can act on. A call that passed everything but whose tool's
-approval rule asks for a person is approved with a `hold` (the executor runs the step's other
-calls and requests the approval); it runs only when the command carries a person's signed
-decision for exactly that call (turn, tool_use id, input digest), checked here again. Calls of one step are checked
-concurrently (their look-ups overlap) and share a per-step memo of look-ups; see
-authorization.py for the caching rules and docs/gate.md for the figures behind them.
+`check_call` never raises: any input, however hostile, becomes either an approval or a rejection with a sentence the
+model can act on. A call whose approval rule asks for a person is approved with a `hold`; it runs only when the
+command carries a person's signed decision for exactly that call (turn, tool_use id, input digest), checked here again.
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ from roundtrip._sdk.texts import gate_message
 log = logging.getLogger("roundtrip.gate")
 security = logging.getLogger("roundtrip.security")
 
-OWNERSHIP_TTL_S = 30.0  # see docs/gate.md: how long a positive (customer, entity) answer is reused by policy-free tools
+OWNERSHIP_TTL_S = 30.0  # how long a positive (customer, entity) answer is reused by policy-free tools
 
 
 @dataclass
@@ -50,29 +46,21 @@ class Gate:
     registry: Registry
     lookup: EntityLookup
     signer: Signer
-    deps: Dependencies = field(
-        default_factory=Dependencies
-    )  # the agent's clients, handed to policies through ToolContext
-    batch_ttl_s: float = 60.0  # only for a turn without a deadline (an older guard); otherwise the turn's deadline
+    deps: Dependencies = field(default_factory=Dependencies)
+    batch_ttl_s: float = 60.0  # only for a turn without a deadline; otherwise the turn's deadline
     ownership_ttl_s: float = OWNERSHIP_TTL_S  # 0 turns the cross-step ownership cache off
-    step_memo: bool = True  # one look-up per (kind, id, customer) within a step
-    concurrent: bool = True  # check the calls of a step concurrently
-    agent_settings: Any = None  # the agent's own settings, which its approval rules read
-    messages: Callable[..., str] = gate_message  # (key, **fields) -> the agent's wording of the gate's refusals
-    decisions: DecisionVerifier | None = None  # verifies people's decisions (None: no decision is ever accepted)
-    approval_timeout_s: float = 900.0  # how long a held call waits for a person
-    unavailable: Callable[[str], str | None] = lambda name: (
-        None
-    )  # why a known tool cannot be called now (an MCP server down)
+    step_memo: bool = True
+    concurrent: bool = True
+    agent_settings: Any = None
+    messages: Callable[..., str] = gate_message
+    decisions: DecisionVerifier | None = None  # None: no decision is ever accepted
+    approval_timeout_s: float = 900.0
+    unavailable: Callable[[str], str | None] = lambda name: None  # why a known tool cannot be called now (MCP down)
     ownership: OwnershipCache | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.validators = {
-            name: InputValidator(spec.input_schema) for name, spec in self.registry.specs.items()
-        }  # + MCP ones, when mounted
+        self.validators = {name: InputValidator(spec.input_schema) for name, spec in self.registry.specs.items()}
         self.ownership = OwnershipCache(self.ownership_ttl_s) if self.ownership_ttl_s > 0 else None
-
-    # -- one call ------------------------------------------------------------------------------
 
     async def check_call(
         self,
@@ -87,7 +75,7 @@ class Gate:
         try:
             return await self._check_call(call, customer_id, turn_id, blocked, lookups, decision, metadata)
         except faults.RetryLater:
-            raise  # an agent's backend is away: the step waits for it (nothing is approved meanwhile), see _traced
+            raise  # an agent's backend is away: the step waits for it (nothing is approved meanwhile)
         except Exception as exc:  # the gate fails closed and keeps serving
             if (dependency := faults.unavailable(exc)) is not None:  # what a call reaches is the agent's backends
                 raise faults.RetryLater(dependency, f"{type(exc).__name__}: {exc}", backend=True) from exc
@@ -158,7 +146,6 @@ class Gate:
         return self._held_or_decided(call, name, turn_id, why, entities, decision, reject)
 
     def _context(self, call: ToolCall, customer_id: str, turn_id: str, metadata: dict[str, Any] | None) -> ToolContext:
-        """The context a call's resolvers and policy see (and its handler, later, in the executor)."""
         return ToolContext(
             customer_id=customer_id,
             tool_use_id=call.id,
@@ -177,8 +164,7 @@ class Gate:
         decision: ApprovalDecided | None,
         reject: Callable[[str, str], CheckedCall],
     ) -> CheckedCall:
-        """A call its approval rule holds (`why`): held for a person, or, with the person's decision, approved by
-        them unless the decision does not fit this call."""
+        """A call its approval rule holds: held for a person, or approved by their decision when it fits this call."""
         digest = input_digest(name, call.input)
         if decision is None:
             hold = ApprovalHold(
@@ -197,7 +183,6 @@ class Gate:
         return CheckedCall(id=call.id, name=name, input=call.input, approved=True, approved_by=decision.decided_by)
 
     def _unknown(self, name: str) -> str:
-        """A tool the agent has not: the ones it has, and the close name the model may have meant."""
         known = ", ".join(sorted(self.registry.specs))
         close = difflib.get_close_matches(name.strip().lower()[:80], list(self.registry.specs), n=1, cutoff=0.75)
         if close:
@@ -221,9 +206,8 @@ class Gate:
         return None
 
     def _backend_away(self, call: ToolCall, command: CheckToolCalls, away: faults.RetryLater) -> CheckedCall:
-        """An agent's backend is still away for this call: before the turn's deadline the step waits (raised again,
-        due again at the deadline: the consumer holds this conversation only); after it, the call is refused as
-        lookup_failed, so the step is answered and the turn ends by its deadline rules (docs/faults.md)."""
+        """An agent's backend is still away: before the turn's deadline the step waits (raised again; the consumer
+        holds this conversation only); after it, the call is refused as lookup_failed, so the step is answered."""
         deadline = command.turn.deadline_at
         if not away.backend:
             raise away
@@ -244,8 +228,6 @@ class Gate:
     def _tool_label(self, name: object) -> str:
         """The tool as a metric label: a name the model made up is not a new time series."""
         return name if isinstance(name, str) and name in self.registry.specs else "unknown"
-
-    # -- one step ------------------------------------------------------------------------------
 
     async def _traced(self, call: ToolCall, command: CheckToolCalls, lookups: StepLookups) -> CheckedCall:
         with tracer().start_as_current_span("gate.check_call") as span:
@@ -280,8 +262,8 @@ class Gate:
             return result
 
     def _signed_hold(self, call: CheckedCall, command: CheckToolCalls) -> CheckedCall:
-        """A held call with the gate's signature of its hold: the guard records the wait only under it, so no writer
-        of turn.approval_requests can make a turn wait for another customer or another call."""
+        """A held call with the gate's signature of its hold: the guard records a wait only under it, so no writer of
+        turn.approval_requests can make a turn wait for another customer or another call."""
         if call.hold is None:
             return call
         turn = command.turn

@@ -1,5 +1,4 @@
-"""The gate an agent's fleet runs: the agent's tools, resolvers, policies and wording, with the deployment's keys and
-limits (the gate service builds it at its start, the in-process harness for each turn)."""
+"""The gate an agent's fleet runs: the agent's tools, resolvers, policies and wording, with the deployment's keys."""
 
 from __future__ import annotations
 

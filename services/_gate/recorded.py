@@ -1,14 +1,8 @@
 """The turn the gate authorizes for: the one the ledger recorded at its start, never the one an event carries.
 
-The principal of a turn (its customer, from the support request's envelope) is written into the ledger when
-the guard starts the turn. Every internal topic can be written by more than the service that should (a
-compromised service, a producer on an unsecured listener), so the gate compares the command's turn with that
-record and authorizes for the record: a command whose turn names another customer, conversation or metadata
-than its start did is refused (dead-lettered with the reason, logged on `roundtrip.security`) and nothing is
-signed for it.
-
-A turn's record never changes after its start but for its deadline (an approval extends it; the executor's
-claim checks the ledger's own), so each gate replica reads a turn once and keeps it for the turn's next steps.
+Every internal topic can be written by more than the service that should (a compromised service, a producer on an
+unsecured listener), so a command whose turn differs from its start's record is refused and nothing is signed for it.
+The record never changes but for its deadline, so each gate replica reads a turn once and keeps it.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ from collections import OrderedDict
 from roundtrip._kernel.storage.turnstore import NO_SUCH_TURN, TurnStore, disagreement, refused
 from roundtrip._kernel.wire.events import Turn
 
-REMEMBERED = 20_000  # turns a replica keeps (a turn runs for minutes; about 1 KB each)
+REMEMBERED = 20_000  # turns a replica keeps
 
 
 class RecordedTurns:
@@ -41,7 +35,7 @@ class RecordedTurns:
             raise refused(turn, "gate", why)
         if changed := changed_fields(turn, recorded):
             raise refused(turn, "gate", f"its {', '.join(changed)} differ from the turn's start")
-        # the deadline is the one field a turn's record changes (an approval extends it); the fence checks it
+        # an approval extends the deadline; the executor's fence checks the ledger's own
         return recorded.model_copy(update={"deadline_at": turn.deadline_at})
 
     def _remember(self, turn: Turn) -> None:

@@ -1,18 +1,8 @@
-"""Schema validation of one tool call, with errors a model can act on.
+"""Schema validation of one tool call (JSON Schema 2020-12), with errors a model can act on.
 
-Validators are compiled once per tool (JSON Schema 2020-12, format checks on). Before the
-validator sees an input, one cheap walk rejects what no schema should have to handle:
-non-objects, inputs nested too deep or too large, values that are not JSON (or that JSON
-cannot carry exactly: NaN, integers beyond 2^53, unpaired surrogates).
-
-`pattern` follows JSON Schema (ECMA-262) semantics, not Python's: `$` is the end of the
-string (Python's `$` also matches before a trailing newline, so `"ord_a1000003\\n"` would
-pass `^ord_[0-9a-f]{8}$`), and `\\d`/`\\w` are ASCII only (Python's `\\d` matches fullwidth
-and other Unicode digits).
-
-Every message names the field, what was expected and what was given; strings are shown
-with invisible and non-ASCII characters spelled out (U+0430 CYRILLIC SMALL LETTER A), so a
-model that copied a look-alike id can see what is wrong with it.
+Before the validator sees an input, one cheap walk rejects what no schema should have to handle: too deep, too large,
+or not exactly JSON (NaN, integers beyond 2^53, unpaired surrogates). Strings are shown with invisible and non-ASCII
+characters spelled out, so a model that copied a look-alike id can see what is wrong with it.
 """
 
 from __future__ import annotations
@@ -26,21 +16,18 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-# The gate's own bounds of one tool input, before its schema is checked. Not settings: they are what the gate
-# accepts of any tool (ids and short texts), tighter than the transcript's ROUNDTRIP_MAX_BLOCK_BYTES and
-# ROUNDTRIP_MAX_INPUT_DEPTH, which only keep events under the broker's limit.
+# what the gate accepts of any tool's input (ids and short texts): not settings, and tighter than the transcript's
+# limits, which only keep events under the broker's
 MAX_INPUT_BYTES = 16_384
 MAX_DEPTH = 8
-MAX_ERRORS = 10  # problems of one input told to the model at once
+MAX_ERRORS = 10
 SAFE_INTEGER = 2**53 - 1
-
-
-# -- ECMA-262 `pattern` ------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=256)
 def ecma_regex(pattern: str) -> re.Pattern[str]:
-    """Compile a JSON Schema pattern with ECMA-262 semantics for `$`, `\\d`, `\\w`."""
+    """Compile a JSON Schema pattern with ECMA-262 semantics: Python's `$` also matches before a trailing newline, and
+    its `\\d`/`\\w` match any Unicode digit or letter."""
     out, i, in_class = [], 0, False
     while i < len(pattern):
         ch = pattern[i]
@@ -65,9 +52,6 @@ def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: dict[str,
 
 
 GateValidator = validators.extend(Draft202012Validator, {"pattern": _ecma_pattern})  # type: ignore[no-untyped-call]  # unannotated in types-jsonschema
-
-
-# -- showing values to a model -------------------------------------------------------------------
 
 
 def _json_type(value: Any) -> str:
@@ -176,9 +160,6 @@ def explain(error: ValidationError) -> str:
     return f"`{field}`: {message}"
 
 
-# -- the pre-check walk ----------------------------------------------------------------------
-
-
 def _walk_problem(tool_input: dict[str, Any]) -> str | None:
     """One pass over the input: depth, size, JSON-ness and exactness; stops at the first problem."""
     budget = MAX_INPUT_BYTES
@@ -239,7 +220,7 @@ class InputValidator:
     def __init__(self, schema: dict[str, Any], compiled: bool = True) -> None:
         GateValidator.check_schema(schema)
         self._schema = schema
-        self._compiled = compiled  # False: a new validator per call, the uncached baseline
+        self._compiled = compiled
         self._validator = GateValidator(schema, format_checker=GateValidator.FORMAT_CHECKER)
 
     def _schema_errors(self, tool_input: dict[str, Any]) -> list[ValidationError]:

@@ -1,18 +1,9 @@
-"""Admission: at most `limit` turns run at once; the rest wait in support.requests.
+"""Admission: at most `limit` turns run at once, admitted in arrival order; the rest wait in support.requests.
 
-A request that finds the fleet full waits here for a running turn to end. While it waits, it
-holds its place in the gateway's key-ordered consumer; once that consumer holds its
-`max_in_flight` requests it pauses fetching, so an overload lengthens the queue in Kafka
-(where `roundtrip lag` shows it) instead of starting turns the stuck-turn rule then ends.
-Turns are admitted in arrival order.
-
-The count is this gateway replica's: a turn is released when this replica sees its end. With several
-replicas, the outcomes' partitions are assigned apart from the requests' (two consumer groups), so about
-half of a replica's turns end at another one: every second the throttle asks the ledger which of this
-replica's running turns have ended and releases them (services/_gateway/throttle.py; without it a replica keeps
-the turns another one saw end until `forget_after_s`, and with the limit full, admission stops:
-docs/decisions/admission.md). A turn whose end is never seen nor read (the ledger cannot be read) is forgotten after
-`forget_after_s` (the turn deadline and then some), so a miss can only delay admission, never stop it.
+A waiting request holds its place in the key-ordered consumer, which pauses fetching once full, so an overload
+lengthens the queue in Kafka instead of starting turns the stuck-turn rule then ends. The count is this replica's:
+the throttle also releases the turns the ledger says ended at another replica (docs/decisions/admission.md), and a
+turn whose end is never seen nor read is forgotten after `forget_after_s`, so a miss only delays admission.
 """
 
 from __future__ import annotations

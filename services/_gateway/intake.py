@@ -1,20 +1,10 @@
 """What the gateway tolerates and what it refuses at the door of support.requests.
 
-Tolerated: fields a request carries that the fleet does not know (a producer may add them first):
-ignored, each name logged once per process, counted in `roundtrip_ignored_fields_total`.
-
-Refused, with a `SupportReply` of outcome `invalid_request` and its `reason` (besides the dead
-letter) whenever the record can be addressed, i.e. it names a request id and a conversation id:
-a request the schema rejects (no customer, empty text, a text over the limit, ...), a record not
-keyed by its conversation id (its conversation's order would be lost), and a request id reused
-in its conversation with other content. A record that names no request id and conversation id
-(malformed JSON, say) has no one to answer: it is only dead-lettered.
-
-The reuse check remembers the requests this replica read since it started (at most the last
-`REMEMBERED` of them, read within ROUNDTRIP_REPLY_MEMORY_S); the requests of a conversation come
-to one replica (one key, one partition), until a restart or a rebalance: then a reused id is taken for a duplicate (the
-guard's ledger drops it). A refusal's reply is published at least once: the record read again after a crash
-may be answered again.
+Unknown fields are ignored (a producer may add them first), each name logged once. A refused request (the schema
+rejects it, its record is not keyed by its conversation id, or its id is reused with other content) gets an
+`invalid_request` reply when the record names a request id and a conversation id; else it is only dead-lettered. The
+reuse check remembers only this replica's requests: after a rebalance a reused id is taken for a duplicate. A refusal's
+reply goes out at least once: the record read again after a crash may be answered again.
 """
 
 from __future__ import annotations
@@ -34,7 +24,7 @@ from roundtrip._kernel.wire.events import Outcome, SupportReply, SupportRequest,
 
 log = logging.getLogger("roundtrip.gateway")
 
-REMEMBERED = 100_000  # requests whose content the reuse check keeps
+REMEMBERED = 100_000
 LOGGED_NAMES = 1000  # unknown field names logged; past these, new ones are counted only
 REFUSAL_TEXT = "I'm sorry, I couldn't take this request: it was incomplete or invalid. Please try again."
 
@@ -82,7 +72,7 @@ class SeenRequests:
         self._digests = SeenIds(capacity, max_age_s=memory_s)
 
     def add(self, turn_id: str, request: SupportRequest) -> bool:
-        """True: a new request. False: a copy of one seen. InvalidRequest: its id was used before with other content."""
+        """True: a new request. False: a copy of one seen. InvalidRequest: its id was used with other content."""
         digest = content_digest(request)
         seen = self._digests.first(turn_id, digest)
         if seen is None:
@@ -113,8 +103,7 @@ def addressed(value: bytes | None) -> dict[str, Any] | None:
 
 
 def metadata_of(value: bytes | None) -> dict[str, Any] | None:
-    """The record's metadata when it is valid as a request's metadata (the contract: it comes back as it came), even
-    if the rest of the request is not; else None."""
+    """The record's metadata when it is valid as such (it comes back as it came), even if the rest is not."""
     try:
         given = json.loads(value or b"")
     except (ValueError, RecursionError):
@@ -123,13 +112,12 @@ def metadata_of(value: bytes | None) -> dict[str, Any] | None:
         return None
     probe = {"request_id": "r", "conversation_id": "c", "customer_id": "c", "text": "t", "metadata": given["metadata"]}
     try:
-        return SupportRequest.model_validate(probe).metadata  # the same rules as an accepted request's
+        return SupportRequest.model_validate(probe).metadata
     except ValidationError:
         return None
 
 
 def refusal(ids: dict[str, Any], reason: str, metadata: dict[str, Any] | None = None) -> SupportReply:
-    """The reply to a refused request: no turn, nothing spent, the reason, the request's metadata if it was valid."""
     return SupportReply(
         request_id=ids["request_id"],
         conversation_id=ids["conversation_id"],

@@ -1,17 +1,9 @@
 """Which turns already have their reply: so a turn's end delivered again never gets a second one.
 
-A turn's end can arrive more than once (at least once: the guard republishes a decision it may
-not have published, e.g. after a crash between publishing and recording that it did). The reply
-is committed with the offset of the end it answers, which covers that record, not a copy of it
-at another offset. So the gateway remembers the turns it replied to, and that memory must
-survive what the process does not:
-
-* `committed`: turns whose reply is committed, filled from `support.replies` itself (read
-  committed, the last `reply_memory_s`) when the gateway starts and after each rebalance (another
-  replica may have answered the partitions it now has), then by every commit;
-* `staged`: replies waiting for their commit, by turn -> the (partition, offset) of the end they
-  answer. A rebalance that drops them (`forget`) drops them here too, so the end, read again by
-  whoever owns it next, is answered then (not dropped as a duplicate: that would lose the reply).
+A reply is committed with the offset of the end it answers, which covers that record, not a copy of it at another
+offset. `committed` is filled from `support.replies` itself at start and after each rebalance, so the memory survives
+the process. `staged` replies await their commit; a rebalance that drops them drops them here too, so the end, read
+again by its next owner, is answered then rather than dropped as a duplicate.
 """
 
 from __future__ import annotations
@@ -34,9 +26,8 @@ PRIME_TIMEOUT_S = 30.0
 
 class RepliedTurns:
     def __init__(self, kafka: KafkaClients | str, replies_topic: str, memory_s: float) -> None:
-        """`memory_s` (ROUNDTRIP_REPLY_MEMORY_S): how far back support.replies is read, and this memory kept."""
         self._kafka, self._topic, self._memory_s = clients_of(kafka), replies_topic, memory_s
-        self.committed = SeenIds(capacity=1_000_000, max_age_s=memory_s)  # what a restart would read back
+        self.committed = SeenIds(capacity=1_000_000, max_age_s=memory_s)
         self.staged: dict[str, tuple[TopicPartition, int]] = {}
         self._primed = False
         self._lock = asyncio.Lock()
@@ -65,7 +56,6 @@ class RepliedTurns:
         return True
 
     def committed_up_to(self, offsets: dict[TopicPartition, int]) -> None:
-        """The replies of the ends below `offsets` are committed."""
         for turn_id, (tp, offset) in list(self.staged.items()):
             if tp in offsets and offset < offsets[tp]:
                 del self.staged[turn_id]
@@ -80,7 +70,6 @@ class RepliedTurns:
         self._primed = False
 
     async def _prime(self) -> None:
-        """Read the committed replies of the last `memory_s` (every partition) into `committed`."""
         started = time.monotonic()
         consumer = self._kafka.consumer(
             enable_auto_commit=False, isolation_level="read_committed", auto_offset_reset="earliest"
@@ -108,7 +97,7 @@ class RepliedTurns:
                             self.committed.add(json.loads(record.value)["turn_id"])
                             learned += 1
                         except (ValueError, TypeError, KeyError):
-                            pass  # not a reply of ours
+                            pass
                 for tp in list(todo):
                     if await consumer.position(tp) >= todo[tp]:
                         del todo[tp]

@@ -1,16 +1,8 @@
 """Fewer new turns while running turns wait for the model's capacity: the admission limit follows the ledger.
 
-The signal is the turn ledger. A turn whose model call waits for the Messages API's rate limits is
-`waiting` there (the model service marks it: services/_kernel/storage/turnstore.py, `wait_for_capacity`). Every
-CHECK_S the gateway counts them against the turns it runs. While more than HIGH of them wait, its
-admission limit is cut to BETA of the turns it runs now, so new requests wait in support.requests
-(where `roundtrip lag` shows them) and the capacity goes to the next steps of the turns already
-running; while fewer than LOW wait, the limit climbs back by STEP of ROUNDTRIP_MAX_RUNNING_TURNS per
-check; in between it holds. Some turns waiting is the point: the model service then always has a
-call ready for its next slot, so the limit is used to the full. Every gateway replica reads the same
-ledger, so they close and open together, with no coordinator. The same check releases this replica's running
-turns that the ledger says have ended, whose outcome another replica read (services/_gateway/admission.py). A
-ledger that cannot be read leaves the admission as it is.
+While many running turns wait (`waiting` in the ledger), the limit is cut, so the capacity goes to the turns already
+running; while few wait it climbs back. Some turns waiting is the point: the model service then always has a call
+ready for its next slot. Every replica reads the same ledger, so they close and open together with no coordinator.
 """
 
 from __future__ import annotations
@@ -47,7 +39,6 @@ class Throttle:
             admission.wake()
 
     async def run(self) -> None:
-        """Check every CHECK_S, for ever (cancel the task to stop it)."""
         failing = False
         while True:
             await asyncio.sleep(CHECK_S)

@@ -15,7 +15,7 @@ def turn_id_for(request: SupportRequest) -> str:
 
 
 def start_turn(request: SupportRequest, trace_id: str, span_id: str = "", started_at: float = 0.0) -> StartTurn:
-    """The turn a request starts; `trace_id`/`span_id` are the ids of its turn span (the root of its trace)."""
+    """The turn a request starts; `trace_id`/`span_id`: its turn span, the root of its trace."""
     turn = Turn(
         turn_id=turn_id_for(request),
         request_id=request.request_id,

@@ -1,15 +1,9 @@
-"""Approvals: a call that waits for a person (turn.approval_requests), and a person's signed decision on it
-(turn.approval_decisions).
+"""Approvals: a call that waits for a person (turn.approval_requests), and a person's signed decision on it.
 
-No thread waits: a request records the turn as AWAITING, and the decision or the deadline moves it
-on. The wait is told to the app: a SupportStatus (waiting_for_approval, until the deadline) on
-support.status, through the outbox like any decision (at least once). An approved call goes back to the gate, which
-checks it again and signs it; a denied one becomes an is_error tool_result with the reason, for the model. A decision
-that must not act (forged, for another call, for a turn that has ended, or contradicting one made) raises
-DecisionRefused, so the kernel dead-letters it with the reason; the same decision again is a duplicate and nothing runs
-twice. An approval nobody decides in time ends its turn politely (approval_timeout), from the sweeper.
-
-The wait is ONE span in the turn's trace, from the request to the decision (or the deadline).
+No thread waits: a request records the turn as AWAITING, and the decision or the deadline moves it on. An approved
+call goes back to the gate, which checks it again and signs it; a denied one becomes an is_error tool_result. A
+decision that must not act raises DecisionRefused (dead-lettered with the reason); the same decision again runs
+nothing twice.
 """
 
 from __future__ import annotations
@@ -54,27 +48,23 @@ MAX_WAIT_FOR_REQUEST_S = 120.0  # a decision whose request is not recorded yet w
 
 
 class DecisionRefused(Exception):
-    """A decision that must do nothing: forged, for another call, for a turn that has ended, or contradicting one made.
-    Raised in the handler, so the kernel dead-letters it with this reason."""
+    """A decision that must do nothing: forged, for another call, for an ended turn, or contradicting one made."""
 
 
 class RequestRefused(Exception):
-    """An approval request the gate did not sign as it reads (forged, edited, for another customer). Raised in the
-    handler, so the kernel dead-letters it with this reason."""
+    """An approval request the gate did not sign as it reads (forged, edited, for another customer)."""
 
 
 @dataclass
 class Approvals:
     ledger: Ledger
     outbox: Outbox
-    outside: Outside  # ends the turns whose approval expired
+    outside: Outside
     decisions: DecisionVerifier | None = None  # verifies people's approval decisions (None: every decision is refused)
     steps: StepClock = field(default_factory=StepClock)
     holds: Verifier | None = None  # the gate's public keys: its signature of each hold (None: every request is refused)
 
     async def on_requested(self, event: ApprovalRequested) -> str:
-        """Record the turn as AWAITING (no thread waits: the decision or the deadline moves it on); a request the
-        gate did not hold as it reads raises RequestRefused."""
         span = trace.get_current_span()
         span.set_attributes({"roundtrip.approval_id": event.approval_id, "roundtrip.tool": event.call.name})
         self._check_hold(event)
@@ -96,7 +86,7 @@ class Approvals:
         status = waiting_status(event)
         pending = pending_copy(status)
         if await self.ledger.await_approval(approval, pending=pending):
-            self.steps.forget(event.turn.turn_id)  # the wait is not a step of the loop
+            self.steps.forget(event.turn.turn_id)
             log.info(
                 "turn %s step %d awaits approval %s of %s(%s): %s",
                 event.turn.turn_id,
@@ -125,8 +115,7 @@ class Approvals:
         return "not awaiting"
 
     def _check_hold(self, event: ApprovalRequested) -> None:
-        """Only a wait the gate signed (this turn, customer, conversation, step, call, input and deadline) is recorded:
-        anything else is refused, dead-lettered with the reason and logged on roundtrip.security."""
+        """Only a wait the gate signed is recorded: anything else is refused and logged on roundtrip.security."""
         try:
             if self.holds is None:
                 raise ApprovalError("this guard has no batch verify keys: it records no approval request")
@@ -142,8 +131,7 @@ class Approvals:
             raise RequestRefused(str(exc)) from None
 
     async def on_decision(self, decision: ApprovalDecided) -> str:
-        """Resume the waiting step: approved -> the gate checks the call again and signs it; denied -> the model
-        gets an is_error tool_result with the reason. Anything that must not act raises DecisionRefused."""
+        """Resume the waiting step; anything that must not act raises DecisionRefused."""
         span = trace.get_current_span()
         span.set_attributes(
             {
@@ -202,7 +190,6 @@ class Approvals:
         return status
 
     async def _requested(self, decision: ApprovalDecided) -> ApprovalRow:
-        """The approval this decision answers: its signature verified, and for the very call that was requested."""
         try:
             if self.decisions is None:
                 raise ApprovalError("this guard has no decision keys")
@@ -236,9 +223,7 @@ class Approvals:
         return approval
 
     async def _recorded(self, decision: ApprovalDecided) -> ApprovalRow | None:
-        """The approval of a (verified) decision; while its turn is open and before its deadline, waited for when not
-        recorded yet: a decision may overtake its request (another topic, another consumer, and after an outage of the
-        database both are retried at once). Only this conversation waits; an unknown turn or an ended one does not."""
+        """The approval of a verified decision, waited for while its turn is open: it may overtake its request."""
         pause, waited = 0.1, 0.0
         while (approval := await self.ledger.approval(decision.approval_id)) is None:
             row = await self.ledger.get(decision.turn_id)
@@ -251,7 +236,6 @@ class Approvals:
         return approval
 
     async def _still_waiting(self, approval: ApprovalRow) -> float:
-        """The time of the decision, if the turn still waits for this approval and its deadline has not passed."""
         row = await self.ledger.get(approval.turn_id)
         if row is None or row.status != AWAITING or row.step != approval.step:
             raise DecisionRefused(
@@ -289,7 +273,7 @@ class Approvals:
 
     @staticmethod
     def _waited(approval: ApprovalRow, status: str, now: float, decided_by: str = "", reason: str = "") -> _EndAt:
-        """The wait as ONE span of the turn's trace: from the request to the decision (or deadline); then its child."""
+        """The wait as one span of the turn's trace, from the request to the decision (or deadline)."""
         parent = extract({"traceparent": approval.traceparent}) if approval.traceparent else otel_context.get_current()
         span = tracer().start_span("approval.wait", context=parent, start_time=int(approval.requested_at * 1e9))
         span.set_attributes(
@@ -311,7 +295,6 @@ class Approvals:
 
 
 def waiting_status(event: ApprovalRequested) -> SupportStatus:
-    """What the app is told of the wait: its turn waits for a person until the approval deadline."""
     turn = event.turn
     return SupportStatus(
         **turn.addressed(),
@@ -327,8 +310,7 @@ def waiting_status(event: ApprovalRequested) -> SupportStatus:
 def resumed(
     request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float
 ) -> CheckToolCalls | CallModel:
-    """The step's next message: the approved call to the gate again, or the model told of the denial (with the reason).
-    The time spent waiting does not count against the turn's own deadline."""
+    """The step's next message; the time spent waiting does not count against the turn's own deadline."""
     turn: Turn = request.turn
     if turn.deadline_at:
         turn = turn.model_copy(update={"deadline_at": round(turn.deadline_at + (now - request.requested_at), 3)})
@@ -369,8 +351,6 @@ def resumed(
 
 
 class _EndAt:
-    """Makes `span` current for the block and ends it at a given time (the decision's)."""
-
     def __init__(self, span: trace.Span, end_ns: int) -> None:
         self.span, self.end_ns = span, end_ns
 

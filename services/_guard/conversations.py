@@ -1,23 +1,9 @@
-"""The conversation store: who owns each conversation, and the history of its earlier turns.
+"""The conversation store: who owns each conversation (the customer whose request first named it), and its history.
 
-A conversation belongs to the customer whose request first named it. Each turn of it is
-stored as one **exchange**: the customer's words, the model's tool_use messages and the
-tool_result messages that answered them, and the final assistant message (what the customer
-was told). An exchange is the unit of history: it always starts with a user message and ends
-with an assistant message, so exchanges concatenate into a valid Messages API transcript,
-and dropping whole exchanges can never split a tool_use from its tool_result.
-
-Bounded by a token budget (`history_tokens`, estimated as 4 characters a token): when the
-stored exchanges pass it, the oldest are deleted; an exchange that alone is over the budget
-has its largest tool results and inputs replaced by markers (its ids and pairs stay). The
-guard puts the history at the head of the turn's first CallModel, so every event of the turn
-carries at most the budget of history on top of the turn's own transcript.
-
-SQLite file by default (the ledger's), PostgreSQL by URL; SQLAlchemy Core, the same
-statements on both; the tables are made by migrations (the `conversations` line of
-services/_kernel/migrations). Retention: a conversation idle longer than `retention_s` is deleted with
-its exchanges (the guard's sweeper); `forget` deletes one now (erasure), and a turn still
-running in a forgotten conversation saves nothing when it ends.
+Each turn is stored as one exchange, from a user message to an assistant message, so exchanges concatenate into a
+valid Messages API transcript and dropping whole ones never splits a tool_use from its tool_result. The oldest go past
+the token budget (`history_tokens`); one alone over it is compacted. A conversation idle past `retention_s` is deleted
+(the sweeper), `forget` erases one now, and a turn still running in a forgotten conversation stores nothing.
 """
 
 from __future__ import annotations
@@ -64,8 +50,8 @@ conversations = Table(
     Column("customer_id", String(200), nullable=False, index=True),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False, index=True),
-    Column("turns", Integer, nullable=False, default=0),  # turns stored, ever
-    Column("dropped_turns", Integer, nullable=False, default=0),  # of those, dropped to keep within the budget
+    Column("turns", Integer, nullable=False, default=0),
+    Column("dropped_turns", Integer, nullable=False, default=0),
 )
 exchanges = Table(
     "conversation_turns",
@@ -74,15 +60,15 @@ exchanges = Table(
     Column("conversation_id", String(200), nullable=False),
     Column("started_at", Float, nullable=False),
     Column("ended_at", Float),  # None while the turn runs: not history yet
-    Column("text", Text, nullable=False),  # the customer's words that opened the turn
-    Column("messages", Text),  # JSON: the exchange, once the turn ended
+    Column("text", Text, nullable=False),
+    Column("messages", Text),
     Column("tokens", Integer, nullable=False, default=0),
     Column("outcome", String(40)),
     Index("ix_conversation_turns_conversation", "conversation_id", "started_at"),
 )
 
 
-# the statements of every turn, built once (see services/_kernel/storage/turnstore.py); `b_` names are the conditions
+# built once; `b_` names are the conditions
 _OF_CONVERSATION = conversations.c.conversation_id == bindparam("b_conversation_id")
 _OWNER = select(conversations.c.customer_id, conversations.c.updated_at, conversations.c.turns).where(_OF_CONVERSATION)
 _TOUCH = update(conversations).where(_OF_CONVERSATION)
@@ -104,9 +90,7 @@ _THIS_EXCHANGE = (exchanges.c.turn_id == bindparam("b_turn_id")) & (
     exchanges.c.conversation_id == bindparam("b_conversation_id")
 )
 _STORE = update(exchanges).where(_THIS_EXCHANGE)
-_CLAIMS: dict[
-    str, Any
-] = {}  # dialect name -> the upsert of `claim` (PostgreSQL's and SQLite's INSERT ... ON CONFLICT are their own)
+_CLAIMS: dict[str, Any] = {}  # dialect name -> the upsert of `claim` (each dialect has its own ON CONFLICT)
 
 
 def _claim_statement(dialect: str) -> Any:
@@ -135,9 +119,8 @@ _DROPPED = (
 
 
 def _close_in_one() -> Any:
-    """PostgreSQL's `close_turn` in one statement: the exchange stored, the conversation's turns counted (once: only
-    when the exchange had not ended before), and the conversation's exchanges as they were before it (every part of
-    a WITH sees the same snapshot), from which the caller tells what falls out of the budget."""
+    """PostgreSQL's `close_turn` in one statement; it returns the exchanges as they were before it (every part of a
+    WITH sees the same snapshot), from which the caller tells what falls out of the budget."""
     before = select(exchanges.c.ended_at).where(_THIS_EXCHANGE).cte("before")
     stored = (
         update(exchanges)
@@ -176,12 +159,9 @@ _CLOSE_IN_ONE = _close_in_one()
 
 
 def estimate_tokens(value: Any) -> int:
-    """About 4 characters a token (the simulator bills the same way; the real API's tokenizer differs a little)."""
+    """About 4 characters a token."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, separators=(",", ":"))
     return math.ceil(len(text) / 4)
-
-
-# -- exchanges: pure functions --------------------------------------------------------------
 
 
 def _blocks(content: Any) -> list[dict[str, Any]]:
@@ -197,9 +177,7 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
 def exchange_of(
     turn_messages: list[dict[str, Any]], final_content: list[dict[str, Any]], reply_text: str
 ) -> list[dict[str, Any]]:
-    """One turn as history: its messages (from the customer's words on), the final response, and what
-    the customer was told. Tool calls the turn never answered (it was stopped) are left out, empty
-    blocks are dropped, and the exchange ends with an assistant message that says what the reply said."""
+    """One turn as history, ending with what the customer was told; tool calls never answered are left out."""
     messages: list[dict[str, Any]] = []
     for message in [*turn_messages, {"role": "assistant", "content": final_content}]:
         blocks = _blocks(message.get("content"))
@@ -250,8 +228,7 @@ def exchange_of(
 
 
 def compact(messages: list[dict[str, Any]], budget_tokens: int) -> list[dict[str, Any]]:
-    """An exchange over the budget with its largest tool results, tool inputs and texts replaced by markers
-    (largest first) until it fits; ids, roles and tool_use/tool_result pairs are kept."""
+    """An exchange with its largest blocks replaced by markers until it fits; its tool_use/tool_result pairs stay."""
     if estimate_tokens(messages) <= budget_tokens:
         return messages
     messages = json.loads(json.dumps(messages))
@@ -272,7 +249,7 @@ def compact(messages: list[dict[str, Any]], budget_tokens: int) -> list[dict[str
 
 
 def within_budget(stored: list[tuple[str, int]], budget_tokens: int) -> tuple[list[str], list[str]]:
-    """(kept, dropped) turn ids of (turn id, tokens) oldest first: the newest that fit in the budget together."""
+    """(kept, dropped) turn ids: the newest that fit in the budget together."""
     kept: list[str] = []
     total = 0
     for turn_id, tokens in reversed(stored):
@@ -285,11 +262,8 @@ def within_budget(stored: list[tuple[str, int]], budget_tokens: int) -> tuple[li
     return kept, dropped
 
 
-# -- the store --------------------------------------------------------------------------------
-
-
 class Claim(NamedTuple):
-    """Who owns the conversation, and how many of its turns were ever stored (0: it has no history to read)."""
+    """Who owns the conversation, and how many of its turns were ever stored (0: no history to read)."""
 
     owner: str
     stored_turns: int
@@ -308,8 +282,6 @@ class ConversationRow:
 
 
 class Conversations(TurnStore):
-    """The guard's conversation store (its own tables; by default in the ledger's database)."""
-
     STORE = CONVERSATIONS
     budget_tokens: int = 20000
     retention_s: float = 30 * 86400.0
@@ -328,11 +300,7 @@ class Conversations(TurnStore):
         return store
 
     async def claim(self, conversation_id: str, customer_id: str, now: float | None = None) -> Claim:
-        """The owner of the conversation: `customer_id` when it is new (or expired), else whoever started it.
-
-        One statement on the way every turn takes (a new conversation, or the customer's own in use): an upsert
-        that creates it or touches it, and returns its owner and its stored turns. Only when it refuses (someone
-        else's conversation, or one past its retention) is the conversation read and changed in a transaction."""
+        """The owner: `customer_id` when new (or expired), else whoever started it; one upsert on the common path."""
         now = now or time.time()
         params = {
             "conversation_id": conversation_id,
@@ -379,7 +347,6 @@ class Conversations(TurnStore):
         raise RuntimeError(f"could not claim conversation {conversation_id}")
 
     async def open_turn(self, conversation_id: str, turn_id: str, text: str, now: float | None = None) -> None:
-        """Remember that `turn_id` runs in the conversation (idempotent); it becomes history when it ends."""
         now = now or time.time()
         with contextlib.suppress(IntegrityError):  # open already: the start was redelivered
             await self._run(
@@ -398,7 +365,6 @@ class Conversations(TurnStore):
             )
 
     async def history(self, conversation_id: str) -> list[dict[str, Any]]:
-        """The stored exchanges of the conversation, oldest first, as one transcript within the budget."""
         rows = await self._run(
             lambda conn: conn.execute(_STORED, {"b_conversation_id": conversation_id}).all(), single=True
         )
@@ -407,8 +373,7 @@ class Conversations(TurnStore):
         return [m for r in rows if r.turn_id in wanted for m in json.loads(r.messages)]
 
     async def exchange(self, turn_id: str) -> list[dict[str, Any]] | None:
-        """One stored turn as history (its messages, calls and results, the reply), or None when it is not stored (still
-        running, forgotten, dropped past the budget): what the console's turn page shows."""
+        """One stored turn as history, or None when it is not stored (running, forgotten, dropped)."""
         rows = await self._run(
             lambda conn: conn.execute(select(exchanges.c.messages).where(exchanges.c.turn_id == turn_id)).all()
         )
@@ -424,31 +389,26 @@ class Conversations(TurnStore):
         outcome: str,
         now: float | None = None,
     ) -> bool:
-        """Store the ended turn as an exchange, then drop the oldest exchanges past the budget.
-
-        Upsert by turn id (a redelivery stores the same again; a later, fuller end replaces an
-        earlier one). False when the conversation or the turn is gone (forgotten, expired): then
-        nothing is stored."""
+        """Store the ended turn's exchange, then drop the oldest past the budget; False when the turn is gone."""
         now = now or time.time()
         exchange = compact(exchange_of(turn_messages, final_content, reply_text), self.budget_tokens)
         tokens = estimate_tokens(exchange)
 
         of_turn = {"b_turn_id": turn_id, "b_conversation_id": conversation_id, "b_now": now}
         values = {"messages": json.dumps(exchange), "tokens": tokens, "ended_at": now, "outcome": outcome}
-        if self.engine.dialect.name == "postgresql":  # one statement, one round trip
+        if self.engine.dialect.name == "postgresql":
             given = {**of_turn, **{f"b_{k}": v for k, v in values.items()}}
             rows = await self._run(lambda conn: conn.execute(_CLOSE_IN_ONE, given).all(), write=True, single=True)
             if not rows or rows[0].stored_now != 1:  # forgotten, expired, or never opened
                 return False
-            # past the budget: the oldest go, in a second statement (history() keeps to the budget meanwhile)
             if dropped := self._dropped(rows, turn_id, tokens):
                 await self._run(lambda conn: _drop(conn, conversation_id, dropped), write=True)
             return True
 
-        def work(conn: Connection) -> bool:  # one read of the conversation's exchanges, the store, the count, the drops
+        def work(conn: Connection) -> bool:
             rows = conn.execute(_EXCHANGES, {"b_conversation_id": conversation_id}).all()
             this = next((r for r in rows if r.turn_id == turn_id), None)
-            if this is None:  # forgotten, expired, or never opened
+            if this is None:
                 return False
             first = this.ended_at is None  # a redelivery or a fuller end counts no second turn
             if conn.execute(_STORE, {**of_turn, **values}).rowcount != 1:
@@ -461,8 +421,7 @@ class Conversations(TurnStore):
         return await self._run(work, write=True)
 
     def _dropped(self, rows: Sequence[Any], turn_id: str, tokens: int) -> list[str]:
-        """The exchanges that fall out of the budget once `turn_id` is stored with `tokens` (`rows`: the conversation's
-        exchanges before it, oldest first, each with its tokens and whether it is stored)."""
+        """The exchanges that fall out of the budget once `turn_id` is stored with `tokens`."""
         stored = [
             (r.turn_id, tokens if r.turn_id == turn_id else r.tokens) for r in rows if r.turn_id == turn_id or r.stored
         ]
@@ -507,11 +466,9 @@ class Conversations(TurnStore):
         return await self._run(work)
 
     async def forget(self, conversation_id: str) -> bool:
-        """Erase the conversation and its history now; True when there was one."""
         return await self._run(lambda conn: _delete(conn, conversation_id), write=True)
 
     async def expire(self, now: float | None = None) -> int:
-        """Delete the conversations idle for longer than the retention; how many."""
         cutoff = (now or time.time()) - self.retention_s
 
         def work(conn: Connection) -> int:
@@ -529,7 +486,6 @@ class Conversations(TurnStore):
 
 
 def _drop(conn: Connection, conversation_id: str, dropped: list[str]) -> None:
-    """The exchanges that fell out of the budget deleted, and counted as dropped."""
     conn.execute(delete(exchanges).where(exchanges.c.turn_id.in_(dropped)))
     conn.execute(_DROPPED, {"b_conversation_id": conversation_id, "b_dropped": len(dropped)})
 

@@ -1,7 +1,5 @@
-"""Ends from outside the loop: a cancel (turn.controls), a turn stuck past its grace or past its deadline,
-an approval nobody decided in time. Each ends the turn politely, once, and never while its calls run;
-after a side effect the reply says what was done (from what the executor recorded in the turn's row).
-"""
+"""Ends from outside the loop (a cancel, a stuck turn, a deadline, an expired approval): each ends the turn politely,
+once, and never while its calls run."""
 
 from __future__ import annotations
 
@@ -46,19 +44,13 @@ class Outside:
     outbox: Outbox
     conversations: Conversations | None = None
     steps: StepClock = field(default_factory=StepClock)
-    acts: Acts = field(
-        default_factory=Acts
-    )  # an end after a side effect says what was done (what the executor recorded)
+    acts: Acts = field(default_factory=Acts)
 
     async def end(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen: Any) -> str | None:
-        """Stuck past its grace, past its deadline, or cancelled: end it politely, once.
+        """End it politely, once, conditional on the state it was decided from (`row.step`, and `seen`).
 
-        Conditional on the state it was decided from (`row.step`, and whatever `seen` adds), so
-        a turn that moved meanwhile is not ended. While an executor holds a lease on the turn
-        (its calls are running), the turn becomes ENDING: nothing can claim it any more, and the
-        end is recorded and published once the lease is released (the sweeper). Returns ENDED,
-        ENDING, or None (the turn was not in the state decided from). `announce` False (the
-        broker is away) only records: the ledger keeps the end pending and the outbox publishes it."""
+        While an executor's calls run, the turn becomes ENDING, ended by the sweeper once the lease is released.
+        Returns ENDED, ENDING, or None. `announce` False (the broker is away) only records."""
         text = self.acts.ending(outcome, self.acts.recorded(row.acted))
         ended = TurnEnded(
             turn=Turn.model_validate(row.turn),
@@ -75,7 +67,7 @@ class Outside:
             )
             if outcome.value in ERROR_OUTCOMES:
                 mark_error(span, f"{outcome.value}: {detail}", outcome.value)
-            if self.conversations is not None:  # the customer's words and this reply (a fuller end later replaces it)
+            if self.conversations is not None:
                 await self.conversations.close_turn_with_reply(
                     row.conversation_id, row.turn_id, ended.text, outcome.value
                 )
@@ -104,13 +96,13 @@ class Outside:
             )
             metrics.count_turn_end(outcome, row.step)
             self.steps.forget(row.turn_id)
-            if announce:  # else (the broker is away) the ledger keeps it pending: the outbox publishes it later
+            if announce:
                 await self.outbox.emit(row.turn_id, pending, ended, row.conversation_id)
             return ENDED
 
     async def reworded(self, row: TurnRow) -> TurnRow:
-        """A deferred end (ENDING, now ended) whose running step had side effects: they were recorded after the end was
-        decided, so its reply is worded again from them before it goes out. The row as it is to be published."""
+        """A deferred end whose running step had side effects, recorded after the end was decided: its reply is
+        worded again from them before it goes out."""
         if not row.pending or not row.acted:
             return row
         ended = TurnEnded.model_validate(json.loads(row.pending)["message"])

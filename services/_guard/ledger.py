@@ -1,15 +1,9 @@
 """The turn ledger: one row per turn with its status, step, progress, usage, cost and outcome.
 
-SQLite file by default, PostgreSQL by URL (SQLAlchemy Core: the same statements on both,
-run inline on SQLite and through asyncpg on PostgreSQL). The table and the fence the
-executor and the model service check live in services/_kernel/storage/turnstore.py. Every change
-is a conditional UPDATE, so a redelivered event or a second guard replica cannot move
-a turn twice: the caller that gets rowcount 1 owns the transition. Every end is conditional
-on the state it was decided from and on no executor holding a lease on the turn.
-
-`pending` is the outbox: the message a transition decided to publish, kept until it is
-published (`pending_at` says since when). A crash between the two republishes it: on
-redelivery, when the guard starts, and from the sweeper.
+Every change is a conditional UPDATE, so a redelivered event or a second guard replica cannot move a turn twice: the
+caller that gets rowcount 1 owns the transition. Every end is conditional on the state it was decided from and on no
+executor holding a lease on the turn. `pending` is the outbox: the message a transition decided to publish, kept
+until it is published.
 """
 
 from __future__ import annotations
@@ -64,7 +58,7 @@ class _Refused(Exception):
     """Rolls a two-statement transition back when its second statement changes nothing."""
 
 
-# the statements of every step, built once (see services/_kernel/storage/turnstore.py); `b_` names are the conditions
+# built once; `b_` names are the conditions
 _START = insert(turns)
 _ADVANCE = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE)
 _GET = select(turns).where(turns.c.turn_id == bindparam("b_turn_id"))
@@ -73,7 +67,6 @@ _LIVE_TURNS = select(turns).where(
     turns.c.status != ENDED,
     turns.c.turn_id != bindparam("b_but"),
 )
-# a start's one read: the turn itself (a duplicate request?) and the conversation's turns that have not ended
 _STARTING = select(turns).where(
     or_(
         turns.c.turn_id == bindparam("b_turn_id"),
@@ -141,18 +134,13 @@ class ApprovalRow:
 
 
 class LedgerApprovals(TurnStore):
-    """The approval table of the ledger: a held call and a person's decision, each written in one transaction with
-    the turn's row (the turn waits, AWAITING, then runs on)."""
+    """The approval table: a held call and a person's decision, each written in one transaction with the turn's row."""
 
-    # -- approvals by a person -------------------------------------------------------------
     async def await_approval(
         self, approval: dict[str, Any], now: float | None = None, pending: str | None = None
     ) -> bool:
-        """Record a held call and the turn as AWAITING (from live at that step), in one transaction; `pending`: what
-        the wait publishes (its outbox copy).
-
-        While it waits the turn may not act (no claim succeeds), the stuck rule skips it, the executor's
-        lease of the step is released (its other calls are done), and its deadline is the approval's."""
+        """Record a held call and the turn as AWAITING, in one transaction: while it waits no claim succeeds, the stuck
+        rule skips it, the step's lease is released, and its deadline is the approval's."""
         now = now or time.time()
 
         def work(conn: Any) -> bool:
@@ -197,8 +185,7 @@ class LedgerApprovals(TurnStore):
         deadline_at: float | None,
         now: float | None = None,
     ) -> bool:
-        """PENDING -> approved/denied and the turn AWAITING -> RUNNING with its next message in the outbox, together.
-        False (nothing changed) when the approval was decided already or the turn no longer waits for it."""
+        """The decision and the turn AWAITING -> RUNNING with its next message, together; False when that is stale."""
         now = now or time.time()
 
         def work(conn: Any) -> bool:
@@ -238,7 +225,6 @@ class LedgerApprovals(TurnStore):
             return False
 
     async def close_approvals(self, turn_id: str, status: str, now: float | None = None) -> int:
-        """Pending approvals of a turn that ended without them (expired, ended)."""
         now = now or time.time()
         return await self._run(
             lambda conn: (
@@ -278,7 +264,6 @@ class Ledger(LedgerApprovals):
             lambda conn: [TurnRow(**r) for r in conn.execute(statement, params).mappings().all()], single=True
         )
 
-    # -- transitions --------------------------------------------------------------------
     async def start(
         self,
         turn: dict[str, Any],
@@ -289,8 +274,7 @@ class Ledger(LedgerApprovals):
         outcome: str | None = None,
         agent_digest: str | None = None,
     ) -> bool:
-        """Register a new turn (already ended with `outcome`, for a refused one) under the agent of that digest;
-        False when it exists already (a duplicated request)."""
+        """Register a new turn (already ended with `outcome`, for a refused one); False for a duplicated request."""
         now = now or time.time()
         row = dict(
             turn_id=turn["turn_id"],
@@ -333,8 +317,7 @@ class Ledger(LedgerApprovals):
         traceparent: str | None = None,
         now: float | None = None,
     ) -> bool:
-        """Record iteration `step` (and the end, with an outcome). Only from step-1, a live turn, and the turn's own
-        customer and conversation. The model answered, so the executor's lease of the previous step is over."""
+        """Record iteration `step`: only from step-1, a live turn, its own customer and conversation."""
         now = now or time.time()
         values: dict[str, Any] = dict(
             step=step,
@@ -365,13 +348,8 @@ class Ledger(LedgerApprovals):
         now: float | None = None,
         defer: bool = False,
     ) -> str | None:
-        """End a live turn from outside the loop (stuck, deadline, cancel), conditional on what the caller saw.
-
-        `step` / `status` / `flagged_at`: the turn must still be at that step, in that status,
-        flagged at that time (a turn that moved since the decision is not ended). An executor's
-        live lease always blocks the end: with `defer`, the turn becomes ENDING instead (no
-        claim can succeed any more; `finish_ending` ends it once the lease is released or runs
-        out). Returns ENDED, ENDING, or None when the turn was not in the state the caller saw."""
+        """End a live turn from outside the loop if it is as the caller saw it; ENDED, ENDING, or None. A live lease
+        blocks the end: with `defer` the turn becomes ENDING (no claim succeeds any more) for `finish_ending`."""
         now = now or time.time()
         seen = [turns.c.turn_id == turn_id, turns.c.status.in_(OPEN)]
         if step is not None:
@@ -393,7 +371,7 @@ class Ledger(LedgerApprovals):
         return None
 
     async def finish_ending(self, turn_id: str, now: float | None = None) -> bool:
-        """ENDING -> ENDED once no executor lease is live (its side effects are done, or it ran out)."""
+        """ENDING -> ENDED once no executor lease is live."""
         now = now or time.time()
         return await self._update(
             update(turns)
@@ -402,8 +380,7 @@ class Ledger(LedgerApprovals):
         )
 
     async def reword(self, turn_id: str, pending: str, reworded: str) -> bool:
-        """Replace the unpublished decision `pending` by `reworded` (the same end, its reply reworded); False when the
-        decision changed or went out meanwhile."""
+        """Replace the unpublished decision `pending` by `reworded`; False when it changed or went out meanwhile."""
         return await self._update(
             update(turns).where(turns.c.turn_id == turn_id, turns.c.pending == pending).values(pending=reworded)
         )
@@ -411,7 +388,6 @@ class Ledger(LedgerApprovals):
     async def flag_stuck(
         self, turn_id: str, now: float | None = None, stuck_after_s: float = 0.0, step: int | None = None
     ) -> bool:
-        """Flag a running turn with no progress for `stuck_after_s` (checked in the update, with the current time)."""
         now = now or time.time()
         conditions = [
             turns.c.turn_id == turn_id,
@@ -427,10 +403,7 @@ class Ledger(LedgerApprovals):
         await self.published_many([(turn_id, pending)])
 
     async def published_many(self, decisions: list[tuple[str, str]]) -> None:
-        """`published` for many decisions in one statement run for each (the guard clears its outbox in batches).
-
-        Each clear stands alone (a clear that is lost only means a republish), so the batch runs in autocommit: on
-        PostgreSQL one round trip of all the rows, without BEGIN and COMMIT."""
+        """`published` for many decisions, in autocommit: a lost clear only means a republish."""
         if not decisions:
             return
         rows = [
@@ -448,7 +421,6 @@ class Ledger(LedgerApprovals):
         )
 
     async def overdue_approvals(self, now: float) -> list[tuple[ApprovalRow, TurnRow]]:
-        """Pending approvals past their deadline whose turn still waits, with the turn."""
         pending = await self._approval_rows(
             select(approvals)
             .where(approvals.c.status == PENDING, approvals.c.expires_at <= now)
@@ -461,20 +433,17 @@ class Ledger(LedgerApprovals):
                 out.append((row, turn))
         return out
 
-    # -- reads ----------------------------------------------------------------------------
     async def get(self, turn_id: str) -> TurnRow | None:
         rows = await self._rows(_GET, {"b_turn_id": turn_id})
         return rows[0] if rows else None
 
     async def starting(self, turn_id: str, conversation_id: str) -> tuple[TurnRow | None, list[TurnRow]]:
-        """What a start needs to know, in one read: the turn's row (None: a new turn) and the other turns of its
-        conversation that have not ended."""
+        """In one read: the turn's row (None: a new turn) and the other live turns of its conversation."""
         rows = await self._rows(_STARTING, {"b_turn_id": turn_id, "b_conversation_id": conversation_id})
         this = next((r for r in rows if r.turn_id == turn_id), None)
-        return this, [r for r in rows if r.turn_id != turn_id]  # the rest: of the conversation, not ended (_STARTING)
+        return this, [r for r in rows if r.turn_id != turn_id]
 
     async def live_turns(self, conversation_id: str, but: str | None = None) -> list[TurnRow]:
-        """The turns of a conversation that have not ended (running, stuck, ending), except `but`."""
         return await self._rows(_LIVE_TURNS, {"b_conversation_id": conversation_id, "b_but": but or ""})
 
     async def list(
@@ -486,7 +455,6 @@ class Ledger(LedgerApprovals):
         outcome: str | None = None,
         since: float | None = None,
     ) -> list[TurnRow]:
-        """The newest turns first, those that match every filter given (`since`: started at or after)."""
         query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)
         for column, value in (
             (turns.c.status, status),
@@ -507,8 +475,7 @@ class Ledger(LedgerApprovals):
         idle = await self._rows(
             select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s)
         )
-        # a turn with a deadline (every turn since the fence) is judged by it alone: a turn resumed after a
-        # person's approval had its deadline moved by the time it waited
+        # a turn with a deadline is judged by it alone: an approval's wait moved it
         past_deadline = turns.c.deadline_at.is_(None) & (turns.c.started_at < now - deadline_s)
         if deadline_s:
             past_deadline = past_deadline | (turns.c.deadline_at <= now)

@@ -1,14 +1,8 @@
 """The loop decision: each model response (turn.iterations) is decided, recorded once, and sent on.
 
-The rules (services/_guard/rules.py) decide: continue (the tool calls to the gate, or the model
-again) or finish (the turn's end, with its reason). The step is recorded with one conditional
-update of the ledger (the step before must be the one recorded, so a duplicate or a racing
-replica is recognised and dropped); only a refused update reads the ledger, to tell a
-redelivery (its decision republished if it may be unpublished) from a duplicate or a gap. Then
-exactly one message goes out: CallModel, CheckToolCalls or TurnEnded.
-
-A turn that finishes has its exchange stored in its conversation before the end is recorded, so
-the conversation's next turn (waiting for this end) sees it.
+The step is recorded with one conditional update (the step before must be the one recorded, so a duplicate or a
+racing replica is dropped); only a refused update reads the ledger. A finished turn's exchange is stored before its
+end is recorded, so the conversation's next turn, waiting for that end, sees it.
 """
 
 from __future__ import annotations
@@ -53,10 +47,10 @@ def continued(event: ModelResponded, decision: Continue, span: trace.Span | None
 
 
 class StepClock:
-    """The loop's round trip, from a turn's decision (on this replica) to its next: roundtrip_step_seconds."""
+    """roundtrip_step_seconds: from a turn's decision on this replica to its next."""
 
     def __init__(self, limit: int = 100_000) -> None:
-        self._last: dict[str, float] = {}  # turn id -> monotonic time of its last decision
+        self._last: dict[str, float] = {}
         self._limit = limit
 
     def stepped(self, turn_id: str, ended: bool) -> None:
@@ -67,7 +61,7 @@ class StepClock:
             self._last[turn_id] = now
 
     def forget(self, turn_id: str) -> None:
-        """The turn ended from outside, or waits for a person: what comes next is not a step of the loop."""
+        """What comes next is not a step of the loop (an end from outside, a wait for a person)."""
         self._last.pop(turn_id, None)
 
 
@@ -77,13 +71,12 @@ class Loop:
     outbox: Outbox
     policy: Policy
     prices: PriceTable
-    model: str = ""  # the model priced when an iteration does not name its own
+    model: str = ""
     conversations: Conversations | None = None  # None: every request stands alone (no conversation store)
     steps: StepClock = field(default_factory=StepClock)
     acts: Acts = field(default_factory=Acts)  # the agent's side effects: an early end after one says what was done
 
     async def on_iteration(self, event: ModelResponded) -> str:
-        """Decide, then record the step with one conditional update; only a refused update reads the ledger."""
         span = trace.get_current_span()
         model = event.model or self.model
         cost, step_cost = self.prices.cost(model, event.spent), self.prices.cost(model, event.usage)
@@ -116,7 +109,6 @@ class Loop:
         return await self._not_advanced(event, span)
 
     async def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
-        """The end of a turn the rules finish; its exchange is stored first (the next turn waits for the end)."""
         outcome = decision.outcome.value
         text = self.acts.reply(
             decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages :])
@@ -130,12 +122,12 @@ class Loop:
             cost_usd=round(cost, 6),
         )
         span.set_attribute("roundtrip.outcome", outcome)
-        if decision.detail:  # an end_turn has none: no empty attribute
+        if decision.detail:
             span.set_attribute("roundtrip.detail", decision.detail)
         if outcome in ERROR_OUTCOMES:
             mark_error(span, f"{outcome}: {decision.detail}" if decision.detail else outcome, outcome)
         if self.conversations is not None:  # stored before the end is recorded: the next turn waits for the end
-            # only the turn's own customer's end may write its conversation's history (one read a turn, at its end)
+            # only the turn's own customer's end may write its conversation's history
             await self.ledger.refuse_if_not_recorded(event.turn, "guard")
             await self.conversations.close_turn(
                 event.turn.conversation_id,
@@ -157,7 +149,7 @@ class Loop:
         return ended
 
     async def _not_advanced(self, event: ModelResponded, span: trace.Span) -> str:
-        """Why the ledger refused the step: a redelivery (republish a decision maybe not out), a duplicate, a gap."""
+        """Why the ledger refused the step: a redelivery (republish), a duplicate, a gap."""
         row = await self.ledger.get(event.turn.turn_id)
         if row is None:
             log.warning("turn %r: iteration for a turn the ledger does not know; dropped", event.turn.turn_id)

@@ -1,14 +1,8 @@
 """The guard's way out: every decision is recorded with a pending copy, published, then cleared.
 
-Each handler records its decision in the ledger together with the message that carries it (the
-pending copy, `pending_copy`), in one conditional update, and only then publishes it
-(`Outbox.emit`). A crash or a failed publish between the two leaves the copy in the ledger: a
-redelivery of the same input, or the outbox pass (`republish_all`, at start-up and from the
-sweeper), publishes it again. So a recorded decision is published at least once, and the
-consumers downstream drop the duplicates (their own fences).
-
-What the guard publishes, and where, is the topology's declaration (`services/_kernel/wire/topology.py`):
-`TOPIC_OF` is its outputs read the other way round.
+A handler records its decision with the message that carries it in one conditional update, and only then publishes
+it. A crash or a failed publish between the two leaves the copy in the ledger for a redelivery or the outbox pass
+(`republish_all`) to publish again: a recorded decision goes out at least once, and consumers drop the duplicates.
 """
 
 from __future__ import annotations
@@ -37,18 +31,17 @@ from roundtrip._kernel.wire.events import (
 )
 
 log = logging.getLogger("roundtrip.guard")
-T = TypeVar("T")  # what a bounded publish returns
+T = TypeVar("T")
 
 Publish = Callable[[str, BaseModel, str], Awaitable[None]]  # (logical topic, message, conversation id)
-MODEL_OF: dict[str, type[BaseModel]] = topology.service("guard").outputs  # topic -> the message published there
+MODEL_OF: dict[str, type[BaseModel]] = topology.service("guard").outputs
 TOPIC_OF: dict[type[BaseModel], str] = {model: topic for topic, model in MODEL_OF.items()}
 SWEEP_PUBLISH_TIMEOUT_S = 1.0  # a sweeper publish taking longer means the broker is away (a healthy one acks in ms)
-CLEAR_BATCH_S = 0.05  # published decisions are cleared from the outbox together, this often
+CLEAR_BATCH_S = 0.05
 
 
 def working(message: BaseModel, words: Mapping[str, str]) -> SupportStatus | None:
-    """The progress the app is told of as a decision goes out: the step it starts (`working`), with the agent's words
-    for the tools it runs first; None for a decision that starts no step (an end, an approval's wait)."""
+    """The progress the app is told of as a decision goes out; None for a decision that starts no step."""
     if not isinstance(message, CallModel | CheckToolCalls):
         return None
     turn, activity = message.turn, ""
@@ -66,20 +59,18 @@ def working(message: BaseModel, words: Mapping[str, str]) -> SupportStatus | Non
 
 
 def pending_copy(message: BaseModel) -> str:
-    """The outbox copy of a decision: {"topic": ..., "message": ...} (pydantic writes the message's JSON itself)."""
     return f'{{"topic": {json.dumps(TOPIC_OF[type(message)])}, "message": {message.model_dump_json()}}}'
 
 
 def traceparent() -> str | None:
-    """The current span's W3C traceparent, recorded with a decision (sweeper spans link to the turn's last hop)."""
+    """The current span's traceparent, recorded with a decision (sweeper spans link to the turn's last hop)."""
     carrier: dict[str, str] = {}
     inject(carrier)
     return carrier.get("traceparent")
 
 
 def turn_cut(message: BaseModel, streams_by_default: bool = False) -> StreamedText | None:
-    """The cut of a streaming turn's text when it ends otherwise than by the model's answer (a rule, a cancel, a
-    deadline, an error): whatever was streamed is not its reply. None for any other decision."""
+    """The cut of a streaming turn's text when it ends otherwise than by the model's answer."""
     if not isinstance(message, TurnEnded) or message.outcome is Outcome.END_TURN:
         return None
     turn = message.turn
@@ -95,14 +86,8 @@ def turn_cut(message: BaseModel, streams_by_default: bool = False) -> StreamedTe
 
 
 class Outbox:
-    """Publishes recorded decisions and clears their pending copies; republishes the ones left pending.
-
-    `on_ended(conversation_id)` hears of every end this replica publishes (a start of the same
-    conversation waits for it: services/_guard/starts.py). Beside each decision that starts a step goes the
-    turn's progress to support.status (`working`, with `progress`: the agent's words per tool), at least once like
-    the decision, and never in its way: a status that fails to go out is only logged. The end of a turn that streams
-    (`streams_by_default`: ROUNDTRIP_STREAM_REPLIES, for a turn whose request did not say) by anything but the model's
-    answer cuts its streamed text (support.stream), likewise."""
+    """Publishes recorded decisions, clears their pending copies, republishes the ones left pending. A status or a
+    stream cut beside a decision never stands in its way: one that fails to go out is only logged."""
 
     def __init__(
         self,
@@ -115,16 +100,13 @@ class Outbox:
     ) -> None:
         self.ledger, self.publish, self.on_ended = ledger, publish, on_ended
         self.progress: Mapping[str, str] = progress or {}
-        self.streams_by_default = streams_by_default  # ROUNDTRIP_STREAM_REPLIES: a turn's `stream` unless it says
-        self.after_s = after_s  # the sweeper republishes a decision still unpublished after this long
+        self.streams_by_default = streams_by_default
+        self.after_s = after_s
         self._clearing: asyncio.Task[None] | None = None
         self._to_clear: list[tuple[str, str]] = []
 
     async def emit(self, turn_id: str, pending: str, message: BaseModel, conversation_id: str) -> None:
-        """Publish, then clear the ledger's pending copy off the hot path (a crash before that only republishes).
-
-        Clears are batched: one transaction for all the decisions published meanwhile (under load,
-        one write instead of one per step)."""
+        """Publish, then clear the pending copy off the hot path, batched (a crash before that only republishes)."""
         told = [m for m in (working(message, self.progress), turn_cut(message, self.streams_by_default)) if m]
         if not told:
             await self.publish(TOPIC_OF[type(message)], message, conversation_id)
@@ -155,12 +137,10 @@ class Outbox:
                 log.warning("could not clear %d published decisions: %s", len(batch), exc)
 
     async def drain(self) -> None:
-        """Wait for the pending-copy clean-ups (at shutdown, or before reading the ledger's pending copies)."""
         if self._clearing is not None:
             await asyncio.gather(self._clearing, return_exceptions=True)
 
     async def republish(self, row: TurnRow, why: str = "a redelivery") -> None:
-        """Crash recovery: the decision was recorded but maybe not published."""
         pending = json.loads(row.pending or "null")
         if pending and row.pending:
             message = MODEL_OF[pending["topic"]].model_validate(pending["message"])
@@ -168,11 +148,7 @@ class Outbox:
             await self.emit(row.turn_id, row.pending, message, row.conversation_id)
 
     async def republish_all(self, older_than: float | None = None, timeout: float | None = None) -> int:
-        """Publish every recorded decision still not published (at start-up, and from the sweeper).
-
-        Each publish is bounded by `timeout` (default SWEEP_PUBLISH_TIMEOUT_S): one that does not get through means
-        the broker is away, and the pass stops there (the rows stay pending for the next one) instead of waiting for
-        the producer's retries."""
+        """Publish every decision still pending; stop at the first publish over `timeout` (the broker is away)."""
         older_than = time.time() - self.after_s if older_than is None else older_than
         timeout = SWEEP_PUBLISH_TIMEOUT_S if timeout is None else timeout
         count = 0
@@ -194,9 +170,7 @@ class Outbox:
 
 
 class Bounded:
-    """The sweeper's publishes, each bounded by SWEEP_PUBLISH_TIMEOUT_S. The first that does not get through means the
-    broker is away: `reachable` turns false, and the rest of the sweep only records (ends stay pending in the ledger;
-    the outbox publishes them once the broker is back), so a sweep never waits on Kafka's retries."""
+    """The sweeper's publishes, each bounded: after one fails, `reachable` turns false and the sweep only records."""
 
     def __init__(self, timeout: float | None = None) -> None:
         self.timeout, self.reachable = SWEEP_PUBLISH_TIMEOUT_S if timeout is None else timeout, True

@@ -17,9 +17,8 @@ class Price:
     cache_read: float
 
 
-# List prices (USD per million tokens: input, output, 5-minute cache write, cache read) by model family, the same on
-# the Anthropic API and at the platforms' global endpoints; a platform's regional endpoint or a negotiated rate is
-# ROUNDTRIP_PRICES's to say. The longest family a model id starts with (once normalized: `family`) is its price.
+# list prices by model family, the same at the platforms' global endpoints (a regional or negotiated rate is
+# ROUNDTRIP_PRICES's to say); the longest family a model id starts with is its price
 LIST_PRICES = {
     "claude-opus-4-5": Price(5.0, 25.0, 6.25, 0.50),
     "claude-opus-4-6": Price(5.0, 25.0, 6.25, 0.50),
@@ -29,7 +28,6 @@ LIST_PRICES = {
     "claude-haiku-4-5": Price(1.0, 5.0, 1.25, 0.10),
     "claude-3-5-haiku": Price(0.80, 4.0, 1.0, 0.08),
 }
-# per ROUNDTRIP_MODEL_PROVIDER (services/_model/providers.py): its models' prices, by family
 PROVIDER_PRICES: dict[str, dict[str, Price]] = {
     "anthropic": LIST_PRICES,
     "bedrock": LIST_PRICES,
@@ -47,8 +45,6 @@ def family(model: str) -> str:
 
 class PriceTable:
     def __init__(self, prices: dict[str, Price], provider: str = "anthropic") -> None:
-        """`prices`: ROUNDTRIP_PRICES (its 'default' for models no table names); `provider`: whose list prices apply to
-        the models `prices` does not name."""
         if "default" not in prices:
             raise ValueError("the price table needs a 'default' entry")
         self._prices = prices
@@ -75,8 +71,7 @@ class PriceTable:
         ) / 1_000_000
 
     def price(self, model: str) -> Price:
-        """ROUNDTRIP_PRICES's entry for the model (by its id or its family), else the provider's list price of its
-        family, else ROUNDTRIP_PRICES's default."""
+        """ROUNDTRIP_PRICES's entry (by id or family), else the provider's list price, else the configured default."""
         names = (model, family(model))
         configured = [(k, v) for k, v in self._prices.items() if k != "default"]
         for name in names:

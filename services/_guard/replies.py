@@ -1,10 +1,6 @@
-"""The polite words the fleet says when it, not the model, ends a turn.
+"""The polite words the fleet says when it, not the model, ends a turn: POLITE, unless the agent words them its own way.
 
-POLITE holds the defaults; an agent words any of them its own way (`Agent.replies`, by outcome): `Replies.of` them is
-what the guard's parts say (built once, at the guard's bootstrap, and handed to them). A turn that ends early after it
-changed something says so instead (`acted`, worded by _guard/side_effects.py): the agent's template for that
-outcome (`Agent.acted_replies`, outcome -> text with `{done}`; the key "default" for any outcome it does not name),
-else ACTED with the outcome's reason (STOPPED).
+A turn that ends early after it changed something says so instead (`acted`): the apology would be false there.
 """
 
 from __future__ import annotations
@@ -69,7 +65,7 @@ POLITE = {
     ),
 }
 
-# Why a turn stopped, said when it had already changed something (acted): the apology above would be false there
+# why a turn stopped, said when it had already changed something
 STOPPED = {
     Outcome.MAX_TOKENS: "my answer was cut off",
     Outcome.STOP_SEQUENCE: "my answer was cut off",
@@ -97,15 +93,12 @@ ACTED = (
 
 @dataclass(frozen=True)
 class Replies:
-    """The words of one agent: its own for an outcome where it has them, the defaults (POLITE, ACTED) otherwise."""
-
     own: Mapping[Outcome, str] = field(default_factory=dict, hash=False)
     own_acted: Mapping[str, str] = field(default_factory=dict, hash=False)  # outcome value or "default" -> template
 
     @classmethod
     def of(cls, texts: Mapping[str, str], acted: Mapping[str, str] | None = None) -> Replies:
-        """From the agent's `replies` (Outcome value -> text) and `acted_replies` (Outcome value or "default" ->
-        a template naming `{done}`)."""
+        """From the agent's `replies` and `acted_replies` (outcome or "default" -> text with `{done}`)."""
         return cls({Outcome(outcome): text for outcome, text in texts.items()}, dict(acted or {}))
 
     def polite(self, outcome: Outcome) -> str:
@@ -120,4 +113,4 @@ class Replies:
         return ACTED.format(why=STOPPED.get(outcome, "something went wrong"), done=said)
 
 
-DEFAULT = Replies()  # no agent's own words: POLITE and ACTED as they are
+DEFAULT = Replies()

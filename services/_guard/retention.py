@@ -1,21 +1,9 @@
-"""Retention of ended turns: deleted, with their approvals and side-effect records, ROUNDTRIP_LEDGER_RETENTION_S after
-their end, so the table every start, claim and advance touches stays the size of its window.
+"""Retention of ended turns: deleted with their approvals ROUNDTRIP_LEDGER_RETENTION_S after their end.
 
-* **Bounded batches, oldest first, by an index** (`ix_turns_ended_at`, migration ledger_0005): each batch is one
-  short transaction that selects at most BATCH ended turns past the retention and deletes them and their approvals.
-  On PostgreSQL the selection takes its rows `FOR UPDATE SKIP LOCKED`, so a batch never waits for a row the hot path
-  holds (nor two guard replicas for each other); the hot path's rows are live turns, which no batch touches. Between
-  batches the task yields for PAUSE_S; at most MAX_BATCHES per pass, a pass every sweep interval, so a backlog (the
-  first pass on an old ledger) is worked off at a bounded pace instead of in one long statement.
-* **SQLite**: the same batches. A deleted row's pages go to the file's free list and the next inserts reuse them, so
-  at a steady rate the file stays at the size of the retention window; the WAL is truncated to JOURNAL_LIMIT_BYTES
-  after its checkpoints (services/_kernel/storage/database.py), so it does not keep the size of its largest burst.
-* **Dedupe outlives it.** A request delivered again from the requests topic is recognised by its turn row; once the
-  row is gone it would start a second turn. So the retention must be longer than the topic's `retention.ms`: the
-  guard refuses to start when it is not (`check_outlasts`), and says so when it cannot read the topic's setting.
-* **Its size is shown**: `roundtrip turns` prints the ledger's rows and its oldest ended turn; the guard sets
-  `roundtrip_ledger_rows` and `roundtrip_ledger_oldest_ended_seconds` every SIZE_EVERY_S and counts
-  `roundtrip_ledger_deleted_total`.
+Short batches, oldest first by `ix_turns_ended_at`, a bounded number a pass, so a backlog never becomes one long
+statement; on PostgreSQL `FOR UPDATE SKIP LOCKED`, so a batch never waits for a row the hot path holds. Dedupe relies
+on the turn row: the retention must outlast the requests topic's `retention.ms`, or the guard refuses to start
+(`check_outlasts`). The design and its figures: docs/faults.md, "Retention of ended turns".
 """
 
 from __future__ import annotations
@@ -40,7 +28,7 @@ log = logging.getLogger("roundtrip.guard")
 
 BATCH = 500  # turns per delete transaction (well inside SQLite's limit of bound parameters)
 PAUSE_S = 0.02  # between two batches: the hot path's statements go first
-MAX_BATCHES = 10  # per pass: up to 5,000 turns every sweep interval (4,000 turns/s at 1.25 s), several passes a backlog
+MAX_BATCHES = 10  # per pass
 SIZE_EVERY_S = 60.0
 
 _OLDEST = select(func.min(turns.c.ended_at))
@@ -49,7 +37,6 @@ _ESTIMATE = text("SELECT reltuples::bigint FROM pg_class WHERE relname = 'turns'
 
 
 def _among_ids(column: Any, postgres: bool) -> Any:
-    """`column` is one of the batch's ids, bound as `b_ids`."""
     if postgres:
         return column == any_(bindparam("b_ids", type_=ARRAY(String)))
     return column.in_(bindparam("b_ids", expanding=True))
@@ -61,7 +48,7 @@ class RetentionTooShort(ConfigurationError):
 
 @dataclass
 class LedgerSize:
-    rows: int  # PostgreSQL: the planner's estimate (exact after VACUUM/ANALYZE); SQLite: counted
+    rows: int  # PostgreSQL: the planner's estimate; SQLite: counted
     oldest_ended_at: float | None
     estimated: bool = False
 
@@ -87,14 +74,12 @@ class Retention:
             .limit(batch)
         )
         self._doomed = doomed.with_for_update(skip_locked=True) if self._postgres else doomed
-        # the batch's ids as one array on PostgreSQL (`= ANY($1)`): an IN list of n placeholders is new SQL for each
-        # n, and asyncpg prepares (and keeps, on every pooled connection) a statement per SQL text, which the soak
-        # showed as the guard's memory growing with every batch of another size
+        # one array on PostgreSQL (`= ANY($1)`): asyncpg keeps a prepared statement per SQL text and connection,
+        # and an IN list of n placeholders is new SQL for each n
         self._delete_approvals = delete(approvals).where(_among_ids(approvals.c.turn_id, self._postgres))
         self._delete_turns = delete(turns).where(_among_ids(turns.c.turn_id, self._postgres), turns.c.status == ENDED)
 
     async def sweep(self, now: float | None = None) -> int:
-        """One pass: delete the turns ended before now - retention, in batches, at most max_batches; how many."""
         before = (now or time.time()) - self.retention_s
         deleted = 0
         for n in range(self.max_batches):
@@ -116,7 +101,7 @@ class Retention:
         return cast(int, conn.execute(self._delete_turns, {"b_ids": list(ids)}).rowcount)
 
     async def size(self) -> LedgerSize:
-        """The ledger's rows and its oldest ended turn (cheap: an estimate and an index's first entry on PostgreSQL)."""
+        """The ledger's rows and its oldest ended turn (on PostgreSQL an estimate: counting millions is a load)."""
 
         def read(conn: Any) -> LedgerSize:
             oldest = conn.execute(_OLDEST).scalar_one()
@@ -135,8 +120,7 @@ class Retention:
 
 
 async def run(retention: Retention, interval_s: float) -> None:
-    """A pass every interval_s and the ledger's size every SIZE_EVERY_S, for ever (cancel to stop); a pass that fails
-    (the database away) is retried at the next tick, said once per outage."""
+    """A pass every interval_s and the ledger's size every SIZE_EVERY_S, for ever; a failed pass waits for the next."""
     measured_at, away = -SIZE_EVERY_S, False
     while True:
         try:
@@ -156,7 +140,7 @@ async def run(retention: Retention, interval_s: float) -> None:
 
 
 async def requests_retention_ms(settings: Settings) -> int | None:
-    """The requests topic's retention.ms as the broker says it (-1: for ever); None when it cannot be read."""
+    """The requests topic's retention.ms (-1: for ever); None when it cannot be read."""
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
     from aiokafka.errors import KafkaConnectionError
 
@@ -174,7 +158,7 @@ async def requests_retention_ms(settings: Settings) -> int | None:
                 if entry[0] == "retention.ms" and entry[1] is not None:
                     return int(entry[1])
         return None
-    except KafkaConnectionError as exc:  # no broker: the service's own start says so, in one line
+    except KafkaConnectionError as exc:  # the service's own start says so, in one line
         log.debug("cannot read retention.ms of %s: %s", name, exc)
         return None
     except Exception as exc:  # noqa: BLE001 - not allowed (ACLs) or not there: the guard says so and goes on

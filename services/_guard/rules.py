@@ -1,8 +1,7 @@
 """The guard's decision for one iteration: continue the loop, finish, or drop the turn.
 
-Pure functions of the iteration event (which carries the whole transcript) and the
-policy: the history of calls, their fingerprints and whether they failed are read back
-from the transcript's tool_use / tool_result blocks, so the rules need no other state.
+Pure functions of the iteration event and the policy: the history of calls is read back from the transcript the event
+carries, so the rules need no other state.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ class Policy:
     cycle_repeats: int = 2
     failure_streak: int = 4
     budget_usd: float = 0.50
-    replies: Replies = field(default=DEFAULT, compare=False)  # what the customer reads when a rule ends the turn
+    replies: Replies = field(default=DEFAULT, compare=False)
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ def text_of(event: ModelResponded) -> str:
 
 
 def results_of(messages: list[dict[str, Any]]) -> dict[str, tuple[bool, str]]:
-    """tool_use id -> (whether its tool_result is an error, the result's text), for every result in the transcript."""
+    """tool_use id -> (whether its tool_result is an error, the result's text)."""
     results: dict[str, tuple[bool, str]] = {}
     for message in messages:
         if message.get("role") == "user" and isinstance(message.get("content"), list):
@@ -132,9 +131,8 @@ def _streak(past: list[PastCall]) -> list[PastCall]:
 def loop_check(event: ModelResponded, policy: Policy) -> Finish | dict[str, str]:
     """Finish for a runaway turn; otherwise the calls to block (first repeats of failed calls)."""
     say = policy.replies.polite
-    past = history(
-        event.messages[event.turn.history_messages :]
-    )  # this turn's calls, not the conversation's earlier turns
+    # this turn's calls, not the conversation's earlier turns
+    past = history(event.messages[event.turn.history_messages :])
     period = _cycle(past, event.tool_calls, policy)
     if period:
         return Finish(
@@ -175,7 +173,7 @@ def loop_check(event: ModelResponded, policy: Policy) -> Finish | dict[str, str]
 def decide(
     event: ModelResponded, policy: Policy, cost_usd: float = 0.0, next_call_usd: float = 0.0
 ) -> Continue | Finish:
-    say = policy.replies.polite  # the agent's words where it has them
+    say = policy.replies.polite
     if event.error:
         outcome = Outcome.MODEL_BUSY if event.busy else Outcome.MODEL_ERROR
         return Finish(outcome, say(outcome), event.error)

@@ -1,15 +1,9 @@
 """Turn start and conversation order (turn.starts): every turn starts here, once.
 
-Conversations (services/_guard/conversations.py): a turn starts only for the customer who owns
-its conversation (anyone else gets a refusal and sees nothing), only once the conversation's
-previous turn has ended (a second request waits for it: the starts consumer holds it, other
-conversations go on), and with the conversation's history at the head of its transcript. When
-a turn ends, its exchange is stored before the end is recorded (services/_guard/loop.py), so the
-next turn sees it.
-
-The start is recorded with its first decision (the first CallModel, or the refusal) in one
-conditional insert: a duplicate request is recognised and dropped, and a start recorded but
-maybe not published is published again.
+A turn starts only for the customer who owns its conversation (anyone else gets a refusal and sees nothing), only
+once the conversation's previous turn has ended, and with the conversation's history at the head of its transcript.
+The start is recorded with its first decision in one conditional insert: a duplicate request is dropped, and a start
+recorded but maybe not published is published again.
 """
 
 from __future__ import annotations
@@ -38,21 +32,18 @@ security = logging.getLogger("roundtrip.security")
 class ConversationOrder:
     """Turns of one conversation run one after another: a start waits while another turn of its conversation is live.
 
-    `ended(conversation_id)` wakes the starts waiting on that conversation at once (the outbox calls it when this
-    replica publishes an end); a turn ended by another replica is seen by polling the ledger every `poll_s`."""
+    `ended` wakes them at once for an end this replica publishes; another replica's is seen by polling the ledger."""
 
     def __init__(self, ledger: Ledger, give_up_after_s: float, poll_s: float = 0.5) -> None:
         self.ledger, self.give_up_after_s, self.poll_s = ledger, give_up_after_s, poll_s
-        self._ended: dict[str, asyncio.Event] = {}  # conversation id -> set when this replica ends one of its turns
+        self._ended: dict[str, asyncio.Event] = {}
 
     def ended(self, conversation_id: str) -> None:
         if (event := self._ended.get(conversation_id)) is not None:
-            event.set()  # a start of the same conversation waits for this
+            event.set()
 
     async def wait_for_earlier_turns(self, turn: Turn) -> float:
-        """Block this start until no other turn of its conversation is live. Woken at once when this replica ends
-        that turn, else it looks again every poll_s; gives up (and starts anyway) past give_up_after_s, longer than
-        a turn can live. Returns the seconds waited."""
+        """Wait until no other turn of its conversation is live (at most give_up_after_s); the seconds waited."""
         started = time.monotonic()
         give_up = started + self.give_up_after_s
         conversation = turn.conversation_id
@@ -77,7 +68,7 @@ class ConversationOrder:
                     live[0].turn_id,
                 )
                 break
-            with contextlib.suppress(TimeoutError):  # no word of its end: look at the ledger again
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ended.wait(), self.poll_s)
             self._ended.pop(conversation, None)
         self._ended.pop(conversation, None)
@@ -92,17 +83,15 @@ class Starts:
     ledger: Ledger
     outbox: Outbox
     order: ConversationOrder
-    turn_deadline_s: float = 300.0  # a turn whose request names no deadline gets this one
-    conversations: Conversations | None = None  # None: every request stands alone (no conversation store)
+    turn_deadline_s: float = 300.0
+    conversations: Conversations | None = None  # None: every request stands alone
     steps: StepClock = field(default_factory=StepClock)
-    agent_digest: str | None = None  # recorded with each turn it starts (Agent.digest)
-    replies: Replies = DEFAULT  # the agent's words for a refused conversation
+    agent_digest: str | None = None
+    replies: Replies = DEFAULT
 
     async def on_start(self, command: StartTurn) -> str:
-        """A new turn in two round trips of the database where its conversation is new or idle: the ledger's read
-        (the turn itself: a duplicate? the conversation's turns not ended) beside the conversation's claim, then
-        the turn recorded beside its exchange opened. The history is read only when the conversation has some or a
-        turn of it ran; a start that waits for the conversation's running turn reads it after that turn's end."""
+        """A new turn: the ledger's read beside the conversation's claim, then the turn recorded beside its exchange
+        opened. A start that waits for the conversation's running turn reads the history after that turn's end."""
         turn = command.turn
         # a duplicate's claim changes nothing: it touches its own conversation, or finds someone else's
         (row, running), claim = await asyncio.gather(
@@ -116,11 +105,10 @@ class Starts:
                 return await self._refuse(command)
             if running:  # it stores its exchange before its end: the history is read after that
                 await self.order.wait_for_earlier_turns(turn)
-            if self.conversations is not None and (claim.stored_turns or running):  # a claim comes from them
+            if self.conversations is not None and (claim.stored_turns or running):
                 history = await self.conversations.history(turn.conversation_id)
         now = time.time()
         changes: dict[str, float | int | str] = {"history_messages": len(history)}
-        # every service handling the turn compares it with its own (services/_kernel/observability/agent_digest.py)
         if self.agent_digest:
             changes["agent_digest"] = self.agent_digest
         if not turn.deadline_at:  # the turn's deadline travels with it: the gate signs it into every approval
@@ -148,7 +136,6 @@ class Starts:
         return await self._started_before(row, command) if row is not None else "duplicate"
 
     async def _claim(self, turn: Turn) -> Claim | None:
-        """The conversation's owner and stored turns; None without a conversation store."""
         return (
             None
             if self.conversations is None
@@ -156,7 +143,6 @@ class Starts:
         )
 
     async def _open(self, command: StartTurn) -> None:
-        """The turn's exchange in its conversation (idempotent): it becomes history when the turn ends."""
         if self.conversations is not None:
             await self.conversations.open_turn(command.turn.conversation_id, command.turn.turn_id, command.text)
 

@@ -1,14 +1,7 @@
-"""The sweeper: a timer (not a busy loop) over the ledger for the turns nothing moves any more.
+"""The sweeper: a timer over the ledger for the turns nothing moves any more.
 
-Each sweep flags turns idle past stuck_after_s (TurnFlagged on turn.events), ends those stuck past
-their grace or past their deadline, finishes the ends that waited for a running step, expires the
-approvals nobody decided in time, and republishes decisions left unpublished (the outbox). Every
-change is conditional on the row as read, with the current time, so a turn that moved meanwhile
-is left alone.
-
-The sweeper never waits on Kafka: every publish of a sweep is bounded (services/_guard/outbox.py's
-`Bounded`); once one does not get through, the rest of the sweep only records, and the outbox
-publishes the ends once the broker is back.
+Every change is conditional on the row as read, with the current time, so a turn that moved meanwhile is left alone.
+Every publish of a sweep is bounded (`Bounded`): the sweeper never waits on Kafka.
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ from roundtrip._kernel.wire.events import Outcome, Turn, TurnFlagged
 log = logging.getLogger("roundtrip.guard")
 
 Flag = Callable[[TurnFlagged, str], Awaitable[None]]  # (the stuck flag, conversation id): publishes on turn.events
-RETENTION_EVERY_S = 60.0  # conversations idle past their retention are deleted this often
+RETENTION_EVERY_S = 60.0
 
 
 @dataclass
@@ -45,14 +38,12 @@ class Sweeper:
     turn_deadline_s: float = 300.0
 
     async def sweep(self, flag: Flag, now: float | None = None) -> tuple[int, int]:
-        """Flag turns idle past stuck_after_s; end those past their grace or their deadline; finish deferred ends;
-        republish decisions left unpublished. Every change is conditional on the row as read, with the current time.
-        Returns (turns flagged, turns ended)."""
+        """Flag idle turns, end overdue ones, finish deferred ends, expire approvals, republish; (flagged, ended)."""
         now = now or time.time()
         idle, expired, ending = await self.ledger.overdue(
             now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s
         )
-        announced = Bounded()  # every publish of this sweep, bounded: the sweep never waits on Kafka
+        announced = Bounded()
         flagged = 0
         for row in idle:
             flagged += await self._flag(row, now, flag, announced)
@@ -67,7 +58,7 @@ class Sweeper:
         return flagged, ended
 
     async def _flag(self, row: TurnRow, now: float, flag: Flag, announced: Bounded) -> bool:
-        """Flag an idle turn stuck (once per stall: conditional on the step read) and announce it."""
+        """Flag an idle turn stuck, once per stall (conditional on the step read)."""
         at = max(now, time.time())  # never a stale timestamp: it would shorten the grace
         if not await self.ledger.flag_stuck(row.turn_id, at, self.stuck_after_s, step=row.step):
             return False
@@ -107,8 +98,7 @@ class Sweeper:
         )
 
     async def finish_ending(self, row: TurnRow, announced: Bounded | None = None) -> bool:
-        """An end that waited for a running step: record it and publish it once the lease is gone (when the broker is
-        away, the ledger keeps it pending and the outbox publishes it later)."""
+        """An end that waited for a running step: record it and publish it once the lease is gone."""
         announced = announced or Bounded()
         if not await self.ledger.finish_ending(row.turn_id, time.time()):
             return False
@@ -123,8 +113,7 @@ class Sweeper:
 
 
 async def run(sweeper: Sweeper, flag: Flag, interval_s: float, conversations: Conversations | None = None) -> None:
-    """Sweep every interval_s, for ever (cancel the task to stop it); every RETENTION_EVERY_S, delete the conversations
-    idle past their retention. A failed sweep (a database hiccup) is logged and retried at the next tick."""
+    """Sweep every interval_s, for ever, and expire conversations every RETENTION_EVERY_S; a failed sweep is retried."""
     expired_at, away_since, away = 0.0, None, ""
     while True:
         await asyncio.sleep(interval_s)
