@@ -19,7 +19,7 @@ The manual is docs/agent/index.md ("Your own agent"); `roundtrip agent check` li
 `roundtrip agent init NAME` writes a working one. Every other module is private (an underscore in its path).
 """
 
-from roundtrip._sdk.agent import Agent, AgentError, always, approval_rule, load_agent
+from roundtrip._sdk.agent import Agent, AgentError, FleetSettings, always, approval_rule, load_agent
 from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.functions import Entity, FunctionTool, tool
 from roundtrip._sdk.mcp import McpServer
@@ -34,6 +34,7 @@ __all__ = [
     "ClientCredentials",
     "Dependencies",
     "Entity",
+    "FleetSettings",
     "FunctionTool",
     "McpServer",
     "SchemaFolder",

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from roundtrip._kernel.settings import ConfigurationError, describe_invalid
+from roundtrip._kernel.settings import ConfigurationError, ModelSettings, describe_invalid
 from roundtrip._kernel.settings.checks import env_name_in
 from roundtrip._sdk.context import Dependencies
 from roundtrip._sdk.functions import FunctionTool, function_tool
@@ -51,7 +51,22 @@ DEFAULT_AGENT = "roundtrip._shop.agent:AGENT"  # the demo agent, when ROUNDTRIP_
 RENAMED = {"services.shop.agent:AGENT": DEFAULT_AGENT}
 ENTRY_POINT_GROUP = "roundtrip.agents"
 AGENT_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
-Factory = Callable[[Any, Any], Any]  # (the fleet's Settings, the agent's own settings) -> a client
+
+
+class FleetSettings(Protocol):
+    """What a dependency factory reads of the fleet's settings (ROUNDTRIP_STATE_DIR, ...)."""
+
+    @property
+    def state_dir(self) -> Path: ...
+
+    @property
+    def listen_host(self) -> str: ...
+
+    @property
+    def tool_timeout_s(self) -> float: ...
+
+
+Factory = Callable[[FleetSettings, Any], Any]  # (the fleet's settings, the agent's own settings) -> a client
 
 
 class AgentError(ConfigurationError):
@@ -194,7 +209,7 @@ class Agent:
             seen["mcp"] = [[s.name, s.named, {t: dict(a) for t, a in s.entities.items()}] for s in servers]
         return hashlib.sha256(json.dumps(seen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
-    def model_for(self, settings: Any) -> str:
+    def model_for(self, settings: ModelSettings) -> str:
         """The model the fleet calls: ROUNDTRIP_MODEL when set, else the agent's default, else the fleet's."""
         return settings.model if self.model is None or "model" in settings.model_fields_set else self.model
 
@@ -209,7 +224,7 @@ class Agent:
             for rule in self.approvals.values()
         )
 
-    def open_dependencies(self, fleet_settings: Any) -> Dependencies:
+    def open_dependencies(self, fleet_settings: FleetSettings) -> Dependencies:
         """The agent's clients, each made once (close them with `aclose()` at shutdown)."""
         clients: dict[str, Any] = {}
         for name, factory in self.dependencies.items():

@@ -1,27 +1,17 @@
 """Test an agent as the fleet runs it, in this process, with a scripted model: no Kafka, no API key, milliseconds.
 
-    from roundtrip.testing import ScriptedModel, call, run_turn
+    from roundtrip.testing import ScriptedModel, FunctionModel, call, run_turn
 
     def test_the_customer_closes_their_own_ticket():
         model = ScriptedModel([call("close_ticket", ticket_id="T-1"), "Ticket T-1 is closed."])
         result = run_turn(AGENT, "cus_1", "Please close T-1", model=model)
         assert result.outcome == "end_turn" and result.calls[0].ok
 
-The turn goes through the fleet's own code, in this process: the model service's handler, the guard's
-rules, the gate (schema validation, existence and ownership through the agent's resolvers, policies, approval
-rules) and the executor (the agent's handlers, with its dependencies, or the ones the test passes as `deps`).
-The agent's dependencies are made as the fleet makes them, once per process: the gate (its resolvers and policies)
-and the executor (its handlers) each get their own instance, so state one keeps in memory is not the other's.
-
-A model answers each model call with one response: a str (the answer, stop_reason end_turn), `call(tool, **input)`
-(one tool call), a list of them (one response with all of them: parallel calls), or `reply(..., stop_reason=...)`.
-- `ScriptedModel([...])`: the responses in order (a turn that asks for one more fails the test, saying so).
-- `FunctionModel(fn)`: `fn(messages, info)` returns the response, given the transcript so far and a ModelInfo
-  (step, the tools as the model sees them, the system prompt): a model that reads the tool results.
-Both keep the transcripts they were sent (`requests`).
-
-`Settings` is the fleet's settings a turn runs with (`settings=`; by default the environment's): e.g.
-`Settings(state_dir=tmp_path)`, the state folder the agent's dependencies may keep their files in.
+The turn goes through the fleet's own code: the model service's handler, the guard's rules, the gate and the
+executor. A model answers each model call with one response: a str (the answer), `call(tool, **input)`, a list of
+them (parallel calls) or `reply(..., stop_reason=...)`. `ScriptedModel([...])` plays them in order (one too many
+fails the test); `FunctionModel(fn)` computes each, `fn(messages, info)`, from the transcript so far and a
+ModelInfo. Both keep the transcripts they were sent (`requests`).
 """
 
 from __future__ import annotations
@@ -31,6 +21,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -49,7 +40,6 @@ __all__ = [
     "Reply",
     "ScriptExhausted",
     "ScriptedModel",
-    "Settings",
     "ToolRun",
     "TurnResult",
     "arun_turn",
@@ -267,7 +257,7 @@ async def arun_turn(
     model: _Model,
     *,
     deps: Mapping[str, Any] | None = None,
-    settings: Settings | None = None,
+    state_dir: Path | None = None,
     approve: bool | Callable[[ApprovalRequested], bool] | None = None,
     persona: str | None = None,
 ) -> TurnResult:
@@ -278,7 +268,7 @@ async def arun_turn(
     database, a service), as in the fleet. `approve`: True/False decides every held call, a function decides each;
     None leaves the turn AWAITING_APPROVAL at the first."""
     agent = (load_agent(agent) if isinstance(agent, str) else agent).check()
-    settings = settings or Settings(_env_file=None)
+    settings = Settings(_env_file=None) if state_dir is None else Settings(_env_file=None, state_dir=state_dir)
     decide = approve if callable(approve) or approve is None else (lambda _: bool(approve))
     started = time.perf_counter()
     if deps is not None:
@@ -314,7 +304,7 @@ def run_turn(
     model: _Model,
     *,
     deps: Mapping[str, Any] | None = None,
-    settings: Settings | None = None,
+    state_dir: Path | None = None,
     approve: bool | Callable[[ApprovalRequested], bool] | None = None,
     persona: str | None = None,
 ) -> TurnResult:
@@ -323,6 +313,6 @@ def run_turn(
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(
-            arun_turn(agent, customer_id, text, model, deps=deps, settings=settings, approve=approve, persona=persona)
+            arun_turn(agent, customer_id, text, model, deps=deps, state_dir=state_dir, approve=approve, persona=persona)
         )
     raise RuntimeError("run_turn was called inside a running event loop: use `await arun_turn(...)` there")
