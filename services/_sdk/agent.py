@@ -83,32 +83,33 @@ def always(reason: str) -> ApprovalRule:
 
 @dataclass(frozen=True, eq=False)
 class Agent:
+    """An agent, declared once; the manual's "What an agent declares" (docs/agent/index.md) describes each field."""
+
     name: str
     system_prompt: str
-    tools_dir: Path | str | None = None  # JSON Schema tool documents: SchemaFolder(tools_dir, handlers)
+    tools_dir: Path | str | None = None
     handlers: Mapping[str, Handler] = field(default_factory=dict)
     tools: Sequence[ToolSource | Callable[..., Any]] = ()  # any mix of SchemaFolder, @tool functions, McpServer
     policies: Mapping[str, Policy] = field(default_factory=dict)
     entities: Mapping[str, EntityResolver] = field(default_factory=dict)  # x-entity kind -> resolver
     approvals: Mapping[str, ApprovalRule] = field(default_factory=dict)
     serial: frozenset[str] = frozenset()
-    settings: Callable[[], Any] | None = None  # the agent's own settings, read once; approval rules get them
+    settings: Callable[[], Any] | None = None  # the agent's own settings, read once
     dependencies: Mapping[str, Factory] = field(default_factory=dict)
-    replies: Mapping[str, str] = field(default_factory=dict)  # Outcome value -> what the customer reads
-    messages: Mapping[str, str] = field(default_factory=dict)  # GATE_MESSAGES key -> what the model reads
-    acted_replies: Mapping[str, str] = field(default_factory=dict)  # after a side effect: outcome -> "...{done}..."
-    example_ask: str = ""  # the `roundtrip up` banner's example request, asked as example_customer
+    replies: Mapping[str, str] = field(default_factory=dict)
+    messages: Mapping[str, str] = field(default_factory=dict)
+    acted_replies: Mapping[str, str] = field(default_factory=dict)
+    example_ask: str = ""
     example_customer: str = ""
-    example_script: Sequence[Any] = ()  # the simulator's script of the model's answers to example_ask (no API key)
-    model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
+    example_script: Sequence[Any] = ()
+    model: str | None = None
     mcp_servers: Sequence[McpServer] = ()
     # (tool, input, result text) -> what a side effect did, e.g. "I cancelled order ord_1"; None: "<tool> succeeded"
     describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
-    progress: Mapping[str, str] = field(default_factory=dict)  # tool -> what support.status says while it runs
+    progress: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def sources(self) -> tuple[ToolSource, ...]:
-        """Where its tools come from: its tools_dir, its tools (a plain function made a FunctionTool), mcp_servers."""
         folder = [SchemaFolder(self.tools_dir, self.handlers)] if self.tools_dir is not None else []
         given = [t if isinstance(t, ToolSource) else function_tool(t) for t in self.tools]
         return (*folder, *given, *self.mcp_servers)
@@ -138,7 +139,6 @@ class Agent:
 
     @property
     def mounted(self) -> frozenset[str]:
-        """The tools its MCP servers are declared to bring once a process lists them."""
         return frozenset(name for source in self.sources for name in source.declared() - set(source.specs()))
 
     @property
@@ -184,18 +184,15 @@ class Agent:
         return settings.model if self.model is None or "model" in settings.model_fields_set else self.model
 
     def message(self, key: str, **fields: Any) -> str:
-        """A refusal of the gate, as this agent words it."""
         return gate_message(key, self.messages, **fields)
 
     def holds_calls(self) -> bool:
-        """Some approval rule can hold a call with these settings, so people's decisions and their keys matter."""
         return any(
             (can_hold := getattr(rule, "can_hold", None)) is None or can_hold(self.own_settings)
             for rule in self.approvals.values()
         )
 
     def open_dependencies(self, fleet_settings: FleetSettings) -> Dependencies:
-        """The agent's clients, each made once (close them with `aclose()` at shutdown)."""
         clients: dict[str, Any] = {}
         for name, factory in self.dependencies.items():
             try:
@@ -216,7 +213,6 @@ class Agent:
         return found
 
     def check(self) -> Agent:
-        """Raise AgentError naming every problem (one line); else return the agent."""
         if problems := self.problems():
             raise AgentError(f"agent {self.name!r}: " + "; ".join(problems), problems)
         return self
@@ -263,7 +259,7 @@ def _mcp(agent: Agent) -> list[str]:
         try:
             url = server.url_for(agent.own_settings)
         except AgentError:
-            continue  # the agent's own settings do not load: _own_settings says so
+            continue
         except Exception as exc:  # noqa: BLE001 - the author's function failed: one line
             problems.append(f"the URL of MCP server {server.name} could not be read: {type(exc).__name__}: {exc}")
             continue
@@ -350,7 +346,6 @@ def _where(exc: BaseException, module_name: str) -> str:
 
 
 def _home(package: str) -> Path | None:
-    """The folder of a top-level package (the file of a module), found without importing it."""
     try:
         found = importlib.util.find_spec(package)
     except Exception:  # noqa: BLE001 - not findable: no home to prefer
@@ -378,5 +373,4 @@ def load_agent(spec: str | None = None, check: bool = True) -> Agent:
 
 @lru_cache(maxsize=8)
 def current_agent(spec: str | None = None) -> Agent:
-    """The agent of this process, loaded and checked once per spec."""
     return load_agent(spec)

@@ -50,9 +50,9 @@ class FunctionTool(ToolSource):
     fn: Callable[..., Any]
     name: str
     description: str
-    model: type[BaseModel] | None = None  # the input's model (None: it could not be made, see faults)
+    model: type[BaseModel] | None = None
     ctx_param: str | None = None
-    as_model: str | None = None  # the one parameter the whole input is given to, as its pydantic model
+    as_model: str | None = None
     schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
     faults: list[str] = field(default_factory=list)
 
@@ -60,7 +60,6 @@ class FunctionTool(ToolSource):
         return {"name": self.name, "description": self.description, "input_schema": self.schema}
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        """The handler: the input given to the function as it declares it."""
         assert self.model is not None
         value = self.model.model_validate(args)
         kwargs: dict[str, Any] = (
@@ -93,7 +92,7 @@ class FunctionTool(ToolSource):
         return self._checked[1]
 
     def handlers(self) -> Mapping[str, Handler]:
-        return {name: self for name in self.specs()}  # the function is its own handler
+        return {name: self for name in self.specs()}
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
         return await self(args, ctx)
@@ -108,7 +107,6 @@ def _is_context(name: str, annotation: Any) -> bool:
 
 
 def function_tool(fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> FunctionTool:
-    """The tool `fn` declares (its problems collected, never raised)."""
     name = name or str(getattr(fn, "__name__", repr(fn)))
     made = FunctionTool(fn=fn, name=name, description=description or inspect.getdoc(fn) or "")
     if not inspect.iscoroutinefunction(fn):

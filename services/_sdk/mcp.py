@@ -34,7 +34,7 @@ log = logging.getLogger("roundtrip.mcp")
 SERVER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
 FIRST_RETRY_S = 0.5
 MAX_PAGES = 100  # a paginated listing that never ends cannot hold a process
-Connect = Callable[[str], Any]  # url -> an async context manager with list_tools/call_tool (mcp.Client)
+Connect = Callable[[str], Any]
 REFUSING = (401, 403)
 
 
@@ -50,8 +50,8 @@ class McpServer(ToolSource):
     url: str | Callable[[Any], str] | None = None
     tools: Collection[str] | Literal["all"] = ()
     entities: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    timeout_s: float = 10.0  # one listing attempt
-    retry_max_s: float = 30.0  # the longest wait between two listing attempts
+    timeout_s: float = 10.0  # of one listing attempt
+    retry_max_s: float = 30.0
     auth: McpAuth | None = None
 
     @property
@@ -73,7 +73,6 @@ class McpServer(ToolSource):
 
     @property
     def named(self) -> list[str] | str:
-        """The `tools` it names, sorted, or "all" (for the agent's digest)."""
         return "all" if self.takes_all else sorted(self.tools or ())
 
     def declared(self) -> frozenset[str]:
@@ -81,13 +80,12 @@ class McpServer(ToolSource):
         return frozenset(listed) | frozenset(self.entities)
 
     def specs(self) -> Mapping[str, ToolSpec]:
-        return {}  # known once a process has listed them (its McpMount)
+        return {}
 
     def bind(self, own_settings: Any) -> McpMount:
         return McpMount(self, self.url_for(own_settings) or "", own_settings=own_settings)
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
-        """One call over a connection of its own (`bind` first for a URL from the agent's settings)."""
         return await self.bind(None).call(name, args, ctx)
 
     def url_for(self, own_settings: Any) -> str | None:
@@ -96,7 +94,6 @@ class McpServer(ToolSource):
         return self.url or os.environ.get(self.env_var) or None
 
     def problems(self, kinds: Collection[str]) -> list[str]:
-        """What does not fit in this declaration, given the agent's entity kinds (the server is not asked)."""
         found = []
         if not isinstance(self.name, str) or not SERVER_NAME.match(self.name):
             found.append(f"MCP server name {self.name!r} must match {SERVER_NAME.pattern}")
@@ -143,7 +140,6 @@ def shown(url: str) -> str:
 
 
 def _object_schemas(schema: Any, path: str = "#") -> list[tuple[str, dict[str, Any]]]:
-    """Every (path, subschema) that describes an object, to close each."""
     found: list[tuple[str, dict[str, Any]]] = []
     if isinstance(schema, list):
         for i, sub in enumerate(schema):
@@ -204,7 +200,6 @@ def strict_copy(server: McpServer, tool: Any) -> dict[str, Any]:
 
 
 def result_of(name: str, result: Any) -> dict[str, Any]:
-    """A CallToolResult as the handler's return value (ToolError for `isError`)."""
     texts = [
         getattr(block, "text", None) or f"[{getattr(block, 'type', 'content')} omitted]" for block in result.content
     ]
@@ -223,18 +218,16 @@ def result_of(name: str, result: Any) -> dict[str, Any]:
 
 
 class McpMount(ToolSource):
-    """One MCP server in one process: its listing (retried until it answers), the tools of it that fit, its calls."""
-
     def __init__(self, server: McpServer, url: str, connect: Connect | None = None, own_settings: Any = None) -> None:
         self.server, self.url, self._connect = server, url, connect
-        self._own_settings = own_settings  # a credential may be one of them
+        self._own_settings = own_settings
         self.label = server.label
-        self.listed: dict[str, Any] | None = None  # tool name -> the server's Tool, once listed
+        self.listed: dict[str, Any] | None = None
         self.last_error: str | None = None
         self.refusing: str | None = None
-        self._provider: Any = None  # ClientCredentials' OAuth provider: it keeps the token
+        self._provider: Any = None
         self._fit: dict[str, ToolSpec] = {}
-        self._refused: dict[str, str] = {}  # tool -> why it does not fit
+        self._refused: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -252,8 +245,7 @@ class McpMount(ToolSource):
 
     @asynccontextmanager
     async def connection(self, answers: list[int]) -> AsyncIterator[Any]:
-        """A client over a connection of its own; `answers` gets the HTTP status of each answer of the MCP endpoint
-        itself (not of the OAuth requests)."""
+        """A client over a connection of its own; `answers` gets the status of each answer of the MCP endpoint."""
         if self._connect is not None:
             async with self._connect(self.url) as client:
                 yield client

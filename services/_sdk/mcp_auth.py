@@ -1,9 +1,7 @@
 """The credentials an agent gives an MCP server: `McpServer(name, ..., auth=BearerToken(...) | ClientCredentials(...))`.
 
-`ClientCredentials` is OAuth 2.1 client credentials as the MCP authorization spec has them, done by the `mcp`
-package's own provider, one per server and process. A secret is read when a connection needs it, not when the agent
-is declared, so a rotated secret file is taken without a restart. The objects hold where a secret is, never the
-secret: their repr, the logs, the spans and `roundtrip config` can only name its `source` ("env BILLING_MCP_TOKEN").
+A secret is read when a connection needs it (a rotated secret file is taken without a restart). The objects hold
+where a secret is, never the secret: their repr, the logs and spans can only name its `source` ("env BILLING_TOKEN").
 """
 
 from __future__ import annotations
@@ -44,7 +42,6 @@ def _place_problems(what: str, env: str | None, file: str | Path | None, setting
 
 
 def _read(env: str | None, file: str | Path | None, setting: str | None, own_settings: Any) -> str:
-    """The secret, stripped; CredentialError when it is not there."""
     if env:
         value = os.environ.get(env, "").strip()
         if not value:
@@ -183,8 +180,6 @@ def _provider(credentials: ClientCredentials, url: str, secret: str) -> httpx2.A
 
 
 class _InMemory:
-    """The provider's token storage: this process only, a token is never written anywhere."""
-
     def __init__(self) -> None:
         self.tokens: Any = None
         self.client_info: Any = None

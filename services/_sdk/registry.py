@@ -1,9 +1,7 @@
 """The tool registry: an agent's tool documents bound to its handlers, policies, resolvers and approval rules.
 
-A document is exactly what the model sees ({"name", "description", "input_schema"}), strict JSON Schema 2020-12;
-schemas/tool.json says what one must be, and each violation is one problem naming its JSON path. What that schema
-cannot say is checked here: where an `x-entity` may be, the file's name, and the bindings by tool name. Tools from
-Python functions and MCP servers become the same documents and pass the same checks.
+A document is what the model sees, checked against schemas/tool.json (one problem per violation, by JSON path); what
+that cannot say (where an `x-entity` may be, the file's name, the bindings) is checked here.
 """
 
 from __future__ import annotations
@@ -51,12 +49,10 @@ class ToolSpec:
     entity_refs: dict[str, str] = field(default_factory=dict)  # top-level field -> entity kind
 
     def api_tool(self) -> dict[str, Any]:
-        """This tool as an element of the Messages API `tools` array (no `x-` keywords)."""
         return {"name": self.name, "description": self.description, "input_schema": strip_extensions(self.input_schema)}
 
 
 def strip_extensions(schema: Any, top: bool = True) -> Any:
-    """A copy of a JSON Schema without custom `x-` keywords (and without `$schema`)."""
     if isinstance(schema, list):
         return [strip_extensions(s, top=False) for s in schema]
     if not isinstance(schema, dict):
@@ -79,7 +75,6 @@ TOOL_DOCUMENT = Path(roundtrip.schemas.__file__).parent / "tool.json"
 
 @functools.cache
 def tool_document_validator() -> Draft202012Validator:
-    """schemas/tool.json, compiled once, with format checks (a `pattern` must be a regular expression)."""
     schema = json.loads(TOOL_DOCUMENT.read_text(encoding="utf-8"))
     return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
 
@@ -114,7 +109,6 @@ def _sentence(error: ValidationError, doc: Any) -> str:
 
 
 def _local(root: dict[str, Any], ref: str) -> Any:
-    """The subschema of tool.json a `$ref` names (None outside it: the 2020-12 meta-schema)."""
     if not ref.startswith("#/"):
         return None
     node: Any = root
@@ -147,7 +141,6 @@ def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None
 
 
 def check_tool_document(doc: Any, source: str = "<tool>") -> ToolSpec:
-    """Validate one tool document and build its ToolSpec (RegistryError naming every problem when it is not fit)."""
     spec, problems = document_problems(doc, source)
     if problems or spec is None:
         raise RegistryError("; ".join(problems), problems)
@@ -205,7 +198,6 @@ class Registry:
             raise RegistryError("tool registry does not fit together: " + "; ".join(problems), problems)
 
     def mount(self, spec: ToolSpec, handler: Handler) -> None:
-        """Add a tool listed at run time by an MCP server (RegistryError when its name is taken)."""
         if spec.name in self.specs:
             raise RegistryError(f"tool {spec.name} is already declared")
         self.specs[spec.name] = spec
@@ -228,7 +220,6 @@ class Registry:
         return self._handlers[name]
 
     def policy(self, name: str) -> Policy:
-        """The policy of a tool: `allow` for one that declares none (KeyError for an unknown tool)."""
         if name not in self.specs:
             raise KeyError(name)
         return self._policies.get(name, allow)
@@ -261,7 +252,6 @@ class Registry:
 
 
 def collect_specs(schemas_dir: Path) -> tuple[dict[str, ToolSpec], list[str]]:
-    """The readable tool documents of a folder, and every problem of all of them."""
     specs: dict[str, ToolSpec] = {}
     problems: list[str] = []
     files = sorted(Path(schemas_dir).glob("*.json"))

@@ -1,9 +1,7 @@
-"""Tool sources: the one protocol every place an agent's tools come from implements.
+"""Tool sources (`SchemaFolder`, a `@tool` function, `McpServer`): the one protocol every place of tools implements.
 
-A `ToolSource` offers tools (`specs()`), calls one (`call(name, input, ctx)`), and is started and closed with the
-process that runs them. The kinds: `SchemaFolder` (JSON Schema documents bound to handlers), a `@tool` function, and
-`McpServer` (the tools an MCP server lists at start). `Toolbox` is an agent's sources in one process: it mounts the
-tools a source lists later into the registry as they come, and until then `unavailable(name)` says why.
+`Toolbox` is an agent's sources in one process: it mounts the tools a source lists later into the registry as they
+come, and until then `unavailable(name)` says why one cannot be called.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from roundtrip._sdk.registry import Handler, Registry, RegistryError, ToolSpec, 
 
 log = logging.getLogger("roundtrip.tools")
 
-OnListed = Callable[["ToolSource"], None]  # called by a source whose tools come later, once they have
+OnListed = Callable[["ToolSource"], None]
 
 
 class ToolSource(ABC):
@@ -38,7 +36,6 @@ class ToolSource(ABC):
         """Run one of its tools on an input the gate approved (ToolError: an `is_error` result the model reads)."""
 
     def problems(self, kinds: Collection[str]) -> list[str]:
-        """What keeps its tools from being tools, given the entity kinds the agent resolves."""
         return []
 
     def declared(self) -> frozenset[str]:
@@ -55,21 +52,18 @@ class ToolSource(ABC):
         return handle
 
     def bind(self, own_settings: Any) -> ToolSource:
-        """The source as one process runs it, given the agent's own settings (a local source: itself)."""
         return self
 
     async def start(self, on_listed: OnListed) -> None:  # noqa: B027 - an optional hook: a local source has none
         """Open what it needs (a local source: nothing); a source whose tools come later calls `on_listed(self)`."""
 
     async def check(self, on_listed: OnListed) -> list[str]:
-        """Ask it once, without retrying, what it offers: what does not answer or fit."""
         return []
 
     async def close(self) -> None:  # noqa: B027 - an optional hook: a local source has none
         """Close what `start` opened."""
 
     def refusals(self) -> Mapping[str, str]:
-        """The tools it lists that do not fit (not mounted), each with why."""
         return {}
 
     def unavailable(self, name: str) -> str | None:
@@ -98,7 +92,7 @@ class SchemaFolder(ToolSource):
         return self._read[1]
 
     def handlers(self) -> Mapping[str, Handler]:
-        return self._handlers  # as given: the agent's check names what does not pair up
+        return self._handlers
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
         if name not in self._handlers:
@@ -114,7 +108,7 @@ class Toolbox:
 
     def __init__(self, sources: list[ToolSource], registry: Registry) -> None:
         self.sources, self.registry = sources, registry
-        self.refused: dict[str, str] = {}  # tool -> why it is not mounted
+        self.refused: dict[str, str] = {}
         self.api_tools: list[dict[str, Any]] = registry.api_tools(cache=True)  # updated in place: the model holds it
         self._mounted: set[str] = set()
 
@@ -122,7 +116,6 @@ class Toolbox:
         return next((source for source in self.sources if name in source.declared()), None)
 
     def mount_listed(self, source: ToolSource) -> None:
-        """Mount what a source offers now; a tool whose name is taken is refused."""
         self.refused.update(source.refusals())
         for name, spec in sorted(source.specs().items()):
             if name in self._mounted:
@@ -141,7 +134,6 @@ class Toolbox:
         await asyncio.gather(*(source.start(self.mount_listed) for source in self.sources))
 
     async def problems(self) -> list[str]:
-        """Ask every source once what it offers; what does not fit, one line each."""
         found = [problem for source in self.sources for problem in await source.check(self.mount_listed)]
         return found + [f"MCP tool {name} not mounted: {why}" for name, why in sorted(self.refused.items())]
 
@@ -149,7 +141,6 @@ class Toolbox:
         await asyncio.gather(*(source.close() for source in self.sources))
 
     def run_with(self, app: Any) -> None:
-        """Start the sources with a service and close them after it."""
         app.on_startup(self.start)
         app.after_shutdown(self.aclose)
 
@@ -161,7 +152,6 @@ class Toolbox:
         await self.aclose()
 
     def unavailable(self, name: str) -> str | None:
-        """Why a tool cannot be called now (None: it can, or no source declares it)."""
         if name in self.refused:
             return f"Tool {name} is not available: its schema does not fit this agent. Do without it."
         source = self.owner(name)

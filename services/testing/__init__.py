@@ -7,11 +7,8 @@
         result = run_turn(AGENT, "cus_1", "Please close T-1", model=model)
         assert result.outcome == "end_turn" and result.calls[0].ok
 
-The turn goes through the fleet's own code: the model service's handler, the guard's rules, the gate and the
-executor. A model answers each model call with one response: a str (the answer), `call(tool, **input)`, a list of
-them (parallel calls) or `reply(..., stop_reason=...)`. `ScriptedModel([...])` plays them in order (one too many
-fails the test); `FunctionModel(fn)` computes each, `fn(messages, info)`, from the transcript so far and a
-ModelInfo. Both keep the transcripts they were sent (`requests`).
+A model answers each call with a str (the answer), `call(tool, **input)`, a list of them (parallel calls) or
+`reply(...)`: `ScriptedModel([...])` in order, `FunctionModel(fn)` from `fn(messages, info)`, each keeping `requests`.
 """
 
 from __future__ import annotations
@@ -51,8 +48,6 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Call:
-    """One tool call of a response."""
-
     tool: str
     input: dict[str, Any]
 
@@ -69,7 +64,7 @@ Response = str | Call | Sequence[str | Call] | Reply
 
 
 def call(tool: str, input: Mapping[str, Any] | None = None, /, **fields: Any) -> Call:
-    """A call of `tool` with this input: `call("lookup_order", order_id="ord_1")` or `call("t", {"from": "x"})`."""
+    """A call of `tool`: `call("lookup_order", order_id="ord_1")`, or `call("t", {"from": "x"})` for any key."""
     return Call(tool, {**(input or {}), **fields})
 
 
@@ -85,7 +80,7 @@ class ScriptExhausted(AssertionError):
 @dataclass(frozen=True)
 class ModelInfo:
     step: int  # 1 for the turn's first model call
-    tools: list[dict[str, Any]]  # as the Messages API gets them
+    tools: list[dict[str, Any]]
     system: str
 
 
@@ -121,9 +116,6 @@ def _message(response: Response, step: int, model: str) -> anthropic.types.Messa
 
 
 class _Model:
-    """A model of the model port (roundtrip._model.port.Model) whose answers come from `respond`: what the in-process
-    loop calls, as the model service calls the SDK-backed client."""
-
     model = "scripted"
 
     def __init__(self) -> None:
@@ -203,7 +195,6 @@ class ToolRun:
 
     @property
     def result(self) -> Any:
-        """The handler's result, as JSON (or the text, when it is not JSON)."""
         try:
             return json.loads(self.content)
         except ValueError:
@@ -215,7 +206,7 @@ class TurnResult:
     outcome: str  # the guard's outcome (end_turn, repeated_call, step_limit, ...) or AWAITING_APPROVAL
     text: str  # what the customer reads
     transcript: list[dict[str, Any]]  # every message of the turn, the last response included
-    steps: int  # model calls
+    steps: int
     seconds: float
     detail: str = ""
     held: ApprovalRequested | None = None
@@ -233,7 +224,6 @@ class TurnResult:
 
     @property
     def calls(self) -> list[ToolRun]:
-        """Every tool call in order, with its result."""
         results = {b["tool_use_id"]: b for b in self.tool_results}
         uses = [
             b for m in self.transcript if m["role"] == "assistant" for b in m["content"] if b.get("type") == "tool_use"
@@ -261,11 +251,9 @@ async def arun_turn(
     approve: bool | Callable[[ApprovalRequested], bool] | None = None,
     persona: str | None = None,
 ) -> TurnResult:
-    """One turn of `agent` (an Agent or its import string) for `customer_id`. `deps`: the clients its handlers,
-    resolvers and policies get, one set shared by all; else the agent's own are made as the fleet makes them, once
-    per process: one instance of each for the gate (resolvers, policies) and another for the executor (handlers),
-    closed after. So a policy that reads state a handler changed sees it only through a backend the two share (a
-    database, a service), as in the fleet. `approve`: True/False decides every held call, a function decides each;
+    """One turn of `agent` (an Agent or its import string) for `customer_id`. `deps`: clients shared by all its
+    parts; else its own are made as the fleet makes them, one instance for the gate and one for the executor.
+    `state_dir`: the fleet's state folder. `approve`: True/False decides every held call, a function decides each,
     None leaves the turn AWAITING_APPROVAL at the first."""
     agent = (load_agent(agent) if isinstance(agent, str) else agent).check()
     settings = Settings(_env_file=None) if state_dir is None else Settings(_env_file=None, state_dir=state_dir)
@@ -277,7 +265,7 @@ async def arun_turn(
         gate_clients = agent.open_dependencies(settings)
         executor_clients = agent.open_dependencies(settings)
     try:
-        async with agent.toolbox:  # its tool sources, started as a service starts them (an MCP server lists its tools)
+        async with agent.toolbox:
             model.bind(agent)
             fleet = InProcess(agent, model, executor_clients, settings, gate_deps=gate_clients)
             ended: Ended = await fleet.turn(text, customer_id, persona, approve=decide)
