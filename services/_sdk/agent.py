@@ -32,7 +32,7 @@ from roundtrip._sdk.sources import SchemaFolder, Toolbox, ToolSource
 from roundtrip._sdk.texts import gate_message, text_problems
 
 DEFAULT_AGENT = "roundtrip._shop.agent:AGENT"
-RENAMED = {"services.shop.agent:AGENT": DEFAULT_AGENT}
+RENAMED = {"services.shop.agent:AGENT": DEFAULT_AGENT}  # the demo agent's former import string, still honoured
 ENTRY_POINT_GROUP = "roundtrip.agents"
 AGENT_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
 

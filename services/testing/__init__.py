@@ -253,8 +253,9 @@ async def arun_turn(
 ) -> TurnResult:
     """One turn of `agent` (an Agent or its import string) for `customer_id`. `deps`: clients shared by all its
     parts; else its own are made as the fleet makes them, one instance for the gate and one for the executor.
-    `state_dir`: the fleet's state folder. `approve`: True/False decides every held call, a function decides each,
-    None leaves the turn AWAITING_APPROVAL at the first."""
+    `state_dir`: the fleet's state folder, where its dependencies may keep files (default: ROUNDTRIP_STATE_DIR).
+    `approve`: True/False decides every held call, a function decides each, None leaves the turn AWAITING_APPROVAL.
+    The other fleet settings are the environment's (ROUNDTRIP_*)."""
     agent = (load_agent(agent) if isinstance(agent, str) else agent).check()
     settings = Settings(_env_file=None) if state_dir is None else Settings(_env_file=None, state_dir=state_dir)
     decide = approve if callable(approve) or approve is None else (lambda _: bool(approve))
