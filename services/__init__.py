@@ -3,16 +3,13 @@
     from roundtrip import Agent, tool, Entity, ToolContext, ToolError, McpServer, always, approval_rule
     from roundtrip.testing import ScriptedModel, FunctionModel, call, run_turn
 
-- `Agent(...)`: your agent, declared once; the fleet loads it from `ROUNDTRIP_AGENT=package.module:attribute` or an
-  entry point in the group `roundtrip.agents` (`load_agent(spec)` finds one as the fleet does).
-- Its tools come from any mix of tool sources: a `SchemaFolder` of JSON Schema documents, Python functions (`@tool`,
-  an entity id marked `Annotated[str, Entity("kind")]`) and MCP servers (`McpServer`, with `BearerToken` or
-  `ClientCredentials`). Handlers, resolvers and policies get a `ToolContext` and raise `ToolError` for a result the
-  model reads as an error; `always(reason)` and `@approval_rule(can_hold=...)` hold calls for a person.
-- `roundtrip.testing` runs a turn of your agent in-process through the fleet's own code, with a scripted model.
-
-The manual is docs/agent/index.md; `roundtrip agent init NAME` writes a working agent, `roundtrip agent check` lists
-every problem of one. Every other module is private (an underscore in its path).
+`Agent(...)` is your agent, declared once, loaded from `ROUNDTRIP_AGENT=package.module:attribute` or an entry point in
+the group `roundtrip.agents`. Its tools come from any mix of tool sources: a `SchemaFolder` of JSON Schema documents,
+Python functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`) and MCP servers (`McpServer`). Its
+handlers, resolvers and policies get a `ToolContext` and raise `ToolError` for a result the model reads as an error;
+`always(reason)` and `@approval_rule(can_hold=...)` hold calls for a person. `roundtrip.testing` runs a turn of it
+in-process through the fleet's own code, with a scripted model. The manual is docs/agent/index.md; `roundtrip agent
+init NAME` writes a working agent. Every other module is private (an underscore in its path).
 """
 
 from roundtrip._sdk.agent import Agent, AgentError, FleetSettings, always, approval_rule, load_agent

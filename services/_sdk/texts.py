@@ -34,7 +34,7 @@ GATE_MESSAGES = {
         "one. Make this call again, on its own, once that one is decided."
     ),
 }
-GATE_FIELDS = {  # the fields each template may name
+GATE_FIELDS = {
     "unknown_tool": ("tool", "tools"),
     "unknown_tool_close": ("tool", "close", "tools"),
     "invalid_input": ("tool", "problems"),

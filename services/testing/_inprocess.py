@@ -99,7 +99,6 @@ class InProcess:
         approve: Approve | None = None,
         observe: Callable[[ModelResponded], None] | None = None,
     ) -> Ended:
-        """Run one turn to its end; `observe` sees each model response."""
         command: CallModel | ApprovalRequested = CallModel(
             turn=self.new_turn(customer_id, persona), step=0, messages=[{"role": "user", "content": text}]
         )
