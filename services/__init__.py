@@ -3,23 +3,16 @@
     from roundtrip import Agent, tool, Entity, ToolContext, ToolError, McpServer, always, approval_rule
     from roundtrip.testing import ScriptedModel, FunctionModel, call, run_turn
 
-- `Agent(...)`: your agent, declared once (its prompt, tools, entity resolvers, policies, approval rules, the
-  clients its handlers need); the fleet loads it from `ROUNDTRIP_AGENT=package.module:attribute` or an entry point
-  in the group `roundtrip.agents`. `load_agent(spec)` finds one as the fleet does; `AgentError` names every problem.
-- Tools come from tool sources, any mix in `Agent(tools=[...])`: JSON Schema documents in a
-  `SchemaFolder(path, handlers=...)` (or the agent's `tools_dir`) (each must satisfy `roundtrip.schemas`' tool.json),
-  Python functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`; `FunctionTool` is what `@tool`
-  makes), or an MCP server's tools (`McpServer`; its credentials: `BearerToken`, `ClientCredentials`).
-- Handlers, resolvers and policies get a `ToolContext` (the principal, `ctx.deps`: the agent's `Dependencies`) and
-  raise `ToolError` for a result the model reads as an error; `allow` is the policy of a tool that declares none.
-- `always(reason)` and `@approval_rule(can_hold=...)`: calls a person approves first.
-- `roundtrip.testing` runs a turn of your agent in-process through the fleet's own code, with a scripted model.
-
-The manual is docs/agent/index.md ("Your own agent"); `roundtrip agent check` lists every problem of an agent and
-`roundtrip agent init NAME` writes a working one. Every other module is private (an underscore in its path).
+`Agent(...)` is your agent, declared once, loaded from `ROUNDTRIP_AGENT=package.module:attribute` or an entry point in
+the group `roundtrip.agents`. Its tools come from any mix of tool sources: a `SchemaFolder` of JSON Schema documents,
+Python functions (`@tool`, an entity id marked `Annotated[str, Entity("kind")]`) and MCP servers (`McpServer`). Its
+handlers, resolvers and policies get a `ToolContext` and raise `ToolError` for a result the model reads as an error;
+`always(reason)` and `@approval_rule(can_hold=...)` hold calls for a person. `roundtrip.testing` runs a turn of it
+in-process through the fleet's own code, with a scripted model. The manual is docs/agent/index.md; `roundtrip agent
+init NAME` writes a working agent. Every other module is private (an underscore in its path).
 """
 
-from roundtrip._sdk.agent import Agent, AgentError, always, approval_rule, load_agent
+from roundtrip._sdk.agent import Agent, AgentError, FleetSettings, always, approval_rule, load_agent
 from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.functions import Entity, FunctionTool, tool
 from roundtrip._sdk.mcp import McpServer
@@ -34,6 +27,7 @@ __all__ = [
     "ClientCredentials",
     "Dependencies",
     "Entity",
+    "FleetSettings",
     "FunctionTool",
     "McpServer",
     "SchemaFolder",

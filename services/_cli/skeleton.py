@@ -264,54 +264,47 @@ Each test has its own state folder (tmp_path), so its own tickets file; the gate
 own instance of the backend, as the fleet's processes do.
 """
 
-import pytest
-
-from roundtrip.testing import ScriptedModel, Settings, call, run_turn
+from roundtrip.testing import ScriptedModel, call, run_turn
 from ${package}.agent import AGENT
 from ${package}.backend import Tickets
 
 
-@pytest.fixture
-def settings(tmp_path):
-    return Settings(_env_file=None, state_dir=tmp_path)
-
-
-def statuses(settings):
-    return Tickets(settings.state_dir / "${package}.db").statuses()
+def statuses(state_dir):
+    return Tickets(state_dir / "${package}.db").statuses()
 
 
 def test_the_agent_fits_together():
     assert AGENT.problems() == []
 
 
-def test_a_customer_closes_their_own_open_ticket(settings):
+def test_a_customer_closes_their_own_open_ticket(tmp_path):
     model = ScriptedModel([call("close_ticket", ticket_id="T-1001", note="fixed by the update"), "T-1001 is closed."])
-    result = run_turn(AGENT, "cus_1", "Please close T-1001, the update fixed it", model=model, settings=settings)
+    result = run_turn(AGENT, "cus_1", "Please close T-1001, the update fixed it", model=model, state_dir=tmp_path)
     assert result.outcome == "end_turn" and result.text == "T-1001 is closed."
     assert result.calls[0].ok and result.calls[0].result["status"] == "closed"
-    assert statuses(settings)["T-1001"] == "closed"
+    assert statuses(tmp_path)["T-1001"] == "closed"
 
 
-def test_another_customers_ticket_and_an_invented_one_never_reach_the_backend(settings):
+def test_another_customers_ticket_and_an_invented_one_never_reach_the_backend(tmp_path):
     model = ScriptedModel([[call("close_ticket", ticket_id="T-2001"), call("get_ticket", ticket_id="T-9999")],
                            "I could not find those tickets."])
-    result = run_turn(AGENT, "cus_1", "Close T-2001 and show T-9999", model=model, settings=settings)
+    result = run_turn(AGENT, "cus_1", "Close T-2001 and show T-9999", model=model, state_dir=tmp_path)
     assert [c.is_error for c in result.calls] == [True, True]
     assert all("was not found" in c.content for c in result.calls)
-    assert statuses(settings)["T-2001"] == "open"
+    assert statuses(tmp_path)["T-2001"] == "open"
 
 
-def test_the_policy_refuses_a_closed_ticket(settings):
+def test_the_policy_refuses_a_closed_ticket(tmp_path):
     model = ScriptedModel([call("close_ticket", ticket_id="T-1002"), "T-1002 was already closed."])
-    result = run_turn(AGENT, "cus_1", "Close T-1002", model=model, settings=settings)
+    result = run_turn(AGENT, "cus_1", "Close T-1002", model=model, state_dir=tmp_path)
     assert result.calls[0].is_error and "already closed" in result.calls[0].content
 
 
-def test_the_policy_sees_what_a_handler_changed_earlier_in_the_turn(settings):
+def test_the_policy_sees_what_a_handler_changed_earlier_in_the_turn(tmp_path):
     """The policy runs in the gate's process, the handler in the executor's: the second close is refused only when
     both see one backend (with one in memory it would go through, in the fleet and in run_turn alike)."""
     model = ScriptedModel([call("close_ticket", ticket_id="T-1001"), call("close_ticket", ticket_id="T-1001"), "Done."])
-    result = run_turn(AGENT, "cus_1", "Close T-1001. And close T-1001.", model=model, settings=settings)
+    result = run_turn(AGENT, "cus_1", "Close T-1001. And close T-1001.", model=model, state_dir=tmp_path)
     first, second = result.calls
     assert first.ok and second.is_error and "already closed" in second.content
 '''

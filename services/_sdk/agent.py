@@ -1,24 +1,9 @@
-"""An agent: everything a deployment's agent is, declared once, loaded once per process by every service.
+"""An agent: everything a deployment's agent is, declared once and loaded once per process by every service.
 
-An `Agent` names its system prompt, its tools (`tools`: any mix of tool sources, services/_sdk/sources.py: folders
-of JSON Schema documents, `x-entity` included, as `SchemaFolder(path, handlers)`; Python functions, `@tool`:
-services/_sdk/functions.py; MCP servers, `McpServer`: services/_sdk/mcp.py; `tools_dir` + `handlers` and
-`mcp_servers` are shorthands for the first and the last), the policies, entity resolvers, approval rules and
-serial declarations bound to them by tool name, its own settings (a zero-argument factory, e.g. a pydantic-settings
-class, read once), the clients it needs (`dependencies`: name -> `factory(fleet_settings, own_settings)`, opened once
-per process, closed at shutdown, handed to handlers, resolvers and policies as `ctx.deps`), and the customer-facing
-texts of the guard's polite replies (`replies`, by outcome) and of the gate's generic errors (`messages`), and the words
-for what a side effect did (`describe_action`), said when a turn ends early after one.
-
-`load_agent(spec)` finds it: `package.module:attribute` (an Agent, or a zero-argument factory returning one), a
-name in the entry-point group `roundtrip.agents`, or, unset, the demo shop's support agent. Anything that does
-not fit together raises AgentError (a ConfigurationError: `roundtrip run` prints one line and exits 1), which
-names every problem the checks of CHECKS found (`Agent.problems()`; `roundtrip agent check` lists them).
-`current_agent(spec)` is the per-process cached one the services use; `agent.toolbox` is its tool sources in that
-process (started with a service and closed after it: `toolbox.run_with(app)`).
-
-The digest (`Agent.digest`) is a hash of what the model sees of the agent (system prompt and tools): two
-processes with the same digest run the same agent.
+`load_agent(spec)` finds it: `package.module:attribute` (an Agent, or a zero-argument factory returning one), a name
+in the entry-point group `roundtrip.agents`, or, unset, the demo shop's support agent. What does not fit together
+raises AgentError naming every problem the checks of CHECKS found. `Agent.digest` hashes what the model sees of the
+agent (system prompt and tools): two processes with the same digest run the same agent.
 """
 
 from __future__ import annotations
@@ -33,11 +18,11 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from roundtrip._kernel.settings import ConfigurationError, describe_invalid
+from roundtrip._kernel.settings import ConfigurationError, ModelSettings, describe_invalid
 from roundtrip._kernel.settings.checks import env_name_in
 from roundtrip._sdk.context import Dependencies
 from roundtrip._sdk.functions import FunctionTool, function_tool
@@ -46,12 +31,26 @@ from roundtrip._sdk.registry import ApprovalRule, EntityResolver, Handler, Polic
 from roundtrip._sdk.sources import SchemaFolder, Toolbox, ToolSource
 from roundtrip._sdk.texts import gate_message, text_problems
 
-DEFAULT_AGENT = "roundtrip._shop.agent:AGENT"  # the demo agent, when ROUNDTRIP_AGENT is unset
-# What ROUNDTRIP_AGENT said before the package was `roundtrip` (its modules were `services.*`), still honoured
-RENAMED = {"services.shop.agent:AGENT": DEFAULT_AGENT}
+DEFAULT_AGENT = "roundtrip._shop.agent:AGENT"
+RENAMED = {"services.shop.agent:AGENT": DEFAULT_AGENT}  # the demo agent's former import string, still honoured
 ENTRY_POINT_GROUP = "roundtrip.agents"
 AGENT_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{0,63}$")
-Factory = Callable[[Any, Any], Any]  # (the fleet's Settings, the agent's own settings) -> a client
+
+
+class FleetSettings(Protocol):
+    """What a dependency factory reads of the fleet's settings (`ROUNDTRIP_STATE_DIR`, ...)."""
+
+    @property
+    def state_dir(self) -> Path: ...
+
+    @property
+    def listen_host(self) -> str: ...
+
+    @property
+    def tool_timeout_s(self) -> float: ...
+
+
+Factory = Callable[[FleetSettings, Any], Any]  # (the fleet's settings, the agent's own settings) -> a client
 
 
 class AgentError(ConfigurationError):
@@ -63,8 +62,8 @@ class AgentError(ConfigurationError):
 
 
 def approval_rule(can_hold: Callable[[Any], bool]) -> Callable[[ApprovalRule], ApprovalRule]:
-    """Declare when a rule can hold a call at all, given the agent's own settings (e.g. only once a threshold is
-    set). A rule without this declaration can always hold one: the fleet then treats approvals as configured."""
+    """Declare when a rule can hold a call at all, given the agent's own settings (e.g. once a threshold is set).
+    A rule without it can always hold one: the fleet then treats approvals as configured."""
 
     def mark(rule: ApprovalRule) -> ApprovalRule:
         rule.can_hold = can_hold  # type: ignore[attr-defined]
@@ -84,52 +83,42 @@ def always(reason: str) -> ApprovalRule:
 
 @dataclass(frozen=True, eq=False)
 class Agent:
+    """An agent, declared once; the manual's "What an agent declares" (docs/agent/index.md) describes each field."""
+
     name: str
     system_prompt: str
-    # JSON Schema tool documents, one file a tool: SchemaFolder(tools_dir, handlers)
     tools_dir: Path | str | None = None
-    handlers: Mapping[str, Handler] = field(default_factory=dict)  # of the tools_dir's tools, by name
-    # tool sources, any mix (services/_sdk/sources.py): SchemaFolder, @tool functions (or plain async ones), McpServer
-    tools: Sequence[ToolSource | Callable[..., Any]] = ()
+    handlers: Mapping[str, Handler] = field(default_factory=dict)
+    tools: Sequence[ToolSource | Callable[..., Any]] = ()  # any mix of SchemaFolder, @tool functions, McpServer
     policies: Mapping[str, Policy] = field(default_factory=dict)
     entities: Mapping[str, EntityResolver] = field(default_factory=dict)  # x-entity kind -> resolver
     approvals: Mapping[str, ApprovalRule] = field(default_factory=dict)
     serial: frozenset[str] = frozenset()
-    settings: Callable[[], Any] | None = None  # the agent's own settings, read once; approval rules get them
+    settings: Callable[[], Any] | None = None  # the agent's own settings, read once
     dependencies: Mapping[str, Factory] = field(default_factory=dict)
-    replies: Mapping[str, str] = field(default_factory=dict)  # Outcome value -> what the customer reads
-    messages: Mapping[str, str] = field(default_factory=dict)  # GATE_MESSAGES key -> what the model reads
-    # a turn that ends early after a side effect: outcome value (or "default") -> a template naming {done}
+    replies: Mapping[str, str] = field(default_factory=dict)
+    messages: Mapping[str, str] = field(default_factory=dict)
     acted_replies: Mapping[str, str] = field(default_factory=dict)
-    # the `roundtrip up` banner's example: a request of this agent's customers and the customer id to try it as
     example_ask: str = ""
     example_customer: str = ""
-    # the model's responses to example_ask in the simulator's script format (services/_simulator/scripted.py): with no
-    # API key the banner's example asks with persona script:example, and `roundtrip ask` hands the simulator this script
     example_script: Sequence[Any] = ()
-    model: str | None = None  # the model, unless ROUNDTRIP_MODEL says otherwise
-    mcp_servers: Sequence[McpServer] = ()  # MCP servers whose tools it mounts (services/_sdk/mcp.py), as tools= does
-    # what a successful side effect (a serial tool's call) did, as the customer reads it when the turn then ends early:
-    # (tool, input, result text) -> e.g. "I cancelled order ord_1"; None (or returning None): "<tool> succeeded" with
-    # the ids of the entities it named
+    model: str | None = None
+    mcp_servers: Sequence[McpServer] = ()
+    # (tool, input, result text) -> what a side effect did, e.g. "I cancelled order ord_1"; None: "<tool> succeeded"
     describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
-    # what the customer reads on support.status while a tool runs (name -> "Looking up your order"); default: nothing
     progress: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def sources(self) -> tuple[ToolSource, ...]:
-        """Where its tools come from: its tools_dir (bound to handlers), each of tools (a plain function made a
-        FunctionTool), each of mcp_servers (services/_sdk/sources.py)."""
         folder = [SchemaFolder(self.tools_dir, self.handlers)] if self.tools_dir is not None else []
         given = [t if isinstance(t, ToolSource) else function_tool(t) for t in self.tools]
         return (*folder, *given, *self.mcp_servers)
 
     @cached_property
     def tool_parts(self) -> tuple[dict[str, ToolSpec], dict[str, Handler], list[str]]:
-        """Every tool its sources offer before any process starts them, with its handler, and every problem of them
-        and of their bindings."""
+        """The tools its sources offer before any process starts them, their handlers, and every problem found."""
         specs: dict[str, ToolSpec] = {}
-        handlers: dict[str, Handler] = {} if self.tools_dir is not None else dict(self.handlers)  # else the folder's
+        handlers: dict[str, Handler] = {} if self.tools_dir is not None else dict(self.handlers)
         problems: list[str] = (
             []
             if self.sources
@@ -150,12 +139,10 @@ class Agent:
 
     @property
     def mounted(self) -> frozenset[str]:
-        """The tools its sources are declared to bring once a process lists them (MCP servers: services/_sdk/mcp.py)."""
         return frozenset(name for source in self.sources for name in source.declared() - set(source.specs()))
 
     @property
     def offered(self) -> frozenset[str]:
-        """Every tool name it offers: its sources' and those its MCP servers are declared to bring."""
         return frozenset(self.tool_parts[0]) | self.mounted
 
     @property
@@ -171,8 +158,7 @@ class Agent:
 
     @cached_property
     def toolbox(self) -> Toolbox:
-        """The agent's tool sources in this process: `toolbox.run_with(app)` starts them with a service (an MCP server
-        lists its tools, in the background while it is down) and closes them after it."""
+        """Its tool sources in this process: `toolbox.run_with(app)` starts them with a service, closes them after."""
         return Toolbox([source.bind(self.own_settings) for source in self.sources], self.registry)
 
     @cached_property
@@ -182,35 +168,31 @@ class Agent:
         try:
             return self.settings()
         except ValidationError as exc:
-            said = describe_invalid(exc, env_name_in(self.settings))  # the variables as its user spells them
+            said = describe_invalid(exc, env_name_in(self.settings))
             raise AgentError(f"agent {self.name}: invalid settings: {said}") from None
 
     @cached_property
     def digest(self) -> str:
-        """sha256 (first 16 hex digits) of the system prompt and the tools as the model sees them."""
         local = [tool for tool in self.registry.api_tools(cache=False) if tool["name"] in self.registry.local]
         seen: dict[str, Any] = {"system": self.system_prompt, "tools": local}
-        if servers := self.mcp_sources:  # what it mounts, not what the servers list (that is known only at run time)
+        if servers := self.mcp_sources:  # what it mounts: what the servers list is known only at run time
             seen["mcp"] = [[s.name, s.named, {t: dict(a) for t, a in s.entities.items()}] for s in servers]
         return hashlib.sha256(json.dumps(seen, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
-    def model_for(self, settings: Any) -> str:
+    def model_for(self, settings: ModelSettings) -> str:
         """The model the fleet calls: ROUNDTRIP_MODEL when set, else the agent's default, else the fleet's."""
         return settings.model if self.model is None or "model" in settings.model_fields_set else self.model
 
     def message(self, key: str, **fields: Any) -> str:
-        """A refusal of the gate, as this agent words it, with its fields filled (GATE_FIELDS)."""
         return gate_message(key, self.messages, **fields)
 
     def holds_calls(self) -> bool:
-        """Some approval rule can hold a call with these settings: people's decisions matter, so do their keys."""
         return any(
             (can_hold := getattr(rule, "can_hold", None)) is None or can_hold(self.own_settings)
             for rule in self.approvals.values()
         )
 
-    def open_dependencies(self, fleet_settings: Any) -> Dependencies:
-        """The agent's clients, each made once (close them with `aclose()` at shutdown)."""
+    def open_dependencies(self, fleet_settings: FleetSettings) -> Dependencies:
         clients: dict[str, Any] = {}
         for name, factory in self.dependencies.items():
             try:
@@ -222,7 +204,6 @@ class Agent:
         return Dependencies(clients)
 
     def problems(self) -> list[str]:
-        """Every problem of this agent, from each check of CHECKS (empty: it fits together)."""
         found: list[str] = []
         for check in CHECKS:
             try:
@@ -232,7 +213,6 @@ class Agent:
         return found
 
     def check(self) -> Agent:
-        """Raise AgentError naming every problem (one line); else return the agent."""
         if problems := self.problems():
             raise AgentError(f"agent {self.name!r}: " + "; ".join(problems), problems)
         return self
@@ -261,14 +241,14 @@ def _tools(agent: Agent) -> list[str]:
 
 def _own_settings(agent: Agent) -> list[str]:
     try:
-        agent.own_settings  # noqa: B018 - reads and checks the agent's own settings
+        agent.own_settings  # noqa: B018 - reading them checks them
     except AgentError as exc:
         return [str(exc).removeprefix(f"agent {agent.name}: ")]
     return []
 
 
 def _mcp(agent: Agent) -> list[str]:
-    servers, problems = agent.mcp_sources, []  # each server's own declaration: _tools (its problems as a source)
+    servers, problems = agent.mcp_sources, []
     names = [server.name for server in servers]
     if twice := sorted({n for n in names if names.count(n) > 1}):
         problems.append(f"MCP servers declared twice: {twice}")
@@ -279,7 +259,7 @@ def _mcp(agent: Agent) -> list[str]:
         try:
             url = server.url_for(agent.own_settings)
         except AgentError:
-            continue  # the agent's own settings do not load: _own_settings says so
+            continue
         except Exception as exc:  # noqa: BLE001 - the author's function failed: one line
             problems.append(f"the URL of MCP server {server.name} could not be read: {type(exc).__name__}: {exc}")
             continue
@@ -293,8 +273,7 @@ def _mcp(agent: Agent) -> list[str]:
     return problems
 
 
-# What `Agent.check` asks, in order: each `(agent) -> [problem, ...]`. A part of the fleet with more to check
-# (e.g. the tools of an MCP server against the agent's annotations) appends its own.
+# What `Agent.check` asks, in order; a part of the fleet with more to check appends its own.
 CHECKS: list[Callable[[Agent], Iterable[str]]] = [
     _identity,
     text_problems,
@@ -320,7 +299,7 @@ def _resolve(spec: str) -> Any:
         raise AgentError(f"ROUNDTRIP_AGENT={spec!r}: expected package.module:attribute")
     try:
         module = importlib.import_module(module_name)
-    except SyntaxError as exc:  # the module's own file or one it imports: say where, as Python would, in one line
+    except SyntaxError as exc:  # in the module or one it imports: where, as Python says it
         raise AgentError(
             f"ROUNDTRIP_AGENT={spec!r}: cannot import {module_name}: SyntaxError: {exc.msg}"
             f"{_at(exc.filename, exc.lineno)}"
@@ -342,7 +321,6 @@ def _resolve(spec: str) -> Any:
 
 
 def _one_line(exc: BaseException, named: bool = True) -> str:
-    """The exception as one line: its type (when `named`) and its message, whitespace and newlines squeezed."""
     message = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {message}" if named else message
 
@@ -352,9 +330,7 @@ def _at(filename: str | None, line: int | None) -> str:
 
 
 def _where(exc: BaseException, module_name: str) -> str:
-    """` (file, line N)` of the line of the agent's own code the exception came from: the deepest frame in the
-    agent's package (or module) file, else the deepest outside the import machinery; "" when there is none (the
-    module itself is not found)."""
+    """` (file, line N)` of the deepest frame in the agent's own package, else outside the import machinery."""
     frames = []
     tb = exc.__traceback__
     while tb is not None:
@@ -370,7 +346,6 @@ def _where(exc: BaseException, module_name: str) -> str:
 
 
 def _home(package: str) -> Path | None:
-    """The folder of a top-level package (the file of a top-level module), found without importing it."""
     try:
         found = importlib.util.find_spec(package)
     except Exception:  # noqa: BLE001 - not findable: no home to prefer
@@ -381,7 +356,7 @@ def _home(package: str) -> Path | None:
 
 
 def load_agent(spec: str | None = None, check: bool = True) -> Agent:
-    """The agent `spec` names (see the module docstring), checked unless `check` is false."""
+    """The agent `spec` names, checked unless `check` is false."""
     spec = (spec or "").strip() or DEFAULT_AGENT
     target = _resolve(spec)
     if not isinstance(target, Agent) and callable(target):
@@ -398,5 +373,4 @@ def load_agent(spec: str | None = None, check: bool = True) -> Agent:
 
 @lru_cache(maxsize=8)
 def current_agent(spec: str | None = None) -> Agent:
-    """The agent of this process (loaded and checked once per spec)."""
     return load_agent(spec)

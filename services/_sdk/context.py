@@ -1,9 +1,8 @@
 """What a tool handler, resolver or policy gets besides the model's input: the principal and the agent's clients.
 
-The principal (`customer_id`) comes from the support request envelope, never from the
-model. `idempotency_key` is derived from the tool_use id by the executor, so a redelivered
-call performs its side effect once. `deps` holds the clients the agent declared (its
-`dependencies`), opened once per process: `ctx.deps.billing`, `ctx.deps["billing"]`.
+The principal (`customer_id`) comes from the support request's envelope, never from the model. `idempotency_key`
+is derived from the tool_use id, so a redelivered call performs its side effect once. `deps`: the agent's
+`dependencies`, opened once per process (`ctx.deps.billing`).
 """
 
 from __future__ import annotations
@@ -52,9 +51,7 @@ class ToolContext:
     tool_use_id: str
     idempotency_key: str
     deps: Dependencies = field(default_factory=Dependencies)
-    metadata: dict[str, Any] = field(
-        default_factory=dict
-    )  # the request's metadata (the app's own facts: locale, tier...)
+    metadata: dict[str, Any] = field(default_factory=dict)  # the request's metadata: the app's own (locale, tier...)
 
 
 class ToolError(Exception):

@@ -1,8 +1,7 @@
 """Where an `x-entity` may stand in a tool's input schema: on a top-level property, the one place the gate resolves it.
 
-An annotation nested in an object, in an array's items, under `$defs`, in anyOf/oneOf, on the schema itself, or
-reached through a `$ref` would mark an argument no one checks; `entity_problems` names each such place, in the
-form of the tool document's other problems (services/_sdk/registry.py).
+Anywhere else (nested, in items, under `$defs`, in anyOf/oneOf, reached through a `$ref`) it would mark an argument
+no one checks, so `entity_problems` names each such place.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from jsonschema.exceptions import ValidationError
 
 # Keywords whose value maps *names* (not keywords) to subschemas.
 NAMED_SUBSCHEMAS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
-# Keywords whose value is a subschema or a list of them.
 _SUBSCHEMAS = {
     "items",
     "additionalItems",
@@ -32,12 +30,10 @@ _SUBSCHEMAS = {
     "anyOf",
     "oneOf",
 }
-# Keywords that make a subschema the target of a reference.
 _REF_TARGETS = ("$id", "$anchor", "$dynamicAnchor")
 
 
 def _pointed(schema: dict[str, Any], ref: str) -> Any:
-    """The subschema of an input schema a local `$ref` (`#`, `#/json/pointer`) names; None for any other."""
     if ref == "#":
         return schema
     if not ref.startswith("#/"):
@@ -55,7 +51,6 @@ def _pointed(schema: dict[str, Any], ref: str) -> Any:
 
 
 def _subschemas(schema: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """Every (path inside input_schema, subschema) of a schema, itself first."""
     if not isinstance(schema, dict):
         return []
     found = [(path, schema)]
@@ -72,17 +67,12 @@ def _subschemas(schema: Any, path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any
 
 
 def _json_path(parts: tuple[Any, ...]) -> str:
-    """A place in a tool document, spelled as jsonschema spells the other problems' places (`$.input_schema...`)."""
     return ValidationError("", path=list(parts)).json_path
 
 
 def entity_problems(doc: Any, source: str = "<tool>") -> list[str]:
-    """`x-entity` where the gate would not check it, one line each (where it was found, the JSON path, the rule).
-
-    The gate resolves the top-level properties of an input that carry `x-entity` (`ToolSpec.entity_refs`) and
-    nothing else: an annotation nested in an object, in an array's items, under `$defs`, in anyOf/oneOf or on the
-    schema itself would mark an argument no one checks. A top-level property that carries one must not be reachable
-    by `$ref` either (it would check only the property, not the other place that refers to it)."""
+    """`x-entity` where the gate would not check it, one line each. A top-level property that carries one must not be
+    a `$ref` target either: the gate would check the property, not the place that refers to it."""
     schema = doc.get("input_schema") if isinstance(doc, dict) else None
     if not isinstance(schema, dict):
         return []

@@ -4,19 +4,8 @@
     async def cancel_ticket(ctx: ToolContext, ticket_id: Annotated[str, Entity("ticket")], reason: str = "") -> dict:
         '''Cancel one of the customer's open tickets; give the reason the customer gave.'''
 
-The arguments are either type-annotated parameters or one pydantic model (its fields are the input); a parameter
-annotated `ToolContext` (or named `ctx`) gets the tool context, as a JSON Schema tool's handler does. pydantic
-makes the JSON Schema (`create_model(..., extra="forbid")` of the parameters, or the model's own schema, which
-must forbid extra fields itself); `Entity(kind)` marks an argument as an entity id (`"x-entity": kind`), which
-the gate resolves for the principal like any other. The document then goes through the registry's checks, like
-one read from a `tools_dir`: strict objects, `required` listed, a real description.
-
-A function that cannot become a tool (a parameter without a type, a sync function, a type pydantic cannot put
-in a schema) is not an exception at import: its problems are collected and reported by the agent's check.
-
-Each FunctionTool is a tool source of one tool (services/_sdk/sources.py): `Agent(tools=[...])` takes them beside
-schema folders and MCP servers, and a plain async function there is made one.
-"""
+The input is the typed parameters (or one pydantic model); a `ToolContext` parameter (or `ctx`) gets the context.
+The document passes the registry's checks; a function that cannot be a tool is reported by them, never raised."""
 
 from __future__ import annotations
 
@@ -48,7 +37,7 @@ class Entity:
 
 
 class _NoTitles(GenerateJsonSchema):
-    """pydantic's schema without a generated `title` on every field: noise for the model."""
+    """pydantic's schema without a `title` on every field: noise for the model."""
 
     def field_title_should_be_set(self, schema: Any) -> bool:
         return False
@@ -56,24 +45,21 @@ class _NoTitles(GenerateJsonSchema):
 
 @dataclass
 class FunctionTool(ToolSource):
-    """One Python function as a tool: its document (what the model sees) and its handler `(input, ctx) -> result`;
-    a tool source of that one tool."""
+    """One Python function as a tool (a tool source of one tool): its document and its handler."""
 
     fn: Callable[..., Any]
     name: str
     description: str
-    model: type[BaseModel] | None = None  # the input's model (None: it could not be made, see faults)
-    ctx_param: str | None = None  # the parameter that gets the ToolContext
-    as_model: str | None = None  # the one parameter the whole input is given to, as its pydantic model
-    schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})  # the input's JSON Schema, by pydantic
-    faults: list[str] = field(default_factory=list)  # what keeps the function from being a tool (its declaration)
+    model: type[BaseModel] | None = None
+    ctx_param: str | None = None
+    as_model: str | None = None
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "object"})
+    faults: list[str] = field(default_factory=list)
 
     def document(self) -> dict[str, Any]:
-        """{"name", "description", "input_schema"}, as a JSON tool document says it."""
         return {"name": self.name, "description": self.description, "input_schema": self.schema}
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        """The handler: the validated input (already checked by the gate) given to the function as it declares it."""
         assert self.model is not None
         value = self.model.model_validate(args)
         kwargs: dict[str, Any] = (
@@ -90,8 +76,7 @@ class FunctionTool(ToolSource):
 
     @cached_property
     def _checked(self) -> tuple[dict[str, ToolSpec], list[str]]:
-        """Its spec (when its document can be read) and every problem of it, by the registry's checks."""
-        if self.model is None:  # no schema to check
+        if self.model is None:
             return {}, list(self.faults)
         spec, found = document_problems(self.document(), self.label)
         if self.as_model and any("additionalProperties" in p for p in found):
@@ -107,7 +92,7 @@ class FunctionTool(ToolSource):
         return self._checked[1]
 
     def handlers(self) -> Mapping[str, Handler]:
-        return {name: self for name in self.specs()}  # the function is its own handler
+        return {name: self for name in self.specs()}
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
         return await self(args, ctx)
@@ -122,7 +107,6 @@ def _is_context(name: str, annotation: Any) -> bool:
 
 
 def function_tool(fn: Callable[..., Any], name: str | None = None, description: str | None = None) -> FunctionTool:
-    """The tool `fn` declares (its problems collected, never raised)."""
     name = name or str(getattr(fn, "__name__", repr(fn)))
     made = FunctionTool(fn=fn, name=name, description=description or inspect.getdoc(fn) or "")
     if not inspect.iscoroutinefunction(fn):

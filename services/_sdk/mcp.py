@@ -1,29 +1,10 @@
 """MCP tools: the tools of an MCP server (streamable HTTP, the `mcp` package's client) mounted by an agent.
 
-An agent declares `mcp_servers=[McpServer(name, url, tools, entities)]`. It mounts only the tools it names: those of
-`tools`, or, left out, those `entities` annotates. A tool the server adds later is not mounted, since the agent
-has not said which of its arguments name an entity. `tools="all"` takes every tool the server lists for which
-`entities` has an entry (`{}`: it takes no entity id); a listed tool without one is refused, not mounted, with a
-reason the logs and `roundtrip agent check` show, until the agent declares its entities. Every process that runs
-the agent's tools (model, gate, executor) lists each server's tools when it starts, in the background: a server that
-is down is asked again with a bounded backoff (0.5 s doubling up to `retry_max_s`), and until it answers its tools
-are refused with a sentence saying so (the gate's message, or the executor's `is_error` result); the service itself
-starts and serves its other tools. A listing is taken once and kept for the life of the process.
-
-A listed tool becomes a tool of the agent's registry like a local one: its `inputSchema` is what the model sees,
-with the agent's `x-entity` annotations added (`entities={tool: {argument: kind}}`), bound to the agent's policies,
-approval rules and serial declarations by tool name, and checked by the same strictness rules, with two things
-relaxed because MCP servers do not write them: an object that does not say `additionalProperties` is closed
-(`false` is added; one that explicitly allows extra properties is refused), and a missing `required` is taken as
-none. A tool without a description of 20 characters gets one naming its server. A tool whose schema does not fit
-(an annotated argument it does not have, a name taken by another tool, a schema not valid) is not mounted and is
-refused with the reason.
-
-The executor calls a tool with `call_tool` over a connection of its own per call (nothing to go stale when the
-server restarts); the request's `_meta` carries `roundtrip/customer_id` and `roundtrip/idempotency_key`. An
-`isError` result, a protocol error and a transport failure all become `is_error` tool_results (ToolError).
-`Toolbox.problems()` (services/_sdk/sources.py) asks each server once and names what does not fit, for a check of the
-agent.
+It mounts only the tools it names (or, with `tools="all"`, those `entities` annotates): a tool a server adds later
+never reaches the model before the agent says which of its arguments name an entity. Each process lists each server
+in the background and keeps the listing for its life; until a server answers, its tools are refused, not the
+service. A listed schema is checked as a local one, with MCP's two relaxations: an object without
+`additionalProperties` is closed, a missing `required` means none. The manual: docs/agent/tools.md.
 """
 
 from __future__ import annotations
@@ -53,31 +34,29 @@ log = logging.getLogger("roundtrip.mcp")
 SERVER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
 FIRST_RETRY_S = 0.5
 MAX_PAGES = 100  # a paginated listing that never ends cannot hold a process
-Connect = Callable[[str], Any]  # url -> an async context manager with list_tools/call_tool (mcp.Client)
-REFUSING = (401, 403)  # the HTTP answers of a server that does not accept the credentials (or their absence)
+Connect = Callable[[str], Any]
+REFUSING = (401, 403)
 
 
 @dataclass(frozen=True)
 class McpServer(ToolSource):
     """An MCP server whose tools an agent mounts (a tool source: `Agent(tools=[McpServer(...)])`).
 
-    `url`: its streamable HTTP endpoint (e.g. http://billing:8000/mcp), or a function of the agent's own settings
-    returning it, or None: the environment variable ROUNDTRIP_MCP_<NAME>_URL. `tools`: the tools of the server
-    the agent mounts, by name (left out: the tools `entities` names), or "all": every tool it lists that `entities`
-    has an entry for (the others are refused with the reason). `entities`: per tool, the arguments that name an
-    entity, by kind (`x-entity`), each checked by the agent's resolver of that kind (`{}`: none does)."""
+    `url`: its streamable HTTP endpoint, a function of the agent's own settings returning it, or None: the
+    variable ROUNDTRIP_MCP_<NAME>_URL. `tools`: the tools it mounts (left out: those `entities` names), or "all":
+    every listed tool `entities` has an entry for. `entities`: per tool, {argument: x-entity kind} (`{}`: none)."""
 
     name: str
     url: str | Callable[[Any], str] | None = None
     tools: Collection[str] | Literal["all"] = ()
     entities: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    timeout_s: float = 10.0  # one listing attempt
-    retry_max_s: float = 30.0  # the longest wait between two listing attempts
-    auth: McpAuth | None = None  # its credentials (services/_sdk/mcp_auth.py): BearerToken or ClientCredentials
+    timeout_s: float = 10.0  # of one listing attempt
+    retry_max_s: float = 30.0
+    auth: McpAuth | None = None
 
     @property
     def credentials(self) -> str:
-        """The credentials it is given, by kind and source (never a value), for a log line or a check."""
+        """The credentials it is given, by kind and source, never a value."""
         return f"{self.auth.kind} ({self.auth.source})" if self.auth is not None else "none (McpServer gives no auth=)"
 
     @property
@@ -90,27 +69,23 @@ class McpServer(ToolSource):
 
     @property
     def takes_all(self) -> bool:
-        """`tools="all"`: every listed tool the agent declares the entities of."""
         return isinstance(self.tools, str) and self.tools == "all"
 
     @property
     def named(self) -> list[str] | str:
-        """The `tools` it names, sorted, or "all" (for the agent's digest)."""
         return "all" if self.takes_all else sorted(self.tools or ())
 
     def declared(self) -> frozenset[str]:
-        """The tools this declaration names (its `tools` and the tools it annotates)."""
         listed = () if isinstance(self.tools, str) else (self.tools or ())
         return frozenset(listed) | frozenset(self.entities)
 
     def specs(self) -> Mapping[str, ToolSpec]:
-        return {}  # known once a process has listed them (its McpMount)
+        return {}
 
     def bind(self, own_settings: Any) -> McpMount:
         return McpMount(self, self.url_for(own_settings) or "", own_settings=own_settings)
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
-        """One call over a connection of its own (a server whose URL is a function of the agent's settings: `bind`)."""
         return await self.bind(None).call(name, args, ctx)
 
     def url_for(self, own_settings: Any) -> str | None:
@@ -119,7 +94,6 @@ class McpServer(ToolSource):
         return self.url or os.environ.get(self.env_var) or None
 
     def problems(self, kinds: Collection[str]) -> list[str]:
-        """What does not fit in this declaration, given the agent's entity kinds (the server is not asked here)."""
         found = []
         if not isinstance(self.name, str) or not SERVER_NAME.match(self.name):
             found.append(f"MCP server name {self.name!r} must match {SERVER_NAME.pattern}")
@@ -153,7 +127,6 @@ def leaf(exc: BaseException) -> BaseException:
 
 
 def describe(exc: BaseException) -> str:
-    """One line for a failure."""
     exc = leaf(exc)
     text = str(exc).splitlines()[0][:200] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
@@ -167,7 +140,6 @@ def shown(url: str) -> str:
 
 
 def _object_schemas(schema: Any, path: str = "#") -> list[tuple[str, dict[str, Any]]]:
-    """Every (path, subschema) that describes an object, to close each (schemas/tool.json's `closed` says which)."""
     found: list[tuple[str, dict[str, Any]]] = []
     if isinstance(schema, list):
         for i, sub in enumerate(schema):
@@ -228,7 +200,6 @@ def strict_copy(server: McpServer, tool: Any) -> dict[str, Any]:
 
 
 def result_of(name: str, result: Any) -> dict[str, Any]:
-    """A CallToolResult as the handler's return value (ToolError for `isError`)."""
     texts = [
         getattr(block, "text", None) or f"[{getattr(block, 'type', 'content')} omitted]" for block in result.content
     ]
@@ -247,18 +218,16 @@ def result_of(name: str, result: Any) -> dict[str, Any]:
 
 
 class McpMount(ToolSource):
-    """One MCP server in one process: its listing (retried until it answers), the tools of it that fit, its calls."""
-
     def __init__(self, server: McpServer, url: str, connect: Connect | None = None, own_settings: Any = None) -> None:
         self.server, self.url, self._connect = server, url, connect
-        self._own_settings = own_settings  # the agent's own settings: a credential may be one of them
+        self._own_settings = own_settings
         self.label = server.label
-        self.listed: dict[str, Any] | None = None  # tool name -> the server's Tool, once listed
+        self.listed: dict[str, Any] | None = None
         self.last_error: str | None = None
-        self.refusing: str | None = None  # why the server refuses the credentials, while it does
-        self._provider: Any = None  # the OAuth provider of ClientCredentials: its token, for the life of the process
-        self._fit: dict[str, ToolSpec] = {}  # the listed tools it mounts, checked
-        self._refused: dict[str, str] = {}  # the listed tools it would mount that do not fit -> why
+        self.refusing: str | None = None
+        self._provider: Any = None
+        self._fit: dict[str, ToolSpec] = {}
+        self._refused: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -272,13 +241,11 @@ class McpMount(ToolSource):
         return self._refused
 
     def declared(self) -> frozenset[str]:
-        """What the agent declares of it (with tools="all" too: only the tools it declares the entities of)."""
         return self.server.declared()
 
     @asynccontextmanager
     async def connection(self, answers: list[int]) -> AsyncIterator[Any]:
-        """A client of the server over a connection of its own, with the server's credentials; `answers` gets the
-        HTTP status of every answer of the MCP endpoint itself (not of the OAuth discovery or token requests)."""
+        """A client over a connection of its own; `answers` gets the status of each answer of the MCP endpoint."""
         if self._connect is not None:
             async with self._connect(self.url) as client:
                 yield client
@@ -310,8 +277,7 @@ class McpMount(ToolSource):
             yield client
 
     def refusal(self, exc: BaseException, answers: list[int]) -> str | None:
-        """Why a failed exchange failed, when it is the credentials: the server answered 401 or 403 last, the
-        authorization server refused the client, or the secret cannot be read. None for any other failure."""
+        """Why a failed exchange failed when it is the credentials, else None."""
         exc = leaf(exc)
         if isinstance(exc, CredentialError):
             return f"its credentials cannot be read: {exc}"
@@ -324,8 +290,7 @@ class McpMount(ToolSource):
         return None
 
     def note_refusal(self, why: str | None) -> None:
-        """One operator line when the server starts refusing the credentials (naming them, never their value), one
-        when it accepts them again."""
+        """One line when the server starts refusing the credentials (never their value), one when it accepts them."""
         if why is not None and why != self.refusing:
             log.error(
                 "MCP server %s (%s) refused the credentials %s: %s; its tools answer is_error until it accepts them",
@@ -361,7 +326,7 @@ class McpMount(ToolSource):
         return tools
 
     def take(self, listed: dict[str, Any]) -> list[str]:
-        """Keep a listing: check each tool it mounts (one that does not fit is refused); what is missing, one line."""
+        """Keep a listing and check each tool it mounts; return what it lacks of the agent's declaration."""
         server, self.listed = self.server, listed
         if server.takes_all and (unannotated := sorted(set(listed) - server.declared())):
             why = (
@@ -384,8 +349,7 @@ class McpMount(ToolSource):
         return []
 
     async def keep_listing(self, on_listed: OnListed, attempted: asyncio.Event | None = None) -> None:
-        """List the server's tools, asking again after each failure (bounded backoff) until it answers;
-        `attempted` is set once the first attempt has ended, either way."""
+        """List the tools, asking again with a bounded backoff until it answers; `attempted`: set after the first."""
         delay = FIRST_RETRY_S
         while True:
             try:
@@ -416,8 +380,7 @@ class McpMount(ToolSource):
             return
 
     async def start(self, on_listed: OnListed) -> None:
-        """List the server in the background; return once it has been asked once (at most its timeout). A listing
-        is kept for the life of the process: a server listed already is not asked again."""
+        """List the server in the background; return once it has been asked once (at most its timeout)."""
         if self.up or self._task is not None:
             return
         attempted = asyncio.Event()
@@ -477,7 +440,7 @@ class McpMount(ToolSource):
             log.warning("MCP server %s: %s failed: %s", self.server.name, name, describe(exc))
             from mcp.shared.exceptions import MCPError  # loaded already: the client was
 
-            if isinstance(refusal := leaf(exc), MCPError):  # the server answered with a protocol error
+            if isinstance(refusal := leaf(exc), MCPError):
                 raise ToolError(
                     f"{name} was refused by the {self.server.name} service: {refusal.message[:300]}"
                 ) from None

@@ -1,19 +1,7 @@
 """The credentials an agent gives an MCP server: `McpServer(name, ..., auth=BearerToken(...) | ClientCredentials(...))`.
 
-- `BearerToken(env="BILLING_MCP_TOKEN")`, `BearerToken(file="/var/run/secrets/billing/token")` or
-  `BearerToken(setting="billing_token")` (a field of the agent's own settings, a SecretStr): sent as
-  `Authorization: Bearer <token>` on every request; `header="X-Api-Key"` sends the value as it is under another header.
-- `ClientCredentials(issuer, client_id, client_secret_env=... | client_secret_file=... | client_secret_setting=...,
-  scopes=[...])`: OAuth 2.1 client credentials (the MCP authorization spec), done by the `mcp` package's own
-  `ClientCredentialsOAuthProvider`: on the server's 401 it reads the server's protected-resource metadata, takes the
-  authorization server only if it is `issuer`, and asks it for a token with the client's id and secret. One provider
-  per server and process holds the token and takes a new one a little before it expires (and again on a 401,
-  retrying the request once).
-
-A secret is read when a connection needs it, not when the agent is declared: a file each time (a rotated Kubernetes
-Secret is taken without a restart), a client secret when the provider is made (again after the server refused it).
-The objects hold where a secret is, never the secret, so their repr, the logs, the spans and `roundtrip config` can
-only ever name its `source` ("env BILLING_MCP_TOKEN", "file /var/run/secrets/billing/token").
+A secret is read when a connection needs it (a rotated secret file is taken without a restart). The objects hold
+where a secret is, never the secret: their repr, the logs and spans can only name its `source` ("env BILLING_TOKEN").
 """
 
 from __future__ import annotations
@@ -54,7 +42,6 @@ def _place_problems(what: str, env: str | None, file: str | Path | None, setting
 
 
 def _read(env: str | None, file: str | Path | None, setting: str | None, own_settings: Any) -> str:
-    """The secret, stripped; CredentialError when it is not there."""
     if env:
         value = os.environ.get(env, "").strip()
         if not value:
@@ -77,10 +64,9 @@ def _read(env: str | None, file: str | Path | None, setting: str | None, own_set
 
 @dataclass(frozen=True)
 class BearerToken:
-    """A token sent on every request to the server: from an environment variable (`env`), a mounted secret file
-    (`file`, read at each connection) or a field of the agent's own settings (`setting`, best a SecretStr).
-    `header`: Authorization (the value as `Bearer <token>`) or another header name, which carries the value as it is
-    (e.g. an API key)."""
+    """A token sent on every request: from `env`, a mounted secret `file` (read at each connection) or a `setting`
+    of the agent's own settings (best a SecretStr). `header`: Authorization (`Bearer <token>`), or another header
+    that carries the value as it is (e.g. an API key)."""
 
     env: str | None = None
     file: str | Path | None = None
@@ -112,10 +98,8 @@ class BearerToken:
 
 @dataclass(frozen=True)
 class ClientCredentials:
-    """OAuth 2.1 client credentials: the client's id and secret (from `client_secret_env`, `client_secret_file` or
-    `client_secret_setting`, a field of the agent's own settings) exchanged at the authorization server `issuer` (its
-    issuer URL, as its metadata says it) for a token, with `scopes`. `auth_method`: how the secret goes to the token
-    endpoint (HTTP Basic, or in the form)."""
+    """OAuth 2.1 client credentials: the client's id and secret (`client_secret_env`, `_file` or `_setting`)
+    exchanged for a token at the authorization server whose issuer URL is `issuer`, and only there."""
 
     issuer: str
     client_id: str
@@ -153,7 +137,6 @@ class ClientCredentials:
         return found
 
     def provider(self, url: str, own_settings: Any = None) -> httpx2.Auth:
-        """The `mcp` package's provider for the server at `url`, holding its tokens in this process."""
         secret = _read(self.client_secret_env, self.client_secret_file, self.client_secret_setting, own_settings)
         return _provider(self, url, secret)
 
@@ -176,8 +159,8 @@ def _provider(credentials: ClientCredentials, url: str, secret: str) -> httpx2.A
         sdk_log.addFilter(_SaidOnce())
 
     class RenewingEarly(ClientCredentialsOAuthProvider):
-        """The SDK's provider, taking a token as expired RENEW_MARGIN_S before it is (its own check has no margin:
-        a token valid when sent could expire on the way, costing a refused request and a retry)."""
+        """The SDK's provider, taking a token as expired RENEW_MARGIN_S early: its own check has no margin, and a
+        token valid when sent could expire on the way."""
 
         async def _handle_token_response(self, response: Any) -> None:
             await super()._handle_token_response(response)
@@ -197,8 +180,6 @@ def _provider(credentials: ClientCredentials, url: str, secret: str) -> httpx2.A
 
 
 class _InMemory:
-    """The provider's token storage: this process only (a token is never written anywhere)."""
-
     def __init__(self) -> None:
         self.tokens: Any = None
         self.client_info: Any = None

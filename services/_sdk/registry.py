@@ -1,19 +1,7 @@
-"""The tool registry: an agent's tool schemas (*.json in its folder) bound to its handlers and policies.
+"""The tool registry: an agent's tool documents bound to its handlers, policies, resolvers and approval rules.
 
-Each schema file is exactly what the model sees ({"name", "description", "input_schema"}),
-with JSON Schema 2020-12 input schemas that are strict (every object closes with
-`additionalProperties: false`). Fields that reference an entity carry `"x-entity": kind`;
-the gate resolves them for the principal before any policy or handler runs. `api_tools()`
-strips the `x-` keywords and marks the last tool for prompt caching.
-
-What one document must be is schemas/tool.json (`roundtrip.schemas`), a JSON Schema checked with
-`jsonschema`: each violation is one problem naming where it was found and its JSON path. What a
-schema cannot say is checked here: an `x-entity` anywhere but on a top-level property (the only place the gate
-resolves one), the name of its file, and the bindings (a schema without a
-handler, a handler without a schema, a policy or entity kind unbound). Loading fails loudly
-(RegistryError, with every problem found in its `problems`). Tools declared as Python functions
-(services/_sdk/functions.py) and an MCP server's tools (services/_sdk/mcp.py) become the same
-documents and pass the same checks.
+A document is what the model sees, checked against schemas/tool.json (one problem per violation, by JSON path); what
+that cannot say (where an `x-entity` may be, the file's name, the bindings) is checked here.
 """
 
 from __future__ import annotations
@@ -61,12 +49,10 @@ class ToolSpec:
     entity_refs: dict[str, str] = field(default_factory=dict)  # top-level field -> entity kind
 
     def api_tool(self) -> dict[str, Any]:
-        """This tool as an element of the Messages API `tools` array (no `x-` keywords)."""
         return {"name": self.name, "description": self.description, "input_schema": strip_extensions(self.input_schema)}
 
 
 def strip_extensions(schema: Any, top: bool = True) -> Any:
-    """A copy of a JSON Schema without custom `x-` keywords (and without `$schema`)."""
     if isinstance(schema, list):
         return [strip_extensions(s, top=False) for s in schema]
     if not isinstance(schema, dict):
@@ -84,21 +70,19 @@ def strip_extensions(schema: Any, top: bool = True) -> Any:
     return out
 
 
-TOOL_DOCUMENT = Path(roundtrip.schemas.__file__).parent / "tool.json"  # what a tool document must be (the contract)
+TOOL_DOCUMENT = Path(roundtrip.schemas.__file__).parent / "tool.json"
 
 
 @functools.cache
 def tool_document_validator() -> Draft202012Validator:
-    """schemas/tool.json, compiled once (format checks on: a `pattern` must be a regular expression)."""
     schema = json.loads(TOOL_DOCUMENT.read_text(encoding="utf-8"))
     return Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 def _sentence(error: ValidationError, doc: Any) -> str:
-    """The `x-message` of tool.json nearest the failing keyword (inside the 2020-12 meta-schema: the one that refers to
-    it), filled in with what was found."""
+    """The `x-message` of tool.json nearest the failing keyword, filled in with what was found."""
     root = tool_document_validator().schema
-    assert isinstance(root, dict)  # tool.json is an object
+    assert isinstance(root, dict)
     node: Any = root
     message = "{error}"
     for key in [*error.absolute_schema_path, None]:  # the path omits each `$ref` it followed
@@ -125,7 +109,6 @@ def _sentence(error: ValidationError, doc: Any) -> str:
 
 
 def _local(root: dict[str, Any], ref: str) -> Any:
-    """The subschema of tool.json a `$ref` names (None for one outside it: the 2020-12 meta-schema)."""
     if not ref.startswith("#/"):
         return None
     node: Any = root
@@ -139,8 +122,7 @@ def _pointer(parts: list[Any]) -> str:
 
 
 def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None, list[str]]:
-    """Every problem of one tool document against schemas/tool.json (one line each: where it was found, the JSON path,
-    the rule), and its ToolSpec when its name, description and input schema can be read."""
+    """Every problem of one tool document, and its ToolSpec when its name, description and schema can be read."""
     errors = list(tool_document_validator().iter_errors(doc))
     problems = list(dict.fromkeys(f"{source}: {error.json_path}: {_sentence(error, doc)}" for error in errors))
     problems += entity_problems(doc, source)
@@ -159,7 +141,6 @@ def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None
 
 
 def check_tool_document(doc: Any, source: str = "<tool>") -> ToolSpec:
-    """Validate one tool document and build its ToolSpec (RegistryError naming every problem when it is not fit)."""
     spec, problems = document_problems(doc, source)
     if problems or spec is None:
         raise RegistryError("; ".join(problems), problems)
@@ -175,8 +156,7 @@ def binding_problems(
     serial: frozenset[str] | set[str],
     mounted: frozenset[str] | set[str] = frozenset(),
 ) -> list[str]:
-    """What does not fit between the tools and the code bound to them by name (`mounted`: tools an MCP server brings
-    later, which bindings may name)."""
+    """What does not fit between the tools and the code bound to them by name (`mounted`: MCP tools to come)."""
     problems = []
     if stray := sorted((set(approvals) | set(serial)) - set(specs) - set(mounted)):
         problems.append(f"approval rules or serial declarations for unknown tools: {stray}")
@@ -204,10 +184,8 @@ class Registry:
         mounted: frozenset[str] | set[str] | None = None,
     ) -> None:
         self.specs: dict[str, ToolSpec] = dict(specs)
-        self.mounted = frozenset(
-            mounted or ()
-        )  # tools an MCP server brings later (services/_sdk/mcp.py): bindings may name them
-        self.local = frozenset(self.specs)  # the agent's own tools (not mounted ones)
+        self.mounted = frozenset(mounted or ())  # tools an MCP server brings later: bindings may name them
+        self.local = frozenset(self.specs)
         self._handlers = dict(handlers)
         self._policies = dict(policies or {})
         self._resolvers = dict(entity_resolvers or {})
@@ -220,7 +198,6 @@ class Registry:
             raise RegistryError("tool registry does not fit together: " + "; ".join(problems), problems)
 
     def mount(self, spec: ToolSpec, handler: Handler) -> None:
-        """Add a tool listed at run time by an MCP server (RegistryError when its name is taken)."""
         if spec.name in self.specs:
             raise RegistryError(f"tool {spec.name} is already declared")
         self.specs[spec.name] = spec
@@ -240,31 +217,26 @@ class Registry:
         return self.specs.get(name)
 
     def handler(self, name: str) -> Handler:
-        """The async handler of a tool (KeyError for an unknown tool)."""
         return self._handlers[name]
 
     def policy(self, name: str) -> Policy:
-        """The authorization policy of a tool; tools without one get `allow` (KeyError if unknown)."""
         if name not in self.specs:
             raise KeyError(name)
         return self._policies.get(name, allow)
 
     def approval_rule(self, name: str) -> ApprovalRule | None:
-        """When a call of this tool needs a person's approval first (None: never)."""
         return self._approvals.get(name)
 
     def is_serial(self, name: str) -> bool:
-        """The tool must not run concurrently with other calls of its step."""
         return name in self.serial
 
     def entity_resolver(self, kind: str) -> EntityResolver:
-        """`async (entity_id, ctx) -> entity | None`, scoped to ctx.customer_id."""
         return self._resolvers[kind]
 
     async def resolve_entities(
         self, name: str, args: Mapping[str, Any], ctx: ToolContext
     ) -> dict[str, dict[str, Any] | None]:
-        """{field: entity or None} for every x-entity field present in `args` (None: missing or not the principal's)."""
+        """{field: entity, or None when missing or not the principal's} for each x-entity field in `args`."""
         resolved: dict[str, dict[str, Any] | None] = {}
         for prop, kind in self.specs[name].entity_refs.items():
             if prop in args:
@@ -272,7 +244,7 @@ class Registry:
         return resolved
 
     def api_tools(self, cache: bool = True) -> list[dict[str, Any]]:
-        """The `tools` parameter of messages.create, in a stable order (prompt caching needs it)."""
+        """The `tools` of messages.create, in a stable order, as prompt caching needs."""
         tools = [self.specs[name].api_tool() for name in self.names]
         if cache and tools:
             tools[-1]["cache_control"] = {"type": "ephemeral"}
@@ -280,7 +252,6 @@ class Registry:
 
 
 def collect_specs(schemas_dir: Path) -> tuple[dict[str, ToolSpec], list[str]]:
-    """The tool documents of a folder that can be read, and every problem of all of them."""
     specs: dict[str, ToolSpec] = {}
     problems: list[str] = []
     files = sorted(Path(schemas_dir).glob("*.json"))
@@ -318,5 +289,4 @@ def load_registry(
     serial: frozenset[str] | set[str] | None = None,
     mounted: frozenset[str] | set[str] | None = None,
 ) -> Registry:
-    """Load `schemas_dir`/*.json and bind them to the given handlers, policies, resolvers and rules."""
     return Registry(load_specs(Path(schemas_dir)), handlers, policies, entity_resolvers, approvals, serial, mounted)

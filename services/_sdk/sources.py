@@ -1,18 +1,7 @@
-"""Tool sources: the one protocol every place an agent's tools come from implements (pydantic-ai's toolsets are the
-model: `toolsets/abstract.py`, implemented by its function toolsets and its MCP server).
+"""Tool sources (`SchemaFolder`, a `@tool` function, `McpServer`): the one protocol every place of tools implements.
 
-A `ToolSource` says which tools it offers (`specs()`: name, description, input_schema, and the `x-entity`
-annotations the registry reads from it, as ToolSpecs), calls one (`call(name, input, ctx)`), and is started and
-closed with the process that runs the tools (`start`, `close`: a local source has nothing to open). Three kinds:
-- `SchemaFolder(path, handlers={...})`: JSON Schema tool documents, one file a tool, bound to handlers by name;
-- a Python function made a tool by `@tool` (services/_sdk/functions.py: each FunctionTool is a source of one tool);
-- `McpServer(...)` (services/_sdk/mcp.py): the tools an MCP server lists when the process starts.
-
-`Agent(tools=[...])` takes any mix of them (services/_sdk/agent.py; its `tools_dir` + `handlers` and `mcp_servers`
-become sources too), and its registry is built from their specs and handlers. `Toolbox` is an agent's sources in
-one process: `toolbox.run_with(app)` starts them with a service and closes them after it (the model, the gate and the
-executor), `async with toolbox:` does the same around in-process turns; the tools a source lists later are mounted
-into the registry as they come, and until then `unavailable(name)` says why one cannot be called.
+`Toolbox` is an agent's sources in one process: it mounts the tools a source lists later into the registry as they
+come, and until then `unavailable(name)` says why one cannot be called.
 """
 
 from __future__ import annotations
@@ -30,13 +19,13 @@ from roundtrip._sdk.registry import Handler, Registry, RegistryError, ToolSpec, 
 
 log = logging.getLogger("roundtrip.tools")
 
-OnListed = Callable[["ToolSource"], None]  # what a source whose tools come later calls once they have come
+OnListed = Callable[["ToolSource"], None]
 
 
 class ToolSource(ABC):
     """Where some of an agent's tools come from: what it offers, how one is called, what it opens and closes."""
 
-    label = "tool source"  # what a problem or a log line calls it
+    label = "tool source"
 
     @abstractmethod
     def specs(self) -> Mapping[str, ToolSpec]:
@@ -47,7 +36,6 @@ class ToolSource(ABC):
         """Run one of its tools on an input the gate approved (ToolError: an `is_error` result the model reads)."""
 
     def problems(self, kinds: Collection[str]) -> list[str]:
-        """What keeps its tools from being tools, given the entity kinds the agent resolves (for the agent's check)."""
         return []
 
     def declared(self) -> frozenset[str]:
@@ -55,7 +43,6 @@ class ToolSource(ABC):
         return frozenset(self.specs())
 
     def handlers(self) -> Mapping[str, Handler]:
-        """The handler of each tool it offers, as the registry holds them."""
         return {name: self.handler(name) for name in self.specs()}
 
     def handler(self, name: str) -> Handler:
@@ -65,21 +52,18 @@ class ToolSource(ABC):
         return handle
 
     def bind(self, own_settings: Any) -> ToolSource:
-        """The source as one process runs it, given the agent's own settings (a local source: itself)."""
         return self
 
     async def start(self, on_listed: OnListed) -> None:  # noqa: B027 - an optional hook: a local source has none
         """Open what it needs (a local source: nothing); a source whose tools come later calls `on_listed(self)`."""
 
     async def check(self, on_listed: OnListed) -> list[str]:
-        """Ask it once, without retrying, what it offers (mounted through `on_listed`): what does not answer or fit."""
         return []
 
     async def close(self) -> None:  # noqa: B027 - an optional hook: a local source has none
         """Close what `start` opened."""
 
     def refusals(self) -> Mapping[str, str]:
-        """The tools it lists that do not fit (not mounted), each with why."""
         return {}
 
     def unavailable(self, name: str) -> str | None:
@@ -88,8 +72,8 @@ class ToolSource(ABC):
 
 
 class SchemaFolder(ToolSource):
-    """JSON Schema tool documents (`path`/*.json, one a tool, named like its file), each bound to the handler of its
-    name in `handlers`: `SchemaFolder(Path(__file__).parent / "tools", handlers={"lookup_order": lookup_order})`."""
+    """JSON Schema tool documents (`path`/*.json, one a tool, named like its file), each bound to its handler:
+    `SchemaFolder(Path(__file__).parent / "tools", handlers={"lookup_order": lookup_order})`."""
 
     def __init__(self, path: Path | str, handlers: Mapping[str, Handler] | None = None) -> None:
         self.path, self._handlers = Path(path), dict(handlers or {})
@@ -108,7 +92,7 @@ class SchemaFolder(ToolSource):
         return self._read[1]
 
     def handlers(self) -> Mapping[str, Handler]:
-        return self._handlers  # as given: the agent's check names a schema without one, or one without a schema
+        return self._handlers
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
         if name not in self._handlers:
@@ -124,16 +108,14 @@ class Toolbox:
 
     def __init__(self, sources: list[ToolSource], registry: Registry) -> None:
         self.sources, self.registry = sources, registry
-        self.refused: dict[str, str] = {}  # tool -> why it is not mounted
-        self.api_tools: list[dict[str, Any]] = registry.api_tools(cache=True)  # kept current in place: the model's
+        self.refused: dict[str, str] = {}
+        self.api_tools: list[dict[str, Any]] = registry.api_tools(cache=True)  # updated in place: the model holds it
         self._mounted: set[str] = set()
 
     def owner(self, name: str) -> ToolSource | None:
-        """The source a tool belongs to (declared by the agent, or listed by a source it mounts whole), if any."""
         return next((source for source in self.sources if name in source.declared()), None)
 
     def mount_listed(self, source: ToolSource) -> None:
-        """Mount what a source offers now (a tool whose name is taken is refused; the others are mounted)."""
         self.refused.update(source.refusals())
         for name, spec in sorted(source.specs().items()):
             if name in self._mounted:
@@ -148,11 +130,10 @@ class Toolbox:
         log.info("%s is up: mounted %s", source.label, sorted(n for n in source.specs() if n in self._mounted))
 
     async def start(self) -> None:
-        """Start every source (one that lists its tools does so in the background: return once each has been asked)."""
+        """Start every source; return once each has been asked (a listing goes on in the background)."""
         await asyncio.gather(*(source.start(self.mount_listed) for source in self.sources))
 
     async def problems(self) -> list[str]:
-        """Ask every source once what it offers; what does not fit, one line each (for a check of the agent)."""
         found = [problem for source in self.sources for problem in await source.check(self.mount_listed)]
         return found + [f"MCP tool {name} not mounted: {why}" for name, why in sorted(self.refused.items())]
 
@@ -160,7 +141,6 @@ class Toolbox:
         await asyncio.gather(*(source.close() for source in self.sources))
 
     def run_with(self, app: Any) -> None:
-        """Start the sources with a service (its startup) and close them after it (its shutdown)."""
         app.on_startup(self.start)
         app.after_shutdown(self.aclose)
 
@@ -172,7 +152,6 @@ class Toolbox:
         await self.aclose()
 
     def unavailable(self, name: str) -> str | None:
-        """Why a tool cannot be called now (None: it can, or no source declares it)."""
         if name in self.refused:
             return f"Tool {name} is not available: its schema does not fit this agent. Do without it."
         source = self.owner(name)

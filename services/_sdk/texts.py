@@ -1,6 +1,5 @@
-"""The agent's words the fleet fills in: the gate's refusals (what the model reads) and the templates of an early end
-after a side effect (what the customer reads), their defaults, the fields each may name, and the check of an agent's
-own text (`template_problems`, one of `Agent.problems()`).
+"""The agent's words the fleet fills in: the gate's refusals (what the model reads) and the texts of an early end
+after a side effect (what the customer reads), with their defaults and the fields each may name.
 """
 
 from __future__ import annotations
@@ -10,9 +9,8 @@ from typing import Any
 
 from roundtrip._kernel.wire.events import Outcome
 
-# What the gate tells the model when it refuses a call, by key: templates whose {fields} the gate fills (GATE_FIELDS).
-# An agent words any of them its own way (`Agent.messages`); `not_found_listed` is said when the agent has a tool
-# `list_<kind>s` (its name is {list_tool}), `not_found` when it has none, so the text names no tool the agent lacks.
+# What the gate tells the model when it refuses a call (an agent may word each its own way: `Agent.messages`).
+# `not_found_listed` is said only when the agent has a tool `list_<kind>s`: the text names no tool the agent lacks.
 GATE_MESSAGES = {
     "lookup_failed": "A system this call needs could not be reached to verify it; nothing was done. Try again shortly.",
     "internal_error": "This call could not be checked (an internal error in the gate); nothing was done. Try again.",
@@ -36,7 +34,7 @@ GATE_MESSAGES = {
         "one. Make this call again, on its own, once that one is decided."
     ),
 }
-GATE_FIELDS = {  # the fields each template may name (an agent's own text is checked against them)
+GATE_FIELDS = {
     "unknown_tool": ("tool", "tools"),
     "unknown_tool_close": ("tool", "close", "tools"),
     "invalid_input": ("tool", "problems"),
@@ -56,7 +54,7 @@ def gate_message(key: str, texts: Mapping[str, str] | None = None, **fields: Any
 
 
 ACTED_DEFAULT = "default"  # the key of Agent.acted_replies for every outcome it does not name
-ACTED_FIELDS = ("done",)  # what an acted template may name: what was done (its own words say why it stopped)
+ACTED_FIELDS = ("done",)
 
 
 def template_problems(where: str, text: Any, fields: Sequence[str]) -> list[str]:
@@ -72,8 +70,7 @@ def template_problems(where: str, text: Any, fields: Sequence[str]) -> list[str]
 
 
 def text_problems(agent: Any) -> list[str]:
-    """What is wrong with the texts of an agent (one of its checks): a key it does not know, a template that cannot be
-    filled."""
+    """What is wrong with the texts of an agent: a key it does not know, a template that cannot be filled."""
     problems, outcomes = [], {o.value for o in Outcome}
     if stray := sorted(set(agent.replies) - outcomes):
         problems.append(f"replies for unknown outcomes {stray} (known: {sorted(outcomes)})")

@@ -1,27 +1,14 @@
 """Test an agent as the fleet runs it, in this process, with a scripted model: no Kafka, no API key, milliseconds.
 
-    from roundtrip.testing import ScriptedModel, call, run_turn
+    from roundtrip.testing import ScriptedModel, FunctionModel, call, run_turn
 
     def test_the_customer_closes_their_own_ticket():
         model = ScriptedModel([call("close_ticket", ticket_id="T-1"), "Ticket T-1 is closed."])
         result = run_turn(AGENT, "cus_1", "Please close T-1", model=model)
         assert result.outcome == "end_turn" and result.calls[0].ok
 
-The turn goes through the fleet's own code, in this process: the model service's handler, the guard's
-rules, the gate (schema validation, existence and ownership through the agent's resolvers, policies, approval
-rules) and the executor (the agent's handlers, with its dependencies, or the ones the test passes as `deps`).
-The agent's dependencies are made as the fleet makes them, once per process: the gate (its resolvers and policies)
-and the executor (its handlers) each get their own instance, so state one keeps in memory is not the other's.
-
-A model answers each model call with one response: a str (the answer, stop_reason end_turn), `call(tool, **input)`
-(one tool call), a list of them (one response with all of them: parallel calls), or `reply(..., stop_reason=...)`.
-- `ScriptedModel([...])`: the responses in order (a turn that asks for one more fails the test, saying so).
-- `FunctionModel(fn)`: `fn(messages, info)` returns the response, given the transcript so far and a ModelInfo
-  (step, the tools as the model sees them, the system prompt): a model that reads the tool results.
-Both keep the transcripts they were sent (`requests`).
-
-`Settings` is the fleet's settings a turn runs with (`settings=`; by default the environment's): e.g.
-`Settings(state_dir=tmp_path)`, the state folder the agent's dependencies may keep their files in.
+A model answers each call with a str (the answer), `call(tool, **input)`, a list of them (parallel calls) or
+`reply(...)`: `ScriptedModel([...])` in order, `FunctionModel(fn)` from `fn(messages, info)`, each keeping `requests`.
 """
 
 from __future__ import annotations
@@ -31,6 +18,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -49,7 +37,6 @@ __all__ = [
     "Reply",
     "ScriptExhausted",
     "ScriptedModel",
-    "Settings",
     "ToolRun",
     "TurnResult",
     "arun_turn",
@@ -61,8 +48,6 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Call:
-    """One tool call of a response."""
-
     tool: str
     input: dict[str, Any]
 
@@ -79,7 +64,7 @@ Response = str | Call | Sequence[str | Call] | Reply
 
 
 def call(tool: str, input: Mapping[str, Any] | None = None, /, **fields: Any) -> Call:
-    """A call of `tool` with this input: `call("lookup_order", order_id="ord_1")` or `call("t", {"from": "x"})`."""
+    """A call of `tool`: `call("lookup_order", order_id="ord_1")`, or `call("t", {"from": "x"})` for any key."""
     return Call(tool, {**(input or {}), **fields})
 
 
@@ -95,7 +80,7 @@ class ScriptExhausted(AssertionError):
 @dataclass(frozen=True)
 class ModelInfo:
     step: int  # 1 for the turn's first model call
-    tools: list[dict[str, Any]]  # as the Messages API gets them
+    tools: list[dict[str, Any]]
     system: str
 
 
@@ -131,9 +116,6 @@ def _message(response: Response, step: int, model: str) -> anthropic.types.Messa
 
 
 class _Model:
-    """A model of the model port (roundtrip._model.port.Model) whose answers come from `respond`: what the in-process
-    loop calls, as the model service calls the SDK-backed client."""
-
     model = "scripted"
 
     def __init__(self) -> None:
@@ -213,7 +195,6 @@ class ToolRun:
 
     @property
     def result(self) -> Any:
-        """The handler's result, as JSON (or the text, when it is not JSON)."""
         try:
             return json.loads(self.content)
         except ValueError:
@@ -225,7 +206,7 @@ class TurnResult:
     outcome: str  # the guard's outcome (end_turn, repeated_call, step_limit, ...) or AWAITING_APPROVAL
     text: str  # what the customer reads
     transcript: list[dict[str, Any]]  # every message of the turn, the last response included
-    steps: int  # model calls
+    steps: int
     seconds: float
     detail: str = ""
     held: ApprovalRequested | None = None
@@ -243,7 +224,6 @@ class TurnResult:
 
     @property
     def calls(self) -> list[ToolRun]:
-        """Every tool call in order, with its result."""
         results = {b["tool_use_id"]: b for b in self.tool_results}
         uses = [
             b for m in self.transcript if m["role"] == "assistant" for b in m["content"] if b.get("type") == "tool_use"
@@ -267,18 +247,17 @@ async def arun_turn(
     model: _Model,
     *,
     deps: Mapping[str, Any] | None = None,
-    settings: Settings | None = None,
+    state_dir: Path | None = None,
     approve: bool | Callable[[ApprovalRequested], bool] | None = None,
     persona: str | None = None,
 ) -> TurnResult:
-    """One turn of `agent` (an Agent or its import string) for `customer_id`. `deps`: the clients its handlers,
-    resolvers and policies get, one set shared by all; else the agent's own are made as the fleet makes them, once
-    per process: one instance of each for the gate (resolvers, policies) and another for the executor (handlers),
-    closed after. So a policy that reads state a handler changed sees it only through a backend the two share (a
-    database, a service), as in the fleet. `approve`: True/False decides every held call, a function decides each;
-    None leaves the turn AWAITING_APPROVAL at the first."""
+    """One turn of `agent` (an Agent or its import string) for `customer_id`. `deps`: clients shared by all its
+    parts; else its own are made as the fleet makes them, one instance for the gate and one for the executor.
+    `state_dir`: the fleet's state folder, where its dependencies may keep files (default: ROUNDTRIP_STATE_DIR).
+    `approve`: True/False decides every held call, a function decides each, None leaves the turn AWAITING_APPROVAL.
+    The other fleet settings are the environment's (ROUNDTRIP_*)."""
     agent = (load_agent(agent) if isinstance(agent, str) else agent).check()
-    settings = settings or Settings(_env_file=None)
+    settings = Settings(_env_file=None) if state_dir is None else Settings(_env_file=None, state_dir=state_dir)
     decide = approve if callable(approve) or approve is None else (lambda _: bool(approve))
     started = time.perf_counter()
     if deps is not None:
@@ -287,7 +266,7 @@ async def arun_turn(
         gate_clients = agent.open_dependencies(settings)
         executor_clients = agent.open_dependencies(settings)
     try:
-        async with agent.toolbox:  # its tool sources, started as a service starts them (an MCP server lists its tools)
+        async with agent.toolbox:
             model.bind(agent)
             fleet = InProcess(agent, model, executor_clients, settings, gate_deps=gate_clients)
             ended: Ended = await fleet.turn(text, customer_id, persona, approve=decide)
@@ -314,7 +293,7 @@ def run_turn(
     model: _Model,
     *,
     deps: Mapping[str, Any] | None = None,
-    settings: Settings | None = None,
+    state_dir: Path | None = None,
     approve: bool | Callable[[ApprovalRequested], bool] | None = None,
     persona: str | None = None,
 ) -> TurnResult:
@@ -323,6 +302,6 @@ def run_turn(
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(
-            arun_turn(agent, customer_id, text, model, deps=deps, settings=settings, approve=approve, persona=persona)
+            arun_turn(agent, customer_id, text, model, deps=deps, state_dir=state_dir, approve=approve, persona=persona)
         )
     raise RuntimeError("run_turn was called inside a running event loop: use `await arun_turn(...)` there")

@@ -1,17 +1,8 @@
-"""The loop of one turn in this process, through the fleet's own handlers, without Kafka.
+"""The loop of one turn in this process, through the fleet's own code, without Kafka.
 
-Each step goes where it goes in the fleet, in the same code: the model service's handler (`call_model`: the
-response's size policy, the tool calls and their fingerprints), the guard's rules (`decide`: loop rules, step
-limit, budget; `continued`: the next hop), the gate (`Gate.check`: validation, existence and ownership through the
-agent's resolvers, policies, approval holds, signing) and the executor's handler (`execute`: the signature
-verified, the calls run by its Runner, held calls asked for). A held call is decided by `approve` (if given) with a
-decision signed by the decision key, which the gate verifies, resumed as the guard resumes it.
-
-What it leaves out is what the fleet adds: the broker hops and the events' (de)serialisation, the guard's ledger
-and conversation store, the turn fence, the exporters of the telemetry, and the processes. What the processes
-mean for an agent it keeps: the gate and the executor are two processes in the fleet, each with its own instance
-of the agent's dependencies, and `run_turn` gives them two instances too (`gate_deps` and `deps`).
-services/testing/__init__.py runs agents' tests on it.
+Each step runs what the fleet runs: the model service's `call_model`, the guard's `decide` and `continued`, the
+gate's `Gate.check` and the executor's `execute`; a held call is decided by `approve`, signed with the decision key
+as a person's is. Left out: the broker hops, the ledger and conversation store, the turn fence, the processes.
 """
 
 from __future__ import annotations
@@ -48,27 +39,23 @@ from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies
 
 AWAITING_APPROVAL = "awaiting_approval"  # the outcome of a turn left waiting for a person (no `approve` given)
-Approve = Callable[[ApprovalRequested], bool]  # a person's decision: True approves the held call
+Approve = Callable[[ApprovalRequested], bool]
 
 
 @dataclass
 class Ended:
-    """How a turn ended: the guard's outcome (or AWAITING_APPROVAL), the reply's text, and the whole transcript."""
-
     outcome: str
     text: str
     messages: list[dict[str, Any]]
     steps: int
     detail: str = ""
     spent: Usage = field(default_factory=Usage)
-    held: ApprovalRequested | None = None  # the call left waiting for a person
-    approvals: list[ApprovalRequested] = field(default_factory=list)  # every call that waited, decided by `approve`
+    held: ApprovalRequested | None = None
+    approvals: list[ApprovalRequested] = field(default_factory=list)
 
 
 class InProcess:
-    """One agent's fleet in this process. `client` is the model, through the model service's port
-    (roundtrip._model.port.Model: the SDK-backed client, or roundtrip.testing's models). `retrying`: how the model
-    handler retries (its default when None: a limiter of each call's own)."""
+    """One agent's fleet in this process, `client` its model."""
 
     def __init__(
         self,
@@ -79,15 +66,12 @@ class InProcess:
         retrying: Retrying | None = None,
         gate_deps: Dependencies | None = None,
     ) -> None:
-        """`deps`: the executor's clients (its handlers'); `gate_deps`: the gate's (its resolvers' and policies'),
-        the same ones when None. In the fleet they are two processes, each with its own instance of every client."""
         self.agent, self.client, self.settings, self.retrying = agent, client, settings, retrying
         self.gate = gate_for(agent, settings, deps if gate_deps is None else gate_deps)
-        # as in the fleet: the executor checks with the gate's public keys; a person signs with the decision key
         self.batches = Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS")
         self.decisions = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
-        self.runner = runner_for(settings, agent, deps)  # the executor's, with the fleet's limits
-        words = Replies.of(agent.replies, agent.acted_replies)  # the agent's own words, as the guard says them
+        self.runner = runner_for(settings, agent, deps)
+        words = Replies.of(agent.replies, agent.acted_replies)
         self.policy, self.prices = (
             policy_from(settings, words),
             PriceTable.from_json(settings.prices, settings.model_provider),
@@ -115,7 +99,6 @@ class InProcess:
         approve: Approve | None = None,
         observe: Callable[[ModelResponded], None] | None = None,
     ) -> Ended:
-        """Run one turn to its end; `observe` sees each model response as it comes."""
         command: CallModel | ApprovalRequested = CallModel(
             turn=self.new_turn(customer_id, persona), step=0, messages=[{"role": "user", "content": text}]
         )
@@ -163,12 +146,10 @@ class InProcess:
             command = hop if isinstance(hop, CallModel) else await self._run(hop)
 
     async def _run(self, check: Any) -> CallModel | ApprovalRequested:
-        """A step's calls through the gate, then the executor."""
         batch = await self.gate.check(check)
         return await execute(batch, self.batches, self.runner, max_transcript_bytes=self.settings.max_transcript_bytes)
 
     async def _decided(self, request: ApprovalRequested, approved: bool) -> CallModel | ApprovalRequested:
-        """The step after a person's signed decision, resumed as the guard resumes it."""
         decision = self.decisions.sign(
             ApprovalDecided(
                 approval_id=request.approval_id,

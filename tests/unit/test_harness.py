@@ -193,11 +193,9 @@ def close_twice() -> ScriptedModel:
 
 
 def test_the_gate_and_the_executor_get_an_instance_each_of_every_dependency_made_and_closed(skeleton_agent, tmp_path):
-    from roundtrip.testing import Settings
-
     MemoryTickets.made = []
     agent = dataclasses.replace(skeleton_agent, dependencies={"tickets": lambda fleet, own: MemoryTickets()})
-    run_turn(agent, "cus_1", "Close T-1001", close_twice(), settings=Settings(_env_file=None, state_dir=tmp_path))
+    run_turn(agent, "cus_1", "Close T-1001", close_twice(), state_dir=tmp_path)
     gate, executor = MemoryTickets.made  # two instances, as two processes would make them
     assert gate is not executor and (gate.used_by, executor.used_by) == ({"gate"}, {"executor"})
     assert gate.closed and executor.closed
@@ -206,13 +204,10 @@ def test_the_gate_and_the_executor_get_an_instance_each_of_every_dependency_made
 def test_a_policy_reading_state_a_handler_changed_misbehaves_in_the_harness_as_in_the_fleet_unless_shared(
     skeleton_agent, tmp_path
 ):
-    from roundtrip.testing import Settings
-
-    settings = Settings(_env_file=None, state_dir=tmp_path)
     in_memory = dataclasses.replace(skeleton_agent, dependencies={"tickets": lambda fleet, own: MemoryTickets()})
-    stale = run_turn(in_memory, "cus_1", "Close T-1001 twice", close_twice(), settings=settings)
+    stale = run_turn(in_memory, "cus_1", "Close T-1001 twice", close_twice(), state_dir=tmp_path)
     assert [c.ok for c in stale.calls] == [True, True]  # the gate's instance never saw the first close: both ran
-    shared = run_turn(skeleton_agent, "cus_1", "Close T-1001 twice", close_twice(), settings=settings)  # one file
+    shared = run_turn(skeleton_agent, "cus_1", "Close T-1001 twice", close_twice(), state_dir=tmp_path)  # one file
     assert shared.calls[0].ok and shared.calls[1].is_error and "already closed" in shared.calls[1].content
     one = run_turn(in_memory, "cus_1", "Close T-1001 twice", close_twice(), deps={"tickets": MemoryTickets()})
     assert one.calls[1].is_error  # a test that passes its own deps shares them: one instance for both

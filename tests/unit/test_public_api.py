@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import importlib
 import re
+import typing
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PUBLIC = {  # the public API as of issue 28: a name removed from here is a breaking change, said on purpose
+PUBLIC = {  # the public API: a name removed from here is a breaking change, said on purpose
     "roundtrip": [
         "Agent",
         "AgentError",
@@ -19,6 +20,7 @@ PUBLIC = {  # the public API as of issue 28: a name removed from here is a break
         "ClientCredentials",
         "Dependencies",
         "Entity",
+        "FleetSettings",
         "FunctionTool",
         "McpServer",
         "SchemaFolder",
@@ -39,7 +41,6 @@ PUBLIC = {  # the public API as of issue 28: a name removed from here is a break
         "Reply",
         "ScriptExhausted",
         "ScriptedModel",
-        "Settings",
         "ToolRun",
         "TurnResult",
         "arun_turn",
@@ -49,7 +50,7 @@ PUBLIC = {  # the public API as of issue 28: a name removed from here is a break
     ],
 }
 PUBLIC_MODULES = {"roundtrip", "roundtrip.testing", "roundtrip.schemas"}
-REQUIRED_IMPORTS = {  # what issue 28 says an agent author writes
+REQUIRED_IMPORTS = {  # what an agent author writes
     "roundtrip": "from roundtrip import Agent, tool, Entity, ToolContext, ToolError, McpServer, always, approval_rule",
     "roundtrip.testing": "from roundtrip.testing import ScriptedModel, FunctionModel, call, run_turn",
 }
@@ -91,6 +92,30 @@ def test_the_imports_the_issue_promises_work_and_the_docstring_shows_them(module
         f"{module}'s docstring never says {unsaid}"
     )
     assert "services/" not in doc, f"{module}'s docstring points at internal paths, not at the public imports"
+
+
+@pytest.mark.parametrize("name", ["run_turn", "arun_turn"])
+def test_a_turn_takes_typed_keywords_and_never_the_fleets_settings(name):
+    import inspect
+
+    turn = getattr(importlib.import_module("roundtrip.testing"), name)
+    parameters = inspect.signature(turn).parameters
+    assert list(parameters) == ["agent", "customer_id", "text", "model", "deps", "state_dir", "approve", "persona"]
+    assert all(parameters[p].kind is inspect.Parameter.KEYWORD_ONLY for p in list(parameters)[4:])
+    hints = typing.get_type_hints(turn)
+    assert hints["state_dir"] == Path | None
+    assert not [p for p, hint in hints.items() if hint is typing.Any or "Settings" in str(hint)], hints
+
+
+def test_the_agents_public_face_is_typed_with_what_it_reads():
+    from roundtrip import Agent, FleetSettings
+    from roundtrip._kernel.settings import ModelSettings
+
+    assert typing.get_type_hints(Agent.model_for)["settings"] is ModelSettings
+    assert typing.get_type_hints(Agent.open_dependencies)["fleet_settings"] is FleetSettings
+    factory = typing.get_args(typing.get_type_hints(Agent)["dependencies"])[1]
+    assert typing.get_args(factory)[0] == [FleetSettings, typing.Any]
+    assert {"state_dir", "listen_host", "tool_timeout_s"} <= set(dir(FleetSettings))
 
 
 def _modules() -> list[str]:
