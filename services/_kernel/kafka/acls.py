@@ -110,7 +110,6 @@ def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) ->
 
 
 def derive(prefix: str = "", principal: str = DEFAULT_PRINCIPAL, app_group: str | None = None) -> dict[str, list[Acl]]:
-    """Every principal of the fleet -> its ACLs (the app's only when `app_group` is given)."""
     derived = {s.name: for_service(s, prefix, principal) for s in topology.SERVICES}
     derived[OPERATOR] = for_operator(prefix, principal)
     if app_group:

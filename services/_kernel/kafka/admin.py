@@ -48,7 +48,6 @@ def topic_configs(name: str, prefix: str = "") -> dict[str, str]:
 
 
 def desired_topics(prefix: str, partitions: int, executor_partitions: int | None = None) -> dict[str, int]:
-    """Wire name -> partition count of every topic of the fleet."""
     counts = {}
     for name in topology.topic_names():
         if name == topics.TOOL_BATCHES:
@@ -95,7 +94,6 @@ async def ensure_topics(
     grow: bool = True,
     timeout: float = 30.0,
 ) -> TopicsReport:
-    """Create the fleet's missing topics and grow those with too few partitions; report what was done."""
     durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
     wanted = desired_topics(prefix, partitions, executor_partitions)
     report = TopicsReport()
@@ -215,7 +213,7 @@ async def wait_for_broker(bootstrap: KafkaClients | str, timeout: float = 60.0) 
 class PartitionLag:
     topic: str
     partition: int
-    committed: int | None  # None: the group has not committed on this partition
+    committed: int | None
     start: int  # where a group without a commit begins (auto_offset_reset=earliest)
     end: int
 
@@ -366,7 +364,6 @@ def _topics_of(
     fleet_groups: dict[str, str],
     prefix: str,
 ) -> set[str]:
-    """The fleet's topics group `name` reads: committed on, assigned, subscribed, or given by the topology."""
     _, members, subscribed = described.get(name, ("", [], set()))
     mine = {tp.topic for tp in committed[name] if tp.topic in wire} | subscribed
     mine |= {t for m in members for t, _ in m.partitions}

@@ -64,7 +64,6 @@ class _Partition:
             self.idle.set()
 
     def safe(self) -> int | None:
-        """The offset to commit: the first unfinished record, or the next one when all are done."""
         slots = self.slots
         while slots and slots[0].done:
             slots.popleft()
@@ -112,8 +111,8 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         self._dirty = asyncio.Event()
         self._commit_lock = asyncio.Lock()
         self._committer: asyncio.Task[None] | None = None
-        self.last_poll = time.monotonic()  # liveness
-        self.assigned = False  # readiness: joined the group, with or without partitions
+        self.last_poll = time.monotonic()
+        self.assigned = False  # joined the group, with or without partitions
         self.processed = 0
 
     @property
@@ -122,7 +121,6 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
 
     @property
     def in_flight(self) -> int:
-        """Records held: running, or waiting behind an earlier record of their key."""
         return self._held
 
     @property
@@ -143,7 +141,6 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         return {tp: p.committed for tp, p in self._parts.items()}
 
     async def run(self, consumer: AIOKafkaConsumer) -> None:
-        """Fetch, hand out, pause at the limit; returns when the consumer stops or drain() is called."""
         self._consumer = consumer
         self._stopping = False
         if self._committer is None or self._committer.done():
@@ -268,7 +265,6 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
                 await asyncio.sleep(1.0)
 
     async def commit(self, parts: list[_Partition] | None = None) -> bool:
-        """Commit the safe offset of every partition (or of `parts`) that moved; False on failure."""
         async with self._commit_lock:
             offsets = {}
             for part in parts if parts is not None else list(self._parts.values()):
@@ -336,7 +332,6 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         await self.commit(parts)
 
     async def drain(self) -> None:
-        """Graceful stop: start nothing new, let running records finish (bounded), commit."""
         self._stopping = True
         self._room.set()
         for part in self._parts.values():

@@ -62,7 +62,6 @@ def of_backend(exc: BaseException) -> RetryLater | None:
 
 
 def unavailable(exc: BaseException) -> str | None:
-    """The dependency `exc` says is unavailable, or None when the failure is the message's."""
     try:
         return _classify(exc, 0)
     except Exception:  # noqa: BLE001 - classifying must never fail: unknown means "the message's"
@@ -118,7 +117,6 @@ def _client_of(module: str) -> str | None:
 
 
 def _origin(exc: BaseException) -> str | None:
-    """The client the outermost error came from: a connection refused under SQLAlchemy is the database's."""
     for link in _chain(exc):
         if (dependency := _client_of(type(link).__module__)) is not None:
             return dependency
@@ -157,7 +155,7 @@ def _one(exc: BaseException) -> str | None:
     if module.startswith("httpx"):
         return _httpx(exc)
     if module.startswith("anyio") and type(exc).__name__ in ("ClosedResourceError", "BrokenResourceError"):
-        return NETWORK  # a stream (an MCP session's) closed under its user
+        return NETWORK
     if isinstance(exc, (ConnectionError, socket.gaierror)):
         return NETWORK
     if isinstance(exc, TimeoutError):  # a client's timeout is its dependency's; a handler's own wait_for is not
@@ -171,7 +169,7 @@ def _sqlalchemy(exc: BaseException) -> str | None:
     name = type(exc).__name__
     if getattr(exc, "connection_invalidated", False):
         return DATABASE
-    if name == "TimeoutError":  # the pool's
+    if name == "TimeoutError":  # the pool had no connection to give
         return DATABASE
     if name in ("OperationalError", "InterfaceError", "DBAPIError", "InternalError"):
         state = _sqlstate(getattr(exc, "orig", None))
@@ -192,7 +190,7 @@ def _anthropic(exc: BaseException) -> str | None:
 
 
 def _httpx(exc: BaseException) -> str | None:
-    import httpx  # loaded already: the error is one of its own
+    import httpx  # already loaded: the error is one of its own
 
     if isinstance(exc, httpx.TransportError):
         return HTTP

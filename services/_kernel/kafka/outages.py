@@ -38,8 +38,8 @@ def next_try(delay: float, until: float | None) -> float:
 class Outages:
     def __init__(self, consumer: str) -> None:
         self.consumer = consumer
-        self._since: dict[str, float] = {}  # dependency -> monotonic start of its outage
-        self._retrying: dict[str, int] = {}  # dependency -> records waiting for it now
+        self._since: dict[str, float] = {}
+        self._retrying: dict[str, int] = {}
         self._held: set[Hashable] = set()
 
     @property
@@ -122,7 +122,6 @@ class Outages:
             metrics.held_keys.labels(self.consumer).set(len(self._held))
 
     def waits(self, dependency: str, reason: str) -> None:
-        """A record waits for `dependency` (call `stops_waiting` after)."""
         self._retrying[dependency] = self._retrying.get(dependency, 0) + 1
         self.failed(dependency, reason)
 

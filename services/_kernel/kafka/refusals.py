@@ -80,7 +80,6 @@ def _cause(kafka: KafkaClients, exc: BaseException) -> str | None:
 
 
 def authorization(exc: BaseException) -> str | None:
-    """One line for an ACL refusal, else None."""
     if isinstance(exc, AUTHORIZATION_ERRORS):
         return (
             f"Kafka refused an operation: {type(exc).__name__} ({_message(exc)}); this principal lacks an ACL it needs"

@@ -21,7 +21,6 @@ _SASL = {"PLAIN": SASLPlaintext, "SCRAM-SHA-256": SASLScram256, "SCRAM-SHA-512":
 
 
 def client_options(s: KafkaSecurity) -> dict[str, Any]:
-    """aiokafka's security keyword arguments for these settings; {} for PLAINTEXT."""
     protocol = s.kafka_security_protocol
     if protocol == "PLAINTEXT":
         return {}

@@ -34,11 +34,8 @@ def transactional_id(service: str, topic: str, instance_id: str | None = None, p
 
 
 class TransactionalOutlet:
-    """Messages that become visible together with the consumer offsets that cover them.
-
-    A handler `stage()`s its output for the record it consumed; the key-ordered consumer's `commit(offsets)`
-    publishes every staged message below its partition's safe offset in the same transaction as those offsets.
-    Concurrent handlers share one transaction per commit."""
+    """A handler `stage()`s its output for the record it consumed; the key-ordered consumer's `commit(offsets)`
+    publishes every staged message below its partition's safe offset in one transaction with those offsets."""
 
     def __init__(self, kafka: KafkaClients | str, topic: str, group_id: str, txn_id: str) -> None:
         self.topic, self.group_id = topic, group_id
@@ -59,7 +56,6 @@ class TransactionalOutlet:
             await self._producer.stop()
 
     def stage(self, message: BaseModel, key: bytes, consumed: Any) -> None:
-        """Publish `message` with the commit that covers `consumed` (a ConsumerRecord)."""
         carrier: dict[str, str] = {}
         inject(carrier)
         headers = [(k, v.encode()) for k, v in carrier.items()] + [("content-type", b"application/json")]

@@ -79,7 +79,7 @@ turns = Table(
     Column("lease_until", Float),
     Column("pending_at", Float),  # the outbox republishes old pending events
     Column("agent_digest", String(32)),
-    Column("acted", Text),  # JSON lines of side effects (sideeffects.py)
+    Column("acted", Text),
 )
 CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)
 ENDED_AT_INDEX = Index("ix_turns_ended_at", turns.c.ended_at)  # retention deletes oldest first
@@ -106,8 +106,7 @@ approvals = Table(
 )
 
 
-# The hot path's statements are built once so SQLAlchemy compiles each once (docs/decisions/ledger-statements.md).
-# Bind names start with `b_`: a column's own name is its value in the SET.
+# Built once, so SQLAlchemy compiles each once. Bind names start with `b_`: a column's own name is its SET value.
 IS_LIVE = or_(*(turns.c.status == status for status in LIVE))  # not IN: an IN list is rendered at every execution
 BEFORE_DEADLINE = turns.c.deadline_at.is_(None) | (turns.c.deadline_at > bindparam("b_now"))
 AT_STEP = (turns.c.turn_id == bindparam("b_turn_id")) & (turns.c.step == bindparam("b_step"))
@@ -128,15 +127,12 @@ _ACTED = update(turns).where(AT_STEP).values(acted=func.coalesce(turns.c.acted, 
 
 
 class Principal(Protocol):
-    """What names a turn and whose it is."""
-
     turn_id: str
     customer_id: str
     conversation_id: str
 
 
 def principal(turn: Principal) -> dict[str, str]:
-    """The bind parameters of `AT_STEP`'s turn and `OF_PRINCIPAL`."""
     return {"b_turn_id": turn.turn_id, "b_customer_id": turn.customer_id, "b_conversation_id": turn.conversation_id}
 
 
@@ -162,7 +158,6 @@ NO_SUCH_TURN = "the ledger has no such turn"  # deleted by retention or never st
 
 
 def disagreement(turn: Principal, recorded: Any) -> str | None:
-    """Why `turn` is not the one the ledger `recorded` (its row, or None); None when it is."""
     if recorded is None:
         return NO_SUCH_TURN
     if recorded.customer_id != turn.customer_id:
@@ -197,7 +192,6 @@ class TurnStore:
 
     @classmethod
     async def open(cls, url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -> Self:
-        """The store on `url`; raises SchemaMismatch or DatabaseUnreachable."""
         store = cls(make_engine(url, read_only=read_only, pool_size=pool_size))
         try:
             with reaching(url):
@@ -271,7 +265,6 @@ class TurnStore:
         return cast(int, await self._run(lambda conn: conn.execute(_COUNT_WAITING).scalar_one(), single=True))
 
     async def ended_among(self, turn_ids: list[str]) -> set[str]:
-        """Those of `turn_ids` whose turn has ended or is ending."""
         if not turn_ids:
             return set()
         return await self._run(
@@ -279,7 +272,6 @@ class TurnStore:
         )
 
     async def recorded(self, turn_id: str) -> Any:
-        """The turn's customer_id, conversation_id and turn_json as recorded at its start, or None."""
         return await self._run(lambda conn: conn.execute(_RECORDED, {"b_turn_id": turn_id}).first(), single=True)
 
     async def refuse_if_not_recorded(self, turn: Principal, service: str) -> None:
@@ -293,8 +285,8 @@ class TurnStore:
 
 
 class Fence(TurnStore):
-    """What the executor and the model service ask right before they act for a turn. A claim refused because the
-    turn names another principal raises TurnRefused; any other refusal returns False."""
+    """What the executor and the model service ask right before they act. A claim refused because the turn names
+    another principal raises TurnRefused; any other refusal returns False."""
 
     async def claim_batch(self, turn: Principal, step: int, lease_s: float, now: float | None = None) -> bool:
         """Lease (turn, step) for `lease_s` while the turn is live, at `step`, before its deadline. A redelivered
@@ -317,7 +309,6 @@ class Fence(TurnStore):
         return False
 
     async def wait_for_capacity(self, turn: Principal, step: int, now: float | None = None) -> bool:
-        """Mark the turn WAITING for the API's capacity; False when it may not act any more."""
         now = now or time.time()
         return await self._update(
             _WAITING,
