@@ -1,9 +1,9 @@
 """Least privilege on the cluster: the ACLs each service's principal needs, derived from the topology.
 
-Each service runs as its own principal and gets Read on its inputs and groups, Write on its outputs and the dead
-letters, and nothing else: a compromised executor can write nothing but model calls, approval requests and dead
-letters. Every name carries the fleet's topic prefix, so two fleets on one cluster grant each other nothing.
-`render` prints the ACLs as `kafka-acls.sh` commands, `apply` adds them through the admin API.
+Each service runs as its own principal: Read on its inputs and groups, Write on its outputs and the dead letters,
+and what its role adds (the gateway's transactional ids), so a compromised executor can write nothing but model
+calls, approval requests and dead letters. Every name carries the fleet's topic prefix, so two fleets on one
+cluster grant each other nothing. `render` prints `kafka-acls.sh` commands, `apply` adds them by the admin API.
 """
 
 from __future__ import annotations

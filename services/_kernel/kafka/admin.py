@@ -1,8 +1,6 @@
-"""Topic administration: create the fleet's topics idempotently, wait for a broker, read consumer lag.
-
-The cluster argument is a KafkaClients (security included) or a bootstrap string (PLAINTEXT). An existing topic
-keeps its settings, but one with fewer partitions than asked is grown (Kafka can only add partitions), so raising
-`executor_partitions` scales the executors of a running fleet.
+"""Topic administration: create the fleet's topics idempotently, wait for a broker, read consumer lag. An existing
+topic keeps its settings but grows to the partitions asked (Kafka can only add), so raising `executor_partitions`
+scales the executors of a running fleet.
 """
 
 from __future__ import annotations
@@ -107,7 +105,6 @@ async def ensure_topics(
             await _create(
                 admin, {name: wanted[name] for name in missing}, replication_factor, prefix, durability, timeout, report
             )
-        # so that producers and consumers started right after this call find every topic
         counts = await _partition_counts(admin, list(wanted), timeout)
         if missing_now := [name for name in wanted if name not in counts]:
             raise KafkaError(f"topics not available after {timeout:.0f}s: {', '.join(missing_now)}")
@@ -185,7 +182,6 @@ async def create_topics(
     executor_partitions: int | None = None,
     replication_factor: int = 1,
 ) -> list[str]:
-    """`ensure_topics`, returning only the names created."""
     report = await ensure_topics(bootstrap, prefix, partitions, executor_partitions, replication_factor)
     return report.created
 

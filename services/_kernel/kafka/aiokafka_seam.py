@@ -1,8 +1,6 @@
-"""The one part of aiokafka the fleet uses that aiokafka does not offer as public API.
-
-`partitions_of`: a groupless consumer's partitions of some topics. The consumer's `partitions_for_topic` answers
-only from metadata it already holds (none before assignment) and `topics()` keeps only the names, so this asks
-the client under it: `_client.fetch_all_metadata()`. How that is checked: docs/decisions/message-path.md.
+"""The one part of aiokafka the fleet uses that is not public API: a groupless consumer's partitions of some topics,
+from the client's whole metadata (the consumer's `partitions_for_topic` knows only assigned topics). How that is
+checked on each aiokafka: docs/decisions/message-path.md, "The seams".
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The one place every Kafka client of the fleet is built, with the security the settings give.
-
-`clients_of(target)` takes a KafkaClients or a bootstrap string (PLAINTEXT: a local broker). Building a client
-does not connect; only starting it does.
+"""The one place every Kafka client of the fleet is built, with the security the settings give. A bootstrap string
+stands for PLAINTEXT clients of a local broker. Building a client does not connect; only starting it does.
 """
 
 from __future__ import annotations

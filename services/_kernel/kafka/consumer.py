@@ -1,9 +1,8 @@
-"""Key-ordered concurrent consumption on aiokafka: many messages in flight, one conversation at a time.
+"""Key-ordered concurrent consumption on aiokafka: records of one key in offset order, of different keys at once.
 
-Records of one key run in offset order, records of different keys concurrently; at `max_in_flight` the
-partitions are paused while polling goes on (an overload waits in Kafka). A partition's commit never passes its
-first unfinished record. A record is never dropped: `RetryLater` retries it in its place (outages.py), and a
-failure past the callable's own dead-letter path is retried through `rescue` (docs/operating/scaling.md).
+At `max_in_flight` the partitions are paused while polling goes on (an overload waits in Kafka as lag). A
+partition's commit never passes its first unfinished record, and a record is never dropped: `RetryLater` retries
+it in its place, a failure past the callable's dead-letter path goes to `rescue` (docs/operating/scaling.md).
 """
 
 from __future__ import annotations

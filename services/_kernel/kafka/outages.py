@@ -1,8 +1,6 @@
-"""A consumer's view of its dependencies' outages: when one began, said once, counted, shown.
-
-A record that failed with `RetryLater` is retried in its place with backoff. The fleet's own dependency pauses
-the whole consumer (and fails /readyz: nothing else could go through); an agent's backend holds only the record's
-key, and the other conversations go on (docs/faults.md, "What an outage holds").
+"""A consumer's view of its dependencies' outages: when one began, said once, counted, shown. The fleet's own
+dependency pauses the whole consumer (and fails /readyz: nothing else could go through); an agent's backend holds
+only the record's key (docs/faults.md, "What an outage holds").
 """
 
 from __future__ import annotations
@@ -139,8 +137,8 @@ class Outages:
         )
 
     def stops_waiting(self, dependency: str, answered: bool) -> None:
-        """A waiting record went through (`answered`: the outage is over) or was given up; when the last one is given
-        up, the consumer stops waiting too and the next record finds out afresh."""
+        """A waiting record went through (`answered`: the outage is over) or was given up: when the last one is,
+        the consumer stops waiting and the next record finds out afresh."""
         left = self._retrying.get(dependency, 1) - 1
         if left > 0:
             self._retrying[dependency] = left

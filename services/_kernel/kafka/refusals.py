@@ -1,8 +1,5 @@
-"""Why Kafka refused this process, in one line, said before a service or a command exits at start.
-
-aiokafka reports a refused connection as "Unable to bootstrap", the same as a broker that is down; the cause is
-only in its log. `refusal(kafka)` connects once more to each bootstrap server and names it. Neither function says
-a password or a token.
+"""Why Kafka refused this process, in one line: aiokafka reports a refusal as "Unable to bootstrap", like a broker
+that is down, so `refusal` connects once more to each server and names the cause, never a password or a token.
 """
 
 from __future__ import annotations

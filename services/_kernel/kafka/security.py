@@ -1,6 +1,4 @@
-"""The Kafka security settings as the clients take them: aiokafka's keyword arguments and FastStream's `security`.
-
-PLAINTEXT gives `{}` for both. TLS uses the system's CAs unless ROUNDTRIP_KAFKA_SSL_CAFILE names others.
+"""The Kafka security settings as aiokafka's keyword arguments and FastStream's `security`; `{}` for PLAINTEXT.
 Nothing here logs: the password and the tokens stay in the options the clients are built with.
 """
 

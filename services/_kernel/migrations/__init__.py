@@ -1,10 +1,6 @@
-"""Migrations of the fleet's own tables (Alembic): what `roundtrip db upgrade` applies, and the check each store makes
-when it opens.
-
-Two stores, `ledger` and `conversations`, each its own line of revisions and its own `alembic_version` row, so each
-can live in its own database. A store's `open` refuses a database behind or ahead of this code's head; no store runs
-DDL. `schema.upgrade` runs under a lock, so the upgrades of several pods started at once run one after the other.
-A database made before migrations is adopted in place, rows kept (adopt.py).
+"""Migrations of the fleet's own tables (Alembic), one line of revisions per store (`ledger`, `conversations`) so
+each can live in its own database. A store's `open` refuses a database behind or ahead of this code's head and runs
+no DDL; `roundtrip db upgrade` applies revisions under a lock, so pods started at once upgrade one after the other.
 """
 
 from __future__ import annotations

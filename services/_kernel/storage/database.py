@@ -1,6 +1,5 @@
-"""The engines on the fleet's own databases: a SQLite file by default (shared by the local processes), used inline;
-PostgreSQL by URL, through asyncpg. A `read_only` engine cannot write: SQLite opens the file in mode=ro (a missing
-file is an error, not a new empty database), PostgreSQL runs every transaction read only.
+"""The engines on the fleet's own databases: SQLite (the default, shared by the local processes) or PostgreSQL.
+A `read_only` engine cannot write: a missing SQLite file is an error, not a new empty database.
 """
 
 from __future__ import annotations
@@ -30,9 +29,8 @@ def shown(url: str) -> str:
 
 
 def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -> Engine | AsyncEngine:
-    """SQLite: a plain engine, used inline on the event loop and never waiting for a lock there (`TurnStore._run`
-    waits in a thread). PostgreSQL: asyncpg on `pool_size` connections and no overflow: waiting for a connection
-    costs less than opening one (docs/decisions/ledger-statements.md)."""
+    """SQLite: used inline, never waiting for a lock on the event loop. PostgreSQL: `pool_size` connections and no
+    overflow: waiting for one costs less than opening one (docs/decisions/ledger-statements.md)."""
     if is_sqlite(url):
         parsed = make_url(url).set(drivername="sqlite")
         path = parsed.database or ""

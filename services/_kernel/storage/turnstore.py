@@ -1,10 +1,9 @@
 """The turn table the guard, the executor and the model service share, and the fence that guards side effects.
 
-The guard owns the turn's life; the executor and the model service claim (turn, step) with one conditional
-UPDATE right before they act, and every end from outside the loop is conditional on no live lease, so an end
-never lands while a claimed batch runs (docs/guarantees.md, "The turn fence"). Every claim also matches the
-turn's customer and conversation against the ledger's row: anything that can write an internal topic can copy
-a live turn, so the ledger, not the event, says whose it is. Migrations make the tables; `open` only checks them.
+The executor and the model service claim (turn, step) with one conditional UPDATE right before they act; an end
+from outside the loop lands only while no lease is live (docs/guarantees.md, "The turn fence"). A claim also
+matches the turn's customer and conversation against the ledger's row: anything that can write an internal topic
+can copy a live turn, so the ledger, not the event, says whose it is.
 """
 
 from __future__ import annotations
@@ -176,9 +175,8 @@ def no_live_lease(now: float) -> Any:
 
 
 class TurnStore:
-    """An engine on the turn table. On SQLite its statements run inline on the event loop through one kept
-    connection; every call is its own transaction, ended before `_run` returns, so a read never holds an old snapshot.
-    """
+    """On SQLite the statements run inline through one kept connection; each call is its own transaction, ended
+    before `_run` returns, so a read never holds an old snapshot."""
 
     STORE = LEDGER
 
@@ -212,9 +210,7 @@ class TurnStore:
             self.engine.dispose()
 
     async def _run(self, work: Callable[[Connection], T], write: bool = False, single: bool = False) -> T:
-        """Run `work(connection)` in a transaction (write) or a plain connection, on either engine.
-
-        `single`: `work` is one statement, run in autocommit mode, so SQLite never holds the write lock between
+        """`single`: `work` is one statement, run in autocommit mode, so SQLite never holds the write lock between
         two calls from Python (docs/decisions/ledger-statements.md)."""
         if isinstance(self.engine, AsyncEngine):
             if single and self._autocommit is not None:
