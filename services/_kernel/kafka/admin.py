@@ -21,7 +21,7 @@ from roundtrip._kernel.wire import topics, topology
 
 log = logging.getLogger(__name__)
 
-DEAD_LETTER_PARTITIONS = 1  # dead letters are for people to read, in order
+DEAD_LETTER_PARTITIONS = 1
 # a dead letter carries its record base64-encoded plus a readable copy: well past the broker's 1 MB default
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 
@@ -105,6 +105,7 @@ async def ensure_topics(
             await _create(
                 admin, {name: wanted[name] for name in missing}, replication_factor, prefix, durability, timeout, report
             )
+        # so that producers and consumers started right after this call find every topic
         counts = await _partition_counts(admin, list(wanted), timeout)
         if missing_now := [name for name in wanted if name not in counts]:
             raise KafkaError(f"topics not available after {timeout:.0f}s: {', '.join(missing_now)}")

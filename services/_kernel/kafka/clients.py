@@ -16,8 +16,6 @@ from roundtrip._kernel.settings import KafkaSecurity
 
 @dataclass(frozen=True)
 class KafkaClients:
-    """A cluster's address and how to connect to it: every client of the fleet is made here."""
-
     bootstrap: str  # h1:9092,h2:9092
     security: dict[str, Any] = field(default_factory=dict, repr=False)  # repr=False: it holds the password
 

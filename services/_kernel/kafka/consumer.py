@@ -256,7 +256,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
     async def _commit_loop(self) -> None:
         while True:
             await self._dirty.wait()
-            if self._commit_interval > 0:
+            if self._commit_interval > 0:  # the finishes meanwhile join this commit
                 await asyncio.sleep(self._commit_interval)
             self._dirty.clear()
             if not await self.commit():

@@ -2,8 +2,7 @@
 
 The one place the fleet classifies a failure (docs/faults.md, "Retry later or dead letter"). The rule is narrow on
 purpose: a message's own fault taken for an outage would hold its consumer for good, so a bare `TimeoutError` is a
-dependency's only when a client's code raised it. It reads the cause and context chain, SQLAlchemy's wrapped `orig`
-and every leaf of an exception group, and knows the clients by their modules, so it imports none of them.
+dependency's only when a client's code raised it. It knows the clients by their modules, so it imports none of them.
 """
 
 from __future__ import annotations

@@ -86,8 +86,7 @@ def ssl_context(s: KafkaSecurity) -> ssl.SSLContext:
 
 @lru_cache
 def token_provider(spec: str) -> AbstractTokenProvider:
-    """The OAUTHBEARER token provider `module:attribute` names (an instance, or a callable making one), made once
-    per process and shared by its clients."""
+    """The OAUTHBEARER token provider `module:attribute` names (or a callable making one), shared in the process."""
     module_name, _, attribute = spec.partition(":")
     try:
         found: Any = importlib.import_module(module_name)

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
 
+# a broken producer's stop flushes nothing that matters, and a restart that fails is tried by the next commit
 DISCARD_TIMEOUT_S = 10
 RESTART_TIMEOUT_S = 30
 
@@ -63,6 +64,7 @@ class TransactionalOutlet:
         self._staged.setdefault(tp, {})[consumed.offset] = (message.model_dump_json().encode(), key, headers)
 
     def forget(self, partitions: list[TopicPartition]) -> None:
+        """Partitions given up in a rebalance: the next owner reads their uncommitted records again."""
         for tp in partitions:
             self._staged.pop(tp, None)
 

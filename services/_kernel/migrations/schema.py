@@ -124,7 +124,7 @@ async def upgrade(
             if found is not None and found not in lineage(store):
                 raise SchemaMismatch(mismatch(store, url, found))
         config = _config()
-        config.attributes["connection"] = conn
+        config.attributes["connection"] = conn  # env.py runs on it
         for store in stores:
             command.upgrade(config, to or f"{store}@head")
         return [(s, before[s], found_revision(conn, s)) for s in stores]

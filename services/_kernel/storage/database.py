@@ -46,7 +46,7 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
             if not read_only:  # a read-only connection cannot change the journal
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute(f"PRAGMA journal_size_limit={JOURNAL_LIMIT_BYTES}")
+            cur.execute(f"PRAGMA journal_size_limit={JOURNAL_LIMIT_BYTES}")  # a checkpoint cuts the WAL back to it
             cur.execute("PRAGMA busy_timeout=0")  # on the event loop: fail at once when locked
             cur.close()
 
@@ -55,7 +55,7 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
         return create_async_engine(
             url,
             pool_size=1,
-            max_overflow=0,
+            max_overflow=0,  # its readers run one statement at a time
             connect_args={"server_settings": {"default_transaction_read_only": "on"}},
         )
     return create_async_engine(url, pool_size=pool_size, max_overflow=0)

@@ -1,5 +1,4 @@
-"""ledger_0002 (after ledger_0001): the fence's lease and deadline, the outbox's time, the approvals table, and
-the index the guard finds a conversation's running turn by."""
+"""ledger_0002 (after ledger_0001): the fence's lease and deadline, the outbox's time, approvals, a conversation index."""
 
 import sqlalchemy as sa
 
