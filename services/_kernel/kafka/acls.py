@@ -1,26 +1,9 @@
 """Least privilege on the cluster: the ACLs each service's principal needs, derived from the topology.
 
-Each service runs as its own principal (`User:roundtrip-<service>` unless told otherwise) and gets exactly:
-
-* for every input: Read and Describe on its topic, Read on its consumer group (`<prefix>roundtrip-<service>...`);
-* for every output and the dead letters: Write and Describe on the topic, IdempotentWrite on the cluster;
-* for every topic it reads without a group (`reads`: the console, the dead letters and which were handled): Read and
-  Describe; a service that re-drives dead letters (the console): Write and Describe on every topic a service consumes;
-* the gateway also: Read and Describe on `support.replies` (it reads which turns were answered, with no group)
-  and Write and Describe on its transactional ids (`<prefix>roundtrip-gateway-` prefixed: one per replica);
-* the guard also: DescribeConfigs and Describe on `support.requests` (its ledger's retention must outlast the topic's
-  retention.ms: services/_guard/retention.py).
-
-Every name carries the fleet's topic prefix (ROUNDTRIP_TOPIC_PREFIX): topics, groups and transactional ids alike, so
-the ACLs of two fleets on one cluster grant neither fleet anything of the other's.
-
-So a compromised executor can write nothing but model calls, approval requests and dead letters, and read
-nothing but the signed batches it runs. Two more principals are not services: `operator` (the `roundtrip`
-commands: topics, lag, ask, cancel, approvals) and `app` (the user's own client: it publishes requests and reads
-replies, and support.status, in its own group).
-
-`roundtrip acls` prints them as `kafka-acls` commands (`render`), one per resource and operation set, or adds
-them through the admin API (`apply`, `roundtrip acls --apply`: Kafka's CreateAcls, as kafka-acls.sh does).
+Each service runs as its own principal: Read on its inputs and groups, Write on its outputs and the dead letters,
+and what its role adds (the gateway's transactional ids), so a compromised executor can write nothing but model
+calls, approval requests and dead letters. Every name carries the fleet's topic prefix, so two fleets on one
+cluster grant each other nothing. `render` prints `kafka-acls.sh` commands, `apply` adds them by the admin API.
 """
 
 from __future__ import annotations
@@ -32,7 +15,7 @@ from typing import Any
 from roundtrip._kernel.wire import topics, topology
 
 DEFAULT_PRINCIPAL = "User:roundtrip-{name}"
-# Kafka's codes (org.apache.kafka.common.resource.ResourceType, acl.AclOperation, PatternType, AclPermissionType)
+# Kafka's ResourceType, AclOperation, PatternType and AclPermissionType codes
 RESOURCE_CODES = {"topic": 2, "group": 3, "cluster": 4, "transactional-id": 5}
 OPERATION_CODES = {
     "Read": 3,
@@ -50,8 +33,6 @@ OPERATOR, APP = "operator", "app"
 
 @dataclass(frozen=True, order=True)
 class Acl:
-    """Allow `principal` the `operations` on one resource (`kind`: topic, group, transactional-id or cluster)."""
-
     principal: str
     kind: str
     name: str
@@ -76,7 +57,6 @@ def _topic(principal: str, name: str, prefix: str, *operations: str) -> Acl:
 
 
 def for_service(service: topology.Service, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
-    """What `service`'s principal needs: nothing more (see the module docstring)."""
     who = principal.format(name=service.name)
     acls = [_topic(who, i.topic, prefix, "Read") for i in service.inputs]
     acls += [Acl(who, "group", i.group(service.name, prefix), ("Read",)) for i in service.inputs]
@@ -88,14 +68,13 @@ def for_service(service: topology.Service, prefix: str = "", principal: str = DE
     if service.name == "gateway":
         acls.append(_topic(who, topics.SUPPORT_REPLIES, prefix, "Read"))
         acls.append(Acl(who, "transactional-id", f"{prefix}roundtrip-gateway-", ("Write", "Describe"), prefixed=True))
-    if service.name == "guard":  # it reads the requests topic's retention.ms before it starts
+    if service.name == "guard":  # its ledger's retention must outlast the requests topic's retention.ms
         acls.append(_topic(who, topics.SUPPORT_REQUESTS, prefix, "DescribeConfigs"))
     return _merged(acls)
 
 
 def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
-    """The `roundtrip` commands: make and grow the topics, read every topic, publish requests, cancels and
-    decisions, read the groups' offsets (lag)."""
+    """The `roundtrip` commands: make and grow the topics, read them all, publish requests, cancels, decisions."""
     who = principal.format(name=OPERATOR)
     acls = [
         Acl(
@@ -116,8 +95,7 @@ def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[A
 
 
 def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
-    """The user's app: publish requests, read replies (and the status of its turns, and their streamed text) in its own
-    consumer group `group`."""
+    """The user's app: publish requests, read replies, status and stream in its own consumer group `group`."""
     who = principal.format(name=APP)
     return _merged(
         [
@@ -132,8 +110,6 @@ def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) ->
 
 
 def derive(prefix: str = "", principal: str = DEFAULT_PRINCIPAL, app_group: str | None = None) -> dict[str, list[Acl]]:
-    """Every principal of the fleet -> its ACLs: the services (topology order), the operator, and the app when
-    `app_group` names its consumer group."""
     derived = {s.name: for_service(s, prefix, principal) for s in topology.SERVICES}
     derived[OPERATOR] = for_operator(prefix, principal)
     if app_group:
@@ -142,7 +118,6 @@ def derive(prefix: str = "", principal: str = DEFAULT_PRINCIPAL, app_group: str 
 
 
 def render(derived: dict[str, list[Acl]], bootstrap: str, command_config: str | None = None) -> str:
-    """The ACLs as `kafka-acls.sh` commands, each principal under a comment line."""
     lines: list[str] = []
     for name, acls in derived.items():
         lines.append(f"# {name}: {acls[0].principal}" if acls else f"# {name}")
@@ -151,9 +126,8 @@ def render(derived: dict[str, list[Acl]], bootstrap: str, command_config: str | 
 
 
 async def apply(admin: Any, derived: dict[str, list[Acl]]) -> int:
-    """Add every ACL through a started AIOKafkaAdminClient of a principal allowed to (CreateAcls, one binding per
-    request); raises ValueError naming the first the cluster refused. Returns how many bindings were added
-    (adding one that exists changes nothing)."""
+    """Add every ACL through a started admin client, one binding per request; returns how many. Raises ValueError
+    naming the first binding the cluster refused."""
     from aiokafka.protocol.admin import CreateAclsRequest
 
     added = 0
@@ -180,7 +154,6 @@ async def apply(admin: Any, derived: dict[str, list[Acl]]) -> int:
 
 
 def _merged(acls: list[Acl]) -> list[Acl]:
-    """One ACL per resource: operations of the same resource joined (in first-seen order), duplicates dropped."""
     by_resource: dict[tuple[str, str, str, bool], list[str]] = {}
     for acl in acls:
         ops = by_resource.setdefault((acl.principal, acl.kind, acl.name, acl.prefixed), [])

@@ -1,12 +1,6 @@
-"""Topic administration: create the fleet's topics (idempotently) and wait for a broker.
-
-    report = await ensure_topics(kafka_clients(settings), prefix="", partitions=6, executor_partitions=12)
-    report.created, report.existing, report.grown
-
-The first argument of each function here is the cluster: a KafkaClients (services/_kernel/kafka/clients.py, its
-security included) or a bootstrap string (PLAINTEXT). `create_topics` is the short form returning only the names it
-created. Existing topics are left alone, except that a topic with fewer partitions than asked is grown (Kafka can only
-add partitions), so raising `executor_partitions` scales the executors of a running fleet.
+"""Topic administration: create the fleet's topics idempotently, wait for a broker, read consumer lag. An existing
+topic keeps its settings but grows to the partitions asked (Kafka can only add), so raising `executor_partitions`
+scales the executors of a running fleet.
 """
 
 from __future__ import annotations
@@ -27,10 +21,8 @@ from roundtrip._kernel.wire import topics, topology
 
 log = logging.getLogger(__name__)
 
-DEAD_LETTER_PARTITIONS = 1  # dead letters are for people to read, in order
-# A dead letter carries the original record base64-encoded (4/3 of its size) plus a readable copy,
-# so the dead letter of a record near the broker's 1 MB default limit is ~1.4-2.7 MB: the dead-letter
-# topic accepts records up to this size (and the services' producers send them: messaging.make_broker).
+DEAD_LETTER_PARTITIONS = 1
+# a dead letter carries its record base64-encoded plus a readable copy: well past the broker's 1 MB default
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 
 
@@ -38,7 +30,7 @@ DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 class TopicsReport:
     created: list[str] = field(default_factory=list)
     existing: list[str] = field(default_factory=list)
-    grown: list[str] = field(default_factory=list)  # existing topics that got more partitions
+    grown: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         parts = [f"created {len(self.created)}", f"already there {len(self.existing)}"]
@@ -48,14 +40,12 @@ class TopicsReport:
 
 
 def topic_configs(name: str, prefix: str = "") -> dict[str, str]:
-    """Per-topic configuration the fleet needs: a large enough message limit on the dead-letter topic."""
     if name == prefix + topics.DEAD_LETTERS:
         return {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)}
     return {}
 
 
 def desired_topics(prefix: str, partitions: int, executor_partitions: int | None = None) -> dict[str, int]:
-    """Wire name -> partition count of every topic of the fleet."""
     counts = {}
     for name in topology.topic_names():
         if name == topics.TOOL_BATCHES:
@@ -75,12 +65,8 @@ def _admin(kafka: KafkaClients | str, request_timeout_ms: int = 30000) -> AIOKaf
 async def _partition_counts(
     admin: AIOKafkaAdminClient, names: list[str], timeout: float = 10.0, at_least: dict[str, int] | None = None
 ) -> dict[str, int]:
-    """Partition count of each topic, once the broker's metadata shows all of them with leaders
-    (and at least `at_least[name]` partitions).
-
-    Right after a create, the broker may not know the topic yet (the controller commits first,
-    the broker's metadata cache follows a moment later), so this polls until it does.
-    """
+    """Partition count of each topic, polled until the broker's metadata shows all with leaders (and at least
+    `at_least[name]` partitions): right after a create, the broker's metadata cache lags the controller."""
     at_least = at_least or {}
     deadline = time.monotonic() + timeout
     while True:
@@ -106,10 +92,6 @@ async def ensure_topics(
     grow: bool = True,
     timeout: float = 30.0,
 ) -> TopicsReport:
-    """Create the fleet's topics that do not exist yet; report what was created and what existed.
-
-    A topic is created with `replication_factor` replicas and, when given, `min.insync.replicas`; a topic that
-    exists keeps the replication and settings it has (only its partitions grow)."""
     durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
     wanted = desired_topics(prefix, partitions, executor_partitions)
     report = TopicsReport()
@@ -123,8 +105,7 @@ async def ensure_topics(
             await _create(
                 admin, {name: wanted[name] for name in missing}, replication_factor, prefix, durability, timeout, report
             )
-        # Wait until the broker serves every topic (so producers and consumers started right after
-        # this call find them), and grow the existing ones that have fewer partitions than asked.
+        # so that producers and consumers started right after this call find every topic
         counts = await _partition_counts(admin, list(wanted), timeout)
         if missing_now := [name for name in wanted if name not in counts]:
             raise KafkaError(f"topics not available after {timeout:.0f}s: {', '.join(missing_now)}")
@@ -157,7 +138,6 @@ async def _create(
     timeout: float,
     report: TopicsReport,
 ) -> None:
-    """Create these topics (name -> partitions); one created meanwhile by someone else counts as existing."""
     response = await admin.create_topics(
         [
             NewTopic(name, partitions, replication_factor, topic_configs={**topic_configs(name, prefix), **durability})
@@ -170,14 +150,13 @@ async def _create(
         message = topic_error[2] if len(topic_error) > 2 else None
         if code == 0:
             report.created.append(name)
-        elif code == TopicAlreadyExistsError.errno:  # created concurrently by someone else
+        elif code == TopicAlreadyExistsError.errno:
             report.existing.append(name)
         else:
             raise for_code(code)(f"could not create topic {name}: {message}")
 
 
 async def _raise_message_limits(admin: AIOKafkaAdminClient, names: list[str], prefix: str) -> None:
-    """An existing dead-letter topic (made before the limit existed) gets the larger limit, other settings kept."""
     if not names:
         return
     described = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
@@ -204,17 +183,11 @@ async def create_topics(
     executor_partitions: int | None = None,
     replication_factor: int = 1,
 ) -> list[str]:
-    """Create every topic of the topology (prefixed) that is missing; return the names created.
-
-    Safe to run twice: the second run creates nothing. The executor topic gets
-    `executor_partitions or partitions` partitions, the dead-letter topic one.
-    """
     report = await ensure_topics(bootstrap, prefix, partitions, executor_partitions, replication_factor)
     return report.created
 
 
 async def wait_for_broker(bootstrap: KafkaClients | str, timeout: float = 60.0) -> None:
-    """Wait until the cluster at `bootstrap` answers a metadata request with a live broker."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -233,16 +206,13 @@ async def wait_for_broker(bootstrap: KafkaClients | str, timeout: float = 60.0) 
     raise TimeoutError(f"no Kafka broker answering at {clients_of(bootstrap).bootstrap} after {timeout:.0f}s ({last})")
 
 
-# -- consumer lag ---------------------------------------------------------------------------
-
-
 @dataclass
 class PartitionLag:
     topic: str
     partition: int
-    committed: int | None  # None: the group has not committed on this partition
-    start: int  # log start offset (where a group without a commit begins: auto_offset_reset=earliest)
-    end: int  # log end offset (high watermark)
+    committed: int | None
+    start: int  # where a group without a commit begins (auto_offset_reset=earliest)
+    end: int
 
     @property
     def lag(self) -> int:
@@ -261,7 +231,7 @@ class GroupMember:
 @dataclass
 class GroupLag:
     group: str
-    state: str  # Stable, Empty, PreparingRebalance, CompletingRebalance, Dead (never existed or expired)
+    state: str  # Dead: never existed or expired
     partitions: list[PartitionLag] = field(default_factory=list)
     members: list[GroupMember] = field(default_factory=list)
 
@@ -298,7 +268,6 @@ class GroupLag:
 
 
 def _decode_members(members: list[Any], protocol_type: str, wire: set[str]) -> tuple[list[GroupMember], set[str]]:
-    """Members of a group and the fleet topics they subscribe to (from the consumer protocol's metadata)."""
     from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 
     decoded, subscribed = [], set()
@@ -330,13 +299,8 @@ async def _retrying(call: Callable[[], Awaitable[Any]], timeout: float) -> Any:
 async def consumer_lag(
     bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None, timeout: float = 10.0
 ) -> list[GroupLag]:
-    """Lag of the consumer groups of the fleet whose topic prefix is `prefix` (and any other `<prefix>roundtrip-*`
-    group) on this prefix's topics: another fleet on the cluster, its groups prefixed otherwise, is not shown.
-
-    Per group: committed offset, log start and end offset and lag per partition, and its members with
-    their assigned partitions. `group` keeps one group ("executor", "roundtrip-executor" or the full name). The
-    topology's groups are shown even before they exist or commit: a group that never committed lags from the start
-    of the log.
+    """Lag per partition and members of the fleet's groups on `prefix`'s topics (another fleet's are not shown).
+    The topology's groups are shown even before they exist: a group that never committed lags from the log's start.
     """
     from aiokafka import TopicPartition
 
@@ -397,8 +361,6 @@ def _topics_of(
     fleet_groups: dict[str, str],
     prefix: str,
 ) -> set[str]:
-    """The fleet's topics group `name` reads: those it committed on, its members' and subscriptions', and the topic
-    the topology gives it (a group that never committed lags from the start of its topic)."""
     _, members, subscribed = described.get(name, ("", [], set()))
     mine = {tp.topic for tp in committed[name] if tp.topic in wire} | subscribed
     mine |= {t for m in members for t, _ in m.partitions}
@@ -410,10 +372,8 @@ def _topics_of(
 async def _describe_groups(
     admin: AIOKafkaAdminClient, names: list[str], wire: set[str], timeout: float
 ) -> dict[str, tuple[str, list[GroupMember], set[str]]]:
-    """Each group's state, members and the topics it subscribes to (of `wire`, this prefix's fleet topics)."""
     described: dict[str, tuple[str, list[GroupMember], set[str]]] = {}
-    # One group per request: aiokafka 0.14 misreads a DescribeGroups response that carries several groups
-    # (the second group's fields come out shifted, then the connection is dropped), so ask for each separately.
+    # one group per request: aiokafka misreads a DescribeGroups response that carries several groups
     responses = await _retrying(lambda: asyncio.gather(*(admin.describe_consumer_groups([n]) for n in names)), timeout)
     for response in (r for rs in responses for r in rs):
         for error_code, name, state, protocol_type, _protocol, members, *_ in response.groups:

@@ -1,35 +1,8 @@
-"""Key-ordered concurrent consumption on aiokafka: many messages in flight, one conversation at a time.
+"""Key-ordered concurrent consumption on aiokafka: records of one key in offset order, of different keys at once.
 
-A model call takes seconds, so a service that handles one message per partition at a time
-serves a handful of conversations while the rest wait. `KeyOrderedConsumer` is what the
-Confluent Parallel Consumer (key-ordering mode) and LINE's Decaton do, small:
-
-* **Per-key order, cross-key concurrency.** Records of one key (a conversation id) run one
-  after another, in offset order; records of different keys run concurrently, many per
-  partition. A record without a key has no order to keep and runs on its own.
-* **Bounded.** At most `max_in_flight` records are held (running or waiting for their key).
-  At the limit the consumer *pauses* its partitions (it keeps polling, so it stays in the
-  group) and resumes when there is room: an overload waits in Kafka, where lag shows it.
-* **Held back on demand.** `hold(True)` pauses fetching whatever the room (the handler's own resource
-  is at its limit: the model service's share of the API's rate limits), `hold(False)` resumes it, so
-  new work waits in Kafka as lag instead of in memory.
-* **Commits never pass an unfinished record.** Each partition commits the offset of its
-  first unfinished record (or the next offset when all are done), batched: at most one
-  commit per `commit_interval_s`, not one round trip per message.
-* **Rebalance and shutdown lose nothing.** Revoked partitions stop starting records; the
-  running ones finish (bounded by `drain_timeout_s`), then their offsets are committed, so
-  the next owner starts at the first record that did not finish.
-* **An outage holds only what it must.** A record that raised `faults.RetryLater` is retried in its place (its
-  offset uncommitted, its key's later records behind it). For the fleet's own dependency (the ledger, the broker)
-  the partitions are paused until it goes through: nothing else would; for an agent's backend
-  (`RetryLater.backend`) only its key is held and the other keys go on (services/_kernel/kafka/outages.py: a log
-  line, a metric, /readyz for the fleet's).
-* **A record is never dropped because handling it failed.** The processing callable owns
-  the dead-letter path; if even that raises (say Kafka is down), the record is retried with
-  backoff while its key waits: nothing after it in that conversation overtakes it.
-
-It drives any callable; `roundtrip._kernel.kafka.messaging.subscribe` runs the kernel's message path
-(decode, consumer span, metrics, the handler, dead letters) through it.
+At `max_in_flight` the partitions are paused while polling goes on (an overload waits in Kafka as lag). A
+partition's commit never passes its first unfinished record, and a record is never dropped: `RetryLater` retries
+it in its place, a failure past the callable's dead-letter path goes to `rescue` (docs/operating/scaling.md).
 """
 
 from __future__ import annotations
@@ -90,7 +63,6 @@ class _Partition:
             self.idle.set()
 
     def safe(self) -> int | None:
-        """The offset to commit: the first unfinished record, or the next one when all are done."""
         slots = self.slots
         while slots and slots[0].done:
             slots.popleft()
@@ -118,40 +90,36 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         self._commit_interval = commit_interval_s
         self._commit_fn = commit
         self._rescue = rescue
-        self._forget = forget  # told which partitions we gave up (after their last commit)
+        self._forget = forget
         self._idle_wait_ms = idle_wait_ms
         self._drain_timeout = drain_timeout_s
-        # the handler only waits (say, for admission) and is safe to interrupt: a rebalance or a stop
-        # cancels it at once instead of waiting for it, and the record is read again by the next owner
+        # for a handler that only waits (admission): the next owner reads the cancelled record again
         self._cancel_on_revoke = cancel_on_revoke
         self._consumer: AIOKafkaConsumer | None = None
         self._parts: dict[TopicPartition, _Partition] = {}
         self._keys: dict[tuple[TopicPartition, Any], deque[tuple[Any, _Slot]]] = {}
-        self._tasks: dict[tuple[TopicPartition, Any], asyncio.Task[None]] = {}  # key -> the task running its records
+        self._tasks: dict[tuple[TopicPartition, Any], asyncio.Task[None]] = {}
         self._held = 0
         self._running = 0
         self._paused = False
-        self._held_back = False  # hold(): the handler asked for no new records
-        self.outages = Outages(name)  # dependencies unavailable now: no new records until they answer
+        self._held_back = False
+        self.outages = Outages(name)
         self._stopping = False
         self._room = asyncio.Event()
         self._room.set()
         self._dirty = asyncio.Event()
         self._commit_lock = asyncio.Lock()
         self._committer: asyncio.Task[None] | None = None
-        self.last_poll = time.monotonic()  # liveness: the loop polls at least every idle_wait_ms
-        self.assigned = False  # readiness: the group gave us partitions (or joined with none)
+        self.last_poll = time.monotonic()
+        self.assigned = False  # joined the group, with or without partitions
         self.processed = 0
 
-    # -- what operators and health checks see -----------------------------------------------
     @property
     def process(self) -> Process:
-        """What each record is handed to (the `process` it was made with)."""
         return self._process
 
     @property
     def in_flight(self) -> int:
-        """Records held: running, or waiting behind an earlier record of their key."""
         return self._held
 
     @property
@@ -163,7 +131,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         return self._paused
 
     def hold(self, held: bool) -> None:
-        """Stop (True) or resume (False) fetching new records, whatever the room; the running ones go on."""
+        """Stop (True) or resume (False) fetching, whatever the room: the handler's own resource is at its limit."""
         self._held_back = held
         if not held:
             self._room.set()
@@ -171,9 +139,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
     def committed(self) -> dict[TopicPartition, int | None]:
         return {tp: p.committed for tp, p in self._parts.items()}
 
-    # -- the loop --------------------------------------------------------------------------
     async def run(self, consumer: AIOKafkaConsumer) -> None:
-        """Fetch, hand out, pause at the limit; returns when the consumer stops or drain() is called."""
         self._consumer = consumer
         self._stopping = False
         if self._committer is None or self._committer.done():
@@ -183,12 +149,11 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
                 if self._paused or self._held_back or self.outages or self._held >= self._limit:
                     await self._wait_for_room(consumer)
                     continue
-                # never take more than there is room for: the rest stays in Kafka (or aiokafka's bounded prefetch)
                 batch = await consumer.getmany(timeout_ms=self._idle_wait_ms, max_records=self._limit - self._held)
                 self.last_poll = time.monotonic()
             except ConsumerStoppedError:
                 return
-            except KafkaError as exc:  # the broker is away: aiokafka reconnects; keep polling gently
+            except KafkaError as exc:  # aiokafka reconnects by itself
                 log.warning("%s: fetching failed (%s); retrying in 1 s", self.name, exc)
                 await asyncio.sleep(1.0)
                 continue
@@ -200,7 +165,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
                     self._hand_out(part, record)
 
     async def _wait_for_room(self, consumer: AIOKafkaConsumer) -> None:
-        """At the limit or held back: pause every partition, keep polling (membership), resume when there is room."""
+        """Pause every partition and keep polling, so the group keeps us, until there is room."""
         if not self._paused:
             self._paused = True
             self._room.clear()
@@ -214,7 +179,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
             self._paused = False
             consumer.resume(*consumer.assignment())
         else:
-            self._room.clear()  # set by a finish while still held back: wait for the next one (or the hold's end)
+            self._room.clear()  # set by a finish while still held back
             await consumer.getmany(timeout_ms=0)  # paused: returns nothing, but counts as a poll
             self.last_poll = time.monotonic()
 
@@ -223,7 +188,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         self._held += 1
         key = (part.tp, record.key if record.key is not None else ("offset", record.offset))
         queue = self._keys.get(key)
-        if queue is not None:  # an earlier record of this conversation is running: wait behind it
+        if queue is not None:
             queue.append((record, slot))
             return
         self._keys[key] = deque([(record, slot)])
@@ -255,9 +220,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
             self._tasks.pop(key, None)
 
     async def _handle(self, record: Any, part: _Partition, key: tuple[TopicPartition, Any]) -> bool:
-        """Process one record; True when it is finished (handled or dead-lettered), False when it was given up (a
-        rebalance, a stop: not finished, so never committed). An outage: retried in place, the consumer paused (the
-        fleet's dependency) or only `key` held (an agent's backend)."""
+        """True when the record is finished (handled or dead-lettered), False when a rebalance or a stop gave it up."""
         try:
             await self._process(record)
             return True
@@ -281,7 +244,6 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         return lambda: part.revoked or self._stopping
 
     def _rescued(self, record: Any, part: _Partition) -> Callable[[BaseException], Awaitable[bool]]:
-        """The processing callable failed past its own dead-letter path: dead-letter it here, retried until it is."""
         return lambda failure: rescue_until_done(self.name, self._rescue, record, failure, self._given_up(part))
 
     def _finished(self, part: _Partition, n: int) -> None:
@@ -291,20 +253,17 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         if self._held < self._limit:
             self._room.set()
 
-    # -- commits ---------------------------------------------------------------------------
     async def _commit_loop(self) -> None:
-        """Wake when something finished, wait the interval (more finishes join the batch), commit."""
         while True:
             await self._dirty.wait()
-            if self._commit_interval > 0:
+            if self._commit_interval > 0:  # the finishes meanwhile join this commit
                 await asyncio.sleep(self._commit_interval)
             self._dirty.clear()
             if not await self.commit():
                 self._dirty.set()
-                await asyncio.sleep(1.0)  # the broker is away or we are rebalancing: try again soon
+                await asyncio.sleep(1.0)
 
     async def commit(self, parts: list[_Partition] | None = None) -> bool:
-        """Commit the safe offset of every partition (or of `parts`) that moved; False on failure."""
         async with self._commit_lock:
             offsets = {}
             for part in parts if parts is not None else list(self._parts.values()):
@@ -318,7 +277,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
                     await self._commit_fn(offsets)
                 elif self._consumer is not None:
                     await self._consumer.commit(offsets)
-            except Exception as exc:  # noqa: BLE001 - commits are retried; at least once holds meanwhile
+            except Exception as exc:  # noqa: BLE001 - retried by the commit loop
                 log.warning(
                     "%s: committing %s failed: %s: %s", self.name, _fmt(offsets), type(exc).__name__, shortened(exc)
                 )
@@ -329,7 +288,6 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
                     held.committed = offset
             return True
 
-    # -- rebalance (aiokafka calls these between polls) ----------------------------------------
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         parts = [self._parts[tp] for tp in revoked if tp in self._parts]
         for part in parts:
@@ -345,12 +303,12 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
             old = self._parts.get(tp)
             if old is None or old.revoked:
                 self._parts[tp] = _Partition(tp)
-        self._paused = False  # a new assignment starts unpaused; the loop pauses again if full
+        self._paused = False  # a new assignment starts unpaused
         self._room.set()
         self.assigned = True
 
     async def _settle(self, parts: list[_Partition]) -> None:
-        """Let the running records of `parts` finish (bounded), then commit what they finished."""
+        """Let the running records of `parts` finish (bounded by drain_timeout_s), then commit what finished."""
         if not parts:
             return
         if self._cancel_on_revoke:
@@ -373,7 +331,6 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         await self.commit(parts)
 
     async def drain(self) -> None:
-        """Graceful stop: start nothing new, let running records finish (bounded), commit."""
         self._stopping = True
         self._room.set()
         for part in self._parts.values():

@@ -9,9 +9,8 @@ from typing import Any
 
 
 class SeenIds:
-    """The last `capacity` keys seen (the least recently seen go first), each with a value remembered for it; with
-    `max_age_s`, also no key last seen longer ago than that, so a steady rate holds rate x max_age_s keys, not
-    `capacity` (which a slow rate would take hours to fill: memory growing all that while)."""
+    """The last `capacity` keys seen, each with a value remembered for it. `max_age_s` also forgets keys unseen that
+    long, so memory follows the rate instead of growing for hours towards `capacity` at a slow one."""
 
     def __init__(
         self, capacity: int = 100_000, max_age_s: float | None = None, clock: Callable[[], float] = time.monotonic

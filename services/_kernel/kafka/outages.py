@@ -1,19 +1,6 @@
-"""A consumer's view of its dependencies' outages: when one began, said once, counted, shown.
-
-`KeyOrderedConsumer` keeps one `Outages`. A record whose handler failed with `faults.RetryLater` is retried in its
-place with backoff; what else waits depends on whose the dependency is:
-
-* **the fleet's own** (the ledger, the broker, the Messages API): the record begins (or joins) the outage of its
-  dependency, which pauses the consumer's partitions; the first record that then goes through ends it and the
-  consumer resumes. One warning when an outage begins and one line when it ends, never one per message;
-  `roundtrip_dependency_unavailable{consumer, dependency}` is 1 meanwhile and /readyz fails
-  (services/_kernel/kafka/messaging.py registers `waiting` as a readiness check): nothing else could go through.
-* **an agent's backend** (`RetryLater.backend`: a resolver, a policy, a tool talking to the company's systems on
-  behalf of one conversation): only the record's key is held (its later records wait behind it, as always); the
-  consumer keeps fetching and the other keys go on. One warning when a key begins to be held, never one per try;
-  `roundtrip_held_keys{consumer}` counts the keys held now. Readiness is not touched: the replica serves the other
-  conversations. A try is due again at `RetryLater.until` (the turn's deadline) when that comes before the backoff's,
-  so the handler that answers without the backend after it does so right then.
+"""A consumer's view of its dependencies' outages: when one began, said once, counted, shown. The fleet's own
+dependency pauses the whole consumer (and fails /readyz: nothing else could go through); an agent's backend holds
+only the record's key (docs/faults.md, "What an outage holds").
 """
 
 from __future__ import annotations
@@ -29,17 +16,16 @@ from roundtrip._kernel.observability import metrics
 
 log = logging.getLogger("roundtrip.consumer")
 
-RETRY_FIRST_S, RETRY_MAX_S = 0.25, 5.0  # a failed record's next try: doubled each time up to the maximum
-_KEY_ONLY = "\x00key"  # what a record waits for when only its key is held (no dependency's name can be it)
+RETRY_FIRST_S, RETRY_MAX_S = 0.25, 5.0
+_KEY_ONLY = "\x00key"  # no dependency's name can be it
 
 
 def _waits_for(failed: RetryLater, key: Hashable) -> str:
-    """_KEY_ONLY for a backend's failure of a record with a key; otherwise the fleet's dependency to wait for."""
     return _KEY_ONLY if failed.backend and key is not None else failed.dependency
 
 
 def next_try(delay: float, until: float | None) -> float:
-    """The wait before the next try: the backoff, cut short at `until` (epoch seconds) while that is still ahead."""
+    """The backoff, cut short at `until` (epoch seconds) while that is still ahead."""
     if until is not None:
         left = until - time.time()
         if 0 < left < delay:
@@ -50,13 +36,12 @@ def next_try(delay: float, until: float | None) -> float:
 class Outages:
     def __init__(self, consumer: str) -> None:
         self.consumer = consumer
-        self._since: dict[str, float] = {}  # dependency -> when its outage began (monotonic)
-        self._retrying: dict[str, int] = {}  # dependency -> records waiting for it now
-        self._held: set[Hashable] = set()  # keys whose record waits for a backend now
+        self._since: dict[str, float] = {}
+        self._retrying: dict[str, int] = {}
+        self._held: set[Hashable] = set()
 
     @property
     def waiting(self) -> tuple[str, ...]:
-        """The dependencies the consumer waits for now (empty: none)."""
         return tuple(self._since)
 
     def __bool__(self) -> bool:
@@ -64,7 +49,6 @@ class Outages:
 
     @property
     def held_keys(self) -> int:
-        """Keys whose record waits for an agent's backend now (the consumer's other keys go on)."""
         return len(self._held)
 
     async def retry(
@@ -76,10 +60,8 @@ class Outages:
         key: Hashable = None,
         label: str = "",
     ) -> bool:
-        """Try `attempt` again with backoff until it goes through (True), `given_up()` (False), or it fails for what
-        the message is (`rescue(exc)`: the dead-letter path, whose answer is returned). A backend's failure holds
-        `key` (named `label` in the log) alone; the fleet's pauses the consumer; a try that fails the other way
-        moves the record from one wait to the other."""
+        """Try `attempt` again until it goes through (True), `given_up()` (False), or fails for what the message is
+        (`rescue(exc)`'s answer). A try that fails the other way moves the record from one wait to the other."""
         delay, answered = RETRY_FIRST_S, False
         waiting = self._begin(failed, key, label)
         try:
@@ -112,7 +94,6 @@ class Outages:
             self._end(waiting, key, answered)
 
     def _begin(self, failed: RetryLater, key: Hashable, label: str) -> str:
-        """The record waits: its key held (a backend's failure), or the consumer paused for the dependency."""
         waiting = _waits_for(failed, key)
         if waiting != _KEY_ONLY:
             self.waits(waiting, failed.reason)
@@ -139,12 +120,10 @@ class Outages:
             metrics.held_keys.labels(self.consumer).set(len(self._held))
 
     def waits(self, dependency: str, reason: str) -> None:
-        """A record could not be handled because `dependency` is unavailable; it waits (call `stops_waiting` after)."""
         self._retrying[dependency] = self._retrying.get(dependency, 0) + 1
         self.failed(dependency, reason)
 
     def failed(self, dependency: str, reason: str) -> None:
-        """One more try of a waiting record failed for `dependency` (the first begins its outage)."""
         metrics.retried_messages.labels(self.consumer, dependency).inc()
         if dependency in self._since:
             return
@@ -158,8 +137,8 @@ class Outages:
         )
 
     def stops_waiting(self, dependency: str, answered: bool) -> None:
-        """A waiting record went through (`answered`: the outage is over) or was given up (a rebalance, a stop:
-        when it was the last one waiting, the consumer stops waiting too; the next record finds out afresh)."""
+        """A waiting record went through (`answered`: the outage is over) or was given up: when the last one is,
+        the consumer stops waiting and the next record finds out afresh."""
         left = self._retrying.get(dependency, 1) - 1
         if left > 0:
             self._retrying[dependency] = left
@@ -186,8 +165,8 @@ async def rescue_until_done(
     failure: BaseException,
     given_up: Callable[[], bool],
 ) -> bool:
-    """The record's processing failed past its own dead-letter path: `rescue(record, failure)` (dead-letter it) until
-    it succeeds (True) or `given_up()` (False), with backoff while its key waits; nothing else may stop the consumer."""
+    """Dead-letter a record whose processing failed past its own dead-letter path: `rescue` until it succeeds (True)
+    or `given_up()` (False), while its key waits."""
     delay = 0.25
     while True:
         try:
@@ -215,9 +194,8 @@ async def rescue_until_done(
 
 
 def shortened(exc: BaseException, limit: int = 300) -> str:
-    """An exception's text for a log line: at most `limit` characters, and never an error of its own."""
     try:
         text = str(exc)
-    except Exception:  # noqa: BLE001 - even str() of an exception can fail (RecursionError)
+    except Exception:  # noqa: BLE001 - even str() of an exception can fail
         text = "<unprintable>"
     return text if len(text) <= limit else text[:limit] + "…"

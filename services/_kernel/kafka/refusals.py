@@ -1,10 +1,5 @@
-"""Why Kafka refused this process, in one line: what a service or a command says before it exits at start.
-
-aiokafka reports a refused connection as "Unable to bootstrap" (KafkaConnectionError), the same as a broker
-that is down; the cause (a wrong password, a certificate the client does not trust, a SASL mechanism the broker
-does not offer) is only in its log. `refusal(kafka)` connects once more to each bootstrap server, the same way,
-and names the cause (None: nothing refused us, the brokers are out of reach). `authorization(exc)` names an ACL
-refusal. Neither says a password or a token.
+"""Why Kafka refused this process, in one line: aiokafka reports a refusal as "Unable to bootstrap", like a broker
+that is down, so `refusal` connects once more to each server and names the cause, never a password or a token.
 """
 
 from __future__ import annotations
@@ -82,7 +77,6 @@ def _cause(kafka: KafkaClients, exc: BaseException) -> str | None:
 
 
 def authorization(exc: BaseException) -> str | None:
-    """One line for an ACL refusal (the principal may not read, write or join what it needs), else None."""
     if isinstance(exc, AUTHORIZATION_ERRORS):
         return (
             f"Kafka refused an operation: {type(exc).__name__} ({_message(exc)}); this principal lacks an ACL it needs"

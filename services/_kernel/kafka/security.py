@@ -1,13 +1,4 @@
-"""The Kafka security settings (KafkaSecurity) as the clients take them: aiokafka's keyword arguments and
-FastStream's `security` object.
-
-    client_options(settings)   # {"security_protocol": "SASL_SSL", "ssl_context": ..., "sasl_mechanism": ..., ...}
-    broker_options(options)    # {"security": SASLScram512(...), "sasl_oauth_token_provider": ...} for KafkaBroker
-
-PLAINTEXT (the default) gives `{}` for both: an unsecured fleet builds its clients exactly as before. TLS uses
-the system's CAs unless ROUNDTRIP_KAFKA_SSL_CAFILE names others; a client certificate and key make it mTLS.
-OAUTHBEARER takes its tokens from the provider ROUNDTRIP_KAFKA_SASL_OAUTH_TOKEN_PROVIDER names (an aiokafka
-`AbstractTokenProvider`, or a callable that makes one), made once per process and shared by its clients.
+"""The Kafka security settings as aiokafka's keyword arguments and FastStream's `security`; `{}` for PLAINTEXT.
 Nothing here logs: the password and the tokens stay in the options the clients are built with.
 """
 
@@ -28,7 +19,6 @@ _SASL = {"PLAIN": SASLPlaintext, "SCRAM-SHA-256": SASLScram256, "SCRAM-SHA-512":
 
 
 def client_options(s: KafkaSecurity) -> dict[str, Any]:
-    """aiokafka's security keyword arguments (producer, consumer, admin client) for these settings; {} for PLAINTEXT."""
     protocol = s.kafka_security_protocol
     if protocol == "PLAINTEXT":
         return {}
@@ -45,8 +35,7 @@ def client_options(s: KafkaSecurity) -> dict[str, Any]:
 
 
 def broker_options(options: dict[str, Any]) -> dict[str, Any]:
-    """FastStream's KafkaBroker arguments for these client options: its `security` object (with an explicit
-    ssl_context), and the token provider, which FastStream takes beside it; {} for PLAINTEXT."""
+    """FastStream's KafkaBroker arguments: its `security` object and the token provider it takes beside it."""
     if not options:
         return {}
     context, mechanism = options.get("ssl_context"), options.get("sasl_mechanism")
@@ -65,7 +54,6 @@ def broker_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def sasl_password(s: KafkaSecurity) -> str | None:
-    """The SASL password: the setting, or the first line of the file it is mounted in."""
     if s.kafka_sasl_password is not None:
         return s.kafka_sasl_password.get_secret_value()
     if s.kafka_sasl_password_file is not None:
@@ -75,8 +63,7 @@ def sasl_password(s: KafkaSecurity) -> str | None:
 
 
 def ssl_context(s: KafkaSecurity) -> ssl.SSLContext:
-    """A client TLS context: the brokers' certificates checked (host name included) against the CA file or the
-    system's CAs; this client's certificate and key presented when set (mTLS)."""
+    """A client TLS context: the brokers' certificates and host names checked; a client certificate makes it mTLS."""
     try:
         return create_ssl_context(  # type: ignore[no-any-return]  # aiokafka ships no types
             cafile=str(s.kafka_ssl_cafile) if s.kafka_ssl_cafile else None,
@@ -99,7 +86,7 @@ def ssl_context(s: KafkaSecurity) -> ssl.SSLContext:
 
 @lru_cache
 def token_provider(spec: str) -> AbstractTokenProvider:
-    """The OAUTHBEARER token provider `module:attribute` names (an instance, or a callable making one), once."""
+    """The OAUTHBEARER token provider `module:attribute` names (or a callable making one), shared in the process."""
     module_name, _, attribute = spec.partition(":")
     try:
         found: Any = importlib.import_module(module_name)

@@ -1,8 +1,5 @@
-"""Exactly-once from one topic to another: consume, produce and commit in one Kafka transaction.
-
-Used where a duplicate would be visible to a user (the gateway's replies): a reply and the
-consumer offset that covers the message that caused it are committed atomically, so a crash
-between publishing and committing cannot publish the reply twice. Readers must use
+"""Exactly-once from one topic to another: a reply and the consumer offset that covers its input are committed in
+one Kafka transaction, so a crash between them cannot publish the reply twice. Readers must use
 `isolation.level=read_committed` to skip the output of aborted transactions.
 """
 
@@ -21,20 +18,15 @@ from pydantic import BaseModel
 
 from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
 
-# stopping a broken producer flushes nothing that matters: its transaction is settled by the next
+# a broken producer's stop flushes nothing that matters, and a restart that fails is tried by the next commit
 DISCARD_TIMEOUT_S = 10
-RESTART_TIMEOUT_S = 30  # a fresh producer that cannot register (no coordinator) gives up; the next commit tries again
+RESTART_TIMEOUT_S = 30
 
 
 def transactional_id(service: str, topic: str, instance_id: str | None = None, prefix: str = "") -> str:
-    """Stable per replica, so a restarted replica fences the transaction its dead predecessor left
-    open at once (Kafka aborts it when the same id registers again) instead of readers waiting
-    for the transaction timeout (~60 s). The replica's identity, first found:
-    `instance_id` (the service's Settings.instance_id, ROUNDTRIP_INSTANCE_ID: a StatefulSet pod name, or
-    what `roundtrip up` gives each child); in Kubernetes the pod name (HOSTNAME); else host + service.
-    Two replicas must never share one: give a second replica on one host its own ROUNDTRIP_INSTANCE_ID.
-    `topic` is the logical name; `prefix` (the topic prefix) comes first, as in the consumer groups: a fleet's
-    ACL on its transactional ids (`<prefix>roundtrip-<service>-`) covers none of another fleet's."""
+    """Stable per replica, so a restarted replica fences its dead predecessor's open transaction at once (Kafka
+    aborts it when the same id registers again) instead of readers waiting for the transaction timeout. Two
+    replicas must never share one. `prefix` comes first so a fleet's ACL on its ids covers none of another fleet's."""
     instance = instance_id
     if not instance and os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("HOSTNAME"):
         instance = os.environ["HOSTNAME"]
@@ -43,16 +35,8 @@ def transactional_id(service: str, topic: str, instance_id: str | None = None, p
 
 
 class TransactionalOutlet:
-    """Messages that become visible together with the consumer offsets that cover them.
-
-    A handler `stage()`s its output for the record it consumed; the key-ordered consumer then
-    calls `commit(offsets)` (it is that subscription's commit function) with the safe offset of
-    each partition, and every staged message whose record lies below its partition's safe
-    offset is published in the same transaction as those offsets. So a message is committed
-    exactly when its input is: a crash before the commit publishes nothing and the input is
-    read again; after it, the input is never read again. Concurrent handlers share one
-    transaction per commit (a group commit), so replies need not queue one transaction each.
-    """
+    """A handler `stage()`s its output for the record it consumed; the key-ordered consumer's `commit(offsets)`
+    publishes every staged message below its partition's safe offset in one transaction with those offsets."""
 
     def __init__(self, kafka: KafkaClients | str, topic: str, group_id: str, txn_id: str) -> None:
         self.topic, self.group_id = topic, group_id
@@ -61,12 +45,11 @@ class TransactionalOutlet:
             dict(transactional_id=txn_id, enable_idempotence=True, linger_ms=0),
         )
         self._producer: AIOKafkaProducer | None = None
-        # partition -> offset of the consumed record -> (value, key, headers); a record read again replaces its own
+        # partition -> consumed offset -> (value, key, headers): a record read again replaces its own
         self._staged: dict[TopicPartition, dict[int, tuple[bytes, bytes, list[tuple[str, bytes]]]]] = {}
 
     async def start(self) -> None:
-        """Connect and register the transactional id (fencing an earlier producer with the same id)."""
-        self._producer = self._kafka.producer(**self._options)  # aiokafka wants a running loop
+        self._producer = self._kafka.producer(**self._options)  # here, not in __init__: aiokafka wants a running loop
         await self._producer.start()
 
     async def stop(self) -> None:
@@ -74,15 +57,14 @@ class TransactionalOutlet:
             await self._producer.stop()
 
     def stage(self, message: BaseModel, key: bytes, consumed: Any) -> None:
-        """Publish `message` with the commit that covers `consumed` (a ConsumerRecord)."""
         carrier: dict[str, str] = {}
-        inject(carrier)  # the turn's trace continues in the reply, as with every other hop
+        inject(carrier)
         headers = [(k, v.encode()) for k, v in carrier.items()] + [("content-type", b"application/json")]
         tp = TopicPartition(consumed.topic, consumed.partition)
         self._staged.setdefault(tp, {})[consumed.offset] = (message.model_dump_json().encode(), key, headers)
 
     def forget(self, partitions: list[TopicPartition]) -> None:
-        """Partitions given up in a rebalance: their uncommitted records are read again by the next owner."""
+        """Partitions given up in a rebalance: the next owner reads their uncommitted records again."""
         for tp in partitions:
             self._staged.pop(tp, None)
 
@@ -93,14 +75,12 @@ class TransactionalOutlet:
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """One transaction: the staged messages below `offsets`, and `offsets` for the consumer group.
 
-        A failed commit discards the producer (the caller commits again later): aiokafka leaves a producer
-        unusable for good after some broker failures (a lost connection while it looks up a coordinator puts
-        it in its fatal state), and a commit that failed may still have committed (its answer lost with a
-        broker). The next commit starts a fresh producer, which settles the last one's transaction first."""
+        A failed commit discards the producer: aiokafka leaves one in a fatal state after some broker failures, and
+        a failed commit may still have committed. The next commit's fresh producer settles that transaction first."""
         if self._producer is None:
             await self._restart()
         producer = self._producer
-        assert producer is not None  # _restart made one
+        assert producer is not None
         ready = {tp: sorted(o for o in self._staged.get(tp, {}) if o < offset) for tp, offset in offsets.items()}
         try:
             async with producer.transaction():
@@ -127,14 +107,11 @@ class TransactionalOutlet:
             await asyncio.wait_for(producer.stop(), DISCARD_TIMEOUT_S)
 
     async def _restart(self) -> None:
-        """A fresh producer with the same transactional id. Registering it completes (or aborts) the transaction
-        the last one left, so the group's committed offsets then say what that one published: those staged
-        messages are dropped instead of published twice."""
+        """A fresh producer with the same transactional id: registering it settles the last one's transaction, so
+        the group's committed offsets then say what was published, and those staged messages are dropped."""
         admin = self._kafka.admin(request_timeout_ms=10000)
         try:
-            committed = await asyncio.wait_for(
-                self._start_and_read(admin), RESTART_TIMEOUT_S
-            )  # while the brokers are away: later
+            committed = await asyncio.wait_for(self._start_and_read(admin), RESTART_TIMEOUT_S)
         except BaseException:
             await self._discard()
             raise

@@ -1,9 +1,5 @@
-"""What the revisions made before migrations use: each creates or adds only what the database lacks.
-
-The code before migrations created its tables at open (`create_all`) and added the later columns
-and indexes with ALTER TABLE there. A database it made (tables, no `alembic_version`) therefore has
-some prefix of what these revisions make; running them on it adds the rest and keeps every row.
-Revisions after the adoption (later than ledger_0002 and conversations_0001) use `op` directly.
+"""What the revisions made before migrations use: each creates or adds only what the database lacks, so a database
+the older code made (some prefix of these tables, no `alembic_version`) is completed with every row kept.
 """
 
 from __future__ import annotations

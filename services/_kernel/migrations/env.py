@@ -1,5 +1,4 @@
-"""Alembic's environment for the fleet's tables: it runs on the connection `roundtrip._kernel.migrations.upgrade` hands
-it, inside that function's transaction (which holds the migration lock). `roundtrip db upgrade` is the way to run it."""
+"""Alembic's environment: it runs on the connection and in the locked transaction `schema.upgrade` hands it."""
 
 from alembic import context
 
@@ -10,5 +9,5 @@ if connection is None:
         "which gives them their connection and lock"
     )
 context.configure(connection=connection)
-with context.begin_transaction():  # the caller's transaction: this opens none of its own
+with context.begin_transaction():  # the caller's: this opens none of its own
     context.run_migrations()

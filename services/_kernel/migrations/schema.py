@@ -20,8 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, STORES, UPGRADE, DatabaseUnreachable, SchemaMismatch
 from roundtrip._kernel.storage.database import make_engine, run_on, shown
 
-LOCK_KEY = 7_347_211_908  # PostgreSQL advisory lock of the fleet's migrations (any constant; the same in every process)
-SQLITE_LOCK_WAIT_MS = 60_000  # an upgrade waits this long for another process's write (or upgrade) to finish
+LOCK_KEY = 7_347_211_908  # any constant, the same in every process
+SQLITE_LOCK_WAIT_MS = 60_000
 
 
 class _DatabaseUrls(Protocol):
@@ -33,14 +33,10 @@ class _DatabaseUrls(Protocol):
 
 
 def databases(settings: _DatabaseUrls) -> dict[str, tuple[str, ...]]:
-    """Database URL -> the stores in it (one database with both by default)."""
     found: dict[str, tuple[str, ...]] = {}
     for url, store in ((settings.ledger_db_url, LEDGER), (settings.conversations_db_url, CONVERSATIONS)):
         found[url] = (*found.get(url, ()), store)
     return found
-
-
-# -- the code's revisions ---------------------------------------------------------------------------
 
 
 def _config() -> Config:
@@ -55,13 +51,11 @@ def _scripts() -> ScriptDirectory:
 
 
 def head(store: str) -> str:
-    """The revision this code needs for the store."""
     return _scripts().get_revision(f"{store}@head").revision
 
 
 @functools.cache
 def lineage(store: str) -> frozenset[str]:
-    """Every revision of the store this code knows, its head included."""
     return frozenset(s.revision for s in _scripts().iterate_revisions(f"{store}@head", "base"))
 
 
@@ -70,12 +64,8 @@ def _known() -> frozenset[str]:
     return frozenset(s.revision for s in _scripts().walk_revisions())
 
 
-# -- a database's revisions ---------------------------------------------------------------------------
-
-
 def found_revision(conn: Connection, store: str) -> str | None:
-    """The store's revision in the database; None when it has none (empty, or made before migrations).
-    A revision this code does not know (a newer roundtrip migrated the database) is returned as it is."""
+    """The store's revision in the database, or None; one this code does not know (a newer roundtrip's) as it is."""
     current = MigrationContext.configure(conn).get_current_heads()
     mine = [r for r in current if r in lineage(store)]
     unknown = [r for r in current if r not in _known()]
@@ -83,7 +73,6 @@ def found_revision(conn: Connection, store: str) -> str | None:
 
 
 def mismatch(store: str, url: str, found: str | None) -> str | None:
-    """Why this code cannot use the store at `found` (one line), or None when it is at the head."""
     expected = head(store)
     if found == expected:
         return None
@@ -102,7 +91,6 @@ def mismatch(store: str, url: str, found: str | None) -> str | None:
 
 
 def require(conn: Connection, store: str, url: str) -> None:
-    """Raise SchemaMismatch unless the store's tables are at this code's head (reads one table; writes nothing)."""
     why = mismatch(store, url, found_revision(conn, store))
     if why:
         raise SchemaMismatch(why)
@@ -110,7 +98,6 @@ def require(conn: Connection, store: str, url: str) -> None:
 
 @contextlib.contextmanager
 def reaching(url: str) -> Iterator[None]:
-    """Turns the driver's error for a database it cannot reach or open into DatabaseUnreachable (one line)."""
     try:
         yield
     except (OSError, DBAPIError) as exc:
@@ -119,21 +106,15 @@ def reaching(url: str) -> Iterator[None]:
 
 
 async def current(url: str, stores: Sequence[str] = STORES) -> dict[str, str | None]:
-    """The stores' revisions in the database, read through a read-only connection."""
     with reaching(url):
         return await run_on(make_engine(url, read_only=True), lambda conn: {s: found_revision(conn, s) for s in stores})
-
-
-# -- upgrading ----------------------------------------------------------------------------------------
 
 
 async def upgrade(
     url: str, stores: Sequence[str] = STORES, to: str | None = None
 ) -> list[tuple[str, str | None, str | None]]:
-    """Apply the stores' missing revisions (up to their heads, or up to revision `to`) in one locked transaction.
-
-    Returns (store, revision before, revision after) for each. A store ahead of this code is refused
-    (SchemaMismatch) before anything runs."""
+    """Apply the stores' missing revisions in one locked transaction; (store, before, after) for each. A store
+    ahead of this code is refused before anything runs."""
 
     def work(conn: Connection) -> list[tuple[str, str | None, str | None]]:
         if conn.dialect.name == "postgresql":
@@ -156,7 +137,6 @@ async def upgrade(
 
 
 def upgrade_databases(settings: _DatabaseUrls) -> list[str]:
-    """`roundtrip db upgrade`: each store in its database brought to this code's head; a line each: what changed."""
     lines = []
     for url, stores in databases(settings).items():
         for store, before, after in asyncio.run(upgrade(url, stores)):
@@ -166,8 +146,8 @@ def upgrade_databases(settings: _DatabaseUrls) -> list[str]:
 
 
 def _transactional_sqlite(engine: Any) -> None:
-    """SQLite through pysqlite: BEGIN IMMEDIATE at the start of the transaction (the write lock first: a second
-    upgrade waits for the first, then finds its work done), and the DDL inside it (pysqlite would run it outside)."""
+    """BEGIN IMMEDIATE, so a second upgrade waits for the first and finds its work done, and the DDL inside the
+    transaction (pysqlite would run it outside)."""
 
     @event.listens_for(engine, "connect")
     def _own_transactions(dbapi_connection: Any, _record: Any) -> None:

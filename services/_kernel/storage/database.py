@@ -1,9 +1,5 @@
-"""The engines on the fleet's own databases (the turn table, the conversation store): SQLite inline, PostgreSQL by
-asyncpg.
-
-A SQLite file by default (one file in state_dir, shared by the local processes), PostgreSQL by URL.
-`read_only` engines (the CLI's listings) cannot write: SQLite opens the file in mode=ro (a missing
-file is an error, not a new empty database), PostgreSQL runs every transaction read only.
+"""The engines on the fleet's own databases: SQLite (the default, shared by the local processes) or PostgreSQL.
+A `read_only` engine cannot write: a missing SQLite file is an error, not a new empty database.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from roundtrip._kernel.settings.concerns import POOL_SIZE as POOL_SIZE  # re-exp
 from roundtrip._kernel.settings.display import without_passwords
 
 JOURNAL_LIMIT_BYTES = 64 * 1024 * 1024
-T = TypeVar("T")  # what a unit of work returns
+T = TypeVar("T")
 
 
 def is_sqlite(url: str) -> bool:
@@ -28,20 +24,13 @@ def is_sqlite(url: str) -> bool:
 
 
 def shown(url: str) -> str:
-    """The URL as logs and messages may show it: its password hidden (the rule `roundtrip config` follows too)."""
+    """The URL as logs and messages may show it: its password hidden."""
     return without_passwords(url)
 
 
 def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -> Engine | AsyncEngine:
-    """SQLite: a plain engine, used inline on the event loop (a WAL commit without fsync takes
-    microseconds; a thread hop per statement costs more than the statement), without waiting for
-    a lock there: the guard, the executors and the model service write to one file, and a write
-    that finds it locked is retried in a thread that may wait (`TurnStore._run`), so another
-    process's write never stalls this one's event loop. PostgreSQL: asyncpg, on a pool of `pool_size`
-    connections kept open and no more: a statement that finds them all in use waits for one. An
-    overflow connection (opened for one statement, closed after it) costs a server process, its
-    authentication and the connection's prepared statements: under load, far more than the wait
-    (docs/decisions/ledger-statements.md)."""
+    """SQLite: used inline, never waiting for a lock on the event loop. PostgreSQL: `pool_size` connections and no
+    overflow: waiting for one costs less than opening one (docs/decisions/ledger-statements.md)."""
     if is_sqlite(url):
         parsed = make_url(url).set(drivername="sqlite")
         path = parsed.database or ""
@@ -52,14 +41,13 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
         engine = create_engine(parsed, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _pragmas(conn: Any, _record: Any) -> None:  # WAL: readers (roundtrip turns) never block the guard
+        def _pragmas(conn: Any, _record: Any) -> None:  # WAL: readers never block the writers
             cur = conn.cursor()
-            if not read_only:  # a read-only connection cannot change the journal (the writers made it WAL)
+            if not read_only:  # a read-only connection cannot change the journal
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
-            # a checkpointed WAL is cut back to this size, not kept at its largest burst (services/_guard/retention.py)
-            cur.execute(f"PRAGMA journal_size_limit={JOURNAL_LIMIT_BYTES}")
-            cur.execute("PRAGMA busy_timeout=0")  # on the event loop: fail at once when locked (see TurnStore._run)
+            cur.execute(f"PRAGMA journal_size_limit={JOURNAL_LIMIT_BYTES}")  # a checkpoint cuts the WAL back to it
+            cur.execute("PRAGMA busy_timeout=0")  # on the event loop: fail at once when locked
             cur.close()
 
         return engine
@@ -74,8 +62,7 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
 
 
 async def run_on(engine: Engine | AsyncEngine, work: Callable[[Connection], T], write: bool = False) -> T:
-    """`work(connection)` in one transaction (committed when `write`) on either kind of engine, which is disposed after:
-    for the occasional job (a migration, a reading), not the hot path (`TurnStore._run`)."""
+    """`work(connection)` in one transaction on either kind of engine, disposed after: for occasional jobs only."""
     try:
         if isinstance(engine, AsyncEngine):
             async with engine.begin() if write else engine.connect() as conn:

@@ -1,11 +1,6 @@
-"""The side effects a turn has had, kept in its row (turns.acted) for the ends decided outside the loop.
-
-The executor appends one JSON line per call of a serial tool (one that changes something:
-Agent.serial) that succeeded, right after the batch ran and before the next model call goes
-out: {"id": tool_use id, "tool": name, "input": {...}, "result": its text, cut at RESULT_CHARS}.
-The guard reads them back when it ends a turn from outside the loop (a cancel, the deadline, a
-turn stuck, an approval nobody decided) to say what was done. A redelivered batch may append a
-call again: `read` keeps each id once, in the order first recorded.
+"""The side effects a turn has had, kept in its row (turns.acted) so an end decided outside the loop can say what was
+done. The executor appends one JSON line per serial call that succeeded, before the next model call goes out; a
+redelivered batch may append a call again.
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ RESULT_CHARS = 2000
 
 
 def lines(calls: Iterable[Any], results: Iterable[dict[str, Any]], is_serial: Callable[[str], bool]) -> str:
-    """The lines to append for these calls (objects with id, name, input) and their tool_result blocks ('' if none)."""
+    """The lines to append for the serial calls among `calls` that succeeded ('' if none)."""
     by_id = {c.id: c for c in calls if is_serial(c.name)}
     out = []
     for block in results:
@@ -38,7 +33,7 @@ def lines(calls: Iterable[Any], results: Iterable[dict[str, Any]], is_serial: Ca
 
 
 def read(acted: str | None) -> list[dict[str, Any]]:
-    """The recorded side effects, each tool_use id once (a line that does not parse is skipped)."""
+    """The recorded side effects, each tool_use id once, in the order first recorded."""
     seen: dict[str, dict[str, Any]] = {}
     for line in (acted or "").splitlines():
         try:

@@ -1,8 +1,4 @@
-"""The guard's conversation store: who owns each conversation, and the exchanges of its earlier turns.
-
-Revision ID: conversations_0001
-Revises: (the conversations' first)
-"""
+"""conversations_0001, the first: who owns each conversation, and the exchanges of its earlier turns."""
 
 import sqlalchemy as sa
 

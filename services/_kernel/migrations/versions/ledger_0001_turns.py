@@ -1,8 +1,4 @@
-"""The turn table, as the first fleet made it (the guard's ledger).
-
-Revision ID: ledger_0001
-Revises: (the ledger's first)
-"""
+"""ledger_0001, the first: the turn table."""
 
 import sqlalchemy as sa
 

@@ -1,12 +1,4 @@
-"""What the turn fence, the outbox, approvals by a person and conversations added to the ledger.
-
-The executor's lease and the turn's deadline (the fence), when the outbox's message was written,
-the approvals table, and the index the guard looks a conversation's running turn up by. Before
-migrations the code added these at open, with ALTER TABLE.
-
-Revision ID: ledger_0002
-Revises: ledger_0001
-"""
+"""ledger_0002 (after ledger_0001): the fence's lease and deadline, the outbox's time, approvals, a conversation index."""
 
 import sqlalchemy as sa
 

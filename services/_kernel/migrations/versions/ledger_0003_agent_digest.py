@@ -1,8 +1,4 @@
-"""Which agent started each turn: the digest of its system prompt and tools (Agent.digest).
-
-Revision ID: ledger_0003
-Revises: ledger_0002
-"""
+"""ledger_0003 (after ledger_0002): which agent started each turn (Agent.digest of its prompt and tools)."""
 
 import sqlalchemy as sa
 from alembic import op

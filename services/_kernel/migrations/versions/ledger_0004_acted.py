@@ -1,8 +1,4 @@
-"""The side effects each turn has had (services/_kernel/storage/sideeffects.py): JSON lines the executor appends.
-
-Revision ID: ledger_0004
-Revises: ledger_0003
-"""
+"""ledger_0004 (after ledger_0003): the side effects each turn has had (storage/sideeffects.py)."""
 
 import sqlalchemy as sa
 from alembic import op
