@@ -21,8 +21,7 @@ class ConfigurationError(RuntimeError):
 
 
 class InsecureConfiguration(ConfigurationError):
-    """A setting that must not be used outside development (a published key, a PLAINTEXT Kafka, the console's local
-    user)."""
+    """A setting that must not be used outside development (a published key, a PLAINTEXT Kafka, a local user)."""
 
 
 def env_name(field: str) -> str:
@@ -121,8 +120,7 @@ def check_kafka_security(s: Any) -> None:
 
 
 def check_database_url(value: str) -> str:
-    """A URL the fleet's async engines can open: postgresql+asyncpg:// or sqlite+aiosqlite://; ValueError saying which
-    form works otherwise. The message shows only the scheme, never the rest (it may carry a password)."""
+    """A URL the fleet's async engines can open; ValueError showing only the scheme (the rest may carry a password)."""
     scheme, sep, _ = value.partition("://")
     if not sep:
         raise ValueError("not a database URL; write " + " or ".join(example for _, example in ASYNC_DRIVERS.values()))
@@ -143,8 +141,7 @@ def check_database_url(value: str) -> str:
 
 
 def describe_invalid(error: ValidationError, named: Callable[[str], str] = env_name) -> str:
-    """One line per invalid setting, named by its environment variable (`named`: field -> variable; the fleet's own
-    by default, `env_name_in` for another settings class): what `roundtrip` prints instead of a traceback."""
+    """One line per invalid setting, named by its environment variable: what `roundtrip` prints, not a traceback."""
     lines = []
     for item in error.errors(include_input=False):
         message = item.get("msg", "invalid").removeprefix("Value error, ")
@@ -154,9 +151,7 @@ def describe_invalid(error: ValidationError, named: Callable[[str], str] = env_n
 
 
 def env_name_in(settings_class: Any) -> Callable[[str], str]:
-    """field -> the environment variable a pydantic-settings class reads it from, as its user spells it: its alias
-    (validation_alias or alias) when it has one, else its env_prefix + the field name (upper-cased unless the class
-    is case-sensitive). A class that is not pydantic-settings: the field's own name."""
+    """field -> the environment variable a pydantic-settings class reads it from (its alias, else env_prefix + name)."""
     config = getattr(settings_class, "model_config", {}) or {}
     fields = getattr(settings_class, "model_fields", {}) or {}
     prefix = config.get("env_prefix", "") or ""

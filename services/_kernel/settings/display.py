@@ -1,8 +1,7 @@
 """What `roundtrip config` prints: the effective settings under a heading per concern, no secret among them.
 
-Secrets are the fields marked `secret` or typed `SecretStr` (the API key, the Kafka passwords, the console's session
-key; the private batch and decision signing keys, whose key ids are shown and their keys not) and any password or
-token a URL carries (`postgresql+asyncpg://roundtrip:***@db/ledger`: a database URL shows without its password).
+Secrets are the fields marked `secret` or typed `SecretStr` (a signing key's id is shown, its key not) and any
+password or token a URL carries (`postgresql+asyncpg://roundtrip:***@db/ledger`).
 """
 
 from __future__ import annotations
@@ -84,8 +83,7 @@ def own_group(heading: str, own: Any) -> list[tuple[str, list[tuple[str, str]]]]
 
 
 def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | None = None) -> str:
-    """The groups (and `extra` ones) as text: `# heading`, then one `VARIABLE  value` line per setting; a blank
-    line between groups."""
+    """The groups (and `extra` ones) as text: `# heading`, then one `VARIABLE  value` line per setting."""
     groups = grouped(settings) + (extra or [])
     width = max(len(variable) for _, rows in groups for variable, _ in rows)
     return "\n\n".join(
@@ -95,8 +93,7 @@ def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | N
 
 
 def warnings(settings: Settings, approvals: bool = False) -> list[str]:
-    """What a person should fix before this configuration leaves a laptop (the published development keys in use;
-    `approvals`: the agent has an approval rule that can hold a call)."""
+    """What a person should fix before this configuration leaves a laptop (the published development keys in use)."""
     found = []
     if settings.dev_batch_key_in_use:
         where = (
