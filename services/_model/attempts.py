@@ -24,7 +24,7 @@ log = logging.getLogger("roundtrip.model")
 MARGIN_S = 2.0  # give up this long before the turn's deadline
 MARK_AFTER_S = 1.0  # a wait for capacity longer than this marks the turn waiting in the ledger
 BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0  # transient errors: the first pause, doubled per retry up to this
-OVERLOADED_PAUSE_S = 1.0  # a 529 without retry-after holds this long
+OVERLOADED_PAUSE_S = 1.0
 
 Mark = Callable[[], Awaitable[bool]]  # marks the turn waiting for capacity; False when the turn may not act any more
 
@@ -59,7 +59,7 @@ def describe(exc: anthropic.APIError) -> str:
     return f"{type(exc).__name__}{f' ({status})' if status else ''}: {exc.message if hasattr(exc, 'message') else exc}"
 
 
-STREAM_ERRORS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500}  # an error event's status
+STREAM_ERRORS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500}
 
 
 def _status(exc: anthropic.APIError) -> int | None:
@@ -91,7 +91,6 @@ def _transient(exc: anthropic.APIError) -> bool:
 async def _paused_in_place(
     pause: float, capacity: Capacity, give_up: float, on_wait: Mark, marked: bool
 ) -> bool | None:
-    """`_paused`, giving the call's place back unless it may try again there."""
     try:
         kept = await _paused(pause, give_up, on_wait, marked)
     except BaseException:
@@ -139,7 +138,7 @@ async def attempt(
 ) -> Tried:
     """Run `call(attempt_number)` through the limiter; `deadline_at` is the Unix time the turn may act until."""
     out, marked, transient, last = Tried(), False, 0, "waiting for its slot"
-    in_a_row = 0  # refusals since the last answer of any kind
+    in_a_row = 0
     kept: bool | None = False
     give_up = time.monotonic() + (deadline_at - MARGIN_S - time.time())
     while True:

@@ -23,9 +23,9 @@ LOW = 0.5  # a dimension whose remaining is below this share of its peak is bein
 BETA = 0.7
 RAMP_S = 20.0  # additive increase: the ceiling over this many seconds (ceiling / RAMP_S calls per second, per second)
 EPOCH_S = 2.0
-MIN_RATE = 0.05  # calls per second: never slower than this (a hold still stops everything)
+MIN_RATE = 0.05
 BACKLOG_S = 2.0  # more calls waiting than this many seconds of the rate: at the limit (the consumer pauses)
-TOKEN_EWMA = 0.05  # weight of the newest call in the average tokens per call (calls of one turn differ a lot)
+TOKEN_EWMA = 0.05
 INITIAL_WINDOW = 4  # calls in flight while nothing is known (a cold process), and again after a 429
 OPEN_AFTER = 2.0  # the window opens when it holds this many times the calls the rate keeps in flight
 LATENCY_EWMA = 0.1
@@ -103,11 +103,11 @@ class Capacity:
         self._top_rate = 0.0  # the highest rate in use when a cut came (the ramp's top while no ceiling is known)
         self._per_call = {"input-tokens": 0.0, "output-tokens": 0.0}
         self._started: deque[float] = deque()  # starts of the last EPOCH_S: the rate in use before any is known
-        self.window: float | None = INITIAL_WINDOW if slow_start else None  # calls in flight allowed (None: open)
+        self.window: float | None = INITIAL_WINDOW if slow_start else None
         self.in_flight = 0
         self._window_waiters: deque[asyncio.Future[None]] = deque()
         self._latency = 0.0
-        self.threshold = math.inf  # without headers: the window where slow start ends
+        self.threshold = math.inf
         self.waiting = 0
         self.throttled = False
         self._on_throttle = on_throttle
@@ -270,7 +270,6 @@ class Capacity:
         return max(0.0, self._next_at - self._clock(), self.hold_until - self._clock())
 
     def ceiling(self) -> float | None:
-        """Calls per second the organisation's limits allow (None: no limit known)."""
         rates = []
         for dimension, per_minute in self._limit.items():
             per_call = 1.0 if dimension == "requests" else self._per_call.get(dimension, 0.0)

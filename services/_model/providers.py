@@ -27,9 +27,7 @@ VERTEX_REGION = re.compile(r"^(?:global|us|eu|[a-z]+-[a-z]+\d+)$")
 
 
 class Provider(Protocol):
-    """One platform the model is reached on."""
-
-    name: str  # ROUNDTRIP_MODEL_PROVIDER
+    name: str
     otel_name: str  # gen_ai.provider.name of the SDK's span of each call
     signals: Signals
 
@@ -39,9 +37,7 @@ class Provider(Protocol):
         """Why the model cannot be called as configured (one line naming the setting), or None."""
         ...
 
-    def region(self, settings: Settings) -> str | None:
-        """The region calls go to, as `roundtrip config` shows it (None: the platform has none)."""
-        ...
+    def region(self, settings: Settings) -> str | None: ...
 
 
 def _secret(value: Any) -> str | None:
@@ -89,7 +85,7 @@ class Bedrock:
             try:
                 import boto3
 
-                region = boto3.Session().region_name  # the profile's
+                region = boto3.Session().region_name
             except Exception:  # noqa: BLE001 - no boto3, no profile: no region
                 return None
         return region
@@ -97,7 +93,7 @@ class Bedrock:
     def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
         return anthropic.AsyncAnthropicBedrock(
             aws_region=self.region(settings),
-            base_url=settings.anthropic_base_url or None,  # empty: the platform's own
+            base_url=settings.anthropic_base_url or None,
             max_retries=max_retries,
             timeout=settings.model_timeout_s,
             http_client=http_client,
@@ -154,7 +150,7 @@ class Vertex:
             region=self.region(settings) or "",
             project_id=project or anthropic.NOT_GIVEN,  # not given: ANTHROPIC_VERTEX_PROJECT_ID, else the credentials'
             access_token=_secret(settings.vertex_access_token),
-            base_url=settings.anthropic_base_url or None,  # empty: the platform's own
+            base_url=settings.anthropic_base_url or None,
             max_retries=max_retries,
             timeout=settings.model_timeout_s,
             http_client=http_client,
@@ -224,7 +220,7 @@ class Foundry:
             }
         where = (
             {"base_url": settings.anthropic_base_url}
-            if settings.anthropic_base_url  # empty: the resource's
+            if settings.anthropic_base_url
             else {"resource": self._resource(settings)}
         )
         return _Foundry(
@@ -236,7 +232,7 @@ class Foundry:
         )
 
     def refusal(self, settings: Settings, model: str) -> str | None:
-        if BEDROCK_MODEL.match(model) or "@" in model:  # Bedrock's or Vertex AI's form
+        if BEDROCK_MODEL.match(model) or "@" in model:
             return (
                 f"ROUNDTRIP_MODEL={model} is not a Foundry model id: Foundry takes the deployment's name, by default "
                 "the model's (e.g. claude-sonnet-4-6)"
@@ -260,7 +256,6 @@ def of(settings: Settings) -> Provider:
 
 
 def refuse_unusable(settings: Settings, model: str) -> None:
-    """Raise ConfigurationError (one line) when the model service could not call its platform as configured."""
     if problem := of(settings).refusal(settings, model):
         raise ConfigurationError(f"model refuses to start: {problem}")
 

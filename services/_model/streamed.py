@@ -36,7 +36,7 @@ class Chunks:
         self._buffer: list[str] = []
         self._size, self._since = 0, 0.0
         self._sending: list[asyncio.Task[None]] = []
-        self.published = 0  # every stream's chunks, cuts included
+        self.published = 0
 
     def _chunk(self, stream_id: str, sequence: int, **fields: Any) -> StreamedText:
         return StreamedText(**self.turn.addressed(), step=self.step, stream_id=stream_id, sequence=sequence, **fields)
@@ -59,7 +59,6 @@ class Chunks:
         self._publish(self._chunk("", 0, cut=True))
 
     def begin(self) -> None:
-        """A new attempt of the call: the one before it, if it published text, is cut."""
         self.cut()
         self.stream_id, self.sequence, self._since = uuid.uuid4().hex[:16], 0, time.monotonic()
 

@@ -23,13 +23,12 @@ def one_line(text: str) -> str:
 class OneLineFormatter(logging.Formatter):
     """A formatter whose message part is always one line."""
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # logging's name
+    def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = one_line(record.message)
         return super().formatMessage(record)
 
 
 def configure(level: str | int) -> None:
-    """The services' logging: one line a record on stderr, at `level`."""
     handler = logging.StreamHandler()
     handler.setFormatter(OneLineFormatter(FORMAT))
     logging.basicConfig(level=level, handlers=[handler])

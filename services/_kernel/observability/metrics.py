@@ -160,8 +160,6 @@ class _Record:
 
 
 class KafkaMetrics:
-    """FastStream's Kafka metrics of one service, recorded by the kernel's message path."""
-
     def __init__(self, service: str) -> None:
         self._container = MetricsContainer(REGISTRY, metrics_prefix="faststream", custom_label_names=())
         self._service, self._app = service, f"roundtrip-{service}"

@@ -108,11 +108,8 @@ class Settings(
     ConsoleSettings,
     EmbeddedDefaults,
 ):
-    """The fleet's settings: every concern (CONCERNS), and what needs more than one of them."""
-
     @property
     def bootstrap_servers(self) -> str:
-        """The bootstrap servers as one string, `h1:9092,h2:9092`."""
         return self.kafka_bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
 
     @property
@@ -140,7 +137,6 @@ class Settings(
         return self.ledger_db_url
 
     def trace_link_template(self) -> str | None:
-        """The console's link to a trace, `{trace_id}` to fill; None when there is nowhere to link."""
         if self.console_trace_url:
             return self.console_trace_url
         jaeger = (self.console_jaeger_url or self.effective_jaeger_query_url or "").rstrip("/")
@@ -234,7 +230,7 @@ class Settings(
 
         try:
             login = getpass.getuser()
-        except (KeyError, OSError):  # a container's user without a name
+        except (KeyError, OSError):
             login = "developer"
         return f"{login}@{socket.gethostname()}"
 
@@ -295,5 +291,4 @@ def _sqlite(path: Path) -> str:
 
 @lru_cache
 def get_settings() -> Settings:
-    """The process's settings, read once from the environment: for the entry points (the CLI), not library code."""
     return Settings()

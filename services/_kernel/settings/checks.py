@@ -25,7 +25,6 @@ class InsecureConfiguration(ConfigurationError):
 
 
 def env_name(field: str) -> str:
-    """The environment variable of a setting: ROUNDTRIP_<FIELD>, and the SDK's own name for the API key."""
     return "ANTHROPIC_API_KEY" if field == "anthropic_api_key" else f"ROUNDTRIP_{field.upper()}"
 
 
@@ -35,7 +34,6 @@ _HOST = re.compile(
 
 
 def parse_bootstrap_servers(value: str) -> list[str]:
-    """`h1:9092,h2:9092` (spaces allowed) -> ["h1:9092", "h2:9092"]; ValueError naming an entry not host:port."""
     entries = [entry.strip() for entry in value.split(",")]
     if not any(entries):
         raise ValueError("empty: give host:port[,host:port...], e.g. broker-1:9092,broker-2:9092")
@@ -78,7 +76,6 @@ def check_import_string(value: str) -> str:
 
 
 def check_kafka_security(s: Any) -> None:
-    """Refuse a Kafka security group whose parts do not fit (a KafkaSecurity): ValueError naming the variables."""
     sasl, tls = s.kafka_security_protocol.startswith("SASL_"), s.kafka_security_protocol.endswith("SSL")
     mechanism, protocol = s.kafka_sasl_mechanism, f"ROUNDTRIP_KAFKA_SECURITY_PROTOCOL={s.kafka_security_protocol}"
     password = s.kafka_sasl_password is not None or s.kafka_sasl_password_file is not None

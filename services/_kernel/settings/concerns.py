@@ -54,7 +54,6 @@ RETIRED_KEY_SETTINGS = {
 
 
 def _holds_key(keys: str, published: str) -> bool:
-    """True when `keys` (its value, not a file it names) lists the published `key_id:base64` key's bytes."""
     secret = published.partition(":")[2]
     return any(part.partition(":")[2].strip() == secret for part in keys.split(","))
 
@@ -70,10 +69,8 @@ ExistingFile = Annotated[Path | None, AfterValidator(existing_file)]
 
 
 class Concern(BaseSettings):
-    """One concern's settings, read from ROUNDTRIP_* environment variables."""
-
     model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore", hide_input_in_errors=True)
-    heading: ClassVar[str]  # the group's title in `roundtrip config` and the configuration reference
+    heading: ClassVar[str]
 
 
 class Deployment(Concern):
@@ -535,7 +532,6 @@ class GateSettings(Concern):
 
     @property
     def dev_batch_key_in_use(self) -> bool:
-        """True when the published development pair is configured, to sign or to verify."""
         return _holds_key(self.batch_signing_key.get_secret_value(), DEV_BATCH_SIGNING_KEY) or _holds_key(
             self.batch_verify_keys, DEV_BATCH_VERIFY_KEYS
         )

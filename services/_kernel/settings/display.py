@@ -25,7 +25,6 @@ _QUERY_SECRET = re.compile(r"([?&](?:password|passwd|pwd|secret|token|api_key|ke
 
 
 def masked(field: FieldInfo, value: Any) -> str:
-    """The value as `roundtrip config` shows it: a secret hidden, a URL without its password."""
     if value is None:
         return "(unset)"
     if value == "":
@@ -60,7 +59,6 @@ def _hide_userinfo(match: re.Match[str]) -> str:
 
 
 def grouped(settings: Concern) -> list[tuple[str, list[tuple[str, str]]]]:
-    """(heading, [(environment variable, shown value), ...]) for each concern `settings` has, in CONCERNS order."""
     groups = []
     for concern in CONCERNS:
         if isinstance(settings, concern):
@@ -72,7 +70,6 @@ def grouped(settings: Concern) -> list[tuple[str, list[tuple[str, str]]]]:
 
 
 def own_group(heading: str, own: Any) -> list[tuple[str, list[tuple[str, str]]]]:
-    """The group of an agent's own settings (a pydantic-settings object; none for anything else)."""
     fields = getattr(type(own), "model_fields", None)
     if not fields:
         return []
@@ -83,7 +80,6 @@ def own_group(heading: str, own: Any) -> list[tuple[str, list[tuple[str, str]]]]
 
 
 def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | None = None) -> str:
-    """The groups (and `extra` ones) as text: `# heading`, then one `VARIABLE  value` line per setting."""
     groups = grouped(settings) + (extra or [])
     width = max(len(variable) for _, rows in groups for variable, _ in rows)
     return "\n\n".join(
@@ -126,7 +122,6 @@ console's session key, the private signing keys (their ids are shown), any passw
 
 
 def reference() -> str:
-    """The configuration reference page (Markdown): per concern its heading, its note, and a row per setting."""
     parts = [REFERENCE_INTRO.rstrip("\n")]
     for concern in CONCERNS:
         parts.append(f"\n## {concern.heading}\n")

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, ExecuteToolBatch
 from roundtrip._kernel.wire.fingerprints import canonical_json
 
-Signed = TypeVar("Signed", ExecuteToolBatch, ApprovalDecided)  # the messages with key_id and signature fields
+Signed = TypeVar("Signed", ExecuteToolBatch, ApprovalDecided)
 KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 PLACEHOLDER = "CHANGE-ME"
 FILE_PREFIX = "file:"
@@ -38,7 +38,6 @@ class KeyConfigError(ValueError):
 
 
 def setting_text(value: str, setting: str) -> str:
-    """The setting's value, or the content of the file `file:<path>` names (a mounted Secret)."""
     value = value.strip()
     if not value.startswith(FILE_PREFIX):
         return value
@@ -79,7 +78,6 @@ def _entries(text: str, setting: str) -> list[tuple[str, bytes]]:
 
 
 def signing_key(value: str, setting: str) -> tuple[str, Ed25519PrivateKey]:
-    """The one `key_id:private` of a signing setting."""
     entries = _entries(setting_text(value, setting), setting)
     if len(entries) > 1:
         raise KeyConfigError(
@@ -91,7 +89,6 @@ def signing_key(value: str, setting: str) -> tuple[str, Ed25519PrivateKey]:
 
 
 def verify_keys(value: str, setting: str) -> dict[str, Ed25519PublicKey]:
-    """Every `key_id:public` of a verify setting."""
     keys: dict[str, Ed25519PublicKey] = {}
     for key_id, raw in _entries(setting_text(value, setting), setting):
         if key_id in keys:
@@ -159,7 +156,6 @@ class Signer:
         digest: str,
         expires_at: float,
     ) -> tuple[str, str]:
-        """(key id, signature) of a hold, copied into the ApprovalRequested the guard checks."""
         body = _hold_body(turn_id, customer_id, conversation_id, step, tool_use_id, digest, expires_at)
         return self.key_id, self._private.sign(body).hex()
 
@@ -217,8 +213,6 @@ class Verifier:
 
 
 class DecisionVerifier(Verifier):
-    """Checks a person's ApprovalDecided (ROUNDTRIP_DECISION_VERIFY_KEYS)."""
-
     what = "decision"
     who = "no decision key signed it"
 

@@ -36,7 +36,7 @@ class Service:
     name: str
     summary: str
     inputs: tuple[Input, ...]
-    outputs: dict[str, type[BaseModel]] = field(default_factory=dict)  # topic -> the message published there
+    outputs: dict[str, type[BaseModel]] = field(default_factory=dict)
     shares_ledger: bool = False  # needs the fleet's one ledger database
     # the key roles (`keys`): a service holds only the keys of its roles, so only the gate can sign a batch
     signs_batches: bool = False
@@ -53,7 +53,6 @@ class Service:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        """The key settings this service holds, by its roles: no other."""
         roles = (
             (self.signs_batches, "batch_signing_key"),
             (self.verifies_batches, "batch_verify_keys"),
@@ -73,7 +72,6 @@ class Service:
         )
 
     def output(self, topic: str, message: type[BaseModel]) -> None:
-        """LookupError unless this service is declared to publish `message` to `topic`."""
         if self.outputs.get(topic) is not message:
             raise LookupError(
                 f"the topology declares no output {message.__name__} of {self.name} to {topic} "
@@ -173,7 +171,6 @@ def index(name: str) -> int:
 
 
 def groups(prefix: str = "") -> dict[str, str]:
-    """Every consumer group of the fleet whose topic prefix is `prefix` -> the (logical) topic it reads."""
     return {i.group(s.name, prefix): i.topic for s in SERVICES for i in s.inputs}
 
 
