@@ -189,9 +189,8 @@ async def attempt(
 
 
 async def _paused(pause: float, give_up: float, on_wait: Mark, marked: bool) -> bool | None:
-    """A throttled call's own pause in its kept place (handing it on would meet the same empty bucket).
-
-    True once it may try again, False when its turn ended meanwhile, None when the pause would pass the deadline."""
+    """A throttled call's pause in its kept place (handing it on would meet the same empty bucket): True to try again,
+    False when its turn ended meanwhile, None when the pause would pass the deadline."""
     if time.monotonic() + pause > give_up:
         return None
     if not marked and not await on_wait():

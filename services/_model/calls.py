@@ -31,8 +31,6 @@ log = logging.getLogger("roundtrip.model")
 
 
 class Limits:
-    """The size policy's numbers."""
-
     def __init__(self, block_bytes: int = 65536, input_depth: int = 32, transcript_bytes: int = 524288) -> None:
         self.block_bytes, self.input_depth, self.transcript_bytes = block_bytes, input_depth, transcript_bytes
 
@@ -88,7 +86,6 @@ class Retrying:
 
 
 def _caller(command: CallModel, client: Model, chunks: Chunks | None) -> Callable[[int], Awaitable[Any]]:
-    """The call of each attempt: the message and the answer's headers; streamed, with `chunks`."""
     turn = command.turn
 
     async def call(n: int) -> tuple[Any, Any]:

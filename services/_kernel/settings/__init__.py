@@ -156,10 +156,9 @@ class Settings(
         return self.embedded_broker
 
     def refuse_private_ledger(self, service: str) -> None:
-        """Raise ConfigurationError when a service that shares the turn ledger would keep it in a file of its own.
-
-        A SQLite file in state_dir is shared only by processes of one folder (the embedded development fleet); with a
-        disk per process (a pod, a container) the services would not meet in the ledger and every turn would fail."""
+        """Raise ConfigurationError when a service that shares the turn ledger would keep it in a file of its own: a
+        SQLite file in state_dir is shared only by the processes of one folder, so with a disk per process (a pod, a
+        container) the services would not meet in the ledger and every turn would fail."""
         if self.ledger_database_url is None and not self.development:
             from roundtrip._kernel.wire import topology
 
@@ -230,7 +229,7 @@ class Settings(
 
         try:
             login = getpass.getuser()
-        except (KeyError, OSError):
+        except (KeyError, OSError):  # a container's user without a name
             login = "developer"
         return f"{login}@{socket.gethostname()}"
 

@@ -28,9 +28,8 @@ def env_name(field: str) -> str:
     return "ANTHROPIC_API_KEY" if field == "anthropic_api_key" else f"ROUNDTRIP_{field.upper()}"
 
 
-_HOST = re.compile(
-    r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?"
-)  # a name, an IPv4 or a [IPv6] address
+# a name, an IPv4 or a [IPv6] address
+_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")
 
 
 def parse_bootstrap_servers(value: str) -> list[str]:

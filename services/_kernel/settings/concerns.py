@@ -346,8 +346,7 @@ class ModelSettings(Concern):
 
     @property
     def use_simulator(self) -> bool:
-        """The Anthropic API with no key: the local simulator stands in (a platform is reached with its own
-        credentials, the simulator only through ROUNDTRIP_ANTHROPIC_BASE_URL)."""
+        """The Anthropic API with no key: the local simulator stands in (for a platform: only at its base URL)."""
         return self.model_provider == "anthropic" and (
             self.anthropic_api_key is None or not self.anthropic_api_key.get_secret_value()
         )

@@ -16,7 +16,6 @@ OMITTED_KEY = "roundtrip_omitted"
 
 
 def too_deep(value: Any, limit: int) -> bool:
-    """True when `value` nests more than `limit` containers deep."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -49,7 +48,6 @@ def input_problem(value: Any, max_bytes: int, max_depth: int) -> str | None:
 
 
 def omitted(problem: str) -> dict[str, str]:
-    """What an input that could not be carried is replaced with in the transcript."""
     return {OMITTED_KEY: f"{problem}; the input was not kept"}
 
 

@@ -38,11 +38,11 @@ class Service:
     inputs: tuple[Input, ...]
     outputs: dict[str, type[BaseModel]] = field(default_factory=dict)
     shares_ledger: bool = False  # needs the fleet's one ledger database
-    # the key roles (`keys`): a service holds only the keys of its roles, so only the gate can sign a batch
-    signs_batches: bool = False
+    # the key roles (`keys`): a service holds only its roles' keys; a verifier holds public keys and cannot sign
+    signs_batches: bool = False  # the batch signing key (the gate only)
     verifies_batches: bool = False
-    accepts_decisions: bool = False
-    signs_decisions: bool = False
+    accepts_decisions: bool = False  # verifies people's signed ApprovalDecided
+    signs_decisions: bool = False  # the decision signing key (the console)
     reads: tuple[str, ...] = ()  # topics it reads without a consumer group
     redrives: bool = False  # publishes a dead letter's record, unchanged, to its source topic (`redrive_topics()`)
     app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
