@@ -208,7 +208,7 @@ class Capacity:
         self._latency = latency if self._latency == 0 else self._latency + LATENCY_EWMA * (latency - self._latency)
         if self.window is None:
             return
-        if ceiling is None and self.rate is None:
+        if ceiling is None and self.rate is None:  # no limit announced, none learnt from a 429: nothing to protect
             self.window = None
         elif not drained:
             self.window += 1
