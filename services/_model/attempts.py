@@ -1,20 +1,9 @@
 """One model call, tried until the API answers it, the turn's deadline comes, or an error says trying again is useless.
 
-How each refusal is taken (the SDK retries nothing: services/_model/client.py):
-* **Capacity** (a 429 with `retry-after`, any 529, and on a platform that sends no rate-limit headers a 429
-  without `retry-after`: its throttle, Bedrock's ThrottlingException, Vertex AI's RESOURCE_EXHAUSTED):
-  "later", never "fail". The process's limiter (services/_model/capacity.py) hears it, holds every call of
-  the process (a retry-after) or cuts its window and pauses this call alone (a bare throttle), and this one
-  waits again for its slot, for as long as the turn's deadline allows (less MARGIN_S, so the turn ends with
-  its own answer rather than the sweeper's). The turn is marked waiting in the ledger (`on_wait`), where the
-  stuck rule leaves it alone and `roundtrip turns` shows it. Past the deadline the call is `busy`.
-* **Transient** (a timeout, a lost connection, 408, 409, another 5xx): tried again up to `retries` times
-  (ROUNDTRIP_MODEL_MAX_RETRIES), after an exponential pause with jitter.
-* **Anything else** (400, 401, 403, 404, 413, and on the Anthropic API a 429 with no `retry-after`, which is
-  how a spend limit answers there): the error, at once. Which a bare 429 is, the platform's adapter says
-  (`Signals.bare_429_throttles`, services/_model/providers.py), not this module.
-With `wait_for_capacity` off, a capacity refusal is the error too, at once: a plain loop that leaves the retries
-to the SDK.
+A capacity refusal (a 429 with retry-after, a 529, a platform's bare throttle) is "later", never "fail": the call
+waits for the limiter inside the turn's deadline, the turn marked waiting in the ledger. A transient error is tried
+again `retries` times with backoff; anything else (a spend limit's bare 429 on the Anthropic API) is the error at once.
+With `wait_for_capacity` off a capacity refusal is the error too (a plain loop). See docs/decisions/model-capacity.md.
 """
 
 from __future__ import annotations
@@ -35,27 +24,27 @@ log = logging.getLogger("roundtrip.model")
 MARGIN_S = 2.0  # give up this long before the turn's deadline
 MARK_AFTER_S = 1.0  # a wait for capacity longer than this marks the turn waiting in the ledger
 BACKOFF_S, MAX_BACKOFF_S = 0.5, 8.0  # transient errors: the first pause, doubled per retry up to this
-OVERLOADED_PAUSE_S = 1.0  # a 529 without retry-after holds this long
+OVERLOADED_PAUSE_S = 1.0
 
 Mark = Callable[[], Awaitable[bool]]  # marks the turn waiting for capacity; False when the turn may not act any more
 
 
 @dataclass
 class Tried:
-    """How the call ended: the message and its headers, or an error (`busy`: for capacity, until the deadline)."""
+    """How the call ended: the message and its headers, or an error (`busy`: refused until the deadline)."""
 
     message: Any = None
     headers: Mapping[str, str] | None = None
     error: str | None = None
     busy: bool = False
     gone: bool = False  # the turn ended while its call waited: nothing to answer
-    waited_s: float = 0.0  # for capacity (the limiter's slots and holds)
-    refusals: int = 0  # 429s and 529s
+    waited_s: float = 0.0
+    refusals: int = 0
     attempts: int = 0
 
 
 def retry_after(exc: anthropic.APIStatusError) -> float | None:
-    """Seconds the answer asks to wait (`retry-after-ms`, else `retry-after` in seconds); None when it does not say."""
+    """Seconds the answer asks to wait (`retry-after-ms`, else `retry-after`); None when it does not say."""
     headers = exc.response.headers
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
         try:
@@ -70,12 +59,11 @@ def describe(exc: anthropic.APIError) -> str:
     return f"{type(exc).__name__}{f' ({status})' if status else ''}: {exc.message if hasattr(exc, 'message') else exc}"
 
 
-STREAM_ERRORS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500}  # an error event's status
+STREAM_ERRORS = {"overloaded_error": 529, "rate_limit_error": 429, "api_error": 500}
 
 
 def _status(exc: anthropic.APIError) -> int | None:
-    """The HTTP status of a refusal; for an `error` event in a stream (its response was a 200), the status its error
-    type stands for (an overloaded_error mid-stream is a 529)."""
+    """The HTTP status of a refusal; for an `error` event in a 200's stream, the status its error type stands for."""
     status: int | None = getattr(exc, "status_code", None)
     if status == 200 and isinstance(body := getattr(exc, "body", None), dict):
         return STREAM_ERRORS.get(str((body.get("error") or {}).get("type")), status)
@@ -83,7 +71,6 @@ def _status(exc: anthropic.APIError) -> int | None:
 
 
 def _capacity_wait(exc: anthropic.APIError, bare_429_throttles: bool) -> tuple[bool, float | None]:
-    """Whether `exc` is about capacity, and the pause it asks for (None: a throttle that said nothing)."""
     status = _status(exc)
     after = retry_after(exc) if isinstance(exc, anthropic.APIStatusError) else None
     if status == 429:
@@ -104,8 +91,6 @@ def _transient(exc: anthropic.APIError) -> bool:
 async def _paused_in_place(
     pause: float, capacity: Capacity, give_up: float, on_wait: Mark, marked: bool
 ) -> bool | None:
-    """A throttle's pause in the call's kept place: True to try again there; otherwise its place is given back
-    (None: the pause would pass the turn's deadline; False: the turn may not act any more)."""
     try:
         kept = await _paused(pause, give_up, on_wait, marked)
     except BaseException:
@@ -117,8 +102,7 @@ async def _paused_in_place(
 
 
 async def _slot(capacity: Capacity, give_up: float, out: Tried, last: str) -> float:
-    """The call's place in the window: how long it waited for it, or -1 (and `out` says busy) when none comes before
-    the turn's deadline."""
+    """Seconds waited for the call's place, or -1 (`out` says busy) when none comes before the deadline."""
     try:
         return await capacity.acquire(give_up)
     except Busy as exc:
@@ -135,8 +119,7 @@ def _ended_paused(out: Tried, kept: bool | None, last: str) -> Tried:
 
 
 async def _backed_off(exc: anthropic.APIError, tried: int, give_up: float) -> bool:
-    """The pause before a transient failure's next try (the `tried`-th retry), taken unless it would pass the
-    turn's deadline; True when the call should be tried again."""
+    """Pause before the `tried`-th retry, unless it would pass the deadline; True to try again."""
     pause = min(MAX_BACKOFF_S, BACKOFF_S * 2**tried) * random.uniform(0.75, 1.0)
     log.info("model call tried again in %.1f s after %s", pause, describe(exc))
     if time.monotonic() + pause < give_up:
@@ -153,11 +136,10 @@ async def attempt(
     on_wait: Mark,
     wait_for_capacity: bool = True,
 ) -> Tried:
-    """Run `call(attempt_number)` through the limiter until it is answered (see the module's docstring).
-    `deadline_at`: Unix time the turn may act until."""
+    """Run `call(attempt_number)` through the limiter; `deadline_at` is the Unix time the turn may act until."""
     out, marked, transient, last = Tried(), False, 0, "waiting for its slot"
-    in_a_row = 0  # refusals since the last answer of any kind
-    kept: bool | None = False  # the call's place in the window was kept through a throttle's pause
+    in_a_row = 0
+    kept: bool | None = False
     give_up = time.monotonic() + (deadline_at - MARGIN_S - time.time())
     while True:
         if not marked and (out.refusals or capacity.delay() > MARK_AFTER_S):
@@ -168,10 +150,10 @@ async def attempt(
         if kept and capacity.delay() > 0:  # a retry-after came during the pause: the call waits for the hold as all do
             capacity.ended()
             kept = False
-        if kept:  # a throttled call tries again in the place it kept
+        if kept:
             waited, kept = 0.0, False
         elif (waited := await _slot(capacity, give_up, out, last)) < 0:
-            return out  # busy until the turn's deadline
+            return out
         out.waited_s += waited
         started, out.attempts = time.monotonic(), out.attempts + 1
         try:
@@ -182,7 +164,7 @@ async def attempt(
                 out.refusals, last, in_a_row = out.refusals + 1, describe(exc), in_a_row + 1
                 # the window shrinks before this call's place is given on (or kept through its pause)
                 pause = capacity.refused(after, started, in_a_row)
-                if pause > 0:  # a throttle without retry-after: this call pauses, keeping its place in the window
+                if pause > 0:
                     kept = await _paused_in_place(pause, capacity, give_up, on_wait, marked)
                     if kept:
                         marked = True
@@ -207,9 +189,8 @@ async def attempt(
 
 
 async def _paused(pause: float, give_up: float, on_wait: Mark, marked: bool) -> bool | None:
-    """A throttled call's own pause, its place in the window kept (handing it on would start a call that meets the same
-    empty bucket): True once it may try again, False when its turn ended meanwhile, None when the pause would pass the
-    deadline. The turn is marked waiting first, if it is not yet."""
+    """A throttled call's pause in its kept place (handing it on would meet the same empty bucket): True to try again,
+    False when its turn ended meanwhile, None when the pause would pass the deadline."""
     if time.monotonic() + pause > give_up:
         return None
     if not marked and not await on_wait():
@@ -219,7 +200,7 @@ async def _paused(pause: float, give_up: float, on_wait: Mark, marked: bool) -> 
 
 
 def _counted(message: Any) -> dict[str, int]:
-    """The tokens a call counts against the limits: input and cache writes (cache reads do not count), and output."""
+    """The tokens a call counts against the limits: cache reads do not count."""
     usage = message.usage
     return {
         "input_tokens": (usage.input_tokens or 0) + (usage.cache_creation_input_tokens or 0),

@@ -1,12 +1,8 @@
 """Model service: one CallModel command in, one ModelResponded iteration event out.
 
-Before calling the model it asks the turn's fence (services/_kernel/storage/turnstore.py): no model call
-for a turn that has ended, been cancelled, moved on or passed its deadline. Whatever the model
-returns, the event stays under the broker's message limit (services/_kernel/wire/limits.py): a tool
-input too large or too deep is replaced by a marker and its call carries the error, so the
-guard turns it into an is_error tool_result and the loop continues; the call is billed either way.
-How a refused call is tried again (429 and 529 until the turn's deadline, through the process's
-limiter) is services/_model/attempts.py; a call refused for capacity until then is `busy`.
+It asks the turn's fence first: no model call for a turn that has ended, been cancelled, moved on or passed its
+deadline. Whatever the model returns, the event stays under the broker's message limit (wire/limits.py): a tool input
+too large or too deep becomes a marker and its call an error the loop goes on from; the call is billed either way.
 """
 
 from __future__ import annotations
@@ -35,8 +31,6 @@ log = logging.getLogger("roundtrip.model")
 
 
 class Limits:
-    """The size policy's numbers (Settings.max_block_bytes, max_input_depth, max_transcript_bytes)."""
-
     def __init__(self, block_bytes: int = 65536, input_depth: int = 32, transcript_bytes: int = 524288) -> None:
         self.block_bytes, self.input_depth, self.transcript_bytes = block_bytes, input_depth, transcript_bytes
 
@@ -83,9 +77,7 @@ def _blocks(message: anthropic.types.Message, limits: Limits) -> tuple[list[dict
 
 @dataclass
 class Retrying:
-    """How a call is retried (services/_model/attempts.py): the process's limiter, the transient retries, the deadline
-    of a turn that has none, and whether a refusal for capacity waits (off: it is the call's error, as in a plain
-    loop)."""
+    """How a call is retried (attempts.py): the limiter, the transient retries, the default deadline, capacity waits."""
 
     capacity: Capacity = field(default_factory=Capacity)
     retries: int = 2
@@ -94,12 +86,11 @@ class Retrying:
 
 
 def _caller(command: CallModel, client: Model, chunks: Chunks | None) -> Callable[[int], Awaitable[Any]]:
-    """The call of each attempt: the message and the answer's headers (the rate limits); streamed, with `chunks`."""
     turn = command.turn
 
     async def call(n: int) -> tuple[Any, Any]:
         if chunks is not None:
-            chunks.begin()  # a new stream: the attempt before it, if it showed text, is cut
+            chunks.begin()
             return await client.stream_answer(
                 command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n, chunks=chunks
             )
@@ -109,8 +100,7 @@ def _caller(command: CallModel, client: Model, chunks: Chunks | None) -> Callabl
 
 
 def _stream_ended(chunks: Chunks | None, out: Tried) -> None:
-    """The step's stream: final when the call was answered, else cut (acknowledged beside the iteration event:
-    the service awaits `chunks.sent()`)."""
+    """The step's stream: final when the call was answered, else cut."""
     if chunks is not None:
         if out.message is not None and not out.error:
             chunks.end(out.message.stop_reason)
@@ -126,8 +116,7 @@ async def call_model(
     retrying: Retrying | None = None,
     chunks: Chunks | None = None,
 ) -> ModelResponded | None:
-    """The next iteration of the turn, or None when the fence refuses the call (the turn may not act any more).
-    With `chunks` (a turn that streams) the call is streamed, its text published as it comes (streamed.py)."""
+    """The next iteration of the turn, or None when the fence refuses the call; streamed with `chunks`."""
     limits, retrying = limits or Limits(), retrying or Retrying()
     turn = command.turn
     if fence is not None and not await fence.claim_model_call(turn, command.step):
@@ -161,8 +150,6 @@ async def call_model(
 async def _attempted(
     command: CallModel, client: Model, fence: Fence | None, retrying: Retrying, chunks: Chunks | None
 ) -> Tried:
-    """The model called as `retrying` says (retries, capacity waits recorded in the fence, the turn's deadline);
-    streamed when `chunks` is given."""
     turn = command.turn
 
     async def waiting() -> bool:

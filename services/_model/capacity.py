@@ -1,47 +1,10 @@
 """The model service's share of the Messages API's rate limits: one limiter per process, adapted from the API's answers.
 
-Every call waits here for its start (`acquire`), then says how the API answered: `answered` with the
-response's `anthropic-ratelimit-*` headers and usage, or `refused` with a 429's (or 529's) retry-after.
-The limiter keeps one number, the rate (calls per second) this process may start, and spaces the starts
-1/rate apart: each waiter sleeps until its own slot, so there is no burst and no polling.
-
-* **Ceiling.** The `-limit` headers say what the organisation may do per minute: requests-limit/60 calls
-  per second, and input-tokens-limit/60 (output likewise) divided by what an average call counts. Input
-  tokens count like the API counts them: uncached input plus cache writes; cache reads do not count.
-  The rate never passes the ceiling; the first ceiling known is the first rate.
-* **Multiplicative decrease.** A 429 or a 529, or an answer whose `-remaining` has fallen below LOW of the
-  most it has been seen to hold (the bucket is being drained: the fleet, or another app, starts more than
-  it refills), cuts the rate to BETA of itself, at most once per EPOCH_S, and never for a call started before the
-  last cut (its answer says nothing of the new rate). A 429 also **holds** the whole process until its
-  retry-after has passed, plus jitter of this process's own, then the waiting calls resume one slot apart.
-* **Additive increase.** An answer with room left raises the rate so that it would climb from zero to the
-  ceiling in RAMP_S seconds of calls, and only while calls wait here (a rate nobody uses is not tested).
-
-* **Slow start.** Until the first answer, and again from a 429 on, the process has too little to go by: the
-  headers it knows may be stale, the bucket may hold less than the minute's limit (the API may enforce a limit
-  over shorter intervals, or other applications of the organisation drain it). So a window caps the calls in
-  flight (started, not answered): INITIAL_WINDOW of them, one more per answer with room left (doubling per round
-  trip, as TCP's slow start grows its window by the acknowledgements), and none past the calls the rate keeps in
-  flight (OPEN_AFTER of its rate x the calls' latency), where the window opens and pacing alone rules. An answer
-  that announces no limit opens it at once (nothing to protect); a drained answer stops its growth.
-
-Replicas are not told about each other: each sees the same organisation-wide headers and 429s and cuts
-when they say so, and AIMD's cuts in proportion to each one's rate make them converge on equal shares of
-the one limit (Chiu and Jain, 1989), with no coordinator. With no header and no refusal, nothing is paced.
-
-**Without headers** (Amazon Bedrock, Google Vertex AI, Microsoft Foundry: `Signals` of the platform's adapter,
-services/_model/providers.py), there is no limit to read, only the 429s themselves, so the window of calls in flight is
-the whole control, as TCP's congestion window is: no pacing, and the rate is what the window keeps in flight per round
-trip. Slow start as above (INITIAL_WINDOW, one more per answer) until the first 429; from then on **additive increase**
-of INCREASE calls per round trip (INCREASE/window per answer, and only while the window is full: a window nobody fills
-is not tested) and **multiplicative decrease** to WINDOW_BETA of the window on a 429, once per round trip (a 429 of a
-call started before the last cut says nothing of the window since), never below MIN_WINDOW. A 429 with `retry-after`
-holds the process as above; one without (Bedrock's ThrottlingException, Vertex's RESOURCE_EXHAUSTED) holds only its own
-call, for about a round trip with jitter, doubling with each of its refusals in a row (`refused`'s answer), and the call
-keeps its place in the window meanwhile (services/_model/attempts.py): the cut window slows the process, and neither the
-call nor a successor of its place hammers a bucket that stays empty. Replicas converge on equal windows of the one
-limit by the same rule, each probing on its own: N replicas' windows grow N times as fast, so they meet more 429s than
-one process.
+Every call waits for its start (`acquire`), then reports `answered` (with the `anthropic-ratelimit-*` headers and
+usage) or `refused` (a 429's or 529's retry-after). With headers, starts are paced 1/rate apart under the ceiling the
+headers give, by AIMD; before the first answer and after a 429 a slow-start window caps the calls in flight. Without
+headers (Bedrock, Vertex AI, Foundry) the window alone is the control, as TCP's congestion window. Replicas converge on
+equal shares of the one limit with no coordinator (docs/operating/scaling.md, docs/decisions/model-capacity.md).
 """
 
 from __future__ import annotations
@@ -57,38 +20,34 @@ from dataclasses import dataclass, field
 from typing import cast
 
 LOW = 0.5  # a dimension whose remaining is below this share of its peak is being drained: slow down
-BETA = 0.7  # multiplicative decrease
+BETA = 0.7
 RAMP_S = 20.0  # additive increase: the ceiling over this many seconds (ceiling / RAMP_S calls per second, per second)
-EPOCH_S = 2.0  # at most one cut per this long
-MIN_RATE = 0.05  # calls per second: never slower than this (a hold still stops everything)
-# more calls waiting than this many seconds of the rate: the process is at its limit (its consumer pauses)
-BACKLOG_S = 2.0
-TOKEN_EWMA = 0.05  # weight of the newest call in the average tokens per call (calls of one turn differ a lot)
+EPOCH_S = 2.0
+MIN_RATE = 0.05
+BACKLOG_S = 2.0  # more calls waiting than this many seconds of the rate: at the limit (the consumer pauses)
+TOKEN_EWMA = 0.05
 INITIAL_WINDOW = 4  # calls in flight while nothing is known (a cold process), and again after a 429
 OPEN_AFTER = 2.0  # the window opens when it holds this many times the calls the rate keeps in flight
-LATENCY_EWMA = 0.1  # weight of the newest answer in the average latency of a call
-# without headers: calls the window grows by per round trip once slow start has ended. TCP's is 1; a window of ~10
-# calls is tiny next to TCP's, and each 429 cycle (from WINDOW_BETA of the window back to where the 429 came) lasts
-# (1 - WINDOW_BETA) x window / INCREASE round trips: 0.5 halves the share of calls refused (test_capacity_aimd.py)
-INCREASE = 0.5
-WINDOW_BETA = BETA  # without headers: a 429 cuts the window to this share of itself
-MIN_WINDOW = 1.0  # without headers: the fewest calls in flight a 429 can cut the window to
+LATENCY_EWMA = 0.1
+INCREASE = 0.5  # without headers: calls per round trip after slow start (why not TCP's 1: decisions/model-capacity.md)
+WINDOW_BETA = BETA
+MIN_WINDOW = 1.0
 BARE_PAUSE_S = 1.0  # without headers: a refused call's first pause while no answer has measured a round trip
-MAX_BARE_PAUSE_S = 8.0  # ... and the longest, after refusals in a row
+MAX_BARE_PAUSE_S = 8.0
 DIMENSIONS = ("requests", "input-tokens", "output-tokens")
 HEADER = "anthropic-ratelimit-{}-{}"
 
 
 @dataclass(frozen=True)
 class Signals:
-    """What a platform's answers tell the limiter (each adapter of services/_model/providers.py says which)."""
+    """What a platform's answers tell the limiter."""
 
     headers: bool  # its answers carry `anthropic-ratelimit-*`: the rate is learnt from them; else from the 429s alone
     bare_429_throttles: bool  # a 429 without retry-after is a throttle to wait out; else a spend limit (the error)
 
 
-HEADERS = Signals(headers=True, bare_429_throttles=False)  # the Anthropic API
-REFUSALS = Signals(headers=False, bare_429_throttles=True)  # Bedrock, Vertex AI, Foundry
+HEADERS = Signals(headers=True, bare_429_throttles=False)
+REFUSALS = Signals(headers=False, bare_429_throttles=True)
 
 
 class Busy(Exception):
@@ -97,8 +56,6 @@ class Busy(Exception):
 
 @dataclass
 class Reading:
-    """What one answer's `anthropic-ratelimit-*` headers said: per dimension, its per-minute limit and what remains."""
-
     limit: dict[str, float] = field(default_factory=dict)
     remaining: dict[str, float] = field(default_factory=dict)
 
@@ -128,44 +85,38 @@ class Capacity:
         slow_start: bool = True,
         signals: Signals = HEADERS,
     ) -> None:
-        """`slow_start` off: no window of calls in flight, ever (a plain loop's stand-in for no limiter), where headers
-        are read; without them the window is the limiter and is always kept."""
+        """`slow_start` off: no window of calls in flight (a plain loop's stand-in), unless without headers."""
         self.signals = signals
         slow_start = slow_start or not signals.headers
         self._clock = clock
         self._slow_start = slow_start
         self._rng = rng or random.Random()
         self.rate: float | None = None  # calls per second this process starts; None: not paced (no limit known)
-        self._next_at = 0.0  # the next free slot
-        self.hold_until = 0.0  # a 429 said stop until then
-        self._cut_at = -EPOCH_S  # when a 429 last cut the rate
-        self._epoch_at = 0.0  # answers since then decide the next adaptation
+        self._next_at = 0.0
+        self.hold_until = 0.0
+        self._cut_at = -EPOCH_S
+        self._epoch_at = 0.0
         self._answers = self._drained_answers = 0
-        self._limited = False  # a call of this epoch waited for its slot: the rate is in use
+        self._limited = False
         self._limit: dict[str, float] = {}
-        self._peak: dict[str, float] = {}  # the most each dimension has been seen to hold
+        self._peak: dict[str, float] = {}
         self._top_rate = 0.0  # the highest rate in use when a cut came (the ramp's top while no ceiling is known)
-        self._per_call = {"input-tokens": 0.0, "output-tokens": 0.0}  # average tokens counted per call
+        self._per_call = {"input-tokens": 0.0, "output-tokens": 0.0}
         self._started: deque[float] = deque()  # starts of the last EPOCH_S: the rate in use before any is known
-        self.window: float | None = (
-            INITIAL_WINDOW if slow_start else None
-        )  # calls in flight allowed (None: open, the rate alone rules)
-        self.in_flight = 0  # started and not ended (`ended`)
+        self.window: float | None = INITIAL_WINDOW if slow_start else None
+        self.in_flight = 0
         self._window_waiters: deque[asyncio.Future[None]] = deque()
-        self._latency = 0.0  # average seconds from a call's start to its answer
-        self.threshold = (
-            math.inf
-        )  # without headers: the window where slow start ends (WINDOW_BETA of it at the last 429)
+        self._latency = 0.0
+        self.threshold = math.inf
         self.waiting = 0
         self.throttled = False
         self._on_throttle = on_throttle
         self.refusals = 0
 
-    # -- the calls' side --------------------------------------------------------------------
     async def acquire(self, deadline: float) -> float:
-        """Wait for this call's place in the window (FIFO), then its slot (1/rate apart, after any hold); the seconds
-        waited. Raises Busy when it would have to wait past `deadline` (monotonic): at once for a slot, when the
-        deadline comes for the window. Every acquire that returns is followed by one `ended`."""
+        """Wait for a place in the window (FIFO), then a slot; the seconds waited, or Busy past `deadline`.
+
+        Every acquire that returns must be followed by one `ended`."""
         begun = now = self._clock()
         self.waiting += 1
         self._check_throttle()
@@ -191,9 +142,9 @@ class Capacity:
         self._window_waiters.append(entered)
         try:
             async with asyncio.timeout(max(0.0, deadline - self._clock())):
-                await entered  # `_admit` counted this call in flight when it set the result
+                await entered
         except BaseException as exc:
-            if entered.done() and not entered.cancelled():  # admitted as it gave up: give its place back
+            if entered.done() and not entered.cancelled():
                 self.ended()
             else:
                 entered.cancel()
@@ -218,8 +169,7 @@ class Capacity:
                 return now
 
     def ended(self) -> None:
-        """A call that `acquire` let start has ended (answered, refused, failed or cancelled): its place in the window
-        goes to the next call waiting."""
+        """A call that `acquire` let start has ended, however: its place goes to the next call waiting."""
         self.in_flight = max(0, self.in_flight - 1)
         self._admit()
 
@@ -233,7 +183,6 @@ class Capacity:
     def answered(
         self, headers: Mapping[str, str] | None, input_tokens: int, output_tokens: int, started_at: float, waited: bool
     ) -> None:
-        """A call started at `started_at` was answered: learn the limits; once per epoch, adapt the rate."""
         if not self.signals.headers:
             self._widen(self._clock() - started_at)
             return
@@ -256,8 +205,6 @@ class Capacity:
             self.rate = min(self.rate, ceiling)
 
     def _grow_window(self, latency: float, drained: bool, ceiling: float | None) -> None:
-        """Slow start: one more call in flight per answer with room left, until the window holds OPEN_AFTER times what
-        the rate keeps in flight; an answer announcing no limit opens it at once."""
         self._latency = latency if self._latency == 0 else self._latency + LATENCY_EWMA * (latency - self._latency)
         if self.window is None:
             return
@@ -270,19 +217,15 @@ class Capacity:
         self._admit()
 
     def _widen(self, latency: float) -> None:
-        """Without headers, an answer: one more call in flight during slow start, INCREASE/window more after it
-        (INCREASE per round trip), while the window is full."""
         self._latency = latency if self._latency == 0 else self._latency + LATENCY_EWMA * (latency - self._latency)
-        assert self.window is not None  # without headers the window is never open
+        assert self.window is not None
         if self._window_waiters or self.in_flight >= self.window:  # the answered call is still counted in flight
             self.window += 1.0 if self.window < self.threshold else INCREASE / self.window
         self._admit()
 
     def _adapt(self, ceiling: float | None, now: float) -> None:
-        """The end of an epoch: cut in proportion to the share of answers that found the bucket drained (every replica
-        sees the same share, so each cuts the same fraction of its own rate), then, if calls waited, add the same
-        step to every replica's rate (DCTCP's rule for ECN marks: AIMD without waiting for a drop)."""
-        assert self.rate is not None  # only a paced process adapts its rate
+        """Cut in proportion to the share of drained answers (the same share in every replica), then add one step."""
+        assert self.rate is not None
         drained = self._drained_answers / self._answers if self._answers else 0.0
         rate = self.rate * (1.0 - drained * (1.0 - BETA))
         if self._limited and drained < 1.0:
@@ -291,10 +234,9 @@ class Capacity:
         self._epoch_at, self._answers, self._drained_answers, self._limited = now, 0, 0, False
 
     def refused(self, retry_after: float | None, started_at: float, in_a_row: int = 1) -> float:
-        """A 429 or 529 for a call started at `started_at`, its `retry_after` (None: it said nothing), the call's
-        `in_a_row`-th refusal without an answer between. With a retry-after, cut and hold the process `retry_after` +
-        jitter; without headers and without retry-after, cut the window and hold only this call: the seconds it pauses
-        before it tries again (0: the process's hold is its pause)."""
+        """A 429 or 529: cut, and hold the process; the seconds this call alone pauses (0: the hold is its pause).
+
+        Only a headerless refusal without retry-after pauses the call alone, doubling with `in_a_row`."""
         self.refusals += 1
         if not self.signals.headers:
             self._narrow(started_at)
@@ -303,7 +245,7 @@ class Capacity:
                 return cast(float, min(MAX_BARE_PAUSE_S, base * 2 ** (in_a_row - 1)) * self._rng.uniform(0.5, 1.0))
         else:
             self._cut(started_at)
-            if self._slow_start:  # slow start again from the hold's end
+            if self._slow_start:
                 self.window = min(self.window or INITIAL_WINDOW, INITIAL_WINDOW)
         retry_after = retry_after or 0.0
         now = self._clock()
@@ -312,28 +254,22 @@ class Capacity:
         if until > self.hold_until:
             self.hold_until = until
             self._next_at = max(self._next_at, until)
-            with contextlib.suppress(RuntimeError):  # no event loop runs (a simulation): nothing to wake
-                # the hold ends on its own: look again then, whether calls wait or not
+            with contextlib.suppress(RuntimeError):  # no event loop (a simulation): nothing to wake at the hold's end
                 asyncio.get_running_loop().call_later(until - now + 0.001, self._check_throttle)
         self._check_throttle()
         return 0.0
 
     def _narrow(self, started_at: float) -> None:
-        """Without headers, a 429: the window to BETA of itself, once per round trip (a call started before the last
-        cut was started by the window before it), never below MIN_WINDOW; slow start ends there."""
-        if started_at < self._cut_at:
+        if started_at < self._cut_at:  # started by the window before the last cut: says nothing of this one
             return
         assert self.window is not None
         self.window = self.threshold = max(MIN_WINDOW, self.window * WINDOW_BETA)
         self._cut_at = self._clock()
 
-    # -- what it knows --------------------------------------------------------------------
     def delay(self) -> float:
-        """Seconds a call asking now would wait for its slot."""
         return max(0.0, self._next_at - self._clock(), self.hold_until - self._clock())
 
     def ceiling(self) -> float | None:
-        """Calls per second the organisation's limits allow (None: no limit known)."""
         rates = []
         for dimension, per_minute in self._limit.items():
             per_call = 1.0 if dimension == "requests" else self._per_call.get(dimension, 0.0)
@@ -370,11 +306,11 @@ class Capacity:
             self._started.popleft()
 
     def _check_throttle(self) -> None:
-        """Throttled while a hold lasts or more calls wait than BACKLOG_S of the rate; released at half that backlog."""
+        """Throttled while a hold lasts or the backlog passes BACKLOG_S of the rate; released at half of it."""
         now = self._clock()
         rate = self.rate
         if not self.signals.headers and self.window is not None and self._latency > 0:
-            rate = self.window / self._latency  # what the window keeps in flight per round trip
+            rate = self.window / self._latency
         backlog = max(2.0, (rate or 0.0) * BACKLOG_S)
         if self.hold_until > now or (rate is not None and self.waiting > backlog):
             throttled = True

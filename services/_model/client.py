@@ -1,21 +1,10 @@
-"""The model's client: the SDK's client of the configured platform (services/_model/providers.py), on the Anthropic
-API the real API with a key, the local simulator without.
+"""The model's client: the SDK's client of the configured platform; on the Anthropic API without a key, the simulator.
 
-It owns the static prefix of every call (the agent's system prompt and tools, marked for prompt
-caching) so the handler only passes the transcript. With `cache_history`, the transcript is
-cached too, by two moving breakpoints: on the last block of the last message (this request
-writes its prefix) and on the last block of the previous request's last message, which is
-always messages[-3] (a request adds the model's response and the next user message: the
-tool results of a step, or the customer's next words after the history of earlier turns), so
-this request reads everything up to there from the cache. With the tools and the system
-prompt that is 4 breakpoints, the API's limit. The SDK emits its own span per
-`messages.create`; nothing here instruments it again. The SDK retries nothing (`max_retries=0`):
-the model service does (services/_model/attempts.py), so the process's limiter sees every 429 and
-every answer's rate-limit headers, which `create` returns with the message.
-
-Its HTTP transport is aiohttp (the SDK's `aiohttp` extra) rather than the default httpx pool,
-which walks every pooled connection on each request and response: with hundreds of calls in
-flight in one process that walk cost more than the rest of the call (docs/decisions/http-clients.md).
+It owns the static prefix of every call (system prompt and tools, marked for prompt caching). With `cache_history`
+the transcript is cached too, by two moving breakpoints: the last message (this request writes its prefix) and
+messages[-3], the previous request's last (a request adds the response and the next user message), which this one
+reads; with tools and system prompt that is the API's limit of 4. The SDK retries nothing (`max_retries=0`), so the
+limiter sees every 429. Its transport is aiohttp, not httpx's pool (docs/decisions/http-clients.md).
 """
 
 from __future__ import annotations
@@ -57,8 +46,7 @@ def _marked(message: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def with_history_breakpoints(messages: list[dict[str, Any]], available: int) -> list[dict[str, Any]]:
-    """`messages` (copied where changed) with cache breakpoints on the last message and on messages[-3],
-    at most `available` of them (the last message first)."""
+    """`messages` (copied where changed) with at most `available` breakpoints, the last message first."""
     marked = list(messages)
     for index in (len(messages) - 1, len(messages) - 3)[: max(0, available)]:
         if index >= 0 and (copy_ := _marked(messages[index])) is not None:
@@ -70,8 +58,7 @@ class ModelClient:
     def __init__(
         self, settings: Settings, tools: list[dict[str, Any]], system_prompt: str, model: str, sdk_retries: int = 0
     ) -> None:
-        """`sdk_retries`: the SDK's own retries; 0 in the model service, whose limiter must see every 429; a plain
-        loop without the fleet's limiter takes the SDK's default."""
+        """`sdk_retries`: 0 in the model service, whose limiter must see every 429; a plain loop takes the SDK's."""
         self._settings = settings
         self._tools = tools
         self._system = [{"type": "text", "text": system_prompt, "cache_control": {"type": "ephemeral"}}]
@@ -79,12 +66,10 @@ class ModelClient:
         self._provider = providers.of(settings)
         self._client = self._provider.client(
             settings,
-            # the model service: services/_model/attempts.py retries, through the process's limiter
             max_retries=sdk_retries,
             http_client=anthropic.DefaultAioHttpClient(timeout=settings.model_timeout_s),
         )
-        # the simulator's persona header: to the simulator the Anthropic API stands in for, or to an endpoint given
-        # a platform (the simulator in that platform's shape); a turn has a persona only when its request names one
+        # the persona header goes only to a simulator (of the Anthropic API, or a platform's at a given endpoint)
         self._persona_header = settings.use_simulator or (
             settings.model_provider != "anthropic" and bool(settings.anthropic_base_url)
         )
@@ -98,14 +83,12 @@ class ModelClient:
         return sum(1 for block in [*self._tools, *self._system] if block.get("cache_control"))
 
     def prepared(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The transcript as sent: with the history's cache breakpoints when `cache_history` is on."""
         if not self._settings.cache_history:
             return messages
         return with_history_breakpoints(messages, MAX_BREAKPOINTS - self.static_breakpoints)
 
     def tool_choice(self, disable_parallel_tool_use: bool | None = None) -> dict[str, Any] | None:
-        """`tool_choice` of a call: {"type": "auto", "disable_parallel_tool_use": true} when parallel use is off
-        (the request's override, else the deployment's setting); otherwise none is sent (the API's default, auto)."""
+        """`tool_choice` of a call: auto without parallel use when that is off; else none (the API's default)."""
         disabled = (
             self._settings.disable_parallel_tool_use if disable_parallel_tool_use is None else disable_parallel_tool_use
         )
@@ -118,9 +101,7 @@ class ModelClient:
         disable_parallel_tool_use: bool | None = None,
         attempt: int | None = None,
     ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
-        """The model's message and the answer's HTTP headers (the rate-limit headers among them).
-        `attempt`: retries of this call before this one (sent as the SDK would, `x-stainless-retry-count`); None: the
-        SDK numbers its own retries (a client given `sdk_retries`)."""
+        """The model's message and the answer's HTTP headers; `attempt`: retries before this one (None: the SDK's)."""
         raw = await self._raw(messages, persona, disable_parallel_tool_use, attempt, stream=False)
         return await raw.parse(), raw.headers
 
@@ -132,9 +113,7 @@ class ModelClient:
         attempt: int | None = None,
         chunks: Chunks | None = None,
     ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
-        """`answer` on the streaming endpoint: the same message and headers, its text to `chunks` as it comes
-        (services/_model/streamed.py). A refusal before the stream (429, 529) raises as `answer` does; an `error` event
-        in the stream (the API overloaded mid-answer) raises the SDK's APIStatusError."""
+        """`answer` on the streaming endpoint, its text to `chunks` as it comes; an `error` event raises."""
         raw = await self._raw(messages, persona, disable_parallel_tool_use, attempt, stream=True)
         events = await raw.parse()
         try:
@@ -150,13 +129,11 @@ class ModelClient:
         attempt: int | None,
         stream: bool,
     ) -> Any:
-        """The SDK's raw response of one call (its headers, and the message or the event stream to parse)."""
         headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
         if persona and self._persona_header:
             headers["x-roundtrip-persona"] = persona
         choice = self.tool_choice(disable_parallel_tool_use)
-        # the transcript and the tools are the wire's JSON dicts, not the SDK's TypedDicts (the same shapes); the client
-        # is the platform's (providers.py), each with the same `messages`
+        # the wire's JSON dicts, not the SDK's TypedDicts: the same shapes
         return await self._client.messages.with_raw_response.create(
             model=self._model,
             max_tokens=self._settings.max_tokens,

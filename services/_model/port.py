@@ -1,5 +1,4 @@
-"""The one interface the model service calls a model through: the SDK-backed client of every provider
-(services/_model/client.py) and the scripted models of roundtrip.testing implement it alike."""
+"""The one interface the model service calls a model through: the SDK-backed client and roundtrip.testing's models."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ if TYPE_CHECKING:
 
 
 class Model(Protocol):
-    """A model's answer to a transcript, with the answer's HTTP headers (the rate-limit headers the limiter reads;
-    none from a model that has none). `attempt`: retries of this call before this one."""
+    """A model's answer to a transcript, with its HTTP headers (none from a model that has none)."""
 
     @property
     def model(self) -> str: ...

@@ -1,20 +1,10 @@
 """The model port: where the model service's calls go (ROUNDTRIP_MODEL_PROVIDER), behind one small interface.
 
-`ModelClient` (services/_model/client.py) asks the provider for the `anthropic` SDK's own client of its platform
-(`AsyncAnthropic`, `AsyncAnthropicBedrock`, `AsyncAnthropicVertex`, `AsyncAnthropicFoundry`); every one of them has the
-same `messages` resource, so nothing after the client's construction knows the platform. The SDK signs and
-authenticates: botocore's SigV4 from the AWS default chain (keys in the environment, a profile, IRSA or EKS pod
-identity), google-auth's application default credentials (workload identity, a key file) or a given token, a Foundry
-key or a Microsoft Entra ID token from azure-identity. Nothing here signs a request or mints a token.
-
-What differs between the platforms lives in each adapter: how its client is built, which model ids it takes, the
-`gen_ai.provider.name` of the SDK's span of each call (the OpenTelemetry GenAI names: anthropic, aws.bedrock,
-gcp.vertex_ai, azure.ai.inference), what its rate limiter learns from (`signals`: the Anthropic API's
-`anthropic-ratelimit-*` headers, where a 429 without retry-after is a spend limit; on the platforms, which send no such
-header, the 429s themselves, each one a throttle: services/_model/capacity.py), what must be configured for it to
-work. `refusal` says at start, in one line naming the setting, what would otherwise fail every turn later: a model id
-of another platform's form, no region, no credentials, the platform's extra not installed. Prices per platform:
-services/_guard/pricing.py.
+Each provider builds the `anthropic` SDK's own client of its platform; all have the same `messages` resource, so
+nothing after construction knows the platform, and the SDK signs and authenticates (nothing here signs a request or
+mints a token). An adapter holds what differs: its client, the model ids it takes, its GenAI provider name, what its
+limiter learns from (`signals`), and `refusal`: at start, one line naming the setting that would otherwise fail every
+turn later. Platforms and credentials: docs/operating/model-providers.md.
 """
 
 from __future__ import annotations
@@ -29,8 +19,7 @@ from roundtrip._kernel.observability.telemetry import PROVIDER_NAMES
 from roundtrip._kernel.settings import ConfigurationError, Settings
 from roundtrip._model.capacity import HEADERS, REFUSALS, Signals
 
-# a Bedrock model id: a foundation model, a cross-region inference profile (us., eu., apac., global., ...) or an ARN
-# (an application inference profile, provisioned throughput)
+# a foundation model, a cross-region inference profile (us., eu., global., ...) or an ARN
 BEDROCK_MODEL = re.compile(r"^(?:[a-z]{2,6}\.)?anthropic\.claude-[A-Za-z0-9.:-]+$|^arn:aws[a-z-]*:bedrock:\S+$")
 VERTEX_MODEL = re.compile(r"^claude-[a-z0-9.-]+(?:@\d{8})?$")
 DATED = re.compile(r"-(\d{8})$")  # the Anthropic API's dated id, claude-...-20250929 (Vertex writes @20250929)
@@ -38,23 +27,17 @@ VERTEX_REGION = re.compile(r"^(?:global|us|eu|[a-z]+-[a-z]+\d+)$")
 
 
 class Provider(Protocol):
-    """One platform the model is reached on."""
-
-    name: str  # ROUNDTRIP_MODEL_PROVIDER
+    name: str
     otel_name: str  # gen_ai.provider.name of the SDK's span of each call
-    signals: Signals  # what the limiter learns the shared rate from, and what a 429 without retry-after means
+    signals: Signals
 
-    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
-        """The SDK's client of the platform (its `messages.with_raw_response.create` is the call)."""
-        ...
+    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any: ...
 
     def refusal(self, settings: Settings, model: str) -> str | None:
-        """Why the model service cannot call the model as configured (one line naming the setting), or None."""
+        """Why the model cannot be called as configured (one line naming the setting), or None."""
         ...
 
-    def region(self, settings: Settings) -> str | None:
-        """The region calls go to, as `roundtrip config` shows it (None: the platform has none)."""
-        ...
+    def region(self, settings: Settings) -> str | None: ...
 
 
 def _secret(value: Any) -> str | None:
@@ -102,7 +85,7 @@ class Bedrock:
             try:
                 import boto3
 
-                region = boto3.Session().region_name  # the profile's
+                region = boto3.Session().region_name
             except Exception:  # noqa: BLE001 - no boto3, no profile: no region
                 return None
         return region
@@ -110,7 +93,7 @@ class Bedrock:
     def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
         return anthropic.AsyncAnthropicBedrock(
             aws_region=self.region(settings),
-            base_url=settings.anthropic_base_url or None,  # empty: the platform's own
+            base_url=settings.anthropic_base_url or None,
             max_retries=max_retries,
             timeout=settings.model_timeout_s,
             http_client=http_client,
@@ -167,7 +150,7 @@ class Vertex:
             region=self.region(settings) or "",
             project_id=project or anthropic.NOT_GIVEN,  # not given: ANTHROPIC_VERTEX_PROJECT_ID, else the credentials'
             access_token=_secret(settings.vertex_access_token),
-            base_url=settings.anthropic_base_url or None,  # empty: the platform's own
+            base_url=settings.anthropic_base_url or None,
             max_retries=max_retries,
             timeout=settings.model_timeout_s,
             http_client=http_client,
@@ -237,7 +220,7 @@ class Foundry:
             }
         where = (
             {"base_url": settings.anthropic_base_url}
-            if settings.anthropic_base_url  # empty: the resource's
+            if settings.anthropic_base_url
             else {"resource": self._resource(settings)}
         )
         return _Foundry(
@@ -249,7 +232,7 @@ class Foundry:
         )
 
     def refusal(self, settings: Settings, model: str) -> str | None:
-        if BEDROCK_MODEL.match(model) or "@" in model:  # Bedrock's or Vertex AI's form
+        if BEDROCK_MODEL.match(model) or "@" in model:
             return (
                 f"ROUNDTRIP_MODEL={model} is not a Foundry model id: Foundry takes the deployment's name, by default "
                 "the model's (e.g. claude-sonnet-4-6)"
@@ -273,14 +256,12 @@ def of(settings: Settings) -> Provider:
 
 
 def refuse_unusable(settings: Settings, model: str) -> None:
-    """Raise ConfigurationError (one line) when the model service could not call its platform as configured."""
     if problem := of(settings).refusal(settings, model):
         raise ConfigurationError(f"model refuses to start: {problem}")
 
 
 def in_effect(settings: Settings) -> list[tuple[str, str]]:
-    """What `roundtrip config` shows of the model's platform as the model service would reach it (the region and the
-    endpoint its client takes from the environment too), no credential among it."""
+    """What `roundtrip config` shows of the model's platform as the service would reach it, no credential among it."""
     from roundtrip._kernel.settings.display import without_passwords
 
     provider = of(settings)

@@ -1,19 +1,10 @@
 """A model call streamed: the API's events read as they come, the text published in chunks, the message put together.
 
-A turn that streams (its request's `stream`, else ROUNDTRIP_STREAM_REPLIES) has each model call made on the streaming
-endpoint. The events (message_start, content_block_start/delta/stop, message_delta, message_stop) are added up here
-into the same message a plain call returns (the usage from message_start and message_delta, as the SDK counts it),
-so the guard, the fence, the budgets and the limiter see a streamed call as they see a plain one. A tool's input is
-parsed once, when its block stops (the SDK's own helper re-parses the growing JSON at every piece and refuses inputs
-nested as deep as the simulator's `deep` persona writes them).
-
-The text goes to support.stream as StreamedText chunks (`Chunks`): one chunk per ROUNDTRIP_STREAM_CHUNK_MS or per
-ROUNDTRIP_STREAM_CHUNK_CHARS, whichever comes first, and as the next block starts (the last block's text goes with
-the stream's final chunk), so a token is not a Kafka message. Each attempt of the call is its own stream
-(`stream_id`); an attempt that fails after some text (a retry after a 429, a 529, a lost connection) is cut: a chunk
-with `cut` tells the app to discard it. A call that may be a redelivery (its command was published before this
-process started: the process that had it may have died mid-stream) begins with a cut of every earlier stream of its
-step.
+The events add up to the same message a plain call returns, so the guard, the fence, the budgets and the limiter see
+a streamed call as a plain one. A tool's input is parsed once, when its block stops (the SDK's helper re-parses the
+growing JSON at every piece and refuses deeply nested inputs). Text goes out per ROUNDTRIP_STREAM_CHUNK_MS or _CHARS,
+so a token is not a Kafka message. Each attempt is its own stream; an attempt that fails after some text is cut, and a
+possibly redelivered call first cuts every earlier stream of its step (the process that had it may have died).
 """
 
 from __future__ import annotations
@@ -41,19 +32,18 @@ class Chunks:
     def __init__(self, turn: Turn, step: int, send: Send, chunk_s: float = 0.1, chunk_chars: int = 400) -> None:
         self.turn, self.step, self.send = turn, step, send
         self.chunk_s, self.chunk_chars = chunk_s, chunk_chars
-        self.stream_id, self.sequence, self.open = "", 0, False  # open: this stream published text, not ended
+        self.stream_id, self.sequence, self.open = "", 0, False  # open: published text, not ended
         self._buffer: list[str] = []
         self._size, self._since = 0, 0.0
         self._sending: list[asyncio.Task[None]] = []
-        self.published = 0  # chunks of this call (every stream, cuts included)
+        self.published = 0
 
     def _chunk(self, stream_id: str, sequence: int, **fields: Any) -> StreamedText:
         return StreamedText(**self.turn.addressed(), step=self.step, stream_id=stream_id, sequence=sequence, **fields)
 
     def _publish(self, chunk: StreamedText) -> None:
-        """Send it off the stream's reading, without waiting for the chunks before it to be acknowledged: the tasks
-        start in order, and each hands its record to the producer at its first step, so one conversation's chunks
-        reach their partition in order (and carry their sequence) while their acknowledgements overlap."""
+        """Send it without waiting for earlier chunks' acknowledgements: each task hands its record to the producer at
+        its first step, and the tasks start in order, so a conversation's chunks reach their partition in order."""
         self.published += 1
         self._sending.append(asyncio.ensure_future(self.send(chunk, self.turn.conversation_id)))
 
@@ -69,7 +59,6 @@ class Chunks:
         self._publish(self._chunk("", 0, cut=True))
 
     def begin(self) -> None:
-        """A new attempt of the call: the one before it, if it published text, is cut."""
         self.cut()
         self.stream_id, self.sequence, self._since = uuid.uuid4().hex[:16], 0, time.monotonic()
 
@@ -87,7 +76,6 @@ class Chunks:
         self.sequence, self._since, self.open = self.sequence + 1, time.monotonic(), not fields.get("final")
 
     def end(self, stop_reason: str | None) -> None:
-        """The call completed: the rest of the text with the stream's final chunk."""
         self.flush(final=True, tool_use=stop_reason == "tool_use")
 
     def cut(self) -> None:

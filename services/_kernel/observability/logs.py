@@ -1,10 +1,8 @@
 """The services' log lines: one record, one line, whatever the values in it hold.
 
-Ids that come from outside (request, conversation, customer and turn ids, tool names, tool_use ids) may hold any
-character, and a newline in one would start a second line that reads like a line of its own (a forged
-`roundtrip.security` line). The lines that name such ids write them with `%r`; `OneLineFormatter` is the net under
-every other line: it escapes the control characters and line separators of the message (a traceback that follows
-it keeps its lines).
+Ids from outside may hold any character, and a newline in one would start a line that reads like a line of its own
+(a forged `roundtrip.security` line). Lines that name such ids write them with `%r`; `OneLineFormatter` is the net
+under every other line (a traceback that follows the message keeps its lines).
 """
 
 from __future__ import annotations
@@ -23,15 +21,14 @@ def one_line(text: str) -> str:
 
 
 class OneLineFormatter(logging.Formatter):
-    """A formatter whose message part is always one line (see the module)."""
+    """A formatter whose message part is always one line."""
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # logging's name
+    def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = one_line(record.message)
         return super().formatMessage(record)
 
 
 def configure(level: str | int) -> None:
-    """The services' logging: one line a record on stderr, at `level`."""
     handler = logging.StreamHandler()
     handler.setFormatter(OneLineFormatter(FORMAT))
     logging.basicConfig(level=level, handlers=[handler])

@@ -1,13 +1,8 @@
 """The fleet's Prometheus metrics, defined once; each is incremented where its decision is taken.
 
-Served per process on /metrics by services/_kernel/observability/health.py, from prometheus_client's default
-registry (which also carries the process collector: CPU seconds, resident memory, open fds).
-The Kafka side (messages received/processed/published per topic, handler duration, in process)
-are FastStream's own Prometheus metrics (its `MetricsContainer`: prefixed `faststream_`, labelled
-`app_name="roundtrip-<service>"`, `broker="kafka"`, `handler`/`destination` = the topic), recorded
-by the kernel's message path (`kafka_metrics`) instead of FastStream's per-message middleware.
-
-Each metric, its labels and where it moves: the table of the manual's page "Operating it".
+Served per process on /metrics from prometheus_client's default registry. The Kafka side is FastStream's own metrics
+(`faststream_*`, its `MetricsContainer`), recorded by the kernel's message path instead of FastStream's per-message
+middleware. Each metric, its labels and where it moves: the manual's page "Operating it".
 """
 
 from __future__ import annotations
@@ -19,7 +14,6 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from roundtrip._kernel.kafka.faststream_seam import MetricsContainer, ProcessingStatus, PublishingStatus
 from roundtrip._kernel.wire.events import Outcome, Usage
 
-# The outcomes that mean "the guard stopped the turn" (the rest mirror the model's stop_reason, or the API failed).
 GUARD_STOPS = frozenset(
     {
         Outcome.STEP_LIMIT,
@@ -154,7 +148,6 @@ class _Record:
         self._of, self._status = of, ProcessingStatus.acked
 
     def failed(self, exception_type: str) -> None:
-        """The handler raised (the record is dead-lettered)."""
         self._status = ProcessingStatus.error
         self._of._exceptions.labels(**self._of._labels, exception_type=exception_type).inc()
 
@@ -167,8 +160,6 @@ class _Record:
 
 
 class KafkaMetrics:
-    """FastStream's Kafka metrics of one service, recorded by the kernel's message path."""
-
     def __init__(self, service: str) -> None:
         self._container = MetricsContainer(REGISTRY, metrics_prefix="faststream", custom_label_names=())
         self._service, self._app = service, f"roundtrip-{service}"

@@ -1,5 +1,5 @@
-"""A turn's spans read back, for `roundtrip trace` and the console's turn page: from Jaeger's query API when one is
-configured, else from the span files the services write; every span in the span file's record shape."""
+"""A turn's spans read back, for `roundtrip trace` and the console: from Jaeger's query API when one is configured,
+else from the span files the services write."""
 
 from __future__ import annotations
 
@@ -33,8 +33,7 @@ def read(settings: Settings, wanted: str) -> tuple[str, list[dict[str, Any]]]:
 
 
 def from_files(files: list[Path], wanted: str) -> tuple[str, list[dict[str, Any]]]:
-    """A line is parsed only when it names `wanted` (a trace id, or a turn id in its attributes): the files hold every
-    turn's spans, and a page that reads one turn's while it runs must not parse them all. The files are read once."""
+    """Parse only the lines that name `wanted`: the files hold every turn's spans, and a page polls one turn's."""
     lines = [line for path in files for line in _lines(path)]
     spans = [json.loads(line) for line in lines if wanted in line]
     if any(s["trace_id"] == wanted for s in spans):

@@ -1,13 +1,8 @@
 """Configuration: environment variables with the prefix ROUNDTRIP_ (pydantic-settings), by concern.
 
-Every knob is declared once, in its concern (services/_kernel/settings/concerns.py: Kafka, the model, the
-loop rules, ...). `Settings` is all the concerns together: what a service is built with, and where what
-joins two concerns lives (the broker address the embedded default stands in for, the development check,
-the refusals at start-up). A part that needs one concern takes that class (`EmbeddedKafka.of(EmbeddedDefaults)`),
-and a `Settings` is one of each. `roundtrip config` prints the effective values, grouped by concern.
-
-Nothing in the fleet's library code reads settings of its own: a service gets the `Settings` it was built
-with. `get_settings()` is for the entry points (the CLI, `python -m ...`) only.
+Every knob is declared once, in its concern (concerns.py); `Settings` is all of them together, and holds what joins
+two concerns (the embedded defaults, the development check, the refusals at start-up). Library code reads no settings
+of its own: a service gets the `Settings` it was built with; `get_settings()` is for the entry points only.
 """
 
 from __future__ import annotations
@@ -113,12 +108,8 @@ class Settings(
     ConsoleSettings,
     EmbeddedDefaults,
 ):
-    """The fleet's settings: every concern (CONCERNS), and what needs more than one of them."""
-
-    # -- where the real parts are: the configured one, else the embedded default -------------
     @property
     def bootstrap_servers(self) -> str:
-        """The bootstrap servers as one string, `h1:9092,h2:9092` (for aiokafka's clients and for messages)."""
         return self.kafka_bootstrap_servers or f"127.0.0.1:{self.kafka_port}"
 
     @property
@@ -146,7 +137,6 @@ class Settings(
         return self.ledger_db_url
 
     def trace_link_template(self) -> str | None:
-        """The console's link to a trace, `{trace_id}` to fill; None when there is nowhere to link."""
         if self.console_trace_url:
             return self.console_trace_url
         jaeger = (self.console_jaeger_url or self.effective_jaeger_query_url or "").rstrip("/")
@@ -158,7 +148,6 @@ class Settings(
             return None
         return self.span_file or self.state_dir / "spans.jsonl"
 
-    # -- development, and what is refused outside it ----------------------------------------
     @property
     def development(self) -> bool:
         """The embedded development fleet: ROUNDTRIP_ENV=development, or (unset) the embedded broker in use."""
@@ -167,13 +156,9 @@ class Settings(
         return self.embedded_broker
 
     def refuse_private_ledger(self, service: str) -> None:
-        """Raise ConfigurationError when a service that shares the turn ledger would keep it in a file of its own.
-
-        The services the topology marks `shares_ledger` meet in the ledger (the guard records each step; the model
-        and the executors claim it in the turn fence before they act; the gateway reads which turns wait for capacity).
-        Unset, the ledger is a SQLite file in this process's state_dir: right for the embedded development fleet, whose
-        processes share one folder, and wrong wherever each process has its own disk (a pod, a container), where every
-        turn would fail."""
+        """Raise ConfigurationError when a service that shares the turn ledger would keep it in a file of its own: a
+        SQLite file in state_dir is shared only by the processes of one folder, so with a disk per process (a pod, a
+        container) the services would not meet in the ledger and every turn would fail."""
         if self.ledger_database_url is None and not self.development:
             from roundtrip._kernel.wire import topology
 
@@ -193,10 +178,8 @@ class Settings(
         return value if isinstance(value, str) else value.get_secret_value()
 
     def refuse_unfit_keys(self, service: str, held: Iterable[str], approvals: bool = True) -> None:
-        """Raise ConfigurationError (one line, no key material) for a key this process holds (`held`: names in
-        KEY_SETTINGS) that cannot be used: a retired HMAC setting still set, a placeholder, a malformed key; and
-        InsecureConfiguration for a published development key outside development (the decision keys only while
-        `approvals`: the agent has a rule that can hold a call)."""
+        """Raise ConfigurationError (one line, no key material) for a `held` key that cannot be used, and
+        InsecureConfiguration for a published development key outside development (decision keys: if `approvals`)."""
         from roundtrip._kernel.wire.approvals import KeyConfigError, published_in
 
         for retired, replaced_by in RETIRED_KEY_SETTINGS.items():
@@ -221,9 +204,8 @@ class Settings(
                 )
 
     def refuse_plaintext_kafka(self, service: str) -> None:
-        """Raise InsecureConfiguration when a service would talk to Kafka in the clear outside development: on PLAINTEXT
-        anyone on the network reads every record and can write any internal topic, so only an explicit
-        ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT lets it through."""
+        """Raise InsecureConfiguration for PLAINTEXT Kafka outside development, unless ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT:
+        anyone on the network could read every record and write any internal topic."""
         if self.kafka_security_protocol == "PLAINTEXT" and not self.kafka_allow_plaintext and not self.development:
             raise InsecureConfiguration(
                 f"{service} refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT (Kafka at "
@@ -233,11 +215,9 @@ class Settings(
                 "on a laptop."
             )
 
-    # -- the console's sign-in -------------------------------------------------------------
     @property
     def console_local_identity(self) -> str | None:
-        """Who the console signs in a request no proxy vouched for: in development only (ROUNDTRIP_CONSOLE_LOCAL_USER,
-        else `<login>@<host>` when no proxy is configured); None elsewhere."""
+        """Who the console signs in a request no proxy vouched for, in development only; None elsewhere."""
         if not self.development or self.console_oidc_issuer:
             return None
         if self.console_local_user:
@@ -274,8 +254,7 @@ class Settings(
             )
 
     def refuse_console_local_user(self, service: str) -> None:
-        """Raise InsecureConfiguration when a local user (everyone an approver, unauthenticated) is set outside
-        development."""
+        """Raise InsecureConfiguration for a local user (everyone an approver, unauthenticated) outside development."""
         if self.console_local_user and not self.development:
             raise InsecureConfiguration(
                 f"{service} refuses to start: ROUNDTRIP_CONSOLE_LOCAL_USER signs every visitor in as an approver, and "
@@ -311,5 +290,4 @@ def _sqlite(path: Path) -> str:
 
 @lru_cache
 def get_settings() -> Settings:
-    """The process's settings, read once from the environment: for the entry points (the CLI), not library code."""
     return Settings()

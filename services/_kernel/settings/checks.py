@@ -21,22 +21,18 @@ class ConfigurationError(RuntimeError):
 
 
 class InsecureConfiguration(ConfigurationError):
-    """A setting that must not be used outside development (a published key, a PLAINTEXT Kafka, the console's local
-    user)."""
+    """A setting that must not be used outside development (a published key, a PLAINTEXT Kafka, a local user)."""
 
 
 def env_name(field: str) -> str:
-    """The environment variable of a setting: ROUNDTRIP_<FIELD>, and the SDK's own name for the API key."""
     return "ANTHROPIC_API_KEY" if field == "anthropic_api_key" else f"ROUNDTRIP_{field.upper()}"
 
 
-_HOST = re.compile(
-    r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?"
-)  # a name, an IPv4 or a [IPv6] address
+# a name, an IPv4 or a [IPv6] address
+_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?")
 
 
 def parse_bootstrap_servers(value: str) -> list[str]:
-    """`h1:9092,h2:9092` (spaces allowed) -> ["h1:9092", "h2:9092"]; ValueError naming an entry not host:port."""
     entries = [entry.strip() for entry in value.split(",")]
     if not any(entries):
         raise ValueError("empty: give host:port[,host:port...], e.g. broker-1:9092,broker-2:9092")
@@ -79,7 +75,6 @@ def check_import_string(value: str) -> str:
 
 
 def check_kafka_security(s: Any) -> None:
-    """Refuse a Kafka security group whose parts do not fit (a KafkaSecurity): ValueError naming the variables."""
     sasl, tls = s.kafka_security_protocol.startswith("SASL_"), s.kafka_security_protocol.endswith("SSL")
     mechanism, protocol = s.kafka_sasl_mechanism, f"ROUNDTRIP_KAFKA_SECURITY_PROTOCOL={s.kafka_security_protocol}"
     password = s.kafka_sasl_password is not None or s.kafka_sasl_password_file is not None
@@ -121,8 +116,7 @@ def check_kafka_security(s: Any) -> None:
 
 
 def check_database_url(value: str) -> str:
-    """A URL the fleet's async engines can open: postgresql+asyncpg:// or sqlite+aiosqlite://; ValueError saying which
-    form works otherwise. The message shows only the scheme, never the rest (it may carry a password)."""
+    """A URL the fleet's async engines can open; ValueError showing only the scheme (the rest may carry a password)."""
     scheme, sep, _ = value.partition("://")
     if not sep:
         raise ValueError("not a database URL; write " + " or ".join(example for _, example in ASYNC_DRIVERS.values()))
@@ -143,8 +137,7 @@ def check_database_url(value: str) -> str:
 
 
 def describe_invalid(error: ValidationError, named: Callable[[str], str] = env_name) -> str:
-    """One line per invalid setting, named by its environment variable (`named`: field -> variable; the fleet's own
-    by default, `env_name_in` for another settings class): what `roundtrip` prints instead of a traceback."""
+    """One line per invalid setting, named by its environment variable: what `roundtrip` prints, not a traceback."""
     lines = []
     for item in error.errors(include_input=False):
         message = item.get("msg", "invalid").removeprefix("Value error, ")
@@ -154,9 +147,7 @@ def describe_invalid(error: ValidationError, named: Callable[[str], str] = env_n
 
 
 def env_name_in(settings_class: Any) -> Callable[[str], str]:
-    """field -> the environment variable a pydantic-settings class reads it from, as its user spells it: its alias
-    (validation_alias or alias) when it has one, else its env_prefix + the field name (upper-cased unless the class
-    is case-sensitive). A class that is not pydantic-settings: the field's own name."""
+    """field -> the environment variable a pydantic-settings class reads it from (its alias, else env_prefix + name)."""
     config = getattr(settings_class, "model_config", {}) or {}
     fields = getattr(settings_class, "model_fields", {}) or {}
     prefix = config.get("env_prefix", "") or ""

@@ -1,12 +1,9 @@
 """Every knob of the fleet, once, in the concern it belongs to.
 
-Each concern is its own pydantic-settings class reading `ROUNDTRIP_<FIELD>` from the environment, so a part
-that needs only one concern can ask for only that one (`health.port_candidates` takes `TelemetrySettings`;
-`EmbeddedKafka.of` takes `EmbeddedDefaults`) and any caller can build it alone (`LoopRules(max_steps=3)`).
-`roundtrip._kernel.settings.Settings` is all of them together. A field with `secret` in its json_schema_extra
-is never shown (`roundtrip config` masks it); a secret is a `SecretStr` (its repr, a dump or a log of the settings
-shows `**********`; the code that needs it calls `get_secret_value()`), and a settings error never repeats the
-values it was given (`hide_input_in_errors`: a password set beside a wrong setting stays out of the message).
+Each concern is its own pydantic-settings class reading `ROUNDTRIP_<FIELD>`, so a part that needs one concern asks
+for only that one and any caller can build it alone (`LoopRules(max_steps=3)`); `Settings` is all of them. A field
+with `secret` in its json_schema_extra is never shown; a secret is a `SecretStr`, and a settings error never repeats
+the values it was given (`hide_input_in_errors`: a password set beside a wrong setting stays out of the message).
 """
 
 from __future__ import annotations
@@ -42,16 +39,12 @@ KEYS: JsonDict = {"secret": "keys"}  # key_id:secret pairs: the ids may be shown
 SECRET: JsonDict = {"secret": "value"}
 SECRET_URL: JsonDict = {"secret": "url"}  # a URL that may carry a password: shown without it
 
-# The development key pairs: fine for a laptop, replaced in production (`roundtrip keys` makes a pair). They are
-# published here, so anyone can sign with them: outside the embedded development fleet every service that holds one
-# (to sign or to verify) refuses to start while it is configured.
+# Published here, so anyone can sign with them: outside development a service that holds one refuses to start.
 DEV_BATCH_SIGNING_KEY = "dev1:/t+ECEMeaxV7ZzdJxjb5iuhb57b4Y0T0YUBzzbViP0k="
 DEV_BATCH_VERIFY_KEYS = "dev1:ZPXmekSmiDVxXLUU+HkczA5SeM96Cts84D66Z2KPGuA="
-# People sign approval decisions with this one (the console, `roundtrip approvals`); refused outside development while
-# approvals are configured.
 DEV_DECISION_SIGNING_KEY = "ops1:VY8ZvLjJia3z3LHbdEIGtwV3hd+O3myBXulDO6DbZMk="
 DEV_DECISION_VERIFY_KEYS = "ops1:yYB9AT5pdbquSTalmxoGUSTYoqt+JDM7RfbFPKzd9ns="
-# The HMAC settings the key pairs replaced: a service that finds one set says what replaced it and stops.
+# Retired HMAC settings: a service that finds one set says what replaced it and stops.
 RETIRED_KEY_SETTINGS = {
     "ROUNDTRIP_APPROVAL_KEYS": "ROUNDTRIP_BATCH_SIGNING_KEY (the gate) and ROUNDTRIP_BATCH_VERIFY_KEYS (the executors"
     " and the guard)",
@@ -61,7 +54,6 @@ RETIRED_KEY_SETTINGS = {
 
 
 def _holds_key(keys: str, published: str) -> bool:
-    """True when `keys` (its value, not a file it names) lists the published `key_id:base64` key's bytes."""
     secret = published.partition(":")[2]
     return any(part.partition(":")[2].strip() == secret for part in keys.split(","))
 
@@ -71,17 +63,14 @@ def _database_url(value: SecretStr | None) -> SecretStr | None:
     return SecretStr(check_database_url(url)) if url else None
 
 
-# unset, or a URL the fleet's async engines open (a secret: it may carry the database's password)
 DatabaseUrl = Annotated[SecretStr | None, AfterValidator(_database_url)]
 _upper = BeforeValidator(lambda value: value.strip().upper() if isinstance(value, str) else value)
-ExistingFile = Annotated[Path | None, AfterValidator(existing_file)]  # unset, or a file this process can read
+ExistingFile = Annotated[Path | None, AfterValidator(existing_file)]
 
 
 class Concern(BaseSettings):
-    """One concern's settings, read from ROUNDTRIP_* environment variables."""
-
     model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore", hide_input_in_errors=True)
-    heading: ClassVar[str]  # what `roundtrip config` and the README's configuration call this group
+    heading: ClassVar[str]
 
 
 class Deployment(Concern):
@@ -357,8 +346,7 @@ class ModelSettings(Concern):
 
     @property
     def use_simulator(self) -> bool:
-        """The Anthropic API with no key: the local simulator stands in (a platform is reached with its own
-        credentials, the simulator only through ROUNDTRIP_ANTHROPIC_BASE_URL)."""
+        """The Anthropic API with no key: the local simulator stands in (for a platform: only at its base URL)."""
         return self.model_provider == "anthropic" and (
             self.anthropic_api_key is None or not self.anthropic_api_key.get_secret_value()
         )
@@ -449,7 +437,7 @@ class LoopRules(Concern):
         return max(0.2, min(5.0, self.stuck_after_s / 4, max(self.stuck_grace_s, 0.8) / 4))
 
 
-POOL_SIZE = 10  # PostgreSQL connections a process keeps open to one database (services/_kernel/storage/database.py)
+POOL_SIZE = 10  # PostgreSQL connections a process keeps open to one database
 
 
 class TurnLedger(Concern):
@@ -543,7 +531,6 @@ class GateSettings(Concern):
 
     @property
     def dev_batch_key_in_use(self) -> bool:
-        """True when the published development pair is configured, to sign or to verify."""
         return _holds_key(self.batch_signing_key.get_secret_value(), DEV_BATCH_SIGNING_KEY) or _holds_key(
             self.batch_verify_keys, DEV_BATCH_VERIFY_KEYS
         )

@@ -1,8 +1,7 @@
 """What `roundtrip config` prints: the effective settings under a heading per concern, no secret among them.
 
-Secrets are the fields marked `secret` or typed `SecretStr` (the API key, the Kafka passwords, the console's session
-key; the private batch and decision signing keys, whose key ids are shown and their keys not) and any password or
-token a URL carries (`postgresql+asyncpg://roundtrip:***@db/ledger`: a database URL shows without its password).
+Secrets are the fields marked `secret` or typed `SecretStr` (a signing key's id is shown, its key not) and any
+password or token a URL carries (`postgresql+asyncpg://roundtrip:***@db/ledger`).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ _QUERY_SECRET = re.compile(r"([?&](?:password|passwd|pwd|secret|token|api_key|ke
 
 
 def masked(field: FieldInfo, value: Any) -> str:
-    """The value as `roundtrip config` shows it: a secret hidden, a URL without its password."""
     if value is None:
         return "(unset)"
     if value == "":
@@ -61,7 +59,6 @@ def _hide_userinfo(match: re.Match[str]) -> str:
 
 
 def grouped(settings: Concern) -> list[tuple[str, list[tuple[str, str]]]]:
-    """(heading, [(environment variable, shown value), ...]) for each concern `settings` has, in CONCERNS order."""
     groups = []
     for concern in CONCERNS:
         if isinstance(settings, concern):
@@ -73,7 +70,6 @@ def grouped(settings: Concern) -> list[tuple[str, list[tuple[str, str]]]]:
 
 
 def own_group(heading: str, own: Any) -> list[tuple[str, list[tuple[str, str]]]]:
-    """The group of an agent's own settings (a pydantic-settings object; none for anything else)."""
     fields = getattr(type(own), "model_fields", None)
     if not fields:
         return []
@@ -84,8 +80,6 @@ def own_group(heading: str, own: Any) -> list[tuple[str, list[tuple[str, str]]]]
 
 
 def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | None = None) -> str:
-    """The groups (and `extra` ones) as text: `# heading`, then one `VARIABLE  value` line per setting; a blank
-    line between groups."""
     groups = grouped(settings) + (extra or [])
     width = max(len(variable) for _, rows in groups for variable, _ in rows)
     return "\n\n".join(
@@ -95,8 +89,7 @@ def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | N
 
 
 def warnings(settings: Settings, approvals: bool = False) -> list[str]:
-    """What a person should fix before this configuration leaves a laptop (the published development keys in use;
-    `approvals`: the agent has an approval rule that can hold a call)."""
+    """What a person should fix before this configuration leaves a laptop (the published development keys in use)."""
     found = []
     if settings.dev_batch_key_in_use:
         where = (
@@ -129,7 +122,6 @@ console's session key, the private signing keys (their ids are shown), any passw
 
 
 def reference() -> str:
-    """The configuration reference page (Markdown): per concern its heading, its note, and a row per setting."""
     parts = [REFERENCE_INTRO.rstrip("\n")]
     for concern in CONCERNS:
         parts.append(f"\n## {concern.heading}\n")

@@ -1,23 +1,9 @@
-"""Signed approvals: the gate signs each batch it approved; the executor runs only what verifies.
+"""Signed approvals: the gate signs each batch it approved and each hold; the executor runs only what verifies.
 
-Ed25519 over the RFC 8785 canonical JSON of the whole batch (turn, step, transcript, every call
-and its verdict) but the signature fields. Signing takes the private key, checking only the
-public one, so a process that checks cannot sign: the gate holds the batch signing key
-(ROUNDTRIP_BATCH_SIGNING_KEY), executors and the guard only its public keys
-(ROUNDTRIP_BATCH_VERIFY_KEYS). `key_id` names the key so keys can rotate: every listed public
-key verifies, the one private key signs.
-
-A person's decision on a held call (ApprovalDecided) is signed the same way with the decision
-signing key (ROUNDTRIP_DECISION_SIGNING_KEY, held by the console and by the operator's
-`roundtrip approvals`); the gate and the guard verify it with ROUNDTRIP_DECISION_VERIFY_KEYS. It
-binds the exact call: turn, tool_use id and `input_digest` of the name and input shown.
-
-Each call the gate holds for a person carries the gate's signature over who and what waits
-(turn, customer, conversation, step, tool_use id, input digest, deadline); the executor copies
-it into the ApprovalRequested, and the guard records a wait only under that signature.
-
-A key is `key_id:base64` of the raw 32 bytes (`roundtrip keys` makes a pair); a setting's value may
-instead be `file:<path>`, the file (a mounted Kubernetes Secret) holding the value.
+Ed25519 over the RFC 8785 canonical JSON of the whole message but its signature fields. Signing takes the private key,
+checking only the public one, so a process that checks cannot sign: only the gate holds the batch signing key, only
+the console (and `roundtrip approvals`) the decision signing key. `key_id` names the key so keys can rotate. A person's
+decision binds the exact call: turn, tool_use id and the digest of the name and input shown. Keys: docs/approvals.md.
 """
 
 from __future__ import annotations
@@ -37,7 +23,7 @@ from pydantic import BaseModel
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, ExecuteToolBatch
 from roundtrip._kernel.wire.fingerprints import canonical_json
 
-Signed = TypeVar("Signed", ExecuteToolBatch, ApprovalDecided)  # the messages with key_id and signature fields
+Signed = TypeVar("Signed", ExecuteToolBatch, ApprovalDecided)
 KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 PLACEHOLDER = "CHANGE-ME"
 FILE_PREFIX = "file:"
@@ -51,11 +37,7 @@ class KeyConfigError(ValueError):
     """A key setting that cannot be used; its message names the setting and the entry, never the key's bytes."""
 
 
-# -- keys: `key_id:base64`, read from the setting's value or from the file it names ----------
-
-
 def setting_text(value: str, setting: str) -> str:
-    """The setting's value, or the content of the file `file:<path>` names (a mounted Secret)."""
     value = value.strip()
     if not value.startswith(FILE_PREFIX):
         return value
@@ -96,7 +78,6 @@ def _entries(text: str, setting: str) -> list[tuple[str, bytes]]:
 
 
 def signing_key(value: str, setting: str) -> tuple[str, Ed25519PrivateKey]:
-    """The one `key_id:private` of a signing setting."""
     entries = _entries(setting_text(value, setting), setting)
     if len(entries) > 1:
         raise KeyConfigError(
@@ -108,7 +89,6 @@ def signing_key(value: str, setting: str) -> tuple[str, Ed25519PrivateKey]:
 
 
 def verify_keys(value: str, setting: str) -> dict[str, Ed25519PublicKey]:
-    """Every `key_id:public` of a verify setting."""
     keys: dict[str, Ed25519PublicKey] = {}
     for key_id, raw in _entries(setting_text(value, setting), setting):
         if key_id in keys:
@@ -118,7 +98,7 @@ def verify_keys(value: str, setting: str) -> dict[str, Ed25519PublicKey]:
 
 
 def new_pair() -> tuple[str, str]:
-    """A fresh key pair: (base64 private, base64 public), what `roundtrip keys` prints."""
+    """(base64 private, base64 public), what `roundtrip keys` prints."""
     private = Ed25519PrivateKey.generate()
     return _b64(private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())), public_of(private)
 
@@ -129,9 +109,6 @@ def public_of(private: Ed25519PrivateKey) -> str:
 
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode()
-
-
-# -- signing and checking -------------------------------------------------------------------
 
 
 def _body(message: BaseModel) -> bytes:
@@ -157,8 +134,7 @@ def _hold_body(
 
 
 class Signer:
-    """Signs messages with `key_id` and `signature` fields with the one private key it holds (the gate: batches and
-    holds; the console and `roundtrip approvals`: decisions). It cannot verify: the verifiers are other processes."""
+    """Signs with the one private key it holds; it cannot verify: the verifiers are other processes."""
 
     def __init__(self, key_id: str, private: Ed25519PrivateKey) -> None:
         self.key_id, self._private = key_id, private
@@ -180,13 +156,12 @@ class Signer:
         digest: str,
         expires_at: float,
     ) -> tuple[str, str]:
-        """(key id, signature) of a hold, copied into the ApprovalRequested the guard checks."""
         body = _hold_body(turn_id, customer_id, conversation_id, step, tool_use_id, digest, expires_at)
         return self.key_id, self._private.sign(body).hex()
 
 
 class Verifier:
-    """Checks what a Signer signed, with public keys only (any listed key id: rotation)."""
+    """Checks what a Signer signed, with public keys only (any listed key id verifies: rotation)."""
 
     what = "batch"
     who = "the gate did not approve it"
@@ -215,8 +190,7 @@ class Verifier:
         self._check(message.key_id, message.signature, _body(message), self.what, self.who)
 
     def verify_hold(self, event: ApprovalRequested) -> None:
-        """The gate's signature of the hold this approval request copies: the turn's customer and conversation, the
-        step, the exact call (its input digest, recomputed from the call it carries) and the deadline."""
+        """The gate's signature of the hold this request copies, and its digest recomputed from the call it carries."""
         body = _hold_body(
             event.turn.turn_id,
             event.turn.customer_id,
@@ -239,15 +213,12 @@ class Verifier:
 
 
 class DecisionVerifier(Verifier):
-    """Checks a person's ApprovalDecided (ROUNDTRIP_DECISION_VERIFY_KEYS)."""
-
     what = "decision"
     who = "no decision key signed it"
 
 
 def input_digest(name: str, tool_input: Any) -> str:
-    """What an approval binds: SHA-256 of the canonical JSON of the tool name and its exact input (RFC 8785 of the raw
-    values, not normalised: the digest is of the input as it runs)."""
+    """What an approval binds: SHA-256 of the canonical JSON of the tool name and its raw input, as it runs."""
     return hashlib.sha256(canonical_json({"name": name, "input": tool_input})).hexdigest()
 
 
@@ -258,7 +229,7 @@ def approval_id_for(turn_id: str, step: int, tool_use_id: str) -> str:
 
 def in_tool_use_order(messages: list[dict[str, Any]], results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """tool_result blocks in the order of the tool_use blocks of the last assistant message (the API's contract)."""
-    order: dict[Any, int] = {}  # tool_use id -> its place (a block without an id: None)
+    order: dict[Any, int] = {}
     for message in reversed(messages):
         if message.get("role") == "assistant" and isinstance(message.get("content"), list):
             order = {
@@ -271,8 +242,7 @@ def in_tool_use_order(messages: list[dict[str, Any]], results: list[dict[str, An
 
 
 def published_in(value: str, setting: str, published: str) -> bool:
-    """Whether a key setting (read and checked as its signer or verifier will be: KeyConfigError when unusable) holds
-    the published `key_id:base64` development key's bytes, under any key id."""
+    """Whether a key setting (KeyConfigError when unusable) holds the published development key's bytes, any key id."""
     (signing_key if setting.endswith("_SIGNING_KEY") else verify_keys)(value, setting)
     ours = {raw for _, raw in _entries(published, "the development key")}
     return any(raw in ours for _, raw in _entries(setting_text(value, setting), setting))

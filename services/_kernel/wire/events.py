@@ -1,11 +1,9 @@
 """The messages that flow between the services: pydantic models, JSON on the wire.
 
-Commands are imperative (CallModel, CheckToolCalls, ExecuteToolBatch), events are past
-tense (ModelResponded, TurnEnded, DeadLettered). Every internal message carries the
-`Turn` (who asked, under which principal) and is keyed by conversation id on Kafka.
-The transcript travels with the turn, so every service is stateless but for the
-guard's ledger, its conversation store (the history of earlier turns, which the guard puts
-at the head of the first CallModel, bounded by a token budget) and the agent's own backends.
+Commands are imperative (CallModel, ExecuteToolBatch), events past tense (ModelResponded, TurnEnded). Every internal
+message carries the `Turn` (who asked, under which principal) and is keyed by conversation id on Kafka. The transcript
+travels with the turn, so every service is stateless but for the guard's ledger and conversation store and the
+agent's own backends. The class docstrings are the public contract's descriptions (schemas/, contracts/).
 """
 
 from __future__ import annotations
@@ -36,9 +34,6 @@ def bounded_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
     if (size := len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())) > METADATA_MAX_BYTES:
         raise ValueError(f"at most {METADATA_MAX_BYTES} bytes of JSON, got {size}")
     return value
-
-
-# -- public contract ---------------------------------------------------------------------
 
 
 class SupportRequest(Message):
@@ -200,9 +195,6 @@ class StreamedText(Message):
         "guard ended the turn otherwise): discard what was shown of it",
     )
     trace_id: str = Field("", description="W3C trace id of the turn")
-
-
-# -- the turn and its loop ----------------------------------------------------------------
 
 
 class Turn(Message):

@@ -28,8 +28,7 @@ def _normalise(value: Any) -> Any:
 
 
 def canonical_json(value: Any) -> bytes:
-    """RFC 8785 of the raw values: what a signature or a digest covers (two spellings of one string in different
-    Unicode normalisation forms are two inputs, since a tool may treat them differently)."""
+    """RFC 8785 of the raw values: what a signature covers (two Unicode spellings are two inputs to a tool)."""
     return rfc8785.dumps(value)
 
 

@@ -1,15 +1,9 @@
-"""The size policy that keeps every event under the broker's message limit, whatever the model
-or a tool returns.
+"""The size policy that keeps every event under the broker's message limit, whatever the model or a tool returns.
 
-* A tool input larger than `max_block_bytes` or nested deeper than `max_input_depth` is not
-  carried: the tool_use block keeps its id and name, its input becomes a small marker, and
-  the call becomes an `is_error` tool_result ("input too large: N bytes, limit M").
-* A tool result or a text block larger than `max_block_bytes` is cut, with a marker saying so.
-* The transcript of an event (the messages plus the newest response) is kept under
-  `max_transcript_bytes`: when it grows past it, the largest tool inputs, tool results and
-  texts (oldest first among equals) are replaced by markers until it fits.
-
-Everything here is iterative (no recursion), so no input depth can crash it.
+A tool input over `max_block_bytes` or deeper than `max_input_depth` is not carried (the call becomes an `is_error`
+tool_result); a tool result or text over `max_block_bytes` is cut; a transcript over `max_transcript_bytes` has its
+largest blocks (oldest first among equals) replaced by markers until it fits. Everything here is iterative (no
+recursion), so no input depth can crash it.
 """
 
 from __future__ import annotations
@@ -22,7 +16,6 @@ OMITTED_KEY = "roundtrip_omitted"
 
 
 def too_deep(value: Any, limit: int) -> bool:
-    """True when `value` nests more than `limit` containers deep (walked iteratively)."""
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
@@ -55,7 +48,6 @@ def input_problem(value: Any, max_bytes: int, max_depth: int) -> str | None:
 
 
 def omitted(problem: str) -> dict[str, str]:
-    """What an input that could not be carried is replaced with in the transcript."""
     return {OMITTED_KEY: f"{problem}; the input was not kept"}
 
 

@@ -1,19 +1,8 @@
 """The fleet's topology, declared once: its services, what each consumes and what it publishes.
 
-Everything that needs to know the shape of the fleet reads it from here: each service's app (its
-subscriptions and outlets are checked against its declaration when it is built), `roundtrip up`
-(which services to start), the AsyncAPI document (which apps to build), `roundtrip lag` (which
-consumer groups there are), `roundtrip topics create` (which topics to make), the health ports
-(each service's index) and the ledger check (who shares the turn ledger).
-
-    SERVICES[1]                                  # Service("model", ...)
-    service("guard").inputs                      # its subscriptions: topic, message, role (and so its group)
-    groups()                                     # {"roundtrip-gateway": "support.requests", ...}
-    groups("prod.")                              # {"prod.roundtrip-gateway": "support.requests", ...}
-    topic_names()                                # every topic a service reads or writes, plus the dead letters
-
-Adding a subscription (or a service) is one edit here plus its handler; a handler for a
-subscription this file does not declare fails when its app is built.
+Every app, `roundtrip up`, the AsyncAPI document, `roundtrip lag`, `roundtrip topics create`, the health ports and
+the ledger check read the fleet's shape from here. A handler for a subscription this file does not declare fails when
+its app is built, so adding a subscription (or a service) is one edit here plus its handler.
 """
 
 from __future__ import annotations
@@ -26,18 +15,13 @@ from roundtrip._kernel.wire import events, topics
 
 
 def group(service: str, role: str | None = None, prefix: str = "") -> str:
-    """The consumer group of a service's subscription: `roundtrip-<service>` for its main input,
-    `roundtrip-<service>-<role>` for another one; `prefix` (the topic prefix, ROUNDTRIP_TOPIC_PREFIX) comes first, so
-    fleets that share a cluster share no group: a rebalance in one never touches another."""
+    """`[prefix]roundtrip-<service>[-<role>]`: fleets of other prefixes share no group, nor rebalances."""
     return f"{prefix}roundtrip-{service}" + (f"-{role}" if role else "")
 
 
 @dataclass(frozen=True)
 class Input:
-    """One subscription: a topic a service consumes, in a consumer group of its own.
-
-    `role` None is the service's main input (group `roundtrip-<service>`); any other input names a
-    role (group `roundtrip-<service>-<role>`), so subscriptions join and rebalance independently."""
+    """One subscription, in a consumer group of its own (`role` None: the main input), so each rebalances alone."""
 
     topic: str
     message: type[BaseModel]
@@ -52,22 +36,15 @@ class Service:
     name: str
     summary: str
     inputs: tuple[Input, ...]
-    outputs: dict[str, type[BaseModel]] = field(default_factory=dict)  # topic -> the message published there
-    # claims, records or counts turns in the turn ledger: needs the fleet's one ledger database
-    shares_ledger: bool = False
-    # signs approved tool batches and the holds in them: holds the private ROUNDTRIP_BATCH_SIGNING_KEY (the gate only)
-    signs_batches: bool = False
-    # checks the gate's signatures (batches, holds): holds the public ROUNDTRIP_BATCH_VERIFY_KEYS, cannot sign
+    outputs: dict[str, type[BaseModel]] = field(default_factory=dict)
+    shares_ledger: bool = False  # needs the fleet's one ledger database
+    # the key roles (`keys`): a service holds only its roles' keys; a verifier holds public keys and cannot sign
+    signs_batches: bool = False  # the batch signing key (the gate only)
     verifies_batches: bool = False
-    # verifies people's signed ApprovalDecided: holds the public ROUNDTRIP_DECISION_VERIFY_KEYS, cannot sign
-    accepts_decisions: bool = False
-    # signs people's ApprovalDecided for them: holds the private ROUNDTRIP_DECISION_SIGNING_KEY (the console)
-    signs_decisions: bool = False
-    # topics it reads without a consumer group (partitions assigned, read from their start or near their end)
-    reads: tuple[str, ...] = ()
-    # re-drives dead letters: publishes a dead letter's original record, unchanged, to its source topic, which may be
-    # any topic a service of the fleet consumes (`redrive_topics()`)
-    redrives: bool = False
+    accepts_decisions: bool = False  # verifies people's signed ApprovalDecided
+    signs_decisions: bool = False  # the decision signing key (the console)
+    reads: tuple[str, ...] = ()  # topics it reads without a consumer group
+    redrives: bool = False  # publishes a dead letter's record, unchanged, to its source topic (`redrive_topics()`)
     app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
 
     @property
@@ -76,7 +53,6 @@ class Service:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        """The key settings this service holds (roundtrip._kernel.settings.KEY_SETTINGS), by its roles: no other."""
         roles = (
             (self.signs_batches, "batch_signing_key"),
             (self.verifies_batches, "batch_verify_keys"),
@@ -96,7 +72,6 @@ class Service:
         )
 
     def output(self, topic: str, message: type[BaseModel]) -> None:
-        """LookupError unless this service is declared to publish `message` to `topic`."""
         if self.outputs.get(topic) is not message:
             raise LookupError(
                 f"the topology declares no output {message.__name__} of {self.name} to {topic} "
@@ -113,7 +88,7 @@ SERVICES: tuple[Service, ...] = (
             Input(topics.OUTCOMES, events.TurnEnded, "replies"),
         ),
         outputs={topics.TURN_STARTS: events.StartTurn, topics.SUPPORT_REPLIES: events.SupportReply},
-        shares_ledger=True,  # reads it: the turns waiting for the model's capacity (services/_gateway/throttle.py)
+        shares_ledger=True,
     ),
     Service(
         "model",
@@ -138,7 +113,7 @@ SERVICES: tuple[Service, ...] = (
             topics.OUTCOMES: events.TurnEnded,
             topics.TURN_EVENTS: events.TurnFlagged,
             topics.SUPPORT_STATUS: events.SupportStatus,
-            topics.SUPPORT_STREAM: events.StreamedText,  # a cut of the turn's text when it ends otherwise
+            topics.SUPPORT_STREAM: events.StreamedText,
         },
         shares_ledger=True,
         accepts_decisions=True,  # a person's decision resumes the turn waiting for it
@@ -149,7 +124,7 @@ SERVICES: tuple[Service, ...] = (
         "validates and authorizes each tool call, signs the approved batch",
         inputs=(Input(topics.TOOL_CALLS, events.CheckToolCalls),),
         outputs={topics.TOOL_BATCHES: events.ExecuteToolBatch},
-        shares_ledger=True,  # reads it: each turn's principal as recorded at its start, which it authorizes for
+        shares_ledger=True,
         signs_batches=True,
         accepts_decisions=True,  # a decided call's batch is signed only with a person's valid decision
     ),
@@ -164,17 +139,16 @@ SERVICES: tuple[Service, ...] = (
     Service(
         "console",
         "the web page where people decide held calls and watch turns (services/_console/)",
-        inputs=(),  # it reads the ledger, not a topic: what waits and what ended is recorded there
+        inputs=(),
         outputs={
             topics.APPROVAL_DECISIONS: events.ApprovalDecided,
             topics.TURN_CONTROLS: events.CancelTurn,
-            topics.DEAD_LETTERS_HANDLED: events.DeadLetterHandled,  # the dead letters re-driven or discarded
+            topics.DEAD_LETTERS_HANDLED: events.DeadLetterHandled,
         },
-        # the dead letters to show, and which of them were handled (by any replica, before any restart)
         reads=(topics.DEAD_LETTERS, topics.DEAD_LETTERS_HANDLED),
-        redrives=True,  # an approver re-drives a dead letter to its source topic (services/_console/letters.py)
-        shares_ledger=True,  # reads it: the approvals that wait, the turns
-        signs_decisions=True,  # signs each decision with the decision signing key; the browser never sees it
+        redrives=True,
+        shares_ledger=True,
+        signs_decisions=True,  # the browser never sees the key
     ),
 )
 
@@ -197,25 +171,21 @@ def index(name: str) -> int:
 
 
 def groups(prefix: str = "") -> dict[str, str]:
-    """Every consumer group of the fleet whose topic prefix is `prefix` -> the (logical) topic it reads."""
     return {i.group(s.name, prefix): i.topic for s in SERVICES for i in s.inputs}
 
 
 def find_group(name: str, prefix: str = "") -> str | None:
-    """The fleet's group a user means by `name`: its full name, or without the prefix, or without `roundtrip-` too
-    (`executor`, `roundtrip-executor` and `prod.roundtrip-executor` in the fleet of prefix `prod.`); None if none."""
+    """The fleet's group a user means by `name`, with or without the prefix and `roundtrip-`; None if none."""
     known = groups(prefix)
     return next((g for g in (name, prefix + name, f"{prefix}roundtrip-{name}") if g in known), None)
 
 
 def redrive_topics() -> tuple[str, ...]:
-    """The topics a dead letter may be re-driven to: each topic a service of the fleet consumes (a dead letter names
-    the topic its record came from; no other topic is ever written from one)."""
+    """The topics a dead letter may be re-driven to: those the fleet consumes, and no other."""
     return tuple(dict.fromkeys(i.topic for s in SERVICES for i in s.inputs))
 
 
 def topic_names() -> tuple[str, ...]:
-    """Every topic of the fleet, what `roundtrip topics create` makes: each topic a service reads or writes (in
-    the order this file first names it), then the dead letters, which every service may write."""
+    """Every topic a service reads or writes, in the order first named here, then the dead letters."""
     used = [i.topic for s in SERVICES for i in s.inputs] + [t for s in SERVICES for t in s.outputs]
     return (*dict.fromkeys(used), topics.DEAD_LETTERS)
