@@ -42,17 +42,17 @@ def wired(monkeypatch):
     """A broker with one subscription whose handler records what it got; the producer is a fake."""
     producer = FakeProducer()
     monkeypatch.setattr(messaging, "kafka_producer", lambda broker: producer)
-    broker = messaging.make_broker("unitpath", SETTINGS)
+    wired = messaging.wiring("unitpath", SETTINGS)
     got: list = []
     behaviour = {"raise": None}
 
-    @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", SETTINGS)
+    @messaging.subscribe(wired, topics.TURN_CONTROLS, SETTINGS)
     async def on_cancel(command: CancelTurn) -> None:
         got.append((command, messaging.current_record(), in_flight()))
         if behaviour["raise"]:
             raise behaviour["raise"]
 
-    (consumer,) = messaging.consumers_of(broker)
+    (consumer,) = wired.consumers
     return SimpleNamespace(process=consumer.process, got=got, producer=producer, behaviour=behaviour)
 
 
@@ -163,8 +163,8 @@ async def test_a_dead_letter_that_cannot_be_published_is_left_to_the_consumers_r
 
 
 def test_a_handler_must_take_one_message_model():
-    broker = KafkaBroker("127.0.0.1:1")
+    wired = messaging.Wiring("unitpath", KafkaBroker("127.0.0.1:1"))
     with pytest.raises(TypeError, match="exactly one parameter annotated with a pydantic model"):
 
-        @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", SETTINGS)
+        @messaging.subscribe(wired, topics.TURN_CONTROLS, SETTINGS)
         async def on_two(command: CancelTurn, other: int) -> None: ...

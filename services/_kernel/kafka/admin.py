@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 DEAD_LETTER_PARTITIONS = 1  # dead letters are for people to read, in order
 # A dead letter carries the original record base64-encoded (4/3 of its size) plus a readable copy,
 # so the dead letter of a record near the broker's 1 MB default limit is ~1.4-2.7 MB: the dead-letter
-# topic accepts records up to this size (and the services' producers send them: messaging.make_broker).
+# topic accepts records up to this size (and the services' producers send them: messaging.wiring).
 DEAD_LETTER_MAX_BYTES = 8 * 1024 * 1024
 
 

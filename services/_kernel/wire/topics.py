@@ -24,5 +24,5 @@ APPROVAL_DECISIONS = "turn.approval_decisions"  # ApprovalDecided (signed): peop
 
 def t(name: str, prefix: str) -> str:
     """The topic's name on the wire: `prefix` is the topic prefix of the settings the caller was built with
-    (ROUNDTRIP_TOPIC_PREFIX); a service's broker carries its own (`messaging.topic_of`)."""
+    (ROUNDTRIP_TOPIC_PREFIX); a service's wiring carries its own (`messaging.Wiring.topic`)."""
     return prefix + name
