@@ -36,8 +36,6 @@ class _Server(uvicorn.Server):
 
 
 class _Web:
-    """The console's web server, run as a task of the app's event loop."""
-
     def __init__(self, server: _Server, settings: Settings) -> None:
         self.server, self.settings = server, settings
         self.task: asyncio.Task[None] | None = None
@@ -64,9 +62,9 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     shell = Shell("console", settings, log)
     decisions = shell.outlet(topics.APPROVAL_DECISIONS, ApprovalDecided, "A person's decision, signed by the console")
     cancels = shell.outlet(topics.TURN_CONTROLS, CancelTurn, "A cancel a person sent from the console")
-    books = Books(settings.ledger_db_url, settings.conversations_db_url)  # the ledger, opened read-only when first read
+    books = Books(settings.ledger_db_url, settings.conversations_db_url)
     handled = shell.outlet(topics.DEAD_LETTERS_HANDLED, DeadLetterHandled, "A dead letter re-driven or discarded")
-    dead_letters = Letters(settings, handled, raw_sender(shell.broker))  # read from Kafka when a page first asks
+    dead_letters = Letters(settings, handled, raw_sender(shell.broker))
     console = Console(settings, books, decisions, cancels)
     app = shell.app
     config = uvicorn.Config(

@@ -29,7 +29,7 @@ DUPLICATE_WINDOW_S = 600.0
 
 def build(settings: Settings, agent: Agent) -> FastStream:
     shell = Shell("executor", settings, log)
-    deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
+    deps = agent.open_dependencies(settings)
     runner = runner_for(settings, agent, deps)
     batches = Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS")  # public keys: it cannot sign
     seen = SeenIds(max_age_s=DUPLICATE_WINDOW_S)
@@ -67,9 +67,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         await call_model(command, batch.turn.conversation_id)
 
     app = shell.app
-    # its keys again (`roundtrip run` checked them before building): outside development, never a published one
     app.on_startup(lambda: settings.refuse_unfit_keys("executor", topology.service("executor").keys))
-    agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
+    agent.toolbox.run_with(app)
     shell.closes(deps.aclose)
     fence = shell.fence()
     return app
@@ -87,7 +86,6 @@ def _waits(request: ApprovalRequested) -> None:
 
 
 def _not_run(batch: ExecuteToolBatch, exc: BatchNotRun) -> None:
-    """A batch that arrived too late or whose turn may not act: logged, and the hop's consumer span says why."""
     log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
     span = trace.get_current_span()
     span.set_attribute("roundtrip.detail", f"batch not run: {exc}")

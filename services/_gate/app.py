@@ -36,9 +36,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         await execute(batch, command.turn.conversation_id)
 
     app = shell.app
-    # its keys again (`roundtrip run` checked them before building): outside development, never a published one
     app.on_startup(lambda: settings.refuse_unfit_keys("gate", topology.service("gate").keys, agent.holds_calls()))
-    agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
+    agent.toolbox.run_with(app)
     shell.closes(deps.aclose)
     turns = shell.opens("the ledger", lambda: _recorded(settings), lambda recorded: recorded.store.close())
     return app

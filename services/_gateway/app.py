@@ -40,7 +40,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60
     )
     start = shell.outlet(topics.TURN_STARTS, StartTurn)
-    refusals = shell.outlet(topics.SUPPORT_REPLIES, SupportReply)  # refused requests' (turns' are transactional)
+    refusals = shell.outlet(topics.SUPPORT_REPLIES, SupportReply)
     replies_topic = shell.topic(topics.SUPPORT_REPLIES)
     kafka = kafka_clients(settings)
     replies = TransactionalOutlet(
@@ -85,17 +85,15 @@ async def _unthrottled(throttled: Throttled) -> None:
 
 
 def subscribe_requests(shell: Shell, admission: Admission, start: Outlet, refusals: Outlet) -> None:
-    """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it; a request it
-    refuses gets an invalid_request reply (services/_gateway/intake.py)."""
+    """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it."""
     started = SeenRequests(memory_s=shell.settings.reply_memory_s)
 
-    # a request waiting for admission holds nothing but its place: a rebalance or a stop interrupts it
-    # (it is read again), instead of waiting for a turn to end
+    # a request waiting for admission holds nothing but its place: a rebalance or a stop may interrupt it
     @shell.subscribe(topics.SUPPORT_REQUESTS, cancel_on_revoke=True, on_failure=refuser(refusals))
     async def on_support_request(request: SupportRequest) -> None:
         note_unknown_fields(request)
         check_key(request, current_record().key)
-        command = start_turn(request, *new_turn_ids())  # the turn span's ids, fixed by the hop that brought the request
+        command = start_turn(request, *new_turn_ids())
         turn = command.turn
         bind_turn(turn.turn_id)
         with tracer().start_as_current_span("turn.start") as span:
@@ -118,10 +116,8 @@ def subscribe_outcomes(
     replies: TransactionalOutlet,
     replied: RepliedTurns,
 ) -> None:
-    """turn.outcomes -> support.replies: the one reply of each turn.
-
-    Replies are committed with the offsets that cover their outcomes, one transaction per commit
-    (services/_kernel/kafka/transactions.py): commit as soon as something finished, batching while busy."""
+    """turn.outcomes -> support.replies: the one reply of each turn, committed with the offsets of its outcome in
+    one transaction (services/_kernel/kafka/transactions.py)."""
 
     async def commit(offsets: dict[TopicPartition, int]) -> None:
         await replies.commit(offsets)
@@ -142,7 +138,6 @@ def subscribe_outcomes(
             if not await replied.claim(ended.turn.turn_id, TopicPartition(raw.topic, raw.partition), raw.offset):
                 span.add_event("duplicate outcome dropped")
                 return
-            # the root of the turn's trace: from the request to this reply, with the ids fixed at the request
             record_turn_span(
                 ended.turn,
                 outcome=ended.outcome.value,

@@ -40,7 +40,7 @@ log = logging.getLogger("roundtrip.guard")
 def guard_of(
     settings: Settings, ledger: Ledger, conversations: Conversations, prices: PriceTable, publish: Publish, agent: Agent
 ) -> Guard:
-    words = Replies.of(agent.replies, agent.acted_replies)  # the agent's own words when the fleet ends a turn
+    words = Replies.of(agent.replies, agent.acted_replies)
     shown = {name: tuple(spec.entity_refs) for name, spec in agent.registry.specs.items()}
     return Guard(
         ledger,
@@ -57,7 +57,7 @@ def guard_of(
         decisions=DecisionVerifier.of(settings.decision_verify_keys, "ROUNDTRIP_DECISION_VERIFY_KEYS"),
         holds=Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS"),
         acts=Acts(frozenset(agent.serial), agent.describe_action, words, shown),
-        progress=agent.progress,  # the customer's words for what a step's tools do (support.status)
+        progress=agent.progress,
         streams_by_default=settings.stream_replies,
     )
 
@@ -65,7 +65,7 @@ def guard_of(
 async def traced(
     name: str, turn_id: str, handle: Callable[[], Awaitable[str]], attributes: dict[str, Any] | None = None
 ) -> None:
-    """A handler in a span of its own: the turn, what the message says (`attributes`), what the guard answered."""
+    """A handler in a span of its own, with what the guard answered."""
     with tracer().start_as_current_span(name) as span:
         span.set_attributes({"roundtrip.turn_id": turn_id, **(attributes or {})})
         span.set_attribute("roundtrip.result", await handle())
@@ -119,8 +119,8 @@ async def republish_left_over(guard: Guard) -> None:
 
 
 async def preflight(settings: Settings) -> None:
-    """`roundtrip run guard` asks this before it builds the guard: ended turns are deleted after their retention, which
-    must outlast the requests a redelivery can still bring (RetentionTooShort: it refuses to start, in one line)."""
+    """Asked by `roundtrip run guard` before it builds: the ledger's retention must outlast what a redelivery can
+    still bring (RetentionTooShort)."""
     retention.check_outlasts(settings.ledger_retention_s, await retention.requests_retention_ms(settings))
 
 
@@ -144,7 +144,6 @@ def build(settings: Settings, agent: Agent) -> FastStream:
 
     subscribe_handlers(shell, lambda: guard())
     app = shell.app
-    # its keys again (`roundtrip run` checked them before building): outside development, never a published one
     app.on_startup(lambda: settings.refuse_unfit_keys("guard", topology.service("guard").keys, agent.holds_calls()))
     guard = shell.opens("the guard", open_guard, Guard.close)
     timers = Timers()
@@ -162,8 +161,6 @@ def build(settings: Settings, agent: Agent) -> FastStream:
 
 
 class Timers:
-    """The guard's sweeper and retention, running from the app's start to its stop."""
-
     def __init__(self) -> None:
         self.tasks: tuple[asyncio.Task[None], ...] = ()
 

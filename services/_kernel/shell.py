@@ -1,8 +1,6 @@
-"""A service's shell: its wiring, its app, and what it opens at start and closes at stop, in one object.
+"""A service's shell: its wiring, its app, and what it opens at start and closes after stop (in reverse order).
 
-Each service's `build(settings, agent)` makes one `Shell`, subscribes its handlers, builds its core from the
-settings and hands what the core needs to the shell to open; `shell.app` is the FastStream app it returns.
-What the shell opened is closed after the app stops, in reverse order.
+A service's `build(settings, agent)` makes one, subscribes its core's handlers on it and returns `shell.app`.
 """
 
 from __future__ import annotations
@@ -61,11 +59,9 @@ class Shell:
         return self.wiring.consumers
 
     def topic(self, name: str) -> str:
-        """A (logical) topic's name on the wire, with this service's prefix."""
         return self.wiring.topic(name)
 
     def subscribe(self, topic: str, **options: Any) -> Callable[[Callable[[Any], Awaitable[Any]]], Any]:
-        """`messaging.subscribe` on this service's wiring and settings."""
         return subscribe(self.wiring, topic, self.settings, **options)
 
     def outlet(self, topic: str, schema: type[BaseModel], description: str = "") -> Outlet:

@@ -29,8 +29,7 @@ log = logging.getLogger("roundtrip.model")
 
 
 def chunks_for(command: CallModel, settings: Settings, send: Send, started_at: float) -> Chunks | None:
-    """The chunks of the call's text when its turn streams (its request's `stream`, else the setting), else None.
-    A call published before this process started may be a redelivery: every earlier stream of its step is cut first."""
+    """The chunks of a streaming turn's text; a call published before this process started may be a redelivery."""
     if not (settings.stream_replies if command.turn.stream is None else command.turn.stream):
         return None
     chunks = Chunks(command.turn, command.step + 1, send, settings.stream_chunk_ms / 1000, settings.stream_chunk_chars)
@@ -45,10 +44,8 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     responded = shell.outlet(topics.ITERATIONS, ModelResponded)
     streamed = shell.outlet(topics.SUPPORT_STREAM, StreamedText)
     started_at = time.time()  # a call published before this: perhaps a redelivery of one streamed by a dead process
-    # the agent's tools, MCP ones included as their servers are listed (a list kept current in place)
     client = ModelClient(settings, agent.toolbox.api_tools, agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
-    # the limiter learns the rate from the platform's signals (providers.py): headers, or the 429s alone
     capacity = Capacity(
         on_throttle=functools.partial(_hold_all, shell.consumers), signals=providers.of(settings).signals
     )
@@ -78,13 +75,12 @@ def build(settings: Settings, agent: Agent) -> FastStream:
         await responded(event, command.turn.conversation_id)
 
     app = shell.app
-    agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
+    agent.toolbox.run_with(app)
     shell.closes(client.aclose)
     fence = shell.fence()
     return app
 
 
 def _hold_all(consumers: list[KeyOrderedConsumer], throttled: bool) -> None:
-    """The process is at its limit (or no longer): its consumer of model calls holds its fetches (or resumes)."""
     for consumer in consumers:
         consumer.hold(throttled)

@@ -1,11 +1,10 @@
 """The kernel's subscriptions, outlets and dead-letter path, on the wiring of one service's broker.
 
 Delivery is at least once: every subscription runs on a `KeyOrderedConsumer`, many messages in flight per
-partition, one conversation at a time, offsets committed only up to the first unfinished message. A failure that
-says a dependency is unavailable (services/_kernel/kafka/faults.py) is retried, never dead-lettered; any other
-failure is dead-lettered with its reason, and a failed dead letter is retried by the consumer's rescue.
-FastStream keeps the connection, the groups, the lifecycle and the AsyncAPI document; the per-message path is the
-kernel's own (docs/decisions/message-path.md).
+partition, one conversation at a time. A failure that says a dependency is unavailable (kafka/faults.py) is
+retried, never dead-lettered; any other is dead-lettered with its reason, a failed dead letter retried by the
+consumer's rescue. FastStream keeps the connection, groups, lifecycle and AsyncAPI document; the per-message path
+is the kernel's own (docs/decisions/message-path.md).
 """
 
 from __future__ import annotations
@@ -46,7 +45,7 @@ IDLE_FETCH_WAIT_MS = 5000
 MESSAGE_LOG_LEVEL = logging.DEBUG  # FastStream's "Received"/"Processed" line per message: CPU and no news at INFO
 
 _record: contextvars.ContextVar[Any] = contextvars.ContextVar("roundtrip_record", default=None)
-Failed = Callable[[Any, BaseException, str], Awaitable[None]]  # (record, exception, reason): see subscribe's on_failure
+Failed = Callable[[Any, BaseException, str], Awaitable[None]]
 LIVENESS_SILENCE_S = 60.0  # a consumer loop that has not polled for this long is wedged: restart the process
 
 
@@ -57,20 +56,16 @@ class Wiring:
     service: str
     broker: KafkaBroker
     prefix: str = ""
-    roots: frozenset[str] = frozenset()  # the wire topics whose messages start turns: their hops open the trace
+    roots: frozenset[str] = frozenset()
     consumers: list[KeyOrderedConsumer] = field(default_factory=list)
     refuse: Callable[[], None] | None = None  # run at start, before the broker is contacted
 
     def topic(self, name: str) -> str:
-        """A (logical) topic's name on the wire for this service."""
         return topics.t(name, self.prefix)
 
 
 def wiring(service: str, settings: Settings, turn_roots: tuple[str, ...] = ()) -> Wiring:
-    """The service's broker and its wiring; spans go to the process's tracer provider (telemetry.setup_telemetry).
-
-    `turn_roots`: the (logical) topics whose messages start turns. No FastStream middlewares: the kernel's
-    subscriptions and outlets trace, count and dead-letter themselves."""
+    """The service's broker and its wiring; `turn_roots`: the (logical) topics whose messages start turns."""
     kafka = kafka_clients(settings)
     broker = KafkaBroker(
         kafka.bootstrap_list,  # a list: FastStream takes a string as one host, "h1:9092,h2:9092" included
@@ -107,13 +102,10 @@ def subscribe(
     on_failure: Failed | None = None,
     description: str | None = None,
 ) -> Callable[[Callable[[Any], Awaitable[Any]]], Any]:
-    """The decorator of a handler of `topic` (logical name), consumed key-ordered and concurrently.
+    """The decorator of a handler of `topic` (logical name): one pydantic message, consumed key-ordered.
 
-    The handler takes one pydantic message (its annotation says which); `current_record()` gives the Kafka record.
-    `commit` replaces the consumer's offset commit, `forget` hears of partitions given up in a rebalance.
-    `cancel_on_revoke`: the handler only waits, so a rebalance or a stop may cancel it at once.
-    `on_failure(record, exc, reason)` runs before a failed record's dead letter; its own failure is logged.
-    """
+    `commit` replaces the consumer's offset commit; `cancel_on_revoke`: the handler only waits, so a rebalance or a
+    stop may cancel it; `on_failure(record, exc, reason)` runs before a failed record's dead letter."""
     service = wired.service
     declared = _declared(service, topic, role)
     group_id = group(service, role, settings.topic_prefix)
@@ -149,7 +141,6 @@ def subscribe(
 
 
 def _check_message(handler: Callable[[Any], Awaitable[Any]], declared: topology.Input | None, topic: str) -> None:
-    """TypeError unless the handler takes the message the topology says `topic` carries."""
     if declared is not None and _message_model(handler) is not declared.message:
         raise TypeError(
             f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
@@ -158,8 +149,7 @@ def _check_message(handler: Callable[[Any], Awaitable[Any]], declared: topology.
 
 
 def _declared(service: str, topic: str, role: str | None) -> topology.Input | None:
-    """The topology's declaration of this subscription (LookupError if it has none); None for a service outside the
-    topology (one built on the kernel alone declares nothing)."""
+    """The topology's declaration of this subscription (LookupError if none); None for a service outside it."""
     return topology.service(service).input(topic, role) if service in topology.names() else None
 
 
@@ -237,12 +227,10 @@ async def _tell(on_failure: Failed, record: Any, exc: BaseException, reason: str
 
 
 def _assigned(consumer: KeyOrderedConsumer) -> bool:
-    """Ready: the consumer has its partitions."""
     return bool(consumer.assigned)
 
 
 def _no_outage(consumer: KeyOrderedConsumer) -> bool:
-    """Ready: the consumer waits for no dependency (none of its partitions is paused for one)."""
     return not consumer.outages
 
 
@@ -258,11 +246,10 @@ def service_app(wired: Wiring, logger: logging.Logger) -> FastStream:
 
     @app.on_startup
     async def report_health() -> None:
-        # live while its loop polls (at least every IDLE_FETCH_WAIT_MS, paused or not); ready once it has its partitions
+        # live while its loop polls (paused or not); ready with its partitions and no dependency it waits for
         for consumer in wired.consumers:
             health.register_liveness(f"consumer {consumer.name}", _polled_lately(consumer))
             health.register_readiness(f"consumer {consumer.name}", functools.partial(_assigned, consumer))
-            # not ready while it waits for a dependency (its partitions paused): the outage shows on /readyz
             health.register_readiness(f"dependencies of {consumer.name}", functools.partial(_no_outage, consumer))
 
     @app.on_shutdown
@@ -345,7 +332,7 @@ async def _publish_dead_letter(wired: Wiring, record: Any, reason: str) -> None:
 
 
 def _rescuer(wired: Wiring) -> Callable[[Any, BaseException], Awaitable[None]]:
-    """The consumer's last resort: dead-letter the raw record when handling it raised past the middleware."""
+    """The consumer's last resort: dead-letter the raw record when handling it raised past the message path."""
 
     async def rescue(record: Any, exc: BaseException) -> None:
         reason = exc.reason if isinstance(exc, DeadLetterFailed) else describe_error(exc, record.value)
@@ -380,7 +367,7 @@ class Outlet:
     """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id."""
 
     def __init__(self, wired: Wiring, topic: str, schema: type[BaseModel], description: str = "") -> None:
-        if wired.service in topology.names():  # a service outside the topology declares nothing
+        if wired.service in topology.names():
             topology.service(wired.service).output(topic, schema)
         self._wired, self._topic = wired, wired.topic(topic)
         wired.broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)

@@ -1,10 +1,7 @@
 """A turn started under another agent is said, never silent: a log line and a span attribute.
 
-The guard stamps every turn it starts with its agent's digest (`Turn.agent_digest`: Agent.digest, a hash of the
-system prompt and the tools). Each service process says which digest it runs (`running()`, once at start); every
-message of a turn it consumes is compared (`check()`, from the consumer path). When they differ, during a rolling
-upgrade or with two agents on one fleet by mistake, the message's span gets `roundtrip.agent.digest_mismatch` (the
-turn's digest; `roundtrip.agent.digest` is this process's) and the log says so once per turn in this process.
+Each process says the digest of the agent it runs (`running()`, at start); `check()` compares it with the digest
+the guard stamped on the turn (a rolling upgrade, or two agents on one fleet by mistake), once per turn in the log.
 """
 
 from __future__ import annotations
@@ -17,12 +14,11 @@ from opentelemetry import trace
 from roundtrip._kernel.kafka.dedupe import SeenIds
 
 log = logging.getLogger("roundtrip.agent")
-_running: dict[str, str] = {}  # "service", "digest": what this process runs
-_said = SeenIds(capacity=10_000)  # turns already reported by this process
+_running: dict[str, str] = {}
+_said = SeenIds(capacity=10_000)  # turns already reported
 
 
 def running(service: str, digest: str) -> None:
-    """This process runs the agent of this digest (the five services call it once, at start)."""
     _running.update(service=service, digest=digest)
 
 
