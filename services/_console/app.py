@@ -59,7 +59,7 @@ class _Web:
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    shell = Shell("console", settings, log)
+    shell = Shell("console", settings, log, agent_digest=agent.digest)
     decisions = shell.outlet(topics.APPROVAL_DECISIONS, ApprovalDecided, "A person's decision, signed by the console")
     cancels = shell.outlet(topics.TURN_CONTROLS, CancelTurn, "A cancel a person sent from the console")
     books = Books(settings.ledger_db_url, settings.conversations_db_url)

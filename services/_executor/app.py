@@ -28,7 +28,7 @@ DUPLICATE_WINDOW_S = 600.0
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    shell = Shell("executor", settings, log)
+    shell = Shell("executor", settings, log, agent_digest=agent.digest)
     deps = agent.open_dependencies(settings)
     runner = runner_for(settings, agent, deps)
     batches = Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS")  # public keys: it cannot sign

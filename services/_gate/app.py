@@ -20,7 +20,7 @@ GATE_POOL_SIZE = 2  # one short read per turn per replica, then remembered (depl
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    shell = Shell("gate", settings, log)
+    shell = Shell("gate", settings, log, agent_digest=agent.digest)
     execute = shell.outlet(topics.TOOL_BATCHES, ExecuteToolBatch)
     deps = agent.open_dependencies(settings)
     gate = gate_for(agent, settings, deps)

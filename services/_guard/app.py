@@ -125,7 +125,7 @@ async def preflight(settings: Settings) -> None:
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    shell = Shell("guard", settings, log)
+    shell = Shell("guard", settings, log, agent_digest=agent.digest)
     outlets = {topic: shell.outlet(topic, model) for topic, model in topology.service("guard").outputs.items()}
     prices = PriceTable.from_json(settings.prices, settings.model_provider)
 

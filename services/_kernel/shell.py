@@ -38,10 +38,15 @@ class Shell:
     """One service's name, broker, topic prefix, consumers, app and lifecycle."""
 
     def __init__(
-        self, service: str, settings: Settings, logger: logging.Logger, turn_roots: tuple[str, ...] = ()
+        self,
+        service: str,
+        settings: Settings,
+        logger: logging.Logger,
+        turn_roots: tuple[str, ...] = (),
+        agent_digest: str = "",
     ) -> None:
         self.settings = settings
-        self.wiring: Wiring = wiring(service, settings, turn_roots)
+        self.wiring: Wiring = wiring(service, settings, turn_roots, agent_digest)
         self.app: FastStream = service_app(self.wiring, logger)
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._closing = False

@@ -40,7 +40,7 @@ def chunks_for(command: CallModel, settings: Settings, send: Send, started_at: f
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    shell = Shell("model", settings, log)
+    shell = Shell("model", settings, log, agent_digest=agent.digest)
     responded = shell.outlet(topics.ITERATIONS, ModelResponded)
     streamed = shell.outlet(topics.SUPPORT_STREAM, StreamedText)
     started_at = time.time()  # a call published before this: perhaps a redelivery of one streamed by a dead process

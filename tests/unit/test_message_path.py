@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from roundtrip._kernel.kafka import messaging
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.events import CancelTurn, DeadLettered
+from roundtrip._kernel.wire.events import CallModel, CancelTurn, DeadLettered, Turn
 
 # the records come from, and the dead letters go to, the topics of the settings the broker was made with
 PREFIX = "unit."
@@ -168,3 +168,23 @@ def test_a_handler_must_take_one_message_model():
 
         @messaging.subscribe(wired, topics.TURN_CONTROLS, SETTINGS)
         async def on_two(command: CancelTurn, other: int) -> None: ...
+
+
+async def test_the_wiring_says_a_turn_started_under_another_agent_digest_and_still_handles_it(caplog):
+    wired = messaging.wiring("digestpath", SETTINGS, digest="a" * 16)
+    got: list = []
+
+    @messaging.subscribe(wired, topics.MODEL_CALLS, SETTINGS)
+    async def on_call(command: CallModel) -> None:
+        got.append(command.turn.turn_id)
+
+    (consumer,) = wired.consumers
+    turn = Turn(turn_id="turn_d", request_id="r", conversation_id="c", customer_id="cus", agent_digest="b" * 16)
+    value = CallModel(turn=turn, step=0, messages=[]).model_dump_json().encode()
+    with caplog.at_level("WARNING", logger="roundtrip.agent"):
+        await consumer.process(
+            SimpleNamespace(**{**vars(record(value)), "topic": topics.t(topics.MODEL_CALLS, PREFIX)})
+        )
+    assert got == ["turn_d"]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"turn turn_d was started under agent digest {'b' * 16}; this digestpath runs")
