@@ -86,7 +86,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         sys.argv = [f"roundtrip run {service}"]  # its own argument parser reads settings, not our argv
         runpy.run_module(f"roundtrip._{service}", run_name="__main__")
         return
-    from roundtrip._kernel.observability import agent_digest, health
+    from roundtrip._kernel.observability import health
     from roundtrip._kernel.observability.telemetry import setup_telemetry
     from roundtrip._kernel.runtime import announce_ready, run_loop, settle_heap
     from roundtrip._kernel.settings import ConfigurationError
@@ -96,7 +96,6 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         agent = current_agent(settings.agent)
-        agent_digest.running(service, agent.digest)
         declared = topology.service(service)
         _refuse_unfit(settings, declared, agent.holds_calls())
         if service == "model":

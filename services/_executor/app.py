@@ -1,7 +1,6 @@
 """The executor service: turn.tool_batches -> (run approved calls) -> turn.model_calls.
 
-Scale it on its own: more replicas in the same consumer group, more partitions of
-turn.tool_batches (`ROUNDTRIP_EXECUTOR_PARTITIONS`).
+It scales on its own: more replicas in its group, more partitions of turn.tool_batches.
 """
 
 from __future__ import annotations
@@ -14,10 +13,9 @@ from opentelemetry import trace
 from roundtrip._executor.batches import BatchNotRun, execute, verify
 from roundtrip._executor.runner import runner_for
 from roundtrip._kernel.kafka.dedupe import SeenIds
-from roundtrip._kernel.kafka.messaging import Outlet, make_broker, service_app, subscribe
 from roundtrip._kernel.observability.telemetry import mark_error
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.turnstore import Fence
+from roundtrip._kernel.shell import Shell
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.approvals import Verifier
 from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch
@@ -25,24 +23,20 @@ from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.executor")
 
-# A batch delivered again comes within minutes: the executor crashed or lost its partitions before committing, or
-# the guard republished a decision after outbox_after_s. Past this window the turn fence is what keeps a batch from
-# running twice; the window only bounds this cheap first check (and the memory it takes: rate x window).
+# A batch delivered again comes within minutes; past this window the turn fence keeps it from running twice.
 DUPLICATE_WINDOW_S = 600.0
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    broker = make_broker("executor", settings)
-    deps = agent.open_dependencies(settings)  # the agent's clients: once per process, closed at shutdown
+    shell = Shell("executor", settings, log, agent_digest=agent.digest)
+    deps = agent.open_dependencies(settings)
     runner = runner_for(settings, agent, deps)
     batches = Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS")  # public keys: it cannot sign
     seen = SeenIds(max_age_s=DUPLICATE_WINDOW_S)
-    call_model = Outlet(broker, topics.MODEL_CALLS, CallModel)
-    request_approval = Outlet(broker, topics.APPROVAL_REQUESTS, ApprovalRequested)
+    call_model = shell.outlet(topics.MODEL_CALLS, CallModel)
+    request_approval = shell.outlet(topics.APPROVAL_REQUESTS, ApprovalRequested)
 
-    state: dict[str, Fence] = {}
-
-    @subscribe(broker, topics.TOOL_BATCHES, "executor", settings)
+    @shell.subscribe(topics.TOOL_BATCHES)
     async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
         # the signature first: a forged batch reusing a real turn and step is refused (dead-lettered and
         # logged on roundtrip.security by the raise), never mistaken for a duplicate
@@ -58,7 +52,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
                 batch,
                 batches,
                 runner,
-                state["fence"],
+                fence(),
                 verified=True,
                 max_transcript_bytes=settings.max_transcript_bytes,
             )
@@ -72,21 +66,11 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             return
         await call_model(command, batch.turn.conversation_id)
 
-    app = service_app(broker, log)
-    # its keys again (`roundtrip run` checked them before building): outside development, never a published one
+    app = shell.app
     app.on_startup(lambda: settings.refuse_unfit_keys("executor", topology.service("executor").keys))
-    agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
-
-    @app.on_startup
-    async def open_fence() -> None:
-        state["fence"] = await Fence.open(settings.ledger_db_url, pool_size=settings.database_pool_size)
-
-    @app.after_shutdown
-    async def close() -> None:
-        await deps.aclose()
-        if "fence" in state:
-            await state["fence"].close()
-
+    agent.toolbox.run_with(app)
+    shell.closes(deps.aclose)
+    fence = shell.fence()
     return app
 
 
@@ -102,7 +86,6 @@ def _waits(request: ApprovalRequested) -> None:
 
 
 def _not_run(batch: ExecuteToolBatch, exc: BatchNotRun) -> None:
-    """A batch that arrived too late or whose turn may not act: logged, and the hop's consumer span says why."""
     log.warning("turn %s step %d: not run: %s", batch.turn.turn_id, batch.step, exc)
     span = trace.get_current_span()
     span.set_attribute("roundtrip.detail", f"batch not run: {exc}")

@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
 
 from aiokafka import TopicPartition
 from faststream import FastStream
-from faststream.kafka import KafkaBroker
 
 from roundtrip._gateway.admission import Admission
 from roundtrip._gateway.intake import SeenRequests, check_key, note_unknown_fields, refuser
@@ -17,16 +15,7 @@ from roundtrip._gateway.replied import RepliedTurns
 from roundtrip._gateway.throttle import Throttle
 from roundtrip._gateway.turns import reply_for, start_turn
 from roundtrip._kernel.kafka.clients import kafka_clients
-from roundtrip._kernel.kafka.messaging import (
-    Outlet,
-    current_record,
-    group,
-    key_of,
-    make_broker,
-    service_app,
-    subscribe,
-    topic_of,
-)
+from roundtrip._kernel.kafka.messaging import Outlet, current_record, group, key_of
 from roundtrip._kernel.kafka.transactions import TransactionalOutlet, transactional_id
 from roundtrip._kernel.observability.telemetry import (
     PROVIDER_NAMES,
@@ -36,6 +25,7 @@ from roundtrip._kernel.observability.telemetry import (
     tracer,
 )
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.shell import Shell
 from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import StartTurn, SupportReply, SupportRequest, TurnEnded
@@ -45,15 +35,13 @@ log = logging.getLogger("roundtrip.gateway")
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    broker = make_broker("gateway", settings, turn_roots=(topics.SUPPORT_REQUESTS,))
+    shell = Shell("gateway", settings, log, turn_roots=(topics.SUPPORT_REQUESTS,), agent_digest=agent.digest)
     admission = Admission(
         settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60
     )
-    start = Outlet(broker, topics.TURN_STARTS, StartTurn)
-    refusals = Outlet(
-        broker, topics.SUPPORT_REPLIES, SupportReply
-    )  # the replies to refused requests (turns' are transactional)
-    replies_topic = topic_of(broker, topics.SUPPORT_REPLIES)
+    start = shell.outlet(topics.TURN_STARTS, StartTurn)
+    refusals = shell.outlet(topics.SUPPORT_REPLIES, SupportReply)
+    replies_topic = shell.topic(topics.SUPPORT_REPLIES)
     kafka = kafka_clients(settings)
     replies = TransactionalOutlet(
         kafka,
@@ -63,59 +51,49 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     )
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
     replied = RepliedTurns(kafka, replies_topic, settings.reply_memory_s)
-    subscribe_requests(broker, settings, admission, start, refusals)
-    subscribe_outcomes(broker, settings, agent, admission, replies, replied)
-    app = service_app(broker, log)
-    app.on_startup(replies.start)
-    app.after_shutdown(replies.stop)
-    throttle_admission(app, admission, settings)
-    return app
+    subscribe_requests(shell, admission, start, refusals)
+    subscribe_outcomes(shell, agent, admission, replies, replied)
+    shell.app.on_startup(replies.start)
+    shell.closes(replies.stop)
+    # admit fewer new turns while running turns wait for the model's capacity (services/_gateway/throttle.py)
+    shell.opens("the admission throttle", lambda: _throttled(admission, settings), _unthrottled)
+    return shell.app
 
 
-def throttle_admission(app: FastStream, admission: Admission, settings: Settings) -> None:
-    """Admit fewer new turns while running turns wait for the model's capacity (services/_gateway/throttle.py)."""
-    running: dict[str, Any] = {}
-
-    @app.on_startup
-    async def start_throttle() -> None:
-        try:
-            store = await TurnStore.open(settings.ledger_db_url, read_only=True)
-        except Exception as exc:  # noqa: BLE001 - the gateway runs without the signal rather than not at all
-            log.warning(
-                "the turn ledger cannot be read (%s: %s): admission will not follow the model's capacity",
-                type(exc).__name__,
-                exc,
-            )
-            return
-        running["store"] = store
-        running["task"] = asyncio.create_task(Throttle(admission, store).run(), name="gateway-throttle")
-
-    @app.after_shutdown
-    async def stop_throttle() -> None:
-        if "task" in running:
-            running["task"].cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running["task"]
-        if "store" in running:
-            await running["store"].close()
+Throttled = tuple[TurnStore, "asyncio.Task[None]"]
 
 
-def subscribe_requests(
-    broker: KafkaBroker, settings: Settings, admission: Admission, start: Outlet, refusals: Outlet
-) -> None:
-    """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it; a request it
-    refuses gets an invalid_request reply (services/_gateway/intake.py)."""
-    started = SeenRequests(memory_s=settings.reply_memory_s)
+async def _throttled(admission: Admission, settings: Settings) -> Throttled | None:
+    try:
+        store = await TurnStore.open(settings.ledger_db_url, read_only=True)
+    except Exception as exc:  # noqa: BLE001 - the gateway runs without the signal rather than not at all
+        log.warning(
+            "the turn ledger cannot be read (%s: %s): admission will not follow the model's capacity",
+            type(exc).__name__,
+            exc,
+        )
+        return None
+    return store, asyncio.create_task(Throttle(admission, store).run(), name="gateway-throttle")
 
-    # a request waiting for admission holds nothing but its place: a rebalance or a stop interrupts it
-    # (it is read again), instead of waiting for a turn to end
-    @subscribe(
-        broker, topics.SUPPORT_REQUESTS, "gateway", settings, cancel_on_revoke=True, on_failure=refuser(refusals)
-    )
+
+async def _unthrottled(throttled: Throttled) -> None:
+    store, task = throttled
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await store.close()
+
+
+def subscribe_requests(shell: Shell, admission: Admission, start: Outlet, refusals: Outlet) -> None:
+    """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it."""
+    started = SeenRequests(memory_s=shell.settings.reply_memory_s)
+
+    # a request waiting for admission holds nothing but its place: a rebalance or a stop may interrupt it
+    @shell.subscribe(topics.SUPPORT_REQUESTS, cancel_on_revoke=True, on_failure=refuser(refusals))
     async def on_support_request(request: SupportRequest) -> None:
         note_unknown_fields(request)
         check_key(request, current_record().key)
-        command = start_turn(request, *new_turn_ids())  # the turn span's ids, fixed by the hop that brought the request
+        command = start_turn(request, *new_turn_ids())
         turn = command.turn
         bind_turn(turn.turn_id)
         with tracer().start_as_current_span("turn.start") as span:
@@ -132,17 +110,14 @@ def subscribe_requests(
 
 
 def subscribe_outcomes(
-    broker: KafkaBroker,
-    settings: Settings,
+    shell: Shell,
     agent: Agent,
     admission: Admission,
     replies: TransactionalOutlet,
     replied: RepliedTurns,
 ) -> None:
-    """turn.outcomes -> support.replies: the one reply of each turn.
-
-    Replies are committed with the offsets that cover their outcomes, one transaction per commit
-    (services/_kernel/kafka/transactions.py): commit as soon as something finished, batching while busy."""
+    """turn.outcomes -> support.replies: the one reply of each turn, committed with the offsets of its outcome in
+    one transaction (services/_kernel/kafka/transactions.py)."""
 
     async def commit(offsets: dict[TopicPartition, int]) -> None:
         await replies.commit(offsets)
@@ -152,9 +127,9 @@ def subscribe_outcomes(
         replies.forget(partitions)
         replied.forget(partitions)
 
-    @subscribe(
-        broker, topics.OUTCOMES, "gateway", settings, role="replies", commit=commit, forget=forget, commit_interval_s=0
-    )
+    settings = shell.settings
+
+    @shell.subscribe(topics.OUTCOMES, role="replies", commit=commit, forget=forget, commit_interval_s=0)
     async def on_turn_ended(ended: TurnEnded) -> None:
         admission.release(ended.turn.turn_id)
         with tracer().start_as_current_span("turn.reply") as span:
@@ -163,7 +138,6 @@ def subscribe_outcomes(
             if not await replied.claim(ended.turn.turn_id, TopicPartition(raw.topic, raw.partition), raw.offset):
                 span.add_event("duplicate outcome dropped")
                 return
-            # the root of the turn's trace: from the request to this reply, with the ids fixed at the request
             record_turn_span(
                 ended.turn,
                 outcome=ended.outcome.value,

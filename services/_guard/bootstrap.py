@@ -1,14 +1,7 @@
-"""The guard's parts wired over one ledger: what `build` (services/_guard/app.py) starts, or a caller drives directly.
+"""The guard's core: its parts wired over one ledger, what its shell (app.py) opens at start or a caller drives.
 
-    starts.py     turn start and conversation order (turn.starts)
-    loop.py       the loop decision on each model response (turn.iterations)
-    approvals.py  a call waiting for a person, and the person's signed decision
-    outside.py    ends from outside the loop: cancel (turn.controls), stuck, deadline, approval timeout
-    sweeper.py    the timer that finds the turns nothing moves any more
-    outbox.py     the way out: publish each recorded decision, republish the ones left pending
-
-They share the ledger, the outbox (so every decision goes out the same way), the conversation
-store and the step clock (one replica's loop round trips); nothing else.
+The parts (starts, loop, approvals, external ends, sweeper, outbox) share the ledger, the outbox (so every
+decision goes out the same way), the conversation store and the step clock; nothing else.
 """
 
 from __future__ import annotations
@@ -30,10 +23,8 @@ from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 
 
 class Guard:
-    """The guard's parts, wired. `conversations` None: every request stands alone (no conversation store);
-    `decisions` None: every person's decision is refused; `holds` None: every approval request is refused; `acts`
-    None: no tool counts as a side effect. The agent's words for an early end are `policy.replies` (and
-    `acts.replies` for one after a side effect)."""
+    """The guard's parts, wired. None refuses: `decisions` every person's decision, `holds` every approval
+    request; `conversations` None: every request stands alone; `acts` None: no tool counts as a side effect."""
 
     def __init__(
         self,

@@ -1,23 +1,9 @@
 """What a long-running service process does once it has started: say so to its supervisor, settle its heap.
 
-**Ready.** A supervisor that starts a service (`roundtrip up`, services/_fleet/launcher.py) hands it the write end of a
-pipe in `ROUNDTRIP_READY_FD`; `announce_ready()` writes one line to it once the service has started and
-closes it. The supervisor waits on the read end: readiness is the service's own word, whatever the log level,
-and a line from an earlier run of the same folder can never count. Outside a supervisor nothing is set and
-nothing happens (Kubernetes and Compose ask /readyz instead).
-
-**The heap.**
-A service holds a large heap from start-up on (the SDK, SQLAlchemy, OpenTelemetry, pydantic's
-schemas), alive as long as the process. CPython's full collection walks every object of it, with
-the event loop stopped, every few seconds under load: long pauses and seconds of CPU
-(docs/decisions/process-runtime.md).
-`settle_heap()`, called when start-up is done, moves them out of the collector's reach
-(`gc.freeze`) and lets the youngest generation grow to 10,000 objects (from 700) before it is
-collected, so most of a message's short-lived objects are gone by then.
-
-**The loop.** `run_loop()` runs a service's main coroutine on uvloop, asyncio's event loop on libuv, where it is
-installed (a dependency on every platform but Windows), else on asyncio's own: it costs the five services less CPU
-per turn (docs/decisions/process-runtime.md).
+`announce_ready()` writes one line to the pipe a supervisor (`roundtrip up`) handed over in ROUNDTRIP_READY_FD:
+readiness is the service's own word, and a line from an earlier run can never count; outside a supervisor nothing
+happens (Kubernetes asks /readyz). `settle_heap()` freezes what start-up left alive out of the collector's reach,
+and `run_loop()` runs on uvloop where installed (docs/decisions/process-runtime.md).
 """
 
 from __future__ import annotations

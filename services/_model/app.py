@@ -1,9 +1,7 @@
-"""The model service: turn.model_calls -> (Messages API) -> turn.iterations.
+"""The model service: turn.model_calls -> (Messages API) -> turn.iterations, and support.stream as text comes.
 
-One limiter per process (services/_model/capacity.py) paces every call by what the API says of its rate
-limits; while it is at its limit (a 429's hold, or more calls waiting than it starts in a few seconds) the
-consumer of turn.model_calls is held back, so the waiting work is lag on that topic (`roundtrip lag`, KEDA).
-A turn that streams has its text published to support.stream as it comes (services/_model/streamed.py)."""
+One limiter per process paces every call; while it is at its limit the consumer of turn.model_calls is held
+back, so the waiting work is lag on that topic (`roundtrip lag`, KEDA)."""
 
 from __future__ import annotations
 
@@ -14,10 +12,10 @@ import time
 from faststream import FastStream
 
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
-from roundtrip._kernel.kafka.messaging import Outlet, consumers_of, current_record, make_broker, service_app, subscribe
+from roundtrip._kernel.kafka.messaging import current_record
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.turnstore import Fence
+from roundtrip._kernel.shell import Shell
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CallModel, ModelResponded, StreamedText
 from roundtrip._model import providers
@@ -31,8 +29,7 @@ log = logging.getLogger("roundtrip.model")
 
 
 def chunks_for(command: CallModel, settings: Settings, send: Send, started_at: float) -> Chunks | None:
-    """The chunks of the call's text when its turn streams (its request's `stream`, else the setting), else None.
-    A call published before this process started may be a redelivery: every earlier stream of its step is cut first."""
+    """The chunks of a streaming turn's text; a call published before this process started may be a redelivery."""
     if not (settings.stream_replies if command.turn.stream is None else command.turn.stream):
         return None
     chunks = Chunks(command.turn, command.step + 1, send, settings.stream_chunk_ms / 1000, settings.stream_chunk_chars)
@@ -43,26 +40,23 @@ def chunks_for(command: CallModel, settings: Settings, send: Send, started_at: f
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    broker = make_broker("model", settings)
-    responded = Outlet(broker, topics.ITERATIONS, ModelResponded)
-    streamed = Outlet(broker, topics.SUPPORT_STREAM, StreamedText)  # the text of a turn that streams, as it comes
+    shell = Shell("model", settings, log, agent_digest=agent.digest)
+    responded = shell.outlet(topics.ITERATIONS, ModelResponded)
+    streamed = shell.outlet(topics.SUPPORT_STREAM, StreamedText)
     started_at = time.time()  # a call published before this: perhaps a redelivery of one streamed by a dead process
-    # the agent's tools, MCP ones included as their servers are listed (a list kept current in place)
     client = ModelClient(settings, agent.toolbox.api_tools, agent.system_prompt, agent.model_for(settings))
     limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
-    held: list[KeyOrderedConsumer] = []  # the consumer of turn.model_calls, once subscribed
-    # what the limiter learns the rate from is the platform's (providers.py): headers, or the 429s alone
-    capacity = Capacity(on_throttle=functools.partial(_hold_all, held), signals=providers.of(settings).signals)
+    capacity = Capacity(
+        on_throttle=functools.partial(_hold_all, shell.consumers), signals=providers.of(settings).signals
+    )
     retrying = Retrying(capacity, settings.model_max_retries, settings.turn_deadline_s)
     metrics.model_waiting.set_function(lambda: capacity.waiting)
 
-    state: dict[str, Fence] = {}
-
-    @subscribe(broker, topics.MODEL_CALLS, "model", settings)
+    @shell.subscribe(topics.MODEL_CALLS)
     async def on_call_model(command: CallModel) -> None:
         chunks = chunks_for(command, settings, streamed, started_at)
         try:
-            await answered(command, await call_model(command, client, state["fence"], limits, retrying, chunks))
+            await answered(command, await call_model(command, client, fence(), limits, retrying, chunks))
         finally:
             if chunks is not None:  # the step's text acknowledged beside its iteration event, before the commit
                 await chunks.sent()
@@ -80,24 +74,13 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             log.warning("turn %s step %d: model call failed: %s", command.turn.turn_id, event.step, event.error)
         await responded(event, command.turn.conversation_id)
 
-    held.extend(consumers_of(broker))
-    app = service_app(broker, log)
-    agent.toolbox.run_with(app)  # the agent's tool sources: an MCP server lists its tools at start
-
-    @app.on_startup
-    async def open_fence() -> None:
-        state["fence"] = await Fence.open(settings.ledger_db_url, pool_size=settings.database_pool_size)
-
-    @app.after_shutdown
-    async def close() -> None:
-        await client.aclose()
-        if "fence" in state:
-            await state["fence"].close()
-
+    app = shell.app
+    agent.toolbox.run_with(app)
+    shell.closes(client.aclose)
+    fence = shell.fence()
     return app
 
 
 def _hold_all(consumers: list[KeyOrderedConsumer], throttled: bool) -> None:
-    """The process is at its limit (or no longer): its consumer of model calls holds its fetches (or resumes)."""
     for consumer in consumers:
         consumer.hold(throttled)

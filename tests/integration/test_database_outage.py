@@ -78,14 +78,14 @@ async def test_a_consumer_waits_out_a_database_outage_and_dead_letters_nothing(s
     ledger = await Ledger.open(url)
     producer = FakeProducer()
     monkeypatch.setattr(messaging, "kafka_producer", lambda broker: producer)
-    broker = messaging.make_broker("outage", SETTINGS)
+    wired = messaging.wiring("outage", SETTINGS)
 
-    @messaging.subscribe(broker, topics.TURN_CONTROLS, "outage", SETTINGS, max_in_flight=8)
+    @messaging.subscribe(wired, topics.TURN_CONTROLS, SETTINGS, max_in_flight=8)
     async def on_control(command: CancelTurn) -> None:
         turn = {"turn_id": command.turn_id, "request_id": "r", "conversation_id": "c", "customer_id": "cus_1"}
         await ledger.start(turn, pending="{}")
 
-    (consumer,) = messaging.consumers_of(broker)
+    (consumer,) = wired.consumers
     n = 60
     records = [
         SimpleNamespace(

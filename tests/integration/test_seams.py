@@ -28,20 +28,21 @@ async def test_a_kernel_subscription_runs_on_the_key_ordered_consumer_and_publis
         kafka_bootstrap, topics.t(topic_prefix, settings.topic_prefix), partitions=2
     )  # its "keyed" topic
     service = f"seam{uuid.uuid4().hex[:6]}"
-    broker = messaging.make_broker(service, settings)
+    wired = messaging.wiring(service, settings)
+    broker = wired.broker
     got: list[tuple[str, object]] = []
 
-    @messaging.subscribe(broker, f"{topic_prefix}keyed", service, settings)
+    @messaging.subscribe(wired, f"{topic_prefix}keyed", settings)
     async def on_cancel(command: CancelTurn) -> None:
         got.append((command.turn_id, messaging.current_record()))
 
     (subscriber,) = broker.subscribers
-    (consumer,) = messaging.consumers_of(broker)
+    (consumer,) = wired.consumers
     await broker.start()
     try:
         assert isinstance(faststream_seam.kafka_producer(broker), AIOKafkaProducer)
         for i in range(6):
-            await messaging.publish(broker, wire, CancelTurn(turn_id=f"turn_{i}"), messaging.key_of(f"conv_{i % 3}"))
+            await messaging.publish(wired, wire, CancelTurn(turn_id=f"turn_{i}"), messaging.key_of(f"conv_{i % 3}"))
         await wait_until(lambda: consumer.processed == 6, what="the key-ordered consumer to handle all six")
         assert faststream_seam.consume_loops_alive(subscriber)
         assert sorted(turn for turn, _ in got) == [f"turn_{i}" for i in range(6)]

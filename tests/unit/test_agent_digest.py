@@ -20,7 +20,6 @@ def spans():
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield provider.get_tracer("test"), exporter
-    agent_digest._running.clear()
 
 
 def call(digest: str, turn_id: str = "turn_1") -> CallModel:
@@ -33,11 +32,11 @@ def call(digest: str, turn_id: str = "turn_1") -> CallModel:
 
 def test_a_turn_of_another_digest_gets_a_span_attribute_each_time_and_one_log_line(spans, caplog):
     tracer, exporter = spans
-    agent_digest.running("gate", "a" * 16)
+    gate = agent_digest.Digest("gate", "a" * 16)
     with caplog.at_level(logging.WARNING, logger="roundtrip.agent"):
         for _ in range(2):
             with tracer.start_as_current_span("process") as span:
-                assert agent_digest.check(call("b" * 16), span)
+                assert gate.check(call("b" * 16), span)
     attributes = [dict(s.attributes) for s in exporter.get_finished_spans()]
     assert attributes == [{"roundtrip.agent.digest_mismatch": "b" * 16, "roundtrip.agent.digest": "a" * 16}] * 2
     (line,) = [r.getMessage() for r in caplog.records]
@@ -49,7 +48,7 @@ def test_a_turn_of_another_digest_gets_a_span_attribute_each_time_and_one_log_li
 def test_the_same_digest_an_unstamped_turn_or_a_process_that_named_none_say_nothing(spans, caplog):
     tracer, exporter = spans
     with tracer.start_as_current_span("process") as span:
-        assert not agent_digest.check(call("b" * 16), span)  # this process said no digest (a test's own service)
-        agent_digest.running("model", "a" * 16)
-        assert not agent_digest.check(call("a" * 16), span) and not agent_digest.check(call(""), span)
+        assert not agent_digest.Digest("echo", "").check(call("b" * 16), span)  # a service that named no digest
+        model = agent_digest.Digest("model", "a" * 16)
+        assert not model.check(call("a" * 16), span) and not model.check(call(""), span)
     assert not caplog.records and not exporter.get_finished_spans()[0].attributes

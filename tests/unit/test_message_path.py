@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from roundtrip._kernel.kafka import messaging
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.events import CancelTurn, DeadLettered
+from roundtrip._kernel.wire.events import CallModel, CancelTurn, DeadLettered, Turn
 
 # the records come from, and the dead letters go to, the topics of the settings the broker was made with
 PREFIX = "unit."
@@ -42,17 +42,17 @@ def wired(monkeypatch):
     """A broker with one subscription whose handler records what it got; the producer is a fake."""
     producer = FakeProducer()
     monkeypatch.setattr(messaging, "kafka_producer", lambda broker: producer)
-    broker = messaging.make_broker("unitpath", SETTINGS)
+    wired = messaging.wiring("unitpath", SETTINGS)
     got: list = []
     behaviour = {"raise": None}
 
-    @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", SETTINGS)
+    @messaging.subscribe(wired, topics.TURN_CONTROLS, SETTINGS)
     async def on_cancel(command: CancelTurn) -> None:
         got.append((command, messaging.current_record(), in_flight()))
         if behaviour["raise"]:
             raise behaviour["raise"]
 
-    (consumer,) = messaging.consumers_of(broker)
+    (consumer,) = wired.consumers
     return SimpleNamespace(process=consumer.process, got=got, producer=producer, behaviour=behaviour)
 
 
@@ -163,8 +163,28 @@ async def test_a_dead_letter_that_cannot_be_published_is_left_to_the_consumers_r
 
 
 def test_a_handler_must_take_one_message_model():
-    broker = KafkaBroker("127.0.0.1:1")
+    wired = messaging.Wiring("unitpath", KafkaBroker("127.0.0.1:1"))
     with pytest.raises(TypeError, match="exactly one parameter annotated with a pydantic model"):
 
-        @messaging.subscribe(broker, topics.TURN_CONTROLS, "unitpath", SETTINGS)
+        @messaging.subscribe(wired, topics.TURN_CONTROLS, SETTINGS)
         async def on_two(command: CancelTurn, other: int) -> None: ...
+
+
+async def test_the_wiring_says_a_turn_started_under_another_agent_digest_and_still_handles_it(caplog):
+    wired = messaging.wiring("digestpath", SETTINGS, digest="a" * 16)
+    got: list = []
+
+    @messaging.subscribe(wired, topics.MODEL_CALLS, SETTINGS)
+    async def on_call(command: CallModel) -> None:
+        got.append(command.turn.turn_id)
+
+    (consumer,) = wired.consumers
+    turn = Turn(turn_id="turn_d", request_id="r", conversation_id="c", customer_id="cus", agent_digest="b" * 16)
+    value = CallModel(turn=turn, step=0, messages=[]).model_dump_json().encode()
+    with caplog.at_level("WARNING", logger="roundtrip.agent"):
+        await consumer.process(
+            SimpleNamespace(**{**vars(record(value)), "topic": topics.t(topics.MODEL_CALLS, PREFIX)})
+        )
+    assert got == ["turn_d"]
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith(f"turn turn_d was started under agent digest {'b' * 16}; this digestpath runs")

@@ -28,13 +28,14 @@ AIOKAFKA = f"aiokafka {version('aiokafka')}"
 
 def subscribed() -> tuple[KafkaBroker, object, object]:
     """A broker with one kernel subscription: (broker, FastStream's subscriber, the key-ordered consumer)."""
-    broker = KafkaBroker("127.0.0.1:1")
+    wired = messaging.Wiring("seamunit", KafkaBroker("127.0.0.1:1"))
+    broker = wired.broker
 
-    @messaging.subscribe(broker, topics.TURN_CONTROLS, "seamunit", Settings())
+    @messaging.subscribe(wired, topics.TURN_CONTROLS, Settings())
     async def on_cancel(command: CancelTurn) -> None: ...
 
     (subscriber,) = broker.subscribers
-    (consumer,) = messaging.consumers_of(broker)
+    (consumer,) = wired.consumers
     return broker, subscriber, consumer
 
 

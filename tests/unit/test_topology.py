@@ -14,7 +14,7 @@ from faststream import FastStream
 
 from roundtrip._cli import contracts
 from roundtrip._kernel.kafka.admin import desired_topics
-from roundtrip._kernel.kafka.messaging import Outlet, make_broker, subscribe
+from roundtrip._kernel.kafka.messaging import Outlet, subscribe, wiring
 from roundtrip._kernel.observability import health
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import events, topics, topology
@@ -32,14 +32,14 @@ ECHO = topology.Service(
 
 
 def build(settings: Settings, agent: object) -> FastStream:  # a service of its own: builds like the five
-    broker = make_broker("echo", settings)
-    echoed = Outlet(broker, ECHOED, events.CancelTurn)
+    wired = wiring("echo", settings)
+    echoed = Outlet(wired, ECHOED, events.CancelTurn)
 
-    @subscribe(broker, ECHOES, "echo", settings)
+    @subscribe(wired, ECHOES, settings)
     async def on_echo(command: events.CancelTurn) -> None:
         await echoed(command, command.turn_id)
 
-    return FastStream(broker)
+    return FastStream(wired.broker)
 
 
 @pytest.fixture
@@ -86,24 +86,24 @@ def test_every_app_builds_against_its_declaration():
 
 
 def test_a_subscription_the_topology_does_not_declare_fails_at_build():
-    broker = make_broker("model", settings())
+    wired = wiring("model", settings())
     with pytest.raises(LookupError, match=r"declares no subscription of model to turn.tool_calls"):
-        subscribe(broker, topics.TOOL_CALLS, "model", settings())
+        subscribe(wired, topics.TOOL_CALLS, settings())
 
 
 def test_a_handler_for_another_message_than_declared_fails_at_build():
-    broker = make_broker("model", settings())
+    wired = wiring("model", settings())
 
     with pytest.raises(TypeError, match=r"the topology says turn.model_calls carries CallModel"):
 
-        @subscribe(broker, topics.MODEL_CALLS, "model", settings())
+        @subscribe(wired, topics.MODEL_CALLS, settings())
         async def on_call(command: events.CancelTurn) -> None: ...
 
 
 def test_an_output_the_topology_does_not_declare_fails_at_build():
-    broker = make_broker("gate", settings())
+    wired = wiring("gate", settings())
     with pytest.raises(LookupError, match=r"declares no output CallModel of gate to turn.model_calls"):
-        Outlet(broker, topics.MODEL_CALLS, events.CallModel)
+        Outlet(wired, topics.MODEL_CALLS, events.CallModel)
 
 
 def test_every_topic_is_one_of_the_declared_names_and_the_ledger_sharers_are_declared():

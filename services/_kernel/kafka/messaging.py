@@ -1,25 +1,10 @@
-"""The broker factory, the kernel's subscriptions and the dead-letter path every service shares.
+"""The kernel's subscriptions, outlets and dead-letter path, on the wiring of one service's broker.
 
-Delivery is at least once. Every subscription runs on `KeyOrderedConsumer`
-(services/_kernel/kafka/consumer.py): many messages in flight per partition, one conversation
-at a time, offsets committed (batched) only up to the first unfinished message.
-
-The message path is the kernel's own and short (`_message_path`): decode the record into
-the handler's pydantic model (`model_validate_json`), one consumer span in the turn's trace
-(`telemetry.consuming`), FastStream's Prometheus metrics, the handler. An `Outlet`
-publishes the same way: one producer span, the JSON bytes, straight to the broker's
-producer. FastStream keeps what it is good at: the connection, the consumer groups, the
-app's lifecycle and the AsyncAPI document; its per-message loop and middleware chain cost a
-large share of every service's CPU (docs/decisions/message-path.md). What
-this takes of FastStream beyond its public API is in services/_kernel/kafka/faststream_seam.py.
-
-A failure that says a dependency is unavailable (the database, the broker, a backend: the one rule
-is services/_kernel/kafka/faults.py) is no reason to dead-letter: the message path raises `RetryLater`, and the
-key-ordered consumer retries the record until the dependency answers (no failure hook, no dead letter), its
-partitions paused for the fleet's own dependencies, only the record's key held for an agent's backend. A message
-that cannot be processed (bad JSON, schema violation, a bug) never kills the service: it is published with the
-reason to the dead-letter topic, and whatever escapes even that (a failed dead-letter publish) is dead-lettered by
-the consumer's rescue, retried until it is.
+Delivery is at least once: every subscription runs on a `KeyOrderedConsumer`, many messages in flight per
+partition, one conversation at a time. A failure that says a dependency is unavailable (kafka/faults.py) is
+retried, never dead-lettered; any other is dead-lettered with its reason, a failed dead letter retried by the
+consumer's rescue. FastStream keeps the connection, groups, lifecycle and AsyncAPI document; the per-message path
+is the kernel's own (docs/decisions/message-path.md).
 """
 
 from __future__ import annotations
@@ -34,7 +19,8 @@ import time
 import traceback
 import typing
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any
 
 from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
@@ -50,35 +36,63 @@ from roundtrip._kernel.observability.telemetry import consuming, mark_error, pub
 from roundtrip._kernel.settings import KafkaSettings, Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import DeadLettered
-from roundtrip._kernel.wire.topology import (
-    group as group,
-)  # one group per subscription: they join and rebalance independently
+from roundtrip._kernel.wire.topology import group as group
 
 log = logging.getLogger("roundtrip")
 
-# An idle consumer's fetch waits this long at the broker. Kafka answers a waiting fetch as soon
-# as a record arrives, and the key-ordered consumer drains whatever was fetched at once, so a
-# long wait costs no latency; it only makes an idle consumer ask less often (idle CPU).
+# Kafka answers a waiting fetch as soon as a record arrives: a long wait costs no latency, only idle polls.
 IDLE_FETCH_WAIT_MS = 5000
+MESSAGE_LOG_LEVEL = logging.DEBUG  # FastStream's "Received"/"Processed" line per message: CPU and no news at INFO
 
-# FastStream logs "Received" and "Processed" for every message at this level. At INFO that is
-# two formatted log lines per hop in every service, for CPU and no news (docs/decisions/message-path.md);
-# at DEBUG they show only with ROUNDTRIP_LOG_LEVEL=DEBUG.
-MESSAGE_LOG_LEVEL = logging.DEBUG
-
-_CONSUMERS = "_roundtrip_consumers"
-_SERVICE = "_roundtrip_service"  # (service name, turn-starting topics) of a broker made by make_broker
-_PREFIX = "_roundtrip_topic_prefix"  # the topic prefix of the settings make_broker was given
-_REFUSE = "_roundtrip_refuse"  # the check of the settings make_broker was given that service_app runs at start
 _record: contextvars.ContextVar[Any] = contextvars.ContextVar("roundtrip_record", default=None)
-Failed = Callable[[Any, BaseException, str], Awaitable[None]]  # (record, exception, reason): see subscribe's on_failure
+Failed = Callable[[Any, BaseException, str], Awaitable[None]]
 LIVENESS_SILENCE_S = 60.0  # a consumer loop that has not polled for this long is wedged: restart the process
 
 
+@dataclass(eq=False)
+class Wiring:
+    """One service's broker and what the kernel's subscriptions and outlets need to know of it."""
+
+    service: str
+    broker: KafkaBroker
+    prefix: str = ""
+    roots: frozenset[str] = frozenset()
+    consumers: list[KeyOrderedConsumer] = field(default_factory=list)
+    refuse: Callable[[], None] | None = None  # run at start, before the broker is contacted
+    digest: agent_digest.Digest | None = None
+
+    def topic(self, name: str) -> str:
+        return topics.t(name, self.prefix)
+
+
+def wiring(service: str, settings: Settings, turn_roots: tuple[str, ...] = (), digest: str = "") -> Wiring:
+    """The service's broker and its wiring; `turn_roots`: the (logical) topics whose messages start turns."""
+    kafka = kafka_clients(settings)
+    broker = KafkaBroker(
+        kafka.bootstrap_list,  # a list: FastStream takes a string as one host, "h1:9092,h2:9092" included
+        **kafka.broker_options,
+        client_id=f"roundtrip-{service}",
+        enable_idempotence=True,
+        linger_ms=0,
+        # a dead letter is larger than its record (base64); the other topics keep the broker's own limit
+        max_request_size=DEAD_LETTER_MAX_BYTES,
+        logger=logging.getLogger(f"roundtrip.{service}"),
+        log_level=MESSAGE_LOG_LEVEL,
+        graceful_timeout=10.0,
+    )
+    return Wiring(
+        service,
+        broker,
+        settings.topic_prefix,
+        frozenset(topics.t(t, settings.topic_prefix) for t in turn_roots),
+        refuse=functools.partial(settings.refuse_plaintext_kafka, service),
+        digest=agent_digest.Digest(service, digest) if digest else None,
+    )
+
+
 def subscribe(
-    broker: KafkaBroker,
+    wired: Wiring,
     topic: str,
-    service: str,
     settings: KafkaSettings,
     *,
     role: str | None = None,
@@ -90,26 +104,19 @@ def subscribe(
     on_failure: Failed | None = None,
     description: str | None = None,
 ) -> Callable[[Callable[[Any], Awaitable[Any]]], Any]:
-    """The decorator of a handler of `topic` (logical name), consumed key-ordered and concurrently.
+    """The decorator of a handler of `topic` (logical name): one pydantic message, consumed key-ordered.
 
-    `@subscribe(broker, topics.MODEL_CALLS, "model", settings)` on `async def on_call_model(command: CallModel)`:
-    the handler takes one pydantic message (its annotation says which); `current_record()` gives the
-    Kafka record when it needs the coordinates. A `KeyOrderedConsumer` in the service's consumer group
-    (`group()`, prefixed like the topics) holds up to `max_in_flight` messages (default `settings.max_in_flight`) and
-    runs each through `_message_path`. The handler is also FastStream's subscriber (AsyncAPI, start and stop). `commit`
-    replaces the consumer's offset commit (the gateway commits its replies with the offsets in one transaction) and
-    `forget` hears of partitions given up in a rebalance. `cancel_on_revoke`: the handler only waits and is safe to
-    interrupt, so a rebalance or a stop cancels it at once. `on_failure(record, exc, reason)` runs before a failed
-    record's dead letter (the gateway answers a refused request); its failure is logged.
-    """
+    `commit` replaces the consumer's offset commit; `cancel_on_revoke`: the handler only waits, so a rebalance or a
+    stop may cancel it; `on_failure(record, exc, reason)` runs before a failed record's dead letter."""
+    service = wired.service
     declared = _declared(service, topic, role)
     group_id = group(service, role, settings.topic_prefix)
 
     def register(handler: Callable[[Any], Awaitable[Any]]) -> Any:
         _check_message(handler, declared, topic)
         consumer = KeyOrderedConsumer(
-            process=_message_path(broker, service, group_id, handler, on_failure),
-            rescue=_rescuer(broker, service),
+            process=_message_path(wired, group_id, handler, on_failure),
+            rescue=_rescuer(wired),
             name=f"{service}{'-' + role if role else ''}",
             max_in_flight=max_in_flight or settings.max_in_flight,
             commit_interval_s=settings.commit_interval_ms / 1000 if commit_interval_s is None else commit_interval_s,
@@ -118,7 +125,7 @@ def subscribe(
             idle_wait_ms=IDLE_FETCH_WAIT_MS,
             cancel_on_revoke=cancel_on_revoke,
         )
-        subscriber = broker.subscriber(
+        subscriber = wired.broker.subscriber(
             topics.t(topic, settings.topic_prefix),
             group_id=group_id,
             ack_policy=AckPolicy.MANUAL,  # the key-ordered consumer commits, never past an unfinished message
@@ -128,15 +135,14 @@ def subscribe(
             listener=consumer,
             description=description,
         )
-        replace_consume_loop(subscriber, consumer.run)  # FastStream's fetch loop, replaced by ours
-        consumers_of(broker).append(consumer)
+        replace_consume_loop(subscriber, consumer.run)
+        wired.consumers.append(consumer)
         return subscriber(handler)
 
     return register
 
 
 def _check_message(handler: Callable[[Any], Awaitable[Any]], declared: topology.Input | None, topic: str) -> None:
-    """TypeError unless the handler takes the message the topology says `topic` carries."""
     if declared is not None and _message_model(handler) is not declared.message:
         raise TypeError(
             f"{handler.__qualname__} takes {_message_model(handler).__name__}, but the topology says "
@@ -145,8 +151,7 @@ def _check_message(handler: Callable[[Any], Awaitable[Any]], declared: topology.
 
 
 def _declared(service: str, topic: str, role: str | None) -> topology.Input | None:
-    """The topology's declaration of this subscription (LookupError if it has none); None for a service outside the
-    topology (one built on the kernel alone declares nothing)."""
+    """The topology's declaration of this subscription (LookupError if none); None for a service outside it."""
     return topology.service(service).input(topic, role) if service in topology.names() else None
 
 
@@ -167,16 +172,14 @@ def _message_model(handler: Callable[..., Any]) -> type[BaseModel]:
 
 
 def _message_path(
-    broker: KafkaBroker,
-    service: str,
+    wired: Wiring,
     group_id: str,
     handler: Callable[[Any], Awaitable[Any]],
     on_failure: Failed | None = None,
 ) -> Callable[[Any], Awaitable[None]]:
     """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
     model = _message_model(handler)
-    roots: frozenset[str] = getattr(broker, _SERVICE, (service, frozenset()))[1]
-    counted = metrics.kafka_metrics(service)
+    roots, counted = wired.roots, metrics.kafka_metrics(wired.service)
 
     async def process(record: Any) -> None:
         count = counted.received(record.topic, len(record.value or b""))
@@ -186,7 +189,8 @@ def _message_path(
             with consuming(record, group_id, roots) as span:
                 try:
                     message = model.model_validate_json(record.value or b"")
-                    agent_digest.check(message, span)
+                    if wired.digest is not None:
+                        wired.digest.check(message, span)
                     await handler(message)
                 except Exception as exc:  # the point is to never die on one message
                     reason = describe_error(exc, record.value)
@@ -202,7 +206,7 @@ def _message_path(
                     if on_failure is not None:
                         await _tell(on_failure, record, exc, reason)
                     try:
-                        await _publish_dead_letter(broker, service, record, reason)
+                        await _publish_dead_letter(wired, record, reason)
                     except Exception as failed:  # the consumer's rescue retries the dead letter
                         raise DeadLetterFailed(reason) from failed
         finally:
@@ -226,12 +230,10 @@ async def _tell(on_failure: Failed, record: Any, exc: BaseException, reason: str
 
 
 def _assigned(consumer: KeyOrderedConsumer) -> bool:
-    """Ready: the consumer has its partitions."""
     return bool(consumer.assigned)
 
 
 def _no_outage(consumer: KeyOrderedConsumer) -> bool:
-    """Ready: the consumer waits for no dependency (none of its partitions is paused for one)."""
     return not consumer.outages
 
 
@@ -239,32 +241,23 @@ def _polled_lately(consumer: KeyOrderedConsumer) -> Callable[[], bool]:
     return lambda: time.monotonic() - consumer.last_poll < LIVENESS_SILENCE_S
 
 
-def consumers_of(broker: KafkaBroker) -> list[KeyOrderedConsumer]:
-    """The key-ordered consumers of a service's broker (health, metrics, graceful stop)."""
-    if not hasattr(broker, _CONSUMERS):
-        setattr(broker, _CONSUMERS, [])
-    return cast("list[KeyOrderedConsumer]", getattr(broker, _CONSUMERS))
-
-
-def service_app(broker: KafkaBroker, logger: logging.Logger) -> FastStream:
+def service_app(wired: Wiring, logger: logging.Logger) -> FastStream:
     """The service's FastStream app; on shutdown its consumers finish what runs and commit first."""
-    app = FastStream(broker, logger=logger)
-    refuse = getattr(broker, _REFUSE, None)
-    if refuse is not None:  # before the broker is contacted: a PLAINTEXT Kafka outside development is refused
-        app.on_startup(refuse)
+    app = FastStream(wired.broker, logger=logger)
+    if wired.refuse is not None:  # before the broker is contacted: a PLAINTEXT Kafka outside development is refused
+        app.on_startup(wired.refuse)
 
     @app.on_startup
     async def report_health() -> None:
-        # live while its loop polls (at least every IDLE_FETCH_WAIT_MS, paused or not); ready once it has its partitions
-        for consumer in consumers_of(broker):
+        # live while its loop polls (paused or not); ready with its partitions and no dependency it waits for
+        for consumer in wired.consumers:
             health.register_liveness(f"consumer {consumer.name}", _polled_lately(consumer))
             health.register_readiness(f"consumer {consumer.name}", functools.partial(_assigned, consumer))
-            # not ready while it waits for a dependency (its partitions paused): the outage shows on /readyz
             health.register_readiness(f"dependencies of {consumer.name}", functools.partial(_no_outage, consumer))
 
     @app.on_shutdown
     async def drain_consumers() -> None:
-        for consumer in consumers_of(broker):
+        for consumer in wired.consumers:
             health.unregister(f"consumer {consumer.name}")
             health.unregister(f"dependencies of {consumer.name}")
             await consumer.drain()
@@ -334,77 +327,39 @@ class DeadLetterFailed(Exception):
         self.reason = reason
 
 
-async def _publish_dead_letter(broker: KafkaBroker, service: str, record: Any, reason: str) -> None:
-    letter = dead_letter_of(service, record, reason)
+async def _publish_dead_letter(wired: Wiring, record: Any, reason: str) -> None:
+    letter = dead_letter_of(wired.service, record, reason)
     log.error("dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, reason)
     key = record.key if isinstance(record.key, bytes) else None
-    await publish(broker, topic_of(broker, topics.DEAD_LETTERS), letter, key)
+    await publish(wired, wired.topic(topics.DEAD_LETTERS), letter, key)
 
 
-def _rescuer(broker: KafkaBroker, service: str) -> Callable[[Any, BaseException], Awaitable[None]]:
-    """The consumer's last resort: dead-letter the raw record when handling it raised past the middleware."""
+def _rescuer(wired: Wiring) -> Callable[[Any, BaseException], Awaitable[None]]:
+    """The consumer's last resort: dead-letter the raw record when handling it raised past the message path."""
 
     async def rescue(record: Any, exc: BaseException) -> None:
         reason = exc.reason if isinstance(exc, DeadLetterFailed) else describe_error(exc, record.value)
-        await _publish_dead_letter(broker, service, record, reason)
+        await _publish_dead_letter(wired, record, reason)
 
     return rescue
 
 
-async def publish(broker: KafkaBroker, topic: str, message: BaseModel, key: bytes | None = None) -> None:
+async def publish(wired: Wiring, topic: str, message: BaseModel, key: bytes | None = None) -> None:
     """Publish one message (JSON) and wait for the broker's ack: one producer span, counted, on its producer."""
     conversation_id = key.decode("utf-8", "replace") if key is not None else ""
     started, failure = time.perf_counter(), None
     try:
         with publishing(topic, message, conversation_id) as headers:
             await (
-                await kafka_producer(broker).send(topic, message.model_dump_json().encode(), key=key, headers=headers)
+                await kafka_producer(wired.broker).send(
+                    topic, message.model_dump_json().encode(), key=key, headers=headers
+                )
             )
     except Exception as exc:
         failure = type(exc).__name__
         raise
     finally:
-        metrics.kafka_metrics(_service_of(broker)).published(topic, time.perf_counter() - started, failure)
-
-
-def _service_of(broker: KafkaBroker) -> str:
-    return getattr(broker, _SERVICE, ("unknown", frozenset()))[0]
-
-
-def make_broker(service: str, settings: Settings, turn_roots: tuple[str, ...] = ()) -> KafkaBroker:
-    """The service's broker; spans go to the process's tracer provider (see telemetry.setup_telemetry).
-
-    `turn_roots`: the (logical) topics whose messages start turns: their hops open the turn's trace.
-    No FastStream middlewares: the kernel's subscriptions and Outlets trace, count and dead-letter
-    themselves (see the module's docstring)."""
-    kafka = kafka_clients(settings)
-    broker = KafkaBroker(
-        kafka.bootstrap_list,  # a list: FastStream takes a string as one host, "h1:9092,h2:9092" included
-        **kafka.broker_options,  # TLS and SASL as the settings say (none for PLAINTEXT)
-        client_id=f"roundtrip-{service}",
-        enable_idempotence=True,
-        linger_ms=0,
-        # the dead letter of a record near the broker's limit is larger than the record (base64); the other
-        # topics keep the broker's own limit, which the broker enforces (services/_kernel/kafka/admin.py)
-        max_request_size=DEAD_LETTER_MAX_BYTES,
-        logger=logging.getLogger(f"roundtrip.{service}"),
-        log_level=MESSAGE_LOG_LEVEL,
-        graceful_timeout=10.0,
-    )
-    setattr(broker, _SERVICE, (service, frozenset(topics.t(t, settings.topic_prefix) for t in turn_roots)))
-    setattr(broker, _PREFIX, settings.topic_prefix)
-    setattr(broker, _REFUSE, functools.partial(settings.refuse_plaintext_kafka, service))
-    return broker
-
-
-def topic_of(broker: KafkaBroker, name: str) -> str:
-    """A (logical) topic's name on the wire for this service: with the prefix of its broker's settings."""
-    try:
-        return topics.t(name, getattr(broker, _PREFIX))
-    except AttributeError:
-        raise TypeError(
-            "a broker made by messaging.make_broker(service, settings) is needed: it knows the topic prefix"
-        ) from None
+        metrics.kafka_metrics(wired.service).published(topic, time.perf_counter() - started, failure)
 
 
 def key_of(conversation_id: str) -> bytes:
@@ -414,11 +369,11 @@ def key_of(conversation_id: str) -> bytes:
 class Outlet:
     """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id."""
 
-    def __init__(self, broker: KafkaBroker, topic: str, schema: type[BaseModel], description: str = "") -> None:
-        if (service := _service_of(broker)) in topology.names():  # a service outside the topology declares nothing
-            topology.service(service).output(topic, schema)
-        self._broker, self._topic = broker, topic_of(broker, topic)
-        broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)
+    def __init__(self, wired: Wiring, topic: str, schema: type[BaseModel], description: str = "") -> None:
+        if wired.service in topology.names():
+            topology.service(wired.service).output(topic, schema)
+        self._wired, self._topic = wired, wired.topic(topic)
+        wired.broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)
 
     async def __call__(self, message: BaseModel, conversation_id: str) -> None:
-        await publish(self._broker, self._topic, message, key_of(conversation_id))
+        await publish(self._wired, self._topic, message, key_of(conversation_id))

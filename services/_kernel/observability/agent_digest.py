@@ -1,10 +1,7 @@
 """A turn started under another agent is said, never silent: a log line and a span attribute.
 
-The guard stamps every turn it starts with its agent's digest (`Turn.agent_digest`: Agent.digest, a hash of the
-system prompt and the tools). Each service process says which digest it runs (`running()`, once at start); every
-message of a turn it consumes is compared (`check()`, from the consumer path). When they differ, during a rolling
-upgrade or with two agents on one fleet by mistake, the message's span gets `roundtrip.agent.digest_mismatch` (the
-turn's digest; `roundtrip.agent.digest` is this process's) and the log says so once per turn in this process.
+Each service's shell holds the digest of the agent it runs; `check()` compares it with the digest the guard
+stamped on the turn (a rolling upgrade, or two agents on one fleet by mistake), once per turn in the log.
 """
 
 from __future__ import annotations
@@ -17,31 +14,31 @@ from opentelemetry import trace
 from roundtrip._kernel.kafka.dedupe import SeenIds
 
 log = logging.getLogger("roundtrip.agent")
-_running: dict[str, str] = {}  # "service", "digest": what this process runs
-_said = SeenIds(capacity=10_000)  # turns already reported by this process
 
 
-def running(service: str, digest: str) -> None:
-    """This process runs the agent of this digest (the five services call it once, at start)."""
-    _running.update(service=service, digest=digest)
+class Digest:
+    """The digest of the agent a service runs, compared with the digest of each turn it handles."""
 
+    def __init__(self, service: str, digest: str) -> None:
+        self.service, self.digest = service, digest
+        self._said = SeenIds(capacity=10_000)  # turns already reported
 
-def check(message: Any, span: trace.Span | None = None) -> bool:
-    """True when `message` belongs to a turn started under another agent digest than this process runs (and says so)."""
-    turn: Any = getattr(message, "turn", None)
-    theirs, ours = getattr(turn, "agent_digest", ""), _running.get("digest", "")
-    if not theirs or not ours or theirs == ours:
-        return False
-    span = span or trace.get_current_span()
-    span.set_attribute("roundtrip.agent.digest_mismatch", theirs)
-    span.set_attribute("roundtrip.agent.digest", ours)
-    if _said.add(turn.turn_id):
-        log.warning(
-            "turn %s was started under agent digest %s; this %s runs agent digest %s (a rolling upgrade in "
-            "progress, or two versions of the agent on one fleet)",
-            turn.turn_id,
-            theirs,
-            _running["service"],
-            ours,
-        )
-    return True
+    def check(self, message: Any, span: trace.Span | None = None) -> bool:
+        """True when `message` belongs to a turn started under another digest than this one (and says so)."""
+        turn: Any = getattr(message, "turn", None)
+        theirs, ours = getattr(turn, "agent_digest", ""), self.digest
+        if not theirs or not ours or theirs == ours:
+            return False
+        span = span or trace.get_current_span()
+        span.set_attribute("roundtrip.agent.digest_mismatch", theirs)
+        span.set_attribute("roundtrip.agent.digest", ours)
+        if self._said.add(turn.turn_id):
+            log.warning(
+                "turn %s was started under agent digest %s; this %s runs agent digest %s (a rolling upgrade in "
+                "progress, or two versions of the agent on one fleet)",
+                turn.turn_id,
+                theirs,
+                self.service,
+                ours,
+            )
+        return True

@@ -1,29 +1,8 @@
-"""Each service's health and metrics endpoint: /healthz, /readyz and /metrics on one port.
+"""Each service's /healthz, /readyz and /metrics on one port (ROUNDTRIP_HEALTH_PORT; 0 turns it off).
 
-    health.attach(app, "executor", settings)    # `roundtrip run` does this for the five services
-
-    GET /healthz   200 while the process's consumers are alive (every liveness check passes), else 503
-    GET /readyz    200 once the broker answers and the subscribers have started (every readiness check), else 503
-    GET /metrics   the Prometheus exposition of this process (services/_kernel/observability/metrics.py, FastStream's
-                   faststream_* Kafka metrics, process CPU and memory)
-
-Both probes answer JSON: {"status": "ok" | "failing", "service": ..., "checks": {name: true | false | "error: ..."}}.
-
-The port: ROUNDTRIP_HEALTH_PORT (0, the default, turns the endpoint off; 8080 in containers), on
-ROUNDTRIP_LISTEN_HOST. With ROUNDTRIP_HEALTH_PORT_PER_SERVICE (what `roundtrip up --health-port`
-sets) each service adds its index (gateway +0, model +1, guard +2, gate +3, executor +4, console +5) and
-a further replica on the same host takes the next free port in steps of 6.
-
-A consumer that is not a FastStream subscriber reports its own state:
-
-    health.register_liveness("replies", lambda: consumer.alive)       # bool, or an awaitable of bool
-    health.register_readiness("replies", lambda: consumer.assigned)
-    beat = health.heartbeat("replies", max_silence_s=30)               # liveness: beat() at least every 30 s
-    ...; beat()                                                        # e.g. after each poll returns
-
-The server is asyncio's own (`asyncio.start_server`): three GET routes need no framework, it costs
-nothing while idle, and it leaves the process's signal handling to FastStream (uvicorn's Server
-installs its own handlers and ticks ten times a second).
+`attach(app, service, settings)` serves them from the app's start to its end. The checks are process-wide: one
+process runs one service and serves one endpoint. The server is asyncio's own, which leaves the process's signal
+handling to FastStream (docs/operating/index.md).
 """
 
 from __future__ import annotations
@@ -48,8 +27,8 @@ from roundtrip._kernel.wire import topology
 log = logging.getLogger("roundtrip.health")
 
 Check = Callable[[], bool | Awaitable[bool]]
-PORT_STRIDE = len(topology.SERVICES)  # each service's offset is its index in the topology
-REPLICA_PORTS = 20  # replicas of one service a host can serve with per-service ports
+PORT_STRIDE = len(topology.SERVICES)
+REPLICA_PORTS = 20
 CHECK_TIMEOUT_S = 2.0
 
 _liveness: dict[str, Check] = {}
@@ -174,10 +153,8 @@ class HealthServer:
 
 
 def subscribers_alive(app: FastStream, state: dict[str, bool]) -> Check:
-    """Liveness from what FastStream's subscribers expose: each one running, with a live consume task per consumer.
-
-    True while the app is starting or stopping (nothing has died; a probe must not kill a draining service).
-    """
+    """Liveness: each subscriber running with a live consume task per consumer; true while the app starts or
+    stops, so a probe never kills a draining service."""
 
     def check() -> bool:
         if not state["started"] or state["stopping"]:

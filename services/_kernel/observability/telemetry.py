@@ -1,32 +1,9 @@
 """OpenTelemetry set-up: one tracer provider per process, OTLP to Jaeger or a span file; the shape of a turn's trace.
 
-A turn is one trace whose root is the **turn span** (`invoke_agent <agent name>`, the
-OpenTelemetry GenAI agent span, with the agent's digest): it lasts from the request to the reply, and every hop of the
-turn sits right under it, so a 10-step turn is as shallow as a 1-step one:
-
-    invoke_agent support-agent              gateway: recorded at the reply, ids fixed at the request
-      turn.starts process                   guard    ─┐ each hop: the kernel's consumer span,
-        guard.start                                    │ parented to the turn span, LINKED to the
-          turn.model_calls publish                     │ publish of the hop before it (the cause)
-      turn.model_calls process              model     │
-        anthropic.messages.create           (the SDK's own chat span)
-      turn.iterations process               guard    ─┘
-      ...
-
-How: the gateway fixes the turn span's trace id and span id when the request arrives (derived
-from the request record's coordinates, so a redelivery gets the same ones) and carries them in
-the `Turn` of every event. `publishing` (every Outlet's publish) puts them in the
-`roundtrip-turn-*` headers; `consuming` (the kernel's message path, around every handler)
-makes the turn span the parent of the hop's consumer span and the previous hop's publish a
-span link. At the reply, the gateway records the finished turn span with those ids (`record_turn_span`, through
-`TurnIdGenerator`, a public SDK extension point) and the time the request arrived as start.
-`TurnSpanProcessor` stamps `roundtrip.turn_id`, `gen_ai.conversation.id` and `roundtrip.step`
-on every span a hop starts (the SDK's model span included).
-
-Kafka hops are traced by `consuming` / `publishing` (OpenTelemetry's messaging conventions:
-`<topic> process`, `<topic> publish`); model calls by the anthropic SDK's own span; the rest by
-the handlers through `tracer()`. Without an OTLP endpoint spans go
-to a JSON-lines file (`JsonLinesSpanExporter`, rotated and bounded) that `roundtrip trace` reads.
+A turn is one trace whose root is the turn span (`invoke_agent <agent>`), its ids fixed by the gateway when the
+request arrives and carried in the `Turn` of every event; each hop's consumer span is its child, linked to the
+publish that caused it (docs/operating/tracing.md). The provider is process-wide because OpenTelemetry's is:
+the SDK's own spans (the anthropic client's) find it through `trace.get_tracer_provider()`.
 """
 
 from __future__ import annotations
@@ -56,13 +33,11 @@ from roundtrip._kernel.settings import Settings
 
 
 def turn_span_name(agent_name: str) -> str:
-    """The name of a turn's root span: the GenAI agent span of the agent the fleet runs (Agent.name)."""
     return f"invoke_agent {agent_name}"
 
 
-# headers of every message of a turn (next to the publish span's traceparent and correlation_id)
 TURN_ID_HEADER = "roundtrip-turn-id"
-TURN_SPAN_HEADER = "roundtrip-turn-span"  # traceparent of the turn span: the parent of every hop
+TURN_SPAN_HEADER = "roundtrip-turn-span"
 STEP_HEADER = "roundtrip-step"
 _TRACEPARENT = "traceparent"
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -84,9 +59,6 @@ ERROR_OUTCOMES = frozenset(
 _provider: TracerProvider | None = None
 
 
-# -- the hop: which turn the current message belongs to -------------------------------------------
-
-
 class Hop:
     """What every span started while handling one message of a turn carries."""
 
@@ -101,8 +73,8 @@ class Hop:
     ) -> None:
         self.attributes = attributes
         self.conversation_id = conversation_id
-        self.cause = cause  # the previous hop (the hop's consumer span links to it)
-        self.new_turn = new_turn  # (trace id, span id, received at) fixed for a turn that starts with this message
+        self.cause = cause
+        self.new_turn = new_turn
 
 
 _hop: contextvars.ContextVar[Hop | None] = contextvars.ContextVar("roundtrip_hop", default=None)
@@ -141,10 +113,7 @@ def turn_ids_for_record(topic: str, partition: int, offset: int, timestamp: int)
 
 
 def new_turn_ids() -> tuple[str, str, float]:
-    """(trace id, turn span id, start time) of the turn the current message starts.
-
-    Fixed by `consuming` for a message of a turn-starting topic (the request); fresh random
-    ones otherwise (a handler called outside the broker's message path)."""
+    """(trace id, turn span id, start time) of the turn the current message starts (random outside a hop)."""
     hop = _hop.get()
     if hop is not None and hop.new_turn is not None:
         return hop.new_turn
@@ -167,7 +136,6 @@ def _step_of(message: Any) -> int | None:
 
 
 def turn_headers(message: Any) -> dict[str, str]:
-    """The `roundtrip-turn-*` headers of a message of a turn (empty for a message outside turns)."""
     turn: Any = getattr(message, "turn", None)
     span_id = getattr(turn, "span_id", "")
     if not span_id:
@@ -183,10 +151,7 @@ def hop_of(
     topic: str, partition: int, offset: int, timestamp: int, key: Any, headers: dict[str, Any], roots: frozenset[str]
 ) -> tuple[Hop | None, str | None]:
     """The hop a consumed record is (None outside turns) and the traceparent its consumer span continues.
-
-    A record of a turn: the turn span is the parent, the sender's span (the previous hop) the cause.
-    A record of a turn-starting topic (`roots`): the turn's ids are fixed from the record's coordinates.
-    Anything else (an operator's cancel) continues the sender's trace."""
+    A record of a turn-starting topic (`roots`) fixes the turn's ids from the record's coordinates."""
     conversation_id = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key or "")
     sender = headers.get(_TRACEPARENT)
     turn_span = headers.get(TURN_SPAN_HEADER)
@@ -201,7 +166,6 @@ def hop_of(
         return Hop(attributes, conversation_id, _span_context(sender)), turn_span
     if topic in roots:
         trace_id, span_id = turn_ids_for_record(topic, partition, offset, timestamp)
-        # the client's span, if it sent one: linked, not the parent
         return (
             Hop(
                 {"gen_ai.conversation.id": conversation_id},
@@ -218,11 +182,7 @@ def hop_of(
 def consuming(
     record: Any, group: str, roots: frozenset[str] = frozenset(), using: trace.Tracer | None = None
 ) -> Iterator[trace.Span]:
-    """The consumer span of one record (`<topic> process`), current while its handler runs, in its turn's trace.
-
-    What the kernel's message path opens around every handler (services/_kernel/kafka/messaging.py): the
-    OpenTelemetry messaging attributes, the turn span as parent, the previous hop as a link, and
-    the turn's ids on every span the handler starts (`TurnSpanProcessor`)."""
+    """The consumer span of one record (`<topic> process`), current while its handler runs, in its turn's trace."""
     headers = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in (record.headers or ())}
     hop, parent = hop_of(record.topic, record.partition, record.offset, record.timestamp, record.key, headers, roots)
     parent_ctx = otel_context.Context()
@@ -260,8 +220,7 @@ def consuming(
 def publishing(
     topic: str, message: Any, conversation_id: str, using: trace.Tracer | None = None
 ) -> Iterator[list[tuple[str, bytes]]]:
-    """The producer span of one publish (`<topic> publish`); yields the record's headers: the turn's
-    headers, `traceparent` of this span (the next hop links to it), `correlation_id` and the content type."""
+    """The producer span of one publish (`<topic> publish`); yields the record's headers (the next hop links to it)."""
     attributes = {
         "messaging.system": "kafka",
         "messaging.operation": "publish",
@@ -326,8 +285,7 @@ class TurnIdGenerator(IdGenerator):
         return True
 
 
-# gen_ai.provider.name (the OpenTelemetry GenAI conventions' names) per ROUNDTRIP_MODEL_PROVIDER: the turn's span says
-# it as the SDK's span of each call does (services/_model/providers.py)
+# gen_ai.provider.name per ROUNDTRIP_MODEL_PROVIDER, as the SDK's span of each call says it
 PROVIDER_NAMES = {
     "anthropic": "anthropic",
     "bedrock": "aws.bedrock",
@@ -350,8 +308,7 @@ def record_turn_span(
     end_time: float | None = None,
     using: trace.Tracer | None = None,
 ) -> trace.Span:
-    """Record the finished turn span (the root of the turn's trace) with the ids and start fixed when the turn began;
-    `agent_digest` (Agent.digest: its prompt and tools) says which version of the agent the recording process runs."""
+    """Record the finished turn span with the ids and start fixed when the turn began."""
     started = turn.started_at or time.time()
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "invoke_agent",
@@ -396,7 +353,6 @@ def record_turn_span(
 
 
 def _usage_attributes(usage: Any) -> dict[str, int]:
-    """A turn's token counts as the GenAI semantic conventions name them (input_tokens includes the cached ones)."""
     cache_write, cache_read = usage.cache_creation_input_tokens, usage.cache_read_input_tokens
     return {
         "gen_ai.usage.input_tokens": usage.input_tokens + cache_write + cache_read,
@@ -407,12 +363,10 @@ def _usage_attributes(usage: Any) -> dict[str, int]:
 
 
 def _ns(unix_seconds: float) -> int:
-    """Unix seconds (a float) as nanoseconds, exact to the microsecond a float holds."""
     return round(unix_seconds * 1e6) * 1000
 
 
 def turn_context(turn: Any) -> otel_context.Context | None:
-    """A context whose current span is the turn span (for spans of a turn started outside its hops), or None."""
     if not (getattr(turn, "span_id", "") and turn.trace_id):
         return None
     parent = SpanContext(int(turn.trace_id, 16), int(turn.span_id, 16), is_remote=True, trace_flags=_SAMPLED)
@@ -444,31 +398,21 @@ def span_in_turn(name: str, turn: Any, cause: str | None = None, step: int | Non
 
 
 def mark_error(span: trace.Span, reason: str, error_type: str | None = None) -> None:
-    """Status ERROR with the reason (what Jaeger's error filter and a reader need), `error.type`, and `roundtrip.error`.
-
-    `roundtrip.error=true` is a plain attribute every Jaeger storage can search; Jaeger 2.13's in-memory
-    storage cannot search `error=true` (its query API hands the tag over as a string, the store reads a boolean)."""
+    """Status ERROR with the reason, `error.type`, and `roundtrip.error=true`: a plain attribute every Jaeger
+    storage can search (the in-memory one cannot search `error=true`)."""
     span.set_status(Status(StatusCode.ERROR, reason[:200]))
     span.set_attribute("roundtrip.error", True)
     if error_type:
         span.set_attribute("error.type", error_type)
 
 
-# -- exporters and the provider -------------------------------------------------------------------------
-
-
 def _encode_span(record: dict[str, Any]) -> bytes:
-    """One span as JSON, in C (pydantic's encoder, faster than json.dumps): anything unusual becomes its str()."""
     return pydantic_core.to_json(record, fallback=str)
 
 
 class JsonLinesSpanExporter(SpanExporter):
-    """Appends one JSON object per finished span to a file (safe across processes: O_APPEND), rotated and bounded.
-
-    When the file passes `max_bytes` it becomes `<file>.1` (`.1` becomes `.2`, … up to `backups`; the
-    oldest is dropped), under an flock so two processes do not rotate twice; a process whose file was
-    rotated by another reopens the new one. So the spans take at most (backups + 1) x max_bytes.
-    """
+    """Appends one JSON object per finished span to a file (O_APPEND: safe across processes), rotated past
+    `max_bytes` under an flock so two processes do not rotate twice; at most (backups + 1) x max_bytes."""
 
     def __init__(self, path: Path, max_bytes: int = 0, backups: int = 3) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -484,7 +428,7 @@ class JsonLinesSpanExporter(SpanExporter):
             current = os.stat(self.path)
         except FileNotFoundError:
             current = None
-        if current is None or current.st_ino != mine.st_ino:  # rotated (or removed) by someone else
+        if current is None or current.st_ino != mine.st_ino:
             os.close(self._fd)
             self._fd = self._open()
             mine = current = os.fstat(self._fd)
@@ -493,7 +437,7 @@ class JsonLinesSpanExporter(SpanExporter):
         with open(f"{self.path}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             current = os.stat(self.path)
-            if current.st_ino == mine.st_ino and current.st_size >= self.max_bytes:  # nobody rotated it meanwhile
+            if current.st_ino == mine.st_ino and current.st_size >= self.max_bytes:
                 for n in range(self.backups - 1, 0, -1):
                     older = Path(f"{self.path}.{n}")
                     if older.exists():
@@ -510,7 +454,7 @@ class JsonLinesSpanExporter(SpanExporter):
         lines = []
         for span in spans:
             ctx = span.get_span_context()
-            assert ctx is not None  # a span the SDK ended always has its context
+            assert ctx is not None
             status = span.status
             lines.append(
                 _encode_span(
@@ -525,9 +469,7 @@ class JsonLinesSpanExporter(SpanExporter):
                         "end_ns": span.end_time,
                         "status": status.status_code.name,
                         "status_message": status.description,
-                        "attributes": dict(span.attributes)
-                        if span.attributes
-                        else {},  # sequences (tuples) become lists
+                        "attributes": dict(span.attributes) if span.attributes else {},
                         "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events]
                         if span.events
                         else [],
@@ -544,7 +486,6 @@ class JsonLinesSpanExporter(SpanExporter):
 
 
 def span_files(path: Path, backups: int) -> list[Path]:
-    """The span file and its rotated copies that exist, oldest first."""
     return [p for p in (*(Path(f"{path}.{n}") for n in range(backups, 0, -1)), path) if p.exists()]
 
 
@@ -573,7 +514,6 @@ def make_provider(service: str, settings: Settings | None = None) -> TracerProvi
 
 
 def setup_telemetry(service: str, settings: Settings) -> TracerProvider:
-    """Install the process's tracer provider (idempotent)."""
     global _provider
     if _provider is not None:
         return _provider
@@ -592,9 +532,7 @@ _tracers: dict[str, trace.Tracer] = {}
 
 
 def tracer(name: str = "roundtrip") -> trace.Tracer:
-    """The process's tracer `name` (made once: a tracer per call showed in every service's profile,
-    docs/decisions/message-path.md; before the provider is installed it is OpenTelemetry's proxy, which follows the
-    provider once there is one)."""
+    """The process's tracer `name`, made once (before the provider is installed, a proxy that follows it)."""
     if name not in _tracers:
         _tracers[name] = trace.get_tracer(name)
     return _tracers[name]
