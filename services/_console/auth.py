@@ -17,13 +17,12 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import httpx
 import jwt
+from pydantic import SecretStr
 from starlette.requests import Request
-
-from roundtrip._kernel.settings import Settings
 
 APPROVER, VIEWER = "approver", "viewer"
 CSRF_COOKIE, CSRF_FIELD = "roundtrip_csrf", "csrf"
@@ -152,10 +151,28 @@ class Issuer:
         return (await asyncio.to_thread(keys.get_signing_key_from_jwt, token)).key
 
 
+class SignIn(Protocol):
+    """The settings the sign-in reads: of ConsoleSettings, and whom a development console signs in (Settings')."""
+
+    console_oidc_issuer: str | None
+    console_oidc_jwks_url: str | None
+    console_oidc_audience: str | None
+    console_oidc_token_headers: str
+    console_oidc_name_claims: str
+    console_oidc_groups_claim: str
+    console_trusted_proxies: str
+    console_approver_groups: str
+    console_viewer_groups: str
+    console_session_key: SecretStr | None
+
+    @property
+    def console_local_identity(self) -> str | None: ...
+
+
 class Gatekeeper:
     """The console's sign-in as the settings configure it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: SignIn) -> None:
         self.issuer = (
             Issuer(settings.console_oidc_issuer, settings.console_oidc_jwks_url)
             if settings.console_oidc_issuer

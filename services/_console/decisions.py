@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 from roundtrip._guard.ledger import AWAITING, ENDED, PENDING, ApprovalRow, TurnRow
-from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.settings import ApprovalSettings
 from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn, Decision
 
@@ -42,9 +42,9 @@ def refusal(
     return None
 
 
-def decision_signer(settings: Settings) -> Signer:
+def decision_signer(settings: ApprovalSettings) -> Signer:
     """The private key people's decisions are signed with (ROUNDTRIP_DECISION_SIGNING_KEY), in this process only."""
-    return Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
+    return Signer.of(settings.decision_signing_key.get_secret_value(), "ROUNDTRIP_DECISION_SIGNING_KEY")
 
 
 def signed_decision(row: ApprovalRow, approve: bool, reason: str, decided_by: str, signer: Signer) -> ApprovalDecided:

@@ -11,13 +11,12 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import trace
 
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import mark_error, tracer
-from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CheckedCall, Turn
 from roundtrip._kernel.wire.limits import cap_text
 from roundtrip._sdk.agent import Agent
@@ -115,7 +114,15 @@ class Runner:
         return [await self.run_one(c, turn) for c in todo]
 
 
-def runner_for(settings: Settings, agent: Agent, deps: Any) -> Runner:
+class RunnerSettings(Protocol):
+    """The settings a runner reads: ExecutorSettings' and the largest tool_result block (TranscriptLimits)."""
+
+    tool_timeout_s: float
+    parallel_tools: bool
+    max_block_bytes: int
+
+
+def runner_for(settings: RunnerSettings, agent: Agent, deps: Any) -> Runner:
     """What runs the calls of a batch: the agent's handlers (its MCP tools by the toolbox), with the fleet's limits."""
     return Runner(
         agent.registry,

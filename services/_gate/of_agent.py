@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
+
+from pydantic import SecretStr
 
 from roundtrip._gate.gate import Gate
-from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Signer
 from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies, ToolContext
 
 
-def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
+class GateConfig(Protocol):
+    """The settings the gate reads: its signing key, the approvals' verify keys and timeout, a batch's time to live."""
+
+    batch_signing_key: SecretStr
+    decision_verify_keys: str
+    approval_timeout_s: float
+    stuck_after_s: float
+
+
+def gate_for(agent: Agent, settings: GateConfig, deps: Dependencies) -> Gate:
     """The gate of this agent, with these clients: its look-ups are the agent's resolvers, scoped to the principal."""
     registry = agent.registry
 
@@ -22,7 +32,7 @@ def gate_for(agent: Agent, settings: Settings, deps: Dependencies) -> Gate:
     return Gate(
         registry=registry,
         lookup=lookup,
-        signer=Signer.of(settings.key_text("batch_signing_key"), "ROUNDTRIP_BATCH_SIGNING_KEY"),
+        signer=Signer.of(settings.batch_signing_key.get_secret_value(), "ROUNDTRIP_BATCH_SIGNING_KEY"),
         deps=deps,
         batch_ttl_s=settings.stuck_after_s,
         agent_settings=agent.own_settings,

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import anthropic
 
-from roundtrip._kernel.settings import Settings
 from roundtrip._model import providers, streamed
 from roundtrip._model.streamed import Chunks
 
@@ -54,9 +53,25 @@ def with_history_breakpoints(messages: list[dict[str, Any]], available: int) -> 
     return marked
 
 
+class ClientSettings(providers.ModelAccess, Protocol):
+    """The settings the client reads besides its provider's: ModelSettings' shape of each call."""
+
+    max_tokens: int
+    cache_history: bool
+    disable_parallel_tool_use: bool
+
+    @property
+    def use_simulator(self) -> bool: ...
+
+
 class ModelClient:
     def __init__(
-        self, settings: Settings, tools: list[dict[str, Any]], system_prompt: str, model: str, sdk_retries: int = 0
+        self,
+        settings: ClientSettings,
+        tools: list[dict[str, Any]],
+        system_prompt: str,
+        model: str,
+        sdk_retries: int = 0,
     ) -> None:
         """`sdk_retries`: 0 in the model service, whose limiter must see every 429; a plain loop takes the SDK's."""
         self._settings = settings

@@ -14,9 +14,10 @@ import re
 from typing import Any, Protocol
 
 import anthropic
+from pydantic import SecretStr
 
 from roundtrip._kernel.observability.telemetry import PROVIDER_NAMES
-from roundtrip._kernel.settings import ConfigurationError, Settings
+from roundtrip._kernel.settings import ConfigurationError
 from roundtrip._model.capacity import HEADERS, REFUSALS, Signals
 
 # a foundation model, a cross-region inference profile (us., eu., global., ...) or an ARN
@@ -26,18 +27,38 @@ DATED = re.compile(r"-(\d{8})$")  # the Anthropic API's dated id, claude-...-202
 VERTEX_REGION = re.compile(r"^(?:global|us|eu|[a-z]+-[a-z]+\d+)$")
 
 
+class ModelAccess(Protocol):
+    """The settings a provider reads: fields of ModelSettings and ModelPlatform, and Settings' endpoint in effect."""
+
+    anthropic_api_key: SecretStr | None
+    anthropic_base_url: str | None
+    model_timeout_s: float
+    model_region: str | None
+    vertex_project_id: str | None
+    vertex_access_token: SecretStr | None
+    foundry_resource: str | None
+    foundry_api_key: SecretStr | None
+    foundry_entra_id: bool
+
+    @property
+    def model_provider(self) -> str: ...
+
+    @property
+    def model_base_url(self) -> str | None: ...
+
+
 class Provider(Protocol):
     name: str
     otel_name: str  # gen_ai.provider.name of the SDK's span of each call
     signals: Signals
 
-    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any: ...
+    def client(self, settings: ModelAccess, max_retries: int, http_client: Any) -> Any: ...
 
-    def refusal(self, settings: Settings, model: str) -> str | None:
+    def refusal(self, settings: ModelAccess, model: str) -> str | None:
         """Why the model cannot be called as configured (one line naming the setting), or None."""
         ...
 
-    def region(self, settings: Settings) -> str | None: ...
+    def region(self, settings: ModelAccess) -> str | None: ...
 
 
 def _secret(value: Any) -> str | None:
@@ -59,7 +80,7 @@ class AnthropicApi:
     name, otel_name = "anthropic", PROVIDER_NAMES["anthropic"]
     signals = HEADERS
 
-    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
+    def client(self, settings: ModelAccess, max_retries: int, http_client: Any) -> Any:
         return anthropic.AsyncAnthropic(
             api_key=_secret(settings.anthropic_api_key) or "simulator",
             base_url=settings.model_base_url,
@@ -68,10 +89,10 @@ class AnthropicApi:
             http_client=http_client,
         )
 
-    def refusal(self, settings: Settings, model: str) -> str | None:
+    def refusal(self, settings: ModelAccess, model: str) -> str | None:
         return None  # the API names its models freely; no key: the simulator
 
-    def region(self, settings: Settings) -> str | None:
+    def region(self, settings: ModelAccess) -> str | None:
         return None
 
 
@@ -79,7 +100,7 @@ class Bedrock:
     name, otel_name = "bedrock", PROVIDER_NAMES["bedrock"]
     signals = REFUSALS
 
-    def region(self, settings: Settings) -> str | None:
+    def region(self, settings: ModelAccess) -> str | None:
         region = settings.model_region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         if region is None:
             try:
@@ -90,7 +111,7 @@ class Bedrock:
                 return None
         return region
 
-    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
+    def client(self, settings: ModelAccess, max_retries: int, http_client: Any) -> Any:
         return anthropic.AsyncAnthropicBedrock(
             aws_region=self.region(settings),
             base_url=settings.anthropic_base_url or None,
@@ -99,7 +120,7 @@ class Bedrock:
             http_client=http_client,
         )
 
-    def refusal(self, settings: Settings, model: str) -> str | None:
+    def refusal(self, settings: ModelAccess, model: str) -> str | None:
         if not BEDROCK_MODEL.match(model):
             return (
                 f"ROUNDTRIP_MODEL={model} is not a Bedrock model id: Bedrock takes anthropic.claude-... (e.g. "
@@ -138,13 +159,13 @@ class Vertex:
     name, otel_name = "vertex", PROVIDER_NAMES["vertex"]
     signals = REFUSALS
 
-    def region(self, settings: Settings) -> str | None:
+    def region(self, settings: ModelAccess) -> str | None:
         return settings.model_region or os.environ.get("CLOUD_ML_REGION")
 
-    def _project(self, settings: Settings) -> str | None:
+    def _project(self, settings: ModelAccess) -> str | None:
         return settings.vertex_project_id or os.environ.get("ANTHROPIC_VERTEX_PROJECT_ID")
 
-    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
+    def client(self, settings: ModelAccess, max_retries: int, http_client: Any) -> Any:
         project = self._project(settings)
         return anthropic.AsyncAnthropicVertex(
             region=self.region(settings) or "",
@@ -156,7 +177,7 @@ class Vertex:
             http_client=http_client,
         )
 
-    def refusal(self, settings: Settings, model: str) -> str | None:
+    def refusal(self, settings: ModelAccess, model: str) -> str | None:
         if not VERTEX_MODEL.match(model) or DATED.search(model):
             dated = DATED.search(model)
             example = f"{model[: dated.start()]}@{dated.group(1)}" if dated else "claude-sonnet-4-6"
@@ -202,13 +223,13 @@ class Foundry:
     name, otel_name = "foundry", PROVIDER_NAMES["foundry"]
     signals = REFUSALS
 
-    def region(self, settings: Settings) -> str | None:
+    def region(self, settings: ModelAccess) -> str | None:
         return None  # the resource says where
 
-    def _resource(self, settings: Settings) -> str | None:
+    def _resource(self, settings: ModelAccess) -> str | None:
         return settings.foundry_resource or os.environ.get("ANTHROPIC_FOUNDRY_RESOURCE")
 
-    def client(self, settings: Settings, max_retries: int, http_client: Any) -> Any:
+    def client(self, settings: ModelAccess, max_retries: int, http_client: Any) -> Any:
         credentials: dict[str, Any] = {"api_key": _secret(settings.foundry_api_key)}
         if settings.foundry_entra_id:
             from azure.identity import DefaultAzureCredential, get_bearer_token_provider
@@ -231,7 +252,7 @@ class Foundry:
             http_client=http_client,
         )
 
-    def refusal(self, settings: Settings, model: str) -> str | None:
+    def refusal(self, settings: ModelAccess, model: str) -> str | None:
         if BEDROCK_MODEL.match(model) or "@" in model:
             return (
                 f"ROUNDTRIP_MODEL={model} is not a Foundry model id: Foundry takes the deployment's name, by default "
@@ -251,16 +272,16 @@ class Foundry:
 PROVIDERS: dict[str, Provider] = {p.name: p for p in (AnthropicApi(), Bedrock(), Vertex(), Foundry())}
 
 
-def of(settings: Settings) -> Provider:
+def of(settings: ModelAccess) -> Provider:
     return PROVIDERS[settings.model_provider]
 
 
-def refuse_unusable(settings: Settings, model: str) -> None:
+def refuse_unusable(settings: ModelAccess, model: str) -> None:
     if problem := of(settings).refusal(settings, model):
         raise ConfigurationError(f"model refuses to start: {problem}")
 
 
-def in_effect(settings: Settings) -> list[tuple[str, str]]:
+def in_effect(settings: ModelAccess) -> list[tuple[str, str]]:
     """What `roundtrip config` shows of the model's platform as the service would reach it, no credential among it."""
     from roundtrip._kernel.settings.display import without_passwords
 

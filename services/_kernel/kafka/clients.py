@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from roundtrip._kernel.kafka.security import broker_options, client_options
-from roundtrip._kernel.settings import KafkaSecurity
+from roundtrip._kernel.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,9 @@ class KafkaClients:
         return AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self.security, **options)
 
 
-def kafka_clients(settings: Any) -> KafkaClients:
-    security: KafkaSecurity = settings
-    return KafkaClients(settings.bootstrap_servers, client_options(security))
+def kafka_clients(settings: Settings) -> KafkaClients:
+    """Clients of the brokers in effect (named, else the embedded broker's), with KafkaSecurity's options."""
+    return KafkaClients(settings.bootstrap_servers, client_options(settings))
 
 
 def clients_of(target: KafkaClients | str) -> KafkaClients:

@@ -18,7 +18,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pydantic_core
 from opentelemetry import context as otel_context
@@ -28,8 +28,6 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
-
-from roundtrip._kernel.settings import Settings
 
 
 def turn_span_name(agent_name: str) -> str:
@@ -489,7 +487,18 @@ def span_files(path: Path, backups: int) -> list[Path]:
     return [p for p in (*(Path(f"{path}.{n}") for n in range(backups, 0, -1)), path) if p.exists()]
 
 
-def make_provider(service: str, settings: Settings | None = None) -> TracerProvider:
+class SpanExport(Protocol):
+    """The settings a provider's exporters read: of TelemetrySettings, and the span file in effect (Settings')."""
+
+    otlp_endpoint: str | None
+    span_file_max_mb: float
+    span_file_backups: int
+
+    @property
+    def effective_span_file(self) -> Path | None: ...
+
+
+def make_provider(service: str, settings: SpanExport | None = None) -> TracerProvider:
     """A tracer provider that shapes turns (turn span ids, turn attributes on every span); exporters per `settings`."""
     provider = TracerProvider(
         resource=Resource.create({"service.name": f"roundtrip-{service}"}), id_generator=TurnIdGenerator()
@@ -513,7 +522,7 @@ def make_provider(service: str, settings: Settings | None = None) -> TracerProvi
     return provider
 
 
-def setup_telemetry(service: str, settings: Settings) -> TracerProvider:
+def setup_telemetry(service: str, settings: SpanExport) -> TracerProvider:
     global _provider
     if _provider is not None:
         return _provider

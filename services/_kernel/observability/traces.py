@@ -5,19 +5,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from roundtrip._kernel.observability.telemetry import span_files
-from roundtrip._kernel.settings import Settings
 
 
 class TraceUnreadable(Exception):
     """Where the spans should be cannot be read: `str(exc)` says where and why, in one line."""
 
 
-def read(settings: Settings, wanted: str) -> tuple[str, list[dict[str, Any]]]:
+class SpanSources(Protocol):
+    """The settings that say where spans are read: Jaeger's query API, else the span files in effect."""
+
+    span_file_backups: int
+
+    @property
+    def effective_jaeger_query_url(self) -> str | None: ...
+
+    @property
+    def effective_span_file(self) -> Path | None: ...
+
+
+def read(settings: SpanSources, wanted: str) -> tuple[str, list[dict[str, Any]]]:
     """(trace id, its spans) for a turn id or a trace id; no spans when none is found."""
     url = settings.effective_jaeger_query_url
     if url:
