@@ -245,16 +245,6 @@ def random_cluster_id() -> str:
             return cid
 
 
-_running: set[EmbeddedKafka] = set()  # started and not stopped: stopped at interpreter exit
-
-
-@atexit.register
-def _stop_all() -> None:  # never leave a JVM behind when the Python process exits normally
-    for kafka in list(_running):
-        with contextlib.suppress(Exception):
-            kafka.stop(timeout=5)
-
-
 class EmbeddedKafka:
     """One Apache Kafka node (broker + KRaft controller) in `data_dir`, as a subprocess; its data survives restarts
     (storage is formatted only when data_dir/data/meta.properties does not exist yet)."""
@@ -433,7 +423,7 @@ class EmbeddedKafka:
                 start_new_session=True,  # its own process group: signals to us do not hit it
                 preexec_fn=die_with_parent_preexec() if self.die_with_parent else None,
             )
-        _running.add(self)
+        atexit.register(self._stop_at_exit)  # never leave a JVM behind when the Python process exits normally
         return self
 
     def wait_ready(self, timeout: float = 60.0) -> EmbeddedKafka:
@@ -469,7 +459,7 @@ class EmbeddedKafka:
         """SIGTERM (Kafka's clean shutdown), then SIGKILL after `timeout`; the exit code (the JVM's 143 after our
         SIGTERM counts as 0), -9 when it had to be killed, None when it was not running."""
         proc, self.proc = self.proc, None
-        _running.discard(self)
+        atexit.unregister(self._stop_at_exit)
         if proc is None:
             return None
         if proc.poll() is None:
@@ -484,6 +474,10 @@ class EmbeddedKafka:
                 return proc.returncode
             return 0 if proc.returncode in (0, 128 + signal.SIGTERM, -signal.SIGTERM) else proc.returncode
         return proc.returncode
+
+    def _stop_at_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop(timeout=5)
 
     def __enter__(self) -> EmbeddedKafka:
         return self.start()

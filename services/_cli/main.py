@@ -109,7 +109,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         raise typer.Exit(1) from None
     setup_telemetry(service, settings)
     stream = module.build(settings, agent)
-    health.attach(stream, service, settings)
+    health.attach(stream, service, settings, health.of(stream))
     log = logging.getLogger(f"roundtrip.{service}")
 
     async def announce() -> None:

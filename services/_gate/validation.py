@@ -217,19 +217,9 @@ def _walk_problem(tool_input: dict[str, Any]) -> str | None:
 class InputValidator:
     """Checks one tool's inputs; `problems()` is empty when the input is valid."""
 
-    def __init__(self, schema: dict[str, Any], compiled: bool = True) -> None:
+    def __init__(self, schema: dict[str, Any]) -> None:
         GateValidator.check_schema(schema)
-        self._schema = schema
-        self._compiled = compiled
         self._validator = GateValidator(schema, format_checker=GateValidator.FORMAT_CHECKER)
-
-    def _schema_errors(self, tool_input: dict[str, Any]) -> list[ValidationError]:
-        validator = (
-            self._validator
-            if self._compiled
-            else GateValidator(self._schema, format_checker=GateValidator.FORMAT_CHECKER)
-        )
-        return list(validator.iter_errors(tool_input))
 
     def problems(self, tool_input: Any) -> list[str]:
         if not isinstance(tool_input, dict):
@@ -237,5 +227,7 @@ class InputValidator:
         problem = _walk_problem(tool_input)
         if problem:
             return [problem]
-        errors = sorted(self._schema_errors(tool_input), key=lambda e: ([str(p) for p in e.absolute_path], e.validator))
+        errors = sorted(
+            self._validator.iter_errors(tool_input), key=lambda e: ([str(p) for p in e.absolute_path], e.validator)
+        )
         return [explain(e) for e in errors[:MAX_ERRORS]]

@@ -10,7 +10,7 @@ from aiokafka import TopicPartition
 from faststream import FastStream
 
 from roundtrip._gateway.admission import Admission
-from roundtrip._gateway.intake import SeenRequests, check_key, note_unknown_fields, refuser
+from roundtrip._gateway.intake import SeenRequests, UnknownFields, check_key, refuser
 from roundtrip._gateway.replied import RepliedTurns
 from roundtrip._gateway.throttle import Throttle
 from roundtrip._gateway.turns import reply_for, start_turn
@@ -86,12 +86,12 @@ async def _unthrottled(throttled: Throttled) -> None:
 
 def subscribe_requests(shell: Shell, admission: Admission, start: Outlet, refusals: Outlet) -> None:
     """support.requests -> turn.starts: each request starts its turn once, when the fleet admits it."""
-    started = SeenRequests(memory_s=shell.settings.reply_memory_s)
+    started, unknown = SeenRequests(memory_s=shell.settings.reply_memory_s), UnknownFields()
 
     # a request waiting for admission holds nothing but its place: a rebalance or a stop may interrupt it
     @shell.subscribe(topics.SUPPORT_REQUESTS, cancel_on_revoke=True, on_failure=refuser(refusals))
     async def on_support_request(request: SupportRequest) -> None:
-        note_unknown_fields(request)
+        unknown.note(request)
         check_key(request, current_record().key)
         command = start_turn(request, *new_turn_ids())
         turn = command.turn

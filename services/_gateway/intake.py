@@ -37,16 +37,20 @@ class InvalidRequest(Exception):
         self.kind = kind
 
 
-_logged: set[str] = set()
+class UnknownFields:
+    """Ignores the unknown fields of requests: logs each name once, counts every one."""
 
+    def __init__(self) -> None:
+        self._logged: set[str] = set()
 
-def note_unknown_fields(request: SupportRequest) -> None:
-    """Ignore the request's unknown fields: log each name once per process, count every one."""
-    for name in request.model_extra or {}:
-        metrics.ignored_fields.labels("SupportRequest").inc()
-        if name not in _logged and len(_logged) < LOGGED_NAMES:
-            _logged.add(name)
-            log.warning("support requests carry a field %r the fleet does not know: ignored (logged once)", name[:100])
+    def note(self, request: SupportRequest) -> None:
+        for name in request.model_extra or {}:
+            metrics.ignored_fields.labels("SupportRequest").inc()
+            if name not in self._logged and len(self._logged) < LOGGED_NAMES:
+                self._logged.add(name)
+                log.warning(
+                    "support requests carry a field %r the fleet does not know: ignored (logged once)", name[:100]
+                )
 
 
 def check_key(request: SupportRequest, key: bytes | None) -> None:

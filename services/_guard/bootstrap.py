@@ -60,11 +60,11 @@ class Guard:
             streams_by_default=streams_by_default,
         )
         self.starts = Starts(
-            ledger, self.outbox, order, turn_deadline_s, conversations, steps, agent_digest, policy.replies
+            ledger, self.outbox, order, policy.replies, turn_deadline_s, conversations, steps, agent_digest
         )
-        acts = acts or Acts()
-        self.loop = Loop(ledger, self.outbox, policy, prices, model, conversations, steps, acts)
-        self.outside = Outside(ledger, self.outbox, conversations, steps, acts)
+        acts = acts or Acts(frozenset(), None, policy.replies)
+        self.loop = Loop(ledger, self.outbox, policy, prices, model, conversations, steps, acts=acts)
+        self.outside = Outside(ledger, self.outbox, conversations, steps, acts=acts)
         self.approvals = Approvals(ledger, self.outbox, self.outside, decisions, steps, holds)
         self.sweeper = Sweeper(
             ledger, self.outbox, self.outside, self.approvals, stuck_after_s, stuck_grace_s, turn_deadline_s

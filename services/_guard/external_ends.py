@@ -44,7 +44,7 @@ class Outside:
     outbox: Outbox
     conversations: Conversations | None = None
     steps: StepClock = field(default_factory=StepClock)
-    acts: Acts = field(default_factory=Acts)
+    acts: Acts = field(kw_only=True)
 
     async def end(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen: Any) -> str | None:
         """End it politely, once, conditional on the state it was decided from (`row.step`, and `seen`).

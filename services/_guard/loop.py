@@ -74,7 +74,7 @@ class Loop:
     model: str = ""
     conversations: Conversations | None = None  # None: every request stands alone (no conversation store)
     steps: StepClock = field(default_factory=StepClock)
-    acts: Acts = field(default_factory=Acts)  # the agent's side effects: an early end after one says what was done
+    acts: Acts = field(kw_only=True)  # the agent's side effects: an early end after one says what was done
 
     async def on_iteration(self, event: ModelResponded) -> str:
         span = trace.get_current_span()

@@ -111,6 +111,3 @@ class Replies:
         if own:
             return own.format(done=said)
         return ACTED.format(why=STOPPED.get(outcome, "something went wrong"), done=said)
-
-
-DEFAULT = Replies()

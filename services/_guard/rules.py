@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roundtrip._guard.replies import DEFAULT, Replies
+from roundtrip._guard.replies import Replies
 from roundtrip._kernel.settings import LoopRules
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, ToolCall
 from roundtrip._kernel.wire.fingerprints import fingerprint
@@ -34,7 +34,7 @@ class Policy:
     cycle_repeats: int = 2
     failure_streak: int = 4
     budget_usd: float = 0.50
-    replies: Replies = field(default=DEFAULT, compare=False)
+    replies: Replies = field(compare=False, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -211,7 +211,7 @@ def decide(
     return Continue(blocked=unfit)
 
 
-def policy_from(settings: LoopRules, replies: Replies = DEFAULT) -> Policy:
+def policy_from(settings: LoopRules, replies: Replies) -> Policy:
     return Policy(
         max_steps=settings.max_steps,
         loop_rules=settings.loop_rules,

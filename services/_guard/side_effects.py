@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from roundtrip._guard.replies import DEFAULT, Replies
+from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import results_of
 from roundtrip._kernel.storage import sideeffects
 from roundtrip._kernel.wire.events import Outcome
@@ -31,9 +31,9 @@ def generic(tool: str, args: dict[str, Any], result: str, fields: Sequence[str] 
 class Acts:
     """The agent's side-effecting tools and its words for them (none: every early reply is the plain apology)."""
 
-    side_effects: frozenset[str] = frozenset()
-    describe: Describe | None = None
-    replies: Replies = DEFAULT
+    side_effects: frozenset[str]
+    describe: Describe | None
+    replies: Replies
     shown: Mapping[str, Sequence[str]] = field(default_factory=dict, hash=False)  # tool -> its entity-id fields
 
     def done(self, messages: Sequence[dict[str, Any]]) -> list[str]:

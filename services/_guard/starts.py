@@ -21,7 +21,7 @@ from roundtrip._guard.conversations import Claim, Conversations
 from roundtrip._guard.ledger import Ledger, TurnRow
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
-from roundtrip._guard.replies import DEFAULT, Replies
+from roundtrip._guard.replies import Replies
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.wire.events import CallModel, Outcome, StartTurn, Turn, TurnEnded
 
@@ -83,11 +83,11 @@ class Starts:
     ledger: Ledger
     outbox: Outbox
     order: ConversationOrder
+    replies: Replies
     turn_deadline_s: float = 300.0
     conversations: Conversations | None = None  # None: every request stands alone
     steps: StepClock = field(default_factory=StepClock)
     agent_digest: str | None = None
-    replies: Replies = DEFAULT
 
     async def on_start(self, command: StartTurn) -> str:
         """A new turn: the ledger's read beside the conversation's claim, then the turn recorded beside its exchange

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.kafka.messaging import Outlet, Wiring, service_app, subscribe, wiring
+from roundtrip._kernel.observability import health
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
 
@@ -35,7 +36,7 @@ class Opened(Generic[T]):
 
 
 class Shell:
-    """One service's name, broker, topic prefix, consumers, app and lifecycle."""
+    """One service's name, broker, topic prefix, consumers, health checks, app and lifecycle."""
 
     def __init__(
         self,
@@ -47,7 +48,9 @@ class Shell:
     ) -> None:
         self.settings = settings
         self.wiring: Wiring = wiring(service, settings, turn_roots, agent_digest)
-        self.app: FastStream = service_app(self.wiring, logger)
+        self.health = health.Health()
+        self.app: FastStream = service_app(self.wiring, logger, self.health)
+        health.keep(self.app, self.health)
         self._closers: list[Callable[[], Awaitable[None]]] = []
         self._closing = False
 

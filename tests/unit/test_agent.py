@@ -173,12 +173,12 @@ def test_a_dependency_that_cannot_be_made_stops_the_start_in_one_line():
 
 
 def test_the_agents_reply_texts_replace_the_guards_defaults_and_only_those():
-    from roundtrip._guard.replies import DEFAULT, POLITE, Replies
+    from roundtrip._guard.replies import POLITE, Replies
 
     own = Replies.of({"refusal": "Acme cannot help with that."})
     assert own.polite(Outcome.REFUSAL) == "Acme cannot help with that."
     assert own.polite(Outcome.BUDGET) == POLITE[Outcome.BUDGET]
-    assert DEFAULT.polite(Outcome.REFUSAL) == POLITE[Outcome.REFUSAL]  # one agent's words are not another's
+    assert Replies().polite(Outcome.REFUSAL) == POLITE[Outcome.REFUSAL]  # one agent's words are not another's
 
 
 def test_the_gates_generic_errors_are_the_agents_words():

@@ -18,6 +18,7 @@ from roundtrip._guard.approvals import DecisionRefused
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
 from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.turnstore import Fence
@@ -334,7 +335,7 @@ async def guard(tmp_path):
     recorder = Recorder()
     g = Guard(
         ledger=ledger,
-        policy=Policy(),
+        policy=Policy(replies=Replies()),
         prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
         publish=recorder,
         stuck_after_s=0.01,

@@ -12,6 +12,7 @@ from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.conversations import Conversations, compact, estimate_tokens, exchange_of, within_budget
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
@@ -224,7 +225,7 @@ async def guard(tmp_path):
     store = await Conversations.open(url, budget_tokens=20000)
     g = Guard(
         ledger=ledger,
-        policy=Policy(),
+        policy=Policy(replies=Replies()),
         prices=PRICES,
         publish=Recorder(),
         model="claude-sonnet-4-6",

@@ -35,7 +35,7 @@ from tests.databases import migrated
 from tests.unit.test_approvals_flow import BATCHES, CANCEL, SIGNER
 from tests.unit.test_guard_handlers import PRICES, Recorder
 
-SHOP_ACTS = Acts(SHOP.serial, SHOP.describe_action)
+SHOP_ACTS = Acts(SHOP.serial, SHOP.describe_action, Replies())
 
 
 def use(tool_id: str, name: str, **args) -> dict:
@@ -71,7 +71,7 @@ def test_only_the_side_effects_that_succeeded_are_done():
     assert SHOP_ACTS.done(unanswered) == ["I cancelled order ord_0000beef"]  # no result yet: not known to be done
     answered = [*unanswered, {"role": "user", "content": [result("t4", {"ticket_id": "tkt_1234abcd"})]}]
     assert SHOP_ACTS.done(answered)[-1] == "I passed your request to our support team (ticket tkt_1234abcd)"
-    assert Acts().done(CANCELLED) == []  # no tool declared a side effect
+    assert Acts(frozenset(), None, Replies()).done(CANCELLED) == []  # no tool declared a side effect
 
 
 @pytest.mark.parametrize(
@@ -105,20 +105,20 @@ def test_the_models_own_words_stay_in_front_of_what_was_done():
 
 
 def test_generic_words_without_the_agents_or_when_they_fail():
-    plain = Acts(frozenset({"refund"}))
+    plain = Acts(frozenset({"refund"}), None, Replies())
     messages = [
         {"role": "assistant", "content": [use("r1", "refund", amount=5)]},
         {"role": "user", "content": [result("r1", "ok")]},
     ]
     assert plain.done(messages) == ["refund succeeded"]  # its input is not shown: it may carry internal keys
-    assert Acts(frozenset({"refund"}), lambda tool, args, text: None).done(messages) == ["refund succeeded"]
-    assert Acts(frozenset({"refund"}), lambda tool, args, text: 1 / 0).done(messages) == ["refund succeeded"]
+    assert Acts(frozenset({"refund"}), lambda tool, args, text: None, Replies()).done(messages) == ["refund succeeded"]
+    assert Acts(frozenset({"refund"}), lambda tool, args, text: 1 / 0, Replies()).done(messages) == ["refund succeeded"]
 
 
 def test_the_generic_words_name_the_entities_only_never_an_internal_key_or_the_raw_input():
     args = {"line_id": "ln_5550101", "idempotency_key": "turn_9f:toolu_01", "note": "x" * 300}
     assert generic("port_out", args, "", fields=("line_id",)) == "port_out succeeded (line_id=ln_5550101)"
-    acts = Acts(frozenset({"port_out"}), shown={"port_out": ("line_id",)})
+    acts = Acts(frozenset({"port_out"}), None, Replies(), shown={"port_out": ("line_id",)})
     messages = [
         {"role": "assistant", "content": [use("p1", "port_out", **args)]},
         {"role": "user", "content": [result("p1", "ok")]},
@@ -162,7 +162,9 @@ async def guard(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     recorder = Recorder()
     # max_steps=1: the first step that would call a tool ends the turn (step_limit)
-    g = Guard(ledger=ledger, policy=Policy(max_steps=1), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
+    g = Guard(
+        ledger=ledger, policy=Policy(max_steps=1, replies=Replies()), prices=PRICES, publish=recorder, acts=SHOP_ACTS
+    )
     g.recorder = recorder
     yield g
     await g.outbox.drain()
@@ -266,7 +268,7 @@ async def deciding(tmp_path):
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, fence = await Ledger.open(url), await Fence.open(url)
     recorder = Recorder()
-    guard = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
+    guard = Guard(ledger=ledger, policy=Policy(replies=Replies()), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
     await guard.starts.on_start(StartTurn(turn=ALICE, text="cancel my last order"))
     cancel = ToolCall(id="c1", name="cancel_order", input=CANCEL, fingerprint=fingerprint("cancel_order", CANCEL))
     await guard.loop.on_iteration(

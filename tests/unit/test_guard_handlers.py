@@ -9,6 +9,7 @@ import pytest
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.pricing import PriceTable
+from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
@@ -53,7 +54,7 @@ async def guard(tmp_path):
     recorder = Recorder()
     g = Guard(
         ledger=ledger,
-        policy=Policy(),
+        policy=Policy(replies=Replies()),
         prices=PRICES,
         publish=recorder,
         model="claude-sonnet-4-6",
@@ -100,7 +101,13 @@ async def test_a_turn_starts_once_even_when_the_request_is_duplicated(guard):
 async def test_the_ledger_records_which_agent_started_the_turn_and_the_turn_carries_it(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'digest.db'}"))
     recorder = Recorder()
-    g = Guard(ledger=ledger, policy=Policy(), prices=PRICES, publish=recorder, agent_digest="0123456789abcdef")
+    g = Guard(
+        ledger=ledger,
+        policy=Policy(replies=Replies()),
+        prices=PRICES,
+        publish=recorder,
+        agent_digest="0123456789abcdef",
+    )
     try:
         assert await g.starts.on_start(StartTurn(turn=TURN, text="hi")) == "started"
         assert (await ledger.get(TURN.turn_id)).agent_digest == "0123456789abcdef"
@@ -217,7 +224,7 @@ async def test_a_turn_that_streams_and_ends_by_the_models_answer_or_does_not_str
 
 
 async def test_budget_outcome_carries_the_cost(guard):
-    guard.loop.policy = Policy(budget_usd=0.0005)
+    guard.loop.policy = Policy(budget_usd=0.0005, replies=Replies())
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "budget"
     ended = guard.recorder.sent[-1][1]

@@ -1,11 +1,12 @@
 import pytest
 
+from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Continue, Finish, Policy, decide, history
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, ToolCall, Turn
 from roundtrip._kernel.wire.fingerprints import fingerprint
 
 TURN = Turn(turn_id="turn_1", request_id="r1", conversation_id="c1", customer_id="cus_1001")
-POLICY = Policy()
+POLICY = Policy(replies=Replies())
 
 
 def call(name="lookup_order", **inp):
@@ -97,7 +98,6 @@ def test_step_limit():
 
 
 def test_a_rule_that_ends_the_turn_says_the_agents_words_and_the_model_keeps_its_own():
-    from roundtrip._guard.replies import Replies
     from roundtrip._guard.rules import policy_from
     from roundtrip._kernel.settings import Settings
 
@@ -195,10 +195,18 @@ def test_a_success_resets_the_streak():
 
 def test_loop_rules_off_leaves_only_the_step_limit():
     t = Transcript().step((call(), "not found")).step((call(), "not found"))
-    assert decide(t.next(call()), Policy(loop_rules=False)) == Continue()
+    assert decide(t.next(call()), Policy(loop_rules=False, replies=Replies())) == Continue()
 
 
 def test_budget_ends_a_turn_that_would_exceed_it():
-    out = decide(Transcript().next(call("list_orders")), Policy(budget_usd=0.01), cost_usd=0.008, next_call_usd=0.003)
+    out = decide(
+        Transcript().next(call("list_orders")),
+        Policy(budget_usd=0.01, replies=Replies()),
+        cost_usd=0.008,
+        next_call_usd=0.003,
+    )
     assert isinstance(out, Finish) and out.outcome is Outcome.BUDGET
-    assert isinstance(decide(Transcript().next(call("list_orders")), Policy(budget_usd=0.01), 0.004, 0.003), Continue)
+    assert isinstance(
+        decide(Transcript().next(call("list_orders")), Policy(budget_usd=0.01, replies=Replies()), 0.004, 0.003),
+        Continue,
+    )

@@ -25,22 +25,16 @@ def sample(name: str, **labels: str) -> float:
 
 
 @pytest.fixture
-async def server(monkeypatch):
-    # the probes answer from this test's checks alone: apps other tests built registered theirs in the process
-    monkeypatch.setattr(health, "_liveness", {})
-    monkeypatch.setattr(health, "_readiness", {})
-    s = health.HealthServer("executor", "127.0.0.1", [0])
+async def server():
+    checks = health.Health()
+    s = health.HealthServer("executor", "127.0.0.1", [0], checks)
     await s.start()
-    names = []
 
     def register(kind, name, check):
-        names.append(name)
-        (health.register_liveness if kind == "live" else health.register_readiness)(name, check)
+        (checks.live if kind == "live" else checks.ready)(name, check)
 
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{s.port}") as http:
-        yield SimpleNamespace(http=http, register=register)
-    for name in names:
-        health.unregister(name)
+        yield SimpleNamespace(http=http, register=register, checks=checks)
     await s.stop()
 
 
@@ -91,8 +85,7 @@ async def test_a_check_that_raises_or_hangs_fails_the_probe_without_breaking_it(
 
 
 async def test_a_heartbeat_fails_liveness_when_the_poll_loop_goes_quiet(server):
-    beat = health.heartbeat("t-poll", max_silence_s=0.2)
-    server.register("live", "t-poll", health._liveness["t-poll"])
+    beat = server.checks.heartbeat("t-poll", max_silence_s=0.2)
     assert (await server.http.get("/healthz")).status_code == 200
     await asyncio.sleep(0.3)  # past the heartbeat's 0.2 s of allowed silence
     assert (await server.http.get("/healthz")).status_code == 503
@@ -122,14 +115,14 @@ def test_the_port_is_off_by_default_exact_when_given_and_spread_per_service_on_o
 async def test_a_second_replica_on_the_host_takes_the_next_port_and_an_exact_port_in_use_is_a_clear_error():
     base = free_port_run(11)
     settings = Settings(health_port=base, health_port_per_service=True)
-    first = health.HealthServer("executor", "127.0.0.1", health.port_candidates("executor", settings))
-    second = health.HealthServer("executor", "127.0.0.1", health.port_candidates("executor", settings))
+    first = health.HealthServer("executor", "127.0.0.1", health.port_candidates("executor", settings), health.Health())
+    second = health.HealthServer("executor", "127.0.0.1", health.port_candidates("executor", settings), health.Health())
     await first.start()
     try:
         await second.start()
         assert (first.port, second.port) == (base + 4, base + 10)
         await second.stop()
-        taken = health.HealthServer("guard", "127.0.0.1", [first.port])
+        taken = health.HealthServer("guard", "127.0.0.1", [first.port], health.Health())
         with pytest.raises(RuntimeError, match="ROUNDTRIP_HEALTH_PORT"):
             await taken.start()
     finally:

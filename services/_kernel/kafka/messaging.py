@@ -241,7 +241,7 @@ def _polled_lately(consumer: KeyOrderedConsumer) -> Callable[[], bool]:
     return lambda: time.monotonic() - consumer.last_poll < LIVENESS_SILENCE_S
 
 
-def service_app(wired: Wiring, logger: logging.Logger) -> FastStream:
+def service_app(wired: Wiring, logger: logging.Logger, checks: health.Health) -> FastStream:
     """The service's FastStream app; on shutdown its consumers finish what runs and commit first."""
     app = FastStream(wired.broker, logger=logger)
     if wired.refuse is not None:  # before the broker is contacted: a PLAINTEXT Kafka outside development is refused
@@ -251,15 +251,15 @@ def service_app(wired: Wiring, logger: logging.Logger) -> FastStream:
     async def report_health() -> None:
         # live while its loop polls (paused or not); ready with its partitions and no dependency it waits for
         for consumer in wired.consumers:
-            health.register_liveness(f"consumer {consumer.name}", _polled_lately(consumer))
-            health.register_readiness(f"consumer {consumer.name}", functools.partial(_assigned, consumer))
-            health.register_readiness(f"dependencies of {consumer.name}", functools.partial(_no_outage, consumer))
+            checks.live(f"consumer {consumer.name}", _polled_lately(consumer))
+            checks.ready(f"consumer {consumer.name}", functools.partial(_assigned, consumer))
+            checks.ready(f"dependencies of {consumer.name}", functools.partial(_no_outage, consumer))
 
     @app.on_shutdown
     async def drain_consumers() -> None:
         for consumer in wired.consumers:
-            health.unregister(f"consumer {consumer.name}")
-            health.unregister(f"dependencies of {consumer.name}")
+            checks.unregister(f"consumer {consumer.name}")
+            checks.unregister(f"dependencies of {consumer.name}")
             await consumer.drain()
 
     return app

@@ -1,8 +1,8 @@
 """Each service's /healthz, /readyz and /metrics on one port (ROUNDTRIP_HEALTH_PORT; 0 turns it off).
 
-`attach(app, service, settings)` serves them from the app's start to its end. The checks are process-wide: one
-process runs one service and serves one endpoint. The server is asyncio's own, which leaves the process's signal
-handling to FastStream (docs/operating/index.md).
+A service's checks are its shell's `Health`; `attach(app, service, settings, checks)` serves them from the app's
+start to its end. The server is asyncio's own, which leaves the process's signal handling to FastStream
+(docs/operating/index.md).
 """
 
 from __future__ import annotations
@@ -30,35 +30,47 @@ Check = Callable[[], bool | Awaitable[bool]]
 PORT_STRIDE = len(topology.SERVICES)
 REPLICA_PORTS = 20
 CHECK_TIMEOUT_S = 2.0
-
-_liveness: dict[str, Check] = {}
-_readiness: dict[str, Check] = {}
+CONTEXT_KEY = "roundtrip_health"
 
 
-def register_liveness(name: str, check: Check) -> None:
-    """/healthz fails while `check()` is false (or raises, or takes longer than 2 s). Same name replaces."""
-    _liveness[name] = check
+class Health:
+    """One service's liveness and readiness checks by name (the same name replaces); a check that is false, raises
+    or takes longer than 2 s fails its probe (/healthz, /readyz)."""
+
+    def __init__(self) -> None:
+        self.liveness: dict[str, Check] = {}
+        self.readiness: dict[str, Check] = {}
+
+    def live(self, name: str, check: Check) -> None:
+        self.liveness[name] = check
+
+    def ready(self, name: str, check: Check) -> None:
+        self.readiness[name] = check
+
+    def unregister(self, name: str) -> None:
+        self.liveness.pop(name, None)
+        self.readiness.pop(name, None)
+
+    def heartbeat(self, name: str, max_silence_s: float) -> Callable[[], None]:
+        """A liveness check that fails when the returned `beat()` was not called for `max_silence_s`."""
+        last = [time.monotonic()]
+
+        def beat() -> None:
+            last[0] = time.monotonic()
+
+        self.live(name, lambda: time.monotonic() - last[0] <= max_silence_s)
+        return beat
 
 
-def register_readiness(name: str, check: Check) -> None:
-    """/readyz fails while `check()` is false (or raises, or takes longer than 2 s). Same name replaces."""
-    _readiness[name] = check
+def keep(app: FastStream, checks: Health) -> None:
+    """Keep a service's checks in its app's own context, where `of(app)` finds them."""
+    app.context.set_global(CONTEXT_KEY, checks)
 
 
-def unregister(name: str) -> None:
-    _liveness.pop(name, None)
-    _readiness.pop(name, None)
-
-
-def heartbeat(name: str, max_silence_s: float) -> Callable[[], None]:
-    """Register a liveness check that fails when the returned `beat()` was not called for `max_silence_s`."""
-    last = [time.monotonic()]
-
-    def beat() -> None:
-        last[0] = time.monotonic()
-
-    register_liveness(name, lambda: time.monotonic() - last[0] <= max_silence_s)
-    return beat
+def of(app: FastStream) -> Health:
+    """The checks kept in the app's context; none yet for an app built without a shell."""
+    checks = app.context.get(CONTEXT_KEY)
+    return checks if isinstance(checks, Health) else Health()
 
 
 async def evaluate(checks: dict[str, Check]) -> tuple[bool, dict[str, Any]]:
@@ -91,8 +103,8 @@ def port_candidates(service: str, settings: TelemetrySettings) -> list[int]:
 class HealthServer:
     """/healthz, /readyz, /metrics of one process, served on the event loop."""
 
-    def __init__(self, service: str, host: str, ports: list[int]) -> None:
-        self.service, self.host, self.ports = service, host, ports
+    def __init__(self, service: str, host: str, ports: list[int], checks: Health) -> None:
+        self.service, self.host, self.ports, self.checks = service, host, ports, checks
         self.port: int | None = None
         self._server: asyncio.Server | None = None
 
@@ -142,7 +154,7 @@ class HealthServer:
             encoder, content_type = choose_encoder(headers.get("accept", ""))
             return "200 OK", content_type, encoder(REGISTRY)
         if path in ("/healthz", "/readyz"):
-            ok, results = await evaluate(_liveness if path == "/healthz" else _readiness)
+            ok, results = await evaluate(self.checks.liveness if path == "/healthz" else self.checks.readiness)
             body = {"status": "ok" if ok else "failing", "service": self.service, "checks": results}
             return (
                 ("200 OK" if ok else "503 Service Unavailable"),
@@ -164,20 +176,20 @@ def subscribers_alive(app: FastStream, state: dict[str, bool]) -> Check:
     return check
 
 
-def attach(app: FastStream, service: str, settings: Settings) -> HealthServer | None:
-    """Serve this service's endpoint from the app's start to its end (None when ROUNDTRIP_HEALTH_PORT is 0)."""
+def attach(app: FastStream, service: str, settings: Settings, checks: Health) -> HealthServer | None:
+    """Serve `checks` from the app's start to its end (None when ROUNDTRIP_HEALTH_PORT is 0)."""
     ports = port_candidates(service, settings)
     if not ports:
         return None
-    server = HealthServer(service, settings.listen_host, ports)
+    server = HealthServer(service, settings.listen_host, ports, checks)
     state = {"started": False, "stopping": False}
 
     async def broker_answers() -> bool:
         return app.broker is not None and await app.broker.ping(timeout=CHECK_TIMEOUT_S / 2)
 
-    register_liveness("subscribers", subscribers_alive(app, state))
-    register_readiness("started", lambda: state["started"] and not state["stopping"])
-    register_readiness("broker", broker_answers)
+    checks.live("subscribers", subscribers_alive(app, state))
+    checks.ready("started", lambda: state["started"] and not state["stopping"])
+    checks.ready("broker", broker_answers)
 
     async def started() -> None:
         state["started"] = True
