@@ -108,8 +108,8 @@ class DeadLetterReader:
             max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
             fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
         )
-        await consumer.start()
         try:
+            await consumer.start()
             found = await partitions_of(consumer, [self.dead_topic, self.handled_topic])
             missing = {self.dead_topic, self.handled_topic} - {tp.topic for tp in found}
             if missing:
