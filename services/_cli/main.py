@@ -415,9 +415,12 @@ def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace
 
 @app.command("dead-letters")
 def dead_letters(
-    limit: Annotated[int, typer.Option(help="the last N dead letters")] = 20,
+    limit: Annotated[int, typer.Option(min=1, help="the last N dead letters")] = 20,
 ) -> None:
-    """Show the messages no service could process, newest last, with the reason."""
+    """Show the messages no service could process, newest last, with the reason and whether each was handled.
+
+    Each is marked waiting, re-driven or discarded (by whom, when, why) as the console's /dead-letters page recorded it.
+    Exit code 2: the dead letters cannot be read."""
     from roundtrip._cli.terminal import show_dead_letters
 
     raise typer.Exit(asyncio.run(show_dead_letters(_fleet_settings(), limit)))

@@ -34,6 +34,7 @@ from roundtrip._kernel.wire.events import (
     ApprovalDecided,
     ApprovalRequested,
     CallModel,
+    DeadLetterHandled,
     ExecuteToolBatch,
     ModelResponded,
     Outcome,
@@ -48,6 +49,7 @@ from roundtrip._kernel.wire.events import (
 if TYPE_CHECKING:  # imported where used, for the start-up time of the CLI
     from roundtrip._guard.ledger import ApprovalRow
     from roundtrip._kernel.kafka.admin import GroupLag
+    from roundtrip._kernel.kafka.dead_letters import Letter
 
 # emoji off: a customer's ":smile:" stays as typed; the markup is the fleet's, the values go through plain()
 console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
@@ -752,49 +754,52 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
 
 
 async def show_dead_letters(settings: Settings, limit: int) -> int:
-    from roundtrip._kernel.wire.events import DeadLettered
+    """The last `limit` dead letters, newest last, each marked waiting or as the console handled it."""
+    from roundtrip._kernel.kafka.dead_letters import DeadLetterReader, LettersAway
 
-    topic = topics.t(topics.DEAD_LETTERS, settings.topic_prefix)
-    from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
-
-    consumer = kafka_clients(settings).consumer(
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
-        fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
-    )
+    reader = DeadLetterReader(settings, limit, "roundtrip-dead-letters", timeout_s=60.0)
     try:
-        await consumer.start()
-        partitions = await partitions_of(consumer, [topic])
-        if not partitions:
-            console.print(f"[red]error:[/] no topic {topic}; is the fleet up? (roundtrip up)")
-            return 2
-        consumer.assign(partitions)
-        ends = await consumer.end_offsets(partitions)
-        for tp in partitions:
-            consumer.seek(tp, max(0, ends[tp] - limit))
-        letters = []
-
-        async def behind() -> bool:
-            return any([await consumer.position(tp) < ends[tp] for tp in partitions])
-
-        while await behind():
-            for records in (await consumer.getmany(timeout_ms=1000)).values():
-                letters.extend(records)
+        await reader.read()
+    except LettersAway as exc:
+        console.print(f"[red]error:[/] {plain(exc)}")
+        return 2
     finally:
-        await consumer.stop()
-    letters.sort(key=lambda r: r.timestamp)
-    if not letters:
+        await reader.close()
+    tail = reader.tail()
+    if not tail:
         console.print("no dead letters")
-    for record in letters[-limit:]:
-        letter = DeadLettered.model_validate_json(record.value)
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.timestamp / 1000))
-        console.print(
-            f"[bold]{when}[/] {plain(letter.service)} could not process {plain(letter.topic)}"
-            f" (partition {letter.partition}, offset {letter.offset}, key {plain(letter.key)}): "
-            f"[red]{plain(letter.reason)}[/]"
-        )
-        console.print(f"  {plain(_short(letter.payload, 300))}")
+        return 0
+    for item, handling in tail:
+        _print_letter(item, handling)
+    waiting = sum(1 for _, handling in tail if handling is None)
+    console.print(
+        f"{len(tail)} shown: {waiting} waiting, {len(tail) - waiting} handled "
+        "(re-drive or discard one on the console's /dead-letters page)"
+    )
     return 0
+
+
+def _print_letter(item: Letter, handling: DeadLetterHandled | None) -> None:
+    from roundtrip._kernel.kafka.dead_letters import PAST
+
+    def stamp(at: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+    done = plain(PAST.get(handling.action, handling.action)) if handling else ""
+    letter = item.letter
+    what = (
+        f"{plain(letter.service)} could not process {plain(letter.topic)} (partition {letter.partition}, offset "
+        f"{letter.offset}, key {plain(letter.key)})"
+        if letter
+        else "a record"
+    )
+    state = f"[green]{done}[/]" if handling else "[yellow]waiting[/]"
+    console.print(f"[bold]{stamp(item.at)}[/] {plain(item.id)} {state} {what}: [red]{plain(item.reason)}[/]")
+    if handling is not None:
+        to = f" to {plain(handling.topic)}" if handling.topic else ""
+        note = f": {plain(handling.note)}" if handling.note else ""
+        console.print(f"  {done} by {plain(handling.by)} at {stamp(handling.at)}{to}{note}")
+    console.print(f"  {plain(_short(letter.payload if letter else item.raw, 300))}")
 
 
 async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: float | None) -> int:

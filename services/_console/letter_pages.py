@@ -1,5 +1,5 @@
 """The dead letters' page (/dead-letters): its HTML and its two changes, re-drive and discard, with the console's
-sign-in, CSRF check and audit; reading, the once-only rule and the re-drive itself are in letters.py.
+sign-in, CSRF check and audit; the once-only rule and the re-drive itself are in letters.py.
 
 Everything a dead letter carries and a person's note is escaped into the HTML: a dead letter is whatever some
 producer wrote.
@@ -12,7 +12,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -23,6 +22,8 @@ from roundtrip._console import decisions, letters
 from roundtrip._console.auth import CSRF_FIELD, Identity
 from roundtrip._console.pages import esc, live, notice, when
 from roundtrip._console.web import SECURITY_HEADERS, TOLD, Answer, Console, _q
+from roundtrip._kernel.kafka.dead_letters import DISCARD, PAST, REDRIVE, Letter, LettersAway
+from roundtrip._kernel.wire.events import DeadLetterHandled
 
 log = logging.getLogger("roundtrip.console")
 BACK = "/dead-letters"
@@ -41,8 +42,7 @@ def routes(console: Console, shelf: letters.Letters) -> list[Route]:
 
 @dataclass
 class DeadLetterDesk:
-    """The dead letters' page and its two changes, re-drive and discard, with the console's sign-in, CSRF check and
-    audit."""
+    """The dead letters' page and its two changes, re-drive and discard."""
 
     console: Console
     shelf: letters.Letters
@@ -52,13 +52,13 @@ class DeadLetterDesk:
         try:
             await self.shelf.refresh()
             trouble = None
-        except letters.LettersAway as exc:
+        except LettersAway as exc:
             trouble = str(exc)
         listed = self.shelf.listed()
         csrf, now, prefix = self.console._csrf(request, identity), time.time(), self.shelf.prefix
         cards = []
         for item, handling in listed:
-            refused = None if handling else letters.refusal(item.id, letters.REDRIVE, item, None, prefix)
+            refused = None if handling else letters.refusal(item.id, REDRIVE, item, None, prefix)
             cards.append(letter_card(item, handling, identity, csrf, now, refused.message if refused else None))
         version = hashlib.sha256(
             json.dumps([[i.id, h.claim if h else None] for i, h in listed] + [trouble]).encode()
@@ -77,10 +77,10 @@ class DeadLetterDesk:
         return HTMLResponse(await self._fragment(request, identity), headers=SECURITY_HEADERS)
 
     async def redrive(self, request: Request) -> Response:
-        return await self._act(request, letters.REDRIVE)
+        return await self._act(request, REDRIVE)
 
     async def discard(self, request: Request) -> Response:
-        return await self._act(request, letters.DISCARD)
+        return await self._act(request, DISCARD)
 
     async def _act(self, request: Request, action: str) -> Response:
         wanted, back = request.path_params["letter_id"], BACK
@@ -91,7 +91,7 @@ class DeadLetterDesk:
         except decisions.Refused as refused:
             self.console._audit(f"refused {action} dead letter", identity, request, letter=wanted, why=refused.message)
             raise Answer(refused.status, refused.message, identity, back) from None
-        except letters.LettersAway as exc:
+        except LettersAway as exc:
             raise Answer(503, f"{exc}: nothing done", identity, back) from None
         except Exception as exc:  # noqa: BLE001 - Kafka did not take it: the letter was released, the page says so
             log.error("%s of dead letter %s not confirmed by Kafka: %s: %s", action, wanted, type(exc).__name__, exc)
@@ -114,13 +114,10 @@ class DeadLetterDesk:
             note=note,
         )
         where = f" to {claim.topic}" if claim.topic else ""
-        self.told[wanted] = f"dead letter {wanted} {letters.PAST[action]}{where} by {identity.name}"
+        self.told[wanted] = f"dead letter {wanted} {PAST[action]}{where} by {identity.name}"
         while len(self.told) > TOLD:
             self.told.pop(next(iter(self.told)))
         return RedirectResponse(f"/dead-letters?handled={_q(wanted)}", status_code=303)
-
-
-HANDLED_AS = {"redrive": "re-driven", "discard": "discarded"}
 
 
 def age(seconds: float) -> str:
@@ -155,12 +152,19 @@ def _letter_form(letter_id: str, csrf: str, redrivable: bool) -> str:
     )
 
 
-def letter_card(item: Any, handling: Any, identity: Identity, csrf: str, now: float, not_redrivable: str | None) -> str:
+def letter_card(
+    item: Letter,
+    handling: DeadLetterHandled | None,
+    identity: Identity,
+    csrf: str,
+    now: float,
+    not_redrivable: str | None,
+) -> str:
     """One dead letter: where it came from, its key, why, how old, the original record as text, and what was done
     with it (or the forms)."""
     letter = item.letter
     if handling is not None:
-        what = HANDLED_AS.get(handling.action, handling.action)
+        what = PAST.get(handling.action, handling.action)
         note = f": {esc(handling.note)}" if handling.note else ""
         action = f'<p class="notice ok">{esc(what)} by {esc(handling.by)} at {esc(when(handling.at))}{note}</p>'
     elif identity.may_decide:

@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from roundtrip._console import letters
 from roundtrip._console.decisions import Refused
+from roundtrip._kernel.kafka import dead_letters
 from roundtrip._kernel.kafka.admin import create_topics
 from roundtrip._kernel.kafka.messaging import dead_letter_of
 from roundtrip._kernel.settings import Settings
@@ -32,7 +33,7 @@ async def test_two_replicas_re_drive_one_dead_letter_once_and_a_later_console_kn
     both_checked = asyncio.Barrier(2)  # each console has found the letter waiting before either claim is published
 
     async def send_handled(message, key: str) -> None:
-        if message.action != letters.RELEASE:
+        if message.action != dead_letters.RELEASE:
             await both_checked.wait()
         topic = topics.t(topics.DEAD_LETTERS_HANDLED, topic_prefix)
         await producer.send_and_wait(topic, message.model_dump_json().encode(), key=key.encode())
@@ -51,8 +52,8 @@ async def test_two_replicas_re_drive_one_dead_letter_once_and_a_later_console_kn
             await console.refresh()
         ((item, _),) = consoles[0].listed()
         raced = await asyncio.gather(
-            consoles[0].act(item.id, letters.REDRIVE, "alice", ""),
-            consoles[1].act(item.id, letters.REDRIVE, "bob", ""),
+            consoles[0].act(item.id, dead_letters.REDRIVE, "alice", ""),
+            consoles[1].act(item.id, dead_letters.REDRIVE, "bob", ""),
             return_exceptions=True,
         )
         won = [r for r in raced if not isinstance(r, BaseException)]
@@ -62,7 +63,7 @@ async def test_two_replicas_re_drive_one_dead_letter_once_and_a_later_console_kn
         assert f"already re-driven by {winner}" in lost[0].message
 
         with pytest.raises(Refused, match=f"already re-driven by {winner}"):  # a console that read before the race
-            await consoles[2].act(item.id, letters.DISCARD, "carol", "")
+            await consoles[2].act(item.id, dead_letters.DISCARD, "carol", "")
         later = letters.Letters(settings, send_handled, send_raw)  # one started afterwards
         consoles.append(later)
         await later.refresh()

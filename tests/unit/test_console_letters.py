@@ -1,9 +1,9 @@
-"""Dead letters in the console (services/_console/letters.py), over an in-memory log of roundtrip.dead_letters and
-roundtrip.dead_letters.handled in the order Kafka keeps them: a dead letter is re-driven to its source topic once and as
-it was (value, key, headers), a second re-drive is refused here, by another replica and after a restart; the first
-claim wins a race and the loser sends nothing; a re-drive Kafka did not take waits again; only a topic the fleet
-consumes is written; what a dead letter carries is shown as text. The real broker and browser: tests/e2e/
-test_console_e2e.py."""
+"""Dead letters in the console (services/_console/letters.py, read by services/_kernel/kafka/dead_letters.py), over an
+in-memory log of roundtrip.dead_letters and roundtrip.dead_letters.handled in the order Kafka keeps them: a dead
+letter is re-driven to its source topic once and as it was (value, key, headers), a second re-drive is refused here,
+by another replica and after a restart; the first claim wins a race and the loser sends nothing; a re-drive Kafka did
+not take waits again; only a topic the fleet consumes is written; what a dead letter carries is shown as text; the
+reader keeps the newest letters by time. The real broker and browser: tests/e2e/test_console_e2e.py."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from roundtrip._console.auth import Identity
 from roundtrip._console.ledger_reader import Books
 from roundtrip._console.letters import Letters
 from roundtrip._console.web import Console, application
+from roundtrip._kernel.kafka import dead_letters
+from roundtrip._kernel.kafka.dead_letters import DeadLetterReader
 from roundtrip._kernel.kafka.messaging import dead_letter_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
@@ -40,12 +42,29 @@ class Log:
         self.redriven: list[tuple[str, bytes, bytes | None, list[tuple[str, bytes]]]] = []
         self.away = False  # Kafka takes no re-drive
         self.rival: str | None = None  # another replica's claim lands just before the next one
+        self.stamps: dict[int, int] = {}  # a dead letter's timestamp (ms) by its offset, when not the default
 
     def dead_letter(self, topic: str, value: bytes, key: bytes | None, reason: str, headers=HEADERS) -> str:
         record = SimpleNamespace(topic=topic, partition=2, offset=40 + len(self.dead), value=value, key=key)
         record.headers = headers
         self.dead.append(dead_letter_of("executor", record, reason).model_dump_json().encode())
-        return letters.letter_id(0, len(self.dead) - 1)
+        return dead_letters.letter_id(0, len(self.dead) - 1)
+
+
+class LogReader(DeadLetterReader):
+    """The dead-letter reader over `log` instead of Kafka."""
+
+    def __init__(self, settings: Settings, log: Log, keep: int = letters.LETTERS_KEPT) -> None:
+        super().__init__(settings, keep, "unit")
+        self.log, self.seen = log, [0, 0]
+
+    async def _read_to_end(self) -> None:
+        for i in range(self.seen[0], len(self.log.dead)):
+            stamp = self.log.stamps.get(i, 10**12)
+            self._take(self.dead_topic, SimpleNamespace(partition=0, offset=i, timestamp=stamp, value=self.log.dead[i]))
+        for i in range(self.seen[1], len(self.log.handled)):
+            self._take(self.handled_topic, SimpleNamespace(partition=0, offset=i, value=self.log.handled[i]))
+        self.seen = [len(self.log.dead), len(self.log.handled)]
 
 
 class Shelf(Letters):
@@ -53,10 +72,10 @@ class Shelf(Letters):
 
     def __init__(self, settings: Settings, log: Log) -> None:
         super().__init__(settings, self._claim, self._redrive)
-        self.log, self.read = log, [0, 0]
+        self.log, self.reader = log, LogReader(settings, log)
 
     async def _claim(self, message, key: str) -> None:
-        if self.log.rival and message.action != letters.RELEASE:
+        if self.log.rival and message.action != dead_letters.RELEASE:
             rival = message.model_copy(update={"claim": uuid.uuid4().hex, "by": self.log.rival})
             self.log.handled.append(rival.model_dump_json().encode())
             self.log.rival = None
@@ -67,13 +86,6 @@ class Shelf(Letters):
         if self.log.away:
             raise ConnectionError("Kafka is away")
         self.log.redriven.append((topic, value, key, headers))
-
-    async def _read_to_end(self) -> None:
-        for i in range(self.read[0], len(self.log.dead)):
-            self._take(self.dead_topic, SimpleNamespace(partition=0, offset=i, timestamp=1e12, value=self.log.dead[i]))
-        for i in range(self.read[1], len(self.log.handled)):
-            self._take(self.handled_topic, SimpleNamespace(partition=0, offset=i, value=self.log.handled[i]))
-        self.read = [len(self.log.dead), len(self.log.handled)]
 
 
 def settings() -> Settings:
@@ -153,7 +165,7 @@ async def test_a_re_drive_kafka_did_not_take_is_released_and_waits_again(log):
 async def test_only_a_topic_the_fleet_consumes_is_written_and_anything_can_be_discarded(log):
     elsewhere = log.dead_letter("payments.ledger", b"{}", b"k", "RuntimeError: boom")
     log.dead.append(b"\xffnot a dead letter")
-    unreadable = letters.letter_id(0, len(log.dead) - 1)
+    unreadable = dead_letters.letter_id(0, len(log.dead) - 1)
     http, token = await signed_in(log)
     page = (await http.get("/dead-letters/live")).text
     assert "no service of this fleet consumes" in page and "formaction" not in page  # no re-drive offered
@@ -169,14 +181,16 @@ async def test_only_a_topic_the_fleet_consumes_is_written_and_anything_can_be_di
 
 
 async def test_kafka_away_is_said_on_the_page_and_nothing_is_done(log):
-    class Away(Shelf):
+    class Away(LogReader):
         async def _read_to_end(self) -> None:
             raise ConnectionError("no broker")
 
     s = settings()
     console = Console(s, Books("sqlite+aiosqlite:///nowhere/ledger.db"), _never, _never)
+    shelf = Shelf(s, log)
+    shelf.reader = Away(s, log)
     http = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=application(console, letter_pages.routes(console, Away(s, log)))),
+        transport=httpx.ASGITransport(app=application(console, letter_pages.routes(console, shelf))),
         base_url="http://testserver",
     )
     page = await http.get("/dead-letters")
@@ -188,7 +202,7 @@ async def test_kafka_away_is_said_on_the_page_and_nothing_is_done(log):
 def test_what_a_dead_letter_carries_is_shown_as_text(log):
     hostile = '<script>alert(1)</script><img src=x onerror="alert(2)">'
     log.dead_letter(f"{hostile}.topic", hostile.encode(), hostile.encode(), f"schema violation: {hostile}")
-    item = letters.parse_letter(0, 0, 1_000, log.dead[0])
+    item = dead_letters.parse_letter(0, 0, 1_000, log.dead[0])
     handling = DeadLetterHandled(letter_id=item.id, action="discard", claim="c", by=hostile, at=1.0, note=hostile)
     me = Identity(ME, "approver", "local")
     shown = letter_pages.letter_card(item, None, me, "tok", 10.0, None) + letter_pages.letter_card(
@@ -204,20 +218,31 @@ def test_the_first_claim_of_a_letter_wins_until_it_is_released():
 
     handled: dict[str, DeadLetterHandled] = {}
     for r in (record("redrive", "a"), record("discard", "b"), record("release", "b"), record("discard", "c", "0-2")):
-        letters.apply(handled, r)
+        dead_letters.apply(handled, r)
     assert handled["0-1"].claim == "a" and handled["0-2"].claim == "c"  # b lost, and its release freed nothing
-    letters.apply(handled, record("release", "a"))
-    letters.apply(handled, record("discard", "d"))
+    dead_letters.apply(handled, record("release", "a"))
+    dead_letters.apply(handled, record("discard", "d"))
     assert handled["0-1"].claim == "d"
 
 
 def test_the_original_record_comes_back_byte_for_byte_and_reasons_are_counted_by_kind(log):
     log.dead_letter(topics.TOOL_BATCHES, b"\x00\xffbytes", b"\xfekey", "RuntimeError: boom")
-    item = letters.parse_letter(0, 0, 1_000, log.dead[0])
+    item = dead_letters.parse_letter(0, 0, 1_000, log.dead[0])
     assert item.letter is not None and letters.original(item.letter) == (b"\x00\xffbytes", b"\xfekey", HEADERS)
     assert letters.kind_of("malformed JSON: Expecting value") == "malformed JSON"
-    others = [letters.parse_letter(0, 1, 0, b"junk"), letters.parse_letter(0, 2, 0, b"junk")]
+    others = [dead_letters.parse_letter(0, 1, 0, b"junk"), dead_letters.parse_letter(0, 2, 0, b"junk")]
     assert letters.counts([item, *others], {"0-2": None}) == [  # type: ignore[dict-item]
         ("not a dead letter the fleet wrote (unreadable record)", 1, 1),
         ("RuntimeError", 1, 0),
     ]
+
+
+async def test_the_reader_keeps_the_newest_letters_by_their_time_each_with_its_handling(log):
+    first, second, third = (log.dead_letter(topics.SUPPORT_REQUESTS, b"{}", b"k", f"RuntimeError: {n}") for n in "abc")
+    log.stamps.update({0: 3_000, 1: 1_000, 2: 2_000})  # the first written is the newest, the second the oldest
+    handled = DeadLetterHandled(letter_id=first, action="discard", claim="c", by="alice", at=1.0)
+    log.handled.append(handled.model_dump_json().encode())
+    reader = LogReader(settings(), log, keep=2)
+    await reader.read()
+    assert [(item.id, h.by if h else None) for item, h in reader.tail()] == [(third, None), (first, "alice")]
+    assert second not in reader.letters

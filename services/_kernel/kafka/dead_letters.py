@@ -1,0 +1,155 @@
+"""The newest letters of roundtrip.dead_letters, each with how a person handled it (roundtrip.dead_letters.handled).
+
+The handled topic has one partition, read from its start: the first claim of a letter wins, and only a release of that
+very claim frees the letter again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
+from roundtrip._kernel.kafka.clients import kafka_clients
+from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire.events import DeadLettered, DeadLetterHandled
+
+log = logging.getLogger("roundtrip.dead_letters")
+
+REDRIVE, DISCARD, RELEASE = "redrive", "discard", "release"
+PAST = {REDRIVE: "re-driven", DISCARD: "discarded"}
+READ_TIMEOUT_S = 10.0
+
+
+class LettersAway(Exception):
+    """The dead letters could not be read from Kafka: `str(exc)` says why, in one line."""
+
+
+@dataclass(frozen=True)
+class Letter:
+    """One record of roundtrip.dead_letters: `letter` None when it is no DeadLettered (then `raw` is its text)."""
+
+    id: str  # "<partition>-<offset>" on roundtrip.dead_letters
+    at: float  # when it was dead-lettered (the record's timestamp)
+    letter: DeadLettered | None
+    raw: str = ""
+
+    @property
+    def reason(self) -> str:
+        return self.letter.reason if self.letter else "not a dead letter the fleet wrote (unreadable record)"
+
+
+def letter_id(partition: int, offset: int) -> str:
+    return f"{partition}-{offset}"
+
+
+def parse_letter(partition: int, offset: int, timestamp_ms: int | None, value: bytes | None) -> Letter:
+    at = (timestamp_ms or 0) / 1000
+    try:
+        return Letter(letter_id(partition, offset), at, DeadLettered.model_validate_json(value or b""))
+    except ValidationError:
+        return Letter(letter_id(partition, offset), at, None, (value or b"")[:100_000].decode("utf-8", "replace"))
+
+
+def apply(handled: dict[str, DeadLetterHandled], record: DeadLetterHandled) -> None:
+    """Fold one record of roundtrip.dead_letters.handled (in the topic's order) into letter id -> its winning claim."""
+    current = handled.get(record.letter_id)
+    if record.action == RELEASE:
+        if current is not None and current.claim == record.claim:
+            del handled[record.letter_id]
+    elif current is None:
+        handled[record.letter_id] = record
+
+
+class DeadLetterReader:
+    """The last `keep` dead letters and every handling, read with no consumer group; `read()` goes on from the last."""
+
+    def __init__(self, settings: Settings, keep: int, client_id: str, timeout_s: float = READ_TIMEOUT_S) -> None:
+        self.settings, self.keep, self.client_id, self.timeout_s = settings, keep, client_id, timeout_s
+        self.dead_topic = topics.t(topics.DEAD_LETTERS, settings.topic_prefix)
+        self.handled_topic = topics.t(topics.DEAD_LETTERS_HANDLED, settings.topic_prefix)
+        self.letters: dict[str, Letter] = {}  # oldest first, at most `keep`
+        self.handled: dict[str, DeadLetterHandled] = {}  # letter id -> the claim that handled it
+        self._consumer: Any = None
+
+    def tail(self) -> list[tuple[Letter, DeadLetterHandled | None]]:
+        """The letters read, oldest first, each with its handling (None while it waits)."""
+        return [(item, self.handled.get(item.id)) for item in self.letters.values()]
+
+    async def read(self) -> None:
+        """Read both topics to their end (LettersAway when Kafka cannot be read; the next call starts again)."""
+        try:
+            await asyncio.wait_for(self._read_to_end(), self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - Kafka away: said in one line, the next read starts again
+            reason = exc if isinstance(exc, LettersAway) else f"{type(exc).__name__}: {exc}"
+            await self.close()
+            message = f"the dead letters cannot be read from Kafka ({self.dead_topic}): {reason}"
+            raise LettersAway(message[:400]) from None
+        finally:
+            self._trim()
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    async def _open(self) -> Any:
+        consumer = kafka_clients(self.settings).consumer(
+            client_id=self.client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",  # a position the retention passed starts again at what is kept
+            max_partition_fetch_bytes=DEAD_LETTER_MAX_BYTES,
+            fetch_max_bytes=2 * DEAD_LETTER_MAX_BYTES,
+        )
+        try:
+            await consumer.start()
+            found = await partitions_of(consumer, [self.dead_topic, self.handled_topic])
+            missing = {self.dead_topic, self.handled_topic} - {tp.topic for tp in found}
+            if missing:
+                raise LettersAway(
+                    f"no topic {', '.join(sorted(missing))}: create the fleet's topics (roundtrip topics create)"
+                )
+            consumer.assign(found)
+            dead = [tp for tp in found if tp.topic == self.dead_topic]
+            ends = await consumer.end_offsets(dead)
+            for tp in dead:
+                consumer.seek(tp, max(0, ends[tp] - self.keep))
+            await consumer.seek_to_beginning(*[tp for tp in found if tp.topic == self.handled_topic])
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+            raise
+        self.letters, self.handled = {}, {}
+        return consumer
+
+    async def _read_to_end(self) -> None:
+        if self._consumer is None:
+            self._consumer = await self._open()
+        consumer = self._consumer
+        partitions = list(consumer.assignment())
+        ends = await consumer.end_offsets(partitions)
+        while any([await consumer.position(tp) < ends[tp] for tp in partitions]):
+            for tp, records in (await consumer.getmany(*partitions, timeout_ms=500)).items():
+                for record in records:
+                    self._take(tp.topic, record)
+
+    def _take(self, topic: str, record: Any) -> None:
+        if topic == self.dead_topic:
+            item = parse_letter(record.partition, record.offset, record.timestamp, record.value)
+            self.letters[item.id] = item
+            return
+        try:
+            apply(self.handled, DeadLetterHandled.model_validate_json(record.value or b""))
+        except ValidationError:
+            log.warning("%s[%d]@%d is no DeadLetterHandled: ignored", topic, record.partition, record.offset)
+
+    def _trim(self) -> None:
+        ordered = sorted(self.letters.values(), key=lambda item: item.at)[-self.keep :] if self.keep > 0 else []
+        self.letters = {item.id: item for item in ordered}
