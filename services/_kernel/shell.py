@@ -52,11 +52,7 @@ class Shell:
         self.app: FastStream = service_app(self.wiring, logger, self.health)
         health.keep(self.app, self.health)
         self._closers: list[Callable[[], Awaitable[None]]] = []
-        self._closing = False
-
-    @property
-    def name(self) -> str:
-        return self.wiring.service
+        self._close_hooked = False
 
     @property
     def broker(self) -> KafkaBroker:
@@ -77,8 +73,8 @@ class Shell:
 
     def closes(self, close: Callable[[], Awaitable[None]]) -> None:
         """Close `close` after the app stops (what is registered last closes first)."""
-        if not self._closing:
-            self._closing = True
+        if not self._close_hooked:
+            self._close_hooked = True
             self.app.after_shutdown(self._close_all)
         self._closers.append(close)
 
