@@ -4,8 +4,11 @@ with), run as its own process: `python -m tests.oidc_issuer PORT`. Its issuer is
 It publishes what a real issuer publishes to the console: its discovery document
 (`/.well-known/openid-configuration`) and its keys (`/jwks`, RSA, key id `k1`). In place of a sign-in it mints, for
 the tests, the token an identity-aware proxy would forward: `POST /mint` with the claims as JSON answers the signed
-token (`iss`, `iat` and `exp` in 300 s added unless the claims name them). `POST /rotate` adds a new key (and signs
-with it from then on), as an issuer rotating its keys does; `GET /hits` counts the JWKS fetches.
+token (`iss`, `iat` and `exp` in 300 s added unless the claims name them, and `email_verified: true` with an `email`:
+an address the issuer checked); `POST /mint?kid=none` signs it without a key id in its header (OIDC Core 10.1 allows
+that while the issuer publishes one key). `POST /rotate` adds a new key (and signs with it from then on), as an
+issuer rotating its keys does; `POST /outage` with `{"down": true}` makes its discovery document and keys answer 503
+until `{"down": false}`; `GET /hits` counts the requests for them (`discovery`, `jwks`), answered or not.
 
 Tokens signed by another key are made by the test itself with `another_key()` and `sign()`.
 """
@@ -34,14 +37,15 @@ def another_key(kid: str = "k1") -> RSAKey:
     return RSAKey.generate_key(2048, parameters={"kid": kid})
 
 
-def sign(claims: dict[str, Any], key: RSAKey) -> str:
-    return jwt.encode({"alg": "RS256", "kid": key.kid, "typ": "JWT"}, claims, key)
+def sign(claims: dict[str, Any], key: RSAKey, kid: bool = True) -> str:
+    return jwt.encode({"alg": "RS256", "typ": "JWT"} | ({"kid": key.kid} if kid else {}), claims, key)
 
 
 def build(port: int) -> ThreadingHTTPServer:
     issuer = f"http://127.0.0.1:{port}"
     keys = [another_key("k1")]
-    hits = {"jwks": 0}
+    hits = {"discovery": 0, "jwks": 0}
+    outage = {"down": False}
 
     class Handler(BaseHTTPRequestHandler):
         def _json(self, body: Any, status: int = 200) -> None:
@@ -53,6 +57,11 @@ def build(port: int) -> ThreadingHTTPServer:
             self.wfile.write(data)
 
         def do_GET(self) -> None:  # http.server's name
+            if self.path in ("/.well-known/openid-configuration", "/jwks"):
+                hits["discovery" if self.path.startswith("/.well-known") else "jwks"] += 1
+                if outage["down"]:
+                    self._json({"error": "temporarily unavailable"}, 503)
+                    return
             if self.path == "/.well-known/openid-configuration":
                 self._json(
                     {
@@ -66,7 +75,6 @@ def build(port: int) -> ThreadingHTTPServer:
                     }
                 )
             elif self.path == "/jwks":
-                hits["jwks"] += 1
                 self._json(KeySet(list(keys)).as_dict(private=False))
             elif self.path == "/hits":
                 self._json(hits)
@@ -75,10 +83,15 @@ def build(port: int) -> ThreadingHTTPServer:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.path == "/mint":
+            if self.path in ("/mint", "/mint?kid=none"):
                 now = int(time.time())
                 claims = {"iss": issuer, "iat": now, "exp": now + LIFETIME_S, **json.loads(body or b"{}")}
-                self._json({"token": sign(claims, keys[-1])})
+                if "email" in claims:
+                    claims.setdefault("email_verified", True)
+                self._json({"token": sign(claims, keys[-1], kid=self.path == "/mint")})
+            elif self.path == "/outage":
+                outage["down"] = bool(json.loads(body)["down"])
+                self._json(outage)
             elif self.path == "/rotate":
                 keys.append(another_key(f"k{len(keys) + 1}"))
                 self._json({"kid": keys[-1].kid})
@@ -99,6 +112,15 @@ class Running:
 
     def mint(self, **claims: Any) -> str:
         return httpx.post(f"{self.url}/mint", json=claims, timeout=10).json()["token"]
+
+    def mint_without_kid(self, **claims: Any) -> str:
+        return httpx.post(f"{self.url}/mint?kid=none", json=claims, timeout=10).json()["token"]
+
+    def outage(self, down: bool) -> None:
+        httpx.post(f"{self.url}/outage", json={"down": down}, timeout=10).raise_for_status()
+
+    def fetches(self) -> dict[str, int]:
+        return httpx.get(f"{self.url}/hits", timeout=10).json()
 
     def rotate(self) -> str:
         return httpx.post(f"{self.url}/rotate", timeout=10).json()["kid"]

@@ -3,8 +3,9 @@
 In the signed mode an identity-aware proxy passes the person's OIDC token, believed only when PyJWT verifies its
 signature with one of the issuer's published keys, its issuer, audience and expiry; where a request comes from proves
 nothing, so it is not asked. The development modes (trusted proxy headers, the local user) are refused outside
-development. Every POST must carry the CSRF token of its cookie, signed for the signed-in identity: another site can
-neither read the cookie nor make a token that verifies for this person.
+development. Every POST must carry the CSRF token of its cookie, signed for the signed-in identity with the time it
+was made: another site can neither read the cookie nor make a token that verifies for this person, and a token is
+refused once CSRF_LIFETIME_S old.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import asyncio
 import hashlib
 import hmac
 import ipaddress
+import json
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass
@@ -35,6 +38,9 @@ JWKS_LIFESPAN_S = 300
 # console hammer the issuer, and a key the issuer rotated in is believed within this long.
 JWKS_REFRESH_COOLDOWN_S = 30.0
 REFUSAL_WINDOW_S = 60.0
+# A CSRF token (of a cookie, and of the forms of the pages it was sent with) is refused once this old: one that leaked
+# (a proxy's log, a shared screen) is of use for a working day at most.
+CSRF_LIFETIME_S = 8 * 3600
 security = logging.getLogger("roundtrip.security")
 
 
@@ -112,43 +118,81 @@ def _claimed(token: str) -> str | None:
     return None
 
 
+def _names_person(claims: dict[str, Any], claim: str) -> bool:
+    """A non-empty text claim; `email` only when the issuer says it verified it: an address anyone may type into
+    their profile at the issuer would otherwise name them as whoever owns it."""
+    if claim == "email" and claims.get("email_verified") not in (True, "true"):
+        return False
+    return isinstance(claims.get(claim), str) and bool(claims[claim])
+
+
 class IssuerAway(Exception):
-    """The issuer's discovery document could not be read."""
+    """The issuer's discovery document or keys could not be read; asked again in `retry_s`."""
+
+    def __init__(self, message: str, retry_s: float) -> None:
+        super().__init__(message)
+        self.retry_s = retry_s
+
+
+def _signing_key(keys: jwt.PyJWKClient, token: str) -> Any:
+    if jwt.get_unverified_header(token).get("kid") is not None:
+        return keys.get_signing_key_from_jwt(token).key
+    # OIDC Core 10.1: a token need not name its key when the issuer publishes one; with several, which is unknowable
+    signing = [k for k in keys.get_jwk_set().keys if k.public_key_use in ("sig", None)]
+    if len(signing) != 1:
+        raise jwt.PyJWKClientError(f"the token names no key id and the issuer publishes {len(signing)} signing keys")
+    return signing[0].key
 
 
 class Issuer:
-    """The OIDC issuer's keys: its discovery document read once, its JWKS through PyJWKClient."""
+    """The OIDC issuer's keys: its discovery document read once, its JWKS through PyJWKClient.
+
+    A failed fetch (discovery or keys) is not tried again for JWKS_REFRESH_COOLDOWN_S: an issuer out of reach is asked
+    once per cooldown, not once per request, and said once in the log; sign-ins meanwhile answer 503."""
 
     def __init__(self, issuer: str, jwks_url: str | None) -> None:
         self.issuer = issuer.rstrip("/")
         self._jwks_url = jwks_url
         self._client: jwt.PyJWKClient | None = None
-        self._lock = asyncio.Lock()
+        self._lock = asyncio.Lock()  # one fetch at a time: requests that waited on a failing one find its cooldown
+        self._away_until, self._away = 0.0, ""
 
     async def _keys(self) -> jwt.PyJWKClient:
-        async with self._lock:
-            if self._client is None:
-                url = self._jwks_url
-                if not url:
-                    try:
-                        async with httpx.AsyncClient(timeout=10) as http:
-                            found = await http.get(f"{self.issuer}/.well-known/openid-configuration")
-                            found.raise_for_status()
-                            url = str(found.json()["jwks_uri"])
-                    except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
-                        raise IssuerAway(f"{type(exc).__name__}: {exc}"[:300]) from None
-                self._client = jwt.PyJWKClient(  # the key set is cached, not each key: one the issuer withdrew
-                    url,  # is no longer believed once the set is fetched again
-                    cache_keys=False,
-                    lifespan=JWKS_LIFESPAN_S,
-                    timeout=10,
-                    cooldown_duration=JWKS_REFRESH_COOLDOWN_S,
-                )
-            return self._client
+        if self._client is None:
+            url = self._jwks_url
+            if not url:
+                try:
+                    async with httpx.AsyncClient(timeout=10) as http:
+                        found = await http.get(f"{self.issuer}/.well-known/openid-configuration")
+                        found.raise_for_status()
+                        url = str(found.json()["jwks_uri"])
+                except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+                    raise IssuerAway(f"its discovery document: {type(exc).__name__}: {exc}"[:300], 0) from None
+            self._client = jwt.PyJWKClient(  # the key set is cached, not each key: one the issuer withdrew
+                url,  # is no longer believed once the set is fetched again
+                cache_keys=False,
+                lifespan=JWKS_LIFESPAN_S,
+                timeout=10,
+                cooldown_duration=JWKS_REFRESH_COOLDOWN_S,
+            )
+        return self._client
 
     async def key(self, token: str) -> Any:
-        keys = await self._keys()
-        return (await asyncio.to_thread(keys.get_signing_key_from_jwt, token)).key
+        async with self._lock:
+            if (wait := self._away_until - time.monotonic()) > 0:
+                raise IssuerAway(self._away, wait)
+            try:
+                keys = await self._keys()
+                return await asyncio.to_thread(_signing_key, keys, token)
+            except (IssuerAway, jwt.PyJWKClientConnectionError, json.JSONDecodeError) as exc:
+                cooldown = JWKS_REFRESH_COOLDOWN_S
+                self._away_until, self._away = time.monotonic() + cooldown, str(exc)[:300]
+                security.error(
+                    "the console cannot fetch the issuer's keys (%s): sign-ins answer 503 and it asks again in %.0f s",
+                    self._away,
+                    cooldown,
+                )
+                raise IssuerAway(self._away, cooldown) from None
 
 
 class SignIn(Protocol):
@@ -189,6 +233,7 @@ class Gatekeeper:
         self.local = settings.console_local_identity
         key = settings.console_session_key
         self._key = key.get_secret_value().encode() if key else secrets.token_bytes(32)
+        self.clock = time.time  # the CSRF tokens' clock (wall time: every replica must agree on it)
 
     def from_proxy(self, request: Request) -> bool:
         host = request.client.host if request.client else ""
@@ -240,17 +285,16 @@ class Gatekeeper:
             raise self._refuse(request, "wrong-issuer", token) from None
         except jwt.InvalidSignatureError:
             raise self._refuse(request, "bad-signature", token) from None
-        except jwt.PyJWKClientConnectionError as exc:
-            security.error("the console cannot fetch the issuer's keys: %s", exc)
-            raise NotSignedIn("the console cannot reach the sign-on's keys: try again in a minute", 503) from None
-        except jwt.PyJWKClientError as exc:  # no key of the issuer has this token's key id
+        except (
+            jwt.PyJWKClientError
+        ) as exc:  # no key of the issuer has this token's key id (or it names none of several)
             raise self._refuse(request, "unknown-key", token, str(exc)[:200]) from None
-        except IssuerAway as exc:
-            security.error("the console cannot read the issuer's discovery document: %s", exc)
-            raise NotSignedIn("the console cannot reach the sign-on's keys: try again in a minute", 503) from None
+        except IssuerAway as exc:  # said in the log by the Issuer, once per cooldown
+            retry = f"try again in {math.ceil(exc.retry_s)} s"
+            raise NotSignedIn(f"the console cannot reach the sign-on's keys: {retry}", 503) from None
         except jwt.PyJWTError as exc:  # malformed, not yet valid, a required claim missing, an algorithm refused
             raise self._refuse(request, "invalid-token", token, f"{type(exc).__name__}: {exc}"[:200]) from None
-        name = next((claims[c] for c in self.name_claims if isinstance(claims.get(c), str) and claims[c]), None)
+        name = next((claims[c] for c in self.name_claims if _names_person(claims, c)), None)
         if name is None:
             raise self._refuse(request, "no-name-claim", token)
         raw = claims.get(self.groups_claim, [])
@@ -274,19 +318,24 @@ class Gatekeeper:
             )
         raise NotSignedIn("not signed in: open the console through the company's sign-on")
 
-    def _mac(self, nonce: str, identity: Identity) -> str:
-        return hmac.new(self._key, f"{nonce}\x00{identity.name}".encode(), hashlib.sha256).hexdigest()
+    def _mac(self, nonce: str, issued: str, identity: Identity) -> str:
+        message = f"{nonce}\x00{issued}\x00{identity.name}".encode()
+        return hmac.new(self._key, message, hashlib.sha256).hexdigest()
 
     def token(self, identity: Identity, current: str | None) -> str:
-        """The CSRF token for `identity`: the one its cookie holds when that verifies, else a new one."""
-        if current and self.verifies(identity, current):
+        """The CSRF token for `identity`: the one its cookie holds while it verifies and is in the first half of its
+        life (a form on a page lives at least CSRF_LIFETIME_S / 2), else a new one."""
+        if current and self.verifies(identity, current, CSRF_LIFETIME_S / 2):
             return current
-        nonce = secrets.token_urlsafe(16)
-        return f"{nonce}.{self._mac(nonce, identity)}"
+        nonce, issued = secrets.token_urlsafe(16), str(int(self.clock()))
+        return f"{nonce}.{issued}.{self._mac(nonce, issued, identity)}"
 
-    def verifies(self, identity: Identity, token: str) -> bool:
-        nonce, _, mac = token.partition(".")
-        return bool(nonce and mac) and hmac.compare_digest(self._mac(nonce, identity), mac)
+    def verifies(self, identity: Identity, token: str, lifetime_s: float = CSRF_LIFETIME_S) -> bool:
+        """Signed for this person with this console's key, and issued less than `lifetime_s` ago."""
+        nonce, issued, mac = [*token.split("."), "", ""][:3]
+        if not (nonce and issued.isdigit() and mac) or not hmac.compare_digest(self._mac(nonce, issued, identity), mac):
+            return False
+        return -LEEWAY_S <= self.clock() - int(issued) < lifetime_s  # replicas' clocks disagree a little
 
     def check_post(self, identity: Identity, request: Request, submitted: str) -> bool:
         """A POST is genuine when its form's token equals its cookie's and verifies for this person."""

@@ -1,7 +1,9 @@
 """A service started as a process against a real broker with a PLAINTEXT listener that is not the embedded
 development one (the session's Apache Kafka, named by ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS, ROUNDTRIP_ENV unset):
 refused in one line with exit code 1; with ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true the same service starts and
-works. The check itself: tests/unit/test_plaintext_kafka.py.
+works. Every fleet service started in production with SASL_PLAINTEXT and PLAIN (its password in the clear) or SSL
+without a client certificate (anonymous to the broker) exits 1 with one line. The check itself:
+tests/unit/test_plaintext_kafka.py.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import subprocess
 import sys
 import uuid
 
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from roundtrip._kernel.wire import topics
 from tests.databases import migrated
 from tests.processes import start_service
+from tests.signing import key_environment
+
+FLEET = ("gateway", "model", "guard", "gate", "executor", "console")
 
 
 async def test_a_service_refuses_a_plaintext_kafka_outside_development_and_starts_when_allowed(
@@ -75,3 +81,52 @@ async def test_a_service_refuses_a_plaintext_kafka_outside_development_and_start
         gateway.terminate()
         gateway.wait(timeout=30)
     assert gateway.returncode == 0, (tmp_path / "gateway.log").read_text()[-3000:]
+
+
+@pytest.mark.parametrize(
+    "security,says",
+    [
+        (
+            {
+                "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                "ROUNDTRIP_KAFKA_SASL_MECHANISM": "PLAIN",
+                "ROUNDTRIP_KAFKA_SASL_USERNAME": "roundtrip",
+                "ROUNDTRIP_KAFKA_SASL_PASSWORD": "pw-in-the-clear",
+            },
+            ("is SASL_PLAINTEXT with PLAIN", "ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true"),
+        ),
+        (
+            {"ROUNDTRIP_KAFKA_SECURITY_PROTOCOL": "SSL"},
+            ("is SSL without a client certificate", "ROUNDTRIP_KAFKA_ALLOW_ANONYMOUS=true"),
+        ),
+    ],
+    ids=["sasl-plain-in-the-clear", "ssl-anonymous"],
+)
+async def test_every_service_in_production_refuses_a_password_in_the_clear_or_an_anonymous_tls_client(
+    kafka_bootstrap, tmp_path, security, says
+):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | {
+        "ROUNDTRIP_ENV": "production",
+        "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,  # a real broker, never dialled: refused before that
+        "ROUNDTRIP_STATE_DIR": str(tmp_path),
+        "ROUNDTRIP_LEDGER_DATABASE_URL": await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"),
+        **key_environment(),  # fresh pairs: what each refuses is the Kafka connection
+        **security,
+    }
+
+    def run(service: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "roundtrip._cli.main", "run", service],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+        )
+
+    for service, done in zip(FLEET, await asyncio.gather(*(asyncio.to_thread(run, s) for s in FLEET)), strict=True):
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in done.stderr, (service, done.stderr)
+        cause, allowance = says
+        assert lines[0].startswith(f"error: {service} refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL {cause}")
+        assert allowance in lines[0] and kafka_bootstrap in lines[0] and "pw-in-the-clear" not in done.stderr

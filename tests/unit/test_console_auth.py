@@ -8,7 +8,7 @@ import time
 import pytest
 from starlette.requests import Request
 
-from roundtrip._console.auth import APPROVER, VIEWER, Gatekeeper, NotSignedIn
+from roundtrip._console.auth import APPROVER, CSRF_LIFETIME_S, VIEWER, Gatekeeper, NotSignedIn
 from roundtrip._console.decisions import cancel_refusal, refusal
 from roundtrip._guard.ledger import ApprovalRow, TurnRow
 from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration, Settings
@@ -112,6 +112,35 @@ async def test_a_csrf_token_is_bound_to_its_person_and_must_match_the_cookie():
     assert not gate.check_post(bob, request(PROXY, ALICE, cookie=token), token)  # someone else's token
     other = Gatekeeper(development(console_trusted_proxies=PROXY, console_session_key="x" * 32))
     assert not other.check_post(alice, request(PROXY, ALICE, cookie=token), token)  # signed with another key
+
+
+async def test_a_csrf_token_expires_and_a_page_in_its_second_half_of_life_gets_a_new_one():
+    gate = Gatekeeper(development(console_trusted_proxies=PROXY, console_session_key="k" * 32))
+    alice = await gate.identify(request(PROXY, ALICE))
+    made = time.time()
+    gate.clock = lambda: made
+    token = gate.token(alice, None)
+    gate.clock = lambda: made + CSRF_LIFETIME_S * 0.4
+    assert gate.token(alice, token) == token  # young: the page keeps it (other tabs' forms stay good)
+    gate.clock = lambda: made + CSRF_LIFETIME_S * 0.6
+    assert gate.check_post(alice, request(PROXY, ALICE, cookie=token), token)  # still good for a form posted now
+    renewed = gate.token(alice, token)
+    assert renewed != token and gate.check_post(alice, request(PROXY, ALICE, cookie=renewed), renewed)
+    gate.clock = lambda: made + CSRF_LIFETIME_S + 1
+    assert not gate.check_post(alice, request(PROXY, ALICE, cookie=token), token)  # expired: refused
+    nonce, _, mac = token.split(".")
+    younger = f"{nonce}.{int(made + CSRF_LIFETIME_S)}.{mac}"  # its time moved on: the signature no longer holds
+    assert not gate.check_post(alice, request(PROXY, ALICE, cookie=younger), younger)
+    old_form = f"{nonce}.{mac}"  # a token of the form before tokens expired: refused (reload the page)
+    assert not gate.check_post(alice, request(PROXY, ALICE, cookie=old_form), old_form)
+
+
+def test_cookies_without_secure_are_refused_outside_development_in_one_line():
+    with pytest.raises(InsecureConfiguration, match="ROUNDTRIP_CONSOLE_SECURE_COOKIES is false") as refused:
+        production(console_secure_cookies=False).refuse_console_local_user("console")
+    assert "\n" not in str(refused.value) and str(refused.value).startswith("console refuses to start")
+    development(console_secure_cookies=False).refuse_console_local_user("console")
+    production().refuse_console_local_user("console")
 
 
 def _approval(status: str = "pending", expires_in: float = 60, decided_by: str | None = None) -> ApprovalRow:

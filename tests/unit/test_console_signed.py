@@ -4,12 +4,14 @@ page's Content-Security-Policy and its rendering of hostile text."""
 
 from __future__ import annotations
 
+import asyncio
 import html.parser
 import logging
 import re
 import time
 
 import httpx
+import jwt
 import pytest
 from starlette.requests import Request
 
@@ -167,6 +169,67 @@ async def test_an_issuer_out_of_reach_is_a_503_not_a_refusal(caplog):
     with pytest.raises(NotSignedIn, match="cannot reach") as away:
         await gate.identify(request(bearer("a.b.c")))
     assert away.value.status == 503
+
+
+async def test_a_token_without_a_key_id_is_believed_while_the_issuer_publishes_one_key_only(caplog):
+    caplog.set_level(logging.INFO, logger="roundtrip.security")
+    with oidc_issuer.running() as one_key:  # its own issuer: it rotates below
+        token = one_key.mint_without_kid(
+            sub="alice", email="alice@example.com", aud=AUDIENCE, groups=["roundtrip-approvers"]
+        )
+        assert "kid" not in jwt.get_unverified_header(token)
+        alice = await Gatekeeper(settings_for(one_key)).identify(request(bearer(token)))
+        assert (alice.name, alice.role) == ("alice@example.com", APPROVER)
+        forged = oidc_issuer.sign(
+            {"iss": one_key.url, "aud": AUDIENCE, "email": "mallory@example.com", "exp": int(time.time()) + 300},
+            oidc_issuer.another_key(),
+            kid=False,
+        )
+        with pytest.raises(NotSignedIn):  # the one key it publishes did not sign this one
+            await Gatekeeper(settings_for(one_key)).identify(request(bearer(forged)))
+        one_key.rotate()  # two keys published: which one a token without a key id means is unknowable
+        token = one_key.mint_without_kid(sub="alice", email="alice@example.com", aud=AUDIENCE)
+        with pytest.raises(NotSignedIn) as refused:
+            await Gatekeeper(settings_for(one_key)).identify(request(bearer(token)))
+    assert refused.value.status == 401
+    assert "reason=unknown-key" in refusals(caplog)[-1] and "publishes 2 signing keys" in refusals(caplog)[-1]
+
+
+async def test_an_email_the_issuer_did_not_verify_does_not_name_the_person(issuer):
+    gate = Gatekeeper(settings_for(issuer))
+    unverified = {"email": "ceo@example.com", "email_verified": False, "aud": AUDIENCE, "groups": ["roundtrip-viewers"]}
+    assert (await gate.identify(request(bearer(issuer.mint(sub="u-42", **unverified))))).name == "u-42"
+    named = issuer.mint(sub="u-42", preferred_username="mallory", **unverified)
+    assert (await gate.identify(request(bearer(named)))).name == "mallory"  # the next claim of the setting
+    absent = issuer.mint(sub="u-42", **unverified)  # the claim left out altogether: not verified either
+    assert (await gate.identify(request(bearer(absent)))).name == "u-42"
+    verified = issuer.mint(sub="u-42", email="ceo@example.com", email_verified=True, aud=AUDIENCE, groups=[])
+    assert (await gate.identify(request(bearer(verified)))).name == "ceo@example.com"
+
+
+@pytest.mark.parametrize("jwks_url", [False, True], ids=["discovery", "jwks"])
+async def test_an_issuer_out_of_reach_is_asked_once_per_cooldown_and_said_once(caplog, monkeypatch, jwks_url):
+    caplog.set_level(logging.INFO, logger="roundtrip.security")
+    monkeypatch.setattr(auth, "JWKS_REFRESH_COOLDOWN_S", 3.0)  # longer than the requests below take
+    with oidc_issuer.running() as away:
+        token = person(away)
+        away.outage(True)
+        gate = Gatekeeper(settings_for(away, console_oidc_jwks_url=f"{away.url}/jwks" if jwks_url else None))
+        before = away.fetches()
+        answers = await asyncio.gather(
+            *(gate.identify(request(bearer(token))) for _ in range(5)), return_exceptions=True
+        )
+        assert all(isinstance(a, NotSignedIn) and a.status == 503 and "try again in" in a.message for a in answers)
+        asked = "jwks" if jwks_url else "discovery"
+        assert away.fetches()[asked] == before[asked] + 1  # five sign-ins, one request to the issuer
+        away.outage(False)
+        with pytest.raises(NotSignedIn, match="cannot reach"):  # back, but the cooldown is not over: not asked
+            await gate.identify(request(bearer(token)))
+        assert away.fetches() == {**before, asked: before[asked] + 1}
+        said = [line for line in refusals(caplog) if "cannot fetch the issuer's keys" in line]
+        assert len(said) == 1 and "asks again in 3 s" in said[0]
+        time.sleep(3.1)  # past the 3 s cooldown set above
+        assert (await gate.identify(request(bearer(token)))).name == "alice@example.com"
 
 
 class Outlet:

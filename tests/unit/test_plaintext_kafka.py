@@ -12,11 +12,18 @@ import sys
 
 import pytest
 
-from roundtrip._kernel.settings import ConfigurationError, Settings
+from roundtrip._kernel.settings import ConfigurationError, InsecureConfiguration, Settings
 from roundtrip._sdk.agent import load_agent
 from tests.signing import key_environment, key_settings
 
 EXTERNAL = "kafka-1.example:9092"
+PLAIN_IN_CLEAR = {
+    "kafka_bootstrap_servers": EXTERNAL,
+    "kafka_security_protocol": "SASL_PLAINTEXT",
+    "kafka_sasl_mechanism": "PLAIN",
+    "kafka_sasl_username": "roundtrip",
+    "kafka_sasl_password": "secret",
+}
 
 
 def settings(**values) -> Settings:
@@ -48,11 +55,66 @@ def test_plaintext_outside_development_is_refused_in_one_line_naming_the_way_out
             "kafka_sasl_username": "roundtrip",
             "kafka_sasl_password": "secret",
         },
-        {"kafka_bootstrap_servers": EXTERNAL, "kafka_security_protocol": "SSL"},
+        {
+            "kafka_bootstrap_servers": EXTERNAL,
+            "kafka_security_protocol": "SASL_PLAINTEXT",  # SCRAM never sends the password itself
+            "kafka_sasl_mechanism": "SCRAM-SHA-256",
+            "kafka_sasl_username": "roundtrip",
+            "kafka_sasl_password": "secret",
+        },
+        {**PLAIN_IN_CLEAR, "kafka_allow_plaintext": True},
+        {**PLAIN_IN_CLEAR, "env": "development"},
+        {"kafka_bootstrap_servers": EXTERNAL, "kafka_security_protocol": "SSL", "kafka_allow_anonymous": True},
     ],
 )
 def test_development_an_explicit_allowance_or_a_secured_protocol_start(values):
     settings(**values).refuse_plaintext_kafka("gateway")
+
+
+def test_ssl_with_a_client_certificate_starts(tmp_path):
+    (tmp_path / "client.pem").write_text("-")
+    (tmp_path / "client.key").write_text("-")
+    settings(
+        kafka_bootstrap_servers=EXTERNAL,
+        kafka_security_protocol="SSL",
+        kafka_ssl_certfile=tmp_path / "client.pem",
+        kafka_ssl_keyfile=tmp_path / "client.key",
+    ).refuse_plaintext_kafka("gateway")
+
+
+@pytest.mark.parametrize(
+    "values,says,allowance",
+    [
+        (PLAIN_IN_CLEAR, "is SASL_PLAINTEXT with PLAIN", "ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true"),
+        (
+            {
+                **PLAIN_IN_CLEAR,
+                "kafka_sasl_mechanism": "OAUTHBEARER",
+                "kafka_sasl_username": None,
+                "kafka_sasl_password": None,
+                "kafka_sasl_oauth_token_provider": "roundtrip._broker.unsecured_token:UnsecuredTokenProvider",
+            },
+            "is SASL_PLAINTEXT with OAUTHBEARER",
+            "ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true",
+        ),
+        (
+            {"kafka_bootstrap_servers": EXTERNAL, "kafka_security_protocol": "SSL"},
+            "is SSL without a client certificate",
+            "ROUNDTRIP_KAFKA_ALLOW_ANONYMOUS=true",
+        ),
+        (
+            {"kafka_bootstrap_servers": EXTERNAL, "kafka_security_protocol": "SSL", "kafka_allow_plaintext": True},
+            "is SSL without a client certificate",  # the plaintext allowance is not this one
+            "ROUNDTRIP_KAFKA_ALLOW_ANONYMOUS=true",
+        ),
+    ],
+)
+def test_a_credential_in_the_clear_or_an_anonymous_tls_client_is_refused_outside_development(values, says, allowance):
+    with pytest.raises(InsecureConfiguration) as refused:
+        settings(**values).refuse_plaintext_kafka("executor")
+    said = str(refused.value)
+    assert said.startswith(f"executor refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL {says}"), said
+    assert "\n" not in said and EXTERNAL in said and allowance in said and "secret" not in said
 
 
 def test_the_allowance_is_read_from_its_variable(monkeypatch):
@@ -108,6 +170,7 @@ async def test_the_apps_themselves_refuse_before_the_broker_is_contacted(service
     [
         ("ROUNDTRIP_CONSOLE_LOCAL_USER", "me@laptop"),  # every visitor an approver: development only
         ("ROUNDTRIP_CONSOLE_TRUSTED_PROXIES", "127.0.0.1"),  # identity on the word of an address: development only
+        ("ROUNDTRIP_CONSOLE_SECURE_COOKIES", "false"),  # the CSRF cookie over plain http: development only
     ],
 )
 def test_the_consoles_development_sign_in_is_refused_by_roundtrip_run_in_one_line(tmp_path, variable, value):

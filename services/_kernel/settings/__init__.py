@@ -204,15 +204,36 @@ class Settings(
                 )
 
     def refuse_plaintext_kafka(self, service: str) -> None:
-        """Raise InsecureConfiguration for PLAINTEXT Kafka outside development, unless ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT:
-        anyone on the network could read every record and write any internal topic."""
-        if self.kafka_security_protocol == "PLAINTEXT" and not self.kafka_allow_plaintext and not self.development:
+        """Raise InsecureConfiguration outside development for a Kafka connection whose traffic or credential anyone on
+        the network can read, unless ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT (PLAINTEXT; SASL_PLAINTEXT with PLAIN or
+        OAUTHBEARER), and for SSL without a client certificate (every client the same anonymous principal), unless
+        ROUNDTRIP_KAFKA_ALLOW_ANONYMOUS."""
+        if self.development:
+            return
+        protocol, mechanism = self.kafka_security_protocol, self.kafka_sasl_mechanism
+        where = f"(Kafka at {self.bootstrap_servers}, ROUNDTRIP_ENV={self.env or 'unset'})"
+        laptop = "or ROUNDTRIP_ENV=development on a laptop."
+        if protocol == "PLAINTEXT" and not self.kafka_allow_plaintext:
             raise InsecureConfiguration(
-                f"{service} refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT (Kafka at "
-                f"{self.bootstrap_servers}, ROUNDTRIP_ENV={self.env or 'unset'}), so anyone on the network can read "
-                "and write the fleet's topics. Set SASL_SSL (or SSL) with its ROUNDTRIP_KAFKA_* settings, "
-                "ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true for a network you trust on purpose, or ROUNDTRIP_ENV=development "
-                "on a laptop."
+                f"{service} refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT {where}, so anyone on the "
+                "network can read and write the fleet's topics. Set SASL_SSL (or SSL) with its ROUNDTRIP_KAFKA_* "
+                f"settings, ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true for a network you trust on purpose, {laptop}"
+            )
+        if protocol == "SASL_PLAINTEXT" and mechanism in ("PLAIN", "OAUTHBEARER") and not self.kafka_allow_plaintext:
+            secret = "password" if mechanism == "PLAIN" else "token"
+            raise InsecureConfiguration(
+                f"{service} refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is SASL_PLAINTEXT with {mechanism} "
+                f"{where}, so its {secret} crosses the network in the clear and whoever reads it writes as this "
+                "service. Set SASL_SSL, ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true for a network you trust on purpose, "
+                f"{laptop}"
+            )
+        if protocol == "SSL" and self.kafka_ssl_certfile is None and not self.kafka_allow_anonymous:
+            raise InsecureConfiguration(
+                f"{service} refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is SSL without a client certificate "
+                f"{where}, so the broker cannot tell this service from anyone who reaches its listener (no ACL per "
+                "service can hold). Set ROUNDTRIP_KAFKA_SSL_CERTFILE and ROUNDTRIP_KAFKA_SSL_KEYFILE (mTLS) or "
+                "SASL_SSL, ROUNDTRIP_KAFKA_ALLOW_ANONYMOUS=true for a listener open to anyone on purpose, "
+                f"{laptop}"
             )
 
     @property
@@ -254,7 +275,8 @@ class Settings(
             )
 
     def refuse_console_local_user(self, service: str) -> None:
-        """Raise InsecureConfiguration for a local user (everyone an approver, unauthenticated) outside development."""
+        """Raise InsecureConfiguration outside development for the console's development-only settings: a local user
+        (everyone an approver, unauthenticated), trusted proxy headers, cookies without Secure."""
         if self.console_local_user and not self.development:
             raise InsecureConfiguration(
                 f"{service} refuses to start: ROUNDTRIP_CONSOLE_LOCAL_USER signs every visitor in as an approver, and "
@@ -266,6 +288,12 @@ class Settings(
                 f"{service} refuses to start: ROUNDTRIP_CONSOLE_TRUSTED_PROXIES believes identity headers on the "
                 "word of a source address (anything reaching that address names any approver), and this is not "
                 "development. Use the signed mode: ROUNDTRIP_CONSOLE_OIDC_ISSUER and ROUNDTRIP_CONSOLE_OIDC_AUDIENCE."
+            )
+        if not self.console_secure_cookies and not self.development:
+            raise InsecureConfiguration(
+                f"{service} refuses to start: ROUNDTRIP_CONSOLE_SECURE_COOKIES is false, so the console's CSRF cookie "
+                "would also travel over plain http, and this is not development. Serve the console over HTTPS and "
+                "unset it (browsers keep a Secure cookie on http://localhost too), or set ROUNDTRIP_ENV=development."
             )
         placeholder = [
             name

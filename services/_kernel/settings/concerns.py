@@ -194,8 +194,11 @@ class KafkaSecurity(Concern):
     Confluent Cloud, Amazon MSK (SCRAM, IAM) and OIDC: the deployment page.
 
     Outside development (`ROUNDTRIP_ENV`) a service refuses to start on `PLAINTEXT`, where anyone on the network
-    can read every record and write any internal topic, unless `ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true` says the
-    network is trusted on purpose. The embedded broker of `roundtrip up` is development, so it needs neither."""
+    can read every record and write any internal topic, and on `SASL_PLAINTEXT` with `PLAIN` or `OAUTHBEARER`, whose
+    password or token crosses the network in the clear, unless `ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true` says the
+    network is trusted on purpose; and on `SSL` without a client certificate, where every client is the broker's
+    anonymous principal, unless `ROUNDTRIP_KAFKA_ALLOW_ANONYMOUS=true`. The embedded broker of `roundtrip up` is
+    development, so it needs none of them."""
 
     """How every Kafka client of the fleet connects: TLS and SASL, named after the standard client properties
     (security.protocol, sasl.mechanism, ssl.truststore: services/_kernel/kafka/security.py turns them into aiokafka's
@@ -237,7 +240,15 @@ class KafkaSecurity(Concern):
         False,
         description=(
             "`true`: a service outside development starts on `PLAINTEXT` all the same (a network trusted on purpose); "
-            "without it, it refuses to"
+            "without it, it refuses to; the same for `SASL_PLAINTEXT` with `PLAIN` or `OAUTHBEARER` (the password or "
+            "token in the clear)"
+        ),
+    )
+    kafka_allow_anonymous: bool = Field(
+        False,
+        description=(
+            "`true`: a service outside development starts on `SSL` without a client certificate all the same (every "
+            "client the broker's anonymous principal, on purpose); without it, it refuses to"
         ),
     )
 
@@ -710,7 +721,11 @@ class ConsoleSettings(Concern):
         ),
     )
     console_secure_cookies: bool = Field(
-        True, description="The console's cookie is Secure (HTTPS only; browsers accept it on http://localhost too)"
+        True,
+        description=(
+            "The console's cookie is Secure (HTTPS only; browsers accept it on http://localhost too); `false` is "
+            "refused outside development"
+        ),
     )
     console_jaeger_url: str | None = Field(
         None, description="Jaeger's UI the console links a turn's trace to; unset: the Jaeger query URL, if any"
