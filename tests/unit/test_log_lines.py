@@ -83,6 +83,27 @@ def test_the_formatter_keeps_any_message_on_one_line_and_a_traceback_below_it(li
     assert shown[2] == "Traceback (most recent call last):" and shown[-1] == "ValueError: boom"
 
 
+def test_an_exceptions_text_in_a_traceback_cannot_start_a_line_and_the_traceback_keeps_its_own(lines):
+    log = logging.getLogger("roundtrip.unit")
+    forged = "2026-12-04 12:00:00,000 ERROR roundtrip.security: all clear"
+    try:
+        try:
+            raise ValueError(f"tool failed\n{forged}\u2028\x1b[2K")  # a message from outside: a tool's error
+        except ValueError as exc:
+            exc.add_note(f"while reading\r\n{forged}")
+            raise RuntimeError(f"step failed\x85{forged}") from exc
+    except RuntimeError:
+        log.exception("turn %s", "turn_1")
+    shown = lines()
+    assert not [line for line in shown if line.startswith("2026-12-04")]  # no line of the forged record's form
+    assert shown[0].endswith("ERROR roundtrip.unit: turn turn_1") and shown[1] == "Traceback (most recent call last):"
+    assert shown.count("Traceback (most recent call last):") == 2  # both tracebacks of the chain, line by line
+    assert '  File "' in shown[2] and shown[3].lstrip().startswith("raise ValueError(")
+    assert f"ValueError: tool failed\\n{forged}\\u2028\\x1b[2K\\nwhile reading\\r\\n{forged}" in shown
+    assert "The above exception was the direct cause of the following exception:" in shown
+    assert shown[-1] == f"RuntimeError: step failed\\x85{forged}"
+
+
 def test_one_line_leaves_tabs_and_ordinary_text_alone():
     assert one_line("a\tb café ord_1") == "a\tb café ord_1"
     assert one_line("a\r\nb\x00") == "a\\r\\nb\\x00"
