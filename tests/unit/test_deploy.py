@@ -542,7 +542,7 @@ def test_compose_jaeger_is_the_v2_release_scripts_jaeger_builds(compose):
     jaeger = compose["services"]["jaeger"]
     assert jaeger["image"] == f"jaegertracing/jaeger:{JAEGER_RELEASE_OF_MODULE[module]}"
     assert "13133/status" in " ".join(jaeger["healthcheck"]["test"])
-    assert "4318:4318" in jaeger["ports"] and "16686:16686" in jaeger["ports"]
+    assert "127.0.0.1:4318:4318" in jaeger["ports"] and "127.0.0.1:16686:16686" in jaeger["ports"]
 
 
 def test_compose_databases_are_postgres():
@@ -850,3 +850,14 @@ def test_the_k8s_config_has_the_agents_slot_and_every_ledger_user_reads_the_secr
 def test_the_image_installs_agent_packages_named_at_build_time():
     text = DOCKERFILE.read_text()
     assert 'ARG AGENT_PACKAGES=""' in text and "pip install /wheels/*.whl ${AGENT_PACKAGES}" in text
+
+
+def test_compose_publishes_every_port_on_the_hosts_loopback_only():
+    # its Kafka listener is PLAINTEXT and its keys are the published ones: reachable from the host, no other machine
+    published = [
+        (name, port)
+        for name, service in compose_config()["services"].items()  # as the real Compose resolves them
+        for port in service.get("ports", [])
+    ]
+    assert {name for name, _ in published} >= {"kafka", "shop", "simulator", "jaeger", "console"}
+    assert all(port["host_ip"] == "127.0.0.1" for _, port in published), published
