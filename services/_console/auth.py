@@ -3,9 +3,8 @@
 In the signed mode an identity-aware proxy passes the person's OIDC token, believed only when PyJWT verifies its
 signature with one of the issuer's published keys, its issuer, audience and expiry; where a request comes from proves
 nothing, so it is not asked. The development modes (trusted proxy headers, the local user) are refused outside
-development. Every POST must carry the CSRF token of its cookie, signed for the signed-in identity with the time it
-was made: another site can neither read the cookie nor make a token that verifies for this person, and a token is
-refused once CSRF_LIFETIME_S old.
+development. Every POST must carry the CSRF token of its cookie, signed for the signed-in identity and its time:
+another site can neither read the cookie nor make a token that verifies for this person, nor use an old one.
 """
 
 from __future__ import annotations
