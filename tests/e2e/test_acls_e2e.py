@@ -2,7 +2,9 @@
 StandardAuthorizer denies whatever no ACL allows, with exactly the ACLs `roundtrip acls --apply` derives from the
 topology; turns of the user's app (its own principal, its own consumer group) get their replies, the console reads,
 re-drives and records a dead letter as its own principal, and the executor's principal is refused when it writes a
-signed batch to turn.tool_batches or reads support.requests.
+signed batch to turn.tool_batches or reads support.requests. Holding the executor's credentials (issue 51), an
+attacker's forged turn end on turn.outcomes, reply on support.replies, cancel on turn.controls and dead-letter records
+are each refused by the broker, and no reply of the user's app changes.
 """
 
 from __future__ import annotations
@@ -22,13 +24,25 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from roundtrip._broker.embedded import free_port
-from roundtrip._broker.secured import ADMIN_PASSWORD, ADMIN_USER, Listener, secured_kafka
+from roundtrip._broker.secured import ADMIN_PASSWORD, ADMIN_USER, AUTHORIZER, Listener, secured_kafka
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.events import SupportReply
+from roundtrip._kernel.wire.events import (
+    CancelTurn,
+    DeadLettered,
+    DeadLetterHandled,
+    SupportReply,
+    Turn,
+    TurnEnded,
+    Usage,
+)
 from tests.databases import migrated
 from tests.processes import start_service
 
-STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+FORGED = "PHISH: verify your card at evil.example"
+# the gateway's own dead letters: the executor may write no letter that says another service refused a record
+# (today every service writes the one roundtrip.dead_letters, the executor too)
+GATEWAY_DEAD_LETTERS = topics.DEAD_LETTERS + ".by.gateway"
 MECHANISM = "SCRAM-SHA-256"
 PRINCIPALS = (*topology.names(), "operator", "app")
 PASSWORDS = {f"roundtrip-{name}": f"{name}-{uuid.uuid4().hex[:12]}" for name in PRINCIPALS}
@@ -46,7 +60,7 @@ def authorizing_broker(tmp_path):
         PASSWORDS,
         controller_port=free_port(),
         die_with_parent=True,
-        properties={"authorizer.class.name": STANDARD_AUTHORIZER},
+        properties={"authorizer.class.name": AUTHORIZER},
     )  # super users: the broker's own (secured.py)
     with kafka:  # started, and stopped at the end (EmbeddedKafka is its own context manager)
         kafka.wait_ready(120)
@@ -186,6 +200,65 @@ async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | No
     return forged, read, {t["topic"].removeprefix(PREFIX): t["error_code"] for t in described}
 
 
+async def executor_forges_the_ends(bootstrap: str, genuine: SupportReply) -> dict[str, type[BaseException] | None]:
+    """As the executor's principal: a TurnEnded with phishing text for the app's turn (the gateway would reply it), the
+    same text as a SupportReply straight to the app, a CancelTurn of the turn, a DeadLetterHandled that would hide or
+    re-drive a letter, and a letter as if the gateway had refused a StartTurn for another customer. Returns each
+    topic's send error (None: the broker took it)."""
+    turn = Turn(
+        turn_id=genuine.turn_id,
+        request_id=genuine.request_id,
+        conversation_id=genuine.conversation_id,
+        customer_id=genuine.customer_id,
+    )
+    reply = genuine.model_copy(update={"text": FORGED})
+    letter = DeadLettered(service="gateway", topic=topics.SUPPORT_REQUESTS, reason="bad json", payload=FORGED)
+    forged = {
+        topics.OUTCOMES: TurnEnded(turn=turn, step=1, outcome="end_turn", text=FORGED, spent=Usage()),
+        topics.SUPPORT_REPLIES: reply,
+        topics.TURN_CONTROLS: CancelTurn(turn_id=genuine.turn_id, reason=FORGED),
+        topics.DEAD_LETTERS_HANDLED: DeadLetterHandled(
+            letter_id="0-0", action="discard", claim="forged", by="alice@example.com", at=0.0, note=FORGED
+        ),
+        GATEWAY_DEAD_LETTERS: letter,
+    }
+    refused: dict[str, type[BaseException] | None] = {}
+    for topic, message in forged.items():  # a producer each: a refused send leaves no state behind for the next
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
+        await producer.start()
+        try:
+            await producer.send_and_wait(
+                PREFIX + topic, message.model_dump_json().encode(), key=genuine.conversation_id.encode()
+            )
+            refused[topic] = None
+        except TopicAuthorizationFailedError as exc:
+            refused[topic] = type(exc)
+        finally:
+            await producer.stop()
+    return refused
+
+
+async def everything_on(bootstrap: str, names: list[str]) -> list[bytes]:
+    """Every record on these topics, from their start to their end now, read as the operator (who may read all)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, **client_security("roundtrip-operator")
+    )
+    await consumer.start()
+    try:
+        partitions = await partitions_of(consumer, [PREFIX + name for name in names])
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        values: list[bytes] = []
+        async with asyncio.timeout(30):
+            while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+                for records in (await consumer.getmany(timeout_ms=1_000)).values():
+                    values += [r.value for r in records]
+        return values
+    finally:
+        await consumer.stop()
+
+
 async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_the_rest(authorizing_broker, tmp_path):
     bootstrap = authorizing_broker.bootstrap
     ledger_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
@@ -236,6 +309,15 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         assert forged is TopicAuthorizationFailedError  # it cannot write a batch for itself to run
         assert read == {}  # two requests are there, and it reads none of them
         assert described == {topics.SUPPORT_REQUESTS: 29, topics.TOOL_BATCHES: 0}  # its own input it may see
+
+        genuine = next(iter(replies.values()))
+        forged = await executor_forges_the_ends(bootstrap, genuine)
+        assert forged == dict.fromkeys(forged, TopicAuthorizationFailedError), forged  # each refused by the broker
+        # nothing of it on any of those topics, and the app's replies are the genuine ones, each once
+        assert not [v for v in await everything_on(bootstrap, list(forged)) if FORGED.encode() in v]
+        on_replies = map(SupportReply.model_validate_json, await everything_on(bootstrap, [topics.SUPPORT_REPLIES]))
+        answered = [r for r in on_replies if r.request_id in replies]
+        assert answered == [replies[r.request_id] for r in answered] and len(answered) == len(replies), answered
         for proc in procs:
             assert proc.poll() is None, f"pid {proc.pid} exited"
     finally:
