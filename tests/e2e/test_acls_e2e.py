@@ -274,11 +274,19 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         "ROUNDTRIP_SHOP_PORT": str(free_port()),
         "PYTHONUNBUFFERED": "1",
     }
+    # a service's first step in its pod: before the ACLs it waits, then says in one line what it cannot see
+    executor = as_principal(env, "roundtrip-executor")
+    early = roundtrip(executor, "topics", "wait", "executor", "--timeout", "1")
+    assert early.returncode == 1, early.stdout + early.stderr
+    (line,) = early.stderr.splitlines()
+    assert f"executor still cannot see {PREFIX}{topics.TOOL_BATCHES} (not authorized)" in line, line
     applied = roundtrip(as_principal(env, ADMIN_USER, ADMIN_PASSWORD), "acls", "--apply", "--app-group", APP_GROUP)
     assert applied.returncode == 0, applied.stderr
     assert "ACL bindings added" in applied.stdout
     made = roundtrip(as_principal(env, "roundtrip-operator"), "topics", "create")  # the operator's ACLs make the topics
     assert made.returncode == 0, made.stdout + made.stderr
+    waited = roundtrip(executor, "topics", "wait", "executor", "--timeout", "30")
+    assert waited.returncode == 0 and "of executor are there" in waited.stdout, waited.stdout + waited.stderr
     await migrated(ledger_url)
 
     procs = []
