@@ -2,9 +2,7 @@
 StandardAuthorizer denies whatever no ACL allows, with exactly the ACLs `roundtrip acls --apply` derives from the
 topology; turns of the user's app (its own principal, its own consumer group) get their replies, the console reads,
 re-drives and records a dead letter as its own principal, and the executor's principal is refused when it writes a
-signed batch to turn.tool_batches or reads support.requests. Holding the executor's credentials (issue 51), an
-attacker's forged turn end on turn.outcomes, reply on support.replies, cancel on turn.controls and dead-letter records
-are each refused by the broker, and no reply of the user's app changes.
+signed batch to turn.tool_batches or reads support.requests.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import (
     CancelTurn,
-    DeadLettered,
     DeadLetterHandled,
     SupportReply,
     Turn,
@@ -40,9 +37,6 @@ from tests.databases import migrated
 from tests.processes import start_service
 
 FORGED = "PHISH: verify your card at evil.example"
-# the gateway's own dead letters: the executor may write no letter that says another service refused a record
-# (today every service writes the one roundtrip.dead_letters, the executor too)
-GATEWAY_DEAD_LETTERS = topics.DEAD_LETTERS + ".by.gateway"
 MECHANISM = "SCRAM-SHA-256"
 PRINCIPALS = (*topology.names(), "operator", "app")
 PASSWORDS = {f"roundtrip-{name}": f"{name}-{uuid.uuid4().hex[:12]}" for name in PRINCIPALS}
@@ -166,45 +160,11 @@ async def console_redrives_a_dead_letter(bootstrap: str, port: str) -> tuple[int
     return statuses[0], statuses[1]
 
 
-async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | None, dict, dict[str, int]]:
-    """As the executor's principal: forge a batch on turn.tool_batches; read the customers' requests (from the start,
-    in its own group); ask the cluster about both topics. Returns the send's error, what was read, and the error
-    code the cluster answers for each topic (29: TOPIC_AUTHORIZATION_FAILED)."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
-    await producer.start()
-    forged: type[BaseException] | None = None
-    try:
-        await producer.send_and_wait(PREFIX + topics.TOOL_BATCHES, b'{"forged": true}', key=b"conv")
-    except TopicAuthorizationFailedError as exc:
-        forged = type(exc)
-    finally:
-        await producer.stop()
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        group_id=PREFIX + "roundtrip-executor",
-        enable_auto_commit=False,
-        **client_security("roundtrip-executor"),
-    )
-    await consumer.start()
-    try:
-        consumer.assign([TopicPartition(PREFIX + topics.SUPPORT_REQUESTS, p) for p in range(2)])
-        read = await consumer.getmany(timeout_ms=5_000)
-    finally:
-        await consumer.stop()
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
-    await admin.start()
-    try:
-        described = await admin.describe_topics([PREFIX + topics.SUPPORT_REQUESTS, PREFIX + topics.TOOL_BATCHES])
-    finally:
-        await admin.close()
-    return forged, read, {t["topic"].removeprefix(PREFIX): t["error_code"] for t in described}
-
-
 async def executor_forges_the_ends(bootstrap: str, genuine: SupportReply) -> dict[str, type[BaseException] | None]:
-    """As the executor's principal: a TurnEnded with phishing text for the app's turn (the gateway would reply it), the
-    same text as a SupportReply straight to the app, a CancelTurn of the turn, a DeadLetterHandled that would hide or
-    re-drive a letter, and a letter as if the gateway had refused a StartTurn for another customer. Returns each
-    topic's send error (None: the broker took it)."""
+    """Holding the executor's credentials (issue 51), as its principal: a TurnEnded with phishing text for the app's
+    turn (the gateway would reply it), the same text as a SupportReply straight to the app, a CancelTurn of the turn,
+    and a DeadLetterHandled that would hide a letter from the people who decide it. Returns each topic's send error
+    (None: the broker took it)."""
     turn = Turn(
         turn_id=genuine.turn_id,
         request_id=genuine.request_id,
@@ -212,7 +172,6 @@ async def executor_forges_the_ends(bootstrap: str, genuine: SupportReply) -> dic
         customer_id=genuine.customer_id,
     )
     reply = genuine.model_copy(update={"text": FORGED})
-    letter = DeadLettered(service="gateway", topic=topics.SUPPORT_REQUESTS, reason="bad json", payload=FORGED)
     forged = {
         topics.OUTCOMES: TurnEnded(turn=turn, step=1, outcome="end_turn", text=FORGED, spent=Usage()),
         topics.SUPPORT_REPLIES: reply,
@@ -220,7 +179,6 @@ async def executor_forges_the_ends(bootstrap: str, genuine: SupportReply) -> dic
         topics.DEAD_LETTERS_HANDLED: DeadLetterHandled(
             letter_id="0-0", action="discard", claim="forged", by="alice@example.com", at=0.0, note=FORGED
         ),
-        GATEWAY_DEAD_LETTERS: letter,
     }
     refused: dict[str, type[BaseException] | None] = {}
     for topic, message in forged.items():  # a producer each: a refused send leaves no state behind for the next
@@ -257,6 +215,40 @@ async def everything_on(bootstrap: str, names: list[str]) -> list[bytes]:
         return values
     finally:
         await consumer.stop()
+
+
+async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | None, dict, dict[str, int]]:
+    """As the executor's principal: forge a batch on turn.tool_batches; read the customers' requests (from the start,
+    in its own group); ask the cluster about both topics. Returns the send's error, what was read, and the error
+    code the cluster answers for each topic (29: TOPIC_AUTHORIZATION_FAILED)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
+    await producer.start()
+    forged: type[BaseException] | None = None
+    try:
+        await producer.send_and_wait(PREFIX + topics.TOOL_BATCHES, b'{"forged": true}', key=b"conv")
+    except TopicAuthorizationFailedError as exc:
+        forged = type(exc)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=PREFIX + "roundtrip-executor",
+        enable_auto_commit=False,
+        **client_security("roundtrip-executor"),
+    )
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(PREFIX + topics.SUPPORT_REQUESTS, p) for p in range(2)])
+        read = await consumer.getmany(timeout_ms=5_000)
+    finally:
+        await consumer.stop()
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
+    await admin.start()
+    try:
+        described = await admin.describe_topics([PREFIX + topics.SUPPORT_REQUESTS, PREFIX + topics.TOOL_BATCHES])
+    finally:
+        await admin.close()
+    return forged, read, {t["topic"].removeprefix(PREFIX): t["error_code"] for t in described}
 
 
 async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_the_rest(authorizing_broker, tmp_path):
@@ -313,11 +305,6 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         redriven = await console_redrives_a_dead_letter(bootstrap, env["ROUNDTRIP_CONSOLE_PORT"])
         assert redriven == (303, 409), redriven
 
-        forged, read, described = await executor_overreaches(bootstrap)
-        assert forged is TopicAuthorizationFailedError  # it cannot write a batch for itself to run
-        assert read == {}  # two requests are there, and it reads none of them
-        assert described == {topics.SUPPORT_REQUESTS: 29, topics.TOOL_BATCHES: 0}  # its own input it may see
-
         genuine = next(iter(replies.values()))
         forged = await executor_forges_the_ends(bootstrap, genuine)
         assert forged == dict.fromkeys(forged, TopicAuthorizationFailedError), forged  # each refused by the broker
@@ -326,6 +313,12 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         on_replies = map(SupportReply.model_validate_json, await everything_on(bootstrap, [topics.SUPPORT_REPLIES]))
         answered = [r for r in on_replies if r.request_id in replies]
         assert answered == [replies[r.request_id] for r in answered] and len(answered) == len(replies), answered
+
+        forged, read, described = await executor_overreaches(bootstrap)
+        assert forged is TopicAuthorizationFailedError  # it cannot write a batch for itself to run
+        assert read == {}  # two requests are there, and it reads none of them
+        assert described == {topics.SUPPORT_REQUESTS: 29, topics.TOOL_BATCHES: 0}  # its own input it may see
+
         for proc in procs:
             assert proc.poll() is None, f"pid {proc.pid} exited"
     finally:
