@@ -306,10 +306,10 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         assert redriven == (303, 409), redriven
 
         genuine = next(iter(replies.values()))
-        forged = await executor_forges_the_ends(bootstrap, genuine)
-        assert forged == dict.fromkeys(forged, TopicAuthorizationFailedError), forged  # each refused by the broker
+        ends = await executor_forges_the_ends(bootstrap, genuine)
+        assert ends == dict.fromkeys(ends, TopicAuthorizationFailedError), ends  # each refused by the broker
         # nothing of it on any of those topics, and the app's replies are the genuine ones, each once
-        assert not [v for v in await everything_on(bootstrap, list(forged)) if FORGED.encode() in v]
+        assert not [v for v in await everything_on(bootstrap, list(ends)) if FORGED.encode() in v]
         on_replies = map(SupportReply.model_validate_json, await everything_on(bootstrap, [topics.SUPPORT_REPLIES]))
         answered = [r for r in on_replies if r.request_id in replies]
         assert answered == [replies[r.request_id] for r in answered] and len(answered) == len(replies), answered
@@ -318,7 +318,6 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         assert forged is TopicAuthorizationFailedError  # it cannot write a batch for itself to run
         assert read == {}  # two requests are there, and it reads none of them
         assert described == {topics.SUPPORT_REQUESTS: 29, topics.TOOL_BATCHES: 0}  # its own input it may see
-
         for proc in procs:
             assert proc.poll() is None, f"pid {proc.pid} exited"
     finally:
