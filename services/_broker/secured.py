@@ -23,6 +23,8 @@ from roundtrip._kernel.kafka.security import sasl_password
 
 ADMIN_USER, ADMIN_PASSWORD = "admin", "admin-secret"  # the broker's own principal (inter-broker), a superuser
 BROKER_PRINCIPAL = "User:CN=broker"  # the same over an mTLS inter-broker listener (its certificate's subject)
+# with it (properties={"authorizer.class.name": AUTHORIZER}) the broker denies whatever no ACL allows
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 _LOGIN = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",

@@ -647,6 +647,37 @@ def topics_create(
         typer.echo(f"  created {name}")
 
 
+@topics_app.command("wait")
+def topics_wait(
+    service: Annotated[str, typer.Argument(help=f"the service whose topics: one of {', '.join(FLEET_SERVICES)}")],
+    timeout: Annotated[float, typer.Option(help="seconds to wait before giving up (exit code 1)")] = 600.0,
+) -> None:
+    """Wait until the topics SERVICE's principal is granted (`roundtrip acls --only SERVICE`) exist and it may see
+    them: a service's first step where a setup job, not the service's own user, makes the ACLs and the topics."""
+    from roundtrip._kernel.kafka.acls import for_service
+    from roundtrip._kernel.kafka.admin import wait_for_topics
+    from roundtrip._kernel.kafka.clients import kafka_clients
+
+    if service not in FLEET_SERVICES:
+        raise typer.BadParameter(f"unknown service {service!r}; choose one of {', '.join(FLEET_SERVICES)}")
+    s = get_settings()
+    names = [a.name for a in for_service(topology.service(service), s.topic_prefix) if a.kind == "topic"]
+    away = asyncio.run(wait_for_topics(kafka_clients(s), names, timeout))
+    if away:
+        why = {3: "no such topic", 29: "not authorized"}
+        missing = ", ".join(
+            f"{name} ({why.get(code, f'error {code}' if code else 'no leader')})" for name, code in away.items()
+        )
+        typer.secho(
+            f"error: after {timeout:g} s {service} still cannot see {missing}: have the ACLs and the topics been made "
+            "(`roundtrip acls --apply` and `roundtrip topics create`; in Kubernetes the roundtrip-kafka-setup Job)?",
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(1)
+    typer.echo(f"topics: the {len(names)} of {service} are there")
+
+
 @app.command()
 def acls(
     principal: Annotated[

@@ -3,9 +3,9 @@
     k8s_manifest(docs, replicas={"executor": 3})          docs: tests.manifests.k8s_documents()
     compose_manifest(resolved, scale={"executor": 3})     resolved: tests.manifests.compose_config()
 
-A Workload (a k8s Deployment, a compose service) has replicas; each replica runs its init containers
-to completion, in order (k8s initContainers), then its main container. A compose service that others
-wait for with `service_completed_successfully` is a one-shot workload, and `after` says what a compose
+A Workload (a k8s Deployment or Job, a compose service) has replicas; each replica runs its init containers
+to completion, in order (k8s initContainers), then its main container. A k8s Job, and a compose service that
+others wait for with `service_completed_successfully`, is a one-shot workload, and `after` says what a compose
 service waits for. `Manifest.addresses` maps every (host, port) at which one workload reaches another
 (a k8s Service and its DNS names, a compose service name) to (that workload, the port its process
 listens on as the manifest numbers it). Every container starts from the image's ENV (the Dockerfile's
@@ -50,7 +50,7 @@ class Workload:
     main: Container
     init: list[Container] = field(default_factory=list)
     after: dict[str, str] = field(default_factory=dict)  # compose depends_on: workload -> condition
-    one_shot: bool = False  # compose: a job the others wait to complete
+    one_shot: bool = False  # a k8s Job; compose: a job the others wait to complete
 
 
 @dataclass
@@ -98,6 +98,7 @@ def k8s_manifest(docs: list[dict[str, Any]], replicas: dict[str, int] | None = N
         "ConfigMap",
         "Secret",
         "Deployment",
+        "Job",
         "Service",
         "ScaledObject",
         "TriggerAuthentication",
@@ -107,7 +108,8 @@ def k8s_manifest(docs: list[dict[str, Any]], replicas: dict[str, int] | None = N
     base = image_env()
     workloads: dict[str, Workload] = {}
     ports_of: dict[str, dict[str, int]] = {}  # deployment -> container port name -> number
-    for name, deployment in kinds(docs, "Deployment").items():
+    jobs = kinds(docs, "Job")
+    for name, deployment in {**kinds(docs, "Deployment"), **jobs}.items():
         pod = deployment["spec"]["template"]["spec"]
         if len(pod["containers"]) != 1:
             raise ManifestError(f"{name}: the test runs pods of one container (and init containers)")
@@ -122,11 +124,14 @@ def k8s_manifest(docs: list[dict[str, Any]], replicas: dict[str, int] | None = N
                 ready = (probe.get("path", "/"), ports[port] if isinstance(port, str) else int(port))
             return Container(full_command(c), {**base, **container_env(docs, c)}, ready, mounted_files(docs, pod, c))
 
+        if name in jobs and deployment["spec"].get("parallelism", 1) != 1:
+            raise ManifestError(f"{name}: the test runs Jobs of one pod at a time")
         workloads[name] = Workload(
             name,
-            replicas.get(name, deployment["spec"].get("replicas", 1)),
+            1 if name in jobs else replicas.get(name, deployment["spec"].get("replicas", 1)),
             container(main),
             init=[container(c) for c in pod.get("initContainers", [])],
+            one_shot=name in jobs,  # the Deployments do not wait for it: their init containers wait for what it makes
         )
     addresses: dict[tuple[str, int], tuple[str, int]] = {}
     for name, service in kinds(docs, "Service").items():

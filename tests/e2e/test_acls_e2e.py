@@ -22,13 +22,21 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import TopicAuthorizationFailedError
 
 from roundtrip._broker.embedded import free_port
-from roundtrip._broker.secured import ADMIN_PASSWORD, ADMIN_USER, Listener, secured_kafka
+from roundtrip._broker.secured import ADMIN_PASSWORD, ADMIN_USER, AUTHORIZER, Listener, secured_kafka
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.events import SupportReply
+from roundtrip._kernel.wire.events import (
+    CancelTurn,
+    DeadLetterHandled,
+    SupportReply,
+    Turn,
+    TurnEnded,
+    Usage,
+)
 from tests.databases import migrated
 from tests.processes import start_service
 
-STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+FORGED = "PHISH: verify your card at evil.example"
 MECHANISM = "SCRAM-SHA-256"
 PRINCIPALS = (*topology.names(), "operator", "app")
 PASSWORDS = {f"roundtrip-{name}": f"{name}-{uuid.uuid4().hex[:12]}" for name in PRINCIPALS}
@@ -46,7 +54,7 @@ def authorizing_broker(tmp_path):
         PASSWORDS,
         controller_port=free_port(),
         die_with_parent=True,
-        properties={"authorizer.class.name": STANDARD_AUTHORIZER},
+        properties={"authorizer.class.name": AUTHORIZER},
     )  # super users: the broker's own (secured.py)
     with kafka:  # started, and stopped at the end (EmbeddedKafka is its own context manager)
         kafka.wait_ready(120)
@@ -152,6 +160,63 @@ async def console_redrives_a_dead_letter(bootstrap: str, port: str) -> tuple[int
     return statuses[0], statuses[1]
 
 
+async def executor_forges_the_ends(bootstrap: str, genuine: SupportReply) -> dict[str, type[BaseException] | None]:
+    """Holding the executor's credentials (issue 51), as its principal: a TurnEnded with phishing text for the app's
+    turn (the gateway would reply it), the same text as a SupportReply straight to the app, a CancelTurn of the turn,
+    and a DeadLetterHandled that would hide a letter from the people who decide it. Returns each topic's send error
+    (None: the broker took it)."""
+    turn = Turn(
+        turn_id=genuine.turn_id,
+        request_id=genuine.request_id,
+        conversation_id=genuine.conversation_id,
+        customer_id=genuine.customer_id,
+    )
+    reply = genuine.model_copy(update={"text": FORGED})
+    forged = {
+        topics.OUTCOMES: TurnEnded(turn=turn, step=1, outcome="end_turn", text=FORGED, spent=Usage()),
+        topics.SUPPORT_REPLIES: reply,
+        topics.TURN_CONTROLS: CancelTurn(turn_id=genuine.turn_id, reason=FORGED),
+        topics.DEAD_LETTERS_HANDLED: DeadLetterHandled(
+            letter_id="0-0", action="discard", claim="forged", by="alice@example.com", at=0.0, note=FORGED
+        ),
+    }
+    refused: dict[str, type[BaseException] | None] = {}
+    for topic, message in forged.items():  # a producer each: a refused send leaves no state behind for the next
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
+        await producer.start()
+        try:
+            await producer.send_and_wait(
+                PREFIX + topic, message.model_dump_json().encode(), key=genuine.conversation_id.encode()
+            )
+            refused[topic] = None
+        except TopicAuthorizationFailedError as exc:
+            refused[topic] = type(exc)
+        finally:
+            await producer.stop()
+    return refused
+
+
+async def everything_on(bootstrap: str, names: list[str]) -> list[bytes]:
+    """Every record on these topics, from their start to their end now, read as the operator (who may read all)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, **client_security("roundtrip-operator")
+    )
+    await consumer.start()
+    try:
+        partitions = await partitions_of(consumer, [PREFIX + name for name in names])
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        values: list[bytes] = []
+        async with asyncio.timeout(30):
+            while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
+                for records in (await consumer.getmany(timeout_ms=1_000)).values():
+                    values += [r.value for r in records]
+        return values
+    finally:
+        await consumer.stop()
+
+
 async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | None, dict, dict[str, int]]:
     """As the executor's principal: forge a batch on turn.tool_batches; read the customers' requests (from the start,
     in its own group); ask the cluster about both topics. Returns the send's error, what was read, and the error
@@ -201,11 +266,19 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         "ROUNDTRIP_SHOP_PORT": str(free_port()),
         "PYTHONUNBUFFERED": "1",
     }
+    # a service's first step in its pod: before the ACLs it waits, then says in one line what it cannot see
+    executor = as_principal(env, "roundtrip-executor")
+    early = roundtrip(executor, "topics", "wait", "executor", "--timeout", "1")
+    assert early.returncode == 1, early.stdout + early.stderr
+    (line,) = early.stderr.splitlines()
+    assert f"executor still cannot see {PREFIX}{topics.TOOL_BATCHES} (not authorized)" in line, line
     applied = roundtrip(as_principal(env, ADMIN_USER, ADMIN_PASSWORD), "acls", "--apply", "--app-group", APP_GROUP)
     assert applied.returncode == 0, applied.stderr
     assert "ACL bindings added" in applied.stdout
     made = roundtrip(as_principal(env, "roundtrip-operator"), "topics", "create")  # the operator's ACLs make the topics
     assert made.returncode == 0, made.stdout + made.stderr
+    waited = roundtrip(executor, "topics", "wait", "executor", "--timeout", "30")
+    assert waited.returncode == 0 and "of executor are there" in waited.stdout, waited.stdout + waited.stderr
     await migrated(ledger_url)
 
     procs = []
@@ -231,6 +304,15 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
 
         redriven = await console_redrives_a_dead_letter(bootstrap, env["ROUNDTRIP_CONSOLE_PORT"])
         assert redriven == (303, 409), redriven
+
+        genuine = next(iter(replies.values()))
+        ends = await executor_forges_the_ends(bootstrap, genuine)
+        assert ends == dict.fromkeys(ends, TopicAuthorizationFailedError), ends  # each refused by the broker
+        # nothing of it on any of those topics, and the app's replies are the genuine ones, each once
+        assert not [v for v in await everything_on(bootstrap, list(ends)) if FORGED.encode() in v]
+        on_replies = map(SupportReply.model_validate_json, await everything_on(bootstrap, [topics.SUPPORT_REPLIES]))
+        answered = [r for r in on_replies if r.request_id in replies]
+        assert answered == [replies[r.request_id] for r in answered] and len(answered) == len(replies), answered
 
         forged, read, described = await executor_overreaches(bootstrap)
         assert forged is TopicAuthorizationFailedError  # it cannot write a batch for itself to run

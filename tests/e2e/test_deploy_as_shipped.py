@@ -7,10 +7,13 @@ real Compose v2; both over the image's ENV), init containers and one-shot jobs f
 added to the manifests later runs here too. Every replica has its own folder, state dir, HOSTNAME and
 ports: nothing is shared but Kafka and PostgreSQL, as between pods or containers with their own disks.
 
-The k8s manifests connect as shipped, SASL_SSL with SCRAM-SHA-512 and the CA their pods mount: they run against
-a broker of this module secured that way (services/_broker/secured.py: a throwaway CA, a SCRAM user), and the test
-fills the Kafka Secret the operator fills (user, password, the CA's PEM). Compose, a development fleet on its own
-Kafka, runs on the session's PLAINTEXT broker.
+The k8s manifests connect as shipped, SASL_SSL with SCRAM-SHA-512 and the CA their pods mount, each service as its
+own Kafka user: they run against a broker of this module secured that way (services/_broker/secured.py: a throwaway
+CA, a SCRAM user per service, the operator's, and the StandardAuthorizer, which denies whatever no ACL allows), and
+the test fills the Kafka Secrets the operator fills (each user's password, the admin's user, the CA's PEM). The
+setup Job the manifests ship applies the ACLs of `roundtrip acls` and makes the topics, as it would on the cluster;
+the test's client is the operator's user. Compose, a development fleet on its own Kafka, runs on the session's
+PLAINTEXT broker.
 
 Only addresses are replaced (tests/e2e/local_deployment.py has the list): Kafka -> the session's broker,
 database URLs -> databases of the session's PostgreSQL in the manifest's URL form, service URLs, ports
@@ -37,10 +40,20 @@ import httpx
 import pytest
 
 from roundtrip._broker.embedded import free_port
-from roundtrip._broker.secured import Listener, Tls, client_security, make_tls, secured_kafka
+from roundtrip._broker.secured import (
+    ADMIN_PASSWORD,
+    ADMIN_USER,
+    AUTHORIZER,
+    Listener,
+    Tls,
+    client_security,
+    make_tls,
+    secured_kafka,
+)
 from roundtrip._cli.terminal import partitions_of
+from roundtrip._kernel.kafka import acls
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire import topics, topology
 from tests import oidc_issuer
 from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.local_deployment import LocalDeployment, LocalWorld
@@ -48,8 +61,13 @@ from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest
 from tests.manifests import compose_config, k8s_documents, kinds, with_keys_filled
 
 EXECUTORS = 3
-KAFKA_USER, KAFKA_PASSWORD = "roundtrip", f"shipped-{uuid.uuid4().hex}"  # what the operator puts in the Secret
-FILLED = ("ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD", "ca")
+# the SCRAM users the operator makes on the brokers (as `roundtrip acls` names the principals) and their passwords
+KAFKA_USERS = {
+    acl.principal.removeprefix("User:"): f"{name}-{uuid.uuid4().hex}"
+    for name, granted in acls.derive().items()
+    for acl in granted[:1]
+}
+OPERATOR = acls.for_operator()[0].principal.removeprefix("User:")
 CUSTOMER = "cus_1001"
 START_TIMEOUT_S = 120  # every replica ready (2 busy cores, ~15 processes a shape)
 REPLY_TIMEOUT_S = 60  # the turns together; a turn with the simulator takes well under a second
@@ -71,13 +89,15 @@ class SecuredKafka:
 
     @property
     def client(self) -> dict:
-        """The fleet's settings for a client of it (Settings keyword arguments): the user the Secret is filled with."""
-        return client_security(self.listener, self.tls, KAFKA_USER, KAFKA_PASSWORD)
+        """Settings keyword arguments for a client of it as the operator's user (the `roundtrip` commands: it reads
+        every topic and publishes requests, as the user's app would)."""
+        return client_security(self.listener, self.tls, OPERATOR, KAFKA_USERS[OPERATOR])
 
 
 @pytest.fixture(scope="module")
 def secured_kafka_broker(tmp_path_factory) -> Iterator[SecuredKafka]:
-    """A one-node Kafka whose only client listener is SASL_SSL + SCRAM-SHA-512 (what the k8s manifests ship)."""
+    """A one-node Kafka whose only client listener is SASL_SSL + SCRAM-SHA-512 (what the k8s manifests ship), a user
+    per service and the operator's, that denies whatever no ACL allows (its admin a super user)."""
     folder = tmp_path_factory.mktemp("shipped-kafka")
     tls = make_tls(folder / "tls")
     listener = Listener("SASLSSL", "SASL_SSL", free_port(), ("SCRAM-SHA-512",))
@@ -85,9 +105,10 @@ def secured_kafka_broker(tmp_path_factory) -> Iterator[SecuredKafka]:
         folder / "kafka",
         [listener],
         tls,
-        {KAFKA_USER: KAFKA_PASSWORD},
+        KAFKA_USERS,
         controller_port=free_port(),
         die_with_parent=True,
+        properties={"authorizer.class.name": AUTHORIZER},
     )
     with kafka:
         kafka.wait_ready(120)
@@ -95,16 +116,20 @@ def secured_kafka_broker(tmp_path_factory) -> Iterator[SecuredKafka]:
 
 
 def filled_k8s_documents(kafka: SecuredKafka, issuer: str, docs: list[dict] | None = None) -> list[dict]:
-    """deploy/k8s with the Kafka Secret filled as its operator does, the key Secrets' placeholders with fresh pairs
-    made as `roundtrip keys` makes them and the console's issuer (the rest of its template as shipped)."""
+    """deploy/k8s with the Kafka Secrets filled as its operator does (the CA; each user's password, the user as
+    shipped; the setup Job's admin), the key Secrets' placeholders with fresh pairs made as `roundtrip keys` makes
+    them and the console's issuer (the rest of its template as shipped)."""
     docs = with_keys_filled(docs if docs is not None else k8s_documents(), issuer, AUDIENCE)
-    secret = kinds(docs, "Secret")["roundtrip-kafka"]["stringData"]
-    assert all("CHANGE-ME" in secret[k] for k in FILLED), "the shipped Secret should be a template to fill"
-    secret |= {
-        "ROUNDTRIP_KAFKA_SASL_USERNAME": KAFKA_USER,
-        "ROUNDTRIP_KAFKA_SASL_PASSWORD": KAFKA_PASSWORD,
-        "ca": kafka.tls.ca.read_text(),
-    }
+    secrets = {name: s["stringData"] for name, s in kinds(docs, "Secret").items()}
+    assert "CHANGE-ME" in secrets["roundtrip-kafka"]["ca"], "the shipped Secret should be a template to fill"
+    secrets["roundtrip-kafka"]["ca"] = kafka.tls.ca.read_text()
+    for name in (*topology.names(), "operator", "admin"):
+        user = secrets[f"roundtrip-kafka-{name}"]
+        assert "CHANGE-ME" in user["ROUNDTRIP_KAFKA_SASL_PASSWORD"], f"roundtrip-kafka-{name} should be a template"
+        if name == "admin":  # one the cluster lets create ACLs: here the broker's super user
+            user |= {"ROUNDTRIP_KAFKA_SASL_USERNAME": ADMIN_USER, "ROUNDTRIP_KAFKA_SASL_PASSWORD": ADMIN_PASSWORD}
+        else:  # the user as shipped must be one the operator made on the brokers
+            user["ROUNDTRIP_KAFKA_SASL_PASSWORD"] = KAFKA_USERS[user["ROUNDTRIP_KAFKA_SASL_USERNAME"]]
     return docs
 
 
@@ -182,7 +207,7 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
                 runs[replica.label] = tool_runs((await http.get(replica.url("/metrics", health), timeout=5)).text)
         assert len(runs) == EXECUTORS and all(n > 0 for n in runs.values()), f"tool calls run per executor: {runs}"
         logs = "".join(p.log.read_text(errors="replace") for r in deployment.all() for p in r.processes)
-        assert KAFKA_PASSWORD not in logs  # the Secret's password is never said
+        assert not [user for user, password in KAFKA_USERS.items() if password in logs]  # no password is said
 
         # the console runs too, in the signed mode: a page for a token the issuer signed, nobody else's
         (console,) = deployment.replicas["console"]

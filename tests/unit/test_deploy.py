@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from roundtrip._cli.main import ALL_RUNNABLE, FLEET_SERVICES
+from roundtrip._kernel.kafka import acls
 from roundtrip._kernel.kafka.messaging import group
 from roundtrip._kernel.settings import (
     DEV_BATCH_SIGNING_KEY,
@@ -139,11 +140,23 @@ def init_containers(k8s: list[dict[str, Any]], name: str) -> dict[str, dict[str,
 @pytest.mark.parametrize("name", FLEET_SERVICES)
 def test_k8s_topics_exist_before_the_consumers_start(k8s, name):
     inits = init_containers(k8s, name)
-    init = inits["topics"]
-    assert full_command(init) == ["roundtrip", "topics", "create"]
+    init = inits["topics"]  # its user cannot make topics: it waits for the setup Job's, as that user sees them
+    assert full_command(init) == ["roundtrip", "topics", "wait", name]
     assert init["image"] == container(kinds(k8s, "Deployment")[name])["image"]
     assert {"configMapRef": {"name": "roundtrip-config"}} in init["envFrom"]  # same brokers, prefix, partitions
     assert set(inits) == ({"topics", "migrate"} if name in LEDGER_SERVICES else {"topics"})
+
+
+def test_k8s_a_setup_job_applies_the_acls_then_makes_the_topics(k8s):
+    job = kinds(k8s, "Job")["roundtrip-kafka-setup"]
+    pod = job["spec"]["template"]["spec"]
+    ((acls,), (made,)) = pod["initContainers"], pod["containers"]
+    assert full_command(acls) == ["roundtrip", "acls", "--apply"]  # first: every principal's ACLs, as the admin
+    assert full_command(made) == ["roundtrip", "topics", "create"]  # then the topics, as the operator they allow
+    connect = [{"configMapRef": {"name": "roundtrip-config"}}, {"secretRef": {"name": "roundtrip-kafka"}}]
+    assert acls["envFrom"] == [*connect, {"secretRef": {"name": "roundtrip-kafka-admin"}}]
+    assert made["envFrom"] == [*connect, {"secretRef": {"name": "roundtrip-kafka-operator"}}]
+    assert pod["restartPolicy"] == "OnFailure"
 
 
 @pytest.mark.parametrize("name", FLEET_SERVICES)
@@ -435,10 +448,15 @@ def test_k8s_topics_are_made_for_a_production_cluster(k8s):
     # every partition on 3 brokers, a write acknowledged by 2: one broker may fail without a loss or a stop
     assert config["ROUNDTRIP_REPLICATION_FACTOR"] == "3"
     assert config["ROUNDTRIP_MIN_INSYNC_REPLICAS"] == "2"
-    # the init containers get those settings (and the Kafka user, to connect), nothing else
+    # the init containers get those settings (and how to connect, as their service's Kafka user), nothing else
     assert all(
-        c.get("envFrom") == [{"configMapRef": {"name": "roundtrip-config"}}, {"secretRef": {"name": "roundtrip-kafka"}}]
-        for d in kinds(k8s, "Deployment").values()
+        c.get("envFrom")
+        == [
+            {"configMapRef": {"name": "roundtrip-config"}},
+            {"secretRef": {"name": "roundtrip-kafka"}},
+            {"secretRef": {"name": f"roundtrip-kafka-{name}"}},
+        ]
+        for name, d in kinds(k8s, "Deployment").items()
         for c in d["spec"]["template"]["spec"].get("initContainers", [])
     )
 
@@ -451,8 +469,8 @@ def test_k8s_ships_sasl_ssl_and_a_kafka_secret_the_operator_must_fill(k8s):
         "SCRAM-SHA-512",
     )
     assert (kafka["sasl"], kafka["tls"]) == ("scram_sha512", "enable")  # KEDA's names for the same
-    for key in ("ROUNDTRIP_KAFKA_SASL_USERNAME", "ROUNDTRIP_KAFKA_SASL_PASSWORD", "ca"):
-        assert "CHANGE-ME" in kafka[key], key  # placeholders: the template applied as is connects to nothing
+    assert "CHANGE-ME" in kafka["ca"]  # a placeholder: the template applied as is connects to nothing
+    assert not [k for k in kafka if k.startswith("ROUNDTRIP_KAFKA_SASL_USER")]  # how to connect, not as whom
     # nothing about Kafka in the ConfigMap the demo shop and the simulator read too (they never talk to Kafka)
     assert not [k for k in kinds(k8s, "ConfigMap")["roundtrip-config"]["data"] if k.startswith("ROUNDTRIP_KAFKA_SEC")]
     # every container that reads the Kafka Secret has its CA at the path the Secret names; no other reads it
@@ -466,21 +484,52 @@ def test_k8s_ships_sasl_ssl_and_a_kafka_secret_the_operator_must_fill(k8s):
                 assert files[kafka["ROUNDTRIP_KAFKA_SSL_CAFILE"]] == kafka["ca"], (name, c["name"])
 
 
+def kafka_users(k8s: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Secret name -> its data, for the Secrets that say as whom a client connects to Kafka."""
+    return {
+        name: s["stringData"]
+        for name, s in kinds(k8s, "Secret").items()
+        if "ROUNDTRIP_KAFKA_SASL_USERNAME" in s.get("stringData", {})
+    }
+
+
 @pytest.mark.parametrize("name", topology.names())
-def test_every_kafka_client_and_keda_connect_as_the_same_kafka_user(k8s, name, monkeypatch, tmp_path):
-    (secret,) = [d for d in k8s if d["kind"] == "Secret" and d["metadata"]["name"] == "roundtrip-kafka"]
+def test_every_service_connects_to_kafka_as_its_own_user_with_its_acls(k8s, name, monkeypatch, tmp_path):
+    own = f"roundtrip-kafka-{name}"
+    users = kafka_users(k8s)
+    # the principal `roundtrip acls` grants this service's ACLs to, its password a placeholder the operator fills
+    principal = acls.for_service(topology.service(name))[0].principal
+    assert principal == f"User:{users[own]['ROUNDTRIP_KAFKA_SASL_USERNAME']}"
+    assert "CHANGE-ME" in users[own]["ROUNDTRIP_KAFKA_SASL_PASSWORD"]
+    deployment = kinds(k8s, "Deployment")[name]
+    for c in all_containers(deployment):  # no container of its pod reads another user's Secret
+        refs = {source["secretRef"]["name"] for source in c.get("envFrom", []) if "secretRef" in source}
+        assert refs & set(users) <= {own}, (name, c["name"], refs)
     env = k8s_env(k8s, name, tmp_path)
-    assert {
-        "ROUNDTRIP_KAFKA_SASL_USERNAME",
-        "ROUNDTRIP_KAFKA_SASL_PASSWORD",
-        "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL",
-    } <= set(env)
+    assert env["ROUNDTRIP_KAFKA_SASL_USERNAME"] == users[own]["ROUNDTRIP_KAFKA_SASL_USERNAME"]
+    assert {"ROUNDTRIP_KAFKA_SASL_PASSWORD", "ROUNDTRIP_KAFKA_SECURITY_PROTOCOL"} <= set(env)
     settings_of({k: v for k, v in env.items() if k.startswith("ROUNDTRIP_KAFKA_")}, monkeypatch)  # as shipped: valid
+
+
+def test_no_two_kafka_users_are_the_same_and_keda_reads_lag_as_the_operator(k8s):
+    users = kafka_users(k8s)
+    assert set(users) == {
+        *(f"roundtrip-kafka-{name}" for name in topology.names()),
+        "roundtrip-kafka-operator",
+        "roundtrip-kafka-admin",
+    }
+    named = [u["ROUNDTRIP_KAFKA_SASL_USERNAME"] for n, u in users.items() if n != "roundtrip-kafka-admin"]
+    assert len(named) == len(set(named)), named
+    assert "User:" + users["roundtrip-kafka-operator"]["ROUNDTRIP_KAFKA_SASL_USERNAME"] == (
+        acls.for_operator()[0].principal
+    )
     (auth,) = [d for d in k8s if d["kind"] == "TriggerAuthentication"]
     refs = {ref["parameter"]: ref for ref in auth["spec"]["secretTargetRef"]}
-    assert {ref["name"] for ref in refs.values()} == {"roundtrip-kafka"} and all(
-        r["key"] in secret["stringData"] for r in refs.values()
-    )
+    connect = kinds(k8s, "Secret")["roundtrip-kafka"]["stringData"]
+    for parameter, ref in refs.items():
+        who = parameter in ("username", "password")
+        assert ref["name"] == ("roundtrip-kafka-operator" if who else "roundtrip-kafka"), parameter
+        assert ref["key"] in (users["roundtrip-kafka-operator"] if who else connect), parameter
     assert (refs["username"]["key"], refs["password"]["key"]) == (
         "ROUNDTRIP_KAFKA_SASL_USERNAME",
         "ROUNDTRIP_KAFKA_SASL_PASSWORD",
@@ -572,7 +621,7 @@ def test_kustomization_lists_every_manifest():
 
 def test_k8s_workloads_have_resources_and_run_as_non_root(k8s):
     workloads = [*kinds(k8s, "Deployment").values(), *kinds(k8s, "Job").values()]
-    assert len(workloads) == len(ALL_RUNNABLE)
+    assert len(workloads) == len(ALL_RUNNABLE) + 1  # and the setup Job
     for workload in workloads:
         pod = workload["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True

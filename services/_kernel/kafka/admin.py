@@ -176,6 +176,23 @@ async def _raise_message_limits(admin: AIOKafkaAdminClient, names: list[str], pr
                 log.info("raised max.message.bytes of %s to %d", name, DEAD_LETTER_MAX_BYTES)
 
 
+async def wait_for_topics(kafka: KafkaClients | str, names: list[str], timeout: float) -> dict[str, int]:
+    """Poll until every topic has leaders as this principal sees them; after `timeout` the error code of each still
+    away (3: no such topic, 29: not authorized: a topic it may not describe stays away whether it exists or not)."""
+    admin, deadline = _admin(kafka, request_timeout_ms=10000), time.monotonic() + timeout
+    await admin.start()
+    try:
+        while True:
+            described = await admin.describe_topics(names)
+            led = [t for t in described if t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])]
+            away = {t["topic"]: t["error_code"] for t in described if t["error_code"] or t not in led}
+            if not away or time.monotonic() > deadline:
+                return away
+            await asyncio.sleep(1.0)  # poll interval: the setup job making the ACLs and the topics
+    finally:
+        await admin.close()
+
+
 async def create_topics(
     bootstrap: KafkaClients | str,
     prefix: str = "",
