@@ -134,8 +134,9 @@ class Approvals:
         if held := next((a for a in earlier if a.tool_use_id == event.call.id), None):
             raise self._refused(event, f"its call was held already, as approval {held.approval_id} ({held.status})")
         row = await self.ledger.get(event.turn.turn_id)
-        live = row is not None and row.status in LIVE and row.step == event.step
-        if live and abs((row.deadline_at or 0.0) - event.turn.deadline_at) > DEADLINE_SLACK_S:
+        if row is None or row.status not in LIVE or row.step != event.step:
+            return  # not recorded below either: the turn ended, or moved on
+        if abs((row.deadline_at or 0.0) - event.turn.deadline_at) > DEADLINE_SLACK_S:
             raise self._refused(event, "its turn's deadline is not the one the ledger keeps for the turn")
 
     @staticmethod
