@@ -210,7 +210,7 @@ class Signer:
         return self.key_id, self._private.sign(_batch_words(batch, call)).hex()
 
     def sign_request(self, event: ApprovalRequested) -> ApprovalRequested:
-        """`event` with the hold signature the gate would have given it (the in-process runner and tests)."""
+        """`event` with the hold signature the gate's batch would have given it, for a request built by hand."""
         signature = self._private.sign(_request_words(event)).hex()
         return event.model_copy(update={"hold_key_id": self.key_id, "hold_signature": signature})
 
