@@ -96,6 +96,7 @@ async def execute(
             expires_at=held.hold.expires_at,
             messages=batch.messages,
             results=results,
+            results_before=len(batch.results),
             spent=batch.spent,
             hold_key_id=held.hold.key_id,
             hold_signature=held.hold.signature,

@@ -261,22 +261,18 @@ class Gate:
                 mark_error(span, f"rejected: {result.error or ''}", "rejected")
             return result
 
-    def _signed_hold(self, call: CheckedCall, command: CheckToolCalls) -> CheckedCall:
-        """A held call with the gate's signature of its hold: the guard records a wait only under it, so no writer of
-        turn.approval_requests can make a turn wait for another customer or another call."""
-        if call.hold is None:
-            return call
-        turn = command.turn
-        key_id, signature = self.signer.sign_hold(
-            turn.turn_id,
-            turn.customer_id,
-            turn.conversation_id,
-            command.step,
-            call.id,
-            call.hold.input_sha256,
-            call.hold.expires_at,
-        )
-        return call.model_copy(update={"hold": call.hold.model_copy(update={"key_id": key_id, "signature": signature})})
+    def _signed(self, batch: ExecuteToolBatch) -> ExecuteToolBatch:
+        """The batch, its held call carrying the gate's signature of the hold as the approver will read it: the guard
+        records a wait only under it, so no writer of turn.approval_requests can make a turn wait for another customer
+        or call, nor show the person other words."""
+        calls = []
+        for call in batch.calls:
+            if call.hold is not None:
+                key_id, signature = self.signer.sign_hold(batch, call)
+                hold = call.hold.model_copy(update={"key_id": key_id, "signature": signature})
+                call = call.model_copy(update={"hold": hold})
+            calls.append(call)
+        return self.signer.sign(batch.model_copy(update={"calls": calls}))
 
     async def check(self, command: CheckToolCalls) -> ExecuteToolBatch:
         lookups = StepLookups(self.lookup, self.ownership, self.step_memo)
@@ -284,7 +280,7 @@ class Gate:
             checked = list(await asyncio.gather(*(self._traced(c, command, lookups) for c in command.calls)))
         else:
             checked = [await self._traced(c, command, lookups) for c in command.calls]
-        checked = [self._signed_hold(c, command) for c in one_hold_per_step(checked, self.messages)]
+        checked = one_hold_per_step(checked, self.messages)
         batch = ExecuteToolBatch(
             turn=command.turn,
             step=command.step,
@@ -296,7 +292,7 @@ class Gate:
             expires_at=command.turn.deadline_at or round(time.time() + self.batch_ttl_s, 3),
         )
         try:
-            return self.signer.sign(batch)
+            return self._signed(batch)
         except Exception as exc:  # noqa: BLE001 - e.g. a number canonical JSON cannot carry, in the transcript
             log.warning(
                 "turn %s step %d: batch not canonical (%s); signing a JSON-safe copy",
@@ -304,7 +300,7 @@ class Gate:
                 command.step,
                 exc,
             )
-            return self.signer.sign(ExecuteToolBatch.model_validate(json_safe(batch.model_dump(mode="json"))))
+            return self._signed(ExecuteToolBatch.model_validate(json_safe(batch.model_dump(mode="json"))))
 
 
 def one_hold_per_step(checked: list[CheckedCall], say: Callable[..., str] = gate_message) -> list[CheckedCall]:

@@ -24,7 +24,7 @@ from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, PENDING, ApprovalRo
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Bounded, Outbox, pending_copy, traceparent
 from roundtrip._kernel.observability.telemetry import tracer
-from roundtrip._kernel.storage.turnstore import disagreement, refused
+from roundtrip._kernel.storage.turnstore import LIVE, disagreement, refused
 from roundtrip._kernel.wire.approvals import ApprovalError, DecisionVerifier, Verifier, in_tool_use_order
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,
@@ -45,6 +45,7 @@ security = logging.getLogger("roundtrip.security")
 
 
 MAX_WAIT_FOR_REQUEST_S = 120.0  # a decision whose request is not recorded yet waits for it this long at most
+DEADLINE_SLACK_S = 0.001  # the ledger's deadline and the request's, both rounded to the millisecond
 
 
 class DecisionRefused(Exception):
@@ -68,6 +69,7 @@ class Approvals:
         span = trace.get_current_span()
         span.set_attributes({"roundtrip.approval_id": event.approval_id, "roundtrip.tool": event.call.name})
         self._check_hold(event)
+        await self._not_held_before(event)
         approval = dict(
             approval_id=event.approval_id,
             turn_id=event.turn.turn_id,
@@ -78,7 +80,7 @@ class Approvals:
             customer_id=event.turn.customer_id,
             conversation_id=event.turn.conversation_id,
             reason=event.reason,
-            requested_at=event.requested_at,
+            requested_at=round(time.time(), 3),  # the guard's clock: the wait it adds to the deadline is measured here
             expires_at=event.expires_at,
             traceparent=traceparent(),
             request_json=event.model_dump_json(),
@@ -115,20 +117,38 @@ class Approvals:
         return "not awaiting"
 
     def _check_hold(self, event: ApprovalRequested) -> None:
-        """Only a wait the gate signed is recorded: anything else is refused and logged on roundtrip.security."""
+        """Only a wait the gate signed, word for word, is recorded: anything else is refused on roundtrip.security."""
         try:
             if self.holds is None:
                 raise ApprovalError("this guard has no batch verify keys: it records no approval request")
             self.holds.verify_hold(event)
         except ApprovalError as exc:
-            security.error(
-                "refused approval request %r for turn %r (customer %r): %s",
-                event.approval_id,
-                event.turn.turn_id,
-                event.turn.customer_id,
-                exc,
-            )
-            raise RequestRefused(str(exc)) from None
+            raise self._refused(event, str(exc)) from None
+
+    async def _not_held_before(self, event: ApprovalRequested) -> None:
+        """A call held (or decided) once is never held again under another approval id, and a wait keeps the deadline
+        the ledger gave its turn: the one a decision extends is the request's, so the two must be the same."""
+        earlier = await self.ledger.list_approvals(status=None, turn_id=event.turn.turn_id, limit=1000)
+        if any(a.approval_id == event.approval_id for a in earlier):
+            return  # this very request again: recorded once, below
+        if held := next((a for a in earlier if a.tool_use_id == event.call.id), None):
+            raise self._refused(event, f"its call was held already, as approval {held.approval_id} ({held.status})")
+        row = await self.ledger.get(event.turn.turn_id)
+        if row is None or row.status not in LIVE or row.step != event.step:
+            return  # not recorded below either: the turn ended, or moved on
+        if abs((row.deadline_at or 0.0) - event.turn.deadline_at) > DEADLINE_SLACK_S:
+            raise self._refused(event, "its turn's deadline is not the one the ledger keeps for the turn")
+
+    @staticmethod
+    def _refused(event: ApprovalRequested, why: str) -> RequestRefused:
+        security.error(
+            "refused approval request %r for turn %r (customer %r): %s",
+            event.approval_id,
+            event.turn.turn_id,
+            event.turn.customer_id,
+            why,
+        )
+        return RequestRefused(why)
 
     async def on_decision(self, decision: ApprovalDecided) -> str:
         """Resume the waiting step; anything that must not act raises DecisionRefused."""
@@ -159,7 +179,7 @@ class Approvals:
             )
         now = await self._still_waiting(approval)
         request = ApprovalRequested.model_validate_json(approval.request_json)
-        message = resumed(request, decision, status == "approved", now)
+        message = resumed(request, decision, status == "approved", now, since=approval.requested_at)
         with self._waited(approval, status, now, decision.decided_by, decision.reason):
             pending = pending_copy(message)
             if not await self.ledger.decide(
@@ -308,12 +328,14 @@ def waiting_status(event: ApprovalRequested) -> SupportStatus:
 
 
 def resumed(
-    request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float
+    request: ApprovalRequested, decision: ApprovalDecided, approved: bool, now: float, since: float | None = None
 ) -> CheckToolCalls | CallModel:
-    """The step's next message; the time spent waiting does not count against the turn's own deadline."""
+    """The step's next message; the time spent waiting (`since`: when the guard recorded the wait) does not count
+    against the turn's own deadline, which is the ledger's: the guard records no request carrying another."""
     turn: Turn = request.turn
+    waited = max(0.0, now - (request.requested_at if since is None else since))
     if turn.deadline_at:
-        turn = turn.model_copy(update={"deadline_at": round(turn.deadline_at + (now - request.requested_at), 3)})
+        turn = turn.model_copy(update={"deadline_at": round(turn.deadline_at + waited, 3)})
     if approved:
         call = ToolCall(
             id=request.call.id,

@@ -155,23 +155,24 @@ def test_no_service_can_sign_what_another_verifies_but_the_one_signer():
 
 def held(**changes) -> ApprovalRequested:
     expires = round(time.time() + 900, 3)
-    key_id, signature = GATE.signer.sign_hold(
-        "turn_1", "cus_1001", "c1", 1, "toolu_1", input_digest("cancel_order", CANCEL), expires
-    )
     base = ApprovalRequested(
         approval_id=approval_id_for("turn_1", 1, "toolu_1"),
-        turn=TURN,
+        turn=TURN.model_copy(update={"deadline_at": round(time.time() + 300, 3)}),
         step=1,
         call=CheckedCall(id="toolu_1", name="cancel_order", input=CANCEL, approved=True),
         reason="above 50.00 EUR",
+        entities={"order_id": {"order_id": "ord_a1000003", "total_cents": 8700}},
         input_sha256=input_digest("cancel_order", CANCEL),
         requested_at=time.time(),
         expires_at=expires,
-        messages=[],
-        hold_key_id=key_id,
-        hold_signature=signature,
+        messages=[{"role": "user", "content": "cancel my last order"}],
+        results=[
+            {"type": "tool_result", "tool_use_id": "toolu_0", "content": "an earlier step's approved call"},
+            {"type": "tool_result", "tool_use_id": "toolu_l", "content": '{"orders": []}'},
+        ],
+        results_before=1,
     )
-    return base.model_copy(update=changes)
+    return GATE.signer.sign_request(base).model_copy(update=changes)
 
 
 def test_the_gates_signature_of_a_hold_covers_customer_conversation_step_call_and_deadline():
@@ -193,10 +194,36 @@ def test_the_gates_signature_of_a_hold_covers_customer_conversation_step_call_an
     with pytest.raises(ApprovalError, match="unsigned approval request"):
         GATE.verifier.verify_hold(held(hold_key_id="", hold_signature=""))
     with pytest.raises(ApprovalError, match="signature mismatch"):  # signed by another key under the gate's id
-        _key_id, forged = pair("k1").signer.sign_hold(
-            "turn_1", "cus_1001", "c1", 1, "toolu_1", input_digest("cancel_order", CANCEL), held().expires_at
-        )
-        GATE.verifier.verify_hold(held(hold_signature=forged, expires_at=held().expires_at))
+        forged = pair("k1").signer.sign_request(held())
+        GATE.verifier.verify_hold(held(hold_signature=forged.hold_signature))
+
+
+def test_the_hold_signature_covers_every_word_the_approver_is_shown_and_the_approval_id():
+    """A writer of turn.approval_requests who copies a genuine hold cannot change what the person reads."""
+    genuine = held()
+    said = [{"role": "user", "content": "refund 3.00 EUR"}]
+    ran = genuine.results[1]
+    for field, value in (
+        ("approval_id", "appr_00000000000000000000"),
+        ("reason", "refund 3.00 EUR, a small goodwill gesture"),
+        ("entities", {"order_id": {"order_id": "ord_a1000003", "total_cents": 300}}),
+        ("messages", said),
+        ("messages", genuine.messages + said),
+        ("results", [{**genuine.results[0], "content": "refund 3.00 EUR"}, ran]),  # an earlier result, as shown
+        ("results", genuine.results[:1]),  # the batch's other call's result dropped
+        ("results", [*genuine.results, {**ran, "tool_use_id": "toolu_x"}]),  # one that never was a call of it
+        ("results_before", 0),
+        ("turn", genuine.turn.model_copy(update={"deadline_at": 4102444800.0})),  # 2100
+        ("turn", genuine.turn.model_copy(update={"metadata": {"tier": "gold"}})),
+    ):
+        with pytest.raises(ApprovalError, match=r"signature mismatch"):
+            GATE.verifier.verify_hold(genuine.model_copy(update={field: value}))
+    with pytest.raises(ApprovalError, match="more earlier results"):
+        GATE.verifier.verify_hold(genuine.model_copy(update={"results_before": 3}))
+    # the batch's other calls' results are the executor's, as on any step: their ids are signed, not their words
+    GATE.verifier.verify_hold(genuine.model_copy(update={"results": [genuine.results[0], {**ran, "content": "{}"}]}))
+    # not the words: the time the executor says it asked, the guard measures the wait by its own clock
+    GATE.verifier.verify_hold(genuine.model_copy(update={"requested_at": 0.0}))
 
 
 SECRETISH = "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0"  # base64, 27 bytes: looks like a key, is none

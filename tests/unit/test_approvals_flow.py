@@ -350,8 +350,8 @@ async def guard(tmp_path):
     await ledger.close()
 
 
-async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalRequested:
-    """A turn at step 1 (list_orders and cancel_order called) whose cancel waits for a person."""
+async def held_request(guard: Guard, expires_in: float = 60.0) -> ApprovalRequested:
+    """A turn at step 1 (list_orders and cancel_order called), and the gate's signed hold of its cancel."""
     from roundtrip._kernel.wire.events import ModelResponded, StartTurn, Usage
 
     await guard.starts.on_start(StartTurn(turn=turn(), text="cancel my last order"))
@@ -375,9 +375,6 @@ async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalReques
     row = await guard.ledger.get("turn_1")
     assert row.status == RUNNING and row.step == 1
     now = time.time()
-    key_id, signature = SIGNER.sign_hold(  # as the gate signs the hold in the batch the executor copies it from
-        "turn_1", "cus_1001", "conv_1", 1, "toolu_c", input_digest("cancel_order", CANCEL), round(now + expires_in, 3)
-    )
     event = ApprovalRequested(
         approval_id=approval_id_for("turn_1", 1, "toolu_c"),
         turn=turn(deadline_at=row.deadline_at),
@@ -390,9 +387,13 @@ async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalReques
         expires_at=round(now + expires_in, 3),
         messages=messages,
         results=[{"type": "tool_result", "tool_use_id": "toolu_l", "content": "{}"}],
-        hold_key_id=key_id,
-        hold_signature=signature,
     )
+    return SIGNER.sign_request(event)  # as the gate signs the hold in the batch the executor copies it from
+
+
+async def waiting_turn(guard: Guard, expires_in: float = 60.0) -> ApprovalRequested:
+    """A turn at step 1 (list_orders and cancel_order called) whose cancel waits for a person."""
+    event = await held_request(guard, expires_in)
     assert await guard.approvals.on_requested(event) == "awaiting"
     assert await guard.approvals.on_requested(event) == "duplicate"
     await guard.outbox.drain()
@@ -421,10 +422,10 @@ async def test_the_guard_records_no_wait_the_gate_did_not_sign_for_this_customer
     )
     expires = round(time.time() + 60, 3)
     digest = input_digest("cancel_order", CANCEL)
-    key_id, signature = SIGNER.sign_hold("turn_1", "cus_1001", "conv_1", 1, "toolu_c", digest, expires)
+    deadline = (await guard.ledger.get("turn_1")).deadline_at
     genuine = ApprovalRequested(
         approval_id=approval_id_for("turn_1", 1, "toolu_c"),
-        turn=turn(),
+        turn=turn(deadline_at=deadline),
         step=1,
         call=CheckedCall(id="toolu_c", name="cancel_order", input=CANCEL, approved=True),
         reason="above 50.00 EUR",
@@ -432,12 +433,11 @@ async def test_the_guard_records_no_wait_the_gate_did_not_sign_for_this_customer
         requested_at=time.time(),
         expires_at=expires,
         messages=messages,
-        hold_key_id=key_id,
-        hold_signature=signature,
     )
-    _forged_key, forged_signature = FORGER.sign_hold("turn_1", "cus_1001", "conv_1", 1, "toolu_c", digest, expires)
+    genuine = SIGNER.sign_request(genuine)
+    forged_signature = FORGER.sign_request(genuine).hold_signature
     for forged in (
-        genuine.model_copy(update={"turn": turn().model_copy(update={"customer_id": "cus_1002"})}),
+        genuine.model_copy(update={"turn": genuine.turn.model_copy(update={"customer_id": "cus_1002"})}),
         genuine.model_copy(update={"expires_at": expires + 86400}),
         genuine.model_copy(update={"hold_key_id": "", "hold_signature": ""}),
         genuine.model_copy(update={"hold_key_id": "k1", "hold_signature": forged_signature}),
@@ -520,6 +520,51 @@ async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_an
         await guard.approvals.on_decision(decided(Decision.DENY))
     (kept,) = await guard.ledger.list_approvals(status=None)
     assert kept.status == "approved" and kept.decided_by == "alice@support" and kept.decided_at
+
+
+async def test_a_decided_call_is_never_held_again_and_the_deadline_a_decision_writes_is_the_ledgers(guard, caplog):
+    """After a genuine approval, a signed copy under another approval id (or with a later deadline in its turn) is
+    refused on roundtrip.security: nothing new waits, and the turn keeps the deadline the guard gave it."""
+    from roundtrip._guard.approvals import RequestRefused
+
+    asked = time.time()
+    event = await waiting_turn(guard)
+    deadline = event.turn.deadline_at  # the ledger's, as the guard gave it at the start
+    assert await guard.approvals.on_decision(decided()) == "approved"
+    extended = (await guard.ledger.get("turn_1")).deadline_at
+    assert deadline < extended <= deadline + (time.time() - asked) + 0.01  # only the wait was added
+    again = SIGNER.sign_request(event.model_copy(update={"approval_id": "appr_again", "reason": "refund 3.00 EUR"}))
+    later = event.turn.model_copy(update={"deadline_at": 4102444800.0})
+    other_step = SIGNER.sign_request(event.model_copy(update={"approval_id": "appr_later", "turn": later}))
+    with caplog.at_level("ERROR", logger="roundtrip.security"):
+        with pytest.raises(RequestRefused, match=r"held already, as approval appr_\w+ \(approved\)"):
+            await guard.approvals.on_requested(again)
+        with pytest.raises(RequestRefused, match="held already"):
+            await guard.approvals.on_requested(other_step)
+    assert sum("refused approval request" in r.getMessage() for r in caplog.records) == 2
+    assert [a.approval_id for a in await guard.ledger.list_approvals(status=None)] == [event.approval_id]
+    row = await guard.ledger.get("turn_1")
+    assert row.status == RUNNING and row.deadline_at == extended
+    # the genuine request redelivered changes nothing either
+    assert await guard.approvals.on_requested(event) == "duplicate"
+    assert (await guard.ledger.get("turn_1")).deadline_at == extended
+
+
+async def test_a_signed_hold_whose_turn_carries_another_deadline_than_the_ledgers_is_refused(guard):
+    """The deadline a decision extends is the request's turn's: the guard records no wait whose deadline is not the
+    ledger's (whatever deadline a CheckToolCalls copy made the gate sign)."""
+    from roundtrip._guard.approvals import RequestRefused
+
+    event = await held_request(guard)
+    deadline = (await guard.ledger.get("turn_1")).deadline_at
+    later = SIGNER.sign_request(
+        event.model_copy(update={"turn": event.turn.model_copy(update={"deadline_at": 4102444800.0})})
+    )
+    with pytest.raises(RequestRefused, match="deadline is not the one the ledger keeps"):
+        await guard.approvals.on_requested(later)
+    row = await guard.ledger.get("turn_1")
+    assert row.status == RUNNING and row.deadline_at == deadline
+    assert await guard.ledger.approval(event.approval_id) is None
 
 
 async def test_denied_the_model_gets_an_error_result_with_the_reason_and_all_results_in_order(guard):

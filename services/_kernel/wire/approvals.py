@@ -3,7 +3,8 @@
 Ed25519 over the RFC 8785 canonical JSON of the whole message but its signature fields. Signing takes the private key,
 checking only the public one, so a process that checks cannot sign: only the gate holds the batch signing key, only
 the console (and `roundtrip approvals`) the decision signing key. `key_id` names the key so keys can rotate. A person's
-decision binds the exact call: turn, tool_use id and the digest of the name and input shown. Keys: docs/approvals.md.
+decision binds the exact call: turn, tool_use id and the digest of the name and input shown; a hold's signature covers
+every word the approver is shown, and its approval id. Keys and the hold's versions: docs/approvals.md.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from pydantic import BaseModel
 
-from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, ExecuteToolBatch
+from roundtrip._kernel.wire.events import (
+    ApprovalDecided,
+    ApprovalHold,
+    ApprovalRequested,
+    CheckedCall,
+    ExecuteToolBatch,
+    Turn,
+)
 from roundtrip._kernel.wire.fingerprints import canonical_json
 
 Signed = TypeVar("Signed", ExecuteToolBatch, ApprovalDecided)
@@ -115,21 +123,72 @@ def _body(message: BaseModel) -> bytes:
     return canonical_json(message.model_dump(mode="json", exclude={"key_id", "signature"}))
 
 
-def _hold_body(
-    turn_id: str, customer_id: str, conversation_id: str, step: int, tool_use_id: str, digest: str, expires_at: float
+HOLD_WORDS = "approval hold v2"  # what a hold's signature covers; v1 covered the call, not the words a person reads
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def _hold_words(
+    approval_id: str,
+    turn: Turn,
+    step: int,
+    call: CheckedCall,
+    hold: ApprovalHold | ApprovalRequested,
+    messages: list[dict[str, Any]],
+    earlier: list[dict[str, Any]],
+    ran: list[Any],
 ) -> bytes:
-    """What the gate's signature of a hold covers: who waits, for which exact call, until when."""
+    """What the gate's signature of a hold covers: who waits, for which call, until when, and every word the person
+    deciding is shown but the results of the batch's other calls, which the executor makes (their ids are signed)."""
     return canonical_json(
         {
-            "signed": "approval hold",
-            "turn_id": turn_id,
-            "customer_id": customer_id,
-            "conversation_id": conversation_id,
+            "signed": HOLD_WORDS,
+            "approval_id": approval_id,
+            "turn": turn.model_dump(mode="json"),
             "step": step,
-            "tool_use_id": tool_use_id,
-            "input_sha256": digest,
-            "expires_at": expires_at,
+            "tool_use_id": call.id,
+            "tool": call.name,
+            "input_sha256": hold.input_sha256,
+            "reason": hold.reason,
+            "entities": hold.entities,
+            "expires_at": hold.expires_at,
+            "messages_sha256": _digest(messages),
+            "earlier_results_sha256": _digest(earlier),
+            "ran": ran,
         }
+    )
+
+
+def _batch_words(batch: ExecuteToolBatch, call: CheckedCall) -> bytes:
+    if call.hold is None:
+        raise ApprovalError(f"call {call.id!r} is not held")
+    return _hold_words(
+        approval_id_for(batch.turn.turn_id, batch.step, call.id),
+        batch.turn,
+        batch.step,
+        call,
+        call.hold,
+        batch.messages,
+        batch.results,
+        [c.id for c in batch.calls if not c.hold],  # the runner answers each of them, in this order, after `results`
+    )
+
+
+def _request_words(event: ApprovalRequested) -> bytes:
+    if event.results_before > len(event.results):
+        raise ApprovalError("approval request names more earlier results than it carries: it was edited")
+    ran = [r.get("tool_use_id") if isinstance(r, dict) else None for r in event.results[event.results_before :]]
+    return _hold_words(
+        event.approval_id,
+        event.turn,
+        event.step,
+        event.call,
+        event,
+        event.messages,
+        event.results[: event.results_before],
+        ran,
     )
 
 
@@ -146,18 +205,14 @@ class Signer:
     def sign(self, message: Signed) -> Signed:
         return message.model_copy(update={"key_id": self.key_id, "signature": self._private.sign(_body(message)).hex()})
 
-    def sign_hold(
-        self,
-        turn_id: str,
-        customer_id: str,
-        conversation_id: str,
-        step: int,
-        tool_use_id: str,
-        digest: str,
-        expires_at: float,
-    ) -> tuple[str, str]:
-        body = _hold_body(turn_id, customer_id, conversation_id, step, tool_use_id, digest, expires_at)
-        return self.key_id, self._private.sign(body).hex()
+    def sign_hold(self, batch: ExecuteToolBatch, call: CheckedCall) -> tuple[str, str]:
+        """(key id, signature) of `call`'s hold as the executor will copy it from `batch` into an ApprovalRequested."""
+        return self.key_id, self._private.sign(_batch_words(batch, call)).hex()
+
+    def sign_request(self, event: ApprovalRequested) -> ApprovalRequested:
+        """`event` with the hold signature the gate's batch would have given it, for a request built by hand."""
+        signature = self._private.sign(_request_words(event)).hex()
+        return event.model_copy(update={"hold_key_id": self.key_id, "hold_signature": signature})
 
 
 class Verifier:
@@ -190,23 +245,20 @@ class Verifier:
         self._check(message.key_id, message.signature, _body(message), self.what, self.who)
 
     def verify_hold(self, event: ApprovalRequested) -> None:
-        """The gate's signature of the hold this request copies, and its digest recomputed from the call it carries."""
-        body = _hold_body(
-            event.turn.turn_id,
-            event.turn.customer_id,
-            event.turn.conversation_id,
-            event.step,
-            event.call.id,
-            event.input_sha256,
-            event.expires_at,
-        )
+        """The gate's signature of the hold this request copies, over every word it shows, and its digest recomputed
+        from the call it carries."""
+        try:
+            words = _request_words(event)
+        except ValueError as exc:  # a number or string canonical JSON cannot carry: the gate signed no such request
+            raise ApprovalError(f"approval request is not canonical JSON ({exc})") from None
         self._check(
             event.hold_key_id,
             event.hold_signature,
-            body,
+            words,
             "approval request",
             "the gate did not hold it",
-            "is not the hold the gate signed (its turn, customer, conversation, step, call or deadline differ)",
+            "was edited: it is not the hold the gate signed (its approval id, turn, customer, step, call, reason, "
+            f"entities, transcript, results or deadline differ, or a gate older than {HOLD_WORDS!r} signed it)",
         )
         if event.input_sha256 != input_digest(event.call.name, event.call.input):  # the digest signed, another input
             raise ApprovalError("approval request's call is not the one its signed input digest names: it was edited")

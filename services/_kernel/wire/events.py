@@ -330,8 +330,9 @@ class ApprovalHold(Message):
     signature: str = Field(
         "",
         description=(
-            "The gate's Ed25519 signature (hex) of the hold: turn, customer, conversation, step, tool_use id, "
-            "input_sha256 and expires_at"
+            "The gate's Ed25519 signature (hex) of the hold as the ApprovalRequested shows it (docs/approvals.md): "
+            "approval id, turn, step, call, reason, entities, deadline, transcript, earlier results and the ids of "
+            "the batch's other calls"
         ),
     )
 
@@ -384,6 +385,14 @@ class ApprovalRequested(Message):
     messages: list[dict[str, Any]] = Field(description="Transcript including the assistant message with the calls")
     results: list[dict[str, Any]] = Field(
         default_factory=list, description="tool_result blocks of the step's calls that already ran"
+    )
+    results_before: int = Field(
+        0,
+        ge=0,
+        description=(
+            "How many of `results` ran before this batch (the gate signed them word for word); the others are the "
+            "results of this batch's other calls, in order, whose tool_use ids the gate signed"
+        ),
     )
     spent: Usage = Field(default_factory=Usage)
     hold_key_id: str = Field("", description="The key id of the gate's signature of the hold (copied from the batch)")
