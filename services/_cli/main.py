@@ -102,6 +102,10 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
             from roundtrip._model.providers import refuse_unusable
 
             refuse_unusable(settings, agent.model_for(settings))
+        if declared.shares_ledger:
+            from roundtrip._kernel.storage.roles import refuse_excess
+
+            asyncio.run(refuse_excess(settings, service))
         module = importlib.import_module(declared.app_module)
         asyncio.run(getattr(module, "preflight", _no_preflight)(settings))
     except ConfigurationError as exc:
@@ -727,6 +731,61 @@ def db_current() -> None:
             typer.echo(why or f"{store} database {shown(url)}: at {found}, this code's revision")
             code = code or int(why is not None)
     raise typer.Exit(code)
+
+
+@db_app.command("roles")
+def db_roles(
+    apply: Annotated[
+        bool, typer.Option("--apply", help="run them (in one transaction) instead of printing them")
+    ] = False,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ROUNDTRIP_DB_ADMIN_URL",
+            help="the login that grants: the tables' owner (the guard's, which migrated them; CREATEROLE to create "
+            "the roles) or a superuser; default: ROUNDTRIP_LEDGER_DATABASE_URL (and the conversations' URL)",
+        ),
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="the roles' names: PREFIX + the service")] = "roundtrip_",
+) -> None:
+    """Print (or --apply) the PostgreSQL roles and grants of a login per service: the guard owns the ledger and the
+    conversations; the executor and the model service may read the turns and UPDATE only their claims' columns;
+    the gate and the gateway read the turns, the console the four tables; nothing else, nothing for PUBLIC.
+
+    Run it after `roundtrip db upgrade` (it grants on the tables the migrations made) and again after each upgrade.
+    Idempotent. A missing role is created with LOGIN and the password in ROUNDTRIP_DB_PASSWORD_<SERVICE>
+    (e.g. ROUNDTRIP_DB_PASSWORD_EXECUTOR: the password, or that service's database URL); a password is never
+    printed; an existing role's password is left as it is."""
+    import os
+
+    from roundtrip._kernel.migrations import STORES
+    from roundtrip._kernel.migrations.schema import databases, reaching
+    from roundtrip._kernel.storage import roles
+    from roundtrip._kernel.storage.database import is_sqlite, make_engine, run_on, shown
+
+    found = {database_url: STORES} if database_url else databases(get_settings())
+    for url, stores in found.items():
+        if is_sqlite(url):
+            typer.secho(f"error: {shown(url)} is SQLite, which has no roles: one file, the laptop's", fg="red", err=True)
+            raise typer.Exit(1)
+        if not apply:
+            typer.echo(f"-- the {' and '.join(stores)} database {shown(url)}")
+            typer.echo(roles.shown_statements(roles.statements([t for s in stores for t in roles.TABLES[s]], prefix)))
+            continue
+        passwords = {}
+        try:
+            for service in roles.PARTS:
+                value = os.environ.get(roles.PASSWORD_ENV.format(service=service.upper()), "").strip()
+                if value:
+                    passwords[service] = roles.password_of(value, roles.role(service, prefix))
+            with reaching(url):
+                done = asyncio.run(run_on(make_engine(url), lambda conn: roles.apply(conn, passwords, prefix), True))
+        except ValueError as exc:
+            typer.secho(f"error: {exc}", fg="red", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(f"the {' and '.join(stores)} database {shown(url)}:")
+        for line in done:
+            typer.echo(f"  {line}")
 
 
 @broker_app.command("fetch")
