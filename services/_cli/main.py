@@ -719,17 +719,40 @@ def db_upgrade() -> None:
 
 
 @db_app.command("current")
-def db_current() -> None:
+def db_current(
+    wait: Annotated[
+        float,
+        typer.Option(
+            help="seconds to wait (asking every 2 s) for each store to reach this code's revision with this login, "
+            "as a pod does while another one's init step migrates the tables and makes the logins"
+        ),
+    ] = 0.0,
+) -> None:
     """Show each store's revision in its database against this code's (exit code 1 if one differs); writes nothing."""
+    import time
+
+    from roundtrip._kernel.migrations import DatabaseUnreachable
     from roundtrip._kernel.migrations.schema import current, databases, mismatch
     from roundtrip._kernel.storage.database import shown
 
-    code = 0
-    for url, stores in databases(get_settings()).items():
-        for store, found in asyncio.run(current(url, stores)).items():
-            why = mismatch(store, url, found)
-            typer.echo(why or f"{store} database {shown(url)}: at {found}, this code's revision")
-            code = code or int(why is not None)
+    until = time.monotonic() + wait
+    while True:
+        lines, code = [], 0
+        try:
+            for url, stores in databases(get_settings()).items():
+                for store, found in asyncio.run(current(url, stores)).items():
+                    why = mismatch(store, url, found)
+                    lines.append(why or f"{store} database {shown(url)}: at {found}, this code's revision")
+                    code = code or int(why is not None)
+        except DatabaseUnreachable:
+            if time.monotonic() >= until:
+                raise
+            code = 1
+        if code == 0 or time.monotonic() >= until:
+            break
+        time.sleep(2)  # poll interval: another pod's migration and roles
+    for line in lines:
+        typer.echo(line)
     raise typer.Exit(code)
 
 
@@ -753,8 +776,8 @@ def db_roles(
     the gate and the gateway read the turns, the console the four tables; nothing else, nothing for PUBLIC.
 
     Run it after `roundtrip db upgrade` (it grants on the tables the migrations made) and again after each upgrade.
-    Idempotent. A missing role is created with LOGIN and the password in ROUNDTRIP_DB_PASSWORD_<SERVICE>
-    (e.g. ROUNDTRIP_DB_PASSWORD_EXECUTOR: the password, or that service's database URL); a password is never
+    Idempotent. A missing role is created with LOGIN and the password in ROUNDTRIP_<SERVICE>_DATABASE_URL
+    (e.g. ROUNDTRIP_EXECUTOR_DATABASE_URL: the URL the executor connects with, or only its password); a password is never
     printed; an existing role's password is left as it is."""
     import os
 
@@ -770,12 +793,13 @@ def db_roles(
             raise typer.Exit(1)
         if not apply:
             typer.echo(f"-- the {' and '.join(stores)} database {shown(url)}")
-            typer.echo(roles.shown_statements(roles.statements([t for s in stores for t in roles.TABLES[s]], prefix)))
+            tables = [t for s in stores for t in roles.TABLES[s]]
+            typer.echo(roles.shown_statements(roles.statements(tables, prefix)), nl=False)
             continue
         passwords = {}
         try:
             for service in roles.PARTS:
-                value = os.environ.get(roles.PASSWORD_ENV.format(service=service.upper()), "").strip()
+                value = os.environ.get(roles.LOGIN_ENV.format(service=service.upper()), "").strip()
                 if value:
                     passwords[service] = roles.password_of(value, roles.role(service, prefix))
             with reaching(url):

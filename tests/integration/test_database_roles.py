@@ -59,9 +59,9 @@ async def fleet_db(postgres_database):
     await execute(postgres_database, f"ALTER DATABASE {database} OWNER TO {owner}")
     owner_url = await migrated(as_login(postgres_database, owner))
     secret = {s: f"secret-{uuid.uuid4().hex}" for s in roles.PARTS}
-    passwords = {f"ROUNDTRIP_DB_PASSWORD_{s.upper()}": p for s, p in secret.items()}
+    passwords = {f"ROUNDTRIP_{s.upper()}_DATABASE_URL": p for s, p in secret.items()}
     executor_url = as_login(postgres_database, roles.role("executor", prefix), secret["executor"])
-    passwords["ROUNDTRIP_DB_PASSWORD_EXECUTOR"] = executor_url  # its database URL will do
+    passwords["ROUNDTRIP_EXECUTOR_DATABASE_URL"] = executor_url  # its database URL will do
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | passwords
     cmd = [sys.executable, "-m", "roundtrip._cli.main", "db", "roles", "--apply", "--prefix", prefix]
     for _ in range(2):  # idempotent: the second run creates nothing and leaves the same grants

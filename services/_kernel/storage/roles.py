@@ -29,7 +29,7 @@ TURNS, APPROVALS = "turns", "approvals"
 TABLES = {LEDGER: (TURNS, APPROVALS), CONVERSATIONS: ("conversations", "conversation_turns")}
 WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 BY_COLUMN = ("INSERT", "UPDATE", "REFERENCES")  # may be granted on some columns only
-PASSWORD_ENV = "ROUNDTRIP_DB_PASSWORD_{service}"
+LOGIN_ENV = "ROUNDTRIP_{service}_DATABASE_URL"  # the URL that service connects with (or its password)
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ def apply(conn: Connection, passwords: Mapping[str, str], prefix: str = PREFIX) 
     if lacking:
         raise ValueError(
             f"{', '.join(role(s, prefix) for s in lacking)} missing: set "
-            + ", ".join(PASSWORD_ENV.format(service=s.upper()) for s in lacking)
+            + ", ".join(LOGIN_ENV.format(service=s.upper()) for s in lacking)
             + " (its password, or its database URL) to create them"
         )
     for statement in statements(tables, prefix, create):
