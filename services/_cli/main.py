@@ -777,33 +777,29 @@ def db_roles(
 
     Run it after `roundtrip db upgrade` (it grants on the tables the migrations made) and again after each upgrade.
     Idempotent. A missing role is created with LOGIN and the password in ROUNDTRIP_<SERVICE>_DATABASE_URL
-    (e.g. ROUNDTRIP_EXECUTOR_DATABASE_URL: the URL the executor connects with, or only its password); a password is never
-    printed; an existing role's password is left as it is."""
+    (e.g. ROUNDTRIP_EXECUTOR_DATABASE_URL: the URL the executor connects with, or only its password); a
+    password is never printed; an existing role's password is left as it is."""
     import os
 
     from roundtrip._kernel.migrations import STORES
-    from roundtrip._kernel.migrations.schema import databases, reaching
+    from roundtrip._kernel.migrations.schema import databases
     from roundtrip._kernel.storage import roles
-    from roundtrip._kernel.storage.database import is_sqlite, make_engine, run_on, shown
+    from roundtrip._kernel.storage.database import is_sqlite, shown
 
     found = {database_url: STORES} if database_url else databases(get_settings())
     for url, stores in found.items():
         if is_sqlite(url):
-            typer.secho(f"error: {shown(url)} is SQLite, which has no roles: one file, the laptop's", fg="red", err=True)
+            typer.secho(
+                f"error: {shown(url)} is SQLite, which has no roles: one file, the laptop's", fg="red", err=True
+            )
             raise typer.Exit(1)
         if not apply:
             typer.echo(f"-- the {' and '.join(stores)} database {shown(url)}")
             tables = [t for s in stores for t in roles.TABLES[s]]
             typer.echo(roles.shown_statements(roles.statements(tables, prefix)), nl=False)
             continue
-        passwords = {}
         try:
-            for service in roles.PARTS:
-                value = os.environ.get(roles.LOGIN_ENV.format(service=service.upper()), "").strip()
-                if value:
-                    passwords[service] = roles.password_of(value, roles.role(service, prefix))
-            with reaching(url):
-                done = asyncio.run(run_on(make_engine(url), lambda conn: roles.apply(conn, passwords, prefix), True))
+            done = asyncio.run(roles.apply_to(url, roles.passwords_from(os.environ, prefix), prefix))
         except ValueError as exc:
             typer.secho(f"error: {exc}", fg="red", err=True)
             raise typer.Exit(1) from None

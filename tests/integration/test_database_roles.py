@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from roundtrip._kernel.storage import roles
-from roundtrip._kernel.storage.turnstore import RUNNING, WAITING, Fence, TurnStore, turns
+from roundtrip._kernel.storage.turnstore import RUNNING, WAITING, Fence, TurnStore
 from tests.databases import migrated
 from tests.signing import key_environment
 
@@ -65,9 +65,7 @@ async def fleet_db(postgres_database):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")} | passwords
     cmd = [sys.executable, "-m", "roundtrip._cli.main", "db", "roles", "--apply", "--prefix", prefix]
     for _ in range(2):  # idempotent: the second run creates nothing and leaves the same grants
-        done = subprocess.run(
-            [*cmd, "--database-url", owner_url], env=env, capture_output=True, text=True, timeout=120
-        )
+        done = subprocess.run([*cmd, "--database-url", owner_url], env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         assert not any(p in done.stdout + done.stderr for p in secret.values())  # never said
     assert "created" not in done.stdout and f"{prefix}executor: SELECT alembic_version, turns; UPDATE" in done.stdout
@@ -129,7 +127,9 @@ async def test_the_executors_login_claims_and_can_do_nothing_else(fleet_db):
     await refused(url, "SELECT * FROM approvals")
     await refused(url, "UPDATE alembic_version SET version_num = 'ledger_0001'")
     await refused(url, "CREATE TABLE mine (x int)")
-    row = await first(fleet_db.owner, "SELECT customer_id, status, turn_json FROM turns WHERE turn_id = :t", t=turn.turn_id)
+    row = await first(
+        fleet_db.owner, "SELECT customer_id, status, turn_json FROM turns WHERE turn_id = :t", t=turn.turn_id
+    )
     assert tuple(row) == (VICTIM, RUNNING, "{}")  # nothing of the victim's turn changed
     assert (await first(fleet_db.owner, "SELECT count(*) FROM turns"))[0] == 1
 
@@ -194,7 +194,11 @@ def run_refused(service: str, url: str) -> subprocess.CompletedProcess:
         "ROUNDTRIP_LEDGER_DATABASE_URL": url,
     }
     return subprocess.run(
-        [sys.executable, "-m", "roundtrip._cli.main", "run", service], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "roundtrip._cli.main", "run", service],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

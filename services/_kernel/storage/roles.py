@@ -97,7 +97,9 @@ def grants(service: str, tables: Iterable[str], prefix: str = PREFIX) -> list[st
     return out
 
 
-def statements(tables: Iterable[str], prefix: str = PREFIX, create: Mapping[str, str | None] | None = None) -> list[str]:
+def statements(
+    tables: Iterable[str], prefix: str = PREFIX, create: Mapping[str, str | None] | None = None
+) -> list[str]:
     """Every role's statements for one database holding `tables` (and the revisions table): roles created when
     missing (`create`: service -> password for those to create now; None: print the idempotent form for all),
     nothing left to PUBLIC on the fleet's tables, then each service's grants."""
@@ -248,6 +250,21 @@ def apply(conn: Connection, passwords: Mapping[str, str], prefix: str = PREFIX) 
             + "; nothing else"
         )
     return said
+
+
+def passwords_from(environ: Mapping[str, str], prefix: str = PREFIX) -> dict[str, str]:
+    """Each service's password from its LOGIN_ENV variable, where set."""
+    found = {}
+    for service in PARTS:
+        value = environ.get(LOGIN_ENV.format(service=service.upper()), "").strip()
+        if value:
+            found[service] = password_of(value, role(service, prefix))
+    return found
+
+
+async def apply_to(url: str, passwords: Mapping[str, str], prefix: str = PREFIX) -> list[str]:
+    with reaching(url):
+        return await run_on(make_engine(url), lambda conn: apply(conn, passwords, prefix), write=True)
 
 
 def shown_statements(statements_: Iterable[str]) -> str:
