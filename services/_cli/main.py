@@ -75,6 +75,14 @@ def _refuse_unfit(settings: Settings, declared: topology.Service, holds_calls: b
     settings.refuse_plaintext_kafka(service)
 
 
+def _refuse_wide_login(settings: Settings, declared: topology.Service) -> None:
+    """InsecureConfiguration when the service's database login may do more than its part (outside development)."""
+    if declared.shares_ledger:
+        from roundtrip._kernel.storage.roles import refuse_excess
+
+        asyncio.run(refuse_excess(settings, declared.name))
+
+
 @app.command()
 def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUNNABLE)}")]) -> None:
     """Run one service in the foreground (Ctrl-C stops it)."""
@@ -102,10 +110,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
             from roundtrip._model.providers import refuse_unusable
 
             refuse_unusable(settings, agent.model_for(settings))
-        if declared.shares_ledger:
-            from roundtrip._kernel.storage.roles import refuse_excess
-
-            asyncio.run(refuse_excess(settings, service))
+        _refuse_wide_login(settings, declared)
         module = importlib.import_module(declared.app_module)
         asyncio.run(getattr(module, "preflight", _no_preflight)(settings))
     except ConfigurationError as exc:

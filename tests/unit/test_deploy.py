@@ -63,9 +63,11 @@ SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in (*Settings.model_fields,
     "ANTHROPIC_API_KEY"
 }
 # a login per service on the ledger: the Secret's URL of each (its key) and the `db-roles` step's variable for it
-DB_LOGINS = {f"ROUNDTRIP_LEDGER_DATABASE_URL_{s.upper()}" for s in roles.PARTS} | {
-    roles.LOGIN_ENV.format(service=s.upper()) for s in roles.PARTS
-}
+DB_LOGINS = (
+    {f"ROUNDTRIP_LEDGER_DATABASE_URL_{s.upper()}" for s in roles.PARTS}
+    | {roles.LOGIN_ENV.format(service=s.upper()) for s in roles.PARTS}
+    | {roles.ADMIN_ENV}
+)
 HTTP_SERVICES = {
     "simulator": Settings.model_fields["simulator_port"],
     "shop": ShopAgentSettings.model_fields["shop_port"],

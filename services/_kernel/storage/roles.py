@@ -29,6 +29,7 @@ TURNS, APPROVALS = "turns", "approvals"
 TABLES = {LEDGER: (TURNS, APPROVALS), CONVERSATIONS: ("conversations", "conversation_turns")}
 WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 BY_COLUMN = ("INSERT", "UPDATE", "REFERENCES")  # may be granted on some columns only
+ADMIN_ENV = "ROUNDTRIP_DB_ADMIN_URL"  # `roundtrip db roles --database-url`: the login that grants
 LOGIN_ENV = "ROUNDTRIP_{service}_DATABASE_URL"  # the URL that service connects with (or its password)
 
 
