@@ -135,6 +135,7 @@ def chaos_settings(chaos_kafka, chaos_database, tmp_path_factory, request) -> tu
     if chaos_database == "postgres":  # a database of its own on the session's PostgreSQL server
         url = new_database(request.getfixturevalue("postgres_url"))
         values |= {"ledger_database_url": url, "conversations_database_url": url}
+        values |= {"database_allow_shared_login": True}  # one (superuser) login for the fleet, on purpose
     return ShopFleetSettings(**values), _env(**values)
 
 

@@ -14,7 +14,10 @@ environment. What is replaced, by variable:
 
     ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS    the session's broker
     ROUNDTRIP_*_DATABASE_URL             a database of the session's PostgreSQL, one per database the manifest
-                                         names and run (same driver: postgresql+asyncpg stays so)
+                                         names and run (same driver: postgresql+asyncpg stays so), with the
+                                         manifest's login: the one of the URL `roundtrip db upgrade` runs with
+                                         is made and given the database (with CREATEROLE), as its operator does
+                                         once; the others are the manifest's own steps' to make
     ROUNDTRIP_OTLP_ENDPOINT              the session's OTLP receiver
     ROUNDTRIP_CONSOLE_JAEGER_URL         a loopback Jaeger UI (a link for people's browsers, not an address)
     ROUNDTRIP_CONSOLE_OIDC_ISSUER        kept: the company's sign-on is no workload of the manifest; the test
@@ -83,23 +86,34 @@ class LocalWorld:
         """The manifest's URL with the session's server and the run's database, in the manifest's form."""
         manifest, session = make_url(url), make_url(self.postgres_url)
         name = self.databases.setdefault(manifest.database, f"{manifest.database}_{self.tag}")
-        local = manifest.set(
-            host=session.host, port=session.port, username=session.username, password=session.password, database=name
-        )
+        local = manifest.set(host=session.host, port=session.port, database=name)
         return local.render_as_string(hide_password=False)
 
     async def _each_database(self, statement: str) -> None:
+        for name in self.databases.values():
+            await self._each(statement.format(name=name))
+
+    async def _each(self, statement: str) -> None:
         connection = await asyncpg.connect(
             make_url(self.postgres_url).set(drivername="postgresql").render_as_string(hide_password=False)
         )
         try:
-            for name in self.databases.values():
-                await connection.execute(statement.format(name=name))
+            await connection.execute(statement)
         finally:
             await connection.close()
 
-    async def create_databases(self) -> None:
-        await self._each_database('CREATE DATABASE "{name}"')
+    async def create_databases(self, owners: dict[str, str] | None = None) -> None:
+        """Each database, owned by `owners`' login for it (manifest database -> login) when one is named."""
+        session = make_url(self.postgres_url).username
+        for database, login in (owners or {}).items():
+            if login != session and database in self.databases:
+                await self._each(
+                    f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{login}') THEN "
+                    f'CREATE ROLE "{login}" LOGIN CREATEROLE; END IF; END $$'
+                )
+        for database, name in self.databases.items():
+            owner = (owners or {}).get(database)
+            await self._each(f'CREATE DATABASE "{name}"' + (f' OWNER "{owner}"' if owner else ""))
 
     async def drop_databases(self) -> None:
         await self._each_database('DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -283,7 +297,7 @@ class LocalDeployment:
 
     async def start(self, timeout: float) -> None:
         """Create the databases, then run every replica (init steps first) and wait until each is ready."""
-        await self.world.create_databases()
+        await self.world.create_databases(self._owners())
         async with httpx.AsyncClient() as http:
             runs = [asyncio.create_task(self._run(r, http)) for r in self.all()]
             try:
@@ -297,6 +311,17 @@ class LocalDeployment:
                 for task in runs:
                     task.cancel()
                 await asyncio.gather(*runs, return_exceptions=True)
+
+    def _owners(self) -> dict[str, str]:
+        """Manifest database -> the login that migrates it (`roundtrip db upgrade`): its owner."""
+        owners = {}
+        for replica in self.all():
+            for container in (*replica.workload.init, replica.workload.main):
+                if list(container.argv[1:3]) == ["db", "upgrade"]:
+                    for variable, value in container.env.items():
+                        if variable.endswith("_DATABASE_URL") and value and make_url(value).username:
+                            owners[make_url(value).database] = make_url(value).username
+        return owners
 
     def check_alive(self) -> None:
         for replica in self.all():

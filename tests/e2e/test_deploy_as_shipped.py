@@ -145,6 +145,31 @@ def tool_runs(metrics: str) -> float:
     return sum(float(v) for v in re.findall(r"(?m)^roundtrip_tool_executions_total\{[^}]*\} (\S+)$", metrics))
 
 
+async def the_executors_login_rewrites_no_turn(deployment: LocalDeployment, manifest) -> None:
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    env = deployment.replicas["executor"][0].envs[id(manifest.workloads["executor"].main)]
+    engine = create_async_engine(env["ROUNDTRIP_LEDGER_DATABASE_URL"])
+    try:
+        for attempt in (
+            "INSERT INTO turns (turn_id, request_id, conversation_id, customer_id, status, step, started_at, "
+            "last_progress_at, turn_json) VALUES ('t_forged', 'r', 'c', 'cus_other', 'running', 0, 0, 0, '{}')",
+            "UPDATE turns SET customer_id = 'cus_other', turn_json = '{}'",
+            "UPDATE turns SET status = 'ended'",
+            "DELETE FROM turns",
+        ):
+            with pytest.raises(DBAPIError, match="permission denied"):
+                async with engine.begin() as conn:
+                    await conn.execute(text(attempt))
+        async with engine.connect() as conn:
+            customers = set((await conn.execute(text("SELECT customer_id FROM turns"))).scalars())
+        assert customers == {CUSTOMER}, customers
+    finally:
+        await engine.dispose()
+
+
 @pytest.mark.parametrize("shape", ["k8s", "compose"])
 async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
     shape, kafka_bootstrap, secured_kafka_broker, issuer, postgres_url, otlp_receiver, tmp_path
@@ -199,6 +224,9 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
         ]
         assert len(changed) == 1 and changed[0][0] == CUSTOMER and changed[0][2] == "cancelled", changed
         assert changed[0][1] in ("pending", "processing"), changed
+
+        if shape == "k8s":  # the executor's login as shipped: the database refuses it any other turn row
+            await the_executors_login_rewrites_no_turn(deployment, manifest)
 
         runs = {}
         async with httpx.AsyncClient() as http:

@@ -32,6 +32,7 @@ def fleet_on_postgres(kafka_bootstrap, postgres_database, tmp_path):
         log_level="INFO",
         ledger_database_url=postgres_database,
         conversations_database_url=postgres_database,
+        database_allow_shared_login=True,  # one (superuser) login for the fleet on one machine, on purpose
         **key_settings("e2e1"),  # fresh pairs, never the published development keys
     )
     env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()} | {

@@ -32,6 +32,7 @@ from roundtrip._kernel.settings import (
     InsecureConfiguration,
     Settings,
 )
+from roundtrip._kernel.storage import roles
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._shop.agent.settings import ShopAgentSettings
 from tests.manifests import (
@@ -62,6 +63,12 @@ JAEGER_SCRIPT = ROOT / "scripts" / "jaeger.sh"
 SETTINGS_ENV = {f"ROUNDTRIP_{name.upper()}" for name in (*Settings.model_fields, *ShopAgentSettings.model_fields)} | {
     "ANTHROPIC_API_KEY"
 }
+# a login per service on the ledger: the Secret's URL of each (its key) and the `db-roles` step's variable for it
+DB_LOGINS = (
+    {f"ROUNDTRIP_LEDGER_DATABASE_URL_{s.upper()}" for s in roles.PARTS}
+    | {roles.LOGIN_ENV.format(service=s.upper()) for s in roles.PARTS}
+    | {roles.ADMIN_ENV}
+)
 HTTP_SERVICES = {
     "simulator": Settings.model_fields["simulator_port"],
     "shop": ShopAgentSettings.model_fields["shop_port"],
@@ -144,7 +151,14 @@ def test_k8s_topics_exist_before_the_consumers_start(k8s, name):
     assert full_command(init) == ["roundtrip", "topics", "wait", name]
     assert init["image"] == container(kinds(k8s, "Deployment")[name])["image"]
     assert {"configMapRef": {"name": "roundtrip-config"}} in init["envFrom"]  # same brokers, prefix, partitions
-    assert set(inits) == ({"topics", "migrate"} if name in LEDGER_SERVICES else {"topics"})
+    ledger = {"migrate", "db-roles"} if name == "guard" else {"schema"}
+    assert set(inits) == ({"topics", *ledger} if name in LEDGER_SERVICES else {"topics"})
+
+
+def ledger_key(container: dict[str, Any]) -> str:
+    (url,) = [e for e in container["env"] if e["name"] == "ROUNDTRIP_LEDGER_DATABASE_URL"]
+    assert url["valueFrom"]["secretKeyRef"]["name"] == "roundtrip-secrets"
+    return url["valueFrom"]["secretKeyRef"]["key"]
 
 
 def test_k8s_a_setup_job_applies_the_acls_then_makes_the_topics(k8s):
@@ -160,18 +174,37 @@ def test_k8s_a_setup_job_applies_the_acls_then_makes_the_topics(k8s):
 
 
 @pytest.mark.parametrize("name", FLEET_SERVICES)
-def test_k8s_the_ledger_is_migrated_before_a_service_that_opens_it_starts(k8s, name):
+def test_k8s_the_ledger_is_migrated_and_its_logins_made_before_a_service_that_opens_it_starts(k8s, name):
+    inits = init_containers(k8s, name)
     if name not in LEDGER_SERVICES:
-        assert not any(full_command(c) == MIGRATE for c in init_containers(k8s, name).values())
+        assert not any(full_command(c) == MIGRATE for c in inits.values())
         return
-    init = init_containers(k8s, name)[
-        "migrate"
-    ]  # idempotent, one pod at a time: every pod that opens the ledger runs it
-    assert full_command(init) == MIGRATE
-    assert init["image"] == container(kinds(k8s, "Deployment")[name])["image"]
-    assert {"configMapRef": {"name": "roundtrip-config"}} in init["envFrom"]
-    (url,) = [e for e in init["env"] if e["name"] == "ROUNDTRIP_LEDGER_DATABASE_URL"]
-    assert url["valueFrom"]["secretKeyRef"] == {"name": "roundtrip-secrets", "key": "ROUNDTRIP_LEDGER_DATABASE_URL"}
+    for init in inits.values():
+        assert init["image"] == container(kinds(k8s, "Deployment")[name])["image"]
+        assert {"configMapRef": {"name": "roundtrip-config"}} in init["envFrom"]
+    if name != "guard":  # it waits for the guard's pod, with its own login (which may not migrate)
+        assert full_command(inits["schema"]) == ["roundtrip", "db", "current", "--wait", "600"]
+        assert ledger_key(inits["schema"]) == ledger_key(container(kinds(k8s, "Deployment")[name]))
+        return
+    # the owner migrates (idempotent, one pod at a time), then gives each other login its part
+    assert list(inits) == ["topics", "migrate", "db-roles"]
+    assert full_command(inits["migrate"]) == MIGRATE
+    assert full_command(inits["db-roles"]) == ["roundtrip", "db", "roles", "--apply"]
+    assert ledger_key(inits["migrate"]) == ledger_key(inits["db-roles"]) == "ROUNDTRIP_LEDGER_DATABASE_URL"
+    logins = {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in inits["db-roles"]["env"]}
+    for service in roles.PARTS:  # the login each service connects with is the one made for it
+        assert logins[roles.LOGIN_ENV.format(service=service.upper())] == ledger_key(
+            container(kinds(k8s, "Deployment")[service])
+        )
+
+
+def test_k8s_each_service_has_its_own_database_login_and_the_guard_owns_the_tables(k8s):
+    from sqlalchemy.engine import make_url
+
+    secret = kinds(k8s, "Secret")["roundtrip-secrets"]["stringData"]
+    urls = {name: make_url(secret[ledger_key(container(kinds(k8s, "Deployment")[name]))]) for name in LEDGER_SERVICES}
+    assert {name: url.username for name, url in urls.items()} == {name: roles.role(name) for name in LEDGER_SERVICES}
+    assert len({(url.host, url.port, url.database) for url in urls.values()}) == 1  # one ledger
 
 
 def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_it():
@@ -226,7 +259,7 @@ def test_every_roundtrip_variable_is_a_setting():
         for m in re.findall(r"\bROUNDTRIP_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_<*])", path.read_text(encoding="utf-8"))
     }
     assert used, "no ROUNDTRIP_ variables found"
-    assert used - SETTINGS_ENV == set()
+    assert used - SETTINGS_ENV - DB_LOGINS == set()
 
 
 def test_compose_environment_names_are_settings(compose):
@@ -239,13 +272,13 @@ def test_k8s_environment_names_are_settings(k8s):
     config = kinds(k8s, "ConfigMap")["roundtrip-config"]["data"]
     secret = kinds(k8s, "Secret")["roundtrip-secrets"]["stringData"]
     assert set(config) - SETTINGS_ENV == set()
-    assert set(secret) - SETTINGS_ENV == set()
+    assert set(secret) - SETTINGS_ENV - DB_LOGINS == set()
     workloads = [*kinds(k8s, "Deployment").values(), *kinds(k8s, "Job").values()]
     for workload in workloads:
         for c in all_containers(workload):
             assert {"configMapRef": {"name": "roundtrip-config"}} in c["envFrom"]
             for var in c.get("env", []):
-                assert var["name"] in SETTINGS_ENV
+                assert var["name"] in SETTINGS_ENV | DB_LOGINS
                 if "valueFrom" in var:
                     ref = var["valueFrom"]["secretKeyRef"]
                     assert ref["name"] == "roundtrip-secrets" and ref["key"] in secret
@@ -372,7 +405,6 @@ def test_each_service_reads_exactly_the_keys_its_roles_give_it_and_refuses_them_
 @pytest.mark.parametrize(
     "variable",
     [
-        "ROUNDTRIP_LEDGER_DATABASE_URL",
         "ROUNDTRIP_BATCH_SIGNING_KEY",
         "ROUNDTRIP_BATCH_VERIFY_KEYS",
         "ROUNDTRIP_DECISION_VERIFY_KEYS",
@@ -888,9 +920,8 @@ def test_the_k8s_config_has_the_agents_slot_and_every_ledger_user_reads_the_secr
     assert config["ROUNDTRIP_AGENT"] == ""  # the demo shop's agent until a user names theirs
     sharing = {s.name for s in topology.SERVICES if s.shares_ledger}
     assert sharing <= set(LEDGER_USERS)
-    secret = (K8S / "secret.yaml").read_text()
-    comment = next(line for line in secret.splitlines() if "the one turn ledger" in line)
-    assert all(name in comment for name in sharing), comment
+    secret = kinds(k8s, "Secret")["roundtrip-secrets"]["stringData"]
+    assert {f"ROUNDTRIP_LEDGER_DATABASE_URL_{name.upper()}" for name in sharing - {"guard"}} <= set(secret)
     for name in sharing:
         (main,) = kinds(k8s, "Deployment")[name]["spec"]["template"]["spec"]["containers"]
         assert container_env(k8s, main)["ROUNDTRIP_AGENT"] == "", name

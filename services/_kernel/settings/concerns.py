@@ -464,6 +464,14 @@ class TurnLedger(Concern):
             "to start without it elsewhere)"
         ),
     )
+    database_allow_shared_login: bool = Field(
+        False,
+        description=(
+            "`true`: a service outside development starts on PostgreSQL with a login that may do more than its part "
+            "(the owner's, one shared by the fleet: a database trusted on purpose); without it, it refuses to, naming "
+            "the grant to remove (`roundtrip db roles` makes a login per service)"
+        ),
+    )
     outbox_after_s: float = Field(
         5.0, gt=0, description=("The guard's sweeper republishes a recorded decision still unpublished after this long")
     )

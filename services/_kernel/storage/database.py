@@ -56,6 +56,7 @@ def make_engine(url: str, read_only: bool = False, pool_size: int = POOL_SIZE) -
             url,
             pool_size=1,
             max_overflow=0,  # its readers run one statement at a time
+            # a second line only: the holder may turn it off; its login's grants are the boundary (roles.py)
             connect_args={"server_settings": {"default_transaction_read_only": "on"}},
         )
     return create_async_engine(url, pool_size=pool_size, max_overflow=0)
