@@ -331,7 +331,7 @@ async def _publish_dead_letter(wired: Wiring, record: Any, reason: str) -> None:
     letter = dead_letter_of(wired.service, record, reason)
     log.error("dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, reason)
     key = record.key if isinstance(record.key, bytes) else None
-    await publish(wired, wired.topic(topics.DEAD_LETTERS), letter, key)
+    await publish(wired, wired.topic(topics.dead_letters(wired.service)), letter, key)
 
 
 def _rescuer(wired: Wiring) -> Callable[[Any, BaseException], Awaitable[None]]:
