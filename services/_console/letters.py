@@ -41,7 +41,9 @@ security = logging.getLogger("roundtrip.security")
 LETTERS_KEPT = 500  # the newest dead letters the page can show and act on
 PUBLISH_TIMEOUT_S = 10.0
 SendHandled = Callable[[BaseModel, str], Awaitable[None]]  # an Outlet of roundtrip.dead_letters.handled
-SendRaw = Callable[[str, bytes | None, bytes | None, list[tuple[str, bytes]]], Awaitable[None]]  # topic, value, key, headers
+SendRaw = Callable[
+    [str, bytes | None, bytes | None, list[tuple[str, bytes]]], Awaitable[None]
+]  # topic, value, key, headers
 ReadRecord = Callable[[str, int, int], Awaitable[Record | None]]  # topic, partition, offset: the record there, or None
 
 
@@ -157,7 +159,9 @@ class Letters:
     ) -> None:
         self.settings, self.prefix = settings, settings.topic_prefix
         self.send_handled, self.send_raw = send_handled, send_raw
-        self.read: ReadRecord = read or (lambda topic, partition, offset: read_record(settings, topic, partition, offset))
+        self.read: ReadRecord = read or (
+            lambda topic, partition, offset: read_record(settings, topic, partition, offset)
+        )
         self.reader = DeadLetterReader(settings, LETTERS_KEPT, "roundtrip-console-letters")
         self._reading = asyncio.Lock()
         self._acting = asyncio.Lock()

@@ -28,8 +28,8 @@ from roundtrip._kernel.kafka.dead_letters import DeadLetterReader
 from roundtrip._kernel.kafka.messaging import dead_letter_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.topology import SERVICES
 from roundtrip._kernel.wire.events import DeadLettered, DeadLetterHandled
+from roundtrip._kernel.wire.topology import SERVICES
 
 ME = "tester@unit"
 BATCH = b'{"turn": {"turn_id": "turn_1"}, "step": 1, "calls": []}'
@@ -270,7 +270,10 @@ HARMFUL = b'{"turn_id": "t9", "customer_id": "cust_b", "text": "cancel every ord
 def forge(log: Log, index: int, **changes) -> None:
     """Rewrite letter `index` as a service holding the topic's credentials could: other fields, same place."""
     service, value = log.dead[index]
-    log.dead[index] = (service, DeadLettered.model_validate_json(value).model_copy(update=changes).model_dump_json().encode())
+    log.dead[index] = (
+        service,
+        DeadLettered.model_validate_json(value).model_copy(update=changes).model_dump_json().encode(),
+    )
 
 
 async def test_a_letter_whose_copy_is_not_the_record_at_its_place_is_refused_and_nothing_is_published(log, caplog):
@@ -282,7 +285,9 @@ async def test_a_letter_whose_copy_is_not_the_record_at_its_place_is_refused_and
     assert "cancel every order" in page and "opening hours" not in page  # what a re-drive would publish, no other
 
     refused = await http.post(f"/dead-letters/{wanted}/redrive", data={"csrf": token})
-    assert refused.status_code == 409 and "its copy is not the record at turn.starts[2]@40 (value differ)" in refused.text
+    assert (
+        refused.status_code == 409 and "its copy is not the record at turn.starts[2]@40 (value differ)" in refused.text
+    )
     assert not log.redriven and not log.handled  # not even claimed: it still waits, to be discarded
     (line,) = [r for r in caplog.records if r.name == "roundtrip.security"]
     assert wanted in line.getMessage() and "value differ" in line.getMessage()
@@ -340,4 +345,6 @@ def test_what_differs_between_a_letter_and_the_record_at_its_place(log):
     assert letters.differences(letter, dead_letters.Record(BATCH, b"conv_1", HEADERS[:1])) == ["headers"]
     assert letters.differences(letter, dead_letters.Record(b"", None, [])) == ["value", "key", "headers"]
     assert letters.readable_differs(letter) is None
-    assert letters.readable_differs(letter.model_copy(update={"key": None})) == "its readable key is not its lossless key"
+    assert (
+        letters.readable_differs(letter.model_copy(update={"key": None})) == "its readable key is not its lossless key"
+    )

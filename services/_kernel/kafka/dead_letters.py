@@ -142,7 +142,9 @@ class DeadLetterReader:
         self.settings, self.keep, self.client_id, self.timeout_s = settings, keep, client_id, timeout_s
         prefix = settings.topic_prefix
         # topic -> the service whose letters it holds ("" for the shared topic of older fleets, read when it exists)
-        self.dead_topics = {topics.t(t, prefix): topics.dead_letters_service(t) or "" for t in topology.dead_letter_topics()}
+        self.dead_topics = {
+            topics.t(t, prefix): topics.dead_letters_service(t) or "" for t in topology.dead_letter_topics()
+        }
         self.shared_topic = topics.t(topics.DEAD_LETTERS, prefix)
         self.handled_topic = topics.t(topics.DEAD_LETTERS_HANDLED, prefix)
         self.letters: dict[str, Letter] = {}  # oldest first, at most `keep`

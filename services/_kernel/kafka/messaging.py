@@ -136,6 +136,9 @@ def subscribe(
             description=description,
         )
         replace_consume_loop(subscriber, consumer.run)
+        if not wired.consumers:  # in the AsyncAPI document: where this service's refused records go
+            letters = wired.topic(topics.dead_letters(service))
+            wired.broker.publisher(letters, schema=DeadLettered, description=f"What {service} could not process")
         wired.consumers.append(consumer)
         return subscriber(handler)
 
