@@ -1,11 +1,10 @@
 """Least privilege on the cluster: the ACLs each service's principal needs, derived from the topology.
 
-Each service runs as its own principal: Read on its inputs and groups, Write on its outputs and its own dead letters
-(`roundtrip.dead_letters.by.<service>`), and what its role adds (the gateway's transactional ids), so a compromised
-executor can write nothing but model calls, approval requests and its dead letters, which the console re-drives only
-when they name its input and the record there is their copy. Every name carries the fleet's topic prefix, so two
-fleets on one cluster grant each other nothing. `render` prints `kafka-acls.sh` commands, `apply` adds them by the
-admin API.
+Each service runs as its own principal: Read on its inputs and groups, Write on its outputs and its own dead letters,
+and what its role adds (the gateway's transactional ids), so a compromised executor can write nothing but model calls,
+approval requests and its dead letters (which the console re-drives only when they name its input and the record there
+is their copy). Every name carries the fleet's topic prefix, so two fleets on one cluster grant each other nothing.
+`render` prints `kafka-acls.sh` commands, `apply` adds them by the admin API.
 """
 
 from __future__ import annotations
