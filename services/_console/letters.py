@@ -41,9 +41,8 @@ security = logging.getLogger("roundtrip.security")
 LETTERS_KEPT = 500  # the newest dead letters the page can show and act on
 PUBLISH_TIMEOUT_S = 10.0
 SendHandled = Callable[[BaseModel, str], Awaitable[None]]  # an Outlet of roundtrip.dead_letters.handled
-SendRaw = Callable[
-    [str, bytes | None, bytes | None, list[tuple[str, bytes]]], Awaitable[None]
-]  # topic, value, key, headers
+# topic, value, key, headers
+SendRaw = Callable[[str, bytes | None, bytes | None, list[tuple[str, bytes]]], Awaitable[None]]
 ReadRecord = Callable[[str, int, int], Awaitable[Record | None]]  # topic, partition, offset: the record there, or None
 
 

@@ -1,9 +1,10 @@
 """Dead letters in the console (services/_console/letters.py, read by services/_kernel/kafka/dead_letters.py), over an
-in-memory log of roundtrip.dead_letters and roundtrip.dead_letters.handled in the order Kafka keeps them: a dead
-letter is re-driven to its source topic once and as it was (value, key, headers), a second re-drive is refused here,
-by another replica and after a restart; the first claim wins a race and the loser sends nothing; a re-drive Kafka did
-not take waits again; only a topic the fleet consumes is written; what a dead letter carries is shown as text; the
-reader keeps the newest letters by time. The real broker and browser: tests/e2e/test_console_e2e.py."""
+in-memory log of the services' dead letters, roundtrip.dead_letters.handled and the records the letters name: a dead
+letter is re-driven to its source topic once and as Kafka keeps it (value, key, headers), a second re-drive is refused
+here, by another replica and after a restart; the first claim wins a race and the loser sends nothing; a re-drive
+Kafka did not take waits again; only a topic the letter's service consumes is written, and only the record at the
+letter's place when it is the letter's copy; the page shows the bytes a re-drive publishes, as text; the reader keeps
+the newest letters by time. The real broker and browser: tests/e2e/test_console_e2e.py."""
 
 from __future__ import annotations
 
