@@ -3,7 +3,7 @@ that service's dead letters naming a harmless request already on support.request
 carrying a cancellation for another customer, once with a readable copy that says the harmless words and once with
 both copies the cancellation. The console shows what a re-drive would publish (the cancellation, never the harmless
 words), refuses both re-drives with the reason, says the second on roundtrip.security, and publishes nothing: no new
-request, no reply, no order changed. A genuine re-drive: tests/e2e/test_console_e2e.py."""
+request, no reply, no order changed; the genuine letter of that record re-drives it, once."""
 
 from __future__ import annotations
 
@@ -98,6 +98,16 @@ async def test_a_forged_dead_letter_is_shown_as_its_bytes_and_never_re_driven(
     assert await _request_ends(settings) == before  # nothing re-driven to support.requests
     assert not any(client.replies.get(r) for r in forged_ids.values())
     assert shop_orders() == orders
+
+    # the letter of that very record is re-driven: the record Kafka keeps, once, and the gateway's dedupe holds
+    genuine = SimpleNamespace(**{**vars(place), "value": json.dumps(asked).encode()})
+    letter = dead_letter_of("gateway", genuine, "RuntimeError: genuine")
+    await client.producer.send_and_wait(client.topic(topics.dead_letters("gateway")), letter.model_dump_json().encode())
+    letter_id, card = _card(approver.get("/dead-letters/live").text, HARMLESS)
+    assert _post(approver, f"/dead-letters/{letter_id}/redrive", token, {"csrf": token}).status_code == 303
+    await client.settled()
+    after = await _request_ends(settings)
+    assert sum(after.values()) == sum(before.values()) + 1 and len(client.replies[request_id]) == 1
     log = (fleet.sync.logs / "console.log").read_text()
     assert re.search(r"roundtrip\.security.*dead letter 'gateway-\d+-\d+' refused: its copy is not the record", log), (
         log[-3000:]
