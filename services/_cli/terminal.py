@@ -34,6 +34,7 @@ from roundtrip._kernel.wire.events import (
     ApprovalDecided,
     ApprovalRequested,
     CallModel,
+    DeadLettered,
     DeadLetterHandled,
     ExecuteToolBatch,
     ModelResponded,
@@ -799,7 +800,18 @@ def _print_letter(item: Letter, handling: DeadLetterHandled | None) -> None:
         to = f" to {plain(handling.topic)}" if handling.topic else ""
         note = f": {plain(handling.note)}" if handling.note else ""
         console.print(f"  {done} by {plain(handling.by)} at {stamp(handling.at)}{to}{note}")
-    console.print(f"  {plain(_short(letter.payload if letter else item.raw, 300))}")
+    console.print(f"  {plain(_short(_as_bytes_say(letter) if letter else item.raw, 300))}")
+
+
+def _as_bytes_say(letter: DeadLettered) -> str:
+    """The record as its lossless copy says (what a re-drive would publish), else the readable copy."""
+    from roundtrip._kernel.kafka.dead_letters import copy_of
+
+    try:
+        value = copy_of(letter).value if letter.payload_base64 else None
+    except ValueError:
+        value = None
+    return letter.payload if value is None else value[:2000].decode("utf-8", "replace")
 
 
 async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: float | None) -> int:

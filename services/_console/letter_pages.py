@@ -23,7 +23,7 @@ from roundtrip._console.auth import CSRF_FIELD, Identity
 from roundtrip._console.pages import esc, live, notice, when
 from roundtrip._console.web import SECURITY_HEADERS, TOLD, Answer, Console, _q
 from roundtrip._kernel.kafka.dead_letters import DISCARD, PAST, REDRIVE, Letter, LettersAway
-from roundtrip._kernel.wire.events import DeadLetterHandled
+from roundtrip._kernel.wire.events import DeadLettered, DeadLetterHandled
 
 log = logging.getLogger("roundtrip.console")
 BACK = "/dead-letters"
@@ -129,12 +129,33 @@ def age(seconds: float) -> str:
     return f"{seconds / 3600:.0f} h" if seconds < 172_800 else f"{seconds / 86400:.0f} d"
 
 
+def _unique(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    if len({k for k, _ in pairs}) < len(pairs):
+        raise ValueError("a key twice: indenting would show only its last value")
+    return dict(pairs)
+
+
 def record_text(text: str) -> str:
     """A dead-lettered record for people, escaped: indented when it is JSON (its keys in their order), else as it is."""
     try:
-        return esc(json.dumps(json.loads(text), indent=2, ensure_ascii=False))
+        return esc(json.dumps(json.loads(text, object_pairs_hook=_unique), indent=2, ensure_ascii=False))
     except (ValueError, RecursionError):
         return esc(text)
+
+
+def as_published(letter: DeadLettered) -> tuple[str, str | None, str]:
+    """The record's value (its first 100,000 bytes), key and headers as text, decoded from the bytes a re-drive
+    publishes (only when Kafka still holds those very bytes at its place), not from the letter's readable copy."""
+    try:
+        copy = letters.original(letter) if letter.payload_base64 else None
+    except ValueError:
+        copy = None
+    if copy is None:  # no lossless copy, so no re-drive: its readable copy, as the fleet wrote it
+        return letter.payload, letter.key, ", ".join(h.get("key", "") for h in letter.headers)
+    value, key, headers = copy
+    shown = ", ".join(f"{name}: {raw[:200].decode('utf-8', 'replace')}" for name, raw in headers)
+    text = key.decode("utf-8", "replace") if key is not None else None
+    return value[:100_000].decode("utf-8", "replace"), text, shown
 
 
 def _letter_form(letter_id: str, csrf: str, redrivable: bool) -> str:
@@ -160,8 +181,8 @@ def letter_card(
     now: float,
     not_redrivable: str | None,
 ) -> str:
-    """One dead letter: where it came from, its key, why, how old, the original record as text, and what was done
-    with it (or the forms)."""
+    """One dead letter: where it came from, its key, why, how old, the record a re-drive publishes as text, and what
+    was done with it (or the forms)."""
     letter = item.letter
     if handling is not None:
         what = PAST.get(handling.action, handling.action)
@@ -173,16 +194,16 @@ def letter_card(
     else:
         action = '<p class="muted">You may look, not re-drive or discard (viewer).</p>'
     if letter is not None:
+        record, key, headers = as_published(letter)
         facts = [
             (
                 "source topic",
                 f"<code>{esc(letter.topic)}</code> (partition {esc(letter.partition)}, offset {esc(letter.offset)})",
             ),
-            ("key", f"<code>{esc(letter.key)}</code>"),
+            ("key", f"<code>{esc(key)}</code>"),
             ("refused by", esc(letter.service)),
-            ("headers", esc(", ".join(h.get("key", "") for h in letter.headers)) or '<span class="muted">none</span>'),
+            ("headers", esc(headers) or '<span class="muted">none</span>'),
         ]
-        record = letter.payload
     else:
         facts, record = [], item.raw
     facts = [("reason", f'<span class="error">{esc(item.reason)}</span>'), *facts]

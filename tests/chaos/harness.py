@@ -1,7 +1,7 @@
 """The chaos suite's tools: load like a user's app, poison of every kind, and the audit.
 
 * `Observer` publishes to support.requests (and anywhere else) and reads `support.replies`
-  (read_committed, with each record's timestamp), `roundtrip.dead_letters` and the signed
+  (read_committed, with each record's timestamp), every service's dead letters and the signed
   batches on `turn.tool_batches`, without a consumer group (nothing to rebalance).
 * `plan_load` builds a bounded mix of personas over many conversations, some with several
   requests, some requests published twice (an app retrying); `seed_customers` gives the
@@ -42,13 +42,13 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from roundtrip._gateway.turns import turn_id_for
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.wire import topics
+from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import Outcome, SupportRequest
 from roundtrip._shop import db as shopdb
 from tests.readers import stop_reader
 
 # Topics a fleet service consumes (poison there must be dead-lettered). support.replies, turn.events
-# and roundtrip.dead_letters are outputs only: no service of the fleet reads them.
+# and the dead letters are outputs only: no service of the fleet reads them.
 CONSUMED = (
     topics.SUPPORT_REQUESTS,
     topics.TURN_STARTS,
@@ -172,7 +172,7 @@ class Observer:
         return self.settings.topic_prefix + name
 
     async def start(self) -> None:
-        watched = [self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, *RAW_TOPICS)]
+        watched = [self.topic(n) for n in (topics.SUPPORT_REPLIES, *topology.dead_letter_topics(), *RAW_TOPICS)]
         self.producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap_servers,
             acks="all",
@@ -195,9 +195,8 @@ class Observer:
         self._task = asyncio.create_task(self._collect())
 
     async def _collect(self) -> None:
-        replies, letters, batches = (
-            self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.DEAD_LETTERS, topics.TOOL_BATCHES)
-        )
+        replies, batches = (self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.TOOL_BATCHES))
+        letters = {self.topic(n) for n in topology.dead_letter_topics()}
         raw = {self.topic(n): n for n in RAW_TOPICS}
         async for record in self.consumer:
             if record.topic in raw:
@@ -208,7 +207,7 @@ class Observer:
                 data = json.loads(record.value)
                 if record.topic == replies:
                     self.seen.replies[data["request_id"]].append((data, record.timestamp / 1000))
-                elif record.topic == letters:
+                elif record.topic in letters:
                     self.seen.dead_letters.append(data)
                 elif record.topic == batches:
                     self.seen.batches.append(

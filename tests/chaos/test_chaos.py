@@ -1,6 +1,6 @@
 """Chaos (issue 8): load through support.requests while services, the broker and executors fail,
 and poison on every topic. Each scenario prints one summary line and asserts, from the shop's
-database, the turn ledger, support.replies (read_committed) and roundtrip.dead_letters:
+database, the turn ledger, support.replies (read_committed) and the services' dead letters:
 
 * every request exactly one reply: none lost, none duplicated (an app's retry included);
 * no duplicate side effect: no order cancelled twice, one side effect per tool_use_id;

@@ -54,7 +54,7 @@ class FleetClient:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.seen: dict[str, list[dict]] = defaultdict(list)  # logical topic -> messages
+        self.seen: dict[str, list[dict]] = defaultdict(list)  # logical topic (DEAD_LETTERS: all services') -> messages
         self.replies: dict[str, list[SupportReply]] = defaultdict(list)
         self._arrived = asyncio.Event()
         self._read_to: dict[tuple[str, int], int] = {}  # (topic, partition) -> the offset after its last record read
@@ -84,6 +84,8 @@ class FleetClient:
         async for record in self.consumer:
             self._read_to[record.topic, record.partition] = record.offset + 1
             name = record.topic[len(prefix) :]
+            if topics.dead_letters_service(name):  # every service's dead letters, in one list
+                name = topics.DEAD_LETTERS
             if name == topics.SUPPORT_REQUESTS:  # read for `settled` only: what the fleet was asked is the test's own
                 continue
             try:

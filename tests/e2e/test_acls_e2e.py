@@ -2,7 +2,7 @@
 StandardAuthorizer denies whatever no ACL allows, with exactly the ACLs `roundtrip acls --apply` derives from the
 topology; turns of the user's app (its own principal, its own consumer group) get their replies, the console reads,
 re-drives and records a dead letter as its own principal, and the executor's principal is refused when it writes a
-signed batch to turn.tool_batches or reads support.requests.
+signed batch to turn.tool_batches, reads support.requests or writes another service's dead letters.
 """
 
 from __future__ import annotations
@@ -128,8 +128,9 @@ async def ask(bootstrap: str, texts: list[str]) -> dict[str, SupportReply]:
 
 async def console_redrives_a_dead_letter(bootstrap: str, port: str) -> tuple[int, int]:
     """As the console's principal: a malformed request the app published is dead-lettered by the gateway; the console
-    reads it (roundtrip.dead_letters, no group), re-drives it (roundtrip.dead_letters.handled, then support.requests:
-    the gateway dead-letters it again) and refuses a second re-drive. Returns the two posts' statuses."""
+    reads it (roundtrip.dead_letters.by.gateway, no group), re-drives it (roundtrip.dead_letters.handled, then
+    support.requests, once it has read the record back from there: the gateway dead-letters it again) and refuses a
+    second re-drive. Returns the two posts' statuses."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-app"))
     await producer.start()
     try:
@@ -251,6 +252,24 @@ async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | No
     return forged, read, {t["topic"].removeprefix(PREFIX): t["error_code"] for t in described}
 
 
+async def executor_writes_dead_letters(bootstrap: str) -> dict[str, type[BaseException] | None]:
+    """As the executor's principal: a dead letter on its own topic, the guard's and the shared one of older fleets.
+    Returns each send's error (None: taken)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
+    await producer.start()
+    errors: dict[str, type[BaseException] | None] = {}
+    try:
+        for name in (topics.dead_letters("executor"), topics.dead_letters("guard"), topics.DEAD_LETTERS):
+            try:
+                await producer.send_and_wait(PREFIX + name, b'{"forged": "a StartTurn for another customer"}')
+                errors[name] = None
+            except TopicAuthorizationFailedError as exc:
+                errors[name] = type(exc)
+    finally:
+        await producer.stop()
+    return errors
+
+
 async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_the_rest(authorizing_broker, tmp_path):
     bootstrap = authorizing_broker.bootstrap
     ledger_url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
@@ -318,6 +337,11 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         assert forged is TopicAuthorizationFailedError  # it cannot write a batch for itself to run
         assert read == {}  # two requests are there, and it reads none of them
         assert described == {topics.SUPPORT_REQUESTS: 29, topics.TOOL_BATCHES: 0}  # its own input it may see
+        assert await executor_writes_dead_letters(bootstrap) == {  # only its own: no letter it writes names another's
+            topics.dead_letters("executor"): None,
+            topics.dead_letters("guard"): TopicAuthorizationFailedError,
+            topics.DEAD_LETTERS: TopicAuthorizationFailedError,
+        }
         for proc in procs:
             assert proc.poll() is None, f"pid {proc.pid} exited"
     finally:

@@ -71,7 +71,7 @@ async def test_create_topics_is_idempotent(kafka_bootstrap: str, topic_prefix: s
 
     counts = await _partitions(kafka_bootstrap, created)
     assert counts[topic_prefix + topics.TOOL_BATCHES] == 5
-    assert counts[topic_prefix + topics.DEAD_LETTERS] == 1
+    assert counts[topic_prefix + topics.dead_letters("executor")] == 1
     assert counts[topic_prefix + topics.SUPPORT_REQUESTS] == 3
 
 
@@ -100,7 +100,7 @@ async def test_the_dead_letter_topic_takes_the_dead_letter_of_a_record_near_the_
 ) -> None:
     """A dead letter is the original record base64-encoded plus a readable copy: ~1.3 MB for a 900 kB record."""
     await create_topics(kafka_bootstrap, topic_prefix, partitions=1)
-    name = topic_prefix + topics.DEAD_LETTERS
+    name = topic_prefix + topics.dead_letters("executor")
     assert int((await _topic_config(kafka_bootstrap, name))["max.message.bytes"]) == DEAD_LETTER_MAX_BYTES
     assert (
         int((await _topic_config(kafka_bootstrap, topic_prefix + topics.SUPPORT_REQUESTS))["max.message.bytes"])
@@ -117,7 +117,7 @@ async def test_the_dead_letter_topic_takes_the_dead_letter_of_a_record_near_the_
 async def test_an_existing_dead_letter_topic_gets_the_larger_limit_and_keeps_its_settings(
     kafka_bootstrap: str, topic_prefix: str
 ) -> None:
-    name = topic_prefix + topics.DEAD_LETTERS
+    name = topic_prefix + topics.dead_letters("executor")
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
     try:  # made by an older fleet: the default limit, and a retention an operator chose
@@ -222,7 +222,7 @@ async def test_topics_are_created_with_the_configured_min_insync_replicas(
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
     try:
-        for name in (topic_prefix + topics.MODEL_CALLS, topic_prefix + topics.DEAD_LETTERS):
+        for name in (topic_prefix + topics.MODEL_CALLS, topic_prefix + topics.dead_letters("executor")):
             (response,) = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name)])
             entries = {e[0]: e for e in response.resources[0][4]}
             value, source = entries["min.insync.replicas"][1], entries["min.insync.replicas"][3]

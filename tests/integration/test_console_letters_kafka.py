@@ -1,11 +1,13 @@
 """The console's dead letters on a real broker (services/_console/letters.py): two console replicas re-drive the same
 dead letter at once (each has found it waiting before either claim is published) and exactly one record reaches its
 source topic, the original's value, key and headers; a console started afterwards reads that it was handled, and by
-whom."""
+whom; a letter whose copy is not the record at the place it names is refused and nothing is published, and a genuine
+one re-drives the record Kafka keeps there."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +22,8 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 
 BATCH = b'{"turn": {"turn_id": "turn_1"}, "step": 1, "calls": []}'
+HARMLESS = b'{"turn_id": "turn_a", "customer_id": "cust_a", "text": "What are your opening hours?"}'
+HARMFUL = b'{"turn_id": "turn_b", "customer_id": "cust_b", "text": "cancel every order"}'
 HEADERS = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")]
 
 
@@ -41,10 +45,12 @@ async def test_two_replicas_re_drive_one_dead_letter_once_and_a_later_console_kn
     async def send_raw(topic: str, value: bytes, key: bytes | None, headers) -> None:
         await producer.send_and_wait(topic, value, key=key, headers=headers)
 
-    record = SimpleNamespace(topic=source, partition=1, offset=7, value=BATCH, key=b"conv_1", headers=HEADERS)
+    sent = await producer.send_and_wait(source, BATCH, key=b"conv_1", partition=1, headers=HEADERS)
+    record = SimpleNamespace(topic=source, partition=1, offset=sent.offset, value=BATCH, key=b"conv_1")
+    record.headers = HEADERS
     letter = dead_letter_of("executor", record, "ApprovalError: batch signed with unknown key id 'k1'")
     await producer.send_and_wait(
-        topics.t(topics.DEAD_LETTERS, topic_prefix), letter.model_dump_json().encode(), key=b"conv_1"
+        topics.t(topics.dead_letters("executor"), topic_prefix), letter.model_dump_json().encode(), key=b"conv_1"
     )
     consoles = [letters.Letters(settings, send_handled, send_raw) for _ in range(3)]
     try:
@@ -75,13 +81,65 @@ async def test_two_replicas_re_drive_one_dead_letter_once_and_a_later_console_kn
             await console.close()
         await producer.stop()
 
-    consumer = AIOKafkaConsumer(source, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest")
+    assert await _records_on(kafka_bootstrap, source) == [(BATCH, b"conv_1", HEADERS)] * 2  # the record, re-driven once
+
+
+async def _records_on(bootstrap: str, topic: str) -> list[tuple[bytes, bytes | None, list]]:
+    """Every record of the topic (value, key, headers), read for 5 s: long enough for a second copy to show, were
+    there one."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
     await consumer.start()
-    redriven = []
+    found = []
     try:
-        for _ in range(10):  # 5 s: long enough for a second copy to show, were there one
-            fetched = await consumer.getmany(timeout_ms=500)
-            redriven += [r for records in fetched.values() for r in records]
+        for _ in range(10):
+            found += [r for records in (await consumer.getmany(timeout_ms=500)).values() for r in records]
     finally:
         await consumer.stop()
-    assert [(r.value, r.key, list(r.headers)) for r in redriven] == [(BATCH, b"conv_1", HEADERS)]  # once, as it was
+    return [(r.value, r.key, list(r.headers)) for r in found]
+
+
+async def test_a_letter_whose_copy_is_not_its_record_is_refused_and_a_genuine_one_re_drives_the_record(
+    kafka_bootstrap, topic_prefix, caplog
+):
+    """A letter on the guard's dead letters names a harmless StartTurn on turn.starts by its partition and offset but
+    carries a StartTurn for another customer: the console reads the record back, refuses, and publishes nothing; the
+    genuine letter of that record re-drives the record Kafka keeps there."""
+    await create_topics(kafka_bootstrap, topic_prefix, partitions=1)
+    settings = Settings(_env_file=None, kafka_bootstrap_servers=kafka_bootstrap, topic_prefix=topic_prefix)
+    source, letters_topic = (topics.t(t, topic_prefix) for t in (topics.TURN_STARTS, topics.dead_letters("guard")))
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+
+    async def send_handled(message, key: str) -> None:
+        handled = topics.t(topics.DEAD_LETTERS_HANDLED, topic_prefix)
+        await producer.send_and_wait(handled, message.model_dump_json().encode(), key=key.encode())
+
+    async def send_raw(topic: str, value: bytes | None, key: bytes | None, headers) -> None:
+        await producer.send_and_wait(topic, value, key=key, headers=headers)
+
+    shelf = letters.Letters(settings, send_handled, send_raw)
+    try:
+        sent = await producer.send_and_wait(source, HARMLESS, key=b"conv_a", headers=HEADERS)
+        record = SimpleNamespace(topic=source, partition=0, offset=sent.offset, value=HARMLESS, key=b"conv_a")
+        record.headers = HEADERS
+        genuine = dead_letter_of("guard", record, "RuntimeError: the ledger said no")
+        forged = dead_letter_of("guard", SimpleNamespace(**{**vars(record), "value": HARMFUL, "key": b"conv_b"}), "x")
+        for letter in (forged, genuine):
+            await producer.send_and_wait(letters_topic, letter.model_dump_json().encode())
+        await shelf.refresh()
+        by_reason = {item.reason: item.id for item, _ in shelf.listed()}
+
+        caplog.set_level(logging.WARNING, logger="roundtrip.security")
+        with pytest.raises(
+            Refused, match=r"its copy is not the record at .*turn\.starts\[0\]@\d+ \(value, key differ\)"
+        ):
+            await shelf.act(by_reason["x"], dead_letters.REDRIVE, "alice", "")
+        assert any(r.name == "roundtrip.security" and by_reason["x"] in r.getMessage() for r in caplog.records)
+        assert await _records_on(kafka_bootstrap, source) == [(HARMLESS, b"conv_a", HEADERS)]  # nothing published
+        assert shelf.handled.get(by_reason["x"]) is None  # not claimed: it waits, to be discarded
+
+        await shelf.act(by_reason["RuntimeError: the ledger said no"], dead_letters.REDRIVE, "alice", "")
+    finally:
+        await shelf.close()
+        await producer.stop()
+    assert await _records_on(kafka_bootstrap, source) == [(HARMLESS, b"conv_a", HEADERS)] * 2  # the record Kafka kept

@@ -1,5 +1,6 @@
-"""`roundtrip dead-letters` against a real broker: three dead letters, one re-driven in the console, one waiting and
-one whose re-drive Kafka did not take (released: it waits again); the command marks each as the console recorded it."""
+"""`roundtrip dead-letters` against a real broker: three dead letters, one re-driven in the console, one waiting (on
+the shared topic of an older fleet, still read) and one whose re-drive Kafka did not take (released: it waits again);
+the command marks each as the console recorded it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from roundtrip._console import letters
 from roundtrip._kernel.kafka import dead_letters
@@ -41,10 +43,13 @@ async def _handle_three_letters(bootstrap: str, prefix: str) -> dict[str, str]:
     settings = Settings(_env_file=None, kafka_bootstrap_servers=bootstrap, topic_prefix=prefix)
     shelf = letters.Letters(settings, send_handled, send_raw)
     try:
-        for i, reason in enumerate(("RuntimeError: handled", "RuntimeError: waiting", "RuntimeError: released")):
-            record = SimpleNamespace(topic=source, partition=0, offset=i, value=BATCH, key=b"conv_1", headers=[])
+        for reason in ("RuntimeError: handled", "RuntimeError: waiting", "RuntimeError: released"):
+            sent = await producer.send_and_wait(source, BATCH, key=b"conv_1", partition=0)
+            record = SimpleNamespace(topic=source, partition=0, offset=sent.offset, value=BATCH, key=b"conv_1")
+            record.headers = []
             letter = dead_letter_of("executor", record, reason)
-            await producer.send_and_wait(topics.t(topics.DEAD_LETTERS, prefix), letter.model_dump_json().encode())
+            mine = topics.DEAD_LETTERS if reason.endswith("waiting") else topics.dead_letters("executor")
+            await producer.send_and_wait(topics.t(mine, prefix), letter.model_dump_json().encode())
         await shelf.refresh()
         ids = {item.reason: item.id for item, _ in shelf.listed()}
         await shelf.act(ids["RuntimeError: handled"], dead_letters.REDRIVE, "alice", "keys fixed")
@@ -61,6 +66,12 @@ async def test_dead_letters_marks_each_letter_waiting_or_as_the_console_handled_
     kafka_bootstrap, topic_prefix, tmp_path
 ):
     await create_topics(kafka_bootstrap, topic_prefix, partitions=1)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)  # the shared topic, as an older fleet made it
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topics.t(topics.DEAD_LETTERS, topic_prefix), 1, 1)])
+    finally:
+        await admin.close()
     ids = await _handle_three_letters(kafka_bootstrap, topic_prefix)
 
     env = {
@@ -86,7 +97,7 @@ async def test_dead_letters_marks_each_letter_waiting_or_as_the_console_handled_
         return line.split()[3]
 
     assert state_of("RuntimeError: handled") == "re-driven"
-    assert state_of("RuntimeError: waiting") == "waiting"
+    assert state_of("RuntimeError: waiting") == "waiting" and ids["RuntimeError: waiting"] == "0-0"
     assert state_of("RuntimeError: released") == "waiting"  # its claim was released: it waits again
     source = topics.t(topics.TOOL_BATCHES, topic_prefix)
     assert any(re.fullmatch(rf"  re-driven by alice at {stamp} to {re.escape(source)}: keys fixed", x) for x in lines)

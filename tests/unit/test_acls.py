@@ -19,8 +19,10 @@ def test_the_executor_reads_only_its_batches_and_writes_only_its_outputs() -> No
     executor = acls.derive()["executor"]
     assert _allowed(executor, "topic", topics.TOOL_BATCHES, "Read")
     assert _allowed(executor, "group", "roundtrip-executor", "Read")
-    for written in (topics.MODEL_CALLS, topics.APPROVAL_REQUESTS, topics.DEAD_LETTERS):
+    for written in (topics.MODEL_CALLS, topics.APPROVAL_REQUESTS, topics.dead_letters("executor")):
         assert _allowed(executor, "topic", written, "Write")
+    for others in (topics.dead_letters("guard"), topics.dead_letters("gateway"), topics.DEAD_LETTERS):
+        assert not _allowed(executor, "topic", others, "Write")  # no letter it writes says another service wrote it
     assert not _allowed(executor, "topic", topics.TOOL_BATCHES, "Write")  # it cannot forge its own work
     assert not _allowed(executor, "topic", topics.SUPPORT_REQUESTS, "Read")  # nor read the customers' requests
     assert not _allowed(executor, "topic", topics.SUPPORT_REPLIES, "Read")
@@ -39,26 +41,31 @@ def test_every_declared_input_and_output_is_granted_to_its_service_only() -> Non
         for t in service.outputs:
             assert _allowed(mine, "topic", "acme." + t, "Write")
         read = {a.name for a in mine if a.kind == "topic" and "Read" in a.operations}
-        expected = {"acme." + t for t in (*(i.topic for i in service.inputs), *service.reads)} | (
+        redriven = topology.redrive_topics() if service.redrives else ()
+        letters = (*topology.dead_letter_topics(), topics.DEAD_LETTERS) if service.reads_dead_letters else ()
+        expected = {"acme." + t for t in (*(i.topic for i in service.inputs), *service.reads, *letters, *redriven)} | (
             {"acme." + topics.SUPPORT_REPLIES} if service.name == "gateway" else set()
         )
         assert read == expected
         written = {a.name for a in mine if a.kind == "topic" and "Write" in a.operations}
-        redriven = topology.redrive_topics() if service.redrives else ()
-        assert written == {"acme." + t for t in (*service.outputs, topics.DEAD_LETTERS, *redriven)}
+        own = (service.dead_letters,) if service.dead_letters else ()
+        assert written == {"acme." + t for t in (*service.outputs, *own, *redriven)}
 
 
 def test_the_console_reads_the_dead_letters_and_re_drives_only_to_topics_the_fleet_consumes() -> None:
     console = acls.derive(prefix="acme.")["console"]
-    for read in (topics.DEAD_LETTERS, topics.DEAD_LETTERS_HANDLED):
+    for read in (*topology.dead_letter_topics(), topics.DEAD_LETTERS, topics.DEAD_LETTERS_HANDLED):
         assert _allowed(console, "topic", "acme." + read, "Read")
+    assert not any(_allowed(console, "topic", "acme." + t, "Write") for t in topology.dead_letter_topics())
     assert _allowed(console, "topic", "acme." + topics.DEAD_LETTERS_HANDLED, "Write")
     for source in (topics.SUPPORT_REQUESTS, topics.TOOL_BATCHES, topics.MODEL_CALLS, topics.APPROVAL_DECISIONS):
         assert _allowed(console, "topic", "acme." + source, "Write")
     for never in (topics.SUPPORT_REPLIES, topics.SUPPORT_STATUS, topics.TURN_EVENTS):  # no service consumes them
         assert not _allowed(console, "topic", "acme." + never, "Write")
     assert not any(a.kind == "group" for a in console)  # it reads with no consumer group
-    assert not _allowed(console, "topic", "acme." + topics.TOOL_BATCHES, "Read")
+    # it reads a letter's record back from its source before it re-drives it, and no topic only a person reads
+    assert _allowed(console, "topic", "acme." + topics.TOOL_BATCHES, "Read")
+    assert not _allowed(console, "topic", "acme." + topics.SUPPORT_REPLIES, "Read")
 
 
 def test_the_gateway_owns_its_transactional_ids_by_prefix() -> None:

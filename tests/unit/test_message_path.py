@@ -86,7 +86,7 @@ def errors(topic: str) -> float:
 
 def letter_of(producer: FakeProducer) -> DeadLettered:
     ((topic, value, key, _headers),) = producer.sent
-    assert topic == topics.t(topics.DEAD_LETTERS, PREFIX) and key == b"conv_1"
+    assert topic == topics.t(topics.dead_letters("unitpath"), PREFIX) and key == b"conv_1"  # its own, no other
     return DeadLettered.model_validate_json(value)
 
 

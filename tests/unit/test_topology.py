@@ -108,7 +108,13 @@ def test_an_output_the_topology_does_not_declare_fails_at_build():
 
 def test_every_topic_is_one_of_the_declared_names_and_the_ledger_sharers_are_declared():
     assert len(set(topology.topic_names())) == len(topology.topic_names())
-    assert topics.DEAD_LETTERS in topology.topic_names() and topics.SUPPORT_REQUESTS in topology.topic_names()
+    assert topics.SUPPORT_REQUESTS in topology.topic_names()
+    # each service that consumes has its own dead letters; the shared topic of older fleets is read, never made
+    assert [t for t in topology.topic_names() if t.startswith(topics.DEAD_LETTERS)] == [
+        topics.DEAD_LETTERS_HANDLED,
+        *(f"roundtrip.dead_letters.by.{s}" for s in ("gateway", "model", "guard", "gate", "executor")),
+    ]
+    assert topology.service("console").dead_letters is None and topics.DEAD_LETTERS not in topology.topic_names()
     assert {s.name for s in topology.SERVICES if s.shares_ledger} == {
         "gateway",
         "model",
@@ -128,5 +134,6 @@ def test_dead_letters_are_re_driven_only_to_consumed_topics_and_their_handling_i
     assert topics.DEAD_LETTERS_HANDLED in topology.topic_names()
     counts = desired_topics("p.", 6)
     assert counts["p." + topics.DEAD_LETTERS_HANDLED] == 1  # one order of claims: the first claim of a letter wins
+    assert topology.consumed_by("executor") == (topics.TOOL_BATCHES,) and topology.consumed_by("console") == ()
     for name in topology.service("console").reads:
         assert name in topology.topic_names()

@@ -1,9 +1,10 @@
 """Least privilege on the cluster: the ACLs each service's principal needs, derived from the topology.
 
-Each service runs as its own principal: Read on its inputs and groups, Write on its outputs and the dead letters,
-and what its role adds (the gateway's transactional ids), so a compromised executor can write nothing but model
-calls, approval requests and dead letters. Every name carries the fleet's topic prefix, so two fleets on one
-cluster grant each other nothing. `render` prints `kafka-acls.sh` commands, `apply` adds them by the admin API.
+Each service runs as its own principal: Read on its inputs and groups, Write on its outputs and its own dead letters,
+and what its role adds (the gateway's transactional ids), so a compromised executor can write nothing but model calls,
+approval requests and its dead letters (which the console re-drives only when they name its input and the record there
+is their copy). Every name carries the fleet's topic prefix, so two fleets on one cluster grant each other nothing.
+`render` prints `kafka-acls.sh` commands, `apply` adds them by the admin API.
 """
 
 from __future__ import annotations
@@ -60,10 +61,14 @@ def for_service(service: topology.Service, prefix: str = "", principal: str = DE
     who = principal.format(name=service.name)
     acls = [_topic(who, i.topic, prefix, "Read") for i in service.inputs]
     acls += [Acl(who, "group", i.group(service.name, prefix), ("Read",)) for i in service.inputs]
-    acls += [_topic(who, t, prefix, "Write") for t in (*service.outputs, topics.DEAD_LETTERS)]
+    acls += [_topic(who, t, prefix, "Write") for t in service.outputs]
+    if service.dead_letters:  # its own only: a letter on another service's topic was not written by this one
+        acls.append(_topic(who, service.dead_letters, prefix, "Write"))
     acls += [_topic(who, t, prefix, "Read") for t in service.reads]
-    if service.redrives:
-        acls += [_topic(who, t, prefix, "Write") for t in topology.redrive_topics()]
+    if service.reads_dead_letters:
+        acls += [_topic(who, t, prefix, "Read") for t in (*topology.dead_letter_topics(), topics.DEAD_LETTERS)]
+    if service.redrives:  # reads the original record back, and publishes it only if the letter's copy is the same
+        acls += [_topic(who, t, prefix, "Read", "Write") for t in topology.redrive_topics()]
     acls.append(Acl(who, "cluster", "kafka-cluster", ("IdempotentWrite",)))
     if service.name == "gateway":
         acls.append(_topic(who, topics.SUPPORT_REPLIES, prefix, "Read"))
@@ -85,6 +90,7 @@ def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[A
         )
         for name in topology.topic_names()
     ]
+    acls.append(_topic(who, topics.DEAD_LETTERS, prefix, "Read"))  # `roundtrip dead-letters` of an older fleet
     acls += [
         _topic(who, name, prefix, "Write")
         for name in (topics.SUPPORT_REQUESTS, topics.TURN_CONTROLS, topics.APPROVAL_DECISIONS)

@@ -40,7 +40,7 @@ class TopicsReport:
 
 
 def topic_configs(name: str, prefix: str = "") -> dict[str, str]:
-    if name == prefix + topics.DEAD_LETTERS:
+    if name.startswith(prefix) and topics.dead_letters_service(name[len(prefix) :]):
         return {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)}
     return {}
 
@@ -50,7 +50,7 @@ def desired_topics(prefix: str, partitions: int, executor_partitions: int | None
     for name in topology.topic_names():
         if name == topics.TOOL_BATCHES:
             n = executor_partitions or partitions
-        elif name in (topics.DEAD_LETTERS, topics.DEAD_LETTERS_HANDLED):  # one order: the first claim of a letter wins
+        elif name == topics.DEAD_LETTERS_HANDLED or topics.dead_letters_service(name):  # the first claim of one wins
             n = DEAD_LETTER_PARTITIONS
         else:
             n = partitions

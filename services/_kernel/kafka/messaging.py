@@ -136,6 +136,9 @@ def subscribe(
             description=description,
         )
         replace_consume_loop(subscriber, consumer.run)
+        if not wired.consumers:  # in the AsyncAPI document: where this service's refused records go
+            letters = wired.topic(topics.dead_letters(service))
+            wired.broker.publisher(letters, schema=DeadLettered, description=f"What {service} could not process")
         wired.consumers.append(consumer)
         return subscriber(handler)
 
@@ -331,7 +334,7 @@ async def _publish_dead_letter(wired: Wiring, record: Any, reason: str) -> None:
     letter = dead_letter_of(wired.service, record, reason)
     log.error("dead-lettering %s[%s]@%s: %s", record.topic, record.partition, record.offset, reason)
     key = record.key if isinstance(record.key, bytes) else None
-    await publish(wired, wired.topic(topics.DEAD_LETTERS), letter, key)
+    await publish(wired, wired.topic(topics.dead_letters(wired.service)), letter, key)
 
 
 def _rescuer(wired: Wiring) -> Callable[[Any, BaseException], Awaitable[None]]:

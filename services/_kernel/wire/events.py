@@ -449,7 +449,7 @@ class TurnFlagged(Message):
 
 
 class DeadLettered(Message):
-    """Event: a message no service could process, with why."""
+    """Event: a message a service could not process, with why, on that service's own dead letters."""
 
     service: str
     topic: str
@@ -472,7 +472,10 @@ class DeadLetterHandled(Message):
     re-drive could not be published). Keyed by the letter's id; every console replica reads the topic from its start:
     the first claim of a letter wins, and only a release of that very claim frees the letter again."""
 
-    letter_id: str = Field(description="The dead letter's place on roundtrip.dead_letters: '<partition>-<offset>'")
+    letter_id: str = Field(
+        description="The dead letter's place: '<service>-<partition>-<offset>' on roundtrip.dead_letters.by.<service> "
+        "('<partition>-<offset>' on the shared roundtrip.dead_letters of older fleets)"
+    )
     action: Literal["redrive", "discard", "release"]
     claim: str = Field(description="The id of the claim this record makes (or, for a release, frees)")
     by: str = Field("", description="The signed-in person who re-drove or discarded it")

@@ -14,10 +14,22 @@ TOOL_CALLS = "turn.tool_calls"
 TOOL_BATCHES = "turn.tool_batches"
 OUTCOMES = "turn.outcomes"
 TURN_EVENTS = "turn.events"
+# a fleet's own dead letters are per service (`dead_letters`); the shared topic of older fleets is only read
 DEAD_LETTERS = "roundtrip.dead_letters"
 DEAD_LETTERS_HANDLED = "roundtrip.dead_letters.handled"
+DEAD_LETTERS_BY = DEAD_LETTERS + ".by."
 APPROVAL_REQUESTS = "turn.approval_requests"
 APPROVAL_DECISIONS = "turn.approval_decisions"
+
+
+def dead_letters(service: str) -> str:
+    """The dead letters of `service`: it alone may write them, so a letter says which service refused its record."""
+    return DEAD_LETTERS_BY + service
+
+
+def dead_letters_service(name: str) -> str | None:
+    """The service whose dead letters topic `name` (logical) holds; None for any other topic, the shared one too."""
+    return name[len(DEAD_LETTERS_BY) :] if name.startswith(DEAD_LETTERS_BY) else None
 
 
 def t(name: str, prefix: str) -> str:

@@ -44,12 +44,18 @@ class Service:
     accepts_decisions: bool = False  # verifies people's signed ApprovalDecided
     signs_decisions: bool = False  # the decision signing key (the console)
     reads: tuple[str, ...] = ()  # topics it reads without a consumer group
+    reads_dead_letters: bool = False  # every service's dead letters, and the shared topic of older fleets
     redrives: bool = False  # publishes a dead letter's record, unchanged, to its source topic (`redrive_topics()`)
     app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
 
     @property
     def app_module(self) -> str:
         return self.app or f"roundtrip._{self.name}.app"
+
+    @property
+    def dead_letters(self) -> str | None:
+        """The topic of its dead letters, which it alone writes; None when it consumes nothing (it cannot refuse)."""
+        return topics.dead_letters(self.name) if self.inputs else None
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -145,7 +151,8 @@ SERVICES: tuple[Service, ...] = (
             topics.TURN_CONTROLS: events.CancelTurn,
             topics.DEAD_LETTERS_HANDLED: events.DeadLetterHandled,
         },
-        reads=(topics.DEAD_LETTERS, topics.DEAD_LETTERS_HANDLED),
+        reads=(topics.DEAD_LETTERS_HANDLED,),
+        reads_dead_letters=True,
         redrives=True,
         shares_ledger=True,
         signs_decisions=True,  # the browser never sees the key
@@ -185,7 +192,17 @@ def redrive_topics() -> tuple[str, ...]:
     return tuple(dict.fromkeys(i.topic for s in SERVICES for i in s.inputs))
 
 
+def consumed_by(service_name: str) -> tuple[str, ...]:
+    """The topics a service consumes: the only ones its dead letters may name as their source."""
+    return tuple(dict.fromkeys(i.topic for s in SERVICES if s.name == service_name for i in s.inputs))
+
+
+def dead_letter_topics() -> tuple[str, ...]:
+    """Each consuming service's dead letters, in the services' order (the shared topic of older fleets is not one)."""
+    return tuple(s.dead_letters for s in SERVICES if s.dead_letters)
+
+
 def topic_names() -> tuple[str, ...]:
     """Every topic a service reads or writes, in the order first named here, then the dead letters."""
     used = [i.topic for s in SERVICES for i in s.inputs] + [t for s in SERVICES for t in s.outputs]
-    return (*dict.fromkeys(used), topics.DEAD_LETTERS)
+    return (*dict.fromkeys(used), *dead_letter_topics())
