@@ -72,12 +72,12 @@ def cancel_refusal(turn_id: str, turn: TurnRow | None) -> Refused | None:
     return None
 
 
-def cancel_command(turn: TurnRow, reason: str, cancelled_by: str) -> CancelTurn:
+def cancel_command(turn: TurnRow, reason: str, requested_by: str) -> CancelTurn:
     """The guard checks the turn's customer and conversation against the ledger's."""
     return CancelTurn(
         turn_id=turn.turn_id,
         customer_id=turn.customer_id,
         conversation_id=turn.conversation_id,
         reason=reason,
-        cancelled_by=cancelled_by,
+        requested_by=requested_by,
     )

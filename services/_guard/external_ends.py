@@ -120,7 +120,7 @@ class Outside:
     async def on_cancel(self, command: CancelTurn) -> str:
         """A cancel ends the turn wherever it is (a waiting approval closes with it); retried while the turn moves.
         One naming another customer or conversation than the ledger's is refused (dead-lettered)."""
-        detail = f"{command.reason} [by {command.cancelled_by or 'unnamed'}]"
+        detail = f"{command.reason} [by {command.requested_by or 'unnamed'}]"
         for _ in range(10):  # re-read and retry while the turn keeps moving under the cancel
             row = await self.ledger.get(command.turn_id)
             if row is None:

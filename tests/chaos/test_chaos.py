@@ -287,7 +287,7 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
                 customer_id=request.customer_id,
                 conversation_id=request.conversation_id,
                 reason="chaos: operator cancel",
-                cancelled_by="chaos",
+                requested_by="chaos",
             )
             await observer.send(
                 topics.TURN_CONTROLS, cancel.model_dump_json().encode(), request.conversation_id.encode()

@@ -113,7 +113,7 @@ async def test_the_next_turn_of_the_conversation_reads_the_ended_turns_exchange(
     await guard.starts.on_start(StartTurn(turn=VICTIM, text="hi"))
     second = VICTIM.model_copy(update={"turn_id": "turn_v2", "request_id": "req_v2"})
     starting = asyncio.create_task(guard.starts.on_start(StartTurn(turn=second, text="and now?")))
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # the window the start would (wrongly) go ahead in: four polls of the ledger
     assert not starting.done()  # waits for the running turn
     await guard.loop.on_iteration(ended(VICTIM, "Your order shipped."))
     assert await asyncio.wait_for(starting, 10) == "started"
@@ -128,7 +128,7 @@ async def test_a_cancel_naming_another_customer_or_conversation_is_refused(guard
         with pytest.raises(TurnRefused, match="cancel"):
             await guard.outside.on_cancel(forged)
     assert (await guard.ledger.get("turn_v")).status == RUNNING
-    genuine = CancelTurn(turn_id="turn_v", customer_id="cus_victim", conversation_id="conv_v", cancelled_by="ops@x")
+    genuine = CancelTurn(turn_id="turn_v", customer_id="cus_victim", conversation_id="conv_v", requested_by="ops@x")
     assert await guard.outside.on_cancel(genuine) == "cancelled"
 
 

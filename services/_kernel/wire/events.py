@@ -269,7 +269,7 @@ class CancelTurn(Message):
     customer_id: str = Field("", description="The turn's customer, as the ledger recorded it")
     conversation_id: str = Field("", description="The turn's conversation, as the ledger recorded it")
     reason: str = "cancelled by an operator"
-    cancelled_by: str = Field("", description="Who asked: the console's signed-in person or the operator's CLI")
+    requested_by: str = Field("", description="Who asked: the console's signed-in person or the operator's CLI")
 
 
 class CallModel(Message):
