@@ -739,7 +739,7 @@ async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     producer = kafka_clients(settings).producer()
     try:
         await producer.start()
-        command = cancel_command(turn_id, reason)
+        command = cancel_command(row, reason, "the roundtrip CLI")
         await producer.send_and_wait(
             topics.t(topics.TURN_CONTROLS, settings.topic_prefix),
             command.model_dump_json().encode(),

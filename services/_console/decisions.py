@@ -72,5 +72,12 @@ def cancel_refusal(turn_id: str, turn: TurnRow | None) -> Refused | None:
     return None
 
 
-def cancel_command(turn_id: str, reason: str) -> CancelTurn:
-    return CancelTurn(turn_id=turn_id, reason=reason)
+def cancel_command(turn: TurnRow, reason: str, requested_by: str) -> CancelTurn:
+    """The guard checks the turn's customer and conversation against the ledger's."""
+    return CancelTurn(
+        turn_id=turn.turn_id,
+        customer_id=turn.customer_id,
+        conversation_id=turn.conversation_id,
+        reason=reason,
+        requested_by=requested_by,
+    )

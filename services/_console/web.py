@@ -303,7 +303,7 @@ class Console:
         if refused is not None:
             self._audit("refused cancel", identity, request, turn=turn_id, why=refused.message)
             raise Answer(refused.status, refused.message, identity, back)
-        command = decisions.cancel_command(turn_id, f"{reason} ({identity.name})")
+        command = decisions.cancel_command(row, f"{reason} ({identity.name})", identity.name)
         attributes = {"roundtrip.cancelled_by": identity.name, "roundtrip.console.client": self._where(request)}
         await self._publish(row, "console.cancel", attributes, self.send_cancel, command, identity, back)
         self._audit("cancel", identity, request, turn=turn_id, customer=row.customer_id, reason=reason)

@@ -1,10 +1,14 @@
-"""The gateway service: support.requests -> turn.starts, turn.outcomes -> support.replies."""
+"""The gateway service: support.requests -> turn.starts, turn.outcomes -> support.replies.
+
+An end is answered only when it is the one the guard recorded in the ledger (one read by key): anything that can
+write turn.outcomes could otherwise speak to any customer."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from aiokafka import TopicPartition
 from faststream import FastStream
@@ -13,7 +17,7 @@ from roundtrip._gateway.admission import Admission
 from roundtrip._gateway.intake import SeenRequests, UnknownFields, check_key, refuser
 from roundtrip._gateway.replied import RepliedTurns
 from roundtrip._gateway.throttle import Throttle
-from roundtrip._gateway.turns import reply_for, start_turn
+from roundtrip._gateway.turns import forged, reply_for, start_turn
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.kafka.messaging import Outlet, current_record, group, key_of
 from roundtrip._kernel.kafka.transactions import TransactionalOutlet, transactional_id
@@ -26,7 +30,7 @@ from roundtrip._kernel.observability.telemetry import (
 )
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.shell import Shell
-from roundtrip._kernel.storage.turnstore import TurnStore
+from roundtrip._kernel.storage.turnstore import NO_SUCH_TURN, TurnStore, refused
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import StartTurn, SupportReply, SupportRequest, TurnEnded
 from roundtrip._sdk.agent import Agent
@@ -51,28 +55,20 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     )
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
     replied = RepliedTurns(kafka, replies_topic, settings.reply_memory_s)
+    # read only: each end is checked against it; admission follows the model's capacity (throttle.py)
+    ledger = shell.opens("the turn ledger", lambda: _throttled(admission, settings), _unthrottled)
     subscribe_requests(shell, admission, start, refusals)
-    subscribe_outcomes(shell, agent, admission, replies, replied)
+    subscribe_outcomes(shell, agent, admission, replies, replied, lambda: ledger()[0])
     shell.app.on_startup(replies.start)
     shell.closes(replies.stop)
-    # admit fewer new turns while running turns wait for the model's capacity (services/_gateway/throttle.py)
-    shell.opens("the admission throttle", lambda: _throttled(admission, settings), _unthrottled)
     return shell.app
 
 
 Throttled = tuple[TurnStore, "asyncio.Task[None]"]
 
 
-async def _throttled(admission: Admission, settings: Settings) -> Throttled | None:
-    try:
-        store = await TurnStore.open(settings.ledger_db_url, read_only=True)
-    except Exception as exc:  # noqa: BLE001 - the gateway runs without the signal rather than not at all
-        log.warning(
-            "the turn ledger cannot be read (%s: %s): admission will not follow the model's capacity",
-            type(exc).__name__,
-            exc,
-        )
-        return None
+async def _throttled(admission: Admission, settings: Settings) -> Throttled:
+    store = await TurnStore.open(settings.ledger_db_url, read_only=True)
     return store, asyncio.create_task(Throttle(admission, store).run(), name="gateway-throttle")
 
 
@@ -115,9 +111,11 @@ def subscribe_outcomes(
     admission: Admission,
     replies: TransactionalOutlet,
     replied: RepliedTurns,
+    ledger: Callable[[], TurnStore],
 ) -> None:
     """turn.outcomes -> support.replies: the one reply of each turn, committed with the offsets of its outcome in
-    one transaction (services/_kernel/kafka/transactions.py)."""
+    one transaction (services/_kernel/kafka/transactions.py). An end the ledger did not record is refused
+    (dead-lettered, said on roundtrip.security); one of a turn retention deleted only when it was answered already."""
 
     async def commit(offsets: dict[TopicPartition, int]) -> None:
         await replies.commit(offsets)
@@ -131,11 +129,18 @@ def subscribe_outcomes(
 
     @shell.subscribe(topics.OUTCOMES, role="replies", commit=commit, forget=forget, commit_interval_s=0)
     async def on_turn_ended(ended: TurnEnded) -> None:
-        admission.release(ended.turn.turn_id)
+        turn_id = ended.turn.turn_id
         with tracer().start_as_current_span("turn.reply") as span:
-            span.set_attributes({"roundtrip.turn_id": ended.turn.turn_id, "roundtrip.outcome": ended.outcome.value})
+            span.set_attributes({"roundtrip.turn_id": turn_id, "roundtrip.outcome": ended.outcome.value})
+            why = forged(ended, await ledger().ended_as(turn_id))
+            if why == NO_SUCH_TURN and await replied.answered(turn_id):
+                span.add_event("duplicate outcome of a turn the ledger no longer has dropped")
+                return
+            if why is not None:
+                raise refused(ended.turn, "gateway", f"end not sent: {why}")
+            admission.release(turn_id)
             raw = current_record()
-            if not await replied.claim(ended.turn.turn_id, TopicPartition(raw.topic, raw.partition), raw.offset):
+            if not await replied.claim(turn_id, TopicPartition(raw.topic, raw.partition), raw.offset):
                 span.add_event("duplicate outcome dropped")
                 return
             record_turn_span(

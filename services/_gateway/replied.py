@@ -32,8 +32,23 @@ class RepliedTurns:
         self._primed = False
         self._lock = asyncio.Lock()
 
+    async def answered(self, turn_id: str) -> bool:
+        """The turn has, or is about to have, its reply (an end the ledger no longer has may be a redelivery)."""
+        await self._primed_once()
+        return turn_id in self.committed or turn_id in self.staged
+
     async def claim(self, turn_id: str, tp: TopicPartition, offset: int) -> bool:
         """True: reply to this end (read at tp/offset) now. False: the turn has, or is about to have, its reply."""
+        await self._primed_once()
+        if turn_id in self.committed:
+            return False
+        seen = self.staged.get(turn_id)
+        if seen is not None and seen != (tp, offset):
+            return False  # another copy of the end waits for its commit
+        self.staged[turn_id] = (tp, offset)
+        return True
+
+    async def _primed_once(self) -> None:
         if not self._primed:
             async with self._lock:
                 if not self._primed:
@@ -47,13 +62,6 @@ class RepliedTurns:
                             exc,
                         )
                     self._primed = True
-        if turn_id in self.committed:
-            return False
-        seen = self.staged.get(turn_id)
-        if seen is not None and seen != (tp, offset):
-            return False  # another copy of the end waits for its commit
-        self.staged[turn_id] = (tp, offset)
-        return True
 
     def committed_up_to(self, offsets: dict[TopicPartition, int]) -> None:
         for turn_id, (tp, offset) in list(self.staged.items()):

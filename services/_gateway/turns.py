@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
+from roundtrip._kernel.storage.turnstore import ENDED, NO_SUCH_TURN, disagreement, reply_digest
 from roundtrip._kernel.wire.events import StartTurn, SupportReply, SupportRequest, Turn, TurnEnded
 
 TURN_NAMESPACE = uuid.UUID("6f1c2b8e-3a4d-4e0f-9b7a-52c1d0e8a901")
@@ -43,3 +45,20 @@ def reply_for(ended: TurnEnded) -> SupportReply:
         cost_usd=ended.cost_usd,
         metadata=turn.metadata,
     )
+
+
+def forged(ended: TurnEnded, recorded: Any) -> str | None:
+    """Why `ended` is not the end the guard recorded (`TurnStore.ended_as`); None when it is, word for word."""
+    if recorded is None:
+        return NO_SUCH_TURN
+    if recorded.status != ENDED:
+        return "the ledger has not ended this turn"
+    if (why := disagreement(ended.turn, recorded)) is not None:
+        return why
+    if recorded.request_id != ended.turn.request_id:
+        return "its request is not the one the turn was started for"
+    if recorded.outcome != ended.outcome.value:
+        return "its outcome is not the one the ledger recorded"
+    if recorded.reply_sha256 != reply_digest(ended.text):
+        return "its text is not the reply the guard recorded"
+    return None

@@ -12,7 +12,7 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -379,6 +379,11 @@ class Conversations(TurnStore):
         )
         return json.loads(rows[0].messages) if rows and rows[0].messages else None
 
+    def shares(self, ledger: TurnStore) -> bool:
+        """One database with the ledger: a turn's history is written in the transaction of its end."""
+        url = self.engine.url
+        return url == ledger.engine.url and url.database not in (None, "", ":memory:")
+
     async def close_turn(
         self,
         conversation_id: str,
@@ -390,25 +395,44 @@ class Conversations(TurnStore):
         now: float | None = None,
     ) -> bool:
         """Store the ended turn's exchange, then drop the oldest past the budget; False when the turn is gone."""
+        closing = self.closing(conversation_id, turn_id, turn_messages, final_content, reply_text, outcome, now)
+        return await self.store(closing)
+
+    async def store(self, closing: Callable[[Connection], bool]) -> bool:
+        return await self._run(closing, write=True)
+
+    def closing(
+        self,
+        conversation_id: str,
+        turn_id: str,
+        turn_messages: list[dict[str, Any]],
+        final_content: list[dict[str, Any]],
+        reply_text: str,
+        outcome: str,
+        now: float | None = None,
+        only_open: bool = False,
+    ) -> Callable[[Connection], bool]:
+        """`close_turn`'s writes, run on a connection of the caller's transaction (the ledger's, when they share a
+        database); `only_open`: nothing when the exchange is stored already."""
         now = now or time.time()
         exchange = compact(exchange_of(turn_messages, final_content, reply_text), self.budget_tokens)
         tokens = estimate_tokens(exchange)
 
         of_turn = {"b_turn_id": turn_id, "b_conversation_id": conversation_id, "b_now": now}
         values = {"messages": json.dumps(exchange), "tokens": tokens, "ended_at": now, "outcome": outcome}
-        if self.engine.dialect.name == "postgresql":
-            given = {**of_turn, **{f"b_{k}": v for k, v in values.items()}}
-            rows = await self._run(lambda conn: conn.execute(_CLOSE_IN_ONE, given).all(), write=True, single=True)
-            if not rows or rows[0].stored_now != 1:  # forgotten, expired, or never opened
-                return False
-            if dropped := self._dropped(rows, turn_id, tokens):
-                await self._run(lambda conn: _drop(conn, conversation_id, dropped), write=True)
-            return True
 
         def work(conn: Connection) -> bool:
+            if conn.dialect.name == "postgresql" and not only_open:
+                given = {**of_turn, **{f"b_{k}": v for k, v in values.items()}}
+                rows = conn.execute(_CLOSE_IN_ONE, given).all()
+                if not rows or rows[0].stored_now != 1:  # forgotten, expired, or never opened
+                    return False
+                if dropped := self._dropped(rows, turn_id, tokens):
+                    _drop(conn, conversation_id, dropped)
+                return True
             rows = conn.execute(_EXCHANGES, {"b_conversation_id": conversation_id}).all()
             this = next((r for r in rows if r.turn_id == turn_id), None)
-            if this is None:
+            if this is None or (only_open and this.ended_at is not None):
                 return False
             first = this.ended_at is None  # a redelivery or a fuller end counts no second turn
             if conn.execute(_STORE, {**of_turn, **values}).rowcount != 1:
@@ -418,7 +442,20 @@ class Conversations(TurnStore):
                 _drop(conn, conversation_id, dropped)
             return True
 
-        return await self._run(work, write=True)
+        return work
+
+    async def still_open(self, turn_ids: list[str]) -> list[str]:
+        """Those of `turn_ids` whose exchange is opened but not stored yet."""
+        if not turn_ids:
+            return []
+        return await self._run(
+            lambda conn: list(
+                conn.execute(
+                    select(exchanges.c.turn_id).where(exchanges.c.turn_id.in_(turn_ids), exchanges.c.ended_at.is_(None))
+                ).scalars()
+            ),
+            single=True,
+        )
 
     def _dropped(self, rows: Sequence[Any], turn_id: str, tokens: int) -> list[str]:
         """The exchanges that fall out of the budget once `turn_id` is stored with `tokens`."""

@@ -19,6 +19,7 @@ from roundtrip._guard.outbox import Outbox, pending_copy
 from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error, span_in_turn
+from roundtrip._kernel.storage.turnstore import disagreement, refused
 from roundtrip._kernel.wire.events import CancelTurn, Outcome, Turn, TurnEnded, Usage
 
 log = logging.getLogger("roundtrip.guard")
@@ -117,14 +118,18 @@ class Outside:
         return replace(row, pending=pending)
 
     async def on_cancel(self, command: CancelTurn) -> str:
-        """A cancel ends the turn wherever it is (a waiting approval closes with it); retried while the turn moves."""
+        """A cancel ends the turn wherever it is (a waiting approval closes with it); retried while the turn moves.
+        One naming another customer or conversation than the ledger's is refused (dead-lettered)."""
+        detail = f"{command.reason} [by {command.requested_by or 'unnamed'}]"
         for _ in range(10):  # re-read and retry while the turn keeps moving under the cancel
             row = await self.ledger.get(command.turn_id)
             if row is None:
                 return "unknown turn"
+            if (why := disagreement(command, row)) is not None:
+                raise refused(command, "guard", f"cancel: {why}")
             if row.status in (ENDED, ENDING):
                 return "already ended"
-            result = await self.end(row, Outcome.CANCELLED, command.reason)
+            result = await self.end(row, Outcome.CANCELLED, detail)
             if result is not None and row.status == AWAITING:
                 await self.ledger.close_approvals(row.turn_id, "ended")
             if result == ENDED:

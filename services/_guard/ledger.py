@@ -11,10 +11,11 @@ from __future__ import annotations
 import builtins  # Ledger.list shadows the builtin in the annotations that follow it
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import bindparam, insert, or_, select, update
+from sqlalchemy import Connection, bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from roundtrip._kernel.storage.database import make_engine
@@ -34,6 +35,7 @@ from roundtrip._kernel.storage.turnstore import (
     approvals,
     no_live_lease,
     principal,
+    reply_digest,
     turns,
 )
 
@@ -52,6 +54,15 @@ __all__ = [
 ]
 
 PENDING = "pending"
+
+
+def digest_of(pending: str) -> str | None:
+    """The `reply_sha256` of an end whose pending copy (outbox.pending_copy) is `pending`: what the gateway checks.
+    None for anything else: no reply may then be sent for it."""
+    try:
+        return reply_digest(json.loads(pending)["message"]["text"])
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 class _Refused(Exception):
@@ -106,6 +117,7 @@ class TurnRow:
     pending_at: float | None = None
     agent_digest: str | None = None
     acted: str | None = None  # the side effects the turn has had (services/_kernel/storage/sideeffects.py)
+    reply_sha256: str | None = None
 
     @property
     def turn(self) -> dict[str, Any]:
@@ -293,6 +305,7 @@ class Ledger(LedgerApprovals):
             deadline_at=deadline_at or turn.get("deadline_at"),
             outcome=outcome,
             ended_at=now if outcome else None,
+            reply_sha256=digest_of(pending) if outcome else None,
             input_tokens=0,
             output_tokens=0,
             cache_creation_input_tokens=0,
@@ -316,8 +329,11 @@ class Ledger(LedgerApprovals):
         outcome: str | None = None,
         traceparent: str | None = None,
         now: float | None = None,
+        then: Callable[[Connection], Any] | None = None,
     ) -> bool:
-        """Record iteration `step`: only from step-1, a live turn, its own customer and conversation."""
+        """Record iteration `step`: only from step-1, a live turn, its own customer and conversation. `then` runs in
+        the same transaction once the step is recorded (an end's history, when the conversations share the ledger's
+        database)."""
         now = now or time.time()
         values: dict[str, Any] = dict(
             step=step,
@@ -333,8 +349,18 @@ class Ledger(LedgerApprovals):
             **usage,
         )
         if outcome:
-            values.update(outcome=outcome, ended_at=now)
-        return await self._update(_ADVANCE, {**principal(turn), "b_step": step - 1, **values})
+            values.update(outcome=outcome, ended_at=now, reply_sha256=digest_of(pending))
+        params = {**principal(turn), "b_step": step - 1, **values}
+        if then is None:
+            return await self._update(_ADVANCE, params)
+
+        def work(conn: Connection) -> bool:
+            if conn.execute(_ADVANCE, params).rowcount != 1:
+                return False
+            then(conn)
+            return True
+
+        return await self._run(work, write=True)
 
     async def end(
         self,
@@ -351,6 +377,7 @@ class Ledger(LedgerApprovals):
         """End a live turn from outside the loop if it is as the caller saw it; ENDED, ENDING, or None. A live lease
         blocks the end: with `defer` the turn becomes ENDING (no claim succeeds any more) for `finish_ending`."""
         now = now or time.time()
+        digest = digest_of(pending)
         seen = [turns.c.turn_id == turn_id, turns.c.status.in_(OPEN)]
         if step is not None:
             seen.append(turns.c.step == step)
@@ -361,11 +388,13 @@ class Ledger(LedgerApprovals):
         if await self._update(
             update(turns)
             .where(*seen, no_live_lease(now))
-            .values(status=ENDED, outcome=outcome, ended_at=now, pending=pending, pending_at=now)
+            .values(status=ENDED, outcome=outcome, ended_at=now, pending=pending, pending_at=now, reply_sha256=digest)
         ):
             return ENDED
         if defer and await self._update(
-            update(turns).where(*seen).values(status=ENDING, outcome=outcome, pending=pending, pending_at=now)
+            update(turns)
+            .where(*seen)
+            .values(status=ENDING, outcome=outcome, pending=pending, pending_at=now, reply_sha256=digest)
         ):
             return ENDING
         return None
@@ -382,7 +411,9 @@ class Ledger(LedgerApprovals):
     async def reword(self, turn_id: str, pending: str, reworded: str) -> bool:
         """Replace the unpublished decision `pending` by `reworded`; False when it changed or went out meanwhile."""
         return await self._update(
-            update(turns).where(turns.c.turn_id == turn_id, turns.c.pending == pending).values(pending=reworded)
+            update(turns)
+            .where(turns.c.turn_id == turn_id, turns.c.pending == pending)
+            .values(pending=reworded, reply_sha256=digest_of(reworded))
         )
 
     async def flag_stuck(

@@ -1,20 +1,23 @@
 """The loop decision: each model response (turn.iterations) is decided, recorded once, and sent on.
 
 The step is recorded with one conditional update (the step before must be the one recorded, so a duplicate or a
-racing replica is dropped); only a refused update reads the ledger. A finished turn's exchange is stored before its
-end is recorded, so the conversation's next turn, waiting for that end, sees it.
+racing replica is dropped); only a refused update reads the ledger. A finished turn's exchange is stored only once the
+ledger accepted its end: in the same transaction when the conversations share the ledger's database, else right
+after it (docs/conversations.md, "Written once the end is recorded").
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
+from sqlalchemy import Connection
 
 from roundtrip._guard.conversations import Conversations
-from roundtrip._guard.ledger import ENDED, Ledger
+from roundtrip._guard.ledger import ENDED, Ledger, TurnRow, digest_of
 from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Continue, Finish, Policy, decide
@@ -86,8 +89,10 @@ class Loop:
         if isinstance(decision, Continue):
             message, outcome = continued(event, decision, span), None
         else:
-            message, outcome = await self._finished(event, decision, cost, span), decision.outcome.value
+            message, outcome = self._finished(event, decision, cost, span), decision.outcome.value
         pending = pending_copy(message)
+        history = self._history(event, message) if isinstance(message, TurnEnded) else None
+        shared = history is not None and self.conversations is not None and self.conversations.shares(self.ledger)
         if await self.ledger.advance(
             event.turn,
             event.step,
@@ -96,7 +101,10 @@ class Loop:
             pending,
             outcome=outcome,
             traceparent=traceparent(),
+            then=history if shared else None,
         ):
+            if history is not None and not shared and self.conversations is not None:
+                await self.conversations.store(history)  # before the end is published: the next turn waits for it
             # counted once, when the ledger records the step (a redelivery that republishes counts nothing again)
             metrics.count_usage(model, event.usage, step_cost)
             if isinstance(message, CheckToolCalls) and message.blocked:
@@ -106,9 +114,25 @@ class Loop:
             self.steps.stepped(event.turn.turn_id, ended=bool(outcome))
             await self.outbox.emit(event.turn.turn_id, pending, message, event.turn.conversation_id)
             return outcome or type(message).__name__
-        return await self._not_advanced(event, span)
+        return await self._not_advanced(event, span, message, pending)
 
-    async def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
+    def _history(
+        self, event: ModelResponded, ended: TurnEnded, only_open: bool = False
+    ) -> Callable[[Connection], bool] | None:
+        """The writes of the turn's exchange, run once the ledger accepted its end; None without a store."""
+        if self.conversations is None:
+            return None
+        return self.conversations.closing(
+            event.turn.conversation_id,
+            event.turn.turn_id,
+            event.messages[event.turn.history_messages :],
+            event.content,
+            ended.text,
+            ended.outcome.value,
+            only_open=only_open,
+        )
+
+    def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
         outcome = decision.outcome.value
         text = self.acts.reply(
             decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages :])
@@ -126,17 +150,6 @@ class Loop:
             span.set_attribute("roundtrip.detail", decision.detail)
         if outcome in ERROR_OUTCOMES:
             mark_error(span, f"{outcome}: {decision.detail}" if decision.detail else outcome, outcome)
-        if self.conversations is not None:  # stored before the end is recorded: the next turn waits for the end
-            # only the turn's own customer's end may write its conversation's history
-            await self.ledger.refuse_if_not_recorded(event.turn, "guard")
-            await self.conversations.close_turn(
-                event.turn.conversation_id,
-                event.turn.turn_id,
-                event.messages[event.turn.history_messages :],
-                event.content,
-                ended.text,
-                outcome,
-            )
         if decision.outcome not in (Outcome.END_TURN,):
             log.warning(
                 "turn %s ended at step %d: %s (%s) trace %s",
@@ -148,14 +161,17 @@ class Loop:
             )
         return ended
 
-    async def _not_advanced(self, event: ModelResponded, span: trace.Span) -> str:
-        """Why the ledger refused the step: a redelivery (republish), a duplicate, a gap."""
+    async def _not_advanced(
+        self, event: ModelResponded, span: trace.Span, message: CallModel | CheckToolCalls | TurnEnded, pending: str
+    ) -> str:
+        """Why the ledger refused the step: a redelivery (republish), a duplicate, a gap. A turn the ledger does not
+        have (never started, or deleted by retention) is refused: nothing may write its conversation's history."""
         row = await self.ledger.get(event.turn.turn_id)
-        if row is None:
-            log.warning("turn %r: iteration for a turn the ledger does not know; dropped", event.turn.turn_id)
-            return "unknown turn"
         if (why := disagreement(event.turn, row)) is not None:
             raise refused(event.turn, "guard", why)  # dead-lettered: another customer's or conversation's copy
+        assert row is not None
+        if isinstance(message, TurnEnded):
+            await self._stored_late(event, message, pending, row)
         if event.step == row.step and row.pending:
             await self.outbox.republish(row)
             return "republished"
@@ -166,3 +182,13 @@ class Loop:
             return "duplicate"
         log.warning("turn %s: iteration %d arrived after %d; dropped", event.turn.turn_id, event.step, row.step)
         return "out of order"
+
+    async def _stored_late(self, event: ModelResponded, ended: TurnEnded, pending: str, row: TurnRow) -> None:
+        """Separate databases: the redelivered end whose exchange a crash left unwritten after the ledger recorded
+        it. Only the end the ledger recorded (its step, its reply's digest) and only while the exchange is open."""
+        if self.conversations is None or self.conversations.shares(self.ledger):
+            return
+        if row.status != ENDED or event.step != row.step or row.reply_sha256 != digest_of(pending):
+            return
+        if (history := self._history(event, ended, only_open=True)) is not None:
+            await self.conversations.store(history)

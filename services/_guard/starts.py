@@ -103,16 +103,17 @@ class Starts:
         if claim is not None:
             if claim.owner != turn.customer_id:
                 return await self._refuse(command)
-            if running:  # it stores its exchange before its end: the history is read after that
+            if running:  # its exchange is stored with its end (or, in a database of its own, right after it)
                 await self.order.wait_for_earlier_turns(turn)
+                await self._wait_for_exchanges([r.turn_id for r in running])
             if self.conversations is not None and (claim.stored_turns or running):
                 history = await self.conversations.history(turn.conversation_id)
         now = time.time()
         changes: dict[str, float | int | str] = {"history_messages": len(history)}
         if self.agent_digest:
             changes["agent_digest"] = self.agent_digest
-        if not turn.deadline_at:  # the turn's deadline travels with it: the gate signs it into every approval
-            changes["deadline_at"] = round(now + self.turn_deadline_s, 3)
+        # the guard's clock sets the deadline, never the event; it travels with the turn: the gate signs it
+        changes["deadline_at"] = round(now + self.turn_deadline_s, 3)
         turn = turn.model_copy(update=changes)
         call = CallModel(turn=turn, step=0, messages=[*history, {"role": "user", "content": command.text}])
         if history:
@@ -134,6 +135,16 @@ class Starts:
             return "started"
         row = await self.ledger.get(turn.turn_id)
         return await self._started_before(row, command) if row is not None else "duplicate"
+
+    async def _wait_for_exchanges(self, turn_ids: list[str]) -> None:
+        """Conversations in a database of their own: an ended turn's exchange is stored just after the ledger's end,
+        so wait for it too (as long as for the turn itself: a crash in between leaves it to the end's redelivery)."""
+        conversations = self.conversations
+        if conversations is None or conversations.shares(self.ledger):
+            return
+        give_up = time.monotonic() + self.order.give_up_after_s
+        while await conversations.still_open(turn_ids) and time.monotonic() < give_up:
+            await asyncio.sleep(self.order.poll_s)
 
     async def _claim(self, turn: Turn) -> Claim | None:
         return (

@@ -37,6 +37,7 @@ class Chunks:
         self._size, self._since = 0, 0.0
         self._sending: list[asyncio.Task[None]] = []
         self.published = 0
+        self._cut_earlier = False
 
     def _chunk(self, stream_id: str, sequence: int, **fields: Any) -> StreamedText:
         return StreamedText(**self.turn.addressed(), step=self.step, stream_id=stream_id, sequence=sequence, **fields)
@@ -55,10 +56,14 @@ class Chunks:
                 log.warning("turn %s step %d: streamed text not published: %s", self.turn.turn_id, self.step, result)
 
     def cut_earlier(self) -> None:
-        """Every earlier stream of this step is cut (a redelivered call: the process that streamed it may be gone)."""
-        self._publish(self._chunk("", 0, cut=True))
+        """Every earlier stream of this step is cut (a redelivered call: the process that streamed it may be gone);
+        sent with the first stream, which begins only once the claim succeeded: nothing goes out for a refused one."""
+        self._cut_earlier = True
 
     def begin(self) -> None:
+        if self._cut_earlier:
+            self._cut_earlier = False
+            self._publish(self._chunk("", 0, cut=True))
         self.cut()
         self.stream_id, self.sequence, self._since = uuid.uuid4().hex[:16], 0, time.monotonic()
 

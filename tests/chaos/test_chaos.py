@@ -281,11 +281,16 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
         held = [t for t in signed if t not in already]  # signed cancels waiting at paused executors
         cancelled = held[::2]
         for turn_id in cancelled:
-            conversation = plan[turn_ids.index(turn_id)].request.conversation_id
+            request = plan[turn_ids.index(turn_id)].request
+            cancel = CancelTurn(
+                turn_id=turn_id,
+                customer_id=request.customer_id,
+                conversation_id=request.conversation_id,
+                reason="chaos: operator cancel",
+                requested_by="chaos",
+            )
             await observer.send(
-                topics.TURN_CONTROLS,
-                CancelTurn(turn_id=turn_id, reason="chaos: operator cancel").model_dump_json().encode(),
-                conversation.encode(),
+                topics.TURN_CONTROLS, cancel.model_dump_json().encode(), request.conversation_id.encode()
             )
         await observer.wait_for_replies([p.request.request_id for p in plan], timeout=60, linger_s=0)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
@@ -81,3 +82,47 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
     finally:
         await store.close()
         await ledger.close()
+
+
+async def test_an_ends_exchange_is_written_in_the_transaction_of_the_ledgers_end_or_not_at_all(url):
+    """Both stores in one database: the end and its history together; an end the ledger refuses writes nothing."""
+    store, ledger = await Conversations.open(url), await Ledger.open(url)
+    assert store.shares(ledger)
+    conversation = f"conv_{uuid.uuid4().hex[:8]}"
+    turn = {
+        "turn_id": f"turn_{uuid.uuid4().hex[:8]}",
+        "request_id": "r",
+        "conversation_id": conversation,
+        "customer_id": "cus_1001",
+    }
+    principal = SimpleNamespace(**turn)
+    pending = '{"topic": "turn.outcomes", "message": {"text": "answer 1"}}'
+    try:
+        await store.claim(conversation, "cus_1001")
+        await store.open_turn(conversation, turn["turn_id"], "question 1")
+        await ledger.start(turn, pending="{}")
+        messages, final = _exchange(1, "x")
+
+        def closing():
+            return store.closing(conversation, turn["turn_id"], messages, final, "answer 1", "end_turn")
+
+        def failing(conn):
+            closing()(conn)
+            raise RuntimeError("the history write failed")
+
+        with pytest.raises(RuntimeError):  # the end is rolled back with its history: the turn still runs
+            await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=failing)
+        assert (await ledger.get(turn["turn_id"])).status == "running"
+        assert await store.exchange(turn["turn_id"]) is None
+        assert await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=closing())
+        assert (await ledger.get(turn["turn_id"])).status == "ended" and await store.exchange(turn["turn_id"])
+        before = await store.history(conversation)
+
+        def forged(conn):
+            return store.closing(conversation, turn["turn_id"], messages, final, "injected", "end_turn")(conn)
+
+        assert not await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=forged)
+        assert await store.history(conversation) == before
+    finally:
+        await ledger.close()
+        await store.close()

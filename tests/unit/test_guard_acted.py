@@ -296,7 +296,12 @@ async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_di
     assert isinstance(await execute(batch, BATCHES, runner, fence), CallModel)
     assert (await shop.get_order("cus_1001", "ord_a1000003"))["status"] == "cancelled"
     assert await fence.claim_model_call(ALICE, 1)  # the next model call is on its way (the lease released)
-    assert await guard.outside.on_cancel(CancelTurn(turn_id=ALICE.turn_id)) == "cancelled"
+    assert (
+        await guard.outside.on_cancel(
+            CancelTurn(turn_id=ALICE.turn_id, customer_id=ALICE.customer_id, conversation_id=ALICE.conversation_id)
+        )
+        == "cancelled"
+    )
     await guard.outbox.drain()
     (ended,) = [m for _, m in recorder.sent if isinstance(m, TurnEnded)]
     assert ended.outcome is Outcome.CANCELLED
@@ -307,7 +312,12 @@ async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_di
 async def test_a_cancel_decided_while_the_cancel_runs_says_what_it_did_once_the_step_is_done(deciding):
     guard, fence, recorder = deciding
     assert await fence.claim_batch(ALICE, 1, lease_s=60)  # the executor runs the cancel...
-    assert await guard.outside.on_cancel(CancelTurn(turn_id=ALICE.turn_id)) == "cancelling"  # ...when the cancel lands
+    assert (
+        await guard.outside.on_cancel(
+            CancelTurn(turn_id=ALICE.turn_id, customer_id=ALICE.customer_id, conversation_id=ALICE.conversation_id)
+        )
+        == "cancelling"
+    )  # ...when the cancel lands
     done = [{"tool_use_id": "c1", "content": '{"cancelled": true}'}]
     await fence.record_acted(ALICE.turn_id, 1, sideeffects.lines([CHECKED], done, SHOP.registry.is_serial))
     assert not await fence.claim_model_call(ALICE, 1)  # the turn is ending: the lease is let go

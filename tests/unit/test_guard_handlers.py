@@ -199,9 +199,18 @@ async def test_stuck_turns_are_flagged_then_ended_politely_once(guard):
 
 async def test_cancel_ends_a_running_turn_once(guard):
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
-    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
-    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
-    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_nope")) == "unknown turn"
+    assert (
+        await guard.outside.on_cancel(CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1"))
+        == "cancelled"
+    )
+    assert (
+        await guard.outside.on_cancel(CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1"))
+        == "already ended"
+    )
+    assert (
+        await guard.outside.on_cancel(CancelTurn(turn_id="turn_nope", customer_id="cus_1001", conversation_id="conv_1"))
+        == "unknown turn"
+    )
     assert guard.recorder.sent[-1][1].outcome is Outcome.CANCELLED
 
 
@@ -209,7 +218,10 @@ async def test_a_streaming_turn_ended_otherwise_than_by_the_model_has_its_text_c
     """The text a cancelled turn streamed is not its reply: a cut of every step (step 0) goes beside the end."""
     streaming = TURN.model_copy(update={"stream": True})
     await guard.starts.on_start(StartTurn(turn=streaming, text="hi"))
-    assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelled"
+    assert (
+        await guard.outside.on_cancel(CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1"))
+        == "cancelled"
+    )
     (cut,) = [m for t, m in guard.recorder.sent if t == topics.SUPPORT_STREAM]
     assert (cut.turn_id, cut.step, cut.stream_id, cut.cut, cut.text) == ("turn_1", 0, "", True, "")
     assert guard.recorder.sent[-1][0] in (topics.OUTCOMES, topics.SUPPORT_STREAM)
@@ -219,7 +231,9 @@ async def test_a_turn_that_streams_and_ends_by_the_models_answer_or_does_not_str
     await guard.starts.on_start(StartTurn(turn=TURN.model_copy(update={"stream": True}), text="hi"))
     await guard.loop.on_iteration(iteration(1, stop_reason="end_turn").model_copy(update={"turn": TURN}))
     await guard.starts.on_start(StartTurn(turn=TURN.model_copy(update={"turn_id": "turn_2"}), text="hi"))
-    await guard.outside.on_cancel(CancelTurn(turn_id="turn_2"))  # streams by the setting only: off
+    await guard.outside.on_cancel(
+        CancelTurn(turn_id="turn_2", customer_id="cus_1001", conversation_id="conv_1")
+    )  # streams by the setting only: off
     assert [m for t, m in guard.recorder.sent if t == topics.SUPPORT_STREAM] == []
 
 
@@ -252,8 +266,18 @@ async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_do
         await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
         await guard.loop.on_iteration(iteration(1, calls=[LIST]))
         assert await fence.claim_batch(TURN, 1, lease_s=30)  # an executor is running step 1's calls
-        assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "cancelling"
-        assert await guard.outside.on_cancel(CancelTurn(turn_id="turn_1")) == "already ended"
+        assert (
+            await guard.outside.on_cancel(
+                CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1")
+            )
+            == "cancelling"
+        )
+        assert (
+            await guard.outside.on_cancel(
+                CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1")
+            )
+            == "already ended"
+        )
         assert guard.recorder.sent[-1][0] == topics.TOOL_CALLS  # no end published while the calls may still run
         assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
         assert await fence.claim_model_call(TURN, 1) is False  # the executor is done; no model call for this turn

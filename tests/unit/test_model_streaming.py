@@ -166,4 +166,30 @@ async def test_a_call_published_before_the_process_started_first_cuts_every_earl
         finally:
             messaging._record.reset(token)
         await chunks.sent()
+        assert sent.chunks == []  # nothing before the claim: the event's customer is not checked yet
+        chunks.begin()  # the claim succeeded
+        await chunks.sent()
         assert [(c.step, c.stream_id, c.cut) for c in sent.chunks] == [(2, "", True)] * cuts
+
+
+class Refusing:
+    async def claim_model_call(self, turn, step):
+        return False
+
+
+async def test_a_redelivered_call_whose_claim_is_refused_publishes_nothing_on_the_stream():
+    """A copy of another customer's call with an old record timestamp: no cut reaches that conversation's stream."""
+    from types import SimpleNamespace
+
+    from roundtrip._kernel.kafka import messaging
+
+    sent, on = Sent(), Settings(_env_file=None, stream_replies=True)
+    command = CallModel(turn=TURN, step=1, messages=ASK)
+    token = messaging._record.set(SimpleNamespace(timestamp=99_000))
+    try:
+        chunks = chunks_for(command, on, sent, started_at=100.0)
+    finally:
+        messaging._record.reset(token)
+    assert await call_model(command, client=None, fence=Refusing(), chunks=chunks) is None  # type: ignore[arg-type]
+    await chunks.sent()
+    assert sent.chunks == []

@@ -9,6 +9,7 @@ can copy a live turn, so the ledger, not the event, says whose it is.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -79,6 +80,7 @@ turns = Table(
     Column("pending_at", Float),  # the outbox republishes old pending events
     Column("agent_digest", String(32)),
     Column("acted", Text),
+    Column("reply_sha256", String(64)),  # the ended turn's reply text, recorded with its end (`reply_digest`)
 )
 CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)
 ENDED_AT_INDEX = Index("ix_turns_ended_at", turns.c.ended_at)  # retention deletes oldest first
@@ -118,6 +120,14 @@ _WAITING = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE)
 _RECORDED = select(turns.c.customer_id, turns.c.conversation_id, turns.c.turn_json).where(
     turns.c.turn_id == bindparam("b_turn_id")
 )
+_ENDED_AS = select(
+    turns.c.status,
+    turns.c.customer_id,
+    turns.c.conversation_id,
+    turns.c.request_id,
+    turns.c.outcome,
+    turns.c.reply_sha256,
+).where(turns.c.turn_id == bindparam("b_turn_id"))
 _COUNT_WAITING = select(func.count()).select_from(turns).where(turns.c.status == WAITING)
 _ENDED_AMONG = select(turns.c.turn_id).where(
     turns.c.turn_id.in_(bindparam("b_ids", expanding=True)), turns.c.status.in_((ENDING, ENDED))
@@ -164,6 +174,10 @@ def disagreement(turn: Principal, recorded: Any) -> str | None:
     if recorded.conversation_id != turn.conversation_id:
         return "its conversation is not the one the turn was started in"
     return None
+
+
+def reply_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def sqlite_locked(exc: OperationalError) -> bool:
@@ -270,10 +284,15 @@ class TurnStore:
     async def recorded(self, turn_id: str) -> Any:
         return await self._run(lambda conn: conn.execute(_RECORDED, {"b_turn_id": turn_id}).first(), single=True)
 
-    async def refuse_if_not_recorded(self, turn: Principal, service: str) -> None:
-        """Raise TurnRefused when `turn` is not the ledger's: after a refused claim, tells a forgery from an end."""
+    async def ended_as(self, turn_id: str) -> Any:
+        """The end the guard recorded (status, principal, outcome, `reply_sha256`), or None: one read by key."""
+        return await self._run(lambda conn: conn.execute(_ENDED_AS, {"b_turn_id": turn_id}).first(), single=True)
+
+    async def refuse_if_not_recorded(self, turn: Principal, service: str, unknown_too: bool = False) -> None:
+        """Raise TurnRefused when `turn` is not the ledger's: after a refused claim, tells a forgery from an end.
+        `unknown_too`: a turn the ledger does not have is refused as well (nothing may act for it)."""
         why = disagreement(turn, await self.recorded(turn.turn_id))
-        if why is not None and why != NO_SUCH_TURN:
+        if why is not None and (unknown_too or why != NO_SUCH_TURN):
             raise refused(turn, service, why)
 
     async def _update(self, statement: Any, params: dict[str, Any] | None = None) -> bool:

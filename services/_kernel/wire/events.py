@@ -262,10 +262,14 @@ class StartTurn(Message):
 
 
 class CancelTurn(Message):
-    """Command (operators): end a running turn now, politely."""
+    """Command (operators): end a running turn now, politely. Its customer and conversation must be the ones the
+    ledger recorded for the turn, else the cancel is refused (dead-lettered)."""
 
     turn_id: str
+    customer_id: str = Field("", description="The turn's customer, as the ledger recorded it")
+    conversation_id: str = Field("", description="The turn's conversation, as the ledger recorded it")
     reason: str = "cancelled by an operator"
+    requested_by: str = Field("", description="Who asked: the console's signed-in person or the operator's CLI")
 
 
 class CallModel(Message):
