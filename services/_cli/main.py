@@ -21,7 +21,7 @@ from roundtrip._cli.evals import eval_app
 from roundtrip._cli.help import flags_without_type, reflow_help
 from roundtrip._kernel.observability.logs import configure as configure_logging
 from roundtrip._kernel.settings import Settings, get_settings
-from roundtrip._kernel.wire import topology
+from roundtrip._kernel.wire import topics, topology
 
 flags_without_type()
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
@@ -670,7 +670,10 @@ def topics_wait(
     if service not in FLEET_SERVICES:
         raise typer.BadParameter(f"unknown service {service!r}; choose one of {', '.join(FLEET_SERVICES)}")
     s = get_settings()
-    names = [a.name for a in for_service(topology.service(service), s.topic_prefix) if a.kind == "topic"]
+    # the shared dead letters of older fleets are read where they exist; nothing makes them any more
+    legacy = s.topic_prefix + topics.DEAD_LETTERS
+    granted = for_service(topology.service(service), s.topic_prefix)
+    names = [a.name for a in granted if a.kind == "topic" and a.name != legacy]
     away = asyncio.run(wait_for_topics(kafka_clients(s), names, timeout))
     if away:
         why = {3: "no such topic", 29: "not authorized"}
