@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from aiokafka import TopicPartition
@@ -132,7 +133,7 @@ def subscribe_outcomes(
         turn_id = ended.turn.turn_id
         with tracer().start_as_current_span("turn.reply") as span:
             span.set_attributes({"roundtrip.turn_id": turn_id, "roundtrip.outcome": ended.outcome.value})
-            why = forged(ended, await ledger().ended_as(turn_id))
+            why = forged(ended, await ledger().ended_as(turn_id), time.time(), settings.reply_memory_s)
             if why == NO_SUCH_TURN and await replied.answered(turn_id):
                 span.add_event("duplicate outcome of a turn the ledger no longer has dropped")
                 return

@@ -47,8 +47,10 @@ def reply_for(ended: TurnEnded) -> SupportReply:
     )
 
 
-def forged(ended: TurnEnded, recorded: Any) -> str | None:
-    """Why `ended` is not the end the guard recorded (`TurnStore.ended_as`); None when it is, word for word."""
+def forged(ended: TurnEnded, recorded: Any, now: float, undigested_s: float) -> str | None:
+    """Why `ended` is not the end the guard recorded (`TurnStore.ended_as`); None when it is, word for word.
+    An end a guard recorded before replies were digested (ledger_0006) is answered only within `undigested_s` of
+    it, so the ends in flight at an upgrade still reach their customers and no older one can be replayed."""
     if recorded is None:
         return NO_SUCH_TURN
     if recorded.status != ENDED:
@@ -59,6 +61,9 @@ def forged(ended: TurnEnded, recorded: Any) -> str | None:
         return "its request is not the one the turn was started for"
     if recorded.outcome != ended.outcome.value:
         return "its outcome is not the one the ledger recorded"
-    if recorded.reply_sha256 != reply_digest(ended.text):
+    if recorded.reply_sha256 is None:
+        if recorded.ended_at is None or now - recorded.ended_at > undigested_s:
+            return "its turn ended before replies were recorded, too long ago to answer"
+    elif recorded.reply_sha256 != reply_digest(ended.text):
         return "its text is not the reply the guard recorded"
     return None

@@ -3,6 +3,9 @@ status, customer, conversation, request, outcome and the reply's digest, read fr
 
 from __future__ import annotations
 
+import sqlite3
+import time
+
 import pytest
 
 from roundtrip._gateway.turns import forged
@@ -69,7 +72,7 @@ async def test_the_guards_own_ends_are_answered_from_the_loop_and_from_outside(f
     await guard.outbox.drain()
     assert len(guard.recorder.ends) == 2
     for end in guard.recorder.ends:
-        assert forged(end, await view.ended_as(end.turn.turn_id)) is None
+        assert forged(end, await view.ended_as(end.turn.turn_id), time.time(), 3600) is None
 
 
 @pytest.mark.parametrize(
@@ -90,11 +93,26 @@ async def test_an_end_differing_from_the_recorded_one_in_anything_the_reply_says
     await guard.outbox.drain()
     (genuine,) = guard.recorder.ends
     copy = genuine.model_copy(update=change)
-    assert why in (forged(copy, await view.ended_as(copy.turn.turn_id)) or "")
+    assert why in (forged(copy, await view.ended_as(copy.turn.turn_id), time.time(), 3600) or "")
 
 
 async def test_an_end_naming_a_live_turn_is_refused(fleet):
     guard, view = fleet
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     end = TurnEnded(turn=TURN, step=1, outcome=Outcome.END_TURN, text=PHISH)
-    assert forged(end, await view.ended_as("turn_g")) == "the ledger has not ended this turn"
+    assert forged(end, await view.ended_as("turn_g"), time.time(), 3600) == "the ledger has not ended this turn"
+
+
+async def test_an_end_recorded_before_replies_were_digested_is_answered_only_while_it_is_fresh(fleet, tmp_path):
+    """A turn ended by a guard before the upgrade (ledger_0006) has no digest: its end in flight still gets its reply,
+    but a copy of it long after cannot speak to its customer."""
+    guard, view = fleet
+    await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
+    await guard.loop.on_iteration(answered("Your order shipped."))
+    await guard.outbox.drain()
+    (genuine,) = guard.recorder.ends
+    with sqlite3.connect(tmp_path / "ledger.db") as db:  # as a guard before ledger_0006 recorded it
+        db.execute("UPDATE turns SET reply_sha256 = NULL")
+    recorded = await view.ended_as(TURN.turn_id)
+    assert forged(genuine, recorded, recorded.ended_at + 5, 3600) is None
+    assert "too long ago" in (forged(genuine, recorded, recorded.ended_at + 3601, 3600) or "")

@@ -127,6 +127,7 @@ _ENDED_AS = select(
     turns.c.request_id,
     turns.c.outcome,
     turns.c.reply_sha256,
+    turns.c.ended_at,
 ).where(turns.c.turn_id == bindparam("b_turn_id"))
 _COUNT_WAITING = select(func.count()).select_from(turns).where(turns.c.status == WAITING)
 _ENDED_AMONG = select(turns.c.turn_id).where(
