@@ -20,7 +20,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from roundtrip._kernel.storage import roles
-from roundtrip._kernel.storage.turnstore import RUNNING, WAITING, Fence, TurnStore
+from roundtrip._kernel.storage.database import make_engine, run_on
+from roundtrip._kernel.storage.turnstore import ENDED, RUNNING, WAITING, Fence, TurnStore
 from tests.databases import migrated
 from tests.signing import key_environment
 
@@ -41,11 +42,21 @@ async def execute(url: str, statement: str, **params) -> None:
         await engine.dispose()
 
 
-async def refused(url: str, statement: str, **params) -> str:
+async def refused(url: str, statement: str, said: str = "permission denied", **params) -> str:
     with pytest.raises(DBAPIError) as caught:
         await execute(url, statement, **params)
-    assert "permission denied" in str(caught.value), caught.value
+    assert said in str(caught.value), caught.value
     return str(caught.value)
+
+
+async def insert_turn(owner_url: str, turn, status: str) -> None:
+    await execute(
+        owner_url,
+        "INSERT INTO turns (turn_id, request_id, conversation_id, customer_id, status, step, started_at, "
+        "last_progress_at, input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, "
+        "cost_usd, trace_id, turn_json) VALUES (:t, 'r1', :v, :c, :s, 1, :n, :n, 0, 0, 0, 0, 0, '', '{}')",
+        t=turn.turn_id, v=turn.conversation_id, c=turn.customer_id, s=status, n=time.time(),
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -70,14 +81,7 @@ async def fleet_db(postgres_database):
         assert not any(p in done.stdout + done.stderr for p in secret.values())  # never said
     assert "created" not in done.stdout and f"{prefix}executor: SELECT alembic_version, turns; UPDATE" in done.stdout
     turn = SimpleNamespace(turn_id=f"t_{uuid.uuid4().hex[:8]}", customer_id=VICTIM, conversation_id="conv_v")
-    now = time.time()
-    await execute(
-        owner_url,
-        "INSERT INTO turns (turn_id, request_id, conversation_id, customer_id, status, step, started_at, "
-        "last_progress_at, input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, "
-        "cost_usd, trace_id, turn_json) VALUES (:t, 'r1', 'conv_v', :c, :s, 1, :n, :n, 0, 0, 0, 0, 0, '', '{}')",
-        t=turn.turn_id, c=VICTIM, s=RUNNING, n=now,
-    )  # fmt: skip
+    await insert_turn(owner_url, turn, RUNNING)
     await execute(
         owner_url,
         "INSERT INTO conversation_turns (turn_id, conversation_id, started_at, ended_at, text, tokens) "
@@ -151,6 +155,63 @@ async def test_the_model_service_claims_and_waits_and_writes_nothing_else(fleet_
     await refused(url, "DELETE FROM turns")
 
 
+async def status_of(fleet_db, turn_id: str) -> str:
+    return (await first(fleet_db.owner, "SELECT status FROM turns WHERE turn_id = :t", t=turn_id))[0]
+
+
+async def test_the_model_service_moves_a_turns_status_only_as_its_claims_do(fleet_db):
+    url, turn, model = fleet_db.url("model"), fleet_db.turn, roles.role("model", fleet_db.prefix)
+    live = f"roundtrip: {model} may not move turn {turn.turn_id} from running to "
+    await refused(url, "UPDATE turns SET status = 'ended' WHERE turn_id = :t", live + "ended", t=turn.turn_id)
+    await refused(url, "UPDATE turns SET status = 'awaiting' WHERE turn_id = :t", live + "awaiting", t=turn.turn_id)
+    assert await status_of(fleet_db, turn.turn_id) == RUNNING
+
+    ended = SimpleNamespace(turn_id=f"t_{uuid.uuid4().hex[:8]}", customer_id=VICTIM, conversation_id="conv_v")
+    await insert_turn(fleet_db.owner, ended, ENDED)
+    said = f"roundtrip: {model} may not move turn {ended.turn_id} from ended to running"
+    await refused(url, "UPDATE turns SET status = 'running' WHERE turn_id = :t", said, t=ended.turn_id)
+    still = f"roundtrip: {model} may not change turn {ended.turn_id} while it is ended"
+    await refused(url, "UPDATE turns SET flagged_at = 1 WHERE turn_id = :t", still, t=ended.turn_id)
+    assert await status_of(fleet_db, ended.turn_id) == ENDED
+
+    fence = await Fence.open(url)
+    try:
+        assert await fence.claim_model_call(turn, 1)  # the genuine claims still land
+        assert await fence.wait_for_capacity(turn, 1)
+        assert not await fence.claim_model_call(ended, 1)
+        assert not await fence.wait_for_capacity(ended, 1)
+    finally:
+        await fence.close()
+    assert await status_of(fleet_db, turn.turn_id) == WAITING
+    assert await status_of(fleet_db, ended.turn_id) == ENDED
+
+
+async def test_a_claims_aftermath_on_a_turn_no_longer_live_still_lands(fleet_db):
+    """The model releases an ending turn's lease (its end may go), the executor records what its step did after
+    the end: each only that, appended."""
+    turn, executor = fleet_db.turn, roles.role("executor", fleet_db.prefix)
+    await execute(fleet_db.owner, "UPDATE turns SET status = 'ending', lease_until = 1e12 WHERE turn_id = :t",
+                  t=turn.turn_id)  # fmt: skip
+    fence = await Fence.open(fleet_db.url("model"))
+    try:
+        assert not await fence.claim_model_call(turn, 1)
+    finally:
+        await fence.close()
+    assert (await first(fleet_db.owner, "SELECT lease_until FROM turns WHERE turn_id = :t", t=turn.turn_id))[0] is None
+    await execute(fleet_db.owner, "UPDATE turns SET status = 'ended' WHERE turn_id = :t", t=turn.turn_id)
+    fence = await Fence.open(fleet_db.url("executor"))
+    try:
+        await fence.record_acted(turn.turn_id, 1, '{"id": "tu_1"}\n')
+    finally:
+        await fence.close()
+    still = f"roundtrip: {executor} may not change turn {turn.turn_id} while it is ended"
+    url = fleet_db.url("executor")
+    await refused(url, "UPDATE turns SET acted = 'nothing happened' WHERE turn_id = :t", still, t=turn.turn_id)
+    await refused(url, "UPDATE turns SET lease_until = 1e12 WHERE turn_id = :t", still, t=turn.turn_id)
+    row = await first(fleet_db.owner, "SELECT status, acted FROM turns WHERE turn_id = :t", t=turn.turn_id)
+    assert tuple(row) == (ENDED, '{"id": "tu_1"}\n')
+
+
 @pytest.mark.parametrize("service", ["gate", "gateway", "console"])
 async def test_the_readers_read_and_write_nothing(fleet_db, service):
     url, turn = fleet_db.url(service), fleet_db.turn
@@ -176,8 +237,6 @@ async def test_the_readers_read_and_write_nothing(fleet_db, service):
 
 
 async def test_every_login_is_its_part_and_the_owners_is_more_than_any_other_part(fleet_db):
-    from roundtrip._kernel.storage.database import make_engine, run_on
-
     for service in ("guard", *roles.PARTS):
         url = fleet_db.owner if service == "guard" else fleet_db.url(service)
         assert await run_on(make_engine(url, read_only=True), lambda c, s=service: roles.excess(c, s)) == []
@@ -226,3 +285,20 @@ async def test_a_grant_beyond_its_part_is_named_with_the_revoke_that_removes_it(
     await execute(fleet_db.owner, f"GRANT UPDATE (customer_id) ON turns TO {executor}")
     done = run_refused("executor", fleet_db.url("executor"))
     assert f"may UPDATE turns.customer_id; REVOKE UPDATE (customer_id) ON turns FROM {executor}" in done.stderr
+
+
+async def test_a_ledger_without_its_status_guard_is_refused_naming_the_upgrade(fleet_db):
+    """The trigger is the owner's to drop or disable (an old database never had it): a login that may write turns
+    then starts only once `roundtrip db upgrade` put it back."""
+    await execute(fleet_db.owner, f"ALTER TABLE turns DISABLE TRIGGER {roles.STATUS_GUARD}")
+    model = roles.role("model", fleet_db.prefix)
+    done = run_refused("model", fleet_db.url("model"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        f"error: model refuses to start: its database login {model} may write any turn in any state: turns has no "
+        f"enabled trigger {roles.STATUS_GUARD}; run `roundtrip db upgrade` (ledger_0007 installs it) "
+        "(roundtrip db roles prints the grants)"
+    )
+    await execute(fleet_db.owner, f"ALTER TABLE turns ENABLE TRIGGER {roles.STATUS_GUARD}")
+    engine = make_engine(fleet_db.url("model"), read_only=True)
+    assert await run_on(engine, lambda conn: roles.excess(conn, "model")) == []

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
-from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER
+from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, UPGRADE
 from roundtrip._kernel.migrations.schema import reaching
 from roundtrip._kernel.settings.checks import InsecureConfiguration
 from roundtrip._kernel.storage.database import is_sqlite, make_engine, run_on
@@ -31,6 +31,7 @@ WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 BY_COLUMN = ("INSERT", "UPDATE", "REFERENCES")  # may be granted on some columns only
 ADMIN_ENV = "ROUNDTRIP_DB_ADMIN_URL"  # `roundtrip db roles --database-url`: the login that grants
 LOGIN_ENV = "ROUNDTRIP_{service}_DATABASE_URL"  # the URL that service connects with (or its password)
+STATUS_GUARD = "turns_status_guard"  # ledger_0007's trigger: the moves of a status the column grants cannot say
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,9 @@ _COLUMNS = text(
     "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:t) AND attnum > 0 AND NOT attisdropped "
     "ORDER BY attnum"
 )
+_GUARDED = text(
+    "SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass(:t) AND tgname = :n AND tgenabled IN ('O', 'A')"
+)
 _WIDE = text(
     "SELECT current_schema(), current_database(), has_schema_privilege(current_schema(), 'CREATE'), "
     "has_database_privilege(current_database(), 'CREATE')"
@@ -167,7 +171,9 @@ def excess(conn: Connection, service: str) -> list[Excess]:
         return []
     found = []
     part = PARTS[service]
-    for table, owner, member in conn.execute(_TABLES).all():
+    rows = conn.execute(_TABLES).all()
+    tables = {table for table, _, _ in rows}
+    for table, owner, member in rows:
         if member:
             verb = "owns" if owner == login else f"is a member of {owner}, which owns"
             found.append(Excess(login, f"{verb} {table}", f"give {service} a login of its own, {role(service)}"))
@@ -184,6 +190,10 @@ def excess(conn: Connection, service: str) -> list[Excess]:
                 if column not in allowed and _has(conn, privilege, table, column):
                     revoke = f"REVOKE UPDATE ({column}) ON {table} FROM {who}"
                     found.append(Excess(login, f"may UPDATE {table}.{column}", revoke))
+    for table in part.updates:
+        if table in tables and not conn.execute(_GUARDED, {"t": table, "n": STATUS_GUARD}).scalar_one():
+            may = f"may write any turn in any state: {table} has no enabled trigger {STATUS_GUARD}"
+            found.append(Excess(login, may, f"run `{UPGRADE}` (ledger_0007 installs it)"))
     if createrole:  # it could grant itself the owner's role
         found.append(Excess(login, "may CREATE ROLE", f"ALTER ROLE {who} NOCREATEROLE"))
     schema, database, in_schema, in_database = conn.execute(_WIDE).one()
