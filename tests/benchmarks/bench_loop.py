@@ -187,6 +187,7 @@ def bench_settings(
         values["max_running_turns"] = max_running_turns
     if database_url is not None:  # the production configuration: ledger, fence and conversations on PostgreSQL
         values |= {"ledger_database_url": database_url, "conversations_database_url": database_url}
+        values["database_allow_shared_login"] = True  # one login for the whole fleet, on purpose
     env = {f"ROUNDTRIP_{k.upper()}": str(v) for k, v in values.items()}
     for k in list(os.environ):  # this run's settings only: nothing from the caller's shell
         if (

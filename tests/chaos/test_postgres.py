@@ -54,6 +54,7 @@ def chaos_settings(chaos_kafka, database, tmp_path_factory):
         tmp_path_factory.mktemp("chaos-fleet-pgdown"),
         ledger_database_url=url,
         conversations_database_url=url,
+        database_allow_shared_login=True,  # one (superuser) login for the fleet, on purpose
         approval_cancel_above_cents=500,
         approval_timeout_s=120,
         decision_signing_key=DECISION.signing,

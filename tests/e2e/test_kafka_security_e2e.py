@@ -26,6 +26,7 @@ from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import SupportReply
+from tests.databases import migrated
 from tests.e2e.conftest import fleet_env
 from tests.e2e.up_process import roundtrip_up
 
@@ -282,6 +283,8 @@ def test_a_principal_without_the_acls_it_needs_stops_at_start_in_one_line(secure
         env="development",
         **client_security(listener, tls, NOBODY, APP_PASSWORD),
     )
+    # the gateway opens the ledger it checks every end against before its consumers start: it is there
+    asyncio.run(migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     for argv, refused in (
         (["topics", "create"], "TopicAuthorizationFailedError"),
         (["run", "gateway"], "AuthorizationFailed"),
