@@ -18,7 +18,7 @@ import typer
 
 from roundtrip._cli.agent import agent_app
 from roundtrip._cli.evals import eval_app
-from roundtrip._cli.help import flags_without_type, reflow_help
+from roundtrip._cli.help import flags_without_type, reflow_help, this_command
 from roundtrip._kernel.observability.logs import configure as configure_logging
 from roundtrip._kernel.settings import Settings, get_settings
 from roundtrip._kernel.wire import topology
@@ -249,7 +249,7 @@ def _ready(agent: Any, settings: Any) -> str:
     scripted = f" --persona {EXAMPLE_PERSONA}" if settings.use_simulator and agent.example_script else ""
     return (
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
-        f"  {_this_command()} ask {ask} --customer {customer}{scripted}\n"
+        f"  {this_command()} ask {ask} --customer {customer}{scripted}\n"
         f"The console (approvals, turns): {console_url(settings)}\n"
         "Crashed processes are restarted. Ctrl-C stops everything."
     )
@@ -262,18 +262,6 @@ def console_url(settings: Settings) -> str:
     return f"http://{host}:{settings.console_port}" + (
         f" (signed in as {who})" if who else " (through your sign-on proxy)"
     )
-
-
-def _this_command() -> str:
-    """How to run `roundtrip` from the user's shell: the bare name when PATH finds this installation, else its path."""
-    import shutil
-    from pathlib import Path
-
-    mine = Path(sys.executable).parent / "roundtrip"
-    found = shutil.which("roundtrip")
-    if found and mine.exists() and Path(found).resolve() == mine.resolve():
-        return "roundtrip"
-    return str(mine) if mine.exists() else f"{sys.executable} -m roundtrip._cli.main"
 
 
 @app.command()
@@ -302,17 +290,18 @@ def ask(
     A turn waiting for a person's approval is followed to its end: ask waits up to the approval deadline plus
     --timeout.
 
-    Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, the
-    fleet's topics missing); 3 the guard stopped the turn (step_limit, repeated_call, cycle, failure_streak,
-    budget, deadline, cancelled, approval_timeout); 4 the model stopped without its answer (max_tokens,
-    stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error or model_busy; 6 the
-    request was refused (conversation_refused, invalid_request).
+    Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, a
+    script:NAME the simulator has not loaded, the fleet's topics missing); 3 the guard stopped the turn (step_limit,
+    repeated_call, cycle, failure_streak, budget, deadline, cancelled, approval_timeout); 4 the model stopped without
+    its answer (max_tokens, stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error
+    or model_busy; 6 the request was refused (conversation_refused, invalid_request).
     """
     from roundtrip._cli.terminal import ask as do_ask
 
     _check_persona(persona)
     settings = _fleet_settings()
     _hand_example_script(settings, persona)
+    _check_script_loaded(settings, persona)
     code = asyncio.run(
         do_ask(settings, text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout, stream)
     )
@@ -334,6 +323,7 @@ def chat(
     _check_persona(persona)
     settings = _fleet_settings()
     _hand_example_script(settings, persona)
+    _check_script_loaded(settings, persona)
     code = asyncio.run(do_chat(settings, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
 
@@ -388,6 +378,29 @@ def _hand_example_script(settings: Any, persona: str | None) -> None:
         raise typer.Exit(2) from None
     if answer.status_code != 200:
         typer.secho(f"error: the simulator refused agent {agent.name}'s example_script: {answer.text}", err=True)
+        raise typer.Exit(2)
+
+
+def _check_script_loaded(settings: Any, persona: str | None) -> None:
+    """Refuse a script:NAME the simulator has not loaded before the turn starts (else it ends model_error on a 400):
+    one line naming the loaded ones, the simulator's own words; exit 2."""
+    import httpx
+
+    from roundtrip._simulator.scripted import PREFIX, missing
+
+    if persona is None or not persona.startswith(PREFIX) or not settings.use_simulator:
+        return
+    url = f"{settings.model_base_url}/v1/_scripts"
+    try:
+        loaded = httpx.get(url, timeout=10).raise_for_status().json()["scripts"]
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        typer.secho(
+            f"error: the simulator at {url} does not list its scripts ({type(exc).__name__}); is the fleet up?",
+            err=True,
+        )
+        raise typer.Exit(2) from None
+    if persona[len(PREFIX) :] not in loaded:
+        typer.secho(f"error: {missing(persona[len(PREFIX) :], loaded)}", err=True)
         raise typer.Exit(2)
 
 
