@@ -5,12 +5,14 @@ approvals table)."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from typer.testing import CliRunner
 
 import roundtrip._cli.terminal as console
 from roundtrip._cli.main import app
+from roundtrip._kernel.settings import get_settings
 from roundtrip._kernel.wire import topology
 from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
 from roundtrip._simulator import running_simulator
@@ -255,3 +257,24 @@ def test_a_script_persona_with_no_simulator_answering_is_refused_in_one_line(mon
 def test_a_script_persona_without_a_name_is_refused(never_asked):
     result = CliRunner().invoke(app, ["ask", "hello", "--customer", "cus_1001", "--persona", "script:"])
     assert result.exit_code != 0 and "unknown persona 'script:'" in result.output
+
+
+def test_a_second_up_in_a_folder_a_fleet_holds_refuses_before_it_says_it_starts(monkeypatch, tmp_path):
+    from roundtrip._fleet.launcher import Fleet
+    from roundtrip._fleet.supervisor import RUNNING_FILE
+
+    def started(self):
+        raise AssertionError("a second fleet was started")
+
+    monkeypatch.setattr(Fleet, "start", started)
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
+    get_settings.cache_clear()  # up reads the settings once; an earlier test's are cached
+    with subprocess.Popen(["sleep", "60"]) as holder:  # the first fleet's process, alive
+        try:
+            (tmp_path / RUNNING_FILE).write_text(f"{holder.pid}\n")
+            result = CliRunner().invoke(app, ["up"])
+        finally:
+            holder.kill()
+    get_settings.cache_clear()
+    assert result.exit_code == 1 and "starting the fleet" not in result.output
+    assert f"a fleet is already running in {tmp_path.resolve()} (pid {holder.pid})" in result.output
