@@ -144,6 +144,18 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     run_loop(main())
 
 
+def _claim_state_dir(settings: Settings) -> None:
+    """A second up in this folder is told which fleet runs there (exit 1) before it says it starts one."""
+    from roundtrip._fleet.supervisor import FleetError, claim_folder
+
+    try:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        claim_folder(settings.state_dir)
+    except (FleetError, OSError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+
+
 @app.command()
 def up(
     executors: Annotated[int, typer.Option(help="executor replicas to start")] = 1,
@@ -177,7 +189,7 @@ def up(
 
     from roundtrip._broker.embedded import BrokerError
     from roundtrip._fleet.launcher import Fleet
-    from roundtrip._fleet.supervisor import FleetError, claim_folder
+    from roundtrip._fleet.supervisor import FleetError
 
     port = health_port if health_port is not None else get_settings().health_port
     if port:  # each service takes its own port from there (the children read these from the environment)
@@ -185,12 +197,7 @@ def up(
         os.environ["ROUNDTRIP_HEALTH_PORT_PER_SERVICE"] = "true"
         get_settings.cache_clear()
     settings = get_settings()
-    try:  # a second up in this folder is told which fleet runs there before it says it starts one
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        claim_folder(settings.state_dir)
-    except (FleetError, OSError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(1) from None
+    _claim_state_dir(settings)
     agent = _checked_agent(settings)  # before the broker: a bad agent or agent setting is said before any start-up
     _checked_keys(settings, agent)  # likewise a key a service would refuse, once, not as a restart loop
     typer.echo(f"roundtrip: starting the fleet (agent {agent.name})")
