@@ -29,6 +29,9 @@ def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everythin
     output = log.read_text()
     for name in ("kafka", "simulator", "shop", "gateway", "model", "guard", "gate", "executor"):
         assert f"  {name}" in output  # says where each listens
+    # each wait that can take seconds is said before it starts
+    assert output.index("  waiting for Kafka to serve on") < output.index("  kafka      ")
+    assert output.index("  executor ") < output.index("  waiting for the services to say they are ready")
     pids = [int(pid) for pid in re.findall(r"\(pid (\d+),", output)]
     assert len(pids) == 8  # simulator, shop, the five services and the console (the broker's port: below)
 
