@@ -208,6 +208,7 @@ def up(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     _say_ready(port, agent, settings)
+    _mark_folders(settings)
     stop = {"now": False}
     for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
         signal.signal(signum, lambda *_: stop.update(now=True))
@@ -215,6 +216,18 @@ def up(
     typer.echo("\nroundtrip: stopping")
     fleet.stop()
     typer.echo("roundtrip: stopped")
+
+
+def _mark_folders(settings: Settings) -> None:
+    """Leave the fleet's marker here and in its agent's project folder: commands run there find this fleet."""
+    from pathlib import Path
+
+    from roundtrip._cli.fleets import agent_project, mark
+
+    written = mark([Path.cwd(), agent_project(settings.agent or "")], settings.state_dir)
+    if written:
+        folders = " and ".join(str(path.parent) for path in written)
+        typer.echo(f"Commands run in {folders} (or below) talk to this fleet (marker {written[0].name}).")
 
 
 def _say_ready(port: int | None, agent: Any, settings: Any) -> None:
@@ -344,10 +357,18 @@ def chat(
 def _fleet_settings() -> Settings:
     """The settings of the fleet this command talks to: the one running in the state folder (services/_fleet/state.py),
     else this shell's; which one is said on stderr, with the shell's variables that differ from the fleet's."""
-    from roundtrip._fleet.state import adopt
+    import os
+    from pathlib import Path
+
+    from roundtrip._cli.fleets import marked
+    from roundtrip._fleet.state import adopt, running
     from roundtrip._kernel.storage.database import shown
 
-    reading = adopt(get_settings().state_dir)
+    state_dir = get_settings().state_dir
+    if "ROUNDTRIP_STATE_DIR" not in os.environ and running(state_dir) is None:
+        found = marked(Path.cwd())  # the fleet `up` marked this folder (or one above) for; a stopped one is not
+        state_dir = found if found is not None and running(found) is not None else state_dir
+    reading = adopt(state_dir)
     get_settings.cache_clear()
     settings = get_settings()
     for line in reading.lines(shown(settings.ledger_db_url)):

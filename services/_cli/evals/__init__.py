@@ -20,6 +20,25 @@ eval_app = typer.Typer(
 )
 
 
+def _refuse_other_agent(suite: Path, running: str, state_dir: Path) -> None:
+    """Cases in an agent's project are that agent's: against a fleet running another one they would all fail, or
+    worse pass by chance; one line and exit 2 instead."""
+    from roundtrip._cli.fleets import declared_agents
+
+    declared = declared_agents(suite)
+    if declared is None or running in declared[1]:
+        return
+    pyproject, names = declared
+    typer.secho(
+        f"error: the cases in {suite} are agent {' or '.join(names)}'s ({pyproject}), but the fleet of "
+        f"{state_dir.resolve()} runs agent {running}; start theirs (ROUNDTRIP_AGENT={names[0]} roundtrip up) or name "
+        "its state folder with ROUNDTRIP_STATE_DIR",
+        fg="red",
+        err=True,
+    )
+    raise typer.Exit(2)
+
+
 @eval_app.command("run")
 def run(
     suite: Annotated[list[Path], typer.Argument(help="case files (JSON), or folders of them")],
@@ -58,6 +77,7 @@ def run(
         cases = [replace(case, runs=runs) for case in cases]
     settings = _fleet_settings()
     agent = _checked_agent(settings)
+    _refuse_other_agent(suite[0], agent.name, settings.state_dir)
     model = "the simulator" if settings.use_simulator else f"the model {agent.model_for(settings)}"
     typer.echo(f"roundtrip eval: {len(cases)} cases against agent {agent.name} and {model}")
     try:

@@ -1,0 +1,97 @@
+"""From an agent's folder the CLI finds the fleet `up` marked for it (services/_cli/fleets.py), says which fleet and
+agent it reads, and `eval run` refuses a suite of another agent than the one that fleet runs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+import roundtrip._cli.evals.runner as eval_runner
+from roundtrip._cli import main
+from roundtrip._cli.fleets import MARKER, agent_project, declared_agents, mark, marked
+from roundtrip._cli.main import app
+from roundtrip._cli.skeleton import skeleton
+from roundtrip._fleet import state as fleet_state
+from roundtrip._fleet.supervisor import claim_folder, release_folder
+from roundtrip._kernel.settings import Settings, get_settings
+
+
+@pytest.fixture
+def desk(tmp_path, monkeypatch):
+    """A fresh `agent init` folder, importable as its editable install makes it."""
+    folder = tmp_path / "desk"
+    for relative, text in skeleton("desk").items():
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        (folder / relative).write_text(text)
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
+
+
+@pytest.fixture
+def fleet(tmp_path, monkeypatch):
+    """A fleet running in its own state folder (this process holds it), with the agent `up` recorded."""
+    state = tmp_path / "fleet-state"
+    state.mkdir()
+    claimed = claim_folder(state)
+
+    def running(agent: str):
+        fleet_state.record(state, {"ROUNDTRIP_AGENT": agent, "ROUNDTRIP_TOPIC_PREFIX": "marked."})
+        return state
+
+    monkeypatch.delenv("ROUNDTRIP_STATE_DIR", raising=False)
+    yield running
+    release_folder(claimed)
+    fleet_state.forget(state)
+    get_settings.cache_clear()
+
+
+def test_up_marks_where_it_started_and_its_agents_project_and_a_command_below_finds_it(desk, tmp_path, monkeypatch):
+    started = tmp_path / "checkout"
+    started.mkdir()
+    monkeypatch.chdir(started)
+    assert agent_project("desk.agent:AGENT") == desk.resolve()
+    main._mark_folders(Settings(state_dir=tmp_path / "fleet-state", agent="desk.agent:AGENT"))
+    assert (started / MARKER).is_file() and (desk / MARKER).is_file()
+    assert marked(desk / "evals") == (tmp_path / "fleet-state").resolve() == marked(started)
+    assert marked(tmp_path) is None
+    assert mark([tmp_path / "missing"], tmp_path) == []  # a folder that cannot take it is left alone
+
+
+def test_a_command_in_the_agents_folder_reads_the_marked_fleet_and_says_which_and_its_agent(
+    desk, fleet, monkeypatch, capsys
+):
+    state = fleet("desk")
+    mark([desk], state)
+    monkeypatch.chdir(desk / "evals")
+    settings = main._fleet_settings()
+    assert settings.state_dir == state.resolve() and settings.topic_prefix == "marked."
+    said = capsys.readouterr().err
+    assert f"the fleet running in {state.resolve()} (pid {os.getpid()}): agent desk, its settings" in said
+
+
+def test_a_stopped_fleets_marker_is_not_followed(desk, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("ROUNDTRIP_STATE_DIR", raising=False)
+    mark([desk], tmp_path / "stopped")
+    monkeypatch.chdir(desk)
+    assert main._fleet_settings().state_dir != (tmp_path / "stopped").resolve()
+    get_settings.cache_clear()
+
+
+def test_eval_refuses_the_cases_of_another_agent_than_the_fleet_runs(desk, fleet, monkeypatch):
+    assert declared_agents(desk / "evals") == (desk / "pyproject.toml", ["desk"])
+    state = fleet("roundtrip._shop.agent:AGENT")  # the fleet runs the demo shop
+    mark([desk], state)
+    monkeypatch.chdir(desk)
+
+    async def never(*args, **kwargs):
+        raise AssertionError("the cases were run")
+
+    monkeypatch.setattr(eval_runner, "run_suite", never)
+    result = CliRunner().invoke(app, ["eval", "run", "evals"])
+    assert result.exit_code == 2
+    assert (
+        f"error: the cases in evals are agent desk's ({desk / 'pyproject.toml'}), but the fleet of {state.resolve()} "
+        "runs agent support-agent" in " ".join(result.output.split())
+    )
