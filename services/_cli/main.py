@@ -197,9 +197,9 @@ def up(
         os.environ["ROUNDTRIP_HEALTH_PORT_PER_SERVICE"] = "true"
         get_settings.cache_clear()
     settings = get_settings()
-    _claim_state_dir(settings)
     agent = _checked_agent(settings)  # before the broker: a bad agent or agent setting is said before any start-up
     _checked_keys(settings, agent)  # likewise a key a service would refuse, once, not as a restart loop
+    _claim_state_dir(settings)
     typer.echo(f"roundtrip: starting the fleet (agent {agent.name})")
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:

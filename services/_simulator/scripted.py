@@ -1,12 +1,9 @@
 """Scripted mode: the simulator says what a script says instead of playing a persona, so any agent's e2e runs
-through the real fleet with no API key; and it keeps the requests it received, so a caller can read what reached
-the model (docs/agent/testing.md).
+through the real fleet with no API key; it keeps the requests it received (docs/agent/testing.md).
 
-A script is a list of the model's responses in one turn: the i-th answers the turn's i-th request, counted from the
-customer's words that opened the turn. One format everywhere (a file, PUT /v1/_scripts/NAME, an eval case's
-`script`), described by schemas/script.json and checked by parse_script alone, so each says the same words. A
-request past the end of its script, or naming an unknown one, is answered 400 with the reason, never an invented
-response.
+A script is the model's responses in one turn, the i-th answering the turn's i-th request. One format everywhere (a
+file, PUT /v1/_scripts/NAME, an eval case's `script`): schemas/script.json, checked by parse_script alone, so each
+says the same words. A request past a script's end, or naming an unknown one, gets a 400 with the reason.
 """
 
 from __future__ import annotations
