@@ -95,3 +95,48 @@ def test_eval_refuses_the_cases_of_another_agent_than_the_fleet_runs(desk, fleet
         f"error: the cases in evals are agent desk's ({desk / 'pyproject.toml'}), but the fleet of {state.resolve()} "
         "runs agent support-agent" in " ".join(result.output.split())
     )
+
+
+def _suite(tmp_path):
+    (tmp_path / "cases").mkdir()
+    (tmp_path / "cases" / "hi.json").write_text('{"customer": "cus_1", "message": "hi", "script": ["Hello."]}')
+    return str(tmp_path / "cases")
+
+
+@pytest.mark.parametrize(
+    ("reset", "said", "code"),
+    [
+        (None, "agent support-agent has no reset hook (Agent(reset=...)), so --fresh cannot", 2),
+        ("raises", "agent support-agent's reset failed: RuntimeError: desk away", 2),
+        ("async", "agent support-agent's backends reset (--fresh)", 0),
+    ],
+)
+def test_eval_fresh_calls_the_agents_reset_before_any_case_or_refuses_in_one_line(
+    monkeypatch, tmp_path, reset, said, code
+):
+    import dataclasses
+
+    import roundtrip._cli.main as cli_main
+    from roundtrip._shop.agent import AGENT
+
+    calls: list[str] = []
+
+    async def async_reset(fleet_settings, own):
+        calls.append("reset")
+
+    def raising(fleet_settings, own):
+        raise RuntimeError("desk away")
+
+    hook = {None: None, "raises": raising, "async": async_reset}[reset]
+    monkeypatch.setattr(cli_main, "_checked_agent", lambda settings: dataclasses.replace(AGENT, reset=hook))
+
+    async def run_suite(*args, **kwargs):
+        calls.append("cases")
+        return []
+
+    monkeypatch.setattr(eval_runner, "run_suite", run_suite)
+    monkeypatch.setattr("roundtrip._cli.evals._report", lambda *args: None)
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path / "none"))
+    result = CliRunner().invoke(app, ["eval", "run", "--fresh", _suite(tmp_path)])
+    assert result.exit_code == code and said in " ".join(result.output.split()), result.output
+    assert calls == (["reset", "cases"] if code == 0 else [])
