@@ -207,8 +207,8 @@ def up(
     except (FleetError, BrokerError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
+    _mark_folders(settings)  # before Ready.: whoever waits for it finds the markers written
     _say_ready(port, agent, settings)
-    _mark_folders(settings)
     stop = {"now": False}
     for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
         signal.signal(signum, lambda *_: stop.update(now=True))

@@ -18,6 +18,16 @@ from roundtrip._fleet.supervisor import claim_folder, release_folder
 from roundtrip._kernel.settings import Settings, get_settings
 
 
+@pytest.fixture(autouse=True)
+def shell_kept():
+    """A command adopts its fleet's settings into os.environ itself: the next test gets this shell back."""
+    kept = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(kept)
+    get_settings.cache_clear()
+
+
 @pytest.fixture
 def desk(tmp_path, monkeypatch):
     """A fresh `agent init` folder, importable as its editable install makes it."""

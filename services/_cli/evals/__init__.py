@@ -20,6 +20,18 @@ eval_app = typer.Typer(
 )
 
 
+def _fleet_and_agent(suite: Path, fresh: bool) -> tuple[Any, Any]:
+    """The fleet the cases run through and its agent: refused when the suite is another agent's; reset with --fresh."""
+    from roundtrip._cli.main import _checked_agent, _fleet_settings
+
+    settings = _fleet_settings()
+    agent = _checked_agent(settings)
+    _refuse_other_agent(suite, agent.name, settings.state_dir)
+    if fresh:
+        _reset(agent, settings)
+    return settings, agent
+
+
 def _reset(agent: Any, settings: Any) -> None:
     """--fresh: the agent's reset hook, before any case, so a suite that changes data passes run after run."""
     import inspect
@@ -94,7 +106,6 @@ def run(
     from roundtrip._cli.evals.report import junit as junit_xml
     from roundtrip._cli.evals.report import save_baseline as save
     from roundtrip._cli.evals.runner import FleetUnavailable, run_suite
-    from roundtrip._cli.main import _checked_agent, _fleet_settings
 
     if (runs is not None and runs < 1) or concurrency < 1:
         raise typer.BadParameter("--runs and --concurrency take a number of at least 1")
@@ -106,11 +117,7 @@ def run(
         raise typer.Exit(2) from None
     if runs is not None:
         cases = [replace(case, runs=runs) for case in cases]
-    settings = _fleet_settings()
-    agent = _checked_agent(settings)
-    _refuse_other_agent(suite[0], agent.name, settings.state_dir)
-    if fresh:
-        _reset(agent, settings)
+    settings, agent = _fleet_and_agent(suite[0], fresh)
     model = "the simulator" if settings.use_simulator else f"the model {agent.model_for(settings)}"
     typer.echo(f"roundtrip eval: {len(cases)} cases against agent {agent.name} and {model}")
     try:
