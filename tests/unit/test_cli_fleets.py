@@ -150,3 +150,21 @@ def test_eval_fresh_calls_the_agents_reset_before_any_case_or_refuses_in_one_lin
     result = CliRunner().invoke(app, ["eval", "run", "--fresh", _suite(tmp_path)])
     assert result.exit_code == code and said in " ".join(result.output.split()), result.output
     assert calls == (["reset", "cases"] if code == 0 else [])
+
+
+def test_eval_fleet_names_the_fleet_to_run_through_from_any_folder(desk, fleet, tmp_path, monkeypatch):
+    state = fleet("desk.agent:AGENT")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # no marker here or above
+
+    async def run_suite(settings, *args, **kwargs):
+        assert settings.state_dir == state.resolve() and settings.topic_prefix == "marked."
+        return []
+
+    monkeypatch.setattr(eval_runner, "run_suite", run_suite)
+    monkeypatch.setattr("roundtrip._cli.evals._report", lambda *args: None)
+    result = CliRunner().invoke(app, ["eval", "run", "--fleet", str(state), str(desk / "evals")])
+    assert result.exit_code == 0, result.output
+    assert f"the fleet running in {state.resolve()} (pid {os.getpid()}): agent desk.agent:AGENT" in result.output
+    assert "cases against agent desk" in result.output

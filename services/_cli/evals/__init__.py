@@ -20,10 +20,16 @@ eval_app = typer.Typer(
 )
 
 
-def _fleet_and_agent(suite: Path, fresh: bool) -> tuple[Any, Any]:
+def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Any, Any]:
     """The fleet the cases run through and its agent: refused when the suite is another agent's; reset with --fresh."""
-    from roundtrip._cli.main import _checked_agent, _fleet_settings
+    import os
 
+    from roundtrip._cli.main import _checked_agent, _fleet_settings
+    from roundtrip._kernel.settings import get_settings
+
+    if fleet is not None:  # as ROUNDTRIP_STATE_DIR would: that folder's fleet, no marker looked for
+        os.environ["ROUNDTRIP_STATE_DIR"] = str(fleet)
+        get_settings.cache_clear()
     settings = _fleet_settings()
     agent = _checked_agent(settings)
     _refuse_other_agent(suite, agent.name, settings.state_dir)
@@ -90,6 +96,10 @@ def run(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="first put the agent's backends back to a known state (Agent(reset=...))")
     ] = False,
+    fleet: Annotated[
+        Path | None,
+        typer.Option(help="the state folder of the fleet to run them through (default: the one `up` marked here)"),
+    ] = None,
 ) -> None:
     """Run each case's conversation through the running fleet as a user's app would (support.requests, then its
     reply and its turn's events from the topics): against the real model when ANTHROPIC_API_KEY is set, else the
@@ -117,7 +127,7 @@ def run(
         raise typer.Exit(2) from None
     if runs is not None:
         cases = [replace(case, runs=runs) for case in cases]
-    settings, agent = _fleet_and_agent(suite[0], fresh)
+    settings, agent = _fleet_and_agent(suite[0], fresh, fleet)
     model = "the simulator" if settings.use_simulator else f"the model {agent.model_for(settings)}"
     typer.echo(f"roundtrip eval: {len(cases)} cases against agent {agent.name} and {model}")
     try:
