@@ -96,10 +96,7 @@ def run(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="first put the agent's backends back to a known state (Agent(reset=...))")
     ] = False,
-    fleet: Annotated[
-        Path | None,
-        typer.Option(help="the state folder of the fleet to run them through (default: the one `up` marked here)"),
-    ] = None,
+    fleet: Annotated[Path | None, typer.Option(help="the state folder of the fleet to run them through")] = None,
 ) -> None:
     """Run each case's conversation through the running fleet as a user's app would (support.requests, then its
     reply and its turn's events from the topics): against the real model when ANTHROPIC_API_KEY is set, else the
