@@ -8,6 +8,7 @@
 # (Debian: apt-get install python3-venv openjdk-17-jre-headless maven postgresql; .ci/run does that).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/saying.sh
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
@@ -19,7 +20,8 @@ stamp=.venv/.roundtrip-deps
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "==> installing the project, its test and docs dependencies into .venv"
-  .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test,docs]'
+  saying "installing with pip (a minute or two the first time)" \
+    .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test,docs]'
   echo "$want" > "$stamp"
 fi
 
@@ -28,10 +30,11 @@ want=$(find examples/telecom-agent -type f ! -path '*/build/*' ! -path '*.egg-in
   | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
   echo "==> installing the example agent examples/telecom-agent into .venv (its own distribution, telecom-agent)"
-  .venv/bin/python -m pip install --disable-pip-version-check -q --no-deps --force-reinstall ./examples/telecom-agent
+  saying "installing the example agent with pip" \
+    .venv/bin/python -m pip install --disable-pip-version-check -q --no-deps --force-reinstall ./examples/telecom-agent
   rm -rf examples/telecom-agent/build examples/telecom-agent/*.egg-info
   echo "$want" > "$stamp"
 fi
 
 echo "==> Apache Kafka jars"
-.venv/bin/python -m roundtrip._broker.embedded fetch
+saying "fetching the Kafka jars (once, with mvn)" .venv/bin/python -m roundtrip._broker.embedded fetch

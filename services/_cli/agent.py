@@ -93,10 +93,11 @@ def init(
     dependency (the gate's and the executor's processes share it), a Dockerfile on the fleet's image, tests of its
     turns (on roundtrip.testing; pytest in its `test` extra), an example the simulator plays with no API key, and two
     evaluation cases (roundtrip eval run evals). An existing folder that is not empty is left alone (exit status 1)."""
+    from roundtrip._cli.help import this_command
     from roundtrip._cli.skeleton import package_name, skeleton
 
     try:
-        files = skeleton(name, python=sys.executable)  # its README's test command: this roundtrip's venv
+        files = skeleton(name, python=sys.executable, roundtrip=this_command())  # its README's: this venv's
     except ValueError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
@@ -109,10 +110,11 @@ def init(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         typer.echo(f"  created {path}")
+    cli = this_command()
     typer.echo(
         f"Next: cd {target} && {sys.executable} -m pip install -e '.[test]' && {sys.executable} -m pytest; "
-        f"roundtrip agent check {package_name(name)}.agent:AGENT; run it with ROUNDTRIP_AGENT={name} roundtrip up and "
-        "try its conversations with roundtrip eval run evals; its Dockerfile adds it to the fleet's image"
+        f"{cli} agent check {package_name(name)}.agent:AGENT; run it with ROUNDTRIP_AGENT={name} {cli} up and "
+        f"try its conversations with {cli} eval run evals; its Dockerfile adds it to the fleet's image"
     )
 
 

@@ -5,6 +5,7 @@ sentences in the middle)."""
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -40,3 +41,15 @@ def reflow_help(app: typer.Typer) -> None:
     for group in app.registered_groups:
         if group.typer_instance is not None:
             reflow_help(group.typer_instance)
+
+
+def this_command() -> str:
+    """How to run `roundtrip` from the user's shell: the bare name when PATH finds this installation, else its path."""
+    import shutil
+    from pathlib import Path
+
+    mine = Path(sys.executable).parent / "roundtrip"
+    found = shutil.which("roundtrip")
+    if found and mine.exists() and Path(found).resolve() == mine.resolve():
+        return "roundtrip"
+    return str(mine) if mine.exists() else f"{sys.executable} -m roundtrip._cli.main"

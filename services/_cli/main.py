@@ -18,7 +18,7 @@ import typer
 
 from roundtrip._cli.agent import agent_app
 from roundtrip._cli.evals import eval_app
-from roundtrip._cli.help import flags_without_type, reflow_help
+from roundtrip._cli.help import flags_without_type, reflow_help, this_command
 from roundtrip._kernel.observability.logs import configure as configure_logging
 from roundtrip._kernel.settings import Settings, get_settings
 from roundtrip._kernel.wire import topics, topology
@@ -144,6 +144,18 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
     run_loop(main())
 
 
+def _claim_state_dir(settings: Settings) -> None:
+    """A second up in this folder is told which fleet runs there (exit 1) before it says it starts one."""
+    from roundtrip._fleet.supervisor import FleetError, claim_folder
+
+    try:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        claim_folder(settings.state_dir)
+    except (FleetError, OSError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from None
+
+
 @app.command()
 def up(
     executors: Annotated[int, typer.Option(help="executor replicas to start")] = 1,
@@ -187,6 +199,7 @@ def up(
     settings = get_settings()
     agent = _checked_agent(settings)  # before the broker: a bad agent or agent setting is said before any start-up
     _checked_keys(settings, agent)  # likewise a key a service would refuse, once, not as a restart loop
+    _claim_state_dir(settings)
     typer.echo(f"roundtrip: starting the fleet (agent {agent.name})")
     fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
@@ -194,6 +207,7 @@ def up(
     except (FleetError, BrokerError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
+    _mark_folders(settings)  # before Ready.: whoever waits for it finds the markers written
     _say_ready(port, agent, settings)
     stop = {"now": False}
     for signum in (signal.SIGINT, signal.SIGTERM):  # explicit: SIGINT may be ignored when started in the background
@@ -202,6 +216,18 @@ def up(
     typer.echo("\nroundtrip: stopping")
     fleet.stop()
     typer.echo("roundtrip: stopped")
+
+
+def _mark_folders(settings: Settings) -> None:
+    """Leave the fleet's marker here and in its agent's project folder: commands run there find this fleet."""
+    from pathlib import Path
+
+    from roundtrip._cli.fleets import agent_project, mark
+
+    written = mark([Path.cwd(), agent_project(settings.agent or "")], settings.state_dir)
+    if written:
+        folders = " and ".join(str(path.parent) for path in written)
+        typer.echo(f"Commands run in {folders} (or below) talk to this fleet (marker {written[0].name}).")
 
 
 def _say_ready(port: int | None, agent: Any, settings: Any) -> None:
@@ -249,7 +275,7 @@ def _ready(agent: Any, settings: Any) -> str:
     scripted = f" --persona {EXAMPLE_PERSONA}" if settings.use_simulator and agent.example_script else ""
     return (
         "\nReady. Publish to support.requests, read support.replies, or try:\n"
-        f"  {_this_command()} ask {ask} --customer {customer}{scripted}\n"
+        f"  {this_command()} ask {ask} --customer {customer}{scripted}\n"
         f"The console (approvals, turns): {console_url(settings)}\n"
         "Crashed processes are restarted. Ctrl-C stops everything."
     )
@@ -262,18 +288,6 @@ def console_url(settings: Settings) -> str:
     return f"http://{host}:{settings.console_port}" + (
         f" (signed in as {who})" if who else " (through your sign-on proxy)"
     )
-
-
-def _this_command() -> str:
-    """How to run `roundtrip` from the user's shell: the bare name when PATH finds this installation, else its path."""
-    import shutil
-    from pathlib import Path
-
-    mine = Path(sys.executable).parent / "roundtrip"
-    found = shutil.which("roundtrip")
-    if found and mine.exists() and Path(found).resolve() == mine.resolve():
-        return "roundtrip"
-    return str(mine) if mine.exists() else f"{sys.executable} -m roundtrip._cli.main"
 
 
 @app.command()
@@ -302,17 +316,18 @@ def ask(
     A turn waiting for a person's approval is followed to its end: ask waits up to the approval deadline plus
     --timeout.
 
-    Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, the
-    fleet's topics missing); 3 the guard stopped the turn (step_limit, repeated_call, cycle, failure_streak,
-    budget, deadline, cancelled, approval_timeout); 4 the model stopped without its answer (max_tokens,
-    stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error or model_busy; 6 the
-    request was refused (conversation_refused, invalid_request).
+    Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout; 2 not asked (a bad option, a
+    script:NAME the simulator has not loaded, the fleet's topics missing); 3 the guard stopped the turn (step_limit,
+    repeated_call, cycle, failure_streak, budget, deadline, cancelled, approval_timeout); 4 the model stopped without
+    its answer (max_tokens, stop_sequence, refusal, model_context_window_exceeded, unknown_stop_reason); 5 model_error
+    or model_busy; 6 the request was refused (conversation_refused, invalid_request).
     """
     from roundtrip._cli.terminal import ask as do_ask
 
     _check_persona(persona)
     settings = _fleet_settings()
     _hand_example_script(settings, persona)
+    _check_script_loaded(settings, persona)
     code = asyncio.run(
         do_ask(settings, text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout, stream)
     )
@@ -334,6 +349,7 @@ def chat(
     _check_persona(persona)
     settings = _fleet_settings()
     _hand_example_script(settings, persona)
+    _check_script_loaded(settings, persona)
     code = asyncio.run(do_chat(settings, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
 
@@ -341,10 +357,18 @@ def chat(
 def _fleet_settings() -> Settings:
     """The settings of the fleet this command talks to: the one running in the state folder (services/_fleet/state.py),
     else this shell's; which one is said on stderr, with the shell's variables that differ from the fleet's."""
-    from roundtrip._fleet.state import adopt
+    import os
+    from pathlib import Path
+
+    from roundtrip._cli.fleets import marked
+    from roundtrip._fleet.state import adopt, running
     from roundtrip._kernel.storage.database import shown
 
-    reading = adopt(get_settings().state_dir)
+    state_dir = get_settings().state_dir
+    if "ROUNDTRIP_STATE_DIR" not in os.environ and running(state_dir) is None:
+        found = marked(Path.cwd())  # the fleet `up` marked this folder (or one above) for; a stopped one is not
+        state_dir = found if found is not None and running(found) is not None else state_dir
+    reading = adopt(state_dir)
     get_settings.cache_clear()
     settings = get_settings()
     for line in reading.lines(shown(settings.ledger_db_url)):
@@ -388,6 +412,29 @@ def _hand_example_script(settings: Any, persona: str | None) -> None:
         raise typer.Exit(2) from None
     if answer.status_code != 200:
         typer.secho(f"error: the simulator refused agent {agent.name}'s example_script: {answer.text}", err=True)
+        raise typer.Exit(2)
+
+
+def _check_script_loaded(settings: Any, persona: str | None) -> None:
+    """Refuse a script:NAME the simulator has not loaded before the turn starts (else it ends model_error on a 400):
+    one line naming the loaded ones, the simulator's own words; exit 2."""
+    import httpx
+
+    from roundtrip._simulator.scripted import PREFIX, missing
+
+    if persona is None or not persona.startswith(PREFIX) or not settings.use_simulator:
+        return
+    url = f"{settings.model_base_url}/v1/_scripts"
+    try:
+        loaded = httpx.get(url, timeout=10).raise_for_status().json()["scripts"]
+    except (httpx.HTTPError, ValueError, KeyError) as exc:
+        typer.secho(
+            f"error: the simulator at {url} does not list its scripts ({type(exc).__name__}); is the fleet up?",
+            err=True,
+        )
+        raise typer.Exit(2) from None
+    if persona[len(PREFIX) :] not in loaded:
+        typer.secho(f"error: {missing(persona[len(PREFIX) :], loaded)}", err=True)
         raise typer.Exit(2)
 
 

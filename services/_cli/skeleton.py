@@ -26,7 +26,9 @@ requires-python = ">=3.11"
 dependencies = ["roundtrip-fleet"]
 
 [project.optional-dependencies]
-test = ["pytest"]  # pip install -e '.[test]': its tests run with the fleet's harness, roundtrip.testing
+# pip install -e '.[test]': its tests run with the fleet's harness, roundtrip.testing; pytest-asyncio for async
+# tests, its loop scope set below (unset, it warns on every run)
+test = ["pytest", "pytest-asyncio"]
 
 [project.entry-points."roundtrip.agents"]
 ${name} = "${package}.agent:AGENT"
@@ -40,6 +42,7 @@ ${package} = ["schemas/*.json"]  # its JSON Schema tool documents: the wheel car
 [tool.pytest.ini_options]
 testpaths = ["tests"]
 pythonpath = ["."]
+asyncio_default_fixture_loop_scope = "function"
 """
 
 README = """# ${name}
@@ -63,9 +66,9 @@ both must see lives in a backend they share (this SQLite file, a database, a ser
 
     ${python} -m pip install -e '.[test]'  # the agent and pytest, into the venv of the roundtrip that made it
     ${python} -m pytest                    # its tests
-    roundtrip agent check ${package}.agent:AGENT
-    ROUNDTRIP_AGENT=${name} roundtrip up   # then, in another shell: the banner's example, and
-    roundtrip eval run evals               # its conversations through the fleet
+    ${roundtrip} agent check ${package}.agent:AGENT
+    ROUNDTRIP_AGENT=${name} ${roundtrip} up   # then, in another shell: the banner's example, and
+    ${roundtrip} eval run evals               # its conversations through the fleet (--fresh: reset first)
 
 Without the package index (roundtrip-fleet is not on it), install from the fleet's wheel: `pip install
 --find-links DIR '.[test]'`, DIR holding roundtrip-fleet's wheel and its dependencies' (the fleet's manual:
@@ -153,6 +156,12 @@ class Tickets:
     async def close(self, customer_id: str, ticket_id: str, note: str) -> dict[str, Any]:
         return await asyncio.to_thread(self._close, customer_id, ticket_id, note)
 
+    def reset(self) -> None:
+        """The demo tickets as they were first written (`roundtrip eval run --fresh` calls it through AGENT's reset)."""
+        with self._db() as db:
+            db.execute("DELETE FROM tickets")
+            db.executemany("INSERT INTO tickets (ticket_id, customer_id, status, subject) VALUES (?,?,?,?)", DEMO)
+
     def statuses(self) -> dict[str, str]:
         """ticket id -> status (the tests read it)."""
         with self._db() as db:
@@ -238,6 +247,11 @@ def tickets(fleet_settings: Any, own: Settings) -> Tickets:
     return Tickets(own.database or Path(fleet_settings.state_dir) / "${package}.db")
 
 
+def reset(fleet_settings: Any, own: Settings) -> None:
+    """The backend back to its demo tickets, before an evaluation that changes them (roundtrip eval run --fresh)."""
+    tickets(fleet_settings, own).reset()
+
+
 AGENT = Agent(
     name="${name}",
     system_prompt=SYSTEM_PROMPT,
@@ -249,6 +263,7 @@ AGENT = Agent(
     serial=frozenset({"close_ticket"}),  # a side effect: never next to another call
     settings=Settings,
     dependencies={"tickets": tickets},
+    reset=reset,
     example_ask="what is happening with my ticket T-1001?",  # what `roundtrip up` suggests to try
     example_customer="cus_1",
     example_script=[  # the model's responses to it when no API key is set (the simulator plays them)
@@ -357,9 +372,9 @@ def package_name(name: str) -> str:
     return package
 
 
-def skeleton(name: str, python: str = "python") -> dict[str, str]:
-    """Relative path -> text of every file of the skeleton of the agent `name` (`python`: the interpreter its README
-    runs the tests with, the one of the roundtrip that made it)."""
+def skeleton(name: str, python: str = "python", roundtrip: str = "roundtrip") -> dict[str, str]:
+    """Relative path -> text of every file of the skeleton of the agent `name` (`python`, `roundtrip`: the interpreter
+    and the command its README runs, those of the roundtrip that made it)."""
     package = package_name(name)
-    values = {"name": name, "package": package, "upper": package.upper(), "python": python}
+    values = {"name": name, "package": package, "upper": package.upper(), "python": python, "roundtrip": roundtrip}
     return {Template(path).substitute(values): Template(text).substitute(values) for path, text in FILES.items()}

@@ -28,10 +28,12 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 @dataclass(frozen=True)
 class Cause:
-    """Why a part exited: `text`, one line; `port`, when it could not bind one."""
+    """Why a part exited: `text`, one line; `port`, when it could not bind one; `refused`, when it is the one-line
+    refusal of its configuration (the same settings are refused again: not worth a restart)."""
 
     text: str
     port: int | None = None
+    refused: bool = False
 
 
 def of_log(text: str) -> Cause:
@@ -44,7 +46,7 @@ def of_log(text: str) -> Cause:
             return Cause(f"port {port} is taken" if port else _short(line), port)
     for line in reversed(lines):
         if match := _REFUSAL.match(line):
-            return Cause(_short(match.group(1)))
+            return Cause(_short(match.group(1)), refused=True)
     exceptions = [(i, m) for i, line in enumerate(lines) if (m := _EXCEPTION.match(line))]
     for _, match in reversed(exceptions):
         if match.group(1) not in _EXIT:

@@ -78,6 +78,7 @@ class Fleet:
                 for replica in range(self.executor_replicas if name == "executor" else 1):
                     label = name if replica == 0 else f"{name}-{replica + 1}"
                     self._spawn(label, processes.run_argv(name), parts.where(name, s))
+            self.say("  waiting for the services to say they are ready (each connects to Kafka, up to 60 s)")
             self._wait_services()
         except BaseException:
             self.stop()

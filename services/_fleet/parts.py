@@ -126,6 +126,7 @@ def start_broker(
             say(f"  kafka {s.kafka_security_protocol}: export ROUNDTRIP_{key.upper()}={value}")
     else:
         broker = EmbeddedKafka.of(s, s.state_dir / "kafka", **options)
+    say(f"  waiting for Kafka to serve on {s.bootstrap_servers} (its JVM starting, up to 60 s)")
     try:
         broker.start()
         broker.wait_ready(60)

@@ -24,8 +24,8 @@ from roundtrip._fleet.supervisor import Child, FleetError, RestartPolicy, descri
 @dataclass
 class Retries:
     """What the fleet does with a child that exits before it is ready: report it with its cause and restart it after
-    `policy`'s backoff, at most `attempts` times; `restart(child)` gives it a new process (and ready pipe);
-    `setting(port)` names the setting of a port a child could not bind."""
+    `policy`'s backoff, at most `attempts` times (none for a refused configuration); `restart(child)` gives it a new
+    process (and ready pipe); `setting(port)` names the setting of a port a child could not bind."""
 
     policy: RestartPolicy
     restart: Callable[[Child], None]
@@ -37,7 +37,8 @@ class Retries:
     def exited(self, child: Child, now: float) -> None:
         """`child` has exited: schedule its restart, or raise FleetError when it has had its attempts."""
         cause = self.last_causes[child.name] = causes.of_run(child.log_path, child.log_start)
-        if child.restarts >= self.attempts:
+        # exit 1 with `roundtrip run`'s refusal: the settings are wrong, a restart with the same ones cannot pass
+        if child.restarts >= self.attempts or (cause.refused and child.process.returncode == 1):
             raise FleetError(failure(child, cause, self.setting))
         child.delay = self.policy.next_delay(child.delay, 0.0)  # a start that failed is a death without uptime
         child.restart_due = now + child.delay

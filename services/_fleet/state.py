@@ -45,6 +45,7 @@ class Reading:
     state_dir: Path
     pid: int | None = None
     differ: list[str] = field(default_factory=list)
+    agent: str = ""  # the fleet's ROUNDTRIP_AGENT ("": the default agent)
 
     def lines(self, ledger: str) -> list[str]:
         """What the command says about it (`ledger`: the ledger's URL as shown, without its password)."""
@@ -53,7 +54,10 @@ class Reading:
                 f"no fleet runs in {self.state_dir.resolve()} (roundtrip up records it there): reading this shell's "
                 f"settings, ledger {ledger}"
             ]
-        said = [f"the fleet running in {self.state_dir.resolve()} (pid {self.pid}): its settings, ledger {ledger}"]
+        agent = f"agent {self.agent}" if self.agent else "the default agent"
+        said = [
+            f"the fleet running in {self.state_dir.resolve()} (pid {self.pid}): {agent}, its settings, ledger {ledger}"
+        ]
         if self.differ:
             one = len(self.differ) == 1
             said.append(
@@ -90,7 +94,7 @@ def adopt(state_dir: Path, environ: MutableMapping[str, str] = os.environ) -> Re
     for key in shell:
         del environ[key]
     environ.update({k: v for k, v in fleet.items() if k not in COMMANDS_OWN or k not in environ})
-    return Reading(state_dir, pid, differ)
+    return Reading(state_dir, pid, differ, fleet.get(f"{PREFIX}AGENT", "").strip())
 
 
 def _same(a: str, b: str) -> bool:

@@ -30,11 +30,14 @@ REFUSAL_TEXT = "I'm sorry, I couldn't take this request: it was incomplete or in
 
 
 class InvalidRequest(Exception):
-    """A request the gateway refuses: `kind` labels the metric, the message is the reply's reason."""
+    """A request the gateway refuses: `kind` labels the metric, the message is the reply's reason; its dead letter's
+    reason starts with `reason_head` (what the console counts letters by)."""
 
     def __init__(self, kind: str, reason: str) -> None:
         super().__init__(reason)
         self.kind = kind
+        heads = {"key": "request not keyed by its conversation", "reused": "request id reused"}
+        self.reason_head = heads.get(kind, f"invalid request ({kind})")
 
 
 class UnknownFields:

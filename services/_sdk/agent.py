@@ -107,6 +107,8 @@ class Agent:
     # (tool, input, result text) -> what a side effect did, e.g. "I cancelled order ord_1"; None: "<tool> succeeded"
     describe_action: Callable[[str, dict[str, Any], str], str | None] | None = None
     progress: Mapping[str, str] = field(default_factory=dict)
+    # (fleet settings, own settings) -> None, or a coroutine: its backends back to a known state (eval run --fresh)
+    reset: Callable[[FleetSettings, Any], Any] | None = None
 
     @cached_property
     def sources(self) -> tuple[ToolSource, ...]:

@@ -190,6 +190,7 @@ def create_app(
             Route("/health", state.health, methods=["GET"]),
             *controls.routes(state.limits, state.overload),
             Route("/v1/_scripts/{name}", state.scripts.put, methods=["PUT"]),
+            Route("/v1/_scripts", state.scripts.names, methods=["GET"]),
             Route("/v1/_received", state.scripts.list_received, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error},

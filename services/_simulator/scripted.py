@@ -1,10 +1,9 @@
 """Scripted mode: the simulator says what a script says instead of playing a persona, so any agent's e2e runs
-through the real fleet with no API key; and it keeps the requests it received, so a caller can read what reached
-the model (docs/agent/testing.md).
+through the real fleet with no API key; it keeps the requests it received (docs/agent/testing.md).
 
-A script is a list of the model's responses in one turn: the i-th answers the turn's i-th request, counted from the
-customer's words that opened the turn. A request past the end of its script, or naming an unknown one, is answered
-400 with the reason, never an invented response.
+A script is the model's responses in one turn, the i-th answering the turn's i-th request. One format everywhere (a
+file, PUT /v1/_scripts/NAME, an eval case's `script`): schemas/script.json, checked by parse_script alone, so each
+says the same words. A request past a script's end, or naming an unknown one, gets a 400 with the reason.
 """
 
 from __future__ import annotations
@@ -36,11 +35,20 @@ def parse_script(name: str, responses: Any) -> list[Reply]:
     return [_reply(f"script {name!r} response {i + 1}", response) for i, response in enumerate(responses)]
 
 
+def missing(name: str, loaded: list[str] | set[str] | dict[str, Any]) -> str:
+    """The one line for a script:NAME the simulator has not loaded (the simulator's 400 and `roundtrip ask` say it)."""
+    return f"no simulator script {name!r} (loaded: {', '.join(sorted(loaded)) or 'none'})"
+
+
 def _reply(where: str, response: Any) -> Reply:
+    if isinstance(response, str):
+        response = [{"type": "text", "text": response}]
     if isinstance(response, list):
         response = {"content": response}
     if not isinstance(response, dict) or not isinstance(response.get("content"), list) or not response["content"]:
-        raise ScriptError(f'{where}: expected a list of content blocks or {{"content": [...], "stop_reason": ...}}')
+        raise ScriptError(
+            f'{where}: expected a text, a list of content blocks or {{"content": [...], "stop_reason": ...}}'
+        )
     stop = response.get("stop_reason")
     if stop is not None and stop not in STOP_REASONS:
         raise ScriptError(f"{where}: unknown stop_reason {stop!r} (known: {', '.join(STOP_REASONS)})")
@@ -101,10 +109,7 @@ class Scripts:
             return None
         name = persona[len(PREFIX) :]
         if name not in self.scripts:
-            raise invalid(
-                f"x-roundtrip-persona: no simulator script {name!r} (loaded: "
-                f"{', '.join(sorted(self.scripts)) or 'none'})"
-            )
+            raise invalid(f"x-roundtrip-persona: {missing(name, self.scripts)}")
         script, position = self.scripts[name], responses_so_far(body)
         if position >= len(script):
             raise invalid(
@@ -119,6 +124,9 @@ class Scripts:
         except (ValueError, ScriptError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         return JSONResponse({"script": name, "responses": len(self.scripts[name])})
+
+    async def names(self, request: Request) -> Response:
+        return JSONResponse({"scripts": sorted(self.scripts)})
 
     async def list_received(self, request: Request) -> Response:
         wanted = request.query_params.get("persona")

@@ -29,6 +29,9 @@ def test_up_then_ask_cancels_the_customers_last_order_and_ctrl_c_stops_everythin
     output = log.read_text()
     for name in ("kafka", "simulator", "shop", "gateway", "model", "guard", "gate", "executor"):
         assert f"  {name}" in output  # says where each listens
+    # each wait that can take seconds is said before it starts
+    assert output.index("  waiting for Kafka to serve on") < output.index("  kafka      ")
+    assert output.index("  executor ") < output.index("  waiting for the services to say they are ready")
     pids = [int(pid) for pid in re.findall(r"\(pid (\d+),", output)]
     assert len(pids) == 8  # simulator, shop, the five services and the console (the broker's port: below)
 
@@ -75,7 +78,7 @@ def test_a_second_fleet_is_told_what_runs_there(up, tmp_path):
     second = subprocess.run(
         [sys.executable, "-m", "roundtrip._cli.main", "up"], env=env, capture_output=True, text=True, timeout=60
     )
-    assert second.returncode == 1
+    assert second.returncode == 1 and "starting the fleet" not in second.stdout
     assert f"a fleet is already running in {(tmp_path / 'state').resolve()} (pid {process.pid})" in second.stderr
     # another folder on the same ports: the ports, and the settings that move them
     elsewhere = {**env, "ROUNDTRIP_STATE_DIR": str(tmp_path / "elsewhere")}

@@ -109,3 +109,25 @@ async def test_the_skeletons_two_eval_cases_pass_through_the_fleet(skeleton_flee
     ran = await asyncio.to_thread(_cli, skeleton_fleet, "eval", "run", str(tmp_path / "evals"))
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "2 passed, 0 failed, 0 skipped of 2 cases" in ran.stdout
+
+
+CLOSE_OWN = {
+    "description": "A customer closes their own open ticket: a case that changes the desk's data.",
+    "customer": "cus_1",
+    "message": "Please close T-1001, it is fixed.",
+    "script": [[CLOSE], "T-1001 is closed."],
+    "expect": {"outcome": "end_turn", "tools_called": ["close_ticket"], "refused": []},
+}
+
+
+async def test_an_eval_that_changes_data_passes_run_after_run_with_fresh_and_not_without(skeleton_fleet, tmp_path):
+    (tmp_path / "evals").mkdir()
+    (tmp_path / "evals" / "close-own.json").write_text(json.dumps(CLOSE_OWN))
+    suite = str(tmp_path / "evals")
+    for run in range(3):
+        ran = await asyncio.to_thread(_cli, skeleton_fleet, "eval", "run", "--fresh", suite)
+        assert ran.returncode == 0, f"run {run + 1}: {ran.stdout + ran.stderr}"
+        assert "agent desk-e2e's backends reset (--fresh)" in ran.stdout
+    # the reason it is needed: the ticket the last run closed is refused as already closed
+    again = await asyncio.to_thread(_cli, skeleton_fleet, "eval", "run", suite)
+    assert again.returncode == 1 and "already closed" in again.stdout, again.stdout + again.stderr

@@ -415,4 +415,4 @@ def test_an_example_script_that_cannot_play_or_calls_another_tool_is_a_problem_o
         "example_script calls renew_loan, not a tool of this agent"
     ]
     (broken,) = dataclasses.replace(SHOP, example_script=[{"content": []}]).problems()
-    assert broken.startswith("example_script response 1: expected a list of content blocks")
+    assert broken.startswith("example_script response 1: expected a text, a list of content blocks")

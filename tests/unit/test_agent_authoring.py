@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from typer.testing import CliRunner
 
 from roundtrip import Agent, AgentError, Entity, ToolContext, always, tool
+from roundtrip._cli.help import this_command
 from roundtrip._cli.main import app
 from roundtrip._gate.validation import InputValidator
 from tests.agents import SHOP
@@ -316,7 +318,13 @@ def test_agent_init_makes_a_package_that_passes_the_check_and_its_own_tests(tmp_
         timeout=300,
     )
     assert tests.returncode == 0 and "5 passed" in tests.stdout, tests.stdout + tests.stderr
-    assert f"{sys.executable} -m pytest" in (package / "README.md").read_text()  # this venv's Python, not the system's
+    assert "Warning" not in tests.stdout + tests.stderr  # pytest-asyncio's loop scope is set
+    readme = (package / "README.md").read_text()
+    assert f"{sys.executable} -m pytest" in readme  # this venv's Python, not the system's
+    cli = this_command()  # and its roundtrip, runnable as printed: on PATH, else its path
+    assert shutil.which(cli.split()[0]), cli
+    for command in ("agent check acme_desk.agent:AGENT", "up", "eval run evals"):
+        assert f"{cli} {command}" in made.output and f"{cli} {command}" in readme, command
     again = CliRunner().invoke(app, ["agent", "init", "acme-desk", "--dir", str(tmp_path)])
     assert again.exit_code == 1 and "exists and is not empty" in again.output
     assert CliRunner().invoke(app, ["agent", "init", "9lives", "--dir", str(tmp_path)]).exit_code == 1

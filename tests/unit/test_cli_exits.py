@@ -5,15 +5,19 @@ approvals table)."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from typer.testing import CliRunner
 
 import roundtrip._cli.terminal as console
 from roundtrip._cli.main import app
+from roundtrip._kernel.settings import get_settings
 from roundtrip._kernel.wire import topology
 from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
+from roundtrip._simulator import running_simulator
 from roundtrip._simulator.personas import NAMES
+from roundtrip._simulator.scripted import Scripts, parse_script
 
 
 def _reply(outcome: Outcome, steps: int = 4, reason: str | None = None) -> SupportReply:
@@ -222,12 +226,55 @@ def test_ask_takes_every_persona_the_simulator_plays_scripts_included(monkeypatc
 
     monkeypatch.setattr(console, "ask", ask)
     monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
-    monkeypatch.setenv("ROUNDTRIP_SIMULATOR_PORT", "9")  # script:example of the shop (it has none): nothing is put
-    result = CliRunner().invoke(app, ["ask", "renew my loan", "--customer", "cus_1", "--persona", persona])
+    # script:example of the shop (it has none): nothing is put, the simulator has it loaded some other way
+    scripts = Scripts({"renew": parse_script("renew", ["Renewed."]), "example": parse_script("example", ["Hi."])})
+    with running_simulator(scripts=scripts) as url:
+        monkeypatch.setenv("ROUNDTRIP_SIMULATOR_PORT", url.rsplit(":", 1)[1])
+        result = CliRunner().invoke(app, ["ask", "renew my loan", "--customer", "cus_1", "--persona", persona])
     assert result.exit_code == 0, result.output
     assert asked == [persona]
+
+
+@pytest.mark.parametrize("command", [["ask", "hello"], ["chat"]])
+def test_a_script_the_simulator_has_not_loaded_is_refused_before_the_turn_naming_those_it_has(
+    monkeypatch, tmp_path, never_asked, command
+):
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
+    with running_simulator(scripts=Scripts({"renew": parse_script("renew", ["Renewed."])})) as url:
+        monkeypatch.setenv("ROUNDTRIP_SIMULATOR_PORT", url.rsplit(":", 1)[1])
+        result = CliRunner().invoke(app, [*command, "--customer", "cus_1", "--persona", "script:renw"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == "error: no simulator script 'renw' (loaded: renew)"
+
+
+def test_a_script_persona_with_no_simulator_answering_is_refused_in_one_line(monkeypatch, tmp_path, never_asked):
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("ROUNDTRIP_SIMULATOR_PORT", "9")
+    result = CliRunner().invoke(app, ["ask", "hi", "--customer", "cus_1", "--persona", "script:renew"])
+    assert result.exit_code == 2 and "does not list its scripts" in result.output.strip().splitlines()[-1]
 
 
 def test_a_script_persona_without_a_name_is_refused(never_asked):
     result = CliRunner().invoke(app, ["ask", "hello", "--customer", "cus_1001", "--persona", "script:"])
     assert result.exit_code != 0 and "unknown persona 'script:'" in result.output
+
+
+def test_a_second_up_in_a_folder_a_fleet_holds_refuses_before_it_says_it_starts(monkeypatch, tmp_path):
+    from roundtrip._fleet.launcher import Fleet
+    from roundtrip._fleet.supervisor import RUNNING_FILE
+
+    def started(self):
+        raise AssertionError("a second fleet was started")
+
+    monkeypatch.setattr(Fleet, "start", started)
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
+    get_settings.cache_clear()  # up reads the settings once; an earlier test's are cached
+    with subprocess.Popen(["sleep", "60"]) as holder:  # the first fleet's process, alive
+        try:
+            (tmp_path / RUNNING_FILE).write_text(f"{holder.pid}\n")
+            result = CliRunner().invoke(app, ["up"])
+        finally:
+            holder.kill()
+    get_settings.cache_clear()
+    assert result.exit_code == 1 and "starting the fleet" not in result.output
+    assert f"a fleet is already running in {tmp_path.resolve()} (pid {holder.pid})" in result.output

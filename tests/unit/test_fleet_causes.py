@@ -35,7 +35,8 @@ def test_a_settings_error_is_its_one_line():
     )
     assert of_log(log) == Cause(
         "invalid configuration: ROUNDTRIP_PARTITIONS: Input should be a valid integer, unable to parse string as an "
-        "integer"
+        "integer",
+        refused=True,
     )
 
 
@@ -82,5 +83,5 @@ def test_only_this_runs_output_counts(tmp_path):
     start = log.stat().st_size
     with log.open("a") as f:
         f.write("error: ROUNDTRIP_CONSOLE_SESSION_KEY is too short\n")
-    assert of_run(log, start) == Cause("ROUNDTRIP_CONSOLE_SESSION_KEY is too short")
+    assert of_run(log, start) == Cause("ROUNDTRIP_CONSOLE_SESSION_KEY is too short", refused=True)
     assert of_run(log, 0).port == 8000

@@ -114,3 +114,26 @@ def test_each_port_a_part_binds_is_named_by_its_setting(tmp_path):
     named = port_settings(settings, shop=None)
     assert named[18003] == "ROUNDTRIP_CONSOLE_PORT" and named[settings.simulator_port] == "ROUNDTRIP_SIMULATOR_PORT"
     assert named[9405] == named[9411] == "ROUNDTRIP_HEALTH_PORT (up --health-port)"  # the console's, a 2nd replica's
+
+
+REFUSED = [
+    sys.executable,
+    "-c",
+    "import sys; print('error: guard refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT', "
+    "file=sys.stderr); raise SystemExit(1)",
+]
+CRASHED = [sys.executable, "-c", "raise RuntimeError('a bug')"]  # exit 1 too, but no refusal: worth a restart
+
+
+def test_a_refused_configuration_stops_the_start_at_the_first_exit_while_a_crash_is_restarted(fleet, tmp_path):
+    fleet._spawn("guard", REFUSED, "test")
+    with pytest.raises(FleetError) as raised:
+        fleet._wait_services(timeout=30)
+    assert str(raised.value).startswith(
+        "guard could not start: guard refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT (1 attempt; "
+    )
+    assert not [line for line in fleet.lines if "restarting" in line]
+    fleet.stop()
+    fleet._spawn("executor", CRASHED, "test")
+    with pytest.raises(FleetError, match=r"^executor could not start: RuntimeError: a bug \(4 attempts; "):
+        fleet._wait_services(timeout=30)

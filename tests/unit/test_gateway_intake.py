@@ -140,3 +140,15 @@ async def test_a_refusal_carries_the_requests_metadata_when_it_is_valid_and_none
     valid, invalid = sent
     assert valid.outcome is Outcome.INVALID_REQUEST and valid.metadata == {"locale": "de", "tier": {"level": 2}}
     assert invalid.metadata is None  # metadata that breaks the contract is not echoed
+
+
+@pytest.mark.parametrize(
+    ("kind", "head"), [("key", "request not keyed by its conversation"), ("reused", "request id reused")]
+)
+def test_a_refused_requests_dead_letter_is_counted_by_what_was_wrong_not_by_the_exceptions_name(kind, head):
+    from roundtrip._console.letters import kind_of
+    from roundtrip._kernel.kafka.messaging import describe_error
+
+    reason = describe_error(intake.InvalidRequest(kind, "the record has key 'x': a request must be keyed by ..."))
+    assert reason.startswith(f"{head}: the record has key 'x'") and kind_of(reason) == head
+    assert kind_of(describe_error(RuntimeError("boom"))) == "RuntimeError"  # any other: its exception's name

@@ -273,3 +273,18 @@ def test_the_benchmarks_page_is_todays_figures_each_with_its_command():
     without = [row for row in rows if "`" not in row.rstrip(" |").rsplit("|", 1)[-1]]
     assert not without, f"figures without the command that reproduces them: {without}"
     assert not re.search(r"\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth) round\b", page, re.I)
+
+
+def test_a_retired_key_setting_is_named_only_where_its_retirement_is_told():
+    """A page telling to set a retired setting sends the reader to a service that refuses to start."""
+    from roundtrip._kernel.settings.concerns import RETIRED_KEY_SETTINGS
+
+    for path in sorted(DOCS.rglob("*.md")):
+        for name in RETIRED_KEY_SETTINGS:
+            if name in path.read_text():
+                assert path.name in ("approvals.md", "guarantees.md"), (path, name)
+
+
+def test_the_port_taken_example_names_the_consoles_own_port():
+    taken = re.findall(r"port (\d+) is taken", (DOCS / "getting-started.md").read_text())
+    assert taken and set(taken) == {str(Settings.model_fields["console_port"].default)}

@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import anthropic
 import httpx
 import pytest
+from jsonschema import Draft202012Validator
 
+from roundtrip._cli.evals.cases import CaseError, load_case
 from roundtrip._simulator import running_simulator
-from roundtrip._simulator.scripted import ScriptError, Scripts, load_scripts
+from roundtrip._simulator.scripted import ScriptError, Scripts, load_scripts, parse_script
 
 TOOLS = [
     {
@@ -132,3 +135,63 @@ def test_the_simulator_stops_with_one_line_on_a_bad_script_file(tmp_path):
     )
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == ["error: script 'a': expected a non-empty list of responses"]
+
+
+SCRIPT_SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "script.json").read_text("utf-8"))
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        ["Hello."],
+        [[{"type": "tool_use", "name": "get_line", "input": {"line_id": "ln_1"}}], "Your line is active."],
+        [{"content": [{"type": "text", "text": "x"}], "stop_reason": "end_turn"}],
+        [[{"type": "tool_use", "name": "get_line"}]],
+        [],
+        "Hello.",
+        [[]],
+        [["Hello."]],
+        [{"content": "Hello."}],
+        [{"content": [{"type": "text", "text": "x"}], "stop_reason": "done"}],
+        [[{"type": "tool_use", "name": "get_line", "input": "ln_1"}]],
+        [[{"type": "image"}]],
+    ],
+)
+def test_the_script_schema_and_the_one_parser_agree_on_what_a_script_is(script):
+    """schemas/script.json documents what parse_script takes: a script one accepts, the other does too."""
+    by_schema = Draft202012Validator(SCRIPT_SCHEMA).is_valid(script)
+    try:
+        parse_script("s", script)
+        by_parser = True
+    except ScriptError:
+        by_parser = False
+    assert by_schema == by_parser
+
+
+def test_a_plain_string_is_a_text_response_in_a_put_and_the_loaded_scripts_are_listed():
+    with running_simulator() as url:
+        assert httpx.get(f"{url}/v1/_scripts").json() == {"scripts": []}
+        put = httpx.put(f"{url}/v1/_scripts/hi", json=["Hello from a plain string."])
+        assert put.status_code == 200 and put.json() == {"script": "hi", "responses": 1}
+        reply = _client(url, "hi").messages.create(
+            model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "hi"}]
+        )
+        assert reply.stop_reason == "end_turn" and reply.content[0].text == "Hello from a plain string."
+        assert httpx.get(f"{url}/v1/_scripts").json() == {"scripts": ["hi"]}
+
+
+def test_a_wrong_script_is_refused_with_the_same_words_by_the_simulator_its_file_and_an_eval_case(tmp_path):
+    bad = ["Hi.", [{"type": "tool_use", "name": "x", "input": "not an object"}]]
+    reason = "response 2: a block is"
+    with running_simulator() as url:
+        put = httpx.put(f"{url}/v1/_scripts/bad", json=bad)
+    assert put.status_code == 400
+    by_put = put.json()["error"]
+    (tmp_path / "scripts.json").write_text(json.dumps({"bad": bad}))
+    with pytest.raises(ScriptError) as by_file:
+        load_scripts(tmp_path / "scripts.json")
+    (tmp_path / "case.json").write_text(json.dumps({"customer": "cus_1", "message": "hi", "script": bad}))
+    with pytest.raises(CaseError) as by_case:
+        load_case(tmp_path / "case.json")
+    assert by_put == str(by_file.value) and by_put.startswith(f"script 'bad' {reason}")
+    assert str(by_case.value).endswith(by_put.removeprefix("script 'bad' "))

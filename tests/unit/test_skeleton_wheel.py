@@ -85,8 +85,12 @@ def test_the_skeletons_wheel_carries_its_schemas_and_loads_its_agent_in_a_fresh_
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert f"{PACKAGE}/schemas/get_ticket.json" in names
-    # the fleet, and pytest for its tests only in its `test` extra
-    assert re.findall(r"(?m)^Requires-Dist: (.+)$", metadata) == ["roundtrip-fleet", 'pytest; extra == "test"']
+    # the fleet, and pytest (with pytest-asyncio, its loop scope set) for its tests only in its `test` extra
+    assert re.findall(r"(?m)^Requires-Dist: (.+)$", metadata) == [
+        "roundtrip-fleet",
+        'pytest; extra == "test"',
+        'pytest-asyncio; extra == "test"',
+    ]
     assert "Provides-Extra: test" in metadata
     venv = fresh_venv(tmp_path / "venv", see_fleet=True)
     installed = pip(venv, "install", "--no-deps", "--no-index", "-q", str(wheel))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -20,6 +20,68 @@ eval_app = typer.Typer(
 )
 
 
+def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Any, Any]:
+    """The fleet the cases run through and its agent: refused when the suite is another agent's; reset with --fresh."""
+    import os
+
+    from roundtrip._cli.main import _checked_agent, _fleet_settings
+    from roundtrip._kernel.settings import get_settings
+
+    if fleet is not None:  # as ROUNDTRIP_STATE_DIR would: that folder's fleet, no marker looked for
+        os.environ["ROUNDTRIP_STATE_DIR"] = str(fleet)
+        get_settings.cache_clear()
+    settings = _fleet_settings()
+    agent = _checked_agent(settings)
+    _refuse_other_agent(suite, agent.name, settings.state_dir)
+    if fresh:
+        _reset(agent, settings)
+    return settings, agent
+
+
+def _reset(agent: Any, settings: Any) -> None:
+    """--fresh: the agent's reset hook, before any case, so a suite that changes data passes run after run."""
+    import inspect
+
+    if agent.reset is None:
+        typer.secho(
+            f"error: agent {agent.name} has no reset hook (Agent(reset=...)), so --fresh cannot put its backends back",
+            fg="red",
+            err=True,
+        )
+        raise typer.Exit(2)
+    try:
+        done = agent.reset(settings, agent.own_settings)
+        if inspect.isawaitable(done):
+            asyncio.run(_awaited(done))
+    except Exception as exc:  # noqa: BLE001 - the author's code: what it raised, in one line
+        typer.secho(f"error: agent {agent.name}'s reset failed: {type(exc).__name__}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"roundtrip eval: agent {agent.name}'s backends reset (--fresh)")
+
+
+async def _awaited(done: Any) -> None:
+    await done
+
+
+def _refuse_other_agent(suite: Path, running: str, state_dir: Path) -> None:
+    """Cases in an agent's project are that agent's: against a fleet running another one they would all fail, or
+    worse pass by chance; one line and exit 2 instead."""
+    from roundtrip._cli.fleets import declared_agents
+
+    declared = declared_agents(suite)
+    if declared is None or running in declared[1]:
+        return
+    pyproject, names = declared
+    typer.secho(
+        f"error: the cases in {suite} are agent {' or '.join(names)}'s ({pyproject}), but the fleet of "
+        f"{state_dir.resolve()} runs agent {running}; start theirs (ROUNDTRIP_AGENT={names[0]} roundtrip up) or name "
+        "its state folder with ROUNDTRIP_STATE_DIR",
+        fg="red",
+        err=True,
+    )
+    raise typer.Exit(2)
+
+
 @eval_app.command("run")
 def run(
     suite: Annotated[list[Path], typer.Argument(help="case files (JSON), or folders of them")],
@@ -31,20 +93,26 @@ def run(
     junit: Annotated[Path | None, typer.Option(help="write JUnit XML here (one testcase per case), for CI")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each turn's reply")] = 120.0,
     concurrency: Annotated[int, typer.Option(help="runs in flight at once (each its own conversation)")] = 4,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="first put the agent's backends back to a known state (Agent(reset=...))")
+    ] = False,
+    fleet: Annotated[Path | None, typer.Option(help="the state folder of the fleet to run them through")] = None,
 ) -> None:
     """Run each case's conversation through the running fleet as a user's app would (support.requests, then its
     reply and its turn's events from the topics): against the real model when ANTHROPIC_API_KEY is set, else the
     simulator, which plays each turn's script (or persona). Then a table of the cases (pass rate, outcome, steps,
     tools, cost), the cost and tokens in all, and what changed against --baseline.
 
+    With --fresh the agent's reset hook (Agent(reset=...)) first puts its backends back to a known state, so a suite
+    that changes data passes run after run.
+
     Exit codes: 0 every case passed (with --baseline: no case regressed); 1 a case failed (with --baseline: a pass
-    rate dropped, or a new case fails); 2 not run (a case file that is wrong, the fleet not up)."""
+    rate dropped, or a new case fails); 2 not run (a case file that is wrong, the fleet not up, --fresh failing)."""
     from roundtrip._cli.evals.cases import CaseError, load_suite
     from roundtrip._cli.evals.report import changes, load_baseline
     from roundtrip._cli.evals.report import junit as junit_xml
     from roundtrip._cli.evals.report import save_baseline as save
     from roundtrip._cli.evals.runner import FleetUnavailable, run_suite
-    from roundtrip._cli.main import _checked_agent, _fleet_settings
 
     if (runs is not None and runs < 1) or concurrency < 1:
         raise typer.BadParameter("--runs and --concurrency take a number of at least 1")
@@ -56,8 +124,7 @@ def run(
         raise typer.Exit(2) from None
     if runs is not None:
         cases = [replace(case, runs=runs) for case in cases]
-    settings = _fleet_settings()
-    agent = _checked_agent(settings)
+    settings, agent = _fleet_and_agent(suite[0], fresh, fleet)
     model = "the simulator" if settings.use_simulator else f"the model {agent.model_for(settings)}"
     typer.echo(f"roundtrip eval: {len(cases)} cases against agent {agent.name} and {model}")
     try:

@@ -1,7 +1,7 @@
 """The cases of an evaluation suite: one JSON file a case, read and checked before anything is asked.
 
 A case is a conversation of one customer, one turn a message, each with what must be true of its turn; a turn's
-`script` is in the simulator's script format (a plain string is a text response). The format is in
+`script` is in the simulator's script format (schemas/script.json; a plain string is a text response). The format is in
 docs/agent/testing.md ("Evaluations through the fleet").
 """
 
@@ -128,14 +128,11 @@ def parse_expect(where: str, raw: Any) -> Expect:
 def _script(where: str, raw: Any) -> list[Any] | None:
     if raw is None:
         return None
-    responses = raw if isinstance(raw, list) else None
-    if responses is not None:
-        responses = [[{"type": "text", "text": r}] if isinstance(r, str) else r for r in responses]
     try:
-        parse_script(where, responses)
+        parse_script(where, raw)  # the simulator's own check: the same words as its PUT and its script file
     except ScriptError as exc:
         raise CaseError(str(exc).replace(f"script {where!r}", where, 1)) from None
-    return responses
+    return list(raw)
 
 
 def parse_turn(where: str, raw: Any) -> Turn:

@@ -155,7 +155,7 @@ class Asker:
                 f"the simulator at {url} cannot be reached ({type(exc).__name__}); is the fleet up?"
             ) from None
         if answer.status_code != 200:
-            raise FleetUnavailable(f"the simulator refused script {name}: {answer.text}")
+            raise FleetUnavailable(f"the simulator refused script {name}: {_error_of(answer)}")
 
     async def turn(self, customer: str, conversation: str, turn: Turn, persona: str | None, timeout: float) -> Observed:
         request = SupportRequest(
@@ -285,3 +285,11 @@ async def run_suite(
         return list(await asyncio.gather(*(each(case) for case in cases)))
     finally:
         await asker.stop()
+
+
+def _error_of(answer: httpx.Response) -> str:
+    """The simulator's one-line reason of a refusal (its JSON `error`), else the body as it came."""
+    try:
+        return str(answer.json()["error"])
+    except (ValueError, KeyError, TypeError):
+        return answer.text

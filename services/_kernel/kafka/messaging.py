@@ -287,7 +287,8 @@ def describe_error(exc: BaseException, body: Any = None) -> str:
             )
         if isinstance(exc, RecursionError):
             return "RecursionError: message nested too deep"
-        return f"{type(exc).__name__}: {_text(exc)}"[:2000]
+        head = getattr(exc, "reason_head", None)  # an exception that says what it is: letters are counted by it
+        return f"{head if isinstance(head, str) else type(exc).__name__}: {_text(exc)}"[:2000]
     except BaseException:  # noqa: BLE001 - describing a failure must not fail
         return f"{type(exc).__name__} (undescribable)"
 
