@@ -26,17 +26,12 @@ from roundtrip._broker.secured import ADMIN_PASSWORD, ADMIN_USER, AUTHORIZER, Li
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import (
-    CancelTurn,
-    DeadLetterHandled,
     SupportReply,
-    Turn,
-    TurnEnded,
-    Usage,
 )
 from tests.databases import migrated
+from tests.e2e import forgeries
 from tests.processes import start_service
 
-FORGED = "PHISH: verify your card at evil.example"
 MECHANISM = "SCRAM-SHA-256"
 PRINCIPALS = (*topology.names(), "operator", "app")
 PASSWORDS = {f"roundtrip-{name}": f"{name}-{uuid.uuid4().hex[:12]}" for name in PRINCIPALS}
@@ -159,42 +154,6 @@ async def console_redrives_a_dead_letter(bootstrap: str, port: str) -> tuple[int
         while letters[0] in (again := await waiting()) or not again:  # the re-driven record, dead-lettered again
             await asyncio.sleep(0.5)  # a poll interval: the console's page is all there is to ask
     return statuses[0], statuses[1]
-
-
-async def executor_forges_the_ends(bootstrap: str, genuine: SupportReply) -> dict[str, type[BaseException] | None]:
-    """Holding the executor's credentials (issue 51), as its principal: a TurnEnded with phishing text for the app's
-    turn (the gateway would reply it), the same text as a SupportReply straight to the app, a CancelTurn of the turn,
-    and a DeadLetterHandled that would hide a letter from the people who decide it. Returns each topic's send error
-    (None: the broker took it)."""
-    turn = Turn(
-        turn_id=genuine.turn_id,
-        request_id=genuine.request_id,
-        conversation_id=genuine.conversation_id,
-        customer_id=genuine.customer_id,
-    )
-    reply = genuine.model_copy(update={"text": FORGED})
-    forged = {
-        topics.OUTCOMES: TurnEnded(turn=turn, step=1, outcome="end_turn", text=FORGED, spent=Usage()),
-        topics.SUPPORT_REPLIES: reply,
-        topics.TURN_CONTROLS: CancelTurn(turn_id=genuine.turn_id, reason=FORGED),
-        topics.DEAD_LETTERS_HANDLED: DeadLetterHandled(
-            letter_id="0-0", action="discard", claim="forged", by="alice@example.com", at=0.0, note=FORGED
-        ),
-    }
-    refused: dict[str, type[BaseException] | None] = {}
-    for topic, message in forged.items():  # a producer each: a refused send leaves no state behind for the next
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
-        await producer.start()
-        try:
-            await producer.send_and_wait(
-                PREFIX + topic, message.model_dump_json().encode(), key=genuine.conversation_id.encode()
-            )
-            refused[topic] = None
-        except TopicAuthorizationFailedError as exc:
-            refused[topic] = type(exc)
-        finally:
-            await producer.stop()
-    return refused
 
 
 async def everything_on(bootstrap: str, names: list[str]) -> list[bytes]:
@@ -325,10 +284,14 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
         assert redriven == (303, 409), redriven
 
         genuine = next(iter(replies.values()))
-        ends = await executor_forges_the_ends(bootstrap, genuine)
+
+        def executor() -> AIOKafkaProducer:  # the executor's credentials
+            return AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
+
+        ends = await forgeries.sent(executor, PREFIX, genuine)
         assert ends == dict.fromkeys(ends, TopicAuthorizationFailedError), ends  # each refused by the broker
         # nothing of it on any of those topics, and the app's replies are the genuine ones, each once
-        assert not [v for v in await everything_on(bootstrap, list(ends)) if FORGED.encode() in v]
+        assert not [v for v in await everything_on(bootstrap, list(ends)) if forgeries.FORGED.encode() in v]
         on_replies = map(SupportReply.model_validate_json, await everything_on(bootstrap, [topics.SUPPORT_REPLIES]))
         answered = [r for r in on_replies if r.request_id in replies]
         assert answered == [replies[r.request_id] for r in answered] and len(answered) == len(replies), answered

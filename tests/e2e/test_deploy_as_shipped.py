@@ -57,8 +57,9 @@ from roundtrip._kernel.kafka import acls
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.events import CancelTurn, DeadLettered, SupportReply, Turn, TurnEnded, Usage
+from roundtrip._kernel.wire.events import SupportReply
 from tests import oidc_issuer
+from tests.e2e import forgeries
 from tests.e2e.conftest import FleetClient, conversations_covering
 from tests.e2e.local_deployment import LocalDeployment, LocalWorld
 from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest
@@ -174,9 +175,6 @@ async def the_executors_login_rewrites_no_turn(deployment: LocalDeployment, mani
         await engine.dispose()
 
 
-FORGED = "PHISH: verify your card at evil.example"
-
-
 def settings_of(env: dict[str, str]) -> Settings:
     """The settings a process with this environment reads (its ROUNDTRIP_* variables, none of this test's)."""
     with pytest.MonkeyPatch.context() as patch:
@@ -191,41 +189,9 @@ def settings_of(env: dict[str, str]) -> Settings:
 async def the_executors_kafka_user_speaks_for_no_one(
     deployment: LocalDeployment, manifest, prefix: str, genuine: SupportReply
 ) -> dict[str, type[BaseException] | None]:
-    """Holding the executor's Kafka credentials as its pod has them: a turn end with phishing text for a customer's
-    turn, a reply straight to the app, a cancel of the turn and a dead letter in the gateway's name. Returns each
-    topic's send error (None: the broker took it)."""
+    """The forgeries of tests/e2e/forgeries.py, sent with the executor's Kafka credentials as its pod has them."""
     env = deployment.replicas["executor"][0].envs[id(manifest.workloads["executor"].main)]
-    kafka = kafka_clients(settings_of(env))
-    turn = Turn(
-        turn_id=genuine.turn_id,
-        request_id=genuine.request_id,
-        conversation_id=genuine.conversation_id,
-        customer_id=genuine.customer_id,
-    )
-    forged = {
-        topics.OUTCOMES: TurnEnded(turn=turn, step=1, outcome="end_turn", text=FORGED, spent=Usage()),
-        topics.SUPPORT_REPLIES: genuine.model_copy(update={"text": FORGED}),
-        topics.TURN_CONTROLS: CancelTurn(
-            turn_id=turn.turn_id, customer_id=turn.customer_id, conversation_id=turn.conversation_id, reason=FORGED
-        ),
-        topics.dead_letters("gateway"): DeadLettered(
-            service="gateway", topic=topics.SUPPORT_REQUESTS, reason="bad json", payload=FORGED
-        ),
-    }
-    refused: dict[str, type[BaseException] | None] = {}
-    for topic, message in forged.items():  # a producer each: a refused send leaves no state behind for the next
-        producer = kafka.producer()
-        await producer.start()
-        try:
-            await producer.send_and_wait(
-                prefix + topic, message.model_dump_json().encode(), key=genuine.conversation_id.encode()
-            )
-            refused[topic] = None
-        except TopicAuthorizationFailedError as exc:
-            refused[topic] = type(exc)
-        finally:
-            await producer.stop()
-    return refused
+    return await forgeries.sent(kafka_clients(settings_of(env)).producer, prefix, genuine)
 
 
 @pytest.mark.parametrize("shape", ["k8s", "compose"])
@@ -275,7 +241,7 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
                 )
                 assert refused == dict.fromkeys(refused, TopicAuthorizationFailedError), refused
                 texts = [r.text for rs in client.replies.values() for r in rs]
-                assert FORGED not in texts and len(texts) == len(asked), texts
+                assert forgeries.FORGED not in texts and len(texts) == len(asked), texts
         finally:
             await client.stop()
 
