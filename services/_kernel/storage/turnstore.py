@@ -289,11 +289,10 @@ class TurnStore:
         """The end the guard recorded (status, principal, outcome, `reply_sha256`), or None: one read by key."""
         return await self._run(lambda conn: conn.execute(_ENDED_AS, {"b_turn_id": turn_id}).first(), single=True)
 
-    async def refuse_if_not_recorded(self, turn: Principal, service: str, unknown_too: bool = False) -> None:
-        """Raise TurnRefused when `turn` is not the ledger's: after a refused claim, tells a forgery from an end.
-        `unknown_too`: a turn the ledger does not have is refused as well (nothing may act for it)."""
+    async def refuse_if_not_recorded(self, turn: Principal, service: str) -> None:
+        """Raise TurnRefused when `turn` is not the ledger's: after a refused claim, tells a forgery from an end."""
         why = disagreement(turn, await self.recorded(turn.turn_id))
-        if why is not None and (unknown_too or why != NO_SUCH_TURN):
+        if why is not None and why != NO_SUCH_TURN:
             raise refused(turn, service, why)
 
     async def _update(self, statement: Any, params: dict[str, Any] | None = None) -> bool:
