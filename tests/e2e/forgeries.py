@@ -52,14 +52,20 @@ async def sent(
     producer: Callable[[], AIOKafkaProducer], prefix: str, genuine: SupportReply
 ) -> dict[str, type[BaseException] | None]:
     """Send each forgery on a producer of `producer()`'s credentials; each topic's send error (None: taken)."""
+    forged = {topic: message.model_dump_json().encode() for topic, message in forged_for(genuine).items()}
+    return await each_sent(producer, prefix, forged, genuine.conversation_id.encode())
+
+
+async def each_sent(
+    producer: Callable[[], AIOKafkaProducer], prefix: str, records: dict[str, bytes], key: bytes | None = None
+) -> dict[str, type[BaseException] | None]:
+    """Send each topic's record on a producer of its own; each topic's send error (None: the broker took it)."""
     refused: dict[str, type[BaseException] | None] = {}
-    for topic, message in forged_for(genuine).items():
+    for topic, value in records.items():
         client = producer()
         await client.start()
         try:
-            await client.send_and_wait(
-                prefix + topic, message.model_dump_json().encode(), key=genuine.conversation_id.encode()
-            )
+            await client.send_and_wait(prefix + topic, value, key=key)
             refused[topic] = None
         except TopicAuthorizationFailedError as exc:
             refused[topic] = type(exc)

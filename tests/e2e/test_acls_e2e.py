@@ -214,19 +214,13 @@ async def executor_overreaches(bootstrap: str) -> tuple[type[BaseException] | No
 async def executor_writes_dead_letters(bootstrap: str) -> dict[str, type[BaseException] | None]:
     """As the executor's principal: a dead letter on its own topic, the guard's and the shared one of older fleets.
     Returns each send's error (None: taken)."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
-    await producer.start()
-    errors: dict[str, type[BaseException] | None] = {}
-    try:
-        for name in (topics.dead_letters("executor"), topics.dead_letters("guard"), topics.DEAD_LETTERS):
-            try:
-                await producer.send_and_wait(PREFIX + name, b'{"forged": "a StartTurn for another customer"}')
-                errors[name] = None
-            except TopicAuthorizationFailedError as exc:
-                errors[name] = type(exc)
-    finally:
-        await producer.stop()
-    return errors
+    letter = b'{"forged": "a StartTurn for another customer"}'
+    names = (topics.dead_letters("executor"), topics.dead_letters("guard"), topics.DEAD_LETTERS)
+    return await forgeries.each_sent(lambda: executor_producer(bootstrap), PREFIX, dict.fromkeys(names, letter))
+
+
+def executor_producer(bootstrap: str) -> AIOKafkaProducer:
+    return AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
 
 
 async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_the_rest(authorizing_broker, tmp_path):
@@ -285,10 +279,7 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
 
         genuine = next(iter(replies.values()))
 
-        def executor() -> AIOKafkaProducer:  # the executor's credentials
-            return AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
-
-        ends = await forgeries.sent(executor, PREFIX, genuine)
+        ends = await forgeries.sent(lambda: executor_producer(bootstrap), PREFIX, genuine)
         assert ends == dict.fromkeys(ends, TopicAuthorizationFailedError), ends  # each refused by the broker
         # nothing of it on any of those topics, and the app's replies are the genuine ones, each once
         assert not [v for v in await everything_on(bootstrap, list(ends)) if forgeries.FORGED.encode() in v]
