@@ -9,6 +9,7 @@ Calls run in a worker thread (sqlite3 blocks); one connection per process, close
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import secrets
 import sqlite3
 import threading
@@ -40,7 +41,10 @@ class Carrier:
     def __init__(self, path: Path | str) -> None:
         self._db = sqlite3.connect(str(path), timeout=10, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
-        with self._lock:
+        # Every process of a starting fleet opens the file at once, and SQLite answers a second journal-mode switch
+        # "database is locked" without waiting its timeout: the first open is serialized on a lock file.
+        with open(f"{path}.lock", "a") as held, self._lock:
+            fcntl.flock(held, fcntl.LOCK_EX)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(SCHEMA)
             self._db.executemany("INSERT OR IGNORE INTO lines VALUES (?, ?, ?, ?, ?, ?)", SEED_LINES)
