@@ -1,11 +1,9 @@
 """The Message Batches API: create, retrieve, list, cancel, delete and results as JSONL, each request answered by the
-same engine as /v1/messages (persona, script, prompt cache) when its batch ends.
+same engine as /v1/messages (persona, script, prompt cache) when its batch ends, after the app's batch delay.
 
-A batch is `in_progress` for the app's batch delay (or `x-roundtrip-batch-delay-ms` on its create), then `ended`.
-As the API does, a request's params are validated when the batch is processed (a bad one is an `errored` result,
-not a refused create); only the batch itself (its custom ids, its size) is checked on create. A test asks for
-`errored` or `expired` results with `x-roundtrip-batch-errored` / `x-roundtrip-batch-expired` (comma-separated custom
-ids) on the create. Every create is counted per custom id (`GET /v1/_batches`), so a test sees a call submitted twice.
+As the API does, a request's params are validated when the batch is processed (a bad one is an `errored` result);
+only the batch itself is checked on create. The headers that ask for `errored` or `expired` results, and the count
+of creates per custom id (`GET /v1/_batches`), are listed in docs/decisions/simulator.md.
 """
 
 from __future__ import annotations
@@ -185,7 +183,7 @@ class Batches:
         return StreamingResponse(iter([lines.encode()]), media_type="application/binary")
 
     async def counts(self, request: Request) -> Response:
-        """Not part of the API: what the simulator received, for a test to count submissions."""
+        """Not part of the API: how many creates named each custom id (a call submitted twice shows as 2)."""
         return JSONResponse(
             {
                 "submissions": self.submissions,

@@ -28,7 +28,7 @@ async def ended(sdk: anthropic.AsyncAnthropic, batch_id: str) -> anthropic.types
         batch = await sdk.messages.batches.retrieve(batch_id)
         if batch.processing_status == "ended":
             return batch
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # a poll interval of the batch's status, 100 of them at most
     raise AssertionError(f"batch {batch_id} still {batch.processing_status} after 5 s")
 
 
