@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from roundtrip._kernel.settings import get_settings
+from roundtrip._kernel.settings import Settings, get_settings
 
 from .overload import Overload
 from .personas import NAMES
@@ -17,6 +17,28 @@ from .server import serve
 
 def main(argv: list[str] | None = None) -> None:
     settings = get_settings()
+    args = _parser(settings).parse_args(argv)
+    try:
+        scripts = Scripts(load_scripts(args.script))
+    except ScriptError as exc:
+        sys.exit(f"error: {exc}")
+    serve(
+        host=args.host,
+        port=args.port,
+        log_level=settings.log_level,
+        default_persona=args.persona,
+        latency_ms=args.latency_ms,
+        latency_jitter=args.latency_jitter,
+        fault_rate=args.fault_rate,
+        seed=args.seed,
+        limits=RateLimits(rpm=args.rpm, itpm=args.itpm, otpm=args.otpm),
+        overload=Overload(every=args.overload_every, seconds=args.overload_seconds),
+        scripts=scripts,
+        batch_delay_ms=args.batch_delay_ms,
+    )
+
+
+def _parser(settings: Settings) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m roundtrip._simulator", description=__doc__)
     parser.add_argument("--host", default=settings.listen_host)
     parser.add_argument("--port", type=int, default=settings.simulator_port)
@@ -52,26 +74,15 @@ def main(argv: list[str] | None = None) -> None:
         help="length of each burst",
     )
     parser.add_argument(
+        "--batch-delay-ms",
+        type=float,
+        default=settings.simulator_batch_delay_ms,
+        help="how long a Message Batch stays in progress",
+    )
+    parser.add_argument(
         "--script", default=settings.simulator_script, help="JSON file of scripts (persona script:NAME)"
     )
-    args = parser.parse_args(argv)
-    try:
-        scripts = Scripts(load_scripts(args.script))
-    except ScriptError as exc:
-        sys.exit(f"error: {exc}")
-    serve(
-        host=args.host,
-        port=args.port,
-        log_level=settings.log_level,
-        default_persona=args.persona,
-        latency_ms=args.latency_ms,
-        latency_jitter=args.latency_jitter,
-        fault_rate=args.fault_rate,
-        seed=args.seed,
-        limits=RateLimits(rpm=args.rpm, itpm=args.itpm, otpm=args.otpm),
-        overload=Overload(every=args.overload_every, seconds=args.overload_seconds),
-        scripts=scripts,
-    )
+    return parser
 
 
 def _positive(kind: type) -> Callable[[str], int | float]:

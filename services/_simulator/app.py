@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import controls, personas, platforms, streaming
+from .batches import Batches
 from .engine import respond
 from .errors import ApiError, invalid
 from .overload import Overload
@@ -94,7 +95,7 @@ class _State:
             validate_create(body)
             wanted = request.headers.get(PERSONA_HEADER, "").strip()
             scripted = self.scripts.reply_for(wanted, body)
-            persona = wanted if scripted else _persona(request, body, self)
+            persona = wanted if scripted else _persona(wanted, body, self)
             self.scripts.record(persona, body)
             self.overload.check()
             streamed = bool(body.get("stream"))
@@ -120,6 +121,17 @@ class _State:
             events = streaming.body(message, latency_s, fault, request_id)
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         return JSONResponse(message, headers=headers)
+
+    def answer(self, wanted: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The message one request of a batch gets: as a plain call's, without its latency, limits or faults."""
+        validate_create(body)
+        if body.get("stream"):
+            raise invalid("stream: a batch's requests cannot be streamed")
+        scripted = self.scripts.reply_for(wanted, body)
+        persona = wanted if scripted else _persona(wanted, body, self)
+        self.scripts.record(persona, body)
+        self.served += 1
+        return respond(body, persona, self.cache, scripted)
 
     async def count_tokens(self, request: Request) -> Response:
         request_id = _request_id()
@@ -158,9 +170,11 @@ def create_app(
     limits: RateLimits | None = None,
     overload: Overload | None = None,
     scripts: Scripts | None = None,
+    batch_delay_ms: float = 0.0,
 ) -> Starlette:
     """The simulator as an ASGI app. fault_rate: share of requests answered 529 (seeded RNG);
-    limits / overload: its rate limits and 529 bursts (default: none)."""
+    limits / overload: its rate limits and 529 bursts (default: none); batch_delay_ms: how long a Message Batch
+    stays in progress."""
     if default_persona not in personas.NAMES:
         raise ValueError(f"unknown persona {default_persona!r}; expected one of {', '.join(personas.NAMES)}")
     if not 0.0 <= fault_rate <= 1.0:
@@ -178,8 +192,10 @@ def create_app(
         overload=overload or Overload(),
         scripts=scripts or Scripts(),
     )
+    batches = Batches(state.answer, batch_delay_ms)
     return Starlette(
         routes=[
+            *batches.routes(),
             Route("/v1/messages", state.messages, methods=["POST"]),
             Route("/v1/messages/count_tokens", state.count_tokens, methods=["POST"]),
             Route("/model/{model:path}/invoke", state.on(platforms.BEDROCK), methods=["POST"]),
@@ -225,8 +241,8 @@ async def _json_body(request: Request) -> dict[str, Any]:
         raise invalid(f"There was an error parsing the body of your request: {exc}") from None
 
 
-def _persona(request: Request, body: dict[str, Any], state: _State) -> str:
-    wanted = request.headers.get(PERSONA_HEADER, state.default_persona).strip().lower()
+def _persona(wanted: str, body: dict[str, Any], state: _State) -> str:
+    wanted = (wanted or state.default_persona).strip().lower()
     first = body["messages"][0]["content"]
     first_text = (
         first if isinstance(first, str) else "\n".join(b.get("text", "") for b in first if b.get("type") == "text")

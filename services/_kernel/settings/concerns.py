@@ -812,6 +812,9 @@ class EmbeddedDefaults(Concern):
         None, gt=0, description=("Seconds between the simulator's bursts of 529 overloaded errors; unset: none")
     )
     simulator_overload_seconds: float = Field(5.0, gt=0, description="How long each of those bursts lasts")
+    simulator_batch_delay_ms: float = Field(
+        2000.0, ge=0, description="How long a Message Batch the simulator takes stays in progress before it ends"
+    )
     simulator_script: Path | None = Field(
         None,
         description=(
