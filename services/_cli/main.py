@@ -755,16 +755,16 @@ def acls(
         bool,
         typer.Option(
             "--apply",
-            help="add them through the admin API instead, as the principal of the "
-            "ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)",
+            help="add them through the admin API instead, and remove what those principals hold beyond them, as "
+            "the principal of the ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)",
         ),
     ] = False,
 ) -> None:
     """Print the Kafka ACLs each service's principal needs, and nothing more (derived from the topology), as
     kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's.
-    `--apply` adds them to the cluster instead."""
+    `--apply` adds them to the cluster instead, and removes what those principals hold beyond them."""
     from roundtrip._kernel.kafka.acls import apply as apply_acls
-    from roundtrip._kernel.kafka.acls import derive, render
+    from roundtrip._kernel.kafka.acls import derive, prune, render
     from roundtrip._kernel.kafka.clients import kafka_clients
 
     s = get_settings()
@@ -777,20 +777,22 @@ def acls(
         typer.echo(render(derived, s.bootstrap_servers, command_config), nl=False)
         return
 
-    async def add() -> int:
+    async def add() -> tuple[int, list[str]]:
         admin = kafka_clients(s).admin(client_id="roundtrip-acls")
         await admin.start()
         try:
-            return await apply_acls(admin, derived)
+            return await apply_acls(admin, derived), await prune(admin, derived, s.topic_prefix)
         finally:
             await admin.close()
 
     try:
-        added = asyncio.run(add())
+        added, removed = asyncio.run(add())
     except ValueError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{added} ACL bindings added for {', '.join(derived)} at {s.bootstrap_servers}")
+    for line in removed:
+        typer.echo(f"removed, beyond what it needs: {line}")
 
 
 @db_app.command("upgrade")

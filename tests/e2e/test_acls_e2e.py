@@ -23,6 +23,7 @@ from aiokafka.errors import TopicAuthorizationFailedError
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._broker.secured import ADMIN_PASSWORD, ADMIN_USER, AUTHORIZER, Listener, secured_kafka
+from roundtrip._kernel.kafka import acls
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import (
@@ -219,6 +220,32 @@ async def executor_writes_dead_letters(bootstrap: str) -> dict[str, type[BaseExc
     return await forgeries.each_sent(lambda: executor_producer(bootstrap), PREFIX, dict.fromkeys(names, letter))
 
 
+STALE = acls.Acl("User:roundtrip-executor", "topic", PREFIX + topics.DEAD_LETTERS, ("Write",))  # an older fleet's
+KEPT = [
+    acls.Acl("User:someone-else", "topic", PREFIX + topics.SUPPORT_REQUESTS, ("Read",)),  # not a principal of ours
+    acls.Acl("User:roundtrip-executor", "topic", "other." + topics.TOOL_BATCHES, ("Read",)),  # another fleet's name
+]
+
+
+async def admin_client(bootstrap: str, work):
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=MECHANISM,
+        sasl_plain_username=ADMIN_USER,
+        sasl_plain_password=ADMIN_PASSWORD,
+    )
+    await admin.start()
+    try:
+        return await work(admin)
+    finally:
+        await admin.close()
+
+
+async def held(bootstrap: str, principal: str) -> set:
+    return await admin_client(bootstrap, lambda admin: acls.held(admin, principal))
+
+
 def executor_producer(bootstrap: str) -> AIOKafkaProducer:
     return AIOKafkaProducer(bootstrap_servers=bootstrap, **client_security("roundtrip-executor"))
 
@@ -244,9 +271,15 @@ async def test_the_fleet_runs_with_exactly_its_acls_and_the_executor_is_refused_
     assert early.returncode == 1, early.stdout + early.stderr
     (line,) = early.stderr.splitlines()
     assert f"executor still cannot see {PREFIX}{topics.TOOL_BATCHES} (not authorized)" in line, line
+    # a grant an older version needed (the shared dead letters), and two that are not this fleet's to take back
+    await admin_client(bootstrap, lambda admin: acls.apply(admin, {"before": [STALE, *KEPT]}))
     applied = roundtrip(as_principal(env, ADMIN_USER, ADMIN_PASSWORD), "acls", "--apply", "--app-group", APP_GROUP)
     assert applied.returncode == 0, applied.stderr
     assert "ACL bindings added" in applied.stdout
+    removed = [line for line in applied.stdout.splitlines() if line.startswith("removed")]
+    assert removed == [f"removed, beyond what it needs: {STALE.principal}: Write on topic {STALE.name}"], removed
+    for acl in KEPT:
+        assert acls.bindings([acl]) <= await held(bootstrap, acl.principal), acl
     made = roundtrip(as_principal(env, "roundtrip-operator"), "topics", "create")  # the operator's ACLs make the topics
     assert made.returncode == 0, made.stdout + made.stderr
     waited = roundtrip(executor, "topics", "wait", "executor", "--timeout", "30")

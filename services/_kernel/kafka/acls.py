@@ -2,9 +2,9 @@
 
 Each service runs as its own principal: Read on its inputs and groups, Write on its outputs and its own dead letters,
 and what its role adds (the gateway's transactional ids), so a compromised executor can write nothing but model calls,
-approval requests and its dead letters (which the console re-drives only when they name its input and the record there
-is their copy). Every name carries the fleet's topic prefix, so two fleets on one cluster grant each other nothing.
-`render` prints `kafka-acls.sh` commands, `apply` adds them by the admin API.
+approval requests and its dead letters. Every name carries the fleet's topic prefix, so two fleets on one cluster
+grant each other nothing. `render` prints `kafka-acls.sh` commands, `apply` adds them by the admin API and `prune`
+removes what a principal of the fleet holds beyond them (an older version's grant), so an upgrade narrows as it goes.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ OPERATION_CODES = {
     "AlterConfigs": 11,
     "IdempotentWrite": 12,
 }
-LITERAL, PREFIXED, ALLOW = 3, 4, 3
+ANY, LITERAL, PREFIXED, ALLOW = 1, 3, 4, 3
+# (resource type, resource name, pattern type, operation, permission type, host) of one binding on the cluster
+Binding = tuple[int, str, int, int, int, str]
 OPERATOR, APP = "operator", "app"
 
 
@@ -157,6 +159,56 @@ async def apply(admin: Any, derived: dict[str, list[Acl]]) -> int:
                     )
             added += 1
     return added
+
+
+def bindings(acls: list[Acl]) -> set[Binding]:
+    """The cluster's bindings `acls` stand for: one per operation, allowed from any host."""
+    return {
+        (RESOURCE_CODES[a.kind], a.name, PREFIXED if a.prefixed else LITERAL, OPERATION_CODES[op], ALLOW, "*")
+        for a in acls
+        for op in a.operations
+    }
+
+
+async def held(admin: Any, principal: str) -> set[Binding]:
+    """Every binding the cluster holds for `principal`."""
+    from aiokafka.protocol.admin import DescribeAclsRequest
+
+    response = await admin._send_request(DescribeAclsRequest(ANY, None, ANY, principal, None, ANY, ANY))
+    if response.error_code:
+        raise ValueError(f"the cluster refused to describe the ACLs of {principal}: error {response.error_code}")
+    return {
+        (kind, name, pattern, operation, permission, host)
+        for kind, name, pattern, acls in response.resources
+        for who, host, operation, permission in acls
+        if who == principal
+    }
+
+
+async def prune(admin: Any, derived: dict[str, list[Acl]], prefix: str) -> list[str]:
+    """Remove every binding a principal of `derived` holds beyond its own on a resource named with the fleet's
+    `prefix`; returns them, one line each. Principals outside the fleet, and another fleet's names granted to the same
+    principal, are not touched."""
+    from aiokafka.protocol.admin import DeleteAclsRequest
+
+    removed = []
+    for acls in derived.values():
+        if not acls:
+            continue
+        principal = acls[0].principal
+        beyond = sorted(b for b in await held(admin, principal) - bindings(acls) if b[1].startswith(prefix))
+        for kind, name, pattern, operation, permission, host in beyond:
+            request = DeleteAclsRequest(kind, name, pattern, principal, host, operation, permission)
+            response = await admin._send_request(request)
+            for error_code, error_message, _matching in response.filter_responses:
+                if error_code:
+                    raise ValueError(f"the cluster refused to remove an ACL of {principal} on {name}: {error_message}")
+            removed.append(f"{principal}: {_name(OPERATION_CODES, operation)} on {_name(RESOURCE_CODES, kind)} {name}")
+    return removed
+
+
+def _name(codes: dict[str, int], code: int) -> str:
+    return next((name for name, c in codes.items() if c == code), str(code))
 
 
 def _merged(acls: list[Acl]) -> list[Acl]:
