@@ -1,16 +1,20 @@
 """The metrics the alert rules (deploy/prometheus) need beyond the fleet's first ones, each moved where its fact is
 known: the sweeper's stuck flags, the approvals waiting for a person (the guard's ledger pass) and each reply's
-latency with its trace id as exemplar (the gateway)."""
+latency with its trace id as exemplar (the gateway), and each consumer's lag per topic (the kernel's consumer)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import SimpleNamespace
 
+from aiokafka import TopicPartition
 from prometheus_client import REGISTRY
 from prometheus_client.openmetrics.exposition import generate_latest
 
 from roundtrip._guard.retention import Retention
+from roundtrip._kernel.kafka import lag
+from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.storage.turnstore import approvals
 from roundtrip._kernel.wire.events import StartTurn
@@ -64,3 +68,54 @@ def test_a_reply_is_timed_from_the_requests_arrival_with_its_trace_id_as_exempla
     assert '# {trace_id="4bf92f3577b34da6a3ce929d0e0e4736"} 7.5' in line
     metrics.count_reply(SimpleNamespace(started_at=0.0, trace_id=""), "end_turn", now=1007.5)  # no start known
     assert sample("roundtrip_reply_seconds_count", outcome="end_turn") == count + 1
+
+
+class Broker:
+    """The two questions the lag asks of aiokafka: the partitions' end offsets and the group's committed offset."""
+
+    def __init__(self, ends: dict, committed: dict) -> None:
+        self.ends, self.committed_offsets = ends, committed
+
+    async def end_offsets(self, partitions):
+        return {tp: self.ends[tp] for tp in partitions}
+
+    async def committed(self, tp):
+        return self.committed_offsets.get(tp)
+
+
+async def test_the_consumer_lag_is_per_topic_from_the_end_offsets_and_a_revoked_topic_falls_to_zero():
+    a0, a1, b0 = TopicPartition("a", 0), TopicPartition("a", 1), TopicPartition("b", 0)
+    broker, shown = Broker({a0: 100, a1: 50, b0: 7}, {a1: 20}), set()
+    # a0: unfinished from offset 90; a1: nothing handed out yet, the group committed 20; b0: never committed
+    await lag.measure("executor", broker, {a0: 90, a1: None, b0: None}, shown)
+    assert sample("roundtrip_consumer_lag", consumer="executor", topic="a") == 10 + 30
+    assert sample("roundtrip_consumer_lag", consumer="executor", topic="b") == 0
+    broker.ends[a0] = 160  # a stalled consumer: the end moves on, its progress does not
+    await lag.measure("executor", broker, {a0: 90}, shown)
+    assert sample("roundtrip_consumer_lag", consumer="executor", topic="a") == 70
+    assert shown == {"a"}
+
+
+async def test_a_consumer_measures_its_lag_while_it_runs_and_stops_with_its_drain(monkeypatch):
+    measured = asyncio.Event()
+
+    async def measure(name, kafka, done_up_to, shown):
+        assert name == "lagging" and done_up_to == {}
+        measured.set()
+
+    monkeypatch.setattr(lag, "measure", measure)
+    consumer, kafka = KeyOrderedConsumer(process=lambda record: asyncio.sleep(0), name="lagging"), Idle()
+    running = asyncio.create_task(consumer.run(kafka))
+    await asyncio.wait_for(measured.wait(), 5)
+    await consumer.drain()
+    await asyncio.wait_for(running, 5)
+    assert consumer._lag is not None and consumer._lag.done()
+
+
+class Idle:
+    def assignment(self):
+        return set()
+
+    async def getmany(self, timeout_ms=0, max_records=None):
+        await asyncio.sleep(0.01)
+        return {}

@@ -90,6 +90,11 @@ dependency_unavailable = Gauge(
     "1 while the consumer waits for a dependency (its partitions paused, the failed messages retried)",
     ["consumer", "dependency"],
 )
+consumer_lag = Gauge(
+    "roundtrip_consumer_lag",
+    "Records of the consumer's assigned partitions not finished yet (the broker's end offsets less its progress)",
+    ["consumer", "topic"],
+)
 held_keys = Gauge(
     "roundtrip_held_keys",
     "Keys (conversations) whose record waits for an agent's backend; the consumer's other keys go on",
