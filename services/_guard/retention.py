@@ -18,11 +18,11 @@ from sqlalchemy import String, any_, bindparam, delete, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from roundtrip._guard.ledger import PENDING
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.settings.checks import ConfigurationError
-from roundtrip._guard.ledger import PENDING
 from roundtrip._kernel.storage.turnstore import ENDED, TurnStore, approvals, turns
 
 log = logging.getLogger("roundtrip.guard")

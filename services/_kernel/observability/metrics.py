@@ -43,7 +43,7 @@ step_seconds = Histogram(
 )
 tokens = Counter("roundtrip_tokens", "Tokens of recorded model calls, by kind", ["model", "kind"])
 cost_usd = Counter("roundtrip_cost_usd", "Cost of recorded model calls in USD (the configured price table)", ["model"])
-stuck_turns = Counter("roundtrip_stuck_turns", "Turns the guard's sweeper flagged stuck (no progress past the stuck time)")
+stuck_turns = Counter("roundtrip_stuck_turns", "Turns the sweeper flagged stuck (no progress past the stuck time)")
 reply_seconds = Histogram(
     "roundtrip_reply_seconds",
     "From a request's arrival to its reply, by outcome (the exemplar: the turn's trace id)",
