@@ -3,7 +3,7 @@
 # rules' tests (deploy/prometheus/tests, tests/integration/test_alert_rules.py) run `promtool check rules` and
 # `promtool test rules` with it.
 #
-#   bash scripts/promtool.sh build     # build once into the cache if missing (minutes: see below), print its path
+#   bash scripts/promtool.sh build     # build once into the cache if missing (cold: ~3.5 CPU-minutes), print its path
 #   bash scripts/promtool.sh path      # print the path of the cached binary (exit 1 if not built)
 #   bash scripts/promtool.sh check-go  # exit 0 if the Go here can build it, else say why on stdout and exit 1
 #   bash scripts/promtool.sh test      # build if missing, then check and unit-test the rules in deploy/prometheus

@@ -104,7 +104,7 @@ async def test_a_consumer_measures_its_lag_while_it_runs_and_stops_with_its_drai
         measured.set()
 
     monkeypatch.setattr(lag, "measure", measure)
-    consumer, kafka = KeyOrderedConsumer(process=lambda record: asyncio.sleep(0), name="lagging"), Idle()
+    consumer, kafka = KeyOrderedConsumer(process=handle, name="lagging"), Idle()
     running = asyncio.create_task(consumer.run(kafka))
     await asyncio.wait_for(measured.wait(), 5)
     await consumer.drain()
@@ -112,10 +112,14 @@ async def test_a_consumer_measures_its_lag_while_it_runs_and_stops_with_its_drai
     assert consumer._lag is not None and consumer._lag.done()
 
 
+async def handle(record) -> None:
+    raise AssertionError("no record is fetched")
+
+
 class Idle:
     def assignment(self):
         return set()
 
     async def getmany(self, timeout_ms=0, max_records=None):
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # a fake poll's wait: the consumer loop yields as on a real broker
         return {}
