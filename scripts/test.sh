@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh), runs the gates (scripts/gates.sh: ruff and mypy; a finding fails the run), builds the
-# manual (mkdocs, strict), builds the real Jaeger v2 once if missing (scripts/jaeger.sh, cached), and runs the whole
-# test suite: unit, integration (real Kafka, real PostgreSQL), e2e (the fleet as processes, a real Jaeger) and chaos.
+# manual (mkdocs, strict), builds the real Jaeger v2 and promtool once if missing (scripts/jaeger.sh and
+# scripts/promtool.sh, cached), and runs the whole test suite: unit, integration (real Kafka, real PostgreSQL), e2e
+# (the fleet as processes, a real Jaeger) and chaos.
 # Usage: scripts/test.sh                  the whole suite, as two pytest runs side by side (below)
 #        scripts/test.sh [pytest args]    one pytest run, e.g. scripts/test.sh tests/integration -x
 # Exit code: pytest's (including 5, "no tests collected"); of the two runs, the first that failed.
@@ -17,6 +18,16 @@ if ! bash scripts/jaeger.sh path >/dev/null 2>&1; then
   else
     export ROUNDTRIP_JAEGER_UNAVAILABLE="$why"
     echo "==> WARNING: Jaeger v2 cannot be built here ($why): the Jaeger e2e tests will be SKIPPED" >&2
+  fi
+fi
+
+# promtool, Prometheus's rule checker, for the alert rules' tests (tests/integration/test_alert_rules.py): built once
+# from its Go module into ~/.cache/roundtrip like Jaeger. Without it those tests skip, which fails a CI run.
+if ! bash scripts/promtool.sh path >/dev/null 2>&1; then
+  if why=$(bash scripts/promtool.sh check-go); then
+    bash scripts/promtool.sh build >/dev/null
+  else
+    echo "==> WARNING: promtool cannot be built here ($why): the alert rules' tests will be SKIPPED (a failure in CI)" >&2
   fi
 fi
 

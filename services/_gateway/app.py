@@ -22,6 +22,7 @@ from roundtrip._gateway.turns import forged, reply_for, start_turn
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.kafka.messaging import Outlet, current_record, group, key_of
 from roundtrip._kernel.kafka.transactions import TransactionalOutlet, transactional_id
+from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import (
     PROVIDER_NAMES,
     bind_turn,
@@ -157,3 +158,4 @@ def subscribe_outcomes(
             )
             # the reply becomes visible with the commit of this message's offset: no second reply after a crash
             replies.stage(reply_for(ended), key_of(ended.turn.conversation_id), raw)
+            metrics.count_reply(ended.turn, ended.outcome.value, time.time())

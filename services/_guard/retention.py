@@ -18,6 +18,7 @@ from sqlalchemy import String, any_, bindparam, delete, func, select, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from roundtrip._guard.ledger import PENDING
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.settings import Settings
@@ -33,6 +34,7 @@ SIZE_EVERY_S = 60.0
 
 _OLDEST = select(func.min(turns.c.ended_at))
 _COUNT = select(func.count()).select_from(turns)
+_WAITING = select(func.count(), func.min(approvals.c.requested_at)).where(approvals.c.status == PENDING)
 _ESTIMATE = text("SELECT reltuples::bigint FROM pg_class WHERE relname = 'turns'")
 
 
@@ -116,6 +118,9 @@ class Retention:
         metrics.ledger_rows.set(size.rows)
         age = 0.0 if size.oldest_ended_at is None else max(0.0, (now or time.time()) - size.oldest_ended_at)
         metrics.ledger_oldest_ended.set(age)
+        waiting, oldest = await self.store._run(lambda conn: conn.execute(_WAITING).one())
+        metrics.approvals_waiting.set(waiting)
+        metrics.approval_oldest_wait.set(0.0 if oldest is None else max(0.0, (now or time.time()) - oldest))
         return size
 
 

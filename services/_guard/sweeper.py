@@ -18,6 +18,7 @@ from roundtrip._guard.external_ends import Outside, in_turn_trace
 from roundtrip._guard.ledger import ENDED, STUCK, Ledger, TurnRow
 from roundtrip._guard.outbox import Bounded, Outbox
 from roundtrip._kernel.kafka import faults
+from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import mark_error
 from roundtrip._kernel.wire.events import Outcome, Turn, TurnFlagged
 
@@ -62,6 +63,7 @@ class Sweeper:
         at = max(now, time.time())  # never a stale timestamp: it would shorten the grace
         if not await self.ledger.flag_stuck(row.turn_id, at, self.stuck_after_s, step=row.step):
             return False
+        metrics.stuck_turns.inc()
         idle_s = at - row.last_progress_at
         detail = (
             f"no progress for {idle_s:.1f} s after step {row.step}; ending in {self.stuck_grace_s:g} s unless it moves"

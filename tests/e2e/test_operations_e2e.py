@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 
@@ -22,6 +23,8 @@ from tests.ports import free_port_run
 REQUESTS = 40
 SIMULATOR_LATENCY_MS = 300
 ASK_EVERY_S = 0.1  # requests arrive over ~4 s, as customers do: the backlog grows while it is watched
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"  # the exposition that carries exemplars
 
 
 async def _scrape(http: httpx.AsyncClient, port: int) -> dict[tuple[str, tuple], float]:
@@ -75,20 +78,22 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
 ):
     settings, env = fleet_settings
     batches = settings.topic_prefix + topics.TOOL_BATCHES
-    base = free_port_run(11)  # guard: base + 2, executors: base + 4 and base + 10 (replicas step by 6)
+    base = free_port_run(11)  # gateway: base, guard: base + 2, executors: base + 4 and base + 10 (replicas step by 6)
     async with (
         fleet.reconfigured(("simulator",), simulator_latency_ms=SIMULATOR_LATENCY_MS),
-        fleet.reconfigured(("guard",), health_port=base, health_port_per_service=True),
+        fleet.reconfigured(("gateway", "guard"), health_port=base, health_port_per_service=True),
         httpx.AsyncClient(timeout=5) as http,
     ):
         guard_port = base + 2
 
-        async def guard_ready():
-            return (await http.get(f"http://127.0.0.1:{guard_port}/readyz")).status_code == 200
+        async def ready():
+            return all(
+                [(await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200 for port in (base, guard_port)]
+            )
 
-        await _until(guard_ready, 20)
+        await _until(ready, 20)
         assert (await http.get(f"http://127.0.0.1:{guard_port}/healthz")).json()["status"] == "ok"
-        before = await _scrape(http, guard_port)
+        before, replies_before = await _scrape(http, guard_port), await _scrape(http, base)
         lag_before = await _executor_lag(settings)
 
         await fleet.kill("executor")
@@ -151,6 +156,15 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
             before, "roundtrip_cost_usd_total", model=settings.model
         )
         assert _value(after, "process_resident_memory_bytes") > 0
+        # the gateway timed each reply, a turn's trace id as the exemplar (the dashboard's link to Jaeger)
+        replied = await _scrape(http, base)
+        timed = _value(replied, "roundtrip_reply_seconds_count", outcome="end_turn")
+        assert timed - _value(replies_before, "roundtrip_reply_seconds_count", outcome="end_turn") == REQUESTS
+        openmetrics = await http.get(f"http://127.0.0.1:{base}/metrics", headers={"Accept": OPENMETRICS})
+        exemplars = re.findall(
+            r'^roundtrip_reply_seconds_bucket\{.*# \{trace_id="([0-9a-f]{32})"\}', openmetrics.text, re.M
+        )
+        assert exemplars and set(exemplars) <= {client.replies[i][0].trace_id for i in ids}
         executors = [await _scrape(http, port) for port in (base + 4, base + 10)]
         ran = sum(_value(s, "roundtrip_tool_executions_total", tool="list_orders", result="ok") for s in executors)
         assert ran == REQUESTS

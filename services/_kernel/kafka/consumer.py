@@ -18,6 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import ConsumerStoppedError, KafkaError
 
+from roundtrip._kernel.kafka import lag
 from roundtrip._kernel.kafka.faults import RetryLater
 from roundtrip._kernel.kafka.outages import Outages, rescue_until_done, shortened
 
@@ -110,6 +111,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         self._dirty = asyncio.Event()
         self._commit_lock = asyncio.Lock()
         self._committer: asyncio.Task[None] | None = None
+        self._lag: asyncio.Task[None] | None = None
         self.last_poll = time.monotonic()
         self.assigned = False  # joined the group, with or without partitions
         self.processed = 0
@@ -139,11 +141,17 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
     def committed(self) -> dict[TopicPartition, int | None]:
         return {tp: p.committed for tp, p in self._parts.items()}
 
+    def done_up_to(self) -> dict[TopicPartition, int | None]:
+        """Each assigned partition's first unfinished offset (None: nothing handed out, nothing committed yet)."""
+        return {tp: p.committed if (s := p.safe()) is None else s for tp, p in self._parts.items() if not p.revoked}
+
     async def run(self, consumer: AIOKafkaConsumer) -> None:
         self._consumer = consumer
         self._stopping = False
         if self._committer is None or self._committer.done():
             self._committer = asyncio.create_task(self._commit_loop(), name=f"{self.name}-commits")
+        if self._lag is None or self._lag.done():
+            self._lag = asyncio.create_task(lag.watch(self.name, consumer, self.done_up_to), name=f"{self.name}-lag")
         while not self._stopping:
             try:
                 if self._paused or self._held_back or self.outages or self._held >= self._limit:
@@ -336,10 +344,11 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         for part in self._parts.values():
             part.revoked = True
         await self._settle(list(self._parts.values()))
-        if self._committer is not None:
-            self._committer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._committer
+        for task in (self._committer, self._lag):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for task in list(self._tasks.values()):
             task.cancel()
 

@@ -43,6 +43,17 @@ step_seconds = Histogram(
 )
 tokens = Counter("roundtrip_tokens", "Tokens of recorded model calls, by kind", ["model", "kind"])
 cost_usd = Counter("roundtrip_cost_usd", "Cost of recorded model calls in USD (the configured price table)", ["model"])
+stuck_turns = Counter("roundtrip_stuck_turns", "Turns the sweeper flagged stuck (no progress past the stuck time)")
+reply_seconds = Histogram(
+    "roundtrip_reply_seconds",
+    "From a request's arrival to its reply, by outcome (the exemplar: the turn's trace id)",
+    ["outcome"],
+    buckets=(0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 900),
+)
+approvals_waiting = Gauge("roundtrip_approvals_waiting", "Approvals waiting for a person's decision")
+approval_oldest_wait = Gauge(
+    "roundtrip_approval_oldest_wait_seconds", "How long the oldest approval still waiting has waited (0: none)"
+)
 guard_drops = Counter("roundtrip_guard_drops", "Turns the guard stopped, by reason", ["reason"])
 guard_blocked_calls = Counter("roundtrip_guard_blocked_calls", "Repeats of a failed call the guard did not let run")
 gate_rejections = Counter(
@@ -79,6 +90,11 @@ dependency_unavailable = Gauge(
     "1 while the consumer waits for a dependency (its partitions paused, the failed messages retried)",
     ["consumer", "dependency"],
 )
+consumer_lag = Gauge(
+    "roundtrip_consumer_lag",
+    "Records of the consumer's assigned partitions not finished yet (the broker's end offsets less its progress)",
+    ["consumer", "topic"],
+)
 held_keys = Gauge(
     "roundtrip_held_keys",
     "Keys (conversations) whose record waits for an agent's backend; the consumer's other keys go on",
@@ -113,6 +129,14 @@ def count_turn_end(outcome: Outcome | str, steps: int) -> None:
     turn_steps.observe(steps)
     if outcome in GUARD_STOPS:
         guard_drops.labels(outcome.value).inc()
+
+
+def count_reply(turn: Any, outcome: str, now: float) -> None:
+    """A turn's reply: its latency since the request arrived, with the trace id as the exemplar (OpenMetrics)."""
+    if not turn.started_at:
+        return
+    exemplar = {"trace_id": turn.trace_id} if turn.trace_id else None
+    reply_seconds.labels(outcome).observe(max(0.0, now - turn.started_at), exemplar)
 
 
 class _Received:
