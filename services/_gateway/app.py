@@ -40,7 +40,7 @@ log = logging.getLogger("roundtrip.gateway")
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    shell = Shell("gateway", settings, log, turn_roots=(topics.SUPPORT_REQUESTS,), agent_digest=agent.digest)
+    shell = Shell("gateway", settings, log, agent.digest, agent.holds_calls(), turn_roots=(topics.SUPPORT_REQUESTS,))
     admission = Admission(
         settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60
     )

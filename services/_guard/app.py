@@ -125,7 +125,7 @@ async def preflight(settings: Settings) -> None:
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    shell = Shell("guard", settings, log, agent_digest=agent.digest)
+    shell = Shell("guard", settings, log, agent.digest, agent.holds_calls())
     outlets = {topic: shell.outlet(topic, model) for topic, model in topology.service("guard").outputs.items()}
     prices = PriceTable.from_json(settings.prices, settings.model_provider)
 
@@ -144,7 +144,6 @@ def build(settings: Settings, agent: Agent) -> FastStream:
 
     subscribe_handlers(shell, lambda: guard())
     app = shell.app
-    app.on_startup(lambda: settings.refuse_unfit_keys("guard", topology.service("guard").keys, agent.holds_calls()))
     guard = shell.opens("the guard", open_guard, Guard.close)
     timers = Timers()
 

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roundtrip._executor.batches import execute
-from roundtrip._executor.runner import runner_for
-from roundtrip._gate.of_agent import gate_for
+from roundtrip._executor.core import ExecutorPorts
+from roundtrip._executor.core import core_of as executor_core
+from roundtrip._gate.core import GatePorts
+from roundtrip._gate.core import core_of as gate_core
 from roundtrip._guard.approvals import resumed
 from roundtrip._guard.loop import continued
 from roundtrip._guard.pricing import PriceTable
@@ -23,20 +24,24 @@ from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Finish, decide, policy_from
 from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.wire.approvals import Signer, Verifier
+from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,
     ApprovalRequested,
     CallModel,
+    CheckToolCalls,
     Decision,
     ModelResponded,
     Turn,
     Usage,
 )
-from roundtrip._model.calls import Limits, Retrying, call_model
+from roundtrip._model.capacity import Capacity
+from roundtrip._model.core import ModelPorts
+from roundtrip._model.core import core_of as model_core
 from roundtrip._model.port import Model
 from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies
+from roundtrip.testing._ports import OpenFence, StartedTurns
 
 AWAITING_APPROVAL = "awaiting_approval"  # the outcome of a turn left waiting for a person (no `approve` given)
 Approve = Callable[[ApprovalRequested], bool]
@@ -60,17 +65,19 @@ class InProcess:
     def __init__(
         self,
         agent: Agent,
-        client: Model,
-        deps: Dependencies,
         settings: Settings,
-        retrying: Retrying | None = None,
-        gate_deps: Dependencies | None = None,
+        client: Model,
+        capacity: Capacity,
+        deps: Dependencies,
+        gate_deps: Dependencies,
+        wait_for_capacity: bool,
     ) -> None:
-        self.agent, self.client, self.settings, self.retrying = agent, client, settings, retrying
-        self.gate = gate_for(agent, settings, deps if gate_deps is None else gate_deps)
-        self.batches = Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS")
+        self.agent, self.client, self.settings = agent, client, settings
+        self.fence = OpenFence()
+        self.model = model_core(settings, ModelPorts(client, self.fence, capacity, wait_for_capacity, time.time()))
+        self.gate = gate_core(settings, agent, GatePorts(StartedTurns(), gate_deps))
+        self.executor = executor_core(settings, agent, ExecutorPorts(self.fence, deps))
         self.decisions = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
-        self.runner = runner_for(settings, agent, deps)
         words = Replies.of(agent.replies, agent.acted_replies)
         self.policy, self.prices = (
             policy_from(settings, words),
@@ -78,7 +85,6 @@ class InProcess:
         )
         shown = {name: tuple(spec.entity_refs) for name, spec in agent.registry.specs.items()}
         self.acts = Acts(frozenset(agent.serial), agent.describe_action, words, shown)
-        self.limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
 
     def new_turn(self, customer_id: str, persona: str | None = None) -> Turn:
         request_id = f"req_{uuid.uuid4().hex[:12]}"
@@ -119,8 +125,8 @@ class InProcess:
                 approvals.append(command)
                 command = await self._decided(command, approve(command))
                 continue
-            event = await call_model(command, self.client, limits=self.limits, retrying=self.retrying)
-            assert event is not None  # None comes only from a fence, and this loop has none
+            event = await self.model.respond(command, None)
+            assert event is not None  # None comes only from a fence refusing the call, and OpenFence never does
             if observe is not None:
                 observe(event)
             model = event.model or self.client.model
@@ -145,9 +151,11 @@ class InProcess:
             hop = continued(event, decision)
             command = hop if isinstance(hop, CallModel) else await self._run(hop)
 
-    async def _run(self, check: Any) -> CallModel | ApprovalRequested:
-        batch = await self.gate.check(check)
-        return await execute(batch, self.batches, self.runner, max_transcript_bytes=self.settings.max_transcript_bytes)
+    async def _run(self, check: CheckToolCalls) -> CallModel | ApprovalRequested:
+        hop = await self.executor.handle(await self.gate.handle(check))
+        if hop is None:  # the executor said why (logged, on the span)
+            raise RuntimeError(f"turn {check.turn.turn_id} step {check.step}: the batch was not run")
+        return hop
 
     async def _decided(self, request: ApprovalRequested, approved: bool) -> CallModel | ApprovalRequested:
         decision = self.decisions.sign(

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from roundtrip._executor.batches import execute
 from roundtrip._executor.runner import Runner
 from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import Ledger
@@ -31,6 +30,7 @@ from roundtrip._kernel.wire.events import (
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._shop.agent import AGENT as SHOP
 from tests.agents import shop_deps
+from tests.cores import executed
 from tests.databases import migrated
 from tests.unit.test_approvals_flow import BATCHES, CANCEL, SIGNER
 from tests.unit.test_guard_handlers import PRICES, Recorder
@@ -293,7 +293,7 @@ async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_di
     guard, fence, recorder = deciding
     runner = Runner(SHOP.registry, deps=shop_deps(shop), timeout_s=5, parallel=True)
     batch = SIGNER.sign(ExecuteToolBatch(turn=ALICE, step=1, messages=ASKED, calls=[CHECKED]))
-    assert isinstance(await execute(batch, BATCHES, runner, fence), CallModel)
+    assert isinstance(await executed(batch, BATCHES, runner, fence), CallModel)
     assert (await shop.get_order("cus_1001", "ord_a1000003"))["status"] == "cancelled"
     assert await fence.claim_model_call(ALICE, 1)  # the next model call is on its way (the lease released)
     assert (
