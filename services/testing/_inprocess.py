@@ -1,8 +1,10 @@
-"""The loop of one turn in this process, through the fleet's own code, without Kafka.
+"""The loop of one turn in this process, through the fleet's own cores, joined by function calls instead of topics.
 
-Each step runs what the fleet runs: the model service's `call_model`, the guard's `decide` and `continued`, the
-gate's `Gate.check` and the executor's `execute`; a held call is decided by `approve`, signed with the decision key
-as a person's is. Left out: the broker hops, the ledger and conversation store, the turn fence, the processes.
+Each step runs the cores the services' shells run, built by the same factories: the model's (`ModelCore.respond`),
+the guard's rules (`Decisions.decided`, `decisions_of`), the gate's (`GateCore.handle`) and the executor's
+(`ExecutorCore.handle`); a held call is decided by `approve`, signed with the decision key as a person's is. Their
+ports are in-memory (_ports.py): a fence that every claim passes, the turns as this loop started them. Left out: the
+broker hops, the guard's ledger and conversation store, the processes.
 """
 
 from __future__ import annotations
@@ -13,16 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry import trace
+
 from roundtrip._executor.core import ExecutorPorts
 from roundtrip._executor.core import core_of as executor_core
 from roundtrip._gate.core import GatePorts
 from roundtrip._gate.core import core_of as gate_core
 from roundtrip._guard.approvals import resumed
-from roundtrip._guard.loop import continued
-from roundtrip._guard.pricing import PriceTable
-from roundtrip._guard.replies import Replies
-from roundtrip._guard.rules import Finish, decide, policy_from
-from roundtrip._guard.side_effects import Acts
+from roundtrip._guard.core import decisions_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import (
@@ -33,6 +33,7 @@ from roundtrip._kernel.wire.events import (
     Decision,
     ModelResponded,
     Turn,
+    TurnEnded,
     Usage,
 )
 from roundtrip._model.capacity import Capacity
@@ -78,13 +79,7 @@ class InProcess:
         self.gate = gate_core(settings, agent, GatePorts(StartedTurns(), gate_deps))
         self.executor = executor_core(settings, agent, ExecutorPorts(self.fence, deps))
         self.decisions = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
-        words = Replies.of(agent.replies, agent.acted_replies)
-        self.policy, self.prices = (
-            policy_from(settings, words),
-            PriceTable.from_json(settings.prices, settings.model_provider),
-        )
-        shown = {name: tuple(spec.entity_refs) for name, spec in agent.registry.specs.items()}
-        self.acts = Acts(frozenset(agent.serial), agent.describe_action, words, shown)
+        self.rules = decisions_of(settings, agent)
 
     def new_turn(self, customer_id: str, persona: str | None = None) -> Turn:
         request_id = f"req_{uuid.uuid4().hex[:12]}"
@@ -129,27 +124,24 @@ class InProcess:
             assert event is not None  # None comes only from a fence refusing the call, and OpenFence never does
             if observe is not None:
                 observe(event)
-            model = event.model or self.client.model
-            decision = decide(
-                event, self.policy, self.prices.cost(model, event.spent), self.prices.cost(model, event.usage)
-            )
-            if isinstance(decision, Finish):
+            hop = self.rules.decided(event, trace.get_current_span())
+            if isinstance(hop.message, TurnEnded):
                 transcript = (
                     [*event.messages, {"role": "assistant", "content": event.content}]
                     if event.content
                     else event.messages
                 )
+                ended = hop.message
                 return Ended(
-                    decision.outcome.value,
-                    self.acts.reply(decision.outcome, decision.text, self.acts.done(event.messages)),
+                    ended.outcome.value,
+                    ended.text,
                     transcript,
                     event.step,
-                    decision.detail,
+                    hop.detail,
                     event.spent,
                     approvals=approvals,
                 )
-            hop = continued(event, decision)
-            command = hop if isinstance(hop, CallModel) else await self._run(hop)
+            command = hop.message if isinstance(hop.message, CallModel) else await self._run(hop.message)
 
     async def _run(self, check: CheckToolCalls) -> CallModel | ApprovalRequested:
         hop = await self.executor.handle(await self.gate.handle(check))

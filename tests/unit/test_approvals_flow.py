@@ -14,7 +14,7 @@ from roundtrip import always
 from roundtrip._executor.runner import Runner
 from roundtrip._gate.gate import Gate
 from roundtrip._guard.approvals import DecisionRefused
-from roundtrip._guard.bootstrap import Guard
+from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
@@ -45,6 +45,7 @@ from roundtrip._shop.app import in_process
 from roundtrip._simulator.server import running_simulator
 from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry
 from tests.cores import executed, respond
+from tests.cores import guard as guard_of
 from tests.databases import migrated
 from tests.signing import key_settings, pair
 from tests.unit.test_guard_handlers import Recorder
@@ -332,7 +333,7 @@ async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resume
 async def guard(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     recorder = Recorder()
-    g = Guard(
+    g = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
         prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
