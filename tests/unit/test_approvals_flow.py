@@ -41,12 +41,12 @@ from roundtrip._kernel.wire.events import (
 )
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip._shop.agent.tools import ShopAgentSettings
-from roundtrip._shop.app import in_process
 from roundtrip._simulator.server import running_simulator
 from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry
 from tests.cores import executed, respond
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.shop import in_process
 from tests.signing import key_settings, pair
 from tests.unit.test_guard_handlers import Recorder
 
