@@ -2,9 +2,10 @@
 
 Each step runs the cores the services' shells run, built by the same factories: the model's (`ModelCore.respond`),
 the guard's rules (`Decisions.decided`, `decisions_of`), the gate's (`GateCore.handle`) and the executor's
-(`ExecutorCore.handle`); a held call is decided by `approve`, signed with the decision key as a person's is. Their
-ports are in-memory (_ports.py): a fence that every claim passes, the turns as this loop started them. Left out: the
-broker hops, the guard's ledger and conversation store, the processes.
+(`ExecutorCore.handle`); the turn starts as the gateway starts it (`start_turn`). A held call is decided by
+`approve`, signed with the decision key as a person's is. The ports are in-memory (_ports.py): a fence every claim
+passes, the turns as this loop started them. Left out: the broker hops, the guard's ledger and conversation store,
+the processes.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from roundtrip._executor.core import ExecutorPorts
 from roundtrip._executor.core import core_of as executor_core
 from roundtrip._gate.core import GatePorts
 from roundtrip._gate.core import core_of as gate_core
+from roundtrip._gateway.turns import start_turn
 from roundtrip._guard.approvals import resumed
 from roundtrip._guard.core import decisions_of
+from roundtrip._kernel.observability.telemetry import new_turn_ids
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import (
@@ -32,6 +35,7 @@ from roundtrip._kernel.wire.events import (
     CheckToolCalls,
     Decision,
     ModelResponded,
+    SupportRequest,
     Turn,
     TurnEnded,
     Usage,
@@ -81,16 +85,18 @@ class InProcess:
         self.decisions = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
         self.rules = decisions_of(settings, agent)
 
-    def new_turn(self, customer_id: str, persona: str | None = None) -> Turn:
+    def new_turn(self, text: str, customer_id: str, persona: str | None) -> Turn:
+        """The turn the gateway starts for this request, its deadline as the guard records it."""
         request_id = f"req_{uuid.uuid4().hex[:12]}"
-        return Turn(
-            turn_id=f"turn_{request_id}",
+        request = SupportRequest(
             request_id=request_id,
             conversation_id=f"conv_{request_id}",
             customer_id=customer_id,
             persona=persona,
-            deadline_at=round(time.time() + self.settings.turn_deadline_s, 3),
+            text=text,
         )
+        turn = start_turn(request, *new_turn_ids()).turn
+        return turn.model_copy(update={"deadline_at": round(time.time() + self.settings.turn_deadline_s, 3)})
 
     async def turn(
         self,
@@ -101,7 +107,7 @@ class InProcess:
         observe: Callable[[ModelResponded], None] | None = None,
     ) -> Ended:
         command: CallModel | ApprovalRequested = CallModel(
-            turn=self.new_turn(customer_id, persona), step=0, messages=[{"role": "user", "content": text}]
+            turn=self.new_turn(text, customer_id, persona), step=0, messages=[{"role": "user", "content": text}]
         )
         approvals: list[ApprovalRequested] = []
         while True:
