@@ -1,11 +1,10 @@
 """The loop of one turn in this process, through the fleet's own cores, joined by function calls instead of topics.
 
 Each step runs the cores the services' shells run, built by the same factories: the model's (`ModelCore.respond`),
-the guard's rules (`Decisions.decided`, `decisions_of`), the gate's (`GateCore.handle`) and the executor's
-(`ExecutorCore.handle`); the turn starts as the gateway starts it (`start_turn`). A held call is decided by
-`approve`, signed with the decision key as a person's is. The ports are in-memory (_ports.py): a fence every claim
-passes, the turns as this loop started them. Left out: the broker hops, the guard's ledger and conversation store,
-the processes.
+the guard's rules (`Decisions.decided`), the gate's (`GateCore.handle`) and the executor's (`ExecutorCore.handle`);
+the turn starts as the gateway starts it (`start_turn`). A held call is decided by `approve`, signed with the decision
+key as a person's is. The ports are in-memory (_ports.py). Left out: the broker hops, the guard's ledger and
+conversation store, the processes.
 """
 
 from __future__ import annotations
