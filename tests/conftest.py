@@ -33,10 +33,10 @@ import pytest
 import pytest_asyncio
 
 from roundtrip._broker.embedded import EmbeddedKafka
-from roundtrip._kernel.kafka.admin import create_topics
 from tests.ci_skips import pytest_runtest_makereport  # noqa: F401 - a hook: in CI a skip fails
 from tests.databases import PostgresServer, find_pg_bindir
 from tests.processes import embedded_kafka
+from tests.topics import create_topics
 
 # -- markers by folder: `pytest -m "not e2e"` etc. ---------------------------------------------
 

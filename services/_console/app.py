@@ -20,7 +20,7 @@ from roundtrip._console.letters import Letters, raw_sender
 from roundtrip._console.web import Console, application
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.shell import Shell
-from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn, DeadLetterHandled
 from roundtrip._sdk.agent import Agent
 
@@ -59,7 +59,7 @@ class _Web:
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    shell = Shell("console", settings, log, agent_digest=agent.digest)
+    shell = Shell("console", settings, log, agent.digest, agent.holds_calls())
     decisions = shell.outlet(topics.APPROVAL_DECISIONS, ApprovalDecided, "A person's decision, signed by the console")
     cancels = shell.outlet(topics.TURN_CONTROLS, CancelTurn, "A cancel a person sent from the console")
     books = Books(settings.ledger_db_url, settings.conversations_db_url)
@@ -79,16 +79,14 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     web = _Web(_Server(config), settings)
 
     async def refuse_insecure() -> None:
-        settings.refuse_unfit_keys("console", topology.service("console").keys, agent.holds_calls())
         settings.refuse_console_local_user("console")
         settings.refuse_weak_session_key("console")
 
     async def stop() -> None:
-        await web.stop()
         await books.close()
         await dead_letters.close()
 
     app.on_startup(refuse_insecure)
-    app.after_startup(web.serve)
+    shell.serves(web)
     app.on_shutdown(stop)
     return app

@@ -1,23 +1,23 @@
-"""Executor handler: verify the gate's signature, claim the step in the turn's fence, run the batch, call the model.
+"""A batch run: verify the gate's signature, claim the step in the turn's fence, run the calls, call the model.
 
-Order matters: the signature is checked first (a forged batch is refused even when it reuses a real turn and step,
-never taken for a duplicate), then duplicates, then the turn's deadline, then the fence (one conditional UPDATE that
-succeeds only while the turn is live at this step); only then do the calls run. A held call's batch runs the others,
-then becomes an ApprovalRequested.
+Order matters (core.py): the signature is checked first (a forged batch is refused even when it reuses a real turn and
+step, never taken for a duplicate), then duplicates, then the turn's deadline, then the fence (one conditional UPDATE
+that succeeds only while the turn is live at this step); only then do the calls run. A held call's batch runs the
+others, then becomes an ApprovalRequested.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Protocol
 
 from opentelemetry import trace
 
 from roundtrip._executor.runner import Runner
 from roundtrip._kernel.storage import sideeffects
-from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire.approvals import Verifier, approval_id_for, in_tool_use_order
-from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch
+from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch, Turn
 from roundtrip._kernel.wire.limits import fit_transcript
 
 log = logging.getLogger("roundtrip.executor")
@@ -51,17 +51,18 @@ def lease_for(batch: ExecuteToolBatch, runner: Runner) -> float:
     return runner.timeout_s * (1 if runner.concurrent(batch.calls) else max(1, approved)) + LEASE_MARGIN_S
 
 
+class BatchFence(Protocol):
+    """What running a batch asks the turn's fence (turnstore.Fence; roundtrip.testing's OpenFence in one process)."""
+
+    async def claim_batch(self, turn: Turn, step: int, lease_s: float, now: float) -> bool: ...
+
+    async def record_acted(self, turn_id: str, step: int, lines: str) -> None: ...
+
+
 async def execute(
-    batch: ExecuteToolBatch,
-    verifier: Verifier,
-    runner: Runner,
-    fence: Fence | None = None,
-    verified: bool = False,
-    max_transcript_bytes: int = 524288,
+    batch: ExecuteToolBatch, runner: Runner, fence: BatchFence, max_transcript_bytes: int
 ) -> CallModel | ApprovalRequested:
-    """Run a batch (verified here unless `verified`); BatchNotRun when too late or its turn may not act any more."""
-    if not verified:
-        verify(batch, verifier)
+    """Run a batch `verify` accepted; BatchNotRun when too late or its turn may not act any more."""
     span = trace.get_current_span()
     now = time.time()
     if batch.expires_at and now > batch.expires_at:
@@ -69,13 +70,13 @@ async def execute(
         raise BatchNotRun(
             f"approval expired {now - batch.expires_at:.1f} s ago (the turn's deadline); the guard ends the turn"
         )
-    if fence is not None and not await fence.claim_batch(batch.turn, batch.step, lease_for(batch, runner), now):
+    if not await fence.claim_batch(batch.turn, batch.step, lease_for(batch, runner), now):
         span.add_event("batch not run: the turn has ended or moved on", {"roundtrip.step": batch.step})
         raise BatchNotRun(
             "the turn has ended, been cancelled, moved past this step or passed its deadline; nothing was run"
         )
     ran = await runner.run(batch.calls, batch.turn)
-    if fence is not None and (acted := sideeffects.lines(batch.calls, ran, runner.registry.is_serial)):
+    if acted := sideeffects.lines(batch.calls, ran, runner.registry.is_serial):
         # before the next call goes out: an end from outside the loop says what was done from it
         await fence.record_acted(batch.turn.turn_id, batch.step, acted)
     results = [*batch.results, *ran]

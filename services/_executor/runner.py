@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from opentelemetry import trace
 
@@ -19,7 +19,6 @@ from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import mark_error, tracer
 from roundtrip._kernel.wire.events import CheckedCall, Turn
 from roundtrip._kernel.wire.limits import cap_text
-from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.registry import Handler, Registry
 
@@ -112,23 +111,3 @@ class Runner:
                 "calls run one after another", {"roundtrip.order": [c.name for c in todo]}
             )
         return [await self.run_one(c, turn) for c in todo]
-
-
-class RunnerSettings(Protocol):
-    """The settings a runner reads: ExecutorSettings' and the largest tool_result block (TranscriptLimits)."""
-
-    tool_timeout_s: float
-    parallel_tools: bool
-    max_block_bytes: int
-
-
-def runner_for(settings: RunnerSettings, agent: Agent, deps: Any) -> Runner:
-    """What runs the calls of a batch: the agent's handlers (its MCP tools by the toolbox), with the fleet's limits."""
-    return Runner(
-        agent.registry,
-        deps,
-        settings.tool_timeout_s,
-        settings.parallel_tools,
-        settings.max_block_bytes,
-        fallback=agent.toolbox.handler,
-    )

@@ -1,65 +1,33 @@
 """The guard service: turn.starts, turn.iterations, turn.controls -> turn.model_calls | turn.tool_calls | turn.outcomes.
 
 Also the approvals (turn.approval_requests, turn.approval_decisions) and the sweep for stuck turns (turn.events).
-Each subscription goes to its part of the guard (services/_guard/bootstrap.py), in a span of its own; the stores
-open at start, the outbox an earlier run left is published, then the sweeper runs.
+Each subscription goes to its part of the guard's core (services/_guard/core.py), in a span of its own; the stores
+open at start, then the outbox an earlier run left is published and the sweeper runs (`shell.runs`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faststream import FastStream
 from pydantic import BaseModel
 
 from roundtrip._guard import retention, sweeper
-from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.conversations import Conversations
+from roundtrip._guard.core import Guard, GuardPorts, core_of
 from roundtrip._guard.ledger import Ledger
-from roundtrip._guard.outbox import Publish
-from roundtrip._guard.pricing import PriceTable
-from roundtrip._guard.replies import Replies
-from roundtrip._guard.rules import policy_from
-from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.observability.telemetry import tracer
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.shell import Shell
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CancelTurn, ModelResponded, StartTurn
 from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.guard")
-
-
-def guard_of(
-    settings: Settings, ledger: Ledger, conversations: Conversations, prices: PriceTable, publish: Publish, agent: Agent
-) -> Guard:
-    words = Replies.of(agent.replies, agent.acted_replies)
-    shown = {name: tuple(spec.entity_refs) for name, spec in agent.registry.specs.items()}
-    return Guard(
-        ledger,
-        policy_from(settings, words),
-        prices,
-        publish,
-        model=agent.model_for(settings),
-        agent_digest=agent.digest,
-        stuck_after_s=settings.stuck_after_s,
-        stuck_grace_s=settings.stuck_grace_s,
-        turn_deadline_s=settings.turn_deadline_s,
-        outbox_after_s=settings.outbox_after_s,
-        conversations=conversations,
-        decisions=DecisionVerifier.of(settings.decision_verify_keys, "ROUNDTRIP_DECISION_VERIFY_KEYS"),
-        holds=Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS"),
-        acts=Acts(frozenset(agent.serial), agent.describe_action, words, shown),
-        progress=agent.progress,
-        streams_by_default=settings.stream_replies,
-    )
 
 
 async def traced(
@@ -125,9 +93,8 @@ async def preflight(settings: Settings) -> None:
 
 
 def build(settings: Settings, agent: Agent) -> FastStream:
-    shell = Shell("guard", settings, log, agent_digest=agent.digest)
+    shell = Shell("guard", settings, log, agent.digest, agent.holds_calls())
     outlets = {topic: shell.outlet(topic, model) for topic, model in topology.service("guard").outputs.items()}
-    prices = PriceTable.from_json(settings.prices, settings.model_provider)
 
     async def publish(topic: str, message: BaseModel, conversation_id: str) -> None:
         await outlets[topic](message, conversation_id)
@@ -140,36 +107,18 @@ def build(settings: Settings, agent: Agent) -> FastStream:
             settings.conversation_retention_s,
             pool_size=settings.database_pool_size,
         )
-        return guard_of(settings, ledger, conversations, prices, publish, agent)
+        return core_of(settings, agent, GuardPorts(ledger, conversations, publish))
 
-    subscribe_handlers(shell, lambda: guard())
-    app = shell.app
-    app.on_startup(lambda: settings.refuse_unfit_keys("guard", topology.service("guard").keys, agent.holds_calls()))
     guard = shell.opens("the guard", open_guard, Guard.close)
-    timers = Timers()
 
-    @app.after_startup
-    async def start_sweeper() -> None:
+    async def sweeping() -> None:
+        """The outbox an earlier run left, then the sweep for stuck turns and the ledger's retention, until stopped."""
         await republish_left_over(guard())
-        timers.start(
+        await asyncio.gather(
             sweeper.run(guard().sweeper, outlets[topics.TURN_EVENTS], settings.sweep_interval_s, guard().conversations),
             retention.run(retention.Retention(guard().ledger, settings.ledger_retention_s), settings.sweep_interval_s),
         )
 
-    app.on_shutdown(timers.stop)
-    return app
-
-
-class Timers:
-    def __init__(self) -> None:
-        self.tasks: tuple[asyncio.Task[None], ...] = ()
-
-    def start(self, *timers: Coroutine[Any, Any, None]) -> None:
-        self.tasks = tuple(asyncio.create_task(timer) for timer in timers)
-
-    async def stop(self) -> None:
-        tasks, self.tasks = self.tasks, ()
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    shell.runs(sweeping)
+    subscribe_handlers(shell, guard)
+    return shell.app

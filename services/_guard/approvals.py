@@ -13,7 +13,7 @@ import functools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -61,9 +61,9 @@ class Approvals:
     ledger: Ledger
     outbox: Outbox
     outside: Outside
-    decisions: DecisionVerifier | None = None  # verifies people's approval decisions (None: every decision is refused)
-    steps: StepClock = field(default_factory=StepClock)
-    holds: Verifier | None = None  # the gate's public keys: its signature of each hold (None: every request is refused)
+    decisions: DecisionVerifier  # verifies people's approval decisions
+    steps: StepClock
+    holds: Verifier  # the gate's public keys: its signature of each hold
 
     async def on_requested(self, event: ApprovalRequested) -> str:
         span = trace.get_current_span()
@@ -119,8 +119,6 @@ class Approvals:
     def _check_hold(self, event: ApprovalRequested) -> None:
         """Only a wait the gate signed, word for word, is recorded: anything else is refused on roundtrip.security."""
         try:
-            if self.holds is None:
-                raise ApprovalError("this guard has no batch verify keys: it records no approval request")
             self.holds.verify_hold(event)
         except ApprovalError as exc:
             raise self._refused(event, str(exc)) from None
@@ -211,8 +209,6 @@ class Approvals:
 
     async def _requested(self, decision: ApprovalDecided) -> ApprovalRow:
         try:
-            if self.decisions is None:
-                raise ApprovalError("this guard has no decision keys")
             self.decisions.verify(decision)
         except ApprovalError as exc:
             security.error(

@@ -43,8 +43,8 @@ def spent_of(row: TurnRow) -> Usage:
 class Outside:
     ledger: Ledger
     outbox: Outbox
-    conversations: Conversations | None = None
-    steps: StepClock = field(default_factory=StepClock)
+    conversations: Conversations | None  # None: every request stands alone
+    steps: StepClock
     acts: Acts = field(kw_only=True)
 
     async def end(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen: Any) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from sqlalchemy import Connection
@@ -30,15 +30,13 @@ from roundtrip._kernel.wire.events import CallModel, CheckToolCalls, ModelRespon
 log = logging.getLogger("roundtrip.guard")
 
 
-def continued(event: ModelResponded, decision: Continue, span: trace.Span | None = None) -> CallModel | CheckToolCalls:
+def continued(event: ModelResponded, decision: Continue, span: trace.Span) -> CallModel | CheckToolCalls:
     """The next hop of a turn that goes on: its tool calls to the gate, or (nothing to run) the model again."""
     transcript = [*event.messages, {"role": "assistant", "content": event.content}]
     if decision.resume_model:
         return CallModel(turn=event.turn, step=event.step, messages=transcript, spent=event.spent)
     if decision.blocked:
-        (span or trace.get_current_span()).add_event(
-            "repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)}
-        )
+        span.add_event("repeat of a failed call blocked", {"roundtrip.blocked": list(decision.blocked)})
     return CheckToolCalls(
         turn=event.turn,
         step=event.step,
@@ -68,28 +66,86 @@ class StepClock:
         self._last.pop(turn_id, None)
 
 
+@dataclass(frozen=True)
+class Decided:
+    """The guard's decision on one iteration: the turn's next message, its outcome if it ends, what it cost."""
+
+    message: CallModel | CheckToolCalls | TurnEnded
+    outcome: str | None
+    cost: float
+    step_cost: float
+    model: str
+    detail: str  # why the turn ends ("" when it goes on)
+
+
 @dataclass
-class Loop:
-    ledger: Ledger
-    outbox: Outbox
+class Decisions:
+    """The loop's rules on one iteration, before any ledger: its cost, the policy's decision, the next message (an
+    early end after a side effect says what was done, in the agent's words)."""
+
     policy: Policy
     prices: PriceTable
-    model: str = ""
-    conversations: Conversations | None = None  # None: every request stands alone (no conversation store)
-    steps: StepClock = field(default_factory=StepClock)
-    acts: Acts = field(kw_only=True)  # the agent's side effects: an early end after one says what was done
+    model: str  # the fleet's model, for an iteration that names none
+    acts: Acts
 
-    async def on_iteration(self, event: ModelResponded) -> str:
-        span = trace.get_current_span()
+    def decided(self, event: ModelResponded, span: trace.Span) -> Decided:
         model = event.model or self.model
         cost, step_cost = self.prices.cost(model, event.spent), self.prices.cost(model, event.usage)
         decision = decide(event, self.policy, cost, step_cost)
         span.set_attribute("roundtrip.decision", type(decision).__name__)
-        message: CallModel | CheckToolCalls | TurnEnded
         if isinstance(decision, Continue):
-            message, outcome = continued(event, decision, span), None
-        else:
-            message, outcome = self._finished(event, decision, cost, span), decision.outcome.value
+            return Decided(continued(event, decision, span), None, cost, step_cost, model, "")
+        ended = self._finished(event, decision, cost, span)
+        return Decided(ended, decision.outcome.value, cost, step_cost, model, decision.detail)
+
+    def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
+        outcome = decision.outcome.value
+        text = self.acts.reply(
+            decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages :])
+        )
+        ended = TurnEnded(
+            turn=event.turn,
+            step=event.step,
+            outcome=decision.outcome,
+            text=text,
+            spent=event.spent,
+            cost_usd=round(cost, 6),
+        )
+        span.set_attribute("roundtrip.outcome", outcome)
+        if decision.detail:
+            span.set_attribute("roundtrip.detail", decision.detail)
+        if outcome in ERROR_OUTCOMES:
+            mark_error(span, f"{outcome}: {decision.detail}" if decision.detail else outcome, outcome)
+        if decision.outcome not in (Outcome.END_TURN,):
+            log.warning(
+                "turn %s ended at step %d: %s (%s) trace %s",
+                event.turn.turn_id,
+                event.step,
+                outcome,
+                decision.detail,
+                event.turn.trace_id,
+            )
+        return ended
+
+
+@dataclass
+class Loop:
+    ledger: Ledger
+    outbox: Outbox
+    decisions: Decisions
+    conversations: Conversations | None  # None: every request stands alone (no conversation store)
+    steps: StepClock
+
+    async def on_iteration(self, event: ModelResponded) -> str:
+        span = trace.get_current_span()
+        decided = self.decisions.decided(event, span)
+        message, outcome, cost, step_cost, model = (
+            decided.message,
+            decided.outcome,
+            decided.cost,
+            decided.step_cost,
+            decided.model,
+        )
         pending = pending_copy(message)
         history = self._history(event, message) if isinstance(message, TurnEnded) else None
         shared = history is not None and self.conversations is not None and self.conversations.shares(self.ledger)
@@ -131,35 +187,6 @@ class Loop:
             ended.outcome.value,
             only_open=only_open,
         )
-
-    def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
-        outcome = decision.outcome.value
-        text = self.acts.reply(
-            decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages :])
-        )
-        ended = TurnEnded(
-            turn=event.turn,
-            step=event.step,
-            outcome=decision.outcome,
-            text=text,
-            spent=event.spent,
-            cost_usd=round(cost, 6),
-        )
-        span.set_attribute("roundtrip.outcome", outcome)
-        if decision.detail:
-            span.set_attribute("roundtrip.detail", decision.detail)
-        if outcome in ERROR_OUTCOMES:
-            mark_error(span, f"{outcome}: {decision.detail}" if decision.detail else outcome, outcome)
-        if decision.outcome not in (Outcome.END_TURN,):
-            log.warning(
-                "turn %s ended at step %d: %s (%s) trace %s",
-                event.turn.turn_id,
-                event.step,
-                outcome,
-                decision.detail,
-                event.turn.trace_id,
-            )
-        return ended
 
     async def _not_advanced(
         self, event: ModelResponded, span: trace.Span, message: CallModel | CheckToolCalls | TurnEnded, pending: str

@@ -93,13 +93,13 @@ class Outbox:
         self,
         ledger: Ledger,
         publish: Publish,
-        after_s: float = 5.0,
-        on_ended: Callable[[str], None] = lambda conversation_id: None,
-        progress: Mapping[str, str] | None = None,
-        streams_by_default: bool = False,
+        after_s: float,
+        on_ended: Callable[[str], None],
+        progress: Mapping[str, str],
+        streams_by_default: bool,
     ) -> None:
         self.ledger, self.publish, self.on_ended = ledger, publish, on_ended
-        self.progress: Mapping[str, str] = progress or {}
+        self.progress: Mapping[str, str] = progress
         self.streams_by_default = streams_by_default
         self.after_s = after_s
         self._clearing: asyncio.Task[None] | None = None

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
@@ -34,7 +34,7 @@ class ConversationOrder:
 
     `ended` wakes them at once for an end this replica publishes; another replica's is seen by polling the ledger."""
 
-    def __init__(self, ledger: Ledger, give_up_after_s: float, poll_s: float = 0.5) -> None:
+    def __init__(self, ledger: Ledger, give_up_after_s: float, poll_s: float) -> None:
         self.ledger, self.give_up_after_s, self.poll_s = ledger, give_up_after_s, poll_s
         self._ended: dict[str, asyncio.Event] = {}
 
@@ -84,10 +84,10 @@ class Starts:
     outbox: Outbox
     order: ConversationOrder
     replies: Replies
-    turn_deadline_s: float = 300.0
-    conversations: Conversations | None = None  # None: every request stands alone
-    steps: StepClock = field(default_factory=StepClock)
-    agent_digest: str | None = None
+    turn_deadline_s: float
+    conversations: Conversations | None  # None: every request stands alone
+    steps: StepClock
+    agent_digest: str
 
     async def on_start(self, command: StartTurn) -> str:
         """A new turn: the ledger's read beside the conversation's claim, then the turn recorded beside its exchange

@@ -34,9 +34,9 @@ class Sweeper:
     outbox: Outbox
     outside: Outside
     approvals: Approvals
-    stuck_after_s: float = 60.0
-    stuck_grace_s: float = 30.0
-    turn_deadline_s: float = 300.0
+    stuck_after_s: float
+    stuck_grace_s: float
+    turn_deadline_s: float
 
     async def sweep(self, flag: Flag, now: float | None = None) -> tuple[int, int]:
         """Flag idle turns, end overdue ones, finish deferred ends, expire approvals, republish; (flagged, ended)."""

@@ -10,29 +10,36 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import anthropic
 from opentelemetry import trace
 
 from roundtrip._kernel.observability import metrics
-from roundtrip._kernel.storage.turnstore import Fence
-from roundtrip._kernel.wire.events import CallModel, ModelResponded, ToolCall, Usage
+from roundtrip._kernel.wire.events import CallModel, ModelResponded, ToolCall, Turn, Usage
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._kernel.wire.limits import cap_text, fit_transcript, input_problem, json_size, omitted
 from roundtrip._model.attempts import Tried, attempt
 from roundtrip._model.capacity import Capacity
 from roundtrip._model.observed import observe
-from roundtrip._model.port import Model
+from roundtrip._model.port import CallOptions, Model
 from roundtrip._model.streamed import Chunks
 
 log = logging.getLogger("roundtrip.model")
 
 
 class Limits:
-    def __init__(self, block_bytes: int = 65536, input_depth: int = 32, transcript_bytes: int = 524288) -> None:
+    def __init__(self, block_bytes: int, input_depth: int, transcript_bytes: int) -> None:
         self.block_bytes, self.input_depth, self.transcript_bytes = block_bytes, input_depth, transcript_bytes
+
+
+class ModelFence(Protocol):
+    """What a model call asks the turn's fence (turnstore.Fence; roundtrip.testing's OpenFence in one process)."""
+
+    async def claim_model_call(self, turn: Turn, step: int) -> bool: ...
+
+    async def wait_for_capacity(self, turn: Turn, step: int) -> bool: ...
 
 
 def usage_of(message: anthropic.types.Message) -> Usage:
@@ -75,26 +82,26 @@ def _blocks(message: anthropic.types.Message, limits: Limits) -> tuple[list[dict
     return content, calls
 
 
-@dataclass
+@dataclass(frozen=True)
 class Retrying:
-    """How a call is retried (attempts.py): the limiter, the transient retries, the default deadline, capacity waits."""
+    """How a call is retried (attempts.py): the limiter, the transient retries, the default deadline, capacity waits
+    (off in a plain loop around the SDK: a capacity refusal is the call's error at once)."""
 
-    capacity: Capacity = field(default_factory=Capacity)
-    retries: int = 2
-    deadline_s: float = 300.0
-    wait_for_capacity: bool = True
+    capacity: Capacity
+    retries: int
+    deadline_s: float
+    wait_for_capacity: bool
 
 
 def _caller(command: CallModel, client: Model, chunks: Chunks | None) -> Callable[[int], Awaitable[Any]]:
     turn = command.turn
 
     async def call(n: int) -> tuple[Any, Any]:
+        options = CallOptions(turn.persona, turn.disable_parallel_tool_use, n)
         if chunks is not None:
             chunks.begin()
-            return await client.stream_answer(
-                command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n, chunks=chunks
-            )
-        return await client.answer(command.messages, turn.persona, turn.disable_parallel_tool_use, attempt=n)
+            return await client.stream_answer(command.messages, options, chunks)
+        return await client.answer(command.messages, options)
 
     return call
 
@@ -109,17 +116,11 @@ def _stream_ended(chunks: Chunks | None, out: Tried) -> None:
 
 
 async def call_model(
-    command: CallModel,
-    client: Model,
-    fence: Fence | None = None,
-    limits: Limits | None = None,
-    retrying: Retrying | None = None,
-    chunks: Chunks | None = None,
+    command: CallModel, client: Model, fence: ModelFence, limits: Limits, retrying: Retrying, chunks: Chunks | None
 ) -> ModelResponded | None:
-    """The next iteration of the turn, or None when the fence refuses the call; streamed with `chunks`."""
-    limits, retrying = limits or Limits(), retrying or Retrying()
+    """The next iteration of the turn, or None when the fence refuses the call; streamed with `chunks` (None: not)."""
     turn = command.turn
-    if fence is not None and not await fence.claim_model_call(turn, command.step):
+    if not await fence.claim_model_call(turn, command.step):
         trace.get_current_span().add_event(
             "model not called: the turn has ended or moved on", {"roundtrip.step": command.step}
         )
@@ -148,13 +149,13 @@ async def call_model(
 
 
 async def _attempted(
-    command: CallModel, client: Model, fence: Fence | None, retrying: Retrying, chunks: Chunks | None
+    command: CallModel, client: Model, fence: ModelFence, retrying: Retrying, chunks: Chunks | None
 ) -> Tried:
     turn = command.turn
 
     async def waiting() -> bool:
         trace.get_current_span().add_event("waiting for model capacity", {"roundtrip.step": command.step})
-        return await fence.wait_for_capacity(turn, command.step) if fence is not None else True
+        return await fence.wait_for_capacity(turn, command.step)
 
     return await attempt(
         _caller(command, client, chunks),

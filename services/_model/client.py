@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import anthropic
 
 from roundtrip._model import providers, streamed
+from roundtrip._model.port import CallOptions
 from roundtrip._model.streamed import Chunks
 
 MAX_BREAKPOINTS = 4  # the Messages API refuses a request with more blocks marked cache_control
@@ -71,7 +72,7 @@ class ModelClient:
         tools: list[dict[str, Any]],
         system_prompt: str,
         model: str,
-        sdk_retries: int = 0,
+        sdk_retries: int,
     ) -> None:
         """`sdk_retries`: 0 in the model service, whose limiter must see every 429; a plain loop takes the SDK's."""
         self._settings = settings
@@ -102,7 +103,7 @@ class ModelClient:
             return messages
         return with_history_breakpoints(messages, MAX_BREAKPOINTS - self.static_breakpoints)
 
-    def tool_choice(self, disable_parallel_tool_use: bool | None = None) -> dict[str, Any] | None:
+    def tool_choice(self, disable_parallel_tool_use: bool | None) -> dict[str, Any] | None:
         """`tool_choice` of a call: auto without parallel use when that is off; else none (the API's default)."""
         disabled = (
             self._settings.disable_parallel_tool_use if disable_parallel_tool_use is None else disable_parallel_tool_use
@@ -110,44 +111,29 @@ class ModelClient:
         return {"type": "auto", "disable_parallel_tool_use": True} if disabled else None
 
     async def answer(
-        self,
-        messages: list[dict[str, Any]],
-        persona: str | None,
-        disable_parallel_tool_use: bool | None = None,
-        attempt: int | None = None,
+        self, messages: list[dict[str, Any]], options: CallOptions
     ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
-        """The model's message and the answer's HTTP headers; `attempt`: retries before this one (None: the SDK's)."""
-        raw = await self._raw(messages, persona, disable_parallel_tool_use, attempt, stream=False)
+        """The model's message and the answer's HTTP headers."""
+        raw = await self._raw(messages, options, stream=False)
         return await raw.parse(), raw.headers
 
     async def stream_answer(
-        self,
-        messages: list[dict[str, Any]],
-        persona: str | None,
-        disable_parallel_tool_use: bool | None = None,
-        attempt: int | None = None,
-        chunks: Chunks | None = None,
+        self, messages: list[dict[str, Any]], options: CallOptions, chunks: Chunks
     ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
         """`answer` on the streaming endpoint, its text to `chunks` as it comes; an `error` event raises."""
-        raw = await self._raw(messages, persona, disable_parallel_tool_use, attempt, stream=True)
+        raw = await self._raw(messages, options, stream=True)
         events = await raw.parse()
         try:
             return await streamed.read(events, chunks), raw.headers
         finally:
             await events.close()
 
-    async def _raw(
-        self,
-        messages: list[dict[str, Any]],
-        persona: str | None,
-        disable_parallel_tool_use: bool | None,
-        attempt: int | None,
-        stream: bool,
-    ) -> Any:
+    async def _raw(self, messages: list[dict[str, Any]], options: CallOptions, stream: bool) -> Any:
+        attempt, persona = options.attempt, options.persona
         headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
         if persona and self._persona_header:
             headers["x-roundtrip-persona"] = persona
-        choice = self.tool_choice(disable_parallel_tool_use)
+        choice = self.tool_choice(options.disable_parallel_tool_use)
         # the wire's JSON dicts, not the SDK's TypedDicts: the same shapes
         return await self._client.messages.with_raw_response.create(
             model=self._model,

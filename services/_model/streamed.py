@@ -29,7 +29,7 @@ Send = Callable[[StreamedText, str], Awaitable[None]]  # (chunk, conversation id
 class Chunks:
     """The text of one step's call, to support.stream: batched by time and size, numbered per stream, in order."""
 
-    def __init__(self, turn: Turn, step: int, send: Send, chunk_s: float = 0.1, chunk_chars: int = 400) -> None:
+    def __init__(self, turn: Turn, step: int, send: Send, chunk_s: float, chunk_chars: int) -> None:
         self.turn, self.step, self.send = turn, step, send
         self.chunk_s, self.chunk_chars = chunk_s, chunk_chars
         self.stream_id, self.sequence, self.open = "", 0, False  # open: published text, not ended
@@ -98,7 +98,7 @@ def _block(start: Any) -> dict[str, Any]:
     return block
 
 
-async def read(events: Any, chunks: Chunks | None) -> anthropic.types.Message:
+async def read(events: Any, chunks: Chunks) -> anthropic.types.Message:
     """The message a stream of the API's events adds up to; its text to `chunks` as it comes."""
     message: dict[str, Any] = {}
     blocks: list[dict[str, Any]] = []
@@ -108,15 +108,13 @@ async def read(events: Any, chunks: Chunks | None) -> anthropic.types.Message:
         if kind == "message_start":
             message = event.message.model_dump(mode="json", exclude_none=True)
         elif kind == "content_block_start":
-            if chunks is not None:  # the text before this block goes now; a last block's text goes with the final chunk
-                chunks.flush()
+            chunks.flush()  # the text before this block goes now; a last block's text goes with the final chunk
             blocks.append(_block(event.content_block))
         elif kind == "content_block_delta":
             delta = event.delta
             if delta.type == "text_delta":
                 blocks[event.index]["text"] = blocks[event.index].get("text", "") + delta.text
-                if chunks is not None:
-                    chunks.text(delta.text)
+                chunks.text(delta.text)
             elif delta.type == "input_json_delta":
                 json_parts.setdefault(event.index, []).append(delta.partial_json)
         elif kind == "content_block_stop":

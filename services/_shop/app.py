@@ -207,13 +207,3 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-seed", action="store_true", help="do not insert the demo data")
     args = parser.parse_args(argv)
     asyncio.run(serve(args.database_url, args.port, host=args.host, seed=not args.no_seed))
-
-
-@asynccontextmanager
-async def in_process(database_url: str, seed: bool = True) -> AsyncIterator[Any]:
-    """Run the shop inside this process (lifespan included) and yield an httpx transport to it."""
-    import httpx
-
-    app = create_app(database_url, seed=seed)
-    async with app.router.lifespan_context(app):
-        yield httpx.ASGITransport(app=app)

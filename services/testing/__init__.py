@@ -25,6 +25,9 @@ import anthropic
 
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import ApprovalRequested
+from roundtrip._model.capacity import Capacity
+from roundtrip._model.port import CallOptions, Model
+from roundtrip._model.streamed import Chunks
 from roundtrip._sdk.agent import Agent, load_agent
 from roundtrip._sdk.context import Dependencies
 from roundtrip.testing._inprocess import AWAITING_APPROVAL, Ended, InProcess
@@ -32,7 +35,9 @@ from roundtrip.testing._inprocess import AWAITING_APPROVAL, Ended, InProcess
 __all__ = [
     "AWAITING_APPROVAL",
     "Call",
+    "CallOptions",
     "FunctionModel",
+    "Model",
     "ModelInfo",
     "Reply",
     "ScriptExhausted",
@@ -116,6 +121,9 @@ def _message(response: Response, step: int, model: str) -> anthropic.types.Messa
 
 
 class _Model:
+    """The testing models' base: `Model` (the port the model service calls, the SDK's client in the fleet), its
+    answers from `respond`."""
+
     model = "scripted"
 
     def __init__(self) -> None:
@@ -130,29 +138,19 @@ class _Model:
         raise NotImplementedError
 
     async def answer(
-        self,
-        messages: list[dict[str, Any]],
-        persona: str | None = None,
-        disable_parallel_tool_use: bool | None = None,
-        attempt: int | None = None,
+        self, messages: list[dict[str, Any]], options: CallOptions
     ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
         self.requests.append(messages)
         step = len(self.requests)
         return _message(self.respond(messages, ModelInfo(step, self.tools, self.system)), step, self.model), {}
 
     async def stream_answer(
-        self,
-        messages: list[dict[str, Any]],
-        persona: str | None = None,
-        disable_parallel_tool_use: bool | None = None,
-        attempt: int | None = None,
-        chunks: Any = None,
+        self, messages: list[dict[str, Any]], options: CallOptions, chunks: Chunks
     ) -> tuple[anthropic.types.Message, Mapping[str, str]]:
-        message, headers = await self.answer(messages, persona, disable_parallel_tool_use, attempt)
-        if chunks is not None:
-            for block in message.content:
-                if block.type == "text":
-                    chunks.text(block.text)
+        message, headers = await self.answer(messages, options)
+        for block in message.content:
+            if block.type == "text":
+                chunks.text(block.text)
         return message, headers
 
 
@@ -244,7 +242,7 @@ async def arun_turn(
     agent: Agent | str,
     customer_id: str,
     text: str,
-    model: _Model,
+    model: Model,
     *,
     deps: Mapping[str, Any] | None = None,
     state_dir: Path | None = None,
@@ -267,8 +265,9 @@ async def arun_turn(
         executor_clients = agent.open_dependencies(settings)
     try:
         async with agent.toolbox:
-            model.bind(agent)
-            fleet = InProcess(agent, model, executor_clients, settings, gate_deps=gate_clients)
+            if (bind := getattr(model, "bind", None)) is not None:  # a model shown the agent's tools and prompt
+                bind(agent)
+            fleet = InProcess(agent, settings, model, Capacity(), executor_clients, gate_clients, True)
             ended: Ended = await fleet.turn(text, customer_id, persona, approve=decide)
     finally:
         if deps is None:
@@ -290,7 +289,7 @@ def run_turn(
     agent: Agent | str,
     customer_id: str,
     text: str,
-    model: _Model,
+    model: Model,
     *,
     deps: Mapping[str, Any] | None = None,
     state_dir: Path | None = None,

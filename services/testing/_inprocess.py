@@ -1,8 +1,10 @@
-"""The loop of one turn in this process, through the fleet's own code, without Kafka.
+"""The loop of one turn in this process, through the fleet's own cores, joined by function calls instead of topics.
 
-Each step runs what the fleet runs: the model service's `call_model`, the guard's `decide` and `continued`, the
-gate's `Gate.check` and the executor's `execute`; a held call is decided by `approve`, signed with the decision key
-as a person's is. Left out: the broker hops, the ledger and conversation store, the turn fence, the processes.
+Each step runs the cores the services' shells run, built by the same factories: the model's (`ModelCore.respond`),
+the guard's rules (`Decisions.decided`), the gate's (`GateCore.handle`) and the executor's (`ExecutorCore.handle`);
+the turn starts as the gateway starts it (`start_turn`). A held call is decided by `approve`, signed with the decision
+key as a person's is. The ports are in-memory (_ports.py). Left out: the broker hops, the guard's ledger and
+conversation store, the processes.
 """
 
 from __future__ import annotations
@@ -13,30 +15,37 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roundtrip._executor.batches import execute
-from roundtrip._executor.runner import runner_for
-from roundtrip._gate.of_agent import gate_for
+from opentelemetry import trace
+
+from roundtrip._executor.core import ExecutorPorts
+from roundtrip._executor.core import core_of as executor_core
+from roundtrip._gate.core import GatePorts
+from roundtrip._gate.core import core_of as gate_core
+from roundtrip._gateway.turns import start_turn
 from roundtrip._guard.approvals import resumed
-from roundtrip._guard.loop import continued
-from roundtrip._guard.pricing import PriceTable
-from roundtrip._guard.replies import Replies
-from roundtrip._guard.rules import Finish, decide, policy_from
-from roundtrip._guard.side_effects import Acts
+from roundtrip._guard.core import decisions_of
+from roundtrip._kernel.observability.telemetry import new_turn_ids
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.wire.approvals import Signer, Verifier
+from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,
     ApprovalRequested,
     CallModel,
+    CheckToolCalls,
     Decision,
     ModelResponded,
+    SupportRequest,
     Turn,
+    TurnEnded,
     Usage,
 )
-from roundtrip._model.calls import Limits, Retrying, call_model
+from roundtrip._model.capacity import Capacity
+from roundtrip._model.core import ModelPorts
+from roundtrip._model.core import core_of as model_core
 from roundtrip._model.port import Model
 from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies
+from roundtrip.testing._ports import OpenFence, StartedTurns
 
 AWAITING_APPROVAL = "awaiting_approval"  # the outcome of a turn left waiting for a person (no `approve` given)
 Approve = Callable[[ApprovalRequested], bool]
@@ -60,36 +69,33 @@ class InProcess:
     def __init__(
         self,
         agent: Agent,
-        client: Model,
-        deps: Dependencies,
         settings: Settings,
-        retrying: Retrying | None = None,
-        gate_deps: Dependencies | None = None,
+        client: Model,
+        capacity: Capacity,
+        deps: Dependencies,
+        gate_deps: Dependencies,
+        wait_for_capacity: bool,
     ) -> None:
-        self.agent, self.client, self.settings, self.retrying = agent, client, settings, retrying
-        self.gate = gate_for(agent, settings, deps if gate_deps is None else gate_deps)
-        self.batches = Verifier.of(settings.batch_verify_keys, "ROUNDTRIP_BATCH_VERIFY_KEYS")
+        self.agent, self.client, self.settings = agent, client, settings
+        self.fence = OpenFence()
+        self.model = model_core(settings, ModelPorts(client, self.fence, capacity, wait_for_capacity, time.time()))
+        self.gate = gate_core(settings, agent, GatePorts(StartedTurns(), gate_deps))
+        self.executor = executor_core(settings, agent, ExecutorPorts(self.fence, deps))
         self.decisions = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
-        self.runner = runner_for(settings, agent, deps)
-        words = Replies.of(agent.replies, agent.acted_replies)
-        self.policy, self.prices = (
-            policy_from(settings, words),
-            PriceTable.from_json(settings.prices, settings.model_provider),
-        )
-        shown = {name: tuple(spec.entity_refs) for name, spec in agent.registry.specs.items()}
-        self.acts = Acts(frozenset(agent.serial), agent.describe_action, words, shown)
-        self.limits = Limits(settings.max_block_bytes, settings.max_input_depth, settings.max_transcript_bytes)
+        self.rules = decisions_of(settings, agent)
 
-    def new_turn(self, customer_id: str, persona: str | None = None) -> Turn:
+    def new_turn(self, text: str, customer_id: str, persona: str | None) -> Turn:
+        """The turn the gateway starts for this request, its deadline as the guard records it."""
         request_id = f"req_{uuid.uuid4().hex[:12]}"
-        return Turn(
-            turn_id=f"turn_{request_id}",
+        request = SupportRequest(
             request_id=request_id,
             conversation_id=f"conv_{request_id}",
             customer_id=customer_id,
             persona=persona,
-            deadline_at=round(time.time() + self.settings.turn_deadline_s, 3),
+            text=text,
         )
+        turn = start_turn(request, *new_turn_ids()).turn
+        return turn.model_copy(update={"deadline_at": round(time.time() + self.settings.turn_deadline_s, 3)})
 
     async def turn(
         self,
@@ -100,7 +106,7 @@ class InProcess:
         observe: Callable[[ModelResponded], None] | None = None,
     ) -> Ended:
         command: CallModel | ApprovalRequested = CallModel(
-            turn=self.new_turn(customer_id, persona), step=0, messages=[{"role": "user", "content": text}]
+            turn=self.new_turn(text, customer_id, persona), step=0, messages=[{"role": "user", "content": text}]
         )
         approvals: list[ApprovalRequested] = []
         while True:
@@ -119,35 +125,34 @@ class InProcess:
                 approvals.append(command)
                 command = await self._decided(command, approve(command))
                 continue
-            event = await call_model(command, self.client, limits=self.limits, retrying=self.retrying)
-            assert event is not None  # None comes only from a fence, and this loop has none
+            event = await self.model.respond(command, None)
+            assert event is not None  # None comes only from a fence refusing the call, and OpenFence never does
             if observe is not None:
                 observe(event)
-            model = event.model or self.client.model
-            decision = decide(
-                event, self.policy, self.prices.cost(model, event.spent), self.prices.cost(model, event.usage)
-            )
-            if isinstance(decision, Finish):
+            hop = self.rules.decided(event, trace.get_current_span())
+            if isinstance(hop.message, TurnEnded):
                 transcript = (
                     [*event.messages, {"role": "assistant", "content": event.content}]
                     if event.content
                     else event.messages
                 )
+                ended = hop.message
                 return Ended(
-                    decision.outcome.value,
-                    self.acts.reply(decision.outcome, decision.text, self.acts.done(event.messages)),
+                    ended.outcome.value,
+                    ended.text,
                     transcript,
                     event.step,
-                    decision.detail,
+                    hop.detail,
                     event.spent,
                     approvals=approvals,
                 )
-            hop = continued(event, decision)
-            command = hop if isinstance(hop, CallModel) else await self._run(hop)
+            command = hop.message if isinstance(hop.message, CallModel) else await self._run(hop.message)
 
-    async def _run(self, check: Any) -> CallModel | ApprovalRequested:
-        batch = await self.gate.check(check)
-        return await execute(batch, self.batches, self.runner, max_transcript_bytes=self.settings.max_transcript_bytes)
+    async def _run(self, check: CheckToolCalls) -> CallModel | ApprovalRequested:
+        hop = await self.executor.handle(await self.gate.handle(check))
+        if hop is None:  # the executor said why (logged, on the span)
+            raise RuntimeError(f"turn {check.turn.turn_id} step {check.step}: the batch was not run")
+        return hop
 
     async def _decided(self, request: ApprovalRequested, approved: bool) -> CallModel | ApprovalRequested:
         decision = self.decisions.sign(

@@ -22,7 +22,6 @@ from typing import Any
 import anthropic
 
 from roundtrip._kernel.settings import Settings
-from roundtrip._model.calls import Retrying
 from roundtrip._model.capacity import Capacity
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip.testing._inprocess import InProcess
@@ -75,12 +74,13 @@ class InProcessLoop:
             settings, sdk_retries=anthropic.DEFAULT_MAX_RETRIES if plain else settings.model_max_retries
         )
         self.shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
-        model, retrying = (
-            (SdkOnly(self.client), Retrying(Capacity(slow_start=False), retries=0, wait_for_capacity=False))
-            if plain
-            else (self.client, None)
-        )
-        self.loop = InProcess(SHOP, model, shop_deps(self.shop), settings, retrying)
+        deps = shop_deps(self.shop)
+        if plain:  # the SDK's own retries only, no limiter, a capacity refusal the call's error at once
+            plain_settings = settings.model_copy(update={"model_max_retries": 0})
+            capacity = Capacity(slow_start=False)
+            self.loop = InProcess(SHOP, plain_settings, SdkOnly(self.client), capacity, deps, deps, False)
+        else:
+            self.loop = InProcess(SHOP, settings, self.client, Capacity(), deps, deps, True)
 
     async def aclose(self) -> None:
         await self.client.aclose()

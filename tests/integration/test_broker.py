@@ -21,9 +21,10 @@ from roundtrip._broker.embedded import (
     port_is_free,
     probe_metadata,
 )
-from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES, create_topics, ensure_topics, wait_for_broker
+from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES, ensure_topics, wait_for_broker
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
+from tests.topics import create_topics
 
 
 async def _partitions(bootstrap: str, names: list[str]) -> dict[str, int]:

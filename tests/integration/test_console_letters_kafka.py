@@ -16,10 +16,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from roundtrip._console import letters
 from roundtrip._console.decisions import Refused
 from roundtrip._kernel.kafka import dead_letters
-from roundtrip._kernel.kafka.admin import create_topics
 from roundtrip._kernel.kafka.messaging import dead_letter_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
+from tests.topics import create_topics
 
 BATCH = b'{"turn": {"turn_id": "turn_1"}, "step": 1, "calls": []}'
 HARMLESS = b'{"turn_id": "turn_a", "customer_id": "cust_a", "text": "What are your opening hours?"}'

@@ -10,7 +10,7 @@ from roundtrip._shop.agent.client import ShopClient
 @pytest.fixture
 async def shop(tmp_path):
     """A client of the demo shop app, in-process on SQLite (no HTTP server)."""
-    from roundtrip._shop.app import in_process
+    from tests.shop import in_process
 
     async with in_process(f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}") as transport:
         client = ShopClient("http://shop", timeout=5, transport=transport)

@@ -11,11 +11,10 @@ import httpx
 import pytest
 
 from roundtrip import always
-from roundtrip._executor.batches import execute
 from roundtrip._executor.runner import Runner
 from roundtrip._gate.gate import Gate
 from roundtrip._guard.approvals import DecisionRefused
-from roundtrip._guard.bootstrap import Guard
+from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
@@ -40,13 +39,14 @@ from roundtrip._kernel.wire.events import (
     TurnEnded,
     TurnState,
 )
-from roundtrip._model.calls import call_model
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip._shop.agent.tools import ShopAgentSettings
-from roundtrip._shop.app import in_process
 from roundtrip._simulator.server import running_simulator
 from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry
+from tests.cores import executed, respond
+from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.shop import in_process
 from tests.signing import key_settings, pair
 from tests.unit.test_guard_handlers import Recorder
 
@@ -203,7 +203,7 @@ async def test_one_call_per_step_waits_for_a_person_the_second_is_told_to_come_b
     BATCHES.verify(batch)
     # the hold carries the gate's own signature, which the executor copies into the request the guard checks
     runner = Runner(recording_registry(Recording()), deps=shop_deps(None), timeout_s=5, parallel=True)
-    asked = await execute(batch, BATCHES, runner)
+    asked = await executed(batch, BATCHES, runner)
     assert isinstance(asked, ApprovalRequested) and asked.hold_key_id == GATE_KEYS.key_id and asked.hold_signature
     BATCHES.verify_hold(asked)
 
@@ -298,7 +298,7 @@ async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resume
             calls=[checked("cancel_order", "c1", hold=hold), checked("lookup_order", "c2")],
         )
     )
-    asked = await execute(batch, BATCHES, runner)
+    asked = await executed(batch, BATCHES, runner)
     assert isinstance(asked, ApprovalRequested)
     assert recording.events == [("start", "c2"), ("end", "c2")]  # only the other call ran
     assert (
@@ -316,7 +316,7 @@ async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resume
             calls=[checked("cancel_order", "c1", approved_by="alice")],
         )
     )
-    command = await execute(resumed, BATCHES, runner)
+    command = await executed(resumed, BATCHES, runner)
     assert isinstance(command, CallModel)
     assert [b["tool_use_id"] for b in command.messages[-1]["content"]] == ["c1", "c2"]  # the model's order, one message
     assert recording.events[2:] == [("start", "c1"), ("end", "c1")]
@@ -333,7 +333,7 @@ async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resume
 async def guard(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     recorder = Recorder()
-    g = Guard(
+    g = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
         prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
@@ -645,7 +645,7 @@ async def test_parallel_use_is_disabled_per_deployment_or_per_request_and_the_re
     t = turn().model_copy(update={"persona": "parallel", "disable_parallel_tool_use": request_flag})
     before = httpx.get(f"{simulator}/health").json()["parallel_disabled"]
     try:
-        event = await call_model(
+        event = await respond(
             CallModel(turn=t, step=0, messages=[{"role": "user", "content": "cancel my last order"}]), client
         )
     finally:

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.conversations import Conversations, compact, estimate_tokens, exchange_of, within_budget
+from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
@@ -18,6 +18,7 @@ from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._kernel.wire.limits import OMITTED_KEY
+from tests.cores import guard as guard_of
 from tests.databases import migrated
 
 PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
@@ -223,7 +224,7 @@ async def guard(tmp_path):
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger = await Ledger.open(url)
     store = await Conversations.open(url, budget_tokens=20000)
-    g = Guard(
+    g = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
         prices=PRICES,

@@ -10,8 +10,8 @@ import pytest
 
 from roundtrip import load_agent
 from roundtrip._console import auth, decisions
-from roundtrip._executor import runner
-from roundtrip._gate import of_agent
+from roundtrip._executor import core as executor_core
+from roundtrip._gate import core as gate_core
 from roundtrip._kernel.observability import telemetry, traces
 from roundtrip._kernel.settings import ApprovalSettings, Settings
 from roundtrip._model import client, providers
@@ -42,8 +42,8 @@ def settings(tmp_path):
     [
         (providers.in_effect, "settings", providers.ModelAccess),
         (client.ModelClient.__init__, "settings", client.ClientSettings),
-        (runner.runner_for, "settings", runner.RunnerSettings),
-        (of_agent.gate_for, "settings", of_agent.GateConfig),
+        (executor_core.runner_for, "settings", executor_core.RunnerSettings),
+        (gate_core.gate_for, "settings", gate_core.GateConfig),
         (auth.Gatekeeper.__init__, "settings", auth.SignIn),
         (telemetry.setup_telemetry, "settings", telemetry.SpanExport),
         (traces.read, "settings", traces.SpanSources),
@@ -56,8 +56,8 @@ def test_each_takes_the_type_that_names_what_it_reads(function, parameter, proto
 
 
 def test_the_model_client_is_built_from_the_model_settings_alone(settings):
-    model = client.ModelClient(only(client.ClientSettings, settings), [], "system", settings.model)
-    assert model.model == settings.model and model.tool_choice() is None
+    model = client.ModelClient(only(client.ClientSettings, settings), [], "system", settings.model, 0)
+    assert model.model == settings.model and model.tool_choice(None) is None
     part = only(providers.ModelAccess, settings)
     providers.refuse_unusable(part, settings.model)
     assert dict(providers.in_effect(part))["provider"] == "anthropic"
@@ -65,9 +65,9 @@ def test_the_model_client_is_built_from_the_model_settings_alone(settings):
 
 def test_the_gate_and_the_runner_are_built_from_their_settings_alone(settings):
     agent = load_agent(None)
-    gate = of_agent.gate_for(agent, only(of_agent.GateConfig, settings), Dependencies())
+    gate = gate_core.gate_for(agent, only(gate_core.GateConfig, settings), Dependencies())
     assert gate.batch_ttl_s == settings.stuck_after_s
-    tools = runner.runner_for(only(runner.RunnerSettings, settings), agent, Dependencies())
+    tools = executor_core.runner_for(only(executor_core.RunnerSettings, settings), agent, Dependencies())
     assert tools.parallel == settings.parallel_tools
 
 

@@ -350,6 +350,11 @@ def settings_read_by(service: str) -> set[str]:
     }
     if service in topology.names() and topology.service(service).shares_ledger:
         read |= {"ledger_db_url", "refuse_private_ledger"}
+    # every shell refuses the keys the topology gives its service unfit, at start (services/_kernel/shell.py)
+    shell = (ROOT / "services" / "_kernel" / "shell.py").read_text()
+    built_on_the_shell = (folder / "app.py").exists() and "Shell(" in (folder / "app.py").read_text()
+    if built_on_the_shell and "refuse_unfit_keys(service, keys" in shell and topology.service(service).keys:
+        read.add("refuse_unfit_keys")
     return read
 
 

@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import ENDED, RUNNING, Ledger
 from roundtrip._guard.pricing import PriceTable
@@ -16,6 +15,7 @@ from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.storage.turnstore import TurnRefused, reply_digest, turns
 from roundtrip._kernel.wire.events import CancelTurn, ModelResponded, StartTurn, Turn, Usage
+from tests.cores import guard as guard_of
 from tests.databases import migrated
 
 PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
@@ -38,7 +38,7 @@ async def guard(request, tmp_path):
     other = url if request.param == "shared" else await migrated(f"sqlite+aiosqlite:///{tmp_path / 'conv.db'}")
     ledger, store = await Ledger.open(url), await Conversations.open(other)
     assert store.shares(ledger) is (request.param == "shared")
-    g = Guard(
+    g = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
         prices=PRICES,

@@ -13,9 +13,9 @@ from roundtrip._gate.validation import InputValidator, ecma_regex
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
-from roundtrip._shop.app import in_process
 from roundtrip._shop.help_articles import INJECTION_ORDER_ID
 from tests.agents import SCHEMAS, SHOP, shop_deps, shop_registry
+from tests.shop import in_process
 from tests.signing import pair
 
 REGISTRY = SHOP.registry

@@ -34,8 +34,8 @@ from roundtrip._gate.gate import Gate
 from roundtrip._kernel.wire.events import ToolCall
 from roundtrip._sdk.context import ToolContext, ToolError
 from roundtrip._shop.agent.client import ShopClient
-from roundtrip._shop.app import in_process
 from tests.agents import SHOP, shop_deps
+from tests.shop import in_process
 from tests.signing import pair
 
 MAX_EXAMPLES = 420

@@ -9,7 +9,6 @@ import time
 import pytest
 
 from roundtrip._gateway.turns import forged
-from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
@@ -17,6 +16,7 @@ from roundtrip._guard.rules import Policy
 from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn, ModelResponded, Outcome, StartTurn, Turn, TurnEnded, Usage
+from tests.cores import guard as guard_of
 from tests.databases import migrated
 
 TURN = Turn(turn_id="turn_g", request_id="req_g", conversation_id="conv_g", customer_id="cus_1001")
@@ -38,7 +38,7 @@ async def fleet(tmp_path):
     """The guard's ledger, and the gateway's read-only view of it."""
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, recorder = await Ledger.open(url), Recorder()
-    guard = Guard(
+    guard = guard_of(
         ledger=ledger, policy=Policy(replies=Replies()), prices=PriceTable.from_json(PRICES), publish=recorder
     )
     guard.recorder = recorder

@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from roundtrip._executor.batches import execute
 from roundtrip._executor.runner import Runner
-from roundtrip._guard.bootstrap import Guard
+from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import POLITE, Replies
 from roundtrip._guard.rules import Policy
@@ -31,6 +30,8 @@ from roundtrip._kernel.wire.events import (
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._shop.agent import AGENT as SHOP
 from tests.agents import shop_deps
+from tests.cores import executed
+from tests.cores import guard as guard_of
 from tests.databases import migrated
 from tests.unit.test_approvals_flow import BATCHES, CANCEL, SIGNER
 from tests.unit.test_guard_handlers import PRICES, Recorder
@@ -162,7 +163,7 @@ async def guard(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     recorder = Recorder()
     # max_steps=1: the first step that would call a tool ends the turn (step_limit)
-    g = Guard(
+    g = guard_of(
         ledger=ledger, policy=Policy(max_steps=1, replies=Replies()), prices=PRICES, publish=recorder, acts=SHOP_ACTS
     )
     g.recorder = recorder
@@ -268,7 +269,7 @@ async def deciding(tmp_path):
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, fence = await Ledger.open(url), await Fence.open(url)
     recorder = Recorder()
-    guard = Guard(ledger=ledger, policy=Policy(replies=Replies()), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
+    guard = guard_of(ledger=ledger, policy=Policy(replies=Replies()), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
     await guard.starts.on_start(StartTurn(turn=ALICE, text="cancel my last order"))
     cancel = ToolCall(id="c1", name="cancel_order", input=CANCEL, fingerprint=fingerprint("cancel_order", CANCEL))
     await guard.loop.on_iteration(
@@ -293,7 +294,7 @@ async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_di
     guard, fence, recorder = deciding
     runner = Runner(SHOP.registry, deps=shop_deps(shop), timeout_s=5, parallel=True)
     batch = SIGNER.sign(ExecuteToolBatch(turn=ALICE, step=1, messages=ASKED, calls=[CHECKED]))
-    assert isinstance(await execute(batch, BATCHES, runner, fence), CallModel)
+    assert isinstance(await executed(batch, BATCHES, runner, fence), CallModel)
     assert (await shop.get_order("cus_1001", "ord_a1000003"))["status"] == "cancelled"
     assert await fence.claim_model_call(ALICE, 1)  # the next model call is on its way (the lease released)
     assert (

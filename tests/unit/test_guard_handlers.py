@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
@@ -24,6 +23,7 @@ from roundtrip._kernel.wire.events import (
     Usage,
 )
 from roundtrip._kernel.wire.fingerprints import fingerprint
+from tests.cores import guard as guard_of
 from tests.databases import migrated
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="0" * 32)
@@ -52,7 +52,7 @@ class Recorder:
 async def guard(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"))
     recorder = Recorder()
-    g = Guard(
+    g = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
         prices=PRICES,
@@ -101,7 +101,7 @@ async def test_a_turn_starts_once_even_when_the_request_is_duplicated(guard):
 async def test_the_ledger_records_which_agent_started_the_turn_and_the_turn_carries_it(tmp_path):
     ledger = await Ledger.open(await migrated(f"sqlite+aiosqlite:///{tmp_path / 'digest.db'}"))
     recorder = Recorder()
-    g = Guard(
+    g = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
         prices=PRICES,
@@ -238,7 +238,7 @@ async def test_a_turn_that_streams_and_ends_by_the_models_answer_or_does_not_str
 
 
 async def test_budget_outcome_carries_the_cost(guard):
-    guard.loop.policy = Policy(budget_usd=0.0005, replies=Replies())
+    guard.loop.decisions.policy = Policy(budget_usd=0.0005, replies=Replies())
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "budget"
     ended = guard.recorder.sent[-1][1]

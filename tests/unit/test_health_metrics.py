@@ -170,7 +170,7 @@ async def test_the_guard_counts_a_turn_once_with_its_steps_tokens_and_cost(guard
 
 async def test_a_turn_the_guard_stops_is_a_drop_by_reason(guard):  # noqa: F811
     drops = sample("roundtrip_guard_drops_total", reason="step_limit")
-    guard.loop.policy = dataclasses.replace(guard.loop.policy, max_steps=1)
+    guard.loop.decisions.policy = dataclasses.replace(guard.loop.decisions.policy, max_steps=1)
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "step_limit"
     assert sample("roundtrip_guard_drops_total", reason="step_limit") == drops + 1

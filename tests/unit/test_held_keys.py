@@ -22,9 +22,9 @@ from roundtrip._kernel.kafka.outages import next_try
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
-from roundtrip._shop.app import in_process
 from tests import waiting
 from tests.agents import SHOP, shop_deps
+from tests.shop import in_process
 from tests.signing import pair
 
 TP = TopicPartition("t", 0)

@@ -9,10 +9,10 @@ import pytest
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CallModel, Turn, Usage
 from roundtrip._model.attempts import MARGIN_S
-from roundtrip._model.calls import call_model
 from roundtrip._model.client import ModelClient
 from roundtrip._simulator.server import running_simulator
 from tests.agents import shop_model_client
+from tests.cores import respond
 from tests.databases import migrated
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", persona="careful")
@@ -42,7 +42,7 @@ async def test_a_tool_use_response_becomes_an_iteration_with_fingerprints_and_us
     command = CallModel(
         turn=TURN, step=0, messages=[{"role": "user", "content": "cancel my last order"}], spent=Usage(input_tokens=7)
     )
-    event = await call_model(command, client)
+    event = await respond(command, client)
     await client.aclose()
     assert event.step == 1 and event.stop_reason == "tool_use" and event.error is None
     assert [c.name for c in event.tool_calls] == ["list_orders"]
@@ -56,8 +56,8 @@ async def test_a_tool_use_response_becomes_an_iteration_with_fingerprints_and_us
 async def test_the_static_prefix_is_cached_across_calls(simulator):
     client = client_for(simulator)
     command = CallModel(turn=TURN, step=0, messages=[{"role": "user", "content": "what are my orders?"}])
-    await call_model(command, client)
-    second = await call_model(command, client)
+    await respond(command, client)
+    second = await respond(command, client)
     await client.aclose()
     assert second.usage.cache_read_input_tokens > 0
 
@@ -65,7 +65,7 @@ async def test_the_static_prefix_is_cached_across_calls(simulator):
 async def test_an_api_overloaded_until_the_deadline_becomes_a_busy_iteration(failing_simulator):
     client = client_for(failing_simulator)
     turn = TURN.model_copy(update={"deadline_at": time.time() + MARGIN_S + 1.5})  # a 529 is "later" until then
-    event = await call_model(CallModel(turn=turn, step=2, messages=[{"role": "user", "content": "hi"}]), client)
+    event = await respond(CallModel(turn=turn, step=2, messages=[{"role": "user", "content": "hi"}]), client)
     await client.aclose()
     assert event.step == 3 and event.stop_reason is None and event.busy
     assert (
@@ -84,7 +84,7 @@ async def test_a_tool_input_no_event_could_carry_becomes_a_call_with_an_error_an
     command = CallModel(
         turn=turn, step=0, messages=[{"role": "user", "content": "help me"}], spent=Usage(input_tokens=7)
     )
-    event = await call_model(command, client)
+    event = await respond(command, client)
     await client.aclose()
     (call,) = event.tool_calls
     assert call.error.startswith(problem), call.error
@@ -106,7 +106,7 @@ async def test_no_model_call_for_a_turn_the_fence_refuses(simulator, tmp_path):
     try:
         command = CallModel(turn=TURN, step=0, messages=[{"role": "user", "content": "hi"}])
         assert (
-            await call_model(command, client, fence) is None
+            await respond(command, client, fence) is None
         )  # a turn the ledger does not know (or ended) is never called
     finally:
         await client.aclose()

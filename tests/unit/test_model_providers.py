@@ -11,8 +11,11 @@ import pytest
 
 from roundtrip._guard.pricing import PriceTable, family
 from roundtrip._kernel.settings import ConfigurationError, Settings
+from roundtrip._kernel.wire.events import StreamedText, Turn
 from roundtrip._model import providers
 from roundtrip._model.client import ModelClient
+from roundtrip._model.port import CallOptions
+from roundtrip._model.streamed import Chunks
 from roundtrip._simulator import running_simulator
 from tests.unit.test_simulator import SYSTEM, TOOLS
 
@@ -20,6 +23,11 @@ BEDROCK_MODEL = "us.anthropic.claude-sonnet-4-6"
 VERTEX_MODEL = "claude-sonnet-4-6"
 FOUNDRY_MODEL = "claude-sonnet-4-6"
 QUESTION = [{"role": "user", "content": "Where are my orders ord_1001 and ord_1002?"}]
+TURN = Turn(turn_id="turn_p", request_id="req_p", conversation_id="conv_p", customer_id="cus_1001")
+
+
+async def _nowhere(chunk: StreamedText, conversation_id: str) -> None:
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +70,16 @@ def platform(name: str, base_url: str | None = None, **values) -> Settings:
 async def test_the_model_client_calls_each_platform_with_its_sdk_client_plain_and_streamed(base_url, name):
     settings = platform(name, base_url)
     providers.refuse_unusable(settings, settings.model)  # a usable configuration is not refused
-    client = ModelClient(settings, TOOLS, SYSTEM, settings.model)
+    client = ModelClient(settings, TOOLS, SYSTEM, settings.model, 0)
     try:
         sdk = {"bedrock": "AsyncAnthropicBedrock", "vertex": "AsyncAnthropicVertex", "foundry": "AsyncAnthropicFoundry"}
         assert isinstance(client._client, getattr(anthropic, sdk[name]))
         # the SDK's span of each call names the platform as the turn's span does
         assert client._client._gen_ai_provider_name == providers.of(settings).otel_name
-        plain, headers = await client.answer(QUESTION, "parallel", attempt=0)
-        streamed, _ = await client.stream_answer(QUESTION, "parallel", attempt=0)
+        plain, headers = await client.answer(QUESTION, CallOptions("parallel", None, 0))
+        streamed, _ = await client.stream_answer(
+            QUESTION, CallOptions("parallel", None, 0), Chunks(TURN, 1, _nowhere, 0.0, 1)
+        )
     finally:
         await client.aclose()
     assert plain.stop_reason == streamed.stop_reason == "tool_use"
@@ -92,11 +102,11 @@ async def test_the_simulator_refuses_a_bedrock_call_without_a_sigv4_signature(ba
 )
 async def test_each_platform_throttles_in_its_own_words_without_rate_limit_headers(base_url, name, words):
     settings = platform(name, base_url)
-    client = ModelClient(settings, TOOLS, SYSTEM, settings.model)
+    client = ModelClient(settings, TOOLS, SYSTEM, settings.model, 0)
     client._client = client._client.with_options(default_headers={"x-roundtrip-fault": "429"})
     try:
         with pytest.raises(anthropic.RateLimitError) as refused:
-            await client.answer(QUESTION, "careful", attempt=0)
+            await client.answer(QUESTION, CallOptions("careful", None, 0))
     finally:
         await client.aclose()
     response = refused.value.response

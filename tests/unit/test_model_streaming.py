@@ -10,12 +10,11 @@ import pytest
 
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CallModel, StreamedText, Turn
-from roundtrip._model.app import chunks_for
-from roundtrip._model.calls import Retrying, call_model
 from roundtrip._model.client import ModelClient
 from roundtrip._model.streamed import Chunks
 from roundtrip._simulator.server import running_simulator
 from tests.agents import shop_model_client
+from tests.cores import model_core, respond
 
 TURN = Turn(
     turn_id="turn_s",
@@ -58,12 +57,12 @@ def _text(event) -> str:
 
 async def test_a_streamed_call_publishes_its_text_in_order_and_makes_the_plain_calls_event(simulator):
     client, sent = client_for(simulator), Sent()
-    plain = await call_model(CallModel(turn=TURN, step=0, messages=ASK), client)  # writes the prompt cache
+    plain = await respond(CallModel(turn=TURN, step=0, messages=ASK), client)  # writes the prompt cache
     command = CallModel(turn=TURN, step=0, messages=ASK)
     chunks = Chunks(TURN, 1, sent, chunk_s=10.0, chunk_chars=1)
-    streamed = await call_model(command, client, chunks=chunks)
+    streamed = await respond(command, client, chunks=chunks)
     await chunks.sent()  # the model service awaits them beside the iteration event
-    again = await call_model(CallModel(turn=TURN, step=0, messages=ASK), client)  # reads it, as the stream did
+    again = await respond(CallModel(turn=TURN, step=0, messages=ASK), client)  # reads it, as the stream did
     await client.aclose()
     assert (streamed.content, streamed.stop_reason, streamed.tool_calls) == (
         plain.content,
@@ -106,7 +105,7 @@ async def test_a_stream_the_api_breaks_off_is_cut_and_the_retry_streams_again(si
     }
     client, sent = client_for(simulator, faults), Sent()
     turn = TURN.model_copy(update={"persona": "terse"})
-    event = await call_model(
+    event = await respond(
         CallModel(turn=turn, step=0, messages=[{"role": "user", "content": LONG}]),
         client,
         chunks=(chunks := Chunks(turn, 1, sent, 0.0, 1)),
@@ -129,9 +128,10 @@ async def test_a_call_that_fails_after_some_text_ends_its_stream_cut(simulator):
     faults = {"x-roundtrip-fault": "529-midstream", "x-roundtrip-retry-after-ms": "1"}
     client, sent = client_for(simulator, faults), Sent()
     turn = TURN.model_copy(update={"persona": "terse", "deadline_at": 0.0})
-    retrying = Retrying(wait_for_capacity=False)  # a capacity refusal is the call's error at once
     command = CallModel(turn=turn, step=0, messages=[{"role": "user", "content": LONG}])
-    event = await call_model(command, client, retrying=retrying, chunks=(chunks := Chunks(turn, 1, sent, 0.0, 1)))
+    chunks = Chunks(turn, 1, sent, 0.0, 1)
+    # wait_for_capacity off: a capacity refusal is the call's error at once
+    event = await respond(command, client, chunks=chunks, wait_for_capacity=False)
     await chunks.sent()
     await client.aclose()
     assert event.error and "overloaded" in event.error
@@ -140,31 +140,24 @@ async def test_a_call_that_fails_after_some_text_ends_its_stream_cut(simulator):
 
 def test_a_turn_streams_by_its_request_else_by_the_setting():
     sent = Sent()
-    on = Settings(_env_file=None, stream_replies=True)
-    off = Settings(_env_file=None)
+    on = model_core(None, settings=Settings(_env_file=None, stream_replies=True))
+    off = model_core(None, settings=Settings(_env_file=None))
     plain, asked = TURN.model_copy(update={"stream": None}), TURN
     refused = TURN.model_copy(update={"stream": False})
-    assert chunks_for(CallModel(turn=plain, step=0, messages=ASK), off, sent, 0.0) is None
-    assert chunks_for(CallModel(turn=refused, step=0, messages=ASK), on, sent, 0.0) is None
-    assert chunks_for(CallModel(turn=plain, step=2, messages=ASK), on, sent, 0.0).step == 3
-    assert chunks_for(CallModel(turn=asked, step=0, messages=ASK), off, sent, 0.0) is not None
+    assert off.chunks_for(CallModel(turn=plain, step=0, messages=ASK), sent, None) is None
+    assert on.chunks_for(CallModel(turn=refused, step=0, messages=ASK), sent, None) is None
+    assert on.chunks_for(CallModel(turn=plain, step=2, messages=ASK), sent, None).step == 3
+    assert off.chunks_for(CallModel(turn=asked, step=0, messages=ASK), sent, None) is not None
 
 
 async def test_a_call_published_before_the_process_started_first_cuts_every_earlier_stream_of_its_step():
     """Its process may have died mid-stream (the e2e kills one): the new one cannot know that stream's id."""
-    from types import SimpleNamespace
-
-    from roundtrip._kernel.kafka import messaging
-
-    sent, on = Sent(), Settings(_env_file=None, stream_replies=True)
+    sent = Sent()
+    on = model_core(None, settings=Settings(_env_file=None, stream_replies=True), started_at=100.0)
     command = CallModel(turn=TURN, step=1, messages=ASK)
     for published_at, cuts in ((99.0, 1), (101.0, 0)):  # the process started at 100
         sent.chunks.clear()
-        token = messaging._record.set(SimpleNamespace(timestamp=published_at * 1000))
-        try:
-            chunks = chunks_for(command, on, sent, started_at=100.0)
-        finally:
-            messaging._record.reset(token)
+        chunks = on.chunks_for(command, sent, published_at)
         await chunks.sent()
         assert sent.chunks == []  # nothing before the claim: the event's customer is not checked yet
         chunks.begin()  # the claim succeeded
@@ -179,17 +172,10 @@ class Refusing:
 
 async def test_a_redelivered_call_whose_claim_is_refused_publishes_nothing_on_the_stream():
     """A copy of another customer's call with an old record timestamp: no cut reaches that conversation's stream."""
-    from types import SimpleNamespace
-
-    from roundtrip._kernel.kafka import messaging
-
-    sent, on = Sent(), Settings(_env_file=None, stream_replies=True)
+    sent = Sent()
+    on = model_core(None, Refusing(), Settings(_env_file=None, stream_replies=True), started_at=100.0)
     command = CallModel(turn=TURN, step=1, messages=ASK)
-    token = messaging._record.set(SimpleNamespace(timestamp=99_000))
-    try:
-        chunks = chunks_for(command, on, sent, started_at=100.0)
-    finally:
-        messaging._record.reset(token)
-    assert await call_model(command, client=None, fence=Refusing(), chunks=chunks) is None  # type: ignore[arg-type]
+    chunks = on.chunks_for(command, sent, 99.0)
+    assert await on.respond(command, chunks) is None
     await chunks.sent()
     assert sent.chunks == []

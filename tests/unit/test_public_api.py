@@ -36,7 +36,9 @@ PUBLIC = {  # the public API: a name removed from here is a breaking change, sai
     "roundtrip.testing": [
         "AWAITING_APPROVAL",
         "Call",
+        "CallOptions",
         "FunctionModel",
+        "Model",
         "ModelInfo",
         "Reply",
         "ScriptExhausted",

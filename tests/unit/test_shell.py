@@ -16,7 +16,7 @@ from roundtrip._kernel.shell import Shell
 
 
 async def test_what_the_shell_opens_is_there_from_the_start_and_closed_after_the_stop_in_reverse_order():
-    shell = Shell("shelltest", Settings(_env_file=None), logging.getLogger("roundtrip.shelltest"))
+    shell = Shell("shelltest", Settings(_env_file=None), logging.getLogger("roundtrip.shelltest"), "", False)
     said: list[str] = []
 
     def opener(name: str, value: str | None):
@@ -49,7 +49,9 @@ class Ping(BaseModel):
 
 
 async def test_each_shell_holds_its_own_health_checks_and_its_app_carries_them_to_roundtrip_run():
-    first, second = (Shell(n, Settings(_env_file=None), logging.getLogger(f"roundtrip.{n}")) for n in ("sh1", "sh2"))
+    first, second = (
+        Shell(n, Settings(_env_file=None), logging.getLogger(f"roundtrip.{n}"), "", False) for n in ("sh1", "sh2")
+    )
     for shell in (first, second):
 
         @shell.subscribe("pings")

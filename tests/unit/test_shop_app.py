@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from roundtrip._shop.app import in_process
 from roundtrip._shop.help_articles import INJECTION_ORDER_ID
+from tests.shop import in_process
 
 ALICE = {"X-Customer-Id": "cus_1001"}
 BOB = {"X-Customer-Id": "cus_1002"}

@@ -193,17 +193,6 @@ async def wait_for_topics(kafka: KafkaClients | str, names: list[str], timeout: 
         await admin.close()
 
 
-async def create_topics(
-    bootstrap: KafkaClients | str,
-    prefix: str = "",
-    partitions: int = 6,
-    executor_partitions: int | None = None,
-    replication_factor: int = 1,
-) -> list[str]:
-    report = await ensure_topics(bootstrap, prefix, partitions, executor_partitions, replication_factor)
-    return report.created
-
-
 async def wait_for_broker(bootstrap: KafkaClients | str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     last: Exception | None = None
