@@ -48,9 +48,9 @@ from roundtrip._kernel.wire.events import (
 )
 
 if TYPE_CHECKING:  # imported where used, for the start-up time of the CLI
-    from roundtrip._guard.ledger import ApprovalRow
     from roundtrip._kernel.kafka.admin import GroupLag
     from roundtrip._kernel.kafka.dead_letters import Letter
+    from roundtrip._kernel.storage.ledger_reads import ApprovalRow
 
 # emoji off: a customer's ":smile:" stays as typed; the markup is the fleet's, the values go through plain()
 console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
@@ -488,16 +488,14 @@ def _ledger_missing(settings: Settings, url: str | None = None) -> bool:
 
 
 async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int) -> int:
-    from roundtrip._guard.ledger import Ledger
+    from roundtrip._kernel.storage.ledger_reads import TurnReads
 
     if _ledger_missing(settings):
         return 2
-    from roundtrip._guard.retention import Retention
-
-    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
+    ledger = await TurnReads.open(settings.ledger_db_url, read_only=True)
     try:
         rows = await ledger.list(status=status, customer_id=customer, limit=limit)
-        size = await Retention(ledger, settings.ledger_retention_s).size()
+        size = await ledger.size()
     finally:
         await ledger.close()
     table = Table(box=None, pad_edge=False)
@@ -543,13 +541,11 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
 
 
 async def list_conversations(settings: Settings, customer: str | None, limit: int) -> int:
-    from roundtrip._guard.conversations import Conversations
+    from roundtrip._kernel.storage.ledger_reads import ConversationReads
 
     if _ledger_missing(settings, settings.conversations_db_url):
         return 2
-    store = await Conversations.open(
-        settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s, read_only=True
-    )
+    store = await ConversationReads.open(settings.conversations_db_url, read_only=True)
     try:
         rows = await store.list(customer_id=customer, limit=limit)
     finally:
@@ -621,11 +617,11 @@ REASON_WIDTH = 24  # the "why" column wraps, at least this wide (or its longest 
 
 async def list_approvals(settings: Settings, everything: bool, limit: int) -> int:
     """Calls waiting for a person (or, with everything, every approval with who decided and when)."""
-    from roundtrip._guard.ledger import PENDING, Ledger
+    from roundtrip._kernel.storage.ledger_reads import PENDING, TurnReads
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
+    ledger = await TurnReads.open(settings.ledger_db_url, read_only=True)
     try:
         rows = await ledger.list_approvals(status=None if everything else PENDING, limit=limit)
     finally:
@@ -677,8 +673,8 @@ def _print_wide(renderable: RenderableType, needed: int) -> None:
 async def decide(settings: Settings, approval_id: str, approve: bool, reason: str, decided_by: str) -> int:
     """Sign a decision and publish it to turn.approval_decisions: the same checks and message as the console's."""
     from roundtrip._console.decisions import decision_signer, refusal, signed_decision
-    from roundtrip._guard.ledger import Ledger
     from roundtrip._kernel.settings import ConfigurationError
+    from roundtrip._kernel.storage.ledger_reads import TurnReads
 
     try:  # the key first: a placeholder, a malformed or (outside development) the published key signs nothing
         settings.refuse_unfit_keys("roundtrip approvals", ("decision_signing_key",))
@@ -687,7 +683,7 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
         return 2
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
+    ledger = await TurnReads.open(settings.ledger_db_url, read_only=True)
     try:
         row = await ledger.approval(approval_id)
         turn = await ledger.get(row.turn_id) if row else None
@@ -721,11 +717,12 @@ async def decide(settings: Settings, approval_id: str, approve: bool, reason: st
 
 async def cancel_turn(settings: Settings, turn_id: str, reason: str) -> int:
     from roundtrip._console.decisions import cancel_command
-    from roundtrip._guard.ledger import ENDED, Ledger
+    from roundtrip._kernel.storage.ledger_reads import TurnReads
+    from roundtrip._kernel.storage.turnstore import ENDED
 
     if _ledger_missing(settings):
         return 2
-    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
+    ledger = await TurnReads.open(settings.ledger_db_url, read_only=True)
     try:
         row = await ledger.get(turn_id)
     finally:

@@ -22,13 +22,13 @@ from roundtrip._guard.bootstrap import Guard
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.outbox import Publish
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import policy_from
 from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.observability.telemetry import tracer
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.shell import Shell
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested, CancelTurn, ModelResponded, StartTurn

@@ -14,11 +14,11 @@ from roundtrip._guard.external_ends import Outside
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.loop import Loop, StepClock
 from roundtrip._guard.outbox import Outbox, Publish
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Policy
 from roundtrip._guard.side_effects import Acts
 from roundtrip._guard.starts import ConversationOrder, Starts
 from roundtrip._guard.sweeper import Sweeper
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 
 

@@ -18,11 +18,11 @@ from roundtrip._executor.runner import runner_for
 from roundtrip._gate.of_agent import gate_for
 from roundtrip._guard.approvals import resumed
 from roundtrip._guard.loop import continued
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Finish, decide, policy_from
 from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire.approvals import Signer, Verifier
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,

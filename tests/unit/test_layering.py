@@ -24,9 +24,9 @@ ALLOWED = {  # room -> the rooms it may import (besides itself and roundtrip.sch
     "_kernel": set(),
     "_sdk": {"_kernel"},
     **{service: {"_kernel", "_sdk"} for service in FIVE},  # never another service
-    # the console reads the guard's ledger as the CLI does (never another service's code), and the CLI decides with
-    # the console's desk: one check and one signed decision for both
-    "_console": {"_kernel", "_sdk", "_guard"},
+    # the console reads the ledger through the kernel's read port (storage/ledger_reads.py) as the CLI does, never
+    # the guard; the CLI decides with the console's desk: one check and one signed decision for both
+    "_console": {"_kernel", "_sdk"},
     "_broker": {"_kernel"},
     "_simulator": {"_kernel"},
     "_shop": {"_kernel", "_sdk", "roundtrip"},  # the demo agent is written as any author's: with the public API

@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from roundtrip._cli.main import app
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._kernel.settings import CONCERNS, Settings, env_name
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topology
 
 ROOT = Path(__file__).resolve().parents[2]
