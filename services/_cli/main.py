@@ -94,6 +94,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         sys.argv = [f"roundtrip run {service}"]  # its own argument parser reads settings, not our argv
         runpy.run_module(f"roundtrip._{service}", run_name="__main__")
         return
+    from roundtrip._kernel.kafka import faststream_seam
     from roundtrip._kernel.observability import health
     from roundtrip._kernel.observability.telemetry import setup_telemetry
     from roundtrip._kernel.runtime import announce_ready, run_loop, settle_heap
@@ -118,7 +119,7 @@ def run(service: Annotated[str, typer.Argument(help=f"one of: {', '.join(ALL_RUN
         raise typer.Exit(1) from None
     setup_telemetry(service, settings)
     stream = module.build(settings, agent)
-    health.attach(stream, service, settings, health.of(stream))
+    health.attach(stream, service, settings, health.of(stream), faststream_seam.consume_loops_alive)
     log = logging.getLogger(f"roundtrip.{service}")
 
     async def announce() -> None:
@@ -362,7 +363,7 @@ def _fleet_settings() -> Settings:
 
     from roundtrip._cli.fleets import marked
     from roundtrip._fleet.state import adopt, running
-    from roundtrip._kernel.storage.database import shown
+    from roundtrip._kernel.database import shown
 
     state_dir = get_settings().state_dir
     if "ROUNDTRIP_STATE_DIR" not in os.environ and running(state_dir) is None:
@@ -817,9 +818,9 @@ def db_current(
     """Show each store's revision in its database against this code's (exit code 1 if one differs); writes nothing."""
     import time
 
+    from roundtrip._kernel.database import shown
     from roundtrip._kernel.migrations import DatabaseUnreachable
     from roundtrip._kernel.migrations.schema import current, databases, mismatch
-    from roundtrip._kernel.storage.database import shown
 
     until = time.monotonic() + wait
     while True:
@@ -867,10 +868,10 @@ def db_roles(
     password is never printed; an existing role's password is left as it is."""
     import os
 
+    from roundtrip._kernel.database import is_sqlite, shown
     from roundtrip._kernel.migrations import STORES
     from roundtrip._kernel.migrations.schema import databases
     from roundtrip._kernel.storage import roles
-    from roundtrip._kernel.storage.database import is_sqlite, shown
 
     found = {database_url: STORES} if database_url else databases(get_settings())
     for url, stores in found.items():

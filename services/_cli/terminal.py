@@ -24,11 +24,11 @@ from rich.table import Table
 from rich.text import Text
 
 from roundtrip._cli.live_order import StepOrder
+from roundtrip._kernel.database import shown
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.observability import traces
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.database import shown
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
     ApprovalDecided,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from roundtrip._kernel.storage.database import shown
+from roundtrip._kernel.database import shown
 from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, ConversationReads, TurnReads, TurnRow
 from roundtrip._kernel.storage.turnstore import AWAITING, STUCK
 

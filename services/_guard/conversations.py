@@ -28,7 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from roundtrip._kernel.storage.database import POOL_SIZE
+from roundtrip._kernel.database import POOL_SIZE
 from roundtrip._kernel.storage.ledger_reads import ConversationReads, conversations, exchanges
 from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire.limits import OMITTED_KEY

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from roundtrip._kernel.storage.database import make_engine
+from roundtrip._kernel.database import make_engine
 from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, TurnReads, TurnRow
 from roundtrip._kernel.storage.turnstore import (
     AT_STEP,

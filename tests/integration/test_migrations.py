@@ -21,11 +21,11 @@ from roundtrip._broker.embedded import free_port
 from roundtrip._guard import conversations as conversation_store
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import Ledger
+from roundtrip._kernel.database import make_engine, run_on
 from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, SchemaMismatch
 from roundtrip._kernel.migrations.schema import current, head, upgrade, upgrade_databases
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage import turnstore
-from roundtrip._kernel.storage.database import make_engine, run_on
 from roundtrip._kernel.storage.turnstore import Fence
 
 BEHIND = "ledger_0002"  # one migration behind this code's ledger_0003
