@@ -1,7 +1,8 @@
 """The fleet's Prometheus metrics, defined once; each is incremented where its decision is taken.
 
 Served per process on /metrics from prometheus_client's default registry. The Kafka side is FastStream's own metrics
-(`faststream_*`), recorded by the kernel's message path (kafka/faststream_metrics.py). Each metric, its labels and where it moves: the manual's page "Operating it".
+(`faststream_*`), recorded by the kernel's message path (kafka/faststream_metrics.py). Each metric, its labels and
+where it moves: the manual's page "Operating it".
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import pydantic_core
@@ -53,8 +54,6 @@ ERROR_OUTCOMES = frozenset(
         "model_busy",
     }
 )
-
-_provider: TracerProvider | None = None
 
 
 class Hop:
@@ -523,28 +522,27 @@ def make_provider(service: str, settings: SpanExport | None = None) -> TracerPro
 
 
 def setup_telemetry(service: str, settings: SpanExport) -> TracerProvider:
-    global _provider
-    if _provider is not None:
-        return _provider
+    """The process's provider, installed once in OpenTelemetry's registry (the one there already, if any)."""
+    installed = trace.get_tracer_provider()
+    if isinstance(installed, TracerProvider):
+        return installed
     provider = make_provider(service, settings)
     trace.set_tracer_provider(provider)
-    _provider = provider
     return provider
 
 
 def shutdown_telemetry() -> None:
-    if _provider is not None:
-        _provider.shutdown()
+    if isinstance(installed := trace.get_tracer_provider(), TracerProvider):
+        installed.shutdown()
 
 
-_tracers: dict[str, trace.Tracer] = {}
+# OpenTelemetry's own handles, made once: before the provider is installed each is a proxy that follows it
+_TRACERS = MappingProxyType({name: trace.get_tracer(name) for name in ("roundtrip", "roundtrip.kafka")})
 
 
 def tracer(name: str = "roundtrip") -> trace.Tracer:
-    """The process's tracer `name`, made once (before the provider is installed, a proxy that follows it)."""
-    if name not in _tracers:
-        _tracers[name] = trace.get_tracer(name)
-    return _tracers[name]
+    """OpenTelemetry's tracer `name` (the fleet's two are made at import: one a span costs no look-up)."""
+    return _TRACERS.get(name) or trace.get_tracer(name)
 
 
 def current_trace_id() -> str:
