@@ -79,7 +79,7 @@ def matches_example(example: str, real: str) -> bool:
 
 
 def test_the_readme_ask_example_reads_as_the_console_prints_it():
-    import roundtrip._cli.terminal as console
+    from roundtrip._cli import common, following
     from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
 
     args, shown = ask_example()
@@ -96,8 +96,8 @@ def test_the_readme_ask_example_reads_as_the_console_prints_it():
         ),
     )
     turn_id, trace_id = re.search(r"turn (turn_\w+)  trace (\w+)", shown[-1]).groups()
-    with console.console.capture() as captured:
-        console.show_reply(
+    with common.console.capture() as captured:
+        following.show_reply(
             SupportReply(
                 request_id="r",
                 conversation_id="c",

@@ -24,14 +24,14 @@ def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Any,
     """The fleet the cases run through and its agent: refused when the suite is another agent's; reset with --fresh."""
     import os
 
-    from roundtrip._cli.main import _checked_agent, _fleet_settings
+    from roundtrip._cli.common import checked_agent, fleet_settings
     from roundtrip._kernel.settings import get_settings
 
     if fleet is not None:  # as ROUNDTRIP_STATE_DIR would: that folder's fleet, no marker looked for
         os.environ["ROUNDTRIP_STATE_DIR"] = str(fleet)
         get_settings.cache_clear()
-    settings = _fleet_settings()
-    agent = _checked_agent(settings)
+    settings = fleet_settings()
+    agent = checked_agent(settings)
     _refuse_other_agent(suite, agent.name, settings.state_dir)
     if fresh:
         _reset(agent, settings)
@@ -202,13 +202,13 @@ def record(
 ) -> None:
     """Turn a conversation the fleet has had into a case that replays it: each turn the customer's words, the model's
     responses as a script, and what the turn did as expectations (outcome, tools called, steps)."""
+    from roundtrip._cli.common import fleet_settings
     from roundtrip._cli.evals.cases import case_json
     from roundtrip._cli.evals.record import NotRecorded
     from roundtrip._cli.evals.record import record as make
-    from roundtrip._cli.main import _fleet_settings
 
     try:
-        case, notes = asyncio.run(make(_fleet_settings(), conversation))
+        case, notes = asyncio.run(make(fleet_settings(), conversation))
     except NotRecorded as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
