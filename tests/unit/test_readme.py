@@ -277,7 +277,7 @@ def test_the_benchmarks_page_is_todays_figures_each_with_its_command():
 
 def test_a_retired_key_setting_is_named_only_where_its_retirement_is_told():
     """A page telling to set a retired setting sends the reader to a service that refuses to start."""
-    from roundtrip._kernel.settings.concerns import RETIRED_KEY_SETTINGS
+    from roundtrip._kernel.settings.keys import RETIRED_KEY_SETTINGS
 
     for path in sorted(DOCS.rglob("*.md")):
         for name in RETIRED_KEY_SETTINGS:
