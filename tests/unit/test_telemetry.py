@@ -13,17 +13,16 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from roundtrip._cli import following, observe
 from roundtrip._kernel.observability import telemetry, traces
+from roundtrip._kernel.observability.span_file import JsonLinesSpanExporter, span_files
 from roundtrip._kernel.observability.telemetry import (
     STEP_HEADER,
     TURN_ID_HEADER,
     TURN_SPAN_HEADER,
-    JsonLinesSpanExporter,
     consuming,
     make_provider,
     new_turn_ids,
     publishing,
     record_turn_span,
-    span_files,
     traceparent,
 )
 from roundtrip._kernel.settings import Settings
