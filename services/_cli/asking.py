@@ -94,7 +94,6 @@ def _check_persona(persona: str | None) -> None:
 def _hand_example_script(settings: Settings, persona: str | None) -> None:
     """Put the agent's example_script to the simulator when the request names it (script:example), so the banner's
     example plays with no API key however often the simulator restarted; one line and exit 2 when it cannot."""
-
     import httpx
 
     from roundtrip._cli.common import EXAMPLE_PERSONA, checked_agent

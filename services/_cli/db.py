@@ -37,7 +37,6 @@ def db_current(
     ] = 0.0,
 ) -> None:
     """Show each store's revision in its database against this code's (exit code 1 if one differs); writes nothing."""
-
     import time
 
     from roundtrip._kernel.database import shown
@@ -88,7 +87,6 @@ def db_roles(
     Idempotent. A missing role is created with LOGIN and the password in ROUNDTRIP_<SERVICE>_DATABASE_URL
     (e.g. ROUNDTRIP_EXECUTOR_DATABASE_URL: the URL the executor connects with, or only its password); a
     password is never printed; an existing role's password is left as it is."""
-
     import os
 
     from roundtrip._kernel.database import is_sqlite, shown

@@ -203,7 +203,6 @@ def _as_bytes_say(letter: DeadLettered) -> str:
 
 async def show_lag(settings: Settings, group: str | None, as_json: bool, watch: float | None) -> int:
     """Each consumer group's lag per topic and partition, its total, and its members; refreshed every `watch` s."""
-
     import asyncio
 
     from roundtrip._cli.common import console

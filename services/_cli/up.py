@@ -44,7 +44,6 @@ def up(
     after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything. A part that exits before
     it is ready is restarted the same way, three times, while the rest go on starting; then up
     stops with one line: the cause from its log (a taken port and its setting, a refused setting)."""
-
     import os
 
     from roundtrip._broker.embedded import BrokerError
@@ -128,7 +127,6 @@ def _checked_keys(settings: Settings, agent: Agent) -> None:
 
 def _ready(agent: Agent, settings: Settings) -> str:
     """The banner once the fleet is up, with the agent's own example, else a greeting as a customer id of yours."""
-
     import json
 
     from roundtrip._cli.common import EXAMPLE_PERSONA
@@ -157,7 +155,6 @@ def console_url(settings: Settings) -> str:
 def console_command() -> None:
     """Where the fleet's console is (approvals and turns in a browser) and whether it answers; `roundtrip up` starts it,
     `roundtrip run console` runs one alone."""
-
     import httpx
 
     from roundtrip._cli.common import fleet_settings
