@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from roundtrip._cli.evals.report import Change
     from roundtrip._cli.evals.runner import CaseResult
+    from roundtrip._kernel.settings import Settings
+    from roundtrip._sdk.agent import Agent
 
 eval_app = typer.Typer(
     help="Evaluations: run a suite of conversation cases through the fleet, or record a conversation as a case.",
@@ -20,7 +24,7 @@ eval_app = typer.Typer(
 )
 
 
-def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Any, Any]:
+def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Settings, Agent]:
     """The fleet the cases run through and its agent: refused when the suite is another agent's; reset with --fresh."""
     import os
 
@@ -38,7 +42,7 @@ def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Any,
     return settings, agent
 
 
-def _reset(agent: Any, settings: Any) -> None:
+def _reset(agent: Agent, settings: Settings) -> None:
     """--fresh: the agent's reset hook, before any case, so a suite that changes data passes run after run."""
     import inspect
 
@@ -59,7 +63,7 @@ def _reset(agent: Any, settings: Any) -> None:
     typer.echo(f"roundtrip eval: agent {agent.name}'s backends reset (--fresh)")
 
 
-async def _awaited(done: Any) -> None:
+async def _awaited(done: Awaitable[object]) -> None:
     await done
 
 
