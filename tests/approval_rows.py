@@ -1,5 +1,5 @@
 """A ledger that lists approvals, for the CLI's views in unit tests: a pending approval's row as the ledger
-returns it, and `Ledger.open` patched to a ledger that lists those rows."""
+returns it, and `TurnReads.open` (the ledger's read port) patched to one that lists those rows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from roundtrip._guard import ledger as ledger_module
+from roundtrip._kernel.storage.ledger_reads import TurnReads
 from roundtrip._kernel.wire.events import ApprovalRequested, CheckedCall, Turn
 
 
@@ -53,4 +53,4 @@ def list_these_approvals(monkeypatch: Any, rows: list[SimpleNamespace]) -> None:
     async def open_ledger(url: str, read_only: bool = False) -> Listing:
         return Listing()
 
-    monkeypatch.setattr(ledger_module.Ledger, "open", staticmethod(open_ledger))
+    monkeypatch.setattr(TurnReads, "open", staticmethod(open_ledger))

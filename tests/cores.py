@@ -11,10 +11,10 @@ from roundtrip._executor.core import ExecutorCore
 from roundtrip._executor.runner import Runner
 from roundtrip._guard.core import Guard, GuardPorts, Timing
 from roundtrip._guard.loop import Decisions
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Policy
 from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 from roundtrip._kernel.wire.events import ApprovalRequested, CallModel, ExecuteToolBatch, ModelResponded
 from roundtrip._model.capacity import Capacity

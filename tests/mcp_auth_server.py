@@ -96,7 +96,7 @@ def export_spans(tool: str, spans: Path) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    from roundtrip._kernel.observability.telemetry import JsonLinesSpanExporter
+    from roundtrip._kernel.observability.span_file import JsonLinesSpanExporter
 
     provider = TracerProvider(resource=Resource.create({"service.name": f"mcp-{tool}"}))
     provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(spans)))  # written as each span ends

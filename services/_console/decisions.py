@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 
-from roundtrip._guard.ledger import AWAITING, ENDED, PENDING, ApprovalRow, TurnRow
 from roundtrip._kernel.settings import ApprovalSettings
+from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, TurnRow
+from roundtrip._kernel.storage.turnstore import AWAITING, ENDED
 from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn, Decision
 

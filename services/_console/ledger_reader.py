@@ -10,9 +10,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from roundtrip._guard.conversations import Conversations
-from roundtrip._guard.ledger import PENDING, ApprovalRow, Ledger, TurnRow
-from roundtrip._kernel.storage.database import shown
+from roundtrip._kernel.database import shown
+from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, ConversationReads, TurnReads, TurnRow
 from roundtrip._kernel.storage.turnstore import AWAITING, STUCK
 
 log = logging.getLogger("roundtrip.console")
@@ -27,18 +26,18 @@ class LedgerAway(Exception):
 class Books:
     def __init__(self, url: str, conversations_url: str | None = None) -> None:
         self.url, self.conversations_url = url, conversations_url or url
-        self._ledger: Ledger | None = None
-        self._conversations: Conversations | None = None
+        self._ledger: TurnReads | None = None
+        self._conversations: ConversationReads | None = None
         self._opening = asyncio.Lock()
         self.last_error: str | None = None
 
-    async def _open(self) -> Ledger:
+    async def _open(self) -> TurnReads:
         async with self._opening:
             if self._ledger is None:
-                self._ledger = await Ledger.open(self.url, read_only=True)
+                self._ledger = await TurnReads.open(self.url, read_only=True)
             return self._ledger
 
-    async def _read(self, work: Callable[[Ledger], Awaitable[T]]) -> T:
+    async def _read(self, work: Callable[[TurnReads], Awaitable[T]]) -> T:
         try:
             result = await asyncio.wait_for(work(await self._open()), READ_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - any failure of the database is said on the page, never a crash
@@ -65,7 +64,7 @@ class Books:
         """The turn's messages as the conversation store keeps an ended turn; None when it keeps none or is away."""
         try:
             if self._conversations is None:
-                self._conversations = await Conversations.open(self.conversations_url, read_only=True)
+                self._conversations = await ConversationReads.open(self.conversations_url, read_only=True)
             return await asyncio.wait_for(self._conversations.exchange(turn_id), READ_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - the steps are a convenience of the page, never its failure
             log.warning("the conversation store cannot be read: %s: %s", type(exc).__name__, exc)
@@ -80,14 +79,14 @@ class Books:
         return sorted(rows, key=lambda r: r.expires_at)
 
     async def approval(self, approval_id: str) -> tuple[ApprovalRow | None, TurnRow | None]:
-        async def both(ledger: Ledger) -> tuple[ApprovalRow | None, TurnRow | None]:
+        async def both(ledger: TurnReads) -> tuple[ApprovalRow | None, TurnRow | None]:
             row = await ledger.approval(approval_id)
             return row, (await ledger.get(row.turn_id) if row else None)
 
         return await self._read(both)
 
     async def turn(self, turn_id: str) -> tuple[TurnRow | None, list[ApprovalRow]]:
-        async def both(ledger: Ledger) -> tuple[TurnRow | None, list[ApprovalRow]]:
+        async def both(ledger: TurnReads) -> tuple[TurnRow | None, list[ApprovalRow]]:
             row = await ledger.get(turn_id)
             return row, (await ledger.list_approvals(status=None, turn_id=turn_id, limit=100) if row else [])
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from roundtrip._guard.pricing import PriceTable
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire.events import Usage
 
 ENDINGS = {

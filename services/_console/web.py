@@ -25,11 +25,11 @@ from starlette.routing import BaseRoute, Route
 from roundtrip._console import decisions, pages, timeline
 from roundtrip._console.auth import CSRF_COOKIE, CSRF_FIELD, Gatekeeper, Identity, NotSignedIn
 from roundtrip._console.ledger_reader import Books, LedgerAway
-from roundtrip._guard.ledger import TurnRow
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._kernel.observability import traces
 from roundtrip._kernel.observability.telemetry import span_in_turn
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.ledger_reads import TurnRow
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire.events import ApprovalRequested, Turn
 
 log = logging.getLogger("roundtrip.console")

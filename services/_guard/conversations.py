@@ -13,19 +13,10 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    Column,
     Connection,
-    Float,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
     bindparam,
     delete,
     exists,
@@ -37,36 +28,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from roundtrip._kernel.migrations import CONVERSATIONS
-from roundtrip._kernel.storage.database import POOL_SIZE
+from roundtrip._kernel.database import POOL_SIZE
+from roundtrip._kernel.storage.ledger_reads import ConversationReads, conversations, exchanges
 from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire.limits import OMITTED_KEY
-
-metadata = MetaData()
-conversations = Table(
-    "conversations",
-    metadata,
-    Column("conversation_id", String(200), primary_key=True),
-    Column("customer_id", String(200), nullable=False, index=True),
-    Column("created_at", Float, nullable=False),
-    Column("updated_at", Float, nullable=False, index=True),
-    Column("turns", Integer, nullable=False, default=0),
-    Column("dropped_turns", Integer, nullable=False, default=0),
-)
-exchanges = Table(
-    "conversation_turns",
-    metadata,
-    Column("turn_id", String(64), primary_key=True),
-    Column("conversation_id", String(200), nullable=False),
-    Column("started_at", Float, nullable=False),
-    Column("ended_at", Float),  # None while the turn runs: not history yet
-    Column("text", Text, nullable=False),
-    Column("messages", Text),
-    Column("tokens", Integer, nullable=False, default=0),
-    Column("outcome", String(40)),
-    Index("ix_conversation_turns_conversation", "conversation_id", "started_at"),
-)
-
 
 # built once; `b_` names are the conditions
 _OF_CONVERSATION = conversations.c.conversation_id == bindparam("b_conversation_id")
@@ -269,20 +234,7 @@ class Claim(NamedTuple):
     stored_turns: int
 
 
-@dataclass
-class ConversationRow:
-    conversation_id: str
-    customer_id: str
-    created_at: float
-    updated_at: float
-    turns: int
-    dropped_turns: int
-    history_turns: int = 0
-    history_tokens: int = 0
-
-
-class Conversations(TurnStore):
-    STORE = CONVERSATIONS
+class Conversations(ConversationReads):
     budget_tokens: int = 20000
     retention_s: float = 30 * 86400.0
 
@@ -371,13 +323,6 @@ class Conversations(TurnStore):
         kept, _ = within_budget([(r.turn_id, r.tokens) for r in rows], self.budget_tokens)
         wanted = set(kept)
         return [m for r in rows if r.turn_id in wanted for m in json.loads(r.messages)]
-
-    async def exchange(self, turn_id: str) -> list[dict[str, Any]] | None:
-        """One stored turn as history, or None when it is not stored (running, forgotten, dropped)."""
-        rows = await self._run(
-            lambda conn: conn.execute(select(exchanges.c.messages).where(exchanges.c.turn_id == turn_id)).all()
-        )
-        return json.loads(rows[0].messages) if rows and rows[0].messages else None
 
     def shares(self, ledger: TurnStore) -> bool:
         """One database with the ledger: a turn's history is written in the transaction of its end."""
@@ -476,31 +421,6 @@ class Conversations(TurnStore):
         return await self.close_turn(
             conversation_id, turn_id, [{"role": "user", "content": rows[0].text}], [], reply_text, outcome, now
         )
-
-    async def get(self, conversation_id: str) -> ConversationRow | None:
-        rows = await self.list(conversation_id=conversation_id, limit=1)
-        return rows[0] if rows else None
-
-    async def list(
-        self, customer_id: str | None = None, conversation_id: str | None = None, limit: int = 50
-    ) -> list[ConversationRow]:
-        def work(conn: Connection) -> list[ConversationRow]:
-            query = select(conversations).order_by(conversations.c.updated_at.desc()).limit(limit)
-            if customer_id:
-                query = query.where(conversations.c.customer_id == customer_id)
-            if conversation_id:
-                query = query.where(conversations.c.conversation_id == conversation_id)
-            found = [ConversationRow(**r) for r in conn.execute(query).mappings().all()]
-            for row in found:
-                stats = conn.execute(
-                    select(exchanges.c.tokens).where(
-                        exchanges.c.conversation_id == row.conversation_id, exchanges.c.messages.is_not(None)
-                    )
-                ).all()
-                row.history_turns, row.history_tokens = len(stats), sum(s.tokens for s in stats)
-            return found
-
-        return await self._run(work)
 
     async def forget(self, conversation_id: str) -> bool:
         return await self._run(lambda conn: _delete(conn, conversation_id), write=True)

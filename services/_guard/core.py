@@ -17,13 +17,13 @@ from roundtrip._guard.external_ends import Outside
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.loop import Decisions, Loop, StepClock
 from roundtrip._guard.outbox import Outbox, Publish
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import policy_from
 from roundtrip._guard.side_effects import Acts
 from roundtrip._guard.starts import ConversationOrder, Starts
 from roundtrip._guard.sweeper import Sweeper
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
 from roundtrip._sdk.agent import Agent
 

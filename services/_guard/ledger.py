@@ -8,17 +8,17 @@ until it is published.
 
 from __future__ import annotations
 
-import builtins  # Ledger.list shadows the builtin in the annotations that follow it
+import builtins  # TurnReads.list shadows the builtin in the annotations that follow it
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import Connection, bindparam, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from roundtrip._kernel.storage.database import make_engine
+from roundtrip._kernel.database import make_engine
+from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, TurnReads, TurnRow
 from roundtrip._kernel.storage.turnstore import (
     AT_STEP,
     AWAITING,
@@ -31,7 +31,6 @@ from roundtrip._kernel.storage.turnstore import (
     RUNNING,
     STUCK,
     Principal,
-    TurnStore,
     approvals,
     no_live_lease,
     principal,
@@ -44,6 +43,7 @@ __all__ = [
     "ENDED",
     "ENDING",
     "LIVE",
+    "PENDING",
     "RUNNING",
     "STUCK",
     "ApprovalRow",
@@ -52,8 +52,6 @@ __all__ = [
     "make_engine",
     "turns",
 ]
-
-PENDING = "pending"
 
 
 def digest_of(pending: str) -> str | None:
@@ -72,7 +70,6 @@ class _Refused(Exception):
 # built once; `b_` names are the conditions
 _START = insert(turns)
 _ADVANCE = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE)
-_GET = select(turns).where(turns.c.turn_id == bindparam("b_turn_id"))
 _LIVE_TURNS = select(turns).where(
     turns.c.conversation_id == bindparam("b_conversation_id"),
     turns.c.status != ENDED,
@@ -89,63 +86,7 @@ _PUBLISHED = update(turns).where(
 )
 
 
-@dataclass
-class TurnRow:
-    turn_id: str
-    request_id: str
-    conversation_id: str
-    customer_id: str
-    status: str
-    step: int
-    started_at: float
-    last_progress_at: float
-    flagged_at: float | None
-    ended_at: float | None
-    outcome: str | None
-    input_tokens: int
-    output_tokens: int
-    cache_creation_input_tokens: int
-    cache_read_input_tokens: int
-    cost_usd: float
-    trace_id: str
-    traceparent: str | None
-    turn_json: str
-    pending: str | None
-    deadline_at: float | None = None
-    lease_step: int | None = None
-    lease_until: float | None = None
-    pending_at: float | None = None
-    agent_digest: str | None = None
-    acted: str | None = None  # the side effects the turn has had (services/_kernel/storage/sideeffects.py)
-    reply_sha256: str | None = None
-
-    @property
-    def turn(self) -> dict[str, Any]:
-        return cast("dict[str, Any]", json.loads(self.turn_json))
-
-
-@dataclass
-class ApprovalRow:
-    approval_id: str
-    turn_id: str
-    step: int
-    tool_use_id: str
-    tool: str
-    input_sha256: str
-    customer_id: str
-    conversation_id: str
-    status: str
-    reason: str
-    requested_at: float
-    expires_at: float
-    decided_by: str | None
-    decided_at: float | None
-    decision_reason: str | None
-    traceparent: str | None
-    request_json: str
-
-
-class LedgerApprovals(TurnStore):
+class LedgerApprovals(TurnReads):
     """The approval table: a held call and a person's decision, each written in one transaction with the turn's row."""
 
     async def await_approval(
@@ -249,33 +190,8 @@ class LedgerApprovals(TurnStore):
             write=True,
         )
 
-    async def approval(self, approval_id: str) -> ApprovalRow | None:
-        rows = await self._approval_rows(select(approvals).where(approvals.c.approval_id == approval_id))
-        return rows[0] if rows else None
-
-    async def list_approvals(
-        self, status: str | None = PENDING, turn_id: str | None = None, limit: int = 50
-    ) -> list[ApprovalRow]:
-        """Approvals, newest first; pending ones only while their turn still waits."""
-        query = select(approvals).order_by(approvals.c.requested_at.desc()).limit(limit)
-        if status:
-            query = query.where(approvals.c.status == status)
-        if status == PENDING:
-            query = query.where(approvals.c.turn_id.in_(select(turns.c.turn_id).where(turns.c.status == AWAITING)))
-        if turn_id:
-            query = query.where(approvals.c.turn_id == turn_id)
-        return await self._approval_rows(query)
-
-    async def _approval_rows(self, statement: Any) -> list[ApprovalRow]:
-        return await self._run(lambda conn: [ApprovalRow(**r) for r in conn.execute(statement).mappings().all()])
-
 
 class Ledger(LedgerApprovals):
-    async def _rows(self, statement: Any, params: dict[str, Any] | None = None) -> list[TurnRow]:
-        return await self._run(
-            lambda conn: [TurnRow(**r) for r in conn.execute(statement, params).mappings().all()], single=True
-        )
-
     async def start(
         self,
         turn: dict[str, Any],
@@ -464,10 +380,6 @@ class Ledger(LedgerApprovals):
                 out.append((row, turn))
         return out
 
-    async def get(self, turn_id: str) -> TurnRow | None:
-        rows = await self._rows(_GET, {"b_turn_id": turn_id})
-        return rows[0] if rows else None
-
     async def starting(self, turn_id: str, conversation_id: str) -> tuple[TurnRow | None, list[TurnRow]]:
         """In one read: the turn's row (None: a new turn) and the other live turns of its conversation."""
         rows = await self._rows(_STARTING, {"b_turn_id": turn_id, "b_conversation_id": conversation_id})
@@ -476,28 +388,6 @@ class Ledger(LedgerApprovals):
 
     async def live_turns(self, conversation_id: str, but: str | None = None) -> list[TurnRow]:
         return await self._rows(_LIVE_TURNS, {"b_conversation_id": conversation_id, "b_but": but or ""})
-
-    async def list(
-        self,
-        status: str | None = None,
-        customer_id: str | None = None,
-        limit: int = 50,
-        conversation_id: str | None = None,
-        outcome: str | None = None,
-        since: float | None = None,
-    ) -> list[TurnRow]:
-        query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)
-        for column, value in (
-            (turns.c.status, status),
-            (turns.c.customer_id, customer_id),
-            (turns.c.conversation_id, conversation_id),
-            (turns.c.outcome, outcome),
-        ):
-            if value:
-                query = query.where(column == value)
-        if since:
-            query = query.where(turns.c.started_at >= since)
-        return await self._rows(query)
 
     async def overdue(
         self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float

@@ -19,11 +19,11 @@ from sqlalchemy import Connection
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import ENDED, Ledger, TurnRow, digest_of
 from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.rules import Continue, Finish, Policy, decide
 from roundtrip._guard.side_effects import Acts
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.storage.turnstore import disagreement, refused
 from roundtrip._kernel.wire.events import CallModel, CheckToolCalls, ModelResponded, Outcome, TurnEnded
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import String, any_, bindparam, delete, func, select, text
+from sqlalchemy import String, any_, bindparam, delete, func, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -23,7 +22,8 @@ from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.settings.checks import ConfigurationError
-from roundtrip._kernel.storage.turnstore import ENDED, TurnStore, approvals, turns
+from roundtrip._kernel.storage.ledger_reads import LedgerSize, TurnReads, duration
+from roundtrip._kernel.storage.turnstore import ENDED, approvals, turns
 
 log = logging.getLogger("roundtrip.guard")
 
@@ -32,10 +32,7 @@ PAUSE_S = 0.02  # between two batches: the hot path's statements go first
 MAX_BATCHES = 10  # per pass
 SIZE_EVERY_S = 60.0
 
-_OLDEST = select(func.min(turns.c.ended_at))
-_COUNT = select(func.count()).select_from(turns)
 _WAITING = select(func.count(), func.min(approvals.c.requested_at)).where(approvals.c.status == PENDING)
-_ESTIMATE = text("SELECT reltuples::bigint FROM pg_class WHERE relname = 'turns'")
 
 
 def _among_ids(column: Any, postgres: bool) -> Any:
@@ -48,25 +45,8 @@ class RetentionTooShort(ConfigurationError):
     """ROUNDTRIP_LEDGER_RETENTION_S shorter than the requests topic's retention.ms: dedupe would not hold."""
 
 
-@dataclass
-class LedgerSize:
-    rows: int  # PostgreSQL: the planner's estimate; SQLite: counted
-    oldest_ended_at: float | None
-    estimated: bool = False
-
-    def line(self, retention_s: float, now: float | None = None) -> str:
-        now = now or time.time()
-        oldest = (
-            f"oldest ended turn {_duration(now - self.oldest_ended_at)} ago"
-            if self.oldest_ended_at is not None
-            else "no ended turn"
-        )
-        rows = f"~{self.rows}" if self.estimated else str(self.rows)
-        return f"ledger: {rows} turns, {oldest} (ended turns are kept {_duration(retention_s)})"
-
-
 class Retention:
-    def __init__(self, store: TurnStore, retention_s: float, batch: int = BATCH, max_batches: int = MAX_BATCHES):
+    def __init__(self, store: TurnReads, retention_s: float, batch: int = BATCH, max_batches: int = MAX_BATCHES):
         self.store, self.retention_s, self.batch, self.max_batches = store, retention_s, batch, max_batches
         self._postgres = isinstance(store.engine, AsyncEngine)
         doomed = (
@@ -103,15 +83,7 @@ class Retention:
         return cast(int, conn.execute(self._delete_turns, {"b_ids": list(ids)}).rowcount)
 
     async def size(self) -> LedgerSize:
-        """The ledger's rows and its oldest ended turn (on PostgreSQL an estimate: counting millions is a load)."""
-
-        def read(conn: Any) -> LedgerSize:
-            oldest = conn.execute(_OLDEST).scalar_one()
-            if self._postgres and (estimate := conn.execute(_ESTIMATE).scalar()) is not None and estimate >= 0:
-                return LedgerSize(int(estimate), oldest, estimated=True)
-            return LedgerSize(int(conn.execute(_COUNT).scalar_one()), oldest)
-
-        return await self.store._run(read)
+        return await self.store.size()
 
     async def measure(self, now: float | None = None) -> LedgerSize:
         size = await self.size()
@@ -130,7 +102,7 @@ async def run(retention: Retention, interval_s: float) -> None:
     while True:
         try:
             if deleted := await retention.sweep():
-                log.info("deleted %d turns ended more than %s ago", deleted, _duration(retention.retention_s))
+                log.info("deleted %d turns ended more than %s ago", deleted, duration(retention.retention_s))
             if time.monotonic() - measured_at >= SIZE_EVERY_S:
                 measured_at = time.monotonic()
                 await retention.measure()
@@ -179,17 +151,9 @@ def check_outlasts(retention_s: float, topic_retention_ms: int | None) -> None:
     if topic_retention_ms is None:
         return
     if topic_retention_ms < 0 or topic_retention_ms / 1000 > retention_s:
-        kept = "for ever" if topic_retention_ms < 0 else _duration(topic_retention_ms / 1000)
+        kept = "for ever" if topic_retention_ms < 0 else duration(topic_retention_ms / 1000)
         raise RetentionTooShort(
-            f"guard refuses to start: ROUNDTRIP_LEDGER_RETENTION_S ({_duration(retention_s)}) is shorter than the "
+            f"guard refuses to start: ROUNDTRIP_LEDGER_RETENTION_S ({duration(retention_s)}) is shorter than the "
             f"requests topic keeps its requests ({kept}, retention.ms), so a request delivered again after its turn "
             "was deleted would be answered twice; set it longer than the topic's retention.ms"
         )
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.1f} {unit}".replace(".0 ", " ")
-    return f"{seconds:.0f} s"

@@ -30,9 +30,9 @@ import httpx
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from roundtrip._fleet.launcher import Fleet
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import SupportReply, Usage
 from tests.benchmarks.bench_loop import bench_settings

@@ -41,9 +41,9 @@ from pathlib import Path
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._fleet.launcher import Fleet
+from roundtrip._kernel.database import shown
 from roundtrip._kernel.runtime import settle_heap
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.database import shown
 from tests.agents import ShopFleetSettings
 from tests.benchmarks.fleet_driver import FleetDriver
 from tests.benchmarks.inprocess import InProcessLoop, TurnTiming

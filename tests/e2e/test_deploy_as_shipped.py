@@ -52,8 +52,8 @@ from roundtrip._broker.secured import (
     make_tls,
     secured_kafka,
 )
-from roundtrip._cli.terminal import partitions_of
 from roundtrip._kernel.kafka import acls
+from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology

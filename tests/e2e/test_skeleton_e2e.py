@@ -90,7 +90,7 @@ def _cli(fleet, *args: str) -> subprocess.CompletedProcess:
 async def test_with_no_key_the_banners_example_plays_the_agents_script_and_calls_its_tool(skeleton_fleet):
     from desk_e2e.agent import AGENT  # the fixture put the skeleton on the import path
 
-    from roundtrip._cli.main import _ready
+    from roundtrip._cli.up import _ready
 
     line = next(line for line in _ready(AGENT, skeleton_fleet.settings).splitlines() if " ask " in line)
     words = shlex.split(line)

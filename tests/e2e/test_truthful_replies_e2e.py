@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from roundtrip._cli.terminal import cancel_turn
+from roundtrip._cli.turns import cancel_turn
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import Outcome
 from tests.e2e.test_faults_e2e import _customer_with_a_cancellable_order

@@ -19,8 +19,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from roundtrip._kernel.database import make_engine, run_on
 from roundtrip._kernel.storage import roles
-from roundtrip._kernel.storage.database import make_engine, run_on
 from roundtrip._kernel.storage.turnstore import ENDED, RUNNING, WAITING, Fence, TurnStore
 from tests.databases import migrated
 from tests.signing import key_environment

@@ -18,14 +18,13 @@ from sqlalchemy import Column, Float, Integer, MetaData, String, Table, Text, in
 from sqlalchemy.exc import DBAPIError
 
 from roundtrip._broker.embedded import free_port
-from roundtrip._guard import conversations as conversation_store
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import Ledger
+from roundtrip._kernel.database import make_engine, run_on
 from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, SchemaMismatch
 from roundtrip._kernel.migrations.schema import current, head, upgrade, upgrade_databases
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage import turnstore
-from roundtrip._kernel.storage.database import make_engine, run_on
+from roundtrip._kernel.storage import ledger_reads, turnstore
 from roundtrip._kernel.storage.turnstore import Fence
 
 BEHIND = "ledger_0002"  # one migration behind this code's ledger_0003
@@ -70,7 +69,7 @@ def error_lines(done: subprocess.CompletedProcess) -> list[str]:
 
 def schema_drift(conn) -> list:
     """What differs between the database and the tables the code declares (nothing, once migrated)."""
-    return compare_metadata(MigrationContext.configure(conn), [turnstore.metadata, conversation_store.metadata])
+    return compare_metadata(MigrationContext.configure(conn), [turnstore.metadata, ledger_reads.conversation_metadata])
 
 
 # The turn table as the first fleet created it at open (services/_guard/ledger.py of the foundation).
@@ -199,13 +198,13 @@ async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
 
     def made_before(conn):
         turnstore.metadata.create_all(conn)
-        conversation_store.metadata.create_all(conn)
+        ledger_reads.conversation_metadata.create_all(conn)
         conn.execute(text("ALTER TABLE turns DROP COLUMN agent_digest"))  # ledger_0003: after the adoption
         conn.execute(text("ALTER TABLE turns DROP COLUMN acted"))  # ledger_0004: likewise
         conn.execute(text("ALTER TABLE turns DROP COLUMN reply_sha256"))  # ledger_0006: likewise
         conn.execute(insert(turnstore.turns), turn)  # the columns it names only
         conn.execute(
-            insert(conversation_store.conversations),
+            insert(ledger_reads.conversations),
             {
                 "conversation_id": "conv_today",
                 "customer_id": "cus_1001",

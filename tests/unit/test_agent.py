@@ -379,7 +379,7 @@ def test_up_refuses_a_bad_agent_setting_before_the_broker_starts(tmp_path):
 
 
 def test_the_up_banners_example_is_the_agents_own():
-    from roundtrip._cli.main import _ready
+    from roundtrip._cli.up import _ready
     from roundtrip._kernel.settings import Settings
 
     settings = Settings()
@@ -390,7 +390,7 @@ def test_the_up_banners_example_is_the_agents_own():
 
 
 def test_with_no_key_the_banner_asks_with_the_agents_example_script_and_with_a_key_without():
-    from roundtrip._cli.main import _ready
+    from roundtrip._cli.up import _ready
     from roundtrip._kernel.settings import Settings
 
     script = [

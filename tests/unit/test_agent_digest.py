@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from roundtrip._kernel.observability import agent_digest
+from roundtrip._kernel.kafka import agent_digest
 from roundtrip._kernel.wire.events import CallModel, Turn
 
 

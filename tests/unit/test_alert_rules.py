@@ -13,7 +13,7 @@ from types import ModuleType
 import yaml
 from prometheus_client import REGISTRY
 
-from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.kafka.faststream_metrics import KafkaMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "roundtrip-rules.yaml"
@@ -35,7 +35,7 @@ def alerts() -> list[dict]:
 
 def exported() -> set[str]:
     """Every sample name the fleet's metrics expose (a counter's _total, a histogram's _bucket/_count/_sum)."""
-    metrics.kafka_metrics("alert-rules-test")  # FastStream's faststream_* metrics exist once a service has them
+    KafkaMetrics("alert-rules-test")  # FastStream's faststream_* metrics exist once a service has them
     names = set()
     for family in REGISTRY.collect():
         names.add(family.name)

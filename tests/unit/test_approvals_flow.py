@@ -16,10 +16,10 @@ from roundtrip._gate.gate import Gate
 from roundtrip._guard.approvals import DecisionRefused
 from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.approvals import Signer, approval_id_for, in_tool_use_order, input_digest

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from typer.testing import CliRunner
 
-import roundtrip._cli.terminal as console
+from roundtrip._cli import approvals, common, following, observe
 from roundtrip._cli.main import app
 from roundtrip._kernel.settings import get_settings
 from roundtrip._kernel.wire import topology
@@ -43,9 +43,9 @@ def never_asked(monkeypatch):
     async def reached(*args, **kwargs):
         raise AssertionError("the fleet was called")
 
-    monkeypatch.setattr(console, "ask", reached)
-    monkeypatch.setattr(console, "chat", reached)
-    monkeypatch.setattr(console, "show_lag", reached)
+    monkeypatch.setattr(following, "ask", reached)
+    monkeypatch.setattr(following, "chat", reached)
+    monkeypatch.setattr(observe, "show_lag", reached)
 
 
 def test_an_unknown_group_is_an_error_listing_the_fleets_groups(never_asked):
@@ -63,7 +63,7 @@ def test_a_known_group_with_or_without_the_prefix_is_taken(monkeypatch):
         asked.append(group)
         return 0
 
-    monkeypatch.setattr(console, "show_lag", show_lag)
+    monkeypatch.setattr(observe, "show_lag", show_lag)
     for group in ("executor", "roundtrip-executor", "roundtrip-gateway-replies"):
         assert CliRunner().invoke(app, ["lag", "--group", group]).exit_code == 0
     assert asked == ["executor", "roundtrip-executor", "roundtrip-gateway-replies"]
@@ -80,7 +80,7 @@ def test_a_prefixed_fleets_groups_are_its_own(monkeypatch, never_asked):
         asked.append((settings.topic_prefix, group))
         return 0
 
-    monkeypatch.setattr(console, "show_lag", show_lag)
+    monkeypatch.setattr(observe, "show_lag", show_lag)
     for group in ("executor", "roundtrip-executor", "prod.roundtrip-executor"):
         assert CliRunner().invoke(app, ["lag", "--group", group]).exit_code == 0
     assert asked == [("prod.", "executor"), ("prod.", "roundtrip-executor"), ("prod.", "prod.roundtrip-executor")]
@@ -97,28 +97,28 @@ def test_an_unknown_persona_is_refused_before_any_model_call_with_the_personas(n
 
 def test_ask_exits_non_zero_with_a_clear_line_when_the_guard_stopped_the_turn(monkeypatch):
     async def ask(*args, **kwargs):
-        return console.show_reply(_reply(Outcome.REPEATED_CALL))
+        return following.show_reply(_reply(Outcome.REPEATED_CALL))
 
-    monkeypatch.setattr(console, "ask", ask)
+    monkeypatch.setattr(following, "ask", ask)
     result = CliRunner().invoke(app, ["ask", "where is my order?", "--customer", "cus_1001", "--persona", "stubborn"])
     assert result.exit_code == 3
     assert "the turn did not end with the model's answer: repeated_call (exit code 3)" in result.output
 
 
 def test_every_outcome_has_its_documented_exit_code():
-    assert set(console.EXIT_CODES) == set(Outcome)
-    assert console.EXIT_CODES[Outcome.END_TURN] == 0 and all(
-        c > 2 for o, c in console.EXIT_CODES.items() if o is not Outcome.END_TURN
+    assert set(following.EXIT_CODES) == set(Outcome)
+    assert following.EXIT_CODES[Outcome.END_TURN] == 0 and all(
+        c > 2 for o, c in following.EXIT_CODES.items() if o is not Outcome.END_TURN
     )
     shown = " ".join(CliRunner().invoke(app, ["ask", "--help"]).output.replace("│", " ").split())
-    for outcome in console.EXIT_CODES:
+    for outcome in following.EXIT_CODES:
         assert outcome.value in shown, outcome
     assert "Exit codes: 0 the model answered (end_turn); 1 no reply within --timeout" in shown
 
 
 def test_a_refused_request_shows_its_reason_and_one_step_is_one_step(capsys):
-    assert console.show_reply(_reply(Outcome.INVALID_REQUEST, steps=0, reason="customer_id: Field required")) == 6
-    assert console.show_reply(_reply(Outcome.END_TURN, steps=1)) == 0
+    assert following.show_reply(_reply(Outcome.INVALID_REQUEST, steps=0, reason="customer_id: Field required")) == 6
+    assert following.show_reply(_reply(Outcome.END_TURN, steps=1)) == 0
     out = capsys.readouterr().out
     assert "refused: customer_id: Field required" in out
     assert "1 step," in out and "1 steps" not in out and "0 steps" in out
@@ -159,7 +159,7 @@ def test_the_trace_view_shows_no_empty_attribute(tmp_path, capsys):
     }
     path.write_text(json.dumps(span) + "\n")
     settings = Settings(_env_file=None, span_file=path, otlp_endpoint=None, jaeger_query_url=None)
-    assert console.show_trace(settings, "turn_9") == 0
+    assert observe.show_trace(settings, "turn_9") == 0
     out = capsys.readouterr().out
     assert "outcome=end_turn" in out and "detail=" not in out
 
@@ -183,10 +183,10 @@ async def test_the_approvals_table_never_cuts_an_id(tmp_path, monkeypatch):
     request = pending_approval(turn, "cancel_order", {"order_id": "ord_a1000003"}, "a long reason " * 8)
     list_these_approvals(monkeypatch, [request])
     out = io.StringIO()
-    monkeypatch.setattr(console, "console", Console(file=out, width=120, highlight=False))
+    monkeypatch.setattr(common, "console", Console(file=out, width=120, highlight=False))
     (tmp_path / "ledger.db").touch()
     settings = Settings(_env_file=None, state_dir=tmp_path)
-    assert await console.list_approvals(settings, everything=False, limit=10) == 0
+    assert await approvals.list_approvals(settings, everything=False, limit=10) == 0
     shown = out.getvalue()
     assert request.approval_id in shown and turn.turn_id in shown and turn.trace_id in shown
 
@@ -224,7 +224,7 @@ def test_ask_takes_every_persona_the_simulator_plays_scripts_included(monkeypatc
         asked.append(persona)
         return 0
 
-    monkeypatch.setattr(console, "ask", ask)
+    monkeypatch.setattr(following, "ask", ask)
     monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
     # script:example of the shop (it has none): nothing is put, the simulator has it loaded some other way
     scripts = Scripts({"renew": parse_script("renew", ["Renewed."]), "example": parse_script("example", ["Hi."])})

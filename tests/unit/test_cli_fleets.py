@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 import roundtrip._cli.evals.runner as eval_runner
-from roundtrip._cli import main
+from roundtrip._cli import common, up
 from roundtrip._cli.fleets import MARKER, agent_project, declared_agents, mark, marked
 from roundtrip._cli.main import app
 from roundtrip._cli.skeleton import skeleton
@@ -62,7 +62,7 @@ def test_up_marks_where_it_started_and_its_agents_project_and_a_command_below_fi
     started.mkdir()
     monkeypatch.chdir(started)
     assert agent_project("desk.agent:AGENT") == desk.resolve()
-    main._mark_folders(Settings(state_dir=tmp_path / "fleet-state", agent="desk.agent:AGENT"))
+    up._mark_folders(Settings(state_dir=tmp_path / "fleet-state", agent="desk.agent:AGENT"))
     assert (started / MARKER).is_file() and (desk / MARKER).is_file()
     assert marked(desk / "evals") == (tmp_path / "fleet-state").resolve() == marked(started)
     assert marked(tmp_path) is None
@@ -75,7 +75,7 @@ def test_a_command_in_the_agents_folder_reads_the_marked_fleet_and_says_which_an
     state = fleet("desk")
     mark([desk], state)
     monkeypatch.chdir(desk / "evals")
-    settings = main._fleet_settings()
+    settings = common.fleet_settings()
     assert settings.state_dir == state.resolve() and settings.topic_prefix == "marked."
     said = capsys.readouterr().err
     assert f"the fleet running in {state.resolve()} (pid {os.getpid()}): agent desk, its settings" in said
@@ -85,7 +85,7 @@ def test_a_stopped_fleets_marker_is_not_followed(desk, tmp_path, monkeypatch, ca
     monkeypatch.delenv("ROUNDTRIP_STATE_DIR", raising=False)
     mark([desk], tmp_path / "stopped")
     monkeypatch.chdir(desk)
-    assert main._fleet_settings().state_dir != (tmp_path / "stopped").resolve()
+    assert common.fleet_settings().state_dir != (tmp_path / "stopped").resolve()
     get_settings.cache_clear()
 
 
@@ -126,7 +126,7 @@ def test_eval_fresh_calls_the_agents_reset_before_any_case_or_refuses_in_one_lin
 ):
     import dataclasses
 
-    import roundtrip._cli.main as cli_main
+    import roundtrip._cli.common as cli_common
     from roundtrip._shop.agent import AGENT
 
     calls: list[str] = []
@@ -138,7 +138,7 @@ def test_eval_fresh_calls_the_agents_reset_before_any_case_or_refuses_in_one_lin
         raise RuntimeError("desk away")
 
     hook = {None: None, "raises": raising, "async": async_reset}[reset]
-    monkeypatch.setattr(cli_main, "_checked_agent", lambda settings: dataclasses.replace(AGENT, reset=hook))
+    monkeypatch.setattr(cli_common, "checked_agent", lambda settings: dataclasses.replace(AGENT, reset=hook))
 
     async def run_suite(*args, **kwargs):
         calls.append("cases")

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from rich.console import Console
 from typer.testing import CliRunner
 
-import roundtrip._cli.terminal as console
+from roundtrip._cli import approvals, common, following
 from roundtrip._cli.main import app
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
@@ -89,10 +89,10 @@ def test_ask_shows_the_customers_and_the_models_text_as_typed(monkeypatch):
         session.producer, session.consumer = Producer(sent), Consumer(sent, session.settings.topic_prefix)
         return True
 
-    monkeypatch.setattr(console.Session, "start", start)
-    monkeypatch.setattr(console.Session, "stop", Producer.stop)
+    monkeypatch.setattr(following.Session, "start", start)
+    monkeypatch.setattr(following.Session, "stop", Producer.stop)
     monkeypatch.setattr(
-        console, "console", Console(file=(out := io.StringIO()), width=300, highlight=False, emoji=False)
+        following, "console", Console(file=(out := io.StringIO()), width=300, highlight=False, emoji=False)
     )
     result = CliRunner().invoke(app, ["ask", f"is it {MARKUP}?", "--customer", "[red]x[/red]"])
     assert result.exit_code == 0, result.output
@@ -109,7 +109,7 @@ def test_every_line_of_a_turn_shows_tool_and_gate_text_as_typed(capsys):
         messages=[],
         calls=[CheckedCall(id="toolu_1", name="lookup_order", input={}, approved=False, error=f"no order {MARKUP}")],
     )
-    console._render(topics.TOOL_BATCHES, batch.model_dump(mode="json"), "req_1")
+    following._render(topics.TOOL_BATCHES, batch.model_dump(mode="json"), "req_1")
     results = {
         "turn": TURN.model_dump(),
         "step": 2,
@@ -120,7 +120,7 @@ def test_every_line_of_a_turn_shows_tool_and_gate_text_as_typed(capsys):
             }
         ],
     }
-    console._render(topics.MODEL_CALLS, results, "req_1")
+    following._render(topics.MODEL_CALLS, results, "req_1")
     out = capsys.readouterr().out
     assert f"rejected: no order {MARKUP}" in out and f"result found {MARKUP}" in out
 
@@ -139,17 +139,18 @@ async def test_the_approvals_table_keeps_every_column_at_any_label_length(tmp_pa
     (tmp_path / "ledger.db").touch()
     for width in (80, 200):
         monkeypatch.setattr(
-            console, "console", Console(file=(out := io.StringIO()), width=width, highlight=False, emoji=False)
+            common, "console", Console(file=(out := io.StringIO()), width=width, highlight=False, emoji=False)
         )
         assert (
-            await console.list_approvals(Settings(_env_file=None, state_dir=tmp_path), everything=False, limit=10) == 0
+            await approvals.list_approvals(Settings(_env_file=None, state_dir=tmp_path), everything=False, limit=10)
+            == 0
         )
         header, first = out.getvalue().splitlines()[:2]
-        assert header.split() == [word for column in console.APPROVAL_COLUMNS for word in column.split()], (
+        assert header.split() == [word for column in approvals.APPROVAL_COLUMNS for word in column.split()], (
             width,
             header,
         )
-        assert console.call_label(row.tool, json.loads(row.request_json)["call"]["input"]) in first
+        assert common.call_label(row.tool, json.loads(row.request_json)["call"]["input"]) in first
         assert row.approval_id in first and TURN.trace_id in first
         assert (
             "refunds need" in first and "[red]49,99[/red]" in out.getvalue()

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from roundtrip._console import pages, timeline
 from roundtrip._console.ledger_reader import in_reading_order
-from roundtrip._guard.pricing import PriceTable
+from roundtrip._kernel.storage.prices import PriceTable
 
 MS = 1_000_000
 

@@ -11,9 +11,9 @@ import pytest
 from roundtrip._guard.conversations import Conversations, compact, estimate_tokens, exchange_of, within_budget
 from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import Ledger
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
 from roundtrip._kernel.wire.fingerprints import fingerprint

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from roundtrip._kernel.database import make_engine
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.database import make_engine
 
 
 @pytest.mark.parametrize("size", [3, 25])

@@ -212,7 +212,7 @@ def test_the_services_that_open_the_ledger_are_the_ones_the_topology_says_share_
         name
         for name in FLEET_SERVICES
         if re.search(
-            r"\b(Ledger|Fence|TurnStore)\.open\(|\bshell\.fence\(",  # the shell opens the Fence
+            r"\b(Ledger|Fence|TurnStore|TurnReads)\.open\(|\bshell\.fence\(",  # the shell opens the Fence
             "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "services" / f"_{name}").glob("*.py")),
         )
     ]

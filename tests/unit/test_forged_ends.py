@@ -10,9 +10,9 @@ import pytest
 
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import ENDED, RUNNING, Ledger
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.storage.turnstore import TurnRefused, reply_digest, turns
 from roundtrip._kernel.wire.events import CancelTurn, ModelResponded, StartTurn, Turn, Usage
 from tests.cores import guard as guard_of

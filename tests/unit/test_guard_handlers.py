@@ -7,9 +7,9 @@ import json
 import pytest
 
 from roundtrip._guard.ledger import Ledger
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
     CancelTurn,

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from roundtrip._executor.runner import Runner
+from roundtrip._kernel.kafka import faststream_seam
 from roundtrip._kernel.observability import health, metrics
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CheckedCall, Outcome, StartTurn
@@ -135,7 +136,7 @@ def test_liveness_from_faststream_subscribers_fails_when_a_consume_task_died():
     plain = SimpleNamespace(running=True, tasks=[running])
     app = SimpleNamespace(broker=SimpleNamespace(subscribers=[concurrent, plain]))
     state = {"started": True, "stopping": False}
-    check = health.subscribers_alive(app, state)
+    check = health.subscribers_alive(app, state, faststream_seam.consume_loops_alive)
     assert check()
     concurrent.tasks = [running, done]  # one of the two consumers' loops is gone
     assert not check()

@@ -4,8 +4,7 @@ A room is a top-level folder of services/ (installed as `roundtrip`): `_kernel`,
 `_simulator`, `_shop`, `_fleet`, `_cli`, the public `testing`, and the root `roundtrip` (services/__init__.py).
 `roundtrip.schemas` (the folder schemas/) is data every room may read: it imports nothing of the package. Each room
 imports only the rooms ALLOWED names for it, so no import climbs upward and the rooms form no cycle; inside `_kernel`
-the sub-rooms (KERNEL_ROOMS) form no cycle either, except the
-two KNOWN_CYCLES of today (each with its fix). Each failure lists every offending import as file:line.
+the sub-rooms (KERNEL_ROOMS) form no cycle either. Each failure lists every offending import as file:line.
 """
 
 from __future__ import annotations
@@ -24,9 +23,9 @@ ALLOWED = {  # room -> the rooms it may import (besides itself and roundtrip.sch
     "_kernel": set(),
     "_sdk": {"_kernel"},
     **{service: {"_kernel", "_sdk"} for service in FIVE},  # never another service
-    # the console reads the guard's ledger as the CLI does (never another service's code), and the CLI decides with
-    # the console's desk: one check and one signed decision for both
-    "_console": {"_kernel", "_sdk", "_guard"},
+    # the console reads the ledger through the kernel's read port (storage/ledger_reads.py) as the CLI does, never
+    # the guard; the CLI decides with the console's desk: one check and one signed decision for both
+    "_console": {"_kernel", "_sdk"},
     "_broker": {"_kernel"},
     "_simulator": {"_kernel"},
     "_shop": {"_kernel", "_sdk", "roundtrip"},  # the demo agent is written as any author's: with the public API
@@ -35,7 +34,7 @@ ALLOWED = {  # room -> the rooms it may import (besides itself and roundtrip.sch
     "_fleet": BELOW_THE_FLEET,
     "_cli": BELOW_THE_FLEET | {"_fleet"},
 }
-KERNEL_ROOMS = {"kafka", "wire", "storage", "observability", "settings", "migrations", "runtime", "shell"}
+KERNEL_ROOMS = {"kafka", "wire", "storage", "observability", "settings", "migrations", "database", "runtime", "shell"}
 
 
 def _module(path: Path) -> str:
@@ -149,33 +148,18 @@ def test_the_cycle_finder_finds_cycles_and_only_cycles():
     assert _cycles({"a": {"b", "c"}, "b": {"c"}}) == []
 
 
-# The two cycles the kernel's sub-rooms have today (measured when this test was written), each a debt with its fix;
-# the test fails on any other cycle, and on one of these once it is gone (then delete it here).
-KNOWN_CYCLES = {
-    # kafka/messaging.py (a service's Kafka app) instruments with observability/, whose health.py and metrics.py read
-    # FastStream's state through kafka/faststream_seam.py and agent_digest.py uses kafka/dedupe.py's SeenIds. Fix:
-    # move messaging.py up (it composes kafka/ and observability/), or hand health and metrics what they read.
-    ("kafka", "observability"),
-    # storage/turnstore.py checks its schema through migrations/ (require, reaching), whose schema.py opens engines
-    # with storage/database.py. Fix: database.py below both (migrations then imports no store).
-    ("migrations", "storage"),
-}
-
-
 def test_the_rooms_rules_themselves_form_no_cycle():
     assert _cycles({room: set(allowed) for room, allowed in ALLOWED.items()}) == []
 
 
 def test_the_kernels_sub_rooms_form_no_cycle():
+    """kafka/ reads observability/ (metrics, spans, health checks) and never the reverse: health is handed the seam's
+    liveness and FastStream's metrics sit in kafka/faststream_metrics.py; storage/ and migrations/ both stand on
+    database.py."""
     edges, where = _kernel_graph()
-    cycles = _cycles(edges)
     said = [
         f"cycle {' -> '.join([*c, c[0]])}:\n  "
         + "\n  ".join(line for a, b in zip(c, [*c[1:], c[0]], strict=True) for line in where[(a, b)])
-        for c in cycles
-        if tuple(c) not in KNOWN_CYCLES
+        for c in _cycles(edges)
     ]
     assert said == [], "\n".join(said)
-    assert not (gone := KNOWN_CYCLES - {tuple(c) for c in cycles}), (
-        f"fixed, delete them from KNOWN_CYCLES: {sorted(gone)}"
-    )

@@ -6,7 +6,7 @@ it."""
 
 from __future__ import annotations
 
-import roundtrip._cli.terminal as console
+from roundtrip._cli import following
 from roundtrip._cli.live_order import HOLD_S, StepOrder
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
@@ -90,8 +90,8 @@ def _shown(polls: list[list[str]], capsys, clock=None) -> list[str]:
         for name in poll:
             order.add(*records[name])
         for topic, data in order.ready():
-            if (reply := console._render(topic, data, "req_1")) is not None:
-                console.show_reply(reply)
+            if (reply := following._render(topic, data, "req_1")) is not None:
+                following.show_reply(reply)
     return [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
 
 
@@ -152,7 +152,7 @@ def test_a_steps_working_status_is_shown_before_its_model_line_whenever_it_arriv
 
 
 def test_streamed_text_is_written_as_it_comes_once_and_a_cut_says_it_is_discarded(capsys):
-    shown = console.TextShown("req_1")
+    shown = following.TextShown("req_1")
     base = {"request_id": "req_1", "conversation_id": "conv_1", "customer_id": "cus_1001", "turn_id": "turn_1"}
     for chunk in (
         {"step": 1, "stream_id": "a", "sequence": 0, "text": "Let me "},

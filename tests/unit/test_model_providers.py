@@ -9,8 +9,8 @@ import anthropic
 import httpx
 import pytest
 
-from roundtrip._guard.pricing import PriceTable, family
 from roundtrip._kernel.settings import ConfigurationError, Settings
+from roundtrip._kernel.storage.prices import PriceTable, family
 from roundtrip._kernel.wire.events import StreamedText, Turn
 from roundtrip._model import providers
 from roundtrip._model.client import ModelClient

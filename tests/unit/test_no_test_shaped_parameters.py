@@ -35,7 +35,6 @@ ALLOWED = {
     "services/_guard/conversations.py:close_turn_with_reply:now": CLOCK,
     "services/_guard/ledger.py:await_approval:now": CLOCK,
     "services/_guard/ledger.py:advance:now": CLOCK,
-    "services/_guard/retention.py:line:now": CLOCK,
     "services/_guard/sweeper.py:sweep:now": CLOCK,
     "services/_gate/authorization.py:OwnershipCache:max_entries": BOUND,
     "services/_gate/recorded.py:RecordedTurns:remembered": BOUND,
@@ -47,7 +46,6 @@ ALLOWED = {
     "services/_guard/ledger.py:outbox:limit": "rows per republish; the console reads fewer",
     "services/_guard/outbox.py:republish_all:timeout": "the start-up republish's bound; a test waits less",
     "services/_guard/outbox.py:Bounded:timeout": "the same bound, per row",
-    "services/_guard/pricing.py:PriceTable:provider": "a table without a platform's prices (the Anthropic API's)",
 }
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from roundtrip._cli.main import app
-from roundtrip._guard.pricing import PriceTable
 from roundtrip._kernel.settings import CONCERNS, Settings, env_name
+from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ def matches_example(example: str, real: str) -> bool:
 
 
 def test_the_readme_ask_example_reads_as_the_console_prints_it():
-    import roundtrip._cli.terminal as console
+    from roundtrip._cli import common, following
     from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
 
     args, shown = ask_example()
@@ -96,8 +96,8 @@ def test_the_readme_ask_example_reads_as_the_console_prints_it():
         ),
     )
     turn_id, trace_id = re.search(r"turn (turn_\w+)  trace (\w+)", shown[-1]).groups()
-    with console.console.capture() as captured:
-        console.show_reply(
+    with common.console.capture() as captured:
+        following.show_reply(
             SupportReply(
                 request_id="r",
                 conversation_id="c",
@@ -277,7 +277,7 @@ def test_the_benchmarks_page_is_todays_figures_each_with_its_command():
 
 def test_a_retired_key_setting_is_named_only_where_its_retirement_is_told():
     """A page telling to set a retired setting sends the reader to a service that refuses to start."""
-    from roundtrip._kernel.settings.concerns import RETIRED_KEY_SETTINGS
+    from roundtrip._kernel.settings.keys import RETIRED_KEY_SETTINGS
 
     for path in sorted(DOCS.rglob("*.md")):
         for name in RETIRED_KEY_SETTINGS:

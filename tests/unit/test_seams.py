@@ -17,7 +17,7 @@ from faststream.kafka import KafkaBroker
 from prometheus_client import REGISTRY
 
 from roundtrip._kernel.kafka import faststream_seam, messaging
-from roundtrip._kernel.observability import metrics
+from roundtrip._kernel.kafka.faststream_metrics import KafkaMetrics
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn
@@ -97,7 +97,7 @@ def sample(name: str, **labels: str) -> float:
 
 
 def test_fastStreams_kafka_metrics_keep_the_names_and_labels_the_kernel_records():
-    counted = metrics.kafka_metrics("seamunit")
+    counted = KafkaMetrics("seamunit")
     topic = {"handler": "seam.topic"}
     received = sample("faststream_received_messages_total", **topic)
     acked = sample("faststream_received_processed_messages_total", **topic, status="acked")

@@ -11,19 +11,18 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from roundtrip._cli import terminal
+from roundtrip._cli import following, observe
 from roundtrip._kernel.observability import telemetry, traces
+from roundtrip._kernel.observability.span_file import JsonLinesSpanExporter, span_files
 from roundtrip._kernel.observability.telemetry import (
     STEP_HEADER,
     TURN_ID_HEADER,
     TURN_SPAN_HEADER,
-    JsonLinesSpanExporter,
     consuming,
     make_provider,
     new_turn_ids,
     publishing,
     record_turn_span,
-    span_files,
     traceparent,
 )
 from roundtrip._kernel.settings import Settings
@@ -270,7 +269,7 @@ def test_roundtrip_trace_reads_the_rotated_span_files_too(tmp_path, capsys):
     (tmp_path / "spans.jsonl.1").write_text(line(SPAN_ID, None, "invoke_agent support-agent", 0))
     path.write_text(line("1" * 16, SPAN_ID, "guard.decide", 1_000))
     settings = Settings(_env_file=None, span_file=path, otlp_endpoint=None, jaeger_query_url=None)
-    assert terminal.show_trace(settings, "turn_9") == 0
+    assert observe.show_trace(settings, "turn_9") == 0
     out = capsys.readouterr().out
     assert (
         "invoke_agent support-agent" in out and "  guard.decide" in out
@@ -311,15 +310,15 @@ def test_the_jaeger_query_url_is_the_setting_or_derived_from_a_standard_otlp_end
 def test_roundtrip_ask_says_its_turn_is_stuck_and_where_it_waits(capsys):
     seen: dict = {}
     batch = {"turn": TURN.model_dump(), "step": 1, "messages": [], "calls": []}
-    terminal._render("turn.tool_batches", batch, "req_1", seen)
+    following._render("turn.tool_batches", batch, "req_1", seen)
     flagged = TurnFlagged(
         turn=TURN, step=1, idle_s=4.2, detail="no progress for 4.2 s after step 1; ending in 3 s unless it moves"
     )
-    terminal._render("turn.events", flagged.model_dump(mode="json"), "req_1", seen)
+    following._render("turn.events", flagged.model_dump(mode="json"), "req_1", seen)
     out = capsys.readouterr().out
     assert "turn turn_1 is stuck" in out and "no progress for 4.2 s" in out
     assert "waiting on an executor (turn.tool_batches)" in out and TRACE_ID in out
-    terminal._render("turn.events", flagged.model_dump(mode="json"), "req_other", seen)  # another turn's: silent
+    following._render("turn.events", flagged.model_dump(mode="json"), "req_other", seen)  # another turn's: silent
     assert capsys.readouterr().out == ""
 
 

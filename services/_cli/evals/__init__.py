@@ -6,13 +6,17 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from roundtrip._cli.evals.report import Change
     from roundtrip._cli.evals.runner import CaseResult
+    from roundtrip._kernel.settings import Settings
+    from roundtrip._sdk.agent import Agent
 
 eval_app = typer.Typer(
     help="Evaluations: run a suite of conversation cases through the fleet, or record a conversation as a case.",
@@ -20,25 +24,25 @@ eval_app = typer.Typer(
 )
 
 
-def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Any, Any]:
+def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Settings, Agent]:
     """The fleet the cases run through and its agent: refused when the suite is another agent's; reset with --fresh."""
     import os
 
-    from roundtrip._cli.main import _checked_agent, _fleet_settings
+    from roundtrip._cli.common import checked_agent, fleet_settings
     from roundtrip._kernel.settings import get_settings
 
     if fleet is not None:  # as ROUNDTRIP_STATE_DIR would: that folder's fleet, no marker looked for
         os.environ["ROUNDTRIP_STATE_DIR"] = str(fleet)
         get_settings.cache_clear()
-    settings = _fleet_settings()
-    agent = _checked_agent(settings)
+    settings = fleet_settings()
+    agent = checked_agent(settings)
     _refuse_other_agent(suite, agent.name, settings.state_dir)
     if fresh:
         _reset(agent, settings)
     return settings, agent
 
 
-def _reset(agent: Any, settings: Any) -> None:
+def _reset(agent: Agent, settings: Settings) -> None:
     """--fresh: the agent's reset hook, before any case, so a suite that changes data passes run after run."""
     import inspect
 
@@ -59,7 +63,7 @@ def _reset(agent: Any, settings: Any) -> None:
     typer.echo(f"roundtrip eval: agent {agent.name}'s backends reset (--fresh)")
 
 
-async def _awaited(done: Any) -> None:
+async def _awaited(done: Awaitable[object]) -> None:
     await done
 
 
@@ -202,13 +206,13 @@ def record(
 ) -> None:
     """Turn a conversation the fleet has had into a case that replays it: each turn the customer's words, the model's
     responses as a script, and what the turn did as expectations (outcome, tools called, steps)."""
+    from roundtrip._cli.common import fleet_settings
     from roundtrip._cli.evals.cases import case_json
     from roundtrip._cli.evals.record import NotRecorded
     from roundtrip._cli.evals.record import record as make
-    from roundtrip._cli.main import _fleet_settings
 
     try:
-        case, notes = asyncio.run(make(_fleet_settings(), conversation))
+        case, notes = asyncio.run(make(fleet_settings(), conversation))
     except NotRecorded as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None

@@ -54,13 +54,11 @@ def turn_case(exchange: list[dict[str, Any]], outcome: str | None, steps: int) -
 
 async def record(settings: Settings, conversation_id: str) -> tuple[dict[str, Any], list[str]]:
     """The case of a conversation, and notes on what it could not keep. NotRecorded when it cannot be made."""
-    from roundtrip._guard.conversations import Conversations
-    from roundtrip._guard.ledger import ENDED, Ledger
+    from roundtrip._kernel.storage.ledger_reads import ConversationReads, TurnReads
+    from roundtrip._kernel.storage.turnstore import ENDED
 
-    store = await Conversations.open(
-        settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s, read_only=True
-    )
-    ledger = await Ledger.open(settings.ledger_db_url, read_only=True)
+    store = await ConversationReads.open(settings.conversations_db_url, read_only=True)
+    ledger = await TurnReads.open(settings.ledger_db_url, read_only=True)
     try:
         found = await store.get(conversation_id)
         if found is None:

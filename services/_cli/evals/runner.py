@@ -196,9 +196,9 @@ class Asker:
     async def _decide(self, asked: ApprovalRequested, approve: bool) -> None:
         """The decision on a held call, once the guard has recorded it (the request may come before its row)."""
         from roundtrip._console.decisions import decision_signer, refusal, signed_decision
-        from roundtrip._guard.ledger import Ledger
+        from roundtrip._kernel.storage.ledger_reads import TurnReads
 
-        ledger = await Ledger.open(self.settings.ledger_db_url, read_only=True)
+        ledger = await TurnReads.open(self.settings.ledger_db_url, read_only=True)
         try:
             for _ in range(100):
                 row = await ledger.approval(asked.approval_id)

@@ -26,12 +26,13 @@ from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from pydantic import BaseModel, ValidationError
 
-from roundtrip._kernel.kafka import faults
+from roundtrip._kernel.kafka import agent_digest, faults
 from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.kafka.consumer import Commit, KeyOrderedConsumer
+from roundtrip._kernel.kafka.faststream_metrics import KafkaMetrics
 from roundtrip._kernel.kafka.faststream_seam import kafka_producer, replace_consume_loop
-from roundtrip._kernel.observability import agent_digest, health, metrics
+from roundtrip._kernel.observability import health
 from roundtrip._kernel.observability.telemetry import consuming, mark_error, publishing
 from roundtrip._kernel.settings import KafkaSettings, Settings
 from roundtrip._kernel.wire import topics, topology
@@ -60,6 +61,10 @@ class Wiring:
     consumers: list[KeyOrderedConsumer] = field(default_factory=list)
     refuse: Callable[[], None] | None = None  # run at start, before the broker is contacted
     digest: agent_digest.Digest | None = None
+    metrics: KafkaMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = KafkaMetrics(self.service)
 
     def topic(self, name: str) -> str:
         return topics.t(name, self.prefix)
@@ -182,7 +187,7 @@ def _message_path(
 ) -> Callable[[Any], Awaitable[None]]:
     """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
     model = _message_model(handler)
-    roots, counted = wired.roots, metrics.kafka_metrics(wired.service)
+    roots, counted = wired.roots, wired.metrics
 
     async def process(record: Any) -> None:
         count = counted.received(record.topic, len(record.value or b""))
@@ -363,7 +368,7 @@ async def publish(wired: Wiring, topic: str, message: BaseModel, key: bytes | No
         failure = type(exc).__name__
         raise
     finally:
-        metrics.kafka_metrics(wired.service).published(topic, time.perf_counter() - started, failure)
+        wired.metrics.published(topic, time.perf_counter() - started, failure)
 
 
 def key_of(conversation_id: str) -> bytes:

@@ -17,8 +17,8 @@ from sqlalchemy import Connection, event, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from roundtrip._kernel.database import make_engine, run_on, shown
 from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, STORES, UPGRADE, DatabaseUnreachable, SchemaMismatch
-from roundtrip._kernel.storage.database import make_engine, run_on, shown
 
 LOCK_KEY = 7_347_211_908  # any constant, the same in every process
 SQLITE_LOCK_WAIT_MS = 60_000

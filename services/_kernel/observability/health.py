@@ -20,7 +20,6 @@ from faststream import FastStream
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import choose_encoder
 
-from roundtrip._kernel.kafka.faststream_seam import consume_loops_alive
 from roundtrip._kernel.settings import Settings, TelemetrySettings
 from roundtrip._kernel.wire import topology
 
@@ -164,20 +163,23 @@ class HealthServer:
         return "404 Not Found", "text/plain", b"/healthz, /readyz or /metrics\n"
 
 
-def subscribers_alive(app: FastStream, state: dict[str, bool]) -> Check:
-    """Liveness: each subscriber running with a live consume task per consumer; true while the app starts or
-    stops, so a probe never kills a draining service."""
+def subscribers_alive(app: FastStream, state: dict[str, bool], alive: Callable[[Any], bool]) -> Check:
+    """Liveness: each subscriber `alive` (its consume task per consumer live, read by the kafka seam); true while
+    the app starts or stops, so a probe never kills a draining service."""
 
     def check() -> bool:
         if not state["started"] or state["stopping"]:
             return True
-        return app.broker is not None and all(consume_loops_alive(s) for s in app.broker.subscribers)
+        return app.broker is not None and all(alive(s) for s in app.broker.subscribers)
 
     return check
 
 
-def attach(app: FastStream, service: str, settings: Settings, checks: Health) -> HealthServer | None:
-    """Serve `checks` from the app's start to its end (None when ROUNDTRIP_HEALTH_PORT is 0)."""
+def attach(
+    app: FastStream, service: str, settings: Settings, checks: Health, alive: Callable[[Any], bool]
+) -> HealthServer | None:
+    """Serve `checks` from the app's start to its end (None when ROUNDTRIP_HEALTH_PORT is 0); `alive`: whether one
+    of its subscribers still consumes."""
     ports = port_candidates(service, settings)
     if not ports:
         return None
@@ -187,7 +189,7 @@ def attach(app: FastStream, service: str, settings: Settings, checks: Health) ->
     async def broker_answers() -> bool:
         return app.broker is not None and await app.broker.ping(timeout=CHECK_TIMEOUT_S / 2)
 
-    checks.live("subscribers", subscribers_alive(app, state))
+    checks.live("subscribers", subscribers_alive(app, state, alive))
     checks.ready("started", lambda: state["started"] and not state["stopping"])
     checks.ready("broker", broker_answers)
 

@@ -1,17 +1,16 @@
 """The fleet's Prometheus metrics, defined once; each is incremented where its decision is taken.
 
 Served per process on /metrics from prometheus_client's default registry. The Kafka side is FastStream's own metrics
-(`faststream_*`, its `MetricsContainer`), recorded by the kernel's message path instead of FastStream's per-message
-middleware. Each metric, its labels and where it moves: the manual's page "Operating it".
+(`faststream_*`), recorded by the kernel's message path (kafka/faststream_metrics.py). Each metric, its labels and
+where it moves: the manual's page "Operating it".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
-from roundtrip._kernel.kafka.faststream_seam import MetricsContainer, ProcessingStatus, PublishingStatus
 from roundtrip._kernel.wire.events import Outcome, Usage
 
 GUARD_STOPS = frozenset(
@@ -137,93 +136,3 @@ def count_reply(turn: Any, outcome: str, now: float) -> None:
         return
     exemplar = {"trace_id": turn.trace_id} if turn.trace_id else None
     reply_seconds.labels(outcome).observe(max(0.0, now - turn.started_at), exemplar)
-
-
-class _Received:
-    """One subscription's metrics, children resolved once (a label look-up per message costs more than the count)."""
-
-    __slots__ = ("_duration", "_exceptions", "_in_flight", "_in_process", "_labels", "_processed", "_size", "_total")
-
-    def __init__(self, container: MetricsContainer, labels: dict[str, str], service: str, topic: str) -> None:
-        self._labels = labels
-        self._total = container.received_messages_total.labels(**labels)
-        self._size = container.received_messages_size_bytes.labels(**labels)
-        self._in_process = container.received_messages_in_process.labels(**labels)
-        self._duration = container.received_processed_messages_duration_seconds.labels(**labels)
-        self._exceptions = container.received_processed_messages_exceptions_total
-        self._processed = {
-            s: container.received_processed_messages_total.labels(**labels, status=s.value)
-            for s in (ProcessingStatus.acked, ProcessingStatus.error)
-        }
-        self._in_flight = in_flight_messages.labels(service, topic)
-
-    def __call__(self, size: int) -> _Record:
-        self._total.inc()
-        self._size.observe(size)
-        self._in_process.inc()
-        self._in_flight.inc()
-        return _Record(self)
-
-
-class _Record:
-    __slots__ = ("_of", "_status")
-
-    def __init__(self, of: _Received) -> None:
-        self._of, self._status = of, ProcessingStatus.acked
-
-    def failed(self, exception_type: str) -> None:
-        self._status = ProcessingStatus.error
-        self._of._exceptions.labels(**self._of._labels, exception_type=exception_type).inc()
-
-    def done(self, seconds: float) -> None:
-        of = self._of
-        of._duration.observe(seconds)
-        of._in_process.dec()
-        of._in_flight.dec()
-        of._processed[self._status].inc()
-
-
-class KafkaMetrics:
-    def __init__(self, service: str) -> None:
-        self._container = MetricsContainer(REGISTRY, metrics_prefix="faststream", custom_label_names=())
-        self._service, self._app = service, f"roundtrip-{service}"
-        self._received: dict[str, _Received] = {}
-        self._published: dict[str, tuple[Any, Any, Any]] = {}
-
-    def received(self, topic: str, size: int) -> _Record:
-        """A record of `topic` arrived; `.done(seconds)` when handled, `.failed(type)` first if it raised."""
-        counted = self._received.get(topic)
-        if counted is None:
-            labels = {"app_name": self._app, "broker": "kafka", "handler": topic}
-            counted = self._received[topic] = _Received(self._container, labels, self._service, topic)
-        return counted(size)
-
-    def published(self, topic: str, seconds: float, exception_type: str | None = None) -> None:
-        children = self._published.get(topic)
-        if children is None:
-            labels = {"app_name": self._app, "broker": "kafka", "destination": topic}
-            c = self._container
-            children = self._published[topic] = (
-                c.published_messages_duration_seconds.labels(**labels),
-                c.published_messages_total.labels(**labels, status=PublishingStatus.success.value),
-                c.published_messages_total.labels(**labels, status=PublishingStatus.error.value),
-            )
-        duration, ok, failed = children
-        duration.observe(seconds)
-        if exception_type is None:
-            ok.inc()
-        else:
-            failed.inc()
-            self._container.published_messages_exceptions_total.labels(
-                app_name=self._app, broker="kafka", destination=topic, exception_type=exception_type
-            ).inc()
-
-
-_kafka: dict[str, KafkaMetrics] = {}
-
-
-def kafka_metrics(service: str) -> KafkaMetrics:
-    """The Kafka metrics of `service` in this process (one per service: a process may run several)."""
-    if service not in _kafka:
-        _kafka[service] = KafkaMetrics(service)
-    return _kafka[service]

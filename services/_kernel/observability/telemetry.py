@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import fcntl
 import hashlib
 import json
-import os
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
-import pydantic_core
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from roundtrip._kernel.observability.span_file import JsonLinesSpanExporter
 
 
 def turn_span_name(agent_name: str) -> str:
@@ -53,8 +53,6 @@ ERROR_OUTCOMES = frozenset(
         "model_busy",
     }
 )
-
-_provider: TracerProvider | None = None
 
 
 class Hop:
@@ -404,89 +402,6 @@ def mark_error(span: trace.Span, reason: str, error_type: str | None = None) -> 
         span.set_attribute("error.type", error_type)
 
 
-def _encode_span(record: dict[str, Any]) -> bytes:
-    return pydantic_core.to_json(record, fallback=str)
-
-
-class JsonLinesSpanExporter(SpanExporter):
-    """Appends one JSON object per finished span to a file (O_APPEND: safe across processes), rotated past
-    `max_bytes` under an flock so two processes do not rotate twice; at most (backups + 1) x max_bytes."""
-
-    def __init__(self, path: Path, max_bytes: int = 0, backups: int = 3) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.max_bytes, self.backups = path, max_bytes, backups
-        self._fd = self._open()
-
-    def _open(self) -> int:
-        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def _rotate_if_needed(self) -> None:
-        mine = os.fstat(self._fd)
-        try:
-            current = os.stat(self.path)
-        except FileNotFoundError:
-            current = None
-        if current is None or current.st_ino != mine.st_ino:
-            os.close(self._fd)
-            self._fd = self._open()
-            mine = current = os.fstat(self._fd)
-        if not self.max_bytes or current.st_size < self.max_bytes:
-            return
-        with open(f"{self.path}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            current = os.stat(self.path)
-            if current.st_ino == mine.st_ino and current.st_size >= self.max_bytes:
-                for n in range(self.backups - 1, 0, -1):
-                    older = Path(f"{self.path}.{n}")
-                    if older.exists():
-                        os.replace(older, f"{self.path}.{n + 1}")
-                if self.backups:
-                    os.replace(self.path, f"{self.path}.1")
-                else:
-                    os.truncate(self.path, 0)
-            os.close(self._fd)
-            self._fd = self._open()
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self._rotate_if_needed()
-        lines = []
-        for span in spans:
-            ctx = span.get_span_context()
-            assert ctx is not None
-            status = span.status
-            lines.append(
-                _encode_span(
-                    {
-                        "trace_id": format(ctx.trace_id, "032x"),
-                        "span_id": format(ctx.span_id, "016x"),
-                        "parent_id": format(span.parent.span_id, "016x") if span.parent else None,
-                        "name": span.name,
-                        "service": span.resource.attributes.get("service.name"),
-                        "kind": span.kind.name,
-                        "start_ns": span.start_time,
-                        "end_ns": span.end_time,
-                        "status": status.status_code.name,
-                        "status_message": status.description,
-                        "attributes": dict(span.attributes) if span.attributes else {},
-                        "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events]
-                        if span.events
-                        else [],
-                        "links": [format(link.context.span_id, "016x") for link in span.links] if span.links else [],
-                    }
-                )
-            )
-        if lines:
-            os.write(self._fd, b"\n".join(lines) + b"\n")
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        os.close(self._fd)
-
-
-def span_files(path: Path, backups: int) -> list[Path]:
-    return [p for p in (*(Path(f"{path}.{n}") for n in range(backups, 0, -1)), path) if p.exists()]
-
-
 class SpanExport(Protocol):
     """The settings a provider's exporters read: of TelemetrySettings, and the span file in effect (Settings')."""
 
@@ -523,28 +438,27 @@ def make_provider(service: str, settings: SpanExport | None = None) -> TracerPro
 
 
 def setup_telemetry(service: str, settings: SpanExport) -> TracerProvider:
-    global _provider
-    if _provider is not None:
-        return _provider
+    """The process's provider, installed once in OpenTelemetry's registry (the one there already, if any)."""
+    installed = trace.get_tracer_provider()
+    if isinstance(installed, TracerProvider):
+        return installed
     provider = make_provider(service, settings)
     trace.set_tracer_provider(provider)
-    _provider = provider
     return provider
 
 
 def shutdown_telemetry() -> None:
-    if _provider is not None:
-        _provider.shutdown()
+    if isinstance(installed := trace.get_tracer_provider(), TracerProvider):
+        installed.shutdown()
 
 
-_tracers: dict[str, trace.Tracer] = {}
+# OpenTelemetry's own handles, made once: before the provider is installed each is a proxy that follows it
+_TRACERS = MappingProxyType({name: trace.get_tracer(name) for name in ("roundtrip", "roundtrip.kafka")})
 
 
 def tracer(name: str = "roundtrip") -> trace.Tracer:
-    """The process's tracer `name`, made once (before the provider is installed, a proxy that follows it)."""
-    if name not in _tracers:
-        _tracers[name] = trace.get_tracer(name)
-    return _tracers[name]
+    """OpenTelemetry's tracer `name` (the fleet's two are made at import: one a span costs no look-up)."""
+    return _TRACERS.get(name) or trace.get_tracer(name)
 
 
 def current_trace_id() -> str:

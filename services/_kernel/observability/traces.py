@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from roundtrip._kernel.observability.telemetry import span_files
+from roundtrip._kernel.observability.span_file import span_files
 
 
 class TraceUnreadable(Exception):

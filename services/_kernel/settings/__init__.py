@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
+from roundtrip._kernel.settings.base import Concern
 from roundtrip._kernel.settings.checks import (
     ASYNC_DRIVERS,
     ConfigurationError,
@@ -23,27 +24,27 @@ from roundtrip._kernel.settings.checks import (
 )
 from roundtrip._kernel.settings.concerns import (
     CONCERNS,
-    DEV_BATCH_SIGNING_KEY,
-    DEV_BATCH_VERIFY_KEYS,
-    DEV_DECISION_SIGNING_KEY,
-    DEV_DECISION_VERIFY_KEYS,
-    RETIRED_KEY_SETTINGS,
-    ApprovalSettings,
-    Concern,
-    ConsoleSettings,
     ConversationSettings,
     Deployment,
     EmbeddedDefaults,
     ExecutorSettings,
-    GateSettings,
-    KafkaSecurity,
-    KafkaSettings,
     LoopRules,
     ModelPlatform,
     ModelSettings,
     TelemetrySettings,
     TranscriptLimits,
     TurnLedger,
+)
+from roundtrip._kernel.settings.console import ConsoleSettings
+from roundtrip._kernel.settings.kafka import KafkaSecurity, KafkaSettings
+from roundtrip._kernel.settings.keys import (
+    DEV_BATCH_SIGNING_KEY,
+    DEV_BATCH_VERIFY_KEYS,
+    DEV_DECISION_SIGNING_KEY,
+    DEV_DECISION_VERIFY_KEYS,
+    RETIRED_KEY_SETTINGS,
+    ApprovalSettings,
+    BatchKeys,
 )
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "DEV_DECISION_VERIFY_KEYS",
     "KEY_SETTINGS",
     "ApprovalSettings",
+    "BatchKeys",
     "Concern",
     "ConfigurationError",
     "ConsoleSettings",
@@ -62,7 +64,6 @@ __all__ = [
     "Deployment",
     "EmbeddedDefaults",
     "ExecutorSettings",
-    "GateSettings",
     "InsecureConfiguration",
     "KafkaSecurity",
     "KafkaSettings",
@@ -100,7 +101,7 @@ class Settings(
     LoopRules,
     TurnLedger,
     ConversationSettings,
-    GateSettings,
+    BatchKeys,
     ExecutorSettings,
     TranscriptLimits,
     ApprovalSettings,

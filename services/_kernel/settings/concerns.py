@@ -9,68 +9,20 @@ the values it was given (`hide_input_in_errors`: a password set beside a wrong s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
-    AfterValidator,
     AliasChoices,
-    BeforeValidator,
     Field,
     SecretStr,
-    ValidationInfo,
     field_validator,
-    model_validator,
-)
-from pydantic.config import JsonDict
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from roundtrip._kernel.settings.checks import (
-    SASL_MECHANISMS,
-    SECURITY_PROTOCOLS,
-    check_database_url,
-    check_import_string,
-    check_kafka_security,
-    existing_file,
-    parse_bootstrap_servers,
 )
 
-KEYS: JsonDict = {"secret": "keys"}  # key_id:secret pairs: the ids may be shown, the secrets never
-SECRET: JsonDict = {"secret": "value"}
-SECRET_URL: JsonDict = {"secret": "url"}  # a URL that may carry a password: shown without it
-
-# Published here, so anyone can sign with them: outside development a service that holds one refuses to start.
-DEV_BATCH_SIGNING_KEY = "dev1:/t+ECEMeaxV7ZzdJxjb5iuhb57b4Y0T0YUBzzbViP0k="
-DEV_BATCH_VERIFY_KEYS = "dev1:ZPXmekSmiDVxXLUU+HkczA5SeM96Cts84D66Z2KPGuA="
-DEV_DECISION_SIGNING_KEY = "ops1:VY8ZvLjJia3z3LHbdEIGtwV3hd+O3myBXulDO6DbZMk="
-DEV_DECISION_VERIFY_KEYS = "ops1:yYB9AT5pdbquSTalmxoGUSTYoqt+JDM7RfbFPKzd9ns="
-# Retired HMAC settings: a service that finds one set says what replaced it and stops.
-RETIRED_KEY_SETTINGS = {
-    "ROUNDTRIP_APPROVAL_KEYS": "ROUNDTRIP_BATCH_SIGNING_KEY (the gate) and ROUNDTRIP_BATCH_VERIFY_KEYS (the executors"
-    " and the guard)",
-    "ROUNDTRIP_DECISION_KEYS": "ROUNDTRIP_DECISION_SIGNING_KEY (the console, `roundtrip approvals`) and "
-    "ROUNDTRIP_DECISION_VERIFY_KEYS (the gate and the guard)",
-}
-
-
-def _holds_key(keys: str, published: str) -> bool:
-    secret = published.partition(":")[2]
-    return any(part.partition(":")[2].strip() == secret for part in keys.split(","))
-
-
-def _database_url(value: SecretStr | None) -> SecretStr | None:
-    url = value.get_secret_value().strip() if value is not None else ""
-    return SecretStr(check_database_url(url)) if url else None
-
-
-DatabaseUrl = Annotated[SecretStr | None, AfterValidator(_database_url)]
-_upper = BeforeValidator(lambda value: value.strip().upper() if isinstance(value, str) else value)
-ExistingFile = Annotated[Path | None, AfterValidator(existing_file)]
-
-
-class Concern(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ROUNDTRIP_", extra="ignore", hide_input_in_errors=True)
-    heading: ClassVar[str]
+from roundtrip._kernel.settings.base import SECRET, SECRET_URL, Concern, DatabaseUrl
+from roundtrip._kernel.settings.console import ConsoleSettings
+from roundtrip._kernel.settings.kafka import KafkaSecurity, KafkaSettings
+from roundtrip._kernel.settings.keys import ApprovalSettings, BatchKeys
 
 
 class Deployment(Concern):
@@ -107,182 +59,6 @@ class Deployment(Concern):
             "containers)"
         ),
     )
-
-
-class KafkaSettings(Concern):
-    heading = "Kafka"
-
-    kafka_bootstrap_servers: str | None = Field(
-        None,
-        description=(
-            "Kafka bootstrap servers, `host:port[,host:port...]`; unset means the embedded broker on kafka_port"
-        ),
-    )
-    topic_prefix: str = Field(
-        "",
-        description="Prefix of every topic name, consumer group and transactional id: "
-        "fleets that share a cluster share nothing else",
-    )
-    partitions: int = Field(6, ge=1, description="Partitions per topic for `roundtrip topics create`")
-    executor_partitions: int | None = Field(
-        None, ge=1, description=("Partitions of the executor topic (defaults to `partitions`)")
-    )
-    replication_factor: int = Field(
-        1,
-        ge=1,
-        description=("Replication factor of the topics `roundtrip topics create` makes (the shipped k8s ConfigMap: 3)"),
-    )
-    min_insync_replicas: int | None = Field(
-        None,
-        ge=1,
-        description=(
-            "`min.insync.replicas` of the topics `roundtrip topics create` makes (k8s ConfigMap: 2); unset: the "
-            "broker's default"
-        ),
-    )
-    max_in_flight: int = Field(
-        500,
-        ge=1,
-        description=(
-            "Messages each subscription of a service holds at once (one conversation at a time, many concurrently); at"
-            " the limit it pauses fetching"
-        ),
-    )
-    reply_memory_s: float = Field(
-        3600.0,
-        gt=0,
-        description=(
-            "How far back the gateway remembers the turns it answered (and, for its reuse check, the requests it "
-            "read): an end delivered again within it never gets a second reply. Read back from support.replies when "
-            "a gateway starts or takes partitions over, so the memory a replica keeps is this window's, whatever its "
-            "rate; must cover how long a crashed guard's decisions can take to be republished"
-        ),
-    )
-    commit_interval_ms: float = Field(
-        500.0,
-        ge=0,
-        description=(
-            "How often a consumer commits its finished offsets (batched; a crash redelivers at most this much finished"
-            " work)"
-        ),
-    )
-
-    @field_validator("kafka_bootstrap_servers")
-    @classmethod
-    def _broker_list(cls, value: str | None) -> str | None:
-        return None if value is None or not value.strip() else ",".join(parse_bootstrap_servers(value))
-
-    @field_validator("min_insync_replicas")
-    @classmethod
-    def _min_isr(cls, value: int | None, info: ValidationInfo) -> int | None:
-        factor = info.data.get("replication_factor", 1)
-        if value is not None and value > factor:
-            raise ValueError(
-                f"{value} is more than ROUNDTRIP_REPLICATION_FACTOR ({factor}): no write could ever succeed"
-            )
-        return value
-
-    @property
-    def embedded_broker(self) -> bool:
-        return not self.kafka_bootstrap_servers
-
-
-class KafkaSecurity(Concern):
-    """Every Kafka client of the fleet (the services, the gateway's transactional producer, `roundtrip topics`, `lag`,
-    `ask`, `chat`, `approvals`, `cancel`, `dead-letters`) connects this way. Settings that do not fit together are
-    refused at start with one line; the password never shows in `roundtrip config`, a log or a span. Examples for
-    Confluent Cloud, Amazon MSK (SCRAM, IAM) and OIDC: the deployment page.
-
-    Outside development (`ROUNDTRIP_ENV`) a service refuses to start on `PLAINTEXT`, where anyone on the network
-    can read every record and write any internal topic, and on `SASL_PLAINTEXT` with `PLAIN` or `OAUTHBEARER`, whose
-    password or token crosses the network in the clear, unless `ROUNDTRIP_KAFKA_ALLOW_PLAINTEXT=true` says the
-    network is trusted on purpose; and on `SSL` without a client certificate, where every client is the broker's
-    anonymous principal, unless `ROUNDTRIP_KAFKA_ALLOW_ANONYMOUS=true`. The embedded broker of `roundtrip up` is
-    development, so it needs none of them."""
-
-    """How every Kafka client of the fleet connects: TLS and SASL, named after the standard client properties
-    (security.protocol, sasl.mechanism, ssl.truststore: services/_kernel/kafka/security.py turns them into aiokafka's
-    and FastStream's options)."""
-
-    heading = "Kafka security: TLS and SASL"
-
-    kafka_security_protocol: Annotated[SECURITY_PROTOCOLS, _upper] = Field(
-        "PLAINTEXT", description="`PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL` (`security.protocol`)"
-    )
-    kafka_sasl_mechanism: Annotated[SASL_MECHANISMS | None, _upper] = Field(
-        None,
-        description=(
-            "`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `OAUTHBEARER` (`sasl.mechanism`); needed with `SASL_*`"
-        ),
-    )
-    kafka_sasl_username: str | None = Field(None, description="SASL user (PLAIN and SCRAM)")
-    kafka_sasl_password: SecretStr | None = Field(
-        None, json_schema_extra=SECRET, description=("SASL password (PLAIN and SCRAM); never shown")
-    )
-    kafka_sasl_password_file: ExistingFile = Field(
-        None, description="File holding the SASL password (a mounted secret; its first line), instead of the variable"
-    )
-    kafka_sasl_oauth_token_provider: str | None = Field(
-        None,
-        description=(
-            "OAUTHBEARER: `module:attribute` of an aiokafka `AbstractTokenProvider`, or of a callable making one"
-        ),
-    )
-    kafka_ssl_cafile: ExistingFile = Field(
-        None, description="PEM file of the CAs the brokers' certificates are checked against; unset: the system's CAs"
-    )
-    kafka_ssl_certfile: ExistingFile = Field(None, description="PEM file of this client's certificate (mTLS)")
-    kafka_ssl_keyfile: ExistingFile = Field(None, description="PEM file of this client's private key (mTLS)")
-    kafka_ssl_key_password: SecretStr | None = Field(
-        None, json_schema_extra=SECRET, description=("Password of that key, if it has one; never shown")
-    )
-    kafka_allow_plaintext: bool = Field(
-        False,
-        description=(
-            "`true`: a service outside development starts on `PLAINTEXT` all the same (a network trusted on purpose); "
-            "without it, it refuses to; the same for `SASL_PLAINTEXT` with `PLAIN` or `OAUTHBEARER` (the password or "
-            "token in the clear)"
-        ),
-    )
-    kafka_allow_anonymous: bool = Field(
-        False,
-        description=(
-            "`true`: a service outside development starts on `SSL` without a client certificate all the same (every "
-            "client the broker's anonymous principal, on purpose); without it, it refuses to"
-        ),
-    )
-
-    @field_validator(
-        "kafka_sasl_mechanism",
-        "kafka_sasl_username",
-        "kafka_sasl_password",
-        "kafka_sasl_password_file",
-        "kafka_sasl_oauth_token_provider",
-        "kafka_ssl_cafile",
-        "kafka_ssl_certfile",
-        "kafka_ssl_keyfile",
-        "kafka_ssl_key_password",
-        mode="before",
-    )
-    @classmethod
-    def _blank_is_unset(
-        cls, value: object
-    ) -> object:  # an empty key of a Secret or ConfigMap (deploy/k8s) sets nothing
-        return None if isinstance(value, str) and not value.strip() else value
-
-    @field_validator("kafka_sasl_oauth_token_provider")
-    @classmethod
-    def _import_string(cls, value: str | None) -> str | None:
-        return None if value is None else check_import_string(value.strip())
-
-    @model_validator(mode="after")
-    def _fits_together(self) -> KafkaSecurity:
-        check_kafka_security(self)
-        return self
-
-    @property
-    def kafka_secured(self) -> bool:
-        return self.kafka_security_protocol != "PLAINTEXT"
 
 
 class ModelSettings(Concern):
@@ -521,40 +297,6 @@ class ConversationSettings(Concern):
     )
 
 
-class GateSettings(Concern):
-    """Ed25519 key pairs (`roundtrip keys` makes one): the gate signs each batch it approved, and each call it holds
-    for a person, with `ROUNDTRIP_BATCH_SIGNING_KEY`; the executors and the guard check with the public keys of
-    `ROUNDTRIP_BATCH_VERIFY_KEYS` and cannot sign. Rotate by adding the new public key to the verify keys everywhere,
-    then giving the gate the new private key, then removing the old public key. A value may be `file:<path>` (a mounted
-    Secret). The development pair is published, so outside the embedded development fleet (Kafka configured by
-    `ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS` and `ROUNDTRIP_ENV` not `development`) a service that holds it refuses to start,
-    as it does with a placeholder (`CHANGE-ME`) or a malformed key anywhere."""
-
-    heading = "signed batches: the gate signs, executors and the guard verify"
-
-    batch_signing_key: SecretStr = Field(
-        SecretStr(DEV_BATCH_SIGNING_KEY),
-        json_schema_extra=KEYS,
-        description=(
-            "The gate's `key_id:private` (base64 of the 32-byte Ed25519 key) that signs approved batches and holds; "
-            "only the gate holds it"
-        ),
-    )
-    batch_verify_keys: str = Field(
-        DEV_BATCH_VERIFY_KEYS,
-        description=(
-            "Comma-separated `key_id:public` keys (base64) executors and the guard check the gate's signatures with; "
-            "every listed key verifies (rotation)"
-        ),
-    )
-
-    @property
-    def dev_batch_key_in_use(self) -> bool:
-        return _holds_key(self.batch_signing_key.get_secret_value(), DEV_BATCH_SIGNING_KEY) or _holds_key(
-            self.batch_verify_keys, DEV_BATCH_VERIFY_KEYS
-        )
-
-
 class ExecutorSettings(Concern):
     heading = "the executor"
 
@@ -579,46 +321,6 @@ class TranscriptLimits(Concern):
         ge=65536,
         description=("A turn's transcript is kept under this (its largest old blocks replaced by markers)"),
     )
-
-
-class ApprovalSettings(Concern):
-    """People's decisions are signed with an Ed25519 key pair (`roundtrip keys decision`): the console and the
-    operators' `roundtrip approvals` sign with `ROUNDTRIP_DECISION_SIGNING_KEY`; the gate and the guard check with the
-    public keys of `ROUNDTRIP_DECISION_VERIFY_KEYS` and cannot sign. Rotation, files and the refusals at start are as
-    for the batch pair."""
-
-    heading = "approvals by a person"
-
-    approval_timeout_s: float = Field(
-        900.0,
-        gt=0,
-        description=(
-            "How long a call waits for a decision; then the turn ends politely (`approval_timeout`) and the call never"
-            " runs"
-        ),
-    )
-    decision_signing_key: SecretStr = Field(
-        SecretStr(DEV_DECISION_SIGNING_KEY),
-        json_schema_extra=KEYS,
-        description=(
-            "The `key_id:private` Ed25519 key people's decisions are signed with: the console's and `roundtrip "
-            "approvals`' only; the published default is refused outside development while approvals are configured "
-            "(the agent has an approval rule that can hold a call)"
-        ),
-    )
-    decision_verify_keys: str = Field(
-        DEV_DECISION_VERIFY_KEYS,
-        description=(
-            "Comma-separated `key_id:public` keys the gate and the guard check people's decisions with (rotation: "
-            "every listed key verifies)"
-        ),
-    )
-
-    @property
-    def dev_decision_key_in_use(self) -> bool:
-        return _holds_key(self.decision_signing_key.get_secret_value(), DEV_DECISION_SIGNING_KEY) or _holds_key(
-            self.decision_verify_keys, DEV_DECISION_VERIFY_KEYS
-        )
 
 
 class TelemetrySettings(Concern):
@@ -662,98 +364,6 @@ class TelemetrySettings(Concern):
             if url.port == 4318 and url.hostname:
                 return f"{url.scheme}://{url.hostname}:16686"
         return None
-
-
-class ConsoleSettings(Concern):
-    heading = "the console: the web page where people decide held calls and watch turns"
-
-    console_port: int = Field(8803, ge=1, le=65535, description="Port of the console's web page (on listen_host)")
-    console_oidc_issuer: str | None = Field(
-        None,
-        description=(
-            "The signed mode: the OIDC issuer (`https://login.example.com/realms/staff`) whose signed token the "
-            "sign-on proxy forwards with every request; its keys come from the issuer's discovery document. Set, "
-            "only a token it signed is believed (issuer, audience, expiry, signature)"
-        ),
-    )
-    console_oidc_audience: str | None = Field(
-        None, description="The audience (`aud`) the forwarded token must name: the sign-on proxy's client id"
-    )
-    console_oidc_jwks_url: str | None = Field(
-        None,
-        description=(
-            "Where the issuer's keys are, when it publishes no discovery document (Google IAP: "
-            "`https://www.gstatic.com/iap/verify/public_key-jwk`); unset: the discovery document's `jwks_uri`"
-        ),
-    )
-    console_oidc_token_headers: str = Field(
-        "authorization,x-forwarded-access-token",
-        description=(
-            "Comma-separated request headers the token is read from, the first present wins (`authorization`: "
-            "`Bearer <token>`; oauth2-proxy: `x-forwarded-access-token`; Google IAP: `x-goog-iap-jwt-assertion`)"
-        ),
-    )
-    console_oidc_name_claims: str = Field(
-        "email,preferred_username,sub", description="The token's claims that name the person, the first present wins"
-    )
-    console_oidc_groups_claim: str = Field(
-        "groups", description="The token's claim holding the person's groups (a list, or a comma-separated string)"
-    )
-    console_trusted_proxies: str = Field(
-        "",
-        description=(
-            "Development only (refused elsewhere: use the signed mode): comma-separated addresses or networks of a "
-            "proxy whose X-Forwarded-User / -Email / -Groups headers are believed on its word alone"
-        ),
-    )
-    console_approver_groups: str = Field(
-        "roundtrip-approvers",
-        description="Comma-separated groups (the token's group claim) whose members may approve, deny and cancel",
-    )
-    console_viewer_groups: str = Field(
-        "roundtrip-viewers", description="Comma-separated groups whose members may look (the inbox, the turns) only"
-    )
-    console_local_user: str | None = Field(
-        None,
-        description=(
-            "Development only: who a request no proxy signed in is (an approver); unset in development: "
-            "`<login>@<host>` of the console's process; outside development it is refused"
-        ),
-    )
-    console_session_key: SecretStr | None = Field(
-        None,
-        json_schema_extra=SECRET,
-        description=(
-            "Secret the console's CSRF tokens are signed with; several replicas need the same one; unset: a random "
-            "one per process; outside development a placeholder (`CHANGE-ME`) or one shorter than 32 bytes is refused"
-        ),
-    )
-    console_secure_cookies: bool = Field(
-        True,
-        description=(
-            "The console's cookie is Secure (HTTPS only; browsers accept it on http://localhost too); `false` is "
-            "refused outside development"
-        ),
-    )
-    console_jaeger_url: str | None = Field(
-        None, description="Jaeger's UI the console links a turn's trace to; unset: the Jaeger query URL, if any"
-    )
-    console_trace_url: str | None = Field(
-        None,
-        description=(
-            "Where the console links a turn's trace: a URL with {trace_id} in it (any tracing UI); unset: "
-            "Jaeger's page of the trace at the console's Jaeger URL"
-        ),
-    )
-
-    @field_validator("console_trace_url")
-    @classmethod
-    def _trace_template(cls, value: str | None) -> str | None:
-        if value and ("{trace_id}" not in value or not value.startswith(("http://", "https://"))):
-            raise ValueError(
-                "an http(s) URL with {trace_id} where the trace id goes, e.g. https://jaeger/trace/{trace_id}"
-            )
-        return value or None
 
 
 class EmbeddedDefaults(Concern):
@@ -832,7 +442,7 @@ CONCERNS: tuple[type[Concern], ...] = (
     LoopRules,
     TurnLedger,
     ConversationSettings,
-    GateSettings,
+    BatchKeys,
     ExecutorSettings,
     TranscriptLimits,
     ApprovalSettings,

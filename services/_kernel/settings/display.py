@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
+from roundtrip._kernel.settings.base import Concern
 from roundtrip._kernel.settings.checks import env_name
-from roundtrip._kernel.settings.concerns import CONCERNS, Concern
+from roundtrip._kernel.settings.concerns import CONCERNS
 
 if TYPE_CHECKING:
     from roundtrip._kernel.settings import Settings

@@ -16,10 +16,10 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from roundtrip._kernel.database import is_sqlite, make_engine, run_on
 from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, UPGRADE
 from roundtrip._kernel.migrations.schema import reaching
 from roundtrip._kernel.settings.checks import InsecureConfiguration
-from roundtrip._kernel.storage.database import is_sqlite, make_engine, run_on
 
 OWNER = "guard"
 PREFIX = "roundtrip_"

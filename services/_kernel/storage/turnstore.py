@@ -35,9 +35,9 @@ from sqlalchemy import (
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from roundtrip._kernel.database import POOL_SIZE, T, make_engine
 from roundtrip._kernel.migrations import LEDGER
 from roundtrip._kernel.migrations.schema import reaching, require
-from roundtrip._kernel.storage.database import POOL_SIZE, T, make_engine
 
 log = logging.getLogger("roundtrip.fence")
 security = logging.getLogger("roundtrip.security")

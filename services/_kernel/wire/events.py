@@ -8,32 +8,22 @@ agent's own backends. The class docstrings are the public contract's description
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+from roundtrip._kernel.wire.limits import (
+    METADATA_MAX_BYTES,
+    METADATA_MAX_KEY_CHARS,
+    METADATA_MAX_KEYS,
+    MetadataKey,
+    bounded_metadata,
+)
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-METADATA_MAX_KEYS = 32
-METADATA_MAX_KEY_CHARS = 64
-METADATA_MAX_BYTES = 4096  # of its compact JSON
-
-
-MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=METADATA_MAX_KEY_CHARS)]
-
-
-def bounded_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A request's metadata as given, if its JSON stays within METADATA_MAX_BYTES (the schema checks its keys)."""
-    if value is None:
-        return None
-    if (size := len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())) > METADATA_MAX_BYTES:
-        raise ValueError(f"at most {METADATA_MAX_BYTES} bytes of JSON, got {size}")
-    return value
 
 
 class SupportRequest(Message):

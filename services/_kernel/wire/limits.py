@@ -10,7 +10,26 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import StringConstraints
+
+METADATA_MAX_KEYS = 32
+METADATA_MAX_KEY_CHARS = 64
+METADATA_MAX_BYTES = 4096  # of its compact JSON
+
+
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=METADATA_MAX_KEY_CHARS)]
+
+
+def bounded_metadata(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A request's metadata as given, if its JSON stays within METADATA_MAX_BYTES (the schema checks its keys)."""
+    if value is None:
+        return None
+    if (size := len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())) > METADATA_MAX_BYTES:
+        raise ValueError(f"at most {METADATA_MAX_BYTES} bytes of JSON, got {size}")
+    return value
+
 
 OMITTED_KEY = "roundtrip_omitted"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from roundtrip._kernel.settings.concerns import SECRET_URL, DatabaseUrl
+from roundtrip._kernel.settings.base import SECRET_URL, DatabaseUrl
 
 
 class ShopAgentSettings(BaseSettings):

@@ -1,4 +1,4 @@
-"""Prices per model (USD per million tokens) and the cost of a turn's usage."""
+"""Prices per model (USD per million tokens) and the cost of a turn's usage: what the ledger's `cost_usd` is."""
 
 from __future__ import annotations
 
