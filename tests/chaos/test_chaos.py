@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn, Outcome, SupportRequest
+from tests.chaos.conftest import BROKEN_EXECUTOR
 from tests.chaos.harness import (
     CALM,
     CONSUMED,
     FAULTY,
+    Audit,
     Expect,
     Fault,
     Kill,
@@ -80,9 +80,9 @@ async def test_poison_of_every_kind_on_every_topic_is_dead_lettered_intact_while
     report(await audit("poison on every topic", settings, observer, plan, started, poison, expect), capsys)
 
 
-@ON_BOTH_DATABASES
-async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, observer, capsys):
-    settings = chaos_settings[0]
+async def _every_service_sigkilled(chaos_fleet, settings, observer) -> tuple[Audit, dict[str, int]]:
+    """Load, and each service SIGKILLed and started again in turn under it (both executor replicas at once); the audit
+    and the turns live at each kill."""
     started = time.monotonic()
     tag = new_tag("kill")
     customers = await seed_customers(settings, tag, 16)
@@ -91,13 +91,14 @@ async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, obs
     load = asyncio.create_task(observer.drive(plan, rate_per_s=5))  # ~24 s of load; each kill + respawn takes ~4-5 s
     await asyncio.sleep(2)  # turns in flight before the first kill
     live_at_kill, faults, kills = {}, [], len(chaos_fleet.kills)
-    for name in ("executor", "model", "guard", "gate", "gateway"):  # both executor replicas at once
+    for name in ("executor", "model", "guard", "gate", "gateway"):
         live_at_kill[name] = sum(
             1 for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] != "ended"
         )
         at = time.time()
         await chaos_fleet.kill_and_respawn(name)
         faults.append(Fault(f"the {name} SIGKILLed", at, time.time()))
+    await _batches_again(observer, settings, plan)
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=2)
@@ -111,12 +112,42 @@ async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, obs
         faults=faults,
         kills=chaos_fleet.kills[kills:],
     )
+    return result, live_at_kill
+
+
+async def _batches_again(observer, settings, plan: list[Planned]) -> None:
+    """Deliver again, while the load runs, the signed batches of the turns ended so far: what a gate SIGKILLed between
+    publishing a batch and committing its input does (at least once), made sure here rather than left to the timing
+    of the kills. The executors must refuse each (their memory of batches handled, else the fence)."""
+    ended = {t for t, row in ledger_rows(settings).items() if row["status"] == "ended"}
+    conversations = {p.request.conversation_id.encode() for p in plan}
+    for topic, key, value, headers in list(observer.seen.raw):
+        if topic == topics.TOOL_BATCHES and key in conversations and json.loads(value)["turn"]["turn_id"] in ended:
+            await observer.send(topic, value, key, headers)
+
+
+@ON_BOTH_DATABASES
+async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, observer, capsys):
+    result, live_at_kill = await _every_service_sigkilled(chaos_fleet, chaos_settings[0], observer)
     report(result, capsys)
     with capsys.disabled():
         print(
             "[chaos]   turns live when SIGKILLed: " + ", ".join(f"{k} {v}" for k, v in live_at_kill.items()), flush=True
         )
     assert all(live_at_kill.values()), f"every kill should hit turns in flight: {live_at_kill}"
+
+
+async def test_every_service_sigkilled_fails_the_audit_with_a_broken_executor(
+    chaos_fleet, chaos_settings, observer, capsys
+):
+    """The scenario above can fail: run on a copy of the executor without its duplicate check and the fence's claim
+    (tests/chaos/broken_executor.py), the calls of batches delivered again after the kills run again, outside the
+    one excuse (a batch that was running in the executor SIGKILLed), and the audit says so."""
+    async with chaos_fleet.replaced("executor", BROKEN_EXECUTOR):
+        result, _ = await _every_service_sigkilled(chaos_fleet, chaos_settings[0], observer)
+    with capsys.disabled():
+        print("\n" + result.line() + " (a broken executor)", flush=True)
+    assert result.duplicate_executions, "the broken executor ran calls again: the audit must flag them"
 
 
 @ON_BOTH_DATABASES
@@ -183,9 +214,6 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
         text = "".join(p.read_text(errors="replace") for p in logs.glob(log_glob))
         missing = [f"{t} step {n}" for t, n in steps if f"turn {t} step {n}: {refusal}" not in text]
         assert not missing, f"{topic} delivered again was not refused by the fence: {missing[:5]}"
-
-
-BROKEN_EXECUTOR = [sys.executable, str(Path(__file__).with_name("broken_executor.py"))]
 
 
 async def test_a_broken_executor_that_runs_batches_again_fails_the_audit(chaos_fleet, chaos_settings, observer, capsys):
