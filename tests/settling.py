@@ -21,18 +21,19 @@ async def settled(
 
     async def loop() -> None:
         while True:
-            await _read_to_end(consumer, partitions)
+            await read_to_end(consumer, partitions)
             marks = dict(read_to)
             for group, logical in topology.groups(prefix).items():
                 await _committed_past(admin, group, prefix + logical, marks)
-            await _read_to_end(consumer, partitions)
+            await read_to_end(consumer, partitions)
             if read_to == marks:
                 return
 
     await asyncio.wait_for(loop(), timeout)
 
 
-async def _read_to_end(consumer: Any, partitions: list[Any]) -> None:
+async def read_to_end(consumer: Any, partitions: list[Any]) -> None:
+    """Until `consumer` has read every record on `partitions` when called (all a dead process had sent is in)."""
     ends = await consumer.end_offsets(partitions)
     for tp, end in ends.items():
         while await consumer.position(tp) < end:

@@ -15,7 +15,9 @@
   calls had run and its offset was not committed, by the `Kill` recorded then); and, with the scenario's
   `Expect`, outcomes outside the expected set, fewer `end_turn` or side effects than its floor, a fault
   that hit fewer turns in flight than it should.
-* `Observer.wait_for` raises when what a scenario waits for does not come in time.
+* `deliver_batches_again` publishes the signed batches of ended turns again after a fault (at least once, made sure).
+* `Observer.wait_for` raises when what a scenario waits for does not come in time; `Observer.settled` when the fleet
+  has not handled what is on its topics in time.
 """
 
 from __future__ import annotations
@@ -331,6 +333,24 @@ async def drive_while(
         await observer.drive(plan[i : i + 10], rate_per_s)
         sent += plan[i : i + 10]
     return sent
+
+
+async def deliver_batches_again(observer: Observer, settings: Settings, plan: list[Planned]) -> int:
+    """Publish again the signed batches of the plan's turns ended so far (how many): what a fault makes possible, a
+    consumer's commit lost with a process, the broker or the database (at least once), made sure here rather than left
+    to the fault's timing. The executors must refuse each (their memory of batches handled, else the fence); a copy
+    of the executor without them runs the calls again, and the audit fails it."""
+    ended = {t for t, row in ledger_rows(settings).items() if row["status"] == "ended"}
+    conversations = {p.request.conversation_id.encode() for p in plan}
+    copies = [
+        (topic, key, value, headers)
+        for topic, key, value, headers in list(observer.seen.raw)
+        if topic == topics.TOOL_BATCHES and key in conversations and json.loads(value)["turn"]["turn_id"] in ended
+    ]
+    assert copies, "no signed batch of an ended turn to deliver again: the scenario could not catch a second run"
+    for topic, key, value, headers in copies:
+        await observer.send(topic, value, key, headers)
+    return len(copies)
 
 
 def stall_s(observer: Observer, plan: list[Planned], at: float, until: float | None = None) -> float:

@@ -37,6 +37,7 @@ from tests.chaos.harness import (
     Kill,
     Planned,
     audit,
+    deliver_batches_again,
     executions,
     ledger_rows,
     new_tag,
@@ -98,7 +99,7 @@ async def _every_service_sigkilled(chaos_fleet, settings, observer) -> tuple[Aud
         at = time.time()
         await chaos_fleet.kill_and_respawn(name)
         faults.append(Fault(f"the {name} SIGKILLed", at, time.time()))
-    await _batches_again(observer, settings, plan)
+    await deliver_batches_again(observer, settings, plan)
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=2)
@@ -113,17 +114,6 @@ async def _every_service_sigkilled(chaos_fleet, settings, observer) -> tuple[Aud
         kills=chaos_fleet.kills[kills:],
     )
     return result, live_at_kill
-
-
-async def _batches_again(observer, settings, plan: list[Planned]) -> None:
-    """Deliver again, while the load runs, the signed batches of the turns ended so far: what a gate SIGKILLed between
-    publishing a batch and committing its input does (at least once), made sure here rather than left to the timing
-    of the kills. The executors must refuse each (their memory of batches handled, else the fence)."""
-    ended = {t for t, row in ledger_rows(settings).items() if row["status"] == "ended"}
-    conversations = {p.request.conversation_id.encode() for p in plan}
-    for topic, key, value, headers in list(observer.seen.raw):
-        if topic == topics.TOOL_BATCHES and key in conversations and json.loads(value)["turn"]["turn_id"] in ended:
-            await observer.send(topic, value, key, headers)
 
 
 @ON_BOTH_DATABASES
@@ -164,6 +154,7 @@ async def test_broker_sigkilled_mid_load_and_restarted_on_its_data(chaos_fleet, 
     await asyncio.sleep(3)  # down while turns are mid-flight (and while turns end)
     await chaos_fleet.start_broker()
     fault = Fault("the broker SIGKILLed", at, time.time())
+    await deliver_batches_again(observer, settings, plan)
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=3)

@@ -25,6 +25,7 @@ from tests.chaos.harness import (
     Observer,
     Planned,
     audit,
+    deliver_batches_again,
     drive_while,
     new_tag,
     plan_load,
@@ -75,6 +76,7 @@ async def _finish(
         timeout=120,
         what="a dead letter of every poison message",
     )
+    await deliver_batches_again(observer, settings, plan)
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=in_flight)
     result = await audit(name, settings, observer, plan, started, poison, expect, faults)

@@ -145,6 +145,10 @@ class FleetClient:
             self.consumer, self.admin, self._partitions, self._read_to, self.settings.topic_prefix, timeout
         )
 
+    async def read_to_end(self) -> None:
+        """Until every record on the fleet's topics now is read (and in `seen`): what a process SIGKILLed had sent."""
+        await settling.read_to_end(self.consumer, self._partitions)
+
     async def reply(self, request_id: str, timeout: float = 60.0) -> SupportReply:
         return (await self.wait_for(lambda: self.replies.get(request_id), timeout))[0]
 
