@@ -32,6 +32,26 @@ async def settled(
     await asyncio.wait_for(loop(), timeout)
 
 
+async def settled_at_ends(
+    consumer: Any, admin: Any, consumed: list[Any], own: list[Any], prefix: str, timeout: float
+) -> None:
+    """`settled` for a reader that does not read every topic: the groups' marks are the end offsets of the topics they
+    consume (`consumed`; no transaction writes to those, so the end is the offset after the last record), and the
+    reader has read its own partitions (`own`) to their end at the close. TimeoutError after `timeout` s."""
+
+    async def loop() -> None:
+        while True:
+            marks = {(tp.topic, tp.partition): end for tp, end in (await consumer.end_offsets(consumed)).items() if end}
+            for group, logical in topology.groups(prefix).items():
+                await _committed_past(admin, group, prefix + logical, marks)
+            again = {(tp.topic, tp.partition): end for tp, end in (await consumer.end_offsets(consumed)).items() if end}
+            if again == marks:
+                await read_to_end(consumer, own)
+                return
+
+    await asyncio.wait_for(loop(), timeout)
+
+
 async def read_to_end(consumer: Any, partitions: list[Any]) -> None:
     """Until `consumer` has read every record on `partitions` when called (all a dead process had sent is in)."""
     ends = await consumer.end_offsets(partitions)

@@ -181,9 +181,7 @@ class Observer:
         return self.settings.topic_prefix + name
 
     async def start(self) -> None:
-        # every topic of the fleet, so `settled` knows the last record of each (the ones kept are parsed below)
-        watched = [self.topic(n) for n in topology.topic_names()]
-        self._read_to: dict[tuple[str, int], int] = {}
+        watched = [self.topic(n) for n in (topics.SUPPORT_REPLIES, *topology.dead_letter_topics(), *RAW_TOPICS)]
         self.admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap_servers)
         await self.admin.start()
         self.producer = AIOKafkaProducer(
@@ -205,6 +203,7 @@ class Observer:
         assert len({tp.topic for tp in partitions}) == len(watched), "the fleet's topics should exist"
         self.consumer.assign(partitions)
         self._partitions = partitions
+        self._consumed = await partitions_of(self.consumer, [self.topic(t) for t in set(topology.groups().values())])
         await self.consumer.seek_to_beginning(*partitions)
         self._task = asyncio.create_task(self._collect())
 
@@ -212,11 +211,7 @@ class Observer:
         replies, batches = (self.topic(n) for n in (topics.SUPPORT_REPLIES, topics.TOOL_BATCHES))
         letters = {self.topic(n) for n in topology.dead_letter_topics()}
         raw = {self.topic(n): n for n in RAW_TOPICS}
-        kept = {replies, *letters, *raw}
         async for record in self.consumer:
-            self._read_to[record.topic, record.partition] = record.offset + 1
-            if record.topic not in kept:
-                continue
             if record.topic in raw:
                 self.seen.raw.append((raw[record.topic], record.key, record.value, list(record.headers or ())))
                 if record.topic != batches:
@@ -258,8 +253,8 @@ class Observer:
         """Until the fleet has done all it will do with what is on its topics (tests/settling.py): what a delivered-
         again record would (wrongly) have led to is then in `seen` or the shop's log. TimeoutError when it has not
         settled by `timeout`: a window too short fails, never passes."""
-        await settling.settled(
-            self.consumer, self.admin, self._partitions, self._read_to, self.settings.topic_prefix, timeout
+        await settling.settled_at_ends(
+            self.consumer, self.admin, self._consumed, self._partitions, self.settings.topic_prefix, timeout
         )
 
     async def send(
