@@ -11,10 +11,13 @@
 * `audit` reads the shop database (its side effects, one idempotency record per tool_use_id, and its
   execution log, one row per run of a call, replays included) and the turn ledger, and `judge` counts:
   replies lost, duplicated or stray; side effects duplicated or after their turn's end; calls run more
-  than once (a re-run is the doing of a fault only when the call first ran within RERUN_MARGIN_S of one
-  the scenario declares); and, with the scenario's `Expect`, outcomes outside the expected set, fewer
-  `end_turn` or side effects than its floor, a fault that hit fewer turns in flight than it should.
-* `Observer.wait_for` raises when what a scenario waits for does not come in time.
+  than once (excused only when the call's batch was running in an executor the harness SIGKILLed: its
+  calls had run and its offset was not committed, by the `Kill` recorded then); and, with the scenario's
+  `Expect`, outcomes outside the expected set, fewer `end_turn` or side effects than its floor, a fault
+  that hit fewer turns in flight than it should.
+* `deliver_batches_again` publishes the signed batches of ended turns again after a fault (at least once, made sure).
+* `Observer.wait_for` raises when what a scenario waits for does not come in time; `Observer.settled` when the fleet
+  has not handled what is on its topics in time.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -45,6 +49,7 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import Outcome, SupportRequest
 from roundtrip._shop import db as shopdb
+from tests import settling
 from tests.readers import stop_reader
 
 # Topics a fleet service consumes (poison there must be dead-lettered). support.replies, turn.events
@@ -59,6 +64,10 @@ CONSUMED = (
     topics.TOOL_BATCHES,
     topics.OUTCOMES,
 )
+
+# how long a fleet may take to handle what is on its topics after a scenario (a slow, shared machine): past it the
+# scenario fails, since "nothing more happened" cannot be told from "not yet"
+SETTLE_TIMEOUT_S = 90.0
 
 # internal topics whose records the observer keeps as they were (to deliver them again)
 RAW_TOPICS = (topics.TOOL_BATCHES, topics.MODEL_CALLS, topics.OUTCOMES)
@@ -173,6 +182,8 @@ class Observer:
 
     async def start(self) -> None:
         watched = [self.topic(n) for n in (topics.SUPPORT_REPLIES, *topology.dead_letter_topics(), *RAW_TOPICS)]
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap_servers)
+        await self.admin.start()
         self.producer = AIOKafkaProducer(
             bootstrap_servers=self.settings.bootstrap_servers,
             acks="all",
@@ -191,6 +202,8 @@ class Observer:
         partitions = await partitions_of(self.consumer, watched)
         assert len({tp.topic for tp in partitions}) == len(watched), "the fleet's topics should exist"
         self.consumer.assign(partitions)
+        self._partitions = partitions
+        self._consumed = await partitions_of(self.consumer, [self.topic(t) for t in set(topology.groups().values())])
         await self.consumer.seek_to_beginning(*partitions)
         self._task = asyncio.create_task(self._collect())
 
@@ -215,6 +228,9 @@ class Observer:
                             "turn_id": data["turn"]["turn_id"],
                             "step": data["step"],
                             "calls": [(c["name"], c["approved"]) for c in data["calls"]],
+                            "runs": [c["id"] for c in data["calls"] if c["approved"] and not c.get("hold")],
+                            "partition": record.partition,
+                            "offset": record.offset,
                         }
                     )
             except (ValueError, TypeError, KeyError, RecursionError):
@@ -231,6 +247,15 @@ class Observer:
     async def stop(self) -> None:
         await stop_reader(self._task, self.consumer)
         await self.producer.stop()
+        await self.admin.close()
+
+    async def settled(self, timeout: float = 60.0) -> None:
+        """Until the fleet has done all it will do with what is on its topics (tests/settling.py): what a delivered-
+        again record would (wrongly) have led to is then in `seen` or the shop's log. TimeoutError when it has not
+        settled by `timeout`: a window too short fails, never passes."""
+        await settling.settled_at_ends(
+            self.consumer, self.admin, self._consumed, self._partitions, self.settings.topic_prefix, timeout
+        )
 
     async def send(
         self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]] | None = None
@@ -283,10 +308,13 @@ class Observer:
                 await asyncio.wait_for(self._arrived.wait(), timeout=min(1.0, max(0.01, deadline - time.monotonic())))
 
     async def wait_for_replies(self, request_ids: list[str], timeout: float, linger_s: float = 4.0) -> None:
-        """Until every request has a reply (or `timeout`), then `linger_s` more to catch a late duplicate. No raise
-        at the timeout: the audit that follows names each request left without a reply (`lost`)."""
+        """Until every request has a reply (or `timeout`), then until the fleet has settled (`settled`): a duplicate
+        reply or call it was going to make is then in `seen` or the shop's log. No raise at the timeout: the audit
+        that follows names each request left without a reply (`lost`). `linger_s` 0: no settling (a service the
+        scenario holds stopped cannot commit); any other value only says to settle (no fixed window any more)."""
         await self._poll(lambda: all(rid in self.seen.replies for rid in request_ids), timeout)
-        await asyncio.sleep(linger_s)  # the window a late or duplicate reply would have come in
+        if linger_s:
+            await self.settled(SETTLE_TIMEOUT_S)
 
 
 async def drive_while(
@@ -300,6 +328,24 @@ async def drive_while(
         await observer.drive(plan[i : i + 10], rate_per_s)
         sent += plan[i : i + 10]
     return sent
+
+
+async def deliver_batches_again(observer: Observer, settings: Settings, plan: list[Planned]) -> int:
+    """Publish again the signed batches of the plan's turns ended so far (how many): what a fault makes possible, a
+    consumer's commit lost with a process, the broker or the database (at least once), made sure here rather than left
+    to the fault's timing. The executors must refuse each (their memory of batches handled, else the fence); a copy
+    of the executor without them runs the calls again, and the audit fails it."""
+    ended = {t for t, row in ledger_rows(settings).items() if row["status"] == "ended"}
+    conversations = {p.request.conversation_id.encode() for p in plan}
+    copies = [
+        (topic, key, value, headers)
+        for topic, key, value, headers in list(observer.seen.raw)
+        if topic == topics.TOOL_BATCHES and key in conversations and json.loads(value)["turn"]["turn_id"] in ended
+    ]
+    assert copies, "no signed batch of an ended turn to deliver again: the scenario could not catch a second run"
+    for topic, key, value, headers in copies:
+        await observer.send(topic, value, key, headers)
+    return len(copies)
 
 
 def stall_s(observer: Observer, plan: list[Planned], at: float, until: float | None = None) -> float:
@@ -417,9 +463,8 @@ def _epoch(value: Any) -> float:
     return value.timestamp()
 
 
-# How long before a fault a call's first run may be for its re-runs to count as that fault's doing: a handler
-# between the shop's answer and its offset's commit (or its record in the fence) when a process or the broker
-# died, or the database went away, runs the call again on redelivery, by design under its idempotency key.
+# How long after a fault the fleet may still be finding its feet (a cluster's new leaders take longer): the default
+# of `Fault.settle_s`. It excuses nothing: a call run again is excused only by a `Kill` of the executor (see `judge`).
 RERUN_MARGIN_S = 10.0
 
 
@@ -433,8 +478,21 @@ class Fault:
     until: float | None = None
     settle_s: float = RERUN_MARGIN_S
 
-    def explains_rerun_of(self, first_run: float) -> bool:
-        return self.at - RERUN_MARGIN_S <= first_run <= (self.until or self.at) + self.settle_s
+
+@dataclass(frozen=True)
+class Kill:
+    """A SIGKILL the harness sent: the service (`victim`), when every process of it was dead (epoch seconds), and its
+    group's committed offsets then ((logical topic, partition) -> offset): a record at or past its partition's
+    offset was not finished, so one whose calls had run was running in the victim when it died."""
+
+    victim: str
+    at: float
+    committed: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def interrupted(self, batch: dict) -> bool:
+        """Whether the batch (an `Observer.seen.batches` entry) was running in the executor this kill killed."""
+        done = self.committed.get((topics.TOOL_BATCHES, batch["partition"]), 0)
+        return self.victim == "executor" and batch["offset"] >= done
 
 
 CALM = frozenset({Outcome.END_TURN, Outcome.REPEATED_CALL})  # the persona mix, nothing failing: stubborn repeats
@@ -465,7 +523,7 @@ class Audit:
     executions: int = 0  # runs of a side-effecting call the shop received (replays included)
     duplicate_side_effects: list[str] = field(default_factory=list)
     duplicate_executions: list[str] = field(default_factory=list)
-    reruns_after_faults: list[str] = field(default_factory=list)  # re-runs a fault explains (reported, not failed)
+    reruns_after_faults: list[str] = field(default_factory=list)  # re-runs a SIGKILLed executor explains (reported)
     late_side_effects: list[str] = field(default_factory=list)
     outcomes: Counter = field(default_factory=Counter)
     unexpected_outcomes: list[str] = field(default_factory=list)
@@ -483,7 +541,8 @@ class Audit:
             f"[chaos] {self.scenario}: turns {self.turns}, replies {self.replies}, lost {len(self.lost)}, "
             f"duplicated {len(self.duplicated)}, side effects {self.side_effects} (duplicate "
             f"{len(self.duplicate_side_effects)}, late {len(self.late_side_effects)}), runs {self.executions} "
-            f"(duplicate {len(self.duplicate_executions)}, re-run after a fault {len(self.reruns_after_faults)}), "
+            f"(duplicate {len(self.duplicate_executions)}, re-run after an executor's SIGKILL "
+            f"{len(self.reruns_after_faults)}), "
             f"poison dead-lettered {self.poison_dead_lettered}/{self.poison_sent}, "
             f"{self.seconds:.0f} s; outcomes: {top}" + (f"; turns in flight at {flight}" if flight else "")
         )
@@ -588,9 +647,13 @@ def judge(
     runs: list[dict],
     expect: Expect | None = None,
     faults: Sequence[Fault] = (),
+    kills: Sequence[Kill] = (),
+    batches: Sequence[dict] = (),
 ) -> Audit:
     """Fill `result` from what the scenario saw: the replies (request id -> (reply, timestamp)), the ledger's rows,
-    the shop's side effects and its execution log. Without `expect`, only the zeros are checked."""
+    the shop's side effects and its execution log, the signed batches (`Observer.seen.batches`) and the SIGKILLs
+    the harness sent. A call is checked once, by its runs in the execution log (its idempotency record is one by
+    the shop's primary key, so it cannot show a second run). Without `expect`, only the zeros are checked."""
     expected = {p.request.request_id: p for p in plan}
     tag = scenario_tag(plan)
     for rid, got in replies.items():
@@ -613,8 +676,6 @@ def judge(
     result.side_effects = len(effects)
     per_order = Counter(e["order_id"] for e in effects if e["endpoint"] == "cancel_order")
     result.duplicate_side_effects += [f"order {o} cancelled {n} times" for o, n in per_order.items() if n > 1]
-    per_call = Counter((e["turn_id"], e["tool_use_id"]) for e in effects)
-    result.duplicate_side_effects += [f"{t}:{u} ran {n} times" for (t, u), n in per_call.items() if n > 1]
     for e in effects:
         row = ledger.get(e["turn_id"])
         rid = turn_of[e["turn_id"]]
@@ -632,19 +693,24 @@ def judge(
 
     runs = [r for r in runs if r["turn_id"] in turn_of]
     result.executions = len(runs)
-    per_key: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    per_call: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in runs:
-        per_key[(r["customer_id"], r["turn_id"], r["tool_use_id"])].append(r["at"])
-    for (_, turn_id, tool_use_id), times in per_key.items():
+        per_call[(r["turn_id"], r["tool_use_id"])].append(r["at"])
+    first_batch: dict[tuple[str, str], dict] = {}  # the call's first delivery: the batch that ran it first
+    for b in sorted(batches, key=lambda b: b["offset"]):
+        for call_id in b.get("runs", ()):
+            first_batch.setdefault((b["turn_id"], call_id), b)
+    for (turn_id, tool_use_id), times in per_call.items():
         if len(times) < 2:
             continue
-        first = min(times)
+        first, batch = min(times), first_batch.get((turn_id, tool_use_id))
+        # one run more for each SIGKILL of the executor while the call's batch was in it: ran, not yet committed
+        hits = [k for k in kills if batch is not None and k.interrupted(batch) and first <= k.at]
         what = f"{turn_id}:{tool_use_id} ran {len(times)} times"
-        near = next((f for f in faults if f.explains_rerun_of(first)), None)
-        if near is not None:
-            result.reruns_after_faults.append(f"{what} ({near.label})")
+        if len(times) <= 1 + len(hits):
+            result.reruns_after_faults.append(f"{what} (its batch was running in {hits[0].victim} SIGKILLed)")
         else:
-            result.duplicate_executions.append(what)
+            result.duplicate_executions.append(what + (f", {len(hits)} explained by a SIGKILL" if hits else ""))
 
     for f in faults:
         result.in_flight[f.label] = sum(
@@ -677,8 +743,10 @@ async def audit(
     poison: Sequence[Poison] = (),
     expect: Expect | None = None,
     faults: Sequence[Fault] = (),
+    kills: Sequence[Kill] = (),
 ) -> Audit:
-    """The scenario's audit from the shop's database, the ledger and what `observer` saw (see `judge`)."""
+    """The scenario's audit from the shop's database, the ledger and what `observer` saw (see `judge`); `kills`: the
+    SIGKILLs the harness sent meanwhile (`ChaosFleet.kills`), the only excuse for a call run again."""
     result = judge(
         Audit(scenario, requests=len({p.request.request_id for p in plan})),
         plan,
@@ -688,6 +756,8 @@ async def audit(
         await executions(settings),
         expect,
         list(faults),
+        list(kills),
+        list(observer.seen.batches),
     )
     if poison:
         intact, problems = check_dead_letters(observer, list(poison))

@@ -6,8 +6,9 @@ database, the turn ledger, support.replies (read_committed) and the services' de
 * no duplicate side effect: no order cancelled twice, one side effect per tool_use_id;
 * no side effect after its turn's end (the ledger's ended_at, and the reply's timestamp);
 * every poison message dead-lettered with its original bytes, key and headers, and a reason;
-* no call run twice by the shop's execution log (a re-run counts as a fault's doing only when the call first
-  ran near a fault the scenario declares: redelivery after a crash runs it again, under its idempotency key);
+* no call run twice by the shop's execution log, with one excuse: its batch was running in an executor the
+  harness SIGKILLed (its calls had run, its offset was not committed: redelivered, it runs again under its
+  idempotency key). A broker, PostgreSQL, another service failing, or a pause, excuses nothing;
 * the scenario's `Expect`: outcomes within its set, a floor of `end_turn` and of side effects, and each fault
   landing on turns in flight (started before it, ended after it, by the ledger).
 
@@ -18,23 +19,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn, Outcome, SupportRequest
+from tests.chaos.conftest import BROKEN_EXECUTOR
 from tests.chaos.harness import (
     CALM,
     CONSUMED,
     FAULTY,
+    Audit,
     Expect,
     Fault,
+    Kill,
     Planned,
     audit,
+    deliver_batches_again,
     executions,
     ledger_rows,
     new_tag,
@@ -78,9 +81,9 @@ async def test_poison_of_every_kind_on_every_topic_is_dead_lettered_intact_while
     report(await audit("poison on every topic", settings, observer, plan, started, poison, expect), capsys)
 
 
-@ON_BOTH_DATABASES
-async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, observer, capsys):
-    settings = chaos_settings[0]
+async def _every_service_sigkilled(chaos_fleet, settings, observer) -> tuple[Audit, dict[str, int]]:
+    """Load, and each service SIGKILLed and started again in turn under it (both executor replicas at once); the audit
+    and the turns live at each kill."""
     started = time.monotonic()
     tag = new_tag("kill")
     customers = await seed_customers(settings, tag, 16)
@@ -88,26 +91,53 @@ async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, obs
     turn_ids = {p.turn_id for p in plan}
     load = asyncio.create_task(observer.drive(plan, rate_per_s=5))  # ~24 s of load; each kill + respawn takes ~4-5 s
     await asyncio.sleep(2)  # turns in flight before the first kill
-    live_at_kill, faults = {}, []
-    for name in ("executor", "model", "guard", "gate", "gateway"):  # both executor replicas at once
+    live_at_kill, faults, kills = {}, [], len(chaos_fleet.kills)
+    for name in ("executor", "model", "guard", "gate", "gateway"):
         live_at_kill[name] = sum(
             1 for t, row in ledger_rows(settings).items() if t in turn_ids and row["status"] != "ended"
         )
         at = time.time()
         await chaos_fleet.kill_and_respawn(name)
         faults.append(Fault(f"the {name} SIGKILLed", at, time.time()))
+    await deliver_batches_again(observer, settings, plan)
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=2)
     result = await audit(
-        "every service SIGKILLed mid-load", settings, observer, plan, started, expect=expect, faults=faults
+        "every service SIGKILLed mid-load",
+        settings,
+        observer,
+        plan,
+        started,
+        expect=expect,
+        faults=faults,
+        kills=chaos_fleet.kills[kills:],
     )
+    return result, live_at_kill
+
+
+@ON_BOTH_DATABASES
+async def test_every_service_sigkilled_mid_load(chaos_fleet, chaos_settings, observer, capsys):
+    result, live_at_kill = await _every_service_sigkilled(chaos_fleet, chaos_settings[0], observer)
     report(result, capsys)
     with capsys.disabled():
         print(
             "[chaos]   turns live when SIGKILLed: " + ", ".join(f"{k} {v}" for k, v in live_at_kill.items()), flush=True
         )
     assert all(live_at_kill.values()), f"every kill should hit turns in flight: {live_at_kill}"
+
+
+async def test_every_service_sigkilled_fails_the_audit_with_a_broken_executor(
+    chaos_fleet, chaos_settings, observer, capsys
+):
+    """The scenario above can fail: run on a copy of the executor without its duplicate check and the fence's claim
+    (tests/chaos/broken_executor.py), the calls of batches delivered again after the kills run again, outside the
+    one excuse (a batch that was running in the executor SIGKILLed), and the audit says so."""
+    async with chaos_fleet.replaced("executor", BROKEN_EXECUTOR):
+        result, _ = await _every_service_sigkilled(chaos_fleet, chaos_settings[0], observer)
+    with capsys.disabled():
+        print("\n" + result.line() + " (a broken executor)", flush=True)
+    assert result.duplicate_executions, "the broken executor ran calls again: the audit must flag them"
 
 
 @ON_BOTH_DATABASES
@@ -124,6 +154,7 @@ async def test_broker_sigkilled_mid_load_and_restarted_on_its_data(chaos_fleet, 
     await asyncio.sleep(3)  # down while turns are mid-flight (and while turns end)
     await chaos_fleet.start_broker()
     fault = Fault("the broker SIGKILLed", at, time.time())
+    await deliver_batches_again(observer, settings, plan)
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S)
     expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=3)
@@ -152,7 +183,7 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
         await chaos_fleet.kill_and_respawn(name)
     for topic, key, value, headers in again:
         await observer.send(topic, value, key, headers)
-    await asyncio.sleep(6)  # the window the delivered-again messages would have been (wrongly) run in
+    await observer.settled()  # every copy handled: a (wrong) run of one would be in the shop's log now
     # no fault declared: the restarts came after every turn had ended, so any call run again is a duplicate
     expect = Expect(CALM, side_effects=len(plan) // 5, in_flight=0)
     result = await audit(
@@ -174,9 +205,6 @@ async def test_every_internal_message_delivered_again_after_its_consumers_restar
         text = "".join(p.read_text(errors="replace") for p in logs.glob(log_glob))
         missing = [f"{t} step {n}" for t, n in steps if f"turn {t} step {n}: {refusal}" not in text]
         assert not missing, f"{topic} delivered again was not refused by the fence: {missing[:5]}"
-
-
-BROKEN_EXECUTOR = [sys.executable, str(Path(__file__).with_name("broken_executor.py"))]
 
 
 async def test_a_broken_executor_that_runs_batches_again_fails_the_audit(chaos_fleet, chaos_settings, observer, capsys):
@@ -298,7 +326,7 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
     fault = Fault("the executors SIGSTOPped", paused_at, time.time())
     # the executors reach the held batches now: every one is refused by the fence (or as expired)
     refused = {t: await _executor_logged(settings, f"turn {t} step 2: not run", timeout=60) for t in held}
-    await asyncio.sleep(2)  # the window a refused batch would (wrongly) have reached the shop in
+    await observer.settled()  # every held batch handled: a (wrong) run of one would be in the shop's log now
     await chaos_fleet.restart(
         "simulator",
         simulator_latency_ms=settings.simulator_latency_ms,
@@ -362,11 +390,12 @@ async def test_compound_stuck_turns_end_while_the_broker_is_down_and_the_guard_i
     try:
         await observer.drive(plan, rate_per_s=20)
         ended_unannounced, fault = await _stuck_then_broker_down_then_guard_killed(chaos_fleet, settings, turn_ids)
+        kill = chaos_fleet.kills[-1]
         await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S, linger_s=0)
     finally:
         chaos_fleet.resume(hung)  # it now reads the stale model calls of ended turns
     refused = await _model_refusals(settings, turn_ids, timeout=60)
-    await asyncio.sleep(3)  # the window a stale model call would (wrongly) have led to a step or reply in
+    await observer.settled()  # every stale model call handled: a (wrong) step or reply would be on its topic now
     # the model hung from the start: no tool ran; every turn was stuck when the broker died, and the first flagged
     # may have reached its end by then on a slow machine: most, not all, were still in flight
     expect = Expect(frozenset({Outcome.DEADLINE}), end_turn=0, side_effects=0, in_flight=len(turn_ids) // 2)
@@ -378,6 +407,7 @@ async def test_compound_stuck_turns_end_while_the_broker_is_down_and_the_guard_i
         started,
         expect=expect,
         faults=[fault],
+        kills=[kill],
     )
     report(result, capsys)
     with capsys.disabled():
@@ -409,6 +439,7 @@ async def _stuck_then_broker_down_then_guard_killed(chaos_fleet, settings, turn_
     await asyncio.sleep(settings.stuck_grace_s + 2)  # past the grace: the sweeper ends turns it cannot announce
     ended_unannounced = len(ledger_of("ended"))
     await asyncio.to_thread(chaos_fleet.sync.kill, "guard")  # mid-sweep, publishes hanging on the dead broker
+    chaos_fleet.kills.append(Kill("guard", time.time()))  # its groups' offsets cannot be read: the broker is down
     await chaos_fleet.start_broker()
     fault = Fault("the broker SIGKILLed (turns stuck)", at, time.time())
     await asyncio.to_thread(chaos_fleet.sync.respawn, "guard")

