@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry import trace
 
@@ -59,10 +59,9 @@ class BatchFence(Protocol):
     async def record_acted(self, turn_id: str, step: int, lines: str) -> None: ...
 
 
-async def execute(
-    batch: ExecuteToolBatch, runner: Runner, fence: BatchFence, max_transcript_bytes: int
-) -> CallModel | ApprovalRequested:
-    """Run a batch `verify` accepted; BatchNotRun when too late or its turn may not act any more."""
+async def run_calls(batch: ExecuteToolBatch, runner: Runner, fence: BatchFence) -> list[dict[str, Any]]:
+    """Run the calls of a batch `verify` accepted, under the fence's claim; their results. BatchNotRun when too late
+    or its turn may not act any more."""
     span = trace.get_current_span()
     now = time.time()
     if batch.expires_at and now > batch.expires_at:
@@ -75,7 +74,15 @@ async def execute(
         raise BatchNotRun(
             "the turn has ended, been cancelled, moved past this step or passed its deadline; nothing was run"
         )
-    ran = await runner.run(batch.calls, batch.turn)
+    return await runner.run(batch.calls, batch.turn)
+
+
+async def next_command(
+    batch: ExecuteToolBatch, ran: list[dict[str, Any]], runner: Runner, fence: BatchFence, max_transcript_bytes: int
+) -> CallModel | ApprovalRequested:
+    """What follows the calls that ran: their side effects recorded in the fence, then the next model call (or the
+    held call's ApprovalRequested)."""
+    span = trace.get_current_span()
     if acted := sideeffects.lines(batch.calls, ran, runner.registry.is_serial):
         # before the next call goes out: an end from outside the loop says what was done from it
         await fence.record_acted(batch.turn.turn_id, batch.step, acted)

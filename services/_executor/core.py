@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry import trace
 
-from roundtrip._executor.batches import BatchFence, BatchNotRun, execute, verify
+from roundtrip._executor.batches import BatchFence, BatchNotRun, next_command, run_calls, verify
 from roundtrip._executor.runner import Runner
 from roundtrip._kernel.kafka.dedupe import SeenIds
 from roundtrip._kernel.observability.telemetry import mark_error
@@ -27,6 +27,7 @@ log = logging.getLogger("roundtrip.executor")
 
 # A batch delivered again comes within minutes; past this window the turn fence keeps it from running twice.
 DUPLICATE_WINDOW_S = 600.0
+UNSENT_KEPT = 10_000  # batches whose calls ran and whose next step could not be recorded yet
 
 
 class RunnerSettings(Protocol):
@@ -67,6 +68,9 @@ class ExecutorCore:
         self.runner, self.batches, self.fence = runner, batches, fence
         self.max_transcript_bytes = max_transcript_bytes
         self.seen = SeenIds(max_age_s=DUPLICATE_WINDOW_S)
+        # calls that ran while what follows them failed (the database away): the batch's retry hands these on
+        # instead of running the calls again
+        self.unsent: dict[str, list[dict[str, Any]]] = {}
 
     async def handle(self, batch: ExecuteToolBatch) -> CallModel | ApprovalRequested | None:
         """The batch run: the signature first (a forged batch reusing a real turn and step is refused, raising, never
@@ -78,15 +82,29 @@ class ExecutorCore:
             log.info("duplicate batch for turn %s step %d dropped", batch.turn.turn_id, batch.step)
             trace.get_current_span().add_event("duplicate batch dropped")
             return None
+        ran = self.unsent.pop(key, None)
+        if ran is None:
+            try:
+                ran = await run_calls(batch, self.runner, self.fence)
+            except BatchNotRun as exc:
+                _not_run(batch, exc)
+                return None
+        else:
+            trace.get_current_span().add_event("calls ran before: their results handed on, not run again")
         try:
-            command = await execute(batch, self.runner, self.fence, self.max_transcript_bytes)
-        except BatchNotRun as exc:
-            _not_run(batch, exc)
-            return None
+            command = await next_command(batch, ran, self.runner, self.fence, self.max_transcript_bytes)
+        except BaseException:
+            self._keep(key, ran)
+            raise
         self.seen.add(key)
         if isinstance(command, ApprovalRequested):
             _waits(command)
         return command
+
+    def _keep(self, key: str, ran: list[dict[str, Any]]) -> None:
+        self.unsent[key] = ran
+        while len(self.unsent) > UNSENT_KEPT:
+            del self.unsent[next(iter(self.unsent))]
 
 
 def core_of(settings: ExecutorConcerns, agent: Agent, ports: ExecutorPorts) -> ExecutorCore:

@@ -1,12 +1,13 @@
-"""The executor's batch-running entry (`execute`) against the real turn fence on a SQLite ledger: a batch the fence
-refuses runs nothing, and a batch delivered again once its step has gone on runs nothing the second time. The chaos
-suite shows the same under load (tests/chaos); this is the fast, exact version."""
+"""The executor's core against the real turn fence on a SQLite ledger: a batch the fence refuses runs nothing, a batch
+delivered again once its step has gone on runs nothing the second time, and a batch retried because what follows its
+calls failed (the database away) hands their results on without running them again. The chaos suite shows the same
+under load (tests/chaos); this is the fast, exact version."""
 
 from __future__ import annotations
 
 import pytest
 
-from roundtrip._executor.batches import BatchNotRun, execute
+from roundtrip._executor.core import ExecutorCore
 from roundtrip._executor.runner import Runner
 from roundtrip._guard.ledger import Ledger
 from roundtrip._kernel.storage.turnstore import Fence, TurnRefused
@@ -64,9 +65,29 @@ def batch(turn: Turn = TURN, step: int = 1) -> ExecuteToolBatch:
     return KEYS.signer.sign(ExecuteToolBatch(turn=turn, step=step, messages=MESSAGES, calls=[call]))
 
 
+def core(counting: Counting, fence) -> ExecutorCore:
+    runner = Runner(counting.registry(), shop_deps(None), 5, True)
+    return ExecutorCore(runner, KEYS.verifier, fence, max_transcript_bytes=4_000_000)
+
+
 async def run(counting: Counting, fence: Fence, signed: ExecuteToolBatch):
-    runner = Runner(counting.registry(), deps=shop_deps(None), timeout_s=5, parallel=True)
-    return await execute(signed, KEYS.verifier, runner, fence=fence)
+    return await core(counting, fence).handle(signed)
+
+
+class AwayOnce:
+    """The fence whose database is away the first time the batch's side effects are recorded."""
+
+    def __init__(self, fence: Fence) -> None:
+        self.fence, self.failed = fence, False
+
+    async def claim_batch(self, *args):
+        return await self.fence.claim_batch(*args)
+
+    async def record_acted(self, *args):
+        if not self.failed:
+            self.failed = True
+            raise ConnectionRefusedError("the ledger's database is away")
+        await self.fence.record_acted(*args)
 
 
 async def test_a_batch_runs_once_under_the_fences_claim(ledger_and_fence):
@@ -88,8 +109,7 @@ async def test_a_batch_the_fence_refuses_runs_nothing(ledger_and_fence, why):
     else:
         step = 2  # a batch of a step the turn has not reached
     counting = Counting()
-    with pytest.raises(BatchNotRun):
-        await run(counting, fence, batch(step=step))
+    assert await run(counting, fence, batch(step=step)) is None
     assert counting.runs == []
 
 
@@ -110,6 +130,17 @@ async def test_a_batch_delivered_again_after_its_step_went_on_runs_once(ledger_a
     await run(counting, fence, signed)
     assert await fence.claim_model_call(TURN, 1)
     assert await ledger.advance(TURN, 2, {}, 0.0, pending="")
-    with pytest.raises(BatchNotRun):
-        await run(counting, fence, signed)
+    assert await run(counting, fence, signed) is None  # a new executor: no memory of the first, the fence refuses
     assert counting.runs == ["turn_f:toolu_c"]
+
+
+async def test_a_batch_retried_after_its_side_effects_could_not_be_recorded_runs_its_calls_once(ledger_and_fence):
+    ledger, fence = ledger_and_fence
+    counting = Counting()
+    executor = core(counting, AwayOnce(fence))
+    with pytest.raises(ConnectionRefusedError):
+        await executor.handle(batch())  # the call ran; recording it failed, so the message is retried
+    command = await executor.handle(batch())
+    assert isinstance(command, CallModel) and command.step == 1
+    assert counting.runs == ["turn_f:toolu_c"]  # ran once, its result handed on by the retry
+    assert "cancel_order" in (await ledger.get(TURN.turn_id)).acted  # and recorded, by the retry
