@@ -1,0 +1,170 @@
+"""The fleet's alert rules evaluated over what a soak scraped: which alerts fired, and when they cleared.
+
+Every sample scrapes each service's /metrics (`Scrapes.scrape`, labelled `instance` by port and `service`). At the end
+`evaluate` writes the series as the input of a `promtool test rules` file (one value a sample interval, `_` where a
+process did not answer) and asks, at every sample, for no alert of the rules file; promtool names each one that
+fired anyway (`alertname: X, time: 5m0s`). So the rules are evaluated by Prometheus's own engine (`for:`, rates over
+counter resets), at the sample interval's resolution. The promtool binary: $ROUNDTRIP_PROMTOOL, else
+`bash scripts/promtool.sh path`, else `promtool` on PATH.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_RULES = REPO / "deploy" / "prometheus" / "roundtrip-rules.yaml"
+FIRED = re.compile(r"alertname: (\S+), time: (\S+),")
+Key = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class Scrapes:
+    """Each sample's values of every series the fleet exported (name and labels -> value by sample index)."""
+
+    targets: dict[int, str]  # port -> service
+    times: list[float] = field(default_factory=list)  # epoch of each sample
+    series: dict[Key, dict[int, float]] = field(default_factory=dict)
+
+    async def scrape(self, at: float) -> int:
+        """One sample of every target (those down are left out); returns how many answered."""
+        index = len(self.times)
+        self.times.append(at)
+        async with httpx.AsyncClient(timeout=5) as http:
+            texts = await asyncio.gather(*(_get(http, port) for port in self.targets), return_exceptions=True)
+        answered = 0
+        for (port, service), text in zip(self.targets.items(), texts, strict=True):
+            if not isinstance(text, str):
+                continue
+            answered += 1
+            extra = {"instance": f"127.0.0.1:{port}", "job": "roundtrip", "service": service}
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name.endswith("_created"):
+                        continue  # a creation time, not a figure a rule reads
+                    labels = tuple(sorted({**s.labels, **extra}.items()))
+                    self.series.setdefault((s.name, labels), {})[index] = float(s.value)
+        return answered
+
+
+async def _get(http: httpx.AsyncClient, port: int) -> str:
+    answer = await http.get(f"http://127.0.0.1:{port}/metrics")
+    answer.raise_for_status()
+    return answer.text
+
+
+def promtool() -> str | None:
+    if path := os.environ.get("ROUNDTRIP_PROMTOOL"):
+        return path
+    script = REPO / "scripts" / "promtool.sh"
+    if script.exists():
+        found = subprocess.run(["bash", str(script), "path"], capture_output=True, text=True, check=False)
+        if found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip().splitlines()[-1]
+    return shutil.which("promtool")
+
+
+def alert_names(rules: Path) -> list[str]:
+    doc = yaml.safe_load(rules.read_text())
+    if isinstance(doc, dict) and doc.get("kind") == "PrometheusRule":
+        doc = doc.get("spec", {})
+    return sorted({r["alert"] for g in (doc or {}).get("groups", []) for r in g.get("rules", []) if "alert" in r})
+
+
+def _series_line(key: Key) -> str:
+    name, labels = key
+    inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+    return f"{name}{{{inner}}}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def promtool_tests(scrapes: Scrapes, rules: Path, names: list[str], step_s: int) -> dict:
+    """A `promtool test rules` document: the scraped series, and at every sample no alert expected."""
+    n = len(scrapes.times)
+    input_series = [
+        {"series": _series_line(key), "values": " ".join(repr(v.get(i)) if i in v else "_" for i in range(n))}
+        for key, v in sorted(scrapes.series.items())
+    ]
+    checks = [{"eval_time": f"{i * step_s}s", "alertname": name, "exp_alerts": []} for i in range(n) for name in names]
+    return {
+        "rule_files": [str(rules.resolve())],
+        "evaluation_interval": f"{step_s}s",
+        "tests": [{"interval": f"{step_s}s", "input_series": input_series, "alert_rule_test": checks}],
+    }
+
+
+def parse_fired(output: str) -> list[tuple[str, float]]:
+    """(alert, seconds from the first sample) of each evaluation at which an alert fired, from promtool's output."""
+    return [(name, _seconds(at)) for name, at in FIRED.findall(output)]
+
+
+def _seconds(duration: str) -> float:
+    """A Go duration as promtool prints it (`1h2m3s`, `5m0s`, `0s`) in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    return sum(float(n) * units[u] for n, u in re.findall(r"([0-9.]+)(ms|h|m|s)", duration))
+
+
+@dataclass
+class Evaluated:
+    """Per alert, the spans (epoch from, epoch to or None while still firing at the last sample) it fired; or why
+    the rules could not be evaluated (`missing`)."""
+
+    spans: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)
+    missing: str = ""
+
+
+def evaluate(scrapes: Scrapes, rules: Path | None, step_s: int) -> Evaluated:
+    rules = rules or DEFAULT_RULES
+    if not rules.exists():
+        return Evaluated(missing=f"no rules file at {rules}")
+    binary = promtool()
+    if binary is None:
+        return Evaluated(missing="no promtool (bash scripts/promtool.sh build, or set ROUNDTRIP_PROMTOOL)")
+    names = alert_names(rules)
+    if not names or not scrapes.times:
+        return Evaluated()
+    with tempfile.TemporaryDirectory(prefix="roundtrip-alerts-") as tmp:
+        path = Path(tmp) / "soak-test.yaml"
+        path.write_text(yaml.safe_dump(promtool_tests(scrapes, rules, names, step_s), sort_keys=False))
+        run = subprocess.run([binary, "test", "rules", str(path)], capture_output=True, text=True, check=False)
+    fired = parse_fired(run.stdout + run.stderr)
+    if run.returncode != 0 and not fired:
+        return Evaluated(missing=f"promtool failed: {(run.stderr or run.stdout).strip()[:300]}")
+    return Evaluated(spans=spans(fired, scrapes.times, step_s))
+
+
+def spans(
+    fired: list[tuple[str, float]], times: list[float], step_s: int
+) -> dict[str, list[tuple[float, float | None]]]:
+    """Consecutive evaluations at which an alert fired, as (first firing sample's epoch, first quiet one's or None)."""
+    at: dict[str, set[int]] = {}
+    for name, seconds in fired:
+        at.setdefault(name, set()).add(round(seconds / step_s))
+    out: dict[str, list[tuple[float, float | None]]] = {}
+    for name, indices in sorted(at.items()):
+        runs: list[tuple[float, float | None]] = []
+        start = prev = None
+        for i in sorted(indices):
+            if start is None or prev is None or i != prev + 1:
+                if start is not None and prev is not None:
+                    runs.append((times[start], times[prev + 1] if prev + 1 < len(times) else None))
+                start = i
+            prev = i
+        if start is not None and prev is not None:
+            runs.append((times[start], times[prev + 1] if prev + 1 < len(times) else None))
+        out[name] = runs
+    return out
