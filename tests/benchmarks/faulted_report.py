@@ -3,7 +3,7 @@
 The bounds (issue 52's "done when"), each broken one failing the run: no request without a reply, no reply
 duplicated, no side effect duplicated (nor any other problem of the chaos audit: a call run twice that no fault
 explains, a side effect after its turn's end, a stray reply), nothing dead-lettered but the poison (and all of it),
-every fault injected, replies flowing within 30 s of each fault's end (the first reply to a request sent after it),
+every fault injected, replies flowing within 30 s of each fault's end (the first reply after it),
 and every service process's RSS slope under 5 MB/h after its first `--warmup-min` minutes (judged for a process
 sampled over at least `RSS_SPAN_MIN` minutes past its warm-up; the report says which were not).
 """
@@ -60,13 +60,16 @@ def p99(values: list[float]) -> float:
 
 
 def recoveries(run: Run) -> None:
-    """Per fault: seconds from its end to the first reply to a request sent after it; p99 latency of the replies to
+    """Per fault: seconds from its end to the first reply after it (replies flowing again: the bound) and to the first
+    reply to a request sent after it (which waits behind the backlog the fault left); p99 latency of the replies to
     the requests sent in the AFTER_S after its end (a request without a reply counts as infinitely late)."""
     first = {rid: min(ts for _, ts in got) for rid, got in run.replies.items()}
     for fault in run.injected:
+        flowing = [ts for ts in first.values() if ts >= fault.until]
+        fault.recovery_s = min(flowing) - fault.until if flowing else math.inf
         after = [rid for rid, t in run.sent_at.items() if t >= fault.until]
         answered = [first[rid] for rid in after if rid in first]
-        fault.recovery_s = min(answered) - fault.until if answered else math.inf
+        fault.new_answered_s = min(answered) - fault.until if answered else math.inf
         window = [rid for rid in after if run.sent_at[rid] < fault.until + AFTER_S]
         fault.p99_after_s = p99([first[rid] - run.sent_at[rid] if rid in first else math.inf for rid in window])
 
@@ -138,14 +141,16 @@ def report(run: Run, evaluated: Evaluated, args: argparse.Namespace) -> tuple[st
         "",
         "## Faults",
         "",
-        "| at (min) | fault | lasted (s) | replies again after (s) | p99 reply, 2 min after (s) | alerts fired (min) |",
-        "| ---: | --- | ---: | ---: | ---: | --- |",
+        "| at (min) | fault | lasted (s) | replies again after (s) | a new request answered after (s) "
+        "| p99 reply, 2 min after (s) | alerts fired (min) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for i, f in enumerate(run.injected):
         following = run.injected[i + 1].at if i + 1 < len(run.injected) else None
         lines.append(
             f"| {_min(run, f.at):.1f} | {f.kind}{' (' + f.error + ')' if f.error else ''} | {f.until - f.at:.0f} | "
-            f"{f.recovery_s:.1f} | {f.p99_after_s:.1f} | {_alerts_of(run, f, following, evaluated)} |"
+            f"{f.recovery_s:.1f} | {f.new_answered_s:.1f} | {f.p99_after_s:.1f} | "
+            f"{_alerts_of(run, f, following, evaluated)} |"
         )
     lines += ["", "## Samples", "", _samples_table(run), "", "## RSS slopes after each process's warm-up", ""]
     for name, pid, slope, span in rss_slopes(run, args.warmup_min):
