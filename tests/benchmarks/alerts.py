@@ -10,11 +10,15 @@ counter resets), at the sample interval's resolution. The promtool binary: $ROUN
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
+import math
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +60,20 @@ class Scrapes:
                     labels = tuple(sorted({**s.labels, **extra}.items()))
                     self.series.setdefault((s.name, labels), {})[index] = float(s.value)
         return answered
+
+    def save(self, path: Path) -> None:
+        """The scrapes as JSON, to evaluate other rules over them later (`python -m tests.benchmarks.alerts`)."""
+        series = [{"name": n, "labels": dict(labels), "values": v} for (n, labels), v in self.series.items()]
+        path.write_text(json.dumps({"targets": self.targets, "times": self.times, "series": series}))
+
+    @classmethod
+    def load(cls, path: Path) -> Scrapes:
+        doc = json.loads(path.read_text())
+        scrapes = cls({int(p): s for p, s in doc["targets"].items()}, times=doc["times"])
+        for s in doc["series"]:
+            key = (s["name"], tuple(sorted(s["labels"].items())))
+            scrapes.series[key] = {int(i): float(v) for i, v in s["values"].items()}
+        return scrapes
 
 
 async def _get(http: httpx.AsyncClient, port: int) -> str:
@@ -168,3 +186,28 @@ def spans(
             runs.append((times[start], times[prev + 1] if prev + 1 < len(times) else None))
         out[name] = runs
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Evaluate a rules file over the metrics a faulted soak saved (its report's `-metrics.json`)."""
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.alerts", description=main.__doc__)
+    parser.add_argument("metrics", type=Path, help="the -metrics.json a faulted soak wrote beside its report")
+    parser.add_argument("--rules", type=Path, default=None, help="default deploy/prometheus/roundtrip-rules.yaml")
+    parser.add_argument("--step-s", type=int, default=60, help="the soak's --sample-s (default 60)")
+    args = parser.parse_args(argv)
+    scrapes = Scrapes.load(args.metrics)
+    evaluated = evaluate(scrapes, args.rules, args.step_s)
+    if evaluated.missing:
+        print(f"not evaluated: {evaluated.missing}")
+        return 1
+    start = scrapes.times[0] if scrapes.times else 0.0
+    for name, runs in evaluated.spans.items():
+        when = ", ".join(f"{(a - start) / 60:.1f}-{(b - start) / 60 if b else math.inf:.1f}" for a, b in runs)
+        print(f"{name}: {when} min")
+    if not evaluated.spans:
+        print("no alert fired")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

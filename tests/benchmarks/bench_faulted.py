@@ -290,6 +290,7 @@ def run_profile(args: argparse.Namespace) -> tuple[Run, str, bool]:
             with Fleet(settings, env=env, executor_replicas=2) as sync:
                 scrapes = Scrapes(health_targets(base))
                 run = asyncio.run(_main(ChaosFleet(sync, kafka), server, settings, url, args, scrapes))
+            scrapes.save(metrics_path(args.report))
             evaluated = evaluate(scrapes, args.rules, int(args.sample_s))
     finally:
         server.stop()
@@ -301,6 +302,10 @@ async def _main(fleet: ChaosFleet, server: PostgresServer, settings, url: str, a
     async with Observer(settings) as observer:
         rig = Rig(fleet, server, observer, f"http://127.0.0.1:{settings.simulator_port}")
         return await faulted(rig, settings, url, args, scrapes)
+
+
+def metrics_path(report: Path) -> Path:
+    return report.with_name(report.stem + "-metrics.json")
 
 
 def parser() -> argparse.ArgumentParser:

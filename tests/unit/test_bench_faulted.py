@@ -128,3 +128,11 @@ def test_p99_and_the_duplicate_side_effect_count():
         {"turn_id": "t3", "tool_use_id": "u3", "endpoint": "escalate", "order_id": None},
     ]
     assert faulted_report.duplicate_effects(effects) == 1 + 2
+
+
+def test_the_scrapes_saved_beside_the_report_load_back_as_they_were(tmp_path):
+    scrapes = Scrapes({9000: "guard", 9004: "executor"}, times=[100.0, 160.0])
+    scrapes.series[("up", (("instance", "127.0.0.1:9000"), ("service", "guard")))] = {0: 1.0, 1: 0.5}
+    scrapes.save(tmp_path / "m.json")
+    again = Scrapes.load(tmp_path / "m.json")
+    assert (again.targets, again.times, again.series) == (scrapes.targets, scrapes.times, scrapes.series)
