@@ -110,14 +110,23 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def slots(times: list[float], step_s: int) -> list[int]:
+    """Each sample's place on the evaluation grid (step_s apart from the first sample): samples come a little late
+    while a fault slows the sampler, and the drain's may come closer together; a later one in a slot wins."""
+    return [round((t - times[0]) / step_s) for t in times] if times else []
+
+
 def promtool_tests(scrapes: Scrapes, rules: Path, names: list[str], step_s: int) -> dict:
-    """A `promtool test rules` document: the scraped series, and at every sample no alert expected."""
-    n = len(scrapes.times)
-    input_series = [
-        {"series": _series_line(key), "values": " ".join(repr(v.get(i)) if i in v else "_" for i in range(n))}
-        for key, v in sorted(scrapes.series.items())
-    ]
-    checks = [{"eval_time": f"{i * step_s}s", "alertname": name, "exp_alerts": []} for i in range(n) for name in names]
+    """A `promtool test rules` document: the scraped series on the grid, and at every slot no alert expected."""
+    at = slots(scrapes.times, step_s)
+    n = at[-1] + 1 if at else 0
+    input_series = []
+    for key, v in sorted(scrapes.series.items()):
+        values = {at[i]: value for i, value in sorted(v.items())}
+        input_series.append(
+            {"series": _series_line(key), "values": " ".join(repr(values[k]) if k in values else "_" for k in range(n))}
+        )
+    checks = [{"eval_time": f"{k * step_s}s", "alertname": name, "exp_alerts": []} for k in range(n) for name in names]
     return {
         "rule_files": [str(rules.resolve())],
         "evaluation_interval": f"{step_s}s",
@@ -162,28 +171,26 @@ def evaluate(scrapes: Scrapes, rules: Path | None, step_s: int) -> Evaluated:
     fired = parse_fired(run.stdout + run.stderr)
     if run.returncode != 0 and not fired:
         return Evaluated(missing=f"promtool failed: {(run.stderr or run.stdout).strip()[:300]}")
-    return Evaluated(spans=spans(fired, scrapes.times, step_s))
+    at = slots(scrapes.times, step_s)
+    return Evaluated(spans=spans(fired, scrapes.times[0], at[-1] + 1, step_s))
 
 
 def spans(
-    fired: list[tuple[str, float]], times: list[float], step_s: int
+    fired: list[tuple[str, float]], first: float, n: int, step_s: int
 ) -> dict[str, list[tuple[float, float | None]]]:
-    """Consecutive evaluations at which an alert fired, as (first firing sample's epoch, first quiet one's or None)."""
-    at: dict[str, set[int]] = {}
-    for name, seconds in fired:
-        at.setdefault(name, set()).add(round(seconds / step_s))
+    """Consecutive evaluations (of `n`, step_s apart from the epoch `first`) at which an alert fired, as (the first
+    firing one's epoch, the first quiet one's, or None when it still fired at the last)."""
     out: dict[str, list[tuple[float, float | None]]] = {}
-    for name, indices in sorted(at.items()):
+    for name in sorted({name for name, _ in fired}):
+        firing = sorted({round(seconds / step_s) for alert, seconds in fired if alert == name})
         runs: list[tuple[float, float | None]] = []
-        start = prev = None
-        for i in sorted(indices):
-            if start is None or prev is None or i != prev + 1:
-                if start is not None and prev is not None:
-                    runs.append((times[start], times[prev + 1] if prev + 1 < len(times) else None))
-                start = i
-            prev = i
-        if start is not None and prev is not None:
-            runs.append((times[start], times[prev + 1] if prev + 1 < len(times) else None))
+        for k in firing:
+            if runs and k - 1 in firing:
+                continue
+            end = k
+            while end + 1 in firing:
+                end += 1
+            runs.append((first + k * step_s, first + (end + 1) * step_s if end + 1 < n else None))
         out[name] = runs
     return out
 

@@ -98,11 +98,19 @@ def test_promtools_answer_becomes_the_spans_each_alert_fired_and_when_it_cleared
         ("RoundtripDeadLetters", 3600.0),
         ("RoundtripTurnsStuck", 360.0),
     ]
-    times = [1000.0 + 60 * i for i in range(61)]
-    assert alerts.spans(fired, times, 60) == {
-        "RoundtripDeadLetters": [(times[60], None)],  # still firing at the last sample
-        "RoundtripTurnsStuck": [(times[2], times[4]), (times[6], times[7])],
+    assert alerts.spans(fired, 1000.0, 61, 60) == {
+        "RoundtripDeadLetters": [(1000.0 + 3600, None)],  # still firing at the last evaluation
+        "RoundtripTurnsStuck": [(1000.0 + 120, 1000.0 + 240), (1000.0 + 360, 1000.0 + 420)],
     }
+
+
+def test_samples_late_or_close_together_take_their_place_on_the_evaluation_grid(tmp_path):
+    scrapes = Scrapes({9000: "guard"}, times=[0.0, 61.0, 125.0, 150.0, 185.0, 300.0])
+    scrapes.series[("up", ())] = {0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0, 5: 6.0}
+    assert alerts.slots(scrapes.times, 60) == [0, 1, 2, 2, 3, 5]
+    doc = alerts.promtool_tests(scrapes, tmp_path / "r.yaml", ["A"], 60)
+    assert doc["tests"][0]["input_series"][0]["values"] == "1.0 2.0 4.0 5.0 _ 6.0"  # a later sample in a slot wins
+    assert len(doc["tests"][0]["alert_rule_test"]) == 6
 
 
 def test_without_a_rules_file_the_report_says_why_nothing_was_evaluated(tmp_path):
