@@ -1,8 +1,8 @@
 """The faults the faulted soak rotates (tests/benchmarks/bench_faulted.py), each a real one on a running fleet.
 
 Each is an async function of the `Rig` (the fleet with the chaos suite's fault helpers, tests/chaos/conftest.py, its
-PostgreSQL server, the observer) that returns when the fault is over and the fleet is whole again, as the harness's
-`Fault`s it made (for the audit: a call run again near one is the fault's doing) plus its span (start, end).
+PostgreSQL server, the observer) that returns when the fault is over and the fleet is whole again: the harness's
+`Fault`s it made, each with its span (for the audit, a call run again near one is that fault's doing).
 """
 
 from __future__ import annotations

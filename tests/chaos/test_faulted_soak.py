@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from tests.benchmarks import bench_faulted, faulted_report
+from tests.databases import find_pg_bindir
 
 pytestmark = [pytest.mark.chaos, pytest.mark.postgres, pytest.mark.timeout(1080)]
 
@@ -20,6 +21,8 @@ PROFILE = ["--minutes", "6", "--faults", "every:2m", "--only", ",".join(FAULTS),
 
 
 def test_the_short_faulted_profile_keeps_the_faulted_hours_bounds(tmp_path, capsys):
+    if find_pg_bindir() is None:
+        pytest.fail("PostgreSQL server binaries not found (see tests/conftest.py's postgres_url)", pytrace=False)
     out = ["--report", str(tmp_path / "faulted.md"), "--plot", str(tmp_path / "faulted.png")]
     args = bench_faulted.parse([*PROFILE, "--sample-s", "30", *out])
     run, text, _ = bench_faulted.run_profile(args)
