@@ -12,11 +12,11 @@ SIGSTOPped 30 s, each service SIGKILLed in turn (the executors mid-batch), the s
 answering 529 for 60 s. Every `--sample-s` the soak's figures (tests/benchmarks/bench_soak.py: RSS, open files,
 PostgreSQL connections per process; ledger rows, lag) and the app's (requests, replies, lost, duplicated replies and
 side effects, dead letters) are sampled and every service's /metrics scraped; after the load, every request gets
-`--drain-s` to be answered, then the chaos audit runs. Per fault: the seconds from its end to the first reply after it
-(recovery) and to the first reply to a request sent after it, and the p99 reply latency of the requests sent in the
-two minutes after it; with a rules file, which alerts fired and when they cleared (tests/benchmarks/alerts.py). The
-report (markdown, `--report`) and the plot (`--plot`); the exit status is 1 when a bound is broken
-(tests/benchmarks/faulted_report.py).
+`--drain-s` to be answered, then the chaos audit runs. Per fault: the seconds from its end until replies flow again
+(a 10-second window with half the offered rate's worth) and to the first reply to a request sent after it, and the
+p99 reply latency of the requests sent in the two minutes after it; with a rules file, which alerts fired and when
+they cleared (tests/benchmarks/alerts.py). The report (markdown, `--report`) and the plot (`--plot`); the exit status
+is 1 when a bound is broken (tests/benchmarks/faulted_report.py).
 """
 
 from __future__ import annotations
@@ -244,7 +244,7 @@ async def faulted(rig: Rig, settings, url: str, args, scrapes: Scrapes) -> Run:
         for d in observer.seen.dead_letters
         if (d["topic"], d.get("partition"), d.get("offset")) not in where
     ]
-    faulted_report.recoveries(run)
+    faulted_report.recoveries(run, args.rate)
     return run
 
 

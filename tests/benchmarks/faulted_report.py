@@ -3,13 +3,15 @@
 The bounds (issue 52's "done when"), each broken one failing the run: no request without a reply, no reply
 duplicated, no side effect duplicated (nor any other problem of the chaos audit: a call run twice that no fault
 explains, a side effect after its turn's end, a stray reply), nothing dead-lettered but the poison (and all of it),
-every fault injected, replies flowing within 30 s of each fault's end (the first reply after it),
-and every service process's RSS slope under 5 MB/h after its first `--warmup-min` minutes (judged for a process
-sampled over at least `RSS_SPAN_MIN` minutes past its warm-up; the report says which were not).
+every fault injected, replies flowing within 30 s of each fault's end (a 10-second window ending by then with replies
+at half the offered rate or more), and every service process's RSS slope under 5 MB/h after its first
+`--warmup-min` minutes (judged for a process sampled over at least `RSS_SPAN_MIN` minutes past its warm-up; the
+report says which were not).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections import Counter
@@ -30,6 +32,7 @@ RECOVERY_BOUND_S = 30.0
 RSS_BOUND_MB_H = 5.0
 RSS_SPAN_MIN = 5.0
 AFTER_S = 120.0  # the window after a fault whose replies' p99 is reported
+FLOWING_S = 10.0  # replies flow when a window this long holds half the offered rate's worth
 
 
 def duplicate_effects(effects: list[dict]) -> int:
@@ -59,19 +62,32 @@ def p99(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
-def recoveries(run: Run) -> None:
-    """Per fault: seconds from its end to the first reply after it (replies flowing again: the bound) and to the first
-    reply to a request sent after it (which waits behind the backlog the fault left); p99 latency of the replies to
-    the requests sent in the AFTER_S after its end (a request without a reply counts as infinitely late)."""
+def recoveries(run: Run, rate: float) -> None:
+    """Per fault: seconds from its end until replies flow again (the end of the first FLOWING_S window after it with
+    replies at half the offered `rate` or more: the bound; a trickle is not flowing) and to the first reply to a
+    request sent after it (which waits behind the backlog the fault left); p99 latency of the replies to the requests
+    sent in the AFTER_S after its end (a request without a reply counts as infinitely late)."""
     first = {rid: min(ts for _, ts in got) for rid, got in run.replies.items()}
+    times = sorted(first.values())
+    need = max(1, math.ceil(rate * FLOWING_S / 2))
     for fault in run.injected:
-        flowing = [ts for ts in first.values() if ts >= fault.until]
-        fault.recovery_s = min(flowing) - fault.until if flowing else math.inf
+        fault.recovery_s = flowing_after(times, fault.until, need)
         after = [rid for rid, t in run.sent_at.items() if t >= fault.until]
         answered = [first[rid] for rid in after if rid in first]
         fault.new_answered_s = min(answered) - fault.until if answered else math.inf
         window = [rid for rid in after if run.sent_at[rid] < fault.until + AFTER_S]
         fault.p99_after_s = p99([first[rid] - run.sent_at[rid] if rid in first else math.inf for rid in window])
+
+
+def flowing_after(times: list[float], since: float, need: int) -> float:
+    """Seconds from `since` to the end of the first FLOWING_S window (starting at `since`, then a second later each
+    time) holding `need` of the sorted reply `times`; inf when none does."""
+    start = since
+    while times and start <= times[-1]:
+        if bisect.bisect_right(times, start + FLOWING_S) - bisect.bisect_left(times, start) >= need:
+            return start + FLOWING_S - since
+        start += 1.0
+    return math.inf
 
 
 def rss_slopes(run: Run, warmup_min: float) -> list[tuple[str, int, float | None, float]]:

@@ -137,3 +137,11 @@ def test_the_scrapes_saved_beside_the_report_load_back_as_they_were(tmp_path):
     scrapes.save(tmp_path / "m.json")
     again = Scrapes.load(tmp_path / "m.json")
     assert (again.targets, again.times, again.series) == (scrapes.targets, scrapes.times, scrapes.series)
+
+
+def test_replies_flow_again_when_a_window_holds_half_the_offered_rate_not_at_a_trickle():
+    trickle = [100.0, 140.0, 180.0]  # one reply every 40 s after the fault's end at 90
+    steady = [200.0 + 0.5 * i for i in range(40)]  # 2 a second from 200 on
+    assert faulted_report.flowing_after(trickle + steady, 90.0, need=10) == 115.0  # [195, 205] holds 200 to 205
+    assert faulted_report.flowing_after(trickle, 90.0, need=10) == math.inf
+    assert faulted_report.flowing_after([], 90.0, need=1) == math.inf
