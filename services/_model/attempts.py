@@ -163,7 +163,7 @@ async def attempt(
             if wait_for_capacity and about_capacity:
                 out.refusals, last, in_a_row = out.refusals + 1, describe(exc), in_a_row + 1
                 # the window shrinks before this call's place is given on (or kept through its pause)
-                pause = capacity.refused(after, started, in_a_row)
+                pause = capacity.refused(after, started, in_a_row, overloaded=_status(exc) == 529)
                 if pause > 0:
                     kept = await _paused_in_place(pause, capacity, give_up, on_wait, marked)
                     if kept:

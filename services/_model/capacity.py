@@ -233,17 +233,21 @@ class Capacity:
         self.rate = max(MIN_RATE, rate)
         self._epoch_at, self._answers, self._drained_answers, self._limited = now, 0, 0, False
 
-    def refused(self, retry_after: float | None, started_at: float, in_a_row: int = 1) -> float:
+    def refused(
+        self, retry_after: float | None, started_at: float, in_a_row: int = 1, overloaded: bool = False
+    ) -> float:
         """A 429 or 529: cut, and hold the process; the seconds this call alone pauses (0: the hold is its pause).
 
-        Only a headerless refusal without retry-after pauses the call alone, doubling with `in_a_row`."""
+        Only a headerless refusal without retry-after pauses the call alone, doubling with `in_a_row`. An `overloaded`
+        one (a 529: the API is overloaded for everyone, the fleet's rate within its limit) holds without a cut: cut
+        once an epoch through a minute's burst, the rate would reach its floor and take minutes to climb back."""
         self.refusals += 1
-        if not self.signals.headers:
+        if not overloaded and not self.signals.headers:
             self._narrow(started_at)
             if retry_after is None:
                 base = self._latency or BARE_PAUSE_S
                 return cast(float, min(MAX_BARE_PAUSE_S, base * 2 ** (in_a_row - 1)) * self._rng.uniform(0.5, 1.0))
-        else:
+        elif not overloaded:
             self._cut(started_at)
             if self._slow_start:
                 self.window = min(self.window or INITIAL_WINDOW, INITIAL_WINDOW)

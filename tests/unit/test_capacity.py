@@ -319,3 +319,24 @@ async def test_a_cold_fleet_against_a_bucket_of_a_tenth_of_a_second_is_refused_l
     unpaced_ok, unpaced_refused = await run(slow_start=False)
     assert unpaced_refused >= 40, (unpaced_ok, unpaced_refused)  # the burst the slow start avoids
     assert refused <= 0.05 * (ok + refused), (ok, refused)
+
+
+def test_a_minute_of_529s_holds_the_process_each_time_and_leaves_the_rate_the_headers_gave():
+    """The API overloaded for everyone a whole minute: every 529 holds the process for its pause, none cuts the rate,
+    so the calls waiting go on at the announced rate the moment it ends (cut once an epoch, the rate would reach its
+    floor, a call every 20 s, and the fleet stall for minutes after the burst)."""
+    now = [100.0]
+    capacity = Capacity(clock=lambda: now[0], rng=random.Random(3))
+    capacity.answered(headers(600, 599), 100, 20, started_at=99.0, waited=False)
+
+    async def a_minute_of_529s():
+        while now[0] < 160.0:
+            capacity.refused(1.0, started_at=now[0] - 0.5, overloaded=True)
+            assert capacity.hold_until >= now[0] + 1.0  # the process waits out the overload
+            now[0] += 1.5
+
+    asyncio.run(a_minute_of_529s())
+    assert capacity.rate == pytest.approx(10.0) and capacity.refusals == 40
+    assert capacity.delay() <= 1.0 + 0.25 + 0.1  # what is left of the last hold: then a call each 0.1 s again
+    capacity.refused(1.0, started_at=now[0] - 0.5)  # a 429 still cuts
+    assert capacity.rate == pytest.approx(10.0 * BETA)
