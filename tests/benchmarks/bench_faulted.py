@@ -236,6 +236,8 @@ async def faulted(rig: Rig, settings, url: str, args, scrapes: Scrapes) -> Run:
         await side_effects(settings),
         await executions(settings),
         faults=made,
+        kills=rig.fleet.kills,  # a call run again is excused only by its executor's SIGKILL mid-batch
+        batches=list(observer.seen.batches),
     )
     _, run.poison_problems = check_dead_letters(observer, poison)
     where = {(observer.topic(p.topic), p.partition, p.offset) for p in poison}

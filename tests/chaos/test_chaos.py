@@ -283,6 +283,14 @@ async def test_paused_executors_hold_signed_cancels_while_turns_are_cancelled_or
     # turns get a 10 s deadline, which the ones not cancelled pass while their signed cancel waits
     await chaos_fleet.restart("simulator", simulator_latency_ms=1500, simulator_latency_jitter=0)
     await chaos_fleet.restart("guard", turn_deadline_s=10)
+    # a model service that has not had an answer yet starts 4 calls at a time (its slow start): one turn first, so the
+    # eight turns' calls go out together and their cancels are signed together, after the pause
+    warm = new_tag("warm")
+    first = SupportRequest(
+        request_id=f"{warm}-r", conversation_id=f"{warm}-c", customer_id=customers[0], text="hello", persona="careful"
+    )
+    await observer.ask(Planned(first))
+    await observer.wait_for_replies([first.request_id], timeout=60, linger_s=0)
     paused = []
     try:
         for p in plan:
