@@ -52,7 +52,6 @@ ALLOWED = {
     "services/_console/auth.py:Refusals:window_s": BOUND,
     "services/_fleet/launcher.py:_wait_services:timeout": BOUND,
     "services/_fleet/launcher.py:restart:env": BENCH,
-    "services/_fleet/state.py:adopt:environ": FAKE,
     "services/_gate/authorization.py:OwnershipCache:clock": CLOCK,
     "services/_gate/authorization.py:OwnershipCache:max_entries": BOUND,
     "services/_guard/conversations.py:close_turn:now": CLOCK,
