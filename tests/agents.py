@@ -8,7 +8,7 @@ from typing import Any
 
 from roundtrip._kernel.settings import Settings
 from roundtrip._sdk.context import Dependencies
-from roundtrip._sdk.registry import Registry, load_registry
+from roundtrip._sdk.registry import Registry, load_specs
 from roundtrip._shop.agent import AGENT as SHOP
 from roundtrip._shop.agent.settings import ShopAgentSettings
 
@@ -24,7 +24,7 @@ def shop_registry(folder: Path | None = None, **overrides: Any) -> Registry:
         "approvals": SHOP.approvals,
         "serial": SHOP.serial,
     }
-    return load_registry(folder or SCHEMAS, **(bindings | overrides))
+    return Registry(load_specs(folder or SCHEMAS), **(bindings | overrides))
 
 
 def shop_deps(client: Any) -> Dependencies:

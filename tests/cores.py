@@ -12,7 +12,7 @@ from roundtrip._executor.runner import Runner
 from roundtrip._guard.core import Guard, GuardPorts, Timing
 from roundtrip._guard.loop import Decisions
 from roundtrip._guard.rules import Policy
-from roundtrip._guard.side_effects import Acts
+from roundtrip._guard.side_effects import SideEffects
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
@@ -75,7 +75,7 @@ def guard(
     decisions: DecisionVerifier | None = None,
     holds: Verifier | None = None,
     agent_digest: str = "",
-    acts: Acts | None = None,
+    side_effects: SideEffects | None = None,
     progress: Mapping[str, str] | None = None,
     streams_by_default: bool = False,
 ) -> Guard:
@@ -83,7 +83,12 @@ def guard(
     its own (a decision or hold signed by anyone else is refused), no tool a side effect."""
     return Guard(
         GuardPorts(ledger, conversations, publish),
-        Decisions(policy, prices, model, Acts(frozenset(), None, policy.replies) if acts is None else acts),
+        Decisions(
+            policy,
+            prices,
+            model,
+            SideEffects(frozenset(), None, policy.replies) if side_effects is None else side_effects,
+        ),
         Timing(stuck_after_s, stuck_grace_s, turn_deadline_s, outbox_after_s, wait_poll_s),
         pair("guard-tests").decisions if decisions is None else decisions,
         pair("guard-tests").verifier if holds is None else holds,

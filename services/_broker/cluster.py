@@ -125,12 +125,12 @@ class Cluster:
             if set(p["isr"]) != set(p["replicas"])
         ]
 
-    async def wait_in_sync(self, timeout: float = 120.0) -> None:
-        """Until every partition has all its replicas in sync again (what a rolling restart waits for)."""
-        deadline = time.monotonic() + timeout
+    async def wait_in_sync(self) -> None:
+        """Until every partition has all its replicas in sync again (a rolling restart waits for it), 120 s at most."""
+        deadline = time.monotonic() + 120.0
         while lagging := await self.out_of_sync():
             if time.monotonic() > deadline:
-                raise BrokerStartError(f"replicas still out of sync after {timeout:.0f}s: {', '.join(lagging[:10])}")
+                raise BrokerStartError(f"replicas still out of sync after 120 s: {', '.join(lagging[:10])}")
             await asyncio.sleep(0.5)
 
     def __enter__(self) -> Cluster:
@@ -155,22 +155,19 @@ def start(
     data_dir: Path | str,
     n: int = 3,
     *,
-    host: str = "127.0.0.1",
-    java_opts: str = NODE_JAVA_OPTS,
     timeout: float = 120.0,
     **options: Any,
 ) -> Cluster:
     """n nodes in data_dir/node-<id> on free ports, formatted with one cluster id, started and serving clients."""
     ports = _ports(2 * n)
-    voters = ",".join(f"{i}@{host}:{ports[n + i - 1]}" for i in range(1, n + 1))
+    voters = ",".join(f"{i}@127.0.0.1:{ports[n + i - 1]}" for i in range(1, n + 1))
     nodes = [
         ClusterNode(
             i,
             Path(data_dir) / f"node-{i}",
             ports[i - 1],
             ports[n + i - 1],
-            host=host,
-            java_opts=java_opts,
+            java_opts=NODE_JAVA_OPTS,
             properties=node_properties(i, voters, n),
             **options,
         )

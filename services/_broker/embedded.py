@@ -96,10 +96,10 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (the kernel's pick)."""
+def free_port() -> int:
+    """A port nobody listens on right now on 127.0.0.1 (the kernel's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        s.bind(("127.0.0.1", 0))
         return cast(int, s.getsockname()[1])
 
 
@@ -140,11 +140,11 @@ def probe_metadata(host: str, port: int, timeout: float = 2.0) -> list[tuple[int
     return brokers
 
 
-def _tail(path: Path | None, lines: int = 30) -> str:
+def _tail(path: Path | None) -> str:
     if not path or not path.exists():
         return "(no broker log)"
     with open(path, errors="replace") as f:
-        return "".join(deque(f, maxlen=lines)).rstrip() or "(broker log is empty)"
+        return "".join(deque(f, maxlen=30)).rstrip() or "(broker log is empty)"
 
 
 def random_cluster_id() -> str:

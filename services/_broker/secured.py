@@ -66,8 +66,11 @@ def _openssl(*args: str) -> None:
         raise BrokerSetupError(f"openssl {args[0]} failed: {done.stderr.strip()}")
 
 
-def make_tls(folder: Path, hosts: Sequence[str] = ("127.0.0.1", "localhost")) -> Tls:
-    """A CA and two certificates it signs (the broker's, for `hosts`; a client's, CN=client); kept when already made."""
+TLS_HOSTS = ("127.0.0.1", "localhost")  # the names the broker's certificate is for
+
+
+def make_tls(folder: Path) -> Tls:
+    """A CA and two certificates it signs (the broker's for TLS_HOSTS, a client's CN=client); kept when made already."""
     tls = Tls(Path(folder))
     if tls.client_cert.is_file():
         return tls
@@ -90,7 +93,7 @@ def make_tls(folder: Path, hosts: Sequence[str] = ("127.0.0.1", "localhost")) ->
         "-addext",
         "keyUsage=critical,keyCertSign,cRLSign",
     )
-    names = ",".join(f"IP:{h}" if h[0].isdigit() else f"DNS:{h}" for h in hosts)
+    names = ",".join(f"IP:{h}" if h[0].isdigit() else f"DNS:{h}" for h in TLS_HOSTS)
     for who, cert, private, extension in (
         ("broker", tls.broker_cert, tls.broker_key, f"subjectAltName={names}"),
         ("client", tls.client_cert, tls.client_key, "extendedKeyUsage=clientAuth"),

@@ -17,6 +17,7 @@ from roundtrip._kernel.storage.turnstore import AWAITING, STUCK
 log = logging.getLogger("roundtrip.console")
 T = TypeVar("T")
 READ_TIMEOUT_S = 5.0
+WAITING_SHOWN = 100  # approvals the console's page lists
 
 
 class LedgerAway(Exception):
@@ -73,9 +74,9 @@ class Books:
                 await _quietly(store.close())
             return None
 
-    async def waiting(self, limit: int = 100) -> list[ApprovalRow]:
+    async def waiting(self) -> list[ApprovalRow]:
         """The approvals waiting for a person (their turn still awaits them), oldest deadline first."""
-        rows = await self._read(lambda ledger: ledger.list_approvals(status=PENDING, limit=limit))
+        rows = await self._read(lambda ledger: ledger.list_approvals(status=PENDING, limit=WAITING_SHOWN))
         return sorted(rows, key=lambda r: r.expires_at)
 
     async def approval(self, approval_id: str) -> tuple[ApprovalRow | None, TurnRow | None]:

@@ -153,14 +153,10 @@ def raw_sender(broker: Any) -> SendRaw:
 class Letters:
     """The dead letters as the console shows them, and their re-drive and discard."""
 
-    def __init__(
-        self, settings: Settings, send_handled: SendHandled, send_raw: SendRaw, read: ReadRecord | None = None
-    ) -> None:
+    def __init__(self, settings: Settings, send_handled: SendHandled, send_raw: SendRaw) -> None:
         self.settings, self.prefix = settings, settings.topic_prefix
         self.send_handled, self.send_raw = send_handled, send_raw
-        self.read: ReadRecord = read or (
-            lambda topic, partition, offset: read_record(settings, topic, partition, offset)
-        )
+        self.read: ReadRecord = lambda topic, partition, offset: read_record(settings, topic, partition, offset)
         self.reader = DeadLetterReader(settings, LETTERS_KEPT, "roundtrip-console-letters")
         self._reading = asyncio.Lock()
         self._acting = asyncio.Lock()

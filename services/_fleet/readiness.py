@@ -77,9 +77,12 @@ def check_alive(children: list[Child], retries: Retries | None = None) -> list[C
     return restarted
 
 
-def wait_http(url: str, name: str, children: list[Child], timeout: float = 30, retries: Retries | None = None) -> None:
-    """Until `url` answers 200."""
-    deadline = time.monotonic() + timeout
+HTTP_READY_S = 30.0
+
+
+def wait_http(url: str, name: str, children: list[Child], retries: Retries | None = None) -> None:
+    """Until `url` answers 200, for HTTP_READY_S."""
+    deadline = time.monotonic() + HTTP_READY_S
     while time.monotonic() < deadline:
         check_alive(children, retries)
         try:
@@ -91,7 +94,7 @@ def wait_http(url: str, name: str, children: list[Child], timeout: float = 30, r
             pass
         time.sleep(0.1)
     _still_failing([c for c in children if c.name == name], retries)
-    raise FleetError(f"{name} did not answer {url} within {timeout:g} s")
+    raise FleetError(f"{name} did not answer {url} within {HTTP_READY_S:g} s")
 
 
 def wait_services(

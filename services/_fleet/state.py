@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,9 +79,9 @@ def running(state_dir: Path) -> tuple[int, dict[str, str]] | None:
     return claimed, {str(k): str(v) for k, v in found["env"].items()}
 
 
-def adopt(state_dir: Path, environ: MutableMapping[str, str] = os.environ) -> Reading:
-    """Make `environ`'s ROUNDTRIP_* settings those of the fleet running in `state_dir`, if one runs there."""
-    found = running(state_dir)
+def adopt(state_dir: Path) -> Reading:
+    """Make this process's ROUNDTRIP_* settings those of the fleet running in `state_dir`, if one runs there."""
+    found, environ = running(state_dir), os.environ
     if found is None:
         return Reading(state_dir)
     pid, fleet = found

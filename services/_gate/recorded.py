@@ -16,10 +16,9 @@ REMEMBERED = 20_000  # turns a replica keeps
 
 
 class RecordedTurns:
-    def __init__(self, store: TurnStore, remembered: int = REMEMBERED) -> None:
+    def __init__(self, store: TurnStore) -> None:
         self.store = store
         self._turns: OrderedDict[str, Turn] = OrderedDict()
-        self._remembered = remembered
 
     async def authorized(self, turn: Turn) -> Turn:
         """`turn` as the ledger recorded it; TurnRefused when the event's copy differs from that record."""
@@ -40,7 +39,7 @@ class RecordedTurns:
 
     def _remember(self, turn: Turn) -> None:
         self._turns[turn.turn_id] = turn
-        while len(self._turns) > self._remembered:
+        while len(self._turns) > REMEMBERED:
             self._turns.popitem(last=False)
 
 

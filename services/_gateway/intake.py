@@ -75,8 +75,8 @@ def content_digest(request: SupportRequest) -> bytes:
 class SeenRequests:
     """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused otherwise."""
 
-    def __init__(self, capacity: int = REMEMBERED, memory_s: float | None = None) -> None:
-        self._digests = SeenIds(capacity, max_age_s=memory_s)
+    def __init__(self, memory_s: float | None = None) -> None:
+        self._digests = SeenIds(REMEMBERED, max_age_s=memory_s)
 
     def add(self, turn_id: str, request: SupportRequest) -> bool:
         """True: a new request. False: a copy of one seen. InvalidRequest: its id was used with other content."""

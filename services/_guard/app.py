@@ -61,7 +61,7 @@ def subscribe_handlers(shell: Shell, guard: Callable[[], Guard]) -> None:
 
     @shell.subscribe(topics.TURN_CONTROLS, role="controls")
     async def on_cancel_turn(command: CancelTurn) -> None:
-        await traced("guard.cancel", command.turn_id, lambda: guard().outside.on_cancel(command))
+        await traced("guard.cancel", command.turn_id, lambda: guard().external_ends.on_cancel(command))
 
     @shell.subscribe(topics.APPROVAL_REQUESTS, role="approvals")
     async def on_approval_requested(event: ApprovalRequested) -> None:

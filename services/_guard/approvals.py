@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 
-from roundtrip._guard.external_ends import Outside
+from roundtrip._guard.external_ends import ExternalEnds
 from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, PENDING, ApprovalRow, Ledger
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Bounded, Outbox, pending_copy, traceparent
@@ -60,7 +60,7 @@ class RequestRefused(Exception):
 class Approvals:
     ledger: Ledger
     outbox: Outbox
-    outside: Outside
+    external_ends: ExternalEnds
     decisions: DecisionVerifier  # verifies people's approval decisions
     steps: StepClock
     holds: Verifier  # the gate's public keys: its signature of each hold
@@ -273,7 +273,7 @@ class Approvals:
             with self._waited(approval, "expired", now):
                 result = await announced(
                     functools.partial(
-                        self.outside.end,
+                        self.external_ends.end,
                         row,
                         Outcome.APPROVAL_TIMEOUT,
                         f"{approval.tool} not decided within its approval deadline",
@@ -381,6 +381,9 @@ class _EndAt:
         self.span.end(end_time=self.end_ns)
 
 
-def _shown(tool_input: object, limit: int = 80) -> str:
+SHOWN = 80  # characters of a tool's input a log line shows
+
+
+def _shown(tool_input: object) -> str:
     text = json.dumps(tool_input, ensure_ascii=False, default=str)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"

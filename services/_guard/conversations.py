@@ -409,9 +409,7 @@ class Conversations(ConversationReads):
         ]
         return within_budget(stored, self.budget_tokens)[1]
 
-    async def close_turn_with_reply(
-        self, conversation_id: str, turn_id: str, reply_text: str, outcome: str, now: float | None = None
-    ) -> bool:
+    async def close_turn_with_reply(self, conversation_id: str, turn_id: str, reply_text: str, outcome: str) -> bool:
         """A turn ended from outside the loop (cancel, deadline): its words and the reply, without its tool calls."""
         rows = await self._run(
             lambda conn: conn.execute(select(exchanges.c.text).where(exchanges.c.turn_id == turn_id)).all()
@@ -419,7 +417,7 @@ class Conversations(ConversationReads):
         if not rows:
             return False
         return await self.close_turn(
-            conversation_id, turn_id, [{"role": "user", "content": rows[0].text}], [], reply_text, outcome, now
+            conversation_id, turn_id, [{"role": "user", "content": rows[0].text}], [], reply_text, outcome
         )
 
     async def forget(self, conversation_id: str) -> bool:

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from roundtrip._guard.approvals import Approvals
 from roundtrip._guard.conversations import Conversations
-from roundtrip._guard.external_ends import Outside
+from roundtrip._guard.external_ends import ExternalEnds
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.loop import Decisions, Loop, StepClock
 from roundtrip._guard.outbox import Outbox, Publish
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import policy_from
-from roundtrip._guard.side_effects import Acts
+from roundtrip._guard.side_effects import SideEffects
 from roundtrip._guard.starts import ConversationOrder, Starts
 from roundtrip._guard.sweeper import Sweeper
 from roundtrip._kernel.settings import Settings
@@ -83,12 +83,12 @@ class Guard:
             ledger, self.outbox, order, replies, timing.turn_deadline_s, conversations, steps, agent_digest
         )
         self.loop = Loop(ledger, self.outbox, rules, conversations, steps)
-        self.outside = Outside(ledger, self.outbox, conversations, steps, acts=rules.acts)
-        self.approvals = Approvals(ledger, self.outbox, self.outside, decisions, steps, holds)
+        self.external_ends = ExternalEnds(ledger, self.outbox, conversations, steps, side_effects=rules.side_effects)
+        self.approvals = Approvals(ledger, self.outbox, self.external_ends, decisions, steps, holds)
         self.sweeper = Sweeper(
             ledger,
             self.outbox,
-            self.outside,
+            self.external_ends,
             self.approvals,
             timing.stuck_after_s,
             timing.stuck_grace_s,
@@ -111,7 +111,7 @@ def decisions_of(settings: Settings, agent: Agent) -> Decisions:
         policy_from(settings, words),
         PriceTable.from_json(settings.prices, settings.model_provider),
         agent.model_for(settings),
-        Acts(frozenset(agent.serial), agent.describe_action, words, shown),
+        SideEffects(frozenset(agent.serial), agent.describe_action, words, shown),
     )
 
 

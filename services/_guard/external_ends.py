@@ -16,7 +16,7 @@ from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import AWAITING, ENDED, ENDING, Ledger, TurnRow
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Outbox, pending_copy
-from roundtrip._guard.side_effects import Acts
+from roundtrip._guard.side_effects import SideEffects
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error, span_in_turn
 from roundtrip._kernel.storage.turnstore import disagreement, refused
@@ -40,19 +40,19 @@ def spent_of(row: TurnRow) -> Usage:
 
 
 @dataclass
-class Outside:
+class ExternalEnds:
     ledger: Ledger
     outbox: Outbox
     conversations: Conversations | None  # None: every request stands alone
     steps: StepClock
-    acts: Acts = field(kw_only=True)
+    side_effects: SideEffects = field(kw_only=True)
 
     async def end(self, row: TurnRow, outcome: Outcome, detail: str, announce: bool = True, **seen: Any) -> str | None:
         """End it politely, once, conditional on the state it was decided from (`row.step`, and `seen`).
 
         While an executor's calls run, the turn becomes ENDING, ended by the sweeper once the lease is released.
         Returns ENDED, ENDING, or None. `announce` False (the broker is away) only records."""
-        text = self.acts.ending(outcome, self.acts.recorded(row.acted))
+        text = self.side_effects.ending(outcome, self.side_effects.recorded(row.acted))
         ended = TurnEnded(
             turn=Turn.model_validate(row.turn),
             step=row.step,
@@ -107,7 +107,7 @@ class Outside:
         if not row.pending or not row.acted:
             return row
         ended = TurnEnded.model_validate(json.loads(row.pending)["message"])
-        text = self.acts.ending(ended.outcome, self.acts.recorded(row.acted))
+        text = self.side_effects.ending(ended.outcome, self.side_effects.recorded(row.acted))
         if text == ended.text:
             return row
         pending = pending_copy(ended.model_copy(update={"text": text}))

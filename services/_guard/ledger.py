@@ -89,12 +89,10 @@ _PUBLISHED = update(turns).where(
 class LedgerApprovals(TurnReads):
     """The approval table: a held call and a person's decision, each written in one transaction with the turn's row."""
 
-    async def await_approval(
-        self, approval: dict[str, Any], now: float | None = None, pending: str | None = None
-    ) -> bool:
+    async def await_approval(self, approval: dict[str, Any], pending: str | None = None) -> bool:
         """Record a held call and the turn as AWAITING, in one transaction: while it waits no claim succeeds, the stuck
         rule skips it, the step's lease is released, and its deadline is the approval's."""
-        now = now or time.time()
+        now = time.time()
 
         def work(conn: Any) -> bool:
             moved = conn.execute(

@@ -20,7 +20,7 @@ from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import ENDED, Ledger, TurnRow, digest_of
 from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
 from roundtrip._guard.rules import Continue, Finish, Policy, decide
-from roundtrip._guard.side_effects import Acts
+from roundtrip._guard.side_effects import SideEffects
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import ERROR_OUTCOMES, mark_error
 from roundtrip._kernel.storage.prices import PriceTable
@@ -50,15 +50,16 @@ def continued(event: ModelResponded, decision: Continue, span: trace.Span) -> Ca
 class StepClock:
     """roundtrip_step_seconds: from a turn's decision on this replica to its next."""
 
-    def __init__(self, limit: int = 100_000) -> None:
+    LIMIT = 100_000  # turns remembered at once; past it a step goes unmeasured rather than memory growing
+
+    def __init__(self) -> None:
         self._last: dict[str, float] = {}
-        self._limit = limit
 
     def stepped(self, turn_id: str, ended: bool) -> None:
         now = time.monotonic()
         if (last := self._last.pop(turn_id, None)) is not None:
             metrics.step_seconds.observe(now - last)
-        if not ended and len(self._last) < self._limit:
+        if not ended and len(self._last) < self.LIMIT:
             self._last[turn_id] = now
 
     def forget(self, turn_id: str) -> None:
@@ -86,7 +87,7 @@ class Decisions:
     policy: Policy
     prices: PriceTable
     model: str  # the fleet's model, for an iteration that names none
-    acts: Acts
+    side_effects: SideEffects
 
     def decided(self, event: ModelResponded, span: trace.Span) -> Decided:
         model = event.model or self.model
@@ -100,8 +101,8 @@ class Decisions:
 
     def _finished(self, event: ModelResponded, decision: Finish, cost: float, span: trace.Span) -> TurnEnded:
         outcome = decision.outcome.value
-        text = self.acts.reply(
-            decision.outcome, decision.text, self.acts.done(event.messages[event.turn.history_messages :])
+        text = self.side_effects.reply(
+            decision.outcome, decision.text, self.side_effects.done(event.messages[event.turn.history_messages :])
         )
         ended = TurnEnded(
             turn=event.turn,

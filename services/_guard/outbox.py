@@ -147,14 +147,13 @@ class Outbox:
             log.warning("turn %s: republishing the pending %s after %s", row.turn_id, type(message).__name__, why)
             await self.emit(row.turn_id, row.pending, message, row.conversation_id)
 
-    async def republish_all(self, older_than: float | None = None, timeout: float | None = None) -> int:
-        """Publish every decision still pending; stop at the first publish over `timeout` (the broker is away)."""
+    async def republish_all(self, older_than: float | None = None) -> int:
+        """Publish every decision still pending; stop at the first publish over the sweep's bound (broker away)."""
         older_than = time.time() - self.after_s if older_than is None else older_than
-        timeout = SWEEP_PUBLISH_TIMEOUT_S if timeout is None else timeout
         count = 0
         for row in await self.ledger.outbox(older_than):
             try:
-                await asyncio.wait_for(self.republish(row, "a restart or a failed publish"), timeout)
+                await asyncio.wait_for(self.republish(row, "a restart or a failed publish"), SWEEP_PUBLISH_TIMEOUT_S)
                 count += 1
             except (TimeoutError, KafkaError) as exc:
                 log.warning(
@@ -172,12 +171,12 @@ class Outbox:
 class Bounded:
     """The sweeper's publishes, each bounded: after one fails, `reachable` turns false and the sweep only records."""
 
-    def __init__(self, timeout: float | None = None) -> None:
-        self.timeout, self.reachable = SWEEP_PUBLISH_TIMEOUT_S if timeout is None else timeout, True
+    def __init__(self) -> None:
+        self.reachable = True
 
     async def __call__(self, work: Callable[[], Awaitable[T]], what: str) -> T | None:
         try:
-            return await asyncio.wait_for(work(), self.timeout)
+            return await asyncio.wait_for(work(), SWEEP_PUBLISH_TIMEOUT_S)
         except (TimeoutError, KafkaError) as exc:
             self.reachable = False
             log.warning(

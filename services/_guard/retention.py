@@ -46,14 +46,14 @@ class RetentionTooShort(ConfigurationError):
 
 
 class Retention:
-    def __init__(self, store: TurnReads, retention_s: float, batch: int = BATCH, max_batches: int = MAX_BATCHES):
-        self.store, self.retention_s, self.batch, self.max_batches = store, retention_s, batch, max_batches
+    def __init__(self, store: TurnReads, retention_s: float, max_batches: int = MAX_BATCHES):
+        self.store, self.retention_s, self.batch, self.max_batches = store, retention_s, BATCH, max_batches
         self._postgres = isinstance(store.engine, AsyncEngine)
         doomed = (
             select(turns.c.turn_id)
             .where(turns.c.status == ENDED, turns.c.ended_at < bindparam("b_before"))
             .order_by(turns.c.ended_at)
-            .limit(batch)
+            .limit(BATCH)
         )
         self._doomed = doomed.with_for_update(skip_locked=True) if self._postgres else doomed
         # one array on PostgreSQL (`= ANY($1)`): asyncpg keeps a prepared statement per SQL text and connection,

@@ -28,7 +28,7 @@ def generic(tool: str, args: dict[str, Any], result: str, fields: Sequence[str] 
 
 
 @dataclass(frozen=True)
-class Acts:
+class SideEffects:
     """The agent's side-effecting tools and its words for them (none: every early reply is the plain apology)."""
 
     side_effects: frozenset[str]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from roundtrip._guard.approvals import Approvals
 from roundtrip._guard.conversations import Conversations
-from roundtrip._guard.external_ends import Outside, in_turn_trace
+from roundtrip._guard.external_ends import ExternalEnds, in_turn_trace
 from roundtrip._guard.ledger import ENDED, STUCK, Ledger, TurnRow
 from roundtrip._guard.outbox import Bounded, Outbox
 from roundtrip._kernel.kafka import faults
@@ -32,7 +32,7 @@ RETENTION_EVERY_S = 60.0
 class Sweeper:
     ledger: Ledger
     outbox: Outbox
-    outside: Outside
+    external_ends: ExternalEnds
     approvals: Approvals
     stuck_after_s: float
     stuck_grace_s: float
@@ -95,7 +95,7 @@ class Sweeper:
             )
         announce = announced.reachable
         return await announced(
-            lambda: self.outside.end(row, Outcome.DEADLINE, detail, announce=announce, **since),
+            lambda: self.external_ends.end(row, Outcome.DEADLINE, detail, announce=announce, **since),
             f"the end of {row.turn_id}",
         )
 
@@ -106,7 +106,7 @@ class Sweeper:
             return False
         done = await self.ledger.get(row.turn_id)
         if done is not None:  # the running step's side effects, recorded after the end was decided, are in its reply
-            done = await self.outside.reworded(done)
+            done = await self.external_ends.reworded(done)
         if done is not None and done.pending and announced.reachable:
             await announced(
                 lambda: self.outbox.republish(done, "the running step finished"), f"the end of {row.turn_id}"

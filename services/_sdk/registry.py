@@ -277,16 +277,3 @@ def load_specs(schemas_dir: Path) -> dict[str, ToolSpec]:
     if problems:
         raise RegistryError("; ".join(problems), problems)
     return specs
-
-
-def load_registry(
-    schemas_dir: Path,
-    *,
-    handlers: Mapping[str, Handler],
-    policies: Mapping[str, Policy] | None = None,
-    entity_resolvers: Mapping[str, EntityResolver] | None = None,
-    approvals: Mapping[str, ApprovalRule] | None = None,
-    serial: frozenset[str] | set[str] | None = None,
-    mounted: frozenset[str] | set[str] | None = None,
-) -> Registry:
-    return Registry(load_specs(Path(schemas_dir)), handlers, policies, entity_resolvers, approvals, serial, mounted)

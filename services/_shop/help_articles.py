@@ -101,7 +101,10 @@ def _stem(word: str) -> str:
     return word
 
 
-def search(query: str, limit: int = 3) -> list[dict[str, Any]]:
+SHOWN = 3  # articles an answer lists
+
+
+def search(query: str) -> list[dict[str, Any]]:
     """Articles matching the query's words (title matches count double), best first."""
     terms = {_stem(w) for w in _words(query)}
     if not terms:
@@ -114,4 +117,4 @@ def search(query: str, limit: int = 3) -> list[dict[str, Any]]:
         if score:
             scored.append((-score, index, article))
     scored.sort(key=lambda t: (t[0], t[1]))
-    return [{"id": a["id"], "title": a["title"], "snippet": a["body"]} for _, _, a in scored[:limit]]
+    return [{"id": a["id"], "title": a["title"], "snippet": a["body"]} for _, _, a in scored[:SHOWN]]

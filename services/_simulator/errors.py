@@ -28,11 +28,11 @@ ERROR_TYPES = {
 class ApiError(Exception):
     """An error answer: HTTP status, error type and a precise message."""
 
-    def __init__(self, status: int, message: str, error_type: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.error_type = error_type or ERROR_TYPES.get(status, "api_error")
+        self.error_type = ERROR_TYPES.get(status, "api_error")
         self.headers = headers or {}
 
     def body(self, request_id: str) -> dict[str, Any]:

@@ -22,13 +22,13 @@ def serve(host: str = "127.0.0.1", port: int = 8801, log_level: str = "info", **
 
 
 @contextmanager
-def running_simulator(host: str = "127.0.0.1", port: int = 0, **app_options: Any) -> Iterator[str]:
-    """Serve in a daemon thread; yield the base URL (e.g. http://127.0.0.1:41234) for AsyncAnthropic(base_url=...)."""
+def running_simulator(**app_options: Any) -> Iterator[str]:
+    """Serve on a free port in a daemon thread; yield the base URL (http://127.0.0.1:41234) for AsyncAnthropic."""
     # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY only on such sockets (else each response
     # waits for the client's delayed ACK, about 40 ms)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(create_app(**app_options), log_level="warning", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="roundtrip-simulator", daemon=True)
@@ -39,7 +39,7 @@ def running_simulator(host: str = "127.0.0.1", port: int = 0, **app_options: Any
             raise RuntimeError("the simulator did not start")
         time.sleep(0.01)
     try:
-        yield f"http://{host}:{sock.getsockname()[1]}"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
         thread.join(timeout=5)

@@ -19,9 +19,9 @@ JSON_PIECES = 3  # a tool_use input arrives in this many input_json_delta pieces
 MIDSTREAM_FAULT = "529-midstream"
 
 
-def _pieces(text: str, words: int = WORDS_PER_DELTA) -> list[str]:
+def _pieces(text: str) -> list[str]:
     tokens = re.findall(r"\s*\S+", text) or ([text] if text else [])
-    pieces = ["".join(tokens[i : i + words]) for i in range(0, len(tokens), words)]
+    pieces = ["".join(tokens[i : i + WORDS_PER_DELTA]) for i in range(0, len(tokens), WORDS_PER_DELTA)]
     if pieces and (tail := text[len("".join(tokens)) :]):
         pieces[-1] += tail  # trailing whitespace stays: the concatenation is the text exactly
     return pieces

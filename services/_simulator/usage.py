@@ -98,10 +98,11 @@ def _without_control(item: Any) -> Any:
 class PromptCache:
     """In-process memory of cached prefixes (hash -> expiry time)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, max_entries: int = 100_000):
+    MAX_ENTRIES = 100_000
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self._expiry: dict[str, tuple[float, int]] = {}
-        self._max_entries = max_entries
 
     def input_usage(self, body: dict[str, Any], commit: bool = True) -> dict[str, Any]:
         """input_tokens, cache_creation_input_tokens, cache_read_input_tokens (+ TTL breakdown); commit=False only
@@ -151,7 +152,7 @@ class PromptCache:
         return _usage(total - read - written, written, read, ttl)
 
     def _remember(self, key: str, until: float, tokens: int, now: float) -> None:
-        if len(self._expiry) >= self._max_entries:
+        if len(self._expiry) >= self.MAX_ENTRIES:
             self._expiry = {k: v for k, v in self._expiry.items() if v[0] > now}
         self._expiry[key] = (max(until, self._expiry.get(key, (0.0, 0))[0]), tokens)
 

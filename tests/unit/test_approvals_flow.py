@@ -614,7 +614,9 @@ async def test_no_decision_in_time_ends_the_turn_politely_and_a_late_decision_is
 async def test_a_waiting_turn_can_be_cancelled_and_a_decision_for_it_is_then_refused(guard):
     await waiting_turn(guard)
     assert (
-        await guard.outside.on_cancel(CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1"))
+        await guard.external_ends.on_cancel(
+            CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1")
+        )
         == "cancelled"
     )
     with pytest.raises(DecisionRefused):

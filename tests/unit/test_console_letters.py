@@ -84,8 +84,8 @@ class Shelf(Letters):
     """Letters reading `log` instead of Kafka."""
 
     def __init__(self, settings: Settings, log: Log) -> None:
-        super().__init__(settings, self._claim, self._redrive, self._read)
-        self.log, self.reader = log, LogReader(settings, log)
+        super().__init__(settings, self._claim, self._redrive)
+        self.log, self.reader, self.read = log, LogReader(settings, log), self._read
 
     async def _claim(self, message, key: str) -> None:
         if self.log.rival and message.action != dead_letters.RELEASE:

@@ -368,7 +368,7 @@ async def test_a_second_request_waits_for_the_running_turn_then_sees_it(guard):
 async def test_a_turn_cancelled_from_outside_leaves_the_words_and_the_polite_reply(guard):
     await guard.starts.on_start(StartTurn(turn=turn(1), text="cancel everything"))
     row = await guard.ledger.get("turn_1")
-    assert await guard.outside.end(row, Outcome.CANCELLED, "operator") == "ended"
+    assert await guard.external_ends.end(row, Outcome.CANCELLED, "operator") == "ended"
     history = await guard.conversations.history("conv_1")
     assert history[0]["content"] == [{"type": "text", "text": "cancel everything"}]
     assert "stopped this request" in history[-1]["content"][0]["text"]

@@ -126,10 +126,10 @@ async def test_a_cancel_naming_another_customer_or_conversation_is_refused(guard
     for customer, conversation in (("cus_attacker", "conv_v"), ("cus_victim", "conv_other"), ("", "")):
         forged = CancelTurn(turn_id="turn_v", customer_id=customer, conversation_id=conversation)
         with pytest.raises(TurnRefused, match="cancel"):
-            await guard.outside.on_cancel(forged)
+            await guard.external_ends.on_cancel(forged)
     assert (await guard.ledger.get("turn_v")).status == RUNNING
     genuine = CancelTurn(turn_id="turn_v", customer_id="cus_victim", conversation_id="conv_v", requested_by="ops@x")
-    assert await guard.outside.on_cancel(genuine) == "cancelled"
+    assert await guard.external_ends.on_cancel(genuine) == "cancelled"
 
 
 async def test_a_starts_deadline_is_the_guards_own_never_the_events(guard):

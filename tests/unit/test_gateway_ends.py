@@ -68,7 +68,7 @@ async def test_the_guards_own_ends_are_answered_from_the_loop_and_from_outside(f
     other = TURN.model_copy(update={"turn_id": "turn_h", "request_id": "req_h", "conversation_id": "conv_h"})
     await guard.starts.on_start(StartTurn(turn=other, text="hi"))
     cancel = CancelTurn(turn_id="turn_h", customer_id="cus_1001", conversation_id="conv_h")
-    assert await guard.outside.on_cancel(cancel) == "cancelled"
+    assert await guard.external_ends.on_cancel(cancel) == "cancelled"
     await guard.outbox.drain()
     assert len(guard.recorder.ends) == 2
     for end in guard.recorder.ends:

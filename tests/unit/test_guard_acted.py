@@ -11,7 +11,7 @@ from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import POLITE, Replies
 from roundtrip._guard.rules import Policy
-from roundtrip._guard.side_effects import Acts, generic
+from roundtrip._guard.side_effects import SideEffects, generic
 from roundtrip._kernel.storage import sideeffects
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire.events import (
@@ -36,7 +36,7 @@ from tests.databases import migrated
 from tests.unit.test_approvals_flow import BATCHES, CANCEL, SIGNER
 from tests.unit.test_guard_handlers import PRICES, Recorder
 
-SHOP_ACTS = Acts(SHOP.serial, SHOP.describe_action, Replies())
+SHOP_SIDE_EFFECTS = SideEffects(SHOP.serial, SHOP.describe_action, Replies())
 
 
 def use(tool_id: str, name: str, **args) -> dict:
@@ -64,15 +64,19 @@ CANCELLED = [
 
 
 def test_only_the_side_effects_that_succeeded_are_done():
-    assert SHOP_ACTS.done(CANCELLED) == ["I cancelled order ord_0000beef"]  # not the list, not the refused cancel
+    assert SHOP_SIDE_EFFECTS.done(CANCELLED) == [
+        "I cancelled order ord_0000beef"
+    ]  # not the list, not the refused cancel
     unanswered = [
         *CANCELLED,
         {"role": "assistant", "content": [use("t4", "escalate_to_human", summary="s", urgency="low")]},
     ]
-    assert SHOP_ACTS.done(unanswered) == ["I cancelled order ord_0000beef"]  # no result yet: not known to be done
+    assert SHOP_SIDE_EFFECTS.done(unanswered) == [
+        "I cancelled order ord_0000beef"
+    ]  # no result yet: not known to be done
     answered = [*unanswered, {"role": "user", "content": [result("t4", {"ticket_id": "tkt_1234abcd"})]}]
-    assert SHOP_ACTS.done(answered)[-1] == "I passed your request to our support team (ticket tkt_1234abcd)"
-    assert Acts(frozenset(), None, Replies()).done(CANCELLED) == []  # no tool declared a side effect
+    assert SHOP_SIDE_EFFECTS.done(answered)[-1] == "I passed your request to our support team (ticket tkt_1234abcd)"
+    assert SideEffects(frozenset(), None, Replies()).done(CANCELLED) == []  # no tool declared a side effect
 
 
 @pytest.mark.parametrize(
@@ -80,7 +84,7 @@ def test_only_the_side_effects_that_succeeded_are_done():
     [o for o in Outcome if o not in (Outcome.END_TURN, Outcome.CONVERSATION_REFUSED, Outcome.INVALID_REQUEST)],
 )
 def test_every_early_end_after_a_cancel_names_it_and_says_nothing_else_was_changed(outcome):
-    text = SHOP_ACTS.reply(outcome, POLITE[outcome], SHOP_ACTS.done(CANCELLED))
+    text = SHOP_SIDE_EFFECTS.reply(outcome, POLITE[outcome], SHOP_SIDE_EFFECTS.done(CANCELLED))
     assert "I cancelled order ord_0000beef" in text and "Nothing else was changed" in text
     assert POLITE[outcome] not in text  # e.g. not "Nothing was changed after the error. Please try again"
     assert "try again" not in text.lower()
@@ -89,37 +93,43 @@ def test_every_early_end_after_a_cancel_names_it_and_says_nothing_else_was_chang
 def test_the_plain_apology_when_nothing_was_done_and_the_models_answer_at_end_turn():
     nothing = CANCELLED[:3]
     assert (
-        SHOP_ACTS.reply(Outcome.MODEL_ERROR, POLITE[Outcome.MODEL_ERROR], SHOP_ACTS.done(nothing))
+        SHOP_SIDE_EFFECTS.reply(Outcome.MODEL_ERROR, POLITE[Outcome.MODEL_ERROR], SHOP_SIDE_EFFECTS.done(nothing))
         == POLITE[Outcome.MODEL_ERROR]
     )
     assert (
-        SHOP_ACTS.reply(Outcome.END_TURN, "I cancelled ord_0000beef.", SHOP_ACTS.done(CANCELLED))
+        SHOP_SIDE_EFFECTS.reply(Outcome.END_TURN, "I cancelled ord_0000beef.", SHOP_SIDE_EFFECTS.done(CANCELLED))
         == "I cancelled ord_0000beef."
     )
 
 
 def test_the_models_own_words_stay_in_front_of_what_was_done():
-    text = SHOP_ACTS.reply(
-        Outcome.MAX_TOKENS, f"I have cancelled your ord\n\n{POLITE[Outcome.MAX_TOKENS]}", SHOP_ACTS.done(CANCELLED)
+    text = SHOP_SIDE_EFFECTS.reply(
+        Outcome.MAX_TOKENS,
+        f"I have cancelled your ord\n\n{POLITE[Outcome.MAX_TOKENS]}",
+        SHOP_SIDE_EFFECTS.done(CANCELLED),
     )
     assert text.startswith("I have cancelled your ord\n\n") and "my answer was cut off" in text
 
 
 def test_generic_words_without_the_agents_or_when_they_fail():
-    plain = Acts(frozenset({"refund"}), None, Replies())
+    plain = SideEffects(frozenset({"refund"}), None, Replies())
     messages = [
         {"role": "assistant", "content": [use("r1", "refund", amount=5)]},
         {"role": "user", "content": [result("r1", "ok")]},
     ]
     assert plain.done(messages) == ["refund succeeded"]  # its input is not shown: it may carry internal keys
-    assert Acts(frozenset({"refund"}), lambda tool, args, text: None, Replies()).done(messages) == ["refund succeeded"]
-    assert Acts(frozenset({"refund"}), lambda tool, args, text: 1 / 0, Replies()).done(messages) == ["refund succeeded"]
+    assert SideEffects(frozenset({"refund"}), lambda tool, args, text: None, Replies()).done(messages) == [
+        "refund succeeded"
+    ]
+    assert SideEffects(frozenset({"refund"}), lambda tool, args, text: 1 / 0, Replies()).done(messages) == [
+        "refund succeeded"
+    ]
 
 
 def test_the_generic_words_name_the_entities_only_never_an_internal_key_or_the_raw_input():
     args = {"line_id": "ln_5550101", "idempotency_key": "turn_9f:toolu_01", "note": "x" * 300}
     assert generic("port_out", args, "", fields=("line_id",)) == "port_out succeeded (line_id=ln_5550101)"
-    acts = Acts(frozenset({"port_out"}), None, Replies(), shown={"port_out": ("line_id",)})
+    acts = SideEffects(frozenset({"port_out"}), None, Replies(), shown={"port_out": ("line_id",)})
     messages = [
         {"role": "assistant", "content": [use("p1", "port_out", **args)]},
         {"role": "user", "content": [result("p1", "ok")]},
@@ -133,7 +143,7 @@ def test_the_agents_template_per_outcome_and_its_default_word_an_early_end_after
         {"step_limit": "Zu viele Schritte."},
         {"repeated_call": "Ich habe aufgehört. Erledigt: {done}.", "default": "Abgebrochen. Erledigt: {done}."},
     )
-    acts = Acts(frozenset({"refund"}), lambda tool, args, text: f"Erstattung {args['amount']} EUR", words)
+    acts = SideEffects(frozenset({"refund"}), lambda tool, args, text: f"Erstattung {args['amount']} EUR", words)
     messages = [
         {"role": "assistant", "content": [use("r1", "refund", amount=5)]},
         {"role": "user", "content": [result("r1", "ok")]},
@@ -164,7 +174,11 @@ async def guard(tmp_path):
     recorder = Recorder()
     # max_steps=1: the first step that would call a tool ends the turn (step_limit)
     g = guard_of(
-        ledger=ledger, policy=Policy(max_steps=1, replies=Replies()), prices=PRICES, publish=recorder, acts=SHOP_ACTS
+        ledger=ledger,
+        policy=Policy(max_steps=1, replies=Replies()),
+        prices=PRICES,
+        publish=recorder,
+        side_effects=SHOP_SIDE_EFFECTS,
     )
     g.recorder = recorder
     yield g
@@ -252,7 +266,7 @@ def test_the_recorded_lines_keep_only_successful_serial_calls_each_once():
     ]
     lines = sideeffects.lines(calls, results, SHOP.registry.is_serial)
     assert [e["id"] for e in sideeffects.read(lines + lines + "not json\n")] == ["c1"]  # a redelivery appends it again
-    assert SHOP_ACTS.recorded(lines) == ["I cancelled order ord_a1000003"]
+    assert SHOP_SIDE_EFFECTS.recorded(lines) == ["I cancelled order ord_a1000003"]
     assert sideeffects.lines(calls[1:2], results[1:2], SHOP.registry.is_serial) == "" and sideeffects.read(None) == []
 
 
@@ -269,7 +283,9 @@ async def deciding(tmp_path):
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, fence = await Ledger.open(url), await Fence.open(url)
     recorder = Recorder()
-    guard = guard_of(ledger=ledger, policy=Policy(replies=Replies()), prices=PRICES, publish=recorder, acts=SHOP_ACTS)
+    guard = guard_of(
+        ledger=ledger, policy=Policy(replies=Replies()), prices=PRICES, publish=recorder, side_effects=SHOP_SIDE_EFFECTS
+    )
     await guard.starts.on_start(StartTurn(turn=ALICE, text="cancel my last order"))
     cancel = ToolCall(id="c1", name="cancel_order", input=CANCEL, fingerprint=fingerprint("cancel_order", CANCEL))
     await guard.loop.on_iteration(
@@ -298,7 +314,7 @@ async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_di
     assert (await shop.get_order("cus_1001", "ord_a1000003"))["status"] == "cancelled"
     assert await fence.claim_model_call(ALICE, 1)  # the next model call is on its way (the lease released)
     assert (
-        await guard.outside.on_cancel(
+        await guard.external_ends.on_cancel(
             CancelTurn(turn_id=ALICE.turn_id, customer_id=ALICE.customer_id, conversation_id=ALICE.conversation_id)
         )
         == "cancelled"
@@ -314,7 +330,7 @@ async def test_a_cancel_decided_while_the_cancel_runs_says_what_it_did_once_the_
     guard, fence, recorder = deciding
     assert await fence.claim_batch(ALICE, 1, lease_s=60)  # the executor runs the cancel...
     assert (
-        await guard.outside.on_cancel(
+        await guard.external_ends.on_cancel(
             CancelTurn(turn_id=ALICE.turn_id, customer_id=ALICE.customer_id, conversation_id=ALICE.conversation_id)
         )
         == "cancelling"

@@ -200,15 +200,21 @@ async def test_stuck_turns_are_flagged_then_ended_politely_once(guard):
 async def test_cancel_ends_a_running_turn_once(guard):
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     assert (
-        await guard.outside.on_cancel(CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1"))
+        await guard.external_ends.on_cancel(
+            CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1")
+        )
         == "cancelled"
     )
     assert (
-        await guard.outside.on_cancel(CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1"))
+        await guard.external_ends.on_cancel(
+            CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1")
+        )
         == "already ended"
     )
     assert (
-        await guard.outside.on_cancel(CancelTurn(turn_id="turn_nope", customer_id="cus_1001", conversation_id="conv_1"))
+        await guard.external_ends.on_cancel(
+            CancelTurn(turn_id="turn_nope", customer_id="cus_1001", conversation_id="conv_1")
+        )
         == "unknown turn"
     )
     assert guard.recorder.sent[-1][1].outcome is Outcome.CANCELLED
@@ -219,7 +225,9 @@ async def test_a_streaming_turn_ended_otherwise_than_by_the_model_has_its_text_c
     streaming = TURN.model_copy(update={"stream": True})
     await guard.starts.on_start(StartTurn(turn=streaming, text="hi"))
     assert (
-        await guard.outside.on_cancel(CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1"))
+        await guard.external_ends.on_cancel(
+            CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1")
+        )
         == "cancelled"
     )
     (cut,) = [m for t, m in guard.recorder.sent if t == topics.SUPPORT_STREAM]
@@ -231,7 +239,7 @@ async def test_a_turn_that_streams_and_ends_by_the_models_answer_or_does_not_str
     await guard.starts.on_start(StartTurn(turn=TURN.model_copy(update={"stream": True}), text="hi"))
     await guard.loop.on_iteration(iteration(1, stop_reason="end_turn").model_copy(update={"turn": TURN}))
     await guard.starts.on_start(StartTurn(turn=TURN.model_copy(update={"turn_id": "turn_2"}), text="hi"))
-    await guard.outside.on_cancel(
+    await guard.external_ends.on_cancel(
         CancelTurn(turn_id="turn_2", customer_id="cus_1001", conversation_id="conv_1")
     )  # streams by the setting only: off
     assert [m for t, m in guard.recorder.sent if t == topics.SUPPORT_STREAM] == []
@@ -267,13 +275,13 @@ async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_do
         await guard.loop.on_iteration(iteration(1, calls=[LIST]))
         assert await fence.claim_batch(TURN, 1, lease_s=30)  # an executor is running step 1's calls
         assert (
-            await guard.outside.on_cancel(
+            await guard.external_ends.on_cancel(
                 CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1")
             )
             == "cancelling"
         )
         assert (
-            await guard.outside.on_cancel(
+            await guard.external_ends.on_cancel(
                 CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1")
             )
             == "already ended"
@@ -321,7 +329,8 @@ async def test_a_stuck_turn_that_moves_before_its_grace_ends_is_not_ended(guard)
     stale = await guard.ledger.get("turn_1")
     await guard.loop.on_iteration(iteration(1, calls=[LIST]))  # progress, after the sweeper read the row
     assert (
-        await guard.outside.end(stale, Outcome.DEADLINE, "stuck", status="stuck", flagged_at=stale.flagged_at) is None
+        await guard.external_ends.end(stale, Outcome.DEADLINE, "stuck", status="stuck", flagged_at=stale.flagged_at)
+        is None
     )
     assert (await guard.ledger.get("turn_1")).status == "running"
     assert Outcome.DEADLINE not in [getattr(m, "outcome", None) for _, m in guard.recorder.sent]

@@ -1,10 +1,15 @@
-"""No default in the services' cores exists only for tests (docs/decisions/service-shell.md): every defaulted parameter
-of the five services, roundtrip.testing and the shell is passed explicitly by some call in services/ (a production
-caller that wants another value), or it is listed below with why it stays. A caller is found by the callee's name (a
-class's for `__init__`) and the parameter's keyword or position; a call with `*args`/`**kwargs` counts as passing it.
+"""No optional parameter in services/ exists only for tests (docs/decisions/service-shell.md, issue 53).
 
-The rooms not walked yet (`_cli`, `_console`, the rest of `_kernel`, `_broker`, `_simulator`, `_shop`, `_fleet`,
-`_sdk`) are outside this check for now."""
+Every parameter of a function or method in services/ that has a default, or is typed `X | None`, is checked against
+the calls in services/ (tests' calls don't count):
+- a default must be passed explicitly by some call (a production caller wants another value), else every
+  production caller takes the default and the parameter is there for tests;
+- an `X | None` must get None from some call: a literal None, the parameter left out when its default is None, or
+  an argument that may be None (a name, an attribute, a function's result: mypy follows those; this test does not).
+A caller is found by the callee's name (a class's for `__init__`) and the parameter's keyword or position; a call with
+`*args`/`**kwargs` counts as passing anything. A command's options (typer's) are set by the person typing them and
+are not checked. What remains is listed below with the production use that keeps it; `DEBT:` marks a parameter only
+tests use that is still to be removed."""
 
 from __future__ import annotations
 
@@ -16,87 +21,225 @@ from tests.syntax import parse
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ROOT / "services"
-WALKED = ("_guard", "_model", "_gate", "_executor", "_gateway", "testing", "_kernel/shell.py")
 
-PUBLIC = "the public API (roundtrip.testing): an agent author's test passes it"
-CLOCK = "a clock only tests set; still to become the core's clock port"
-BOUND = "a memory bound only tests lower, to see what happens at it"
+Call = tuple[dict[str, ast.expr], list[ast.expr], bool]
+Parameter = tuple[str, str, str, int | None, ast.expr | None, bool]
+
+PUBLIC = "the public API (roundtrip.testing): an agent author's test leaves it out or passes it"
+DECORATOR = "`@tool` and `@tool(name=..., description=...)`: an agent author writes either (the public SDK)"
+ENTRY = "an entry point: `python -m` calls main() and None reads sys.argv"
+OTEL = "OpenTelemetry's SpanProcessor interface: the SDK calls it with its own arguments"
+TOKEN = "aiokafka builds it from the import string in the settings, with no argument: None reads the environment"
+CLOCK = "DEBT: a clock only tests set; to become the core's clock port"
+TRACER = "DEBT: the tracer (or end time) only tests pass; the fleet uses the process's provider"
+BOUND = "DEBT: a bound only tests lower, to reach it in a short test; to become a setting or a constant"
+HARNESS = "DEBT: services/_broker doubles as the tests' Kafka launcher; only tests/ and the benchmarks pass it"
+ONLY_TESTS_CALL = "DEBT: a production function only tests call"
+FAKE = "DEBT: a fake only tests pass in; to become a port with an in-memory implementation in roundtrip.testing"
+BENCH = "DEBT: only the benchmarks pass it (tests/benchmarks)"
 ALLOWED = {
-    "services/testing/__init__.py:reply:stop_reason": PUBLIC,
-    "services/testing/__init__.py:run_turn:deps": PUBLIC,
-    "services/testing/__init__.py:run_turn:state_dir": PUBLIC,
-    "services/testing/__init__.py:run_turn:approve": PUBLIC,
-    "services/testing/__init__.py:run_turn:persona": PUBLIC,
-    "services/_model/capacity.py:Capacity:slow_start": "off in a plain loop around the SDK (the baseline)",
-    "services/_model/capacity.py:Capacity:clock": CLOCK,
-    "services/_model/capacity.py:Capacity:rng": "the jitter's random source; a test seeds it",
+    "services/_broker/embedded.py:die_with_parent_preexec:sig": HARNESS,
+    "services/_broker/embedded.py:kafka_libs_dir:cache": HARNESS,
+    "services/_broker/embedded.py:kafka_libs_dir:version": HARNESS,
+    "services/_broker/embedded.py:main:argv": ENTRY,
+    "services/_broker/embedded.py:wait_ready_async:timeout": HARNESS,
+    "services/_broker/secured.py:client_security:password": HARNESS,
+    "services/_broker/secured.py:client_security:user": HARNESS,
+    "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
+    "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
+    "services/_cli/live_order.py:StepOrder:clock": CLOCK,
+    "services/_cli/live_order.py:StepOrder:hold_s": BOUND,
+    "services/_console/auth.py:Refusals:window_s": BOUND,
+    "services/_fleet/launcher.py:_wait_services:timeout": BOUND,
+    "services/_fleet/launcher.py:restart:env": BENCH,
     "services/_gate/authorization.py:OwnershipCache:clock": CLOCK,
-    "services/_guard/conversations.py:open_turn:now": CLOCK,
-    "services/_guard/conversations.py:close_turn_with_reply:now": CLOCK,
-    "services/_guard/ledger.py:await_approval:now": CLOCK,
-    "services/_guard/ledger.py:advance:now": CLOCK,
-    "services/_guard/sweeper.py:sweep:now": CLOCK,
     "services/_gate/authorization.py:OwnershipCache:max_entries": BOUND,
-    "services/_gate/recorded.py:RecordedTurns:remembered": BOUND,
-    "services/_gateway/intake.py:SeenRequests:capacity": BOUND,
-    "services/_guard/loop.py:StepClock:limit": BOUND,
-    "services/_guard/retention.py:Retention:batch": "rows per delete; a test makes several batches of a few rows",
-    "services/_guard/retention.py:Retention:max_batches": "deletes per sweep; a test stops early",
-    "services/_guard/approvals.py:_shown:limit": "how many ids a log line shows",
-    "services/_guard/ledger.py:outbox:limit": "rows per republish; the console reads fewer",
-    "services/_guard/outbox.py:republish_all:timeout": "the start-up republish's bound; a test waits less",
-    "services/_guard/outbox.py:Bounded:timeout": "the same bound, per row",
+    "services/_guard/conversations.py:close_turn:now": CLOCK,
+    "services/_guard/conversations.py:open_turn:now": CLOCK,
+    "services/_guard/ledger.py:advance:now": CLOCK,
+    "services/_guard/ledger.py:outbox:limit": BOUND,
+    "services/_guard/retention.py:Retention:max_batches": BOUND,
+    "services/_guard/sweeper.py:sweep:now": CLOCK,
+    "services/_kernel/kafka/admin.py:wait_for_broker:timeout": ONLY_TESTS_CALL,
+    "services/_kernel/kafka/consumer.py:KeyOrderedConsumer:drain_timeout_s": BOUND,
+    "services/_kernel/kafka/dedupe.py:SeenIds:clock": CLOCK,
+    "services/_kernel/migrations/schema.py:upgrade:to": "DEBT: the revision to stop at; only migration tests pass one",
+    "services/_kernel/observability/telemetry.py:consuming:using": TRACER,
+    "services/_kernel/observability/telemetry.py:force_flush:timeout_millis": OTEL,
+    "services/_kernel/observability/telemetry.py:on_start:parent_context": OTEL,
+    "services/_kernel/observability/telemetry.py:publishing:using": TRACER,
+    "services/_kernel/observability/telemetry.py:record_turn_span:end_time": TRACER,
+    "services/_kernel/observability/telemetry.py:record_turn_span:using": TRACER,
+    "services/_kernel/storage/ledger_reads.py:line:now": CLOCK,
+    "services/_kernel/storage/turnstore.py:claim_model_call:now": CLOCK,
+    "services/_kernel/storage/turnstore.py:wait_for_capacity:now": CLOCK,
+    "services/_model/capacity.py:Capacity:clock": CLOCK,
+    "services/_model/capacity.py:Capacity:rng": FAKE,
+    "services/_model/capacity.py:Capacity:slow_start": BENCH,
+    "services/_sdk/functions.py:tool:description": DECORATOR,
+    "services/_sdk/functions.py:tool:fn": DECORATOR,
+    "services/_sdk/functions.py:tool:name": DECORATOR,
+    "services/_sdk/mcp.py:McpMount:connect": FAKE,
+    "services/_shop/agent/client.py:ShopClient:transport": FAKE,
+    "services/_shop/app.py:main:argv": ENTRY,
+    "services/_shop/db.py:count_escalations:customer_id": ONLY_TESTS_CALL,
+    "services/_simulator/__main__.py:main:argv": ENTRY,
+    "services/_simulator/overload.py:Overload:clock": CLOCK,
+    "services/_simulator/ratelimits.py:RateLimits:clock": CLOCK,
+    "services/_simulator/ratelimits.py:RateLimits:wall": CLOCK,
+    "services/_simulator/usage.py:PromptCache:clock": CLOCK,
+    "services/testing/__init__.py:reply:stop_reason": PUBLIC,
+    "services/testing/__init__.py:run_turn:approve": PUBLIC,
+    "services/testing/__init__.py:run_turn:deps": PUBLIC,
+    "services/testing/__init__.py:run_turn:persona": PUBLIC,
+    "services/testing/__init__.py:run_turn:state_dir": PUBLIC,
 }
 
+# Expressions that are never None: a literal, a class built, arithmetic, a comparison, a container, a lambda.
+_NEVER_NONE = (
+    ast.JoinedStr,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Compare,
+    ast.List,
+    ast.Tuple,
+    ast.Dict,
+    ast.Set,
+    ast.Lambda,
+    ast.ListComp,
+    ast.DictComp,
+    ast.SetComp,
+    ast.GeneratorExp,
+)
 
-def _calls_and_defaults() -> tuple[dict[str, list[tuple[set[str], int, bool]]], list[tuple[str, str, str, int | None]]]:
-    calls: dict[str, list[tuple[set[str], int, bool]]] = defaultdict(list)
-    defaulted: list[tuple[str, str, str, int | None]] = []
+
+_RUNNERS = ("to_thread", "run_in_executor")
+
+
+def _may_be_none(value: ast.expr) -> bool:
+    if isinstance(value, ast.Constant):
+        return value.value is None
+    if isinstance(value, _NEVER_NONE):
+        return False
+    if isinstance(value, ast.Call):
+        func = value.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        return not name[:1].isupper()
+    return True
+
+
+def _name(func: ast.expr) -> str:
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _is_command_registration(func: ast.expr) -> bool:
+    return isinstance(func, ast.Call) and _name(func.func) in ("command", "callback")
+
+
+def _walk() -> tuple[dict[str, list[Call]], list[Parameter], set[str]]:
+    calls: dict[str, list[Call]] = defaultdict(list)
+    parameters: list[Parameter] = []
+    commands: set[str] = set()
     for path in sorted(SERVICES.rglob("*.py")):
         relative = str(path.relative_to(ROOT))
-        walked = any(relative.startswith(f"services/{room}") for room in WALKED)
         tree = parse(path.read_text(), relative)
+        for owner in ast.walk(tree):
+            if isinstance(owner, ast.ClassDef):  # `cls(...)` in a classmethod builds the class
+                for call in ast.walk(owner):
+                    if isinstance(call, ast.Call) and _name(call.func) == "cls":
+                        calls[owner.name].append(({k.arg: k.value for k in call.keywords if k.arg}, call.args, False))
         for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _name(node.func) in _RUNNERS and node.args:  # to_thread(f, *args)
+                head, *rest = node.args[_name(node.func) == "run_in_executor" :]
+                calls[_name(head)].append(({k.arg: k.value for k in node.keywords if k.arg}, rest, False))
             if isinstance(node, ast.Call):
-                func = node.func
-                name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+                if _is_command_registration(node.func) or _name(node.func).endswith("Validator"):
+                    commands.update(_name(a) for a in node.args)
                 spread = any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords)
-                calls[name].append(({k.arg for k in node.keywords if k.arg}, len(node.args), spread))
-            if walked and isinstance(node, ast.ClassDef | ast.Module):
+                calls[_name(node.func)].append(({k.arg: k.value for k in node.keywords if k.arg}, node.args, spread))
+            if isinstance(node, ast.ClassDef | ast.Module):
                 for child in node.body:
                     if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                        defaulted += _defaulted(relative, child, node)
-    return calls, defaulted
+                        if any(_is_command_registration(d) for d in child.decorator_list):
+                            commands.add(child.name)
+                        if not _called_by_a_library(child):
+                            parameters += _optional(relative, child, node)
+    return calls, parameters, commands
 
 
-def _defaulted(
+def _called_by_a_library(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Python's protocols (`__exit__`) and pydantic's validators: their caller passes every parameter."""
+    dunder = function.name.startswith("__") and function.name != "__init__"
+    return dunder or any("validator" in ast.unparse(d) for d in function.decorator_list)
+
+
+def _optional(
     relative: str, function: ast.FunctionDef | ast.AsyncFunctionDef, owner: ast.ClassDef | ast.Module
-) -> list[tuple[str, str, str, int | None]]:
+) -> list[Parameter]:
     method = isinstance(owner, ast.ClassDef)
     name = owner.name if isinstance(owner, ast.ClassDef) and function.name == "__init__" else function.name
     static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in function.decorator_list)
     shift = 1 if method and not static else 0
     args = function.args
     positional = args.posonlyargs + args.args
-    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-    pairs = enumerate(zip(positional, defaults, strict=True))
-    found = [(relative, name, a.arg, i - shift) for i, (a, d) in pairs if d is not None]
-    found += [(relative, name, a.arg, None) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    found: list[Parameter] = []
+    for i, (a, d) in enumerate(zip(positional, defaults, strict=True)):
+        found.append((relative, name, a.arg, i - shift, d, _optional_type(a.annotation)))
+    for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        found.append((relative, name, a.arg, None, d, _optional_type(a.annotation)))
+    return [f for f in found if f[4] is not None or f[5]]
+
+
+def _optional_type(annotation: ast.expr | None) -> bool:
+    """`X | None` or `Optional[X]`, also inside `Annotated[...]`; `Callable[[], None]` is not."""
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    if isinstance(annotation, ast.Subscript) and _name(annotation.value) in ("Annotated", "Optional"):
+        if _name(annotation.value) == "Optional":
+            return True
+        inner = annotation.slice
+        return _optional_type(inner.elts[0] if isinstance(inner, ast.Tuple) else inner)
+    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
+        return any(_optional_type(side) for side in (annotation.left, annotation.right))
+    return isinstance(annotation, ast.Constant) and annotation.value is None
+
+
+def _passed(call: Call, parameter: str, index: int | None) -> ast.expr | None:
+    keywords, positional, _ = call
+    if parameter in keywords:
+        return keywords[parameter]
+    if index is not None and index >= 0 and len(positional) > index:
+        return positional[index]
+    return None
+
+
+def _test_shaped() -> list[str]:
+    calls, parameters, commands = _walk()
+    found = []
+    for relative, name, parameter, index, default, optional in parameters:
+        if name in commands or (default is not None and "typer." in ast.unparse(default)):
+            continue
+        callers = calls.get(name, [])
+        spread = any(c[2] for c in callers)
+        passed = [_passed(c, parameter, index) for c in callers]
+        explicit = [p for p in passed if p is not None]
+        why = []
+        if default is not None and not explicit and not spread:
+            why.append("default")
+        none_default = isinstance(default, ast.Constant) and default.value is None
+        left_out = len(explicit) < len(passed)
+        if optional and not (spread or any(map(_may_be_none, explicit)) or (none_default and left_out)):
+            why.append("none")
+        if why:
+            found.append(f"{relative}:{name}:{parameter}")
     return found
 
 
-def test_every_default_has_a_production_caller_that_passes_it_or_says_why_it_stays():
-    calls, defaulted = _calls_and_defaults()
-    uncalled = []
-    for relative, name, parameter, index in defaulted:
-        passed = any(
-            parameter in keywords or spread or (index is not None and positional > index)
-            for keywords, positional, spread in calls.get(name, [])
-        )
-        if not passed:
-            uncalled.append(f"{relative}:{name}:{parameter}")
-    assert not (unlisted := sorted(set(uncalled) - set(ALLOWED))), (
-        "defaults no production call passes (make them required, or list them in ALLOWED with why they stay):\n  "
-        + "\n  ".join(unlisted)
+def test_every_optional_parameter_has_a_production_caller_that_uses_it_or_says_why_it_stays():
+    found = _test_shaped()
+    assert not (unlisted := sorted(set(found) - set(ALLOWED))), (
+        "optional parameters no production call uses (make them required, or list them in ALLOWED with why they "
+        "stay):\n  " + "\n  ".join(unlisted)
     )
-    assert not (stale := sorted(set(ALLOWED) - set(uncalled))), f"ALLOWED lists defaults a caller passes now: {stale}"
+    assert not (stale := sorted(set(ALLOWED) - set(found))), f"ALLOWED lists parameters a caller uses now: {stale}"

@@ -81,6 +81,9 @@ async def _partition_counts(
         await asyncio.sleep(0.05)
 
 
+ENSURE_TIMEOUT_S = 30.0  # per admin request of creating or growing the topics
+
+
 async def ensure_topics(
     bootstrap: KafkaClients | str,
     prefix: str = "",
@@ -89,12 +92,10 @@ async def ensure_topics(
     replication_factor: int = 1,
     *,
     min_insync_replicas: int | None = None,
-    grow: bool = True,
-    timeout: float = 30.0,
 ) -> TopicsReport:
     durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
     wanted = desired_topics(prefix, partitions, executor_partitions)
-    report = TopicsReport()
+    report, timeout = TopicsReport(), ENSURE_TIMEOUT_S
     admin = _admin(bootstrap, int(timeout * 1000))
     await admin.start()
     try:
@@ -111,7 +112,7 @@ async def ensure_topics(
             raise KafkaError(f"topics not available after {timeout:.0f}s: {', '.join(missing_now)}")
         await _raise_message_limits(admin, [n for n in report.existing if topic_configs(n, prefix)], prefix)
         to_grow = {n: NewPartitions(wanted[n]) for n in report.existing if counts[n] < wanted[n]}
-        if grow and to_grow:
+        if to_grow:
             await admin.create_partitions(to_grow, timeout_ms=int(timeout * 1000))
             report.grown = sorted(to_grow, key=list(wanted).index)
             await _partition_counts(admin, report.grown, timeout, at_least=wanted)
@@ -302,12 +303,14 @@ async def _retrying(call: Callable[[], Awaitable[Any]], timeout: float) -> Any:
             await asyncio.sleep(0.2)
 
 
-async def consumer_lag(
-    bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None, timeout: float = 10.0
-) -> list[GroupLag]:
+LAG_TIMEOUT_S = 10.0  # per admin request of `roundtrip lag`
+
+
+async def consumer_lag(bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None) -> list[GroupLag]:
     """Lag per partition and members of the fleet's groups on `prefix`'s topics (another fleet's are not shown).
     The topology's groups are shown even before they exist: a group that never committed lags from the log's start.
     """
+    timeout = LAG_TIMEOUT_S
     from aiokafka import TopicPartition
 
     wire = {prefix + name for name in topology.topic_names()}

@@ -86,9 +86,7 @@ def copy_of(letter: DeadLettered) -> Record:
     return Record(value, key, headers)
 
 
-async def read_record(
-    settings: Settings, topic: str, partition: int, offset: int, timeout_s: float = READ_TIMEOUT_S
-) -> Record | None:
+async def read_record(settings: Settings, topic: str, partition: int, offset: int) -> Record | None:
     """The record at `offset` of `topic`'s `partition` as Kafka keeps it, committed records only; None when it is not
     there (retention passed it, an aborted transaction's, never written). LettersAway when Kafka cannot be read."""
     consumer = kafka_clients(settings).consumer(
@@ -99,7 +97,7 @@ async def read_record(
         fetch_max_bytes=DEAD_LETTER_MAX_BYTES,
     )
     try:
-        return await asyncio.wait_for(_read_one(consumer, topic, partition, offset), timeout_s)
+        return await asyncio.wait_for(_read_one(consumer, topic, partition, offset), READ_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - Kafka away: said in one line
         why = f"{type(exc).__name__}: {exc}"
         raise LettersAway(f"the record {topic}[{partition}]@{offset} cannot be read from Kafka ({why})"[:400]) from None

@@ -193,9 +193,12 @@ async def rescue_until_done(
             delay = min(delay * 2, 30.0)
 
 
-def shortened(exc: BaseException, limit: int = 300) -> str:
+SHORTENED = 300  # characters of an error a log line keeps
+
+
+def shortened(exc: BaseException) -> str:
     try:
         text = str(exc)
     except Exception:  # noqa: BLE001 - even str() of an exception can fail
         text = "<unprintable>"
-    return text if len(text) <= limit else text[:limit] + "…"
+    return text if len(text) <= SHORTENED else text[:SHORTENED] + "…"
