@@ -39,8 +39,8 @@ FAKE = "DEBT: a fake only tests pass in; to become a port with an in-memory impl
 BENCH = "DEBT: only the benchmarks pass it (tests/benchmarks)"
 ALLOWED = {
     "services/_broker/embedded.py:die_with_parent_preexec:sig": HARNESS,
-    "services/_broker/embedded.py:kafka_libs_dir:cache": HARNESS,
-    "services/_broker/embedded.py:kafka_libs_dir:version": HARNESS,
+    "services/_broker/jars.py:kafka_libs_dir:cache": HARNESS,
+    "services/_broker/jars.py:kafka_libs_dir:version": HARNESS,
     "services/_broker/embedded.py:main:argv": ENTRY,
     "services/_broker/embedded.py:wait_ready_async:timeout": HARNESS,
     "services/_broker/secured.py:client_security:password": HARNESS,
