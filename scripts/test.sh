@@ -3,9 +3,9 @@
 # manual (mkdocs, strict), builds the real Jaeger v2 and promtool once if missing (scripts/jaeger.sh and
 # scripts/promtool.sh, cached), and runs the whole test suite: unit, integration (real Kafka, real PostgreSQL), e2e
 # (the fleet as processes, a real Jaeger) and chaos.
-# Usage: scripts/test.sh                  the whole suite, as two pytest runs side by side (below)
+# Usage: scripts/test.sh                  the whole suite, as three pytest runs side by side (below)
 #        scripts/test.sh [pytest args]    one pytest run, e.g. scripts/test.sh tests/integration -x
-# Exit code: pytest's (including 5, "no tests collected"); of the two runs, the first that failed.
+# Exit code: pytest's (including 5, "no tests collected"); of the three runs, the first that failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -43,29 +43,34 @@ if [ $# -gt 0 ]; then
   exec .venv/bin/python -m pytest -q -rs "$@"
 fi
 
-# The whole suite as two pytest runs side by side: most of an e2e or chaos test is waiting (for a simulated model's
-# latency, a deadline, a broker coming back), so two halves on two cores take about the time of the longer one.
-# Each run has its own broker, fleet and temporary folders (every port is a free one), so they share nothing.
+# The whole suite as three pytest runs side by side: most of an e2e or chaos test is waiting (for a simulated model's
+# latency, a deadline, a broker coming back), and the unit tier is short and busy, so three runs on two cores take
+# about the time of the longest (integration and chaos). Each run has its own broker, fleet and temporary folders
+# (every port is a free one), so they share nothing.
 # -rs lists every skip with its reason; in CI (CI=true) a skip fails the run but the Jaeger tests' when Go is
 # unusable (tests/ci_skips.py).
-# The first half reports here as it goes; the second writes its log and is shown when it ends.
-halves=("tests/unit tests/integration tests/chaos" "tests/e2e")
-work=$(mktemp -d -t roundtrip-tests.XXXXXX)  # each half's own --basetemp, and the second half's log
-log=$work/second-half.log
+# The first run reports here as it goes; the others write their logs, shown when they end.
+runs=("tests/integration tests/chaos" "tests/e2e" "tests/unit")
+work=$(mktemp -d -t roundtrip-tests.XXXXXX)  # each run's own --basetemp and log
 started=$SECONDS
-echo "==> pytest, two halves side by side: [${halves[0]}] here, [${halves[1]}] into $log (shown when it ends)"
-# shellcheck disable=SC2086  # each half is a list of folders
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider --basetemp "$work/second" ${halves[1]} >"$log" 2>&1 &
-second=$!
+echo "==> pytest, three runs side by side: [${runs[0]}] here, [${runs[1]}] and [${runs[2]}] into $work (shown when they end)"
+pids=()
+for i in 1 2; do
+  # shellcheck disable=SC2086  # each run is a list of folders
+  .venv/bin/python -m pytest -q -rs -p no:cacheprovider --basetemp "$work/run$i" ${runs[$i]} >"$work/run$i.log" 2>&1 &
+  pids+=($!)
+done
 set +e
 # shellcheck disable=SC2086
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider --basetemp "$work/first" ${halves[0]}
-first_rc=$?
-echo "==> [${halves[0]}] exited $first_rc after $((SECONDS - started)) s; waiting for [${halves[1]}]"
-wait "$second"
-second_rc=$?
+.venv/bin/python -m pytest -q -rs -p no:cacheprovider --basetemp "$work/run0" ${runs[0]}
+rc=$?
+echo "==> [${runs[0]}] exited $rc after $((SECONDS - started)) s"
+for i in 1 2; do
+  wait "${pids[$((i - 1))]}"
+  run_rc=$?
+  echo "==> [${runs[$i]}] exited $run_rc after $((SECONDS - started)) s; its output:"
+  cat "$work/run$i.log"
+  [ "$rc" -eq 0 ] && rc=$run_rc
+done
 set -e
-echo "==> [${halves[1]}] exited $second_rc after $((SECONDS - started)) s; its output:"
-cat "$log"
-[ "$first_rc" -ne 0 ] && exit "$first_rc"
-exit "$second_rc"
+exit "$rc"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from aiokafka.errors import KafkaError
+
 from roundtrip._kernel.wire import topology
 
 
@@ -63,7 +65,13 @@ async def read_to_end(consumer: Any, partitions: list[Any]) -> None:
 async def _committed_past(admin: Any, group: str, topic: str, marks: dict[tuple[str, int], int]) -> None:
     wanted = {p: o for (t, p), o in marks.items() if t == topic}
     while True:
-        offsets = await admin.list_consumer_group_offsets(group)
+        try:
+            offsets = await admin.list_consumer_group_offsets(group)
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            await asyncio.sleep(0.5)  # poll interval: a broker down (for good) until the admin's metadata drops it
+            continue
         committed = {tp.partition: m.offset for tp, m in offsets.items() if tp.topic == topic}
         if all(committed.get(p, -1) >= o for p, o in wanted.items()):
             return

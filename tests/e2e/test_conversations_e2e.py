@@ -19,6 +19,7 @@ from roundtrip._guard.conversations import Conversations
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import Outcome
 from roundtrip._shop import db as shop_db
+from roundtrip._shop import demo_data
 
 CARRIERS = (topics.MODEL_CALLS, topics.ITERATIONS, topics.TOOL_CALLS, topics.TOOL_BATCHES)
 
@@ -107,13 +108,13 @@ async def _seed_bulk_customer(settings, customer: str, orders: int = 20, items: 
                 [{"customer_id": customer, "name": "Bulk Buyer", "email": f"{customer}@example.com"}],
             )
             rows = [
-                shop_db._order(
+                demo_data._order(
                     f"ord_{customer[-6:]}{n:04d}",
                     customer,
                     "delivered",
                     f"2026-0{1 + n % 9}-1{n % 10}T10:00:00",
                     [
-                        shop_db._item(
+                        demo_data._item(
                             f"SKU-{n}-{i}", f"Item {i} of order {n}: " + "a very long product name " * 9, 1, 1000 + i
                         )
                         for i in range(items)

@@ -16,6 +16,7 @@ from sqlalchemy import insert, select
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import Outcome
 from roundtrip._shop import db as shop_db
+from roundtrip._shop import demo_data
 
 
 def executed(client, request_id: str, tool: str) -> int:
@@ -141,12 +142,12 @@ async def _customer_with_one_cancellable_order(settings) -> tuple[str, str]:
             await conn.execute(
                 insert(shop_db.customers), [{"customer_id": customer, "name": "Dee Plicate", "email": "d@example.com"}]
             )
-            item = [shop_db._item("SKU-DUP", "Twin socks", 1, 1200)]
+            item = [demo_data._item("SKU-DUP", "Twin socks", 1, 1200)]
             await conn.execute(
                 insert(shop_db.orders),
                 [
-                    shop_db._order(pending, customer, "pending", "2026-11-30T10:00:00", item),
-                    shop_db._order(delivered, customer, "delivered", "2026-10-01T10:00:00", item),
+                    demo_data._order(pending, customer, "pending", "2026-11-30T10:00:00", item),
+                    demo_data._order(delivered, customer, "delivered", "2026-10-01T10:00:00", item),
                 ],
             )
     finally:
