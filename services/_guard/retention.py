@@ -13,11 +13,10 @@ import logging
 import time
 from typing import Any, cast
 
-from sqlalchemy import String, any_, bindparam, delete, func, select
+from sqlalchemy import String, any_, bindparam, delete, select
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from roundtrip._guard.ledger import PENDING
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.settings import Settings
@@ -31,8 +30,6 @@ BATCH = 500  # turns per delete transaction (well inside SQLite's limit of bound
 PAUSE_S = 0.02  # between two batches: the hot path's statements go first
 MAX_BATCHES = 10  # per pass
 SIZE_EVERY_S = 60.0
-
-_WAITING = select(func.count(), func.min(approvals.c.requested_at)).where(approvals.c.status == PENDING)
 
 
 def _among_ids(column: Any, postgres: bool) -> Any:
@@ -87,12 +84,12 @@ class Retention:
 
     async def measure(self, now: float | None = None) -> LedgerSize:
         size = await self.size()
+        now = now or time.time()
         metrics.ledger_rows.set(size.rows)
-        age = 0.0 if size.oldest_ended_at is None else max(0.0, (now or time.time()) - size.oldest_ended_at)
-        metrics.ledger_oldest_ended.set(age)
-        waiting, oldest = await self.store._run(lambda conn: conn.execute(_WAITING).one())
+        metrics.ledger_oldest_ended.set(0.0 if size.oldest_ended_at is None else max(0.0, now - size.oldest_ended_at))
+        waiting, oldest = await self.store.approvals_waiting()
         metrics.approvals_waiting.set(waiting)
-        metrics.approval_oldest_wait.set(0.0 if oldest is None else max(0.0, (now or time.time()) - oldest))
+        metrics.approval_oldest_wait.set(0.0 if oldest is None else max(0.0, now - oldest))
         return size
 
 

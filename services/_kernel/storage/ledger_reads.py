@@ -48,6 +48,7 @@ _GET = select(turns).where(turns.c.turn_id == bindparam("b_turn_id"))
 _OLDEST = select(func.min(turns.c.ended_at))
 _COUNT = select(func.count()).select_from(turns)
 _ESTIMATE = text("SELECT reltuples::bigint FROM pg_class WHERE relname = 'turns'")
+_WAITING = select(func.count(), func.min(approvals.c.requested_at)).where(approvals.c.status == PENDING)
 
 
 @dataclass
@@ -208,6 +209,11 @@ class TurnReads(TurnStore):
             return LedgerSize(int(conn.execute(_COUNT).scalar_one()), oldest)
 
         return await self._run(read)
+
+    async def approvals_waiting(self) -> tuple[int, float | None]:
+        """How many approvals wait for a person's decision, and when the oldest of them was asked (None: none)."""
+        count, oldest = await self._run(lambda conn: conn.execute(_WAITING).one())
+        return int(count), oldest
 
 
 class ConversationReads(TurnStore):
