@@ -12,7 +12,6 @@ import json
 import math
 import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -26,7 +25,7 @@ from starlette.routing import Route
 from . import controls, personas, platforms, streaming
 from .batches import Batches
 from .engine import respond
-from .errors import ApiError, invalid
+from .errors import ApiError, authenticate, error_response, header_number, invalid, new_request_id
 from .overload import Overload
 from .platforms import Platform
 from .ratelimits import RateLimits
@@ -86,9 +85,9 @@ class _State:
         return messages
 
     async def _message(self, request: Request, platform: Platform | None = None) -> Response:
-        request_id = _request_id()
+        request_id = new_request_id()
         try:
-            platform.authenticate(request) if platform else _authenticate(request)
+            platform.authenticate(request) if platform else authenticate(request)
             body = await _json_body(request)
             if platform:
                 body = platform.body(request, body)
@@ -107,7 +106,7 @@ class _State:
                 message = respond(body, persona, self.cache, scripted)
                 call.produced(message["usage"]["output_tokens"])
         except ApiError as error:
-            return (platform.error if platform else _error_response)(error, request_id)
+            return (platform.error if platform else error_response)(error, request_id)
         self.served += 1
         if platform:
             self.by_platform[platform.name] = self.by_platform.get(platform.name, 0) + 1
@@ -134,13 +133,13 @@ class _State:
         return respond(body, persona, self.cache, scripted)
 
     async def count_tokens(self, request: Request) -> Response:
-        request_id = _request_id()
+        request_id = new_request_id()
         try:
-            _authenticate(request)
+            authenticate(request)
             body = await _json_body(request)
             validate_count_tokens(body)
         except ApiError as error:
-            return _error_response(error, request_id)
+            return error_response(error, request_id)
         return JSONResponse({"input_tokens": estimate_tokens(prompt_of(body))}, headers={"request-id": request_id})
 
     async def health(self, request: Request) -> Response:
@@ -216,21 +215,7 @@ def create_app(
 async def _http_error(request: Request, exc: Exception) -> Response:
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     message = "Not found" if status == 404 else str(getattr(exc, "detail", "")) or "error"
-    return _error_response(ApiError(status, message), _request_id())
-
-
-def _request_id() -> str:
-    return f"req_sim_{uuid.uuid4().hex[:24]}"
-
-
-def _error_response(error: ApiError, request_id: str) -> Response:
-    headers = {"request-id": request_id, **error.headers}
-    return JSONResponse(error.body(request_id), status_code=error.status, headers=headers)
-
-
-def _authenticate(request: Request) -> None:
-    if not request.headers.get("x-api-key") and not request.headers.get("authorization"):
-        raise ApiError(401, "x-api-key header is required")
+    return error_response(ApiError(status, message), new_request_id())
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -255,21 +240,8 @@ def _persona(wanted: str, body: dict[str, Any], state: _State) -> str:
         ) from None
 
 
-def _number(request: Request, header: str, default: float) -> float:
-    value = request.headers.get(header)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise invalid(f"{header}: expected a number, got {value!r}") from None
-    if number < 0 or math.isnan(number):
-        raise invalid(f"{header}: expected a non-negative number, got {value!r}")
-    return number
-
-
 def _latency_s(request: Request, state: _State) -> float:
-    latency = _number(request, LATENCY_HEADER, state.latency_ms)
+    latency = header_number(request, LATENCY_HEADER, state.latency_ms)
     if latency > 0 and state.latency_jitter:
         latency *= state.rng.uniform(1 - state.latency_jitter, 1 + state.latency_jitter)
     return max(0.0, latency / 1000)
@@ -280,15 +252,15 @@ async def _fault(request: Request, state: _State, streamed: bool = False) -> str
     raises as it goes (`529-midstream`) is returned."""
     fault = request.headers.get(FAULT_HEADER, "").strip().lower()
     if fault:
-        attempt = _number(request, "x-stainless-retry-count", 0)  # 0 on the first try, 1 on the first retry...
-        if attempt >= _number(request, FAULT_ATTEMPTS_HEADER, math.inf):
+        attempt = header_number(request, "x-stainless-retry-count", 0)  # 0 on the first try, 1 on the first retry...
+        if attempt >= header_number(request, FAULT_ATTEMPTS_HEADER, math.inf):
             fault = ""
     elif state.fault_rate and state.rng.random() < state.fault_rate:
         fault = "529"
     if not fault:
         return ""
     if fault == "timeout":
-        await _sleep_unless_disconnected(request, _number(request, FAULT_DELAY_HEADER, DEFAULT_TIMEOUT_FAULT_S))
+        await _sleep_unless_disconnected(request, header_number(request, FAULT_DELAY_HEADER, DEFAULT_TIMEOUT_FAULT_S))
         return ""
     if fault == streaming.MIDSTREAM_FAULT:
         if streamed:
@@ -298,7 +270,7 @@ async def _fault(request: Request, state: _State, streamed: bool = False) -> str
         known = ", ".join([*FAULTS, "timeout", streaming.MIDSTREAM_FAULT])
         raise invalid(f"{FAULT_HEADER}: unknown fault {fault!r}; expected one of {known}")
     status, message = FAULTS[fault]
-    retry_after_ms = _number(request, RETRY_AFTER_HEADER, state.retry_after_ms)
+    retry_after_ms = header_number(request, RETRY_AFTER_HEADER, state.retry_after_ms)
     headers = {"retry-after-ms": f"{retry_after_ms:g}", "retry-after": str(max(1, math.ceil(retry_after_ms / 1000)))}
     raise ApiError(status, message, headers=headers)
 

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .errors import ApiError, invalid
+from .errors import ApiError, authenticate, error_response, header_number, invalid, new_request_id
 
 DELAY_HEADER = "x-roundtrip-batch-delay-ms"
 ERRORED_HEADER = "x-roundtrip-batch-errored"
@@ -91,14 +91,14 @@ class Batches:
 
     async def create(self, request: Request) -> Response:
         try:
-            _authenticate(request)
+            authenticate(request)
             body = json.loads(await request.body())
             requests = _requests(body)
-            delay_ms = _non_negative(request, DELAY_HEADER, self._delay_ms)
+            delay_ms = header_number(request, DELAY_HEADER, self._delay_ms)
         except ValueError as exc:
-            return _error(invalid(f"There was an error parsing the body of your request: {exc}"))
+            return _refused(invalid(f"There was an error parsing the body of your request: {exc}"))
         except ApiError as error:
-            return _error(error)
+            return _refused(error)
         for item in requests:
             self.submissions[item["custom_id"]] = self.submissions.get(item["custom_id"], 0) + 1
         batch = Batch(
@@ -117,18 +117,18 @@ class Batches:
         try:
             batch = self._found(request)
         except ApiError as error:
-            return _error(error)
+            return _refused(error)
         await self._settle(batch)
         return JSONResponse(batch.view(_base(request)))
 
     async def list(self, request: Request) -> Response:
         try:
-            _authenticate(request)
+            authenticate(request)
             limit = int(request.query_params.get("limit", "20"))
         except ValueError:
-            return _error(invalid("limit: expected an integer"))
+            return _refused(invalid("limit: expected an integer"))
         except ApiError as error:
-            return _error(error)
+            return _refused(error)
         newest = list(reversed(self._batches.values()))
         after, before = request.query_params.get("after_id"), request.query_params.get("before_id")
         ids = [b.id for b in newest]
@@ -153,7 +153,7 @@ class Batches:
         try:
             batch = self._found(request)
         except ApiError as error:
-            return _error(error)
+            return _refused(error)
         if batch.ended_at is None and batch.cancel_initiated_at is None:
             batch.cancel_initiated_at = datetime.now(UTC)
         view = batch.view(_base(request))
@@ -167,7 +167,7 @@ class Batches:
             if batch.ended_at is None:
                 raise invalid(f"Batch {batch.id} cannot be deleted while it is in progress; cancel it first.")
         except ApiError as error:
-            return _error(error)
+            return _refused(error)
         del self._batches[batch.id]
         return JSONResponse({"id": batch.id, "type": "message_batch_deleted"})
 
@@ -178,7 +178,7 @@ class Batches:
             if batch.ended_at is None:
                 raise invalid(f"Batch {batch.id} has not finished processing; its results are not available yet.")
         except ApiError as error:
-            return _error(error)
+            return _refused(error)
         lines = "".join(json.dumps(result) + "\n" for result in batch.results)
         return StreamingResponse(iter([lines.encode()]), media_type="application/binary")
 
@@ -192,7 +192,7 @@ class Batches:
         )
 
     def _found(self, request: Request) -> Batch:
-        _authenticate(request)
+        authenticate(request)
         batch_id = request.path_params["batch_id"]
         if batch_id not in self._batches:
             raise ApiError(404, f"Message batch {batch_id!r} not found.")
@@ -259,24 +259,6 @@ def _ids(request: Request, header: str) -> set[str]:
     return {part.strip() for part in request.headers.get(header, "").split(",") if part.strip()}
 
 
-def _non_negative(request: Request, header: str, default: float) -> float:
-    raw = request.headers.get(header)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise invalid(f"{header}: expected a number, got {raw!r}") from None
-    if not value >= 0:
-        raise invalid(f"{header}: expected a non-negative number, got {raw!r}")
-    return value
-
-
-def _authenticate(request: Request) -> None:
-    if not request.headers.get("x-api-key") and not request.headers.get("authorization"):
-        raise ApiError(401, "x-api-key header is required")
-
-
 def _base(request: Request) -> str:
     return str(request.base_url).rstrip("/")
 
@@ -285,6 +267,5 @@ def _stamp(moment: datetime) -> str:
     return moment.isoformat().replace("+00:00", "Z")
 
 
-def _error(error: ApiError) -> Response:
-    request_id = f"req_sim_{uuid.uuid4().hex[:24]}"
-    return JSONResponse(error.body(request_id), status_code=error.status, headers={"request-id": request_id})
+def _refused(error: ApiError) -> Response:
+    return error_response(error, new_request_id())

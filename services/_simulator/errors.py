@@ -7,7 +7,12 @@ Status -> SDK class: 400 BadRequestError, 401 AuthenticationError, 404 NotFoundE
 
 from __future__ import annotations
 
+import math
+import uuid
 from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -46,3 +51,31 @@ class ApiError(Exception):
 def invalid(message: str) -> ApiError:
     """400 invalid_request_error: the request is malformed (usually a fleet bug)."""
     return ApiError(400, message)
+
+
+def new_request_id() -> str:
+    return f"req_sim_{uuid.uuid4().hex[:24]}"
+
+
+def error_response(error: ApiError, request_id: str) -> Response:
+    headers = {"request-id": request_id, **error.headers}
+    return JSONResponse(error.body(request_id), status_code=error.status, headers=headers)
+
+
+def authenticate(request: Request) -> None:
+    if not request.headers.get("x-api-key") and not request.headers.get("authorization"):
+        raise ApiError(401, "x-api-key header is required")
+
+
+def header_number(request: Request, header: str, default: float) -> float:
+    """The non-negative number a header gives, else `default`; 400 for anything else."""
+    value = request.headers.get(header)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise invalid(f"{header}: expected a number, got {value!r}") from None
+    if number < 0 or math.isnan(number):
+        raise invalid(f"{header}: expected a non-negative number, got {value!r}")
+    return number
