@@ -29,51 +29,29 @@ BIN=$CACHE/jaeger
 MODULE=github.com/jaegertracing/jaeger
 GO_NEEDED=${ROUNDTRIP_JAEGER_GO:-1.24.6}   # the go directive of the module's go.mod (v1.76.0)
 
-# Go from go.dev/dl lives in /usr/local/go/bin, which a non-login shell (CI) may not have on PATH
-if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
-  PATH="$PATH:/usr/local/go/bin"
-fi
+TOOL=jaeger
+WHAT="the Jaeger module $MODULE@$VERSION"
+# shellcheck source=scripts/gobuild.sh
+source scripts/gobuild.sh
 
-check_go() {
-  command -v go >/dev/null 2>&1 || { echo "no Go toolchain (needs Go >= $GO_NEEDED: go.dev/dl, or Debian's golang-go where it is that recent)"; return 1; }
-  local have
-  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
-  if [ "$(printf '%s\n%s\n' "$GO_NEEDED" "${have:-0}" | sort -V | head -1)" != "$GO_NEEDED" ]; then
-    echo "Go ${have:-?} is older than the $GO_NEEDED the Jaeger module needs"
-    return 1
-  fi
-}
-
-build() {
-  if [ -x "$BIN" ]; then
-    echo "$BIN"
-    return
-  fi
-  local why
-  why=$(check_go) || { echo "jaeger.sh: cannot build: $why" >&2; exit 1; }
-  echo "==> building Jaeger v2 ($MODULE@$VERSION) into $BIN; takes several minutes once" >&2
-  local started src
-  started=$(date +%s)
+compile() {
+  local src release
+  # not local: the EXIT trap removes it after compile returned
   src=$(go mod download -json "$MODULE@$VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
   work=$(mktemp -d "${TMPDIR:-/tmp}/roundtrip-jaeger-build.XXXXXX")
   trap 'rm -rf "$work"' EXIT
   cp -r "$src/." "$work/"
   chmod -R u+w "$work"          # the module cache is read-only
-  mkdir -p "$CACHE"
   # `jaeger version` reports the v2 release the module version belongs to (CHANGELOG: "v1.76.0 / v2.13.0")
-  local release
   release=$(sed -n "s|^$VERSION / \(v2\.[0-9.]*\).*|\1|p" "$work/CHANGELOG.md" | head -1)
   (cd "$work" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
-     -ldflags "-X $MODULE/internal/version.latestVersion=${release:-$VERSION}" -o "$BIN.partial" ./cmd/jaeger)
-  mv "$BIN.partial" "$BIN"     # atomic: a half-built binary never looks cached
-  echo "==> built $BIN in $(( $(date +%s) - started )) s" >&2
-  echo "$BIN"
+     -ldflags "-X $MODULE/internal/version.latestVersion=${release:-$VERSION}" -o "$1" ./cmd/jaeger)
 }
 
 case "${1:-}" in
   build) build ;;
   check-go) check_go ;;
-  path) [ -x "$BIN" ] && echo "$BIN" || { echo "jaeger.sh: not built yet; run: bash scripts/jaeger.sh build" >&2; exit 1; } ;;
+  path) cached_path ;;
   run)
     build >/dev/null
     h=${JAEGER_HOST:-127.0.0.1}

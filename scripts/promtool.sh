@@ -24,48 +24,26 @@ BIN=$CACHE/promtool
 MODULE=github.com/prometheus/prometheus
 GO_NEEDED=${ROUNDTRIP_PROMTOOL_GO:-1.26.7}   # the go directive of the module's go.mod (v0.316.0)
 
-# Go from go.dev/dl lives in /usr/local/go/bin, which a non-login shell (CI) may not have on PATH
-if ! command -v go >/dev/null 2>&1 && [ -x /usr/local/go/bin/go ]; then
-  PATH="$PATH:/usr/local/go/bin"
-fi
+TOOL=promtool
+WHAT="the Prometheus module $MODULE/cmd/promtool@$VERSION"
+# shellcheck source=scripts/gobuild.sh
+source scripts/gobuild.sh
 
-check_go() {
-  command -v go >/dev/null 2>&1 || { echo "no Go toolchain (needs Go >= $GO_NEEDED: go.dev/dl, or Debian's golang-go where it is that recent)"; return 1; }
-  local have
-  have=$(go env GOVERSION 2>/dev/null | sed 's/^go//')
-  if [ "$(printf '%s\n%s\n' "$GO_NEEDED" "${have:-0}" | sort -V | head -1)" != "$GO_NEEDED" ]; then
-    echo "Go ${have:-?} is older than the $GO_NEEDED the Prometheus module needs"
-    return 1
-  fi
-}
-
-build() {
-  if [ -x "$BIN" ]; then
-    echo "$BIN"
-    return
-  fi
-  local why
-  why=$(check_go) || { echo "promtool.sh: cannot build: $why" >&2; exit 1; }
-  echo "==> building promtool ($MODULE/cmd/promtool@$VERSION) into $BIN; takes a few minutes once" >&2
-  local started work
-  started=$(date +%s)
+compile() {
+  # work is not local: the EXIT trap removes it after compile returned
   work=$(mktemp -d "${TMPDIR:-/tmp}/roundtrip-promtool-build.XXXXXX")
   trap 'rm -rf "$work"' EXIT
-  mkdir -p "$CACHE"
   # the local toolchain only (GOTOOLCHAIN=local): check_go vouched for it, and a build must not fetch another.
   # remove_all_sd (Prometheus's own build tag) leaves out the cloud service discoveries the rule commands never use:
   # about half the packages to compile
   GOBIN=$work CGO_ENABLED=0 GOTOOLCHAIN=local go install -trimpath -tags remove_all_sd "$MODULE/cmd/promtool@$VERSION"
-  mv "$work/promtool" "$BIN.partial"
-  mv "$BIN.partial" "$BIN"     # atomic: a half-built binary never looks cached
-  echo "==> built $BIN in $(( $(date +%s) - started )) s" >&2
-  echo "$BIN"
+  mv "$work/promtool" "$1"
 }
 
 case "${1:-}" in
   build) build ;;
   check-go) check_go ;;
-  path) [ -x "$BIN" ] && echo "$BIN" || { echo "promtool.sh: not built yet; run: bash scripts/promtool.sh build" >&2; exit 1; } ;;
+  path) cached_path ;;
   test)
     bin=$(build)
     "$bin" check rules deploy/prometheus/roundtrip-rules.yaml
