@@ -17,7 +17,7 @@ from roundtrip._kernel.wire import topology
 if TYPE_CHECKING:
     from roundtrip._kernel.kafka.admin import GroupLag
     from roundtrip._kernel.kafka.dead_letters import Letter
-    from roundtrip._kernel.wire.events import DeadLettered, DeadLetterHandled
+    from roundtrip._kernel.wire.letters import DeadLettered, DeadLetterHandled
 
 
 def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:

@@ -21,7 +21,8 @@ from roundtrip._console.web import Console, application
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.shell import Shell
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn, DeadLetterHandled
+from roundtrip._kernel.wire.events import ApprovalDecided, CancelTurn
+from roundtrip._kernel.wire.letters import DeadLetterHandled
 from roundtrip._sdk.agent import Agent
 
 log = logging.getLogger("roundtrip.console")

@@ -23,7 +23,7 @@ from roundtrip._console.auth import CSRF_FIELD, Identity
 from roundtrip._console.pages import esc, live, notice, when
 from roundtrip._console.web import SECURITY_HEADERS, TOLD, Answer, Console, _q
 from roundtrip._kernel.kafka.dead_letters import DISCARD, PAST, REDRIVE, Letter, LettersAway
-from roundtrip._kernel.wire.events import DeadLettered, DeadLetterHandled
+from roundtrip._kernel.wire.letters import DeadLettered, DeadLetterHandled
 
 log = logging.getLogger("roundtrip.console")
 BACK = "/dead-letters"

@@ -33,7 +33,7 @@ from roundtrip._kernel.kafka.dead_letters import (
 from roundtrip._kernel.kafka.faststream_seam import kafka_producer
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.events import DeadLettered, DeadLetterHandled
+from roundtrip._kernel.wire.letters import DeadLettered, DeadLetterHandled
 
 log = logging.getLogger("roundtrip.console")
 security = logging.getLogger("roundtrip.security")

@@ -29,7 +29,7 @@ from roundtrip._kernel.kafka.dead_letters import DeadLetterReader
 from roundtrip._kernel.kafka.messaging import dead_letter_of
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.events import DeadLettered, DeadLetterHandled
+from roundtrip._kernel.wire.letters import DeadLettered, DeadLetterHandled
 from roundtrip._kernel.wire.topology import SERVICES
 
 ME = "tester@unit"

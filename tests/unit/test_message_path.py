@@ -16,7 +16,8 @@ from prometheus_client import REGISTRY
 from roundtrip._kernel.kafka import messaging
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.events import CallModel, CancelTurn, DeadLettered, Turn
+from roundtrip._kernel.wire.events import CallModel, CancelTurn, Turn
+from roundtrip._kernel.wire.letters import DeadLettered
 
 # the records come from, and the dead letters go to, the topics of the settings the broker was made with
 PREFIX = "unit."

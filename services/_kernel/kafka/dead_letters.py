@@ -23,7 +23,7 @@ from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.events import DeadLettered, DeadLetterHandled
+from roundtrip._kernel.wire.letters import DeadLettered, DeadLetterHandled
 
 log = logging.getLogger("roundtrip.dead_letters")
 

@@ -36,7 +36,7 @@ from roundtrip._kernel.observability import health
 from roundtrip._kernel.observability.telemetry import consuming, mark_error, publishing
 from roundtrip._kernel.settings import KafkaSettings, Settings
 from roundtrip._kernel.wire import topics, topology
-from roundtrip._kernel.wire.events import DeadLettered
+from roundtrip._kernel.wire.letters import DeadLettered
 from roundtrip._kernel.wire.topology import group as group
 
 log = logging.getLogger("roundtrip")
