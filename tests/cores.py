@@ -56,7 +56,7 @@ async def executed(
 ) -> CallModel | ApprovalRequested | None:
     """The executor core's answer to `batch`, run by `runner` (a fresh core: no batch seen before)."""
     core = ExecutorCore(runner, verifier, OpenFence() if fence is None else fence, MAX_TRANSCRIPT_BYTES)
-    return await core.handle(batch)
+    return await core.handle(batch, _kept)
 
 
 def guard(
@@ -96,3 +96,7 @@ def guard(
         {} if progress is None else progress,
         streams_by_default,
     )
+
+
+async def _kept(_: Any) -> None:
+    """The executor core's publisher in these tests: the command is what `handle` returns."""

@@ -31,10 +31,12 @@ def build(settings: Settings, agent: Agent) -> FastStream:
 
     @shell.subscribe(topics.TOOL_BATCHES)
     async def on_execute_tool_batch(batch: ExecuteToolBatch) -> None:
-        command = await core.handle(batch)
-        if isinstance(command, ApprovalRequested):
-            await request_approval(command, batch.turn.conversation_id)
-        elif command is not None:
-            await call_model(command, batch.turn.conversation_id)
+        async def send(command: CallModel | ApprovalRequested) -> None:
+            if isinstance(command, ApprovalRequested):
+                await request_approval(command, batch.turn.conversation_id)
+            else:
+                await call_model(command, batch.turn.conversation_id)
+
+        await core.handle(batch, send)
 
     return shell.app

@@ -9,6 +9,7 @@ in its ports.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,7 +28,9 @@ log = logging.getLogger("roundtrip.executor")
 
 # A batch delivered again comes within minutes; past this window the turn fence keeps it from running twice.
 DUPLICATE_WINDOW_S = 600.0
-UNSENT_KEPT = 10_000  # batches whose calls ran and whose next step could not be recorded yet
+UNSENT_KEPT = 10_000  # batches whose calls ran and whose next step could not be recorded or published yet
+
+Send = Callable[[CallModel | ApprovalRequested], Awaitable[None]]  # the shell's publisher of what follows a batch
 
 
 class RunnerSettings(Protocol):
@@ -72,9 +75,10 @@ class ExecutorCore:
         # instead of running the calls again
         self.unsent: dict[str, list[dict[str, Any]]] = {}
 
-    async def handle(self, batch: ExecuteToolBatch) -> CallModel | ApprovalRequested | None:
-        """The batch run: the signature first (a forged batch reusing a real turn and step is refused, raising, never
-        mistaken for a duplicate), then duplicates, then the run."""
+    async def handle(self, batch: ExecuteToolBatch, send: Send) -> CallModel | ApprovalRequested | None:
+        """The batch run, what follows it sent by `send` and returned: the signature first (a forged batch reusing a
+        real turn and step is refused, raising, never mistaken for a duplicate), then duplicates, then the run. The
+        batch counts as seen only once `send` returned: a retry after a failed publish hands the results on."""
         verify(batch, self.batches)
         # a step resumed after a person's approval is a second batch of the same step
         key = f"{batch.turn.turn_id}:{batch.step}" + ":resumed" * any(c.approved_by for c in batch.calls)
@@ -93,6 +97,7 @@ class ExecutorCore:
             trace.get_current_span().add_event("calls ran before: their results handed on, not run again")
         try:
             command = await next_command(batch, ran, self.runner, self.fence, self.max_transcript_bytes)
+            await send(command)
         except BaseException:
             self._keep(key, ran)
             raise

@@ -149,7 +149,7 @@ class InProcess:
             command = hop.message if isinstance(hop.message, CallModel) else await self._run(hop.message)
 
     async def _run(self, check: CheckToolCalls) -> CallModel | ApprovalRequested:
-        hop = await self.executor.handle(await self.gate.handle(check))
+        hop = await self.executor.handle(await self.gate.handle(check), _taken_as_returned)
         if hop is None:  # the executor said why (logged, on the span)
             raise RuntimeError(f"turn {check.turn.turn_id} step {check.step}: the batch was not run")
         return hop
@@ -168,3 +168,7 @@ class InProcess:
         )
         hop = resumed(request, decision, approved, time.time())
         return hop if isinstance(hop, CallModel) else await self._run(hop)
+
+
+async def _taken_as_returned(_: CallModel | ApprovalRequested) -> None:
+    """The executor's publisher in one process: the loop goes on with the command `handle` returns."""

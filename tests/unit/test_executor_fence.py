@@ -1,6 +1,7 @@
 """The executor's core against the real turn fence on a SQLite ledger: a batch the fence refuses runs nothing, a batch
 delivered again once its step has gone on runs nothing the second time, and a batch retried because what follows its
-calls failed (the database away) hands their results on without running them again. The chaos suite shows the same
+calls failed (the database away, the broker refusing the next command) hands their results on without running them
+again. The chaos suite shows the same
 under load (tests/chaos); this is the fast, exact version."""
 
 from __future__ import annotations
@@ -70,8 +71,12 @@ def core(counting: Counting, fence) -> ExecutorCore:
     return ExecutorCore(runner, KEYS.verifier, fence, max_transcript_bytes=4_000_000)
 
 
+async def kept(command) -> None:
+    """The publisher of these tests: the command is what `handle` returns."""
+
+
 async def run(counting: Counting, fence: Fence, signed: ExecuteToolBatch):
-    return await core(counting, fence).handle(signed)
+    return await core(counting, fence).handle(signed, kept)
 
 
 class AwayOnce:
@@ -139,8 +144,31 @@ async def test_a_batch_retried_after_its_side_effects_could_not_be_recorded_runs
     counting = Counting()
     executor = core(counting, AwayOnce(fence))
     with pytest.raises(ConnectionRefusedError):
-        await executor.handle(batch())  # the call ran; recording it failed, so the message is retried
-    command = await executor.handle(batch())
+        await executor.handle(batch(), kept)  # the call ran; recording it failed, so the message is retried
+    command = await executor.handle(batch(), kept)
     assert isinstance(command, CallModel) and command.step == 1
     assert counting.runs == ["turn_f:toolu_c"]  # ran once, its result handed on by the retry
     assert "cancel_order" in (await ledger.get(TURN.turn_id)).acted  # and recorded, by the retry
+
+
+async def test_a_batch_whose_next_command_could_not_be_published_is_retried_without_running_again(ledger_and_fence):
+    """The broker refuses the next model call once: the batch is not taken as seen (its retry would otherwise be
+    dropped as a duplicate and the turn wait for its deadline); the retry publishes the same command, the call ran once."""
+    _, fence = ledger_and_fence
+    counting = Counting()
+    executor = core(counting, fence)
+    published: list[CallModel] = []
+    refusals = [ConnectionError("the broker is away")]
+
+    async def refused_once(command) -> None:
+        if refusals:
+            raise refusals.pop()
+        published.append(command)
+
+    with pytest.raises(ConnectionError):
+        await executor.handle(batch(), refused_once)
+    command = await executor.handle(batch(), refused_once)
+    assert isinstance(command, CallModel) and published == [command]
+    assert counting.runs == ["turn_f:toolu_c"]
+    assert await executor.handle(batch(), refused_once) is None  # now a duplicate: dropped, nothing published
+    assert published == [command] and counting.runs == ["turn_f:toolu_c"]
