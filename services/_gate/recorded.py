@@ -7,18 +7,20 @@ The record never changes but for its deadline, so each gate replica reads a turn
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
+from roundtrip._kernel.kafka.dedupe import SeenIds
 from roundtrip._kernel.storage.turnstore import NO_SUCH_TURN, TurnStore, disagreement, refused
 from roundtrip._kernel.wire.events import Turn
 
-REMEMBERED = 20_000  # turns a replica keeps
+REMEMBERED = 20_000  # turns a replica keeps at most
+# a turn unasked-for this long is read again when its next step comes: memory follows the rate of running turns, not
+# every turn of the last hours
+IDLE_S = 120.0
 
 
 class RecordedTurns:
     def __init__(self, store: TurnStore) -> None:
         self.store = store
-        self._turns: OrderedDict[str, Turn] = OrderedDict()
+        self._turns = SeenIds(REMEMBERED, max_age_s=IDLE_S)
 
     async def authorized(self, turn: Turn) -> Turn:
         """`turn` as the ledger recorded it; TurnRefused when the event's copy differs from that record."""
@@ -28,7 +30,7 @@ class RecordedTurns:
             if row is None:
                 raise refused(turn, "gate", NO_SUCH_TURN)  # the gate signs: an unknown turn gets nothing
             recorded = Turn.model_validate_json(row.turn_json)
-            self._remember(recorded)
+            self._turns.first(turn.turn_id, recorded)
         # the principal first, in its own words; then any other field the copy changed
         if (why := disagreement(turn, recorded)) is not None:
             raise refused(turn, "gate", why)
@@ -36,11 +38,6 @@ class RecordedTurns:
             raise refused(turn, "gate", f"its {', '.join(changed)} differ from the turn's start")
         # an approval extends the deadline; the executor's fence checks the ledger's own
         return recorded.model_copy(update={"deadline_at": turn.deadline_at})
-
-    def _remember(self, turn: Turn) -> None:
-        self._turns[turn.turn_id] = turn
-        while len(self._turns) > REMEMBERED:
-            self._turns.popitem(last=False)
 
 
 def changed_fields(turn: Turn, recorded: Turn) -> list[str]:

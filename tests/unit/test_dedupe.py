@@ -38,3 +38,15 @@ def test_ids_older_than_max_age_are_forgotten_so_a_steady_rate_holds_a_steady_nu
     assert "id-999" in seen and "id-880" not in seen
     clock.now = 99.95
     assert not seen.add("id-950")  # within the window: still a duplicate
+
+
+def test_get_renews_a_keys_age_so_a_key_in_use_stays():
+    clock = Clock()
+    seen = SeenIds(capacity=100, max_age_s=10, clock=clock)
+    seen.first("in-use", "turn")
+    for t in range(1, 30):  # asked for every second for 29 s while other keys come and go
+        clock.now = t
+        assert seen.get("in-use") == "turn"
+        seen.add(f"other-{t}")
+    assert seen.get("never") is None
+    assert len(seen) <= 12  # the key in use and the last 10 s of others

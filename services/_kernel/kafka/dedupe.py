@@ -38,6 +38,14 @@ class SeenIds:
                 self._ids.popitem(last=False)
         return None
 
+    def get(self, key: str) -> Any:
+        """The value remembered for `key` (None: not remembered), its age renewed as `first`'s is."""
+        if (seen := self._ids.get(key)) is None:
+            return None
+        self._ids[key] = (seen[0], self._clock())
+        self._ids.move_to_end(key)
+        return seen[0]
+
     def __contains__(self, key: str) -> bool:
         return key in self._ids
 
