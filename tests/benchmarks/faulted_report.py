@@ -5,8 +5,10 @@ duplicated, no side effect duplicated (nor any other problem of the chaos audit:
 explains, a side effect after its turn's end, a stray reply), nothing dead-lettered but the poison (and all of it),
 every fault injected, replies flowing within 30 s of each fault's end (a 10-second window ending by then with replies
 at half the offered rate or more), and every service process's RSS slope under 5 MB/h after its first
-`--warmup-min` minutes (judged for a process sampled over at least `RSS_SPAN_MIN` minutes past its warm-up; the
-report says which were not).
+`--warmup-min` minutes, over the quiet stretches between faults (from `SETTLE_MIN` after a fault's end to the next
+fault; one slope fitted across them, each stretch its own level), judged for a process sampled over at least
+`RSS_SPAN_MIN` such minutes (the report says which were not). A leak grows under steady load; what a fault raises
+(records held in flight, connections opened again) is a step, reported per fault, and must stay flat after it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ LOST_AFTER_S = 180.0  # a request unanswered this long counts as lost in a sampl
 RECOVERY_BOUND_S = 30.0
 RSS_BOUND_MB_H = 5.0
 RSS_SPAN_MIN = 5.0
+SETTLE_MIN = 2.0  # after a fault's end, its retries and backlog drain before the RSS is judged again
 AFTER_S = 120.0  # the window after a fault whose replies' p99 is reported
 FLOWING_S = 10.0  # replies flow when a window this long holds half the offered rate's worth
 
@@ -90,8 +93,20 @@ def flowing_after(times: list[float], since: float, need: int) -> float:
     return math.inf
 
 
+def quiet(run: Run, at_min: float) -> int | None:
+    """The quiet stretch a sample at `at_min` falls in (its index: faults before it), None: within a fault or its
+    settling."""
+    for i, f in enumerate(run.injected):
+        if at_min < _min(run, f.at):
+            return i
+        if at_min < _min(run, f.until) + SETTLE_MIN:
+            return None
+    return len(run.injected)
+
+
 def rss_slopes(run: Run, warmup_min: float) -> list[tuple[str, int, float | None, float]]:
-    """(process, pid, slope in MB/h or None when not sampled long enough past warm-up, minutes sampled after it)."""
+    """(process, pid, slope in MB/h over its quiet stretches or None when too few of them were sampled past its
+    warm-up, those stretches' minutes)."""
     out = []
     for name, seen in sorted(run.pids.items()):
         if name.split("-")[0] not in topology.names():
@@ -99,10 +114,42 @@ def rss_slopes(run: Run, warmup_min: float) -> list[tuple[str, int, float | None
         for pid in dict.fromkeys(p for p, _, _ in seen):
             points = [(m, r) for p, m, r in seen if p == pid]
             born = points[0][0]
-            kept = [(m, r) for m, r in points if m - born >= warmup_min]
-            span = kept[-1][0] - kept[0][0] if kept else 0.0
-            slope = slope_per_hour([m for m, _ in kept], [r for _, r in kept]) if span >= RSS_SPAN_MIN else None
-            out.append((name, pid, slope, span))
+            stretches: dict[int, list[tuple[float, float]]] = {}
+            for m, r in points:
+                if m - born >= warmup_min and (k := quiet(run, m)) is not None:
+                    stretches.setdefault(k, []).append((m, r))
+            slope, span = pooled_slope_per_hour(list(stretches.values()))
+            out.append((name, pid, slope if span >= RSS_SPAN_MIN else None, span))
+    return out
+
+
+def pooled_slope_per_hour(stretches: list[list[tuple[float, float]]]) -> tuple[float, float]:
+    """One least-squares slope (MB/h) across stretches of (minute, MB), each with its own level; and their minutes."""
+    sxx = sxy = span = 0.0
+    for points in stretches:
+        if len(points) < 2:
+            continue
+        mx, my = sum(m for m, _ in points) / len(points), sum(r for _, r in points) / len(points)
+        sxx += sum((m - mx) ** 2 for m, _ in points)
+        sxy += sum((m - mx) * (r - my) for m, r in points)
+        span += points[-1][0] - points[0][0]
+    return (60 * sxy / sxx if sxx else math.nan), span
+
+
+def rss_steps(run: Run) -> list[tuple[str, list[float | None]]]:
+    """Per service process name, each fault's RSS step: the first sample after its settling against the last before
+    it (None: the process restarted in between, or was not sampled)."""
+    out = []
+    for name, seen in sorted(run.pids.items()):
+        if name.split("-")[0] not in topology.names():
+            continue
+        steps: list[float | None] = []
+        for f in run.injected:
+            before = [(p, r) for p, m, r in seen if m < _min(run, f.at)]
+            after = [(p, r) for p, m, r in seen if m >= _min(run, f.until) + SETTLE_MIN]
+            same = before and after and before[-1][0] == after[0][0]
+            steps.append(after[0][1] - before[-1][1] if same else None)
+        out.append((name, steps))
     return out
 
 
@@ -121,7 +168,9 @@ def broken(run: Run, args: argparse.Namespace) -> list[str]:
             )
     for name, pid, slope, _ in rss_slopes(run, args.warmup_min):
         if slope is not None and not slope < RSS_BOUND_MB_H:
-            out.append(f"{name} (pid {pid}): RSS {slope:+.1f} MB/h after its first {args.warmup_min:g} min")
+            out.append(
+                f"{name} (pid {pid}): RSS {slope:+.1f} MB/h between faults after its first {args.warmup_min:g} min"
+            )
     return out
 
 
@@ -168,10 +217,11 @@ def report(run: Run, evaluated: Evaluated, args: argparse.Namespace) -> tuple[st
             f"{f.recovery_s:.1f} | {f.new_answered_s:.1f} | {f.p99_after_s:.1f} | "
             f"{_alerts_of(run, f, following, evaluated)} |"
         )
-    lines += ["", "## Samples", "", _samples_table(run), "", "## RSS slopes after each process's warm-up", ""]
+    lines += ["", "## Samples", "", _samples_table(run), "", "## RSS slopes between faults, after warm-up", ""]
     for name, pid, slope, span in rss_slopes(run, args.warmup_min):
         judged = f"{slope:+.2f} MB/h over {span:.0f} min" if slope is not None else f"not judged ({span:.0f} min)"
         lines.append(f"- {name} (pid {pid}): {judged}")
+    lines += ["", "## RSS steps at each fault (MB; - where the process restarted)", "", _steps_table(run)]
     lines += ["", "## Alerts", ""]
     if evaluated.missing:
         lines.append(f"Not evaluated: {evaluated.missing}. TODO: evaluate the rules once they and promtool are here.")
@@ -181,6 +231,14 @@ def report(run: Run, evaluated: Evaluated, args: argparse.Namespace) -> tuple[st
         when = ", ".join(f"{_min(run, s):.1f}-{_min(run, e) if e else math.inf:.1f}" for s, e in spans)
         lines.append(f"- {name}: {when} min")
     return "\n".join(lines) + "\n", not problems
+
+
+def _steps_table(run: Run) -> str:
+    head = ["process", *(f"{_min(run, f.at):.0f} {f.kind}" for f in run.injected)]
+    out = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * len(run.injected)]
+    for name, steps in rss_steps(run):
+        out.append(f"| {name} | " + " | ".join("-" if d is None else f"{d:+.0f}" for d in steps) + " |")
+    return "\n".join(out)
 
 
 def _samples_table(run: Run) -> str:

@@ -5,12 +5,14 @@ an alert fired over."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from tests.benchmarks import alerts, bench_faulted, faulted_report
 from tests.benchmarks.alerts import Scrapes
+from tests.benchmarks.bench_faulted import Injected, Run
 
 # promtool test rules' failure lines as v0.316.0 (Prometheus 3.16) prints them for `exp_alerts: []` (each line of
 # the first two parts ends in a space; a duration as Go prints it, its zero units dropped or not)
@@ -145,3 +147,22 @@ def test_replies_flow_again_when_a_window_holds_half_the_offered_rate_not_at_a_t
     assert faulted_report.flowing_after(trickle + steady, 90.0, need=10) == 115.0  # [195, 205] holds 200 to 205
     assert faulted_report.flowing_after(trickle, 90.0, need=10) == math.inf
     assert faulted_report.flowing_after([], 90.0, need=1) == math.inf
+
+
+def test_rss_is_judged_between_faults_a_faults_step_is_reported_and_a_leak_still_breaks_the_bound():
+    """A process that steps up 50 MB at a fault and stays flat holds the bound (its step is reported); one that grows
+    between the faults breaks it."""
+    run = Run(started_epoch=0.0)
+    run.injected = [Injected("shop-away", [], at=20 * 60.0, until=21 * 60.0)]
+    minutes = [float(m) for m in range(1, 41)]
+    run.pids = {
+        "gate": [(1, m, 120.0 + (50.0 if m >= 20 else 0.0)) for m in minutes],  # a high-water mark at the fault
+        "guard": [(2, m, 120.0 + m / 6) for m in minutes],  # 10 MB/h, all along
+    }
+    slopes = {name: slope for name, _, slope, _ in faulted_report.rss_slopes(run, warmup_min=10)}
+    assert slopes["gate"] == pytest.approx(0.0) and slopes["guard"] == pytest.approx(10.0)
+    assert dict(faulted_report.rss_steps(run))["gate"] == [50.0]
+    args = SimpleNamespace(warmup_min=10)
+    assert [p for p in faulted_report.broken(run, args) if "RSS" in p] == [
+        "guard (pid 2): RSS +10.0 MB/h between faults after its first 10 min"
+    ]
