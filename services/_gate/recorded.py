@@ -24,7 +24,7 @@ class RecordedTurns:
 
     async def authorized(self, turn: Turn) -> Turn:
         """`turn` as the ledger recorded it; TurnRefused when the event's copy differs from that record."""
-        recorded = self._turns.get(turn.turn_id)
+        recorded: Turn | None = self._turns.get(turn.turn_id)
         if recorded is None:
             row = await self.store.recorded(turn.turn_id)
             if row is None:

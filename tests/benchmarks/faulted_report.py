@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from roundtrip._kernel.wire import topology
 from tests.benchmarks.alerts import Evaluated
-from tests.benchmarks.bench_soak import Sample, slope_per_hour
+from tests.benchmarks.bench_soak import Sample
 
 if TYPE_CHECKING:
     import argparse

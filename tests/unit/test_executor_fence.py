@@ -153,7 +153,7 @@ async def test_a_batch_retried_after_its_side_effects_could_not_be_recorded_runs
 
 async def test_a_batch_whose_next_command_could_not_be_published_is_retried_without_running_again(ledger_and_fence):
     """The broker refuses the next model call once: the batch is not taken as seen (its retry would otherwise be
-    dropped as a duplicate and the turn wait for its deadline); the retry publishes the same command, the call ran once."""
+    dropped as a duplicate and the turn wait for its deadline); the retry publishes the same command; one run."""
     _, fence = ledger_and_fence
     counting = Counting()
     executor = core(counting, fence)

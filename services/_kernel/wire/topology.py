@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
-from roundtrip._kernel.wire import events, topics
+from roundtrip._kernel.wire import events, letters, topics
 
 
 def group(service: str, role: str | None = None, prefix: str = "") -> str:
@@ -149,7 +149,7 @@ SERVICES: tuple[Service, ...] = (
         outputs={
             topics.APPROVAL_DECISIONS: events.ApprovalDecided,
             topics.TURN_CONTROLS: events.CancelTurn,
-            topics.DEAD_LETTERS_HANDLED: events.DeadLetterHandled,
+            topics.DEAD_LETTERS_HANDLED: letters.DeadLetterHandled,
         },
         reads=(topics.DEAD_LETTERS_HANDLED,),
         reads_dead_letters=True,
