@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from roundtrip._cli.fleets import FleetOption
 from roundtrip._kernel.settings import Settings
 
 
@@ -30,6 +31,7 @@ def ask(
             "--stream/--no-stream", help="stream the reply's text as it is written (default: ROUNDTRIP_STREAM_REPLIES)"
         ),
     ] = None,
+    fleet: FleetOption = None,
 ) -> None:
     """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
     With --stream the text of each model call is shown as the model writes it (support.stream).
@@ -47,7 +49,7 @@ def ask(
     from roundtrip._cli.following import ask as do_ask
 
     _check_persona(persona)
-    settings = fleet_settings()
+    settings = fleet_settings(fleet)
     _hand_example_script(settings, persona)
     _check_script_loaded(settings, persona)
     code = asyncio.run(
@@ -63,13 +65,14 @@ def chat(
     ] = None,
     conversation: Annotated[str | None, typer.Option(help="conversation id to continue (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
+    fleet: FleetOption = None,
 ) -> None:
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
     from roundtrip._cli.common import fleet_settings
     from roundtrip._cli.following import chat as do_chat
 
     _check_persona(persona)
-    settings = fleet_settings()
+    settings = fleet_settings(fleet)
     _hand_example_script(settings, persona)
     _check_script_loaded(settings, persona)
     code = asyncio.run(do_chat(settings, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from roundtrip._cli.fleets import FleetOption
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
@@ -26,15 +28,9 @@ eval_app = typer.Typer(
 
 def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Settings, Agent]:
     """The fleet the cases run through and its agent: refused when the suite is another agent's; reset with --fresh."""
-    import os
-
     from roundtrip._cli.common import checked_agent, fleet_settings
-    from roundtrip._kernel.settings import get_settings
 
-    if fleet is not None:  # as ROUNDTRIP_STATE_DIR would: that folder's fleet, no marker looked for
-        os.environ["ROUNDTRIP_STATE_DIR"] = str(fleet)
-        get_settings.cache_clear()
-    settings = fleet_settings()
+    settings = fleet_settings(fleet)
     agent = checked_agent(settings)
     _refuse_other_agent(suite, agent.name, settings.state_dir)
     if fresh:
@@ -100,7 +96,7 @@ def run(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="first put the agent's backends back to a known state (Agent(reset=...))")
     ] = False,
-    fleet: Annotated[Path | None, typer.Option(help="the state folder of the fleet to run them through")] = None,
+    fleet: FleetOption = None,
 ) -> None:
     """Run each case's conversation through the running fleet as a user's app would (support.requests, then its
     reply and its turn's events from the topics): against the real model when ANTHROPIC_API_KEY is set, else the
@@ -203,6 +199,7 @@ def _report(results: list[CaseResult], changed: list[Change], compared: bool) ->
 def record(
     conversation: Annotated[str, typer.Argument(help="the conversation (roundtrip conversations lists them)")],
     out: Annotated[Path | None, typer.Option(help="write the case here (default: print it)")] = None,
+    fleet: FleetOption = None,
 ) -> None:
     """Turn a conversation the fleet has had into a case that replays it: each turn the customer's words, the model's
     responses as a script, and what the turn did as expectations (outcome, tools called, steps)."""
@@ -212,7 +209,7 @@ def record(
     from roundtrip._cli.evals.record import record as make
 
     try:
-        case, notes = asyncio.run(make(fleet_settings(), conversation))
+        case, notes = asyncio.run(make(fleet_settings(fleet), conversation))
     except NotRecorded as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
