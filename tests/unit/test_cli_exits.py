@@ -283,6 +283,26 @@ def test_a_script_the_simulator_has_not_loaded_is_refused_before_the_turn_naming
     assert result.output.strip().splitlines()[-1] == "error: no simulator script 'renw' (loaded: renew)"
 
 
+def test_an_eval_case_naming_a_script_the_simulator_has_not_loaded_is_refused_before_any_case_in_asks_words(
+    monkeypatch, tmp_path
+):
+    import roundtrip._cli.evals.runner as eval_runner
+
+    async def never(*args, **kwargs):
+        raise AssertionError("a case was run")
+
+    monkeypatch.setattr(eval_runner, "run_suite", never)
+    (tmp_path / "cases").mkdir()
+    case = {"customer": "cus_1", "message": "renew my loan", "persona": "script:renw"}
+    (tmp_path / "cases" / "renew.json").write_text(json.dumps(case))
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
+    with running_simulator(scripts=Scripts({"renew": parse_script("renew", ["Renewed."])})) as url:
+        monkeypatch.setenv("ROUNDTRIP_SIMULATOR_PORT", url.rsplit(":", 1)[1])
+        result = CliRunner().invoke(app, ["eval", "run", str(tmp_path / "cases")])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == "error: no simulator script 'renw' (loaded: renew)"
+
+
 def test_a_script_persona_with_no_simulator_answering_is_refused_in_one_line(monkeypatch, tmp_path, never_asked):
     monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
     monkeypatch.setenv("ROUNDTRIP_SIMULATOR_PORT", "9")

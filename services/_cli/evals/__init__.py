@@ -15,6 +15,7 @@ from roundtrip._cli.fleets import FleetOption
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
+    from roundtrip._cli.evals.cases import Case
     from roundtrip._cli.evals.report import Change
     from roundtrip._cli.evals.runner import CaseResult
     from roundtrip._kernel.settings import Settings
@@ -36,6 +37,17 @@ def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Sett
     if fresh:
         _reset(agent, settings)
     return settings, agent
+
+
+def _check_personas(settings: Settings, cases: list[Case]) -> None:
+    """A case's script:NAME the simulator has not loaded is refused before any turn, in ask's words (exit 2); the
+    agent's example_script is handed to it first when a case names script:example, as ask does."""
+    from roundtrip._cli.asking import check_scripts_loaded, hand_example_script
+
+    personas = sorted({p for case in cases for turn in case.turns if (p := turn.persona)})
+    for persona in personas:
+        hand_example_script(settings, persona)
+    check_scripts_loaded(settings, personas)
 
 
 def _reset(agent: Agent, settings: Settings) -> None:
@@ -107,7 +119,8 @@ def run(
     that changes data passes run after run.
 
     Exit codes: 0 every case passed (with --baseline: no case regressed); 1 a case failed (with --baseline: a pass
-    rate dropped, or a new case fails); 2 not run (a case file that is wrong, the fleet not up, --fresh failing)."""
+    rate dropped, or a new case fails); 2 not run (a case file that is wrong, the fleet not up, --fresh failing, a
+    script:NAME persona the simulator has not loaded)."""
     from roundtrip._cli.evals.cases import CaseError, load_suite
     from roundtrip._cli.evals.report import changes, load_baseline
     from roundtrip._cli.evals.report import junit as junit_xml
@@ -125,6 +138,7 @@ def run(
     if runs is not None:
         cases = [replace(case, runs=runs) for case in cases]
     settings, agent = _fleet_and_agent(suite[0], fresh, fleet)
+    _check_personas(settings, cases)
     model = "the simulator" if settings.use_simulator else f"the model {agent.model_for(settings)}"
     typer.echo(f"roundtrip eval: {len(cases)} cases against agent {agent.name} and {model}")
     try:
