@@ -118,9 +118,8 @@ def run(
     With --fresh the agent's reset hook (Agent(reset=...)) first puts its backends back to a known state, so a suite
     that changes data passes run after run.
 
-    Exit codes: 0 every case passed (with --baseline: no case regressed); 1 a case failed (with --baseline: a pass
-    rate dropped, or a new case fails); 2 not run (a case file that is wrong, the fleet not up, --fresh failing, a
-    script:NAME persona the simulator has not loaded)."""
+    Exit codes: 0 every case passed (with --baseline: none regressed); 1 a case failed (with --baseline: a pass rate
+    dropped or a new case fails); 2 not run (a wrong case file, the fleet down, --fresh failing, a script unloaded)."""
     from roundtrip._cli.evals.cases import CaseError, load_suite
     from roundtrip._cli.evals.report import changes, load_baseline
     from roundtrip._cli.evals.report import junit as junit_xml
