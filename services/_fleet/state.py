@@ -52,8 +52,8 @@ class Reading:
         agent = f"agent {self.agent}" if self.agent else "the default agent"
         if self.pid is None:
             return [
-                f"no fleet runs in {self.state_dir.resolve()} (roundtrip up records it there): reading this shell's "
-                f"settings: {agent}, ledger {ledger}"
+                f"no fleet runs in {self.state_dir.resolve()} (roundtrip up records it there; --fleet STATE_DIR names "
+                f"another): reading this shell's settings: {agent}, ledger {ledger}"
             ]
         said = [
             f"the fleet running in {self.state_dir.resolve()} (pid {self.pid}): {agent}, its settings, ledger {ledger}"

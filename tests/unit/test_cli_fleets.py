@@ -281,4 +281,5 @@ def test_with_no_fleet_running_a_command_says_so_and_the_agent_of_this_shell(tmp
     get_settings.cache_clear()
     common.fleet_settings(None)
     said = capsys.readouterr().err
-    assert f"no fleet runs in {tmp_path.resolve()}" in said and "reading this shell's settings: agent desk" in said
+    assert f"no fleet runs in {tmp_path.resolve()} (roundtrip up records it there; --fleet STATE_DIR names" in said
+    assert "reading this shell's settings: agent desk" in said
