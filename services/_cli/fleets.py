@@ -41,8 +41,8 @@ FleetOption = Annotated[
         metavar="STATE_DIR",
         exists=True,
         file_okay=False,
-        help="the state folder of the fleet to talk to (default: ROUNDTRIP_STATE_DIR's fleet, else the one `roundtrip "
-        "up` marked this folder or one above for)",
+        help="the state folder of the fleet to talk to (default: the one running in ROUNDTRIP_STATE_DIR, .roundtrip, "
+        "else the one `roundtrip up` marked this folder or one above for)",
     ),
 ]
 
