@@ -46,12 +46,12 @@ def up(
     after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything. A part that exits before
     it is ready is restarted the same way, three times, while the rest go on starting; then up
     stops with one line: the cause from its log (a taken port and its setting, a refused setting)."""
+    _refuse_hidden_package()  # before the imports below: they load the agent
     from roundtrip._broker.embedded import BrokerError
     from roundtrip._cli.common import checked_agent
-    from roundtrip._fleet.launcher import FleetOption
+    from roundtrip._fleet.launcher import Fleet
     from roundtrip._fleet.supervisor import FleetError
 
-    _refuse_hidden_package()
     port = health_port if health_port is not None else get_settings().health_port
     if port:  # each service takes its own port from there (the children read these from the environment)
         os.environ["ROUNDTRIP_HEALTH_PORT"] = str(port)

@@ -4,10 +4,11 @@ agent it reads, and `eval run` refuses a suite of another agent than the one tha
 from __future__ import annotations
 
 import os
+from typing import Any
 
-import click
 import pytest
 import typer
+from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 import roundtrip._cli.evals.runner as eval_runner
@@ -210,13 +211,13 @@ NOT_A_RUNNING_FLEETS = {
 }
 
 
-def _commands(group: click.Group, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], click.Command]:
+def _commands(group: TyperGroup, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
     """Every command of the CLI by its words; a group that runs without a subcommand (`turns`) is one too."""
-    found: dict[tuple[str, ...], click.Command] = {}
+    found: dict[tuple[str, ...], Any] = {}
     for name, command in group.commands.items():
-        if not isinstance(command, click.Group) or command.invoke_without_command:
+        if not isinstance(command, TyperGroup) or command.invoke_without_command:
             found[(*path, name)] = command
-        if isinstance(command, click.Group):
+        if isinstance(command, TyperGroup):
             found |= _commands(command, (*path, name))
     return found
 
