@@ -60,9 +60,7 @@ def as_written(line: str, cwd: Path, shell: dict[str, str]) -> subprocess.Comple
     return subprocess.run(["bash", "-c", line], cwd=cwd, env=shell, capture_output=True, text=True, timeout=600)
 
 
-def test_the_readme_run_as_written_from_the_agents_folder_evaluates_the_fleet_running_that_agent(
-    author_venv, tmp_path
-):
+def test_the_readme_run_as_written_from_the_agents_folder_evaluates_the_fleet_running_that_agent(author_venv, tmp_path):
     shell = author_shell(author_venv)
     made = as_written(f"roundtrip agent init {NAME}", tmp_path, shell)
     assert made.returncode == 0, made.stdout + made.stderr
