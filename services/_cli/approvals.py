@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from roundtrip._cli.fleets import FleetOption, use_fleet
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 
@@ -28,13 +29,15 @@ def approvals(
         bool, typer.Option("--all", help="every approval, decided ones too (who decided and when)")
     ] = False,
     limit: Annotated[int, typer.Option(help="most recent N")] = 30,
+    fleet: FleetOption = None,
 ) -> None:
     """List the calls waiting for a person's approval (who, what, why, deadline, trace id)."""
     from roundtrip._cli.common import fleet_settings
 
     if ctx.invoked_subcommand is not None:
+        use_fleet(fleet)
         return
-    raise typer.Exit(asyncio.run(list_approvals(fleet_settings(), all_, limit)))
+    raise typer.Exit(asyncio.run(list_approvals(fleet_settings(fleet), all_, limit)))
 
 
 @app.command("approve")
@@ -42,11 +45,12 @@ def approvals_approve(
     approval_id: Annotated[str, typer.Argument(help="the approval (roundtrip approvals lists them)")],
     by: Annotated[str | None, typer.Option(help="who decides (default: user@host)")] = None,
     reason: Annotated[str, typer.Option(help="kept with the turn")] = "",
+    fleet: FleetOption = None,
 ) -> None:
     """Approve one waiting call: it runs once, with exactly the arguments shown, and the turn goes on."""
     from roundtrip._cli.common import fleet_settings, me
 
-    raise typer.Exit(asyncio.run(decide(fleet_settings(), approval_id, True, reason, by or me())))
+    raise typer.Exit(asyncio.run(decide(fleet_settings(fleet), approval_id, True, reason, by or me())))
 
 
 @app.command("deny")
@@ -54,11 +58,12 @@ def approvals_deny(
     approval_id: Annotated[str, typer.Argument(help="the approval (roundtrip approvals lists them)")],
     reason: Annotated[str, typer.Option(help="why: the model is told and explains it to the customer")],
     by: Annotated[str | None, typer.Option(help="who decides (default: user@host)")] = None,
+    fleet: FleetOption = None,
 ) -> None:
     """Deny one waiting call: it never runs; the model gets an error result with the reason and goes on."""
     from roundtrip._cli.common import fleet_settings, me
 
-    raise typer.Exit(asyncio.run(decide(fleet_settings(), approval_id, False, reason, by or me())))
+    raise typer.Exit(asyncio.run(decide(fleet_settings(fleet), approval_id, False, reason, by or me())))
 
 
 APPROVAL_COLUMNS = (

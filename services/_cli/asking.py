@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterable
 from typing import Annotated
 
 import typer
 
+from roundtrip._cli.fleets import FleetOption
 from roundtrip._kernel.settings import Settings
 
 
@@ -30,6 +32,7 @@ def ask(
             "--stream/--no-stream", help="stream the reply's text as it is written (default: ROUNDTRIP_STREAM_REPLIES)"
         ),
     ] = None,
+    fleet: FleetOption = None,
 ) -> None:
     """Publish one support request and show each step of its turn, then the reply (--conversation continues one).
     With --stream the text of each model call is shown as the model writes it (support.stream).
@@ -47,9 +50,9 @@ def ask(
     from roundtrip._cli.following import ask as do_ask
 
     _check_persona(persona)
-    settings = fleet_settings()
-    _hand_example_script(settings, persona)
-    _check_script_loaded(settings, persona)
+    settings = fleet_settings(fleet)
+    hand_example_script(settings, persona)
+    check_scripts_loaded(settings, [persona])
     code = asyncio.run(
         do_ask(settings, text, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout, stream)
     )
@@ -63,35 +66,41 @@ def chat(
     ] = None,
     conversation: Annotated[str | None, typer.Option(help="conversation id to continue (default: a new one)")] = None,
     timeout: Annotated[float, typer.Option(help="seconds to wait for each reply")] = 120.0,
+    fleet: FleetOption = None,
 ) -> None:
     """Hold a conversation: each line you type is the next request, with the steps of its turn and the reply."""
     from roundtrip._cli.common import fleet_settings
     from roundtrip._cli.following import chat as do_chat
 
     _check_persona(persona)
-    settings = fleet_settings()
-    _hand_example_script(settings, persona)
-    _check_script_loaded(settings, persona)
+    settings = fleet_settings(fleet)
+    hand_example_script(settings, persona)
+    check_scripts_loaded(settings, [persona])
     code = asyncio.run(do_chat(settings, customer, persona, conversation or f"conv_{uuid.uuid4().hex[:12]}", timeout))
     raise typer.Exit(code)
 
 
-def _check_persona(persona: str | None) -> None:
-    """Refuse a persona the simulator does not play before anything is published (no model call is spent on it): one
-    of its personas, or script:NAME (a script it has loaded: services/_simulator/scripted.py)."""
+def unknown_persona(persona: str) -> str | None:
+    """Why the simulator cannot play `persona`: None for one of its personas, or script:NAME (a script it has loaded:
+    services/_simulator/scripted.py)."""
     from roundtrip._simulator.personas import NAMES
     from roundtrip._simulator.scripted import PREFIX
 
-    if persona is None or persona in NAMES or (persona.startswith(PREFIX) and persona[len(PREFIX) :].strip()):
-        return
-    raise typer.BadParameter(
+    if persona in NAMES or (persona.startswith(PREFIX) and persona[len(PREFIX) :].strip()):
+        return None
+    return (
         f"unknown persona {persona!r}; the simulator's personas are: {', '.join(NAMES)}, or {PREFIX}NAME (a script "
-        "it plays: ROUNDTRIP_SIMULATOR_SCRIPT, or the agent's example_script as script:example)",
-        param_hint="'--persona'",
+        "it plays: ROUNDTRIP_SIMULATOR_SCRIPT, or the agent's example_script as script:example)"
     )
 
 
-def _hand_example_script(settings: Settings, persona: str | None) -> None:
+def _check_persona(persona: str | None) -> None:
+    """Refuse a persona the simulator does not play before anything is published (no model call is spent on it)."""
+    if persona is not None and (why := unknown_persona(persona)):
+        raise typer.BadParameter(why, param_hint="'--persona'")
+
+
+def hand_example_script(settings: Settings, persona: str | None) -> None:
     """Put the agent's example_script to the simulator when the request names it (script:example), so the banner's
     example plays with no API key however often the simulator restarted; one line and exit 2 when it cannot."""
     import httpx
@@ -114,14 +123,15 @@ def _hand_example_script(settings: Settings, persona: str | None) -> None:
         raise typer.Exit(2)
 
 
-def _check_script_loaded(settings: Settings, persona: str | None) -> None:
-    """Refuse a script:NAME the simulator has not loaded before the turn starts (else it ends model_error on a 400):
+def check_scripts_loaded(settings: Settings, personas: Iterable[str | None]) -> None:
+    """Refuse a script:NAME the simulator has not loaded before any turn starts (else it ends model_error on a 400):
     one line naming the loaded ones, the simulator's own words; exit 2."""
     import httpx
 
     from roundtrip._simulator.scripted import PREFIX, missing
 
-    if persona is None or not persona.startswith(PREFIX) or not settings.use_simulator:
+    wanted = [p[len(PREFIX) :] for p in personas if p is not None and p.startswith(PREFIX)]
+    if not wanted or not settings.use_simulator:
         return
     url = f"{settings.model_base_url}/v1/_scripts"
     try:
@@ -132,6 +142,7 @@ def _check_script_loaded(settings: Settings, persona: str | None) -> None:
             err=True,
         )
         raise typer.Exit(2) from None
-    if persona[len(PREFIX) :] not in loaded:
-        typer.secho(f"error: {missing(persona[len(PREFIX) :], loaded)}", err=True)
-        raise typer.Exit(2)
+    for name in wanted:
+        if name not in loaded:
+            typer.secho(f"error: {missing(name, loaded)}", err=True)
+            raise typer.Exit(2)

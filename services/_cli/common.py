@@ -69,16 +69,17 @@ def ledger_missing(settings: Settings, url: str | None = None) -> bool:
     return False
 
 
-def fleet_settings() -> Settings:
-    """The settings of the fleet this command talks to: the one running in the state folder (services/_fleet/state.py),
-    else this shell's; which one is said on stderr, with the shell's variables that differ from the fleet's."""
+def fleet_settings(fleet: Path | None) -> Settings:
+    """The settings of the fleet this command talks to: the one running in `fleet` (--fleet) or in the state folder
+    (services/_fleet/state.py), else the one `up` marked this folder for, else this shell's; which fleet and agent is
+    said on stderr, with the shell's variables that differ from the fleet's."""
     import os
-    from pathlib import Path
 
-    from roundtrip._cli.fleets import marked
+    from roundtrip._cli.fleets import marked, use_fleet
     from roundtrip._fleet.state import adopt, running
     from roundtrip._kernel.database import shown
 
+    use_fleet(fleet)
     state_dir = get_settings().state_dir
     if "ROUNDTRIP_STATE_DIR" not in os.environ and running(state_dir) is None:
         found = marked(Path.cwd())  # the fleet `up` marked this folder (or one above) for; a stopped one is not

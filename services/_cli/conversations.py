@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from roundtrip._cli.fleets import FleetOption, use_fleet
 from roundtrip._kernel.settings import Settings
 
 app = typer.Typer(
@@ -21,21 +22,25 @@ def conversations(
     ctx: typer.Context,
     customer: Annotated[str | None, typer.Option(help="only this customer's conversations")] = None,
     limit: Annotated[int, typer.Option(help="most recently active N")] = 30,
+    fleet: FleetOption = None,
 ) -> None:
     """List conversations (newest activity first) with their turns, history kept and when they expire."""
     from roundtrip._cli.common import fleet_settings
 
     if ctx.invoked_subcommand is not None:
+        use_fleet(fleet)
         return
-    raise typer.Exit(asyncio.run(list_conversations(fleet_settings(), customer, limit)))
+    raise typer.Exit(asyncio.run(list_conversations(fleet_settings(fleet), customer, limit)))
 
 
 @app.command("forget")
-def conversations_forget(conversation_id: Annotated[str, typer.Argument(help="the conversation to erase")]) -> None:
+def conversations_forget(
+    conversation_id: Annotated[str, typer.Argument(help="the conversation to erase")], fleet: FleetOption = None
+) -> None:
     """Delete a conversation and its history now (a customer's right to erasure)."""
     from roundtrip._cli.common import fleet_settings
 
-    raise typer.Exit(asyncio.run(forget_conversation(fleet_settings(), conversation_id)))
+    raise typer.Exit(asyncio.run(forget_conversation(fleet_settings(fleet), conversation_id)))
 
 
 async def list_conversations(settings: Settings, customer: str | None, limit: int) -> int:

@@ -2,21 +2,49 @@
 
 `roundtrip up` leaves a marker, .roundtrip-fleet (the state folder's absolute path), in the folder it was started in and
 in its agent's project folder (the one holding the agent's pyproject.toml); a command run with no ROUNDTRIP_STATE_DIR
-and no fleet in its own state folder takes the first marker found walking up from its folder. `roundtrip eval run`
-then refuses a suite whose project declares other agents than the one the fleet runs.
+and no fleet in its own state folder takes the first marker found walking up from its folder; `--fleet STATE_DIR`
+(FleetOption: here, as the commands import this light module when declared, common.py when run) names one. `roundtrip
+eval run` then refuses a suite whose project declares other agents than the one the fleet runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import tomllib
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from roundtrip._kernel.settings import get_settings
 
 MARKER = ".roundtrip-fleet"
 AGENTS_GROUP = "roundtrip.agents"
+
+
+def use_fleet(fleet: Path | None) -> None:
+    """--fleet: the command reads the fleet running in that state folder, as ROUNDTRIP_STATE_DIR would (no marker is
+    looked for). A group applies its own before its subcommand runs (`turns --fleet D cancel T`)."""
+    if fleet is not None:
+        os.environ["ROUNDTRIP_STATE_DIR"] = str(fleet.resolve())
+        get_settings.cache_clear()
+
+
+FleetOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--fleet",
+        metavar="STATE_DIR",
+        exists=True,
+        file_okay=False,
+        help="the state folder of the fleet to talk to (default: the one running in ROUNDTRIP_STATE_DIR, .roundtrip, "
+        "else the one `roundtrip up` marked this folder or one above for)",
+    ),
+]
 
 
 def mark(folders: Iterable[Path | None], state_dir: Path) -> list[Path]:

@@ -52,4 +52,4 @@ def this_command() -> str:
     found = shutil.which("roundtrip")
     if found and mine.exists() and Path(found).resolve() == mine.resolve():
         return "roundtrip"
-    return str(mine) if mine.exists() else f"{sys.executable} -m roundtrip._cli.main"
+    return str(mine) if mine.exists() else f"{sys.executable} -m roundtrip"

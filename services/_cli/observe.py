@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from roundtrip._cli.fleets import FleetOption
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topology
 
@@ -20,15 +21,18 @@ if TYPE_CHECKING:
     from roundtrip._kernel.wire.letters import DeadLettered, DeadLetterHandled
 
 
-def trace(turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")]) -> None:
+def trace(
+    turn_or_trace_id: Annotated[str, typer.Argument(help="turn id or trace id")], fleet: FleetOption = None
+) -> None:
     """Show the spans of one turn as an indented timeline: from Jaeger (ROUNDTRIP_JAEGER_QUERY_URL) or span files."""
     from roundtrip._cli.common import fleet_settings
 
-    raise typer.Exit(show_trace(fleet_settings(), turn_or_trace_id))
+    raise typer.Exit(show_trace(fleet_settings(fleet), turn_or_trace_id))
 
 
 def dead_letters(
     limit: Annotated[int, typer.Option(min=1, help="the last N dead letters")] = 20,
+    fleet: FleetOption = None,
 ) -> None:
     """Show the messages no service could process, newest last, with the reason and whether each was handled.
 
@@ -36,7 +40,7 @@ def dead_letters(
     Exit code 2: the dead letters cannot be read."""
     from roundtrip._cli.common import fleet_settings
 
-    raise typer.Exit(asyncio.run(show_dead_letters(fleet_settings(), limit)))
+    raise typer.Exit(asyncio.run(show_dead_letters(fleet_settings(fleet), limit)))
 
 
 def lag(
@@ -45,13 +49,14 @@ def lag(
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="one JSON document (per refresh with --watch)")] = False,
     watch: Annotated[float | None, typer.Option(help="refresh every SECONDS until Ctrl-C")] = None,
+    fleet: FleetOption = None,
 ) -> None:
     """Each consumer group's lag per topic and partition (committed, log end, lag), totals and members."""
     from roundtrip._cli.common import fleet_settings
 
     if watch is not None and watch <= 0:
         raise typer.BadParameter("--watch takes a number of seconds > 0")
-    settings = fleet_settings()
+    settings = fleet_settings(fleet)
     if group is not None and topology.find_group(group, settings.topic_prefix) is None:
         known = ", ".join(sorted(topology.groups(settings.topic_prefix)))
         raise typer.BadParameter(

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from roundtrip._cli.fleets import FleetOption, use_fleet
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 
@@ -29,26 +30,29 @@ def turns(
     ] = None,
     customer: Annotated[str | None, typer.Option(help="only this customer's turns")] = None,
     limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
+    fleet: FleetOption = None,
 ) -> None:
     """List running, stuck and ended turns with their trace ids (newest first)."""
     from roundtrip._cli.common import fleet_settings
 
     if ctx.invoked_subcommand is not None:
+        use_fleet(fleet)
         return
     if status and status not in ("running", "stuck", "waiting", "awaiting", "ending", "ended"):
         raise typer.BadParameter("status must be running, stuck, waiting, awaiting, ending or ended")
-    raise typer.Exit(asyncio.run(list_turns(fleet_settings(), status, customer, limit)))
+    raise typer.Exit(asyncio.run(list_turns(fleet_settings(fleet), status, customer, limit)))
 
 
 @app.command("cancel")
 def turns_cancel(
     turn_id: Annotated[str, typer.Argument(help="the turn to stop")],
     reason: Annotated[str, typer.Option(help="recorded with the turn")] = "cancelled by an operator",
+    fleet: FleetOption = None,
 ) -> None:
     """Stop a running turn now (a kill switch): the customer gets a polite reply."""
     from roundtrip._cli.common import fleet_settings
 
-    raise typer.Exit(asyncio.run(cancel_turn(fleet_settings(), turn_id, reason)))
+    raise typer.Exit(asyncio.run(cancel_turn(fleet_settings(fleet), turn_id, reason)))
 
 
 async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int) -> int:

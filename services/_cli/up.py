@@ -3,11 +3,13 @@ the configuration in effect."""
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from roundtrip._cli.fleets import FleetOption
 from roundtrip._cli.help import this_command
 from roundtrip._kernel.settings import Settings, get_settings
 from roundtrip._kernel.wire import topology
@@ -44,8 +46,7 @@ def up(
     after a minute up); Ctrl-C (SIGINT or SIGTERM) stops everything. A part that exits before
     it is ready is restarted the same way, three times, while the rest go on starting; then up
     stops with one line: the cause from its log (a taken port and its setting, a refused setting)."""
-    import os
-
+    _refuse_hidden_package()  # before the imports below: they load the agent
     from roundtrip._broker.embedded import BrokerError
     from roundtrip._cli.common import checked_agent
     from roundtrip._fleet.launcher import Fleet
@@ -76,6 +77,17 @@ def up(
     typer.echo("\nroundtrip: stopping")
     fleet.stop()
     typer.echo("roundtrip: stopped")
+
+
+def _refuse_hidden_package() -> None:
+    """The fleet's processes start as `python -m` in this folder, which Python searches first for `roundtrip`."""
+    from pathlib import Path
+
+    from roundtrip._cli import hidden_line, hiding
+
+    if (hidden := hiding(Path.cwd())) is not None:
+        typer.secho(hidden_line(hidden, "the fleet's processes"), fg="red", err=True)
+        raise typer.Exit(1)
 
 
 def _claim_state_dir(settings: Settings) -> None:
@@ -152,14 +164,14 @@ def console_url(settings: Settings) -> str:
     )
 
 
-def console_command() -> None:
+def console_command(fleet: FleetOption = None) -> None:
     """Where the fleet's console is (approvals and turns in a browser) and whether it answers; `roundtrip up` starts it,
     `roundtrip run console` runs one alone."""
     import httpx
 
     from roundtrip._cli.common import fleet_settings
 
-    settings = fleet_settings()
+    settings = fleet_settings(fleet)
     host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::") else settings.listen_host
     url = f"http://{host}:{settings.console_port}"
     typer.echo(f"The console (approvals, turns): {console_url(settings)}")
@@ -176,14 +188,14 @@ def console_command() -> None:
     typer.echo(f"  it answers (HTTP {answer.status_code}{hint})")
 
 
-def config() -> None:
+def config(fleet: FleetOption = None) -> None:
     """Print the effective configuration, grouped by concern (secrets hidden): the running fleet's, when one runs in
     the state folder, else this shell's."""
     from roundtrip._cli.common import fleet_settings
     from roundtrip._kernel.settings import ConfigurationError, display
     from roundtrip._sdk.agent import current_agent
 
-    settings = fleet_settings()
+    settings = fleet_settings(fleet)
     try:
         agent = current_agent(settings.agent)
     except ConfigurationError as exc:

@@ -45,16 +45,16 @@ class Reading:
     state_dir: Path
     pid: int | None = None
     differ: list[str] = field(default_factory=list)
-    agent: str = ""  # the fleet's ROUNDTRIP_AGENT ("": the default agent)
+    agent: str = ""  # the fleet's ROUNDTRIP_AGENT, or the shell's when none runs ("": the default agent)
 
     def lines(self, ledger: str) -> list[str]:
         """What the command says about it (`ledger`: the ledger's URL as shown, without its password)."""
+        agent = f"agent {self.agent}" if self.agent else "the default agent"
         if self.pid is None:
             return [
-                f"no fleet runs in {self.state_dir.resolve()} (roundtrip up records it there): reading this shell's "
-                f"settings, ledger {ledger}"
+                f"no fleet runs in {self.state_dir.resolve()} (roundtrip up records it there; --fleet STATE_DIR names "
+                f"another): reading this shell's settings: {agent}, ledger {ledger}"
             ]
-        agent = f"agent {self.agent}" if self.agent else "the default agent"
         said = [
             f"the fleet running in {self.state_dir.resolve()} (pid {self.pid}): {agent}, its settings, ledger {ledger}"
         ]
@@ -83,7 +83,7 @@ def adopt(state_dir: Path) -> Reading:
     """Make this process's ROUNDTRIP_* settings those of the fleet running in `state_dir`, if one runs there."""
     found, environ = running(state_dir), os.environ
     if found is None:
-        return Reading(state_dir)
+        return Reading(state_dir, agent=environ.get(f"{PREFIX}AGENT", "").strip())
     pid, fleet = found
     shell = {
         k: v for k, v in environ.items() if k.startswith(PREFIX) and k not in PER_PROCESS and k not in COMMANDS_OWN

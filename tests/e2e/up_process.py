@@ -8,19 +8,25 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from tests.ports import free_port_run
 
+UP = (sys.executable, "-m", "roundtrip._cli.main", "up")  # this checkout's roundtrip, in this venv
+
 
 @contextmanager
 def roundtrip_up(
-    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+    tmp_path: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    shell: Mapping[str, str] | None = None,
+    command: Sequence[str] = UP,
 ) -> Iterator[tuple[subprocess.Popen, dict[str, str], Path]]:
     """Start `roundtrip up ARGS`, wait for "Ready.", yield (process, its environment, its output); Ctrl-C it then."""
-    with up_started(tmp_path, *args, env=env) as (process, full_env, output):
+    with up_started(tmp_path, *args, env=env, shell=shell, command=command) as (process, full_env, output):
         deadline = time.monotonic() + 120
         while "Ready." not in output.read_text():
             assert process.poll() is None, output.read_text()
@@ -31,12 +37,17 @@ def roundtrip_up(
 
 @contextmanager
 def up_started(
-    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+    tmp_path: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    shell: Mapping[str, str] | None = None,
+    command: Sequence[str] = UP,
 ) -> Iterator[tuple[subprocess.Popen, dict[str, str], Path]]:
-    """Start `roundtrip up ARGS` and yield (process, its environment, its output) at once; Ctrl-C it then."""
+    """Start `roundtrip up ARGS` and yield (process, its environment, its output) at once; Ctrl-C it then. `shell`:
+    the environment it starts from (default: this process's), `command`: the `roundtrip up` to run."""
     base = free_port_run(5)  # below the ephemeral range: still free when up's parts bind them (tests/ports.py)
     full_env = {
-        **os.environ,
+        **(os.environ if shell is None else shell),
         "ROUNDTRIP_STATE_DIR": str(tmp_path / "state"),
         "ROUNDTRIP_KAFKA_PORT": str(base),
         "ROUNDTRIP_KAFKA_CONTROLLER_PORT": str(base + 1),
@@ -55,7 +66,7 @@ def up_started(
     output = tmp_path / "up.log"
     log = open(output, "w+")  # noqa: SIM115
     process = subprocess.Popen(
-        [sys.executable, "-m", "roundtrip._cli.main", "up", *args],
+        [*command, *args],
         env=full_env,
         stdout=log,
         stderr=subprocess.STDOUT,

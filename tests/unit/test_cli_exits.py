@@ -5,11 +5,14 @@ approvals table)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
+import roundtrip._cli as cli
 from roundtrip._cli import approvals, common, following, observe
 from roundtrip._cli.main import app
 from roundtrip._kernel.settings import get_settings
@@ -195,8 +198,6 @@ def test_the_unrelated_roundtrip_distribution_beside_ours_is_refused_in_one_line
     """On PyPI `roundtrip` is another project with a top-level package of the same name: the CLI says so and stops."""
     from importlib import metadata
 
-    import roundtrip._cli as cli
-
     class Unrelated:
         version = "0.1.1"
 
@@ -214,6 +215,41 @@ def test_the_unrelated_roundtrip_distribution_beside_ours_is_refused_in_one_line
     assert cli.clash() is not None
     monkeypatch.undo()
     assert cli.clash() is None  # this venv has roundtrip-fleet only
+
+
+def _user_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("ROUNDTRIP_")}
+
+
+def test_python_m_roundtrip_is_the_cli_and_beside_a_clone_named_roundtrip_says_the_cause_and_fix_in_one_line(tmp_path):
+    """A clone of the project named roundtrip is, to a Python started in its parent folder, a folder named roundtrip
+    without __init__.py: imported first, it hides the editable install, and `from roundtrip import Agent` would fail
+    with `cannot import name 'Agent' from 'roundtrip' (unknown location)`."""
+    clone = tmp_path / "roundtrip"
+    (clone / "services").mkdir(parents=True)
+    inside = subprocess.run(
+        [sys.executable, "-m", "roundtrip", "--help"], cwd=clone, env=_user_env(), capture_output=True, text=True
+    )
+    assert inside.returncode == 0 and "python -m roundtrip" in inside.stdout, inside.stderr
+    beside = subprocess.run(
+        [sys.executable, "-m", "roundtrip", "ask", "hi"], cwd=tmp_path, env=_user_env(), capture_output=True, text=True
+    )
+    assert beside.returncode == 1
+    assert beside.stderr.splitlines() == [cli.hidden_line(clone.resolve(), "this command")]
+    assert f"run it from another folder, e.g. cd {clone.resolve()}" in beside.stderr
+
+
+def test_up_beside_a_clone_named_roundtrip_refuses_in_one_line_before_it_starts_anything(tmp_path, monkeypatch):
+    """The fleet's processes start as `python -m` in up's folder, so they would import the clone as `roundtrip`."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.hiding(tmp_path) is None
+    (tmp_path / "roundtrip").mkdir()
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path / "state"))
+    get_settings.cache_clear()
+    result = CliRunner().invoke(app, ["up"])
+    assert result.exit_code == 1
+    assert result.output.splitlines() == [cli.hidden_line((tmp_path / "roundtrip").resolve(), "the fleet's processes")]
+    assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.parametrize("persona", ["script:renew", "script:example", "direct"])
@@ -243,6 +279,26 @@ def test_a_script_the_simulator_has_not_loaded_is_refused_before_the_turn_naming
     with running_simulator(scripts=Scripts({"renew": parse_script("renew", ["Renewed."])})) as url:
         monkeypatch.setenv("ROUNDTRIP_SIMULATOR_PORT", url.rsplit(":", 1)[1])
         result = CliRunner().invoke(app, [*command, "--customer", "cus_1", "--persona", "script:renw"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == "error: no simulator script 'renw' (loaded: renew)"
+
+
+def test_an_eval_case_naming_a_script_the_simulator_has_not_loaded_is_refused_before_any_case_in_asks_words(
+    monkeypatch, tmp_path
+):
+    import roundtrip._cli.evals.runner as eval_runner
+
+    async def never(*args, **kwargs):
+        raise AssertionError("a case was run")
+
+    monkeypatch.setattr(eval_runner, "run_suite", never)
+    (tmp_path / "cases").mkdir()
+    case = {"customer": "cus_1", "message": "renew my loan", "persona": "script:renw"}
+    (tmp_path / "cases" / "renew.json").write_text(json.dumps(case))
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
+    with running_simulator(scripts=Scripts({"renew": parse_script("renew", ["Renewed."])})) as url:
+        monkeypatch.setenv("ROUNDTRIP_SIMULATOR_PORT", url.rsplit(":", 1)[1])
+        result = CliRunner().invoke(app, ["eval", "run", str(tmp_path / "cases")])
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == "error: no simulator script 'renw' (loaded: renew)"
 

@@ -4,8 +4,11 @@ agent it reads, and `eval run` refuses a suite of another agent than the one tha
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
+import typer
+from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 import roundtrip._cli.evals.runner as eval_runner
@@ -75,7 +78,7 @@ def test_a_command_in_the_agents_folder_reads_the_marked_fleet_and_says_which_an
     state = fleet("desk")
     mark([desk], state)
     monkeypatch.chdir(desk / "evals")
-    settings = common.fleet_settings()
+    settings = common.fleet_settings(None)
     assert settings.state_dir == state.resolve() and settings.topic_prefix == "marked."
     said = capsys.readouterr().err
     assert f"the fleet running in {state.resolve()} (pid {os.getpid()}): agent desk, its settings" in said
@@ -85,7 +88,7 @@ def test_a_stopped_fleets_marker_is_not_followed(desk, tmp_path, monkeypatch, ca
     monkeypatch.delenv("ROUNDTRIP_STATE_DIR", raising=False)
     mark([desk], tmp_path / "stopped")
     monkeypatch.chdir(desk)
-    assert common.fleet_settings().state_dir != (tmp_path / "stopped").resolve()
+    assert common.fleet_settings(None).state_dir != (tmp_path / "stopped").resolve()
     get_settings.cache_clear()
 
 
@@ -168,3 +171,116 @@ def test_eval_fleet_names_the_fleet_to_run_through_from_any_folder(desk, fleet, 
     assert result.exit_code == 0, result.output
     assert f"the fleet running in {state.resolve()} (pid {os.getpid()}): agent desk.agent:AGENT" in result.output
     assert "cases against agent desk" in result.output
+
+
+# every command that talks to a running fleet, with what it needs besides --fleet (SUITE: a folder of one case)
+TALK_TO_A_FLEET = {
+    ("ask",): ["hi", "--customer", "cus_1"],
+    ("chat",): ["--customer", "cus_1"],
+    ("turns",): [],
+    ("turns", "cancel"): ["turn_1"],
+    ("approvals",): [],
+    ("approvals", "approve"): ["ap_1"],
+    ("approvals", "deny"): ["ap_1", "--reason", "no"],
+    ("conversations",): [],
+    ("conversations", "forget"): ["conv_1"],
+    ("trace",): ["turn_1"],
+    ("dead-letters",): [],
+    ("lag",): [],
+    ("console",): [],
+    ("config",): [],
+    ("eval", "run"): ["SUITE"],
+    ("eval", "record"): ["conv_1"],
+}
+# what starts or sets up a fleet with this shell's settings, or needs none
+NOT_A_RUNNING_FLEETS = {
+    ("up",),
+    ("run",),
+    ("topics", "create"),
+    ("topics", "wait"),
+    ("broker", "fetch"),
+    ("broker", "run"),
+    ("db", "upgrade"),
+    ("db", "current"),
+    ("db", "roles"),
+    ("agent", "check"),
+    ("agent", "init"),
+    ("keys",),
+    ("contracts",),
+    ("acls",),
+}
+
+
+def _commands(group: TyperGroup, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Every command of the CLI by its words; a group that runs without a subcommand (`turns`) is one too."""
+    found: dict[tuple[str, ...], Any] = {}
+    for name, command in group.commands.items():
+        if not isinstance(command, TyperGroup) or command.invoke_without_command:
+            found[(*path, name)] = command
+        if isinstance(command, TyperGroup):
+            found |= _commands(command, (*path, name))
+    return found
+
+
+def test_every_command_that_talks_to_a_running_fleet_takes_fleet():
+    commands = _commands(typer.main.get_command(app))
+    assert set(commands) == set(TALK_TO_A_FLEET) | NOT_A_RUNNING_FLEETS, (
+        "a command was added or removed: list it in TALK_TO_A_FLEET (with --fleet) or NOT_A_RUNNING_FLEETS"
+    )
+    options = {words: {o for p in command.params for o in p.opts} for words, command in commands.items()}
+    assert [" ".join(w) for w in TALK_TO_A_FLEET if "--fleet" not in options[w]] == []
+
+
+@pytest.fixture
+def reached(monkeypatch):
+    """The settings each command gets from common.fleet_settings (the real one); the command stops there, exit 0."""
+    got = []
+    real = common.fleet_settings
+
+    def then_stop(fleet):
+        got.append(real(fleet))
+        raise typer.Exit(0)
+
+    monkeypatch.setattr(common, "fleet_settings", then_stop)
+    return got
+
+
+@pytest.mark.parametrize("words", sorted(TALK_TO_A_FLEET), ids=" ".join)
+def test_fleet_names_the_fleet_each_command_talks_to_from_any_folder_and_it_says_which_and_its_agent(
+    words, fleet, reached, tmp_path, monkeypatch
+):
+    state = fleet("desk")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # no marker here or above, no fleet in ./.roundtrip
+    args = [_suite(tmp_path) if a == "SUITE" else a for a in TALK_TO_A_FLEET[words]]
+    result = CliRunner().invoke(app, [*words, *args, "--fleet", str(state)])
+    assert result.exit_code == 0, result.output
+    assert [(s.state_dir, s.topic_prefix) for s in reached] == [(state.resolve(), "marked.")]
+    assert f"the fleet running in {state.resolve()} (pid {os.getpid()}): agent desk, its settings" in result.output
+
+
+@pytest.mark.parametrize("words", [("turns", "cancel", "turn_1"), ("approvals", "approve", "ap_1")], ids=" ".join)
+def test_a_groups_fleet_counts_for_its_subcommand(words, fleet, reached, tmp_path, monkeypatch):
+    state = fleet("desk")
+    monkeypatch.chdir(tmp_path)
+    group, *rest = words
+    result = CliRunner().invoke(app, [group, "--fleet", str(state), *rest])
+    assert result.exit_code == 0, result.output
+    assert [s.state_dir for s in reached] == [state.resolve()]
+
+
+def test_a_fleet_folder_that_does_not_exist_is_refused(reached, tmp_path):
+    result = CliRunner().invoke(app, ["turns", "--fleet", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and "does not exist" in " ".join(result.output.replace("│", " ").split())
+    assert reached == []
+
+
+def test_with_no_fleet_running_a_command_says_so_and_the_agent_of_this_shell(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ROUNDTRIP_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("ROUNDTRIP_AGENT", "desk")
+    get_settings.cache_clear()
+    common.fleet_settings(None)
+    said = capsys.readouterr().err
+    assert f"no fleet runs in {tmp_path.resolve()} (roundtrip up records it there; --fleet STATE_DIR names" in said
+    assert "reading this shell's settings: agent desk" in said

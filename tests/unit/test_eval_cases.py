@@ -60,6 +60,7 @@ def test_the_demo_shops_suite_and_the_skeletons_cases_are_sound():
         ({"decide": "maybe"}, "expected approve or deny"),
         ({"runs": 0}, "runs must be at least 1"),
         ({"persona": "careful", "script": ["hi"]}, "a script or a persona, not both"),
+        ({"persona": "carefull"}, "persona: unknown persona 'carefull'; the simulator's personas are: careful, "),
         ({"turns": [{"message": "a"}]}, "either turns or message"),
     ],
 )

@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from roundtrip._cli.fleets import FleetOption
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
+    from roundtrip._cli.evals.cases import Case
     from roundtrip._cli.evals.report import Change
     from roundtrip._cli.evals.runner import CaseResult
     from roundtrip._kernel.settings import Settings
@@ -26,20 +29,25 @@ eval_app = typer.Typer(
 
 def _fleet_and_agent(suite: Path, fresh: bool, fleet: Path | None) -> tuple[Settings, Agent]:
     """The fleet the cases run through and its agent: refused when the suite is another agent's; reset with --fresh."""
-    import os
-
     from roundtrip._cli.common import checked_agent, fleet_settings
-    from roundtrip._kernel.settings import get_settings
 
-    if fleet is not None:  # as ROUNDTRIP_STATE_DIR would: that folder's fleet, no marker looked for
-        os.environ["ROUNDTRIP_STATE_DIR"] = str(fleet)
-        get_settings.cache_clear()
-    settings = fleet_settings()
+    settings = fleet_settings(fleet)
     agent = checked_agent(settings)
     _refuse_other_agent(suite, agent.name, settings.state_dir)
     if fresh:
         _reset(agent, settings)
     return settings, agent
+
+
+def _check_personas(settings: Settings, cases: list[Case]) -> None:
+    """A case's script:NAME the simulator has not loaded is refused before any turn, in ask's words (exit 2); the
+    agent's example_script is handed to it first when a case names script:example, as ask does."""
+    from roundtrip._cli.asking import check_scripts_loaded, hand_example_script
+
+    personas = sorted({p for case in cases for turn in case.turns if (p := turn.persona)})
+    for persona in personas:
+        hand_example_script(settings, persona)
+    check_scripts_loaded(settings, personas)
 
 
 def _reset(agent: Agent, settings: Settings) -> None:
@@ -100,7 +108,7 @@ def run(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="first put the agent's backends back to a known state (Agent(reset=...))")
     ] = False,
-    fleet: Annotated[Path | None, typer.Option(help="the state folder of the fleet to run them through")] = None,
+    fleet: FleetOption = None,
 ) -> None:
     """Run each case's conversation through the running fleet as a user's app would (support.requests, then its
     reply and its turn's events from the topics): against the real model when ANTHROPIC_API_KEY is set, else the
@@ -110,8 +118,8 @@ def run(
     With --fresh the agent's reset hook (Agent(reset=...)) first puts its backends back to a known state, so a suite
     that changes data passes run after run.
 
-    Exit codes: 0 every case passed (with --baseline: no case regressed); 1 a case failed (with --baseline: a pass
-    rate dropped, or a new case fails); 2 not run (a case file that is wrong, the fleet not up, --fresh failing)."""
+    Exit codes: 0 every case passed (with --baseline: none regressed); 1 a case failed (with --baseline: a pass rate
+    dropped or a new case fails); 2 not run (a wrong case file, the fleet down, --fresh failing, a script unloaded)."""
     from roundtrip._cli.evals.cases import CaseError, load_suite
     from roundtrip._cli.evals.report import changes, load_baseline
     from roundtrip._cli.evals.report import junit as junit_xml
@@ -129,6 +137,7 @@ def run(
     if runs is not None:
         cases = [replace(case, runs=runs) for case in cases]
     settings, agent = _fleet_and_agent(suite[0], fresh, fleet)
+    _check_personas(settings, cases)
     model = "the simulator" if settings.use_simulator else f"the model {agent.model_for(settings)}"
     typer.echo(f"roundtrip eval: {len(cases)} cases against agent {agent.name} and {model}")
     try:
@@ -203,6 +212,7 @@ def _report(results: list[CaseResult], changed: list[Change], compared: bool) ->
 def record(
     conversation: Annotated[str, typer.Argument(help="the conversation (roundtrip conversations lists them)")],
     out: Annotated[Path | None, typer.Option(help="write the case here (default: print it)")] = None,
+    fleet: FleetOption = None,
 ) -> None:
     """Turn a conversation the fleet has had into a case that replays it: each turn the customer's words, the model's
     responses as a script, and what the turn did as expectations (outcome, tools called, steps)."""
@@ -212,7 +222,7 @@ def record(
     from roundtrip._cli.evals.record import record as make
 
     try:
-        case, notes = asyncio.run(make(fleet_settings(), conversation))
+        case, notes = asyncio.run(make(fleet_settings(fleet), conversation))
     except NotRecorded as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None

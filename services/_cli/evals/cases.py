@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from roundtrip._cli.asking import unknown_persona
 from roundtrip._kernel.wire.events import Outcome, SupportRequest
 from roundtrip._simulator.scripted import ScriptError, parse_script
 
@@ -149,6 +150,8 @@ def parse_turn(where: str, raw: Any) -> Turn:
     persona = raw.get("persona")
     if persona is not None and not isinstance(persona, str):
         raise CaseError(f"{where}.persona: expected a persona's name")
+    if persona is not None and (why := unknown_persona(persona)):
+        raise CaseError(f"{where}.persona: {why}")
     if persona is not None and "script" in raw:
         raise CaseError(f"{where}: a turn has a script or a persona, not both")
     return Turn(
