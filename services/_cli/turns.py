@@ -28,6 +28,10 @@ def turns(
         ),
     ] = None,
     customer: Annotated[str | None, typer.Option(help="only this customer's turns")] = None,
+    lane: Annotated[
+        str | None,
+        typer.Option(help="batch (model calls through Message Batches: `in batch` while one waits) or interactive"),
+    ] = None,
     limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
 ) -> None:
     """List running, stuck and ended turns with their trace ids (newest first)."""
@@ -37,7 +41,9 @@ def turns(
         return
     if status and status not in ("running", "stuck", "waiting", "awaiting", "ending", "ended"):
         raise typer.BadParameter("status must be running, stuck, waiting, awaiting, ending or ended")
-    raise typer.Exit(asyncio.run(list_turns(fleet_settings(), status, customer, limit)))
+    if lane and lane not in ("batch", "interactive"):
+        raise typer.BadParameter("lane must be batch or interactive")
+    raise typer.Exit(asyncio.run(list_turns(fleet_settings(), status, customer, limit, lane)))
 
 
 @app.command("cancel")
@@ -51,7 +57,9 @@ def turns_cancel(
     raise typer.Exit(asyncio.run(cancel_turn(fleet_settings(), turn_id, reason)))
 
 
-async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int) -> int:
+async def list_turns(
+    settings: Settings, status: str | None, customer: str | None, limit: int, lane: str | None
+) -> int:
     from rich.table import Table
 
     from roundtrip._cli.common import console, ledger_missing, plain
@@ -61,7 +69,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
         return 2
     ledger = await TurnReads.open(settings.ledger_db_url, read_only=True)
     try:
-        rows = await ledger.list(status=status, customer_id=customer, limit=limit)
+        rows = await ledger.list(status=status, customer_id=customer, limit=limit, lane=lane)
         size = await ledger.size()
     finally:
         await ledger.close()
@@ -69,6 +77,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
     for column in (
         "turn",
         "status",
+        "lane",
         "customer",
         "step",
         "outcome",
@@ -87,12 +96,14 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
         "awaiting": "yellow",
         "ending": "magenta",
         "ended": "dim",
+        "in batch": "blue",
     }
     for r in rows:
         idle = "" if r.status == "ended" else f"{now - r.last_progress_at:.0f}"
         table.add_row(
             plain(r.turn_id),
-            f"[{colours[r.status]}]{r.status}[/]",
+            f"[{colours[r.shown_status]}]{r.shown_status}[/]",
+            plain(r.shown_lane),
             plain(r.customer_id),
             str(r.step),
             plain(r.outcome or ""),
