@@ -15,6 +15,15 @@ from roundtrip._kernel.wire import topics
 app = typer.Typer(
     help="Turns in the guard's ledger: list them (with trace ids), cancel one.", invoke_without_command=True
 )
+COLOURS = {
+    "running": "cyan",
+    "stuck": "red",
+    "waiting": "blue",
+    "awaiting": "yellow",
+    "ending": "magenta",
+    "ended": "dim",
+    "in batch": "blue",  # a batch turn waiting on its Message Batch (TurnRow.shown_status)
+}
 
 
 @app.callback()
@@ -89,20 +98,11 @@ async def list_turns(
     ):
         table.add_column(column)
     now = time.time()
-    colours = {
-        "running": "cyan",
-        "stuck": "red",
-        "waiting": "blue",
-        "awaiting": "yellow",
-        "ending": "magenta",
-        "ended": "dim",
-        "in batch": "blue",
-    }
     for r in rows:
         idle = "" if r.status == "ended" else f"{now - r.last_progress_at:.0f}"
         table.add_row(
             plain(r.turn_id),
-            f"[{colours[r.shown_status]}]{r.shown_status}[/]",
+            f"[{COLOURS[r.shown_status]}]{r.shown_status}[/]",
             plain(r.shown_lane),
             plain(r.customer_id),
             str(r.step),
