@@ -196,7 +196,7 @@ class TurnReads(TurnStore):
         query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)
         if lane == BATCH:
             query = query.where(turns.c.lane == BATCH)
-        elif lane:
+        elif lane == INTERACTIVE:
             query = query.where(turns.c.lane.is_(None) | (turns.c.lane != BATCH))
         for column, value in (
             (turns.c.status, status),
