@@ -112,10 +112,10 @@ class Starts:
         changes: dict[str, float | int | str] = {"history_messages": len(history)}
         if self.agent_digest:
             changes["agent_digest"] = self.agent_digest
-        # the guard's clock sets the deadline; it travels with the turn: the gate signs it. A batch turn keeps the
-        # later one the gateway gave it (ROUNDTRIP_BATCH_DEADLINE_S): its answers may take hours
-        own = round(now + self.turn_deadline_s, 3)
-        changes["deadline_at"] = max(own, turn.deadline_at) if turn.lane == BATCH else own
+        # the guard's clock sets the deadline; it travels with the turn: the gate signs it. A batch turn keeps the one
+        # the gateway gave it (ROUNDTRIP_BATCH_DEADLINE_S): its answers may take hours
+        batch = turn.lane == BATCH and turn.deadline_at > 0
+        changes["deadline_at"] = turn.deadline_at if batch else round(now + self.turn_deadline_s, 3)
         turn = turn.model_copy(update=changes)
         call = CallModel(turn=turn, step=0, messages=[*history, {"role": "user", "content": command.text}])
         if history:

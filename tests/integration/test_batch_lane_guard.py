@@ -33,10 +33,11 @@ BATCH_DEADLINE_S = 10.0  # the batch turn's own deadline: far past the chat turn
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-async def ledger_url(request, tmp_path) -> str:
+def ledger_url(request, tmp_path) -> str:
+    """A new, empty ledger database of either kind."""
     if request.param == "sqlite":
-        return await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
-    return await migrated(request.getfixturevalue("postgres_database"))
+        return f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"
+    return request.getfixturevalue("postgres_database")
 
 
 def _turn(lane: str, deadline_at: float = 0.0) -> Turn:
@@ -57,6 +58,7 @@ async def test_a_batch_turn_waiting_for_its_model_answer_is_never_stuck_and_ends
     kafka_bootstrap, kafka_topics, ledger_url, tmp_path
 ):
     prefix = kafka_topics
+    await migrated(ledger_url)  # as `roundtrip db upgrade` does before the services start
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROUNDTRIP_")}
     env |= {
         "ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
