@@ -128,9 +128,8 @@ async def test_a_batch_turn_waiting_for_its_model_answer_is_never_stuck_and_ends
             return [topic for topic, _ in seen[turn.turn_id]]
 
         assert topics.TURN_EVENTS in await outcomes_of(chat)  # flagged on turn.events, then ended
-        assert await outcomes_of(batch) == [topics.OUTCOMES]  # never flagged: only its end
-        (end,) = [m for topic, m in seen[batch.turn_id] if topic == topics.OUTCOMES]
-        assert end["outcome"] == "deadline"
+        assert set(await outcomes_of(batch)) == {topics.OUTCOMES}  # never flagged: only its end (at least once)
+        assert {m["outcome"] for topic, m in seen[batch.turn_id] if topic == topics.OUTCOMES} == {"deadline"}
     finally:
         await ledger.close()
         await producer.stop()

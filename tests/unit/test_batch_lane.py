@@ -5,6 +5,7 @@ ends at its own deadline; `roundtrip turns` and the console show it `in batch`. 
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -142,7 +143,7 @@ async def test_the_cli_and_the_console_show_a_batch_turn_in_batch(guard, tmp_pat
     settings = Settings(_env_file=None, state_dir=tmp_path, ledger_database_url=url)
 
     assert await turns_cli.list_turns(settings, None, None, 30, "batch") == 0
-    listed = capsys.readouterr().out
+    listed = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # colours, where the terminal is forced
     (line,) = [row for row in listed.splitlines() if waiting.turn_id in row]
     assert line.split()[1:4] == ["in", "batch", "batch"]  # status `in batch`, lane batch
     assert chat.turn_id not in listed
