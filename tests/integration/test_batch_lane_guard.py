@@ -120,15 +120,15 @@ async def test_a_batch_turn_waiting_for_its_model_answer_is_never_stuck_and_ends
         assert ended.outcome == "deadline" and ended.flagged_at is None
         assert ended.ended_at >= batch.deadline_at
 
-        async def outcomes_of(turn: Turn) -> list[str]:
+        async def topics_of(turn: Turn) -> list[str]:
             deadline = time.monotonic() + 30
             while not any(topic == topics.OUTCOMES for topic, _ in seen.get(turn.turn_id, [])):
                 assert time.monotonic() < deadline, f"no end of {turn.turn_id} on turn.outcomes"
                 await asyncio.sleep(0.1)  # poll interval: the reader's records
             return [topic for topic, _ in seen[turn.turn_id]]
 
-        assert topics.TURN_EVENTS in await outcomes_of(chat)  # flagged on turn.events, then ended
-        assert set(await outcomes_of(batch)) == {topics.OUTCOMES}  # never flagged: only its end (at least once)
+        assert topics.TURN_EVENTS in await topics_of(chat)  # flagged on turn.events, then ended
+        assert set(await topics_of(batch)) == {topics.OUTCOMES}  # never flagged: only its end (at least once)
         assert {m["outcome"] for topic, m in seen[batch.turn_id] if topic == topics.OUTCOMES} == {"deadline"}
     finally:
         await ledger.close()
