@@ -66,9 +66,7 @@ def turns_cancel(
     raise typer.Exit(asyncio.run(cancel_turn(fleet_settings(), turn_id, reason)))
 
 
-async def list_turns(
-    settings: Settings, status: str | None, customer: str | None, limit: int, lane: str | None
-) -> int:
+async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int, lane: str | None) -> int:
     from rich.table import Table
 
     from roundtrip._cli.common import console, ledger_missing, plain

@@ -399,9 +399,7 @@ class Ledger(LedgerApprovals):
         """(running turns idle past stuck_after_s, live turns past their grace or deadline, ending turns); a batch turn
         waiting for its Message Batch is neither idle nor past a grace, only ever past its deadline."""
         idle = await self._rows(
-            select(turns).where(
-                turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s, ~IN_BATCH
-            )
+            select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s, ~IN_BATCH)
         )
         # a turn with a deadline is judged by it alone: an approval's wait moved it
         past_deadline = turns.c.deadline_at.is_(None) & (turns.c.started_at < now - deadline_s)

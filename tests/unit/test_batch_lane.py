@@ -157,4 +157,4 @@ async def test_the_cli_and_the_console_show_a_batch_turn_in_batch(guard, tmp_pat
     cells = table.split(f'<tr data-turn="{waiting.turn_id}">', 1)[1].split("</tr>", 1)[0]
     assert '<td class="status st-running">in batch</td><td class="lane">batch</td>' in cells
     summary = pages.turn_summary(await guard.ledger.get(waiting.turn_id), None, time.time())
-    assert "<th>status</th><td><span class=\"status st-running\">in batch</span></td>" in summary
+    assert '<th>status</th><td><span class="status st-running">in batch</span></td>' in summary
