@@ -56,8 +56,10 @@ def asyncapi_document() -> dict[str, Any]:
             "from support.replies (exactly one per request); they may read SupportStatus from support.status (each "
             "step as it starts, with what the customer may read of it; a turn waiting for a person, and until when: "
             "never a reply) and StreamedText from support.stream (the text of a turn that streams, as the model "
-            "writes it: never the reply either). Every other topic is internal. Messages are JSON, keyed by "
-            "conversation id."
+            "writes it: never the reply either). A SupportRequest with lane `batch` has its model calls made through "
+            "Message Batches: half the price, its one reply within minutes to hours (lane absent: the fleet's "
+            "ROUNDTRIP_DEFAULT_LANE); a fleet that does not know the field ignores it and answers interactively. "
+            "Every other topic is internal. Messages are JSON, keyed by conversation id."
         ),
     )
     return _refer_to_schema_files(spec.to_specification().to_jsonable())

@@ -16,6 +16,15 @@ from roundtrip._kernel.wire import topics
 app = typer.Typer(
     help="Turns in the guard's ledger: list them (with trace ids), cancel one.", invoke_without_command=True
 )
+COLOURS = {
+    "running": "cyan",
+    "stuck": "red",
+    "waiting": "blue",
+    "awaiting": "yellow",
+    "ending": "magenta",
+    "ended": "dim",
+    "in batch": "blue",  # a batch turn waiting on its Message Batch (TurnRow.shown_status)
+}
 
 
 @app.callback()
@@ -29,6 +38,10 @@ def turns(
         ),
     ] = None,
     customer: Annotated[str | None, typer.Option(help="only this customer's turns")] = None,
+    lane: Annotated[
+        str | None,
+        typer.Option(help="batch (model calls through Message Batches: `in batch` while one waits) or interactive"),
+    ] = None,
     limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
     fleet: FleetOption = None,
 ) -> None:
@@ -40,7 +53,9 @@ def turns(
         return
     if status and status not in ("running", "stuck", "waiting", "awaiting", "ending", "ended"):
         raise typer.BadParameter("status must be running, stuck, waiting, awaiting, ending or ended")
-    raise typer.Exit(asyncio.run(list_turns(fleet_settings(fleet), status, customer, limit)))
+    if lane and lane not in ("batch", "interactive"):
+        raise typer.BadParameter("lane must be batch or interactive")
+    raise typer.Exit(asyncio.run(list_turns(fleet_settings(fleet), status, customer, limit, lane)))
 
 
 @app.command("cancel")
@@ -55,7 +70,7 @@ def turns_cancel(
     raise typer.Exit(asyncio.run(cancel_turn(fleet_settings(fleet), turn_id, reason)))
 
 
-async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int) -> int:
+async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int, lane: str | None) -> int:
     from rich.table import Table
 
     from roundtrip._cli.common import console, ledger_missing, plain
@@ -65,7 +80,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
         return 2
     ledger = await TurnReads.open(settings.ledger_db_url, read_only=True)
     try:
-        rows = await ledger.list(status=status, customer_id=customer, limit=limit)
+        rows = await ledger.list(status=status, customer_id=customer, limit=limit, lane=lane)
         size = await ledger.size()
     finally:
         await ledger.close()
@@ -73,6 +88,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
     for column in (
         "turn",
         "status",
+        "lane",
         "customer",
         "step",
         "outcome",
@@ -84,19 +100,12 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
     ):
         table.add_column(column)
     now = time.time()
-    colours = {
-        "running": "cyan",
-        "stuck": "red",
-        "waiting": "blue",
-        "awaiting": "yellow",
-        "ending": "magenta",
-        "ended": "dim",
-    }
     for r in rows:
         idle = "" if r.status == "ended" else f"{now - r.last_progress_at:.0f}"
         table.add_row(
             plain(r.turn_id),
-            f"[{colours[r.status]}]{r.status}[/]",
+            f"[{COLOURS[r.shown_status]}]{r.shown_status}[/]",
+            plain(r.shown_lane),
             plain(r.customer_id),
             str(r.step),
             plain(r.outcome or ""),

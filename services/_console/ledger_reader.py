@@ -102,9 +102,10 @@ class Books:
         agent: str | None = None,
         limit: int = 100,
         conversation: str | None = None,
+        lane: str | None = None,
     ) -> list[TurnRow]:
-        """Turns filtered by status, outcome, customer, conversation, age and agent (a prefix of its digest), in the
-        order people look at them: those that need someone first, then by conversation, newest first."""
+        """Turns filtered by status, outcome, customer, conversation, lane, age and agent (a prefix of its digest), in
+        the order people look at them: those that need someone first, then by conversation, newest first."""
         since = time.time() - max_age_s if max_age_s else None
         rows = await self._read(
             lambda ledger: ledger.list(
@@ -114,6 +115,7 @@ class Books:
                 conversation_id=conversation,
                 outcome=outcome,
                 since=since,
+                lane=lane,
             )
         )
         rows = [r for r in rows if (not agent or (r.agent_digest or "").startswith(agent))][:limit]

@@ -225,14 +225,19 @@ def refusal(message: str, back: str) -> str:
 
 
 def turn_filters(
-    status: str, outcome: str, customer: str, max_age_min: str, agent: str = "", conversation: str = ""
+    status: str, outcome: str, customer: str, max_age_min: str, agent: str = "", conversation: str = "", lane: str = ""
 ) -> str:
     options = "".join(
         f'<option value="{s}"{" selected" if s == status else ""}>{s or "any status"}</option>'
         for s in ("", *STATUS_COLOURS)
     )
+    lanes = "".join(
+        f'<option value="{s}"{" selected" if s == lane else ""}>{s or "any lane"}</option>'
+        for s in ("", "interactive", "batch")
+    )
     return (
         f'<form class="filters" method="get" action="/turns"><select name="status">{options}</select>'
+        f'<select name="lane">{lanes}</select>'
         f'<input type="text" name="outcome" placeholder="outcome (end_turn, cancelled…)" value="{esc(outcome)}">'
         f'<input type="text" name="customer" placeholder="customer" value="{esc(customer)}">'
         f'<input type="text" name="conversation" placeholder="conversation" value="{esc(conversation)}">'
@@ -248,7 +253,8 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
         tokens = r.input_tokens + r.cache_creation_input_tokens + r.cache_read_input_tokens
         cells.append(
             f'<tr data-turn="{esc(r.turn_id)}"><td><a href="/turns/{quote(r.turn_id)}">{esc(r.turn_id)}</a></td>'
-            f'<td class="status {_status_class(r.status)}">{esc(r.status)}</td><td>{esc(r.customer_id)}</td>'
+            f'<td class="status {_status_class(r.status)}">{esc(r.shown_status)}</td>'
+            f'<td class="lane">{esc(r.shown_lane)}</td><td>{esc(r.customer_id)}</td>'
             f'<td><a href="/turns?conversation={quote(r.conversation_id)}">{esc(r.conversation_id)}</a></td>'
             f"<td>{r.step}</td><td>{esc(r.outcome or '')}</td><td>{r.cost_usd:.4f}</td>"
             f"<td>{tokens}/{r.output_tokens}</td><td>{now - r.started_at:.0f}</td>"
@@ -259,6 +265,7 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
         for h in (
             "turn",
             "status",
+            "lane",
             "customer",
             "conversation",
             "steps",
@@ -298,7 +305,8 @@ def cancel_form(turn_id: str, csrf: str) -> str:
 
 def turn_summary(row: Any, trace_template: str | None, now: float) -> str:
     facts = [
-        ("status", f'<span class="status {_status_class(row.status)}">{esc(row.status)}</span>'),
+        ("status", f'<span class="status {_status_class(row.status)}">{esc(row.shown_status)}</span>'),
+        ("lane", esc(row.shown_lane)),
         ("outcome", esc(row.outcome or "")),
         ("customer", esc(row.customer_id)),
         ("conversation", esc(row.conversation_id)),

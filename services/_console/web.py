@@ -212,13 +212,13 @@ class Console:
                 q.get(k) or None for k in ("status", "outcome", "customer", "conversation")
             )
             rows = await self.books.turns(
-                status, outcome, customer, age, q.get("agent") or None, conversation=conversation
+                status, outcome, customer, age, q.get("agent") or None, conversation=conversation, lane=q.get("lane")
             )
             trouble = None
         except LedgerAway as exc:
             rows, trouble = [], str(exc)
         version = hashlib.sha256(
-            json.dumps([[r.turn_id, r.status, r.step] for r in rows] + [trouble]).encode()
+            json.dumps([[r.turn_id, r.shown_status, r.step] for r in rows] + [trouble]).encode()
         ).hexdigest()[:16]
         return pages.turns_table(rows, version, trouble, time.time())
 
@@ -226,7 +226,7 @@ class Console:
         identity = await self._identity(request)
         q = request.query_params
         filters = pages.turn_filters(
-            *(q.get(k, "") for k in ("status", "outcome", "customer", "max_age_min", "agent", "conversation"))
+            *(q.get(k, "") for k in ("status", "outcome", "customer", "max_age_min", "agent", "conversation", "lane"))
         )
         src = "/turns/live" + (f"?{request.url.query}" if request.url.query else "")
         return self._html(request, identity, "Turns", filters + pages.live(src, await self._turns(request)))

@@ -22,8 +22,11 @@ from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, TurnRea
 from roundtrip._kernel.storage.turnstore import (
     AT_STEP,
     AWAITING,
+    BATCH,
     ENDED,
     ENDING,
+    IN_BATCH,
+    INTERACTIVE,
     IS_LIVE,
     LIVE,
     OF_PRINCIPAL,
@@ -40,6 +43,7 @@ from roundtrip._kernel.storage.turnstore import (
 
 __all__ = [
     "AWAITING",
+    "BATCH",
     "ENDED",
     "ENDING",
     "LIVE",
@@ -226,6 +230,7 @@ class Ledger(LedgerApprovals):
             cache_read_input_tokens=0,
             cost_usd=0.0,
             agent_digest=agent_digest,
+            lane=turn.get("lane") or INTERACTIVE,
         )
         try:
             await self._run(lambda conn: conn.execute(_START, row), write=True, single=True)
@@ -337,6 +342,7 @@ class Ledger(LedgerApprovals):
         conditions = [
             turns.c.turn_id == turn_id,
             turns.c.status == RUNNING,
+            ~IN_BATCH,
             turns.c.last_progress_at <= now - stuck_after_s,
         ]
         if step is not None:
@@ -390,9 +396,10 @@ class Ledger(LedgerApprovals):
     async def overdue(
         self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float
     ) -> tuple[builtins.list[TurnRow], builtins.list[TurnRow], builtins.list[TurnRow]]:
-        """(running turns idle past stuck_after_s, live turns past their grace or deadline, ending turns)."""
+        """(running turns idle past stuck_after_s, live turns past their grace or deadline, ending turns); a batch turn
+        waiting for its Message Batch is neither idle nor past a grace, only ever past its deadline."""
         idle = await self._rows(
-            select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s)
+            select(turns).where(turns.c.status == RUNNING, turns.c.last_progress_at < now - stuck_after_s, ~IN_BATCH)
         )
         # a turn with a deadline is judged by it alone: an approval's wait moved it
         past_deadline = turns.c.deadline_at.is_(None) & (turns.c.started_at < now - deadline_s)
@@ -401,7 +408,7 @@ class Ledger(LedgerApprovals):
         expired = await self._rows(
             select(turns).where(
                 turns.c.status.in_(LIVE),
-                ((turns.c.status == STUCK) & (turns.c.flagged_at < now - grace_s)) | past_deadline,
+                ((turns.c.status == STUCK) & (turns.c.flagged_at < now - grace_s) & ~IN_BATCH) | past_deadline,
             )
         )
         ending = await self._rows(select(turns).where(turns.c.status == ENDING))

@@ -1,9 +1,10 @@
 """The loop decision: each model response (turn.iterations) is decided, recorded once, and sent on.
 
 The step is recorded with one conditional update (the step before must be the one recorded, so a duplicate or a
-racing replica is dropped); only a refused update reads the ledger. A finished turn's exchange is stored only once the
-ledger accepted its end: in the same transaction when the conversations share the ledger's database, else right
-after it (docs/conversations.md, "Written once the end is recorded").
+racing replica is dropped); only a refused update reads the ledger, and a batch turn's step (its cost so far: each
+call priced at its own rate). A finished turn's exchange is stored only once the ledger accepted its end: in the same
+transaction when the conversations share the ledger's database, else right after it (docs/conversations.md, "Written
+once the end is recorded").
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from opentelemetry import trace
 from sqlalchemy import Connection
 
 from roundtrip._guard.conversations import Conversations
-from roundtrip._guard.ledger import ENDED, Ledger, TurnRow, digest_of
+from roundtrip._guard.ledger import BATCH, ENDED, Ledger, TurnRow, digest_of
 from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
 from roundtrip._guard.rules import Continue, Finish, Policy, decide
 from roundtrip._guard.side_effects import SideEffects
@@ -89,9 +90,12 @@ class Decisions:
     model: str  # the fleet's model, for an iteration that names none
     side_effects: SideEffects
 
-    def decided(self, event: ModelResponded, span: trace.Span) -> Decided:
+    def decided(self, event: ModelResponded, span: trace.Span, earlier_usd: float | None = None) -> Decided:
+        """`earlier_usd`: the turn's earlier calls as the ledger priced them, each at its rate (a batch turn's); None:
+        the turn's tokens at this call's price (an interactive turn's calls are all direct)."""
         model = event.model or self.model
-        cost, step_cost = self.prices.cost(model, event.spent), self.prices.cost(model, event.usage)
+        step_cost = self.prices.cost(model, event.usage, batch=bool(event.batch_id))
+        cost = self.prices.cost(model, event.spent) if earlier_usd is None else earlier_usd + step_cost
         decision = decide(event, self.policy, cost, step_cost)
         span.set_attribute("roundtrip.decision", type(decision).__name__)
         if isinstance(decision, Continue):
@@ -139,7 +143,7 @@ class Loop:
 
     async def on_iteration(self, event: ModelResponded) -> str:
         span = trace.get_current_span()
-        decided = self.decisions.decided(event, span)
+        decided = self.decisions.decided(event, span, await self._earlier_usd(event))
         message, outcome, cost, step_cost, model = (
             decided.message,
             decided.outcome,
@@ -172,6 +176,13 @@ class Loop:
             await self.outbox.emit(event.turn.turn_id, pending, message, event.turn.conversation_id)
             return outcome or type(message).__name__
         return await self._not_advanced(event, span, message, pending)
+
+    async def _earlier_usd(self, event: ModelResponded) -> float | None:
+        """A batch turn's cost up to the step before, as recorded (one read a step: its steps take minutes)."""
+        if event.turn.lane != BATCH:
+            return None
+        row = await self.ledger.get(event.turn.turn_id)
+        return row.cost_usd if row is not None and row.step == event.step - 1 else None
 
     def _history(
         self, event: ModelResponded, ended: TurnEnded, only_open: bool = False

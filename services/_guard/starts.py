@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry import trace
 
 from roundtrip._guard.conversations import Claim, Conversations
-from roundtrip._guard.ledger import Ledger, TurnRow
+from roundtrip._guard.ledger import BATCH, Ledger, TurnRow
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
 from roundtrip._guard.replies import Replies
@@ -112,8 +112,10 @@ class Starts:
         changes: dict[str, float | int | str] = {"history_messages": len(history)}
         if self.agent_digest:
             changes["agent_digest"] = self.agent_digest
-        # the guard's clock sets the deadline, never the event; it travels with the turn: the gate signs it
-        changes["deadline_at"] = round(now + self.turn_deadline_s, 3)
+        # the guard's clock sets the deadline; it travels with the turn: the gate signs it. A batch turn keeps the one
+        # the gateway gave it (ROUNDTRIP_BATCH_DEADLINE_S): its answers may take hours
+        batch = turn.lane == BATCH and turn.deadline_at > 0
+        changes["deadline_at"] = turn.deadline_at if batch else round(now + self.turn_deadline_s, 3)
         turn = turn.model_copy(update=changes)
         call = CallModel(turn=turn, step=0, messages=[*history, {"role": "user", "content": command.text}])
         if history:

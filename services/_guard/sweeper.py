@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from roundtrip._guard.approvals import Approvals
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.external_ends import ExternalEnds, in_turn_trace
-from roundtrip._guard.ledger import ENDED, STUCK, Ledger, TurnRow
+from roundtrip._guard.ledger import BATCH, ENDED, STUCK, Ledger, TurnRow
 from roundtrip._guard.outbox import Bounded, Outbox
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability import metrics
@@ -87,7 +87,7 @@ class Sweeper:
     async def _end_overdue(self, row: TurnRow, now: float, announced: Bounded) -> str | None:
         """End a turn past its deadline, or stuck past its grace (only if still stuck since that very flag)."""
         if (row.deadline_at or row.started_at + self.turn_deadline_s) <= now:
-            detail, since = f"turn older than {self.turn_deadline_s:g} s", {}
+            detail, since = self._too_old(row), {}
         else:
             detail, since = (
                 f"stuck for more than {self.stuck_grace_s:g} s",
@@ -98,6 +98,11 @@ class Sweeper:
             lambda: self.external_ends.end(row, Outcome.DEADLINE, detail, announce=announce, **since),
             f"the end of {row.turn_id}",
         )
+
+    def _too_old(self, row: TurnRow) -> str:
+        if row.lane == BATCH and row.deadline_at:  # a batch turn's own deadline (hours), not the fleet's turn deadline
+            return f"batch turn older than {row.deadline_at - row.started_at:.0f} s"
+        return f"turn older than {self.turn_deadline_s:g} s"
 
     async def finish_ending(self, row: TurnRow, announced: Bounded | None = None) -> bool:
         """An end that waited for a running step: record it and publish it once the lease is gone."""

@@ -211,7 +211,8 @@ class LoopRules(Concern):
     prices: str = Field(
         '{"default": [3.0, 15.0, 3.75, 0.30]}',
         description=(
-            "JSON: model -> USD per million tokens [input, output, cache write, cache read]; 'default' for the rest"
+            "JSON: model -> USD per million tokens [input, output, cache write, cache read]; 'default' for the rest; "
+            "'batch:<model>' that model's Message Batches price (else half its price)"
         ),
     )
     stuck_after_s: float = Field(60.0, gt=0, description="A turn with no progress for this long is flagged stuck")

@@ -15,7 +15,16 @@ from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, T
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtrip._kernel.migrations import CONVERSATIONS
-from roundtrip._kernel.storage.turnstore import AWAITING, TurnStore, approvals, turns
+from roundtrip._kernel.storage.turnstore import (
+    AWAITING,
+    BATCH,
+    INTERACTIVE,
+    RUNNING,
+    STUCK,
+    TurnStore,
+    approvals,
+    turns,
+)
 
 PENDING = "pending"
 
@@ -80,10 +89,25 @@ class TurnRow:
     agent_digest: str | None = None
     acted: str | None = None  # the side effects the turn has had (services/_kernel/storage/sideeffects.py)
     reply_sha256: str | None = None
+    lane: str | None = None
 
     @property
     def turn(self) -> dict[str, Any]:
         return cast("dict[str, Any]", json.loads(self.turn_json))
+
+    @property
+    def in_batch(self) -> bool:
+        """Its model call waits in a Message Batch (turnstore.IN_BATCH, read from the row)."""
+        return self.lane == BATCH and self.status in (RUNNING, STUCK) and self.lease_until is None
+
+    @property
+    def shown_status(self) -> str:
+        """The status as an operator reads it: `in batch` for a turn waiting on its batch."""
+        return "in batch" if self.in_batch else self.status
+
+    @property
+    def shown_lane(self) -> str:
+        return self.lane or INTERACTIVE
 
 
 @dataclass
@@ -167,8 +191,13 @@ class TurnReads(TurnStore):
         conversation_id: str | None = None,
         outcome: str | None = None,
         since: float | None = None,
+        lane: str | None = None,
     ) -> builtins.list[TurnRow]:
         query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)
+        if lane == BATCH:
+            query = query.where(turns.c.lane == BATCH)
+        elif lane == INTERACTIVE:
+            query = query.where(turns.c.lane.is_(None) | (turns.c.lane != BATCH))
         for column, value in (
             (turns.c.status, status),
             (turns.c.customer_id, customer_id),

@@ -8,6 +8,9 @@ from dataclasses import dataclass
 
 from roundtrip._kernel.wire.events import Usage
 
+BATCH_SHARE = 0.5  # Message Batches bill every kind of token (input, output, cache write, cache read) at half
+BATCH_ENTRY = "batch:"  # ROUNDTRIP_PRICES's `batch:<model>`: that model's batch price, where it is not half
+
 
 @dataclass(frozen=True)
 class Price:
@@ -15,6 +18,9 @@ class Price:
     output: float
     cache_write: float
     cache_read: float
+
+    def share(self, share: float) -> Price:
+        return Price(self.input * share, self.output * share, self.cache_write * share, self.cache_read * share)
 
 
 # list prices by model family, the same at the platforms' global endpoints (a regional or negotiated rate is
@@ -43,11 +49,23 @@ def family(model: str) -> str:
     return re.sub(r"-v\d+(?::\d+)?$", "", name).replace("@", "-")
 
 
+def _configured(prices: dict[str, Price], names: tuple[str, ...]) -> Price | None:
+    """The entry named by the model's id or family, else the first the id or family starts with."""
+    for name in names:
+        if name in prices:
+            return prices[name]
+        if found := next((v for k, v in prices.items() if name.startswith(k)), None):
+            return found
+    return None
+
+
 class PriceTable:
     def __init__(self, prices: dict[str, Price], provider: str = "anthropic") -> None:
         if "default" not in prices:
             raise ValueError("the price table needs a 'default' entry")
-        self._prices = prices
+        self._default = prices["default"]
+        self._prices = {k: v for k, v in prices.items() if k != "default" and not k.startswith(BATCH_ENTRY)}
+        self._batch = {k.removeprefix(BATCH_ENTRY): v for k, v in prices.items() if k.startswith(BATCH_ENTRY)}
         self._listed = PROVIDER_PRICES.get(provider, {})
 
     @classmethod
@@ -61,8 +79,9 @@ class PriceTable:
                 f"(USD per million input, output, cache write, cache read tokens): {exc}"
             ) from exc
 
-    def cost(self, model: str, usage: Usage) -> float:
-        p = self.price(model)
+    def cost(self, model: str, usage: Usage, batch: bool = False) -> float:
+        """What `usage` cost on `model`; `batch`: a call a Message Batch answered (`batch_price`)."""
+        p = self.batch_price(model) if batch else self.price(model)
         return (
             usage.input_tokens * p.input
             + usage.output_tokens * p.output
@@ -73,11 +92,12 @@ class PriceTable:
     def price(self, model: str) -> Price:
         """ROUNDTRIP_PRICES's entry (by id or family), else the provider's list price, else the configured default."""
         names = (model, family(model))
-        configured = [(k, v) for k, v in self._prices.items() if k != "default"]
-        for name in names:
-            if name in self._prices and name != "default":
-                return self._prices[name]
-            if found := next((v for k, v in configured if name.startswith(k)), None):
-                return found
+        if (configured := _configured(self._prices, names)) is not None:
+            return configured
         listed = [k for k in self._listed if names[1].startswith(k)]
-        return self._listed[max(listed, key=len)] if listed else self._prices["default"]
+        return self._listed[max(listed, key=len)] if listed else self._default
+
+    def batch_price(self, model: str) -> Price:
+        """ROUNDTRIP_PRICES's `batch:` entry for the model (by id or family), else half its price."""
+        configured = _configured(self._batch, (model, family(model)))
+        return configured if configured is not None else self.price(model).share(BATCH_SHARE)

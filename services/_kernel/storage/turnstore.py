@@ -49,6 +49,7 @@ AWAITING = "awaiting"  # a person's decision: nothing may act, never flagged stu
 WAITING = "waiting"  # the API's rate limits: may act, never flagged stuck
 LIVE = (RUNNING, STUCK, WAITING)
 OPEN = (*LIVE, AWAITING)
+INTERACTIVE, BATCH = "interactive", "batch"  # Turn.lane; a row without one predates the lane: interactive
 
 metadata = MetaData()
 turns = Table(
@@ -81,6 +82,7 @@ turns = Table(
     Column("agent_digest", String(32)),
     Column("acted", Text),
     Column("reply_sha256", String(64)),  # the ended turn's reply text, recorded with its end (`reply_digest`)
+    Column("lane", String(16)),
 )
 CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)
 ENDED_AT_INDEX = Index("ix_turns_ended_at", turns.c.ended_at)  # retention deletes oldest first
@@ -114,6 +116,10 @@ AT_STEP = (turns.c.turn_id == bindparam("b_turn_id")) & (turns.c.step == bindpar
 OF_PRINCIPAL = (turns.c.customer_id == bindparam("b_customer_id")) & (
     turns.c.conversation_id == bindparam("b_conversation_id")
 )
+# a batch turn whose step no executor holds waits for its model call's Message Batch (the model service's claim
+# releases the executor's lease): hours are normal there, so the stuck rule skips it and its deadline ends it;
+# never NULL (a row without a lane is interactive), so its negation is sound
+IN_BATCH = (func.coalesce(turns.c.lane, INTERACTIVE) == BATCH) & turns.c.lease_until.is_(None)
 _CLAIM = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE, BEFORE_DEADLINE)
 _RELEASE_ENDING = update(turns).where(AT_STEP, OF_PRINCIPAL, turns.c.status == ENDING)
 _WAITING = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE)
