@@ -34,7 +34,9 @@ ALLOWED = {  # room -> the rooms it may import (besides itself and roundtrip.sch
     "_fleet": BELOW_THE_FLEET,
     "_cli": BELOW_THE_FLEET | {"_fleet"},
 }
-KERNEL_ROOMS = {"kafka", "wire", "storage", "observability", "settings", "migrations", "database", "runtime", "shell"}
+KERNEL_ROOMS = {
+    "kafka", "wire", "storage", "observability", "settings", "migrations", "database", "runtime", "shell", "clock"
+}
 
 
 def _module(path: Path) -> str:
