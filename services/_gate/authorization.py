@@ -9,11 +9,11 @@ policy; within a step every call is checked before any runs, so a per-step memo 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Container
 from typing import Any, cast
 
+from roundtrip._kernel.clock import Clock
 from roundtrip._kernel.kafka import faults
 from roundtrip._sdk.context import ToolContext
 from roundtrip._sdk.registry import ToolSpec
@@ -90,8 +90,10 @@ async def authorize(
 class OwnershipCache:
     """(kind, id, customer) -> entity, positive answers only, for `ttl_s` seconds (LRU-bounded)."""
 
-    def __init__(self, ttl_s: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s, self.max_entries, self._clock = ttl_s, max_entries, clock
+    MAX_ENTRIES = 10_000
+
+    def __init__(self, ttl_s: float, clock: Clock) -> None:
+        self.ttl_s, self._clock = ttl_s, clock
         self._entries: OrderedDict[Key, tuple[float, dict[str, Any]]] = OrderedDict()
 
     def get(self, key: Key) -> dict[str, Any] | None:
@@ -99,16 +101,16 @@ class OwnershipCache:
         if hit is None:
             return None
         stored, entity = hit
-        if self._clock() - stored > self.ttl_s:
+        if self._clock.monotonic() - stored > self.ttl_s:
             del self._entries[key]
             return None
         self._entries.move_to_end(key)
         return entity
 
     def put(self, key: Key, entity: dict[str, Any]) -> None:
-        self._entries[key] = (self._clock(), entity)
+        self._entries[key] = (self._clock.monotonic(), entity)
         self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
+        while len(self._entries) > self.MAX_ENTRIES:
             self._entries.popitem(last=False)
 
     def __len__(self) -> int:
