@@ -16,6 +16,6 @@ class HandClock:
         return self.read()
 
 
-def at(now: list[float]) -> HandClock:
+def showing(now: list[float]) -> HandClock:
     """A clock showing `now[0]`: the test moves it by changing the list."""
     return HandClock(lambda: now[0])

@@ -2,7 +2,7 @@
 
 from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.kafka.dedupe import SeenIds
-from tests.clocks import at
+from tests.clocks import showing
 
 
 def test_a_duplicate_is_recognised_and_keeps_its_first_value():
@@ -24,7 +24,7 @@ def test_the_least_recently_seen_go_first_past_the_capacity():
 
 def test_ids_older_than_max_age_are_forgotten_so_a_steady_rate_holds_a_steady_number():
     now = [0.0]
-    seen = SeenIds(at(now), capacity=1_000_000, max_age_s=10)
+    seen = SeenIds(showing(now), capacity=1_000_000, max_age_s=10)
     for i in range(1000):  # 10 a second for 100 s
         now[0] = i / 10
         seen.add(f"id-{i}")
