@@ -22,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from roundtrip._kernel.clock import SYSTEM
+
 from . import controls, personas, platforms, streaming
 from .batches import Batches
 from .engine import respond
@@ -61,7 +63,7 @@ class _State:
     fault_rate: float
     retry_after_ms: float
     rng: random.Random
-    cache: PromptCache = field(default_factory=PromptCache)
+    cache: PromptCache = field(default_factory=lambda: PromptCache(SYSTEM))
     limits: RateLimits = field(default_factory=RateLimits)
     overload: Overload = field(default_factory=Overload)
     served: int = 0
@@ -187,8 +189,8 @@ def create_app(
         retry_after_ms,
         random.Random(seed),
         latency_jitter=latency_jitter,
-        limits=limits or RateLimits(),
-        overload=overload or Overload(),
+        limits=limits or RateLimits(SYSTEM),
+        overload=overload or Overload(SYSTEM),
         scripts=scripts or Scripts(),
     )
     batches = Batches(state.answer, batch_delay_ms)
