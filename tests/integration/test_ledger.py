@@ -147,7 +147,7 @@ async def test_a_claim_succeeds_only_while_the_turn_is_live_at_that_step_and_bef
     assert (await ledger.get(t["turn_id"])).lease_until is None
     assert await fence.claim_batch(key(t), 1, lease_s=15, now=1300.0) is False  # at the deadline
     assert await fence.claim_model_call(key(t), 1, now=1300.5) is False
-    assert await fence.claim_batch(key(turn(turn_id="turn_unknown")), 1, lease_s=15) is False
+    assert await fence.claim_batch(key(turn(turn_id="turn_unknown")), 1, lease_s=15, now=time.time()) is False
 
 
 async def test_nothing_can_be_claimed_after_the_end(ledger, fence):
@@ -277,7 +277,7 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)
     assert await ledger.advance(key(t), 1, USAGE, 0.01, "{}")
-    assert await fence.claim_batch(key(t), 1, 30)  # the executor runs the step's other calls ...
+    assert await fence.claim_batch(key(t), 1, 30, now=time.time())  # the executor runs the step's other calls ...
     approval = approval_of(t)
     assert await ledger.await_approval(approval)  # ... and its held call waits
     assert not await ledger.await_approval(approval)  # the same request twice
@@ -285,7 +285,7 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert (
         row.status == AWAITING and row.lease_until is None and row.deadline_at == pytest.approx(approval["expires_at"])
     )
-    assert not await fence.claim_batch(key(t), 1, 30) and not await fence.claim_model_call(key(t), 1)
+    assert not await fence.claim_batch(key(t), 1, 30, now=time.time()) and not await fence.claim_model_call(key(t), 1, now=time.time())
     assert not await ledger.flag_stuck(t["turn_id"], time.time() + 3600)  # the stuck rule does not apply
     idle, expired, _ = await ledger.overdue(time.time() + 3600, 1, 1, 300)
     assert t["turn_id"] not in {r.turn_id for r in idle + expired}
@@ -303,7 +303,7 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert row.status == RUNNING and row.pending.startswith('{"n": ')
     (kept,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
     assert kept.status == "approved" and kept.decided_by == f"person{row.pending[6]}"
-    assert await fence.claim_batch(key(t), 1, 30)  # the approved call may run now
+    assert await fence.claim_batch(key(t), 1, 30, now=time.time())  # the approved call may run now
 
 
 async def test_a_decision_for_a_turn_that_ended_while_waiting_changes_nothing(ledger):

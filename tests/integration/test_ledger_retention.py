@@ -127,7 +127,7 @@ async def test_100000_ended_turns_are_deleted_in_batches_while_the_hot_path_keep
 async def _hot_step(ledger: Ledger, fence: Fence, turn_id: str) -> float:
     started = time.perf_counter()
     assert await ledger.start(turn(turn_id), pending="{}")
-    assert await fence.claim_batch(SimpleNamespace(**turn(turn_id)), 0, lease_s=30)
+    assert await fence.claim_batch(SimpleNamespace(**turn(turn_id)), 0, lease_s=30, now=time.time())
     assert await ledger.advance(SimpleNamespace(**turn(turn_id)), 1, {}, 0.0, pending="{}")
     return time.perf_counter() - started
 

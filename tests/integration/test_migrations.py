@@ -4,6 +4,7 @@ behind or ahead of the code (one line, exit code 1) and never write to it when t
 
 from __future__ import annotations
 
+import time
 import asyncio
 import hashlib
 import os
@@ -166,7 +167,7 @@ async def test_a_ledger_of_the_first_fleet_is_upgraded_in_place_with_its_turns_k
     try:
         old = await ledger.get("turn_old_2")
         assert (old.status, old.step, old.deadline_at, old.lease_until) == ("running", 1, None, None)
-        assert await fence.claim_batch(old, 1, lease_s=30)  # the new columns work on the old rows
+        assert await fence.claim_batch(old, 1, lease_s=30, now=time.time())  # the new columns work on the old rows
         assert (await ledger.get("turn_old_2")).lease_step == 1
         assert (await ledger.get("turn_old_1")).outcome == "end_turn"
     finally:

@@ -457,8 +457,8 @@ async def test_a_waiting_turn_is_never_flagged_stuck_and_nothing_can_act_for_it(
     assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
     assert not guard.recorder.flags and (await guard.ledger.get("turn_1")).status == AWAITING
     fence = Fence(guard.ledger.engine)  # what the executor and the model service ask
-    assert not await fence.claim_batch(turn(), 1, 10)  # no executor may run anything now
-    assert not await fence.claim_model_call(turn(), 1)
+    assert not await fence.claim_batch(turn(), 1, 10, now=time.time())  # no executor may run anything now
+    assert not await fence.claim_model_call(turn(), 1, now=time.time())
     (pending,) = await guard.ledger.list_approvals()
     assert pending.tool == "cancel_order" and pending.customer_id == "cus_1001" and pending.status == "pending"
 
@@ -511,7 +511,7 @@ async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_an
     assert message.results == event.results and message.step == 1
     assert message.turn.deadline_at >= event.turn.deadline_at  # the wait does not count against the turn's deadline
     row = await guard.ledger.get("turn_1")
-    assert row.status == RUNNING and await Fence(guard.ledger.engine).claim_batch(turn(), 1, 10)
+    assert row.status == RUNNING and await Fence(guard.ledger.engine).claim_batch(turn(), 1, 10, now=time.time())
     # the same decision again (redelivered or published twice): nothing is sent again
     assert await guard.approvals.on_decision(decision) == "duplicate"
     assert await guard.approvals.on_decision(decided(decided_by="bob@support")) == "duplicate"

@@ -5,6 +5,7 @@ under load (tests/chaos); this is the fast, exact version."""
 
 from __future__ import annotations
 
+import time
 import pytest
 
 from roundtrip._executor.core import ExecutorCore
@@ -128,7 +129,7 @@ async def test_a_batch_delivered_again_after_its_step_went_on_runs_once(ledger_a
     counting = Counting()
     signed = batch()
     await run(counting, fence, signed)
-    assert await fence.claim_model_call(TURN, 1)
+    assert await fence.claim_model_call(TURN, 1, now=time.time())
     assert await ledger.advance(TURN, 2, {}, 0.0, pending="")
     assert await run(counting, fence, signed) is None  # a new executor: no memory of the first, the fence refuses
     assert counting.runs == ["turn_f:toolu_c"]

@@ -66,8 +66,6 @@ ALLOWED = {
     "services/_kernel/observability/telemetry.py:record_turn_span:end_time": TRACER,
     "services/_kernel/observability/telemetry.py:record_turn_span:using": TRACER,
     "services/_kernel/storage/ledger_reads.py:line:now": CLOCK,
-    "services/_kernel/storage/turnstore.py:claim_model_call:now": CLOCK,
-    "services/_kernel/storage/turnstore.py:wait_for_capacity:now": CLOCK,
     "services/_sdk/functions.py:tool:description": DECORATOR,
     "services/_sdk/functions.py:tool:fn": DECORATOR,
     "services/_sdk/functions.py:tool:name": DECORATOR,
