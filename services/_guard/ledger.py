@@ -242,13 +242,13 @@ class Ledger(LedgerApprovals):
         pending: str,
         outcome: str | None = None,
         traceparent: str | None = None,
-        now: float | None = None,
         then: Callable[[Connection], Any] | None = None,
+        *,
+        now: float,
     ) -> bool:
         """Record iteration `step`: only from step-1, a live turn, its own customer and conversation. `then` runs in
         the same transaction once the step is recorded (an end's history, when the conversations share the ledger's
         database)."""
-        now = now or time.time()
         values: dict[str, Any] = dict(
             step=step,
             last_progress_at=now,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import asyncio
 import uuid
 from types import SimpleNamespace
@@ -111,17 +112,17 @@ async def test_an_ends_exchange_is_written_in_the_transaction_of_the_ledgers_end
             raise RuntimeError("the history write failed")
 
         with pytest.raises(RuntimeError):  # the end is rolled back with its history: the turn still runs
-            await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=failing)
+            await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=failing, now=time.time())
         assert (await ledger.get(turn["turn_id"])).status == "running"
         assert await store.exchange(turn["turn_id"]) is None
-        assert await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=closing())
+        assert await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=closing(), now=time.time())
         assert (await ledger.get(turn["turn_id"])).status == "ended" and await store.exchange(turn["turn_id"])
         before = await store.history(conversation)
 
         def forged(conn):
             return store.closing(conversation, turn["turn_id"], messages, final, "injected", "end_turn")(conn)
 
-        assert not await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=forged)
+        assert not await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=forged, now=time.time())
         assert await store.history(conversation) == before
     finally:
         await ledger.close()

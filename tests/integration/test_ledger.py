@@ -65,11 +65,11 @@ async def test_a_turn_starts_once(ledger):
 async def test_each_step_advances_once_and_only_in_order(ledger):
     t = turn()
     await ledger.start(t, pending="{}")
-    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x") is True
-    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x") is False  # duplicate step
-    assert await ledger.advance(key(t), 3, USAGE, 0.01, pending="x") is False  # a gap
-    assert await ledger.advance(key(t), 2, USAGE, 0.02, pending="y", outcome="end_turn") is True
-    assert await ledger.advance(key(t), 3, USAGE, 0.03, pending="z") is False  # ended turns do not move
+    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x", now=time.time()) is True
+    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x", now=time.time()) is False  # duplicate step
+    assert await ledger.advance(key(t), 3, USAGE, 0.01, pending="x", now=time.time()) is False  # a gap
+    assert await ledger.advance(key(t), 2, USAGE, 0.02, pending="y", outcome="end_turn", now=time.time()) is True
+    assert await ledger.advance(key(t), 3, USAGE, 0.03, pending="z", now=time.time()) is False  # ended turns do not move
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.step, row.outcome, row.cost_usd, row.input_tokens, row.pending) == (
         ENDED,
@@ -88,7 +88,7 @@ async def test_each_step_advances_once_and_only_in_order(ledger):
 async def test_racing_replicas_cannot_both_take_a_step(ledger):
     t = turn()
     await ledger.start(t, pending="{}")
-    results = await asyncio.gather(*(ledger.advance(key(t), 1, USAGE, 0.0, pending="p") for _ in range(8)))
+    results = await asyncio.gather(*(ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=time.time()) for _ in range(8)))
     assert sorted(results) == [False] * 7 + [True]
 
 
@@ -276,7 +276,7 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
 
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)
-    assert await ledger.advance(key(t), 1, USAGE, 0.01, "{}")
+    assert await ledger.advance(key(t), 1, USAGE, 0.01, "{}", now=time.time())
     assert await fence.claim_batch(key(t), 1, 30, now=time.time())  # the executor runs the step's other calls ...
     approval = approval_of(t)
     assert await ledger.await_approval(approval)  # ... and its held call waits
@@ -309,7 +309,7 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
 async def test_a_decision_for_a_turn_that_ended_while_waiting_changes_nothing(ledger):
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)
-    await ledger.advance(key(t), 1, USAGE, 0.01, "{}")
+    await ledger.advance(key(t), 1, USAGE, 0.01, "{}", now=time.time())
     approval = approval_of(t)
     assert await ledger.await_approval(approval)
     assert await ledger.end(t["turn_id"], "cancelled", "{}", step=1) == ENDED  # a waiting turn can be cancelled

@@ -128,7 +128,7 @@ async def _hot_step(ledger: Ledger, fence: Fence, turn_id: str) -> float:
     started = time.perf_counter()
     assert await ledger.start(turn(turn_id), pending="{}")
     assert await fence.claim_batch(SimpleNamespace(**turn(turn_id)), 0, lease_s=30, now=time.time())
-    assert await ledger.advance(SimpleNamespace(**turn(turn_id)), 1, {}, 0.0, pending="{}")
+    assert await ledger.advance(SimpleNamespace(**turn(turn_id)), 1, {}, 0.0, pending="{}", now=time.time())
     return time.perf_counter() - started
 
 

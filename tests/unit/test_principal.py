@@ -49,7 +49,7 @@ async def test_a_claim_for_another_customer_or_conversation_is_refused_and_the_t
         assert not await fence.wait_for_capacity(forged, 0, now=time.time())
         with pytest.raises(TurnRefused):
             await ledger.refuse_if_not_recorded(forged, "guard")
-        assert not await ledger.advance(forged, 1, {}, 0.0, pending="{}")
+        assert not await ledger.advance(forged, 1, {}, 0.0, pending="{}", now=time.time())
     row = await ledger.get(ALICE.turn_id)
     assert (row.step, row.lease_until) == (0, None)  # nothing the copies tried was recorded
     assert await fence.claim_model_call(ALICE, 0, now=time.time()) and await ledger.advance(ALICE, 1, {}, 0.0, pending="{}")
