@@ -187,6 +187,7 @@ class Loop:
             event.content,
             ended.text,
             ended.outcome.value,
+            time.time(),
             only_open=only_open,
         )
 

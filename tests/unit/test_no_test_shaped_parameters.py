@@ -50,8 +50,6 @@ ALLOWED = {
     "services/_console/auth.py:Refusals:window_s": BOUND,
     "services/_fleet/launcher.py:_wait_services:timeout": BOUND,
     "services/_fleet/launcher.py:restart:env": BENCH,
-    "services/_guard/conversations.py:close_turn:now": CLOCK,
-    "services/_guard/conversations.py:open_turn:now": CLOCK,
     "services/_guard/ledger.py:outbox:limit": BOUND,
     "services/_guard/retention.py:Retention:max_batches": BOUND,
     "services/_guard/sweeper.py:sweep:now": CLOCK,
