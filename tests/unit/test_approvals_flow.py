@@ -454,7 +454,7 @@ async def test_the_guard_records_no_wait_the_gate_did_not_sign_for_this_customer
 async def test_a_waiting_turn_is_never_flagged_stuck_and_nothing_can_act_for_it(guard):
     await waiting_turn(guard)
     await asyncio.sleep(0.05)  # time passes while the turn waits: a sweep could call it idle
-    assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
+    assert await guard.sweeper.sweep(guard.recorder.flag, now=time.time()) == (0, 0)
     assert not guard.recorder.flags and (await guard.ledger.get("turn_1")).status == AWAITING
     fence = Fence(guard.ledger.engine)  # what the executor and the model service ask
     assert not await fence.claim_batch(turn(), 1, 10, now=time.time())  # no executor may run anything now
@@ -598,7 +598,7 @@ async def test_forged_unknown_or_foreign_decisions_are_refused_and_change_nothin
 async def test_no_decision_in_time_ends_the_turn_politely_and_a_late_decision_is_refused(guard):
     await waiting_turn(guard, expires_in=0.05)
     await asyncio.sleep(0.1)  # past the approval's expiry (0.05 s)
-    await guard.sweeper.sweep(guard.recorder.flag)
+    await guard.sweeper.sweep(guard.recorder.flag, now=time.time())
     await guard.outbox.drain()
     topic, ended = guard.recorder.sent[-1]
     assert topic == topics.OUTCOMES and isinstance(ended, TurnEnded) and ended.outcome is Outcome.APPROVAL_TIMEOUT

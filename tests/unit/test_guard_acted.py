@@ -339,7 +339,7 @@ async def test_a_cancel_decided_while_the_cancel_runs_says_what_it_did_once_the_
     done = [{"tool_use_id": "c1", "content": '{"cancelled": true}'}]
     await fence.record_acted(ALICE.turn_id, 1, sideeffects.lines([CHECKED], done, SHOP.registry.is_serial))
     assert not await fence.claim_model_call(ALICE, 1, now=time.time())  # the turn is ending: the lease is let go
-    await guard.sweeper.sweep(recorder.flag)
+    await guard.sweeper.sweep(recorder.flag, now=time.time())
     await guard.outbox.drain()
     (ended,) = [m for _, m in recorder.sent if isinstance(m, TurnEnded)]
     assert ended.outcome is Outcome.CANCELLED and "I cancelled order ord_a1000003" in ended.text
