@@ -47,7 +47,6 @@ ALLOWED = {
     "services/_broker/secured.py:client_security:user": HARNESS,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
-    "services/_console/auth.py:Refusals:window_s": BOUND,
     "services/_fleet/launcher.py:_wait_services:timeout": BOUND,
     "services/_fleet/launcher.py:restart:env": BENCH,
     "services/_guard/ledger.py:outbox:limit": BOUND,
