@@ -29,7 +29,7 @@ from roundtrip._kernel.wire import topology
 from tests.agents import ShopFleetSettings
 from tests.chaos.harness import Kill, Observer
 from tests.databases import new_database
-from tests.processes import embedded_cluster, embedded_kafka
+from tests.processes import embedded_cluster, embedded_kafka, restart
 from tests.signing import key_settings
 
 
@@ -76,7 +76,7 @@ class ChaosFleet:
         self.sync.respawn(name)
 
     async def restart(self, name: str, **values) -> None:
-        await asyncio.to_thread(self.sync.restart, name, _env(**values) if values else None)
+        await asyncio.to_thread(restart, self.sync, name, _env(**values) if values else None)
 
     async def kill_broker(self) -> None:
         """SIGKILL the broker's JVM (its whole process group): no clean shutdown."""

@@ -47,8 +47,6 @@ ALLOWED = {
     "services/_broker/secured.py:client_security:user": HARNESS,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
-    "services/_fleet/launcher.py:_wait_services:timeout": BOUND,
-    "services/_fleet/launcher.py:restart:env": BENCH,
     "services/_guard/ledger.py:outbox:limit": BOUND,
     "services/_guard/retention.py:Retention:max_batches": BOUND,
     "services/_kernel/kafka/admin.py:wait_for_broker:timeout": ONLY_TESTS_CALL,
