@@ -67,6 +67,8 @@ class _Refused(Exception):
     """Rolls a two-statement transition back when its second statement changes nothing."""
 
 
+OUTBOX_BATCH = 500  # the undelivered decisions one outbox pass republishes, oldest first
+
 # built once; `b_` names are the conditions
 _START = insert(turns)
 _ADVANCE = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE)
@@ -407,7 +409,7 @@ class Ledger(LedgerApprovals):
         ending = await self._rows(select(turns).where(turns.c.status == ENDING))
         return idle, expired, ending
 
-    async def outbox(self, older_than: float, limit: int = 500) -> builtins.list[TurnRow]:
+    async def outbox(self, older_than: float) -> builtins.list[TurnRow]:
         """Turns whose decided message may not be out yet (written before `older_than`), oldest first."""
         return await self._rows(
             select(turns)
@@ -417,5 +419,5 @@ class Ledger(LedgerApprovals):
                 turns.c.pending_at.is_(None) | (turns.c.pending_at < older_than),
             )
             .order_by(turns.c.pending_at)
-            .limit(limit)
+            .limit(OUTBOX_BATCH)
         )

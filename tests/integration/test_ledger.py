@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from roundtrip._guard import ledger as ledger_module
 from roundtrip._guard.ledger import ENDED, ENDING, RUNNING, STUCK, Ledger
 from roundtrip._kernel.storage.turnstore import Fence
 from tests.databases import migrated
@@ -238,15 +239,16 @@ async def test_a_turn_is_flagged_only_when_still_idle_at_the_moment_of_the_flag(
     assert await ledger.flag_stuck(t["turn_id"], now=1110.0, stuck_after_s=60, step=1) is True
 
 
-async def test_the_outbox_lists_unpublished_decisions_until_they_are_published(ledger):
+async def test_the_outbox_lists_unpublished_decisions_until_they_are_published(ledger, monkeypatch):
+    monkeypatch.setattr(ledger_module, "OUTBOX_BATCH", 10_000)  # past the other tests' turns in a shared database
     a, b = turn(), turn()
     await ledger.start(a, pending="call-a", now=1000.0)
     await ledger.start(b, pending="call-b", now=1000.0)
     await ledger.published(b["turn_id"], "call-b")
     await ledger.end(a["turn_id"], "cancelled", pending="end-a", now=1010.0)
-    pending = {r.turn_id: r.pending for r in await ledger.outbox(older_than=1011.0, limit=10_000)}
+    pending = {r.turn_id: r.pending for r in await ledger.outbox(older_than=1011.0)}
     assert pending.get(a["turn_id"]) == "end-a" and b["turn_id"] not in pending
-    assert a["turn_id"] not in {r.turn_id for r in await ledger.outbox(older_than=1009.0, limit=10_000)}  # too fresh
+    assert a["turn_id"] not in {r.turn_id for r in await ledger.outbox(older_than=1009.0)}  # too fresh
 
 
 # -- approvals by a person (issue 11) ---------------------------------------------------------------

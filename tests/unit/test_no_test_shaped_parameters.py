@@ -47,8 +47,6 @@ ALLOWED = {
     "services/_broker/secured.py:client_security:user": HARNESS,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
-    "services/_guard/ledger.py:outbox:limit": BOUND,
-    "services/_guard/retention.py:Retention:max_batches": BOUND,
     "services/_kernel/kafka/admin.py:wait_for_broker:timeout": ONLY_TESTS_CALL,
     "services/_kernel/kafka/consumer.py:KeyOrderedConsumer:drain_timeout_s": BOUND,
     "services/_kernel/migrations/schema.py:upgrade:to": "DEBT: the revision to stop at; only migration tests pass one",
