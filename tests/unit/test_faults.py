@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 from pydantic import BaseModel, ValidationError
 
 from roundtrip._kernel.kafka import faults
+from roundtrip._kernel.kafka import consumer as consumer_module
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 
 TP = TopicPartition("t", 0)
@@ -228,11 +229,12 @@ async def test_a_retry_later_pauses_the_consumer_once_retries_the_record_and_res
     await asyncio.wait_for(task, 2)
 
 
-async def test_a_record_retried_later_is_not_committed_when_its_partition_is_given_up():
+async def test_a_record_retried_later_is_not_committed_when_its_partition_is_given_up(monkeypatch):
+    monkeypatch.setattr(consumer_module, "DRAIN_TIMEOUT_S", 8)
     async def process(record):
         raise faults.RetryLater(faults.DATABASE, "down")
 
-    consumer = KeyOrderedConsumer(process=process, name="unitgiveup", idle_wait_ms=50, drain_timeout_s=8)
+    consumer = KeyOrderedConsumer(process=process, name="unitgiveup", idle_wait_ms=50)
     await consumer.on_partitions_assigned([TP])
     kafka = OneRecordKafka()
     task = asyncio.create_task(consumer.run(kafka))

@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 from roundtrip._gate.authorization import authorize
 from roundtrip._gate.gate import Gate
 from roundtrip._kernel.kafka import faults
+from roundtrip._kernel.kafka import consumer as consumer_module
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.kafka.outages import next_try
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
@@ -200,11 +201,12 @@ def test_the_next_try_is_cut_short_only_by_a_deadline_still_ahead():
     assert next_try(2.0, now - 1) == 2.0  # past it: a handler that still raises backs off, never spins
 
 
-async def test_a_held_key_given_up_on_a_rebalance_is_not_committed_and_not_counted_as_held():
+async def test_a_held_key_given_up_on_a_rebalance_is_not_committed_and_not_counted_as_held(monkeypatch):
+    monkeypatch.setattr(consumer_module, "DRAIN_TIMEOUT_S", 8)
     async def process(record):
         raise faults.RetryLater(faults.HTTP, "down", backend=True)
 
-    consumer, kafka, task = await started(process, "unitheldgiveup", drain_timeout_s=8)
+    consumer, kafka, task = await started(process, "unitheldgiveup")
     kafka.feed = [rec(0, b"c1")]
     await until_true(lambda: consumer.outages.held_keys == 1)
     await stopped(consumer, task)

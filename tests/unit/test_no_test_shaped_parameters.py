@@ -48,7 +48,6 @@ ALLOWED = {
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
     "services/_kernel/kafka/admin.py:wait_for_broker:timeout": ONLY_TESTS_CALL,
-    "services/_kernel/kafka/consumer.py:KeyOrderedConsumer:drain_timeout_s": BOUND,
     "services/_kernel/migrations/schema.py:upgrade:to": "DEBT: the revision to stop at; only migration tests pass one",
     "services/_kernel/observability/telemetry.py:consuming:using": TRACER,
     "services/_kernel/observability/telemetry.py:force_flush:timeout_millis": OTEL,
