@@ -9,7 +9,6 @@ is a plain `java -cp 'libs/*' kafka.Kafka server.properties`. Its knobs are sett
 from __future__ import annotations
 
 import argparse
-import asyncio
 import atexit
 import base64
 import contextlib
@@ -62,9 +61,6 @@ from roundtrip._broker.jars import (
 )
 from roundtrip._broker.jars import (
     kafka_cache_dir as kafka_cache_dir,
-)
-from roundtrip._broker.jars import (
-    kafka_libs_dir as kafka_libs_dir,
 )
 from roundtrip._kernel.settings import EmbeddedDefaults
 
@@ -331,12 +327,12 @@ class EmbeddedKafka:
                 stderr=subprocess.STDOUT,
                 cwd=self.data_dir,
                 start_new_session=True,  # its own process group: signals to us do not hit it
-                preexec_fn=die_with_parent_preexec() if self.die_with_parent else None,
+                preexec_fn=die_with_parent_preexec(signal.SIGTERM) if self.die_with_parent else None,
             )
         atexit.register(self._stop_at_exit)  # never leave a JVM behind when the Python process exits normally
         return self
 
-    def wait_ready(self, timeout: float = 60.0) -> EmbeddedKafka:
+    def wait_ready(self, timeout: float) -> EmbeddedKafka:
         """Block until the broker answers a metadata request listing itself."""
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
@@ -361,9 +357,6 @@ class EmbeddedKafka:
                     f"({last_error}); last lines of {self.log_file}:\n{_tail(self.log_file)}"
                 )
             time.sleep(0.1)
-
-    async def wait_ready_async(self, timeout: float = 60.0) -> EmbeddedKafka:
-        return await asyncio.to_thread(self.wait_ready, timeout)
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM (Kafka's clean shutdown), then SIGKILL after `timeout`; the exit code (the JVM's 143 after our
@@ -400,7 +393,7 @@ class EmbeddedKafka:
         return f"<EmbeddedKafka {self.bootstrap} {state} data={self.data_dir}>"
 
 
-def die_with_parent_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+def die_with_parent_preexec(sig: int) -> Callable[[], None] | None:
     """A Popen preexec_fn making the child get `sig` when the thread that started it exits (Linux; None elsewhere).
     libc is loaded here, in the parent, so the child only makes one system call between fork and exec."""
     if not sys.platform.startswith("linux"):

@@ -45,10 +45,6 @@ def kafka_cache_dir(version: str = DEFAULT_VERSION, cache: Path | None = None) -
     return base / "roundtrip" / f"kafka-{version}"
 
 
-def kafka_libs_dir(version: str = DEFAULT_VERSION, cache: Path | None = None) -> Path:
-    return kafka_cache_dir(version, cache) / "libs"
-
-
 def is_fetched(version: str = DEFAULT_VERSION, cache: Path | None = None) -> bool:
     folder = kafka_cache_dir(version, cache)
     return (folder / _MARKER).is_file() and any((folder / "libs").glob("kafka_2.13-*.jar"))

@@ -46,7 +46,7 @@ def popen(
                 env=env,
                 start_new_session=True,
                 pass_fds=() if write_fd is None else (write_fd,),
-                preexec_fn=die_with_parent_preexec(),
+                preexec_fn=die_with_parent_preexec(signal.SIGTERM),
             )
     except BaseException:
         for fd in (read_fd, write_fd):

@@ -88,7 +88,7 @@ class ChaosFleet:
     async def start_broker(self) -> None:
         """Start the broker again on the same data dir (topics, offsets and transactions kept)."""
         self.kafka.start()
-        await self.kafka.wait_ready_async(90)
+        await asyncio.to_thread(self.kafka.wait_ready, 90)
 
     def pause(self, name: str) -> list:
         procs = self.processes(name)

@@ -129,7 +129,7 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
         assert all(p.poll() is None for p in procs), "a service died during the outage"
 
         own_kafka.start()  # same data dir: topics and offsets kept
-        await own_kafka.wait_ready_async(90)
+        await asyncio.to_thread(own_kafka.wait_ready, 90)
         consumer = AIOKafkaConsumer(
             prefix + topics.SUPPORT_REPLIES,
             bootstrap_servers=own_kafka.bootstrap,

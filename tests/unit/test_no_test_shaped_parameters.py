@@ -33,18 +33,11 @@ TOKEN = "aiokafka builds it from the import string in the settings, with no argu
 CLOCK = "DEBT: a clock only tests set; to become the core's clock port"
 TRACER = "DEBT: the tracer (or end time) only tests pass; the fleet uses the process's provider"
 BOUND = "DEBT: a bound only tests lower, to reach it in a short test; to become a setting or a constant"
-HARNESS = "DEBT: services/_broker doubles as the tests' Kafka launcher; only tests/ and the benchmarks pass it"
 ONLY_TESTS_CALL = "DEBT: a production function only tests call"
 FAKE = "DEBT: a fake only tests pass in; to become a port with an in-memory implementation in roundtrip.testing"
 BENCH = "DEBT: only the benchmarks pass it (tests/benchmarks)"
 ALLOWED = {
-    "services/_broker/embedded.py:die_with_parent_preexec:sig": HARNESS,
-    "services/_broker/jars.py:kafka_libs_dir:cache": HARNESS,
-    "services/_broker/jars.py:kafka_libs_dir:version": HARNESS,
     "services/_broker/embedded.py:main:argv": ENTRY,
-    "services/_broker/embedded.py:wait_ready_async:timeout": HARNESS,
-    "services/_broker/secured.py:client_security:password": HARNESS,
-    "services/_broker/secured.py:client_security:user": HARNESS,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
     "services/_kernel/kafka/admin.py:wait_for_broker:timeout": ONLY_TESTS_CALL,
