@@ -31,7 +31,6 @@ ENTRY = "an entry point: `python -m` calls main() and None reads sys.argv"
 OTEL = "OpenTelemetry's SpanProcessor interface: the SDK calls it with its own arguments"
 TOKEN = "aiokafka builds it from the import string in the settings, with no argument: None reads the environment"
 CLOCK = "DEBT: a clock only tests set; to become the core's clock port"
-TRACER = "DEBT: the tracer (or end time) only tests pass; the fleet uses the process's provider"
 BOUND = "DEBT: a bound only tests lower, to reach it in a short test; to become a setting or a constant"
 ONLY_TESTS_CALL = "DEBT: a production function only tests call"
 FAKE = "DEBT: a fake only tests pass in; to become a port with an in-memory implementation in roundtrip.testing"
@@ -42,12 +41,8 @@ ALLOWED = {
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
     "services/_kernel/kafka/admin.py:wait_for_broker:timeout": ONLY_TESTS_CALL,
     "services/_kernel/migrations/schema.py:upgrade:to": "DEBT: the revision to stop at; only migration tests pass one",
-    "services/_kernel/observability/telemetry.py:consuming:using": TRACER,
     "services/_kernel/observability/telemetry.py:force_flush:timeout_millis": OTEL,
     "services/_kernel/observability/telemetry.py:on_start:parent_context": OTEL,
-    "services/_kernel/observability/telemetry.py:publishing:using": TRACER,
-    "services/_kernel/observability/telemetry.py:record_turn_span:end_time": TRACER,
-    "services/_kernel/observability/telemetry.py:record_turn_span:using": TRACER,
     "services/_sdk/functions.py:tool:description": DECORATOR,
     "services/_sdk/functions.py:tool:fn": DECORATOR,
     "services/_sdk/functions.py:tool:name": DECORATOR,
