@@ -21,7 +21,7 @@ from roundtrip._broker.embedded import (
     port_is_free,
     probe_metadata,
 )
-from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES, ensure_topics, wait_for_broker
+from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES, ensure_topics
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
 from tests.topics import create_topics
@@ -143,12 +143,6 @@ async def test_make_topics_fixture_helper(kafka_bootstrap: str, topic_prefix: st
 async def test_produced_message_is_consumed(kafka_topics: str, kafka_bootstrap: str) -> None:
     topic = kafka_topics + topics.SUPPORT_REQUESTS
     assert await _produce_and_consume(kafka_bootstrap, topic, b'{"hello": "kafka"}') == b'{"hello": "kafka"}'
-
-
-async def test_wait_for_broker(kafka_bootstrap: str) -> None:
-    await wait_for_broker(kafka_bootstrap, timeout=10)
-    with pytest.raises(TimeoutError, match="no Kafka broker"):
-        await wait_for_broker(f"127.0.0.1:{free_port()}", timeout=1)
 
 
 def test_metadata_probe_lists_the_broker(kafka_bootstrap: str) -> None:

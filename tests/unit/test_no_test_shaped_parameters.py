@@ -32,14 +32,12 @@ OTEL = "OpenTelemetry's SpanProcessor interface: the SDK calls it with its own a
 TOKEN = "aiokafka builds it from the import string in the settings, with no argument: None reads the environment"
 CLOCK = "DEBT: a clock only tests set; to become the core's clock port"
 BOUND = "DEBT: a bound only tests lower, to reach it in a short test; to become a setting or a constant"
-ONLY_TESTS_CALL = "DEBT: a production function only tests call"
 FAKE = "DEBT: a fake only tests pass in; to become a port with an in-memory implementation in roundtrip.testing"
 BENCH = "DEBT: only the benchmarks pass it (tests/benchmarks)"
 ALLOWED = {
     "services/_broker/embedded.py:main:argv": ENTRY,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
-    "services/_kernel/kafka/admin.py:wait_for_broker:timeout": ONLY_TESTS_CALL,
     "services/_kernel/migrations/schema.py:upgrade:to": "DEBT: the revision to stop at; only migration tests pass one",
     "services/_kernel/observability/telemetry.py:force_flush:timeout_millis": OTEL,
     "services/_kernel/observability/telemetry.py:on_start:parent_context": OTEL,
@@ -49,7 +47,6 @@ ALLOWED = {
     "services/_sdk/mcp.py:McpMount:connect": FAKE,
     "services/_shop/agent/client.py:ShopClient:transport": FAKE,
     "services/_shop/app.py:main:argv": ENTRY,
-    "services/_shop/db.py:count_escalations:customer_id": ONLY_TESTS_CALL,
     "services/_simulator/__main__.py:main:argv": ENTRY,
     "services/testing/__init__.py:reply:stop_reason": PUBLIC,
     "services/testing/__init__.py:run_turn:approve": PUBLIC,

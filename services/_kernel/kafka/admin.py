@@ -14,7 +14,7 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
 from roundtrip._kernel.wire import topics, topology
@@ -192,25 +192,6 @@ async def wait_for_topics(kafka: KafkaClients | str, names: list[str], timeout: 
             await asyncio.sleep(1.0)  # poll interval: the setup job making the ACLs and the topics
     finally:
         await admin.close()
-
-
-async def wait_for_broker(bootstrap: KafkaClients | str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        admin = _admin(bootstrap, request_timeout_ms=5000)
-        try:
-            await admin.start()
-            cluster = await admin.describe_cluster()
-            if cluster.get("brokers"):
-                return
-            last = KafkaError("no live broker yet")
-        except (KafkaConnectionError, KafkaError, OSError) as e:
-            last = e
-        finally:
-            await admin.close()
-        await asyncio.sleep(0.25)
-    raise TimeoutError(f"no Kafka broker answering at {clients_of(bootstrap).bootstrap} after {timeout:.0f}s ({last})")
 
 
 @dataclass
