@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
+from httpx_aiohttp import AiohttpTransport
 
 from roundtrip._kernel.settings import Settings
 
@@ -74,7 +75,7 @@ class InProcessLoop:
         self.client = shop_model_client(
             settings, sdk_retries=anthropic.DEFAULT_MAX_RETRIES if plain else settings.model_max_retries
         )
-        self.shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
+        self.shop = ShopClient(settings.shop_base_url, settings.tool_timeout_s, AiohttpTransport())
         deps = shop_deps(self.shop)
         if plain:  # the SDK's own retries only, no limiter, a capacity refusal the call's error at once
             plain_settings = settings.model_copy(update={"model_max_retries": 0})

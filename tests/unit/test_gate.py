@@ -37,7 +37,7 @@ class CountingLookup:
 @pytest.fixture
 async def shop(tmp_path):
     async with in_process(f"sqlite+aiosqlite:///{tmp_path}/shop.db") as transport:
-        client = ShopClient("http://shop", transport=transport)
+        client = ShopClient("http://shop", timeout=10.0, transport=transport)
         yield client
         await client.aclose()
 

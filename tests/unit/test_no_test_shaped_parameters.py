@@ -45,7 +45,6 @@ ALLOWED = {
     "services/_sdk/functions.py:tool:fn": DECORATOR,
     "services/_sdk/functions.py:tool:name": DECORATOR,
     "services/_sdk/mcp.py:McpMount:connect": FAKE,
-    "services/_shop/agent/client.py:ShopClient:transport": FAKE,
     "services/_shop/app.py:main:argv": ENTRY,
     "services/_simulator/__main__.py:main:argv": ENTRY,
     "services/testing/__init__.py:reply:stop_reason": PUBLIC,
