@@ -32,7 +32,6 @@ OTEL = "OpenTelemetry's SpanProcessor interface: the SDK calls it with its own a
 TOKEN = "aiokafka builds it from the import string in the settings, with no argument: None reads the environment"
 CLOCK = "DEBT: a clock only tests set; to become the core's clock port"
 BOUND = "DEBT: a bound only tests lower, to reach it in a short test; to become a setting or a constant"
-FAKE = "DEBT: a fake only tests pass in; to become a port with an in-memory implementation in roundtrip.testing"
 BENCH = "DEBT: only the benchmarks pass it (tests/benchmarks)"
 ALLOWED = {
     "services/_broker/embedded.py:main:argv": ENTRY,
@@ -44,7 +43,6 @@ ALLOWED = {
     "services/_sdk/functions.py:tool:description": DECORATOR,
     "services/_sdk/functions.py:tool:fn": DECORATOR,
     "services/_sdk/functions.py:tool:name": DECORATOR,
-    "services/_sdk/mcp.py:McpMount:connect": FAKE,
     "services/_shop/app.py:main:argv": ENTRY,
     "services/_simulator/__main__.py:main:argv": ENTRY,
     "services/testing/__init__.py:reply:stop_reason": PUBLIC,
