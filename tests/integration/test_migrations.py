@@ -22,11 +22,12 @@ from roundtrip._broker.embedded import free_port
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import Ledger
 from roundtrip._kernel.database import make_engine, run_on
-from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, SchemaMismatch
+from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, STORES, SchemaMismatch
 from roundtrip._kernel.migrations.schema import current, head, upgrade, upgrade_databases
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage import ledger_reads, turnstore
 from roundtrip._kernel.storage.turnstore import Fence
+from tests.databases import migrated_to
 
 BEHIND = "ledger_0002"  # one migration behind this code's ledger_0003
 UPGRADE_LINE = "run `roundtrip db upgrade`"
@@ -137,10 +138,10 @@ OLD_TURNS = [
 
 
 async def test_a_new_database_gets_exactly_the_tables_the_code_declares(url):
-    changes = await upgrade(url)
+    changes = await upgrade(url, STORES)
     assert changes == [(LEDGER, None, head(LEDGER)), (CONVERSATIONS, None, head(CONVERSATIONS))]
     assert await on(url, schema_drift) == []
-    assert await upgrade(url) == [
+    assert await upgrade(url, STORES) == [
         (LEDGER, head(LEDGER), head(LEDGER)),
         (CONVERSATIONS, head(CONVERSATIONS), head(CONVERSATIONS)),
     ]
@@ -218,7 +219,7 @@ async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
 
     await on(url, made_before, write=True)
     assert await current(url) == {LEDGER: None, CONVERSATIONS: None}
-    await upgrade(url)
+    await upgrade(url, STORES)
     assert await current(url) == {LEDGER: head(LEDGER), CONVERSATIONS: head(CONVERSATIONS)}
     assert await on(url, schema_drift) == []
     ledger = await Ledger.open(url)
@@ -282,7 +283,7 @@ def test_the_ledger_and_the_conversations_in_databases_of_their_own(tmp_path):
 
 
 async def _ahead(url: str) -> None:
-    await upgrade(url)
+    await upgrade(url, STORES)
     await on(
         url,
         lambda conn: conn.execute(
@@ -293,7 +294,7 @@ async def _ahead(url: str) -> None:
 
 
 async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
-    await upgrade(url, (LEDGER,), to=BEHIND)
+    await migrated_to(url, BEHIND)
     for store in (Ledger, Fence):
         with pytest.raises(SchemaMismatch) as refused:
             await store.open(url)
@@ -314,7 +315,7 @@ async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
         f"(it needs {head(LEDGER)}): a newer roundtrip migrated it; run that version"
     )
     with pytest.raises(SchemaMismatch, match="ledger_9999, which this code does not know"):
-        await upgrade(url)  # nothing is run on a database a newer roundtrip migrated
+        await upgrade(url, STORES)  # nothing is run on a database a newer roundtrip migrated
     assert (await current(url))[LEDGER] == "ledger_9999"
     store = await Conversations.open(url)  # the conversation store, at its own head, still opens
     await store.close()
@@ -326,7 +327,7 @@ async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
     indirect=["url"],
 )
 async def test_a_service_started_one_migration_behind_refuses_with_one_line(service, url, tmp_path):
-    await upgrade(url, to=BEHIND)
+    await migrated_to(url, BEHIND)
     done = cli(tmp_path, "run", service, ledger_url=url)
     assert done.returncode == 1
     assert error_lines(done) == [
@@ -350,7 +351,7 @@ async def test_a_service_started_on_a_database_ahead_of_its_code_refuses_with_on
 
 
 async def test_the_listing_commands_never_write(url, tmp_path):
-    await upgrade(url)
+    await upgrade(url, STORES)
     path = Path(url.split(":///", 1)[1]) if url.startswith("sqlite") else None
     before = hashlib.sha256(path.read_bytes()).hexdigest() if path else None
     for command in (["turns"], ["approvals", "--all"], ["conversations"], ["db", "current"]):
@@ -368,7 +369,7 @@ async def test_the_listing_commands_never_write(url, tmp_path):
 
 
 async def test_a_listing_on_a_database_behind_refuses_and_leaves_it_as_it_is(url, tmp_path):
-    await upgrade(url, to=BEHIND)
+    await migrated_to(url, BEHIND)
     done = cli(tmp_path, "turns", ledger_url=url)
     assert done.returncode == 1
     assert error_lines(done) == [

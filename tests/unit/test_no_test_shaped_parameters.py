@@ -37,7 +37,6 @@ ALLOWED = {
     "services/_broker/embedded.py:main:argv": ENTRY,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
-    "services/_kernel/migrations/schema.py:upgrade:to": "DEBT: the revision to stop at; only migration tests pass one",
     "services/_kernel/observability/telemetry.py:force_flush:timeout_millis": OTEL,
     "services/_kernel/observability/telemetry.py:on_start:parent_context": OTEL,
     "services/_sdk/functions.py:tool:description": DECORATOR,
