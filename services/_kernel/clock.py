@@ -1,4 +1,4 @@
-"""The clock a core reads, a port: the fleet runs on the process's clocks, a test on one it moves by hand."""
+"""The clock a core reads, as a port: the fleet runs on the process's clocks, `SYSTEM`; a harness may move its own."""
 
 from __future__ import annotations
 

@@ -86,8 +86,8 @@ class Capacity:
         on_throttle: Callable[[bool], None] | None = None,
         signals: Signals = HEADERS,
     ) -> None:
-        """`rng` jitters the pauses; `slow_start` off: no window of calls in flight (the benchmarks' plain loop),
-        unless without headers."""
+        """`rng` jitters the pauses; `slow_start` off: no window of calls in flight (a plain loop's stand-in), unless
+        without headers."""
         self.signals = signals
         slow_start = slow_start or not signals.headers
         self._clock = clock

@@ -4,6 +4,8 @@ Every parameter of a function or method in services/ that has a default, or is t
 the calls in services/ (tests' calls don't count):
 - a default must be passed explicitly by some call (a production caller wants another value), else every
   production caller takes the default and the parameter is there for tests;
+- and a default must be left out by some call: when every production caller passes the parameter, the default is
+  what only tests take (the test then passes the value, from one helper where many tests share it);
 - an `X | None` must get None from some call: a literal None, the parameter left out when its default is None, or
   an argument that may be None (a name, an attribute, a function's result: mypy follows those; this test does not).
 A caller is found by the callee's name (a class's for `__init__`) and the parameter's keyword or position; a call with
@@ -30,9 +32,6 @@ DECORATOR = "`@tool` and `@tool(name=..., description=...)`: an agent author wri
 ENTRY = "an entry point: `python -m` calls main() and None reads sys.argv"
 OTEL = "OpenTelemetry's SpanProcessor interface: the SDK calls it with its own arguments"
 TOKEN = "aiokafka builds it from the import string in the settings, with no argument: None reads the environment"
-CLOCK = "DEBT: a clock only tests set; to become the core's clock port"
-BOUND = "DEBT: a bound only tests lower, to reach it in a short test; to become a setting or a constant"
-BENCH = "DEBT: only the benchmarks pass it (tests/benchmarks)"
 ALLOWED = {
     "services/_broker/embedded.py:main:argv": ENTRY,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
@@ -181,10 +180,12 @@ def _test_shaped() -> list[str]:
         passed = [_passed(c, parameter, index) for c in callers]
         explicit = [p for p in passed if p is not None]
         why = []
-        if default is not None and not explicit and not spread:
-            why.append("default")
         none_default = isinstance(default, ast.Constant) and default.value is None
         left_out = len(explicit) < len(passed)
+        if default is not None and not explicit and not spread:
+            why.append("default")
+        elif default is not None and explicit and not (spread or left_out):
+            why.append("overridden")  # every production caller passes it: the default is only tests'
         if optional and not (spread or any(map(_may_be_none, explicit)) or (none_default and left_out)):
             why.append("none")
         if why:
