@@ -7,6 +7,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -19,6 +21,7 @@ from roundtrip._kernel.observability.telemetry import (
     TURN_ID_HEADER,
     TURN_SPAN_HEADER,
     consuming,
+    make_provider,
     new_turn_ids,
     publishing,
     record_turn_span,
@@ -42,8 +45,12 @@ TURN = Turn(
 
 @pytest.fixture
 def traced():
-    """The process's provider, as a service installs it, with an in-memory exporter for this test's spans."""
-    provider = telemetry.setup_telemetry("unit", Settings(_env_file=None))
+    """The process's provider (a service's: turn-shaped, installed once) with an in-memory exporter of this test's
+    spans."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(make_provider("unit"))
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
     exporter = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield telemetry.tracer(), exporter
