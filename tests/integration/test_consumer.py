@@ -17,6 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from roundtrip._kernel.kafka import consumer as consumer_module
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from tests import waiting
 
@@ -243,7 +244,7 @@ async def test_at_the_limit_it_pauses_instead_of_buffering(kafka_bootstrap, topi
         await consumer.stop()
 
 
-async def test_waiting_handlers_are_interrupted_on_stop_when_safe_and_read_again(kafka_bootstrap, topic_prefix):
+async def test_waiting_handlers_are_interrupted_on_stop_when_safe_and_read_again(kafka_bootstrap, topic_prefix, monkeypatch):
     """The gateway's requests wait for admission: a stop must not wait for turns to end, and must not commit them."""
     topic = await new_topic(kafka_bootstrap, topic_prefix, partitions=1)
     await produce(kafka_bootstrap, topic, [(f"conv_{i}", str(i)) for i in range(5)])
@@ -254,7 +255,8 @@ async def test_waiting_handlers_are_interrupted_on_stop_when_safe_and_read_again
         if record.value != b"0":
             await admitted.wait()  # never admitted
 
-    koc = KeyOrderedConsumer(process, commit_interval_s=0.02, cancel_on_revoke=True, drain_timeout_s=30)
+    monkeypatch.setattr(consumer_module, "DRAIN_TIMEOUT_S", 30)  # far past the 5 s the stop may take
+    koc = KeyOrderedConsumer(process, commit_interval_s=0.02, cancel_on_revoke=True)
     consumer = consumer_for(kafka_bootstrap, topic, group, koc)
     await consumer.start()
     task = asyncio.create_task(koc.run(consumer))
