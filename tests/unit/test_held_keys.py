@@ -19,6 +19,7 @@ from roundtrip._gate.gate import Gate
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.kafka import consumer as consumer_module
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
+from tests.consumers import key_ordered
 from roundtrip._kernel.kafka.outages import next_try
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
@@ -75,7 +76,7 @@ async def until_true(check, timeout: float = 5.0) -> None:
 
 
 async def started(process, name: str, **options) -> tuple[KeyOrderedConsumer, FeedKafka, asyncio.Task]:
-    consumer = KeyOrderedConsumer(process=process, name=name, idle_wait_ms=50, commit_interval_s=0.02, **options)
+    consumer = key_ordered(process=process, name=name, idle_wait_ms=50, commit_interval_s=0.02, **options)
     await consumer.on_partitions_assigned([TP])
     kafka = FeedKafka()
     return consumer, kafka, asyncio.create_task(consumer.run(kafka))

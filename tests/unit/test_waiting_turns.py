@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 from roundtrip._guard.ledger import Ledger
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
+from tests.consumers import key_ordered
 from roundtrip._kernel.storage.turnstore import RUNNING, WAITING, Fence
 from tests import waiting
 from tests.databases import migrated
@@ -69,7 +70,7 @@ class FakeKafka:
 
 async def test_a_held_back_consumer_pauses_fetching_and_resumes_when_released():
     # a processing step that only yields to the loop
-    consumer = KeyOrderedConsumer(process=lambda record: asyncio.sleep(0), idle_wait_ms=50)
+    consumer = key_ordered(process=lambda record: asyncio.sleep(0), idle_wait_ms=50)
     kafka = FakeKafka()
     task = asyncio.create_task(consumer.run(kafka))
     await asyncio.sleep(0.05)  # an idle poll (50 ms): a pause unasked for would have come by now

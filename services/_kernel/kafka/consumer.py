@@ -76,14 +76,14 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         self,
         process: Process,
         *,
-        name: str = "consumer",
-        max_in_flight: int = 256,
-        commit_interval_s: float = 0.1,
-        commit: Commit | None = None,
-        rescue: Rescue | None = None,
-        forget: Callable[[list[TopicPartition]], None] | None = None,
-        idle_wait_ms: int = 5000,
-        cancel_on_revoke: bool = False,
+        name: str,
+        max_in_flight: int,
+        commit_interval_s: float,
+        commit: Commit | None,
+        rescue: Rescue | None,
+        forget: Callable[[list[TopicPartition]], None] | None,
+        idle_wait_ms: int,
+        cancel_on_revoke: bool,
     ) -> None:
         self.name = name
         self._process = process
