@@ -38,7 +38,9 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     shell.closes(client.aclose)
     fence = shell.fence()
     throttle = functools.partial(_hold_all, shell.consumers)
-    capacity = Capacity(SYSTEM, random.Random(), True, on_throttle=throttle, signals=providers.of(settings).signals)
+    capacity = Capacity(
+        SYSTEM, random.Random(), slow_start=True, on_throttle=throttle, signals=providers.of(settings).signals
+    )
     core = core_of(settings, ModelPorts(client, fence, capacity, True, time.time()))
     metrics.model_waiting.set_function(lambda: capacity.waiting)
 

@@ -269,7 +269,7 @@ async def arun_turn(
         async with agent.toolbox:
             if (bind := getattr(model, "bind", None)) is not None:  # a model shown the agent's tools and prompt
                 bind(agent)
-            capacity = Capacity(SYSTEM, random.Random(), True)
+            capacity = Capacity(SYSTEM, random.Random(), slow_start=True)
             fleet = InProcess(agent, settings, model, capacity, executor_clients, gate_clients, True)
             ended: Ended = await fleet.turn(text, customer_id, persona, approve=decide)
     finally:
