@@ -32,6 +32,7 @@ DECORATOR = "`@tool` and `@tool(name=..., description=...)`: an agent author wri
 ENTRY = "an entry point: `python -m` calls main() and None reads sys.argv"
 OTEL = "OpenTelemetry's SpanProcessor interface: the SDK calls it with its own arguments"
 TOKEN = "aiokafka builds it from the import string in the settings, with no argument: None reads the environment"
+OVERRIDDEN = "DEBT: every production caller passes it, so its default is what only tests take; to be made required"
 ALLOWED = {
     "services/_broker/embedded.py:main:argv": ENTRY,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
