@@ -73,7 +73,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     before_tracer = TracerProvider().get_tracer("before")
-    trace.set_tracer_provider(make_provider("bench"))  # the process's provider, as a service installs it
+    no_export = SimpleNamespace(otlp_endpoint=None, effective_span_file=None)
+    trace.set_tracer_provider(make_provider("bench", no_export))  # the process's provider, as a service installs it
     after_tracer = tracer()
     before = min(cpu_per_hop(before_tracer, False, args.hops) for _ in range(args.rounds))
     after = min(cpu_per_hop(after_tracer, True, args.hops) for _ in range(args.rounds))

@@ -43,12 +43,15 @@ TURN = Turn(
 )
 
 
+NO_EXPORT = SimpleNamespace(otlp_endpoint=None, effective_span_file=None)  # spans kept in memory only
+
+
 @pytest.fixture
 def traced():
     """The process's provider (a service's: turn-shaped, installed once) with an in-memory exporter of this test's
     spans."""
     if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        trace.set_tracer_provider(make_provider("unit"))
+        trace.set_tracer_provider(make_provider("unit", NO_EXPORT))
     provider = trace.get_tracer_provider()
     assert isinstance(provider, TracerProvider)
     exporter = InMemorySpanExporter()

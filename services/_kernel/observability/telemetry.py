@@ -407,14 +407,12 @@ class SpanExport(Protocol):
     def effective_span_file(self) -> Path | None: ...
 
 
-def make_provider(service: str, settings: SpanExport | None = None) -> TracerProvider:
+def make_provider(service: str, settings: SpanExport) -> TracerProvider:
     """A tracer provider that shapes turns (turn span ids, turn attributes on every span); exporters per `settings`."""
     provider = TracerProvider(
         resource=Resource.create({"service.name": f"roundtrip-{service}"}), id_generator=TurnIdGenerator()
     )
     provider.add_span_processor(TurnSpanProcessor())
-    if settings is None:
-        return provider
     if settings.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
