@@ -52,7 +52,7 @@ def shaped_hop(tracer, body: CallModel, offset: int) -> None:
     record = SimpleNamespace(
         topic="t", partition=0, offset=offset, timestamp=0, key=b"conv_1", value=b"{}", headers=headers
     )
-    with consuming(record, "roundtrip-guard"), tracer.start_as_current_span("guard.decide"):
+    with consuming(record, "roundtrip-guard", frozenset()), tracer.start_as_current_span("guard.decide"):
         pass
 
 

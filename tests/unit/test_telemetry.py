@@ -78,6 +78,7 @@ def test_the_turn_span_is_recorded_at_the_reply_with_the_ids_and_start_fixed_at_
         model="claude-x",
         agent_name="support-agent",
         agent_digest="0123456789abcdef",
+        provider="anthropic",
     )
     ended_before = time.time_ns()
     (span,) = exporter.get_finished_spans()
@@ -112,7 +113,15 @@ def test_the_turn_span_is_recorded_at_the_reply_with_the_ids_and_start_fixed_at_
 def test_a_turn_the_guard_stopped_is_an_error_for_jaegers_error_filter(traced, outcome, error):
     tracer, exporter = traced
     record_turn_span(
-        TURN, outcome=outcome, steps=2, usage=Usage(), cost_usd=0.0, agent_name="support-agent"
+        TURN,
+        outcome=outcome,
+        steps=2,
+        usage=Usage(),
+        cost_usd=0.0,
+        agent_name="support-agent",
+        agent_digest="",
+        model="",
+        provider="anthropic",
     )
     (span,) = exporter.get_finished_spans()
     assert (span.status.status_code is StatusCode.ERROR) is error

@@ -175,7 +175,7 @@ def hop_of(
 
 
 @contextlib.contextmanager
-def consuming(record: Any, group: str, roots: frozenset[str] = frozenset()) -> Iterator[trace.Span]:
+def consuming(record: Any, group: str, roots: frozenset[str]) -> Iterator[trace.Span]:
     """The consumer span of one record (`<topic> process`), current while its handler runs, in its turn's trace."""
     headers = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in (record.headers or ())}
     hop, parent = hop_of(record.topic, record.partition, record.offset, record.timestamp, record.key, headers, roots)
@@ -294,9 +294,9 @@ def record_turn_span(
     usage: Any,
     cost_usd: float,
     agent_name: str,
-    agent_digest: str = "",
-    model: str = "",
-    provider: str = "anthropic",
+    agent_digest: str,
+    model: str,
+    provider: str,
 ) -> trace.Span:
     """Record the finished turn span with the ids and start fixed when the turn began."""
     started = turn.started_at or time.time()
