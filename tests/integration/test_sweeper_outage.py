@@ -26,8 +26,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from roundtrip._guard.ledger import Ledger
-from roundtrip._kernel.kafka.admin import ensure_topics
+
 from roundtrip._kernel.wire import topics
+from tests.topics import topics_report
 from tests.databases import migrated
 from tests.processes import embedded_kafka, start_service
 
@@ -59,7 +60,7 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
         "ROUNDTRIP_ENV": "development",
         "PYTHONUNBUFFERED": "1",
     }
-    await ensure_topics(own_kafka.bootstrap, prefix, partitions=2)
+    await topics_report(own_kafka.bootstrap, prefix, partitions=2)
     await migrated(ledger_url)  # as `roundtrip db upgrade` does before the services start
     procs = []
     try:

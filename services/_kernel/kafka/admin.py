@@ -86,12 +86,12 @@ ENSURE_TIMEOUT_S = 30.0  # per admin request of creating or growing the topics
 
 async def ensure_topics(
     bootstrap: KafkaClients | str,
-    prefix: str = "",
-    partitions: int = 6,
-    executor_partitions: int | None = None,
-    replication_factor: int = 1,
+    prefix: str,
+    partitions: int,
+    executor_partitions: int | None,
+    replication_factor: int,
     *,
-    min_insync_replicas: int | None = None,
+    min_insync_replicas: int | None,
 ) -> TopicsReport:
     durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
     wanted = desired_topics(prefix, partitions, executor_partitions)
