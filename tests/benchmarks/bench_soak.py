@@ -101,7 +101,7 @@ async def _lag(settings) -> float:
     from roundtrip._kernel.kafka.admin import consumer_lag
     from roundtrip._kernel.kafka.clients import kafka_clients
 
-    return float(sum(g.lag for g in await consumer_lag(kafka_clients(settings), settings.topic_prefix)))
+    return float(sum(g.lag for g in await consumer_lag(kafka_clients(settings), settings.topic_prefix, None)))
 
 
 async def _shorten_requests_retention(settings, ms: int) -> None:

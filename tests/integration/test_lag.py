@@ -105,6 +105,6 @@ async def test_a_subscription_added_to_the_topology_shows_up_in_lag_before_its_g
     monkeypatch.setattr(topology, "SERVICES", (*topology.SERVICES, ECHO))
     await topics_report(kafka_bootstrap, topic_prefix, partitions=2)  # topics create makes its topic too
     await _produce(kafka_bootstrap, topic_prefix + ECHOES, {0: 2, 1: 1})
-    report = {g.group: g for g in await consumer_lag(kafka_bootstrap, topic_prefix)}
+    report = {g.group: g for g in await consumer_lag(kafka_bootstrap, topic_prefix, None)}
     echo = report[topic_prefix + "roundtrip-echo"]
     assert echo.lag == 3 and {p.topic for p in echo.partitions} == {topic_prefix + ECHOES}

@@ -287,7 +287,7 @@ async def _retrying(call: Callable[[], Awaitable[Any]], timeout: float) -> Any:
 LAG_TIMEOUT_S = 10.0  # per admin request of `roundtrip lag`
 
 
-async def consumer_lag(bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None) -> list[GroupLag]:
+async def consumer_lag(bootstrap: KafkaClients | str, prefix: str, group: str | None) -> list[GroupLag]:
     """Lag per partition and members of the fleet's groups on `prefix`'s topics (another fleet's are not shown).
     The topology's groups are shown even before they exist: a group that never committed lags from the log's start.
     """
