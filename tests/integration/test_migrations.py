@@ -218,9 +218,9 @@ async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
         )
 
     await on(url, made_before, write=True)
-    assert await current(url) == {LEDGER: None, CONVERSATIONS: None}
+    assert await current(url, STORES) == {LEDGER: None, CONVERSATIONS: None}
     await upgrade(url, STORES)
-    assert await current(url) == {LEDGER: head(LEDGER), CONVERSATIONS: head(CONVERSATIONS)}
+    assert await current(url, STORES) == {LEDGER: head(LEDGER), CONVERSATIONS: head(CONVERSATIONS)}
     assert await on(url, schema_drift) == []
     ledger = await Ledger.open(url)
     store = await Conversations.open(url)
@@ -316,7 +316,7 @@ async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
     )
     with pytest.raises(SchemaMismatch, match="ledger_9999, which this code does not know"):
         await upgrade(url, STORES)  # nothing is run on a database a newer roundtrip migrated
-    assert (await current(url))[LEDGER] == "ledger_9999"
+    assert (await current(url, STORES))[LEDGER] == "ledger_9999"
     store = await Conversations.open(url)  # the conversation store, at its own head, still opens
     await store.close()
 
@@ -333,7 +333,7 @@ async def test_a_service_started_one_migration_behind_refuses_with_one_line(serv
     assert error_lines(done) == [
         f"error: the ledger database {url} is at revision {BEHIND}, behind this code's {head(LEDGER)}: {UPGRADE_LINE}"
     ], done.stderr
-    assert (await current(url))[LEDGER] == BEHIND  # it refused: it did not migrate on its own
+    assert (await current(url, STORES))[LEDGER] == BEHIND  # it refused: it did not migrate on its own
 
 
 async def test_a_service_started_on_a_database_ahead_of_its_code_refuses_with_one_line(tmp_path):
@@ -377,7 +377,7 @@ async def test_a_listing_on_a_database_behind_refuses_and_leaves_it_as_it_is(url
     ]
     done = cli(tmp_path, "db", "current", ledger_url=url)
     assert done.returncode == 1 and f"is at revision {BEHIND}, behind" in done.stdout
-    assert await current(url) == {LEDGER: BEHIND, CONVERSATIONS: None}
+    assert await current(url, STORES) == {LEDGER: BEHIND, CONVERSATIONS: None}
 
 
 def test_an_unreachable_database_is_one_line_without_its_password(tmp_path):

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtrip._kernel.database import make_engine, run_on, shown
-from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, STORES, UPGRADE, DatabaseUnreachable, SchemaMismatch
+from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, UPGRADE, DatabaseUnreachable, SchemaMismatch
 
 LOCK_KEY = 7_347_211_908  # any constant, the same in every process
 SQLITE_LOCK_WAIT_MS = 60_000
@@ -105,7 +105,7 @@ def reaching(url: str) -> Iterator[None]:
         raise DatabaseUnreachable(f"cannot use the database {shown(url)}: {reason}") from exc
 
 
-async def current(url: str, stores: Sequence[str] = STORES) -> dict[str, str | None]:
+async def current(url: str, stores: Sequence[str]) -> dict[str, str | None]:
     with reaching(url):
         return await run_on(make_engine(url, read_only=True), lambda conn: {s: found_revision(conn, s) for s in stores})
 
