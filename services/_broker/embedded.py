@@ -346,7 +346,7 @@ class EmbeddedKafka:
                     f"last lines of {self.log_file}:\n{_tail(self.log_file)}"
                 )
             try:
-                if self.probe() if self.probe else probe_metadata(self.host, self.port, timeout=2.0):
+                if self.probe() if self.probe else probe_metadata(self.host, self.port):
                     return self
                 last_error = BrokerError("no live broker in the metadata response yet")
             except (OSError, struct.error, UnicodeDecodeError) as e:

@@ -75,8 +75,8 @@ def test_a_fleets_groups_carry_its_topic_prefix_and_are_found_by_their_short_nam
     )
     for name in ("executor", "roundtrip-executor", "prod.roundtrip-executor"):
         assert topology.find_group(name, "prod.") == "prod.roundtrip-executor"
-    assert topology.find_group("roundtrip-executor") == "roundtrip-executor"
-    assert topology.find_group("prod.roundtrip-executor") is None  # another fleet's group is not this fleet's
+    assert topology.find_group("roundtrip-executor", "") == "roundtrip-executor"
+    assert topology.find_group("prod.roundtrip-executor", "") is None  # another fleet's group is not this fleet's
     assert topology.find_group("nosuch", "prod.") is None
 
 

@@ -181,7 +181,7 @@ def groups(prefix: str = "") -> dict[str, str]:
     return {i.group(s.name, prefix): i.topic for s in SERVICES for i in s.inputs}
 
 
-def find_group(name: str, prefix: str = "") -> str | None:
+def find_group(name: str, prefix: str) -> str | None:
     """The fleet's group a user means by `name`, with or without the prefix and `roundtrip-`; None if none."""
     known = groups(prefix)
     return next((g for g in (name, prefix + name, f"{prefix}roundtrip-{name}") if g in known), None)
