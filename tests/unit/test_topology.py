@@ -32,7 +32,7 @@ ECHO = topology.Service(
 
 
 def build(settings: Settings, agent: object) -> FastStream:  # a service of its own: builds like the five
-    wired = wiring("echo", settings)
+    wired = wiring("echo", settings, (), "")
     echoed = Outlet(wired, ECHOED, events.CancelTurn)
 
     @subscribe(wired, ECHOES, settings)
@@ -86,13 +86,13 @@ def test_every_app_builds_against_its_declaration():
 
 
 def test_a_subscription_the_topology_does_not_declare_fails_at_build():
-    wired = wiring("model", settings())
+    wired = wiring("model", settings(), (), "")
     with pytest.raises(LookupError, match=r"declares no subscription of model to turn.tool_calls"):
         subscribe(wired, topics.TOOL_CALLS, settings())
 
 
 def test_a_handler_for_another_message_than_declared_fails_at_build():
-    wired = wiring("model", settings())
+    wired = wiring("model", settings(), (), "")
 
     with pytest.raises(TypeError, match=r"the topology says turn.model_calls carries CallModel"):
 
@@ -101,7 +101,7 @@ def test_a_handler_for_another_message_than_declared_fails_at_build():
 
 
 def test_an_output_the_topology_does_not_declare_fails_at_build():
-    wired = wiring("gate", settings())
+    wired = wiring("gate", settings(), (), "")
     with pytest.raises(LookupError, match=r"declares no output CallModel of gate to turn.model_calls"):
         Outlet(wired, topics.MODEL_CALLS, events.CallModel)
 

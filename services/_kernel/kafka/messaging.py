@@ -70,7 +70,7 @@ class Wiring:
         return topics.t(name, self.prefix)
 
 
-def wiring(service: str, settings: Settings, turn_roots: tuple[str, ...] = (), digest: str = "") -> Wiring:
+def wiring(service: str, settings: Settings, turn_roots: tuple[str, ...], digest: str) -> Wiring:
     """The service's broker and its wiring; `turn_roots`: the (logical) topics whose messages start turns."""
     kafka = kafka_clients(settings)
     broker = KafkaBroker(
