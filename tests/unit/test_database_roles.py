@@ -28,7 +28,7 @@ def test_every_service_that_shares_the_ledger_has_a_part_and_the_guard_owns_it()
 
 
 def test_each_login_is_stripped_then_given_its_part_and_nothing_is_left_to_public():
-    said = roles.statements(ALL)
+    said = roles.statements(ALL, roles.PREFIX)
     assert "REVOKE ALL ON alembic_version, turns, approvals, conversations, conversation_turns FROM PUBLIC" in said
     assert of(said, "roundtrip_executor")[1:] == [
         "REVOKE ALL ON ALL TABLES IN SCHEMA public FROM roundtrip_executor",
