@@ -98,7 +98,7 @@ def wait_http(url: str, name: str, children: list[Child], retries: Retries | Non
 
 
 def wait_services(
-    children: list[Child], timeout: float = 60, names: set[str] | None = None, retries: Retries | None = None
+    children: list[Child], timeout: float, names: set[str] | None, retries: Retries | None
 ) -> None:
     """Wait until every service (of `names`) has said "ready" on its pipe."""
     deadline = time.monotonic() + timeout

@@ -343,7 +343,7 @@ class McpMount(ToolSource):
             return [f"MCP server {server.name} does not list {missing}, which the agent declares"]
         return []
 
-    async def keep_listing(self, on_listed: OnListed, attempted: asyncio.Event | None = None) -> None:
+    async def keep_listing(self, on_listed: OnListed, attempted: asyncio.Event | None) -> None:
         """List the tools, asking again with a bounded backoff until it answers; `attempted`: set after the first."""
         delay = FIRST_RETRY_S
         while True:
