@@ -138,7 +138,7 @@ class Fleet:
         started the fleet: the children get SIGTERM when that thread ends."""
         supervise(
             lambda: [*([self._kafka] if self._kafka is not None else []), *self.children],
-            self._restart_child,
+            lambda child: self._restart_child(child, ready_pipe=False),  # readiness is waited for at start only
             should_stop,
             self.policy,
             self.say,
@@ -161,7 +161,7 @@ class Fleet:
         self.children.append(Child(name, process, log_path, where, ready_fd=ready_fd, log_start=log_start))
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
 
-    def _restart_child(self, child: Child, ready_pipe: bool = False) -> None:
+    def _restart_child(self, child: Child, ready_pipe: bool) -> None:
         """A new process for a dead child, as supervise() asks: the broker on its data dir (topics, offsets kept).
         With `ready_pipe` (while the fleet starts), a service gets a new pipe to say "ready" on."""
         if child is self._kafka and self.broker is not None:

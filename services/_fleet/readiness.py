@@ -62,7 +62,7 @@ def failure(child: Child, cause: causes.Cause, setting: Callable[[int], str | No
     return f"{child.name} could not start: {cause.text} ({tries}; log {child.log_path})"
 
 
-def check_alive(children: list[Child], retries: Retries | None = None) -> list[Child]:
+def check_alive(children: list[Child], retries: Retries | None) -> list[Child]:
     """Every child is running, or is restarted through `retries` (those restarted now are returned)."""
     now, restarted = time.monotonic(), []
     for child in children:

@@ -60,13 +60,13 @@ class Record:
     headers: list[tuple[str, bytes]]
 
 
-def letter_id(partition: int, offset: int, service: str = "") -> str:
+def letter_id(partition: int, offset: int, service: str) -> str:
     """`<service>-<partition>-<offset>` on the service's topic; `<partition>-<offset>` on the shared one (as before)."""
     return f"{service}-{partition}-{offset}" if service else f"{partition}-{offset}"
 
 
 def parse_letter(
-    partition: int, offset: int, timestamp_ms: int | None, value: bytes | None, service: str = ""
+    partition: int, offset: int, timestamp_ms: int | None, value: bytes | None, service: str
 ) -> Letter:
     at, lid = (timestamp_ms or 0) / 1000, letter_id(partition, offset, service)
     try:
