@@ -97,8 +97,8 @@ class Gate:
         turn_id: str,
         blocked: str | None,
         lookups: StepLookups | None,
-        decision: ApprovalDecided | None = None,
-        metadata: dict[str, Any] | None = None,
+        decision: ApprovalDecided | None,
+        metadata: dict[str, Any] | None,
     ) -> CheckedCall:
         def reject(why: str, reason: str) -> CheckedCall:
             metrics.gate_rejections.labels(self._tool_label(call.name), reason).inc()

@@ -249,7 +249,7 @@ def _latency_s(request: Request, state: _State) -> float:
     return max(0.0, latency / 1000)
 
 
-async def _fault(request: Request, state: _State, streamed: bool = False) -> str:
+async def _fault(request: Request, state: _State, streamed: bool) -> str:
     """Raise the forced (or randomly injected) fault of this request, or sleep for `timeout`; the fault a stream
     raises as it goes (`529-midstream`) is returned."""
     fault = request.headers.get(FAULT_HEADER, "").strip().lower()

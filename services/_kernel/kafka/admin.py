@@ -45,7 +45,7 @@ def topic_configs(name: str, prefix: str = "") -> dict[str, str]:
     return {}
 
 
-def desired_topics(prefix: str, partitions: int, executor_partitions: int | None = None) -> dict[str, int]:
+def desired_topics(prefix: str, partitions: int, executor_partitions: int | None) -> dict[str, int]:
     counts = {}
     for name in topology.topic_names():
         if name == topics.TOOL_BATCHES:

@@ -183,7 +183,7 @@ def _message_path(
     wired: Wiring,
     group_id: str,
     handler: Callable[[Any], Awaitable[Any]],
-    on_failure: Failed | None = None,
+    on_failure: Failed | None,
 ) -> Callable[[Any], Awaitable[None]]:
     """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
     model = _message_model(handler)
