@@ -67,7 +67,7 @@ class Service:
         )
         return tuple(name for holds, name in roles if holds)
 
-    def input(self, topic: str, role: str | None = None) -> Input:
+    def input(self, topic: str, role: str | None) -> Input:
         for declared in self.inputs:
             if declared.topic == topic and declared.role == role:
                 return declared
