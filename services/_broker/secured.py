@@ -236,11 +236,11 @@ def secured_kafka(
     data_dir: Path,
     listeners: Sequence[Listener],
     tls: Tls | None,
-    users: Mapping[str, str] | None = None,
+    users: Mapping[str, str],
     **options: Any,
 ) -> EmbeddedKafka:
     """An EmbeddedKafka (not started) listening on `listeners` only (and its controller), with these users."""
-    users = dict(users or {})
+    users = dict(users)
     host, controller_port = options.get("host", "127.0.0.1"), options.get("controller_port", 9093)
     properties = {**secured_properties(host, controller_port, listeners, tls, users), **options.pop("properties", {})}
     return EmbeddedKafka(
