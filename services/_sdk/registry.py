@@ -140,7 +140,7 @@ def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None
     return ToolSpec(name=name, description=str(description), input_schema=schema, entity_refs=entity_refs), problems
 
 
-def check_tool_document(doc: Any, source: str = "<tool>") -> ToolSpec:
+def check_tool_document(doc: Any, source: str) -> ToolSpec:
     spec, problems = document_problems(doc, source)
     if problems or spec is None:
         raise RegistryError("; ".join(problems), problems)

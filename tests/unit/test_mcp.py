@@ -118,14 +118,14 @@ def test_a_schema_without_the_annotated_argument_or_explicitly_open_is_refused()
         strict_copy(SERVER, renamed)
     open_ = SimpleNamespace(**{**vars(WRAP), "input_schema": {**WRAP_SCHEMA, "additionalProperties": True}})
     with pytest.raises(RegistryError, match="additionalProperties: false"):
-        check_tool_document(strict_copy(SERVER, open_))
+        check_tool_document(strict_copy(SERVER, open_), "MCP server giftwrap")
 
 
 def test_a_short_description_and_a_missing_required_are_filled_in():
     bare = SimpleNamespace(name="ping", description=None, input_schema={"type": "object", "properties": {}})
     doc = strict_copy(McpServer("ops"), bare)
     assert doc["input_schema"]["required"] == [] and "ops" in doc["description"]
-    check_tool_document(doc)
+    check_tool_document(doc, "<tool>")
 
 
 def test_results_become_the_handlers_value_or_a_tool_error():

@@ -119,7 +119,7 @@ def test_a_good_declaration_has_no_problem_and_names_its_credentials_without_the
 async def test_the_sdk_provider_holds_the_token_in_memory_and_renews_it_before_it_expires(monkeypatch):
     monkeypatch.setenv("CLIENT_SECRET", SECRET)
     credentials = ClientCredentials(issuer=ISSUER, client_id="roundtrip", client_secret_env="CLIENT_SECRET")
-    provider = credentials.provider("https://mcp.example.test/mcp")
+    provider = credentials.provider("https://mcp.example.test/mcp", None)
     from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 
     assert isinstance(provider, ClientCredentialsOAuthProvider)
@@ -133,7 +133,7 @@ async def test_the_sdk_provider_holds_the_token_in_memory_and_renews_it_before_i
     assert provider.context.token_expiry_time == pytest.approx(time.time() + 90, abs=5)  # a tenth of a short life
     monkeypatch.delenv("CLIENT_SECRET")
     with pytest.raises(CredentialError, match="CLIENT_SECRET"):
-        credentials.provider("https://mcp.example.test/mcp")
+        credentials.provider("https://mcp.example.test/mcp", None)
 
 
 def test_a_refusal_is_told_apart_from_other_failures():
