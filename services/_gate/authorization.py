@@ -17,7 +17,6 @@ from roundtrip._kernel.clock import Clock
 from roundtrip._kernel.kafka import faults
 from roundtrip._sdk.context import ToolContext
 from roundtrip._sdk.registry import ToolSpec
-from roundtrip._sdk.texts import gate_message
 
 EntityLookup = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
 Policy = Callable[[dict[str, Any], dict[str, dict[str, Any]], ToolContext], Awaitable[str | None]]
@@ -55,12 +54,11 @@ async def authorize(
     ctx: ToolContext,
     lookup: EntityLookup,
     policy: Policy | None,
-    resolved: dict[str, dict[str, Any]] | None = None,
-    say: Say = gate_message,
-    tools: Container[str] = (),
+    resolved: dict[str, dict[str, Any]],
+    say: Say,
+    tools: Container[str],
 ) -> str | None:
     """None when the call may run, else the reason it may not; `resolved` receives the entities it read."""
-    entities: dict[str, dict[str, Any]] = {} if resolved is None else resolved
     for field, kind in spec.entity_refs.items():
         if field not in tool_input:
             continue
@@ -76,10 +74,10 @@ async def authorize(
             raise LookupFailed(f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
         if entity is None or not _belongs(entity, kind, entity_id, ctx.customer_id):
             return _not_found(say, kind, entity_id, tools)
-        entities[field] = entity
+        resolved[field] = entity
     if policy is not None:
         try:
-            return await policy(tool_input, entities, ctx)
+            return await policy(tool_input, resolved, ctx)
         except Exception as exc:  # a policy reads the agent's backends too
             if (dependency := faults.unavailable(exc)) is not None:
                 raise faults.RetryLater(dependency, f"{spec.name}'s policy: {exc}", backend=True) from exc

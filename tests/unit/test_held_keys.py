@@ -15,6 +15,7 @@ from aiokafka import TopicPartition
 from prometheus_client import REGISTRY
 
 from roundtrip._gate.authorization import authorize
+from roundtrip._sdk.texts import gate_message
 from roundtrip._gate.gate import Gate
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.kafka import consumer as consumer_module
@@ -314,7 +315,7 @@ async def test_a_policy_whose_backend_is_away_holds_its_conversation_and_a_bug_i
         raise KeyError("status")
 
     with pytest.raises(faults.RetryLater) as later:
-        await authorize(spec, {}, ctx, no_entities, away)
+        await authorize(spec, {}, ctx, no_entities, away, {}, gate_message, ())
     assert later.value.backend and later.value.dependency == faults.HTTP
     with pytest.raises(KeyError):  # the gate's check_call turns it into internal_error, as ever
-        await authorize(spec, {}, ctx, no_entities, buggy)
+        await authorize(spec, {}, ctx, no_entities, buggy, {}, gate_message, ())
