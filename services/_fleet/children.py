@@ -26,7 +26,7 @@ def run_argv(name: str) -> list[str]:
 
 
 def popen(
-    argv: list[str], log_path: Path, env: Mapping[str, str], ready_pipe: bool = False
+    argv: list[str], log_path: Path, env: Mapping[str, str], ready_pipe: bool
 ) -> tuple[subprocess.Popen[bytes], int | None]:
     """Start one child with `env` (the whole environment); with `ready_pipe`, also the pipe it says "ready" on."""
     # a stable identity per replica (not the pid): a restarted gateway fences its predecessor's transaction at once

@@ -154,7 +154,7 @@ def binding_problems(
     entity_resolvers: Mapping[str, Any],
     approvals: Mapping[str, Any],
     serial: frozenset[str] | set[str],
-    mounted: frozenset[str] | set[str] = frozenset(),
+    mounted: frozenset[str] | set[str],
 ) -> list[str]:
     """What does not fit between the tools and the code bound to them by name (`mounted`: MCP tools to come)."""
     problems = []

@@ -39,7 +39,7 @@ class TopicsReport:
         return "topics: " + ", ".join(parts)
 
 
-def topic_configs(name: str, prefix: str = "") -> dict[str, str]:
+def topic_configs(name: str, prefix: str) -> dict[str, str]:
     if name.startswith(prefix) and topics.dead_letters_service(name[len(prefix) :]):
         return {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)}
     return {}
@@ -63,7 +63,7 @@ def _admin(kafka: KafkaClients | str, request_timeout_ms: int = 30000) -> AIOKaf
 
 
 async def _partition_counts(
-    admin: AIOKafkaAdminClient, names: list[str], timeout: float = 10.0, at_least: dict[str, int] | None = None
+    admin: AIOKafkaAdminClient, names: list[str], timeout: float, at_least: dict[str, int] | None = None
 ) -> dict[str, int]:
     """Partition count of each topic, polled until the broker's metadata shows all with leaders (and at least
     `at_least[name]` partitions): right after a create, the broker's metadata cache lags the controller."""
