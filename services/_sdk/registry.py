@@ -121,7 +121,7 @@ def _pointer(parts: list[Any]) -> str:
     return "#" + "".join(f"/{part}" for part in parts)
 
 
-def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None, list[str]]:
+def document_problems(doc: Any, source: str) -> tuple[ToolSpec | None, list[str]]:
     """Every problem of one tool document, and its ToolSpec when its name, description and schema can be read."""
     errors = list(tool_document_validator().iter_errors(doc))
     problems = list(dict.fromkeys(f"{source}: {error.json_path}: {_sentence(error, doc)}" for error in errors))

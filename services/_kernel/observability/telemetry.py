@@ -364,7 +364,7 @@ def turn_context(turn: Any) -> otel_context.Context | None:
 
 
 @contextlib.contextmanager
-def span_in_turn(name: str, turn: Any, cause: str | None = None, step: int | None = None) -> Iterator[trace.Span]:
+def span_in_turn(name: str, turn: Any, cause: str | None, step: int | None) -> Iterator[trace.Span]:
     """A span under the turn span (linked to `cause`, a traceparent), outside any hop: the guard's sweeper, a cancel."""
     parent = turn_context(turn)
     if parent is None:  # a turn from before turn spans: continue its last hop
