@@ -386,8 +386,8 @@ class Ledger(LedgerApprovals):
         this = next((r for r in rows if r.turn_id == turn_id), None)
         return this, [r for r in rows if r.turn_id != turn_id]
 
-    async def live_turns(self, conversation_id: str, but: str | None) -> list[TurnRow]:
-        return await self._rows(_LIVE_TURNS, {"b_conversation_id": conversation_id, "b_but": but or ""})
+    async def live_turns(self, conversation_id: str, but: str) -> list[TurnRow]:
+        return await self._rows(_LIVE_TURNS, {"b_conversation_id": conversation_id, "b_but": but})
 
     async def overdue(
         self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float
