@@ -343,15 +343,14 @@ class McpMount(ToolSource):
             return [f"MCP server {server.name} does not list {missing}, which the agent declares"]
         return []
 
-    async def keep_listing(self, on_listed: OnListed, attempted: asyncio.Event | None) -> None:
+    async def keep_listing(self, on_listed: OnListed, attempted: asyncio.Event) -> None:
         """List the tools, asking again with a bounded backoff until it answers; `attempted`: set after the first."""
         delay = FIRST_RETRY_S
         while True:
             try:
                 listed = await asyncio.wait_for(self.list_once(), self.server.timeout_s)
             except Exception as exc:  # noqa: BLE001 - a server that is down is asked again, never a dead service
-                if attempted is not None:
-                    attempted.set()
+                attempted.set()
                 error = describe(exc)
                 if error != self.last_error and self.refusing is None:  # a refusal has said so already
                     log.warning(
@@ -370,8 +369,7 @@ class McpMount(ToolSource):
                 self.take(listed)
                 on_listed(self)
             finally:
-                if attempted is not None:
-                    attempted.set()
+                attempted.set()
             return
 
     async def start(self, on_listed: OnListed) -> None:
