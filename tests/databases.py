@@ -19,9 +19,9 @@ import time
 import uuid
 from pathlib import Path
 
-from roundtrip._broker.embedded import die_with_parent_preexec, free_port
 from alembic import command
 
+from roundtrip._broker.embedded import die_with_parent_preexec, free_port
 from roundtrip._kernel.database import make_engine, run_on
 from roundtrip._kernel.migrations import STORES
 from roundtrip._kernel.migrations.schema import alembic_config, upgrade

@@ -15,9 +15,9 @@ Tokens signed by another key are made by the test itself with `another_key()` an
 
 from __future__ import annotations
 
-import signal
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time

@@ -26,11 +26,12 @@ import jwt
 from pydantic import SecretStr
 from starlette.requests import Request
 
+from roundtrip._kernel.clock import SYSTEM, Clock
+
 APPROVER, VIEWER = "approver", "viewer"
 CSRF_COOKIE, CSRF_FIELD = "roundtrip_csrf", "csrf"
 USER_HEADER, EMAIL_HEADER, GROUPS_HEADER = "x-forwarded-user", "x-forwarded-email", "x-forwarded-groups"
 # Asymmetric algorithms only: a token "signed" with a shared secret or none at all is never believed.
-from roundtrip._kernel.clock import SYSTEM, Clock
 ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"]
 LEEWAY_S = 30  # clocks of the issuer and the console disagree a little
 JWKS_LIFESPAN_S = 300

@@ -97,9 +97,7 @@ def wait_http(url: str, name: str, children: list[Child], retries: Retries | Non
     raise FleetError(f"{name} did not answer {url} within {HTTP_READY_S:g} s")
 
 
-def wait_services(
-    children: list[Child], timeout: float, names: set[str] | None, retries: Retries | None
-) -> None:
+def wait_services(children: list[Child], timeout: float, names: set[str] | None, retries: Retries | None) -> None:
     """Wait until every service (of `names`) has said "ready" on its pipe."""
     deadline = time.monotonic() + timeout
     waiting = [c for c in children if c.ready_fd is not None and (names is None or c.name in names)]

@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             fleet.start()
             runs = {}
             for name, on in (("without history caching", False), ("with history caching", True)):
-                restart(fleet, 
-                    "simulator"
+                restart(
+                    fleet, "simulator"
                 )  # an empty prompt cache: each run pays its own writes of tools and system prompt
                 restart(fleet, "model", {**env, "ROUNDTRIP_CACHE_HISTORY": str(on).lower()})
                 httpx.post(f"{settings.shop_base_url}/admin/reset", timeout=10).raise_for_status()

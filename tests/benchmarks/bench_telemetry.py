@@ -15,8 +15,8 @@ import argparse
 import time
 from types import SimpleNamespace
 
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 

@@ -23,7 +23,6 @@ import anthropic
 from httpx_aiohttp import AiohttpTransport
 
 from roundtrip._kernel.settings import Settings
-
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip.testing._inprocess import InProcess
 from tests.agents import SHOP, shop_deps, shop_model_client

@@ -16,7 +16,6 @@ import random
 
 from aiokafka import AIOKafkaConsumer
 
-from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from tests.consumers import key_ordered
 
 

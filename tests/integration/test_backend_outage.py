@@ -25,15 +25,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._guard.ledger import Ledger
-
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch, ToolCall, Turn
 from roundtrip._kernel.wire.topology import group
 from roundtrip._shop.agent import AGENT as SHOP
 from roundtrip._shop.app import create_app
-from tests.topics import topics_report
 from tests.databases import migrated
 from tests.processes import start_service
+from tests.topics import topics_report
 
 pytestmark = pytest.mark.integration
 

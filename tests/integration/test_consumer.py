@@ -19,8 +19,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from roundtrip._kernel.kafka import consumer as consumer_module
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
-from tests.consumers import key_ordered
 from tests import waiting
+from tests.consumers import key_ordered
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,7 +245,9 @@ async def test_at_the_limit_it_pauses_instead_of_buffering(kafka_bootstrap, topi
         await consumer.stop()
 
 
-async def test_waiting_handlers_are_interrupted_on_stop_when_safe_and_read_again(kafka_bootstrap, topic_prefix, monkeypatch):
+async def test_waiting_handlers_are_interrupted_on_stop_when_safe_and_read_again(
+    kafka_bootstrap, topic_prefix, monkeypatch
+):
     """The gateway's requests wait for admission: a stop must not wait for turns to end, and must not commit them."""
     topic = await new_topic(kafka_bootstrap, topic_prefix, partitions=1)
     await produce(kafka_bootstrap, topic, [(f"conv_{i}", str(i)) for i in range(5)])

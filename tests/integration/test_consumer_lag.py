@@ -11,7 +11,6 @@ import pytest
 from prometheus_client import REGISTRY
 
 from roundtrip._kernel.kafka import lag
-from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from tests.consumers import key_ordered
 from tests.integration.test_consumer import consumer_for, new_topic, produce, wait_until
 

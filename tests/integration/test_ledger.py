@@ -70,7 +70,9 @@ async def test_each_step_advances_once_and_only_in_order(ledger):
     assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x", now=time.time()) is False  # duplicate step
     assert await ledger.advance(key(t), 3, USAGE, 0.01, pending="x", now=time.time()) is False  # a gap
     assert await ledger.advance(key(t), 2, USAGE, 0.02, pending="y", outcome="end_turn", now=time.time()) is True
-    assert await ledger.advance(key(t), 3, USAGE, 0.03, pending="z", now=time.time()) is False  # ended turns do not move
+    assert (
+        await ledger.advance(key(t), 3, USAGE, 0.03, pending="z", now=time.time()) is False
+    )  # ended turns do not move
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.step, row.outcome, row.cost_usd, row.input_tokens, row.pending) == (
         ENDED,
@@ -89,7 +91,9 @@ async def test_each_step_advances_once_and_only_in_order(ledger):
 async def test_racing_replicas_cannot_both_take_a_step(ledger):
     t = turn()
     await ledger.start(t, pending="{}")
-    results = await asyncio.gather(*(ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=time.time()) for _ in range(8)))
+    results = await asyncio.gather(
+        *(ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=time.time()) for _ in range(8))
+    )
     assert sorted(results) == [False] * 7 + [True]
 
 
@@ -287,7 +291,9 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert (
         row.status == AWAITING and row.lease_until is None and row.deadline_at == pytest.approx(approval["expires_at"])
     )
-    assert not await fence.claim_batch(key(t), 1, 30, now=time.time()) and not await fence.claim_model_call(key(t), 1, now=time.time())
+    assert not await fence.claim_batch(key(t), 1, 30, now=time.time()) and not await fence.claim_model_call(
+        key(t), 1, now=time.time()
+    )
     assert not await ledger.flag_stuck(t["turn_id"], time.time() + 3600)  # the stuck rule does not apply
     idle, expired, _ = await ledger.overdue(time.time() + 3600, 1, 1, 300)
     assert t["turn_id"] not in {r.turn_id for r in idle + expired}

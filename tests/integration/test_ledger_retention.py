@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import func, insert, select, text
 
-from roundtrip._guard.ledger import ENDED, Ledger
 from roundtrip._guard import retention as retention_module
+from roundtrip._guard.ledger import ENDED, Ledger
 from roundtrip._guard.retention import Retention, RetentionTooShort, check_outlasts
 from roundtrip._kernel.storage.turnstore import Fence, approvals, turns
 from tests.databases import migrated, new_database
@@ -92,7 +92,9 @@ async def test_ended_turns_past_the_retention_go_with_their_approvals_and_the_re
         await ledger.close()
 
 
-async def test_100000_ended_turns_are_deleted_in_batches_while_the_hot_path_keeps_completing(database, capsys, monkeypatch):
+async def test_100000_ended_turns_are_deleted_in_batches_while_the_hot_path_keeps_completing(
+    database, capsys, monkeypatch
+):
     url = await migrated(database)
     ledger, fence = await Ledger.open(url), await Fence.open(url)
     try:

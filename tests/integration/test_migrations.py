@@ -4,12 +4,12 @@ behind or ahead of the code (one line, exit code 1) and never write to it when t
 
 from __future__ import annotations
 
-import time
 import asyncio
 import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest

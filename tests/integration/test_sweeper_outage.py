@@ -26,11 +26,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from roundtrip._guard.ledger import Ledger
-
 from roundtrip._kernel.wire import topics
-from tests.topics import topics_report
 from tests.databases import migrated
 from tests.processes import embedded_kafka, start_service
+from tests.topics import topics_report
 
 STUCK_AFTER_S = 3.0
 GRACE_S = 6.0

@@ -14,11 +14,10 @@ from prometheus_client.openmetrics.exposition import generate_latest
 
 from roundtrip._guard.retention import Retention
 from roundtrip._kernel.kafka import lag
-from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
-from tests.consumers import key_ordered
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.storage.turnstore import approvals
 from roundtrip._kernel.wire.events import StartTurn
+from tests.consumers import key_ordered
 from tests.unit.test_guard_handlers import TURN, guard  # noqa: F401 - fixture
 
 

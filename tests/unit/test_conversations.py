@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import itertools
 import json
+import time
 
 import pytest
 
@@ -136,7 +136,13 @@ async def store(tmp_path):
 
 
 async def _turn(
-    store: Conversations, conversation: str, turn_id: str, text: str, reply: str, payload: str = "{}", now: float | None = None
+    store: Conversations,
+    conversation: str,
+    turn_id: str,
+    text: str,
+    reply: str,
+    payload: str = "{}",
+    now: float | None = None,
 ) -> None:
     now = time.time() if now is None else now
     await store.open_turn(conversation, turn_id, text, now=now)
@@ -192,7 +198,13 @@ async def test_forget_erases_and_a_running_turn_of_a_forgotten_conversation_save
     assert await store.forget("conv_c") is True
     assert await store.forget("conv_c") is False
     saved = await store.close_turn(
-        "conv_c", "turn_c2", [{"role": "user", "content": "and?"}], [{"type": "text", "text": "ok"}], "ok", "end_turn", time.time()
+        "conv_c",
+        "turn_c2",
+        [{"role": "user", "content": "and?"}],
+        [{"type": "text", "text": "ok"}],
+        "ok",
+        "end_turn",
+        time.time(),
     )
     assert saved is False and await store.history("conv_c") == [] and await store.get("conv_c") is None
     assert (await store.claim("conv_c", "cus_1002")).owner == "cus_1002"  # erased: the id is free again

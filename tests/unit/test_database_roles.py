@@ -105,7 +105,9 @@ async def test_the_columns_granted_are_the_ones_the_claims_write(tmp_path):
         assert await fence.claim_model_call(turn, 1, now=time.time())
         assert await fence.wait_for_capacity(turn, 1, now=time.time())
         await start(ENDING)
-        assert not await fence.claim_model_call(turn, 1, now=time.time())  # refused: releases the lease an end waits for
+        assert not await fence.claim_model_call(
+            turn, 1, now=time.time()
+        )  # refused: releases the lease an end waits for
         model = set(written)
     finally:
         await fence.close()

@@ -6,6 +6,7 @@ under load (tests/chaos); this is the fast, exact version."""
 from __future__ import annotations
 
 import time
+
 import pytest
 
 from roundtrip._executor.core import ExecutorCore

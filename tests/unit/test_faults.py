@@ -18,9 +18,8 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSize
 from prometheus_client import REGISTRY
 from pydantic import BaseModel, ValidationError
 
-from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.kafka import consumer as consumer_module
-from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
+from roundtrip._kernel.kafka import faults
 from tests.consumers import key_ordered
 
 TP = TopicPartition("t", 0)
@@ -232,6 +231,7 @@ async def test_a_retry_later_pauses_the_consumer_once_retries_the_record_and_res
 
 async def test_a_record_retried_later_is_not_committed_when_its_partition_is_given_up(monkeypatch):
     monkeypatch.setattr(consumer_module, "DRAIN_TIMEOUT_S", 8)
+
     async def process(record):
         raise faults.RetryLater(faults.DATABASE, "down")
 

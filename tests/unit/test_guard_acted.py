@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 import json
+import time
 
 import pytest
 
@@ -313,7 +313,9 @@ async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_di
     batch = SIGNER.sign(ExecuteToolBatch(turn=ALICE, step=1, messages=ASKED, calls=[CHECKED]))
     assert isinstance(await executed(batch, BATCHES, runner, fence), CallModel)
     assert (await shop.get_order("cus_1001", "ord_a1000003"))["status"] == "cancelled"
-    assert await fence.claim_model_call(ALICE, 1, now=time.time())  # the next model call is on its way (the lease released)
+    assert await fence.claim_model_call(
+        ALICE, 1, now=time.time()
+    )  # the next model call is on its way (the lease released)
     assert (
         await guard.external_ends.on_cancel(
             CancelTurn(turn_id=ALICE.turn_id, customer_id=ALICE.customer_id, conversation_id=ALICE.conversation_id)

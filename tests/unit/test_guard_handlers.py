@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 import json
+import time
 
 import pytest
 
@@ -289,7 +289,9 @@ async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_do
         )
         assert guard.recorder.sent[-1][0] == topics.TOOL_CALLS  # no end published while the calls may still run
         assert await guard.sweeper.sweep(guard.recorder.flag, now=time.time()) == (0, 0)
-        assert await fence.claim_model_call(TURN, 1, now=time.time()) is False  # the executor is done; no model call for this turn
+        assert (
+            await fence.claim_model_call(TURN, 1, now=time.time()) is False
+        )  # the executor is done; no model call for this turn
         assert await guard.sweeper.sweep(guard.recorder.flag, now=time.time()) == (0, 1)
         topic, ended = guard.recorder.sent[-1]
         assert topic == topics.OUTCOMES and ended.outcome is Outcome.CANCELLED and ended.step == 1

@@ -15,18 +15,18 @@ from aiokafka import TopicPartition
 from prometheus_client import REGISTRY
 
 from roundtrip._gate.authorization import authorize
-from roundtrip._sdk.texts import gate_message
 from roundtrip._gate.gate import Gate
-from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.kafka import consumer as consumer_module
+from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
-from tests.consumers import key_ordered
 from roundtrip._kernel.kafka.outages import next_try
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
+from roundtrip._sdk.texts import gate_message
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from tests import waiting
 from tests.agents import SHOP, shop_deps
+from tests.consumers import key_ordered
 from tests.shop import in_process
 from tests.signing import pair
 
@@ -205,6 +205,7 @@ def test_the_next_try_is_cut_short_only_by_a_deadline_still_ahead():
 
 async def test_a_held_key_given_up_on_a_rebalance_is_not_committed_and_not_counted_as_held(monkeypatch):
     monkeypatch.setattr(consumer_module, "DRAIN_TIMEOUT_S", 8)
+
     async def process(record):
         raise faults.RetryLater(faults.HTTP, "down", backend=True)
 

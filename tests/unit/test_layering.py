@@ -35,7 +35,16 @@ ALLOWED = {  # room -> the rooms it may import (besides itself and roundtrip.sch
     "_cli": BELOW_THE_FLEET | {"_fleet"},
 }
 KERNEL_ROOMS = {
-    "kafka", "wire", "storage", "observability", "settings", "migrations", "database", "runtime", "shell", "clock"
+    "kafka",
+    "wire",
+    "storage",
+    "observability",
+    "settings",
+    "migrations",
+    "database",
+    "runtime",
+    "shell",
+    "clock",
 }
 
 

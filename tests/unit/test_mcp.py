@@ -7,8 +7,8 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-from types import SimpleNamespace
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest

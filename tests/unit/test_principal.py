@@ -4,8 +4,8 @@ recorded at its start, and say so on `roundtrip.security` in one line whatever t
 
 from __future__ import annotations
 
-import time
 import logging
+import time
 
 import pytest
 
@@ -52,13 +52,17 @@ async def test_a_claim_for_another_customer_or_conversation_is_refused_and_the_t
         assert not await ledger.advance(forged, 1, {}, 0.0, pending="{}", now=time.time())
     row = await ledger.get(ALICE.turn_id)
     assert (row.step, row.lease_until) == (0, None)  # nothing the copies tried was recorded
-    assert await fence.claim_model_call(ALICE, 0, now=time.time()) and await ledger.advance(ALICE, 1, {}, 0.0, pending="{}")
+    assert await fence.claim_model_call(ALICE, 0, now=time.time()) and await ledger.advance(
+        ALICE, 1, {}, 0.0, pending="{}"
+    )
     assert await fence.claim_batch(ALICE, 1, lease_s=10, now=time.time())
 
 
 async def test_a_refused_claim_of_an_ended_or_unknown_turn_is_not_a_forgery(stores):
     _ledger, fence = stores
-    assert not await fence.claim_batch(ALICE, 5, lease_s=10, now=time.time())  # a step the turn is not at: no refusal, just no
+    assert not await fence.claim_batch(
+        ALICE, 5, lease_s=10, now=time.time()
+    )  # a step the turn is not at: no refusal, just no
     unknown = ALICE.model_copy(update={"turn_id": "turn_gone"})  # deleted by retention, or never started
     assert not await fence.claim_model_call(unknown, 0, now=time.time())
 

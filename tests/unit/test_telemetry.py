@@ -111,7 +111,7 @@ def test_the_turn_span_is_recorded_at_the_reply_with_the_ids_and_start_fixed_at_
     [("repeated_call", True), ("deadline", True), ("model_error", True), ("cancelled", False), ("refusal", False)],
 )
 def test_a_turn_the_guard_stopped_is_an_error_for_jaegers_error_filter(traced, outcome, error):
-    tracer, exporter = traced
+    _tracer, exporter = traced
     record_turn_span(
         TURN,
         outcome=outcome,
@@ -131,7 +131,7 @@ def test_a_turn_the_guard_stopped_is_an_error_for_jaegers_error_filter(traced, o
 
 
 def test_publishing_a_message_of_a_turn_puts_the_turn_span_and_the_publish_span_in_its_headers(traced):
-    tracer, exporter = traced
+    _tracer, exporter = traced
     sent = []
     for message in (
         CallModel(turn=TURN, step=1, messages=[]),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import httpx
-from httpx_aiohttp import AiohttpTransport
 import pytest
+from httpx_aiohttp import AiohttpTransport
 
 from roundtrip._gate.validation import InputValidator  # the validator the fleet uses
 from roundtrip._sdk import ToolContext, ToolError
@@ -153,7 +153,9 @@ async def test_other_tools_allow_by_default(registry, shop):
 
 
 async def test_shop_5xx_and_unreachable_raise_shop_unavailable():
-    failing = ShopClient("http://shop", timeout=10.0, transport=httpx.MockTransport(lambda request: httpx.Response(503)))
+    failing = ShopClient(
+        "http://shop", timeout=10.0, transport=httpx.MockTransport(lambda request: httpx.Response(503))
+    )
     with pytest.raises(ShopUnavailable, match="HTTP 503"):
         await failing.get_order(ALICE, "ord_a1000003")
     await failing.aclose()

@@ -99,9 +99,7 @@ def grants(service: str, tables: Iterable[str], prefix: str) -> list[str]:
     return out
 
 
-def statements(
-    tables: Iterable[str], prefix: str, create: Mapping[str, str | None] | None = None
-) -> list[str]:
+def statements(tables: Iterable[str], prefix: str, create: Mapping[str, str | None] | None = None) -> list[str]:
     """Every role's statements for one database holding `tables` (and the revisions table): roles created when
     missing (`create`: service -> password for those to create now; None: print the idempotent form for all),
     nothing left to PUBLIC on the fleet's tables, then each service's grants."""
