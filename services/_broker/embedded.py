@@ -65,6 +65,7 @@ from roundtrip._broker.jars import (
 from roundtrip._kernel.settings import EmbeddedDefaults
 
 _DEFAULTS = EmbeddedDefaults.model_fields
+PROBE_TIMEOUT_S = 2.0  # one metadata request to a local broker
 DEFAULT_VERSION: str = _DEFAULTS["kafka_version"].default
 DEFAULT_LOG_LEVEL: str = _DEFAULTS["kafka_log_level"].default
 # Small on purpose: the embedded broker shares a laptop with the fleet.
@@ -109,15 +110,15 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def probe_metadata(host: str, port: int, timeout: float = 2.0) -> list[tuple[int, str, int]]:
+def probe_metadata(host: str, port: int) -> list[tuple[int, str, int]]:
     """Send a Kafka Metadata (v4, no topics) request; return the live brokers (id, host, port). A broker lists itself
     once it has caught up with the metadata log and is unfenced, i.e. ready for clients."""
     client_id = b"roundtrip-probe"
     header = struct.pack(">hhih", 3, 4, 1, len(client_id)) + client_id  # Metadata v4, corr id 1
     body = struct.pack(">i?", 0, False)  # topics: empty array (none); allow_auto_topic_creation
     request = header + body
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.settimeout(timeout)
+    with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S) as sock:
+        sock.settimeout(PROBE_TIMEOUT_S)
         sock.sendall(struct.pack(">i", len(request)) + request)
         (size,) = struct.unpack(">i", _recv_exact(sock, 4))
         data = _recv_exact(sock, size)
