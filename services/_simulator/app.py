@@ -63,9 +63,9 @@ class _State:
     fault_rate: float
     retry_after_ms: float
     rng: random.Random
+    limits: RateLimits
+    overload: Overload
     cache: PromptCache = field(default_factory=lambda: PromptCache(SYSTEM))
-    limits: RateLimits = field(default_factory=RateLimits)
-    overload: Overload = field(default_factory=Overload)
     served: int = 0
     streamed: int = 0
     parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
