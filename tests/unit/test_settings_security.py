@@ -114,7 +114,7 @@ def test_transactional_ids_are_stable_per_replica_not_per_process(monkeypatch):
     code = (
         "from roundtrip._kernel.settings import Settings; from roundtrip._kernel.kafka.transactions import "
         "transactional_id as t; "
-        "print(t('gateway', 'support.replies', Settings().instance_id))"
+        "print(t('gateway', 'support.replies', Settings().instance_id, ''))"
     )
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTRIP_INSTANCE_ID"}
     first, second = (
