@@ -3,6 +3,7 @@ where a test does not bring its own."""
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -13,6 +14,7 @@ from roundtrip._guard.core import Guard, GuardPorts, Timing
 from roundtrip._guard.loop import Decisions
 from roundtrip._guard.rules import Policy
 from roundtrip._guard.side_effects import SideEffects
+from roundtrip._kernel.clock import SYSTEM, Clock
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
@@ -26,6 +28,14 @@ from tests.signing import pair
 MAX_TRANSCRIPT_BYTES = Settings(_env_file=None).max_transcript_bytes
 
 
+def new_capacity(
+    clock: Clock = SYSTEM, rng: random.Random | None = None, slow_start: bool = True, **rest: Any
+) -> Capacity:
+    """The model's limiter as the fleet builds it (the system's clock, fresh jitter, a slow start), but what a test
+    sets."""
+    return Capacity(clock, rng or random.Random(), slow_start, **rest)
+
+
 def model_core(
     client: Any,
     fence: Any = None,
@@ -37,7 +47,7 @@ def model_core(
     ports = ModelPorts(
         client,
         OpenFence() if fence is None else fence,
-        Capacity() if capacity is None else capacity,
+        new_capacity() if capacity is None else capacity,
         wait_for_capacity,
         time.time() if started_at is None else started_at,
     )

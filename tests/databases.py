@@ -19,8 +19,12 @@ import time
 import uuid
 from pathlib import Path
 
+from alembic import command
+
 from roundtrip._broker.embedded import die_with_parent_preexec, free_port
-from roundtrip._kernel.migrations.schema import upgrade
+from roundtrip._kernel.database import make_engine, run_on
+from roundtrip._kernel.migrations import STORES
+from roundtrip._kernel.migrations.schema import alembic_config, upgrade
 
 PG_USER = "roundtrip"
 PG_DATABASE = "roundtrip_test"
@@ -200,5 +204,16 @@ def new_database(server_url: str) -> str:
 
 async def migrated(url: str) -> str:
     """`url`, its ledger and conversation tables at this code's head."""
-    await upgrade(url)
+    await upgrade(url, STORES)
     return url
+
+
+async def migrated_to(url: str, revision: str) -> None:
+    """`url` at `revision`, behind this code's head: what an older roundtrip left (Alembic's own upgrade)."""
+    config = alembic_config()
+
+    def work(conn) -> None:
+        config.attributes["connection"] = conn  # env.py runs on it
+        command.upgrade(config, revision)
+
+    await run_on(make_engine(url), work, write=True)

@@ -77,7 +77,7 @@ class Jaeger:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent_preexec(),
+                preexec_fn=die_with_parent_preexec(signal.SIGTERM),
             )
         finally:
             if self.log_file:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -134,7 +135,7 @@ def running() -> Iterator[Running]:
     """The issuer as its own process, up (its discovery document answers) until the block ends."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.oidc_issuer", str(port)], preexec_fn=die_with_parent_preexec()
+        [sys.executable, "-m", "tests.oidc_issuer", str(port)], preexec_fn=die_with_parent_preexec(signal.SIGTERM)
     )
     try:
         issuer = Running(port)

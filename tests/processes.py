@@ -13,6 +13,7 @@ from pathlib import Path
 from roundtrip._broker.cluster import Cluster
 from roundtrip._broker.cluster import start as start_cluster
 from roundtrip._broker.embedded import EmbeddedKafka, fetch_configured, free_port
+from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.runtime import READY_FD_ENV
 from roundtrip._kernel.settings import Settings
 
@@ -78,3 +79,11 @@ def start_service(name: str, env: dict[str, str], log: Path) -> subprocess.Popen
         os.close(read_fd)
     assert said.startswith(b"ready"), f"{name} did not start:\n{log.read_text()[-3000:]}"
     return proc
+
+
+def restart(fleet: Fleet, name: str, env: dict[str, str] | None = None) -> None:
+    """Kill one service of a running fleet and start it again, with `env` added to the fleet's settings from then on."""
+    fleet.kill(name)
+    if env:
+        fleet.env = {**fleet.env, **env}
+    fleet.respawn(name)

@@ -9,7 +9,6 @@ is a plain `java -cp 'libs/*' kafka.Kafka server.properties`. Its knobs are sett
 from __future__ import annotations
 
 import argparse
-import asyncio
 import atexit
 import base64
 import contextlib
@@ -63,12 +62,10 @@ from roundtrip._broker.jars import (
 from roundtrip._broker.jars import (
     kafka_cache_dir as kafka_cache_dir,
 )
-from roundtrip._broker.jars import (
-    kafka_libs_dir as kafka_libs_dir,
-)
 from roundtrip._kernel.settings import EmbeddedDefaults
 
 _DEFAULTS = EmbeddedDefaults.model_fields
+PROBE_TIMEOUT_S = 2.0  # one metadata request to a local broker
 DEFAULT_VERSION: str = _DEFAULTS["kafka_version"].default
 DEFAULT_LOG_LEVEL: str = _DEFAULTS["kafka_log_level"].default
 # Small on purpose: the embedded broker shares a laptop with the fleet.
@@ -113,15 +110,15 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def probe_metadata(host: str, port: int, timeout: float = 2.0) -> list[tuple[int, str, int]]:
+def probe_metadata(host: str, port: int) -> list[tuple[int, str, int]]:
     """Send a Kafka Metadata (v4, no topics) request; return the live brokers (id, host, port). A broker lists itself
     once it has caught up with the metadata log and is unfenced, i.e. ready for clients."""
     client_id = b"roundtrip-probe"
     header = struct.pack(">hhih", 3, 4, 1, len(client_id)) + client_id  # Metadata v4, corr id 1
     body = struct.pack(">i?", 0, False)  # topics: empty array (none); allow_auto_topic_creation
     request = header + body
-    with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.settimeout(timeout)
+    with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S) as sock:
+        sock.settimeout(PROBE_TIMEOUT_S)
         sock.sendall(struct.pack(">i", len(request)) + request)
         (size,) = struct.unpack(">i", _recv_exact(sock, 4))
         data = _recv_exact(sock, size)
@@ -331,12 +328,12 @@ class EmbeddedKafka:
                 stderr=subprocess.STDOUT,
                 cwd=self.data_dir,
                 start_new_session=True,  # its own process group: signals to us do not hit it
-                preexec_fn=die_with_parent_preexec() if self.die_with_parent else None,
+                preexec_fn=die_with_parent_preexec(signal.SIGTERM) if self.die_with_parent else None,
             )
         atexit.register(self._stop_at_exit)  # never leave a JVM behind when the Python process exits normally
         return self
 
-    def wait_ready(self, timeout: float = 60.0) -> EmbeddedKafka:
+    def wait_ready(self, timeout: float) -> EmbeddedKafka:
         """Block until the broker answers a metadata request listing itself."""
         deadline = time.monotonic() + timeout
         last_error: Exception | None = None
@@ -350,7 +347,7 @@ class EmbeddedKafka:
                     f"last lines of {self.log_file}:\n{_tail(self.log_file)}"
                 )
             try:
-                if self.probe() if self.probe else probe_metadata(self.host, self.port, timeout=2.0):
+                if self.probe() if self.probe else probe_metadata(self.host, self.port):
                     return self
                 last_error = BrokerError("no live broker in the metadata response yet")
             except (OSError, struct.error, UnicodeDecodeError) as e:
@@ -361,9 +358,6 @@ class EmbeddedKafka:
                     f"({last_error}); last lines of {self.log_file}:\n{_tail(self.log_file)}"
                 )
             time.sleep(0.1)
-
-    async def wait_ready_async(self, timeout: float = 60.0) -> EmbeddedKafka:
-        return await asyncio.to_thread(self.wait_ready, timeout)
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM (Kafka's clean shutdown), then SIGKILL after `timeout`; the exit code (the JVM's 143 after our
@@ -400,7 +394,7 @@ class EmbeddedKafka:
         return f"<EmbeddedKafka {self.bootstrap} {state} data={self.data_dir}>"
 
 
-def die_with_parent_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+def die_with_parent_preexec(sig: int) -> Callable[[], None] | None:
     """A Popen preexec_fn making the child get `sig` when the thread that started it exits (Linux; None elsewhere).
     libc is loaded here, in the parent, so the child only makes one system call between fork and exec."""
     if not sys.platform.startswith("linux"):

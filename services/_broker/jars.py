@@ -45,11 +45,7 @@ def kafka_cache_dir(version: str = DEFAULT_VERSION, cache: Path | None = None) -
     return base / "roundtrip" / f"kafka-{version}"
 
 
-def kafka_libs_dir(version: str = DEFAULT_VERSION, cache: Path | None = None) -> Path:
-    return kafka_cache_dir(version, cache) / "libs"
-
-
-def is_fetched(version: str = DEFAULT_VERSION, cache: Path | None = None) -> bool:
+def is_fetched(version: str, cache: Path | None) -> bool:
     folder = kafka_cache_dir(version, cache)
     return (folder / _MARKER).is_file() and any((folder / "libs").glob("kafka_2.13-*.jar"))
 
@@ -69,7 +65,7 @@ def find_java() -> str:
     return java
 
 
-def find_mvn(cache: Path | None = None) -> str:
+def find_mvn(cache: Path | None) -> str:
     mvn = shutil.which("mvn")
     if not mvn:
         cache = cache or kafka_cache_dir()
@@ -83,11 +79,11 @@ def find_mvn(cache: Path | None = None) -> str:
 
 
 def fetch_kafka(
-    version: str = DEFAULT_VERSION,
+    version: str,
     progress: Callable[[str], object] | None = print,
     *,
     pom: Path | None = None,
-    cache: Path | None = None,
+    cache: Path | None,
 ) -> Path:
     """Fetch the Kafka jars with mvn into the cache (once) and return the libs folder. The download goes into a
     temporary folder renamed into place when complete, so an interrupted fetch never leaves a half-filled cache;

@@ -188,9 +188,7 @@ def scram_arguments(users: Mapping[str, str], listeners: Sequence[Listener]) -> 
     ]
 
 
-def client_security(
-    listener: Listener, tls: Tls | None, user: str = ADMIN_USER, password: str = ADMIN_PASSWORD
-) -> dict[str, Any]:
+def client_security(listener: Listener, tls: Tls | None, user: str, password: str) -> dict[str, Any]:
     """The ROUNDTRIP_KAFKA_* settings a client of this listener uses (as Settings keyword arguments)."""
     values: dict[str, Any] = {"kafka_security_protocol": listener.protocol}
     if listener.protocol.endswith("SSL") and tls is not None:
@@ -213,9 +211,8 @@ def ready_probe(host: str, listener: Listener, tls: Tls | None) -> Callable[[], 
     from roundtrip._kernel.kafka.security import client_options
     from roundtrip._kernel.settings import KafkaSecurity
 
-    kafka = KafkaClients(
-        f"{host}:{listener.port}", client_options(KafkaSecurity(_env_file=None, **client_security(listener, tls)))
-    )
+    admin = client_security(listener, tls, ADMIN_USER, ADMIN_PASSWORD)
+    kafka = KafkaClients(f"{host}:{listener.port}", client_options(KafkaSecurity(_env_file=None, **admin)))
 
     async def probe() -> bool:
         admin = kafka.admin(client_id="roundtrip-probe", request_timeout_ms=3000)
@@ -239,11 +236,11 @@ def secured_kafka(
     data_dir: Path,
     listeners: Sequence[Listener],
     tls: Tls | None,
-    users: Mapping[str, str] | None = None,
+    users: Mapping[str, str],
     **options: Any,
 ) -> EmbeddedKafka:
     """An EmbeddedKafka (not started) listening on `listeners` only (and its controller), with these users."""
-    users = dict(users or {})
+    users = dict(users)
     host, controller_port = options.get("host", "127.0.0.1"), options.get("controller_port", 9093)
     properties = {**secured_properties(host, controller_port, listeners, tls, users), **options.pop("properties", {})}
     return EmbeddedKafka(
@@ -271,7 +268,8 @@ def embedded_as_configured(settings: Any, data_dir: Path, **options: Any) -> tup
     tls = make_tls(data_dir / "tls") if protocol.endswith("SSL") else None
     # a user has a password: the settings' checks refuse SASL without both
     users = {settings.kafka_sasl_username: sasl_password(settings) or ""} if settings.kafka_sasl_username else {}
-    wanted = {key: value for key, value in client_security(listener, tls).items() if key.startswith("kafka_ssl_")}
+    admin = client_security(listener, tls, ADMIN_USER, ADMIN_PASSWORD)
+    wanted = {key: value for key, value in admin.items() if key.startswith("kafka_ssl_")}
     tls_settings = {key: value for key, value in wanted.items() if getattr(settings, key) is None}
     kafka = secured_kafka(
         data_dir,

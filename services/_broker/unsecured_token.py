@@ -24,10 +24,9 @@ def _part(value: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(value, separators=(",", ":")).encode()).decode().rstrip("=")
 
 
-def unsigned_jws(subject: str, lifetime_s: float, now: float | None = None) -> str:
+def unsigned_jws(subject: str, lifetime_s: float, now: float) -> str:
     """header.payload. with alg none: what Kafka's OAuthBearerUnsecuredValidatorCallbackHandler accepts."""
-    issued = time.time() if now is None else now
-    claims = {"sub": subject, "iat": int(issued), "exp": int(issued + lifetime_s)}
+    claims = {"sub": subject, "iat": int(now), "exp": int(now + lifetime_s)}
     return f"{_part({'alg': 'none'})}.{_part(claims)}."
 
 

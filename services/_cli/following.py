@@ -17,6 +17,7 @@ from rich.text import Text
 
 from roundtrip._cli.common import call_label, console, plain, plural, short
 from roundtrip._cli.live_order import StepOrder
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.settings import Settings
@@ -108,7 +109,7 @@ class Session:
         )
         seen: dict[str, str | None] = {"last": None}  # the last hop of the turn seen: where it waits when it is stuck
         waiting: set[str] = set()  # approval ids of this turn
-        order = StepOrder(request.request_id)  # what Kafka's fetches return, in the order it happened
+        order = StepOrder(request.request_id, SYSTEM)  # what Kafka's fetches return, in the order it happened
         streamed = TextShown(request.request_id)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -9,11 +9,10 @@ and the reply shows everything still held first.
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from roundtrip._kernel.clock import Clock
 from roundtrip._kernel.wire import topics
 
 HOLD_S = 2.0  # the longest a record waits for the one it follows
@@ -49,8 +48,8 @@ class Held:
 class StepOrder:
     """Records of one request's turn in, the same records out in the order they happened (`add`, then `ready`)."""
 
-    def __init__(self, request_id: str, hold_s: float = HOLD_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.request_id, self.hold_s, self.clock = request_id, hold_s, clock
+    def __init__(self, request_id: str, clock: Clock) -> None:
+        self.request_id, self.clock = request_id, clock
         self.held: list[Held] = []
         self.shown: set[tuple[str, Any]] = set()
         self.with_calls: set[int] = set()  # steps whose model response made tool calls
@@ -69,20 +68,21 @@ class StepOrder:
             phase = (
                 -1 if _working(topic, data) else PHASE.get(topic, 7)
             )  # a step's progress comes before its model line
-            self.held.append(Held((self._step(topic, data), phase, next(self._seq)), topic, data, self.clock()))
+            arrived = self.clock.monotonic()
+            self.held.append(Held((self._step(topic, data), phase, next(self._seq)), topic, data, arrived))
 
     def ready(self) -> list[tuple[str, dict[str, Any]]]:
         """The records that may be shown now, in order: each whose predecessors were shown, or that waited HOLD_S;
         everything held once the reply is among them."""
         out: list[tuple[str, dict[str, Any]]] = []
         final = any(h.topic == topics.SUPPORT_REPLIES for h in self.held)
-        now = self.clock()
+        now = self.clock.monotonic()
         while True:
             due = next(
                 (
                     h
                     for h in sorted(self.held)
-                    if final or now - h.arrived >= self.hold_s or all(key in self.shown for key in self._after(h))
+                    if final or now - h.arrived >= HOLD_S or all(key in self.shown for key in self._after(h))
                 ),
                 None,
             )

@@ -116,7 +116,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
             plain(r.trace_id),
         )
     console.print(table if rows else "no turns")
-    console.print(f"[dim]{plain(size.line(settings.ledger_retention_s))}[/]")
+    console.print(f"[dim]{plain(size.line(settings.ledger_retention_s, now))}[/]")
     return 0
 
 

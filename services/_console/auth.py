@@ -26,6 +26,8 @@ import jwt
 from pydantic import SecretStr
 from starlette.requests import Request
 
+from roundtrip._kernel.clock import SYSTEM, Clock
+
 APPROVER, VIEWER = "approver", "viewer"
 CSRF_COOKIE, CSRF_FIELD = "roundtrip_csrf", "csrf"
 USER_HEADER, EMAIL_HEADER, GROUPS_HEADER = "x-forwarded-user", "x-forwarded-email", "x-forwarded-groups"
@@ -65,19 +67,19 @@ class NotSignedIn(Exception):
 class Refusals:
     """The log of refused sign-ins, at most one line per (address, reason) a window, with the count not written."""
 
-    def __init__(self, window_s: float = REFUSAL_WINDOW_S) -> None:
-        self.window_s = window_s
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
         self._seen: dict[tuple[str, str], tuple[float, int]] = {}
 
     def refused(self, reason: str, address: str, claimed: str | None, detail: str = "") -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         key = (address, reason)
-        last, unwritten = self._seen.get(key, (-self.window_s, 0))
-        if now - last < self.window_s:
+        last, unwritten = self._seen.get(key, (-REFUSAL_WINDOW_S, 0))
+        if now - last < REFUSAL_WINDOW_S:
             self._seen[key] = (last, unwritten + 1)
             return
         if len(self._seen) > 10_000:  # a flood from many addresses: forget the old windows, never grow without end
-            self._seen = {k: v for k, v in self._seen.items() if now - v[0] < self.window_s}
+            self._seen = {k: v for k, v in self._seen.items() if now - v[0] < REFUSAL_WINDOW_S}
         self._seen[key] = (now, 0)
         security.warning(
             "refused sign-in: reason=%s from=%r claimed=%r%s%s",
@@ -225,7 +227,7 @@ class Gatekeeper:
         self.token_headers = _ordered(settings.console_oidc_token_headers.lower()) or ["authorization"]
         self.name_claims = _ordered(settings.console_oidc_name_claims)
         self.groups_claim = settings.console_oidc_groups_claim.strip()
-        self.refusals = Refusals()
+        self.refusals = Refusals(SYSTEM)
         self.proxies = [] if self.issuer else _networks(settings.console_trusted_proxies)
         self.approvers = _names(settings.console_approver_groups)
         self.viewers = _names(settings.console_viewer_groups)

@@ -17,6 +17,7 @@ from opentelemetry import trace
 
 from roundtrip._executor.batches import BatchFence, BatchNotRun, next_command, run_calls, verify
 from roundtrip._executor.runner import Runner
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.kafka.dedupe import SeenIds
 from roundtrip._kernel.observability.telemetry import mark_error
 from roundtrip._kernel.wire.approvals import Verifier
@@ -70,7 +71,7 @@ class ExecutorCore:
     def __init__(self, runner: Runner, batches: Verifier, fence: BatchFence, max_transcript_bytes: int) -> None:
         self.runner, self.batches, self.fence = runner, batches, fence
         self.max_transcript_bytes = max_transcript_bytes
-        self.seen = SeenIds(max_age_s=DUPLICATE_WINDOW_S)
+        self.seen = SeenIds(SYSTEM, max_age_s=DUPLICATE_WINDOW_S)
         # calls that ran while what follows them failed (the database away): the batch's retry hands these on
         # instead of running the calls again
         self.unsent: dict[str, list[dict[str, Any]]] = {}

@@ -26,7 +26,7 @@ def run_argv(name: str) -> list[str]:
 
 
 def popen(
-    argv: list[str], log_path: Path, env: Mapping[str, str], ready_pipe: bool = False
+    argv: list[str], log_path: Path, env: Mapping[str, str], ready_pipe: bool
 ) -> tuple[subprocess.Popen[bytes], int | None]:
     """Start one child with `env` (the whole environment); with `ready_pipe`, also the pipe it says "ready" on."""
     # a stable identity per replica (not the pid): a restarted gateway fences its predecessor's transaction at once
@@ -46,7 +46,7 @@ def popen(
                 env=env,
                 start_new_session=True,
                 pass_fds=() if write_fd is None else (write_fd,),
-                preexec_fn=die_with_parent_preexec(),
+                preexec_fn=die_with_parent_preexec(signal.SIGTERM),
             )
     except BaseException:
         for fd in (read_fd, write_fd):

@@ -29,6 +29,8 @@ from roundtrip._fleet.supervisor import (
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topology
 
+START_TIMEOUT_S = 60.0  # the longest the services may take to say they are ready, restarts before it included
+
 
 @dataclass
 class Fleet:
@@ -109,13 +111,11 @@ class Fleet:
         """SIGKILL every process of one service (a crash, on purpose: how the fleet recovers)."""
         processes.kill(processes.of_service(self.children, name))
 
-    def respawn(self, name: str, env: dict[str, str] | None = None) -> None:
-        """Start a killed service (all its replicas) again, optionally with changed settings, and wait until it runs."""
+    def respawn(self, name: str) -> None:
+        """Start a killed service (all its replicas) again and wait until it runs."""
         dead = [c for c in processes.of_service(self.children, name) if c.process.poll() is not None]
         if not dead:
             raise FleetError(f"{name} is not stopped")
-        if env:
-            self.env = {**self.env, **env}
         fleet_state.record(self.settings.state_dir, {**os.environ, **self.env})
         for child in dead:
             self.children.remove(child)
@@ -124,10 +124,6 @@ class Fleet:
             if child.name in ("simulator", "shop"):
                 readiness.wait_http(f"{child.where}/health", child.name, self.children)
         self._wait_services(names={child.name for child in dead})
-
-    def restart(self, name: str, env: dict[str, str] | None = None) -> None:
-        self.kill(name)
-        self.respawn(name, env)
 
     def respawn_exited(self) -> None:
         """Start every killed process again (each service once, all its replicas) and wait until they run."""
@@ -142,7 +138,7 @@ class Fleet:
         started the fleet: the children get SIGTERM when that thread ends."""
         supervise(
             lambda: [*([self._kafka] if self._kafka is not None else []), *self.children],
-            self._restart_child,
+            lambda child: self._restart_child(child, ready_pipe=False),  # readiness is waited for at start only
             should_stop,
             self.policy,
             self.say,
@@ -165,7 +161,7 @@ class Fleet:
         self.children.append(Child(name, process, log_path, where, ready_fd=ready_fd, log_start=log_start))
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
 
-    def _restart_child(self, child: Child, ready_pipe: bool = False) -> None:
+    def _restart_child(self, child: Child, ready_pipe: bool) -> None:
         """A new process for a dead child, as supervise() asks: the broker on its data dir (topics, offsets kept).
         With `ready_pipe` (while the fleet starts), a service gets a new pipe to say "ready" on."""
         if child is self._kafka and self.broker is not None:
@@ -179,8 +175,8 @@ class Fleet:
                 _argv(child), child.log_path, {**os.environ, **self.env}, ready_pipe and _is_service(child.name)
             )
 
-    def _wait_services(self, timeout: float = 60, names: set[str] | None = None) -> None:
-        readiness.wait_services(self.children, timeout, names, self._retries)
+    def _wait_services(self, names: set[str] | None = None) -> None:
+        readiness.wait_services(self.children, START_TIMEOUT_S, names, self._retries)
 
 
 def _is_service(name: str) -> bool:

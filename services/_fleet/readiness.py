@@ -62,7 +62,7 @@ def failure(child: Child, cause: causes.Cause, setting: Callable[[int], str | No
     return f"{child.name} could not start: {cause.text} ({tries}; log {child.log_path})"
 
 
-def check_alive(children: list[Child], retries: Retries | None = None) -> list[Child]:
+def check_alive(children: list[Child], retries: Retries | None) -> list[Child]:
     """Every child is running, or is restarted through `retries` (those restarted now are returned)."""
     now, restarted = time.monotonic(), []
     for child in children:
@@ -97,9 +97,7 @@ def wait_http(url: str, name: str, children: list[Child], retries: Retries | Non
     raise FleetError(f"{name} did not answer {url} within {HTTP_READY_S:g} s")
 
 
-def wait_services(
-    children: list[Child], timeout: float = 60, names: set[str] | None = None, retries: Retries | None = None
-) -> None:
+def wait_services(children: list[Child], timeout: float, names: set[str] | None, retries: Retries | None) -> None:
     """Wait until every service (of `names`) has said "ready" on its pipe."""
     deadline = time.monotonic() + timeout
     waiting = [c for c in children if c.ready_fd is not None and (names is None or c.name in names)]

@@ -9,15 +9,14 @@ policy; within a step every call is checked before any runs, so a per-step memo 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Container
 from typing import Any, cast
 
+from roundtrip._kernel.clock import Clock
 from roundtrip._kernel.kafka import faults
 from roundtrip._sdk.context import ToolContext
 from roundtrip._sdk.registry import ToolSpec
-from roundtrip._sdk.texts import gate_message
 
 EntityLookup = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
 Policy = Callable[[dict[str, Any], dict[str, dict[str, Any]], ToolContext], Awaitable[str | None]]
@@ -55,12 +54,11 @@ async def authorize(
     ctx: ToolContext,
     lookup: EntityLookup,
     policy: Policy | None,
-    resolved: dict[str, dict[str, Any]] | None = None,
-    say: Say = gate_message,
-    tools: Container[str] = (),
+    resolved: dict[str, dict[str, Any]],
+    say: Say,
+    tools: Container[str],
 ) -> str | None:
     """None when the call may run, else the reason it may not; `resolved` receives the entities it read."""
-    entities: dict[str, dict[str, Any]] = {} if resolved is None else resolved
     for field, kind in spec.entity_refs.items():
         if field not in tool_input:
             continue
@@ -76,10 +74,10 @@ async def authorize(
             raise LookupFailed(f"could not verify {kind} {entity_id[:40]}: {exc}") from exc
         if entity is None or not _belongs(entity, kind, entity_id, ctx.customer_id):
             return _not_found(say, kind, entity_id, tools)
-        entities[field] = entity
+        resolved[field] = entity
     if policy is not None:
         try:
-            return await policy(tool_input, entities, ctx)
+            return await policy(tool_input, resolved, ctx)
         except Exception as exc:  # a policy reads the agent's backends too
             if (dependency := faults.unavailable(exc)) is not None:
                 raise faults.RetryLater(dependency, f"{spec.name}'s policy: {exc}", backend=True) from exc
@@ -90,8 +88,10 @@ async def authorize(
 class OwnershipCache:
     """(kind, id, customer) -> entity, positive answers only, for `ttl_s` seconds (LRU-bounded)."""
 
-    def __init__(self, ttl_s: float, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s, self.max_entries, self._clock = ttl_s, max_entries, clock
+    MAX_ENTRIES = 10_000
+
+    def __init__(self, ttl_s: float, clock: Clock) -> None:
+        self.ttl_s, self._clock = ttl_s, clock
         self._entries: OrderedDict[Key, tuple[float, dict[str, Any]]] = OrderedDict()
 
     def get(self, key: Key) -> dict[str, Any] | None:
@@ -99,16 +99,16 @@ class OwnershipCache:
         if hit is None:
             return None
         stored, entity = hit
-        if self._clock() - stored > self.ttl_s:
+        if self._clock.monotonic() - stored > self.ttl_s:
             del self._entries[key]
             return None
         self._entries.move_to_end(key)
         return entity
 
     def put(self, key: Key, entity: dict[str, Any]) -> None:
-        self._entries[key] = (self._clock(), entity)
+        self._entries[key] = (self._clock.monotonic(), entity)
         self._entries.move_to_end(key)
-        while len(self._entries) > self.max_entries:
+        while len(self._entries) > self.MAX_ENTRIES:
             self._entries.popitem(last=False)
 
     def __len__(self) -> int:

@@ -18,6 +18,7 @@ from typing import Any
 
 from roundtrip._gate.authorization import EntityLookup, LookupFailed, OwnershipCache, StepLookups, authorize
 from roundtrip._gate.validation import SAFE_INTEGER, InputValidator
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import mark_error, tracer
@@ -60,7 +61,7 @@ class Gate:
 
     def __post_init__(self) -> None:
         self.validators = {name: InputValidator(spec.input_schema) for name, spec in self.registry.specs.items()}
-        self.ownership = OwnershipCache(self.ownership_ttl_s) if self.ownership_ttl_s > 0 else None
+        self.ownership = OwnershipCache(self.ownership_ttl_s, SYSTEM) if self.ownership_ttl_s > 0 else None
 
     async def check_call(
         self,
@@ -96,8 +97,8 @@ class Gate:
         turn_id: str,
         blocked: str | None,
         lookups: StepLookups | None,
-        decision: ApprovalDecided | None = None,
-        metadata: dict[str, Any] | None = None,
+        decision: ApprovalDecided | None,
+        metadata: dict[str, Any] | None,
     ) -> CheckedCall:
         def reject(why: str, reason: str) -> CheckedCall:
             metrics.gate_rejections.labels(self._tool_label(call.name), reason).inc()

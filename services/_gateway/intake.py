@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.kafka.dedupe import SeenIds
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import current_trace_id
@@ -76,7 +77,7 @@ class SeenRequests:
     """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused otherwise."""
 
     def __init__(self, memory_s: float | None = None) -> None:
-        self._digests = SeenIds(REMEMBERED, max_age_s=memory_s)
+        self._digests = SeenIds(SYSTEM, REMEMBERED, max_age_s=memory_s)
 
     def add(self, turn_id: str, request: SupportRequest) -> bool:
         """True: a new request. False: a copy of one seen. InvalidRequest: its id was used with other content."""

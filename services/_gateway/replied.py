@@ -15,6 +15,7 @@ import time
 
 from aiokafka import TopicPartition
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
 from roundtrip._kernel.kafka.dedupe import SeenIds
@@ -27,7 +28,7 @@ PRIME_TIMEOUT_S = 30.0
 class RepliedTurns:
     def __init__(self, kafka: KafkaClients | str, replies_topic: str, memory_s: float) -> None:
         self._kafka, self._topic, self._memory_s = clients_of(kafka), replies_topic, memory_s
-        self.committed = SeenIds(capacity=1_000_000, max_age_s=memory_s)
+        self.committed = SeenIds(SYSTEM, capacity=1_000_000, max_age_s=memory_s)
         self.staged: dict[str, tuple[TopicPartition, int]] = {}
         self._primed = False
         self._lock = asyncio.Lock()

@@ -298,8 +298,7 @@ class Conversations(ConversationReads):
                 continue
         raise RuntimeError(f"could not claim conversation {conversation_id}")
 
-    async def open_turn(self, conversation_id: str, turn_id: str, text: str, now: float | None = None) -> None:
-        now = now or time.time()
+    async def open_turn(self, conversation_id: str, turn_id: str, text: str, now: float) -> None:
         with contextlib.suppress(IntegrityError):  # open already: the start was redelivered
             await self._run(
                 lambda conn: conn.execute(
@@ -337,7 +336,7 @@ class Conversations(ConversationReads):
         final_content: list[dict[str, Any]],
         reply_text: str,
         outcome: str,
-        now: float | None = None,
+        now: float,
     ) -> bool:
         """Store the ended turn's exchange, then drop the oldest past the budget; False when the turn is gone."""
         closing = self.closing(conversation_id, turn_id, turn_messages, final_content, reply_text, outcome, now)
@@ -354,12 +353,11 @@ class Conversations(ConversationReads):
         final_content: list[dict[str, Any]],
         reply_text: str,
         outcome: str,
-        now: float | None = None,
+        now: float,
         only_open: bool = False,
     ) -> Callable[[Connection], bool]:
         """`close_turn`'s writes, run on a connection of the caller's transaction (the ledger's, when they share a
         database); `only_open`: nothing when the exchange is stored already."""
-        now = now or time.time()
         exchange = compact(exchange_of(turn_messages, final_content, reply_text), self.budget_tokens)
         tokens = estimate_tokens(exchange)
 
@@ -417,7 +415,7 @@ class Conversations(ConversationReads):
         if not rows:
             return False
         return await self.close_turn(
-            conversation_id, turn_id, [{"role": "user", "content": rows[0].text}], [], reply_text, outcome
+            conversation_id, turn_id, [{"role": "user", "content": rows[0].text}], [], reply_text, outcome, time.time()
         )
 
     async def forget(self, conversation_id: str) -> bool:

@@ -71,6 +71,8 @@ class _Refused(Exception):
     """Rolls a two-statement transition back when its second statement changes nothing."""
 
 
+OUTBOX_BATCH = 500  # the undelivered decisions one outbox pass republishes, oldest first
+
 # built once; `b_` names are the conditions
 _START = insert(turns)
 _ADVANCE = update(turns).where(AT_STEP, OF_PRINCIPAL, IS_LIVE)
@@ -247,13 +249,13 @@ class Ledger(LedgerApprovals):
         pending: str,
         outcome: str | None = None,
         traceparent: str | None = None,
-        now: float | None = None,
         then: Callable[[Connection], Any] | None = None,
+        *,
+        now: float,
     ) -> bool:
         """Record iteration `step`: only from step-1, a live turn, its own customer and conversation. `then` runs in
         the same transaction once the step is recorded (an end's history, when the conversations share the ledger's
         database)."""
-        now = now or time.time()
         values: dict[str, Any] = dict(
             step=step,
             last_progress_at=now,
@@ -390,8 +392,8 @@ class Ledger(LedgerApprovals):
         this = next((r for r in rows if r.turn_id == turn_id), None)
         return this, [r for r in rows if r.turn_id != turn_id]
 
-    async def live_turns(self, conversation_id: str, but: str | None = None) -> list[TurnRow]:
-        return await self._rows(_LIVE_TURNS, {"b_conversation_id": conversation_id, "b_but": but or ""})
+    async def live_turns(self, conversation_id: str, but: str) -> list[TurnRow]:
+        return await self._rows(_LIVE_TURNS, {"b_conversation_id": conversation_id, "b_but": but})
 
     async def overdue(
         self, now: float, stuck_after_s: float, grace_s: float, deadline_s: float
@@ -414,7 +416,7 @@ class Ledger(LedgerApprovals):
         ending = await self._rows(select(turns).where(turns.c.status == ENDING))
         return idle, expired, ending
 
-    async def outbox(self, older_than: float, limit: int = 500) -> builtins.list[TurnRow]:
+    async def outbox(self, older_than: float) -> builtins.list[TurnRow]:
         """Turns whose decided message may not be out yet (written before `older_than`), oldest first."""
         return await self._rows(
             select(turns)
@@ -424,5 +426,5 @@ class Ledger(LedgerApprovals):
                 turns.c.pending_at.is_(None) | (turns.c.pending_at < older_than),
             )
             .order_by(turns.c.pending_at)
-            .limit(limit)
+            .limit(OUTBOX_BATCH)
         )

@@ -163,6 +163,7 @@ class Loop:
             outcome=outcome,
             traceparent=traceparent(),
             then=history if shared else None,
+            now=time.time(),
         ):
             if history is not None and not shared and self.conversations is not None:
                 await self.conversations.store(history)  # before the end is published: the next turn waits for it
@@ -197,6 +198,7 @@ class Loop:
             event.content,
             ended.text,
             ended.outcome.value,
+            time.time(),
             only_open=only_open,
         )
 

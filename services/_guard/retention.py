@@ -43,8 +43,8 @@ class RetentionTooShort(ConfigurationError):
 
 
 class Retention:
-    def __init__(self, store: TurnReads, retention_s: float, max_batches: int = MAX_BATCHES):
-        self.store, self.retention_s, self.batch, self.max_batches = store, retention_s, BATCH, max_batches
+    def __init__(self, store: TurnReads, retention_s: float):
+        self.store, self.retention_s, self.batch = store, retention_s, BATCH
         self._postgres = isinstance(store.engine, AsyncEngine)
         doomed = (
             select(turns.c.turn_id)
@@ -58,10 +58,10 @@ class Retention:
         self._delete_approvals = delete(approvals).where(_among_ids(approvals.c.turn_id, self._postgres))
         self._delete_turns = delete(turns).where(_among_ids(turns.c.turn_id, self._postgres), turns.c.status == ENDED)
 
-    async def sweep(self, now: float | None = None) -> int:
-        before = (now or time.time()) - self.retention_s
+    async def sweep(self, now: float) -> int:
+        before = now - self.retention_s
         deleted = 0
-        for n in range(self.max_batches):
+        for n in range(MAX_BATCHES):
             if n:
                 await asyncio.sleep(PAUSE_S)
             done = await self.store._run(lambda conn: self._delete_batch(conn, before), write=True)
@@ -82,9 +82,8 @@ class Retention:
     async def size(self) -> LedgerSize:
         return await self.store.size()
 
-    async def measure(self, now: float | None = None) -> LedgerSize:
+    async def measure(self, now: float) -> LedgerSize:
         size = await self.size()
-        now = now or time.time()
         metrics.ledger_rows.set(size.rows)
         metrics.ledger_oldest_ended.set(0.0 if size.oldest_ended_at is None else max(0.0, now - size.oldest_ended_at))
         waiting, oldest = await self.store.approvals_waiting()
@@ -98,11 +97,11 @@ async def run(retention: Retention, interval_s: float) -> None:
     measured_at, away = -SIZE_EVERY_S, False
     while True:
         try:
-            if deleted := await retention.sweep():
+            if deleted := await retention.sweep(time.time()):
                 log.info("deleted %d turns ended more than %s ago", deleted, duration(retention.retention_s))
             if time.monotonic() - measured_at >= SIZE_EVERY_S:
                 measured_at = time.monotonic()
-                await retention.measure()
+                await retention.measure(time.time())
             away = False
         except Exception as exc:  # the retention must outlive a database hiccup
             if faults.unavailable(exc) is None:

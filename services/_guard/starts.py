@@ -157,7 +157,8 @@ class Starts:
 
     async def _open(self, command: StartTurn) -> None:
         if self.conversations is not None:
-            await self.conversations.open_turn(command.turn.conversation_id, command.turn.turn_id, command.text)
+            turn = command.turn
+            await self.conversations.open_turn(turn.conversation_id, turn.turn_id, command.text, time.time())
 
     async def _started_before(self, row: TurnRow, command: StartTurn) -> str:
         """A start the ledger has seen: republish its first decision if that may not be out, else drop it."""

@@ -38,9 +38,8 @@ class Sweeper:
     stuck_grace_s: float
     turn_deadline_s: float
 
-    async def sweep(self, flag: Flag, now: float | None = None) -> tuple[int, int]:
+    async def sweep(self, flag: Flag, now: float) -> tuple[int, int]:
         """Flag idle turns, end overdue ones, finish deferred ends, expire approvals, republish; (flagged, ended)."""
-        now = now or time.time()
         idle, expired, ending = await self.ledger.overdue(
             now, self.stuck_after_s, self.stuck_grace_s, self.turn_deadline_s
         )
@@ -125,7 +124,7 @@ async def run(sweeper: Sweeper, flag: Flag, interval_s: float, conversations: Co
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await sweeper.sweep(flag)
+            await sweeper.sweep(flag, time.time())
             if conversations is not None and time.monotonic() - expired_at > RETENTION_EVERY_S:
                 expired_at = time.monotonic()
                 if expired := await conversations.expire():

@@ -54,11 +54,11 @@ class OpenedFence:
     def __init__(self, opened: Opened[Fence]) -> None:
         self.opened = opened
 
-    async def claim_model_call(self, turn: Principal, step: int) -> bool:
-        return await self.opened().claim_model_call(turn, step)
+    async def claim_model_call(self, turn: Principal, step: int, now: float) -> bool:
+        return await self.opened().claim_model_call(turn, step, now)
 
-    async def wait_for_capacity(self, turn: Principal, step: int) -> bool:
-        return await self.opened().wait_for_capacity(turn, step)
+    async def wait_for_capacity(self, turn: Principal, step: int, now: float) -> bool:
+        return await self.opened().wait_for_capacity(turn, step, now)
 
     async def claim_batch(self, turn: Principal, step: int, lease_s: float, now: float) -> bool:
         return await self.opened().claim_batch(turn, step, lease_s, now)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import random
 import time
 
 from faststream import FastStream
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.kafka.messaging import current_record
 from roundtrip._kernel.observability import metrics
@@ -35,8 +37,9 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     client = ModelClient(settings, agent.toolbox.api_tools, agent.system_prompt, agent.model_for(settings), 0)
     shell.closes(client.aclose)
     fence = shell.fence()
+    throttle = functools.partial(_hold_all, shell.consumers)
     capacity = Capacity(
-        on_throttle=functools.partial(_hold_all, shell.consumers), signals=providers.of(settings).signals
+        SYSTEM, random.Random(), slow_start=True, on_throttle=throttle, signals=providers.of(settings).signals
     )
     core = core_of(settings, ModelPorts(client, fence, capacity, True, time.time()))
     metrics.model_waiting.set_function(lambda: capacity.waiting)

@@ -37,9 +37,9 @@ class Limits:
 class ModelFence(Protocol):
     """What a model call asks the turn's fence (turnstore.Fence; roundtrip.testing's OpenFence in one process)."""
 
-    async def claim_model_call(self, turn: Turn, step: int) -> bool: ...
+    async def claim_model_call(self, turn: Turn, step: int, now: float) -> bool: ...
 
-    async def wait_for_capacity(self, turn: Turn, step: int) -> bool: ...
+    async def wait_for_capacity(self, turn: Turn, step: int, now: float) -> bool: ...
 
 
 def usage_of(message: anthropic.types.Message) -> Usage:
@@ -120,7 +120,7 @@ async def call_model(
 ) -> ModelResponded | None:
     """The next iteration of the turn, or None when the fence refuses the call; streamed with `chunks` (None: not)."""
     turn = command.turn
-    if not await fence.claim_model_call(turn, command.step):
+    if not await fence.claim_model_call(turn, command.step, time.time()):
         trace.get_current_span().add_event(
             "model not called: the turn has ended or moved on", {"roundtrip.step": command.step}
         )
@@ -155,7 +155,7 @@ async def _attempted(
 
     async def waiting() -> bool:
         trace.get_current_span().add_event("waiting for model capacity", {"roundtrip.step": command.step})
-        return await fence.wait_for_capacity(turn, command.step)
+        return await fence.wait_for_capacity(turn, command.step, time.time())
 
     return await attempt(
         _caller(command, client, chunks),

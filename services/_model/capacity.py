@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import math
 import random
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
+
+from roundtrip._kernel.clock import Clock
 
 LOW = 0.5  # a dimension whose remaining is below this share of its peak is being drained: slow down
 BETA = 0.7
@@ -79,18 +80,19 @@ def _number(text: str | None) -> float | None:
 class Capacity:
     def __init__(
         self,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
+        clock: Clock,
+        rng: random.Random,
+        slow_start: bool,
         on_throttle: Callable[[bool], None] | None = None,
-        slow_start: bool = True,
         signals: Signals = HEADERS,
     ) -> None:
-        """`slow_start` off: no window of calls in flight (a plain loop's stand-in), unless without headers."""
+        """`rng` jitters the pauses; `slow_start` off: no window of calls in flight (a plain loop's stand-in), unless
+        without headers."""
         self.signals = signals
         slow_start = slow_start or not signals.headers
         self._clock = clock
         self._slow_start = slow_start
-        self._rng = rng or random.Random()
+        self._rng = rng
         self.rate: float | None = None  # calls per second this process starts; None: not paced (no limit known)
         self._next_at = 0.0
         self.hold_until = 0.0
@@ -117,7 +119,7 @@ class Capacity:
         """Wait for a place in the window (FIFO), then a slot; the seconds waited, or Busy past `deadline`.
 
         Every acquire that returns must be followed by one `ended`."""
-        begun = now = self._clock()
+        begun = now = self._clock.monotonic()
         self.waiting += 1
         self._check_throttle()
         try:
@@ -141,7 +143,7 @@ class Capacity:
         entered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._window_waiters.append(entered)
         try:
-            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+            async with asyncio.timeout(max(0.0, deadline - self._clock.monotonic())):
                 await entered
         except BaseException as exc:
             if entered.done() and not entered.cancelled():
@@ -155,7 +157,7 @@ class Capacity:
             raise
 
     async def _slot(self, deadline: float) -> float:
-        now = self._clock()
+        now = self._clock.monotonic()
         while True:
             slot = max(now, self._next_at, self.hold_until)
             if slot > now and slot > deadline:  # no wait, no refusal: a call due now is never busy
@@ -164,7 +166,7 @@ class Capacity:
                 self._next_at = slot + 1.0 / self.rate
             if slot > now:
                 await asyncio.sleep(slot - now)
-            now = self._clock()
+            now = self._clock.monotonic()
             if self.hold_until <= now:  # a 429 during the sleep moved every slot past its hold: take a new one
                 return now
 
@@ -184,7 +186,7 @@ class Capacity:
         self, headers: Mapping[str, str] | None, input_tokens: int, output_tokens: int, started_at: float, waited: bool
     ) -> None:
         if not self.signals.headers:
-            self._widen(self._clock() - started_at)
+            self._widen(self._clock.monotonic() - started_at)
             return
         reading = Reading.of(headers)
         before = self.ceiling()
@@ -197,7 +199,7 @@ class Capacity:
         drained = self._drained(reading)
         self._drained_answers += drained
         self._limited = self._limited or waited
-        now = self._clock()
+        now = self._clock.monotonic()
         self._grow_window(now - started_at, drained, ceiling)
         if now - self._epoch_at >= EPOCH_S and self.rate is not None:
             self._adapt(ceiling, now)
@@ -252,7 +254,7 @@ class Capacity:
             if self._slow_start:
                 self.window = min(self.window or INITIAL_WINDOW, INITIAL_WINDOW)
         retry_after = retry_after or 0.0
-        now = self._clock()
+        now = self._clock.monotonic()
         spacing = 1.0 / self.rate if self.rate else 0.0
         until = now + retry_after + self._rng.uniform(0.0, 0.25 * retry_after + spacing)
         if until > self.hold_until:
@@ -268,10 +270,10 @@ class Capacity:
             return
         assert self.window is not None
         self.window = self.threshold = max(MIN_WINDOW, self.window * WINDOW_BETA)
-        self._cut_at = self._clock()
+        self._cut_at = self._clock.monotonic()
 
     def delay(self) -> float:
-        return max(0.0, self._next_at - self._clock(), self.hold_until - self._clock())
+        return max(0.0, self._next_at - self._clock.monotonic(), self.hold_until - self._clock.monotonic())
 
     def ceiling(self) -> float | None:
         rates = []
@@ -296,7 +298,7 @@ class Capacity:
         return any(left < LOW * self._peak[d] for d, left in reading.remaining.items() if self._peak.get(d))
 
     def _cut(self, started_at: float) -> None:
-        now = self._clock()
+        now = self._clock.monotonic()
         if started_at < self._cut_at or now - self._cut_at < EPOCH_S:
             return
         self._forget_starts(now)
@@ -311,7 +313,7 @@ class Capacity:
 
     def _check_throttle(self) -> None:
         """Throttled while a hold lasts or the backlog passes BACKLOG_S of the rate; released at half of it."""
-        now = self._clock()
+        now = self._clock.monotonic()
         rate = self.rate
         if not self.signals.headers and self.window is not None and self._latency > 0:
             rate = self.window / self._latency

@@ -374,5 +374,5 @@ def load_agent(spec: str | None = None, check: bool = True) -> Agent:
 
 
 @lru_cache(maxsize=8)
-def current_agent(spec: str | None = None) -> Agent:
+def current_agent(spec: str | None) -> Agent:
     return load_agent(spec)

@@ -70,7 +70,7 @@ def _json_path(parts: tuple[Any, ...]) -> str:
     return ValidationError("", path=list(parts)).json_path
 
 
-def entity_problems(doc: Any, source: str = "<tool>") -> list[str]:
+def entity_problems(doc: Any, source: str) -> list[str]:
     """`x-entity` where the gate would not check it, one line each. A top-level property that carries one must not be
     a `$ref` target either: the gate would check the property, not the place that refers to it."""
     schema = doc.get("input_schema") if isinstance(doc, dict) else None

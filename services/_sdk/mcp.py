@@ -34,7 +34,6 @@ log = logging.getLogger("roundtrip.mcp")
 SERVER_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
 FIRST_RETRY_S = 0.5
 MAX_PAGES = 100  # a paginated listing that never ends cannot hold a process
-Connect = Callable[[str], Any]
 REFUSING = (401, 403)
 
 
@@ -83,7 +82,7 @@ class McpServer(ToolSource):
         return {}
 
     def bind(self, own_settings: Any) -> McpMount:
-        return McpMount(self, self.url_for(own_settings) or "", own_settings=own_settings)
+        return McpMount(self, self.url_for(own_settings) or "", own_settings)
 
     async def call(self, name: str, args: dict[str, Any], ctx: ToolContext) -> Any:
         return await self.bind(None).call(name, args, ctx)
@@ -218,8 +217,8 @@ def result_of(name: str, result: Any) -> dict[str, Any]:
 
 
 class McpMount(ToolSource):
-    def __init__(self, server: McpServer, url: str, connect: Connect | None = None, own_settings: Any = None) -> None:
-        self.server, self.url, self._connect = server, url, connect
+    def __init__(self, server: McpServer, url: str, own_settings: Any) -> None:
+        self.server, self.url = server, url
         self._own_settings = own_settings
         self.label = server.label
         self.listed: dict[str, Any] | None = None
@@ -246,10 +245,6 @@ class McpMount(ToolSource):
     @asynccontextmanager
     async def connection(self, answers: list[int]) -> AsyncIterator[Any]:
         """A client over a connection of its own; `answers` gets the status of each answer of the MCP endpoint."""
-        if self._connect is not None:
-            async with self._connect(self.url) as client:
-                yield client
-            return
         import httpx2  # imported where used: the SDK takes seconds to import, only an agent with servers needs it
         from mcp import Client
         from mcp.client.streamable_http import streamable_http_client
@@ -348,15 +343,14 @@ class McpMount(ToolSource):
             return [f"MCP server {server.name} does not list {missing}, which the agent declares"]
         return []
 
-    async def keep_listing(self, on_listed: OnListed, attempted: asyncio.Event | None = None) -> None:
+    async def keep_listing(self, on_listed: OnListed, attempted: asyncio.Event) -> None:
         """List the tools, asking again with a bounded backoff until it answers; `attempted`: set after the first."""
         delay = FIRST_RETRY_S
         while True:
             try:
                 listed = await asyncio.wait_for(self.list_once(), self.server.timeout_s)
             except Exception as exc:  # noqa: BLE001 - a server that is down is asked again, never a dead service
-                if attempted is not None:
-                    attempted.set()
+                attempted.set()
                 error = describe(exc)
                 if error != self.last_error and self.refusing is None:  # a refusal has said so already
                     log.warning(
@@ -375,8 +369,7 @@ class McpMount(ToolSource):
                 self.take(listed)
                 on_listed(self)
             finally:
-                if attempted is not None:
-                    attempted.set()
+                attempted.set()
             return
 
     async def start(self, on_listed: OnListed) -> None:

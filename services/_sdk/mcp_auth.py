@@ -136,7 +136,7 @@ class ClientCredentials:
             found.append(f"ClientCredentials: auth_method {self.auth_method!r} is not client_secret_basic or _post")
         return found
 
-    def provider(self, url: str, own_settings: Any = None) -> httpx2.Auth:
+    def provider(self, url: str, own_settings: Any) -> httpx2.Auth:
         secret = _read(self.client_secret_env, self.client_secret_file, self.client_secret_setting, own_settings)
         return _provider(self, url, secret)
 

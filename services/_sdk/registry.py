@@ -121,7 +121,7 @@ def _pointer(parts: list[Any]) -> str:
     return "#" + "".join(f"/{part}" for part in parts)
 
 
-def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None, list[str]]:
+def document_problems(doc: Any, source: str) -> tuple[ToolSpec | None, list[str]]:
     """Every problem of one tool document, and its ToolSpec when its name, description and schema can be read."""
     errors = list(tool_document_validator().iter_errors(doc))
     problems = list(dict.fromkeys(f"{source}: {error.json_path}: {_sentence(error, doc)}" for error in errors))
@@ -140,7 +140,7 @@ def document_problems(doc: Any, source: str = "<tool>") -> tuple[ToolSpec | None
     return ToolSpec(name=name, description=str(description), input_schema=schema, entity_refs=entity_refs), problems
 
 
-def check_tool_document(doc: Any, source: str = "<tool>") -> ToolSpec:
+def check_tool_document(doc: Any, source: str) -> ToolSpec:
     spec, problems = document_problems(doc, source)
     if problems or spec is None:
         raise RegistryError("; ".join(problems), problems)
@@ -154,7 +154,7 @@ def binding_problems(
     entity_resolvers: Mapping[str, Any],
     approvals: Mapping[str, Any],
     serial: frozenset[str] | set[str],
-    mounted: frozenset[str] | set[str] = frozenset(),
+    mounted: frozenset[str] | set[str],
 ) -> list[str]:
     """What does not fit between the tools and the code bound to them by name (`mounted`: MCP tools to come)."""
     problems = []

@@ -410,13 +410,6 @@ async def create_escalation(
     return outcome
 
 
-async def count_escalations(engine: AsyncEngine, customer_id: str | None = None) -> int:
-    query = select(func.count()).select_from(escalations)
-    if customer_id is not None:
-        query = query.where(escalations.c.customer_id == customer_id)
-    return int((await _read(engine, query))[0][0])
-
-
 async def count_executions(engine: AsyncEngine, customer_id: str, key: str) -> int:
     """How many times a write under this key was asked for (the first run and every replay)."""
     query = select(func.count()).select_from(executions)

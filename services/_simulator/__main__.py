@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.settings import Settings, get_settings
 
 from .overload import Overload
@@ -31,8 +32,8 @@ def main(argv: list[str] | None = None) -> None:
         latency_jitter=args.latency_jitter,
         fault_rate=args.fault_rate,
         seed=args.seed,
-        limits=RateLimits(rpm=args.rpm, itpm=args.itpm, otpm=args.otpm),
-        overload=Overload(every=args.overload_every, seconds=args.overload_seconds),
+        limits=RateLimits(SYSTEM, rpm=args.rpm, itpm=args.itpm, otpm=args.otpm),
+        overload=Overload(SYSTEM, every=args.overload_every, seconds=args.overload_seconds),
         scripts=scripts,
         batch_delay_ms=args.batch_delay_ms,
     )

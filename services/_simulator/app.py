@@ -22,6 +22,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from roundtrip._kernel.clock import SYSTEM
+
 from . import controls, personas, platforms, streaming
 from .batches import Batches
 from .engine import respond
@@ -61,9 +63,9 @@ class _State:
     fault_rate: float
     retry_after_ms: float
     rng: random.Random
-    cache: PromptCache = field(default_factory=PromptCache)
-    limits: RateLimits = field(default_factory=RateLimits)
-    overload: Overload = field(default_factory=Overload)
+    limits: RateLimits
+    overload: Overload
+    cache: PromptCache = field(default_factory=lambda: PromptCache(SYSTEM))
     served: int = 0
     streamed: int = 0
     parallel_disabled: int = 0  # requests that sent tool_choice.disable_parallel_tool_use: true
@@ -187,8 +189,8 @@ def create_app(
         retry_after_ms,
         random.Random(seed),
         latency_jitter=latency_jitter,
-        limits=limits or RateLimits(),
-        overload=overload or Overload(),
+        limits=limits or RateLimits(SYSTEM),
+        overload=overload or Overload(SYSTEM),
         scripts=scripts or Scripts(),
     )
     batches = Batches(state.answer, batch_delay_ms)
@@ -247,7 +249,7 @@ def _latency_s(request: Request, state: _State) -> float:
     return max(0.0, latency / 1000)
 
 
-async def _fault(request: Request, state: _State, streamed: bool = False) -> str:
+async def _fault(request: Request, state: _State, streamed: bool) -> str:
     """Raise the forced (or randomly injected) fault of this request, or sleep for `timeout`; the fault a stream
     raises as it goes (`529-midstream`) is returned."""
     fault = request.headers.get(FAULT_HEADER, "").strip().lower()

@@ -4,8 +4,7 @@ without `retry-after`."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
+from roundtrip._kernel.clock import Clock
 
 from .errors import ApiError
 
@@ -22,11 +21,11 @@ MESSAGES = {
 
 
 class Overload:
-    def __init__(self, every: float | None = None, seconds: float = 5.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Clock, every: float | None = None, seconds: float = 5.0):
         if (every is not None and every <= 0) or seconds <= 0:
             raise ValueError("overload every and seconds must be positive")
         self._every, self._seconds, self._clock = every, seconds, clock
-        self._origin = clock()
+        self._origin = clock.monotonic()
         self._until = -1.0
         self._status = 529
         self.answered = 0
@@ -35,11 +34,11 @@ class Overload:
         """A burst of `status` from now for `seconds`; 0 ends the one started on demand."""
         if status not in MESSAGES:
             raise ValueError(f"a burst answers one of {', '.join(map(str, MESSAGES))}, not {status}")
-        self._until, self._status = self._clock() + seconds, status
+        self._until, self._status = self._clock.monotonic() + seconds, status
 
     def status(self) -> int | None:
         """The status of the burst under way (None: no burst)."""
-        now = self._clock()
+        now = self._clock.monotonic()
         if now < self._until:
             return self._status
         elapsed = now - self._origin

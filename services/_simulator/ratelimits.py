@@ -9,12 +9,12 @@ enforces a limit over a shorter interval. The rules: docs/decisions/simulator.md
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
+
+from roundtrip._kernel.clock import Clock
 
 from .errors import ApiError
 from .usage import PromptCache
@@ -74,15 +74,8 @@ class Admitted:
 class RateLimits:
     """The simulator's buckets, the headers they announce and the 429s they answer."""
 
-    def __init__(
-        self,
-        rpm: int | None = None,
-        itpm: int | None = None,
-        otpm: int | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-    ):
-        self._clock, self._wall = clock, wall
+    def __init__(self, clock: Clock, rpm: int | None = None, itpm: int | None = None, otpm: int | None = None):
+        self._clock = clock
         self._buckets: dict[str, Bucket] = {}
         self.burst_s = MINUTE_S
         self.refused = 0
@@ -159,13 +152,13 @@ class RateLimits:
         }
 
     def _refill(self) -> float:
-        now = self._clock()
+        now = self._clock.monotonic()
         for bucket in self._buckets.values():
             bucket.refill(now)
         return now
 
     def _announce(self, kind: str, bucket: Bucket) -> dict[str, str]:
-        reset = datetime.fromtimestamp(math.ceil(self._wall() + bucket.until_full()), tz=UTC)
+        reset = datetime.fromtimestamp(math.ceil(self._clock.time() + bucket.until_full()), tz=UTC)
         return {
             f"{HEADER}{kind}-limit": str(bucket.limit),
             f"{HEADER}{kind}-remaining": str(max(0, math.floor(bucket.level))),

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
-from collections.abc import Callable
 from typing import Any
+
+from roundtrip._kernel.clock import Clock
 
 LOOKBACK_BLOCKS = 20
 
@@ -100,7 +100,7 @@ class PromptCache:
 
     MAX_ENTRIES = 100_000
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Clock):
         self._clock = clock
         self._expiry: dict[str, tuple[float, int]] = {}
 
@@ -123,7 +123,7 @@ class PromptCache:
             for i in marked
         }
         hashes, tokens = _prefixes(body, items, total)
-        now = self._clock()
+        now = self._clock.monotonic()
         minimum = minimum_cacheable_tokens(str(body["model"]))
         read_at = -1  # the last block of the longest cached prefix found
         for point in marked:

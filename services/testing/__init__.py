@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 
 import anthropic
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import ApprovalRequested
 from roundtrip._model.capacity import Capacity
@@ -267,7 +269,8 @@ async def arun_turn(
         async with agent.toolbox:
             if (bind := getattr(model, "bind", None)) is not None:  # a model shown the agent's tools and prompt
                 bind(agent)
-            fleet = InProcess(agent, settings, model, Capacity(), executor_clients, gate_clients, True)
+            capacity = Capacity(SYSTEM, random.Random(), slow_start=True)
+            fleet = InProcess(agent, settings, model, capacity, executor_clients, gate_clients, True)
             ended: Ended = await fleet.turn(text, customer_id, persona, approve=decide)
     finally:
         if deps is None:

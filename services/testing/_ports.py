@@ -14,10 +14,10 @@ class OpenFence:
     def __init__(self) -> None:
         self.acted: list[tuple[str, int, str]] = []
 
-    async def claim_model_call(self, turn: Principal, step: int) -> bool:
+    async def claim_model_call(self, turn: Principal, step: int, now: float) -> bool:
         return True
 
-    async def wait_for_capacity(self, turn: Principal, step: int) -> bool:
+    async def wait_for_capacity(self, turn: Principal, step: int, now: float) -> bool:
         return True
 
     async def claim_batch(self, turn: Principal, step: int, lease_s: float, now: float) -> bool:

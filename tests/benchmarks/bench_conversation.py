@@ -36,6 +36,7 @@ from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import SupportReply, Usage
 from tests.benchmarks.bench_loop import bench_settings
+from tests.processes import restart
 
 TEXTS = (
     "what orders do I have?",
@@ -130,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             fleet.start()
             runs = {}
             for name, on in (("without history caching", False), ("with history caching", True)):
-                fleet.restart(
-                    "simulator"
+                restart(
+                    fleet, "simulator"
                 )  # an empty prompt cache: each run pays its own writes of tools and system prompt
-                fleet.restart("model", {**env, "ROUNDTRIP_CACHE_HISTORY": str(on).lower()})
+                restart(fleet, "model", {**env, "ROUNDTRIP_CACHE_HISTORY": str(on).lower()})
                 httpx.post(f"{settings.shop_base_url}/admin/reset", timeout=10).raise_for_status()
                 runs[name] = asyncio.run(conversation(settings, "on" if on else "off"))
         finally:

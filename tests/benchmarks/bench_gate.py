@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from httpx_aiohttp import AiohttpTransport
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._gate.gate import Gate
@@ -147,7 +148,7 @@ async def bench(seconds: float, steps: int) -> list[tuple[str, str]]:
     with tempfile.TemporaryDirectory() as folder:
         proc = start_shop(port, Path(folder))
         try:
-            async with ShopClient(f"http://127.0.0.1:{port}", timeout=5) as shop:
+            async with ShopClient(f"http://127.0.0.1:{port}", timeout=5, transport=AiohttpTransport()) as shop:
                 turn = Turn(turn_id="turn_b", request_id="r", conversation_id="c", customer_id="cus_1001")
 
                 # 2. validation + authorization throughput (one call at a time, as check_call sees them)

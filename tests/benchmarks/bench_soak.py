@@ -33,6 +33,7 @@ from roundtrip._fleet.launcher import Fleet
 from tests.benchmarks.bench_loop import CALLS_PER_TURN, PERSONA, TEXT, bench_settings
 from tests.benchmarks.fleet_driver import FleetDriver
 from tests.databases import PostgresServer, find_pg_bindir
+from tests.processes import restart
 
 CUSTOMERS = ("cus_1001", "cus_1002", "cus_1003")
 FIGURES = ("rss_mb", "fds", "db_conns")  # per service
@@ -100,7 +101,7 @@ async def _lag(settings) -> float:
     from roundtrip._kernel.kafka.admin import consumer_lag
     from roundtrip._kernel.kafka.clients import kafka_clients
 
-    return float(sum(g.lag for g in await consumer_lag(kafka_clients(settings), settings.topic_prefix)))
+    return float(sum(g.lag for g in await consumer_lag(kafka_clients(settings), settings.topic_prefix, None)))
 
 
 async def _shorten_requests_retention(settings, ms: int) -> None:
@@ -284,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         with Fleet(settings, env=env) as fleet:
             # the ledger's retention must outlast the requests topic's: shorten the topic's, then the guard's
             asyncio.run(_shorten_requests_retention(settings, int(args.retention_s * 1000 / 2)))
-            fleet.restart("guard", {**env, "ROUNDTRIP_LEDGER_RETENTION_S": str(args.retention_s), **traced("guard")})
+            restart(fleet, "guard", {**env, "ROUNDTRIP_LEDGER_RETENTION_S": str(args.retention_s), **traced("guard")})
             for name in set(args.trace_memory) - {"guard"}:
-                fleet.restart(name, {**env, **traced(name)})
+                restart(fleet, name, {**env, **traced(name)})
             samples, outcome = asyncio.run(soak(fleet, settings, url, server.port, args))
         print(report(samples, outcome, args), flush=True)
         print(plot(samples, args.plot), flush=True)

@@ -15,11 +15,12 @@ import argparse
 import time
 from types import SimpleNamespace
 
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from roundtrip._kernel.observability.telemetry import consuming, make_provider, publishing
+from roundtrip._kernel.observability.telemetry import consuming, make_provider, publishing, tracer
 from roundtrip._kernel.wire.events import CallModel, Turn
 
 TURN = Turn(
@@ -46,12 +47,12 @@ def plain_hop(tracer) -> None:
 
 
 def shaped_hop(tracer, body: CallModel, offset: int) -> None:
-    with publishing("t", body, "conv_1", using=tracer) as headers:
+    with publishing("t", body, "conv_1") as headers:
         pass
     record = SimpleNamespace(
         topic="t", partition=0, offset=offset, timestamp=0, key=b"conv_1", value=b"{}", headers=headers
     )
-    with consuming(record, "roundtrip-guard", using=tracer), tracer.start_as_current_span("guard.decide"):
+    with consuming(record, "roundtrip-guard", frozenset()), tracer.start_as_current_span("guard.decide"):
         pass
 
 
@@ -71,7 +72,10 @@ def main() -> None:
     parser.add_argument("--hops", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    before_tracer, after_tracer = TracerProvider().get_tracer("before"), make_provider("bench").get_tracer("after")
+    before_tracer = TracerProvider().get_tracer("before")
+    no_export = SimpleNamespace(otlp_endpoint=None, effective_span_file=None)
+    trace.set_tracer_provider(make_provider("bench", no_export))  # the process's provider, as a service installs it
+    after_tracer = tracer()
     before = min(cpu_per_hop(before_tracer, False, args.hops) for _ in range(args.rounds))
     after = min(cpu_per_hop(after_tracer, True, args.hops) for _ in range(args.rounds))
     print(

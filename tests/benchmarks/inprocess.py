@@ -20,12 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
+from httpx_aiohttp import AiohttpTransport
 
 from roundtrip._kernel.settings import Settings
-from roundtrip._model.capacity import Capacity
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip.testing._inprocess import InProcess
 from tests.agents import SHOP, shop_deps, shop_model_client
+from tests.cores import new_capacity
 
 
 @dataclass
@@ -73,14 +74,14 @@ class InProcessLoop:
         self.client = shop_model_client(
             settings, sdk_retries=anthropic.DEFAULT_MAX_RETRIES if plain else settings.model_max_retries
         )
-        self.shop = ShopClient(settings.shop_base_url, timeout=settings.tool_timeout_s)
+        self.shop = ShopClient(settings.shop_base_url, settings.tool_timeout_s, AiohttpTransport())
         deps = shop_deps(self.shop)
         if plain:  # the SDK's own retries only, no limiter, a capacity refusal the call's error at once
             plain_settings = settings.model_copy(update={"model_max_retries": 0})
-            capacity = Capacity(slow_start=False)
+            capacity = new_capacity(slow_start=False)
             self.loop = InProcess(SHOP, plain_settings, SdkOnly(self.client), capacity, deps, deps, False)
         else:
-            self.loop = InProcess(SHOP, settings, self.client, Capacity(), deps, deps, True)
+            self.loop = InProcess(SHOP, settings, self.client, new_capacity(), deps, deps, True)
 
     async def aclose(self) -> None:
         await self.client.aclose()

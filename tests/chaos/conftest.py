@@ -29,7 +29,7 @@ from roundtrip._kernel.wire import topology
 from tests.agents import ShopFleetSettings
 from tests.chaos.harness import Kill, Observer
 from tests.databases import new_database
-from tests.processes import embedded_cluster, embedded_kafka
+from tests.processes import embedded_cluster, embedded_kafka, restart
 from tests.signing import key_settings
 
 
@@ -76,7 +76,7 @@ class ChaosFleet:
         self.sync.respawn(name)
 
     async def restart(self, name: str, **values) -> None:
-        await asyncio.to_thread(self.sync.restart, name, _env(**values) if values else None)
+        await asyncio.to_thread(restart, self.sync, name, _env(**values) if values else None)
 
     async def kill_broker(self) -> None:
         """SIGKILL the broker's JVM (its whole process group): no clean shutdown."""
@@ -88,7 +88,7 @@ class ChaosFleet:
     async def start_broker(self) -> None:
         """Start the broker again on the same data dir (topics, offsets and transactions kept)."""
         self.kafka.start()
-        await self.kafka.wait_ready_async(90)
+        await asyncio.to_thread(self.kafka.wait_ready, 90)
 
     def pause(self, name: str) -> list:
         procs = self.processes(name)

@@ -31,6 +31,7 @@ from roundtrip._kernel.wire.events import SupportReply
 from tests import settling
 from tests.agents import ShopFleetSettings
 from tests.e2e import crashes
+from tests.processes import restart
 from tests.readers import stop_reader
 from tests.signing import key_settings
 
@@ -232,10 +233,12 @@ class AsyncFleet:
 
     async def restart(self, name: str, env: dict[str, str] | None = None) -> None:
         self.restarted |= {c.process.pid for c in of_service(self.sync.children, name) if c.process.poll() is None}
-        await asyncio.to_thread(self.sync.restart, name, env)
+        await asyncio.to_thread(restart, self.sync, name, env)
 
     async def respawn(self, name: str, env: dict[str, str] | None = None) -> None:
-        await asyncio.to_thread(self.sync.respawn, name, env)
+        if env:
+            self.sync.env = {**self.sync.env, **env}
+        await asyncio.to_thread(self.sync.respawn, name)
 
     async def kill(self, name: str) -> None:
         await asyncio.to_thread(self.sync.kill, name)

@@ -253,7 +253,7 @@ class LocalDeployment:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=die_with_parent_preexec(),
+                preexec_fn=die_with_parent_preexec(signal.SIGTERM),
             )
         process = Process(label, popen, log)
         replica.processes.append(process)

@@ -137,7 +137,7 @@ async def _generations(bootstrap: str, groups: set[str]) -> dict[str, int]:
 
 async def _members(bootstrap: str, prefix: str) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Each group of the fleet of `prefix` -> (its state, its member ids)."""
-    report = await consumer_lag(bootstrap, prefix)
+    report = await consumer_lag(bootstrap, prefix, None)
     return {g.group: (g.state, tuple(sorted(m.member_id for m in g.members))) for g in report}
 
 

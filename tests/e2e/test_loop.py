@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from roundtrip._broker.embedded import kafka_libs_dir
+from roundtrip._broker.embedded import kafka_cache_dir
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import Outcome
 
@@ -123,7 +123,7 @@ async def test_a_plain_kafka_client_gets_exactly_one_reply(client, fleet_setting
         [
             "java",
             "-cp",
-            f"{kafka_libs_dir(settings.kafka_version, settings.kafka_cache)}/*",
+            f"{kafka_cache_dir(settings.kafka_version, settings.kafka_cache) / 'libs'}/*",
             "org.apache.kafka.tools.ConsoleProducer",
             "--bootstrap-server",
             settings.bootstrap_servers,

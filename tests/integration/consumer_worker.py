@@ -16,7 +16,7 @@ import random
 
 from aiokafka import AIOKafkaConsumer
 
-from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
+from tests.consumers import key_ordered
 
 
 async def main() -> None:
@@ -36,7 +36,7 @@ async def main() -> None:
         await asyncio.sleep(random.uniform(0, 0.01))  # a random processing time: the records finish out of order
         os.write(fd, f"{record.key.decode()} {record.value.decode()} {record.offset}\n".encode())
 
-    koc = KeyOrderedConsumer(process, name="worker", max_in_flight=args.max_in_flight, commit_interval_s=0.05)
+    koc = key_ordered(process, name="worker", max_in_flight=args.max_in_flight, commit_interval_s=0.05)
     consumer = AIOKafkaConsumer(
         args.topic,
         bootstrap_servers=args.bootstrap,

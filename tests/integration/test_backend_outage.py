@@ -25,7 +25,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from roundtrip._broker.embedded import free_port
 from roundtrip._guard.ledger import Ledger
-from roundtrip._kernel.kafka.admin import ensure_topics
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CheckToolCalls, ExecuteToolBatch, ToolCall, Turn
 from roundtrip._kernel.wire.topology import group
@@ -33,6 +32,7 @@ from roundtrip._shop.agent import AGENT as SHOP
 from roundtrip._shop.app import create_app
 from tests.databases import migrated
 from tests.processes import start_service
+from tests.topics import topics_report
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ async def test_a_backend_that_times_out_for_one_conversation_holds_only_it_until
         "ROUNDTRIP_ENV": "development",
         "PYTHONUNBUFFERED": "1",
     }
-    await ensure_topics(kafka_bootstrap, prefix, partitions=1)  # every conversation on the same partition
+    await topics_report(kafka_bootstrap, prefix, partitions=1)  # every conversation on the same partition
     log = tmp_path / "gate.log"
     gate = start_service("gate", env, log)
     producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=0)

@@ -21,10 +21,10 @@ from roundtrip._broker.embedded import (
     port_is_free,
     probe_metadata,
 )
-from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES, ensure_topics, wait_for_broker
+from roundtrip._kernel.kafka.admin import DEAD_LETTER_MAX_BYTES
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics, topology
-from tests.topics import create_topics
+from tests.topics import create_topics, topics_report
 
 
 async def _partitions(bootstrap: str, names: list[str]) -> dict[str, int]:
@@ -65,7 +65,7 @@ async def test_create_topics_is_idempotent(kafka_bootstrap: str, topic_prefix: s
     created = await create_topics(kafka_bootstrap, topic_prefix, partitions=3, executor_partitions=5)
     assert created == [topic_prefix + name for name in topology.topic_names()]
 
-    again = await ensure_topics(kafka_bootstrap, topic_prefix, partitions=3, executor_partitions=5)
+    again = await topics_report(kafka_bootstrap, topic_prefix, partitions=3, executor_partitions=5)
     assert again.created == []
     assert again.existing == created
     assert again.grown == []
@@ -78,7 +78,7 @@ async def test_create_topics_is_idempotent(kafka_bootstrap: str, topic_prefix: s
 
 async def test_more_executor_partitions_grow_the_executor_topic(kafka_bootstrap: str, topic_prefix: str) -> None:
     await create_topics(kafka_bootstrap, topic_prefix, partitions=2)
-    report = await ensure_topics(kafka_bootstrap, topic_prefix, partitions=2, executor_partitions=4)
+    report = await topics_report(kafka_bootstrap, topic_prefix, partitions=2, executor_partitions=4)
     assert report.created == []
     assert report.grown == [topic_prefix + topics.TOOL_BATCHES]
     assert (await _partitions(kafka_bootstrap, [topic_prefix + topics.TOOL_BATCHES])) == {
@@ -125,7 +125,7 @@ async def test_an_existing_dead_letter_topic_gets_the_larger_limit_and_keeps_its
         await admin.create_topics([NewTopic(name, 1, 1, topic_configs={"retention.ms": "123456789"})])
     finally:
         await admin.close()
-    report = await ensure_topics(kafka_bootstrap, topic_prefix, partitions=1)
+    report = await topics_report(kafka_bootstrap, topic_prefix, partitions=1)
     assert name in report.existing
     for _ in range(100):  # the controller has it at once; the broker's metadata follows a moment later
         config = await _topic_config(kafka_bootstrap, name)
@@ -143,12 +143,6 @@ async def test_make_topics_fixture_helper(kafka_bootstrap: str, topic_prefix: st
 async def test_produced_message_is_consumed(kafka_topics: str, kafka_bootstrap: str) -> None:
     topic = kafka_topics + topics.SUPPORT_REQUESTS
     assert await _produce_and_consume(kafka_bootstrap, topic, b'{"hello": "kafka"}') == b'{"hello": "kafka"}'
-
-
-async def test_wait_for_broker(kafka_bootstrap: str) -> None:
-    await wait_for_broker(kafka_bootstrap, timeout=10)
-    with pytest.raises(TimeoutError, match="no Kafka broker"):
-        await wait_for_broker(f"127.0.0.1:{free_port()}", timeout=1)
 
 
 def test_metadata_probe_lists_the_broker(kafka_bootstrap: str) -> None:
@@ -205,7 +199,7 @@ def test_restart_keeps_data_and_does_not_reformat(tmp_path: Path) -> None:
         kafka.start().wait_ready(90)
         assert not kafka.formatted_on_start
         assert (kafka.log_dirs / "meta.properties").read_text() == meta  # same cluster id
-        report = asyncio.run(ensure_topics(kafka.bootstrap, "restart.", partitions=1))
+        report = asyncio.run(topics_report(kafka.bootstrap, "restart.", partitions=1))
         assert report.created == [] and len(report.existing) == len(topology.topic_names())
         assert asyncio.run(_consume_one(kafka.bootstrap, "restart." + topics.OUTCOMES)) == b"kept"
         print(f"first start (with format) {first_start:.1f}s")
@@ -219,7 +213,7 @@ async def test_topics_are_created_with_the_configured_min_insync_replicas(
 ) -> None:
     """ROUNDTRIP_MIN_INSYNC_REPLICAS is set on each topic it creates (one broker here: 1, the most RF 1 allows), the
     dead-letter topic's own limit kept beside it."""
-    await ensure_topics(kafka_bootstrap, topic_prefix, partitions=1, replication_factor=1, min_insync_replicas=1)
+    await topics_report(kafka_bootstrap, topic_prefix, partitions=1, replication_factor=1, min_insync_replicas=1)
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
     try:

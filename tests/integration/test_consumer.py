@@ -17,8 +17,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from roundtrip._kernel.kafka import consumer as consumer_module
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from tests import waiting
+from tests.consumers import key_ordered
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +92,7 @@ async def test_one_key_in_order_many_keys_at_once(kafka_bootstrap, topic_prefix)
         seen[key].append(int(record.value.decode().split(":")[1]))
         running.discard(key)
 
-    koc = KeyOrderedConsumer(process, max_in_flight=200, commit_interval_s=0.05)
+    koc = key_ordered(process, max_in_flight=200, commit_interval_s=0.05)
     consumer = consumer_for(kafka_bootstrap, topic, f"g-{uuid.uuid4().hex[:8]}", koc)
     await consumer.start()
     task = asyncio.create_task(koc.run(consumer))
@@ -117,7 +119,7 @@ async def test_commits_stop_at_the_first_unfinished_message(kafka_bootstrap, top
             await release.wait()
 
     group = f"g-{uuid.uuid4().hex[:8]}"
-    koc = KeyOrderedConsumer(process, max_in_flight=100, commit_interval_s=0.02)
+    koc = key_ordered(process, max_in_flight=100, commit_interval_s=0.02)
     consumer = consumer_for(kafka_bootstrap, topic, group, koc)
     await consumer.start()
     task = asyncio.create_task(koc.run(consumer))
@@ -224,7 +226,7 @@ async def test_at_the_limit_it_pauses_instead_of_buffering(kafka_bootstrap, topi
         high_water["held"] = max(high_water["held"], koc.in_flight)
         await release.wait()
 
-    koc = KeyOrderedConsumer(process, max_in_flight=25, commit_interval_s=0.05, idle_wait_ms=500)
+    koc = key_ordered(process, max_in_flight=25, commit_interval_s=0.05, idle_wait_ms=500)
     consumer = consumer_for(kafka_bootstrap, topic, f"g-{uuid.uuid4().hex[:8]}", koc)
     await consumer.start()
     task = asyncio.create_task(koc.run(consumer))
@@ -243,7 +245,9 @@ async def test_at_the_limit_it_pauses_instead_of_buffering(kafka_bootstrap, topi
         await consumer.stop()
 
 
-async def test_waiting_handlers_are_interrupted_on_stop_when_safe_and_read_again(kafka_bootstrap, topic_prefix):
+async def test_waiting_handlers_are_interrupted_on_stop_when_safe_and_read_again(
+    kafka_bootstrap, topic_prefix, monkeypatch
+):
     """The gateway's requests wait for admission: a stop must not wait for turns to end, and must not commit them."""
     topic = await new_topic(kafka_bootstrap, topic_prefix, partitions=1)
     await produce(kafka_bootstrap, topic, [(f"conv_{i}", str(i)) for i in range(5)])
@@ -254,7 +258,8 @@ async def test_waiting_handlers_are_interrupted_on_stop_when_safe_and_read_again
         if record.value != b"0":
             await admitted.wait()  # never admitted
 
-    koc = KeyOrderedConsumer(process, commit_interval_s=0.02, cancel_on_revoke=True, drain_timeout_s=30)
+    monkeypatch.setattr(consumer_module, "DRAIN_TIMEOUT_S", 30)  # far past the 5 s the stop may take
+    koc = key_ordered(process, commit_interval_s=0.02, cancel_on_revoke=True)
     consumer = consumer_for(kafka_bootstrap, topic, group, koc)
     await consumer.start()
     task = asyncio.create_task(koc.run(consumer))

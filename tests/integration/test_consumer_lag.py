@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from roundtrip._kernel.kafka import lag
-from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
+from tests.consumers import key_ordered
 from tests.integration.test_consumer import consumer_for, new_topic, produce, wait_until
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,7 @@ async def test_the_lag_grows_while_the_consumer_is_paused_at_its_limit_and_falls
         await release.wait()  # a backend that stopped answering
 
     name = f"lagging-{uuid.uuid4().hex[:6]}"
-    koc = KeyOrderedConsumer(process, name=name, max_in_flight=5, commit_interval_s=0.02)
+    koc = key_ordered(process, name=name, max_in_flight=5, commit_interval_s=0.02)
     consumer = consumer_for(kafka_bootstrap, topic, f"g-{uuid.uuid4().hex[:8]}", koc)
     await consumer.start()
     task = asyncio.create_task(koc.run(consumer))

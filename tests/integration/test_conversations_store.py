@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -52,7 +53,9 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
             turn_id = f"turn_{conversation}_{n}"
             await store.open_turn(conversation, turn_id, f"question {n}", now=1000.0 + n)
             messages, final = _exchange(n, "z" * 4000)
-            assert await store.close_turn(conversation, turn_id, messages, final, f"answer {n}", "end_turn")
+            assert await store.close_turn(
+                conversation, turn_id, messages, final, f"answer {n}", "end_turn", time.time()
+            )
         history = await store.history(conversation)
         assert (
             estimate_tokens(history) <= 3000
@@ -65,8 +68,10 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
         row = await store.get(conversation)
         assert row.customer_id == owner and row.turns == 8 and row.dropped_turns == 8 - row.history_turns
         # a redelivered end stores the same again and counts no second turn; a turn never opened stores nothing
-        assert await store.close_turn(conversation, turn_id, messages, final, "answer 7", "end_turn")
-        assert not await store.close_turn(conversation, "turn_never_opened", messages, final, "answer", "end_turn")
+        assert await store.close_turn(conversation, turn_id, messages, final, "answer 7", "end_turn", time.time())
+        assert not await store.close_turn(
+            conversation, "turn_never_opened", messages, final, "answer", "end_turn", time.time()
+        )
         again = await store.get(conversation)
         assert (again.turns, again.history_turns) == (8, row.history_turns) and (
             await store.claim(conversation, owner)
@@ -99,29 +104,33 @@ async def test_an_ends_exchange_is_written_in_the_transaction_of_the_ledgers_end
     pending = '{"topic": "turn.outcomes", "message": {"text": "answer 1"}}'
     try:
         await store.claim(conversation, "cus_1001")
-        await store.open_turn(conversation, turn["turn_id"], "question 1")
+        await store.open_turn(conversation, turn["turn_id"], "question 1", time.time())
         await ledger.start(turn, pending="{}")
         messages, final = _exchange(1, "x")
 
         def closing():
-            return store.closing(conversation, turn["turn_id"], messages, final, "answer 1", "end_turn")
+            return store.closing(conversation, turn["turn_id"], messages, final, "answer 1", "end_turn", time.time())
 
         def failing(conn):
             closing()(conn)
             raise RuntimeError("the history write failed")
 
         with pytest.raises(RuntimeError):  # the end is rolled back with its history: the turn still runs
-            await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=failing)
+            await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=failing, now=time.time())
         assert (await ledger.get(turn["turn_id"])).status == "running"
         assert await store.exchange(turn["turn_id"]) is None
-        assert await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=closing())
+        assert await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=closing(), now=time.time())
         assert (await ledger.get(turn["turn_id"])).status == "ended" and await store.exchange(turn["turn_id"])
         before = await store.history(conversation)
 
         def forged(conn):
-            return store.closing(conversation, turn["turn_id"], messages, final, "injected", "end_turn")(conn)
+            return store.closing(conversation, turn["turn_id"], messages, final, "injected", "end_turn", time.time())(
+                conn
+            )
 
-        assert not await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=forged)
+        assert not await ledger.advance(
+            principal, 1, {}, 0.0, pending, outcome="end_turn", then=forged, now=time.time()
+        )
         assert await store.history(conversation) == before
     finally:
         await ledger.close()

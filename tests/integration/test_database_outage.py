@@ -78,7 +78,7 @@ async def test_a_consumer_waits_out_a_database_outage_and_dead_letters_nothing(s
     ledger = await Ledger.open(url)
     producer = FakeProducer()
     monkeypatch.setattr(messaging, "kafka_producer", lambda broker: producer)
-    wired = messaging.wiring("outage", SETTINGS)
+    wired = messaging.wiring("outage", SETTINGS, (), "")
 
     @messaging.subscribe(wired, topics.TURN_CONTROLS, SETTINGS, max_in_flight=8)
     async def on_control(command: CancelTurn) -> None:

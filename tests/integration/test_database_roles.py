@@ -108,7 +108,7 @@ async def test_the_executors_login_claims_and_can_do_nothing_else(fleet_db):
     url, turn = fleet_db.url("executor"), fleet_db.turn
     fence = await Fence.open(url)
     try:
-        assert await fence.claim_batch(turn, 1, lease_s=30)  # its genuine claim
+        assert await fence.claim_batch(turn, 1, lease_s=30, now=time.time())  # its genuine claim
         await fence.record_acted(turn.turn_id, 1, '{"id": "tu_1", "tool": "cancel_order"}\n')
     finally:
         await fence.close()
@@ -142,8 +142,8 @@ async def test_the_model_service_claims_and_waits_and_writes_nothing_else(fleet_
     url, turn = fleet_db.url("model"), fleet_db.turn
     fence = await Fence.open(url)
     try:
-        assert await fence.claim_model_call(turn, 1)
-        assert await fence.wait_for_capacity(turn, 1)
+        assert await fence.claim_model_call(turn, 1, now=time.time())
+        assert await fence.wait_for_capacity(turn, 1, now=time.time())
     finally:
         await fence.close()
     assert (await first(fleet_db.owner, "SELECT status FROM turns WHERE turn_id = :t", t=turn.turn_id))[0] == WAITING
@@ -176,10 +176,10 @@ async def test_the_model_service_moves_a_turns_status_only_as_its_claims_do(flee
 
     fence = await Fence.open(url)
     try:
-        assert await fence.claim_model_call(turn, 1)  # the genuine claims still land
-        assert await fence.wait_for_capacity(turn, 1)
-        assert not await fence.claim_model_call(ended, 1)
-        assert not await fence.wait_for_capacity(ended, 1)
+        assert await fence.claim_model_call(turn, 1, now=time.time())  # the genuine claims still land
+        assert await fence.wait_for_capacity(turn, 1, now=time.time())
+        assert not await fence.claim_model_call(ended, 1, now=time.time())
+        assert not await fence.wait_for_capacity(ended, 1, now=time.time())
     finally:
         await fence.close()
     assert await status_of(fleet_db, turn.turn_id) == WAITING
@@ -194,7 +194,7 @@ async def test_a_claims_aftermath_on_a_turn_no_longer_live_still_lands(fleet_db)
                   t=turn.turn_id)  # fmt: skip
     fence = await Fence.open(fleet_db.url("model"))
     try:
-        assert not await fence.claim_model_call(turn, 1)
+        assert not await fence.claim_model_call(turn, 1, now=time.time())
     finally:
         await fence.close()
     assert (await first(fleet_db.owner, "SELECT lease_until FROM turns WHERE turn_id = :t", t=turn.turn_id))[0] is None

@@ -9,8 +9,9 @@ import sys
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from roundtrip._kernel.kafka.admin import consumer_lag, ensure_topics
+from roundtrip._kernel.kafka.admin import consumer_lag
 from roundtrip._kernel.wire import topics, topology
+from tests.topics import topics_report
 
 
 async def _produce(bootstrap: str, topic: str, per_partition: dict[int, int]) -> None:
@@ -102,8 +103,8 @@ async def test_a_subscription_added_to_the_topology_shows_up_in_lag_before_its_g
     from tests.unit.test_topology import ECHO, ECHOES
 
     monkeypatch.setattr(topology, "SERVICES", (*topology.SERVICES, ECHO))
-    await ensure_topics(kafka_bootstrap, topic_prefix, partitions=2)  # topics create makes its topic too
+    await topics_report(kafka_bootstrap, topic_prefix, partitions=2)  # topics create makes its topic too
     await _produce(kafka_bootstrap, topic_prefix + ECHOES, {0: 2, 1: 1})
-    report = {g.group: g for g in await consumer_lag(kafka_bootstrap, topic_prefix)}
+    report = {g.group: g for g in await consumer_lag(kafka_bootstrap, topic_prefix, None)}
     echo = report[topic_prefix + "roundtrip-echo"]
     assert echo.lag == 3 and {p.topic for p in echo.partitions} == {topic_prefix + ECHOES}

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from roundtrip._guard import ledger as ledger_module
 from roundtrip._guard.ledger import ENDED, ENDING, RUNNING, STUCK, Ledger
 from roundtrip._kernel.storage.turnstore import Fence
 from tests.databases import migrated
@@ -65,11 +66,13 @@ async def test_a_turn_starts_once(ledger):
 async def test_each_step_advances_once_and_only_in_order(ledger):
     t = turn()
     await ledger.start(t, pending="{}")
-    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x") is True
-    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x") is False  # duplicate step
-    assert await ledger.advance(key(t), 3, USAGE, 0.01, pending="x") is False  # a gap
-    assert await ledger.advance(key(t), 2, USAGE, 0.02, pending="y", outcome="end_turn") is True
-    assert await ledger.advance(key(t), 3, USAGE, 0.03, pending="z") is False  # ended turns do not move
+    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x", now=time.time()) is True
+    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x", now=time.time()) is False  # duplicate step
+    assert await ledger.advance(key(t), 3, USAGE, 0.01, pending="x", now=time.time()) is False  # a gap
+    assert await ledger.advance(key(t), 2, USAGE, 0.02, pending="y", outcome="end_turn", now=time.time()) is True
+    assert (
+        await ledger.advance(key(t), 3, USAGE, 0.03, pending="z", now=time.time()) is False
+    )  # ended turns do not move
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.step, row.outcome, row.cost_usd, row.input_tokens, row.pending) == (
         ENDED,
@@ -88,7 +91,9 @@ async def test_each_step_advances_once_and_only_in_order(ledger):
 async def test_racing_replicas_cannot_both_take_a_step(ledger):
     t = turn()
     await ledger.start(t, pending="{}")
-    results = await asyncio.gather(*(ledger.advance(key(t), 1, USAGE, 0.0, pending="p") for _ in range(8)))
+    results = await asyncio.gather(
+        *(ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=time.time()) for _ in range(8))
+    )
     assert sorted(results) == [False] * 7 + [True]
 
 
@@ -147,7 +152,7 @@ async def test_a_claim_succeeds_only_while_the_turn_is_live_at_that_step_and_bef
     assert (await ledger.get(t["turn_id"])).lease_until is None
     assert await fence.claim_batch(key(t), 1, lease_s=15, now=1300.0) is False  # at the deadline
     assert await fence.claim_model_call(key(t), 1, now=1300.5) is False
-    assert await fence.claim_batch(key(turn(turn_id="turn_unknown")), 1, lease_s=15) is False
+    assert await fence.claim_batch(key(turn(turn_id="turn_unknown")), 1, lease_s=15, now=time.time()) is False
 
 
 async def test_nothing_can_be_claimed_after_the_end(ledger, fence):
@@ -238,15 +243,16 @@ async def test_a_turn_is_flagged_only_when_still_idle_at_the_moment_of_the_flag(
     assert await ledger.flag_stuck(t["turn_id"], now=1110.0, stuck_after_s=60, step=1) is True
 
 
-async def test_the_outbox_lists_unpublished_decisions_until_they_are_published(ledger):
+async def test_the_outbox_lists_unpublished_decisions_until_they_are_published(ledger, monkeypatch):
+    monkeypatch.setattr(ledger_module, "OUTBOX_BATCH", 10_000)  # past the other tests' turns in a shared database
     a, b = turn(), turn()
     await ledger.start(a, pending="call-a", now=1000.0)
     await ledger.start(b, pending="call-b", now=1000.0)
     await ledger.published(b["turn_id"], "call-b")
     await ledger.end(a["turn_id"], "cancelled", pending="end-a", now=1010.0)
-    pending = {r.turn_id: r.pending for r in await ledger.outbox(older_than=1011.0, limit=10_000)}
+    pending = {r.turn_id: r.pending for r in await ledger.outbox(older_than=1011.0)}
     assert pending.get(a["turn_id"]) == "end-a" and b["turn_id"] not in pending
-    assert a["turn_id"] not in {r.turn_id for r in await ledger.outbox(older_than=1009.0, limit=10_000)}  # too fresh
+    assert a["turn_id"] not in {r.turn_id for r in await ledger.outbox(older_than=1009.0)}  # too fresh
 
 
 # -- approvals by a person (issue 11) ---------------------------------------------------------------
@@ -276,8 +282,8 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
 
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)
-    assert await ledger.advance(key(t), 1, USAGE, 0.01, "{}")
-    assert await fence.claim_batch(key(t), 1, 30)  # the executor runs the step's other calls ...
+    assert await ledger.advance(key(t), 1, USAGE, 0.01, "{}", now=time.time())
+    assert await fence.claim_batch(key(t), 1, 30, now=time.time())  # the executor runs the step's other calls ...
     approval = approval_of(t)
     assert await ledger.await_approval(approval)  # ... and its held call waits
     assert not await ledger.await_approval(approval)  # the same request twice
@@ -285,7 +291,9 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert (
         row.status == AWAITING and row.lease_until is None and row.deadline_at == pytest.approx(approval["expires_at"])
     )
-    assert not await fence.claim_batch(key(t), 1, 30) and not await fence.claim_model_call(key(t), 1)
+    assert not await fence.claim_batch(key(t), 1, 30, now=time.time()) and not await fence.claim_model_call(
+        key(t), 1, now=time.time()
+    )
     assert not await ledger.flag_stuck(t["turn_id"], time.time() + 3600)  # the stuck rule does not apply
     idle, expired, _ = await ledger.overdue(time.time() + 3600, 1, 1, 300)
     assert t["turn_id"] not in {r.turn_id for r in idle + expired}
@@ -303,13 +311,13 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert row.status == RUNNING and row.pending.startswith('{"n": ')
     (kept,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
     assert kept.status == "approved" and kept.decided_by == f"person{row.pending[6]}"
-    assert await fence.claim_batch(key(t), 1, 30)  # the approved call may run now
+    assert await fence.claim_batch(key(t), 1, 30, now=time.time())  # the approved call may run now
 
 
 async def test_a_decision_for_a_turn_that_ended_while_waiting_changes_nothing(ledger):
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)
-    await ledger.advance(key(t), 1, USAGE, 0.01, "{}")
+    await ledger.advance(key(t), 1, USAGE, 0.01, "{}", now=time.time())
     approval = approval_of(t)
     assert await ledger.await_approval(approval)
     assert await ledger.end(t["turn_id"], "cancelled", "{}", step=1) == ENDED  # a waiting turn can be cancelled

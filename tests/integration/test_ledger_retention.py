@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import func, insert, select, text
 
+from roundtrip._guard import retention as retention_module
 from roundtrip._guard.ledger import ENDED, Ledger
 from roundtrip._guard.retention import Retention, RetentionTooShort, check_outlasts
 from roundtrip._kernel.storage.turnstore import Fence, approvals, turns
@@ -91,7 +92,9 @@ async def test_ended_turns_past_the_retention_go_with_their_approvals_and_the_re
         await ledger.close()
 
 
-async def test_100000_ended_turns_are_deleted_in_batches_while_the_hot_path_keeps_completing(database, capsys):
+async def test_100000_ended_turns_are_deleted_in_batches_while_the_hot_path_keeps_completing(
+    database, capsys, monkeypatch
+):
     url = await migrated(database)
     ledger, fence = await Ledger.open(url), await Fence.open(url)
     try:
@@ -99,7 +102,8 @@ async def test_100000_ended_turns_are_deleted_in_batches_while_the_hot_path_keep
         n = 100_000
         await bulk(ledger, turns, [ended_row(f"t{i:06d}", now - RETENTION_S - DAY + i * 0.01) for i in range(n)])
         before = [await _hot_step(ledger, fence, f"warm{i}") for i in range(50)]
-        retention = Retention(ledger, RETENTION_S, max_batches=10**6)  # one pass deletes everything
+        monkeypatch.setattr(retention_module, "MAX_BATCHES", 10**6)  # one pass deletes everything
+        retention = Retention(ledger, RETENTION_S)
         sweep = asyncio.create_task(retention.sweep(now))
         during: list[float] = []
         started = time.perf_counter()
@@ -127,8 +131,8 @@ async def test_100000_ended_turns_are_deleted_in_batches_while_the_hot_path_keep
 async def _hot_step(ledger: Ledger, fence: Fence, turn_id: str) -> float:
     started = time.perf_counter()
     assert await ledger.start(turn(turn_id), pending="{}")
-    assert await fence.claim_batch(SimpleNamespace(**turn(turn_id)), 0, lease_s=30)
-    assert await ledger.advance(SimpleNamespace(**turn(turn_id)), 1, {}, 0.0, pending="{}")
+    assert await fence.claim_batch(SimpleNamespace(**turn(turn_id)), 0, lease_s=30, now=time.time())
+    assert await ledger.advance(SimpleNamespace(**turn(turn_id)), 1, {}, 0.0, pending="{}", now=time.time())
     return time.perf_counter() - started
 
 
@@ -138,13 +142,14 @@ def _ms(samples: list[float], q: int) -> str:
     return f"{statistics.quantiles(samples, n=100)[q - 1] * 1000:.1f}" if q < 100 else "-"
 
 
-async def test_a_sqlite_ledger_reuses_the_space_of_what_it_deleted(tmp_path):
+async def test_a_sqlite_ledger_reuses_the_space_of_what_it_deleted(tmp_path, monkeypatch):
     path = tmp_path / "ledger.db"
     url = await migrated(f"sqlite+aiosqlite:///{path}")
     ledger = await Ledger.open(url)
     try:
         now, n = time.time(), 20_000
-        retention = Retention(ledger, RETENTION_S, max_batches=10**6)
+        monkeypatch.setattr(retention_module, "MAX_BATCHES", 10**6)
+        retention = Retention(ledger, RETENTION_S)
         sizes = []
         for cycle in range(3):  # a window's worth written, then deleted by the retention, three times over
             rows = [ended_row(f"c{cycle}t{i:06d}", now - RETENTION_S - DAY) for i in range(n)]

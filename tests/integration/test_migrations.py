@@ -9,6 +9,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,12 @@ from roundtrip._broker.embedded import free_port
 from roundtrip._guard.conversations import Conversations
 from roundtrip._guard.ledger import Ledger
 from roundtrip._kernel.database import make_engine, run_on
-from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, SchemaMismatch
+from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, STORES, SchemaMismatch
 from roundtrip._kernel.migrations.schema import current, head, upgrade, upgrade_databases
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage import ledger_reads, turnstore
 from roundtrip._kernel.storage.turnstore import Fence
+from tests.databases import migrated_to
 
 BEHIND = "ledger_0002"  # one migration behind this code's ledger_0003
 UPGRADE_LINE = "run `roundtrip db upgrade`"
@@ -136,10 +138,10 @@ OLD_TURNS = [
 
 
 async def test_a_new_database_gets_exactly_the_tables_the_code_declares(url):
-    changes = await upgrade(url)
+    changes = await upgrade(url, STORES)
     assert changes == [(LEDGER, None, head(LEDGER)), (CONVERSATIONS, None, head(CONVERSATIONS))]
     assert await on(url, schema_drift) == []
-    assert await upgrade(url) == [
+    assert await upgrade(url, STORES) == [
         (LEDGER, head(LEDGER), head(LEDGER)),
         (CONVERSATIONS, head(CONVERSATIONS), head(CONVERSATIONS)),
     ]
@@ -166,7 +168,7 @@ async def test_a_ledger_of_the_first_fleet_is_upgraded_in_place_with_its_turns_k
     try:
         old = await ledger.get("turn_old_2")
         assert (old.status, old.step, old.deadline_at, old.lease_until) == ("running", 1, None, None)
-        assert await fence.claim_batch(old, 1, lease_s=30)  # the new columns work on the old rows
+        assert await fence.claim_batch(old, 1, lease_s=30, now=time.time())  # the new columns work on the old rows
         assert (await ledger.get("turn_old_2")).lease_step == 1
         assert (await ledger.get("turn_old_1")).outcome == "end_turn"
     finally:
@@ -217,9 +219,9 @@ async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
         )
 
     await on(url, made_before, write=True)
-    assert await current(url) == {LEDGER: None, CONVERSATIONS: None}
-    await upgrade(url)
-    assert await current(url) == {LEDGER: head(LEDGER), CONVERSATIONS: head(CONVERSATIONS)}
+    assert await current(url, STORES) == {LEDGER: None, CONVERSATIONS: None}
+    await upgrade(url, STORES)
+    assert await current(url, STORES) == {LEDGER: head(LEDGER), CONVERSATIONS: head(CONVERSATIONS)}
     assert await on(url, schema_drift) == []
     ledger = await Ledger.open(url)
     store = await Conversations.open(url)
@@ -282,7 +284,7 @@ def test_the_ledger_and_the_conversations_in_databases_of_their_own(tmp_path):
 
 
 async def _ahead(url: str) -> None:
-    await upgrade(url)
+    await upgrade(url, STORES)
     await on(
         url,
         lambda conn: conn.execute(
@@ -293,7 +295,7 @@ async def _ahead(url: str) -> None:
 
 
 async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
-    await upgrade(url, (LEDGER,), to=BEHIND)
+    await migrated_to(url, BEHIND)
     for store in (Ledger, Fence):
         with pytest.raises(SchemaMismatch) as refused:
             await store.open(url)
@@ -314,8 +316,8 @@ async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
         f"(it needs {head(LEDGER)}): a newer roundtrip migrated it; run that version"
     )
     with pytest.raises(SchemaMismatch, match="ledger_9999, which this code does not know"):
-        await upgrade(url)  # nothing is run on a database a newer roundtrip migrated
-    assert (await current(url))[LEDGER] == "ledger_9999"
+        await upgrade(url, STORES)  # nothing is run on a database a newer roundtrip migrated
+    assert (await current(url, STORES))[LEDGER] == "ledger_9999"
     store = await Conversations.open(url)  # the conversation store, at its own head, still opens
     await store.close()
 
@@ -326,13 +328,13 @@ async def test_the_stores_refuse_a_database_behind_or_ahead_of_the_code(url):
     indirect=["url"],
 )
 async def test_a_service_started_one_migration_behind_refuses_with_one_line(service, url, tmp_path):
-    await upgrade(url, to=BEHIND)
+    await migrated_to(url, BEHIND)
     done = cli(tmp_path, "run", service, ledger_url=url)
     assert done.returncode == 1
     assert error_lines(done) == [
         f"error: the ledger database {url} is at revision {BEHIND}, behind this code's {head(LEDGER)}: {UPGRADE_LINE}"
     ], done.stderr
-    assert (await current(url))[LEDGER] == BEHIND  # it refused: it did not migrate on its own
+    assert (await current(url, STORES))[LEDGER] == BEHIND  # it refused: it did not migrate on its own
 
 
 async def test_a_service_started_on_a_database_ahead_of_its_code_refuses_with_one_line(tmp_path):
@@ -350,7 +352,7 @@ async def test_a_service_started_on_a_database_ahead_of_its_code_refuses_with_on
 
 
 async def test_the_listing_commands_never_write(url, tmp_path):
-    await upgrade(url)
+    await upgrade(url, STORES)
     path = Path(url.split(":///", 1)[1]) if url.startswith("sqlite") else None
     before = hashlib.sha256(path.read_bytes()).hexdigest() if path else None
     for command in (["turns"], ["approvals", "--all"], ["conversations"], ["db", "current"]):
@@ -368,7 +370,7 @@ async def test_the_listing_commands_never_write(url, tmp_path):
 
 
 async def test_a_listing_on_a_database_behind_refuses_and_leaves_it_as_it_is(url, tmp_path):
-    await upgrade(url, to=BEHIND)
+    await migrated_to(url, BEHIND)
     done = cli(tmp_path, "turns", ledger_url=url)
     assert done.returncode == 1
     assert error_lines(done) == [
@@ -376,7 +378,7 @@ async def test_a_listing_on_a_database_behind_refuses_and_leaves_it_as_it_is(url
     ]
     done = cli(tmp_path, "db", "current", ledger_url=url)
     assert done.returncode == 1 and f"is at revision {BEHIND}, behind" in done.stdout
-    assert await current(url) == {LEDGER: BEHIND, CONVERSATIONS: None}
+    assert await current(url, STORES) == {LEDGER: BEHIND, CONVERSATIONS: None}
 
 
 def test_an_unreachable_database_is_one_line_without_its_password(tmp_path):

@@ -28,7 +28,7 @@ async def test_a_kernel_subscription_runs_on_the_key_ordered_consumer_and_publis
         kafka_bootstrap, topics.t(topic_prefix, settings.topic_prefix), partitions=2
     )  # its "keyed" topic
     service = f"seam{uuid.uuid4().hex[:6]}"
-    wired = messaging.wiring(service, settings)
+    wired = messaging.wiring(service, settings, (), "")
     broker = wired.broker
     got: list[tuple[str, object]] = []
 

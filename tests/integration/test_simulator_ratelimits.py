@@ -12,6 +12,7 @@ import anthropic
 import httpx
 import pytest
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._simulator import running_simulator
 from roundtrip._simulator.overload import Overload
 from roundtrip._simulator.ratelimits import RateLimits
@@ -31,7 +32,7 @@ def client(url: str) -> anthropic.AsyncAnthropic:
 
 
 async def test_429_is_the_sdks_rate_limit_error_with_retry_after_and_every_response_has_the_headers():
-    with running_simulator(limits=RateLimits(rpm=1, itpm=100_000, otpm=10_000)) as url:  # one request a minute
+    with running_simulator(limits=RateLimits(SYSTEM, rpm=1, itpm=100_000, otpm=10_000)) as url:  # one request a minute
         raw = await client(url).messages.with_raw_response.create(**HI)
         message = await raw.parse()
         assert message.stop_reason == "end_turn"
@@ -56,7 +57,7 @@ async def test_429_is_the_sdks_rate_limit_error_with_retry_after_and_every_respo
 
 
 async def test_the_limit_is_halved_mid_run_through_the_control_endpoint():
-    with running_simulator(limits=RateLimits(rpm=600)) as url:
+    with running_simulator(limits=RateLimits(SYSTEM, rpm=600)) as url:
         raw = await client(url).messages.with_raw_response.create(**HI)
         assert raw.headers["anthropic-ratelimit-requests-limit"] == "600"
         async with httpx.AsyncClient(base_url=url) as http:
@@ -72,7 +73,7 @@ async def test_the_limit_is_halved_mid_run_through_the_control_endpoint():
 
 
 async def test_an_overload_burst_answers_529_overloaded_to_everyone_until_it_ends():
-    with running_simulator(overload=Overload()) as url:
+    with running_simulator(overload=Overload(SYSTEM)) as url:
         await client(url).messages.create(**HI)
         async with httpx.AsyncClient(base_url=url) as http:
             assert (await http.post("/v1/_overload", json={"seconds": 600})).status_code == 200

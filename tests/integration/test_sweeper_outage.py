@@ -26,10 +26,10 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from roundtrip._guard.ledger import Ledger
-from roundtrip._kernel.kafka.admin import ensure_topics
 from roundtrip._kernel.wire import topics
 from tests.databases import migrated
 from tests.processes import embedded_kafka, start_service
+from tests.topics import topics_report
 
 STUCK_AFTER_S = 3.0
 GRACE_S = 6.0
@@ -59,7 +59,7 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
         "ROUNDTRIP_ENV": "development",
         "PYTHONUNBUFFERED": "1",
     }
-    await ensure_topics(own_kafka.bootstrap, prefix, partitions=2)
+    await topics_report(own_kafka.bootstrap, prefix, partitions=2)
     await migrated(ledger_url)  # as `roundtrip db upgrade` does before the services start
     procs = []
     try:
@@ -129,7 +129,7 @@ async def test_stuck_turns_are_flagged_and_ended_while_the_broker_is_down_and_re
         assert all(p.poll() is None for p in procs), "a service died during the outage"
 
         own_kafka.start()  # same data dir: topics and offsets kept
-        await own_kafka.wait_ready_async(90)
+        await asyncio.to_thread(own_kafka.wait_ready, 90)
         consumer = AIOKafkaConsumer(
             prefix + topics.SUPPORT_REPLIES,
             bootstrap_servers=own_kafka.bootstrap,

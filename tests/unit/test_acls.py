@@ -8,6 +8,11 @@ from roundtrip._kernel.kafka import acls
 from roundtrip._kernel.wire import topics, topology
 
 
+def acls_of(prefix: str = "", principal: str = acls.DEFAULT_PRINCIPAL, app_group: str | None = None) -> dict:
+    """The ACLs `roundtrip acls` derives, with the defaults of its command line."""
+    return acls.derive(prefix, principal, app_group)
+
+
 def _allowed(derived: list[acls.Acl], kind: str, name: str, operation: str) -> bool:
     return any(
         a.kind == kind and (name.startswith(a.name) if a.prefixed else a.name == name) and operation in a.operations
@@ -16,7 +21,7 @@ def _allowed(derived: list[acls.Acl], kind: str, name: str, operation: str) -> b
 
 
 def test_the_executor_reads_only_its_batches_and_writes_only_its_outputs() -> None:
-    executor = acls.derive()["executor"]
+    executor = acls_of()["executor"]
     assert _allowed(executor, "topic", topics.TOOL_BATCHES, "Read")
     assert _allowed(executor, "group", "roundtrip-executor", "Read")
     for written in (topics.MODEL_CALLS, topics.APPROVAL_REQUESTS, topics.dead_letters("executor")):
@@ -30,7 +35,7 @@ def test_the_executor_reads_only_its_batches_and_writes_only_its_outputs() -> No
 
 
 def test_every_declared_input_and_output_is_granted_to_its_service_only() -> None:
-    derived = acls.derive(prefix="acme.")
+    derived = acls_of(prefix="acme.")
     for service in topology.SERVICES:
         mine = derived[service.name]
         assert {a.principal for a in mine} == {f"User:roundtrip-{service.name}"}
@@ -53,7 +58,7 @@ def test_every_declared_input_and_output_is_granted_to_its_service_only() -> Non
 
 
 def test_the_console_reads_the_dead_letters_and_re_drives_only_to_topics_the_fleet_consumes() -> None:
-    console = acls.derive(prefix="acme.")["console"]
+    console = acls_of(prefix="acme.")["console"]
     for read in (*topology.dead_letter_topics(), topics.DEAD_LETTERS, topics.DEAD_LETTERS_HANDLED):
         assert _allowed(console, "topic", "acme." + read, "Read")
     assert not any(_allowed(console, "topic", "acme." + t, "Write") for t in topology.dead_letter_topics())
@@ -69,12 +74,12 @@ def test_the_console_reads_the_dead_letters_and_re_drives_only_to_topics_the_fle
 
 
 def test_the_gateway_owns_its_transactional_ids_by_prefix() -> None:
-    gateway = acls.derive()["gateway"]
+    gateway = acls_of()["gateway"]
     assert _allowed(gateway, "transactional-id", "roundtrip-gateway-support.replies-pod-0", "Write")
 
 
 def test_the_app_and_operator_principals() -> None:
-    derived = acls.derive(app_group="my-app", principal="User:{name}")
+    derived = acls_of(app_group="my-app", principal="User:{name}")
     app = derived["app"]
     assert _allowed(app, "topic", topics.SUPPORT_REQUESTS, "Write") and _allowed(
         app, "topic", topics.SUPPORT_REPLIES, "Read"
@@ -89,7 +94,7 @@ def test_the_app_and_operator_principals() -> None:
 
 
 def test_render_prints_one_kafka_acls_command_per_resource() -> None:
-    text = acls.render({"executor": acls.derive()["executor"]}, "b1:9093,b2:9093", "admin.properties")
+    text = acls.render({"executor": acls_of()["executor"]}, "b1:9093,b2:9093", "admin.properties")
     lines = text.splitlines()
     assert lines[0] == "# executor: User:roundtrip-executor"
     for line in lines[1:]:
@@ -102,21 +107,21 @@ def test_render_prints_one_kafka_acls_command_per_resource() -> None:
             "admin.properties",
         ]
         assert "--add" in argv and argv[argv.index("--allow-principal") + 1] == "User:roundtrip-executor"
-    assert len(lines) - 1 == len({(a.kind, a.name) for a in acls.derive()["executor"]})
+    assert len(lines) - 1 == len({(a.kind, a.name) for a in acls_of()["executor"]})
 
 
 def test_the_deploy_readme_shows_what_roundtrip_acls_prints() -> None:
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[2] / "deploy" / "README.md").read_text()
-    printed = acls.render({"executor": acls.derive()["executor"]}, "kafka-1:9093", "admin.properties")
+    printed = acls.render({"executor": acls_of()["executor"]}, "kafka-1:9093", "admin.properties")
     assert "$ roundtrip acls --command-config admin.properties --only executor\n" + printed in readme
 
 
 def test_two_fleets_on_one_cluster_are_granted_nothing_of_each_others() -> None:
     """Prefixes `prod.` and none: every group, transactional id and topic one fleet's principals may touch is out of
     the other's reach (a prefixed ACL of one matches no name of the other)."""
-    prod, plain = acls.derive(prefix="prod."), acls.derive()
+    prod, plain = acls_of(prefix="prod."), acls_of()
     for service in topology.SERVICES:
         for i in service.inputs:
             assert _allowed(prod[service.name], "group", f"prod.{i.group(service.name)}", "Read")

@@ -14,10 +14,10 @@ from prometheus_client.openmetrics.exposition import generate_latest
 
 from roundtrip._guard.retention import Retention
 from roundtrip._kernel.kafka import lag
-from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.storage.turnstore import approvals
 from roundtrip._kernel.wire.events import StartTurn
+from tests.consumers import key_ordered
 from tests.unit.test_guard_handlers import TURN, guard  # noqa: F401 - fixture
 
 
@@ -104,7 +104,7 @@ async def test_a_consumer_measures_its_lag_while_it_runs_and_stops_with_its_drai
         measured.set()
 
     monkeypatch.setattr(lag, "measure", measure)
-    consumer, kafka = KeyOrderedConsumer(process=handle, name="lagging"), Idle()
+    consumer, kafka = key_ordered(process=handle, name="lagging"), Idle()
     running = asyncio.create_task(consumer.run(kafka))
     await asyncio.wait_for(measured.wait(), 5)
     await consumer.drain()

@@ -92,7 +92,7 @@ def decided(decision: Decision = Decision.APPROVE, signer: Signer = PEOPLE, **ov
 @pytest.fixture
 async def shop(tmp_path):
     async with in_process(f"sqlite+aiosqlite:///{tmp_path}/shop.db") as transport:
-        client = ShopClient("http://shop", transport=transport)
+        client = ShopClient("http://shop", timeout=10.0, transport=transport)
         yield client
         await client.aclose()
 
@@ -454,11 +454,11 @@ async def test_the_guard_records_no_wait_the_gate_did_not_sign_for_this_customer
 async def test_a_waiting_turn_is_never_flagged_stuck_and_nothing_can_act_for_it(guard):
     await waiting_turn(guard)
     await asyncio.sleep(0.05)  # time passes while the turn waits: a sweep could call it idle
-    assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
+    assert await guard.sweeper.sweep(guard.recorder.flag, now=time.time()) == (0, 0)
     assert not guard.recorder.flags and (await guard.ledger.get("turn_1")).status == AWAITING
     fence = Fence(guard.ledger.engine)  # what the executor and the model service ask
-    assert not await fence.claim_batch(turn(), 1, 10)  # no executor may run anything now
-    assert not await fence.claim_model_call(turn(), 1)
+    assert not await fence.claim_batch(turn(), 1, 10, now=time.time())  # no executor may run anything now
+    assert not await fence.claim_model_call(turn(), 1, now=time.time())
     (pending,) = await guard.ledger.list_approvals()
     assert pending.tool == "cancel_order" and pending.customer_id == "cus_1001" and pending.status == "pending"
 
@@ -511,7 +511,7 @@ async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_an
     assert message.results == event.results and message.step == 1
     assert message.turn.deadline_at >= event.turn.deadline_at  # the wait does not count against the turn's deadline
     row = await guard.ledger.get("turn_1")
-    assert row.status == RUNNING and await Fence(guard.ledger.engine).claim_batch(turn(), 1, 10)
+    assert row.status == RUNNING and await Fence(guard.ledger.engine).claim_batch(turn(), 1, 10, now=time.time())
     # the same decision again (redelivered or published twice): nothing is sent again
     assert await guard.approvals.on_decision(decision) == "duplicate"
     assert await guard.approvals.on_decision(decided(decided_by="bob@support")) == "duplicate"
@@ -598,7 +598,7 @@ async def test_forged_unknown_or_foreign_decisions_are_refused_and_change_nothin
 async def test_no_decision_in_time_ends_the_turn_politely_and_a_late_decision_is_refused(guard):
     await waiting_turn(guard, expires_in=0.05)
     await asyncio.sleep(0.1)  # past the approval's expiry (0.05 s)
-    await guard.sweeper.sweep(guard.recorder.flag)
+    await guard.sweeper.sweep(guard.recorder.flag, now=time.time())
     await guard.outbox.drain()
     topic, ended = guard.recorder.sent[-1]
     assert topic == topics.OUTCOMES and isinstance(ended, TurnEnded) and ended.outcome is Outcome.APPROVAL_TIMEOUT

@@ -17,6 +17,8 @@ import pytest
 
 from roundtrip._model.attempts import MARGIN_S, attempt
 from roundtrip._model.capacity import BETA, EPOCH_S, INITIAL_WINDOW, Busy, Capacity, Reading
+from tests.clocks import showing
+from tests.cores import new_capacity
 
 
 def headers(limit: float, remaining: float, dimension: str = "requests") -> dict[str, str]:
@@ -55,10 +57,10 @@ def test_the_headers_are_read_per_dimension_and_junk_is_ignored():
 
 
 def test_the_first_rate_is_the_ceiling_of_the_headers_and_tokens_count_like_the_api():
-    capacity = Capacity()
+    capacity = new_capacity()
     capacity.answered(headers(600, 599), input_tokens=100, output_tokens=20, started_at=0.0, waited=False)
     assert capacity.rate == pytest.approx(10.0)  # 600 requests a minute
-    tokens = Capacity()
+    tokens = new_capacity()
     # 120k input tokens a minute; a call counts its uncached input and cache writes (here 1000), not its cache reads
     tokens.answered(
         headers(120_000, 119_000, "input-tokens"), input_tokens=1000, output_tokens=20, started_at=0.0, waited=False
@@ -68,7 +70,7 @@ def test_the_first_rate_is_the_ceiling_of_the_headers_and_tokens_count_like_the_
 
 def test_a_429_cuts_the_rate_once_per_epoch_and_holds_the_whole_process():
     now = [100.0]
-    capacity = Capacity(clock=lambda: now[0], rng=random.Random(1))
+    capacity = new_capacity(clock=showing(now), rng=random.Random(1))
     capacity.answered(headers(600, 599), 100, 20, started_at=99.0, waited=False)
 
     async def refuse_twice():
@@ -83,7 +85,7 @@ def test_a_429_cuts_the_rate_once_per_epoch_and_holds_the_whole_process():
 
 def test_a_draining_bucket_cuts_before_any_429_and_room_ramps_the_rate_back():
     now = [0.0]
-    capacity = Capacity(clock=lambda: now[0])
+    capacity = new_capacity(clock=showing(now))
     capacity.answered(headers(600, 600), 100, 20, started_at=0.0, waited=False)
     for _ in range(9):  # an epoch in which all but the first answer found the bucket below half: someone drains it
         capacity.answered(headers(600, 200), 100, 20, started_at=0.0, waited=False)
@@ -97,7 +99,7 @@ def test_a_draining_bucket_cuts_before_any_429_and_room_ramps_the_rate_back():
 
 
 async def test_waiting_calls_start_one_slot_apart_in_order_and_busy_past_the_deadline():
-    capacity = Capacity()
+    capacity = new_capacity()
     capacity.rate = 20.0  # 50 ms apart
     starts: list[float] = []
 
@@ -120,7 +122,7 @@ def test_replicas_adapting_alone_converge_on_sharing_one_limit():
     after the start the replicas' rates sum to about the limit, their shares equal, with few 429s."""
     dt, limit, capacity_ = 0.01, 10.0, 20.0  # 10 calls/s; a bucket of 2 s of them
     clock = [0.0]
-    replicas = [Capacity(clock=lambda: clock[0], rng=random.Random(i)) for i in range(3)]
+    replicas = [new_capacity(clock=showing(clock), rng=random.Random(i)) for i in range(3)]
     for r in replicas:
         r.rate = limit * (0.5 + i) if (i := replicas.index(r)) else 1.0  # unequal starts: 1, 15, 25 calls/s
     bucket, credit, ok, refused = capacity_, [0.0] * 3, 0, 0
@@ -172,12 +174,12 @@ async def test_capacity_refusals_wait_and_errors_that_are_not_about_capacity_end
         marked.append(True)
         return True
 
-    capacity = Capacity()
+    capacity = new_capacity()
     out = await attempt(call, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=on_wait)
     assert out.error is None and out.refusals == 2 and out.attempts == 3 and calls == [0, 1, 2] and marked == [True]
     for status, extra in ((400, None), (401, None), (429, None)):  # a 429 without retry-after: a spend limit
         answers[:] = [status_error(status, extra)]
-        out = await attempt(call, Capacity(), time.time() + MARGIN_S + 10, retries=3, on_wait=on_wait)
+        out = await attempt(call, new_capacity(), time.time() + MARGIN_S + 10, retries=3, on_wait=on_wait)
         assert out.error and not out.busy and out.attempts == 1 and f"({status})" in out.error
 
 
@@ -192,7 +194,7 @@ async def test_a_plain_loop_takes_a_capacity_refusal_as_the_error_and_holds_noth
     async def on_wait() -> bool:
         return True
 
-    capacity = Capacity()
+    capacity = new_capacity()
     out = await attempt(
         refused, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=on_wait, wait_for_capacity=False
     )
@@ -201,7 +203,7 @@ async def test_a_plain_loop_takes_a_capacity_refusal_as_the_error_and_holds_noth
 
 
 async def test_a_turn_that_ended_while_its_call_waited_is_not_called():
-    capacity = Capacity()
+    capacity = new_capacity()
     capacity.rate = 0.5  # the next slot 2 s away
 
     async def never(n: int):
@@ -223,7 +225,7 @@ async def started_after(capacity: Capacity, tasks: list[asyncio.Task], rounds: i
 
 
 async def test_a_cold_limiter_starts_a_few_calls_and_an_answer_announcing_no_limit_opens_it():
-    capacity = Capacity()
+    capacity = new_capacity()
     tasks = [asyncio.create_task(capacity.acquire(time.monotonic() + 10)) for _ in range(20)]
     assert await started_after(capacity, tasks) == INITIAL_WINDOW and capacity.in_flight == INITIAL_WINDOW
     capacity.answered({}, 100, 20, started_at=time.monotonic() - 1.0, waited=False)  # no rate-limit header at all
@@ -232,7 +234,7 @@ async def test_a_cold_limiter_starts_a_few_calls_and_an_answer_announcing_no_lim
 
 
 async def test_each_answer_with_room_lets_two_calls_start_and_the_window_opens_at_what_the_rate_keeps_in_flight():
-    capacity = Capacity()
+    capacity = new_capacity()
     tasks = [asyncio.create_task(capacity.acquire(time.monotonic() + 10)) for _ in range(40)]
     started = await started_after(capacity, tasks)
     assert started == INITIAL_WINDOW
@@ -257,7 +259,7 @@ async def test_each_answer_with_room_lets_two_calls_start_and_the_window_opens_a
 
 
 async def test_a_429_starts_slow_again_from_the_end_of_its_hold():
-    capacity = Capacity(rng=random.Random(3))
+    capacity = new_capacity(rng=random.Random(3))
     capacity.answered({}, 100, 20, started_at=time.monotonic(), waited=False)  # open
     capacity.answered(headers(60000, 59000), 100, 20, started_at=time.monotonic() - 1.0, waited=False)
     assert capacity.window is None
@@ -271,7 +273,7 @@ async def test_a_429_starts_slow_again_from_the_end_of_its_hold():
 
 
 async def test_a_call_waiting_for_room_in_the_window_is_busy_at_its_deadline_and_gives_no_place_away():
-    capacity = Capacity()
+    capacity = new_capacity()
     for _ in range(INITIAL_WINDOW):
         await capacity.acquire(time.monotonic() + 10)
     with pytest.raises(Busy):
@@ -305,7 +307,7 @@ async def test_a_cold_fleet_against_a_bucket_of_a_tenth_of_a_second_is_refused_l
         async def on_wait() -> bool:
             return True
 
-        capacity = Capacity(rng=random.Random(1), slow_start=slow_start)
+        capacity = new_capacity(rng=random.Random(1), slow_start=slow_start)
         stop = time.monotonic() + 1.5
 
         async def caller() -> None:
@@ -326,7 +328,7 @@ def test_a_minute_of_529s_holds_the_process_each_time_and_leaves_the_rate_the_he
     so the calls waiting go on at the announced rate the moment it ends (cut once an epoch, the rate would reach its
     floor, a call every 20 s, and the fleet stall for minutes after the burst)."""
     now = [100.0]
-    capacity = Capacity(clock=lambda: now[0], rng=random.Random(3))
+    capacity = new_capacity(clock=showing(now), rng=random.Random(3))
     capacity.answered(headers(600, 599), 100, 20, started_at=99.0, waited=False)
 
     async def a_minute_of_529s():

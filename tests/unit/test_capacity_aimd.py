@@ -24,6 +24,8 @@ from roundtrip._model.capacity import (
     REFUSALS,
     Capacity,
 )
+from tests.clocks import showing
+from tests.cores import new_capacity
 from tests.unit.test_capacity import Message, headers, status_error
 
 
@@ -46,7 +48,7 @@ def test_each_platform_adapter_says_which_signal_its_limiter_learns_from():
 
 def test_slow_start_adds_one_call_per_answer_until_the_first_429_then_increase_per_round_trip():
     now = [10.0]
-    capacity = Capacity(clock=lambda: now[0], signals=REFUSALS)
+    capacity = new_capacity(clock=showing(now), signals=REFUSALS)
     assert capacity.window == INITIAL_WINDOW and capacity.rate is None  # a cold process: a few calls, no pacing
     for _ in range(6):
         answer(capacity, now)
@@ -64,7 +66,7 @@ def test_slow_start_adds_one_call_per_answer_until_the_first_429_then_increase_p
 
 def test_a_window_nobody_fills_does_not_grow():
     now = [0.0]
-    capacity = Capacity(clock=lambda: now[0], signals=REFUSALS)
+    capacity = new_capacity(clock=showing(now), signals=REFUSALS)
     capacity.in_flight = 1
     capacity.answered({}, 100, 20, started_at=-1.0, waited=False)
     assert capacity.window == INITIAL_WINDOW
@@ -72,7 +74,7 @@ def test_a_window_nobody_fills_does_not_grow():
 
 def test_429s_cut_the_window_once_per_round_trip_and_never_below_the_floor():
     now = [100.0]
-    capacity = Capacity(clock=lambda: now[0], signals=REFUSALS, rng=random.Random(2))
+    capacity = new_capacity(clock=showing(now), signals=REFUSALS, rng=random.Random(2))
     capacity.window = 20.0
     capacity.refused(None, started_at=99.0)
     capacity.refused(None, started_at=99.5)  # started before the cut: by the window before it, no second cut
@@ -85,7 +87,7 @@ def test_429s_cut_the_window_once_per_round_trip_and_never_below_the_floor():
 
 def test_a_retry_after_holds_the_process_and_a_bare_throttle_pauses_its_call_longer_each_time():
     now = [100.0]
-    capacity = Capacity(clock=lambda: now[0], signals=REFUSALS, rng=random.Random(5))
+    capacity = new_capacity(clock=showing(now), signals=REFUSALS, rng=random.Random(5))
     assert capacity.refused(2.0, started_at=99.0) == 0.0  # Foundry's retry-after: honoured, the whole process
     assert 102.0 <= capacity.hold_until <= 102.5 and capacity.delay() >= 2.0
     answer(capacity, now, latency=0.5)  # a round trip measured: 0.5 s
@@ -109,7 +111,7 @@ async def test_a_bare_429_on_a_platform_waits_and_succeeds_and_on_the_anthropic_
                 raise answer
             return answer
 
-        capacity = Capacity(signals=providers.PROVIDERS[name].signals, rng=random.Random(1))
+        capacity = new_capacity(signals=providers.PROVIDERS[name].signals, rng=random.Random(1))
         capacity._latency = 0.02  # a round trip measured: the pauses are short
         out = await attempt(call, capacity, time.time() + MARGIN_S + 10, retries=0, on_wait=on_wait)
         assert out.error is None and out.message is not None and out.refusals == 2 and out.attempts == 3, name
@@ -121,7 +123,7 @@ async def test_a_bare_429_on_a_platform_waits_and_succeeds_and_on_the_anthropic_
         raise spent[0]
 
     marked = []
-    capacity = Capacity(signals=providers.PROVIDERS["anthropic"].signals)
+    capacity = new_capacity(signals=providers.PROVIDERS["anthropic"].signals)
     out = await attempt(spend_limit, capacity, time.time() + MARGIN_S + 10, retries=3, on_wait=on_wait)
     assert out.error and "(429)" in out.error and not out.busy and out.attempts == 1 and not marked
 
@@ -133,7 +135,7 @@ async def test_a_bare_throttle_whose_pause_would_pass_the_deadline_is_busy_not_a
     async def on_wait() -> bool:
         return True
 
-    capacity = Capacity(signals=REFUSALS, rng=random.Random(1))
+    capacity = new_capacity(signals=REFUSALS, rng=random.Random(1))
     capacity._latency = 0.2
     started = time.monotonic()
     out = await attempt(throttled, capacity, time.time() + MARGIN_S + 1.0, retries=0, on_wait=on_wait)
@@ -148,7 +150,7 @@ def simulate(replicas: int, seconds: float = 120.0, callers: int = 60) -> tuple[
     first 10 s, and those answered in the first 10 s."""
     clock = [0.0]
     rng = random.Random(11)
-    limiters = [Capacity(clock=lambda: clock[0], signals=REFUSALS, rng=random.Random(i)) for i in range(replicas)]
+    limiters = [new_capacity(clock=showing(clock), signals=REFUSALS, rng=random.Random(i)) for i in range(replicas)]
     waiting: list[list[int]] = [[] for _ in limiters]  # per limiter, its callers in order (FIFO)
     events: list[tuple[float, int, str, int, float, int]] = []  # (at, seq, kind, caller, started, refusals in a row)
     seq = 0
@@ -232,7 +234,7 @@ def test_without_the_cuts_the_same_fleet_meets_a_storm_of_429s():
 
 
 async def test_a_hold_that_comes_during_a_throttled_calls_pause_is_waited_for_and_its_place_given_back():
-    capacity = Capacity(signals=REFUSALS, rng=random.Random(4))
+    capacity = new_capacity(signals=REFUSALS, rng=random.Random(4))
     capacity._latency = 0.1  # its pause: 0.05-0.1 s
     answers: list = [status_error(429), (Message(), {})]
 

@@ -218,7 +218,7 @@ async def test_kafka_away_is_said_on_the_page_and_nothing_is_done(log):
 def test_what_a_dead_letter_carries_is_shown_as_text(log):
     hostile = '<script>alert(1)</script><img src=x onerror="alert(2)">'
     log.dead_letter(f"{hostile}.topic", hostile.encode(), hostile.encode(), f"schema violation: {hostile}")
-    item = dead_letters.parse_letter(0, 0, 1_000, log.dead[0][1])
+    item = dead_letters.parse_letter(0, 0, 1_000, log.dead[0][1], "")
     handling = DeadLetterHandled(letter_id=item.id, action="discard", claim="c", by=hostile, at=1.0, note=hostile)
     me = Identity(ME, "approver", "local")
     shown = letter_pages.letter_card(item, None, me, "tok", 10.0, None) + letter_pages.letter_card(
@@ -243,10 +243,10 @@ def test_the_first_claim_of_a_letter_wins_until_it_is_released():
 
 def test_the_original_record_comes_back_byte_for_byte_and_reasons_are_counted_by_kind(log):
     log.dead_letter(topics.TOOL_BATCHES, b"\x00\xffbytes", b"\xfekey", "RuntimeError: boom")
-    item = dead_letters.parse_letter(0, 0, 1_000, log.dead[0][1])
+    item = dead_letters.parse_letter(0, 0, 1_000, log.dead[0][1], "")
     assert item.letter is not None and letters.original(item.letter) == (b"\x00\xffbytes", b"\xfekey", HEADERS)
     assert letters.kind_of("malformed JSON: Expecting value") == "malformed JSON"
-    others = [dead_letters.parse_letter(0, 1, 0, b"junk"), dead_letters.parse_letter(0, 2, 0, b"junk")]
+    others = [dead_letters.parse_letter(0, 1, 0, b"junk", ""), dead_letters.parse_letter(0, 2, 0, b"junk", "")]
     assert letters.counts([item, *others], {"0-2": None}) == [  # type: ignore[dict-item]
         ("not a dead letter the fleet wrote (unreadable record)", 1, 1),
         ("RuntimeError", 1, 0),
@@ -328,7 +328,7 @@ async def test_each_services_letters_name_only_a_topic_that_service_consumes(log
 async def test_a_letter_of_the_shared_topic_of_an_older_fleet_is_still_re_driven_when_it_is_the_record(log):
     log.dead_letter(topics.TOOL_BATCHES, BATCH, b"conv_1", "SignatureInvalid: unknown key id 'k2'")
     log.dead[0] = ("", log.dead[0][1])  # on roundtrip.dead_letters, as an older fleet wrote it
-    wanted = dead_letters.letter_id(0, 0)
+    wanted = dead_letters.letter_id(0, 0, "")
     assert wanted == "0-0"  # its id as before, so what that fleet's consoles handled stays handled
     http, token = await signed_in(log)
     assert (await http.post(f"/dead-letters/{wanted}/redrive", data={"csrf": token})).status_code == 303

@@ -22,6 +22,7 @@ from roundtrip._console.web import Console, application
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import ApprovalDecided, ApprovalRequested
 from tests import oidc_issuer
+from tests.clocks import showing
 from tests.unit.test_approvals_flow import PEOPLE_KEYS, guard, waiting_turn  # noqa: F401 - a fixture
 
 AUDIENCE = "roundtrip-console"
@@ -133,13 +134,14 @@ async def test_every_refused_sign_in_is_refused_and_audited_with_the_reason_addr
 
 async def test_refusals_are_rate_limited_per_address_and_reason_with_a_count(caplog):
     caplog.set_level(logging.INFO, logger="roundtrip.security")
-    log = Refusals(window_s=0.3)
+    now = [0.0]
+    log = Refusals(showing(now))
     for _ in range(5):
         log.refused("no-token", "1.1.1.1", None)
     log.refused("expired", "1.1.1.1", "a@x")
     log.refused("no-token", "2.2.2.2", None)
     assert len(refusals(caplog)) == 3
-    time.sleep(0.35)  # past the log's 0.3 s window: the next refusal from that address is written again
+    now[0] += auth.REFUSAL_WINDOW_S  # past the log's window: the next refusal from that address is written again
     log.refused("no-token", "1.1.1.1", "mallory\nforged line")
     last = refusals(caplog)[-1]
     assert "and 4 more from this address" in last and "\n" not in last and "'mallory\\nforged line'" in last

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 
 import pytest
 
@@ -135,8 +136,15 @@ async def store(tmp_path):
 
 
 async def _turn(
-    store: Conversations, conversation: str, turn_id: str, text: str, reply: str, payload: str = "{}", now=None
+    store: Conversations,
+    conversation: str,
+    turn_id: str,
+    text: str,
+    reply: str,
+    payload: str = "{}",
+    now: float | None = None,
 ) -> None:
+    now = time.time() if now is None else now
     await store.open_turn(conversation, turn_id, text, now=now)
     messages = [
         {"role": "user", "content": text},
@@ -168,7 +176,7 @@ async def test_a_claim_says_whether_the_conversation_has_history(store):
 
 async def test_history_is_the_ended_turns_in_order_and_trimmed_to_the_budget(store):
     await store.claim("conv_b", "cus_1001")
-    await store.open_turn("conv_b", "turn_running", "still running")
+    await store.open_turn("conv_b", "turn_running", "still running", time.time())
     assert await store.history("conv_b") == []  # a running turn is not history yet
     for n in range(6):
         await _turn(store, "conv_b", f"turn_{n}", f"question {n}", f"answer {n}", payload="y" * 1500, now=1000.0 + n)
@@ -186,11 +194,17 @@ async def test_history_is_the_ended_turns_in_order_and_trimmed_to_the_budget(sto
 async def test_forget_erases_and_a_running_turn_of_a_forgotten_conversation_saves_nothing(store):
     await store.claim("conv_c", "cus_1001")
     await _turn(store, "conv_c", "turn_c1", "hello", "hi")
-    await store.open_turn("conv_c", "turn_c2", "and?")
+    await store.open_turn("conv_c", "turn_c2", "and?", time.time())
     assert await store.forget("conv_c") is True
     assert await store.forget("conv_c") is False
     saved = await store.close_turn(
-        "conv_c", "turn_c2", [{"role": "user", "content": "and?"}], [{"type": "text", "text": "ok"}], "ok", "end_turn"
+        "conv_c",
+        "turn_c2",
+        [{"role": "user", "content": "and?"}],
+        [{"type": "text", "text": "ok"}],
+        "ok",
+        "end_turn",
+        time.time(),
     )
     assert saved is False and await store.history("conv_c") == [] and await store.get("conv_c") is None
     assert (await store.claim("conv_c", "cus_1002")).owner == "cus_1002"  # erased: the id is free again

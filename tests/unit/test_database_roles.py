@@ -28,7 +28,7 @@ def test_every_service_that_shares_the_ledger_has_a_part_and_the_guard_owns_it()
 
 
 def test_each_login_is_stripped_then_given_its_part_and_nothing_is_left_to_public():
-    said = roles.statements(ALL)
+    said = roles.statements(ALL, roles.PREFIX)
     assert "REVOKE ALL ON alembic_version, turns, approvals, conversations, conversation_turns FROM PUBLIC" in said
     assert of(said, "roundtrip_executor")[1:] == [
         "REVOKE ALL ON ALL TABLES IN SCHEMA public FROM roundtrip_executor",
@@ -99,13 +99,15 @@ async def test_the_columns_granted_are_the_ones_the_claims_write(tmp_path):
 
     try:
         await start(RUNNING)
-        assert await fence.claim_batch(turn, 1, lease_s=30)
+        assert await fence.claim_batch(turn, 1, lease_s=30, now=time.time())
         await fence.record_acted("t_1", 1, "{}\n")
         executor, written[:] = set(written), []
-        assert await fence.claim_model_call(turn, 1)
-        assert await fence.wait_for_capacity(turn, 1)
+        assert await fence.claim_model_call(turn, 1, now=time.time())
+        assert await fence.wait_for_capacity(turn, 1, now=time.time())
         await start(ENDING)
-        assert not await fence.claim_model_call(turn, 1)  # refused: releases the lease an end waits for
+        assert not await fence.claim_model_call(
+            turn, 1, now=time.time()
+        )  # refused: releases the lease an end waits for
         model = set(written)
     finally:
         await fence.close()

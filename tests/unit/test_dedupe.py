@@ -1,18 +1,12 @@
 """SeenIds: bounded by count and, with max_age_s, by time, so a steady rate holds a steady number of ids."""
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.kafka.dedupe import SeenIds
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.clocks import showing
 
 
 def test_a_duplicate_is_recognised_and_keeps_its_first_value():
-    seen = SeenIds()
+    seen = SeenIds(SYSTEM)
     assert seen.first("a", 1) is None
     assert seen.first("a", 2) == 1
     assert not seen.add("a")
@@ -20,7 +14,7 @@ def test_a_duplicate_is_recognised_and_keeps_its_first_value():
 
 
 def test_the_least_recently_seen_go_first_past_the_capacity():
-    seen = SeenIds(capacity=2)
+    seen = SeenIds(SYSTEM, capacity=2)
     seen.add("a"), seen.add("b")
     seen.add("a")  # seen again: now the most recent
     seen.add("c")
@@ -29,14 +23,14 @@ def test_the_least_recently_seen_go_first_past_the_capacity():
 
 
 def test_ids_older_than_max_age_are_forgotten_so_a_steady_rate_holds_a_steady_number():
-    clock = Clock()
-    seen = SeenIds(capacity=1_000_000, max_age_s=10, clock=clock)
+    now = [0.0]
+    seen = SeenIds(showing(now), capacity=1_000_000, max_age_s=10)
     for i in range(1000):  # 10 a second for 100 s
-        clock.now = i / 10
+        now[0] = i / 10
         seen.add(f"id-{i}")
     assert 100 <= len(seen) <= 101  # the last 10 s, not the 1,000 the capacity would allow
     assert "id-999" in seen and "id-880" not in seen
-    clock.now = 99.95
+    now[0] = 99.95
     assert not seen.add("id-950")  # within the window: still a duplicate
 
 

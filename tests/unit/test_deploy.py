@@ -558,7 +558,7 @@ def test_no_two_kafka_users_are_the_same_and_keda_reads_lag_as_the_operator(k8s)
     named = [u["ROUNDTRIP_KAFKA_SASL_USERNAME"] for n, u in users.items() if n != "roundtrip-kafka-admin"]
     assert len(named) == len(set(named)), named
     assert "User:" + users["roundtrip-kafka-operator"]["ROUNDTRIP_KAFKA_SASL_USERNAME"] == (
-        acls.for_operator()[0].principal
+        acls.for_operator("", acls.DEFAULT_PRINCIPAL)[0].principal
     )
     (auth,) = [d for d in k8s if d["kind"] == "TriggerAuthentication"]
     refs = {ref["parameter"]: ref for ref in auth["spec"]["secretTargetRef"]}

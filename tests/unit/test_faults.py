@@ -18,8 +18,9 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, MessageSize
 from prometheus_client import REGISTRY
 from pydantic import BaseModel, ValidationError
 
+from roundtrip._kernel.kafka import consumer as consumer_module
 from roundtrip._kernel.kafka import faults
-from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
+from tests.consumers import key_ordered
 
 TP = TopicPartition("t", 0)
 REQUEST = httpx.Request("POST", "http://shop.local/orders/o1/cancel")
@@ -205,7 +206,7 @@ async def test_a_retry_later_pauses_the_consumer_once_retries_the_record_and_res
             raise faults.RetryLater(faults.DATABASE, "ConnectionRefusedError: [Errno 111]")
         done.append(record.offset)
 
-    consumer = KeyOrderedConsumer(process=process, name="unitretry", idle_wait_ms=50)
+    consumer = key_ordered(process=process, name="unitretry", idle_wait_ms=50)
     await consumer.on_partitions_assigned([TP])
     kafka = OneRecordKafka()
     caplog.set_level(logging.INFO, "roundtrip.consumer")
@@ -228,11 +229,13 @@ async def test_a_retry_later_pauses_the_consumer_once_retries_the_record_and_res
     await asyncio.wait_for(task, 2)
 
 
-async def test_a_record_retried_later_is_not_committed_when_its_partition_is_given_up():
+async def test_a_record_retried_later_is_not_committed_when_its_partition_is_given_up(monkeypatch):
+    monkeypatch.setattr(consumer_module, "DRAIN_TIMEOUT_S", 8)
+
     async def process(record):
         raise faults.RetryLater(faults.DATABASE, "down")
 
-    consumer = KeyOrderedConsumer(process=process, name="unitgiveup", idle_wait_ms=50, drain_timeout_s=8)
+    consumer = key_ordered(process=process, name="unitgiveup", idle_wait_ms=50)
     await consumer.on_partitions_assigned([TP])
     kafka = OneRecordKafka()
     task = asyncio.create_task(consumer.run(kafka))

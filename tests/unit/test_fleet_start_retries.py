@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from roundtrip._fleet import launcher
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._fleet.parts import port_settings
 from roundtrip._fleet.readiness import Retries
@@ -62,7 +63,7 @@ def test_a_part_that_exits_before_it_is_ready_is_restarted_with_backoff_and_the_
     fleet._spawn("console", flaky(tmp_path, fails=2), "test")
     bystander = fleet.children[0].process.pid
 
-    fleet._wait_services(timeout=30)
+    fleet._wait_services()
 
     console = fleet.children[1]
     assert console.restarts == 2 and console.process.poll() is None  # the third run said ready
@@ -80,7 +81,7 @@ def test_a_part_that_keeps_failing_stops_the_start_with_one_line_naming_the_port
     fleet._spawn("console", flaky(tmp_path, fails=99), "test")
 
     with pytest.raises(FleetError) as raised:
-        fleet._wait_services(timeout=30)
+        fleet._wait_services()
 
     message = str(raised.value)
     assert "\n" not in message
@@ -91,13 +92,14 @@ def test_a_part_that_keeps_failing_stops_the_start_with_one_line_naming_the_port
     assert len([line for line in fleet.lines if "exited before it was ready" in line]) == 3
 
 
-def test_a_part_still_failing_when_the_time_is_up_is_named_rather_than_the_timeout(fleet, tmp_path):
+def test_a_part_still_failing_when_the_time_is_up_is_named_rather_than_the_timeout(fleet, tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "START_TIMEOUT_S", 8.0)  # time for the first run to start and exit on a busy machine
     fleet.policy = RestartPolicy(initial_s=60)  # its restart is never due within the wait
     fleet._retries.policy = fleet.policy
     fleet._spawn("console", flaky(tmp_path, fails=99), "test")
 
     with pytest.raises(FleetError, match=r"^console could not start: port 18003 is taken; .* \(1 attempt; log "):
-        fleet._wait_services(timeout=8)  # time for the first run to start and exit on a busy machine
+        fleet._wait_services()
 
 
 def test_without_retries_an_exit_is_one_line_with_its_cause(fleet, tmp_path):
@@ -105,7 +107,7 @@ def test_without_retries_an_exit_is_one_line_with_its_cause(fleet, tmp_path):
     fleet._spawn("console", flaky(tmp_path, fails=99), "test")
 
     with pytest.raises(FleetError) as raised:
-        fleet._wait_services(timeout=30)
+        fleet._wait_services()
     assert str(raised.value).startswith("console could not start: port 18003 is taken; stop what holds it (1 attempt")
 
 
@@ -128,7 +130,7 @@ CRASHED = [sys.executable, "-c", "raise RuntimeError('a bug')"]  # exit 1 too, b
 def test_a_refused_configuration_stops_the_start_at_the_first_exit_while_a_crash_is_restarted(fleet, tmp_path):
     fleet._spawn("guard", REFUSED, "test")
     with pytest.raises(FleetError) as raised:
-        fleet._wait_services(timeout=30)
+        fleet._wait_services()
     assert str(raised.value).startswith(
         "guard could not start: guard refuses to start: ROUNDTRIP_KAFKA_SECURITY_PROTOCOL is PLAINTEXT (1 attempt; "
     )
@@ -136,4 +138,4 @@ def test_a_refused_configuration_stops_the_start_at_the_first_exit_while_a_crash
     fleet.stop()
     fleet._spawn("executor", CRASHED, "test")
     with pytest.raises(FleetError, match=r"^executor could not start: RuntimeError: a bug \(4 attempts; "):
-        fleet._wait_services(timeout=30)
+        fleet._wait_services()

@@ -15,6 +15,7 @@ from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from roundtrip._shop.help_articles import INJECTION_ORDER_ID
 from tests.agents import SCHEMAS, SHOP, shop_deps, shop_registry
+from tests.clocks import showing
 from tests.shop import in_process
 from tests.signing import pair
 
@@ -36,7 +37,7 @@ class CountingLookup:
 @pytest.fixture
 async def shop(tmp_path):
     async with in_process(f"sqlite+aiosqlite:///{tmp_path}/shop.db") as transport:
-        client = ShopClient("http://shop", transport=transport)
+        client = ShopClient("http://shop", timeout=10.0, transport=transport)
         yield client
         await client.aclose()
 
@@ -339,7 +340,7 @@ async def test_status_reading_policies_never_see_a_cached_status(gate, lookup, s
 
 async def test_ownership_cache_is_per_customer_positive_only_and_expires():
     now = [0.0]
-    cache = OwnershipCache(ttl_s=30, max_entries=2, clock=lambda: now[0])
+    cache = OwnershipCache(ttl_s=30, clock=showing(now))
     fetched = []
 
     async def backend(kind, entity_id, customer_id):

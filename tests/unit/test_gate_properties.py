@@ -236,7 +236,7 @@ class Shop:
         self.loop = asyncio.new_event_loop()
         self._cm = in_process(url)
         transport = self.loop.run_until_complete(self._cm.__aenter__())
-        self.client = ShopClient("http://shop", transport=transport)
+        self.client = ShopClient("http://shop", timeout=10.0, transport=transport)
         self.admin = httpx.AsyncClient(base_url="http://shop", transport=transport)
 
     def run(self, coro: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -312,7 +313,9 @@ async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_di
     batch = SIGNER.sign(ExecuteToolBatch(turn=ALICE, step=1, messages=ASKED, calls=[CHECKED]))
     assert isinstance(await executed(batch, BATCHES, runner, fence), CallModel)
     assert (await shop.get_order("cus_1001", "ord_a1000003"))["status"] == "cancelled"
-    assert await fence.claim_model_call(ALICE, 1)  # the next model call is on its way (the lease released)
+    assert await fence.claim_model_call(
+        ALICE, 1, now=time.time()
+    )  # the next model call is on its way (the lease released)
     assert (
         await guard.external_ends.on_cancel(
             CancelTurn(turn_id=ALICE.turn_id, customer_id=ALICE.customer_id, conversation_id=ALICE.conversation_id)
@@ -328,7 +331,7 @@ async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_di
 
 async def test_a_cancel_decided_while_the_cancel_runs_says_what_it_did_once_the_step_is_done(deciding):
     guard, fence, recorder = deciding
-    assert await fence.claim_batch(ALICE, 1, lease_s=60)  # the executor runs the cancel...
+    assert await fence.claim_batch(ALICE, 1, lease_s=60, now=time.time())  # the executor runs the cancel...
     assert (
         await guard.external_ends.on_cancel(
             CancelTurn(turn_id=ALICE.turn_id, customer_id=ALICE.customer_id, conversation_id=ALICE.conversation_id)
@@ -337,8 +340,8 @@ async def test_a_cancel_decided_while_the_cancel_runs_says_what_it_did_once_the_
     )  # ...when the cancel lands
     done = [{"tool_use_id": "c1", "content": '{"cancelled": true}'}]
     await fence.record_acted(ALICE.turn_id, 1, sideeffects.lines([CHECKED], done, SHOP.registry.is_serial))
-    assert not await fence.claim_model_call(ALICE, 1)  # the turn is ending: the lease is let go
-    await guard.sweeper.sweep(recorder.flag)
+    assert not await fence.claim_model_call(ALICE, 1, now=time.time())  # the turn is ending: the lease is let go
+    await guard.sweeper.sweep(recorder.flag, now=time.time())
     await guard.outbox.drain()
     (ended,) = [m for _, m in recorder.sent if isinstance(m, TurnEnded)]
     assert ended.outcome is Outcome.CANCELLED and "I cancelled order ord_a1000003" in ended.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -273,7 +274,7 @@ async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_do
     try:
         await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
         await guard.loop.on_iteration(iteration(1, calls=[LIST]))
-        assert await fence.claim_batch(TURN, 1, lease_s=30)  # an executor is running step 1's calls
+        assert await fence.claim_batch(TURN, 1, lease_s=30, now=time.time())  # an executor is running step 1's calls
         assert (
             await guard.external_ends.on_cancel(
                 CancelTurn(turn_id="turn_1", customer_id="cus_1001", conversation_id="conv_1")
@@ -287,12 +288,14 @@ async def test_a_cancel_waits_for_a_claimed_batch_and_is_published_once_it_is_do
             == "already ended"
         )
         assert guard.recorder.sent[-1][0] == topics.TOOL_CALLS  # no end published while the calls may still run
-        assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
-        assert await fence.claim_model_call(TURN, 1) is False  # the executor is done; no model call for this turn
-        assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 1)
+        assert await guard.sweeper.sweep(guard.recorder.flag, now=time.time()) == (0, 0)
+        assert (
+            await fence.claim_model_call(TURN, 1, now=time.time()) is False
+        )  # the executor is done; no model call for this turn
+        assert await guard.sweeper.sweep(guard.recorder.flag, now=time.time()) == (0, 1)
         topic, ended = guard.recorder.sent[-1]
         assert topic == topics.OUTCOMES and ended.outcome is Outcome.CANCELLED and ended.step == 1
-        assert await guard.sweeper.sweep(guard.recorder.flag) == (0, 0)
+        assert await guard.sweeper.sweep(guard.recorder.flag, now=time.time()) == (0, 0)
         assert [t for t, _ in guard.recorder.sent].count(topics.OUTCOMES) == 1
     finally:
         await fence.close()

@@ -16,14 +16,17 @@ from prometheus_client import REGISTRY
 
 from roundtrip._gate.authorization import authorize
 from roundtrip._gate.gate import Gate
+from roundtrip._kernel.kafka import consumer as consumer_module
 from roundtrip._kernel.kafka import faults
 from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.kafka.outages import next_try
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
+from roundtrip._sdk.texts import gate_message
 from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from tests import waiting
 from tests.agents import SHOP, shop_deps
+from tests.consumers import key_ordered
 from tests.shop import in_process
 from tests.signing import pair
 
@@ -74,7 +77,7 @@ async def until_true(check, timeout: float = 5.0) -> None:
 
 
 async def started(process, name: str, **options) -> tuple[KeyOrderedConsumer, FeedKafka, asyncio.Task]:
-    consumer = KeyOrderedConsumer(process=process, name=name, idle_wait_ms=50, commit_interval_s=0.02, **options)
+    consumer = key_ordered(process=process, name=name, idle_wait_ms=50, commit_interval_s=0.02, **options)
     await consumer.on_partitions_assigned([TP])
     kafka = FeedKafka()
     return consumer, kafka, asyncio.create_task(consumer.run(kafka))
@@ -200,11 +203,13 @@ def test_the_next_try_is_cut_short_only_by_a_deadline_still_ahead():
     assert next_try(2.0, now - 1) == 2.0  # past it: a handler that still raises backs off, never spins
 
 
-async def test_a_held_key_given_up_on_a_rebalance_is_not_committed_and_not_counted_as_held():
+async def test_a_held_key_given_up_on_a_rebalance_is_not_committed_and_not_counted_as_held(monkeypatch):
+    monkeypatch.setattr(consumer_module, "DRAIN_TIMEOUT_S", 8)
+
     async def process(record):
         raise faults.RetryLater(faults.HTTP, "down", backend=True)
 
-    consumer, kafka, task = await started(process, "unitheldgiveup", drain_timeout_s=8)
+    consumer, kafka, task = await started(process, "unitheldgiveup")
     kafka.feed = [rec(0, b"c1")]
     await until_true(lambda: consumer.outages.held_keys == 1)
     await stopped(consumer, task)
@@ -243,7 +248,7 @@ SIGNER = GATE_KEYS.signer
 @pytest.fixture
 async def shop(tmp_path):
     async with in_process(f"sqlite+aiosqlite:///{tmp_path}/shop.db") as transport:
-        client = ShopClient("http://shop", transport=transport)
+        client = ShopClient("http://shop", timeout=10.0, transport=transport)
         yield client
         await client.aclose()
 
@@ -311,7 +316,7 @@ async def test_a_policy_whose_backend_is_away_holds_its_conversation_and_a_bug_i
         raise KeyError("status")
 
     with pytest.raises(faults.RetryLater) as later:
-        await authorize(spec, {}, ctx, no_entities, away)
+        await authorize(spec, {}, ctx, no_entities, away, {}, gate_message, ())
     assert later.value.backend and later.value.dependency == faults.HTTP
     with pytest.raises(KeyError):  # the gate's check_call turns it into internal_error, as ever
-        await authorize(spec, {}, ctx, no_entities, buggy)
+        await authorize(spec, {}, ctx, no_entities, buggy, {}, gate_message, ())

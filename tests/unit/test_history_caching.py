@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.settings import Settings
 from roundtrip._model.client import MAX_BREAKPOINTS, with_history_breakpoints
 from roundtrip._simulator import personas
@@ -68,7 +69,7 @@ def _request(messages: list[dict], system: str) -> dict:
 
 
 def test_the_simulator_reads_the_previous_request_from_the_cache_and_writes_only_the_new_part():
-    cache = PromptCache()
+    cache = PromptCache(SYSTEM)
     system = "Policies. " * 600  # over the 1024-token minimum
     transcript = [{"role": "user", "content": "what orders do I have?"}]
     first = cache.input_usage(_request(transcript, system))
@@ -102,7 +103,7 @@ def test_the_simulator_reads_the_previous_request_from_the_cache_and_writes_only
 
 
 def test_lookback_finds_an_earlier_breakpoint_within_20_blocks_and_not_beyond():
-    cache = PromptCache()
+    cache = PromptCache(SYSTEM)
     system = [{"type": "text", "text": "Policies. " * 600, "cache_control": {"type": "ephemeral"}}]
     base = [{"role": "user", "content": [{"type": "text", "text": "start", "cache_control": {"type": "ephemeral"}}]}]
     cache.input_usage({"model": MODEL, "system": system, "messages": base})
@@ -123,7 +124,7 @@ def test_lookback_finds_an_earlier_breakpoint_within_20_blocks_and_not_beyond():
 
 
 def test_a_prefix_under_the_minimum_cacheable_length_is_not_cached():
-    cache = PromptCache()
+    cache = PromptCache(SYSTEM)
     request = {
         "model": MODEL,
         "system": [{"type": "text", "text": "short", "cache_control": {"type": "ephemeral"}}],

@@ -35,7 +35,18 @@ ALLOWED = {  # room -> the rooms it may import (besides itself and roundtrip.sch
     "_cli": BELOW_THE_FLEET | {"_fleet"},
     "__main__": {"_cli"},  # `python -m roundtrip` (services/__main__.py): the command line
 }
-KERNEL_ROOMS = {"kafka", "wire", "storage", "observability", "settings", "migrations", "database", "runtime", "shell"}
+KERNEL_ROOMS = {
+    "kafka",
+    "wire",
+    "storage",
+    "observability",
+    "settings",
+    "migrations",
+    "database",
+    "runtime",
+    "shell",
+    "clock",
+}
 
 
 def _module(path: Path) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from roundtrip._cli import following
 from roundtrip._cli.live_order import HOLD_S, StepOrder
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
     CallModel,
@@ -21,6 +22,7 @@ from roundtrip._kernel.wire.events import (
     Turn,
     Usage,
 )
+from tests.clocks import showing
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="ab" * 16)
 CALL = ToolCall(id="toolu_1", name="lookup_order", input={"order_id": "ord_x"}, fingerprint="f")
@@ -83,9 +85,9 @@ def _records(turn: Turn = TURN) -> dict[str, tuple[str, dict]]:
     }
 
 
-def _shown(polls: list[list[str]], capsys, clock=None) -> list[str]:
+def _shown(polls: list[list[str]], capsys) -> list[str]:
     """What the live view prints when the records arrive in these polls (names of `_records`), line by line."""
-    records, order = _records(), StepOrder("req_1", **({"clock": clock} if clock else {}))
+    records, order = _records(), StepOrder("req_1", SYSTEM)
     for poll in polls:
         for name in poll:
             order.add(*records[name])
@@ -122,7 +124,7 @@ def test_the_records_in_order_are_shown_as_they_come(capsys):
 
 def test_a_record_whose_predecessor_never_comes_is_shown_after_the_hold(capsys):
     now = [100.0]
-    records, order = _records(), StepOrder("req_1", clock=lambda: now[0])
+    records, order = _records(), StepOrder("req_1", showing(now))
     order.add(*records["gate1"])  # its model line was published before ask looked
     assert order.ready() == []
     now[0] += HOLD_S
@@ -131,9 +133,11 @@ def test_a_record_whose_predecessor_never_comes_is_shown_after_the_hold(capsys):
 
 def test_another_requests_records_are_not_shown(capsys):
     other = _records(TURN.model_copy(update={"request_id": "req_2", "turn_id": "turn_2"}))
-    order = StepOrder("req_1", hold_s=0.0)
+    now = [0.0]
+    order = StepOrder("req_1", showing(now))
     for topic, data in other.values():
         order.add(topic, data)
+    now[0] += HOLD_S  # anything held would be due by now
     assert order.ready() == []
 
 
@@ -143,7 +147,7 @@ def test_a_steps_working_status_is_shown_before_its_model_line_whenever_it_arriv
         topics.SUPPORT_STATUS,
         {"request_id": "req_1", "turn_id": "turn_1", "state": "working", "step": 2, "activity": "Looking up"},
     )
-    order = StepOrder("req_1", clock=lambda: 0.0)
+    order = StepOrder("req_1", showing([0.0]))
     for name in ("call0", "model1", "check1", "gate1", "call1", "model2"):
         order.add(*records[name])
     order.add(*working)  # the model line of step 2 came before its progress, in one poll

@@ -4,8 +4,10 @@ checks of a mounted tool, the executor's calls, and the agent's declaration chec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -62,6 +64,12 @@ class FakeMcp:
     async def __aexit__(self, *exc: object) -> None:
         return None
 
+    @contextlib.asynccontextmanager
+    async def connection(self, answers: list[int]) -> AsyncIterator[FakeMcp]:
+        """McpMount.connection's stand-in: this client over no HTTP."""
+        async with self as client:
+            yield client
+
     async def list_tools(self, cursor=None):
         self.listings += 1
         return SimpleNamespace(tools=self.tools, next_cursor=None)
@@ -73,9 +81,16 @@ class FakeMcp:
         return self.answer
 
 
+def fake_mount(fake: FakeMcp, server: McpServer = SERVER, url: str | None = None) -> McpMount:
+    """A mount of `server` whose connections are `fake`'s."""
+    mount = McpMount(server, server.url_for(None) if url is None else url, None)
+    mount.connection = fake.connection
+    return mount
+
+
 def mounted(fake: FakeMcp, server: McpServer = SERVER, **agent_fields: Any):
     agent = dataclasses.replace(SHOP, mcp_servers=[server], **agent_fields).check()
-    tools = Toolbox([McpMount(server, server.url_for(None), connect=fake)], agent.registry)
+    tools = Toolbox([fake_mount(fake, server)], agent.registry)
     return agent, tools
 
 
@@ -103,14 +118,14 @@ def test_a_schema_without_the_annotated_argument_or_explicitly_open_is_refused()
         strict_copy(SERVER, renamed)
     open_ = SimpleNamespace(**{**vars(WRAP), "input_schema": {**WRAP_SCHEMA, "additionalProperties": True}})
     with pytest.raises(RegistryError, match="additionalProperties: false"):
-        check_tool_document(strict_copy(SERVER, open_))
+        check_tool_document(strict_copy(SERVER, open_), "MCP server giftwrap")
 
 
 def test_a_short_description_and_a_missing_required_are_filled_in():
     bare = SimpleNamespace(name="ping", description=None, input_schema={"type": "object", "properties": {}})
     doc = strict_copy(McpServer("ops"), bare)
     assert doc["input_schema"]["required"] == [] and "ops" in doc["description"]
-    check_tool_document(doc)
+    check_tool_document(doc, "<tool>")
 
 
 def test_results_become_the_handlers_value_or_a_tool_error():
@@ -229,7 +244,7 @@ async def test_all_tools_mounts_only_those_the_agent_declares_the_entities_of_an
 
 
 async def test_problems_name_a_server_that_does_not_answer_a_declared_tool_it_does_not_list_and_a_refused_one():
-    down = Toolbox([McpMount(SERVER, "https://u:secret@mcp.test/mcp", connect=FakeMcp(up=False))], SHOP.registry)
+    down = Toolbox([fake_mount(FakeMcp(up=False), SERVER, "https://u:secret@mcp.test/mcp")], SHOP.registry)
     assert await down.problems() == [
         "MCP server giftwrap (https://mcp.test/mcp) does not answer: "
         "ConnectionRefusedError: All connection attempts failed"

@@ -20,7 +20,7 @@ from roundtrip._sdk.context import ToolError
 from roundtrip._sdk.mcp import McpMount
 from roundtrip._sdk.mcp_auth import RENEW_MARGIN_S, CredentialError
 from tests.agents import SHOP
-from tests.unit.test_mcp import SERVER, FakeMcp, ctx
+from tests.unit.test_mcp import SERVER, FakeMcp, ctx, fake_mount
 
 SECRET = "s3cret-value-never-shown"
 ISSUER = "https://auth.example.test"
@@ -53,7 +53,7 @@ async def test_a_secret_from_the_agents_own_settings(monkeypatch):
     server = dataclasses.replace(SERVER, auth=token)
     fake = FakeMcp()
     mount = server.bind(OwnSettings())  # each process's mount reads it from the agent's own settings
-    mount._connect = fake
+    mount.connection = fake.connection
     assert mount._own_settings.billing_token.get_secret_value() == SECRET
     agent = dataclasses.replace(SHOP, settings=OwnSettings, mcp_servers=[server])
     assert agent.problems() == []
@@ -119,7 +119,7 @@ def test_a_good_declaration_has_no_problem_and_names_its_credentials_without_the
 async def test_the_sdk_provider_holds_the_token_in_memory_and_renews_it_before_it_expires(monkeypatch):
     monkeypatch.setenv("CLIENT_SECRET", SECRET)
     credentials = ClientCredentials(issuer=ISSUER, client_id="roundtrip", client_secret_env="CLIENT_SECRET")
-    provider = credentials.provider("https://mcp.example.test/mcp")
+    provider = credentials.provider("https://mcp.example.test/mcp", None)
     from mcp.client.auth.extensions.client_credentials import ClientCredentialsOAuthProvider
 
     assert isinstance(provider, ClientCredentialsOAuthProvider)
@@ -133,11 +133,11 @@ async def test_the_sdk_provider_holds_the_token_in_memory_and_renews_it_before_i
     assert provider.context.token_expiry_time == pytest.approx(time.time() + 90, abs=5)  # a tenth of a short life
     monkeypatch.delenv("CLIENT_SECRET")
     with pytest.raises(CredentialError, match="CLIENT_SECRET"):
-        credentials.provider("https://mcp.example.test/mcp")
+        credentials.provider("https://mcp.example.test/mcp", None)
 
 
 def test_a_refusal_is_told_apart_from_other_failures():
-    mount = McpMount(SERVER, "https://mcp.example.test/mcp")
+    mount = McpMount(SERVER, "https://mcp.example.test/mcp", None)
     wrapped = ExceptionGroup("unhandled errors in a TaskGroup", [RuntimeError("Server returned an error response")])
     assert mount.refusal(wrapped, [401]) == "HTTP 401"
     assert mount.refusal(wrapped, [200, 403]) == "HTTP 403"
@@ -156,7 +156,7 @@ async def test_a_refused_call_is_an_error_result_and_one_log_line_naming_the_ser
     monkeypatch.setenv("GIFT_TOKEN", SECRET)
     server = dataclasses.replace(SERVER, auth=BearerToken(env="GIFT_TOKEN"))
     fake = FakeMcp()
-    mount = McpMount(server, server.url_for(None), connect=fake)
+    mount = fake_mount(fake, server)
     fake.answer = RuntimeError("Server returned an error response")
     monkeypatch.setattr(mount, "refusal", lambda exc, answers: "HTTP 401")  # what the server's 401 makes of it
     caplog.set_level(logging.INFO, logger="roundtrip.mcp")
@@ -172,7 +172,7 @@ async def test_a_refused_call_is_an_error_result_and_one_log_line_naming_the_ser
     assert [problem async for problem in _checked(mount)] == [
         "MCP server giftwrap (http://mcp.test/mcp) refused the credentials bearer token (env GIFT_TOKEN): HTTP 401"
     ]
-    mount._connect = fake
+    mount.connection = fake.connection
     monkeypatch.setattr(mount, "refusal", lambda exc, answers: None)
     fake.answer = FakeMcp().answer
     await mount.call("gift_wrap_order", {"order_id": "ord_1", "message": "hi"}, ctx())
@@ -181,14 +181,14 @@ async def test_a_refused_call_is_an_error_result_and_one_log_line_naming_the_ser
 
 
 async def _checked(mount: McpMount):
-    mount._connect = FakeMcp(up=False)  # the listing fails as the call did
+    mount.connection = FakeMcp(up=False).connection  # the listing fails as the call did
     for problem in await mount.check(lambda source: None):
         yield problem
 
 
 async def test_a_call_carries_the_turns_traceparent_in_its_meta():
     fake = FakeMcp()
-    mount = McpMount(SERVER, SERVER.url_for(None), connect=fake)
+    mount = fake_mount(fake)
     turn = SpanContext(
         trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
         span_id=0x00F067AA0BA902B7,

@@ -43,7 +43,7 @@ def wired(monkeypatch):
     """A broker with one subscription whose handler records what it got; the producer is a fake."""
     producer = FakeProducer()
     monkeypatch.setattr(messaging, "kafka_producer", lambda broker: producer)
-    wired = messaging.wiring("unitpath", SETTINGS)
+    wired = messaging.wiring("unitpath", SETTINGS, (), "")
     got: list = []
     behaviour = {"raise": None}
 
@@ -172,7 +172,7 @@ def test_a_handler_must_take_one_message_model():
 
 
 async def test_the_wiring_says_a_turn_started_under_another_agent_digest_and_still_handles_it(caplog):
-    wired = messaging.wiring("digestpath", SETTINGS, digest="a" * 16)
+    wired = messaging.wiring("digestpath", SETTINGS, (), "a" * 16)
     got: list = []
 
     @messaging.subscribe(wired, topics.MODEL_CALLS, SETTINGS)

@@ -166,7 +166,7 @@ async def test_a_call_published_before_the_process_started_first_cuts_every_earl
 
 
 class Refusing:
-    async def claim_model_call(self, turn, step):
+    async def claim_model_call(self, turn, step, now):
         return False
 
 

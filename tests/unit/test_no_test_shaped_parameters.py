@@ -4,12 +4,14 @@ Every parameter of a function or method in services/ that has a default, or is t
 the calls in services/ (tests' calls don't count):
 - a default must be passed explicitly by some call (a production caller wants another value), else every
   production caller takes the default and the parameter is there for tests;
+- and a default must be left out by some call: when every production caller passes the parameter, the default is
+  what only tests take (the test then passes the value, from one helper where many tests share it);
 - an `X | None` must get None from some call: a literal None, the parameter left out when its default is None, or
   an argument that may be None (a name, an attribute, a function's result: mypy follows those; this test does not).
 A caller is found by the callee's name (a class's for `__init__`) and the parameter's keyword or position; a call with
 `*args`/`**kwargs` counts as passing anything. A command's options (typer's) are set by the person typing them and
 are not checked. What remains is listed below with the production use that keeps it; `DEBT:` marks a parameter only
-tests use that is still to be removed."""
+tests use that is still to be removed; of them, 61 are defaults every production caller overrides (OVERRIDDEN)."""
 
 from __future__ import annotations
 
@@ -30,64 +32,83 @@ DECORATOR = "`@tool` and `@tool(name=..., description=...)`: an agent author wri
 ENTRY = "an entry point: `python -m` calls main() and None reads sys.argv"
 OTEL = "OpenTelemetry's SpanProcessor interface: the SDK calls it with its own arguments"
 TOKEN = "aiokafka builds it from the import string in the settings, with no argument: None reads the environment"
-CLOCK = "DEBT: a clock only tests set; to become the core's clock port"
-TRACER = "DEBT: the tracer (or end time) only tests pass; the fleet uses the process's provider"
-BOUND = "DEBT: a bound only tests lower, to reach it in a short test; to become a setting or a constant"
-HARNESS = "DEBT: services/_broker doubles as the tests' Kafka launcher; only tests/ and the benchmarks pass it"
-ONLY_TESTS_CALL = "DEBT: a production function only tests call"
-FAKE = "DEBT: a fake only tests pass in; to become a port with an in-memory implementation in roundtrip.testing"
-BENCH = "DEBT: only the benchmarks pass it (tests/benchmarks)"
+OVERRIDDEN = "DEBT: every production caller passes it, so its default is what only tests take; to be made required"
 ALLOWED = {
-    "services/_broker/embedded.py:die_with_parent_preexec:sig": HARNESS,
-    "services/_broker/jars.py:kafka_libs_dir:cache": HARNESS,
-    "services/_broker/jars.py:kafka_libs_dir:version": HARNESS,
     "services/_broker/embedded.py:main:argv": ENTRY,
-    "services/_broker/embedded.py:wait_ready_async:timeout": HARNESS,
-    "services/_broker/secured.py:client_security:password": HARNESS,
-    "services/_broker/secured.py:client_security:user": HARNESS,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
-    "services/_cli/live_order.py:StepOrder:clock": CLOCK,
-    "services/_cli/live_order.py:StepOrder:hold_s": BOUND,
-    "services/_console/auth.py:Refusals:window_s": BOUND,
-    "services/_fleet/launcher.py:_wait_services:timeout": BOUND,
-    "services/_fleet/launcher.py:restart:env": BENCH,
-    "services/_gate/authorization.py:OwnershipCache:clock": CLOCK,
-    "services/_gate/authorization.py:OwnershipCache:max_entries": BOUND,
-    "services/_guard/conversations.py:close_turn:now": CLOCK,
-    "services/_guard/conversations.py:open_turn:now": CLOCK,
-    "services/_guard/ledger.py:advance:now": CLOCK,
-    "services/_guard/ledger.py:outbox:limit": BOUND,
-    "services/_guard/retention.py:Retention:max_batches": BOUND,
-    "services/_guard/sweeper.py:sweep:now": CLOCK,
-    "services/_kernel/kafka/admin.py:wait_for_broker:timeout": ONLY_TESTS_CALL,
-    "services/_kernel/kafka/consumer.py:KeyOrderedConsumer:drain_timeout_s": BOUND,
-    "services/_kernel/kafka/dedupe.py:SeenIds:clock": CLOCK,
-    "services/_kernel/migrations/schema.py:upgrade:to": "DEBT: the revision to stop at; only migration tests pass one",
-    "services/_kernel/observability/telemetry.py:consuming:using": TRACER,
+    "services/_cli/evals/runner.py:run_suite:done": OVERRIDDEN,
+    "services/_cli/following.py:_render:seen": OVERRIDDEN,
+    "services/_cli/following.py:_render:waiting": OVERRIDDEN,
+    "services/_cli/skeleton.py:skeleton:python": OVERRIDDEN,
+    "services/_cli/skeleton.py:skeleton:roundtrip": OVERRIDDEN,
+    "services/_console/ledger_reader.py:Books:conversations_url": OVERRIDDEN,
+    "services/_console/pages.py:result_html:key": OVERRIDDEN,
+    "services/_console/web.py:application:more": OVERRIDDEN,
+    "services/_executor/runner.py:Runner:fallback": OVERRIDDEN,
+    "services/_executor/runner.py:Runner:max_result_bytes": OVERRIDDEN,
+    "services/_gate/authorization.py:StepLookups:memo": OVERRIDDEN,
+    "services/_gate/authorization.py:StepLookups:ownership": OVERRIDDEN,
+    "services/_gate/gate.py:check_call:blocked": OVERRIDDEN,
+    "services/_gate/gate.py:check_call:decision": OVERRIDDEN,
+    "services/_gate/gate.py:check_call:lookups": OVERRIDDEN,
+    "services/_gate/gate.py:check_call:metadata": OVERRIDDEN,
+    "services/_gate/gate.py:one_hold_per_step:say": OVERRIDDEN,
+    "services/_gateway/intake.py:SeenRequests:memory_s": OVERRIDDEN,
+    "services/_guard/ledger.py:advance:outcome": OVERRIDDEN,
+    "services/_guard/ledger.py:advance:then": OVERRIDDEN,
+    "services/_guard/ledger.py:advance:traceparent": OVERRIDDEN,
+    "services/_guard/ledger.py:await_approval:pending": OVERRIDDEN,
+    "services/_guard/ledger.py:finish_ending:now": OVERRIDDEN,
+    "services/_guard/ledger.py:flag_stuck:now": OVERRIDDEN,
+    "services/_guard/ledger.py:flag_stuck:step": OVERRIDDEN,
+    "services/_guard/ledger.py:flag_stuck:stuck_after_s": OVERRIDDEN,
+    "services/_guard/outbox.py:turn_cut:streams_by_default": OVERRIDDEN,
+    "services/_guard/side_effects.py:generic:fields": OVERRIDDEN,
+    "services/_guard/sweeper.py:finish_ending:announced": OVERRIDDEN,
+    "services/_kernel/kafka/acls.py:for_service:prefix": OVERRIDDEN,
+    "services/_kernel/kafka/admin.py:_admin:request_timeout_ms": OVERRIDDEN,
+    "services/_kernel/kafka/consumer.py:release:n": OVERRIDDEN,
+    "services/_kernel/kafka/faststream_metrics.py:published:exception_type": OVERRIDDEN,
+    "services/_kernel/kafka/faults.py:RetryLater:backend": OVERRIDDEN,
+    "services/_kernel/kafka/messaging.py:Outlet:description": OVERRIDDEN,
+    "services/_kernel/observability/span_file.py:JsonLinesSpanExporter:backups": OVERRIDDEN,
+    "services/_kernel/observability/span_file.py:JsonLinesSpanExporter:max_bytes": OVERRIDDEN,
     "services/_kernel/observability/telemetry.py:force_flush:timeout_millis": OTEL,
+    "services/_kernel/observability/telemetry.py:mark_error:error_type": OVERRIDDEN,
     "services/_kernel/observability/telemetry.py:on_start:parent_context": OTEL,
-    "services/_kernel/observability/telemetry.py:publishing:using": TRACER,
-    "services/_kernel/observability/telemetry.py:record_turn_span:end_time": TRACER,
-    "services/_kernel/observability/telemetry.py:record_turn_span:using": TRACER,
-    "services/_kernel/storage/ledger_reads.py:line:now": CLOCK,
-    "services/_kernel/storage/turnstore.py:claim_model_call:now": CLOCK,
-    "services/_kernel/storage/turnstore.py:wait_for_capacity:now": CLOCK,
-    "services/_model/capacity.py:Capacity:clock": CLOCK,
-    "services/_model/capacity.py:Capacity:rng": FAKE,
-    "services/_model/capacity.py:Capacity:slow_start": BENCH,
+    "services/_kernel/settings/display.py:render:extra": OVERRIDDEN,
+    "services/_kernel/shell.py:opens:close": OVERRIDDEN,
+    "services/_kernel/storage/ledger_reads.py:list_approvals:limit": OVERRIDDEN,
+    "services/_kernel/storage/ledger_reads.py:list_approvals:status": OVERRIDDEN,
+    "services/_kernel/storage/prices.py:PriceTable:provider": OVERRIDDEN,
+    "services/_kernel/storage/prices.py:from_json:provider": OVERRIDDEN,
+    "services/_kernel/storage/turnstore.py:_run_waiting:single": OVERRIDDEN,
+    "services/_kernel/wire/topology.py:groups:prefix": OVERRIDDEN,
+    "services/_model/capacity.py:refused:in_a_row": OVERRIDDEN,
+    "services/_sdk/context.py:Dependencies:clients": OVERRIDDEN,
     "services/_sdk/functions.py:tool:description": DECORATOR,
     "services/_sdk/functions.py:tool:fn": DECORATOR,
     "services/_sdk/functions.py:tool:name": DECORATOR,
-    "services/_sdk/mcp.py:McpMount:connect": FAKE,
-    "services/_shop/agent/client.py:ShopClient:transport": FAKE,
+    "services/_sdk/registry.py:Registry:approvals": OVERRIDDEN,
+    "services/_sdk/registry.py:Registry:entity_resolvers": OVERRIDDEN,
+    "services/_sdk/registry.py:Registry:mounted": OVERRIDDEN,
+    "services/_sdk/registry.py:Registry:policies": OVERRIDDEN,
+    "services/_sdk/registry.py:Registry:serial": OVERRIDDEN,
+    "services/_sdk/registry.py:api_tools:cache": OVERRIDDEN,
+    "services/_sdk/sources.py:SchemaFolder:handlers": OVERRIDDEN,
+    "services/_shop/agent/client.py:ShopError:status_code": OVERRIDDEN,
+    "services/_shop/agent/client.py:list_orders:limit": OVERRIDDEN,
+    "services/_shop/agent/client.py:list_orders:status": OVERRIDDEN,
     "services/_shop/app.py:main:argv": ENTRY,
-    "services/_shop/db.py:count_escalations:customer_id": ONLY_TESTS_CALL,
+    "services/_shop/db.py:list_orders:limit": OVERRIDDEN,
+    "services/_shop/db.py:list_orders:status": OVERRIDDEN,
     "services/_simulator/__main__.py:main:argv": ENTRY,
-    "services/_simulator/overload.py:Overload:clock": CLOCK,
-    "services/_simulator/ratelimits.py:RateLimits:clock": CLOCK,
-    "services/_simulator/ratelimits.py:RateLimits:wall": CLOCK,
-    "services/_simulator/usage.py:PromptCache:clock": CLOCK,
+    "services/_simulator/batches.py:Batches:delay_ms": OVERRIDDEN,
+    "services/testing/__init__.py:arun_turn:approve": PUBLIC,
+    "services/testing/__init__.py:arun_turn:deps": PUBLIC,
+    "services/testing/__init__.py:arun_turn:persona": PUBLIC,
+    "services/testing/__init__.py:arun_turn:state_dir": PUBLIC,
     "services/testing/__init__.py:reply:stop_reason": PUBLIC,
     "services/testing/__init__.py:run_turn:approve": PUBLIC,
     "services/testing/__init__.py:run_turn:deps": PUBLIC,
@@ -225,10 +246,12 @@ def _test_shaped() -> list[str]:
         passed = [_passed(c, parameter, index) for c in callers]
         explicit = [p for p in passed if p is not None]
         why = []
-        if default is not None and not explicit and not spread:
-            why.append("default")
         none_default = isinstance(default, ast.Constant) and default.value is None
         left_out = len(explicit) < len(passed)
+        if default is not None and not explicit and not spread:
+            why.append("default")
+        elif default is not None and explicit and not (spread or left_out):
+            why.append("overridden")  # every production caller passes it: the default is only tests'
         if optional and not (spread or any(map(_may_be_none, explicit)) or (none_default and left_out)):
             why.append("none")
         if why:

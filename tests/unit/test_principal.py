@@ -5,6 +5,7 @@ recorded at its start, and say so on `roundtrip.security` in one line whatever t
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -42,24 +43,28 @@ async def test_a_claim_for_another_customer_or_conversation_is_refused_and_the_t
     ledger, fence = stores
     for forged in (as_bob(), ALICE.model_copy(update={"conversation_id": "conv_b"})):
         with pytest.raises(TurnRefused, match="not the one the turn was"):
-            await fence.claim_model_call(forged, 0)
+            await fence.claim_model_call(forged, 0, now=time.time())
         with pytest.raises(TurnRefused):
-            await fence.claim_batch(forged, 0, lease_s=10)
-        assert not await fence.wait_for_capacity(forged, 0)
+            await fence.claim_batch(forged, 0, lease_s=10, now=time.time())
+        assert not await fence.wait_for_capacity(forged, 0, now=time.time())
         with pytest.raises(TurnRefused):
             await ledger.refuse_if_not_recorded(forged, "guard")
-        assert not await ledger.advance(forged, 1, {}, 0.0, pending="{}")
+        assert not await ledger.advance(forged, 1, {}, 0.0, pending="{}", now=time.time())
     row = await ledger.get(ALICE.turn_id)
     assert (row.step, row.lease_until) == (0, None)  # nothing the copies tried was recorded
-    assert await fence.claim_model_call(ALICE, 0) and await ledger.advance(ALICE, 1, {}, 0.0, pending="{}")
-    assert await fence.claim_batch(ALICE, 1, lease_s=10)
+    assert await fence.claim_model_call(ALICE, 0, now=time.time()) and await ledger.advance(
+        ALICE, 1, {}, 0.0, pending="{}", now=time.time()
+    )
+    assert await fence.claim_batch(ALICE, 1, lease_s=10, now=time.time())
 
 
 async def test_a_refused_claim_of_an_ended_or_unknown_turn_is_not_a_forgery(stores):
     _ledger, fence = stores
-    assert not await fence.claim_batch(ALICE, 5, lease_s=10)  # a step the turn is not at: no refusal, just no
+    assert not await fence.claim_batch(
+        ALICE, 5, lease_s=10, now=time.time()
+    )  # a step the turn is not at: no refusal, just no
     unknown = ALICE.model_copy(update={"turn_id": "turn_gone"})  # deleted by retention, or never started
-    assert not await fence.claim_model_call(unknown, 0)
+    assert not await fence.claim_model_call(unknown, 0, now=time.time())
 
 
 async def test_the_gate_authorizes_for_the_turn_as_recorded_at_its_start(stores):
@@ -85,6 +90,6 @@ async def test_the_security_line_is_one_line_whatever_the_ids_hold(stores, caplo
     _, fence = stores
     forged = as_bob(customer_id="cus_bob\nroundtrip.security ERROR forged line")
     with caplog.at_level(logging.ERROR, logger="roundtrip.security"), pytest.raises(TurnRefused):
-        await fence.claim_batch(forged, 0, lease_s=10)
+        await fence.claim_batch(forged, 0, lease_s=10, now=time.time())
     (line,) = [r.getMessage() for r in caplog.records if r.name == "roundtrip.security"]
     assert "\n" not in line and "'cus_bob\\nroundtrip.security" in line and "executor refused" in line

@@ -9,6 +9,7 @@ import ssl
 import pytest
 
 from roundtrip._broker.secured import (
+    ADMIN_PASSWORD,
     ADMIN_USER,
     Listener,
     client_security,
@@ -99,7 +100,8 @@ def test_the_throwaway_ca_signs_a_broker_certificate_for_loopback_and_a_client_c
         _handshake(client, server) == "client"
     )  # the server saw the client's certificate, the client checked 127.0.0.1
     assert make_tls(tls.folder).ca == tls.ca  # kept when already made
-    mtls = client_options(KafkaSecurity(_env_file=None, **client_security(LISTENERS[1], tls)))
+    admin = client_security(LISTENERS[1], tls, ADMIN_USER, ADMIN_PASSWORD)
+    mtls = client_options(KafkaSecurity(_env_file=None, **admin))
     assert mtls["security_protocol"] == "SSL" and mtls["ssl_context"].verify_mode == ssl.CERT_REQUIRED
 
 

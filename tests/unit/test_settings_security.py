@@ -114,7 +114,7 @@ def test_transactional_ids_are_stable_per_replica_not_per_process(monkeypatch):
     code = (
         "from roundtrip._kernel.settings import Settings; from roundtrip._kernel.kafka.transactions import "
         "transactional_id as t; "
-        "print(t('gateway', 'support.replies', Settings().instance_id))"
+        "print(t('gateway', 'support.replies', Settings().instance_id, ''))"
     )
     env = {k: v for k, v in os.environ.items() if k != "ROUNDTRIP_INSTANCE_ID"}
     first, second = (
@@ -122,12 +122,12 @@ def test_transactional_ids_are_stable_per_replica_not_per_process(monkeypatch):
         for _ in range(2)
     )
     assert first == second and str(os.getpid()) not in first  # a restarted process takes over its predecessor's id
-    assert transactional_id("gateway", "r", "gateway-2") == "roundtrip-gateway-r-gateway-2"
+    assert transactional_id("gateway", "r", "gateway-2", "") == "roundtrip-gateway-r-gateway-2"
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("HOSTNAME", "gateway-0")
-    assert transactional_id("gateway", "r") == "roundtrip-gateway-r-gateway-0"  # the StatefulSet pod name
+    assert transactional_id("gateway", "r", None, "") == "roundtrip-gateway-r-gateway-0"  # the StatefulSet pod name
     monkeypatch.setenv("ROUNDTRIP_INSTANCE_ID", "gw-a")  # read with the settings the gateway is built with
-    assert transactional_id("gateway", "r", Settings().instance_id) == "roundtrip-gateway-r-gw-a"
+    assert transactional_id("gateway", "r", Settings().instance_id, "") == "roundtrip-gateway-r-gw-a"
     assert (
         transactional_id("gateway", "r", "gw-a", "prod.") == "prod.roundtrip-gateway-r-gw-a"
     )  # a fleet's own, by its prefix

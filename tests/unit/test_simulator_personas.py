@@ -6,12 +6,14 @@ import json
 
 import pytest
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._simulator import personas
 from roundtrip._simulator.engine import respond
 from roundtrip._simulator.errors import ApiError
 from roundtrip._simulator.transcript import Transcript, intent_of
 from roundtrip._simulator.usage import PromptCache
 from roundtrip._simulator.validation import validate_count_tokens, validate_create
+from tests.clocks import showing
 
 TOOLS = [
     {"name": n, "input_schema": {"type": "object"}}
@@ -187,7 +189,7 @@ def test_validation_of_tools_and_cache_breakpoints():
 
 def test_one_hour_cache_and_expiry():
     now = [0.0]
-    cache = PromptCache(clock=lambda: now[0])
+    cache = PromptCache(showing(now))
     system = [{"type": "text", "text": "a" * 8000, "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
     request = body(user("hello"), system=system)
     first = cache.input_usage(request)
@@ -199,7 +201,7 @@ def test_one_hour_cache_and_expiry():
 
 
 def test_engine_cuts_at_stop_sequences_and_honours_tool_choice():
-    cache = PromptCache()
+    cache = PromptCache(SYSTEM)
     message = respond(
         body(user("show my orders"), stop_sequences=["access", "zzz"], tool_choice={"type": "none"}), "careful", cache
     )

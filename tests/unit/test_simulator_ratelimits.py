@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._simulator.errors import ApiError
 from roundtrip._simulator.overload import Overload
 from roundtrip._simulator.ratelimits import RateLimits
@@ -16,10 +17,10 @@ class Clock:
     def __init__(self) -> None:
         self.now = 0.0
 
-    def __call__(self) -> float:
+    def monotonic(self) -> float:
         return self.now
 
-    def wall(self) -> float:
+    def time(self) -> float:
         return WALL + self.now
 
 
@@ -33,17 +34,17 @@ def body(text: str = "hello", max_tokens: int = 100, **extra) -> dict:
 
 
 def limits(clock: Clock, **kw) -> RateLimits:
-    return RateLimits(**kw, clock=clock, wall=clock.wall)
+    return RateLimits(clock, **kw)
 
 
 def admit(rl: RateLimits, request: dict, cache: PromptCache | None = None, produced: int = 0) -> None:
-    with rl.admit(request, cache or PromptCache()) as call:
+    with rl.admit(request, cache or PromptCache(SYSTEM)) as call:
         call.produced(produced)
 
 
 def refusal(rl: RateLimits, request: dict) -> ApiError:
     with pytest.raises(ApiError) as caught:
-        rl.admit(request, PromptCache())
+        rl.admit(request, PromptCache(SYSTEM))
     return caught.value
 
 
@@ -103,7 +104,7 @@ def test_a_request_larger_than_the_whole_limit_has_no_retry_after():
 def test_output_tokens_are_reserved_as_max_tokens_then_the_unused_part_given_back():
     clock = Clock()
     rl = limits(clock, otpm=1000)
-    with rl.admit(body(max_tokens=800), PromptCache()) as call:
+    with rl.admit(body(max_tokens=800), PromptCache(SYSTEM)) as call:
         assert rl.in_flight == 1
         assert rl.headers()["anthropic-ratelimit-output-tokens-remaining"] == "200"  # max_tokens taken up front
         refusal(rl, body(max_tokens=300))
@@ -113,7 +114,7 @@ def test_output_tokens_are_reserved_as_max_tokens_then_the_unused_part_given_bac
 
 def test_a_call_that_fails_after_admission_gives_all_its_output_tokens_back():
     rl = limits(Clock(), otpm=1000)
-    with pytest.raises(RuntimeError), rl.admit(body(max_tokens=800), PromptCache()) as call:
+    with pytest.raises(RuntimeError), rl.admit(body(max_tokens=800), PromptCache(SYSTEM)) as call:
         call.produced(50)
         raise RuntimeError("fault")
     assert rl.headers()["anthropic-ratelimit-output-tokens-remaining"] == "1000"
@@ -121,7 +122,7 @@ def test_a_call_that_fails_after_admission_gives_all_its_output_tokens_back():
 
 def test_cache_reads_do_not_count_toward_input_tokens_and_admission_writes_no_cache():
     clock = Clock()
-    cache = PromptCache(clock=clock)
+    cache = PromptCache(clock)
     cached = body(system=[{"type": "text", "text": "policy " * 1500, "cache_control": {"type": "ephemeral"}}])
     first = cache.input_usage(cached, commit=False)
     assert first["cache_creation_input_tokens"] > 1024
@@ -163,7 +164,7 @@ def test_no_limit_admits_everything_and_announces_nothing():
 
 def test_overload_burst_on_demand_and_every_period():
     clock = Clock()
-    on_demand = Overload(clock=clock)
+    on_demand = Overload(clock)
     on_demand.check()
     on_demand.start(3)
     clock.now = 2.9
@@ -179,7 +180,7 @@ def test_overload_burst_on_demand_and_every_period():
     assert on_demand.status() is None
 
     clock.now = 0.0
-    periodic = Overload(every=10, seconds=2, clock=clock)
+    periodic = Overload(clock, every=10, seconds=2)
     states = []
     for t in (0, 5, 9.9, 10, 11.9, 12, 20.5, 25):
         clock.now = t
@@ -189,9 +190,9 @@ def test_overload_burst_on_demand_and_every_period():
 
 def test_overload_refuses_nonsense():
     with pytest.raises(ValueError):
-        Overload(every=0)
+        Overload(SYSTEM, every=0)
     with pytest.raises(ValueError):
-        Overload().start(5, status=404)
+        Overload(SYSTEM).start(5, status=404)
 
 
 def test_a_limit_enforced_over_one_second_refuses_a_burst_the_minute_would_allow():

@@ -13,6 +13,7 @@ from roundtrip import ToolContext, ToolError
 from roundtrip._gate.authorization import authorize
 from roundtrip._kernel.settings import Settings
 from roundtrip._sdk.context import Dependencies
+from roundtrip._sdk.texts import gate_message
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples" / "telecom-agent"))
@@ -37,7 +38,10 @@ async def check(tool: str, args: dict, customer: str, deps: Dependencies) -> str
     async def lookup(kind: str, entity_id: str, customer_id: str):
         return await registry.entity_resolver(kind)(entity_id, ctx(customer_id, deps))
 
-    return await authorize(registry.get(tool), args, ctx(customer, deps), lookup, registry.policy(tool))
+    spec = registry.get(tool)
+    return await authorize(
+        spec, args, ctx(customer, deps), lookup, registry.policy(tool), {}, gate_message, registry.specs
+    )
 
 
 def test_the_agent_fits_together_with_its_own_prompt_replies_and_a_rule_that_always_holds():

@@ -261,7 +261,7 @@ def test_an_x_entity_behind_a_ref_is_refused_where_it_is_and_where_it_is_referre
 
 def test_a_recursive_schema_holding_an_entity_is_refused_and_a_top_level_entity_with_a_ref_is_not():
     recursive = _broken(lambda doc: doc["input_schema"]["properties"].update(parent={"$ref": "#"}))
-    assert any("$ref # of wrap_order leads to an x-entity" in p for p in document_problems(recursive)[1])
+    assert any("$ref # of wrap_order leads to an x-entity" in p for p in document_problems(recursive, "<tool>")[1])
     annotated_ref = _broken(
         lambda doc: doc["input_schema"].update(
             {
@@ -270,7 +270,7 @@ def test_a_recursive_schema_holding_an_entity_is_refused_and_a_top_level_entity_
             }
         )
     )
-    spec, problems = document_problems(annotated_ref)
+    spec, problems = document_problems(annotated_ref, "<tool>")
     assert problems == [] and spec is not None and spec.entity_refs == {"order_id": "order"}
 
 

@@ -6,6 +6,7 @@ import json
 
 import httpx
 import pytest
+from httpx_aiohttp import AiohttpTransport
 
 from roundtrip._gate.validation import InputValidator  # the validator the fleet uses
 from roundtrip._sdk import ToolContext, ToolError
@@ -152,7 +153,9 @@ async def test_other_tools_allow_by_default(registry, shop):
 
 
 async def test_shop_5xx_and_unreachable_raise_shop_unavailable():
-    failing = ShopClient("http://shop", transport=httpx.MockTransport(lambda request: httpx.Response(503)))
+    failing = ShopClient(
+        "http://shop", timeout=10.0, transport=httpx.MockTransport(lambda request: httpx.Response(503))
+    )
     with pytest.raises(ShopUnavailable, match="HTTP 503"):
         await failing.get_order(ALICE, "ord_a1000003")
     await failing.aclose()
@@ -160,7 +163,7 @@ async def test_shop_5xx_and_unreachable_raise_shop_unavailable():
     def refuse(request):
         raise httpx.ConnectError("connection refused", request=request)
 
-    down = ShopClient("http://shop", transport=httpx.MockTransport(refuse))
+    down = ShopClient("http://shop", timeout=10.0, transport=httpx.MockTransport(refuse))
     with pytest.raises(ShopUnavailable, match="unreachable"):
         await down.list_orders(ALICE)
     assert await down.health() is False
@@ -175,7 +178,7 @@ async def test_over_its_real_transport_a_refused_connection_is_unreachable_and_a
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         closed_port = s.getsockname()[1]
-    down = ShopClient(f"http://127.0.0.1:{closed_port}", timeout=2)
+    down = ShopClient(f"http://127.0.0.1:{closed_port}", timeout=2, transport=AiohttpTransport())
     with pytest.raises(ShopUnavailable, match="unreachable"):
         await down.list_orders(ALICE)
     assert await down.health() is False
@@ -188,7 +191,7 @@ async def test_over_its_real_transport_a_refused_connection_is_unreachable_and_a
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    slow = ShopClient(f"http://127.0.0.1:{port}", timeout=0.3)
+    slow = ShopClient(f"http://127.0.0.1:{port}", timeout=0.3, transport=AiohttpTransport())
     try:
         with pytest.raises(ShopUnavailable, match="timed out"):
             await slow.get_order(ALICE, "ord_a1000003")
@@ -204,7 +207,7 @@ async def test_shop_client_sends_the_principal_and_escapes_ids():
         seen.append((request.url.raw_path, request.headers.get("x-customer-id")))
         return httpx.Response(404, json={"error": "order_not_found"})
 
-    client = ShopClient("http://shop", transport=httpx.MockTransport(record))
+    client = ShopClient("http://shop", timeout=10.0, transport=httpx.MockTransport(record))
     assert await client.get_order(ALICE, "../admin/orders") is None
     assert seen == [(b"/orders/%2E%2E%2Fadmin%2Forders", ALICE)]
     with pytest.raises(ValueError):
@@ -214,7 +217,7 @@ async def test_shop_client_sends_the_principal_and_escapes_ids():
 
 async def test_unexpected_status_is_a_shop_error():
     client = ShopClient(
-        "http://shop", transport=httpx.MockTransport(lambda r: httpx.Response(401, json={"error": "x"}))
+        "http://shop", timeout=10.0, transport=httpx.MockTransport(lambda r: httpx.Response(401, json={"error": "x"}))
     )
     with pytest.raises(ShopError) as err:
         await client.list_orders(ALICE)

@@ -32,7 +32,7 @@ ECHO = topology.Service(
 
 
 def build(settings: Settings, agent: object) -> FastStream:  # a service of its own: builds like the five
-    wired = wiring("echo", settings)
+    wired = wiring("echo", settings, (), "")
     echoed = Outlet(wired, ECHOED, events.CancelTurn)
 
     @subscribe(wired, ECHOES, settings)
@@ -54,7 +54,7 @@ def settings() -> Settings:
 def test_a_service_added_to_the_declaration_shows_up_everywhere(with_echo):
     channels = contracts.asyncapi_document()["channels"]
     assert any(ECHOES in name for name in channels) and any(ECHOED in name for name in channels)
-    assert {"p." + ECHOES, "p." + ECHOED} <= set(desired_topics("p.", 3))  # topics create
+    assert {"p." + ECHOES, "p." + ECHOED} <= set(desired_topics("p.", 3, None))  # topics create
     assert topology.groups()["roundtrip-echo"] == ECHOES  # roundtrip lag
     assert (
         topology.names()[-1] == "echo"
@@ -75,8 +75,8 @@ def test_a_fleets_groups_carry_its_topic_prefix_and_are_found_by_their_short_nam
     )
     for name in ("executor", "roundtrip-executor", "prod.roundtrip-executor"):
         assert topology.find_group(name, "prod.") == "prod.roundtrip-executor"
-    assert topology.find_group("roundtrip-executor") == "roundtrip-executor"
-    assert topology.find_group("prod.roundtrip-executor") is None  # another fleet's group is not this fleet's
+    assert topology.find_group("roundtrip-executor", "") == "roundtrip-executor"
+    assert topology.find_group("prod.roundtrip-executor", "") is None  # another fleet's group is not this fleet's
     assert topology.find_group("nosuch", "prod.") is None
 
 
@@ -86,13 +86,13 @@ def test_every_app_builds_against_its_declaration():
 
 
 def test_a_subscription_the_topology_does_not_declare_fails_at_build():
-    wired = wiring("model", settings())
+    wired = wiring("model", settings(), (), "")
     with pytest.raises(LookupError, match=r"declares no subscription of model to turn.tool_calls"):
         subscribe(wired, topics.TOOL_CALLS, settings())
 
 
 def test_a_handler_for_another_message_than_declared_fails_at_build():
-    wired = wiring("model", settings())
+    wired = wiring("model", settings(), (), "")
 
     with pytest.raises(TypeError, match=r"the topology says turn.model_calls carries CallModel"):
 
@@ -101,7 +101,7 @@ def test_a_handler_for_another_message_than_declared_fails_at_build():
 
 
 def test_an_output_the_topology_does_not_declare_fails_at_build():
-    wired = wiring("gate", settings())
+    wired = wiring("gate", settings(), (), "")
     with pytest.raises(LookupError, match=r"declares no output CallModel of gate to turn.model_calls"):
         Outlet(wired, topics.MODEL_CALLS, events.CallModel)
 
@@ -132,7 +132,7 @@ def test_dead_letters_are_re_driven_only_to_consumed_topics_and_their_handling_i
     assert set(topology.redrive_topics()) == consumed and topics.SUPPORT_REPLIES not in consumed
     assert [s.name for s in topology.SERVICES if s.redrives] == ["console"]
     assert topics.DEAD_LETTERS_HANDLED in topology.topic_names()
-    counts = desired_topics("p.", 6)
+    counts = desired_topics("p.", 6, None)
     assert counts["p." + topics.DEAD_LETTERS_HANDLED] == 1  # one order of claims: the first claim of a letter wins
     assert topology.consumed_by("executor") == (topics.TOOL_BATCHES,) and topology.consumed_by("console") == ()
     for name in topology.service("console").reads:

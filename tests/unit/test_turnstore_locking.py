@@ -57,6 +57,7 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
             {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
             0.0,
             "{}",
+            now=time.time(),
         )  # from step 7: no longer there
         assert await ledger.advance(
             T1,
@@ -64,6 +65,7 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
             {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
             0.0,
             "{}",
+            now=time.time(),
         )
         assert other.execute("SELECT step FROM turns WHERE turn_id = 't1'").fetchone() == (9,)
     finally:

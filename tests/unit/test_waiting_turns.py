@@ -9,9 +9,9 @@ import time
 from types import SimpleNamespace
 
 from roundtrip._guard.ledger import Ledger
-from roundtrip._kernel.kafka.consumer import KeyOrderedConsumer
 from roundtrip._kernel.storage.turnstore import RUNNING, WAITING, Fence
 from tests import waiting
+from tests.consumers import key_ordered
 from tests.databases import migrated
 
 
@@ -31,14 +31,16 @@ async def test_a_waiting_turn_is_live_never_stuck_ended_at_its_deadline_and_coun
         await ledger.start(turn("t2"), pending="{}", now=start, deadline_at=start + 2000)
         assert await fence.claim_model_call(T1, 0, now=start)
         assert await fence.wait_for_capacity(T1, 0, now=start)
-        assert not await fence.wait_for_capacity(T1, 3)  # not at that step: refused
+        assert not await fence.wait_for_capacity(T1, 3, now=time.time())  # not at that step: refused
         assert await ledger.waiting_for_capacity() == 1
         idle, expired, _ = await ledger.overdue(time.time(), stuck_after_s=60, grace_s=30, deadline_s=300)
         assert [r.turn_id for r in idle] == ["t2"] and not expired  # only the running one is idle
         assert not await ledger.flag_stuck("t1", stuck_after_s=60)
-        assert await ledger.advance(T1, 1, {}, 0.0, pending="{}")  # the call answered: the next step runs
+        assert await ledger.advance(
+            T1, 1, {}, 0.0, pending="{}", now=time.time()
+        )  # the call answered: the next step runs
         assert (await ledger.get("t1")).status == RUNNING
-        assert await fence.wait_for_capacity(T1, 1)
+        assert await fence.wait_for_capacity(T1, 1, now=time.time())
         _, expired, _ = await ledger.overdue(start + 2001, stuck_after_s=60, grace_s=30, deadline_s=300)
         assert (
             "t1" in [r.turn_id for r in expired] and (await ledger.get("t1")).status == WAITING
@@ -69,7 +71,7 @@ class FakeKafka:
 
 async def test_a_held_back_consumer_pauses_fetching_and_resumes_when_released():
     # a processing step that only yields to the loop
-    consumer = KeyOrderedConsumer(process=lambda record: asyncio.sleep(0), idle_wait_ms=50)
+    consumer = key_ordered(process=lambda record: asyncio.sleep(0), idle_wait_ms=50)
     kafka = FakeKafka()
     task = asyncio.create_task(consumer.run(kafka))
     await asyncio.sleep(0.05)  # an idle poll (50 ms): a pause unasked for would have come by now

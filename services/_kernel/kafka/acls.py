@@ -80,7 +80,7 @@ def for_service(service: topology.Service, prefix: str = "", principal: str = DE
     return _merged(acls)
 
 
-def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
+def for_operator(prefix: str, principal: str) -> list[Acl]:
     """The `roundtrip` commands: make and grow the topics, read them all, publish requests, cancels, decisions."""
     who = principal.format(name=OPERATOR)
     acls = [
@@ -102,7 +102,7 @@ def for_operator(prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[A
     return _merged(acls)
 
 
-def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
+def for_app(group: str, prefix: str, principal: str) -> list[Acl]:
     """The user's app: publish requests, read replies, status and stream in its own consumer group `group`."""
     who = principal.format(name=APP)
     return _merged(
@@ -117,7 +117,7 @@ def for_app(group: str, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) ->
     )
 
 
-def derive(prefix: str = "", principal: str = DEFAULT_PRINCIPAL, app_group: str | None = None) -> dict[str, list[Acl]]:
+def derive(prefix: str, principal: str, app_group: str | None) -> dict[str, list[Acl]]:
     derived = {s.name: for_service(s, prefix, principal) for s in topology.SERVICES}
     derived[OPERATOR] = for_operator(prefix, principal)
     if app_group:

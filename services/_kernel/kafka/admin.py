@@ -14,7 +14,7 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from roundtrip._kernel.kafka.clients import KafkaClients, clients_of
 from roundtrip._kernel.wire import topics, topology
@@ -39,13 +39,13 @@ class TopicsReport:
         return "topics: " + ", ".join(parts)
 
 
-def topic_configs(name: str, prefix: str = "") -> dict[str, str]:
+def topic_configs(name: str, prefix: str) -> dict[str, str]:
     if name.startswith(prefix) and topics.dead_letters_service(name[len(prefix) :]):
         return {"max.message.bytes": str(DEAD_LETTER_MAX_BYTES)}
     return {}
 
 
-def desired_topics(prefix: str, partitions: int, executor_partitions: int | None = None) -> dict[str, int]:
+def desired_topics(prefix: str, partitions: int, executor_partitions: int | None) -> dict[str, int]:
     counts = {}
     for name in topology.topic_names():
         if name == topics.TOOL_BATCHES:
@@ -63,7 +63,7 @@ def _admin(kafka: KafkaClients | str, request_timeout_ms: int = 30000) -> AIOKaf
 
 
 async def _partition_counts(
-    admin: AIOKafkaAdminClient, names: list[str], timeout: float = 10.0, at_least: dict[str, int] | None = None
+    admin: AIOKafkaAdminClient, names: list[str], timeout: float, at_least: dict[str, int] | None = None
 ) -> dict[str, int]:
     """Partition count of each topic, polled until the broker's metadata shows all with leaders (and at least
     `at_least[name]` partitions): right after a create, the broker's metadata cache lags the controller."""
@@ -86,12 +86,12 @@ ENSURE_TIMEOUT_S = 30.0  # per admin request of creating or growing the topics
 
 async def ensure_topics(
     bootstrap: KafkaClients | str,
-    prefix: str = "",
-    partitions: int = 6,
-    executor_partitions: int | None = None,
-    replication_factor: int = 1,
+    prefix: str,
+    partitions: int,
+    executor_partitions: int | None,
+    replication_factor: int,
     *,
-    min_insync_replicas: int | None = None,
+    min_insync_replicas: int | None,
 ) -> TopicsReport:
     durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
     wanted = desired_topics(prefix, partitions, executor_partitions)
@@ -194,25 +194,6 @@ async def wait_for_topics(kafka: KafkaClients | str, names: list[str], timeout: 
         await admin.close()
 
 
-async def wait_for_broker(bootstrap: KafkaClients | str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        admin = _admin(bootstrap, request_timeout_ms=5000)
-        try:
-            await admin.start()
-            cluster = await admin.describe_cluster()
-            if cluster.get("brokers"):
-                return
-            last = KafkaError("no live broker yet")
-        except (KafkaConnectionError, KafkaError, OSError) as e:
-            last = e
-        finally:
-            await admin.close()
-        await asyncio.sleep(0.25)
-    raise TimeoutError(f"no Kafka broker answering at {clients_of(bootstrap).bootstrap} after {timeout:.0f}s ({last})")
-
-
 @dataclass
 class PartitionLag:
     topic: str
@@ -306,7 +287,7 @@ async def _retrying(call: Callable[[], Awaitable[Any]], timeout: float) -> Any:
 LAG_TIMEOUT_S = 10.0  # per admin request of `roundtrip lag`
 
 
-async def consumer_lag(bootstrap: KafkaClients | str, prefix: str = "", group: str | None = None) -> list[GroupLag]:
+async def consumer_lag(bootstrap: KafkaClients | str, prefix: str, group: str | None) -> list[GroupLag]:
     """Lag per partition and members of the fleet's groups on `prefix`'s topics (another fleet's are not shown).
     The topology's groups are shown even before they exist: a group that never committed lags from the log's start.
     """

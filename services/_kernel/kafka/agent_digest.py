@@ -11,6 +11,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.kafka.dedupe import SeenIds
 
 log = logging.getLogger("roundtrip.agent")
@@ -21,7 +22,7 @@ class Digest:
 
     def __init__(self, service: str, digest: str) -> None:
         self.service, self.digest = service, digest
-        self._said = SeenIds(capacity=10_000)  # turns already reported
+        self._said = SeenIds(SYSTEM, capacity=10_000)  # turns already reported
 
     def check(self, message: Any, span: trace.Span | None = None) -> bool:
         """True when `message` belongs to a turn started under another digest than this one (and says so)."""

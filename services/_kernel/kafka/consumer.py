@@ -23,6 +23,7 @@ from roundtrip._kernel.kafka.faults import RetryLater
 from roundtrip._kernel.kafka.outages import Outages, rescue_until_done, shortened
 
 log = logging.getLogger("roundtrip.consumer")
+DRAIN_TIMEOUT_S = 10.0  # the longest a revoked partition waits for its running records before they are given up
 
 Process = Callable[[Any], Awaitable[None]]  # one aiokafka ConsumerRecord
 Commit = Callable[[dict[TopicPartition, int]], Awaitable[None]]
@@ -75,15 +76,14 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         self,
         process: Process,
         *,
-        name: str = "consumer",
-        max_in_flight: int = 256,
-        commit_interval_s: float = 0.1,
-        commit: Commit | None = None,
-        rescue: Rescue | None = None,
-        forget: Callable[[list[TopicPartition]], None] | None = None,
-        idle_wait_ms: int = 5000,
-        drain_timeout_s: float = 10.0,
-        cancel_on_revoke: bool = False,
+        name: str,
+        max_in_flight: int,
+        commit_interval_s: float,
+        commit: Commit | None,
+        rescue: Rescue | None,
+        forget: Callable[[list[TopicPartition]], None] | None,
+        idle_wait_ms: int,
+        cancel_on_revoke: bool,
     ) -> None:
         self.name = name
         self._process = process
@@ -93,7 +93,6 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         self._rescue = rescue
         self._forget = forget
         self._idle_wait_ms = idle_wait_ms
-        self._drain_timeout = drain_timeout_s
         # for a handler that only waits (admission): the next owner reads the cancelled record again
         self._cancel_on_revoke = cancel_on_revoke
         self._consumer: AIOKafkaConsumer | None = None
@@ -316,7 +315,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
         self.assigned = True
 
     async def _settle(self, parts: list[_Partition]) -> None:
-        """Let the running records of `parts` finish (bounded by drain_timeout_s), then commit what finished."""
+        """Let the running records of `parts` finish (bounded by DRAIN_TIMEOUT_S), then commit what finished."""
         if not parts:
             return
         if self._cancel_on_revoke:
@@ -325,7 +324,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
                 if key[0] in gone:
                     task.cancel()
         waits = [asyncio.ensure_future(p.idle.wait()) for p in parts]
-        _, pending = await asyncio.wait(waits, timeout=self._drain_timeout)
+        _, pending = await asyncio.wait(waits, timeout=DRAIN_TIMEOUT_S)
         for w in pending:
             w.cancel()
         if pending:
@@ -334,7 +333,7 @@ class KeyOrderedConsumer(ConsumerRebalanceListener):  # type: ignore[misc]  # ai
                 "%s: %d records still running after %.0f s; their offsets stay uncommitted (redelivered)",
                 self.name,
                 busy,
-                self._drain_timeout,
+                DRAIN_TIMEOUT_S,
             )
         await self.commit(parts)
 

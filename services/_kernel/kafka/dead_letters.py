@@ -60,14 +60,12 @@ class Record:
     headers: list[tuple[str, bytes]]
 
 
-def letter_id(partition: int, offset: int, service: str = "") -> str:
+def letter_id(partition: int, offset: int, service: str) -> str:
     """`<service>-<partition>-<offset>` on the service's topic; `<partition>-<offset>` on the shared one (as before)."""
     return f"{service}-{partition}-{offset}" if service else f"{partition}-{offset}"
 
 
-def parse_letter(
-    partition: int, offset: int, timestamp_ms: int | None, value: bytes | None, service: str = ""
-) -> Letter:
+def parse_letter(partition: int, offset: int, timestamp_ms: int | None, value: bytes | None, service: str) -> Letter:
     at, lid = (timestamp_ms or 0) / 1000, letter_id(partition, offset, service)
     try:
         return Letter(lid, at, DeadLettered.model_validate_json(value or b""), topic_of=service)

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
+
+from roundtrip._kernel.clock import Clock
 
 
 class SeenIds:
     """The last `capacity` keys seen, each with a value remembered for it. `max_age_s` also forgets keys unseen that
     long, so memory follows the rate instead of growing for hours towards `capacity` at a slow one."""
 
-    def __init__(
-        self, capacity: int = 100_000, max_age_s: float | None = None, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, clock: Clock, capacity: int = 100_000, max_age_s: float | None = None) -> None:
         self._ids: OrderedDict[str, tuple[Any, float]] = OrderedDict()
         self._capacity, self._max_age_s, self._clock = capacity, max_age_s, clock
 
@@ -24,7 +22,7 @@ class SeenIds:
 
     def first(self, key: str, value: Any) -> Any:
         """Remember `value` for a new `key` and return None; for a key seen before, the value first remembered."""
-        now = self._clock()
+        now = self._clock.monotonic()
         if (seen := self._ids.get(key)) is not None:
             self._ids[key] = (seen[0], now)
             self._ids.move_to_end(key)

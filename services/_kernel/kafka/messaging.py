@@ -70,7 +70,7 @@ class Wiring:
         return topics.t(name, self.prefix)
 
 
-def wiring(service: str, settings: Settings, turn_roots: tuple[str, ...] = (), digest: str = "") -> Wiring:
+def wiring(service: str, settings: Settings, turn_roots: tuple[str, ...], digest: str) -> Wiring:
     """The service's broker and its wiring; `turn_roots`: the (logical) topics whose messages start turns."""
     kafka = kafka_clients(settings)
     broker = KafkaBroker(
@@ -183,7 +183,7 @@ def _message_path(
     wired: Wiring,
     group_id: str,
     handler: Callable[[Any], Awaitable[Any]],
-    on_failure: Failed | None = None,
+    on_failure: Failed | None,
 ) -> Callable[[Any], Awaitable[None]]:
     """One record through the handler: consumer span, metrics, decode, handle; a failure is dead-lettered."""
     model = _message_model(handler)

@@ -57,8 +57,8 @@ class Outages:
         failed: RetryLater,
         given_up: Callable[[], bool],
         rescue: Callable[[BaseException], Awaitable[bool]],
-        key: Hashable = None,
-        label: str = "",
+        key: Hashable,
+        label: str,
     ) -> bool:
         """Try `attempt` again until it goes through (True), `given_up()` (False), or fails for what the message is
         (`rescue(exc)`'s answer). A try that fails the other way moves the record from one wait to the other."""

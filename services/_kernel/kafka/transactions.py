@@ -23,7 +23,7 @@ DISCARD_TIMEOUT_S = 10
 RESTART_TIMEOUT_S = 30
 
 
-def transactional_id(service: str, topic: str, instance_id: str | None = None, prefix: str = "") -> str:
+def transactional_id(service: str, topic: str, instance_id: str | None, prefix: str) -> str:
     """Stable per replica, so a restarted replica fences its dead predecessor's open transaction at once (Kafka
     aborts it when the same id registers again) instead of readers waiting for the transaction timeout. Two
     replicas must never share one. `prefix` comes first so a fleet's ACL on its ids covers none of another fleet's."""

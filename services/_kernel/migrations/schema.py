@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtrip._kernel.database import make_engine, run_on, shown
-from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, STORES, UPGRADE, DatabaseUnreachable, SchemaMismatch
+from roundtrip._kernel.migrations import CONVERSATIONS, LEDGER, UPGRADE, DatabaseUnreachable, SchemaMismatch
 
 LOCK_KEY = 7_347_211_908  # any constant, the same in every process
 SQLITE_LOCK_WAIT_MS = 60_000
@@ -39,7 +39,7 @@ def databases(settings: _DatabaseUrls) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def _config() -> Config:
+def alembic_config() -> Config:
     config = Config()
     config.set_main_option("script_location", str(Path(__file__).parent))
     return config
@@ -47,7 +47,7 @@ def _config() -> Config:
 
 @functools.cache
 def _scripts() -> ScriptDirectory:
-    return ScriptDirectory.from_config(_config())
+    return ScriptDirectory.from_config(alembic_config())
 
 
 def head(store: str) -> str:
@@ -105,14 +105,12 @@ def reaching(url: str) -> Iterator[None]:
         raise DatabaseUnreachable(f"cannot use the database {shown(url)}: {reason}") from exc
 
 
-async def current(url: str, stores: Sequence[str] = STORES) -> dict[str, str | None]:
+async def current(url: str, stores: Sequence[str]) -> dict[str, str | None]:
     with reaching(url):
         return await run_on(make_engine(url, read_only=True), lambda conn: {s: found_revision(conn, s) for s in stores})
 
 
-async def upgrade(
-    url: str, stores: Sequence[str] = STORES, to: str | None = None
-) -> list[tuple[str, str | None, str | None]]:
+async def upgrade(url: str, stores: Sequence[str]) -> list[tuple[str, str | None, str | None]]:
     """Apply the stores' missing revisions in one locked transaction; (store, before, after) for each. A store
     ahead of this code is refused before anything runs."""
 
@@ -123,10 +121,10 @@ async def upgrade(
         for store, found in before.items():
             if found is not None and found not in lineage(store):
                 raise SchemaMismatch(mismatch(store, url, found))
-        config = _config()
+        config = alembic_config()
         config.attributes["connection"] = conn  # env.py runs on it
         for store in stores:
-            command.upgrade(config, to or f"{store}@head")
+            command.upgrade(config, f"{store}@head")
         return [(s, before[s], found_revision(conn, s)) for s in stores]
 
     engine = make_engine(url)

@@ -175,9 +175,7 @@ def hop_of(
 
 
 @contextlib.contextmanager
-def consuming(
-    record: Any, group: str, roots: frozenset[str] = frozenset(), using: trace.Tracer | None = None
-) -> Iterator[trace.Span]:
+def consuming(record: Any, group: str, roots: frozenset[str]) -> Iterator[trace.Span]:
     """The consumer span of one record (`<topic> process`), current while its handler runs, in its turn's trace."""
     headers = {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in (record.headers or ())}
     hop, parent = hop_of(record.topic, record.partition, record.offset, record.timestamp, record.key, headers, roots)
@@ -202,7 +200,7 @@ def consuming(
     links = [Link(hop.cause)] if hop is not None and hop.cause is not None else None
     token = _hop.set(hop) if hop is not None else None
     try:
-        span = (using or tracer("roundtrip.kafka")).start_span(
+        span = tracer("roundtrip.kafka").start_span(
             f"{record.topic} process", context=parent_ctx, kind=SpanKind.CONSUMER, attributes=attributes, links=links
         )
         with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
@@ -213,9 +211,7 @@ def consuming(
 
 
 @contextlib.contextmanager
-def publishing(
-    topic: str, message: Any, conversation_id: str, using: trace.Tracer | None = None
-) -> Iterator[list[tuple[str, bytes]]]:
+def publishing(topic: str, message: Any, conversation_id: str) -> Iterator[list[tuple[str, bytes]]]:
     """The producer span of one publish (`<topic> publish`); yields the record's headers (the next hop links to it)."""
     attributes = {
         "messaging.system": "kafka",
@@ -224,7 +220,7 @@ def publishing(
         "messaging.kafka.message.key": conversation_id,
         "messaging.message.conversation_id": conversation_id,
     }
-    with (using or tracer("roundtrip.kafka")).start_as_current_span(
+    with tracer("roundtrip.kafka").start_as_current_span(
         f"{topic} publish", kind=SpanKind.PRODUCER, attributes=attributes, record_exception=False
     ) as span:
         headers = [(k, v.encode()) for k, v in turn_headers(message).items()]
@@ -298,11 +294,9 @@ def record_turn_span(
     usage: Any,
     cost_usd: float,
     agent_name: str,
-    agent_digest: str = "",
-    model: str = "",
-    provider: str = "anthropic",
-    end_time: float | None = None,
-    using: trace.Tracer | None = None,
+    agent_digest: str,
+    model: str,
+    provider: str,
 ) -> trace.Span:
     """Record the finished turn span with the ids and start fixed when the turn began."""
     started = turn.started_at or time.time()
@@ -333,7 +327,7 @@ def record_turn_span(
     forced = [int(turn.trace_id, 16), int(turn.span_id, 16)] if turn.span_id and turn.trace_id else None
     token = _forced_ids.set(forced)
     try:
-        span = (using or tracer()).start_span(
+        span = tracer().start_span(
             turn_span_name(agent_name),
             context=otel_context.Context(),
             kind=SpanKind.INTERNAL,
@@ -344,7 +338,7 @@ def record_turn_span(
         _forced_ids.reset(token)
     if outcome in ERROR_OUTCOMES:
         mark_error(span, f"turn ended: {outcome}", outcome)
-    span.end(end_time=_ns(end_time or time.time()))
+    span.end()
     return span
 
 
@@ -370,7 +364,7 @@ def turn_context(turn: Any) -> otel_context.Context | None:
 
 
 @contextlib.contextmanager
-def span_in_turn(name: str, turn: Any, cause: str | None = None, step: int | None = None) -> Iterator[trace.Span]:
+def span_in_turn(name: str, turn: Any, cause: str | None, step: int | None) -> Iterator[trace.Span]:
     """A span under the turn span (linked to `cause`, a traceparent), outside any hop: the guard's sweeper, a cancel."""
     parent = turn_context(turn)
     if parent is None:  # a turn from before turn spans: continue its last hop
@@ -413,14 +407,12 @@ class SpanExport(Protocol):
     def effective_span_file(self) -> Path | None: ...
 
 
-def make_provider(service: str, settings: SpanExport | None = None) -> TracerProvider:
+def make_provider(service: str, settings: SpanExport) -> TracerProvider:
     """A tracer provider that shapes turns (turn span ids, turn attributes on every span); exporters per `settings`."""
     provider = TracerProvider(
         resource=Resource.create({"service.name": f"roundtrip-{service}"}), id_generator=TurnIdGenerator()
     )
     provider.add_span_processor(TurnSpanProcessor())
-    if settings is None:
-        return provider
     if settings.otlp_endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

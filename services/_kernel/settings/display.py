@@ -89,7 +89,7 @@ def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | N
     )
 
 
-def warnings(settings: Settings, approvals: bool = False) -> list[str]:
+def warnings(settings: Settings, approvals: bool) -> list[str]:
     """What a person should fix before this configuration leaves a laptop (the published development keys in use)."""
     found = []
     if settings.dev_batch_key_in_use:

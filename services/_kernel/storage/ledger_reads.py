@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import builtins  # TurnReads.list shadows the builtin in the annotations that follow it
 import json
-import time
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -149,8 +148,7 @@ class LedgerSize:
     oldest_ended_at: float | None
     estimated: bool = False
 
-    def line(self, retention_s: float, now: float | None = None) -> str:
-        now = now or time.time()
+    def line(self, retention_s: float, now: float) -> str:
         oldest = (
             f"oldest ended turn {duration(now - self.oldest_ended_at)} ago"
             if self.oldest_ended_at is not None

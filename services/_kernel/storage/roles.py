@@ -82,7 +82,7 @@ def creation(name: str, password: str | None = None) -> str:
     )
 
 
-def grants(service: str, tables: Iterable[str], prefix: str = PREFIX) -> list[str]:
+def grants(service: str, tables: Iterable[str], prefix: str) -> list[str]:
     """The statements that leave `service`'s role exactly its part of `tables` (those of this database)."""
     part, who = PARTS[service], _ident(role(service, prefix))
     present = list(tables)
@@ -99,9 +99,7 @@ def grants(service: str, tables: Iterable[str], prefix: str = PREFIX) -> list[st
     return out
 
 
-def statements(
-    tables: Iterable[str], prefix: str = PREFIX, create: Mapping[str, str | None] | None = None
-) -> list[str]:
+def statements(tables: Iterable[str], prefix: str, create: Mapping[str, str | None] | None = None) -> list[str]:
     """Every role's statements for one database holding `tables` (and the revisions table): roles created when
     missing (`create`: service -> password for those to create now; None: print the idempotent form for all),
     nothing left to PUBLIC on the fleet's tables, then each service's grants."""
@@ -231,13 +229,13 @@ def present(conn: Connection) -> list[str]:
     return [t for store in TABLES.values() for t in store if t in found]
 
 
-def missing_roles(conn: Connection, prefix: str = PREFIX) -> list[str]:
+def missing_roles(conn: Connection, prefix: str) -> list[str]:
     names = [role(s, prefix) for s in PARTS]
     existing = set(conn.execute(text("SELECT rolname FROM pg_roles WHERE rolname = ANY(:n)"), {"n": names}).scalars())
     return [s for s in PARTS if role(s, prefix) not in existing]
 
 
-def apply(conn: Connection, passwords: Mapping[str, str], prefix: str = PREFIX) -> list[str]:
+def apply(conn: Connection, passwords: Mapping[str, str], prefix: str) -> list[str]:
     """Run `statements` in this transaction; roles created with the given passwords. What was done, one line each
     (no password)."""
     tables = present(conn)
@@ -263,7 +261,7 @@ def apply(conn: Connection, passwords: Mapping[str, str], prefix: str = PREFIX) 
     return said
 
 
-def passwords_from(environ: Mapping[str, str], prefix: str = PREFIX) -> dict[str, str]:
+def passwords_from(environ: Mapping[str, str], prefix: str) -> dict[str, str]:
     """Each service's password from its LOGIN_ENV variable, where set."""
     found = {}
     for service in PARTS:
@@ -273,7 +271,7 @@ def passwords_from(environ: Mapping[str, str], prefix: str = PREFIX) -> dict[str
     return found
 
 
-async def apply_to(url: str, passwords: Mapping[str, str], prefix: str = PREFIX) -> list[str]:
+async def apply_to(url: str, passwords: Mapping[str, str], prefix: str) -> list[str]:
     with reaching(url):
         return await run_on(make_engine(url), lambda conn: apply(conn, passwords, prefix), write=True)
 

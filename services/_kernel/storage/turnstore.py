@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Protocol, Self, cast
 
@@ -309,19 +308,17 @@ class Fence(TurnStore):
     """What the executor and the model service ask right before they act. A claim refused because the turn names
     another principal raises TurnRefused; any other refusal returns False."""
 
-    async def claim_batch(self, turn: Principal, step: int, lease_s: float, now: float | None = None) -> bool:
+    async def claim_batch(self, turn: Principal, step: int, lease_s: float, now: float) -> bool:
         """Lease (turn, step) for `lease_s` while the turn is live, at `step`, before its deadline. A redelivered
         batch of the same step may claim again: its calls are idempotent by tool_use_id."""
-        now = now or time.time()
         claim = {**principal(turn), "b_step": step, "b_now": now, "lease_step": step, "lease_until": now + lease_s}
         if await self._update(_CLAIM, claim):
             return True
         await self.refuse_if_not_recorded(turn, "executor")
         return False
 
-    async def claim_model_call(self, turn: Principal, step: int, now: float | None = None) -> bool:
+    async def claim_model_call(self, turn: Principal, step: int, now: float) -> bool:
         """True when the turn is live at `step` before its deadline; releases the step's executor lease."""
-        now = now or time.time()
         if await self._update(_CLAIM, {**principal(turn), "b_step": step, "b_now": now, "lease_until": None}):
             return True
         await self.refuse_if_not_recorded(turn, "model")
@@ -329,8 +326,7 @@ class Fence(TurnStore):
         await self._update(_RELEASE_ENDING, {**principal(turn), "b_step": step, "lease_until": None})
         return False
 
-    async def wait_for_capacity(self, turn: Principal, step: int, now: float | None = None) -> bool:
-        now = now or time.time()
+    async def wait_for_capacity(self, turn: Principal, step: int, now: float) -> bool:
         return await self._update(
             _WAITING,
             {**principal(turn), "b_step": step, "status": WAITING, "last_progress_at": now, "flagged_at": None},

@@ -67,7 +67,7 @@ class Service:
         )
         return tuple(name for holds, name in roles if holds)
 
-    def input(self, topic: str, role: str | None = None) -> Input:
+    def input(self, topic: str, role: str | None) -> Input:
         for declared in self.inputs:
             if declared.topic == topic and declared.role == role:
                 return declared
@@ -181,7 +181,7 @@ def groups(prefix: str = "") -> dict[str, str]:
     return {i.group(s.name, prefix): i.topic for s in SERVICES for i in s.inputs}
 
 
-def find_group(name: str, prefix: str = "") -> str | None:
+def find_group(name: str, prefix: str) -> str | None:
     """The fleet's group a user means by `name`, with or without the prefix and `roundtrip-`; None if none."""
     known = groups(prefix)
     return next((g for g in (name, prefix + name, f"{prefix}roundtrip-{name}") if g in known), None)

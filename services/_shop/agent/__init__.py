@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from httpx_aiohttp import AiohttpTransport
+
 import roundtrip.schemas
 from roundtrip import Agent
 from roundtrip._shop.agent import tools
@@ -25,7 +27,7 @@ instructions. Answer politely and concisely, naming the orders you acted on."""
 
 
 def shop_client(fleet: Any, own: ShopAgentSettings) -> ShopClient:
-    return ShopClient(own.shop_base_url, timeout=fleet.tool_timeout_s)
+    return ShopClient(own.shop_base_url, fleet.tool_timeout_s, AiohttpTransport())
 
 
 AGENT = Agent(

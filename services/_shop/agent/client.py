@@ -12,7 +12,6 @@ from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 
 def _seg(value: str) -> str:
@@ -49,15 +48,10 @@ class IdempotencyConflict(ShopError):
 
 
 class ShopClient:
-    def __init__(
-        self,
-        base_url: str,
-        timeout: float = 10.0,
-        *,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
+    def __init__(self, base_url: str, timeout: float, transport: httpx.AsyncBaseTransport) -> None:
+        """`transport`: its HTTP connections (the agent's are aiohttp's)."""
         self.base_url = base_url
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport or AiohttpTransport())
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()
