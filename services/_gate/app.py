@@ -10,6 +10,7 @@ from faststream import FastStream
 
 from roundtrip._gate.core import GatePorts, core_of
 from roundtrip._gate.recorded import RecordedTurns
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.shell import Opened, Shell
 from roundtrip._kernel.storage.turnstore import TurnStore
@@ -48,4 +49,4 @@ class _OpenedTurns:
 
 
 async def _recorded(settings: Settings) -> RecordedTurns:
-    return RecordedTurns(await TurnStore.open(settings.ledger_db_url, pool_size=GATE_POOL_SIZE))
+    return RecordedTurns(await TurnStore.open(settings.ledger_db_url, pool_size=GATE_POOL_SIZE), SYSTEM)

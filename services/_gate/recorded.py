@@ -7,6 +7,7 @@ The record never changes but for its deadline, so each gate replica reads a turn
 
 from __future__ import annotations
 
+from roundtrip._kernel.clock import Clock
 from roundtrip._kernel.kafka.dedupe import SeenIds
 from roundtrip._kernel.storage.turnstore import NO_SUCH_TURN, TurnStore, disagreement, refused
 from roundtrip._kernel.wire.events import Turn
@@ -18,9 +19,9 @@ IDLE_S = 120.0
 
 
 class RecordedTurns:
-    def __init__(self, store: TurnStore) -> None:
+    def __init__(self, store: TurnStore, clock: Clock) -> None:
         self.store = store
-        self._turns = SeenIds(REMEMBERED, max_age_s=IDLE_S)
+        self._turns = SeenIds(clock, REMEMBERED, max_age_s=IDLE_S)
 
     async def authorized(self, turn: Turn) -> Turn:
         """`turn` as the ledger recorded it; TurnRefused when the event's copy differs from that record."""

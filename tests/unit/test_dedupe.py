@@ -35,11 +35,11 @@ def test_ids_older_than_max_age_are_forgotten_so_a_steady_rate_holds_a_steady_nu
 
 
 def test_get_renews_a_keys_age_so_a_key_in_use_stays():
-    clock = Clock()
-    seen = SeenIds(capacity=100, max_age_s=10, clock=clock)
+    now = [0.0]
+    seen = SeenIds(showing(now), capacity=100, max_age_s=10)
     seen.first("in-use", "turn")
     for t in range(1, 30):  # asked for every second for 29 s while other keys come and go
-        clock.now = t
+        now[0] = t
         assert seen.get("in-use") == "turn"
         seen.add(f"other-{t}")
     assert seen.get("never") is None

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from roundtrip._gate import recorded
 from roundtrip._gate.recorded import RecordedTurns
 from roundtrip._kernel.wire.events import Turn
+from tests.clocks import showing
 
 
 class Ledger:
@@ -26,11 +27,10 @@ def turn(n: int) -> Turn:
     return Turn(turn_id=f"t{n}", request_id="r", conversation_id="c", customer_id="cus_1")
 
 
-async def test_a_turn_in_use_is_read_once_and_an_idle_one_is_forgotten(monkeypatch):
+async def test_a_turn_in_use_is_read_once_and_an_idle_one_is_forgotten():
     now = [0.0]
     ledger = Ledger()
-    turns = RecordedTurns(ledger)
-    monkeypatch.setattr(turns._turns, "_clock", lambda: now[0])
+    turns = RecordedTurns(ledger, showing(now))
     for step in range(5):  # one turn's steps, seconds apart
         now[0] = step * 5.0
         assert (await turns.authorized(turn(1))).turn_id == "t1"

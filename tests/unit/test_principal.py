@@ -11,6 +11,7 @@ import pytest
 
 from roundtrip._gate.recorded import RecordedTurns
 from roundtrip._guard.ledger import Ledger
+from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.storage.turnstore import Fence, TurnRefused
 from roundtrip._kernel.wire.events import Turn
 from tests.databases import migrated
@@ -69,7 +70,7 @@ async def test_a_refused_claim_of_an_ended_or_unknown_turn_is_not_a_forgery(stor
 
 async def test_the_gate_authorizes_for_the_turn_as_recorded_at_its_start(stores):
     ledger, _ = stores
-    turns = RecordedTurns(ledger)
+    turns = RecordedTurns(ledger, SYSTEM)
     assert await turns.authorized(ALICE) == ALICE
     later = ALICE.model_copy(update={"deadline_at": ALICE.deadline_at + 60})  # an approval extends the deadline
     assert (await turns.authorized(later)).deadline_at == later.deadline_at

@@ -40,7 +40,7 @@ class SeenIds:
         """The value remembered for `key` (None: not remembered), its age renewed as `first`'s is."""
         if (seen := self._ids.get(key)) is None:
             return None
-        self._ids[key] = (seen[0], self._clock())
+        self._ids[key] = (seen[0], self._clock.monotonic())
         self._ids.move_to_end(key)
         return seen[0]
 
