@@ -54,6 +54,11 @@ class SupportRequest(Message):
         description="Stream the text of each model call to support.stream as it is written (null: the deployment's "
         "setting, ROUNDTRIP_STREAM_REPLIES); the reply still comes once, on support.replies",
     )
+    lane: Literal["interactive", "batch"] | None = Field(
+        None,
+        description="batch: the turn's model calls go through Message Batches (half the price, answers within hours); "
+        "default: the fleet's ROUNDTRIP_DEFAULT_LANE",
+    )
     metadata: dict[MetadataKey, JsonValue] | None = Field(
         None,
         max_length=METADATA_MAX_KEYS,
@@ -214,6 +219,7 @@ class Turn(Message):
     stream: bool | None = Field(
         None, description="The request's `stream`: its text to support.stream (null: the setting)"
     )
+    lane: Literal["interactive", "batch"] = Field("interactive", description="How the turn's model calls are made")
     metadata: dict[str, Any] | None = Field(
         None, description="The request's metadata (the app's own facts), as it came"
     )
@@ -286,6 +292,9 @@ class ModelResponded(Message):
     error: str | None = Field(None, description="Set when the call failed (after the retries its error allows)")
     busy: bool = Field(
         False, description="The error is the API's capacity: refused (429, 529) until the turn's deadline"
+    )
+    batch_id: str = Field(
+        "", description="The Message Batch that answered this call (priced at the batch rate); empty: a direct call"
     )
 
 
