@@ -1,0 +1,35 @@
+"""ledger_0008 (after ledger_0007): the batch lane. The model service's record of each call of a batch turn, from the
+moment its fence claim succeeds to its answer published: which submission took it, which Message Batch holds it, and
+which replica polls that batch (services/_model/batch_store.py, docs/decisions/batch-lane.md).
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "ledger_0008"
+down_revision = "ledger_0007"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "model_batch_calls",
+        sa.Column("turn_id", sa.String(64), primary_key=True),
+        sa.Column("step", sa.Integer, primary_key=True),
+        sa.Column("custom_id", sa.String(64), nullable=False),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("grouping", sa.String(64), nullable=False),
+        sa.Column("queued_at", sa.Float, nullable=False),
+        sa.Column("submission", sa.String(40)),
+        sa.Column("submitted_at", sa.Float),
+        sa.Column("batch_id", sa.String(200)),
+        sa.Column("lease_owner", sa.String(200)),
+        sa.Column("lease_until", sa.Float),
+        sa.Column("retried", sa.Integer, nullable=False),
+        sa.Column("done_at", sa.Float),
+        sa.Column("traceparent", sa.String(64)),
+        sa.Column("command_json", sa.Text),
+    )
+    op.create_index("ix_model_batch_calls_status", "model_batch_calls", ["status"])
+    op.create_index("ix_model_batch_calls_batch_id", "model_batch_calls", ["batch_id"])
