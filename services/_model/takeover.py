@@ -1,0 +1,69 @@
+"""A submission whose batch id was never recorded: the replica died between `create` and recording its answer, or the
+answer never came (a timeout). The API takes no idempotency key, so only the results can say whether that batch
+exists: the batches created around the submission that hold no call recorded here are candidates; once each has
+ended, the calls found in one's results are taken over with it, and only those found in none are queued again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from roundtrip._model.batch_api import BatchApi
+
+log = logging.getLogger("roundtrip.model")
+LISTED_BEFORE_S = 60.0  # the API's clock may read a little behind ours: a batch listed as created before we took it
+CREATED_WITHIN_S = 600.0  # `create` is sent right after the calls are taken and times out well within this
+
+
+class SettledCalls(Protocol):
+    """What settling asks of the batch calls' table (batch_store.BatchCalls)."""
+
+    async def submitting(self, submission: str) -> list[Any]: ...
+
+    async def known(self, batch_ids: list[str]) -> set[str]: ...
+
+    async def adopt(self, submission: str, custom_ids: list[str], batch_id: str) -> None: ...
+
+    async def requeue(self, submission: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class Takeover:
+    api: BatchApi
+    calls: Callable[[], SettledCalls]
+
+    async def resolve(self, submission: str, taken_at: float) -> list[str] | None:
+        """Settle the submission: the batches its calls were found in (their calls taken over), the rest queued
+        again; None while a candidate batch has not ended (asked again later)."""
+        waiting = {row.custom_id for row in await self.calls().submitting(submission)}
+        if not waiting:
+            return []
+        listed = [
+            batch
+            for batch in await self.api.created_since(taken_at - LISTED_BEFORE_S)
+            if batch.created_at <= taken_at + CREATED_WITHIN_S
+        ]
+        known = await self.calls().known([batch.id for batch in listed])
+        candidates = [batch for batch in listed if batch.id not in known]
+        if any(not batch.ended for batch in candidates):
+            return None
+        adopted = []
+        for batch in candidates:
+            found = [result.custom_id async for result in self.api.results(batch.id) if result.custom_id in waiting]
+            if found:
+                log.warning(
+                    "submission %s: %d calls found in batch %s, whose id was never recorded: taken over",
+                    submission,
+                    len(found),
+                    batch.id,
+                )
+                await self.calls().adopt(submission, found, batch.id)
+                waiting -= set(found)
+                adopted.append(batch.id)
+        if waiting:
+            log.warning("submission %s: %d calls in no batch: queued again", submission, len(waiting))
+            await self.calls().requeue(submission)
+        return adopted
