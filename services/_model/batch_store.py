@@ -27,7 +27,7 @@ _OLDEST = select(c.grouping).where(c.status == QUEUED).order_by(c.queued_at).lim
 _OLDEST_OF_GROUPING = (  # up to a batch's size (one call per turn waits at a time: its step's)
     select(c.turn_id, c.step)
     .where(c.status == QUEUED, c.grouping == bindparam("b_grouping"))
-    .order_by(c.queued_at)
+    .order_by(c.queued_at, c.turn_id, c.step)
     .limit(bindparam("b_limit"))
 )
 _TAKE = (
@@ -41,7 +41,7 @@ _TAKE = (
         lease_until=bindparam("b_until"),
     )
 )
-_OF_SUBMISSION = select(batch_calls).where(OF_SUBMISSION)
+_OF_SUBMISSION = select(batch_calls).where(OF_SUBMISSION).order_by(c.queued_at, c.turn_id, c.step)
 _SUBMITTED = update(batch_calls).where(OF_SUBMISSION).values(status=IN_BATCH, batch_id=bindparam("b_batch_id"))
 _REQUEUED = update(batch_calls).where(OF_SUBMISSION).values(status=QUEUED, submission=None, submitted_at=None)
 _ADOPTED = (

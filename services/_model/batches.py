@@ -26,7 +26,7 @@ from roundtrip._model.batch_answers import Answers, AnsweredCalls, failed
 from roundtrip._model.batch_api import BatchApi, Result
 from roundtrip._model.calls import Limits, ModelFence
 from roundtrip._model.port import CallOptions
-from roundtrip._model.takeover import SettledCalls, Takeover
+from roundtrip._model.takeover import SETTLE_AFTER_S, SettledCalls, Takeover
 
 log = logging.getLogger("roundtrip.model")
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,60}$")  # the API's {1,64}, with room for a retry's suffix
@@ -282,7 +282,8 @@ class BatchLane:
             del self.polls[batch_id]
         unsettled = {submission: at for batch_id, submission, at in leased if not batch_id and submission}
         for submission in unsettled.keys() - self.unsettled.keys():
-            self.unsettled[submission] = (unsettled[submission], Poll(now, self.poll_s))
+            taken_at = unsettled[submission]
+            self.unsettled[submission] = (taken_at, Poll(max(now, taken_at + SETTLE_AFTER_S), self.poll_s))
         for submission in self.unsettled.keys() - unsettled.keys():
             del self.unsettled[submission]
 

@@ -16,6 +16,7 @@ from roundtrip._model.batch_api import BatchApi
 log = logging.getLogger("roundtrip.model")
 LISTED_BEFORE_S = 60.0  # the API's clock may read a little behind ours: a batch listed as created before we took it
 CREATED_WITHIN_S = 600.0  # `create` is sent right after the calls are taken and times out well within this
+SETTLE_AFTER_S = 120.0  # a create the client gave up on may still land: settled no sooner than this after it was sent
 
 
 class SettledCalls(Protocol):
