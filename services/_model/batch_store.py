@@ -24,10 +24,11 @@ OF_SUBMISSION = (c.submission == bindparam("b_submission")) & (c.status == SUBMI
 
 _DUE = select(func.count(), func.min(c.queued_at)).where(c.status == QUEUED)
 _OLDEST = select(c.grouping).where(c.status == QUEUED).order_by(c.queued_at).limit(1)
-_OLDEST_OF_GROUPING = (  # up to a batch's size (one call per turn waits at a time: its step's)
-    select(c.turn_id, c.step)
-    .where(c.status == QUEUED, c.grouping == bindparam("b_grouping"))
-    .order_by(c.queued_at, c.turn_id, c.step)
+waiting = batch_calls.alias("waiting")  # the subquery's own name for the table: not correlated with the UPDATE's
+_OLDEST_OF_GROUPING = (  # the oldest queued calls of one grouping, up to a batch's size
+    select(waiting.c.turn_id, waiting.c.step)
+    .where(waiting.c.status == QUEUED, waiting.c.grouping == bindparam("b_grouping"))
+    .order_by(waiting.c.queued_at, waiting.c.turn_id, waiting.c.step)
     .limit(bindparam("b_limit"))
 )
 _TAKE = (
