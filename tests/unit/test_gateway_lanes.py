@@ -81,3 +81,26 @@ async def test_a_platform_without_message_batches_runs_a_batch_request_interacti
     assert "\n" not in said and said.startswith("model refuses to start: ROUNDTRIP_DEFAULT_LANE=batch")
     assert f"ROUNDTRIP_MODEL_PROVIDER={provider}" in said
     Settings(_env_file=None, default_lane="batch").refuse_unavailable_lane("model")  # the Anthropic API has them
+
+
+def test_roundtrip_run_gateway_refuses_a_default_batch_lane_without_message_batches_in_one_line(monkeypatch, tmp_path):
+    import os
+
+    from typer.testing import CliRunner
+
+    from roundtrip._cli.main import app
+    from roundtrip._kernel.settings import get_settings
+
+    for name in [n for n in os.environ if n.startswith("ROUNDTRIP_")]:
+        monkeypatch.delenv(name)
+    for name, value in (("ENV", "development"), ("STATE_DIR", str(tmp_path)), ("MODEL_PROVIDER", "vertex")):
+        monkeypatch.setenv(f"ROUNDTRIP_{name}", value)
+    monkeypatch.setenv("ROUNDTRIP_DEFAULT_LANE", "batch")
+    get_settings.cache_clear()
+    try:
+        done = CliRunner().invoke(app, ["run", "gateway"])
+    finally:
+        get_settings.cache_clear()
+    assert done.exit_code == 1, done.output
+    (line,) = [line for line in done.output.splitlines() if line.strip()]
+    assert line.startswith("error: gateway refuses to start: ROUNDTRIP_DEFAULT_LANE=batch, but ROUNDTRIP_MODEL_PROVIDER=v")
