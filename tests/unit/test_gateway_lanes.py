@@ -103,4 +103,4 @@ def test_roundtrip_run_gateway_refuses_a_default_batch_lane_without_message_batc
         get_settings.cache_clear()
     assert done.exit_code == 1, done.output
     (line,) = [line for line in done.output.splitlines() if line.strip()]
-    assert line.startswith("error: gateway refuses to start: ROUNDTRIP_DEFAULT_LANE=batch, but ROUNDTRIP_MODEL_PROVIDER")
+    assert line.startswith("error: gateway refuses to start: ROUNDTRIP_DEFAULT_LANE=batch, but ROUNDTRIP_MODEL_PROV")
