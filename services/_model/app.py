@@ -1,8 +1,8 @@
 """The model service: turn.model_calls -> (Messages API) -> turn.iterations, and support.stream as text comes.
 
 One limiter per process paces every call; while it is at its limit the consumer of turn.model_calls is held
-back, so the waiting work is lag on that topic (`roundtrip lag`, KEDA). The core (core.py) answers each call; a batch
-turn's call is recorded for a Message Batch instead (batches.py), whose task publishes its answer when the batch ends."""
+back, so the waiting work is lag on that topic (`roundtrip lag`, KEDA). The core (core.py) answers each call, the
+batch lane (batches.py) a batch turn's."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What an ended batch's results become: a succeeded result its call's ModelResponded (a direct call's, with the batch
-id), published under the turn's trace before the call is marked done; an errored, expired or missing one tried once
-more (directly when the turn's deadline is near, else in the next batch), a second failure the call's error. The turn,
-its customer included, always comes from the CallModel recorded here, never from a result: a result whose custom_id
-is not an open call of that batch does nothing.
+"""An ended batch's results: a succeeded one becomes its call's ModelResponded (with the batch id); a failed one is
+tried once more, then is the call's error. The turn always comes from the recorded CallModel, never from a result.
 """
 
 from __future__ import annotations
@@ -18,11 +15,10 @@ from roundtrip._model.batch_api import Result
 from roundtrip._model.calls import Limits, responded
 
 log = logging.getLogger("roundtrip.model")
-RETRY_SUFFIX = "_r"  # a retried call's custom_id: its first one and this
+RETRY_SUFFIX = "_r"
 
 
 class AnsweredCalls(Protocol):
-    """What answering asks of the batch calls' table (batch_store.BatchCalls)."""
 
     async def in_batch(self, batch_id: str) -> dict[str, Any]: ...
 
@@ -105,8 +101,7 @@ class Answers:
         await self.published(row, command, event)
 
     async def published(self, row: Any, command: CallModel, event: ModelResponded) -> None:
-        """Publish the call's answer, then mark it done: a crash in between publishes it again (the loop drops a
-        step it has seen), never loses it."""
+        """Publish, then mark done: a crash between them publishes again (the guard drops a step it has)."""
         with span_in_turn("model.batch_result", command.turn, row.traceparent, event.step) as span:
             if event.batch_id:
                 span.set_attribute("roundtrip.batch_id", event.batch_id)

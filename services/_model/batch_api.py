@@ -29,7 +29,6 @@ class Result:
 
 class BatchApi(Protocol):
     async def create(self, requests: list[dict[str, Any]], headers: dict[str, str]) -> str:
-        """Submit the requests (custom_id and params each) as one batch; its id."""
         ...
 
     async def ended(self, batch_id: str) -> bool: ...
@@ -39,7 +38,6 @@ class BatchApi(Protocol):
         ...
 
     async def created_since(self, since: float) -> list[Listed]:
-        """The batches created at `since` or later, newest first."""
         ...
 
 

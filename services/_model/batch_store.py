@@ -1,8 +1,5 @@
-"""The model service's record of each call of a batch turn (the ledger's table model_batch_calls, ledger_0008).
-
-A call goes queued (its fence claim held, its CallModel kept) -> submitting (a submission took it, recorded before the
-batch is created) -> in_batch (the batch's id recorded) -> done (its answer published; its transcript dropped). The
-replica that polls a batch holds a lease on its rows. Each method is one statement or two, each its own transaction.
+"""The model service's record of each call of a batch turn (model_batch_calls, ledger_0008): queued (claimed, its
+CallModel kept) -> submitting (taken, before `create`) -> in_batch (its batch id recorded) -> done (answer published).
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ OF_SUBMISSION = (c.submission == bindparam("b_submission")) & (c.status == SUBMI
 _DUE = select(func.count(), func.min(c.queued_at)).where(c.status == QUEUED)
 _OLDEST = select(c.grouping).where(c.status == QUEUED).order_by(c.queued_at).limit(1)
 waiting = batch_calls.alias("waiting")  # the subquery's own name for the table: not correlated with the UPDATE's
-_OLDEST_OF_GROUPING = (  # the oldest queued calls of one grouping, up to a batch's size
+_OLDEST_OF_GROUPING = (
     select(waiting.c.turn_id, waiting.c.step)
     .where(waiting.c.status == QUEUED, waiting.c.grouping == bindparam("b_grouping"))
     .order_by(waiting.c.queued_at, waiting.c.turn_id, waiting.c.step)
@@ -90,15 +87,14 @@ class BatchCalls(TurnStore):
         return cls(store.engine)
 
     async def close(self) -> None:
-        """Its own kept connections only: the engine is the fence's, which disposes of it."""
+        """Its own kept connections only: the fence disposes of the engine."""
         for conn in (self._inline, self._inline_auto):
             if conn is not None:
                 conn.close()
         self._inline = self._inline_auto = None
 
     async def record(self, row: dict[str, Any]) -> bool:
-        """Keep a call queued (`row`: turn_id, step, custom_id, grouping, queued_at, traceparent, command_json);
-        False when it was recorded already (a redelivered CallModel)."""
+        """Keep a call queued; False when it was recorded already (a redelivered CallModel)."""
         statement = insert(batch_calls).values(**row, status=QUEUED, retried=0)
         try:
             await self._run(lambda conn: conn.execute(statement), write=True, single=True)
@@ -107,13 +103,11 @@ class BatchCalls(TurnStore):
         return True
 
     async def due(self) -> tuple[int, float | None]:
-        """How many calls wait for a batch, and since when the oldest has."""
         count, oldest = await self._run(lambda conn: conn.execute(_DUE).one(), single=True)
         return int(count), oldest
 
     async def take(self, owner: str, now: float, lease_s: float, limit: int) -> tuple[str, list[Any]]:
-        """A new submission of up to `limit` queued calls of one grouping (the oldest call's), leased to `owner`:
-        recorded before its batch is created. (its id, its calls)."""
+        """Up to `limit` queued calls of the oldest call's grouping, taken for a new submission leased to `owner`."""
         grouping = await self._run(lambda conn: conn.execute(_OLDEST).scalar(), single=True)
         if grouping is None:
             return "", []
@@ -140,8 +134,7 @@ class BatchCalls(TurnStore):
         await self._update(_ADOPTED, params)
 
     async def lease(self, owner: str, now: float, lease_s: float) -> list[tuple[str | None, str | None, float]]:
-        """Take (or keep) the open calls no live lease holds; (batch id, submission, submitted at) of each batch, and
-        of each submission whose batch id is not known, now leased to `owner`."""
+        """Take or keep the open calls no live lease holds; (batch id or None, submission, taken at) of those held."""
         params = {"b_owner": owner, "b_now": now, "b_until": now + lease_s}
         await self._update(_LEASE, params)
         rows = await self._run(lambda conn: list(conn.execute(_LEASED, {"b_owner": owner})), single=True)
@@ -153,7 +146,6 @@ class BatchCalls(TurnStore):
         return {row.custom_id: row for row in rows}
 
     async def known(self, batch_ids: list[str]) -> set[str]:
-        """Which of these batches hold calls recorded here."""
         if not batch_ids:
             return set()
         return await self._run(lambda conn: set(conn.execute(_KNOWN, {"b_ids": batch_ids}).scalars()), single=True)

@@ -1,9 +1,6 @@
-"""The model service's batch lane: a batch turn's call is claimed at the fence and recorded (batch_store.py) before
-its handler returns; the lane's task gathers the recorded calls by count and age into one Message Batch (its calls
-recorded as taken before `create`), looks at the open batches with backoff and publishes their results
-(batch_answers.py); a submission whose batch id was never recorded is settled by takeover.py. A replica leases the
-batches it polls: a restarted one takes its own back at once, another one any whose lease ran out.
-docs/decisions/batch-lane.md.
+"""The model service's batch lane: a batch turn's call is claimed at the fence and recorded before its handler
+returns; a task gathers the recorded calls by count and age into one Message Batch, looks at the open batches with
+backoff and publishes their results; a replica leases the batches it polls. docs/decisions/batch-lane.md.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,60}$")  # the API's {1,64}, with room 
 LEASE_MIN_S = 120.0  # a replica's lease on the batches it polls, renewed three times as often
 FORGET_EVERY_S = 600.0
 PAUSE_S = 5.0  # the lane's pause after the API refused it for its own limits without saying how long
-Commands = dict[tuple[str, int], CallModel]  # a submission's calls by (turn id, step)
+Commands = dict[tuple[str, int], CallModel]
 
 
 class LaneConcerns(Protocol):
@@ -51,7 +48,6 @@ class LaneConcerns(Protocol):
 
 
 class BatchModel(Protocol):
-    """The model whose requests a batch carries (client.ModelClient)."""
 
     @property
     def model(self) -> str: ...
@@ -62,7 +58,6 @@ class BatchModel(Protocol):
 
 
 class BatchStore(AnsweredCalls, SettledCalls, Protocol):
-    """The batch calls' table (batch_store.BatchCalls) as the lane uses it."""
 
     async def record(self, row: dict[str, Any]) -> bool: ...
 
@@ -81,8 +76,7 @@ class BatchStore(AnsweredCalls, SettledCalls, Protocol):
 
 @dataclass(frozen=True)
 class BatchPorts:
-    """The model, the Message Batches API, the batch calls' table (opened at start), the turn fence, the model core's
-    direct call (a retry that cannot wait), where answers are published, this replica's stable name, the clock."""
+    """The model, the Batches API, its table (opened at start), the fence, a retry's direct call, the outlet."""
 
     model: BatchModel
     api: BatchApi
@@ -96,7 +90,6 @@ class BatchPorts:
 
 @dataclass
 class Poll:
-    """When to look at an open batch (or an unsettled submission) next, and the pause after that look."""
 
     at: float
     pause: float
@@ -134,7 +127,7 @@ class BatchLane:
             settings.batch_retry_direct_within_s,
         )
         self.takeover = Takeover(ports.api, ports.calls)
-        self.polls: dict[str, Poll] = {}  # the open batches this replica holds the lease of
+        self.polls: dict[str, Poll] = {}
         self.unsettled: dict[str, tuple[float, Poll]] = {}  # submission -> (taken at, next look): no batch id known
         self.lease_at = self.forget_at = self.paused_until = 0.0
         self.gathered = 0
@@ -198,7 +191,6 @@ class BatchLane:
             await self.calls().forget(now - self.keep_done_s)
 
     async def submit_due(self, now: float) -> None:
-        """Submit batches while enough calls wait, or the oldest has waited long enough."""
         self.gathered = 0
         while self.clock() >= self.paused_until:
             count, oldest = await self.calls().due()
@@ -238,8 +230,7 @@ class BatchLane:
     async def refused(
         self, submission: str, rows: list[Any], commands: Commands, exc: anthropic.APIStatusError
     ) -> None:
-        """A create the API answered with an error: nothing was created. Its limits or a passing fault: the calls wait
-        for the next batch; anything else would be refused again: each call fails."""
+        """An error answer, nothing created: for the API's limits or a passing fault the calls wait, else each fails."""
         if exc.status_code in (408, 409, 429) or exc.status_code >= 500:
             await self.calls().requeue(submission)
             self.paused_until = self.clock() + (retry_after(exc) or PAUSE_S)
@@ -276,9 +267,9 @@ class BatchLane:
         leased = await self.calls().lease(self.owner, now, self.lease_s)
         self.lease_at = now + self.lease_s / 3
         batches = {batch_id for batch_id, _, _ in leased if batch_id}
-        for batch_id in batches - set(self.polls):  # taken over: looked at now
+        for batch_id in batches - set(self.polls):
             self.polls[batch_id] = Poll(now, self.poll_s)
-        for batch_id in set(self.polls) - batches:  # answered, or no longer ours
+        for batch_id in set(self.polls) - batches:
             del self.polls[batch_id]
         unsettled = {submission: at for batch_id, submission, at in leased if not batch_id and submission}
         for submission in unsettled.keys() - self.unsettled.keys():
@@ -289,7 +280,7 @@ class BatchLane:
 
     async def settle(self, submission: str, taken_at: float, poll: Poll) -> None:
         adopted = await self.takeover.resolve(submission, taken_at)
-        if adopted is None:  # a batch that may hold its calls is still open
+        if adopted is None:
             poll.at, poll.pause = self.clock() + poll.pause, min(poll.pause * 2, self.poll_max_s)
             return
         del self.unsettled[submission]

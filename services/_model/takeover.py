@@ -1,7 +1,5 @@
-"""A submission whose batch id was never recorded: the replica died between `create` and recording its answer, or the
-answer never came (a timeout). The API takes no idempotency key, so only the results can say whether that batch
-exists: the batches created around the submission that hold no call recorded here are candidates; once each has
-ended, the calls found in one's results are taken over with it, and only those found in none are queued again.
+"""A submission whose batch id was never recorded (a crash or a timeout after `create`): the API takes no idempotency
+key, so the results of the batches created around it that hold no recorded call say where its calls went.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ SETTLE_AFTER_S = 120.0  # a create the client gave up on may still land: settled
 
 
 class SettledCalls(Protocol):
-    """What settling asks of the batch calls' table (batch_store.BatchCalls)."""
 
     async def submitting(self, submission: str) -> list[Any]: ...
 
@@ -37,8 +34,7 @@ class Takeover:
     calls: Callable[[], SettledCalls]
 
     async def resolve(self, submission: str, taken_at: float) -> list[str] | None:
-        """Settle the submission: the batches its calls were found in (their calls taken over), the rest queued
-        again; None while a candidate batch has not ended (asked again later)."""
+        """The batches its calls were found in (taken over), the rest queued again; None while a candidate is open."""
         waiting = {row.custom_id for row in await self.calls().submitting(submission)}
         if not waiting:
             return []
