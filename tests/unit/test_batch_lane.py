@@ -386,7 +386,7 @@ def test_a_custom_id_is_the_turn_and_step_within_the_apis_characters_and_length(
     assert custom_id_of("t" * 80, 1) != custom_id_of("t" * 81, 1)
 
 
-def test_the_lane_reads_its_settings_alone():
+def test_the_lanes_pauses_and_lease_come_from_its_settings():
     settings = Settings(_env_file=None, batch_poll_s=5.0, batch_poll_max_s=2.0, batch_max_wait_s=0.4)
     ports = BatchPorts(Model(), SimpleNamespace(), lambda: None, OpenFence(), None, None, "m", time.time)
     lane = BatchLane(settings, ports)
