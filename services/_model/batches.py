@@ -178,17 +178,21 @@ class BatchLane:
             await self.lease(now)
         for batch_id, poll in list(self.polls.items()):
             if poll.at <= self.clock() and self.clock() >= self.paused_until:
-                try:
-                    await self.look(batch_id, poll)
-                except Exception as exc:  # noqa: BLE001 - this batch is looked at again later, the others now
-                    log.warning("batch %s: its results not answered (%s: %s)", batch_id, type(exc).__name__, exc)
-                    poll.at = self.clock() + poll.pause
+                await self.guarded(f"batch {batch_id}", poll, self.look(batch_id, poll))
         for submission, (taken_at, poll) in list(self.unsettled.items()):
             if poll.at <= self.clock():
-                await self.settle(submission, taken_at, poll)
+                await self.guarded(f"submission {submission}", poll, self.settle(submission, taken_at, poll))
         if now >= self.forget_at:
             self.forget_at = now + FORGET_EVERY_S
             await self.calls().forget(now - self.keep_done_s)
+
+    async def guarded(self, what: str, poll: Poll, work: Awaitable[None]) -> None:
+        """One batch's (or submission's) work: a failure puts off only it."""
+        try:
+            await work
+        except Exception as exc:  # noqa: BLE001 - looked at again after its pause, the others now
+            log.warning("%s not settled (%s: %s)", what, type(exc).__name__, exc)
+            poll.at = self.clock() + poll.pause
 
     async def submit_due(self, now: float) -> None:
         self.gathered = 0

@@ -391,3 +391,28 @@ def test_the_lanes_pauses_and_lease_come_from_its_settings():
     ports = BatchPorts(Model(), SimpleNamespace(), lambda: None, OpenFence(), None, None, "m", time.time)
     lane = BatchLane(settings, ports)
     assert lane.poll_max_s == 5.0 and lane.tick_s == pytest.approx(0.1) and lane.lease_s == 120.0
+
+
+async def test_a_batch_whose_results_fail_to_download_is_read_again_later_and_puts_off_no_other(store):
+    clock = Clock()
+    fleet = Fleet(store, clock, Api(clock), batch_max_calls=1)
+    for n in range(2):
+        await fleet.lane.gather(command(n))
+        await fleet.after(0)
+    first, second = (b for b, _, _ in fleet.api.created)
+    fleet.api.answer_all(first)
+    fleet.api.answer_all(second)
+    broken = fleet.api.results_of[first]
+
+    async def cut_off(batch_id):
+        if batch_id == first and fleet.api.results_of[first] is broken:
+            raise anthropic.APIConnectionError(request=REQUEST)
+        for result in fleet.api.results_of[batch_id]:
+            yield result
+
+    fleet.api.results = cut_off
+    await fleet.after(10)
+    assert list(fleet.answers()) == ["turn_0001"]  # the second batch's answer did not wait for the first's
+    fleet.api.results_of[first] = list(broken)
+    await fleet.after(10)
+    assert sorted(fleet.answers()) == ["turn_0000", "turn_0001"] and len(fleet.published) == 2
