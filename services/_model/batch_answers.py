@@ -19,7 +19,6 @@ RETRY_SUFFIX = "_r"
 
 
 class AnsweredCalls(Protocol):
-
     async def in_batch(self, batch_id: str) -> dict[str, Any]: ...
 
     async def done(self, turn_id: str, step: int, now: float) -> None: ...

@@ -28,8 +28,7 @@ class Result:
 
 
 class BatchApi(Protocol):
-    async def create(self, requests: list[dict[str, Any]], headers: dict[str, str]) -> str:
-        ...
+    async def create(self, requests: list[dict[str, Any]], headers: dict[str, str]) -> str: ...
 
     async def ended(self, batch_id: str) -> bool: ...
 
@@ -37,8 +36,7 @@ class BatchApi(Protocol):
         """The results of an ended batch, in any order."""
         ...
 
-    async def created_since(self, since: float) -> list[Listed]:
-        ...
+    async def created_since(self, since: float) -> list[Listed]: ...
 
 
 class SdkBatches:

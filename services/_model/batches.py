@@ -19,7 +19,7 @@ from opentelemetry.propagate import inject
 
 from roundtrip._kernel.wire.events import CallModel, ModelResponded
 from roundtrip._model.attempts import describe, retry_after
-from roundtrip._model.batch_answers import Answers, AnsweredCalls, failed
+from roundtrip._model.batch_answers import AnsweredCalls, Answers, failed
 from roundtrip._model.batch_api import BatchApi, Result
 from roundtrip._model.calls import Limits, ModelFence
 from roundtrip._model.port import CallOptions
@@ -48,7 +48,6 @@ class LaneConcerns(Protocol):
 
 
 class BatchModel(Protocol):
-
     @property
     def model(self) -> str: ...
 
@@ -58,7 +57,6 @@ class BatchModel(Protocol):
 
 
 class BatchStore(AnsweredCalls, SettledCalls, Protocol):
-
     async def record(self, row: dict[str, Any]) -> bool: ...
 
     async def due(self) -> tuple[int, float | None]: ...
@@ -90,7 +88,6 @@ class BatchPorts:
 
 @dataclass
 class Poll:
-
     at: float
     pause: float
 

@@ -18,7 +18,6 @@ SETTLE_AFTER_S = 120.0  # a create the client gave up on may still land: settled
 
 
 class SettledCalls(Protocol):
-
     async def submitting(self, submission: str) -> list[Any]: ...
 
     async def known(self, batch_ids: list[str]) -> set[str]: ...

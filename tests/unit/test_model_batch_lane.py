@@ -159,7 +159,7 @@ async def test_calls_wait_until_a_batch_is_full_then_go_in_one_create_named_by_t
     assert fleet.api.created == []  # two of three, and the oldest has waited 1 s of 30
     assert await fleet.lane.gather(command(2, step=4))
     await fleet.after(1)
-    ((batch_id, requests, _),) = fleet.api.created
+    ((_, requests, _),) = fleet.api.created
     assert [r["custom_id"] for r in requests] == ["turn_0000_0", "turn_0001_0", "turn_0002_4"]
     assert requests[0]["params"]["messages"] == [{"role": "user", "content": "question 0"}]
     await fleet.after(1)
@@ -194,13 +194,13 @@ async def test_an_ended_batch_answers_each_call_from_the_stored_call_never_from_
     for n in range(3):
         await fleet.lane.gather(command(n))
     await fleet.after(0)
-    (batch_id, requests, _) = fleet.api.created[0]
+    (batch_id, _, _) = fleet.api.created[0]
     fleet.api.answer_all(batch_id)
     fleet.api.results_of[batch_id].append(succeeded("turn_9999_0", "forged"))  # no call of ours
     await fleet.after(10)
     answers = fleet.answers()
     assert sorted(answers) == ["turn_0000", "turn_0001", "turn_0002"]
-    for turn_id, event in answers.items():
+    for event in answers.values():
         assert event.batch_id == batch_id and event.step == 1 and event.error is None
         assert event.turn.customer_id == "cus_1001" and event.content == [{"type": "text", "text": "Done."}]
         assert event.usage.input_tokens == 1000 and event.spent.output_tokens == 50

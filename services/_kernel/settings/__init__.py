@@ -38,7 +38,6 @@ from roundtrip._kernel.settings.concerns import (
 )
 from roundtrip._kernel.settings.console import ConsoleSettings
 from roundtrip._kernel.settings.kafka import KafkaSecurity, KafkaSettings
-from roundtrip._kernel.settings.lane import BATCH_PLATFORMS, BatchLane
 from roundtrip._kernel.settings.keys import (
     DEV_BATCH_SIGNING_KEY,
     DEV_BATCH_VERIFY_KEYS,
@@ -48,6 +47,7 @@ from roundtrip._kernel.settings.keys import (
     ApprovalSettings,
     BatchKeys,
 )
+from roundtrip._kernel.settings.lane import BATCH_PLATFORMS, BatchLane
 
 __all__ = [
     "ASYNC_DRIVERS",
