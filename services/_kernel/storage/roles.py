@@ -1,7 +1,6 @@
 """A PostgreSQL login per service, and what each may do to the fleet's tables (docs/operating/deploy.md, "Database
 roles"). The guard owns the ledger and the conversations (it migrates them); the executor and the model service
-claim (an UPDATE of their claims' columns only), the model service keeps its batch calls; the gate, the gateway and
-the console read.
+claim (an UPDATE of their claims' columns only), the model keeps its batch calls; the gate, gateway and console read.
 
 `statements()` is what `roundtrip db roles` prints or applies; `excess()` is what a service asks the database at
 start outside development: a login that may do more than its part is refused (one line naming the grant to remove).
