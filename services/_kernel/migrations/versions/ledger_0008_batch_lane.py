@@ -1,10 +1,12 @@
 """ledger_0008 (after ledger_0007): the batch lane. The model service's record of each call of a batch turn, from the
 moment its fence claim succeeds to its answer published: which submission took it, which Message Batch holds it, and
-which replica polls that batch (services/_model/batch_store.py, docs/decisions/batch-lane.md).
+which replica polls that batch (services/_model/batch_store.py, docs/decisions/batch-lane.md). Created only where
+missing: a ledger made by `create_all` of this code has it already.
 """
 
 import sqlalchemy as sa
-from alembic import op
+
+from roundtrip._kernel.migrations.adopt import create_index, create_table
 
 revision = "ledger_0008"
 down_revision = "ledger_0007"
@@ -13,7 +15,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table(
+    create_table(
         "model_batch_calls",
         sa.Column("turn_id", sa.String(64), primary_key=True),
         sa.Column("step", sa.Integer, primary_key=True),
@@ -31,5 +33,5 @@ def upgrade() -> None:
         sa.Column("traceparent", sa.String(64)),
         sa.Column("command_json", sa.Text),
     )
-    op.create_index("ix_model_batch_calls_status", "model_batch_calls", ["status"])
-    op.create_index("ix_model_batch_calls_batch_id", "model_batch_calls", ["batch_id"])
+    create_index("ix_model_batch_calls_status", "model_batch_calls", ["status"])
+    create_index("ix_model_batch_calls_batch_id", "model_batch_calls", ["batch_id"])
