@@ -19,7 +19,7 @@ class Listed:
 
 @dataclass(frozen=True)
 class Result:
-    """One request's result: `kind` succeeded (with its message), errored (`error` says why), expired or canceled."""
+    """One request's result: `kind` is the API's result type (succeeded: its message; errored: `error` says why)."""
 
     custom_id: str
     kind: str
