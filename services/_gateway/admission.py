@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from dataclasses import dataclass
 
 
 class Admission:
@@ -79,3 +80,18 @@ class Admission:
         for turn_id in [t for t, at in self._running.items() if at < cutoff]:
             del self._running[turn_id]
         self.wake()
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """The admission of each lane: a batch turn waits for a slot of its own, never for an interactive turn's."""
+
+    interactive: Admission
+    batch: Admission
+
+    def of(self, lane: str) -> Admission:
+        return self.batch if lane == "batch" else self.interactive
+
+    def release(self, turn_id: str) -> None:
+        self.interactive.release(turn_id)
+        self.batch.release(turn_id)

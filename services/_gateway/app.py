@@ -14,7 +14,7 @@ from typing import Any
 from aiokafka import TopicPartition
 from faststream import FastStream
 
-from roundtrip._gateway.admission import Admission
+from roundtrip._gateway.admission import Admission, Lanes
 from roundtrip._gateway.core import GatewayPorts, core_of
 from roundtrip._gateway.intake import refuser
 from roundtrip._gateway.replied import RepliedTurns
@@ -32,10 +32,18 @@ from roundtrip._sdk.agent import Agent
 log = logging.getLogger("roundtrip.gateway")
 
 
+async def preflight(settings: Settings) -> None:
+    """Asked by `roundtrip run gateway` before it builds: the default lane must be one the platform has."""
+    settings.refuse_unavailable_lane("gateway")
+
+
 def build(settings: Settings, agent: Agent) -> FastStream:
     shell = Shell("gateway", settings, log, agent.digest, agent.holds_calls(), turn_roots=(topics.SUPPORT_REQUESTS,))
-    admission = Admission(
-        settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60
+    lanes = Lanes(
+        Admission(settings.max_running_turns, forget_after_s=settings.turn_deadline_s + settings.stuck_grace_s + 60),
+        Admission(
+            settings.max_running_batch_turns, forget_after_s=settings.batch_deadline_s + settings.stuck_grace_s + 60
+        ),
     )
     start = shell.outlet(topics.TURN_STARTS, StartTurn)
     refusals = shell.outlet(topics.SUPPORT_REPLIES, SupportReply)
@@ -52,12 +60,12 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     # which turns have their reply: this process's, and what support.replies says after a start or a rebalance
     replied = RepliedTurns(kafka, replies_topic, settings.reply_memory_s)
     # read only: each end is checked against it; admission follows the model's capacity (throttle.py)
-    ledger = shell.opens("the turn ledger", lambda: _throttled(admission, settings), _unthrottled)
+    ledger = shell.opens("the turn ledger", lambda: _throttled(lanes, settings), _unthrottled)
 
     def stage(reply: SupportReply, conversation_id: str) -> None:
         replies.stage(reply, key_of(conversation_id), current_record())
 
-    core = core_of(settings, agent, GatewayPorts(admission, _OpenedEnds(ledger), replied, start, stage))
+    core = core_of(settings, agent, GatewayPorts(lanes, _OpenedEnds(ledger), replied, start, stage))
 
     # a request waiting for admission holds nothing but its place: a rebalance or a stop may interrupt it
     @shell.subscribe(topics.SUPPORT_REQUESTS, cancel_on_revoke=True, on_failure=refuser(refusals))
@@ -95,9 +103,9 @@ class _OpenedEnds:
         return await self.opened()[0].ended_as(turn_id)
 
 
-async def _throttled(admission: Admission, settings: Settings) -> Throttled:
+async def _throttled(lanes: Lanes, settings: Settings) -> Throttled:
     store = await TurnStore.open(settings.ledger_db_url, read_only=True)
-    return store, asyncio.create_task(Throttle(admission, store).run(), name="gateway-throttle")
+    return store, asyncio.create_task(Throttle(lanes, store).run(), name="gateway-throttle")
 
 
 async def _unthrottled(throttled: Throttled) -> None:

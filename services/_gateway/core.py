@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 from aiokafka import TopicPartition
 
-from roundtrip._gateway.admission import Admission
+from roundtrip._gateway.admission import Lanes
 from roundtrip._gateway.intake import SeenRequests, UnknownFields, check_key
-from roundtrip._gateway.turns import forged, reply_for, start_turn
+from roundtrip._gateway.turns import forged, in_lane, reply_for, start_turn
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import (
     PROVIDER_NAMES,
@@ -50,11 +50,11 @@ class Replied(Protocol):
 
 @dataclass(frozen=True)
 class GatewayPorts:
-    """The admission (shared with the throttle, which follows the model's capacity), the recorded ends, the replies
-    already sent, and the outlets: a turn's start, and a reply staged in the transaction of its end's offset. Each is
-    called inside the message's span, whose context the published record carries."""
+    """The admission of each lane (shared with the throttle, which follows the model's capacity), the recorded ends,
+    the replies already sent, and the outlets: a turn's start, and a reply staged in the transaction of its end's
+    offset. Each is called inside the message's span, whose context the published record carries."""
 
-    admission: Admission
+    lanes: Lanes
     ledger: RecordedEnds
     replied: Replied
     start: Callable[[StartTurn, str], Awaitable[None]]
@@ -63,7 +63,8 @@ class GatewayPorts:
 
 class GatewayCore:
     def __init__(self, settings: Settings, agent: Agent, ports: GatewayPorts) -> None:
-        self.admission, self.ledger, self.replied = ports.admission, ports.ledger, ports.replied
+        self.lanes, self.ledger, self.replied = ports.lanes, ports.ledger, ports.replied
+        self.settings = settings
         self.send_start, self.stage_reply = ports.start, ports.reply
         self.started, self.unknown = SeenRequests(memory_s=settings.reply_memory_s), UnknownFields()
         self.reply_memory_s = settings.reply_memory_s
@@ -71,19 +72,24 @@ class GatewayCore:
         self.model, self.provider = agent.model_for(settings), PROVIDER_NAMES[settings.model_provider]
 
     async def start(self, request: SupportRequest, key: bytes | None) -> None:
-        """The request's StartTurn, sent once the fleet admits it; nothing for a request already started."""
+        """The request's StartTurn, sent once the fleet admits it to its lane; nothing for a request already started."""
         self.unknown.note(request)
         check_key(request, key)
-        command = start_turn(request, *new_turn_ids())
+        lane = self.settings.lane_of(request.lane)
+        command = in_lane(start_turn(request, *new_turn_ids()), lane, self.settings.batch_deadline_s)
         turn = command.turn
         bind_turn(turn.turn_id)
         with tracer().start_as_current_span("turn.start") as span:
-            span.set_attributes({"roundtrip.turn_id": turn.turn_id, "roundtrip.customer_id": turn.customer_id})
+            span.set_attributes(
+                {"roundtrip.turn_id": turn.turn_id, "roundtrip.customer_id": turn.customer_id, "roundtrip.lane": lane}
+            )
             if not self.started.add(turn.turn_id, request):
                 span.add_event("duplicate request dropped")
                 log.info("duplicate request %r (turn %r) dropped", request.request_id, turn.turn_id)
                 return
-            waited = await self.admission.admit(turn.turn_id)
+            if request.lane == "batch" and lane != "batch":
+                span.add_event("the batch lane asked on a platform without Message Batches: the turn runs interactive")
+            waited = await self.lanes.of(lane).admit(turn.turn_id)
             if waited > 0.001:
                 span.set_attribute("roundtrip.admission_wait_s", round(waited, 3))
             log.info("turn %r started for %r (trace %s)", turn.turn_id, turn.customer_id, turn.trace_id)
@@ -102,7 +108,7 @@ class GatewayCore:
                 return
             if why is not None:
                 raise refused(ended.turn, "gateway", f"end not sent: {why}")
-            self.admission.release(turn_id)
+            self.lanes.release(turn_id)
             if not await self.replied.claim(turn_id, tp, offset):
                 span.add_event("duplicate outcome dropped")
                 return

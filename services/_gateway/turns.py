@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 from roundtrip._kernel.storage.turnstore import ENDED, NO_SUCH_TURN, disagreement, reply_digest
 from roundtrip._kernel.wire.events import StartTurn, SupportReply, SupportRequest, Turn, TurnEnded
@@ -67,3 +67,13 @@ def forged(ended: TurnEnded, recorded: Any, now: float, undigested_s: float) -> 
     elif recorded.reply_sha256 != reply_digest(ended.text):
         return "its text is not the reply the guard recorded"
     return None
+
+
+def in_lane(command: StartTurn, lane: Literal["interactive", "batch"], batch_deadline_s: float) -> StartTurn:
+    """`command`'s turn in `lane`; a batch turn's deadline counted from the request's arrival (the guard sets an
+    interactive turn's)."""
+    if lane == "interactive":
+        return command
+    turn = command.turn
+    deadline_at = round(turn.started_at + batch_deadline_s, 3)
+    return command.model_copy(update={"turn": turn.model_copy(update={"lane": lane, "deadline_at": deadline_at})})

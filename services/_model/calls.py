@@ -145,7 +145,7 @@ async def call_model(
         )
     message = out.message
     metrics.model_call_duration.labels(client.model, "ok").observe(time.perf_counter() - started)
-    return _responded(command, message, step, limits)
+    return responded(command, message, step, limits)
 
 
 async def _attempted(
@@ -167,7 +167,7 @@ async def _attempted(
     )
 
 
-def _responded(command: CallModel, message: Any, step: int, limits: Limits) -> ModelResponded:
+def responded(command: CallModel, message: Any, step: int, limits: Limits) -> ModelResponded:
     """The iteration event of a model's answer: its blocks and tool calls, the transcript fitted to its limit."""
     usage = usage_of(message)  # billed whatever the content: counted before anything else can go wrong
     try:

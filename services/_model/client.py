@@ -128,22 +128,35 @@ class ModelClient:
         finally:
             await events.close()
 
-    async def _raw(self, messages: list[dict[str, Any]], options: CallOptions, stream: bool) -> Any:
-        attempt, persona = options.attempt, options.persona
-        headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
-        if persona and self._persona_header:
-            headers["x-roundtrip-persona"] = persona
+    def request(self, messages: list[dict[str, Any]], options: CallOptions) -> dict[str, Any]:
+        """The Messages API request of a call: a direct call's body, a batch request's params."""
         choice = self.tool_choice(options.disable_parallel_tool_use)
+        return {
+            "model": self._model,
+            "max_tokens": self._settings.max_tokens,
+            "system": self._system,
+            "tools": self._tools,
+            "messages": self.prepared(messages),
+            **({"tool_choice": choice} if choice else {}),
+        }
+
+    def persona_headers(self, persona: str | None) -> dict[str, str]:
+        """The simulator's persona header (a call's, or a whole batch's); none for a real platform."""
+        return {"x-roundtrip-persona": persona} if persona and self._persona_header else {}
+
+    @property
+    def batches(self) -> Any:
+        """The SDK client's Message Batches (`messages.batches`)."""
+        return self._client.messages.batches
+
+    async def _raw(self, messages: list[dict[str, Any]], options: CallOptions, stream: bool) -> Any:
+        attempt = options.attempt
+        headers = {} if attempt is None else {"x-stainless-retry-count": str(attempt)}
         # the wire's JSON dicts, not the SDK's TypedDicts: the same shapes
         return await self._client.messages.with_raw_response.create(
-            model=self._model,
-            max_tokens=self._settings.max_tokens,
-            system=self._system,
-            tools=self._tools,
-            messages=self.prepared(messages),
-            extra_headers=headers,
+            **self.request(messages, options),
+            extra_headers={**headers, **self.persona_headers(options.persona)},
             **({"stream": True} if stream else {}),
-            **({"tool_choice": choice} if choice else {}),
         )
 
     async def aclose(self) -> None:

@@ -100,6 +100,7 @@ class FleetDriver:
                     timing.steps = int(reply.get("steps", 0))
                     timing.outcome = str(reply.get("outcome", ""))
                     timing.usage = reply.get("usage") or {}
+                    timing.cost_usd = float(reply.get("cost_usd", 0.0))
                     if not done.done():
                         done.set_result(None)
 
@@ -114,13 +115,21 @@ class FleetDriver:
             timing.first_text = now
 
     async def turn(
-        self, text: str, customer_id: str, persona: str | None, timeout: float | None = None, stream: bool = False
+        self,
+        text: str,
+        customer_id: str,
+        persona: str | None,
+        timeout: float | None = None,
+        stream: bool = False,
+        lane: str | None = None,
     ) -> TurnTiming:
         request_id = f"req_{uuid.uuid4().hex[:12]}"
         conversation_id = f"conv_{request_id}"
         body = {"request_id": request_id, "conversation_id": conversation_id, "customer_id": customer_id, "text": text}
         if persona:
             body["persona"] = persona
+        if lane:  # "batch": its model calls through Message Batches
+            body["lane"] = lane
         if stream:  # its text to support.stream as it is written
             body["stream"] = True
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -43,6 +43,7 @@ class TurnTiming:
     usage: dict = field(default_factory=dict)  # the fleet's turns: the reply's usage
     first_text: float = 0.0  # a streamed turn's: when its first chunk with text was read (support.stream)
     chunks: int = 0  # a streamed turn's chunks on support.stream
+    cost_usd: float = 0.0  # the fleet's turns: the reply's cost
 
     @property
     def latency(self) -> float:

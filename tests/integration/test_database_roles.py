@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from roundtrip._kernel.database import make_engine, run_on
 from roundtrip._kernel.storage import roles
 from roundtrip._kernel.storage.turnstore import ENDED, RUNNING, WAITING, Fence, TurnStore
+from roundtrip._model.batch_store import BatchCalls
 from tests.databases import migrated
 from tests.signing import key_environment
 
@@ -302,3 +303,30 @@ async def test_a_ledger_without_its_status_guard_is_refused_naming_the_upgrade(f
     await execute(fleet_db.owner, f"ALTER TABLE turns ENABLE TRIGGER {roles.STATUS_GUARD}")
     engine = make_engine(fleet_db.url("model"), read_only=True)
     assert await run_on(engine, lambda conn: roles.excess(conn, "model")) == []
+
+
+async def test_the_model_service_keeps_its_batch_calls_and_only_the_console_reads_them(fleet_db):
+    """The batch lane's statements on PostgreSQL under the model's login; the other logins cannot touch its calls."""
+    turn = fleet_db.turn
+    fence = await Fence.open(fleet_db.url("model"))
+    calls = BatchCalls.beside(fence)
+    row = dict(turn_id=turn.turn_id, step=1, custom_id=f"{turn.turn_id}_1", grouping="", queued_at=1.0,
+               traceparent=None, command_json="{}")  # fmt: skip
+    try:
+        assert await calls.record(row) and not await calls.record(row)  # a redelivered call: recorded once
+        assert await calls.due() == (1, 1.0)
+        submission, taken = await calls.take("model-0", 2.0, 120.0, 10)
+        assert [t.custom_id for t in taken] == [row["custom_id"]]
+        await calls.submitted(submission, "msgbatch_pg")
+        assert await calls.lease("model-1", 3.0, 120.0) == []  # another replica: the lease is live
+        assert await calls.lease("model-0", 3.0, 120.0) == [("msgbatch_pg", submission, 2.0)]
+        assert list(await calls.in_batch("msgbatch_pg")) == [row["custom_id"]]
+        await calls.done(turn.turn_id, 1, 4.0)
+        await calls.forget(5.0)
+    finally:
+        await calls.close()
+        await fence.close()
+    assert (await first(fleet_db.owner, "SELECT count(*) FROM model_batch_calls"))[0] == 0
+    for service in ("executor", "gate", "gateway"):
+        await refused(fleet_db.url(service), "SELECT * FROM model_batch_calls")
+    await refused(fleet_db.url("console"), "DELETE FROM model_batch_calls")

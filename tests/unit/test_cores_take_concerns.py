@@ -14,7 +14,7 @@ from roundtrip._executor import core as executor_core
 from roundtrip._gate import core as gate_core
 from roundtrip._kernel.observability import telemetry, traces
 from roundtrip._kernel.settings import ApprovalSettings, Settings
-from roundtrip._model import client, providers
+from roundtrip._model import batches, client, providers
 from roundtrip._sdk.context import Dependencies
 
 
@@ -42,6 +42,7 @@ def settings(tmp_path):
     [
         (providers.in_effect, "settings", providers.ModelAccess),
         (client.ModelClient.__init__, "settings", client.ClientSettings),
+        (batches.BatchLane.__init__, "settings", batches.LaneConcerns),
         (executor_core.runner_for, "settings", executor_core.RunnerSettings),
         (gate_core.gate_for, "settings", gate_core.GateConfig),
         (auth.Gatekeeper.__init__, "settings", auth.SignIn),

@@ -46,6 +46,19 @@ def test_each_login_is_stripped_then_given_its_part_and_nothing_is_left_to_publi
     assert not of(said, "roundtrip_guard")  # the owner: whoever migrated the tables
 
 
+def test_the_model_service_keeps_its_batch_calls_and_only_the_console_reads_them():
+    said = roles.statements([*ALL, "model_batch_calls"])
+    assert of(said, "roundtrip_model")[-2:] == [
+        "GRANT UPDATE (lease_until, status, last_progress_at, flagged_at) ON turns TO roundtrip_model",
+        "GRANT INSERT, UPDATE, DELETE ON model_batch_calls TO roundtrip_model",
+    ]
+    assert "GRANT SELECT ON alembic_version, turns, model_batch_calls TO roundtrip_model" in said
+    granted = [s for s in said if s.startswith("GRANT") and "model_batch_calls" in s]
+    assert [s.split(" TO ")[1] for s in granted] == ["roundtrip_console", "roundtrip_model", "roundtrip_model"]
+    assert roles.PARTS["model"].may("DELETE", "model_batch_calls") and not roles.PARTS["model"].may("DELETE", "turns")
+    assert not roles.PARTS["console"].may("UPDATE", "model_batch_calls")
+
+
 def test_only_the_tables_of_the_database_are_granted_and_the_prefix_names_the_logins():
     said = roles.statements(["conversations", "conversation_turns"], prefix="acme_")
     assert "GRANT SELECT ON alembic_version TO acme_executor" in said  # no turns here: nothing to claim

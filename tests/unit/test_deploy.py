@@ -447,7 +447,8 @@ def test_the_guard_the_gate_and_the_executor_refuse_what_cannot_work():
     assert refusals_of("guard") == ["refuse_private_ledger", "refuse_unfit_keys"]
     assert refusals_of("gate") == ["refuse_private_ledger", "refuse_unfit_keys"]
     assert refusals_of("executor") == ["refuse_private_ledger", "refuse_unfit_keys"]
-    assert refusals_of("model") == ["refuse_private_ledger"]
+    assert refusals_of("model") == ["refuse_private_ledger", "refuse_unavailable_lane"]
+    assert refusals_of("gateway") == ["refuse_private_ledger", "refuse_unavailable_lane"]
 
 
 def refuse(settings: Settings, refusal: str, name: str, approvals: bool = True) -> None:

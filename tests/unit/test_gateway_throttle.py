@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from roundtrip._gateway.admission import Admission
+from roundtrip._gateway.admission import Admission, Lanes
 from roundtrip._gateway.throttle import BETA, Throttle
 
 
@@ -12,7 +12,7 @@ async def test_turns_waiting_for_capacity_cut_admission_below_the_running_turns_
     admission = Admission(limit=100, forget_after_s=600)
     for i in range(50):
         await admission.admit(f"turn_{i}")
-    throttle = Throttle(admission, store=None)
+    throttle = Throttle(Lanes(admission, Admission(limit=10, forget_after_s=600)), store=None)
     throttle.adjust(waiting=20)  # fewer than half of them: the model has calls ready, admission holds
     assert admission.limit == 100
     throttle.adjust(waiting=30)
@@ -48,7 +48,7 @@ async def test_the_ledger_is_read_each_check_and_a_failing_read_leaves_admission
     admission = Admission(limit=10, forget_after_s=600)
     for i in range(10):
         await admission.admit(f"turn_{i}")
-    throttle = Throttle(admission, Store())
+    throttle = Throttle(Lanes(admission, Admission(limit=10, forget_after_s=600)), Store())
     task = asyncio.create_task(throttle.run())
     while answers:
         await asyncio.sleep(0.01)  # poll interval: the throttle's checks (0.01 s apart) using up the answers
@@ -79,10 +79,43 @@ async def test_running_turns_that_ended_at_another_replica_are_released_from_the
     for i in range(4):
         await admission.admit(f"turn_{i}")
     late = asyncio.create_task(admission.admit("turn_late"))
-    task = asyncio.create_task(Throttle(admission, Store()).run())
+    task = asyncio.create_task(Throttle(Lanes(admission, Admission(limit=10, forget_after_s=600)), Store()).run())
     await asyncio.sleep(0.05)  # several checks (0.01 s apart): the throttle asked the ledger
     assert not late.done() and asked and asked[-1] == [f"turn_{i}" for i in range(4)]
     ended.update({"turn_1", "turn_3"})  # their outcomes went to the other replica
     await asyncio.wait_for(late, 1)
     task.cancel()
     assert admission.running == 3 and "turn_late" in admission.running_ids()
+
+
+async def test_batch_turns_that_ended_at_another_replica_are_released_less_often_and_in_bounded_questions(monkeypatch):
+    """Batch turns run for hours, thousands at once: the ledger is asked about their ends once in BATCH_CHECK_EVERY
+    checks, ASKED_AT_ONCE ids a question; the interactive turns are asked about every check as before."""
+    import roundtrip._gateway.throttle as module
+
+    monkeypatch.setattr(module, "CHECK_S", 0.01)
+    monkeypatch.setattr(module, "BATCH_CHECK_EVERY", 5)
+    monkeypatch.setattr(module, "ASKED_AT_ONCE", 4)
+    asked: list[list[str]] = []
+
+    class Store:
+        async def waiting_for_capacity(self) -> int:
+            return 0
+
+        async def ended_among(self, turn_ids: list[str]) -> set[str]:
+            asked.append(list(turn_ids))
+            return {t for t in turn_ids if t.endswith(("_1", "_7"))}
+
+    batch = Admission(limit=10, forget_after_s=86400)
+    for i in range(10):
+        await batch.admit(f"batch_{i}")
+    interactive = Admission(limit=10, forget_after_s=600)
+    await interactive.admit("chat_0")
+    task = asyncio.create_task(Throttle(Lanes(interactive, batch), Store()).run())
+    while sum(q[0].startswith("batch_") for q in asked) < 3:
+        await asyncio.sleep(0.01)  # poll interval: the throttle's checks (0.01 s apart) until its batch questions
+    task.cancel()
+    batch_questions = [q for q in asked if q[0].startswith("batch_")]
+    chat_questions = [q for q in asked if q == ["chat_0"]]
+    assert [len(q) for q in batch_questions] == [4, 4, 2]  # 10 ids, 4 a question
+    assert len(chat_questions) >= 5 and batch.running == 8 and "batch_1" not in batch.running_ids()

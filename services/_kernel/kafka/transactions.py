@@ -23,15 +23,20 @@ DISCARD_TIMEOUT_S = 10
 RESTART_TIMEOUT_S = 30
 
 
+def instance_name(service: str, instance_id: str | None) -> str:
+    """This replica's stable name: ROUNDTRIP_INSTANCE_ID, else the pod's name in Kubernetes, else host + service."""
+    if instance_id:
+        return instance_id
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("HOSTNAME"):
+        return os.environ["HOSTNAME"]
+    return f"{socket.gethostname()}-{service}"
+
+
 def transactional_id(service: str, topic: str, instance_id: str | None, prefix: str) -> str:
     """Stable per replica, so a restarted replica fences its dead predecessor's open transaction at once (Kafka
     aborts it when the same id registers again) instead of readers waiting for the transaction timeout. Two
     replicas must never share one. `prefix` comes first so a fleet's ACL on its ids covers none of another fleet's."""
-    instance = instance_id
-    if not instance and os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("HOSTNAME"):
-        instance = os.environ["HOSTNAME"]
-    instance = instance or f"{socket.gethostname()}-{service}"
-    return f"{prefix}roundtrip-{service}-{topic}-{instance}"
+    return f"{prefix}roundtrip-{service}-{topic}-{instance_name(service, instance_id)}"
 
 
 class TransactionalOutlet:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from roundtrip._kernel.settings.base import Concern
 from roundtrip._kernel.settings.checks import (
@@ -46,6 +47,7 @@ from roundtrip._kernel.settings.keys import (
     ApprovalSettings,
     BatchKeys,
 )
+from roundtrip._kernel.settings.lane import BATCH_PLATFORMS, BatchLane
 
 __all__ = [
     "ASYNC_DRIVERS",
@@ -57,6 +59,7 @@ __all__ = [
     "KEY_SETTINGS",
     "ApprovalSettings",
     "BatchKeys",
+    "BatchLane",
     "Concern",
     "ConfigurationError",
     "ConsoleSettings",
@@ -99,6 +102,7 @@ class Settings(
     ModelSettings,
     ModelPlatform,
     LoopRules,
+    BatchLane,
     TurnLedger,
     ConversationSettings,
     BatchKeys,
@@ -155,6 +159,25 @@ class Settings(
         if self.env:
             return self.env.strip().lower() in ("development", "dev")
         return self.embedded_broker
+
+    @property
+    def batch_lane_available(self) -> bool:
+        """The model's platform has the Message Batches the batch lane submits to (docs/decisions/batch-lane.md)."""
+        return self.model_provider in BATCH_PLATFORMS
+
+    def lane_of(self, requested: Literal["interactive", "batch"] | None) -> Literal["interactive", "batch"]:
+        """The lane a request runs in: its own, else the default; interactive where the platform has no batches."""
+        lane = requested or self.default_lane
+        return lane if self.batch_lane_available else "interactive"
+
+    def refuse_unavailable_lane(self, service: str) -> None:
+        """Raise ConfigurationError when the default lane is batch on a platform without Message Batches."""
+        if self.default_lane == "batch" and not self.batch_lane_available:
+            raise ConfigurationError(
+                f"{service} refuses to start: ROUNDTRIP_DEFAULT_LANE=batch, but ROUNDTRIP_MODEL_PROVIDER="
+                f"{self.model_provider} has no Message Batches the fleet submits to (the Anthropic API has them): "
+                "set ROUNDTRIP_DEFAULT_LANE=interactive"
+            )
 
     def refuse_private_ledger(self, service: str) -> None:
         """Raise ConfigurationError when a service that shares the turn ledger would keep it in a file of its own: a

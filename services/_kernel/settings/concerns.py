@@ -23,6 +23,7 @@ from roundtrip._kernel.settings.base import SECRET, SECRET_URL, Concern, Databas
 from roundtrip._kernel.settings.console import ConsoleSettings
 from roundtrip._kernel.settings.kafka import KafkaSecurity, KafkaSettings
 from roundtrip._kernel.settings.keys import ApprovalSettings, BatchKeys
+from roundtrip._kernel.settings.lane import BatchLane
 
 
 class Deployment(Concern):
@@ -441,6 +442,7 @@ CONCERNS: tuple[type[Concern], ...] = (
     ModelSettings,
     ModelPlatform,
     LoopRules,
+    BatchLane,
     TurnLedger,
     ConversationSettings,
     BatchKeys,

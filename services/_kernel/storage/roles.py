@@ -1,6 +1,6 @@
 """A PostgreSQL login per service, and what each may do to the fleet's tables (docs/operating/deploy.md, "Database
 roles"). The guard owns the ledger and the conversations (it migrates them); the executor and the model service
-claim (an UPDATE of their claims' columns only); the gate, the gateway and the console read.
+claim (an UPDATE of their claims' columns only), the model keeps its batch calls; the gate, gateway and console read.
 
 `statements()` is what `roundtrip db roles` prints or applies; `excess()` is what a service asks the database at
 start outside development: a login that may do more than its part is refused (one line naming the grant to remove).
@@ -25,10 +25,11 @@ OWNER = "guard"
 PREFIX = "roundtrip_"
 SCHEMA = "public"
 VERSIONS = "alembic_version"  # every store's revision: each open reads it
-TURNS, APPROVALS = "turns", "approvals"
-TABLES = {LEDGER: (TURNS, APPROVALS), CONVERSATIONS: ("conversations", "conversation_turns")}
+TURNS, APPROVALS, BATCH_CALLS = "turns", "approvals", "model_batch_calls"
+TABLES = {LEDGER: (TURNS, APPROVALS, BATCH_CALLS), CONVERSATIONS: ("conversations", "conversation_turns")}
 WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 BY_COLUMN = ("INSERT", "UPDATE", "REFERENCES")  # may be granted on some columns only
+ROWS = ("SELECT", "INSERT", "UPDATE", "DELETE")  # what a part may do to a table of its own (`writes`)
 ADMIN_ENV = "ROUNDTRIP_DB_ADMIN_URL"  # `roundtrip db roles --database-url`: the login that grants
 LOGIN_ENV = "ROUNDTRIP_{service}_DATABASE_URL"  # the URL that service connects with (or its password)
 STATUS_GUARD = "turns_status_guard"  # ledger_0007's trigger: the moves of a status the column grants cannot say
@@ -36,12 +37,16 @@ STATUS_GUARD = "turns_status_guard"  # ledger_0007's trigger: the moves of a sta
 
 @dataclass(frozen=True)
 class Part:
-    """A service's part of the fleet's tables: what it reads, and the columns its claims write."""
+    """A service's part of the fleet's tables: what it reads, the columns its claims write, and the tables whose rows
+    it keeps itself (`writes`: read, insert, update and delete)."""
 
     reads: tuple[str, ...]
     updates: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    writes: tuple[str, ...] = ()
 
     def may(self, privilege: str, table: str) -> bool:
+        if table in self.writes:
+            return privilege in ROWS
         if privilege == "SELECT":
             return table == VERSIONS or table in self.reads
         return False
@@ -53,8 +58,12 @@ PARTS: dict[str, Part] = {
     "console": Part(reads=(*TABLES[LEDGER], *TABLES[CONVERSATIONS])),
     # Fence.claim_batch (the lease), record_acted (the step's side effects)
     "executor": Part(reads=(TURNS,), updates={TURNS: ("lease_step", "lease_until", "acted")}),
-    # Fence.claim_model_call (the lease released), wait_for_capacity (a live turn to waiting)
-    "model": Part(reads=(TURNS,), updates={TURNS: ("lease_until", "status", "last_progress_at", "flagged_at")}),
+    # Fence.claim_model_call (the lease released), wait_for_capacity (a live turn to waiting); the batch lane's calls
+    "model": Part(
+        reads=(TURNS,),
+        updates={TURNS: ("lease_until", "status", "last_progress_at", "flagged_at")},
+        writes=(BATCH_CALLS,),
+    ),
 }
 
 
@@ -96,6 +105,9 @@ def grants(service: str, tables: Iterable[str], prefix: str) -> list[str]:
     for table, columns in part.updates.items():
         if table in present:
             out.append(f"GRANT UPDATE ({', '.join(map(_ident, columns))}) ON {_ident(table)} TO {who}")
+    rows = [_ident(t) for t in part.writes if t in present]
+    if rows:
+        out.append(f"GRANT INSERT, UPDATE, DELETE ON {', '.join(rows)} TO {who}")
     return out
 
 
@@ -253,9 +265,11 @@ def apply(conn: Connection, passwords: Mapping[str, str], prefix: str) -> list[s
     for service, part in PARTS.items():
         reads = [t for t in (VERSIONS, *tables) if part.may("SELECT", t)]
         updates = [f"{t}({', '.join(c)})" for t, c in part.updates.items() if t in tables]
+        rows = [t for t in part.writes if t in tables]
         said.append(
             f"{role(service, prefix)}: SELECT {', '.join(reads)}"
             + (f"; UPDATE {', '.join(updates)}" if updates else "")
+            + (f"; INSERT, UPDATE, DELETE {', '.join(rows)}" if rows else "")
             + "; nothing else"
         )
     return said

@@ -106,6 +106,26 @@ approvals = Table(
     Column("traceparent", String(64)),
     Column("request_json", Text, nullable=False),
 )
+# the calls of batch turns (services/_model/batch_store.py): the model service writes them, the console reads them
+batch_calls = Table(
+    "model_batch_calls",
+    metadata,
+    Column("turn_id", String(64), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("custom_id", String(64), nullable=False),
+    Column("status", String(16), nullable=False, index=True),  # queued, submitting, in_batch, done
+    Column("grouping", String(64), nullable=False),  # calls of one batch share it (the simulator's persona)
+    Column("queued_at", Float, nullable=False),
+    Column("submission", String(40)),  # the submit that took it, recorded before the batch is created
+    Column("submitted_at", Float),
+    Column("batch_id", String(200), index=True),
+    Column("lease_owner", String(200)),
+    Column("lease_until", Float),
+    Column("retried", Integer, nullable=False, default=0),
+    Column("done_at", Float),
+    Column("traceparent", String(64)),
+    Column("command_json", Text),  # the CallModel, dropped once its answer is published
+)
 
 
 # Built once, so SQLAlchemy compiles each once. Bind names start with `b_`: a column's own name is its SET value.
