@@ -134,7 +134,7 @@ class BatchLane:
     async def gather(self, command: CallModel) -> bool:
         """Claim the call at the fence and record it for a batch; False when the fence refuses it."""
         turn = command.turn
-        if not await self.fence.claim_model_call(turn, command.step):
+        if not await self.fence.claim_model_call(turn, command.step, self.clock()):
             return False
         persona = turn.persona if turn.persona and self.model.persona_headers(turn.persona) else ""
         row = {

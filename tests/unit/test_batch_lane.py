@@ -109,7 +109,7 @@ async def test_a_batch_turn_in_its_batch_is_never_stuck_and_ends_at_its_own_dead
     try:
         for turn in (waiting, tools):  # the executor runs each step's tools ...
             assert await fence.claim_batch(turn, 1, lease_s=3600, now=time.time())
-        assert await fence.claim_model_call(waiting, 1, time.time())  # ... one's are done: its next call goes to a batch
+        assert await fence.claim_model_call(waiting, 1, time.time())  # ... one's are done: its next call: a batch
     finally:
         await fence.close()
     rows = {t.turn_id: await guard.ledger.get(t.turn_id) for t in (waiting, tools, chat)}

@@ -358,7 +358,7 @@ async def test_a_redelivered_call_is_recorded_once_and_a_refused_claim_records_n
     assert await store.due() == (1, START)
 
     class Refusing(OpenFence):
-        async def claim_model_call(self, turn, step):
+        async def claim_model_call(self, turn, step, now):
             return False
 
     ports = BatchPorts(Model(), fleet.api, lambda: store, Refusing(), None, None, "model-0", clock)
