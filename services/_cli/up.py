@@ -25,6 +25,14 @@ def up(
             "(gateway +0, model +1, guard +2, gate +3, executor +4, console +5, more executors +6 each)"
         ),
     ] = None,
+    version: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME=AGENT: also run agent version NAME (its own model, gate and executor, running AGENT as "
+            "ROUNDTRIP_AGENT takes it) beside the default version; again for another. `roundtrip versions ramp` sends "
+            "it conversations"
+        ),
+    ] = None,
 ) -> None:
     """Start everything on this machine: broker, simulator, shop, the five services and the console.
 
@@ -61,7 +69,7 @@ def up(
     _checked_keys(settings, agent)  # likewise a key a service would refuse, once, not as a restart loop
     _claim_state_dir(settings)
     typer.echo(f"roundtrip: starting the fleet (agent {agent.name})")
-    fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
+    fleet = Fleet(settings, executor_replicas=executors, versions=_versions(version or []), say=typer.echo)
     try:
         fleet.start()
     except (FleetError, BrokerError) as exc:
@@ -88,6 +96,21 @@ def _claim_state_dir(settings: Settings) -> None:
     except (FleetError, OSError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
+
+
+def _versions(given: list[str]) -> dict[str, dict[str, str]]:
+    """`--version NAME=AGENT` as the fleet's versions: each one's own settings (its agent)."""
+    import re
+
+    from roundtrip._kernel.wire import topics
+
+    versions = {}
+    for each in given:
+        name, _, agent = each.partition("=")
+        if not re.fullmatch(topics.VERSION_NAME, name) or not agent:
+            raise typer.BadParameter(f"{each!r}: a version is NAME=AGENT, NAME 1 to 40 letters, digits, '-' or '_'")
+        versions[name] = {"ROUNDTRIP_AGENT": agent}
+    return versions
 
 
 def _mark_folders(settings: Settings) -> None:

@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from roundtrip._kernel.database import make_engine
 from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, TurnReads, TurnRow
+from roundtrip._kernel.storage.versions import Versions
 from roundtrip._kernel.storage.turnstore import (
     AT_STEP,
     AWAITING,
@@ -189,7 +190,7 @@ class LedgerApprovals(TurnReads):
         )
 
 
-class Ledger(LedgerApprovals):
+class Ledger(LedgerApprovals, Versions):  # Versions: the ramp's shares each start reads
     async def start(
         self,
         turn: dict[str, Any],
@@ -199,6 +200,7 @@ class Ledger(LedgerApprovals):
         deadline_at: float | None = None,
         outcome: str | None = None,
         agent_digest: str | None = None,
+        agent_version: str = "",
     ) -> bool:
         """Register a new turn (already ended with `outcome`, for a refused one); False for a duplicated request."""
         now = now or time.time()
@@ -226,6 +228,7 @@ class Ledger(LedgerApprovals):
             cache_read_input_tokens=0,
             cost_usd=0.0,
             agent_digest=agent_digest,
+            agent_version=agent_version,
         )
         try:
             await self._run(lambda conn: conn.execute(_START, row), write=True, single=True)

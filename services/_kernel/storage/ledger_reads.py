@@ -29,6 +29,7 @@ conversations = Table(
     Column("updated_at", Float, nullable=False, index=True),
     Column("turns", Integer, nullable=False, default=0),
     Column("dropped_turns", Integer, nullable=False, default=0),
+    Column("agent_version", String(40)),  # assigned at its first turn, kept by the later ones
 )
 exchanges = Table(
     "conversation_turns",
@@ -80,6 +81,7 @@ class TurnRow:
     agent_digest: str | None = None
     acted: str | None = None  # the side effects the turn has had (services/_kernel/storage/sideeffects.py)
     reply_sha256: str | None = None
+    agent_version: str | None = None
 
     @property
     def turn(self) -> dict[str, Any]:
@@ -117,6 +119,7 @@ class ConversationRow:
     dropped_turns: int
     history_turns: int = 0
     history_tokens: int = 0
+    agent_version: str | None = None
 
 
 @dataclass
