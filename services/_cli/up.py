@@ -15,6 +15,15 @@ from roundtrip._kernel.wire import topology
 if TYPE_CHECKING:
     from roundtrip._sdk.agent import Agent
 
+AgentVersions = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="NAME=AGENT: also run agent version NAME (its own model, gate and executor, running AGENT as "
+        "ROUNDTRIP_AGENT takes it) beside the default version; again for another. `roundtrip versions ramp` sends it "
+        "conversations"
+    ),
+]
+
 
 def up(
     executors: Annotated[int, typer.Option(help="executor replicas to start")] = 1,
@@ -25,14 +34,7 @@ def up(
             "(gateway +0, model +1, guard +2, gate +3, executor +4, console +5, more executors +6 each)"
         ),
     ] = None,
-    version: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="NAME=AGENT: also run agent version NAME (its own model, gate and executor, running AGENT as "
-            "ROUNDTRIP_AGENT takes it) beside the default version; again for another. `roundtrip versions ramp` sends "
-            "it conversations"
-        ),
-    ] = None,
+    version: AgentVersions = None,
 ) -> None:
     """Start everything on this machine: broker, simulator, shop, the five services and the console.
 
@@ -69,8 +71,8 @@ def up(
     _checked_keys(settings, agent)  # likewise a key a service would refuse, once, not as a restart loop
     _claim_state_dir(settings)
     typer.echo(f"roundtrip: starting the fleet (agent {agent.name})")
-    fleet = Fleet(settings, executor_replicas=executors, versions=_versions(version or []), say=typer.echo)
     try:
+        fleet = Fleet(settings, executor_replicas=executors, versions=_versions(version or []), say=typer.echo)
         fleet.start()
     except (FleetError, BrokerError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
