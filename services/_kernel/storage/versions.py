@@ -66,12 +66,12 @@ class Versions(TurnStore):
         rows = await self._run(lambda conn: conn.execute(select(agent_versions)).all(), single=True)
         return Shares({r.version: 0.0 if r.draining else r.share for r in rows}, frozenset(r.version for r in rows if r.draining))
 
-    async def ramp(self, version: str, share: float, now: float | None = None) -> dict[str, float]:
+    async def ramp(self, version: str, share: float) -> dict[str, float]:
         """Set `version`'s share of new conversations (a draining version ramped takes them again); the shares after.
         Refused when the named versions would take more than all of them."""
         checked_name(version)
         checked_share(share)
-        now = now or time.time()
+        now = time.time()
 
         def work(conn: Connection) -> dict[str, float]:
             shares = {r.version: 0.0 if r.draining else r.share for r in conn.execute(select(agent_versions)).all()}
@@ -86,12 +86,12 @@ class Versions(TurnStore):
 
         return await self._run(work, write=True)
 
-    async def drain(self, version: str, now: float | None = None) -> None:
+    async def drain(self, version: str) -> None:
         """No new conversation for `version` from now on; its conversations' later turns go where the ramp says."""
         checked_name(version)
         known = version in (await self.shares()).shares
         await self._run(
-            lambda conn: _upsert(conn, version, 0.0, draining=True, now=now or time.time(), known=known), write=True
+            lambda conn: _upsert(conn, version, 0.0, draining=True, now=time.time(), known=known), write=True
         )
 
     async def summary(self) -> list[VersionRow]:
