@@ -150,7 +150,8 @@ def test_the_default_version_keeps_todays_topics_and_groups_and_another_has_its_
         "turn.tool_calls.version.v2",
         "turn.tool_batches.version.v2",
     )
-    assert topics.of_version(topics.ITERATIONS, "v2") == topics.ITERATIONS  # the guard's own input is shared
+    assert topology.of_version(topics.ITERATIONS, "v2") == topics.ITERATIONS  # the guard's own input is shared
+    assert topology.VERSIONED == (topics.MODEL_CALLS, topics.TOOL_CALLS, topics.TOOL_BATCHES)
     assert topology.group("model", prefix="p.") == "p.roundtrip-model"
     assert topology.group("model", prefix="p.", version="v2") == "p.roundtrip-model.version.v2"
     assert topology.versioned() == ("model", "gate", "executor")

@@ -133,7 +133,7 @@ def subscribe(
             cancel_on_revoke=cancel_on_revoke,
         )
         subscriber = wired.broker.subscriber(
-            topics.t(topics.of_version(topic, wired.version), settings.topic_prefix),
+            topics.t(topology.of_version(topic, wired.version), settings.topic_prefix),
             group_id=group_id,
             ack_policy=AckPolicy.MANUAL,  # the key-ordered consumer commits, never past an unfinished message
             auto_offset_reset="earliest",  # a new group reads what was published before it joined
@@ -385,12 +385,12 @@ class Outlet:
         if wired.service in topology.names():
             topology.service(wired.service).output(topic, schema)
         self._wired, self._topic, self._name = wired, wired.topic(topic), topic
-        self._versioned = topic in topics.VERSIONED
+        self._versioned = topic in topology.VERSIONED
         wired.broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)
 
     async def __call__(self, message: BaseModel, conversation_id: str) -> None:
         version = version_of(message) if self._versioned else ""
-        topic = self._wired.topic(topics.of_version(self._name, version)) if version else self._topic
+        topic = self._wired.topic(topology.of_version(self._name, version)) if version else self._topic
         await publish(self._wired, topic, message, key_of(conversation_id))
 
 

@@ -20,8 +20,7 @@ DEAD_LETTERS_HANDLED = "roundtrip.dead_letters.handled"
 DEAD_LETTERS_BY = DEAD_LETTERS + ".by."
 APPROVAL_REQUESTS = "turn.approval_requests"
 APPROVAL_DECISIONS = "turn.approval_decisions"
-# each agent version has its own copy of the topics its own services read (docs/decisions/agent-versions.md)
-VERSIONED = (MODEL_CALLS, TOOL_CALLS, TOOL_BATCHES)
+# an agent version's own copy of a topic: `turn.model_calls.version.v2` (topology.of_version)
 VERSION_MARK = ".version."
 VERSION_NAME = r"^[A-Za-z0-9_-]{1,40}$"  # no dot: a versioned topic names its version after the one mark
 
@@ -39,8 +38,3 @@ def dead_letters_service(name: str) -> str | None:
 def t(name: str, prefix: str) -> str:
     """The topic's name on the wire under ROUNDTRIP_TOPIC_PREFIX `prefix`."""
     return prefix + name
-
-
-def of_version(name: str, version: str) -> str:
-    """`name` as agent version `version` reads it: the default version ("") keeps today's names, as do the shared."""
-    return f"{name}{VERSION_MARK}{version}" if version and name in VERSIONED else name

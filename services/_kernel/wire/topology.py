@@ -219,6 +219,20 @@ def versioned() -> tuple[str, ...]:
     return tuple(s.name for s in SERVICES if s.versioned)
 
 
+def _versioned_topics() -> tuple[str, ...]:
+    """The topics only versioned services read: each agent version has its own copy of them."""
+    shared = {i.topic for s in SERVICES if not s.versioned for i in s.inputs}
+    return tuple(dict.fromkeys(i.topic for s in SERVICES if s.versioned for i in s.inputs if i.topic not in shared))
+
+
+VERSIONED = _versioned_topics()
+
+
+def of_version(name: str, version: str) -> str:
+    """`name` as agent version `version` reads it: the default version ("") keeps today's names, as do the shared."""
+    return f"{name}{topics.VERSION_MARK}{version}" if version and name in VERSIONED else name
+
+
 def version_topics(version: str) -> tuple[str, ...]:
     """The topics agent version `version` has of its own (none for the default version: it reads today's)."""
-    return tuple(topics.of_version(t, version) for t in topics.VERSIONED) if version else ()
+    return tuple(of_version(t, version) for t in VERSIONED) if version else ()
