@@ -202,6 +202,9 @@ async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
         conn.execute(text("ALTER TABLE turns DROP COLUMN agent_digest"))  # ledger_0003: after the adoption
         conn.execute(text("ALTER TABLE turns DROP COLUMN acted"))  # ledger_0004: likewise
         conn.execute(text("ALTER TABLE turns DROP COLUMN reply_sha256"))  # ledger_0006: likewise
+        conn.execute(text("ALTER TABLE turns DROP COLUMN agent_version"))  # ledger_0009: likewise
+        conn.execute(text("DROP TABLE agent_versions"))  # ledger_0009
+        conn.execute(text("ALTER TABLE conversations DROP COLUMN agent_version"))  # conversations_0002
         conn.execute(insert(turnstore.turns), turn)  # the columns it names only
         conn.execute(
             insert(ledger_reads.conversations),
