@@ -106,7 +106,7 @@ def _versions(given: list[str]) -> dict[str, dict[str, str]]:
 
     from roundtrip._kernel.wire import topics
 
-    versions = {}
+    versions: dict[str, dict[str, str]] = {}
     for each in given:
         name, _, agent = each.partition("=")
         if not re.fullmatch(topics.VERSION_NAME, name) or not agent:

@@ -64,7 +64,8 @@ class Versions(TurnStore):
 
     async def shares(self) -> Shares:
         rows = await self._run(lambda conn: conn.execute(select(agent_versions)).all(), single=True)
-        return Shares({r.version: 0.0 if r.draining else r.share for r in rows}, frozenset(r.version for r in rows if r.draining))
+        draining = frozenset(r.version for r in rows if r.draining)
+        return Shares({r.version: 0.0 if r.version in draining else r.share for r in rows}, draining)
 
     async def ramp(self, version: str, share: float) -> dict[str, float]:
         """Set `version`'s share of new conversations (a draining version ramped takes them again); the shares after.
