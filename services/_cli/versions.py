@@ -46,7 +46,7 @@ def ramp(
 
 @app.command("drain")
 def drain(
-    version: Annotated[str, typer.Argument(help="the version to take out of service")],
+    version: Annotated[str, typer.Argument(help="the version to take out of service (`default`: the default version)")],
     wait: Annotated[bool, typer.Option(help="wait until none of its turns runs")] = True,
 ) -> None:
     """Send a version no new turn from now on (its conversations move on to where the ramp sends a new one), then wait
@@ -136,18 +136,19 @@ async def set_share(settings: Settings, version: str, share: float) -> int:
 
 async def drain_version(settings: Settings, version: str, wait: bool) -> int:
     from roundtrip._cli.common import console, ledger_missing, plain
-    from roundtrip._kernel.storage.versions import RampRefused, Versions
+    from roundtrip._kernel.storage.versions import DEFAULT, DEFAULT_WORD, RampRefused, Versions
 
     if ledger_missing(settings):
         return 2
+    version = DEFAULT if version == DEFAULT_WORD else version
     store = await Versions.open(settings.ledger_db_url)
     try:
         await store.drain(version)
-        running, said = await _running(store, version), -1
+        running, told = await _running(store, version), -1
         while wait and running:
-            if running != said:
-                console.print(f"{plain(version)} drains: {running} of its turns still run")
-                said = running
+            if running != told:
+                console.print(f"{plain(name(version))} drains: {running} of its turns still run")
+                told = running
             await asyncio.sleep(DRAIN_POLL_S)  # its turns end by their deadline at the latest
             running = await _running(store, version)
     except RampRefused as exc:
@@ -155,10 +156,11 @@ async def drain_version(settings: Settings, version: str, wait: bool) -> int:
         return 1
     finally:
         await store.close()
+    said = plain(name(version))
     if running:
-        console.print(f"{plain(version)} drains: {running} of its turns still run; its services may stop once none does")
+        console.print(f"{said} drains: {running} of its turns still run; its services may stop once none does")
     else:
-        console.print(f"{plain(version)} runs no turn and gets none: its model, gate and executor may stop")
+        console.print(f"{said} runs no turn and gets none: its model, gate and executor may stop")
     return 0
 
 

@@ -111,6 +111,25 @@ async def test_the_ramp_refuses_more_than_all_new_conversations_and_a_drained_ve
         await store.close()
 
 
+async def test_the_default_version_drains_only_once_the_named_ones_take_every_new_conversation(url):
+    store = await Versions.open(url)
+    try:
+        await store.ramp("v2", 60.0)
+        with pytest.raises(RampRefused, match="the named versions take 60 %"):
+            await store.drain("")
+        await store.ramp("v2", 100.0)
+        await store.drain("")
+        assert await store.shares() == Shares({"": 0.0, "v2": 100.0}, frozenset({""}))
+        ramp = Ramp(store.shares)
+        assert await ramp.version("conv_a", "") == "v2"  # a conversation of the default version moves
+        await store.ramp("v2", 90.0)  # under all of them: the default version takes the rest again
+        assert await store.shares() == Shares({"v2": 90.0}, frozenset())
+        with pytest.raises(RampRefused, match="is the default version"):
+            await store.ramp("default", 10.0)
+    finally:
+        await store.close()
+
+
 async def test_the_guard_starts_a_turn_on_its_conversations_version_and_records_it(url):
     ledger, conversations = await Ledger.open(url), await Conversations.open(url)
     sent: list[CallModel] = []

@@ -9,12 +9,13 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, delete, func, insert, select, update
 
 from roundtrip._kernel.storage.turnstore import ENDED, TurnStore, agent_versions, turns
 from roundtrip._kernel.wire import topics
 
 DEFAULT = ""  # the default version: today's topic names, and the share the named versions leave
+DEFAULT_WORD = "default"  # how the operator names the default version (`roundtrip versions drain default`)
 _PER_VERSION = select(turns.c.agent_version, turns.c.status, turns.c.outcome, func.count()).group_by(
     turns.c.agent_version, turns.c.status, turns.c.outcome
 )
@@ -41,8 +42,11 @@ class VersionRow:
 
 
 def checked_name(version: str) -> str:
-    if not re.fullmatch(topics.VERSION_NAME, version):
-        raise RampRefused(f"{version!r} is not a version name: 1 to 40 letters, digits, '-' or '_'")
+    if not re.fullmatch(topics.VERSION_NAME, version) or version == DEFAULT_WORD:
+        raise RampRefused(
+            f"{version!r} is not a version name: 1 to 40 letters, digits, '-' or '_' (`{DEFAULT_WORD}` is the default "
+            "version, which takes what the named ones leave)"
+        )
     return version
 
 
@@ -69,7 +73,8 @@ class Versions(TurnStore):
 
     async def ramp(self, version: str, share: float) -> dict[str, float]:
         """Set `version`'s share of new conversations (a draining version ramped takes them again); the shares after.
-        Refused when the named versions would take more than all of them."""
+        Refused when the named versions would take more than all of them; under all of them, a draining default version
+        takes the rest again."""
         checked_name(version)
         checked_share(share)
         now = time.time()
@@ -83,17 +88,31 @@ class Versions(TurnStore):
                     f"{100 - others:g} % (ramp one of them down first)"
                 )
             _upsert(conn, version, share, draining=False, now=now, known=version in shares)
+            if others + share < 100 and DEFAULT in shares:
+                conn.execute(delete(agent_versions).where(agent_versions.c.version == DEFAULT))
+                del shares[DEFAULT]
             return {**shares, version: share}
 
         return await self._run(work, write=True)
 
     async def drain(self, version: str) -> None:
-        """No new conversation for `version` from now on; its conversations' later turns go where the ramp says."""
-        checked_name(version)
-        known = version in (await self.shares()).shares
-        await self._run(
-            lambda conn: _upsert(conn, version, 0.0, draining=True, now=time.time(), known=known), write=True
-        )
+        """No new conversation for `version` from now on; its conversations' later turns go where the ramp says. The
+        default version ("") drains only once the named versions take every new conversation."""
+        if version != DEFAULT:
+            checked_name(version)
+        now = time.time()
+
+        def work(conn: Connection) -> None:
+            rows = {r.version: r for r in conn.execute(select(agent_versions)).all()}
+            taken = sum(r.share for r in rows.values() if not r.draining)
+            if version == DEFAULT and taken < 100:
+                raise RampRefused(
+                    f"the named versions take {taken:g} % of new conversations: the default version takes the rest "
+                    "until they take 100 % (ramp them up first)"
+                )
+            _upsert(conn, version, 0.0, draining=True, now=now, known=version in rows)
+
+        await self._run(work, write=True)
 
     async def summary(self) -> list[VersionRow]:
         """Every version the ramp or the ledger names, the default first: share, running turns, outcomes."""
