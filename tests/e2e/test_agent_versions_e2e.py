@@ -4,7 +4,7 @@ of its own, the guard, gateway and ledger shared. `roundtrip versions ramp v2 20
 to v2: every model call of every turn carried the prompt and tools of its turn's version (the simulator records what
 it was sent), the shares are within bounds, a conversation's later turn stays on its first turn's version after the
 ramp moved on, every turn got one reply, another customer cannot enter a v2 conversation, and `roundtrip versions`
-shows both versions' turns.
+shows both versions' turns; drained, v2 gets no turn: its conversations move on.
 """
 
 from __future__ import annotations
@@ -158,10 +158,18 @@ async def test_two_versions_side_by_side_each_turn_on_its_own_version_the_ramp_s
     )
     assert refused.outcome is Outcome.CONVERSATION_REFUSED
 
+    # v2 drained: nothing of it runs, and its conversations' next turns move to the version the ramp gives
+    drained = roundtrip(fleet, "versions", "drain", "v2")
+    assert drained.returncode == 0 and "v2 runs no turn and gets none" in drained.stdout, drained.stdout
+    await asyncio.sleep(1.5)  # the guard reads the ramp again within a second (services/_guard/versions.py)
+    moved = await ask_all(client, on_v2[5:6])
+    assert await versions_of(fleet, moved) == {on_v2[5]: ""}
+    assert by_conversation(received(fleet))[on_v2[5]] == ["v2"] * CALLS_A_TURN + [""] * CALLS_A_TURN
+
     await client.settled(timeout=120)
     assert all(len(replies) == 1 for replies in client.replies.values()), "a request answered twice"
     answered = {r.turn_id: r.outcome for replies in client.replies.values() for r in replies}
-    assert {answered[t] for t in (*first.values(), *second.values())} == {Outcome.END_TURN}
+    assert {answered[t] for t in (*first.values(), *second.values(), *moved.values())} == {Outcome.END_TURN}
 
     shown = roundtrip(fleet, "versions")
     assert shown.returncode == 0, shown.stderr
