@@ -21,11 +21,19 @@ app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True)
 def topics_create(
     partitions: Annotated[int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
     executor_partitions: Annotated[int | None, typer.Option(help="partitions of the executor topic")] = None,
+    version: Annotated[
+        list[str] | None, typer.Option(help="also the own topics of this agent version (again for another)")
+    ] = None,
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
     from roundtrip._kernel.kafka.admin import ensure_topics
     from roundtrip._kernel.kafka.clients import kafka_clients
+    from roundtrip._kernel.storage.versions import RampRefused, checked_name
 
+    try:
+        versions = tuple(checked_name(v) for v in version or ())
+    except RampRefused as exc:
+        raise typer.BadParameter(str(exc)) from None
     s = get_settings()
     report = asyncio.run(
         ensure_topics(
@@ -35,6 +43,7 @@ def topics_create(
             executor_partitions or s.executor_partitions,
             s.replication_factor,
             min_insync_replicas=s.min_insync_replicas,
+            versions=versions,
         )
     )
     typer.echo(str(report))
