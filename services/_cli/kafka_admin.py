@@ -16,6 +16,11 @@ FLEET_SERVICES = topology.names()
 
 app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True)
 
+AgentVersions = Annotated[
+    list[str] | None,
+    typer.Option(help="also each principal of this agent version's model, gate and executor (again for another)"),
+]
+
 
 @app.command("create")
 def topics_create(
@@ -106,6 +111,7 @@ def acls(
             "the principal of the ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)",
         ),
     ] = False,
+    version: AgentVersions = None,
 ) -> None:
     """Print the Kafka ACLs each service's principal needs, and nothing more (derived from the topology), as
     kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's.
@@ -115,7 +121,7 @@ def acls(
     from roundtrip._kernel.kafka.clients import kafka_clients
 
     s = get_settings()
-    derived = derive(s.topic_prefix, principal, app_group)
+    derived = derive(s.topic_prefix, principal, app_group, tuple(version or ()))
     if only is not None:
         if only not in derived:
             raise typer.BadParameter(f"no principal {only!r}; known: {', '.join(derived)}", param_hint="--only")
