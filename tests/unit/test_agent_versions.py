@@ -5,6 +5,7 @@ guard starting a turn on its conversation's version, over real (SQLite) stores."
 from __future__ import annotations
 
 import pytest
+import typer
 from pydantic import ValidationError
 
 from roundtrip._cli.main import _refuse_unfit
@@ -185,3 +186,14 @@ def test_a_version_is_a_setting_of_a_model_gate_or_executor_only():
     settings = Settings(agent_version="v2")
     with pytest.raises(ConfigurationError, match="the guard serves every agent version"):
         _refuse_unfit(settings, topology.service("guard"), holds_calls=False)
+
+
+def test_roundtrip_up_runs_each_version_given_as_name_and_agent():
+    from roundtrip._cli.up import _versions
+    from roundtrip._fleet.launcher import _is_service
+
+    assert _versions(["v2=pkg.agent:AGENT_V2"]) == {"v2": {"ROUNDTRIP_AGENT": "pkg.agent:AGENT_V2"}}
+    for bad in ("v2", "v.2=pkg.agent:AGENT", "=pkg.agent:AGENT"):
+        with pytest.raises(typer.BadParameter):
+            _versions([bad])
+    assert _is_service("model@v2") and _is_service("executor-2") and not _is_service("simulator")
