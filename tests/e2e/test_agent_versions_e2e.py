@@ -85,11 +85,11 @@ def version_sent(body: dict) -> str:
     return "mixed"
 
 
-async def ask_all(client: FleetClient, conversations: list[str], customer: str = CUSTOMER) -> dict[str, str]:
+async def ask_all(client: FleetClient, conversations: list[str]) -> dict[str, str]:
     """One turn in each conversation, all at once: conversation -> its reply's turn id, once every reply is in."""
     asked = {
         conversation: await client.ask(
-            f'lookup_order {{"order_id": "ord_{conversation}"}}', customer, "direct", conversation_id=conversation
+            f'lookup_order {{"order_id": "ord_{conversation}"}}', CUSTOMER, "direct", conversation_id=conversation
         )
         for conversation in conversations
     }
