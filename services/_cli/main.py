@@ -14,7 +14,19 @@ from typing import Annotated
 
 import typer
 
-from roundtrip._cli import approvals, asking, broker, conversations, db, kafka_admin, making, observe, turns, up, versions
+from roundtrip._cli import (
+    approvals,
+    asking,
+    broker,
+    conversations,
+    db,
+    kafka_admin,
+    making,
+    observe,
+    turns,
+    up,
+    versions,
+)
 from roundtrip._cli.agent import agent_app
 from roundtrip._cli.evals import eval_app
 from roundtrip._cli.help import flags_without_type, reflow_help

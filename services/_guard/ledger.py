@@ -19,7 +19,6 @@ from sqlalchemy.exc import IntegrityError
 
 from roundtrip._kernel.database import make_engine
 from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, TurnReads, TurnRow
-from roundtrip._kernel.storage.versions import Versions
 from roundtrip._kernel.storage.turnstore import (
     AT_STEP,
     AWAITING,
@@ -38,6 +37,7 @@ from roundtrip._kernel.storage.turnstore import (
     reply_digest,
     turns,
 )
+from roundtrip._kernel.storage.versions import Versions
 
 __all__ = [
     "AWAITING",

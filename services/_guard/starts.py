@@ -150,7 +150,12 @@ class Starts:
         version = await self.ramp.version(turn.conversation_id, claim.agent_version)
         if version != claim.agent_version:
             await self.conversations.pin(turn.conversation_id, version)
-            log.info("conversation %s: agent version %r drains, its turns move to %r", turn.conversation_id, claim.agent_version, version)
+            log.info(
+                "conversation %s: agent version %r drains, its turns move to %r",
+                turn.conversation_id,
+                claim.agent_version,
+                version,
+            )
         return version
 
     async def _wait_for_exchanges(self, turn_ids: list[str]) -> None:

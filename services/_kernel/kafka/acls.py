@@ -65,7 +65,9 @@ def for_service(
     """`version`: the principal of that agent version's own service (`roundtrip-model-v2`), on its own topics."""
     who = principal.format(name=f"{service.name}-{version}" if version else service.name)
     acls = [_topic(who, topology.of_version(i.topic, version), prefix, "Read") for i in service.inputs]
-    acls += [Acl(who, "group", topology.group(service.name, i.role, prefix, version), ("Read",)) for i in service.inputs]
+    acls += [
+        Acl(who, "group", topology.group(service.name, i.role, prefix, version), ("Read",)) for i in service.inputs
+    ]
     acls += [_topic(who, topology.of_version(t, version), prefix, "Write") for t in service.outputs]
     if service.dead_letters:  # its own only: a letter on another service's topic was not written by this one
         acls.append(_topic(who, service.dead_letters, prefix, "Write"))

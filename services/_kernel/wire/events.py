@@ -221,7 +221,7 @@ class Turn(Message):
         "", description="Digest of the agent (its prompt and tools) the turn was started under (set by the guard)"
     )
     agent_version: str = Field(
-        "", description="The agent version every step of the turn runs on (set by the guard); empty: the default version"
+        "", description="The agent version all of the turn runs on (set by the guard); empty: the default version"
     )
 
     def addressed(self) -> dict[str, str]:
