@@ -42,12 +42,11 @@ def up(
     Ready. is printed once every service has said it started, whatever the log level. One
     fleet per state folder (ROUNDTRIP_STATE_DIR): a second up there names the pid that runs it.
 
-    With ROUNDTRIP_KAFKA_SECURITY_PROTOCOL (and its SASL settings) set and no
-    ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS, the embedded broker is started secured that way:
-    its only listener speaks that protocol, with a throwaway CA (state folder, kafka-secured/tls),
-    the configured SCRAM or PLAIN user, a client certificate required for SSL, and Kafka's unsecured
-    validator for OAUTHBEARER (roundtrip._broker.unsecured_token:UnsecuredTokenProvider); the
-    services are given the CA (and the client certificate), and up prints them.
+    With ROUNDTRIP_KAFKA_SECURITY_PROTOCOL (and its SASL settings) set and no ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS, the
+    embedded broker is started secured that way: its only listener speaks that protocol, with a throwaway CA (state
+    folder, kafka-secured/tls), the configured SCRAM or PLAIN user, a client certificate required for SSL, and Kafka's
+    unsecured validator for OAUTHBEARER (roundtrip._broker.unsecured_token:UnsecuredTokenProvider); the services are
+    given the CA (and the client certificate), and up prints them.
 
     Supervises them: a process that dies (any service, a replica, the simulator, the shop or
     the embedded broker) is restarted with exponential backoff (0.5 s doubling to 30 s, reset

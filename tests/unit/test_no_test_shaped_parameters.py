@@ -54,6 +54,7 @@ ALLOWED = {
     "services/_fleet/launcher.py:restart:env": BENCH,
     "services/_gate/authorization.py:OwnershipCache:clock": CLOCK,
     "services/_gate/authorization.py:OwnershipCache:max_entries": BOUND,
+    "services/_guard/conversations.py:claim:now": CLOCK,
     "services/_guard/conversations.py:close_turn:now": CLOCK,
     "services/_guard/conversations.py:open_turn:now": CLOCK,
     "services/_guard/ledger.py:advance:now": CLOCK,
