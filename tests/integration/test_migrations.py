@@ -273,7 +273,7 @@ def test_the_ledger_and_the_conversations_in_databases_of_their_own(tmp_path):
         for u in (ledger_url, conversations_url)
     }
     assert tables == {
-        ledger_url: {"alembic_version", "turns", "approvals"},
+        ledger_url: {"alembic_version", "turns", "approvals", "agent_versions"},
         conversations_url: {"alembic_version", "conversations", "conversation_turns"},
     }
     assert asyncio.run(current(ledger_url, (LEDGER,))) == {LEDGER: head(LEDGER)}
