@@ -16,16 +16,29 @@ FLEET_SERVICES = topology.names()
 
 app = typer.Typer(help="Kafka topics of the fleet.", no_args_is_help=True)
 
+AgentVersions = Annotated[
+    list[str] | None,
+    typer.Option(help="also each principal of this agent version's model, gate and executor (again for another)"),
+]
+
 
 @app.command("create")
 def topics_create(
     partitions: Annotated[int | None, typer.Option(help="partitions per topic (default ROUNDTRIP_PARTITIONS)")] = None,
     executor_partitions: Annotated[int | None, typer.Option(help="partitions of the executor topic")] = None,
+    version: Annotated[
+        list[str] | None, typer.Option(help="also the own topics of this agent version (again for another)")
+    ] = None,
 ) -> None:
     """Create every topic of the fleet; topics that exist are left alone (or grown to more partitions)."""
     from roundtrip._kernel.kafka.admin import ensure_topics
     from roundtrip._kernel.kafka.clients import kafka_clients
+    from roundtrip._kernel.storage.versions import RampRefused, checked_name
 
+    try:
+        versions = tuple(checked_name(v) for v in version or ())
+    except RampRefused as exc:
+        raise typer.BadParameter(str(exc)) from None
     s = get_settings()
     report = asyncio.run(
         ensure_topics(
@@ -35,6 +48,7 @@ def topics_create(
             executor_partitions or s.executor_partitions,
             s.replication_factor,
             min_insync_replicas=s.min_insync_replicas,
+            versions=versions,
         )
     )
     typer.echo(str(report))
@@ -97,6 +111,7 @@ def acls(
             "the principal of the ROUNDTRIP_KAFKA_* settings (one allowed to alter ACLs)",
         ),
     ] = False,
+    version: AgentVersions = None,
 ) -> None:
     """Print the Kafka ACLs each service's principal needs, and nothing more (derived from the topology), as
     kafka-acls.sh commands: one principal per service, plus the operator's (these commands) and the app's.
@@ -106,7 +121,7 @@ def acls(
     from roundtrip._kernel.kafka.clients import kafka_clients
 
     s = get_settings()
-    derived = derive(s.topic_prefix, principal, app_group)
+    derived = derive(s.topic_prefix, principal, app_group, tuple(version or ()))
     if only is not None:
         if only not in derived:
             raise typer.BadParameter(f"no principal {only!r}; known: {', '.join(derived)}", param_hint="--only")

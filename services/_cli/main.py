@@ -14,7 +14,19 @@ from typing import Annotated
 
 import typer
 
-from roundtrip._cli import approvals, asking, broker, conversations, db, kafka_admin, making, observe, turns, up
+from roundtrip._cli import (
+    approvals,
+    asking,
+    broker,
+    conversations,
+    db,
+    kafka_admin,
+    making,
+    observe,
+    turns,
+    up,
+    versions,
+)
 from roundtrip._cli.agent import agent_app
 from roundtrip._cli.evals import eval_app
 from roundtrip._cli.help import flags_without_type, reflow_help
@@ -33,6 +45,7 @@ app.add_typer(approvals.app, name="approvals")
 app.add_typer(db.app, name="db")
 app.add_typer(agent_app, name="agent")
 app.add_typer(eval_app, name="eval")
+app.add_typer(versions.app, name="versions")
 
 FLEET_SERVICES = topology.names()
 ALL_RUNNABLE = (*FLEET_SERVICES, "simulator", "shop")
@@ -51,7 +64,14 @@ async def _no_preflight(settings: object) -> None:
 
 def _refuse_unfit(settings: Settings, declared: topology.Service, holds_calls: bool) -> None:
     """ConfigurationError for what this service must not run with outside development."""
+    from roundtrip._kernel.settings import ConfigurationError
+
     service = declared.name
+    if settings.agent_version and not declared.versioned:
+        raise ConfigurationError(
+            f"ROUNDTRIP_AGENT_VERSION={settings.agent_version}: the {service} serves every agent version; only a "
+            f"model, gate or executor runs one (unset it for the {service})"
+        )
     settings.refuse_unfit_keys(service, declared.keys, holds_calls)
     if declared.shares_ledger:
         settings.refuse_private_ledger(service)

@@ -17,6 +17,15 @@ from roundtrip._kernel.wire import topology
 if TYPE_CHECKING:
     from roundtrip._sdk.agent import Agent
 
+AgentVersions = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="NAME=AGENT: also run agent version NAME (its own model, gate and executor, running AGENT as "
+        "ROUNDTRIP_AGENT takes it) beside the default version; again for another. `roundtrip versions ramp` sends it "
+        "conversations"
+    ),
+]
+
 
 def up(
     executors: Annotated[int, typer.Option(help="executor replicas to start")] = 1,
@@ -27,6 +36,7 @@ def up(
             "(gateway +0, model +1, guard +2, gate +3, executor +4, console +5, more executors +6 each)"
         ),
     ] = None,
+    version: AgentVersions = None,
 ) -> None:
     """Start everything on this machine: broker, simulator, shop, the five services and the console.
 
@@ -34,12 +44,11 @@ def up(
     Ready. is printed once every service has said it started, whatever the log level. One
     fleet per state folder (ROUNDTRIP_STATE_DIR): a second up there names the pid that runs it.
 
-    With ROUNDTRIP_KAFKA_SECURITY_PROTOCOL (and its SASL settings) set and no
-    ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS, the embedded broker is started secured that way:
-    its only listener speaks that protocol, with a throwaway CA (state folder, kafka-secured/tls),
-    the configured SCRAM or PLAIN user, a client certificate required for SSL, and Kafka's unsecured
-    validator for OAUTHBEARER (roundtrip._broker.unsecured_token:UnsecuredTokenProvider); the
-    services are given the CA (and the client certificate), and up prints them.
+    With ROUNDTRIP_KAFKA_SECURITY_PROTOCOL (and its SASL settings) set and no ROUNDTRIP_KAFKA_BOOTSTRAP_SERVERS, the
+    embedded broker is started secured that way: its only listener speaks that protocol, with a throwaway CA (state
+    folder, kafka-secured/tls), the configured SCRAM or PLAIN user, a client certificate required for SSL, and Kafka's
+    unsecured validator for OAUTHBEARER (roundtrip._broker.unsecured_token:UnsecuredTokenProvider); the services are
+    given the CA (and the client certificate), and up prints them.
 
     Supervises them: a process that dies (any service, a replica, the simulator, the shop or
     the embedded broker) is restarted with exponential backoff (0.5 s doubling to 30 s, reset
@@ -62,8 +71,8 @@ def up(
     _checked_keys(settings, agent)  # likewise a key a service would refuse, once, not as a restart loop
     _claim_state_dir(settings)
     typer.echo(f"roundtrip: starting the fleet (agent {agent.name})")
-    fleet = Fleet(settings, executor_replicas=executors, say=typer.echo)
     try:
+        fleet = Fleet(settings, executor_replicas=executors, versions=_versions(version or []), say=typer.echo)
         fleet.start()
     except (FleetError, BrokerError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
@@ -100,6 +109,21 @@ def _claim_state_dir(settings: Settings) -> None:
     except (FleetError, OSError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
+
+
+def _versions(given: list[str]) -> dict[str, dict[str, str]]:
+    """`--version NAME=AGENT` as the fleet's versions: each one's own settings (its agent)."""
+    import re
+
+    from roundtrip._kernel.wire import topics
+
+    versions: dict[str, dict[str, str]] = {}
+    for each in given:
+        name, _, agent = each.partition("=")
+        if not re.fullmatch(topics.VERSION_NAME, name) or not agent:
+            raise typer.BadParameter(f"{each!r}: a version is NAME=AGENT, NAME 1 to 40 letters, digits, '-' or '_'")
+        versions[name] = {"ROUNDTRIP_AGENT": agent}
+    return versions
 
 
 def _mark_folders(settings: Settings) -> None:

@@ -37,6 +37,7 @@ class Fleet:
     settings: Settings
     env: dict[str, str] = field(default_factory=dict)
     executor_replicas: int = 1
+    versions: dict[str, dict[str, str]] = field(default_factory=dict)  # agent version -> its services' own settings
     say: Callable[[str], None] = lambda line: None
     children: list[Child] = field(default_factory=list)
     broker: EmbeddedKafka | None = None
@@ -71,7 +72,7 @@ class Fleet:
             parts.upgrade_databases(s, self.say)
             if s.embedded_broker:
                 self._start_broker()
-            parts.create_topics(self.settings, self.say)
+            parts.create_topics(self.settings, self.say, tuple(self.versions))
             if parts.runs_simulator(s):
                 self._start_http("simulator", f"http://127.0.0.1:{s.simulator_port}")
             if shop is not None:
@@ -80,6 +81,7 @@ class Fleet:
                 for replica in range(self.executor_replicas if name == "executor" else 1):
                     label = name if replica == 0 else f"{name}-{replica + 1}"
                     self._spawn(label, processes.run_argv(name), parts.where(name, s))
+            self._spawn_versions()
             self.say("  waiting for the services to say they are ready (each connects to Kafka, up to 60 s)")
             self._wait_services()
         except BaseException:
@@ -120,7 +122,7 @@ class Fleet:
         for child in dead:
             self.children.remove(child)
             processes.close_ready(child)
-            self._spawn(child.name, _argv(child), child.where)
+            self._spawn(child.name, _argv(child), child.where, child.env)
             if child.name in ("simulator", "shop"):
                 readiness.wait_http(f"{child.where}/health", child.name, self.children)
         self._wait_services(names={child.name for child in dead})
@@ -154,11 +156,21 @@ class Fleet:
         self._spawn(name, processes.run_argv(name), base_url)
         readiness.wait_http(f"{base_url}/health", name, self.children, retries=self._retries)
 
-    def _spawn(self, name: str, argv: list[str], where: str) -> None:
+    def _spawn_versions(self) -> None:
+        """Each agent version's own model, gate and executor (`model@v2`), beside the default version's."""
+        for version, own in self.versions.items():
+            for name in topology.versioned():
+                group = topology.group(name, prefix=self.settings.topic_prefix, version=version)
+                env = {**own, "ROUNDTRIP_AGENT_VERSION": version}
+                self._spawn(f"{name}@{version}", processes.run_argv(name), f"consumer group {group}", env)
+
+    def _spawn(self, name: str, argv: list[str], where: str, own: dict[str, str] | None = None) -> None:
         log_path = self.logs / f"{name}.log"
         log_start = _size(log_path)
-        process, ready_fd = processes.popen(argv, log_path, {**os.environ, **self.env}, ready_pipe=_is_service(name))
-        self.children.append(Child(name, process, log_path, where, ready_fd=ready_fd, log_start=log_start))
+        own = own or {}
+        env = {**os.environ, **self.env, **own}
+        process, ready_fd = processes.popen(argv, log_path, env, ready_pipe=_is_service(name))
+        self.children.append(Child(name, process, log_path, where, ready_fd=ready_fd, log_start=log_start, env=own))
         self.say(f"  {name:<10} {where}  (pid {process.pid}, log {log_path})")
 
     def _restart_child(self, child: Child, ready_pipe: bool) -> None:
@@ -172,7 +184,10 @@ class Fleet:
             processes.close_ready(child)
             child.log_start = _size(child.log_path)
             child.process, child.ready_fd = processes.popen(
-                _argv(child), child.log_path, {**os.environ, **self.env}, ready_pipe and _is_service(child.name)
+                _argv(child),
+                child.log_path,
+                {**os.environ, **self.env, **child.env},
+                ready_pipe and _is_service(child.name),
             )
 
     def _wait_services(self, names: set[str] | None = None) -> None:
@@ -180,8 +195,8 @@ class Fleet:
 
 
 def _is_service(name: str) -> bool:
-    """A service or a replica of one: it says "ready" on a pipe (the simulator and shop serve HTTP)."""
-    return name.split("-")[0] in topology.names()
+    """A service, a replica or an agent version's: it says "ready" on a pipe (the simulator and shop serve HTTP)."""
+    return name.split("-")[0].split("@")[0] in topology.names()
 
 
 def _size(path: Path) -> int:

@@ -137,7 +137,7 @@ def start_broker(
     return broker, s, env
 
 
-def create_topics(settings: Settings, say: Callable[[str], None]) -> None:
+def create_topics(settings: Settings, say: Callable[[str], None], versions: tuple[str, ...]) -> None:
     from roundtrip._kernel.kafka.admin import ensure_topics
     from roundtrip._kernel.kafka.clients import kafka_clients
 
@@ -150,6 +150,7 @@ def create_topics(settings: Settings, say: Callable[[str], None]) -> None:
             s.executor_partitions,
             s.replication_factor,
             min_insync_replicas=s.min_insync_replicas,
+            versions=versions,
         )
     )
     say(f"  {report}")

@@ -57,6 +57,7 @@ class Child:
     restarts: int = 0
     ready_fd: int | None = None  # read end of the pipe this process says "ready" on (services only), until it has
     log_start: int = 0  # where this process's output begins in its log (each run appends): what its cause is read from
+    env: dict[str, str] = field(default_factory=dict)  # its own settings over the fleet's (an agent version's)
 
 
 def signal_wakeup() -> tuple[int | None, Callable[[], None]]:

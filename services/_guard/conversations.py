@@ -35,7 +35,9 @@ from roundtrip._kernel.wire.limits import OMITTED_KEY
 
 # built once; `b_` names are the conditions
 _OF_CONVERSATION = conversations.c.conversation_id == bindparam("b_conversation_id")
-_OWNER = select(conversations.c.customer_id, conversations.c.updated_at, conversations.c.turns).where(_OF_CONVERSATION)
+_OWNER = select(
+    conversations.c.customer_id, conversations.c.updated_at, conversations.c.turns, conversations.c.agent_version
+).where(_OF_CONVERSATION)
 _TOUCH = update(conversations).where(_OF_CONVERSATION)
 _NEW_CONVERSATION = insert(conversations)
 _NEW_EXCHANGE = insert(exchanges)
@@ -67,7 +69,7 @@ def _claim_statement(dialect: str) -> Any:
             set_={"updated_at": new.excluded.updated_at},
             where=(conversations.c.customer_id == new.excluded.customer_id)
             & (conversations.c.updated_at >= bindparam("b_cutoff")),
-        ).returning(conversations.c.customer_id, conversations.c.turns)
+        ).returning(conversations.c.customer_id, conversations.c.turns, conversations.c.agent_version)
     return statement
 
 
@@ -228,10 +230,12 @@ def within_budget(stored: list[tuple[str, int]], budget_tokens: int) -> tuple[li
 
 
 class Claim(NamedTuple):
-    """Who owns the conversation, and how many of its turns were ever stored (0: no history to read)."""
+    """Who owns the conversation, how many of its turns were ever stored (0: no history to read), and the agent
+    version its turns run on ("": the default version)."""
 
     owner: str
     stored_turns: int
+    agent_version: str
 
 
 class Conversations(ConversationReads):
@@ -251,23 +255,25 @@ class Conversations(ConversationReads):
         store.budget_tokens, store.retention_s = budget_tokens, retention_s
         return store
 
-    async def claim(self, conversation_id: str, customer_id: str, now: float | None = None) -> Claim:
-        """The owner: `customer_id` when new (or expired), else whoever started it; one upsert on the common path."""
+    async def claim(self, conversation_id: str, customer_id: str, version: str, now: float | None = None) -> Claim:
+        """The owner: `customer_id` when new (or expired), else whoever started it; one upsert on the common path. A
+        new conversation is assigned agent version `version`; an existing one keeps its own."""
         now = now or time.time()
-        params = {
+        new = {
             "conversation_id": conversation_id,
             "customer_id": customer_id,
             "created_at": now,
             "updated_at": now,
             "turns": 0,
             "dropped_turns": 0,
-            "b_cutoff": now - self.retention_s,
+            "agent_version": version,
         }
+        params = {**new, "b_cutoff": now - self.retention_s}
         row = await self._run(
             lambda conn: conn.execute(_claim_statement(conn.dialect.name), params).first(), write=True, single=True
         )
         if row is not None:
-            return Claim(row.customer_id, row.turns)
+            return Claim(row.customer_id, row.turns, row.agent_version or "")
 
         def work(conn: Connection) -> Claim:
             row = conn.execute(_OWNER, {"b_conversation_id": conversation_id}).first()
@@ -277,19 +283,9 @@ class Conversations(ConversationReads):
             if row is not None:
                 if row.customer_id == customer_id:  # in use: not idle any more
                     conn.execute(_TOUCH, {"b_conversation_id": conversation_id, "updated_at": now})
-                return Claim(row.customer_id, row.turns)
-            conn.execute(
-                _NEW_CONVERSATION,
-                {
-                    "conversation_id": conversation_id,
-                    "customer_id": customer_id,
-                    "created_at": now,
-                    "updated_at": now,
-                    "turns": 0,
-                    "dropped_turns": 0,
-                },
-            )
-            return Claim(customer_id, 0)
+                return Claim(row.customer_id, row.turns, row.agent_version or "")
+            conn.execute(_NEW_CONVERSATION, new)
+            return Claim(customer_id, 0, version)
 
         for _ in range(3):
             try:
@@ -297,6 +293,14 @@ class Conversations(ConversationReads):
             except IntegrityError:  # created by someone else at the same moment: read it
                 continue
         raise RuntimeError(f"could not claim conversation {conversation_id}")
+
+    async def pin(self, conversation_id: str, version: str) -> None:
+        """Its later turns run on agent version `version` (the one it was on drains)."""
+        await self._run(
+            lambda conn: conn.execute(_TOUCH, {"b_conversation_id": conversation_id, "agent_version": version}),
+            write=True,
+            single=True,
+        )
 
     async def open_turn(self, conversation_id: str, turn_id: str, text: str, now: float) -> None:
         with contextlib.suppress(IntegrityError):  # open already: the start was redelivered

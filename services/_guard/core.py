@@ -22,6 +22,7 @@ from roundtrip._guard.rules import policy_from
 from roundtrip._guard.side_effects import SideEffects
 from roundtrip._guard.starts import ConversationOrder, Starts
 from roundtrip._guard.sweeper import Sweeper
+from roundtrip._guard.versions import Ramp
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire.approvals import DecisionVerifier, Verifier
@@ -79,8 +80,9 @@ class Guard:
             streams_by_default=streams_by_default,
         )
         replies = rules.policy.replies
+        ramp = Ramp(ledger.shares)
         self.starts = Starts(
-            ledger, self.outbox, order, replies, timing.turn_deadline_s, conversations, steps, agent_digest
+            ledger, self.outbox, order, replies, timing.turn_deadline_s, conversations, steps, agent_digest, ramp
         )
         self.loop = Loop(ledger, self.outbox, rules, conversations, steps)
         self.external_ends = ExternalEnds(ledger, self.outbox, conversations, steps, side_effects=rules.side_effects)

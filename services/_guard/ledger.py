@@ -40,6 +40,7 @@ from roundtrip._kernel.storage.turnstore import (
     reply_digest,
     turns,
 )
+from roundtrip._kernel.storage.versions import Versions
 
 __all__ = [
     "AWAITING",
@@ -195,7 +196,7 @@ class LedgerApprovals(TurnReads):
         )
 
 
-class Ledger(LedgerApprovals):
+class Ledger(LedgerApprovals, Versions):  # Versions: the ramp's shares each start reads
     async def start(
         self,
         turn: dict[str, Any],
@@ -205,6 +206,7 @@ class Ledger(LedgerApprovals):
         deadline_at: float | None = None,
         outcome: str | None = None,
         agent_digest: str | None = None,
+        agent_version: str = "",
     ) -> bool:
         """Register a new turn (already ended with `outcome`, for a refused one); False for a duplicated request."""
         now = now or time.time()
@@ -233,6 +235,7 @@ class Ledger(LedgerApprovals):
             cost_usd=0.0,
             agent_digest=agent_digest,
             lane=turn.get("lane") or INTERACTIVE,
+            agent_version=agent_version,
         )
         try:
             await self._run(lambda conn: conn.execute(_START, row), write=True, single=True)

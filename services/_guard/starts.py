@@ -22,6 +22,7 @@ from roundtrip._guard.ledger import BATCH, Ledger, TurnRow
 from roundtrip._guard.loop import StepClock
 from roundtrip._guard.outbox import Outbox, pending_copy, traceparent
 from roundtrip._guard.replies import Replies
+from roundtrip._guard.versions import Ramp
 from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.wire.events import CallModel, Outcome, StartTurn, Turn, TurnEnded
 
@@ -88,14 +89,16 @@ class Starts:
     conversations: Conversations | None  # None: every request stands alone
     steps: StepClock
     agent_digest: str
+    ramp: Ramp  # the agent version a new conversation starts on
 
     async def on_start(self, command: StartTurn) -> str:
         """A new turn: the ledger's read beside the conversation's claim, then the turn recorded beside its exchange
         opened. A start that waits for the conversation's running turn reads the history after that turn's end."""
         turn = command.turn
+        assigned = await self.ramp.version(turn.conversation_id, None)  # if the conversation is new
         # a duplicate's claim changes nothing: it touches its own conversation, or finds someone else's
         (row, running), claim = await asyncio.gather(
-            self.ledger.starting(turn.turn_id, turn.conversation_id), self._claim(turn)
+            self.ledger.starting(turn.turn_id, turn.conversation_id), self._claim(turn, assigned)
         )
         if row is not None:
             return await self._started_before(row, command)
@@ -108,10 +111,12 @@ class Starts:
                 await self._wait_for_exchanges([r.turn_id for r in running])
             if self.conversations is not None and (claim.stored_turns or running):
                 history = await self.conversations.history(turn.conversation_id)
+        version = await self._version(turn, claim, assigned)
         now = time.time()
-        changes: dict[str, float | int | str] = {"history_messages": len(history)}
-        if self.agent_digest:
-            changes["agent_digest"] = self.agent_digest
+        digest = "" if version else self.agent_digest  # the guard runs the default version's agent
+        changes: dict[str, float | int | str] = {"history_messages": len(history), "agent_version": version}
+        if digest:
+            changes["agent_digest"] = digest
         # the guard's clock sets the deadline; it travels with the turn: the gate signs it. A batch turn keeps the one
         # the gateway gave it (ROUNDTRIP_BATCH_DEADLINE_S): its answers may take hours
         batch = turn.lane == BATCH and turn.deadline_at > 0
@@ -127,7 +132,8 @@ class Starts:
             traceparent(),
             now=now,
             deadline_at=turn.deadline_at,
-            agent_digest=self.agent_digest,
+            agent_digest=digest,
+            agent_version=version,
         )
         # side by side: a start recorded without its exchange opens it when it is republished (_started_before)
         started, _ = await asyncio.gather(recorded, self._open(command))
@@ -137,6 +143,22 @@ class Starts:
             return "started"
         row = await self.ledger.get(turn.turn_id)
         return await self._started_before(row, command) if row is not None else "duplicate"
+
+    async def _version(self, turn: Turn, claim: Claim | None, assigned: str) -> str:
+        """A conversation's turns run on the version its first turn was assigned (its history was written by it);
+        one of a draining version moves, and the move is recorded."""
+        if claim is None or self.conversations is None:
+            return assigned
+        version = await self.ramp.version(turn.conversation_id, claim.agent_version)
+        if version != claim.agent_version:
+            await self.conversations.pin(turn.conversation_id, version)
+            log.info(
+                "conversation %s: agent version %r drains, its turns move to %r",
+                turn.conversation_id,
+                claim.agent_version,
+                version,
+            )
+        return version
 
     async def _wait_for_exchanges(self, turn_ids: list[str]) -> None:
         """Conversations in a database of their own: an ended turn's exchange is stored just after the ledger's end,
@@ -148,11 +170,11 @@ class Starts:
         while await conversations.still_open(turn_ids) and time.monotonic() < give_up:
             await asyncio.sleep(self.order.poll_s)
 
-    async def _claim(self, turn: Turn) -> Claim | None:
+    async def _claim(self, turn: Turn, version: str) -> Claim | None:
         return (
             None
             if self.conversations is None
-            else await self.conversations.claim(turn.conversation_id, turn.customer_id)
+            else await self.conversations.claim(turn.conversation_id, turn.customer_id, version)
         )
 
     async def _open(self, command: StartTurn) -> None:

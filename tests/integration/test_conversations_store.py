@@ -44,7 +44,7 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
         owners = [
             c.owner
             for c in await asyncio.gather(
-                *(store.claim(conversation, c) for c in ("cus_1001", "cus_1002", "cus_1001", "cus_1002"))
+                *(store.claim(conversation, c, "") for c in ("cus_1001", "cus_1002", "cus_1001", "cus_1002"))
             )
         ]
         assert len(set(owners)) == 1
@@ -74,7 +74,7 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
         )
         again = await store.get(conversation)
         assert (again.turns, again.history_turns) == (8, row.history_turns) and (
-            await store.claim(conversation, owner)
+            await store.claim(conversation, owner, "")
         ).stored_turns == 8
         assert conversation in {r.conversation_id for r in await store.list(customer_id=owner)}
         assert (
@@ -82,7 +82,7 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
             and await store.history(conversation) == []
             and await store.get(conversation) is None
         )
-        await store.claim(conversation, "cus_1003", now=1.0)
+        await store.claim(conversation, "cus_1003", "", now=1.0)
         assert await store.expire() >= 1 and await store.get(conversation) is None
     finally:
         await store.close()
@@ -103,7 +103,7 @@ async def test_an_ends_exchange_is_written_in_the_transaction_of_the_ledgers_end
     principal = SimpleNamespace(**turn)
     pending = '{"topic": "turn.outcomes", "message": {"text": "answer 1"}}'
     try:
-        await store.claim(conversation, "cus_1001")
+        await store.claim(conversation, "cus_1001", "")
         await store.open_turn(conversation, turn["turn_id"], "question 1", time.time())
         await ledger.start(turn, pending="{}")
         messages, final = _exchange(1, "x")

@@ -205,6 +205,9 @@ async def test_a_database_made_before_migrations_is_adopted_with_its_rows(url):
         conn.execute(text("ALTER TABLE turns DROP COLUMN acted"))  # ledger_0004: likewise
         conn.execute(text("ALTER TABLE turns DROP COLUMN reply_sha256"))  # ledger_0006: likewise
         conn.execute(text("ALTER TABLE turns DROP COLUMN lane"))  # ledger_0008: likewise
+        conn.execute(text("ALTER TABLE turns DROP COLUMN agent_version"))  # ledger_0009: likewise
+        conn.execute(text("DROP TABLE agent_versions"))  # ledger_0009
+        conn.execute(text("ALTER TABLE conversations DROP COLUMN agent_version"))  # conversations_0002
         conn.execute(insert(turnstore.turns), turn)  # the columns it names only
         conn.execute(
             insert(ledger_reads.conversations),
@@ -273,7 +276,7 @@ def test_the_ledger_and_the_conversations_in_databases_of_their_own(tmp_path):
         for u in (ledger_url, conversations_url)
     }
     assert tables == {
-        ledger_url: {"alembic_version", "turns", "approvals", "model_batch_calls"},
+        ledger_url: {"alembic_version", "turns", "approvals", "model_batch_calls", "agent_versions"},
         conversations_url: {"alembic_version", "conversations", "conversation_turns"},
     }
     assert asyncio.run(current(ledger_url, (LEDGER,))) == {LEDGER: head(LEDGER)}

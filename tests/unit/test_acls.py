@@ -135,3 +135,22 @@ def test_two_fleets_on_one_cluster_are_granted_nothing_of_each_others() -> None:
     assert _allowed(prod["operator"], "group", "prod.roundtrip-guard", "Describe")
     assert not _allowed(prod["operator"], "group", "roundtrip-guard", "Describe")
     assert not _allowed(plain["operator"], "group", "prod.roundtrip-guard", "Describe")
+
+
+def test_an_agent_versions_services_each_read_and_write_only_that_versions_own_topics() -> None:
+    derived = acls.derive(prefix="acme.", versions=("v2",))
+    executor, gate, guard = derived["executor-v2"], derived["gate-v2"], derived["guard"]
+    assert {a.principal for a in executor} == {"User:roundtrip-executor-v2"}
+    assert _allowed(executor, "topic", "acme.turn.tool_batches.version.v2", "Read")
+    assert _allowed(executor, "group", "acme.roundtrip-executor.version.v2", "Read")
+    assert _allowed(executor, "topic", "acme.turn.model_calls.version.v2", "Write")
+    assert _allowed(executor, "topic", "acme." + topics.APPROVAL_REQUESTS, "Write")  # shared: the guard reads it
+    assert not _allowed(executor, "topic", "acme." + topics.TOOL_BATCHES, "Read")  # the default version's batches
+    assert not _allowed(executor, "topic", "acme." + topics.MODEL_CALLS, "Write")
+    assert _allowed(gate, "topic", "acme.turn.tool_batches.version.v2", "Write")
+    assert not _allowed(gate, "topic", "acme." + topics.TOOL_BATCHES, "Write")
+    for routed in ("acme.turn.model_calls.version.v2", "acme.turn.tool_calls.version.v2"):
+        assert _allowed(guard, "topic", routed, "Write")
+    assert _allowed(derived["operator"], "topic", "acme.turn.tool_batches.version.v2", "Create")
+    assert acls.derive(prefix="acme.")["guard"] == acls.derive(prefix="acme.", versions=())["guard"]
+    assert "executor-v2" not in acls.derive(prefix="acme.")

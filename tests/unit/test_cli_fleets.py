@@ -191,6 +191,9 @@ TALK_TO_A_FLEET = {
     ("config",): [],
     ("eval", "run"): ["SUITE"],
     ("eval", "record"): ["conv_1"],
+    ("versions",): [],
+    ("versions", "ramp"): ["v2", "10%"],
+    ("versions", "drain"): ["v2"],
 }
 # what starts or sets up a fleet with this shell's settings, or needs none
 NOT_A_RUNNING_FLEETS = {

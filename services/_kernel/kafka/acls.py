@@ -59,11 +59,16 @@ def _topic(principal: str, name: str, prefix: str, *operations: str) -> Acl:
     return Acl(principal, "topic", topics.t(name, prefix), (*operations, "Describe"))
 
 
-def for_service(service: topology.Service, prefix: str = "", principal: str = DEFAULT_PRINCIPAL) -> list[Acl]:
-    who = principal.format(name=service.name)
-    acls = [_topic(who, i.topic, prefix, "Read") for i in service.inputs]
-    acls += [Acl(who, "group", i.group(service.name, prefix), ("Read",)) for i in service.inputs]
-    acls += [_topic(who, t, prefix, "Write") for t in service.outputs]
+def for_service(
+    service: topology.Service, prefix: str = "", principal: str = DEFAULT_PRINCIPAL, version: str = ""
+) -> list[Acl]:
+    """`version`: the principal of that agent version's own service (`roundtrip-model-v2`), on its own topics."""
+    who = principal.format(name=f"{service.name}-{version}" if version else service.name)
+    acls = [_topic(who, topology.of_version(i.topic, version), prefix, "Read") for i in service.inputs]
+    acls += [
+        Acl(who, "group", topology.group(service.name, i.role, prefix, version), ("Read",)) for i in service.inputs
+    ]
+    acls += [_topic(who, topology.of_version(t, version), prefix, "Write") for t in service.outputs]
     if service.dead_letters:  # its own only: a letter on another service's topic was not written by this one
         acls.append(_topic(who, service.dead_letters, prefix, "Write"))
     acls += [_topic(who, t, prefix, "Read") for t in service.reads]
@@ -80,8 +85,9 @@ def for_service(service: topology.Service, prefix: str = "", principal: str = DE
     return _merged(acls)
 
 
-def for_operator(prefix: str, principal: str) -> list[Acl]:
-    """The `roundtrip` commands: make and grow the topics, read them all, publish requests, cancels, decisions."""
+def for_operator(prefix: str, principal: str, versions: tuple[str, ...] = ()) -> list[Acl]:
+    """The `roundtrip` commands: make and grow the topics (each agent version's in `versions` too), read them all,
+    publish requests, cancels, decisions."""
     who = principal.format(name=OPERATOR)
     acls = [
         Acl(
@@ -90,7 +96,7 @@ def for_operator(prefix: str, principal: str) -> list[Acl]:
             topics.t(name, prefix),
             ("Read", "Describe", "DescribeConfigs", "AlterConfigs", "Alter", "Create"),
         )
-        for name in topology.topic_names()
+        for name in (*topology.topic_names(), *(t for v in versions for t in topology.version_topics(v)))
     ]
     acls.append(_topic(who, topics.DEAD_LETTERS, prefix, "Read"))  # `roundtrip dead-letters` of an older fleet
     acls += [
@@ -117,9 +123,18 @@ def for_app(group: str, prefix: str, principal: str) -> list[Acl]:
     )
 
 
-def derive(prefix: str, principal: str, app_group: str | None) -> dict[str, list[Acl]]:
+def derive(prefix: str, principal: str, app_group: str | None, versions: tuple[str, ...] = ()) -> dict[str, list[Acl]]:
+    """Each principal's ACLs; with `versions`, each agent version's own services too, and the guard may write their
+    model calls and tool checks."""
     derived = {s.name: for_service(s, prefix, principal) for s in topology.SERVICES}
-    derived[OPERATOR] = for_operator(prefix, principal)
+    guard = principal.format(name="guard")
+    writes = [t for t in topology.service("guard").outputs if t in topology.VERSIONED]
+    for version in versions:
+        for service in (s for s in topology.SERVICES if s.versioned):
+            derived[f"{service.name}-{version}"] = for_service(service, prefix, principal, version)
+        routed = [_topic(guard, topology.of_version(t, version), prefix, "Write") for t in writes]
+        derived["guard"] = _merged([*derived["guard"], *routed])
+    derived[OPERATOR] = for_operator(prefix, principal, versions)
     if app_group:
         derived[APP] = for_app(app_group, prefix, principal)
     return derived

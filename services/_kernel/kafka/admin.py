@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +45,13 @@ def topic_configs(name: str, prefix: str) -> dict[str, str]:
     return {}
 
 
-def desired_topics(prefix: str, partitions: int, executor_partitions: int | None) -> dict[str, int]:
+def desired_topics(
+    prefix: str, partitions: int, executor_partitions: int | None, versions: Sequence[str] = ()
+) -> dict[str, int]:
+    """The fleet's topics and their partitions, with the own topics of each agent version in `versions`."""
     counts = {}
-    for name in topology.topic_names():
-        if name == topics.TOOL_BATCHES:
+    for name in (*topology.topic_names(), *(t for v in versions for t in topology.version_topics(v))):
+        if name.partition(topics.VERSION_MARK)[0] == topics.TOOL_BATCHES:  # a version's too
             n = executor_partitions or partitions
         elif name == topics.DEAD_LETTERS_HANDLED or topics.dead_letters_service(name):  # the first claim of one wins
             n = DEAD_LETTER_PARTITIONS
@@ -92,9 +95,10 @@ async def ensure_topics(
     replication_factor: int,
     *,
     min_insync_replicas: int | None,
+    versions: Sequence[str] = (),
 ) -> TopicsReport:
     durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
-    wanted = desired_topics(prefix, partitions, executor_partitions)
+    wanted = desired_topics(prefix, partitions, executor_partitions, versions)
     report, timeout = TopicsReport(), ENSURE_TIMEOUT_S
     admin = _admin(bootstrap, int(timeout * 1000))
     await admin.start()

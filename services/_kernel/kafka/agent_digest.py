@@ -28,9 +28,11 @@ class Digest:
         """True when `message` belongs to a turn started under another digest than this one (and says so)."""
         turn: Any = getattr(message, "turn", None)
         theirs, ours = getattr(turn, "agent_digest", ""), self.digest
+        span = span or trace.get_current_span()
+        if version := getattr(turn, "agent_version", ""):  # every span of a turn names the version it runs on
+            span.set_attribute("roundtrip.agent.version", version)
         if not theirs or not ours or theirs == ours:
             return False
-        span = span or trace.get_current_span()
         span.set_attribute("roundtrip.agent.digest_mismatch", theirs)
         span.set_attribute("roundtrip.agent.digest", ours)
         if self._said.add(turn.turn_id):

@@ -61,6 +61,7 @@ class Wiring:
     consumers: list[KeyOrderedConsumer] = field(default_factory=list)
     refuse: Callable[[], None] | None = None  # run at start, before the broker is contacted
     digest: agent_digest.Digest | None = None
+    version: str = ""  # the agent version whose topics its subscriptions read (a versioned service only)
     metrics: KafkaMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +93,7 @@ def wiring(service: str, settings: Settings, turn_roots: tuple[str, ...], digest
         frozenset(topics.t(t, settings.topic_prefix) for t in turn_roots),
         refuse=functools.partial(settings.refuse_plaintext_kafka, service),
         digest=agent_digest.Digest(service, digest) if digest else None,
+        version=settings.agent_version if service in topology.versioned() else "",
     )
 
 
@@ -115,7 +117,7 @@ def subscribe(
     stop may cancel it; `on_failure(record, exc, reason)` runs before a failed record's dead letter."""
     service = wired.service
     declared = _declared(service, topic, role)
-    group_id = group(service, role, settings.topic_prefix)
+    group_id = group(service, role, settings.topic_prefix, wired.version)
 
     def register(handler: Callable[[Any], Awaitable[Any]]) -> Any:
         _check_message(handler, declared, topic)
@@ -131,7 +133,7 @@ def subscribe(
             cancel_on_revoke=cancel_on_revoke,
         )
         subscriber = wired.broker.subscriber(
-            topics.t(topic, settings.topic_prefix),
+            topics.t(topology.of_version(topic, wired.version), settings.topic_prefix),
             group_id=group_id,
             ack_policy=AckPolicy.MANUAL,  # the key-ordered consumer commits, never past an unfinished message
             auto_offset_reset="earliest",  # a new group reads what was published before it joined
@@ -376,13 +378,23 @@ def key_of(conversation_id: str) -> bytes:
 
 
 class Outlet:
-    """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id."""
+    """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id. A message of a
+    versioned topic goes to its turn's version's copy: the turn's version routes it, whoever publishes it."""
 
     def __init__(self, wired: Wiring, topic: str, schema: type[BaseModel], description: str = "") -> None:
         if wired.service in topology.names():
             topology.service(wired.service).output(topic, schema)
-        self._wired, self._topic = wired, wired.topic(topic)
+        self._wired, self._topic, self._name = wired, wired.topic(topic), topic
+        self._versioned = topic in topology.VERSIONED
         wired.broker.publisher(self._topic, schema=schema, description=description or schema.__doc__)
 
     async def __call__(self, message: BaseModel, conversation_id: str) -> None:
-        await publish(self._wired, self._topic, message, key_of(conversation_id))
+        version = version_of(message) if self._versioned else ""
+        topic = self._wired.topic(topology.of_version(self._name, version)) if version else self._topic
+        await publish(self._wired, topic, message, key_of(conversation_id))
+
+
+def version_of(message: BaseModel) -> str:
+    """The agent version of the turn `message` belongs to ("": the default version, or no turn)."""
+    turn = getattr(message, "turn", None)
+    return getattr(turn, "agent_version", "") or ""

@@ -312,7 +312,9 @@ def record_turn_span(
         "roundtrip.steps": steps,
         "roundtrip.cost_usd": cost_usd,
     }
-    if agent_digest:
+    if version := getattr(turn, "agent_version", ""):  # the reporting service runs the default version's agent
+        attributes["roundtrip.agent.version"] = version
+    elif agent_digest:
         attributes["roundtrip.agent.digest"] = agent_digest
     if model:
         attributes["gen_ai.request.model"] = model

@@ -43,6 +43,15 @@ class Deployment(Concern):
             "`roundtrip.agents`; unset: the demo agent (see Your own agent in the manual)"
         ),
     )
+    agent_version: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9_-]{0,40}$",
+        description=(
+            "The agent version a model, gate or executor process serves: it reads that version's own topics, so a turn "
+            "runs every step on the version it started on (docs/decisions/agent-versions.md); empty: the default "
+            "version. The guard, the gateway and the console serve every version: refused there"
+        ),
+    )
     instance_id: str | None = Field(
         None,
         description=(

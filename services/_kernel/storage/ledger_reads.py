@@ -37,6 +37,7 @@ conversations = Table(
     Column("updated_at", Float, nullable=False, index=True),
     Column("turns", Integer, nullable=False, default=0),
     Column("dropped_turns", Integer, nullable=False, default=0),
+    Column("agent_version", String(40)),  # assigned at its first turn, kept by the later ones
 )
 exchanges = Table(
     "conversation_turns",
@@ -89,6 +90,7 @@ class TurnRow:
     acted: str | None = None  # the side effects the turn has had (services/_kernel/storage/sideeffects.py)
     reply_sha256: str | None = None
     lane: str | None = None
+    agent_version: str | None = None
 
     @property
     def turn(self) -> dict[str, Any]:
@@ -140,6 +142,7 @@ class ConversationRow:
     dropped_turns: int
     history_turns: int = 0
     history_tokens: int = 0
+    agent_version: str | None = None
 
 
 @dataclass

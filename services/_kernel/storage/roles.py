@@ -26,7 +26,10 @@ PREFIX = "roundtrip_"
 SCHEMA = "public"
 VERSIONS = "alembic_version"  # every store's revision: each open reads it
 TURNS, APPROVALS, BATCH_CALLS = "turns", "approvals", "model_batch_calls"
-TABLES = {LEDGER: (TURNS, APPROVALS, BATCH_CALLS), CONVERSATIONS: ("conversations", "conversation_turns")}
+TABLES = {
+    LEDGER: (TURNS, APPROVALS, BATCH_CALLS, "agent_versions"),
+    CONVERSATIONS: ("conversations", "conversation_turns"),
+}
 WRITES = ("INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER")
 BY_COLUMN = ("INSERT", "UPDATE", "REFERENCES")  # may be granted on some columns only
 ROWS = ("SELECT", "INSERT", "UPDATE", "DELETE")  # what a part may do to a table of its own (`writes`)

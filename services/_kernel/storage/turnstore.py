@@ -82,9 +82,19 @@ turns = Table(
     Column("acted", Text),
     Column("reply_sha256", String(64)),  # the ended turn's reply text, recorded with its end (`reply_digest`)
     Column("lane", String(16)),
+    Column("agent_version", String(40)),  # the agent version it runs on (None, "": the default version)
 )
 CONVERSATION_INDEX = Index("ix_turns_conversation_id", turns.c.conversation_id)
 ENDED_AT_INDEX = Index("ix_turns_ended_at", turns.c.ended_at)  # retention deletes oldest first
+# the share of new conversations each agent version takes (the ramp): the operator's, read by the guard
+agent_versions = Table(
+    "agent_versions",
+    metadata,
+    Column("version", String(40), primary_key=True),
+    Column("share", Float, nullable=False),  # percent of new conversations
+    Column("draining", Integer, nullable=False, default=0),
+    Column("updated_at", Float, nullable=False),
+)
 approvals = Table(
     "approvals",
     metadata,

@@ -224,6 +224,9 @@ class Turn(Message):
     agent_digest: str = Field(
         "", description="Digest of the agent (its prompt and tools) the turn was started under (set by the guard)"
     )
+    agent_version: str = Field(
+        "", description="The agent version all of the turn runs on (set by the guard); empty: the default version"
+    )
 
     def addressed(self) -> dict[str, str]:
         """The fields by which an app matches a public event (a reply, a status, streamed text) to its request."""

@@ -20,6 +20,9 @@ DEAD_LETTERS_HANDLED = "roundtrip.dead_letters.handled"
 DEAD_LETTERS_BY = DEAD_LETTERS + ".by."
 APPROVAL_REQUESTS = "turn.approval_requests"
 APPROVAL_DECISIONS = "turn.approval_decisions"
+# an agent version's own copy of a topic: `turn.model_calls.version.v2` (topology.of_version)
+VERSION_MARK = ".version."
+VERSION_NAME = r"^[A-Za-z0-9_-]{1,40}$"  # no dot: a versioned topic names its version after the one mark
 
 
 def dead_letters(service: str) -> str:

@@ -14,9 +14,11 @@ from pydantic import BaseModel
 from roundtrip._kernel.wire import events, letters, topics
 
 
-def group(service: str, role: str | None = None, prefix: str = "") -> str:
-    """`[prefix]roundtrip-<service>[-<role>]`: fleets of other prefixes share no group, nor rebalances."""
-    return f"{prefix}roundtrip-{service}" + (f"-{role}" if role else "")
+def group(service: str, role: str | None = None, prefix: str = "", version: str = "") -> str:
+    """`[prefix]roundtrip-<service>[-<role>][.version.<version>]`: fleets of other prefixes share no group, nor
+    rebalances, and each agent version's services are a group of their own."""
+    named = f"{prefix}roundtrip-{service}" + (f"-{role}" if role else "")
+    return named + topics.VERSION_MARK + version if version else named
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class Service:
     reads_dead_letters: bool = False  # every service's dead letters, and the shared topic of older fleets
     redrives: bool = False  # publishes a dead letter's record, unchanged, to its source topic (`redrive_topics()`)
     app: str = ""  # module with `build(settings, agent) -> FastStream`; default roundtrip._<name>.app
+    versioned: bool = False  # runs one agent version (ROUNDTRIP_AGENT_VERSION), on that version's topics
 
     @property
     def app_module(self) -> str:
@@ -102,6 +105,7 @@ SERVICES: tuple[Service, ...] = (
         inputs=(Input(topics.MODEL_CALLS, events.CallModel),),
         outputs={topics.ITERATIONS: events.ModelResponded, topics.SUPPORT_STREAM: events.StreamedText},
         shares_ledger=True,
+        versioned=True,
     ),
     Service(
         "guard",
@@ -131,6 +135,7 @@ SERVICES: tuple[Service, ...] = (
         inputs=(Input(topics.TOOL_CALLS, events.CheckToolCalls),),
         outputs={topics.TOOL_BATCHES: events.ExecuteToolBatch},
         shares_ledger=True,
+        versioned=True,
         signs_batches=True,
         accepts_decisions=True,  # a decided call's batch is signed only with a person's valid decision
     ),
@@ -140,6 +145,7 @@ SERVICES: tuple[Service, ...] = (
         inputs=(Input(topics.TOOL_BATCHES, events.ExecuteToolBatch),),
         outputs={topics.MODEL_CALLS: events.CallModel, topics.APPROVAL_REQUESTS: events.ApprovalRequested},
         shares_ledger=True,
+        versioned=True,
         verifies_batches=True,  # checks the gate's signature before it runs anything
     ),
     Service(
@@ -206,3 +212,27 @@ def topic_names() -> tuple[str, ...]:
     """Every topic a service reads or writes, in the order first named here, then the dead letters."""
     used = [i.topic for s in SERVICES for i in s.inputs] + [t for s in SERVICES for t in s.outputs]
     return (*dict.fromkeys(used), *dead_letter_topics())
+
+
+def versioned() -> tuple[str, ...]:
+    """The services each agent version runs of its own (the guard, the gateway and the console are shared)."""
+    return tuple(s.name for s in SERVICES if s.versioned)
+
+
+def _versioned_topics() -> tuple[str, ...]:
+    """The topics only versioned services read: each agent version has its own copy of them."""
+    shared = {i.topic for s in SERVICES if not s.versioned for i in s.inputs}
+    return tuple(dict.fromkeys(i.topic for s in SERVICES if s.versioned for i in s.inputs if i.topic not in shared))
+
+
+VERSIONED = _versioned_topics()
+
+
+def of_version(name: str, version: str) -> str:
+    """`name` as agent version `version` reads it: the default version ("") keeps today's names, as do the shared."""
+    return f"{name}{topics.VERSION_MARK}{version}" if version and name in VERSIONED else name
+
+
+def version_topics(version: str) -> tuple[str, ...]:
+    """The topics agent version `version` has of its own (none for the default version: it reads today's)."""
+    return tuple(of_version(t, version) for t in VERSIONED) if version else ()
