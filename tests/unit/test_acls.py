@@ -13,6 +13,11 @@ def acls_of(prefix: str = "", principal: str = acls.DEFAULT_PRINCIPAL, app_group
     return acls.derive(prefix, principal, app_group)
 
 
+def derived_for(prefix: str, versions: tuple[str, ...] = ()) -> dict:
+    """The ACLs derived for a fleet with these agent versions beside the default one."""
+    return acls.derive(prefix, acls.DEFAULT_PRINCIPAL, None, versions)
+
+
 def _allowed(derived: list[acls.Acl], kind: str, name: str, operation: str) -> bool:
     return any(
         a.kind == kind and (name.startswith(a.name) if a.prefixed else a.name == name) and operation in a.operations
@@ -138,7 +143,7 @@ def test_two_fleets_on_one_cluster_are_granted_nothing_of_each_others() -> None:
 
 
 def test_an_agent_versions_services_each_read_and_write_only_that_versions_own_topics() -> None:
-    derived = acls.derive(prefix="acme.", versions=("v2",))
+    derived = derived_for(prefix="acme.", versions=("v2",))
     executor, gate, guard = derived["executor-v2"], derived["gate-v2"], derived["guard"]
     assert {a.principal for a in executor} == {"User:roundtrip-executor-v2"}
     assert _allowed(executor, "topic", "acme.turn.tool_batches.version.v2", "Read")
@@ -152,5 +157,5 @@ def test_an_agent_versions_services_each_read_and_write_only_that_versions_own_t
     for routed in ("acme.turn.model_calls.version.v2", "acme.turn.tool_calls.version.v2"):
         assert _allowed(guard, "topic", routed, "Write")
     assert _allowed(derived["operator"], "topic", "acme.turn.tool_batches.version.v2", "Create")
-    assert acls.derive(prefix="acme.")["guard"] == acls.derive(prefix="acme.", versions=())["guard"]
-    assert "executor-v2" not in acls.derive(prefix="acme.")
+    assert derived_for(prefix="acme.")["guard"] == derived_for(prefix="acme.", versions=())["guard"]
+    assert "executor-v2" not in derived_for(prefix="acme.")

@@ -47,7 +47,7 @@ def test_each_login_is_stripped_then_given_its_part_and_nothing_is_left_to_publi
 
 
 def test_the_model_service_keeps_its_batch_calls_and_only_the_console_reads_them():
-    said = roles.statements([*ALL, "model_batch_calls"])
+    said = roles.statements([*ALL, "model_batch_calls"], roles.PREFIX)
     assert of(said, "roundtrip_model")[-2:] == [
         "GRANT UPDATE (lease_until, status, last_progress_at, flagged_at) ON turns TO roundtrip_model",
         "GRANT INSERT, UPDATE, DELETE ON model_batch_calls TO roundtrip_model",
