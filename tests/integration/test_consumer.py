@@ -238,7 +238,7 @@ async def test_at_the_limit_it_pauses_instead_of_buffering(kafka_bootstrap, topi
         assert koc.in_flight == 25 and koc.paused
         release.set()
         await wait_until(lambda: koc.processed == 400, what="everything after the release")
-        assert not koc.paused
+        await wait_until(lambda: not koc.paused, what="fetching resumed")  # at its next look at the room
     finally:
         await koc.drain()
         task.cancel()
