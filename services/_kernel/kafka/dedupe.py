@@ -22,11 +22,9 @@ class SeenIds:
 
     def first(self, key: str, value: Any) -> Any:
         """Remember `value` for a new `key` and return None; for a key seen before, the value first remembered."""
+        if key in self._ids:
+            return self.get(key)
         now = self._clock.monotonic()
-        if (seen := self._ids.get(key)) is not None:
-            self._ids[key] = (seen[0], now)
-            self._ids.move_to_end(key)
-            return seen[0]
         self._ids[key] = (value, now)
         if len(self._ids) > self._capacity:
             self._ids.popitem(last=False)
@@ -37,7 +35,7 @@ class SeenIds:
         return None
 
     def get(self, key: str) -> Any:
-        """The value remembered for `key` (None: not remembered), its age renewed as `first`'s is."""
+        """The value remembered for `key` (None: not remembered), its age renewed: a key in use is kept."""
         if (seen := self._ids.get(key)) is None:
             return None
         self._ids[key] = (seen[0], self._clock.monotonic())
