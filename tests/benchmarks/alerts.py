@@ -172,14 +172,20 @@ def evaluate(scrapes: Scrapes, rules: Path | None, step_s: int) -> Evaluated:
     if run.returncode != 0 and not fired:
         return Evaluated(missing=f"promtool failed: {(run.stderr or run.stdout).strip()[:300]}")
     at = slots(scrapes.times, step_s)
-    return Evaluated(spans=spans(fired, scrapes.times[0], at[-1] + 1, step_s))
+    taken = dict(zip(at, scrapes.times, strict=True))  # a slot's time is its sample's (samples drift late of the grid)
+    return Evaluated(spans=spans(fired, scrapes.times[0], at[-1] + 1, step_s, taken))
 
 
 def spans(
-    fired: list[tuple[str, float]], first: float, n: int, step_s: int
+    fired: list[tuple[str, float]], first: float, n: int, step_s: int, taken: dict[int, float]
 ) -> dict[str, list[tuple[float, float | None]]]:
     """Consecutive evaluations (of `n`, step_s apart from the epoch `first`) at which an alert fired, as (the first
-    firing one's epoch, the first quiet one's, or None when it still fired at the last)."""
+    firing one's epoch, the first quiet one's, or None when it still fired at the last). An evaluation's epoch is
+    when its sample was taken (`taken`, by slot), else its place on the grid."""
+
+    def at(k: int) -> float:
+        return taken.get(k, first + k * step_s)
+
     out: dict[str, list[tuple[float, float | None]]] = {}
     for name in sorted({name for name, _ in fired}):
         firing = sorted({round(seconds / step_s) for alert, seconds in fired if alert == name})
@@ -190,7 +196,7 @@ def spans(
             end = k
             while end + 1 in firing:
                 end += 1
-            runs.append((first + k * step_s, first + (end + 1) * step_s if end + 1 < n else None))
+            runs.append((at(k), at(end + 1) if end + 1 < n else None))
         out[name] = runs
     return out
 

@@ -100,10 +100,13 @@ def test_promtools_answer_becomes_the_spans_each_alert_fired_and_when_it_cleared
         ("RoundtripDeadLetters", 3600.0),
         ("RoundtripTurnsStuck", 360.0),
     ]
-    assert alerts.spans(fired, 1000.0, 61, 60) == {
+    assert alerts.spans(fired, 1000.0, 61, 60, {}) == {
         "RoundtripDeadLetters": [(1000.0 + 3600, None)],  # still firing at the last evaluation
         "RoundtripTurnsStuck": [(1000.0 + 120, 1000.0 + 240), (1000.0 + 360, 1000.0 + 420)],
     }
+    # a slot's sample taken late (the sampling drifts behind the grid) dates the span, not the grid
+    late = {2: 1000.0 + 150, 4: 1000.0 + 275}
+    assert alerts.spans(fired, 1000.0, 61, 60, late)["RoundtripTurnsStuck"][0] == (1000.0 + 150, 1000.0 + 275)
 
 
 def test_samples_late_or_close_together_take_their_place_on_the_evaluation_grid(tmp_path):
