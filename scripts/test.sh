@@ -47,8 +47,8 @@ fi
 # latency, a deadline, a broker coming back), and the unit tier is short and busy, so three runs on two cores take
 # about the time of the longest (integration and chaos). Each run has its own broker, fleet and temporary folders
 # (every port is a free one), so they share nothing.
-# -rs lists every skip with its reason; in CI (CI=true) a skip fails the run but the Jaeger tests' when Go is
-# unusable (tests/ci_skips.py).
+# -rs lists every skip with its reason, --durations the slowest tests (to balance the runs); in CI (CI=true) a skip
+# fails the run but the Jaeger tests' when Go is unusable (tests/ci_skips.py).
 # The first run reports here as it goes; the others write their logs, shown when they end.
 runs=("tests/integration tests/chaos" "tests/e2e" "tests/unit")
 work=$(mktemp -d -t roundtrip-tests.XXXXXX)  # each run's own --basetemp and log
@@ -57,12 +57,12 @@ echo "==> pytest, three runs side by side: [${runs[0]}] here, [${runs[1]}] and [
 pids=()
 for i in 1 2; do
   # shellcheck disable=SC2086  # each run is a list of folders
-  .venv/bin/python -m pytest -q -rs -p no:cacheprovider --basetemp "$work/run$i" ${runs[$i]} >"$work/run$i.log" 2>&1 &
+  .venv/bin/python -m pytest -q -rs --durations=15 -p no:cacheprovider --basetemp "$work/run$i" ${runs[$i]} >"$work/run$i.log" 2>&1 &
   pids+=($!)
 done
 set +e
 # shellcheck disable=SC2086
-.venv/bin/python -m pytest -q -rs -p no:cacheprovider --basetemp "$work/run0" ${runs[0]}
+.venv/bin/python -m pytest -q -rs --durations=15 -p no:cacheprovider --basetemp "$work/run0" ${runs[0]}
 rc=$?
 echo "==> [${runs[0]}] exited $rc after $((SECONDS - started)) s"
 for i in 1 2; do
