@@ -80,11 +80,11 @@ async def list_turns(
 
     from roundtrip._cli.common import console, ledger_missing, plain
     from roundtrip._kernel.storage.ledger_reads import TurnReads
-    from roundtrip._kernel.storage.versions import DEFAULT, DEFAULT_WORD
+    from roundtrip._kernel.storage.versions import named
 
     if ledger_missing(settings):
         return 2
-    version = DEFAULT if version == DEFAULT_WORD else version
+    version = named(version) if version is not None else None
     ledger = await TurnReads.open(settings.ledger_db_url, read_only=True)
     try:
         rows = await ledger.list(status=status, customer_id=customer, limit=limit, lane=lane, version=version)

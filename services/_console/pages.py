@@ -1,4 +1,5 @@
-"""The console's HTML, rendered on the server: the inbox of held calls, the turns, a turn, and the refusals.
+"""The console's HTML, rendered on the server: the inbox of held calls, the turns, a turn, the agent versions side by
+side, and the refusals.
 
 Every value from customers, models, tools and people goes through `esc`: nothing they wrote is ever read as markup.
 The page has no inline script or style (its Content-Security-Policy allows neither); the script refreshes a page's
@@ -15,6 +16,9 @@ from urllib.parse import quote
 
 from roundtrip._console.auth import CSRF_FIELD, Identity
 from roundtrip._console.timeline import customer_words, last_model_text, result_value, texts
+from roundtrip._kernel.storage.versions import COLUMNS as VERSION_COLUMNS
+from roundtrip._kernel.storage.versions import shown
+from roundtrip._kernel.wire.topics import DEFAULT_VERSION_WORD
 
 POLL_MS = 1500
 STATUS_COLOURS = {
@@ -102,6 +106,7 @@ def page(title: str, body: str, identity: Identity | None) -> str:
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="stylesheet" href="/static/console.css"></head><body>'
         f'<header><strong>roundtrip console</strong><a href="/approvals">Approvals</a><a href="/turns">Turns</a>'
+        '<a href="/versions">Versions</a>'
         f'<a href="/dead-letters">Dead letters</a>{who}'
         f'</header><main><div id="offline" class="notice bad" hidden>The console cannot reach its server; '
         f"what you see may be out of date.</div>{body}</main><script src='/static/console.js'></script></body></html>"
@@ -225,7 +230,14 @@ def refusal(message: str, back: str) -> str:
 
 
 def turn_filters(
-    status: str, outcome: str, customer: str, max_age_min: str, agent: str = "", conversation: str = "", lane: str = ""
+    status: str,
+    outcome: str,
+    customer: str,
+    max_age_min: str,
+    agent: str = "",
+    conversation: str = "",
+    lane: str = "",
+    version: str = "",
 ) -> str:
     options = "".join(
         f'<option value="{s}"{" selected" if s == status else ""}>{s or "any status"}</option>'
@@ -238,6 +250,7 @@ def turn_filters(
     return (
         f'<form class="filters" method="get" action="/turns"><select name="status">{options}</select>'
         f'<select name="lane">{lanes}</select>'
+        f'<input type="text" name="version" placeholder="agent version (v2, default)" value="{esc(version)}">'
         f'<input type="text" name="outcome" placeholder="outcome (end_turn, cancelled…)" value="{esc(outcome)}">'
         f'<input type="text" name="customer" placeholder="customer" value="{esc(customer)}">'
         f'<input type="text" name="conversation" placeholder="conversation" value="{esc(conversation)}">'
@@ -254,7 +267,8 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
         cells.append(
             f'<tr data-turn="{esc(r.turn_id)}"><td><a href="/turns/{quote(r.turn_id)}">{esc(r.turn_id)}</a></td>'
             f'<td class="status {_status_class(r.status)}">{esc(r.shown_status)}</td>'
-            f'<td class="lane">{esc(r.shown_lane)}</td><td>{esc(r.customer_id)}</td>'
+            f'<td class="lane">{esc(r.shown_lane)}</td><td class="version">{esc(r.shown_version)}</td>'
+            f"<td>{esc(r.customer_id)}</td>"
             f'<td><a href="/turns?conversation={quote(r.conversation_id)}">{esc(r.conversation_id)}</a></td>'
             f"<td>{r.step}</td><td>{esc(r.outcome or '')}</td><td>{r.cost_usd:.4f}</td>"
             f"<td>{tokens}/{r.output_tokens}</td><td>{now - r.started_at:.0f}</td>"
@@ -266,6 +280,7 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
             "turn",
             "status",
             "lane",
+            "version",
             "customer",
             "conversation",
             "steps",
@@ -279,6 +294,24 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
     table = f"<table><tr>{head}</tr>{''.join(cells)}</table>" if cells else '<p class="muted">No turns.</p>'
     warning = notice(trouble, "bad") if trouble else ""
     return f'<div data-version="{esc(version)}">{warning}{table}</div>'
+
+
+def versions_table(rows: list[Any], trouble: str | None) -> str:
+    """The agent versions side by side, as `roundtrip versions` shows them; each links to its turns."""
+    cells = []
+    for r in rows:
+        wanted = quote(r.version or DEFAULT_VERSION_WORD)
+        name = f'<a href="/turns?version={wanted}">{esc(shown(r.version))}</a>'
+        draining = ' <span class="st-awaiting">(draining)</span>' if r.draining else ""
+        figures = "".join(f"<td>{esc(cell)}</td>" for cell in r.cells())
+        cells.append(f'<tr data-version-row="{esc(r.version)}"><td>{name}{draining}</td>{figures}</tr>')
+    head = "".join(f"<th>{esc(h)}</th>" for h in VERSION_COLUMNS)
+    warning = notice(trouble, "bad") if trouble else ""
+    return (
+        f"{warning}<h2>Agent versions</h2><table><tr>{head}</tr>{''.join(cells)}</table>"
+        '<p class="muted">Share: of new conversations. Per ended turn: mean steps (model calls), cost and approvals '
+        "asked; p50: the median ended turn's seconds from its start to its end. Read when the page loads.</p>"
+    )
 
 
 def approvals_history(rows: list[Any]) -> str:
@@ -307,6 +340,7 @@ def turn_summary(row: Any, trace_template: str | None, now: float) -> str:
     facts = [
         ("status", f'<span class="status {_status_class(row.status)}">{esc(row.shown_status)}</span>'),
         ("lane", esc(row.shown_lane)),
+        ("version", esc(row.shown_version)),
         ("outcome", esc(row.outcome or "")),
         ("customer", esc(row.customer_id)),
         ("conversation", esc(row.conversation_id)),

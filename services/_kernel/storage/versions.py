@@ -116,6 +116,11 @@ def shown(version: str | None) -> str:
     return version or SHOWN_DEFAULT
 
 
+def named(word: str) -> str:
+    """The version an operator's word names: `default` is the default version."""
+    return DEFAULT if word == DEFAULT_WORD else word
+
+
 def summary_of(conn: Connection) -> list[VersionRow]:
     """Every version the ramp or the ledger names, the default first: share, running turns, its ended turns' figures.
     Two grouped reads of the turns (by version, status and outcome; the median by version) and the ramp."""
