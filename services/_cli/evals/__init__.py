@@ -108,6 +108,13 @@ def run(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="first put the agent's backends back to a known state (Agent(reset=...))")
     ] = False,
+    version: Annotated[
+        str | None,
+        typer.Option(
+            help="run every case's conversations on this agent version of the fleet (`default`: the default one), "
+            "whatever the ramp says; a turn that ran on another one fails"
+        ),
+    ] = None,
     fleet: FleetOption = None,
 ) -> None:
     """Run each case's conversation through the running fleet as a user's app would (support.requests, then its
@@ -116,7 +123,8 @@ def run(
     tools, cost), the cost and tokens in all, and what changed against --baseline.
 
     With --fresh the agent's reset hook (Agent(reset=...)) first puts its backends back to a known state, so a suite
-    that changes data passes run after run.
+    that changes data passes run after run. With --version v2 the cases run on version v2 of a fleet that runs
+    several (docs/operating/agent-versions.md), however small its share of new conversations.
 
     Exit codes: 0 every case passed (with --baseline: none regressed); 1 a case failed (with --baseline: a pass rate
     dropped or a new case fails); 2 not run (a wrong case file, the fleet down, --fresh failing, a script unloaded)."""
@@ -125,6 +133,7 @@ def run(
     from roundtrip._cli.evals.report import junit as junit_xml
     from roundtrip._cli.evals.report import save_baseline as save
     from roundtrip._cli.evals.runner import FleetUnavailable, run_suite
+    from roundtrip._kernel.storage.versions import named, shown
 
     if (runs is not None and runs < 1) or concurrency < 1:
         raise typer.BadParameter("--runs and --concurrency take a number of at least 1")
@@ -139,9 +148,11 @@ def run(
     settings, agent = _fleet_and_agent(suite[0], fresh, fleet)
     _check_personas(settings, cases)
     model = "the simulator" if settings.use_simulator else f"the model {agent.model_for(settings)}"
-    typer.echo(f"roundtrip eval: {len(cases)} cases against agent {agent.name} and {model}")
+    pinned = named(version) if version is not None else None
+    who = f"agent version {shown(pinned)} of the fleet" if pinned is not None else f"agent {agent.name}"
+    typer.echo(f"roundtrip eval: {len(cases)} cases against {who} and {model}")
     try:
-        results = asyncio.run(run_suite(settings, cases, agent.own_settings, timeout, concurrency, _said))
+        results = asyncio.run(run_suite(settings, pinned, cases, agent.own_settings, timeout, concurrency, _said))
     except FleetUnavailable as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
