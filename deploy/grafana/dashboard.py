@@ -95,7 +95,9 @@ def build() -> dashboard.Dashboard:
     return (
         dashboard.Dashboard("roundtrip")
         .uid("roundtrip-fleet")
-        .description("The fleet's turns, replies, agent versions, lag, model calls, approvals and dead letters (deploy/grafana)")
+        .description(
+            "The fleet's turns, replies, agent versions, lag, model calls, approvals and dead letters (deploy/grafana)"
+        )
         .tags(["roundtrip"])
         .refresh("30s")
         .time("now-3h", "now")
