@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from roundtrip._kernel.database import shown
 from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, ConversationReads, TurnReads, TurnRow
 from roundtrip._kernel.storage.turnstore import AWAITING, STUCK
-from roundtrip._kernel.storage.versions import VersionRow
+from roundtrip._kernel.storage.versions import VersionRow, named
 
 log = logging.getLogger("roundtrip.console")
 T = TypeVar("T")
@@ -106,8 +106,8 @@ class Books:
         lane: str | None = None,
         version: str | None = None,
     ) -> list[TurnRow]:
-        """Turns filtered by status, outcome, customer, conversation, lane, agent version ("": the default one), age
-        and agent (a prefix of its digest), in the order people look at them: those that need someone first, then by
+        """Turns filtered by status, outcome, customer, conversation, lane, agent version (`default`: the default one),
+        age and agent (a prefix of its digest), in the order people look at them: those that need someone first, then by
         conversation, newest first."""
         since = time.time() - max_age_s if max_age_s else None
         rows = await self._read(
@@ -119,7 +119,7 @@ class Books:
                 outcome=outcome,
                 since=since,
                 lane=lane,
-                version=version,
+                version=named(version) if version else None,
             )
         )
         rows = [r for r in rows if (not agent or (r.agent_digest or "").startswith(agent))][:limit]

@@ -1,5 +1,4 @@
-"""The console's HTML, rendered on the server: the inbox of held calls, the turns, a turn, the agent versions side by
-side, and the refusals.
+"""The console's HTML, rendered on the server: the inbox of held calls, the turns, a turn, and the refusals.
 
 Every value from customers, models, tools and people goes through `esc`: nothing they wrote is ever read as markup.
 The page has no inline script or style (its Content-Security-Policy allows neither); the script refreshes a page's
@@ -11,16 +10,15 @@ from __future__ import annotations
 import html
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
 from roundtrip._console.auth import CSRF_FIELD, Identity
 from roundtrip._console.timeline import customer_words, last_model_text, result_value, texts
-from roundtrip._kernel.storage.versions import COLUMNS as VERSION_COLUMNS
-from roundtrip._kernel.storage.versions import shown
-from roundtrip._kernel.wire.topics import DEFAULT_VERSION_WORD
 
 POLL_MS = 1500
+FILTERS = ("status", "outcome", "customer", "max_age_min", "agent", "conversation", "lane", "version")  # /turns?...
 STATUS_COLOURS = {
     "running": "#0b7285",
     "stuck": "#c92a2a",
@@ -106,8 +104,7 @@ def page(title: str, body: str, identity: Identity | None) -> str:
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="stylesheet" href="/static/console.css"></head><body>'
         f'<header><strong>roundtrip console</strong><a href="/approvals">Approvals</a><a href="/turns">Turns</a>'
-        '<a href="/versions">Versions</a>'
-        f'<a href="/dead-letters">Dead letters</a>{who}'
+        f'<a href="/versions">Versions</a><a href="/dead-letters">Dead letters</a>{who}'
         f'</header><main><div id="offline" class="notice bad" hidden>The console cannot reach its server; '
         f"what you see may be out of date.</div>{body}</main><script src='/static/console.js'></script></body></html>"
     )
@@ -229,16 +226,9 @@ def refusal(message: str, back: str) -> str:
     return f'{notice(message, "bad")}<p><a href="{esc(back)}">Back</a></p>'
 
 
-def turn_filters(
-    status: str,
-    outcome: str,
-    customer: str,
-    max_age_min: str,
-    agent: str = "",
-    conversation: str = "",
-    lane: str = "",
-    version: str = "",
-) -> str:
+def turn_filters(given: Mapping[str, str]) -> str:
+    """The turn list's filters, filled in as `given` (the page's query) has them."""
+    status, outcome, customer, max_age_min, agent, conversation, lane, version = (given.get(k, "") for k in FILTERS)
     options = "".join(
         f'<option value="{s}"{" selected" if s == status else ""}>{s or "any status"}</option>'
         for s in ("", *STATUS_COLOURS)
@@ -294,24 +284,6 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
     table = f"<table><tr>{head}</tr>{''.join(cells)}</table>" if cells else '<p class="muted">No turns.</p>'
     warning = notice(trouble, "bad") if trouble else ""
     return f'<div data-version="{esc(version)}">{warning}{table}</div>'
-
-
-def versions_table(rows: list[Any], trouble: str | None) -> str:
-    """The agent versions side by side, as `roundtrip versions` shows them; each links to its turns."""
-    cells = []
-    for r in rows:
-        wanted = quote(r.version or DEFAULT_VERSION_WORD)
-        name = f'<a href="/turns?version={wanted}">{esc(shown(r.version))}</a>'
-        draining = ' <span class="st-awaiting">(draining)</span>' if r.draining else ""
-        figures = "".join(f"<td>{esc(cell)}</td>" for cell in r.cells())
-        cells.append(f'<tr data-version-row="{esc(r.version)}"><td>{name}{draining}</td>{figures}</tr>')
-    head = "".join(f"<th>{esc(h)}</th>" for h in VERSION_COLUMNS)
-    warning = notice(trouble, "bad") if trouble else ""
-    return (
-        f"{warning}<h2>Agent versions</h2><table><tr>{head}</tr>{''.join(cells)}</table>"
-        '<p class="muted">Share: of new conversations. Per ended turn: mean steps (model calls), cost and approvals '
-        "asked; p50: the median ended turn's seconds from its start to its end. Read when the page loads.</p>"
-    )
 
 
 def approvals_history(rows: list[Any]) -> str:

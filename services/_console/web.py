@@ -30,7 +30,6 @@ from roundtrip._kernel.observability.telemetry import span_in_turn
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.ledger_reads import TurnRow
 from roundtrip._kernel.storage.prices import PriceTable
-from roundtrip._kernel.storage.versions import named
 from roundtrip._kernel.wire.events import ApprovalRequested, Turn
 
 log = logging.getLogger("roundtrip.console")
@@ -209,18 +208,11 @@ class Console:
         except ValueError:
             return pages.notice("started within: a number of minutes, please", "bad")
         try:
-            status, outcome, customer, conversation = (
-                q.get(k) or None for k in ("status", "outcome", "customer", "conversation")
+            status, outcome, customer, conversation, lane, version, agent = (
+                q.get(k) or None for k in ("status", "outcome", "customer", "conversation", "lane", "version", "agent")
             )
             rows = await self.books.turns(
-                status,
-                outcome,
-                customer,
-                age,
-                q.get("agent") or None,
-                conversation=conversation,
-                lane=q.get("lane"),
-                version=wanted_version(q.get("version")),
+                status, outcome, customer, age, agent, conversation=conversation, lane=lane, version=version
             )
             trouble = None
         except LedgerAway as exc:
@@ -233,27 +225,13 @@ class Console:
     async def turns(self, request: Request) -> Response:
         identity = await self._identity(request)
         q = request.query_params
-        filters = pages.turn_filters(
-            *(
-                q.get(k, "")
-                for k in ("status", "outcome", "customer", "max_age_min", "agent", "conversation", "lane", "version")
-            )
-        )
+        filters = pages.turn_filters(q)
         src = "/turns/live" + (f"?{request.url.query}" if request.url.query else "")
         return self._html(request, identity, "Turns", filters + pages.live(src, await self._turns(request)))
 
     async def turns_live(self, request: Request) -> Response:
         await self._identity(request)
         return HTMLResponse(await self._turns(request), headers=SECURITY_HEADERS)
-
-    async def versions(self, request: Request) -> Response:
-        """The agent versions side by side: read when the page loads, not refreshed (a read of every ended turn)."""
-        identity = await self._identity(request)
-        try:
-            rows, trouble = await self.books.versions(), None
-        except LedgerAway as exc:
-            rows, trouble = [], str(exc)
-        return self._html(request, identity, "Agent versions", pages.versions_table(rows, trouble))
 
     async def _timeline(self, row: Any, approvals: list[Any]) -> str:
         """The turn's steps from its transcript (the conversation store's, else the held call's) joined with its
@@ -374,11 +352,6 @@ class Console:
         return self._html(request, exc.identity, "Refused", body, exc.status)
 
 
-def wanted_version(text: str | None) -> str | None:
-    """The version a filter names: None (any) when empty, "" for the default one."""
-    return named(text) if text else None
-
-
 def _q(text: str) -> str:
     from urllib.parse import quote
 
@@ -406,6 +379,5 @@ def application(console: Console, more: Sequence[BaseRoute] = ()) -> Starlette:
         Route("/turns/{turn_id}", console.turn),
         Route("/turns/{turn_id}/live", console.turn_live),
         Route("/turns/{turn_id}/cancel", console.cancel, methods=["POST"]),
-        Route("/versions", console.versions),
     ]
     return Starlette(routes=[*routes, *more], exception_handlers={Answer: console.answer})
