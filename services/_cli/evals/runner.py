@@ -3,9 +3,8 @@ support.requests, its reply read from support.replies, and what happened on the 
 
 With no API key a turn's script is put to the simulator first, under a name of this run's own, and the request names
 it; with a key the real model answers. A held call is decided as the case says, signed with the fleet's decision key.
-With a version (`eval run --version v2`) each run's new conversation is claimed for it in the conversation store before
-its first turn, as the guard claims a conversation: the guard then keeps the conversation on that version, whatever
-the ramp says (docs/decisions/agent-versions.md).
+With `--version v2` each run's new conversation is claimed for v2 before its first turn, as the guard claims one: the
+guard then keeps it on v2, whatever the ramp says (docs/decisions/agent-versions.md).
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from roundtrip._guard.conversations import Conversations
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.versions import DEFAULT, RampRefused, Versions, checked_name, shown
+from roundtrip._kernel.storage.versions import DEFAULT, RampRefused, Versions, checked_name, named, shown
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
     ApprovalRequested,
@@ -81,10 +80,10 @@ class CaseResult:
 
 class Asker:
     """A producer of support requests and a reader of the turns' topics, shared by every run of the suite; with a
-    `version`, the claimer of each run's conversation for it (None: the ramp decides, "": the default version)."""
+    `version` (as the operator names it; None: the ramp decides), the claimer of each run's conversation for it."""
 
     def __init__(self, settings: Settings, version: str | None) -> None:
-        self.settings, self.version = settings, version
+        self.settings, self.version = settings, named(version) if version is not None else None
         self.conversations: Conversations | None = None
         self.names = {topics.t(n, settings.topic_prefix): n for n in WATCHED}
         kafka = kafka_clients(settings)
@@ -317,8 +316,8 @@ async def run_suite(
     concurrency: int,
     done: Callable[[CaseResult], None] = lambda _: None,
 ) -> list[CaseResult]:
-    """Every run of every case (`concurrency` at once) on agent `version` (None: where the ramp sends them), each
-    case's result handed to `done` once its runs are in."""
+    """Every run of every case (`concurrency` at once) on agent `version` (`v2`, `default`; None: where the ramp sends
+    them), each case's result handed to `done` once its runs are in."""
     asker = Asker(settings, version)
     gate = asyncio.Semaphore(concurrency)
     try:
