@@ -4,7 +4,6 @@ read when the page loads and never refreshed as the lists are."""
 
 from __future__ import annotations
 
-from typing import Any
 from urllib.parse import quote
 
 from starlette.requests import Request
@@ -14,7 +13,7 @@ from starlette.routing import Route
 from roundtrip._console.ledger_reader import LedgerAway
 from roundtrip._console.pages import esc, notice
 from roundtrip._console.web import Console
-from roundtrip._kernel.storage.versions import COLUMNS, DEFAULT_WORD, shown
+from roundtrip._kernel.storage.versions import COLUMNS, DEFAULT_WORD, VersionRow, shown
 
 NOTE = (
     "Share: of new conversations. Per ended turn: the mean steps (model calls), cost and approvals asked; p50: the "
@@ -36,7 +35,7 @@ def routes(console: Console) -> list[Route]:
     return [Route("/versions", page)]
 
 
-def versions_table(rows: list[Any], trouble: str | None) -> str:
+def versions_table(rows: list[VersionRow], trouble: str | None) -> str:
     """One row a version: its name (a link to its turns, `(draining)` while it drains) and its figures."""
     cells = []
     for r in rows:

@@ -35,14 +35,14 @@ _PER_VERSION = (
 )
 # the median of each version's ended turns' time from start to end: the middle one or two by rank (n odd: rank
 # (n+1)/2; n even: n/2 and n/2+1), which is `2 rank` between n and n+2; window functions, so SQLite answers too
-_VERSION_OF = func.coalesce(turns.c.agent_version, literal_column("''"))
+_VERSION_KEY = func.coalesce(turns.c.agent_version, literal_column("''"))
 _TOOK = turns.c.ended_at - turns.c.started_at
 _RANKED = (
     select(
-        _VERSION_OF.label("version"),
+        _VERSION_KEY.label("version"),
         _TOOK.label("took"),
-        func.row_number().over(partition_by=_VERSION_OF, order_by=_TOOK).label("rank"),
-        func.count().over(partition_by=_VERSION_OF).label("n"),
+        func.row_number().over(partition_by=_VERSION_KEY, order_by=_TOOK).label("rank"),
+        func.count().over(partition_by=_VERSION_KEY).label("n"),
     )
     .where(turns.c.status == ENDED, turns.c.ended_at.is_not(None))
     .subquery("ranked")
