@@ -154,9 +154,9 @@ async def test_the_read_port_filters_turns_by_version_and_reads_the_versions_as_
 
 def test_a_versions_figures_are_means_per_ended_turn_and_none_before_one_ended():
     row = VersionRow("v2", 12.5, outcomes={"budget": 1, "end_turn": 3, "cycle": 1}, steps=11, cost_usd=0.05)
-    row.approvals, row.p50_s = 2, 3.25
+    row.approvals, row.p50_s = 2, 3.26
     assert row.mix == "end_turn 3, budget 1, cycle 1"  # the most frequent first, then by name
-    assert row.cells() == ("12.5", "0", "5", "end_turn 3, budget 1, cycle 1", "2.2", "0.0100", "0.40", "3.2")
+    assert row.cells() == ("12.5", "0", "5", "end_turn 3, budget 1, cycle 1", "2.2", "0.0100", "0.40", "3.3")
     assert VersionRow("v4", 0.0).cells() == ("0", "0", "0", "", "-", "-", "-", "-")
 
 
