@@ -276,7 +276,9 @@ async def test_an_eval_on_a_version_pins_its_conversations_there_and_the_guard_k
         finally:
             await pinned.close()
         for n, conversation in enumerate(("conv_eval_1", "conv_other")):
-            turn = Turn(turn_id=f"turn_{n}", request_id=f"req_{n}", conversation_id=conversation, customer_id="cus_1001")
+            turn = Turn(
+                turn_id=f"turn_{n}", request_id=f"req_{n}", conversation_id=conversation, customer_id="cus_1001"
+            )
             assert await guard.starts.on_start(StartTurn(turn=turn, text="hi")) == "started"
         assert [call.turn.agent_version for call in sent] == ["v2", ""]  # the ramp gave the other one the default
         assert (await ledger.get("turn_0")).agent_version == "v2"
