@@ -197,8 +197,6 @@ async def test_versions_and_turns_show_each_versions_outcomes_and_an_eval_runs_o
     ran = await asyncio.to_thread(roundtrip, fleet, "eval", "run", "--version", "v2", str(tmp_path / "cases"))
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "1 cases against agent version v2 of the fleet" in ran.stdout, ran.stdout
-    refused = await asyncio.to_thread(roundtrip, fleet, "eval", "run", "--version", "v9", str(tmp_path / "cases"))
-    assert refused.returncode == 2 and "agent version v9 is not in this fleet's ramp" in refused.stderr, refused.stderr
 
     ledger = await TurnReads.open(fleet.settings.ledger_db_url, read_only=True)
     try:
