@@ -3,7 +3,8 @@
     python deploy/grafana/dashboard.py          # rewrite the dashboard
     python deploy/grafana/dashboard.py --check  # exit 1 if the committed dashboard differs
 
-Every query reads metrics the fleet exports (docs/operating/index.md); the alerts: docs/operating/alerts.md.
+Every query reads metrics the fleet exports (docs/operating/index.md); the alerts: docs/operating/alerts.md. The row
+"Agent versions side by side" compares the versions a fleet runs (docs/operating/agent-versions.md).
 """
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ SEARCH = (
     "${jaeger}/search?service=roundtrip-gateway&tags=%7B%22roundtrip.outcome%22%3A%22${__field.labels.outcome}%22%7D"
 )
 DEAD_LETTERS = 'destination=~"(.+\\\\.)?roundtrip\\\\.dead_letters\\\\.by\\\\..+"'
+VERSION_SEARCH = (
+    "${jaeger}/search?service=roundtrip-gateway&tags=%7B%22roundtrip.agent.version%22%3A%22"
+    "${__field.labels.agent_version}%22%2C%22roundtrip.outcome%22%3A%22${__field.labels.outcome}%22%7D"
+)
+# a rate per agent version and outcome over the version's own: its outcome mix, comparable whatever its share
+MIX = (
+    "sum by (agent_version, outcome) (rate(roundtrip_turns_total[$__rate_interval]))"
+    " / on (agent_version) group_left sum by (agent_version) (rate(roundtrip_turns_total[$__rate_interval]))"
+)
 
 
 def query(expr: str, legend: str, exemplar: bool = False) -> prometheus.Dataquery:
@@ -85,7 +95,9 @@ def build() -> dashboard.Dashboard:
     return (
         dashboard.Dashboard("roundtrip")
         .uid("roundtrip-fleet")
-        .description("The fleet's turns, replies, lag, model calls, approvals and dead letters (deploy/grafana)")
+        .description(
+            "The fleet's turns, replies, agent versions, lag, model calls, approvals and dead letters (deploy/grafana)"
+        )
         .tags(["roundtrip"])
         .refresh("30s")
         .time("now-3h", "now")
@@ -153,6 +165,44 @@ def build() -> dashboard.Dashboard:
                     )
                     for q in (0.5, 0.95)
                 ),
+            )
+        )
+        .with_row(dashboard.Row("Agent versions side by side"))
+        .with_panel(
+            series(
+                "Outcome mix per agent version (of its own turns)",
+                "percentunit",
+                query(MIX, "{{agent_version}}: {{outcome}}"),
+                width=8,
+            ).data_links(
+                [
+                    dashboard.DashboardLink("This version's turns of this outcome in Jaeger")
+                    .url(VERSION_SEARCH)
+                    .target_blank(True)
+                ]
+            )
+        )
+        .with_panel(
+            series(
+                "Turns ended per agent version",
+                "ops",
+                query("sum by (agent_version) (rate(roundtrip_turns_total[$__rate_interval]))", "{{agent_version}}"),
+                width=8,
+            )
+        )
+        .with_panel(
+            series(
+                "Reply latency per agent version: p50, p95",
+                "s",
+                *(
+                    query(
+                        f"histogram_quantile({q}, sum by (le, agent_version) "
+                        "(rate(roundtrip_reply_seconds_bucket[$__rate_interval])))",
+                        f"{{{{agent_version}}}} p{round(q * 100)}",
+                    )
+                    for q in (0.5, 0.95)
+                ),
+                width=8,
             )
         )
         .with_row(dashboard.Row("Kafka"))

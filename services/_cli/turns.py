@@ -42,6 +42,9 @@ def turns(
         str | None,
         typer.Option(help="batch (model calls through Message Batches: `in batch` while one waits) or interactive"),
     ] = None,
+    version: Annotated[
+        str | None, typer.Option(help="only this agent version's turns (`default`: the default version's)")
+    ] = None,
     limit: Annotated[int, typer.Option(help="most recent N turns")] = 30,
     fleet: FleetOption = None,
 ) -> None:
@@ -55,7 +58,7 @@ def turns(
         raise typer.BadParameter("status must be running, stuck, waiting, awaiting, ending or ended")
     if lane and lane not in ("batch", "interactive"):
         raise typer.BadParameter("lane must be batch or interactive")
-    raise typer.Exit(asyncio.run(list_turns(fleet_settings(fleet), status, customer, limit, lane)))
+    raise typer.Exit(asyncio.run(list_turns(fleet_settings(fleet), status, customer, limit, lane, version)))
 
 
 @app.command("cancel")
@@ -70,17 +73,21 @@ def turns_cancel(
     raise typer.Exit(asyncio.run(cancel_turn(fleet_settings(fleet), turn_id, reason)))
 
 
-async def list_turns(settings: Settings, status: str | None, customer: str | None, limit: int, lane: str | None) -> int:
+async def list_turns(
+    settings: Settings, status: str | None, customer: str | None, limit: int, lane: str | None, version: str | None
+) -> int:
     from rich.table import Table
 
     from roundtrip._cli.common import console, ledger_missing, plain
     from roundtrip._kernel.storage.ledger_reads import TurnReads
+    from roundtrip._kernel.storage.versions import named
 
     if ledger_missing(settings):
         return 2
+    version = named(version) if version is not None else None
     ledger = await TurnReads.open(settings.ledger_db_url, read_only=True)
     try:
-        rows = await ledger.list(status=status, customer_id=customer, limit=limit, lane=lane)
+        rows = await ledger.list(status=status, customer_id=customer, limit=limit, lane=lane, version=version)
         size = await ledger.size()
     finally:
         await ledger.close()
@@ -89,6 +96,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
         "turn",
         "status",
         "lane",
+        "version",
         "customer",
         "step",
         "outcome",
@@ -106,6 +114,7 @@ async def list_turns(settings: Settings, status: str | None, customer: str | Non
             plain(r.turn_id),
             f"[{COLOURS[r.shown_status]}]{r.shown_status}[/]",
             plain(r.shown_lane),
+            plain(r.shown_version),
             plain(r.customer_id),
             str(r.step),
             plain(r.outcome or ""),

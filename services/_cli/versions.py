@@ -68,14 +68,16 @@ def percent(text: str) -> float:
 
 
 def name(version: str) -> str:
-    return version or "(default)"
+    from roundtrip._kernel.storage.versions import shown
+
+    return shown(version)
 
 
 async def show(settings: Settings) -> int:
     from rich.table import Table
 
     from roundtrip._cli.common import console, ledger_missing, plain
-    from roundtrip._kernel.storage.versions import Versions
+    from roundtrip._kernel.storage.versions import COLUMNS, Versions
 
     if ledger_missing(settings):
         return 2
@@ -85,18 +87,16 @@ async def show(settings: Settings) -> int:
     finally:
         await store.close()
     table = Table(box=None, pad_edge=False)
-    for column in ("version", "share %", "running", "ended", "outcomes"):
+    for column in COLUMNS:
         table.add_column(column)
     for row in rows:
-        mix = ", ".join(f"{outcome} {n}" for outcome, n in sorted(row.outcomes.items(), key=lambda o: -o[1]))
-        table.add_row(
-            plain(name(row.version)) + (" [yellow](draining)[/]" if row.draining else ""),
-            f"{row.share:g}",
-            str(row.running),
-            str(row.ended),
-            plain(mix),
-        )
+        draining = " [yellow](draining)[/]" if row.draining else ""
+        table.add_row(plain(name(row.version)) + draining, *(plain(cell) for cell in row.cells()))
     console.print(table)
+    console.print(
+        "[dim]per ended turn: mean steps (model calls), cost, approvals asked; p50: the median ended turn's seconds "
+        "from its start to its end[/]"
+    )
     return 0
 
 
@@ -169,4 +169,4 @@ async def drain_version(settings: Settings, version: str, wait: bool) -> int:
 
 
 async def _running(store: Versions, version: str) -> int:
-    return sum(r.running for r in await store.summary() if r.version == version)
+    return await store.running(version)

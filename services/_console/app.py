@@ -1,4 +1,4 @@
-"""The console service: the web page where people decide held calls, watch turns and handle dead letters.
+"""The console service: the web page where people decide held calls, watch turns and versions, and handle dead letters.
 
 A FastStream app like the others, with outlets and no subscription (what waits and what ended is read from the
 ledger); uvicorn serves the page on the app's event loop from its start to its end.
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import uvicorn
 from faststream import FastStream
 
-from roundtrip._console import letter_pages
+from roundtrip._console import letter_pages, version_page
 from roundtrip._console.ledger_reader import Books
 from roundtrip._console.letters import Letters, raw_sender
 from roundtrip._console.web import Console, application
@@ -69,7 +69,7 @@ def build(settings: Settings, agent: Agent) -> FastStream:
     console = Console(settings, books, decisions, cancels)
     app = shell.app
     config = uvicorn.Config(
-        application(console, letter_pages.routes(console, dead_letters)),
+        application(console, [*letter_pages.routes(console, dead_letters), *version_page.routes(console)]),
         host=settings.listen_host,
         port=settings.console_port,
         log_level="warning",

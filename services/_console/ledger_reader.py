@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from roundtrip._kernel.database import shown
 from roundtrip._kernel.storage.ledger_reads import PENDING, ApprovalRow, ConversationReads, TurnReads, TurnRow
 from roundtrip._kernel.storage.turnstore import AWAITING, STUCK
+from roundtrip._kernel.storage.versions import VersionRow, named
 
 log = logging.getLogger("roundtrip.console")
 T = TypeVar("T")
@@ -103,9 +104,11 @@ class Books:
         limit: int = 100,
         conversation: str | None = None,
         lane: str | None = None,
+        version: str | None = None,
     ) -> list[TurnRow]:
-        """Turns filtered by status, outcome, customer, conversation, lane, age and agent (a prefix of its digest), in
-        the order people look at them: those that need someone first, then by conversation, newest first."""
+        """Turns filtered by status, outcome, customer, conversation, lane, agent version (`default`: the default one),
+        age and agent (a prefix of its digest), in the order people look at them: those that need someone first, then by
+        conversation, newest first."""
         since = time.time() - max_age_s if max_age_s else None
         rows = await self._read(
             lambda ledger: ledger.list(
@@ -116,10 +119,15 @@ class Books:
                 outcome=outcome,
                 since=since,
                 lane=lane,
+                version=named(version) if version else None,
             )
         )
         rows = [r for r in rows if (not agent or (r.agent_digest or "").startswith(agent))][:limit]
         return in_reading_order(rows)
+
+    async def versions(self) -> list[VersionRow]:
+        """The agent versions side by side, as `roundtrip versions` reads them."""
+        return await self._read(lambda ledger: ledger.versions())
 
 
 NEEDS_SOMEONE = (STUCK, AWAITING)

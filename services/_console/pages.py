@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import time
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -17,6 +18,7 @@ from roundtrip._console.auth import CSRF_FIELD, Identity
 from roundtrip._console.timeline import customer_words, last_model_text, result_value, texts
 
 POLL_MS = 1500
+FILTERS = ("status", "outcome", "customer", "max_age_min", "agent", "conversation", "lane", "version")  # /turns?...
 STATUS_COLOURS = {
     "running": "#0b7285",
     "stuck": "#c92a2a",
@@ -102,7 +104,7 @@ def page(title: str, body: str, identity: Identity | None) -> str:
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="stylesheet" href="/static/console.css"></head><body>'
         f'<header><strong>roundtrip console</strong><a href="/approvals">Approvals</a><a href="/turns">Turns</a>'
-        f'<a href="/dead-letters">Dead letters</a>{who}'
+        f'<a href="/versions">Versions</a><a href="/dead-letters">Dead letters</a>{who}'
         f'</header><main><div id="offline" class="notice bad" hidden>The console cannot reach its server; '
         f"what you see may be out of date.</div>{body}</main><script src='/static/console.js'></script></body></html>"
     )
@@ -224,9 +226,9 @@ def refusal(message: str, back: str) -> str:
     return f'{notice(message, "bad")}<p><a href="{esc(back)}">Back</a></p>'
 
 
-def turn_filters(
-    status: str, outcome: str, customer: str, max_age_min: str, agent: str = "", conversation: str = "", lane: str = ""
-) -> str:
+def turn_filters(given: Mapping[str, str]) -> str:
+    """The turn list's filters, filled in as `given` (the page's query) has them."""
+    status, outcome, customer, max_age_min, agent, conversation, lane, version = (given.get(k, "") for k in FILTERS)
     options = "".join(
         f'<option value="{s}"{" selected" if s == status else ""}>{s or "any status"}</option>'
         for s in ("", *STATUS_COLOURS)
@@ -238,6 +240,7 @@ def turn_filters(
     return (
         f'<form class="filters" method="get" action="/turns"><select name="status">{options}</select>'
         f'<select name="lane">{lanes}</select>'
+        f'<input type="text" name="version" placeholder="agent version (v2, default)" value="{esc(version)}">'
         f'<input type="text" name="outcome" placeholder="outcome (end_turn, cancelled…)" value="{esc(outcome)}">'
         f'<input type="text" name="customer" placeholder="customer" value="{esc(customer)}">'
         f'<input type="text" name="conversation" placeholder="conversation" value="{esc(conversation)}">'
@@ -254,7 +257,8 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
         cells.append(
             f'<tr data-turn="{esc(r.turn_id)}"><td><a href="/turns/{quote(r.turn_id)}">{esc(r.turn_id)}</a></td>'
             f'<td class="status {_status_class(r.status)}">{esc(r.shown_status)}</td>'
-            f'<td class="lane">{esc(r.shown_lane)}</td><td>{esc(r.customer_id)}</td>'
+            f'<td class="lane">{esc(r.shown_lane)}</td><td class="version">{esc(r.shown_version)}</td>'
+            f"<td>{esc(r.customer_id)}</td>"
             f'<td><a href="/turns?conversation={quote(r.conversation_id)}">{esc(r.conversation_id)}</a></td>'
             f"<td>{r.step}</td><td>{esc(r.outcome or '')}</td><td>{r.cost_usd:.4f}</td>"
             f"<td>{tokens}/{r.output_tokens}</td><td>{now - r.started_at:.0f}</td>"
@@ -266,6 +270,7 @@ def turns_table(rows: list[Any], version: str, trouble: str | None, now: float) 
             "turn",
             "status",
             "lane",
+            "version",
             "customer",
             "conversation",
             "steps",
@@ -307,6 +312,7 @@ def turn_summary(row: Any, trace_template: str | None, now: float) -> str:
     facts = [
         ("status", f'<span class="status {_status_class(row.status)}">{esc(row.shown_status)}</span>'),
         ("lane", esc(row.shown_lane)),
+        ("version", esc(row.shown_version)),
         ("outcome", esc(row.outcome or "")),
         ("customer", esc(row.customer_id)),
         ("conversation", esc(row.conversation_id)),

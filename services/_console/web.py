@@ -208,11 +208,11 @@ class Console:
         except ValueError:
             return pages.notice("started within: a number of minutes, please", "bad")
         try:
-            status, outcome, customer, conversation = (
-                q.get(k) or None for k in ("status", "outcome", "customer", "conversation")
+            status, outcome, customer, conversation, lane, version, agent = (
+                q.get(k) or None for k in ("status", "outcome", "customer", "conversation", "lane", "version", "agent")
             )
             rows = await self.books.turns(
-                status, outcome, customer, age, q.get("agent") or None, conversation=conversation, lane=q.get("lane")
+                status, outcome, customer, age, agent, conversation=conversation, lane=lane, version=version
             )
             trouble = None
         except LedgerAway as exc:
@@ -225,9 +225,7 @@ class Console:
     async def turns(self, request: Request) -> Response:
         identity = await self._identity(request)
         q = request.query_params
-        filters = pages.turn_filters(
-            *(q.get(k, "") for k in ("status", "outcome", "customer", "max_age_min", "agent", "conversation", "lane"))
-        )
+        filters = pages.turn_filters(q)
         src = "/turns/live" + (f"?{request.url.query}" if request.url.query else "")
         return self._html(request, identity, "Turns", filters + pages.live(src, await self._turns(request)))
 

@@ -95,7 +95,7 @@ class ExternalEnds:
                 detail,
                 row.trace_id,
             )
-            metrics.count_turn_end(outcome, row.step)
+            metrics.count_turn_end(outcome, row.step, row.agent_version or "")
             self.steps.forget(row.turn_id)
             if announce:
                 await self.outbox.emit(row.turn_id, pending, ended, row.conversation_id)

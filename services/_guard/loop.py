@@ -172,7 +172,7 @@ class Loop:
             if isinstance(message, CheckToolCalls) and message.blocked:
                 metrics.guard_blocked_calls.inc(len(message.blocked))
             if outcome:
-                metrics.count_turn_end(outcome, event.step)
+                metrics.count_turn_end(outcome, event.step, event.turn.agent_version)
             self.steps.stepped(event.turn.turn_id, ended=bool(outcome))
             await self.outbox.emit(event.turn.turn_id, pending, message, event.turn.conversation_id)
             return outcome or type(message).__name__

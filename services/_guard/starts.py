@@ -218,6 +218,6 @@ class Starts:
             turn.request_id,
         )
         trace.get_current_span().add_event("conversation refused: it belongs to another customer")
-        metrics.count_turn_end(outcome.value, 0)
+        metrics.count_turn_end(outcome.value, 0, turn.agent_version)
         await self.outbox.emit(turn.turn_id, pending, ended, turn.conversation_id)
         return "refused"

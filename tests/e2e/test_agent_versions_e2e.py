@@ -10,7 +10,9 @@ shows both versions' turns; drained, v2 gets no turn: its conversations move on.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -176,3 +178,49 @@ async def test_two_versions_side_by_side_each_turn_on_its_own_version_the_ramp_s
     lines = {line.split()[0]: line for line in shown.stdout.splitlines() if line.strip()}
     assert "v2" in lines and "(default)" in lines, shown.stdout
     assert f" {len(on_v2) + 5} " in lines["v2"], lines["v2"]  # its turns ended, by outcome
+
+
+# -- outcomes per version: roundtrip versions, turns --version, an eval on v2 (issue 54 item 4) ----------------------
+
+
+async def test_versions_and_turns_show_each_versions_outcomes_and_an_eval_runs_on_v2_at_no_share(
+    versioned_fleet, tmp_path
+):
+    """On the module's fleet after the test above (its turns are there): `roundtrip eval run --version v2` at a 0 %
+    ramp runs its cases on v2, and `roundtrip versions` / `roundtrip turns --version` show what the ledger holds."""
+    fleet = versioned_fleet
+    assert roundtrip(fleet, "versions", "ramp", "v2", "0").returncode == 0  # in service, no new conversation
+    await asyncio.sleep(1.5)  # the guard reads the ramp again within a second (services/_guard/versions.py)
+    (tmp_path / "cases").mkdir()
+    case = {"customer": CUSTOMER, "message": "hello", "script": ["Hello from v2."], "runs": 2}
+    (tmp_path / "cases" / "hello.json").write_text(json.dumps({**case, "expect": {"outcome": ["end_turn"]}}))
+    ran = await asyncio.to_thread(roundtrip, fleet, "eval", "run", "--version", "v2", str(tmp_path / "cases"))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 cases against agent version v2 of the fleet" in ran.stdout, ran.stdout
+
+    ledger = await TurnReads.open(fleet.settings.ledger_db_url, read_only=True)
+    try:
+        on_v2 = await ledger.list(version="v2", limit=1000)
+        on_default = await ledger.list(version="", limit=1000)
+    finally:
+        await ledger.close()
+    evals = [r for r in on_v2 if r.conversation_id.startswith("conv_eval_")]
+    assert len(evals) == 2 and {r.outcome for r in evals} == {"end_turn"}  # on v2 though the ramp gives it none
+
+    listed = roundtrip(fleet, "turns", "--version", "v2", "--limit", "1000")
+    ids = {r.turn_id for r in on_v2 + on_default}
+    rows = [cells for cells in map(str.split, listed.stdout.splitlines()) if cells and cells[0] in ids]
+    assert {cells[0] for cells in rows} == {r.turn_id for r in on_v2}, listed.stdout
+    assert {cells[3] for cells in rows} == {"v2"}  # the version column
+
+    shown = roundtrip(fleet, "versions")
+    assert shown.returncode == 0, shown.stderr
+    lines = {cells[0]: cells for cells in map(str.split, shown.stdout.splitlines()) if cells}
+    assert lines["v2"][1] == "0", shown.stdout  # its share
+    for name, turns in (("v2", on_v2), ("(default)", on_default)):
+        ended = [r for r in turns if r.status == "ended"]
+        cells = lines[name]
+        assert cells[3] == str(len(ended)), cells  # after its share and running turns
+        assert cells[-4] == f"{sum(r.step for r in ended) / len(ended):.1f}", cells  # steps per ended turn
+        assert float(cells[-3]) == pytest.approx(sum(r.cost_usd for r in ended) / len(ended), abs=5.1e-5), cells
+        assert re.fullmatch(r"\d+\.\d", cells[-1]), cells  # the median turn's seconds

@@ -36,6 +36,9 @@ async def _scrape(http: httpx.AsyncClient, port: int) -> dict[tuple[str, tuple],
     }
 
 
+DEFAULT_END = {"outcome": "end_turn", "agent_version": "default"}  # turns of the default version that ended well
+
+
 def _value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
@@ -144,8 +147,8 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
         # The guard's counters moved by exactly these turns; the executors (respawned with health ports) ran the calls.
         after = await _scrape(http, guard_port)
         assert (
-            _value(after, "roundtrip_turns_total", outcome="end_turn")
-            - _value(before, "roundtrip_turns_total", outcome="end_turn")
+            _value(after, "roundtrip_turns_total", **DEFAULT_END)
+            - _value(before, "roundtrip_turns_total", **DEFAULT_END)
             == REQUESTS
         )
         assert _value(after, "roundtrip_turn_steps_count") - _value(before, "roundtrip_turn_steps_count") == REQUESTS
@@ -158,8 +161,8 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
         assert _value(after, "process_resident_memory_bytes") > 0
         # the gateway timed each reply, a turn's trace id as the exemplar (the dashboard's link to Jaeger)
         replied = await _scrape(http, base)
-        timed = _value(replied, "roundtrip_reply_seconds_count", outcome="end_turn")
-        assert timed - _value(replies_before, "roundtrip_reply_seconds_count", outcome="end_turn") == REQUESTS
+        timed = _value(replied, "roundtrip_reply_seconds_count", **DEFAULT_END)
+        assert timed - _value(replies_before, "roundtrip_reply_seconds_count", **DEFAULT_END) == REQUESTS
         openmetrics = await http.get(f"http://127.0.0.1:{base}/metrics", headers={"Accept": OPENMETRICS})
         exemplars = re.findall(
             r'^roundtrip_reply_seconds_bucket\{.*# \{trace_id="([0-9a-f]{32})"\}', openmetrics.text, re.M

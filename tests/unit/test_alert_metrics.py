@@ -57,17 +57,20 @@ async def test_the_ledger_pass_gauges_the_approvals_waiting_and_the_oldest_ones_
 
 
 def test_a_reply_is_timed_from_the_requests_arrival_with_its_trace_id_as_exemplar():
-    turn = SimpleNamespace(started_at=1000.0, trace_id="4bf92f3577b34da6a3ce929d0e0e4736")
-    count = sample("roundtrip_reply_seconds_count", outcome="end_turn")
-    slow = sample("roundtrip_reply_seconds_bucket", outcome="end_turn", le="8.0")
+    turn = SimpleNamespace(started_at=1000.0, trace_id="4bf92f3577b34da6a3ce929d0e0e4736", agent_version="")
+    ended = {"outcome": "end_turn", "agent_version": "default"}
+    count = sample("roundtrip_reply_seconds_count", **ended)
+    slow = sample("roundtrip_reply_seconds_bucket", **ended, le="8.0")
     metrics.count_reply(turn, "end_turn", now=1007.5)
-    assert sample("roundtrip_reply_seconds_count", outcome="end_turn") == count + 1
-    assert sample("roundtrip_reply_seconds_bucket", outcome="end_turn", le="8.0") == slow + 1
+    assert sample("roundtrip_reply_seconds_count", **ended) == count + 1
+    assert sample("roundtrip_reply_seconds_bucket", **ended, le="8.0") == slow + 1
     exposition = generate_latest(REGISTRY).decode()
-    line = next(x for x in exposition.splitlines() if x.startswith('roundtrip_reply_seconds_bucket{le="8.0"'))
+    bucket = 'roundtrip_reply_seconds_bucket{agent_version="default",le="8.0"'
+    line = next(x for x in exposition.splitlines() if x.startswith(bucket))
     assert '# {trace_id="4bf92f3577b34da6a3ce929d0e0e4736"} 7.5' in line
-    metrics.count_reply(SimpleNamespace(started_at=0.0, trace_id=""), "end_turn", now=1007.5)  # no start known
-    assert sample("roundtrip_reply_seconds_count", outcome="end_turn") == count + 1
+    unknown = SimpleNamespace(started_at=0.0, trace_id="", agent_version="")
+    metrics.count_reply(unknown, "end_turn", now=1007.5)  # no start known
+    assert sample("roundtrip_reply_seconds_count", **ended) == count + 1
 
 
 class Broker:

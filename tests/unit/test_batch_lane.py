@@ -142,12 +142,12 @@ async def test_the_cli_and_the_console_show_a_batch_turn_in_batch(guard, tmp_pat
     url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"  # the guard fixture's ledger
     settings = Settings(_env_file=None, state_dir=tmp_path, ledger_database_url=url)
 
-    assert await turns_cli.list_turns(settings, None, None, 30, "batch") == 0
+    assert await turns_cli.list_turns(settings, None, None, 30, "batch", None) == 0
     listed = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # colours, where the terminal is forced
     (line,) = [row for row in listed.splitlines() if waiting.turn_id in row]
     assert line.split()[1:4] == ["in", "batch", "batch"]  # status `in batch`, lane batch
     assert chat.turn_id not in listed
-    assert await turns_cli.list_turns(settings, None, None, 30, "interactive") == 0
+    assert await turns_cli.list_turns(settings, None, None, 30, "interactive", None) == 0
     listed = capsys.readouterr().out
     assert chat.turn_id in listed and waiting.turn_id not in listed
 

@@ -372,6 +372,7 @@ def _rendered(text: str) -> str:
         turn_id, status, customer_id, step, outcome, cost_usd = "t", "ended", text, 1, text, 0.0
         input_tokens = output_tokens = cache_creation_input_tokens = cache_read_input_tokens = 0
         started_at, agent_digest, conversation_id, shown_status, shown_lane = 1.0, text, text, text, text
+        shown_version = text
 
     def span(name: str, **attributes) -> dict:
         return {

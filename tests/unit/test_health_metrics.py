@@ -95,10 +95,10 @@ async def test_a_heartbeat_fails_liveness_when_the_poll_loop_goes_quiet(server):
 
 
 async def test_metrics_are_the_prometheus_exposition_with_process_metrics(server):
-    metrics.count_turn_end(Outcome.END_TURN, 3)
+    metrics.count_turn_end(Outcome.END_TURN, 3, "v2")
     response = await server.http.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    assert 'roundtrip_turns_total{outcome="end_turn"}' in response.text
+    assert 'roundtrip_turns_total{agent_version="v2",outcome="end_turn"}' in response.text
     assert "process_resident_memory_bytes" in response.text and "process_cpu_seconds_total" in response.text
     assert (await server.http.get("/nope")).status_code == 404
     assert (await server.http.post("/metrics")).status_code == 405
@@ -150,7 +150,8 @@ def test_liveness_from_faststream_subscribers_fails_when_a_consume_task_died():
 
 
 async def test_the_guard_counts_a_turn_once_with_its_steps_tokens_and_cost(guard):  # noqa: F811
-    ended, steps = sample("roundtrip_turns_total", outcome="end_turn"), sample("roundtrip_turn_steps_count")
+    ended = sample("roundtrip_turns_total", outcome="end_turn", agent_version="default")
+    steps = sample("roundtrip_turn_steps_count")
     tokens_in = sample("roundtrip_tokens_total", model="claude-sonnet-4-6", kind="input")
     cost = sample("roundtrip_cost_usd_total", model="claude-sonnet-4-6")
     step_latencies = sample("roundtrip_step_seconds_count")
@@ -160,7 +161,7 @@ async def test_the_guard_counts_a_turn_once_with_its_steps_tokens_and_cost(guard
     await guard.outbox.drain()
     assert await guard.loop.on_iteration(iteration(2, stop_reason="end_turn")) == "duplicate"  # counts nothing
 
-    assert sample("roundtrip_turns_total", outcome="end_turn") == ended + 1
+    assert sample("roundtrip_turns_total", outcome="end_turn", agent_version="default") == ended + 1
     assert sample("roundtrip_turn_steps_count") == steps + 1
     assert sample("roundtrip_tokens_total", model="claude-sonnet-4-6", kind="input") == tokens_in + 200
     assert sample("roundtrip_cost_usd_total", model="claude-sonnet-4-6") == pytest.approx(
@@ -175,7 +176,7 @@ async def test_a_turn_the_guard_stops_is_a_drop_by_reason(guard):  # noqa: F811
     await guard.starts.on_start(StartTurn(turn=TURN, text="hi"))
     assert await guard.loop.on_iteration(iteration(1, calls=[LIST])) == "step_limit"
     assert sample("roundtrip_guard_drops_total", reason="step_limit") == drops + 1
-    assert sample("roundtrip_turns_total", outcome="step_limit") >= 1
+    assert sample("roundtrip_turns_total", outcome="step_limit", agent_version="default") >= 1
 
 
 async def test_gate_rejections_are_counted_by_tool_and_reason_and_made_up_tools_share_one_label(gate):  # noqa: F811

@@ -21,6 +21,13 @@ if TYPE_CHECKING:
     from roundtrip._kernel.settings import Settings
     from roundtrip._sdk.agent import Agent
 
+VersionOption = Annotated[
+    str | None,
+    typer.Option(
+        help="run every case's conversations on this agent version of the fleet (`default`: the default one), whatever "
+        "its share of new conversations; a turn that ran on another version fails its case"
+    ),
+]
 eval_app = typer.Typer(
     help="Evaluations: run a suite of conversation cases through the fleet, or record a conversation as a case.",
     no_args_is_help=True,
@@ -108,15 +115,15 @@ def run(
     fresh: Annotated[
         bool, typer.Option("--fresh", help="first put the agent's backends back to a known state (Agent(reset=...))")
     ] = False,
+    version: VersionOption = None,
     fleet: FleetOption = None,
 ) -> None:
     """Run each case's conversation through the running fleet as a user's app would (support.requests, then its
     reply and its turn's events from the topics): against the real model when ANTHROPIC_API_KEY is set, else the
     simulator, which plays each turn's script (or persona). Then a table of the cases (pass rate, outcome, steps,
-    tools, cost), the cost and tokens in all, and what changed against --baseline.
-
-    With --fresh the agent's reset hook (Agent(reset=...)) first puts its backends back to a known state, so a suite
-    that changes data passes run after run.
+    tools, cost), the cost and tokens in all, and what changed against --baseline. With --fresh the agent's reset
+    hook (Agent(reset=...)) first puts its backends back to a known state, so a suite that changes data passes run
+    after run.
 
     Exit codes: 0 every case passed (with --baseline: none regressed); 1 a case failed (with --baseline: a pass rate
     dropped or a new case fails); 2 not run (a wrong case file, the fleet down, --fresh failing, a script unloaded)."""
@@ -139,9 +146,9 @@ def run(
     settings, agent = _fleet_and_agent(suite[0], fresh, fleet)
     _check_personas(settings, cases)
     model = "the simulator" if settings.use_simulator else f"the model {agent.model_for(settings)}"
-    typer.echo(f"roundtrip eval: {len(cases)} cases against agent {agent.name} and {model}")
+    typer.echo(f"roundtrip eval: {len(cases)} cases against {_against(agent.name, version)} and {model}")
     try:
-        results = asyncio.run(run_suite(settings, cases, agent.own_settings, timeout, concurrency, _said))
+        results = asyncio.run(run_suite(settings, version, cases, agent.own_settings, timeout, concurrency, _said))
     except FleetUnavailable as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
@@ -155,6 +162,13 @@ def run(
         typer.echo(f"JUnit XML written to {junit}")
     failed = any(c.regression for c in changed) if before is not None else any(not r.passed for r in results)
     raise typer.Exit(1 if failed else 0)
+
+
+def _against(agent: str, version: str | None) -> str:
+    """What the cases run against, in words: the fleet's agent, or the agent version `--version` names."""
+    from roundtrip._kernel.storage.versions import named, shown
+
+    return f"agent {agent}" if version is None else f"agent version {shown(named(version))} of the fleet"
 
 
 def _said(result: CaseResult) -> None:

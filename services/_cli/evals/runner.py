@@ -3,6 +3,8 @@ support.requests, its reply read from support.replies, and what happened on the 
 
 With no API key a turn's script is put to the simulator first, under a name of this run's own, and the request names
 it; with a key the real model answers. A held call is decided as the case says, signed with the fleet's decision key.
+With `--version v2` each run's new conversation is claimed for v2 before its first turn, as the guard claims one: the
+guard then keeps it on v2, whatever the ramp says (docs/decisions/agent-versions.md).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import httpx
 
 from roundtrip._cli.evals.cases import Case, Turn
 from roundtrip._cli.evals.verdict import Observed, failures
+from roundtrip._guard.conversations import Conversations
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.versions import DEFAULT, RampRefused, Versions, checked_name, named, shown
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
     ApprovalRequested,
@@ -75,10 +79,12 @@ class CaseResult:
 
 
 class Asker:
-    """A producer of support requests and a reader of the turns' topics, shared by every run of the suite."""
+    """A producer of support requests and a reader of the turns' topics, shared by every run of the suite; with a
+    `version` (as the operator names it; None: the ramp decides), the claimer of each run's conversation for it."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
+    def __init__(self, settings: Settings, version: str | None) -> None:
+        self.settings, self.version = settings, named(version) if version is not None else None
+        self.conversations: Conversations | None = None
         self.names = {topics.t(n, settings.topic_prefix): n for n in WATCHED}
         kafka = kafka_clients(settings)
         self.consumer = kafka.consumer(enable_auto_commit=False, isolation_level="read_committed")
@@ -100,6 +106,8 @@ class Asker:
         for tp in partitions:  # positions resolved now: nothing published after this is missed
             await self.consumer.position(tp)
         await self.producer.start()
+        if self.version is not None:
+            self.conversations = await pinning(self.settings, self.version)
         self.reader = asyncio.create_task(self._read())
 
     async def stop(self) -> None:
@@ -110,6 +118,8 @@ class Asker:
         await self.consumer.stop()
         await self.producer.stop()
         await self.http.aclose()
+        if self.conversations is not None:
+            await self.conversations.close()
 
     async def _read(self) -> None:
         while True:
@@ -129,7 +139,9 @@ class Asker:
         if seen is None:
             return
         if name == topics.ITERATIONS:
-            for call in ModelResponded.model_validate(data).tool_calls:
+            responded = ModelResponded.model_validate(data)
+            seen.versions.add(responded.turn.agent_version)
+            for call in responded.tool_calls:
                 seen.calls.setdefault(call.id, call.name)
         elif name == topics.TOOL_BATCHES:
             for checked in ExecuteToolBatch.model_validate(data).calls:
@@ -140,6 +152,11 @@ class Asker:
             if asked.approval_id not in seen.held:
                 seen.held[asked.approval_id] = (asked.call.name, asked.reason)
                 self.approvals[seen.request_id].put_nowait(asked)
+
+    async def pin(self, conversation: str, customer: str) -> None:
+        """A new conversation claimed for this run's version (none asked: nothing to do)."""
+        if self.conversations is not None and self.version is not None:
+            await self.conversations.claim(conversation, customer, self.version)
 
     def script_name(self) -> str:
         """A name of this run's own for a turn's script (short: a request's persona holds at most 40 characters)."""
@@ -225,6 +242,7 @@ async def run_case(asker: Asker, case: Case, run: int, timeout: float) -> RunRes
     conversation = f"conv_eval_{asker.token}_{case.name[:100]}_{run}"  # within a request's 200 characters
     result = RunResult(conversation=conversation)
     started = time.monotonic()
+    await asker.pin(conversation, case.customer)
     simulated = asker.settings.use_simulator
     for i, turn in enumerate(case.turns):
         persona = turn.persona if simulated else None
@@ -235,6 +253,9 @@ async def run_case(asker: Asker, case: Case, run: int, timeout: float) -> RunRes
         seen = await asker.turn(case.customer, conversation, turn, persona, timeout)
         where = f"turn {i + 1}: " if len(case.turns) > 1 else ""
         broken = failures(turn.expect, seen) if seen.reply else [f"no reply within {timeout:g} s"]
+        if asker.version is not None and (elsewhere := seen.versions - {asker.version}):
+            ran = ", ".join(sorted(shown(v) for v in elsewhere))
+            broken.append(f"ran on agent version {ran}, not {shown(asker.version)}")
         result.failures += [where + b for b in broken]
         result.tools += seen.tools
         if seen.reply is None:
@@ -257,16 +278,47 @@ def missing(case: Case, settings: Settings, agent_settings: Any) -> str | None:
     return None
 
 
+async def pinning(settings: Settings, version: str) -> Conversations:
+    """The conversation store to claim each run's conversation for `version` in, once the ramp's table says the version
+    is in service: named there (`roundtrip versions ramp v2 0%` names one without sending it conversations) and not
+    draining (the guard would move the conversation on at its first turn)."""
+    try:
+        if version != DEFAULT:
+            checked_name(version)
+    except RampRefused as exc:
+        raise FleetUnavailable(str(exc)) from None
+    store = await Versions.open(settings.ledger_db_url, read_only=True)
+    try:
+        ramp = await store.shares()
+    finally:
+        await store.close()
+    if version != DEFAULT and version not in ramp.shares:
+        raise FleetUnavailable(
+            f"agent version {version} is not in this fleet's ramp (roundtrip versions lists them; `roundtrip versions "
+            f"ramp {version} 0%` adds it without sending it new conversations)"
+        )
+    if version in ramp.draining:
+        raise FleetUnavailable(
+            f"agent version {shown(version)} drains: the guard moves its conversations to another version (roundtrip "
+            "versions ramp takes it back into service)"
+        )
+    return await Conversations.open(
+        settings.conversations_db_url, settings.history_tokens, settings.conversation_retention_s
+    )
+
+
 async def run_suite(
     settings: Settings,
+    version: str | None,
     cases: list[Case],
     agent_settings: Any,
     timeout: float,
     concurrency: int,
     done: Callable[[CaseResult], None] = lambda _: None,
 ) -> list[CaseResult]:
-    """Every run of every case (`concurrency` at once), each case's result handed to `done` once its runs are in."""
-    asker = Asker(settings)
+    """Every run of every case (`concurrency` at once) on agent `version` (`v2`, `default`; None: where the ramp sends
+    them), each case's result handed to `done` once its runs are in."""
+    asker = Asker(settings, version)
     gate = asyncio.Semaphore(concurrency)
     try:
         await asker.start()

@@ -16,6 +16,7 @@ class Observed:
     calls: dict[str, str] = field(default_factory=dict)  # tool_use id -> tool name, in the order made
     refused: dict[str, tuple[str, str]] = field(default_factory=dict)  # tool_use id -> (tool, the gate's error)
     held: dict[str, tuple[str, str]] = field(default_factory=dict)  # approval id -> (tool, why)
+    versions: set[str] = field(default_factory=set)  # the agent versions its model calls were made on ("": default)
     reply: SupportReply | None = None
 
     @property

@@ -7,11 +7,13 @@ where it moves: the manual's page "Operating it".
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from roundtrip._kernel.wire.events import Outcome, Usage
+from roundtrip._kernel.wire.topics import DEFAULT_VERSION_WORD, VERSION_NAME
 
 GUARD_STOPS = frozenset(
     {
@@ -31,7 +33,7 @@ TOKEN_KINDS = {
     "cache_read_input_tokens": "cache_read",
 }
 
-turns = Counter("roundtrip_turns", "Turns ended, by outcome", ["outcome"])
+turns = Counter("roundtrip_turns", "Turns ended, by outcome and agent version", ["outcome", "agent_version"])
 turn_steps = Histogram(
     "roundtrip_turn_steps", "Model calls per ended turn", buckets=(1, 2, 3, 4, 5, 6, 8, 10, 15, 20, 30)
 )
@@ -45,8 +47,8 @@ cost_usd = Counter("roundtrip_cost_usd", "Cost of recorded model calls in USD (t
 stuck_turns = Counter("roundtrip_stuck_turns", "Turns the sweeper flagged stuck (no progress past the stuck time)")
 reply_seconds = Histogram(
     "roundtrip_reply_seconds",
-    "From a request's arrival to its reply, by outcome (the exemplar: the turn's trace id)",
-    ["outcome"],
+    "From a request's arrival to its reply, by outcome and agent version (the exemplar: the turn's trace id)",
+    ["outcome", "agent_version"],
     buckets=(0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 900),
 )
 approvals_waiting = Gauge("roundtrip_approvals_waiting", "Approvals waiting for a person's decision")
@@ -122,9 +124,26 @@ def count_usage(model: str, usage: Usage, cost: float) -> None:
     cost_usd.labels(model).inc(cost)
 
 
-def count_turn_end(outcome: Outcome | str, steps: int) -> None:
+MAX_VERSION_LABELS = 20  # versions are few; a name past these (or no version's name) is counted as OTHER_VERSION
+OTHER_VERSION = "(other)"
+_versions_labelled: set[str] = set()
+
+
+def version_label(version: str) -> str:
+    """The `agent_version` label of a turn's version: its name, `default` for the default version. The name comes
+    with the turn's messages, so the label's values are bounded here, not by whoever wrote them."""
+    if not version:
+        return DEFAULT_VERSION_WORD
+    if version not in _versions_labelled:
+        if len(_versions_labelled) >= MAX_VERSION_LABELS or not re.fullmatch(VERSION_NAME, version):
+            return OTHER_VERSION
+        _versions_labelled.add(version)
+    return version
+
+
+def count_turn_end(outcome: Outcome | str, steps: int, version: str) -> None:
     outcome = Outcome(outcome)
-    turns.labels(outcome.value).inc()
+    turns.labels(outcome.value, version_label(version)).inc()
     turn_steps.observe(steps)
     if outcome in GUARD_STOPS:
         guard_drops.labels(outcome.value).inc()
@@ -135,4 +154,5 @@ def count_reply(turn: Any, outcome: str, now: float) -> None:
     if not turn.started_at:
         return
     exemplar = {"trace_id": turn.trace_id} if turn.trace_id else None
-    reply_seconds.labels(outcome).observe(max(0.0, now - turn.started_at), exemplar)
+    labels = reply_seconds.labels(outcome, version_label(turn.agent_version))
+    labels.observe(max(0.0, now - turn.started_at), exemplar)

@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from roundtrip._kernel.observability.span_file import JsonLinesSpanExporter
+from roundtrip._kernel.wire.topics import DEFAULT_VERSION_WORD
 
 
 def turn_span_name(agent_name: str) -> str:
@@ -312,9 +313,9 @@ def record_turn_span(
         "roundtrip.steps": steps,
         "roundtrip.cost_usd": cost_usd,
     }
-    if version := getattr(turn, "agent_version", ""):  # the reporting service runs the default version's agent
-        attributes["roundtrip.agent.version"] = version
-    elif agent_digest:
+    version = turn.agent_version
+    attributes["roundtrip.agent.version"] = version or DEFAULT_VERSION_WORD  # a search finds either version's turns
+    if agent_digest and not version:  # the reporting service runs the default version's agent
         attributes["roundtrip.agent.digest"] = agent_digest
     if model:
         attributes["gen_ai.request.model"] = model

@@ -1,6 +1,6 @@
-"""The ledger's read side, beside its schema: a turn, the turns, their approvals, the ledger's size, the
-conversations and a stored turn's exchange, as rows. The guard writes these tables (its `Ledger` and `Conversations`
-extend these reads); the console and the CLI read them here, without the guard.
+"""The ledger's read side, beside its schema: a turn, the turns, their approvals, the ledger's size, the agent versions
+side by side, the conversations and a stored turn's exchange, as rows. The guard writes these tables (its `Ledger`
+and `Conversations` extend these reads); the console and the CLI read them here, without the guard.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from roundtrip._kernel.storage.turnstore import (
     approvals,
     turns,
 )
+from roundtrip._kernel.storage.versions import VersionRow, of_version, shown, summary_of
 
 PENDING = "pending"
 
@@ -110,6 +111,10 @@ class TurnRow:
     def shown_lane(self) -> str:
         return self.lane or INTERACTIVE
 
+    @property
+    def shown_version(self) -> str:
+        return shown(self.agent_version)
+
 
 @dataclass
 class ApprovalRow:
@@ -193,7 +198,9 @@ class TurnReads(TurnStore):
         outcome: str | None = None,
         since: float | None = None,
         lane: str | None = None,
+        version: str | None = None,
     ) -> builtins.list[TurnRow]:
+        """The newest turns first; `version` "": the default version's."""
         query = select(turns).order_by(turns.c.started_at.desc()).limit(limit)
         if lane == BATCH:
             query = query.where(turns.c.lane == BATCH)
@@ -209,6 +216,8 @@ class TurnReads(TurnStore):
                 query = query.where(column == value)
         if since:
             query = query.where(turns.c.started_at >= since)
+        if version is not None:
+            query = query.where(of_version(version))
         return await self._rows(query)
 
     async def approval(self, approval_id: str) -> ApprovalRow | None:
@@ -244,6 +253,10 @@ class TurnReads(TurnStore):
         """How many approvals wait for a person's decision, and when the oldest of them was asked (None: none)."""
         count, oldest = await self._run(lambda conn: conn.execute(_WAITING).one())
         return int(count), oldest
+
+    async def versions(self) -> builtins.list[VersionRow]:
+        """The agent versions side by side, as `roundtrip versions` shows them (storage/versions.py)."""
+        return await self._run(summary_of)
 
 
 class ConversationReads(TurnStore):

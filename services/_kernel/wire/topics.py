@@ -23,6 +23,8 @@ APPROVAL_DECISIONS = "turn.approval_decisions"
 # an agent version's own copy of a topic: `turn.model_calls.version.v2` (topology.of_version)
 VERSION_MARK = ".version."
 VERSION_NAME = r"^[A-Za-z0-9_-]{1,40}$"  # no dot: a versioned topic names its version after the one mark
+# the default version ("" on the wire) as the operator types it, and as metrics' labels and spans name it
+DEFAULT_VERSION_WORD = "default"
 
 
 def dead_letters(service: str) -> str:
