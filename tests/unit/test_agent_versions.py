@@ -4,6 +4,8 @@ guard starting a turn on its conversation's version, over real (SQLite) stores."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import typer
 from pydantic import ValidationError
@@ -79,13 +81,13 @@ async def url(tmp_path):
 
 
 async def test_a_conversation_keeps_the_version_of_its_first_turn_until_it_is_moved(url):
-    store = await Conversations.open(url)
+    store, now = await Conversations.open(url), time.time()
     try:
-        assert (await store.claim("conv_a", "cus_1001", "v2")).agent_version == "v2"
-        assert (await store.claim("conv_a", "cus_1001", "")).agent_version == "v2"  # the ramp moved on: it did not
-        assert (await store.claim("conv_a", "cus_1002", "")).agent_version == "v2"  # someone else's: as it is
+        assert (await store.claim("conv_a", "cus_1001", "v2", now)).agent_version == "v2"
+        assert (await store.claim("conv_a", "cus_1001", "", now)).agent_version == "v2"  # the ramp moved on: it did not
+        assert (await store.claim("conv_a", "cus_1002", "", now)).agent_version == "v2"  # someone else's: as it is
         await store.pin("conv_a", "v3")
-        assert (await store.claim("conv_a", "cus_1001", "")).agent_version == "v3"
+        assert (await store.claim("conv_a", "cus_1001", "", now)).agent_version == "v3"
         assert (await store.get("conv_a")).agent_version == "v3"
     finally:
         await store.close()

@@ -18,6 +18,7 @@ from roundtrip._kernel.wire.events import CallModel, CheckedCall, ExecuteToolBat
 from tests.agents import SHOP, shop_deps, shop_registry
 from tests.databases import migrated
 from tests.signing import pair
+from tests.ledger_steps import advance
 
 KEYS = pair("k1")
 TURN = Turn(
@@ -57,7 +58,7 @@ async def ledger_and_fence(tmp_path):
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, fence = await Ledger.open(url), await Fence.open(url)
     assert await ledger.start(TURN.model_dump(), pending="")
-    assert await ledger.advance(TURN, 1, {}, 0.0, pending="", now=time.time())
+    assert await advance(ledger, TURN, 1, {}, 0.0, pending="", now=time.time())
     yield ledger, fence
     await fence.close()
     await ledger.close()
@@ -112,7 +113,7 @@ async def test_a_batch_the_fence_refuses_runs_nothing(ledger_and_fence, why):
     if why == "ended":
         assert await ledger.end(TURN.turn_id, "cancelled", "cancelled by an operator")
     elif why == "moved on":
-        assert await ledger.advance(TURN, 2, {}, 0.0, pending="", now=time.time())
+        assert await advance(ledger, TURN, 2, {}, 0.0, pending="", now=time.time())
     else:
         step = 2  # a batch of a step the turn has not reached
     counting = Counting()
@@ -136,7 +137,7 @@ async def test_a_batch_delivered_again_after_its_step_went_on_runs_once(ledger_a
     signed = batch()
     await run(counting, fence, signed)
     assert await fence.claim_model_call(TURN, 1, now=time.time())
-    assert await ledger.advance(TURN, 2, {}, 0.0, pending="", now=time.time())
+    assert await advance(ledger, TURN, 2, {}, 0.0, pending="", now=time.time())
     assert await run(counting, fence, signed) is None  # a new executor: no memory of the first, the fence refuses
     assert counting.runs == ["turn_f:toolu_c"]
 
