@@ -49,6 +49,7 @@ from tests.databases import migrated
 from tests.shop import in_process
 from tests.signing import key_settings, pair
 from tests.unit.test_guard_handlers import Recorder
+from tests.gate_calls import check_call
 
 REGISTRY = SHOP.registry
 GATE_KEYS, PEOPLE_KEYS = pair("k1"), pair("ops1")
@@ -116,7 +117,7 @@ def gate_for(shop, above: int | None = 5000) -> Gate:
 
 
 async def test_a_cancellation_above_the_threshold_is_held_with_the_order_and_a_digest_of_the_exact_arguments(shop):
-    held = await gate_for(shop, above=5000).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
+    held = await check_call(gate_for(shop, above=5000), call("cancel_order", CANCEL), "cus_1001", "turn_1")
     assert held.approved and held.hold is not None and held.approved_by is None
     assert "ord_a1000003 of 87.00 EUR" in held.hold.reason and "50.00 EUR" in held.hold.reason
     assert (
@@ -129,20 +130,20 @@ async def test_a_cancellation_above_the_threshold_is_held_with_the_order_and_a_d
         != input_digest("cancel_order", CANCEL | {"reason": "other"})
     )
     assert time.time() + 55 < held.hold.expires_at <= time.time() + 61
-    below = await gate_for(shop, above=10000).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
-    off = await gate_for(shop, above=None).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
+    below = await check_call(gate_for(shop, above=10000), call("cancel_order", CANCEL), "cus_1001", "turn_1")
+    off = await check_call(gate_for(shop, above=None), call("cancel_order", CANCEL), "cus_1001", "turn_1")
     assert below.approved and below.hold is None and off.approved and off.hold is None
 
 
 async def test_nobody_is_asked_about_a_call_the_gate_would_reject(shop):
     gate = gate_for(shop, above=0)  # every cancellation needs a person
-    foreign = await gate.check_call(
+    foreign = await check_call(gate, 
         call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other"}), "cus_1001", "t"
     )
-    shipped = await gate.check_call(
+    shipped = await check_call(gate, 
         call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
     )
-    invalid = await gate.check_call(
+    invalid = await check_call(gate, 
         call("cancel_order", {"order_id": "ord_a1000003", "reason": "why_not"}), "cus_1001", "t"
     )
     for result in (foreign, shipped, invalid):
@@ -156,7 +157,7 @@ async def test_a_tool_can_always_need_a_person(shop):
         return await shop.get_order(customer_id, entity_id)
 
     gate = Gate(registry=registry, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await gate.check_call(
+    result = await check_call(gate, 
         call("escalate_to_human", {"summary": "customer wants a person", "urgency": "normal"}), "cus_1001", "t"
     )
     assert result.approved and result.hold.reason == "a person decides every escalation"
@@ -165,7 +166,7 @@ async def test_a_tool_can_always_need_a_person(shop):
 async def test_the_held_call_runs_only_under_a_valid_decision_for_exactly_that_call(shop):
     gate = gate_for(shop)
     cancel = call("cancel_order", CANCEL, id="toolu_c")
-    ok = await gate.check_call(cancel, "cus_1001", "turn_1", decision=decided())
+    ok = await check_call(gate, cancel, "cus_1001", "turn_1", decision=decided())
     assert ok.approved and ok.hold is None and ok.approved_by == "alice@support"
     refused = {
         "forged": decided(signer=FORGER),
@@ -175,10 +176,10 @@ async def test_the_held_call_runs_only_under_a_valid_decision_for_exactly_that_c
         "other arguments": decided(input_sha256=input_digest("cancel_order", CANCEL | {"order_id": "ord_a1000004"})),
     }
     for why, decision in refused.items():
-        result = await gate.check_call(cancel, "cus_1001", "turn_1", decision=decision)
+        result = await check_call(gate, cancel, "cus_1001", "turn_1", decision=decision)
         assert not result.approved and result.hold is None and "Nothing was done" in result.error, why
     # the same decision does not carry over to other arguments the model may send later
-    other = await gate.check_call(
+    other = await check_call(gate, 
         call("cancel_order", {**CANCEL, "reason": "other"}, id="toolu_c"), "cus_1001", "turn_1", decision=decided()
     )
     assert not other.approved and "other arguments" in other.error

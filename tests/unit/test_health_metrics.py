@@ -19,6 +19,7 @@ from roundtrip._sdk.context import Dependencies, ToolError
 from tests.ports import free_port_run
 from tests.unit.test_gate import call, gate, lookup, shop, turn  # noqa: F401 - fixtures
 from tests.unit.test_guard_handlers import LIST, TURN, guard, iteration  # noqa: F401 - fixtures
+from tests.gate_calls import check_call
 
 
 def sample(name: str, **labels: str) -> float:
@@ -182,11 +183,11 @@ async def test_gate_rejections_are_counted_by_tool_and_reason_and_made_up_tools_
     invented = sample("roundtrip_gate_rejections_total", tool="cancel_order", reason="not_allowed")
     unknown = sample("roundtrip_gate_rejections_total", tool="unknown", reason="unknown_tool")
     invalid = sample("roundtrip_gate_rejections_total", tool="list_orders", reason="invalid_input")
-    await gate.check_call(
+    await check_call(gate, 
         call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "turn_1"
     )
-    await gate.check_call(call("drop_database_now", {}), "cus_1001", "turn_1")
-    await gate.check_call(call("list_orders", {"limit": "five"}), "cus_1001", "turn_1")
+    await check_call(gate, call("drop_database_now", {}), "cus_1001", "turn_1")
+    await check_call(gate, call("list_orders", {"limit": "five"}), "cus_1001", "turn_1")
     assert sample("roundtrip_gate_rejections_total", tool="cancel_order", reason="not_allowed") == invented + 1
     assert sample("roundtrip_gate_rejections_total", tool="unknown", reason="unknown_tool") == unknown + 1
     assert sample("roundtrip_gate_rejections_total", tool="list_orders", reason="invalid_input") == invalid + 1
