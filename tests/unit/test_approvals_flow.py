@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from roundtrip import always
-from roundtrip._executor.runner import Runner
 from roundtrip._gate.gate import Gate
 from roundtrip._guard.approvals import DecisionRefused
 from roundtrip._guard.core import Guard
@@ -42,7 +41,7 @@ from roundtrip._kernel.wire.events import (
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip._shop.agent.tools import ShopAgentSettings
 from roundtrip._simulator.server import running_simulator
-from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry
+from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry, tool_runner
 from tests.cores import executed, respond
 from tests.cores import guard as guard_of
 from tests.databases import migrated
@@ -203,7 +202,7 @@ async def test_one_call_per_step_waits_for_a_person_the_second_is_told_to_come_b
     )
     BATCHES.verify(batch)
     # the hold carries the gate's own signature, which the executor copies into the request the guard checks
-    runner = Runner(recording_registry(Recording()), deps=shop_deps(None), timeout_s=5, parallel=True)
+    runner = tool_runner(recording_registry(Recording()), shop_deps(None))
     asked = await executed(batch, BATCHES, runner)
     assert isinstance(asked, ApprovalRequested) and asked.hold_key_id == GATE_KEYS.key_id and asked.hold_signature
     BATCHES.verify_hold(asked)
@@ -241,7 +240,7 @@ def checked(name: str, id: str, **fields) -> CheckedCall:
 
 async def test_a_step_holding_a_serial_tool_runs_its_calls_one_after_another_in_tool_use_order():
     recording = Recording()
-    runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
+    runner = tool_runner(recording_registry(recording), shop_deps(None))
     calls = [checked("search_help_center", "c1"), checked("cancel_order", "c2"), checked("lookup_order", "c3")]
     results = await runner.run(calls, turn())
     assert [r["tool_use_id"] for r in results] == ["c1", "c2", "c3"]
@@ -258,7 +257,7 @@ async def test_a_step_holding_a_serial_tool_runs_its_calls_one_after_another_in_
 
 async def test_without_a_serial_tool_the_calls_of_a_step_overlap():
     recording = Recording()
-    runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
+    runner = tool_runner(recording_registry(recording), shop_deps(None))
     await runner.run([checked("search_help_center", "c1"), checked("lookup_order", "c2")], turn())
     assert recording.events[:2] == [("start", "c1"), ("start", "c2")]  # both started before either ended
     # and a serial declaration of a rejected call does not serialise the step
@@ -283,7 +282,7 @@ def transcript(*ids_names) -> list[dict]:
 
 async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resumed_batch_completes_the_step_in_order():
     recording = Recording()
-    runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
+    runner = tool_runner(recording_registry(recording), shop_deps(None))
     messages = transcript(("c1", "cancel_order"), ("c2", "lookup_order"))
     hold = {
         "reason": "above 50.00 EUR",

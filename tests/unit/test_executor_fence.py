@@ -11,11 +11,10 @@ import time
 import pytest
 
 from roundtrip._executor.core import ExecutorCore
-from roundtrip._executor.runner import Runner
 from roundtrip._guard.ledger import Ledger
 from roundtrip._kernel.storage.turnstore import Fence, TurnRefused
 from roundtrip._kernel.wire.events import CallModel, CheckedCall, ExecuteToolBatch, Turn
-from tests.agents import SHOP, shop_deps, shop_registry
+from tests.agents import SHOP, shop_deps, shop_registry, tool_runner
 from tests.databases import migrated
 from tests.signing import pair
 from tests.ledger_steps import advance
@@ -70,7 +69,7 @@ def batch(turn: Turn = TURN, step: int = 1) -> ExecuteToolBatch:
 
 
 def core(counting: Counting, fence) -> ExecutorCore:
-    runner = Runner(counting.registry(), shop_deps(None), 5, True)
+    runner = tool_runner(counting.registry(), shop_deps(None))
     return ExecutorCore(runner, KEYS.verifier, fence, max_transcript_bytes=4_000_000)
 
 

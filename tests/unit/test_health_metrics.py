@@ -10,12 +10,12 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from roundtrip._executor.runner import Runner
 from roundtrip._kernel.kafka import faststream_seam
 from roundtrip._kernel.observability import health, metrics
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CheckedCall, Outcome, StartTurn
 from roundtrip._sdk.context import Dependencies, ToolError
+from tests.agents import tool_runner
 from tests.ports import free_port_run
 from tests.unit.test_gate import call, gate, lookup, shop, turn  # noqa: F401 - fixtures
 from tests.unit.test_guard_handlers import LIST, TURN, guard, iteration  # noqa: F401 - fixtures
@@ -207,11 +207,8 @@ async def test_tool_executions_are_counted_ok_or_error_with_their_latency():
         raise ToolError("order not found")
 
     handlers = {"t_ok": ok, "t_fails": fails}
-    runner = Runner(
-        SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False),
-        deps=Dependencies(),
-        timeout_s=1,
-        parallel=True,
+    runner = tool_runner(
+        SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False), Dependencies(), timeout_s=1
     )
     before = {
         (t, r): sample("roundtrip_tool_executions_total", tool=t, result=r) for t in handlers for r in ("ok", "error")

@@ -22,7 +22,7 @@ from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.mcp import McpMount, McpServer, result_of, strict_copy
 from roundtrip._sdk.registry import RegistryError, check_tool_document
 from roundtrip._sdk.sources import Toolbox
-from tests.agents import SHOP
+from tests.agents import SHOP, tool_runner
 from tests.signing import pair
 from tests.gate_calls import check_call
 
@@ -318,7 +318,7 @@ async def test_the_agents_policies_and_approval_rules_bind_to_mcp_tools_by_name(
 
 
 def executor(agent, tools) -> Runner:
-    return Runner(agent.registry, Dependencies(), timeout_s=2.0, parallel=True, fallback=tools.handler)
+    return tool_runner(agent.registry, Dependencies(), timeout_s=2.0, fallback=tools.handler)
 
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001")
