@@ -25,6 +25,7 @@ def shop_registry(folder: Path | None = None, **overrides: Any) -> Registry:
         "entity_resolvers": SHOP.entities,
         "approvals": SHOP.approvals,
         "serial": SHOP.serial,
+        "mounted": frozenset(),
     }
     return Registry(load_specs(folder or SCHEMAS), **(bindings | overrides))
 
