@@ -13,7 +13,7 @@ from roundtrip._guard import ledger as ledger_module
 from roundtrip._guard.ledger import ENDED, ENDING, RUNNING, STUCK, Ledger
 from roundtrip._kernel.storage.turnstore import Fence
 from tests.databases import migrated
-from tests.ledger_steps import advance, flag_stuck
+from tests.ledger_steps import advance, approvals_of, flag_stuck
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -298,7 +298,7 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert not await flag_stuck(ledger, t["turn_id"], time.time() + 3600)  # the stuck rule does not apply
     idle, expired, _ = await ledger.overdue(time.time() + 3600, 1, 1, 300)
     assert t["turn_id"] not in {r.turn_id for r in idle + expired}
-    assert [r.approval_id for r in await ledger.list_approvals(turn_id=t["turn_id"])] == [approval["approval_id"]]
+    assert [r.approval_id for r in await approvals_of(ledger, turn_id=t["turn_id"])] == [approval["approval_id"]]
     assert approval["approval_id"] in [a.approval_id for a, _ in await ledger.overdue_approvals(time.time() + 61)]
 
     decided = [
@@ -310,7 +310,7 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert sorted(await asyncio.gather(*decided)) == [False, False, False, True]  # one decision wins, however many race
     row = await ledger.get(t["turn_id"])
     assert row.status == RUNNING and row.pending.startswith('{"n": ')
-    (kept,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
+    (kept,) = await approvals_of(ledger, status=None, turn_id=t["turn_id"])
     assert kept.status == "approved" and kept.decided_by == f"person{row.pending[6]}"
     assert await fence.claim_batch(key(t), 1, 30, now=time.time())  # the approved call may run now
 
@@ -323,9 +323,9 @@ async def test_a_decision_for_a_turn_that_ended_while_waiting_changes_nothing(le
     assert await ledger.await_approval(approval, None)
     assert await ledger.end(t["turn_id"], "cancelled", "{}", step=1) == ENDED  # a waiting turn can be cancelled
     assert not await ledger.decide(approval["approval_id"], "approved", "alice", time.time(), "", "{}", None)
-    (still,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
+    (still,) = await approvals_of(ledger, status=None, turn_id=t["turn_id"])
     assert (
-        still.status == "pending" and await ledger.list_approvals(turn_id=t["turn_id"]) == []
+        still.status == "pending" and await approvals_of(ledger, turn_id=t["turn_id"]) == []
     )  # no longer listed as waiting
     assert await ledger.close_approvals(t["turn_id"], "ended") == 1
     assert (await ledger.get(t["turn_id"])).status == ENDED

@@ -49,6 +49,7 @@ from tests.shop import in_process
 from tests.signing import key_settings, pair
 from tests.unit.test_guard_handlers import Recorder
 from tests.gate_calls import check_call
+from tests.ledger_steps import approvals_of
 
 REGISTRY = SHOP.registry
 GATE_KEYS, PEOPLE_KEYS = pair("k1"), pair("ops1")
@@ -459,7 +460,7 @@ async def test_a_waiting_turn_is_never_flagged_stuck_and_nothing_can_act_for_it(
     fence = Fence(guard.ledger.engine)  # what the executor and the model service ask
     assert not await fence.claim_batch(turn(), 1, 10, now=time.time())  # no executor may run anything now
     assert not await fence.claim_model_call(turn(), 1, now=time.time())
-    (pending,) = await guard.ledger.list_approvals()
+    (pending,) = await approvals_of(guard.ledger)
     assert pending.tool == "cancel_order" and pending.customer_id == "cus_1001" and pending.status == "pending"
 
 
@@ -518,7 +519,7 @@ async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_an
     assert len(guard.recorder.sent) == before + 1
     with pytest.raises(DecisionRefused, match="already approved by alice@support"):
         await guard.approvals.on_decision(decided(Decision.DENY))
-    (kept,) = await guard.ledger.list_approvals(status=None)
+    (kept,) = await approvals_of(guard.ledger, status=None)
     assert kept.status == "approved" and kept.decided_by == "alice@support" and kept.decided_at
 
 
@@ -542,7 +543,7 @@ async def test_a_decided_call_is_never_held_again_and_the_deadline_a_decision_wr
         with pytest.raises(RequestRefused, match="held already"):
             await guard.approvals.on_requested(other_step)
     assert sum("refused approval request" in r.getMessage() for r in caplog.records) == 2
-    assert [a.approval_id for a in await guard.ledger.list_approvals(status=None)] == [event.approval_id]
+    assert [a.approval_id for a in await approvals_of(guard.ledger, status=None)] == [event.approval_id]
     row = await guard.ledger.get("turn_1")
     assert row.status == RUNNING and row.deadline_at == extended
     # the genuine request redelivered changes nothing either
@@ -605,7 +606,7 @@ async def test_no_decision_in_time_ends_the_turn_politely_and_a_late_decision_is
     assert "could not be reviewed in time" in ended.text and "Nothing was changed" in ended.text
     row = await guard.ledger.get("turn_1")
     assert row.status == ENDED and row.outcome == "approval_timeout"
-    (expired,) = await guard.ledger.list_approvals(status=None)
+    (expired,) = await approvals_of(guard.ledger, status=None)
     assert expired.status == "expired"
     with pytest.raises(DecisionRefused, match="already expired"):
         await guard.approvals.on_decision(decided())
