@@ -33,7 +33,7 @@ ECHO = topology.Service(
 
 def build(settings: Settings, agent: object) -> FastStream:  # a service of its own: builds like the five
     wired = wiring("echo", settings, (), "")
-    echoed = Outlet(wired, ECHOED, events.CancelTurn)
+    echoed = Outlet(wired, ECHOED, events.CancelTurn, "")
 
     @subscribe(wired, ECHOES, settings)
     async def on_echo(command: events.CancelTurn) -> None:
@@ -103,7 +103,7 @@ def test_a_handler_for_another_message_than_declared_fails_at_build():
 def test_an_output_the_topology_does_not_declare_fails_at_build():
     wired = wiring("gate", settings(), (), "")
     with pytest.raises(LookupError, match=r"declares no output CallModel of gate to turn.model_calls"):
-        Outlet(wired, topics.MODEL_CALLS, events.CallModel)
+        Outlet(wired, topics.MODEL_CALLS, events.CallModel, "")
 
 
 def test_every_topic_is_one_of_the_declared_names_and_the_ledger_sharers_are_declared():
