@@ -18,7 +18,7 @@ from roundtrip._guard.rules import Policy
 from roundtrip._guard.versions import Ramp, assign
 from roundtrip._kernel.kafka.admin import desired_topics
 from roundtrip._kernel.settings import ConfigurationError, Settings
-from roundtrip._kernel.storage.prices import PriceTable
+from tests.prices import price_table
 from roundtrip._kernel.storage.versions import RampRefused, Shares, Versions
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import CallModel, StartTurn, Turn
@@ -144,7 +144,7 @@ async def test_the_guard_starts_a_turn_on_its_conversations_version_and_records_
     guard = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
-        prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
+        prices=price_table(),
         publish=publish,
         conversations=conversations,
         agent_digest="digest-of-v1",

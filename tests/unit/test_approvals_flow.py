@@ -18,7 +18,7 @@ from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.prices import PriceTable
+from tests.prices import price_table
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.approvals import Signer, approval_id_for, in_tool_use_order, input_digest
@@ -337,7 +337,7 @@ async def guard(tmp_path):
     g = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
-        prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
+        prices=price_table(),
         publish=recorder,
         stuck_after_s=0.01,
         stuck_grace_s=0.01,

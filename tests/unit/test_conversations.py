@@ -14,7 +14,7 @@ from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
-from roundtrip._kernel.storage.prices import PriceTable
+from tests.prices import price_table
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
 from roundtrip._kernel.wire.fingerprints import fingerprint
@@ -22,7 +22,7 @@ from roundtrip._kernel.wire.limits import OMITTED_KEY
 from tests.cores import guard as guard_of
 from tests.databases import migrated
 
-PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
+PRICES = price_table()
 
 
 def use(i: int, name: str = "list_orders") -> dict:

@@ -12,7 +12,7 @@ from roundtrip._gateway.turns import forged
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
-from roundtrip._kernel.storage.prices import PriceTable
+from tests.prices import price_table
 from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn, ModelResponded, Outcome, StartTurn, Turn, TurnEnded, Usage
@@ -39,7 +39,7 @@ async def fleet(tmp_path):
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, recorder = await Ledger.open(url), Recorder()
     guard = guard_of(
-        ledger=ledger, policy=Policy(replies=Replies()), prices=PriceTable.from_json(PRICES), publish=recorder
+        ledger=ledger, policy=Policy(replies=Replies()), prices=price_table(PRICES), publish=recorder
     )
     guard.recorder = recorder
     view = await TurnStore.open(url, read_only=True)
