@@ -244,7 +244,7 @@ async def get_order(engine: AsyncEngine, customer_id: str, order_id: str) -> dic
 
 
 async def list_orders(
-    engine: AsyncEngine, customer_id: str, status: str | None = None, limit: int = DEFAULT_LIMIT
+    engine: AsyncEngine, customer_id: str, status: str | None, limit: int
 ) -> list[dict[str, Any]]:
     """The principal's orders, newest first; `limit` is clamped to 1..50."""
     limit = max(1, min(int(limit), MAX_LIMIT))

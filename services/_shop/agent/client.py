@@ -106,7 +106,7 @@ class ShopClient:
         return response.status_code == 200
 
     async def list_orders(
-        self, customer_id: str, status: str | None = None, limit: int | None = None
+        self, customer_id: str, status: str | None, limit: int | None
     ) -> list[dict[str, Any]]:
         params: dict[str, Any] = {}
         if status is not None:
