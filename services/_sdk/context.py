@@ -15,8 +15,8 @@ from typing import Any
 class Dependencies(Mapping[str, Any]):
     """The agent's clients by name, readable as attributes (`deps.crm`) or items (`deps["crm"]`)."""
 
-    def __init__(self, clients: Mapping[str, Any]) -> None:
-        self._clients = dict(clients)
+    def __init__(self, clients: Mapping[str, Any] | None = None) -> None:
+        self._clients = dict(clients or {})
 
     def __getitem__(self, name: str) -> Any:
         return self._clients[name]

@@ -66,9 +66,9 @@ def test_the_model_client_is_built_from_the_model_settings_alone(settings):
 
 def test_the_gate_and_the_runner_are_built_from_their_settings_alone(settings):
     agent = load_agent(None)
-    gate = gate_core.gate_for(agent, only(gate_core.GateConfig, settings), Dependencies({}))
+    gate = gate_core.gate_for(agent, only(gate_core.GateConfig, settings), Dependencies())
     assert gate.batch_ttl_s == settings.stuck_after_s
-    tools = executor_core.runner_for(only(executor_core.RunnerSettings, settings), agent, Dependencies({}))
+    tools = executor_core.runner_for(only(executor_core.RunnerSettings, settings), agent, Dependencies())
     assert tools.parallel == settings.parallel_tools
 
 

@@ -208,7 +208,7 @@ async def test_tool_executions_are_counted_ok_or_error_with_their_latency():
 
     handlers = {"t_ok": ok, "t_fails": fails}
     runner = tool_runner(
-        SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False), Dependencies({}), timeout_s=1
+        SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False), Dependencies(), timeout_s=1
     )
     before = {
         (t, r): sample("roundtrip_tool_executions_total", tool=t, result=r) for t in handlers for r in ("ok", "error")

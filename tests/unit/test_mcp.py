@@ -318,7 +318,7 @@ async def test_the_agents_policies_and_approval_rules_bind_to_mcp_tools_by_name(
 
 
 def executor(agent, tools) -> Runner:
-    return tool_runner(agent.registry, Dependencies({}), timeout_s=2.0, fallback=tools.handler)
+    return tool_runner(agent.registry, Dependencies(), timeout_s=2.0, fallback=tools.handler)
 
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001")

@@ -33,12 +33,14 @@ ENTRY = "an entry point: `python -m` calls main() and None reads sys.argv"
 OTEL = "OpenTelemetry's SpanProcessor interface: the SDK calls it with its own arguments"
 TOKEN = "aiokafka builds it from the import string in the settings, with no argument: None reads the environment"
 SUBCLASSED = "raised as its subclasses too, by their own names: ShopUnavailable (unreachable, timed out) has no status"
+FACTORY = "`field(default_factory=Dependencies)` (ToolContext, the gate) builds it empty: a call this test misses"
 ALLOWED = {
     "services/_broker/embedded.py:main:argv": ENTRY,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:subject": TOKEN,
     "services/_kernel/observability/telemetry.py:force_flush:timeout_millis": OTEL,
     "services/_kernel/observability/telemetry.py:on_start:parent_context": OTEL,
+    "services/_sdk/context.py:Dependencies:clients": FACTORY,
     "services/_sdk/functions.py:tool:description": DECORATOR,
     "services/_sdk/functions.py:tool:fn": DECORATOR,
     "services/_sdk/functions.py:tool:name": DECORATOR,
