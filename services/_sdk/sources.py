@@ -75,8 +75,8 @@ class SchemaFolder(ToolSource):
     """JSON Schema tool documents (`path`/*.json, one a tool, named like its file), each bound to its handler:
     `SchemaFolder(Path(__file__).parent / "tools", handlers={"lookup_order": lookup_order})`."""
 
-    def __init__(self, path: Path | str, handlers: Mapping[str, Handler]) -> None:
-        self.path, self._handlers = Path(path), dict(handlers)
+    def __init__(self, path: Path | str, handlers: Mapping[str, Handler] | None = None) -> None:
+        self.path, self._handlers = Path(path), dict(handlers or {})
         self.label = f"schema folder {self.path}"
 
     @cached_property

@@ -34,6 +34,7 @@ OTEL = "OpenTelemetry's SpanProcessor interface: the SDK calls it with its own a
 TOKEN = "aiokafka builds it from the import string in the settings, with no argument: None reads the environment"
 SUBCLASSED = "raised as its subclasses too, by their own names: ShopUnavailable (unreachable, timed out) has no status"
 FACTORY = "`field(default_factory=Dependencies)` (ToolContext, the gate) builds it empty: a call this test misses"
+AUTHORED = "the public SDK: `Agent(tools=[SchemaFolder(path)], handlers=...)` binds the folder by the agent's handlers"
 ALLOWED = {
     "services/_broker/embedded.py:main:argv": ENTRY,
     "services/_broker/unsecured_token.py:UnsecuredTokenProvider:lifetime_s": TOKEN,
@@ -44,6 +45,7 @@ ALLOWED = {
     "services/_sdk/functions.py:tool:description": DECORATOR,
     "services/_sdk/functions.py:tool:fn": DECORATOR,
     "services/_sdk/functions.py:tool:name": DECORATOR,
+    "services/_sdk/sources.py:SchemaFolder:handlers": AUTHORED,
     "services/_shop/agent/client.py:ShopError:status_code": SUBCLASSED,
     "services/_shop/app.py:main:argv": ENTRY,
     "services/_simulator/__main__.py:main:argv": ENTRY,

@@ -77,8 +77,8 @@ async def test_a_schema_folder_offers_its_documents_bound_to_their_handlers(shop
     await folder.close()
     assert listed == [] and found["order_id"] == OWN
     with pytest.raises(ToolError, match="Tool refund_order has no handler"):
-        await SchemaFolder(SCHEMAS, handlers={}).call("refund_order", {}, ctx())
-    assert SchemaFolder("/nonexistent/tools", handlers={}).problems(set()) == ["schema folder /nonexistent/tools is not a folder"]
+        await SchemaFolder(SCHEMAS).call("refund_order", {}, ctx())
+    assert SchemaFolder("/nonexistent/tools").problems(set()) == ["schema folder /nonexistent/tools is not a folder"]
 
 
 async def test_a_function_tool_is_a_source_of_its_one_tool():
