@@ -26,7 +26,9 @@ async def advance(
     )
 
 
-async def flag_stuck(ledger: Ledger, turn_id: str, now: float, stuck_after_s: float = 0.0, step: int | None = None) -> bool:
+async def flag_stuck(
+    ledger: Ledger, turn_id: str, now: float, stuck_after_s: float = 0.0, step: int | None = None
+) -> bool:
     """Flag the turn as the sweeper does: idle `stuck_after_s` by `now`, at step `step` if given."""
     return await ledger.flag_stuck(turn_id, now, stuck_after_s, step)
 

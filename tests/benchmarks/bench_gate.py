@@ -29,8 +29,8 @@ from roundtrip._gate.validation import GateValidator, InputValidator
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._shop.agent.client import ShopClient
 from tests.agents import SHOP, shop_deps
-from tests.signing import pair
 from tests.gate_calls import check_call
+from tests.signing import pair
 
 REGISTRY = SHOP.registry
 

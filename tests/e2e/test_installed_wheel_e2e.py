@@ -26,9 +26,9 @@ import pytest
 
 import roundtrip
 import roundtrip.testing
-from tests.skeletons import agent_files
 from tests.ports import free_port_run
 from tests.signing import key_environment
+from tests.skeletons import agent_files
 from tests.wheel import ROOT, build_wheel, pip_wheel
 
 pytestmark = pytest.mark.timeout(1500)  # a fresh venv's dependencies, the jars fetched once, a fleet started

@@ -19,12 +19,12 @@ import uuid
 import pytest
 
 from roundtrip._broker.embedded import free_port
-from tests.skeletons import agent_files
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from tests.e2e.conftest import FleetClient, fleet_env
 from tests.signing import key_settings
+from tests.skeletons import agent_files
 
 CLOSE = {"type": "tool_use", "name": "close_ticket", "input": {"ticket_id": "T-1001", "note": "fixed"}}
 SCRIPTS = {"twice": [[CLOSE], [CLOSE], [{"type": "text", "text": "T-1001 is closed."}]]}

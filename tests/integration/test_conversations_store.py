@@ -120,7 +120,9 @@ async def test_an_ends_exchange_is_written_in_the_transaction_of_the_ledgers_end
             await advance(ledger, principal, 1, {}, 0.0, pending, outcome="end_turn", then=failing, now=time.time())
         assert (await ledger.get(turn["turn_id"])).status == "running"
         assert await store.exchange(turn["turn_id"]) is None
-        assert await advance(ledger, principal, 1, {}, 0.0, pending, outcome="end_turn", then=closing(), now=time.time())
+        assert await advance(
+            ledger, principal, 1, {}, 0.0, pending, outcome="end_turn", then=closing(), now=time.time()
+        )
         assert (await ledger.get(turn["turn_id"])).status == "ended" and await store.exchange(turn["turn_id"])
         before = await store.history(conversation)
 
@@ -129,8 +131,8 @@ async def test_an_ends_exchange_is_written_in_the_transaction_of_the_ledgers_end
                 conn
             )
 
-        assert not await advance(ledger, 
-            principal, 1, {}, 0.0, pending, outcome="end_turn", then=forged, now=time.time()
+        assert not await advance(
+            ledger, principal, 1, {}, 0.0, pending, outcome="end_turn", then=forged, now=time.time()
         )
         assert await store.history(conversation) == before
     finally:

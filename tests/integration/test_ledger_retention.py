@@ -20,8 +20,8 @@ from roundtrip._guard.ledger import ENDED, Ledger
 from roundtrip._guard.retention import Retention, RetentionTooShort, check_outlasts
 from roundtrip._kernel.storage.turnstore import Fence, approvals, turns
 from tests.databases import migrated, new_database
-from tests.signing import key_environment
 from tests.ledger_steps import advance
+from tests.signing import key_environment
 
 DAY = 86400.0
 RETENTION_S = 14 * DAY

@@ -81,10 +81,10 @@ async def test_concurrent_seeding_is_safe(engine):
     assert results == [0, 0, 0, 0]
     assert await _count(engine, db.orders) == 8
 
+
 async def orders_of(engine, customer_id: str, status: str | None = None, limit: int = db.DEFAULT_LIMIT) -> list:
     """The customer's orders as the shop's GET /orders gives them: of any status, the default page unless given."""
     return await db.list_orders(engine, customer_id, status, limit)
-
 
 
 async def test_demo_data(engine):

@@ -18,12 +18,12 @@ from roundtrip._guard.rules import Policy
 from roundtrip._guard.versions import Ramp, assign
 from roundtrip._kernel.kafka.admin import desired_topics
 from roundtrip._kernel.settings import ConfigurationError, Settings
-from tests.prices import price_table
 from roundtrip._kernel.storage.versions import RampRefused, Shares, Versions
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import CallModel, StartTurn, Turn
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.prices import price_table
 
 IDS = [f"conv_{i}" for i in range(10_000)]
 

@@ -18,7 +18,6 @@ from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.settings import Settings
-from tests.prices import price_table
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.approvals import Signer, approval_id_for, in_tool_use_order, input_digest
@@ -45,11 +44,12 @@ from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry, tool
 from tests.cores import executed, respond
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.gate_calls import check_call
+from tests.ledger_steps import approvals_of
+from tests.prices import price_table
 from tests.shop import in_process
 from tests.signing import key_settings, pair
 from tests.unit.test_guard_handlers import Recorder
-from tests.gate_calls import check_call
-from tests.ledger_steps import approvals_of
 
 REGISTRY = SHOP.registry
 GATE_KEYS, PEOPLE_KEYS = pair("k1"), pair("ops1")
@@ -137,14 +137,14 @@ async def test_a_cancellation_above_the_threshold_is_held_with_the_order_and_a_d
 
 async def test_nobody_is_asked_about_a_call_the_gate_would_reject(shop):
     gate = gate_for(shop, above=0)  # every cancellation needs a person
-    foreign = await check_call(gate, 
-        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other"}), "cus_1001", "t"
+    foreign = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other"}), "cus_1001", "t"
     )
-    shipped = await check_call(gate, 
-        call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
+    shipped = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
     )
-    invalid = await check_call(gate, 
-        call("cancel_order", {"order_id": "ord_a1000003", "reason": "why_not"}), "cus_1001", "t"
+    invalid = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000003", "reason": "why_not"}), "cus_1001", "t"
     )
     for result in (foreign, shipped, invalid):
         assert not result.approved and result.hold is None
@@ -157,8 +157,8 @@ async def test_a_tool_can_always_need_a_person(shop):
         return await shop.get_order(customer_id, entity_id)
 
     gate = Gate(registry=registry, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await check_call(gate, 
-        call("escalate_to_human", {"summary": "customer wants a person", "urgency": "normal"}), "cus_1001", "t"
+    result = await check_call(
+        gate, call("escalate_to_human", {"summary": "customer wants a person", "urgency": "normal"}), "cus_1001", "t"
     )
     assert result.approved and result.hold.reason == "a person decides every escalation"
 
@@ -179,8 +179,12 @@ async def test_the_held_call_runs_only_under_a_valid_decision_for_exactly_that_c
         result = await check_call(gate, cancel, "cus_1001", "turn_1", decision=decision)
         assert not result.approved and result.hold is None and "Nothing was done" in result.error, why
     # the same decision does not carry over to other arguments the model may send later
-    other = await check_call(gate, 
-        call("cancel_order", {**CANCEL, "reason": "other"}, id="toolu_c"), "cus_1001", "turn_1", decision=decided()
+    other = await check_call(
+        gate,
+        call("cancel_order", {**CANCEL, "reason": "other"}, id="toolu_c"),
+        "cus_1001",
+        "turn_1",
+        decision=decided(),
     )
     assert not other.approved and "other arguments" in other.error
 

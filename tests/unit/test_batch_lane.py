@@ -15,10 +15,10 @@ from roundtrip._console import pages
 from roundtrip._guard.ledger import ENDED, RUNNING, STUCK
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.prices import Price
-from tests.prices import price_table
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, Turn, Usage
+from tests.prices import price_table
 from tests.unit.test_guard_handlers import LIST, PRICES, guard  # noqa: F401 - fixture
 
 SONNET = "claude-sonnet-4-6"  # list price, USD per million tokens: 3.00 in, 15.00 out, 3.75 cache write, 0.30 read

@@ -15,10 +15,10 @@ import roundtrip._cli.evals.runner as eval_runner
 from roundtrip._cli import common, up
 from roundtrip._cli.fleets import MARKER, agent_project, declared_agents, mark, marked
 from roundtrip._cli.main import app
-from tests.skeletons import agent_files
 from roundtrip._fleet import state as fleet_state
 from roundtrip._fleet.supervisor import claim_folder, release_folder
 from roundtrip._kernel.settings import Settings, get_settings
+from tests.skeletons import agent_files
 
 
 @pytest.fixture(autouse=True)

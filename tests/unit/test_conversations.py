@@ -14,13 +14,13 @@ from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
-from tests.prices import price_table
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._kernel.wire.limits import OMITTED_KEY
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.prices import price_table
 
 PRICES = price_table()
 

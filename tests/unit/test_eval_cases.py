@@ -16,8 +16,8 @@ from roundtrip._cli.evals.record import turn_case
 from roundtrip._cli.evals.report import changes, junit, summary
 from roundtrip._cli.evals.runner import CaseResult, RunResult
 from roundtrip._cli.evals.verdict import Observed, failures
-from tests.skeletons import agent_files
 from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
+from tests.skeletons import agent_files
 
 SHOP_SUITE = Path(roundtrip._shop.agent.__file__).parent / "evals"
 

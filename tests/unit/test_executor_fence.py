@@ -16,8 +16,8 @@ from roundtrip._kernel.storage.turnstore import Fence, TurnRefused
 from roundtrip._kernel.wire.events import CallModel, CheckedCall, ExecuteToolBatch, Turn
 from tests.agents import SHOP, shop_deps, shop_registry, tool_runner
 from tests.databases import migrated
-from tests.signing import pair
 from tests.ledger_steps import advance
+from tests.signing import pair
 
 KEYS = pair("k1")
 TURN = Turn(

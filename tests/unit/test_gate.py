@@ -16,9 +16,9 @@ from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from roundtrip._shop.help_articles import INJECTION_ORDER_ID
 from tests.agents import SCHEMAS, SHOP, shop_deps, shop_registry
 from tests.clocks import showing
+from tests.gate_calls import check_call
 from tests.shop import in_process
 from tests.signing import pair
-from tests.gate_calls import check_call
 
 REGISTRY = SHOP.registry
 GATE_KEYS = pair("k1")
@@ -65,11 +65,11 @@ def turn(customer: str = "cus_1001", turn_id: str = "turn_1") -> Turn:
 
 
 async def test_the_canonical_incident_is_rejected_without_leaking_that_the_order_exists(gate, shop):
-    foreign = await check_call(gate, 
-        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "t"
+    foreign = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "t"
     )
-    missing = await check_call(gate, 
-        call("cancel_order", {"order_id": "ord_9f3c0000", "reason": "customer_request"}), "cus_1001", "t"
+    missing = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_9f3c0000", "reason": "customer_request"}), "cus_1001", "t"
     )
     assert not foreign.approved and not missing.approved
     assert foreign.error.replace("ord_9f3c4e21", "X") == missing.error.replace("ord_9f3c0000", "X")
@@ -79,15 +79,16 @@ async def test_the_canonical_incident_is_rejected_without_leaking_that_the_order
 
 async def test_own_cancellable_order_is_approved_and_non_cancellable_is_denied_with_the_status(gate):
     ok = await check_call(gate, call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t")
-    shipped = await check_call(gate, 
-        call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
+    shipped = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
     )
     assert ok.approved and ok.error is None
     assert not shipped.approved and "shipped" in shipped.error and "escalate_to_human" in shipped.error
 
 
 async def test_the_input_can_never_name_the_customer(gate):
-    result = await check_call(gate, 
+    result = await check_call(
+        gate,
         call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other", "customer_id": "cus_1002"}),
         "cus_1001",
         "t",
@@ -188,8 +189,8 @@ async def test_a_backend_outage_fails_closed(shop):
         raise ShopUnavailable("connection refused")
 
     gate = Gate(registry=REGISTRY, lookup=down, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await check_call(gate, 
-        call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
+    result = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
     )
     assert not result.approved and "could not be reached" in result.error
 
@@ -217,8 +218,8 @@ async def test_a_bug_in_a_policy_fails_closed_and_does_not_raise(shop, lookup, m
 
     monkeypatch.setitem(REGISTRY._policies, "cancel_order", broken)
     gate = Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await check_call(gate, 
-        call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
+    result = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
     )
     assert not result.approved and "internal error" in result.error
 
@@ -375,7 +376,9 @@ async def test_concurrent_lookups_of_one_order_in_a_step_share_one_backend_call(
 async def test_the_not_found_text_names_the_list_tool_only_when_the_agent_has_one(shop, lookup, tmp_path):
     with_list = await check_call(
         Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop)),
-        call("lookup_order", {"order_id": "ord_9f3c4e21"}), "cus_1001", "t"
+        call("lookup_order", {"order_id": "ord_9f3c4e21"}),
+        "cus_1001",
+        "t",
     )
     assert "use list_orders to see the customer's orders" in with_list.error
     folder = tmp_path / "tools"  # an agent whose tools find an order only by the id the customer gives
@@ -386,7 +389,9 @@ async def test_the_not_found_text_names_the_list_tool_only_when_the_agent_has_on
     )
     without = await check_call(
         Gate(registry=lone, lookup=lookup, signer=SIGNER, deps=shop_deps(shop)),
-        call("lookup_order", {"order_id": "ord_9f3c4e21"}), "cus_1001", "t"
+        call("lookup_order", {"order_id": "ord_9f3c4e21"}),
+        "cus_1001",
+        "t",
     )
     assert "not found among this customer's orders" in without.error and "list_" not in without.error
 

@@ -35,9 +35,9 @@ from roundtrip._kernel.wire.events import ToolCall
 from roundtrip._sdk.context import ToolContext, ToolError
 from roundtrip._shop.agent.client import ShopClient
 from tests.agents import SHOP, shop_deps
+from tests.gate_calls import check_call
 from tests.shop import in_process
 from tests.signing import pair
-from tests.gate_calls import check_call
 
 MAX_EXAMPLES = 420
 CALLS_PER_EXAMPLE = 24  # 420 x 24 = 10,080 calls

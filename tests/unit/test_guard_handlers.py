@@ -10,7 +10,6 @@ import pytest
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
-from tests.prices import price_table
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
     CancelTurn,
@@ -26,6 +25,7 @@ from roundtrip._kernel.wire.events import (
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.prices import price_table
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="0" * 32)
 PRICES = price_table()

@@ -16,10 +16,10 @@ from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CheckedCall, Outcome, StartTurn
 from roundtrip._sdk.context import Dependencies, ToolError
 from tests.agents import tool_runner
+from tests.gate_calls import check_call
 from tests.ports import free_port_run
 from tests.unit.test_gate import call, gate, lookup, shop, turn  # noqa: F401 - fixtures
 from tests.unit.test_guard_handlers import LIST, TURN, guard, iteration  # noqa: F401 - fixtures
-from tests.gate_calls import check_call
 
 
 def sample(name: str, **labels: str) -> float:
@@ -183,8 +183,8 @@ async def test_gate_rejections_are_counted_by_tool_and_reason_and_made_up_tools_
     invented = sample("roundtrip_gate_rejections_total", tool="cancel_order", reason="not_allowed")
     unknown = sample("roundtrip_gate_rejections_total", tool="unknown", reason="unknown_tool")
     invalid = sample("roundtrip_gate_rejections_total", tool="list_orders", reason="invalid_input")
-    await check_call(gate, 
-        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "turn_1"
+    await check_call(
+        gate, call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "turn_1"
     )
     await check_call(gate, call("drop_database_now", {}), "cus_1001", "turn_1")
     await check_call(gate, call("list_orders", {"limit": "five"}), "cus_1001", "turn_1")

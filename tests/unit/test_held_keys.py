@@ -236,7 +236,10 @@ def test_a_failure_is_a_backends_only_when_it_says_so():
         assert faults.of_backend(meanwhile) is None  # the ledger's, though raised while the backend was away
     assert faults.of_backend(ConnectionRefusedError(111, "refused")) is None  # unmarked: the fleet's
     assert faults.of_backend(ExceptionGroup("g", [backend, faults.RetryLater(faults.HTTP, "y", backend=True)]))
-    assert faults.of_backend(ExceptionGroup("g", [backend, faults.RetryLater(faults.DATABASE, "y", backend=False)])) is None
+    assert (
+        faults.of_backend(ExceptionGroup("g", [backend, faults.RetryLater(faults.DATABASE, "y", backend=False)]))
+        is None
+    )
 
 
 # -- the gate: a backend away before and after the turn's deadline ----------------------------------------------

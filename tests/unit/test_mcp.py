@@ -23,8 +23,8 @@ from roundtrip._sdk.mcp import McpMount, McpServer, result_of, strict_copy
 from roundtrip._sdk.registry import RegistryError, check_tool_document
 from roundtrip._sdk.sources import Toolbox
 from tests.agents import SHOP, tool_runner
-from tests.signing import pair
 from tests.gate_calls import check_call
+from tests.signing import pair
 
 WRAP_SCHEMA = {
     "type": "object",
@@ -230,7 +230,8 @@ async def test_all_tools_mounts_only_those_the_agent_declares_the_entities_of_an
         "this one (name it in McpServer's entities, with {} if none of its arguments is an entity id)"
     ]
     assert "gift_wrap_order" in agent.registry and "transfer_gift" not in agent.registry
-    refused = await check_call(gate_for(agent, tools), 
+    refused = await check_call(
+        gate_for(agent, tools),
         ToolCall(id="toolu_2", name="transfer_gift", input={"from_order": "a", "to_order": "b"}, fingerprint="f"),
         "cus_1001",
         "t",
@@ -302,7 +303,9 @@ async def test_the_gate_refuses_a_tool_of_a_server_it_could_not_list():
     agent, tools = mounted(FakeMcp(up=False))
     await tools.start()
     await tools.aclose()
-    refused = await check_call(gate_for(agent, tools), wrap_call(order_id="ord_a1000001", message="hi"), "cus_1001", "t")
+    refused = await check_call(
+        gate_for(agent, tools), wrap_call(order_id="ord_a1000001", message="hi"), "cus_1001", "t"
+    )
     assert not refused.approved and "cannot be reached right now; nothing was done" in refused.error
 
 

@@ -54,8 +54,8 @@ async def test_a_claim_for_another_customer_or_conversation_is_refused_and_the_t
         assert not await advance(ledger, forged, 1, {}, 0.0, pending="{}", now=time.time())
     row = await ledger.get(ALICE.turn_id)
     assert (row.step, row.lease_until) == (0, None)  # nothing the copies tried was recorded
-    assert await fence.claim_model_call(ALICE, 0, now=time.time()) and await advance(ledger, 
-        ALICE, 1, {}, 0.0, pending="{}", now=time.time()
+    assert await fence.claim_model_call(ALICE, 0, now=time.time()) and await advance(
+        ledger, ALICE, 1, {}, 0.0, pending="{}", now=time.time()
     )
     assert await fence.claim_batch(ALICE, 1, lease_s=10, now=time.time())
 

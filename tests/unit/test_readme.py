@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from roundtrip._cli.main import app
 from roundtrip._kernel.settings import CONCERNS, Settings, env_name
-from tests.prices import price_table
 from roundtrip._kernel.wire import topology
+from tests.prices import price_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

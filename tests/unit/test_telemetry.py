@@ -337,7 +337,9 @@ def test_roundtrip_ask_says_its_turn_is_stuck_and_where_it_waits(capsys):
     out = capsys.readouterr().out
     assert "turn turn_1 is stuck" in out and "no progress for 4.2 s" in out
     assert "waiting on an executor (turn.tool_batches)" in out and TRACE_ID in out
-    following._render("turn.events", flagged.model_dump(mode="json"), "req_other", seen, set())  # another turn's: silent
+    following._render(
+        "turn.events", flagged.model_dump(mode="json"), "req_other", seen, set()
+    )  # another turn's: silent
     assert capsys.readouterr().out == ""
 
 

@@ -52,7 +52,8 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
         other.execute("UPDATE turns SET step = 7 WHERE turn_id = 't1'")  # another process moves the turn
         assert (await ledger.get("t1")).step == 7
         other.execute("UPDATE turns SET step = 8 WHERE turn_id = 't1'")
-        assert not await advance(ledger, 
+        assert not await advance(
+            ledger,
             T1,
             8,
             {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
@@ -60,7 +61,8 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
             "{}",
             now=time.time(),
         )  # from step 7: no longer there
-        assert await advance(ledger, 
+        assert await advance(
+            ledger,
             T1,
             9,
             {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},

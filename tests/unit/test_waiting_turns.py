@@ -37,8 +37,8 @@ async def test_a_waiting_turn_is_live_never_stuck_ended_at_its_deadline_and_coun
         idle, expired, _ = await ledger.overdue(time.time(), stuck_after_s=60, grace_s=30, deadline_s=300)
         assert [r.turn_id for r in idle] == ["t2"] and not expired  # only the running one is idle
         assert not await flag_stuck(ledger, "t1", time.time(), stuck_after_s=60)
-        assert await advance(ledger, 
-            T1, 1, {}, 0.0, pending="{}", now=time.time()
+        assert await advance(
+            ledger, T1, 1, {}, 0.0, pending="{}", now=time.time()
         )  # the call answered: the next step runs
         assert (await ledger.get("t1")).status == RUNNING
         assert await fence.wait_for_capacity(T1, 1, now=time.time())
