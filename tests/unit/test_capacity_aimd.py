@@ -241,7 +241,7 @@ async def test_a_hold_that_comes_during_a_throttled_calls_pause_is_waited_for_an
     async def call(n: int):
         answer = answers.pop(0)
         if isinstance(answer, Exception):  # another call's 429 with retry-after comes while this one pauses
-            asyncio.get_running_loop().call_later(0.01, capacity.refused, 0.4, time.monotonic())
+            asyncio.get_running_loop().call_later(0.01, refused_once, capacity, 0.4, time.monotonic())
             raise answer
         return answer
 
