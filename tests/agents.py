@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from roundtrip._executor.runner import Runner
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.settings.concerns import TranscriptLimits
 from roundtrip._sdk.context import Dependencies
 from roundtrip._sdk.registry import Registry, load_specs
 from roundtrip._shop.agent import AGENT as SHOP
@@ -23,6 +25,7 @@ def shop_registry(folder: Path | None = None, **overrides: Any) -> Registry:
         "entity_resolvers": SHOP.entities,
         "approvals": SHOP.approvals,
         "serial": SHOP.serial,
+        "mounted": frozenset(),
     }
     return Registry(load_specs(folder or SCHEMAS), **(bindings | overrides))
 
@@ -51,3 +54,8 @@ class ShopFleetSettings(Settings, ShopAgentSettings):
     @property
     def shop_db_url(self) -> str:  # type: ignore[override] - the shop agent's URL in this fleet's state_dir
         return ShopAgentSettings.shop_db_url(self, self.state_dir)
+
+
+def tool_runner(registry: Any, deps: Dependencies, timeout_s: float = 5, fallback: Any = None) -> Runner:
+    """An executor's runner of these tools as `runner_for` builds it: parallel, results cut at the setting's default."""
+    return Runner(registry, deps, timeout_s, True, TranscriptLimits.model_fields["max_block_bytes"].default, fallback)

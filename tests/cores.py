@@ -110,3 +110,8 @@ def guard(
 
 async def _kept(_: Any) -> None:
     """The executor core's publisher in these tests: the command is what `handle` returns."""
+
+
+def refused_once(capacity: Capacity, retry_after: float | None, started_at: float, overloaded: bool = False) -> float:
+    """`Capacity.refused` for a call's first refusal in a row (attempts.py counts them): its pause."""
+    return capacity.refused(retry_after, started_at, 1, overloaded=overloaded)

@@ -99,7 +99,8 @@ def export_spans(tool: str, spans: Path) -> None:
     from roundtrip._kernel.observability.span_file import JsonLinesSpanExporter
 
     provider = TracerProvider(resource=Resource.create({"service.name": f"mcp-{tool}"}))
-    provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(spans)))  # written as each span ends
+    exporter = JsonLinesSpanExporter(spans, max_bytes=0, backups=0)  # 0: never rotated
+    provider.add_span_processor(SimpleSpanProcessor(exporter))  # written as each span ends
     trace.set_tracer_provider(provider)
 
 

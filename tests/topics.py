@@ -14,7 +14,13 @@ async def topics_report(
     min_insync_replicas: int | None = None,
 ) -> TopicsReport:
     return await ensure_topics(
-        bootstrap, prefix, partitions, executor_partitions, replication_factor, min_insync_replicas=min_insync_replicas
+        bootstrap,
+        prefix,
+        partitions,
+        executor_partitions,
+        replication_factor,
+        min_insync_replicas=min_insync_replicas,
+        versions=(),
     )
 
 

@@ -293,11 +293,9 @@ def _render(
     topic: str,
     data: dict[str, Any],
     request_id: str,
-    seen: dict[str, str | None] | None = None,
-    waiting: set[str] | None = None,
+    seen: dict[str, str | None],
+    waiting: set[str],
 ) -> SupportReply | None:
-    seen = {} if seen is None else seen
-    waiting = set() if waiting is None else waiting
     if topic == topics.SUPPORT_REPLIES:
         return SupportReply.model_validate(data) if data.get("request_id") == request_id else None
     if topic == topics.SUPPORT_STATUS:

@@ -372,7 +372,7 @@ def package_name(name: str) -> str:
     return package
 
 
-def skeleton(name: str, python: str = "python", roundtrip: str = "roundtrip") -> dict[str, str]:
+def skeleton(name: str, python: str, roundtrip: str) -> dict[str, str]:
     """Relative path -> text of every file of the skeleton of the agent `name` (`python`, `roundtrip`: the interpreter
     and the command its README runs, those of the roundtrip that made it)."""
     package = package_name(name)

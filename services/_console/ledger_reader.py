@@ -26,7 +26,7 @@ class LedgerAway(Exception):
 
 
 class Books:
-    def __init__(self, url: str, conversations_url: str | None = None) -> None:
+    def __init__(self, url: str, conversations_url: str | None) -> None:
         self.url, self.conversations_url = url, conversations_url or url
         self._ledger: TurnReads | None = None
         self._conversations: ConversationReads | None = None

@@ -132,7 +132,7 @@ def trace_link(template: str | None, trace_id: str) -> str:
 LONG_RESULT = 1200  # characters: a longer result is collapsed, a click away
 
 
-def result_html(value: Any, key: str = "") -> str:
+def result_html(value: Any, key: str) -> str:
     """A tool result as it reads best: JSON pretty-printed, text as text, wrapped; a long one collapsed."""
     shown = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, default=str)
     block = f'<pre class="result">{esc(shown)}</pre>'

@@ -365,7 +365,7 @@ def _static(body: str, media_type: str) -> Callable[[Request], Awaitable[Respons
     return serve
 
 
-def application(console: Console, more: Sequence[BaseRoute] = ()) -> Starlette:
+def application(console: Console, more: Sequence[BaseRoute]) -> Starlette:
     """The console's routes, and `more` of its other pages."""
     routes = [
         Route("/static/console.css", _static(pages.STYLE, "text/css")),

@@ -39,8 +39,8 @@ class Runner:
         deps: Dependencies,
         timeout_s: float,
         parallel: bool,
-        max_result_bytes: int = 65536,
-        fallback: Callable[[str], Handler] | None = None,
+        max_result_bytes: int,
+        fallback: Callable[[str], Handler] | None,
     ) -> None:
         self.registry, self.deps, self.timeout_s, self.parallel = registry, deps, timeout_s, parallel
         self.fallback = fallback  # the handler of a tool not in the registry: an MCP tool

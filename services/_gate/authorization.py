@@ -118,7 +118,7 @@ class OwnershipCache:
 class StepLookups:
     """The look-ups of one step: memoised (in-flight ones shared), or from the ownership cache for policy-free tools."""
 
-    def __init__(self, backend: EntityLookup, ownership: OwnershipCache | None = None, memo: bool = True) -> None:
+    def __init__(self, backend: EntityLookup, ownership: OwnershipCache | None, memo: bool) -> None:
         self._backend, self._ownership = backend, ownership
         self._memo: dict[Key, asyncio.Future[dict[str, Any] | None]] | None = {} if memo else None
         self.backend_calls = 0

@@ -68,10 +68,10 @@ class Gate:
         call: ToolCall,
         customer_id: str,
         turn_id: str,
-        blocked: str | None = None,
-        lookups: StepLookups | None = None,
-        decision: ApprovalDecided | None = None,
-        metadata: dict[str, Any] | None = None,
+        blocked: str | None,
+        lookups: StepLookups,
+        decision: ApprovalDecided | None,
+        metadata: dict[str, Any] | None,
     ) -> CheckedCall:
         try:
             return await self._check_call(call, customer_id, turn_id, blocked, lookups, decision, metadata)
@@ -96,7 +96,7 @@ class Gate:
         customer_id: str,
         turn_id: str,
         blocked: str | None,
-        lookups: StepLookups | None,
+        lookups: StepLookups,
         decision: ApprovalDecided | None,
         metadata: dict[str, Any] | None,
     ) -> CheckedCall:
@@ -121,7 +121,6 @@ class Gate:
             security.error("turn %r: no principal on the turn; call %r refused", turn_id, call.id)
             return reject(self.messages("no_principal"), "no_principal")
         policy = self.registry.policy(name)
-        lookups = lookups or StepLookups(self.lookup, self.ownership, self.step_memo)
         ctx = self._context(call, customer_id, turn_id, metadata)
         entities: dict[str, dict[str, Any]] = {}
         rule = self.registry.approval_rule(name)
@@ -275,8 +274,12 @@ class Gate:
             calls.append(call)
         return self.signer.sign(batch.model_copy(update={"calls": calls}))
 
+    def step_lookups(self) -> StepLookups:
+        """The look-ups of one step: its calls share them."""
+        return StepLookups(self.lookup, self.ownership, self.step_memo)
+
     async def check(self, command: CheckToolCalls) -> ExecuteToolBatch:
-        lookups = StepLookups(self.lookup, self.ownership, self.step_memo)
+        lookups = self.step_lookups()
         if self.concurrent and len(command.calls) > 1:
             checked = list(await asyncio.gather(*(self._traced(c, command, lookups) for c in command.calls)))
         else:
@@ -304,7 +307,7 @@ class Gate:
             return self._signed(ExecuteToolBatch.model_validate(json_safe(batch.model_dump(mode="json"))))
 
 
-def one_hold_per_step(checked: list[CheckedCall], say: Callable[..., str] = gate_message) -> list[CheckedCall]:
+def one_hold_per_step(checked: list[CheckedCall], say: Callable[..., str]) -> list[CheckedCall]:
     """A step waits for at most one person's decision: a second held call is answered, not held."""
     out, held = [], None
     for call in checked:

@@ -76,7 +76,7 @@ def content_digest(request: SupportRequest) -> bytes:
 class SeenRequests:
     """The content of each request (by turn id) this replica saw: a duplicate, or a request id reused otherwise."""
 
-    def __init__(self, memory_s: float | None = None) -> None:
+    def __init__(self, memory_s: float) -> None:
         self._digests = SeenIds(SYSTEM, REMEMBERED, max_age_s=memory_s)
 
     def add(self, turn_id: str, request: SupportRequest) -> bool:

@@ -255,10 +255,9 @@ class Conversations(ConversationReads):
         store.budget_tokens, store.retention_s = budget_tokens, retention_s
         return store
 
-    async def claim(self, conversation_id: str, customer_id: str, version: str, now: float | None = None) -> Claim:
+    async def claim(self, conversation_id: str, customer_id: str, version: str, now: float) -> Claim:
         """The owner: `customer_id` when new (or expired), else whoever started it; one upsert on the common path. A
         new conversation is assigned agent version `version`; an existing one keeps its own."""
-        now = now or time.time()
         new = {
             "conversation_id": conversation_id,
             "customer_id": customer_id,

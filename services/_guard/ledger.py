@@ -96,7 +96,7 @@ _PUBLISHED = update(turns).where(
 class LedgerApprovals(TurnReads):
     """The approval table: a held call and a person's decision, each written in one transaction with the turn's row."""
 
-    async def await_approval(self, approval: dict[str, Any], pending: str | None = None) -> bool:
+    async def await_approval(self, approval: dict[str, Any], pending: str | None) -> bool:
         """Record a held call and the turn as AWAITING, in one transaction: while it waits no claim succeeds, the stuck
         rule skips it, the step's lease is released, and its deadline is the approval's."""
         now = time.time()
@@ -250,10 +250,10 @@ class Ledger(LedgerApprovals, Versions):  # Versions: the ramp's shares each sta
         usage: dict[str, int],
         cost_usd: float,
         pending: str,
-        outcome: str | None = None,
-        traceparent: str | None = None,
-        then: Callable[[Connection], Any] | None = None,
         *,
+        outcome: str | None,
+        traceparent: str | None,
+        then: Callable[[Connection], Any] | None,
         now: float,
     ) -> bool:
         """Record iteration `step`: only from step-1, a live turn, its own customer and conversation. `then` runs in
@@ -323,9 +323,8 @@ class Ledger(LedgerApprovals, Versions):  # Versions: the ramp's shares each sta
             return ENDING
         return None
 
-    async def finish_ending(self, turn_id: str, now: float | None = None) -> bool:
+    async def finish_ending(self, turn_id: str, now: float) -> bool:
         """ENDING -> ENDED once no executor lease is live."""
-        now = now or time.time()
         return await self._update(
             update(turns)
             .where(turns.c.turn_id == turn_id, turns.c.status == ENDING, no_live_lease(now))
@@ -340,10 +339,7 @@ class Ledger(LedgerApprovals, Versions):  # Versions: the ramp's shares each sta
             .values(pending=reworded, reply_sha256=digest_of(reworded))
         )
 
-    async def flag_stuck(
-        self, turn_id: str, now: float | None = None, stuck_after_s: float = 0.0, step: int | None = None
-    ) -> bool:
-        now = now or time.time()
+    async def flag_stuck(self, turn_id: str, now: float, stuck_after_s: float, step: int | None) -> bool:
         conditions = [
             turns.c.turn_id == turn_id,
             turns.c.status == RUNNING,

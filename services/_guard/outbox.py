@@ -69,7 +69,7 @@ def traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
-def turn_cut(message: BaseModel, streams_by_default: bool = False) -> StreamedText | None:
+def turn_cut(message: BaseModel, streams_by_default: bool) -> StreamedText | None:
     """The cut of a streaming turn's text when it ends otherwise than by the model's answer."""
     if not isinstance(message, TurnEnded) or message.outcome is Outcome.END_TURN:
         return None

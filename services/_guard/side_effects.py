@@ -22,7 +22,7 @@ log = logging.getLogger("roundtrip.guard")
 Describe = Callable[[str, dict[str, Any], str], "str | None"]  # (tool, input, result text) -> what the customer reads
 
 
-def generic(tool: str, args: dict[str, Any], result: str, fields: Sequence[str] = ()) -> str:
+def generic(tool: str, args: dict[str, Any], result: str, fields: Sequence[str]) -> str:
     shown = ", ".join(f"{key}={str(args[key])[:60]}" for key in fields if key in args)
     return f"{tool} succeeded ({shown})" if shown else f"{tool} succeeded"
 

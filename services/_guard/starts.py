@@ -174,7 +174,7 @@ class Starts:
         return (
             None
             if self.conversations is None
-            else await self.conversations.claim(turn.conversation_id, turn.customer_id, version)
+            else await self.conversations.claim(turn.conversation_id, turn.customer_id, version, time.time())
         )
 
     async def _open(self, command: StartTurn) -> None:

@@ -103,9 +103,8 @@ class Sweeper:
             return f"batch turn older than {row.deadline_at - row.started_at:.0f} s"
         return f"turn older than {self.turn_deadline_s:g} s"
 
-    async def finish_ending(self, row: TurnRow, announced: Bounded | None = None) -> bool:
+    async def finish_ending(self, row: TurnRow, announced: Bounded) -> bool:
         """An end that waited for a running step: record it and publish it once the lease is gone."""
-        announced = announced or Bounded()
         if not await self.ledger.finish_ending(row.turn_id, time.time()):
             return False
         done = await self.ledger.get(row.turn_id)

@@ -116,12 +116,11 @@ class Shell:
         self._closers.append(close)
 
     def opens(
-        self, name: str, open_: Callable[[], Awaitable[T | None]], close: Callable[[T], Awaitable[None]] | None = None
+        self, name: str, open_: Callable[[], Awaitable[T | None]], close: Callable[[T], Awaitable[None]]
     ) -> Opened[T]:
         """Open with `open_()` when the app starts, then `close(it)` after it stops (not if it opened nothing)."""
         opened: Opened[T] = Opened(name)
-        if close is not None:
-            self.closes(lambda: close(opened.value) if opened.value is not None else _nothing())
+        self.closes(lambda: close(opened.value) if opened.value is not None else _nothing())
 
         async def start() -> None:
             opened.value = await open_()

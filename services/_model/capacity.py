@@ -235,9 +235,7 @@ class Capacity:
         self.rate = max(MIN_RATE, rate)
         self._epoch_at, self._answers, self._drained_answers, self._limited = now, 0, 0, False
 
-    def refused(
-        self, retry_after: float | None, started_at: float, in_a_row: int = 1, overloaded: bool = False
-    ) -> float:
+    def refused(self, retry_after: float | None, started_at: float, in_a_row: int, overloaded: bool = False) -> float:
         """A 429 or 529: cut, and hold the process; the seconds this call alone pauses (0: the hold is its pause).
 
         Only a headerless refusal without retry-after pauses the call alone, doubling with `in_a_row`. An `overloaded`

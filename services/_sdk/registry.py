@@ -177,20 +177,20 @@ class Registry:
         self,
         specs: Mapping[str, ToolSpec],
         handlers: Mapping[str, Handler],
-        policies: Mapping[str, Policy] | None = None,
-        entity_resolvers: Mapping[str, EntityResolver] | None = None,
-        approvals: Mapping[str, ApprovalRule] | None = None,
-        serial: frozenset[str] | set[str] | None = None,
-        mounted: frozenset[str] | set[str] | None = None,
+        policies: Mapping[str, Policy],
+        entity_resolvers: Mapping[str, EntityResolver],
+        approvals: Mapping[str, ApprovalRule],
+        serial: frozenset[str] | set[str],
+        mounted: frozenset[str] | set[str],
     ) -> None:
         self.specs: dict[str, ToolSpec] = dict(specs)
-        self.mounted = frozenset(mounted or ())  # tools an MCP server brings later: bindings may name them
+        self.mounted = frozenset(mounted)  # tools an MCP server brings later: bindings may name them
         self.local = frozenset(self.specs)
         self._handlers = dict(handlers)
-        self._policies = dict(policies or {})
-        self._resolvers = dict(entity_resolvers or {})
-        self._approvals = dict(approvals or {})
-        self.serial = frozenset(serial or ())
+        self._policies = dict(policies)
+        self._resolvers = dict(entity_resolvers)
+        self._approvals = dict(approvals)
+        self.serial = frozenset(serial)
         problems = binding_problems(
             self.specs, self._handlers, self._policies, self._resolvers, self._approvals, self.serial, self.mounted
         )
@@ -243,7 +243,7 @@ class Registry:
                 resolved[prop] = await self._resolvers[kind](str(args[prop]), ctx)
         return resolved
 
-    def api_tools(self, cache: bool = True) -> list[dict[str, Any]]:
+    def api_tools(self, cache: bool) -> list[dict[str, Any]]:
         """The `tools` of messages.create, in a stable order, as prompt caching needs."""
         tools = [self.specs[name].api_tool() for name in self.names]
         if cache and tools:

@@ -243,9 +243,7 @@ async def get_order(engine: AsyncEngine, customer_id: str, order_id: str) -> dic
     return order_json(rows[0]) if rows else None
 
 
-async def list_orders(
-    engine: AsyncEngine, customer_id: str, status: str | None = None, limit: int = DEFAULT_LIMIT
-) -> list[dict[str, Any]]:
+async def list_orders(engine: AsyncEngine, customer_id: str, status: str | None, limit: int) -> list[dict[str, Any]]:
     """The principal's orders, newest first; `limit` is clamped to 1..50."""
     limit = max(1, min(int(limit), MAX_LIMIT))
     query = select(orders).where(orders.c.customer_id == customer_id)

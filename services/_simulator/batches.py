@@ -73,7 +73,7 @@ class Batch:
 class Batches:
     """The batches the simulator holds (in memory: a restarted simulator has none, as a lost API would)."""
 
-    def __init__(self, answer: Answer, delay_ms: float = 0.0) -> None:
+    def __init__(self, answer: Answer, delay_ms: float) -> None:
         self._answer, self._delay_ms, self._clock = answer, delay_ms, time.monotonic
         self._batches: dict[str, Batch] = {}
         self.submissions: dict[str, int] = {}  # custom id -> how many creates named it

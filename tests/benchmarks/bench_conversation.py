@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="roundtrip-bench-conv-") as folder:
         settings, env = bench_settings(Path(folder), partitions=2)
         fleet = Fleet(settings, env=env, say=print)
-        prices = PriceTable.from_json(settings.prices)
+        prices = PriceTable.from_json(settings.prices, settings.model_provider)
         try:
             fleet.start()
             runs = {}

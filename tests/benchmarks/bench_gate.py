@@ -29,6 +29,7 @@ from roundtrip._gate.validation import GateValidator, InputValidator
 from roundtrip._kernel.wire.events import CheckToolCalls, ToolCall, Turn
 from roundtrip._shop.agent.client import ShopClient
 from tests.agents import SHOP, shop_deps
+from tests.gate_calls import check_call
 from tests.signing import pair
 
 REGISTRY = SHOP.registry
@@ -158,7 +159,7 @@ async def bench(seconds: float, steps: int) -> list[tuple[str, str]]:
 
                     async def one_pass(gate=gate) -> int:
                         for c in auth_calls:
-                            await gate.check_call(c, "cus_1001", "turn_b")
+                            await check_call(gate, c, "cus_1001", "turn_b")
                         return len(auth_calls)
 
                     await one_pass()  # warm up connections

@@ -111,7 +111,7 @@ async def _shorten_requests_retention(settings, ms: int) -> None:
     from roundtrip._kernel.kafka.clients import kafka_clients
     from roundtrip._kernel.wire import topics
 
-    admin = _admin(kafka_clients(settings))
+    admin = _admin(kafka_clients(settings), 30000)
     await admin.start()
     try:
         name = topics.t(topics.SUPPORT_REQUESTS, settings.topic_prefix)

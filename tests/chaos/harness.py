@@ -203,7 +203,7 @@ class Observer:
         assert len({tp.topic for tp in partitions}) == len(watched), "the fleet's topics should exist"
         self.consumer.assign(partitions)
         self._partitions = partitions
-        self._consumed = await partitions_of(self.consumer, [self.topic(t) for t in set(topology.groups().values())])
+        self._consumed = await partitions_of(self.consumer, [self.topic(t) for t in set(topology.groups("").values())])
         await self.consumer.seek_to_beginning(*partitions)
         self._task = asyncio.create_task(self._collect())
 

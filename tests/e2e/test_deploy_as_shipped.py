@@ -69,10 +69,10 @@ EXECUTORS = 3
 # the SCRAM users the operator makes on the brokers (as `roundtrip acls` names the principals) and their passwords
 KAFKA_USERS = {
     acl.principal.removeprefix("User:"): f"{name}-{uuid.uuid4().hex}"
-    for name, granted in acls.derive("", acls.DEFAULT_PRINCIPAL, None).items()
+    for name, granted in acls.derive("", acls.DEFAULT_PRINCIPAL, None, ()).items()
     for acl in granted[:1]
 }
-OPERATOR = acls.for_operator("", acls.DEFAULT_PRINCIPAL)[0].principal.removeprefix("User:")
+OPERATOR = acls.for_operator("", acls.DEFAULT_PRINCIPAL, ())[0].principal.removeprefix("User:")
 CUSTOMER = "cus_1001"
 START_TIMEOUT_S = 120  # every replica ready (2 busy cores, ~15 processes a shape)
 REPLY_TIMEOUT_S = 60  # the turns together; a turn with the simulator takes well under a second

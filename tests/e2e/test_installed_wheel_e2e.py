@@ -26,9 +26,9 @@ import pytest
 
 import roundtrip
 import roundtrip.testing
-from roundtrip._cli.skeleton import skeleton
 from tests.ports import free_port_run
 from tests.signing import key_environment
+from tests.skeletons import agent_files
 from tests.wheel import ROOT, build_wheel, pip_wheel
 
 pytestmark = pytest.mark.timeout(1500)  # a fresh venv's dependencies, the jars fetched once, a fleet started
@@ -159,7 +159,7 @@ def test_an_agent_installed_from_wheels_alone_plays_its_banners_example_with_no_
     calls its tool."""
     wheelhouse, source, home = tmp_path / "wheelhouse", tmp_path / "src", tmp_path / "work"
     home.mkdir()
-    for relative, text in skeleton("desk-wheel").items():
+    for relative, text in agent_files("desk-wheel").items():
         (source / relative).parent.mkdir(parents=True, exist_ok=True)
         (source / relative).write_text(text)
     pip_wheel(source, wheelhouse)  # the agent's wheel, then the fleet's beside it

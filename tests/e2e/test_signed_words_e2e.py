@@ -94,7 +94,7 @@ async def test_an_edited_copy_of_an_approval_request_shows_nothing_new_and_moves
     waits = [s for s in client.seen[topics.SUPPORT_STATUS] if s["request_id"] == request_id and s.get("approval_id")]
     assert {s["approval_id"] for s in waits} == {approval_id}  # the app was never told of a second wait
 
-    books = Books(settings.ledger_db_url)  # what the console reads
+    books = Books(settings.ledger_db_url, None)  # what the console reads
     try:
         assert not [r for r in await books.waiting() if r.turn_id == turn_id]
         assert await books.approval(new_id) == (None, None)

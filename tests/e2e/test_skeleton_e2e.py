@@ -19,12 +19,12 @@ import uuid
 import pytest
 
 from roundtrip._broker.embedded import free_port
-from roundtrip._cli.skeleton import skeleton
 from roundtrip._fleet.launcher import Fleet
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
 from tests.e2e.conftest import FleetClient, fleet_env
 from tests.signing import key_settings
+from tests.skeletons import agent_files
 
 CLOSE = {"type": "tool_use", "name": "close_ticket", "input": {"ticket_id": "T-1001", "note": "fixed"}}
 SCRIPTS = {"twice": [[CLOSE], [CLOSE], [{"type": "text", "text": "T-1001 is closed."}]]}
@@ -33,7 +33,7 @@ SCRIPTS = {"twice": [[CLOSE], [CLOSE], [{"type": "text", "text": "T-1001 is clos
 @pytest.fixture(scope="module")
 def skeleton_fleet(kafka_bootstrap, tmp_path_factory):
     source = tmp_path_factory.mktemp("desk")
-    for relative, text in skeleton("desk-e2e").items():
+    for relative, text in agent_files("desk-e2e").items():
         (source / relative).parent.mkdir(parents=True, exist_ok=True)
         (source / relative).write_text(text)
     state = tmp_path_factory.mktemp("desk-fleet")
@@ -102,7 +102,7 @@ async def test_with_no_key_the_banners_example_plays_the_agents_script_and_calls
 
 
 async def test_the_skeletons_two_eval_cases_pass_through_the_fleet(skeleton_fleet, tmp_path):
-    for relative, text in skeleton("desk-e2e").items():
+    for relative, text in agent_files("desk-e2e").items():
         if relative.startswith("evals/"):
             (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / relative).write_text(text)

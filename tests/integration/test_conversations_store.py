@@ -12,6 +12,7 @@ import pytest
 from roundtrip._guard.conversations import Conversations, estimate_tokens
 from roundtrip._guard.ledger import Ledger
 from tests.databases import migrated
+from tests.ledger_steps import advance
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -38,13 +39,13 @@ def _exchange(n: int, payload: str) -> tuple[list[dict], list[dict]]:
 async def test_ownership_history_budget_erasure_and_expiry(url):
     store = await Conversations.open(url, budget_tokens=3000, retention_s=3600)
     ledger = await Ledger.open(url)  # the same database as the ledger by default: both schemas side by side
-    conversation = f"conv_{uuid.uuid4().hex[:8]}"
+    conversation, now = f"conv_{uuid.uuid4().hex[:8]}", time.time()
     try:
         # two customers name a new conversation at the same moment: exactly one owns it
         owners = [
             c.owner
             for c in await asyncio.gather(
-                *(store.claim(conversation, c, "") for c in ("cus_1001", "cus_1002", "cus_1001", "cus_1002"))
+                *(store.claim(conversation, c, "", now) for c in ("cus_1001", "cus_1002", "cus_1001", "cus_1002"))
             )
         ]
         assert len(set(owners)) == 1
@@ -74,7 +75,7 @@ async def test_ownership_history_budget_erasure_and_expiry(url):
         )
         again = await store.get(conversation)
         assert (again.turns, again.history_turns) == (8, row.history_turns) and (
-            await store.claim(conversation, owner, "")
+            await store.claim(conversation, owner, "", time.time())
         ).stored_turns == 8
         assert conversation in {r.conversation_id for r in await store.list(customer_id=owner)}
         assert (
@@ -103,7 +104,7 @@ async def test_an_ends_exchange_is_written_in_the_transaction_of_the_ledgers_end
     principal = SimpleNamespace(**turn)
     pending = '{"topic": "turn.outcomes", "message": {"text": "answer 1"}}'
     try:
-        await store.claim(conversation, "cus_1001", "")
+        await store.claim(conversation, "cus_1001", "", time.time())
         await store.open_turn(conversation, turn["turn_id"], "question 1", time.time())
         await ledger.start(turn, pending="{}")
         messages, final = _exchange(1, "x")
@@ -116,10 +117,12 @@ async def test_an_ends_exchange_is_written_in_the_transaction_of_the_ledgers_end
             raise RuntimeError("the history write failed")
 
         with pytest.raises(RuntimeError):  # the end is rolled back with its history: the turn still runs
-            await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=failing, now=time.time())
+            await advance(ledger, principal, 1, {}, 0.0, pending, outcome="end_turn", then=failing, now=time.time())
         assert (await ledger.get(turn["turn_id"])).status == "running"
         assert await store.exchange(turn["turn_id"]) is None
-        assert await ledger.advance(principal, 1, {}, 0.0, pending, outcome="end_turn", then=closing(), now=time.time())
+        assert await advance(
+            ledger, principal, 1, {}, 0.0, pending, outcome="end_turn", then=closing(), now=time.time()
+        )
         assert (await ledger.get(turn["turn_id"])).status == "ended" and await store.exchange(turn["turn_id"])
         before = await store.history(conversation)
 
@@ -128,8 +131,8 @@ async def test_an_ends_exchange_is_written_in_the_transaction_of_the_ledgers_end
                 conn
             )
 
-        assert not await ledger.advance(
-            principal, 1, {}, 0.0, pending, outcome="end_turn", then=forged, now=time.time()
+        assert not await advance(
+            ledger, principal, 1, {}, 0.0, pending, outcome="end_turn", then=forged, now=time.time()
         )
         assert await store.history(conversation) == before
     finally:

@@ -13,6 +13,7 @@ from roundtrip._guard import ledger as ledger_module
 from roundtrip._guard.ledger import ENDED, ENDING, RUNNING, STUCK, Ledger
 from roundtrip._kernel.storage.turnstore import Fence
 from tests.databases import migrated
+from tests.ledger_steps import advance, approvals_of, flag_stuck
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -66,12 +67,12 @@ async def test_a_turn_starts_once(ledger):
 async def test_each_step_advances_once_and_only_in_order(ledger):
     t = turn()
     await ledger.start(t, pending="{}")
-    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x", now=time.time()) is True
-    assert await ledger.advance(key(t), 1, USAGE, 0.01, pending="x", now=time.time()) is False  # duplicate step
-    assert await ledger.advance(key(t), 3, USAGE, 0.01, pending="x", now=time.time()) is False  # a gap
-    assert await ledger.advance(key(t), 2, USAGE, 0.02, pending="y", outcome="end_turn", now=time.time()) is True
+    assert await advance(ledger, key(t), 1, USAGE, 0.01, pending="x", now=time.time()) is True
+    assert await advance(ledger, key(t), 1, USAGE, 0.01, pending="x", now=time.time()) is False  # duplicate step
+    assert await advance(ledger, key(t), 3, USAGE, 0.01, pending="x", now=time.time()) is False  # a gap
+    assert await advance(ledger, key(t), 2, USAGE, 0.02, pending="y", outcome="end_turn", now=time.time()) is True
     assert (
-        await ledger.advance(key(t), 3, USAGE, 0.03, pending="z", now=time.time()) is False
+        await advance(ledger, key(t), 3, USAGE, 0.03, pending="z", now=time.time()) is False
     )  # ended turns do not move
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.step, row.outcome, row.cost_usd, row.input_tokens, row.pending) == (
@@ -92,7 +93,7 @@ async def test_racing_replicas_cannot_both_take_a_step(ledger):
     t = turn()
     await ledger.start(t, pending="{}")
     results = await asyncio.gather(
-        *(ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=time.time()) for _ in range(8))
+        *(advance(ledger, key(t), 1, USAGE, 0.0, pending="p", now=time.time()) for _ in range(8))
     )
     assert sorted(results) == [False] * 7 + [True]
 
@@ -102,8 +103,8 @@ async def test_idle_turns_are_flagged_then_expire_and_end_once(ledger):
     await ledger.start(t, pending="{}", now=1000.0)
     idle, expired, _ = await ledger.overdue(now=1061.0, stuck_after_s=60, grace_s=30, deadline_s=300)
     assert t["turn_id"] in [r.turn_id for r in idle] and t["turn_id"] not in [r.turn_id for r in expired]
-    assert await ledger.flag_stuck(t["turn_id"], now=1061.0) is True
-    assert await ledger.flag_stuck(t["turn_id"], now=1062.0) is False
+    assert await flag_stuck(ledger, t["turn_id"], now=1061.0) is True
+    assert await flag_stuck(ledger, t["turn_id"], now=1062.0) is False
     assert (await ledger.get(t["turn_id"])).status == STUCK
     _, expired, _ = await ledger.overdue(now=1092.0, stuck_after_s=60, grace_s=30, deadline_s=300)
     assert t["turn_id"] in [r.turn_id for r in expired]
@@ -115,8 +116,8 @@ async def test_idle_turns_are_flagged_then_expire_and_end_once(ledger):
 async def test_progress_unflags_a_stuck_turn(ledger):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0)
-    await ledger.flag_stuck(t["turn_id"], now=1061.0)
-    assert await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1070.0) is True
+    await flag_stuck(ledger, t["turn_id"], now=1061.0)
+    assert await advance(ledger, key(t), 1, USAGE, 0.0, pending="p", now=1070.0) is True
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.flagged_at) == (RUNNING, None)
 
@@ -140,7 +141,7 @@ async def test_a_claim_succeeds_only_while_the_turn_is_live_at_that_step_and_bef
     await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
     assert await fence.claim_model_call(key(t), 0, now=1001.0) is True
     assert await fence.claim_batch(key(t), 1, lease_s=15, now=1002.0) is False  # the turn is not at step 1 yet
-    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1003.0)
+    await advance(ledger, key(t), 1, USAGE, 0.0, pending="p", now=1003.0)
     assert await fence.claim_batch(key(t), 1, lease_s=15, now=1004.0) is True
     assert (
         await fence.claim_batch(key(t), 1, lease_s=15, now=1005.0) is True
@@ -158,7 +159,7 @@ async def test_a_claim_succeeds_only_while_the_turn_is_live_at_that_step_and_bef
 async def test_nothing_can_be_claimed_after_the_end(ledger, fence):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
-    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1001.0)
+    await advance(ledger, key(t), 1, USAGE, 0.0, pending="p", now=1001.0)
     assert await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1002.0) == ENDED  # the end wins
     assert await fence.claim_batch(key(t), 1, lease_s=15, now=1003.0) is False
     assert await fence.claim_model_call(key(t), 1, now=1003.0) is False
@@ -167,7 +168,7 @@ async def test_nothing_can_be_claimed_after_the_end(ledger, fence):
 async def test_an_end_waits_for_a_claimed_batch_then_lands_after_it(ledger, fence):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0, deadline_at=1300.0)
-    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1001.0)
+    await advance(ledger, key(t), 1, USAGE, 0.0, pending="p", now=1001.0)
     assert await fence.claim_batch(key(t), 1, lease_s=15, now=1002.0) is True  # the claim wins
     assert (
         await ledger.end(t["turn_id"], "cancelled", pending="e", step=1, now=1003.0) is None
@@ -190,7 +191,7 @@ async def test_an_end_waits_for_a_claimed_batch_then_lands_after_it(ledger, fenc
 async def test_a_lease_that_runs_out_no_longer_holds_the_end_back(ledger, fence):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0)
-    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1001.0)
+    await advance(ledger, key(t), 1, USAGE, 0.0, pending="p", now=1001.0)
     await fence.claim_batch(key(t), 1, lease_s=15, now=1002.0)
     assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, now=1016.9) is None
     assert await ledger.end(t["turn_id"], "deadline", pending="e", step=1, now=1017.0) == ENDED
@@ -199,9 +200,9 @@ async def test_a_lease_that_runs_out_no_longer_holds_the_end_back(ledger, fence)
 async def test_ends_are_conditional_on_the_state_they_were_decided_from(ledger):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0)
-    await ledger.flag_stuck(t["turn_id"], now=1061.0, stuck_after_s=60)
+    await flag_stuck(ledger, t["turn_id"], now=1061.0, stuck_after_s=60)
     stale = await ledger.get(t["turn_id"])
-    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1095.0)  # it moved after the sweeper read it
+    await advance(ledger, key(t), 1, USAGE, 0.0, pending="p", now=1095.0)  # it moved after the sweeper read it
     assert (
         await ledger.end(
             t["turn_id"],
@@ -218,7 +219,7 @@ async def test_ends_are_conditional_on_the_state_they_were_decided_from(ledger):
     row = await ledger.get(t["turn_id"])
     assert (row.status, row.step) == (RUNNING, 1)
     # flagged again later: an end decided from the earlier flag does not end it either
-    await ledger.flag_stuck(t["turn_id"], now=1160.0, stuck_after_s=60)
+    await flag_stuck(ledger, t["turn_id"], now=1160.0, stuck_after_s=60)
     assert (
         await ledger.end(
             t["turn_id"], "deadline", pending="e", step=1, status=STUCK, flagged_at=stale.flagged_at, now=1200.0
@@ -237,10 +238,10 @@ async def test_ends_are_conditional_on_the_state_they_were_decided_from(ledger):
 async def test_a_turn_is_flagged_only_when_still_idle_at_the_moment_of_the_flag(ledger):
     t = turn()
     await ledger.start(t, pending="{}", now=1000.0)
-    assert await ledger.flag_stuck(t["turn_id"], now=1059.0, stuck_after_s=60) is False
-    await ledger.advance(key(t), 1, USAGE, 0.0, pending="p", now=1050.0)
-    assert await ledger.flag_stuck(t["turn_id"], now=1070.0, stuck_after_s=60, step=0) is False  # decided at step 0
-    assert await ledger.flag_stuck(t["turn_id"], now=1110.0, stuck_after_s=60, step=1) is True
+    assert await flag_stuck(ledger, t["turn_id"], now=1059.0, stuck_after_s=60) is False
+    await advance(ledger, key(t), 1, USAGE, 0.0, pending="p", now=1050.0)
+    assert await flag_stuck(ledger, t["turn_id"], now=1070.0, stuck_after_s=60, step=0) is False  # decided at step 0
+    assert await flag_stuck(ledger, t["turn_id"], now=1110.0, stuck_after_s=60, step=1) is True
 
 
 async def test_the_outbox_lists_unpublished_decisions_until_they_are_published(ledger, monkeypatch):
@@ -282,11 +283,11 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
 
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)
-    assert await ledger.advance(key(t), 1, USAGE, 0.01, "{}", now=time.time())
+    assert await advance(ledger, key(t), 1, USAGE, 0.01, "{}", now=time.time())
     assert await fence.claim_batch(key(t), 1, 30, now=time.time())  # the executor runs the step's other calls ...
     approval = approval_of(t)
-    assert await ledger.await_approval(approval)  # ... and its held call waits
-    assert not await ledger.await_approval(approval)  # the same request twice
+    assert await ledger.await_approval(approval, None)  # ... and its held call waits
+    assert not await ledger.await_approval(approval, None)  # the same request twice
     row = await ledger.get(t["turn_id"])
     assert (
         row.status == AWAITING and row.lease_until is None and row.deadline_at == pytest.approx(approval["expires_at"])
@@ -294,10 +295,10 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert not await fence.claim_batch(key(t), 1, 30, now=time.time()) and not await fence.claim_model_call(
         key(t), 1, now=time.time()
     )
-    assert not await ledger.flag_stuck(t["turn_id"], time.time() + 3600)  # the stuck rule does not apply
+    assert not await flag_stuck(ledger, t["turn_id"], time.time() + 3600)  # the stuck rule does not apply
     idle, expired, _ = await ledger.overdue(time.time() + 3600, 1, 1, 300)
     assert t["turn_id"] not in {r.turn_id for r in idle + expired}
-    assert [r.approval_id for r in await ledger.list_approvals(turn_id=t["turn_id"])] == [approval["approval_id"]]
+    assert [r.approval_id for r in await approvals_of(ledger, turn_id=t["turn_id"])] == [approval["approval_id"]]
     assert approval["approval_id"] in [a.approval_id for a, _ in await ledger.overdue_approvals(time.time() + 61)]
 
     decided = [
@@ -309,7 +310,7 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
     assert sorted(await asyncio.gather(*decided)) == [False, False, False, True]  # one decision wins, however many race
     row = await ledger.get(t["turn_id"])
     assert row.status == RUNNING and row.pending.startswith('{"n": ')
-    (kept,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
+    (kept,) = await approvals_of(ledger, status=None, turn_id=t["turn_id"])
     assert kept.status == "approved" and kept.decided_by == f"person{row.pending[6]}"
     assert await fence.claim_batch(key(t), 1, 30, now=time.time())  # the approved call may run now
 
@@ -317,14 +318,14 @@ async def test_a_waiting_turn_is_fenced_unflagged_and_resumed_once(ledger, fence
 async def test_a_decision_for_a_turn_that_ended_while_waiting_changes_nothing(ledger):
     t = turn()
     await ledger.start(t, "{}", deadline_at=time.time() + 300)
-    await ledger.advance(key(t), 1, USAGE, 0.01, "{}", now=time.time())
+    await advance(ledger, key(t), 1, USAGE, 0.01, "{}", now=time.time())
     approval = approval_of(t)
-    assert await ledger.await_approval(approval)
+    assert await ledger.await_approval(approval, None)
     assert await ledger.end(t["turn_id"], "cancelled", "{}", step=1) == ENDED  # a waiting turn can be cancelled
     assert not await ledger.decide(approval["approval_id"], "approved", "alice", time.time(), "", "{}", None)
-    (still,) = await ledger.list_approvals(status=None, turn_id=t["turn_id"])
+    (still,) = await approvals_of(ledger, status=None, turn_id=t["turn_id"])
     assert (
-        still.status == "pending" and await ledger.list_approvals(turn_id=t["turn_id"]) == []
+        still.status == "pending" and await approvals_of(ledger, turn_id=t["turn_id"]) == []
     )  # no longer listed as waiting
     assert await ledger.close_approvals(t["turn_id"], "ended") == 1
     assert (await ledger.get(t["turn_id"])).status == ENDED

@@ -20,6 +20,7 @@ from roundtrip._guard.ledger import ENDED, Ledger
 from roundtrip._guard.retention import Retention, RetentionTooShort, check_outlasts
 from roundtrip._kernel.storage.turnstore import Fence, approvals, turns
 from tests.databases import migrated, new_database
+from tests.ledger_steps import advance
 from tests.signing import key_environment
 
 DAY = 86400.0
@@ -132,7 +133,7 @@ async def _hot_step(ledger: Ledger, fence: Fence, turn_id: str) -> float:
     started = time.perf_counter()
     assert await ledger.start(turn(turn_id), pending="{}")
     assert await fence.claim_batch(SimpleNamespace(**turn(turn_id)), 0, lease_s=30, now=time.time())
-    assert await ledger.advance(SimpleNamespace(**turn(turn_id)), 1, {}, 0.0, pending="{}", now=time.time())
+    assert await advance(ledger, SimpleNamespace(**turn(turn_id)), 1, {}, 0.0, pending="{}", now=time.time())
     return time.perf_counter() - started
 
 

@@ -82,14 +82,19 @@ async def test_concurrent_seeding_is_safe(engine):
     assert await _count(engine, db.orders) == 8
 
 
+async def orders_of(engine, customer_id: str, status: str | None = None, limit: int = db.DEFAULT_LIMIT) -> list:
+    """The customer's orders as the shop's GET /orders gives them: of any status, the default page unless given."""
+    return await db.list_orders(engine, customer_id, status, limit)
+
+
 async def test_demo_data(engine):
-    alice = await db.list_orders(engine, ALICE)
+    alice = await orders_of(engine, ALICE)
     assert [o["order_id"] for o in alice] == ["ord_a1000003", "ord_a1000004", "ord_a1000002", "ord_a1000001"]
     assert [o["status"] for o in alice] == ["pending", "processing", "shipped", "delivered"]
     assert alice[0]["placed_at"].startswith("2026-11-25T")
-    bob = {o["order_id"]: o["status"] for o in await db.list_orders(engine, BOB)}
+    bob = {o["order_id"]: o["status"] for o in await orders_of(engine, BOB)}
     assert bob == {"ord_9f3c4e21": "processing", "ord_b2000001": "delivered"}
-    carol = {o["order_id"]: o["status"] for o in await db.list_orders(engine, CAROL)}
+    carol = {o["order_id"]: o["status"] for o in await orders_of(engine, CAROL)}
     assert carol == {"ord_c3000001": "shipped", "ord_c3000002": "delivered"}
     shipped = await db.shipping_status(engine, ALICE, "ord_a1000002")
     assert shipped["carrier"] and shipped["tracking_number"] and shipped["eta"]
@@ -98,10 +103,10 @@ async def test_demo_data(engine):
 
 
 async def test_list_filters_and_limits(engine):
-    assert [o["order_id"] for o in await db.list_orders(engine, ALICE, status="shipped")] == ["ord_a1000002"]
-    assert len(await db.list_orders(engine, ALICE, limit=2)) == 2
-    assert len(await db.list_orders(engine, ALICE, limit=500)) == 4  # clamped to 50
-    assert await db.list_orders(engine, "cus_nobody") == []
+    assert [o["order_id"] for o in await orders_of(engine, ALICE, status="shipped")] == ["ord_a1000002"]
+    assert len(await orders_of(engine, ALICE, limit=2)) == 2
+    assert len(await orders_of(engine, ALICE, limit=500)) == 4  # clamped to 50
+    assert await orders_of(engine, "cus_nobody") == []
 
 
 # -- ownership -------------------------------------------------------------------------------------
@@ -111,7 +116,7 @@ async def test_other_customers_order_is_indistinguishable_from_missing(engine):
     assert await db.get_order(engine, BOB, "ord_a1000003") is None
     assert await db.get_order(engine, BOB, "ord_deadbeef") is None
     assert await db.shipping_status(engine, BOB, "ord_a1000002") is None
-    assert "ord_a1000003" not in {o["order_id"] for o in await db.list_orders(engine, BOB)}
+    assert "ord_a1000003" not in {o["order_id"] for o in await orders_of(engine, BOB)}
 
     foreign = await db.cancel_order(engine, BOB, "ord_a1000003", "other", "own-k1")
     missing = await db.cancel_order(engine, BOB, "ord_deadbeef", "other", "own-k2")
@@ -255,7 +260,7 @@ async def test_sqlite_reads_run_inline_and_wait_in_the_async_engine_when_the_fil
             return real_connect()
 
         monkeypatch.setattr(inline, "connect", counted_connect)
-        assert [o["order_id"] for o in await db.list_orders(eng, CAROL)] == ["ord_c3000001", "ord_c3000002"]
+        assert [o["order_id"] for o in await orders_of(eng, CAROL)] == ["ord_c3000001", "ord_c3000002"]
         assert used == ["inline"]
 
         def locked():

@@ -10,7 +10,7 @@ from roundtrip._kernel.wire import topics, topology
 
 def acls_of(prefix: str = "", principal: str = acls.DEFAULT_PRINCIPAL, app_group: str | None = None) -> dict:
     """The ACLs `roundtrip acls` derives, with the defaults of its command line."""
-    return acls.derive(prefix, principal, app_group)
+    return acls.derive(prefix, principal, app_group, ())
 
 
 def derived_for(prefix: str, versions: tuple[str, ...] = ()) -> dict:

@@ -4,6 +4,8 @@ guard starting a turn on its conversation's version, over real (SQLite) stores."
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import typer
 from pydantic import ValidationError
@@ -16,12 +18,12 @@ from roundtrip._guard.rules import Policy
 from roundtrip._guard.versions import Ramp, assign
 from roundtrip._kernel.kafka.admin import desired_topics
 from roundtrip._kernel.settings import ConfigurationError, Settings
-from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.storage.versions import RampRefused, Shares, Versions
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import CallModel, StartTurn, Turn
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.prices import price_table
 
 IDS = [f"conv_{i}" for i in range(10_000)]
 
@@ -79,13 +81,13 @@ async def url(tmp_path):
 
 
 async def test_a_conversation_keeps_the_version_of_its_first_turn_until_it_is_moved(url):
-    store = await Conversations.open(url)
+    store, now = await Conversations.open(url), time.time()
     try:
-        assert (await store.claim("conv_a", "cus_1001", "v2")).agent_version == "v2"
-        assert (await store.claim("conv_a", "cus_1001", "")).agent_version == "v2"  # the ramp moved on: it did not
-        assert (await store.claim("conv_a", "cus_1002", "")).agent_version == "v2"  # someone else's: as it is
+        assert (await store.claim("conv_a", "cus_1001", "v2", now)).agent_version == "v2"
+        assert (await store.claim("conv_a", "cus_1001", "", now)).agent_version == "v2"  # the ramp moved on: it did not
+        assert (await store.claim("conv_a", "cus_1002", "", now)).agent_version == "v2"  # someone else's: as it is
         await store.pin("conv_a", "v3")
-        assert (await store.claim("conv_a", "cus_1001", "")).agent_version == "v3"
+        assert (await store.claim("conv_a", "cus_1001", "", now)).agent_version == "v3"
         assert (await store.get("conv_a")).agent_version == "v3"
     finally:
         await store.close()
@@ -142,7 +144,7 @@ async def test_the_guard_starts_a_turn_on_its_conversations_version_and_records_
     guard = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
-        prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
+        prices=price_table(),
         publish=publish,
         conversations=conversations,
         agent_digest="digest-of-v1",
@@ -177,7 +179,7 @@ def test_the_default_version_keeps_todays_topics_and_groups_and_another_has_its_
     assert topology.versioned() == ("model", "gate", "executor")
     wanted = desired_topics("p.", 3, 5, versions=("v2",))
     assert wanted["p.turn.tool_batches.version.v2"] == 5 and wanted["p.turn.model_calls.version.v2"] == 3
-    assert set(desired_topics("p.", 3, 5)) == {k for k in wanted if ".version." not in k}
+    assert set(desired_topics("p.", 3, 5, ())) == {k for k in wanted if ".version." not in k}
 
 
 def test_a_version_is_a_setting_of_a_model_gate_or_executor_only():

@@ -11,7 +11,6 @@ import httpx
 import pytest
 
 from roundtrip import always
-from roundtrip._executor.runner import Runner
 from roundtrip._gate.gate import Gate
 from roundtrip._guard.approvals import DecisionRefused
 from roundtrip._guard.core import Guard
@@ -19,7 +18,6 @@ from roundtrip._guard.ledger import AWAITING, ENDED, RUNNING, Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.approvals import Signer, approval_id_for, in_tool_use_order, input_digest
@@ -42,10 +40,13 @@ from roundtrip._kernel.wire.events import (
 from roundtrip._shop.agent.client import ShopClient
 from roundtrip._shop.agent.tools import ShopAgentSettings
 from roundtrip._simulator.server import running_simulator
-from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry
+from tests.agents import SHOP, shop_deps, shop_model_client, shop_registry, tool_runner
 from tests.cores import executed, respond
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.gate_calls import check_call
+from tests.ledger_steps import approvals_of
+from tests.prices import price_table
 from tests.shop import in_process
 from tests.signing import key_settings, pair
 from tests.unit.test_guard_handlers import Recorder
@@ -116,7 +117,7 @@ def gate_for(shop, above: int | None = 5000) -> Gate:
 
 
 async def test_a_cancellation_above_the_threshold_is_held_with_the_order_and_a_digest_of_the_exact_arguments(shop):
-    held = await gate_for(shop, above=5000).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
+    held = await check_call(gate_for(shop, above=5000), call("cancel_order", CANCEL), "cus_1001", "turn_1")
     assert held.approved and held.hold is not None and held.approved_by is None
     assert "ord_a1000003 of 87.00 EUR" in held.hold.reason and "50.00 EUR" in held.hold.reason
     assert (
@@ -129,21 +130,21 @@ async def test_a_cancellation_above_the_threshold_is_held_with_the_order_and_a_d
         != input_digest("cancel_order", CANCEL | {"reason": "other"})
     )
     assert time.time() + 55 < held.hold.expires_at <= time.time() + 61
-    below = await gate_for(shop, above=10000).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
-    off = await gate_for(shop, above=None).check_call(call("cancel_order", CANCEL), "cus_1001", "turn_1")
+    below = await check_call(gate_for(shop, above=10000), call("cancel_order", CANCEL), "cus_1001", "turn_1")
+    off = await check_call(gate_for(shop, above=None), call("cancel_order", CANCEL), "cus_1001", "turn_1")
     assert below.approved and below.hold is None and off.approved and off.hold is None
 
 
 async def test_nobody_is_asked_about_a_call_the_gate_would_reject(shop):
     gate = gate_for(shop, above=0)  # every cancellation needs a person
-    foreign = await gate.check_call(
-        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other"}), "cus_1001", "t"
+    foreign = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other"}), "cus_1001", "t"
     )
-    shipped = await gate.check_call(
-        call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
+    shipped = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
     )
-    invalid = await gate.check_call(
-        call("cancel_order", {"order_id": "ord_a1000003", "reason": "why_not"}), "cus_1001", "t"
+    invalid = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000003", "reason": "why_not"}), "cus_1001", "t"
     )
     for result in (foreign, shipped, invalid):
         assert not result.approved and result.hold is None
@@ -156,8 +157,8 @@ async def test_a_tool_can_always_need_a_person(shop):
         return await shop.get_order(customer_id, entity_id)
 
     gate = Gate(registry=registry, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await gate.check_call(
-        call("escalate_to_human", {"summary": "customer wants a person", "urgency": "normal"}), "cus_1001", "t"
+    result = await check_call(
+        gate, call("escalate_to_human", {"summary": "customer wants a person", "urgency": "normal"}), "cus_1001", "t"
     )
     assert result.approved and result.hold.reason == "a person decides every escalation"
 
@@ -165,7 +166,7 @@ async def test_a_tool_can_always_need_a_person(shop):
 async def test_the_held_call_runs_only_under_a_valid_decision_for_exactly_that_call(shop):
     gate = gate_for(shop)
     cancel = call("cancel_order", CANCEL, id="toolu_c")
-    ok = await gate.check_call(cancel, "cus_1001", "turn_1", decision=decided())
+    ok = await check_call(gate, cancel, "cus_1001", "turn_1", decision=decided())
     assert ok.approved and ok.hold is None and ok.approved_by == "alice@support"
     refused = {
         "forged": decided(signer=FORGER),
@@ -175,11 +176,15 @@ async def test_the_held_call_runs_only_under_a_valid_decision_for_exactly_that_c
         "other arguments": decided(input_sha256=input_digest("cancel_order", CANCEL | {"order_id": "ord_a1000004"})),
     }
     for why, decision in refused.items():
-        result = await gate.check_call(cancel, "cus_1001", "turn_1", decision=decision)
+        result = await check_call(gate, cancel, "cus_1001", "turn_1", decision=decision)
         assert not result.approved and result.hold is None and "Nothing was done" in result.error, why
     # the same decision does not carry over to other arguments the model may send later
-    other = await gate.check_call(
-        call("cancel_order", {**CANCEL, "reason": "other"}, id="toolu_c"), "cus_1001", "turn_1", decision=decided()
+    other = await check_call(
+        gate,
+        call("cancel_order", {**CANCEL, "reason": "other"}, id="toolu_c"),
+        "cus_1001",
+        "turn_1",
+        decision=decided(),
     )
     assert not other.approved and "other arguments" in other.error
 
@@ -202,7 +207,7 @@ async def test_one_call_per_step_waits_for_a_person_the_second_is_told_to_come_b
     )
     BATCHES.verify(batch)
     # the hold carries the gate's own signature, which the executor copies into the request the guard checks
-    runner = Runner(recording_registry(Recording()), deps=shop_deps(None), timeout_s=5, parallel=True)
+    runner = tool_runner(recording_registry(Recording()), shop_deps(None))
     asked = await executed(batch, BATCHES, runner)
     assert isinstance(asked, ApprovalRequested) and asked.hold_key_id == GATE_KEYS.key_id and asked.hold_signature
     BATCHES.verify_hold(asked)
@@ -240,7 +245,7 @@ def checked(name: str, id: str, **fields) -> CheckedCall:
 
 async def test_a_step_holding_a_serial_tool_runs_its_calls_one_after_another_in_tool_use_order():
     recording = Recording()
-    runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
+    runner = tool_runner(recording_registry(recording), shop_deps(None))
     calls = [checked("search_help_center", "c1"), checked("cancel_order", "c2"), checked("lookup_order", "c3")]
     results = await runner.run(calls, turn())
     assert [r["tool_use_id"] for r in results] == ["c1", "c2", "c3"]
@@ -257,7 +262,7 @@ async def test_a_step_holding_a_serial_tool_runs_its_calls_one_after_another_in_
 
 async def test_without_a_serial_tool_the_calls_of_a_step_overlap():
     recording = Recording()
-    runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
+    runner = tool_runner(recording_registry(recording), shop_deps(None))
     await runner.run([checked("search_help_center", "c1"), checked("lookup_order", "c2")], turn())
     assert recording.events[:2] == [("start", "c1"), ("start", "c2")]  # both started before either ended
     # and a serial declaration of a rejected call does not serialise the step
@@ -282,7 +287,7 @@ def transcript(*ids_names) -> list[dict]:
 
 async def test_a_batch_with_a_held_call_runs_the_others_then_asks_and_the_resumed_batch_completes_the_step_in_order():
     recording = Recording()
-    runner = Runner(recording_registry(recording), deps=shop_deps(None), timeout_s=5, parallel=True)
+    runner = tool_runner(recording_registry(recording), shop_deps(None))
     messages = transcript(("c1", "cancel_order"), ("c2", "lookup_order"))
     hold = {
         "reason": "above 50.00 EUR",
@@ -336,7 +341,7 @@ async def guard(tmp_path):
     g = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
-        prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
+        prices=price_table(),
         publish=recorder,
         stuck_after_s=0.01,
         stuck_grace_s=0.01,
@@ -459,7 +464,7 @@ async def test_a_waiting_turn_is_never_flagged_stuck_and_nothing_can_act_for_it(
     fence = Fence(guard.ledger.engine)  # what the executor and the model service ask
     assert not await fence.claim_batch(turn(), 1, 10, now=time.time())  # no executor may run anything now
     assert not await fence.claim_model_call(turn(), 1, now=time.time())
-    (pending,) = await guard.ledger.list_approvals()
+    (pending,) = await approvals_of(guard.ledger)
     assert pending.tool == "cancel_order" and pending.customer_id == "cus_1001" and pending.status == "pending"
 
 
@@ -518,7 +523,7 @@ async def test_approved_the_call_goes_back_to_the_gate_once_with_the_decision_an
     assert len(guard.recorder.sent) == before + 1
     with pytest.raises(DecisionRefused, match="already approved by alice@support"):
         await guard.approvals.on_decision(decided(Decision.DENY))
-    (kept,) = await guard.ledger.list_approvals(status=None)
+    (kept,) = await approvals_of(guard.ledger, status=None)
     assert kept.status == "approved" and kept.decided_by == "alice@support" and kept.decided_at
 
 
@@ -542,7 +547,7 @@ async def test_a_decided_call_is_never_held_again_and_the_deadline_a_decision_wr
         with pytest.raises(RequestRefused, match="held already"):
             await guard.approvals.on_requested(other_step)
     assert sum("refused approval request" in r.getMessage() for r in caplog.records) == 2
-    assert [a.approval_id for a in await guard.ledger.list_approvals(status=None)] == [event.approval_id]
+    assert [a.approval_id for a in await approvals_of(guard.ledger, status=None)] == [event.approval_id]
     row = await guard.ledger.get("turn_1")
     assert row.status == RUNNING and row.deadline_at == extended
     # the genuine request redelivered changes nothing either
@@ -605,7 +610,7 @@ async def test_no_decision_in_time_ends_the_turn_politely_and_a_late_decision_is
     assert "could not be reviewed in time" in ended.text and "Nothing was changed" in ended.text
     row = await guard.ledger.get("turn_1")
     assert row.status == ENDED and row.outcome == "approval_timeout"
-    (expired,) = await guard.ledger.list_approvals(status=None)
+    (expired,) = await approvals_of(guard.ledger, status=None)
     assert expired.status == "expired"
     with pytest.raises(DecisionRefused, match="already expired"):
         await guard.approvals.on_decision(decided())

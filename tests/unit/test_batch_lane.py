@@ -14,10 +14,11 @@ from roundtrip._cli import turns as turns_cli
 from roundtrip._console import pages
 from roundtrip._guard.ledger import ENDED, RUNNING, STUCK
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.prices import Price, PriceTable
+from roundtrip._kernel.storage.prices import Price
 from roundtrip._kernel.storage.turnstore import Fence
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, Turn, Usage
+from tests.prices import price_table
 from tests.unit.test_guard_handlers import LIST, PRICES, guard  # noqa: F401 - fixture
 
 SONNET = "claude-sonnet-4-6"  # list price, USD per million tokens: 3.00 in, 15.00 out, 3.75 cache write, 0.30 read
@@ -67,7 +68,7 @@ def test_a_batch_call_costs_half_of_every_kind_of_token():
 
 
 def test_a_batch_rate_in_the_price_table_wins_over_half_by_id_or_family():
-    table = PriceTable.from_json(
+    table = price_table(
         '{"default": [2.0, 10.0, 2.5, 0.2], "my-model": [4.0, 20.0, 5.0, 0.4], "batch:claude-sonnet-4": [1, 6, 2, 0.1]}'
     )
     assert table.batch_price(SONNET) == Price(1.0, 6.0, 2.0, 0.1)  # negotiated, by family

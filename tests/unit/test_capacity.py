@@ -18,7 +18,7 @@ import pytest
 from roundtrip._model.attempts import MARGIN_S, attempt
 from roundtrip._model.capacity import BETA, EPOCH_S, INITIAL_WINDOW, Busy, Capacity, Reading
 from tests.clocks import showing
-from tests.cores import new_capacity
+from tests.cores import new_capacity, refused_once
 
 
 def headers(limit: float, remaining: float, dimension: str = "requests") -> dict[str, str]:
@@ -74,8 +74,8 @@ def test_a_429_cuts_the_rate_once_per_epoch_and_holds_the_whole_process():
     capacity.answered(headers(600, 599), 100, 20, started_at=99.0, waited=False)
 
     async def refuse_twice():
-        capacity.refused(1.0, started_at=99.5)
-        capacity.refused(1.0, started_at=99.6)  # the same burst: no second cut
+        refused_once(capacity, 1.0, started_at=99.5)
+        refused_once(capacity, 1.0, started_at=99.6)  # the same burst: no second cut
 
     asyncio.run(refuse_twice())
     assert capacity.rate == pytest.approx(10.0 * BETA)
@@ -151,7 +151,7 @@ def test_replicas_adapting_alone_converge_on_sharing_one_limit():
                         )
                     else:
                         refused += tick * dt > 60
-                        r.refused(1.0, clock[0])
+                        refused_once(r, 1.0, clock[0])
     rates = [r.rate for r in replicas]
     assert ok / 60 >= 0.85 * limit, (ok / 60, rates)  # the second minute: the limit used
     assert refused <= 0.05 * (ok + refused), (refused, ok)
@@ -263,7 +263,7 @@ async def test_a_429_starts_slow_again_from_the_end_of_its_hold():
     capacity.answered({}, 100, 20, started_at=time.monotonic(), waited=False)  # open
     capacity.answered(headers(60000, 59000), 100, 20, started_at=time.monotonic() - 1.0, waited=False)
     assert capacity.window is None
-    capacity.refused(0.05, started_at=time.monotonic())
+    refused_once(capacity, 0.05, started_at=time.monotonic())
     assert capacity.window == INITIAL_WINDOW
     tasks = [asyncio.create_task(capacity.acquire(time.monotonic() + 10)) for _ in range(12)]
     await asyncio.sleep(0.2)  # the hold has ended
@@ -333,12 +333,12 @@ def test_a_minute_of_529s_holds_the_process_each_time_and_leaves_the_rate_the_he
 
     async def a_minute_of_529s():
         while now[0] < 160.0:
-            capacity.refused(1.0, started_at=now[0] - 0.5, overloaded=True)
+            refused_once(capacity, 1.0, started_at=now[0] - 0.5, overloaded=True)
             assert capacity.hold_until >= now[0] + 1.0  # the process waits out the overload
             now[0] += 1.5
 
     asyncio.run(a_minute_of_529s())
     assert capacity.rate == pytest.approx(10.0) and capacity.refusals == 40
     assert capacity.delay() <= 1.0 + 0.25 + 0.1  # what is left of the last hold: then a call each 0.1 s again
-    capacity.refused(1.0, started_at=now[0] - 0.5)  # a 429 still cuts
+    refused_once(capacity, 1.0, started_at=now[0] - 0.5)  # a 429 still cuts
     assert capacity.rate == pytest.approx(10.0 * BETA)

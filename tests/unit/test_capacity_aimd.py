@@ -25,7 +25,7 @@ from roundtrip._model.capacity import (
     Capacity,
 )
 from tests.clocks import showing
-from tests.cores import new_capacity
+from tests.cores import new_capacity, refused_once
 from tests.unit.test_capacity import Message, headers, status_error
 
 
@@ -55,7 +55,7 @@ def test_slow_start_adds_one_call_per_answer_until_the_first_429_then_increase_p
     assert capacity.window == INITIAL_WINDOW + 6  # doubling per round trip, as TCP's slow start
     capacity.answered(headers(600, 599), 100, 20, started_at=now[0] - 1, waited=True)  # not full: no growth
     assert capacity.window is not None and capacity.rate is None
-    pause = capacity.refused(None, started_at=now[0] - 0.1)
+    pause = refused_once(capacity, None, started_at=now[0] - 0.1)
     assert capacity.window == pytest.approx((INITIAL_WINDOW + 6) * BETA) == capacity.threshold
     assert 0 < pause <= 1.0 and capacity.hold_until == 0.0  # the call pauses alone, the process is not held
     cut = capacity.window
@@ -76,19 +76,19 @@ def test_429s_cut_the_window_once_per_round_trip_and_never_below_the_floor():
     now = [100.0]
     capacity = new_capacity(clock=showing(now), signals=REFUSALS, rng=random.Random(2))
     capacity.window = 20.0
-    capacity.refused(None, started_at=99.0)
-    capacity.refused(None, started_at=99.5)  # started before the cut: by the window before it, no second cut
+    refused_once(capacity, None, started_at=99.0)
+    refused_once(capacity, None, started_at=99.5)  # started before the cut: by the window before it, no second cut
     assert capacity.window == pytest.approx(20 * BETA)
     for _ in range(30):
         now[0] += 1.0
-        capacity.refused(None, started_at=now[0])
+        refused_once(capacity, None, started_at=now[0])
     assert capacity.window == MIN_WINDOW
 
 
 def test_a_retry_after_holds_the_process_and_a_bare_throttle_pauses_its_call_longer_each_time():
     now = [100.0]
     capacity = new_capacity(clock=showing(now), signals=REFUSALS, rng=random.Random(5))
-    assert capacity.refused(2.0, started_at=99.0) == 0.0  # Foundry's retry-after: honoured, the whole process
+    assert refused_once(capacity, 2.0, started_at=99.0) == 0.0  # Foundry's retry-after: honoured, the whole process
     assert 102.0 <= capacity.hold_until <= 102.5 and capacity.delay() >= 2.0
     answer(capacity, now, latency=0.5)  # a round trip measured: 0.5 s
     pauses = [capacity.refused(None, started_at=now[0], in_a_row=n) for n in range(1, 8)]
@@ -241,7 +241,7 @@ async def test_a_hold_that_comes_during_a_throttled_calls_pause_is_waited_for_an
     async def call(n: int):
         answer = answers.pop(0)
         if isinstance(answer, Exception):  # another call's 429 with retry-after comes while this one pauses
-            asyncio.get_running_loop().call_later(0.01, capacity.refused, 0.4, time.monotonic())
+            asyncio.get_running_loop().call_later(0.01, refused_once, capacity, 0.4, time.monotonic())
             raise answer
         return answer
 

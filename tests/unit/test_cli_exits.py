@@ -56,7 +56,7 @@ def test_an_unknown_group_is_an_error_listing_the_fleets_groups(never_asked):
     assert result.exit_code != 0
     assert "unknown consumer group 'nosuch'" in result.output
     squeezed = "".join(result.output.replace("│", "").split())  # the error panel wraps anywhere
-    assert all(group in squeezed for group in topology.groups())
+    assert all(group in squeezed for group in topology.groups(""))
 
 
 def test_a_known_group_with_or_without_the_prefix_is_taken(monkeypatch):

@@ -15,10 +15,10 @@ import roundtrip._cli.evals.runner as eval_runner
 from roundtrip._cli import common, up
 from roundtrip._cli.fleets import MARKER, agent_project, declared_agents, mark, marked
 from roundtrip._cli.main import app
-from roundtrip._cli.skeleton import skeleton
 from roundtrip._fleet import state as fleet_state
 from roundtrip._fleet.supervisor import claim_folder, release_folder
 from roundtrip._kernel.settings import Settings, get_settings
+from tests.skeletons import agent_files
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +35,7 @@ def shell_kept():
 def desk(tmp_path, monkeypatch):
     """A fresh `agent init` folder, importable as its editable install makes it."""
     folder = tmp_path / "desk"
-    for relative, text in skeleton("desk").items():
+    for relative, text in agent_files("desk").items():
         (folder / relative).parent.mkdir(parents=True, exist_ok=True)
         (folder / relative).write_text(text)
     monkeypatch.syspath_prepend(str(folder))

@@ -109,7 +109,7 @@ def test_every_line_of_a_turn_shows_tool_and_gate_text_as_typed(capsys):
         messages=[],
         calls=[CheckedCall(id="toolu_1", name="lookup_order", input={}, approved=False, error=f"no order {MARKUP}")],
     )
-    following._render(topics.TOOL_BATCHES, batch.model_dump(mode="json"), "req_1")
+    following._render(topics.TOOL_BATCHES, batch.model_dump(mode="json"), "req_1", {}, set())
     results = {
         "turn": TURN.model_dump(),
         "step": 2,
@@ -120,7 +120,7 @@ def test_every_line_of_a_turn_shows_tool_and_gate_text_as_typed(capsys):
             }
         ],
     }
-    following._render(topics.MODEL_CALLS, results, "req_1")
+    following._render(topics.MODEL_CALLS, results, "req_1", {}, set())
     out = capsys.readouterr().out
     assert f"rejected: no order {MARKUP}" in out and f"result found {MARKUP}" in out
 

@@ -111,7 +111,7 @@ def settings() -> Settings:
 async def signed_in(log: Log) -> tuple[httpx.AsyncClient, str]:
     """A console (a new replica, or one just restarted: it reads the log from the start) and its CSRF token."""
     s = settings()
-    console = Console(s, Books("sqlite+aiosqlite:///nowhere/ledger.db"), _never, _never)
+    console = Console(s, Books("sqlite+aiosqlite:///nowhere/ledger.db", None), _never, _never)
     app = application(console, letter_pages.routes(console, Shelf(s, log)))
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
     page = await http.get("/dead-letters")
@@ -202,7 +202,7 @@ async def test_kafka_away_is_said_on_the_page_and_nothing_is_done(log):
             raise ConnectionError("no broker")
 
     s = settings()
-    console = Console(s, Books("sqlite+aiosqlite:///nowhere/ledger.db"), _never, _never)
+    console = Console(s, Books("sqlite+aiosqlite:///nowhere/ledger.db", None), _never, _never)
     shelf = Shelf(s, log)
     shelf.reader = Away(s, log)
     http = httpx.AsyncClient(

@@ -43,11 +43,11 @@ def console_for(ledger_url: str) -> tuple[Console, Outlet, Outlet]:
         ledger_database_url=ledger_url,
     )
     decisions, cancels = Outlet(), Outlet()
-    return Console(settings, Books(ledger_url), decisions, cancels), decisions, cancels
+    return Console(settings, Books(ledger_url, None), decisions, cancels), decisions, cancels
 
 
 async def signed_in(console: Console) -> tuple[httpx.AsyncClient, str]:
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=application(console)), base_url="http://testserver")
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=application(console, ())), base_url="http://testserver")
     page = await http.get("/approvals")
     assert page.status_code == 200
     token = http.cookies["roundtrip_csrf"]

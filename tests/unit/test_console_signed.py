@@ -250,7 +250,7 @@ async def test_in_the_app_a_viewer_cannot_decide_and_an_approver_can(issuer, gua
         issuer, console_secure_cookies=False, decision_signing_key=PEOPLE_KEYS.signing, ledger_database_url=ledger
     )
     decisions = Outlet()
-    app = application(Console(settings, Books(ledger), decisions, Outlet()))
+    app = application(Console(settings, Books(ledger, None), decisions, Outlet()), ())
 
     async def client(token: str | None) -> tuple[httpx.AsyncClient, str]:
         http = httpx.AsyncClient(
@@ -277,7 +277,7 @@ async def test_in_the_app_a_viewer_cannot_decide_and_an_approver_can(issuer, gua
 
 async def test_the_content_security_policy_allows_no_inline_script_or_style_and_the_assets_are_served():
     settings = Settings(_env_file=None, env="development", console_local_user="me@laptop", console_secure_cookies=False)
-    app = application(Console(settings, Books("sqlite+aiosqlite:///:memory:"), Outlet(), Outlet()))
+    app = application(Console(settings, Books("sqlite+aiosqlite:///:memory:", None), Outlet(), Outlet()), ())
     http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://testserver")
     page = await http.get("/turns")
     policy = page.headers["content-security-policy"]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from roundtrip._console import pages, timeline
 from roundtrip._console.ledger_reader import in_reading_order
-from roundtrip._kernel.storage.prices import PriceTable
+from tests.prices import price_table
 
 MS = 1_000_000
 
@@ -104,7 +104,7 @@ SPANS = [
 
 
 def test_a_turn_reads_as_its_steps_with_the_model_calls_verdicts_results_and_times():
-    prices = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
+    prices = price_table()
     tl = timeline.build(HISTORY + TURN, 2, SPANS, "end_turn", prices)
     assert tl.customer == ["Cancel ord_1 and tell me about ord_2"]
     assert tl.history == HISTORY

@@ -14,15 +14,15 @@ from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
-from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, ToolCall, Turn, Usage
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._kernel.wire.limits import OMITTED_KEY
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.prices import price_table
 
-PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
+PRICES = price_table()
 
 
 def use(i: int, name: str = "list_orders") -> dict:
@@ -157,9 +157,9 @@ async def _turn(
 
 
 async def test_a_conversation_belongs_to_whoever_started_it(store):
-    assert (await store.claim("conv_a", "cus_1001", "")).owner == "cus_1001"
-    assert (await store.claim("conv_a", "cus_1002", "")).owner == "cus_1001"
-    assert (await store.claim("conv_a", "cus_1001", "")).owner == "cus_1001"
+    assert (await store.claim("conv_a", "cus_1001", "", time.time())).owner == "cus_1001"
+    assert (await store.claim("conv_a", "cus_1002", "", time.time())).owner == "cus_1001"
+    assert (await store.claim("conv_a", "cus_1001", "", time.time())).owner == "cus_1001"
 
 
 async def test_a_claim_says_whether_the_conversation_has_history(store):
@@ -177,7 +177,7 @@ async def test_a_claim_says_whether_the_conversation_has_history(store):
 
 
 async def test_history_is_the_ended_turns_in_order_and_trimmed_to_the_budget(store):
-    await store.claim("conv_b", "cus_1001", "")
+    await store.claim("conv_b", "cus_1001", "", time.time())
     await store.open_turn("conv_b", "turn_running", "still running", time.time())
     assert await store.history("conv_b") == []  # a running turn is not history yet
     for n in range(6):
@@ -194,7 +194,7 @@ async def test_history_is_the_ended_turns_in_order_and_trimmed_to_the_budget(sto
 
 
 async def test_forget_erases_and_a_running_turn_of_a_forgotten_conversation_saves_nothing(store):
-    await store.claim("conv_c", "cus_1001", "")
+    await store.claim("conv_c", "cus_1001", "", time.time())
     await _turn(store, "conv_c", "turn_c1", "hello", "hi")
     await store.open_turn("conv_c", "turn_c2", "and?", time.time())
     assert await store.forget("conv_c") is True
@@ -209,18 +209,18 @@ async def test_forget_erases_and_a_running_turn_of_a_forgotten_conversation_save
         time.time(),
     )
     assert saved is False and await store.history("conv_c") == [] and await store.get("conv_c") is None
-    assert (await store.claim("conv_c", "cus_1002", "")).owner == "cus_1002"  # erased: the id is free again
+    assert (await store.claim("conv_c", "cus_1002", "", time.time())).owner == "cus_1002"  # erased: free again
 
 
 async def test_conversations_idle_past_the_retention_expire(store):
     await store.claim("conv_old", "cus_1001", "", now=1000.0)
     await _turn(store, "conv_old", "turn_o1", "hello", "hi", now=1000.0)
-    await store.claim("conv_new", "cus_1001", "")
+    await store.claim("conv_new", "cus_1001", "", time.time())
     assert await store.expire() == 1
     assert [r.conversation_id for r in await store.list()] == ["conv_new"]
     # an expired conversation not swept yet is treated as gone when it is named again
     await store.claim("conv_old2", "cus_1001", "", now=1000.0)
-    assert (await store.claim("conv_old2", "cus_1003", "")).owner == "cus_1003"
+    assert (await store.claim("conv_old2", "cus_1003", "", time.time())).owner == "cus_1003"
 
 
 # -- the guard: history, ownership, one turn at a time ------------------------------------------

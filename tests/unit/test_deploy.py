@@ -536,7 +536,7 @@ def test_every_service_connects_to_kafka_as_its_own_user_with_its_acls(k8s, name
     own = f"roundtrip-kafka-{name}"
     users = kafka_users(k8s)
     # the principal `roundtrip acls` grants this service's ACLs to, its password a placeholder the operator fills
-    principal = acls.for_service(topology.service(name))[0].principal
+    principal = acls.for_service(topology.service(name), "")[0].principal
     assert principal == f"User:{users[own]['ROUNDTRIP_KAFKA_SASL_USERNAME']}"
     assert "CHANGE-ME" in users[own]["ROUNDTRIP_KAFKA_SASL_PASSWORD"]
     deployment = kinds(k8s, "Deployment")[name]
@@ -559,7 +559,7 @@ def test_no_two_kafka_users_are_the_same_and_keda_reads_lag_as_the_operator(k8s)
     named = [u["ROUNDTRIP_KAFKA_SASL_USERNAME"] for n, u in users.items() if n != "roundtrip-kafka-admin"]
     assert len(named) == len(set(named)), named
     assert "User:" + users["roundtrip-kafka-operator"]["ROUNDTRIP_KAFKA_SASL_USERNAME"] == (
-        acls.for_operator("", acls.DEFAULT_PRINCIPAL)[0].principal
+        acls.for_operator("", acls.DEFAULT_PRINCIPAL, ())[0].principal
     )
     (auth,) = [d for d in k8s if d["kind"] == "TriggerAuthentication"]
     refs = {ref["parameter"]: ref for ref in auth["spec"]["secretTargetRef"]}

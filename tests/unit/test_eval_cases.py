@@ -16,8 +16,8 @@ from roundtrip._cli.evals.record import turn_case
 from roundtrip._cli.evals.report import changes, junit, summary
 from roundtrip._cli.evals.runner import CaseResult, RunResult
 from roundtrip._cli.evals.verdict import Observed, failures
-from roundtrip._cli.skeleton import skeleton
 from roundtrip._kernel.wire.events import Outcome, SupportReply, Usage
+from tests.skeletons import agent_files
 
 SHOP_SUITE = Path(roundtrip._shop.agent.__file__).parent / "evals"
 
@@ -46,7 +46,7 @@ def test_the_demo_shops_suite_and_the_skeletons_cases_are_sound():
     assert len(cases) >= 10
     names = {c.name for c in cases}
     assert {"foreign-order-cancel", "invented-order-id", "runaway-repeated-call", "held-cancel-denied"} <= names
-    own = [(Path(p), json.loads(text)) for p, text in skeleton("desk").items() if p.startswith("evals/")]
+    own = [(Path(p), json.loads(text)) for p, text in agent_files("desk").items() if p.startswith("evals/")]
     assert len(own) == 2 and all(parse_case(path, raw).turns[0].script for path, raw in own)
 
 

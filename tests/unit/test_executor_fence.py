@@ -11,12 +11,12 @@ import time
 import pytest
 
 from roundtrip._executor.core import ExecutorCore
-from roundtrip._executor.runner import Runner
 from roundtrip._guard.ledger import Ledger
 from roundtrip._kernel.storage.turnstore import Fence, TurnRefused
 from roundtrip._kernel.wire.events import CallModel, CheckedCall, ExecuteToolBatch, Turn
-from tests.agents import SHOP, shop_deps, shop_registry
+from tests.agents import SHOP, shop_deps, shop_registry, tool_runner
 from tests.databases import migrated
+from tests.ledger_steps import advance
 from tests.signing import pair
 
 KEYS = pair("k1")
@@ -57,7 +57,7 @@ async def ledger_and_fence(tmp_path):
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, fence = await Ledger.open(url), await Fence.open(url)
     assert await ledger.start(TURN.model_dump(), pending="")
-    assert await ledger.advance(TURN, 1, {}, 0.0, pending="", now=time.time())
+    assert await advance(ledger, TURN, 1, {}, 0.0, pending="", now=time.time())
     yield ledger, fence
     await fence.close()
     await ledger.close()
@@ -69,7 +69,7 @@ def batch(turn: Turn = TURN, step: int = 1) -> ExecuteToolBatch:
 
 
 def core(counting: Counting, fence) -> ExecutorCore:
-    runner = Runner(counting.registry(), shop_deps(None), 5, True)
+    runner = tool_runner(counting.registry(), shop_deps(None))
     return ExecutorCore(runner, KEYS.verifier, fence, max_transcript_bytes=4_000_000)
 
 
@@ -112,7 +112,7 @@ async def test_a_batch_the_fence_refuses_runs_nothing(ledger_and_fence, why):
     if why == "ended":
         assert await ledger.end(TURN.turn_id, "cancelled", "cancelled by an operator")
     elif why == "moved on":
-        assert await ledger.advance(TURN, 2, {}, 0.0, pending="", now=time.time())
+        assert await advance(ledger, TURN, 2, {}, 0.0, pending="", now=time.time())
     else:
         step = 2  # a batch of a step the turn has not reached
     counting = Counting()
@@ -136,7 +136,7 @@ async def test_a_batch_delivered_again_after_its_step_went_on_runs_once(ledger_a
     signed = batch()
     await run(counting, fence, signed)
     assert await fence.claim_model_call(TURN, 1, now=time.time())
-    assert await ledger.advance(TURN, 2, {}, 0.0, pending="", now=time.time())
+    assert await advance(ledger, TURN, 2, {}, 0.0, pending="", now=time.time())
     assert await run(counting, fence, signed) is None  # a new executor: no memory of the first, the fence refuses
     assert counting.runs == ["turn_f:toolu_c"]
 

@@ -159,7 +159,7 @@ def test_a_cycle_of_contexts_or_an_undescribable_error_never_hangs_nor_raises():
 
     assert faults.unavailable(a) is None
     assert faults.unavailable(Unprintable()) is None
-    assert faults.unavailable(faults.RetryLater(faults.DATABASE, "x")) == faults.DATABASE
+    assert faults.unavailable(faults.RetryLater(faults.DATABASE, "x", backend=False)) == faults.DATABASE
 
 
 class OneRecordKafka:
@@ -203,7 +203,7 @@ async def test_a_retry_later_pauses_the_consumer_once_retries_the_record_and_res
 
     async def process(record):
         if outage["on"]:
-            raise faults.RetryLater(faults.DATABASE, "ConnectionRefusedError: [Errno 111]")
+            raise faults.RetryLater(faults.DATABASE, "ConnectionRefusedError: [Errno 111]", backend=False)
         done.append(record.offset)
 
     consumer = key_ordered(process=process, name="unitretry", idle_wait_ms=50)
@@ -233,7 +233,7 @@ async def test_a_record_retried_later_is_not_committed_when_its_partition_is_giv
     monkeypatch.setattr(consumer_module, "DRAIN_TIMEOUT_S", 8)
 
     async def process(record):
-        raise faults.RetryLater(faults.DATABASE, "down")
+        raise faults.RetryLater(faults.DATABASE, "down", backend=False)
 
     consumer = key_ordered(process=process, name="unitgiveup", idle_wait_ms=50)
     await consumer.on_partitions_assigned([TP])

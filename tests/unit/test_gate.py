@@ -16,6 +16,7 @@ from roundtrip._shop.agent.client import ShopClient, ShopUnavailable
 from roundtrip._shop.help_articles import INJECTION_ORDER_ID
 from tests.agents import SCHEMAS, SHOP, shop_deps, shop_registry
 from tests.clocks import showing
+from tests.gate_calls import check_call
 from tests.shop import in_process
 from tests.signing import pair
 
@@ -64,11 +65,11 @@ def turn(customer: str = "cus_1001", turn_id: str = "turn_1") -> Turn:
 
 
 async def test_the_canonical_incident_is_rejected_without_leaking_that_the_order_exists(gate, shop):
-    foreign = await gate.check_call(
-        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "t"
+    foreign = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "t"
     )
-    missing = await gate.check_call(
-        call("cancel_order", {"order_id": "ord_9f3c0000", "reason": "customer_request"}), "cus_1001", "t"
+    missing = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_9f3c0000", "reason": "customer_request"}), "cus_1001", "t"
     )
     assert not foreign.approved and not missing.approved
     assert foreign.error.replace("ord_9f3c4e21", "X") == missing.error.replace("ord_9f3c0000", "X")
@@ -77,16 +78,17 @@ async def test_the_canonical_incident_is_rejected_without_leaking_that_the_order
 
 
 async def test_own_cancellable_order_is_approved_and_non_cancellable_is_denied_with_the_status(gate):
-    ok = await gate.check_call(call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t")
-    shipped = await gate.check_call(
-        call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
+    ok = await check_call(gate, call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t")
+    shipped = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000002", "reason": "other"}), "cus_1001", "t"
     )
     assert ok.approved and ok.error is None
     assert not shipped.approved and "shipped" in shipped.error and "escalate_to_human" in shipped.error
 
 
 async def test_the_input_can_never_name_the_customer(gate):
-    result = await gate.check_call(
+    result = await check_call(
+        gate,
         call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "other", "customer_id": "cus_1002"}),
         "cus_1001",
         "t",
@@ -105,7 +107,7 @@ async def test_a_lenient_backend_answer_for_another_id_or_customer_is_not_truste
     gate = Gate(
         registry=REGISTRY, lookup=sloppy_backend, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings
     )
-    result = await gate.check_call(call("lookup_order", {"order_id": "ord_9f3c4e21"}), "cus_1001", "t")
+    result = await check_call(gate, call("lookup_order", {"order_id": "ord_9f3c4e21"}), "cus_1001", "t")
     assert not result.approved and "not found among this customer's orders" in result.error
 
 
@@ -146,7 +148,7 @@ async def test_a_lenient_backend_answer_for_another_id_or_customer_is_not_truste
     ],
 )
 async def test_rejections_name_the_field_what_was_expected_and_what_was_given(gate, lookup, name, tool_input, expected):
-    result = await gate.check_call(call(name, tool_input), "cus_1001", "t")
+    result = await check_call(gate, call(name, tool_input), "cus_1001", "t")
     assert not result.approved
     assert result.error.startswith(f"Invalid input for {name}:")
     for fragment in expected:
@@ -155,7 +157,7 @@ async def test_rejections_name_the_field_what_was_expected_and_what_was_given(ga
 
 
 async def test_unknown_tools_are_rejected_with_the_list_and_a_suggestion(gate):
-    result = await gate.check_call(call("Cancel_Order", {}), "cus_1001", "t")
+    result = await check_call(gate, call("Cancel_Order", {}), "cus_1001", "t")
     assert not result.approved and "Unknown tool" in result.error and "Did you mean cancel_order?" in result.error
     assert "list_orders" in result.error
 
@@ -187,8 +189,8 @@ async def test_a_backend_outage_fails_closed(shop):
         raise ShopUnavailable("connection refused")
 
     gate = Gate(registry=REGISTRY, lookup=down, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await gate.check_call(
-        call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
+    result = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
     )
     assert not result.approved and "could not be reached" in result.error
 
@@ -206,7 +208,7 @@ async def test_a_backend_that_is_unreachable_is_asked_again_later_not_answered_n
 
     gate = Gate(registry=REGISTRY, lookup=away, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
     with pytest.raises(faults.RetryLater) as later:  # the message path retries the step; nothing is approved meanwhile
-        await gate.check_call(call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t")
+        await check_call(gate, call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t")
     assert later.value.dependency == faults.HTTP
 
 
@@ -216,8 +218,8 @@ async def test_a_bug_in_a_policy_fails_closed_and_does_not_raise(shop, lookup, m
 
     monkeypatch.setitem(REGISTRY._policies, "cancel_order", broken)
     gate = Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), agent_settings=SHOP.own_settings)
-    result = await gate.check_call(
-        call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
+    result = await check_call(
+        gate, call("cancel_order", {"order_id": "ord_a1000003", "reason": "other"}), "cus_1001", "t"
     )
     assert not result.approved and "internal error" in result.error
 
@@ -348,10 +350,10 @@ async def test_ownership_cache_is_per_customer_positive_only_and_expires():
         return {"order_id": entity_id, "customer_id": "cus_1"} if customer_id == "cus_1" else None
 
     for customer in ("cus_1", "cus_2", "cus_1", "cus_2"):
-        await StepLookups(backend, cache).for_call(state_free=True)("order", "ord_1", customer)
+        await StepLookups(backend, cache, True).for_call(state_free=True)("order", "ord_1", customer)
     assert fetched == [("ord_1", "cus_1"), ("ord_1", "cus_2"), ("ord_1", "cus_2")]  # negatives are never cached
     now[0] = 31
-    await StepLookups(backend, cache).for_call(state_free=True)("order", "ord_1", "cus_1")
+    await StepLookups(backend, cache, True).for_call(state_free=True)("order", "ord_1", "cus_1")
     assert fetched[-1] == ("ord_1", "cus_1") and len(fetched) == 4
 
 
@@ -363,7 +365,7 @@ async def test_concurrent_lookups_of_one_order_in_a_step_share_one_backend_call(
         await asyncio.sleep(0.01)  # the backend call's own time: the five look-ups overlap
         return {"order_id": entity_id, "customer_id": customer_id}
 
-    step = StepLookups(slow)
+    step = StepLookups(slow, None, True)
     results = await asyncio.gather(*(step.for_call(state_free=False)("order", "ord_1", "cus_1") for _ in range(5)))
     assert len(started) == 1 and all(r["order_id"] == "ord_1" for r in results)
 
@@ -372,8 +374,11 @@ async def test_concurrent_lookups_of_one_order_in_a_step_share_one_backend_call(
 
 
 async def test_the_not_found_text_names_the_list_tool_only_when_the_agent_has_one(shop, lookup, tmp_path):
-    with_list = await Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop)).check_call(
-        call("lookup_order", {"order_id": "ord_9f3c4e21"}), "cus_1001", "t"
+    with_list = await check_call(
+        Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop)),
+        call("lookup_order", {"order_id": "ord_9f3c4e21"}),
+        "cus_1001",
+        "t",
     )
     assert "use list_orders to see the customer's orders" in with_list.error
     folder = tmp_path / "tools"  # an agent whose tools find an order only by the id the customer gives
@@ -382,8 +387,11 @@ async def test_the_not_found_text_names_the_list_tool_only_when_the_agent_has_on
     lone = shop_registry(
         folder, handlers={"lookup_order": SHOP.handlers["lookup_order"]}, policies={}, approvals={}, serial=frozenset()
     )
-    without = await Gate(registry=lone, lookup=lookup, signer=SIGNER, deps=shop_deps(shop)).check_call(
-        call("lookup_order", {"order_id": "ord_9f3c4e21"}), "cus_1001", "t"
+    without = await check_call(
+        Gate(registry=lone, lookup=lookup, signer=SIGNER, deps=shop_deps(shop)),
+        call("lookup_order", {"order_id": "ord_9f3c4e21"}),
+        "cus_1001",
+        "t",
     )
     assert "not found among this customer's orders" in without.error and "list_" not in without.error
 
@@ -403,7 +411,7 @@ async def test_every_refusal_of_the_gate_is_worded_by_the_agent(shop, lookup):
     ).check()
     gate = Gate(registry=REGISTRY, lookup=lookup, signer=SIGNER, deps=shop_deps(shop), messages=german.message)
     said = [
-        (await gate.check_call(call(name, args), customer, "t")).error
+        (await check_call(gate, call(name, args), customer, "t")).error
         for name, args, customer in (
             ("lookup_order", {"order_id": "ord_9f3c4e21"}, "cus_1001"),
             ("refund_everything", {}, "cus_1001"),

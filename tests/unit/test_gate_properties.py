@@ -35,6 +35,7 @@ from roundtrip._kernel.wire.events import ToolCall
 from roundtrip._sdk.context import ToolContext, ToolError
 from roundtrip._shop.agent.client import ShopClient
 from tests.agents import SHOP, shop_deps
+from tests.gate_calls import check_call
 from tests.shop import in_process
 from tests.signing import pair
 
@@ -316,7 +317,7 @@ async def check_and_execute(
     for i, (name, tool_input, field) in enumerate(drafted):
         call = ToolCall(id=f"toolu_{i}", name=name, input=tool_input, fingerprint="fp")
         tally["calls"] += 1
-        checked = await gate.check_call(call, principal, "turn_prop")  # must not raise
+        checked = await check_call(gate, call, principal, "turn_prop")  # must not raise
         if not checked.approved:
             tally["rejected"] += 1
             assert isinstance(checked.error, str) and checked.error.strip(), checked

@@ -12,12 +12,12 @@ from roundtrip._gateway.turns import forged
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
-from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.storage.turnstore import TurnStore
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CancelTurn, ModelResponded, Outcome, StartTurn, Turn, TurnEnded, Usage
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.prices import price_table
 
 TURN = Turn(turn_id="turn_g", request_id="req_g", conversation_id="conv_g", customer_id="cus_1001")
 PRICES = '{"default": [3.0, 15.0, 3.75, 0.30]}'
@@ -38,9 +38,7 @@ async def fleet(tmp_path):
     """The guard's ledger, and the gateway's read-only view of it."""
     url = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
     ledger, recorder = await Ledger.open(url), Recorder()
-    guard = guard_of(
-        ledger=ledger, policy=Policy(replies=Replies()), prices=PriceTable.from_json(PRICES), publish=recorder
-    )
+    guard = guard_of(ledger=ledger, policy=Policy(replies=Replies()), prices=price_table(PRICES), publish=recorder)
     guard.recorder = recorder
     view = await TurnStore.open(url, read_only=True)
     yield guard, view

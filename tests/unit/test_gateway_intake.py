@@ -62,7 +62,7 @@ def test_a_record_must_be_keyed_by_its_conversation_id():
 
 
 def test_a_request_id_reused_with_other_content_is_refused_and_a_copy_is_a_duplicate():
-    seen = intake.SeenRequests()
+    seen = intake.SeenRequests(memory_s=3600.0)
     assert seen.add("turn_1", _request(unknown_is_not_content=1)) is True
     assert seen.add("turn_1", _request()) is False  # a copy (unknown fields are not its content)
     for other in (_request(text="other"), _request(customer_id="cus_1002"), _request(metadata={"a": 1})):

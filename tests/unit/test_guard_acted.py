@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from roundtrip._executor.runner import Runner
 from roundtrip._guard.core import Guard
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import POLITE, Replies
@@ -30,7 +29,7 @@ from roundtrip._kernel.wire.events import (
 )
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from roundtrip._shop.agent import AGENT as SHOP
-from tests.agents import shop_deps
+from tests.agents import shop_deps, tool_runner
 from tests.cores import executed
 from tests.cores import guard as guard_of
 from tests.databases import migrated
@@ -309,7 +308,7 @@ async def deciding(tmp_path):
 
 async def test_an_operators_cancel_after_the_executor_cancelled_names_what_it_did(deciding, shop):
     guard, fence, recorder = deciding
-    runner = Runner(SHOP.registry, deps=shop_deps(shop), timeout_s=5, parallel=True)
+    runner = tool_runner(SHOP.registry, shop_deps(shop))
     batch = SIGNER.sign(ExecuteToolBatch(turn=ALICE, step=1, messages=ASKED, calls=[CHECKED]))
     assert isinstance(await executed(batch, BATCHES, runner, fence), CallModel)
     assert (await shop.get_order("cus_1001", "ord_a1000003"))["status"] == "cancelled"

@@ -10,7 +10,6 @@ import pytest
 from roundtrip._guard.ledger import Ledger
 from roundtrip._guard.replies import Replies
 from roundtrip._guard.rules import Policy
-from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import (
     CancelTurn,
@@ -26,9 +25,10 @@ from roundtrip._kernel.wire.events import (
 from roundtrip._kernel.wire.fingerprints import fingerprint
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.prices import price_table
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001", trace_id="0" * 32)
-PRICES = PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}')
+PRICES = price_table()
 
 
 class Recorder:

@@ -177,9 +177,9 @@ class MemoryTickets:
 @pytest.fixture
 def skeleton_agent(tmp_path, monkeypatch):
     """The agent `roundtrip agent init` writes, imported from the folder it was written to."""
-    from roundtrip._cli.skeleton import skeleton
+    from tests.skeletons import agent_files
 
-    for relative, text in skeleton("desk-kind").items():
+    for relative, text in agent_files("desk-kind").items():
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / relative).write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -10,12 +10,13 @@ import httpx
 import pytest
 from prometheus_client import REGISTRY
 
-from roundtrip._executor.runner import Runner
 from roundtrip._kernel.kafka import faststream_seam
 from roundtrip._kernel.observability import health, metrics
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.events import CheckedCall, Outcome, StartTurn
 from roundtrip._sdk.context import Dependencies, ToolError
+from tests.agents import tool_runner
+from tests.gate_calls import check_call
 from tests.ports import free_port_run
 from tests.unit.test_gate import call, gate, lookup, shop, turn  # noqa: F401 - fixtures
 from tests.unit.test_guard_handlers import LIST, TURN, guard, iteration  # noqa: F401 - fixtures
@@ -183,11 +184,11 @@ async def test_gate_rejections_are_counted_by_tool_and_reason_and_made_up_tools_
     invented = sample("roundtrip_gate_rejections_total", tool="cancel_order", reason="not_allowed")
     unknown = sample("roundtrip_gate_rejections_total", tool="unknown", reason="unknown_tool")
     invalid = sample("roundtrip_gate_rejections_total", tool="list_orders", reason="invalid_input")
-    await gate.check_call(
-        call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "turn_1"
+    await check_call(
+        gate, call("cancel_order", {"order_id": "ord_9f3c4e21", "reason": "customer_request"}), "cus_1001", "turn_1"
     )
-    await gate.check_call(call("drop_database_now", {}), "cus_1001", "turn_1")
-    await gate.check_call(call("list_orders", {"limit": "five"}), "cus_1001", "turn_1")
+    await check_call(gate, call("drop_database_now", {}), "cus_1001", "turn_1")
+    await check_call(gate, call("list_orders", {"limit": "five"}), "cus_1001", "turn_1")
     assert sample("roundtrip_gate_rejections_total", tool="cancel_order", reason="not_allowed") == invented + 1
     assert sample("roundtrip_gate_rejections_total", tool="unknown", reason="unknown_tool") == unknown + 1
     assert sample("roundtrip_gate_rejections_total", tool="list_orders", reason="invalid_input") == invalid + 1
@@ -207,11 +208,8 @@ async def test_tool_executions_are_counted_ok_or_error_with_their_latency():
         raise ToolError("order not found")
 
     handlers = {"t_ok": ok, "t_fails": fails}
-    runner = Runner(
-        SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False),
-        deps=Dependencies(),
-        timeout_s=1,
-        parallel=True,
+    runner = tool_runner(
+        SimpleNamespace(handler=lambda name: handlers[name], is_serial=lambda name: False), Dependencies(), timeout_s=1
     )
     before = {
         (t, r): sample("roundtrip_tool_executions_total", tool=t, result=r) for t in handlers for r in ("ok", "error")

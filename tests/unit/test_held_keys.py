@@ -134,7 +134,7 @@ async def test_the_fleets_own_dependency_still_pauses_the_whole_consumer():
 
     async def process(record):
         if record.key == b"c1" and away["on"]:
-            raise faults.RetryLater(faults.DATABASE, "ConnectionRefusedError: [Errno 111]")
+            raise faults.RetryLater(faults.DATABASE, "ConnectionRefusedError: [Errno 111]", backend=False)
         done.append(record.offset)
 
     consumer, kafka, task = await started(process, "unitfleet")
@@ -152,8 +152,8 @@ async def test_a_held_record_that_then_finds_the_fleets_dependency_away_pauses_t
     answers = iter(
         [
             faults.RetryLater(faults.HTTP, "503", backend=True),
-            faults.RetryLater(faults.KAFKA, "KafkaConnectionError"),
-            faults.RetryLater(faults.KAFKA, "KafkaConnectionError"),
+            faults.RetryLater(faults.KAFKA, "KafkaConnectionError", backend=False),
+            faults.RetryLater(faults.KAFKA, "KafkaConnectionError", backend=False),
         ]
     )
     seen: list[tuple[bool, int, tuple[str, ...]]] = []
@@ -226,7 +226,7 @@ def test_a_failure_is_a_backends_only_when_it_says_so():
             raise ValueError("wrapped") from exc
     except ValueError as wrapped:
         assert faults.of_backend(wrapped) is backend
-    assert faults.of_backend(faults.RetryLater(faults.DATABASE, "x")) is None
+    assert faults.of_backend(faults.RetryLater(faults.DATABASE, "x", backend=False)) is None
     try:
         try:
             raise backend
@@ -236,7 +236,10 @@ def test_a_failure_is_a_backends_only_when_it_says_so():
         assert faults.of_backend(meanwhile) is None  # the ledger's, though raised while the backend was away
     assert faults.of_backend(ConnectionRefusedError(111, "refused")) is None  # unmarked: the fleet's
     assert faults.of_backend(ExceptionGroup("g", [backend, faults.RetryLater(faults.HTTP, "y", backend=True)]))
-    assert faults.of_backend(ExceptionGroup("g", [backend, faults.RetryLater(faults.DATABASE, "y")])) is None
+    assert (
+        faults.of_backend(ExceptionGroup("g", [backend, faults.RetryLater(faults.DATABASE, "y", backend=False)]))
+        is None
+    )
 
 
 # -- the gate: a backend away before and after the turn's deadline ----------------------------------------------

@@ -170,7 +170,8 @@ def test_roundtrip_config_never_shows_the_passwords():
             kafka_sasl_mechanism="PLAIN",
             kafka_sasl_username="svc",
             kafka_sasl_password="s3cret-pw",
-        )
+        ),
+        [],
     )
     assert "s3cret-pw" not in shown
     assert any(line.split() == ["ROUNDTRIP_KAFKA_SASL_PASSWORD", "***"] for line in shown.splitlines())

@@ -92,7 +92,7 @@ def _shown(polls: list[list[str]], capsys) -> list[str]:
         for name in poll:
             order.add(*records[name])
         for topic, data in order.ready():
-            if (reply := following._render(topic, data, "req_1")) is not None:
+            if (reply := following._render(topic, data, "req_1", {}, set())) is not None:
                 following.show_reply(reply)
     return [line.strip() for line in capsys.readouterr().out.splitlines() if line.strip()]
 

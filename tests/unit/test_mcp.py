@@ -22,7 +22,8 @@ from roundtrip._sdk.context import Dependencies, ToolContext, ToolError
 from roundtrip._sdk.mcp import McpMount, McpServer, result_of, strict_copy
 from roundtrip._sdk.registry import RegistryError, check_tool_document
 from roundtrip._sdk.sources import Toolbox
-from tests.agents import SHOP
+from tests.agents import SHOP, tool_runner
+from tests.gate_calls import check_call
 from tests.signing import pair
 
 WRAP_SCHEMA = {
@@ -229,7 +230,8 @@ async def test_all_tools_mounts_only_those_the_agent_declares_the_entities_of_an
         "this one (name it in McpServer's entities, with {} if none of its arguments is an entity id)"
     ]
     assert "gift_wrap_order" in agent.registry and "transfer_gift" not in agent.registry
-    refused = await gate_for(agent, tools).check_call(
+    refused = await check_call(
+        gate_for(agent, tools),
         ToolCall(id="toolu_2", name="transfer_gift", input={"from_order": "a", "to_order": "b"}, fingerprint="f"),
         "cus_1001",
         "t",
@@ -287,11 +289,11 @@ async def test_the_gate_checks_a_mounted_tool_like_a_local_one():
     await tools.start()
     await tools.aclose()
     gate = gate_for(agent, tools)
-    ok = await gate.check_call(wrap_call(order_id="ord_a1000001", message="Happy birthday"), "cus_1001", "t")
+    ok = await check_call(gate, wrap_call(order_id="ord_a1000001", message="Happy birthday"), "cus_1001", "t")
     assert ok.approved
-    extra = await gate.check_call(wrap_call(order_id="ord_a1000001", message="hi", gift=True), "cus_1001", "t")
-    too_long = await gate.check_call(wrap_call(order_id="ord_a1000001", message="x" * 81), "cus_1001", "t")
-    foreign = await gate.check_call(wrap_call(order_id="ord_9f3c4e21", message="hi"), "cus_1001", "t")
+    extra = await check_call(gate, wrap_call(order_id="ord_a1000001", message="hi", gift=True), "cus_1001", "t")
+    too_long = await check_call(gate, wrap_call(order_id="ord_a1000001", message="x" * 81), "cus_1001", "t")
+    foreign = await check_call(gate, wrap_call(order_id="ord_9f3c4e21", message="hi"), "cus_1001", "t")
     assert not extra.approved and "gift" in extra.error
     assert not too_long.approved and "message" in too_long.error
     assert not foreign.approved and "not found among this customer's orders" in foreign.error
@@ -301,7 +303,9 @@ async def test_the_gate_refuses_a_tool_of_a_server_it_could_not_list():
     agent, tools = mounted(FakeMcp(up=False))
     await tools.start()
     await tools.aclose()
-    refused = await gate_for(agent, tools).check_call(wrap_call(order_id="ord_a1000001", message="hi"), "cus_1001", "t")
+    refused = await check_call(
+        gate_for(agent, tools), wrap_call(order_id="ord_a1000001", message="hi"), "cus_1001", "t"
+    )
     assert not refused.approved and "cannot be reached right now; nothing was done" in refused.error
 
 
@@ -312,12 +316,12 @@ async def test_the_agents_policies_and_approval_rules_bind_to_mcp_tools_by_name(
     agent, tools = mounted(FakeMcp(), policies={**SHOP.policies, "gift_wrap_order": no_wrapping})
     await tools.start()
     await tools.aclose()
-    denied = await gate_for(agent, tools).check_call(wrap_call(order_id="ord_a1000001", message="hi"), "cus_1001", "t")
+    denied = await check_call(gate_for(agent, tools), wrap_call(order_id="ord_a1000001", message="hi"), "cus_1001", "t")
     assert not denied.approved and "gift wrapping is paused" in denied.error
 
 
 def executor(agent, tools) -> Runner:
-    return Runner(agent.registry, Dependencies(), timeout_s=2.0, parallel=True, fallback=tools.handler)
+    return tool_runner(agent.registry, Dependencies(), timeout_s=2.0, fallback=tools.handler)
 
 
 TURN = Turn(turn_id="turn_1", request_id="req_1", conversation_id="conv_1", customer_id="cus_1001")

@@ -15,6 +15,7 @@ from roundtrip._kernel.clock import SYSTEM
 from roundtrip._kernel.storage.turnstore import Fence, TurnRefused
 from roundtrip._kernel.wire.events import Turn
 from tests.databases import migrated
+from tests.ledger_steps import advance
 
 ALICE = Turn(
     turn_id="turn_a",
@@ -50,11 +51,11 @@ async def test_a_claim_for_another_customer_or_conversation_is_refused_and_the_t
         assert not await fence.wait_for_capacity(forged, 0, now=time.time())
         with pytest.raises(TurnRefused):
             await ledger.refuse_if_not_recorded(forged, "guard")
-        assert not await ledger.advance(forged, 1, {}, 0.0, pending="{}", now=time.time())
+        assert not await advance(ledger, forged, 1, {}, 0.0, pending="{}", now=time.time())
     row = await ledger.get(ALICE.turn_id)
     assert (row.step, row.lease_until) == (0, None)  # nothing the copies tried was recorded
-    assert await fence.claim_model_call(ALICE, 0, now=time.time()) and await ledger.advance(
-        ALICE, 1, {}, 0.0, pending="{}", now=time.time()
+    assert await fence.claim_model_call(ALICE, 0, now=time.time()) and await advance(
+        ledger, ALICE, 1, {}, 0.0, pending="{}", now=time.time()
     )
     assert await fence.claim_batch(ALICE, 1, lease_s=10, now=time.time())
 

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from roundtrip._cli.main import app
 from roundtrip._kernel.settings import CONCERNS, Settings, env_name
-from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.wire import topology
+from tests.prices import price_table
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -117,7 +117,7 @@ def test_the_readme_ask_example_reads_as_the_console_prints_it():
     contract = (DOCS / "contract.md").read_text()
     example = json.loads(re.findall(r"```json\n(.*?)```", contract, re.S)[1])
     assert Usage(**example["usage"]) == usage and example["steps"] == steps
-    assert example["cost_usd"] == round(PriceTable.from_json(Settings(_env_file=None).prices).cost("any", usage), 4)
+    assert example["cost_usd"] == round(price_table(Settings(_env_file=None).prices).cost("any", usage), 4)
     assert all(matches_example(line, line) for line in shown)
 
 

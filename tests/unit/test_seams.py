@@ -111,7 +111,7 @@ def test_fastStreams_kafka_metrics_keep_the_names_and_labels_the_kernel_records(
     record = counted.received("seam.topic", 10)
     record.failed("ValueError")
     record.done(0.01)
-    counted.published("seam.topic", 0.01)
+    counted.published("seam.topic", 0.01, None)
     counted.published("seam.topic", 0.01, "KafkaError")
 
     assert sample("faststream_received_messages_total", **topic) == received + 2, FASTSTREAM

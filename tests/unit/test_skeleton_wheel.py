@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from roundtrip._cli.skeleton import skeleton
+from tests.skeletons import agent_files
 from tests.wheel import build_wheel, pip_wheel, stub_wheel
 
 NAME, PACKAGE = "desk-kind", "desk_kind"
@@ -36,7 +36,7 @@ print(json.dumps({"module": desk_kind.__file__, "tools": sorted(agent.registry.s
 
 
 def write_skeleton(folder: Path, **replace: str) -> Path:
-    for relative, text in skeleton(NAME).items():
+    for relative, text in agent_files(NAME).items():
         for old, new in replace.items():
             text = text.replace(old, new)
         (folder / relative).parent.mkdir(parents=True, exist_ok=True)

@@ -329,15 +329,17 @@ def test_the_jaeger_query_url_is_the_setting_or_derived_from_a_standard_otlp_end
 def test_roundtrip_ask_says_its_turn_is_stuck_and_where_it_waits(capsys):
     seen: dict = {}
     batch = {"turn": TURN.model_dump(), "step": 1, "messages": [], "calls": []}
-    following._render("turn.tool_batches", batch, "req_1", seen)
+    following._render("turn.tool_batches", batch, "req_1", seen, set())
     flagged = TurnFlagged(
         turn=TURN, step=1, idle_s=4.2, detail="no progress for 4.2 s after step 1; ending in 3 s unless it moves"
     )
-    following._render("turn.events", flagged.model_dump(mode="json"), "req_1", seen)
+    following._render("turn.events", flagged.model_dump(mode="json"), "req_1", seen, set())
     out = capsys.readouterr().out
     assert "turn turn_1 is stuck" in out and "no progress for 4.2 s" in out
     assert "waiting on an executor (turn.tool_batches)" in out and TRACE_ID in out
-    following._render("turn.events", flagged.model_dump(mode="json"), "req_other", seen)  # another turn's: silent
+    following._render(
+        "turn.events", flagged.model_dump(mode="json"), "req_other", seen, set()
+    )  # another turn's: silent
     assert capsys.readouterr().out == ""
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
-from roundtrip._executor.runner import Runner
 from roundtrip._gate.gate import Gate
 from roundtrip._kernel.wire.events import CheckedCall, CheckToolCalls, ToolCall, Turn
 from roundtrip._sdk.context import ToolContext
 from roundtrip._shop.agent import AGENT as SHOP
-from tests.agents import shop_deps, shop_registry
+from tests.agents import shop_deps, shop_registry, tool_runner
 from tests.signing import pair
 
 
@@ -27,7 +26,7 @@ async def _seen_by_the_handler(turn: Turn) -> dict:
         return {"ok": True}
 
     registry = shop_registry(handlers={**SHOP.handlers, "search_help_center": handler})
-    runner = Runner(registry, deps=shop_deps(None), timeout_s=5, parallel=True)
+    runner = tool_runner(registry, shop_deps(None))
     (result,) = await runner.run(
         [CheckedCall(id="toolu_1", name="search_help_center", input={"query": "x"}, approved=True)], turn
     )

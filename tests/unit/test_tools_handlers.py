@@ -165,7 +165,7 @@ async def test_shop_5xx_and_unreachable_raise_shop_unavailable():
 
     down = ShopClient("http://shop", timeout=10.0, transport=httpx.MockTransport(refuse))
     with pytest.raises(ShopUnavailable, match="unreachable"):
-        await down.list_orders(ALICE)
+        await down.list_orders(ALICE, None, None)
     assert await down.health() is False
     await down.aclose()
 
@@ -180,7 +180,7 @@ async def test_over_its_real_transport_a_refused_connection_is_unreachable_and_a
         closed_port = s.getsockname()[1]
     down = ShopClient(f"http://127.0.0.1:{closed_port}", timeout=2, transport=AiohttpTransport())
     with pytest.raises(ShopUnavailable, match="unreachable"):
-        await down.list_orders(ALICE)
+        await down.list_orders(ALICE, None, None)
     assert await down.health() is False
     await down.aclose()
 
@@ -220,6 +220,6 @@ async def test_unexpected_status_is_a_shop_error():
         "http://shop", timeout=10.0, transport=httpx.MockTransport(lambda r: httpx.Response(401, json={"error": "x"}))
     )
     with pytest.raises(ShopError) as err:
-        await client.list_orders(ALICE)
+        await client.list_orders(ALICE, None, None)
     assert not isinstance(err.value, ShopUnavailable) and err.value.status_code == 401
     await client.aclose()

@@ -78,7 +78,7 @@ def test_entity_refs(registry):
 
 
 def test_api_tools_strip_extensions_and_cache_the_last(registry):
-    tools = registry.api_tools()
+    tools = registry.api_tools(cache=True)
     assert [t["name"] for t in tools] == sorted(TOOLS)
     for tool in tools[:-1]:
         assert set(tool) == {"name", "description", "input_schema"}
@@ -93,7 +93,7 @@ def test_api_tools_strip_extensions_and_cache_the_last(registry):
     assert registry.get("lookup_order").input_schema["properties"]["order_id"]["x-entity"] == "order"
     # mutating the output does not touch the registry
     tools[0]["input_schema"]["properties"].clear()
-    assert registry.api_tools()[0]["input_schema"]["properties"]
+    assert registry.api_tools(cache=True)[0]["input_schema"]["properties"]
 
 
 def test_strip_extensions_keeps_property_names():

@@ -33,7 +33,7 @@ ECHO = topology.Service(
 
 def build(settings: Settings, agent: object) -> FastStream:  # a service of its own: builds like the five
     wired = wiring("echo", settings, (), "")
-    echoed = Outlet(wired, ECHOED, events.CancelTurn)
+    echoed = Outlet(wired, ECHOED, events.CancelTurn, "")
 
     @subscribe(wired, ECHOES, settings)
     async def on_echo(command: events.CancelTurn) -> None:
@@ -54,8 +54,8 @@ def settings() -> Settings:
 def test_a_service_added_to_the_declaration_shows_up_everywhere(with_echo):
     channels = contracts.asyncapi_document()["channels"]
     assert any(ECHOES in name for name in channels) and any(ECHOED in name for name in channels)
-    assert {"p." + ECHOES, "p." + ECHOED} <= set(desired_topics("p.", 3, None))  # topics create
-    assert topology.groups()["roundtrip-echo"] == ECHOES  # roundtrip lag
+    assert {"p." + ECHOES, "p." + ECHOED} <= set(desired_topics("p.", 3, None, ()))  # topics create
+    assert topology.groups("")["roundtrip-echo"] == ECHOES  # roundtrip lag
     assert (
         topology.names()[-1] == "echo"
         and health.port_candidates(
@@ -70,8 +70,8 @@ def test_a_fleets_groups_carry_its_topic_prefix_and_are_found_by_their_short_nam
     assert topology.group("guard", "starts", "prod.") == "prod.roundtrip-guard-starts"
     prod = topology.groups("prod.")
     assert (
-        set(prod) == {"prod." + g for g in topology.groups()}
-        and prod["prod.roundtrip-executor"] == topology.groups()["roundtrip-executor"]
+        set(prod) == {"prod." + g for g in topology.groups("")}
+        and prod["prod.roundtrip-executor"] == topology.groups("")["roundtrip-executor"]
     )
     for name in ("executor", "roundtrip-executor", "prod.roundtrip-executor"):
         assert topology.find_group(name, "prod.") == "prod.roundtrip-executor"
@@ -103,7 +103,7 @@ def test_a_handler_for_another_message_than_declared_fails_at_build():
 def test_an_output_the_topology_does_not_declare_fails_at_build():
     wired = wiring("gate", settings(), (), "")
     with pytest.raises(LookupError, match=r"declares no output CallModel of gate to turn.model_calls"):
-        Outlet(wired, topics.MODEL_CALLS, events.CallModel)
+        Outlet(wired, topics.MODEL_CALLS, events.CallModel, "")
 
 
 def test_every_topic_is_one_of_the_declared_names_and_the_ledger_sharers_are_declared():
@@ -132,7 +132,7 @@ def test_dead_letters_are_re_driven_only_to_consumed_topics_and_their_handling_i
     assert set(topology.redrive_topics()) == consumed and topics.SUPPORT_REPLIES not in consumed
     assert [s.name for s in topology.SERVICES if s.redrives] == ["console"]
     assert topics.DEAD_LETTERS_HANDLED in topology.topic_names()
-    counts = desired_topics("p.", 6, None)
+    counts = desired_topics("p.", 6, None, ())
     assert counts["p." + topics.DEAD_LETTERS_HANDLED] == 1  # one order of claims: the first claim of a letter wins
     assert topology.consumed_by("executor") == (topics.TOOL_BATCHES,) and topology.consumed_by("console") == ()
     for name in topology.service("console").reads:

@@ -12,6 +12,7 @@ from sqlalchemy import update
 
 from roundtrip._kernel.storage.turnstore import TurnStore, turns
 from tests.databases import migrated
+from tests.ledger_steps import advance
 
 T1 = SimpleNamespace(turn_id="t1", customer_id="cus", conversation_id="c")  # its id and principal, as started below
 
@@ -51,7 +52,8 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
         other.execute("UPDATE turns SET step = 7 WHERE turn_id = 't1'")  # another process moves the turn
         assert (await ledger.get("t1")).step == 7
         other.execute("UPDATE turns SET step = 8 WHERE turn_id = 't1'")
-        assert not await ledger.advance(
+        assert not await advance(
+            ledger,
             T1,
             8,
             {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
@@ -59,7 +61,8 @@ async def test_every_call_sees_what_another_process_committed_before_it(tmp_path
             "{}",
             now=time.time(),
         )  # from step 7: no longer there
-        assert await ledger.advance(
+        assert await advance(
+            ledger,
             T1,
             9,
             {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},

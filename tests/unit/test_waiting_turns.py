@@ -13,6 +13,7 @@ from roundtrip._kernel.storage.turnstore import RUNNING, WAITING, Fence
 from tests import waiting
 from tests.consumers import key_ordered
 from tests.databases import migrated
+from tests.ledger_steps import advance, flag_stuck
 
 
 def turn(turn_id: str) -> dict:
@@ -35,9 +36,9 @@ async def test_a_waiting_turn_is_live_never_stuck_ended_at_its_deadline_and_coun
         assert await ledger.waiting_for_capacity() == 1
         idle, expired, _ = await ledger.overdue(time.time(), stuck_after_s=60, grace_s=30, deadline_s=300)
         assert [r.turn_id for r in idle] == ["t2"] and not expired  # only the running one is idle
-        assert not await ledger.flag_stuck("t1", stuck_after_s=60)
-        assert await ledger.advance(
-            T1, 1, {}, 0.0, pending="{}", now=time.time()
+        assert not await flag_stuck(ledger, "t1", time.time(), stuck_after_s=60)
+        assert await advance(
+            ledger, T1, 1, {}, 0.0, pending="{}", now=time.time()
         )  # the call answered: the next step runs
         assert (await ledger.get("t1")).status == RUNNING
         assert await fence.wait_for_capacity(T1, 1, now=time.time())

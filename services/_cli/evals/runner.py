@@ -314,7 +314,7 @@ async def run_suite(
     agent_settings: Any,
     timeout: float,
     concurrency: int,
-    done: Callable[[CaseResult], None] = lambda _: None,
+    done: Callable[[CaseResult], None],
 ) -> list[CaseResult]:
     """Every run of every case (`concurrency` at once) on agent `version` (`v2`, `default`; None: where the ramp sends
     them), each case's result handed to `done` once its runs are in."""

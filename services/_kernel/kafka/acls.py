@@ -60,7 +60,7 @@ def _topic(principal: str, name: str, prefix: str, *operations: str) -> Acl:
 
 
 def for_service(
-    service: topology.Service, prefix: str = "", principal: str = DEFAULT_PRINCIPAL, version: str = ""
+    service: topology.Service, prefix: str, principal: str = DEFAULT_PRINCIPAL, version: str = ""
 ) -> list[Acl]:
     """`version`: the principal of that agent version's own service (`roundtrip-model-v2`), on its own topics."""
     who = principal.format(name=f"{service.name}-{version}" if version else service.name)
@@ -85,7 +85,7 @@ def for_service(
     return _merged(acls)
 
 
-def for_operator(prefix: str, principal: str, versions: tuple[str, ...] = ()) -> list[Acl]:
+def for_operator(prefix: str, principal: str, versions: tuple[str, ...]) -> list[Acl]:
     """The `roundtrip` commands: make and grow the topics (each agent version's in `versions` too), read them all,
     publish requests, cancels, decisions."""
     who = principal.format(name=OPERATOR)
@@ -123,7 +123,7 @@ def for_app(group: str, prefix: str, principal: str) -> list[Acl]:
     )
 
 
-def derive(prefix: str, principal: str, app_group: str | None, versions: tuple[str, ...] = ()) -> dict[str, list[Acl]]:
+def derive(prefix: str, principal: str, app_group: str | None, versions: tuple[str, ...]) -> dict[str, list[Acl]]:
     """Each principal's ACLs; with `versions`, each agent version's own services too, and the guard may write their
     model calls and tool checks."""
     derived = {s.name: for_service(s, prefix, principal) for s in topology.SERVICES}

@@ -46,7 +46,7 @@ def topic_configs(name: str, prefix: str) -> dict[str, str]:
 
 
 def desired_topics(
-    prefix: str, partitions: int, executor_partitions: int | None, versions: Sequence[str] = ()
+    prefix: str, partitions: int, executor_partitions: int | None, versions: Sequence[str]
 ) -> dict[str, int]:
     """The fleet's topics and their partitions, with the own topics of each agent version in `versions`."""
     counts = {}
@@ -61,7 +61,7 @@ def desired_topics(
     return counts
 
 
-def _admin(kafka: KafkaClients | str, request_timeout_ms: int = 30000) -> AIOKafkaAdminClient:
+def _admin(kafka: KafkaClients | str, request_timeout_ms: int) -> AIOKafkaAdminClient:
     return clients_of(kafka).admin(client_id="roundtrip-admin", request_timeout_ms=request_timeout_ms)
 
 
@@ -95,7 +95,7 @@ async def ensure_topics(
     replication_factor: int,
     *,
     min_insync_replicas: int | None,
-    versions: Sequence[str] = (),
+    versions: Sequence[str],
 ) -> TopicsReport:
     durability = {"min.insync.replicas": str(min_insync_replicas)} if min_insync_replicas else {}
     wanted = desired_topics(prefix, partitions, executor_partitions, versions)

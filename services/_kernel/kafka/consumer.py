@@ -59,7 +59,7 @@ class _Partition:
         self.idle.clear()
         return slot
 
-    def release(self, n: int = 1) -> None:
+    def release(self, n: int) -> None:
         self.held -= n
         if self.held <= 0:
             self.idle.set()

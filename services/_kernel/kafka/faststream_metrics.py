@@ -72,7 +72,7 @@ class KafkaMetrics:
             counted = self._received[topic] = _Received(self._container, labels, self._service, topic)
         return counted(size)
 
-    def published(self, topic: str, seconds: float, exception_type: str | None = None) -> None:
+    def published(self, topic: str, seconds: float, exception_type: str | None) -> None:
         children = self._published.get(topic)
         if children is None:
             labels = {"app_name": self._app, "broker": "kafka", "destination": topic}

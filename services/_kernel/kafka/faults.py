@@ -34,7 +34,7 @@ class RetryLater(Exception):
     `backend`: one of the agent's systems, not the fleet's own, so only the record's key waits instead of the whole
     consumer. `until`: the epoch time (the turn's deadline) when the handler answers without it: tried again then."""
 
-    def __init__(self, dependency: str, reason: str, *, backend: bool = False, until: float | None = None) -> None:
+    def __init__(self, dependency: str, reason: str, *, backend: bool, until: float | None = None) -> None:
         super().__init__(f"{dependency} unavailable: {reason}")
         self.dependency = dependency
         self.reason = reason

@@ -381,7 +381,7 @@ class Outlet:
     """A declared publisher (so it shows in the AsyncAPI document) that keys by conversation id. A message of a
     versioned topic goes to its turn's version's copy: the turn's version routes it, whoever publishes it."""
 
-    def __init__(self, wired: Wiring, topic: str, schema: type[BaseModel], description: str = "") -> None:
+    def __init__(self, wired: Wiring, topic: str, schema: type[BaseModel], description: str) -> None:
         if wired.service in topology.names():
             topology.service(wired.service).output(topic, schema)
         self._wired, self._topic, self._name = wired, wired.topic(topic), topic

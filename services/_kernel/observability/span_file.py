@@ -22,7 +22,7 @@ class JsonLinesSpanExporter(SpanExporter):
     """Appends one JSON object per finished span to a file (O_APPEND: safe across processes), rotated past
     `max_bytes` under an flock so two processes do not rotate twice; at most (backups + 1) x max_bytes."""
 
-    def __init__(self, path: Path, max_bytes: int = 0, backups: int = 3) -> None:
+    def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path, self.max_bytes, self.backups = path, max_bytes, backups
         self._fd = self._open()

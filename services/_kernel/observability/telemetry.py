@@ -390,7 +390,7 @@ def span_in_turn(name: str, turn: Any, cause: str | None, step: int | None) -> I
         _hop.reset(token)
 
 
-def mark_error(span: trace.Span, reason: str, error_type: str | None = None) -> None:
+def mark_error(span: trace.Span, reason: str, error_type: str | None) -> None:
     """Status ERROR with the reason, `error.type`, and `roundtrip.error=true`: a plain attribute every Jaeger
     storage can search (the in-memory one cannot search `error=true`)."""
     span.set_status(Status(StatusCode.ERROR, reason[:200]))

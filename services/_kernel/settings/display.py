@@ -80,8 +80,8 @@ def own_group(heading: str, own: Any) -> list[tuple[str, list[tuple[str, str]]]]
     ]
 
 
-def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]] | None = None) -> str:
-    groups = grouped(settings) + (extra or [])
+def render(settings: Concern, extra: list[tuple[str, list[tuple[str, str]]]]) -> str:
+    groups = grouped(settings) + extra
     width = max(len(variable) for _, rows in groups for variable, _ in rows)
     return "\n\n".join(
         "\n".join([f"# {heading}", *(f"{variable:<{width}}  {value}" for variable, value in rows)])

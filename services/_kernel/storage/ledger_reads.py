@@ -225,7 +225,7 @@ class TurnReads(TurnStore):
         return rows[0] if rows else None
 
     async def list_approvals(
-        self, status: str | None = PENDING, turn_id: str | None = None, limit: int = 50
+        self, status: str | None, turn_id: str | None = None, *, limit: int
     ) -> builtins.list[ApprovalRow]:
         """Approvals, newest first; pending ones only while their turn still waits."""
         query = select(approvals).order_by(approvals.c.requested_at.desc()).limit(limit)

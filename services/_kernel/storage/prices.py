@@ -60,7 +60,7 @@ def _configured(prices: dict[str, Price], names: tuple[str, ...]) -> Price | Non
 
 
 class PriceTable:
-    def __init__(self, prices: dict[str, Price], provider: str = "anthropic") -> None:
+    def __init__(self, prices: dict[str, Price], provider: str) -> None:
         if "default" not in prices:
             raise ValueError("the price table needs a 'default' entry")
         self._default = prices["default"]
@@ -69,7 +69,7 @@ class PriceTable:
         self._listed = PROVIDER_PRICES.get(provider, {})
 
     @classmethod
-    def from_json(cls, text: str, provider: str = "anthropic") -> PriceTable:
+    def from_json(cls, text: str, provider: str) -> PriceTable:
         try:
             raw = json.loads(text)
             return cls({model: Price(*map(float, values)) for model, values in raw.items()}, provider)

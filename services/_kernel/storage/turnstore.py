@@ -295,7 +295,7 @@ class TurnStore:
                 self._inline = conn
         return conn
 
-    def _run_waiting(self, work: Callable[[Connection], T], write: bool, single: bool = False) -> T:
+    def _run_waiting(self, work: Callable[[Connection], T], write: bool, single: bool) -> T:
         assert isinstance(self.engine, Engine)
         with self.engine.begin() if write and not single else self.engine.connect() as conn:
             if single:

@@ -183,7 +183,7 @@ def index(name: str) -> int:
     return names().index(name)
 
 
-def groups(prefix: str = "") -> dict[str, str]:
+def groups(prefix: str) -> dict[str, str]:
     return {i.group(s.name, prefix): i.topic for s in SERVICES for i in s.inputs}
 
 

@@ -105,9 +105,7 @@ class ShopClient:
             return False
         return response.status_code == 200
 
-    async def list_orders(
-        self, customer_id: str, status: str | None = None, limit: int | None = None
-    ) -> list[dict[str, Any]]:
+    async def list_orders(self, customer_id: str, status: str | None, limit: int | None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {}
         if status is not None:
             params["status"] = status
