@@ -156,7 +156,7 @@ class Asker:
     async def pin(self, conversation: str, customer: str) -> None:
         """A new conversation claimed for this run's version (none asked: nothing to do)."""
         if self.conversations is not None and self.version is not None:
-            await self.conversations.claim(conversation, customer, self.version)
+            await self.conversations.claim(conversation, customer, self.version, time.time())
 
     def script_name(self) -> str:
         """A name of this run's own for a turn's script (short: a request's persona holds at most 40 characters)."""
