@@ -2,9 +2,9 @@
 
 Each step runs the cores the services' shells run, built by the same factories: the model's (`ModelCore.respond`),
 the guard's rules (`Decisions.decided`), the gate's (`GateCore.handle`) and the executor's (`ExecutorCore.handle`);
-the turn starts as the gateway starts it (`start_turn`). A held call is decided by `approve`, signed with the decision
-key as a person's is. The ports are in-memory (_ports.py). Left out: the broker hops, the guard's ledger and
-conversation store, the processes.
+the gateway's (`GatewayCore.start`, `.reply`) starts the turn and checks its one reply against the end the rules
+decided. A held call is decided by `approve`, signed with the decision key as a person's is. The ports are in-memory
+(_ports.py). Left out: the broker hops, the guard's ledger and conversation store, the processes.
 """
 
 from __future__ import annotations
@@ -15,16 +15,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka import TopicPartition
 from opentelemetry import trace
 
 from roundtrip._executor.core import ExecutorPorts
 from roundtrip._executor.core import core_of as executor_core
 from roundtrip._gate.core import GatePorts
 from roundtrip._gate.core import core_of as gate_core
-from roundtrip._gateway.turns import start_turn
+from roundtrip._gateway.admission import Admission, Lanes
+from roundtrip._gateway.core import GatewayPorts
+from roundtrip._gateway.core import core_of as gateway_core
 from roundtrip._guard.approvals import resumed
 from roundtrip._guard.core import decisions_of
-from roundtrip._kernel.observability.telemetry import new_turn_ids
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire.approvals import Signer
 from roundtrip._kernel.wire.events import (
@@ -34,6 +36,8 @@ from roundtrip._kernel.wire.events import (
     CheckToolCalls,
     Decision,
     ModelResponded,
+    StartTurn,
+    SupportReply,
     SupportRequest,
     Turn,
     TurnEnded,
@@ -45,7 +49,7 @@ from roundtrip._model.core import core_of as model_core
 from roundtrip._model.port import Model
 from roundtrip._sdk.agent import Agent
 from roundtrip._sdk.context import Dependencies
-from roundtrip.testing._ports import OpenFence, StartedTurns
+from roundtrip.testing._ports import OpenFence, RecordedEnds, Replied, StartedTurns
 
 AWAITING_APPROVAL = "awaiting_approval"  # the outcome of a turn left waiting for a person (no `approve` given)
 Approve = Callable[[ApprovalRequested], bool]
@@ -83,19 +87,39 @@ class InProcess:
         self.executor = executor_core(settings, agent, ExecutorPorts(self.fence, deps))
         self.decisions = Signer.of(settings.key_text("decision_signing_key"), "ROUNDTRIP_DECISION_SIGNING_KEY")
         self.rules = decisions_of(settings, agent)
+        self.ends, self.started, self.replies = RecordedEnds(), dict[str, StartTurn](), dict[str, SupportReply]()
+        forget_after_s = settings.turn_deadline_s + settings.stuck_grace_s + 60
+        lanes = Lanes(
+            Admission(settings.max_running_turns, forget_after_s),
+            Admission(settings.max_running_batch_turns, forget_after_s),
+        )
+        ports = GatewayPorts(lanes, self.ends, Replied(), self._start, self._reply)
+        self.gateway = gateway_core(settings, agent, ports)
+        self.replied_at = 0  # the offset of each reply's end, as support.replies' transactions would have it
 
-    def new_turn(self, text: str, customer_id: str, persona: str | None) -> Turn:
+    async def _start(self, command: StartTurn, conversation_id: str) -> None:
+        self.started[command.turn.request_id] = command
+
+    def _reply(self, reply: SupportReply, conversation_id: str) -> None:
+        self.replies[reply.turn_id] = reply
+
+    async def new_turn(self, text: str, customer_id: str, persona: str | None) -> Turn:
         """The turn the gateway starts for this request, its deadline as the guard records it."""
         request_id = f"req_{uuid.uuid4().hex[:12]}"
+        conversation_id = f"conv_{request_id}"
         request = SupportRequest(
-            request_id=request_id,
-            conversation_id=f"conv_{request_id}",
-            customer_id=customer_id,
-            persona=persona,
-            text=text,
+            request_id=request_id, conversation_id=conversation_id, customer_id=customer_id, persona=persona, text=text
         )
-        turn = start_turn(request, *new_turn_ids()).turn
+        await self.gateway.start(request, conversation_id.encode())
+        turn = self.started.pop(request_id).turn
         return turn.model_copy(update={"deadline_at": round(time.time() + self.settings.turn_deadline_s, 3)})
+
+    async def reply(self, ended: TurnEnded) -> SupportReply:
+        """The turn's one reply, as the gateway sends it for the end the guard recorded."""
+        self.ends.record(ended, time.time())
+        self.replied_at += 1
+        await self.gateway.reply(ended, _REPLIES, self.replied_at)
+        return self.replies.pop(ended.turn.turn_id)
 
     async def turn(
         self,
@@ -106,7 +130,7 @@ class InProcess:
         observe: Callable[[ModelResponded], None] | None = None,
     ) -> Ended:
         command: CallModel | ApprovalRequested = CallModel(
-            turn=self.new_turn(text, customer_id, persona), step=0, messages=[{"role": "user", "content": text}]
+            turn=await self.new_turn(text, customer_id, persona), step=0, messages=[{"role": "user", "content": text}]
         )
         approvals: list[ApprovalRequested] = []
         while True:
@@ -136,10 +160,10 @@ class InProcess:
                     if event.content
                     else event.messages
                 )
-                ended = hop.message
+                reply = await self.reply(hop.message)
                 return Ended(
-                    ended.outcome.value,
-                    ended.text,
+                    reply.outcome.value,
+                    reply.text,
                     transcript,
                     event.step,
                     hop.detail,
@@ -168,6 +192,9 @@ class InProcess:
         )
         hop = resumed(request, decision, approved, time.time())
         return hop if isinstance(hop, CallModel) else await self._run(hop)
+
+
+_REPLIES = TopicPartition("in-process", 0)  # the one "partition" of the loop's turn ends
 
 
 async def _taken_as_returned(_: CallModel | ApprovalRequested) -> None:

@@ -3,8 +3,12 @@ them there, for one process running one turn at a time."""
 
 from __future__ import annotations
 
-from roundtrip._kernel.storage.turnstore import Principal
-from roundtrip._kernel.wire.events import Turn
+from dataclasses import dataclass
+
+from aiokafka import TopicPartition
+
+from roundtrip._kernel.storage.turnstore import ENDED, Principal, reply_digest
+from roundtrip._kernel.wire.events import Turn, TurnEnded
 
 
 class OpenFence:
@@ -32,3 +36,53 @@ class StartedTurns:
 
     async def authorized(self, turn: Turn) -> Turn:
         return turn
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    status: str
+    customer_id: str
+    conversation_id: str
+    request_id: str
+    outcome: str
+    reply_sha256: str
+    ended_at: float
+
+
+class RecordedEnds:
+    """The ends the guard's rules decided, as the ledger records them: the gateway's core checks each reply against
+    its record as the fleet's does."""
+
+    def __init__(self) -> None:
+        self._ends: dict[str, _Recorded] = {}
+
+    def record(self, ended: TurnEnded, now: float) -> None:
+        turn = ended.turn
+        self._ends[turn.turn_id] = _Recorded(
+            ENDED,
+            turn.customer_id,
+            turn.conversation_id,
+            turn.request_id,
+            ended.outcome.value,
+            reply_digest(ended.text),
+            now,
+        )
+
+    async def ended_as(self, turn_id: str) -> _Recorded | None:
+        return self._ends.pop(turn_id, None)  # read once, at the turn's one reply: the loop keeps no turn after it
+
+
+class Replied:
+    """The turns answered: one reply each (in the fleet, support.replies and its transactions)."""
+
+    def __init__(self) -> None:
+        self._answered: set[str] = set()
+
+    async def answered(self, turn_id: str) -> bool:
+        return turn_id in self._answered
+
+    async def claim(self, turn_id: str, tp: TopicPartition, offset: int) -> bool:
+        if turn_id in self._answered:
+            return False
+        self._answered.add(turn_id)
+        return True

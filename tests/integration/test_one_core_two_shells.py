@@ -10,9 +10,11 @@ from aiokafka import AIOKafkaConsumer
 from faststream import TestApp
 
 from roundtrip import load_agent
+from roundtrip._gateway import core as gateway_core
+from roundtrip._gateway.core import GatewayCore
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.wire import topics
-from roundtrip._kernel.wire.events import CallModel, ModelResponded, Turn
+from roundtrip._kernel.wire.events import CallModel, ModelResponded, SupportReply, SupportRequest, Turn, TurnEnded
 from roundtrip._model import app as model_app
 from roundtrip._model.core import ModelCore
 from roundtrip.testing import ScriptedModel, run_turn
@@ -84,3 +86,22 @@ def test_without_the_patch_run_turn_says_what_the_script_says():
     """The patch is what changed the answer above."""
     result = run_turn(load_agent(None), "cus_1001", "hi", model=ScriptedModel(["the script's own answer"]))
     assert result.text == "the script's own answer"
+
+
+def test_run_turn_starts_and_answers_through_the_gateways_core(monkeypatch):
+    """The turn starts as the gateway's core starts it and its reply is the one the core sends (`reply_for`, after
+    its check against the end the rules decided), not a copy of it."""
+    started: list[str] = []
+    original_start, original_reply_for = GatewayCore.start, gateway_core.reply_for
+
+    async def start(self: GatewayCore, request: SupportRequest, key: bytes | None) -> None:
+        started.append(request.customer_id)
+        await original_start(self, request, key)
+
+    def reply_for(ended: TurnEnded) -> SupportReply:
+        return original_reply_for(ended).model_copy(update={"text": "sent by the gateway's core"})
+
+    monkeypatch.setattr(GatewayCore, "start", start)
+    monkeypatch.setattr(gateway_core, "reply_for", reply_for)
+    result = run_turn(load_agent(None), "cus_1001", "hi", model=ScriptedModel(["the script's own answer"]))
+    assert (started, result.outcome, result.text) == (["cus_1001"], "end_turn", "sent by the gateway's core")
