@@ -10,18 +10,22 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, bindparam, func, select, text
+from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, bindparam, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtrip._kernel.migrations import CONVERSATIONS
 from roundtrip._kernel.storage.turnstore import (
     AWAITING,
     BATCH,
+    CALL_IN_BATCH,
+    CALL_QUEUED,
+    CALL_SUBMITTING,
     INTERACTIVE,
     RUNNING,
     STUCK,
     TurnStore,
     approvals,
+    batch_calls,
     turns,
 )
 
@@ -58,6 +62,12 @@ _OLDEST = select(func.min(turns.c.ended_at))
 _COUNT = select(func.count()).select_from(turns)
 _ESTIMATE = text("SELECT reltuples::bigint FROM pg_class WHERE relname = 'turns'")
 _WAITING = select(func.count(), func.min(approvals.c.requested_at)).where(approvals.c.status == PENDING)
+_call = batch_calls.c
+_CALLS_WAITING = select(_call.turn_id, _call.step, _call.status, _call.batch_id).where(
+    _call.turn_id.in_(bindparam("b_ids", expanding=True)),
+    or_(*(_call.status == status for status in (CALL_QUEUED, CALL_SUBMITTING, CALL_IN_BATCH))),
+)
+IDS_A_QUESTION = 500
 
 
 @dataclass
@@ -91,6 +101,8 @@ class TurnRow:
     reply_sha256: str | None = None
     lane: str | None = None
     agent_version: str | None = None
+    batch_call: str | None = None  # not a column: its waiting call's state in model_batch_calls (with_batches)
+    batch_id: str | None = None  # and the batch it waits in
 
     @property
     def turn(self) -> dict[str, Any]:
@@ -103,8 +115,13 @@ class TurnRow:
 
     @property
     def shown_status(self) -> str:
-        """The status as an operator reads it: `in batch` for a turn waiting on its batch."""
-        return "in batch" if self.in_batch else self.status
+        """The status as an operator reads it: `in batch msgbatch_...` for a turn whose call waits in that batch,
+        `waiting for a batch` while it is gathered for one (`TurnReads.with_batches` says which)."""
+        if not self.in_batch:
+            return self.status
+        if self.batch_id:
+            return f"in batch {self.batch_id}"
+        return "waiting for a batch" if self.batch_call in (CALL_QUEUED, CALL_SUBMITTING) else "in batch"
 
     @property
     def shown_lane(self) -> str:
@@ -209,7 +226,18 @@ class TurnReads(TurnStore):
                 query = query.where(column == value)
         if since:
             query = query.where(turns.c.started_at >= since)
-        return await self._rows(query)
+        return await self.with_batches(await self._rows(query))
+
+    async def with_batches(self, rows: builtins.list[TurnRow]) -> builtins.list[TurnRow]:
+        """`rows`, each batch turn whose call is with the model service told the state of that call and its batch."""
+        waiting = {row.turn_id: row for row in rows if row.in_batch}
+        ids = [*waiting]
+        for start in range(0, len(ids), IDS_A_QUESTION):
+            part = {"b_ids": ids[start : start + IDS_A_QUESTION]}
+            found = await self._run(lambda conn, p=part: conn.execute(_CALLS_WAITING, p).all(), single=True)
+            for turn_id, _, status, batch_id in sorted(found, key=lambda call: call.step):  # its latest call last
+                waiting[turn_id].batch_call, waiting[turn_id].batch_id = status, batch_id
+        return rows
 
     async def approval(self, approval_id: str) -> ApprovalRow | None:
         rows = await self._approval_rows(select(approvals).where(approvals.c.approval_id == approval_id))
