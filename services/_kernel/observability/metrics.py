@@ -45,9 +45,9 @@ cost_usd = Counter("roundtrip_cost_usd", "Cost of recorded model calls in USD (t
 stuck_turns = Counter("roundtrip_stuck_turns", "Turns the sweeper flagged stuck (no progress past the stuck time)")
 reply_seconds = Histogram(
     "roundtrip_reply_seconds",
-    "From a request's arrival to its reply, by outcome (the exemplar: the turn's trace id)",
-    ["outcome"],
-    buckets=(0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 900),
+    "From a request's arrival to its reply, by outcome and lane (the exemplar: the turn's trace id)",
+    ["outcome", "lane"],
+    buckets=(0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 900, 3600, 14400, 86400),  # a batch turn's: hours
 )
 approvals_waiting = Gauge("roundtrip_approvals_waiting", "Approvals waiting for a person's decision")
 approval_oldest_wait = Gauge(
@@ -131,8 +131,8 @@ def count_turn_end(outcome: Outcome | str, steps: int) -> None:
 
 
 def count_reply(turn: Any, outcome: str, now: float) -> None:
-    """A turn's reply: its latency since the request arrived, with the trace id as the exemplar (OpenMetrics)."""
+    """A turn's reply: its latency since the request arrived, by lane, its trace id as the exemplar (OpenMetrics)."""
     if not turn.started_at:
         return
     exemplar = {"trace_id": turn.trace_id} if turn.trace_id else None
-    reply_seconds.labels(outcome).observe(max(0.0, now - turn.started_at), exemplar)
+    reply_seconds.labels(outcome, turn.lane).observe(max(0.0, now - turn.started_at), exemplar)
