@@ -139,7 +139,6 @@ def costs_in_ledger(settings, turn_ids: list[str]) -> dict[str, float]:
         return dict(db.execute(f"SELECT turn_id, cost_usd FROM turns WHERE turn_id IN ({marks})", turn_ids).fetchall())
 
 
-
 @pytest.mark.kills_services
 async def test_the_model_service_sigkilled_while_three_batches_are_open_resubmits_nothing(
     client, fleet, fleet_settings
