@@ -233,11 +233,13 @@ class TurnReads(TurnStore):
         waiting = {row.turn_id: row for row in rows if row.in_batch}
         ids = [*waiting]
         for start in range(0, len(ids), IDS_A_QUESTION):
-            part = {"b_ids": ids[start : start + IDS_A_QUESTION]}
-            found = await self._run(lambda conn, p=part: conn.execute(_CALLS_WAITING, p).all(), single=True)
+            found = await self._calls_waiting(ids[start : start + IDS_A_QUESTION])
             for turn_id, _, status, batch_id in sorted(found, key=lambda call: call.step):  # its latest call last
                 waiting[turn_id].batch_call, waiting[turn_id].batch_id = status, batch_id
         return rows
+
+    async def _calls_waiting(self, turn_ids: builtins.list[str]) -> builtins.list[Any]:
+        return await self._run(lambda conn: list(conn.execute(_CALLS_WAITING, {"b_ids": turn_ids})), single=True)
 
     async def approval(self, approval_id: str) -> ApprovalRow | None:
         rows = await self._approval_rows(select(approvals).where(approvals.c.approval_id == approval_id))
