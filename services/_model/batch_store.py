@@ -68,7 +68,7 @@ _IN_BATCH = select(batch_calls).where(c.batch_id == bindparam("b_batch_id"), c.s
 _TURNS_IN = (
     select(c.turn_id).where(c.batch_id == bindparam("b_batch_id"), c.status == IN_BATCH).distinct().order_by(c.turn_id)
 )
-_CANCELLED = (
+_ABANDONED = (
     update(batch_calls)
     .where(c.batch_id == bindparam("b_batch_id"), c.status == IN_BATCH)
     .values(status=CANCELLED, command_json=None, lease_owner=None, lease_until=None, done_at=bindparam("b_now"))
@@ -170,7 +170,7 @@ class BatchCalls(TurnStore):
 
     async def cancelled(self, batch_id: str, now: float) -> None:
         """The batch's waiting calls, cancelled with it: no longer polled, forgotten as done calls are."""
-        await self._update(_CANCELLED, {"b_batch_id": batch_id, "b_now": now})
+        await self._update(_ABANDONED, {"b_batch_id": batch_id, "b_now": now})
 
     async def known(self, batch_ids: list[str]) -> set[str]:
         if not batch_ids:

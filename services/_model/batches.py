@@ -271,7 +271,7 @@ class BatchLane:
         log.info("batch %s ended: %d answers published", batch_id, answered)
 
     async def abandoned(self, batch_id: str) -> bool:
-        """Cancel an open batch whose calls' turns all ended (deadline, cancel, the fence); True once it is."""
+        """An open batch whose calls' turns all ended (deadline, cancel, the fence) is cancelled: True once it is."""
         turn_ids = await self.calls().turns_in(batch_id)
         if not turn_ids or len(await self.calls().ended_among(turn_ids)) < len(turn_ids):
             return False
