@@ -76,12 +76,12 @@ def build() -> dashboard.Dashboard:
         query("sum by (outcome) (rate(roundtrip_turns_total[$__rate_interval]))", "{{outcome}}"),
     ).data_links([dashboard.DashboardLink("Turns of this outcome in Jaeger").url(SEARCH).target_blank(True)])
     reply_latency = series(
-        "Reply latency (request to reply): p50, p95, p99",
+        "Reply latency (request to reply) by lane: p50, p95, p99",
         "s",
         *(
             query(
-                f"histogram_quantile({q}, sum by (le) (rate(roundtrip_reply_seconds_bucket[$__rate_interval])))",
-                f"p{round(q * 100)}",
+                f"histogram_quantile({q}, sum by (le, lane) (rate(roundtrip_reply_seconds_bucket[$__rate_interval])))",
+                f"p{round(q * 100)} {{{{lane}}}}",
                 exemplar=True,
             )
             for q in (0.5, 0.95, 0.99)

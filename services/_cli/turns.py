@@ -112,7 +112,7 @@ async def list_turns(
         idle = "" if r.status == "ended" else f"{now - r.last_progress_at:.0f}"
         table.add_row(
             plain(r.turn_id),
-            f"[{COLOURS[r.shown_status]}]{r.shown_status}[/]",
+            f"[{COLOURS['in batch' if r.in_batch else r.status]}]{plain(r.shown_status)}[/]",
             plain(r.shown_lane),
             plain(r.shown_version),
             plain(r.customer_id),

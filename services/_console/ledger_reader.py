@@ -90,7 +90,10 @@ class Books:
     async def turn(self, turn_id: str) -> tuple[TurnRow | None, list[ApprovalRow]]:
         async def both(ledger: TurnReads) -> tuple[TurnRow | None, list[ApprovalRow]]:
             row = await ledger.get(turn_id)
-            return row, (await ledger.list_approvals(status=None, turn_id=turn_id, limit=100) if row else [])
+            if row is None:
+                return None, []
+            await ledger.with_batches([row])
+            return row, await ledger.list_approvals(status=None, turn_id=turn_id, limit=100)
 
         return await self._read(both)
 

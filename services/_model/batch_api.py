@@ -1,5 +1,6 @@
 """The Message Batches API as the batch lane uses it: create, is it ended, its results, the batches created since a
-moment; `SdkBatches` is the anthropic SDK's `messages.batches` (the Anthropic API, or the simulator without a key)."""
+moment, cancel; `SdkBatches` is the anthropic SDK's `messages.batches` (the Anthropic API, or the simulator without a
+key)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class BatchApi(Protocol):
 
     async def created_since(self, since: float) -> list[Listed]: ...
 
+    async def cancel(self, batch_id: str) -> None: ...
+
 
 class SdkBatches:
     def __init__(self, batches: Any) -> None:
@@ -70,3 +73,6 @@ class SdkBatches:
                 break
             found.append(Listed(batch.id, created, batch.processing_status == "ended"))
         return found
+
+    async def cancel(self, batch_id: str) -> None:
+        await self._batches.cancel(batch_id)

@@ -1,5 +1,6 @@
 """The model service's record of each call of a batch turn (model_batch_calls, ledger_0008): queued (claimed, its
-CallModel kept) -> submitting (taken, before `create`) -> in_batch (its batch id recorded) -> done (answer published).
+CallModel kept) -> submitting (taken, before `create`) -> in_batch (its batch id recorded) -> done (answer published),
+or cancelled (its batch cancelled: the turns of all its calls ended).
 """
 
 from __future__ import annotations
@@ -10,9 +11,17 @@ from typing import Any
 from sqlalchemy import bindparam, delete, func, insert, or_, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
-from roundtrip._kernel.storage.turnstore import TurnStore, batch_calls
+from roundtrip._kernel.storage.turnstore import (
+    CALL_CANCELLED,
+    CALL_DONE,
+    CALL_IN_BATCH,
+    CALL_QUEUED,
+    CALL_SUBMITTING,
+    TurnStore,
+    batch_calls,
+)
 
-QUEUED, SUBMITTING, IN_BATCH, DONE = "queued", "submitting", "in_batch", "done"
+QUEUED, SUBMITTING, IN_BATCH, DONE, CANCELLED = CALL_QUEUED, CALL_SUBMITTING, CALL_IN_BATCH, CALL_DONE, CALL_CANCELLED
 c = batch_calls.c
 OPEN = or_(c.status == SUBMITTING, c.status == IN_BATCH)
 MINE = (c.lease_owner == bindparam("b_owner")) | c.lease_until.is_(None) | (c.lease_until <= bindparam("b_now"))
@@ -56,6 +65,14 @@ _LEASED = (
     .group_by(c.batch_id, c.submission)
 )
 _IN_BATCH = select(batch_calls).where(c.batch_id == bindparam("b_batch_id"), c.status == IN_BATCH)
+_TURNS_IN = (
+    select(c.turn_id).where(c.batch_id == bindparam("b_batch_id"), c.status == IN_BATCH).distinct().order_by(c.turn_id)
+)
+_ABANDONED = (
+    update(batch_calls)
+    .where(c.batch_id == bindparam("b_batch_id"), c.status == IN_BATCH)
+    .values(status=CANCELLED, command_json=None, lease_owner=None, lease_until=None, done_at=bindparam("b_now"))
+)
 _KNOWN = select(c.batch_id).where(c.batch_id.in_(bindparam("b_ids", expanding=True))).distinct()
 _DONE = (
     update(batch_calls)
@@ -76,7 +93,7 @@ _RETRY = (
         lease_until=None,
     )
 )
-_FORGET = delete(batch_calls).where(c.status == DONE, c.done_at < bindparam("b_before"))
+_FORGET = delete(batch_calls).where(or_(c.status == DONE, c.status == CANCELLED), c.done_at < bindparam("b_before"))
 
 
 class BatchCalls(TurnStore):
@@ -144,6 +161,16 @@ class BatchCalls(TurnStore):
         """The calls of a batch still waiting for their answers, by custom_id."""
         rows = await self._run(lambda conn: list(conn.execute(_IN_BATCH, {"b_batch_id": batch_id})), single=True)
         return {row.custom_id: row for row in rows}
+
+    async def turns_in(self, batch_id: str) -> list[str]:
+        """The turns whose calls wait in this batch."""
+        return await self._run(
+            lambda conn: list(conn.execute(_TURNS_IN, {"b_batch_id": batch_id}).scalars()), single=True
+        )
+
+    async def cancelled(self, batch_id: str, now: float) -> None:
+        """The batch's waiting calls, cancelled with it: no longer polled, forgotten as done calls are."""
+        await self._update(_ABANDONED, {"b_batch_id": batch_id, "b_now": now})
 
     async def known(self, batch_ids: list[str]) -> set[str]:
         if not batch_ids:

@@ -1,6 +1,7 @@
 """The model service's batch lane: a batch turn's call is claimed at the fence and recorded before its handler
 returns; a task gathers the recorded calls by count and age into one Message Batch, looks at the open batches with
-backoff and publishes their results; a replica leases the batches it polls. docs/decisions/batch-lane.md.
+backoff and publishes their results, or cancels one whose turns all ended; a replica leases the batches it polls.
+docs/decisions/batch-lane.md.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class BatchStore(AnsweredCalls, SettledCalls, Protocol):
     async def submitted(self, submission: str, batch_id: str) -> None: ...
 
     async def lease(self, owner: str, now: float, lease_s: float) -> list[tuple[str | None, str | None, float]]: ...
+
+    async def turns_in(self, batch_id: str) -> list[str]: ...
+
+    async def cancelled(self, batch_id: str, now: float) -> None: ...
 
     async def ended_among(self, turn_ids: list[str]) -> set[str]: ...
 
@@ -257,11 +262,28 @@ class BatchLane:
             log.warning("batch %s: could not ask whether it ended (%s)", batch_id, describe(exc))
             ended = False
         if not ended:
+            if self.clock() >= self.paused_until and await self.abandoned(batch_id):
+                return
             poll.at, poll.pause = self.clock() + poll.pause, min(poll.pause * 2, self.poll_max_s)
             return
         answered = await self.answers.collect(batch_id, results)
         self.polls.pop(batch_id, None)
         log.info("batch %s ended: %d answers published", batch_id, answered)
+
+    async def abandoned(self, batch_id: str) -> bool:
+        """An open batch whose calls' turns all ended (deadline, cancel, the fence) is cancelled: True once it is."""
+        turn_ids = await self.calls().turns_in(batch_id)
+        if not turn_ids or len(await self.calls().ended_among(turn_ids)) < len(turn_ids):
+            return False
+        try:
+            await self.api.cancel(batch_id)
+        except anthropic.APIError as exc:  # it may have ended meanwhile: its results are read and dropped then
+            log.warning("batch %s: its turns all ended, but it was not cancelled (%s)", batch_id, describe(exc))
+            return False
+        await self.calls().cancelled(batch_id, self.clock())
+        self.polls.pop(batch_id, None)
+        log.info("batch %s cancelled: the %d turns of its calls all ended", batch_id, len(turn_ids))
+        return True
 
     async def lease(self, now: float) -> None:
         """Renew (or take) the leases of the open calls no live lease holds: what this replica polls from now on."""

@@ -12,7 +12,7 @@ It prints the interactive turns' p50/p99 in each phase and their ratio (the issu
 turns' p50/p99 and outcomes, and the cost per turn of each lane from the replies (the guard prices a call that names
 its batch at the batch rate) with their ratio (expected: about half). Figures go to docs/benchmarks.md by hand.
 
-    .venv/bin/python -m tests.benchmarks.bench_batch [--batch 1000] [--interactive 100] [--concurrency 100]
+    .venv/bin/python -m tests.benchmarks.bench_batch [--batch-turns 1000] [--interactive 100] [--concurrency 100]
 """
 
 from __future__ import annotations
@@ -101,9 +101,11 @@ def report(results: dict, args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=1000, help="batch turns beside the interactive ones (1000)")
+    parser.add_argument(
+        "--batch-turns", "--batch", dest="batch", type=int, default=1000, help="batch turns beside the interactive ones"
+    )
     parser.add_argument("--interactive", type=int, default=100, help="interactive turns per phase (100)")
     parser.add_argument("--concurrency", type=int, default=100, help="interactive turns at a time (100)")
     parser.add_argument("--latency-ms", type=float, default=1000.0, help="the simulator's latency per call (1000)")
@@ -113,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="an interactive turn's timeout (120 s)")
     parser.add_argument("--batch-timeout", type=float, default=3600.0, help="a batch turn's timeout (3600 s)")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     say = lambda text: print(text, flush=True)  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="roundtrip-batch-") as state:
         settings, env = bench_settings(Path(state), 6, args.latency_ms, 0.3, max(200, args.concurrency))

@@ -161,8 +161,9 @@ async def test_executor_backlog_builds_up_in_lag_then_drains_and_every_request_g
         assert _value(after, "process_resident_memory_bytes") > 0
         # the gateway timed each reply, a turn's trace id as the exemplar (the dashboard's link to Jaeger)
         replied = await _scrape(http, base)
-        timed = _value(replied, "roundtrip_reply_seconds_count", **DEFAULT_END)
-        assert timed - _value(replies_before, "roundtrip_reply_seconds_count", **DEFAULT_END) == REQUESTS
+        chat = {**DEFAULT_END, "lane": "interactive"}
+        timed = _value(replied, "roundtrip_reply_seconds_count", **chat)
+        assert timed - _value(replies_before, "roundtrip_reply_seconds_count", **chat) == REQUESTS
         openmetrics = await http.get(f"http://127.0.0.1:{base}/metrics", headers={"Accept": OPENMETRICS})
         exemplars = re.findall(
             r'^roundtrip_reply_seconds_bucket\{.*# \{trace_id="([0-9a-f]{32})"\}', openmetrics.text, re.M

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from roundtrip._kernel.database import make_engine, run_on
 from roundtrip._kernel.storage import roles
+from roundtrip._kernel.storage.ledger_reads import TurnReads
 from roundtrip._kernel.storage.turnstore import ENDED, RUNNING, WAITING, Fence, TurnStore
 from roundtrip._model.batch_store import BatchCalls
 from tests.databases import migrated
@@ -306,7 +307,8 @@ async def test_a_ledger_without_its_status_guard_is_refused_naming_the_upgrade(f
 
 
 async def test_the_model_service_keeps_its_batch_calls_and_only_the_console_reads_them(fleet_db):
-    """The batch lane's statements on PostgreSQL under the model's login; the other logins cannot touch its calls."""
+    """The batch lane's statements on PostgreSQL under the model's login (a cancelled batch's too); the console's login
+    reads where a turn's call waits; the other logins cannot touch its calls."""
     turn = fleet_db.turn
     fence = await Fence.open(fleet_db.url("model"))
     calls = BatchCalls.beside(fence)
@@ -321,8 +323,17 @@ async def test_the_model_service_keeps_its_batch_calls_and_only_the_console_read
         assert await calls.lease("model-1", 3.0, 120.0) == []  # another replica: the lease is live
         assert await calls.lease("model-0", 3.0, 120.0) == [("msgbatch_pg", submission, 2.0)]
         assert list(await calls.in_batch("msgbatch_pg")) == [row["custom_id"]]
+        await execute(fleet_db.owner, "UPDATE turns SET lane = 'batch' WHERE turn_id = :t", t=turn.turn_id)
+        assert await shown_by_console(fleet_db, turn.turn_id) == "in batch msgbatch_pg"
         await calls.done(turn.turn_id, 1, 4.0)
         await calls.forget(5.0)
+        assert await calls.record({**row, "step": 2, "custom_id": f"{turn.turn_id}_2"})
+        submission, _ = await calls.take("model-0", 6.0, 120.0, 10)
+        await calls.submitted(submission, "msgbatch_pg2")
+        assert await calls.turns_in("msgbatch_pg2") == [turn.turn_id]
+        await calls.cancelled("msgbatch_pg2", 7.0)  # its turn ended: the batch cancelled
+        assert await calls.turns_in("msgbatch_pg2") == [] and await calls.lease("model-0", 8.0, 120.0) == []
+        await calls.forget(8.0)
     finally:
         await calls.close()
         await fence.close()
@@ -330,3 +341,13 @@ async def test_the_model_service_keeps_its_batch_calls_and_only_the_console_read
     for service in ("executor", "gate", "gateway"):
         await refused(fleet_db.url(service), "SELECT * FROM model_batch_calls")
     await refused(fleet_db.url("console"), "DELETE FROM model_batch_calls")
+
+
+async def shown_by_console(fleet_db, turn_id: str) -> str:
+    """A turn's status as the console's login reads it (the turns and the model service's batch calls)."""
+    reads = await TurnReads.open(fleet_db.url("console"), read_only=True)
+    try:
+        (row,) = [r for r in await reads.list(limit=100) if r.turn_id == turn_id]
+        return row.shown_status
+    finally:
+        await reads.close()

@@ -1,7 +1,8 @@
 """The model service's batch lane on the real broker, a real ledger file and the simulator's Message Batches API over
 HTTP through the anthropic SDK: batch turns' calls go out in one batch and come back as their turns' iterations with
 the batch id, and a model service stopped while its batch is open is replaced by one that answers it without
-submitting anything again (the simulator counts creates per custom id)."""
+submitting anything again (the simulator counts creates per custom id); a batch whose turns all ended is cancelled
+there."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer
 from faststream import TestApp
-from sqlalchemy import insert
+from sqlalchemy import insert, select, update
 
 from roundtrip import load_agent
 from roundtrip._kernel.settings import Settings
-from roundtrip._kernel.storage.turnstore import RUNNING, TurnStore, turns
+from roundtrip._kernel.storage.turnstore import ENDED, RUNNING, TurnStore, batch_calls, turns
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import CallModel, ModelResponded, Turn
 from roundtrip._model import app as model_app
@@ -147,3 +148,49 @@ async def test_a_model_service_stopped_while_its_batch_is_open_is_replaced_witho
     assert sorted(e.turn.turn_id for e in events) == [t.turn_id for t in made]
     assert {e.batch_id for e in events} == set(seen["batches"]) and len(seen["batches"]) == 1
     assert seen["submissions"] == {f"{t.turn_id}_0": 1 for t in made}
+
+
+async def test_a_batch_whose_turns_all_ended_is_cancelled_at_the_simulator(tmp_path, kafka_bootstrap, kafka_topics):
+    ledger = await migrated(f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}")
+    made = await live_turns(ledger, 3)
+    with running_simulator(batch_delay_ms=600_000) as simulator:  # open for ten minutes unless cancelled
+        settings = settings_for(tmp_path, ledger, kafka_bootstrap, kafka_topics, simulator)
+        app = model_app.build(settings, load_agent(None))
+        async with TestApp(app):
+            for turn in made:
+                await app.broker.publish(
+                    call(turn), topic=topics.t(topics.MODEL_CALLS, kafka_topics), key=turn.conversation_id.encode()
+                )
+            while not batches_seen(simulator)["batches"]:
+                await asyncio.sleep(0.1)  # poll interval: the simulator's batches, until the lane's is created
+            (batch_id,) = batches_seen(simulator)["batches"]
+            await ended(ledger, made)  # as the guard ends them: a cancel, a deadline
+            batch = await cancelled_at(simulator, batch_id, timeout=30)
+        store = await TurnStore.open(ledger)
+        try:
+            recorded = await store._run(lambda conn: conn.execute(select(batch_calls.c.status)).scalars().all())
+        finally:
+            await store.close()
+    assert batch["request_counts"]["canceled"] == 3 and batch["processing_status"] == "ended"
+    assert recorded == ["cancelled"] * 3
+
+
+async def ended(ledger: str, made: list[Turn]) -> None:
+    store = await TurnStore.open(ledger)
+    try:
+        statement = update(turns).where(turns.c.turn_id.in_([t.turn_id for t in made])).values(status=ENDED)
+        await store._run(lambda conn: conn.execute(statement), write=True)
+    finally:
+        await store.close()
+
+
+async def cancelled_at(simulator: str, batch_id: str, timeout: float) -> dict:
+    """The batch as the API shows it, once its cancel was asked."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=simulator, headers={"x-api-key": "test"}) as http:
+        while True:
+            batch = (await http.get(f"/v1/messages/batches/{batch_id}")).json()
+            if batch["cancel_initiated_at"]:
+                return batch
+            assert time.monotonic() < deadline, f"batch {batch_id} not cancelled within {timeout:g} s: {batch}"
+            await asyncio.sleep(0.1)  # poll interval: the simulator's view of the batch

@@ -277,7 +277,8 @@ def test_a_bad_agent_string_stops_a_service_with_one_line_and_status_1(tmp_path)
 
 FOLDERS = ("_kernel", "_gateway", "_model", "_guard", "_gate", "_executor")
 # The shop's vocabulary. "order" alone stays: it is the kernel's word for sequence (key order, tool_use order);
-# the "cancel" words that remain are the kernel's turn cancellation (CancelTurn, the outcome `cancelled`).
+# the "cancel" words that remain are the kernel's turn cancellation (CancelTurn, the outcome `cancelled`) and the
+# batch lane's (a Message Batch cancelled once its turns ended: CALL_CANCELLED).
 SHOP_WORDS = re.compile(
     r"shop|\borders\b|order[_ ]ids?\b|order system|order's|cancel_order|cancel_above|refund", re.IGNORECASE
 )
@@ -294,6 +295,7 @@ TURN_CANCELLATION = {
     "_cancel_on_revoke",
     "on_cancel",
     "on_cancel_turn",
+    "CALL_CANCELLED",
 }
 
 

@@ -56,21 +56,32 @@ async def test_the_ledger_pass_gauges_the_approvals_waiting_and_the_oldest_ones_
     assert sample("roundtrip_approval_oldest_wait_seconds") == 600
 
 
-def test_a_reply_is_timed_from_the_requests_arrival_with_its_trace_id_as_exemplar():
-    turn = SimpleNamespace(started_at=1000.0, trace_id="4bf92f3577b34da6a3ce929d0e0e4736", agent_version="")
-    ended = {"outcome": "end_turn", "agent_version": "default"}
-    count = sample("roundtrip_reply_seconds_count", **ended)
-    slow = sample("roundtrip_reply_seconds_bucket", **ended, le="8.0")
+def test_a_reply_is_timed_from_the_requests_arrival_by_lane_with_its_trace_id_as_exemplar():
+    turn = SimpleNamespace(
+        started_at=1000.0, trace_id="4bf92f3577b34da6a3ce929d0e0e4736", lane="interactive", agent_version=""
+    )
+    chat = {"outcome": "end_turn", "agent_version": "default", "lane": "interactive"}
+    batch = {**chat, "lane": "batch"}
+    count, batches = sample("roundtrip_reply_seconds_count", **chat), sample("roundtrip_reply_seconds_count", **batch)
+    slow = sample("roundtrip_reply_seconds_bucket", **chat, le="8.0")
     metrics.count_reply(turn, "end_turn", now=1007.5)
-    assert sample("roundtrip_reply_seconds_count", **ended) == count + 1
-    assert sample("roundtrip_reply_seconds_bucket", **ended, le="8.0") == slow + 1
+    assert sample("roundtrip_reply_seconds_count", **chat) == count + 1
+    assert sample("roundtrip_reply_seconds_bucket", **chat, le="8.0") == slow + 1
     exposition = generate_latest(REGISTRY).decode()
-    bucket = 'roundtrip_reply_seconds_bucket{agent_version="default",le="8.0"'
+    bucket = 'roundtrip_reply_seconds_bucket{agent_version="default",lane="interactive",le="8.0",outcome="end_turn"}'
     line = next(x for x in exposition.splitlines() if x.startswith(bucket))
     assert '# {trace_id="4bf92f3577b34da6a3ce929d0e0e4736"} 7.5' in line
-    unknown = SimpleNamespace(started_at=0.0, trace_id="", agent_version="")
-    metrics.count_reply(unknown, "end_turn", now=1007.5)  # no start known
-    assert sample("roundtrip_reply_seconds_count", **ended) == count + 1
+    hour = sample("roundtrip_reply_seconds_bucket", **batch, le="3600.0")
+    metrics.count_reply(
+        SimpleNamespace(started_at=1000.0, trace_id="", lane="batch", agent_version=""), "end_turn", now=3500.0
+    )
+    assert sample("roundtrip_reply_seconds_count", **batch) == batches + 1  # its own series, not the chat's
+    assert sample("roundtrip_reply_seconds_bucket", **batch, le="3600.0") == hour + 1
+    assert sample("roundtrip_reply_seconds_count", **chat) == count + 1
+    metrics.count_reply(
+        SimpleNamespace(started_at=0.0, trace_id="", lane="interactive", agent_version=""), "end_turn", now=1007.5
+    )
+    assert sample("roundtrip_reply_seconds_count", **chat) == count + 1  # no start known
 
 
 class Broker:

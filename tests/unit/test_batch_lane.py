@@ -1,7 +1,7 @@
 """The batch lane in the guard and the operator's view (issue 55): a call a Message Batch answered is priced at the
 batch rate and a batch turn's calls each at their own; a batch turn waiting for its batch is never flagged stuck and
-ends at its own deadline; `roundtrip turns` and the console show it `in batch`. The guard's core runs over a real
-(SQLite) ledger with a recording publisher in place of Kafka."""
+ends at its own deadline; `roundtrip turns` and the console show `in batch msgbatch_...` (or `waiting for a batch`).
+The guard's core runs over a real (SQLite) ledger with a recording publisher in place of Kafka."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import pytest
 
 from roundtrip._cli import turns as turns_cli
 from roundtrip._console import pages
+from roundtrip._console.ledger_reader import Books
 from roundtrip._guard.ledger import ENDED, RUNNING, STUCK
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.prices import Price
-from roundtrip._kernel.storage.turnstore import Fence
+from roundtrip._kernel.storage.turnstore import CALL_IN_BATCH, CALL_QUEUED, Fence, batch_calls
 from roundtrip._kernel.wire import topics
 from roundtrip._kernel.wire.events import ModelResponded, Outcome, StartTurn, Turn, Usage
 from tests.prices import price_table
@@ -136,26 +137,43 @@ async def test_a_batch_turn_in_its_batch_is_never_stuck_and_ends_at_its_own_dead
 # -- what the operator sees ----------------------------------------------------------------------
 
 
-async def test_the_cli_and_the_console_show_a_batch_turn_in_batch(guard, tmp_path, capsys):  # noqa: F811
-    waiting, chat = _turn("waiting", "batch", time.time() + 86_400), _turn("chat", "interactive")
-    for turn in (waiting, chat):
+async def test_the_cli_and_the_console_show_the_batch_a_batch_turn_waits_in(guard, tmp_path, capsys):  # noqa: F811
+    deadline = time.time() + 86_400
+    waiting, gathered = _turn("waiting", "batch", deadline), _turn("gathered", "batch", deadline)
+    chat = _turn("chat", "interactive")
+    for turn in (waiting, gathered, chat):
         await guard.starts.on_start(StartTurn(turn=turn, text="hi"))
+    call = dict(step=0, grouping="", queued_at=time.time(), command_json="{}")
+    calls = [  # the model service's record: one call in a submitted batch, one gathered for the next batch
+        {**call, "turn_id": waiting.turn_id, "custom_id": "w_0", "status": CALL_IN_BATCH, "batch_id": "msgbatch_01"},
+        {**call, "turn_id": gathered.turn_id, "custom_id": "g_0", "status": CALL_QUEUED, "batch_id": None},
+    ]
+    await guard.ledger._run(lambda conn: conn.execute(batch_calls.insert(), calls), write=True)
     url = f"sqlite+aiosqlite:///{tmp_path / 'ledger.db'}"  # the guard fixture's ledger
     settings = Settings(_env_file=None, state_dir=tmp_path, ledger_database_url=url)
 
     assert await turns_cli.list_turns(settings, None, None, 30, "batch", None) == 0
     listed = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)  # colours, where the terminal is forced
     (line,) = [row for row in listed.splitlines() if waiting.turn_id in row]
-    assert line.split()[1:4] == ["in", "batch", "batch"]  # status `in batch`, lane batch
+    assert " in batch msgbatch_01 " in line
+    (line,) = [row for row in listed.splitlines() if gathered.turn_id in row]
+    assert " waiting for a batch " in line
     assert chat.turn_id not in listed
     assert await turns_cli.list_turns(settings, None, None, 30, "interactive", None) == 0
     listed = capsys.readouterr().out
     assert chat.turn_id in listed and waiting.turn_id not in listed
 
-    rows = await guard.ledger.list(limit=10)
-    table = pages.turns_table(rows, "v", None, time.time())
-    assert f'<tr data-turn="{waiting.turn_id}">' in table
+    books = Books(url, url)  # what the console reads
+    try:
+        table = pages.turns_table(await books.turns(None, None, None, None), "v", None, time.time())
+        row, _ = await books.turn(waiting.turn_id)
+    finally:
+        await books.close()
     cells = table.split(f'<tr data-turn="{waiting.turn_id}">', 1)[1].split("</tr>", 1)[0]
-    assert '<td class="status st-running">in batch</td><td class="lane">batch</td>' in cells
-    summary = pages.turn_summary(await guard.ledger.get(waiting.turn_id), None, time.time())
-    assert '<th>status</th><td><span class="status st-running">in batch</span></td>' in summary
+    assert '<td class="status st-running">in batch msgbatch_01</td><td class="lane">batch</td>' in cells
+    cells = table.split(f'<tr data-turn="{gathered.turn_id}">', 1)[1].split("</tr>", 1)[0]
+    assert '<td class="status st-running">waiting for a batch</td>' in cells
+    summary = pages.turn_summary(row, None, time.time())
+    assert '<th>status</th><td><span class="status st-running">in batch msgbatch_01</span></td>' in summary
+    plain_row = await guard.ledger.get(waiting.turn_id)  # the guard's own reads do not ask the model's table
+    assert plain_row.shown_status == "in batch"

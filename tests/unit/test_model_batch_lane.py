@@ -54,6 +54,8 @@ class Api:
         self.results_of: dict[str, list[Result]] = {}
         self.refuse: Exception | None = None
         self.lost_answer = False  # the batch is created, then the answer never arrives
+        self.cancelled: list[str] = []
+        self.refuse_cancel: Exception | None = None
 
     async def create(self, requests, headers):
         if self.refuse is not None:
@@ -74,6 +76,15 @@ class Api:
 
     async def created_since(self, since):
         return [Listed(b, START, b in self.ended_ids) for b, _, _ in reversed(self.created)]
+
+    async def cancel(self, batch_id):
+        """As the API does: the batch ends soon after, its unanswered requests `canceled`."""
+        if self.refuse_cancel is not None:
+            raise self.refuse_cancel
+        self.cancelled.append(batch_id)
+        (requests,) = [r for b, r, _ in self.created if b == batch_id]
+        self.results_of[batch_id] = [Result(r["custom_id"], "canceled", None, "") for r in requests]
+        self.ended_ids.add(batch_id)
 
     def answer_all(self, batch_id: str, text: str = "Done.") -> None:
         """End the batch with a text answer for each of its requests."""

@@ -47,9 +47,9 @@ cost_usd = Counter("roundtrip_cost_usd", "Cost of recorded model calls in USD (t
 stuck_turns = Counter("roundtrip_stuck_turns", "Turns the sweeper flagged stuck (no progress past the stuck time)")
 reply_seconds = Histogram(
     "roundtrip_reply_seconds",
-    "From a request's arrival to its reply, by outcome and agent version (the exemplar: the turn's trace id)",
-    ["outcome", "agent_version"],
-    buckets=(0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 900),
+    "From a request's arrival to its reply, by outcome, agent version and lane (the exemplar: the turn's trace id)",
+    ["outcome", "agent_version", "lane"],
+    buckets=(0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 900, 3600, 14400, 86400),  # a batch turn's: hours
 )
 approvals_waiting = Gauge("roundtrip_approvals_waiting", "Approvals waiting for a person's decision")
 approval_oldest_wait = Gauge(
@@ -150,9 +150,9 @@ def count_turn_end(outcome: Outcome | str, steps: int, version: str) -> None:
 
 
 def count_reply(turn: Any, outcome: str, now: float) -> None:
-    """A turn's reply: its latency since the request arrived, with the trace id as the exemplar (OpenMetrics)."""
+    """A turn's reply: its latency since the request arrived, by lane, its trace id as the exemplar (OpenMetrics)."""
     if not turn.started_at:
         return
     exemplar = {"trace_id": turn.trace_id} if turn.trace_id else None
-    labels = reply_seconds.labels(outcome, version_label(turn.agent_version))
+    labels = reply_seconds.labels(outcome, version_label(turn.agent_version), turn.lane)
     labels.observe(max(0.0, now - turn.started_at), exemplar)

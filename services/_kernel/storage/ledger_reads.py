@@ -10,18 +10,22 @@ import json
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, bindparam, func, select, text
+from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, bindparam, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from roundtrip._kernel.migrations import CONVERSATIONS
 from roundtrip._kernel.storage.turnstore import (
     AWAITING,
     BATCH,
+    CALL_IN_BATCH,
+    CALL_QUEUED,
+    CALL_SUBMITTING,
     INTERACTIVE,
     RUNNING,
     STUCK,
     TurnStore,
     approvals,
+    batch_calls,
     turns,
 )
 from roundtrip._kernel.storage.versions import VersionRow, of_version, shown, summary_of
@@ -59,6 +63,12 @@ _OLDEST = select(func.min(turns.c.ended_at))
 _COUNT = select(func.count()).select_from(turns)
 _ESTIMATE = text("SELECT reltuples::bigint FROM pg_class WHERE relname = 'turns'")
 _WAITING = select(func.count(), func.min(approvals.c.requested_at)).where(approvals.c.status == PENDING)
+_call = batch_calls.c
+_CALLS_WAITING = select(_call.turn_id, _call.step, _call.status, _call.batch_id).where(
+    _call.turn_id.in_(bindparam("b_ids", expanding=True)),
+    or_(*(_call.status == status for status in (CALL_QUEUED, CALL_SUBMITTING, CALL_IN_BATCH))),
+)
+IDS_A_QUESTION = 500
 
 
 @dataclass
@@ -92,6 +102,8 @@ class TurnRow:
     reply_sha256: str | None = None
     lane: str | None = None
     agent_version: str | None = None
+    batch_call: str | None = None  # not a column: its waiting call's state in model_batch_calls (with_batches)
+    batch_id: str | None = None  # and the batch it waits in
 
     @property
     def turn(self) -> dict[str, Any]:
@@ -104,8 +116,13 @@ class TurnRow:
 
     @property
     def shown_status(self) -> str:
-        """The status as an operator reads it: `in batch` for a turn waiting on its batch."""
-        return "in batch" if self.in_batch else self.status
+        """The status as an operator reads it: `in batch msgbatch_...` for a turn whose call waits in that batch,
+        `waiting for a batch` while it is gathered for one (`TurnReads.with_batches` says which)."""
+        if not self.in_batch:
+            return self.status
+        if self.batch_id:
+            return f"in batch {self.batch_id}"
+        return "waiting for a batch" if self.batch_call in (CALL_QUEUED, CALL_SUBMITTING) else "in batch"
 
     @property
     def shown_lane(self) -> str:
@@ -218,7 +235,20 @@ class TurnReads(TurnStore):
             query = query.where(turns.c.started_at >= since)
         if version is not None:
             query = query.where(of_version(version))
-        return await self._rows(query)
+        return await self.with_batches(await self._rows(query))
+
+    async def with_batches(self, rows: builtins.list[TurnRow]) -> builtins.list[TurnRow]:
+        """`rows`, each batch turn whose call is with the model service told the state of that call and its batch."""
+        waiting = {row.turn_id: row for row in rows if row.in_batch}
+        ids = [*waiting]
+        for start in range(0, len(ids), IDS_A_QUESTION):
+            found = await self._calls_waiting(ids[start : start + IDS_A_QUESTION])
+            for turn_id, _, status, batch_id in sorted(found, key=lambda call: call.step):  # its latest call last
+                waiting[turn_id].batch_call, waiting[turn_id].batch_id = status, batch_id
+        return rows
+
+    async def _calls_waiting(self, turn_ids: builtins.list[str]) -> builtins.list[Any]:
+        return await self._run(lambda conn: list(conn.execute(_CALLS_WAITING, {"b_ids": turn_ids})), single=True)
 
     async def approval(self, approval_id: str) -> ApprovalRow | None:
         rows = await self._approval_rows(select(approvals).where(approvals.c.approval_id == approval_id))

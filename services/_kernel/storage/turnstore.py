@@ -117,13 +117,15 @@ approvals = Table(
     Column("request_json", Text, nullable=False),
 )
 # the calls of batch turns (services/_model/batch_store.py): the model service writes them, the console reads them
+CALL_QUEUED, CALL_SUBMITTING, CALL_IN_BATCH = "queued", "submitting", "in_batch"
+CALL_DONE, CALL_CANCELLED = "done", "cancelled"  # answered; its batch cancelled (every turn of its calls ended)
 batch_calls = Table(
     "model_batch_calls",
     metadata,
     Column("turn_id", String(64), primary_key=True),
     Column("step", Integer, primary_key=True),
     Column("custom_id", String(64), nullable=False),
-    Column("status", String(16), nullable=False, index=True),  # queued, submitting, in_batch, done
+    Column("status", String(16), nullable=False, index=True),  # one of the CALL_ states above
     Column("grouping", String(64), nullable=False),  # calls of one batch share it (the simulator's persona)
     Column("queued_at", Float, nullable=False),
     Column("submission", String(40)),  # the submit that took it, recorded before the batch is created
