@@ -214,11 +214,13 @@ def sample(name: str, **labels: str) -> float:
 def test_the_turn_metrics_name_the_version_and_keep_its_label_values_few(monkeypatch):
     monkeypatch.setattr(metrics, "_versions_labelled", set())
     ended = sample("roundtrip_turns_total", outcome="budget", agent_version="v2")
-    replied = sample("roundtrip_reply_seconds_count", outcome="budget", agent_version="v2")
+    reply = {"outcome": "budget", "agent_version": "v2", "lane": "interactive"}
+    replied = sample("roundtrip_reply_seconds_count", **reply)
     metrics.count_turn_end("budget", 3, "v2")
-    metrics.count_reply(SimpleNamespace(started_at=1000.0, trace_id="", agent_version="v2"), "budget", 1002.0)
+    turn = SimpleNamespace(started_at=1000.0, trace_id="", agent_version="v2", lane="interactive")
+    metrics.count_reply(turn, "budget", 1002.0)
     assert sample("roundtrip_turns_total", outcome="budget", agent_version="v2") == ended + 1
-    assert sample("roundtrip_reply_seconds_count", outcome="budget", agent_version="v2") == replied + 1
+    assert sample("roundtrip_reply_seconds_count", **reply) == replied + 1
     assert metrics.version_label("") == "default"
     assert metrics.version_label("v2.1") == "(other)"  # no version's name: whatever a message carried
     for n in range(metrics.MAX_VERSION_LABELS - 1):
