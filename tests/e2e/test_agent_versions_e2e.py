@@ -73,7 +73,7 @@ def versioned_fleet(kafka_bootstrap, tmp_path_factory):
         log_level="INFO",
         **key_settings("ver1"),  # fresh pairs, never the published development keys
     )
-    versions = {"v2": {"ROUNDTRIP_AGENT": "tests.shop_v2_agent:AGENT"}}
+    versions = {"v2": {"ROUNDTRIP_AGENT": "roundtrip._shop.agent.v2:AGENT"}}  # as `roundtrip up --version` runs it
     with Fleet(ShopFleetSettings(**values), env=fleet_env(**values), versions=versions) as fleet:
         yield fleet
 
