@@ -60,8 +60,7 @@ def drain(
     fleet: FleetOption = None,
 ) -> None:
     """Send a version no new turn from now on (its conversations move on to where the ramp sends a new one), then wait
-    until none of its turns runs and say that its model, gate and executor may stop. Its running turns end on it, by
-    their deadline at the latest; one waiting for a person's approval waits as long."""
+    until none of its turns runs (its running turns end on it) and say that its model, gate and executor may stop."""
     from roundtrip._cli.common import fleet_settings
 
     raise typer.Exit(asyncio.run(drain_version(fleet_settings(fleet), version, wait, timeout)))
