@@ -327,11 +327,14 @@ def one_reply_each_and_every_call_on_its_turns_version(
         assert len(made) >= CALLS_A_TURN and set(made) == {version}, (turn, version, made)
 
 
-def stop_gracefully(fleet: Fleet, name: str) -> None:
-    """SIGTERM one process of the fleet (as a deploy stops a pod) and wait until it exited."""
-    (child,) = [c for c in fleet.children if c.name == name]
-    child.process.send_signal(signal.SIGTERM)
-    child.process.wait(timeout=60)
+def stop_gracefully(fleet: Fleet, *names: str) -> None:
+    """SIGTERM processes of the fleet (as a deploy stops pods) and wait until they exited."""
+    stopping = [c for c in fleet.children if c.name in names]
+    assert len(stopping) == len(names), stopping
+    for child in stopping:
+        child.process.send_signal(signal.SIGTERM)
+    for child in stopping:
+        child.process.wait(timeout=60)
 
 
 def restart(fleet: Fleet, name: str) -> None:
@@ -408,8 +411,7 @@ async def test_ramped_to_all_then_the_default_version_drained_under_load_no_turn
             await flow.answered_since(old + new, drain_ended)
 
             # and they may: stopped, nothing the conversations ask needs them
-            for service in topology.versioned():
-                await asyncio.to_thread(stop_gracefully, fleet, service)
+            await asyncio.to_thread(stop_gracefully, fleet, *topology.versioned())
             await flow.answered_since(old + new, time.monotonic())
             asked = await flow.stop()
         assert await default_turns(fleet) == (0, at_drain)  # no turn started on it after the drain said so
