@@ -62,7 +62,8 @@ def topics_wait(
     timeout: Annotated[float, typer.Option(help="seconds to wait before giving up (exit code 1)")] = 600.0,
 ) -> None:
     """Wait until the topics SERVICE's principal is granted (`roundtrip acls --only SERVICE`) exist and it may see
-    them: a service's first step where a setup job, not the service's own user, makes the ACLs and the topics."""
+    them: a service's first step where a setup job, not the service's own user, makes the ACLs and the topics. With
+    ROUNDTRIP_AGENT_VERSION (a model, gate or executor of an agent version): that version's own topics."""
     from roundtrip._kernel.kafka.acls import for_service
     from roundtrip._kernel.kafka.admin import wait_for_topics
     from roundtrip._kernel.kafka.clients import kafka_clients
@@ -72,7 +73,9 @@ def topics_wait(
     s = get_settings()
     # the shared dead letters of older fleets are read where they exist; nothing makes them any more
     legacy = s.topic_prefix + topics.DEAD_LETTERS
-    granted = for_service(topology.service(service), s.topic_prefix)
+    # an agent version's model, gate or executor: that version's own topics, as its own user is granted them
+    version = s.agent_version if service in topology.versioned() else ""
+    granted = for_service(topology.service(service), s.topic_prefix, version=version)
     names = [a.name for a in granted if a.kind == "topic" and a.name != legacy]
     away = asyncio.run(wait_for_topics(kafka_clients(s), names, timeout))
     if away:

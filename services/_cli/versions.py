@@ -5,6 +5,7 @@ turn from now on (docs/decisions/agent-versions.md)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from roundtrip._kernel.storage.versions import Versions
 
 DRAIN_POLL_S = 2.0
+DRAIN_SETTLE_S = 3.0  # more than a guard keeps the ramp it read (REFRESH_S) and a start takes
 
 app = typer.Typer(
     help="Agent versions side by side: each one's share of new conversations, running turns and outcomes; ramp one "
@@ -51,13 +53,17 @@ def ramp(
 def drain(
     version: Annotated[str, typer.Argument(help="the version to take out of service (`default`: the default version)")],
     wait: Annotated[bool, typer.Option(help="wait until none of its turns runs")] = True,
+    timeout: Annotated[
+        float,
+        typer.Option(help="seconds to wait at most; then exit 1 if its turns still run (0: as long as they run)"),
+    ] = 0.0,
     fleet: FleetOption = None,
 ) -> None:
     """Send a version no new turn from now on (its conversations move on to where the ramp sends a new one), then wait
-    until none of its turns runs: its model, gate and executor may stop then."""
+    until none of its turns runs (its running turns end on it) and say that its model, gate and executor may stop."""
     from roundtrip._cli.common import fleet_settings
 
-    raise typer.Exit(asyncio.run(drain_version(fleet_settings(fleet), version, wait)))
+    raise typer.Exit(asyncio.run(drain_version(fleet_settings(fleet), version, wait, timeout)))
 
 
 def percent(text: str) -> float:
@@ -138,7 +144,7 @@ async def set_share(settings: Settings, version: str, share: float) -> int:
     return 0
 
 
-async def drain_version(settings: Settings, version: str, wait: bool) -> int:
+async def drain_version(settings: Settings, version: str, wait: bool, timeout: float) -> int:
     from roundtrip._cli.common import console, ledger_missing, plain
     from roundtrip._kernel.storage.versions import DEFAULT, DEFAULT_WORD, RampRefused, Versions
 
@@ -148,9 +154,13 @@ async def drain_version(settings: Settings, version: str, wait: bool) -> int:
     store = await Versions.open(settings.ledger_db_url)
     try:
         await store.drain(version)
+        since = time.monotonic()
         running, told = await _running(store, version), -1
-        while wait and running:
-            if running != told:
+        # a guard that read the ramp just before the drain may still start a turn on it: none counts until it read it
+        while wait and (running or time.monotonic() - since < DRAIN_SETTLE_S):
+            if timeout and running and time.monotonic() - since >= timeout:
+                break
+            if running and running != told:
                 console.print(f"{plain(name(version))} drains: {running} of its turns still run")
                 told = running
             await asyncio.sleep(DRAIN_POLL_S)  # its turns end by their deadline at the latest
@@ -161,6 +171,12 @@ async def drain_version(settings: Settings, version: str, wait: bool) -> int:
     finally:
         await store.close()
     said = plain(name(version))
+    if running and wait:
+        console.print(
+            f"[red]error:[/] {said} drains: {running} of its turns still run after {timeout:g} s: its model, gate and "
+            f"executor must not stop yet (`roundtrip versions drain {plain(version or DEFAULT_WORD)}` waits again)"
+        )
+        return 1
     if running:
         console.print(f"{said} drains: {running} of its turns still run; its services may stop once none does")
     else:

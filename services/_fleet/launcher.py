@@ -113,24 +113,26 @@ class Fleet:
         """SIGKILL every process of one service (a crash, on purpose: how the fleet recovers)."""
         processes.kill(processes.of_service(self.children, name))
 
-    def respawn(self, name: str) -> None:
-        """Start a killed service (all its replicas) again and wait until it runs."""
-        dead = [c for c in processes.of_service(self.children, name) if c.process.poll() is not None]
+    def respawn(self, *names: str) -> None:
+        """Start killed services (all their replicas) again and wait until they run."""
+        found = {id(c): c for name in names for c in processes.of_service(self.children, name)}
+        dead = [c for c in found.values() if c.process.poll() is not None]
         if not dead:
-            raise FleetError(f"{name} is not stopped")
+            raise FleetError(f"{', '.join(names)} is not stopped")
         fleet_state.record(self.settings.state_dir, {**os.environ, **self.env})
-        for child in dead:
+        for child in dead:  # every one started before any is waited for: a wait fails on any child that is down
             self.children.remove(child)
             processes.close_ready(child)
             self._spawn(child.name, _argv(child), child.where, child.env)
+        for child in dead:
             if child.name in ("simulator", "shop"):
                 readiness.wait_http(f"{child.where}/health", child.name, self.children)
         self._wait_services(names={child.name for child in dead})
 
     def respawn_exited(self) -> None:
         """Start every killed process again (each service once, all its replicas) and wait until they run."""
-        while exited := self.exited():
-            self.respawn(exited[0].name)
+        if exited := self.exited():
+            self.respawn(*(c.name for c in exited))
 
     def exited(self) -> list[Child]:
         return [c for c in self.children if c.process.poll() is not None]

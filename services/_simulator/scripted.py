@@ -20,7 +20,7 @@ from .errors import invalid
 from .personas import Reply
 
 PREFIX = "script:"
-RECEIVED_KEPT = 200
+RECEIVED_KEPT = 2000  # the last requests, for `/v1/_received`: a few hundred turns of two or more calls each
 STOP_REASONS = ("end_turn", "tool_use", "max_tokens", "stop_sequence", "refusal", "pause_turn")
 
 

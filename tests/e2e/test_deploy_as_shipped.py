@@ -1,5 +1,7 @@
 """The fleet deployed the way its users deploy it, once from deploy/k8s and once from docker-compose.yml,
-and talked to like their app: turns get replies, and an executor scaled to three replicas all get work.
+and talked to like their app: turns get replies, and an executor scaled to three replicas all get work. deploy/k8s
+runs agent version v2 beside the default version (model-v2.yaml, gate-v2.yaml, executor-v2.yaml, each its own Kafka
+user): ramped to v2, a new conversation's turn runs on them.
 
 Each workload runs as local processes with the command and the environment its manifest gives it (k8s:
 envFrom the ConfigMap and the Secret, env with secretKeyRef / configMapKeyRef; compose: resolved by the
@@ -29,6 +31,7 @@ the signed mode and serve a page only to a token that issuer signed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -56,6 +59,8 @@ from roundtrip._kernel.kafka import acls
 from roundtrip._kernel.kafka.aiokafka_seam import partitions_of
 from roundtrip._kernel.kafka.clients import kafka_clients
 from roundtrip._kernel.settings import Settings
+from roundtrip._kernel.storage.ledger_reads import TurnReads
+from roundtrip._kernel.storage.versions import Versions
 from roundtrip._kernel.wire import topics, topology
 from roundtrip._kernel.wire.events import SupportReply
 from tests import oidc_issuer
@@ -66,15 +71,17 @@ from tests.e2e.manifest_workloads import compose_manifest, k8s_manifest
 from tests.manifests import compose_config, k8s_documents, kinds, with_keys_filled
 
 EXECUTORS = 3
+VERSIONS = ("v2",)  # the agent versions the k8s manifests run beside the default (model-v2.yaml, ...)
+OF_VERSIONS = tuple(f"{name}-{v}" for v in VERSIONS for name in topology.versioned())  # their Deployments
 # the SCRAM users the operator makes on the brokers (as `roundtrip acls` names the principals) and their passwords
 KAFKA_USERS = {
     acl.principal.removeprefix("User:"): f"{name}-{uuid.uuid4().hex}"
-    for name, granted in acls.derive("", acls.DEFAULT_PRINCIPAL, None, ()).items()
+    for name, granted in acls.derive("", acls.DEFAULT_PRINCIPAL, None, VERSIONS).items()
     for acl in granted[:1]
 }
-OPERATOR = acls.for_operator("", acls.DEFAULT_PRINCIPAL, ())[0].principal.removeprefix("User:")
+OPERATOR = acls.for_operator("", acls.DEFAULT_PRINCIPAL, VERSIONS)[0].principal.removeprefix("User:")
 CUSTOMER = "cus_1001"
-START_TIMEOUT_S = 120  # every replica ready (2 busy cores, ~15 processes a shape)
+START_TIMEOUT_S = 150  # every replica ready (2 busy cores, ~18 processes a shape)
 REPLY_TIMEOUT_S = 60  # the turns together; a turn with the simulator takes well under a second
 AUDIENCE = "roundtrip-console"
 
@@ -128,7 +135,7 @@ def filled_k8s_documents(kafka: SecuredKafka, issuer: str, docs: list[dict] | No
     secrets = {name: s["stringData"] for name, s in kinds(docs, "Secret").items()}
     assert "CHANGE-ME" in secrets["roundtrip-kafka"]["ca"], "the shipped Secret should be a template to fill"
     secrets["roundtrip-kafka"]["ca"] = kafka.tls.ca.read_text()
-    for name in (*topology.names(), "operator", "admin"):
+    for name in (*topology.names(), *OF_VERSIONS, "operator", "admin"):
         user = secrets[f"roundtrip-kafka-{name}"]
         assert "CHANGE-ME" in user["ROUNDTRIP_KAFKA_SASL_PASSWORD"], f"roundtrip-kafka-{name} should be a template"
         if name == "admin":  # one the cluster lets create ACLs: here the broker's super user
@@ -148,6 +155,33 @@ def manifest_of(shape: str, kafka: SecuredKafka, issuer: str):
 def tool_runs(metrics: str) -> float:
     """The tool calls a process ran, from its /metrics (roundtrip_tool_executions_total, every tool and result)."""
     return sum(float(v) for v in re.findall(r"(?m)^roundtrip_tool_executions_total\{[^}]*\} (\S+)$", metrics))
+
+
+async def a_turn_runs_on_version_v2(deployment: LocalDeployment, manifest, client: FleetClient) -> None:
+    """The operator sends v2 every new conversation (what `roundtrip versions ramp v2 100%` writes; the setup Job made
+    v2's topics and ACLs): a new conversation's turn runs on v2's model, gate and executor, as the ledger and v2's
+    executor say, and gets one reply."""
+    guard = deployment.replicas["guard"][0].envs[id(manifest.workloads["guard"].main)]
+    url = guard["ROUNDTRIP_LEDGER_DATABASE_URL"]
+    store = await Versions.open(url)
+    try:
+        await store.ramp(VERSIONS[0], 100.0)
+    finally:
+        await store.close()
+    await asyncio.sleep(1.5)  # the guard reads the ramp again within a second (services/_guard/versions.py)
+    asked = await client.ask("where is my order?", CUSTOMER, conversation_id="conv_k8s_v2")
+    reply = await deployment.while_running(client.reply(asked, timeout=REPLY_TIMEOUT_S))
+    assert reply.outcome == "end_turn" and reply.steps >= 2 and len(client.replies[asked]) == 1, reply
+    reads = await TurnReads.open(url, read_only=True)
+    try:
+        row = await reads.get(reply.turn_id)
+    finally:
+        await reads.close()
+    assert row is not None and row.agent_version == VERSIONS[0], row
+    (executor,) = deployment.replicas[f"executor-{VERSIONS[0]}"]
+    health = executor.workload.main.ready[1]  # the port of its probes serves /metrics too
+    async with httpx.AsyncClient() as http:
+        assert tool_runs((await http.get(executor.url("/metrics", health), timeout=5)).text) > 0
 
 
 async def the_executors_login_rewrites_no_turn(deployment: LocalDeployment, manifest) -> None:
@@ -242,6 +276,7 @@ async def test_the_shipped_manifests_answer_turns_and_every_executor_works(
                 assert refused == dict.fromkeys(refused, TopicAuthorizationFailedError), refused
                 texts = [r.text for rs in client.replies.values() for r in rs]
                 assert forgeries.FORGED not in texts and len(texts) == len(asked), texts
+                await a_turn_runs_on_version_v2(deployment, manifest, client)  # after the replies counted above
         finally:
             await client.stop()
 
@@ -293,8 +328,8 @@ async def test_the_k8s_manifests_run_a_users_agent_the_example_carrier(
     """The manifests with a user's agent (issue 29, item 4): the example carrier agent (examples/telecom-agent,
     installed as its own distribution, as its image would have it: docs/operating/deploy.md) named by
     ROUNDTRIP_AGENT in the ConfigMap, with its own setting there (its lines' database, on a volume the gate's and the
-    executor's pods share: here a path all the processes see), and the demo shop taken out, as its user would. One
-    executor: the shop's run above scales them."""
+    executor's pods share: here a path all the processes see), and the demo shop (and its agent's version 2) taken
+    out, as its user would. One executor: the shop's run above scales them."""
     pytest.importorskip("telecom_agent", reason="the example agent is installed by scripts/setup.sh")
     script = tmp_path / "scripts.json"
     script.write_text(
@@ -307,7 +342,9 @@ async def test_the_k8s_manifests_run_a_users_agent_the_example_carrier(
             }
         )
     )
-    docs = [d for d in k8s_documents() if d["metadata"]["name"] != "shop" or d["kind"] not in ("Deployment", "Service")]
+    shipped = k8s_documents()
+    no_shop = [d for d in shipped if d["metadata"]["name"] != "shop" or d["kind"] not in ("Deployment", "Service")]
+    docs = [d for d in no_shop if d["metadata"]["name"] not in OF_VERSIONS]  # the shop agent's version 2 too
     docs = filled_k8s_documents(secured_kafka_broker, issuer.url, docs)
     config = kinds(docs, "ConfigMap")["roundtrip-config"]["data"]
     del config["ROUNDTRIP_SHOP_URL"]  # no demo shop: this agent's backend is its own

@@ -12,6 +12,7 @@ ScaledObjects are validated against KEDA's CRD schema (deploy/keda/) with jsonsc
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import subprocess
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from roundtrip._cli.main import ALL_RUNNABLE, FLEET_SERVICES
+from roundtrip._cli.main import ALL_RUNNABLE, FLEET_SERVICES, _refuse_unfit
 from roundtrip._kernel.kafka import acls
 from roundtrip._kernel.kafka.messaging import group
 from roundtrip._kernel.settings import (
@@ -80,7 +81,16 @@ JAEGER_RELEASE_OF_MODULE = {"v1.76.0": "2.13.0"}
 SCALED = {
     "executor": (group("executor"), topics.TOOL_BATCHES, "ROUNDTRIP_EXECUTOR_PARTITIONS"),
     "model": (group("model"), topics.MODEL_CALLS, "ROUNDTRIP_PARTITIONS"),
+    "executor-v2": (
+        group("executor", version="v2"),
+        topology.of_version(topics.TOOL_BATCHES, "v2"),
+        "ROUNDTRIP_EXECUTOR_PARTITIONS",
+    ),
+    "model-v2": (group("model", version="v2"), topology.of_version(topics.MODEL_CALLS, "v2"), "ROUNDTRIP_PARTITIONS"),
 }
+# agent version v2 beside the default version (model-v2.yaml, ...): its Deployment -> the service it runs
+VERSION = "v2"
+OF_VERSION = {f"{name}-{VERSION}": name for name in topology.versioned()}
 # the services that open the fleet's tables (the ledger, the fence): they refuse a database not migrated to their code
 LEDGER_SERVICES = [name for name in FLEET_SERVICES if topology.service(name).shares_ledger]
 MIGRATE = ["roundtrip", "db", "upgrade"]
@@ -165,8 +175,8 @@ def test_k8s_a_setup_job_applies_the_acls_then_makes_the_topics(k8s):
     job = kinds(k8s, "Job")["roundtrip-kafka-setup"]
     pod = job["spec"]["template"]["spec"]
     ((acls,), (made,)) = pod["initContainers"], pod["containers"]
-    assert full_command(acls) == ["roundtrip", "acls", "--apply"]  # first: every principal's ACLs, as the admin
-    assert full_command(made) == ["roundtrip", "topics", "create"]  # then the topics, as the operator they allow
+    assert full_command(acls) == ["roundtrip", "acls", "--apply", "--version", VERSION]  # first: every principal's ACLs
+    assert full_command(made) == ["roundtrip", "topics", "create", "--version", VERSION]  # then the topics, as operator
     connect = [{"configMapRef": {"name": "roundtrip-config"}}, {"secretRef": {"name": "roundtrip-kafka"}}]
     assert acls["envFrom"] == [*connect, {"secretRef": {"name": "roundtrip-kafka-admin"}}]
     assert made["envFrom"] == [*connect, {"secretRef": {"name": "roundtrip-kafka-operator"}}]
@@ -516,7 +526,7 @@ def test_k8s_ships_sasl_ssl_and_a_kafka_secret_the_operator_must_fill(k8s):
         pod = deployment["spec"]["template"]["spec"]
         for c in all_containers(deployment):
             reads = {"secretRef": {"name": "roundtrip-kafka"}} in c.get("envFrom", [])
-            assert reads == (name in topology.names()), (name, c["name"])
+            assert reads == (name in (*topology.names(), *OF_VERSION)), (name, c["name"])
             if reads:
                 files = mounted_files(k8s, pod, c)
                 assert files[kafka["ROUNDTRIP_KAFKA_SSL_CAFILE"]] == kafka["ca"], (name, c["name"])
@@ -552,7 +562,7 @@ def test_every_service_connects_to_kafka_as_its_own_user_with_its_acls(k8s, name
 def test_no_two_kafka_users_are_the_same_and_keda_reads_lag_as_the_operator(k8s):
     users = kafka_users(k8s)
     assert set(users) == {
-        *(f"roundtrip-kafka-{name}" for name in topology.names()),
+        *(f"roundtrip-kafka-{name}" for name in (*topology.names(), *OF_VERSION)),
         "roundtrip-kafka-operator",
         "roundtrip-kafka-admin",
     }
@@ -659,7 +669,7 @@ def test_kustomization_lists_every_manifest():
 
 def test_k8s_workloads_have_resources_and_run_as_non_root(k8s):
     workloads = [*kinds(k8s, "Deployment").values(), *kinds(k8s, "Job").values()]
-    assert len(workloads) == len(ALL_RUNNABLE) + 1  # and the setup Job
+    assert len(workloads) == len(ALL_RUNNABLE) + len(OF_VERSION) + 1  # and the setup Job
     for workload in workloads:
         pod = workload["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
@@ -680,6 +690,59 @@ def test_k8s_core_manifests_match_the_kubernetes_schemas_strictly(k8s):
     container(broken)["livenessProbe"]["httpGet"]["paths"] = "/healthz"  # a typo must not pass
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+# -- agent version v2 beside the default version (docs/operating/agent-versions.md) ----------------------------------
+
+V2_AGENT = "roundtrip._shop.agent.v2:AGENT"  # the demo shop's variant: another prompt, a tool renamed
+
+
+def as_default_version(deployment: dict[str, Any], service: str) -> dict[str, Any]:
+    """A version's Deployment with what makes it v2's taken out: the default version's name, labels and Kafka user,
+    and no ROUNDTRIP_AGENT_VERSION or ROUNDTRIP_AGENT of its own."""
+    text = json.dumps(deployment).replace(f"roundtrip-kafka-{service}-{VERSION}", f"roundtrip-kafka-{service}")
+    same = json.loads(text.replace(f'"{service}-{VERSION}"', f'"{service}"'))
+    for c in all_containers(same):
+        c["env"] = [e for e in c.get("env", []) if e["name"] not in ("ROUNDTRIP_AGENT_VERSION", "ROUNDTRIP_AGENT")]
+        if not c["env"]:
+            del c["env"]
+    return same
+
+
+@pytest.mark.parametrize("name", sorted(OF_VERSION))
+def test_k8s_runs_version_v2_as_the_default_versions_deployment_with_its_version_agent_and_user(
+    k8s, name, monkeypatch, tmp_path
+):
+    service = OF_VERSION[name]
+    deployment = kinds(k8s, "Deployment")[name]
+    # the default version's Deployment but for what makes it v2's: every init step, probe, key and limit alike
+    assert as_default_version(deployment, service) == kinds(k8s, "Deployment")[service]
+    for c in all_containers(deployment):
+        env = container_env(k8s, c)
+        assert (env["ROUNDTRIP_AGENT_VERSION"], env["ROUNDTRIP_AGENT"]) == (VERSION, V2_AGENT), c["name"]
+    # its own Kafka user: the principal `roundtrip acls --version v2` grants v2's own topics and groups
+    user = kafka_users(k8s)[f"roundtrip-kafka-{name}"]
+    granted = acls.derive("", acls.DEFAULT_PRINCIPAL, None, (VERSION,))[name]
+    assert granted[0].principal == f"User:{user['ROUNDTRIP_KAFKA_SASL_USERNAME']}"
+    assert "CHANGE-ME" in user["ROUNDTRIP_KAFKA_SASL_PASSWORD"]
+    assert {a.name for a in granted if a.kind == "group"} == {group(service, version=VERSION)}
+    # its pods are its own: no other Deployment's selector takes them, nor its theirs
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for other, d in kinds(k8s, "Deployment").items():
+        assert (d["spec"]["selector"]["matchLabels"].items() <= labels.items()) == (other == name), other
+    # as shipped (its Secrets filled), it passes the checks `roundtrip run` makes before it starts
+    settings = settings_of(k8s_env(with_keys_filled(k8s), name, tmp_path), monkeypatch)
+    assert settings.agent_version == VERSION
+    _refuse_unfit(settings, topology.service(service), holds_calls=True)
+
+
+def test_the_version_v2_the_manifests_run_is_the_demo_shops_agent_with_another_prompt_and_a_tool_renamed():
+    from roundtrip._sdk.agent import load_agent
+    from roundtrip._shop.agent import AGENT as SHOP
+
+    v2 = load_agent(V2_AGENT, check=False)
+    assert v2.system_prompt != SHOP.system_prompt and v2.digest != SHOP.digest
+    assert v2.offered - SHOP.offered == {"search_faq"} and SHOP.offered - v2.offered == {"search_help_center"}
 
 
 # -- executors and model callers scale on consumer lag (KEDA) ---------------------------------------

@@ -7,6 +7,7 @@ conversations, which the guard keeps on the version whatever the ramp says."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,12 +31,12 @@ from roundtrip._kernel.observability import metrics
 from roundtrip._kernel.observability.telemetry import record_turn_span
 from roundtrip._kernel.settings import Settings
 from roundtrip._kernel.storage.ledger_reads import TurnReads
-from roundtrip._kernel.storage.prices import PriceTable
 from roundtrip._kernel.storage.turnstore import AWAITING, ENDED, RUNNING, approvals, turns
 from roundtrip._kernel.storage.versions import VersionRow, Versions
 from roundtrip._kernel.wire.events import CallModel, StartTurn, Turn, Usage
 from tests.cores import guard as guard_of
 from tests.databases import migrated
+from tests.prices import price_table
 from tests.unit.test_console_pages import console_for
 from tests.unit.test_telemetry import TURN, traced  # noqa: F401 - a fixture
 
@@ -266,7 +267,7 @@ async def test_an_eval_on_a_version_pins_its_conversations_there_and_the_guard_k
     guard = guard_of(
         ledger=ledger,
         policy=Policy(replies=Replies()),
-        prices=PriceTable.from_json('{"default": [3.0, 15.0, 3.75, 0.30]}'),
+        prices=price_table(),
         publish=publish,
         conversations=conversations,
     )
@@ -274,7 +275,7 @@ async def test_an_eval_on_a_version_pins_its_conversations_there_and_the_guard_k
         await ledger.ramp("v2", 0.0)  # in service, but no new conversation goes there
         pinned = await runner.pinning(settings, "v2")
         try:
-            await pinned.claim("conv_eval_1", "cus_1001", "v2")  # as Asker.pin does before the first turn
+            await pinned.claim("conv_eval_1", "cus_1001", "v2", time.time())  # as Asker.pin does before the first turn
         finally:
             await pinned.close()
         for n, conversation in enumerate(("conv_eval_1", "conv_other")):
