@@ -102,7 +102,7 @@ def report(results: dict, args: argparse.Namespace) -> str:
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument(
         "--batch-turns", "--batch", dest="batch", type=int, default=1000, help="batch turns beside the interactive ones"
     )
