@@ -98,9 +98,11 @@ class Scripts:
     def __init__(self, scripts: dict[str, list[Reply]] | None = None) -> None:
         self.scripts = dict(scripts or {})
         self.received: deque[dict[str, Any]] = deque(maxlen=RECEIVED_KEPT)
+        self.count = 0  # requests received so far: each one's number, so a reader asks only for what came after
 
     def record(self, persona: str, body: dict[str, Any]) -> None:
-        self.received.append({"persona": persona, "body": body})
+        self.count += 1
+        self.received.append({"n": self.count, "persona": persona, "body": body})
 
     def reply_for(self, persona: str, body: dict[str, Any]) -> Reply | None:
         """The scripted reply of this request, None when its persona names no script (ApiError 400 when the script
@@ -129,5 +131,11 @@ class Scripts:
         return JSONResponse({"scripts": sorted(self.scripts)})
 
     async def list_received(self, request: Request) -> Response:
+        """The requests kept, oldest first; `?persona=P`: of that persona; `?after=N`: numbered after N."""
         wanted = request.query_params.get("persona")
-        return JSONResponse({"requests": [r for r in self.received if wanted is None or r["persona"] == wanted]})
+        try:
+            after = int(request.query_params.get("after", "0"))
+        except ValueError:
+            return JSONResponse({"error": "after: a request's number (an integer)"}, status_code=400)
+        kept = [r for r in self.received if r["n"] > after and (wanted is None or r["persona"] == wanted)]
+        return JSONResponse({"requests": kept})

@@ -15,6 +15,7 @@ v2, and once the drain says so its services stop with nothing lost. One fleet se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -329,15 +330,42 @@ class Flow:
         return self.asked
 
 
+@dataclass
+class Heard:
+    """Every model call the simulator received while a flow ran: it keeps only its last requests, fewer than a flow
+    of a minute makes, so they are read as they come (each numbered: only those after the last read)."""
+
+    fleet: Fleet
+    requests: list[dict] = field(default_factory=list)
+
+    def read(self) -> None:
+        after = self.requests[-1]["n"] if self.requests else 0
+        port = self.fleet.settings.simulator_port
+        answer = httpx.get(
+            f"http://127.0.0.1:{port}/v1/_received", params={"persona": "direct", "after": after}, timeout=10
+        )
+        self.requests += answer.json()["requests"]
+
+    async def listen(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.to_thread(self.read)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 2.0)  # a read every 2 s: ~100 calls come between two at most
+        await asyncio.to_thread(self.read)
+
+
 @asynccontextmanager
-async def flowing(client: FleetClient) -> AsyncIterator[Flow]:
-    flow = Flow(client)
+async def flowing(client: FleetClient, heard: Heard) -> AsyncIterator[Flow]:
+    flow, stop = Flow(client), asyncio.Event()
+    listening = asyncio.create_task(heard.listen(stop))
     try:
         yield flow
     finally:  # a failed test leaves no conversation asking on
         for task in flow.tasks:
             task.cancel()
         await asyncio.gather(*flow.tasks, return_exceptions=True)
+        stop.set()
+        await listening
 
 
 async def run(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
@@ -363,13 +391,13 @@ async def turn_versions(fleet: Fleet, client: FleetClient, asked: list[Asked]) -
 
 
 def one_reply_each_and_every_call_on_its_turns_version(
-    fleet: Fleet, client: FleetClient, asked: list[Asked], versions: dict[tuple[str, int], str]
+    heard: Heard, client: FleetClient, asked: list[Asked], versions: dict[tuple[str, int], str]
 ) -> None:
     assert all(len(client.replies[a.request_id]) == 1 for a in asked), "a request answered twice"
     ended = {client.replies[a.request_id][0].outcome for a in asked}
     assert ended == {Outcome.END_TURN}, ended
     assert len(versions) == len(asked)
-    calls = calls_by_turn(received(fleet))
+    calls = calls_by_turn(heard.requests)
     for turn, version in versions.items():  # a call made again after a restart is its turn's, on its version too
         made = calls.get(turn, [])
         assert len(made) >= CALLS_A_TURN and set(made) == {version}, (turn, version, made)
@@ -397,12 +425,13 @@ async def test_a_rolling_restart_of_v2s_services_while_both_run_loses_nothing_an
     versioned_fleet, client
 ):
     fleet = versioned_fleet
+    heard = Heard(fleet)
     await ramped(fleet, "50%")
     conversations = [f"roll_{i}" for i in range(20)]  # fixed ids: each version gets some
     pinned = {c: assign(c, {"v2": 50.0}) for c in conversations}
     assert set(pinned.values()) == {"", "v2"}, pinned
     try:
-        async with flowing(client) as flow:
+        async with flowing(client, heard) as flow:
             flow.start(conversations)
             await flow.answered_since(conversations, time.monotonic())
             for service in topology.versioned():  # model, gate, executor: one by one, the flow going on
@@ -413,7 +442,7 @@ async def test_a_rolling_restart_of_v2s_services_while_both_run_loses_nothing_an
         await asyncio.to_thread(fleet.respawn_exited)  # the fleet whole for what follows
 
     versions = await turn_versions(fleet, client, asked)
-    one_reply_each_and_every_call_on_its_turns_version(fleet, client, asked, versions)
+    one_reply_each_and_every_call_on_its_turns_version(heard, client, asked, versions)
     assert versions == {(a.conversation, a.k): pinned[a.conversation] for a in asked}  # each on its first's version
 
 
@@ -431,13 +460,14 @@ async def test_ramped_to_all_then_the_default_version_drained_under_load_no_turn
     versioned_fleet, client
 ):
     fleet = versioned_fleet
+    heard = Heard(fleet)
     await ramped(fleet, "20%")
     old = [f"drain_{i}" for i in range(24)]  # fixed ids: each version gets some
     new = [f"drain_new_{i}" for i in range(8)]
     pinned = {c: assign(c, {"v2": 20.0}) for c in old}
     assert set(pinned.values()) == {"", "v2"}, pinned
     try:
-        async with flowing(client) as flow:
+        async with flowing(client, heard) as flow:
             flow.start(old)
             await flow.answered_since(old, time.monotonic())
 
@@ -468,7 +498,7 @@ async def test_ramped_to_all_then_the_default_version_drained_under_load_no_turn
         await ramped(fleet, "0")
 
     versions = await turn_versions(fleet, client, asked)
-    one_reply_each_and_every_call_on_its_turns_version(fleet, client, asked, versions)
+    one_reply_each_and_every_call_on_its_turns_version(heard, client, asked, versions)
     for conversation in old + new:
         turns = sorted((a for a in asked if a.conversation == conversation), key=lambda a: a.k)
         kept = [versions[conversation, a.k] for a in turns]
