@@ -9,7 +9,9 @@ turn's version after the ramp moved on, every turn got one reply, another custom
 Under load (conversations asking turn after turn meanwhile): v2's model, gate and executor restarted one by one as a
 rolling deploy does (SIGTERM, started again) lose no turn and move none; ramped to 100 %, then the default version
 drained, every request gets one reply, the default version's conversations keep it until the drain, new ones go to
-v2, and once the drain says so its services stop with nothing lost. One fleet serves every test of the module.
+v2, and once the drain says so its services stop with nothing lost. On v2's own topics, a model call rewritten to
+another customer and a batch the gate did not sign are refused by v2's services. One fleet serves every test of the
+module.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from roundtrip._fleet.launcher import Fleet
 from roundtrip._guard.versions import assign
 from roundtrip._kernel.storage.ledger_reads import TurnReads
 from roundtrip._kernel.storage.versions import DEFAULT, Versions
-from roundtrip._kernel.wire import topology
-from roundtrip._kernel.wire.events import Outcome
+from roundtrip._kernel.wire import topics, topology
+from roundtrip._kernel.wire.events import CallModel, CheckedCall, ExecuteToolBatch, Outcome, Turn
 from roundtrip._shop.agent import AGENT as V1
 from tests.agents import ShopFleetSettings
 from tests.e2e.conftest import FleetClient, fleet_env
@@ -510,3 +512,65 @@ async def test_ramped_to_all_then_the_default_version_drained_under_load_no_turn
                 assert version == "", (conversation, a.k, version)
     on_default_at_all = {a.conversation for a in asked if a.at > at_all and a.answered < drain_began}
     assert {c for c in old if not pinned[c]} <= on_default_at_all  # each asked again after the ramp to 100 %
+
+
+async def test_a_forged_call_or_batch_on_v2s_own_topics_is_refused_by_v2s_services(versioned_fleet, client):
+    """The one-customer and fence checks hold on a version's own topics as on the default's: a model call of a v2
+    turn rewritten to another customer is dead-lettered by v2's model service before any call reaches the model,
+    and a batch the gate did not sign by v2's executor before any tool runs."""
+    fleet = versioned_fleet
+    ledger = await TurnReads.open(fleet.settings.ledger_db_url, read_only=True)
+    try:
+        row = next(r for r in await ledger.list(version="v2", limit=1000) if r.customer_id == CUSTOMER)
+    finally:
+        await ledger.close()
+    bobs = Turn(
+        turn_id=row.turn_id,
+        request_id=row.request_id,
+        conversation_id=row.conversation_id,
+        customer_id=OTHER,
+        persona="direct",
+        agent_version="v2",
+    )
+    marker = f"forged-{uuid.uuid4().hex[:8]}"
+    forged = {  # name -> (v2's topic, the record, the service that must refuse it, what its reason must say)
+        "call": (
+            topology.of_version(topics.MODEL_CALLS, "v2"),
+            CallModel(
+                turn=bobs, step=0, messages=[{"role": "user", "content": f'lookup_order {{"order_id": "{marker}"}}'}]
+            ),
+            "model",
+            "customer",
+        ),
+        "batch": (
+            topology.of_version(topics.TOOL_BATCHES, "v2"),
+            ExecuteToolBatch(
+                turn=bobs.model_copy(update={"customer_id": CUSTOMER}),
+                step=1,
+                messages=[],
+                calls=[CheckedCall(id="toolu_forged", name="cancel_order", input={"order_id": marker}, approved=True)],
+                signature="0" * 128,
+            ),
+            "executor",
+            "signature",
+        ),
+    }
+    for name, (topic, record, _, _) in forged.items():
+        await client.producer.send_and_wait(
+            client.topic(topic), record.model_dump_json().encode(), key=f"{marker}:{name}".encode()
+        )
+
+    def letters() -> dict[str, dict] | None:
+        found = {
+            letter["key"].split(":", 1)[1]: letter
+            for letter in client.seen[topics.DEAD_LETTERS]
+            if (letter.get("key") or "").startswith(f"{marker}:")
+        }
+        return found if set(forged) <= set(found) else None
+
+    found = await client.wait_for(letters, timeout=60)
+    for name, (topic, _, service, why) in forged.items():
+        letter = found[name]
+        assert (letter["service"], letter["topic"]) == (service, client.topic(topic)), (name, letter)
+        assert why in letter["reason"].lower(), (name, letter["reason"])
+    assert not [r for r in received(fleet) if marker in json.dumps(r["body"])]  # no model call made for it
