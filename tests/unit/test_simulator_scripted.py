@@ -88,6 +88,10 @@ def test_a_script_file_plays_one_response_per_request_of_the_turn_and_each_turn_
         received = httpx.get(f"{url}/v1/_received", params={"persona": "script:look"}).json()["requests"]
         assert len(received) == 3 and received[0]["body"]["system"] == "You are Telco's agent."
         assert received[0]["body"]["tools"][0]["name"] == "get_line"
+        later = httpx.get(f"{url}/v1/_received", params={"persona": "script:look", "after": received[0]["n"]})
+        assert later.json()["requests"] == received[1:]  # numbered: a reader asks only for what came after
+        bad = httpx.get(f"{url}/v1/_received", params={"after": "the start"})
+        assert bad.status_code == 400 and "after" in bad.json()["error"]
 
 
 def test_a_script_put_at_run_time_is_played_and_an_unknown_one_is_refused_by_name():
