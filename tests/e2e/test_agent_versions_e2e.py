@@ -552,7 +552,7 @@ async def test_a_forged_call_or_batch_on_v2s_own_topics_is_refused_by_v2s_servic
                 signature="0" * 128,
             ),
             "executor",
-            "signature",
+            "the gate did not approve it",
         ),
     }
     for name, (topic, record, _, _) in forged.items():
