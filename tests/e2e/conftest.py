@@ -128,6 +128,19 @@ class FleetClient:
         await self.publish_raw(json.dumps(body).encode(), key=body["conversation_id"].encode())
         return request_id
 
+    async def letters_keyed(self, prefix: str, names: set[str], timeout: float = 60.0) -> dict[str, dict]:
+        """The dead letters of records sent keyed `prefix:name`, by name, once one has come for each of `names`."""
+
+        def found() -> dict[str, dict] | None:
+            letters = {
+                letter["key"].split(":", 1)[1]: letter
+                for letter in self.seen[topics.DEAD_LETTERS]
+                if (letter.get("key") or "").startswith(f"{prefix}:")
+            }
+            return letters if names <= set(letters) else None
+
+        return await self.wait_for(found, timeout=timeout)
+
     async def wait_for(self, predicate, timeout: float = 60.0):
         async def loop():
             while True:

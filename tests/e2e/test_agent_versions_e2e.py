@@ -560,15 +560,7 @@ async def test_a_forged_call_or_batch_on_v2s_own_topics_is_refused_by_v2s_servic
             client.topic(topic), record.model_dump_json().encode(), key=f"{marker}:{name}".encode()
         )
 
-    def letters() -> dict[str, dict] | None:
-        found = {
-            letter["key"].split(":", 1)[1]: letter
-            for letter in client.seen[topics.DEAD_LETTERS]
-            if (letter.get("key") or "").startswith(f"{marker}:")
-        }
-        return found if set(forged) <= set(found) else None
-
-    found = await client.wait_for(letters, timeout=60)
+    found = await client.letters_keyed(marker, set(forged))
     for name, (topic, _, service, why) in forged.items():
         letter = found[name]
         assert (letter["service"], letter["topic"]) == (service, client.topic(topic)), (name, letter)

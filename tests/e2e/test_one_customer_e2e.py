@@ -84,15 +84,7 @@ async def test_a_writer_to_every_internal_topic_cannot_act_for_another_customer(
     for name, (topic, value, _, _) in forged.items():
         await client.producer.send_and_wait(client.topic(topic), value, key=f"{conversation}:{name}".encode())
 
-    def letters():
-        found = {
-            letter["key"].split(":", 1)[1]: letter
-            for letter in client.seen[topics.DEAD_LETTERS]
-            if (letter.get("key") or "").startswith(f"{conversation}:")
-        }
-        return found if set(forged) <= set(found) else None
-
-    found = await client.wait_for(letters, timeout=60)
+    found = await client.letters_keyed(conversation, set(forged))
     for name, (topic, _, service, why) in forged.items():
         letter = found[name]
         assert (letter["service"], letter["topic"]) == (service, client.topic(topic)), (name, letter)
